@@ -1,0 +1,19 @@
+//! `cnimesh-cni`: the chained CNI plugin that programs cnimesh's traffic capture, and the library
+//! the node agent and debug CLI share with it (rule model, backends, state records).
+//!
+//! Dependencies stay small on purpose (DESIGN.md §1): the binary is exec'd for every pod.
+
+pub mod backend;
+pub mod config;
+pub mod env;
+pub mod error;
+pub mod iptables;
+pub mod logging;
+pub mod netns;
+pub mod nft;
+pub mod plugin;
+pub mod result;
+pub mod rules;
+pub mod spec;
+pub mod state;
+pub mod version;

@@ -1,0 +1,268 @@
+//! The CNI commands. Each returns what to print on success, or the error to report.
+//!
+//! Order matters for "nothing half-installed": everything that can be validated is validated
+//! before the netns is touched, rules are replaced in one atomic step, and if the record that
+//! follows cannot be written the rules are removed again before failing.
+
+use std::path::Path;
+
+use serde_json::json;
+use tracing::{info, warn};
+
+use crate::backend::{Backend, BackendChoice, BackendError};
+use crate::config::NetConf;
+use crate::env::{self, CniEnv, Command};
+use crate::error::{CniError, ErrorCode, Result, err};
+use crate::netns::NetnsError;
+use crate::result;
+use crate::rules::Ruleset;
+use crate::state::{AttachmentRecord, RECORD_VERSION, StateStore};
+use crate::version;
+
+/// Runs one CNI call. `get_env` reads the process environment in production.
+pub fn run(
+    command: Command,
+    get_env: impl Fn(&str) -> Option<String>,
+    stdin: &[u8],
+) -> Result<Option<String>> {
+    if command == Command::Version {
+        return Ok(Some(version_output(stdin)));
+    }
+    let conf = NetConf::parse(stdin)?;
+    crate::logging::init(&conf.settings);
+    let env = env::from_vars(command, get_env)?;
+    require_version(command, &conf.cni_version)?;
+    match command {
+        Command::Add => add(&conf, &env).map(Some),
+        Command::Del => del(&conf, &env).map(|()| None),
+        Command::Check => check(&conf, &env).map(|()| None),
+        Command::Gc => gc(&conf).map(|()| None),
+        Command::Status => status(&conf).map(|()| None),
+        Command::Version => unreachable!("handled above"),
+    }
+}
+
+/// VERSION answers even for configurations it cannot otherwise parse.
+fn version_output(stdin: &[u8]) -> String {
+    json!({"cniVersion": version::requested(stdin), "supportedVersions": version::SUPPORTED})
+        .to_string()
+}
+
+fn require_version(command: Command, v: &str) -> Result<()> {
+    let min = match command {
+        Command::Check => "0.4.0",
+        Command::Gc | Command::Status => "1.1.0",
+        _ => return Ok(()),
+    };
+    if version::at_least(v, min) {
+        Ok(())
+    } else {
+        Err(CniError::new(
+            ErrorCode::IncompatibleVersion,
+            format!("{command:?} needs cniVersion {min} or later, got {v}"),
+        ))
+    }
+}
+
+fn store(conf: &NetConf) -> StateStore {
+    StateStore::new(&conf.state_dir())
+}
+
+fn backend_error(action: &str, netns: &str, e: BackendError) -> CniError {
+    let code = match e {
+        BackendError::Netns(NetnsError::Missing { .. }) => ErrorCode::ContainerUnknown,
+        _ => ErrorCode::RulesFailed,
+    };
+    err(code, format!("cannot {action} capture rules in {netns}"), e)
+}
+
+fn add(conf: &NetConf, env: &CniEnv) -> Result<String> {
+    let prev = conf.prev_result.as_ref().ok_or_else(|| {
+        CniError::new(
+            ErrorCode::InvalidConfig,
+            "cnimesh-cni must be chained after a primary CNI plugin: ADD received no prevResult",
+        )
+    })?;
+    let output = result::convert(prev, &conf.cni_version)?.to_string();
+    if conf.excludes(env.pod_namespace()) {
+        info!(namespace = env.pod_namespace(), container = %env.container_id, "namespace excluded; not capturing");
+        return Ok(output);
+    }
+    let spec = conf.spec()?;
+    let ruleset = Ruleset::from_spec(&spec);
+    let netns = Path::new(&env.netns);
+    let backend = conf
+        .settings
+        .backend
+        .resolve(netns)
+        .map_err(|e| backend_error("choose a backend for", &env.netns, e))?;
+    backend
+        .apply(netns, &ruleset)
+        .map_err(|e| backend_error("install", &env.netns, e))?;
+
+    let record = AttachmentRecord {
+        version: RECORD_VERSION,
+        network: conf.name.clone(),
+        container_id: env.container_id.clone(),
+        ifname: env.ifname.clone(),
+        netns: env.netns.clone(),
+        pod_namespace: env.pod_namespace().map(str::to_string),
+        pod_name: env.pod_name().map(str::to_string),
+        pod_uid: env.pod_uid().map(str::to_string),
+        backend,
+        spec,
+        created_at: AttachmentRecord::now(),
+    };
+    if let Err(e) = store(conf).write(&record) {
+        // A capture nobody knows about cannot be checked, repaired or collected: undo it.
+        if let Err(undo) = backend.remove(netns) {
+            warn!(error = %undo, "could not remove rules after failing to write the record");
+        }
+        return Err(err(
+            ErrorCode::Io,
+            format!(
+                "cannot write the attachment record under {}",
+                conf.state_dir().display()
+            ),
+            e,
+        ));
+    }
+    info!(container = %env.container_id, netns = %env.netns, backend = backend.name(), rules = ruleset.rule_count(), "capture installed");
+    Ok(output)
+}
+
+fn del(conf: &NetConf, env: &CniEnv) -> Result<()> {
+    let store = store(conf);
+    let record = store.read(&conf.name, &env.container_id, &env.ifname).unwrap_or_else(|e| {
+        warn!(error = %e, "unreadable attachment record; removing rules with the configured backend");
+        None
+    });
+    let netns = if env.netns.is_empty() {
+        record.as_ref().map(|r| r.netns.clone()).unwrap_or_default()
+    } else {
+        env.netns.clone()
+    };
+    let backends: Vec<Backend> = match (&record, conf.settings.backend) {
+        (Some(r), _) => vec![r.backend],
+        // Without a record we do not know what a crashed earlier ADD may have left: clean all.
+        (None, BackendChoice::Auto) => vec![
+            Backend::Nftables,
+            Backend::IptablesNft,
+            Backend::IptablesLegacy,
+        ],
+        (None, choice) => vec![choice.nominal()],
+    };
+    if !netns.is_empty() {
+        for backend in backends {
+            match backend.remove(Path::new(&netns)) {
+                Ok(()) => {}
+                // The rules died with the namespace.
+                Err(BackendError::Netns(NetnsError::Missing { .. })) => break,
+                Err(e) if record.is_none() && conf.settings.backend == BackendChoice::Auto => {
+                    warn!(backend = backend.name(), error = %e, "cleanup without a record failed");
+                }
+                Err(e) => return Err(backend_error("remove", &netns, e)),
+            }
+        }
+    }
+    store
+        .remove(&conf.name, &env.container_id, &env.ifname)
+        .map_err(|e| err(ErrorCode::Io, "cannot remove the attachment record", e))?;
+    info!(container = %env.container_id, "capture removed");
+    Ok(())
+}
+
+fn check(conf: &NetConf, env: &CniEnv) -> Result<()> {
+    if conf.prev_result.is_none() {
+        return Err(CniError::new(
+            ErrorCode::InvalidConfig,
+            "CHECK received no prevResult",
+        ));
+    }
+    if conf.excludes(env.pod_namespace()) {
+        return Ok(());
+    }
+    let record = store(conf)
+        .read(&conf.name, &env.container_id, &env.ifname)
+        .map_err(|e| err(ErrorCode::Io, "cannot read the attachment record", e))?
+        .ok_or_else(|| {
+            CniError::new(
+                ErrorCode::RulesDrifted,
+                format!(
+                    "no capture record for container {} ({}): ADD did not complete",
+                    env.container_id, env.ifname
+                ),
+            )
+        })?;
+    // The record holds the spec ADD applied (the node agent may have tailored it per pod).
+    let ruleset = Ruleset::from_spec(&record.spec);
+    let drift = record
+        .backend
+        .drift(Path::new(&env.netns), &ruleset)
+        .map_err(|e| backend_error("read", &env.netns, e))?;
+    if drift.is_empty() {
+        return Ok(());
+    }
+    Err(CniError::new(
+        ErrorCode::RulesDrifted,
+        format!(
+            "capture rules in {} ({}) drifted: {}",
+            env.netns,
+            record.backend.name(),
+            drift.join("; ")
+        ),
+    ))
+}
+
+fn gc(conf: &NetConf) -> Result<()> {
+    let valid = conf.valid_attachments.clone().unwrap_or_default();
+    let store = store(conf);
+    let records = store
+        .list()
+        .map_err(|e| err(ErrorCode::Io, "cannot list attachment records", e))?;
+    for (path, record) in records {
+        let record = match record {
+            Ok(r) => r,
+            Err(e) => {
+                warn!(path = %path.display(), error = %e, "skipping unreadable attachment record");
+                continue;
+            }
+        };
+        let listed = valid
+            .iter()
+            .any(|a| a.container_id == record.container_id && a.ifname == record.ifname);
+        if record.network != conf.name || listed {
+            continue;
+        }
+        match record.backend.remove(Path::new(&record.netns)) {
+            Ok(()) | Err(BackendError::Netns(NetnsError::Missing { .. })) => {}
+            Err(e) => {
+                warn!(container = %record.container_id, error = %e, "could not remove stale rules")
+            }
+        }
+        store
+            .remove(&record.network, &record.container_id, &record.ifname)
+            .map_err(|e| err(ErrorCode::Io, "cannot remove a stale attachment record", e))?;
+        info!(container = %record.container_id, "garbage-collected stale attachment");
+    }
+    Ok(())
+}
+
+fn status(conf: &NetConf) -> Result<()> {
+    let backend = conf.settings.backend.nominal();
+    backend.usable().map_err(|e| {
+        err(
+            ErrorCode::StatusNotAvailable,
+            format!("the {} backend cannot be used on this node", backend.name()),
+            e,
+        )
+    })?;
+    let dir = store(conf).dir().to_path_buf();
+    std::fs::create_dir_all(&dir).map_err(|e| {
+        err(
+            ErrorCode::StatusNotAvailable,
+            format!("state directory {} is not writable", dir.display()),
+            e,
+        )
+    })
+}

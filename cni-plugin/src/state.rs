@@ -1,0 +1,247 @@
+//! Attachment records: one JSON file per (network, container, interface) the plugin captured.
+//!
+//! GC, the node agent's repair loop and the debug CLI read these, so the format is versioned and
+//! documented (README, "State records"). Files are written atomically (temp file, fsync, rename):
+//! a reader never sees half a record, even if the plugin is killed mid-write.
+
+use std::fs;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+use crate::backend::Backend;
+use crate::spec::RedirectSpec;
+
+/// Bumped on any incompatible change of [`AttachmentRecord`].
+pub const RECORD_VERSION: u32 = 1;
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/cnimesh";
+const RECORDS_SUBDIR: &str = "attachments";
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AttachmentRecord {
+    pub version: u32,
+    /// The CNI network (conflist `name`) this attachment belongs to.
+    pub network: String,
+    #[serde(rename = "containerID")]
+    pub container_id: String,
+    pub ifname: String,
+    pub netns: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_namespace: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_uid: Option<String>,
+    pub backend: Backend,
+    pub spec: RedirectSpec,
+    /// Seconds since the Unix epoch when the rules were applied.
+    pub created_at: u64,
+}
+
+impl AttachmentRecord {
+    pub fn now() -> u64 {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or_default()
+    }
+}
+
+/// The directory of records under a plugin `stateDir`.
+#[derive(Debug, Clone)]
+pub struct StateStore {
+    dir: PathBuf,
+}
+
+/// Keeps file names to a safe alphabet whatever a runtime passes as ids.
+fn sanitize(part: &str) -> String {
+    part.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '-') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+impl StateStore {
+    pub fn new(state_dir: &Path) -> Self {
+        Self {
+            dir: state_dir.join(RECORDS_SUBDIR),
+        }
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn path(&self, network: &str, container_id: &str, ifname: &str) -> PathBuf {
+        self.dir.join(format!(
+            "{}_{}_{}.json",
+            sanitize(network),
+            sanitize(container_id),
+            sanitize(ifname)
+        ))
+    }
+
+    pub fn write(&self, record: &AttachmentRecord) -> io::Result<()> {
+        fs::create_dir_all(&self.dir)?;
+        let path = self.path(&record.network, &record.container_id, &record.ifname);
+        let mut tmp = tempfile_in(&self.dir, &path)?;
+        let body = serde_json::to_vec_pretty(record).map_err(io::Error::other)?;
+        tmp.1.write_all(&body)?;
+        tmp.1.sync_all()?;
+        fs::rename(&tmp.0, &path).inspect_err(|_| {
+            let _ = fs::remove_file(&tmp.0);
+        })
+    }
+
+    pub fn read(
+        &self,
+        network: &str,
+        container_id: &str,
+        ifname: &str,
+    ) -> io::Result<Option<AttachmentRecord>> {
+        read_record(&self.path(network, container_id, ifname))
+    }
+
+    /// Removes a record; a missing one is not an error (DEL is idempotent).
+    pub fn remove(&self, network: &str, container_id: &str, ifname: &str) -> io::Result<()> {
+        match fs::remove_file(self.path(network, container_id, ifname)) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    /// Every record file with its parse result; unreadable ones are reported, not hidden.
+    pub fn list(&self) -> io::Result<Vec<(PathBuf, io::Result<AttachmentRecord>)>> {
+        let entries = match fs::read_dir(&self.dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(e),
+        };
+        let mut out = Vec::new();
+        for entry in entries {
+            let path = entry?.path();
+            if path.extension().is_some_and(|e| e == "json") {
+                let record = read_record(&path)
+                    .and_then(|r| r.ok_or_else(|| io::ErrorKind::NotFound.into()));
+                out.push((path, record));
+            }
+        }
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(out)
+    }
+}
+
+fn read_record(path: &Path) -> io::Result<Option<AttachmentRecord>> {
+    let body = match fs::read(path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let record: AttachmentRecord = serde_json::from_slice(&body).map_err(io::Error::other)?;
+    if record.version != RECORD_VERSION {
+        return Err(io::Error::other(format!(
+            "record version {} is not supported (expected {RECORD_VERSION})",
+            record.version
+        )));
+    }
+    Ok(Some(record))
+}
+
+/// A uniquely named temporary file beside `target`, created exclusively.
+fn tempfile_in(dir: &Path, target: &Path) -> io::Result<(PathBuf, fs::File)> {
+    let stem = target
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("record");
+    for attempt in 0..16u32 {
+        let path = dir.join(format!(".{stem}.{}.{attempt}.tmp", std::process::id()));
+        match fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path)
+        {
+            Ok(f) => return Ok((path, f)),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(io::Error::other("cannot create a temporary record file"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(cid: &str) -> AttachmentRecord {
+        AttachmentRecord {
+            version: RECORD_VERSION,
+            network: "k8s-pod-network".into(),
+            container_id: cid.into(),
+            ifname: "eth0".into(),
+            netns: "/var/run/netns/x".into(),
+            pod_namespace: Some("default".into()),
+            pod_name: Some("web-0".into()),
+            pod_uid: None,
+            backend: Backend::Nftables,
+            spec: RedirectSpec::default(),
+            created_at: 1,
+        }
+    }
+
+    #[test]
+    fn write_read_list_remove() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = StateStore::new(dir.path());
+        assert!(store.list().unwrap().is_empty());
+        store.write(&record("abc")).unwrap();
+        store.write(&record("../evil")).unwrap();
+        assert_eq!(
+            store.read("k8s-pod-network", "abc", "eth0").unwrap(),
+            Some(record("abc"))
+        );
+        let listed = store.list().unwrap();
+        assert_eq!(listed.len(), 2);
+        assert!(
+            listed
+                .iter()
+                .all(|(p, r)| p.starts_with(store.dir()) && r.is_ok())
+        );
+        store.remove("k8s-pod-network", "abc", "eth0").unwrap();
+        store.remove("k8s-pod-network", "abc", "eth0").unwrap();
+        assert_eq!(store.read("k8s-pod-network", "abc", "eth0").unwrap(), None);
+        // No temporary files left behind.
+        assert_eq!(fs::read_dir(store.dir()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn format_is_stable() {
+        let json = serde_json::to_value(record("abc")).unwrap();
+        for key in [
+            "version",
+            "network",
+            "containerID",
+            "ifname",
+            "netns",
+            "podNamespace",
+            "podName",
+            "backend",
+            "spec",
+            "createdAt",
+        ] {
+            assert!(json.get(key).is_some(), "missing {key}");
+        }
+        assert_eq!(json["backend"], "nftables");
+        assert_eq!(
+            json["spec"]["skipOutboundPorts"],
+            serde_json::json!([443, 6443])
+        );
+    }
+}

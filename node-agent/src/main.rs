@@ -1,0 +1,12 @@
+//! `cnimesh-node`: the node DaemonSet agent and node-level debug CLI.
+//!
+//! Only the skeleton exists so far, so that the workspace layout is fixed and every crate is built
+//! and linted from day one. Its behaviour arrives with its own issue.
+
+fn main() {
+    eprintln!(
+        "cnimesh-node {}: the node DaemonSet agent and node-level debug CLI; not implemented yet",
+        env!("CARGO_PKG_VERSION")
+    );
+    std::process::exit(2);
+}
