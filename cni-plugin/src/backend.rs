@@ -142,14 +142,8 @@ fn auto_detect() -> Backend {
     if NftSocket::open().and_then(|mut s| s.read()).is_ok() {
         return Backend::Nftables;
     }
-    let legacy_in_use = Variant::Legacy
-        .read()
-        .is_ok_and(|l| l.iter().any(|(_, lines)| !lines.is_empty()));
-    if !legacy_in_use && Variant::Nft.available().is_ok() {
-        Backend::IptablesNft
-    } else {
-        Backend::IptablesLegacy
-    }
+    let legacy_in_use = Variant::Legacy.read().is_ok_and(|l| l.iter().any(|(_, lines)| !lines.is_empty()));
+    if !legacy_in_use && Variant::Nft.available().is_ok() { Backend::IptablesNft } else { Backend::IptablesLegacy }
 }
 
 /// Compares two rule listings of one scope. A longest-common-subsequence alignment names a
@@ -161,11 +155,7 @@ pub fn line_drift(scope: &str, expected: &[String], found: &[String]) -> Vec<Str
     let mut lcs = vec![vec![0usize; m + 1]; n + 1];
     for i in (0..n).rev() {
         for j in (0..m).rev() {
-            lcs[i][j] = if expected[i] == found[j] {
-                lcs[i + 1][j + 1] + 1
-            } else {
-                lcs[i + 1][j].max(lcs[i][j + 1])
-            };
+            lcs[i][j] = if expected[i] == found[j] { lcs[i + 1][j + 1] + 1 } else { lcs[i + 1][j].max(lcs[i][j + 1]) };
         }
     }
     let (mut i, mut j, mut out) = (0, 0, Vec::new());
@@ -175,12 +165,7 @@ pub fn line_drift(scope: &str, expected: &[String], found: &[String]) -> Vec<Str
             i += 1;
             j += 1;
         } else if i < n && j < m && lcs[i + 1][j + 1] == lcs[i][j] {
-            out.push(format!(
-                "{scope} rule {}: expected `{}`, found `{}`",
-                i + 1,
-                expected[i],
-                found[j]
-            ));
+            out.push(format!("{scope} rule {}: expected `{}`, found `{}`", i + 1, expected[i], found[j]));
             i += 1;
             j += 1;
         } else if take_expected {
@@ -210,9 +195,7 @@ pub fn nft_drift(desired: &Ruleset, live: Option<&LiveTable>) -> Vec<String> {
             Ok(base) => out.push(format!(
                 "chain {}: expected {}, found {}",
                 chain.name,
-                chain
-                    .base
-                    .map_or("a regular chain".into(), |b| format!("`{b}`")),
+                chain.base.map_or("a regular chain".into(), |b| format!("`{b}`")),
                 base.map_or("a regular chain".into(), |b| format!("`{b}`")),
             )),
             Err(e) => out.push(format!("chain {}: {e}", chain.name)),
@@ -226,17 +209,9 @@ pub fn nft_drift(desired: &Ruleset, live: Option<&LiveTable>) -> Vec<String> {
                 Err(e) => format!("<unrecognised rule: {e}>"),
             })
             .collect();
-        out.extend(line_drift(
-            &format!("chain {}", chain.name),
-            &expected,
-            &got,
-        ));
+        out.extend(line_drift(&format!("chain {}", chain.name), &expected, &got));
     }
-    for extra in live
-        .chains
-        .iter()
-        .filter(|c| desired.chain(&c.name).is_none())
-    {
+    for extra in live.chains.iter().filter(|c| desired.chain(&c.name).is_none()) {
         out.push(format!("unexpected chain {}", extra.name));
     }
     out
@@ -256,15 +231,7 @@ mod tests {
                 .map(|c| LiveChain {
                     name: c.name.clone(),
                     base: Ok(c.base),
-                    rules: c
-                        .rules
-                        .iter()
-                        .map(|r| LiveRule {
-                            rule: Ok(r.clone()),
-                            packets: 3,
-                            bytes: 180,
-                        })
-                        .collect(),
+                    rules: c.rules.iter().map(|r| LiveRule { rule: Ok(r.clone()), packets: 3, bytes: 180 }).collect(),
                 })
                 .collect(),
         }

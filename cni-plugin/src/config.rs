@@ -64,30 +64,19 @@ impl NetConf {
     /// of the wrong type or range is an invalid network config (7).
     pub fn parse(stdin: &[u8]) -> Result<Self> {
         let raw: Value = serde_json::from_slice(stdin).map_err(|e| {
-            CniError::new(ErrorCode::Decode, "network configuration is not valid JSON")
-                .with_details(e.to_string())
+            CniError::new(ErrorCode::Decode, "network configuration is not valid JSON").with_details(e.to_string())
         })?;
         let Some(v) = raw.get("cniVersion").and_then(Value::as_str) else {
-            return Err(CniError::new(
-                ErrorCode::InvalidConfig,
-                "network configuration has no cniVersion",
-            ));
+            return Err(CniError::new(ErrorCode::InvalidConfig, "network configuration has no cniVersion"));
         };
         if !version::is_supported(v) {
             return Err(CniError::new(
                 ErrorCode::IncompatibleVersion,
-                format!(
-                    "cniVersion {v:?} is not supported; supported: {}",
-                    version::SUPPORTED.join(", ")
-                ),
+                format!("cniVersion {v:?} is not supported; supported: {}", version::SUPPORTED.join(", ")),
             ));
         }
         let conf: NetConf = serde_json::from_value(raw).map_err(|e| {
-            CniError::new(
-                ErrorCode::InvalidConfig,
-                "invalid cnimesh-cni configuration",
-            )
-            .with_details(e.to_string())
+            CniError::new(ErrorCode::InvalidConfig, "invalid cnimesh-cni configuration").with_details(e.to_string())
         })?;
         conf.spec()?;
         Ok(conf)
@@ -103,28 +92,18 @@ impl NetConf {
             proxy_uid: s.proxy_uid.unwrap_or(d.proxy_uid),
             proxy_gid: s.proxy_gid,
             skip_inbound_ports: s.skip_inbound_ports.clone().unwrap_or(d.skip_inbound_ports),
-            skip_outbound_ports: s
-                .skip_outbound_ports
-                .clone()
-                .unwrap_or(d.skip_outbound_ports),
+            skip_outbound_ports: s.skip_outbound_ports.clone().unwrap_or(d.skip_outbound_ports),
             skip_inbound_subnets: s.skip_inbound_subnets.clone().unwrap_or_default(),
             skip_outbound_subnets: s.skip_outbound_subnets.clone().unwrap_or_default(),
         }
         .normalized();
-        spec.validate().map_err(|e| {
-            CniError::new(
-                ErrorCode::InvalidConfig,
-                format!("invalid cnimesh-cni configuration: {e}"),
-            )
-        })?;
+        spec.validate()
+            .map_err(|e| CniError::new(ErrorCode::InvalidConfig, format!("invalid cnimesh-cni configuration: {e}")))?;
         Ok(spec)
     }
 
     pub fn state_dir(&self) -> PathBuf {
-        self.settings
-            .state_dir
-            .clone()
-            .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR))
+        self.settings.state_dir.clone().unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR))
     }
 
     /// Whether pods of `namespace` are left alone (default: `kube-system`).
@@ -167,21 +146,10 @@ mod tests {
         .unwrap();
         let s = c.spec().unwrap();
         assert_eq!(
-            (
-                s.inbound_proxy_port,
-                s.outbound_proxy_port,
-                s.proxy_uid,
-                s.proxy_gid
-            ),
+            (s.inbound_proxy_port, s.outbound_proxy_port, s.proxy_uid, s.proxy_gid),
             (5143, 5140, 1337, Some(1338))
         );
-        assert_eq!(
-            s.skip_inbound_ports[1],
-            PortRange {
-                first: 8000,
-                last: 8100
-            }
-        );
+        assert_eq!(s.skip_inbound_ports[1], PortRange { first: 8000, last: 8100 });
         assert_eq!(c.settings.backend, BackendChoice::IptablesLegacy);
         assert!(c.excludes(Some("a")) && !c.excludes(Some("kube-system")));
     }
@@ -191,46 +159,14 @@ mod tests {
         for (json, code, needle) in [
             ("{not json", ErrorCode::Decode, "not valid JSON"),
             (r#"{"name":"x"}"#, ErrorCode::InvalidConfig, "no cniVersion"),
-            (
-                r#"{"cniVersion":"0.2.0"}"#,
-                ErrorCode::IncompatibleVersion,
-                "0.2.0",
-            ),
-            (
-                r#"{"cniVersion":"9.9.9"}"#,
-                ErrorCode::IncompatibleVersion,
-                "supported",
-            ),
-            (
-                r#"{"cniVersion":"1.0.0","skipInboundPorts":[70000]}"#,
-                ErrorCode::InvalidConfig,
-                "70000",
-            ),
-            (
-                r#"{"cniVersion":"1.0.0","skipOutboundPorts":["a-b"]}"#,
-                ErrorCode::InvalidConfig,
-                "a-b",
-            ),
-            (
-                r#"{"cniVersion":"1.0.0","inboundProxyPort":70000}"#,
-                ErrorCode::InvalidConfig,
-                "70000",
-            ),
-            (
-                r#"{"cniVersion":"1.0.0","skipInboundSubnets":["10.0.0.0/33"]}"#,
-                ErrorCode::InvalidConfig,
-                "invalid",
-            ),
-            (
-                r#"{"cniVersion":"1.0.0","backend":"ebpf"}"#,
-                ErrorCode::InvalidConfig,
-                "ebpf",
-            ),
-            (
-                r#"{"cniVersion":"1.0.0","inboundProxyPort":4140}"#,
-                ErrorCode::InvalidConfig,
-                "must differ",
-            ),
+            (r#"{"cniVersion":"0.2.0"}"#, ErrorCode::IncompatibleVersion, "0.2.0"),
+            (r#"{"cniVersion":"9.9.9"}"#, ErrorCode::IncompatibleVersion, "supported"),
+            (r#"{"cniVersion":"1.0.0","skipInboundPorts":[70000]}"#, ErrorCode::InvalidConfig, "70000"),
+            (r#"{"cniVersion":"1.0.0","skipOutboundPorts":["a-b"]}"#, ErrorCode::InvalidConfig, "a-b"),
+            (r#"{"cniVersion":"1.0.0","inboundProxyPort":70000}"#, ErrorCode::InvalidConfig, "70000"),
+            (r#"{"cniVersion":"1.0.0","skipInboundSubnets":["10.0.0.0/33"]}"#, ErrorCode::InvalidConfig, "invalid"),
+            (r#"{"cniVersion":"1.0.0","backend":"ebpf"}"#, ErrorCode::InvalidConfig, "ebpf"),
+            (r#"{"cniVersion":"1.0.0","inboundProxyPort":4140}"#, ErrorCode::InvalidConfig, "must differ"),
         ] {
             let e = parse(json).unwrap_err();
             assert_eq!(e.code, code, "{json}: {e}");

@@ -50,9 +50,7 @@ pub fn parse_command(value: Option<&str>) -> Result<Command> {
         Some("STATUS") => Ok(Command::Status),
         Some("VERSION") => Ok(Command::Version),
         Some(other) => Err(invalid(format!("unknown CNI_COMMAND {other:?}"))),
-        None => Err(invalid(
-            "CNI_COMMAND is not set: this binary is a CNI plugin, run by a container runtime",
-        )),
+        None => Err(invalid("CNI_COMMAND is not set: this binary is a CNI plugin, run by a container runtime")),
     }
 }
 
@@ -70,9 +68,7 @@ pub fn parse_args(raw: &str) -> Result<BTreeMap<String, String>> {
 /// Reads the variables the command needs from `get` (the process environment in production).
 pub fn from_vars(command: Command, get: impl Fn(&str) -> Option<String>) -> Result<CniEnv> {
     let required = |name: &str| {
-        get(name)
-            .filter(|v| !v.is_empty())
-            .ok_or_else(|| invalid(format!("{name} is required for this command")))
+        get(name).filter(|v| !v.is_empty()).ok_or_else(|| invalid(format!("{name} is required for this command")))
     };
     let attachment = matches!(command, Command::Add | Command::Del | Command::Check);
     let mut env = CniEnv::default();
@@ -93,22 +89,19 @@ mod tests {
     use super::*;
 
     fn vars(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
-        let map: BTreeMap<String, String> = pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
+        let map: BTreeMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         move |k| map.get(k).cloned()
     }
 
     #[test]
     fn containerd_and_podman_args() {
-        let a = parse_args("K8S_POD_UID=u-1;IgnoreUnknown=1;K8S_POD_NAMESPACE=ns;K8S_POD_NAME=p;K8S_POD_INFRA_CONTAINER_ID=abc").unwrap();
+        let a = parse_args(
+            "K8S_POD_UID=u-1;IgnoreUnknown=1;K8S_POD_NAMESPACE=ns;K8S_POD_NAME=p;K8S_POD_INFRA_CONTAINER_ID=abc",
+        )
+        .unwrap();
         assert_eq!(a["K8S_POD_NAMESPACE"], "ns");
         assert_eq!(a["K8S_POD_INFRA_CONTAINER_ID"], "abc");
-        assert_eq!(
-            parse_args("IgnoreUnknown=1;K8S_POD_NAME=x").unwrap()["K8S_POD_NAME"],
-            "x"
-        );
+        assert_eq!(parse_args("IgnoreUnknown=1;K8S_POD_NAME=x").unwrap()["K8S_POD_NAME"], "x");
         assert!(parse_args("").unwrap().is_empty());
         assert!(parse_args("novalue").unwrap_err().msg.contains("novalue"));
     }
@@ -121,9 +114,6 @@ mod tests {
         assert!(e.msg.contains("CNI_NETNS"));
         assert_eq!(from_vars(Command::Del, vars(&base)).unwrap().netns, "");
         assert!(from_vars(Command::Gc, vars(&[])).is_ok());
-        assert_eq!(
-            parse_command(Some("BOGUS")).unwrap_err().code,
-            ErrorCode::InvalidEnv
-        );
+        assert_eq!(parse_command(Some("BOGUS")).unwrap_err().code, ErrorCode::InvalidEnv);
     }
 }

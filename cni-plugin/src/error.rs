@@ -33,11 +33,7 @@ pub struct CniError {
 
 impl CniError {
     pub fn new(code: ErrorCode, msg: impl Into<String>) -> Self {
-        Self {
-            code,
-            msg: msg.into(),
-            details: None,
-        }
+        Self { code, msg: msg.into(), details: None }
     }
 
     pub fn with_details(mut self, details: impl Into<String>) -> Self {

@@ -40,10 +40,7 @@ impl Family {
     }
 
     fn holds(self, net: &IpNet) -> bool {
-        matches!(
-            (self, net),
-            (Family::V4, IpNet::V4(_)) | (Family::V6, IpNet::V6(_))
-        )
+        matches!((self, net), (Family::V4, IpNet::V4(_)) | (Family::V6, IpNet::V6(_)))
     }
 }
 
@@ -59,9 +56,8 @@ pub enum IptablesError {
 
 /// Directories searched for binaries: runtimes may exec plugins with an empty PATH.
 fn search_dirs() -> Vec<PathBuf> {
-    let mut dirs: Vec<PathBuf> = std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).collect())
-        .unwrap_or_default();
+    let mut dirs: Vec<PathBuf> =
+        std::env::var_os("PATH").map(|p| std::env::split_paths(&p).collect()).unwrap_or_default();
     dirs.extend(["/usr/sbin", "/sbin", "/usr/bin", "/bin"].map(PathBuf::from));
     dirs
 }
@@ -81,11 +77,7 @@ impl Variant {
             Variant::Nft => "nft",
         };
         let name = format!("{}-{suffix}-{tool}", family.program());
-        search_dirs()
-            .into_iter()
-            .map(|d| d.join(&name))
-            .find(|p| p.is_file())
-            .ok_or(IptablesError::Missing(name))
+        search_dirs().into_iter().map(|d| d.join(&name)).find(|p| p.is_file()).ok_or(IptablesError::Missing(name))
     }
 
     /// Checks every binary this variant needs is present.
@@ -98,19 +90,10 @@ impl Variant {
         Ok(())
     }
 
-    fn run(
-        self,
-        family: Family,
-        tool: &str,
-        args: &[&str],
-        input: Option<&str>,
-    ) -> Result<String, IptablesError> {
+    fn run(self, family: Family, tool: &str, args: &[&str], input: Option<&str>) -> Result<String, IptablesError> {
         let path = self.binary(family, tool)?;
         let program = path.display().to_string();
-        let failed = |detail: String| IptablesError::Failed {
-            program: program.clone(),
-            detail,
-        };
+        let failed = |detail: String| IptablesError::Failed { program: program.clone(), detail };
         let mut child = Command::new(&path)
             .args(args)
             .stdin(Stdio::piped())
@@ -119,17 +102,10 @@ impl Variant {
             .spawn()
             .map_err(|e| failed(e.to_string()))?;
         if let Some(text) = input {
-            child
-                .stdin
-                .take()
-                .expect("piped")
-                .write_all(text.as_bytes())
-                .map_err(|e| failed(e.to_string()))?;
+            child.stdin.take().expect("piped").write_all(text.as_bytes()).map_err(|e| failed(e.to_string()))?;
         }
         drop(child.stdin.take());
-        let out = child
-            .wait_with_output()
-            .map_err(|e| failed(e.to_string()))?;
+        let out = child.wait_with_output().map_err(|e| failed(e.to_string()))?;
         if !out.status.success() {
             let stderr = String::from_utf8_lossy(&out.stderr).trim().to_string();
             return Err(failed(format!("{} ({stderr})", out.status)));
@@ -143,8 +119,7 @@ impl Variant {
     }
 
     fn restore(self, family: Family, input: &str) -> Result<(), IptablesError> {
-        self.run(family, "restore", &["--noflush"], Some(input))
-            .map(drop)
+        self.run(family, "restore", &["--noflush"], Some(input)).map(drop)
     }
 
     /// Installs the ruleset for both families; on failure nothing of ours stays behind.
@@ -173,10 +148,7 @@ impl Variant {
 
     /// Our lines as found in the netns, per family, in `iptables-save` order.
     pub fn read(self) -> Result<Vec<(Family, Vec<String>)>, IptablesError> {
-        Family::ALL
-            .into_iter()
-            .map(|f| Ok((f, ours(&self.save(f)?))))
-            .collect()
+        Family::ALL.into_iter().map(|f| Ok((f, ours(&self.save(f)?)))).collect()
     }
 }
 
@@ -194,8 +166,7 @@ fn ours(save: &str) -> Vec<String> {
 
 fn is_jump(line: &str) -> bool {
     (line.starts_with("-A PREROUTING ") || line.starts_with("-A OUTPUT "))
-        && (line.ends_with(&format!("-j {INBOUND_CHAIN}"))
-            || line.ends_with(&format!("-j {OUTBOUND_CHAIN}")))
+        && (line.ends_with(&format!("-j {INBOUND_CHAIN}")) || line.ends_with(&format!("-j {OUTBOUND_CHAIN}")))
 }
 
 fn chain_name(nft_chain: &str) -> &'static str {
@@ -237,15 +208,7 @@ fn render_rule(chain: &str, rule: &Rule, family: Family) -> Option<String> {
 
 /// The lines the ruleset must produce for one family, in save order.
 pub fn expected_lines(ruleset: &Ruleset, family: Family) -> Vec<String> {
-    ruleset
-        .chains
-        .iter()
-        .flat_map(|c| {
-            c.rules
-                .iter()
-                .filter_map(|r| render_rule(&c.name, r, family))
-        })
-        .collect()
+    ruleset.chains.iter().flat_map(|c| c.rules.iter().filter_map(|r| render_rule(&c.name, r, family))).collect()
 }
 
 fn restore_input(ruleset: &Ruleset, family: Family, current: &str) -> String {
@@ -273,9 +236,7 @@ fn removal_input(current: &str) -> Option<String> {
         out.push_str(&jump.replacen("-A ", "-D ", 1));
         out.push('\n');
     }
-    out.push_str(&format!(
-        "-X {INBOUND_CHAIN}\n-X {OUTBOUND_CHAIN}\nCOMMIT\n"
-    ));
+    out.push_str(&format!("-X {INBOUND_CHAIN}\n-X {OUTBOUND_CHAIN}\nCOMMIT\n"));
     Some(out)
 }
 
@@ -293,15 +254,14 @@ mod tests {
         };
         let rs = Ruleset::from_spec(&spec);
         let v4 = expected_lines(&rs, Family::V4);
-        assert_eq!(
-            v4[0],
-            "-A PREROUTING -m comment --comment \"cnimesh/capture\" -j CNIMESH_INBOUND"
-        );
+        assert_eq!(v4[0], "-A PREROUTING -m comment --comment \"cnimesh/capture\" -j CNIMESH_INBOUND");
         assert!(v4.contains(
             &"-A CNIMESH_INBOUND -p tcp -m tcp --dport 4567:4568 -m comment --comment \"cnimesh/skip-port\" -j RETURN"
                 .to_string()
         ));
-        assert!(v4.contains(&"-A CNIMESH_OUTPUT -d 10.0.0.0/8 -m comment --comment \"cnimesh/skip-subnet\" -j RETURN".to_string()));
+        assert!(v4.contains(
+            &"-A CNIMESH_OUTPUT -d 10.0.0.0/8 -m comment --comment \"cnimesh/skip-subnet\" -j RETURN".to_string()
+        ));
         assert!(!v4.iter().any(|l| l.contains("fd00")));
         let v6 = expected_lines(&rs, Family::V6);
         assert!(v6.iter().any(|l| l.contains("-d fd00::/8")));
@@ -315,11 +275,7 @@ mod tests {
         let input = restore_input(&rs, Family::V4, &current);
         assert!(!input.contains("-A PREROUTING"), "{input}");
         let removal = removal_input(&current).unwrap();
-        assert!(
-            removal.contains(
-                "-D PREROUTING -m comment --comment \"cnimesh/capture\" -j CNIMESH_INBOUND"
-            )
-        );
+        assert!(removal.contains("-D PREROUTING -m comment --comment \"cnimesh/capture\" -j CNIMESH_INBOUND"));
         assert!(removal_input("*nat\n:PREROUTING ACCEPT [0:0]\nCOMMIT\n").is_none());
     }
 }

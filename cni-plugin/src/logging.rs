@@ -11,14 +11,8 @@ use crate::config::PluginSettings;
 pub fn init(settings: &PluginSettings) {
     let level = settings.log_level.as_deref().unwrap_or("warn");
     let filter = EnvFilter::try_new(level).unwrap_or_else(|_| EnvFilter::new("warn"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(false)
-        .with_target(false);
-    let file = settings
-        .log_file
-        .as_ref()
-        .and_then(|p| OpenOptions::new().create(true).append(true).open(p).ok());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(false).with_target(false);
+    let file = settings.log_file.as_ref().and_then(|p| OpenOptions::new().create(true).append(true).open(p).ok());
     // A second init (tests run several calls per process) is harmless: keep the first.
     let _ = match file {
         Some(f) => builder.with_writer(Mutex::new(f)).try_init(),

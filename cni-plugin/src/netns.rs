@@ -24,21 +24,13 @@ pub enum NetnsError {
 pub fn run_in<T: Send>(path: &Path, work: impl FnOnce() -> T + Send) -> Result<T, NetnsError> {
     let shown = path.display().to_string();
     let file = File::open(path).map_err(|source| match source.kind() {
-        io::ErrorKind::NotFound => NetnsError::Missing {
-            path: shown.clone(),
-        },
-        _ => NetnsError::Open {
-            path: shown.clone(),
-            source,
-        },
+        io::ErrorKind::NotFound => NetnsError::Missing { path: shown.clone() },
+        _ => NetnsError::Open { path: shown.clone(), source },
     })?;
     std::thread::scope(|scope| {
         scope
             .spawn(move || {
-                setns(&file, CloneFlags::CLONE_NEWNET).map_err(|source| NetnsError::Enter {
-                    path: shown,
-                    source,
-                })?;
+                setns(&file, CloneFlags::CLONE_NEWNET).map_err(|source| NetnsError::Enter { path: shown, source })?;
                 Ok(work())
             })
             .join()

@@ -20,11 +20,7 @@ use crate::state::{AttachmentRecord, RECORD_VERSION, StateStore};
 use crate::version;
 
 /// Runs one CNI call. `get_env` reads the process environment in production.
-pub fn run(
-    command: Command,
-    get_env: impl Fn(&str) -> Option<String>,
-    stdin: &[u8],
-) -> Result<Option<String>> {
+pub fn run(command: Command, get_env: impl Fn(&str) -> Option<String>, stdin: &[u8]) -> Result<Option<String>> {
     if command == Command::Version {
         return Ok(Some(version_output(stdin)));
     }
@@ -44,8 +40,7 @@ pub fn run(
 
 /// VERSION answers even for configurations it cannot otherwise parse.
 fn version_output(stdin: &[u8]) -> String {
-    json!({"cniVersion": version::requested(stdin), "supportedVersions": version::SUPPORTED})
-        .to_string()
+    json!({"cniVersion": version::requested(stdin), "supportedVersions": version::SUPPORTED}).to_string()
 }
 
 fn require_version(command: Command, v: &str) -> Result<()> {
@@ -91,14 +86,9 @@ fn add(conf: &NetConf, env: &CniEnv) -> Result<String> {
     let spec = conf.spec()?;
     let ruleset = Ruleset::from_spec(&spec);
     let netns = Path::new(&env.netns);
-    let backend = conf
-        .settings
-        .backend
-        .resolve(netns)
-        .map_err(|e| backend_error("choose a backend for", &env.netns, e))?;
-    backend
-        .apply(netns, &ruleset)
-        .map_err(|e| backend_error("install", &env.netns, e))?;
+    let backend =
+        conf.settings.backend.resolve(netns).map_err(|e| backend_error("choose a backend for", &env.netns, e))?;
+    backend.apply(netns, &ruleset).map_err(|e| backend_error("install", &env.netns, e))?;
 
     let record = AttachmentRecord {
         version: RECORD_VERSION,
@@ -120,10 +110,7 @@ fn add(conf: &NetConf, env: &CniEnv) -> Result<String> {
         }
         return Err(err(
             ErrorCode::Io,
-            format!(
-                "cannot write the attachment record under {}",
-                conf.state_dir().display()
-            ),
+            format!("cannot write the attachment record under {}", conf.state_dir().display()),
             e,
         ));
     }
@@ -145,11 +132,7 @@ fn del(conf: &NetConf, env: &CniEnv) -> Result<()> {
     let backends: Vec<Backend> = match (&record, conf.settings.backend) {
         (Some(r), _) => vec![r.backend],
         // Without a record we do not know what a crashed earlier ADD may have left: clean all.
-        (None, BackendChoice::Auto) => vec![
-            Backend::Nftables,
-            Backend::IptablesNft,
-            Backend::IptablesLegacy,
-        ],
+        (None, BackendChoice::Auto) => vec![Backend::Nftables, Backend::IptablesNft, Backend::IptablesLegacy],
         (None, choice) => vec![choice.nominal()],
     };
     if !netns.is_empty() {
@@ -174,10 +157,7 @@ fn del(conf: &NetConf, env: &CniEnv) -> Result<()> {
 
 fn check(conf: &NetConf, env: &CniEnv) -> Result<()> {
     if conf.prev_result.is_none() {
-        return Err(CniError::new(
-            ErrorCode::InvalidConfig,
-            "CHECK received no prevResult",
-        ));
+        return Err(CniError::new(ErrorCode::InvalidConfig, "CHECK received no prevResult"));
     }
     if conf.excludes(env.pod_namespace()) {
         return Ok(());
@@ -188,38 +168,26 @@ fn check(conf: &NetConf, env: &CniEnv) -> Result<()> {
         .ok_or_else(|| {
             CniError::new(
                 ErrorCode::RulesDrifted,
-                format!(
-                    "no capture record for container {} ({}): ADD did not complete",
-                    env.container_id, env.ifname
-                ),
+                format!("no capture record for container {} ({}): ADD did not complete", env.container_id, env.ifname),
             )
         })?;
     // The record holds the spec ADD applied (the node agent may have tailored it per pod).
     let ruleset = Ruleset::from_spec(&record.spec);
-    let drift = record
-        .backend
-        .drift(Path::new(&env.netns), &ruleset)
-        .map_err(|e| backend_error("read", &env.netns, e))?;
+    let drift =
+        record.backend.drift(Path::new(&env.netns), &ruleset).map_err(|e| backend_error("read", &env.netns, e))?;
     if drift.is_empty() {
         return Ok(());
     }
     Err(CniError::new(
         ErrorCode::RulesDrifted,
-        format!(
-            "capture rules in {} ({}) drifted: {}",
-            env.netns,
-            record.backend.name(),
-            drift.join("; ")
-        ),
+        format!("capture rules in {} ({}) drifted: {}", env.netns, record.backend.name(), drift.join("; ")),
     ))
 }
 
 fn gc(conf: &NetConf) -> Result<()> {
     let valid = conf.valid_attachments.clone().unwrap_or_default();
     let store = store(conf);
-    let records = store
-        .list()
-        .map_err(|e| err(ErrorCode::Io, "cannot list attachment records", e))?;
+    let records = store.list().map_err(|e| err(ErrorCode::Io, "cannot list attachment records", e))?;
     for (path, record) in records {
         let record = match record {
             Ok(r) => r,
@@ -228,9 +196,7 @@ fn gc(conf: &NetConf) -> Result<()> {
                 continue;
             }
         };
-        let listed = valid
-            .iter()
-            .any(|a| a.container_id == record.container_id && a.ifname == record.ifname);
+        let listed = valid.iter().any(|a| a.container_id == record.container_id && a.ifname == record.ifname);
         if record.network != conf.name || listed {
             continue;
         }
@@ -251,18 +217,10 @@ fn gc(conf: &NetConf) -> Result<()> {
 fn status(conf: &NetConf) -> Result<()> {
     let backend = conf.settings.backend.nominal();
     backend.usable().map_err(|e| {
-        err(
-            ErrorCode::StatusNotAvailable,
-            format!("the {} backend cannot be used on this node", backend.name()),
-            e,
-        )
+        err(ErrorCode::StatusNotAvailable, format!("the {} backend cannot be used on this node", backend.name()), e)
     })?;
     let dir = store(conf).dir().to_path_buf();
     std::fs::create_dir_all(&dir).map_err(|e| {
-        err(
-            ErrorCode::StatusNotAvailable,
-            format!("state directory {} is not writable", dir.display()),
-            e,
-        )
+        err(ErrorCode::StatusNotAvailable, format!("state directory {} is not writable", dir.display()), e)
     })
 }

@@ -11,10 +11,7 @@ use crate::version;
 pub fn convert(prev: &Value, target: &str) -> Result<Value> {
     let mut out = prev.clone();
     let Some(obj) = out.as_object_mut() else {
-        return Err(CniError::new(
-            ErrorCode::InvalidConfig,
-            "prevResult is not a JSON object",
-        ));
+        return Err(CniError::new(ErrorCode::InvalidConfig, "prevResult is not a JSON object"));
     };
     if obj.contains_key("ip4") || obj.contains_key("ip6") {
         return Err(CniError::new(
@@ -26,12 +23,8 @@ pub fn convert(prev: &Value, target: &str) -> Result<Value> {
     if let Some(ips) = obj.get_mut("ips").and_then(Value::as_array_mut) {
         for ip in ips.iter_mut().filter_map(Value::as_object_mut) {
             if legacy {
-                let is_v6 = ip
-                    .get("address")
-                    .and_then(Value::as_str)
-                    .is_some_and(|a| a.contains(':'));
-                ip.entry("version")
-                    .or_insert_with(|| Value::from(if is_v6 { "6" } else { "4" }));
+                let is_v6 = ip.get("address").and_then(Value::as_str).is_some_and(|a| a.contains(':'));
+                ip.entry("version").or_insert_with(|| Value::from(if is_v6 { "6" } else { "4" }));
             } else {
                 ip.remove("version");
             }
@@ -67,13 +60,7 @@ mod tests {
 
     #[test]
     fn rejects_non_objects_and_ancient_results() {
-        assert_eq!(
-            convert(&json!([1]), "1.0.0").unwrap_err().code,
-            ErrorCode::InvalidConfig
-        );
-        assert_eq!(
-            convert(&json!({"ip4":{}}), "1.0.0").unwrap_err().code,
-            ErrorCode::IncompatibleVersion
-        );
+        assert_eq!(convert(&json!([1]), "1.0.0").unwrap_err().code, ErrorCode::InvalidConfig);
+        assert_eq!(convert(&json!({"ip4":{}}), "1.0.0").unwrap_err().code, ErrorCode::IncompatibleVersion);
     }
 }

@@ -101,74 +101,26 @@ impl Ruleset {
     pub fn from_spec(spec: &RedirectSpec) -> Self {
         let jump = |target: &str| vec![Rule::new(vec![], Action::Jump(target.to_string()))];
 
-        let mut inbound: Vec<Rule> = spec
-            .skip_inbound_ports
-            .iter()
-            .copied()
-            .map(Rule::skip_port)
-            .collect();
-        inbound.extend(
-            spec.skip_inbound_subnets
-                .iter()
-                .map(|n| Rule::new(vec![Match::SAddr(*n)], Action::Return)),
-        );
-        inbound.push(Rule::new(
-            vec![Match::Tcp],
-            Action::Redirect(spec.inbound_proxy_port),
-        ));
+        let mut inbound: Vec<Rule> = spec.skip_inbound_ports.iter().copied().map(Rule::skip_port).collect();
+        inbound.extend(spec.skip_inbound_subnets.iter().map(|n| Rule::new(vec![Match::SAddr(*n)], Action::Return)));
+        inbound.push(Rule::new(vec![Match::Tcp], Action::Redirect(spec.inbound_proxy_port)));
 
-        let mut outbound = vec![Rule::new(
-            vec![Match::SkUid(spec.proxy_uid)],
-            Action::Return,
-        )];
+        let mut outbound = vec![Rule::new(vec![Match::SkUid(spec.proxy_uid)], Action::Return)];
         if let Some(gid) = spec.proxy_gid {
             outbound.push(Rule::new(vec![Match::SkGid(gid)], Action::Return));
         }
         outbound.push(Rule::new(vec![Match::OifName("lo".into())], Action::Return));
-        outbound.extend(
-            spec.skip_outbound_ports
-                .iter()
-                .copied()
-                .map(Rule::skip_port),
-        );
-        outbound.extend(
-            spec.skip_outbound_subnets
-                .iter()
-                .map(|n| Rule::new(vec![Match::DAddr(*n)], Action::Return)),
-        );
-        outbound.push(Rule::new(
-            vec![Match::Tcp],
-            Action::Redirect(spec.outbound_proxy_port),
-        ));
+        outbound.extend(spec.skip_outbound_ports.iter().copied().map(Rule::skip_port));
+        outbound.extend(spec.skip_outbound_subnets.iter().map(|n| Rule::new(vec![Match::DAddr(*n)], Action::Return)));
+        outbound.push(Rule::new(vec![Match::Tcp], Action::Redirect(spec.outbound_proxy_port)));
 
-        let base = |hook| {
-            Some(BaseHook {
-                hook,
-                priority: PRIORITY_DSTNAT,
-            })
-        };
+        let base = |hook| Some(BaseHook { hook, priority: PRIORITY_DSTNAT });
         Self {
             chains: vec![
-                Chain {
-                    name: "prerouting".into(),
-                    base: base(Hook::Prerouting),
-                    rules: jump(INBOUND_CHAIN),
-                },
-                Chain {
-                    name: "output".into(),
-                    base: base(Hook::Output),
-                    rules: jump(OUTBOUND_CHAIN),
-                },
-                Chain {
-                    name: INBOUND_CHAIN.into(),
-                    base: None,
-                    rules: inbound,
-                },
-                Chain {
-                    name: OUTBOUND_CHAIN.into(),
-                    base: None,
-                    rules: outbound,
-                },
+                Chain { name: "prerouting".into(), base: base(Hook::Prerouting), rules: jump(INBOUND_CHAIN) },
+                Chain { name: "output".into(), base: base(Hook::Output), rules: jump(OUTBOUND_CHAIN) },
+                Chain { name: INBOUND_CHAIN.into(), base: None, rules: inbound },
+                Chain { name: OUTBOUND_CHAIN.into(), base: None, rules: outbound },
             ],
         }
     }
@@ -199,11 +151,7 @@ impl fmt::Display for BaseHook {
             (Hook::Prerouting, PRIORITY_DSTNAT) => "dstnat".to_string(),
             (_, p) => p.to_string(),
         };
-        write!(
-            f,
-            "type nat hook {} priority {priority}; policy accept;",
-            self.hook
-        )
+        write!(f, "type nat hook {} priority {priority}; policy accept;", self.hook)
     }
 }
 
@@ -224,8 +172,7 @@ impl fmt::Display for Rule {
         let mut words = Vec::new();
         for (i, m) in self.matches.iter().enumerate() {
             // `nft` drops the l4proto dependency it implies itself.
-            let implied =
-                matches!(m, Match::Tcp) && matches!(self.matches.get(i + 1), Some(Match::DPort(_)));
+            let implied = matches!(m, Match::Tcp) && matches!(self.matches.get(i + 1), Some(Match::DPort(_)));
             if !implied {
                 words.push(m.to_string());
             }
@@ -273,9 +220,7 @@ impl fmt::Display for Ruleset {
                 writeln!(f, "\t\t{base}")?;
             }
             for rule in &chain.rules {
-                let text = rule
-                    .to_string()
-                    .replace("counter", "counter packets 0 bytes 0");
+                let text = rule.to_string().replace("counter", "counter packets 0 bytes 0");
                 writeln!(f, "\t\t{text}")?;
             }
             writeln!(f, "\t}}")?;
@@ -321,10 +266,7 @@ table inet cnimesh {
 
     #[test]
     fn default_ruleset_matches_documentation() {
-        assert_eq!(
-            Ruleset::from_spec(&RedirectSpec::default()).to_string(),
-            DEFAULT_RULESET
-        );
+        assert_eq!(Ruleset::from_spec(&RedirectSpec::default()).to_string(), DEFAULT_RULESET);
     }
 
     #[test]
@@ -332,10 +274,7 @@ table inet cnimesh {
         let spec = RedirectSpec {
             proxy_gid: Some(2102),
             skip_inbound_ports: vec!["4567-4568".parse().unwrap()],
-            skip_inbound_subnets: vec![
-                "10.0.0.0/8".parse().unwrap(),
-                "10.1.2.3/32".parse().unwrap(),
-            ],
+            skip_inbound_subnets: vec!["10.0.0.0/8".parse().unwrap(), "10.1.2.3/32".parse().unwrap()],
             skip_outbound_subnets: vec!["fd00::/20".parse().unwrap()],
             ..Default::default()
         };

@@ -25,10 +25,7 @@ pub struct PortRange {
 
 impl PortRange {
     pub const fn single(port: u16) -> Self {
-        Self {
-            first: port,
-            last: port,
-        }
+        Self { first: port, last: port }
     }
 
     pub fn is_single(&self) -> bool {
@@ -42,11 +39,7 @@ impl PortRange {
 
 impl fmt::Display for PortRange {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.is_single() {
-            write!(f, "{}", self.first)
-        } else {
-            write!(f, "{}-{}", self.first, self.last)
-        }
+        if self.is_single() { write!(f, "{}", self.first) } else { write!(f, "{}-{}", self.first, self.last) }
     }
 }
 
@@ -59,14 +52,8 @@ pub struct PortError {
 }
 
 fn parse_port(text: &str, whole: &str) -> Result<u16, PortError> {
-    let bad = |why| PortError {
-        text: whole.to_string(),
-        why,
-    };
-    let n: u32 = text
-        .trim()
-        .parse()
-        .map_err(|_| bad("not a number or an \"a-b\" range"))?;
+    let bad = |why| PortError { text: whole.to_string(), why };
+    let n: u32 = text.trim().parse().map_err(|_| bad("not a number or an \"a-b\" range"))?;
     match n {
         0 => Err(bad("port 0 cannot be skipped")),
         1..=65535 => Ok(n as u16),
@@ -79,17 +66,11 @@ impl FromStr for PortRange {
 
     fn from_str(s: &str) -> Result<Self, PortError> {
         let range = match s.split_once('-') {
-            Some((a, b)) => Self {
-                first: parse_port(a, s)?,
-                last: parse_port(b, s)?,
-            },
+            Some((a, b)) => Self { first: parse_port(a, s)?, last: parse_port(b, s)? },
             None => Self::single(parse_port(s, s)?),
         };
         if range.first > range.last {
-            return Err(PortError {
-                text: s.to_string(),
-                why: "range start is above its end",
-            });
+            return Err(PortError { text: s.to_string(), why: "range start is above its end" });
         }
         Ok(range)
     }
@@ -97,11 +78,7 @@ impl FromStr for PortRange {
 
 impl Serialize for PortRange {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        if self.is_single() {
-            s.serialize_u16(self.first)
-        } else {
-            s.collect_str(self)
-        }
+        if self.is_single() { s.serialize_u16(self.first) } else { s.collect_str(self) }
     }
 }
 
@@ -123,11 +100,7 @@ impl<'de> Deserialize<'de> for PortRange {
 
 /// Parses a list such as `"4190,4191,4567-4568"` (the annotation form).
 pub fn parse_port_list(text: &str) -> Result<Vec<PortRange>, PortError> {
-    text.split(',')
-        .map(str::trim)
-        .filter(|p| !p.is_empty())
-        .map(str::parse)
-        .collect()
+    text.split(',').map(str::trim).filter(|p| !p.is_empty()).map(str::parse).collect()
 }
 
 /// Everything that decides a pod's capture rules.
@@ -164,10 +137,9 @@ impl Default for RedirectSpec {
 impl RedirectSpec {
     /// Checks invariants that serde alone cannot: a spec that fails here must never reach a netns.
     pub fn validate(&self) -> Result<(), String> {
-        for (name, port) in [
-            ("inboundProxyPort", self.inbound_proxy_port),
-            ("outboundProxyPort", self.outbound_proxy_port),
-        ] {
+        for (name, port) in
+            [("inboundProxyPort", self.inbound_proxy_port), ("outboundProxyPort", self.outbound_proxy_port)]
+        {
             if port == 0 {
                 return Err(format!("{name} must be between 1 and 65535"));
             }
@@ -177,14 +149,8 @@ impl RedirectSpec {
         }
         // Skipping the proxy's own inbound port would send inbound traffic around the proxy to a
         // port nothing listens on; it is always a configuration mistake.
-        if let Some(r) = self
-            .skip_inbound_ports
-            .iter()
-            .find(|r| r.contains(self.inbound_proxy_port))
-        {
-            return Err(format!(
-                "skipInboundPorts entry {r} contains the inbound proxy port"
-            ));
+        if let Some(r) = self.skip_inbound_ports.iter().find(|r| r.contains(self.inbound_proxy_port)) {
+            return Err(format!("skipInboundPorts entry {r} contains the inbound proxy port"));
         }
         Ok(())
     }
@@ -195,10 +161,7 @@ impl RedirectSpec {
             list.sort();
             list.dedup();
         }
-        for list in [
-            &mut self.skip_inbound_subnets,
-            &mut self.skip_outbound_subnets,
-        ] {
+        for list in [&mut self.skip_inbound_subnets, &mut self.skip_outbound_subnets] {
             for net in list.iter_mut() {
                 *net = net.trunc();
             }
@@ -216,23 +179,10 @@ mod tests {
     #[test]
     fn ports_and_ranges_parse() {
         assert_eq!("443".parse::<PortRange>().unwrap(), PortRange::single(443));
-        assert_eq!(
-            "4567-4568".parse::<PortRange>().unwrap(),
-            PortRange {
-                first: 4567,
-                last: 4568
-            }
-        );
+        assert_eq!("4567-4568".parse::<PortRange>().unwrap(), PortRange { first: 4567, last: 4568 });
         assert_eq!(
             parse_port_list("4190, 4191,4567-4568,").unwrap(),
-            vec![
-                PortRange::single(4190),
-                PortRange::single(4191),
-                PortRange {
-                    first: 4567,
-                    last: 4568
-                }
-            ]
+            vec![PortRange::single(4190), PortRange::single(4191), PortRange { first: 4567, last: 4568 }]
         );
     }
 
@@ -254,10 +204,7 @@ mod tests {
     #[test]
     fn json_accepts_numbers_and_ranges() {
         let v: Vec<PortRange> = serde_json::from_str(r#"[443, "1000-2000", "8080"]"#).unwrap();
-        assert_eq!(
-            serde_json::to_string(&v).unwrap(),
-            r#"[443,"1000-2000",8080]"#
-        );
+        assert_eq!(serde_json::to_string(&v).unwrap(), r#"[443,"1000-2000",8080]"#);
         assert!(serde_json::from_str::<Vec<PortRange>>("[-1]").is_err());
         assert!(serde_json::from_str::<Vec<PortRange>>("[70000]").is_err());
     }
@@ -273,19 +220,12 @@ mod tests {
     #[test]
     fn normalization_sorts_and_truncates() {
         let s = RedirectSpec {
-            skip_outbound_ports: vec![
-                PortRange::single(6443),
-                PortRange::single(443),
-                PortRange::single(443),
-            ],
+            skip_outbound_ports: vec![PortRange::single(6443), PortRange::single(443), PortRange::single(443)],
             skip_inbound_subnets: vec!["10.1.2.3/8".parse().unwrap()],
             ..Default::default()
         }
         .normalized();
-        assert_eq!(
-            s.skip_outbound_ports,
-            vec![PortRange::single(443), PortRange::single(6443)]
-        );
+        assert_eq!(s.skip_outbound_ports, vec![PortRange::single(443), PortRange::single(6443)]);
         assert_eq!(s.skip_inbound_subnets[0].to_string(), "10.0.0.0/8");
     }
 }

@@ -43,10 +43,7 @@ pub struct AttachmentRecord {
 
 impl AttachmentRecord {
     pub fn now() -> u64 {
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or_default()
+        SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or_default()
     }
 }
 
@@ -58,22 +55,12 @@ pub struct StateStore {
 
 /// Keeps file names to a safe alphabet whatever a runtime passes as ids.
 fn sanitize(part: &str) -> String {
-    part.chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || matches!(c, '.' | '-') {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect()
+    part.chars().map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '-') { c } else { '_' }).collect()
 }
 
 impl StateStore {
     pub fn new(state_dir: &Path) -> Self {
-        Self {
-            dir: state_dir.join(RECORDS_SUBDIR),
-        }
+        Self { dir: state_dir.join(RECORDS_SUBDIR) }
     }
 
     pub fn dir(&self) -> &Path {
@@ -81,12 +68,7 @@ impl StateStore {
     }
 
     pub fn path(&self, network: &str, container_id: &str, ifname: &str) -> PathBuf {
-        self.dir.join(format!(
-            "{}_{}_{}.json",
-            sanitize(network),
-            sanitize(container_id),
-            sanitize(ifname)
-        ))
+        self.dir.join(format!("{}_{}_{}.json", sanitize(network), sanitize(container_id), sanitize(ifname)))
     }
 
     pub fn write(&self, record: &AttachmentRecord) -> io::Result<()> {
@@ -101,12 +83,7 @@ impl StateStore {
         })
     }
 
-    pub fn read(
-        &self,
-        network: &str,
-        container_id: &str,
-        ifname: &str,
-    ) -> io::Result<Option<AttachmentRecord>> {
+    pub fn read(&self, network: &str, container_id: &str, ifname: &str) -> io::Result<Option<AttachmentRecord>> {
         read_record(&self.path(network, container_id, ifname))
     }
 
@@ -129,8 +106,7 @@ impl StateStore {
         for entry in entries {
             let path = entry?.path();
             if path.extension().is_some_and(|e| e == "json") {
-                let record = read_record(&path)
-                    .and_then(|r| r.ok_or_else(|| io::ErrorKind::NotFound.into()));
+                let record = read_record(&path).and_then(|r| r.ok_or_else(|| io::ErrorKind::NotFound.into()));
                 out.push((path, record));
             }
         }
@@ -157,17 +133,10 @@ fn read_record(path: &Path) -> io::Result<Option<AttachmentRecord>> {
 
 /// A uniquely named temporary file beside `target`, created exclusively.
 fn tempfile_in(dir: &Path, target: &Path) -> io::Result<(PathBuf, fs::File)> {
-    let stem = target
-        .file_name()
-        .and_then(|n| n.to_str())
-        .unwrap_or("record");
+    let stem = target.file_name().and_then(|n| n.to_str()).unwrap_or("record");
     for attempt in 0..16u32 {
         let path = dir.join(format!(".{stem}.{}.{attempt}.tmp", std::process::id()));
-        match fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&path)
-        {
+        match fs::OpenOptions::new().write(true).create_new(true).open(&path) {
             Ok(f) => return Ok((path, f)),
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
             Err(e) => return Err(e),
@@ -203,17 +172,10 @@ mod tests {
         assert!(store.list().unwrap().is_empty());
         store.write(&record("abc")).unwrap();
         store.write(&record("../evil")).unwrap();
-        assert_eq!(
-            store.read("k8s-pod-network", "abc", "eth0").unwrap(),
-            Some(record("abc"))
-        );
+        assert_eq!(store.read("k8s-pod-network", "abc", "eth0").unwrap(), Some(record("abc")));
         let listed = store.list().unwrap();
         assert_eq!(listed.len(), 2);
-        assert!(
-            listed
-                .iter()
-                .all(|(p, r)| p.starts_with(store.dir()) && r.is_ok())
-        );
+        assert!(listed.iter().all(|(p, r)| p.starts_with(store.dir()) && r.is_ok()));
         store.remove("k8s-pod-network", "abc", "eth0").unwrap();
         store.remove("k8s-pod-network", "abc", "eth0").unwrap();
         assert_eq!(store.read("k8s-pod-network", "abc", "eth0").unwrap(), None);
@@ -239,9 +201,6 @@ mod tests {
             assert!(json.get(key).is_some(), "missing {key}");
         }
         assert_eq!(json["backend"], "nftables");
-        assert_eq!(
-            json["spec"]["skipOutboundPorts"],
-            serde_json::json!([443, 6443])
-        );
+        assert_eq!(json["spec"]["skipOutboundPorts"], serde_json::json!([443, 6443]));
     }
 }

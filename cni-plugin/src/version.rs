@@ -8,11 +8,7 @@ pub const LATEST: &str = "1.1.0";
 pub fn requested(stdin: &[u8]) -> String {
     serde_json::from_slice::<serde_json::Value>(stdin)
         .ok()
-        .and_then(|v| {
-            v.get("cniVersion")
-                .and_then(|v| v.as_str())
-                .map(str::to_string)
-        })
+        .and_then(|v| v.get("cniVersion").and_then(|v| v.as_str()).map(str::to_string))
         .filter(|v| is_supported(v))
         .unwrap_or_else(|| LATEST.to_string())
 }

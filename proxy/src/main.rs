@@ -4,9 +4,6 @@
 //! and linted from day one. Its behaviour arrives with its own issue.
 
 fn main() {
-    eprintln!(
-        "cnimesh-proxy {}: the sidecar data-plane proxy; not implemented yet",
-        env!("CARGO_PKG_VERSION")
-    );
+    eprintln!("cnimesh-proxy {}: the sidecar data-plane proxy; not implemented yet", env!("CARGO_PKG_VERSION"));
     std::process::exit(2);
 }

@@ -1,1 +1,18 @@
-pub fn placeholder() {}
+//! The end-to-end harness: pods as network namespaces, a CNI runtime that executes a conflist the
+//! way libcni does, and traffic probes with real sockets.
+//!
+//! Everything a test creates is owned by an RAII value (namespaces, listeners, pods, temp dirs), so
+//! it is torn down even when an assertion fails, and names are unique per process so tests can run
+//! in parallel.
+
+pub mod cni;
+pub mod host;
+pub mod netns;
+pub mod pod;
+pub mod probe;
+
+pub use cni::{Bins, Call, CniFailure, Network, PluginDir};
+pub use host::require_root;
+pub use netns::Netns;
+pub use pod::Pod;
+pub use probe::{Listener, Report};

@@ -7,14 +7,14 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use ipnet::IpNet;
 use netlink_packet_core::{DefaultNla, Nla};
 use netlink_packet_netfilter::nftables::{
-    Bitwise, ChainAttribute, Cmp, DataAttribute, ExpressionAttribute, Expressions, Hook,
-    HookNumber, Immediate, InetHookNumber, ListAttribute, Meta, MetaKey, Operator, Payload,
-    Register, RuleAttribute, Verdict, VerdictAttribute,
+    Bitwise, ChainAttribute, Cmp, DataAttribute, ExpressionAttribute, Expressions, Hook, HookNumber, Immediate,
+    InetHookNumber, ListAttribute, Meta, MetaKey, Operator, Payload, Register, RuleAttribute, Verdict,
+    VerdictAttribute,
 };
 
 use super::encode::{
-    BASE_NETWORK, BASE_TRANSPORT, IPPROTO_TCP, NFPROTO_IPV4, NFPROTO_IPV6,
-    NFTA_REDIR_REG_PROTO_MIN, TCP_DPORT_OFFSET, addr_offset,
+    BASE_NETWORK, BASE_TRANSPORT, IPPROTO_TCP, NFPROTO_IPV4, NFPROTO_IPV6, NFTA_REDIR_REG_PROTO_MIN, TCP_DPORT_OFFSET,
+    addr_offset,
 };
 use crate::rules::{Action, BaseHook, Match, Rule};
 use crate::spec::PortRange;
@@ -34,16 +34,8 @@ pub struct LiveRule {
 #[derive(Debug, Clone)]
 enum Loaded {
     Meta(MetaKey),
-    Payload {
-        base: u32,
-        offset: u32,
-        len: u32,
-    },
-    Masked {
-        base: u32,
-        offset: u32,
-        mask: Vec<u8>,
-    },
+    Payload { base: u32, offset: u32, len: u32 },
+    Masked { base: u32, offset: u32, mask: Vec<u8> },
     Immediate(Vec<u8>),
 }
 
@@ -112,16 +104,10 @@ impl RuleDecoder {
                         _ => {}
                     }
                 }
-                self.compare(
-                    op.ok_or("cmp without operator")?,
-                    value.ok_or("cmp without value")?,
-                )?;
+                self.compare(op.ok_or("cmp without operator")?, value.ok_or("cmp without value")?)?;
             }
             Expressions::Immediate(attrs) => self.immediate(attrs)?,
-            Expressions::Other {
-                expression_type,
-                attributes,
-            } if expression_type == "counter" => {
+            Expressions::Other { expression_type, attributes } if expression_type == "counter" => {
                 for a in attributes {
                     match a.kind() {
                         NFTA_COUNTER_BYTES => self.bytes = be_u64(&nla_value(a)),
@@ -130,13 +116,8 @@ impl RuleDecoder {
                     }
                 }
             }
-            Expressions::Other {
-                expression_type,
-                attributes,
-            } if expression_type == "redir" => {
-                let uses_reg = attributes
-                    .iter()
-                    .any(|a| a.kind() == NFTA_REDIR_REG_PROTO_MIN);
+            Expressions::Other { expression_type, attributes } if expression_type == "redir" => {
+                let uses_reg = attributes.iter().any(|a| a.kind() == NFTA_REDIR_REG_PROTO_MIN);
                 match self.loaded.take() {
                     Some(Loaded::Immediate(v)) if uses_reg && v.len() == 2 => {
                         self.action = Some(Action::Redirect(u16::from_be_bytes([v[0], v[1]])))
@@ -150,9 +131,7 @@ impl RuleDecoder {
     }
 
     fn immediate(&mut self, attrs: &[Immediate]) -> Result<(), String> {
-        let to_verdict = attrs
-            .iter()
-            .any(|a| matches!(a, Immediate::DestinationRegister(Register::Verdict)));
+        let to_verdict = attrs.iter().any(|a| matches!(a, Immediate::DestinationRegister(Register::Verdict)));
         for a in attrs {
             match a {
                 Immediate::Data(DataAttribute::Verdict(v)) if to_verdict => {
@@ -170,9 +149,7 @@ impl RuleDecoder {
                         (other, _) => return Err(format!("unexpected verdict {other:?}")),
                     });
                 }
-                Immediate::Data(DataAttribute::Value(v)) => {
-                    self.loaded = Some(Loaded::Immediate(v.clone()))
-                }
+                Immediate::Data(DataAttribute::Value(v)) => self.loaded = Some(Loaded::Immediate(v.clone())),
                 _ => {}
             }
         }
@@ -182,31 +159,19 @@ impl RuleDecoder {
     fn compare(&mut self, op: Operator, value: Vec<u8>) -> Result<(), String> {
         let loaded = self.loaded.clone().ok_or("cmp with nothing loaded")?;
         let m = match (loaded, op) {
-            (Loaded::Meta(MetaKey::L4Proto), Operator::Equal) if value == [IPPROTO_TCP] => {
-                Match::Tcp
-            }
+            (Loaded::Meta(MetaKey::L4Proto), Operator::Equal) if value == [IPPROTO_TCP] => Match::Tcp,
             (Loaded::Meta(MetaKey::Nfproto), Operator::Equal) if value.len() == 1 => {
                 self.family = Some(value[0]);
                 return Ok(());
             }
             (Loaded::Meta(MetaKey::SocketUserId), Operator::Equal) => Match::SkUid(ne_u32(&value)?),
-            (Loaded::Meta(MetaKey::SocketGroupId), Operator::Equal) => {
-                Match::SkGid(ne_u32(&value)?)
-            }
+            (Loaded::Meta(MetaKey::SocketGroupId), Operator::Equal) => Match::SkGid(ne_u32(&value)?),
             (Loaded::Meta(MetaKey::Oifname), Operator::Equal) => {
                 let end = value.iter().position(|b| *b == 0).unwrap_or(value.len());
                 Match::OifName(String::from_utf8_lossy(&value[..end]).into_owned())
             }
-            (
-                Loaded::Payload {
-                    base: BASE_TRANSPORT,
-                    offset: TCP_DPORT_OFFSET,
-                    len: 2,
-                },
-                op,
-            ) => {
-                let port =
-                    u16::from_be_bytes(value.as_slice().try_into().map_err(|_| "bad port length")?);
+            (Loaded::Payload { base: BASE_TRANSPORT, offset: TCP_DPORT_OFFSET, len: 2 }, op) => {
+                let port = u16::from_be_bytes(value.as_slice().try_into().map_err(|_| "bad port length")?);
                 match op {
                     Operator::Equal => Match::DPort(PortRange::single(port)),
                     Operator::GreatherThanEqual => {
@@ -214,34 +179,17 @@ impl RuleDecoder {
                         return Ok(());
                     }
                     Operator::LessThanEqual => {
-                        let first = self
-                            .range_start
-                            .take()
-                            .ok_or("port range without a start")?;
+                        let first = self.range_start.take().ok_or("port range without a start")?;
                         Match::DPort(PortRange { first, last: port })
                     }
                     other => return Err(format!("unexpected port comparison {other:?}")),
                 }
             }
-            (
-                Loaded::Payload {
-                    base: BASE_NETWORK,
-                    offset,
-                    len,
-                },
-                Operator::Equal,
-            ) => {
+            (Loaded::Payload { base: BASE_NETWORK, offset, len }, Operator::Equal) => {
                 let prefix = len * 8;
                 self.address(offset, &value, prefix)?
             }
-            (
-                Loaded::Masked {
-                    base: BASE_NETWORK,
-                    offset,
-                    mask,
-                },
-                Operator::Equal,
-            ) => {
+            (Loaded::Masked { base: BASE_NETWORK, offset, mask }, Operator::Equal) => {
                 let prefix = mask.iter().map(|b| b.count_ones()).sum();
                 self.address(offset, &value, prefix)?
             }
@@ -281,18 +229,12 @@ impl RuleDecoder {
             return Err("incomplete match at end of rule".into());
         }
         let action = self.action.ok_or("rule without a verdict")?;
-        Ok(Rule {
-            matches: self.matches,
-            action,
-        })
+        Ok(Rule { matches: self.matches, action })
     }
 }
 
 fn ne_u32(value: &[u8]) -> Result<u32, String> {
-    value
-        .try_into()
-        .map(u32::from_ne_bytes)
-        .map_err(|_| "bad id length".to_string())
+    value.try_into().map(u32::from_ne_bytes).map_err(|_| "bad id length".to_string())
 }
 
 /// Decodes one rule dump entry into (chain name, rule).
@@ -318,20 +260,10 @@ pub(super) fn decode_rule(attrs: &[RuleAttribute]) -> (String, LiveRule) {
         Some(e) => Err(e),
         None => decoder.finish(),
     };
-    (
-        chain,
-        LiveRule {
-            rule,
-            packets,
-            bytes,
-        },
-    )
+    (chain, LiveRule { rule, packets, bytes })
 }
 
-fn decode_element(
-    decoder: &mut RuleDecoder,
-    elem: &ListAttribute<ExpressionAttribute>,
-) -> Result<(), String> {
+fn decode_element(decoder: &mut RuleDecoder, elem: &ListAttribute<ExpressionAttribute>) -> Result<(), String> {
     let ListAttribute::Element(parts) = elem else {
         return Err("malformed expression list".into());
     };

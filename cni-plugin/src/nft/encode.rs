@@ -4,9 +4,9 @@
 use ipnet::IpNet;
 use netlink_packet_core::DefaultNla;
 use netlink_packet_netfilter::nftables::{
-    Bitwise, ChainAttribute, ChainMessage, Cmp, DataAttribute, Expressions, Hook, HookNumber,
-    Immediate, InetHookNumber, Meta, MetaKey, NfTablesMessage, Operator, Payload, Register,
-    RuleAttribute, RuleMessage, TableAttribute, TableMessage, Verdict, VerdictAttribute,
+    Bitwise, ChainAttribute, ChainMessage, Cmp, DataAttribute, Expressions, Hook, HookNumber, Immediate,
+    InetHookNumber, Meta, MetaKey, NfTablesMessage, Operator, Payload, Register, RuleAttribute, RuleMessage,
+    TableAttribute, TableMessage, Verdict, VerdictAttribute,
 };
 
 use crate::rules::{self, Action, Chain, Match, Rule, Ruleset};
@@ -37,16 +37,11 @@ pub(super) fn table_message(with_flags: bool) -> NfTablesMessage {
 }
 
 pub(super) fn delete_table_message() -> NfTablesMessage {
-    NfTablesMessage::DeleteTable(TableMessage {
-        attributes: vec![TableAttribute::Name(rules::TABLE.into())],
-    })
+    NfTablesMessage::DeleteTable(TableMessage { attributes: vec![TableAttribute::Name(rules::TABLE.into())] })
 }
 
 pub(super) fn chain_message(chain: &Chain) -> NfTablesMessage {
-    let mut attributes = vec![
-        ChainAttribute::Table(rules::TABLE.into()),
-        ChainAttribute::Name(chain.name.clone()),
-    ];
+    let mut attributes = vec![ChainAttribute::Table(rules::TABLE.into()), ChainAttribute::Name(chain.name.clone())];
     if let Some(base) = chain.base {
         let number = match base.hook {
             rules::Hook::Prerouting => InetHookNumber::PreRouting,
@@ -88,16 +83,12 @@ fn expressions(rule: &Rule) -> Vec<Expressions> {
     for m in &rule.matches {
         encode_match(m, &mut out);
     }
-    out.push(Expressions::Other {
-        expression_type: "counter".into(),
-        attributes: vec![],
-    });
+    out.push(Expressions::Other { expression_type: "counter".into(), attributes: vec![] });
     match &rule.action {
         Action::Return => out.push(verdict(vec![VerdictAttribute::Code(Verdict::Return)])),
-        Action::Jump(chain) => out.push(verdict(vec![
-            VerdictAttribute::Code(Verdict::Jump),
-            VerdictAttribute::Chain(chain.clone()),
-        ])),
+        Action::Jump(chain) => {
+            out.push(verdict(vec![VerdictAttribute::Code(Verdict::Jump), VerdictAttribute::Chain(chain.clone())]))
+        }
         Action::Redirect(port) => {
             out.push(Expressions::Immediate(vec![
                 Immediate::DestinationRegister(Register::Reg1),
@@ -109,10 +100,7 @@ fn expressions(rule: &Rule) -> Vec<Expressions> {
                 attributes: vec![
                     DefaultNla::new(NFTA_REDIR_REG_PROTO_MIN, reg.clone()),
                     DefaultNla::new(NFTA_REDIR_REG_PROTO_MAX, reg),
-                    DefaultNla::new(
-                        NFTA_REDIR_FLAGS,
-                        NF_NAT_RANGE_PROTO_SPECIFIED.to_be_bytes().to_vec(),
-                    ),
+                    DefaultNla::new(NFTA_REDIR_FLAGS, NF_NAT_RANGE_PROTO_SPECIFIED.to_be_bytes().to_vec()),
                 ],
             });
         }
@@ -128,18 +116,11 @@ fn verdict(attrs: Vec<VerdictAttribute>) -> Expressions {
 }
 
 fn meta(key: MetaKey) -> Expressions {
-    Expressions::Meta(vec![
-        Meta::Key(key),
-        Meta::DestinationRegister(Register::Reg1),
-    ])
+    Expressions::Meta(vec![Meta::Key(key), Meta::DestinationRegister(Register::Reg1)])
 }
 
 fn cmp(op: Operator, data: Vec<u8>) -> Expressions {
-    Expressions::Cmp(vec![
-        Cmp::SourceRegister(Register::Reg1),
-        Cmp::Op(op),
-        Cmp::Data(DataAttribute::Value(data)),
-    ])
+    Expressions::Cmp(vec![Cmp::SourceRegister(Register::Reg1), Cmp::Op(op), Cmp::Data(DataAttribute::Value(data))])
 }
 
 fn payload(base: u32, offset: u32, len: u32) -> Expressions {
@@ -162,14 +143,8 @@ fn encode_match(m: &Match, out: &mut Vec<Expressions>) {
             if range.is_single() {
                 out.push(cmp(Operator::Equal, range.first.to_be_bytes().to_vec()));
             } else {
-                out.push(cmp(
-                    Operator::GreatherThanEqual,
-                    range.first.to_be_bytes().to_vec(),
-                ));
-                out.push(cmp(
-                    Operator::LessThanEqual,
-                    range.last.to_be_bytes().to_vec(),
-                ));
+                out.push(cmp(Operator::GreatherThanEqual, range.first.to_be_bytes().to_vec()));
+                out.push(cmp(Operator::LessThanEqual, range.last.to_be_bytes().to_vec()));
             }
         }
         // skuid/skgid are loaded in host byte order.

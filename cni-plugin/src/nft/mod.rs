@@ -13,17 +13,12 @@ use std::io;
 use std::time::Duration;
 
 use netlink_packet_core::{
-    NLM_F_ACK, NLM_F_APPEND, NLM_F_CREATE, NLM_F_DUMP, NLM_F_REQUEST, NetlinkBuffer,
-    NetlinkMessage, NetlinkPayload,
+    NLM_F_ACK, NLM_F_APPEND, NLM_F_CREATE, NLM_F_DUMP, NLM_F_REQUEST, NetlinkBuffer, NetlinkMessage, NetlinkPayload,
 };
 use netlink_packet_netfilter::nftables::{ChainAttribute, ChainMessage};
-use netlink_packet_netfilter::nftables::{
-    NfTablesMessage, RuleAttribute, RuleMessage, TableAttribute, TableMessage,
-};
+use netlink_packet_netfilter::nftables::{NfTablesMessage, RuleAttribute, RuleMessage, TableAttribute, TableMessage};
 use netlink_packet_netfilter::none::ControlMessage;
-use netlink_packet_netfilter::{
-    NetfilterHeader, NetfilterMessage, NetfilterMessageInner, NetfilterProtoFamily,
-};
+use netlink_packet_netfilter::{NetfilterHeader, NetfilterMessage, NetfilterMessageInner, NetfilterProtoFamily};
 use netlink_sys::{Socket, constants::NETLINK_NETFILTER};
 
 pub use decode::LiveRule;
@@ -87,10 +82,7 @@ fn frame(
     flags: u16,
     seq: u32,
 ) -> Vec<u8> {
-    let mut msg = NetlinkMessage::from(NetfilterMessage::new(
-        NetfilterHeader::new(family, 0, res_id),
-        inner,
-    ));
+    let mut msg = NetlinkMessage::from(NetfilterMessage::new(NetfilterHeader::new(family, 0, res_id), inner));
     msg.header.flags = NLM_F_REQUEST | flags;
     msg.header.sequence_number = seq;
     msg.finalize();
@@ -128,10 +120,7 @@ impl NftSocket {
         let timeout = nix::sys::time::TimeVal::new(REPLY_TIMEOUT.as_secs() as _, 0);
         nix::sys::socket::setsockopt(&socket, nix::sys::socket::sockopt::ReceiveTimeout, &timeout)
             .map_err(|e| NftError::Socket(e.into()))?;
-        Ok(Self {
-            socket,
-            seq: std::process::id().wrapping_shl(12),
-        })
+        Ok(Self { socket, seq: std::process::id().wrapping_shl(12) })
     }
 
     fn next_seq(&mut self) -> u32 {
@@ -144,10 +133,7 @@ impl NftSocket {
     pub fn replace(&mut self, ruleset: &Ruleset) -> Result<(), NftError> {
         // "add table; delete table; create everything" lets one batch work whether or not the
         // table already exists.
-        let mut msgs = vec![
-            (encode::table_message(false), NLM_F_CREATE),
-            (encode::delete_table_message(), 0),
-        ];
+        let mut msgs = vec![(encode::table_message(false), NLM_F_CREATE), (encode::delete_table_message(), 0)];
         for m in encode::ruleset_messages(ruleset) {
             let flags = match m {
                 NfTablesMessage::NewRule(_) => NLM_F_CREATE | NLM_F_APPEND,
@@ -160,31 +146,17 @@ impl NftSocket {
 
     /// Removes the table; succeeds when there is none.
     pub fn delete(&mut self) -> Result<(), NftError> {
-        self.transaction(vec![
-            (encode::table_message(false), NLM_F_CREATE),
-            (encode::delete_table_message(), 0),
-        ])
+        self.transaction(vec![(encode::table_message(false), NLM_F_CREATE), (encode::delete_table_message(), 0)])
     }
 
     fn transaction(&mut self, msgs: Vec<(NfTablesMessage, u16)>) -> Result<(), NftError> {
-        let mut batch = frame(
-            ControlMessage::BatchBegin,
-            NetfilterProtoFamily::Unspec,
-            NFNL_SUBSYS_NFTABLES,
-            0,
-            self.next_seq(),
-        );
+        let mut batch =
+            frame(ControlMessage::BatchBegin, NetfilterProtoFamily::Unspec, NFNL_SUBSYS_NFTABLES, 0, self.next_seq());
         let mut pending = Vec::with_capacity(msgs.len());
         for (msg, flags) in msgs {
             let seq = self.next_seq();
             pending.push((seq, describe(&msg)));
-            batch.extend(frame(
-                msg,
-                NetfilterProtoFamily::Inet,
-                0,
-                flags | NLM_F_ACK,
-                seq,
-            ));
+            batch.extend(frame(msg, NetfilterProtoFamily::Inet, 0, flags | NLM_F_ACK, seq));
         }
         batch.extend(frame(
             ControlMessage::BatchEnd,
@@ -203,15 +175,9 @@ impl NftSocket {
             if let NetlinkPayload::Error(e) = &msg.payload {
                 let seq = msg.header.sequence_number;
                 if let Some(code) = e.code {
-                    let what = pending
-                        .iter()
-                        .find(|(s, _)| *s == seq)
-                        .map(|(_, w)| w.clone())
-                        .unwrap_or_default();
-                    first_error.get_or_insert(NftError::Kernel {
-                        what,
-                        source: io::Error::from_raw_os_error(-code.get()),
-                    });
+                    let what = pending.iter().find(|(s, _)| *s == seq).map(|(_, w)| w.clone()).unwrap_or_default();
+                    first_error
+                        .get_or_insert(NftError::Kernel { what, source: io::Error::from_raw_os_error(-code.get()) });
                 }
                 return Ok(seq == last);
             }
@@ -223,15 +189,9 @@ impl NftSocket {
     /// Reads the table back; `None` when it does not exist.
     pub fn read(&mut self) -> Result<Option<LiveTable>, NftError> {
         let seq = self.next_seq();
-        let get = NfTablesMessage::GetTable(TableMessage {
-            attributes: vec![TableAttribute::Name(rules::TABLE.into())],
-        });
-        self.socket
-            .send(
-                &frame(get, NetfilterProtoFamily::Inet, 0, NLM_F_ACK, seq),
-                0,
-            )
-            .map_err(NftError::Io)?;
+        let get =
+            NfTablesMessage::GetTable(TableMessage { attributes: vec![TableAttribute::Name(rules::TABLE.into())] });
+        self.socket.send(&frame(get, NetfilterProtoFamily::Inet, 0, NLM_F_ACK, seq), 0).map_err(NftError::Io)?;
         let mut missing = false;
         self.receive(|msg| match &msg.payload {
             NetlinkPayload::Error(e) => {
@@ -254,9 +214,8 @@ impl NftSocket {
         }
 
         let mut chains = Vec::new();
-        let get = NfTablesMessage::GetChain(ChainMessage {
-            attributes: vec![ChainAttribute::Table(rules::TABLE.into())],
-        });
+        let get =
+            NfTablesMessage::GetChain(ChainMessage { attributes: vec![ChainAttribute::Table(rules::TABLE.into())] });
         self.dump(get, |inner| {
             if let NfTablesMessage::NewChain(ChainMessage { attributes }) = inner {
                 if in_our_table(attributes.iter().find_map(|a| match a {
@@ -267,18 +226,12 @@ impl NftSocket {
                         Ok((name, base)) => (name, Ok(base)),
                         Err(e) => (String::new(), Err(e)),
                     };
-                    chains.push(LiveChain {
-                        name,
-                        base,
-                        rules: Vec::new(),
-                    });
+                    chains.push(LiveChain { name, base, rules: Vec::new() });
                 }
             }
         })?;
 
-        let get = NfTablesMessage::GetRule(RuleMessage {
-            attributes: vec![RuleAttribute::Table(rules::TABLE.into())],
-        });
+        let get = NfTablesMessage::GetRule(RuleMessage { attributes: vec![RuleAttribute::Table(rules::TABLE.into())] });
         self.dump(get, |inner| {
             if let NfTablesMessage::NewRule(RuleMessage { attributes }) = inner {
                 if in_our_table(attributes.iter().find_map(|a| match a {
@@ -295,18 +248,9 @@ impl NftSocket {
         Ok(Some(LiveTable { chains }))
     }
 
-    fn dump(
-        &mut self,
-        request: NfTablesMessage,
-        mut each: impl FnMut(&NfTablesMessage),
-    ) -> Result<(), NftError> {
+    fn dump(&mut self, request: NfTablesMessage, mut each: impl FnMut(&NfTablesMessage)) -> Result<(), NftError> {
         let seq = self.next_seq();
-        self.socket
-            .send(
-                &frame(request, NetfilterProtoFamily::Inet, 0, NLM_F_DUMP, seq),
-                0,
-            )
-            .map_err(NftError::Io)?;
+        self.socket.send(&frame(request, NetfilterProtoFamily::Inet, 0, NLM_F_DUMP, seq), 0).map_err(NftError::Io)?;
         self.receive(|msg| match &msg.payload {
             NetlinkPayload::Done(_) => Ok(true),
             NetlinkPayload::Error(e) => match e.code {
@@ -316,10 +260,7 @@ impl NftSocket {
                 }),
                 None => Ok(true),
             },
-            NetlinkPayload::InnerMessage(NetfilterMessage {
-                inner: NetfilterMessageInner::NfTables(m),
-                ..
-            }) => {
+            NetlinkPayload::InnerMessage(NetfilterMessage { inner: NetfilterMessageInner::NfTables(m), .. }) => {
                 each(m);
                 Ok(false)
             }
@@ -336,10 +277,7 @@ impl NftSocket {
         loop {
             let n = self.socket.recv(&mut &mut buf[..], 0).map_err(|e| {
                 if e.kind() == io::ErrorKind::WouldBlock {
-                    NftError::Io(io::Error::new(
-                        io::ErrorKind::TimedOut,
-                        "no answer from the kernel",
-                    ))
+                    NftError::Io(io::Error::new(io::ErrorKind::TimedOut, "no answer from the kernel"))
                 } else {
                     NftError::Io(e)
                 }
@@ -352,9 +290,8 @@ impl NftSocket {
                 if len == 0 {
                     break;
                 }
-                let msg =
-                    NetlinkMessage::<NetfilterMessage>::deserialize(&buf[offset..offset + len])
-                        .map_err(|e| NftError::Decode(e.to_string()))?;
+                let msg = NetlinkMessage::<NetfilterMessage>::deserialize(&buf[offset..offset + len])
+                    .map_err(|e| NftError::Decode(e.to_string()))?;
                 if handle(&msg)? {
                     return Ok(());
                 }

@@ -19,10 +19,7 @@ fn wide_spec() -> RedirectSpec {
             "192.168.1.7/32".parse().unwrap(),
             "0.0.0.0/0".parse().unwrap(),
         ],
-        skip_outbound_subnets: vec![
-            "fd00::/20".parse().unwrap(),
-            "2001:db8::/32".parse().unwrap(),
-        ],
+        skip_outbound_subnets: vec!["fd00::/20".parse().unwrap(), "2001:db8::/32".parse().unwrap()],
         ..Default::default()
     }
 }
@@ -32,13 +29,7 @@ fn every_rule_survives_the_wire() {
     let ruleset = Ruleset::from_spec(&wide_spec());
     for chain in &ruleset.chains {
         for rule in &chain.rules {
-            let bytes = frame(
-                encode::rule_message(&chain.name, rule),
-                NetfilterProtoFamily::Inet,
-                0,
-                0,
-                1,
-            );
+            let bytes = frame(encode::rule_message(&chain.name, rule), NetfilterProtoFamily::Inet, 0, 0, 1);
             let msg = NetlinkMessage::<NetfilterMessage>::deserialize(&bytes).unwrap();
             let NetlinkPayload::InnerMessage(NetfilterMessage {
                 inner: NetfilterMessageInner::NfTables(NfTablesMessage::NewRule(m)),
@@ -58,13 +49,7 @@ fn every_rule_survives_the_wire() {
 fn chains_survive_the_wire() {
     let ruleset = Ruleset::from_spec(&RedirectSpec::default());
     for chain in &ruleset.chains {
-        let bytes = frame(
-            encode::chain_message(chain),
-            NetfilterProtoFamily::Inet,
-            0,
-            0,
-            1,
-        );
+        let bytes = frame(encode::chain_message(chain), NetfilterProtoFamily::Inet, 0, 0, 1);
         assert_eq!(NetlinkBuffer::new(&bytes).length() as usize, bytes.len());
         let msg = NetlinkMessage::<NetfilterMessage>::deserialize(&bytes).unwrap();
         let NetlinkPayload::InnerMessage(NetfilterMessage {
@@ -74,10 +59,7 @@ fn chains_survive_the_wire() {
         else {
             panic!("not a chain message");
         };
-        assert_eq!(
-            decode::decode_chain(&m.attributes),
-            Ok((chain.name.clone(), chain.base))
-        );
+        assert_eq!(decode::decode_chain(&m.attributes), Ok((chain.name.clone(), chain.base)));
     }
 }
 
@@ -86,18 +68,10 @@ fn redirect_is_sent_like_nft_sends_it() {
     // `nft --debug=netlink`: [ immediate reg 1 0x00002f10 ] [ redir proto_min reg 1 proto_max reg 1 flags 0x2 ]
     let ruleset = Ruleset::from_spec(&RedirectSpec::default());
     let inbound = ruleset.chain("inbound").unwrap();
-    let bytes = frame(
-        encode::rule_message("inbound", inbound.rules.last().unwrap()),
-        NetfilterProtoFamily::Inet,
-        0,
-        0,
-        1,
-    );
+    let bytes =
+        frame(encode::rule_message("inbound", inbound.rules.last().unwrap()), NetfilterProtoFamily::Inet, 0, 0, 1);
     let window = |needle: &[u8]| bytes.windows(needle.len()).any(|w| w == needle);
     assert!(window(b"redir\0"));
-    assert!(
-        window(&[0x08, 0x00, 0x03, 0x00, 0, 0, 0, 2]),
-        "flags=2 (NF_NAT_RANGE_PROTO_SPECIFIED)"
-    );
+    assert!(window(&[0x08, 0x00, 0x03, 0x00, 0, 0, 0, 2]), "flags=2 (NF_NAT_RANGE_PROTO_SPECIFIED)");
     assert!(window(&[0x10, 0x2f]), "port 4143 big-endian");
 }

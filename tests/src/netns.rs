@@ -1,0 +1,52 @@
+//! A named network namespace (`ip netns add`), deleted on drop.
+
+use std::path::PathBuf;
+
+use crate::host::{run, unique_name};
+
+pub struct Netns {
+    name: String,
+    deleted: bool,
+}
+
+impl Netns {
+    pub fn new() -> anyhow::Result<Self> {
+        let name = unique_name("cnm");
+        run("ip", &["netns", "add", &name])?;
+        // Skip IPv6 duplicate address detection so addresses are usable at once.
+        for key in ["all", "default"] {
+            let _ = run("ip", &["netns", "exec", &name, "sysctl", "-qw", &format!("net.ipv6.conf.{key}.accept_dad=0")]);
+        }
+        Ok(Self { name, deleted: false })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn path(&self) -> PathBuf {
+        PathBuf::from("/var/run/netns").join(&self.name)
+    }
+
+    /// Runs a command inside the namespace.
+    pub fn exec(&self, program: &str, args: &[&str]) -> anyhow::Result<String> {
+        let mut full = vec!["netns", "exec", &self.name, program];
+        full.extend_from_slice(args);
+        run("ip", &full)
+    }
+
+    /// Deletes the namespace now (e.g. to test DEL after the pod's netns is gone).
+    pub fn delete(&mut self) -> anyhow::Result<()> {
+        if !self.deleted {
+            run("ip", &["netns", "del", &self.name])?;
+            self.deleted = true;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = self.delete();
+    }
+}

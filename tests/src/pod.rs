@@ -1,0 +1,101 @@
+//! A pod: a network namespace with loopback up (Debian's `loopback` plugin, as runtimes do it) and
+//! one attachment to a [`Network`]. Dropping it runs DEL and deletes the namespace.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde_json::{Value, json};
+
+use crate::cni::{Call, CniFailure, Network, exec_plugin};
+use crate::host::unique_name;
+use crate::netns::Netns;
+
+pub struct Pod<'n> {
+    pub network: &'n Network,
+    pub container_id: String,
+    pub namespace: String,
+    pub name: String,
+    pub result: Value,
+    netns_path: String,
+    args: String,
+    // Dropped last: DEL runs while the namespace still exists.
+    pub netns: Netns,
+}
+
+/// A 64-hex-digit id like a containerd sandbox id, unique per process and call.
+pub fn container_id() -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    format!("{:032x}{:032x}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+impl<'n> Pod<'n> {
+    /// A pod in Kubernetes namespace `namespace`, attached as `eth0`.
+    pub fn new(network: &'n Network, namespace: &str) -> anyhow::Result<Self> {
+        let mut pod = Self::unattached(network, namespace)?;
+        let lo = json!({"cniVersion": "1.0.0", "name": "cni-loopback", "type": "loopback"});
+        exec_plugin(network.cni_path(), &lo, "ADD", &Call { ifname: "lo", ..pod.call() })?;
+        pod.result = network.add(&pod.call())?;
+        Ok(pod)
+    }
+
+    /// The namespace and identity of a pod, before the runtime has run ADD.
+    pub fn unattached(network: &'n Network, namespace: &str) -> anyhow::Result<Self> {
+        let netns = Netns::new()?;
+        let container_id = container_id();
+        let name = unique_name("pod-");
+        let args = format!(
+            "K8S_POD_UID=uid-{name};IgnoreUnknown=1;K8S_POD_NAMESPACE={namespace};K8S_POD_NAME={name};K8S_POD_INFRA_CONTAINER_ID={container_id}"
+        );
+        Ok(Self {
+            network,
+            container_id,
+            namespace: namespace.into(),
+            name,
+            result: Value::Null,
+            netns_path: netns.path().display().to_string(),
+            args,
+            netns,
+        })
+    }
+
+    pub fn call(&self) -> Call<'_> {
+        Call { container_id: &self.container_id, netns: &self.netns_path, ifname: "eth0", args: &self.args }
+    }
+
+    fn address(&self, v6: bool) -> Option<IpAddr> {
+        self.result["ips"].as_array()?.iter().find_map(|ip| {
+            let addr: IpAddr = ip["address"].as_str()?.split('/').next()?.parse().ok()?;
+            (addr.is_ipv6() == v6).then_some(addr)
+        })
+    }
+
+    pub fn ipv4(&self) -> Ipv4Addr {
+        match self.address(false) {
+            Some(IpAddr::V4(a)) => a,
+            _ => panic!("pod has no IPv4 address in {}", self.result),
+        }
+    }
+
+    pub fn ipv6(&self) -> Ipv6Addr {
+        match self.address(true) {
+            Some(IpAddr::V6(a)) => a,
+            _ => panic!("pod has no IPv6 address in {}", self.result),
+        }
+    }
+
+    /// Runs DEL now (the drop's DEL then finds nothing to do, as DEL is idempotent).
+    pub fn del(&self) -> Result<(), CniFailure> {
+        self.network.del(&self.call())
+    }
+
+    /// `nft list table inet cnimesh` inside the pod, or the error nft printed.
+    pub fn nft_table(&self) -> anyhow::Result<String> {
+        self.netns.exec("nft", &["list", "table", "inet", "cnimesh"])
+    }
+}
+
+impl Drop for Pod<'_> {
+    fn drop(&mut self) {
+        let _ = self.network.del(&self.call());
+    }
+}
