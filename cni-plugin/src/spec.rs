@@ -109,8 +109,9 @@ pub fn parse_port_list(text: &str) -> Result<Vec<PortRange>, PortError> {
 pub struct RedirectSpec {
     pub inbound_proxy_port: u16,
     pub outbound_proxy_port: u16,
+    #[serde(rename = "proxyUID")]
     pub proxy_uid: u32,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(rename = "proxyGID", default, skip_serializing_if = "Option::is_none")]
     pub proxy_gid: Option<u32>,
     pub skip_inbound_ports: Vec<PortRange>,
     pub skip_outbound_ports: Vec<PortRange>,

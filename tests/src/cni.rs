@@ -59,13 +59,16 @@ pub struct CniFailure {
     pub code: Option<u64>,
     pub msg: String,
     pub details: Option<String>,
-    pub error: Value,
     pub stderr: String,
 }
 
 impl std::fmt::Display for CniFailure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} failed (code {:?}): {} {:?} [stderr: {}]", self.plugin, self.code, self.msg, self.details, self.stderr)
+        write!(
+            f,
+            "{} failed (code {:?}): {} {:?} [stderr: {}]",
+            self.plugin, self.code, self.msg, self.details, self.stderr
+        )
     }
 }
 
@@ -118,7 +121,6 @@ pub fn exec_plugin(cni_path: &Path, conf: &Value, command: &str, call: &Call) ->
         code: error["code"].as_u64(),
         msg: error["msg"].as_str().unwrap_or_default().to_string(),
         details: error["details"].as_str().map(str::to_string),
-        error,
         stderr,
     };
     let out = exec_raw(cni_path, &plugin, command, call, conf.to_string().as_bytes())
@@ -234,6 +236,13 @@ impl Network {
             exec_plugin(self.cni_path(), &self.plugin_conf(i, cached.as_ref()), "CHECK", call)?;
         }
         Ok(())
+    }
+
+    /// Runs the chained cnimesh-cni alone with the cached result as prevResult, as a runtime
+    /// retrying only the last plugin would (reference plugins such as `bridge` are not idempotent).
+    pub fn exec_cnimesh(&self, command: &str, call: &Call) -> Result<Option<Value>, CniFailure> {
+        let conf = self.plugin_conf(self.plugin_count() - 1, self.cached_result(call).as_ref());
+        exec_plugin(self.cni_path(), &conf, command, call)
     }
 
     /// The cnimesh-cni object alone at cniVersion 1.1.0 (GC and STATUS are 1.1.0 verbs, which

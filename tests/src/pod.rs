@@ -99,3 +99,23 @@ impl Drop for Pod<'_> {
         let _ = self.network.del(&self.call());
     }
 }
+
+/// `nft list` output with every counter reset to zero, for comparison with documentation.
+pub fn zero_counters(listing: &str) -> String {
+    let mut out = String::with_capacity(listing.len());
+    let mut zero_next = false;
+    for (i, word) in listing.split(' ').enumerate() {
+        if i > 0 {
+            out.push(' ');
+        }
+        let digits = word.chars().take_while(char::is_ascii_digit).count();
+        if zero_next && digits > 0 {
+            out.push('0');
+            out.push_str(&word[digits..]);
+        } else {
+            out.push_str(word);
+        }
+        zero_next = word == "packets" || word == "bytes";
+    }
+    out
+}

@@ -68,11 +68,23 @@ fn traffic_checks(bins: &Bins, net: &Network, v6: bool) {
     let at = |pod: &Pod, port| SocketAddr::new(ip(pod, v6), port);
 
     // Inbound: B's proxy (running as the proxy UID) dials A:8080; A's capture sends it to 4143.
-    check(bins, &b, at(&a, 8080), Some(PROXY_UID), Expect { pod: "a", listener: any(v6, 4143), orig_dst: Some(at(&a, 8080)) });
+    check(
+        bins,
+        &b,
+        at(&a, 8080),
+        Some(PROXY_UID),
+        Expect { pod: "a", listener: any(v6, 4143), orig_dst: Some(at(&a, 8080)) },
+    );
     // Outbound: an app in A dials B:9090; A's capture sends it to A's 4140.
     check(bins, &a, at(&b, 9090), None, Expect { pod: "a", listener: lo(v6, 4140), orig_dst: Some(at(&b, 9090)) });
     // The proxy's own connections bypass outbound capture (and are captured inbound at B).
-    check(bins, &a, at(&b, 9090), Some(PROXY_UID), Expect { pod: "b", listener: any(v6, 4143), orig_dst: Some(at(&b, 9090)) });
+    check(
+        bins,
+        &a,
+        at(&b, 9090),
+        Some(PROXY_UID),
+        Expect { pod: "b", listener: any(v6, 4143), orig_dst: Some(at(&b, 9090)) },
+    );
     // Loopback is never captured.
     check(bins, &a, lo(v6, 8080), None, Expect { pod: "a", listener: lo(v6, 8080), orig_dst: None });
     // Skipped outbound ports leave A uncaptured (B's inbound capture still applies).

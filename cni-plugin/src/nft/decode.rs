@@ -285,15 +285,25 @@ fn decode_element(decoder: &mut RuleDecoder, elem: &ListAttribute<ExpressionAttr
     }
 }
 
-/// A chain from a dump: its name and, for base chains, its hook.
-pub(super) fn decode_chain(attrs: &[ChainAttribute]) -> Result<(String, Option<BaseHook>), String> {
-    let mut name = String::new();
+/// A chain from a dump: its name and, for base chains, its hook (or why it is not ours).
+pub(super) fn decode_chain(attrs: &[ChainAttribute]) -> (String, Result<Option<BaseHook>, String>) {
+    let name = attrs
+        .iter()
+        .find_map(|a| match a {
+            ChainAttribute::Name(n) => Some(n.clone()),
+            _ => None,
+        })
+        .unwrap_or_default();
+    let base = decode_base(&name, attrs);
+    (name, base)
+}
+
+fn decode_base(name: &str, attrs: &[ChainAttribute]) -> Result<Option<BaseHook>, String> {
     let mut hook = None;
     let mut priority = None;
     let mut kind = None;
     for attr in attrs {
         match attr {
-            ChainAttribute::Name(n) => name = n.clone(),
             ChainAttribute::Type(t) => kind = Some(t.clone()),
             ChainAttribute::Hook(h) => {
                 for x in h {
@@ -307,7 +317,7 @@ pub(super) fn decode_chain(attrs: &[ChainAttribute]) -> Result<(String, Option<B
             _ => {}
         }
     }
-    let base = match (hook, priority) {
+    Ok(match (hook, priority) {
         (None, _) => None,
         (Some(h), Some(priority)) => {
             if kind.as_deref() != Some("nat") {
@@ -321,6 +331,5 @@ pub(super) fn decode_chain(attrs: &[ChainAttribute]) -> Result<(String, Option<B
             Some(BaseHook { hook, priority })
         }
         (Some(_), None) => return Err(format!("chain {name} has a hook but no priority")),
-    };
-    Ok((name, base))
+    })
 }

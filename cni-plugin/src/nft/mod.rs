@@ -217,31 +217,28 @@ impl NftSocket {
         let get =
             NfTablesMessage::GetChain(ChainMessage { attributes: vec![ChainAttribute::Table(rules::TABLE.into())] });
         self.dump(get, |inner| {
-            if let NfTablesMessage::NewChain(ChainMessage { attributes }) = inner {
-                if in_our_table(attributes.iter().find_map(|a| match a {
+            if let NfTablesMessage::NewChain(ChainMessage { attributes }) = inner
+                && in_our_table(attributes.iter().find_map(|a| match a {
                     ChainAttribute::Table(t) => Some(t),
                     _ => None,
-                })) {
-                    let (name, base) = match decode::decode_chain(attributes) {
-                        Ok((name, base)) => (name, Ok(base)),
-                        Err(e) => (String::new(), Err(e)),
-                    };
-                    chains.push(LiveChain { name, base, rules: Vec::new() });
-                }
+                }))
+            {
+                let (name, base) = decode::decode_chain(attributes);
+                chains.push(LiveChain { name, base, rules: Vec::new() });
             }
         })?;
 
         let get = NfTablesMessage::GetRule(RuleMessage { attributes: vec![RuleAttribute::Table(rules::TABLE.into())] });
         self.dump(get, |inner| {
-            if let NfTablesMessage::NewRule(RuleMessage { attributes }) = inner {
-                if in_our_table(attributes.iter().find_map(|a| match a {
+            if let NfTablesMessage::NewRule(RuleMessage { attributes }) = inner
+                && in_our_table(attributes.iter().find_map(|a| match a {
                     RuleAttribute::Table(t) => Some(t),
                     _ => None,
-                })) {
-                    let (chain, rule) = decode::decode_rule(attributes);
-                    if let Some(c) = chains.iter_mut().find(|c| c.name == chain) {
-                        c.rules.push(rule);
-                    }
+                }))
+            {
+                let (chain, rule) = decode::decode_rule(attributes);
+                if let Some(c) = chains.iter_mut().find(|c| c.name == chain) {
+                    c.rules.push(rule);
                 }
             }
         })?;

@@ -59,7 +59,7 @@ fn chains_survive_the_wire() {
         else {
             panic!("not a chain message");
         };
-        assert_eq!(decode::decode_chain(&m.attributes), Ok((chain.name.clone(), chain.base)));
+        assert_eq!(decode::decode_chain(&m.attributes), (chain.name.clone(), Ok(chain.base)));
     }
 }
 

@@ -32,7 +32,8 @@ fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
     if addr.is_ipv6() {
         socket::setsockopt(&fd, sockopt::Ipv6V6Only, &true)?;
     }
-    socket::bind(std::os::fd::AsRawFd::as_raw_fd(&fd), &SockaddrStorage::from(addr)).with_context(|| format!("bind {addr}"))?;
+    socket::bind(std::os::fd::AsRawFd::as_raw_fd(&fd), &SockaddrStorage::from(addr))
+        .with_context(|| format!("bind {addr}"))?;
     socket::listen(&fd, Backlog::new(128)?)?;
     Ok(TcpListener::from(fd))
 }

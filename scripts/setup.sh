@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs what cnimesh needs on a Debian host, idempotently: kernel tooling for the tests and the
+# demo, Debian's CNI reference plugins (the stand-in primary CNI), and the Rust lint components.
+set -euo pipefail
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "setup.sh: run as root (network namespaces and nftables need it)" >&2
+  exit 1
+fi
+
+packages=(nftables iptables iproute2 containernetworking-plugins util-linux)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup.sh: installing ${missing[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if ! command -v cargo >/dev/null; then
+  echo "setup.sh: cargo not found; install a Rust toolchain (rustup) first" >&2
+  exit 1
+fi
+for component in rustfmt clippy; do
+  rustup component list --installed 2>/dev/null | grep -q "^$component" || rustup component add "$component"
+done

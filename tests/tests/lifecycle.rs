@@ -1,0 +1,251 @@
+//! The CNI lifecycle against a real kernel: idempotent ADD and DEL, CHECK naming drift, GC with a
+//! partial valid list, STATUS, many pods at once, and the ruleset `nft` reads back.
+
+use std::path::Path;
+
+use cnimesh_cni::rules::Ruleset;
+use cnimesh_cni::spec::RedirectSpec;
+use cnimesh_e2e::cni::{Call, exec_plugin};
+use cnimesh_e2e::pod::zero_counters;
+use cnimesh_e2e::{Network, Pod, bins, require_root};
+use serde_json::{Value, json};
+
+fn records(net: &Network) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(net.state_dir().join("attachments"))
+        .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+fn network(settings: Value) -> Network {
+    Network::bridge(&bins!(), settings).expect("network")
+}
+
+/// The ruleset block of the README (between the `ruleset` markers).
+fn documented_ruleset() -> String {
+    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md")).unwrap();
+    let start = readme.find("<!-- ruleset:begin -->").expect("README has the ruleset block");
+    let end = readme.find("<!-- ruleset:end -->").expect("README ends the ruleset block");
+    let block = &readme[start..end];
+    let body = block.split_once("```\n").expect("fenced").1;
+    body.rsplit_once("```").expect("fenced").0.to_string()
+}
+
+#[test]
+fn add_twice_leaves_one_documented_ruleset() {
+    if !require_root("add_twice_leaves_one_documented_ruleset") {
+        return;
+    }
+    let net = network(json!({}));
+    let pod = Pod::new(&net, "default").unwrap();
+    let again = net.exec_cnimesh("ADD", &pod.call()).expect("second ADD succeeds");
+    assert_eq!(again.as_ref(), Some(&pod.result), "ADD is idempotent in its result too");
+
+    let listed = zero_counters(&pod.nft_table().unwrap());
+    assert_eq!(listed, documented_ruleset(), "nft reads back the documented ruleset");
+    assert_eq!(listed, Ruleset::from_spec(&RedirectSpec::default()).to_string());
+    let all = pod.netns.exec("nft", &["list", "tables"]).unwrap();
+    assert_eq!(all.trim(), "table inet cnimesh", "exactly one table");
+    assert_eq!(records(&net).len(), 1);
+}
+
+#[test]
+fn add_prints_prev_result_in_the_requested_version() {
+    if !require_root("add_prints_prev_result_in_the_requested_version") {
+        return;
+    }
+    let mut net = network(json!({}));
+    net.conflist["cniVersion"] = json!("0.4.0");
+    let pod = Pod::new(&net, "default").unwrap();
+    assert_eq!(pod.result["cniVersion"], "0.4.0");
+    let versions: Vec<&str> =
+        pod.result["ips"].as_array().unwrap().iter().map(|ip| ip["version"].as_str().unwrap()).collect();
+    assert_eq!(versions, ["4", "6"]);
+}
+
+#[test]
+fn del_is_idempotent() {
+    if !require_root("del_is_idempotent") {
+        return;
+    }
+    let net = network(json!({}));
+    let pod = Pod::new(&net, "default").unwrap();
+    pod.del().expect("first DEL (with prevResult)");
+    assert!(net.cached_result(&pod.call()).is_none());
+    pod.del().expect("second DEL (no prevResult)");
+    // containerd's second DEL may come with no netns at all.
+    let call = Call { netns: "", ..pod.call() };
+    let conf = net.plugin_conf(1, None);
+    exec_plugin(net.cni_path(), &conf, "DEL", &call).expect("DEL without netns");
+    assert!(pod.nft_table().is_err(), "table removed");
+    assert!(records(&net).is_empty(), "record removed");
+}
+
+#[test]
+fn del_after_netns_is_gone() {
+    if !require_root("del_after_netns_is_gone") {
+        return;
+    }
+    let net = network(json!({}));
+    let mut pod = Pod::new(&net, "default").unwrap();
+    pod.netns.delete().unwrap();
+    pod.del().expect("DEL succeeds when the netns is gone");
+    assert!(records(&net).is_empty());
+}
+
+fn rule_handle(pod: &Pod, chain: &str, needle: &str) -> String {
+    let listing = pod.netns.exec("nft", &["-a", "list", "chain", "inet", "cnimesh", chain]).unwrap();
+    let line = listing.lines().find(|l| l.contains(needle)).unwrap_or_else(|| panic!("no {needle} in {listing}"));
+    line.rsplit_once("handle ").unwrap().1.trim().to_string()
+}
+
+#[test]
+fn check_names_the_drift() {
+    if !require_root("check_names_the_drift") {
+        return;
+    }
+    let net = network(json!({}));
+    let pod = Pod::new(&net, "default").unwrap();
+    net.check(&pod.call()).expect("CHECK passes right after ADD");
+
+    let handle = rule_handle(&pod, "inbound", "dport 4191");
+    pod.netns.exec("nft", &["delete", "rule", "inet", "cnimesh", "inbound", "handle", &handle]).unwrap();
+    let e = net.check(&pod.call()).expect_err("CHECK fails after a rule is deleted");
+    assert_eq!(e.code, Some(101), "{e}");
+    assert!(e.msg.contains("chain inbound rule 2: missing `tcp dport 4191 counter return`"), "{e}");
+
+    let handle = rule_handle(&pod, "outbound", "redirect");
+    pod.netns
+        .exec(
+            "nft",
+            &[
+                "replace", "rule", "inet", "cnimesh", "outbound", "handle", &handle, "meta", "l4proto", "tcp",
+                "counter", "redirect", "to", ":4999",
+            ],
+        )
+        .unwrap();
+    let e = net.check(&pod.call()).expect_err("CHECK fails on a changed port");
+    assert!(
+        e.msg.contains(
+            "expected `meta l4proto tcp counter redirect to :4140`, found `meta l4proto tcp counter redirect to :4999`"
+        ),
+        "{e}"
+    );
+
+    pod.netns.exec("nft", &["delete", "table", "inet", "cnimesh"]).unwrap();
+    let e = net.check(&pod.call()).expect_err("CHECK fails without the table");
+    assert!(e.msg.contains("table inet cnimesh is missing"), "{e}");
+
+    net.exec_cnimesh("ADD", &pod.call()).expect("ADD repairs");
+    net.check(&pod.call()).expect("CHECK passes again");
+}
+
+#[test]
+fn check_names_iptables_drift() {
+    if !require_root("check_names_iptables_drift") {
+        return;
+    }
+    let net = network(json!({"backend": "iptables-legacy"}));
+    let pod = Pod::new(&net, "default").unwrap();
+    net.check(&pod.call()).expect("CHECK passes right after ADD");
+    pod.netns
+        .exec(
+            "ip6tables-legacy",
+            &[
+                "-t",
+                "nat",
+                "-D",
+                "CNIMESH_OUTPUT",
+                "-o",
+                "lo",
+                "-m",
+                "comment",
+                "--comment",
+                "cnimesh/loopback",
+                "-j",
+                "RETURN",
+            ],
+        )
+        .unwrap();
+    let e = net.check(&pod.call()).expect_err("CHECK fails after a rule is deleted");
+    assert!(e.msg.contains("ip6tables nat rule") && e.msg.contains("missing `-A CNIMESH_OUTPUT -o lo"), "{e}");
+    assert!(!e.msg.contains("iptables nat rule"), "IPv4 did not drift: {e}");
+}
+
+#[test]
+fn gc_removes_only_unlisted_attachments() {
+    if !require_root("gc_removes_only_unlisted_attachments") {
+        return;
+    }
+    let net = network(json!({}));
+    let keep = Pod::new(&net, "default").unwrap();
+    let stale = Pod::new(&net, "default").unwrap();
+    let mut gone = Pod::new(&net, "default").unwrap();
+    gone.netns.delete().unwrap();
+    assert_eq!(records(&net).len(), 3);
+
+    let conf = net.cnimesh_conf_v11(json!({
+        "cni.dev/valid-attachments": [{"containerID": keep.container_id, "ifname": "eth0"}]
+    }));
+    let call = Call { container_id: "", netns: "", ifname: "", args: "" };
+    exec_plugin(net.cni_path(), &conf, "GC", &call).expect("GC succeeds");
+
+    assert_eq!(records(&net).len(), 1, "only the listed attachment keeps its record");
+    assert!(records(&net)[0].contains(&keep.container_id));
+    assert!(keep.nft_table().is_ok(), "listed pod keeps its rules");
+    assert!(stale.nft_table().is_err(), "unlisted pod's rules are removed");
+}
+
+#[test]
+fn status_reports_whether_adds_can_be_served() {
+    if !require_root("status_reports_whether_adds_can_be_served") {
+        return;
+    }
+    let net = network(json!({}));
+    let call = Call { container_id: "", netns: "", ifname: "", args: "" };
+    exec_plugin(net.cni_path(), &net.cnimesh_conf_v11(json!({})), "STATUS", &call).expect("STATUS ok");
+
+    let conf = net.cnimesh_conf_v11(json!({"stateDir": "/proc/version/cnimesh"}));
+    let e = exec_plugin(net.cni_path(), &conf, "STATUS", &call).expect_err("unwritable state dir");
+    assert_eq!(e.code, Some(50), "{e}");
+    assert!(e.msg.contains("state directory"), "{e}");
+
+    let old = json!({"cniVersion": "1.0.0", "type": "cnimesh-cni"});
+    let e = exec_plugin(net.cni_path(), &old, "STATUS", &call).expect_err("STATUS needs 1.1.0");
+    assert_eq!(e.code, Some(1), "{e}");
+
+    let out = exec_plugin(net.cni_path(), &old, "VERSION", &call).unwrap().unwrap();
+    assert_eq!(out["supportedVersions"], json!(["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"]));
+}
+
+#[test]
+fn twenty_pods_at_once_leave_nothing_behind() {
+    if !require_root("twenty_pods_at_once_leave_nothing_behind") {
+        return;
+    }
+    let net = network(json!({}));
+    let pods: Vec<Pod> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..20).map(|_| s.spawn(|| Pod::new(&net, "default"))).collect();
+        handles.into_iter().map(|h| h.join().unwrap().expect("concurrent ADD")).collect()
+    });
+    assert_eq!(records(&net).len(), 20);
+    for pod in &pods {
+        assert!(pod.nft_table().is_ok());
+    }
+    let names: Vec<String> = pods.iter().map(|p| p.netns.name().to_string()).collect();
+    std::thread::scope(|s| {
+        for pod in &pods {
+            s.spawn(move || pod.del().expect("concurrent DEL"));
+        }
+    });
+    for pod in &pods {
+        assert!(pod.nft_table().is_err(), "table left in {}", pod.netns.name());
+    }
+    assert!(records(&net).is_empty(), "records left: {:?}", records(&net));
+    drop(pods);
+    let listed = cnimesh_e2e::host::run("ip", &["netns", "list"]).unwrap();
+    for name in names {
+        assert!(!listed.lines().any(|l| l.split_whitespace().next() == Some(&name)), "netns {name} left");
+    }
+}
