@@ -211,7 +211,8 @@ pub fn expected_lines(ruleset: &Ruleset, family: Family) -> Vec<String> {
     ruleset.chains.iter().flat_map(|c| c.rules.iter().filter_map(|r| render_rule(&c.name, r, family))).collect()
 }
 
-fn restore_input(ruleset: &Ruleset, family: Family, current: &str) -> String {
+/// `iptables-restore --noflush` input installing `ruleset`, given the current `iptables-save` output.
+pub fn restore_input(ruleset: &Ruleset, family: Family, current: &str) -> String {
     let existing: Vec<&str> = current.lines().filter(|l| is_jump(l)).collect();
     let mut out = format!("*nat\n:{INBOUND_CHAIN} - [0:0]\n:{OUTBOUND_CHAIN} - [0:0]\n");
     for line in expected_lines(ruleset, family) {

@@ -1,8 +1,10 @@
 //! Attachment records: one JSON file per (network, container, interface) the plugin captured.
 //!
 //! GC, the node agent's repair loop and the debug CLI read these, so the format is versioned and
-//! documented (README, "State records"). Files are written atomically (temp file, fsync, rename):
-//! a reader never sees half a record, even if the plugin is killed mid-write.
+//! documented (README, "State records"). Files are written atomically (temp file, rename): a
+//! reader never sees half a record, even if the plugin is killed mid-write. They are deliberately
+//! not fsync'd: a record describes a live netns, and no netns survives a node crash, so durability
+//! across power loss buys nothing while an fsync costs milliseconds on every pod start.
 
 use std::fs;
 use std::io::{self, Write};
@@ -77,7 +79,6 @@ impl StateStore {
         let mut tmp = tempfile_in(&self.dir, &path)?;
         let body = serde_json::to_vec_pretty(record).map_err(io::Error::other)?;
         tmp.1.write_all(&body)?;
-        tmp.1.sync_all()?;
         fs::rename(&tmp.0, &path).inspect_err(|_| {
             let _ = fs::remove_file(&tmp.0);
         })

@@ -13,7 +13,7 @@ use std::io;
 use std::time::Duration;
 
 use netlink_packet_core::{
-    NLM_F_ACK, NLM_F_APPEND, NLM_F_CREATE, NLM_F_DUMP, NLM_F_REQUEST, NetlinkBuffer, NetlinkMessage, NetlinkPayload,
+    NLM_F_ACK, NLM_F_APPEND, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REQUEST, NetlinkBuffer, NetlinkMessage, NetlinkPayload,
 };
 use netlink_packet_netfilter::nftables::{ChainAttribute, ChainMessage};
 use netlink_packet_netfilter::nftables::{NfTablesMessage, RuleAttribute, RuleMessage, TableAttribute, TableMessage};
@@ -131,16 +131,16 @@ impl NftSocket {
     /// Replaces the whole table with `ruleset` in one transaction: either the old table or the new
     /// one is in force, never a mix, and a failure leaves the netns as it was.
     pub fn replace(&mut self, ruleset: &Ruleset) -> Result<(), NftError> {
-        // "add table; delete table; create everything" lets one batch work whether or not the
-        // table already exists.
-        let mut msgs = vec![(encode::table_message(false), NLM_F_CREATE), (encode::delete_table_message(), 0)];
-        for m in encode::ruleset_messages(ruleset) {
-            let flags = match m {
-                NfTablesMessage::NewRule(_) => NLM_F_CREATE | NLM_F_APPEND,
-                _ => NLM_F_CREATE,
-            };
-            msgs.push((m, flags));
+        // Fresh pods (the common case) have no table: create it exclusively. Deleting a table in a
+        // transaction makes the kernel wait for an RCU grace period (~12 ms here), so the
+        // delete-and-recreate form is kept for re-ADDs, where a table already exists.
+        match self.transaction(ruleset_batch(ruleset, NLM_F_EXCL)) {
+            Err(e) if e.errno() == Some(libc::EEXIST) => {}
+            other => return other,
         }
+        // "add table; delete table; create everything" works whether or not the table exists.
+        let mut msgs = vec![(encode::table_message(false), NLM_F_CREATE), (encode::delete_table_message(), 0)];
+        msgs.extend(ruleset_batch(ruleset, 0));
         self.transaction(msgs)
     }
 
@@ -297,6 +297,21 @@ impl NftSocket {
             }
         }
     }
+}
+
+/// The messages creating `ruleset`; `table_flags` go on the table (e.g. `NLM_F_EXCL`).
+fn ruleset_batch(ruleset: &Ruleset, table_flags: u16) -> Vec<(NfTablesMessage, u16)> {
+    encode::ruleset_messages(ruleset)
+        .into_iter()
+        .map(|m| {
+            let flags = match m {
+                NfTablesMessage::NewRule(_) => NLM_F_CREATE | NLM_F_APPEND,
+                NfTablesMessage::NewTable(_) => NLM_F_CREATE | table_flags,
+                _ => NLM_F_CREATE,
+            };
+            (m, flags)
+        })
+        .collect()
 }
 
 fn in_our_table(table: Option<&String>) -> bool {
