@@ -20,6 +20,14 @@ pub enum NetnsError {
     Enter { path: String, source: nix::Error },
 }
 
+impl NetnsError {
+    /// Whether the namespace no longer exists: its path is gone, or is no longer a namespace
+    /// (a runtime unmounted it but left the file).
+    pub fn is_gone(&self) -> bool {
+        matches!(self, NetnsError::Missing { .. } | NetnsError::Enter { source: nix::Error::EINVAL, .. })
+    }
+}
+
 /// Runs `work` with the thread inside the netns at `path`.
 pub fn run_in<T: Send>(path: &Path, work: impl FnOnce() -> T + Send) -> Result<T, NetnsError> {
     let shown = path.display().to_string();

@@ -13,7 +13,6 @@ use crate::backend::{Backend, BackendChoice, BackendError};
 use crate::config::NetConf;
 use crate::env::{self, CniEnv, Command};
 use crate::error::{CniError, ErrorCode, Result, err};
-use crate::netns::NetnsError;
 use crate::result;
 use crate::rules::Ruleset;
 use crate::state::{AttachmentRecord, RECORD_VERSION, StateStore};
@@ -64,8 +63,8 @@ fn store(conf: &NetConf) -> StateStore {
 }
 
 fn backend_error(action: &str, netns: &str, e: BackendError) -> CniError {
-    let code = match e {
-        BackendError::Netns(NetnsError::Missing { .. }) => ErrorCode::ContainerUnknown,
+    let code = match &e {
+        BackendError::Netns(n) if n.is_gone() => ErrorCode::ContainerUnknown,
         _ => ErrorCode::RulesFailed,
     };
     err(code, format!("cannot {action} capture rules in {netns}"), e)
@@ -140,7 +139,7 @@ fn del(conf: &NetConf, env: &CniEnv) -> Result<()> {
             match backend.remove(Path::new(&netns)) {
                 Ok(()) => {}
                 // The rules died with the namespace.
-                Err(BackendError::Netns(NetnsError::Missing { .. })) => break,
+                Err(BackendError::Netns(e)) if e.is_gone() => break,
                 Err(e) if record.is_none() && conf.settings.backend == BackendChoice::Auto => {
                     warn!(backend = backend.name(), error = %e, "cleanup without a record failed");
                 }
@@ -201,7 +200,8 @@ fn gc(conf: &NetConf) -> Result<()> {
             continue;
         }
         match record.backend.remove(Path::new(&record.netns)) {
-            Ok(()) | Err(BackendError::Netns(NetnsError::Missing { .. })) => {}
+            Ok(()) => {}
+            Err(BackendError::Netns(e)) if e.is_gone() => {}
             Err(e) => {
                 warn!(container = %record.container_id, error = %e, "could not remove stale rules")
             }

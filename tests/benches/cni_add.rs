@@ -81,7 +81,8 @@ fn main() {
                 0 => timed(None, "/bin/true", &[], ""),
                 1 => {
                     let (cid, netns) = (container_id(), path.display().to_string());
-                    let call = Call { container_id: &cid, netns: &netns, ifname: "eth0", args: "K8S_POD_NAMESPACE=bench" };
+                    let call =
+                        Call { container_id: &cid, netns: &netns, ifname: "eth0", args: "K8S_POD_NAMESPACE=bench" };
                     let start = Instant::now();
                     let out = exec_raw(plugins.path(), "cnimesh-cni", "ADD", &call, conf.as_bytes()).unwrap();
                     let d = start.elapsed();
@@ -117,7 +118,13 @@ fn main() {
         s.sort();
         let mean = s.iter().sum::<Duration>() / s.len() as u32;
         let (p50, p99) = (percentile(&s, 0.5), percentile(&s, 0.99));
-        println!("| {name} | {:.2} | {:.2} | {:.2} | {:.1}x |", ms(p50), ms(p99), ms(mean), p50.as_secs_f64() / floor_p50.as_secs_f64());
+        println!(
+            "| {name} | {:.2} | {:.2} | {:.2} | {:.1}x |",
+            ms(p50),
+            ms(p99),
+            ms(mean),
+            p50.as_secs_f64() / floor_p50.as_secs_f64()
+        );
     }
 }
 

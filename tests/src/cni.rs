@@ -92,7 +92,17 @@ pub struct Exec {
 
 /// Executes one plugin binary with a CNI environment and stdin.
 pub fn exec_raw(cni_path: &Path, plugin_type: &str, command: &str, call: &Call, stdin: &[u8]) -> anyhow::Result<Exec> {
-    let mut child = Command::new(cni_path.join(plugin_type))
+    exec_as(&cni_path.join(plugin_type), None, command, call, stdin)
+}
+
+/// Executes a plugin binary, as `uid` if given (e.g. to show what an unprivileged caller gets).
+pub fn exec_as(binary: &Path, uid: Option<u32>, command: &str, call: &Call, stdin: &[u8]) -> anyhow::Result<Exec> {
+    let mut cmd = Command::new(binary);
+    if let Some(uid) = uid {
+        std::os::unix::process::CommandExt::uid(&mut cmd, uid);
+    }
+    let cni_path = binary.parent().unwrap_or(Path::new("/"));
+    let mut child = cmd
         .env_clear()
         .env("CNI_COMMAND", command)
         .env("CNI_CONTAINERID", call.container_id)

@@ -3,6 +3,7 @@
 
 use std::path::Path;
 
+use cnimesh_cni::backend::Backend;
 use cnimesh_cni::rules::Ruleset;
 use cnimesh_cni::spec::RedirectSpec;
 use cnimesh_e2e::cni::{Call, exec_plugin};
@@ -211,6 +212,14 @@ fn status_reports_whether_adds_can_be_served() {
     assert_eq!(e.code, Some(50), "{e}");
     assert!(e.msg.contains("state directory"), "{e}");
 
+    // An unprivileged caller cannot use nftables: STATUS says so instead of letting ADDs fail.
+    let stdin = net.cnimesh_conf_v11(json!({"stateDir": "/tmp"})).to_string();
+    let out = cnimesh_e2e::cni::exec_as(&bins!().plugin, Some(65534), "STATUS", &call, stdin.as_bytes()).unwrap();
+    assert!(!out.success);
+    let e: Value = serde_json::from_str(out.stdout.trim()).unwrap();
+    assert_eq!(e["code"], 50, "{e}");
+    assert!(e["msg"].as_str().unwrap().contains("nftables backend cannot be used"), "{e}");
+
     let old = json!({"cniVersion": "1.0.0", "type": "cnimesh-cni"});
     let e = exec_plugin(net.cni_path(), &old, "STATUS", &call).expect_err("STATUS needs 1.1.0");
     assert_eq!(e.code, Some(1), "{e}");
@@ -248,4 +257,57 @@ fn twenty_pods_at_once_leave_nothing_behind() {
     for name in names {
         assert!(!listed.lines().any(|l| l.split_whitespace().next() == Some(&name)), "netns {name} left");
     }
+}
+
+/// A spec exercising every kind of match: ranges, subnets of both families and prefix shapes.
+fn wide_spec() -> RedirectSpec {
+    RedirectSpec {
+        proxy_gid: Some(2103),
+        skip_inbound_ports: vec!["22".parse().unwrap(), "4567-4568".parse().unwrap()],
+        skip_inbound_subnets: vec!["10.0.0.0/8".parse().unwrap(), "192.168.1.7/32".parse().unwrap()],
+        skip_outbound_subnets: vec!["172.16.0.0/12".parse().unwrap(), "fd00::/20".parse().unwrap()],
+        ..Default::default()
+    }
+    .normalized()
+}
+
+#[test]
+fn our_bytes_and_nfts_bytes_agree() {
+    if !require_root("our_bytes_and_nfts_bytes_agree") {
+        return;
+    }
+    let spec = wide_spec();
+    let ruleset = Ruleset::from_spec(&spec);
+
+    // What we write, nft reads back as the documented text...
+    let ours = cnimesh_e2e::Netns::new().unwrap();
+    Backend::Nftables.apply(&ours.path(), &ruleset).unwrap();
+    let listed = zero_counters(&ours.exec("nft", &["list", "table", "inet", "cnimesh"]).unwrap());
+    assert_eq!(listed, ruleset.to_string());
+
+    // ...and what nft writes from that text, we read back as the same rules.
+    let theirs = cnimesh_e2e::Netns::new().unwrap();
+    let script = std::env::temp_dir().join(format!("cnimesh-{}.nft", theirs.name()));
+    std::fs::write(&script, ruleset.to_string()).unwrap();
+    theirs.exec("nft", &["-f", script.to_str().unwrap()]).unwrap();
+    let _ = std::fs::remove_file(&script);
+    assert_eq!(Backend::Nftables.drift(&theirs.path(), &ruleset).unwrap(), Vec::<String>::new());
+    // A different spec is drift against nft's table.
+    let drift = Backend::Nftables.drift(&theirs.path(), &Ruleset::from_spec(&RedirectSpec::default())).unwrap();
+    assert!(drift.iter().any(|d| d.contains("tcp dport 4567-4568")), "{drift:?}");
+}
+
+#[test]
+fn auto_backend_picks_nftables_here() {
+    if !require_root("auto_backend_picks_nftables_here") {
+        return;
+    }
+    let net = network(json!({"backend": "auto"}));
+    let pod = Pod::new(&net, "default").unwrap();
+    let record = &records(&net)[0];
+    let body: Value =
+        serde_json::from_slice(&std::fs::read(net.state_dir().join("attachments").join(record)).unwrap()).unwrap();
+    assert_eq!(body["backend"], "nftables");
+    assert!(pod.nft_table().is_ok());
+    net.check(&pod.call()).unwrap();
 }

@@ -13,7 +13,8 @@ use std::io;
 use std::time::Duration;
 
 use netlink_packet_core::{
-    NLM_F_ACK, NLM_F_APPEND, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REQUEST, NetlinkBuffer, NetlinkMessage, NetlinkPayload,
+    NLM_F_ACK, NLM_F_APPEND, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REQUEST, NetlinkBuffer, NetlinkMessage,
+    NetlinkPayload,
 };
 use netlink_packet_netfilter::nftables::{ChainAttribute, ChainMessage};
 use netlink_packet_netfilter::nftables::{NfTablesMessage, RuleAttribute, RuleMessage, TableAttribute, TableMessage};
