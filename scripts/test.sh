@@ -6,4 +6,14 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --quiet -- -D warnings
-cargo test --workspace
+if cargo nextest --version >/dev/null 2>&1; then
+  # One process per test, in parallel; closes with a "N tests run: N passed" summary.
+  cargo nextest run --workspace --no-fail-fast
+else
+  log=$(mktemp)
+  trap 'rm -f "$log"' EXIT
+  cargo test --workspace --no-fail-fast 2>&1 | tee "$log"
+  status=${PIPESTATUS[0]}
+  awk '/^test result:/ { p += $4; f += $6 } END { printf "%d passed, %d failed\n", p, f }' "$log"
+  exit "$status"
+fi
