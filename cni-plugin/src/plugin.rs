@@ -184,7 +184,10 @@ fn check(conf: &NetConf, env: &CniEnv) -> Result<()> {
 }
 
 fn gc(conf: &NetConf) -> Result<()> {
-    let valid = conf.valid_attachments.clone().unwrap_or_default();
+    // Without the list every attachment would look stale: refuse rather than wipe the node.
+    let valid = conf.valid_attachments.clone().ok_or_else(|| {
+        CniError::new(ErrorCode::InvalidConfig, "GC requires cni.dev/valid-attachments in the configuration")
+    })?;
     let store = store(conf);
     let records = store.list().map_err(|e| err(ErrorCode::Io, "cannot list attachment records", e))?;
     for (path, record) in records {

@@ -101,44 +101,36 @@ fn network(bins: &Bins, settings: Value) -> Network {
     Network::bridge(bins, settings).expect("network")
 }
 
-#[test]
-fn nftables_ipv4() {
-    if !require_root("nftables_ipv4") {
+/// Runs the capture contract on a fresh network with `settings`, for each family listed.
+fn capture_contract(test: &str, settings: Value, families: &[bool]) {
+    if !require_root(test) {
         return;
     }
     let bins = bins!();
-    traffic_checks(&bins, &network(&bins, json!({})), false);
+    let net = network(&bins, settings);
+    for &v6 in families {
+        traffic_checks(&bins, &net, v6);
+    }
+}
+
+#[test]
+fn nftables_ipv4() {
+    capture_contract("nftables_ipv4", json!({}), &[false]);
 }
 
 #[test]
 fn nftables_ipv6() {
-    if !require_root("nftables_ipv6") {
-        return;
-    }
-    let bins = bins!();
-    traffic_checks(&bins, &network(&bins, json!({})), true);
+    capture_contract("nftables_ipv6", json!({}), &[true]);
 }
 
 #[test]
 fn iptables_legacy_both_families() {
-    if !require_root("iptables_legacy_both_families") {
-        return;
-    }
-    let bins = bins!();
-    let net = network(&bins, json!({"backend": "iptables-legacy"}));
-    traffic_checks(&bins, &net, false);
-    traffic_checks(&bins, &net, true);
+    capture_contract("iptables_legacy_both_families", json!({"backend": "iptables-legacy"}), &[false, true]);
 }
 
 #[test]
 fn iptables_nft_both_families() {
-    if !require_root("iptables_nft_both_families") {
-        return;
-    }
-    let bins = bins!();
-    let net = network(&bins, json!({"backend": "iptables-nft"}));
-    traffic_checks(&bins, &net, false);
-    traffic_checks(&bins, &net, true);
+    capture_contract("iptables_nft_both_families", json!({"backend": "iptables-nft"}), &[false, true]);
 }
 
 #[test]

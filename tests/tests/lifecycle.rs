@@ -190,6 +190,9 @@ fn gc_removes_only_unlisted_attachments() {
         "cni.dev/valid-attachments": [{"containerID": keep.container_id, "ifname": "eth0"}]
     }));
     let call = Call { container_id: "", netns: "", ifname: "", args: "" };
+    let e = exec_plugin(net.cni_path(), &net.cnimesh_conf_v11(json!({})), "GC", &call).expect_err("no list, no GC");
+    assert_eq!(e.code, Some(7), "{e}");
+    assert_eq!(records(&net).len(), 3, "a refused GC removes nothing");
     exec_plugin(net.cni_path(), &conf, "GC", &call).expect("GC succeeds");
 
     assert_eq!(records(&net).len(), 1, "only the listed attachment keeps its record");

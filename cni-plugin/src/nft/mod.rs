@@ -147,7 +147,10 @@ impl NftSocket {
 
     /// Removes the table; succeeds when there is none.
     pub fn delete(&mut self) -> Result<(), NftError> {
-        self.transaction(vec![(encode::table_message(false), NLM_F_CREATE), (encode::delete_table_message(), 0)])
+        match self.transaction(vec![(encode::delete_table_message(), 0)]) {
+            Err(e) if e.errno() == Some(libc::ENOENT) => Ok(()),
+            other => other,
+        }
     }
 
     fn transaction(&mut self, msgs: Vec<(NfTablesMessage, u16)>) -> Result<(), NftError> {
@@ -175,12 +178,20 @@ impl NftSocket {
         self.receive(|msg| {
             if let NetlinkPayload::Error(e) = &msg.payload {
                 let seq = msg.header.sequence_number;
-                if let Some(code) = e.code {
-                    let what = pending.iter().find(|(s, _)| *s == seq).map(|(_, w)| w.clone()).unwrap_or_default();
-                    first_error
-                        .get_or_insert(NftError::Kernel { what, source: io::Error::from_raw_os_error(-code.get()) });
+                let Some(code) = e.code else { return Ok(seq == last) };
+                let source = io::Error::from_raw_os_error(-code.get());
+                match pending.iter().find(|(s, _)| *s == seq) {
+                    Some((_, what)) => {
+                        first_error.get_or_insert(NftError::Kernel { what: what.clone(), source });
+                        return Ok(seq == last);
+                    }
+                    // An error on the batch itself (e.g. EPERM without CAP_NET_ADMIN) ends it:
+                    // no per-message answers follow.
+                    None => {
+                        first_error.get_or_insert(NftError::Kernel { what: "the transaction".into(), source });
+                        return Ok(true);
+                    }
                 }
-                return Ok(seq == last);
             }
             Ok(false)
         })?;
