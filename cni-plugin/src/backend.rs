@@ -41,6 +41,18 @@ pub enum BackendError {
     Iptables(#[from] IptablesError),
 }
 
+/// One live rule with its counters, as the debug CLI shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LiveLine {
+    /// `inbound`/`outbound`/… for nftables, `CNIMESH_INBOUND`… (with the family) for iptables.
+    pub chain: String,
+    pub rule: String,
+    /// Whether this is a redirect to a proxy port (what "captured traffic" counts).
+    pub redirect: bool,
+    pub packets: u64,
+    pub bytes: u64,
+}
+
 impl Backend {
     pub fn name(self) -> &'static str {
         match self {
@@ -90,6 +102,49 @@ impl Backend {
                     .collect())
             }
         }
+    }
+
+    fn live_here(self) -> Result<Vec<LiveLine>, BackendError> {
+        match self.variant() {
+            None => {
+                let table = NftSocket::open()?.read()?;
+                Ok(table
+                    .into_iter()
+                    .flat_map(|t| t.chains)
+                    .flat_map(|c| {
+                        c.rules.into_iter().map(move |r| LiveLine {
+                            chain: c.name.clone(),
+                            redirect: matches!(&r.rule, Ok(rule) if matches!(rule.action, crate::rules::Action::Redirect(_))),
+                            rule: r.rule.map_or_else(|e| format!("<unrecognised rule: {e}>"), |rule| rule.to_string()),
+                            packets: r.packets,
+                            bytes: r.bytes,
+                        })
+                    })
+                    .collect())
+            }
+            Some(v) => Ok(v
+                .read_counted()?
+                .into_iter()
+                .flat_map(|(family, lines)| {
+                    lines.into_iter().map(move |(packets, bytes, rule)| {
+                        let chain = rule.split_whitespace().nth(1).unwrap_or_default();
+                        let prefix = if family == Family::V6 { "ip6:" } else { "ip:" };
+                        LiveLine {
+                            chain: format!("{prefix}{chain}"),
+                            redirect: rule.contains("-j REDIRECT"),
+                            rule,
+                            packets,
+                            bytes,
+                        }
+                    })
+                })
+                .collect()),
+        }
+    }
+
+    /// The live rules with counters; empty when none are installed.
+    pub fn live(self, netns: &Path) -> Result<Vec<LiveLine>, BackendError> {
+        netns::run_in(netns, || self.live_here())?
     }
 
     pub fn apply(self, netns: &Path, ruleset: &Ruleset) -> Result<(), BackendError> {

@@ -6,6 +6,7 @@ use ipnet::IpNet;
 use serde::Deserialize;
 use serde_json::Value;
 
+use crate::agent::AgentConfig;
 use crate::backend::BackendChoice;
 use crate::error::{CniError, ErrorCode, Result};
 use crate::spec::{PortRange, RedirectSpec};
@@ -40,6 +41,8 @@ pub struct PluginSettings {
     pub exclude_namespaces: Option<Vec<String>>,
     pub log_level: Option<String>,
     pub log_file: Option<PathBuf>,
+    /// Ask the node agent which pods to capture, and with which spec.
+    pub node_agent: Option<AgentConfig>,
 }
 
 /// The whole stdin object.

@@ -16,6 +16,9 @@ use crate::rules::{Action, Match, Rule, Ruleset};
 pub const INBOUND_CHAIN: &str = "CNIMESH_INBOUND";
 pub const OUTBOUND_CHAIN: &str = "CNIMESH_OUTPUT";
 
+/// `(packets, bytes, rule)` of one `iptables-save -c` line.
+pub type CountedLine = (u64, u64, String);
+
 /// Which iptables implementation to drive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Variant {
@@ -144,6 +147,26 @@ impl Variant {
             }
         }
         Ok(())
+    }
+
+    /// Our lines with their `[packets:bytes]` counters, per family (must run inside the netns).
+    pub fn read_counted(self) -> Result<Vec<(Family, Vec<CountedLine>)>, IptablesError> {
+        Family::ALL
+            .into_iter()
+            .map(|f| {
+                let saved = self.run(f, "save", &["-c", "-t", "nat"], None)?;
+                let lines = saved
+                    .lines()
+                    .filter_map(|l| {
+                        let (counters, rule) = l.strip_prefix('[')?.split_once("] ")?;
+                        let (p, b) = counters.split_once(':')?;
+                        Some((p.parse().ok()?, b.parse().ok()?, rule.to_string()))
+                    })
+                    .filter(|(_, _, rule)| !ours(rule).is_empty())
+                    .collect();
+                Ok((f, lines))
+            })
+            .collect()
     }
 
     /// Our lines as found in the netns, per family, in `iptables-save` order.

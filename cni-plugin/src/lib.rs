@@ -3,6 +3,7 @@
 //!
 //! Dependencies stay small on purpose (DESIGN.md §1): the binary is exec'd for every pod.
 
+pub mod agent;
 pub mod backend;
 pub mod cli;
 pub mod config;

@@ -9,12 +9,14 @@ use std::path::Path;
 use serde_json::json;
 use tracing::{info, warn};
 
+use crate::agent::{self, AgentConfig, Decision, DecisionRequest};
 use crate::backend::{Backend, BackendChoice, BackendError};
 use crate::config::NetConf;
 use crate::env::{self, CniEnv, Command};
 use crate::error::{CniError, ErrorCode, Result, err};
 use crate::result;
 use crate::rules::Ruleset;
+use crate::spec::RedirectSpec;
 use crate::state::{AttachmentRecord, RECORD_VERSION, StateStore};
 use crate::version;
 
@@ -82,7 +84,13 @@ fn add(conf: &NetConf, env: &CniEnv) -> Result<String> {
         info!(namespace = env.pod_namespace(), container = %env.container_id, "namespace excluded; not capturing");
         return Ok(output);
     }
-    let spec = conf.spec()?;
+    let spec = match &conf.settings.node_agent {
+        None => conf.spec()?,
+        Some(agent_config) => match ask_agent(agent_config, env)? {
+            Some(spec) => spec,
+            None => return Ok(output),
+        },
+    };
     let ruleset = Ruleset::from_spec(&spec);
     let netns = Path::new(&env.netns);
     let backend =
@@ -115,6 +123,45 @@ fn add(conf: &NetConf, env: &CniEnv) -> Result<String> {
     }
     info!(container = %env.container_id, netns = %env.netns, backend = backend.name(), rules = ruleset.rule_count(), "capture installed");
     Ok(output)
+}
+
+/// The agent's decision for this pod: `Some(spec)` to capture, `None` to leave it alone.
+fn ask_agent(config: &AgentConfig, env: &CniEnv) -> Result<Option<RedirectSpec>> {
+    let (Some(namespace), Some(name)) = (env.pod_namespace(), env.pod_name()) else {
+        return Err(CniError::new(
+            ErrorCode::InvalidEnv,
+            "CNI_ARGS has no K8S_POD_NAMESPACE/K8S_POD_NAME, so the node agent cannot tell whether this pod is meshed",
+        ));
+    };
+    let request = DecisionRequest {
+        version: agent::PROTOCOL_VERSION,
+        pod_namespace: namespace.to_string(),
+        pod_name: name.to_string(),
+        pod_uid: env.pod_uid().map(str::to_string),
+        container_id: env.container_id.clone(),
+    };
+    let pod = format!("{namespace}/{name}");
+    match agent::ask(config, &request) {
+        Ok(Decision::Capture { spec }) => {
+            let spec = spec.normalized();
+            spec.validate().map_err(|e| {
+                CniError::new(ErrorCode::InvalidConfig, format!("node agent sent an invalid spec for {pod}: {e}"))
+            })?;
+            Ok(Some(spec))
+        }
+        Ok(Decision::Skip { reason }) => {
+            info!(pod, reason, "node agent: not capturing");
+            Ok(None)
+        }
+        Ok(Decision::Error { message, retry: true }) => {
+            Err(CniError::new(ErrorCode::TryAgainLater, format!("node agent cannot decide for {pod} yet: {message}")))
+        }
+        Ok(Decision::Error { message, retry: false }) => {
+            Err(CniError::new(ErrorCode::InvalidConfig, format!("pod {pod} cannot be meshed: {message}")))
+        }
+        // Fail closed: without an answer the pod might need capture; the runtime retries.
+        Err(e) => Err(err(ErrorCode::TryAgainLater, format!("cannot decide whether to capture {pod}"), e)),
+    }
 }
 
 fn del(conf: &NetConf, env: &CniEnv) -> Result<()> {
@@ -222,6 +269,14 @@ fn status(conf: &NetConf) -> Result<()> {
     backend.usable().map_err(|e| {
         err(ErrorCode::StatusNotAvailable, format!("the {} backend cannot be used on this node", backend.name()), e)
     })?;
+    if let Some(agent) = &conf.settings.node_agent
+        && !agent::socket_present(&agent.socket)
+    {
+        return Err(CniError::new(
+            ErrorCode::StatusNotAvailable,
+            format!("the cnimesh node agent socket {} is missing: is cnimesh-node running?", agent.socket.display()),
+        ));
+    }
     let dir = store(conf).dir().to_path_buf();
     std::fs::create_dir_all(&dir).map_err(|e| {
         err(ErrorCode::StatusNotAvailable, format!("state directory {} is not writable", dir.display()), e)

@@ -1,0 +1,188 @@
+//! `cnimesh-node run`: the DaemonSet's main loop.
+//!
+//! Start-up order is chosen so that no pod can start uncaptured: the decision socket is served
+//! *before* the plugin is chained (a pod set up in between gets "try again later", not a pass),
+//! and the node taint `cnimesh.io/agent-not-ready:NoSchedule` is removed only once the binary is
+//! installed, the entry chained, the socket up and the pod cache synced.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use cnimesh_cni::spec::RedirectSpec;
+use cnimesh_cni::state::StateStore;
+use notify::Watcher;
+use serde_json::{Value, json};
+
+use crate::cluster::SharedCluster;
+use crate::health::{self, Health};
+use crate::reconcile::{DEBOUNCE, Reconciler, State};
+use crate::repair::{self, RepairMode};
+use crate::server::{self, Decider};
+use crate::{chain, install};
+
+pub const NOT_READY_TAINT: &str = "cnimesh.io/agent-not-ready";
+const TICK: Duration = Duration::from_secs(5);
+
+#[derive(Debug, Clone)]
+pub struct RunConfig {
+    pub cni_bin_dir: PathBuf,
+    pub cni_conf_dir: PathBuf,
+    pub plugin_binary: PathBuf,
+    pub socket: PathBuf,
+    pub state_dir: PathBuf,
+    pub ready_addr: SocketAddr,
+    pub repair: RepairMode,
+    pub repair_interval: Duration,
+    /// Upgrade mode: leave the plugin chained and installed on exit, so new pods fail closed
+    /// (code 11) until the next agent is up, rather than start uncaptured.
+    pub keep_on_exit: bool,
+    pub excluded_namespaces: Vec<String>,
+    pub defaults: RedirectSpec,
+}
+
+impl RunConfig {
+    /// The plugin object chained into the primary configuration.
+    pub fn plugin_entry(&self) -> Value {
+        chain::entry(&json!({
+            "stateDir": self.state_dir,
+            "excludeNamespaces": self.excluded_namespaces,
+            "nodeAgent": {"socket": self.socket},
+        }))
+    }
+}
+
+/// Installs the binary and chains the entry once (`cnimesh-node install`).
+pub fn install_once(cfg: &RunConfig) -> anyhow::Result<PathBuf> {
+    install::install_binary(&cfg.plugin_binary, &cfg.cni_bin_dir)
+        .with_context(|| format!("installing {} into {}", cfg.plugin_binary.display(), cfg.cni_bin_dir.display()))?;
+    let (applied, _) = chain::apply(&cfg.cni_conf_dir, &cfg.plugin_entry())?;
+    Ok(applied.file().to_path_buf())
+}
+
+/// Unchains the entry, then removes the binary (`cnimesh-node uninstall`). In that order, so no
+/// configuration ever names a plugin that is not there.
+pub fn uninstall(cfg: &RunConfig) -> anyhow::Result<Vec<PathBuf>> {
+    let changed = chain::remove(&cfg.cni_conf_dir)?;
+    install::remove_binary(&cfg.cni_bin_dir)
+        .with_context(|| format!("removing the plugin from {}", cfg.cni_bin_dir.display()))?;
+    Ok(changed)
+}
+
+fn describe(state: &State, dir: &std::path::Path) -> Option<String> {
+    match state {
+        State::Chained(_) => None,
+        State::WaitingForPrimary => {
+            Some(format!("waiting for the primary CNI to write its configuration in {}", dir.display()))
+        }
+        State::Loop(file) => Some(format!(
+            "rewrite loop on {}: another writer keeps removing cnimesh-cni; not fighting it (check for a second agent or an exclusive primary CNI)",
+            file.display()
+        )),
+        State::Failed(e) => Some(e.clone()),
+    }
+}
+
+/// Runs until `shutdown` resolves, then cleans up (unless `keep_on_exit`).
+pub async fn run(
+    cfg: RunConfig,
+    cluster: SharedCluster,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let health = Arc::new(Health::default());
+    health.set_pending(vec!["starting".into()]);
+    let http = health::bind(cfg.ready_addr)
+        .await
+        .with_context(|| format!("binding the health endpoint {}", cfg.ready_addr))?;
+    let health_task = tokio::spawn(health::serve(http, health.clone()));
+
+    let listener =
+        server::bind(&cfg.socket).with_context(|| format!("binding the decision socket {}", cfg.socket.display()))?;
+    let decider = Arc::new(Decider { cluster: cluster.clone(), defaults: cfg.defaults.clone() });
+    let server_task = tokio::spawn(server::serve(listener, decider));
+    tracing::info!(socket = %cfg.socket.display(), "serving decisions");
+
+    install::install_binary(&cfg.plugin_binary, &cfg.cni_bin_dir)
+        .with_context(|| format!("installing {} into {}", cfg.plugin_binary.display(), cfg.cni_bin_dir.display()))?;
+
+    std::fs::create_dir_all(&cfg.cni_conf_dir)?;
+    let (tx, mut changes) = tokio::sync::mpsc::unbounded_channel();
+    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        if event.is_ok() {
+            let _ = tx.send(());
+        }
+    })?;
+    watcher.watch(&cfg.cni_conf_dir, notify::RecursiveMode::NonRecursive)?;
+
+    let mut reconciler = Reconciler::new(&cfg.cni_conf_dir, cfg.plugin_entry());
+    let mut tick = tokio::time::interval(TICK);
+    let mut taint_removed = false;
+    let mut last_repair: Option<Instant> = None;
+    let store = StateStore::new(&cfg.state_dir);
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => break,
+            Some(()) = changes.recv() => {
+                tokio::time::sleep(DEBOUNCE).await;
+                while changes.try_recv().is_ok() {}
+            }
+            _ = tick.tick() => {}
+        }
+        let state = reconciler.reconcile(Instant::now());
+        let mut pending: Vec<String> = describe(&state, &cfg.cni_conf_dir).into_iter().collect();
+        if !cluster.ready() {
+            pending.push("pod cache not synced yet".into());
+        }
+        if let Some(p) = pending.iter().find(|p| p.starts_with("rewrite loop")) {
+            tracing::error!("{p}");
+        }
+        health.set_pending(pending);
+        if !health.is_ready() {
+            continue;
+        }
+        if !taint_removed {
+            match cluster.remove_node_taint(NOT_READY_TAINT).await {
+                Ok(removed) => {
+                    taint_removed = true;
+                    if removed {
+                        tracing::info!(taint = NOT_READY_TAINT, "node taint removed");
+                    }
+                }
+                Err(e) => tracing::warn!(error = %format!("{e:#}"), "could not remove the node taint; retrying"),
+            }
+        }
+        if cfg.repair != RepairMode::Off && last_repair.is_none_or(|t| t.elapsed() >= cfg.repair_interval) {
+            last_repair = Some(Instant::now());
+            repair_pass(&cfg, &cluster, &store).await;
+        }
+    }
+
+    tracing::info!(keep = cfg.keep_on_exit, "shutting down");
+    drop(watcher);
+    server_task.abort();
+    health_task.abort();
+    let _ = std::fs::remove_file(&cfg.socket);
+    if !cfg.keep_on_exit {
+        let changed = uninstall(&cfg)?;
+        tracing::info!(files = ?changed, "removed cnimesh-cni from the CNI configuration and bin dir");
+    }
+    Ok(())
+}
+
+async fn repair_pass(cfg: &RunConfig, cluster: &SharedCluster, store: &StateStore) {
+    let pods = match cluster.node_pods().await {
+        Ok(p) => p,
+        Err(e) => return tracing::warn!(error = %format!("{e:#}"), "repair: cannot list pods"),
+    };
+    let records: Vec<_> = match store.list() {
+        Ok(list) => list.into_iter().filter_map(|(_, r)| r.ok()).collect(),
+        Err(e) => return tracing::warn!(error = %e, "repair: cannot read state records"),
+    };
+    let targets = repair::uncaptured(&pods, &records, &cfg.excluded_namespaces);
+    if !targets.is_empty() {
+        repair::repair(cluster.as_ref(), cfg.repair, &targets).await;
+    }
+}
