@@ -7,6 +7,7 @@
 
 pub mod cni;
 pub mod host;
+pub mod kube_mock;
 pub mod netns;
 pub mod pod;
 pub mod probe;
