@@ -160,11 +160,12 @@ impl Backend {
         netns::run_in(netns, || self.drift_here(ruleset))?
     }
 
-    /// Whether this backend can be used on this node (STATUS).
+    /// Whether this backend can be used here (STATUS, `auto`).
     pub fn usable(self) -> Result<(), BackendError> {
         match self.variant() {
-            // Reading our (normally absent) table exercises the socket, nf_tables and privileges.
-            None => NftSocket::open()?.read().map(drop).map_err(Into::into),
+            // A validate-only transaction of a real ruleset: socket, privileges, nf_tables with
+            // inet nat and redirect support, all without changing anything.
+            None => Ok(NftSocket::open()?.probe()?),
             Some(v) => Ok(v.available()?),
         }
     }
@@ -181,24 +182,50 @@ impl BackendChoice {
         })
     }
 
-    /// The backend a STATUS probe should check, without a netns to look into.
-    pub fn nominal(self) -> Backend {
+    pub fn name(self) -> &'static str {
         match self {
-            BackendChoice::IptablesLegacy => Backend::IptablesLegacy,
-            BackendChoice::IptablesNft => Backend::IptablesNft,
-            BackendChoice::Nftables | BackendChoice::Auto => Backend::Nftables,
+            BackendChoice::Auto => "auto",
+            other => other.candidates()[0].name(),
         }
+    }
+
+    /// The backends to try when removing rules without a record of which one was used.
+    pub fn candidates(self) -> Vec<Backend> {
+        match self {
+            BackendChoice::Nftables => vec![Backend::Nftables],
+            BackendChoice::IptablesLegacy => vec![Backend::IptablesLegacy],
+            BackendChoice::IptablesNft => vec![Backend::IptablesNft],
+            BackendChoice::Auto => vec![Backend::Nftables, Backend::IptablesNft, Backend::IptablesLegacy],
+        }
+    }
+
+    /// STATUS: whether ADDs can be served with this choice on this node.
+    pub fn usable(self) -> Result<(), BackendError> {
+        let mut first_error = None;
+        for backend in self.candidates() {
+            match backend.usable() {
+                Ok(()) => return Ok(()),
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        Err(first_error.expect("every choice has a candidate"))
     }
 }
 
-/// nftables if the kernel speaks it; otherwise whichever iptables flavour already has rules in
-/// this netns (mixing legacy and nft iptables in one netns is a classic source of lost rules).
+/// nftables if the kernel accepts our ruleset; otherwise the iptables flavour the netns already
+/// uses (mixing legacy and nft iptables in one netns is a classic source of lost rules), else
+/// iptables-nft where nf_tables exists, else legacy.
 fn auto_detect() -> Backend {
-    if NftSocket::open().and_then(|mut s| s.read()).is_ok() {
+    if Backend::Nftables.usable().is_ok() {
         return Backend::Nftables;
     }
-    let legacy_in_use = Variant::Legacy.read().is_ok_and(|l| l.iter().any(|(_, lines)| !lines.is_empty()));
-    if !legacy_in_use && Variant::Nft.available().is_ok() { Backend::IptablesNft } else { Backend::IptablesLegacy }
+    if Variant::Legacy.has_any_rules() {
+        return Backend::IptablesLegacy;
+    }
+    let nf_tables = NftSocket::open().and_then(|mut s| s.read()).is_ok();
+    if nf_tables && Variant::Nft.available().is_ok() { Backend::IptablesNft } else { Backend::IptablesLegacy }
 }
 
 /// Compares two rule listings of one scope. A longest-common-subsequence alignment names a
@@ -240,6 +267,9 @@ pub fn nft_drift(desired: &Ruleset, live: Option<&LiveTable>) -> Vec<String> {
         return vec![format!("table inet {} is missing", crate::rules::TABLE)];
     };
     let mut out = Vec::new();
+    if live.dormant {
+        out.push(format!("table inet {} is dormant: its rules are not evaluated", crate::rules::TABLE));
+    }
     for chain in &desired.chains {
         let Some(found) = live.chains.iter().find(|c| c.name == chain.name) else {
             out.push(format!("chain {} is missing", chain.name));
@@ -280,6 +310,7 @@ mod tests {
 
     fn live_of(rs: &Ruleset) -> LiveTable {
         LiveTable {
+            dormant: false,
             chains: rs
                 .chains
                 .iter()

@@ -78,11 +78,11 @@ impl NetConf {
                 format!("cniVersion {v:?} is not supported; supported: {}", version::SUPPORTED.join(", ")),
             ));
         }
-        let conf: NetConf = serde_json::from_value(raw).map_err(|e| {
+        // The redirect spec is validated where it is used (ADD): a later bad edit of the config
+        // must not make DEL or GC of pods set up before it fail.
+        serde_json::from_value(raw).map_err(|e| {
             CniError::new(ErrorCode::InvalidConfig, "invalid cnimesh-cni configuration").with_details(e.to_string())
-        })?;
-        conf.spec()?;
-        Ok(conf)
+        })
     }
 
     /// The redirect spec this configuration asks for, validated.
@@ -123,8 +123,11 @@ impl NetConf {
 mod tests {
     use super::*;
 
+    /// Parsing as ADD does it: the configuration and its spec.
     fn parse(json: &str) -> Result<NetConf> {
-        NetConf::parse(json.as_bytes())
+        let conf = NetConf::parse(json.as_bytes())?;
+        conf.spec()?;
+        Ok(conf)
     }
 
     #[test]

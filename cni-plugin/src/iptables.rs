@@ -13,6 +13,9 @@ use ipnet::IpNet;
 
 use crate::rules::{Action, Match, Rule, Ruleset};
 
+/// Seconds `iptables-restore -w` waits for the xtables lock.
+const LOCK_WAIT_SECS: &str = "5";
+
 pub const INBOUND_CHAIN: &str = "CNIMESH_INBOUND";
 pub const OUTBOUND_CHAIN: &str = "CNIMESH_OUTPUT";
 
@@ -122,31 +125,52 @@ impl Variant {
     }
 
     fn restore(self, family: Family, input: &str) -> Result<(), IptablesError> {
-        self.run(family, "restore", &["--noflush"], Some(input)).map(drop)
+        // Legacy iptables takes the host-wide xtables lock (shared with kube-proxy): wait for it,
+        // but boundedly, so a stuck holder fails the ADD (retried) instead of hanging it.
+        self.run(family, "restore", &["--noflush", "-w", LOCK_WAIT_SECS], Some(input)).map(drop)
     }
 
-    /// Installs the ruleset for both families; on failure nothing of ours stays behind.
+    /// Installs the ruleset for both families. The families commit separately: if the second
+    /// fails, our chains are removed from both, so no half of the capture stays behind.
     pub fn apply(self, ruleset: &Ruleset) -> Result<(), IptablesError> {
-        for family in Family::ALL {
-            let current = self.save(family)?;
-            if let Err(e) = self.restore(family, &restore_input(ruleset, family, &current)) {
-                // The families commit separately: undo the one that may have succeeded.
-                let _ = self.remove();
-                return Err(e);
+        // Read both families first: a failure here changes nothing.
+        let current: Vec<String> = Family::ALL.into_iter().map(|f| self.save(f)).collect::<Result<_, _>>()?;
+        for (family, current) in Family::ALL.into_iter().zip(&current) {
+            if let Err(e) = self.restore(family, &restore_input(ruleset, family, current)) {
+                return Err(match self.remove() {
+                    Ok(()) => e,
+                    Err(undo) => IptablesError::Failed {
+                        program: format!("{} (and undoing it)", self.name()),
+                        detail: format!("{e}; rollback failed too: {undo}"),
+                    },
+                });
             }
         }
         Ok(())
     }
 
-    /// Removes our chains and the jumps to them; a netns without them is left untouched.
+    /// Removes our chains and the jumps to them from both families (both are tried even if one
+    /// fails); a netns without them is left untouched.
     pub fn remove(self) -> Result<(), IptablesError> {
+        let mut first_error = None;
         for family in Family::ALL {
-            let current = self.save(family)?;
-            if let Some(input) = removal_input(&current) {
-                self.restore(family, &input)?;
+            let result = self.save(family).and_then(|current| match removal_input(&current) {
+                Some(input) => self.restore(family, &input),
+                None => Ok(()),
+            });
+            if let Err(e) = result {
+                first_error.get_or_insert(e);
             }
         }
-        Ok(())
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// Whether the netns has any rule at all in this flavour's tables (not only ours): used to
+    /// stay on the flavour a netns already uses.
+    pub fn has_any_rules(self) -> bool {
+        Family::ALL
+            .into_iter()
+            .any(|f| self.run(f, "save", &[], None).is_ok_and(|out| out.lines().any(|l| l.starts_with("-A "))))
     }
 
     /// Our lines with their `[packets:bytes]` counters, per family (must run inside the netns).

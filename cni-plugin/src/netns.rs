@@ -18,6 +18,8 @@ pub enum NetnsError {
     Open { path: String, source: io::Error },
     #[error("cannot enter network namespace {path}: {source}")]
     Enter { path: String, source: nix::Error },
+    #[error("cannot start a thread to enter network namespace {path}: {source}")]
+    Thread { path: String, source: io::Error },
 }
 
 impl NetnsError {
@@ -28,6 +30,21 @@ impl NetnsError {
     }
 }
 
+/// The identity of a network namespace file (device and inode of the nsfs entry): a path can be
+/// reused for another namespace, this cannot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct NetnsId {
+    pub dev: u64,
+    pub ino: u64,
+}
+
+impl NetnsId {
+    pub fn of(path: &Path) -> Option<Self> {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(path).ok().map(|m| Self { dev: m.dev(), ino: m.ino() })
+    }
+}
+
 /// Runs `work` with the thread inside the netns at `path`.
 pub fn run_in<T: Send>(path: &Path, work: impl FnOnce() -> T + Send) -> Result<T, NetnsError> {
     let shown = path.display().to_string();
@@ -35,12 +52,16 @@ pub fn run_in<T: Send>(path: &Path, work: impl FnOnce() -> T + Send) -> Result<T
         io::ErrorKind::NotFound => NetnsError::Missing { path: shown.clone() },
         _ => NetnsError::Open { path: shown.clone(), source },
     })?;
+    let thread_path = shown.clone();
     std::thread::scope(|scope| {
-        scope
-            .spawn(move || {
-                setns(&file, CloneFlags::CLONE_NEWNET).map_err(|source| NetnsError::Enter { path: shown, source })?;
+        std::thread::Builder::new()
+            .name("netns".into())
+            .spawn_scoped(scope, move || {
+                setns(&file, CloneFlags::CLONE_NEWNET)
+                    .map_err(|source| NetnsError::Enter { path: thread_path, source })?;
                 Ok(work())
             })
+            .map_err(|source| NetnsError::Thread { path: shown, source })?
             .join()
             .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
     })

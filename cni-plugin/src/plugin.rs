@@ -10,10 +10,11 @@ use serde_json::json;
 use tracing::{info, warn};
 
 use crate::agent::{self, AgentConfig, Decision, DecisionRequest};
-use crate::backend::{Backend, BackendChoice, BackendError};
+use crate::backend::BackendError;
 use crate::config::NetConf;
 use crate::env::{self, CniEnv, Command};
 use crate::error::{CniError, ErrorCode, Result, err};
+use crate::netns::NetnsId;
 use crate::result;
 use crate::rules::Ruleset;
 use crate::spec::RedirectSpec;
@@ -67,6 +68,7 @@ fn store(conf: &NetConf) -> StateStore {
 fn backend_error(action: &str, netns: &str, e: BackendError) -> CniError {
     let code = match &e {
         BackendError::Netns(n) if n.is_gone() => ErrorCode::ContainerUnknown,
+        BackendError::Nft(n) if n.is_transient() => ErrorCode::TryAgainLater,
         _ => ErrorCode::RulesFailed,
     };
     err(code, format!("cannot {action} capture rules in {netns}"), e)
@@ -103,6 +105,7 @@ fn add(conf: &NetConf, env: &CniEnv) -> Result<String> {
         container_id: env.container_id.clone(),
         ifname: env.ifname.clone(),
         netns: env.netns.clone(),
+        netns_id: NetnsId::of(netns),
         pod_namespace: env.pod_namespace().map(str::to_string),
         pod_name: env.pod_name().map(str::to_string),
         pod_uid: env.pod_uid().map(str::to_string),
@@ -164,40 +167,47 @@ fn ask_agent(config: &AgentConfig, env: &CniEnv) -> Result<Option<RedirectSpec>>
     }
 }
 
+/// Every readable record, for finding attachments that share a netns.
+fn all_records(store: &StateStore) -> Vec<AttachmentRecord> {
+    store.list().unwrap_or_default().into_iter().filter_map(|(_, r)| r.ok()).collect()
+}
+
 fn del(conf: &NetConf, env: &CniEnv) -> Result<()> {
     let store = store(conf);
     let record = store.read(&conf.name, &env.container_id, &env.ifname).unwrap_or_else(|e| {
         warn!(error = %e, "unreadable attachment record; removing rules with the configured backend");
         None
     });
-    let netns = if env.netns.is_empty() {
-        record.as_ref().map(|r| r.netns.clone()).unwrap_or_default()
-    } else {
-        env.netns.clone()
+    // The runtime's netns when it gives one; else the recorded one, if it is still that netns.
+    let netns = match (&record, env.netns.is_empty()) {
+        (_, false) => Some(env.netns.clone()),
+        (Some(r), true) if r.netns_matches(Path::new(&r.netns)) => Some(r.netns.clone()),
+        _ => None,
     };
-    let backends: Vec<Backend> = match (&record, conf.settings.backend) {
-        (Some(r), _) => vec![r.backend],
-        // Without a record we do not know what a crashed earlier ADD may have left: clean all.
-        (None, BackendChoice::Auto) => vec![Backend::Nftables, Backend::IptablesNft, Backend::IptablesLegacy],
-        (None, choice) => vec![choice.nominal()],
-    };
-    if !netns.is_empty() {
-        for backend in backends {
-            match backend.remove(Path::new(&netns)) {
-                Ok(()) => {}
+    let shared = record.as_ref().is_some_and(|r| all_records(&store).iter().any(|o| r.shares_netns_with(o)));
+    if let Some(netns) = netns.filter(|_| !shared) {
+        match &record {
+            Some(r) => match r.backend.remove(Path::new(&netns)) {
                 // The rules died with the namespace.
-                Err(BackendError::Netns(e)) if e.is_gone() => break,
-                Err(e) if record.is_none() && conf.settings.backend == BackendChoice::Auto => {
-                    warn!(backend = backend.name(), error = %e, "cleanup without a record failed");
-                }
+                Ok(()) => {}
+                Err(BackendError::Netns(e)) if e.is_gone() => {}
                 Err(e) => return Err(backend_error("remove", &netns, e)),
+            },
+            // No record: ADD never completed here, so whatever a crashed ADD may have left is
+            // cleaned up best-effort, and an unusable backend is no reason to block the DEL.
+            None => {
+                for backend in conf.settings.backend.candidates() {
+                    if let Err(e) = backend.remove(Path::new(&netns)) {
+                        info!(backend = backend.name(), error = %e, "cleanup without a record skipped");
+                    }
+                }
             }
         }
     }
     store
         .remove(&conf.name, &env.container_id, &env.ifname)
         .map_err(|e| err(ErrorCode::Io, "cannot remove the attachment record", e))?;
-    info!(container = %env.container_id, "capture removed");
+    info!(container = %env.container_id, shared, "capture removed");
     Ok(())
 }
 
@@ -217,7 +227,14 @@ fn check(conf: &NetConf, env: &CniEnv) -> Result<()> {
                 format!("no capture record for container {} ({}): ADD did not complete", env.container_id, env.ifname),
             )
         })?;
-    // The record holds the spec ADD applied (the node agent may have tailored it per pod).
+    if record.netns != env.netns || !record.netns_matches(Path::new(&env.netns)) {
+        return Err(CniError::new(
+            ErrorCode::RulesDrifted,
+            format!("capture was set up in netns {}, but the container's netns is now {}", record.netns, env.netns),
+        ));
+    }
+    // CHECK verifies what ADD applied (the record's spec, which the node agent may have tailored
+    // per pod); a later configuration change shows up on the next ADD, not as drift.
     let ruleset = Ruleset::from_spec(&record.spec);
     let drift =
         record.backend.drift(Path::new(&env.netns), &ruleset).map_err(|e| backend_error("read", &env.netns, e))?;
@@ -230,6 +247,8 @@ fn check(conf: &NetConf, env: &CniEnv) -> Result<()> {
     ))
 }
 
+/// Removes as much stale state as it can; records whose rules could not be removed are kept
+/// (so the next GC retries), and the failures are reported together.
 fn gc(conf: &NetConf) -> Result<()> {
     // Without the list every attachment would look stale: refuse rather than wipe the node.
     let valid = conf.valid_attachments.clone().ok_or_else(|| {
@@ -237,7 +256,9 @@ fn gc(conf: &NetConf) -> Result<()> {
     })?;
     let store = store(conf);
     let records = store.list().map_err(|e| err(ErrorCode::Io, "cannot list attachment records", e))?;
-    for (path, record) in records {
+    let readable: Vec<AttachmentRecord> = records.iter().filter_map(|(_, r)| r.as_ref().ok().cloned()).collect();
+    let mut failures = Vec::new();
+    for (path, record) in &records {
         let record = match record {
             Ok(r) => r,
             Err(e) => {
@@ -249,25 +270,40 @@ fn gc(conf: &NetConf) -> Result<()> {
         if record.network != conf.name || listed {
             continue;
         }
-        match record.backend.remove(Path::new(&record.netns)) {
-            Ok(()) => {}
-            Err(BackendError::Netns(e)) if e.is_gone() => {}
-            Err(e) => {
-                warn!(container = %record.container_id, error = %e, "could not remove stale rules")
+        let netns = Path::new(&record.netns);
+        let shared = readable.iter().any(|o| {
+            record.shares_netns_with(o)
+                && (o.network != conf.name
+                    || valid.iter().any(|a| a.container_id == o.container_id && a.ifname == o.ifname))
+        });
+        if !shared && record.netns_matches(netns) {
+            match record.backend.remove(netns) {
+                Ok(()) => {}
+                Err(BackendError::Netns(e)) if e.is_gone() => {}
+                Err(e) => {
+                    failures.push(format!("{}: {e}", record.container_id));
+                    continue;
+                }
             }
         }
-        store
-            .remove(&record.network, &record.container_id, &record.ifname)
-            .map_err(|e| err(ErrorCode::Io, "cannot remove a stale attachment record", e))?;
+        if let Err(e) = store.remove(&record.network, &record.container_id, &record.ifname) {
+            failures.push(format!("{}: cannot remove its record: {e}", record.container_id));
+            continue;
+        }
         info!(container = %record.container_id, "garbage-collected stale attachment");
     }
-    Ok(())
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        Err(CniError::new(ErrorCode::Io, format!("GC could not clean up {} attachment(s)", failures.len()))
+            .with_details(failures.join("; ")))
+    }
 }
 
 fn status(conf: &NetConf) -> Result<()> {
-    let backend = conf.settings.backend.nominal();
-    backend.usable().map_err(|e| {
-        err(ErrorCode::StatusNotAvailable, format!("the {} backend cannot be used on this node", backend.name()), e)
+    let choice = conf.settings.backend;
+    choice.usable().map_err(|e| {
+        err(ErrorCode::StatusNotAvailable, format!("the {} backend cannot be used on this node", choice.name()), e)
     })?;
     if let Some(agent) = &conf.settings.node_agent
         && !agent::socket_present(&agent.socket)
@@ -278,7 +314,12 @@ fn status(conf: &NetConf) -> Result<()> {
         ));
     }
     let dir = store(conf).dir().to_path_buf();
-    std::fs::create_dir_all(&dir).map_err(|e| {
+    let unwritable = |e: std::io::Error| {
         err(ErrorCode::StatusNotAvailable, format!("state directory {} is not writable", dir.display()), e)
-    })
+    };
+    std::fs::create_dir_all(&dir).map_err(unwritable)?;
+    // An existing read-only directory passes create_dir_all: really write.
+    let probe = dir.join(format!(".status-{}", std::process::id()));
+    std::fs::write(&probe, b"").map_err(unwritable)?;
+    std::fs::remove_file(&probe).map_err(unwritable)
 }

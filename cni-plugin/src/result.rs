@@ -19,6 +19,21 @@ pub fn convert(prev: &Value, target: &str) -> Result<Value> {
             "prevResult is in the pre-0.3.0 format (ip4/ip6), which cnimesh-cni cannot convert",
         ));
     }
+    // Fields added in 1.1.0; older readers do not know them (libcni drops them too).
+    if !version::at_least(target, "1.1.0") {
+        for (list, fields) in [
+            ("interfaces", &["mtu", "socketPath", "pciID"][..]),
+            ("routes", &["mtu", "advmss", "priority", "table", "scope"][..]),
+        ] {
+            for item in
+                obj.get_mut(list).and_then(Value::as_array_mut).into_iter().flatten().filter_map(Value::as_object_mut)
+            {
+                for f in fields {
+                    item.remove(*f);
+                }
+            }
+        }
+    }
     let legacy = !version::at_least(target, "1.0.0");
     if let Some(ips) = obj.get_mut("ips").and_then(Value::as_array_mut) {
         for ip in ips.iter_mut().filter_map(Value::as_object_mut) {
@@ -56,6 +71,16 @@ mod tests {
         assert_eq!(new["cniVersion"], "1.1.0");
         assert!(new["ips"][0].get("version").is_none());
         assert_eq!(new["ips"], bridge_result()["ips"]);
+    }
+
+    #[test]
+    fn newer_fields_are_dropped_for_older_readers() {
+        let mut r = bridge_result();
+        r["interfaces"][0]["mtu"] = json!(1500);
+        r["routes"][0]["table"] = json!(100);
+        let old = convert(&r, "1.0.0").unwrap();
+        assert!(old["interfaces"][0].get("mtu").is_none() && old["routes"][0].get("table").is_none());
+        assert_eq!(convert(&r, "1.1.0").unwrap()["interfaces"][0]["mtu"], 1500);
     }
 
     #[test]

@@ -15,6 +15,9 @@ pub const DEFAULT_OUTBOUND_PROXY_PORT: u16 = 4140;
 pub const DEFAULT_PROXY_UID: u32 = 2102;
 pub const DEFAULT_SKIP_INBOUND_PORTS: &[u16] = &[4190, 4191, 4567, 4568];
 pub const DEFAULT_SKIP_OUTBOUND_PORTS: &[u16] = &[443, 6443];
+/// Upper bound on skipped ports and subnets together: one rule each, and the whole ruleset must
+/// fit one netlink transaction (about 300 bytes a rule).
+pub const MAX_SKIP_ENTRIES: usize = 400;
 
 /// An inclusive TCP port range; a single port is `first == last`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -144,6 +147,15 @@ impl RedirectSpec {
             if port == 0 {
                 return Err(format!("{name} must be between 1 and 65535"));
             }
+        }
+        let entries = self.skip_inbound_ports.len()
+            + self.skip_outbound_ports.len()
+            + self.skip_inbound_subnets.len()
+            + self.skip_outbound_subnets.len();
+        if entries > MAX_SKIP_ENTRIES {
+            return Err(format!(
+                "{entries} skipped ports and subnets exceed the limit of {MAX_SKIP_ENTRIES}: use port ranges or wider subnets"
+            ));
         }
         if self.inbound_proxy_port == self.outbound_proxy_port {
             return Err("inboundProxyPort and outboundProxyPort must differ".into());

@@ -14,6 +14,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 
 use crate::backend::Backend;
+use crate::netns::NetnsId;
 use crate::spec::RedirectSpec;
 
 /// Bumped on any incompatible change of [`AttachmentRecord`].
@@ -31,6 +32,9 @@ pub struct AttachmentRecord {
     pub container_id: String,
     pub ifname: String,
     pub netns: String,
+    /// Identity of the netns at ADD time, so a reused path is never mistaken for this pod's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub netns_id: Option<NetnsId>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_namespace: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -47,6 +51,28 @@ impl AttachmentRecord {
     pub fn now() -> u64 {
         SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or_default()
     }
+
+    /// Whether `netns` (a path from this record or the runtime) is still this attachment's
+    /// namespace. Records without an identity trust the path.
+    pub fn netns_matches(&self, netns: &Path) -> bool {
+        match (self.netns_id, NetnsId::of(netns)) {
+            (Some(recorded), Some(current)) => recorded == current,
+            (Some(_), None) => false,
+            (None, _) => true,
+        }
+    }
+
+    /// Whether another record is for the same pod network namespace (e.g. a second network of
+    /// the pod under Multus): the rules are per netns, so they must outlive this attachment.
+    pub fn shares_netns_with(&self, other: &AttachmentRecord) -> bool {
+        let same_attachment =
+            (&self.network, &self.container_id, &self.ifname) == (&other.network, &other.container_id, &other.ifname);
+        let same_netns = match (self.netns_id, other.netns_id) {
+            (Some(a), Some(b)) => a == b,
+            _ => self.netns == other.netns,
+        };
+        !same_attachment && same_netns
+    }
 }
 
 /// The directory of records under a plugin `stateDir`.
@@ -55,9 +81,19 @@ pub struct StateStore {
     dir: PathBuf,
 }
 
-/// Keeps file names to a safe alphabet whatever a runtime passes as ids.
+/// Keeps file names to a safe alphabet whatever a runtime passes as ids. Anything outside
+/// `[A-Za-z0-9.-]` (including the `_` separator) is percent-encoded, so distinct ids never share
+/// a file.
 fn sanitize(part: &str) -> String {
-    part.chars().map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '-') { c } else { '_' }).collect()
+    let mut out = String::with_capacity(part.len());
+    for b in part.bytes() {
+        if b.is_ascii_alphanumeric() || b == b'.' || b == b'-' {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
 }
 
 impl StateStore {
@@ -123,9 +159,11 @@ fn read_record(path: &Path) -> io::Result<Option<AttachmentRecord>> {
         Err(e) => return Err(e),
     };
     let record: AttachmentRecord = serde_json::from_slice(&body).map_err(io::Error::other)?;
-    if record.version != RECORD_VERSION {
+    // Older versions are read as they are (fields added since are optional); a newer one was
+    // written by a newer plugin and may mean something we do not know.
+    if record.version > RECORD_VERSION {
         return Err(io::Error::other(format!(
-            "record version {} is not supported (expected {RECORD_VERSION})",
+            "record version {} is newer than this plugin's ({RECORD_VERSION}): upgrade cnimesh-cni",
             record.version
         )));
     }
@@ -157,6 +195,7 @@ mod tests {
             container_id: cid.into(),
             ifname: "eth0".into(),
             netns: "/var/run/netns/x".into(),
+            netns_id: None,
             pod_namespace: Some("default".into()),
             pod_name: Some("web-0".into()),
             pod_uid: None,
@@ -173,9 +212,12 @@ mod tests {
         assert!(store.list().unwrap().is_empty());
         store.write(&record("abc")).unwrap();
         store.write(&record("../evil")).unwrap();
+        // `_` is the separator: ids containing it must not collide with others.
+        assert_ne!(store.path("a_b", "c", "eth0"), store.path("a", "b_c", "eth0"));
         assert_eq!(store.read("k8s-pod-network", "abc", "eth0").unwrap(), Some(record("abc")));
         let listed = store.list().unwrap();
         assert_eq!(listed.len(), 2);
+        assert!(listed.iter().any(|(p, _)| p.to_string_lossy().contains("..%2Fevil")));
         assert!(listed.iter().all(|(p, r)| p.starts_with(store.dir()) && r.is_ok()));
         store.remove("k8s-pod-network", "abc", "eth0").unwrap();
         store.remove("k8s-pod-network", "abc", "eth0").unwrap();

@@ -88,6 +88,7 @@ mod tests {
             container_id: format!("c-{name}"),
             ifname: "eth0".into(),
             netns: "/var/run/netns/x".into(),
+            netns_id: None,
             pod_namespace: Some(ns.into()),
             pod_name: Some(name.into()),
             pod_uid: uid.map(str::to_string),

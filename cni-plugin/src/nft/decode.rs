@@ -13,8 +13,8 @@ use netlink_packet_netfilter::nftables::{
 };
 
 use super::encode::{
-    BASE_NETWORK, BASE_TRANSPORT, IPPROTO_TCP, NFPROTO_IPV4, NFPROTO_IPV6, NFTA_REDIR_REG_PROTO_MIN, TCP_DPORT_OFFSET,
-    addr_offset,
+    BASE_NETWORK, BASE_TRANSPORT, IPPROTO_TCP, NFPROTO_IPV4, NFPROTO_IPV6, NFTA_REDIR_REG_PROTO_MIN, POLICY_ACCEPT,
+    TCP_DPORT_OFFSET, addr_offset,
 };
 use crate::rules::{Action, BaseHook, Match, Rule};
 use crate::spec::PortRange;
@@ -285,7 +285,8 @@ fn decode_element(decoder: &mut RuleDecoder, elem: &ListAttribute<ExpressionAttr
     }
 }
 
-/// A chain from a dump: its name and, for base chains, its hook (or why it is not ours).
+/// A chain from a dump: its name and, for base chains, its hook and policy (or why it is not
+/// what we write).
 pub(super) fn decode_chain(attrs: &[ChainAttribute]) -> (String, Result<Option<BaseHook>, String>) {
     let name = attrs
         .iter()
@@ -295,7 +296,26 @@ pub(super) fn decode_chain(attrs: &[ChainAttribute]) -> (String, Result<Option<B
         })
         .unwrap_or_default();
     let base = decode_base(&name, attrs);
+    let policy = attrs.iter().find_map(|a| match a {
+        ChainAttribute::Policy(p) => Some(*p),
+        _ => None,
+    });
+    let base = match (base, policy) {
+        // A base chain whose policy is not accept silently drops what our rules let through.
+        (Ok(Some(_)), Some(p)) if p != POLICY_ACCEPT => {
+            Err(format!("chain {name} has policy {}, not accept", policy_name(p)))
+        }
+        (base, _) => base,
+    };
     (name, base)
+}
+
+fn policy_name(p: u32) -> String {
+    match p {
+        0 => "drop".into(),
+        1 => "accept".into(),
+        other => other.to_string(),
+    }
 }
 
 fn decode_base(name: &str, attrs: &[ChainAttribute]) -> Result<Option<BaseHook>, String> {

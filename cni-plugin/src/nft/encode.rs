@@ -11,6 +11,9 @@ use netlink_packet_netfilter::nftables::{
 
 use crate::rules::{self, Action, Chain, Match, Rule, Ruleset};
 
+/// `NF_ACCEPT`, the policy of our base chains.
+pub(super) const POLICY_ACCEPT: u32 = 1;
+
 /// `NFT_PAYLOAD_NETWORK_HEADER` / `NFT_PAYLOAD_TRANSPORT_HEADER`.
 pub(super) const BASE_NETWORK: u32 = 1;
 pub(super) const BASE_TRANSPORT: u32 = 2;
@@ -26,22 +29,21 @@ pub(super) const NFTA_REDIR_REG_PROTO_MIN: u16 = 1;
 pub(super) const NFTA_REDIR_REG_PROTO_MAX: u16 = 2;
 pub(super) const NFTA_REDIR_FLAGS: u16 = 3;
 const NF_NAT_RANGE_PROTO_SPECIFIED: u32 = 2;
-const NF_ACCEPT: u32 = 1;
 
-pub(super) fn table_message(with_flags: bool) -> NfTablesMessage {
-    let mut attributes = vec![TableAttribute::Name(rules::TABLE.into())];
+pub(super) fn table_message(table: &str, with_flags: bool) -> NfTablesMessage {
+    let mut attributes = vec![TableAttribute::Name(table.into())];
     if with_flags {
         attributes.push(TableAttribute::Flags(Default::default()));
     }
     NfTablesMessage::NewTable(TableMessage { attributes })
 }
 
-pub(super) fn delete_table_message() -> NfTablesMessage {
-    NfTablesMessage::DeleteTable(TableMessage { attributes: vec![TableAttribute::Name(rules::TABLE.into())] })
+pub(super) fn delete_table_message(table: &str) -> NfTablesMessage {
+    NfTablesMessage::DeleteTable(TableMessage { attributes: vec![TableAttribute::Name(table.into())] })
 }
 
-pub(super) fn chain_message(chain: &Chain) -> NfTablesMessage {
-    let mut attributes = vec![ChainAttribute::Table(rules::TABLE.into()), ChainAttribute::Name(chain.name.clone())];
+pub(super) fn chain_message(table: &str, chain: &Chain) -> NfTablesMessage {
+    let mut attributes = vec![ChainAttribute::Table(table.into()), ChainAttribute::Name(chain.name.clone())];
     if let Some(base) = chain.base {
         let number = match base.hook {
             rules::Hook::Prerouting => InetHookNumber::PreRouting,
@@ -52,16 +54,16 @@ pub(super) fn chain_message(chain: &Chain) -> NfTablesMessage {
             // The kernel reads the priority as a big-endian s32.
             Hook::Priority(base.priority as u32),
         ]));
-        attributes.push(ChainAttribute::Policy(NF_ACCEPT));
+        attributes.push(ChainAttribute::Policy(POLICY_ACCEPT));
         attributes.push(ChainAttribute::Type("nat".into()));
     }
     NfTablesMessage::NewChain(ChainMessage { attributes })
 }
 
-pub(super) fn rule_message(chain: &str, rule: &Rule) -> NfTablesMessage {
+pub(super) fn rule_message(table: &str, chain: &str, rule: &Rule) -> NfTablesMessage {
     NfTablesMessage::NewRule(RuleMessage {
         attributes: vec![
-            RuleAttribute::Table(rules::TABLE.into()),
+            RuleAttribute::Table(table.into()),
             RuleAttribute::Chain(chain.into()),
             RuleAttribute::Expressions(expressions(rule).into_iter().map(Into::into).collect()),
         ],
@@ -69,11 +71,11 @@ pub(super) fn rule_message(chain: &str, rule: &Rule) -> NfTablesMessage {
 }
 
 /// Every message of a ruleset, in creation order (table, chains, then rules).
-pub(super) fn ruleset_messages(ruleset: &Ruleset) -> Vec<NfTablesMessage> {
-    let mut out = vec![table_message(true)];
-    out.extend(ruleset.chains.iter().map(chain_message));
+pub(super) fn ruleset_messages(table: &str, ruleset: &Ruleset) -> Vec<NfTablesMessage> {
+    let mut out = vec![table_message(table, true)];
+    out.extend(ruleset.chains.iter().map(|c| chain_message(table, c)));
     for chain in &ruleset.chains {
-        out.extend(chain.rules.iter().map(|r| rule_message(&chain.name, r)));
+        out.extend(chain.rules.iter().map(|r| rule_message(table, &chain.name, r)));
     }
     out
 }

@@ -17,7 +17,9 @@ use netlink_packet_core::{
     NetlinkPayload,
 };
 use netlink_packet_netfilter::nftables::{ChainAttribute, ChainMessage};
-use netlink_packet_netfilter::nftables::{NfTablesMessage, RuleAttribute, RuleMessage, TableAttribute, TableMessage};
+use netlink_packet_netfilter::nftables::{
+    NfTablesMessage, RuleAttribute, RuleMessage, TableAttribute, TableFlags, TableMessage,
+};
 use netlink_packet_netfilter::none::ControlMessage;
 use netlink_packet_netfilter::{NetfilterHeader, NetfilterMessage, NetfilterMessageInner, NetfilterProtoFamily};
 use netlink_sys::{Socket, constants::NETLINK_NETFILTER};
@@ -27,6 +29,10 @@ pub use decode::LiveRule;
 use crate::rules::{self, BaseHook, Ruleset};
 
 const NFNL_SUBSYS_NFTABLES: u16 = 10;
+/// Table name used by [`NftSocket::probe`]; never committed.
+const PROBE_TABLE: &str = "cnimesh-probe";
+/// Socket buffer sizes: our largest batch (see `spec::MAX_SKIP_ENTRIES`) must fit in one send.
+const SOCKET_BUFFER: usize = 1 << 20;
 /// How long to wait for the kernel to answer a request before declaring it stuck.
 const REPLY_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -54,6 +60,20 @@ impl NftError {
             _ => None,
         }
     }
+
+    /// Whether retrying later may succeed (busy kernel, timeout, transient resource shortage).
+    pub fn is_transient(&self) -> bool {
+        match self {
+            NftError::Io(e) => {
+                matches!(e.kind(), io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock)
+                    || e.raw_os_error() == Some(libc::ENOBUFS)
+            }
+            NftError::Kernel { source, .. } => {
+                matches!(source.raw_os_error(), Some(libc::EAGAIN | libc::EBUSY | libc::ENOBUFS | libc::ENOMEM))
+            }
+            _ => false,
+        }
+    }
 }
 
 /// One chain of the live table.
@@ -67,6 +87,8 @@ pub struct LiveChain {
 /// The `inet cnimesh` table as the kernel has it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LiveTable {
+    /// A dormant table is present but evaluates nothing: capture is off.
+    pub dormant: bool,
     pub chains: Vec<LiveChain>,
 }
 
@@ -121,6 +143,9 @@ impl NftSocket {
         let timeout = nix::sys::time::TimeVal::new(REPLY_TIMEOUT.as_secs() as _, 0);
         nix::sys::socket::setsockopt(&socket, nix::sys::socket::sockopt::ReceiveTimeout, &timeout)
             .map_err(|e| NftError::Socket(e.into()))?;
+        // Best effort: the defaults (usually 208 KiB) already fit the largest batch we build.
+        let _ = nix::sys::socket::setsockopt(&socket, nix::sys::socket::sockopt::SndBuf, &SOCKET_BUFFER);
+        let _ = socket.set_rx_buf_sz(SOCKET_BUFFER);
         Ok(Self { socket, seq: std::process::id().wrapping_shl(12) })
     }
 
@@ -135,44 +160,60 @@ impl NftSocket {
         // Fresh pods (the common case) have no table: create it exclusively. Deleting a table in a
         // transaction makes the kernel wait for an RCU grace period (~12 ms here), so the
         // delete-and-recreate form is kept for re-ADDs, where a table already exists.
-        match self.transaction(ruleset_batch(ruleset, NLM_F_EXCL)) {
+        match self.transaction(ruleset_batch(rules::TABLE, ruleset, NLM_F_EXCL), Commit::Yes) {
             Err(e) if e.errno() == Some(libc::EEXIST) => {}
             other => return other,
         }
         // "add table; delete table; create everything" works whether or not the table exists.
-        let mut msgs = vec![(encode::table_message(false), NLM_F_CREATE), (encode::delete_table_message(), 0)];
-        msgs.extend(ruleset_batch(ruleset, 0));
-        self.transaction(msgs)
+        let mut msgs = vec![
+            (encode::table_message(rules::TABLE, false), NLM_F_CREATE),
+            (encode::delete_table_message(rules::TABLE), 0),
+        ];
+        msgs.extend(ruleset_batch(rules::TABLE, ruleset, 0));
+        self.transaction(msgs, Commit::Yes)
     }
 
     /// Removes the table; succeeds when there is none.
     pub fn delete(&mut self) -> Result<(), NftError> {
-        match self.transaction(vec![(encode::delete_table_message(), 0)]) {
+        match self.transaction(vec![(encode::delete_table_message(rules::TABLE), 0)], Commit::Yes) {
             Err(e) if e.errno() == Some(libc::ENOENT) => Ok(()),
             other => other,
         }
     }
 
-    fn transaction(&mut self, msgs: Vec<(NfTablesMessage, u16)>) -> Result<(), NftError> {
+    /// Whether this kernel accepts our ruleset (an `inet` nat table with redirects needs Linux
+    /// 5.2+), checked like `nft --check`: the batch is validated and then aborted.
+    pub fn probe(&mut self) -> Result<(), NftError> {
+        let ruleset = Ruleset::from_spec(&crate::spec::RedirectSpec::default());
+        self.transaction(ruleset_batch(PROBE_TABLE, &ruleset, 0), Commit::No)
+    }
+
+    fn transaction(&mut self, msgs: Vec<(NfTablesMessage, u16)>, commit: Commit) -> Result<(), NftError> {
         let mut batch =
             frame(ControlMessage::BatchBegin, NetfilterProtoFamily::Unspec, NFNL_SUBSYS_NFTABLES, 0, self.next_seq());
         let mut pending = Vec::with_capacity(msgs.len());
-        for (msg, flags) in msgs {
+        let count = msgs.len();
+        for (i, (msg, flags)) in msgs.into_iter().enumerate() {
             let seq = self.next_seq();
             pending.push((seq, describe(&msg)));
-            batch.extend(frame(msg, NetfilterProtoFamily::Inet, 0, flags | NLM_F_ACK, seq));
+            // Failures are always reported; only the last message asks for an ACK, so a large
+            // batch cannot overflow the socket with ACKs (ENOBUFS after a successful commit).
+            let ack = if i + 1 == count { NLM_F_ACK } else { 0 };
+            batch.extend(frame(msg, NetfilterProtoFamily::Inet, 0, flags | ack, seq));
         }
-        batch.extend(frame(
-            ControlMessage::BatchEnd,
-            NetfilterProtoFamily::Unspec,
-            NFNL_SUBSYS_NFTABLES,
-            0,
-            self.next_seq(),
-        ));
+        if commit == Commit::Yes {
+            batch.extend(frame(
+                ControlMessage::BatchEnd,
+                NetfilterProtoFamily::Unspec,
+                NFNL_SUBSYS_NFTABLES,
+                0,
+                self.next_seq(),
+            ));
+        }
         self.socket.send(&batch, 0).map_err(NftError::Io)?;
 
-        // Every message asked for an ACK: read until the last one is answered, keeping the first
-        // error (later messages of a failed batch are answered too, then nothing is applied).
+        // Read until the last message is answered, keeping the first error (the kernel goes on
+        // validating after an error, then applies nothing).
         let last = pending.last().map(|(s, _)| *s).unwrap_or_default();
         let mut first_error = None;
         self.receive(|msg| {
@@ -205,6 +246,7 @@ impl NftSocket {
             NfTablesMessage::GetTable(TableMessage { attributes: vec![TableAttribute::Name(rules::TABLE.into())] });
         self.socket.send(&frame(get, NetfilterProtoFamily::Inet, 0, NLM_F_ACK, seq), 0).map_err(NftError::Io)?;
         let mut missing = false;
+        let mut dormant = false;
         self.receive(|msg| match &msg.payload {
             NetlinkPayload::Error(e) => {
                 if let Some(code) = e.code {
@@ -218,6 +260,14 @@ impl NftSocket {
                     }
                 }
                 Ok(true)
+            }
+            NetlinkPayload::InnerMessage(NetfilterMessage {
+                inner: NetfilterMessageInner::NfTables(NfTablesMessage::NewTable(TableMessage { attributes })),
+                ..
+            }) => {
+                dormant =
+                    attributes.iter().any(|a| matches!(a, TableAttribute::Flags(f) if f.contains(TableFlags::Dormant)));
+                Ok(false)
             }
             _ => Ok(false),
         })?;
@@ -254,7 +304,7 @@ impl NftSocket {
                 }
             }
         })?;
-        Ok(Some(LiveTable { chains }))
+        Ok(Some(LiveTable { dormant, chains }))
     }
 
     fn dump(&mut self, request: NfTablesMessage, mut each: impl FnMut(&NfTablesMessage)) -> Result<(), NftError> {
@@ -311,9 +361,16 @@ impl NftSocket {
     }
 }
 
-/// The messages creating `ruleset`; `table_flags` go on the table (e.g. `NLM_F_EXCL`).
-fn ruleset_batch(ruleset: &Ruleset, table_flags: u16) -> Vec<(NfTablesMessage, u16)> {
-    encode::ruleset_messages(ruleset)
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Commit {
+    Yes,
+    /// Validate only: the batch has no end marker, so the kernel aborts it.
+    No,
+}
+
+/// The messages creating `ruleset` in `table`; `table_flags` go on the table (e.g. `NLM_F_EXCL`).
+fn ruleset_batch(table: &str, ruleset: &Ruleset, table_flags: u16) -> Vec<(NfTablesMessage, u16)> {
+    encode::ruleset_messages(table, ruleset)
         .into_iter()
         .map(|m| {
             let flags = match m {

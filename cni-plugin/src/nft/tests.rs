@@ -29,7 +29,7 @@ fn every_rule_survives_the_wire() {
     let ruleset = Ruleset::from_spec(&wide_spec());
     for chain in &ruleset.chains {
         for rule in &chain.rules {
-            let bytes = frame(encode::rule_message(&chain.name, rule), NetfilterProtoFamily::Inet, 0, 0, 1);
+            let bytes = frame(encode::rule_message("cnimesh", &chain.name, rule), NetfilterProtoFamily::Inet, 0, 0, 1);
             let msg = NetlinkMessage::<NetfilterMessage>::deserialize(&bytes).unwrap();
             let NetlinkPayload::InnerMessage(NetfilterMessage {
                 inner: NetfilterMessageInner::NfTables(NfTablesMessage::NewRule(m)),
@@ -49,7 +49,7 @@ fn every_rule_survives_the_wire() {
 fn chains_survive_the_wire() {
     let ruleset = Ruleset::from_spec(&RedirectSpec::default());
     for chain in &ruleset.chains {
-        let bytes = frame(encode::chain_message(chain), NetfilterProtoFamily::Inet, 0, 0, 1);
+        let bytes = frame(encode::chain_message("cnimesh", chain), NetfilterProtoFamily::Inet, 0, 0, 1);
         assert_eq!(NetlinkBuffer::new(&bytes).length() as usize, bytes.len());
         let msg = NetlinkMessage::<NetfilterMessage>::deserialize(&bytes).unwrap();
         let NetlinkPayload::InnerMessage(NetfilterMessage {
@@ -68,8 +68,13 @@ fn redirect_is_sent_like_nft_sends_it() {
     // `nft --debug=netlink`: [ immediate reg 1 0x00002f10 ] [ redir proto_min reg 1 proto_max reg 1 flags 0x2 ]
     let ruleset = Ruleset::from_spec(&RedirectSpec::default());
     let inbound = ruleset.chain("inbound").unwrap();
-    let bytes =
-        frame(encode::rule_message("inbound", inbound.rules.last().unwrap()), NetfilterProtoFamily::Inet, 0, 0, 1);
+    let bytes = frame(
+        encode::rule_message("cnimesh", "inbound", inbound.rules.last().unwrap()),
+        NetfilterProtoFamily::Inet,
+        0,
+        0,
+        1,
+    );
     let window = |needle: &[u8]| bytes.windows(needle.len()).any(|w| w == needle);
     assert!(window(b"redir\0"));
     assert!(window(&[0x08, 0x00, 0x03, 0x00, 0, 0, 0, 2]), "flags=2 (NF_NAT_RANGE_PROTO_SPECIFIED)");
