@@ -12,8 +12,8 @@ if cargo nextest --version >/dev/null 2>&1; then
 else
   log=$(mktemp)
   trap 'rm -f "$log"' EXIT
-  cargo test --workspace --no-fail-fast 2>&1 | tee "$log"
-  status=${PIPESTATUS[0]}
+  status=0
+  cargo test --workspace --no-fail-fast 2>&1 | tee "$log" || status=$?
   awk '/^test result:/ { p += $4; f += $6 } END { printf "%d passed, %d failed\n", p, f }' "$log"
   exit "$status"
 fi

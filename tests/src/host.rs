@@ -15,8 +15,15 @@ fn missing() -> Option<String> {
             return Some(format!("needs {REFERENCE_PLUGIN_DIR}/{plugin} (apt install containernetworking-plugins)"));
         }
     }
-    if std::process::Command::new("ip").arg("-V").output().is_err() {
-        return Some("needs the ip command (apt install iproute2)".into());
+    for (tool, package) in [
+        ("ip", "iproute2"),
+        ("nft", "nftables"),
+        ("iptables-legacy-restore", "iptables"),
+        ("iptables-nft-restore", "iptables"),
+    ] {
+        if std::process::Command::new(tool).arg("--version").output().is_err() {
+            return Some(format!("needs {tool} (apt install {package})"));
+        }
     }
     None
 }

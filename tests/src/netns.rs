@@ -35,6 +35,15 @@ impl Netns {
         run("ip", &full)
     }
 
+    /// `nft list table inet cnimesh` here; `None` only when the table does not exist.
+    pub fn nft_table(&self) -> Option<String> {
+        match self.exec("nft", &["list", "table", "inet", "cnimesh"]) {
+            Ok(listing) => Some(listing),
+            Err(e) if e.to_string().contains("No such file or directory") => None,
+            Err(e) => panic!("nft failed in {}: {e}", self.name),
+        }
+    }
+
     /// Deletes the namespace now (e.g. to test DEL after the pod's netns is gone).
     pub fn delete(&mut self) -> anyhow::Result<()> {
         if !self.deleted {

@@ -88,9 +88,10 @@ impl<'n> Pod<'n> {
         self.network.del(&self.call())
     }
 
-    /// `nft list table inet cnimesh` inside the pod, or the error nft printed.
-    pub fn nft_table(&self) -> anyhow::Result<String> {
-        self.netns.exec("nft", &["list", "table", "inet", "cnimesh"])
+    /// `nft list table inet cnimesh` inside the pod; `None` only when the table does not exist
+    /// (any other failure, e.g. a missing `nft`, panics rather than passing as "no table").
+    pub fn nft_table(&self) -> Option<String> {
+        self.netns.nft_table()
     }
 }
 

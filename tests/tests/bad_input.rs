@@ -27,7 +27,7 @@ fn assert_nothing_installed(ns: &Netns, net: &Network, what: &str) {
     let tables = ns.exec("nft", &["list", "tables"]).unwrap();
     assert!(tables.trim().is_empty(), "{what}: nftables left: {tables}");
     for tool in ["iptables-legacy-save", "ip6tables-legacy-save", "iptables-nft-save", "ip6tables-nft-save"] {
-        let saved = ns.exec(tool, &["-t", "nat"]).unwrap_or_default();
+        let saved = ns.exec(tool, &["-t", "nat"]).unwrap_or_else(|e| panic!("{what}: {tool}: {e}"));
         assert!(!saved.contains("CNIMESH"), "{what}: {tool} shows our chains: {saved}");
     }
     let records = std::fs::read_dir(net.state_dir().join("attachments")).map_or(0, |d| d.count());

@@ -43,7 +43,7 @@ fn add_twice_leaves_one_documented_ruleset() {
     let again = net.exec_cnimesh("ADD", &pod.call()).expect("second ADD succeeds");
     assert_eq!(again.as_ref(), Some(&pod.result), "ADD is idempotent in its result too");
 
-    let listed = zero_counters(&pod.nft_table().unwrap());
+    let listed = zero_counters(&pod.nft_table().expect("table present"));
     assert_eq!(listed, documented_ruleset(), "nft reads back the documented ruleset");
     assert_eq!(listed, Ruleset::from_spec(&RedirectSpec::default()).to_string());
     let all = pod.netns.exec("nft", &["list", "tables"]).unwrap();
@@ -79,7 +79,7 @@ fn del_is_idempotent() {
     let call = Call { netns: "", ..pod.call() };
     let conf = net.plugin_conf(1, None);
     exec_plugin(net.cni_path(), &conf, "DEL", &call).expect("DEL without netns");
-    assert!(pod.nft_table().is_err(), "table removed");
+    assert!(pod.nft_table().is_none(), "table removed");
     assert!(records(&net).is_empty(), "record removed");
 }
 
@@ -197,8 +197,8 @@ fn gc_removes_only_unlisted_attachments() {
 
     assert_eq!(records(&net).len(), 1, "only the listed attachment keeps its record");
     assert!(records(&net)[0].contains(&keep.container_id));
-    assert!(keep.nft_table().is_ok(), "listed pod keeps its rules");
-    assert!(stale.nft_table().is_err(), "unlisted pod's rules are removed");
+    assert!(keep.nft_table().is_some(), "listed pod keeps its rules");
+    assert!(stale.nft_table().is_none(), "unlisted pod's rules are removed");
 }
 
 #[test]
@@ -243,7 +243,7 @@ fn twenty_pods_at_once_leave_nothing_behind() {
     });
     assert_eq!(records(&net).len(), 20);
     for pod in &pods {
-        assert!(pod.nft_table().is_ok());
+        assert!(pod.nft_table().is_some());
     }
     let names: Vec<String> = pods.iter().map(|p| p.netns.name().to_string()).collect();
     std::thread::scope(|s| {
@@ -252,7 +252,7 @@ fn twenty_pods_at_once_leave_nothing_behind() {
         }
     });
     for pod in &pods {
-        assert!(pod.nft_table().is_err(), "table left in {}", pod.netns.name());
+        assert!(pod.nft_table().is_none(), "table left in {}", pod.netns.name());
     }
     assert!(records(&net).is_empty(), "records left: {:?}", records(&net));
     drop(pods);
@@ -311,6 +311,134 @@ fn auto_backend_picks_nftables_here() {
     let body: Value =
         serde_json::from_slice(&std::fs::read(net.state_dir().join("attachments").join(record)).unwrap()).unwrap();
     assert_eq!(body["backend"], "nftables");
-    assert!(pod.nft_table().is_ok());
+    assert!(pod.nft_table().is_some());
     net.check(&pod.call()).unwrap();
+}
+
+/// Runs the cnimesh plugin alone with `conf` for a call in `netns`.
+fn run_alone(
+    net: &Network,
+    command: &str,
+    netns: &cnimesh_e2e::Netns,
+    ifname: &str,
+    conf: &Value,
+) -> Result<Option<Value>, cnimesh_e2e::CniFailure> {
+    let path = netns.path().display().to_string();
+    let cid = format!("alone-{}", netns.name());
+    let call = Call { container_id: &cid, netns: &path, ifname, args: "K8S_POD_NAMESPACE=default;K8S_POD_NAME=alone" };
+    exec_plugin(net.cni_path(), conf, command, &call)
+}
+
+#[test]
+fn prev_result_is_converted_between_versions() {
+    if !require_root("prev_result_is_converted_between_versions") {
+        return;
+    }
+    let net = network(json!({}));
+    let v1 = json!({"cniVersion": "1.0.0", "interfaces": [{"name": "eth0", "mtu": 1400}],
+        "ips": [{"interface": 0, "address": "10.244.0.9/24"}, {"interface": 0, "address": "fd44::9/64"}]});
+    let v04 = json!({"cniVersion": "0.4.0", "interfaces": [{"name": "eth0"}],
+        "ips": [{"version": "4", "interface": 0, "address": "10.244.0.9/24"}]});
+    for (version, prev, tagged) in
+        [("0.3.1", &v1, true), ("0.4.0", &v1, true), ("1.0.0", &v04, false), ("1.1.0", &v04, false)]
+    {
+        let ns = cnimesh_e2e::Netns::new().unwrap();
+        let mut conf = net.plugin_conf(1, Some(prev));
+        conf["cniVersion"] = json!(version);
+        let out = run_alone(&net, "ADD", &ns, "eth0", &conf).unwrap().unwrap();
+        assert_eq!(out["cniVersion"], version);
+        for ip in out["ips"].as_array().unwrap() {
+            assert_eq!(ip.get("version").is_some(), tagged, "{version}: {out}");
+        }
+        if version != "1.1.0" {
+            assert!(out["interfaces"][0].get("mtu").is_none(), "{version}: 1.1-only field kept: {out}");
+        }
+        assert!(ns.nft_table().is_some(), "{version}: rules installed");
+    }
+}
+
+#[test]
+fn largest_allowed_ruleset_installs_and_checks() {
+    if !require_root("largest_allowed_ruleset_installs_and_checks") {
+        return;
+    }
+    let net = network(json!({}));
+    let ports: Vec<u16> = (10000..10200).collect();
+    let subnets: Vec<String> = (0..200).map(|i| format!("10.99.{}.{}/32", i / 250, i % 250)).collect();
+    let prev = json!({"cniVersion": "1.0.0", "ips": [{"address": "10.244.0.9/24"}]});
+    let mut conf = net.plugin_conf(1, Some(&prev));
+    conf["skipInboundPorts"] = json!(ports);
+    conf["skipOutboundSubnets"] = json!(subnets);
+    conf["skipOutboundPorts"] = json!([]);
+    let ns = cnimesh_e2e::Netns::new().unwrap();
+    run_alone(&net, "ADD", &ns, "eth0", &conf).expect("400 skip entries install");
+    run_alone(&net, "CHECK", &ns, "eth0", &conf).expect("and check clean");
+    let listing = ns.nft_table().unwrap();
+    // 400 skip rules, plus the proxy-UID and loopback returns.
+    assert_eq!(listing.matches("return").count(), 402, "every rule is there");
+
+    conf["skipOutboundPorts"] = json!([1]);
+    let other = cnimesh_e2e::Netns::new().unwrap();
+    let e = run_alone(&net, "ADD", &other, "eth0", &conf).expect_err("401 entries are refused");
+    assert_eq!(e.code, Some(7), "{e}");
+    assert!(e.msg.contains("limit of 400"), "{e}");
+    assert!(other.nft_table().is_none());
+}
+
+#[test]
+fn check_reports_a_disabled_table_and_a_dropping_policy() {
+    if !require_root("check_reports_a_disabled_table_and_a_dropping_policy") {
+        return;
+    }
+    let net = network(json!({}));
+    let pod = Pod::new(&net, "default").unwrap();
+    pod.netns.exec("nft", &["add", "table", "inet", "cnimesh", "{ flags dormant; }"]).unwrap();
+    let e = net.check(&pod.call()).expect_err("a dormant table captures nothing");
+    assert!(e.msg.contains("dormant"), "{e}");
+
+    net.exec_cnimesh("ADD", &pod.call()).unwrap();
+    net.check(&pod.call()).unwrap();
+    pod.netns.exec("nft", &["add", "chain", "inet", "cnimesh", "output", "{ policy drop; }"]).unwrap();
+    let e = net.check(&pod.call()).expect_err("a dropping policy is drift");
+    assert!(e.msg.contains("chain output has policy drop"), "{e}");
+}
+
+#[test]
+fn del_without_a_netns_uses_the_recorded_one() {
+    if !require_root("del_without_a_netns_uses_the_recorded_one") {
+        return;
+    }
+    let net = network(json!({}));
+    let pod = Pod::new(&net, "default").unwrap();
+    net.exec_cnimesh("DEL", &Call { netns: "", ..pod.call() }).expect("DEL with an empty CNI_NETNS");
+    assert!(pod.nft_table().is_none(), "the recorded netns was cleaned");
+    assert!(records(&net).is_empty());
+}
+
+#[test]
+fn a_second_network_of_the_pod_does_not_remove_capture() {
+    if !require_root("a_second_network_of_the_pod_does_not_remove_capture") {
+        return;
+    }
+    // Multus-style: two networks chain cnimesh-cni into the same pod (one state dir per node).
+    let primary = network(json!({}));
+    let secondary = network(json!({"stateDir": primary.state_dir()}));
+    let pod = Pod::new(&primary, "default").unwrap();
+    let netns = pod.netns.path().display().to_string();
+    let call = Call { ifname: "net1", netns: &netns, ..pod.call() };
+    let prev = json!({"cniVersion": "1.0.0", "ips": [{"address": "192.168.50.2/24"}]});
+    exec_plugin(secondary.cni_path(), &secondary.plugin_conf(1, Some(&prev)), "ADD", &call).expect("second attachment");
+    assert_eq!(records(&primary).len(), 2);
+
+    let gc = secondary
+        .cnimesh_conf_v11(json!({"cni.dev/valid-attachments": [{"containerID": pod.container_id, "ifname": "net1"}]}));
+    let none = Call { container_id: "", netns: "", ifname: "", args: "" };
+    exec_plugin(secondary.cni_path(), &gc, "GC", &none).expect("GC of the other network");
+    assert_eq!(records(&primary).len(), 2, "GC leaves other networks' records alone");
+
+    exec_plugin(secondary.cni_path(), &secondary.plugin_conf(1, None), "DEL", &call)
+        .expect("DEL of the second attachment");
+    assert_eq!(records(&primary).len(), 1);
+    assert!(pod.nft_table().is_some(), "capture stays while the pod's first attachment exists");
+    primary.check(&pod.call()).expect("and it is intact");
 }
