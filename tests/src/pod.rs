@@ -31,7 +31,12 @@ pub fn container_id() -> String {
 impl<'n> Pod<'n> {
     /// A pod in Kubernetes namespace `namespace`, attached as `eth0`.
     pub fn new(network: &'n Network, namespace: &str) -> anyhow::Result<Self> {
-        let mut pod = Self::unattached(network, namespace)?;
+        Self::named(network, namespace, &unique_name("pod-"))
+    }
+
+    /// Like [`Pod::new`], with a given pod name (to match objects a mocked API serves).
+    pub fn named(network: &'n Network, namespace: &str, name: &str) -> anyhow::Result<Self> {
+        let mut pod = Self::unattached(network, namespace, name)?;
         let lo = json!({"cniVersion": "1.0.0", "name": "cni-loopback", "type": "loopback"});
         exec_plugin(network.cni_path(), &lo, "ADD", &Call { ifname: "lo", ..pod.call() })?;
         pod.result = network.add(&pod.call())?;
@@ -39,10 +44,10 @@ impl<'n> Pod<'n> {
     }
 
     /// The namespace and identity of a pod, before the runtime has run ADD.
-    pub fn unattached(network: &'n Network, namespace: &str) -> anyhow::Result<Self> {
+    pub fn unattached(network: &'n Network, namespace: &str, name: &str) -> anyhow::Result<Self> {
         let netns = Netns::new()?;
         let container_id = container_id();
-        let name = unique_name("pod-");
+        let name = name.to_string();
         let args = format!(
             "K8S_POD_UID=uid-{name};IgnoreUnknown=1;K8S_POD_NAMESPACE={namespace};K8S_POD_NAME={name};K8S_POD_INFRA_CONTAINER_ID={container_id}"
         );

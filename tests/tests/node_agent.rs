@@ -1,0 +1,215 @@
+//! The node agent with the plugin: decisions over the agent's socket for pods served by a mocked
+//! Kubernetes API, in real network namespaces through the real CNI chain; the agent's run loop
+//! (install, re-chaining, uninstall); repair and taint removal against the API; the debug CLI.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cnimesh_cni::spec::RedirectSpec;
+use cnimesh_e2e::kube_mock::MockApi;
+use cnimesh_e2e::{Network, Pod, bins, require_root};
+use cnimesh_node::cluster::{Cluster, FileCluster};
+use cnimesh_node::kube_cluster::KubeCluster;
+use cnimesh_node::server::{self, Decider};
+use http::Method;
+use k8s_openapi::api::core::v1::{Node, Pod as KubePod};
+use serde_json::{Value, json};
+
+const NODE: &str = "node-1";
+
+fn kube_pod(ns: &str, name: &str, meshed: bool, annotations: Value) -> KubePod {
+    let mut containers = vec![json!({"name": "app"})];
+    if meshed {
+        containers.push(json!({"name": "cnimesh-proxy", "securityContext": {"runAsUser": 2103}}));
+    }
+    serde_json::from_value(json!({
+        "metadata": {"namespace": ns, "name": name, "uid": format!("uid-{name}"), "annotations": annotations},
+        "spec": {"nodeName": NODE, "containers": containers},
+        "status": {"phase": "Running"}
+    }))
+    .unwrap()
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+}
+
+/// Waits (bounded) for a condition the agent reaches asynchronously.
+fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn plugin_asks_the_agent_which_pods_to_capture() {
+    if !require_root("plugin_asks_the_agent_which_pods_to_capture") {
+        return;
+    }
+    let mock = MockApi::new(
+        vec![
+            kube_pod("shop", "web", true, json!({"config.cnimesh.io/skip-inbound-ports": "8081"})),
+            kube_pod("shop", "plain", false, json!({})),
+            kube_pod("shop", "optout", true, json!({"cnimesh.io/inject": "disabled"})),
+            kube_pod("shop", "broken", true, json!({"config.cnimesh.io/skip-outbound-ports": "80,http"})),
+        ],
+        None,
+    );
+    let rt = runtime();
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("node.sock");
+    let cluster = rt.block_on(async {
+        let (cluster, driver) = KubeCluster::start(mock.client(), NODE);
+        tokio::spawn(driver);
+        let listener = server::bind(&socket).unwrap();
+        tokio::spawn(server::serve(
+            listener,
+            Arc::new(Decider { cluster: cluster.clone(), defaults: RedirectSpec::default() }),
+        ));
+        cluster
+    });
+    eventually("the pod cache to sync", || cluster.ready());
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(std::fs::metadata(&socket).unwrap().permissions().mode() & 0o777, 0o600, "socket is 0600");
+
+    let net = Network::bridge(&bins!(), json!({"nodeAgent": {"socket": socket, "timeoutMs": 2000}})).unwrap();
+
+    // Meshed: captured, with the annotation and the proxy's runAsUser applied.
+    let web = Pod::named(&net, "shop", "web").expect("meshed pod ADD");
+    let rules = web.nft_table().expect("captured");
+    assert!(rules.contains("tcp dport 8081 counter"), "{rules}");
+    assert!(rules.contains("meta skuid 2103 counter"), "{rules}");
+    net.check(&web.call()).expect("CHECK against the agent's spec");
+
+    // Not meshed, or opted out: set up, never captured, no record.
+    for name in ["plain", "optout"] {
+        let pod = Pod::named(&net, "shop", name).expect("ADD succeeds");
+        assert!(pod.nft_table().is_none(), "{name} is not captured");
+    }
+
+    // Invalid annotation: refused with a message naming it; nothing installed.
+    let broken = Pod::unattached(&net, "shop", "broken").unwrap();
+    let e = net.add(&broken.call()).expect_err("bad annotation");
+    assert_eq!(e.code, Some(7), "{e}");
+    assert!(e.msg.contains("skip-outbound-ports") && e.msg.contains("http"), "{e}");
+    assert!(broken.nft_table().is_none());
+
+    // Unknown to the cache: the agent asks the API once, then says try again later.
+    let ghost = Pod::unattached(&net, "shop", "ghost").unwrap();
+    let e = net.add(&ghost.call()).expect_err("unknown pod");
+    assert_eq!(e.code, Some(11), "{e}");
+    assert!(ghost.nft_table().is_none());
+    assert_eq!(mock.requests(Method::GET, "/api/v1/namespaces/shop/pods/ghost").len(), 1, "one GET for a cache miss");
+    assert!(mock.requests(Method::GET, "/api/v1/namespaces/shop/pods/web").is_empty(), "cached pods cost no API call");
+
+    // Excluded namespaces never wait on the agent, even when it is down.
+    drop(rt);
+    let system = Pod::named(&net, "kube-system", "coredns").expect("excluded pods need no agent");
+    assert!(system.nft_table().is_none());
+
+    // Agent down: fail closed with code 11, nothing installed.
+    let late = Pod::unattached(&net, "shop", "web").unwrap();
+    let e = net.add(&late.call()).expect_err("agent down");
+    assert_eq!(e.code, Some(11), "{e}");
+    assert!(e.details.as_deref().unwrap_or_default().contains("node.sock"), "{e}");
+    assert!(late.nft_table().is_none(), "fail closed: no rules, and the pod does not start");
+}
+
+#[test]
+fn repair_and_taint_go_through_the_api() {
+    let node: Node = serde_json::from_value(json!({
+        "metadata": {"name": NODE, "resourceVersion": "7"},
+        "spec": {"taints": [
+            {"key": "cnimesh.io/agent-not-ready", "effect": "NoSchedule"},
+            {"key": "dedicated", "value": "mesh", "effect": "NoSchedule"}
+        ]}
+    }))
+    .unwrap();
+    let raced = kube_pod("shop", "raced", true, json!({}));
+    let mock = MockApi::new(vec![raced.clone()], Some(node));
+    let rt = runtime();
+    rt.block_on(async {
+        let (cluster, driver) = KubeCluster::start(mock.client(), NODE);
+        tokio::spawn(driver);
+        assert!(cluster.remove_node_taint("cnimesh.io/agent-not-ready").await.unwrap());
+        assert!(!cluster.remove_node_taint("cnimesh.io/agent-not-ready").await.unwrap(), "already gone");
+        let done =
+            cnimesh_node::repair::repair(cluster.as_ref(), cnimesh_node::repair::RepairMode::Delete, &[&raced]).await;
+        assert!(done[0].1.is_ok(), "{:?}", done[0].1);
+    });
+    let patches = mock.requests(Method::PATCH, "/api/v1/nodes/node-1");
+    assert_eq!(patches.len(), 1);
+    assert_eq!(
+        patches[0].body["spec"]["taints"],
+        json!([{"key": "dedicated", "value": "mesh", "effect": "NoSchedule"}])
+    );
+    assert_eq!(patches[0].body["metadata"]["resourceVersion"], "7", "compare-and-swap on the node");
+    let events = mock.requests(Method::POST, "/api/v1/namespaces/shop/events");
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].body["involvedObject"]["name"], "raced");
+    assert!(events[0].body["message"].as_str().unwrap().contains("without cnimesh capture"));
+    assert_eq!(mock.requests(Method::DELETE, "/api/v1/namespaces/shop/pods/raced").len(), 1);
+}
+
+/// The agent's main loop on temp dirs: installs, chains, re-chains after the primary CNI rewrites
+/// its file, reports readiness, and removes itself on shutdown.
+#[test]
+fn agent_run_installs_rechains_and_uninstalls() {
+    let dir = tempfile::tempdir().unwrap();
+    let (bin_dir, conf_dir, pods_dir) = (dir.path().join("bin"), dir.path().join("net.d"), dir.path().join("pods"));
+    std::fs::create_dir_all(&conf_dir).unwrap();
+    let plugin = dir.path().join("cnimesh-cni-src");
+    std::fs::write(&plugin, b"#!/bin/sh\n").unwrap();
+    let ready_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let cfg = cnimesh_node::run::RunConfig {
+        cni_bin_dir: bin_dir.clone(),
+        cni_conf_dir: conf_dir.clone(),
+        plugin_binary: plugin,
+        socket: dir.path().join("node.sock"),
+        state_dir: dir.path().join("state"),
+        ready_addr: ([127, 0, 0, 1], ready_port).into(),
+        repair: cnimesh_node::repair::RepairMode::Off,
+        repair_interval: Duration::from_secs(60),
+        keep_on_exit: false,
+        excluded_namespaces: vec!["kube-system".into()],
+        defaults: RedirectSpec::default(),
+    };
+    // The HTTP status of GET /ready, or "" while nothing listens.
+    let ready = || {
+        use std::io::{Read, Write};
+        let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", ready_port)) else { return String::new() };
+        let _ = stream.write_all(b"GET /ready HTTP/1.1\r\nHost: agent\r\nConnection: close\r\n\r\n");
+        let mut response = String::new();
+        let _ = stream.read_to_string(&mut response);
+        response.split_whitespace().nth(1).unwrap_or_default().to_string()
+    };
+    let rt = runtime();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let cluster = Arc::new(FileCluster::new(&pods_dir, Some(NODE.into())));
+    let agent = rt.spawn(cnimesh_node::run::run(cfg.clone(), cluster, async {
+        let _ = stopped.await;
+    }));
+
+    eventually("the plugin binary", || bin_dir.join("cnimesh-cni").is_file());
+    eventually("readiness to report the missing primary CNI", || ready() == "503");
+    let flannel = r#"{"name":"cbr0","cniVersion":"0.3.1","plugins":[{"type":"flannel"},{"type":"portmap"}]}"#;
+    let file = conf_dir.join("10-flannel.conflist");
+    std::fs::write(&file, flannel).unwrap();
+    eventually("chaining after the primary CNI appears", || cnimesh_node::chain::is_chained(&conf_dir).is_some());
+    eventually("readiness", || ready() == "200");
+    let entry: Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    assert_eq!(entry["plugins"][2]["nodeAgent"]["socket"], json!(cfg.socket), "the plugin is pointed at the agent");
+
+    // The primary CNI rewrites its file: re-chained.
+    std::fs::write(&file, flannel).unwrap();
+    eventually("re-chaining after a rewrite", || cnimesh_node::chain::is_chained(&conf_dir).is_some());
+
+    stop.send(()).unwrap();
+    rt.block_on(agent).unwrap().expect("clean shutdown");
+    let restored: Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    assert_eq!(restored, serde_json::from_str::<Value>(flannel).unwrap(), "original configuration restored");
+    assert!(!bin_dir.join("cnimesh-cni").exists(), "binary removed");
+    assert!(!cfg.socket.exists(), "socket removed");
+}
