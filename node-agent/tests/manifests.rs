@@ -1,0 +1,476 @@
+//! Checks the operator manifests in `daemonset/` (repository root).
+//!
+//! Every document of every `*.yaml` file is parsed with serde-saphyr into a `serde_json::Value`,
+//! deserialised into the typed k8s-openapi struct for its `kind`, serialised back, and compared
+//! with the original. k8s-openapi silently drops fields it does not know, so a misspelt field name
+//! (`hostNetwrok: true`) makes the round trip differ and fails the test — the API server would
+//! have dropped it the same way (or rejected it), and the operator would never notice.
+//!
+//! On top of that strictness check, the properties the node agent relies on are asserted
+//! (hostNetwork, tolerations, priority, probes, capabilities, RBAC, service account).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Container, Namespace, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+/// A manifest document that survived the strict round trip.
+#[derive(Debug)]
+enum Manifest {
+    Namespace(Box<Namespace>),
+    ServiceAccount(Box<ServiceAccount>),
+    ClusterRole(Box<ClusterRole>),
+    ClusterRoleBinding(Box<ClusterRoleBinding>),
+    DaemonSet(Box<DaemonSet>),
+}
+
+fn daemonset_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../daemonset")
+}
+
+fn yaml_files() -> Vec<PathBuf> {
+    let dir = daemonset_dir();
+    let mut files: Vec<PathBuf> = fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
+        .map(|entry| entry.expect("directory entry").path())
+        .filter(|p| p.extension().is_some_and(|ext| ext == "yaml"))
+        .collect();
+    files.sort();
+    files
+}
+
+/// Parses a (multi-document) YAML text into one JSON value per non-empty document.
+fn parse_documents(yaml: &str) -> Result<Vec<Value>, String> {
+    serde_saphyr::from_multiple::<Value>(yaml).map_err(|e| format!("YAML parse error: {e}"))
+}
+
+/// The strictness check: `doc` must deserialise into the typed struct for its `kind` and
+/// serialise back to exactly the same JSON (integers compared by value).
+fn check_document(doc: &Value) -> Result<Manifest, String> {
+    let kind = doc.get("kind").and_then(Value::as_str).ok_or("document has no string `kind`")?;
+    let manifest = match kind {
+        "Namespace" => Manifest::Namespace(round_trip(doc)?),
+        "ServiceAccount" => Manifest::ServiceAccount(round_trip(doc)?),
+        "ClusterRole" => Manifest::ClusterRole(round_trip(doc)?),
+        "ClusterRoleBinding" => Manifest::ClusterRoleBinding(round_trip(doc)?),
+        "DaemonSet" => Manifest::DaemonSet(round_trip(doc)?),
+        other => return Err(format!("unknown kind {other:?} (teach tests/manifests.rs about it)")),
+    };
+    Ok(manifest)
+}
+
+fn round_trip<T: DeserializeOwned + Serialize>(doc: &Value) -> Result<Box<T>, String> {
+    let typed: T = serde_json::from_value(doc.clone())
+        .map_err(|e| format!("does not deserialise as {}: {e}", std::any::type_name::<T>()))?;
+    let back = serde_json::to_value(&typed).map_err(|e| format!("serialising back: {e}"))?;
+    let diff = diff(&normalise(doc), &normalise(&back));
+    if diff.is_empty() { Ok(Box::new(typed)) } else { Err(format!("round trip through k8s-openapi differs:\n{diff}")) }
+}
+
+/// Integers are compared by value whatever their JSON representation (`u64` vs `i64`).
+fn normalise(v: &Value) -> Value {
+    match v {
+        Value::Number(n) => match (n.as_i64(), n.as_u64()) {
+            (Some(i), _) => Value::from(i),
+            (None, Some(u)) => Value::from(u),
+            _ => v.clone(),
+        },
+        Value::Array(items) => Value::Array(items.iter().map(normalise).collect()),
+        Value::Object(map) => Value::Object(map.iter().map(|(k, v)| (k.clone(), normalise(v))).collect()),
+        _ => v.clone(),
+    }
+}
+
+/// Leaves (scalars, empty objects, empty arrays) keyed by JSON pointer.
+fn leaves(v: &Value, pointer: String, out: &mut BTreeMap<String, Value>) {
+    match v {
+        Value::Object(map) if !map.is_empty() => {
+            for (k, child) in map {
+                let escaped = k.replace('~', "~0").replace('/', "~1");
+                leaves(child, format!("{pointer}/{escaped}"), out);
+            }
+        }
+        Value::Array(items) if !items.is_empty() => {
+            for (i, child) in items.iter().enumerate() {
+                leaves(child, format!("{pointer}/{i}"), out);
+            }
+        }
+        _ => {
+            out.insert(pointer, v.clone());
+        }
+    }
+}
+
+/// A readable difference between the manifest and its round trip; empty if they are equal.
+fn diff(original: &Value, round_tripped: &Value) -> String {
+    if original == round_tripped {
+        return String::new();
+    }
+    let (mut a, mut b) = (BTreeMap::new(), BTreeMap::new());
+    leaves(original, String::new(), &mut a);
+    leaves(round_tripped, String::new(), &mut b);
+    let mut out = String::new();
+    for (path, value) in &a {
+        match b.get(path) {
+            None => {
+                let _ = writeln!(out, "  dropped (unknown or misspelt field?): {path} = {value}");
+            }
+            Some(other) if other != value => {
+                let _ = writeln!(out, "  changed: {path}: {value} -> {other}");
+            }
+            Some(_) => {}
+        }
+    }
+    for (path, value) in &b {
+        if !a.contains_key(path) {
+            let _ = writeln!(out, "  added by the round trip: {path} = {value}");
+        }
+    }
+    if out.is_empty() {
+        // Same leaves, different structure (should not happen); show both in full.
+        let _ = writeln!(out, "  manifest:   {original}\n  round trip: {round_tripped}");
+    }
+    out
+}
+
+/// Loads one file: every document must pass the strictness check.
+fn load_file(path: &Path) -> Vec<Manifest> {
+    let text = fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    let docs = parse_documents(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut manifests = Vec::new();
+    let mut errors = String::new();
+    for (i, doc) in docs.iter().enumerate() {
+        let what = format!(
+            "{} document {i} ({} {})",
+            path.display(),
+            doc.get("kind").and_then(Value::as_str).unwrap_or("?"),
+            doc.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("?"),
+        );
+        match check_document(doc) {
+            Ok(m) => manifests.push(m),
+            Err(e) => {
+                let _ = writeln!(errors, "{what}: {e}");
+            }
+        }
+    }
+    assert!(errors.is_empty(), "manifest errors:\n{errors}");
+    manifests
+}
+
+#[test]
+fn every_manifest_round_trips_through_k8s_openapi_and_is_sound() {
+    let files = yaml_files();
+    assert!(!files.is_empty(), "no *.yaml in {}", daemonset_dir().display());
+    let mut agent_daemonsets = 0;
+    for path in &files {
+        let manifests = load_file(path);
+        assert!(!manifests.is_empty(), "{}: no documents", path.display());
+        check_file(path, &manifests);
+        agent_daemonsets += manifests
+            .iter()
+            .filter(|m| matches!(m, Manifest::DaemonSet(ds) if ds.metadata.name.as_deref() == Some("cnimesh-node")))
+            .count();
+    }
+    assert_eq!(agent_daemonsets, 1, "exactly one cnimesh-node DaemonSet across {files:?}");
+}
+
+fn check_file(path: &Path, manifests: &[Manifest]) {
+    let file = path.display();
+    let service_accounts: BTreeSet<(String, String)> = manifests
+        .iter()
+        .filter_map(|m| match m {
+            Manifest::ServiceAccount(sa) => {
+                Some((sa.metadata.namespace.clone().unwrap_or_default(), sa.metadata.name.clone().unwrap_or_default()))
+            }
+            _ => None,
+        })
+        .collect();
+    let namespaces: BTreeSet<String> = manifests
+        .iter()
+        .filter_map(|m| match m {
+            Manifest::Namespace(ns) => ns.metadata.name.clone(),
+            _ => None,
+        })
+        .collect();
+
+    for m in manifests {
+        match m {
+            Manifest::ClusterRole(role) => check_cluster_role(&file.to_string(), role),
+            Manifest::DaemonSet(ds) => check_daemonset(&file.to_string(), ds, &service_accounts, &namespaces),
+            Manifest::ClusterRoleBinding(binding) => {
+                for s in binding.subjects.iter().flatten().filter(|s| s.kind == "ServiceAccount") {
+                    let key = (s.namespace.clone().unwrap_or_default(), s.name.clone());
+                    assert!(
+                        service_accounts.contains(&key),
+                        "{file}: ClusterRoleBinding {:?} binds ServiceAccount {key:?}, not defined in this file",
+                        binding.metadata.name
+                    );
+                }
+            }
+            Manifest::Namespace(_) | Manifest::ServiceAccount(_) => {}
+        }
+    }
+}
+
+fn check_cluster_role(file: &str, role: &ClusterRole) {
+    let name = role.metadata.name.as_deref().unwrap_or("?");
+    let rules = role.rules.as_deref().unwrap_or_default();
+    assert!(role.aggregation_rule.is_none(), "{file}: ClusterRole {name} must not aggregate other roles");
+    for rule in rules {
+        let lists = [
+            ("verbs", Some(&rule.verbs)),
+            ("resources", rule.resources.as_ref()),
+            ("apiGroups", rule.api_groups.as_ref()),
+        ];
+        for (what, list) in lists {
+            assert!(
+                !list.is_some_and(|l| l.iter().any(|s| s.contains('*'))),
+                "{file}: ClusterRole {name} grants `*` {what}: {rule:?}"
+            );
+        }
+        assert!(rule.non_resource_urls.is_none(), "{file}: ClusterRole {name} grants non-resource URLs: {rule:?}");
+    }
+    if name == "cnimesh-node" {
+        let grants = |group: &str, resource: &str, verb: &str| {
+            rules.iter().any(|r| {
+                r.api_groups.iter().flatten().any(|g| g == group)
+                    && r.resources.iter().flatten().any(|res| res == resource)
+                    && r.verbs.iter().any(|v| v == verb)
+            })
+        };
+        for (group, resource, verb) in [
+            ("", "pods", "get"),
+            ("", "pods", "list"),
+            ("", "pods", "watch"),
+            ("", "pods", "delete"),
+            ("", "pods", "patch"),
+            ("", "events", "create"),
+            ("", "nodes", "get"),
+            ("", "nodes", "patch"),
+        ] {
+            assert!(grants(group, resource, verb), "{file}: ClusterRole cnimesh-node lacks {verb} {resource:?}");
+        }
+        // Least privilege: nothing beyond what the agent does.
+        let allowed: BTreeSet<&str> = ["pods", "events", "nodes"].into();
+        for r in rules {
+            for res in r.resources.iter().flatten() {
+                assert!(allowed.contains(res.as_str()), "{file}: ClusterRole cnimesh-node grants {res:?}");
+            }
+            for v in &r.verbs {
+                assert!(
+                    ["get", "list", "watch", "delete", "patch", "create"].contains(&v.as_str()),
+                    "{file}: ClusterRole cnimesh-node grants verb {v:?}"
+                );
+            }
+        }
+    }
+}
+
+fn check_daemonset(
+    file: &str,
+    ds: &DaemonSet,
+    service_accounts: &BTreeSet<(String, String)>,
+    namespaces: &BTreeSet<String>,
+) {
+    let name = ds.metadata.name.as_deref().unwrap_or("?");
+    let ns = ds.metadata.namespace.clone().unwrap_or_default();
+    let ctx = format!("{file}: DaemonSet {ns}/{name}");
+    assert!(namespaces.contains(&ns), "{ctx}: namespace {ns:?} is not created in this file");
+
+    let spec = ds.spec.as_ref().unwrap_or_else(|| panic!("{ctx}: no spec"));
+    let selector = spec.selector.match_labels.clone().unwrap_or_default();
+    assert!(!selector.is_empty(), "{ctx}: empty selector");
+    let template_labels = spec.template.metadata.as_ref().and_then(|m| m.labels.clone()).unwrap_or_default();
+    for (k, v) in &selector {
+        assert_eq!(template_labels.get(k), Some(v), "{ctx}: selector {k}={v} does not match the pod template labels");
+    }
+
+    let pod = spec.template.spec.as_ref().unwrap_or_else(|| panic!("{ctx}: no pod spec"));
+    assert_eq!(pod.host_network, Some(true), "{ctx}: must use hostNetwork (DESIGN §7.3)");
+    assert_eq!(pod.dns_policy.as_deref(), Some("ClusterFirstWithHostNet"), "{ctx}: dnsPolicy");
+    assert_eq!(pod.priority_class_name.as_deref(), Some("system-node-critical"), "{ctx}: priorityClassName");
+    let tolerates_everything =
+        pod.tolerations.iter().flatten().any(|t| {
+            t.operator.as_deref() == Some("Exists") && t.key.is_none() && t.effect.is_none() && t.value.is_none()
+        });
+    assert!(tolerates_everything, "{ctx}: must tolerate every taint (a bare `operator: Exists`)");
+
+    let sa = pod.service_account_name.clone().unwrap_or_else(|| panic!("{ctx}: no serviceAccountName"));
+    assert!(
+        service_accounts.contains(&(ns.clone(), sa.clone())),
+        "{ctx}: ServiceAccount {ns}/{sa} is not defined in the same file"
+    );
+
+    let volumes: BTreeSet<&str> = pod.volumes.iter().flatten().map(|v| v.name.as_str()).collect();
+    for c in pod.init_containers.iter().flatten().chain(&pod.containers) {
+        let cctx = format!("{ctx} container {}", c.name);
+        check_container(&cctx, c);
+        for m in c.volume_mounts.iter().flatten() {
+            assert!(volumes.contains(m.name.as_str()), "{cctx}: mounts undefined volume {:?}", m.name);
+        }
+    }
+
+    if name == "cnimesh-node" {
+        assert_eq!(pod.containers.len(), 1, "{ctx}: one container");
+        let c = &pod.containers[0];
+        let probe_path = c.readiness_probe.as_ref().and_then(|p| p.http_get.as_ref()).and_then(|h| h.path.as_deref());
+        assert_eq!(probe_path, Some("/ready"), "{ctx}: readiness probe path");
+        let live_path = c.liveness_probe.as_ref().and_then(|p| p.http_get.as_ref()).and_then(|h| h.path.as_deref());
+        assert_eq!(live_path, Some("/live"), "{ctx}: liveness probe path");
+        let ready_addr = env_value(c, "CNIMESH_READY_ADDR").unwrap_or("0.0.0.0:4192");
+        let ready_port: i32 =
+            ready_addr.rsplit(':').next().and_then(|p| p.parse().ok()).expect("CNIMESH_READY_ADDR port");
+        for probe in [&c.readiness_probe, &c.liveness_probe] {
+            let port = probe.as_ref().and_then(|p| p.http_get.as_ref()).map(|h| &h.port);
+            assert_eq!(port, Some(&IntOrString::Int(ready_port)), "{ctx}: probes must hit CNIMESH_READY_ADDR");
+        }
+        let node_name =
+            c.env.iter().flatten().find(|e| e.name == "NODE_NAME").unwrap_or_else(|| panic!("{ctx}: no NODE_NAME"));
+        let field = node_name.value_from.as_ref().and_then(|v| v.field_ref.as_ref()).map(|f| f.field_path.as_str());
+        assert_eq!(field, Some("spec.nodeName"), "{ctx}: NODE_NAME must come from the downward API spec.nodeName");
+        assert_eq!(c.command.as_deref(), Some(&["cnimesh-node".to_string(), "run".to_string()][..]), "{ctx}: command");
+        check_env_names_known(&ctx, c);
+    }
+}
+
+fn env_value<'a>(c: &'a Container, name: &str) -> Option<&'a str> {
+    c.env.iter().flatten().find(|e| e.name == name).and_then(|e| e.value.as_deref())
+}
+
+fn check_container(ctx: &str, c: &Container) {
+    let sc = c.security_context.as_ref().unwrap_or_else(|| panic!("{ctx}: no securityContext"));
+    assert_ne!(sc.privileged, Some(true), "{ctx}: must not run privileged");
+    assert_eq!(sc.allow_privilege_escalation, Some(false), "{ctx}: allowPrivilegeEscalation");
+    assert_eq!(sc.read_only_root_filesystem, Some(true), "{ctx}: readOnlyRootFilesystem");
+    let caps = sc.capabilities.as_ref().unwrap_or_else(|| panic!("{ctx}: no capabilities"));
+    assert!(caps.drop.iter().flatten().any(|d| d == "ALL"), "{ctx}: must drop ALL capabilities");
+    for add in caps.add.iter().flatten() {
+        assert!(
+            ["NET_ADMIN", "SYS_ADMIN", "DAC_OVERRIDE"].contains(&add.as_str()),
+            "{ctx}: unexpected capability {add}"
+        );
+    }
+}
+
+/// A misspelt env name is invisible to Kubernetes: every `CNIMESH_*` / `NODE_NAME` variable the
+/// manifest sets must be one the agent's source actually reads.
+fn check_env_names_known(ctx: &str, c: &Container) {
+    let mut source = String::new();
+    let mut dirs = vec![Path::new(env!("CARGO_MANIFEST_DIR")).join("src")];
+    while let Some(dir) = dirs.pop() {
+        for entry in fs::read_dir(&dir).unwrap_or_else(|e| panic!("reading {}: {e}", dir.display())) {
+            let path = entry.expect("directory entry").path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                source.push_str(&fs::read_to_string(&path).expect("reading source"));
+            }
+        }
+    }
+    for e in c.env.iter().flatten() {
+        assert!(
+            source.contains(&format!("\"{}\"", e.name)),
+            "{ctx}: env {} is not read anywhere in node-agent/src",
+            e.name
+        );
+    }
+}
+
+mod strictness {
+    use super::*;
+
+    const DAEMONSET: &str = r#"
+apiVersion: apps/v1
+kind: DaemonSet
+metadata:
+  name: example
+  namespace: default
+spec:
+  selector:
+    matchLabels:
+      app: example
+  template:
+    metadata:
+      labels:
+        app: example
+    spec:
+      hostNetwork: true
+      terminationGracePeriodSeconds: 30
+      containers:
+        - name: example
+          image: example:1
+          ports:
+            - containerPort: 4192
+          readinessProbe:
+            httpGet:
+              path: /ready
+              port: 4192
+            periodSeconds: 5
+"#;
+
+    fn single(yaml: &str) -> Value {
+        let mut docs = parse_documents(yaml).expect("parses");
+        assert_eq!(docs.len(), 1);
+        docs.remove(0)
+    }
+
+    #[test]
+    fn a_correct_document_passes_with_integers_intact() {
+        let doc = single(DAEMONSET);
+        assert_eq!(doc.pointer("/spec/template/spec/terminationGracePeriodSeconds"), Some(&Value::from(30)));
+        let Manifest::DaemonSet(ds) = check_document(&doc).expect("valid DaemonSet") else { panic!("not a DaemonSet") };
+        assert_eq!(ds.spec.unwrap().template.spec.unwrap().host_network, Some(true));
+    }
+
+    #[test]
+    fn a_misspelt_field_is_rejected() {
+        let doc = single(&DAEMONSET.replace("hostNetwork: true", "hostNetwrok: true"));
+        let err = check_document(&doc).expect_err("typo must be rejected");
+        assert!(err.contains("/spec/template/spec/hostNetwrok"), "{err}");
+    }
+
+    #[test]
+    fn a_misspelt_nested_field_in_a_list_is_rejected() {
+        let doc = single(&DAEMONSET.replace("periodSeconds: 5", "periodSecond: 5"));
+        let err = check_document(&doc).expect_err("typo must be rejected");
+        assert!(err.contains("/spec/template/spec/containers/0/readinessProbe/periodSecond"), "{err}");
+    }
+
+    #[test]
+    fn a_wrongly_typed_value_is_rejected() {
+        let doc = single(&DAEMONSET.replace("hostNetwork: true", "hostNetwork: \"yes\""));
+        check_document(&doc).expect_err("a string is not a bool");
+    }
+
+    #[test]
+    fn an_unknown_kind_is_rejected() {
+        let doc = single("apiVersion: v1\nkind: ConfigMapp\nmetadata:\n  name: x\n");
+        let err = check_document(&doc).expect_err("unknown kind");
+        assert!(err.contains("ConfigMapp"), "{err}");
+    }
+
+    #[test]
+    fn a_duplicated_key_is_rejected_by_the_parser() {
+        let yaml = DAEMONSET.replace("hostNetwork: true", "hostNetwork: true\n      hostNetwork: false");
+        parse_documents(&yaml).expect_err("duplicate key must not be silently resolved");
+    }
+
+    #[test]
+    fn multi_document_files_split_and_skip_empty_documents() {
+        let yaml = "# comment only\n---\napiVersion: v1\nkind: Namespace\nmetadata:\n  name: a\n---\n---\napiVersion: v1\nkind: Namespace\nmetadata:\n  name: b\n";
+        let docs = parse_documents(yaml).expect("parses");
+        let names: Vec<_> = docs.iter().map(|d| d.pointer("/metadata/name").and_then(Value::as_str).unwrap()).collect();
+        assert_eq!(names, ["a", "b"]);
+        for d in &docs {
+            check_document(d).expect("valid Namespace");
+        }
+    }
+}
