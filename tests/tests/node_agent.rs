@@ -154,9 +154,8 @@ fn repair_and_taint_go_through_the_api() {
 }
 
 /// The agent's main loop on temp dirs: installs, chains, re-chains after the primary CNI rewrites
-/// its file, reports readiness, and removes itself on shutdown.
-#[test]
-fn agent_run_installs_rechains_and_uninstalls() {
+/// its file, reports readiness, and on shutdown removes itself — or, in upgrade mode, stays.
+fn agent_lifecycle(keep_on_exit: bool) {
     let dir = tempfile::tempdir().unwrap();
     let (bin_dir, conf_dir, pods_dir) = (dir.path().join("bin"), dir.path().join("net.d"), dir.path().join("pods"));
     std::fs::create_dir_all(&conf_dir).unwrap();
@@ -172,7 +171,7 @@ fn agent_run_installs_rechains_and_uninstalls() {
         ready_addr: ([127, 0, 0, 1], ready_port).into(),
         repair: cnimesh_node::repair::RepairMode::Off,
         repair_interval: Duration::from_secs(60),
-        keep_on_exit: false,
+        keep_on_exit,
         excluded_namespaces: vec!["kube-system".into()],
         defaults: RedirectSpec::default(),
     };
@@ -208,8 +207,25 @@ fn agent_run_installs_rechains_and_uninstalls() {
 
     stop.send(()).unwrap();
     rt.block_on(agent).unwrap().expect("clean shutdown");
+    assert!(!cfg.socket.exists(), "socket removed");
+    if keep_on_exit {
+        // New pods fail closed (agent unreachable → code 11) until the next agent is up,
+        // instead of starting uncaptured or hitting "failed to find plugin".
+        assert!(cnimesh_node::chain::is_chained(&conf_dir).is_some(), "still chained in upgrade mode");
+        assert!(bin_dir.join("cnimesh-cni").is_file(), "binary kept in upgrade mode");
+        return;
+    }
     let restored: Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
     assert_eq!(restored, serde_json::from_str::<Value>(flannel).unwrap(), "original configuration restored");
     assert!(!bin_dir.join("cnimesh-cni").exists(), "binary removed");
-    assert!(!cfg.socket.exists(), "socket removed");
+}
+
+#[test]
+fn agent_run_installs_rechains_and_uninstalls() {
+    agent_lifecycle(false);
+}
+
+#[test]
+fn agent_upgrade_mode_leaves_the_plugin_in_place() {
+    agent_lifecycle(true);
 }
