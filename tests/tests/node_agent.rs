@@ -155,7 +155,7 @@ fn repair_and_taint_go_through_the_api() {
 
 /// The agent's main loop on temp dirs: installs, chains, re-chains after the primary CNI rewrites
 /// its file, reports readiness, and on shutdown removes itself — or, in upgrade mode, stays.
-fn agent_lifecycle(keep_on_exit: bool) {
+fn agent_lifecycle(keep_on_exit: bool, fight: bool) {
     let dir = tempfile::tempdir().unwrap();
     let (bin_dir, conf_dir, pods_dir) = (dir.path().join("bin"), dir.path().join("net.d"), dir.path().join("pods"));
     std::fs::create_dir_all(&conf_dir).unwrap();
@@ -175,15 +175,16 @@ fn agent_lifecycle(keep_on_exit: bool) {
         excluded_namespaces: vec!["kube-system".into()],
         defaults: RedirectSpec::default(),
     };
-    // The HTTP status of GET /ready, or "" while nothing listens.
-    let ready = || {
+    // The whole HTTP response to GET /ready, or "" while nothing listens.
+    let ready_response = || {
         use std::io::{Read, Write};
         let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", ready_port)) else { return String::new() };
         let _ = stream.write_all(b"GET /ready HTTP/1.1\r\nHost: agent\r\nConnection: close\r\n\r\n");
         let mut response = String::new();
         let _ = stream.read_to_string(&mut response);
-        response.split_whitespace().nth(1).unwrap_or_default().to_string()
+        response
     };
+    let ready = || ready_response().split_whitespace().nth(1).unwrap_or_default().to_string();
     let rt = runtime();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let cluster = Arc::new(FileCluster::new(&pods_dir, Some(NODE.into())));
@@ -205,6 +206,16 @@ fn agent_lifecycle(keep_on_exit: bool) {
     std::fs::write(&file, flannel).unwrap();
     eventually("re-chaining after a rewrite", || cnimesh_node::chain::is_chained(&conf_dir).is_some());
 
+    if fight {
+        // Another agent keeps restoring its own version: we stop fighting and say so.
+        eventually("the rewrite loop to be reported", || {
+            std::fs::write(&file, flannel).unwrap();
+            std::thread::sleep(Duration::from_millis(50));
+            ready_response().contains("rewrite loop on")
+        });
+        assert_eq!(ready(), "503", "not ready while another writer removes our entry");
+    }
+
     stop.send(()).unwrap();
     rt.block_on(agent).unwrap().expect("clean shutdown");
     assert!(!cfg.socket.exists(), "socket removed");
@@ -222,10 +233,15 @@ fn agent_lifecycle(keep_on_exit: bool) {
 
 #[test]
 fn agent_run_installs_rechains_and_uninstalls() {
-    agent_lifecycle(false);
+    agent_lifecycle(false, false);
 }
 
 #[test]
 fn agent_upgrade_mode_leaves_the_plugin_in_place() {
-    agent_lifecycle(true);
+    agent_lifecycle(true, false);
+}
+
+#[test]
+fn agent_reports_a_rewrite_fight_instead_of_looping() {
+    agent_lifecycle(false, true);
 }
