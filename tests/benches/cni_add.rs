@@ -19,8 +19,14 @@ use cnimesh_e2e::pod::container_id;
 use cnimesh_e2e::{Netns, PluginDir, bins, require_root};
 use serde_json::json;
 
-const METHODS: [&str; 5] =
-    ["exec no-op (floor)", "cnimesh-cni ADD", "nft -f", "iptables-nft-restore x2", "iptables-legacy-restore x2"];
+const METHODS: [&str; 6] = [
+    "exec no-op (floor)",
+    "cnimesh-cni ADD",
+    "nft -f",
+    "iptables-nft-restore x2",
+    "iptables-legacy-restore x2",
+    "cnimesh-cni ADD, iptables-legacy backend",
+];
 
 /// Spawns `program` with `stdin`, from inside `netns` when given, and times spawn-to-exit.
 fn timed(netns: Option<&Path>, program: &str, args: &[&str], stdin: &str) -> Duration {
@@ -65,11 +71,24 @@ fn main() {
     let ruleset = Ruleset::from_spec(&RedirectSpec::default());
     let nft_script = ruleset.to_string();
     let ipt = [Family::V4, Family::V6].map(|f| restore_input(&ruleset, f, ""));
-    let conf = json!({
-        "cniVersion": "1.0.0", "name": "bench", "type": "cnimesh-cni", "stateDir": state.path(),
-        "prevResult": {"cniVersion": "1.0.0", "interfaces": [{"name": "eth0"}], "ips": [{"address": "10.244.0.2/24", "interface": 0}]}
-    })
-    .to_string();
+    let conf_for = |backend: &str| {
+        json!({
+            "cniVersion": "1.0.0", "name": "bench", "type": "cnimesh-cni", "stateDir": state.path(), "backend": backend,
+            "prevResult": {"cniVersion": "1.0.0", "interfaces": [{"name": "eth0"}], "ips": [{"address": "10.244.0.2/24", "interface": 0}]}
+        })
+        .to_string()
+    };
+    let confs = [conf_for("nftables"), conf_for("iptables-legacy")];
+    // The plugin's own ADD: spawn to exit, including its setns thread and record write.
+    let plugin_add = |path: &Path, conf: &str| {
+        let (cid, netns) = (container_id(), path.display().to_string());
+        let call = Call { container_id: &cid, netns: &netns, ifname: "eth0", args: "K8S_POD_NAMESPACE=bench" };
+        let start = Instant::now();
+        let out = exec_raw(plugins.path(), "cnimesh-cni", "ADD", &call, conf.as_bytes()).unwrap();
+        let d = start.elapsed();
+        assert!(out.success, "ADD failed: {}", out.stdout);
+        d
+    };
 
     let mut samples: Vec<Vec<Duration>> = vec![Vec::with_capacity(n); METHODS.len()];
     for i in 0..n {
@@ -79,25 +98,18 @@ fn main() {
             let path = ns.path();
             let d = match m {
                 0 => timed(None, "/bin/true", &[], ""),
-                1 => {
-                    let (cid, netns) = (container_id(), path.display().to_string());
-                    let call =
-                        Call { container_id: &cid, netns: &netns, ifname: "eth0", args: "K8S_POD_NAMESPACE=bench" };
-                    let start = Instant::now();
-                    let out = exec_raw(plugins.path(), "cnimesh-cni", "ADD", &call, conf.as_bytes()).unwrap();
-                    let d = start.elapsed();
-                    assert!(out.success, "ADD failed: {}", out.stdout);
-                    d
-                }
+                1 => plugin_add(&path, &confs[0]),
+                5 => plugin_add(&path, &confs[1]),
                 2 => timed(Some(&path), "nft", &["-f", "-"], &nft_script),
                 3 => {
                     timed(Some(&path), "iptables-nft-restore", &["--noflush"], &ipt[0])
                         + timed(Some(&path), "ip6tables-nft-restore", &["--noflush"], &ipt[1])
                 }
-                _ => {
+                4 => {
                     timed(Some(&path), "iptables-legacy-restore", &["--noflush"], &ipt[0])
                         + timed(Some(&path), "ip6tables-legacy-restore", &["--noflush"], &ipt[1])
                 }
+                _ => unreachable!("one arm per method"),
             };
             out.push(d);
         }
