@@ -1,0 +1,98 @@
+//! The admin server (default 0.0.0.0:4191): `/metrics`, `/ready`, `/live`, `/proxy-log-level`
+//! (GET shows, PUT sets, e.g. `cnimesh=debug`), and `/shutdown` (POST, loopback peers only).
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+
+use crate::drain::Drain;
+use crate::metrics::Metrics;
+
+/// Changes the log filter at run time; returns the error for an invalid directive.
+pub trait LogLevel: Send + Sync {
+    fn get(&self) -> String;
+    fn set(&self, directive: &str) -> Result<(), String>;
+}
+
+pub struct Admin {
+    pub metrics: Arc<Metrics>,
+    pub ready: AtomicBool,
+    pub log: Box<dyn LogLevel>,
+    pub drain: Drain,
+}
+
+fn reply(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
+    Response::builder().status(status).body(Full::new(body.into())).expect("valid response")
+}
+
+impl Admin {
+    async fn route(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<Full<Bytes>> {
+        match (req.method(), req.uri().path()) {
+            (&Method::GET, "/metrics") => {
+                let mut r = reply(StatusCode::OK, self.metrics.encode());
+                r.headers_mut().insert(
+                    http::header::CONTENT_TYPE,
+                    http::HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
+                );
+                r
+            }
+            (&Method::GET, "/live") => reply(StatusCode::OK, "live\n"),
+            (&Method::GET, "/ready") => {
+                if self.ready.load(Ordering::SeqCst) && !self.drain.is_draining() {
+                    reply(StatusCode::OK, "ready\n")
+                } else {
+                    reply(StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
+                }
+            }
+            (&Method::GET, "/proxy-log-level") => reply(StatusCode::OK, format!("{}\n", self.log.get())),
+            (&Method::PUT, "/proxy-log-level") => {
+                let body = match Limited::new(req.into_body(), 4096).collect().await {
+                    Ok(b) => b.to_bytes(),
+                    Err(e) => return reply(StatusCode::BAD_REQUEST, format!("cannot read body: {e}\n")),
+                };
+                let directive = String::from_utf8_lossy(&body).trim().to_string();
+                match self.log.set(&directive) {
+                    Ok(()) => {
+                        tracing::info!(directive, "log level changed");
+                        reply(StatusCode::NO_CONTENT, "")
+                    }
+                    Err(e) => reply(StatusCode::BAD_REQUEST, format!("invalid log level {directive:?}: {e}\n")),
+                }
+            }
+            (&Method::POST, "/shutdown") if peer.ip().is_loopback() => {
+                tracing::info!(%peer, "shutdown requested");
+                self.drain.start();
+                reply(StatusCode::OK, "shutting down\n")
+            }
+            (&Method::POST, "/shutdown") => reply(StatusCode::FORBIDDEN, "shutdown is only accepted from localhost\n"),
+            (_, "/metrics" | "/live" | "/ready" | "/proxy-log-level" | "/shutdown") => {
+                reply(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n")
+            }
+            _ => reply(StatusCode::NOT_FOUND, "not found\n"),
+        }
+    }
+
+    pub async fn serve(self: Arc<Self>, listener: TcpListener) {
+        loop {
+            let Ok((stream, peer)) = listener.accept().await else { continue };
+            let admin = self.clone();
+            tokio::spawn(async move {
+                let service = service_fn(move |req| {
+                    let admin = admin.clone();
+                    async move { Ok::<_, Infallible>(admin.route(req, peer).await) }
+                });
+                let _ =
+                    hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+            });
+        }
+    }
+}

@@ -1,0 +1,66 @@
+//! Process entry point: logging with a reloadable filter, configuration, signals, runtime. In the
+//! library so the end-to-end harness can build an identical binary of its own.
+
+use std::process::ExitCode;
+use std::sync::Mutex;
+
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, Registry, reload};
+
+use crate::admin::LogLevel;
+use crate::config::Config;
+
+struct ReloadableLevel {
+    handle: reload::Handle<EnvFilter, Registry>,
+    current: Mutex<String>,
+}
+
+impl LogLevel for ReloadableLevel {
+    fn get(&self) -> String {
+        self.current.lock().expect("not poisoned").clone()
+    }
+
+    fn set(&self, directive: &str) -> Result<(), String> {
+        let filter = EnvFilter::try_new(directive).map_err(|e| e.to_string())?;
+        self.handle.reload(filter).map_err(|e| e.to_string())?;
+        *self.current.lock().expect("not poisoned") = directive.to_string();
+        Ok(())
+    }
+}
+
+async fn signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}
+
+pub fn main() -> ExitCode {
+    let config = match Config::from_vars(|k| std::env::var(k).ok()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("cnimesh-proxy: invalid configuration: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let filter = EnvFilter::try_new(&config.log_level).unwrap_or_else(|_| EnvFilter::new("info"));
+    let (layer, handle) = reload::Layer::new(filter);
+    tracing_subscriber::registry()
+        .with(layer)
+        .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+        .init();
+    let log = Box::new(ReloadableLevel { handle, current: Mutex::new(config.log_level.clone()) });
+    let runtime =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("tokio runtime");
+    match runtime.block_on(crate::run(config, log, signal())) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("cnimesh-proxy: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

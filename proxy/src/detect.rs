@@ -1,0 +1,148 @@
+//! Protocol detection on the first bytes of a connection.
+//!
+//! The HTTP/2 preface means HTTP/2; a well-formed HTTP/1.x request line means HTTP/1; anything
+//! else — or nothing within the detect timeout — is opaque TCP, forwarded with the bytes already
+//! read. Opaque ports never get here (server-speaks-first protocols would stall).
+
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::{Buf, Bytes, BytesMut};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
+
+pub const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+/// A request line longer than this is not worth waiting for: treat as opaque.
+const MAX_REQUEST_LINE: usize = 8 * 1024;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    Http1,
+    Http2,
+    Opaque,
+}
+
+fn is_token_char(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
+}
+
+/// Classifies what has been read so far; `None` means "need more bytes".
+pub fn classify(buf: &[u8]) -> Option<Protocol> {
+    let n = buf.len().min(H2_PREFACE.len());
+    if buf[..n] == H2_PREFACE[..n] {
+        return (buf.len() >= H2_PREFACE.len()).then_some(Protocol::Http2);
+    }
+    let Some(end) = buf.iter().position(|b| *b == b'\n') else {
+        return (buf.len() >= MAX_REQUEST_LINE).then_some(Protocol::Opaque);
+    };
+    let line = buf[..end].strip_suffix(b"\r").unwrap_or(&buf[..end]);
+    let mut parts = line.split(|b| *b == b' ');
+    let (Some(method), Some(target), Some(version), None) = (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Some(Protocol::Opaque);
+    };
+    let ok = !method.is_empty()
+        && method.iter().all(|b| is_token_char(*b))
+        && !target.is_empty()
+        && target.iter().all(|b| b.is_ascii_graphic())
+        && (version == b"HTTP/1.1" || version == b"HTTP/1.0");
+    Some(if ok { Protocol::Http1 } else { Protocol::Opaque })
+}
+
+/// Reads until the protocol is known, the timeout passes, or the peer stops sending.
+pub async fn detect<S: AsyncRead + Unpin>(stream: &mut S, timeout: Duration) -> io::Result<(Protocol, Bytes)> {
+    let mut buf = BytesMut::with_capacity(1024);
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(p) = classify(&buf) {
+            return Ok((p, buf.freeze()));
+        }
+        match tokio::time::timeout_at(deadline, stream.read_buf(&mut buf)).await {
+            Err(_elapsed) => return Ok((Protocol::Opaque, buf.freeze())),
+            Ok(Ok(0)) => return Ok((Protocol::Opaque, buf.freeze())),
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => return Err(e),
+        }
+    }
+}
+
+/// An I/O stream that first replays bytes already read during detection.
+pub struct PrefixedIo<S> {
+    prefix: Bytes,
+    inner: S,
+}
+
+impl<S> PrefixedIo<S> {
+    pub fn new(prefix: Bytes, inner: S) -> Self {
+        Self { prefix, inner }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for PrefixedIo<S> {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        if !self.prefix.is_empty() {
+            let n = self.prefix.len().min(buf.remaining());
+            buf.put_slice(&self.prefix[..n]);
+            self.prefix.advance(n);
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for PrefixedIo<S> {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classifies_first_bytes() {
+        assert_eq!(classify(b"GET / HTTP/1.1\r\nHost: x\r\n"), Some(Protocol::Http1));
+        assert_eq!(classify(b"POST /a?b=c HTTP/1.0\n"), Some(Protocol::Http1));
+        assert_eq!(classify(b"GET / HTT"), None, "wait for the line");
+        assert_eq!(classify(H2_PREFACE), Some(Protocol::Http2));
+        assert_eq!(classify(&H2_PREFACE[..10]), None, "a partial preface waits");
+        assert_eq!(classify(b"PRI * HTTP/2.0\r\n\r\nXX\r\n\r\n"), Some(Protocol::Opaque));
+        assert_eq!(classify(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03\n"), Some(Protocol::Opaque), "TLS");
+        assert_eq!(classify(b"GET / HTTP/2\r\n"), Some(Protocol::Opaque));
+        assert_eq!(classify(b"G(T / HTTP/1.1\r\n"), Some(Protocol::Opaque));
+        assert_eq!(classify(b"SSH-2.0-OpenSSH\r\n"), Some(Protocol::Opaque));
+        assert_eq!(classify(&vec![b'a'; MAX_REQUEST_LINE]), Some(Protocol::Opaque));
+    }
+
+    #[tokio::test]
+    async fn detection_times_out_to_opaque_and_replays() {
+        let (mut client, server) = tokio::io::duplex(64);
+        tokio::io::AsyncWriteExt::write_all(&mut client, b"hel").await.unwrap();
+        let mut server = server;
+        let (p, prefix) = detect(&mut server, Duration::from_millis(50)).await.unwrap();
+        assert_eq!((p, &prefix[..]), (Protocol::Opaque, &b"hel"[..]));
+        let mut io = PrefixedIo::new(prefix, server);
+        tokio::io::AsyncWriteExt::write_all(&mut client, b"lo").await.unwrap();
+        let mut got = [0u8; 5];
+        io.read_exact(&mut got).await.unwrap();
+        assert_eq!(&got, b"hello");
+    }
+}

@@ -1,0 +1,321 @@
+//! HTTP proxying with hyper on both sides: per-target connection pools with keep-alive, HTTP/2
+//! multiplexing, streaming bodies and trailers (gRPC), HTTP/1 upgrades and CONNECT spliced through,
+//! hop-by-hop headers removed (RFC 9110 §7.6.1), and upstream failures answered with 502/503/504.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::header::{CONNECTION, HOST, HeaderName, TE, UPGRADE};
+use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Uri, Version};
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::net::TcpStream;
+
+use crate::metrics::{Direction, Metrics, RequestLabels, ResponseLabels};
+use crate::tcp;
+
+pub type Body = UnsyncBoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
+
+/// Connects every request of a client to one fixed target: the connection's original destination.
+#[derive(Clone)]
+pub struct FixedConnector {
+    target: SocketAddr,
+    timeout: Duration,
+}
+
+impl tower::Service<Uri> for FixedConnector {
+    type Response = TokioIo<TcpStream>;
+    type Error = io::Error;
+    type Future = Pin<Box<dyn Future<Output = io::Result<Self::Response>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: Uri) -> Self::Future {
+        let (target, timeout) = (self.target, self.timeout);
+        Box::pin(async move { tcp::connect(target, timeout).await.map(TokioIo::new) })
+    }
+}
+
+type UpstreamClient = Client<FixedConnector, Incoming>;
+
+/// Upstream clients (and so connection pools) per target and protocol.
+pub struct Clients {
+    map: Mutex<HashMap<(SocketAddr, bool), UpstreamClient>>,
+    connect_timeout: Duration,
+}
+
+/// Targets kept before the cache is reset (their idle connections then close).
+const MAX_TARGETS: usize = 4096;
+
+impl Clients {
+    pub fn new(connect_timeout: Duration) -> Self {
+        Self { map: Mutex::default(), connect_timeout }
+    }
+
+    fn get(&self, target: SocketAddr, h2: bool) -> UpstreamClient {
+        let mut map = self.map.lock().expect("not poisoned");
+        if map.len() >= MAX_TARGETS && !map.contains_key(&(target, h2)) {
+            map.clear();
+        }
+        map.entry((target, h2))
+            .or_insert_with(|| {
+                let connector = FixedConnector { target, timeout: self.connect_timeout };
+                Client::builder(TokioExecutor::new())
+                    .timer(TokioTimer::new())
+                    .pool_timer(TokioTimer::new())
+                    .pool_idle_timeout(Duration::from_secs(90))
+                    .http2_only(h2)
+                    .build(connector)
+            })
+            .clone()
+    }
+}
+
+/// Everything a connection's requests need.
+pub struct HttpProxy {
+    pub direction: Direction,
+    pub target: SocketAddr,
+    pub clients: Arc<Clients>,
+    pub metrics: Arc<Metrics>,
+    pub drain: crate::drain::Drain,
+}
+
+/// A failure answered to the client instead of the upstream's response.
+#[derive(Debug)]
+struct ProxyError {
+    status: StatusCode,
+    message: String,
+}
+
+fn full(body: impl Into<Bytes>) -> Body {
+    Full::new(body.into()).map_err(|never| match never {}).boxed_unsync()
+}
+
+fn incoming(body: Incoming) -> Body {
+    body.map_err(|e| Box::new(e) as Box<dyn std::error::Error + Send + Sync>).boxed_unsync()
+}
+
+fn error_response(e: &ProxyError) -> Response<Body> {
+    let mut r = Response::new(full(format!("cnimesh-proxy: {}\n", e.message)));
+    *r.status_mut() = e.status;
+    r.headers_mut().insert(http::header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+    if let Ok(v) = HeaderValue::from_str(&e.message) {
+        r.headers_mut().insert("cnimesh-proxy-error", v);
+    }
+    r
+}
+
+/// Removes hop-by-hop headers; `upgrade` keeps `Connection: upgrade` and `Upgrade` for the
+/// upgrade handshake itself. `TE: trailers` is end-to-end in practice (gRPC needs it).
+pub fn strip_hop_by_hop(headers: &mut HeaderMap, upgrade: bool) {
+    let listed: Vec<HeaderName> = headers
+        .get_all(CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for name in listed {
+        if !(upgrade && name == UPGRADE) && name != TE {
+            headers.remove(&name);
+        }
+    }
+    for name in ["keep-alive", "proxy-connection", "transfer-encoding", "proxy-authenticate", "proxy-authorization"] {
+        headers.remove(name);
+    }
+    if !upgrade {
+        headers.remove(CONNECTION);
+        headers.remove(UPGRADE);
+    } else {
+        headers.insert(CONNECTION, HeaderValue::from_static("upgrade"));
+    }
+    let te_trailers =
+        headers.get_all(TE).iter().any(|v| v.to_str().is_ok_and(|s| s.to_ascii_lowercase().contains("trailers")));
+    headers.remove(TE);
+    if te_trailers {
+        headers.insert(TE, HeaderValue::from_static("trailers"));
+    }
+}
+
+fn wants_upgrade<B>(req: &Request<B>) -> bool {
+    req.method() == Method::CONNECT
+        || (req.headers().contains_key(UPGRADE)
+            && req
+                .headers()
+                .get_all(CONNECTION)
+                .iter()
+                .any(|v| v.to_str().is_ok_and(|s| s.to_ascii_lowercase().contains("upgrade"))))
+}
+
+fn upstream_error(target: SocketAddr, e: &(dyn std::error::Error + 'static)) -> ProxyError {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = source {
+        if let Some(io) = err.downcast_ref::<io::Error>() {
+            return match io.kind() {
+                io::ErrorKind::TimedOut => {
+                    ProxyError { status: StatusCode::GATEWAY_TIMEOUT, message: format!("upstream {target} timed out") }
+                }
+                io::ErrorKind::ConnectionRefused => ProxyError {
+                    status: StatusCode::BAD_GATEWAY,
+                    message: format!("upstream {target} refused the connection"),
+                },
+                io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe => ProxyError {
+                    status: StatusCode::BAD_GATEWAY,
+                    message: format!("upstream {target} reset the connection"),
+                },
+                _ => ProxyError { status: StatusCode::BAD_GATEWAY, message: format!("upstream {target}: {io}") },
+            };
+        }
+        source = err.source();
+    }
+    ProxyError { status: StatusCode::BAD_GATEWAY, message: format!("upstream {target}: {e}") }
+}
+
+impl HttpProxy {
+    /// One request, end to end, with its metrics.
+    pub async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
+        let start = Instant::now();
+        let authority = req
+            .uri()
+            .authority()
+            .map(|a| a.to_string())
+            .or_else(|| req.headers().get(HOST).and_then(|h| h.to_str().ok()).map(str::to_string))
+            .unwrap_or_default();
+        let labels = RequestLabels {
+            direction: self.direction,
+            target_addr: self.target.to_string(),
+            authority: self.metrics.authority_label(&authority),
+            tls: "false".into(),
+        };
+        self.metrics.request_total.get_or_create(&labels).inc();
+        let result = if wants_upgrade(&req) && req.version() != Version::HTTP_2 {
+            self.upgrade(req).await
+        } else {
+            self.forward(req, &authority).await
+        };
+        let response = result.unwrap_or_else(|e| {
+            tracing::warn!(direction = ?self.direction, target = %self.target, status = e.status.as_u16(), "{}", e.message);
+            error_response(&e)
+        });
+        let status = response.status();
+        let grpc_failed = response.headers().get("grpc-status").is_some_and(|v| v != "0");
+        let classification = if status.is_server_error() || grpc_failed { "failure" } else { "success" };
+        self.metrics.response_latency_ms.get_or_create(&labels).observe(start.elapsed().as_secs_f64() * 1e3);
+        let response_labels = ResponseLabels {
+            direction: labels.direction,
+            target_addr: labels.target_addr,
+            authority: labels.authority,
+            tls: labels.tls,
+            status_code: status.as_u16().to_string(),
+            classification: classification.into(),
+        };
+        self.metrics.response_total.get_or_create(&response_labels).inc();
+        Ok(response)
+    }
+
+    async fn forward(&self, req: Request<Incoming>, authority: &str) -> Result<Response<Body>, ProxyError> {
+        let (mut parts, body) = req.into_parts();
+        let h2 = parts.version == Version::HTTP_2;
+        strip_hop_by_hop(&mut parts.headers, false);
+        // The pool is per target, so the URI only carries the authority the client used.
+        let authority = if authority.is_empty() { self.target.to_string() } else { authority.to_string() };
+        let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+        parts.uri = Uri::builder()
+            .scheme(parts.uri.scheme_str().unwrap_or("http"))
+            .authority(authority.as_str())
+            .path_and_query(path)
+            .build()
+            .map_err(|e| ProxyError {
+                status: StatusCode::BAD_REQUEST,
+                message: format!("invalid request target: {e}"),
+            })?;
+        parts.version = if h2 { Version::HTTP_2 } else { Version::HTTP_11 };
+        let client = self.clients.get(self.target, h2);
+        let mut response =
+            client.request(Request::from_parts(parts, body)).await.map_err(|e| upstream_error(self.target, &e))?;
+        strip_hop_by_hop(response.headers_mut(), false);
+        Ok(response.map(incoming))
+    }
+
+    /// HTTP/1 `Upgrade` (e.g. WebSocket) and `CONNECT`: the handshake goes upstream on a fresh
+    /// connection, and on success both upgraded connections are spliced together.
+    async fn upgrade(&self, mut req: Request<Incoming>) -> Result<Response<Body>, ProxyError> {
+        let upstream =
+            tcp::connect(self.target, Duration::from_secs(5)).await.map_err(|e| upstream_error(self.target, &e))?;
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(upstream))
+            .await
+            .map_err(|e| upstream_error(self.target, &e))?;
+        tokio::spawn(async move {
+            if let Err(e) = conn.with_upgrades().await {
+                tracing::debug!(error = %e, "upstream upgrade connection ended");
+            }
+        });
+        let server_side = hyper::upgrade::on(&mut req);
+        let is_connect = req.method() == Method::CONNECT;
+        let (mut parts, body) = req.into_parts();
+        strip_hop_by_hop(&mut parts.headers, !is_connect);
+        let mut response =
+            sender.send_request(Request::from_parts(parts, body)).await.map_err(|e| upstream_error(self.target, &e))?;
+        let switched =
+            response.status() == StatusCode::SWITCHING_PROTOCOLS || (is_connect && response.status().is_success());
+        if switched {
+            let client_side = hyper::upgrade::on(&mut response);
+            let guard = self.drain.guard();
+            let target = self.target;
+            tokio::spawn(async move {
+                let _guard = guard;
+                match tokio::try_join!(server_side, client_side) {
+                    Ok((a, b)) => {
+                        let (mut a, mut b) = (TokioIo::new(a), TokioIo::new(b));
+                        if let Err(e) = tokio::io::copy_bidirectional(&mut a, &mut b).await {
+                            tracing::debug!(%target, error = %e, "upgraded connection ended");
+                        }
+                    }
+                    Err(e) => tracing::warn!(%target, error = %e, "upgrade failed"),
+                }
+            });
+        } else {
+            strip_hop_by_hop(response.headers_mut(), false);
+        }
+        Ok(response.map(incoming))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_headers_go() {
+        let mut h = HeaderMap::new();
+        h.insert(CONNECTION, HeaderValue::from_static("keep-alive, x-secret"));
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.insert("x-secret", HeaderValue::from_static("1"));
+        h.insert("transfer-encoding", HeaderValue::from_static("chunked"));
+        h.insert(TE, HeaderValue::from_static("trailers, deflate"));
+        h.insert("x-end-to-end", HeaderValue::from_static("kept"));
+        strip_hop_by_hop(&mut h, false);
+        let names: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+        assert_eq!(names, ["x-end-to-end", "te"]);
+        assert_eq!(h[TE], "trailers");
+
+        let mut up = HeaderMap::new();
+        up.insert(CONNECTION, HeaderValue::from_static("Upgrade"));
+        up.insert(UPGRADE, HeaderValue::from_static("websocket"));
+        strip_hop_by_hop(&mut up, true);
+        assert_eq!((up[CONNECTION].to_str().unwrap(), up[UPGRADE].to_str().unwrap()), ("upgrade", "websocket"));
+    }
+}

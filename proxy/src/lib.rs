@@ -1,0 +1,84 @@
+//! `cnimesh-proxy`: the sidecar. Captured connections arrive on the inbound (4143) and outbound
+//! (4140) listeners; their original destination, detected protocol and the proxy's layers decide
+//! where and how they go. mTLS and discovery slot in as layers around the connection (identity
+//! and destination issues).
+
+pub mod admin;
+pub mod cli;
+pub mod config;
+pub mod counting;
+pub mod detect;
+pub mod drain;
+pub mod http;
+pub mod metrics;
+pub mod orig_dst;
+pub mod server;
+pub mod tcp;
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use anyhow::Context;
+use tokio::net::TcpListener;
+
+use crate::admin::{Admin, LogLevel};
+use crate::config::Config;
+use crate::drain::Drain;
+use crate::metrics::{Direction, Metrics};
+use crate::server::Shared;
+
+/// Runs the proxy until `shutdown` resolves or `/shutdown` is called, then drains for up to the
+/// grace period.
+pub async fn run(
+    config: Config,
+    log: Box<dyn LogLevel>,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let drain = Drain::default();
+    let metrics = Arc::new(Metrics::default());
+    let shared = Arc::new(Shared {
+        clients: Arc::new(http::Clients::new(config.connect_timeout)),
+        metrics: metrics.clone(),
+        drain: drain.clone(),
+        config: config.clone(),
+    });
+    let mut listeners = Vec::new();
+    for (direction, addrs) in [(Direction::inbound, &config.inbound), (Direction::outbound, &config.outbound)] {
+        for addr in addrs {
+            let listener = bind(*addr).await.with_context(|| format!("binding the {direction:?} listener {addr}"))?;
+            listeners.push((direction, listener));
+        }
+    }
+    let admin = Arc::new(Admin { metrics, ready: false.into(), log, drain: drain.clone() });
+    let admin_listener = TcpListener::bind(config.admin)
+        .await
+        .with_context(|| format!("binding the admin listener {}", config.admin))?;
+    let admin_task = tokio::spawn(admin.clone().serve(admin_listener));
+    for (direction, listener) in listeners {
+        tokio::spawn(server::accept_loop(listener, direction, shared.clone()));
+    }
+    admin.ready.store(true, Ordering::SeqCst);
+    tracing::info!(inbound = ?config.inbound, outbound = ?config.outbound, admin = %config.admin, "proxy ready");
+
+    tokio::select! {
+        () = shutdown => drain.start(),
+        () = drain.signalled() => {}
+    }
+    tracing::info!(active = drain.active(), grace = ?config.shutdown_grace, "draining");
+    if tokio::time::timeout(config.shutdown_grace, drain.idle()).await.is_err() {
+        tracing::warn!(active = drain.active(), "grace period over; exiting with connections still open");
+    }
+    admin_task.abort();
+    Ok(())
+}
+
+/// Binds a listener; IPv6 wildcard listeners are v6-only so they coexist with IPv4 ones.
+async fn bind(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv6() { tokio::net::TcpSocket::new_v6()? } else { tokio::net::TcpSocket::new_v4()? };
+    socket.set_reuseaddr(true)?;
+    if addr.is_ipv6() {
+        nix::sys::socket::setsockopt(&socket, nix::sys::socket::sockopt::Ipv6V6Only, &true)?;
+    }
+    socket.bind(addr)?;
+    socket.listen(1024)
+}

@@ -1,0 +1,157 @@
+//! Golden metrics with Linkerd's names, so existing dashboards and `linkerd viz`-style queries
+//! work. Labels stay bounded: no paths, and authorities are capped in length and count.
+
+use std::collections::HashSet;
+use std::sync::Mutex;
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+/// Distinct `authority` label values kept before the rest are reported as `other`.
+const MAX_AUTHORITIES: usize = 256;
+const MAX_AUTHORITY_LEN: usize = 128;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, EncodeLabelValue)]
+pub enum Direction {
+    #[allow(non_camel_case_types)]
+    inbound,
+    #[allow(non_camel_case_types)]
+    outbound,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct TcpLabels {
+    pub direction: Direction,
+    pub target_addr: String,
+    pub tls: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct RequestLabels {
+    pub direction: Direction,
+    pub target_addr: String,
+    pub authority: String,
+    pub tls: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct ResponseLabels {
+    pub direction: Direction,
+    pub target_addr: String,
+    pub authority: String,
+    pub tls: String,
+    pub status_code: String,
+    pub classification: String,
+}
+
+fn latency_histogram() -> Histogram {
+    Histogram::new([
+        1.0, 2.0, 3.0, 4.0, 5.0, 10.0, 20.0, 30.0, 40.0, 50.0, 100.0, 200.0, 300.0, 400.0, 500.0, 1000.0, 2000.0,
+        5000.0, 10000.0, 30000.0,
+    ])
+}
+
+pub struct Metrics {
+    pub registry: Registry,
+    pub request_total: Family<RequestLabels, Counter>,
+    pub response_total: Family<ResponseLabels, Counter>,
+    pub response_latency_ms: Family<RequestLabels, Histogram, fn() -> Histogram>,
+    pub tcp_open_total: Family<TcpLabels, Counter>,
+    pub tcp_close_total: Family<TcpLabels, Counter>,
+    pub tcp_open_connections: Family<TcpLabels, Gauge>,
+    pub tcp_read_bytes_total: Family<TcpLabels, Counter>,
+    pub tcp_write_bytes_total: Family<TcpLabels, Counter>,
+    authorities: Mutex<HashSet<String>>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::default();
+        let m = Self {
+            request_total: Family::default(),
+            response_total: Family::default(),
+            response_latency_ms: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
+            tcp_open_total: Family::default(),
+            tcp_close_total: Family::default(),
+            tcp_open_connections: Family::default(),
+            tcp_read_bytes_total: Family::default(),
+            tcp_write_bytes_total: Family::default(),
+            authorities: Mutex::default(),
+            registry: Registry::default(),
+        };
+        // prometheus-client appends `_total` to counters itself.
+        registry.register("request", "HTTP requests", m.request_total.clone());
+        registry.register("response", "HTTP responses", m.response_total.clone());
+        registry.register(
+            "response_latency_ms",
+            "Time to response headers, in milliseconds",
+            m.response_latency_ms.clone(),
+        );
+        registry.register("tcp_open", "TCP connections opened", m.tcp_open_total.clone());
+        registry.register("tcp_close", "TCP connections closed", m.tcp_close_total.clone());
+        registry.register("tcp_open_connections", "TCP connections open now", m.tcp_open_connections.clone());
+        registry.register("tcp_read_bytes", "Bytes read from peers", m.tcp_read_bytes_total.clone());
+        registry.register("tcp_write_bytes", "Bytes written to peers", m.tcp_write_bytes_total.clone());
+        Self { registry, ..m }
+    }
+}
+
+impl Metrics {
+    /// The label value for an authority, bounded in length and in number of distinct values.
+    pub fn authority_label(&self, authority: &str) -> String {
+        let a: String = authority.chars().take(MAX_AUTHORITY_LEN).collect();
+        let mut seen = self.authorities.lock().expect("not poisoned");
+        if seen.contains(&a) {
+            return a;
+        }
+        if seen.len() >= MAX_AUTHORITIES {
+            return "other".into();
+        }
+        seen.insert(a.clone());
+        a
+    }
+
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry).expect("writing to a String cannot fail");
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn linkerd_names_and_bounded_authorities() {
+        let m = Metrics::default();
+        let labels =
+            TcpLabels { direction: Direction::inbound, target_addr: "10.0.0.1:80".into(), tls: "false".into() };
+        m.tcp_open_total.get_or_create(&labels).inc();
+        let req = RequestLabels {
+            direction: Direction::outbound,
+            target_addr: "10.0.0.2:80".into(),
+            authority: "web".into(),
+            tls: "false".into(),
+        };
+        m.request_total.get_or_create(&req).inc();
+        m.response_latency_ms.get_or_create(&req).observe(3.0);
+        let text = m.encode();
+        assert!(
+            text.contains("tcp_open_total{direction=\"inbound\",target_addr=\"10.0.0.1:80\",tls=\"false\"} 1"),
+            "{text}"
+        );
+        assert!(text.contains("request_total{direction=\"outbound\""), "{text}");
+        assert!(text.contains("response_latency_ms_bucket{"), "{text}");
+        for i in 0..MAX_AUTHORITIES {
+            m.authority_label(&format!("host-{i}"));
+        }
+        assert_eq!(m.authority_label("one-too-many"), "other");
+        assert_eq!(m.authority_label("host-1"), "host-1");
+        assert_eq!(m.authority_label(&"x".repeat(500)), "other", "new values beyond the cap");
+    }
+}
