@@ -18,6 +18,8 @@ pub struct Bins {
     pub plugin: PathBuf,
     /// The `cnimesh-probe` traffic helper.
     pub probe: PathBuf,
+    /// A `cnimesh-proxy` binary.
+    pub proxy: PathBuf,
 }
 
 /// Resolves [`Bins`] from the `CARGO_BIN_EXE_*` variables of an integration test or bench.
@@ -27,6 +29,7 @@ macro_rules! bins {
         $crate::cni::Bins {
             plugin: env!("CARGO_BIN_EXE_cnimesh-cni-e2e").into(),
             probe: env!("CARGO_BIN_EXE_cnimesh-probe").into(),
+            proxy: env!("CARGO_BIN_EXE_cnimesh-proxy-e2e").into(),
         }
     };
 }

@@ -5,12 +5,14 @@
 //! it is torn down even when an assertion fails, and names are unique per process so tests can run
 //! in parallel.
 
+pub mod apps;
 pub mod cni;
 pub mod host;
 pub mod kube_mock;
 pub mod netns;
 pub mod pod;
 pub mod probe;
+pub mod sidecar;
 
 pub use cni::{Bins, Call, CniFailure, Network, PluginDir};
 pub use host::require_root;

@@ -59,3 +59,23 @@ impl Drop for Netns {
         let _ = self.delete();
     }
 }
+
+/// Runs `work` on a new thread inside the netns at `path` (for long-lived in-netns servers).
+pub fn spawn_in(
+    path: &std::path::Path,
+    work: impl FnOnce() + Send + 'static,
+) -> anyhow::Result<std::thread::JoinHandle<()>> {
+    let file = std::fs::File::open(path)?;
+    Ok(std::thread::spawn(move || {
+        nix::sched::setns(file, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns into the pod netns");
+        work()
+    }))
+}
+
+/// Runs `work` to completion inside the netns at `path`, on a thread with its own tokio runtime.
+pub fn block_on_in<T: Send>(path: &std::path::Path, work: impl std::future::Future<Output = T> + Send) -> T {
+    cnimesh_cni::netns::run_in(path, || {
+        tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime").block_on(work)
+    })
+    .expect("enter netns")
+}

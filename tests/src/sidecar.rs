@@ -1,0 +1,89 @@
+//! A `cnimesh-proxy` running in a pod namespace as the proxy UID, as the injected sidecar would.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::netns::Netns;
+
+pub const PROXY_UID: u32 = 2102;
+
+pub struct Sidecar {
+    child: Child,
+    netns: std::path::PathBuf,
+}
+
+/// One HTTP/1.1 request over a fresh connection inside `netns`; returns (status, body).
+pub fn http_in(netns: &Path, addr: &str, method: &str, path: &str, body: &str) -> anyhow::Result<(u16, String)> {
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let addr = addr.to_string();
+    cnimesh_cni::netns::run_in(netns, move || {
+        let mut s = TcpStream::connect(&addr)?;
+        s.set_read_timeout(Some(Duration::from_secs(10)))?;
+        s.write_all(request.as_bytes())?;
+        let mut response = String::new();
+        s.read_to_string(&mut response)?;
+        let status = response.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+        let body = response.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+        anyhow::Ok((status, body))
+    })?
+}
+
+impl Sidecar {
+    /// Starts the proxy in `netns` as UID/GID 2102 with extra `CNIMESH_PROXY_*` settings, and
+    /// waits (bounded) until its `/ready` answers 200.
+    pub fn start(proxy: &Path, netns: &Netns, env: &[(&str, &str)]) -> anyhow::Result<Self> {
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", netns.name(), "setpriv", "--reuid=2102", "--regid=2102", "--clear-groups"])
+            .arg(proxy)
+            .env("CNIMESH_PROXY_LOG", "warn")
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit());
+        let child = cmd.spawn()?;
+        let sidecar = Self { child, netns: netns.path() };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if matches!(sidecar.admin("GET", "/ready", ""), Ok((200, _))) {
+                return Ok(sidecar);
+            }
+            anyhow::ensure!(Instant::now() < deadline, "proxy in {} did not become ready", netns.name());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// A request to the admin server over loopback inside the pod.
+    pub fn admin(&self, method: &str, path: &str, body: &str) -> anyhow::Result<(u16, String)> {
+        http_in(&self.netns, "127.0.0.1:4191", method, path, body)
+    }
+
+    pub fn metrics(&self) -> String {
+        self.admin("GET", "/metrics", "").map(|(_, b)| b).unwrap_or_default()
+    }
+
+    /// Sends SIGTERM and waits for the process to exit; returns whether it exited cleanly.
+    pub fn terminate(&mut self) -> bool {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        self.child.wait().is_ok_and(|s| s.success())
+    }
+
+    pub fn wait(&mut self) -> bool {
+        self.child.wait().is_ok_and(|s| s.success())
+    }
+}
+
+impl Drop for Sidecar {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
