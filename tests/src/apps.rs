@@ -190,7 +190,16 @@ impl Apps {
                 let listeners = async {
                     Ok::<_, std::io::Error>((
                         bind(HTTP_PORT).await?,
-                        TcpListener::bind(("127.0.0.1", LOCAL_ONLY_PORT)).await?,
+                        // Loopback of the same family: a v4 and a v6 instance can share a pod.
+                        TcpListener::bind(SocketAddr::new(
+                            if ip.is_ipv6() {
+                                std::net::Ipv6Addr::LOCALHOST.into()
+                            } else {
+                                std::net::Ipv4Addr::LOCALHOST.into()
+                            },
+                            LOCAL_ONLY_PORT,
+                        ))
+                        .await?,
                         bind(BANNER_PORT).await?,
                         bind(HALF_CLOSE_PORT).await?,
                         bind(RESET_PORT).await?,

@@ -350,3 +350,36 @@ fn admin_endpoints_and_graceful_shutdown() {
         assert!(m.client_proxy.terminate(), "SIGTERM: clean exit");
     });
 }
+
+#[test]
+fn ipv6_and_unredirected_connections() {
+    with_mesh("ipv6_and_unredirected_connections", &[], |m| {
+        let v6 = m.server.ipv6();
+        let _apps6 = Apps::start(&m.server.netns.path(), v6.into(), "server6").unwrap();
+        let (status, body) = http_in(
+            &m.client.netns.path(),
+            &SocketAddr::new(v6.into(), apps::HTTP_PORT).to_string(),
+            "GET",
+            "/hello",
+            "",
+        )
+        .unwrap();
+        assert_eq!((status, body.as_str()), (200, "hello from server6 over HTTP/1.1"));
+        let out = m.client_proxy.metrics();
+        assert!(metric_line(&out, "request_total", &format!("target_addr=\"[{v6}]:8080\"")).is_some(), "{out}");
+
+        // Straight to a proxy port, not through capture: closed, never proxied to itself.
+        let unredirected = cnimesh_cni::netns::run_in(&m.server.netns.path(), || {
+            let mut s = TcpStream::connect("127.0.0.1:4140")?;
+            s.set_read_timeout(Some(Duration::from_secs(5)))?;
+            s.write_all(b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n")?;
+            let mut out = Vec::new();
+            let _ = s.read_to_end(&mut out);
+            std::io::Result::Ok(out)
+        })
+        .unwrap()
+        .unwrap();
+        assert!(unredirected.is_empty(), "{}", String::from_utf8_lossy(&unredirected));
+        assert_eq!(m.server_proxy.admin("GET", "/ready", "").unwrap().0, 200, "and the proxy is fine");
+    });
+}
