@@ -39,6 +39,18 @@ async fn signal() {
     }
 }
 
+/// A proxy holds two descriptors per proxied connection: raise the soft descriptor limit to the
+/// hard one, so a default soft limit of 1024 does not cap it at ~500 connections.
+fn raise_fd_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE)
+        && soft < hard
+        && let Err(e) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard)
+    {
+        tracing::warn!(soft, hard, error = %e, "could not raise the open-file limit");
+    }
+}
+
 pub fn main() -> ExitCode {
     let config = match Config::from_vars(|k| std::env::var(k).ok()) {
         Ok(c) => c,
@@ -53,6 +65,7 @@ pub fn main() -> ExitCode {
         .with(layer)
         .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
         .init();
+    raise_fd_limit();
     let log = Box::new(ReloadableLevel { handle, current: Mutex::new(config.log_level.clone()) });
     let runtime =
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("tokio runtime");

@@ -67,6 +67,10 @@ impl Sidecar {
         self.admin("GET", "/metrics", "").map(|(_, b)| b).unwrap_or_default()
     }
 
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Sends SIGTERM and waits for the process to exit; returns whether it exited cleanly.
     pub fn terminate(&mut self) -> bool {
         let _ = nix::sys::signal::kill(
