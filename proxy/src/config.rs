@@ -19,6 +19,8 @@ pub struct Config {
     /// On SIGTERM, how long in-flight work may take before the proxy exits anyway.
     pub shutdown_grace: Duration,
     pub log_level: String,
+    /// Runtime worker threads; 1 runs everything on one thread (no cross-thread wake-ups).
+    pub workers: usize,
 }
 
 pub const DEFAULT_OPAQUE_PORTS: &[u16] = &[25, 587, 3306, 4444, 5432, 6379, 9300, 11211];
@@ -36,6 +38,7 @@ impl Default for Config {
             connect_timeout: Duration::from_secs(5),
             shutdown_grace: Duration::from_secs(30),
             log_level: "info".into(),
+            workers: 1,
         }
     }
 }
@@ -102,6 +105,13 @@ impl Config {
         }
         if let Some((n, v)) = var("SHUTDOWN_GRACE_MS") {
             c.shutdown_grace = millis(&n, &v)?;
+        }
+        if let Some((n, v)) = var("WORKERS") {
+            c.workers = v.trim().parse().ok().filter(|w| *w > 0).ok_or_else(|| ConfigError {
+                var: n,
+                value: v.clone(),
+                why: "a positive number of threads expected".into(),
+            })?;
         }
         if let Some((_, v)) = var("LOG") {
             c.log_level = v;

@@ -119,6 +119,8 @@ async fn app(mut req: Request<Incoming>, name: Arc<str>) -> Result<Response<Body
 async fn serve_http(listener: TcpListener, name: Arc<str>, accepted: Arc<AtomicUsize>) {
     loop {
         let Ok((stream, _)) = listener.accept().await else { continue };
+        // Like most servers (Go's net/http, nginx): no Nagle delay on small responses.
+        let _ = stream.set_nodelay(true);
         accepted.fetch_add(1, Ordering::SeqCst);
         let name = name.clone();
         tokio::spawn(async move {
