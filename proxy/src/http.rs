@@ -65,7 +65,7 @@ impl Clients {
         Self { map: Mutex::default(), connect_timeout }
     }
 
-    fn get(&self, target: SocketAddr, h2: bool) -> UpstreamClient {
+    pub fn get(&self, target: SocketAddr, h2: bool) -> UpstreamClient {
         let mut map = self.map.lock().expect("not poisoned");
         if map.len() >= MAX_TARGETS && !map.contains_key(&(target, h2)) {
             map.clear();
@@ -86,11 +86,16 @@ impl Clients {
 
 /// Everything a connection's requests need.
 pub struct HttpProxy {
-    pub direction: Direction,
-    pub target: SocketAddr,
-    pub clients: Arc<Clients>,
-    pub metrics: Arc<Metrics>,
-    pub drain: crate::drain::Drain,
+    direction: Direction,
+    target: SocketAddr,
+    /// The upstream pool for this connection's target and protocol, looked up once.
+    client: UpstreamClient,
+    connect_timeout: Duration,
+    metrics: Arc<Metrics>,
+    drain: crate::drain::Drain,
+    /// Labels of the last authority seen: a connection's requests nearly always share one, so
+    /// the common case needs neither the global authority set nor new label strings.
+    last_labels: Mutex<Option<(String, RequestLabels)>>,
 }
 
 /// A failure answered to the client instead of the upstream's response.
@@ -185,6 +190,42 @@ fn upstream_error(target: SocketAddr, e: &(dyn std::error::Error + 'static)) -> 
 }
 
 impl HttpProxy {
+    pub fn new(
+        direction: Direction,
+        target: SocketAddr,
+        h2: bool,
+        clients: &Clients,
+        metrics: Arc<Metrics>,
+        drain: crate::drain::Drain,
+    ) -> Self {
+        Self {
+            direction,
+            target,
+            client: clients.get(target, h2),
+            connect_timeout: clients.connect_timeout,
+            metrics,
+            drain,
+            last_labels: Mutex::default(),
+        }
+    }
+
+    fn labels(&self, authority: &str) -> RequestLabels {
+        let mut last = self.last_labels.lock().expect("not poisoned");
+        if let Some((a, labels)) = last.as_ref()
+            && a == authority
+        {
+            return labels.clone();
+        }
+        let labels = RequestLabels {
+            direction: self.direction,
+            target_addr: self.target.to_string(),
+            authority: self.metrics.authority_label(authority),
+            tls: "false".into(),
+        };
+        *last = Some((authority.to_string(), labels.clone()));
+        labels
+    }
+
     /// One request, end to end, with its metrics.
     pub async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
         let start = Instant::now();
@@ -194,12 +235,7 @@ impl HttpProxy {
             .map(|a| a.to_string())
             .or_else(|| req.headers().get(HOST).and_then(|h| h.to_str().ok()).map(str::to_string))
             .unwrap_or_default();
-        let labels = RequestLabels {
-            direction: self.direction,
-            target_addr: self.target.to_string(),
-            authority: self.metrics.authority_label(&authority),
-            tls: "false".into(),
-        };
+        let labels = self.labels(&authority);
         self.metrics.request_total.get_or_create(&labels).inc();
         let result = if wants_upgrade(&req) && req.version() != Version::HTTP_2 {
             self.upgrade(req).await
@@ -243,9 +279,8 @@ impl HttpProxy {
                 message: format!("invalid request target: {e}"),
             })?;
         parts.version = if h2 { Version::HTTP_2 } else { Version::HTTP_11 };
-        let client = self.clients.get(self.target, h2);
         let mut response =
-            client.request(Request::from_parts(parts, body)).await.map_err(|e| upstream_error(self.target, &e))?;
+            self.client.request(Request::from_parts(parts, body)).await.map_err(|e| upstream_error(self.target, &e))?;
         strip_hop_by_hop(response.headers_mut(), false);
         Ok(response.map(incoming))
     }
@@ -254,7 +289,7 @@ impl HttpProxy {
     /// connection, and on success both upgraded connections are spliced together.
     async fn upgrade(&self, mut req: Request<Incoming>) -> Result<Response<Body>, ProxyError> {
         let upstream =
-            tcp::connect(self.target, Duration::from_secs(5)).await.map_err(|e| upstream_error(self.target, &e))?;
+            tcp::connect(self.target, self.connect_timeout).await.map_err(|e| upstream_error(self.target, &e))?;
         let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(upstream))
             .await
             .map_err(|e| upstream_error(self.target, &e))?;

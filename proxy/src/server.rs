@@ -90,13 +90,14 @@ async fn serve(
         return Ok(tcp::forward(stream, prefix, upstream, config.idle_timeout, counters).await?);
     }
     let io = TokioIo::new(CountingIo::new(PrefixedIo::new(prefix, stream), read, written));
-    let proxy = Arc::new(HttpProxy {
+    let proxy = Arc::new(HttpProxy::new(
         direction,
         target,
-        clients: shared.clients.clone(),
-        metrics: shared.metrics.clone(),
-        drain: shared.drain.clone(),
-    });
+        protocol == Protocol::Http2,
+        &shared.clients,
+        shared.metrics.clone(),
+        shared.drain.clone(),
+    ));
     let service = service_fn(move |req| proxy.clone().handle(req));
     let stop = shared.drain.signalled();
     tokio::pin!(stop);
