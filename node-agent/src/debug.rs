@@ -63,6 +63,16 @@ pub fn records(state_dir: &Path) -> anyhow::Result<Vec<AttachmentRecord>> {
         .collect())
 }
 
+/// The record's netns path, unless it now names another namespace (a reused path).
+fn checked_netns(r: &AttachmentRecord) -> Result<&Path, BackendError> {
+    let path = Path::new(&r.netns);
+    if r.netns_matches(path) {
+        Ok(path)
+    } else {
+        Err(BackendError::Netns(NetnsError::Missing { path: r.netns.clone() }))
+    }
+}
+
 fn live_error(e: BackendError) -> String {
     match e {
         BackendError::Netns(n) if n.is_gone() => "netns is gone (stale record; GC or DEL will remove it)".into(),
@@ -98,7 +108,7 @@ pub fn pods(state_dir: &Path) -> anyhow::Result<Vec<PodRow>> {
     Ok(records(state_dir)?
         .into_iter()
         .map(|r| {
-            let live = r.backend.live(Path::new(&r.netns));
+            let live = checked_netns(&r).and_then(|netns| r.backend.live(netns));
             let (inbound, outbound, error) = match &live {
                 Ok(lines) if lines.is_empty() => {
                     (None, None, Some("no rules installed (run `cnimesh-node verify`)".into()))
@@ -224,9 +234,8 @@ pub fn verify(state_dir: &Path, target: Option<&str>) -> anyhow::Result<Vec<Verd
     Ok(selected
         .into_iter()
         .map(|r| {
-            let drift = r
-                .backend
-                .drift(Path::new(&r.netns), &Ruleset::from_spec(&r.spec))
+            let drift = checked_netns(&r)
+                .and_then(|netns| r.backend.drift(netns, &Ruleset::from_spec(&r.spec)))
                 .unwrap_or_else(|e| vec![live_error(e)]);
             Verdict { pod: pod_name(&r), container_id: r.container_id, ok: drift.is_empty(), drift }
         })
@@ -289,7 +298,8 @@ pub fn status(bin_dir: &Path, conf_dir: &Path, socket: &Path, state_dir: &Path, 
         primary_config: crate::chain::scan(conf_dir).ok().and_then(|s| s.primary),
         chained_in: crate::chain::is_chained(conf_dir),
         agent_socket: socket.to_path_buf(),
-        agent_socket_present: cnimesh_cni::agent::socket_present(socket),
+        // A socket file alone may be stale: the agent must accept.
+        agent_socket_present: std::os::unix::net::UnixStream::connect(socket).is_ok(),
         kube,
         captured_pods: records(state_dir).map(|r| r.len()).unwrap_or(0),
     }

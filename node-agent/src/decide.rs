@@ -69,10 +69,25 @@ pub fn spec_for(pod: &Pod, defaults: &RedirectSpec) -> Result<RedirectSpec, Stri
         }
     }
     // The proxy's UID: its container's runAsUser, else the pod's, else the default.
-    let container_uid = proxy_container(pod).and_then(|c| c.security_context.as_ref()?.run_as_user);
     let pod_uid = pod.spec.as_ref().and_then(|s| s.security_context.as_ref()?.run_as_user);
-    if let Some(uid) = container_uid.or(pod_uid) {
+    let effective_uid = |c: &Container| c.security_context.as_ref().and_then(|s| s.run_as_user).or(pod_uid);
+    if let Some(uid) = proxy_container(pod).and_then(effective_uid) {
         spec.proxy_uid = u32::try_from(uid).map_err(|_| format!("runAsUser {uid} is not a valid UID"))?;
+    }
+    // Traffic of the proxy's UID is never captured: an app sharing it would silently bypass the
+    // mesh, and so would everything running as root.
+    if spec.proxy_uid == 0 {
+        return Err(format!("the {PROXY_CONTAINER} container would run as root (UID 0): give it its own runAsUser"));
+    }
+    let spec_ref = pod.spec.as_ref();
+    let others = spec_ref.into_iter().flat_map(|s| s.containers.iter().chain(s.init_containers.iter().flatten()));
+    if let Some(c) =
+        others.filter(|c| c.name != PROXY_CONTAINER).find(|c| effective_uid(c) == Some(i64::from(spec.proxy_uid)))
+    {
+        return Err(format!(
+            "container {} runs as the proxy's UID {}: its traffic would bypass the proxy; set a different runAsUser",
+            c.name, spec.proxy_uid
+        ));
     }
     let spec = spec.normalized();
     spec.validate()?;
@@ -146,6 +161,28 @@ mod tests {
         assert!(spec.skip_outbound_ports.contains(&PortRange::single(5432)));
         assert_eq!(spec.skip_outbound_subnets.len(), 2);
         assert_eq!(spec.proxy_uid, 1337);
+    }
+
+    #[test]
+    fn a_shared_or_root_proxy_uid_is_refused() {
+        let shared = pod(json!({"metadata": {"name": "s"}, "spec": {"securityContext": {"runAsUser": 1000},
+            "containers": [{"name": "app"}, {"name": "cnimesh-proxy"}]}}));
+        let d = decide(&shared, &RedirectSpec::default());
+        assert!(
+            matches!(&d, Decision::Error { message, retry: false } if message.contains("container app runs as the proxy's UID 1000")),
+            "{d:?}"
+        );
+        let root = pod(
+            json!({"metadata": {"name": "r"}, "spec": {"containers": [{"name": "app", "securityContext": {"runAsUser": 1000}},
+            {"name": "cnimesh-proxy", "securityContext": {"runAsUser": 0}}]}}),
+        );
+        assert!(
+            matches!(decide(&root, &RedirectSpec::default()), Decision::Error { message, .. } if message.contains("root"))
+        );
+        // The pod default is fine when the proxy has its own UID.
+        let ok = pod(json!({"metadata": {"name": "o"}, "spec": {"securityContext": {"runAsUser": 1000},
+            "containers": [{"name": "app"}, {"name": "cnimesh-proxy", "securityContext": {"runAsUser": 2102}}]}}));
+        assert!(matches!(decide(&ok, &RedirectSpec::default()), Decision::Capture { .. }));
     }
 
     #[test]

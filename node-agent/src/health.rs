@@ -45,7 +45,11 @@ fn respond(health: &Health, path: &str) -> Response<Full<Bytes>> {
 /// Serves `/ready` and `/live` on `listener` until dropped.
 pub async fn serve(listener: TcpListener, health: Arc<Health>) {
     loop {
-        let Ok((stream, _)) = listener.accept().await else { continue };
+        let Ok((stream, _)) = listener.accept().await else {
+            // e.g. EMFILE: back off instead of spinning.
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            continue;
+        };
         let health = health.clone();
         tokio::spawn(async move {
             let service = service_fn(move |req: http::Request<hyper::body::Incoming>| {

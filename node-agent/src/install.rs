@@ -8,7 +8,7 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use crate::chain::{PLUGIN_TYPE, write_atomic};
+use crate::chain::{PLUGIN_TYPE, write_atomic_mode};
 
 pub fn target(bin_dir: &Path) -> PathBuf {
     bin_dir.join(PLUGIN_TYPE)
@@ -16,17 +16,14 @@ pub fn target(bin_dir: &Path) -> PathBuf {
 
 /// Installs `source` as `<bin_dir>/cnimesh-cni`; returns whether anything changed.
 pub fn install_binary(source: &Path, bin_dir: &Path) -> io::Result<bool> {
-    use std::os::unix::fs::PermissionsExt;
     let body = fs::read(source)?;
     let target = target(bin_dir);
     if fs::read(&target).is_ok_and(|current| current == body) {
         return Ok(false);
     }
     fs::create_dir_all(bin_dir)?;
-    // Pre-create with the executable mode so the rename publishes a runnable file.
-    let _ = fs::set_permissions(&target, fs::Permissions::from_mode(0o755));
-    write_atomic(&target, &body)?;
-    fs::set_permissions(&target, fs::Permissions::from_mode(0o755))?;
+    // The rename publishes a complete, executable file: never a half-written or 0644 one.
+    write_atomic_mode(&target, &body, Some(0o755))?;
     Ok(true)
 }
 

@@ -9,7 +9,7 @@ use futures::StreamExt;
 use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::{Event, Node, ObjectReference, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
@@ -101,8 +101,13 @@ impl Cluster for KubeCluster {
     fn delete_pod<'a>(&'a self, pod: &'a Pod, reason: &'a str) -> BoxFuture<'a, anyhow::Result<()>> {
         Box::pin(async move {
             let ns = pod.namespace().unwrap_or_else(|| "default".into());
+            // Only this incarnation of the pod: a recreated pod of the same name is left alone.
+            let params = DeleteParams {
+                preconditions: Some(Preconditions { uid: pod.metadata.uid.clone(), resource_version: None }),
+                ..Default::default()
+            };
+            Api::<Pod>::namespaced(self.client.clone(), &ns).delete(&pod.name_any(), &params).await?;
             self.event(pod, "CnimeshUncaptured", reason).await;
-            Api::<Pod>::namespaced(self.client.clone(), &ns).delete(&pod.name_any(), &DeleteParams::default()).await?;
             Ok(())
         })
     }

@@ -65,10 +65,10 @@ enum Cmd {
         /// Seconds between repair passes.
         #[arg(long, env = "CNIMESH_REPAIR_INTERVAL", default_value_t = 60)]
         repair_interval: u64,
-        /// Upgrade mode: on exit leave the plugin installed and chained (new pods fail closed
-        /// until the next agent is up).
-        #[arg(long, env = "CNIMESH_KEEP_ON_EXIT")]
-        keep_on_exit: bool,
+        /// Remove the plugin from the node on exit (final removal). By default it stays chained,
+        /// so pods set up while the agent restarts fail closed and are retried.
+        #[arg(long, env = "CNIMESH_UNINSTALL_ON_EXIT")]
+        uninstall_on_exit: bool,
         /// Read pods from this directory of YAML/JSON files instead of the Kubernetes API.
         #[arg(long, env = "CNIMESH_PODS_DIR")]
         pods_dir: Option<PathBuf>,
@@ -103,7 +103,7 @@ fn config(cli: &Cli, agent: &AgentArgs) -> RunConfig {
         ready_addr: "0.0.0.0:4192".parse().expect("valid"),
         repair: RepairMode::Delete,
         repair_interval: Duration::from_secs(60),
-        keep_on_exit: false,
+        uninstall_on_exit: false,
         excluded_namespaces: agent.exclude_namespaces.clone(),
         defaults: RedirectSpec::default(),
     }
@@ -138,12 +138,12 @@ async fn main_async(cli: Cli) -> anyhow::Result<ExitCode> {
         Ok(ExitCode::SUCCESS)
     };
     match &cli.command {
-        Cmd::Run { agent, node_name, ready_addr, repair, repair_interval, keep_on_exit, pods_dir } => {
+        Cmd::Run { agent, node_name, ready_addr, repair, repair_interval, uninstall_on_exit, pods_dir } => {
             let mut cfg = config(&cli, agent);
             cfg.ready_addr = *ready_addr;
             cfg.repair = *repair;
             cfg.repair_interval = Duration::from_secs(*repair_interval);
-            cfg.keep_on_exit = *keep_on_exit;
+            cfg.uninstall_on_exit = *uninstall_on_exit;
             let cluster: SharedCluster = match pods_dir {
                 Some(dir) => Arc::new(FileCluster::new(dir, node_name.clone())),
                 None => {

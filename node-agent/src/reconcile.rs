@@ -77,12 +77,13 @@ impl Reconciler {
         self
     }
 
-    /// Re-applies our entry unless a rewrite loop is in progress.
+    /// Re-applies our entry (a no-op write-wise when nothing changed: the generated list follows
+    /// its source and a changed entry is rewritten) unless a rewrite loop is in progress.
     pub fn reconcile(&mut self, now: Instant) -> State {
-        if let Some(file) = chain::is_chained(&self.dir) {
-            return State::Chained(file);
-        }
         if self.guard.looping(now) {
+            if let Some(file) = chain::is_chained(&self.dir) {
+                return State::Chained(file);
+            }
             let file = chain::scan(&self.dir).ok().and_then(|s| s.primary).unwrap_or_else(|| self.dir.clone());
             return State::Loop(file);
         }
@@ -150,6 +151,36 @@ mod tests {
         assert_eq!(states.last(), Some(&State::Loop(file.clone())));
         // Once the other writer stops and the window passes, we chain again.
         assert_eq!(r.reconcile(t0 + Duration::from_secs(200)), State::Chained(file.clone()));
+    }
+
+    #[test]
+    fn the_generated_list_follows_its_source_and_goes_with_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let conf = dir.path().join("05-cilium.conf");
+        std::fs::write(&conf, r#"{"cniVersion":"0.3.1","name":"cilium","type":"cilium-cni","mtu":1500}"#).unwrap();
+        let mut r = Reconciler::new(dir.path(), chain::entry(&json!({})));
+        let State::Chained(generated) = r.reconcile(Instant::now()) else { panic!() };
+        std::fs::write(&conf, r#"{"cniVersion":"0.3.1","name":"cilium","type":"cilium-cni","mtu":9000}"#).unwrap();
+        assert_eq!(r.reconcile(Instant::now()), State::Chained(generated.clone()));
+        let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&generated).unwrap()).unwrap();
+        assert_eq!(v["plugins"][0]["mtu"], 9000, "re-derived from the changed source");
+        // The primary CNI removes its configuration on purpose: our copy must not outlive it.
+        std::fs::remove_file(&conf).unwrap();
+        assert_eq!(r.reconcile(Instant::now()), State::WaitingForPrimary);
+        assert!(!generated.exists());
+    }
+
+    #[test]
+    fn a_changed_entry_is_rewritten() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("10-flannel.conflist");
+        std::fs::write(&file, FLANNEL).unwrap();
+        Reconciler::new(dir.path(), chain::entry(&json!({"nodeAgent": {"socket": "/old.sock"}})))
+            .reconcile(Instant::now());
+        Reconciler::new(dir.path(), chain::entry(&json!({"nodeAgent": {"socket": "/new.sock"}})))
+            .reconcile(Instant::now());
+        let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+        assert_eq!(v["plugins"][2]["nodeAgent"]["socket"], "/new.sock");
     }
 
     #[test]

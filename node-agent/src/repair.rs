@@ -43,10 +43,13 @@ pub fn uncaptured<'a>(pods: &'a [Pod], records: &[AttachmentRecord], excluded: &
         .collect()
 }
 
-/// Applies `mode` to each uncaptured pod; returns what was done, per pod.
+/// Pods repaired per pass at most: a mass deletion (e.g. after a stale cache) stays bounded.
+pub const MAX_PER_PASS: usize = 5;
+
+/// Applies `mode` to each uncaptured pod (at most [`MAX_PER_PASS`]); returns what was done.
 pub async fn repair(cluster: &dyn Cluster, mode: RepairMode, pods: &[&Pod]) -> Vec<(String, anyhow::Result<()>)> {
     let mut out = Vec::new();
-    for pod in pods {
+    for pod in pods.iter().take(MAX_PER_PASS) {
         let key = pod_key(pod);
         let reason = "meshed pod is running without cnimesh capture (it started before the CNI plugin was installed or bypassed it); recreating it through the plugin";
         let result = match mode {

@@ -25,6 +25,9 @@ use crate::{chain, install};
 
 pub const NOT_READY_TAINT: &str = "cnimesh.io/agent-not-ready";
 const TICK: Duration = Duration::from_secs(5);
+/// Bound on each Kubernetes API call of the run loop, so a half-open API connection cannot stop
+/// re-chaining.
+const API_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Clone)]
 pub struct RunConfig {
@@ -36,9 +39,10 @@ pub struct RunConfig {
     pub ready_addr: SocketAddr,
     pub repair: RepairMode,
     pub repair_interval: Duration,
-    /// Upgrade mode: leave the plugin chained and installed on exit, so new pods fail closed
-    /// (code 11) until the next agent is up, rather than start uncaptured.
-    pub keep_on_exit: bool,
+    /// Remove the plugin on exit. Off by default: an agent restart (rollout, eviction) then
+    /// leaves the plugin chained, and pods set up meanwhile fail closed (code 11, retried) rather
+    /// than start uncaptured. Set it for a final removal of the mesh from the node.
+    pub uninstall_on_exit: bool,
     pub excluded_namespaces: Vec<String>,
     pub defaults: RedirectSpec,
 }
@@ -85,7 +89,7 @@ fn describe(state: &State, dir: &std::path::Path) -> Option<String> {
     }
 }
 
-/// Runs until `shutdown` resolves, then cleans up (unless `keep_on_exit`).
+/// Runs until `shutdown` resolves; removes the plugin then only with `uninstall_on_exit`.
 pub async fn run(
     cfg: RunConfig,
     cluster: SharedCluster,
@@ -133,6 +137,14 @@ pub async fn run(
         }
         let state = reconciler.reconcile(Instant::now());
         let mut pending: Vec<String> = describe(&state, &cfg.cni_conf_dir).into_iter().collect();
+        // The binary may have been deleted or replaced on the host: put ours back.
+        match install::install_binary(&cfg.plugin_binary, &cfg.cni_bin_dir) {
+            Ok(true) => {
+                tracing::warn!(dir = %cfg.cni_bin_dir.display(), "cnimesh-cni binary was missing or different; reinstalled")
+            }
+            Ok(false) => {}
+            Err(e) => pending.push(format!("cannot install the plugin binary into {}: {e}", cfg.cni_bin_dir.display())),
+        }
         if !cluster.ready() {
             pending.push("pod cache not synced yet".into());
         }
@@ -144,7 +156,10 @@ pub async fn run(
             continue;
         }
         if !taint_removed {
-            match cluster.remove_node_taint(NOT_READY_TAINT).await {
+            match tokio::time::timeout(API_TIMEOUT, cluster.remove_node_taint(NOT_READY_TAINT))
+                .await
+                .unwrap_or_else(|_| Err(anyhow::anyhow!("timed out after {API_TIMEOUT:?}")))
+            {
                 Ok(removed) => {
                     taint_removed = true;
                     if removed {
@@ -156,16 +171,18 @@ pub async fn run(
         }
         if cfg.repair != RepairMode::Off && last_repair.is_none_or(|t| t.elapsed() >= cfg.repair_interval) {
             last_repair = Some(Instant::now());
-            repair_pass(&cfg, &cluster, &store).await;
+            if tokio::time::timeout(API_TIMEOUT * 3, repair_pass(&cfg, &cluster, &store)).await.is_err() {
+                tracing::warn!("repair pass timed out; will retry");
+            }
         }
     }
 
-    tracing::info!(keep = cfg.keep_on_exit, "shutting down");
+    tracing::info!(uninstall = cfg.uninstall_on_exit, "shutting down");
     drop(watcher);
     server_task.abort();
     health_task.abort();
     let _ = std::fs::remove_file(&cfg.socket);
-    if !cfg.keep_on_exit {
+    if cfg.uninstall_on_exit {
         let changed = uninstall(&cfg)?;
         tracing::info!(files = ?changed, "removed cnimesh-cni from the CNI configuration and bin dir");
     }

@@ -171,7 +171,7 @@ fn agent_lifecycle(keep_on_exit: bool, fight: bool) {
         ready_addr: ([127, 0, 0, 1], ready_port).into(),
         repair: cnimesh_node::repair::RepairMode::Off,
         repair_interval: Duration::from_secs(60),
-        keep_on_exit,
+        uninstall_on_exit: !keep_on_exit,
         excluded_namespaces: vec!["kube-system".into()],
         defaults: RedirectSpec::default(),
     };
@@ -222,8 +222,8 @@ fn agent_lifecycle(keep_on_exit: bool, fight: bool) {
     if keep_on_exit {
         // New pods fail closed (agent unreachable → code 11) until the next agent is up,
         // instead of starting uncaptured or hitting "failed to find plugin".
-        assert!(cnimesh_node::chain::is_chained(&conf_dir).is_some(), "still chained in upgrade mode");
-        assert!(bin_dir.join("cnimesh-cni").is_file(), "binary kept in upgrade mode");
+        assert!(cnimesh_node::chain::is_chained(&conf_dir).is_some(), "still chained after a restart-style exit");
+        assert!(bin_dir.join("cnimesh-cni").is_file(), "binary kept after a restart-style exit");
         return;
     }
     let restored: Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
@@ -237,7 +237,7 @@ fn agent_run_installs_rechains_and_uninstalls() {
 }
 
 #[test]
-fn agent_upgrade_mode_leaves_the_plugin_in_place() {
+fn agent_restart_leaves_the_plugin_in_place() {
     agent_lifecycle(true, false);
 }
 

@@ -140,18 +140,35 @@ pub fn entry(settings: &Value) -> Value {
 
 /// Writes `body` to `path` atomically, keeping an existing file's permissions.
 pub fn write_atomic(path: &Path, body: &[u8]) -> io::Result<()> {
+    write_atomic_mode(path, body, None)
+}
+
+/// Writes `body` to `path` atomically with `mode` (default: the existing file's, else 0644): the
+/// file is complete, synced and has its final mode before the rename publishes it.
+pub fn write_atomic_mode(path: &Path, body: &[u8], mode: Option<u32>) -> io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
     let dir = path.parent().unwrap_or(Path::new("."));
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
-    // libcni only reads .conf/.conflist/.json: this name is invisible to it.
-    let tmp = dir.join(format!(".{name}.cnimesh-tmp.{}", std::process::id()));
-    let mode = fs::metadata(path).map(|m| m.permissions().mode()).unwrap_or(0o644);
+    let mode = mode.unwrap_or_else(|| fs::metadata(path).map(|m| m.permissions().mode()).unwrap_or(0o644));
+    let nanos =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
+    // libcni only reads .conf/.conflist/.json: this name is invisible to it. Created exclusively,
+    // so two writers (even with equal pids in different pid namespaces) never share a temp file.
+    let tmp = dir.join(format!(
+        ".{name}.cnimesh-tmp.{}.{}.{nanos}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
     let result = (|| {
-        let mut f = fs::OpenOptions::new().write(true).create(true).truncate(true).open(&tmp)?;
+        let mut f = fs::OpenOptions::new().write(true).create_new(true).open(&tmp)?;
         f.write_all(body)?;
         f.set_permissions(fs::Permissions::from_mode(mode))?;
         f.sync_all()?;
-        fs::rename(&tmp, path)
+        fs::rename(&tmp, path)?;
+        // Make the rename itself durable.
+        fs::File::open(dir)?.sync_all()
     })();
     if result.is_err() {
         let _ = fs::remove_file(&tmp);
@@ -208,7 +225,14 @@ pub fn generated_path(source: &Path) -> PathBuf {
 /// source is gone or no longer primary) are removed.
 pub fn apply(dir: &Path, entry: &Value) -> Result<(Applied, Scan), ChainError> {
     let scan = scan(dir)?;
-    let primary = scan.primary.clone().ok_or_else(|| ChainError::NoPrimary(dir.to_path_buf()))?;
+    let Some(primary) = scan.primary.clone() else {
+        // The primary CNI removed its configuration (e.g. to mark the node not ready): a
+        // generated copy must not keep the node's pod network alive behind its back.
+        for stale in &scan.generated {
+            fs::remove_file(stale).map_err(io_err(stale))?;
+        }
+        return Err(ChainError::NoPrimary(dir.to_path_buf()));
+    };
     let body = fs::read(&primary).map_err(io_err(&primary))?;
     let current: Value = serde_json::from_slice(&body)
         .map_err(|e| ChainError::Io { path: primary.clone(), source: io::Error::new(io::ErrorKind::InvalidData, e) })?;
