@@ -53,6 +53,11 @@ impl Admin {
                     reply(StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
                 }
             }
+            // The log level and shutdown are operator controls: loopback (kubectl exec,
+            // port-forward) only; 4191 is reachable from other pods for /metrics.
+            (_, "/proxy-log-level" | "/shutdown") if !peer.ip().is_loopback() => {
+                reply(StatusCode::FORBIDDEN, "only accepted from localhost\n")
+            }
             (&Method::GET, "/proxy-log-level") => reply(StatusCode::OK, format!("{}\n", self.log.get())),
             (&Method::PUT, "/proxy-log-level") => {
                 let body = match Limited::new(req.into_body(), 4096).collect().await {
@@ -68,12 +73,11 @@ impl Admin {
                     Err(e) => reply(StatusCode::BAD_REQUEST, format!("invalid log level {directive:?}: {e}\n")),
                 }
             }
-            (&Method::POST, "/shutdown") if peer.ip().is_loopback() => {
+            (&Method::POST, "/shutdown") => {
                 tracing::info!(%peer, "shutdown requested");
                 self.drain.start();
                 reply(StatusCode::OK, "shutting down\n")
             }
-            (&Method::POST, "/shutdown") => reply(StatusCode::FORBIDDEN, "shutdown is only accepted from localhost\n"),
             (_, "/metrics" | "/live" | "/ready" | "/proxy-log-level" | "/shutdown") => {
                 reply(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n")
             }
@@ -83,7 +87,11 @@ impl Admin {
 
     pub async fn serve(self: Arc<Self>, listener: TcpListener) {
         loop {
-            let Ok((stream, peer)) = listener.accept().await else { continue };
+            let Ok((stream, peer)) = listener.accept().await else {
+                // e.g. EMFILE: back off instead of spinning.
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                continue;
+            };
             let admin = self.clone();
             tokio::spawn(async move {
                 let service = service_fn(move |req| {

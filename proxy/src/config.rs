@@ -10,6 +10,9 @@ pub struct Config {
     pub outbound: Vec<SocketAddr>,
     pub admin: SocketAddr,
     pub detect_timeout: Duration,
+    /// HTTP/1: time for a request's headers to arrive, which includes a keep-alive connection's
+    /// idle wait for its next request (hyper counts both), so it is far longer than detection.
+    pub header_timeout: Duration,
     /// Ports whose traffic is forwarded as opaque TCP without detection (server-speaks-first).
     pub opaque_ports: Vec<u16>,
     /// Opaque connections with no bytes either way for this long are closed.
@@ -33,6 +36,7 @@ impl Default for Config {
             outbound: addrs(&["127.0.0.1:4140", "[::1]:4140"]),
             admin: "0.0.0.0:4191".parse().expect("valid default"),
             detect_timeout: Duration::from_secs(10),
+            header_timeout: Duration::from_secs(120),
             opaque_ports: DEFAULT_OPAQUE_PORTS.to_vec(),
             idle_timeout: Duration::from_secs(3600),
             connect_timeout: Duration::from_secs(5),
@@ -96,6 +100,9 @@ impl Config {
         }
         if let Some((n, v)) = var("DETECT_TIMEOUT_MS") {
             c.detect_timeout = millis(&n, &v)?;
+        }
+        if let Some((n, v)) = var("HEADER_TIMEOUT_MS") {
+            c.header_timeout = millis(&n, &v)?;
         }
         if let Some((n, v)) = var("IDLE_TIMEOUT_MS") {
             c.idle_timeout = millis(&n, &v)?;

@@ -33,6 +33,16 @@ pub fn classify(buf: &[u8]) -> Option<Protocol> {
     if buf[..n] == H2_PREFACE[..n] {
         return (buf.len() >= H2_PREFACE.len()).then_some(Protocol::Http2);
     }
+    // Decide as early as the bytes allow: a binary client-first protocol (a TLS ClientHello
+    // starts with 0x16) must not wait for a newline that never comes.
+    let method_len = buf.iter().position(|b| *b == b' ').unwrap_or(buf.len());
+    if !buf[..method_len].iter().all(|b| is_token_char(*b)) || (method_len == 0 && !buf.is_empty()) {
+        return Some(Protocol::Opaque);
+    }
+    let line_len = buf.iter().position(|b| *b == b'\n').unwrap_or(buf.len());
+    if buf[..line_len].iter().any(|b| !(b.is_ascii_graphic() || *b == b' ' || *b == b'\r')) {
+        return Some(Protocol::Opaque);
+    }
     let Some(end) = buf.iter().position(|b| *b == b'\n') else {
         return (buf.len() >= MAX_REQUEST_LINE).then_some(Protocol::Opaque);
     };
@@ -125,7 +135,10 @@ mod tests {
         assert_eq!(classify(H2_PREFACE), Some(Protocol::Http2));
         assert_eq!(classify(&H2_PREFACE[..10]), None, "a partial preface waits");
         assert_eq!(classify(b"PRI * HTTP/2.0\r\n\r\nXX\r\n\r\n"), Some(Protocol::Opaque));
-        assert_eq!(classify(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03\n"), Some(Protocol::Opaque), "TLS");
+        assert_eq!(classify(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03"), Some(Protocol::Opaque), "TLS, at once");
+        assert_eq!(classify(b"\x16"), Some(Protocol::Opaque), "one byte is enough");
+        assert_eq!(classify(b"GET /\x00"), Some(Protocol::Opaque), "binary in the target");
+        assert_eq!(classify(b"GET"), None, "a method prefix waits");
         assert_eq!(classify(b"GET / HTTP/2\r\n"), Some(Protocol::Opaque));
         assert_eq!(classify(b"G(T / HTTP/1.1\r\n"), Some(Protocol::Opaque));
         assert_eq!(classify(b"SSH-2.0-OpenSSH\r\n"), Some(Protocol::Opaque));

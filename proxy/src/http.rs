@@ -98,6 +98,79 @@ pub struct HttpProxy {
     last_labels: Mutex<Option<(String, RequestLabels)>>,
 }
 
+/// A response body that reports how the response ended: gRPC puts its status in the trailers,
+/// so a response is classified only once its stream is over.
+struct Classified<B> {
+    inner: B,
+    on_end: Option<Box<dyn FnOnce(&'static str) + Send>>,
+}
+
+impl<B: hyper::body::Body> Classified<B> {
+    /// Wraps `inner`; a body that is already over (e.g. empty) is classified at once, because
+    /// the server may never poll it.
+    fn new(inner: B, on_end: Box<dyn FnOnce(&'static str) + Send>) -> Self {
+        let mut body = Self { inner, on_end: Some(on_end) };
+        if body.inner.is_end_stream() {
+            body.finish("success");
+        }
+        body
+    }
+}
+
+impl<B> Classified<B> {
+    fn finish(&mut self, classification: &'static str) {
+        if let Some(f) = self.on_end.take() {
+            f(classification);
+        }
+    }
+}
+
+impl<B> Drop for Classified<B> {
+    /// A body dropped before its end (client went away, upstream reset) is a failure.
+    fn drop(&mut self) {
+        self.finish("failure");
+    }
+}
+
+impl<B> hyper::body::Body for Classified<B>
+where
+    B: hyper::body::Body<Data = Bytes> + Unpin,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    type Data = Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<Bytes>, Self::Error>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        match &polled {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(trailers) = frame.trailers_ref() {
+                    let failed = trailers.get("grpc-status").is_some_and(|v| v != "0");
+                    self.finish(if failed { "failure" } else { "success" });
+                } else if self.inner.is_end_stream() {
+                    // The last data frame of a sized body: servers stop polling here.
+                    self.finish("success");
+                }
+            }
+            Poll::Ready(Some(Err(_))) => self.finish("failure"),
+            Poll::Ready(None) => self.finish("success"),
+            Poll::Pending => {}
+        }
+        polled.map(|o| o.map(|r| r.map_err(Into::into)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
 /// A failure answered to the client instead of the upstream's response.
 #[derive(Debug)]
 struct ProxyError {
@@ -218,8 +291,8 @@ impl HttpProxy {
         }
         let labels = RequestLabels {
             direction: self.direction,
-            target_addr: self.target.to_string(),
-            authority: self.metrics.authority_label(authority),
+            target_addr: self.metrics.target_label(self.direction, self.target),
+            authority: self.metrics.authority_label(self.direction, authority),
             tls: "false".into(),
         };
         *last = Some((authority.to_string(), labels.clone()));
@@ -247,19 +320,23 @@ impl HttpProxy {
             error_response(&e)
         });
         let status = response.status();
-        let grpc_failed = response.headers().get("grpc-status").is_some_and(|v| v != "0");
-        let classification = if status.is_server_error() || grpc_failed { "failure" } else { "success" };
+        // A trailers-only gRPC response carries its status in the headers.
+        let failed_early = status.is_server_error() || response.headers().get("grpc-status").is_some_and(|v| v != "0");
         self.metrics.response_latency_ms.get_or_create(&labels).observe(start.elapsed().as_secs_f64() * 1e3);
-        let response_labels = ResponseLabels {
-            direction: labels.direction,
-            target_addr: labels.target_addr,
-            authority: labels.authority,
-            tls: labels.tls,
-            status_code: status.as_u16().to_string(),
-            classification: classification.into(),
-        };
-        self.metrics.response_total.get_or_create(&response_labels).inc();
-        Ok(response)
+        let metrics = self.metrics.clone();
+        let on_end = Box::new(move |end: &'static str| {
+            let classification = if failed_early { "failure" } else { end };
+            let response_labels = ResponseLabels {
+                direction: labels.direction,
+                target_addr: labels.target_addr,
+                authority: labels.authority,
+                tls: labels.tls,
+                status_code: status.as_u16().to_string(),
+                classification: classification.into(),
+            };
+            metrics.response_total.get_or_create(&response_labels).inc();
+        });
+        Ok(response.map(|inner| Classified::new(inner, on_end).boxed_unsync()))
     }
 
     async fn forward(&self, req: Request<Incoming>, authority: &str) -> Result<Response<Body>, ProxyError> {

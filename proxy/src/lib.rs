@@ -45,9 +45,21 @@ pub async fn run(
     let mut listeners = Vec::new();
     for (direction, addrs) in [(Direction::inbound, &config.inbound), (Direction::outbound, &config.outbound)] {
         for addr in addrs {
-            let listener = bind(*addr).await.with_context(|| format!("binding the {direction:?} listener {addr}"))?;
-            listeners.push((direction, listener));
+            match bind(*addr).await {
+                Ok(listener) => listeners.push((direction, listener)),
+                // A node or pod without IPv6 still gets a working IPv4 proxy.
+                Err(e)
+                    if addr.is_ipv6() && matches!(e.raw_os_error(), Some(libc::EADDRNOTAVAIL | libc::EAFNOSUPPORT)) =>
+                {
+                    tracing::warn!(%addr, error = %e, "IPv6 is not available here; skipping this listener");
+                }
+                Err(e) => return Err(e).with_context(|| format!("binding the {direction:?} listener {addr}")),
+            }
         }
+        anyhow::ensure!(
+            listeners.iter().any(|(d, _)| *d == direction),
+            "no {direction:?} listener could be bound from {addrs:?}"
+        );
     }
     let admin = Arc::new(Admin { metrics, ready: false.into(), log, drain: drain.clone() });
     let admin_listener = TcpListener::bind(config.admin)

@@ -11,9 +11,33 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
-/// Distinct `authority` label values kept before the rest are reported as `other`.
+/// Distinct `authority` label values kept, per direction, before the rest are reported as
+/// `other` (per direction, so junk Host headers from inbound clients cannot crowd out outbound
+/// authorities).
 const MAX_AUTHORITIES: usize = 256;
 const MAX_AUTHORITY_LEN: usize = 128;
+/// Distinct `target_addr` values kept per direction (outbound destinations are unbounded).
+const MAX_TARGETS: usize = 1024;
+
+/// A label whose distinct values are capped; later values read `other`.
+#[derive(Default)]
+struct Bounded {
+    seen: Mutex<HashSet<String>>,
+}
+
+impl Bounded {
+    fn label(&self, value: &str, cap: usize) -> String {
+        let mut seen = self.seen.lock().expect("not poisoned");
+        if seen.contains(value) {
+            return value.to_string();
+        }
+        if seen.len() >= cap {
+            return "other".into();
+        }
+        seen.insert(value.to_string());
+        value.to_string()
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, EncodeLabelValue)]
 pub enum Direction {
@@ -65,7 +89,8 @@ pub struct Metrics {
     pub tcp_open_connections: Family<TcpLabels, Gauge>,
     pub tcp_read_bytes_total: Family<TcpLabels, Counter>,
     pub tcp_write_bytes_total: Family<TcpLabels, Counter>,
-    authorities: Mutex<HashSet<String>>,
+    authorities: [Bounded; 2],
+    targets: [Bounded; 2],
 }
 
 impl Default for Metrics {
@@ -80,7 +105,8 @@ impl Default for Metrics {
             tcp_open_connections: Family::default(),
             tcp_read_bytes_total: Family::default(),
             tcp_write_bytes_total: Family::default(),
-            authorities: Mutex::default(),
+            authorities: Default::default(),
+            targets: Default::default(),
             registry: Registry::default(),
         };
         // prometheus-client appends `_total` to counters itself.
@@ -102,17 +128,14 @@ impl Default for Metrics {
 
 impl Metrics {
     /// The label value for an authority, bounded in length and in number of distinct values.
-    pub fn authority_label(&self, authority: &str) -> String {
+    pub fn authority_label(&self, direction: Direction, authority: &str) -> String {
         let a: String = authority.chars().take(MAX_AUTHORITY_LEN).collect();
-        let mut seen = self.authorities.lock().expect("not poisoned");
-        if seen.contains(&a) {
-            return a;
-        }
-        if seen.len() >= MAX_AUTHORITIES {
-            return "other".into();
-        }
-        seen.insert(a.clone());
-        a
+        self.authorities[direction as usize].label(&a, MAX_AUTHORITIES)
+    }
+
+    /// The label value for a target address, bounded in number of distinct values.
+    pub fn target_label(&self, direction: Direction, target: std::net::SocketAddr) -> String {
+        self.targets[direction as usize].label(&target.to_string(), MAX_TARGETS)
     }
 
     pub fn encode(&self) -> String {
@@ -148,10 +171,12 @@ mod tests {
         assert!(text.contains("request_total{direction=\"outbound\""), "{text}");
         assert!(text.contains("response_latency_ms_bucket{"), "{text}");
         for i in 0..MAX_AUTHORITIES {
-            m.authority_label(&format!("host-{i}"));
+            m.authority_label(Direction::inbound, &format!("host-{i}"));
         }
-        assert_eq!(m.authority_label("one-too-many"), "other");
-        assert_eq!(m.authority_label("host-1"), "host-1");
-        assert_eq!(m.authority_label(&"x".repeat(500)), "other", "new values beyond the cap");
+        assert_eq!(m.authority_label(Direction::inbound, "one-too-many"), "other");
+        assert_eq!(m.authority_label(Direction::inbound, "host-1"), "host-1");
+        assert_eq!(m.authority_label(Direction::inbound, &"x".repeat(500)), "other", "new values beyond the cap");
+        assert_eq!(m.authority_label(Direction::outbound, "web"), "web", "caps are per direction");
+        assert_eq!(m.target_label(Direction::outbound, "10.0.0.1:80".parse().unwrap()), "10.0.0.1:80");
     }
 }

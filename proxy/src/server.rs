@@ -56,8 +56,8 @@ async fn connection(stream: TcpStream, peer: SocketAddr, direction: Direction, s
     };
     let _guard = shared.drain.guard();
     let _ = stream.set_nodelay(true);
-    let labels = TcpLabels { direction, target_addr: target.to_string(), tls: "false".into() };
     let m = &shared.metrics;
+    let labels = TcpLabels { direction, target_addr: m.target_label(direction, target), tls: "false".into() };
     m.tcp_open_total.get_or_create(&labels).inc();
     m.tcp_open_connections.get_or_create(&labels).inc();
     let read = m.tcp_read_bytes_total.get_or_create(&labels).clone();
@@ -117,7 +117,7 @@ async fn serve(
         let conn = hyper::server::conn::http1::Builder::new()
             .timer(TokioTimer::new())
             // Slowloris: a client that does not finish its headers in time is cut off.
-            .header_read_timeout(config.detect_timeout)
+            .header_read_timeout(config.header_timeout)
             .serve_connection(io, service)
             .with_upgrades();
         tokio::pin!(conn);

@@ -34,9 +34,9 @@ fn full(body: impl Into<Bytes>) -> Body {
     Full::new(body.into()).map_err(|n| match n {}).boxed_unsync()
 }
 
-/// Streams the request's frames back, then gRPC-style trailers.
-fn grpc_echo(body: Incoming) -> Body {
-    let frames = futures::stream::unfold(Some(body), |state| async move {
+/// Streams the request's frames back, then gRPC-style trailers with `status`.
+fn grpc_echo(body: Incoming, status: &'static str) -> Body {
+    let frames = futures::stream::unfold(Some(body), move |state| async move {
         let mut body = state?;
         match body.frame().await {
             Some(Ok(frame)) => match frame.into_data() {
@@ -46,7 +46,7 @@ fn grpc_echo(body: Incoming) -> Body {
             Some(Err(e)) => Some((Err(Box::new(e) as Box<dyn std::error::Error + Send + Sync>), None)),
             None => {
                 let mut trailers = http::HeaderMap::new();
-                trailers.insert("grpc-status", "0".parse().unwrap());
+                trailers.insert("grpc-status", status.parse().unwrap());
                 trailers.insert("grpc-message", "ok".parse().unwrap());
                 trailers.insert("x-trailer", "kept".parse().unwrap());
                 Some((Ok(Frame::trailers(trailers)), None))
@@ -73,8 +73,9 @@ async fn app(mut req: Request<Incoming>, name: Arc<str>) -> Result<Response<Body
             }));
             Response::new(StreamBody::new(chunks).boxed_unsync())
         }
-        "/grpc" => {
-            let mut r = Response::new(grpc_echo(req.into_body()));
+        "/grpc" | "/grpc-fail" => {
+            let status = if path == "/grpc" { "0" } else { "13" };
+            let mut r = Response::new(grpc_echo(req.into_body(), status));
             r.headers_mut().insert("content-type", "application/grpc".parse().unwrap());
             r
         }

@@ -155,6 +155,14 @@ fn proxies_carry_http_grpc_upgrades_and_opaque_tcp() {
                 let unary_trailers = collected.trailers().cloned().unwrap();
                 let unary_body = collected.to_bytes();
                 assert_eq!(unary_trailers["grpc-status"], "0");
+                // A gRPC error: HTTP 200, grpc-status 13 in the trailers.
+                let failing = Request::post(format!("{base}/grpc-fail"))
+                    .header("content-type", "application/grpc")
+                    .header("te", "trailers")
+                    .body(Full::new(Bytes::from_static(b"x")).boxed_unsync())
+                    .unwrap();
+                let failed = client.request(failing).await.unwrap().into_body().collect().await.unwrap();
+                assert_eq!(failed.trailers().unwrap()["grpc-status"], "13");
                 // Streaming: each message is answered before the next is sent.
                 let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, std::convert::Infallible>>(1);
                 let stream = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|f| (f, rx)) });
@@ -222,9 +230,20 @@ fn proxies_carry_http_grpc_upgrades_and_opaque_tcp() {
                 &out,
                 "response_total",
                 &format!("{http_labels},status_code=\"200\",classification=\"success\"")
-            ) >= 11.0
+            ) >= 11.0,
+            "{out}"
         );
         assert!(metric_line(&out, "response_latency_ms_bucket", &http_labels).is_some());
+        // gRPC status from the trailers decides the classification.
+        assert_eq!(
+            metric_value(
+                &out,
+                "response_total",
+                &format!("{http_labels},status_code=\"200\",classification=\"failure\"")
+            ),
+            1.0,
+            "{out}"
+        );
         assert_eq!(
             metric_value(
                 &out,
@@ -269,7 +288,7 @@ fn proxies_carry_http_grpc_upgrades_and_opaque_tcp() {
 fn failures_get_clear_answers_and_the_proxy_stays_up() {
     with_mesh(
         "failures_get_clear_answers_and_the_proxy_stays_up",
-        &[("CNIMESH_PROXY_DETECT_TIMEOUT_MS", "300")],
+        &[("CNIMESH_PROXY_DETECT_TIMEOUT_MS", "300"), ("CNIMESH_PROXY_HEADER_TIMEOUT_MS", "2000")],
         |m| {
             let client_ns = m.client.netns.path();
             let get =
@@ -302,6 +321,18 @@ fn failures_get_clear_answers_and_the_proxy_stays_up() {
                 Ok(String::from_utf8_lossy(&out).into_owned())
             });
             assert!(!slow.contains("hello from"), "{slow}");
+            // An idle keep-alive connection outlives the detect timeout (only the header timeout,
+            // which covers the wait for the next request, ends it).
+            let kept = raw(m, apps::HTTP_PORT, |s| {
+                let request = b"GET /hello HTTP/1.1\r\nHost: server\r\n\r\n";
+                s.write_all(request)?;
+                let first = read_until(s, "over HTTP/1.1")?;
+                std::thread::sleep(Duration::from_millis(800));
+                s.write_all(request)?;
+                let second = read_until(s, "over HTTP/1.1")?;
+                Ok(format!("{}|{}", first.contains("hello from server"), second.contains("hello from server")))
+            });
+            assert_eq!(kept, "true|true");
 
             assert_eq!(get(apps::HTTP_PORT, "/hello").0, 200, "still serving after all that");
             assert_eq!(m.client_proxy.admin("GET", "/ready", "").unwrap().0, 200);
@@ -328,10 +359,14 @@ fn admin_endpoints_and_graceful_shutdown() {
         assert_eq!(m.server_proxy.admin("GET", "/live", "").unwrap().0, 200);
         assert_eq!(m.server_proxy.admin("GET", "/nope", "").unwrap().0, 404);
 
-        // /shutdown from another pod is refused.
+        // Operator controls are refused from another pod; metrics are not.
         let client_ns = m.client.netns.path();
-        let (status, body) = http_in(&client_ns, &m.server_addr(4191).to_string(), "POST", "/shutdown", "").unwrap();
+        let admin = m.server_addr(4191).to_string();
+        let (status, body) = http_in(&client_ns, &admin, "POST", "/shutdown", "").unwrap();
         assert_eq!(status, 403, "{body}");
+        assert_eq!(http_in(&client_ns, &admin, "PUT", "/proxy-log-level", "trace").unwrap().0, 403);
+        assert_eq!(http_in(&client_ns, &admin, "GET", "/proxy-log-level", "").unwrap().0, 403);
+        assert_eq!(http_in(&client_ns, &admin, "GET", "/metrics", "").unwrap().0, 200);
 
         // An in-flight request completes across a graceful shutdown.
         let slow = {
