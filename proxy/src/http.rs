@@ -93,6 +93,8 @@ pub struct HttpProxy {
     connect_timeout: Duration,
     metrics: Arc<Metrics>,
     drain: crate::drain::Drain,
+    /// This connection in `tcp_open_connections`; an upgraded tunnel keeps it open.
+    open: Arc<crate::metrics::OpenConnection>,
     /// Labels of the last authority seen: a connection's requests nearly always share one, so
     /// the common case needs neither the global authority set nor new label strings.
     last_labels: Mutex<Option<(String, RequestLabels)>>,
@@ -270,6 +272,7 @@ impl HttpProxy {
         clients: &Clients,
         metrics: Arc<Metrics>,
         drain: crate::drain::Drain,
+        open: Arc<crate::metrics::OpenConnection>,
     ) -> Self {
         Self {
             direction,
@@ -278,6 +281,7 @@ impl HttpProxy {
             connect_timeout: clients.connect_timeout,
             metrics,
             drain,
+            open,
             last_labels: Mutex::default(),
         }
     }
@@ -386,9 +390,10 @@ impl HttpProxy {
         if switched {
             let client_side = hyper::upgrade::on(&mut response);
             let guard = self.drain.guard();
+            let open = self.open.clone();
             let target = self.target;
             tokio::spawn(async move {
-                let _guard = guard;
+                let _held = (guard, open);
                 match tokio::try_join!(server_side, client_side) {
                     Ok((a, b)) => {
                         let (mut a, mut b) = (TokioIo::new(a), TokioIo::new(b));

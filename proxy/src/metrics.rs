@@ -126,6 +126,28 @@ impl Default for Metrics {
     }
 }
 
+/// One proxied TCP connection, counted in `tcp_open_connections` until its last holder is gone:
+/// an upgraded (WebSocket, CONNECT) tunnel outlives the HTTP connection that carried it.
+pub struct OpenConnection {
+    metrics: std::sync::Arc<Metrics>,
+    labels: TcpLabels,
+}
+
+impl OpenConnection {
+    pub fn open(metrics: std::sync::Arc<Metrics>, labels: TcpLabels) -> std::sync::Arc<Self> {
+        metrics.tcp_open_total.get_or_create(&labels).inc();
+        metrics.tcp_open_connections.get_or_create(&labels).inc();
+        std::sync::Arc::new(Self { metrics, labels })
+    }
+}
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.metrics.tcp_open_connections.get_or_create(&self.labels).dec();
+        self.metrics.tcp_close_total.get_or_create(&self.labels).inc();
+    }
+}
+
 impl Metrics {
     /// The label value for an authority, bounded in length and in number of distinct values.
     pub fn authority_label(&self, direction: Direction, authority: &str) -> String {

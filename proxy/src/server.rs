@@ -14,7 +14,7 @@ use crate::counting::CountingIo;
 use crate::detect::{self, PrefixedIo, Protocol};
 use crate::drain::Drain;
 use crate::http::{Clients, HttpProxy};
-use crate::metrics::{Direction, Metrics, TcpLabels};
+use crate::metrics::{Direction, Metrics, OpenConnection, TcpLabels};
 use crate::orig_dst::original_dst;
 use crate::tcp;
 
@@ -58,16 +58,12 @@ async fn connection(stream: TcpStream, peer: SocketAddr, direction: Direction, s
     let _ = stream.set_nodelay(true);
     let m = &shared.metrics;
     let labels = TcpLabels { direction, target_addr: m.target_label(direction, target), tls: "false".into() };
-    m.tcp_open_total.get_or_create(&labels).inc();
-    m.tcp_open_connections.get_or_create(&labels).inc();
     let read = m.tcp_read_bytes_total.get_or_create(&labels).clone();
     let written = m.tcp_write_bytes_total.get_or_create(&labels).clone();
-    let result = serve(stream, direction, target, read, written, &shared).await;
-    if let Err(e) = result {
+    let open = OpenConnection::open(m.clone(), labels);
+    if let Err(e) = serve(stream, direction, target, read, written, open, &shared).await {
         tracing::debug!(?direction, %peer, %target, error = %e, "connection ended with an error");
     }
-    m.tcp_open_connections.get_or_create(&labels).dec();
-    m.tcp_close_total.get_or_create(&labels).inc();
 }
 
 async fn serve(
@@ -76,6 +72,7 @@ async fn serve(
     target: SocketAddr,
     read: prometheus_client::metrics::counter::Counter,
     written: prometheus_client::metrics::counter::Counter,
+    open: Arc<OpenConnection>,
     shared: &Arc<Shared>,
 ) -> anyhow::Result<()> {
     let config = &shared.config;
@@ -97,6 +94,7 @@ async fn serve(
         &shared.clients,
         shared.metrics.clone(),
         shared.drain.clone(),
+        open,
     ));
     let service = service_fn(move |req| proxy.clone().handle(req));
     let stop = shared.drain.signalled();

@@ -197,11 +197,21 @@ fn proxies_carry_http_grpc_upgrades_and_opaque_tcp() {
         assert_eq!((trailers["grpc-status"].to_str().unwrap(), trailers["x-trailer"].to_str().unwrap()), ("0", "kept"));
 
         // HTTP/1 upgrade (WebSocket-style): bytes flow both ways after 101.
+        let client_ns = m.client.netns.path();
+        let tunnel_target = format!("direction=\"outbound\",target_addr=\"{}\"", m.server_addr(apps::HTTP_PORT));
         let ws = raw(m, apps::HTTP_PORT, |s| {
             s.write_all(b"GET /ws HTTP/1.1\r\nHost: server\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")?;
             let head = read_until(s, "\r\n\r\n")?;
             s.write_all(b"ping-over-upgrade")?;
             let echoed = read_until(s, "upgrade")?;
+            // The tunnel is still open: it counts as an open connection.
+            let (_, metrics) =
+                http_in(&client_ns, "127.0.0.1:4191", "GET", "/metrics", "").map_err(std::io::Error::other)?;
+            let open = metrics
+                .lines()
+                .find(|l| l.starts_with("tcp_open_connections{") && l.contains(&tunnel_target))
+                .map(str::to_string);
+            assert_eq!(open.as_deref().and_then(|l| l.rsplit(' ').next()), Some("1"), "{metrics}");
             Ok(format!("{}|{echoed}", head.lines().next().unwrap_or_default()))
         });
         assert_eq!(ws, "HTTP/1.1 101 Switching Protocols|ping-over-upgrade");
