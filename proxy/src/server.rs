@@ -98,19 +98,11 @@ async fn serve(
     ));
     let service = service_fn(move |req| proxy.clone().handle(req));
     let stop = shared.drain.signalled();
-    tokio::pin!(stop);
     if protocol == Protocol::Http2 {
         let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
             .timer(TokioTimer::new())
             .serve_connection(io, service);
-        tokio::pin!(conn);
-        tokio::select! {
-            r = conn.as_mut() => r?,
-            () = &mut stop => {
-                conn.as_mut().graceful_shutdown();
-                conn.await?;
-            }
-        }
+        until_drained(conn, stop, |c| c.graceful_shutdown()).await?;
     } else {
         let conn = hyper::server::conn::http1::Builder::new()
             .timer(TokioTimer::new())
@@ -118,14 +110,28 @@ async fn serve(
             .header_read_timeout(config.header_timeout)
             .serve_connection(io, service)
             .with_upgrades();
-        tokio::pin!(conn);
-        tokio::select! {
-            r = conn.as_mut() => r?,
-            () = &mut stop => {
-                conn.as_mut().graceful_shutdown();
-                conn.await?;
-            }
-        }
+        until_drained(conn, stop, |c| c.graceful_shutdown()).await?;
     }
     Ok(())
+}
+
+/// Drives a hyper connection; once draining starts, asks it to finish gracefully (complete the
+/// in-flight requests, accept no new ones) and waits for that.
+async fn until_drained<C, E>(
+    conn: C,
+    stop: impl std::future::Future<Output = ()>,
+    graceful: fn(std::pin::Pin<&mut C>),
+) -> Result<(), E>
+where
+    C: std::future::Future<Output = Result<(), E>>,
+{
+    tokio::pin!(conn);
+    tokio::pin!(stop);
+    tokio::select! {
+        r = conn.as_mut() => r,
+        () = stop => {
+            graceful(conn.as_mut());
+            conn.await
+        }
+    }
 }
