@@ -67,8 +67,11 @@ pub fn main() -> ExitCode {
         .init();
     raise_fd_limit();
     let log = Box::new(ReloadableLevel { handle, current: Mutex::new(config.log_level.clone()) });
-    let runtime =
-        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("tokio runtime");
+    let runtime = match config.workers {
+        1 => tokio::runtime::Builder::new_current_thread().enable_all().build(),
+        n => tokio::runtime::Builder::new_multi_thread().worker_threads(n).enable_all().build(),
+    }
+    .expect("tokio runtime");
     match runtime.block_on(crate::run(config, log, signal())) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
