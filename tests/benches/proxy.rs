@@ -131,8 +131,12 @@ fn main() {
     let client = Pod::named(&net, "shop", "bench-client").unwrap();
     let server = Pod::named(&net, "shop", "bench-server").unwrap();
     let _apps = Apps::start(&server.netns.path(), server.ipv4().into(), "meshed").unwrap();
-    let client_proxy = Sidecar::start(&bins.proxy, &client.netns, &[]).unwrap();
-    let server_proxy = Sidecar::start(&bins.proxy, &server.netns, &[]).unwrap();
+    // CNIMESH_PROXY_WORKERS passes through, to compare runtime shapes in the same conditions.
+    let workers = std::env::var("CNIMESH_PROXY_WORKERS").unwrap_or_else(|_| "1".into());
+    let env = [("CNIMESH_PROXY_WORKERS", workers.as_str())];
+    let client_proxy = Sidecar::start(&bins.proxy, &client.netns, &env).unwrap();
+    let server_proxy = Sidecar::start(&bins.proxy, &server.netns, &env).unwrap();
+    println!("proxy runtime worker threads: {workers}");
     std::thread::sleep(Duration::from_millis(300));
     let idle_rss = (rss_mib(client_proxy.pid()), rss_mib(server_proxy.pid()));
 
