@@ -193,7 +193,10 @@ fn agent_lifecycle(keep_on_exit: bool, fight: bool) {
     }));
 
     eventually("the plugin binary", || bin_dir.join("cnimesh-cni").is_file());
-    eventually("readiness to report the missing primary CNI", || ready() == "503");
+    eventually("readiness to report the missing primary CNI", || {
+        let r = ready_response();
+        r.contains(" 503 ") && r.contains("waiting for the primary CNI")
+    });
     let flannel = r#"{"name":"cbr0","cniVersion":"0.3.1","plugins":[{"type":"flannel"},{"type":"portmap"}]}"#;
     let file = conf_dir.join("10-flannel.conflist");
     std::fs::write(&file, flannel).unwrap();
