@@ -95,9 +95,9 @@ pub struct HttpProxy {
     drain: crate::drain::Drain,
     /// This connection in `tcp_open_connections`; an upgraded tunnel keeps it open.
     open: Arc<crate::metrics::OpenConnection>,
-    /// Labels of the last authority seen: a connection's requests nearly always share one, so
-    /// the common case needs neither the global authority set nor new label strings.
-    last_labels: Mutex<Option<(String, RequestLabels)>>,
+    /// Metric handles for the last authority seen: a connection's requests nearly always share
+    /// one, so the common case builds no label strings and takes no family lock.
+    handles: Mutex<Option<Handles>>,
 }
 
 /// A response body that reports how the response ended: gRPC puts its status in the trailers,
@@ -171,6 +171,15 @@ where
     fn size_hint(&self) -> hyper::body::SizeHint {
         self.inner.size_hint()
     }
+}
+
+/// Per-connection cache of metric handles (see [`HttpProxy::with_handles`]).
+struct Handles {
+    authority: String,
+    labels: RequestLabels,
+    requests: prometheus_client::metrics::counter::Counter,
+    latency: prometheus_client::metrics::histogram::Histogram,
+    responses: Vec<(u16, &'static str, prometheus_client::metrics::counter::Counter)>,
 }
 
 /// A failure answered to the client instead of the upstream's response.
@@ -282,25 +291,53 @@ impl HttpProxy {
             metrics,
             drain,
             open,
-            last_labels: Mutex::default(),
+            handles: Mutex::default(),
         }
     }
 
-    fn labels(&self, authority: &str) -> RequestLabels {
-        let mut last = self.last_labels.lock().expect("not poisoned");
-        if let Some((a, labels)) = last.as_ref()
-            && a == authority
-        {
-            return labels.clone();
+    /// Runs `f` on the metric handles for `authority`, creating them on a change of authority.
+    fn with_handles<T>(&self, authority: &str, f: impl FnOnce(&mut Handles) -> T) -> T {
+        let mut cached = self.handles.lock().expect("not poisoned");
+        if cached.as_ref().is_none_or(|h| h.authority != authority) {
+            let labels = RequestLabels {
+                direction: self.direction,
+                target_addr: self.metrics.target_label(self.direction, self.target),
+                authority: self.metrics.authority_label(self.direction, authority),
+                tls: "false".into(),
+            };
+            *cached = Some(Handles {
+                authority: authority.to_string(),
+                requests: self.metrics.request_total.get_or_create(&labels).clone(),
+                latency: self.metrics.response_latency_ms.get_or_create(&labels).clone(),
+                responses: Vec::new(),
+                labels,
+            });
         }
-        let labels = RequestLabels {
-            direction: self.direction,
-            target_addr: self.metrics.target_label(self.direction, self.target),
-            authority: self.metrics.authority_label(self.direction, authority),
-            tls: "false".into(),
-        };
-        *last = Some((authority.to_string(), labels.clone()));
-        labels
+        f(cached.as_mut().expect("just filled"))
+    }
+
+    fn count_response(&self, authority: &str, status: StatusCode, classification: &'static str) {
+        let code = status.as_u16();
+        self.with_handles(authority, |h| {
+            if let Some((_, _, counter)) = h.responses.iter().find(|(c, k, _)| *c == code && *k == classification) {
+                counter.inc();
+                return;
+            }
+            let labels = ResponseLabels {
+                direction: h.labels.direction,
+                target_addr: h.labels.target_addr.clone(),
+                authority: h.labels.authority.clone(),
+                tls: h.labels.tls.clone(),
+                status_code: code.to_string(),
+                classification: classification.into(),
+            };
+            let counter = self.metrics.response_total.get_or_create(&labels).clone();
+            counter.inc();
+            // A handful of (status, classification) pairs per connection at most.
+            if h.responses.len() < 16 {
+                h.responses.push((code, classification, counter));
+            }
+        });
     }
 
     /// One request, end to end, with its metrics.
@@ -312,8 +349,10 @@ impl HttpProxy {
             .map(|a| a.to_string())
             .or_else(|| req.headers().get(HOST).and_then(|h| h.to_str().ok()).map(str::to_string))
             .unwrap_or_default();
-        let labels = self.labels(&authority);
-        self.metrics.request_total.get_or_create(&labels).inc();
+        let latency = self.with_handles(&authority, |h| {
+            h.requests.inc();
+            h.latency.clone()
+        });
         let result = if wants_upgrade(&req) && req.version() != Version::HTTP_2 {
             self.upgrade(req).await
         } else {
@@ -326,19 +365,10 @@ impl HttpProxy {
         let status = response.status();
         // A trailers-only gRPC response carries its status in the headers.
         let failed_early = status.is_server_error() || response.headers().get("grpc-status").is_some_and(|v| v != "0");
-        self.metrics.response_latency_ms.get_or_create(&labels).observe(start.elapsed().as_secs_f64() * 1e3);
-        let metrics = self.metrics.clone();
+        latency.observe(start.elapsed().as_secs_f64() * 1e3);
+        let proxy = self.clone();
         let on_end = Box::new(move |end: &'static str| {
-            let classification = if failed_early { "failure" } else { end };
-            let response_labels = ResponseLabels {
-                direction: labels.direction,
-                target_addr: labels.target_addr,
-                authority: labels.authority,
-                tls: labels.tls,
-                status_code: status.as_u16().to_string(),
-                classification: classification.into(),
-            };
-            metrics.response_total.get_or_create(&response_labels).inc();
+            proxy.count_response(&authority, status, if failed_early { "failure" } else { end });
         });
         Ok(response.map(|inner| Classified::new(inner, on_end).boxed_unsync()))
     }
