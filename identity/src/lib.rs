@@ -1,6 +1,9 @@
 //! Identity shared by the proxy and the control plane: workload names, PEM loading, rustls
 //! configuration on the one crypto provider (aws-lc-rs), and certificate authorities.
 
+pub mod ca;
 pub mod name;
+pub mod pem;
+pub mod tls;
 
 pub use name::{DEFAULT_TRUST_DOMAIN, Name, NameError, TOKEN_AUDIENCE};

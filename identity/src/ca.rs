@@ -1,0 +1,188 @@
+//! Certificate authorities: generating a trust anchor and an issuer (`cnimesh-control ca init`,
+//! local mode, tests) and signing workload leaves with the issuer.
+//!
+//! Leaves carry exactly one DNS SAN (the identity), both server and client auth (a proxy is
+//! both), and nothing the requester asked for beyond its public key: the CSR only proves
+//! possession of the key.
+
+use std::time::{Duration, SystemTime};
+
+use rcgen::{
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose, PublicKeyData, SanType, SerialNumber,
+};
+use rustls_pki_types::CertificateDer;
+
+use crate::Name;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CaError {
+    #[error("certificate generation: {0}")]
+    Rcgen(#[from] rcgen::Error),
+    #[error("{0} is not a valid DNS name for a certificate")]
+    Name(String),
+}
+
+/// A CA certificate and its key, both PEM.
+#[derive(Debug, Clone)]
+pub struct CaPem {
+    pub cert_pem: String,
+    pub key_pem: String,
+}
+
+fn random_serial() -> SerialNumber {
+    let mut bytes = [0u8; 16];
+    crate::tls::random(&mut bytes);
+    bytes[0] &= 0x7f; // positive
+    SerialNumber::from_slice(&bytes)
+}
+
+fn ca_params(common_name: &str, path_len: u8, lifetime: Duration) -> CertificateParams {
+    let mut params = CertificateParams::default();
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, common_name);
+    params.distinguished_name = dn;
+    params.is_ca = IsCa::Ca(BasicConstraints::Constrained(path_len));
+    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+    let now = SystemTime::now();
+    params.not_before = (now - Duration::from_secs(300)).into();
+    params.not_after = (now + lifetime).into();
+    params.serial_number = Some(random_serial());
+    params
+}
+
+fn new_key() -> Result<KeyPair, CaError> {
+    Ok(KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?)
+}
+
+/// A self-signed root for `trust_domain`.
+pub fn new_trust_anchor(trust_domain: &str, lifetime: Duration) -> Result<CaPem, CaError> {
+    let key = new_key()?;
+    let cert = ca_params(&format!("root.cnimesh.{trust_domain}"), 1, lifetime).self_signed(&key)?;
+    Ok(CaPem { cert_pem: cert.pem(), key_pem: key.serialize_pem() })
+}
+
+/// An intermediate signed by `anchor`: the key the control plane holds (the root's key can then
+/// stay offline).
+pub fn new_issuer(anchor: &CaPem, trust_domain: &str, lifetime: Duration) -> Result<CaPem, CaError> {
+    let anchor_key = KeyPair::from_pem(&anchor.key_pem)?;
+    let anchor_issuer = Issuer::from_ca_cert_pem(&anchor.cert_pem, anchor_key)?;
+    let key = new_key()?;
+    let cert = ca_params(&format!("identity.cnimesh.{trust_domain}"), 0, lifetime).signed_by(&key, &anchor_issuer)?;
+    Ok(CaPem { cert_pem: cert.pem(), key_pem: key.serialize_pem() })
+}
+
+/// Signs workload leaves with an issuer.
+pub struct Signer {
+    issuer: Issuer<'static, KeyPair>,
+    /// The issuer's own certificate, sent after the leaf.
+    pub issuer_der: CertificateDer<'static>,
+    /// The issuer's own expiry: no leaf outlives it.
+    pub issuer_not_after: SystemTime,
+}
+
+impl std::fmt::Debug for Signer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Signer").field("issuer_not_after", &self.issuer_not_after).finish_non_exhaustive()
+    }
+}
+
+impl Signer {
+    pub fn new(issuer: &CaPem) -> Result<Self, CaError> {
+        let key = KeyPair::from_pem(&issuer.key_pem)?;
+        let issuer_der = crate::pem::certs(issuer.cert_pem.as_bytes(), "issuer certificate")
+            .map_err(|_| rcgen::Error::CouldNotParseCertificate)?
+            .remove(0);
+        let issuer_not_after =
+            crate::tls::not_after(&issuer_der).map_err(|_| rcgen::Error::CouldNotParseCertificate)?;
+        Ok(Self { issuer: Issuer::from_ca_cert_der(&issuer_der, key)?, issuer_der, issuer_not_after })
+    }
+
+    /// A leaf for `name` and `public_key`, valid from `not_before` until `not_after` (capped at
+    /// the issuer's own expiry).
+    pub fn sign(
+        &self,
+        name: &Name,
+        public_key: &impl PublicKeyData,
+        not_before: SystemTime,
+        not_after: SystemTime,
+    ) -> Result<CertificateDer<'static>, CaError> {
+        let mut params = CertificateParams::default();
+        let mut dn = DistinguishedName::new();
+        dn.push(DnType::CommonName, name.as_str());
+        params.distinguished_name = dn;
+        let dns = name.as_str().try_into().map_err(|_| CaError::Name(name.to_string()))?;
+        params.subject_alt_names = vec![SanType::DnsName(dns)];
+        params.is_ca = IsCa::ExplicitNoCa;
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
+        params.use_authority_key_identifier_extension = true;
+        params.not_before = not_before.into();
+        params.not_after = not_after.min(self.issuer_not_after).into();
+        params.serial_number = Some(random_serial());
+        Ok(params.signed_by(public_key, &self.issuer)?.into())
+    }
+}
+
+/// A fresh key and a CSR for `name`: what a proxy sends to Certify. The key never leaves memory.
+pub fn new_csr(name: &Name) -> Result<(KeyPair, Vec<u8>), CaError> {
+    let key = new_key()?;
+    let mut params = CertificateParams::new(vec![name.to_string()])?;
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, name.as_str());
+    params.distinguished_name = dn;
+    let csr = params.serialize_request(&key)?;
+    Ok((key, csr.der().to_vec()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tls;
+
+    #[test]
+    fn a_signed_leaf_chains_to_the_anchor_for_its_name_only() {
+        let anchor = new_trust_anchor("cluster.local", Duration::from_secs(3600)).unwrap();
+        let issuer = new_issuer(&anchor, "cluster.local", Duration::from_secs(3600)).unwrap();
+        let signer = Signer::new(&issuer).unwrap();
+        let name = Name::for_service_account("web", "shop", "cluster.local").unwrap();
+        let (key, _csr) = new_csr(&name).unwrap();
+        let now = SystemTime::now();
+        let leaf = signer.sign(&name, &key, now - Duration::from_secs(10), now + Duration::from_secs(60)).unwrap();
+        let roots = tls::roots(&crate::pem::certs(anchor.cert_pem.as_bytes(), "anchor").unwrap()).unwrap();
+        let chain = vec![leaf.clone(), signer.issuer_der.clone()];
+        tls::verify(roots.clone(), &chain, &name).unwrap();
+        let other = Name::for_service_account("db", "shop", "cluster.local").unwrap();
+        assert!(tls::verify(roots.clone(), &chain, &other).is_err(), "another name must not verify");
+        assert!(tls::verify(roots, &chain[..1], &name).is_err(), "the issuer is needed in the chain");
+        assert_eq!(tls::identity_of(&leaf), Some(name));
+        let expires = tls::not_after(&leaf).unwrap();
+        assert!(expires <= now + Duration::from_secs(61) && expires >= now + Duration::from_secs(58));
+    }
+
+    #[test]
+    fn leaves_never_outlive_their_issuer() {
+        let anchor = new_trust_anchor("cluster.local", Duration::from_secs(3600)).unwrap();
+        let issuer = new_issuer(&anchor, "cluster.local", Duration::from_secs(120)).unwrap();
+        let signer = Signer::new(&issuer).unwrap();
+        let name = Name::for_service_account("web", "shop", "cluster.local").unwrap();
+        let (key, _) = new_csr(&name).unwrap();
+        let now = SystemTime::now();
+        let leaf = signer.sign(&name, &key, now, now + Duration::from_secs(86400)).unwrap();
+        assert_eq!(tls::not_after(&leaf).unwrap(), tls::not_after(&signer.issuer_der).unwrap());
+    }
+
+    #[test]
+    fn an_issuer_from_another_root_does_not_verify() {
+        let anchor = new_trust_anchor("cluster.local", Duration::from_secs(3600)).unwrap();
+        let stranger = new_trust_anchor("cluster.local", Duration::from_secs(3600)).unwrap();
+        let issuer = new_issuer(&stranger, "cluster.local", Duration::from_secs(3600)).unwrap();
+        let signer = Signer::new(&issuer).unwrap();
+        let name = Name::for_service_account("web", "shop", "cluster.local").unwrap();
+        let (key, _) = new_csr(&name).unwrap();
+        let now = SystemTime::now();
+        let leaf = signer.sign(&name, &key, now, now + Duration::from_secs(60)).unwrap();
+        let roots = tls::roots(&crate::pem::certs(anchor.cert_pem.as_bytes(), "anchor").unwrap()).unwrap();
+        assert!(tls::verify(roots, &[leaf, signer.issuer_der.clone()], &name).is_err());
+    }
+}

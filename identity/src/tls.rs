@@ -1,0 +1,161 @@
+//! rustls configuration for mesh traffic and the control plane. Every config is built with the
+//! aws-lc-rs provider passed explicitly: with another provider compiled in (kube pulls ring in
+//! some feature sets), rustls's implicit default panics (DESIGN.md §6). Mesh TLS is TLS 1.3 only.
+
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use rustls::client::danger::ServerCertVerifier;
+use rustls::client::{ResolvesClientCert, WebPkiServerVerifier};
+use rustls::crypto::CryptoProvider;
+use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
+use rustls::sign::CertifiedKey;
+use rustls::{ClientConfig, RootCertStore, ServerConfig, SignatureScheme};
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+
+use crate::Name;
+
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("TLS: {0}")]
+    Rustls(#[from] rustls::Error),
+    #[error("trust anchors: {0}")]
+    Anchors(String),
+    #[error("certificate does not parse: {0}")]
+    Parse(String),
+    #[error("client verifier: {0}")]
+    Verifier(#[from] rustls::server::VerifierBuilderError),
+}
+
+/// The one crypto provider.
+pub fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::aws_lc_rs::default_provider())
+}
+
+/// Fills `buf` from the provider's CSPRNG.
+pub fn random(buf: &mut [u8]) {
+    provider().secure_random.fill(buf).expect("the system CSPRNG works");
+}
+
+/// A root store holding exactly `anchors`.
+pub fn roots(anchors: &[CertificateDer<'static>]) -> Result<Arc<RootCertStore>, TlsError> {
+    let mut store = RootCertStore::empty();
+    let (added, ignored) = store.add_parsable_certificates(anchors.iter().cloned());
+    if added == 0 || ignored > 0 {
+        return Err(TlsError::Anchors(format!("{added} usable, {ignored} unusable certificates")));
+    }
+    Ok(Arc::new(store))
+}
+
+/// A certificate chain and its key, ready for rustls.
+pub fn certified_key(
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+) -> Result<Arc<CertifiedKey>, TlsError> {
+    Ok(Arc::new(CertifiedKey::from_der(chain, key, &provider())?))
+}
+
+/// The certificate a proxy or the control plane presents now. Replaced on rotation; handshakes
+/// already done keep what they had, new ones get the new certificate without a config rebuild.
+#[derive(Debug, Default)]
+pub struct CurrentCert(RwLock<Option<Arc<CertifiedKey>>>);
+
+impl CurrentCert {
+    pub fn set(&self, key: Arc<CertifiedKey>) {
+        *self.0.write().expect("not poisoned") = Some(key);
+    }
+    pub fn get(&self) -> Option<Arc<CertifiedKey>> {
+        self.0.read().expect("not poisoned").clone()
+    }
+}
+
+impl ResolvesServerCert for CurrentCert {
+    fn resolve(&self, _: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        self.get()
+    }
+}
+
+impl ResolvesClientCert for CurrentCert {
+    fn resolve(&self, _: &[&[u8]], _: &[SignatureScheme]) -> Option<Arc<CertifiedKey>> {
+        self.get()
+    }
+    fn has_certs(&self) -> bool {
+        self.get().is_some()
+    }
+}
+
+/// Whether a server asks its clients for a certificate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientAuth {
+    /// Mesh traffic: only clients with a certificate from our trust anchors get through.
+    Required,
+    /// The Identity service: a proxy asking for its first certificate has none yet.
+    None,
+}
+
+/// A TLS 1.3 server presenting `cert`, with ALPN `alpn`.
+pub fn server_config(
+    roots: Arc<RootCertStore>,
+    cert: Arc<dyn ResolvesServerCert>,
+    client_auth: ClientAuth,
+    alpn: &[&[u8]],
+) -> Result<Arc<ServerConfig>, TlsError> {
+    let provider = provider();
+    let builder =
+        ServerConfig::builder_with_provider(provider.clone()).with_protocol_versions(&[&rustls::version::TLS13])?;
+    let builder = match client_auth {
+        ClientAuth::Required => {
+            builder.with_client_cert_verifier(WebPkiClientVerifier::builder_with_provider(roots, provider).build()?)
+        }
+        ClientAuth::None => builder.with_no_client_auth(),
+    };
+    let mut config = builder.with_cert_resolver(cert);
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    Ok(Arc::new(config))
+}
+
+/// A TLS 1.3 client that checks the server's certificate against `roots` and the name it is
+/// given at connect time (the expected identity), presenting `cert` when there is one.
+pub fn client_config(
+    roots: Arc<RootCertStore>,
+    cert: Option<Arc<dyn ResolvesClientCert>>,
+    alpn: &[&[u8]],
+) -> Result<Arc<ClientConfig>, TlsError> {
+    let builder = ClientConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .with_root_certificates(roots);
+    let mut config = match cert {
+        Some(cert) => builder.with_client_cert_resolver(cert),
+        None => builder.with_no_client_auth(),
+    };
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    Ok(Arc::new(config))
+}
+
+/// Checks that `chain` (leaf first) is valid now for `name` under `roots`: what a peer will check.
+pub fn verify(roots: Arc<RootCertStore>, chain: &[CertificateDer<'static>], name: &Name) -> Result<(), TlsError> {
+    let verifier = WebPkiServerVerifier::builder_with_provider(roots, provider())
+        .build()
+        .map_err(|e| TlsError::Anchors(e.to_string()))?;
+    let (leaf, intermediates) = chain.split_first().ok_or_else(|| TlsError::Parse("empty chain".into()))?;
+    let server_name = ServerName::try_from(name.as_str().to_string()).map_err(|e| TlsError::Parse(e.to_string()))?;
+    verifier.verify_server_cert(leaf, intermediates, &server_name, &[], UnixTime::now())?;
+    Ok(())
+}
+
+/// The identity a certificate names: its first DNS SAN that is a valid identity name.
+pub fn identity_of(cert: &CertificateDer<'_>) -> Option<Name> {
+    let (_, x509) = x509_parser::parse_x509_certificate(cert).ok()?;
+    let san = x509.subject_alternative_name().ok()??;
+    san.value.general_names.iter().find_map(|n| match n {
+        x509_parser::extensions::GeneralName::DNSName(dns) => Name::parse(dns).ok(),
+        _ => None,
+    })
+}
+
+/// When a certificate stops being valid.
+pub fn not_after(cert: &CertificateDer<'_>) -> Result<SystemTime, TlsError> {
+    let (_, x509) = x509_parser::parse_x509_certificate(cert).map_err(|e| TlsError::Parse(e.to_string()))?;
+    let secs = x509.validity().not_after.timestamp();
+    Ok(UNIX_EPOCH + Duration::from_secs(secs.max(0) as u64))
+}
