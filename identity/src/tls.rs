@@ -64,6 +64,9 @@ impl CurrentCert {
     pub fn set(&self, key: Arc<CertifiedKey>) {
         *self.0.write().expect("not poisoned") = Some(key);
     }
+    pub fn clear(&self) {
+        *self.0.write().expect("not poisoned") = None;
+    }
     pub fn get(&self) -> Option<Arc<CertifiedKey>> {
         self.0.read().expect("not poisoned").clone()
     }

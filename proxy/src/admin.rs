@@ -28,6 +28,8 @@ pub struct Admin {
     pub ready: AtomicBool,
     pub log: Box<dyn LogLevel>,
     pub drain: Drain,
+    /// With an identity, not ready until a certificate is held.
+    pub identity: Option<Arc<crate::identity::Identity>>,
 }
 
 fn reply(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
@@ -47,10 +49,12 @@ impl Admin {
             }
             (&Method::GET, "/live") => reply(StatusCode::OK, "live\n"),
             (&Method::GET, "/ready") => {
-                if self.ready.load(Ordering::SeqCst) && !self.drain.is_draining() {
-                    reply(StatusCode::OK, "ready\n")
-                } else {
+                if !self.ready.load(Ordering::SeqCst) || self.drain.is_draining() {
                     reply(StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
+                } else if self.identity.as_ref().is_some_and(|id| !id.has_cert()) {
+                    reply(StatusCode::SERVICE_UNAVAILABLE, "not ready: no certificate yet\n")
+                } else {
+                    reply(StatusCode::OK, "ready\n")
                 }
             }
             // The log level and shutdown are operator controls: loopback (kubectl exec,

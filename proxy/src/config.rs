@@ -2,7 +2,10 @@
 //! with DESIGN.md §2's defaults.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
+
+use cnimesh_identity::Name;
 
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -24,6 +27,61 @@ pub struct Config {
     pub log_level: String,
     /// Runtime worker threads; 1 runs everything on one thread (no cross-thread wake-ups).
     pub workers: usize,
+    /// This workload's identity; without it the proxy neither originates nor terminates mTLS.
+    pub identity: Option<IdentityConfig>,
+    /// Inbound connections that are not mTLS to our identity are refused (default: accepted as
+    /// plaintext, so non-meshed clients keep working).
+    pub inbound_require_tls: bool,
+    /// On an opaque port, how long to wait for a client's ClientHello before treating the
+    /// connection as plaintext (a server-speaks-first protocol from a non-meshed client waits
+    /// this long for its greeting).
+    pub opaque_tls_wait: Duration,
+    /// Outbound endpoints known to be meshed, with the identity each must prove. Discovery
+    /// (the destination service) adds to this at run time.
+    pub outbound_identities: Vec<(EndpointMatch, Name)>,
+}
+
+/// Where the proxy gets its certificate.
+#[derive(Debug, Clone)]
+pub struct IdentityConfig {
+    pub name: Name,
+    /// PEM trust anchors (a ConfigMap mounted as a file in a cluster).
+    pub trust_anchors: PathBuf,
+    /// The projected service-account token (audience `identity.cnimesh.io`), re-read on every
+    /// refresh because the kubelet rotates it.
+    pub token_file: PathBuf,
+    /// The Identity service, `host:port`.
+    pub control_addr: String,
+    /// The identity the Identity service must prove.
+    pub control_name: Name,
+    /// Longest wait between failed refreshes (jittered exponential backoff up to this).
+    pub max_backoff: Duration,
+}
+
+pub const DEFAULT_TOKEN_FILE: &str = "/var/run/secrets/tokens/cnimesh-identity-token";
+pub const DEFAULT_CONTROL_NAME: &str = "cnimesh-control.cnimesh.serviceaccount.identity.cnimesh.cluster.local";
+
+/// A meshed endpoint: one address, or every port of an IP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EndpointMatch {
+    Addr(SocketAddr),
+    Ip(std::net::IpAddr),
+}
+
+impl std::str::FromStr for EndpointMatch {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        s.parse()
+            .map(Self::Addr)
+            .or_else(|_| s.parse().map(Self::Ip))
+            .map_err(|_| format!("{s:?} is neither ip:port nor ip"))
+    }
+}
+
+/// `ip:port=identity` or `ip=identity`.
+fn endpoint_identity(s: &str) -> Result<(EndpointMatch, Name), String> {
+    let (addr, name) = s.split_once('=').ok_or_else(|| format!("{s:?}: expected ADDR=IDENTITY"))?;
+    Ok((addr.trim().parse()?, name.trim().parse().map_err(|e: cnimesh_identity::NameError| e.to_string())?))
 }
 
 pub const DEFAULT_OPAQUE_PORTS: &[u16] = &[25, 587, 3306, 4444, 5432, 6379, 9300, 11211];
@@ -43,6 +101,10 @@ impl Default for Config {
             shutdown_grace: Duration::from_secs(30),
             log_level: "info".into(),
             workers: 1,
+            identity: None,
+            inbound_require_tls: false,
+            opaque_tls_wait: Duration::from_millis(1000),
+            outbound_identities: Vec::new(),
         }
     }
 }
@@ -123,8 +185,73 @@ impl Config {
         if let Some((_, v)) = var("LOG") {
             c.log_level = v;
         }
+        if let Some((n, v)) = var("INBOUND_REQUIRE_TLS") {
+            c.inbound_require_tls = match v.trim() {
+                "true" | "1" => true,
+                "false" | "0" | "" => false,
+                _ => return Err(ConfigError { var: n, value: v, why: "true or false expected".into() }),
+            };
+        }
+        if let Some((n, v)) = var("OPAQUE_TLS_WAIT_MS") {
+            c.opaque_tls_wait = millis(&n, &v)?;
+        }
+        if let Some((n, v)) = var("OUTBOUND_IDENTITIES") {
+            c.outbound_identities = v
+                .split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(endpoint_identity)
+                .collect::<Result<_, _>>()
+                .map_err(|why| ConfigError { var: n, value: v.clone(), why })?;
+        }
+        c.identity = identity(&var)?;
         Ok(c)
     }
+}
+
+/// The identity settings: all or nothing. A name without an Identity service to ask is an error,
+/// never a silent plaintext proxy.
+fn identity(var: &impl Fn(&str) -> Option<(String, String)>) -> Result<Option<IdentityConfig>, ConfigError> {
+    let Some((n, v)) = var("IDENTITY_NAME") else {
+        for other in ["IDENTITY_TRUST_ANCHORS", "IDENTITY_ADDR"] {
+            if let Some((n, v)) = var(other) {
+                return Err(ConfigError { var: n, value: v, why: "set without CNIMESH_PROXY_IDENTITY_NAME".into() });
+            }
+        }
+        return Ok(None);
+    };
+    let name = v.trim().parse().map_err(|e: cnimesh_identity::NameError| ConfigError {
+        var: n.clone(),
+        value: v.clone(),
+        why: e.to_string(),
+    })?;
+    let required = |key: &str| {
+        var(key).map(|(_, v)| v).ok_or_else(|| ConfigError {
+            var: format!("CNIMESH_PROXY_{key}"),
+            value: String::new(),
+            why: format!("required when {n} is set"),
+        })
+    };
+    let control_name = match var("IDENTITY_SVC_NAME") {
+        Some((n, v)) => v.trim().parse().map_err(|e: cnimesh_identity::NameError| ConfigError {
+            var: n,
+            value: v.clone(),
+            why: e.to_string(),
+        })?,
+        None => DEFAULT_CONTROL_NAME.parse().expect("valid default"),
+    };
+    let max_backoff = match var("IDENTITY_MAX_BACKOFF_MS") {
+        Some((n, v)) => millis(&n, &v)?,
+        None => Duration::from_secs(30),
+    };
+    Ok(Some(IdentityConfig {
+        name,
+        trust_anchors: required("IDENTITY_TRUST_ANCHORS")?.into(),
+        token_file: var("IDENTITY_TOKEN_FILE").map_or_else(|| DEFAULT_TOKEN_FILE.into(), |(_, v)| v.into()),
+        control_addr: required("IDENTITY_ADDR")?,
+        control_name,
+        max_backoff,
+    }))
 }
 
 #[cfg(test)]
@@ -159,5 +286,28 @@ mod tests {
         assert_eq!(c.outbound.len(), 1);
         let e = Config::from_vars(vars(&[("CNIMESH_PROXY_OPAQUE_PORTS", "x")])).unwrap_err();
         assert!(e.to_string().contains("CNIMESH_PROXY_OPAQUE_PORTS"));
+    }
+
+    #[test]
+    fn identity_is_all_or_nothing() {
+        assert!(Config::from_vars(vars(&[])).unwrap().identity.is_none());
+        let name = ("CNIMESH_PROXY_IDENTITY_NAME", "web.shop.serviceaccount.identity.cnimesh.cluster.local");
+        let e = Config::from_vars(vars(&[name])).unwrap_err();
+        assert!(e.to_string().contains("IDENTITY_TRUST_ANCHORS"), "{e}");
+        let e = Config::from_vars(vars(&[("CNIMESH_PROXY_IDENTITY_ADDR", "x:1")])).unwrap_err();
+        assert!(e.to_string().contains("without CNIMESH_PROXY_IDENTITY_NAME"), "{e}");
+        let c = Config::from_vars(vars(&[
+            name,
+            ("CNIMESH_PROXY_IDENTITY_TRUST_ANCHORS", "/ca.crt"),
+            ("CNIMESH_PROXY_IDENTITY_ADDR", "control:4190"),
+            ("CNIMESH_PROXY_OUTBOUND_IDENTITIES", "10.0.0.1:80=a.b, 10.0.0.2=c.d"),
+        ]))
+        .unwrap();
+        let id = c.identity.unwrap();
+        assert_eq!(id.control_name.as_str(), DEFAULT_CONTROL_NAME);
+        assert_eq!(id.token_file.to_str(), Some(DEFAULT_TOKEN_FILE));
+        assert_eq!(c.outbound_identities.len(), 2);
+        assert!(Config::from_vars(vars(&[("CNIMESH_PROXY_OUTBOUND_IDENTITIES", "10.0.0.1:80=Bad_Name")])).is_err());
+        assert!(Config::from_vars(vars(&[("CNIMESH_PROXY_INBOUND_REQUIRE_TLS", "yes")])).is_err());
     }
 }

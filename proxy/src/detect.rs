@@ -60,9 +60,15 @@ pub fn classify(buf: &[u8]) -> Option<Protocol> {
     Some(if ok { Protocol::Http1 } else { Protocol::Opaque })
 }
 
-/// Reads until the protocol is known, the timeout passes, or the peer stops sending.
-pub async fn detect<S: AsyncRead + Unpin>(stream: &mut S, timeout: Duration) -> io::Result<(Protocol, Bytes)> {
-    let mut buf = BytesMut::with_capacity(1024);
+/// Reads until the protocol is known, the timeout passes, or the peer stops sending. `read`
+/// holds bytes an earlier step (the TLS check) already took from the stream.
+pub async fn detect<S: AsyncRead + Unpin>(
+    stream: &mut S,
+    read: Bytes,
+    timeout: Duration,
+) -> io::Result<(Protocol, Bytes)> {
+    let mut buf = BytesMut::with_capacity(1024.max(read.len()));
+    buf.extend_from_slice(&read);
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
         if let Some(p) = classify(&buf) {
@@ -150,7 +156,7 @@ mod tests {
         let (mut client, server) = tokio::io::duplex(64);
         tokio::io::AsyncWriteExt::write_all(&mut client, b"hel").await.unwrap();
         let mut server = server;
-        let (p, prefix) = detect(&mut server, Duration::from_millis(50)).await.unwrap();
+        let (p, prefix) = detect(&mut server, Bytes::new(), Duration::from_millis(50)).await.unwrap();
         assert_eq!((p, &prefix[..]), (Protocol::Opaque, &b"hel"[..]));
         let mut io = PrefixedIo::new(prefix, server);
         tokio::io::AsyncWriteExt::write_all(&mut client, b"lo").await.unwrap();

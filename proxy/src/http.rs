@@ -13,6 +13,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use cnimesh_identity::Name;
 use http::header::{CONNECTION, HOST, HeaderName, TE, UPGRADE};
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Uri, Version};
 use http_body_util::combinators::UnsyncBoxBody;
@@ -20,22 +21,29 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use tokio::net::TcpStream;
 
-use crate::metrics::{Direction, Metrics, RequestLabels, ResponseLabels};
-use crate::tcp;
+use crate::metrics::{Direction, Metrics, RequestLabels, ResponseLabels, TlsLabel};
+use crate::tls::{self, UpstreamIo, UpstreamTls};
 
 pub type Body = UnsyncBoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
 
-/// Connects every request of a client to one fixed target: the connection's original destination.
+/// Connects every request of a client to one fixed target: the connection's original
+/// destination, over mTLS when it is a meshed endpoint.
 #[derive(Clone)]
 pub struct FixedConnector {
     target: SocketAddr,
     timeout: Duration,
+    tls: Option<UpstreamTls>,
+}
+
+impl FixedConnector {
+    async fn connect(self) -> io::Result<UpstreamIo> {
+        tls::connect(self.target, self.timeout, self.tls.as_ref()).await
+    }
 }
 
 impl tower::Service<Uri> for FixedConnector {
-    type Response = TokioIo<TcpStream>;
+    type Response = TokioIo<UpstreamIo>;
     type Error = io::Error;
     type Future = Pin<Box<dyn Future<Output = io::Result<Self::Response>> + Send>>;
 
@@ -44,16 +52,19 @@ impl tower::Service<Uri> for FixedConnector {
     }
 
     fn call(&mut self, _: Uri) -> Self::Future {
-        let (target, timeout) = (self.target, self.timeout);
-        Box::pin(async move { tcp::connect(target, timeout).await.map(TokioIo::new) })
+        let this = self.clone();
+        Box::pin(async move { this.connect().await.map(TokioIo::new) })
     }
 }
 
 type UpstreamClient = Client<FixedConnector, Incoming>;
 
+/// Pools are per target, protocol and expected server identity.
+type PoolKey = (SocketAddr, bool, Option<Name>);
+
 /// Upstream clients (and so connection pools) per target and protocol.
 pub struct Clients {
-    map: Mutex<HashMap<(SocketAddr, bool), UpstreamClient>>,
+    map: Mutex<HashMap<PoolKey, UpstreamClient>>,
     connect_timeout: Duration,
 }
 
@@ -65,14 +76,15 @@ impl Clients {
         Self { map: Mutex::default(), connect_timeout }
     }
 
-    pub fn get(&self, target: SocketAddr, h2: bool) -> UpstreamClient {
+    pub fn get(&self, target: SocketAddr, h2: bool, tls: Option<&UpstreamTls>) -> UpstreamClient {
+        let key = (target, h2, tls.map(|t| t.server_id.clone()));
         let mut map = self.map.lock().expect("not poisoned");
-        if map.len() >= MAX_TARGETS && !map.contains_key(&(target, h2)) {
+        if map.len() >= MAX_TARGETS && !map.contains_key(&key) {
             map.clear();
         }
-        map.entry((target, h2))
+        map.entry(key)
             .or_insert_with(|| {
-                let connector = FixedConnector { target, timeout: self.connect_timeout };
+                let connector = FixedConnector { target, timeout: self.connect_timeout, tls: tls.cloned() };
                 Client::builder(TokioExecutor::new())
                     .timer(TokioTimer::new())
                     .pool_timer(TokioTimer::new())
@@ -90,7 +102,9 @@ pub struct HttpProxy {
     target: SocketAddr,
     /// The upstream pool for this connection's target and protocol, looked up once.
     client: UpstreamClient,
-    connect_timeout: Duration,
+    /// For upgrades, which take a connection of their own.
+    connector: FixedConnector,
+    tls: TlsLabel,
     metrics: Arc<Metrics>,
     drain: crate::drain::Drain,
     /// This connection in `tcp_open_connections`; an upgraded tunnel keeps it open.
@@ -274,11 +288,14 @@ fn upstream_error(target: SocketAddr, e: &(dyn std::error::Error + 'static)) -> 
 }
 
 impl HttpProxy {
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         direction: Direction,
         target: SocketAddr,
         h2: bool,
         clients: &Clients,
+        upstream_tls: Option<&UpstreamTls>,
+        tls: TlsLabel,
         metrics: Arc<Metrics>,
         drain: crate::drain::Drain,
         open: Arc<crate::metrics::OpenConnection>,
@@ -286,8 +303,9 @@ impl HttpProxy {
         Self {
             direction,
             target,
-            client: clients.get(target, h2),
-            connect_timeout: clients.connect_timeout,
+            client: clients.get(target, h2, upstream_tls),
+            connector: FixedConnector { target, timeout: clients.connect_timeout, tls: upstream_tls.cloned() },
+            tls,
             metrics,
             drain,
             open,
@@ -303,7 +321,7 @@ impl HttpProxy {
                 direction: self.direction,
                 target_addr: self.metrics.target_label(self.direction, self.target),
                 authority: self.metrics.authority_label(self.direction, authority),
-                tls: "false".into(),
+                tls: self.tls.clone(),
             };
             *cached = Some(Handles {
                 authority: authority.to_string(),
@@ -399,8 +417,7 @@ impl HttpProxy {
     /// HTTP/1 `Upgrade` (e.g. WebSocket) and `CONNECT`: the handshake goes upstream on a fresh
     /// connection, and on success both upgraded connections are spliced together.
     async fn upgrade(&self, mut req: Request<Incoming>) -> Result<Response<Body>, ProxyError> {
-        let upstream =
-            tcp::connect(self.target, self.connect_timeout).await.map_err(|e| upstream_error(self.target, &e))?;
+        let upstream = self.connector.clone().connect().await.map_err(|e| upstream_error(self.target, &e))?;
         let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(upstream))
             .await
             .map_err(|e| upstream_error(self.target, &e))?;

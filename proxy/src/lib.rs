@@ -1,7 +1,7 @@
 //! `cnimesh-proxy`: the sidecar. Captured connections arrive on the inbound (4143) and outbound
 //! (4140) listeners; their original destination, detected protocol and the proxy's layers decide
-//! where and how they go. mTLS and discovery slot in as layers around the connection (identity
-//! and destination issues).
+//! where and how they go: mTLS with the workload's identity when both ends are meshed, plaintext
+//! otherwise.
 
 pub mod admin;
 pub mod cli;
@@ -9,11 +9,15 @@ pub mod config;
 pub mod counting;
 pub mod detect;
 pub mod drain;
+pub mod endpoints;
 pub mod http;
+pub mod identity;
+pub mod io;
 pub mod metrics;
 pub mod orig_dst;
 pub mod server;
 pub mod tcp;
+pub mod tls;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -36,11 +40,21 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let drain = Drain::default();
     let metrics = Arc::new(Metrics::default());
+    let identity = match &config.identity {
+        Some(id) => {
+            let identity = Arc::new(identity::Identity::new(id).context("setting up the workload identity")?);
+            tokio::spawn(identity::refresh::run(identity.clone(), id.clone(), metrics.clone()));
+            Some(identity)
+        }
+        None => None,
+    };
     let shared = Arc::new(Shared {
         clients: Arc::new(http::Clients::new(config.connect_timeout)),
         metrics: metrics.clone(),
         drain: drain.clone(),
         config: config.clone(),
+        identity: identity.clone(),
+        endpoints: Arc::new(endpoints::MeshedEndpoints::new(config.outbound_identities.clone())),
     });
     let mut listeners = Vec::new();
     for (direction, addrs) in [(Direction::inbound, &config.inbound), (Direction::outbound, &config.outbound)] {
@@ -61,7 +75,7 @@ pub async fn run(
             "no {direction:?} listener could be bound from {addrs:?}"
         );
     }
-    let admin = Arc::new(Admin { metrics, ready: false.into(), log, drain: drain.clone() });
+    let admin = Arc::new(Admin { metrics, ready: false.into(), log, drain: drain.clone(), identity });
     let admin_listener = TcpListener::bind(config.admin)
         .await
         .with_context(|| format!("binding the admin listener {}", config.admin))?;
@@ -70,7 +84,7 @@ pub async fn run(
         tokio::spawn(server::accept_loop(listener, direction, shared.clone()));
     }
     admin.ready.store(true, Ordering::SeqCst);
-    tracing::info!(inbound = ?config.inbound, outbound = ?config.outbound, admin = %config.admin, "proxy ready");
+    tracing::info!(inbound = ?config.inbound, outbound = ?config.outbound, admin = %config.admin, "proxy listening");
 
     tokio::select! {
         () = shutdown => drain.start(),

@@ -4,7 +4,7 @@
 use std::collections::HashSet;
 use std::sync::Mutex;
 
-use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelSetEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -47,11 +47,45 @@ pub enum Direction {
     outbound,
 }
 
+/// How a connection was secured: `tls="true"` with `client_id` (inbound) or `server_id`
+/// (outbound) when the peer's identity is known, as Linkerd labels them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct TlsLabel {
+    pub tls: bool,
+    pub client_id: Option<String>,
+    pub server_id: Option<String>,
+}
+
+impl TlsLabel {
+    pub fn plaintext() -> Self {
+        Self::default()
+    }
+}
+
+impl EncodeLabelSet for TlsLabel {
+    fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), std::fmt::Error> {
+        let mut labels = vec![("tls", if self.tls { "true" } else { "false" })];
+        if let Some(id) = &self.client_id {
+            labels.push(("client_id", id));
+        }
+        if let Some(id) = &self.server_id {
+            labels.push(("server_id", id));
+        }
+        labels.encode(encoder)
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub struct TcpLabels {
     pub direction: Direction,
     pub target_addr: String,
-    pub tls: String,
+    #[prometheus(flatten)]
+    pub tls: TlsLabel,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct RefreshLabels {
+    pub result: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -59,7 +93,8 @@ pub struct RequestLabels {
     pub direction: Direction,
     pub target_addr: String,
     pub authority: String,
-    pub tls: String,
+    #[prometheus(flatten)]
+    pub tls: TlsLabel,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -67,7 +102,8 @@ pub struct ResponseLabels {
     pub direction: Direction,
     pub target_addr: String,
     pub authority: String,
-    pub tls: String,
+    #[prometheus(flatten)]
+    pub tls: TlsLabel,
     pub status_code: String,
     pub classification: String,
 }
@@ -89,6 +125,9 @@ pub struct Metrics {
     pub tcp_open_connections: Family<TcpLabels, Gauge>,
     pub tcp_read_bytes_total: Family<TcpLabels, Counter>,
     pub tcp_write_bytes_total: Family<TcpLabels, Counter>,
+    pub tcp_refused_total: Family<TcpLabels, Counter>,
+    pub identity_cert_expiration_timestamp_seconds: Gauge,
+    pub identity_cert_refresh_total: Family<RefreshLabels, Counter>,
     authorities: [Bounded; 2],
     targets: [Bounded; 2],
 }
@@ -105,6 +144,9 @@ impl Default for Metrics {
             tcp_open_connections: Family::default(),
             tcp_read_bytes_total: Family::default(),
             tcp_write_bytes_total: Family::default(),
+            tcp_refused_total: Family::default(),
+            identity_cert_expiration_timestamp_seconds: Gauge::default(),
+            identity_cert_refresh_total: Family::default(),
             authorities: Default::default(),
             targets: Default::default(),
             registry: Registry::default(),
@@ -122,6 +164,17 @@ impl Default for Metrics {
         registry.register("tcp_open_connections", "TCP connections open now", m.tcp_open_connections.clone());
         registry.register("tcp_read_bytes", "Bytes read from peers", m.tcp_read_bytes_total.clone());
         registry.register("tcp_write_bytes", "Bytes written to peers", m.tcp_write_bytes_total.clone());
+        registry.register("tcp_refused", "TCP connections refused by mTLS policy", m.tcp_refused_total.clone());
+        registry.register(
+            "identity_cert_expiration_timestamp_seconds",
+            "When the proxy's current certificate expires (Unix time)",
+            m.identity_cert_expiration_timestamp_seconds.clone(),
+        );
+        registry.register(
+            "identity_cert_refresh",
+            "Certificate requests to the Identity service, by result",
+            m.identity_cert_refresh_total.clone(),
+        );
         Self { registry, ..m }
     }
 }
@@ -160,6 +213,14 @@ impl Metrics {
         self.targets[direction as usize].label(&target.to_string(), MAX_TARGETS)
     }
 
+    /// A connection refused by policy (inbound plaintext where mTLS is required, outbound to a
+    /// meshed endpoint before we hold a certificate).
+    pub fn tcp_refused(&self, direction: Direction, target: std::net::SocketAddr) {
+        let labels =
+            TcpLabels { direction, target_addr: self.target_label(direction, target), tls: TlsLabel::plaintext() };
+        self.tcp_refused_total.get_or_create(&labels).inc();
+    }
+
     pub fn encode(&self) -> String {
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry).expect("writing to a String cannot fail");
@@ -175,13 +236,13 @@ mod tests {
     fn linkerd_names_and_bounded_authorities() {
         let m = Metrics::default();
         let labels =
-            TcpLabels { direction: Direction::inbound, target_addr: "10.0.0.1:80".into(), tls: "false".into() };
+            TcpLabels { direction: Direction::inbound, target_addr: "10.0.0.1:80".into(), tls: TlsLabel::plaintext() };
         m.tcp_open_total.get_or_create(&labels).inc();
         let req = RequestLabels {
             direction: Direction::outbound,
             target_addr: "10.0.0.2:80".into(),
             authority: "web".into(),
-            tls: "false".into(),
+            tls: TlsLabel { tls: true, client_id: None, server_id: Some("web.shop".into()) },
         };
         m.request_total.get_or_create(&req).inc();
         m.response_latency_ms.get_or_create(&req).observe(3.0);
@@ -190,7 +251,10 @@ mod tests {
             text.contains("tcp_open_total{direction=\"inbound\",target_addr=\"10.0.0.1:80\",tls=\"false\"} 1"),
             "{text}"
         );
-        assert!(text.contains("request_total{direction=\"outbound\""), "{text}");
+        assert!(
+            text.contains("request_total{direction=\"outbound\",target_addr=\"10.0.0.2:80\",authority=\"web\",tls=\"true\",server_id=\"web.shop\"} 1"),
+            "{text}"
+        );
         assert!(text.contains("response_latency_ms_bucket{"), "{text}");
         for i in 0..MAX_AUTHORITIES {
             m.authority_label(Direction::inbound, &format!("host-{i}"));

@@ -1,5 +1,5 @@
-//! Accepting captured connections: original destination, protocol detection, then HTTP or opaque
-//! forwarding, with TCP metrics and graceful draining.
+//! Accepting captured connections: original destination, the mTLS decision, protocol detection,
+//! then HTTP or opaque forwarding, with TCP metrics and graceful draining.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -13,10 +13,14 @@ use crate::config::Config;
 use crate::counting::CountingIo;
 use crate::detect::{self, PrefixedIo, Protocol};
 use crate::drain::Drain;
+use crate::endpoints::MeshedEndpoints;
 use crate::http::{Clients, HttpProxy};
-use crate::metrics::{Direction, Metrics, OpenConnection, TcpLabels};
+use crate::identity::Identity;
+use crate::io::MaybeTls;
+use crate::metrics::{Direction, Metrics, OpenConnection, TcpLabels, TlsLabel};
 use crate::orig_dst::original_dst;
 use crate::tcp;
+use crate::tls::{self, ClientIo, UpstreamTls};
 
 /// State shared by every connection of the proxy.
 pub struct Shared {
@@ -24,6 +28,9 @@ pub struct Shared {
     pub metrics: Arc<Metrics>,
     pub clients: Arc<Clients>,
     pub drain: Drain,
+    /// Present when the proxy has an identity (and so does mTLS).
+    pub identity: Option<Arc<Identity>>,
+    pub endpoints: Arc<MeshedEndpoints>,
 }
 
 /// Accepts until draining starts.
@@ -56,45 +63,98 @@ async fn connection(stream: TcpStream, peer: SocketAddr, direction: Direction, s
     };
     let _guard = shared.drain.guard();
     let _ = stream.set_nodelay(true);
-    let m = &shared.metrics;
-    let labels = TcpLabels { direction, target_addr: m.target_label(direction, target), tls: "false".into() };
-    let read = m.tcp_read_bytes_total.get_or_create(&labels).clone();
-    let written = m.tcp_write_bytes_total.get_or_create(&labels).clone();
-    let open = OpenConnection::open(m.clone(), labels);
-    if let Err(e) = serve(stream, direction, target, read, written, open, &shared).await {
+    if let Err(e) = secure(stream, direction, target, &shared).await {
         tracing::debug!(?direction, %peer, %target, error = %e, "connection ended with an error");
     }
 }
 
-async fn serve(
-    mut stream: TcpStream,
+/// The TLS decision for a connection (terminate inbound mTLS; originate outbound mTLS to a
+/// meshed endpoint), then the connection is served with its metrics labelled accordingly.
+async fn secure(
+    stream: TcpStream,
     direction: Direction,
     target: SocketAddr,
-    read: prometheus_client::metrics::counter::Counter,
-    written: prometheus_client::metrics::counter::Counter,
-    open: Arc<OpenConnection>,
     shared: &Arc<Shared>,
 ) -> anyhow::Result<()> {
     let config = &shared.config;
-    let (protocol, prefix) = if config.opaque_ports.contains(&target.port()) {
-        (Protocol::Opaque, Bytes::new())
+    let opaque_port = config.opaque_ports.contains(&target.port());
+    let (io, prefix, tls, upstream_tls) = match (direction, shared.identity.as_deref()) {
+        (Direction::inbound, Some(identity)) => {
+            let wait = if opaque_port { config.opaque_tls_wait } else { config.detect_timeout };
+            match tls::inbound(stream, identity, wait, config.inbound_require_tls).await? {
+                tls::Inbound::Accepted { io, prefix, tls } => (io, prefix, tls, None),
+                tls::Inbound::Refused(why) => {
+                    shared.metrics.tcp_refused(direction, target);
+                    anyhow::bail!("refused: {why}");
+                }
+            }
+        }
+        (Direction::inbound, None) => (MaybeTls::Plain(stream), Bytes::new(), TlsLabel::plaintext(), None),
+        (Direction::outbound, identity) => {
+            let upstream_tls = tls::outbound(identity, shared.endpoints.identity(target)).map_err(|why| {
+                shared.metrics.tcp_refused(direction, target);
+                anyhow::anyhow!("{why}")
+            })?;
+            let label = upstream_tls.as_ref().map_or_else(TlsLabel::plaintext, UpstreamTls::label);
+            (MaybeTls::Plain(stream), Bytes::new(), label, upstream_tls)
+        }
+    };
+    let m = &shared.metrics;
+    let labels = TcpLabels { direction, target_addr: m.target_label(direction, target), tls: tls.clone() };
+    let counters = tcp::Counters {
+        read: m.tcp_read_bytes_total.get_or_create(&labels).clone(),
+        write: m.tcp_write_bytes_total.get_or_create(&labels).clone(),
+    };
+    let open = OpenConnection::open(m.clone(), labels);
+    let conn = Connection { direction, target, tls, upstream_tls, open, counters };
+    serve(io, prefix, opaque_port, conn, shared).await
+}
+
+/// What is known of a connection once its TLS is settled.
+struct Connection {
+    direction: Direction,
+    target: SocketAddr,
+    tls: TlsLabel,
+    upstream_tls: Option<UpstreamTls>,
+    open: Arc<OpenConnection>,
+    counters: tcp::Counters,
+}
+
+async fn serve(
+    mut io: ClientIo,
+    read: Bytes,
+    opaque_port: bool,
+    conn: Connection,
+    shared: &Arc<Shared>,
+) -> anyhow::Result<()> {
+    let config = &shared.config;
+    let (protocol, prefix) = if opaque_port {
+        (Protocol::Opaque, read)
+    } else if read.is_empty()
+        && matches!(io, MaybeTls::Plain(_))
+        && conn.direction == Direction::inbound
+        && shared.identity.is_some()
+    {
+        // The TLS check already waited and saw nothing: a server-speaks-first client.
+        (Protocol::Opaque, read)
     } else {
-        detect::detect(&mut stream, config.detect_timeout).await?
+        detect::detect(&mut io, read, config.detect_timeout).await?
     };
     if protocol == Protocol::Opaque {
-        let upstream = tcp::connect(target, config.connect_timeout).await?;
-        let counters = tcp::Counters { read, write: written };
-        return Ok(tcp::forward(stream, prefix, upstream, config.idle_timeout, counters).await?);
+        let upstream = tls::connect(conn.target, config.connect_timeout, conn.upstream_tls.as_ref()).await?;
+        return Ok(tcp::forward(io, prefix, upstream, config.idle_timeout, conn.counters).await?);
     }
-    let io = TokioIo::new(CountingIo::new(PrefixedIo::new(prefix, stream), read, written));
+    let io = TokioIo::new(CountingIo::new(PrefixedIo::new(prefix, io), conn.counters.read, conn.counters.write));
     let proxy = Arc::new(HttpProxy::new(
-        direction,
-        target,
+        conn.direction,
+        conn.target,
         protocol == Protocol::Http2,
         &shared.clients,
+        conn.upstream_tls.as_ref(),
+        conn.tls,
         shared.metrics.clone(),
         shared.drain.clone(),
-        open,
+        conn.open,
     ));
     let service = service_fn(move |req| proxy.clone().handle(req));
     let stop = shared.drain.signalled();

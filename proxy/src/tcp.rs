@@ -61,18 +61,13 @@ pub struct Counters {
 
 /// Forwards `client` (with `prefix`, bytes already read from it) to `upstream` until both
 /// directions end or the connection idles out.
-pub async fn forward<C>(
-    client: C,
-    prefix: Bytes,
-    upstream: TcpStream,
-    idle: Duration,
-    counters: Counters,
-) -> io::Result<()>
+pub async fn forward<C, U>(client: C, prefix: Bytes, upstream: U, idle: Duration, counters: Counters) -> io::Result<()>
 where
     C: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    U: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let (client_read, client_write) = tokio::io::split(client);
-    let (upstream_read, mut upstream_write) = upstream.into_split();
+    let (upstream_read, mut upstream_write) = tokio::io::split(upstream);
     if !prefix.is_empty() {
         upstream_write.write_all(&prefix).await?;
         counters.read.inc_by(prefix.len() as u64);

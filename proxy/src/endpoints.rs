@@ -1,0 +1,59 @@
+//! Which outbound endpoints are meshed, and the identity each must prove. Filled from static
+//! configuration today and by discovery (the destination service's identity hints) at run time;
+//! the proxy only ever asks "what identity does this address have?".
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::RwLock;
+
+use cnimesh_identity::Name;
+
+use crate::config::EndpointMatch;
+
+#[derive(Debug, Default)]
+pub struct MeshedEndpoints {
+    map: RwLock<HashMap<EndpointMatch, Name>>,
+}
+
+impl MeshedEndpoints {
+    pub fn new(entries: impl IntoIterator<Item = (EndpointMatch, Name)>) -> Self {
+        Self { map: RwLock::new(entries.into_iter().collect()) }
+    }
+
+    /// The identity expected at `target`: an exact address first, then its IP.
+    pub fn identity(&self, target: SocketAddr) -> Option<Name> {
+        let map = self.map.read().expect("not poisoned");
+        if map.is_empty() {
+            return None;
+        }
+        map.get(&EndpointMatch::Addr(target)).or_else(|| map.get(&EndpointMatch::Ip(target.ip()))).cloned()
+    }
+
+    pub fn set(&self, endpoint: EndpointMatch, identity: Option<Name>) {
+        let mut map = self.map.write().expect("not poisoned");
+        match identity {
+            Some(name) => map.insert(endpoint, name),
+            None => map.remove(&endpoint),
+        };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exact_address_wins_over_ip() {
+        let a: Name = "a.b".parse().unwrap();
+        let c: Name = "c.d".parse().unwrap();
+        let m = MeshedEndpoints::new([
+            (EndpointMatch::Ip("10.0.0.1".parse().unwrap()), a.clone()),
+            (EndpointMatch::Addr("10.0.0.1:80".parse().unwrap()), c.clone()),
+        ]);
+        assert_eq!(m.identity("10.0.0.1:80".parse().unwrap()), Some(c));
+        assert_eq!(m.identity("10.0.0.1:81".parse().unwrap()), Some(a));
+        assert_eq!(m.identity("10.0.0.2:80".parse().unwrap()), None);
+        m.set(EndpointMatch::Ip("10.0.0.1".parse().unwrap()), None);
+        assert_eq!(m.identity("10.0.0.1:81".parse().unwrap()), None);
+    }
+}

@@ -1,0 +1,98 @@
+//! Mesh TLS on connections: terminating inbound mTLS addressed to our identity and originating
+//! outbound mTLS to meshed endpoints.
+
+pub mod client_hello;
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use cnimesh_identity::Name;
+use rustls_pki_types::ServerName;
+use tokio::net::TcpStream;
+
+use crate::detect::PrefixedIo;
+use crate::identity::Identity;
+use crate::io::MaybeTls;
+use crate::metrics::TlsLabel;
+use client_hello::Peek;
+
+/// A client connection after the inbound TLS decision.
+pub type ClientIo = MaybeTls<TcpStream, tokio_rustls::server::TlsStream<PrefixedIo<TcpStream>>>;
+/// An upstream connection, mTLS or plain.
+pub type UpstreamIo = MaybeTls<TcpStream, tokio_rustls::client::TlsStream<TcpStream>>;
+
+pub enum Inbound {
+    /// Proceed with protocol detection; `prefix` holds bytes already read.
+    Accepted { io: ClientIo, prefix: Bytes, tls: TlsLabel },
+    /// Not mTLS to us, and plaintext is not accepted here.
+    Refused(&'static str),
+}
+
+/// Terminates mTLS when the ClientHello is addressed to our identity; anything else stays
+/// plaintext (an application's own TLS included) unless `require_tls`.
+pub async fn inbound(
+    mut stream: TcpStream,
+    identity: &Identity,
+    wait: Duration,
+    require_tls: bool,
+) -> io::Result<Inbound> {
+    let (peek, prefix) = client_hello::read(&mut stream, wait).await?;
+    match peek {
+        Peek::ClientHello(Some(sni)) if sni == identity.name.as_str() => {
+            let acceptor = tokio_rustls::TlsAcceptor::from(identity.server.clone());
+            let tls = acceptor.accept(PrefixedIo::new(prefix, stream)).await?;
+            let client_id = tls
+                .get_ref()
+                .1
+                .peer_certificates()
+                .and_then(|c| c.first())
+                .and_then(cnimesh_identity::tls::identity_of);
+            let label = TlsLabel { tls: true, client_id: client_id.map(|n| n.to_string()), server_id: None };
+            Ok(Inbound::Accepted { io: MaybeTls::Tls(Box::new(tls)), prefix: Bytes::new(), tls: label })
+        }
+        _ if require_tls => Ok(Inbound::Refused("not mTLS to this proxy's identity")),
+        _ => Ok(Inbound::Accepted { io: MaybeTls::Plain(stream), prefix, tls: TlsLabel::plaintext() }),
+    }
+}
+
+/// mTLS to one meshed endpoint.
+#[derive(Clone)]
+pub struct UpstreamTls {
+    pub config: Arc<rustls::ClientConfig>,
+    pub server_id: Name,
+}
+
+impl UpstreamTls {
+    pub fn label(&self) -> TlsLabel {
+        TlsLabel { tls: true, client_id: None, server_id: Some(self.server_id.to_string()) }
+    }
+}
+
+/// Connects to `target`, within `timeout` for TCP and the handshake together.
+pub async fn connect(target: SocketAddr, timeout: Duration, tls: Option<&UpstreamTls>) -> io::Result<UpstreamIo> {
+    let connect = async {
+        let tcp = crate::tcp::connect(target, timeout).await?;
+        let Some(tls) = tls else { return Ok(MaybeTls::Plain(tcp)) };
+        let name = ServerName::try_from(tls.server_id.to_string()).map_err(io::Error::other)?;
+        let stream = tokio_rustls::TlsConnector::from(tls.config.clone()).connect(name, tcp).await?;
+        Ok(MaybeTls::Tls(Box::new(stream)))
+    };
+    tokio::time::timeout(timeout, connect)
+        .await
+        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, format!("connect to {target} timed out")))?
+}
+
+/// Whether and how to secure an outbound connection to `target`.
+pub fn outbound(identity: Option<&Identity>, expected: Option<Name>) -> Result<Option<UpstreamTls>, &'static str> {
+    match (identity, expected) {
+        (_, None) => Ok(None),
+        // Without an identity of our own the server cannot authenticate us: plaintext.
+        (None, Some(_)) => Ok(None),
+        // Never downgrade a meshed endpoint to plaintext because we are not ready yet.
+        (Some(id), Some(_)) if !id.has_cert() => Err("no certificate yet for mTLS to a meshed endpoint"),
+        (Some(id), Some(server_id)) => Ok(Some(UpstreamTls { config: id.client.clone(), server_id })),
+    }
+}
