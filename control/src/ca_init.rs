@@ -1,0 +1,114 @@
+//! `cnimesh-control ca init`: a trust anchor and an issuer for local use and tests, written in
+//! the layout `serve --issuer-dir` reads, so that nobody needs openssl or step to get started.
+//! The root key is written next to the issuer for convenience; in a cluster it belongs offline.
+
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use cnimesh_identity::ca;
+
+use crate::identity::issuer::{ANCHORS_FILE, ISSUER_CERT_FILE, ISSUER_KEY_FILE};
+
+pub const ANCHOR_KEY_FILE: &str = "ca.key";
+
+#[derive(Debug, thiserror::Error)]
+pub enum CaInitError {
+    #[error("{} exists; pass --force to overwrite", .0.display())]
+    Exists(PathBuf),
+    #[error("writing {}: {source}", path.display())]
+    Write { path: PathBuf, source: std::io::Error },
+    #[error(transparent)]
+    Ca(#[from] ca::CaError),
+}
+
+#[derive(Debug, Clone)]
+pub struct CaInit {
+    pub dir: PathBuf,
+    pub trust_domain: String,
+    pub anchor_lifetime: Duration,
+    pub issuer_lifetime: Duration,
+    pub force: bool,
+}
+
+/// Generates and writes the four files. Without `force`, nothing is written if any exists.
+pub fn run(opts: &CaInit) -> Result<Vec<PathBuf>, CaInitError> {
+    let files = [ANCHORS_FILE, ANCHOR_KEY_FILE, ISSUER_CERT_FILE, ISSUER_KEY_FILE].map(|f| opts.dir.join(f));
+    if !opts.force
+        && let Some(existing) = files.iter().find(|p| p.symlink_metadata().is_ok())
+    {
+        return Err(CaInitError::Exists(existing.clone()));
+    }
+    std::fs::create_dir_all(&opts.dir).map_err(|source| CaInitError::Write { path: opts.dir.clone(), source })?;
+    let anchor = ca::new_trust_anchor(&opts.trust_domain, opts.anchor_lifetime)?;
+    let issuer = ca::new_issuer(&anchor, &opts.trust_domain, opts.issuer_lifetime)?;
+    // Keys first and the issuer certificate last, so that a watching control plane never sees
+    // a new certificate next to an old key for long (it would reject that and keep the old).
+    let contents = [(&files[1], &anchor.key_pem, 0o600), (&files[3], &issuer.key_pem, 0o600)];
+    let contents =
+        contents.into_iter().chain([(&files[0], &anchor.cert_pem, 0o644), (&files[2], &issuer.cert_pem, 0o644)]);
+    for (path, pem, mode) in contents {
+        write(path, pem.as_bytes(), mode)?;
+    }
+    Ok(files.to_vec())
+}
+
+/// Writes `path` with `mode` from the start (a key is never readable by others, not even briefly).
+fn write(path: &Path, content: &[u8], mode: u32) -> Result<(), CaInitError> {
+    let err = |source| CaInitError::Write { path: path.to_path_buf(), source };
+    // Replacing rather than truncating: an existing file's looser mode must not survive --force.
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(err(e)),
+    }
+    let mut file = std::fs::OpenOptions::new().write(true).create_new(true).mode(mode).open(path).map_err(err)?;
+    file.write_all(content).map_err(err)?;
+    file.sync_all().map_err(err)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::*;
+    use crate::identity::Issuer;
+
+    fn opts(dir: &Path) -> CaInit {
+        CaInit {
+            dir: dir.join("pki"),
+            trust_domain: "cluster.local".into(),
+            anchor_lifetime: Duration::from_secs(3600),
+            issuer_lifetime: Duration::from_secs(1800),
+            force: false,
+        }
+    }
+
+    #[test]
+    fn writes_a_loadable_issuer_with_private_keys() {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = opts(dir.path());
+        run(&opts).unwrap();
+        let issuer = Issuer::load(&opts.dir).unwrap();
+        let expires = issuer.signer.issuer_not_after.duration_since(std::time::SystemTime::now()).unwrap();
+        assert!(expires <= Duration::from_secs(1800) && expires > Duration::from_secs(1700), "{expires:?}");
+        for key in [ANCHOR_KEY_FILE, ISSUER_KEY_FILE] {
+            let mode = std::fs::metadata(opts.dir.join(key)).unwrap().permissions().mode();
+            assert_eq!(mode & 0o777, 0o600, "{key}");
+        }
+    }
+
+    #[test]
+    fn refuses_to_overwrite_without_force() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut opts = opts(dir.path());
+        run(&opts).unwrap();
+        let before = std::fs::read(opts.dir.join(ISSUER_CERT_FILE)).unwrap();
+        assert!(matches!(run(&opts), Err(CaInitError::Exists(_))));
+        assert_eq!(std::fs::read(opts.dir.join(ISSUER_CERT_FILE)).unwrap(), before);
+        opts.force = true;
+        run(&opts).unwrap();
+        assert_ne!(std::fs::read(opts.dir.join(ISSUER_CERT_FILE)).unwrap(), before);
+    }
+}

@@ -1,0 +1,244 @@
+//! Command line: `cnimesh-control ca init` and `cnimesh-control serve`. Every `serve` flag can
+//! also come from a `CNIMESH_CONTROL_*` variable, which is how the Deployment configures it.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+use cnimesh_identity::{DEFAULT_TRUST_DOMAIN, Name};
+use tokio::net::TcpListener;
+
+use crate::ca_init::{self, CaInit};
+use crate::identity::Policy;
+use crate::serve::{Config, Listeners, TokenSource};
+
+#[derive(Debug, Parser)]
+#[command(name = "cnimesh-control", version, about = "cnimesh control plane: Identity (and Destination) over gRPC")]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Certificate authority helpers.
+    Ca {
+        #[command(subcommand)]
+        command: CaCommand,
+    },
+    /// Serve the control plane.
+    Serve(ServeArgs),
+}
+
+#[derive(Debug, Subcommand)]
+enum CaCommand {
+    /// Generate a trust anchor and an issuer: DIR/ca.crt, ca.key, tls.crt, tls.key.
+    Init(CaInitArgs),
+}
+
+#[derive(Debug, Args)]
+struct CaInitArgs {
+    #[arg(long)]
+    dir: PathBuf,
+    #[arg(long, default_value = DEFAULT_TRUST_DOMAIN)]
+    trust_domain: String,
+    /// e.g. 10y, 365d, 24h.
+    #[arg(long, default_value = "10y", value_parser = parse_duration)]
+    anchor_lifetime: Duration,
+    #[arg(long, default_value = "1y", value_parser = parse_duration)]
+    issuer_lifetime: Duration,
+    /// Overwrite existing files.
+    #[arg(long)]
+    force: bool,
+}
+
+#[derive(Debug, Args)]
+struct ServeArgs {
+    /// gRPC (TLS) listen address.
+    #[arg(long, env = "CNIMESH_CONTROL_ADDR", default_value = "0.0.0.0:4190")]
+    addr: SocketAddr,
+    /// Admin (HTTP: /metrics, /ready, /live) listen address.
+    #[arg(long, env = "CNIMESH_CONTROL_ADMIN_ADDR", default_value = "0.0.0.0:9990")]
+    admin_addr: SocketAddr,
+    /// Directory with ca.crt (trust anchors), tls.crt and tls.key (issuer), as a mounted
+    /// kubernetes.io/tls Secret lays them out. Reloaded on change.
+    #[arg(long, env = "CNIMESH_CONTROL_ISSUER_DIR")]
+    issuer_dir: PathBuf,
+    #[arg(long, env = "CNIMESH_CONTROL_TRUST_DOMAIN", default_value = DEFAULT_TRUST_DOMAIN)]
+    trust_domain: String,
+    /// Lifetime of issued certificates, e.g. 24h or 10s.
+    #[arg(long, env = "CNIMESH_CONTROL_CERT_LIFETIME", default_value = "24h", value_parser = parse_duration)]
+    cert_lifetime: Duration,
+    /// How far in the past issued certificates start.
+    #[arg(long, env = "CNIMESH_CONTROL_CLOCK_SKEW", default_value = "20s", value_parser = parse_duration)]
+    clock_skew: Duration,
+    /// The control plane's own identity [default:
+    /// cnimesh-control.cnimesh.serviceaccount.identity.cnimesh.<trust-domain>].
+    #[arg(long, env = "CNIMESH_CONTROL_IDENTITY_NAME")]
+    identity_name: Option<Name>,
+    /// Local mode: tokens in DIR/<namespace>/<serviceaccount>.
+    #[arg(long, env = "CNIMESH_CONTROL_TOKENS_DIR", conflicts_with = "kube")]
+    tokens_dir: Option<PathBuf>,
+    /// Check tokens with the Kubernetes API (TokenReview).
+    #[arg(long, env = "CNIMESH_CONTROL_KUBE")]
+    kube: bool,
+    // Destination (files backend): the lead adds `--workloads-dir` (CNIMESH_CONTROL_WORKLOADS_DIR) here.
+}
+
+/// `10s`, `500ms`, `30m`, `24h`, `7d`, `10y` (365 days); a bare number is seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (number, unit) = s.split_at(split);
+    let n: u64 = number.parse().map_err(|_| format!("{s:?}: expected a number and a unit, e.g. 10s or 24h"))?;
+    let seconds = |k: u64| n.checked_mul(k).map(Duration::from_secs).ok_or_else(|| format!("{s:?} is too long"));
+    match unit {
+        "ms" => Ok(Duration::from_millis(n)),
+        "" | "s" => seconds(1),
+        "m" => seconds(60),
+        "h" => seconds(3600),
+        "d" => seconds(86400),
+        "y" => seconds(365 * 86400),
+        _ => Err(format!("{s:?}: unknown unit {unit:?} (ms, s, m, h, d, y)")),
+    }
+}
+
+impl ServeArgs {
+    async fn config(self) -> anyhow::Result<(Config, SocketAddr, SocketAddr)> {
+        let tokens = match (self.tokens_dir, self.kube) {
+            (Some(dir), false) => TokenSource::Files(dir),
+            (None, true) => {
+                TokenSource::Kube(kube::Client::try_default().await.context("connecting to the Kubernetes API")?)
+            }
+            _ => anyhow::bail!("choose how tokens are checked: --tokens-dir DIR or --kube"),
+        };
+        let identity_name = match self.identity_name {
+            Some(name) => name,
+            None => Name::for_service_account("cnimesh-control", "cnimesh", &self.trust_domain)
+                .with_context(|| format!("trust domain {:?}", self.trust_domain))?,
+        };
+        anyhow::ensure!(!self.cert_lifetime.is_zero(), "--cert-lifetime must be positive");
+        let policy =
+            Policy { trust_domain: self.trust_domain, lifetime: self.cert_lifetime, clock_skew: self.clock_skew };
+        Ok((Config { issuer_dir: self.issuer_dir, identity_name, policy, tokens }, self.addr, self.admin_addr))
+    }
+}
+
+/// The process entry point.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            tracing::error!("{error:#}");
+            eprintln!("cnimesh-control: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("CNIMESH_CONTROL_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Ca { command: CaCommand::Init(args) } => {
+            let opts = CaInit {
+                dir: args.dir,
+                trust_domain: args.trust_domain,
+                anchor_lifetime: args.anchor_lifetime,
+                issuer_lifetime: args.issuer_lifetime,
+                force: args.force,
+            };
+            for path in ca_init::run(&opts).context("ca init")? {
+                println!("{}", path.display());
+            }
+            Ok(())
+        }
+        Command::Serve(args) => {
+            let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+            runtime.block_on(serve(args))
+        }
+    }
+}
+
+async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let (config, addr, admin_addr) = args.config().await?;
+    let grpc = TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
+    let admin = TcpListener::bind(admin_addr).await.with_context(|| format!("binding {admin_addr}"))?;
+    crate::serve::run(config, Listeners { grpc, admin }, shutdown_signal()).await
+}
+
+/// SIGTERM (the kubelet) or SIGINT (a terminal).
+async fn shutdown_signal() {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(term) => term,
+        Err(error) => {
+            tracing::warn!(%error, "cannot listen for SIGTERM; only SIGINT stops the control plane");
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("10s").unwrap(), Duration::from_secs(10));
+        assert_eq!(parse_duration("24h").unwrap(), Duration::from_secs(86400));
+        assert_eq!(parse_duration("10y").unwrap(), Duration::from_secs(3650 * 86400));
+        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        assert_eq!(parse_duration("90").unwrap(), Duration::from_secs(90));
+        for bad in ["", "s", "10w", "-1s", "1.5h", "99999999999999999999y"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[tokio::test]
+    async fn the_cli_is_consistent_and_needs_a_token_source() {
+        Cli::command().debug_assert();
+        let cli = Cli::try_parse_from(["cnimesh-control", "serve", "--issuer-dir", "/x"]).unwrap();
+        let Command::Serve(args) = cli.command else { panic!() };
+        assert!(args.config().await.is_err());
+        let cli = Cli::try_parse_from([
+            "cnimesh-control",
+            "serve",
+            "--issuer-dir",
+            "/x",
+            "--tokens-dir",
+            "/t",
+            "--cert-lifetime",
+            "10s",
+            "--trust-domain",
+            "example.org",
+        ])
+        .unwrap();
+        let Command::Serve(args) = cli.command else { panic!() };
+        let (config, addr, admin) = args.config().await.unwrap();
+        assert_eq!(config.policy.lifetime, Duration::from_secs(10));
+        assert_eq!(
+            config.identity_name.as_str(),
+            "cnimesh-control.cnimesh.serviceaccount.identity.cnimesh.example.org"
+        );
+        assert_eq!((addr.port(), admin.port()), (4190, 9990));
+        assert!(
+            Cli::try_parse_from(["cnimesh-control", "serve", "--issuer-dir", "/x", "--tokens-dir", "/t", "--kube"])
+                .is_err()
+        );
+    }
+}

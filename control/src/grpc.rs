@@ -1,0 +1,100 @@
+//! gRPC over TLS without tonic's own TLS: tonic's server takes its certificate once, at build
+//! time, while ours changes whenever the issuer is reloaded. So tonic provides the routing
+//! (`Routes`) and we provide the listener: tokio-rustls with a config whose certificate resolver
+//! is swappable, and hyper's HTTP/2 server.
+//!
+//! To serve another service, add it to the `Routes` before calling [`serve_tls`]
+//! (`routes.add_service(FooServer::new(foo))`): everything on the listener shares the one
+//! certificate and connection handling.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use cnimesh_identity::Name;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::graceful::GracefulShutdown;
+use rustls_pki_types::ServerName;
+use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::{TlsAcceptor, TlsConnector};
+use tonic::service::Routes;
+use tonic::transport::{Channel, Endpoint};
+use tower::ServiceExt;
+
+/// A client that connects but never finishes its handshake must not hold a task forever.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long in-flight calls get to finish once shutdown starts.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Serves `routes` over TLS (HTTP/2 only, as gRPC is) on `listener` until `shutdown` resolves,
+/// then lets in-flight calls finish (up to 10 s).
+pub async fn serve_tls(
+    listener: TcpListener,
+    routes: Routes,
+    tls: Arc<rustls::ServerConfig>,
+    shutdown: impl Future<Output = ()>,
+) {
+    let routes = routes.prepare();
+    let acceptor = TlsAcceptor::from(tls);
+    let graceful = GracefulShutdown::new();
+    tokio::pin!(shutdown);
+    loop {
+        let (tcp, peer) = tokio::select! {
+            _ = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(error) => {
+                    // e.g. EMFILE: back off instead of spinning.
+                    tracing::warn!(%error, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let _ = tcp.set_nodelay(true);
+        let (acceptor, routes, watcher) = (acceptor.clone(), routes.clone(), graceful.watcher());
+        tokio::spawn(async move {
+            let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                Ok(Ok(tls)) => tls,
+                Ok(Err(error)) => return tracing::debug!(%peer, %error, "TLS handshake failed"),
+                Err(_) => return tracing::debug!(%peer, "TLS handshake timed out"),
+            };
+            let service = service_fn(move |req| routes.clone().oneshot(req));
+            let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                .serve_connection(TokioIo::new(tls), service);
+            if let Err(error) = watcher.watch(conn).await {
+                tracing::debug!(%peer, %error, "gRPC connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    if tokio::time::timeout(DRAIN_TIMEOUT, graceful.shutdown()).await.is_err() {
+        tracing::warn!("gRPC connections still open after the drain timeout; closing them");
+    }
+}
+
+/// A gRPC channel to `addr` over TLS, verifying that the server is `name` (its certificate's DNS
+/// SAN) under `config`'s roots. ALPN should offer `h2` (`tls::client_config(.., &[b"h2"])`).
+pub async fn connect_tls(
+    addr: SocketAddr,
+    name: &Name,
+    config: Arc<rustls::ClientConfig>,
+) -> Result<Channel, tonic::transport::Error> {
+    let server_name = ServerName::try_from(name.to_string()).expect("an identity name is a DNS name");
+    let connector = TlsConnector::from(config);
+    // The URI only names the :authority; the connector below decides where to connect and how.
+    let endpoint = Endpoint::from_shared(format!("http://{name}")).expect("an identity name makes a valid URI");
+    endpoint
+        .connect_with_connector(tower::service_fn(move |_: http::Uri| {
+            let (connector, server_name) = (connector.clone(), server_name.clone());
+            async move {
+                let tcp = TcpStream::connect(addr).await?;
+                tcp.set_nodelay(true)?;
+                let tls = connector.connect(server_name, tcp).await?;
+                Ok::<_, std::io::Error>(TokioIo::new(tls))
+            }
+        }))
+        .await
+}

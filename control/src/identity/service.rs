@@ -1,0 +1,276 @@
+//! `io.linkerd.proxy.identity.Identity/Certify`: a token and a CSR in, a leaf certificate out.
+//!
+//! Status codes, so that a proxy (and an operator reading its logs) can tell what to fix:
+//! - `InvalidArgument`: the request itself is wrong (identity not one of our service-account
+//!   names, CSR malformed or asking for more than the identity, oversized token). Retrying
+//!   the same request cannot help.
+//! - `Unauthenticated`: the token proves nothing (empty, unknown, expired, rejected by the API
+//!   server).
+//! - `PermissionDenied`: the token is valid but for another identity, audience or user kind.
+//! - `Unavailable`: our side (no issuer loaded yet, API server unreachable); retry later.
+//! - `Internal`: signing failed.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use cnimesh_identity::{Name, tls};
+use linkerd2_proxy_api::identity::identity_server::{Identity, IdentityServer};
+use linkerd2_proxy_api::identity::{CertifyRequest, CertifyResponse};
+use tonic::{Code, Request, Response, Status};
+
+use super::csr;
+use super::issuer::IssuerRx;
+use super::tokens::{Authenticator, MAX_TOKEN_LEN, TokenError};
+use crate::metrics::{CertifyResult, Metrics};
+
+/// How leaves are issued.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    pub trust_domain: String,
+    pub lifetime: Duration,
+    /// Leaves start this far in the past, so that a peer whose clock is a little behind ours
+    /// does not reject a certificate "not yet valid".
+    pub clock_skew: Duration,
+}
+
+pub struct IdentityService {
+    issuer: IssuerRx,
+    authenticator: Arc<dyn Authenticator>,
+    policy: Policy,
+    metrics: Arc<Metrics>,
+}
+
+impl IdentityService {
+    pub fn new(issuer: IssuerRx, authenticator: Arc<dyn Authenticator>, policy: Policy, metrics: Arc<Metrics>) -> Self {
+        Self { issuer, authenticator, policy, metrics }
+    }
+
+    /// The tonic service, ready for `Routes::add_service`.
+    pub fn into_server(self) -> IdentityServer<Self> {
+        IdentityServer::new(self)
+    }
+
+    async fn handle(&self, req: CertifyRequest) -> Result<CertifyResponse, Status> {
+        let name = Name::parse(&req.identity).map_err(|e| Status::invalid_argument(format!("identity: {e}")))?;
+        let (sa, ns) = name
+            .service_account(&self.policy.trust_domain)
+            .map_err(|e| Status::invalid_argument(format!("identity: {e}")))?;
+        if req.token.len() > MAX_TOKEN_LEN {
+            return Err(Status::invalid_argument(format!(
+                "the token is {} bytes, more than the {MAX_TOKEN_LEN} allowed",
+                req.token.len()
+            )));
+        }
+        if req.token.trim_ascii().is_empty() {
+            return Err(Status::unauthenticated("no token"));
+        }
+        // The CSR first: it is local work, while the token may cost an API server round trip.
+        let csr = csr::validate(&req.certificate_signing_request, &name)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let account = self.authenticator.authenticate(&req.token).await.map_err(|e| match e {
+            TokenError::Unauthenticated(m) => Status::unauthenticated(m),
+            TokenError::Denied(m) => Status::permission_denied(m),
+            TokenError::Unavailable(m) => Status::unavailable(m),
+        })?;
+        if (account.namespace.as_str(), account.name.as_str()) != (ns, sa) {
+            return Err(Status::permission_denied(format!(
+                "the token is service account {}/{}'s, not {ns}/{sa}'s",
+                account.namespace, account.name
+            )));
+        }
+
+        let issuer = self.issuer.borrow().clone().ok_or_else(|| Status::unavailable("no issuer loaded yet"))?;
+        let now = SystemTime::now();
+        let leaf = issuer
+            .signer
+            .sign(&name, &csr.public_key, now - self.policy.clock_skew, now + self.policy.lifetime)
+            .map_err(|e| Status::internal(format!("signing: {e}")))?;
+        // The certificate's own notAfter (whole seconds, capped at the issuer's expiry) is what
+        // peers will enforce, so that is what the proxy is told.
+        let valid_until = tls::not_after(&leaf).map_err(|e| Status::internal(format!("issued certificate: {e}")))?;
+        tracing::info!(
+            identity = %name,
+            serial = %serial_of(&leaf),
+            expires = %super::issuer::epoch_secs(valid_until),
+            "certificate issued"
+        );
+        Ok(CertifyResponse {
+            leaf_certificate: leaf.to_vec(),
+            intermediate_certificates: issuer.chain.iter().map(|c| c.to_vec()).collect(),
+            valid_until: Some(valid_until.into()),
+        })
+    }
+}
+
+fn serial_of(cert: &[u8]) -> String {
+    x509_parser::parse_x509_certificate(cert).map(|(_, c)| c.raw_serial_as_string()).unwrap_or_default()
+}
+
+fn classify(result: &Result<CertifyResponse, Status>) -> CertifyResult {
+    match result {
+        Ok(_) => CertifyResult::Ok,
+        Err(s) => match s.code() {
+            Code::InvalidArgument => CertifyResult::Invalid,
+            Code::Unauthenticated | Code::PermissionDenied => CertifyResult::Denied,
+            _ => CertifyResult::Error,
+        },
+    }
+}
+
+#[tonic::async_trait]
+impl Identity for IdentityService {
+    async fn certify(&self, request: Request<CertifyRequest>) -> Result<Response<CertifyResponse>, Status> {
+        let start = Instant::now();
+        let identity = request.get_ref().identity.clone();
+        let result = self.handle(request.into_inner()).await;
+        let outcome = classify(&result);
+        self.metrics.certified(outcome, start.elapsed());
+        if let Err(status) = &result {
+            match outcome {
+                CertifyResult::Error => {
+                    tracing::error!(%identity, code = ?status.code(), message = status.message(), "certify failed")
+                }
+                _ => tracing::info!(%identity, code = ?status.code(), message = status.message(), "certify refused"),
+            }
+        }
+        result.map(Response::new)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::identity::issuer::tests::write_pki;
+    use crate::identity::issuer::{Issuer, IssuerRx};
+    use crate::identity::tokens::FileTokens;
+    use crate::identity::tokens::tests::write_token;
+    use rustls_pki_types::CertificateDer;
+    use tokio::sync::watch;
+
+    struct Fixture {
+        service: IdentityService,
+        issuer: Arc<Issuer>,
+        metrics: Arc<Metrics>,
+        _dirs: (tempfile::TempDir, tempfile::TempDir),
+    }
+
+    fn fixture(lifetime: Duration, issuer_lifetime: Duration) -> Fixture {
+        let pki = tempfile::tempdir().unwrap();
+        write_pki(pki.path(), issuer_lifetime);
+        let issuer = Arc::new(Issuer::load(pki.path()).unwrap());
+        let (_tx, rx): (_, IssuerRx) = watch::channel(Some(issuer.clone()));
+        let tokens = tempfile::tempdir().unwrap();
+        write_token(tokens.path(), "shop", "web", "token-web");
+        write_token(tokens.path(), "shop", "db", "token-db");
+        let metrics = Arc::new(Metrics::default());
+        let policy = Policy { trust_domain: "cluster.local".into(), lifetime, clock_skew: Duration::from_secs(20) };
+        let service = IdentityService::new(rx, Arc::new(FileTokens::new(tokens.path())), policy, metrics.clone());
+        Fixture { service, issuer, metrics, _dirs: (pki, tokens) }
+    }
+
+    fn web() -> Name {
+        Name::for_service_account("web", "shop", "cluster.local").unwrap()
+    }
+
+    fn request(name: &Name, token: &str) -> CertifyRequest {
+        let (_key, csr) = cnimesh_identity::ca::new_csr(name).unwrap();
+        CertifyRequest { identity: name.to_string(), token: token.into(), certificate_signing_request: csr }
+    }
+
+    async fn certify(f: &Fixture, req: CertifyRequest) -> Result<CertifyResponse, Status> {
+        f.service.certify(Request::new(req)).await.map(Response::into_inner)
+    }
+
+    #[tokio::test]
+    async fn issues_a_leaf_that_chains_to_the_anchors_for_the_identity() {
+        let f = fixture(Duration::from_secs(24 * 3600), Duration::from_secs(7 * 24 * 3600));
+        let before = SystemTime::now();
+        let rsp = certify(&f, request(&web(), "token-web\n")).await.unwrap();
+        let leaf = CertificateDer::from(rsp.leaf_certificate.clone());
+        let mut chain = vec![leaf.clone()];
+        chain.extend(rsp.intermediate_certificates.iter().map(|c| CertificateDer::from(c.clone())));
+        assert_eq!(rsp.intermediate_certificates, vec![f.issuer.signer.issuer_der.to_vec()]);
+        tls::verify(f.issuer.roots.clone(), &chain, &web()).unwrap();
+        assert_eq!(tls::identity_of(&leaf), Some(web()));
+
+        // valid_until = now + lifetime (whole seconds), the same as the certificate says.
+        let valid_until = SystemTime::try_from(rsp.valid_until.unwrap()).unwrap();
+        assert_eq!(valid_until, tls::not_after(&leaf).unwrap());
+        let lifetime = valid_until.duration_since(before).unwrap();
+        assert!(lifetime.abs_diff(Duration::from_secs(24 * 3600)) <= Duration::from_secs(2), "{lifetime:?}");
+        // not_before = now - skew.
+        let (_, x509) = x509_parser::parse_x509_certificate(&leaf).unwrap();
+        let not_before = x509.validity().not_before.timestamp();
+        let now = before.duration_since(SystemTime::UNIX_EPOCH).unwrap().as_secs() as i64;
+        assert!((now - 20 - not_before).abs() <= 2, "not_before {not_before}, now {now}");
+        assert_eq!(f.metrics.certify_count(CertifyResult::Ok), 1);
+    }
+
+    #[tokio::test]
+    async fn caps_the_lifetime_at_the_issuers_expiry() {
+        let f = fixture(Duration::from_secs(24 * 3600), Duration::from_secs(600));
+        let rsp = certify(&f, request(&web(), "token-web")).await.unwrap();
+        let valid_until = SystemTime::try_from(rsp.valid_until.unwrap()).unwrap();
+        assert_eq!(valid_until, f.issuer.signer.issuer_not_after);
+    }
+
+    #[tokio::test]
+    async fn seconds_long_lifetimes_work() {
+        let f = fixture(Duration::from_secs(10), Duration::from_secs(3600));
+        let before = SystemTime::now();
+        let rsp = certify(&f, request(&web(), "token-web")).await.unwrap();
+        let valid_until = SystemTime::try_from(rsp.valid_until.unwrap()).unwrap();
+        let lifetime = valid_until.duration_since(before - Duration::from_secs(1)).unwrap();
+        assert!((Duration::from_secs(9)..=Duration::from_secs(12)).contains(&lifetime), "{lifetime:?}");
+    }
+
+    #[tokio::test]
+    async fn a_token_of_another_account_is_denied() {
+        let f = fixture(Duration::from_secs(3600), Duration::from_secs(7200));
+        let err = certify(&f, request(&web(), "token-db")).await.unwrap_err();
+        assert_eq!(err.code(), Code::PermissionDenied, "{err}");
+        assert!(err.message().contains("shop/db"), "{err}");
+        let err = certify(&f, request(&web(), "nobody's")).await.unwrap_err();
+        assert_eq!(err.code(), Code::Unauthenticated, "{err}");
+        let err = certify(&f, request(&web(), "")).await.unwrap_err();
+        assert_eq!(err.code(), Code::Unauthenticated, "{err}");
+        assert_eq!(f.metrics.certify_count(CertifyResult::Denied), 3);
+    }
+
+    #[tokio::test]
+    async fn bad_requests_are_invalid_arguments() {
+        let f = fixture(Duration::from_secs(3600), Duration::from_secs(7200));
+        let mut other_csr = request(&web(), "token-web");
+        other_csr.certificate_signing_request =
+            cnimesh_identity::ca::new_csr(&Name::for_service_account("db", "shop", "cluster.local").unwrap())
+                .unwrap()
+                .1;
+        let not_sa = Name::parse("web.example.org").unwrap();
+        let foreign_domain = Name::for_service_account("web", "shop", "example.org").unwrap();
+        let cases = [
+            other_csr,
+            CertifyRequest { certificate_signing_request: vec![], ..request(&web(), "token-web") },
+            CertifyRequest { certificate_signing_request: vec![0x30; 20_000], ..request(&web(), "token-web") },
+            CertifyRequest { token: vec![b'x'; MAX_TOKEN_LEN + 1], ..request(&web(), "token-web") },
+            CertifyRequest { identity: "Not A Name".into(), ..request(&web(), "token-web") },
+            request(&not_sa, "token-web"),
+            request(&foreign_domain, "token-web"),
+        ];
+        for req in cases {
+            let err = certify(&f, req).await.unwrap_err();
+            assert_eq!(err.code(), Code::InvalidArgument, "{err}");
+        }
+        assert_eq!(f.metrics.certify_count(CertifyResult::Invalid), 7);
+        assert_eq!(f.metrics.certify_count(CertifyResult::Ok), 0);
+    }
+
+    #[tokio::test]
+    async fn without_an_issuer_it_is_unavailable() {
+        let mut f = fixture(Duration::from_secs(3600), Duration::from_secs(7200));
+        let (_tx, rx) = watch::channel(None);
+        f.service.issuer = rx;
+        let err = certify(&f, request(&web(), "token-web")).await.unwrap_err();
+        assert_eq!(err.code(), Code::Unavailable, "{err}");
+        assert_eq!(f.metrics.certify_count(CertifyResult::Error), 1);
+    }
+}

@@ -1,0 +1,116 @@
+//! Prometheus metrics for the admin listener. Names follow the `identity_` prefix so that a
+//! dashboard can tell the Identity half from the Destination half later.
+
+use std::time::Duration;
+
+use prometheus_client::encoding::{EncodeLabelSet, text::encode};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::{Registry, Unit};
+
+use crate::identity::issuer::Issuer;
+
+/// How a Certify call ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CertifyResult {
+    Ok,
+    /// Unauthenticated or PermissionDenied: the token did not prove the identity.
+    Denied,
+    /// InvalidArgument: a malformed request or CSR.
+    Invalid,
+    /// Anything on our side: no issuer yet, API server unreachable, signing failed.
+    Error,
+}
+
+impl CertifyResult {
+    fn label(self) -> &'static str {
+        match self {
+            Self::Ok => "ok",
+            Self::Denied => "denied",
+            Self::Invalid => "invalid",
+            Self::Error => "error",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabel {
+    result: &'static str,
+}
+
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    certify: Family<ResultLabel, Counter>,
+    certify_duration: Histogram,
+    issuer_reloads: Family<ResultLabel, Counter>,
+    issuer_expiry: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::default();
+        let certify = Family::<ResultLabel, Counter>::default();
+        // Every outcome is present from the start, so that a rate over an absent series is 0,
+        // not "no data".
+        for result in [CertifyResult::Ok, CertifyResult::Denied, CertifyResult::Invalid, CertifyResult::Error] {
+            let _ = certify.get_or_create(&ResultLabel { result: result.label() });
+        }
+        registry.register("identity_certify", "Certify requests by result", certify.clone());
+        // 100 µs .. ~3 s: signing alone is sub-millisecond; a TokenReview adds an API round trip.
+        let certify_duration = Histogram::new(exponential_buckets(0.0001, 2.0, 16));
+        registry.register_with_unit(
+            "identity_certify_duration",
+            "Time to answer a Certify request",
+            Unit::Seconds,
+            certify_duration.clone(),
+        );
+        let issuer_reloads = Family::<ResultLabel, Counter>::default();
+        for result in ["ok", "rejected"] {
+            let _ = issuer_reloads.get_or_create(&ResultLabel { result });
+        }
+        registry.register("identity_issuer_reload", "Issuer loads by result", issuer_reloads.clone());
+        let issuer_expiry = Gauge::default();
+        registry.register_with_unit(
+            "identity_issuer_expiry_timestamp",
+            "When the current issuer certificate expires (Unix time)",
+            Unit::Seconds,
+            issuer_expiry.clone(),
+        );
+        Self { registry, certify, certify_duration, issuer_reloads, issuer_expiry }
+    }
+}
+
+impl Metrics {
+    pub fn certified(&self, result: CertifyResult, took: Duration) {
+        self.certify.get_or_create(&ResultLabel { result: result.label() }).inc();
+        self.certify_duration.observe(took.as_secs_f64());
+    }
+
+    pub fn issuer_loaded(&self, issuer: &Issuer) {
+        self.issuer_reloads.get_or_create(&ResultLabel { result: "ok" }).inc();
+        let expiry = issuer.signer.issuer_not_after.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        self.issuer_expiry.set(i64::try_from(expiry.as_secs()).unwrap_or(i64::MAX));
+    }
+
+    pub fn issuer_rejected(&self) {
+        self.issuer_reloads.get_or_create(&ResultLabel { result: "rejected" }).inc();
+    }
+
+    pub fn issuer_rejections(&self) -> u64 {
+        self.issuer_reloads.get_or_create(&ResultLabel { result: "rejected" }).get()
+    }
+
+    pub fn certify_count(&self, result: CertifyResult) -> u64 {
+        self.certify.get_or_create(&ResultLabel { result: result.label() }).get()
+    }
+
+    /// The Prometheus text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        encode(&mut out, &self.registry).expect("writing to a String cannot fail");
+        out
+    }
+}

@@ -1,0 +1,245 @@
+//! `cnimesh-control serve`: wires the issuer, the control plane's own certificate, the gRPC
+//! services and the admin listener together. Callable in-process with bound listeners (tests,
+//! benchmarks).
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context;
+use cnimesh_identity::Name;
+use cnimesh_identity::tls::{self, ClientAuth, CurrentCert};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tonic::service::Routes;
+
+use crate::admin::{self, AdminState};
+use crate::identity::{Authenticator, FileTokens, IdentityService, KubeTokens, Policy, issuer, own_cert};
+use crate::metrics::Metrics;
+
+/// Where workload tokens are checked.
+pub enum TokenSource {
+    /// Local mode: `<dir>/<namespace>/<serviceaccount>` files.
+    Files(PathBuf),
+    /// TokenReview against the API server.
+    Kube(kube::Client),
+}
+
+pub struct Config {
+    /// `ca.crt`, `tls.crt`, `tls.key`, watched for changes.
+    pub issuer_dir: PathBuf,
+    /// The control plane's own identity: the name proxies verify when they connect.
+    pub identity_name: Name,
+    pub policy: Policy,
+    pub tokens: TokenSource,
+    // Destination (files backend): the lead adds `workloads_dir: Option<PathBuf>` here.
+}
+
+pub struct Listeners {
+    /// gRPC over TLS (Identity; Destination later).
+    pub grpc: TcpListener,
+    /// HTTP `/metrics`, `/ready`, `/live`.
+    pub admin: TcpListener,
+}
+
+/// Runs the control plane until `shutdown` resolves, then drains gRPC calls and returns.
+pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+    let metrics = Arc::new(Metrics::default());
+    let (stop, stopped) = watch::channel(false);
+    let issuer = issuer::watch_dir(config.issuer_dir.clone(), metrics.clone(), stopped.clone())
+        .with_context(|| format!("loading the issuer from {}", config.issuer_dir.display()))?;
+
+    let own_cert = Arc::new(CurrentCert::default());
+    let own_cert_task = tokio::spawn(own_cert::keep_current(
+        config.identity_name.clone(),
+        issuer.clone(),
+        config.policy.clone(),
+        own_cert.clone(),
+        stopped.clone(),
+    ));
+    // No client certificates: a proxy asks for its first one here. The roots are therefore
+    // unused; the issuer's anchors may not even be loaded yet.
+    let server_tls = tls::server_config(Arc::new(rustls::RootCertStore::empty()), own_cert, ClientAuth::None, &[b"h2"])
+        .context("TLS configuration for the gRPC server")?;
+
+    let authenticator: Arc<dyn Authenticator> = match config.tokens {
+        TokenSource::Files(dir) => Arc::new(FileTokens::new(dir)),
+        TokenSource::Kube(client) => Arc::new(KubeTokens::new(client)),
+    };
+    let identity = IdentityService::new(issuer.clone(), authenticator, config.policy, metrics.clone());
+    let routes = Routes::new(identity.into_server());
+    // The Destination service joins the same listener here:
+    // `let routes = routes.add_service(DestinationServer::new(destination));`
+
+    tracing::info!(
+        grpc = %listeners.grpc.local_addr()?,
+        admin = %listeners.admin.local_addr()?,
+        identity = %config.identity_name,
+        "serving"
+    );
+    let grpc = tokio::spawn(crate::grpc::serve_tls(listeners.grpc, routes, server_tls, until(stopped.clone())));
+    let admin_state = AdminState { metrics, issuer };
+    let admin = tokio::spawn(admin::serve(listeners.admin, admin_state, until(stopped)));
+
+    shutdown.await;
+    tracing::info!("shutting down");
+    stop.send_replace(true);
+    grpc.await.context("gRPC server task")?;
+    admin.await.context("admin server task")?;
+    own_cert_task.await.context("own certificate task")?;
+    Ok(())
+}
+
+async fn until(mut stopped: watch::Receiver<bool>) {
+    let _ = stopped.wait_for(|stop| *stop).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::SocketAddr;
+    use std::time::Duration;
+
+    use linkerd2_proxy_api::identity::CertifyRequest;
+    use linkerd2_proxy_api::identity::identity_client::IdentityClient;
+    use rustls_pki_types::CertificateDer;
+
+    use super::*;
+    use crate::identity::issuer::tests::write_pki;
+    use crate::identity::tokens::tests::write_token;
+
+    struct Running {
+        grpc: SocketAddr,
+        admin: SocketAddr,
+        anchors: Vec<CertificateDer<'static>>,
+        control: Name,
+        stop: Option<tokio::sync::oneshot::Sender<()>>,
+        task: tokio::task::JoinHandle<anyhow::Result<()>>,
+        _dirs: (tempfile::TempDir, tempfile::TempDir),
+    }
+
+    async fn start() -> Running {
+        let pki = tempfile::tempdir().unwrap();
+        let anchor = write_pki(pki.path(), Duration::from_secs(3600));
+        let tokens = tempfile::tempdir().unwrap();
+        write_token(tokens.path(), "shop", "web", "token-web");
+        let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let (grpc_addr, admin_addr) = (grpc.local_addr().unwrap(), admin.local_addr().unwrap());
+        let control = Name::for_service_account("cnimesh-control", "cnimesh", "cluster.local").unwrap();
+        let config = Config {
+            issuer_dir: pki.path().to_path_buf(),
+            identity_name: control.clone(),
+            policy: Policy {
+                trust_domain: "cluster.local".into(),
+                lifetime: Duration::from_secs(3600),
+                clock_skew: Duration::from_secs(20),
+            },
+            tokens: TokenSource::Files(tokens.path().to_path_buf()),
+        };
+        let (stop, stopped) = tokio::sync::oneshot::channel();
+        let task = tokio::spawn(run(config, Listeners { grpc, admin }, async {
+            let _ = stopped.await;
+        }));
+        let anchors = cnimesh_identity::pem::certs(anchor.cert_pem.as_bytes(), "anchor").unwrap();
+        Running { grpc: grpc_addr, admin: admin_addr, anchors, control, stop: Some(stop), task, _dirs: (pki, tokens) }
+    }
+
+    async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let req = format!("GET {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n");
+        stream.write_all(req.as_bytes()).await.unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await.unwrap();
+        let status = response[9..12].parse().unwrap();
+        (status, response)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn certify_over_tls_end_to_end() {
+        let mut running = start().await;
+        let roots = cnimesh_identity::tls::roots(&running.anchors).unwrap();
+        let client_tls = cnimesh_identity::tls::client_config(roots.clone(), None, &[b"h2"]).unwrap();
+
+        // The own certificate is issued right after start: retry the connection briefly.
+        let channel = {
+            let mut attempt = 0;
+            loop {
+                match crate::grpc::connect_tls(running.grpc, &running.control, client_tls.clone()).await {
+                    Ok(channel) => break channel,
+                    Err(e) if attempt < 50 => {
+                        attempt += 1;
+                        tracing::debug!(%e, "not yet");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                    Err(e) => panic!("connect: {e:?}"),
+                }
+            }
+        };
+        let mut client = IdentityClient::new(channel);
+        let web = Name::for_service_account("web", "shop", "cluster.local").unwrap();
+        for _ in 0..2 {
+            let (_key, csr) = cnimesh_identity::ca::new_csr(&web).unwrap();
+            let req = CertifyRequest {
+                identity: web.to_string(),
+                token: b"token-web".to_vec(),
+                certificate_signing_request: csr,
+            };
+            let rsp = client.certify(req).await.unwrap().into_inner();
+            let chain: Vec<CertificateDer<'static>> = std::iter::once(rsp.leaf_certificate)
+                .chain(rsp.intermediate_certificates)
+                .map(CertificateDer::from)
+                .collect();
+            cnimesh_identity::tls::verify(roots.clone(), &chain, &web).unwrap();
+        }
+        let (_key, csr) = cnimesh_identity::ca::new_csr(&web).unwrap();
+        let denied =
+            CertifyRequest { identity: web.to_string(), token: b"wrong".to_vec(), certificate_signing_request: csr };
+        assert_eq!(client.certify(denied).await.unwrap_err().code(), tonic::Code::Unauthenticated);
+
+        // A client expecting another name must not get through.
+        let other = Name::for_service_account("impostor", "cnimesh", "cluster.local").unwrap();
+        assert!(crate::grpc::connect_tls(running.grpc, &other, client_tls).await.is_err());
+
+        let (status, _) = http_get(running.admin, "/ready").await;
+        assert_eq!(status, 200);
+        let (status, _) = http_get(running.admin, "/live").await;
+        assert_eq!(status, 200);
+        let (status, metrics) = http_get(running.admin, "/metrics").await;
+        assert_eq!(status, 200);
+        assert!(metrics.contains("identity_certify_total{result=\"ok\"} 2"), "{metrics}");
+        assert!(metrics.contains("identity_certify_total{result=\"denied\"} 1"), "{metrics}");
+        assert!(metrics.contains("identity_certify_duration_seconds_count 3"), "{metrics}");
+
+        running.stop.take().unwrap().send(()).unwrap();
+        tokio::time::timeout(Duration::from_secs(15), running.task).await.unwrap().unwrap().unwrap();
+    }
+
+    #[tokio::test]
+    async fn not_ready_without_an_issuer() {
+        let pki = tempfile::tempdir().unwrap();
+        let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let admin_addr = admin.local_addr().unwrap();
+        let config = Config {
+            issuer_dir: pki.path().to_path_buf(),
+            identity_name: Name::parse("control.example").unwrap(),
+            policy: Policy {
+                trust_domain: "cluster.local".into(),
+                lifetime: Duration::from_secs(60),
+                clock_skew: Duration::ZERO,
+            },
+            tokens: TokenSource::Files(pki.path().to_path_buf()),
+        };
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(run(config, Listeners { grpc, admin }, async {
+            let _ = stopped.await;
+        }));
+        // The listener is bound already: the request waits in its backlog until run() serves it.
+        let (status, body) = http_get(admin_addr, "/ready").await;
+        assert!(body.contains("no issuer"), "{body}");
+        assert_eq!(status, 503);
+        stop.send(()).unwrap();
+        task.await.unwrap().unwrap();
+    }
+}
