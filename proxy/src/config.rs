@@ -39,6 +39,20 @@ pub struct Config {
     /// Outbound endpoints known to be meshed, with the identity each must prove. Discovery
     /// (the destination service) adds to this at run time.
     pub outbound_identities: Vec<(EndpointMatch, Name)>,
+    /// The Destination service; without it outbound traffic goes to its original destination.
+    pub destination: Option<DestinationConfig>,
+}
+
+/// Where discovery comes from. The channel is TLS checked against the identity's trust anchors,
+/// so discovery needs an identity configured.
+#[derive(Debug, Clone)]
+pub struct DestinationConfig {
+    /// `host:port` of the Destination service.
+    pub addr: String,
+    /// The identity the Destination service must prove.
+    pub name: Name,
+    /// How long a new connection waits for the first answer about its destination.
+    pub first_answer: Duration,
 }
 
 /// Where the proxy gets its certificate.
@@ -105,6 +119,7 @@ impl Default for Config {
             inbound_require_tls: false,
             opaque_tls_wait: Duration::from_millis(1000),
             outbound_identities: Vec::new(),
+            destination: None,
         }
     }
 }
@@ -205,6 +220,7 @@ impl Config {
                 .map_err(|why| ConfigError { var: n, value: v.clone(), why })?;
         }
         c.identity = identity(&var)?;
+        c.destination = destination(&var, c.identity.as_ref())?;
         Ok(c)
     }
 }
@@ -252,6 +268,33 @@ fn identity(var: &impl Fn(&str) -> Option<(String, String)>) -> Result<Option<Id
         control_name,
         max_backoff,
     }))
+}
+
+fn destination(
+    var: &impl Fn(&str) -> Option<(String, String)>,
+    identity: Option<&IdentityConfig>,
+) -> Result<Option<DestinationConfig>, ConfigError> {
+    let Some((n, addr)) = var("DESTINATION_ADDR") else { return Ok(None) };
+    let Some(identity) = identity else {
+        return Err(ConfigError {
+            var: n,
+            value: addr,
+            why: "discovery needs CNIMESH_PROXY_IDENTITY_* (its channel is verified mTLS)".into(),
+        });
+    };
+    let name = match var("DESTINATION_SVC_NAME") {
+        Some((n, v)) => v.trim().parse().map_err(|e: cnimesh_identity::NameError| ConfigError {
+            var: n,
+            value: v.clone(),
+            why: e.to_string(),
+        })?,
+        None => identity.control_name.clone(),
+    };
+    let first_answer = match var("DISCOVERY_WAIT_MS") {
+        Some((n, v)) => millis(&n, &v)?,
+        None => Duration::from_secs(2),
+    };
+    Ok(Some(DestinationConfig { addr: addr.trim().to_string(), name, first_answer }))
 }
 
 #[cfg(test)]
@@ -309,5 +352,7 @@ mod tests {
         assert_eq!(c.outbound_identities.len(), 2);
         assert!(Config::from_vars(vars(&[("CNIMESH_PROXY_OUTBOUND_IDENTITIES", "10.0.0.1:80=Bad_Name")])).is_err());
         assert!(Config::from_vars(vars(&[("CNIMESH_PROXY_INBOUND_REQUIRE_TLS", "yes")])).is_err());
+        let e = Config::from_vars(vars(&[("CNIMESH_PROXY_DESTINATION_ADDR", "control:4190")])).unwrap_err();
+        assert!(e.to_string().contains("needs CNIMESH_PROXY_IDENTITY"), "{e}");
     }
 }

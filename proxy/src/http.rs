@@ -23,6 +23,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 
 use crate::metrics::{Direction, Metrics, RequestLabels, ResponseLabels, TlsLabel};
+use crate::route::{Picked, Route, RouteError};
 use crate::tls::{self, UpstreamIo, UpstreamTls};
 
 pub type Body = UnsyncBoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
@@ -99,11 +100,13 @@ impl Clients {
 /// Everything a connection's requests need.
 pub struct HttpProxy {
     direction: Direction,
+    /// The connection's original destination (metrics, messages).
     target: SocketAddr,
-    /// The upstream pool for this connection's target and protocol, looked up once.
-    client: UpstreamClient,
-    /// For upgrades, which take a connection of their own.
-    connector: FixedConnector,
+    route: Route,
+    h2: bool,
+    clients: Arc<Clients>,
+    /// The pool for a fixed route, looked up once per connection.
+    fixed: Option<UpstreamClient>,
     tls: TlsLabel,
     metrics: Arc<Metrics>,
     drain: crate::drain::Drain,
@@ -293,24 +296,34 @@ impl HttpProxy {
         direction: Direction,
         target: SocketAddr,
         h2: bool,
-        clients: &Clients,
-        upstream_tls: Option<&UpstreamTls>,
+        route: Route,
+        clients: Arc<Clients>,
         tls: TlsLabel,
         metrics: Arc<Metrics>,
         drain: crate::drain::Drain,
         open: Arc<crate::metrics::OpenConnection>,
     ) -> Self {
-        Self {
-            direction,
-            target,
-            client: clients.get(target, h2, upstream_tls),
-            connector: FixedConnector { target, timeout: clients.connect_timeout, tls: upstream_tls.cloned() },
-            tls,
-            metrics,
-            drain,
-            open,
-            handles: Mutex::default(),
-        }
+        let fixed = match &route {
+            Route::Fixed(t) => Some(clients.get(t.addr, h2, t.tls.as_ref())),
+            Route::Balanced { .. } => None,
+        };
+        Self { direction, target, route, h2, clients, fixed, tls, metrics, drain, open, handles: Mutex::default() }
+    }
+
+    /// The upstream for one request: the fixed pool, or a balanced endpoint's.
+    fn select(&self) -> Result<(UpstreamClient, Picked), ProxyError> {
+        let picked = self.route.pick().map_err(|e| ProxyError {
+            status: match e {
+                RouteError::NoEndpoints(_) => StatusCode::SERVICE_UNAVAILABLE,
+                RouteError::NoIdentity(_) => StatusCode::BAD_GATEWAY,
+            },
+            message: e.to_string(),
+        })?;
+        let client = match &self.fixed {
+            Some(c) => c.clone(),
+            None => self.clients.get(picked.target.addr, self.h2, picked.target.tls.as_ref()),
+        };
+        Ok((client, picked))
     }
 
     /// Runs `f` on the metric handles for `authority`, creating them on a change of authority.
@@ -408,8 +421,13 @@ impl HttpProxy {
                 message: format!("invalid request target: {e}"),
             })?;
         parts.version = if h2 { Version::HTTP_2 } else { Version::HTTP_11 };
+        let (client, picked) = self.select()?;
+        let upstream = picked.target.addr;
         let mut response =
-            self.client.request(Request::from_parts(parts, body)).await.map_err(|e| upstream_error(self.target, &e))?;
+            client.request(Request::from_parts(parts, body)).await.map_err(|e| upstream_error(upstream, &e))?;
+        if let Some(load) = &picked.load {
+            load.observe();
+        }
         strip_hop_by_hop(response.headers_mut(), false);
         Ok(response.map(incoming))
     }
@@ -417,10 +435,14 @@ impl HttpProxy {
     /// HTTP/1 `Upgrade` (e.g. WebSocket) and `CONNECT`: the handshake goes upstream on a fresh
     /// connection, and on success both upgraded connections are spliced together.
     async fn upgrade(&self, mut req: Request<Incoming>) -> Result<Response<Body>, ProxyError> {
-        let upstream = self.connector.clone().connect().await.map_err(|e| upstream_error(self.target, &e))?;
+        let (_, picked) = self.select()?;
+        let target = picked.target.addr;
+        let connector =
+            FixedConnector { target, timeout: self.clients.connect_timeout, tls: picked.target.tls.clone() };
+        let upstream = connector.connect().await.map_err(|e| upstream_error(target, &e))?;
         let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(upstream))
             .await
-            .map_err(|e| upstream_error(self.target, &e))?;
+            .map_err(|e| upstream_error(target, &e))?;
         tokio::spawn(async move {
             if let Err(e) = conn.with_upgrades().await {
                 tracing::debug!(error = %e, "upstream upgrade connection ended");
@@ -431,16 +453,16 @@ impl HttpProxy {
         let (mut parts, body) = req.into_parts();
         strip_hop_by_hop(&mut parts.headers, !is_connect);
         let mut response =
-            sender.send_request(Request::from_parts(parts, body)).await.map_err(|e| upstream_error(self.target, &e))?;
+            sender.send_request(Request::from_parts(parts, body)).await.map_err(|e| upstream_error(target, &e))?;
         let switched =
             response.status() == StatusCode::SWITCHING_PROTOCOLS || (is_connect && response.status().is_success());
         if switched {
             let client_side = hyper::upgrade::on(&mut response);
             let guard = self.drain.guard();
             let open = self.open.clone();
-            let target = self.target;
             tokio::spawn(async move {
-                let _held = (guard, open);
+                // The tunnel counts as load on its endpoint for as long as it lasts.
+                let _held = (guard, open, picked.load);
                 match tokio::try_join!(server_side, client_side) {
                     Ok((a, b)) => {
                         let (mut a, mut b) = (TokioIo::new(a), TokioIo::new(b));

@@ -6,8 +6,10 @@
 pub mod admin;
 pub mod cli;
 pub mod config;
+pub mod control;
 pub mod counting;
 pub mod detect;
+pub mod discovery;
 pub mod drain;
 pub mod endpoints;
 pub mod http;
@@ -15,12 +17,14 @@ pub mod identity;
 pub mod io;
 pub mod metrics;
 pub mod orig_dst;
+pub mod route;
 pub mod server;
 pub mod tcp;
 pub mod tls;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use anyhow::Context;
 use tokio::net::TcpListener;
@@ -55,6 +59,14 @@ pub async fn run(
         config: config.clone(),
         identity: identity.clone(),
         endpoints: Arc::new(endpoints::MeshedEndpoints::new(config.outbound_identities.clone())),
+        discovery: match (&config.destination, &identity) {
+            (Some(d), Some(id)) => {
+                let channel = control::channel(&d.addr, &d.name, id.roots.clone(), None)?;
+                let max_backoff = config.identity.as_ref().map_or(Duration::from_secs(30), |i| i.max_backoff);
+                Some(Arc::new(discovery::Discovery::new(channel, d.first_answer, max_backoff)))
+            }
+            _ => None,
+        },
     });
     let mut listeners = Vec::new();
     for (direction, addrs) in [(Direction::inbound, &config.inbound), (Direction::outbound, &config.outbound)] {

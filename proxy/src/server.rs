@@ -12,6 +12,7 @@ use tokio::net::{TcpListener, TcpStream};
 use crate::config::Config;
 use crate::counting::CountingIo;
 use crate::detect::{self, PrefixedIo, Protocol};
+use crate::discovery::Discovery;
 use crate::drain::Drain;
 use crate::endpoints::MeshedEndpoints;
 use crate::http::{Clients, HttpProxy};
@@ -19,8 +20,9 @@ use crate::identity::Identity;
 use crate::io::MaybeTls;
 use crate::metrics::{Direction, Metrics, OpenConnection, TcpLabels, TlsLabel};
 use crate::orig_dst::original_dst;
+use crate::route::{Route, Target};
 use crate::tcp;
-use crate::tls::{self, ClientIo, UpstreamTls};
+use crate::tls::{self, ClientIo};
 
 /// State shared by every connection of the proxy.
 pub struct Shared {
@@ -31,6 +33,8 @@ pub struct Shared {
     /// Present when the proxy has an identity (and so does mTLS).
     pub identity: Option<Arc<Identity>>,
     pub endpoints: Arc<MeshedEndpoints>,
+    /// Present when a Destination service is configured.
+    pub discovery: Option<Arc<Discovery>>,
 }
 
 /// Accepts until draining starts.
@@ -78,26 +82,28 @@ async fn secure(
 ) -> anyhow::Result<()> {
     let config = &shared.config;
     let opaque_port = config.opaque_ports.contains(&target.port());
-    let (io, prefix, tls, upstream_tls) = match (direction, shared.identity.as_deref()) {
+    let (io, prefix, route) = match (direction, shared.identity.as_deref()) {
         (Direction::inbound, Some(identity)) => {
             let wait = if opaque_port { config.opaque_tls_wait } else { config.detect_timeout };
             match tls::inbound(stream, identity, wait, config.inbound_require_tls).await? {
-                tls::Inbound::Accepted { io, prefix, tls } => (io, prefix, tls, None),
+                tls::Inbound::Accepted { io, prefix, tls } => (io, prefix, Ok(tls)),
                 tls::Inbound::Refused(why) => {
                     shared.metrics.tcp_refused(direction, target);
                     anyhow::bail!("refused: {why}");
                 }
             }
         }
-        (Direction::inbound, None) => (MaybeTls::Plain(stream), Bytes::new(), TlsLabel::plaintext(), None),
-        (Direction::outbound, identity) => {
-            let upstream_tls = tls::outbound(identity, shared.endpoints.identity(target)).map_err(|why| {
-                shared.metrics.tcp_refused(direction, target);
-                anyhow::anyhow!("{why}")
-            })?;
-            let label = upstream_tls.as_ref().map_or_else(TlsLabel::plaintext, UpstreamTls::label);
-            (MaybeTls::Plain(stream), Bytes::new(), label, upstream_tls)
+        (Direction::inbound, None) => (MaybeTls::Plain(stream), Bytes::new(), Ok(TlsLabel::plaintext())),
+        (Direction::outbound, _) => {
+            let route =
+                outbound_route(target, shared).await.inspect_err(|_| shared.metrics.tcp_refused(direction, target))?;
+            (MaybeTls::Plain(stream), Bytes::new(), Err(route))
         }
+    };
+    // Inbound goes to the original destination; outbound where its route says.
+    let (tls, route) = match route {
+        Ok(tls) => (tls, Route::Fixed(Target { addr: target, tls: None })),
+        Err(route) => (route.tls_label(), route),
     };
     let m = &shared.metrics;
     let labels = TcpLabels { direction, target_addr: m.target_label(direction, target), tls: tls.clone() };
@@ -106,8 +112,32 @@ async fn secure(
         write: m.tcp_write_bytes_total.get_or_create(&labels).clone(),
     };
     let open = OpenConnection::open(m.clone(), labels);
-    let conn = Connection { direction, target, tls, upstream_tls, open, counters };
+    let conn = Connection { direction, target, tls, route, open, counters };
     serve(io, prefix, opaque_port, conn, shared).await
+}
+
+/// An outbound connection's route: a discovered service's endpoints, or its original
+/// destination with the identity it is known to have (from discovery or configuration).
+async fn outbound_route(target: SocketAddr, shared: &Shared) -> anyhow::Result<Route> {
+    let mut expected = shared.endpoints.identity(target);
+    if let Some(discovery) = &shared.discovery
+        && let Some(profile) = discovery.profile(target).await
+    {
+        if let Some(service) = profile.service {
+            let authority = format!("{service}:{}", target.port());
+            let endpoints = discovery.endpoints(&authority).await;
+            // Never heard back about the service: let the original destination handle it.
+            if endpoints.borrow().known {
+                return Ok(Route::Balanced { service: authority, endpoints, identity: shared.identity.clone() });
+            }
+            tracing::warn!(%target, %authority, "no answer about the service yet; forwarding to the original destination");
+        }
+        if let Some(identity) = profile.endpoint.and_then(|e| e.identity.clone()) {
+            expected = Some(identity);
+        }
+    }
+    let tls = tls::outbound(shared.identity.as_deref(), expected).map_err(|why| anyhow::anyhow!(why))?;
+    Ok(Route::Fixed(Target { addr: target, tls }))
 }
 
 /// What is known of a connection once its TLS is settled.
@@ -115,7 +145,7 @@ struct Connection {
     direction: Direction,
     target: SocketAddr,
     tls: TlsLabel,
-    upstream_tls: Option<UpstreamTls>,
+    route: Route,
     open: Arc<OpenConnection>,
     counters: tcp::Counters,
 }
@@ -141,16 +171,20 @@ async fn serve(
         detect::detect(&mut io, read, config.detect_timeout).await?
     };
     if protocol == Protocol::Opaque {
-        let upstream = tls::connect(conn.target, config.connect_timeout, conn.upstream_tls.as_ref()).await?;
-        return Ok(tcp::forward(io, prefix, upstream, config.idle_timeout, conn.counters).await?);
+        let picked = conn.route.pick()?;
+        let upstream = tls::connect(picked.target.addr, config.connect_timeout, picked.target.tls.as_ref()).await?;
+        // `picked` holds the connection as load on its endpoint until it ends.
+        let forwarded = tcp::forward(io, prefix, upstream, config.idle_timeout, conn.counters).await;
+        drop(picked);
+        return Ok(forwarded?);
     }
     let io = TokioIo::new(CountingIo::new(PrefixedIo::new(prefix, io), conn.counters.read, conn.counters.write));
     let proxy = Arc::new(HttpProxy::new(
         conn.direction,
         conn.target,
         protocol == Protocol::Http2,
-        &shared.clients,
-        conn.upstream_tls.as_ref(),
+        conn.route,
+        shared.clients.clone(),
         conn.tls,
         shared.metrics.clone(),
         shared.drain.clone(),

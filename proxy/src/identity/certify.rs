@@ -6,31 +6,16 @@ use std::time::{Duration, SystemTime};
 
 use anyhow::Context;
 use cnimesh_identity::Name;
-use hyper_util::rt::TokioIo;
 use linkerd2_proxy_api::identity::CertifyRequest;
 use linkerd2_proxy_api::identity::identity_client::IdentityClient;
-use rustls_pki_types::{CertificateDer, ServerName};
-use tonic::transport::{Channel, Endpoint};
+use rustls_pki_types::CertificateDer;
+use tonic::transport::Channel;
 
 use crate::config::IdentityConfig;
 
-/// A channel to the Identity service; it connects lazily and reconnects by itself.
+/// A channel to the Identity service.
 pub fn channel(config: &IdentityConfig, roots: Arc<rustls::RootCertStore>) -> anyhow::Result<Channel> {
-    let tls = tokio_rustls::TlsConnector::from(cnimesh_identity::tls::client_config(roots, None, &[b"h2"])?);
-    let addr = config.control_addr.clone();
-    let name = ServerName::try_from(config.control_name.to_string()).context("control-plane identity")?;
-    let connector = tower::service_fn(move |_: http::Uri| {
-        let (tls, addr, name) = (tls.clone(), addr.clone(), name.clone());
-        async move {
-            let tcp = tokio::net::TcpStream::connect(&addr).await?;
-            tcp.set_nodelay(true)?;
-            Ok::<_, std::io::Error>(TokioIo::new(tls.connect(name, tcp).await?))
-        }
-    });
-    Ok(Endpoint::from_static("http://cnimesh-identity")
-        .connect_timeout(Duration::from_secs(5))
-        .timeout(Duration::from_secs(10))
-        .connect_with_connector_lazy(connector))
+    crate::control::channel(&config.control_addr, &config.control_name, roots, Some(Duration::from_secs(10)))
 }
 
 /// A certificate the control plane issued, checked.

@@ -1,0 +1,132 @@
+//! The long-lived Destination streams behind discovery, one per lookup, re-opened with jittered
+//! backoff when they fail; the last answer stays published meanwhile. A stream ends when nobody
+//! holds its receiver any more.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use linkerd2_proxy_api::destination::{self as api, destination_client::DestinationClient, update};
+use tokio::sync::watch;
+use tonic::transport::Channel;
+
+use super::{Endpoint, Endpoints, Profile, endpoint};
+
+/// Opens a stream with `open` and feeds its messages to `apply` (`true` for the first message
+/// of each stream: a fresh snapshot) until `closed`, retrying with backoff.
+async fn retrying<M, F, Fut>(what: String, max_backoff: Duration, mut open: F, mut apply: impl FnMut(M, bool))
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<tonic::Streaming<M>, tonic::Status>>,
+{
+    let mut delay = Duration::ZERO;
+    loop {
+        match open().await {
+            Ok(mut stream) => {
+                let mut first = true;
+                loop {
+                    match stream.message().await {
+                        Ok(Some(m)) => {
+                            apply(m, first);
+                            first = false;
+                            delay = Duration::ZERO;
+                        }
+                        Ok(None) => break,
+                        Err(e) => {
+                            tracing::warn!(lookup = %what, error = %e.message(), code = ?e.code(), "discovery stream failed; keeping the last answer");
+                            break;
+                        }
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!(lookup = %what, error = %e.message(), code = ?e.code(), "discovery unavailable; keeping the last answer")
+            }
+        }
+        let (next, jittered) = crate::identity::refresh::backoff(delay, max_backoff);
+        delay = next;
+        tokio::time::sleep(jittered).await;
+    }
+}
+
+fn request(path: String) -> api::GetDestination {
+    api::GetDestination { scheme: "k8s".into(), path, context_token: String::new() }
+}
+
+pub async fn profile(
+    client: DestinationClient<Channel>,
+    target: SocketAddr,
+    tx: watch::Sender<Option<Profile>>,
+    max_backoff: Duration,
+) {
+    let open = || {
+        let mut client = client.clone();
+        async move { client.get_profile(request(target.to_string())).await.map(tonic::Response::into_inner) }
+    };
+    let apply = |p: api::DestinationProfile, _first| {
+        let previous = tx.borrow().as_ref().and_then(|p| p.endpoint.as_ref().map(|e| e.stats.clone()));
+        let service = Some(p.fully_qualified_name).filter(|n| !n.is_empty());
+        let endpoint = p.endpoint.as_ref().and_then(|e| endpoint(e, previous)).map(Arc::new);
+        tx.send_replace(Some(Profile { service, endpoint }));
+    };
+    tokio::select! {
+        () = tx.closed() => {}
+        () = retrying(format!("profile {target}"), max_backoff, open, apply) => {}
+    }
+}
+
+pub async fn endpoints(
+    client: DestinationClient<Channel>,
+    authority: String,
+    tx: watch::Sender<Arc<Endpoints>>,
+    max_backoff: Duration,
+) {
+    // Endpoints by address, so balancing statistics survive updates.
+    let mut current: HashMap<SocketAddr, Arc<Endpoint>> = HashMap::new();
+    let open = || {
+        let mut client = client.clone();
+        let path = authority.clone();
+        async move { client.get(request(path)).await.map(tonic::Response::into_inner) }
+    };
+    let apply = |u: api::Update, first: bool| {
+        // A re-opened stream starts over with the full set: forget what it no longer has.
+        let mut next = if first { HashMap::new() } else { current.clone() };
+        match u.update {
+            Some(update::Update::Add(set)) => {
+                for a in &set.addrs {
+                    let stats = a
+                        .addr
+                        .as_ref()
+                        .and_then(|_| endpoint(a, None))
+                        .and_then(|e| current.get(&e.addr).map(|c| c.stats.clone()));
+                    if let Some(e) = endpoint(a, stats) {
+                        next.insert(e.addr, Arc::new(e));
+                    }
+                }
+            }
+            Some(update::Update::Remove(set)) => {
+                for a in set.addrs {
+                    let port = a.port;
+                    if let Some(ip) = a.ip.and_then(|ip| std::net::IpAddr::try_from(ip).ok())
+                        && let Ok(port) = u16::try_from(port)
+                    {
+                        next.remove(&SocketAddr::new(ip, port));
+                    }
+                }
+            }
+            Some(update::Update::NoEndpoints(_)) => next.clear(),
+            None => return,
+        }
+        current = next;
+        let mut list: Vec<_> = current.values().cloned().collect();
+        list.sort_by_key(|e| e.addr);
+        tracing::debug!(%authority, endpoints = list.len(), "endpoints updated");
+        tx.send_replace(Arc::new(Endpoints { list, known: true }));
+    };
+    tokio::select! {
+        () = tx.closed() => {}
+        () = retrying(format!("endpoints {authority}"), max_backoff, open, apply) => {}
+    }
+}
