@@ -66,9 +66,8 @@ pub async fn profile(
         async move { client.get_profile(request(target.to_string())).await.map(tonic::Response::into_inner) }
     };
     let apply = |p: api::DestinationProfile, _first| {
-        let previous = tx.borrow().as_ref().and_then(|p| p.endpoint.as_ref().map(|e| e.stats.clone()));
         let service = Some(p.fully_qualified_name).filter(|n| !n.is_empty());
-        let endpoint = p.endpoint.as_ref().and_then(|e| endpoint(e, previous)).map(Arc::new);
+        let endpoint = p.endpoint.as_ref().and_then(endpoint).map(Arc::new);
         tx.send_replace(Some(Profile { service, endpoint }));
     };
     tokio::select! {
@@ -95,15 +94,11 @@ pub async fn endpoints(
         let mut next = if first { HashMap::new() } else { current.clone() };
         match u.update {
             Some(update::Update::Add(set)) => {
-                for a in &set.addrs {
-                    let stats = a
-                        .addr
-                        .as_ref()
-                        .and_then(|_| endpoint(a, None))
-                        .and_then(|e| current.get(&e.addr).map(|c| c.stats.clone()));
-                    if let Some(e) = endpoint(a, stats) {
-                        next.insert(e.addr, Arc::new(e));
+                for mut e in set.addrs.iter().filter_map(endpoint) {
+                    if let Some(known) = current.get(&e.addr) {
+                        e.stats = known.stats.clone();
                     }
+                    next.insert(e.addr, Arc::new(e));
                 }
             }
             Some(update::Update::Remove(set)) => {

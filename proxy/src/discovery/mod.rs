@@ -117,16 +117,12 @@ impl Discovery {
 }
 
 /// An endpoint from the API's form; `None` when it has no usable address.
-fn endpoint(addr: &api::WeightedAddr, stats: Option<Arc<Stats>>) -> Option<Endpoint> {
+fn endpoint(addr: &api::WeightedAddr) -> Option<Endpoint> {
     let tcp = addr.addr?;
     let ip = std::net::IpAddr::try_from(tcp.ip?).ok()?;
     let identity = addr.tls_identity.as_ref().and_then(|t| match &t.strategy {
         Some(api::tls_identity::Strategy::DnsLikeIdentity(d)) => d.name.parse().ok(),
         _ => None,
     });
-    Some(Endpoint {
-        addr: SocketAddr::new(ip, u16::try_from(tcp.port).ok()?),
-        identity,
-        stats: stats.unwrap_or_default(),
-    })
+    Some(Endpoint { addr: SocketAddr::new(ip, u16::try_from(tcp.port).ok()?), identity, stats: Arc::default() })
 }
