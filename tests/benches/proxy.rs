@@ -4,6 +4,7 @@
 //! client pod ─▶ [outbound cnimesh-proxy] ─▶ [inbound cnimesh-proxy] ─▶ app   (cnimesh)
 //! client pod ─────────────────────────────────────────────────────────▶ app   (direct)
 //! client pod ─────────────────────▶ haproxy (mode http) ──────────────▶ app   (haproxy)
+//! client pod ─▶ [outbound cnimesh-proxy] ═mTLS═▶ [inbound cnimesh-proxy] ─▶ app (cnimesh, mTLS)
 //!
 //! Load comes from h2load (Debian's nghttp2-client): a fixed rate for latency (per-request times
 //! from its log), then unlimited for throughput. Run as root:
@@ -14,6 +15,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use cnimesh_e2e::apps::{self, Apps};
+use cnimesh_e2e::control::{Control, env_refs, identity};
 use cnimesh_e2e::sidecar::Sidecar;
 use cnimesh_e2e::{Netns, Network, Pod, bins, require_root};
 use serde_json::json;
@@ -136,6 +138,24 @@ fn main() {
     let env = [("CNIMESH_PROXY_WORKERS", workers.as_str())];
     let client_proxy = Sidecar::start(&bins.proxy, &client.netns, &env).unwrap();
     let server_proxy = Sidecar::start(&bins.proxy, &server.netns, &env).unwrap();
+    // The same pair with identities: mTLS between the proxies.
+    let control_pod = Pod::unmeshed(&net, "cnimesh", "control").unwrap();
+    let control = Control::start(&bins.control, &control_pod, &[]).unwrap();
+    let tls_client = Pod::named(&net, "shop", "tls-client").unwrap();
+    let tls_server = Pod::named(&net, "shop", "tls-server").unwrap();
+    let _tls_apps = Apps::start(&tls_server.netns.path(), tls_server.ipv4().into(), "mtls").unwrap();
+    let mut server_env = control.proxy_env("shop", "tls-server", &control.token("shop", "tls-server").unwrap());
+    server_env.push(("CNIMESH_PROXY_WORKERS".into(), workers.clone()));
+    let mut client_env = control.proxy_env("shop", "tls-client", &control.token("shop", "tls-client").unwrap());
+    client_env.extend([
+        ("CNIMESH_PROXY_WORKERS".into(), workers.clone()),
+        (
+            "CNIMESH_PROXY_OUTBOUND_IDENTITIES".into(),
+            format!("{}={}", tls_server.ipv4(), identity("shop", "tls-server")),
+        ),
+    ]);
+    let tls_server_proxy = Sidecar::start(&bins.proxy, &tls_server.netns, &env_refs(&server_env)).unwrap();
+    let tls_client_proxy = Sidecar::start(&bins.proxy, &tls_client.netns, &env_refs(&client_env)).unwrap();
     println!("proxy runtime worker threads: {workers}");
     std::thread::sleep(Duration::from_millis(300));
     let idle_rss = (rss_mib(client_proxy.pid()), rss_mib(server_proxy.pid()));
@@ -148,7 +168,14 @@ fn main() {
         ("direct (no proxy)", &plain_client.netns, format!("http://{app}/hello")),
         ("cnimesh pair (outbound + inbound)", &client.netns, format!("http://{meshed}/hello")),
         ("haproxy, one HTTP hop", &plain_client.netns, format!("http://{hop}/hello")),
+        (
+            "cnimesh pair, mTLS",
+            &tls_client.netns,
+            format!("http://{}/hello", SocketAddr::new(tls_server.ipv4().into(), apps::HTTP_PORT)),
+        ),
     ];
+    let pids = [(client_proxy.pid(), server_proxy.pid()), (tls_client_proxy.pid(), tls_server_proxy.pid())];
+    let pair_cpu = |pair: (u32, u32)| cpu_seconds(pair.0) + cpu_seconds(pair.1);
 
     println!(
         "\n## Latency at {} rps ({} clients × {} rps, {} s; ms)\n",
@@ -181,20 +208,28 @@ fn main() {
     println!("| path | HTTP/1.1 | ratio | HTTP/2 | ratio |");
     println!("|---|---:|---:|---:|---:|");
     let mut base = None;
-    let mut cpu_per_1000 = (0.0, 0.0);
+    let mut cpu_per_1000 = Vec::new();
     for (i, (name, ns, url)) in paths.iter().enumerate() {
-        let cpu_before = cpu_seconds(client_proxy.pid()) + cpu_seconds(server_proxy.pid());
+        let pair = match i {
+            1 => Some(pids[0]),
+            3 => Some(pids[1]),
+            _ => None,
+        };
+        let cpu_before = pair.map_or(0.0, pair_cpu);
         let h1 = throughput(ns, url, true);
-        let cpu_mid = cpu_seconds(client_proxy.pid()) + cpu_seconds(server_proxy.pid());
+        let cpu_mid = pair.map_or(0.0, pair_cpu);
         let h2 = throughput(ns, url, false);
-        let cpu_after = cpu_seconds(client_proxy.pid()) + cpu_seconds(server_proxy.pid());
-        if i == 1 {
-            cpu_per_1000 = ((cpu_mid - cpu_before) / 60.0 * 1e3, (cpu_after - cpu_mid) / 100.0 * 1e3);
+        let cpu_after = pair.map_or(0.0, pair_cpu);
+        if pair.is_some() {
+            // 60000 HTTP/1.1 and 100000 HTTP/2 requests: CPU seconds per request × 1e6 = ms per 1000.
+            cpu_per_1000.push((name, (cpu_mid - cpu_before) / 60.0 * 1e3, (cpu_after - cpu_mid) / 100.0 * 1e3));
         }
         let (b1, b2) = *base.get_or_insert((h1, h2));
         println!("| {name} | {h1:.0} | {:.2} | {h2:.0} | {:.2} |", h1 / b1, h2 / b2);
     }
-    println!("\nproxy pair CPU per 1000 requests: HTTP/1.1 {:.1} ms, HTTP/2 {:.1} ms", cpu_per_1000.0, cpu_per_1000.1);
+    for (name, h1, h2) in cpu_per_1000 {
+        println!("\n{name}: proxy pair CPU per 1000 requests: HTTP/1.1 {h1:.1} ms, HTTP/2 {h2:.1} ms");
+    }
 
     // Memory under 1000 concurrent (mostly idle) connections through the pair.
     let url = format!("http://{meshed}/hello");

@@ -20,6 +20,8 @@ pub struct Bins {
     pub probe: PathBuf,
     /// A `cnimesh-proxy` binary.
     pub proxy: PathBuf,
+    /// A `cnimesh-control` binary.
+    pub control: PathBuf,
 }
 
 /// Resolves [`Bins`] from the `CARGO_BIN_EXE_*` variables of an integration test or bench.
@@ -30,6 +32,7 @@ macro_rules! bins {
             plugin: env!("CARGO_BIN_EXE_cnimesh-cni-e2e").into(),
             probe: env!("CARGO_BIN_EXE_cnimesh-probe").into(),
             proxy: env!("CARGO_BIN_EXE_cnimesh-proxy-e2e").into(),
+            control: env!("CARGO_BIN_EXE_cnimesh-control-e2e").into(),
         }
     };
 }
@@ -218,8 +221,18 @@ impl Network {
     }
 
     pub fn add(&self, call: &Call) -> Result<Value, CniFailure> {
+        self.add_first(self.plugin_count(), call)
+    }
+
+    /// ADD through the primary plugin only: a pod the mesh does not capture (the control
+    /// plane's own pod, a workload outside the mesh).
+    pub fn add_primary(&self, call: &Call) -> Result<Value, CniFailure> {
+        self.add_first(1, call)
+    }
+
+    fn add_first(&self, plugins: usize, call: &Call) -> Result<Value, CniFailure> {
         let mut prev: Option<Value> = None;
-        for i in 0..self.plugin_count() {
+        for i in 0..plugins {
             prev = exec_plugin(self.cni_path(), &self.plugin_conf(i, prev.as_ref()), "ADD", call)?;
         }
         let result = prev.unwrap_or(Value::Null);

@@ -7,12 +7,14 @@
 
 pub mod apps;
 pub mod cni;
+pub mod control;
 pub mod host;
 pub mod kube_mock;
 pub mod netns;
 pub mod pod;
 pub mod probe;
 pub mod sidecar;
+pub mod sniff;
 
 pub use cni::{Bins, Call, CniFailure, Network, PluginDir};
 pub use host::require_root;

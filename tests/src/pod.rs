@@ -36,10 +36,24 @@ impl<'n> Pod<'n> {
 
     /// Like [`Pod::new`], with a given pod name (to match objects a mocked API serves).
     pub fn named(network: &'n Network, namespace: &str, name: &str) -> anyhow::Result<Self> {
+        Self::attached(network, namespace, name, Network::add)
+    }
+
+    /// A pod attached through the primary CNI only: never captured.
+    pub fn unmeshed(network: &'n Network, namespace: &str, name: &str) -> anyhow::Result<Self> {
+        Self::attached(network, namespace, name, Network::add_primary)
+    }
+
+    fn attached(
+        network: &'n Network,
+        namespace: &str,
+        name: &str,
+        add: fn(&Network, &Call) -> Result<Value, CniFailure>,
+    ) -> anyhow::Result<Self> {
         let mut pod = Self::unattached(network, namespace, name)?;
         let lo = json!({"cniVersion": "1.0.0", "name": "cni-loopback", "type": "loopback"});
         exec_plugin(network.cni_path(), &lo, "ADD", &Call { ifname: "lo", ..pod.call() })?;
-        pod.result = network.add(&pod.call())?;
+        pod.result = add(network, &pod.call())?;
         Ok(pod)
     }
 

@@ -38,6 +38,13 @@ impl Sidecar {
     /// Starts the proxy in `netns` as UID/GID 2102 with extra `CNIMESH_PROXY_*` settings, and
     /// waits (bounded) until its `/ready` answers 200.
     pub fn start(proxy: &Path, netns: &Netns, env: &[(&str, &str)]) -> anyhow::Result<Self> {
+        let sidecar = Self::spawn(proxy, netns, env)?;
+        sidecar.wait_ready()?;
+        Ok(sidecar)
+    }
+
+    /// Starts the proxy without waiting for it to be ready.
+    pub fn spawn(proxy: &Path, netns: &Netns, env: &[(&str, &str)]) -> anyhow::Result<Self> {
         let mut cmd = Command::new("ip");
         cmd.args(["netns", "exec", netns.name(), "setpriv", "--reuid=2102", "--regid=2102", "--clear-groups"])
             .arg(proxy)
@@ -47,15 +54,24 @@ impl Sidecar {
             .stdout(Stdio::null())
             .stderr(Stdio::inherit());
         let child = cmd.spawn()?;
-        let sidecar = Self { child, netns: netns.path() };
-        let deadline = Instant::now() + Duration::from_secs(10);
+        Ok(Self { child, netns: netns.path() })
+    }
+
+    /// Waits (bounded) until `/ready` answers 200.
+    pub fn wait_ready(&self) -> anyhow::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            if matches!(sidecar.admin("GET", "/ready", ""), Ok((200, _))) {
-                return Ok(sidecar);
+            if matches!(self.admin("GET", "/ready", ""), Ok((200, _))) {
+                return Ok(());
             }
-            anyhow::ensure!(Instant::now() < deadline, "proxy in {} did not become ready", netns.name());
+            anyhow::ensure!(Instant::now() < deadline, "proxy in {} did not become ready", self.netns.display());
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// The value of one unlabelled or labelled sample in `/metrics`, summed over matching lines.
+    pub fn metric(&self, prefix: &str) -> f64 {
+        metric_sum(&self.metrics(), prefix)
     }
 
     /// A request to the admin server over loopback inside the pod.
@@ -90,4 +106,9 @@ impl Drop for Sidecar {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Sums the samples of a Prometheus text exposition whose line starts with `prefix`.
+pub fn metric_sum(text: &str, prefix: &str) -> f64 {
+    text.lines().filter(|l| l.starts_with(prefix)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum()
 }

@@ -13,8 +13,12 @@ use serde_json::json;
 fn sibling_bins() -> anyhow::Result<Bins> {
     let exe = std::env::current_exe()?;
     let dir = exe.parent().context("binary has a directory")?;
-    let bins =
-        Bins { plugin: dir.join("cnimesh-cni"), probe: dir.join("cnimesh-probe"), proxy: dir.join("cnimesh-proxy") };
+    let bins = Bins {
+        plugin: dir.join("cnimesh-cni"),
+        probe: dir.join("cnimesh-probe"),
+        proxy: dir.join("cnimesh-proxy"),
+        control: dir.join("cnimesh-control"),
+    };
     for path in [&bins.plugin, &bins.probe] {
         anyhow::ensure!(path.is_file(), "{} is missing: build with `cargo build --workspace --bins`", path.display());
     }

@@ -1,0 +1,6 @@
+//! `cnimesh-control`, built inside this package so tests always run a binary from the current
+//! sources (`CARGO_BIN_EXE_cnimesh-control-e2e`). Same entry point as the real one.
+
+fn main() -> std::process::ExitCode {
+    cnimesh_control::cli::main()
+}

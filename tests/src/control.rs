@@ -1,0 +1,135 @@
+//! `cnimesh-control` in a pod of its own (not captured, as in a cluster), with a fresh trust
+//! anchor and issuer from `ca init`, and a token per workload as local mode keeps them.
+
+use std::net::{IpAddr, SocketAddr};
+use std::os::unix::fs::{PermissionsExt, chown};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use tempfile::TempDir;
+
+use crate::pod::Pod;
+use crate::sidecar::{PROXY_UID, http_in};
+
+pub const CONTROL_PORT: u16 = 4190;
+pub const ADMIN_PORT: u16 = 9990;
+
+pub struct Control {
+    child: Child,
+    netns: PathBuf,
+    dir: TempDir,
+    pub addr: SocketAddr,
+}
+
+/// The identity of a service account in the default trust domain.
+pub fn identity(ns: &str, sa: &str) -> String {
+    format!("{sa}.{ns}.serviceaccount.identity.cnimesh.cluster.local")
+}
+
+fn ensure_success(out: std::process::Output, what: &str) -> anyhow::Result<()> {
+    anyhow::ensure!(out.status.success(), "{what}: {}", String::from_utf8_lossy(&out.stderr));
+    Ok(())
+}
+
+impl Control {
+    /// Generates a CA and starts the control plane in `pod` with `args` added to `serve`.
+    pub fn start(bin: &Path, pod: &Pod, args: &[&str]) -> anyhow::Result<Self> {
+        let dir = tempfile::Builder::new().prefix("cnimesh-control").tempdir()?;
+        // Proxies run as UID 2102 and read the trust anchors from here.
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))?;
+        let issuer = dir.path().join("issuer");
+        let out = Command::new(bin).args(["ca", "init", "--dir"]).arg(&issuer).output()?;
+        ensure_success(out, "ca init")?;
+        std::fs::set_permissions(&issuer, std::fs::Permissions::from_mode(0o755))?;
+        std::fs::create_dir_all(dir.path().join("tokens"))?;
+        let child = Command::new("ip")
+            .args(["netns", "exec", pod.netns.name()])
+            .arg(bin)
+            .args(["serve", "--addr", &format!("0.0.0.0:{CONTROL_PORT}")])
+            .args(["--admin-addr", &format!("0.0.0.0:{ADMIN_PORT}")])
+            .arg("--issuer-dir")
+            .arg(&issuer)
+            .arg("--tokens-dir")
+            .arg(dir.path().join("tokens"))
+            .args(args)
+            .env("CNIMESH_CONTROL_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()?;
+        let control =
+            Self { child, netns: pod.netns.path(), dir, addr: SocketAddr::new(IpAddr::V4(pod.ipv4()), CONTROL_PORT) };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !matches!(control.admin("/ready"), Ok((200, _))) {
+            anyhow::ensure!(Instant::now() < deadline, "cnimesh-control did not become ready");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(control)
+    }
+
+    pub fn admin(&self, path: &str) -> anyhow::Result<(u16, String)> {
+        http_in(&self.netns, &format!("127.0.0.1:{ADMIN_PORT}"), "GET", path, "")
+    }
+
+    pub fn metrics(&self) -> String {
+        self.admin("/metrics").map(|(_, b)| b).unwrap_or_default()
+    }
+
+    pub fn trust_anchors(&self) -> PathBuf {
+        self.dir.path().join("issuer/ca.crt")
+    }
+
+    pub fn issuer_dir(&self) -> PathBuf {
+        self.dir.path().join("issuer")
+    }
+
+    /// Registers a workload's token with the control plane and gives the proxy its own copy
+    /// (0600, owned by the proxy UID, as the kubelet projects it).
+    pub fn token(&self, ns: &str, sa: &str) -> anyhow::Result<PathBuf> {
+        let token = format!("token-{ns}-{sa}-{}", crate::pod::container_id());
+        let known = self.dir.path().join("tokens").join(ns);
+        std::fs::create_dir_all(&known)?;
+        write_secret(&known.join(sa), &token, None)?;
+        self.proxy_token(&format!("{ns}-{sa}"), &token)
+    }
+
+    /// A token file for a proxy with arbitrary contents (a forged one, say).
+    pub fn proxy_token(&self, name: &str, token: &str) -> anyhow::Result<PathBuf> {
+        let path = self.dir.path().join(format!("proxy-token-{name}"));
+        write_secret(&path, token, Some(PROXY_UID))?;
+        Ok(path)
+    }
+
+    /// The sidecar's identity settings for service account `sa` of namespace `ns`.
+    pub fn proxy_env(&self, ns: &str, sa: &str, token: &Path) -> Vec<(String, String)> {
+        vec![
+            ("CNIMESH_PROXY_IDENTITY_NAME".into(), identity(ns, sa)),
+            ("CNIMESH_PROXY_IDENTITY_TRUST_ANCHORS".into(), self.trust_anchors().display().to_string()),
+            ("CNIMESH_PROXY_IDENTITY_TOKEN_FILE".into(), token.display().to_string()),
+            ("CNIMESH_PROXY_IDENTITY_ADDR".into(), self.addr.to_string()),
+            ("CNIMESH_PROXY_IDENTITY_MAX_BACKOFF_MS".into(), "1000".into()),
+        ]
+    }
+}
+
+fn write_secret(path: &Path, contents: &str, owner: Option<u32>) -> anyhow::Result<()> {
+    std::fs::write(path, contents)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    if let Some(uid) = owner {
+        chown(path, Some(uid), Some(uid))?;
+    }
+    Ok(())
+}
+
+impl Drop for Control {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Borrows `(String, String)` pairs as the `&[(&str, &str)]` the sidecar takes.
+pub fn env_refs(env: &[(String, String)]) -> Vec<(&str, &str)> {
+    env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect()
+}

@@ -1,0 +1,208 @@
+//! Identity and automatic mTLS on a real kernel: `cnimesh-control` in a pod of its own issues
+//! certificates to two meshed pods' proxies; traffic between them is mTLS on the wire.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+use cnimesh_e2e::apps::{self, Apps};
+use cnimesh_e2e::control::{Control, env_refs, identity};
+use cnimesh_e2e::sidecar::{Sidecar, http_in};
+use cnimesh_e2e::sniff::{self, Sniffer};
+use cnimesh_e2e::{Network, Pod, bins, require_root};
+use serde_json::json;
+
+/// Polls `f` until it holds (bounded, so a broken build fails instead of hanging).
+fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// An opaque exchange from the client pod: send, half-close, read the answer.
+fn opaque(client: &Pod, to: SocketAddr, payload: &'static [u8]) -> String {
+    cnimesh_cni::netns::run_in(&client.netns.path(), move || {
+        let mut s = TcpStream::connect(to)?;
+        s.set_read_timeout(Some(Duration::from_secs(10)))?;
+        s.write_all(payload)?;
+        s.shutdown(std::net::Shutdown::Write)?;
+        let mut answer = String::new();
+        s.read_to_string(&mut answer)?;
+        std::io::Result::Ok(answer)
+    })
+    .unwrap()
+    .unwrap()
+}
+
+struct Meshed<'n> {
+    control: Control,
+    client: Pod<'n>,
+    server: Pod<'n>,
+    client_proxy: Sidecar,
+    server_proxy: Sidecar,
+    _apps: Apps,
+    // Dropped after the control plane that runs in it.
+    _control_pod: Pod<'n>,
+}
+
+/// A control plane, and a client and a server pod whose proxies hold certificates; the client
+/// knows the server's address is meshed (as discovery will tell it).
+fn meshed<'n>(net: &'n Network, control_args: &[&str]) -> Meshed<'n> {
+    let bins = bins!();
+    let control_pod = Pod::unmeshed(net, "cnimesh", "control").unwrap();
+    let control = Control::start(&bins.control, &control_pod, control_args).unwrap();
+    let client = Pod::named(net, "shop", "client").unwrap();
+    let server = Pod::named(net, "shop", "server").unwrap();
+    let apps = Apps::start(&server.netns.path(), server.ipv4().into(), "server").unwrap();
+    let server_env = control.proxy_env("shop", "server", &control.token("shop", "server").unwrap());
+    let server_proxy = Sidecar::start(&bins.proxy, &server.netns, &env_refs(&server_env)).unwrap();
+    let mut client_env = control.proxy_env("shop", "client", &control.token("shop", "client").unwrap());
+    client_env.push((
+        "CNIMESH_PROXY_OUTBOUND_IDENTITIES".into(),
+        format!("{}={}", server.ipv4(), identity("shop", "server")),
+    ));
+    let client_proxy = Sidecar::start(&bins.proxy, &client.netns, &env_refs(&client_env)).unwrap();
+    Meshed { control, client, server, client_proxy, server_proxy, _apps: apps, _control_pod: control_pod }
+}
+
+#[test]
+fn traffic_between_meshed_pods_is_mtls_on_the_wire() {
+    if !require_root("traffic_between_meshed_pods_is_mtls_on_the_wire") {
+        return;
+    }
+    let net = Network::bridge(&bins!(), json!({})).unwrap();
+    let m = meshed(&net, &[]);
+    let server_http = format!("{}:{}", m.server.ipv4(), apps::HTTP_PORT);
+    let sniffer = Sniffer::start(&m.server.netns.path(), m.client.ipv4(), m.server.ipv4()).unwrap();
+
+    let (status, body) =
+        http_in(&m.client.netns.path(), &server_http, "POST", "/echo", "plaintext-marker-1234").unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("plaintext-marker-1234"), "{body}");
+    let answer =
+        opaque(&m.client, SocketAddr::new(m.server.ipv4().into(), apps::HALF_CLOSE_PORT), b"opaque-marker-5678");
+    assert_eq!(answer, "got 18");
+    let wire = sniffer.stop();
+
+    assert!(!wire.is_empty(), "the capture saw the pods' traffic");
+    assert!(sniff::contains(&wire, &[0x17, 0x03, 0x03]), "TLS application data records on the wire");
+    for plaintext in [&b"POST /echo"[..], b"plaintext-marker-1234", b"opaque-marker-5678", b"got 18"] {
+        assert!(
+            !sniff::contains(&wire, plaintext),
+            "{:?} crossed the network in clear",
+            String::from_utf8_lossy(plaintext)
+        );
+    }
+
+    let client_id = identity("shop", "client");
+    let server_metrics = m.server_proxy.metrics();
+    for port in [apps::HTTP_PORT, apps::HALF_CLOSE_PORT] {
+        let tcp = format!(
+            "tcp_open_total{{direction=\"inbound\",target_addr=\"{}:{port}\",tls=\"true\",client_id=\"{client_id}\"}}",
+            m.server.ipv4()
+        );
+        assert!(server_metrics.contains(&tcp), "{tcp} in\n{server_metrics}");
+    }
+    assert!(
+        server_metrics.contains(&format!("tls=\"true\",client_id=\"{client_id}\",status_code=\"200\"")),
+        "{server_metrics}"
+    );
+    let client_metrics = m.client_proxy.metrics();
+    let server_id = format!("tls=\"true\",server_id=\"{}\"", identity("shop", "server"));
+    assert!(client_metrics.contains(&server_id), "{server_id} in\n{client_metrics}");
+    assert!(m.client_proxy.metric("identity_cert_expiration_timestamp_seconds") > 0.0);
+    assert!(m.control.metrics().contains("identity"), "the control plane counts issuances");
+}
+
+#[test]
+fn plaintext_stays_possible_unless_required() {
+    if !require_root("plaintext_stays_possible_unless_required") {
+        return;
+    }
+    let bins = bins!();
+    let net = Network::bridge(&bins, json!({})).unwrap();
+    let m = meshed(&net, &[]);
+    // A pod outside the mesh talks to the meshed server in plaintext: accepted (permissive).
+    let outsider = Pod::unmeshed(&net, "shop", "outsider").unwrap();
+    let server_http = format!("{}:{}", m.server.ipv4(), apps::HTTP_PORT);
+    let (status, _) = http_in(&outsider.netns.path(), &server_http, "GET", "/hello", "").unwrap();
+    assert_eq!(status, 200);
+    assert!(
+        m.server_proxy.metrics().contains("direction=\"inbound\"")
+            && m.server_proxy.metrics().contains("tls=\"false\"")
+    );
+
+    // A server that requires mTLS refuses the outsider and still serves the meshed client.
+    let strict = Pod::named(&net, "shop", "strict").unwrap();
+    let _apps = Apps::start(&strict.netns.path(), strict.ipv4().into(), "strict").unwrap();
+    let mut env = m.control.proxy_env("shop", "strict", &m.control.token("shop", "strict").unwrap());
+    env.push(("CNIMESH_PROXY_INBOUND_REQUIRE_TLS".into(), "true".into()));
+    let strict_proxy = Sidecar::start(&bins.proxy, &strict.netns, &env_refs(&env)).unwrap();
+    let strict_http = format!("{}:{}", strict.ipv4(), apps::HTTP_PORT);
+    let refused = http_in(&outsider.netns.path(), &strict_http, "GET", "/hello", "");
+    assert!(!matches!(refused, Ok((200, _))), "plaintext must be refused: {refused:?}");
+    assert!(strict_proxy.metric("tcp_refused_total") >= 1.0);
+    drop(m);
+}
+
+#[test]
+fn a_forged_token_gets_no_certificate_and_the_proxy_stays_unready() {
+    if !require_root("a_forged_token_gets_no_certificate_and_the_proxy_stays_unready") {
+        return;
+    }
+    let bins = bins!();
+    let net = Network::bridge(&bins, json!({})).unwrap();
+    let control_pod = Pod::unmeshed(&net, "cnimesh", "control").unwrap();
+    let control = Control::start(&bins.control, &control_pod, &[]).unwrap();
+    // A real token of another workload, and one nobody issued.
+    let _victim = control.token("shop", "payments").unwrap();
+    let thief = control.token("shop", "thief").unwrap();
+    let pod = Pod::named(&net, "shop", "thief").unwrap();
+    let env = control.proxy_env("shop", "payments", &thief);
+    let proxy = Sidecar::spawn(&bins.proxy, &pod.netns, &env_refs(&env)).unwrap();
+    eventually("two refused certificate requests", || {
+        proxy.metric("identity_cert_refresh_total{result=\"failure\"}") >= 2.0
+    });
+    assert_eq!(proxy.admin("GET", "/ready", "").unwrap().0, 503, "not ready without a certificate");
+    assert_eq!(proxy.metric("identity_cert_refresh_total{result=\"success\"}"), 0.0);
+
+    let pod2 = Pod::named(&net, "shop", "forger").unwrap();
+    let forged = control.proxy_token("forger", "not-a-token-anyone-issued").unwrap();
+    let env = control.proxy_env("shop", "forger", &forged);
+    let proxy2 = Sidecar::spawn(&bins.proxy, &pod2.netns, &env_refs(&env)).unwrap();
+    eventually("two refused certificate requests", || {
+        proxy2.metric("identity_cert_refresh_total{result=\"failure\"}") >= 2.0
+    });
+    assert_eq!(proxy2.admin("GET", "/ready", "").unwrap().0, 503);
+}
+
+#[test]
+fn short_lived_certificates_rotate_under_load_without_failures() {
+    if !require_root("short_lived_certificates_rotate_under_load_without_failures") {
+        return;
+    }
+    let net = Network::bridge(&bins!(), json!({})).unwrap();
+    let m = meshed(&net, &["--cert-lifetime", "5s"]);
+    let server_http = format!("{}:{}", m.server.ipv4(), apps::HTTP_PORT);
+    let half_close = SocketAddr::new(m.server.ipv4().into(), apps::HALF_CLOSE_PORT);
+    let refreshed = |p: &Sidecar| p.metric("identity_cert_refresh_total{result=\"success\"}");
+    let (mut requests, mut failures) = (0, Vec::new());
+    // Until both proxies have rotated twice after their first certificate.
+    while refreshed(&m.client_proxy) < 3.0 || refreshed(&m.server_proxy) < 3.0 {
+        match http_in(&m.client.netns.path(), &server_http, "POST", "/echo", "rotate") {
+            Ok((200, body)) if body.contains("rotate") => {}
+            other => failures.push(format!("http: {other:?}")),
+        }
+        // A new upstream connection (and handshake) every time.
+        let answer = opaque(&m.client, half_close, b"ping");
+        if answer != "got 4" {
+            failures.push(format!("opaque: {answer:?}"));
+        }
+        requests += 2;
+        assert!(requests < 100_000, "certificates never rotated");
+    }
+    assert!(failures.is_empty(), "{} of {requests} requests failed: {failures:?}", failures.len());
+    assert!(m.server_proxy.metrics().contains(&format!("client_id=\"{}\"", identity("shop", "client"))));
+}
