@@ -134,7 +134,7 @@ pub fn main() -> ExitCode {
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            tracing::error!("{error:#}");
+            // stderr is also where logs go: one line, not a log record and a copy.
             eprintln!("cnimesh-control: {error:#}");
             ExitCode::FAILURE
         }

@@ -111,10 +111,11 @@ mod tests {
         grpc: SocketAddr,
         admin: SocketAddr,
         anchors: Vec<CertificateDer<'static>>,
+        anchor: cnimesh_identity::ca::CaPem,
         control: Name,
         stop: Option<tokio::sync::oneshot::Sender<()>>,
         task: tokio::task::JoinHandle<anyhow::Result<()>>,
-        _dirs: (tempfile::TempDir, tempfile::TempDir),
+        dirs: (tempfile::TempDir, tempfile::TempDir),
     }
 
     async fn start() -> Running {
@@ -141,7 +142,16 @@ mod tests {
             let _ = stopped.await;
         }));
         let anchors = cnimesh_identity::pem::certs(anchor.cert_pem.as_bytes(), "anchor").unwrap();
-        Running { grpc: grpc_addr, admin: admin_addr, anchors, control, stop: Some(stop), task, _dirs: (pki, tokens) }
+        Running {
+            grpc: grpc_addr,
+            admin: admin_addr,
+            anchors,
+            anchor,
+            control,
+            stop: Some(stop),
+            task,
+            dirs: (pki, tokens),
+        }
     }
 
     async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
@@ -213,6 +223,48 @@ mod tests {
 
         running.stop.take().unwrap().send(()).unwrap();
         tokio::time::timeout(Duration::from_secs(15), running.task).await.unwrap().unwrap().unwrap();
+    }
+
+    /// The chain the gRPC server presents, from a bare TLS handshake.
+    async fn served_chain(running: &Running) -> Option<Vec<CertificateDer<'static>>> {
+        let roots = cnimesh_identity::tls::roots(&running.anchors).unwrap();
+        let config = cnimesh_identity::tls::client_config(roots, None, &[b"h2"]).unwrap();
+        let tcp = tokio::net::TcpStream::connect(running.grpc).await.unwrap();
+        let name = rustls_pki_types::ServerName::try_from(running.control.to_string()).unwrap();
+        let tls = tokio_rustls::TlsConnector::from(config).connect(name, tcp).await.ok()?;
+        tls.get_ref().1.peer_certificates().map(|c| c.to_vec())
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_served_certificate_follows_the_issuer() {
+        let mut running = start().await;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        let first = loop {
+            if let Some(chain) = served_chain(&running).await {
+                break chain;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "no certificate served");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert_eq!(cnimesh_identity::tls::identity_of(&first[0]), Some(running.control.clone()));
+
+        let new = crate::identity::issuer::tests::write_issuer(
+            running.dirs.0.path(),
+            &running.anchor,
+            Duration::from_secs(7200),
+        );
+        let new_der = cnimesh_identity::pem::certs(new.cert_pem.as_bytes(), "new issuer").unwrap().remove(0);
+        assert_ne!(first[1], new_der);
+        loop {
+            let chain = served_chain(&running).await.expect("still served");
+            if chain[1] == new_der {
+                break;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "the served certificate was not renewed");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        running.stop.take().unwrap().send(()).unwrap();
+        running.task.await.unwrap().unwrap();
     }
 
     #[tokio::test]

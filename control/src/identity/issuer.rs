@@ -168,7 +168,7 @@ fn reload(dir: &Path, tx: &watch::Sender<Option<Arc<Issuer>>>, metrics: &Metrics
         Ok(issuer) => {
             tracing::info!(
                 dir = %dir.display(),
-                expires = %epoch_secs(issuer.signer.issuer_not_after),
+                expires_unix = epoch_secs(issuer.signer.issuer_not_after),
                 "issuer loaded"
             );
             metrics.issuer_loaded(&issuer);
@@ -188,11 +188,8 @@ fn rejected(dir: &Path, tx: &watch::Sender<Option<Arc<Issuer>>>, metrics: &Metri
 }
 
 /// Seconds since the epoch, for logs: exact and unambiguous without a date library.
-pub(crate) fn epoch_secs(t: SystemTime) -> String {
-    match t.duration_since(SystemTime::UNIX_EPOCH) {
-        Ok(d) => format!("@{}", d.as_secs()),
-        Err(_) => "before 1970".into(),
-    }
+pub(crate) fn epoch_secs(t: SystemTime) -> u64 {
+    t.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
 #[cfg(test)]

@@ -59,7 +59,7 @@ pub async fn keep_current(
             None => None, // nothing to sign with yet: wait for the issuer
             Some(loaded) => match issue(&name, &loaded, &policy, &current) {
                 Ok(not_after) => {
-                    tracing::info!(identity = %name, expires = %super::issuer::epoch_secs(not_after), "own certificate issued");
+                    tracing::info!(identity = %name, expires_unix = super::issuer::epoch_secs(not_after), "own certificate issued");
                     Some(renew_at(SystemTime::now(), not_after))
                 }
                 Err(error) => {

@@ -23,6 +23,9 @@ use super::issuer::IssuerRx;
 use super::tokens::{Authenticator, MAX_TOKEN_LEN, TokenError};
 use crate::metrics::{CertifyResult, Metrics};
 
+/// Room for the largest token and CSR we accept, plus the identity and framing.
+const MAX_REQUEST_LEN: usize = MAX_TOKEN_LEN + csr::MAX_CSR_LEN + 1024;
+
 /// How leaves are issued.
 #[derive(Debug, Clone)]
 pub struct Policy {
@@ -45,9 +48,10 @@ impl IdentityService {
         Self { issuer, authenticator, policy, metrics }
     }
 
-    /// The tonic service, ready for `Routes::add_service`.
+    /// The tonic service, ready for `Routes::add_service`. Requests are capped well below
+    /// tonic's 4 MiB default: an honest one is a token and a CSR, a few KiB.
     pub fn into_server(self) -> IdentityServer<Self> {
-        IdentityServer::new(self)
+        IdentityServer::new(self).max_decoding_message_size(MAX_REQUEST_LEN)
     }
 
     async fn handle(&self, req: CertifyRequest) -> Result<CertifyResponse, Status> {
@@ -91,7 +95,7 @@ impl IdentityService {
         tracing::info!(
             identity = %name,
             serial = %serial_of(&leaf),
-            expires = %super::issuer::epoch_secs(valid_until),
+            expires_unix = super::issuer::epoch_secs(valid_until),
             "certificate issued"
         );
         Ok(CertifyResponse {

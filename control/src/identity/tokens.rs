@@ -67,7 +67,7 @@ impl FileTokens {
             }
             for sa in visible_entries(&ns_path).map_err(|e| unavailable(&ns_path, e))? {
                 let path = ns_path.join(&sa);
-                if !path.is_file() || !self.readable_only_by_owner(&path) {
+                if !path.is_file() || !self.permissions_allow_use(&path) {
                     continue;
                 }
                 let content = std::fs::read(&path).map_err(|e| unavailable(&path, e))?;
@@ -83,7 +83,7 @@ impl FileTokens {
     /// World-readable token files are skipped: any local user could impersonate the workload
     /// (DESIGN.md §7.3). Group-readable ones are used with a warning, since a shared group is
     /// sometimes how the workload gets to read its own file.
-    fn readable_only_by_owner(&self, path: &Path) -> bool {
+    fn permissions_allow_use(&self, path: &Path) -> bool {
         let mode = match std::fs::metadata(path) {
             Ok(meta) => meta.permissions().mode(),
             Err(_) => return false,
