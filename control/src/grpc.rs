@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use cnimesh_identity::Name;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use rustls_pki_types::ServerName;
 use tokio::net::{TcpListener, TcpStream};
@@ -25,6 +25,9 @@ use tower::ServiceExt;
 
 /// A client that connects but never finishes its handshake must not hold a task forever.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Pings on idle connections find proxies that vanished without a FIN (node died, conntrack
+/// dropped): their long-lived streams would otherwise be held open forever.
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
 /// How long in-flight calls get to finish once shutdown starts.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -63,6 +66,8 @@ pub async fn serve_tls(
             };
             let service = service_fn(move |req| routes.clone().oneshot(req));
             let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                .timer(TokioTimer::new())
+                .keep_alive_interval(KEEPALIVE_INTERVAL)
                 .serve_connection(TokioIo::new(tls), service);
             if let Err(error) = watcher.watch(conn).await {
                 tracing::debug!(%peer, %error, "gRPC connection ended with an error");

@@ -66,7 +66,7 @@ impl Authenticator for KubeTokens {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::sync::{Arc, Mutex};
 
     use bytes::Bytes;
@@ -77,7 +77,7 @@ mod tests {
 
     /// A client whose API server answers every TokenReview with `status`, recording the request
     /// bodies it saw.
-    fn mocked(status: Value) -> (KubeTokens, Arc<Mutex<Vec<Value>>>) {
+    pub(crate) fn mocked(status: Value) -> (KubeTokens, Arc<Mutex<Vec<Value>>>) {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let recorded = seen.clone();
         let service = tower::service_fn(move |req: http::Request<kube::client::Body>| {
@@ -99,7 +99,7 @@ mod tests {
         (KubeTokens::new(kube::Client::new(service, "default")), seen)
     }
 
-    fn status(user: &str, audiences: &[&str]) -> Value {
+    pub(crate) fn status(user: &str, audiences: &[&str]) -> Value {
         json!({"authenticated": true, "user": {"username": user}, "audiences": audiences})
     }
 

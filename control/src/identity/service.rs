@@ -269,6 +269,19 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_kube_token_of_another_account_is_denied() {
+        use crate::identity::kube_tokens::tests::{mocked, status};
+        let mut f = fixture(Duration::from_secs(3600), Duration::from_secs(7200));
+        let (tokens, _) = mocked(status("system:serviceaccount:shop:web", &[cnimesh_identity::TOKEN_AUDIENCE]));
+        f.service.authenticator = Arc::new(tokens);
+        certify(&f, request(&web(), "kube-token")).await.unwrap();
+        let (tokens, _) = mocked(status("system:serviceaccount:shop:db", &[cnimesh_identity::TOKEN_AUDIENCE]));
+        f.service.authenticator = Arc::new(tokens);
+        let err = certify(&f, request(&web(), "kube-token")).await.unwrap_err();
+        assert_eq!(err.code(), Code::PermissionDenied, "{err}");
+    }
+
+    #[tokio::test]
     async fn without_an_issuer_it_is_unavailable() {
         let mut f = fixture(Duration::from_secs(3600), Duration::from_secs(7200));
         let (_tx, rx) = watch::channel(None);
