@@ -21,6 +21,8 @@ pub enum CaError {
     Rcgen(#[from] rcgen::Error),
     #[error("{0} is not a valid DNS name for a certificate")]
     Name(String),
+    #[error("issuer certificate: {0}")]
+    IssuerCert(String),
 }
 
 /// A CA certificate and its key, both PEM.
@@ -91,10 +93,9 @@ impl Signer {
     pub fn new(issuer: &CaPem) -> Result<Self, CaError> {
         let key = KeyPair::from_pem(&issuer.key_pem)?;
         let issuer_der = crate::pem::certs(issuer.cert_pem.as_bytes(), "issuer certificate")
-            .map_err(|_| rcgen::Error::CouldNotParseCertificate)?
+            .map_err(|e| CaError::IssuerCert(e.to_string()))?
             .remove(0);
-        let issuer_not_after =
-            crate::tls::not_after(&issuer_der).map_err(|_| rcgen::Error::CouldNotParseCertificate)?;
+        let issuer_not_after = crate::tls::not_after(&issuer_der).map_err(|e| CaError::IssuerCert(e.to_string()))?;
         Ok(Self { issuer: Issuer::from_ca_cert_der(&issuer_der, key)?, issuer_der, issuer_not_after })
     }
 

@@ -64,6 +64,13 @@ async fn app(mut req: Request<Incoming>, name: Arc<str>) -> Result<Response<Body
             r.headers_mut().insert("x-app", "yes".parse().unwrap());
             r
         }
+        // Which replica answered; replicas named `slow*` take 100 ms (load-balancing tests).
+        "/replica" => {
+            if name.starts_with("slow") {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Response::new(full(name.to_string()))
+        }
         "/echo" => Response::new(
             req.into_body().map_err(|e| Box::new(e) as Box<dyn std::error::Error + Send + Sync>).boxed_unsync(),
         ),

@@ -68,6 +68,12 @@ impl Control {
         Ok(control)
     }
 
+    /// Stops the control plane (proxies must carry on with what they know).
+    pub fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     pub fn admin(&self, path: &str) -> anyhow::Result<(u16, String)> {
         http_in(&self.netns, &format!("127.0.0.1:{ADMIN_PORT}"), "GET", path, "")
     }
