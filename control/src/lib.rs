@@ -9,6 +9,7 @@ pub mod ca_init;
 pub mod cli;
 pub mod grpc;
 pub mod identity;
+pub mod inject;
 pub mod metrics;
 pub mod serve;
 

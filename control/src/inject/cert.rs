@@ -1,0 +1,193 @@
+//! The webhook's serving certificate. The API server calls webhooks over TLS only, checking the
+//! certificate against the `caBundle` of the MutatingWebhookConfiguration, so this CA is private
+//! to that one connection: it is not the mesh's trust anchor, and its key is not kept (to
+//! rotate, generate both again and update the Secret and the `caBundle` together).
+//!
+//! `cnimesh-control ca webhook --dir D --namespace cnimesh` (wired by the CLI) writes:
+//! - `D/ca.crt`: the CA certificate, for the `caBundle` (base64 of the PEM file);
+//! - `D/tls.crt`: the serving certificate, DNS SANs `cnimesh-webhook.<ns>.svc[.<cluster-domain>]`;
+//! - `D/tls.key`: its key, mode 0600.
+//!
+//! which is the layout of a `kubernetes.io/tls` Secret (`kubectl create secret generic
+//! cnimesh-webhook-tls --type kubernetes.io/tls --from-file=D/tls.crt --from-file=D/tls.key
+//! --from-file=D/ca.crt`) mounted at `--webhook-tls-dir`.
+
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use cnimesh_identity::tls::provider;
+use rcgen::{
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose,
+};
+
+pub const WEBHOOK_CA_FILE: &str = "ca.crt";
+pub const WEBHOOK_CERT_FILE: &str = "tls.crt";
+pub const WEBHOOK_KEY_FILE: &str = "tls.key";
+/// The webhook's Service (`daemonset/control-plane.yaml`).
+pub const WEBHOOK_SERVICE: &str = "cnimesh-webhook";
+
+#[derive(Debug, thiserror::Error)]
+pub enum WebhookCertError {
+    #[error("{} exists; pass --force to overwrite", .0.display())]
+    Exists(PathBuf),
+    #[error("{what} {}: {source}", path.display())]
+    Io { what: &'static str, path: PathBuf, source: std::io::Error },
+    #[error("certificate generation: {0}")]
+    Rcgen(#[from] rcgen::Error),
+    #[error("no DNS names for the certificate")]
+    NoNames,
+    #[error("{}: {why}", path.display())]
+    Invalid { path: PathBuf, why: String },
+    #[error("TLS configuration: {0}")]
+    Rustls(#[from] rustls::Error),
+}
+
+/// The names the API server may use for the webhook's Service: it dials
+/// `<service>.<namespace>.svc`; the FQDN is there for clients that qualify it.
+pub fn webhook_dns_names(namespace: &str, cluster_domain: &str) -> Vec<String> {
+    let svc = format!("{WEBHOOK_SERVICE}.{namespace}.svc");
+    vec![format!("{svc}.{cluster_domain}"), svc]
+}
+
+/// Generates a CA and a serving certificate for `dns_names`, both valid for `lifetime`, and
+/// writes `ca.crt`, `tls.crt`, `tls.key` to `dir` (see the module doc). Without `force`, nothing
+/// is written if any of them exists. Returns the paths written.
+pub fn generate_webhook_cert(
+    dir: &Path,
+    dns_names: &[String],
+    lifetime: Duration,
+    force: bool,
+) -> Result<Vec<PathBuf>, WebhookCertError> {
+    if dns_names.is_empty() {
+        return Err(WebhookCertError::NoNames);
+    }
+    let [ca_path, cert_path, key_path] = [WEBHOOK_CA_FILE, WEBHOOK_CERT_FILE, WEBHOOK_KEY_FILE].map(|f| dir.join(f));
+    if !force
+        && let Some(existing) = [&ca_path, &cert_path, &key_path].into_iter().find(|p| p.symlink_metadata().is_ok())
+    {
+        return Err(WebhookCertError::Exists(existing.clone()));
+    }
+    let now = SystemTime::now();
+    let validity = |params: &mut CertificateParams| {
+        params.not_before = (now - Duration::from_secs(300)).into();
+        params.not_after = (now + lifetime).into();
+    };
+
+    let ca_key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
+    let mut ca = CertificateParams::default();
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, "cnimesh webhook CA");
+    ca.distinguished_name = dn;
+    ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    validity(&mut ca);
+    let ca_cert = ca.self_signed(&ca_key)?;
+    let issuer = Issuer::from_ca_cert_der(ca_cert.der(), ca_key)?;
+
+    let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
+    let mut leaf = CertificateParams::new(dns_names.to_vec())?;
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, dns_names[0].as_str());
+    leaf.distinguished_name = dn;
+    leaf.is_ca = IsCa::ExplicitNoCa;
+    leaf.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    leaf.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    leaf.use_authority_key_identifier_extension = true;
+    validity(&mut leaf);
+    let cert = leaf.signed_by(&key, &issuer)?;
+
+    std::fs::create_dir_all(dir).map_err(|source| WebhookCertError::Io {
+        what: "creating",
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    // The key first: a server reloading the directory never sees a new certificate with an old key.
+    write_replacing(&key_path, key.serialize_pem().as_bytes(), 0o600)?;
+    write_replacing(&cert_path, cert.pem().as_bytes(), 0o644)?;
+    write_replacing(&ca_path, ca_cert.pem().as_bytes(), 0o644)?;
+    Ok(vec![ca_path, cert_path, key_path])
+}
+
+/// Writes a temporary file with `mode` from its creation (a key is never readable by others, not
+/// even briefly) and renames it over `path`, so a reader sees the old file or the new one.
+fn write_replacing(path: &Path, content: &[u8], mode: u32) -> Result<(), WebhookCertError> {
+    let file_name = path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default();
+    let tmp = path.with_file_name(format!(".{file_name}.tmp"));
+    fn err(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> WebhookCertError + use<> {
+        let path = path.to_path_buf();
+        move |source| WebhookCertError::Io { what, path, source }
+    }
+    match std::fs::remove_file(&tmp) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(err("removing", &tmp)(e)),
+        _ => {}
+    }
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .open(&tmp)
+        .map_err(err("creating", &tmp))?;
+    file.write_all(content).and_then(|()| file.sync_all()).map_err(err("writing", &tmp))?;
+    std::fs::rename(&tmp, path).map_err(err("renaming to", path))
+}
+
+/// A TLS server config for the webhook from `dir/tls.crt` and `dir/tls.key`. TLS 1.2 and 1.3 and
+/// ALPN h2 + http/1.1: whatever the API server (or a proxy in front of it) speaks. Loaded once;
+/// a new certificate takes a restart (the `caBundle` changes with it anyway).
+pub fn load_webhook_tls(dir: &Path) -> Result<Arc<rustls::ServerConfig>, WebhookCertError> {
+    let read = |file: &str| {
+        let path = dir.join(file);
+        std::fs::read(&path).map_err(|source| WebhookCertError::Io { what: "reading", path, source })
+    };
+    let invalid = |file: &str, why: String| WebhookCertError::Invalid { path: dir.join(file), why };
+    let chain = cnimesh_identity::pem::certs(&read(WEBHOOK_CERT_FILE)?, "webhook certificate")
+        .map_err(|e| invalid(WEBHOOK_CERT_FILE, e.to_string()))?;
+    let key = cnimesh_identity::pem::key(&read(WEBHOOK_KEY_FILE)?, "webhook key")
+        .map_err(|e| invalid(WEBHOOK_KEY_FILE, e.to_string()))?;
+    let mut config = rustls::ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()?
+        .with_no_client_auth()
+        .with_single_cert(chain, key)?;
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::*;
+
+    #[test]
+    fn writes_a_loadable_certificate_with_a_private_key_and_refuses_to_overwrite() {
+        let dir = tempfile::tempdir().unwrap();
+        let names = webhook_dns_names("cnimesh", "cluster.local");
+        assert_eq!(names, ["cnimesh-webhook.cnimesh.svc.cluster.local", "cnimesh-webhook.cnimesh.svc"]);
+        let written = generate_webhook_cert(dir.path(), &names, Duration::from_secs(3600), false).unwrap();
+        assert_eq!(written.len(), 3);
+        let mode = std::fs::metadata(dir.path().join(WEBHOOK_KEY_FILE)).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        load_webhook_tls(dir.path()).unwrap();
+
+        let before = std::fs::read(dir.path().join(WEBHOOK_CERT_FILE)).unwrap();
+        let again = generate_webhook_cert(dir.path(), &names, Duration::from_secs(3600), false);
+        assert!(matches!(again, Err(WebhookCertError::Exists(_))));
+        assert_eq!(std::fs::read(dir.path().join(WEBHOOK_CERT_FILE)).unwrap(), before);
+        generate_webhook_cert(dir.path(), &names, Duration::from_secs(3600), true).unwrap();
+        assert_ne!(std::fs::read(dir.path().join(WEBHOOK_CERT_FILE)).unwrap(), before);
+        let leftovers: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(leftovers.len(), 3, "no temporary files left: {leftovers:?}");
+    }
+
+    #[test]
+    fn missing_files_are_named_in_the_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = load_webhook_tls(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("tls.crt"), "{e}");
+        assert!(generate_webhook_cert(dir.path(), &[], Duration::from_secs(60), false).is_err());
+    }
+}

@@ -1,0 +1,226 @@
+//! What the webhook injects: image, where the control plane is, how the sidecar is run. Every
+//! field has a default that matches DESIGN.md §2, so `InjectConfig::default()` is a working mesh
+//! in a `cluster.local` cluster with the control plane in `cnimesh`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use cnimesh_identity::{DEFAULT_TRUST_DOMAIN, Name, NameError};
+
+/// The proxy image that matches this control plane: both are released together.
+pub const DEFAULT_PROXY_IMAGE: &str = concat!("ghcr.io/cnimesh/proxy:", env!("CARGO_PKG_VERSION"));
+pub const DEFAULT_CONTROL_NAMESPACE: &str = "cnimesh";
+pub const DEFAULT_CLUSTER_DOMAIN: &str = "cluster.local";
+pub const DEFAULT_TRUST_ANCHORS_CONFIG_MAP: &str = "cnimesh-trust-anchors";
+/// DESIGN.md §2. The node agent never captures this UID's traffic, so it must be the proxy's.
+pub const DEFAULT_PROXY_UID: i64 = 2102;
+/// The control plane's Service and ServiceAccount (`daemonset/control-plane.yaml`).
+pub const CONTROL_NAME: &str = "cnimesh-control";
+/// Identity and Destination gRPC port (DESIGN.md §2).
+pub const CONTROL_PORT: u16 = 4190;
+
+/// Requests and limits of the sidecar, as Kubernetes quantities (`100m`, `64Mi`). `None` leaves
+/// the value unset.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProxyResources {
+    pub cpu_request: Option<String>,
+    pub memory_request: Option<String>,
+    /// Unset by default: a CPU limit throttles the proxy in bursts, and every request of the app
+    /// pays that latency.
+    pub cpu_limit: Option<String>,
+    pub memory_limit: Option<String>,
+}
+
+impl Default for ProxyResources {
+    fn default() -> Self {
+        Self {
+            cpu_request: Some("20m".into()),
+            memory_request: Some("32Mi".into()),
+            cpu_limit: None,
+            memory_limit: Some("256Mi".into()),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InjectConfig {
+    pub proxy_image: String,
+    /// The control plane's namespace: never injected (its pods must start without the mesh
+    /// they provide), and part of the control plane's DNS name and identity.
+    pub control_namespace: String,
+    /// The cluster's DNS domain, for the control plane's Service name.
+    pub cluster_domain: String,
+    /// The identity trust domain; must equal the control plane's `--trust-domain`.
+    pub trust_domain: String,
+    /// Inject the proxy as a native sidecar (an init container with `restartPolicy: Always`,
+    /// Kubernetes ≥ 1.29): it starts before every other init container, so they have a network,
+    /// app containers start only once it is ready, and it does not keep Jobs alive. `false`
+    /// adds it as the first regular container for older clusters.
+    pub native_sidecars: bool,
+    /// `CNIMESH_PROXY_LOG` unless a pod's `config.cnimesh.io/proxy-log-level` says otherwise.
+    pub log_level: String,
+    pub resources: ProxyResources,
+    /// The ConfigMap (key `ca.crt`) with the trust anchors, which must exist in every meshed
+    /// namespace: a ConfigMap volume cannot reach across namespaces.
+    pub trust_anchors_config_map: String,
+    pub proxy_uid: i64,
+}
+
+impl Default for InjectConfig {
+    fn default() -> Self {
+        Self {
+            proxy_image: DEFAULT_PROXY_IMAGE.into(),
+            control_namespace: DEFAULT_CONTROL_NAMESPACE.into(),
+            cluster_domain: DEFAULT_CLUSTER_DOMAIN.into(),
+            trust_domain: DEFAULT_TRUST_DOMAIN.into(),
+            native_sidecars: true,
+            log_level: "info".into(),
+            resources: ProxyResources::default(),
+            trust_anchors_config_map: DEFAULT_TRUST_ANCHORS_CONFIG_MAP.into(),
+            proxy_uid: DEFAULT_PROXY_UID,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum InjectConfigError {
+    #[error("the control plane's identity: {0}")]
+    ControlIdentity(#[from] NameError),
+    #[error("the proxy image is empty")]
+    NoImage,
+    #[error("the proxy UID must not be 0: the node agent leaves that UID's traffic uncaptured")]
+    RootProxy,
+    #[error("the default proxy log level {0:?}: {1}")]
+    LogLevel(String, String),
+}
+
+impl InjectConfig {
+    /// Checks what would otherwise make every injection fail, so that `serve` fails at start.
+    pub fn validate(&self) -> Result<(), InjectConfigError> {
+        self.control_identity()?;
+        if self.proxy_image.trim().is_empty() {
+            return Err(InjectConfigError::NoImage);
+        }
+        if self.proxy_uid <= 0 {
+            return Err(InjectConfigError::RootProxy);
+        }
+        crate::inject::mutate::check_log_level(&self.log_level)
+            .map_err(|why| InjectConfigError::LogLevel(self.log_level.clone(), why))
+    }
+
+    /// `cnimesh-control.<ns>.svc.<cluster-domain>:4190`: Identity and Destination share it.
+    pub fn control_addr(&self) -> String {
+        format!("{CONTROL_NAME}.{}.svc.{}:{CONTROL_PORT}", self.control_namespace, self.cluster_domain)
+    }
+
+    /// The identity proxies must see on the control plane's certificate.
+    pub fn control_identity(&self) -> Result<Name, NameError> {
+        Name::for_service_account(CONTROL_NAME, &self.control_namespace, &self.trust_domain)
+    }
+}
+
+/// The webhook's `serve` flags, for the lead to `#[command(flatten)]` into `ServeArgs`. Every
+/// flag has a `CNIMESH_CONTROL_*` variable, which is how the Deployment sets them.
+#[derive(Debug, Clone, clap::Args)]
+pub struct WebhookArgs {
+    /// Injection webhook (HTTPS) listen address. Without it no webhook is served.
+    #[arg(long, env = "CNIMESH_CONTROL_WEBHOOK_ADDR")]
+    pub webhook_addr: Option<SocketAddr>,
+    /// Directory with the webhook's tls.crt and tls.key (the mounted `cnimesh-webhook-tls`
+    /// Secret; `ca webhook` writes it).
+    #[arg(long, env = "CNIMESH_CONTROL_WEBHOOK_TLS_DIR", requires = "webhook_addr")]
+    pub webhook_tls_dir: Option<PathBuf>,
+    #[arg(long, env = "CNIMESH_CONTROL_PROXY_IMAGE", default_value = DEFAULT_PROXY_IMAGE)]
+    pub proxy_image: String,
+    /// The control plane's own namespace (the Deployment sets it from the downward API).
+    #[arg(long, env = "CNIMESH_CONTROL_NAMESPACE", default_value = DEFAULT_CONTROL_NAMESPACE)]
+    pub namespace: String,
+    #[arg(long, env = "CNIMESH_CONTROL_CLUSTER_DOMAIN", default_value = DEFAULT_CLUSTER_DOMAIN)]
+    pub cluster_domain: String,
+    /// Native sidecars need Kubernetes ≥ 1.29; `false` injects a regular first container.
+    #[arg(long, env = "CNIMESH_CONTROL_NATIVE_SIDECARS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub native_sidecars: bool,
+    #[arg(long, env = "CNIMESH_CONTROL_PROXY_LOG_LEVEL", default_value = "info")]
+    pub proxy_log_level: String,
+    #[arg(long, env = "CNIMESH_CONTROL_TRUST_ANCHORS_CONFIGMAP", default_value = DEFAULT_TRUST_ANCHORS_CONFIG_MAP)]
+    pub trust_anchors_configmap: String,
+    #[arg(long, env = "CNIMESH_CONTROL_PROXY_UID", default_value_t = DEFAULT_PROXY_UID)]
+    pub proxy_uid: i64,
+    #[arg(long, env = "CNIMESH_CONTROL_PROXY_CPU_REQUEST", default_value = "20m")]
+    pub proxy_cpu_request: String,
+    #[arg(long, env = "CNIMESH_CONTROL_PROXY_MEMORY_REQUEST", default_value = "32Mi")]
+    pub proxy_memory_request: String,
+    /// Unset by default (see `ProxyResources::cpu_limit`).
+    #[arg(long, env = "CNIMESH_CONTROL_PROXY_CPU_LIMIT")]
+    pub proxy_cpu_limit: Option<String>,
+    #[arg(long, env = "CNIMESH_CONTROL_PROXY_MEMORY_LIMIT", default_value = "256Mi")]
+    pub proxy_memory_limit: String,
+}
+
+impl WebhookArgs {
+    /// The configuration, with the trust domain `serve --trust-domain` already has; validated.
+    pub fn inject_config(&self, trust_domain: &str) -> Result<InjectConfig, InjectConfigError> {
+        let non_empty = |s: &str| Some(s.to_string()).filter(|s| !s.is_empty());
+        let config = InjectConfig {
+            proxy_image: self.proxy_image.clone(),
+            control_namespace: self.namespace.clone(),
+            cluster_domain: self.cluster_domain.clone(),
+            trust_domain: trust_domain.to_string(),
+            native_sidecars: self.native_sidecars,
+            log_level: self.proxy_log_level.clone(),
+            resources: ProxyResources {
+                cpu_request: non_empty(&self.proxy_cpu_request),
+                memory_request: non_empty(&self.proxy_memory_request),
+                cpu_limit: self.proxy_cpu_limit.as_deref().and_then(non_empty),
+                memory_limit: non_empty(&self.proxy_memory_limit),
+            },
+            trust_anchors_config_map: self.trust_anchors_configmap.clone(),
+            proxy_uid: self.proxy_uid,
+        };
+        config.validate()?;
+        Ok(config)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(flatten)]
+        webhook: WebhookArgs,
+    }
+
+    #[test]
+    fn the_flags_default_to_the_default_config() {
+        let cli = Cli::try_parse_from(["x"]).unwrap();
+        assert_eq!(cli.webhook.webhook_addr, None);
+        assert_eq!(cli.webhook.inject_config(DEFAULT_TRUST_DOMAIN).unwrap(), InjectConfig::default());
+        let cli = Cli::try_parse_from(["x", "--native-sidecars", "false", "--namespace", "mesh"]).unwrap();
+        let config = cli.webhook.inject_config("example.org").unwrap();
+        assert!(!config.native_sidecars);
+        assert_eq!(config.control_addr(), "cnimesh-control.mesh.svc.cluster.local:4190");
+        assert_eq!(
+            config.control_identity().unwrap().as_str(),
+            "cnimesh-control.mesh.serviceaccount.identity.cnimesh.example.org"
+        );
+        assert!(Cli::try_parse_from(["x", "--webhook-tls-dir", "/d"]).is_err(), "a TLS dir without an address");
+    }
+
+    #[test]
+    fn a_config_that_would_fail_every_injection_is_rejected() {
+        let bad = [
+            InjectConfig { proxy_uid: 0, ..Default::default() },
+            InjectConfig { proxy_image: " ".into(), ..Default::default() },
+            InjectConfig { control_namespace: "Bad_NS".into(), ..Default::default() },
+            InjectConfig { log_level: "info\n".into(), ..Default::default() },
+        ];
+        for config in bad {
+            assert!(config.validate().is_err(), "{config:?}");
+        }
+        InjectConfig::default().validate().unwrap();
+    }
+}

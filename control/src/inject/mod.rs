@@ -1,0 +1,32 @@
+//! The injection webhook: a mutating admission webhook that adds the `cnimesh-proxy` sidecar to
+//! pods that ask for the mesh (namespace label or pod annotation `cnimesh.io/inject=enabled`).
+//!
+//! It adds the proxy and what the proxy needs (identity token, trust anchors, environment) and
+//! nothing else: capture is the CNI plugin's job, so no iptables init container and no
+//! NET_ADMIN, ever. The node agent captures a pod because it carries `cnimesh-proxy`.
+//!
+//! Layers: [`mutate`] / [`plan`] are pure (review in, patch out); [`serve_webhook`] is the HTTPS
+//! endpoint; [`generate_webhook_cert`] / [`load_webhook_tls`] provide its certificate;
+//! [`WebhookArgs`] are the `serve` flags. Deployment and failure policy: `daemonset/README.md`.
+
+mod cert;
+mod config;
+mod mutate;
+mod server;
+#[cfg(test)]
+mod tests;
+
+pub use cert::{
+    WEBHOOK_CA_FILE, WEBHOOK_CERT_FILE, WEBHOOK_KEY_FILE, WEBHOOK_SERVICE, WebhookCertError, generate_webhook_cert,
+    load_webhook_tls, webhook_dns_names,
+};
+pub use config::{
+    CONTROL_NAME, CONTROL_PORT, DEFAULT_PROXY_IMAGE, DEFAULT_PROXY_UID, InjectConfig, InjectConfigError,
+    ProxyResources, WebhookArgs,
+};
+pub use mutate::{
+    INJECT_ANNOTATION, INJECTED_ANNOTATION, LOG_LEVEL_ANNOTATION, NEVER_INJECTED, NamespaceInjection,
+    OPAQUE_PORTS_ANNOTATION, PROXY_ADMIN_PORT, PROXY_CONTAINER, PodProxySettings, Skip, TOKEN_FILE, TRUST_ANCHORS_DIR,
+    check_log_level, check_ports, mutate, plan, proxy_container, proxy_volumes,
+};
+pub use server::{INJECT_PATH, MAX_BODY, OPT_IN_PATH, Webhook, serve_webhook};

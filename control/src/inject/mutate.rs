@@ -1,0 +1,439 @@
+//! The pure core: an admission request in, a JSON patch (or a reason not to inject) out. Nothing
+//! here does I/O, so every decision is testable with plain JSON.
+//!
+//! The patch is computed against the raw object the API server sent, never against a typed
+//! round trip of it: k8s-openapi drops fields it does not know (a newer API server's), and a
+//! patch built from the typed view could not be applied to the real object. Typed structs are
+//! used only to read the pod and to build what we add.
+
+use std::collections::BTreeMap;
+
+use cnimesh_identity::{Name, TOKEN_AUDIENCE};
+use json_patch::jsonptr::PointerBuf;
+use json_patch::{AddOperation, MoveOperation, Patch, PatchOperation};
+use k8s_openapi::api::core::v1::{
+    Capabilities, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, HTTPGetAction, KeyToPath, Pod, Probe,
+    ProjectedVolumeSource, ResourceRequirements, SeccompProfile, SecurityContext, ServiceAccountTokenProjection,
+    Volume, VolumeMount, VolumeProjection,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::core::DynamicObject;
+use kube::core::admission::{AdmissionRequest, AdmissionResponse, Operation};
+use serde_json::Value;
+
+use super::config::InjectConfig;
+
+pub const PROXY_CONTAINER: &str = "cnimesh-proxy";
+/// `enabled` / `disabled` on a pod (annotation) or a namespace (label).
+pub const INJECT_ANNOTATION: &str = "cnimesh.io/inject";
+/// Set on injected pods; the value is the webhook's version.
+pub const INJECTED_ANNOTATION: &str = "cnimesh.io/injected";
+pub const OPAQUE_PORTS_ANNOTATION: &str = "config.cnimesh.io/opaque-ports";
+pub const LOG_LEVEL_ANNOTATION: &str = "config.cnimesh.io/proxy-log-level";
+
+pub const TOKEN_VOLUME: &str = "cnimesh-identity-token";
+pub const TOKEN_DIR: &str = "/var/run/secrets/tokens";
+/// Must equal the proxy's `DEFAULT_TOKEN_FILE` (`proxy/src/config.rs`; a test checks).
+pub const TOKEN_FILE: &str = "/var/run/secrets/tokens/cnimesh-identity-token";
+/// The projected token lives a day; the kubelet refreshes it at 80% and the proxy re-reads it.
+pub const TOKEN_EXPIRATION_SECONDS: i64 = 86400;
+pub const TRUST_ANCHORS_VOLUME: &str = "cnimesh-trust-anchors";
+pub const TRUST_ANCHORS_DIR: &str = "/var/run/cnimesh/trust-anchors";
+pub const TRUST_ANCHORS_KEY: &str = "ca.crt";
+/// The proxy's admin port (DESIGN.md §2): `/ready` once it has a certificate, `/live`.
+pub const PROXY_ADMIN_PORT: i32 = 4191;
+
+/// Namespaces whose pods are never injected, whatever they say: the control plane's own (see
+/// [`InjectConfig::control_namespace`]) is added to these.
+pub const NEVER_INJECTED: &[&str] = &["kube-system"];
+
+/// Whether the pod's namespace is labelled `cnimesh.io/inject=enabled`. The webhook does not read
+/// namespaces: the MutatingWebhookConfiguration has one entry per case, selected by
+/// `namespaceSelector`, and each calls its own path (see `server`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NamespaceInjection {
+    /// Inject every pod unless it is annotated `cnimesh.io/inject: disabled`.
+    Enabled,
+    /// Inject only pods annotated `cnimesh.io/inject: enabled`.
+    NotEnabled,
+}
+
+impl NamespaceInjection {
+    /// For callers that do have the namespace's labels (local mode, tests).
+    pub fn from_labels(labels: &BTreeMap<String, String>) -> Self {
+        match labels.get(INJECT_ANNOTATION).map(String::as_str) {
+            Some("enabled") => Self::Enabled,
+            _ => Self::NotEnabled,
+        }
+    }
+}
+
+/// Why a pod is admitted without the proxy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Skip {
+    /// Nobody asked for injection, or the pod already has its proxy: nothing to say.
+    Quietly,
+    /// The pod asked for the mesh and does not get it: the API client sees this warning.
+    Warn(String),
+}
+
+/// The values that differ from pod to pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodProxySettings {
+    pub identity: Name,
+    /// Validated `config.cnimesh.io/opaque-ports`; `None` keeps the proxy's defaults.
+    pub opaque_ports: Option<String>,
+    pub log_level: String,
+}
+
+/// Answers one admission request. Never denies: a pod that cannot be injected is admitted
+/// unchanged with a warning (the failure policy discussion is in `daemonset/README.md`).
+pub fn mutate(
+    request: &AdmissionRequest<DynamicObject>,
+    namespace: NamespaceInjection,
+    config: &InjectConfig,
+) -> AdmissionResponse {
+    let response = AdmissionResponse::from(request);
+    let is_pod = request.kind.group.is_empty() && request.kind.kind == "Pod";
+    if !is_pod || request.operation != Operation::Create || request.sub_resource.is_some() {
+        return response;
+    }
+    let result = match &request.object {
+        None => Err(Skip::Warn("the request carries no pod".into())),
+        Some(object) => serde_json::to_value(object)
+            .map_err(|e| Skip::Warn(format!("cannot read the pod: {e}")))
+            .and_then(|pod| plan(&pod, request.namespace.as_deref(), namespace, config)),
+    };
+    let pod = || format!("{}/{}", request.namespace.as_deref().unwrap_or("?"), pod_name(request));
+    match result {
+        Ok(patch) if patch.0.is_empty() => response,
+        Ok(patch) => match response.clone().with_patch(patch) {
+            Ok(patched) => {
+                tracing::info!(pod = %pod(), uid = %request.uid, "injecting the proxy");
+                patched
+            }
+            Err(error) => warn(response, &pod(), &format!("cannot encode the patch: {error}")),
+        },
+        Err(Skip::Quietly) => response,
+        Err(Skip::Warn(why)) => warn(response, &pod(), &why),
+    }
+}
+
+fn warn(mut response: AdmissionResponse, pod: &str, why: &str) -> AdmissionResponse {
+    tracing::warn!(%pod, "not injecting the proxy: {why}");
+    response.warnings = Some(vec![format!("cnimesh: {PROXY_CONTAINER} not injected: {why}")]);
+    response
+}
+
+/// Pods of a Deployment have no name yet, only `generateName`.
+fn pod_name(request: &AdmissionRequest<DynamicObject>) -> String {
+    let meta = request.object.as_ref().map(|o| &o.metadata);
+    let name = meta.and_then(|m| m.name.clone()).filter(|n| !n.is_empty());
+    let generated = || meta.and_then(|m| m.generate_name.clone()).map(|g| format!("{g}*"));
+    name.or_else(generated).unwrap_or_else(|| request.name.clone())
+}
+
+/// The patch that injects the proxy into `pod` (the raw JSON object), an empty patch when there
+/// is nothing to do, or why not. `request_namespace` is the request's: a pod from a Deployment's
+/// template has no namespace of its own yet.
+pub fn plan(
+    pod: &Value,
+    request_namespace: Option<&str>,
+    namespace: NamespaceInjection,
+    config: &InjectConfig,
+) -> Result<Patch, Skip> {
+    let typed: Pod =
+        serde_json::from_value(pod.clone()).map_err(|e| Skip::Warn(format!("cannot read the pod: {e}")))?;
+    let annotation = |key: &str| typed.metadata.annotations.as_ref().and_then(|a| a.get(key)).map(String::as_str);
+    let wanted = match annotation(INJECT_ANNOTATION) {
+        Some("enabled") => true,
+        Some("disabled") => false,
+        None => namespace == NamespaceInjection::Enabled,
+        Some(other) => {
+            return Err(Skip::Warn(format!(
+                "annotation {INJECT_ANNOTATION}: {other:?} is neither enabled nor disabled"
+            )));
+        }
+    };
+    if !wanted {
+        return Err(Skip::Quietly);
+    }
+    let ns = typed
+        .metadata
+        .namespace
+        .as_deref()
+        .filter(|ns| !ns.is_empty())
+        .or(request_namespace)
+        .ok_or_else(|| Skip::Warn("the pod has no namespace".into()))?;
+    if NEVER_INJECTED.contains(&ns) || ns == config.control_namespace {
+        return Err(Skip::Warn(format!("pods in namespace {ns} are never meshed")));
+    }
+    let spec = typed.spec.as_ref().ok_or_else(|| Skip::Warn("the pod has no spec".into()))?;
+    if let Some(patch) = already_injected(spec)? {
+        return Ok(patch);
+    }
+    if spec.host_network == Some(true) {
+        return Err(Skip::Warn("it uses the host network, where traffic cannot be captured".into()));
+    }
+    check_uids(spec, config.proxy_uid).map_err(Skip::Warn)?;
+    let taken: Vec<&str> = spec.volumes.iter().flatten().map(|v| v.name.as_str()).collect();
+    if let Some(clash) = [TOKEN_VOLUME, TRUST_ANCHORS_VOLUME].into_iter().find(|v| taken.contains(v)) {
+        return Err(Skip::Warn(format!("the pod already has a volume named {clash}")));
+    }
+
+    let opaque_ports = annotation(OPAQUE_PORTS_ANNOTATION)
+        .map(|v| check_ports(v).map_err(|why| Skip::Warn(format!("annotation {OPAQUE_PORTS_ANNOTATION}: {why}"))))
+        .transpose()?;
+    let log_level = annotation(LOG_LEVEL_ANNOTATION).unwrap_or(&config.log_level);
+    check_log_level(log_level).map_err(|why| Skip::Warn(format!("annotation {LOG_LEVEL_ANNOTATION}: {why}")))?;
+    let settings =
+        PodProxySettings { identity: pod_identity(spec, ns, config)?, opaque_ports, log_level: log_level.into() };
+    let container = proxy_container(config, &settings).map_err(Skip::Warn)?;
+    Ok(injection_patch(pod, config, container))
+}
+
+/// `Some(patch)` when the pod has its proxy already. A second pass is then a no-op, except that
+/// a native sidecar which another webhook pushed down the init containers is moved back to the
+/// front (`reinvocationPolicy: IfNeeded`): init containers before it would have no network.
+fn already_injected(spec: &k8s_openapi::api::core::v1::PodSpec) -> Result<Option<Patch>, Skip> {
+    if spec.containers.iter().any(|c| c.name == PROXY_CONTAINER) {
+        return Ok(Some(Patch(Vec::new())));
+    }
+    let init = spec.init_containers.as_deref().unwrap_or_default();
+    let Some(index) = init.iter().position(|c| c.name == PROXY_CONTAINER) else { return Ok(None) };
+    if init[index].restart_policy.as_deref() != Some("Always") {
+        return Err(Skip::Warn(format!(
+            "it has an init container named {PROXY_CONTAINER} that is not a sidecar (restartPolicy: Always)"
+        )));
+    }
+    if index == 0 {
+        return Ok(Some(Patch(Vec::new())));
+    }
+    let path = |i: usize| pointer(&["spec", "initContainers", &i.to_string()]);
+    Ok(Some(Patch(vec![PatchOperation::Move(MoveOperation { from: path(index), path: path(0) })])))
+}
+
+/// The node agent refuses to capture a pod where another container runs as the proxy's UID (its
+/// traffic would bypass the proxy): better a warning now than a pod stuck in ContainerCreating.
+fn check_uids(spec: &k8s_openapi::api::core::v1::PodSpec, proxy_uid: i64) -> Result<(), String> {
+    let pod_uid = spec.security_context.as_ref().and_then(|s| s.run_as_user);
+    let containers = spec.containers.iter().chain(spec.init_containers.iter().flatten());
+    for c in containers {
+        if c.security_context.as_ref().and_then(|s| s.run_as_user).or(pod_uid) == Some(proxy_uid) {
+            return Err(format!(
+                "container {} runs as the proxy's UID {proxy_uid}, so its traffic would bypass the proxy",
+                c.name
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `<sa>.<ns>.serviceaccount.identity.cnimesh.<trust-domain>`; the service account defaults to
+/// `default` as the API server would set it.
+fn pod_identity(spec: &k8s_openapi::api::core::v1::PodSpec, ns: &str, config: &InjectConfig) -> Result<Name, Skip> {
+    #[allow(deprecated)] // `serviceAccount` is the old spelling some manifests still use.
+    let sa = spec.service_account_name.as_deref().or(spec.service_account.as_deref()).filter(|s| !s.is_empty());
+    let sa = sa.unwrap_or("default");
+    // A dot would make the name ambiguous: Certify splits it back into service account and namespace.
+    if sa.contains('.') {
+        return Err(Skip::Warn(format!("service account {sa:?} contains a dot and cannot be an identity name")));
+    }
+    Name::for_service_account(sa, ns, &config.trust_domain).map_err(|e| Skip::Warn(format!("identity: {e}")))
+}
+
+/// A comma-separated list of ports 1..=65535, normalised to `a,b,c` (what the proxy parses).
+pub fn check_ports(value: &str) -> Result<String, String> {
+    let ports: Vec<u16> = value
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| s.parse::<u16>().ok().filter(|p| *p != 0).ok_or_else(|| format!("{s:?} is not a port (1-65535)")))
+        .collect::<Result<_, _>>()?;
+    if ports.is_empty() {
+        return Err(format!("{value:?} names no port"));
+    }
+    Ok(ports.iter().map(u16::to_string).collect::<Vec<_>>().join(","))
+}
+
+/// A tracing filter (`info`, `warn,cnimesh_proxy=debug`): only the characters such filters use,
+/// so a pod annotation cannot smuggle anything odd into the proxy's environment.
+pub fn check_log_level(value: &str) -> Result<(), String> {
+    let allowed = |c: char| c.is_ascii_alphanumeric() || "_-:=,.[]{}\"".contains(c);
+    if value.is_empty() || value.len() > 256 || !value.chars().all(allowed) {
+        return Err(format!("{value:?} is not a log filter such as `info` or `warn,cnimesh_proxy=debug`"));
+    }
+    Ok(())
+}
+
+/// The sidecar. As a native sidecar (`config.native_sidecars`) it carries `restartPolicy: Always`
+/// and a startup probe, so the kubelet starts the app containers only once the proxy is ready.
+pub fn proxy_container(config: &InjectConfig, pod: &PodProxySettings) -> Result<Container, String> {
+    let control = config.control_identity().map_err(|e| format!("the control plane's identity: {e}"))?;
+    let mut env = vec![
+        ("CNIMESH_PROXY_LOG", pod.log_level.clone()),
+        ("CNIMESH_PROXY_IDENTITY_NAME", pod.identity.to_string()),
+        ("CNIMESH_PROXY_IDENTITY_TRUST_ANCHORS", format!("{TRUST_ANCHORS_DIR}/{TRUST_ANCHORS_KEY}")),
+        ("CNIMESH_PROXY_IDENTITY_TOKEN_FILE", TOKEN_FILE.into()),
+        ("CNIMESH_PROXY_IDENTITY_ADDR", config.control_addr()),
+        ("CNIMESH_PROXY_IDENTITY_SVC_NAME", control.to_string()),
+        ("CNIMESH_PROXY_DESTINATION_ADDR", config.control_addr()),
+    ];
+    if let Some(ports) = &pod.opaque_ports {
+        env.push(("CNIMESH_PROXY_OPAQUE_PORTS", ports.clone()));
+    }
+    let probe = |path: &str, period: i32, failures: i32| Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(path.into()),
+            port: IntOrString::Int(PROXY_ADMIN_PORT),
+            ..Default::default()
+        }),
+        period_seconds: Some(period),
+        failure_threshold: Some(failures),
+        timeout_seconds: Some(1),
+        ..Default::default()
+    };
+    let native = config.native_sidecars;
+    Ok(Container {
+        name: PROXY_CONTAINER.into(),
+        image: Some(config.proxy_image.clone()),
+        image_pull_policy: Some("IfNotPresent".into()),
+        restart_policy: native.then(|| "Always".into()),
+        env: Some(
+            env.into_iter()
+                .map(|(name, value)| EnvVar { name: name.into(), value: Some(value), value_from: None })
+                .collect(),
+        ),
+        ports: Some(vec![ContainerPort {
+            name: Some("cnimesh-admin".into()),
+            container_port: PROXY_ADMIN_PORT,
+            protocol: Some("TCP".into()),
+            ..Default::default()
+        }]),
+        // Up to two minutes to obtain a first certificate; the liveness probe waits for it.
+        startup_probe: native.then(|| probe("/ready", 1, 120)),
+        readiness_probe: Some(probe("/ready", 5, 3)),
+        liveness_probe: Some(Probe { initial_delay_seconds: (!native).then_some(10), ..probe("/live", 10, 3) }),
+        resources: Some(resources(config)),
+        security_context: Some(SecurityContext {
+            run_as_user: Some(config.proxy_uid),
+            run_as_non_root: Some(true),
+            read_only_root_filesystem: Some(true),
+            allow_privilege_escalation: Some(false),
+            capabilities: Some(Capabilities { drop: Some(vec!["ALL".into()]), add: None }),
+            seccomp_profile: Some(SeccompProfile { type_: "RuntimeDefault".into(), localhost_profile: None }),
+            ..Default::default()
+        }),
+        volume_mounts: Some(vec![
+            VolumeMount {
+                name: TOKEN_VOLUME.into(),
+                mount_path: TOKEN_DIR.into(),
+                read_only: Some(true),
+                ..Default::default()
+            },
+            VolumeMount {
+                name: TRUST_ANCHORS_VOLUME.into(),
+                mount_path: TRUST_ANCHORS_DIR.into(),
+                read_only: Some(true),
+                ..Default::default()
+            },
+        ]),
+        ..Default::default()
+    })
+}
+
+fn resources(config: &InjectConfig) -> ResourceRequirements {
+    let r = &config.resources;
+    let map = |cpu: &Option<String>, memory: &Option<String>| {
+        let entries = [("cpu", cpu), ("memory", memory)];
+        let map: BTreeMap<String, Quantity> =
+            entries.into_iter().filter_map(|(k, v)| Some((k.to_string(), Quantity(v.clone()?)))).collect();
+        (!map.is_empty()).then_some(map)
+    };
+    ResourceRequirements {
+        requests: map(&r.cpu_request, &r.memory_request),
+        limits: map(&r.cpu_limit, &r.memory_limit),
+        ..Default::default()
+    }
+}
+
+/// The projected token (audience `identity.cnimesh.io`, which only Certify accepts) and the trust
+/// anchors ConfigMap.
+pub fn proxy_volumes(config: &InjectConfig) -> Vec<Volume> {
+    let token = ServiceAccountTokenProjection {
+        audience: Some(TOKEN_AUDIENCE.into()),
+        expiration_seconds: Some(TOKEN_EXPIRATION_SECONDS),
+        path: TOKEN_VOLUME.into(),
+    };
+    vec![
+        Volume {
+            name: TOKEN_VOLUME.into(),
+            projected: Some(ProjectedVolumeSource {
+                sources: Some(vec![VolumeProjection { service_account_token: Some(token), ..Default::default() }]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        Volume {
+            name: TRUST_ANCHORS_VOLUME.into(),
+            config_map: Some(ConfigMapVolumeSource {
+                name: config.trust_anchors_config_map.clone(),
+                items: Some(vec![KeyToPath {
+                    key: TRUST_ANCHORS_KEY.into(),
+                    path: TRUST_ANCHORS_KEY.into(),
+                    mode: None,
+                }]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+    ]
+}
+
+fn pointer(tokens: &[&str]) -> PointerBuf {
+    PointerBuf::from_tokens(tokens.iter().copied())
+}
+
+fn add(path: PointerBuf, value: Value) -> PatchOperation {
+    PatchOperation::Add(AddOperation { path, value })
+}
+
+fn to_value(value: impl serde::Serialize) -> Value {
+    serde_json::to_value(value).expect("k8s-openapi types serialise")
+}
+
+/// Adds `items` to the array at `path`: at its front or its end. A missing (or null) array is
+/// created whole, because JSON patch cannot add an element to an array that is not there.
+fn extend_array(ops: &mut Vec<PatchOperation>, pod: &Value, path: &[&str], front: bool, items: Vec<Value>) {
+    let exists = pod.pointer(pointer(path).as_str()).is_some_and(Value::is_array);
+    if !exists {
+        ops.push(add(pointer(path), Value::Array(items)));
+        return;
+    }
+    for (i, item) in items.into_iter().enumerate() {
+        let index = if front { i.to_string() } else { "-".to_string() };
+        let mut tokens = path.to_vec();
+        tokens.push(&index);
+        ops.push(add(pointer(&tokens), item));
+    }
+}
+
+fn injection_patch(pod: &Value, config: &InjectConfig, container: Container) -> Patch {
+    let mut ops = Vec::new();
+    let volumes = proxy_volumes(config).into_iter().map(to_value).collect();
+    extend_array(&mut ops, pod, &["spec", "volumes"], false, volumes);
+    let list = if config.native_sidecars { "initContainers" } else { "containers" };
+    extend_array(&mut ops, pod, &["spec", list], true, vec![to_value(container)]);
+    let version = Value::String(env!("CARGO_PKG_VERSION").into());
+    match pod.pointer("/metadata/annotations") {
+        Some(Value::Object(_)) => ops.push(add(pointer(&["metadata", "annotations", INJECTED_ANNOTATION]), version)),
+        _ if pod.pointer("/metadata").is_some_and(Value::is_object) => {
+            ops.push(add(pointer(&["metadata", "annotations"]), serde_json::json!({ INJECTED_ANNOTATION: version })));
+        }
+        _ => {
+            ops.push(add(pointer(&["metadata"]), serde_json::json!({"annotations": { INJECTED_ANNOTATION: version }})))
+        }
+    }
+    Patch(ops)
+}

@@ -1,0 +1,183 @@
+//! The webhook's HTTPS endpoint: AdmissionReview v1 in, AdmissionReview out.
+//!
+//! Two paths, one per MutatingWebhookConfiguration entry. The API server evaluates each entry's
+//! `namespaceSelector` against its own view of the namespace, so the path tells the webhook
+//! whether the pod's namespace is labelled `cnimesh.io/inject=enabled` without the webhook ever
+//! reading namespaces (no RBAC for it, no cache to go stale, no API call on the admission path).
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode, header};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use kube::core::DynamicObject;
+use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, META_API_VERSION_V1, META_KIND};
+use serde_json::Value;
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
+
+use super::config::{InjectConfig, InjectConfigError};
+use super::mutate::{NamespaceInjection, mutate};
+
+/// Pods in namespaces labelled `cnimesh.io/inject=enabled`.
+pub const INJECT_PATH: &str = "/inject";
+/// Pods in every other namespace (injected only if annotated `cnimesh.io/inject: enabled`).
+pub const OPT_IN_PATH: &str = "/inject/opt-in";
+/// The API server caps objects at about 3 MiB; a review carries one object (old object: none
+/// on CREATE) plus metadata.
+pub const MAX_BODY: usize = 4 * 1024 * 1024;
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// The API server gives up after the configuration's `timeoutSeconds` anyway.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The webhook's state: a validated configuration.
+#[derive(Debug)]
+pub struct Webhook {
+    config: InjectConfig,
+}
+
+impl Webhook {
+    pub fn new(config: InjectConfig) -> Result<Self, InjectConfigError> {
+        config.validate()?;
+        Ok(Self { config })
+    }
+
+    pub fn config(&self) -> &InjectConfig {
+        &self.config
+    }
+
+    /// One AdmissionReview body for `path`: the review to answer with, or a client error.
+    pub fn review(&self, path: &str, body: &[u8]) -> Result<Vec<u8>, (StatusCode, String)> {
+        let namespace = match path {
+            INJECT_PATH => NamespaceInjection::Enabled,
+            OPT_IN_PATH => NamespaceInjection::NotEnabled,
+            _ => return Err((StatusCode::NOT_FOUND, format!("no webhook at {path}; try {INJECT_PATH}"))),
+        };
+        let response = match serde_json::from_slice::<AdmissionReview<DynamicObject>>(body) {
+            Ok(review) => {
+                if review.types.api_version != META_API_VERSION_V1 || review.types.kind != META_KIND {
+                    let found = format!("{} {}", review.types.api_version, review.types.kind);
+                    return Err(bad(format!("expected an {META_API_VERSION_V1} {META_KIND}, found {found}")));
+                }
+                let request: AdmissionRequest<DynamicObject> =
+                    review.try_into().map_err(|_| bad("the AdmissionReview has no request".into()))?;
+                mutate(&request, namespace, &self.config)
+            }
+            Err(error) => unreadable_object(body, &error)?,
+        };
+        serde_json::to_vec(&response.into_review())
+            .map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, format!("encoding the response: {e}")))
+    }
+}
+
+fn bad(message: String) -> (StatusCode, String) {
+    (StatusCode::BAD_REQUEST, message)
+}
+
+/// A review whose object does not parse (a field of an unexpected type, say) is still a review:
+/// if its uid can be read, the pod is admitted unchanged with a warning instead of failing the
+/// API server's call (which, under `failurePolicy: Fail`, would reject the pod).
+fn unreadable_object(body: &[u8], error: &serde_json::Error) -> Result<AdmissionResponse, (StatusCode, String)> {
+    let value: Value = serde_json::from_slice(body).map_err(|e| bad(format!("not JSON: {e}")))?;
+    let is_v1_review = value.get("apiVersion").and_then(Value::as_str) == Some(META_API_VERSION_V1)
+        && value.get("kind").and_then(Value::as_str) == Some(META_KIND);
+    let uid = value.pointer("/request/uid").and_then(Value::as_str).filter(|_| is_v1_review);
+    let uid = uid.ok_or_else(|| bad(format!("not an {META_API_VERSION_V1} {META_KIND}: {error}")))?;
+    tracing::warn!(%uid, %error, "admitting an unreadable object unchanged");
+    let mut response = AdmissionResponse::invalid("");
+    response.uid = uid.to_string();
+    response.allowed = true;
+    response.result = Default::default();
+    response.warnings = Some(vec![format!("cnimesh: proxy not injected: cannot read the object: {error}")]);
+    Ok(response)
+}
+
+fn reply(status: StatusCode, content_type: &str, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
+    Response::builder()
+        .status(status)
+        .header(header::CONTENT_TYPE, content_type)
+        .body(Full::new(body.into()))
+        .expect("a valid response")
+}
+
+async fn handle(webhook: &Webhook, req: Request<hyper::body::Incoming>) -> Response<Full<Bytes>> {
+    let text = |status, message: String| reply(status, "text/plain; charset=utf-8", format!("{message}\n"));
+    if req.method() != Method::POST {
+        return text(StatusCode::METHOD_NOT_ALLOWED, format!("{} is not POST", req.method()));
+    }
+    let content_type = req.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
+    if !content_type.split(';').next().is_some_and(|t| t.trim().eq_ignore_ascii_case("application/json")) {
+        return text(StatusCode::BAD_REQUEST, format!("content type {content_type:?} is not application/json"));
+    }
+    let path = req.uri().path().to_string();
+    let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
+        Ok(body) => body.to_bytes(),
+        Err(error) if error.is::<http_body_util::LengthLimitError>() => {
+            return text(StatusCode::PAYLOAD_TOO_LARGE, format!("the body exceeds {MAX_BODY} bytes"));
+        }
+        Err(error) => return text(StatusCode::BAD_REQUEST, format!("reading the body: {error}")),
+    };
+    match webhook.review(&path, &body) {
+        Ok(review) => reply(StatusCode::OK, "application/json", review),
+        Err((status, message)) => {
+            tracing::debug!(%path, %status, %message, "bad webhook request");
+            text(status, message)
+        }
+    }
+}
+
+/// Serves the webhook over TLS on `listener` until `shutdown` resolves, then lets in-flight
+/// reviews finish (up to 10 s).
+pub async fn serve_webhook(
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    state: Arc<Webhook>,
+    shutdown: impl Future<Output = ()>,
+) {
+    let acceptor = TlsAcceptor::from(tls);
+    let graceful = GracefulShutdown::new();
+    tokio::pin!(shutdown);
+    loop {
+        let (tcp, peer) = tokio::select! {
+            _ = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(error) => {
+                    // e.g. EMFILE: back off instead of spinning.
+                    tracing::warn!(%error, "webhook accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let (acceptor, state, watcher) = (acceptor.clone(), state.clone(), graceful.watcher());
+        tokio::spawn(async move {
+            let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                Ok(Ok(tls)) => tls,
+                Ok(Err(error)) => return tracing::debug!(%peer, %error, "webhook TLS handshake failed"),
+                Err(_) => return tracing::debug!(%peer, "webhook TLS handshake timed out"),
+            };
+            let service = service_fn(move |req| {
+                let state = state.clone();
+                async move { Ok::<_, Infallible>(handle(&state, req).await) }
+            });
+            let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+            builder.http1().timer(TokioTimer::new()).header_read_timeout(HEADER_TIMEOUT);
+            let conn = builder.serve_connection(TokioIo::new(tls), service);
+            if let Err(error) = watcher.watch(conn).await {
+                tracing::debug!(%peer, %error, "webhook connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    if tokio::time::timeout(DRAIN_TIMEOUT, graceful.shutdown()).await.is_err() {
+        tracing::warn!("webhook connections still open after the drain timeout; closing them");
+    }
+}

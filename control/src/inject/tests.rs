@@ -1,0 +1,548 @@
+//! Admission reviews in, JSON patches out, applied to real pod objects; the patched pods are read
+//! back as typed `Pod`s and checked field by field. Plus the HTTPS endpoint end to end.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
+use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::core::DynamicObject;
+use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview};
+use serde_json::{Value, json};
+
+use super::*;
+
+const UID: &str = "705ab4f5-6393-11e8-b7cc-42010a800002";
+
+fn review(pod: &Value, namespace: &str) -> Value {
+    json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": UID,
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
+            "requestResource": {"group": "", "version": "v1", "resource": "pods"},
+            "name": pod.pointer("/metadata/name").cloned().unwrap_or(json!("")),
+            "namespace": namespace,
+            "operation": "CREATE",
+            "userInfo": {"username": "system:serviceaccount:kube-system:replicaset-controller", "groups": ["system:serviceaccounts"]},
+            "object": pod,
+            "oldObject": null,
+            "dryRun": false,
+            "options": {"kind": "CreateOptions", "apiVersion": "meta.k8s.io/v1"}
+        }
+    })
+}
+
+fn request(review: &Value) -> AdmissionRequest<DynamicObject> {
+    let review: AdmissionReview<DynamicObject> = serde_json::from_value(review.clone()).expect("a valid review");
+    review.try_into().expect("has a request")
+}
+
+/// The pod after the API server applied the response's patch (the pod itself if none).
+fn apply(pod: &Value, response: &AdmissionResponse) -> Value {
+    assert!(response.allowed, "never denies: {response:?}");
+    let mut patched = pod.clone();
+    if let Some(patch) = &response.patch {
+        let patch: json_patch::Patch = serde_json::from_slice(patch).expect("a JSON patch");
+        json_patch::patch(&mut patched, &patch).unwrap_or_else(|e| panic!("patch does not apply: {e}\n{patch:?}"));
+    }
+    patched
+}
+
+/// Runs the webhook on `pod` in `namespace`; returns the response and the patched pod.
+fn run(pod: &Value, namespace: &str, ns: NamespaceInjection, config: &InjectConfig) -> (AdmissionResponse, Value) {
+    let response = mutate(&request(&review(pod, namespace)), ns, config);
+    assert_eq!(response.uid, UID);
+    let patched = apply(pod, &response);
+    (response, patched)
+}
+
+fn typed(pod: &Value) -> Pod {
+    serde_json::from_value(pod.clone()).expect("the patched pod is a valid Pod")
+}
+
+fn deployment_pod() -> Value {
+    // What a ReplicaSet controller sends: no name, no namespace, no volumes, no init containers.
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"generateName": "web-7d4b9c-", "labels": {"app": "web"}},
+        "spec": {"containers": [{"name": "web", "image": "nginx:1.27", "ports": [{"containerPort": 80}]}]}
+    })
+}
+
+fn pod_with(extra: Value) -> Value {
+    let mut pod = deployment_pod();
+    merge(&mut pod, extra);
+    pod
+}
+
+fn merge(into: &mut Value, from: Value) {
+    match (into, from) {
+        (Value::Object(a), Value::Object(b)) => {
+            for (k, v) in b {
+                merge(a.entry(k).or_insert(Value::Null), v);
+            }
+        }
+        (slot, v) => *slot = v,
+    }
+}
+
+fn warnings(response: &AdmissionResponse) -> String {
+    response.warnings.clone().unwrap_or_default().join("\n")
+}
+
+fn unchanged(pod: &Value, namespace: &str, ns: NamespaceInjection, config: &InjectConfig) -> AdmissionResponse {
+    let (response, patched) = run(pod, namespace, ns, config);
+    assert!(response.patch.is_none(), "no patch expected: {response:?}");
+    assert_eq!(&patched, pod);
+    response
+}
+
+/// The proxy's source: every variable we set must be one it reads.
+fn proxy_config_source() -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../proxy/src/config.rs");
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
+}
+
+fn env<'a>(c: &'a Container, name: &str) -> Option<&'a str> {
+    c.env.iter().flatten().find(|e| e.name == name).and_then(|e| e.value.as_deref())
+}
+
+/// Everything an injected proxy must have, whatever the mode.
+fn check_proxy(c: &Container, identity: &str, config: &InjectConfig) {
+    assert_eq!(c.name, PROXY_CONTAINER);
+    assert_eq!(c.image.as_deref(), Some(config.proxy_image.as_str()));
+    let sc = c.security_context.as_ref().expect("securityContext");
+    assert_eq!(sc.run_as_user, Some(2102));
+    assert_eq!(sc.run_as_non_root, Some(true));
+    assert_eq!(sc.read_only_root_filesystem, Some(true));
+    assert_eq!(sc.allow_privilege_escalation, Some(false));
+    assert_eq!(sc.privileged, None);
+    let caps = sc.capabilities.as_ref().expect("capabilities");
+    assert_eq!(caps.drop.as_deref(), Some(&["ALL".to_string()][..]));
+    assert!(caps.add.is_none(), "adds no capability: {caps:?}");
+
+    let source = proxy_config_source();
+    for e in c.env.iter().flatten() {
+        let suffix =
+            e.name.strip_prefix("CNIMESH_PROXY_").unwrap_or_else(|| panic!("{} is not a proxy variable", e.name));
+        assert!(source.contains(&format!("\"{suffix}\"")), "{} is not read by proxy/src/config.rs", e.name);
+        assert!(e.value_from.is_none());
+    }
+    assert_eq!(env(c, "CNIMESH_PROXY_IDENTITY_NAME"), Some(identity));
+    assert_eq!(env(c, "CNIMESH_PROXY_IDENTITY_TRUST_ANCHORS"), Some("/var/run/cnimesh/trust-anchors/ca.crt"));
+    assert_eq!(env(c, "CNIMESH_PROXY_IDENTITY_TOKEN_FILE"), Some(TOKEN_FILE));
+    let control = "cnimesh-control.cnimesh.svc.cluster.local:4190";
+    assert_eq!(env(c, "CNIMESH_PROXY_IDENTITY_ADDR"), Some(control));
+    assert_eq!(env(c, "CNIMESH_PROXY_DESTINATION_ADDR"), Some(control));
+    assert_eq!(
+        env(c, "CNIMESH_PROXY_IDENTITY_SVC_NAME"),
+        Some("cnimesh-control.cnimesh.serviceaccount.identity.cnimesh.cluster.local")
+    );
+
+    let http = |p: &Option<k8s_openapi::api::core::v1::Probe>| {
+        let get = p.as_ref().and_then(|p| p.http_get.as_ref()).expect("an HTTP probe");
+        (get.path.clone().unwrap_or_default(), get.port.clone())
+    };
+    assert_eq!(http(&c.readiness_probe), ("/ready".into(), IntOrString::Int(4191)));
+    assert_eq!(http(&c.liveness_probe), ("/live".into(), IntOrString::Int(4191)));
+
+    let mounts: Vec<(&str, &str, Option<bool>)> =
+        c.volume_mounts.iter().flatten().map(|m| (m.name.as_str(), m.mount_path.as_str(), m.read_only)).collect();
+    assert_eq!(
+        mounts,
+        [
+            ("cnimesh-identity-token", "/var/run/secrets/tokens", Some(true)),
+            ("cnimesh-trust-anchors", "/var/run/cnimesh/trust-anchors", Some(true))
+        ]
+    );
+    let resources = c.resources.as_ref().expect("resources");
+    let requests = resources.requests.as_ref().expect("requests");
+    assert_eq!(requests["cpu"].0, "20m");
+    assert_eq!(requests["memory"].0, "32Mi");
+    let limits = resources.limits.as_ref().expect("limits");
+    assert_eq!(limits["memory"].0, "256Mi");
+    assert!(!limits.contains_key("cpu"), "no CPU limit by default");
+}
+
+/// The pod-level view: volumes, annotation, and no capture machinery anywhere.
+fn check_pod(pod: &Pod, config: &InjectConfig) {
+    let spec = pod.spec.as_ref().unwrap();
+    let token = spec.volumes.iter().flatten().find(|v| v.name == "cnimesh-identity-token").expect("token volume");
+    let sources = token.projected.as_ref().and_then(|p| p.sources.as_ref()).expect("projected");
+    assert_eq!(sources.len(), 1);
+    let sat = sources[0].service_account_token.as_ref().expect("a service account token");
+    assert_eq!(sat.audience.as_deref(), Some("identity.cnimesh.io"));
+    assert_eq!(sat.expiration_seconds, Some(86400));
+    assert_eq!(format!("/var/run/secrets/tokens/{}", sat.path), TOKEN_FILE);
+    let anchors = spec.volumes.iter().flatten().find(|v| v.name == "cnimesh-trust-anchors").expect("anchors volume");
+    let cm = anchors.config_map.as_ref().expect("a ConfigMap volume");
+    assert_eq!(cm.name, config.trust_anchors_config_map);
+    assert_eq!(cm.items.as_ref().unwrap()[0].key, "ca.crt");
+    let annotations = pod.metadata.annotations.clone().unwrap_or_default();
+    assert_eq!(annotations.get(INJECTED_ANNOTATION).map(String::as_str), Some(env!("CARGO_PKG_VERSION")));
+
+    // Capture is the CNI plugin's: no NET_ADMIN / NET_RAW / privileged anywhere, no other container added.
+    let everything = serde_json::to_string(pod).unwrap();
+    for forbidden in ["NET_ADMIN", "NET_RAW", "\"privileged\":true", "iptables"] {
+        assert!(!everything.contains(forbidden), "{forbidden} in the injected pod: {everything}");
+    }
+    let proxies = spec.containers.iter().chain(spec.init_containers.iter().flatten());
+    assert_eq!(proxies.filter(|c| c.name.starts_with("cnimesh")).count(), 1, "exactly one cnimesh container");
+}
+
+#[test]
+fn the_proxy_token_file_is_the_one_the_proxy_reads_by_default() {
+    let source = proxy_config_source();
+    assert!(
+        source.contains(&format!("pub const DEFAULT_TOKEN_FILE: &str = \"{TOKEN_FILE}\";")),
+        "DEFAULT_TOKEN_FILE moved"
+    );
+}
+
+#[test]
+fn a_deployment_template_pod_gets_a_native_sidecar_first() {
+    let config = InjectConfig::default();
+    let pod = deployment_pod();
+    let (response, patched) = run(&pod, "shop", NamespaceInjection::Enabled, &config);
+    assert!(response.warnings.is_none(), "{response:?}");
+    let typed = typed(&patched);
+    assert_eq!(typed.metadata.namespace, None, "the pod's own metadata is left alone");
+    let spec = typed.spec.as_ref().unwrap();
+    let init = spec.init_containers.as_ref().expect("initContainers created");
+    assert_eq!(init.len(), 1, "only the proxy; no iptables init container");
+    let proxy = &init[0];
+    check_proxy(proxy, "default.shop.serviceaccount.identity.cnimesh.cluster.local", &config);
+    assert_eq!(proxy.restart_policy.as_deref(), Some("Always"), "a native sidecar");
+    let startup = proxy.startup_probe.as_ref().and_then(|p| p.http_get.as_ref()).expect("startup probe");
+    assert_eq!((startup.path.as_deref(), &startup.port), (Some("/ready"), &IntOrString::Int(4191)));
+    assert_eq!(env(proxy, "CNIMESH_PROXY_LOG"), Some("info"));
+    assert_eq!(env(proxy, "CNIMESH_PROXY_OPAQUE_PORTS"), None, "the proxy's defaults");
+    assert_eq!(spec.containers.len(), 1);
+    assert_eq!(spec.containers[0], serde_json::from_value(pod["spec"]["containers"][0].clone()).unwrap());
+    assert_eq!(spec.volumes.as_ref().map(Vec::len), Some(2), "volumes created");
+    check_pod(&typed, &config);
+}
+
+#[test]
+fn existing_init_containers_volumes_and_annotations_are_kept_and_the_proxy_goes_first() {
+    let config = InjectConfig::default();
+    let pod = pod_with(json!({
+        "metadata": {"name": "web-0", "namespace": "shop", "annotations": {
+            "config.cnimesh.io/skip-inbound-ports": "9000", "example.com/keep": "me"}},
+        "spec": {
+            "serviceAccountName": "web",
+            "initContainers": [{"name": "migrate", "image": "migrate:1"}, {"name": "warm", "image": "warm:1"}],
+            "volumes": [{"name": "data", "emptyDir": {}}],
+            "containers": [{"name": "web", "image": "nginx", "volumeMounts": [{"name": "data", "mountPath": "/data"}]}]
+        }
+    }));
+    let (_, patched) = run(&pod, "shop", NamespaceInjection::Enabled, &config);
+    let typed = typed(&patched);
+    let spec = typed.spec.as_ref().unwrap();
+    let init: Vec<&str> = spec.init_containers.iter().flatten().map(|c| c.name.as_str()).collect();
+    assert_eq!(init, [PROXY_CONTAINER, "migrate", "warm"]);
+    check_proxy(
+        &spec.init_containers.as_ref().unwrap()[0],
+        "web.shop.serviceaccount.identity.cnimesh.cluster.local",
+        &config,
+    );
+    let volumes: Vec<&str> = spec.volumes.iter().flatten().map(|v| v.name.as_str()).collect();
+    assert_eq!(volumes, ["data", "cnimesh-identity-token", "cnimesh-trust-anchors"]);
+    let annotations = typed.metadata.annotations.clone().unwrap();
+    assert_eq!(
+        annotations["config.cnimesh.io/skip-inbound-ports"], "9000",
+        "the node agent's annotations pass through"
+    );
+    assert_eq!(annotations["example.com/keep"], "me");
+    check_pod(&typed, &config);
+}
+
+#[test]
+fn null_volumes_and_annotations_are_created_rather_than_appended_to() {
+    let config = InjectConfig::default();
+    let pod = pod_with(json!({"metadata": {"annotations": null}, "spec": {"volumes": null, "initContainers": null}}));
+    let (_, patched) = run(&pod, "shop", NamespaceInjection::Enabled, &config);
+    check_pod(&typed(&patched), &config);
+}
+
+#[test]
+fn classic_mode_adds_the_first_regular_container() {
+    let config = InjectConfig { native_sidecars: false, ..Default::default() };
+    let pod = pod_with(json!({"spec": {"initContainers": [{"name": "migrate", "image": "migrate:1"}]}}));
+    let (_, patched) = run(&pod, "shop", NamespaceInjection::Enabled, &config);
+    let typed = typed(&patched);
+    let spec = typed.spec.as_ref().unwrap();
+    let containers: Vec<&str> = spec.containers.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(containers, [PROXY_CONTAINER, "web"]);
+    let proxy = &spec.containers[0];
+    check_proxy(proxy, "default.shop.serviceaccount.identity.cnimesh.cluster.local", &config);
+    assert_eq!(proxy.restart_policy, None, "regular containers cannot have a restart policy");
+    assert!(proxy.startup_probe.is_none());
+    let init: Vec<&str> = spec.init_containers.iter().flatten().map(|c| c.name.as_str()).collect();
+    assert_eq!(init, ["migrate"], "init containers untouched");
+    check_pod(&typed, &config);
+}
+
+#[test]
+fn annotations_override_opaque_ports_and_log_level() {
+    let config = InjectConfig::default();
+    let pod = pod_with(json!({"metadata": {"annotations": {
+        "config.cnimesh.io/opaque-ports": " 5432, 7000,",
+        "config.cnimesh.io/proxy-log-level": "warn,cnimesh_proxy=debug"}}}));
+    let (_, patched) = run(&pod, "shop", NamespaceInjection::Enabled, &config);
+    let typed = typed(&patched);
+    let proxy = &typed.spec.as_ref().unwrap().init_containers.as_ref().unwrap()[0];
+    assert_eq!(env(proxy, "CNIMESH_PROXY_OPAQUE_PORTS"), Some("5432,7000"));
+    assert_eq!(env(proxy, "CNIMESH_PROXY_LOG"), Some("warn,cnimesh_proxy=debug"));
+}
+
+#[test]
+fn a_bad_annotation_admits_the_pod_unchanged_with_a_warning() {
+    let config = InjectConfig::default();
+    let cases = [
+        ("config.cnimesh.io/opaque-ports", "5432,http", "opaque-ports"),
+        ("config.cnimesh.io/opaque-ports", "70000", "opaque-ports"),
+        ("config.cnimesh.io/opaque-ports", " , ", "opaque-ports"),
+        ("config.cnimesh.io/proxy-log-level", "debug\nEVIL=1", "proxy-log-level"),
+        ("cnimesh.io/inject", "true", "neither enabled nor disabled"),
+    ];
+    for (key, value, expected) in cases {
+        let pod = pod_with(json!({"metadata": {"annotations": {key: value}}}));
+        let response = unchanged(&pod, "shop", NamespaceInjection::Enabled, &config);
+        let w = warnings(&response);
+        assert!(w.contains(expected) && w.starts_with("cnimesh: cnimesh-proxy not injected"), "{key}={value:?}: {w}");
+    }
+}
+
+#[test]
+fn who_is_injected_namespace_label_and_pod_annotation() {
+    let config = InjectConfig::default();
+    let enabled = pod_with(json!({"metadata": {"annotations": {"cnimesh.io/inject": "enabled"}}}));
+    let disabled = pod_with(json!({"metadata": {"annotations": {"cnimesh.io/inject": "disabled"}}}));
+    // disabled on the pod wins over the namespace label, quietly.
+    let response = unchanged(&disabled, "shop", NamespaceInjection::Enabled, &config);
+    assert!(response.warnings.is_none());
+    // An unlabelled namespace: only pods that opt in.
+    let response = unchanged(&deployment_pod(), "shop", NamespaceInjection::NotEnabled, &config);
+    assert!(response.warnings.is_none());
+    let (_, patched) = run(&enabled, "shop", NamespaceInjection::NotEnabled, &config);
+    check_pod(&typed(&patched), &config);
+    // Labels, for callers that have them.
+    let labels = [("cnimesh.io/inject".to_string(), "enabled".to_string())].into();
+    assert_eq!(NamespaceInjection::from_labels(&labels), NamespaceInjection::Enabled);
+    assert_eq!(NamespaceInjection::from_labels(&Default::default()), NamespaceInjection::NotEnabled);
+}
+
+#[test]
+fn a_second_pass_changes_nothing_and_a_displaced_sidecar_is_moved_back_first() {
+    for native in [true, false] {
+        let config = InjectConfig { native_sidecars: native, ..Default::default() };
+        let (_, once) = run(&deployment_pod(), "shop", NamespaceInjection::Enabled, &config);
+        let response = unchanged(&once, "shop", NamespaceInjection::Enabled, &config);
+        assert!(response.warnings.is_none());
+    }
+    // Another webhook put its init container in front of ours (reinvocationPolicy: IfNeeded).
+    let config = InjectConfig::default();
+    let (_, mut once) = run(&deployment_pod(), "shop", NamespaceInjection::Enabled, &config);
+    once["spec"]["initContainers"].as_array_mut().unwrap().insert(0, json!({"name": "vault-agent-init", "image": "v"}));
+    let (_, twice) = run(&once, "shop", NamespaceInjection::Enabled, &config);
+    let init: Vec<String> = typed(&twice).spec.unwrap().init_containers.unwrap().into_iter().map(|c| c.name).collect();
+    assert_eq!(init, [PROXY_CONTAINER, "vault-agent-init"]);
+    unchanged(&twice, "shop", NamespaceInjection::Enabled, &config);
+    // A cnimesh-proxy init container that is not a sidecar is not ours to fix.
+    let odd = pod_with(json!({"spec": {"initContainers": [{"name": "cnimesh-proxy", "image": "x"}]}}));
+    let response = unchanged(&odd, "shop", NamespaceInjection::Enabled, &config);
+    assert!(warnings(&response).contains("not a sidecar"));
+}
+
+#[test]
+fn system_and_control_plane_namespaces_are_never_injected() {
+    let config = InjectConfig { control_namespace: "mesh".into(), ..Default::default() };
+    let opted_in = pod_with(json!({"metadata": {"annotations": {"cnimesh.io/inject": "enabled"}}}));
+    for ns in ["kube-system", "mesh"] {
+        for pod in [deployment_pod(), opted_in.clone()] {
+            let response = unchanged(&pod, ns, NamespaceInjection::Enabled, &config);
+            assert!(warnings(&response).contains("never meshed"), "{ns}: {response:?}");
+        }
+        // The pod's own namespace counts when it has one.
+        let own = pod_with(json!({"metadata": {"namespace": ns}}));
+        unchanged(&own, "ignored", NamespaceInjection::Enabled, &config);
+    }
+}
+
+#[test]
+fn host_network_uid_clashes_volume_clashes_and_dotted_service_accounts_are_warned_about() {
+    let config = InjectConfig::default();
+    let cases = [
+        (json!({"spec": {"hostNetwork": true}}), "host network"),
+        (json!({"spec": {"securityContext": {"runAsUser": 2102}}}), "runs as the proxy's UID"),
+        (json!({"spec": {"volumes": [{"name": "cnimesh-trust-anchors", "emptyDir": {}}]}}), "volume named"),
+        (json!({"spec": {"serviceAccountName": "a.b"}}), "contains a dot"),
+        (json!({"spec": {"containers": "oops"}}), "cannot read the pod"),
+    ];
+    for (extra, expected) in cases {
+        let pod = pod_with(extra);
+        let response = unchanged(&pod, "shop", NamespaceInjection::Enabled, &config);
+        assert!(warnings(&response).contains(expected), "{pod}: {response:?}");
+    }
+}
+
+#[test]
+fn only_pod_creation_is_mutated() {
+    let config = InjectConfig::default();
+    let mut update = review(&deployment_pod(), "shop");
+    update["request"]["operation"] = json!("UPDATE");
+    let response = mutate(&request(&update), NamespaceInjection::Enabled, &config);
+    assert!(response.allowed && response.patch.is_none());
+    let mut other = review(&json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}}), "shop");
+    other["request"]["kind"] = json!({"group": "", "version": "v1", "kind": "ConfigMap"});
+    let response = mutate(&request(&other), NamespaceInjection::Enabled, &config);
+    assert!(response.allowed && response.patch.is_none() && response.warnings.is_none());
+}
+
+#[test]
+fn the_endpoint_routes_by_path_and_rejects_what_is_not_a_review() {
+    let webhook = Webhook::new(InjectConfig::default()).unwrap();
+    let body = serde_json::to_vec(&review(&deployment_pod(), "shop")).unwrap();
+    let answer = |path: &str| -> AdmissionResponse {
+        let out = webhook.review(path, &body).unwrap();
+        let review: AdmissionReview<DynamicObject> = serde_json::from_slice(&out).unwrap();
+        assert_eq!(review.types.api_version, "admission.k8s.io/v1");
+        review.response.unwrap()
+    };
+    assert!(answer(INJECT_PATH).patch.is_some());
+    assert!(answer(OPT_IN_PATH).patch.is_none(), "not annotated: only labelled namespaces inject it");
+    assert_eq!(webhook.review("/mutate", &body).unwrap_err().0, http::StatusCode::NOT_FOUND);
+    for bad in
+        [&b"not json"[..], b"{}", br#"{"apiVersion":"admission.k8s.io/v1beta1","kind":"AdmissionReview","request":{}}"#]
+    {
+        let (status, message) = webhook.review(INJECT_PATH, bad).unwrap_err();
+        assert_eq!(status, http::StatusCode::BAD_REQUEST, "{message}");
+    }
+    // An object that does not parse still gets an answer for its uid: admitted, unchanged, warned.
+    let mut weird = review(&deployment_pod(), "shop");
+    weird["request"]["object"]["metadata"]["labels"] = json!({"app": 7});
+    let out = webhook.review(INJECT_PATH, &serde_json::to_vec(&weird).unwrap()).unwrap();
+    let out: Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(out["response"]["uid"], UID);
+    assert_eq!(out["response"]["allowed"], true);
+    assert!(out["response"].get("patch").is_none());
+    assert!(out["response"]["warnings"][0].as_str().unwrap().contains("cannot read"), "{out}");
+}
+
+/// A TLS client trusting the webhook's generated CA, speaking HTTP/1.1 to `addr`.
+async fn client(addr: std::net::SocketAddr, ca: &Path) -> hyper::client::conn::http1::SendRequest<Full<Bytes>> {
+    let anchors = cnimesh_identity::pem::certs(&std::fs::read(ca).unwrap(), "ca").unwrap();
+    let roots = cnimesh_identity::tls::roots(&anchors).unwrap();
+    let mut config = rustls::ClientConfig::builder_with_provider(cnimesh_identity::tls::provider())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let name = rustls_pki_types::ServerName::try_from("cnimesh-webhook.cnimesh.svc").unwrap();
+    let tls = connector.connect(name, tcp).await.expect("the certificate verifies for the Service name");
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls)).await.unwrap();
+    tokio::spawn(conn);
+    sender
+}
+
+async fn post(
+    sender: &mut hyper::client::conn::http1::SendRequest<Full<Bytes>>,
+    method: http::Method,
+    content_type: &str,
+    body: Vec<u8>,
+) -> (http::StatusCode, Bytes) {
+    let req = http::Request::builder()
+        .method(method)
+        .uri("/inject?timeout=10s")
+        .header(http::header::HOST, "cnimesh-webhook.cnimesh.svc:443")
+        .header(http::header::CONTENT_TYPE, content_type)
+        .body(Full::new(Bytes::from(body)))
+        .unwrap();
+    let response = sender.send_request(req).await.unwrap();
+    let status = response.status();
+    (status, response.into_body().collect().await.unwrap().to_bytes())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admission_review_over_real_tls() {
+    let dir = tempfile::tempdir().unwrap();
+    let names = webhook_dns_names("cnimesh", "cluster.local");
+    generate_webhook_cert(dir.path(), &names, Duration::from_secs(3600), false).unwrap();
+    let tls = load_webhook_tls(dir.path()).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let webhook = Arc::new(Webhook::new(InjectConfig::default()).unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(serve_webhook(listener, tls, webhook, async {
+        let _ = stopped.await;
+    }));
+
+    let mut sender = client(addr, &dir.path().join(WEBHOOK_CA_FILE)).await;
+    let pod = deployment_pod();
+    let body = serde_json::to_vec(&review(&pod, "shop")).unwrap();
+    let (status, out) = post(&mut sender, http::Method::POST, "application/json", body.clone()).await;
+    assert_eq!(status, http::StatusCode::OK, "{}", String::from_utf8_lossy(&out));
+    let out: Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(out["apiVersion"], "admission.k8s.io/v1");
+    assert_eq!(out["kind"], "AdmissionReview");
+    assert_eq!(out["response"]["uid"], UID);
+    assert_eq!(out["response"]["allowed"], true);
+    assert_eq!(out["response"]["patchType"], "JSONPatch");
+    let review: AdmissionReview<DynamicObject> = serde_json::from_value(out).unwrap();
+    let patched = apply(&pod, review.response.as_ref().unwrap());
+    check_pod(&typed(&patched), &InjectConfig::default());
+
+    // Same connection: wrong method, wrong content type, too large.
+    let (status, _) = post(&mut sender, http::Method::GET, "application/json", Vec::new()).await;
+    assert_eq!(status, http::StatusCode::METHOD_NOT_ALLOWED);
+    let (status, message) = post(&mut sender, http::Method::POST, "text/plain", body).await;
+    assert_eq!(status, http::StatusCode::BAD_REQUEST);
+    assert!(String::from_utf8_lossy(&message).contains("application/json"));
+    let (status, _) = post(&mut sender, http::Method::POST, "application/json", vec![b' '; MAX_BODY + 1]).await;
+    assert_eq!(status, http::StatusCode::PAYLOAD_TOO_LARGE);
+
+    stop.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(15), server).await.expect("drains").unwrap();
+}
+
+#[test]
+fn the_container_names_only_known_things() {
+    // Guard against a new field silently widening what the sidecar may do.
+    let settings = PodProxySettings {
+        identity: "web.shop.serviceaccount.identity.cnimesh.cluster.local".parse().unwrap(),
+        opaque_ports: None,
+        log_level: "info".into(),
+    };
+    let c = serde_json::to_value(proxy_container(&InjectConfig::default(), &settings).unwrap()).unwrap();
+    let keys: BTreeSet<&str> = c.as_object().unwrap().keys().map(String::as_str).collect();
+    let expected: BTreeSet<&str> = [
+        "name",
+        "image",
+        "imagePullPolicy",
+        "restartPolicy",
+        "env",
+        "ports",
+        "startupProbe",
+        "readinessProbe",
+        "livenessProbe",
+        "resources",
+        "securityContext",
+        "volumeMounts",
+    ]
+    .into();
+    assert_eq!(keys, expected);
+}

@@ -1,0 +1,375 @@
+//! Checks the control plane's manifests, `daemonset/control-*.yaml` (repository root).
+//!
+//! Every document is deserialised into its typed k8s-openapi struct and serialised back; the
+//! result must equal the document. k8s-openapi drops fields it does not know, so a misspelt field
+//! (which the API server would drop or reject just as silently) fails here. Then the properties
+//! the control plane and the webhook rely on are asserted: flags and variables that exist, probe
+//! ports, the webhook paths the handler serves, exact RBAC.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use cnimesh_control::inject::{CONTROL_NAME, CONTROL_PORT, INJECT_PATH, OPT_IN_PATH, WEBHOOK_SERVICE};
+use k8s_openapi::api::admissionregistration::v1::{MutatingWebhook, MutatingWebhookConfiguration};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Container, Namespace, Service, ServiceAccount};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+#[derive(Default)]
+struct Manifests {
+    namespaces: Vec<Namespace>,
+    service_accounts: Vec<ServiceAccount>,
+    roles: Vec<ClusterRole>,
+    bindings: Vec<ClusterRoleBinding>,
+    services: Vec<Service>,
+    budgets: Vec<PodDisruptionBudget>,
+    deployments: Vec<Deployment>,
+    webhooks: Vec<MutatingWebhookConfiguration>,
+}
+
+fn files() -> Vec<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../daemonset");
+    let mut files: Vec<PathBuf> = fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
+        .map(|e| e.expect("directory entry").path())
+        .filter(|p| {
+            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+            name.starts_with("control-") && name.ends_with(".yaml")
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+/// Integers compare by value, whatever their JSON representation.
+fn same_number(a: &serde_json::Number, b: &serde_json::Number) -> bool {
+    match (a.as_i64(), b.as_i64()) {
+        (Some(x), Some(y)) => x == y,
+        _ => a.as_f64() == b.as_f64(),
+    }
+}
+
+/// Where `original` and `back` differ, as JSON pointers.
+fn differences(original: &Value, back: &Value, at: &str, out: &mut Vec<String>) {
+    match (original, back) {
+        (Value::Object(a), Value::Object(b)) => {
+            for key in a.keys().chain(b.keys()).collect::<BTreeSet<_>>() {
+                let here = format!("{at}/{}", key.replace('~', "~0").replace('/', "~1"));
+                match (a.get(key), b.get(key)) {
+                    (Some(x), Some(y)) => differences(x, y, &here, out),
+                    (Some(x), None) => out.push(format!("dropped (unknown or misspelt field?): {here} = {x}")),
+                    (None, Some(y)) => out.push(format!("added by the round trip: {here} = {y}")),
+                    (None, None) => unreachable!(),
+                }
+            }
+        }
+        (Value::Array(a), Value::Array(b)) if a.len() == b.len() => {
+            for (i, (x, y)) in a.iter().zip(b).enumerate() {
+                differences(x, y, &format!("{at}/{i}"), out);
+            }
+        }
+        (Value::Number(a), Value::Number(b)) if same_number(a, b) => {}
+        (a, b) if a == b => {}
+        (a, b) => out.push(format!("changed: {at}: {a} -> {b}")),
+    }
+}
+
+fn strict<T: DeserializeOwned + Serialize>(doc: &Value) -> Result<T, String> {
+    let typed: T = serde_json::from_value(doc.clone()).map_err(|e| format!("does not deserialise: {e}"))?;
+    let mut diffs = Vec::new();
+    differences(doc, &serde_json::to_value(&typed).map_err(|e| e.to_string())?, "", &mut diffs);
+    if diffs.is_empty() { Ok(typed) } else { Err(diffs.join("\n  ")) }
+}
+
+fn load() -> Manifests {
+    let mut m = Manifests::default();
+    let mut errors = Vec::new();
+    let files = files();
+    assert!(!files.is_empty(), "no daemonset/control-*.yaml");
+    for path in files {
+        let text = fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+        let docs = serde_saphyr::from_multiple::<Value>(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        for doc in docs {
+            let kind = doc["kind"].as_str().unwrap_or("?").to_string();
+            let result = match kind.as_str() {
+                "Namespace" => strict(&doc).map(|t| m.namespaces.push(t)),
+                "ServiceAccount" => strict(&doc).map(|t| m.service_accounts.push(t)),
+                "ClusterRole" => strict(&doc).map(|t| m.roles.push(t)),
+                "ClusterRoleBinding" => strict(&doc).map(|t| m.bindings.push(t)),
+                "Service" => strict(&doc).map(|t| m.services.push(t)),
+                "PodDisruptionBudget" => strict(&doc).map(|t| m.budgets.push(t)),
+                "Deployment" => strict(&doc).map(|t| m.deployments.push(t)),
+                "MutatingWebhookConfiguration" => strict(&doc).map(|t| m.webhooks.push(t)),
+                other => Err(format!("unknown kind {other:?} (teach control/tests/manifests.rs about it)")),
+            };
+            if let Err(e) = result {
+                errors.push(format!(
+                    "{} {kind} {}:\n  {e}",
+                    path.display(),
+                    doc.pointer("/metadata/name").unwrap_or(&Value::Null)
+                ));
+            }
+        }
+    }
+    assert!(errors.is_empty(), "manifest errors:\n{}", errors.join("\n"));
+    m
+}
+
+/// All of control/src, for "is this flag / variable read anywhere".
+fn control_source() -> String {
+    let mut source = String::new();
+    let mut dirs = vec![Path::new(env!("CARGO_MANIFEST_DIR")).join("src")];
+    while let Some(dir) = dirs.pop() {
+        for entry in fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                source.push_str(&fs::read_to_string(&path).unwrap());
+            }
+        }
+    }
+    source
+}
+
+fn env<'a>(c: &'a Container, name: &str) -> Option<&'a str> {
+    c.env.iter().flatten().find(|e| e.name == name).and_then(|e| e.value.as_deref())
+}
+
+fn port_of(addr: &str) -> i32 {
+    addr.rsplit(':').next().and_then(|p| p.parse().ok()).unwrap_or_else(|| panic!("{addr}: no port"))
+}
+
+fn control_deployment(m: &Manifests) -> (&Deployment, &Container) {
+    let d = m.deployments.iter().find(|d| d.metadata.name.as_deref() == Some(CONTROL_NAME)).expect("the Deployment");
+    let pod = d.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+    assert_eq!(pod.containers.len(), 1);
+    (d, &pod.containers[0])
+}
+
+#[test]
+fn every_document_round_trips_through_k8s_openapi() {
+    load();
+}
+
+#[test]
+fn the_deployment_only_uses_flags_and_variables_that_exist() {
+    let m = load();
+    let source = control_source();
+    let (_, c) = control_deployment(&m);
+    for e in c.env.iter().flatten() {
+        assert!(source.contains(&format!("\"{}\"", e.name)), "env {} is not read anywhere in control/src", e.name);
+    }
+    let args = c.args.as_deref().unwrap_or_default();
+    assert_eq!(args.first().map(String::as_str), Some("serve"));
+    for flag in args.iter().filter_map(|a| a.strip_prefix("--")) {
+        let field = flag.split('=').next().unwrap().replace('-', "_");
+        assert!(
+            source.contains(&format!("    {field}: ")),
+            "flag --{flag} is not a field of a clap struct in control/src"
+        );
+    }
+}
+
+#[test]
+fn the_deployment_is_highly_available_locked_down_and_probed_on_the_admin_port() {
+    let m = load();
+    let (d, c) = control_deployment(&m);
+    let ns = d.metadata.namespace.as_deref().unwrap();
+    assert!(m.namespaces.iter().any(|n| n.metadata.name.as_deref() == Some(ns)), "namespace {ns} not created");
+    let spec = d.spec.as_ref().unwrap();
+    assert_eq!(spec.replicas, Some(2));
+    let pod = spec.template.spec.as_ref().unwrap();
+    let anti = pod.affinity.as_ref().and_then(|a| a.pod_anti_affinity.as_ref()).expect("pod anti-affinity");
+    let terms = anti.preferred_during_scheduling_ignored_during_execution.iter().flatten();
+    assert!(terms.into_iter().any(|t| t.pod_affinity_term.topology_key == "kubernetes.io/hostname"));
+    assert_ne!(pod.host_network, Some(true));
+
+    let sc = c.security_context.as_ref().expect("securityContext");
+    assert_eq!(sc.run_as_non_root, Some(true));
+    assert_eq!(sc.read_only_root_filesystem, Some(true));
+    assert_eq!(sc.allow_privilege_escalation, Some(false));
+    let caps = sc.capabilities.as_ref().unwrap();
+    assert_eq!(caps.drop.as_deref(), Some(&["ALL".to_string()][..]));
+    assert!(caps.add.is_none());
+    assert!(c.resources.as_ref().and_then(|r| r.requests.as_ref()).is_some(), "resource requests");
+
+    let admin = port_of(env(c, "CNIMESH_CONTROL_ADMIN_ADDR").unwrap_or("0.0.0.0:9990"));
+    assert_eq!(admin, 9990);
+    for (probe, path) in [(&c.readiness_probe, "/ready"), (&c.liveness_probe, "/live")] {
+        let get = probe.as_ref().and_then(|p| p.http_get.as_ref()).expect("HTTP probe");
+        assert_eq!((get.path.as_deref(), &get.port), (Some(path), &IntOrString::Int(admin)));
+    }
+
+    // Secrets mounted where the flags say.
+    let volumes: BTreeMap<&str, &str> = pod
+        .volumes
+        .iter()
+        .flatten()
+        .filter_map(|v| Some((v.name.as_str(), v.secret.as_ref()?.secret_name.as_deref()?)))
+        .collect();
+    let mounted = |dir_var: &str| {
+        let dir = env(c, dir_var).unwrap_or_else(|| panic!("{dir_var} not set"));
+        let mount = c.volume_mounts.iter().flatten().find(|m| m.mount_path == dir).expect("mounted");
+        volumes[mount.name.as_str()]
+    };
+    assert_eq!(mounted("CNIMESH_CONTROL_ISSUER_DIR"), "cnimesh-identity-issuer");
+    assert_eq!(mounted("CNIMESH_CONTROL_WEBHOOK_TLS_DIR"), "cnimesh-webhook-tls");
+
+    let sa = pod.service_account_name.as_deref().unwrap();
+    assert!(
+        m.service_accounts
+            .iter()
+            .any(|s| s.metadata.name.as_deref() == Some(sa) && s.metadata.namespace.as_deref() == Some(ns))
+    );
+    let bound = m.bindings.iter().any(|b| {
+        b.role_ref.name == CONTROL_NAME
+            && b.subjects.iter().flatten().any(|s| s.name == sa && s.namespace.as_deref() == Some(ns))
+    });
+    assert!(bound, "ClusterRole {CONTROL_NAME} is bound to {ns}/{sa}");
+    let pdb = m.budgets.iter().find(|b| b.metadata.namespace.as_deref() == Some(ns)).expect("a PodDisruptionBudget");
+    let labels = spec.template.metadata.as_ref().unwrap().labels.clone().unwrap();
+    let pdb_selector = pdb.spec.as_ref().unwrap().selector.as_ref().unwrap().match_labels.clone().unwrap();
+    assert!(pdb_selector.iter().all(|(k, v)| labels.get(k) == Some(v)));
+}
+
+/// The Service `name` selects the control plane's pods and maps `port` to `target`.
+fn check_service(m: &Manifests, name: &str, port: i32, target: i32) {
+    let (d, c) = control_deployment(m);
+    let svc = m
+        .services
+        .iter()
+        .find(|s| s.metadata.name.as_deref() == Some(name))
+        .unwrap_or_else(|| panic!("Service {name}"));
+    assert_eq!(svc.metadata.namespace, d.metadata.namespace);
+    let spec = svc.spec.as_ref().unwrap();
+    let labels = d.spec.as_ref().unwrap().template.metadata.as_ref().unwrap().labels.clone().unwrap();
+    assert!(spec.selector.iter().flatten().all(|(k, v)| labels.get(k) == Some(v)), "{name} selects the pods");
+    let p = spec.ports.iter().flatten().find(|p| p.port == port).unwrap_or_else(|| panic!("{name} port {port}"));
+    assert_eq!(p.target_port, Some(IntOrString::Int(target)));
+    assert!(c.ports.iter().flatten().any(|cp| cp.container_port == target), "container port {target}");
+}
+
+#[test]
+fn services_reach_the_listeners() {
+    let m = load();
+    let (_, c) = control_deployment(&m);
+    let grpc = port_of(env(c, "CNIMESH_CONTROL_ADDR").unwrap_or("0.0.0.0:4190"));
+    check_service(&m, CONTROL_NAME, i32::from(CONTROL_PORT), grpc);
+    let webhook = port_of(env(c, "CNIMESH_CONTROL_WEBHOOK_ADDR").expect("the webhook listens"));
+    check_service(&m, WEBHOOK_SERVICE, 443, webhook);
+}
+
+fn selector_values(w: &MutatingWebhook, key: &str) -> (String, Vec<String>) {
+    let exprs = w.namespace_selector.as_ref().and_then(|s| s.match_expressions.as_ref()).expect("matchExpressions");
+    let e = exprs.iter().find(|e| e.key == key).unwrap_or_else(|| panic!("{}: no selector on {key}", w.name));
+    (e.operator.clone(), e.values.clone().unwrap_or_default())
+}
+
+#[test]
+fn the_webhook_calls_the_paths_the_handler_serves_with_the_right_policies() {
+    let m = load();
+    assert_eq!(m.webhooks.len(), 1);
+    let (d, _) = control_deployment(&m);
+    let ns = d.metadata.namespace.clone().unwrap();
+    let entries = m.webhooks[0].webhooks.as_deref().unwrap_or_default();
+    let mut paths = BTreeSet::new();
+    for w in entries {
+        let svc = w.client_config.service.as_ref().expect("a Service, not a URL");
+        assert_eq!((svc.name.as_str(), svc.namespace.as_str(), svc.port), (WEBHOOK_SERVICE, ns.as_str(), Some(443)));
+        assert!(w.client_config.url.is_none());
+        let path = svc.path.clone().unwrap_or_default();
+        paths.insert(path.clone());
+        assert_eq!(w.side_effects, "None");
+        assert_eq!(w.admission_review_versions, ["v1"]);
+        assert!(w.timeout_seconds.is_some_and(|t| (1..=10).contains(&t)));
+        assert!(w.object_selector.is_none(), "injection is decided per pod by its annotation");
+        let rules = w.rules.as_deref().unwrap_or_default();
+        assert_eq!(rules.len(), 1);
+        let r = &rules[0];
+        assert_eq!(r.operations.as_deref(), Some(&["CREATE".to_string()][..]));
+        assert_eq!(r.resources.as_deref(), Some(&["pods".to_string()][..]));
+        assert_eq!(r.api_groups.as_deref(), Some(&[String::new()][..]));
+        let (op, never) = selector_values(w, "kubernetes.io/metadata.name");
+        assert_eq!(op, "NotIn");
+        assert_eq!(
+            never,
+            ["kube-system".to_string(), ns.clone()],
+            "{}: never kube-system or the control plane",
+            w.name
+        );
+        let (op, values) = selector_values(w, "cnimesh.io/inject");
+        assert_eq!(values, ["enabled"]);
+        match path.as_str() {
+            INJECT_PATH => {
+                assert_eq!(op, "In", "{INJECT_PATH} answers for labelled namespaces");
+                assert_eq!(w.failure_policy.as_deref(), Some("Fail"), "labelled namespaces fail closed");
+            }
+            OPT_IN_PATH => {
+                assert_eq!(op, "NotIn", "{OPT_IN_PATH} answers for all other namespaces");
+                assert_eq!(w.failure_policy.as_deref(), Some("Ignore"), "never block the whole cluster");
+            }
+            other => panic!("{}: path {other:?} is not served by the webhook", w.name),
+        }
+    }
+    assert_eq!(paths, [INJECT_PATH.to_string(), OPT_IN_PATH.to_string()].into());
+}
+
+#[test]
+fn rbac_grants_exactly_what_the_control_plane_uses() {
+    let m = load();
+    assert_eq!(m.roles.len(), 1);
+    let role = &m.roles[0];
+    assert!(role.aggregation_rule.is_none());
+    let mut grants = BTreeSet::new();
+    for rule in role.rules.iter().flatten() {
+        assert!(rule.non_resource_urls.is_none() && rule.resource_names.is_none());
+        for group in rule.api_groups.iter().flatten() {
+            for resource in rule.resources.iter().flatten() {
+                for verb in &rule.verbs {
+                    grants.insert(format!("{group}/{resource}:{verb}"));
+                }
+            }
+        }
+    }
+    let expected: BTreeSet<String> = [
+        "/services:get",
+        "/services:list",
+        "/services:watch",
+        "/pods:get",
+        "/pods:list",
+        "/pods:watch",
+        "discovery.k8s.io/endpointslices:get",
+        "discovery.k8s.io/endpointslices:list",
+        "discovery.k8s.io/endpointslices:watch",
+        "authentication.k8s.io/tokenreviews:create",
+    ]
+    .into_iter()
+    .map(String::from)
+    .collect();
+    assert_eq!(grants, expected);
+}
+
+mod strictness {
+    use super::*;
+
+    #[test]
+    fn a_misspelt_field_is_caught_and_integers_compare_by_value() {
+        let good: Value = serde_json::json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "x"},
+            "spec": {"ports": [{"port": 443, "targetPort": 8443}]}});
+        strict::<Service>(&good).unwrap();
+        let mut bad = good.clone();
+        bad["spec"]["ports"][0]["targetPrt"] = Value::from(8443);
+        let e = strict::<Service>(&bad).unwrap_err();
+        assert!(e.contains("/spec/ports/0/targetPrt"), "{e}");
+        let mut odd = good;
+        odd["spec"]["clusterIP"] = Value::from(7);
+        assert!(strict::<Service>(&odd).is_err(), "a number is not a string");
+    }
+}
