@@ -101,9 +101,10 @@ async fn main() {
         identity_name: control.clone(),
         policy: policy(),
         tokens: TokenSource::Files(tokens.path().to_path_buf()),
+        webhook: None,
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(cnimesh_control::run(config, Listeners { grpc, admin }, async {
+    let server = tokio::spawn(cnimesh_control::run(config, Listeners { grpc, admin, webhook: None }, async {
         let _ = stopped.await;
     }));
 

@@ -13,6 +13,10 @@ use tokio::net::TcpListener;
 
 use crate::ca_init::{self, CaInit};
 use crate::identity::Policy;
+use crate::inject::{
+    DEFAULT_CLUSTER_DOMAIN, DEFAULT_CONTROL_NAMESPACE, Webhook, WebhookArgs, generate_webhook_cert, load_webhook_tls,
+    webhook_dns_names,
+};
 use crate::serve::{Config, Listeners, TokenSource};
 
 #[derive(Debug, Parser)]
@@ -30,13 +34,32 @@ enum Command {
         command: CaCommand,
     },
     /// Serve the control plane.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
 }
 
 #[derive(Debug, Subcommand)]
 enum CaCommand {
     /// Generate a trust anchor and an issuer: DIR/ca.crt, ca.key, tls.crt, tls.key.
     Init(CaInitArgs),
+    /// Generate the webhook's serving certificate and its CA: DIR/ca.crt (the caBundle),
+    /// tls.crt, tls.key.
+    Webhook(CaWebhookArgs),
+}
+
+#[derive(Debug, Args)]
+struct CaWebhookArgs {
+    #[arg(long)]
+    dir: PathBuf,
+    /// The control plane's namespace (the webhook Service lives there).
+    #[arg(long, default_value = DEFAULT_CONTROL_NAMESPACE)]
+    namespace: String,
+    #[arg(long, default_value = DEFAULT_CLUSTER_DOMAIN)]
+    cluster_domain: String,
+    #[arg(long, default_value = "1y", value_parser = parse_duration)]
+    lifetime: Duration,
+    /// Overwrite existing files.
+    #[arg(long)]
+    force: bool,
 }
 
 #[derive(Debug, Args)]
@@ -85,7 +108,8 @@ struct ServeArgs {
     /// Check tokens with the Kubernetes API (TokenReview).
     #[arg(long, env = "CNIMESH_CONTROL_KUBE")]
     kube: bool,
-    // Destination (files backend): the lead adds `--workloads-dir` (CNIMESH_CONTROL_WORKLOADS_DIR) here.
+    #[command(flatten)]
+    webhook: WebhookArgs,
 }
 
 /// `10s`, `500ms`, `30m`, `24h`, `7d`, `10y` (365 days); a bare number is seconds.
@@ -106,8 +130,18 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     }
 }
 
+struct Addrs {
+    grpc: SocketAddr,
+    admin: SocketAddr,
+    webhook: Option<SocketAddr>,
+}
+
+async fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
+    TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))
+}
+
 impl ServeArgs {
-    async fn config(self) -> anyhow::Result<(Config, SocketAddr, SocketAddr)> {
+    async fn config(self) -> anyhow::Result<(Config, Addrs)> {
         let tokens = match (self.tokens_dir, self.kube) {
             (Some(dir), false) => TokenSource::Files(dir),
             (None, true) => {
@@ -117,13 +151,22 @@ impl ServeArgs {
         };
         let identity_name = match self.identity_name {
             Some(name) => name,
-            None => Name::for_service_account("cnimesh-control", "cnimesh", &self.trust_domain)
+            None => Name::for_service_account("cnimesh-control", &self.webhook.namespace, &self.trust_domain)
                 .with_context(|| format!("trust domain {:?}", self.trust_domain))?,
+        };
+        let webhook = match (&self.webhook.webhook_addr, &self.webhook.webhook_tls_dir) {
+            (Some(_), Some(dir)) => {
+                let webhook = Webhook::new(self.webhook.inject_config(&self.trust_domain)?)?;
+                Some((webhook, load_webhook_tls(dir).with_context(|| format!("webhook TLS from {}", dir.display()))?))
+            }
+            (Some(_), None) => anyhow::bail!("--webhook-addr needs --webhook-tls-dir"),
+            _ => None,
         };
         anyhow::ensure!(!self.cert_lifetime.is_zero(), "--cert-lifetime must be positive");
         let policy =
             Policy { trust_domain: self.trust_domain, lifetime: self.cert_lifetime, clock_skew: self.clock_skew };
-        Ok((Config { issuer_dir: self.issuer_dir, identity_name, policy, tokens }, self.addr, self.admin_addr))
+        let addrs = Addrs { grpc: self.addr, admin: self.admin_addr, webhook: self.webhook.webhook_addr };
+        Ok((Config { issuer_dir: self.issuer_dir, identity_name, policy, tokens, webhook }, addrs))
     }
 }
 
@@ -162,18 +205,28 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Command::Ca { command: CaCommand::Webhook(args) } => {
+            let names = webhook_dns_names(&args.namespace, &args.cluster_domain);
+            for path in generate_webhook_cert(&args.dir, &names, args.lifetime, args.force).context("ca webhook")? {
+                println!("{}", path.display());
+            }
+            Ok(())
+        }
         Command::Serve(args) => {
             let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
-            runtime.block_on(serve(args))
+            runtime.block_on(serve(*args))
         }
     }
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    let (config, addr, admin_addr) = args.config().await?;
-    let grpc = TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
-    let admin = TcpListener::bind(admin_addr).await.with_context(|| format!("binding {admin_addr}"))?;
-    crate::serve::run(config, Listeners { grpc, admin }, shutdown_signal()).await
+    let (config, addrs) = args.config().await?;
+    let webhook = match addrs.webhook {
+        Some(addr) => Some(bind(addr).await?),
+        None => None,
+    };
+    let listeners = Listeners { grpc: bind(addrs.grpc).await?, admin: bind(addrs.admin).await?, webhook };
+    crate::serve::run(config, listeners, shutdown_signal()).await
 }
 
 /// SIGTERM (the kubelet) or SIGINT (a terminal).
@@ -229,13 +282,13 @@ mod tests {
         ])
         .unwrap();
         let Command::Serve(args) = cli.command else { panic!() };
-        let (config, addr, admin) = args.config().await.unwrap();
+        let (config, addrs) = args.config().await.unwrap();
         assert_eq!(config.policy.lifetime, Duration::from_secs(10));
         assert_eq!(
             config.identity_name.as_str(),
             "cnimesh-control.cnimesh.serviceaccount.identity.cnimesh.example.org"
         );
-        assert_eq!((addr.port(), admin.port()), (4190, 9990));
+        assert_eq!((addrs.grpc.port(), addrs.admin.port(), addrs.webhook), (4190, 9990, None));
         assert!(
             Cli::try_parse_from(["cnimesh-control", "serve", "--issuer-dir", "/x", "--tokens-dir", "/t", "--kube"])
                 .is_err()

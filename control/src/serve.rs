@@ -32,7 +32,8 @@ pub struct Config {
     pub identity_name: Name,
     pub policy: Policy,
     pub tokens: TokenSource,
-    // Destination (files backend): the lead adds `workloads_dir: Option<PathBuf>` here.
+    /// The injection webhook and its serving certificate, when enabled.
+    pub webhook: Option<(crate::inject::Webhook, Arc<rustls::ServerConfig>)>,
 }
 
 pub struct Listeners {
@@ -40,6 +41,8 @@ pub struct Listeners {
     pub grpc: TcpListener,
     /// HTTP `/metrics`, `/ready`, `/live`.
     pub admin: TcpListener,
+    /// HTTPS admission webhook (`Config::webhook`).
+    pub webhook: Option<TcpListener>,
 }
 
 /// Runs the control plane until `shutdown` resolves, then drains gRPC calls and returns.
@@ -78,6 +81,14 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Out
         "serving"
     );
     let grpc = tokio::spawn(crate::grpc::serve_tls(listeners.grpc, routes, server_tls, until(stopped.clone())));
+    let webhook = match (config.webhook, listeners.webhook) {
+        (Some((webhook, tls)), Some(listener)) => {
+            tracing::info!(addr = %listener.local_addr()?, "serving the injection webhook");
+            Some(tokio::spawn(crate::inject::serve_webhook(listener, tls, Arc::new(webhook), until(stopped.clone()))))
+        }
+        (None, None) => None,
+        _ => anyhow::bail!("the webhook needs both its configuration and a listener"),
+    };
     let admin_state = AdminState { metrics, issuer };
     let admin = tokio::spawn(admin::serve(listeners.admin, admin_state, until(stopped)));
 
@@ -86,6 +97,9 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Out
     stop.send_replace(true);
     grpc.await.context("gRPC server task")?;
     admin.await.context("admin server task")?;
+    if let Some(webhook) = webhook {
+        webhook.await.context("webhook task")?;
+    }
     own_cert_task.await.context("own certificate task")?;
     Ok(())
 }
@@ -136,9 +150,10 @@ mod tests {
                 clock_skew: Duration::from_secs(20),
             },
             tokens: TokenSource::Files(tokens.path().to_path_buf()),
+            webhook: None,
         };
         let (stop, stopped) = tokio::sync::oneshot::channel();
-        let task = tokio::spawn(run(config, Listeners { grpc, admin }, async {
+        let task = tokio::spawn(run(config, Listeners { grpc, admin, webhook: None }, async {
             let _ = stopped.await;
         }));
         let anchors = cnimesh_identity::pem::certs(anchor.cert_pem.as_bytes(), "anchor").unwrap();
@@ -282,9 +297,10 @@ mod tests {
                 clock_skew: Duration::ZERO,
             },
             tokens: TokenSource::Files(pki.path().to_path_buf()),
+            webhook: None,
         };
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(run(config, Listeners { grpc, admin }, async {
+        let task = tokio::spawn(run(config, Listeners { grpc, admin, webhook: None }, async {
             let _ = stopped.await;
         }));
         // The listener is bound already: the request waits in its backlog until run() serves it.

@@ -21,8 +21,8 @@ pub use cert::{
     load_webhook_tls, webhook_dns_names,
 };
 pub use config::{
-    CONTROL_NAME, CONTROL_PORT, DEFAULT_PROXY_IMAGE, DEFAULT_PROXY_UID, InjectConfig, InjectConfigError,
-    ProxyResources, WebhookArgs,
+    CONTROL_NAME, CONTROL_PORT, DEFAULT_CLUSTER_DOMAIN, DEFAULT_CONTROL_NAMESPACE, DEFAULT_PROXY_IMAGE,
+    DEFAULT_PROXY_UID, InjectConfig, InjectConfigError, ProxyResources, WebhookArgs,
 };
 pub use mutate::{
     INJECT_ANNOTATION, INJECTED_ANNOTATION, LOG_LEVEL_ANNOTATION, NEVER_INJECTED, NamespaceInjection,
