@@ -101,6 +101,8 @@ async fn main() {
         identity_name: control.clone(),
         policy: policy(),
         tokens: TokenSource::Files(tokens.path().to_path_buf()),
+        cluster: None,
+        destination: Default::default(),
         webhook: None,
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

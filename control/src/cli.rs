@@ -17,7 +17,7 @@ use crate::inject::{
     DEFAULT_CLUSTER_DOMAIN, DEFAULT_CONTROL_NAMESPACE, Webhook, WebhookArgs, generate_webhook_cert, load_webhook_tls,
     webhook_dns_names,
 };
-use crate::serve::{Config, Listeners, TokenSource};
+use crate::serve::{ClusterSource, Config, Listeners, TokenSource};
 
 #[derive(Debug, Parser)]
 #[command(name = "cnimesh-control", version, about = "cnimesh control plane: Identity (and Destination) over gRPC")]
@@ -108,6 +108,10 @@ struct ServeArgs {
     /// Check tokens with the Kubernetes API (TokenReview).
     #[arg(long, env = "CNIMESH_CONTROL_KUBE")]
     kube: bool,
+    /// Local mode: Services, EndpointSlices and Pods as YAML files in DIR, for the Destination
+    /// service (with --kube they come from the API server).
+    #[arg(long, env = "CNIMESH_CONTROL_CLUSTER_DIR", conflicts_with = "kube")]
+    cluster_dir: Option<PathBuf>,
     #[command(flatten)]
     webhook: WebhookArgs,
 }
@@ -142,12 +146,17 @@ async fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
 
 impl ServeArgs {
     async fn config(self) -> anyhow::Result<(Config, Addrs)> {
-        let tokens = match (self.tokens_dir, self.kube) {
-            (Some(dir), false) => TokenSource::Files(dir),
+        let (tokens, cluster) = match (self.tokens_dir, self.kube) {
+            (Some(dir), false) => (TokenSource::Files(dir), self.cluster_dir.map(ClusterSource::Files)),
             (None, true) => {
-                TokenSource::Kube(kube::Client::try_default().await.context("connecting to the Kubernetes API")?)
+                let client = kube::Client::try_default().await.context("connecting to the Kubernetes API")?;
+                (TokenSource::Kube(client.clone()), Some(ClusterSource::Kube(client)))
             }
             _ => anyhow::bail!("choose how tokens are checked: --tokens-dir DIR or --kube"),
+        };
+        let destination = crate::destination::Config {
+            cluster_domain: self.webhook.cluster_domain.clone(),
+            trust_domain: self.trust_domain.clone(),
         };
         let identity_name = match self.identity_name {
             Some(name) => name,
@@ -166,7 +175,10 @@ impl ServeArgs {
         let policy =
             Policy { trust_domain: self.trust_domain, lifetime: self.cert_lifetime, clock_skew: self.clock_skew };
         let addrs = Addrs { grpc: self.addr, admin: self.admin_addr, webhook: self.webhook.webhook_addr };
-        Ok((Config { issuer_dir: self.issuer_dir, identity_name, policy, tokens, webhook }, addrs))
+        Ok((
+            Config { issuer_dir: self.issuer_dir, identity_name, policy, tokens, cluster, destination, webhook },
+            addrs,
+        ))
     }
 }
 

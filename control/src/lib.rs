@@ -7,10 +7,11 @@
 pub mod admin;
 pub mod ca_init;
 pub mod cli;
+pub mod destination;
 pub mod grpc;
 pub mod identity;
 pub mod inject;
 pub mod metrics;
 pub mod serve;
 
-pub use serve::{Config, Listeners, TokenSource, run};
+pub use serve::{ClusterSource, Config, Listeners, TokenSource, run};

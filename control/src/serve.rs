@@ -14,8 +14,17 @@ use tokio::sync::watch;
 use tonic::service::Routes;
 
 use crate::admin::{self, AdminState};
+use crate::destination::{DestinationService, FileSource, Index, KubeSource, Source};
 use crate::identity::{Authenticator, FileTokens, IdentityService, KubeTokens, Policy, issuer, own_cert};
 use crate::metrics::Metrics;
+
+/// Where cluster state (Services, EndpointSlices, Pods) for the Destination service comes from.
+pub enum ClusterSource {
+    /// Local mode: a directory of Kubernetes objects as YAML.
+    Files(PathBuf),
+    /// Watches on the API server.
+    Kube(kube::Client),
+}
 
 /// Where workload tokens are checked.
 pub enum TokenSource {
@@ -32,6 +41,10 @@ pub struct Config {
     pub identity_name: Name,
     pub policy: Policy,
     pub tokens: TokenSource,
+    /// Destination is served when a source is configured.
+    pub cluster: Option<ClusterSource>,
+    /// Answers' cluster and trust domains.
+    pub destination: crate::destination::Config,
     /// The injection webhook and its serving certificate, when enabled.
     pub webhook: Option<(crate::inject::Webhook, Arc<rustls::ServerConfig>)>,
 }
@@ -70,9 +83,18 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Out
         TokenSource::Kube(client) => Arc::new(KubeTokens::new(client)),
     };
     let identity = IdentityService::new(issuer.clone(), authenticator, config.policy, metrics.clone());
-    let routes = Routes::new(identity.into_server());
-    // The Destination service joins the same listener here:
-    // `let routes = routes.add_service(DestinationServer::new(destination));`
+    let mut routes = Routes::new(identity.into_server());
+    let source_task = match config.cluster {
+        Some(source) => {
+            let index = Index::new();
+            routes = routes.add_service(DestinationService::new(index.clone(), config.destination).into_server());
+            Some(match source {
+                ClusterSource::Files(dir) => tokio::spawn(FileSource::new(dir).run(index)),
+                ClusterSource::Kube(client) => tokio::spawn(KubeSource::new(client).run(index)),
+            })
+        }
+        None => None,
+    };
 
     tracing::info!(
         grpc = %listeners.grpc.local_addr()?,
@@ -101,6 +123,9 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Out
         webhook.await.context("webhook task")?;
     }
     own_cert_task.await.context("own certificate task")?;
+    if let Some(task) = source_task {
+        task.abort();
+    }
     Ok(())
 }
 
@@ -150,6 +175,8 @@ mod tests {
                 clock_skew: Duration::from_secs(20),
             },
             tokens: TokenSource::Files(tokens.path().to_path_buf()),
+            cluster: None,
+            destination: Default::default(),
             webhook: None,
         };
         let (stop, stopped) = tokio::sync::oneshot::channel();
@@ -297,6 +324,8 @@ mod tests {
                 clock_skew: Duration::ZERO,
             },
             tokens: TokenSource::Files(pki.path().to_path_buf()),
+            cluster: None,
+            destination: Default::default(),
             webhook: None,
         };
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

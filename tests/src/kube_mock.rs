@@ -154,3 +154,112 @@ fn merge(target: &mut Value, patch: &Value) {
         (t, p) => *t = p.clone(),
     }
 }
+
+/// A scripted list + watch API server for controllers built on kube-rs watchers. Each resource
+/// collection (`/api/v1/services`, `/apis/discovery.k8s.io/v1/endpointslices`, …) answers lists
+/// from items the test sets and watches from events the test sends, so a test can play the API
+/// server's part in resumes, re-lists and 410 Gone.
+#[derive(Default)]
+pub struct ListWatchApi {
+    collections: Mutex<std::collections::HashMap<String, Collection>>,
+    pub seen: Mutex<Vec<Seen>>,
+    watch_opened: tokio::sync::Notify,
+}
+
+#[derive(Default)]
+struct Collection {
+    items: Vec<Value>,
+    resource_version: String,
+    /// The open watch, if any: events sent here become lines of its response body.
+    watch: Option<tokio::sync::mpsc::UnboundedSender<Bytes>>,
+}
+
+impl ListWatchApi {
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self::default())
+    }
+
+    /// A kube client whose every request this mock answers.
+    pub fn client(self: &Arc<Self>) -> kube::Client {
+        let mock = self.clone();
+        let service = tower::service_fn(move |req: Request<kube::client::Body>| {
+            let mock = mock.clone();
+            async move { Ok::<_, Infallible>(mock.handle(req).await) }
+        });
+        kube::Client::new(service, "default")
+    }
+
+    /// What the next list of `path` returns.
+    pub fn set_list(&self, path: &str, items: Vec<Value>, resource_version: &str) {
+        let mut collections = self.collections.lock().unwrap();
+        let collection = collections.entry(path.to_string()).or_default();
+        collection.items = items;
+        collection.resource_version = resource_version.to_string();
+    }
+
+    /// Requests to `path` that were lists (`watch == false`) or watches (`watch == true`).
+    pub fn requests(&self, path: &str, watch: bool) -> Vec<Seen> {
+        self.seen
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|s| s.path == path && s.query.contains("watch=true") == watch)
+            .cloned()
+            .collect()
+    }
+
+    /// Waits until `count` watches of `path` have been opened; returns the last one's request.
+    pub async fn wait_watches(&self, path: &str, count: usize) -> Seen {
+        loop {
+            let opened = self.watch_opened.notified();
+            let watches = self.requests(path, true);
+            if watches.len() >= count {
+                return watches[count - 1].clone();
+            }
+            opened.await;
+        }
+    }
+
+    /// Sends a watch event (`ADDED`, `MODIFIED`, `DELETED`, `BOOKMARK`, `ERROR`) on the open watch.
+    pub fn send(&self, path: &str, kind: &str, object: Value) {
+        let line = format!("{}\n", json!({"type": kind, "object": object}));
+        let collections = self.collections.lock().unwrap();
+        let watch = collections.get(path).and_then(|c| c.watch.as_ref()).expect("a watch is open");
+        watch.send(Bytes::from(line)).expect("the watcher reads its watch");
+    }
+
+    /// Tells the watcher its resourceVersion is too old, as an API server does after compaction.
+    pub fn gone(&self, path: &str) {
+        let status = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Expired", "code": 410, "message": "too old resource version"});
+        self.send(path, "ERROR", status);
+    }
+
+    /// Ends the open watch cleanly, as an API server does when its timeout expires.
+    pub fn end_watch(&self, path: &str) {
+        self.collections.lock().unwrap().get_mut(path).and_then(|c| c.watch.take());
+    }
+
+    async fn handle(&self, req: Request<kube::client::Body>) -> Response<Body> {
+        let seen = Seen {
+            method: req.method().clone(),
+            path: req.uri().path().to_string(),
+            query: req.uri().query().unwrap_or_default().to_string(),
+            body: Value::Null,
+        };
+        self.seen.lock().unwrap().push(seen.clone());
+        let mut collections = self.collections.lock().unwrap();
+        let Some(collection) = collections.get_mut(&seen.path).filter(|_| seen.method == Method::GET) else {
+            return not_found(&seen.path);
+        };
+        if !seen.query.contains("watch=true") {
+            let list = json!({"kind": "List", "apiVersion": "v1", "metadata": {"resourceVersion": collection.resource_version}, "items": collection.items});
+            return full(StatusCode::OK, list);
+        }
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Bytes>();
+        collection.watch = Some(tx);
+        drop(collections);
+        self.watch_opened.notify_waiters();
+        let stream = futures::stream::poll_fn(move |cx| rx.poll_recv(cx).map(|b| b.map(|b| Ok(Frame::data(b)))));
+        Response::builder().status(200).body(StreamBody::new(stream).boxed()).expect("valid response")
+    }
+}

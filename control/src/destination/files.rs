@@ -1,0 +1,270 @@
+//! Cluster state from a directory of Kubernetes YAML: local mode's "API server", and the source
+//! tests drive by writing files.
+//!
+//! Every `.yaml`/`.yml` file under the directory (recursively; names starting with `.` are skipped,
+//! so editors' and `kubectl`'s temporary files are not read half-written) holds any number of
+//! documents. Services, EndpointSlices and Pods are used, `kind: List` is opened, anything else is
+//! ignored. A file is taken whole or not at all: when one document fails to parse, the error is
+//! logged with the file and the file's previous content stays in force. Writers that want no
+//! intermediate states should write a temporary file and rename it over the old one.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use notify::{RecursiveMode, Watcher};
+use serde_json::Value;
+
+use super::index::{Change, Index};
+use super::model::{KINDS, Kind, NsName, Object};
+use super::{Source, SourceError};
+
+/// Quiet time after a change before files are read: a `kubectl`-style write (truncate, write,
+/// close) or a `git checkout` of many files becomes one update instead of a burst of half-states.
+pub const DEFAULT_DEBOUNCE: Duration = Duration::from_millis(20);
+/// However busy the directory, changes are applied at least this often (in debounce periods).
+const MAX_DEBOUNCE_PERIODS: u32 = 10;
+
+pub struct FileSource {
+    dir: PathBuf,
+    debounce: Duration,
+}
+
+impl FileSource {
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Self { dir: dir.into(), debounce: DEFAULT_DEBOUNCE }
+    }
+
+    pub fn with_debounce(mut self, debounce: Duration) -> Self {
+        self.debounce = debounce;
+        self
+    }
+}
+
+impl Source for FileSource {
+    /// Reading and parsing are blocking work, so the loop lives on a blocking thread; notify's own
+    /// thread feeds it events through a channel.
+    async fn run(self, index: Index) -> Result<(), SourceError> {
+        let (tx, rx) = mpsc::channel();
+        let mut watcher = notify::recommended_watcher(move |event| {
+            // The receiver only goes away when the loop has ended; nothing left to tell.
+            let _ = tx.send(event);
+        })
+        .map_err(|source| SourceError::Watch { dir: self.dir.clone(), source })?;
+        // Watch before the first read, so a change made during it is not missed.
+        watcher
+            .watch(&self.dir, RecursiveMode::Recursive)
+            .map_err(|source| SourceError::Watch { dir: self.dir.clone(), source })?;
+        let dir = self.dir.clone();
+        let result = tokio::task::spawn_blocking(move || {
+            let mut files = Files { dir: self.dir, parsed: HashMap::new() };
+            index.apply(complete(files.rescan()));
+            tracing::info!(dir = %files.dir.display(), files = files.parsed.len(), stats = ?index.stats(), "loaded cluster state from files");
+            files.follow(&rx, self.debounce, &index);
+        })
+        .await;
+        drop(watcher);
+        let reason = match result {
+            Ok(()) => "its event channel closed".to_string(),
+            Err(e) => e.to_string(),
+        };
+        Err(SourceError::Stopped { dir, reason })
+    }
+}
+
+/// The objects of each file, as last parsed successfully.
+struct Files {
+    dir: PathBuf,
+    parsed: HashMap<PathBuf, Vec<Object>>,
+}
+
+/// What a batch of file events asks for.
+#[derive(Default)]
+struct Pending {
+    paths: HashSet<PathBuf>,
+    rescan: bool,
+}
+
+impl Files {
+    fn follow(&mut self, rx: &mpsc::Receiver<notify::Result<notify::Event>>, debounce: Duration, index: &Index) {
+        while let Ok(event) = rx.recv() {
+            let mut pending = Pending::default();
+            self.note(event, &mut pending);
+            let deadline = Instant::now() + debounce * MAX_DEBOUNCE_PERIODS;
+            loop {
+                let wait = debounce.min(deadline.saturating_duration_since(Instant::now()));
+                match rx.recv_timeout(wait) {
+                    Ok(event) => self.note(event, &mut pending),
+                    Err(mpsc::RecvTimeoutError::Timeout) => break,
+                    Err(mpsc::RecvTimeoutError::Disconnected) => return,
+                }
+            }
+            let changes = if pending.rescan {
+                self.rescan()
+            } else {
+                pending.paths.into_iter().flat_map(|p| self.reload(&p)).collect()
+            };
+            index.apply(changes);
+        }
+    }
+
+    fn note(&self, event: notify::Result<notify::Event>, pending: &mut Pending) {
+        let event = match event {
+            Ok(event) => event,
+            Err(error) => {
+                tracing::warn!(dir = %self.dir.display(), %error, "file watch error; re-reading the directory");
+                pending.rescan = true;
+                return;
+            }
+        };
+        if event.need_rescan() {
+            pending.rescan = true;
+        }
+        for path in event.paths {
+            if is_manifest(&path) {
+                pending.paths.insert(path);
+            } else if path.is_dir() || self.parsed.keys().any(|f| f.starts_with(&path)) {
+                // A directory appeared, went, or was swapped (a ConfigMap volume's `..data`).
+                pending.rescan = true;
+            }
+        }
+    }
+
+    /// Reloads every file there is and every file there was.
+    fn rescan(&mut self) -> Vec<Change> {
+        let mut paths: HashSet<PathBuf> = self.parsed.keys().cloned().collect();
+        collect_manifests(&self.dir, &mut paths);
+        paths.into_iter().flat_map(|p| self.reload(&p)).collect()
+    }
+
+    /// The changes that bring the index from this file's last good content to its current one.
+    fn reload(&mut self, path: &Path) -> Vec<Change> {
+        let objects = match std::fs::read_to_string(path) {
+            Ok(text) => match parse(&text) {
+                Ok(objects) => objects,
+                Err(error) => {
+                    tracing::error!(file = %path.display(), %error, "cannot parse; keeping its last good state");
+                    return Vec::new();
+                }
+            },
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            Err(error) => {
+                tracing::error!(file = %path.display(), %error, "cannot read; keeping its last good state");
+                return Vec::new();
+            }
+        };
+        let old = if objects.is_empty() {
+            self.parsed.remove(path)
+        } else {
+            self.parsed.insert(path.to_path_buf(), objects.clone())
+        };
+        let current: HashSet<(Kind, NsName)> = objects.iter().map(|o| (o.kind(), o.key())).collect();
+        let mut changes: Vec<Change> = Vec::new();
+        for gone in old.iter().flatten().map(|o| (o.kind(), o.key())).filter(|k| !current.contains(k)) {
+            // An object another file also defines lives on in that file's version.
+            match self.parsed.values().flatten().find(|o| (o.kind(), o.key()) == gone) {
+                Some(other) => changes.push(Change::Upsert(other.clone())),
+                None => changes.push(Change::Delete(gone.0, gone.1)),
+            }
+        }
+        changes.extend(objects.into_iter().map(Change::Upsert));
+        changes
+    }
+}
+
+/// The first read of the directory is all there is: as Resets, it also makes the index ready.
+fn complete(changes: Vec<Change>) -> Vec<Change> {
+    let mut by_kind: BTreeMap<Kind, Vec<Object>> = KINDS.iter().map(|k| (*k, Vec::new())).collect();
+    for change in changes {
+        if let Change::Upsert(object) = change {
+            by_kind.entry(object.kind()).or_default().push(object);
+        }
+    }
+    by_kind.into_iter().map(|(kind, objects)| Change::Reset(kind, objects)).collect()
+}
+
+fn is_manifest(path: &Path) -> bool {
+    let hidden = path.file_name().and_then(|n| n.to_str()).is_none_or(|n| n.starts_with('.'));
+    let yaml = path.extension().is_some_and(|e| e == "yaml" || e == "yml");
+    yaml && !hidden
+}
+
+fn collect_manifests(dir: &Path, out: &mut HashSet<PathBuf>) {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(error) => {
+            tracing::warn!(dir = %dir.display(), %error, "cannot list directory");
+            return;
+        }
+    };
+    for path in entries.flatten().map(|e| e.path()) {
+        if path.is_dir() && !path.file_name().is_some_and(|n| n.to_string_lossy().starts_with('.')) {
+            collect_manifests(&path, out);
+        } else if is_manifest(&path) {
+            out.insert(path);
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+enum ParseError {
+    #[error("{0}")]
+    Yaml(#[from] serde_saphyr::Error),
+    #[error("document {index} ({kind} {name:?}): {source}")]
+    Document { index: usize, kind: String, name: String, source: serde_json::Error },
+}
+
+/// The Services, EndpointSlices and Pods in a YAML text.
+fn parse(text: &str) -> Result<Vec<Object>, ParseError> {
+    let docs: Vec<Value> = serde_saphyr::from_multiple(text)?;
+    let mut objects = Vec::new();
+    for (index, doc) in docs.into_iter().enumerate() {
+        objects_of(doc, index + 1, &mut objects)?;
+    }
+    Ok(objects)
+}
+
+fn objects_of(doc: Value, index: usize, out: &mut Vec<Object>) -> Result<(), ParseError> {
+    let field = |name: &str| doc.get(name).and_then(Value::as_str).unwrap_or_default().to_string();
+    let (api_version, kind) = (field("apiVersion"), field("kind"));
+    let name = doc.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default().to_string();
+    let typed = |make: fn(Value) -> serde_json::Result<Object>, doc: Value| {
+        make(doc).map_err(|source| ParseError::Document { index, kind: kind.clone(), name: name.clone(), source })
+    };
+    match (api_version.as_str(), kind.as_str()) {
+        ("v1", "Service") => out.push(typed(|d| serde_json::from_value::<Service>(d).map(Object::from), doc)?),
+        ("discovery.k8s.io/v1", "EndpointSlice") => {
+            out.push(typed(|d| serde_json::from_value::<EndpointSlice>(d).map(Object::from), doc)?)
+        }
+        ("v1", "Pod") => out.push(typed(|d| serde_json::from_value::<Pod>(d).map(Object::from), doc)?),
+        ("v1", "List") => {
+            for item in doc.get("items").and_then(Value::as_array).into_iter().flatten() {
+                objects_of(item.clone(), index, out)?;
+            }
+        }
+        _ => tracing::debug!(api_version, kind, name, "ignoring object of a kind Destination does not use"),
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_several_documents_lists_and_skips_other_kinds() {
+        let text = "apiVersion: v1\nkind: Service\nmetadata: {name: a}\n---\n---\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\n---\napiVersion: v1\nkind: List\nitems:\n- {apiVersion: v1, kind: Pod, metadata: {name: p}}\n";
+        let kinds: Vec<Kind> = parse(text).unwrap().iter().map(Object::kind).collect();
+        assert_eq!(kinds, [Kind::Service, Kind::Pod]);
+    }
+
+    #[test]
+    fn errors_name_the_document() {
+        let text = "apiVersion: v1\nkind: Service\nmetadata: {name: a}\n---\napiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {containers: 3}\n";
+        let error = parse(text).unwrap_err().to_string();
+        assert!(error.starts_with("document 2 (Pod \"p\"): "), "{error}");
+    }
+}

@@ -1,0 +1,95 @@
+//! Destination: service discovery for proxies, as `io.linkerd.proxy.destination.Destination`
+//! (linkerd2-proxy-api), so a stock linkerd2-proxy can use it as well as ours (DESIGN.md §5).
+//!
+//! Cluster state flows one way: a [`Source`] turns Services, EndpointSlices (discovery.k8s.io/v1)
+//! and Pods into [`Change`]s on an [`Index`]; the [`DestinationService`] streams answers from that
+//! index. Two sources implement the one trait:
+//! - [`KubeSource`]: kube-rs watchers (list, then watch with resume; a 410 Gone re-lists), all
+//!   namespaces, never polling. Needs list/watch on services, pods and endpointslices.
+//! - [`FileSource`]: a directory of the same objects as YAML (several `---` documents per file,
+//!   `kind: List` too), watched with `notify` and debounced. Local mode and tests. A file that does
+//!   not parse is logged with its error and its last good content stays in force.
+//!
+//! Wiring (what `main.rs` does):
+//! ```ignore
+//! let index = Index::new();
+//! tokio::spawn(FileSource::new(dir).run(index.clone())); // or KubeSource::new(client)
+//! let destination = DestinationService::new(index, Config::default()).into_server();
+//! tonic::transport::Server::builder().add_service(destination).serve(addr).await?;
+//! ```
+//!
+//! Answers:
+//! - `Get("<svc>.<ns>.svc.<cluster-domain>:<port>")` (also `<svc>.<ns>.svc:<port>` and
+//!   `<svc>.<ns>:<port>`) streams `add`/`remove` as ready endpoints change. The first message comes
+//!   at once: an `add` if the service has endpoints, else `no_endpoints{exists: true}`; unknown
+//!   services get `no_endpoints{exists: false}` (not NotFound: the stream stays open and turns into
+//!   adds if the service appears, and meanwhile the client may use DNS). Malformed paths and IP
+//!   paths get InvalidArgument naming the expected form.
+//! - Endpoints of meshed pods (a `cnimesh-proxy` container, or native-sidecar init container)
+//!   carry the pod's service-account identity and an H2 hint, or the Opaque hint on ports listed in
+//!   the pod's `config.cnimesh.io/opaque-ports`. Named targetPorts resolve through the slice's
+//!   ports, else the pod's container ports.
+//! - `GetProfile("<ip>:<port>")`: a ClusterIP gives the service's FQDN (the proxy then calls
+//!   `Get`), a pod IP gives that endpoint (`endpoint`, with identity and hint), anything else a
+//!   passthrough profile; `GetProfile("<service name>:<port>")` gives the FQDN if the service
+//!   exists. `opaque_protocol` follows the opaque-ports annotation of the Service or Pod. Profiles
+//!   are live streams too.
+//!
+//! Until the source has loaded every kind once (the first list, or the first read of the
+//! directory), requests wait: answering earlier could tell a proxy that a service does not exist
+//! when it has merely not been listed yet. [`Index::is_ready`] is meant for the readiness probe.
+//!
+//! Streams share per-service (and per-IP) watch channels holding one snapshot; an idle stream holds
+//! no task and no timer.
+
+mod files;
+mod index;
+mod kube;
+mod model;
+mod path;
+mod resolve;
+mod service;
+
+use std::future::Future;
+use std::path::PathBuf;
+
+pub use files::{DEFAULT_DEBOUNCE, FileSource};
+pub use index::{Change, Index, IndexStats};
+pub use kube::KubeSource;
+pub use model::{Kind, NsName, Object};
+pub use service::DestinationService;
+
+/// What the answers depend on besides cluster state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// Suffix of service names after `.svc.`; Kubernetes' `--cluster-domain`.
+    pub cluster_domain: String,
+    /// The trust domain identities are issued in (DESIGN.md §2).
+    pub trust_domain: String,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            cluster_domain: "cluster.local".to_string(),
+            trust_domain: cnimesh_identity::DEFAULT_TRUST_DOMAIN.to_string(),
+        }
+    }
+}
+
+/// Where cluster state comes from. `run` keeps the index in step with the source for as long as
+/// the program runs; it returns only when the source cannot go on.
+pub trait Source: Send + 'static {
+    fn run(self, index: Index) -> impl Future<Output = Result<(), SourceError>> + Send;
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    #[error("cannot watch {dir}: {source}")]
+    Watch { dir: PathBuf, source: notify::Error },
+    #[error("file watcher for {dir} stopped: {reason}")]
+    Stopped { dir: PathBuf, reason: String },
+}
+
+#[cfg(test)]
+mod tests;

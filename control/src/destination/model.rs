@@ -1,0 +1,347 @@
+//! The few facts Destination needs from Services, EndpointSlices and Pods, distilled from the
+//! Kubernetes objects once when they arrive. Both sources feed the same conversions, and the index
+//! keeps only these records: a full Pod object is tens of KiB, the record is a few dozen bytes.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+/// DESIGN.md §2: the container whose presence marks a pod as meshed.
+pub const PROXY_CONTAINER: &str = "cnimesh-proxy";
+/// DESIGN.md §2: ports on which traffic is not HTTP (server-speaks-first protocols and the like).
+pub const OPAQUE_PORTS_ANNOTATION: &str = "config.cnimesh.io/opaque-ports";
+/// The label tying an EndpointSlice to its Service.
+pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+
+/// One of the kinds Destination reads. Anything else in a source is ignored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Kind {
+    Service,
+    EndpointSlice,
+    Pod,
+}
+
+pub const KINDS: [Kind; 3] = [Kind::Service, Kind::EndpointSlice, Kind::Pod];
+
+/// Namespace and name: how every object is addressed.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct NsName {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl NsName {
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        Self { namespace: namespace.into(), name: name.into() }
+    }
+
+    /// Objects without a namespace are in `default`, as `kubectl apply` would place them.
+    fn of(meta: &ObjectMeta) -> Self {
+        Self::new(meta.namespace.as_deref().unwrap_or("default"), meta.name.as_deref().unwrap_or_default())
+    }
+}
+
+impl std::fmt::Display for NsName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// A Kubernetes object as a source delivers it (boxed: a Pod is over 2 KiB even when empty).
+#[derive(Debug, Clone)]
+pub enum Object {
+    Service(Box<Service>),
+    EndpointSlice(Box<EndpointSlice>),
+    Pod(Box<Pod>),
+}
+
+impl From<Service> for Object {
+    fn from(o: Service) -> Self {
+        Object::Service(Box::new(o))
+    }
+}
+
+impl From<EndpointSlice> for Object {
+    fn from(o: EndpointSlice) -> Self {
+        Object::EndpointSlice(Box::new(o))
+    }
+}
+
+impl From<Pod> for Object {
+    fn from(o: Pod) -> Self {
+        Object::Pod(Box::new(o))
+    }
+}
+
+impl Object {
+    pub fn kind(&self) -> Kind {
+        match self {
+            Object::Service(_) => Kind::Service,
+            Object::EndpointSlice(_) => Kind::EndpointSlice,
+            Object::Pod(_) => Kind::Pod,
+        }
+    }
+
+    pub fn key(&self) -> NsName {
+        NsName::of(match self {
+            Object::Service(o) => &o.metadata,
+            Object::EndpointSlice(o) => &o.metadata,
+            Object::Pod(o) => &o.metadata,
+        })
+    }
+}
+
+/// Ports listed in an opaque-ports annotation: single ports and `low-high` ranges.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PortSet(Vec<(u16, u16)>);
+
+impl PortSet {
+    /// Entries that are not ports are skipped with a warning rather than failing the object: one
+    /// typo should not take a whole workload out of discovery.
+    fn parse(owner: &NsName, value: &str) -> Self {
+        let mut ranges = Vec::new();
+        for item in value.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            let range = match item.split_once('-') {
+                Some((lo, hi)) => lo.trim().parse().ok().zip(hi.trim().parse().ok()),
+                None => item.parse().ok().map(|p| (p, p)),
+            };
+            match range {
+                Some((lo, hi)) if lo <= hi => ranges.push((lo, hi)),
+                _ => {
+                    tracing::warn!(object = %owner, annotation = OPAQUE_PORTS_ANNOTATION, item, "not a port or port range; ignored")
+                }
+            }
+        }
+        Self(ranges)
+    }
+
+    fn of(owner: &NsName, meta: &ObjectMeta) -> Self {
+        meta.annotations
+            .as_ref()
+            .and_then(|a| a.get(OPAQUE_PORTS_ANNOTATION))
+            .map(|v| Self::parse(owner, v))
+            .unwrap_or_default()
+    }
+
+    pub fn contains(&self, port: u16) -> bool {
+        self.0.iter().any(|&(lo, hi)| (lo..=hi).contains(&port))
+    }
+}
+
+/// Where a Service port sends traffic on its endpoints.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TargetPort {
+    Number(u16),
+    /// A container port name, resolved per endpoint.
+    Name(String),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServicePort {
+    pub port: u16,
+    /// Empty when unnamed (only allowed for single-port services); EndpointSlice ports carry the
+    /// same name, which is how a slice port is matched to its service port.
+    pub name: String,
+    pub target: TargetPort,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceRecord {
+    pub cluster_ips: Vec<IpAddr>,
+    /// TCP ports only: the mesh carries nothing else.
+    pub ports: Vec<ServicePort>,
+    pub opaque_ports: PortSet,
+}
+
+impl ServiceRecord {
+    pub fn from_k8s(svc: &Service) -> Self {
+        let key = NsName::of(&svc.metadata);
+        let spec = svc.spec.as_ref();
+        let mut cluster_ips: Vec<IpAddr> = spec
+            .and_then(|s| s.cluster_ips.clone())
+            .unwrap_or_default()
+            .into_iter()
+            .chain(spec.and_then(|s| s.cluster_ip.clone()))
+            .filter_map(|ip| ip.parse().ok()) // "None" for headless services.
+            .collect();
+        cluster_ips.sort();
+        cluster_ips.dedup();
+        let ports = spec
+            .and_then(|s| s.ports.as_ref())
+            .into_iter()
+            .flatten()
+            .filter(|p| is_tcp(p.protocol.as_deref()))
+            .filter_map(|p| {
+                let port = u16::try_from(p.port).ok()?;
+                let target = match &p.target_port {
+                    None => TargetPort::Number(port),
+                    Some(IntOrString::Int(n)) => TargetPort::Number(u16::try_from(*n).ok()?),
+                    Some(IntOrString::String(s)) => match s.parse() {
+                        Ok(n) => TargetPort::Number(n),
+                        Err(_) => TargetPort::Name(s.clone()),
+                    },
+                };
+                Some(ServicePort { port, name: p.name.clone().unwrap_or_default(), target })
+            })
+            .collect();
+        Self { cluster_ips, ports, opaque_ports: PortSet::of(&key, &svc.metadata) }
+    }
+}
+
+fn is_tcp(protocol: Option<&str>) -> bool {
+    protocol.is_none_or(|p| p == "TCP")
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SliceEndpoint {
+    pub addr: IpAddr,
+    pub ready: bool,
+    /// The pod behind this address (`targetRef` of kind Pod), in the slice's namespace.
+    pub pod: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SliceRecord {
+    /// From the `kubernetes.io/service-name` label; a slice without it serves no service.
+    pub service: Option<String>,
+    /// Port name → number, TCP only; shared with every endpoint the index derives from the slice.
+    pub ports: Arc<BTreeMap<String, u16>>,
+    pub endpoints: Vec<SliceEndpoint>,
+}
+
+impl SliceRecord {
+    pub fn from_k8s(slice: &EndpointSlice) -> Self {
+        let service = slice.metadata.labels.as_ref().and_then(|l| l.get(SERVICE_NAME_LABEL)).cloned();
+        let ports = slice
+            .ports
+            .iter()
+            .flatten()
+            .filter(|p| is_tcp(p.protocol.as_deref()))
+            .filter_map(|p| Some((p.name.clone().unwrap_or_default(), u16::try_from(p.port?).ok()?)))
+            .collect::<BTreeMap<_, _>>()
+            .into();
+        // FQDN slices carry names, not addresses; the mesh resolves IPs only.
+        let family_ok = matches!(slice.address_type.as_str(), "IPv4" | "IPv6");
+        let endpoints = slice
+            .endpoints
+            .iter()
+            .filter(|_| family_ok)
+            .flat_map(|ep| {
+                // The API documents a missing `ready` as "unknown, treat as ready".
+                let ready = ep.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true);
+                let pod =
+                    ep.target_ref.as_ref().filter(|r| r.kind.as_deref() == Some("Pod")).and_then(|r| r.name.clone());
+                ep.addresses
+                    .iter()
+                    .filter_map(move |a| Some(SliceEndpoint { addr: a.parse().ok()?, ready, pod: pod.clone() }))
+            })
+            .collect();
+        Self { service, ports, endpoints }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodRecord {
+    /// Empty for pods whose IP says nothing about them: host-network pods share the node's, and
+    /// finished pods have given theirs back.
+    pub ips: Vec<IpAddr>,
+    pub meshed: bool,
+    pub service_account: String,
+    pub opaque_ports: PortSet,
+    /// Container port name → number, for Services whose targetPort is a name.
+    pub named_ports: BTreeMap<String, u16>,
+}
+
+impl PodRecord {
+    pub fn from_k8s(pod: &Pod) -> Self {
+        let key = NsName::of(&pod.metadata);
+        let spec = pod.spec.as_ref();
+        let status = pod.status.as_ref();
+        let host_network = spec.and_then(|s| s.host_network).unwrap_or(false);
+        let finished = matches!(status.and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed"));
+        let mut ips: Vec<IpAddr> = if host_network || finished {
+            Vec::new()
+        } else {
+            status
+                .and_then(|s| s.pod_ips.as_ref())
+                .into_iter()
+                .flatten()
+                .map(|p| p.ip.as_str())
+                .chain(status.and_then(|s| s.pod_ip.as_deref()))
+                .filter_map(|ip| ip.parse().ok())
+                .collect()
+        };
+        ips.sort();
+        ips.dedup();
+        let containers = spec.map(|s| s.containers.as_slice()).unwrap_or_default();
+        let init_containers = spec.and_then(|s| s.init_containers.as_deref()).unwrap_or_default();
+        // A native sidecar is an init container that keeps running (restartPolicy Always).
+        let meshed = containers.iter().any(|c| c.name == PROXY_CONTAINER)
+            || init_containers
+                .iter()
+                .any(|c| c.name == PROXY_CONTAINER && c.restart_policy.as_deref() == Some("Always"));
+        let named_ports = containers
+            .iter()
+            .chain(init_containers.iter().filter(|c| c.restart_policy.as_deref() == Some("Always")))
+            .flat_map(|c| c.ports.iter().flatten())
+            .filter(|p| is_tcp(p.protocol.as_deref()))
+            .filter_map(|p| Some((p.name.clone()?, u16::try_from(p.container_port).ok()?)))
+            .collect();
+        let service_account = spec
+            .and_then(|s| s.service_account_name.clone())
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| "default".to_string());
+        Self { ips, meshed, service_account, opaque_ports: PortSet::of(&key, &pod.metadata), named_ports }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn from_yaml<T: serde::de::DeserializeOwned>(yaml: &str) -> T {
+        serde_saphyr::from_str(yaml).unwrap()
+    }
+
+    #[test]
+    fn opaque_ports_take_lists_and_ranges_and_skip_junk() {
+        let set = PortSet::parse(&NsName::new("ns", "p"), "3306, 8000-8002,nope,9-1,");
+        assert!(set.contains(3306) && set.contains(8001) && !set.contains(8003) && !set.contains(9));
+    }
+
+    #[test]
+    fn native_sidecar_marks_a_pod_meshed_and_sa_defaults() {
+        let pod: Pod = from_yaml(
+            "apiVersion: v1\nkind: Pod\nmetadata: {name: a, namespace: n}\nspec:\n  initContainers:\n  - {name: cnimesh-proxy, restartPolicy: Always}\n  containers:\n  - name: app\n    ports: [{name: web, containerPort: 8080}]\nstatus: {podIP: 10.0.0.1, podIPs: [{ip: 10.0.0.1}, {ip: 'fd00::1'}]}\n",
+        );
+        let rec = PodRecord::from_k8s(&pod);
+        assert!(rec.meshed);
+        assert_eq!(rec.service_account, "default");
+        assert_eq!(rec.ips.len(), 2);
+        assert_eq!(rec.named_ports.get("web"), Some(&8080));
+    }
+
+    #[test]
+    fn plain_init_container_named_like_the_proxy_is_not_a_sidecar() {
+        let pod: Pod = from_yaml(
+            "apiVersion: v1\nkind: Pod\nmetadata: {name: a}\nspec:\n  initContainers: [{name: cnimesh-proxy}]\n  containers: [{name: app}]\n",
+        );
+        assert!(!PodRecord::from_k8s(&pod).meshed);
+    }
+
+    #[test]
+    fn slice_readiness_defaults_to_ready() {
+        let slice: EndpointSlice = from_yaml(
+            "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: s, labels: {kubernetes.io/service-name: web}}\naddressType: IPv4\nports: [{name: http, port: 8080}, {name: dns, port: 53, protocol: UDP}]\nendpoints:\n- addresses: [10.0.0.1]\n- addresses: [10.0.0.2]\n  conditions: {ready: false}\n",
+        );
+        let rec = SliceRecord::from_k8s(&slice);
+        assert_eq!(rec.service.as_deref(), Some("web"));
+        assert_eq!(rec.ports.len(), 1);
+        assert_eq!(rec.endpoints.iter().map(|e| e.ready).collect::<Vec<_>>(), [true, false]);
+    }
+}

@@ -1,0 +1,136 @@
+//! Turning index snapshots into linkerd2-proxy-api messages for one requested port.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::{IpAddr, SocketAddr};
+
+use linkerd2_proxy_api::destination::{
+    DestinationProfile, ProtocolHint, TlsIdentity, WeightedAddr, protocol_hint, tls_identity,
+};
+
+use super::Config;
+use super::index::{Endpoint, IpView, ServiceSnapshot, ServiceView};
+use super::model::{NsName, PodRecord, ServicePort, ServiceRecord, TargetPort};
+
+/// The weight linkerd's own destination controller gives every endpoint; proxies only compare
+/// weights, so any constant works, and this one matches what a stock proxy has seen elsewhere.
+const WEIGHT: u32 = 10_000;
+
+/// `name.ns.svc.<cluster domain>`, the name proxies pass back to `Get`.
+pub(crate) fn fqdn(key: &NsName, config: &Config) -> String {
+    format!("{}.{}.svc.{}", key.name, key.namespace, config.cluster_domain)
+}
+
+/// The ready endpoints of `port` on a service, keyed by address so streams can diff them.
+/// Endpoints whose target port cannot be resolved are left out (they could not be dialled).
+pub(crate) fn service_endpoints(
+    snapshot: &ServiceSnapshot,
+    port: u16,
+    config: &Config,
+) -> BTreeMap<SocketAddr, WeightedAddr> {
+    let Some(service_port) = snapshot.service.ports.iter().find(|p| p.port == port) else {
+        return BTreeMap::new();
+    };
+    snapshot
+        .endpoints
+        .iter()
+        .filter_map(|ep| {
+            let addr = SocketAddr::new(ep.addr, target_port(service_port, ep)?);
+            let pod = ep.pod.as_ref().map(|(name, pod)| (name.as_str(), &**pod));
+            Some((addr, weighted_addr(addr, &snapshot.key.namespace, pod, config)))
+        })
+        .collect()
+}
+
+/// EndpointSlice ports are already resolved by the endpoints controller and carry the Service
+/// port's name, so they come first. Slices written by hand may lack them: then a numeric
+/// targetPort is used as is, and a named one is looked up among the pod's container ports (or a
+/// slice port named after the targetPort).
+fn target_port(service_port: &ServicePort, ep: &Endpoint) -> Option<u16> {
+    if let Some(port) = ep.ports.get(&service_port.name) {
+        return Some(*port);
+    }
+    match &service_port.target {
+        TargetPort::Number(n) => Some(*n),
+        TargetPort::Name(name) => {
+            ep.pod.as_ref().and_then(|(_, pod)| pod.named_ports.get(name)).or_else(|| ep.ports.get(name)).copied()
+        }
+    }
+}
+
+/// An endpoint address. Meshed pods get their identity, so the client proxy originates mTLS and
+/// checks the server's name, and a protocol hint: H2, so HTTP/1 can be upgraded between proxies;
+/// on an opaque port, the Opaque hint instead, so the client forwards bytes without detection.
+/// `opaque_transport` stays unset: our proxies do not speak linkerd's transport header.
+pub(crate) fn weighted_addr(
+    addr: SocketAddr,
+    namespace: &str,
+    pod: Option<(&str, &PodRecord)>,
+    config: &Config,
+) -> WeightedAddr {
+    let mut metric_labels = HashMap::new();
+    let (mut tls_identity, mut protocol_hint) = (None, None);
+    if let Some((name, pod)) = pod {
+        metric_labels.insert("pod".to_string(), name.to_string());
+        metric_labels.insert("serviceaccount".to_string(), pod.service_account.clone());
+        if pod.meshed {
+            match cnimesh_identity::Name::for_service_account(&pod.service_account, namespace, &config.trust_domain) {
+                Ok(identity) => {
+                    let dns = tls_identity::DnsLikeIdentity { name: identity.to_string() };
+                    tls_identity = Some(TlsIdentity {
+                        strategy: Some(tls_identity::Strategy::DnsLikeIdentity(dns.clone())),
+                        server_name: Some(dns),
+                    });
+                    let protocol = if pod.opaque_ports.contains(addr.port()) {
+                        protocol_hint::Protocol::Opaque(protocol_hint::Opaque {})
+                    } else {
+                        protocol_hint::Protocol::H2(protocol_hint::H2 {})
+                    };
+                    protocol_hint = Some(ProtocolHint { protocol: Some(protocol), opaque_transport: None });
+                }
+                // Without a valid name there is nothing to verify the peer against: the endpoint
+                // is served as unmeshed rather than with an identity no certificate can carry.
+                Err(error) => tracing::warn!(pod = name, namespace, %error, "meshed pod has no valid identity"),
+            }
+        }
+    }
+    WeightedAddr {
+        addr: Some(addr.into()),
+        weight: WEIGHT,
+        metric_labels,
+        tls_identity,
+        protocol_hint,
+        ..Default::default()
+    }
+}
+
+/// A profile for a service name: its FQDN when it exists, empty (passthrough) otherwise.
+pub(crate) fn service_profile(view: &ServiceView, port: u16, config: &Config) -> DestinationProfile {
+    match view {
+        Some(snapshot) => named_profile(&snapshot.key, &snapshot.service, port, config),
+        None => DestinationProfile::default(),
+    }
+}
+
+/// Opaqueness of a service port comes from the Service's own annotation: the client decides before
+/// it knows which endpoint it will reach.
+fn named_profile(key: &NsName, service: &ServiceRecord, port: u16, config: &Config) -> DestinationProfile {
+    DestinationProfile {
+        fully_qualified_name: fqdn(key, config),
+        opaque_protocol: service.opaque_ports.contains(port),
+        ..Default::default()
+    }
+}
+
+/// A profile for an address: a ClusterIP names its service (the proxy then calls `Get`), a pod IP
+/// is that one endpoint, anything else passes through.
+pub(crate) fn ip_profile(view: &IpView, ip: IpAddr, port: u16, config: &Config) -> DestinationProfile {
+    match view {
+        IpView::Service(key, service) => named_profile(key, service, port, config),
+        IpView::Pod(key, pod) => DestinationProfile {
+            opaque_protocol: pod.opaque_ports.contains(port),
+            endpoint: Some(weighted_addr(SocketAddr::new(ip, port), &key.namespace, Some((&key.name, pod)), config)),
+            ..Default::default()
+        },
+        IpView::Unknown => DestinationProfile::default(),
+    }
+}

@@ -1,0 +1,353 @@
+//! Destination end to end over the files source: YAML written to a temporary directory, a real
+//! tonic server on 127.0.0.1, and the generated client.
+
+use std::io::Write;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use linkerd2_proxy_api::destination::destination_client::DestinationClient;
+use linkerd2_proxy_api::destination::protocol_hint::Protocol;
+use linkerd2_proxy_api::destination::update::Update as Up;
+use linkerd2_proxy_api::destination::{DestinationProfile, GetDestination, NoEndpoints, Update, WeightedAddr};
+use tonic::Streaming;
+use tonic::transport::Channel;
+
+use super::{Config, DestinationService, FileSource, Index, Source};
+
+/// Only guards against a hung test; nothing here measures time.
+const PATIENCE: Duration = Duration::from_secs(20);
+
+struct Harness {
+    dir: tempfile::TempDir,
+    client: DestinationClient<Channel>,
+}
+
+impl Harness {
+    /// The files are in place before the source starts, so the first answers see them.
+    async fn start(files: &[(&str, &str)]) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        for (name, text) in files {
+            std::fs::write(dir.path().join(name), text).unwrap();
+        }
+        let index = Index::new();
+        let source = FileSource::new(dir.path()).run(index.clone());
+        tokio::spawn(async move { source.await.expect("file source") });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = DestinationService::new(index.clone(), Config::default()).into_server();
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(server)
+                .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
+        );
+        let client = DestinationClient::connect(format!("http://{addr}")).await.unwrap();
+        tokio::time::timeout(PATIENCE, index.ready()).await.expect("files loaded");
+        Self { dir, client }
+    }
+
+    /// Replaces a file the way careful writers do: write aside, rename over.
+    fn write(&self, name: &str, text: &str) {
+        let tmp = self.dir.path().join(format!(".{name}.tmp"));
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(tmp, self.dir.path().join(name)).unwrap();
+    }
+
+    fn remove(&self, name: &str) {
+        std::fs::remove_file(self.dir.path().join(name)).unwrap();
+    }
+
+    async fn get(&self, path: &str) -> Streaming<Update> {
+        let request = GetDestination { path: path.to_string(), ..Default::default() };
+        self.client.clone().get(request).await.unwrap().into_inner()
+    }
+
+    async fn profile(&self, path: &str) -> Streaming<DestinationProfile> {
+        let request = GetDestination { path: path.to_string(), ..Default::default() };
+        self.client.clone().get_profile(request).await.unwrap().into_inner()
+    }
+}
+
+async fn next<T>(stream: &mut Streaming<T>) -> T {
+    tokio::time::timeout(PATIENCE, stream.message()).await.expect("a message in time").unwrap().expect("stream open")
+}
+
+async fn next_update(stream: &mut Streaming<Update>) -> Up {
+    next(stream).await.update.expect("update set")
+}
+
+fn added(update: Up) -> Vec<WeightedAddr> {
+    match update {
+        Up::Add(set) => set.addrs,
+        other => panic!("expected add, got {other:?}"),
+    }
+}
+
+fn addr_str(a: Option<linkerd2_proxy_api::net::TcpAddress>) -> String {
+    std::net::SocketAddr::try_from(a.unwrap()).unwrap().to_string()
+}
+
+fn sorted_addrs(addrs: &[WeightedAddr]) -> Vec<String> {
+    let mut out: Vec<String> = addrs.iter().map(|a| addr_str(a.addr)).collect();
+    out.sort();
+    out
+}
+
+fn removed(update: Up) -> Vec<String> {
+    match update {
+        Up::Remove(set) => {
+            let mut out: Vec<String> = set.addrs.iter().map(|a| addr_str(Some(*a))).collect();
+            out.sort();
+            out
+        }
+        other => panic!("expected remove, got {other:?}"),
+    }
+}
+
+fn identity(a: &WeightedAddr) -> Option<String> {
+    use linkerd2_proxy_api::destination::tls_identity::Strategy;
+    match a.tls_identity.as_ref()?.strategy.as_ref()? {
+        Strategy::DnsLikeIdentity(d) => Some(d.name.clone()),
+        Strategy::UriLikeIdentity(_) => None,
+    }
+}
+
+fn hint(a: &WeightedAddr) -> Option<Protocol> {
+    a.protocol_hint.and_then(|h| h.protocol)
+}
+
+// ---- YAML builders -------------------------------------------------------------------------------
+
+fn service(ns: &str, name: &str, cluster_ip: &str, ports: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: {ns}}}\nspec:\n  clusterIP: {cluster_ip}\n  ports: {ports}\n"
+    )
+}
+
+/// `endpoints`: (ip, pod name, ready).
+fn slice(ns: &str, name: &str, svc: &str, family: &str, ports: &str, endpoints: &[(&str, &str, bool)]) -> String {
+    let mut s = format!(
+        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {name}\n  namespace: {ns}\n  labels: {{kubernetes.io/service-name: {svc}}}\naddressType: {family}\nports: {ports}\nendpoints:\n"
+    );
+    for (ip, pod, ready) in endpoints {
+        s += &format!(
+            "- addresses: ['{ip}']\n  conditions: {{ready: {ready}}}\n  targetRef: {{kind: Pod, name: {pod}, namespace: {ns}}}\n"
+        );
+    }
+    s
+}
+
+fn pod(ns: &str, name: &str, ip: &str, sa: &str, meshed: bool, extra: &str) -> String {
+    let proxy = if meshed { "\n  - name: cnimesh-proxy" } else { "" };
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: {ns}\n{extra}spec:\n  serviceAccountName: {sa}\n  containers:\n  - name: app\n    ports: [{{name: web, containerPort: 9090}}]{proxy}\nstatus: {{podIP: '{ip}', podIPs: [{{ip: '{ip}'}}]}}\n"
+    )
+}
+
+fn docs(parts: &[String]) -> String {
+    parts.join("---\n")
+}
+
+const WEB: &str = "web.shop.svc.cluster.local:80";
+const HTTP_PORT: &str = "[{name: http, port: 80, targetPort: 8080}]";
+const SLICE_HTTP: &str = "[{name: http, port: 8080}]";
+
+fn web_pods(n: usize) -> String {
+    docs(
+        &(1..=n).map(|i| pod("shop", &format!("web-{i}"), &format!("10.1.0.{i}"), "web", true, "")).collect::<Vec<_>>(),
+    )
+}
+
+fn web_slice(ips: &[usize]) -> String {
+    let eps: Vec<(String, String)> = ips.iter().map(|i| (format!("10.1.0.{i}"), format!("web-{i}"))).collect();
+    let eps: Vec<(&str, &str, bool)> = eps.iter().map(|(ip, p)| (ip.as_str(), p.as_str(), true)).collect();
+    slice("shop", "web-a", "web", "IPv4", SLICE_HTTP, &eps)
+}
+
+// ---- tests ---------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn get_follows_endpoints_as_files_change() {
+    let svc = service("shop", "web", "10.96.0.10", HTTP_PORT);
+    let h =
+        Harness::start(&[("svc.yaml", &svc), ("pods.yaml", &web_pods(4)), ("slice.yaml", &web_slice(&[1, 2]))]).await;
+    let mut get = h.get(WEB).await;
+
+    // First message: an add, at once, with identities and the H2 hint.
+    let first = added(next_update(&mut get).await);
+    assert_eq!(sorted_addrs(&first), ["10.1.0.1:8080", "10.1.0.2:8080"]);
+    for a in &first {
+        assert_eq!(identity(a).as_deref(), Some("web.shop.serviceaccount.identity.cnimesh.cluster.local"));
+        assert!(matches!(hint(a), Some(Protocol::H2(_))));
+    }
+
+    h.write("slice.yaml", &web_slice(&[1, 2, 3]));
+    assert_eq!(sorted_addrs(&added(next_update(&mut get).await)), ["10.1.0.3:8080"]);
+
+    h.write("slice.yaml", &web_slice(&[2, 3]));
+    assert_eq!(removed(next_update(&mut get).await), ["10.1.0.1:8080"]);
+
+    // Not ready means gone, without deleting anything.
+    let eps = [("10.1.0.2", "web-2", true), ("10.1.0.3", "web-3", false)];
+    h.write("slice.yaml", &slice("shop", "web-a", "web", "IPv4", SLICE_HTTP, &eps));
+    assert_eq!(removed(next_update(&mut get).await), ["10.1.0.3:8080"]);
+
+    // A second slice of the same service adds to it.
+    let second = slice("shop", "web-b", "web", "IPv4", SLICE_HTTP, &[("10.1.0.4", "web-4", true)]);
+    h.write("slice-b.yaml", &second);
+    assert_eq!(sorted_addrs(&added(next_update(&mut get).await)), ["10.1.0.4:8080"]);
+
+    // The service going away: its endpoints are removed and the client may fall back to DNS.
+    h.remove("svc.yaml");
+    assert_eq!(removed(next_update(&mut get).await), ["10.1.0.2:8080", "10.1.0.4:8080"]);
+    assert_eq!(next_update(&mut get).await, Up::NoEndpoints(NoEndpoints { exists: false }));
+}
+
+#[tokio::test]
+async fn named_target_ports_resolve_through_slice_or_pod() {
+    // Port 80 → targetPort "web": the slice's port named like the service port ("http") wins.
+    let named = "[{name: http, port: 80, targetPort: web}]";
+    let svc = service("shop", "web", "10.96.0.10", named);
+    // A hand-written slice without ports: the pod's container port named "web" (9090) is used.
+    let bare = slice("shop", "api-a", "api", "IPv4", "[]", &[("10.1.0.2", "web-2", true)]);
+    let files = [
+        ("svc.yaml", docs(&[svc, service("shop", "api", "10.96.0.11", named)])),
+        ("pods.yaml", web_pods(2)),
+        ("slices.yaml", docs(&[web_slice(&[1]), bare])),
+    ];
+    let files: Vec<(&str, &str)> = files.iter().map(|(n, t)| (*n, t.as_str())).collect();
+    let h = Harness::start(&files).await;
+    let mut web = h.get(WEB).await;
+    assert_eq!(sorted_addrs(&added(next_update(&mut web).await)), ["10.1.0.1:8080"]);
+    let mut api = h.get("api.shop.svc.cluster.local:80").await;
+    assert_eq!(sorted_addrs(&added(next_update(&mut api).await)), ["10.1.0.2:9090"]);
+    // A port the service does not have: the service exists, with nothing to offer there.
+    let mut other = h.get("web.shop.svc.cluster.local:81").await;
+    assert_eq!(next_update(&mut other).await, Up::NoEndpoints(NoEndpoints { exists: true }));
+}
+
+#[tokio::test]
+async fn malformed_file_is_reported_and_its_last_good_state_kept() {
+    let logs = capture_logs();
+    let svc = service("shop", "web", "10.96.0.10", HTTP_PORT);
+    let h =
+        Harness::start(&[("svc.yaml", &svc), ("pods.yaml", &web_pods(3)), ("slice.yaml", &web_slice(&[1, 2]))]).await;
+    let mut get = h.get(WEB).await;
+    assert_eq!(added(next_update(&mut get).await).len(), 2);
+
+    h.write("slice.yaml", "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nendpoints: [unclosed\n");
+    // A later change in another file is seen only after the bad file was read.
+    h.write("other.yaml", &service("shop", "late", "10.96.0.12", HTTP_PORT));
+    let mut late = h.get("late.shop.svc.cluster.local:80").await;
+    while next_update(&mut late).await != Up::NoEndpoints(NoEndpoints { exists: true }) {}
+    let logged = String::from_utf8(logs.lock().unwrap().clone()).unwrap();
+    let line = logged.lines().find(|l| l.contains("slice.yaml")).expect("the bad file is logged");
+    assert!(line.contains("ERROR") && line.contains("cannot parse"), "{line}");
+    let mut again = h.get(WEB).await;
+    assert_eq!(sorted_addrs(&added(next_update(&mut again).await)), ["10.1.0.1:8080", "10.1.0.2:8080"]);
+
+    // Fixed, the file counts again.
+    h.write("slice.yaml", &web_slice(&[1, 2, 3]));
+    assert_eq!(sorted_addrs(&added(next_update(&mut get).await)), ["10.1.0.3:8080"]);
+}
+
+#[tokio::test]
+async fn unknown_service_is_no_endpoints_then_adds_when_it_appears() {
+    let h = Harness::start(&[("pods.yaml", &web_pods(1))]).await;
+    let mut get = h.get("web.shop.svc:80").await;
+    assert_eq!(next_update(&mut get).await, Up::NoEndpoints(NoEndpoints { exists: false }));
+    h.write("svc.yaml", &docs(&[service("shop", "web", "10.96.0.10", HTTP_PORT), web_slice(&[1])]));
+    assert_eq!(sorted_addrs(&added(next_update(&mut get).await)), ["10.1.0.1:8080"]);
+}
+
+#[tokio::test]
+async fn invalid_paths_are_invalid_argument() {
+    let h = Harness::start(&[]).await;
+    for path in ["web", "web.shop.svc.cluster.local:http", "web:80", "10.0.0.1:80"] {
+        let request = GetDestination { path: path.to_string(), ..Default::default() };
+        let status = h.client.clone().get(request).await.expect_err(path);
+        assert_eq!(status.code(), tonic::Code::InvalidArgument, "{path}");
+        assert!(status.message().contains(path), "{path}: {}", status.message());
+    }
+}
+
+#[tokio::test]
+async fn opaque_ports_unmeshed_pods_and_ipv6() {
+    let opaque = "  annotations: {config.cnimesh.io/opaque-ports: '8080'}\n";
+    let pods = docs(&[
+        pod("shop", "db", "fd00::1", "db", true, opaque),
+        pod("shop", "plain", "fd00::2", "default", false, ""),
+    ]);
+    let eps = [("fd00::1", "db", true), ("fd00::2", "plain", true)];
+    let files = [
+        ("svc.yaml", service("shop", "web", "fd00:96::10", HTTP_PORT)),
+        ("pods.yaml", pods),
+        ("slice.yaml", slice("shop", "web-v6", "web", "IPv6", SLICE_HTTP, &eps)),
+    ];
+    let files: Vec<(&str, &str)> = files.iter().map(|(n, t)| (*n, t.as_str())).collect();
+    let h = Harness::start(&files).await;
+    let mut get = h.get(WEB).await;
+    let mut addrs = added(next_update(&mut get).await);
+    addrs.sort_by_key(|a| addr_str(a.addr));
+    assert_eq!(sorted_addrs(&addrs), ["[fd00::1]:8080", "[fd00::2]:8080"]);
+    assert_eq!(identity(&addrs[0]).as_deref(), Some("db.shop.serviceaccount.identity.cnimesh.cluster.local"));
+    assert!(matches!(hint(&addrs[0]), Some(Protocol::Opaque(_))));
+    assert_eq!((identity(&addrs[1]), hint(&addrs[1])), (None, None));
+}
+
+#[tokio::test]
+async fn get_profile_for_cluster_ip_pod_ip_and_unknown_ip() {
+    let svc = service("shop", "web", "10.96.0.10", HTTP_PORT);
+    let h = Harness::start(&[("svc.yaml", &svc), ("pods.yaml", &web_pods(1)), ("slice.yaml", &web_slice(&[1]))]).await;
+
+    let mut by_cluster_ip = h.profile("10.96.0.10:80").await;
+    let profile = next(&mut by_cluster_ip).await;
+    assert_eq!(profile.fully_qualified_name, "web.shop.svc.cluster.local");
+    assert!(profile.endpoint.is_none() && !profile.opaque_protocol);
+
+    let mut by_name = h.profile(WEB).await;
+    assert_eq!(next(&mut by_name).await.fully_qualified_name, "web.shop.svc.cluster.local");
+
+    let mut by_pod_ip = h.profile("10.1.0.1:8080").await;
+    let profile = next(&mut by_pod_ip).await;
+    assert_eq!(profile.fully_qualified_name, "");
+    let endpoint = profile.endpoint.expect("a pod IP is an endpoint");
+    assert_eq!(addr_str(endpoint.addr), "10.1.0.1:8080");
+    assert_eq!(identity(&endpoint).as_deref(), Some("web.shop.serviceaccount.identity.cnimesh.cluster.local"));
+    assert!(matches!(hint(&endpoint), Some(Protocol::H2(_))));
+
+    let mut unknown = h.profile("192.0.2.7:443").await;
+    assert_eq!(next(&mut unknown).await, DestinationProfile::default());
+    // Live: the address turns into a pod, and the profile follows.
+    h.write("late.yaml", &pod("shop", "late", "192.0.2.7", "late", true, ""));
+    let endpoint = next(&mut unknown).await.endpoint.expect("now a pod");
+    assert_eq!(identity(&endpoint).as_deref(), Some("late.shop.serviceaccount.identity.cnimesh.cluster.local"));
+}
+
+static LOGS: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
+
+/// Warnings and errors of the whole test process, as text.
+fn capture_logs() -> Arc<Mutex<Vec<u8>>> {
+    LOGS.get_or_init(|| {
+        let logs = Arc::new(Mutex::new(Vec::new()));
+        let sink = logs.clone();
+        let _ = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::WARN)
+            .with_writer(move || LogSink(sink.clone()))
+            .try_init();
+        logs
+    })
+    .clone()
+}
+
+struct LogSink(Arc<Mutex<Vec<u8>>>);
+
+impl Write for LogSink {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}

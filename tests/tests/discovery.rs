@@ -1,0 +1,189 @@
+//! Discovery on a real kernel: the control plane reads Services, EndpointSlices and Pods from a
+//! directory of YAML (local mode's source); a client pod calls a service's ClusterIP through its
+//! proxy, which resolves it, balances over the replicas with mTLS, follows scaling, and keeps
+//! working on the known endpoints when the control plane goes away.
+
+use std::collections::HashMap;
+use std::net::Ipv4Addr;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use cnimesh_e2e::apps::Apps;
+use cnimesh_e2e::control::{Control, env_refs, identity};
+use cnimesh_e2e::sidecar::{Sidecar, http_in};
+use cnimesh_e2e::{Network, Pod, bins, require_root};
+use serde_json::json;
+
+const SERVICE_IP: &str = "10.96.0.10";
+const EMPTY_SERVICE_IP: &str = "10.96.0.20";
+
+fn pod_yaml(name: &str, ip: Ipv4Addr, meshed: bool) -> String {
+    let proxy = if meshed { "\n    - name: cnimesh-proxy\n      image: cnimesh/proxy" } else { "" };
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: shop\n  labels: {{app: web}}\nspec:\n  serviceAccountName: web\n  containers:\n    - name: app\n      image: web\n      ports: [{{name: http, containerPort: 8080}}]{proxy}\nstatus:\n  phase: Running\n  podIP: {ip}\n  podIPs: [{{ip: {ip}}}]\n"
+    )
+}
+
+/// The `web` service (port 80 → named port `http` = 8080) with `replicas` ready, and an `empty`
+/// service with no endpoints.
+fn cluster_yaml(replicas: &[(&str, Ipv4Addr)]) -> String {
+    let mut docs = vec![
+        format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{name: web, namespace: shop}}\nspec:\n  clusterIP: {SERVICE_IP}\n  ports: [{{name: http, port: 80, targetPort: http}}]\n  selector: {{app: web}}\n"
+        ),
+        format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{name: empty, namespace: shop}}\nspec:\n  clusterIP: {EMPTY_SERVICE_IP}\n  ports: [{{port: 80, targetPort: 8080}}]\n"
+        ),
+    ];
+    let endpoints: Vec<String> = replicas
+        .iter()
+        .map(|(name, ip)| {
+            format!(
+                "  - addresses: [\"{ip}\"]\n    conditions: {{ready: true}}\n    targetRef: {{kind: Pod, name: {name}, namespace: shop}}\n"
+            )
+        })
+        .collect();
+    docs.push(format!(
+        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: web-abc\n  namespace: shop\n  labels: {{kubernetes.io/service-name: web}}\naddressType: IPv4\nports: [{{name: http, port: 8080, protocol: TCP}}]\nendpoints:\n{}",
+        if endpoints.is_empty() { "  []\n".to_string() } else { endpoints.concat() }
+    ));
+    docs.extend(replicas.iter().map(|(name, ip)| pod_yaml(name, *ip, true)));
+    docs.join("---\n")
+}
+
+/// Replaces the file in one rename, as `kubectl`-driven tools and Kubernetes volume updates do.
+fn write_atomically(path: &Path, contents: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, contents).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+struct Service<'n> {
+    control: Control,
+    cluster: tempfile::TempDir,
+    client: Pod<'n>,
+    client_proxy: Sidecar,
+    replicas: Vec<(Pod<'n>, Sidecar, Apps)>,
+    _control_pod: Pod<'n>,
+}
+
+impl Service<'_> {
+    /// One request to the service from the client app; (status, replica that answered).
+    fn call(&self, ip: &str) -> (u16, String) {
+        http_in(&self.client.netns.path(), &format!("{ip}:80"), "GET", "/replica", "").unwrap_or((0, String::new()))
+    }
+
+    fn set_replicas(&self, names: &[&str]) {
+        let replicas: Vec<(&str, Ipv4Addr)> = self
+            .replicas
+            .iter()
+            .filter(|(pod, _, _)| names.contains(&pod.name.as_str()))
+            .map(|(pod, _, _)| (pod.name.as_str(), pod.ipv4()))
+            .collect();
+        write_atomically(&self.cluster.path().join("web.yaml"), &cluster_yaml(&replicas));
+    }
+}
+
+fn service<'n>(net: &'n Network, names: &[&str]) -> Service<'n> {
+    let bins = bins!();
+    let cluster = tempfile::tempdir().unwrap();
+    let control_pod = Pod::unmeshed(net, "cnimesh", "control").unwrap();
+    let mut replicas = Vec::new();
+    let env_of = |control: &Control, sa: &str| control.proxy_env("shop", sa, &control.token("shop", sa).unwrap());
+    let pods: Vec<Pod> = names.iter().map(|n| Pod::named(net, "shop", n).unwrap()).collect();
+    let listed: Vec<(&str, Ipv4Addr)> = pods.iter().map(|p| (p.name.as_str(), p.ipv4())).collect();
+    write_atomically(&cluster.path().join("web.yaml"), &cluster_yaml(&listed));
+    let cluster_dir = cluster.path().display().to_string();
+    let control = Control::start(&bins.control, &control_pod, &["--cluster-dir", &cluster_dir]).unwrap();
+    let web_env = env_of(&control, "web");
+    for pod in pods {
+        let apps = Apps::start(&pod.netns.path(), pod.ipv4().into(), &pod.name).unwrap();
+        let proxy = Sidecar::start(&bins.proxy, &pod.netns, &env_refs(&web_env)).unwrap();
+        replicas.push((pod, proxy, apps));
+    }
+    let client = Pod::named(net, "shop", "client").unwrap();
+    // A route for the service range, as a node's default route provides: the connection is
+    // redirected to the proxy before it leaves the pod.
+    client.netns.exec("ip", &["route", "add", "10.96.0.0/12", "dev", "eth0"]).unwrap();
+    let mut env = env_of(&control, "client");
+    env.push(("CNIMESH_PROXY_DESTINATION_ADDR".into(), control.addr.to_string()));
+    let client_proxy = Sidecar::start(&bins.proxy, &client.netns, &env_refs(&env)).unwrap();
+    Service { control, cluster, client, client_proxy, replicas, _control_pod: control_pod }
+}
+
+fn spread(s: &Service, n: usize) -> HashMap<String, usize> {
+    let mut counts = HashMap::new();
+    for _ in 0..n {
+        let (status, replica) = s.call(SERVICE_IP);
+        assert_eq!(status, 200, "{replica}");
+        *counts.entry(replica).or_insert(0) += 1;
+    }
+    counts
+}
+
+#[test]
+fn a_service_is_balanced_over_its_replicas_with_mtls_and_follows_scaling() {
+    if !require_root("a_service_is_balanced_over_its_replicas_with_mtls_and_follows_scaling") {
+        return;
+    }
+    let net = Network::bridge(&bins!(), json!({})).unwrap();
+    let mut s = service(&net, &["web-0", "web-1", "web-2"]);
+
+    let counts = spread(&s, 90);
+    assert_eq!(counts.len(), 3, "every replica serves: {counts:?}");
+    let client_id = format!("client_id=\"{}\"", identity("shop", "client"));
+    for (pod, proxy, _) in &s.replicas {
+        assert!(proxy.metrics().contains(&client_id), "{} saw mTLS from the client", pod.name);
+    }
+    assert!(s.client_proxy.metrics().contains(&format!("server_id=\"{}\"", identity("shop", "web"))));
+
+    // A service without endpoints answers 503 at once.
+    assert_eq!(s.call(EMPTY_SERVICE_IP).0, 503);
+
+    // Scale down under continuous load: no request fails, and web-2 stops getting traffic.
+    let stop = Arc::new(AtomicBool::new(false));
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    std::thread::scope(|scope| {
+        let (stop2, seen2, s2) = (stop.clone(), seen.clone(), &s);
+        scope.spawn(move || {
+            while !stop2.load(Ordering::SeqCst) {
+                seen2.lock().unwrap().push(s2.call(SERVICE_IP));
+            }
+        });
+        std::thread::sleep(Duration::from_millis(200));
+        s.set_replicas(&["web-0", "web-1"]);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let tail: Vec<_> = seen.lock().unwrap().iter().rev().take(30).cloned().collect();
+            if tail.len() == 30 && tail.iter().all(|(_, r)| r != "web-2") {
+                break;
+            }
+            assert!(Instant::now() < deadline, "web-2 kept receiving traffic");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        stop.store(true, Ordering::SeqCst);
+    });
+    let seen = seen.lock().unwrap();
+    let failed: Vec<_> = seen.iter().filter(|(status, _)| *status != 200).collect();
+    assert!(failed.is_empty(), "{} of {} requests failed while scaling down: {failed:?}", failed.len(), seen.len());
+
+    // The control plane goes away: traffic keeps flowing to the endpoints already known.
+    s.control.stop();
+    let counts = spread(&s, 40);
+    assert!(!counts.contains_key("web-2") && counts.len() == 2, "{counts:?}");
+}
+
+#[test]
+fn a_slow_replica_gets_less_traffic() {
+    if !require_root("a_slow_replica_gets_less_traffic") {
+        return;
+    }
+    let net = Network::bridge(&bins!(), json!({})).unwrap();
+    let s = service(&net, &["slow-0", "web-1", "web-2"]);
+    let counts = spread(&s, 150);
+    let slow = counts.get("slow-0").copied().unwrap_or(0);
+    let fast = counts.get("web-1").copied().unwrap_or(0) + counts.get("web-2").copied().unwrap_or(0);
+    assert!(slow * 10 < fast, "peak-EWMA steers away from the slow replica: {counts:?}");
+}
