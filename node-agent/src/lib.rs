@@ -1,12 +1,14 @@
 //! `cnimesh-node`: the node agent (installer, pod decisions, repair) and the node-level debug CLI.
 
 pub mod chain;
+pub mod cli;
 pub mod cluster;
 pub mod debug;
 pub mod decide;
 pub mod health;
 pub mod install;
 pub mod kube_cluster;
+pub mod local;
 pub mod reconcile;
 pub mod repair;
 pub mod run;

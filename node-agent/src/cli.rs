@@ -1,0 +1,206 @@
+//! `cnimesh-node`'s command line: the node agent DaemonSet, the node-level debug CLI and local
+//! mode. Lives in the library so test packages can build the same binary from current sources.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::cluster::{FileCluster, SharedCluster};
+use crate::debug::{self, Format};
+use crate::kube_cluster::KubeCluster;
+use crate::local;
+use crate::repair::RepairMode;
+use crate::run::{self, RunConfig};
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use cnimesh_cni::spec::RedirectSpec;
+
+#[derive(Parser)]
+#[command(name = "cnimesh-node", version, about = "cnimesh node agent and node-level debug CLI")]
+struct Cli {
+    /// Host CNI binary directory (mounted from the host in the DaemonSet).
+    #[arg(long, env = "CNIMESH_CNI_BIN_DIR", default_value = "/opt/cni/bin", global = true)]
+    cni_bin_dir: PathBuf,
+    /// Host CNI configuration directory.
+    #[arg(long, env = "CNIMESH_CNI_CONF_DIR", default_value = "/etc/cni/net.d", global = true)]
+    cni_conf_dir: PathBuf,
+    /// The decision socket the plugin asks.
+    #[arg(long, env = "CNIMESH_SOCKET", default_value = cnimesh_cni::agent::DEFAULT_SOCKET, global = true)]
+    socket: PathBuf,
+    /// Where the plugin keeps its attachment records.
+    #[arg(long, env = "CNIMESH_STATE_DIR", default_value = cnimesh_cni::state::DEFAULT_STATE_DIR, global = true)]
+    state_dir: PathBuf,
+    /// Output format of the debug commands.
+    #[arg(short = 'o', long, value_enum, default_value_t = Format::Human, global = true)]
+    output: Format,
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(clap::Args, Clone)]
+struct AgentArgs {
+    /// The cnimesh-cni binary to install (shipped in the agent's image).
+    #[arg(long, env = "CNIMESH_PLUGIN_BINARY", default_value = "/opt/cnimesh/cnimesh-cni")]
+    plugin_binary: PathBuf,
+    /// Namespaces whose pods are never captured.
+    #[arg(long, env = "CNIMESH_EXCLUDE_NAMESPACES", value_delimiter = ',', default_value = "kube-system")]
+    exclude_namespaces: Vec<String>,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run the agent (the DaemonSet's main process).
+    Run {
+        #[command(flatten)]
+        agent: AgentArgs,
+        /// This node's name (the downward API's spec.nodeName).
+        #[arg(long, env = "NODE_NAME")]
+        node_name: Option<String>,
+        /// Readiness (/ready) and liveness (/live) endpoint.
+        #[arg(long, env = "CNIMESH_READY_ADDR", default_value = "0.0.0.0:4192")]
+        ready_addr: SocketAddr,
+        /// What to do with meshed pods running without capture.
+        #[arg(long, env = "CNIMESH_REPAIR", value_enum, default_value_t = RepairMode::Delete)]
+        repair: RepairMode,
+        /// Seconds between repair passes.
+        #[arg(long, env = "CNIMESH_REPAIR_INTERVAL", default_value_t = 60)]
+        repair_interval: u64,
+        /// Remove the plugin from the node on exit (final removal). By default it stays chained,
+        /// so pods set up while the agent restarts fail closed and are retried.
+        #[arg(long, env = "CNIMESH_UNINSTALL_ON_EXIT")]
+        uninstall_on_exit: bool,
+        /// Read pods from this directory of YAML/JSON files instead of the Kubernetes API.
+        #[arg(long, env = "CNIMESH_PODS_DIR")]
+        pods_dir: Option<PathBuf>,
+    },
+    /// Install the binary and chain the plugin once, then exit.
+    Install {
+        #[command(flatten)]
+        agent: AgentArgs,
+    },
+    /// Unchain the plugin and remove the binary, then exit.
+    Uninstall,
+    /// Meshed pods on this node, with live redirect counters.
+    Pods,
+    /// The live ruleset inside one pod's netns, with counters.
+    Rules {
+        /// Pod (namespace/name or name) or container id (prefix).
+        target: String,
+    },
+    /// Desired vs live rules for one or all pods; exits 1 on drift.
+    Verify { target: Option<String> },
+    /// Installation health: binary, chaining, socket, API, captured pods.
+    Status,
+    /// Local mode: a demo mesh on this host (pods as network namespaces, the real CNI chain).
+    Local {
+        #[command(subcommand)]
+        command: local::LocalCmd,
+    },
+}
+
+fn config(cli: &Cli, agent: &AgentArgs) -> RunConfig {
+    RunConfig {
+        cni_bin_dir: cli.cni_bin_dir.clone(),
+        cni_conf_dir: cli.cni_conf_dir.clone(),
+        plugin_binary: agent.plugin_binary.clone(),
+        socket: cli.socket.clone(),
+        state_dir: cli.state_dir.clone(),
+        ready_addr: "0.0.0.0:4192".parse().expect("valid"),
+        repair: RepairMode::Delete,
+        repair_interval: Duration::from_secs(60),
+        uninstall_on_exit: false,
+        excluded_namespaces: agent.exclude_namespaces.clone(),
+        defaults: RedirectSpec::default(),
+    }
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}
+
+async fn kube_state() -> String {
+    let probe = async {
+        let client = kube::Client::try_default().await?;
+        let version = client.apiserver_version().await?;
+        anyhow::Ok(format!("reachable (v{}.{})", version.major, version.minor))
+    };
+    match tokio::time::timeout(Duration::from_secs(3), probe).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => format!("unreachable: {e:#}"),
+        Err(_) => "unreachable: timed out after 3 s".into(),
+    }
+}
+
+async fn main_async(cli: Cli) -> anyhow::Result<ExitCode> {
+    let out = |text: String| {
+        print!("{text}");
+        Ok(ExitCode::SUCCESS)
+    };
+    match &cli.command {
+        Cmd::Run { agent, node_name, ready_addr, repair, repair_interval, uninstall_on_exit, pods_dir } => {
+            let mut cfg = config(&cli, agent);
+            cfg.ready_addr = *ready_addr;
+            cfg.repair = *repair;
+            cfg.repair_interval = Duration::from_secs(*repair_interval);
+            cfg.uninstall_on_exit = *uninstall_on_exit;
+            let cluster: SharedCluster = match pods_dir {
+                Some(dir) => Arc::new(FileCluster::new(dir, node_name.clone())),
+                None => {
+                    let node =
+                        node_name.clone().context("--node-name (or NODE_NAME) is required with the Kubernetes API")?;
+                    let client = kube::Client::try_default().await.context("connecting to the Kubernetes API")?;
+                    let (cluster, driver) = KubeCluster::start(client, &node);
+                    tokio::spawn(driver);
+                    cluster
+                }
+            };
+            run::run(cfg, cluster, shutdown_signal()).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Install { agent } => {
+            let file = run::install_once(&config(&cli, agent))?;
+            out(format!("cnimesh-cni installed in {} and chained in {}\n", cli.cni_bin_dir.display(), file.display()))
+        }
+        Cmd::Uninstall => {
+            let cfg = config(&cli, &AgentArgs { plugin_binary: PathBuf::new(), exclude_namespaces: vec![] });
+            let changed = run::uninstall(&cfg)?;
+            out(format!("cnimesh-cni removed ({} configuration files changed)\n", changed.len()))
+        }
+        Cmd::Pods => out(debug::render_pods(&debug::pods(&cli.state_dir)?, cli.output)),
+        Cmd::Rules { target } => out(debug::render_rules(&debug::rules(&cli.state_dir, target)?, cli.output)),
+        Cmd::Verify { target } => {
+            let verdicts = debug::verify(&cli.state_dir, target.as_deref())?;
+            print!("{}", debug::render_verify(&verdicts, cli.output));
+            Ok(if verdicts.iter().all(|v| v.ok) { ExitCode::SUCCESS } else { ExitCode::from(1) })
+        }
+        Cmd::Status => {
+            let s = debug::status(&cli.cni_bin_dir, &cli.cni_conf_dir, &cli.socket, &cli.state_dir, kube_state().await);
+            print!("{}", debug::render_status(&s, cli.output));
+            Ok(if s.healthy() { ExitCode::SUCCESS } else { ExitCode::from(1) })
+        }
+        Cmd::Local { command } => local::main(command, cli.output).await,
+    }
+}
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_env("CNIMESH_LOG").unwrap_or_else(|_| "info".into());
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    let runtime =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("tokio runtime");
+    match runtime.block_on(main_async(cli)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("cnimesh-node: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -1,0 +1,68 @@
+//! `cnimesh-node local down`: stops local mode's processes, DELs every recorded attachment through
+//! the CNI chain, then deletes the namespaces, the bridge and the root dir. It trusts its records
+//! where they exist and its naming where they do not, so it also finishes what a crashed `up` left.
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::Context;
+
+use super::host::{self, find_processes, link_exists, netns_with_prefix, stop_processes};
+use super::runtime::Runtime;
+use super::{Naming, up};
+
+pub fn down(naming: &Naming) -> anyhow::Result<String> {
+    let root = naming.dir.as_path();
+    // The prefix `up` recorded wins over the flag's default.
+    let prefix = up::State::read(root).map_or_else(|| naming.prefix.clone(), |s| s.prefix);
+    let bridge = format!("{prefix}0");
+    let netns = netns_with_prefix(&prefix);
+    let pids = find_processes(root, &netns);
+    if !root.exists() && netns.is_empty() && pids.is_empty() && !link_exists(&bridge) {
+        return Ok(format!(
+            "local mode is not up (no {}, no {prefix}-* namespaces, no {bridge}): nothing to do\n",
+            root.display()
+        ));
+    }
+    let mut problems = Vec::new();
+    let stopped = stop_processes(&pids, Duration::from_secs(5));
+    let runtime = Runtime { cni_path: root.join("cni-bin"), records: root.join("attachments") };
+    let mut released = 0;
+    for a in runtime.recorded() {
+        match runtime.del(&a) {
+            Ok(()) => released += 1,
+            Err(e) => problems.push(format!("{e:#}")),
+        }
+    }
+    // Namespaces whose attachment was never recorded as well as those just released.
+    let netns = netns_with_prefix(&prefix);
+    for name in &netns {
+        if let Err(e) = host::run("ip", &["netns", "del", name]) {
+            problems.push(format!("{e:#}"));
+        }
+    }
+    if link_exists(&bridge)
+        && let Err(e) = host::run("ip", &["link", "del", &bridge])
+    {
+        problems.push(format!("{e:#}"));
+    }
+    remove_root(root)?;
+    let mut report = format!(
+        "local mode is down: {stopped} processes stopped, {released} attachments released through the CNI chain, {} namespaces and bridge {bridge} deleted, {} removed\n",
+        netns.len(),
+        root.display()
+    );
+    for p in &problems {
+        report.push_str(&format!("  warning: {p}\n"));
+    }
+    Ok(report)
+}
+
+fn remove_root(root: &Path) -> anyhow::Result<()> {
+    match std::fs::remove_dir_all(root) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(e).with_context(|| format!("removing {}", root.display()))
+        }
+        _ => Ok(()),
+    }
+}

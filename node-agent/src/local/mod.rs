@@ -1,0 +1,102 @@
+//! Local mode: the whole mesh on one Linux host, set up the way a cluster would set it up. Pods
+//! are network namespaces wired by the real CNI chain (Debian's `bridge` + `host-local`, then
+//! `cnimesh-cni`, which asks this node agent), the control plane runs in a pod of its own with the
+//! files backend, proxies run as the proxy UID, and the demo's traffic goes through all of it.
+//!
+//! `up` leaves everything running, detached; `down` finds what `up` created by its records and by
+//! its naming (netns `<prefix>-*`, bridge `<prefix>0`, processes mentioning the root dir), so it
+//! also cleans up after an `up` that crashed.
+
+mod app;
+mod down;
+mod host;
+mod runtime;
+mod traffic;
+mod up;
+mod workloads;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Subcommand};
+
+use crate::debug::Format;
+
+/// The demo shipped in the repository, built in so the binary needs no checkout.
+pub const DEMO: &str = include_str!("../../../local/demo.yaml");
+pub const DEFAULT_ROOT: &str = "/run/cnimesh-local";
+pub const DEFAULT_PREFIX: &str = "cnml";
+
+#[derive(Debug, Args, Clone)]
+pub struct Naming {
+    /// Everything local mode writes lives here (removed by `down`).
+    #[arg(long, default_value = DEFAULT_ROOT)]
+    pub dir: PathBuf,
+    /// Network namespaces are `<prefix>-<pod>`, the bridge `<prefix>0`.
+    #[arg(long, default_value = DEFAULT_PREFIX)]
+    pub prefix: String,
+}
+
+#[derive(Debug, Args)]
+pub struct UpArgs {
+    #[command(flatten)]
+    pub naming: Naming,
+    /// The workloads file [default: the built-in copy of local/demo.yaml].
+    #[arg(long)]
+    pub workloads: Option<PathBuf>,
+    /// Pod subnet on the bridge.
+    #[arg(long, default_value = "10.247.0.0/24")]
+    pub subnet: ipnet::Ipv4Net,
+    /// The cnimesh-cni binary [default: `cnimesh-cni` beside this executable].
+    #[arg(long)]
+    pub cni_plugin: Option<PathBuf>,
+    /// The cnimesh-proxy binary [default: `cnimesh-proxy` beside this executable].
+    #[arg(long)]
+    pub proxy: Option<PathBuf>,
+    /// The cnimesh-control binary [default: `cnimesh-control` beside this executable].
+    #[arg(long)]
+    pub control: Option<PathBuf>,
+    /// Seconds of traffic per client and service.
+    #[arg(long, default_value_t = 3.0)]
+    pub traffic_seconds: f64,
+    /// Concurrent requests per client and service.
+    #[arg(long, default_value_t = 4)]
+    pub concurrency: usize,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum LocalCmd {
+    /// Create the pods, start the mesh, send the demo's traffic and print a summary.
+    Up(Box<UpArgs>),
+    /// Remove everything `up` created (also after a crash); succeeds when nothing is up.
+    Down(Naming),
+    /// The demo's HTTP app (run inside a pod by `up`).
+    #[command(hide = true)]
+    App {
+        #[arg(long)]
+        listen: SocketAddr,
+        #[arg(long)]
+        name: String,
+    },
+}
+
+pub async fn main(cmd: &LocalCmd, format: Format) -> anyhow::Result<ExitCode> {
+    match cmd {
+        LocalCmd::App { listen, name } => {
+            app::serve(*listen, name.clone()).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        LocalCmd::Up(args) => {
+            // Blocking work (processes, netns threads): off the async workers.
+            let summary = tokio::task::block_in_place(|| up::up(args))?;
+            print!("{}", traffic::render(&summary, format));
+            Ok(ExitCode::SUCCESS)
+        }
+        LocalCmd::Down(naming) => {
+            let report = tokio::task::block_in_place(|| down::down(naming))?;
+            print!("{report}");
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}

@@ -1,0 +1,303 @@
+//! Traffic from a client pod, as its app (root, not the proxy UID, so it is captured), and the
+//! summary of what happened: per service success, rate, latency, which replicas answered, and
+//! whether each edge was mTLS according to the proxies' own `/metrics`.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::debug::{Format, table};
+
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// One HTTP/1.1 GET over a fresh connection made from the calling thread's netns: (status, body).
+pub fn http_get(addr: SocketAddr, host: &str, path: &str) -> std::io::Result<(u16, String)> {
+    let mut s = TcpStream::connect_timeout(&addr, REQUEST_TIMEOUT)?;
+    s.set_read_timeout(Some(REQUEST_TIMEOUT))?;
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").as_bytes())?;
+    let mut response = String::new();
+    s.read_to_string(&mut response)?;
+    let status = response.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = response.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    Ok((status, body))
+}
+
+/// [`http_get`] from inside the netns at `netns`.
+pub fn http_get_in(netns: &Path, addr: SocketAddr, host: &str, path: &str) -> anyhow::Result<(u16, String)> {
+    let host = host.to_string();
+    let path = path.to_string();
+    Ok(cnimesh_cni::netns::run_in(netns, move || http_get(addr, &host, &path))??)
+}
+
+/// What the load of one client against one service produced.
+#[derive(Debug, Default)]
+pub struct Load {
+    pub latencies: Vec<Duration>,
+    pub failures: Vec<String>,
+    /// Responses per body (the replica's name).
+    pub answered_by: BTreeMap<String, u64>,
+    pub elapsed: Duration,
+}
+
+/// `concurrency` connections-per-request loops against `addr` from `netns` for `duration`.
+pub fn load(netns: &Path, addr: SocketAddr, host: &str, concurrency: usize, duration: Duration) -> Load {
+    let start = Instant::now();
+    let results: Vec<Load> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..concurrency)
+            .map(|_| {
+                scope.spawn(move || {
+                    let mut out = Load::default();
+                    let run = cnimesh_cni::netns::run_in(netns, || {
+                        while start.elapsed() < duration {
+                            let t = Instant::now();
+                            match http_get(addr, host, "/") {
+                                Ok((200, body)) => {
+                                    out.latencies.push(t.elapsed());
+                                    *out.answered_by.entry(body.trim().to_string()).or_default() += 1;
+                                }
+                                Ok((status, body)) => out.failures.push(format!("HTTP {status}: {}", body.trim())),
+                                Err(e) => out.failures.push(e.to_string()),
+                            }
+                        }
+                    });
+                    if let Err(e) = run {
+                        out.failures.push(e.to_string());
+                    }
+                    out
+                })
+            })
+            .collect();
+        workers.into_iter().map(|w| w.join().unwrap_or_default()).collect()
+    });
+    let mut total = Load { elapsed: start.elapsed(), ..Load::default() };
+    for r in results {
+        total.latencies.extend(r.latencies);
+        total.failures.extend(r.failures);
+        for (k, v) in r.answered_by {
+            *total.answered_by.entry(k).or_default() += v;
+        }
+    }
+    total.latencies.sort();
+    total
+}
+
+/// One sample of a Prometheus text exposition.
+#[derive(Debug, Clone)]
+pub struct Sample {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    pub value: f64,
+}
+
+/// Parses the samples of a Prometheus text exposition (label values without escaped quotes, as
+/// our proxies write them).
+pub fn samples(text: &str) -> Vec<Sample> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .filter_map(|line| {
+            let (head, value) = line.rsplit_once(' ')?;
+            let value = value.parse().ok()?;
+            let (name, labels) = match head.split_once('{') {
+                Some((name, rest)) => (name, rest.strip_suffix('}')?),
+                None => (head, ""),
+            };
+            let labels = labels
+                .split("\",")
+                .filter(|kv| !kv.is_empty())
+                .filter_map(|kv| {
+                    let (k, v) = kv.split_once("=\"")?;
+                    Some((k.to_string(), v.trim_end_matches('"').to_string()))
+                })
+                .collect();
+            Some(Sample { name: name.to_string(), labels, value })
+        })
+        .collect()
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Latency {
+    pub p50: f64,
+    pub p95: f64,
+    pub p99: f64,
+}
+
+/// One client → service edge.
+#[derive(Debug, Clone, Serialize)]
+pub struct Edge {
+    pub from: String,
+    pub to: String,
+    pub meshed: bool,
+    pub requests: u64,
+    pub successes: u64,
+    pub success_rate: f64,
+    pub rps: f64,
+    pub latency_ms: Latency,
+    /// Successful responses per replica; every replica is listed, including those with none.
+    pub replicas: BTreeMap<String, u64>,
+    /// Whether every request the client's proxy sent to the service's endpoints was TLS.
+    pub tls: bool,
+    /// The server identities the client's proxy verified.
+    pub server_ids: Vec<String>,
+    /// Per replica with a proxy: the client identities its inbound proxy saw.
+    pub client_ids: BTreeMap<String, Vec<String>>,
+    /// Up to five distinct failure messages.
+    pub errors: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    pub root: String,
+    pub edges: Vec<Edge>,
+    /// How to look further: `/metrics` of each proxy, and the node CLI on these pods.
+    pub commands: BTreeMap<String, String>,
+    pub up_seconds: f64,
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1;
+    (sorted[i].as_secs_f64() * 1e5).round() / 100.0
+}
+
+impl Edge {
+    pub fn new(from: &str, to: &str, meshed: bool, load: &Load, replicas: &[String]) -> Self {
+        let successes = load.latencies.len() as u64;
+        let requests = successes + load.failures.len() as u64;
+        let mut errors: Vec<String> = load.failures.clone();
+        errors.sort();
+        errors.dedup();
+        errors.truncate(5);
+        let mut answered: BTreeMap<String, u64> = replicas.iter().map(|r| (r.clone(), 0)).collect();
+        answered.extend(load.answered_by.clone());
+        Edge {
+            from: from.into(),
+            to: to.into(),
+            meshed,
+            requests,
+            successes,
+            success_rate: if requests == 0 { 0.0 } else { successes as f64 / requests as f64 },
+            rps: (requests as f64 / load.elapsed.as_secs_f64().max(1e-3) * 10.0).round() / 10.0,
+            latency_ms: Latency {
+                p50: percentile(&load.latencies, 0.50),
+                p95: percentile(&load.latencies, 0.95),
+                p99: percentile(&load.latencies, 0.99),
+            },
+            replicas: answered,
+            tls: false,
+            server_ids: Vec::new(),
+            client_ids: BTreeMap::new(),
+            errors,
+        }
+    }
+
+    /// Fills the TLS columns from the client proxy's outbound requests to `endpoints` (the
+    /// service's ClusterIP and pod IPs) and each replica proxy's inbound requests.
+    pub fn read_tls(
+        &mut self,
+        client_metrics: &[Sample],
+        endpoints: &[String],
+        replica_metrics: &[(String, Vec<Sample>)],
+    ) {
+        let to_service: Vec<&Sample> = client_metrics
+            .iter()
+            .filter(|s| s.name == "request_total" && s.labels.get("direction").is_some_and(|d| d == "outbound"))
+            .filter(|s| {
+                let target = s.labels.get("target_addr").map(String::as_str).unwrap_or_default();
+                endpoints.iter().any(|ip| target.rsplit_once(':').is_some_and(|(host, _)| host == ip))
+            })
+            .filter(|s| s.value > 0.0)
+            .collect();
+        self.tls =
+            !to_service.is_empty() && to_service.iter().all(|s| s.labels.get("tls").is_some_and(|t| t == "true"));
+        let mut ids: Vec<String> = to_service.iter().filter_map(|s| s.labels.get("server_id").cloned()).collect();
+        ids.sort();
+        ids.dedup();
+        self.server_ids = ids;
+        for (replica, metrics) in replica_metrics {
+            let mut ids: Vec<String> = metrics
+                .iter()
+                .filter(|s| s.name == "request_total" && s.labels.get("direction").is_some_and(|d| d == "inbound"))
+                .filter_map(|s| s.labels.get("client_id").cloned())
+                .collect();
+            ids.sort();
+            ids.dedup();
+            self.client_ids.insert(replica.clone(), ids);
+        }
+    }
+}
+
+pub fn render(summary: &Summary, format: Format) -> String {
+    if format == Format::Json {
+        return serde_json::to_string_pretty(summary).expect("serialisable") + "\n";
+    }
+    let rows: Vec<Vec<String>> = summary
+        .edges
+        .iter()
+        .map(|e| {
+            let tls = if e.tls {
+                format!("mTLS ({})", e.server_ids.iter().map(|id| short_id(id)).collect::<Vec<_>>().join(", "))
+            } else {
+                "plaintext".into()
+            };
+            let spread: Vec<String> = e.replicas.iter().map(|(r, n)| format!("{r}={n}")).collect();
+            vec![
+                format!("{} -> {}", e.from, e.to),
+                format!("{:.1}%", e.success_rate * 100.0),
+                format!("{:.1}", e.rps),
+                format!("{:.1}/{:.1}/{:.1}", e.latency_ms.p50, e.latency_ms.p95, e.latency_ms.p99),
+                tls,
+                spread.join(" "),
+            ]
+        })
+        .collect();
+    let mut out = format!("\ncnimesh local mode is up ({:.1} s) in {}\n\n", summary.up_seconds, summary.root);
+    out.push_str(&table(&["EDGE", "SUCCESS", "RPS", "P50/P95/P99 MS", "TLS", "REPLICAS (responses)"], &rows));
+    for e in &summary.edges {
+        for (replica, ids) in e.client_ids.iter().filter(|(_, ids)| !ids.is_empty()) {
+            out.push_str(&format!("  {replica}'s proxy saw client identity {}\n", ids.join(", ")));
+        }
+        for err in &e.errors {
+            out.push_str(&format!("  {} -> {} error: {err}\n", e.from, e.to));
+        }
+    }
+    out.push('\n');
+    for (what, cmd) in &summary.commands {
+        out.push_str(&format!("{what}:\n  {cmd}\n"));
+    }
+    out
+}
+
+/// `web.demo` for `web.demo.serviceaccount.identity.cnimesh.cluster.local`.
+fn short_id(id: &str) -> &str {
+    id.split_once(".serviceaccount.").map_or(id, |(short, _)| short)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn samples_are_parsed_with_labels() {
+        let text = "# HELP x\nrequest_total{direction=\"outbound\",target_addr=\"10.0.0.2:8080\",tls=\"true\",server_id=\"web.demo\"} 7\nup 1\n";
+        let s = samples(text);
+        assert_eq!(s.len(), 2);
+        assert_eq!(s[0].labels["target_addr"], "10.0.0.2:8080");
+        assert_eq!(s[0].labels["server_id"], "web.demo");
+        assert_eq!(s[0].value, 7.0);
+        assert!(s[1].labels.is_empty());
+    }
+
+    #[test]
+    fn percentiles_pick_ranks() {
+        let d: Vec<Duration> = (1..=100).map(Duration::from_millis).collect();
+        assert_eq!(percentile(&d, 0.5), 50.0);
+        assert_eq!(percentile(&d, 0.99), 99.0);
+        assert_eq!(percentile(&[], 0.5), 0.0);
+    }
+}

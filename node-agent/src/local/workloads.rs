@@ -1,0 +1,275 @@
+//! The workloads file (`local/demo.yaml`): a few services and clients, validated as a whole before
+//! local mode creates anything, then rendered as the Kubernetes objects a cluster would hold.
+
+use std::collections::HashSet;
+use std::net::Ipv4Addr;
+use std::path::Path;
+
+use ipnet::Ipv4Net;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+/// The range every pod routes to its `eth0`, as a node's routes would send it; ClusterIPs must
+/// lie inside it so the connect reaches the capture rules.
+pub const SERVICE_RANGE: &str = "10.96.0.0/12";
+/// The port each server pod's app listens on (the Services' named target port `http`).
+pub const APP_PORT: u16 = 8080;
+
+#[derive(Debug, thiserror::Error)]
+pub enum WorkloadsError {
+    #[error("{path}: {source}")]
+    Read { path: String, source: std::io::Error },
+    #[error("{path}: not a valid workloads file: {why}")]
+    Parse { path: String, why: String },
+    #[error("{path}: {why}")]
+    Invalid { path: String, why: String },
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Workloads {
+    /// The Kubernetes namespace of every pod and service.
+    pub namespace: String,
+    #[serde(default)]
+    pub services: Vec<ServiceSpec>,
+    #[serde(default)]
+    pub clients: Vec<ClientSpec>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ServiceSpec {
+    pub name: String,
+    #[serde(rename = "clusterIP")]
+    pub cluster_ip: Ipv4Addr,
+    #[serde(default = "default_port")]
+    pub port: u16,
+    #[serde(default = "one")]
+    pub replicas: u32,
+    pub meshed: bool,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClientSpec {
+    pub name: String,
+    pub meshed: bool,
+    /// Services this client sends traffic to.
+    #[serde(default)]
+    pub calls: Vec<String>,
+}
+
+fn default_port() -> u16 {
+    80
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// What a pod runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Role {
+    /// A replica of a service: runs the app.
+    Server { service: String },
+    /// Sends the traffic.
+    Client,
+}
+
+/// One pod to create.
+#[derive(Debug, Clone)]
+pub struct PodSpec {
+    pub name: String,
+    pub service_account: String,
+    pub meshed: bool,
+    pub role: Role,
+}
+
+fn dns_label(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 40
+        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.starts_with('-')
+        && !name.ends_with('-')
+}
+
+impl Workloads {
+    /// Reads and validates a workloads file; nothing is created when this fails.
+    pub fn load(path: &Path) -> Result<Self, WorkloadsError> {
+        let shown = path.display().to_string();
+        let body =
+            std::fs::read_to_string(path).map_err(|source| WorkloadsError::Read { path: shown.clone(), source })?;
+        Self::parse(&body, &shown)
+    }
+
+    /// Parses and validates `body`; `origin` names it in errors.
+    pub fn parse(body: &str, origin: &str) -> Result<Self, WorkloadsError> {
+        let parsed: Self = serde_saphyr::from_str(body)
+            .map_err(|e| WorkloadsError::Parse { path: origin.into(), why: e.to_string() })?;
+        parsed.validate().map_err(|why| WorkloadsError::Invalid { path: origin.into(), why })?;
+        Ok(parsed)
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        let range: Ipv4Net = SERVICE_RANGE.parse().expect("valid constant");
+        if !dns_label(&self.namespace) {
+            return Err(format!("namespace {:?} is not a DNS label (a-z, 0-9, -)", self.namespace));
+        }
+        let mut ips = HashSet::new();
+        for s in &self.services {
+            if !dns_label(&s.name) {
+                return Err(format!("service name {:?} is not a DNS label (a-z, 0-9, -; at most 40)", s.name));
+            }
+            if !range.contains(&s.cluster_ip) {
+                return Err(format!("service {}: clusterIP {} is outside {SERVICE_RANGE}", s.name, s.cluster_ip));
+            }
+            if !ips.insert(s.cluster_ip) {
+                return Err(format!("service {}: clusterIP {} is used twice", s.name, s.cluster_ip));
+            }
+            if s.port == 0 {
+                return Err(format!("service {}: port 0", s.name));
+            }
+            if !(1..=20).contains(&s.replicas) {
+                return Err(format!("service {}: replicas must be 1 to 20, not {}", s.name, s.replicas));
+            }
+        }
+        if self.clients.is_empty() {
+            return Err("no clients: nothing would send traffic".into());
+        }
+        for c in &self.clients {
+            if !dns_label(&c.name) {
+                return Err(format!("client name {:?} is not a DNS label (a-z, 0-9, -; at most 40)", c.name));
+            }
+            if let Some(unknown) = c.calls.iter().find(|t| !self.services.iter().any(|s| &s.name == *t)) {
+                return Err(format!("client {} calls {unknown:?}, which is not a service of this file", c.name));
+            }
+        }
+        let mut names = HashSet::new();
+        for pod in self.pods() {
+            if !names.insert(pod.name.clone()) {
+                return Err(format!("two pods would be named {:?}", pod.name));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn service(&self, name: &str) -> Option<&ServiceSpec> {
+        self.services.iter().find(|s| s.name == name)
+    }
+
+    /// Every pod: each service's replicas (`<service>` when there is one, else `<service>-<i>`),
+    /// then the clients. A pod's service account is named after its service or client.
+    pub fn pods(&self) -> Vec<PodSpec> {
+        let servers = self.services.iter().flat_map(|s| {
+            (0..s.replicas).map(move |i| PodSpec {
+                name: if s.replicas == 1 { s.name.clone() } else { format!("{}-{i}", s.name) },
+                service_account: s.name.clone(),
+                meshed: s.meshed,
+                role: Role::Server { service: s.name.clone() },
+            })
+        });
+        let clients = self.clients.iter().map(|c| PodSpec {
+            name: c.name.clone(),
+            service_account: c.name.clone(),
+            meshed: c.meshed,
+            role: Role::Client,
+        });
+        servers.chain(clients).collect()
+    }
+}
+
+/// The Pod object, as the API server would hold it at `phase`; `ip` once the CNI assigned one.
+pub fn pod_object(ns: &str, pod: &PodSpec, uid: &str, phase: &str, ip: Option<Ipv4Addr>) -> Value {
+    let app = match &pod.role {
+        Role::Server { service } => service.as_str(),
+        Role::Client => pod.name.as_str(),
+    };
+    let mut containers = vec![json!({
+        "name": "app", "image": "cnimesh/local-app",
+        "ports": [{"name": "http", "containerPort": APP_PORT}],
+    })];
+    if pod.meshed {
+        containers.push(json!({"name": "cnimesh-proxy", "image": "cnimesh/proxy"}));
+    }
+    let mut status = json!({"phase": phase});
+    if let Some(ip) = ip {
+        status["podIP"] = json!(ip.to_string());
+        status["podIPs"] = json!([{"ip": ip.to_string()}]);
+    }
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": pod.name, "namespace": ns, "uid": uid, "labels": {"app": app}},
+        "spec": {"serviceAccountName": pod.service_account, "containers": containers},
+        "status": status,
+    })
+}
+
+/// The Service and its EndpointSlice, with every replica in `endpoints` (name, IP) ready.
+pub fn service_objects(ns: &str, s: &ServiceSpec, endpoints: &[(String, Ipv4Addr)]) -> [Value; 2] {
+    let service = json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": s.name, "namespace": ns},
+        "spec": {
+            "clusterIP": s.cluster_ip.to_string(),
+            "ports": [{"name": "http", "port": s.port, "targetPort": "http"}],
+            "selector": {"app": s.name},
+        },
+    });
+    let endpoints: Vec<Value> = endpoints
+        .iter()
+        .map(|(pod, ip)| {
+            json!({
+                "addresses": [ip.to_string()],
+                "conditions": {"ready": true},
+                "targetRef": {"kind": "Pod", "name": pod, "namespace": ns},
+            })
+        })
+        .collect();
+    let slice = json!({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": format!("{}-local", s.name), "namespace": ns, "labels": {"kubernetes.io/service-name": s.name}},
+        "addressType": "IPv4",
+        "ports": [{"name": "http", "port": APP_PORT, "protocol": "TCP"}],
+        "endpoints": endpoints,
+    });
+    [service, slice]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(body: &str) -> Result<Workloads, WorkloadsError> {
+        Workloads::parse(body, "test.yaml")
+    }
+
+    #[test]
+    fn the_shipped_demo_is_valid() {
+        let demo = Workloads::parse(super::super::DEMO, "demo.yaml").unwrap();
+        let names: Vec<String> = demo.pods().into_iter().map(|p| p.name).collect();
+        assert_eq!(names, ["web-0", "web-1", "web-2", "legacy", "client"]);
+    }
+
+    #[test]
+    fn mistakes_are_named() {
+        let base = "namespace: demo\nclients: [{name: client, meshed: true, calls: [web]}]\n";
+        let cases = [
+            ("namespace: demo\n", "no clients"),
+            (base, "not a service"),
+            ("namespace: Demo\nclients: [{name: c, meshed: true}]\n", "DNS label"),
+            ("namespace: demo\nclients: [{name: c, meshed: true, extra: 1}]\n", "unknown field"),
+            (
+                "namespace: demo\nservices: [{name: web, clusterIP: 10.0.0.1, meshed: true}]\nclients: [{name: c, meshed: true}]\n",
+                "outside",
+            ),
+            (
+                "namespace: demo\nservices: [{name: client, clusterIP: 10.96.0.1, meshed: true}]\nclients: [{name: client, meshed: true}]\n",
+                "two pods",
+            ),
+        ];
+        for (body, expected) in cases {
+            let e = parse(body).unwrap_err().to_string();
+            assert!(e.contains(expected), "{body:?}: {e}");
+        }
+    }
+}

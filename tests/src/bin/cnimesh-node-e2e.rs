@@ -1,0 +1,6 @@
+//! `cnimesh-node`, built inside this package so tests always run a binary from the current sources
+//! (`CARGO_BIN_EXE_cnimesh-node-e2e`). Same entry point as the real one.
+
+fn main() -> std::process::ExitCode {
+    cnimesh_node::cli::main()
+}
