@@ -15,7 +15,7 @@ use std::time::Duration;
 use cnimesh_identity::Name;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use rustls_pki_types::ServerName;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::{TlsAcceptor, TlsConnector};
@@ -40,6 +40,35 @@ pub async fn serve_tls(
     shutdown: impl Future<Output = ()>,
 ) {
     let routes = routes.prepare();
+    accept_tls(listener, tls, shutdown, "gRPC", move |tls, peer, watcher| {
+        let routes = routes.clone();
+        async move {
+            let service = service_fn(move |req| routes.clone().oneshot(req));
+            let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                .timer(TokioTimer::new())
+                .keep_alive_interval(KEEPALIVE_INTERVAL)
+                .serve_connection(TokioIo::new(tls), service);
+            if let Err(error) = watcher.watch(conn).await {
+                tracing::debug!(%peer, %error, "gRPC connection ended with an error");
+            }
+        }
+    })
+    .await
+}
+
+/// Accepts TLS connections on `listener` until `shutdown` resolves, handing each one, once its
+/// handshake is done (bounded), to `serve` with a watcher for graceful shutdown; then waits for
+/// the watched connections to finish (up to 10 s). `what` names the server in logs.
+pub async fn accept_tls<S, Fut>(
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    shutdown: impl Future<Output = ()>,
+    what: &'static str,
+    serve: S,
+) where
+    S: Fn(tokio_rustls::server::TlsStream<TcpStream>, SocketAddr, Watcher) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
     let acceptor = TlsAcceptor::from(tls);
     let graceful = GracefulShutdown::new();
     tokio::pin!(shutdown);
@@ -50,33 +79,28 @@ pub async fn serve_tls(
                 Ok(accepted) => accepted,
                 Err(error) => {
                     // e.g. EMFILE: back off instead of spinning.
-                    tracing::warn!(%error, "accept failed");
+                    tracing::warn!(%error, server = what, "accept failed");
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     continue;
                 }
             },
         };
         let _ = tcp.set_nodelay(true);
-        let (acceptor, routes, watcher) = (acceptor.clone(), routes.clone(), graceful.watcher());
+        let acceptor = acceptor.clone();
+        let watcher = graceful.watcher();
+        let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, async move { acceptor.accept(tcp).await });
+        let serve = serve.clone();
         tokio::spawn(async move {
-            let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                Ok(Ok(tls)) => tls,
-                Ok(Err(error)) => return tracing::debug!(%peer, %error, "TLS handshake failed"),
-                Err(_) => return tracing::debug!(%peer, "TLS handshake timed out"),
-            };
-            let service = service_fn(move |req| routes.clone().oneshot(req));
-            let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-                .timer(TokioTimer::new())
-                .keep_alive_interval(KEEPALIVE_INTERVAL)
-                .serve_connection(TokioIo::new(tls), service);
-            if let Err(error) = watcher.watch(conn).await {
-                tracing::debug!(%peer, %error, "gRPC connection ended with an error");
+            match handshake.await {
+                Ok(Ok(tls)) => serve(tls, peer, watcher).await,
+                Ok(Err(error)) => tracing::debug!(%peer, %error, server = what, "TLS handshake failed"),
+                Err(_) => tracing::debug!(%peer, server = what, "TLS handshake timed out"),
             }
         });
     }
     drop(listener);
     if tokio::time::timeout(DRAIN_TIMEOUT, graceful.shutdown()).await.is_err() {
-        tracing::warn!("gRPC connections still open after the drain timeout; closing them");
+        tracing::warn!(server = what, "connections still open after the drain timeout; closing them");
     }
 }
 

@@ -146,6 +146,13 @@ where
         .collect()
 }
 
+fn parse<T: std::str::FromStr>(var: &str, value: &str) -> Result<T, ConfigError>
+where
+    T::Err: std::fmt::Display,
+{
+    value.trim().parse().map_err(|e: T::Err| ConfigError { var: var.into(), value: value.into(), why: e.to_string() })
+}
+
 fn millis(var: &str, value: &str) -> Result<Duration, ConfigError> {
     value.trim().parse::<u64>().map(Duration::from_millis).map_err(|e| ConfigError {
         var: var.into(),
@@ -166,11 +173,7 @@ impl Config {
             c.outbound = list(&n, &v)?;
         }
         if let Some((n, v)) = var("ADMIN_ADDR") {
-            c.admin = v.trim().parse().map_err(|e: std::net::AddrParseError| ConfigError {
-                var: n,
-                value: v.clone(),
-                why: e.to_string(),
-            })?;
+            c.admin = parse(&n, &v)?;
         }
         if let Some((n, v)) = var("OPAQUE_PORTS") {
             c.opaque_ports = list(&n, &v)?;
@@ -236,11 +239,7 @@ fn identity(var: &impl Fn(&str) -> Option<(String, String)>) -> Result<Option<Id
         }
         return Ok(None);
     };
-    let name = v.trim().parse().map_err(|e: cnimesh_identity::NameError| ConfigError {
-        var: n.clone(),
-        value: v.clone(),
-        why: e.to_string(),
-    })?;
+    let name = parse(&n, &v)?;
     let required = |key: &str| {
         var(key).map(|(_, v)| v).ok_or_else(|| ConfigError {
             var: format!("CNIMESH_PROXY_{key}"),
@@ -249,11 +248,7 @@ fn identity(var: &impl Fn(&str) -> Option<(String, String)>) -> Result<Option<Id
         })
     };
     let control_name = match var("IDENTITY_SVC_NAME") {
-        Some((n, v)) => v.trim().parse().map_err(|e: cnimesh_identity::NameError| ConfigError {
-            var: n,
-            value: v.clone(),
-            why: e.to_string(),
-        })?,
+        Some((n, v)) => parse(&n, &v)?,
         None => DEFAULT_CONTROL_NAME.parse().expect("valid default"),
     };
     let max_backoff = match var("IDENTITY_MAX_BACKOFF_MS") {
@@ -283,11 +278,7 @@ fn destination(
         });
     };
     let name = match var("DESTINATION_SVC_NAME") {
-        Some((n, v)) => v.trim().parse().map_err(|e: cnimesh_identity::NameError| ConfigError {
-            var: n,
-            value: v.clone(),
-            why: e.to_string(),
-        })?,
+        Some((n, v)) => parse(&n, &v)?,
         None => identity.control_name.clone(),
     };
     let first_answer = match var("DISCOVERY_WAIT_MS") {

@@ -15,12 +15,10 @@ use http::{Method, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, META_API_VERSION_V1, META_KIND};
 use serde_json::Value;
 use tokio::net::TcpListener;
-use tokio_rustls::TlsAcceptor;
 
 use super::config::{InjectConfig, InjectConfigError};
 use super::mutate::{NamespaceInjection, mutate};
@@ -32,10 +30,7 @@ pub const OPT_IN_PATH: &str = "/inject/opt-in";
 /// The API server caps objects at about 3 MiB; a review carries one object (old object: none
 /// on CREATE) plus metadata.
 pub const MAX_BODY: usize = 4 * 1024 * 1024;
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
-/// The API server gives up after the configuration's `timeoutSeconds` anyway.
-const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The webhook's state: a validated configuration.
 #[derive(Debug)]
@@ -141,29 +136,9 @@ pub async fn serve_webhook(
     state: Arc<Webhook>,
     shutdown: impl Future<Output = ()>,
 ) {
-    let acceptor = TlsAcceptor::from(tls);
-    let graceful = GracefulShutdown::new();
-    tokio::pin!(shutdown);
-    loop {
-        let (tcp, peer) = tokio::select! {
-            _ = &mut shutdown => break,
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(error) => {
-                    // e.g. EMFILE: back off instead of spinning.
-                    tracing::warn!(%error, "webhook accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
-        };
-        let (acceptor, state, watcher) = (acceptor.clone(), state.clone(), graceful.watcher());
-        tokio::spawn(async move {
-            let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                Ok(Ok(tls)) => tls,
-                Ok(Err(error)) => return tracing::debug!(%peer, %error, "webhook TLS handshake failed"),
-                Err(_) => return tracing::debug!(%peer, "webhook TLS handshake timed out"),
-            };
+    crate::grpc::accept_tls(listener, tls, shutdown, "webhook", move |tls, peer, watcher| {
+        let state = state.clone();
+        async move {
             let service = service_fn(move |req| {
                 let state = state.clone();
                 async move { Ok::<_, Infallible>(handle(&state, req).await) }
@@ -174,10 +149,7 @@ pub async fn serve_webhook(
             if let Err(error) = watcher.watch(conn).await {
                 tracing::debug!(%peer, %error, "webhook connection ended with an error");
             }
-        });
-    }
-    drop(listener);
-    if tokio::time::timeout(DRAIN_TIMEOUT, graceful.shutdown()).await.is_err() {
-        tracing::warn!("webhook connections still open after the drain timeout; closing them");
-    }
+        }
+    })
+    .await
 }
