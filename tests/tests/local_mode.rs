@@ -1,0 +1,194 @@
+//! Local mode end to end: `cnimesh-node local up` builds the demo mesh on this host (pods as
+//! network namespaces through the real CNI chain, the node agent, the control plane, proxies) and
+//! sends traffic; its JSON summary must show mTLS where both sides are meshed, plaintext to the
+//! pod outside the mesh, every replica serving and no failure. `down` must leave nothing behind,
+//! also after `up` was killed halfway.
+
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use cnimesh_e2e::{bins, require_root};
+use serde_json::Value;
+
+const NODE: &str = env!("CARGO_BIN_EXE_cnimesh-node-e2e");
+
+/// A local mode instance with names of its own (not `cnm<digit>`, which other tests use), torn
+/// down on drop so a failed assertion leaves nothing behind.
+struct Local {
+    root: PathBuf,
+    prefix: String,
+    subnet: String,
+}
+
+impl Local {
+    /// `slot` keeps the tests of this file apart (distinct prefix and subnet).
+    fn new(slot: u32) -> Self {
+        let pid = std::process::id();
+        let prefix = format!("cnml{:x}{slot}", pid & 0xffff);
+        Self {
+            root: std::env::temp_dir().join(format!("{prefix}-root")),
+            subnet: format!("10.247.{}.0/24", 100 + slot * 50 + pid % 50),
+            prefix,
+        }
+    }
+
+    fn up_command(&self) -> Command {
+        let b = bins!();
+        let mut cmd = Command::new(NODE);
+        cmd.args(["-o", "json", "local", "up", "--traffic-seconds", "1"])
+            .arg("--dir")
+            .arg(&self.root)
+            .args(["--prefix", &self.prefix, "--subnet", &self.subnet])
+            .arg("--cni-plugin")
+            .arg(&b.plugin)
+            .arg("--proxy")
+            .arg(&b.proxy)
+            .arg("--control")
+            .arg(&b.control);
+        cmd
+    }
+
+    fn down(&self) -> Output {
+        Command::new(NODE)
+            .args(["local", "down", "--dir"])
+            .arg(&self.root)
+            .args(["--prefix", &self.prefix])
+            .output()
+            .unwrap()
+    }
+
+    /// Everything of this instance still on the host; empty when it is gone.
+    fn leftovers(&self) -> Vec<String> {
+        let mut left: Vec<String> = std::fs::read_dir("/var/run/netns")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| e.file_name().into_string().ok())
+            .filter(|n| n.starts_with(&format!("{}-", self.prefix)))
+            .map(|n| format!("netns {n}"))
+            .collect();
+        if Path::new("/sys/class/net").join(format!("{}0", self.prefix)).exists() {
+            left.push(format!("link {}0", self.prefix));
+        }
+        if self.root.exists() {
+            left.push(format!("dir {}", self.root.display()));
+        }
+        let root = self.root.display().to_string();
+        let marker = format!("CNIMESH_LOCAL_ROOT={root}");
+        for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+            let cmdline = String::from_utf8_lossy(&std::fs::read(entry.path().join("cmdline")).unwrap_or_default())
+                .replace('\0', " ");
+            let environ = std::fs::read(entry.path().join("environ")).unwrap_or_default();
+            let marked = environ.split(|b| *b == 0).any(|v| v == marker.as_bytes());
+            if pid != std::process::id() && (cmdline.contains(&root) || marked) {
+                left.push(format!("process {pid}: {cmdline}"));
+            }
+        }
+        left
+    }
+}
+
+impl Drop for Local {
+    fn drop(&mut self) {
+        let _ = self.down();
+    }
+}
+
+fn edge<'a>(summary: &'a Value, to: &str) -> &'a Value {
+    summary["edges"].as_array().unwrap().iter().find(|e| e["to"] == to).unwrap_or_else(|| panic!("no edge to {to}"))
+}
+
+#[test]
+fn up_runs_the_demo_mesh_and_down_removes_everything() {
+    if !require_root("up_runs_the_demo_mesh_and_down_removes_everything") {
+        return;
+    }
+    let local = Local::new(0);
+    let out = local.up_command().output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "up failed: {stderr}");
+    let summary: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {stderr}"));
+
+    let web = edge(&summary, "web");
+    assert_eq!(web["success_rate"], 1.0, "{web:#}");
+    assert!(web["requests"].as_u64().unwrap() > 0);
+    assert_eq!(web["tls"], true, "client -> web is mTLS: {web:#}");
+    assert_eq!(web["server_ids"][0], "web.demo.serviceaccount.identity.cnimesh.cluster.local");
+    let replicas = web["replicas"].as_object().unwrap();
+    assert_eq!(replicas.len(), 3, "{web:#}");
+    assert!(replicas.values().all(|n| n.as_u64().unwrap() > 0), "every replica serves: {web:#}");
+    for (replica, ids) in web["client_ids"].as_object().unwrap() {
+        assert_eq!(
+            ids[0], "client.demo.serviceaccount.identity.cnimesh.cluster.local",
+            "{replica} saw the client's identity"
+        );
+    }
+    let legacy = edge(&summary, "legacy");
+    assert_eq!(legacy["success_rate"], 1.0, "{legacy:#}");
+    assert_eq!(legacy["tls"], false, "the pod outside the mesh is reached in plaintext: {legacy:#}");
+
+    // The node CLI sees the meshed pods (and only those) with the state dir up printed.
+    let state_dir = local.root.join("state");
+    let pods = Command::new(NODE).arg("--state-dir").arg(&state_dir).args(["-o", "json", "pods"]).output().unwrap();
+    assert!(pods.status.success(), "{}", String::from_utf8_lossy(&pods.stderr));
+    let pods: Value = serde_json::from_slice(&pods.stdout).unwrap();
+    let mut names: Vec<&str> = pods.as_array().unwrap().iter().map(|p| p["pod"].as_str().unwrap()).collect();
+    names.sort();
+    assert_eq!(names, ["demo/client", "demo/web-0", "demo/web-1", "demo/web-2"]);
+    assert!(summary["commands"].to_string().contains(&format!("--state-dir {}", state_dir.display())));
+
+    // Up twice: a clear error, nothing disturbed.
+    let again = local.up_command().output().unwrap();
+    assert!(!again.status.success());
+    assert!(String::from_utf8_lossy(&again.stderr).contains("already up"));
+
+    let down = local.down();
+    assert!(down.status.success(), "{}", String::from_utf8_lossy(&down.stderr));
+    assert_eq!(local.leftovers(), Vec::<String>::new());
+    let again = local.down();
+    assert!(again.status.success());
+    assert!(String::from_utf8_lossy(&again.stdout).contains("nothing to do"));
+}
+
+#[test]
+fn down_cleans_up_after_up_was_killed_halfway() {
+    if !require_root("down_cleans_up_after_up_was_killed_halfway") {
+        return;
+    }
+    let local = Local::new(1);
+    let mut up = local.up_command().stdout(Stdio::null()).stderr(Stdio::null()).process_group(0).spawn().unwrap();
+    // Kill -9 once some pods and processes exist (or when up finished anyway).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !local.root.join("run/app-web-0.pid").exists() && up.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "up never got to the apps");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let _ = up.kill();
+    let _ = up.wait();
+    // A namespace of ours without any record, as if created just before the crash.
+    let stray = format!("{}-stray", local.prefix);
+    assert!(Command::new("ip").args(["netns", "add", &stray]).status().unwrap().success());
+    assert!(!local.leftovers().is_empty());
+
+    let down = local.down();
+    assert!(down.status.success(), "{}", String::from_utf8_lossy(&down.stderr));
+    assert_eq!(local.leftovers(), Vec::<String>::new());
+}
+
+#[test]
+fn a_bad_workloads_file_is_refused_before_anything_is_created() {
+    if !require_root("a_bad_workloads_file_is_refused_before_anything_is_created") {
+        return;
+    }
+    let local = Local::new(2);
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), "namespace: demo\nclients: [{name: client, meshed: true, calls: [nope]}]\n").unwrap();
+    let out = local.up_command().arg("--workloads").arg(file.path()).output().unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("\"nope\", which is not a service"), "{stderr}");
+    assert_eq!(local.leftovers(), Vec::<String>::new());
+}
