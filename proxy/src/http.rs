@@ -107,6 +107,8 @@ pub struct HttpProxy {
     clients: Arc<Clients>,
     /// The pool for a fixed route, looked up once per connection.
     fixed: Option<UpstreamClient>,
+    /// Outbound with discovery: requests may name a service in their authority.
+    named: Option<NamedServices>,
     tls: TlsLabel,
     metrics: Arc<Metrics>,
     drain: crate::drain::Drain,
@@ -115,6 +117,13 @@ pub struct HttpProxy {
     /// Metric handles for the last authority seen: a connection's requests nearly always share
     /// one, so the common case builds no label strings and takes no family lock.
     handles: Mutex<Option<Handles>>,
+}
+
+struct NamedServices {
+    discovery: Arc<crate::discovery::Discovery>,
+    identity: Option<Arc<crate::identity::Identity>>,
+    /// Services this connection's requests named (`None`: not a known service).
+    routes: Mutex<Vec<(String, Option<Arc<Route>>)>>,
 }
 
 /// A response body that reports how the response ended: gRPC puts its status in the trailers,
@@ -291,37 +300,86 @@ fn upstream_error(target: SocketAddr, e: &(dyn std::error::Error + 'static)) -> 
 }
 
 impl HttpProxy {
-    #[allow(clippy::too_many_arguments)]
     pub fn new(
         direction: Direction,
         target: SocketAddr,
         h2: bool,
         route: Route,
-        clients: Arc<Clients>,
         tls: TlsLabel,
-        metrics: Arc<Metrics>,
-        drain: crate::drain::Drain,
         open: Arc<crate::metrics::OpenConnection>,
+        shared: &crate::server::Shared,
     ) -> Self {
+        let clients = shared.clients.clone();
         let fixed = match &route {
             Route::Fixed(t) => Some(clients.get(t.addr, h2, t.tls.as_ref())),
             Route::Balanced { .. } => None,
         };
-        Self { direction, target, route, h2, clients, fixed, tls, metrics, drain, open, handles: Mutex::default() }
+        let named = match (direction, &shared.discovery) {
+            (Direction::outbound, Some(d)) => Some(NamedServices {
+                discovery: d.clone(),
+                identity: shared.identity.clone(),
+                routes: Mutex::default(),
+            }),
+            _ => None,
+        };
+        Self {
+            direction,
+            target,
+            route,
+            h2,
+            clients,
+            fixed,
+            named,
+            tls,
+            metrics: shared.metrics.clone(),
+            drain: shared.drain.clone(),
+            open,
+            handles: Mutex::default(),
+        }
+    }
+
+    /// The route for a request whose authority names a service (`web.shop.svc.cluster.local`),
+    /// when it differs from the connection's own.
+    async fn named_route(&self, authority: &str) -> Option<Arc<Route>> {
+        let named = self.named.as_ref()?;
+        let (host, port) = match authority.rsplit_once(':') {
+            Some((h, p)) => (h, p.parse::<u16>().ok()?),
+            None => (authority, 80),
+        };
+        if !host.contains(".svc.") {
+            return None;
+        }
+        let key = format!("{host}:{port}");
+        if matches!(&self.route, Route::Balanced { service, .. } if *service == key) {
+            return None;
+        }
+        if let Some((_, route)) = named.routes.lock().expect("not poisoned").iter().find(|(k, _)| *k == key) {
+            return route.clone();
+        }
+        let endpoints = named.discovery.endpoints(&key).await;
+        let routable = endpoints.borrow().routable();
+        let route = routable
+            .then(|| Arc::new(Route::Balanced { service: key.clone(), endpoints, identity: named.identity.clone() }));
+        let mut routes = named.routes.lock().expect("not poisoned");
+        // A handful of services per connection at most; beyond that, no caching.
+        if routes.len() < 8 {
+            routes.push((key, route.clone()));
+        }
+        route
     }
 
     /// The upstream for one request: the fixed pool, or a balanced endpoint's.
-    fn select(&self) -> Result<(UpstreamClient, Picked), ProxyError> {
-        let picked = self.route.pick().map_err(|e| ProxyError {
+    fn select(&self, route: Option<&Route>) -> Result<(UpstreamClient, Picked), ProxyError> {
+        let picked = route.unwrap_or(&self.route).pick().map_err(|e| ProxyError {
             status: match e {
                 RouteError::NoEndpoints(_) => StatusCode::SERVICE_UNAVAILABLE,
                 RouteError::NoIdentity(_) => StatusCode::BAD_GATEWAY,
             },
             message: e.to_string(),
         })?;
-        let client = match &self.fixed {
-            Some(c) => c.clone(),
-            None => self.clients.get(picked.target.addr, self.h2, picked.target.tls.as_ref()),
+        let client = match (&self.fixed, route) {
+            (Some(c), None) => c.clone(),
+            _ => self.clients.get(picked.target.addr, self.h2, picked.target.tls.as_ref()),
         };
         Ok((client, picked))
     }
@@ -421,7 +479,8 @@ impl HttpProxy {
                 message: format!("invalid request target: {e}"),
             })?;
         parts.version = if h2 { Version::HTTP_2 } else { Version::HTTP_11 };
-        let (client, picked) = self.select()?;
+        let named = self.named_route(&authority).await;
+        let (client, picked) = self.select(named.as_deref())?;
         let upstream = picked.target.addr;
         let mut response =
             client.request(Request::from_parts(parts, body)).await.map_err(|e| upstream_error(upstream, &e))?;
@@ -435,7 +494,7 @@ impl HttpProxy {
     /// HTTP/1 `Upgrade` (e.g. WebSocket) and `CONNECT`: the handshake goes upstream on a fresh
     /// connection, and on success both upgraded connections are spliced together.
     async fn upgrade(&self, mut req: Request<Incoming>) -> Result<Response<Body>, ProxyError> {
-        let (_, picked) = self.select()?;
+        let (_, picked) = self.select(None)?;
         let target = picked.target.addr;
         let connector =
             FixedConnector { target, timeout: self.clients.connect_timeout, tls: picked.target.tls.clone() };

@@ -127,7 +127,7 @@ async fn outbound_route(target: SocketAddr, shared: &Shared) -> anyhow::Result<R
             let authority = format!("{service}:{}", target.port());
             let endpoints = discovery.endpoints(&authority).await;
             // Never heard back about the service: let the original destination handle it.
-            if endpoints.borrow().known {
+            if endpoints.borrow().routable() {
                 return Ok(Route::Balanced { service: authority, endpoints, identity: shared.identity.clone() });
             }
             tracing::warn!(%target, %authority, "no answer about the service yet; forwarding to the original destination");
@@ -184,11 +184,9 @@ async fn serve(
         conn.target,
         protocol == Protocol::Http2,
         conn.route,
-        shared.clients.clone(),
         conn.tls,
-        shared.metrics.clone(),
-        shared.drain.clone(),
         conn.open,
+        shared,
     ));
     let service = service_fn(move |req| proxy.clone().handle(req));
     let stop = shared.drain.signalled();

@@ -75,6 +75,24 @@ impl Service<'_> {
         http_in(&self.client.netns.path(), &format!("{ip}:80"), "GET", "/replica", "").unwrap_or((0, String::new()))
     }
 
+    /// One request to `addr` with a `Host` header of its own, on one connection.
+    fn call_with_host(&self, addr: &str, host: &str) -> (u16, String) {
+        let request = format!("GET /replica HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+        let addr = addr.to_string();
+        let response = cnimesh_cni::netns::run_in(&self.client.netns.path(), move || {
+            let mut s = std::net::TcpStream::connect(&addr)?;
+            s.set_read_timeout(Some(Duration::from_secs(10)))?;
+            std::io::Write::write_all(&mut s, request.as_bytes())?;
+            let mut response = String::new();
+            std::io::Read::read_to_string(&mut s, &mut response)?;
+            std::io::Result::Ok(response)
+        })
+        .unwrap()
+        .unwrap_or_default();
+        let status = response.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+        (status, response.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default())
+    }
+
     fn set_replicas(&self, names: &[&str]) {
         let replicas: Vec<(&str, Ipv4Addr)> = self
             .replicas
@@ -138,6 +156,16 @@ fn a_service_is_balanced_over_its_replicas_with_mtls_and_follows_scaling() {
         assert!(proxy.metrics().contains(&client_id), "{} saw mTLS from the client", pod.name);
     }
     assert!(s.client_proxy.metrics().contains(&format!("server_id=\"{}\"", identity("shop", "web"))));
+
+    // A request naming the service in its authority is balanced too, whatever address it dialled.
+    let replica0 = format!("{}:8080", s.replicas[0].0.ipv4());
+    let mut named = std::collections::HashSet::new();
+    for _ in 0..30 {
+        let (status, replica) = s.call_with_host(&replica0, "web.shop.svc.cluster.local:80");
+        assert_eq!(status, 200, "{replica}");
+        named.insert(replica);
+    }
+    assert!(named.len() > 1, "balanced by authority: {named:?}");
 
     // A service without endpoints answers 503 at once.
     assert_eq!(s.call(EMPTY_SERVICE_IP).0, 503);

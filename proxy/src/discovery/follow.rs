@@ -92,6 +92,7 @@ pub async fn endpoints(
     let apply = |u: api::Update, first: bool| {
         // A re-opened stream starts over with the full set: forget what it no longer has.
         let mut next = if first { HashMap::new() } else { current.clone() };
+        let mut exists = true;
         match u.update {
             Some(update::Update::Add(set)) => {
                 for mut e in set.addrs.iter().filter_map(endpoint) {
@@ -111,14 +112,17 @@ pub async fn endpoints(
                     }
                 }
             }
-            Some(update::Update::NoEndpoints(_)) => next.clear(),
+            Some(update::Update::NoEndpoints(ref none)) => {
+                next.clear();
+                exists = none.exists;
+            }
             None => return,
         }
         current = next;
         let mut list: Vec<_> = current.values().cloned().collect();
         list.sort_by_key(|e| e.addr);
         tracing::debug!(%authority, endpoints = list.len(), "endpoints updated");
-        tx.send_replace(Arc::new(Endpoints { list, known: true }));
+        tx.send_replace(Arc::new(Endpoints { list, known: true, exists }));
     };
     tokio::select! {
         () = tx.closed() => {}

@@ -36,6 +36,16 @@ pub struct Endpoints {
     pub list: Vec<Arc<Endpoint>>,
     /// Whether the control plane has answered at all (until then nothing is known).
     pub known: bool,
+    /// Whether the service exists (a service with no endpoints does; a name nobody defined
+    /// does not, and its traffic keeps its original destination).
+    pub exists: bool,
+}
+
+impl Endpoints {
+    /// Worth routing to: known to exist (even with no endpoints: that answers 503).
+    pub fn routable(&self) -> bool {
+        self.known && self.exists
+    }
 }
 
 /// What the control plane says about an address.
