@@ -13,6 +13,7 @@ use super::{Naming, up};
 
 pub fn down(naming: &Naming) -> anyhow::Result<String> {
     let root = naming.dir.as_path();
+    host::check_root(root)?;
     // The prefix `up` recorded wins over the flag's default.
     let prefix = up::State::read(root).map_or_else(|| naming.prefix.clone(), |s| s.prefix);
     let bridge = format!("{prefix}0");

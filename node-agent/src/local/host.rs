@@ -20,6 +20,44 @@ pub const NETNS_DIR: &str = "/var/run/netns";
 /// Set on every process local mode starts, so `down` finds them even when pid files are gone.
 pub const ROOT_ENV: &str = "CNIMESH_LOCAL_ROOT";
 
+/// Everything `up` creates directly in the root dir.
+pub const ROOT_ENTRIES: [&str; 14] = [
+    "local.json",
+    "logs",
+    "run",
+    "pods",
+    "cluster",
+    "net.d",
+    "cni-bin",
+    "state",
+    "attachments",
+    "tokens",
+    "ca",
+    "ipam",
+    "proxies",
+    "node.sock",
+];
+
+/// Refuses a root dir that `down` must not touch: `down` kills processes mentioning it and
+/// deletes it, so `/`, `/tmp` or a directory holding anything else is never taken for ours.
+pub fn check_root(root: &Path) -> anyhow::Result<()> {
+    let depth = root.components().filter(|c| matches!(c, std::path::Component::Normal(_))).count();
+    if !root.is_absolute() || depth < 2 || root.components().any(|c| matches!(c, std::path::Component::ParentDir)) {
+        bail!("--dir {}: give an absolute path at least two levels deep, e.g. /run/cnimesh-local", root.display());
+    }
+    for entry in fs::read_dir(root).into_iter().flatten().flatten() {
+        let name = entry.file_name();
+        if !ROOT_ENTRIES.iter().any(|ours| name == *ours) {
+            bail!(
+                "{} holds {:?}, which local mode never creates: not touching a directory that is not ours",
+                root.display(),
+                name
+            );
+        }
+    }
+    Ok(())
+}
+
 /// Fails naming the package to install for the first thing missing.
 pub fn check_prerequisites() -> anyhow::Result<()> {
     if !nix::unistd::geteuid().is_root() {
@@ -145,4 +183,23 @@ pub fn stop_processes(pids: &BTreeSet<u32>, grace: Duration) -> usize {
         }
     }
     count
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_our_own_root_dirs_are_accepted() {
+        for bad in ["/", "/tmp", "relative/dir", "/run/../etc"] {
+            assert!(check_root(Path::new(bad)).is_err(), "{bad}");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        check_root(dir.path()).unwrap();
+        std::fs::create_dir(dir.path().join("logs")).unwrap();
+        check_root(dir.path()).unwrap();
+        std::fs::write(dir.path().join("notes.txt"), "mine").unwrap();
+        let e = check_root(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("notes.txt"), "{e}");
+    }
 }

@@ -104,6 +104,7 @@ fn preflight(args: &UpArgs) -> anyhow::Result<(Workloads, Binaries)> {
         control: resolve_binary(&args.control, "cnimesh-control", "--control")?,
     };
     let root = &args.naming.dir;
+    host::check_root(root)?;
     let down_hint = format!("cnimesh-node local down --dir {} --prefix {prefix}", root.display());
     if root.join("local.json").exists() {
         bail!("local mode is already up in {}: run `{down_hint}` first", root.display());
