@@ -22,6 +22,9 @@ pub struct AdminState {
     pub metrics: Arc<Metrics>,
     /// Ready once an issuer has loaded: before that every Certify would fail.
     pub issuer: IssuerRx,
+    /// With Destination: ready once every kind of object has been loaded once (earlier answers
+    /// could call an existing service unknown).
+    pub index: Option<crate::destination::Index>,
 }
 
 fn respond(state: &AdminState, path: &str) -> Response<Full<Bytes>> {
@@ -30,8 +33,13 @@ fn respond(state: &AdminState, path: &str) -> Response<Full<Bytes>> {
             (StatusCode::OK, "application/openmetrics-text; version=1.0.0; charset=utf-8", state.metrics.encode())
         }
         "/live" => (StatusCode::OK, "text/plain", "live\n".into()),
-        "/ready" if state.issuer.borrow().is_some() => (StatusCode::OK, "text/plain", "ready\n".into()),
-        "/ready" => (StatusCode::SERVICE_UNAVAILABLE, "text/plain", "not ready: no issuer loaded\n".into()),
+        "/ready" if state.issuer.borrow().is_none() => {
+            (StatusCode::SERVICE_UNAVAILABLE, "text/plain", "not ready: no issuer loaded\n".into())
+        }
+        "/ready" if state.index.as_ref().is_some_and(|i| !i.is_ready()) => {
+            (StatusCode::SERVICE_UNAVAILABLE, "text/plain", "not ready: cluster state not loaded yet\n".into())
+        }
+        "/ready" => (StatusCode::OK, "text/plain", "ready\n".into()),
         _ => (StatusCode::NOT_FOUND, "text/plain", "not found\n".into()),
     };
     Response::builder()

@@ -84,16 +84,16 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Out
     };
     let identity = IdentityService::new(issuer.clone(), authenticator, config.policy, metrics.clone());
     let mut routes = Routes::new(identity.into_server());
-    let source_task = match config.cluster {
-        Some(source) => {
-            let index = Index::new();
+    let index = config.cluster.as_ref().map(|_| Index::new());
+    let source_task = match (config.cluster, index.clone()) {
+        (Some(source), Some(index)) => {
             routes = routes.add_service(DestinationService::new(index.clone(), config.destination).into_server());
             Some(match source {
                 ClusterSource::Files(dir) => tokio::spawn(FileSource::new(dir).run(index)),
                 ClusterSource::Kube(client) => tokio::spawn(KubeSource::new(client).run(index)),
             })
         }
-        None => None,
+        _ => None,
     };
 
     tracing::info!(
@@ -111,7 +111,7 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Out
         (None, None) => None,
         _ => anyhow::bail!("the webhook needs both its configuration and a listener"),
     };
-    let admin_state = AdminState { metrics, issuer };
+    let admin_state = AdminState { metrics, issuer, index };
     let admin = tokio::spawn(admin::serve(listeners.admin, admin_state, until(stopped)));
 
     shutdown.await;
