@@ -2,7 +2,8 @@
 //! YAML files, 1,000 `Get` streams over real gRPC on localhost, and the time an EndpointSlice
 //! change takes to reach the client, (a) applied to the index directly and (b) written as a file
 //! (notify → debounce → parse → index → stream). Each is measured first with one open stream (the
-//! baseline) and then with all 1,000 open, in the same run. Also the process RSS.
+//! baseline) and then with all 1,000 open, in the same run. Then 1,000 streams on one service and
+//! the time until a change has reached all of them. Also the process RSS.
 //!
 //! Run: `cargo bench -p cnimesh-control --bench destination`.
 
@@ -18,6 +19,7 @@ use tonic::transport::Channel;
 const SERVICES: usize = 1_000;
 const ENDPOINTS_PER_SERVICE: usize = 10;
 const CHANGES: usize = 200;
+const FAN_OUT_CHANGES: usize = 50;
 /// Streams share connections as proxies on one node would not; 20 streams per connection keeps
 /// the file-descriptor count modest while still exercising many HTTP/2 connections.
 const CONNECTIONS: usize = 50;
@@ -144,6 +146,8 @@ async fn open(client: &mut DestinationClient<Channel>, service: usize) -> Stream
 
 #[tokio::main]
 async fn main() {
+    // `RUST_LOG=cnimesh_control=debug` shows what the files source does with each write.
+    tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).init();
     let dir = tempfile::tempdir().expect("tempdir");
     for service in 0..SERVICES {
         write_file(dir.path(), service, 0);
@@ -187,6 +191,26 @@ async fn main() {
     let files_all = bench.measure(&mut streams, Via::Files).await;
     let rss_end = rss_mib();
 
+    // Fan-out: the same number of streams all on one service; one change must reach every one.
+    let mut same = Vec::with_capacity(SERVICES);
+    for i in 0..SERVICES {
+        same.push(open(&mut clients[i % CONNECTIONS], 0).await);
+    }
+    let mut fan_out = Vec::new();
+    for i in 0..FAN_OUT_CHANGES + 5 {
+        bench.generation[0] += 1;
+        let slice: EndpointSlice = serde_saphyr::from_str(&slice_yaml(0, bench.generation[0])).expect("slice");
+        let start = Instant::now();
+        index.apply([Change::Upsert(Object::from(slice))]);
+        futures::future::join_all(same.iter_mut().map(|s| s.message())).await;
+        streams[0].message().await.expect("stream ok"); // Keep the first phase's stream drained.
+        if i >= 5 {
+            fan_out.push(start.elapsed());
+        }
+    }
+    let fan_out = stats(fan_out);
+    let rss_fan_out = rss_mib();
+
     println!("destination bench: {SERVICES} services x {ENDPOINTS_PER_SERVICE} endpoints (meshed pods), files source");
     println!(
         "  load {} files: {:.0} ms; opening {} more Get streams: {:.0} ms",
@@ -201,6 +225,7 @@ async fn main() {
     row(&format!("index -> stream, {SERVICES} streams open"), &index_all);
     row("file write -> stream, 1 stream open", &files_one);
     row(&format!("file write -> stream, {SERVICES} streams open"), &files_all);
+    row(&format!("index -> all {SERVICES} streams of one service"), &fan_out);
     println!(
         "  ratio {SERVICES} streams / 1 stream (p50): index {:.2}x, files {:.2}x (file path includes the {} ms debounce)",
         ms(index_all.p50) / ms(index_one.p50),
@@ -208,7 +233,7 @@ async fn main() {
         cnimesh_control::destination::DEFAULT_DEBOUNCE.as_millis()
     );
     println!(
-        "  VmRSS (whole process: index, server, {CONNECTIONS} client connections and {SERVICES} client streams, runtime): start {rss_start:.1} MiB, loaded {rss_loaded:.1} MiB, {SERVICES} streams {rss_streams:.1} MiB, end {rss_end:.1} MiB"
+        "  VmRSS (whole process: index, server, {CONNECTIONS} client connections and {SERVICES} client streams, runtime): start {rss_start:.1} MiB, loaded {rss_loaded:.1} MiB, {SERVICES} streams {rss_streams:.1} MiB, after the changes {rss_end:.1} MiB, with {SERVICES} more on one service {rss_fan_out:.1} MiB"
     );
     println!("  index: {:?}", index.stats());
 }

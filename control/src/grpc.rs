@@ -28,6 +28,9 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Pings on idle connections find proxies that vanished without a FIN (node died, conntrack
 /// dropped): their long-lived streams would otherwise be held open forever.
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
+/// A proxy holds one Destination stream per destination it talks to, all on one connection:
+/// hyper's default of 200 would stall a busy proxy's 201st lookup.
+const MAX_STREAMS: u32 = 10_000;
 /// How long in-flight calls get to finish once shutdown starts.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -47,6 +50,7 @@ pub async fn serve_tls(
             let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
                 .timer(TokioTimer::new())
                 .keep_alive_interval(KEEPALIVE_INTERVAL)
+                .max_concurrent_streams(MAX_STREAMS)
                 .serve_connection(TokioIo::new(tls), service);
             if let Err(error) = watcher.watch(conn).await {
                 tracing::debug!(%peer, %error, "gRPC connection ended with an error");

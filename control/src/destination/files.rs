@@ -8,14 +8,15 @@
 //! logged with the file and the file's previous content stays in force. Writers that want no
 //! intermediate states should write a temporary file and rename it over the old one.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use notify::{RecursiveMode, Watcher};
+use notify::event::{AccessKind, AccessMode};
+use notify::{EventKind, RecursiveMode, Watcher};
 use serde_json::Value;
 
 use super::index::{Change, Index};
@@ -24,7 +25,7 @@ use super::{Source, SourceError};
 
 /// Quiet time after a change before files are read: a `kubectl`-style write (truncate, write,
 /// close) or a `git checkout` of many files becomes one update instead of a burst of half-states.
-pub const DEFAULT_DEBOUNCE: Duration = Duration::from_millis(20);
+pub const DEFAULT_DEBOUNCE: Duration = Duration::from_millis(10);
 /// However busy the directory, changes are applied at least this often (in debounce periods).
 const MAX_DEBOUNCE_PERIODS: u32 = 10;
 
@@ -60,9 +61,10 @@ impl Source for FileSource {
             .map_err(|source| SourceError::Watch { dir: self.dir.clone(), source })?;
         let dir = self.dir.clone();
         let result = tokio::task::spawn_blocking(move || {
-            let mut files = Files { dir: self.dir, parsed: HashMap::new() };
-            index.apply(complete(files.rescan()));
-            tracing::info!(dir = %files.dir.display(), files = files.parsed.len(), stats = ?index.stats(), "loaded cluster state from files");
+            let mut files = Files { dir: self.dir, defined: HashMap::new() };
+            files.apply(files.all_paths(), &index);
+            index.apply(KINDS.map(Change::Listed));
+            tracing::info!(dir = %files.dir.display(), files = files.defined.len(), stats = ?index.stats(), "loaded cluster state from files");
             files.follow(&rx, self.debounce, &index);
         })
         .await;
@@ -75,10 +77,10 @@ impl Source for FileSource {
     }
 }
 
-/// The objects of each file, as last parsed successfully.
+/// Which objects each file defined when it last parsed.
 struct Files {
     dir: PathBuf,
-    parsed: HashMap<PathBuf, Vec<Object>>,
+    defined: HashMap<PathBuf, HashSet<ObjectId>>,
 }
 
 /// What a batch of file events asks for.
@@ -102,12 +104,11 @@ impl Files {
                     Err(mpsc::RecvTimeoutError::Disconnected) => return,
                 }
             }
-            let changes = if pending.rescan {
-                self.rescan()
-            } else {
-                pending.paths.into_iter().flat_map(|p| self.reload(&p)).collect()
-            };
-            index.apply(changes);
+            let started = Instant::now();
+            let (files, rescan) = (pending.paths.len(), pending.rescan);
+            let paths = if rescan { self.all_paths() } else { pending.paths };
+            let changed = self.apply(paths, index);
+            tracing::debug!(files, rescan, changed, took = ?started.elapsed(), "applied file changes");
         }
     }
 
@@ -120,53 +121,63 @@ impl Files {
                 return;
             }
         };
+        // Reads are not changes, and our own reads would wake us again in an endless loop. A
+        // close after writing is kept: it is the moment a file written in place is complete.
+        if matches!(event.kind, EventKind::Access(kind) if kind != AccessKind::Close(AccessMode::Write)) {
+            return;
+        }
         if event.need_rescan() {
             pending.rescan = true;
         }
         for path in event.paths {
             if is_manifest(&path) {
                 pending.paths.insert(path);
-            } else if path.is_dir() || self.parsed.keys().any(|f| f.starts_with(&path)) {
+            } else if path.is_dir() || self.defined.keys().any(|f| f.starts_with(&path)) {
                 // A directory appeared, went, or was swapped (a ConfigMap volume's `..data`).
                 pending.rescan = true;
             }
         }
     }
 
-    /// Reloads every file there is and every file there was.
-    fn rescan(&mut self) -> Vec<Change> {
-        let mut paths: HashSet<PathBuf> = self.parsed.keys().cloned().collect();
+    /// Every file there is and every file there was.
+    fn all_paths(&self) -> HashSet<PathBuf> {
+        let mut paths: HashSet<PathBuf> = self.defined.keys().cloned().collect();
         collect_manifests(&self.dir, &mut paths);
-        paths.into_iter().flat_map(|p| self.reload(&p)).collect()
+        paths
+    }
+
+    /// Reloads files one at a time, each as one step: a file is the unit of consistency, and
+    /// parsed objects never pile up beyond one file's worth (at 10,000 pods, holding them all at
+    /// once roughly doubled the resident memory left behind). Returns the number of changes.
+    fn apply(&mut self, paths: HashSet<PathBuf>, index: &Index) -> usize {
+        paths
+            .into_iter()
+            .map(|path| {
+                let changes = self.reload(&path);
+                let count = changes.len();
+                index.apply(changes);
+                count
+            })
+            .sum()
     }
 
     /// The changes that bring the index from this file's last good content to its current one.
     fn reload(&mut self, path: &Path) -> Vec<Change> {
-        let objects = match std::fs::read_to_string(path) {
-            Ok(text) => match parse(&text) {
-                Ok(objects) => objects,
-                Err(error) => {
-                    tracing::error!(file = %path.display(), %error, "cannot parse; keeping its last good state");
-                    return Vec::new();
-                }
-            },
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-            Err(error) => {
-                tracing::error!(file = %path.display(), %error, "cannot read; keeping its last good state");
-                return Vec::new();
-            }
-        };
-        let old = if objects.is_empty() {
-            self.parsed.remove(path)
+        let Some(objects) = read(path) else { return Vec::new() };
+        let ids: HashSet<ObjectId> = objects.iter().map(id).collect();
+        let old = if ids.is_empty() {
+            self.defined.remove(path)
         } else {
-            self.parsed.insert(path.to_path_buf(), objects.clone())
+            self.defined.insert(path.to_path_buf(), ids.clone())
         };
-        let current: HashSet<(Kind, NsName)> = objects.iter().map(|o| (o.kind(), o.key())).collect();
-        let mut changes: Vec<Change> = Vec::new();
-        for gone in old.iter().flatten().map(|o| (o.kind(), o.key())).filter(|k| !current.contains(k)) {
-            // An object another file also defines lives on in that file's version.
-            match self.parsed.values().flatten().find(|o| (o.kind(), o.key()) == gone) {
-                Some(other) => changes.push(Change::Upsert(other.clone())),
+        let mut changes = Vec::new();
+        for gone in old.into_iter().flatten().filter(|i| !ids.contains(i)) {
+            // An object another file also defines lives on in that file's version. That file is
+            // read again: duplicates are rare, and keeping every parsed object for them would
+            // cost more memory than the whole index.
+            let other = self.defined.iter().find(|(_, ids)| ids.contains(&gone)).and_then(|(p, _)| read(p));
+            match other.and_then(|objects| objects.into_iter().find(|o| id(o) == gone)) {
+                Some(object) => changes.push(Change::Upsert(object)),
                 None => changes.push(Change::Delete(gone.0, gone.1)),
             }
         }
@@ -175,15 +186,29 @@ impl Files {
     }
 }
 
-/// The first read of the directory is all there is: as Resets, it also makes the index ready.
-fn complete(changes: Vec<Change>) -> Vec<Change> {
-    let mut by_kind: BTreeMap<Kind, Vec<Object>> = KINDS.iter().map(|k| (*k, Vec::new())).collect();
-    for change in changes {
-        if let Change::Upsert(object) = change {
-            by_kind.entry(object.kind()).or_default().push(object);
+type ObjectId = (Kind, NsName);
+
+fn id(object: &Object) -> ObjectId {
+    (object.kind(), object.key())
+}
+
+/// A file's objects; `None` (logged) when it cannot be read or parsed, so its last good state
+/// stays. A file that is gone has no objects.
+fn read(path: &Path) -> Option<Vec<Object>> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => match parse(&text) {
+            Ok(objects) => Some(objects),
+            Err(error) => {
+                tracing::error!(file = %path.display(), %error, "cannot parse; keeping its last good state");
+                None
+            }
+        },
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Some(Vec::new()),
+        Err(error) => {
+            tracing::error!(file = %path.display(), %error, "cannot read; keeping its last good state");
+            None
         }
     }
-    by_kind.into_iter().map(|(kind, objects)| Change::Reset(kind, objects)).collect()
 }
 
 fn is_manifest(path: &Path) -> bool {
@@ -259,6 +284,47 @@ mod tests {
         let text = "apiVersion: v1\nkind: Service\nmetadata: {name: a}\n---\n---\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\n---\napiVersion: v1\nkind: List\nitems:\n- {apiVersion: v1, kind: Pod, metadata: {name: p}}\n";
         let kinds: Vec<Kind> = parse(text).unwrap().iter().map(Object::kind).collect();
         assert_eq!(kinds, [Kind::Service, Kind::Pod]);
+    }
+
+    #[test]
+    fn our_own_reads_do_not_count_as_changes() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("a.yaml");
+        std::fs::write(&file, "apiVersion: v1\nkind: Service\nmetadata: {name: a}\n").unwrap();
+        let mut files = Files { dir: dir.path().to_path_buf(), defined: HashMap::new() };
+        assert_eq!(files.reload(&file).len(), 1);
+        let event = |kind, path: &Path| Ok(notify::Event::new(kind).add_path(path.to_path_buf()));
+        let mut pending = Pending::default();
+        files.note(event(EventKind::Access(AccessKind::Open(AccessMode::Any)), dir.path()), &mut pending);
+        files.note(event(EventKind::Access(AccessKind::Open(AccessMode::Any)), &file), &mut pending);
+        files.note(event(EventKind::Access(AccessKind::Close(AccessMode::Read)), &file), &mut pending);
+        assert!(!pending.rescan && pending.paths.is_empty());
+        files.note(event(EventKind::Access(AccessKind::Close(AccessMode::Write)), &file), &mut pending);
+        assert_eq!(pending.paths.into_iter().collect::<Vec<_>>(), [file]);
+    }
+
+    #[test]
+    fn an_object_two_files_define_outlives_one_of_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let svc = |port| {
+            format!("apiVersion: v1\nkind: Service\nmetadata: {{name: x}}\nspec: {{ports: [{{port: {port}}}]}}\n")
+        };
+        let (a, b) = (dir.path().join("a.yaml"), dir.path().join("b.yaml"));
+        std::fs::write(&a, svc(80)).unwrap();
+        std::fs::write(&b, svc(81)).unwrap();
+        let mut files = Files { dir: dir.path().to_path_buf(), defined: HashMap::new() };
+        assert_eq!(files.all_paths(), HashSet::from([a.clone(), b.clone()]));
+        files.reload(&a);
+        files.reload(&b);
+        std::fs::remove_file(&a).unwrap();
+        match files.reload(&a).as_slice() {
+            [Change::Upsert(Object::Service(s))] => {
+                assert_eq!(s.spec.as_ref().unwrap().ports.as_ref().unwrap()[0].port, 81)
+            }
+            other => panic!("expected b's version, got {other:?}"),
+        }
+        std::fs::remove_file(&b).unwrap();
+        assert!(matches!(files.reload(&b).as_slice(), [Change::Delete(Kind::Service, _)]));
     }
 
     #[test]

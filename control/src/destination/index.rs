@@ -6,12 +6,15 @@
 //! to the last one wakes nobody. So an idle stream costs a receiver and its last-sent set, and the
 //! work per change is proportional to the services it touches, not to the number of streams.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::hash::Hash;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex, PoisonError};
 
+use linkerd2_proxy_api::destination::WeightedAddr;
 use tokio::sync::watch;
+
+use super::Config;
 
 use super::model::{KINDS, Kind, NsName, Object, PodRecord, ServiceRecord, SliceRecord};
 
@@ -23,9 +26,12 @@ pub enum Change {
     Upsert(Object),
     /// Remove an object; unknown objects are ignored.
     Delete(Kind, NsName),
-    /// The complete set of objects of a kind, as after a (re-)list: anything not in it goes. The
-    /// index is ready once it has had one of each kind.
+    /// The complete set of objects of a kind, as after a (re-)list: anything not in it goes.
+    /// Implies `Listed`.
     Reset(Kind, Vec<Object>),
+    /// Every object of the kind has been delivered (the end of an initial load). The index is
+    /// ready once each kind has been listed.
+    Listed(Kind),
 }
 
 /// A ready endpoint of a service, with what the resolver needs to turn it into an address.
@@ -33,15 +39,39 @@ pub enum Change {
 pub(crate) struct Endpoint {
     pub addr: IpAddr,
     /// The slice's ports (name → number), shared by all endpoints of the slice.
-    pub ports: Arc<std::collections::BTreeMap<String, u16>>,
+    pub ports: Arc<BTreeMap<String, u16>>,
     pub pod: Option<(String, Arc<PodRecord>)>,
 }
 
-#[derive(Debug, PartialEq, Eq)]
 pub(crate) struct ServiceSnapshot {
     pub key: NsName,
     pub service: Arc<ServiceRecord>,
     pub endpoints: Vec<Endpoint>,
+    /// Answers already worked out from this snapshot, for the resolver: all streams of a service
+    /// port share one, so a change costs one resolution however many streams follow it.
+    pub resolved: Mutex<Vec<Resolved>>,
+}
+
+/// The endpoints of one port under one configuration.
+pub(crate) type Resolved = (u16, Arc<Config>, Arc<BTreeMap<SocketAddr, WeightedAddr>>);
+
+/// Snapshots are compared to decide whether anyone needs waking; the cache is not state.
+impl PartialEq for ServiceSnapshot {
+    fn eq(&self, other: &Self) -> bool {
+        (&self.key, &self.service, &self.endpoints) == (&other.key, &other.service, &other.endpoints)
+    }
+}
+
+impl Eq for ServiceSnapshot {}
+
+impl std::fmt::Debug for ServiceSnapshot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServiceSnapshot")
+            .field("key", &self.key)
+            .field("service", &self.service)
+            .field("endpoints", &self.endpoints)
+            .finish_non_exhaustive()
+    }
 }
 
 /// `None` while the service does not exist.
@@ -157,6 +187,9 @@ impl Index {
             match change {
                 Change::Upsert(object) => state.upsert(object),
                 Change::Delete(kind, key) => state.delete(kind, &key),
+                Change::Listed(kind) => {
+                    state.listed.insert(kind);
+                }
                 Change::Reset(kind, objects) => {
                     state.listed.insert(kind);
                     let keep: HashSet<NsName> = objects.iter().map(Object::key).collect();
@@ -354,7 +387,7 @@ impl State {
                 endpoints.push(Endpoint { addr: ep.addr, ports: slice.ports.clone(), pod });
             }
         }
-        Some(Arc::new(ServiceSnapshot { key: key.clone(), service, endpoints }))
+        Some(Arc::new(ServiceSnapshot { key: key.clone(), service, endpoints, resolved: Mutex::default() }))
     }
 
     /// A ClusterIP wins over a pod IP: the two ranges never overlap in a sane cluster, and a

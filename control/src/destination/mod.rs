@@ -11,11 +11,16 @@
 //!   not parse is logged with its error and its last good content stays in force.
 //!
 //! Wiring (what `main.rs` does):
-//! ```ignore
-//! let index = Index::new();
-//! tokio::spawn(FileSource::new(dir).run(index.clone())); // or KubeSource::new(client)
-//! let destination = DestinationService::new(index, Config::default()).into_server();
-//! tonic::transport::Server::builder().add_service(destination).serve(addr).await?;
+//! ```no_run
+//! use cnimesh_control::destination::{Config, DestinationService, FileSource, Index, Source};
+//!
+//! async fn serve(dir: std::path::PathBuf, addr: std::net::SocketAddr) -> anyhow::Result<()> {
+//!     let index = Index::new();
+//!     tokio::spawn(FileSource::new(dir).run(index.clone())); // or KubeSource::new(client)
+//!     let destination = DestinationService::new(index, Config::default()).into_server();
+//!     tonic::transport::Server::builder().add_service(destination).serve(addr).await?;
+//!     Ok(())
+//! }
 //! ```
 //!
 //! Answers:
@@ -39,8 +44,8 @@
 //! directory), requests wait: answering earlier could tell a proxy that a service does not exist
 //! when it has merely not been listed yet. [`Index::is_ready`] is meant for the readiness probe.
 //!
-//! Streams share per-service (and per-IP) watch channels holding one snapshot; an idle stream holds
-//! no task and no timer.
+//! Streams share per-service (and per-IP) watch channels holding one snapshot, and each diffs
+//! snapshots against what it last sent; an idle stream has no task or timer of our own.
 
 mod files;
 mod index;

@@ -2,6 +2,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, PoisonError};
 
 use linkerd2_proxy_api::destination::{
     DestinationProfile, ProtocolHint, TlsIdentity, WeightedAddr, protocol_hint, tls_identity,
@@ -20,13 +21,24 @@ pub(crate) fn fqdn(key: &NsName, config: &Config) -> String {
     format!("{}.{}.svc.{}", key.name, key.namespace, config.cluster_domain)
 }
 
-/// The ready endpoints of `port` on a service, keyed by address so streams can diff them.
-/// Endpoints whose target port cannot be resolved are left out (they could not be dialled).
+/// The ready endpoints of `port` on a service, keyed by address so streams can diff them; worked
+/// out once per snapshot and port, and shared.
 pub(crate) fn service_endpoints(
     snapshot: &ServiceSnapshot,
     port: u16,
-    config: &Config,
-) -> BTreeMap<SocketAddr, WeightedAddr> {
+    config: &Arc<Config>,
+) -> Arc<BTreeMap<SocketAddr, WeightedAddr>> {
+    let mut resolved = snapshot.resolved.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some((_, _, endpoints)) = resolved.iter().find(|(p, c, _)| *p == port && c == config) {
+        return endpoints.clone();
+    }
+    let endpoints = Arc::new(resolve_endpoints(snapshot, port, config));
+    resolved.push((port, config.clone(), endpoints.clone()));
+    endpoints
+}
+
+/// Endpoints whose target port cannot be resolved are left out (they could not be dialled).
+fn resolve_endpoints(snapshot: &ServiceSnapshot, port: u16, config: &Config) -> BTreeMap<SocketAddr, WeightedAddr> {
     let Some(service_port) = snapshot.service.ports.iter().find(|p| p.port == port) else {
         return BTreeMap::new();
     };

@@ -42,8 +42,8 @@ impl DestinationService {
 
 /// A stream that follows a watch channel: `step` turns each new value into zero or more messages.
 /// The current value is handled at once, so every stream answers without waiting for a change.
-/// No task per stream: the stream is polled by the connection serving it and costs nothing while
-/// the channel is quiet.
+/// No task or timer of our own per stream: it is polled by the server's own stream task and costs
+/// nothing while the channel is quiet.
 fn follow<V, T>(
     rx: watch::Receiver<V>,
     step: impl FnMut(&V) -> Vec<T> + Send + 'static,
@@ -84,7 +84,8 @@ struct EndpointDiff {
     key: NsName,
     port: u16,
     config: Arc<Config>,
-    sent: BTreeMap<SocketAddr, WeightedAddr>,
+    /// Shared with every stream of the same service port that has sent the same.
+    sent: Arc<BTreeMap<SocketAddr, WeightedAddr>>,
     /// The `exists` of the last `no_endpoints` sent, while the client holds no endpoints.
     no_endpoints: Option<bool>,
 }
@@ -96,6 +97,9 @@ impl EndpointDiff {
     /// says `exists: false` so clients may fall back to DNS.
     fn step(&mut self, view: &ServiceView) -> Vec<Update> {
         let next = view.as_ref().map(|s| resolve::service_endpoints(s, self.port, &self.config)).unwrap_or_default();
+        if Arc::ptr_eq(&next, &self.sent) && !next.is_empty() {
+            return Vec::new();
+        }
         let mut updates = Vec::new();
         let removed: Vec<_> = self.sent.keys().filter(|a| !next.contains_key(a)).map(|a| (*a).into()).collect();
         if !removed.is_empty() {
@@ -145,7 +149,7 @@ impl Destination for DestinationService {
         self.index.ready().await;
         let rx = self.index.watch_service(&key);
         let mut diff =
-            EndpointDiff { key, port, config: self.config.clone(), sent: BTreeMap::new(), no_endpoints: None };
+            EndpointDiff { key, port, config: self.config.clone(), sent: Arc::default(), no_endpoints: None };
         Ok(Response::new(follow(rx, move |view| diff.step(view))))
     }
 
