@@ -84,6 +84,11 @@ pub struct TcpLabels {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct ServiceLabels {
+    pub authority: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub struct RefreshLabels {
     pub result: String,
 }
@@ -126,6 +131,7 @@ pub struct Metrics {
     pub tcp_read_bytes_total: Family<TcpLabels, Counter>,
     pub tcp_write_bytes_total: Family<TcpLabels, Counter>,
     pub tcp_refused_total: Family<TcpLabels, Counter>,
+    pub outbound_endpoints: Family<ServiceLabels, Gauge>,
     pub identity_cert_expiration_timestamp_seconds: Gauge,
     pub identity_cert_refresh_total: Family<RefreshLabels, Counter>,
     authorities: [Bounded; 2],
@@ -145,6 +151,7 @@ impl Default for Metrics {
             tcp_read_bytes_total: Family::default(),
             tcp_write_bytes_total: Family::default(),
             tcp_refused_total: Family::default(),
+            outbound_endpoints: Family::default(),
             identity_cert_expiration_timestamp_seconds: Gauge::default(),
             identity_cert_refresh_total: Family::default(),
             authorities: Default::default(),
@@ -165,6 +172,11 @@ impl Default for Metrics {
         registry.register("tcp_read_bytes", "Bytes read from peers", m.tcp_read_bytes_total.clone());
         registry.register("tcp_write_bytes", "Bytes written to peers", m.tcp_write_bytes_total.clone());
         registry.register("tcp_refused", "TCP connections refused by mTLS policy", m.tcp_refused_total.clone());
+        registry.register(
+            "outbound_endpoints",
+            "Endpoints discovery currently knows for a service the proxy talks to",
+            m.outbound_endpoints.clone(),
+        );
         registry.register(
             "identity_cert_expiration_timestamp_seconds",
             "When the proxy's current certificate expires (Unix time)",

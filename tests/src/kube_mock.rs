@@ -246,18 +246,26 @@ impl ListWatchApi {
             query: req.uri().query().unwrap_or_default().to_string(),
             body: Value::Null,
         };
-        self.seen.lock().unwrap().push(seen.clone());
+        let is_watch = seen.query.contains("watch=true");
+        if !is_watch {
+            self.seen.lock().unwrap().push(seen.clone());
+        }
         let mut collections = self.collections.lock().unwrap();
         let Some(collection) = collections.get_mut(&seen.path).filter(|_| seen.method == Method::GET) else {
+            if is_watch {
+                self.seen.lock().unwrap().push(seen.clone());
+            }
             return not_found(&seen.path);
         };
-        if !seen.query.contains("watch=true") {
+        if !is_watch {
             let list = json!({"kind": "List", "apiVersion": "v1", "metadata": {"resourceVersion": collection.resource_version}, "items": collection.items});
             return full(StatusCode::OK, list);
         }
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Bytes>();
         collection.watch = Some(tx);
         drop(collections);
+        // Seen only once it can be sent to: `wait_watches` then `send` must not race.
+        self.seen.lock().unwrap().push(seen);
         self.watch_opened.notify_waiters();
         let stream = futures::stream::poll_fn(move |cx| rx.poll_recv(cx).map(|b| b.map(|b| Ok(Frame::data(b)))));
         Response::builder().status(200).body(StreamBody::new(stream).boxed()).expect("valid response")

@@ -13,6 +13,7 @@ use tokio::sync::watch;
 use tonic::transport::Channel;
 
 use super::{Endpoint, Endpoints, Profile, endpoint};
+use crate::metrics::{Metrics, ServiceLabels};
 
 /// Opens a stream with `open` and feeds its messages to `apply` (`true` for the first message
 /// of each stream: a fresh snapshot) until `closed`, retrying with backoff.
@@ -81,6 +82,7 @@ pub async fn endpoints(
     authority: String,
     tx: watch::Sender<Arc<Endpoints>>,
     max_backoff: Duration,
+    (metrics, gauge): (Arc<Metrics>, ServiceLabels),
 ) {
     // Endpoints by address, so balancing statistics survive updates.
     let mut current: HashMap<SocketAddr, Arc<Endpoint>> = HashMap::new();
@@ -122,10 +124,12 @@ pub async fn endpoints(
         let mut list: Vec<_> = current.values().cloned().collect();
         list.sort_by_key(|e| e.addr);
         tracing::debug!(%authority, endpoints = list.len(), "endpoints updated");
+        metrics.outbound_endpoints.get_or_create(&gauge).set(list.len() as i64);
         tx.send_replace(Arc::new(Endpoints { list, known: true, exists }));
     };
     tokio::select! {
         () = tx.closed() => {}
         () = retrying(format!("endpoints {authority}"), max_backoff, open, apply) => {}
     }
+    metrics.outbound_endpoints.remove(&gauge);
 }

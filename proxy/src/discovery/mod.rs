@@ -68,6 +68,7 @@ pub struct Discovery {
     /// forwarded to its original destination as if undiscovered.
     first_answer: Duration,
     max_backoff: Duration,
+    metrics: Arc<crate::metrics::Metrics>,
 }
 
 /// The cached receiver for `key`, starting its stream with `start` on first use.
@@ -89,8 +90,13 @@ fn shared<K: std::hash::Hash + Eq + Clone, V>(
 }
 
 impl Discovery {
-    pub fn new(channel: Channel, first_answer: Duration, max_backoff: Duration) -> Self {
-        Self { channel, profiles: Mutex::default(), services: Mutex::default(), first_answer, max_backoff }
+    pub fn new(
+        channel: Channel,
+        first_answer: Duration,
+        max_backoff: Duration,
+        metrics: Arc<crate::metrics::Metrics>,
+    ) -> Self {
+        Self { channel, profiles: Mutex::default(), services: Mutex::default(), first_answer, max_backoff, metrics }
     }
 
     fn client(&self) -> DestinationClient<Channel> {
@@ -116,7 +122,14 @@ impl Discovery {
     pub async fn endpoints(self: &Arc<Self>, authority: &str) -> watch::Receiver<Arc<Endpoints>> {
         let mut rx = shared(&self.services, &authority.to_string(), || {
             let (tx, rx) = watch::channel(Arc::new(Endpoints::default()));
-            tokio::spawn(follow::endpoints(self.client(), authority.to_string(), tx, self.max_backoff));
+            let gauge = crate::metrics::ServiceLabels { authority: authority.to_string() };
+            tokio::spawn(follow::endpoints(
+                self.client(),
+                authority.to_string(),
+                tx,
+                self.max_backoff,
+                (self.metrics.clone(), gauge),
+            ));
             rx
         });
         if !rx.borrow().known {
