@@ -36,8 +36,8 @@ pub struct Config {
     /// connection as plaintext (a server-speaks-first protocol from a non-meshed client waits
     /// this long for its greeting).
     pub opaque_tls_wait: Duration,
-    /// Outbound endpoints known to be meshed, with the identity each must prove. Discovery
-    /// (the destination service) adds to this at run time.
+    /// Outbound endpoints known to be meshed, with the identity each must prove, for
+    /// destinations that discovery does not resolve to a service (a pod IP's profile wins).
     pub outbound_identities: Vec<(EndpointMatch, Name)>,
     /// The Destination service; without it outbound traffic goes to its original destination.
     pub destination: Option<DestinationConfig>,
@@ -223,6 +223,13 @@ impl Config {
                 .map_err(|why| ConfigError { var: n, value: v.clone(), why })?;
         }
         c.identity = identity(&var)?;
+        if c.identity.is_none() && !c.outbound_identities.is_empty() {
+            return Err(ConfigError {
+                var: "CNIMESH_PROXY_OUTBOUND_IDENTITIES".into(),
+                value: String::new(),
+                why: "meshed endpoints need CNIMESH_PROXY_IDENTITY_* (they would be sent plaintext)".into(),
+            });
+        }
         c.destination = destination(&var, c.identity.as_ref())?;
         Ok(c)
     }
@@ -343,6 +350,8 @@ mod tests {
         assert_eq!(c.outbound_identities.len(), 2);
         assert!(Config::from_vars(vars(&[("CNIMESH_PROXY_OUTBOUND_IDENTITIES", "10.0.0.1:80=Bad_Name")])).is_err());
         assert!(Config::from_vars(vars(&[("CNIMESH_PROXY_INBOUND_REQUIRE_TLS", "yes")])).is_err());
+        let e = Config::from_vars(vars(&[("CNIMESH_PROXY_OUTBOUND_IDENTITIES", "10.0.0.1=a.b")])).unwrap_err();
+        assert!(e.to_string().contains("would be sent plaintext"), "{e}");
         let e = Config::from_vars(vars(&[("CNIMESH_PROXY_DESTINATION_ADDR", "control:4190")])).unwrap_err();
         assert!(e.to_string().contains("needs CNIMESH_PROXY_IDENTITY"), "{e}");
     }

@@ -1,6 +1,6 @@
-//! Which outbound endpoints are meshed, and the identity each must prove. Filled from static
-//! configuration today and by discovery (the destination service's identity hints) at run time;
-//! the proxy only ever asks "what identity does this address have?".
+//! Which outbound endpoints are meshed, and the identity each must prove, from static
+//! configuration: for destinations discovery does not resolve (a pod IP's profile and a
+//! service's endpoints carry their own identity).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

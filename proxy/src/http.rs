@@ -344,7 +344,7 @@ impl HttpProxy {
         let named = self.named.as_ref()?;
         let (host, port) = match authority.rsplit_once(':') {
             Some((h, p)) => (h, p.parse::<u16>().ok()?),
-            None => (authority, 80),
+            None => (authority, self.target.port()),
         };
         if !host.contains(".svc.") {
             return None;
@@ -482,11 +482,14 @@ impl HttpProxy {
         let named = self.named_route(&authority).await;
         let (client, picked) = self.select(named.as_deref())?;
         let upstream = picked.target.addr;
-        let mut response =
-            client.request(Request::from_parts(parts, body)).await.map_err(|e| upstream_error(upstream, &e))?;
+        let result = client.request(Request::from_parts(parts, body)).await;
         if let Some(load) = &picked.load {
-            load.observe();
+            match &result {
+                Ok(_) => load.observe(),
+                Err(_) => load.fail(),
+            }
         }
+        let mut response = result.map_err(|e| upstream_error(upstream, &e))?;
         strip_hop_by_hop(response.headers_mut(), false);
         Ok(response.map(incoming))
     }

@@ -67,6 +67,7 @@ pub async fn run(
             }
             _ => None,
         },
+        local_ips: server::LocalIps::default(),
     });
     let mut listeners = Vec::new();
     for (direction, addrs) in [(Direction::inbound, &config.inbound), (Direction::outbound, &config.outbound)] {

@@ -35,6 +35,27 @@ pub struct Shared {
     pub endpoints: Arc<MeshedEndpoints>,
     /// Present when a Destination service is configured.
     pub discovery: Option<Arc<Discovery>>,
+    pub local_ips: LocalIps,
+}
+
+/// This pod's own addresses, learnt on first use: an address is local when a socket can bind to
+/// it (the kernel's own answer, covering every interface and family).
+#[derive(Debug, Default)]
+pub struct LocalIps(std::sync::Mutex<std::collections::HashSet<std::net::IpAddr>>);
+
+impl LocalIps {
+    pub fn contains(&self, ip: std::net::IpAddr) -> bool {
+        if self.0.lock().expect("not poisoned").contains(&ip) {
+            return true;
+        }
+        let local = std::net::UdpSocket::bind((ip, 0)).is_ok();
+        let mut known = self.0.lock().expect("not poisoned");
+        // A pod has a handful of addresses; the bound keeps a confused caller from growing it.
+        if local && known.len() < 64 {
+            known.insert(ip);
+        }
+        local
+    }
 }
 
 /// Accepts until draining starts.
@@ -82,6 +103,13 @@ async fn secure(
 ) -> anyhow::Result<()> {
     let config = &shared.config;
     let opaque_port = config.opaque_ports.contains(&target.port());
+    // Inbound capture redirects whatever arrives at the pod: a neighbour on the same L2 segment
+    // could address a packet to any IP and have us relay it from this pod's address. Only this
+    // pod's own addresses are destinations of inbound traffic.
+    if direction == Direction::inbound && !shared.local_ips.contains(target.ip()) {
+        shared.metrics.tcp_refused(direction, target);
+        anyhow::bail!("refused: inbound connection to {target}, which is not an address of this pod");
+    }
     let (io, prefix, route) = match (direction, shared.identity.as_deref()) {
         (Direction::inbound, Some(identity)) => {
             let wait = if opaque_port { config.opaque_tls_wait } else { config.detect_timeout };
@@ -172,7 +200,11 @@ async fn serve(
     };
     if protocol == Protocol::Opaque {
         let picked = conn.route.pick()?;
-        let upstream = tls::connect(picked.target.addr, config.connect_timeout, picked.target.tls.as_ref()).await?;
+        let connected = tls::connect(picked.target.addr, config.connect_timeout, picked.target.tls.as_ref()).await;
+        if let (Err(_), Some(load)) = (&connected, &picked.load) {
+            load.fail();
+        }
+        let upstream = connected?;
         // `picked` holds the connection as load on its endpoint until it ends.
         let forwarded = tcp::forward(io, prefix, upstream, config.idle_timeout, conn.counters).await;
         drop(picked);

@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 
 /// How fast an observed peak is forgotten (Linkerd's default).
 const DECAY: Duration = Duration::from_secs(10);
+/// What a failed request counts as.
+const FAILURE_PENALTY: Duration = Duration::from_secs(1);
 /// The estimate of an endpoint with no observations yet.
 const DEFAULT_RTT: Duration = Duration::from_millis(30);
 
@@ -76,6 +78,12 @@ impl Load {
     /// Records the time to response headers.
     pub fn observe(&self) {
         self.stats.observe(self.start.elapsed());
+    }
+
+    /// Records a failure (refused, reset, timed out) as a slow answer: an endpoint that fails
+    /// fast must not look like the fastest one.
+    pub fn fail(&self) {
+        self.stats.observe(self.start.elapsed().max(FAILURE_PENALTY));
     }
 }
 
@@ -149,6 +157,16 @@ mod tests {
         }
         drop(_busy);
         assert_eq!(endpoints[0].pending(), 0);
+    }
+
+    #[test]
+    fn a_failing_endpoint_is_avoided() {
+        let endpoints: Vec<Arc<Stats>> = (0..2).map(|_| Arc::default()).collect();
+        endpoints[1].observe(Duration::from_millis(5));
+        Load::start(endpoints[0].clone()).fail();
+        for _ in 0..100 {
+            assert!(Arc::ptr_eq(pick(&endpoints, |s| s).unwrap(), &endpoints[1]));
+        }
     }
 
     #[test]

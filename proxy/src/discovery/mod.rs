@@ -143,9 +143,23 @@ impl Discovery {
 fn endpoint(addr: &api::WeightedAddr) -> Option<Endpoint> {
     let tcp = addr.addr?;
     let ip = std::net::IpAddr::try_from(tcp.ip?).ok()?;
-    let identity = addr.tls_identity.as_ref().and_then(|t| match &t.strategy {
-        Some(api::tls_identity::Strategy::DnsLikeIdentity(d)) => d.name.parse().ok(),
-        _ => None,
-    });
+    // An endpoint the control plane says is meshed, with an identity we cannot check, is left
+    // out rather than dialled in plaintext.
+    let identity = match addr.tls_identity.as_ref() {
+        None => None,
+        Some(t) => match &t.strategy {
+            Some(api::tls_identity::Strategy::DnsLikeIdentity(d)) => match d.name.parse() {
+                Ok(name) => Some(name),
+                Err(e) => {
+                    tracing::warn!(error = %e, "endpoint with an invalid identity left out");
+                    return None;
+                }
+            },
+            other => {
+                tracing::warn!(identity = ?other, "endpoint with an identity kind we cannot verify left out");
+                return None;
+            }
+        },
+    };
     Some(Endpoint { addr: SocketAddr::new(ip, u16::try_from(tcp.port).ok()?), identity, stats: Arc::default() })
 }

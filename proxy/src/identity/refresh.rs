@@ -23,7 +23,7 @@ pub fn refresh_after(now: SystemTime, not_after: SystemTime) -> Duration {
 /// The next backoff: double, capped, then jittered to 50–100% so a fleet of proxies that lost the
 /// control plane together does not come back in lockstep.
 pub fn backoff(previous: Duration, max: Duration) -> (Duration, Duration) {
-    let next = (previous * 2).clamp(FIRST_BACKOFF, max);
+    let next = (previous * 2).max(FIRST_BACKOFF).min(max);
     let mut r = [0u8; 2];
     cnimesh_identity::tls::random(&mut r);
     let fraction = 0.5 + f64::from(u16::from_le_bytes(r)) / f64::from(u16::MAX) / 2.0;
@@ -49,6 +49,12 @@ pub async fn run(identity: Arc<Identity>, config: IdentityConfig, metrics: Arc<M
     let mut delay = Duration::ZERO;
     let mut not_after: Option<SystemTime> = None;
     loop {
+        // An expired certificate is useless to peers: stop presenting it (and being ready).
+        if not_after.is_some_and(|t| t <= SystemTime::now()) {
+            tracing::error!(identity = %identity.name, "certificate expired before it could be renewed; not ready");
+            identity.cert.clear();
+            not_after = None;
+        }
         let result = certify::certify(channel.clone(), &config, identity.roots.clone(), &csr).await.and_then(
             |Issued { chain, not_after }| {
                 let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));

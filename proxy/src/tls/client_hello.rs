@@ -17,7 +17,9 @@ pub enum Peek {
     NotTls,
     /// A complete ClientHello; its SNI if it sent one.
     ClientHello(Option<String>),
-    NeedMore,
+    /// Not decided yet; nothing new can be learnt before the buffer holds this many bytes (so a
+    /// client dribbling bytes costs one parse per step it completes, not one per read).
+    NeedMore(usize),
 }
 
 struct Reader<'a>(&'a [u8]);
@@ -57,8 +59,9 @@ pub fn peek(buf: &[u8]) -> Peek {
     let mut handshake = Vec::new();
     let mut records = Reader(buf);
     loop {
+        let offset = buf.len() - records.0.len();
         let Some(header) = records.take(5) else {
-            return if buf.first().is_some_and(|b| *b != 0x16) { Peek::NotTls } else { Peek::NeedMore };
+            return if buf.first().is_some_and(|b| *b != 0x16) { Peek::NotTls } else { Peek::NeedMore(offset + 5) };
         };
         // Handshake content type and a TLS 1.x record version (ClientHellos use 0x0301..0x0303).
         if header[0] != 0x16 || header[1] != 0x03 || header[2] > 0x03 {
@@ -68,7 +71,7 @@ pub fn peek(buf: &[u8]) -> Peek {
         if len == 0 || len > 16 * 1024 + 256 {
             return Peek::NotTls;
         }
-        let Some(fragment) = records.take(len) else { return Peek::NeedMore };
+        let Some(fragment) = records.take(len) else { return Peek::NeedMore(offset + 5 + len) };
         handshake.extend_from_slice(fragment);
         if handshake[0] != 0x01 {
             return Peek::NotTls;
@@ -122,11 +125,14 @@ fn server_name(body: &[u8]) -> Option<Option<String>> {
 pub async fn read<S: AsyncRead + Unpin>(stream: &mut S, timeout: Duration) -> io::Result<(Peek, Bytes)> {
     let mut buf = BytesMut::with_capacity(2048);
     let deadline = tokio::time::Instant::now() + timeout;
+    let mut needed = 1;
     loop {
-        match peek(&buf) {
-            Peek::NeedMore if buf.len() < MAX_HELLO + 5 * 8 => {}
-            Peek::NeedMore => return Ok((Peek::NotTls, buf.freeze())),
-            verdict => return Ok((verdict, buf.freeze())),
+        if buf.len() >= needed {
+            match peek(&buf) {
+                Peek::NeedMore(n) if n <= MAX_HELLO + 5 * 8 => needed = n,
+                Peek::NeedMore(_) => return Ok((Peek::NotTls, buf.freeze())),
+                verdict => return Ok((verdict, buf.freeze())),
+            }
         }
         match tokio::time::timeout_at(deadline, stream.read_buf(&mut buf)).await {
             Err(_) | Ok(Ok(0)) => return Ok((Peek::NotTls, buf.freeze())),
@@ -164,7 +170,7 @@ mod tests {
             Peek::ClientHello(Some("web.shop.serviceaccount.identity.cnimesh.cluster.local".into()))
         );
         for cut in [0, 1, 5, 40, bytes.len() - 1] {
-            assert_eq!(peek(&bytes[..cut]), Peek::NeedMore, "cut at {cut}");
+            assert!(matches!(peek(&bytes[..cut]), Peek::NeedMore(n) if n > cut), "cut at {cut}");
         }
     }
 

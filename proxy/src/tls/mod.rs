@@ -3,6 +3,9 @@
 
 pub mod client_hello;
 
+/// Upper bound of an inbound TLS handshake once its ClientHello has arrived.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -43,7 +46,12 @@ pub async fn inbound(
     match peek {
         Peek::ClientHello(Some(sni)) if sni == identity.name.as_str() => {
             let acceptor = tokio_rustls::TlsAcceptor::from(identity.server.clone());
-            let tls = acceptor.accept(PrefixedIo::new(prefix, stream)).await?;
+            // Our SNI is public: a peer that sends it and then stalls must not hold the
+            // connection (and its drain guard) forever.
+            let handshake = acceptor.accept(PrefixedIo::new(prefix, stream));
+            let tls = tokio::time::timeout(wait.max(HANDSHAKE_TIMEOUT), handshake)
+                .await
+                .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "TLS handshake timed out"))??;
             let client_id = tls
                 .get_ref()
                 .1
