@@ -80,17 +80,17 @@ impl FileTokens {
         found.ok_or_else(|| TokenError::Unauthenticated("the token matches no service account".into()))
     }
 
-    /// World-readable token files are skipped: any local user could impersonate the workload
-    /// (DESIGN.md §7.3). Group-readable ones are used with a warning, since a shared group is
+    /// World-readable or -writable token files are skipped: any local user could impersonate the
+    /// workload, or plant a token for it (DESIGN.md §7.3). Group-readable ones are used with a warning, since a shared group is
     /// sometimes how the workload gets to read its own file.
     fn permissions_allow_use(&self, path: &Path) -> bool {
         let mode = match std::fs::metadata(path) {
             Ok(meta) => meta.permissions().mode(),
             Err(_) => return false,
         };
-        if mode & 0o004 != 0 {
+        if mode & 0o006 != 0 {
             if self.warned.lock().expect("not poisoned").insert(path.to_path_buf()) {
-                tracing::error!(path = %path.display(), mode = format!("{mode:o}"), "world-readable token file ignored");
+                tracing::error!(path = %path.display(), mode = format!("{mode:o}"), "world-readable or -writable token file ignored");
             }
             return false;
         }
