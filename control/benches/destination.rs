@@ -165,12 +165,7 @@ async fn main() {
 
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
-    let server = DestinationService::new(index.clone(), Config::default()).into_server();
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(server)
-            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
-    );
+    DestinationService::new(index.clone(), Config::default()).spawn_plaintext(listener);
     let mut clients = Vec::new();
     for _ in 0..CONNECTIONS {
         clients.push(DestinationClient::connect(format!("http://{addr}")).await.expect("connect"));

@@ -56,12 +56,7 @@ impl MockApi {
 
     /// A kube client whose every request this mock answers.
     pub fn client(self: &Arc<Self>) -> kube::Client {
-        let mock = self.clone();
-        let service = tower::service_fn(move |req: Request<kube::client::Body>| {
-            let mock = mock.clone();
-            async move { Ok::<_, Infallible>(mock.handle(req).await) }
-        });
-        kube::Client::new(service, "default")
+        client_for(self.clone(), |mock, req| async move { mock.handle(req).await })
     }
 
     pub fn requests(&self, method: Method, path_prefix: &str) -> Vec<Seen> {
@@ -181,12 +176,7 @@ impl ListWatchApi {
 
     /// A kube client whose every request this mock answers.
     pub fn client(self: &Arc<Self>) -> kube::Client {
-        let mock = self.clone();
-        let service = tower::service_fn(move |req: Request<kube::client::Body>| {
-            let mock = mock.clone();
-            async move { Ok::<_, Infallible>(mock.handle(req).await) }
-        });
-        kube::Client::new(service, "default")
+        client_for(self.clone(), |mock, req| async move { mock.handle(req).await })
     }
 
     /// What the next list of `path` returns.
@@ -270,4 +260,18 @@ impl ListWatchApi {
         let stream = futures::stream::poll_fn(move |cx| rx.poll_recv(cx).map(|b| b.map(|b| Ok(Frame::data(b)))));
         Response::builder().status(200).body(StreamBody::new(stream).boxed()).expect("valid response")
     }
+}
+
+/// A kube client answered by `handle` on `mock`.
+fn client_for<M, F, Fut>(mock: Arc<M>, handle: F) -> kube::Client
+where
+    M: Send + Sync + 'static,
+    F: Fn(Arc<M>, Request<kube::client::Body>) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = Response<Body>> + Send + 'static,
+{
+    let service = tower::service_fn(move |req: Request<kube::client::Body>| {
+        let (mock, handle) = (mock.clone(), handle.clone());
+        async move { Ok::<_, Infallible>(handle(mock, req).await) }
+    });
+    kube::Client::new(service, "default")
 }

@@ -86,12 +86,7 @@ async fn watches_resume_relist_after_gone_and_stream_changes() {
     tokio::spawn(async move { source.await.expect("kube source") });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let server = DestinationService::new(index.clone(), Config::default()).into_server();
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(server)
-            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
-    );
+    DestinationService::new(index.clone(), Config::default()).spawn_plaintext(listener);
     let mut client = DestinationClient::connect(format!("http://{addr}")).await.unwrap();
 
     // Once every watch is open, every list has been applied.

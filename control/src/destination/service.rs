@@ -35,6 +35,19 @@ impl DestinationService {
         DestinationServer::new(self)
     }
 
+    /// Serves Destination alone, in plaintext, on `listener`: for tests and benchmarks. The
+    /// control plane serves it beside Identity over TLS (`serve::run`).
+    pub fn spawn_plaintext(
+        self,
+        listener: tokio::net::TcpListener,
+    ) -> tokio::task::JoinHandle<Result<(), tonic::transport::Error>> {
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(self.into_server())
+                .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
+        )
+    }
+
     fn parse(&self, request: &GetDestination) -> Result<Target, Status> {
         path::parse(&request.path, &self.config.cluster_domain).map_err(|e| Status::invalid_argument(e.to_string()))
     }

@@ -34,12 +34,7 @@ impl Harness {
         tokio::spawn(async move { source.await.expect("file source") });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let server = DestinationService::new(index.clone(), Config::default()).into_server();
-        tokio::spawn(
-            tonic::transport::Server::builder()
-                .add_service(server)
-                .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
-        );
+        DestinationService::new(index.clone(), Config::default()).spawn_plaintext(listener);
         let client = DestinationClient::connect(format!("http://{addr}")).await.unwrap();
         tokio::time::timeout(PATIENCE, index.ready()).await.expect("files loaded");
         Self { dir, client }
