@@ -22,6 +22,7 @@ use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 
+use crate::discovery::balance::Load;
 use crate::metrics::{Direction, Metrics, RequestLabels, ResponseLabels, TlsLabel};
 use crate::route::{Picked, Route, RouteError};
 use crate::tls::{self, UpstreamIo, UpstreamTls};
@@ -442,10 +443,15 @@ impl HttpProxy {
             h.requests.inc();
             h.latency.clone()
         });
-        let result = if wants_upgrade(&req) && req.version() != Version::HTTP_2 {
-            self.upgrade(req).await
+        // A balanced request stays load on its endpoint until its response body ends (gRPC
+        // streams, downloads), not just until its headers arrive.
+        let (result, load) = if wants_upgrade(&req) && req.version() != Version::HTTP_2 {
+            (self.upgrade(req).await, None)
         } else {
-            self.forward(req, &authority).await
+            match self.forward(req, &authority).await {
+                Ok((response, load)) => (Ok(response), load),
+                Err(e) => (Err(e), None),
+            }
         };
         let response = result.unwrap_or_else(|e| {
             tracing::warn!(direction = ?self.direction, target = %self.target, status = e.status.as_u16(), "{}", e.message);
@@ -457,12 +463,17 @@ impl HttpProxy {
         latency.observe(start.elapsed().as_secs_f64() * 1e3);
         let proxy = self.clone();
         let on_end = Box::new(move |end: &'static str| {
+            drop(load);
             proxy.count_response(&authority, status, if failed_early { "failure" } else { end });
         });
         Ok(response.map(|inner| Classified::new(inner, on_end).boxed_unsync()))
     }
 
-    async fn forward(&self, req: Request<Incoming>, authority: &str) -> Result<Response<Body>, ProxyError> {
+    async fn forward(
+        &self,
+        req: Request<Incoming>,
+        authority: &str,
+    ) -> Result<(Response<Body>, Option<Load>), ProxyError> {
         let (mut parts, body) = req.into_parts();
         let h2 = parts.version == Version::HTTP_2;
         strip_hop_by_hop(&mut parts.headers, false);
@@ -491,7 +502,7 @@ impl HttpProxy {
         }
         let mut response = result.map_err(|e| upstream_error(upstream, &e))?;
         strip_hop_by_hop(response.headers_mut(), false);
-        Ok(response.map(incoming))
+        Ok((response.map(incoming), picked.load))
     }
 
     /// HTTP/1 `Upgrade` (e.g. WebSocket) and `CONNECT`: the handshake goes upstream on a fresh
