@@ -141,13 +141,22 @@ mod tests {
     use super::*;
     use crate::tls;
 
-    #[test]
-    fn a_signed_leaf_chains_to_the_anchor_for_its_name_only() {
-        let anchor = new_trust_anchor("cluster.local", Duration::from_secs(3600)).unwrap();
-        let issuer = new_issuer(&anchor, "cluster.local", Duration::from_secs(3600)).unwrap();
-        let signer = Signer::new(&issuer).unwrap();
+    /// An issuer (of `issuer_lifetime`) under `anchor`, and a fresh key for `web.shop`.
+    fn setup(anchor: &CaPem, issuer_lifetime: u64) -> (Signer, Name, KeyPair) {
+        let issuer = new_issuer(anchor, "cluster.local", Duration::from_secs(issuer_lifetime)).unwrap();
         let name = Name::for_service_account("web", "shop", "cluster.local").unwrap();
         let (key, _csr) = new_csr(&name).unwrap();
+        (Signer::new(&issuer).unwrap(), name, key)
+    }
+
+    fn anchor() -> CaPem {
+        new_trust_anchor("cluster.local", Duration::from_secs(3600)).unwrap()
+    }
+
+    #[test]
+    fn a_signed_leaf_chains_to_the_anchor_for_its_name_only() {
+        let anchor = anchor();
+        let (signer, name, key) = setup(&anchor, 3600);
         let now = SystemTime::now();
         let leaf = signer.sign(&name, &key, now - Duration::from_secs(10), now + Duration::from_secs(60)).unwrap();
         let roots = tls::roots(&crate::pem::certs(anchor.cert_pem.as_bytes(), "anchor").unwrap()).unwrap();
@@ -163,11 +172,7 @@ mod tests {
 
     #[test]
     fn leaves_never_outlive_their_issuer() {
-        let anchor = new_trust_anchor("cluster.local", Duration::from_secs(3600)).unwrap();
-        let issuer = new_issuer(&anchor, "cluster.local", Duration::from_secs(120)).unwrap();
-        let signer = Signer::new(&issuer).unwrap();
-        let name = Name::for_service_account("web", "shop", "cluster.local").unwrap();
-        let (key, _) = new_csr(&name).unwrap();
+        let (signer, name, key) = setup(&anchor(), 120);
         let now = SystemTime::now();
         let leaf = signer.sign(&name, &key, now, now + Duration::from_secs(86400)).unwrap();
         assert_eq!(tls::not_after(&leaf).unwrap(), tls::not_after(&signer.issuer_der).unwrap());
@@ -175,12 +180,8 @@ mod tests {
 
     #[test]
     fn an_issuer_from_another_root_does_not_verify() {
-        let anchor = new_trust_anchor("cluster.local", Duration::from_secs(3600)).unwrap();
-        let stranger = new_trust_anchor("cluster.local", Duration::from_secs(3600)).unwrap();
-        let issuer = new_issuer(&stranger, "cluster.local", Duration::from_secs(3600)).unwrap();
-        let signer = Signer::new(&issuer).unwrap();
-        let name = Name::for_service_account("web", "shop", "cluster.local").unwrap();
-        let (key, _) = new_csr(&name).unwrap();
+        let (stranger, anchor) = (anchor(), anchor());
+        let (signer, name, key) = setup(&stranger, 3600);
         let now = SystemTime::now();
         let leaf = signer.sign(&name, &key, now, now + Duration::from_secs(60)).unwrap();
         let roots = tls::roots(&crate::pem::certs(anchor.cert_pem.as_bytes(), "anchor").unwrap()).unwrap();

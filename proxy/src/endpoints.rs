@@ -4,37 +4,28 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::RwLock;
 
 use cnimesh_identity::Name;
 
 use crate::config::EndpointMatch;
 
+/// Fixed at start: no lock on the per-connection lookup.
 #[derive(Debug, Default)]
 pub struct MeshedEndpoints {
-    map: RwLock<HashMap<EndpointMatch, Name>>,
+    map: HashMap<EndpointMatch, Name>,
 }
 
 impl MeshedEndpoints {
     pub fn new(entries: impl IntoIterator<Item = (EndpointMatch, Name)>) -> Self {
-        Self { map: RwLock::new(entries.into_iter().collect()) }
+        Self { map: entries.into_iter().collect() }
     }
 
     /// The identity expected at `target`: an exact address first, then its IP.
     pub fn identity(&self, target: SocketAddr) -> Option<Name> {
-        let map = self.map.read().expect("not poisoned");
-        if map.is_empty() {
+        if self.map.is_empty() {
             return None;
         }
-        map.get(&EndpointMatch::Addr(target)).or_else(|| map.get(&EndpointMatch::Ip(target.ip()))).cloned()
-    }
-
-    pub fn set(&self, endpoint: EndpointMatch, identity: Option<Name>) {
-        let mut map = self.map.write().expect("not poisoned");
-        match identity {
-            Some(name) => map.insert(endpoint, name),
-            None => map.remove(&endpoint),
-        };
+        self.map.get(&EndpointMatch::Addr(target)).or_else(|| self.map.get(&EndpointMatch::Ip(target.ip()))).cloned()
     }
 }
 
@@ -53,7 +44,5 @@ mod tests {
         assert_eq!(m.identity("10.0.0.1:80".parse().unwrap()), Some(c));
         assert_eq!(m.identity("10.0.0.1:81".parse().unwrap()), Some(a));
         assert_eq!(m.identity("10.0.0.2:80".parse().unwrap()), None);
-        m.set(EndpointMatch::Ip("10.0.0.1".parse().unwrap()), None);
-        assert_eq!(m.identity("10.0.0.1:81".parse().unwrap()), None);
     }
 }
