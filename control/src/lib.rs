@@ -12,6 +12,7 @@ pub mod grpc;
 pub mod identity;
 pub mod inject;
 pub mod metrics;
+pub mod operator;
 pub mod serve;
 
 pub use serve::{ClusterSource, Config, Listeners, TokenSource, run};

@@ -1,0 +1,1 @@
+//! The manifests under `daemonset/`, compiled in.

@@ -1,0 +1,176 @@
+//! `cnimesh`, the operator's command line: install, check, inject/uninject, uninstall, version,
+//! completion. It renders the manifests under `daemonset/` (the single source of truth: what
+//! `install` prints is those files plus generated certificates), applies the webhook's pure
+//! mutation to YAML offline, and reads the cluster with kube-rs, never with a shell on a node.
+
+pub mod check;
+pub mod inject;
+pub mod install;
+pub mod manifests;
+pub mod uninstall;
+pub mod yaml;
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Args, CommandFactory, Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(name = "cnimesh", version, about = "cnimesh service mesh: install, check and mesh workloads")]
+pub struct Cli {
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// How to reach the cluster (the commands that need it).
+#[derive(Debug, Clone, Default, Args)]
+pub struct ClusterArgs {
+    /// Kubeconfig file [default: $KUBECONFIG, then ~/.kube/config, then in-cluster].
+    #[arg(long, global = true, env = "KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Kubeconfig context to use [default: the current context].
+    #[arg(long, global = true)]
+    pub context: Option<String>,
+}
+
+impl ClusterArgs {
+    /// A kube client from the kubeconfig (or the in-cluster service account).
+    pub async fn client(&self) -> anyhow::Result<kube::Client> {
+        let options = kube::config::KubeConfigOptions { context: self.context.clone(), ..Default::default() };
+        let config = match &self.kubeconfig {
+            Some(path) => {
+                let kubeconfig = kube::config::Kubeconfig::read_from(path)
+                    .with_context(|| format!("reading the kubeconfig {}", path.display()))?;
+                kube::Config::from_custom_kubeconfig(kubeconfig, &options).await.context("the kubeconfig")?
+            }
+            None if self.context.is_some() => {
+                kube::Config::from_kubeconfig(&options).await.context("the kubeconfig")?
+            }
+            None => kube::Config::infer().await.context("no usable kubeconfig or in-cluster configuration")?,
+        };
+        kube::Client::try_from(config).context("building the Kubernetes client")
+    }
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Print every manifest of the mesh, for `kubectl apply -f -`.
+    Install(install::InstallArgs),
+    /// Check the mesh's health in the cluster (or, with --pre, that it can be installed).
+    Check(check::CheckArgs),
+    /// Add the proxy to workloads in YAML (files, a directory or stdin), as the webhook would.
+    Inject(inject::InjectArgs),
+    /// Remove the proxy from workloads in YAML.
+    Uninject(inject::UninjectArgs),
+    /// Print what `kubectl delete -f -` needs to remove the mesh.
+    Uninstall(uninstall::UninstallArgs),
+    /// Print the client's version and, when reachable, the control plane's.
+    Version(VersionArgs),
+    /// Print a shell completion script.
+    Completion {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct VersionArgs {
+    /// Only the client's version: do not contact the cluster.
+    #[arg(long)]
+    pub client: bool,
+}
+
+/// The process entry point.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging();
+    match run(cli) {
+        Ok(code) => code,
+        Err(error) => {
+            eprintln!("cnimesh: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Logs go to stderr and are quiet unless asked for: stdout is for manifests and reports.
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("CNIMESH_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the async runtime")
+}
+
+fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    let mut out = std::io::stdout().lock();
+    match cli.command {
+        Command::Install(args) => {
+            let rendered = install::render(&install::Certificates::from_args(&args)?, &args.options())?;
+            out.write_all(rendered.as_bytes())?;
+        }
+        Command::Check(args) => return runtime()?.block_on(check::main(&cli.cluster, args)),
+        Command::Inject(args) => runtime()?.block_on(inject::inject_main(&cli.cluster, args, &mut out))?,
+        Command::Uninject(args) => inject::uninject_main(args, &mut out)?,
+        Command::Uninstall(args) => {
+            let text = runtime()?.block_on(uninstall::main(&cli.cluster, args))?;
+            out.write_all(text.as_bytes())?;
+        }
+        Command::Version(args) => {
+            writeln!(out, "client: {}", env!("CARGO_PKG_VERSION"))?;
+            if !args.client {
+                let server = runtime()?.block_on(control_plane_version(&cli.cluster));
+                writeln!(out, "control plane: {}", server.unwrap_or_else(|e| format!("unavailable ({e:#})")))?;
+            }
+        }
+        Command::Completion { shell } => {
+            clap_complete::generate(shell, &mut Cli::command(), "cnimesh", &mut out);
+        }
+    }
+    out.flush()?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The version the control plane's Deployment runs: its image tag.
+async fn control_plane_version(cluster: &ClusterArgs) -> anyhow::Result<String> {
+    use k8s_openapi::api::apps::v1::Deployment;
+    let client = cluster.client().await?;
+    let api: kube::Api<Deployment> = kube::Api::namespaced(client, crate::inject::DEFAULT_CONTROL_NAMESPACE);
+    let deployment = api.get(crate::inject::CONTROL_NAME).await.context("reading the control plane's Deployment")?;
+    let image = deployment
+        .spec
+        .and_then(|s| s.template.spec)
+        .and_then(|s| s.containers.into_iter().find(|c| c.name == crate::inject::CONTROL_NAME))
+        .and_then(|c| c.image)
+        .context("the Deployment has no cnimesh-control container image")?;
+    let tag = image.rsplit_once(':').map(|(_, tag)| tag).filter(|t| !t.contains('/')).unwrap_or("unknown");
+    Ok(format!("{tag} ({image})"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cli_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn completion_scripts_name_the_subcommands() {
+        for shell in [clap_complete::Shell::Bash, clap_complete::Shell::Zsh, clap_complete::Shell::Fish] {
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "cnimesh", &mut script);
+            let script = String::from_utf8(script).unwrap();
+            for sub in ["install", "check", "inject", "uninject", "uninstall", "version", "completion"] {
+                assert!(script.contains(sub), "{shell:?} completion lacks {sub}");
+            }
+        }
+    }
+}
