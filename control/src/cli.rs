@@ -14,8 +14,8 @@ use tokio::net::TcpListener;
 use crate::ca_init::{self, CaInit};
 use crate::identity::Policy;
 use crate::inject::{
-    DEFAULT_CLUSTER_DOMAIN, DEFAULT_CONTROL_NAMESPACE, Webhook, WebhookArgs, generate_webhook_cert, load_webhook_tls,
-    webhook_dns_names,
+    DEFAULT_CLUSTER_DOMAIN, DEFAULT_CONTROL_NAMESPACE, SidecarMode, Webhook, WebhookArgs, generate_webhook_cert,
+    load_webhook_tls, watch_server_version, webhook_dns_names,
 };
 use crate::serve::{ClusterSource, Config, Listeners, TokenSource};
 
@@ -146,10 +146,12 @@ async fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
 
 impl ServeArgs {
     async fn config(self) -> anyhow::Result<(Config, Addrs)> {
+        let mut kube_client = None;
         let (tokens, cluster) = match (self.tokens_dir, self.kube) {
             (Some(dir), false) => (TokenSource::Files(dir), self.cluster_dir.map(ClusterSource::Files)),
             (None, true) => {
                 let client = kube::Client::try_default().await.context("connecting to the Kubernetes API")?;
+                kube_client = Some(client.clone());
                 (TokenSource::Kube(client.clone()), Some(ClusterSource::Kube(client)))
             }
             _ => anyhow::bail!("choose how tokens are checked: --tokens-dir DIR or --kube"),
@@ -165,7 +167,17 @@ impl ServeArgs {
         };
         let webhook = match (&self.webhook.webhook_addr, &self.webhook.webhook_tls_dir) {
             (Some(_), Some(dir)) => {
-                let webhook = Webhook::new(self.webhook.inject_config(&self.trust_domain)?)?;
+                let mode = self.webhook.native_sidecars;
+                let versions = match (&kube_client, mode) {
+                    (Some(client), SidecarMode::Auto) => watch_server_version(client.clone()),
+                    (None, SidecarMode::Auto) => {
+                        tracing::warn!("native sidecars `auto` without --kube: the proxy is a regular container");
+                        tokio::sync::watch::channel(None).1
+                    }
+                    _ => tokio::sync::watch::channel(None).1,
+                };
+                let webhook =
+                    Webhook::new(self.webhook.inject_config(&self.trust_domain)?)?.with_sidecar_mode(mode, versions);
                 Some((webhook, load_webhook_tls(dir).with_context(|| format!("webhook TLS from {}", dir.display()))?))
             }
             (Some(_), None) => anyhow::bail!("--webhook-addr needs --webhook-tls-dir"),

@@ -106,7 +106,8 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Out
     let webhook = match (config.webhook, listeners.webhook) {
         (Some((webhook, tls)), Some(listener)) => {
             tracing::info!(addr = %listener.local_addr()?, "serving the injection webhook");
-            Some(tokio::spawn(crate::inject::serve_webhook(listener, tls, Arc::new(webhook), until(stopped.clone()))))
+            let webhook = Arc::new(webhook.with_issuer_anchors(issuer.clone()));
+            Some(tokio::spawn(crate::inject::serve_webhook(listener, tls, webhook, until(stopped.clone()))))
         }
         (None, None) => None,
         _ => anyhow::bail!("the webhook needs both its configuration and a listener"),

@@ -106,6 +106,12 @@ impl Issuer {
         tls::verify(self.roots.clone(), &self.chain_for(leaf), &name).map_err(IssuerError::Chain)
     }
 
+    /// The trust anchors as loaded (PEM): what the injector hands to proxies.
+    pub fn anchors_pem(&self) -> &str {
+        // `from_files` parsed them as PEM certificates, which are ASCII.
+        std::str::from_utf8(&self.files.anchors).unwrap_or_default()
+    }
+
     /// `leaf` followed by the issuer chain.
     pub fn chain_for(&self, leaf: CertificateDer<'static>) -> Vec<CertificateDer<'static>> {
         std::iter::once(leaf).chain(self.chain.iter().cloned()).collect()

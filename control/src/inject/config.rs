@@ -7,11 +7,10 @@ use std::path::PathBuf;
 
 use cnimesh_identity::{DEFAULT_TRUST_DOMAIN, Name, NameError};
 
-/// The proxy image that matches this control plane: both are released together.
-pub const DEFAULT_PROXY_IMAGE: &str = concat!("ghcr.io/cnimesh/proxy:", env!("CARGO_PKG_VERSION"));
+/// The proxy image that matches this control plane: both are released together (DESIGN.md §2).
+pub const DEFAULT_PROXY_IMAGE: &str = concat!("ghcr.io/cnimesh/cnimesh-proxy:", env!("CARGO_PKG_VERSION"));
 pub const DEFAULT_CONTROL_NAMESPACE: &str = "cnimesh";
 pub const DEFAULT_CLUSTER_DOMAIN: &str = "cluster.local";
-pub const DEFAULT_TRUST_ANCHORS_CONFIG_MAP: &str = "cnimesh-trust-anchors";
 /// DESIGN.md §2. The node agent never captures this UID's traffic, so it must be the proxy's.
 pub const DEFAULT_PROXY_UID: i64 = 2102;
 /// The control plane's Service and ServiceAccount (`daemonset/control-plane.yaml`).
@@ -55,14 +54,16 @@ pub struct InjectConfig {
     /// Inject the proxy as a native sidecar (an init container with `restartPolicy: Always`,
     /// Kubernetes ≥ 1.29): it starts before every other init container, so they have a network,
     /// app containers start only once it is ready, and it does not keep Jobs alive. `false`
-    /// adds it as the first regular container for older clusters.
+    /// adds it as the first regular container, which every version accepts. This is the mode
+    /// already resolved for the API server at hand (see [`SidecarMode`]).
     pub native_sidecars: bool,
     /// `CNIMESH_PROXY_LOG` unless a pod's `config.cnimesh.io/proxy-log-level` says otherwise.
     pub log_level: String,
     pub resources: ProxyResources,
-    /// The ConfigMap (key `ca.crt`) with the trust anchors, which must exist in every meshed
-    /// namespace: a ConfigMap volume cannot reach across namespaces.
-    pub trust_anchors_config_map: String,
+    /// The trust anchors (PEM), handed to every proxy in an environment variable, as Linkerd
+    /// does: a volume would need a ConfigMap in every meshed namespace. The webhook fills it
+    /// from the issuer it serves with; empty means "not known yet" and injection is refused.
+    pub trust_anchors_pem: String,
     pub proxy_uid: i64,
 }
 
@@ -76,7 +77,7 @@ impl Default for InjectConfig {
             native_sidecars: true,
             log_level: "info".into(),
             resources: ProxyResources::default(),
-            trust_anchors_config_map: DEFAULT_TRUST_ANCHORS_CONFIG_MAP.into(),
+            trust_anchors_pem: String::new(),
             proxy_uid: DEFAULT_PROXY_UID,
         }
     }
@@ -137,13 +138,12 @@ pub struct WebhookArgs {
     pub namespace: String,
     #[arg(long, env = "CNIMESH_CONTROL_CLUSTER_DOMAIN", default_value = DEFAULT_CLUSTER_DOMAIN)]
     pub cluster_domain: String,
-    /// Native sidecars need Kubernetes ≥ 1.29; `false` injects a regular first container.
-    #[arg(long, env = "CNIMESH_CONTROL_NATIVE_SIDECARS", default_value_t = true, action = clap::ArgAction::Set)]
-    pub native_sidecars: bool,
+    /// `auto`: native sidecars where the API server supports them (≥ 1.29, read from its
+    /// `/version`), a regular first container elsewhere; `true` / `false` force either.
+    #[arg(long, env = "CNIMESH_CONTROL_NATIVE_SIDECARS", default_value = "auto")]
+    pub native_sidecars: SidecarMode,
     #[arg(long, env = "CNIMESH_CONTROL_PROXY_LOG_LEVEL", default_value = "info")]
     pub proxy_log_level: String,
-    #[arg(long, env = "CNIMESH_CONTROL_TRUST_ANCHORS_CONFIGMAP", default_value = DEFAULT_TRUST_ANCHORS_CONFIG_MAP)]
-    pub trust_anchors_configmap: String,
     #[arg(long, env = "CNIMESH_CONTROL_PROXY_UID", default_value_t = DEFAULT_PROXY_UID)]
     pub proxy_uid: i64,
     #[arg(long, env = "CNIMESH_CONTROL_PROXY_CPU_REQUEST", default_value = "20m")]
@@ -166,7 +166,7 @@ impl WebhookArgs {
             control_namespace: self.namespace.clone(),
             cluster_domain: self.cluster_domain.clone(),
             trust_domain: trust_domain.to_string(),
-            native_sidecars: self.native_sidecars,
+            native_sidecars: self.native_sidecars.fixed().unwrap_or(false),
             log_level: self.proxy_log_level.clone(),
             resources: ProxyResources {
                 cpu_request: non_empty(&self.proxy_cpu_request),
@@ -174,11 +174,94 @@ impl WebhookArgs {
                 cpu_limit: self.proxy_cpu_limit.as_deref().and_then(non_empty),
                 memory_limit: non_empty(&self.proxy_memory_limit),
             },
-            trust_anchors_config_map: self.trust_anchors_configmap.clone(),
+            trust_anchors_pem: String::new(),
             proxy_uid: self.proxy_uid,
         };
         config.validate()?;
         Ok(config)
+    }
+}
+
+/// How the proxy is added: as a native sidecar or a regular container.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SidecarMode {
+    /// From the API server's version: native from 1.29 on, where SidecarContainers is on by
+    /// default. Older servers drop `restartPolicy: Always` from an init container and then
+    /// reject the pod (init containers may not have probes), so guessing wrong breaks pods.
+    #[default]
+    Auto,
+    Native,
+    Regular,
+}
+
+impl SidecarMode {
+    /// The mode when it does not depend on the server.
+    pub fn fixed(self) -> Option<bool> {
+        match self {
+            Self::Auto => None,
+            Self::Native => Some(true),
+            Self::Regular => Some(false),
+        }
+    }
+
+    /// Native sidecars for a server of this version (`None`: unknown, so the container form
+    /// every version accepts).
+    pub fn native_for(self, server: Option<ServerVersion>) -> bool {
+        self.fixed().unwrap_or_else(|| server.is_some_and(ServerVersion::has_native_sidecars))
+    }
+}
+
+impl std::str::FromStr for SidecarMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "true" => Ok(Self::Native),
+            "false" => Ok(Self::Regular),
+            other => Err(format!("{other:?}: expected auto, true or false")),
+        }
+    }
+}
+
+impl std::fmt::Display for SidecarMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Auto => "auto",
+            Self::Native => "true",
+            Self::Regular => "false",
+        })
+    }
+}
+
+/// A Kubernetes API server's `major.minor`, from its `/version`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ServerVersion {
+    pub major: u32,
+    pub minor: u32,
+}
+
+impl ServerVersion {
+    /// The first version with SidecarContainers on by default.
+    pub const NATIVE_SIDECARS: Self = Self { major: 1, minor: 29 };
+
+    /// `major` and `minor` as `/version` gives them; managed clusters write minors like `29+`.
+    pub fn parse(major: &str, minor: &str) -> Option<Self> {
+        let number = |s: &str| s.trim_end_matches(|c: char| !c.is_ascii_digit()).parse().ok();
+        Some(Self { major: number(major)?, minor: number(minor)? })
+    }
+
+    pub fn from_info(info: &k8s_openapi::apimachinery::pkg::version::Info) -> Option<Self> {
+        Self::parse(&info.major, &info.minor)
+    }
+
+    pub fn has_native_sidecars(self) -> bool {
+        self >= Self::NATIVE_SIDECARS
+    }
+}
+
+impl std::fmt::Display for ServerVersion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}", self.major, self.minor)
     }
 }
 
@@ -198,7 +281,10 @@ mod tests {
     fn the_flags_default_to_the_default_config() {
         let cli = Cli::try_parse_from(["x"]).unwrap();
         assert_eq!(cli.webhook.webhook_addr, None);
-        assert_eq!(cli.webhook.inject_config(DEFAULT_TRUST_DOMAIN).unwrap(), InjectConfig::default());
+        // `auto` resolves per server; until one is known the config holds the regular form.
+        let expected = InjectConfig { native_sidecars: false, ..Default::default() };
+        assert_eq!(cli.webhook.inject_config(DEFAULT_TRUST_DOMAIN).unwrap(), expected);
+        assert_eq!(cli.webhook.native_sidecars, SidecarMode::Auto);
         let cli = Cli::try_parse_from(["x", "--native-sidecars", "false", "--namespace", "mesh"]).unwrap();
         let config = cli.webhook.inject_config("example.org").unwrap();
         assert!(!config.native_sidecars);
@@ -208,6 +294,22 @@ mod tests {
             "cnimesh-control.mesh.serviceaccount.identity.cnimesh.example.org"
         );
         assert!(Cli::try_parse_from(["x", "--webhook-tls-dir", "/d"]).is_err(), "a TLS dir without an address");
+        assert!(Cli::try_parse_from(["x", "--native-sidecars", "yes"]).is_err());
+    }
+
+    #[test]
+    fn auto_picks_native_sidecars_from_the_server_version() {
+        let v = |major: &str, minor: &str| ServerVersion::parse(major, minor);
+        assert_eq!(v("1", "29+"), Some(ServerVersion { major: 1, minor: 29 }));
+        assert_eq!(v("1", "x"), None);
+        for (version, native) in
+            [(v("1", "24"), false), (v("1", "28"), false), (v("1", "29"), true), (v("1", "33+"), true)]
+        {
+            assert_eq!(SidecarMode::Auto.native_for(version), native, "{version:?}");
+        }
+        assert!(!SidecarMode::Auto.native_for(None), "unknown: the form every version accepts");
+        assert!(SidecarMode::Native.native_for(v("1", "24")), "an explicit true still wins");
+        assert!(!SidecarMode::Regular.native_for(v("1", "33")), "an explicit false still wins");
     }
 
     #[test]

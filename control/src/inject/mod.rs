@@ -15,6 +15,7 @@ mod mutate;
 mod server;
 #[cfg(test)]
 mod tests;
+mod version;
 
 pub use cert::{
     WEBHOOK_CA_FILE, WEBHOOK_CERT_FILE, WEBHOOK_KEY_FILE, WEBHOOK_SERVICE, WebhookCertError, generate_webhook_cert,
@@ -22,11 +23,12 @@ pub use cert::{
 };
 pub use config::{
     CONTROL_NAME, CONTROL_PORT, DEFAULT_CLUSTER_DOMAIN, DEFAULT_CONTROL_NAMESPACE, DEFAULT_PROXY_IMAGE,
-    DEFAULT_PROXY_UID, InjectConfig, InjectConfigError, ProxyResources, WebhookArgs,
+    DEFAULT_PROXY_UID, InjectConfig, InjectConfigError, ProxyResources, ServerVersion, SidecarMode, WebhookArgs,
 };
 pub use mutate::{
     INJECT_ANNOTATION, INJECTED_ANNOTATION, LOG_LEVEL_ANNOTATION, NEVER_INJECTED, NamespaceInjection,
-    OPAQUE_PORTS_ANNOTATION, PROXY_ADMIN_PORT, PROXY_CONTAINER, PodProxySettings, Skip, TOKEN_FILE, TRUST_ANCHORS_DIR,
+    OPAQUE_PORTS_ANNOTATION, PROXY_ADMIN_PORT, PROXY_CONTAINER, PodProxySettings, Skip, TOKEN_FILE, TRUST_ANCHORS_ENV,
     check_log_level, check_ports, mutate, plan, proxy_container, proxy_volumes,
 };
 pub use server::{INJECT_PATH, MAX_BODY, OPT_IN_PATH, Webhook, serve_webhook};
+pub use version::watch_server_version;

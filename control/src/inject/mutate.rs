@@ -12,9 +12,9 @@ use cnimesh_identity::{Name, TOKEN_AUDIENCE};
 use json_patch::jsonptr::PointerBuf;
 use json_patch::{AddOperation, MoveOperation, Patch, PatchOperation};
 use k8s_openapi::api::core::v1::{
-    Capabilities, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, HTTPGetAction, KeyToPath, Pod, Probe,
-    ProjectedVolumeSource, ResourceRequirements, SeccompProfile, SecurityContext, ServiceAccountTokenProjection,
-    Volume, VolumeMount, VolumeProjection,
+    Capabilities, Container, ContainerPort, EnvVar, HTTPGetAction, Pod, Probe, ProjectedVolumeSource,
+    ResourceRequirements, SeccompProfile, SecurityContext, ServiceAccountTokenProjection, Volume, VolumeMount,
+    VolumeProjection,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -38,9 +38,8 @@ pub const TOKEN_DIR: &str = "/var/run/secrets/tokens";
 pub const TOKEN_FILE: &str = "/var/run/secrets/tokens/cnimesh-identity-token";
 /// The projected token lives a day; the kubelet refreshes it at 80% and the proxy re-reads it.
 pub const TOKEN_EXPIRATION_SECONDS: i64 = 86400;
-pub const TRUST_ANCHORS_VOLUME: &str = "cnimesh-trust-anchors";
-pub const TRUST_ANCHORS_DIR: &str = "/var/run/cnimesh/trust-anchors";
-pub const TRUST_ANCHORS_KEY: &str = "ca.crt";
+/// The proxy reads its trust anchors (PEM) from this variable (`proxy/src/config.rs`).
+pub const TRUST_ANCHORS_ENV: &str = "CNIMESH_PROXY_IDENTITY_TRUST_ANCHORS_PEM";
 /// The proxy's admin port (DESIGN.md §2): `/ready` once it has a certificate, `/live`.
 pub const PROXY_ADMIN_PORT: i32 = 4191;
 
@@ -76,6 +75,9 @@ pub enum Skip {
     Quietly,
     /// The pod asked for the mesh and does not get it: the API client sees this warning.
     Warn(String),
+    /// The pod must be meshed and cannot be right now: it is refused (fail closed), and its
+    /// controller tries again.
+    Refuse(String),
 }
 
 /// The values that differ from pod to pod.
@@ -117,6 +119,10 @@ pub fn mutate(
         },
         Err(Skip::Quietly) => response,
         Err(Skip::Warn(why)) => warn(response, &pod(), &why),
+        Err(Skip::Refuse(why)) => {
+            tracing::warn!(pod = %pod(), "refusing the pod: {why}");
+            response.deny(format!("cnimesh: {PROXY_CONTAINER} cannot be injected now: {why}"))
+        }
     }
 }
 
@@ -170,7 +176,8 @@ pub fn plan(
         return Err(Skip::Warn(format!("pods in namespace {ns} are never meshed")));
     }
     let spec = typed.spec.as_ref().ok_or_else(|| Skip::Warn("the pod has no spec".into()))?;
-    if let Some(patch) = already_injected(spec)? {
+    let injected_before = annotation(INJECTED_ANNOTATION).is_some();
+    if let Some(patch) = already_injected(spec, injected_before)? {
         return Ok(patch);
     }
     if spec.host_network == Some(true) {
@@ -178,10 +185,13 @@ pub fn plan(
     }
     check_uids(spec, config.proxy_uid).map_err(Skip::Warn)?;
     let taken: Vec<&str> = spec.volumes.iter().flatten().map(|v| v.name.as_str()).collect();
-    if let Some(clash) = [TOKEN_VOLUME, TRUST_ANCHORS_VOLUME].into_iter().find(|v| taken.contains(v)) {
-        return Err(Skip::Warn(format!("the pod already has a volume named {clash}")));
+    if taken.contains(&TOKEN_VOLUME) {
+        return Err(Skip::Warn(format!("the pod already has a volume named {TOKEN_VOLUME}")));
     }
 
+    if !config.trust_anchors_pem.contains("-----BEGIN CERTIFICATE-----") {
+        return Err(Skip::Refuse("the control plane has no trust anchors loaded yet; try again".into()));
+    }
     let opaque_ports = annotation(OPAQUE_PORTS_ANNOTATION)
         .map(|v| check_ports(v).map_err(|why| Skip::Warn(format!("annotation {OPAQUE_PORTS_ANNOTATION}: {why}"))))
         .transpose()?;
@@ -196,13 +206,23 @@ pub fn plan(
 /// `Some(patch)` when the pod has its proxy already. A second pass is then a no-op, except that
 /// a native sidecar which another webhook pushed down the init containers is moved back to the
 /// front (`reinvocationPolicy: IfNeeded`): init containers before it would have no network.
-fn already_injected(spec: &k8s_openapi::api::core::v1::PodSpec) -> Result<Option<Patch>, Skip> {
+/// `injected_before`: the pod carries our annotation, so a proxy init container without
+/// `restartPolicy: Always` is ours, stripped by an API server without native sidecars.
+fn already_injected(spec: &k8s_openapi::api::core::v1::PodSpec, injected_before: bool) -> Result<Option<Patch>, Skip> {
     if spec.containers.iter().any(|c| c.name == PROXY_CONTAINER) {
         return Ok(Some(Patch(Vec::new())));
     }
     let init = spec.init_containers.as_deref().unwrap_or_default();
     let Some(index) = init.iter().position(|c| c.name == PROXY_CONTAINER) else { return Ok(None) };
     if init[index].restart_policy.as_deref() != Some("Always") {
+        if injected_before {
+            return Err(Skip::Warn(format!(
+                "the API server dropped `restartPolicy: Always` from the {PROXY_CONTAINER} native sidecar this \
+                 webhook injected: it does not support native sidecars (Kubernetes < 1.29, or the \
+                 SidecarContainers feature gate is off), and it will reject the pod because init containers \
+                 may not have probes. Set CNIMESH_CONTROL_NATIVE_SIDECARS=auto (the default) or false"
+            )));
+        }
         return Err(Skip::Warn(format!(
             "it has an init container named {PROXY_CONTAINER} that is not a sidecar (restartPolicy: Always)"
         )));
@@ -271,10 +291,11 @@ pub fn check_log_level(value: &str) -> Result<(), String> {
 /// and a startup probe, so the kubelet starts the app containers only once the proxy is ready.
 pub fn proxy_container(config: &InjectConfig, pod: &PodProxySettings) -> Result<Container, String> {
     let control = config.control_identity().map_err(|e| format!("the control plane's identity: {e}"))?;
+
     let mut env = vec![
         ("CNIMESH_PROXY_LOG", pod.log_level.clone()),
         ("CNIMESH_PROXY_IDENTITY_NAME", pod.identity.to_string()),
-        ("CNIMESH_PROXY_IDENTITY_TRUST_ANCHORS", format!("{TRUST_ANCHORS_DIR}/{TRUST_ANCHORS_KEY}")),
+        (TRUST_ANCHORS_ENV, config.trust_anchors_pem.clone()),
         ("CNIMESH_PROXY_IDENTITY_TOKEN_FILE", TOKEN_FILE.into()),
         ("CNIMESH_PROXY_IDENTITY_ADDR", config.control_addr()),
         ("CNIMESH_PROXY_IDENTITY_SVC_NAME", control.to_string()),
@@ -325,20 +346,12 @@ pub fn proxy_container(config: &InjectConfig, pod: &PodProxySettings) -> Result<
             seccomp_profile: Some(SeccompProfile { type_: "RuntimeDefault".into(), localhost_profile: None }),
             ..Default::default()
         }),
-        volume_mounts: Some(vec![
-            VolumeMount {
-                name: TOKEN_VOLUME.into(),
-                mount_path: TOKEN_DIR.into(),
-                read_only: Some(true),
-                ..Default::default()
-            },
-            VolumeMount {
-                name: TRUST_ANCHORS_VOLUME.into(),
-                mount_path: TRUST_ANCHORS_DIR.into(),
-                read_only: Some(true),
-                ..Default::default()
-            },
-        ]),
+        volume_mounts: Some(vec![VolumeMount {
+            name: TOKEN_VOLUME.into(),
+            mount_path: TOKEN_DIR.into(),
+            read_only: Some(true),
+            ..Default::default()
+        }]),
         ..Default::default()
     })
 }
@@ -358,37 +371,22 @@ fn resources(config: &InjectConfig) -> ResourceRequirements {
     }
 }
 
-/// The projected token (audience `identity.cnimesh.io`, which only Certify accepts) and the trust
-/// anchors ConfigMap.
-pub fn proxy_volumes(config: &InjectConfig) -> Vec<Volume> {
+/// The projected token (audience `identity.cnimesh.io`, which only Certify accepts). The trust
+/// anchors travel in the environment, so no other volume is needed.
+pub fn proxy_volumes() -> Vec<Volume> {
     let token = ServiceAccountTokenProjection {
         audience: Some(TOKEN_AUDIENCE.into()),
         expiration_seconds: Some(TOKEN_EXPIRATION_SECONDS),
         path: TOKEN_VOLUME.into(),
     };
-    vec![
-        Volume {
-            name: TOKEN_VOLUME.into(),
-            projected: Some(ProjectedVolumeSource {
-                sources: Some(vec![VolumeProjection { service_account_token: Some(token), ..Default::default() }]),
-                ..Default::default()
-            }),
+    vec![Volume {
+        name: TOKEN_VOLUME.into(),
+        projected: Some(ProjectedVolumeSource {
+            sources: Some(vec![VolumeProjection { service_account_token: Some(token), ..Default::default() }]),
             ..Default::default()
-        },
-        Volume {
-            name: TRUST_ANCHORS_VOLUME.into(),
-            config_map: Some(ConfigMapVolumeSource {
-                name: config.trust_anchors_config_map.clone(),
-                items: Some(vec![KeyToPath {
-                    key: TRUST_ANCHORS_KEY.into(),
-                    path: TRUST_ANCHORS_KEY.into(),
-                    mode: None,
-                }]),
-                ..Default::default()
-            }),
-            ..Default::default()
-        },
-    ]
+        }),
+        ..Default::default()
+    }]
 }
 
 fn pointer(tokens: &[&str]) -> PointerBuf {
@@ -421,7 +419,7 @@ fn extend_array(ops: &mut Vec<PatchOperation>, pod: &Value, path: &[&str], front
 
 fn injection_patch(pod: &Value, config: &InjectConfig, container: Container) -> Patch {
     let mut ops = Vec::new();
-    let volumes = proxy_volumes(config).into_iter().map(to_value).collect();
+    let volumes = proxy_volumes().into_iter().map(to_value).collect();
     extend_array(&mut ops, pod, &["spec", "volumes"], false, volumes);
     let list = if config.native_sidecars { "initContainers" } else { "containers" };
     extend_array(&mut ops, pod, &["spec", list], true, vec![to_value(container)]);

@@ -20,8 +20,11 @@ use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview
 use serde_json::Value;
 use tokio::net::TcpListener;
 
-use super::config::{InjectConfig, InjectConfigError};
+use tokio::sync::watch;
+
+use super::config::{InjectConfig, InjectConfigError, ServerVersion, SidecarMode};
 use super::mutate::{NamespaceInjection, mutate};
+use crate::identity::issuer::IssuerRx;
 
 /// Pods in namespaces labelled `cnimesh.io/inject=enabled`.
 pub const INJECT_PATH: &str = "/inject";
@@ -32,20 +35,47 @@ pub const OPT_IN_PATH: &str = "/inject/opt-in";
 pub const MAX_BODY: usize = 4 * 1024 * 1024;
 const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The webhook's state: a validated configuration.
+/// The webhook's state: a validated configuration, and what it learns while running (the API
+/// server's version, the trust anchors), which the pure mutation gets as a resolved config.
 #[derive(Debug)]
 pub struct Webhook {
     config: InjectConfig,
+    mode: SidecarMode,
+    server: watch::Receiver<Option<ServerVersion>>,
+    issuer: Option<IssuerRx>,
 }
 
 impl Webhook {
+    /// A webhook that injects exactly `config` (its sidecar form and anchors fixed).
     pub fn new(config: InjectConfig) -> Result<Self, InjectConfigError> {
         config.validate()?;
-        Ok(Self { config })
+        let mode = if config.native_sidecars { SidecarMode::Native } else { SidecarMode::Regular };
+        Ok(Self { config, mode, server: watch::channel(None).1, issuer: None })
     }
 
-    pub fn config(&self) -> &InjectConfig {
-        &self.config
+    /// Decide the sidecar form per `mode`, from the versions `server` reports (`auto`).
+    pub fn with_sidecar_mode(mut self, mode: SidecarMode, server: watch::Receiver<Option<ServerVersion>>) -> Self {
+        self.mode = mode;
+        self.server = server;
+        self
+    }
+
+    /// Hand proxies the anchors of the issuer the control plane signs with (reloaded with it).
+    pub fn with_issuer_anchors(mut self, issuer: IssuerRx) -> Self {
+        self.issuer = Some(issuer);
+        self
+    }
+
+    /// The configuration as of now: sidecar form for the current server, current anchors.
+    pub fn config(&self) -> InjectConfig {
+        let mut config = self.config.clone();
+        config.native_sidecars = self.mode.native_for(*self.server.borrow());
+        if let Some(issuer) = &self.issuer
+            && let Some(issuer) = issuer.borrow().as_ref()
+        {
+            config.trust_anchors_pem = issuer.anchors_pem().to_string();
+        }
+        config
     }
 
     /// One AdmissionReview body for `path`: the review to answer with, or a client error.
@@ -63,13 +93,24 @@ impl Webhook {
                 }
                 let request: AdmissionRequest<DynamicObject> =
                     review.try_into().map_err(|_| bad("the AdmissionReview has no request".into()))?;
-                mutate(&request, namespace, &self.config)
+                mutate(&request, namespace, &self.config())
             }
             Err(error) => unreadable_object(body, &error)?,
         };
-        serde_json::to_vec(&response.into_review())
-            .map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, format!("encoding the response: {e}")))
+        encode_review(response).map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, format!("encoding the response: {e}")))
     }
+}
+
+/// The AdmissionReview as admission.k8s.io/v1 defines it: `patch` is `[]byte`, which JSON
+/// carries as base64. kube-core serialises its `Vec<u8>` as an array of numbers, which API
+/// servers happen to accept but the schema does not promise.
+fn encode_review(mut response: AdmissionResponse) -> serde_json::Result<Vec<u8>> {
+    let patch = response.patch.take();
+    let mut review = serde_json::to_value(response.into_review())?;
+    if let (Some(patch), Some(Value::Object(out))) = (patch, review.get_mut("response")) {
+        out.insert("patch".into(), serde_json::to_value(k8s_openapi::ByteString(patch))?);
+    }
+    serde_json::to_vec(&review)
 }
 
 fn bad(message: String) -> (StatusCode, String) {

@@ -19,6 +19,37 @@ use super::*;
 
 const UID: &str = "705ab4f5-6393-11e8-b7cc-42010a800002";
 
+/// The default configuration with the anchors a running webhook has from its issuer.
+fn config() -> InjectConfig {
+    static ANCHORS: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let anchors = ANCHORS.get_or_init(|| {
+        cnimesh_identity::ca::new_trust_anchor("cluster.local", Duration::from_secs(3600)).unwrap().cert_pem
+    });
+    InjectConfig { trust_anchors_pem: anchors.clone(), ..Default::default() }
+}
+
+/// A serialised review's response, with its `patch` decoded from base64 by coreutils'
+/// `base64 -d`: an independent decoder, not the encoder's own library.
+fn decode_response(out: &[u8]) -> (Value, Option<json_patch::Patch>) {
+    let review: Value = serde_json::from_slice(out).unwrap();
+    assert_eq!(review["apiVersion"], "admission.k8s.io/v1");
+    let response = review["response"].clone();
+    let patch = response.get("patch").map(|p| {
+        let text = p.as_str().unwrap_or_else(|| panic!("admission.k8s.io/v1 patch is base64 bytes, got {p}"));
+        let mut child = std::process::Command::new("base64")
+            .arg("-d")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("coreutils base64");
+        std::io::Write::write_all(&mut child.stdin.take().unwrap(), text.as_bytes()).unwrap();
+        let decoded = child.wait_with_output().unwrap();
+        assert!(decoded.status.success(), "base64 -d rejected {text:?}");
+        serde_json::from_slice(&decoded.stdout).expect("the decoded patch is a JSON patch")
+    });
+    (response, patch)
+}
+
 fn review(pod: &Value, namespace: &str) -> Value {
     json!({
         "apiVersion": "admission.k8s.io/v1",
@@ -139,7 +170,7 @@ fn check_proxy(c: &Container, identity: &str, config: &InjectConfig) {
         assert!(e.value_from.is_none());
     }
     assert_eq!(env(c, "CNIMESH_PROXY_IDENTITY_NAME"), Some(identity));
-    assert_eq!(env(c, "CNIMESH_PROXY_IDENTITY_TRUST_ANCHORS"), Some("/var/run/cnimesh/trust-anchors/ca.crt"));
+    assert_eq!(env(c, TRUST_ANCHORS_ENV), Some(config.trust_anchors_pem.as_str()), "the anchors travel as PEM");
     assert_eq!(env(c, "CNIMESH_PROXY_IDENTITY_TOKEN_FILE"), Some(TOKEN_FILE));
     let control = "cnimesh-control.cnimesh.svc.cluster.local:4190";
     assert_eq!(env(c, "CNIMESH_PROXY_IDENTITY_ADDR"), Some(control));
@@ -158,13 +189,7 @@ fn check_proxy(c: &Container, identity: &str, config: &InjectConfig) {
 
     let mounts: Vec<(&str, &str, Option<bool>)> =
         c.volume_mounts.iter().flatten().map(|m| (m.name.as_str(), m.mount_path.as_str(), m.read_only)).collect();
-    assert_eq!(
-        mounts,
-        [
-            ("cnimesh-identity-token", "/var/run/secrets/tokens", Some(true)),
-            ("cnimesh-trust-anchors", "/var/run/cnimesh/trust-anchors", Some(true))
-        ]
-    );
+    assert_eq!(mounts, [("cnimesh-identity-token", "/var/run/secrets/tokens", Some(true))]);
     let resources = c.resources.as_ref().expect("resources");
     let requests = resources.requests.as_ref().expect("requests");
     assert_eq!(requests["cpu"].0, "20m");
@@ -184,10 +209,12 @@ fn check_pod(pod: &Pod, config: &InjectConfig) {
     assert_eq!(sat.audience.as_deref(), Some("identity.cnimesh.io"));
     assert_eq!(sat.expiration_seconds, Some(86400));
     assert_eq!(format!("/var/run/secrets/tokens/{}", sat.path), TOKEN_FILE);
-    let anchors = spec.volumes.iter().flatten().find(|v| v.name == "cnimesh-trust-anchors").expect("anchors volume");
-    let cm = anchors.config_map.as_ref().expect("a ConfigMap volume");
-    assert_eq!(cm.name, config.trust_anchors_config_map);
-    assert_eq!(cm.items.as_ref().unwrap()[0].key, "ca.crt");
+    assert!(
+        spec.volumes.iter().flatten().all(|v| v.config_map.is_none() || !v.name.starts_with("cnimesh")),
+        "no per-namespace ConfigMap for the anchors"
+    );
+    let proxy = spec.containers.iter().chain(spec.init_containers.iter().flatten()).find(|c| c.name == PROXY_CONTAINER);
+    assert!(env(proxy.unwrap(), TRUST_ANCHORS_ENV).is_some_and(|pem| pem == config.trust_anchors_pem));
     let annotations = pod.metadata.annotations.clone().unwrap_or_default();
     assert_eq!(annotations.get(INJECTED_ANNOTATION).map(String::as_str), Some(env!("CARGO_PKG_VERSION")));
 
@@ -211,7 +238,7 @@ fn the_proxy_token_file_is_the_one_the_proxy_reads_by_default() {
 
 #[test]
 fn a_deployment_template_pod_gets_a_native_sidecar_first() {
-    let config = InjectConfig::default();
+    let config = config();
     let pod = deployment_pod();
     let (response, patched) = run(&pod, "shop", NamespaceInjection::Enabled, &config);
     assert!(response.warnings.is_none(), "{response:?}");
@@ -235,7 +262,7 @@ fn a_deployment_template_pod_gets_a_native_sidecar_first() {
 
 #[test]
 fn existing_init_containers_volumes_and_annotations_are_kept_and_the_proxy_goes_first() {
-    let config = InjectConfig::default();
+    let config = config();
     let pod = pod_with(json!({
         "metadata": {"name": "web-0", "namespace": "shop", "annotations": {
             "config.cnimesh.io/skip-inbound-ports": "9000", "example.com/keep": "me"}},
@@ -257,7 +284,7 @@ fn existing_init_containers_volumes_and_annotations_are_kept_and_the_proxy_goes_
         &config,
     );
     let volumes: Vec<&str> = spec.volumes.iter().flatten().map(|v| v.name.as_str()).collect();
-    assert_eq!(volumes, ["data", "cnimesh-identity-token", "cnimesh-trust-anchors"]);
+    assert_eq!(volumes, ["data", "cnimesh-identity-token"]);
     let annotations = typed.metadata.annotations.clone().unwrap();
     assert_eq!(
         annotations["config.cnimesh.io/skip-inbound-ports"], "9000",
@@ -269,7 +296,7 @@ fn existing_init_containers_volumes_and_annotations_are_kept_and_the_proxy_goes_
 
 #[test]
 fn null_volumes_and_annotations_are_created_rather_than_appended_to() {
-    let config = InjectConfig::default();
+    let config = config();
     let pod = pod_with(json!({"metadata": {"annotations": null}, "spec": {"volumes": null, "initContainers": null}}));
     let (_, patched) = run(&pod, "shop", NamespaceInjection::Enabled, &config);
     check_pod(&typed(&patched), &config);
@@ -277,7 +304,7 @@ fn null_volumes_and_annotations_are_created_rather_than_appended_to() {
 
 #[test]
 fn classic_mode_adds_the_first_regular_container() {
-    let config = InjectConfig { native_sidecars: false, ..Default::default() };
+    let config = InjectConfig { native_sidecars: false, ..config() };
     let pod = pod_with(json!({"spec": {"initContainers": [{"name": "migrate", "image": "migrate:1"}]}}));
     let (_, patched) = run(&pod, "shop", NamespaceInjection::Enabled, &config);
     let typed = typed(&patched);
@@ -295,7 +322,7 @@ fn classic_mode_adds_the_first_regular_container() {
 
 #[test]
 fn annotations_override_opaque_ports_and_log_level() {
-    let config = InjectConfig::default();
+    let config = config();
     let pod = pod_with(json!({"metadata": {"annotations": {
         "config.cnimesh.io/opaque-ports": " 5432, 7000,",
         "config.cnimesh.io/proxy-log-level": "warn,cnimesh_proxy=debug"}}}));
@@ -308,7 +335,7 @@ fn annotations_override_opaque_ports_and_log_level() {
 
 #[test]
 fn a_bad_annotation_admits_the_pod_unchanged_with_a_warning() {
-    let config = InjectConfig::default();
+    let config = config();
     let cases = [
         ("config.cnimesh.io/opaque-ports", "5432,http", "opaque-ports"),
         ("config.cnimesh.io/opaque-ports", "70000", "opaque-ports"),
@@ -326,7 +353,7 @@ fn a_bad_annotation_admits_the_pod_unchanged_with_a_warning() {
 
 #[test]
 fn who_is_injected_namespace_label_and_pod_annotation() {
-    let config = InjectConfig::default();
+    let config = config();
     let enabled = pod_with(json!({"metadata": {"annotations": {"cnimesh.io/inject": "enabled"}}}));
     let disabled = pod_with(json!({"metadata": {"annotations": {"cnimesh.io/inject": "disabled"}}}));
     // disabled on the pod wins over the namespace label, quietly.
@@ -346,13 +373,13 @@ fn who_is_injected_namespace_label_and_pod_annotation() {
 #[test]
 fn a_second_pass_changes_nothing_and_a_displaced_sidecar_is_moved_back_first() {
     for native in [true, false] {
-        let config = InjectConfig { native_sidecars: native, ..Default::default() };
+        let config = InjectConfig { native_sidecars: native, ..config() };
         let (_, once) = run(&deployment_pod(), "shop", NamespaceInjection::Enabled, &config);
         let response = unchanged(&once, "shop", NamespaceInjection::Enabled, &config);
         assert!(response.warnings.is_none());
     }
     // Another webhook put its init container in front of ours (reinvocationPolicy: IfNeeded).
-    let config = InjectConfig::default();
+    let config = config();
     let (_, mut once) = run(&deployment_pod(), "shop", NamespaceInjection::Enabled, &config);
     once["spec"]["initContainers"].as_array_mut().unwrap().insert(0, json!({"name": "vault-agent-init", "image": "v"}));
     let (_, twice) = run(&once, "shop", NamespaceInjection::Enabled, &config);
@@ -367,7 +394,7 @@ fn a_second_pass_changes_nothing_and_a_displaced_sidecar_is_moved_back_first() {
 
 #[test]
 fn system_and_control_plane_namespaces_are_never_injected() {
-    let config = InjectConfig { control_namespace: "mesh".into(), ..Default::default() };
+    let config = InjectConfig { control_namespace: "mesh".into(), ..config() };
     let opted_in = pod_with(json!({"metadata": {"annotations": {"cnimesh.io/inject": "enabled"}}}));
     for ns in ["kube-system", "mesh"] {
         for pod in [deployment_pod(), opted_in.clone()] {
@@ -382,11 +409,11 @@ fn system_and_control_plane_namespaces_are_never_injected() {
 
 #[test]
 fn host_network_uid_clashes_volume_clashes_and_dotted_service_accounts_are_warned_about() {
-    let config = InjectConfig::default();
+    let config = config();
     let cases = [
         (json!({"spec": {"hostNetwork": true}}), "host network"),
         (json!({"spec": {"securityContext": {"runAsUser": 2102}}}), "runs as the proxy's UID"),
-        (json!({"spec": {"volumes": [{"name": "cnimesh-trust-anchors", "emptyDir": {}}]}}), "volume named"),
+        (json!({"spec": {"volumes": [{"name": "cnimesh-identity-token", "emptyDir": {}}]}}), "volume named"),
         (json!({"spec": {"serviceAccountName": "a.b"}}), "contains a dot"),
         (json!({"spec": {"containers": "oops"}}), "cannot read the pod"),
     ];
@@ -399,7 +426,7 @@ fn host_network_uid_clashes_volume_clashes_and_dotted_service_accounts_are_warne
 
 #[test]
 fn only_pod_creation_is_mutated() {
-    let config = InjectConfig::default();
+    let config = config();
     let mut update = review(&deployment_pod(), "shop");
     update["request"]["operation"] = json!("UPDATE");
     let response = mutate(&request(&update), NamespaceInjection::Enabled, &config);
@@ -412,16 +439,11 @@ fn only_pod_creation_is_mutated() {
 
 #[test]
 fn the_endpoint_routes_by_path_and_rejects_what_is_not_a_review() {
-    let webhook = Webhook::new(InjectConfig::default()).unwrap();
+    let webhook = Webhook::new(config()).unwrap();
     let body = serde_json::to_vec(&review(&deployment_pod(), "shop")).unwrap();
-    let answer = |path: &str| -> AdmissionResponse {
-        let out = webhook.review(path, &body).unwrap();
-        let review: AdmissionReview<DynamicObject> = serde_json::from_slice(&out).unwrap();
-        assert_eq!(review.types.api_version, "admission.k8s.io/v1");
-        review.response.unwrap()
-    };
-    assert!(answer(INJECT_PATH).patch.is_some());
-    assert!(answer(OPT_IN_PATH).patch.is_none(), "not annotated: only labelled namespaces inject it");
+    let answer = |path: &str| decode_response(&webhook.review(path, &body).unwrap()).1;
+    assert!(answer(INJECT_PATH).is_some());
+    assert!(answer(OPT_IN_PATH).is_none(), "not annotated: only labelled namespaces inject it");
     assert_eq!(webhook.review("/mutate", &body).unwrap_err().0, http::StatusCode::NOT_FOUND);
     for bad in
         [&b"not json"[..], b"{}", br#"{"apiVersion":"admission.k8s.io/v1beta1","kind":"AdmissionReview","request":{}}"#]
@@ -485,7 +507,7 @@ async fn an_admission_review_over_real_tls() {
     let tls = load_webhook_tls(dir.path()).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let webhook = Arc::new(Webhook::new(InjectConfig::default()).unwrap());
+    let webhook = Arc::new(Webhook::new(config()).unwrap());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(serve_webhook(listener, tls, webhook, async {
         let _ = stopped.await;
@@ -496,15 +518,14 @@ async fn an_admission_review_over_real_tls() {
     let body = serde_json::to_vec(&review(&pod, "shop")).unwrap();
     let (status, out) = post(&mut sender, http::Method::POST, "application/json", body.clone()).await;
     assert_eq!(status, http::StatusCode::OK, "{}", String::from_utf8_lossy(&out));
-    let out: Value = serde_json::from_slice(&out).unwrap();
-    assert_eq!(out["apiVersion"], "admission.k8s.io/v1");
-    assert_eq!(out["kind"], "AdmissionReview");
-    assert_eq!(out["response"]["uid"], UID);
-    assert_eq!(out["response"]["allowed"], true);
-    assert_eq!(out["response"]["patchType"], "JSONPatch");
-    let review: AdmissionReview<DynamicObject> = serde_json::from_value(out).unwrap();
-    let patched = apply(&pod, review.response.as_ref().unwrap());
-    check_pod(&typed(&patched), &InjectConfig::default());
+    let (response, patch) = decode_response(&out);
+    assert_eq!(serde_json::from_slice::<Value>(&out).unwrap()["kind"], "AdmissionReview");
+    assert_eq!(response["uid"], UID);
+    assert_eq!(response["allowed"], true);
+    assert_eq!(response["patchType"], "JSONPatch");
+    let mut patched = pod.clone();
+    json_patch::patch(&mut patched, &patch.expect("a patch")).unwrap();
+    check_pod(&typed(&patched), &config());
 
     // Same connection: wrong method, wrong content type, too large.
     let (status, _) = post(&mut sender, http::Method::GET, "application/json", Vec::new()).await;
@@ -527,7 +548,7 @@ fn the_container_names_only_known_things() {
         opaque_ports: None,
         log_level: "info".into(),
     };
-    let c = serde_json::to_value(proxy_container(&InjectConfig::default(), &settings).unwrap()).unwrap();
+    let c = serde_json::to_value(proxy_container(&config(), &settings).unwrap()).unwrap();
     let keys: BTreeSet<&str> = c.as_object().unwrap().keys().map(String::as_str).collect();
     let expected: BTreeSet<&str> = [
         "name",
@@ -545,4 +566,65 @@ fn the_container_names_only_known_things() {
     ]
     .into();
     assert_eq!(keys, expected);
+}
+
+#[test]
+fn auto_mode_follows_the_api_server_version() {
+    #[derive(Debug, clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        webhook: WebhookArgs,
+    }
+    // The shipped default, as `serve` builds it.
+    let args = <Cli as clap::Parser>::try_parse_from(["x"]).unwrap().webhook;
+    assert_eq!(args.native_sidecars, SidecarMode::Auto);
+    let pod = deployment_pod();
+    let body = serde_json::to_vec(&review(&pod, "shop")).unwrap();
+    for (version, native) in [(None, false), (Some((1, 24)), false), (Some((1, 28)), false), (Some((1, 29)), true)] {
+        let version = version.map(|(major, minor)| ServerVersion { major, minor });
+        let (_tx, versions) = tokio::sync::watch::channel(version);
+        let config = InjectConfig {
+            trust_anchors_pem: config().trust_anchors_pem,
+            ..args.inject_config("cluster.local").unwrap()
+        };
+        let webhook = Webhook::new(config).unwrap().with_sidecar_mode(args.native_sidecars, versions);
+        let (_, patch) = decode_response(&webhook.review(INJECT_PATH, &body).unwrap());
+        let mut patched = pod.clone();
+        json_patch::patch(&mut patched, &patch.unwrap()).unwrap();
+        let spec = typed(&patched).spec.unwrap();
+        let in_init = spec.init_containers.iter().flatten().any(|c| c.name == PROXY_CONTAINER);
+        let in_containers = spec.containers.iter().any(|c| c.name == PROXY_CONTAINER);
+        assert_eq!((in_init, in_containers), (native, !native), "server {version:?}");
+        let proxy =
+            spec.containers.iter().chain(spec.init_containers.iter().flatten()).find(|c| c.name == PROXY_CONTAINER);
+        let proxy = proxy.unwrap();
+        assert_eq!(proxy.restart_policy.is_some(), native);
+        assert_eq!(proxy.startup_probe.is_some(), native, "probes on an init container only as a native sidecar");
+    }
+}
+
+#[test]
+fn a_sidecar_stripped_by_an_old_api_server_is_explained() {
+    // What a 1.24 API server re-invokes the webhook with after dropping restartPolicy: Always.
+    let pod = pod_with(json!({
+        "metadata": {"annotations": {INJECTED_ANNOTATION: env!("CARGO_PKG_VERSION")}},
+        "spec": {"initContainers": [{"name": PROXY_CONTAINER, "image": "x"}]}
+    }));
+    let response = unchanged(&pod, "shop", NamespaceInjection::Enabled, &config());
+    let warning = warnings(&response);
+    assert!(warning.contains("dropped `restartPolicy: Always`"), "{warning}");
+    assert!(warning.contains("does not support native sidecars") && warning.contains("=auto"), "{warning}");
+    // Someone else's init container of that name is still reported as such.
+    let foreign = pod_with(json!({"spec": {"initContainers": [{"name": PROXY_CONTAINER, "image": "x"}]}}));
+    let warning = warnings(&unchanged(&foreign, "shop", NamespaceInjection::Enabled, &config()));
+    assert!(warning.contains("is not a sidecar"), "{warning}");
+}
+
+#[test]
+fn without_trust_anchors_a_pod_that_must_be_meshed_is_refused() {
+    let config = InjectConfig { trust_anchors_pem: String::new(), ..config() };
+    let response = mutate(&request(&review(&deployment_pod(), "shop")), NamespaceInjection::Enabled, &config);
+    assert!(!response.allowed, "fail closed: {response:?}");
+    assert!(response.result.message.contains("no trust anchors"), "{response:?}");
+    assert!(response.patch.is_none());
 }
