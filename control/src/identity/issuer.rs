@@ -80,6 +80,12 @@ impl Issuer {
         Self::from_files(Files::read(dir)?)
     }
 
+    /// Validates an issuer given as PEM (anchors, issuer certificate chain, issuer key), as
+    /// `cnimesh install` does before it prints anything.
+    pub fn from_pem(anchors: &[u8], cert: &[u8], key: &[u8]) -> Result<Self, IssuerError> {
+        Self::from_files(Files { anchors: anchors.to_vec(), cert: cert.to_vec(), key: key.to_vec() })
+    }
+
     fn from_files(files: Files) -> Result<Self, IssuerError> {
         let anchors = pem::certs(&files.anchors, ANCHORS_FILE)?;
         let roots = tls::roots(&anchors).map_err(IssuerError::Anchors)?;

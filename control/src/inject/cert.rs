@@ -53,6 +53,14 @@ pub fn webhook_dns_names(namespace: &str, cluster_domain: &str) -> Vec<String> {
     vec![format!("{svc}.{cluster_domain}"), svc]
 }
 
+/// The webhook's CA certificate (the `caBundle`) and its serving certificate and key, as PEM.
+#[derive(Debug, Clone)]
+pub struct WebhookCertPem {
+    pub ca: String,
+    pub cert: String,
+    pub key: String,
+}
+
 /// Generates a CA and a serving certificate for `dns_names`, both valid for `lifetime`, and
 /// writes `ca.crt`, `tls.crt`, `tls.key` to `dir` (see the module doc). Without `force`, nothing
 /// is written if any of them exists. Returns the paths written.
@@ -62,14 +70,29 @@ pub fn generate_webhook_cert(
     lifetime: Duration,
     force: bool,
 ) -> Result<Vec<PathBuf>, WebhookCertError> {
-    if dns_names.is_empty() {
-        return Err(WebhookCertError::NoNames);
-    }
     let [ca_path, cert_path, key_path] = [WEBHOOK_CA_FILE, WEBHOOK_CERT_FILE, WEBHOOK_KEY_FILE].map(|f| dir.join(f));
     if !force
         && let Some(existing) = [&ca_path, &cert_path, &key_path].into_iter().find(|p| p.symlink_metadata().is_ok())
     {
         return Err(WebhookCertError::Exists(existing.clone()));
+    }
+    let pem = new_webhook_cert(dns_names, lifetime)?;
+    std::fs::create_dir_all(dir).map_err(|source| WebhookCertError::Io {
+        what: "creating",
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    // The key first: a server reloading the directory never sees a new certificate with an old key.
+    write_replacing(&key_path, pem.key.as_bytes(), 0o600)?;
+    write_replacing(&cert_path, pem.cert.as_bytes(), 0o644)?;
+    write_replacing(&ca_path, pem.ca.as_bytes(), 0o644)?;
+    Ok(vec![ca_path, cert_path, key_path])
+}
+
+/// A CA and a serving certificate for `dns_names`, both valid for `lifetime`, in memory.
+pub fn new_webhook_cert(dns_names: &[String], lifetime: Duration) -> Result<WebhookCertPem, WebhookCertError> {
+    if dns_names.is_empty() {
+        return Err(WebhookCertError::NoNames);
     }
     let now = SystemTime::now();
     let validity = |params: &mut CertificateParams| {
@@ -99,17 +122,7 @@ pub fn generate_webhook_cert(
     leaf.use_authority_key_identifier_extension = true;
     validity(&mut leaf);
     let cert = leaf.signed_by(&key, &issuer)?;
-
-    std::fs::create_dir_all(dir).map_err(|source| WebhookCertError::Io {
-        what: "creating",
-        path: dir.to_path_buf(),
-        source,
-    })?;
-    // The key first: a server reloading the directory never sees a new certificate with an old key.
-    write_replacing(&key_path, key.serialize_pem().as_bytes(), 0o600)?;
-    write_replacing(&cert_path, cert.pem().as_bytes(), 0o644)?;
-    write_replacing(&ca_path, ca_cert.pem().as_bytes(), 0o644)?;
-    Ok(vec![ca_path, cert_path, key_path])
+    Ok(WebhookCertPem { ca: ca_cert.pem(), cert: cert.pem(), key: key.serialize_pem() })
 }
 
 /// Writes a temporary file with `mode` from its creation (a key is never readable by others, not

@@ -1,27 +1,333 @@
-//! `cnimesh install`.
+//! `cnimesh install`: every manifest of the mesh on stdout, for `kubectl apply -f -`.
+//!
+//! The documents are those under `daemonset/` ([`super::manifests`]), with three additions that
+//! no file can hold: the identity issuer Secret (trust anchors, issuer certificate and key, given
+//! or generated), the trust anchors ConfigMap (public; `cnimesh inject` and `check` read it) and
+//! the webhook's serving Secret, whose CA becomes the webhook's `caBundle`. Nothing else differs,
+//! which a test asserts, so the YAML an operator reads is the YAML that gets applied.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use cnimesh_identity::DEFAULT_TRUST_DOMAIN;
+use cnimesh_identity::ca::{new_issuer, new_trust_anchor};
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde_json::{Value, json};
+
+use super::{manifests, yaml};
+use crate::identity::issuer::Issuer;
+use crate::inject::{
+    CONTROL_NAME, DEFAULT_CLUSTER_DOMAIN, DEFAULT_CONTROL_NAMESPACE, new_webhook_cert, webhook_dns_names,
+};
+
+/// The Secret the control plane signs with (`CNIMESH_CONTROL_ISSUER_DIR`).
+pub const ISSUER_SECRET: &str = "cnimesh-identity-issuer";
+/// The webhook's serving certificate (`CNIMESH_CONTROL_WEBHOOK_TLS_DIR`).
+pub const WEBHOOK_SECRET: &str = "cnimesh-webhook-tls";
+/// The trust anchors, public: what `cnimesh inject` hands to proxies and `check` compares.
+pub const TRUST_ANCHORS_CONFIG_MAP: &str = "cnimesh-identity-trust-anchors";
+pub const TRUST_ANCHORS_KEY: &str = "ca.crt";
+
+const ANCHOR_LIFETIME: Duration = Duration::from_secs(10 * 365 * 86400);
+const ISSUER_LIFETIME: Duration = Duration::from_secs(365 * 86400);
+const WEBHOOK_LIFETIME: Duration = Duration::from_secs(365 * 86400);
+/// Control plane replicas with `--ha` (the files hold the default).
+const HA_REPLICAS: i64 = 3;
 
 #[derive(Debug, clap::Args)]
 pub struct InstallArgs {
-    /// A highly available control plane.
+    /// A highly available control plane: three replicas instead of two.
     #[arg(long)]
+    pub ha: bool,
+    /// Trust anchors (PEM) that proxies verify each other against [default: generated].
+    #[arg(long, requires_all = ["identity_issuer_certificate_file", "identity_issuer_key_file"])]
+    pub identity_trust_anchors_file: Option<PathBuf>,
+    /// The issuer's certificate (PEM), signed by one of the trust anchors.
+    #[arg(long, requires_all = ["identity_trust_anchors_file", "identity_issuer_key_file"])]
+    pub identity_issuer_certificate_file: Option<PathBuf>,
+    /// The issuer's private key (PEM).
+    #[arg(long, requires_all = ["identity_trust_anchors_file", "identity_issuer_certificate_file"])]
+    pub identity_issuer_key_file: Option<PathBuf>,
+}
+
+/// What changes the rendering besides the certificates.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
     pub ha: bool,
 }
 
-pub struct Options;
-pub struct Certificates;
-
 impl InstallArgs {
     pub fn options(&self) -> Options {
-        Options
+        Options { ha: self.ha }
     }
+}
+
+/// The PEM material `install` puts into Secrets.
+#[derive(Debug, Clone)]
+pub struct Certificates {
+    pub anchors: String,
+    pub issuer_cert: String,
+    pub issuer_key: String,
+    pub webhook_ca: String,
+    pub webhook_cert: String,
+    pub webhook_key: String,
 }
 
 impl Certificates {
-    pub fn from_args(_args: &InstallArgs) -> anyhow::Result<Self> {
-        Ok(Self)
+    /// The given identity files (validated: the issuer must sign leaves that verify against
+    /// the anchors) or a new anchor and issuer; always a new webhook certificate.
+    pub fn from_args(args: &InstallArgs) -> anyhow::Result<Self> {
+        let (anchors, issuer_cert, issuer_key) = match (
+            &args.identity_trust_anchors_file,
+            &args.identity_issuer_certificate_file,
+            &args.identity_issuer_key_file,
+        ) {
+            (Some(anchors), Some(cert), Some(key)) => {
+                let read = |path: &PathBuf| {
+                    std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
+                };
+                let (anchors, cert, key) = (read(anchors)?, read(cert)?, read(key)?);
+                Issuer::from_pem(anchors.as_bytes(), cert.as_bytes(), key.as_bytes())
+                    .context("the given trust anchors and issuer cannot be used together")?;
+                (anchors, cert, key)
+            }
+            _ => {
+                let anchor = new_trust_anchor(DEFAULT_TRUST_DOMAIN, ANCHOR_LIFETIME).context("a trust anchor")?;
+                let issuer = new_issuer(&anchor, DEFAULT_TRUST_DOMAIN, ISSUER_LIFETIME).context("an issuer")?;
+                (anchor.cert_pem, issuer.cert_pem, issuer.key_pem)
+            }
+        };
+        let names = webhook_dns_names(DEFAULT_CONTROL_NAMESPACE, DEFAULT_CLUSTER_DOMAIN);
+        let webhook = new_webhook_cert(&names, WEBHOOK_LIFETIME).context("the webhook certificate")?;
+        Ok(Self {
+            anchors,
+            issuer_cert,
+            issuer_key,
+            webhook_ca: webhook.ca,
+            webhook_cert: webhook.cert,
+            webhook_key: webhook.key,
+        })
     }
 }
 
-pub fn render(_certs: &Certificates, _options: &Options) -> anyhow::Result<String> {
-    anyhow::bail!("not written yet")
+/// The whole install as one YAML stream.
+pub fn render(certs: &Certificates, options: &Options) -> anyhow::Result<String> {
+    let docs = documents(certs, options)?;
+    Ok(format!(
+        "# cnimesh {}: `cnimesh install{}` — apply with `kubectl apply -f -`.\n# Holds the identity issuer's private key: keep this output as secret as the key.\n{}",
+        env!("CARGO_PKG_VERSION"),
+        if options.ha { " --ha" } else { "" },
+        yaml::render(&docs)
+    ))
+}
+
+/// The documents of `daemonset/`, filled in, with the generated ones right after the control
+/// plane's Namespace (so they exist before the Deployment that mounts them).
+pub fn documents(certs: &Certificates, options: &Options) -> anyhow::Result<Vec<Value>> {
+    let mut out = Vec::new();
+    for mut doc in manifests::documents() {
+        let kind = doc.get("kind").and_then(Value::as_str).unwrap_or_default().to_string();
+        let name = doc.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default().to_string();
+        match kind.as_str() {
+            "MutatingWebhookConfiguration" => fill_ca_bundle(&mut doc, &certs.webhook_ca)?,
+            "Deployment" if name == CONTROL_NAME && options.ha => {
+                doc["spec"]["replicas"] = json!(HA_REPLICAS);
+            }
+            _ => {}
+        }
+        let is_control_namespace = kind == "Namespace" && name == DEFAULT_CONTROL_NAMESPACE;
+        out.push(doc);
+        if is_control_namespace {
+            out.extend(generated(certs));
+        }
+    }
+    anyhow::ensure!(
+        out.iter().any(|d| d.pointer("/metadata/name") == Some(&json!(ISSUER_SECRET))),
+        "daemonset/ has no Namespace {DEFAULT_CONTROL_NAMESPACE} to put the Secrets in"
+    );
+    Ok(out)
+}
+
+/// Every webhook of the configuration trusts the generated CA: the API server verifies the
+/// webhook's serving certificate against it.
+fn fill_ca_bundle(doc: &mut Value, ca_pem: &str) -> anyhow::Result<()> {
+    let bundle = serde_json::to_value(ByteString(ca_pem.as_bytes().to_vec()))?;
+    let webhooks =
+        doc.get_mut("webhooks").and_then(Value::as_array_mut).context("a webhook configuration without webhooks")?;
+    for webhook in webhooks {
+        let config =
+            webhook.get_mut("clientConfig").and_then(Value::as_object_mut).context("a webhook without clientConfig")?;
+        config.insert("caBundle".into(), bundle.clone());
+    }
+    Ok(())
+}
+
+fn meta(name: &str) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.into()),
+        namespace: Some(DEFAULT_CONTROL_NAMESPACE.into()),
+        labels: Some(BTreeMap::from([("app.kubernetes.io/part-of".to_string(), "cnimesh".to_string())])),
+        ..Default::default()
+    }
+}
+
+fn tls_secret(name: &str, ca: &str, cert: &str, key: &str) -> Value {
+    let data = [("ca.crt", ca), ("tls.crt", cert), ("tls.key", key)]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), ByteString(v.as_bytes().to_vec())))
+        .collect();
+    let secret = Secret {
+        metadata: meta(name),
+        type_: Some("kubernetes.io/tls".into()),
+        data: Some(data),
+        ..Default::default()
+    };
+    with_type_meta(serde_json::to_value(secret).expect("a Secret serialises"), "Secret")
+}
+
+fn with_type_meta(mut value: Value, kind: &str) -> Value {
+    let object = value.as_object_mut().expect("an object");
+    let mut out = serde_json::Map::new();
+    out.insert("apiVersion".into(), json!("v1"));
+    out.insert("kind".into(), json!(kind));
+    out.append(object);
+    Value::Object(out)
+}
+
+/// The Secrets and the ConfigMap that no file in `daemonset/` can hold.
+fn generated(certs: &Certificates) -> Vec<Value> {
+    let anchors = ConfigMap {
+        metadata: meta(TRUST_ANCHORS_CONFIG_MAP),
+        data: Some(BTreeMap::from([(TRUST_ANCHORS_KEY.to_string(), certs.anchors.clone())])),
+        ..Default::default()
+    };
+    vec![
+        tls_secret(ISSUER_SECRET, &certs.anchors, &certs.issuer_cert, &certs.issuer_key),
+        with_type_meta(serde_json::to_value(anchors).expect("a ConfigMap serialises"), "ConfigMap"),
+        tls_secret(WEBHOOK_SECRET, &certs.webhook_ca, &certs.webhook_cert, &certs.webhook_key),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn certs() -> Certificates {
+        let args = InstallArgs {
+            ha: false,
+            identity_trust_anchors_file: None,
+            identity_issuer_certificate_file: None,
+            identity_issuer_key_file: None,
+        };
+        Certificates::from_args(&args).unwrap()
+    }
+
+    fn is_generated(doc: &Value) -> bool {
+        let name = doc.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default();
+        [ISSUER_SECRET, WEBHOOK_SECRET, TRUST_ANCHORS_CONFIG_MAP].contains(&name)
+    }
+
+    /// The install's documents with what it generates taken out again.
+    fn without_generated(docs: Vec<Value>) -> Vec<Value> {
+        let mut docs: Vec<Value> = docs.into_iter().filter(|d| !is_generated(d)).collect();
+        for doc in &mut docs {
+            for webhook in doc.get_mut("webhooks").and_then(Value::as_array_mut).into_iter().flatten() {
+                let bundle = webhook["clientConfig"].as_object_mut().unwrap().remove("caBundle");
+                assert!(bundle.is_some_and(|b| b.as_str().is_some_and(|b| !b.is_empty())), "caBundle filled");
+            }
+        }
+        docs
+    }
+
+    #[test]
+    fn install_prints_daemonset_files_and_nothing_else_but_certificates() {
+        let rendered = render(&certs(), &Options::default()).unwrap();
+        let docs = yaml::documents(&rendered, "install").unwrap();
+        assert_eq!(without_generated(docs), manifests::documents(), "install and daemonset/ drifted apart");
+
+        let ha = yaml::documents(&render(&certs(), &Options { ha: true }).unwrap(), "install --ha").unwrap();
+        let mut ha = without_generated(ha);
+        let deployment = ha.iter_mut().find(|d| d["kind"] == "Deployment").unwrap();
+        assert_eq!(deployment["spec"]["replicas"], HA_REPLICAS);
+        deployment["spec"]["replicas"] =
+            manifests::documents().iter().find(|d| d["kind"] == "Deployment").unwrap()["spec"]["replicas"].clone();
+        assert_eq!(ha, manifests::documents(), "--ha changes the replicas only");
+    }
+
+    #[test]
+    fn the_generated_objects_are_typed_kubernetes_objects_before_the_deployment() {
+        let certs = certs();
+        let docs = documents(&certs, &Options::default()).unwrap();
+        let position = |kind: &str, name: &str| {
+            docs.iter().position(|d| d["kind"] == kind && d["metadata"]["name"] == name).unwrap()
+        };
+        assert!(position("Namespace", "cnimesh") < position("Secret", ISSUER_SECRET));
+        assert!(position("Secret", WEBHOOK_SECRET) < position("Deployment", CONTROL_NAME));
+        let issuer: Secret = serde_json::from_value(docs[position("Secret", ISSUER_SECRET)].clone()).unwrap();
+        let data = issuer.data.unwrap();
+        assert_eq!(data["ca.crt"].0, certs.anchors.as_bytes());
+        Issuer::from_pem(&data["ca.crt"].0, &data["tls.crt"].0, &data["tls.key"].0).expect("a working issuer");
+        let anchors: ConfigMap =
+            serde_json::from_value(docs[position("ConfigMap", TRUST_ANCHORS_CONFIG_MAP)].clone()).unwrap();
+        assert_eq!(anchors.data.unwrap()[TRUST_ANCHORS_KEY], certs.anchors);
+
+        // The caBundle is the CA that signed the serving certificate in the Secret.
+        let webhook: k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration =
+            serde_json::from_value(docs.iter().find(|d| d["kind"] == "MutatingWebhookConfiguration").unwrap().clone())
+                .unwrap();
+        let tls: Secret = serde_json::from_value(docs[position("Secret", WEBHOOK_SECRET)].clone()).unwrap();
+        let tls = tls.data.unwrap();
+        for hook in webhook.webhooks.unwrap() {
+            let bundle = hook.client_config.ca_bundle.unwrap().0;
+            assert_eq!(bundle, tls["ca.crt"].0);
+            let roots =
+                cnimesh_identity::tls::roots(&cnimesh_identity::pem::certs(&bundle, "caBundle").unwrap()).unwrap();
+            let chain = cnimesh_identity::pem::certs(&tls["tls.crt"].0, "tls.crt").unwrap();
+            let name = rustls_pki_types::ServerName::try_from("cnimesh-webhook.cnimesh.svc").unwrap();
+            let verifier =
+                rustls::client::WebPkiServerVerifier::builder_with_provider(roots, cnimesh_identity::tls::provider())
+                    .build()
+                    .unwrap();
+            rustls::client::danger::ServerCertVerifier::verify_server_cert(
+                verifier.as_ref(),
+                &chain[0],
+                &chain[1..],
+                &name,
+                &[],
+                rustls_pki_types::UnixTime::now(),
+            )
+            .expect("the API server would trust the webhook");
+        }
+    }
+
+    #[test]
+    fn given_identity_files_are_used_and_a_mismatched_set_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let anchor = new_trust_anchor("cluster.local", ANCHOR_LIFETIME).unwrap();
+        let issuer = new_issuer(&anchor, "cluster.local", ISSUER_LIFETIME).unwrap();
+        let other = new_trust_anchor("cluster.local", ANCHOR_LIFETIME).unwrap();
+        let write = |name: &str, text: &str| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, text).unwrap();
+            Some(path)
+        };
+        let mut args = InstallArgs {
+            ha: false,
+            identity_trust_anchors_file: write("ca.crt", &anchor.cert_pem),
+            identity_issuer_certificate_file: write("issuer.crt", &issuer.cert_pem),
+            identity_issuer_key_file: write("issuer.key", &issuer.key_pem),
+        };
+        let certs = Certificates::from_args(&args).unwrap();
+        assert_eq!(
+            (certs.anchors.as_str(), certs.issuer_key.as_str()),
+            (anchor.cert_pem.as_str(), issuer.key_pem.as_str())
+        );
+        args.identity_trust_anchors_file = write("other.crt", &other.cert_pem);
+        let error = format!("{:#}", Certificates::from_args(&args).unwrap_err());
+        assert!(error.contains("cannot be used together"), "{error}");
+    }
 }

@@ -1,1 +1,29 @@
-//! The manifests under `daemonset/`, compiled in.
+//! The manifests under `daemonset/`, compiled in: `install` prints exactly these documents (plus
+//! the certificates it generates), so the files and the command cannot drift apart.
+
+use serde_json::Value;
+
+use super::yaml;
+
+/// In the order `kubectl apply` should see them: namespaces come first in each file.
+pub const FILES: [(&str, &str); 3] = [
+    ("daemonset/cnimesh-node.yaml", include_str!("../../../daemonset/cnimesh-node.yaml")),
+    ("daemonset/control-plane.yaml", include_str!("../../../daemonset/control-plane.yaml")),
+    ("daemonset/control-webhook.yaml", include_str!("../../../daemonset/control-webhook.yaml")),
+];
+
+/// Every document of every file, in order.
+pub fn documents() -> Vec<Value> {
+    FILES
+        .iter()
+        .flat_map(|(name, text)| yaml::documents(text, name).expect("the shipped manifests parse (tested)"))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_shipped_manifests_parse() {
+        assert!(super::documents().len() > 10);
+    }
+}
