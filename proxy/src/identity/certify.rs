@@ -69,7 +69,7 @@ mod tests {
         std::fs::write(&token, "token").unwrap();
         let config = IdentityConfig {
             name: "web.shop.serviceaccount.identity.cnimesh.cluster.local".parse().unwrap(),
-            trust_anchors: "/nonexistent/ca.crt".into(),
+            trust_anchors: crate::config::TrustAnchors::File("/nonexistent/ca.crt".into()),
             token_file: token.clone(),
             control_addr: control_addr.into(),
             control_name: crate::config::DEFAULT_CONTROL_NAME.parse().unwrap(),
