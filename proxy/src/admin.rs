@@ -102,8 +102,11 @@ impl Admin {
                     let admin = admin.clone();
                     async move { Ok::<_, Infallible>(admin.route(req, peer).await) }
                 });
-                let _ =
-                    hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+                // Probes and operators' `nc` may half-close after the request: still answer them.
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .half_close(true)
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
             });
         }
     }

@@ -59,8 +59,7 @@ pub struct DestinationConfig {
 #[derive(Debug, Clone)]
 pub struct IdentityConfig {
     pub name: Name,
-    /// PEM trust anchors (a ConfigMap mounted as a file in a cluster).
-    pub trust_anchors: PathBuf,
+    pub trust_anchors: TrustAnchors,
     /// The projected service-account token (audience `identity.cnimesh.io`), re-read on every
     /// refresh because the kubelet rotates it.
     pub token_file: PathBuf,
@@ -70,6 +69,47 @@ pub struct IdentityConfig {
     pub control_name: Name,
     /// Longest wait between failed refreshes (jittered exponential backoff up to this).
     pub max_backoff: Duration,
+}
+
+/// Where the PEM trust anchors come from: exactly one of the two variables.
+#[derive(Clone, PartialEq, Eq)]
+pub enum TrustAnchors {
+    /// A file (`CNIMESH_PROXY_IDENTITY_TRUST_ANCHORS`), e.g. a mounted ConfigMap.
+    File(PathBuf),
+    /// The PEM text itself (`CNIMESH_PROXY_IDENTITY_TRUST_ANCHORS_PEM`), as the injector passes
+    /// it, so a proxy needs no volume (Linkerd's `LINKERD2_PROXY_IDENTITY_TRUST_ANCHORS` does the
+    /// same).
+    Pem(String),
+}
+
+pub const TRUST_ANCHORS_FILE_VAR: &str = "CNIMESH_PROXY_IDENTITY_TRUST_ANCHORS";
+pub const TRUST_ANCHORS_PEM_VAR: &str = "CNIMESH_PROXY_IDENTITY_TRUST_ANCHORS_PEM";
+
+impl TrustAnchors {
+    /// Where the anchors came from, for messages: the file's path, or the variable's name
+    /// (never the PEM itself).
+    pub fn source(&self) -> String {
+        match self {
+            Self::File(path) => format!("{} ({TRUST_ANCHORS_FILE_VAR})", path.display()),
+            Self::Pem(_) => TRUST_ANCHORS_PEM_VAR.to_string(),
+        }
+    }
+}
+
+/// Debug output (a config can end up in a log line or a panic) names the PEM variable, not its
+/// text.
+impl std::fmt::Debug for TrustAnchors {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::File(path) => f.debug_tuple("File").field(path).finish(),
+            Self::Pem(pem) => write!(f, "Pem({TRUST_ANCHORS_PEM_VAR}, {} bytes)", pem.len()),
+        }
+    }
+}
+
+/// Stands in for a PEM value in errors.
+fn redacted(pem: &str) -> String {
+    format!("<{} bytes of PEM, not shown>", pem.len())
 }
 
 pub const DEFAULT_TOKEN_FILE: &str = "/var/run/secrets/tokens/cnimesh-identity-token";
@@ -239,9 +279,10 @@ impl Config {
 /// never a silent plaintext proxy.
 fn identity(var: &impl Fn(&str) -> Option<(String, String)>) -> Result<Option<IdentityConfig>, ConfigError> {
     let Some((n, v)) = var("IDENTITY_NAME") else {
-        for other in ["IDENTITY_TRUST_ANCHORS", "IDENTITY_ADDR"] {
+        for other in ["IDENTITY_TRUST_ANCHORS", "IDENTITY_TRUST_ANCHORS_PEM", "IDENTITY_ADDR"] {
             if let Some((n, v)) = var(other) {
-                return Err(ConfigError { var: n, value: v, why: "set without CNIMESH_PROXY_IDENTITY_NAME".into() });
+                let value = if n == TRUST_ANCHORS_PEM_VAR { redacted(&v) } else { v };
+                return Err(ConfigError { var: n, value, why: "set without CNIMESH_PROXY_IDENTITY_NAME".into() });
             }
         }
         return Ok(None);
@@ -262,9 +303,32 @@ fn identity(var: &impl Fn(&str) -> Option<(String, String)>) -> Result<Option<Id
         Some((n, v)) => millis(&n, &v)?,
         None => Duration::from_secs(30),
     };
+    let trust_anchors = match (var("IDENTITY_TRUST_ANCHORS"), var("IDENTITY_TRUST_ANCHORS_PEM")) {
+        (Some(_), Some((p, pem))) => {
+            return Err(ConfigError {
+                var: p,
+                value: redacted(&pem),
+                why: format!("set together with {TRUST_ANCHORS_FILE_VAR}; set exactly one of the two"),
+            });
+        }
+        (Some((_, path)), None) => TrustAnchors::File(path.into()),
+        (None, Some((p, pem))) if pem.trim().is_empty() => {
+            return Err(ConfigError { var: p, value: String::new(), why: "empty: PEM certificates expected".into() });
+        }
+        (None, Some((_, pem))) => TrustAnchors::Pem(pem),
+        (None, None) => {
+            return Err(ConfigError {
+                var: TRUST_ANCHORS_FILE_VAR.into(),
+                value: String::new(),
+                why: format!(
+                    "{TRUST_ANCHORS_FILE_VAR} (a file) or {TRUST_ANCHORS_PEM_VAR} (the PEM) is required when {n} is set"
+                ),
+            });
+        }
+    };
     Ok(Some(IdentityConfig {
         name,
-        trust_anchors: required("IDENTITY_TRUST_ANCHORS")?.into(),
+        trust_anchors,
         token_file: var("IDENTITY_TOKEN_FILE").map_or_else(|| DEFAULT_TOKEN_FILE.into(), |(_, v)| v.into()),
         control_addr: required("IDENTITY_ADDR")?,
         control_name,
@@ -354,5 +418,34 @@ mod tests {
         assert!(e.to_string().contains("would be sent plaintext"), "{e}");
         let e = Config::from_vars(vars(&[("CNIMESH_PROXY_DESTINATION_ADDR", "control:4190")])).unwrap_err();
         assert!(e.to_string().contains("needs CNIMESH_PROXY_IDENTITY"), "{e}");
+    }
+
+    #[test]
+    fn trust_anchors_come_from_exactly_one_of_a_file_or_pem_text() {
+        const PEM: &str = "-----BEGIN CERTIFICATE-----\nTUlJQ2FuY2hvcg==\n-----END CERTIFICATE-----\n";
+        let name = ("CNIMESH_PROXY_IDENTITY_NAME", "web.shop.serviceaccount.identity.cnimesh.cluster.local");
+        let addr = ("CNIMESH_PROXY_IDENTITY_ADDR", "control:4190");
+        let file = ("CNIMESH_PROXY_IDENTITY_TRUST_ANCHORS", "/ca.crt");
+        let pem = ("CNIMESH_PROXY_IDENTITY_TRUST_ANCHORS_PEM", PEM);
+        let anchors =
+            |pairs: &[(&str, &str)]| Config::from_vars(vars(pairs)).map(|c| c.identity.unwrap().trust_anchors);
+
+        assert_eq!(anchors(&[name, addr, file]).unwrap(), TrustAnchors::File("/ca.crt".into()));
+        let from_pem = anchors(&[name, addr, pem]).unwrap();
+        assert_eq!(from_pem, TrustAnchors::Pem(PEM.into()));
+        assert!(!format!("{from_pem:?}").contains("TUlJQ2FuY2hvcg"), "{from_pem:?}");
+
+        let both = anchors(&[name, addr, file, pem]).unwrap_err().to_string();
+        assert!(both.contains(TRUST_ANCHORS_FILE_VAR) && both.contains(TRUST_ANCHORS_PEM_VAR), "{both}");
+        assert!(both.contains("exactly one"), "{both}");
+        let neither = anchors(&[name, addr]).unwrap_err().to_string();
+        assert!(neither.contains(TRUST_ANCHORS_FILE_VAR) && neither.contains(TRUST_ANCHORS_PEM_VAR), "{neither}");
+        let empty = anchors(&[name, addr, ("CNIMESH_PROXY_IDENTITY_TRUST_ANCHORS_PEM", " \n")]).unwrap_err();
+        assert!(empty.to_string().contains("empty"), "{empty}");
+        let orphan = anchors(&[pem]).unwrap_err().to_string();
+        assert!(orphan.contains("without CNIMESH_PROXY_IDENTITY_NAME"), "{orphan}");
+        for e in [both, orphan] {
+            assert!(!e.contains("TUlJQ2FuY2hvcg"), "the PEM itself stays out of errors: {e}");
+        }
     }
 }

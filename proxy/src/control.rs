@@ -2,6 +2,7 @@
 //! our trust anchors and the identity it must prove. The channel connects lazily and reconnects
 //! by itself; each call is bounded by the timeout.
 
+use std::io;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,9 +26,13 @@ pub fn channel(
     let connector = tower::service_fn(move |_: http::Uri| {
         let (tls, addr, name) = (tls.clone(), addr.clone(), name.clone());
         async move {
-            let tcp = tokio::net::TcpStream::connect(&addr).await?;
+            let tcp = connect(&addr).await?;
             tcp.set_nodelay(true)?;
-            Ok::<_, std::io::Error>(TokioIo::new(tls.connect(name, tcp).await?))
+            let tls = tls
+                .connect(name, tcp)
+                .await
+                .map_err(|e| io::Error::new(e.kind(), format!("TLS handshake with {addr}: {e}")))?;
+            Ok::<_, io::Error>(TokioIo::new(tls))
         }
     });
     let mut endpoint = Endpoint::from_static("http://cnimesh-control")
@@ -38,4 +43,38 @@ pub fn channel(
         endpoint = endpoint.timeout(t);
     }
     Ok(endpoint.connect_with_connector_lazy(connector))
+}
+
+/// Resolves `addr` and connects to the first address that answers. Each failure says which
+/// step failed and for which address: tonic reports a failed connect only as `transport error`,
+/// so this text (found in the error's sources) is all an operator gets to go on.
+async fn connect(addr: &str) -> io::Result<tokio::net::TcpStream> {
+    let resolved =
+        tokio::net::lookup_host(addr).await.map_err(|e| io::Error::new(e.kind(), format!("resolving {addr}: {e}")))?;
+    let mut last = io::Error::new(io::ErrorKind::NotFound, format!("resolving {addr}: no addresses"));
+    for ip in resolved {
+        match tokio::net::TcpStream::connect(ip).await {
+            Ok(tcp) => return Ok(tcp),
+            Err(e) if addr == ip.to_string() => last = io::Error::new(e.kind(), format!("connecting to {addr}: {e}")),
+            Err(e) => last = io::Error::new(e.kind(), format!("connecting to {addr} ({ip}): {e}")),
+        }
+    }
+    Err(last)
+}
+
+/// A failed control-plane call in full. tonic turns a connection failure into `Unknown:
+/// transport error` and keeps the cause (resolution, connect, TLS) in the error's sources, so
+/// those are walked and appended (skipping text already said).
+pub fn describe(status: &tonic::Status) -> String {
+    let mut text = format!("{:?}: {}", status.code(), status.message());
+    let mut source = std::error::Error::source(status);
+    while let Some(e) = source {
+        let said = e.to_string();
+        if !text.contains(&said) {
+            text.push_str(": ");
+            text.push_str(&said);
+        }
+        source = e.source();
+    }
+    text
 }

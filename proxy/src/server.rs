@@ -232,6 +232,10 @@ async fn serve(
             .timer(TokioTimer::new())
             // Slowloris: a client that does not finish its headers in time is cut off.
             .header_read_timeout(config.header_timeout)
+            // A client that half-closes after its request (`nc`, HTTP/1.0 tools, health checkers)
+            // still waits for the response: its FIN is not a cancellation. hyper's default would
+            // drop the in-flight request and close without a reply.
+            .half_close(true)
             .serve_connection(io, service)
             .with_upgrades();
         until_drained(conn, stop, |c| c.graceful_shutdown()).await?;

@@ -56,7 +56,15 @@ fn meshed<'n>(net: &'n Network, control_args: &[&str]) -> Meshed<'n> {
     let client = Pod::named(net, "shop", "client").unwrap();
     let server = Pod::named(net, "shop", "server").unwrap();
     let apps = Apps::start(&server.netns.path(), server.ipv4().into(), "server").unwrap();
-    let server_env = control.proxy_env("shop", "server", &control.token("shop", "server").unwrap());
+    let mut server_env = control.proxy_env("shop", "server", &control.token("shop", "server").unwrap());
+    // The server's proxy gets its trust anchors as PEM text, as the injector passes them; the
+    // client's reads them from a file.
+    for (var, value) in &mut server_env {
+        if var == "CNIMESH_PROXY_IDENTITY_TRUST_ANCHORS" {
+            *var = "CNIMESH_PROXY_IDENTITY_TRUST_ANCHORS_PEM".into();
+            *value = std::fs::read_to_string(control.trust_anchors()).unwrap();
+        }
+    }
     let server_proxy = Sidecar::start(&bins.proxy, &server.netns, &env_refs(&server_env)).unwrap();
     let mut client_env = control.proxy_env("shop", "client", &control.token("shop", "client").unwrap());
     client_env.push((

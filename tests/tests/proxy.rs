@@ -429,3 +429,69 @@ fn ipv6_and_unredirected_connections() {
         assert_eq!(m.server_proxy.admin("GET", "/ready", "").unwrap().0, 200, "and the proxy is fine");
     });
 }
+
+/// Sends `request` over a fresh connection from inside `netns`, half-closes (as `nc`, HTTP/1.0
+/// tools and some health checkers do), and reads until the server closes.
+fn half_closed_request(netns: &std::path::Path, to: SocketAddr, request: &str) -> String {
+    let request = request.to_string();
+    cnimesh_cni::netns::run_in(netns, move || {
+        let mut s = TcpStream::connect(to)?;
+        s.set_read_timeout(Some(Duration::from_secs(10)))?;
+        s.write_all(request.as_bytes())?;
+        s.shutdown(std::net::Shutdown::Write)?;
+        let mut out = Vec::new();
+        s.read_to_end(&mut out)?;
+        std::io::Result::Ok(String::from_utf8_lossy(&out).into_owned())
+    })
+    .unwrap()
+    .unwrap_or_else(|e| panic!("half-closed request to {to}: {e}"))
+}
+
+#[test]
+fn http1_clients_that_half_close_get_the_whole_response() {
+    let test = "http1_clients_that_half_close_get_the_whole_response";
+    if !require_root(test) {
+        return;
+    }
+    let bins = bins!();
+    let net = Network::bridge(&bins, json!({})).unwrap();
+    let client = Pod::named(&net, "shop", "client").unwrap();
+    let server = Pod::named(&net, "shop", "server").unwrap();
+    let plain = Pod::unmeshed(&net, "shop", "plain").unwrap();
+    let _server_apps = Apps::start(&server.netns.path(), server.ipv4().into(), "server").unwrap();
+    let _plain_apps = Apps::start(&plain.netns.path(), plain.ipv4().into(), "plain").unwrap();
+    let _client_proxy = Sidecar::start(&bins.proxy, &client.netns, &[]).unwrap();
+    let _server_proxy = Sidecar::start(&bins.proxy, &server.netns, &[]).unwrap();
+    let at = |pod: &Pod| SocketAddr::new(pod.ipv4().into(), apps::HTTP_PORT);
+    let paths = [
+        ("outbound and inbound proxy", &client, at(&server), "server"),
+        ("inbound proxy only", &plain, at(&server), "server"),
+        ("outbound proxy only", &client, at(&plain), "plain"),
+    ];
+    // Every path and request is tried, so a failure report shows which of them broke.
+    let mut failed = Vec::new();
+    for (via, from, to, app) in paths {
+        for (request, body) in [
+            (format!("GET /hello HTTP/1.1\r\nHost: {to}\r\n\r\n"), format!("hello from {app} over HTTP/1.1")),
+            (format!("GET /hello HTTP/1.0\r\nHost: {to}\r\n\r\n"), format!("hello from {app} over HTTP/1.1")),
+            // The app answers only after a while: the client's FIN arrived long before.
+            (format!("GET /slow HTTP/1.1\r\nHost: {to}\r\n\r\n"), "slow done".to_string()),
+        ] {
+            let response = half_closed_request(&from.netns.path(), to, &request);
+            let status_line = response.lines().next().unwrap_or_default();
+            let ok = status_line.starts_with("HTTP/1.")
+                && status_line.split_whitespace().nth(1) == Some("200")
+                && response.ends_with(&body);
+            if !ok {
+                failed.push(format!("{via}, {}: {response:?}", request.lines().next().unwrap_or_default()));
+            }
+        }
+    }
+    // The admin server too: probes and operators' `nc` half-close as well.
+    let admin: SocketAddr = "127.0.0.1:4191".parse().unwrap();
+    let ready = half_closed_request(&server.netns.path(), admin, "GET /ready HTTP/1.0\r\n\r\n");
+    if ready.split_whitespace().nth(1) != Some("200") {
+        failed.push(format!("admin server, GET /ready HTTP/1.0: {ready:?}"));
+    }
+    assert!(failed.is_empty(), "half-closed clients without their response:\n{}", failed.join("\n"));
+}

@@ -43,7 +43,7 @@ pub async fn certify(
     let response = IdentityClient::new(channel)
         .certify(request)
         .await
-        .map_err(|s| anyhow::anyhow!("Certify refused: {:?}: {}", s.code(), s.message()))?
+        .map_err(|s| anyhow::anyhow!("Certify at {}: {}", config.control_addr, crate::control::describe(&s)))?
         .into_inner();
     let mut chain = vec![CertificateDer::from(response.leaf_certificate)];
     chain.extend(response.intermediate_certificates.into_iter().map(CertificateDer::from));
@@ -57,4 +57,43 @@ fn check(chain: &[CertificateDer<'static>], name: &Name, roots: Arc<rustls::Root
     anyhow::ensure!(named.as_ref() == Some(name), "the issued certificate names {named:?}, not {name}");
     cnimesh_identity::tls::verify(roots, chain, name).context("the issued certificate does not verify")?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The error of a Certify call to `control_addr`, where no control plane answers.
+    async fn certify_error(control_addr: &str, case: &str) -> String {
+        let token = std::env::temp_dir().join(format!("cnimesh-proxy-token-{}-{case}", std::process::id()));
+        std::fs::write(&token, "token").unwrap();
+        let config = IdentityConfig {
+            name: "web.shop.serviceaccount.identity.cnimesh.cluster.local".parse().unwrap(),
+            trust_anchors: crate::config::TrustAnchors::File("/nonexistent/ca.crt".into()),
+            token_file: token.clone(),
+            control_addr: control_addr.into(),
+            control_name: crate::config::DEFAULT_CONTROL_NAME.parse().unwrap(),
+            max_backoff: Duration::from_secs(1),
+        };
+        let roots = Arc::new(rustls::RootCertStore::empty());
+        let result = certify(channel(&config, roots.clone()).unwrap(), &config, roots, b"csr").await;
+        let _ = std::fs::remove_file(token);
+        format!("{:#}", result.err().expect("nothing answers there"))
+    }
+
+    #[tokio::test]
+    async fn an_unresolvable_control_plane_is_named_with_the_resolution_error() {
+        let e = certify_error("nonexistent.invalid:4190", "unresolvable").await;
+        assert!(e.contains("nonexistent.invalid:4190"), "{e}");
+        assert!(e.contains("resolving") && e.contains("failed to lookup"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn a_refusing_control_plane_is_named_with_the_connect_error() {
+        // A port that was just free: nothing listens there.
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let e = certify_error(&format!("127.0.0.1:{port}"), "refused").await;
+        assert!(e.contains(&format!("127.0.0.1:{port}")), "{e}");
+        assert!(e.contains("Connection refused"), "{e}");
+    }
 }
