@@ -23,6 +23,9 @@ use crate::mounts::{self, Propagation};
 pub struct Health {
     pending: Mutex<Vec<String>>,
     warnings: Mutex<Vec<String>>,
+    /// One `/status` computation at a time: each runs a process and enters every pod's netns,
+    /// and the port is reachable from the node's network.
+    status_gate: tokio::sync::Mutex<()>,
 }
 
 impl Health {
@@ -124,8 +127,15 @@ async fn respond(health: Arc<Health>, source: Arc<StatusSource>, path: &str) -> 
             ),
         },
         "/status" => {
+            let gate = health.status_gate.lock().await;
             // Off the reactor: netns threads and a child process per request.
-            match tokio::task::spawn_blocking(move || agent_status(&health, &source)).await {
+            let computed = tokio::task::spawn_blocking({
+                let health = health.clone();
+                move || agent_status(&health, &source)
+            })
+            .await;
+            drop(gate);
+            match computed {
                 Ok(status) => Response::builder()
                     .status(StatusCode::OK)
                     .header(header::CONTENT_TYPE, "application/json")
