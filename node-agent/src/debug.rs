@@ -79,14 +79,13 @@ fn live_error(e: BackendError) -> String {
     match e {
         BackendError::Netns(n) if n.is_gone() => {
             let path = match &n {
-                NetnsError::Missing { path } | NetnsError::Enter { path, .. } => Some(Path::new(path)),
-                _ => None,
+                NetnsError::Missing { path } | NetnsError::Enter { path, .. } => path.as_str(),
+                _ => "",
             };
-            match path.and_then(mounts::missing_netns_hint) {
+            match mounts::missing_netns_hint(Path::new(path)) {
                 // On a private host mount a live pod's netns looks exactly like a stale one.
                 Some(hint) => format!(
-                    "netns {} not found here: {hint}; if the pod is gone, the record is stale (GC or DEL will remove it)",
-                    path.map(Path::display).map(|p| p.to_string()).unwrap_or_default()
+                    "netns {path} not found here: {hint}; if the pod is gone, the record is stale (GC or DEL will remove it)"
                 ),
                 None => "netns is gone (stale record; GC or DEL will remove it)".into(),
             }

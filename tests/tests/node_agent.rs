@@ -395,3 +395,82 @@ fn status_endpoint_reports_installation_and_drift() {
     stop.send(()).unwrap();
     rt.block_on(agent).unwrap().expect("clean shutdown");
 }
+
+/// Unmounts on drop (lazily, so a failing test never leaves a busy mount behind).
+struct Mounted(std::path::PathBuf);
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// DESIGN.md §7.17: a private mount under the netns dir (as on a host whose root mount is
+/// private) is reported at start, on /ready and /status, and in "netns not found" drift.
+#[test]
+fn agent_reports_a_private_netns_mount() {
+    if !require_root("agent_reports_a_private_netns_mount") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let netns_dir = dir.path().join("netns");
+    std::fs::create_dir_all(&netns_dir).unwrap();
+    let mount = |args: &[&str]| {
+        let ok = std::process::Command::new("mount").args(args).arg(&netns_dir).status().unwrap().success();
+        assert!(ok, "mount {args:?} {}", netns_dir.display());
+    };
+    mount(&["-t", "tmpfs", "-o", "size=64k", "cnimesh-test"]);
+    let _mounted = Mounted(netns_dir.clone());
+    mount(&["--make-private"]);
+
+    let plugin = dir.path().join("cnimesh-cni-src");
+    std::fs::write(&plugin, b"#!/bin/sh\n").unwrap();
+    let ready_port = free_port();
+    let mut cfg = agent_config(dir.path(), ready_port, plugin, true);
+    cfg.netns_dir = netns_dir.clone();
+    std::fs::create_dir_all(&cfg.cni_conf_dir).unwrap();
+    std::fs::write(
+        cfg.cni_conf_dir.join("10-bridge.conflist"),
+        r#"{"name":"cbr0","cniVersion":"1.0.0","plugins":[{"type":"bridge"}]}"#,
+    )
+    .unwrap();
+    // A pod whose netns the runtime made after the agent started: invisible here.
+    let record = cnimesh_cni::state::AttachmentRecord {
+        version: cnimesh_cni::state::RECORD_VERSION,
+        network: "cbr0".into(),
+        container_id: "c0ffee".into(),
+        ifname: "eth0".into(),
+        netns: netns_dir.join("cni-late").display().to_string(),
+        netns_id: None,
+        pod_namespace: Some("shop".into()),
+        pod_name: Some("late".into()),
+        pod_uid: None,
+        backend: cnimesh_cni::backend::Backend::Nftables,
+        spec: RedirectSpec::default(),
+        created_at: 0,
+    };
+    cnimesh_cni::state::StateStore::new(&cfg.state_dir).write(&record).unwrap();
+
+    let rt = runtime();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let cluster = Arc::new(FileCluster::new(&dir.path().join("pods"), Some(NODE.into())));
+    let agent = rt.spawn(cnimesh_node::run::run(cfg.clone(), cluster, async {
+        let _ = stopped.await;
+    }));
+    let ready = || http_get(ready_port, "/ready");
+    eventually("readiness", || ready().split_whitespace().nth(1) == Some("200"));
+    let body = ready();
+    let shown = netns_dir.display().to_string();
+    assert!(body.contains("warning: the host mount holding") && body.contains(&shown), "{body}");
+    assert!(body.contains("mount --make-rshared /"), "{body}");
+
+    let response = http_get(ready_port, "/status");
+    let s: Value = serde_json::from_str(response.split_once("\r\n\r\n").unwrap().1).unwrap();
+    assert_eq!(s["mount_propagation"], "private", "{s}");
+    assert_eq!(s["verify"][0]["ok"], false, "{s}");
+    let drift = s["verify"][0]["drift"][0].as_str().unwrap_or_default();
+    assert!(drift.contains(&format!("{shown} is private")) && drift.contains("mount --make-rshared /"), "{s}");
+
+    stop.send(()).unwrap();
+    rt.block_on(agent).unwrap().expect("clean shutdown");
+}
