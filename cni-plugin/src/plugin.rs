@@ -128,14 +128,11 @@ fn add(conf: &NetConf, env: &CniEnv) -> Result<String> {
     Ok(output)
 }
 
-/// What to do when the agent cannot decide for a pod of `namespace`: the operator reading the
-/// kubelet's event sees which pod waits, why, and the two ways out.
-fn agent_hint(namespace: &str) -> String {
+/// The way out for a pod of `namespace` that must start whether or not the agent answers.
+fn exclude_hint(namespace: &str) -> String {
     format!(
-        "the cnimesh node agent must be running on this node (DaemonSet cnimesh-node in namespace cnimesh-system: \
-         `kubectl -n cnimesh-system get pods -o wide`), and the runtime retries until it answers; pods of excluded \
-         namespaces never wait for it (excludeNamespaces / CNIMESH_EXCLUDE_NAMESPACES, default {}): exclude \
-         namespace {namespace:?} if its pods must start without the mesh",
+        "pods of excluded namespaces never wait for the agent (excludeNamespaces / CNIMESH_EXCLUDE_NAMESPACES, \
+         default {}): exclude namespace {namespace:?} if its pods must start without the mesh",
         crate::config::DEFAULT_EXCLUDED_NAMESPACES.join(", ")
     )
 }
@@ -177,9 +174,10 @@ fn ask_agent(config: &AgentConfig, env: &CniEnv) -> Result<Option<RedirectSpec>>
         Ok(Decision::Error { message, retry: true }) => Err(CniError::new(
             ErrorCode::TryAgainLater,
             format!(
-                "the cnimesh node agent cannot decide yet whether to capture {which}: {message}; if this persists, \
-                 see the agent's log (`kubectl -n cnimesh-system logs ds/cnimesh-node`); {}",
-                agent_hint(namespace)
+                "the cnimesh node agent cannot decide yet whether to capture {which}: {message}; the runtime \
+                 retries; if this persists, see the agent's log (`kubectl -n cnimesh-system logs ds/cnimesh-node`); \
+                 {}",
+                exclude_hint(namespace)
             ),
         )),
         Ok(Decision::Error { message, retry: false }) => {
@@ -189,8 +187,10 @@ fn ask_agent(config: &AgentConfig, env: &CniEnv) -> Result<Option<RedirectSpec>>
         Err(e) => Err(err(
             ErrorCode::TryAgainLater,
             format!(
-                "cannot decide whether to capture {which}: the cnimesh node agent did not answer; {}",
-                agent_hint(namespace)
+                "cannot decide whether to capture {which}: the cnimesh node agent did not answer; the node agent \
+                 must be running on this node (DaemonSet cnimesh-node in namespace cnimesh-system: \
+                 `kubectl -n cnimesh-system get pods -o wide`), and the runtime retries until it answers; {}",
+                exclude_hint(namespace)
             ),
             e,
         )),

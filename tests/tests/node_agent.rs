@@ -100,6 +100,7 @@ fn plugin_asks_the_agent_which_pods_to_capture() {
     let ghost = Pod::unattached(&net, "shop", "ghost").unwrap();
     let e = net.add(&ghost.call()).expect_err("unknown pod");
     assert_eq!(e.code, Some(11), "{e}");
+    assert!(e.msg.contains("pod shop/ghost (namespace shop") && e.msg.contains("exclude namespace"), "{e}");
     assert!(ghost.nft_table().is_none());
     assert_eq!(mock.requests(Method::GET, "/api/v1/namespaces/shop/pods/ghost").len(), 1, "one GET for a cache miss");
     assert!(mock.requests(Method::GET, "/api/v1/namespaces/shop/pods/web").is_empty(), "cached pods cost no API call");
