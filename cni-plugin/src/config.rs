@@ -13,6 +13,13 @@ use crate::spec::{PortRange, RedirectSpec};
 use crate::state::DEFAULT_STATE_DIR;
 use crate::version;
 
+/// Namespaces whose pods are never captured unless the configuration lists others: the cluster's
+/// own (`kube-system`), the control plane's (`cnimesh`) and the node agent's (`cnimesh-system`).
+/// Their pods must start while the node agent is down (its own pod first of all), so ADD never
+/// waits on the agent for them. The plugin's `excludeNamespaces` default, the agent's
+/// `--exclude-namespaces` default and the entry the agent chains all come from here.
+pub const DEFAULT_EXCLUDED_NAMESPACES: &[&str] = &["kube-system", "cnimesh", "cnimesh-system"];
+
 /// One entry of `cni.dev/valid-attachments` (GC).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 pub struct Attachment {
@@ -109,12 +116,13 @@ impl NetConf {
         self.settings.state_dir.clone().unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR))
     }
 
-    /// Whether pods of `namespace` are left alone (default: `kube-system`).
+    /// Whether pods of `namespace` are left alone (default: [`DEFAULT_EXCLUDED_NAMESPACES`]; a
+    /// configured list replaces the default, so it can opt `kube-system` in).
     pub fn excludes(&self, namespace: Option<&str>) -> bool {
         let Some(ns) = namespace else { return false };
         match &self.settings.exclude_namespaces {
             Some(list) => list.iter().any(|n| n == ns),
-            None => ns == "kube-system",
+            None => DEFAULT_EXCLUDED_NAMESPACES.contains(&ns),
         }
     }
 }
@@ -135,8 +143,11 @@ mod tests {
         let c = parse(r#"{"cniVersion":"1.0.0","name":"net","type":"cnimesh-cni"}"#).unwrap();
         assert_eq!(c.spec().unwrap(), RedirectSpec::default());
         assert_eq!(c.settings.backend, BackendChoice::Nftables);
-        assert!(c.excludes(Some("kube-system")));
+        for ns in ["kube-system", "cnimesh", "cnimesh-system"] {
+            assert!(c.excludes(Some(ns)), "{ns} is excluded by default");
+        }
         assert!(!c.excludes(Some("default")));
+        assert!(!c.excludes(None));
         assert_eq!(c.state_dir(), PathBuf::from("/var/lib/cnimesh"));
     }
 

@@ -128,12 +128,26 @@ fn add(conf: &NetConf, env: &CniEnv) -> Result<String> {
     Ok(output)
 }
 
+/// The way out for a pod of `namespace` that must start whether or not the agent answers.
+fn exclude_hint(namespace: &str) -> String {
+    format!(
+        "pods of excluded namespaces never wait for the agent (excludeNamespaces / CNIMESH_EXCLUDE_NAMESPACES, \
+         default {}): exclude namespace {namespace:?} if its pods must start without the mesh",
+        crate::config::DEFAULT_EXCLUDED_NAMESPACES.join(", ")
+    )
+}
+
 /// The agent's decision for this pod: `Some(spec)` to capture, `None` to leave it alone.
 fn ask_agent(config: &AgentConfig, env: &CniEnv) -> Result<Option<RedirectSpec>> {
     let (Some(namespace), Some(name)) = (env.pod_namespace(), env.pod_name()) else {
         return Err(CniError::new(
             ErrorCode::InvalidEnv,
-            "CNI_ARGS has no K8S_POD_NAMESPACE/K8S_POD_NAME, so the node agent cannot tell whether this pod is meshed",
+            format!(
+                "cannot decide whether to capture container {}: CNI_ARGS has no K8S_POD_NAMESPACE/K8S_POD_NAME, so \
+                 the node agent cannot tell whether this pod is meshed; the runtime must pass them (containerd and \
+                 CRI-O do), or remove nodeAgent from the cnimesh-cni configuration to decide without the agent",
+                env.container_id
+            ),
         ));
     };
     let request = DecisionRequest {
@@ -144,6 +158,7 @@ fn ask_agent(config: &AgentConfig, env: &CniEnv) -> Result<Option<RedirectSpec>>
         container_id: env.container_id.clone(),
     };
     let pod = format!("{namespace}/{name}");
+    let which = format!("pod {pod} (namespace {namespace}, container {})", env.container_id);
     match agent::ask(config, &request) {
         Ok(Decision::Capture { spec }) => {
             let spec = spec.normalized();
@@ -156,14 +171,29 @@ fn ask_agent(config: &AgentConfig, env: &CniEnv) -> Result<Option<RedirectSpec>>
             info!(pod, reason, "node agent: not capturing");
             Ok(None)
         }
-        Ok(Decision::Error { message, retry: true }) => {
-            Err(CniError::new(ErrorCode::TryAgainLater, format!("node agent cannot decide for {pod} yet: {message}")))
-        }
+        Ok(Decision::Error { message, retry: true }) => Err(CniError::new(
+            ErrorCode::TryAgainLater,
+            format!(
+                "the cnimesh node agent cannot decide yet whether to capture {which}: {message}; the runtime \
+                 retries; if this persists, see the agent's log (`kubectl -n cnimesh-system logs ds/cnimesh-node`); \
+                 {}",
+                exclude_hint(namespace)
+            ),
+        )),
         Ok(Decision::Error { message, retry: false }) => {
             Err(CniError::new(ErrorCode::InvalidConfig, format!("pod {pod} cannot be meshed: {message}")))
         }
         // Fail closed: without an answer the pod might need capture; the runtime retries.
-        Err(e) => Err(err(ErrorCode::TryAgainLater, format!("cannot decide whether to capture {pod}"), e)),
+        Err(e) => Err(err(
+            ErrorCode::TryAgainLater,
+            format!(
+                "cannot decide whether to capture {which}: the cnimesh node agent did not answer; the node agent \
+                 must be running on this node (DaemonSet cnimesh-node in namespace cnimesh-system: \
+                 `kubectl -n cnimesh-system get pods -o wide`), and the runtime retries until it answers; {}",
+                exclude_hint(namespace)
+            ),
+            e,
+        )),
     }
 }
 

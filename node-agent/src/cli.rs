@@ -44,8 +44,8 @@ struct AgentArgs {
     /// The cnimesh-cni binary to install (shipped in the agent's image).
     #[arg(long, env = "CNIMESH_PLUGIN_BINARY", default_value = "/opt/cnimesh/cnimesh-cni")]
     plugin_binary: PathBuf,
-    /// Namespaces whose pods are never captured.
-    #[arg(long, env = "CNIMESH_EXCLUDE_NAMESPACES", value_delimiter = ',', default_value = "kube-system")]
+    /// Namespaces whose pods are never captured (and never wait for the agent).
+    #[arg(long, env = "CNIMESH_EXCLUDE_NAMESPACES", value_delimiter = ',', default_values = cnimesh_cni::config::DEFAULT_EXCLUDED_NAMESPACES)]
     exclude_namespaces: Vec<String>,
 }
 
@@ -102,11 +102,13 @@ enum Cmd {
 
 fn config(cli: &Cli, agent: &AgentArgs) -> RunConfig {
     RunConfig {
+        node_name: None,
         cni_bin_dir: cli.cni_bin_dir.clone(),
         cni_conf_dir: cli.cni_conf_dir.clone(),
         plugin_binary: agent.plugin_binary.clone(),
         socket: cli.socket.clone(),
         state_dir: cli.state_dir.clone(),
+        netns_dir: run::DEFAULT_NETNS_DIR.into(),
         ready_addr: "0.0.0.0:4192".parse().expect("valid"),
         repair: RepairMode::Delete,
         repair_interval: Duration::from_secs(60),
@@ -147,6 +149,7 @@ async fn main_async(cli: Cli) -> anyhow::Result<ExitCode> {
     match &cli.command {
         Cmd::Run { agent, node_name, ready_addr, repair, repair_interval, uninstall_on_exit, pods_dir } => {
             let mut cfg = config(&cli, agent);
+            cfg.node_name = node_name.clone();
             cfg.ready_addr = *ready_addr;
             cfg.repair = *repair;
             cfg.repair_interval = Duration::from_secs(*repair_interval);
@@ -202,5 +205,20 @@ pub fn main() -> ExitCode {
             eprintln!("cnimesh-node: {e:#}");
             ExitCode::from(2)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn own_namespaces_are_excluded_by_default() {
+        let defaults = cnimesh_cni::config::DEFAULT_EXCLUDED_NAMESPACES;
+        let cli = Cli::try_parse_from(["cnimesh-node", "install"]).unwrap();
+        let Cmd::Install { agent } = &cli.command else { panic!("parsed as install") };
+        assert_eq!(agent.exclude_namespaces, defaults);
+        // …and the entry the agent chains carries them to the plugin.
+        assert_eq!(config(&cli, agent).plugin_entry()["excludeNamespaces"], serde_json::json!(defaults));
     }
 }

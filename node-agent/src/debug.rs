@@ -12,6 +12,8 @@ use cnimesh_cni::rules::Ruleset;
 use cnimesh_cni::state::{AttachmentRecord, StateStore};
 use serde::Serialize;
 
+use crate::mounts;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Default)]
 pub enum Format {
     #[default]
@@ -75,7 +77,19 @@ fn checked_netns(r: &AttachmentRecord) -> Result<&Path, BackendError> {
 
 fn live_error(e: BackendError) -> String {
     match e {
-        BackendError::Netns(n) if n.is_gone() => "netns is gone (stale record; GC or DEL will remove it)".into(),
+        BackendError::Netns(n) if n.is_gone() => {
+            let path = match &n {
+                NetnsError::Missing { path } | NetnsError::Enter { path, .. } => path.as_str(),
+                _ => "",
+            };
+            match mounts::missing_netns_hint(Path::new(path)) {
+                // On a private host mount a live pod's netns looks exactly like a stale one.
+                Some(hint) => format!(
+                    "netns {path} not found here: {hint}; if the pod is gone, the record is stale (GC or DEL will remove it)"
+                ),
+                None => "netns is gone (stale record; GC or DEL will remove it)".into(),
+            }
+        }
         BackendError::Netns(NetnsError::Enter { .. }) => format!("{e} (run as root)"),
         other => other.to_string(),
     }

@@ -9,6 +9,7 @@ pub mod health;
 pub mod install;
 pub mod kube_cluster;
 pub mod local;
+pub mod mounts;
 pub mod reconcile;
 pub mod repair;
 pub mod run;

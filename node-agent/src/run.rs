@@ -17,13 +17,16 @@ use notify::Watcher;
 use serde_json::{Value, json};
 
 use crate::cluster::SharedCluster;
-use crate::health::{self, Health};
+use crate::health::{self, Health, StatusSource};
+use crate::mounts;
 use crate::reconcile::{DEBOUNCE, Reconciler, State};
 use crate::repair::{self, RepairMode};
 use crate::server::{self, Decider};
 use crate::{chain, install};
 
 pub const NOT_READY_TAINT: &str = "cnimesh.io/agent-not-ready";
+/// Where runtimes (containerd, CRI-O) put pod network namespaces; the DaemonSet mounts it.
+pub const DEFAULT_NETNS_DIR: &str = "/var/run/netns";
 const TICK: Duration = Duration::from_secs(5);
 /// Bound on each Kubernetes API call of the run loop, so a half-open API connection cannot stop
 /// re-chaining.
@@ -31,11 +34,15 @@ const API_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Clone)]
 pub struct RunConfig {
+    /// This node's name, as reported by `/status`.
+    pub node_name: Option<String>,
     pub cni_bin_dir: PathBuf,
     pub cni_conf_dir: PathBuf,
     pub plugin_binary: PathBuf,
     pub socket: PathBuf,
     pub state_dir: PathBuf,
+    /// The pod netns directory, whose mount propagation the agent checks (DESIGN.md §7.17).
+    pub netns_dir: PathBuf,
     pub ready_addr: SocketAddr,
     pub repair: RepairMode,
     pub repair_interval: Duration,
@@ -89,6 +96,22 @@ fn describe(state: &State, dir: &std::path::Path) -> Option<String> {
     }
 }
 
+/// An explicit exclusion list replaces the default: say so when it would make the mesh's own
+/// pods wait on this agent.
+fn warn_unexcluded(excluded: &[String]) {
+    let missing: Vec<&str> = cnimesh_cni::config::DEFAULT_EXCLUDED_NAMESPACES
+        .iter()
+        .copied()
+        .filter(|ns| !excluded.iter().any(|e| e == ns))
+        .collect();
+    if !missing.is_empty() {
+        tracing::warn!(
+            missing = ?missing,
+            "namespaces excluded by default are not in --exclude-namespaces: their pods fail to start while this agent is down"
+        );
+    }
+}
+
 /// Runs until `shutdown` resolves; removes the plugin then only with `uninstall_on_exit`.
 pub async fn run(
     cfg: RunConfig,
@@ -97,10 +120,27 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let health = Arc::new(Health::default());
     health.set_pending(vec!["starting".into()]);
+    // Not a readiness condition: decisions do not need the netns dir, and a node kept tainted
+    // for a host setting would stop every pod. Logged, and shown by /ready and /status.
+    if mounts::propagation(&cfg.netns_dir).is_private() {
+        let message = mounts::private_message(&cfg.netns_dir);
+        tracing::error!(path = %cfg.netns_dir.display(), "{message}");
+        health.set_warnings(vec![message]);
+    }
+    warn_unexcluded(&cfg.excluded_namespaces);
     let http = health::bind(cfg.ready_addr)
         .await
         .with_context(|| format!("binding the health endpoint {}", cfg.ready_addr))?;
-    let health_task = tokio::spawn(health::serve(http, health.clone()));
+    let source = Arc::new(StatusSource {
+        node: cfg.node_name.clone(),
+        cni_bin_dir: cfg.cni_bin_dir.clone(),
+        cni_conf_dir: cfg.cni_conf_dir.clone(),
+        socket: cfg.socket.clone(),
+        state_dir: cfg.state_dir.clone(),
+        netns_dir: cfg.netns_dir.clone(),
+        cluster: cluster.clone(),
+    });
+    let health_task = tokio::spawn(health::serve(http, health.clone(), source));
 
     let listener =
         server::bind(&cfg.socket).with_context(|| format!("binding the decision socket {}", cfg.socket.display()))?;

@@ -100,6 +100,7 @@ fn plugin_asks_the_agent_which_pods_to_capture() {
     let ghost = Pod::unattached(&net, "shop", "ghost").unwrap();
     let e = net.add(&ghost.call()).expect_err("unknown pod");
     assert_eq!(e.code, Some(11), "{e}");
+    assert!(e.msg.contains("pod shop/ghost (namespace shop") && e.msg.contains("exclude namespace"), "{e}");
     assert!(ghost.nft_table().is_none());
     assert_eq!(mock.requests(Method::GET, "/api/v1/namespaces/shop/pods/ghost").len(), 1, "one GET for a cache miss");
     assert!(mock.requests(Method::GET, "/api/v1/namespaces/shop/pods/web").is_empty(), "cached pods cost no API call");
@@ -115,6 +116,41 @@ fn plugin_asks_the_agent_which_pods_to_capture() {
     assert_eq!(e.code, Some(11), "{e}");
     assert!(e.details.as_deref().unwrap_or_default().contains("node.sock"), "{e}");
     assert!(late.nft_table().is_none(), "fail closed: no rules, and the pod does not start");
+}
+
+/// DESIGN.md §7.15: while the agent is down, the mesh's own pods (the agent's among them) and
+/// the cluster's still start; every other pod fails closed with an error naming it and saying
+/// what to do.
+#[test]
+fn own_namespaces_never_wait_on_the_agent() {
+    if !require_root("own_namespaces_never_wait_on_the_agent") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // No agent listens here, and the configuration does not list excluded namespaces: defaults.
+    let socket = dir.path().join("node.sock");
+    let net = Network::bridge(&bins!(), json!({"nodeAgent": {"socket": socket, "timeoutMs": 500}})).unwrap();
+    for ns in ["cnimesh-system", "cnimesh", "kube-system"] {
+        let pod = Pod::named(&net, ns, "own").unwrap_or_else(|e| panic!("a pod in {ns} needs no agent: {e}"));
+        assert!(pod.nft_table().is_none(), "{ns} is not captured");
+    }
+
+    let app = Pod::unattached(&net, "default", "web-1").unwrap();
+    let e = net.add(&app.call()).expect_err("fail closed outside the excluded namespaces");
+    assert_eq!(e.code, Some(11), "{e}");
+    assert!(app.nft_table().is_none(), "fail closed: no rules");
+    for needle in ["pod default/web-1", "namespace default", "node agent must be running", "exclude", "cnimesh-system"]
+    {
+        assert!(e.msg.contains(needle), "{needle:?} missing from {e}");
+    }
+    assert!(e.details.as_deref().unwrap_or_default().contains("node.sock"), "{e}");
+
+    // Without the pod's name, the container id says which sandbox could not be decided.
+    let anonymous = Pod::unattached(&net, "default", "anon").unwrap();
+    let call = cnimesh_e2e::Call { args: "IgnoreUnknown=1", ..anonymous.call() };
+    let e = net.add(&call).expect_err("no pod name, no decision");
+    assert!(e.msg.contains(&anonymous.container_id), "{e}");
+    assert!(anonymous.nft_table().is_none());
 }
 
 #[test]
@@ -153,6 +189,44 @@ fn repair_and_taint_go_through_the_api() {
     assert_eq!(mock.requests(Method::DELETE, "/api/v1/namespaces/shop/pods/raced").len(), 1);
 }
 
+/// The whole HTTP response to `GET path` on the agent's health port, or "" while nothing listens.
+fn http_get(port: u16, path: &str) -> String {
+    use std::io::{Read, Write};
+    let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else { return String::new() };
+    let _ = stream.write_all(format!("GET {path} HTTP/1.1\r\nHost: agent\r\nConnection: close\r\n\r\n").as_bytes());
+    let mut response = String::new();
+    let _ = stream.read_to_string(&mut response);
+    response
+}
+
+/// An agent configuration on temp dirs under `dir` (bin, net.d, state, node.sock).
+fn agent_config(
+    dir: &std::path::Path,
+    ready_port: u16,
+    plugin: std::path::PathBuf,
+    uninstall_on_exit: bool,
+) -> cnimesh_node::run::RunConfig {
+    cnimesh_node::run::RunConfig {
+        node_name: Some(NODE.into()),
+        cni_bin_dir: dir.join("bin"),
+        cni_conf_dir: dir.join("net.d"),
+        plugin_binary: plugin,
+        socket: dir.join("node.sock"),
+        state_dir: dir.join("state"),
+        netns_dir: cnimesh_node::run::DEFAULT_NETNS_DIR.into(),
+        ready_addr: ([127, 0, 0, 1], ready_port).into(),
+        repair: cnimesh_node::repair::RepairMode::Off,
+        repair_interval: Duration::from_secs(60),
+        uninstall_on_exit,
+        excluded_namespaces: cnimesh_cni::config::DEFAULT_EXCLUDED_NAMESPACES.iter().map(|s| s.to_string()).collect(),
+        defaults: RedirectSpec::default(),
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
 /// The agent's main loop on temp dirs: installs, chains, re-chains after the primary CNI rewrites
 /// its file, reports readiness, and on shutdown removes itself — or, in upgrade mode, stays.
 fn agent_lifecycle(keep_on_exit: bool, fight: bool) {
@@ -161,29 +235,9 @@ fn agent_lifecycle(keep_on_exit: bool, fight: bool) {
     std::fs::create_dir_all(&conf_dir).unwrap();
     let plugin = dir.path().join("cnimesh-cni-src");
     std::fs::write(&plugin, b"#!/bin/sh\n").unwrap();
-    let ready_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let cfg = cnimesh_node::run::RunConfig {
-        cni_bin_dir: bin_dir.clone(),
-        cni_conf_dir: conf_dir.clone(),
-        plugin_binary: plugin,
-        socket: dir.path().join("node.sock"),
-        state_dir: dir.path().join("state"),
-        ready_addr: ([127, 0, 0, 1], ready_port).into(),
-        repair: cnimesh_node::repair::RepairMode::Off,
-        repair_interval: Duration::from_secs(60),
-        uninstall_on_exit: !keep_on_exit,
-        excluded_namespaces: vec!["kube-system".into()],
-        defaults: RedirectSpec::default(),
-    };
-    // The whole HTTP response to GET /ready, or "" while nothing listens.
-    let ready_response = || {
-        use std::io::{Read, Write};
-        let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", ready_port)) else { return String::new() };
-        let _ = stream.write_all(b"GET /ready HTTP/1.1\r\nHost: agent\r\nConnection: close\r\n\r\n");
-        let mut response = String::new();
-        let _ = stream.read_to_string(&mut response);
-        response
-    };
+    let ready_port = free_port();
+    let cfg = agent_config(dir.path(), ready_port, plugin, !keep_on_exit);
+    let ready_response = || http_get(ready_port, "/ready");
     let ready = || ready_response().split_whitespace().nth(1).unwrap_or_default().to_string();
     let rt = runtime();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -204,6 +258,7 @@ fn agent_lifecycle(keep_on_exit: bool, fight: bool) {
     eventually("readiness", || ready() == "200");
     let entry: Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
     assert_eq!(entry["plugins"][2]["nodeAgent"]["socket"], json!(cfg.socket), "the plugin is pointed at the agent");
+    assert_eq!(entry["plugins"][2]["excludeNamespaces"], json!(cnimesh_cni::config::DEFAULT_EXCLUDED_NAMESPACES));
 
     // The primary CNI rewrites its file: re-chained.
     std::fs::write(&file, flannel).unwrap();
@@ -247,4 +302,176 @@ fn agent_restart_leaves_the_plugin_in_place() {
 #[test]
 fn agent_reports_a_rewrite_fight_instead_of_looping() {
     agent_lifecycle(false, true);
+}
+
+/// `GET /status` on the health port: the JSON `cnimesh check` reads, with the live rules of each
+/// captured pod verified against the desired ones.
+#[test]
+fn status_endpoint_reports_installation_and_drift() {
+    if !require_root("status_endpoint_reports_installation_and_drift") {
+        return;
+    }
+    let bins = bins!();
+    let dir = tempfile::tempdir().unwrap();
+    let ready_port = free_port();
+    let cfg = agent_config(dir.path(), ready_port, bins.plugin.clone(), true);
+    let pods_dir = dir.path().join("pods");
+    std::fs::create_dir_all(&pods_dir).unwrap();
+    std::fs::write(pods_dir.join("web.json"), serde_json::to_vec(&kube_pod("shop", "web", true, json!({}))).unwrap())
+        .unwrap();
+    std::fs::create_dir_all(&cfg.cni_conf_dir).unwrap();
+    std::fs::write(
+        cfg.cni_conf_dir.join("10-bridge.conflist"),
+        r#"{"name":"cbr0","cniVersion":"1.0.0","plugins":[{"type":"bridge"}]}"#,
+    )
+    .unwrap();
+
+    let rt = runtime();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let cluster = Arc::new(FileCluster::new(&pods_dir, Some(NODE.into())));
+    let agent = rt.spawn(cnimesh_node::run::run(cfg.clone(), cluster, async {
+        let _ = stopped.await;
+    }));
+    eventually("readiness", || http_get(ready_port, "/ready").split_whitespace().nth(1) == Some("200"));
+
+    // A pod captured through the agent, into the agent's state dir.
+    let net = Network::bridge(&bins, json!({"stateDir": cfg.state_dir, "nodeAgent": {"socket": cfg.socket}})).unwrap();
+    let web = Pod::named(&net, "shop", "web").expect("meshed pod ADD");
+    assert!(web.nft_table().is_some());
+
+    let status = || {
+        let response = http_get(ready_port, "/status");
+        let (head, body) = response.split_once("\r\n\r\n").expect("an HTTP response");
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        assert!(head.to_ascii_lowercase().contains("content-type: application/json"), "{head}");
+        serde_json::from_str::<Value>(body).unwrap_or_else(|e| panic!("{e}: {body}"))
+    };
+    let s = status();
+    let keys = |v: &Value| {
+        let mut keys: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
+        keys.sort();
+        keys
+    };
+    // The contract's field names, exactly.
+    assert_eq!(keys(&s), ["healthy", "mount_propagation", "node", "pending", "ready", "status", "verify"], "{s}");
+    assert_eq!(
+        keys(&s["status"]),
+        [
+            "agent_socket",
+            "agent_socket_present",
+            "captured_pods",
+            "chained_in",
+            "kube",
+            "plugin_binary",
+            "plugin_installed",
+            "plugin_versions",
+            "primary_config"
+        ],
+        "{s}"
+    );
+    assert_eq!(s["node"], NODE);
+    assert_eq!((&s["ready"], &s["pending"], &s["healthy"]), (&json!(true), &json!([]), &json!(true)), "{s}");
+    assert_eq!(s["status"]["chained_in"], json!(cfg.cni_conf_dir.join("10-bridge.conflist")), "{s}");
+    assert_eq!(s["status"]["plugin_installed"], true, "{s}");
+    assert!(s["status"]["plugin_versions"].as_array().is_some_and(|v| v.contains(&json!("1.0.0"))), "{s}");
+    assert_eq!(s["status"]["agent_socket_present"], true, "{s}");
+    assert_eq!(s["status"]["captured_pods"], 1, "{s}");
+    assert_eq!(s["status"]["kube"], "pod cache synced", "{s}");
+    // iproute2 makes its netns directory a shared mount of its own.
+    assert_eq!(s["mount_propagation"], "shared", "{s}");
+    assert_eq!(
+        s["verify"],
+        json!([{"pod": "shop/web", "container_id": web.container_id, "ok": true, "drift": []}]),
+        "{s}"
+    );
+
+    // Someone deletes the capture table: the pod is reported as drifted.
+    web.netns.exec("nft", &["delete", "table", "inet", "cnimesh"]).unwrap();
+    let s = status();
+    let verdict = &s["verify"][0];
+    assert_eq!((&verdict["pod"], &verdict["ok"]), (&json!("shop/web"), &json!(false)), "{s}");
+    assert!(verdict["drift"].as_array().is_some_and(|d| !d.is_empty()), "{s}");
+
+    drop(web);
+    stop.send(()).unwrap();
+    rt.block_on(agent).unwrap().expect("clean shutdown");
+}
+
+/// Unmounts on drop (lazily, so a failing test never leaves a busy mount behind).
+struct Mounted(std::path::PathBuf);
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// DESIGN.md §7.17: a private mount under the netns dir (as on a host whose root mount is
+/// private) is reported at start, on /ready and /status, and in "netns not found" drift.
+#[test]
+fn agent_reports_a_private_netns_mount() {
+    if !require_root("agent_reports_a_private_netns_mount") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let netns_dir = dir.path().join("netns");
+    std::fs::create_dir_all(&netns_dir).unwrap();
+    let mount = |args: &[&str]| {
+        let ok = std::process::Command::new("mount").args(args).arg(&netns_dir).status().unwrap().success();
+        assert!(ok, "mount {args:?} {}", netns_dir.display());
+    };
+    mount(&["-t", "tmpfs", "-o", "size=64k", "cnimesh-test"]);
+    let _mounted = Mounted(netns_dir.clone());
+    mount(&["--make-private"]);
+
+    let plugin = dir.path().join("cnimesh-cni-src");
+    std::fs::write(&plugin, b"#!/bin/sh\n").unwrap();
+    let ready_port = free_port();
+    let mut cfg = agent_config(dir.path(), ready_port, plugin, true);
+    cfg.netns_dir = netns_dir.clone();
+    std::fs::create_dir_all(&cfg.cni_conf_dir).unwrap();
+    std::fs::write(
+        cfg.cni_conf_dir.join("10-bridge.conflist"),
+        r#"{"name":"cbr0","cniVersion":"1.0.0","plugins":[{"type":"bridge"}]}"#,
+    )
+    .unwrap();
+    // A pod whose netns the runtime made after the agent started: invisible here.
+    let record = cnimesh_cni::state::AttachmentRecord {
+        version: cnimesh_cni::state::RECORD_VERSION,
+        network: "cbr0".into(),
+        container_id: "c0ffee".into(),
+        ifname: "eth0".into(),
+        netns: netns_dir.join("cni-late").display().to_string(),
+        netns_id: None,
+        pod_namespace: Some("shop".into()),
+        pod_name: Some("late".into()),
+        pod_uid: None,
+        backend: cnimesh_cni::backend::Backend::Nftables,
+        spec: RedirectSpec::default(),
+        created_at: 0,
+    };
+    cnimesh_cni::state::StateStore::new(&cfg.state_dir).write(&record).unwrap();
+
+    let rt = runtime();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let cluster = Arc::new(FileCluster::new(&dir.path().join("pods"), Some(NODE.into())));
+    let agent = rt.spawn(cnimesh_node::run::run(cfg.clone(), cluster, async {
+        let _ = stopped.await;
+    }));
+    let ready = || http_get(ready_port, "/ready");
+    eventually("readiness", || ready().split_whitespace().nth(1) == Some("200"));
+    let body = ready();
+    let shown = netns_dir.display().to_string();
+    assert!(body.contains("warning: the host mount holding") && body.contains(&shown), "{body}");
+    assert!(body.contains("mount --make-rshared /"), "{body}");
+
+    let response = http_get(ready_port, "/status");
+    let s: Value = serde_json::from_str(response.split_once("\r\n\r\n").unwrap().1).unwrap();
+    assert_eq!(s["mount_propagation"], "private", "{s}");
+    assert_eq!(s["verify"][0]["ok"], false, "{s}");
+    let drift = s["verify"][0]["drift"][0].as_str().unwrap_or_default();
+    assert!(drift.contains(&format!("{shown} is private")) && drift.contains("mount --make-rshared /"), "{s}");
+
+    stop.send(()).unwrap();
+    rt.block_on(agent).unwrap().expect("clean shutdown");
 }
