@@ -53,8 +53,9 @@ fn skip_rest(checks: &mut Vec<Check>, why: &str) {
     }
 }
 
-/// The value of the env variable in the control plane container: `auto` when unset, as the
-/// control plane defaults.
+/// The value of the env variable in the control plane container: `auto` when unset, the mode
+/// that picks native sidecars from the server's version (DESIGN.md §7.12). A value taken from a
+/// reference (`valueFrom`) cannot be read here and is treated as unset.
 fn sidecar_setting(deployment: &Deployment) -> String {
     let containers = deployment.spec.as_ref().and_then(|s| s.template.spec.as_ref()).map(|s| &s.containers[..]);
     let container = containers.and_then(|cs| cs.iter().find(|c| c.name == CONTROL_NAME).or(cs.first()));
