@@ -1,8 +1,45 @@
-//! `cnimesh check`: placeholder, written next.
+//! `cnimesh check [--pre] [-o table|json]`: the mesh's health as an operator needs to see it,
+//! like `linkerd check`. Every check runs (a failure does not hide the next problem); checks that
+//! cannot run because something they need failed are reported as skipped, saying why. Each
+//! warning or failure carries a hint: what to do about it. The exit code is non-zero when any
+//! check failed; warnings alone exit 0.
+//!
+//! The layers keep it testable against a mocked API server: [`run_checks`] reads the cluster
+//! (given a client and `now`, never the wall clock) and returns [`Check`]s; [`render_table`] and
+//! [`render_json`] are pure. Modules by concern: `kubernetes` (API, version, permissions,
+//! `--pre`), `control` (Deployment, sidecar mode), `pki` (webhook registration, certificates),
+//! `nodes` (node agents, live capture verification), `meshed` (proxies' readiness and
+//! certificates), `certs` (pure X.509 helpers), `report` (types and renderers).
 
+mod certs;
+mod control;
+mod kubernetes;
+mod meshed;
+#[cfg(test)]
+mod mock;
+mod nodes;
+mod pki;
+mod report;
+#[cfg(test)]
+mod tests;
+
+use std::io::Write;
 use std::process::ExitCode;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use k8s_openapi::api::core::v1::Pod;
+
+pub use self::report::{Check, Report, Status, render_json, render_table, success};
 use super::ClusterArgs;
+use crate::inject::{CONTROL_NAME, DEFAULT_CONTROL_NAMESPACE as CONTROL_NAMESPACE};
+
+/// The node agents' namespace (DESIGN.md §2; `daemonset/cnimesh-node.yaml`).
+pub const AGENT_NAMESPACE: &str = "cnimesh-system";
+/// Requests through the pod proxy in flight at once: enough for big clusters, gentle on the API
+/// server.
+const CONCURRENCY: usize = 8;
+/// A pod that does not answer through the API server's proxy must not hang the whole check.
+const POD_PROXY_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Output {
@@ -19,6 +56,118 @@ pub struct CheckArgs {
     pub output: Output,
 }
 
-pub async fn main(_cluster: &ClusterArgs, _args: CheckArgs) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("check is not written yet")
+pub async fn main(cluster: &ClusterArgs, args: CheckArgs) -> anyhow::Result<ExitCode> {
+    let checks = match cluster.client().await {
+        Ok(client) => run_checks(client, args.pre, SystemTime::now()).await,
+        // Reported as a check, not an error, so `-o json` consumers always get a report.
+        Err(e) => vec![Check::fail(
+            "kubernetes-api",
+            "can build a Kubernetes client",
+            chain(&e),
+            "pass --kubeconfig / --context, or set KUBECONFIG",
+        )],
+    };
+    let text = render(args.output, &checks);
+    let mut out = std::io::stdout().lock();
+    out.write_all(text.as_bytes())?;
+    out.flush()?;
+    Ok(ExitCode::from(exit_code(&checks)))
+}
+
+pub fn render(output: Output, checks: &[Check]) -> String {
+    match output {
+        Output::Table => render_table(checks),
+        Output::Json => render_json(checks),
+    }
+}
+
+/// 1 when any check failed, else 0.
+pub fn exit_code(checks: &[Check]) -> u8 {
+    if success(checks) { 0 } else { 1 }
+}
+
+/// Every check, in report order. `now` is when certificates are judged.
+pub async fn run_checks(client: kube::Client, pre: bool, now: SystemTime) -> Vec<Check> {
+    let now = now.duration_since(UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
+    let mut checks = Vec::new();
+    let Some(version) = kubernetes::api(&client, pre, &mut checks).await else {
+        let rest: &[&str] = if pre {
+            &["permissions", "pre-install"]
+        } else {
+            &["permissions", "control-plane", "webhook", "certificates", "node-agents", "meshed-pods"]
+        };
+        for category in rest {
+            checks.push(Check::skip(category, "all checks", "skipped: the Kubernetes API is not reachable"));
+        }
+        return checks;
+    };
+    if pre {
+        kubernetes::pre_install(&client, &mut checks).await;
+        return checks;
+    }
+    kubernetes::check_permissions(&client, &mut checks).await;
+    control::check(&client, &version, &mut checks).await;
+    pki::check(&client, now, &mut checks).await;
+    nodes::check(&client, &mut checks).await;
+    meshed::check(&client, now, &mut checks).await;
+    checks
+}
+
+/// An error and its causes in one line, without the repetitions of wrappers that quote their
+/// source.
+fn chain(error: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in error.chain().map(ToString::to_string) {
+        if !text.contains(&cause) {
+            if !text.is_empty() {
+                text.push_str(": ");
+            }
+            text.push_str(&cause);
+        }
+    }
+    text
+}
+
+/// A kube error in one line: the API server's own message for API errors (not the debug dump
+/// kube's Display adds), the cause chain otherwise.
+fn kube_error(error: &kube::Error) -> String {
+    match error {
+        kube::Error::Api(status) => format!("{} ({} {})", status.message, status.code, status.reason),
+        other => {
+            let mut text = other.to_string();
+            let mut source = std::error::Error::source(other);
+            while let Some(cause) = source {
+                let line = cause.to_string();
+                if !text.contains(&line) {
+                    text.push_str(": ");
+                    text.push_str(&line);
+                }
+                source = cause.source();
+            }
+            text
+        }
+    }
+}
+
+/// GET `path` of `pod`'s `port` through the API server's pod proxy subresource.
+async fn pod_proxy_get(
+    client: &kube::Client,
+    namespace: &str,
+    pod: &str,
+    port: u16,
+    path: &str,
+) -> Result<String, String> {
+    let uri = format!("/api/v1/namespaces/{namespace}/pods/{pod}:{port}/proxy/{path}");
+    let request = http::Request::get(&uri).body(Vec::new()).map_err(|e| format!("building {uri}: {e}"))?;
+    match tokio::time::timeout(POD_PROXY_TIMEOUT, client.request_text(request)).await {
+        Err(_) => Err(format!("no answer within {}s", POD_PROXY_TIMEOUT.as_secs())),
+        Ok(Err(e)) => Err(kube_error(&e)),
+        Ok(Ok(text)) => Ok(text),
+    }
+}
+
+/// The pod's Ready condition is True.
+fn pod_ready(pod: &Pod) -> bool {
+    let conditions = pod.status.as_ref().and_then(|s| s.conditions.as_ref());
+    conditions.is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }

@@ -1,0 +1,147 @@
+//! What a check found, and the two ways of showing it. Rendering is pure (no clock, no cluster)
+//! so that the golden files in `control/tests/golden/` pin the exact text an operator reads.
+
+use serde::{Deserialize, Serialize};
+
+/// The outcome of one check. `Skip` is for checks that could not run because something they
+/// depend on failed first; the failure that caused it is reported on its own line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    Ok,
+    Warn,
+    Fail,
+    Skip,
+}
+
+impl Status {
+    fn symbol(self) -> &'static str {
+        match self {
+            Status::Ok => "√",
+            Status::Warn => "‼",
+            Status::Fail => "×",
+            Status::Skip => "-",
+        }
+    }
+}
+
+/// One line of the report: what was checked, what was found and, when it is not ok, what to do.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Check {
+    pub category: String,
+    pub name: String,
+    pub status: Status,
+    pub message: String,
+    /// Items behind the message (failing nodes, drifted pods...), one per line.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub details: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hint: Option<String>,
+}
+
+impl Check {
+    pub fn new(category: &str, name: &str, status: Status, message: impl Into<String>) -> Self {
+        Check {
+            category: category.to_string(),
+            name: name.to_string(),
+            status,
+            message: message.into(),
+            details: Vec::new(),
+            hint: None,
+        }
+    }
+    pub fn ok(category: &str, name: &str, message: impl Into<String>) -> Self {
+        Self::new(category, name, Status::Ok, message)
+    }
+    pub fn warn(category: &str, name: &str, message: impl Into<String>, hint: impl Into<String>) -> Self {
+        Self::new(category, name, Status::Warn, message).hint(hint)
+    }
+    pub fn fail(category: &str, name: &str, message: impl Into<String>, hint: impl Into<String>) -> Self {
+        Self::new(category, name, Status::Fail, message).hint(hint)
+    }
+    pub fn skip(category: &str, name: &str, why: impl Into<String>) -> Self {
+        Self::new(category, name, Status::Skip, why)
+    }
+    pub fn hint(mut self, hint: impl Into<String>) -> Self {
+        self.hint = Some(hint.into());
+        self
+    }
+    pub fn details(mut self, details: Vec<String>) -> Self {
+        self.details = details;
+        self
+    }
+}
+
+/// "1 pod", "2 pods".
+pub fn plural(n: usize, noun: &str) -> String {
+    if n == 1 { format!("1 {noun}") } else { format!("{n} {noun}s") }
+}
+
+/// The JSON document of `-o json`: every check plus the verdict the exit code carries.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Report {
+    pub success: bool,
+    pub checks: Vec<Check>,
+}
+
+/// Warnings and skips do not fail the run: only a failed check does.
+pub fn success(checks: &[Check]) -> bool {
+    !checks.iter().any(|c| c.status == Status::Fail)
+}
+
+pub fn render_json(checks: &[Check]) -> String {
+    let report = Report { success: success(checks), checks: checks.to_vec() };
+    let mut text = serde_json::to_string_pretty(&report).expect("a report always serialises");
+    text.push('\n');
+    text
+}
+
+/// Like `linkerd check`: categories in the order they were first reported, one line per check,
+/// details and a hint indented below the checks that need them, a verdict at the end.
+pub fn render_table(checks: &[Check]) -> String {
+    let mut categories: Vec<&str> = Vec::new();
+    for check in checks {
+        if !categories.contains(&check.category.as_str()) {
+            categories.push(&check.category);
+        }
+    }
+    let mut out = String::new();
+    for category in categories {
+        out.push_str(category);
+        out.push('\n');
+        out.push_str(&"-".repeat(category.chars().count()));
+        out.push('\n');
+        for check in checks.iter().filter(|c| c.category == category) {
+            out.push_str(check.status.symbol());
+            out.push(' ');
+            out.push_str(&check.name);
+            if !check.message.is_empty() {
+                out.push_str(": ");
+                out.push_str(&check.message);
+            }
+            out.push('\n');
+            for detail in &check.details {
+                out.push_str("    ");
+                out.push_str(detail);
+                out.push('\n');
+            }
+            if let Some(hint) = &check.hint {
+                out.push_str("    hint: ");
+                out.push_str(hint);
+                out.push('\n');
+            }
+        }
+        out.push('\n');
+    }
+    let count = |s: Status| checks.iter().filter(|c| c.status == s).count();
+    let verdict = if success(checks) { Status::Ok } else { Status::Fail };
+    out.push_str(&format!(
+        "Status check results are {} ({} ok, {} warnings, {} failed, {} skipped)\n",
+        verdict.symbol(),
+        count(Status::Ok),
+        count(Status::Warn),
+        count(Status::Fail),
+        count(Status::Skip)
+    ));
+    out
+}

@@ -1,0 +1,656 @@
+//! `cnimesh check` against a mocked API server: a healthy cluster built in code (real
+//! certificates from the mesh's own generators), then one variant per failure the check must
+//! name. The table output of the healthy cluster and of one broken cluster is pinned in golden
+//! files; `UPDATE_GOLDEN=1 cargo test -p cnimesh-control --lib check` rewrites them.
+
+use std::path::Path;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use cnimesh_identity::ca::{CaPem, new_issuer, new_trust_anchor};
+use k8s_openapi::ByteString;
+use serde_json::{Value, json};
+
+use super::mock::MockApi;
+use super::*;
+use crate::inject::{generate_webhook_cert, webhook_dns_names};
+
+const DAY: Duration = Duration::from_secs(86400);
+
+const VERSION: &str = "/version";
+const DEPLOYMENT: &str = "/apis/apps/v1/namespaces/cnimesh/deployments/cnimesh-control";
+const CONTROL_PODS: &str = "/api/v1/namespaces/cnimesh/pods";
+const WEBHOOK_CONFIG: &str =
+    "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/cnimesh-proxy-injector";
+const WEBHOOK_SECRET: &str = "/api/v1/namespaces/cnimesh/secrets/cnimesh-webhook-tls";
+const ISSUER_SECRET: &str = "/api/v1/namespaces/cnimesh/secrets/cnimesh-identity-issuer";
+const ANCHORS_CM: &str = "/api/v1/namespaces/cnimesh/configmaps/cnimesh-identity-trust-anchors";
+const DAEMONSET: &str = "/apis/apps/v1/namespaces/cnimesh-system/daemonsets/cnimesh-node";
+const NODES: &str = "/api/v1/nodes";
+const AGENT_PODS: &str = "/api/v1/namespaces/cnimesh-system/pods";
+const ALL_PODS: &str = "/api/v1/pods";
+const CONTROL_NS: &str = "/api/v1/namespaces/cnimesh";
+
+fn status_path(pod: &str) -> String {
+    format!("/api/v1/namespaces/cnimesh-system/pods/{pod}:4192/proxy/status")
+}
+
+fn metrics_path(ns: &str, pod: &str) -> String {
+    format!("/api/v1/namespaces/{ns}/pods/{pod}:4191/proxy/metrics")
+}
+
+fn b64(bytes: &[u8]) -> Value {
+    serde_json::to_value(ByteString(bytes.to_vec())).unwrap()
+}
+
+/// A webhook CA and serving certificate valid for `lifetime`: (ca.crt, tls.crt, tls.key).
+fn webhook_pki(lifetime: Duration) -> (String, String, String) {
+    let dir = tempfile::tempdir().unwrap();
+    generate_webhook_cert(dir.path(), &webhook_dns_names("cnimesh", "cluster.local"), lifetime, false).unwrap();
+    let read = |f: &str| std::fs::read_to_string(dir.path().join(f)).unwrap();
+    (read("ca.crt"), read("tls.crt"), read("tls.key"))
+}
+
+fn list(kind: &str, items: Vec<Value>) -> Value {
+    json!({"apiVersion": "v1", "kind": kind, "metadata": {"resourceVersion": "1"}, "items": items})
+}
+
+fn container_status(name: &str, ready: bool) -> Value {
+    json!({"name": name, "ready": ready, "image": "img", "imageID": "img@sha256:0", "restartCount": 0})
+}
+
+/// A running pod. `containers` are regular containers; `init` are native sidecars.
+fn pod(ns: &str, name: &str, node: &str, containers: &[&str], init: &[&str], ready: bool) -> Value {
+    let spec_containers: Vec<Value> = containers.iter().map(|c| json!({"name": c, "image": "img"})).collect();
+    let spec_init: Vec<Value> =
+        init.iter().map(|c| json!({"name": c, "image": "img", "restartPolicy": "Always"})).collect();
+    json!({
+        "metadata": {"namespace": ns, "name": name, "labels": {"app.kubernetes.io/name": name.rsplit_once('-').map_or(name, |(a, _)| a)}},
+        "spec": {"nodeName": node, "containers": spec_containers, "initContainers": spec_init},
+        "status": {
+            "phase": "Running",
+            "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}],
+            "containerStatuses": containers.iter().map(|c| container_status(c, ready)).collect::<Vec<_>>(),
+            "initContainerStatuses": init.iter().map(|c| container_status(c, ready)).collect::<Vec<_>>(),
+        }
+    })
+}
+
+fn agent_status(node: &str, verify: Value) -> Value {
+    json!({
+        "node": node, "ready": true, "pending": [],
+        "status": {
+            "plugin_binary": "/host/opt/cni/bin/cnimesh-cni", "plugin_installed": true,
+            "plugin_versions": ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"],
+            "primary_config": "/host/etc/cni/net.d/10-bridge.conflist",
+            "chained_in": "/host/etc/cni/net.d/10-bridge.conflist",
+            "agent_socket": "/var/run/cnimesh/node.sock", "agent_socket_present": true,
+            "kube": "in-cluster", "captured_pods": verify.as_array().map_or(0, Vec::len)
+        },
+        "healthy": true, "mount_propagation": "shared", "verify": verify
+    })
+}
+
+fn verified(pod: &str, id: &str) -> Value {
+    json!({"pod": pod, "container_id": id, "ok": true, "drift": []})
+}
+
+fn metrics(expiry: Option<i64>) -> String {
+    let mut text = "# HELP process_start_time_seconds Start.\n# TYPE process_start_time_seconds gauge\n\
+                    process_start_time_seconds 1700000000\n"
+        .to_string();
+    if let Some(expiry) = expiry {
+        text.push_str(&format!(
+            "# HELP identity_cert_expiration_timestamp_seconds Expiry of the current certificate.\n\
+             # TYPE identity_cert_expiration_timestamp_seconds gauge\n\
+             identity_cert_expiration_timestamp_seconds {expiry}\n"
+        ));
+    }
+    text
+}
+
+struct Fixture {
+    mock: MockApi,
+    /// An hour after the certificates were made, so that "in N days" never straddles a second.
+    now: SystemTime,
+    anchor: CaPem,
+}
+
+impl Fixture {
+    fn secs(&self) -> i64 {
+        self.now.duration_since(UNIX_EPOCH).unwrap().as_secs() as i64
+    }
+
+    fn healthy() -> Self {
+        let anchor = new_trust_anchor("cluster.local", 365 * DAY).unwrap();
+        let issuer = new_issuer(&anchor, "cluster.local", 180 * DAY).unwrap();
+        let now = SystemTime::now() + Duration::from_secs(3600);
+        let mut fixture = Fixture { mock: MockApi::default(), now, anchor: anchor.clone() };
+        fixture.set_webhook_pki(&webhook_pki(365 * DAY), None);
+        let leaf_expiry = fixture.secs() + 20 * 3600;
+        let m = &mut fixture.mock;
+        m.get(
+            VERSION,
+            json!({"major": "1", "minor": "33", "gitVersion": "v1.33.0", "gitCommit": "0", "gitTreeState": "clean",
+                   "buildDate": "2025-04-23T00:00:00Z", "goVersion": "go1.24", "compiler": "gc", "platform": "linux/amd64"}),
+        );
+        m.get(
+            DEPLOYMENT,
+            json!({
+                "metadata": {"namespace": "cnimesh", "name": "cnimesh-control"},
+                "spec": {
+                    "replicas": 1,
+                    "selector": {"matchLabels": {"app.kubernetes.io/name": "cnimesh-control"}},
+                    "template": {"spec": {"containers": [{"name": "cnimesh-control", "image": "ghcr.io/cnimesh/cnimesh-control:0.1.0",
+                        "env": [{"name": "CNIMESH_CONTROL_NATIVE_SIDECARS", "value": "auto"}]}]}}
+                },
+                "status": {"replicas": 1, "readyReplicas": 1}
+            }),
+        );
+        m.get(
+            CONTROL_PODS,
+            list("PodList", vec![pod("cnimesh", "cnimesh-control-7d9f", "node-1", &["cnimesh-control"], &[], true)]),
+        );
+        m.get(
+            ISSUER_SECRET,
+            json!({"metadata": {"namespace": "cnimesh", "name": "cnimesh-identity-issuer"}, "type": "kubernetes.io/tls",
+                   "data": {"ca.crt": b64(anchor.cert_pem.as_bytes()), "tls.crt": b64(issuer.cert_pem.as_bytes()),
+                            "tls.key": b64(issuer.key_pem.as_bytes())}}),
+        );
+        m.get(
+            ANCHORS_CM,
+            json!({"metadata": {"namespace": "cnimesh", "name": "cnimesh-identity-trust-anchors"}, "data": {"ca.crt": anchor.cert_pem}}),
+        );
+        m.get(
+            DAEMONSET,
+            json!({"metadata": {"namespace": "cnimesh-system", "name": "cnimesh-node"},
+                   "spec": {"selector": {"matchLabels": {"app.kubernetes.io/name": "cnimesh-node"}}, "template": {"spec": {"containers": [{"name": "cnimesh-node"}]}}},
+                   "status": {"currentNumberScheduled": 2, "desiredNumberScheduled": 2, "numberMisscheduled": 0, "numberReady": 2}}),
+        );
+        m.get(
+            NODES,
+            list("NodeList", vec![json!({"metadata": {"name": "node-1"}}), json!({"metadata": {"name": "node-2"}})]),
+        );
+        let agent = |name: &str, node: &str| {
+            let mut p = pod("cnimesh-system", name, node, &["cnimesh-node"], &[], true);
+            p["metadata"]["labels"] = json!({"app.kubernetes.io/name": "cnimesh-node"});
+            p
+        };
+        m.get(
+            AGENT_PODS,
+            list("PodList", vec![agent("cnimesh-node-aaaaa", "node-1"), agent("cnimesh-node-bbbbb", "node-2")]),
+        );
+        m.get(
+            &status_path("cnimesh-node-aaaaa"),
+            agent_status("node-1", json!([verified("shop/web-1", "a1b2c3d4e5f60718293a")])),
+        );
+        m.get(
+            &status_path("cnimesh-node-bbbbb"),
+            agent_status("node-2", json!([verified("shop/web-2", "f0e1d2c3b4a596877869")])),
+        );
+        m.get(
+            ALL_PODS,
+            list(
+                "PodList",
+                vec![
+                    pod("cnimesh", "cnimesh-control-7d9f", "node-1", &["cnimesh-control"], &[], true),
+                    agent("cnimesh-node-aaaaa", "node-1"),
+                    agent("cnimesh-node-bbbbb", "node-2"),
+                    pod("shop", "web-1", "node-1", &["web"], &["cnimesh-proxy"], true),
+                    pod("shop", "web-2", "node-2", &["cnimesh-proxy", "web"], &[], true),
+                    pod("shop", "db-0", "node-2", &["postgres"], &[], true),
+                ],
+            ),
+        );
+        m.get_text(&metrics_path("shop", "web-1"), &metrics(Some(leaf_expiry)));
+        m.get_text(&metrics_path("shop", "web-2"), &metrics(Some(leaf_expiry)));
+        fixture
+    }
+
+    /// Puts a webhook CA, serving certificate and key in the Secret; the caBundle gets
+    /// `bundle` (default: the same CA).
+    fn set_webhook_pki(&mut self, (ca, crt, key): &(String, String, String), bundle: Option<&str>) {
+        self.mock.get(
+            WEBHOOK_SECRET,
+            json!({"metadata": {"namespace": "cnimesh", "name": "cnimesh-webhook-tls"}, "type": "kubernetes.io/tls",
+                   "data": {"ca.crt": b64(ca.as_bytes()), "tls.crt": b64(crt.as_bytes()), "tls.key": b64(key.as_bytes())}}),
+        );
+        let bundle = b64(bundle.unwrap_or(ca).as_bytes());
+        let webhook = |name: &str, path: &str| {
+            json!({"name": name, "clientConfig": {"service": {"name": "cnimesh-webhook", "namespace": "cnimesh", "path": path, "port": 443},
+                   "caBundle": bundle}, "sideEffects": "None", "admissionReviewVersions": ["v1"]})
+        };
+        self.mock.get(
+            WEBHOOK_CONFIG,
+            json!({"metadata": {"name": "cnimesh-proxy-injector"},
+                   "webhooks": [webhook("namespace.inject.cnimesh.io", "/inject"), webhook("pod.inject.cnimesh.io", "/inject/opt-in")]}),
+        );
+    }
+
+    async fn run(&self) -> Vec<Check> {
+        run_checks(self.mock.client(), false, self.now).await
+    }
+
+    async fn run_pre(&self) -> Vec<Check> {
+        run_checks(self.mock.client(), true, self.now).await
+    }
+}
+
+fn find<'a>(checks: &'a [Check], name: &str) -> &'a Check {
+    checks.iter().find(|c| c.name == name).unwrap_or_else(|| panic!("no check {name:?} in\n{}", render_table(checks)))
+}
+
+/// Asserts that exactly the named checks failed, and that the run exits 1.
+fn assert_fails(checks: &[Check], names: &[&str]) {
+    let failed: Vec<&str> = checks.iter().filter(|c| c.status == Status::Fail).map(|c| c.name.as_str()).collect();
+    assert_eq!(failed, names, "\n{}", render_table(checks));
+    assert_eq!(exit_code(checks), 1);
+    for check in checks.iter().filter(|c| matches!(c.status, Status::Fail | Status::Warn)) {
+        assert!(check.hint.is_some(), "{check:?} has no hint");
+    }
+}
+
+/// Dates follow the wall clock the certificates were made with: the golden files say YYYY-MM-DD.
+fn stable(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = String::new();
+    let mut i = 0;
+    while i < bytes.len() {
+        let date = bytes.len() - i >= 10
+            && bytes[i..i + 10]
+                .iter()
+                .enumerate()
+                .all(|(k, b)| if k == 4 || k == 7 { *b == b'-' } else { b.is_ascii_digit() });
+        if date {
+            out.push_str("YYYY-MM-DD");
+            i += 10;
+        } else {
+            let ch = text[i..].chars().next().unwrap();
+            out.push(ch);
+            i += ch.len_utf8();
+        }
+    }
+    out
+}
+
+fn golden(name: &str, actual: &str) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden").join(name);
+    let actual = stable(actual);
+    if std::env::var_os("UPDATE_GOLDEN").is_some() {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, &actual).unwrap();
+        return;
+    }
+    let expected = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e} (UPDATE_GOLDEN=1 writes it)", path.display()));
+    assert!(expected == actual, "{} differs (UPDATE_GOLDEN=1 rewrites it); got:\n{actual}", path.display());
+}
+
+#[tokio::test]
+async fn a_healthy_cluster_passes_every_check() {
+    let fixture = Fixture::healthy();
+    let checks = fixture.run().await;
+    let not_ok: Vec<&Check> = checks.iter().filter(|c| c.status != Status::Ok).collect();
+    assert!(not_ok.is_empty(), "{}", render_table(&checks));
+    assert_eq!(exit_code(&checks), 0);
+    assert_eq!(
+        find(&checks, "meshed pods' proxies hold a certificate").message,
+        "2 meshed pods, all ready with certificates"
+    );
+    assert_eq!(
+        find(&checks, "sidecar mode fits the server version").message,
+        "auto: native sidecars (Kubernetes 1.33 ≥ 1.29)"
+    );
+    golden("check-healthy.txt", &render_table(&checks));
+}
+
+#[tokio::test]
+async fn the_json_report_reads_back_with_the_same_statuses() {
+    let mut fixture = Fixture::healthy();
+    fixture.mock.json_mut(&status_path("cnimesh-node-aaaaa"))["mount_propagation"] = json!("private");
+    let checks = fixture.run().await;
+    let report: Report = serde_json::from_str(&render(Output::Json, &checks)).unwrap();
+    assert_eq!(report.checks, checks);
+    assert!(!report.success);
+    let value: Value = serde_json::from_str(&render_json(&checks)).unwrap();
+    let mount =
+        value["checks"].as_array().unwrap().iter().find(|c| c["name"] == "the host root mount is shared on every node");
+    assert_eq!(mount.unwrap()["status"], "fail");
+}
+
+#[tokio::test]
+async fn a_broken_cluster_names_each_problem() {
+    let mut fixture = Fixture::healthy();
+    // Warn: the webhook's certificate expires in 30 days.
+    fixture.set_webhook_pki(&webhook_pki(30 * DAY), None);
+    // Fail: node-1's root mount is private; web-2's rules on node-2 drifted.
+    fixture.mock.json_mut(&status_path("cnimesh-node-aaaaa"))["mount_propagation"] = json!("private");
+    fixture.mock.json_mut(&status_path("cnimesh-node-bbbbb"))["verify"] = json!([{
+        "pod": "shop/web-2", "container_id": "f0e1d2c3b4a596877869", "ok": false,
+        "drift": ["chain inbound rule 2: missing `tcp dport 4191 counter return`",
+                  "chain outbound rule 1: missing `meta skuid 2102 counter return`",
+                  "chain outbound rule 4: unexpected `tcp dport 80 counter accept`",
+                  "chain outbound rule 5: missing `tcp redirect to :4140`"]
+    }]);
+    // Fail: web-2's proxy has no certificate.
+    fixture.mock.get_text(&metrics_path("shop", "web-2"), &metrics(None));
+    let checks = fixture.run().await;
+    assert_fails(
+        &checks,
+        &[
+            "the host root mount is shared on every node",
+            "live capture rules match the desired rules",
+            "meshed pods' proxies hold a certificate",
+        ],
+    );
+    let drift = find(&checks, "live capture rules match the desired rules");
+    assert_eq!(drift.details.len(), 5);
+    assert_eq!(drift.details[0], "node-2 shop/web-2 (container f0e1d2c3b4a5) drifted:");
+    assert_eq!(drift.details[1], "  chain inbound rule 2: missing `tcp dport 4191 counter return`");
+    assert_eq!(drift.details[4], "  … 1 more");
+    assert!(drift.hint.as_ref().unwrap().contains("kubectl -n shop delete pod web-2"));
+    assert_eq!(find(&checks, "webhook serving certificate is valid").status, Status::Warn);
+    golden("check-broken.txt", &render_table(&checks));
+}
+
+#[tokio::test]
+async fn a_ca_bundle_of_another_ca_fails() {
+    let mut fixture = Fixture::healthy();
+    let other = webhook_pki(365 * DAY);
+    fixture.set_webhook_pki(&webhook_pki(365 * DAY), Some(&other.0));
+    let checks = fixture.run().await;
+    assert_fails(&checks, &["the caBundle verifies the serving certificate"]);
+    assert_eq!(find(&checks, "the caBundle verifies the serving certificate").details.len(), 2);
+}
+
+#[tokio::test]
+async fn an_empty_ca_bundle_fails() {
+    let mut fixture = Fixture::healthy();
+    fixture.mock.json_mut(WEBHOOK_CONFIG)["webhooks"][1]["clientConfig"]["caBundle"] = json!("");
+    let checks = fixture.run().await;
+    assert_fails(&checks, &["every webhook has a caBundle"]);
+    assert_eq!(find(&checks, "every webhook has a caBundle").message, "empty caBundle: pod.inject.cnimesh.io");
+}
+
+#[tokio::test]
+async fn a_missing_webhook_registration_fails_and_skips_what_depends_on_it() {
+    let mut fixture = Fixture::healthy();
+    fixture.mock.remove(WEBHOOK_CONFIG);
+    let checks = fixture.run().await;
+    assert_fails(&checks, &["the proxy injector is registered"]);
+    assert_eq!(find(&checks, "the caBundle verifies the serving certificate").status, Status::Skip);
+}
+
+#[tokio::test]
+async fn a_webhook_certificate_expiring_in_3_days_fails_in_30_days_warns() {
+    let mut fixture = Fixture::healthy();
+    fixture.set_webhook_pki(&webhook_pki(3 * DAY), None);
+    let checks = fixture.run().await;
+    assert_fails(&checks, &["webhook serving certificate is valid", "webhook CA is valid"]);
+    assert!(find(&checks, "webhook serving certificate is valid").message.ends_with("(in 2 days)"));
+
+    fixture.set_webhook_pki(&webhook_pki(30 * DAY), None);
+    let checks = fixture.run().await;
+    let warned: Vec<&str> = checks.iter().filter(|c| c.status == Status::Warn).map(|c| c.name.as_str()).collect();
+    assert_eq!(warned, ["webhook serving certificate is valid", "webhook CA is valid"]);
+    assert_eq!(exit_code(&checks), 0, "warnings alone exit 0");
+}
+
+#[tokio::test]
+async fn an_expired_webhook_certificate_fails() {
+    let mut fixture = Fixture::healthy();
+    fixture.now += 400 * DAY;
+    fixture.mock.get_text(&metrics_path("shop", "web-1"), &metrics(Some(fixture.secs() + 3600)));
+    fixture.mock.get_text(&metrics_path("shop", "web-2"), &metrics(Some(fixture.secs() + 3600)));
+    let checks = fixture.run().await;
+    assert_fails(
+        &checks,
+        &[
+            "trust anchors are valid",
+            "issuer certificate is valid",
+            "webhook serving certificate is valid",
+            "webhook CA is valid",
+        ],
+    );
+    assert!(find(&checks, "issuer certificate is valid").message.starts_with("expired on "));
+}
+
+#[tokio::test]
+async fn an_issuer_from_another_anchor_does_not_chain() {
+    let mut fixture = Fixture::healthy();
+    let stranger = new_trust_anchor("cluster.local", 365 * DAY).unwrap();
+    let issuer = new_issuer(&stranger, "cluster.local", 180 * DAY).unwrap();
+    fixture.mock.json_mut(ISSUER_SECRET)["data"]["tls.crt"] = b64(issuer.cert_pem.as_bytes());
+    let checks = fixture.run().await;
+    assert_fails(&checks, &["issuer chains to a trust anchor"]);
+}
+
+#[tokio::test]
+async fn trust_anchors_in_the_config_map_must_match_the_secret() {
+    let mut fixture = Fixture::healthy();
+    let next = new_trust_anchor("cluster.local", 730 * DAY).unwrap();
+    // Two anchors in the Secret (a rotation under way), one in the ConfigMap.
+    let both = format!("{}{}", fixture.anchor.cert_pem, next.cert_pem);
+    fixture.mock.json_mut(ISSUER_SECRET)["data"]["ca.crt"] = b64(both.as_bytes());
+    let checks = fixture.run().await;
+    assert_fails(&checks, &["trust anchors ConfigMap matches the Secret"]);
+    assert_eq!(find(&checks, "trust anchors are valid").details.len(), 2);
+
+    fixture.mock.json_mut(ANCHORS_CM)["data"]["ca.crt"] = json!(both);
+    let checks = fixture.run().await;
+    assert_eq!(exit_code(&checks), 0, "{}", render_table(&checks));
+}
+
+#[tokio::test]
+async fn a_node_without_an_agent_fails_naming_the_node() {
+    let mut fixture = Fixture::healthy();
+    let pods = fixture.mock.json_mut(AGENT_PODS);
+    pods["items"].as_array_mut().unwrap().remove(1);
+    let checks = fixture.run().await;
+    assert_fails(&checks, &["a ready agent runs on every node"]);
+    assert_eq!(find(&checks, "a ready agent runs on every node").details, ["node-2: no agent pod"]);
+    // The other node is still checked.
+    assert_eq!(find(&checks, "agents answer on their status endpoint").message, "1 agent answered");
+}
+
+#[tokio::test]
+async fn an_agent_that_does_not_answer_fails() {
+    let mut fixture = Fixture::healthy();
+    let error = "error trying to reach service: dial tcp 10.0.0.2:4192: connect: connection refused";
+    fixture.mock.fail(&status_path("cnimesh-node-bbbbb"), 503, error);
+    let checks = fixture.run().await;
+    assert_fails(&checks, &["agents answer on their status endpoint"]);
+    assert_eq!(
+        find(&checks, "agents answer on their status endpoint").details,
+        [format!("node-2 (cnimesh-node-bbbbb): {error} (503 ServiceUnavailable)")]
+    );
+    // The node that answered is still checked.
+    assert_eq!(
+        find(&checks, "live capture rules match the desired rules").message,
+        "1 captured pod on 1 node verified against their desired rules"
+    );
+}
+
+#[tokio::test]
+async fn a_plugin_not_chained_fails_naming_node_and_conf_dir() {
+    let mut fixture = Fixture::healthy();
+    fixture.mock.json_mut(&status_path("cnimesh-node-bbbbb"))["status"]["chained_in"] = Value::Null;
+    let checks = fixture.run().await;
+    assert_fails(&checks, &["the CNI plugin is installed and chained on every node"]);
+    assert_eq!(
+        find(&checks, "the CNI plugin is installed and chained on every node").details,
+        ["node-2: not chained into any config in /host/etc/cni/net.d"]
+    );
+
+    let mut fixture = Fixture::healthy();
+    fixture.mock.json_mut(&status_path("cnimesh-node-aaaaa"))["status"]["plugin_installed"] = json!(false);
+    let checks = fixture.run().await;
+    assert_eq!(
+        find(&checks, "the CNI plugin is installed and chained on every node").details,
+        ["node-1: plugin /host/opt/cni/bin/cnimesh-cni is not installed"]
+    );
+}
+
+#[tokio::test]
+async fn a_private_root_mount_fails_with_the_host_command() {
+    let mut fixture = Fixture::healthy();
+    fixture.mock.json_mut(&status_path("cnimesh-node-aaaaa"))["mount_propagation"] = json!("private");
+    let checks = fixture.run().await;
+    assert_fails(&checks, &["the host root mount is shared on every node"]);
+    let check = find(&checks, "the host root mount is shared on every node");
+    assert_eq!(check.details, ["node-1: mount propagation private"]);
+    assert!(check.hint.as_ref().unwrap().contains("mount --make-rshared /"));
+}
+
+#[tokio::test]
+async fn a_drifted_pod_fails_naming_node_pod_and_drift() {
+    let mut fixture = Fixture::healthy();
+    fixture.mock.json_mut(&status_path("cnimesh-node-aaaaa"))["verify"] = json!([
+        verified("shop/web-1", "a1b2c3d4e5f60718293a"),
+        {"pod": "shop/web-3", "container_id": "def", "ok": false, "drift": ["chain inbound rule 2: missing `tcp dport 4191 counter return`"]}
+    ]);
+    let checks = fixture.run().await;
+    assert_fails(&checks, &["live capture rules match the desired rules"]);
+    let check = find(&checks, "live capture rules match the desired rules");
+    assert_eq!(
+        check.details,
+        [
+            "node-1 shop/web-3 (container def) drifted:",
+            "  chain inbound rule 2: missing `tcp dport 4191 counter return`"
+        ]
+    );
+    assert!(check.message.starts_with("1 of 3 captured pods have drifted"), "{}", check.message);
+    let hint = check.hint.as_ref().unwrap();
+    assert!(hint.contains("cnimesh-node repairs") && hint.contains("kubectl -n shop delete pod web-3"), "{hint}");
+}
+
+#[tokio::test]
+async fn a_meshed_pod_without_a_certificate_fails() {
+    let mut fixture = Fixture::healthy();
+    fixture.mock.get_text(&metrics_path("shop", "web-1"), &metrics(None));
+    fixture.mock.get_text(&metrics_path("shop", "web-2"), &metrics(Some(0)));
+    let checks = fixture.run().await;
+    assert_fails(&checks, &["meshed pods' proxies hold a certificate"]);
+    assert_eq!(
+        find(&checks, "meshed pods' proxies hold a certificate").details,
+        [
+            "shop/web-1: no identity_cert_expiration_timestamp_seconds in its metrics: no certificate yet",
+            "shop/web-2: no certificate (expiry 0)"
+        ]
+    );
+}
+
+#[tokio::test]
+async fn many_unready_proxies_are_listed_up_to_a_cap() {
+    let mut fixture = Fixture::healthy();
+    let pods: Vec<Value> =
+        (0..13).map(|i| pod("shop", &format!("api-{i:02}"), "node-1", &["cnimesh-proxy"], &[], false)).collect();
+    fixture.mock.get(ALL_PODS, list("PodList", pods));
+    let checks = fixture.run().await;
+    assert_fails(&checks, &["meshed pods' proxies are ready"]);
+    let check = find(&checks, "meshed pods' proxies are ready");
+    assert_eq!(check.message, "13 of 13 meshed pods have a proxy that is not ready");
+    assert_eq!(check.details.len(), 11);
+    assert_eq!(check.details[10], "… and 3 more");
+    assert_eq!(find(&checks, "meshed pods' proxies hold a certificate").status, Status::Skip);
+}
+
+#[tokio::test]
+async fn native_sidecars_on_a_1_24_server_fail() {
+    let mut fixture = Fixture::healthy();
+    let version = fixture.mock.json_mut(VERSION);
+    version["minor"] = json!("24");
+    version["gitVersion"] = json!("v1.24.17");
+    fixture.mock.json_mut(DEPLOYMENT)["spec"]["template"]["spec"]["containers"][0]["env"][0]["value"] = json!("true");
+    let checks = fixture.run().await;
+    assert_fails(&checks, &["sidecar mode fits the server version"]);
+    assert_eq!(
+        find(&checks, "sidecar mode fits the server version").message,
+        "native sidecars need Kubernetes ≥ 1.29 (SidecarContainers); this server is 1.24: set auto or false"
+    );
+
+    fixture.mock.json_mut(DEPLOYMENT)["spec"]["template"]["spec"]["containers"][0]["env"] = json!([]);
+    let checks = fixture.run().await;
+    assert_eq!(exit_code(&checks), 0);
+    assert_eq!(
+        find(&checks, "sidecar mode fits the server version").message,
+        "auto: proxies are regular containers (Kubernetes 1.24 < 1.29)"
+    );
+}
+
+#[tokio::test]
+async fn control_plane_replicas_ready_below_desired_warn_and_none_fail() {
+    let mut fixture = Fixture::healthy();
+    fixture.mock.json_mut(DEPLOYMENT)["spec"]["replicas"] = json!(2);
+    let checks = fixture.run().await;
+    assert_eq!(find(&checks, "control plane replicas are ready").status, Status::Warn);
+    assert_eq!(exit_code(&checks), 0);
+
+    fixture.mock.json_mut(DEPLOYMENT)["status"]["readyReplicas"] = json!(0);
+    fixture.mock.json_mut(CONTROL_PODS)["items"][0]["status"]["conditions"][0]["status"] = json!("False");
+    let checks = fixture.run().await;
+    assert_fails(&checks, &["control plane replicas are ready", "control plane pods are ready"]);
+    assert_eq!(find(&checks, "control plane pods are ready").message, "1 of 1 pods not ready: cnimesh-control-7d9f");
+}
+
+#[tokio::test]
+async fn missing_permissions_are_named() {
+    let mut fixture = Fixture::healthy();
+    fixture.mock.denied.insert("get pods/proxy *".into());
+    let checks = fixture.run().await;
+    assert_fails(&checks, &["can reach pods through the API server proxy"]);
+    assert_eq!(
+        find(&checks, "can reach pods through the API server proxy").message,
+        "not allowed to get pods/proxy cluster-wide"
+    );
+}
+
+#[tokio::test]
+async fn an_unreachable_api_server_is_a_clear_failure() {
+    let mut fixture = Fixture::healthy();
+    fixture.mock.unreachable = true;
+    let checks = fixture.run().await;
+    assert_fails(&checks, &["can query the Kubernetes API"]);
+    let check = find(&checks, "can query the Kubernetes API");
+    assert!(
+        check.message.starts_with("the API server did not answer: ") && check.message.contains("connection refused"),
+        "{}",
+        check.message
+    );
+    assert!(checks[1..].iter().all(|c| c.status == Status::Skip));
+    let pre = fixture.run_pre().await;
+    assert_eq!(exit_code(&pre), 1);
+}
+
+#[tokio::test]
+async fn pre_install_on_a_fresh_cluster_passes() {
+    let fixture = Fixture::healthy();
+    let checks = fixture.run_pre().await;
+    assert!(checks.iter().all(|c| c.status == Status::Ok), "{}", render_table(&checks));
+    assert_eq!(checks.len(), 2 + 7 + 2, "{}", render_table(&checks));
+}
+
+#[tokio::test]
+async fn pre_install_judges_versions_permissions_nodes_and_an_existing_install() {
+    let mut fixture = Fixture::healthy();
+    fixture.mock.json_mut(VERSION)["minor"] = json!("27");
+    fixture.mock.get(CONTROL_NS, json!({"metadata": {"name": "cnimesh"}}));
+    let checks = fixture.run_pre().await;
+    let warned: Vec<&str> = checks.iter().filter(|c| c.status == Status::Warn).map(|c| c.name.as_str()).collect();
+    assert_eq!(warned, ["is running a supported version", "the control plane namespace does not exist yet"]);
+    assert_eq!(exit_code(&checks), 0);
+
+    fixture.mock.json_mut(VERSION)["minor"] = json!("23");
+    fixture.mock.denied.insert("create secrets cnimesh-system".into());
+    fixture.mock.get(NODES, list("NodeList", vec![]));
+    let checks = fixture.run_pre().await;
+    assert_fails(&checks, &["is running a supported version", "can create secrets", "the cluster has nodes"]);
+    assert_eq!(
+        find(&checks, "can create secrets").message,
+        "not allowed to create secrets in namespace cnimesh-system"
+    );
+}
+
+#[test]
+fn golden_dates_are_normalised() {
+    assert_eq!(stable("expires 2027-11-23 (in 364 days) √"), "expires YYYY-MM-DD (in 364 days) √");
+}
