@@ -256,7 +256,7 @@ fn a_deployment_template_pod_gets_a_native_sidecar_first() {
     assert_eq!(env(proxy, "CNIMESH_PROXY_OPAQUE_PORTS"), None, "the proxy's defaults");
     assert_eq!(spec.containers.len(), 1);
     assert_eq!(spec.containers[0], serde_json::from_value(pod["spec"]["containers"][0].clone()).unwrap());
-    assert_eq!(spec.volumes.as_ref().map(Vec::len), Some(2), "volumes created");
+    assert_eq!(spec.volumes.as_ref().map(Vec::len), Some(1), "the token volume created");
     check_pod(&typed, &config);
 }
 

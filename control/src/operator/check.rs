@@ -35,6 +35,8 @@ use crate::inject::{CONTROL_NAME, DEFAULT_CONTROL_NAMESPACE as CONTROL_NAMESPACE
 
 /// The node agents' namespace (DESIGN.md §2; `daemonset/cnimesh-node.yaml`).
 pub const AGENT_NAMESPACE: &str = "cnimesh-system";
+/// The node agents' DaemonSet, container and `app.kubernetes.io/name` label.
+pub const AGENT_NAME: &str = "cnimesh-node";
 /// Requests through the pod proxy in flight at once: enough for big clusters, gentle on the API
 /// server.
 const CONCURRENCY: usize = 8;

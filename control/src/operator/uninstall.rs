@@ -16,8 +16,7 @@ use super::install::{ISSUER_SECRET, TRUST_ANCHORS_CONFIG_MAP, WEBHOOK_SECRET};
 use super::{ClusterArgs, manifests, yaml};
 use crate::inject::{DEFAULT_CONTROL_NAMESPACE, PROXY_CONTAINER};
 
-const AGENT_NAMESPACE: &str = "cnimesh-system";
-const AGENT_DAEMONSET: &str = "cnimesh-node";
+use super::check::{AGENT_NAME as AGENT_DAEMONSET, AGENT_NAMESPACE};
 const UNINSTALL_ON_EXIT: &str = "CNIMESH_UNINSTALL_ON_EXIT";
 /// How many meshed pods a refusal names.
 const NAMED: usize = 10;

@@ -14,10 +14,9 @@ use kube::api::ListParams;
 use serde::Deserialize;
 
 use super::report::{Check, plural};
-use super::{AGENT_NAMESPACE, CONCURRENCY, kube_error, pod_proxy_get, pod_ready};
+use super::{AGENT_NAME, AGENT_NAMESPACE, CONCURRENCY, kube_error, pod_proxy_get, pod_ready};
 
 const CATEGORY: &str = "node-agents";
-pub const AGENT_NAME: &str = "cnimesh-node";
 /// The agent's status port (`daemonset/cnimesh-node.yaml`).
 pub const AGENT_STATUS_PORT: u16 = 4192;
 /// How many drift lines of one pod are shown: the first ones say what is wrong.

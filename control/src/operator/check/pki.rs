@@ -18,12 +18,7 @@ const WEBHOOK: &str = "webhook";
 const CERTS: &str = "certificates";
 /// The MutatingWebhookConfiguration (`daemonset/control-webhook.yaml`).
 pub const WEBHOOK_CONFIGURATION: &str = "cnimesh-proxy-injector";
-/// The webhook's serving certificate, key and CA (`kubernetes.io/tls`).
-pub const WEBHOOK_SECRET: &str = "cnimesh-webhook-tls";
-/// Trust anchors (`ca.crt`) and the issuer (`tls.crt`, `tls.key`).
-pub const ISSUER_SECRET: &str = "cnimesh-identity-issuer";
-/// The trust anchors as `cnimesh inject` reads them offline (key `ca.crt`).
-pub const ANCHORS_CONFIG_MAP: &str = "cnimesh-identity-trust-anchors";
+pub use crate::operator::install::{ISSUER_SECRET, TRUST_ANCHORS_CONFIG_MAP as ANCHORS_CONFIG_MAP, WEBHOOK_SECRET};
 
 /// DER certificates read from a Secret, or what was wrong with it.
 type Certs = Result<Vec<Vec<u8>>, String>;
