@@ -13,8 +13,8 @@ pub struct YamlError {
 
 /// Every non-empty document of `text` (empty documents and bare `---` separators are dropped).
 pub fn documents(text: &str, origin: &str) -> Result<Vec<Value>, YamlError> {
-    let docs: Vec<Value> =
-        serde_saphyr::from_str_multiple(text).map_err(|source| YamlError { origin: origin.to_string(), source: Box::new(source) })?;
+    let docs: Vec<Value> = serde_saphyr::from_str_multiple(text)
+        .map_err(|source| YamlError { origin: origin.to_string(), source: Box::new(source) })?;
     Ok(docs.into_iter().filter(|d| !d.is_null()).collect())
 }
 
