@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use cnimesh_identity::{DEFAULT_TRUST_DOMAIN, Name, NameError};
 
 /// The proxy image that matches this control plane: both are released together.
-pub const DEFAULT_PROXY_IMAGE: &str = concat!("ghcr.io/cnimesh/proxy:", env!("CARGO_PKG_VERSION"));
+pub const DEFAULT_PROXY_IMAGE: &str = concat!("ghcr.io/cnimesh/cnimesh-proxy:", env!("CARGO_PKG_VERSION"));
 pub const DEFAULT_CONTROL_NAMESPACE: &str = "cnimesh";
 pub const DEFAULT_CLUSTER_DOMAIN: &str = "cluster.local";
 pub const DEFAULT_TRUST_ANCHORS_CONFIG_MAP: &str = "cnimesh-trust-anchors";
