@@ -10,7 +10,7 @@
 # /etc/passwd, /etc/group and /etc/nsswitch.conf. Nothing is pulled from a registry.
 #
 #   scripts/images.sh [--profile release|debug] [--no-build] [--bin-dir DIR] [--out DIR]
-#                     [--storage DIR] [--tag TAG]
+#                     [--storage DIR] [--tag TAG] [--tool buildah|podman]
 #
 #   --profile P    cargo profile of the binaries (default release)
 #   --no-build     do not run cargo; use the binaries already in the target dir
@@ -20,8 +20,7 @@
 #                  `ctr -n k8s.io images import`)
 #   --storage DIR  use a private container storage in DIR (vfs driver) instead of the system's
 #   --tag TAG      tag instead of the workspace version
-#
-# Uses buildah, or podman when buildah is absent.
+#   --tool T       build with buildah or podman (default: buildah, or podman when buildah is absent)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -34,6 +33,7 @@ bin_dir=""
 out=""
 storage=""
 tag=""
+tool=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --profile) profile="${2:?--profile needs a value}"; shift 2 ;;
@@ -42,7 +42,8 @@ while [ $# -gt 0 ]; do
     --out) out="${2:?--out needs a directory}"; shift 2 ;;
     --storage) storage="${2:?--storage needs a directory}"; shift 2 ;;
     --tag) tag="${2:?--tag needs a value}"; shift 2 ;;
-    -h | --help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --tool) tool="${2:?--tool needs buildah or podman}"; shift 2 ;;
+    -h | --help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument $1 (see --help)" ;;
   esac
 done
@@ -54,13 +55,19 @@ esac
 command -v cargo >/dev/null || die "cargo not found: install a Rust toolchain (rustup)"
 command -v ldd >/dev/null || die "ldd not found: apt install libc-bin"
 command -v strip >/dev/null || die "strip not found: apt install binutils"
-if command -v buildah >/dev/null; then
-  tool=buildah
-elif command -v podman >/dev/null; then
-  tool=podman
-else
-  die "neither buildah nor podman found: apt install buildah podman (or run scripts/setup.sh)"
-fi
+case "$tool" in
+  "")
+    if command -v buildah >/dev/null; then
+      tool=buildah
+    elif command -v podman >/dev/null; then
+      tool=podman
+    else
+      die "neither buildah nor podman found: apt install buildah podman (or run scripts/setup.sh)"
+    fi
+    ;;
+  buildah | podman) command -v "$tool" >/dev/null || die "$tool not found: apt install $tool" ;;
+  *) die "--tool takes buildah or podman, not $tool" ;;
+esac
 tool_args=()
 if [ -n "$storage" ]; then
   mkdir -p "$storage"
