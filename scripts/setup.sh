@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what cnimesh needs on a Debian host, idempotently: kernel tooling for the tests and the
-# demo, Debian's CNI reference plugins (the stand-in primary CNI), and the Rust lint components.
+# demo, Debian's CNI reference plugins (the stand-in primary CNI), the image tooling
+# (scripts/images.sh and tests/tests/images.rs), and the Rust lint components.
 set -euo pipefail
 
 if [ "$(id -u)" -ne 0 ]; then
@@ -9,6 +10,10 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 packages=(nftables iptables iproute2 containernetworking-plugins util-linux)
+# Images: buildah builds them (podman when buildah is absent), podman runs them in the tests.
+# runc: the tests run containers with it, since crun refuses hosts with hybrid cgroups (v1 plus
+# controllers on v2). binutils: strip. file: the static plugin check (ldd is in libc-bin).
+packages+=(buildah podman runc binutils file)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -82,6 +82,13 @@ enum Cmd {
     },
     /// Unchain the plugin and remove the binary, then exit.
     Uninstall,
+    /// The DaemonSet's preStop hook: wait, so pod setups in flight finish before the agent is
+    /// sent SIGTERM. The image holds no `sleep`; this needs nothing but the agent itself.
+    PreStop {
+        /// Seconds to wait.
+        #[arg(long, default_value_t = 5)]
+        seconds: u64,
+    },
     /// Meshed pods on this node, with live redirect counters.
     Pods,
     /// The live ruleset inside one pod's netns, with counters.
@@ -176,6 +183,10 @@ async fn main_async(cli: Cli) -> anyhow::Result<ExitCode> {
             let cfg = config(&cli, &AgentArgs { plugin_binary: PathBuf::new(), exclude_namespaces: vec![] });
             let changed = run::uninstall(&cfg)?;
             out(format!("cnimesh-cni removed ({} configuration files changed)\n", changed.len()))
+        }
+        Cmd::PreStop { seconds } => {
+            tokio::time::sleep(Duration::from_secs(*seconds)).await;
+            Ok(ExitCode::SUCCESS)
         }
         Cmd::Pods => out(debug::render_pods(&debug::pods(&cli.state_dir)?, cli.output)),
         Cmd::Rules { target } => out(debug::render_rules(&debug::rules(&cli.state_dir, target)?, cli.output)),

@@ -338,7 +338,11 @@ fn check_daemonset(
             c.env.iter().flatten().find(|e| e.name == "NODE_NAME").unwrap_or_else(|| panic!("{ctx}: no NODE_NAME"));
         let field = node_name.value_from.as_ref().and_then(|v| v.field_ref.as_ref()).map(|f| f.field_path.as_str());
         assert_eq!(field, Some("spec.nodeName"), "{ctx}: NODE_NAME must come from the downward API spec.nodeName");
-        assert_eq!(c.command.as_deref(), Some(&["cnimesh-node".to_string(), "run".to_string()][..]), "{ctx}: command");
+        assert_eq!(
+            c.command.as_deref(),
+            Some(&["/usr/local/bin/cnimesh-node".to_string(), "run".to_string()][..]),
+            "{ctx}: command"
+        );
         check_env_names_known(&ctx, c);
     }
 }

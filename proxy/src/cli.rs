@@ -52,6 +52,11 @@ fn raise_fd_limit() {
 }
 
 pub fn main() -> ExitCode {
+    // Configuration is environment only; `--version` is the one argument (image checks, operators).
+    if std::env::args().skip(1).any(|a| a == "--version" || a == "-V") {
+        println!("cnimesh-proxy {}", env!("CARGO_PKG_VERSION"));
+        return ExitCode::SUCCESS;
+    }
     let config = match Config::from_vars(|k| std::env::var(k).ok()) {
         Ok(c) => c,
         Err(e) => {
