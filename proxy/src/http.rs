@@ -1,6 +1,8 @@
 //! HTTP proxying with hyper on both sides: per-target connection pools with keep-alive, HTTP/2
 //! multiplexing, streaming bodies and trailers (gRPC), HTTP/1 upgrades and CONNECT spliced through,
 //! hop-by-hop headers removed (RFC 9110 §7.6.1), and upstream failures answered with 502/503/504.
+//! The inbound also accepts Linkerd's HTTP/1-over-HTTP/2 transport (`l5d-orig-proto`), so a stock
+//! Linkerd proxy can reach an HTTP/1 app behind us.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -14,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use cnimesh_identity::Name;
-use http::header::{CONNECTION, HOST, HeaderName, TE, UPGRADE};
+use http::header::{CONNECTION, HOST, HeaderName, TE, TRANSFER_ENCODING, UPGRADE};
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Uri, Version};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
@@ -266,6 +268,66 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, upgrade: bool) {
     }
 }
 
+/// Linkerd's marker of an HTTP/1 request (or response) carried over HTTP/2 between proxies. A
+/// Linkerd outbound upgrades HTTP/1 to HTTP/2 towards endpoints the control plane hints as H2
+/// (every meshed endpoint), naming the original version here; the receiving proxy must downgrade.
+pub const L5D_ORIG_PROTO: HeaderName = HeaderName::from_static("l5d-orig-proto");
+
+/// If `req` is an HTTP/2 request a Linkerd proxy upgraded from HTTP/1, turns it back into that
+/// HTTP/1 request: the version the marker names (`HTTP/1.1` or `HTTP/1.0`, optionally followed
+/// by `; absolute-form`), the marker removed, and `Host` from the `:authority`, which is where
+/// the upgrade put the original `Host`. Returns whether it did. An absolute-form original still
+/// goes to the app in origin form with its `Host`, as every HTTP/1 request through our pools does.
+/// An unknown version is the peer's bug or a newer protocol we cannot speak to the app: 400,
+/// rather than Linkerd's own fallback of sending HTTP/2 to an app that may not speak it.
+fn downgrade_orig_proto<B>(req: &mut Request<B>) -> Result<bool, ProxyError> {
+    if req.version() != Version::HTTP_2 || !req.headers().contains_key(&L5D_ORIG_PROTO) {
+        return Ok(false);
+    }
+    let values: Vec<HeaderValue> = match req.headers_mut().entry(L5D_ORIG_PROTO) {
+        http::header::Entry::Occupied(e) => e.remove_entry_mult().1.collect(),
+        http::header::Entry::Vacant(_) => Vec::new(),
+    };
+    let version = match values.as_slice() {
+        [value] => {
+            let value = value.as_bytes();
+            let (version, rest) = value.split_at(value.len().min(8));
+            let rest_ok = rest.is_empty() || rest.eq_ignore_ascii_case(b"; absolute-form");
+            match version {
+                b"HTTP/1.1" if rest_ok => Some(Version::HTTP_11),
+                b"HTTP/1.0" if rest_ok => Some(Version::HTTP_10),
+                _ => None,
+            }
+        }
+        _ => None,
+    };
+    let Some(version) = version else {
+        return Err(ProxyError {
+            status: StatusCode::BAD_REQUEST,
+            message: format!("unsupported {L5D_ORIG_PROTO} {values:?}: expected HTTP/1.1 or HTTP/1.0"),
+        });
+    };
+    *req.version_mut() = version;
+    if let Some(authority) = req.uri().authority() {
+        let host = HeaderValue::from_str(authority.as_str()).map_err(|e| ProxyError {
+            status: StatusCode::BAD_REQUEST,
+            message: format!("invalid authority for Host: {e}"),
+        })?;
+        req.headers_mut().insert(HOST, host);
+    }
+    Ok(true)
+}
+
+/// The answer to a downgraded request goes back over HTTP/2 marked with the version the app
+/// answered in, as Linkerd's inbound does: Linkerd's outbound restores the HTTP/1 response from
+/// it. `Transfer-Encoding` has no place in HTTP/2.
+fn upgrade_orig_proto_response<B>(res: &mut Response<B>) {
+    let original = if res.version() == Version::HTTP_10 { "HTTP/1.0" } else { "HTTP/1.1" };
+    res.headers_mut().insert(L5D_ORIG_PROTO, HeaderValue::from_static(original));
+    res.headers_mut().remove(TRANSFER_ENCODING);
+    *res.version_mut() = Version::HTTP_2;
+}
+
 fn wants_upgrade<B>(req: &Request<B>) -> bool {
     req.method() == Method::CONNECT
         || (req.headers().contains_key(UPGRADE)
@@ -369,8 +431,9 @@ impl HttpProxy {
         route
     }
 
-    /// The upstream for one request: the fixed pool, or a balanced endpoint's.
-    fn select(&self, route: Option<&Route>) -> Result<(UpstreamClient, Picked), ProxyError> {
+    /// The upstream for one request: the fixed pool, or a balanced endpoint's; `h2` is the
+    /// protocol towards it (a downgraded request goes over HTTP/1 on an HTTP/2 connection).
+    fn select(&self, route: Option<&Route>, h2: bool) -> Result<(UpstreamClient, Picked), ProxyError> {
         let picked = route.unwrap_or(&self.route).pick().map_err(|e| ProxyError {
             status: match e {
                 RouteError::NoEndpoints(_) => StatusCode::SERVICE_UNAVAILABLE,
@@ -379,8 +442,8 @@ impl HttpProxy {
             message: e.to_string(),
         })?;
         let client = match (&self.fixed, route) {
-            (Some(c), None) => c.clone(),
-            _ => self.clients.get(picked.target.addr, self.h2, picked.target.tls.as_ref()),
+            (Some(c), None) if h2 == self.h2 => c.clone(),
+            _ => self.clients.get(picked.target.addr, h2, picked.target.tls.as_ref()),
         };
         Ok((client, picked))
     }
@@ -431,7 +494,7 @@ impl HttpProxy {
     }
 
     /// One request, end to end, with its metrics.
-    pub async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
+    pub async fn handle(self: Arc<Self>, mut req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
         let start = Instant::now();
         let authority = req
             .uri()
@@ -445,13 +508,23 @@ impl HttpProxy {
         });
         // A balanced request stays load on its endpoint until its response body ends (gRPC
         // streams, downloads), not just until its headers arrive.
-        let (result, load) = if wants_upgrade(&req) && req.version() != Version::HTTP_2 {
-            (self.upgrade(req).await, None)
-        } else {
-            match self.forward(req, &authority).await {
-                Ok((response, load)) => (Ok(response), load),
+        // Only the inbound speaks to apps, so only it undoes a peer proxy's upgrade.
+        let downgraded = match self.direction {
+            Direction::inbound => downgrade_orig_proto(&mut req),
+            Direction::outbound => Ok(false),
+        };
+        let (result, load) = match downgraded {
+            Err(e) => (Err(e), None),
+            Ok(false) if wants_upgrade(&req) && req.version() != Version::HTTP_2 => (self.upgrade(req).await, None),
+            Ok(downgraded) => match self.forward(req, &authority).await {
+                Ok((mut response, load)) => {
+                    if downgraded {
+                        upgrade_orig_proto_response(&mut response);
+                    }
+                    (Ok(response), load)
+                }
                 Err(e) => (Err(e), None),
-            }
+            },
         };
         let response = result.unwrap_or_else(|e| {
             tracing::warn!(direction = ?self.direction, target = %self.target, status = e.status.as_u16(), "{}", e.message);
@@ -476,6 +549,12 @@ impl HttpProxy {
     ) -> Result<(Response<Body>, Option<Load>), ProxyError> {
         let (mut parts, body) = req.into_parts();
         let h2 = parts.version == Version::HTTP_2;
+        // HTTP/1.0 stays HTTP/1.0 only when a downgrade named it; otherwise HTTP/1 goes as 1.1.
+        let version = match parts.version {
+            Version::HTTP_2 => Version::HTTP_2,
+            Version::HTTP_10 if self.h2 => Version::HTTP_10,
+            _ => Version::HTTP_11,
+        };
         strip_hop_by_hop(&mut parts.headers, false);
         // The pool is per target, so the URI only carries the authority the client used.
         let authority = if authority.is_empty() { self.target.to_string() } else { authority.to_string() };
@@ -489,9 +568,9 @@ impl HttpProxy {
                 status: StatusCode::BAD_REQUEST,
                 message: format!("invalid request target: {e}"),
             })?;
-        parts.version = if h2 { Version::HTTP_2 } else { Version::HTTP_11 };
+        parts.version = version;
         let named = self.named_route(&authority).await;
-        let (client, picked) = self.select(named.as_deref())?;
+        let (client, picked) = self.select(named.as_deref(), h2)?;
         let upstream = picked.target.addr;
         let result = client.request(Request::from_parts(parts, body)).await;
         if let Some(load) = &picked.load {
@@ -508,7 +587,7 @@ impl HttpProxy {
     /// HTTP/1 `Upgrade` (e.g. WebSocket) and `CONNECT`: the handshake goes upstream on a fresh
     /// connection, and on success both upgraded connections are spliced together.
     async fn upgrade(&self, mut req: Request<Incoming>) -> Result<Response<Body>, ProxyError> {
-        let (_, picked) = self.select(None)?;
+        let (_, picked) = self.select(None, self.h2)?;
         let target = picked.target.addr;
         let connector =
             FixedConnector { target, timeout: self.clients.connect_timeout, tls: picked.target.tls.clone() };
@@ -576,5 +655,58 @@ mod tests {
         up.insert(UPGRADE, HeaderValue::from_static("websocket"));
         strip_hop_by_hop(&mut up, true);
         assert_eq!((up[CONNECTION].to_str().unwrap(), up[UPGRADE].to_str().unwrap()), ("upgrade", "websocket"));
+    }
+
+    #[test]
+    fn orig_proto_requests_become_http1_and_their_responses_are_marked() {
+        let upgraded = |value: &'static str| {
+            Request::builder()
+                .version(Version::HTTP_2)
+                .uri("http://web.shop.svc.cluster.local:8080/path?q=1")
+                .header(L5D_ORIG_PROTO, value)
+                .header("x-app-header", "kept")
+                .body(())
+                .unwrap()
+        };
+        let mut req = upgraded("HTTP/1.1");
+        assert!(downgrade_orig_proto(&mut req).unwrap());
+        assert_eq!(req.version(), Version::HTTP_11);
+        assert!(!req.headers().contains_key(L5D_ORIG_PROTO));
+        assert_eq!(req.headers()[HOST], "web.shop.svc.cluster.local:8080");
+        assert_eq!(req.headers()["x-app-header"], "kept");
+        assert_eq!(req.uri().path_and_query().unwrap().as_str(), "/path?q=1");
+
+        let mut req = upgraded("HTTP/1.0; absolute-form");
+        assert!(downgrade_orig_proto(&mut req).unwrap());
+        assert_eq!(req.version(), Version::HTTP_10);
+
+        for bad in ["HTTP/2", "HTTP/1.1x", "h2c", ""] {
+            let e = downgrade_orig_proto(&mut upgraded(bad)).unwrap_err();
+            assert_eq!(e.status, StatusCode::BAD_REQUEST, "{bad:?}");
+            assert!(e.message.contains("l5d-orig-proto"), "{}", e.message);
+        }
+
+        // Unmarked HTTP/2, and HTTP/1 (nothing to undo), stay as they are.
+        let mut plain = Request::builder().version(Version::HTTP_2).uri("http://a/").body(()).unwrap();
+        assert!(!downgrade_orig_proto(&mut plain).unwrap());
+        assert_eq!(plain.version(), Version::HTTP_2);
+        let mut h1 = upgraded("HTTP/1.1");
+        *h1.version_mut() = Version::HTTP_11;
+        assert!(!downgrade_orig_proto(&mut h1).unwrap());
+
+        let mut res = Response::builder()
+            .version(Version::HTTP_11)
+            .header(TRANSFER_ENCODING, "chunked")
+            .header("x-app", "yes")
+            .body(())
+            .unwrap();
+        upgrade_orig_proto_response(&mut res);
+        assert_eq!(res.version(), Version::HTTP_2);
+        assert_eq!(res.headers()[L5D_ORIG_PROTO], "HTTP/1.1");
+        assert!(!res.headers().contains_key(TRANSFER_ENCODING));
+        assert_eq!(res.headers()["x-app"], "yes");
+        let mut res = Response::builder().version(Version::HTTP_10).body(()).unwrap();
+        upgrade_orig_proto_response(&mut res);
+        assert_eq!(res.headers()[L5D_ORIG_PROTO], "HTTP/1.0");
     }
 }

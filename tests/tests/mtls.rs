@@ -214,3 +214,136 @@ fn short_lived_certificates_rotate_under_load_without_failures() {
     assert!(failures.is_empty(), "{} of {requests} requests failed: {failures:?}", failures.len());
     assert!(m.server_proxy.metrics().contains(&format!("client_id=\"{}\"", identity("shop", "client"))));
 }
+
+/// A port on the server pod where only an HTTP/1 app listens.
+const HTTP1_ONLY_PORT: u16 = 8095;
+
+/// An app that speaks HTTP/1 only (an HTTP/2 preface is a parse error to it) and answers with
+/// what it saw: version, `Host`, target, whether `l5d-orig-proto` reached it, and the body.
+async fn serve_http1_only(listener: tokio::net::TcpListener) {
+    use http_body_util::BodyExt;
+    loop {
+        let Ok((stream, _)) = listener.accept().await else { continue };
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(|req: http::Request<hyper::body::Incoming>| async move {
+                let seen = format!(
+                    "{:?} host={} target={} orig-proto={:?}",
+                    req.version(),
+                    req.headers().get(http::header::HOST).and_then(|h| h.to_str().ok()).unwrap_or("-"),
+                    req.uri(),
+                    req.headers().get("l5d-orig-proto"),
+                );
+                let body = req.into_body().collect().await?.to_bytes();
+                let answer = format!("{seen} body={}", String::from_utf8_lossy(&body));
+                Ok::<_, hyper::Error>(http::Response::new(http_body_util::Full::new(bytes::Bytes::from(answer))))
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+/// A client certificate for `name`, signed by the control plane's issuer (as a Linkerd proxy
+/// sharing the mesh's trust anchor holds), and a TLS client that presents it.
+fn mesh_client_tls(control: &Control, name: &str) -> std::sync::Arc<tokio_rustls::rustls::ClientConfig> {
+    use cnimesh_control::identity::issuer::{ISSUER_CERT_FILE, ISSUER_KEY_FILE};
+    use cnimesh_identity::{Name, ca, pem, tls};
+    let issuer = ca::CaPem {
+        cert_pem: std::fs::read_to_string(control.issuer_dir().join(ISSUER_CERT_FILE)).unwrap(),
+        key_pem: std::fs::read_to_string(control.issuer_dir().join(ISSUER_KEY_FILE)).unwrap(),
+    };
+    let signer = ca::Signer::new(&issuer).unwrap();
+    let name = Name::parse(name).unwrap();
+    let (key, _csr) = ca::new_csr(&name).unwrap();
+    let now = std::time::SystemTime::now();
+    let leaf = signer.sign(&name, &key, now - Duration::from_secs(60), now + Duration::from_secs(3600)).unwrap();
+    let key = tokio_rustls::rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into());
+    let cert = tls::CurrentCert::default();
+    cert.set(tls::certified_key(vec![leaf, signer.issuer_der.clone()], key).unwrap());
+    let anchors = pem::certs(&std::fs::read(control.trust_anchors()).unwrap(), "anchors").unwrap();
+    // No ALPN: Linkerd's outbound offers none for HTTP; the peer detects HTTP/2 after TLS.
+    tls::client_config(tls::roots(&anchors).unwrap(), Some(std::sync::Arc::new(cert)), &[]).unwrap()
+}
+
+/// A stock Linkerd proxy talks to a cnimesh proxy: the control plane's H2 hint makes its outbound
+/// carry the HTTP/1 requests of an HTTP/1 app over one mTLS HTTP/2 connection, each marked with
+/// `l5d-orig-proto`. The inbound hands the app the HTTP/1 request it was and marks the response.
+#[test]
+fn linkerd_http1_over_http2_reaches_an_http1_only_app() {
+    if !require_root("linkerd_http1_over_http2_reaches_an_http1_only_app") {
+        return;
+    }
+    let net = Network::bridge(&bins!(), json!({})).unwrap();
+    let m = meshed(&net, &[]);
+    // Linkerd's proxy stands in a pod of its own: its mTLS is its own, not a cnimesh outbound's.
+    let peer = Pod::unmeshed(&net, "shop", "linkerd-peer").unwrap();
+    let config = mesh_client_tls(&m.control, &identity("shop", "linkerd-peer"));
+    let app = SocketAddr::new(m.server.ipv4().into(), HTTP1_ONLY_PORT);
+    let listener =
+        cnimesh_cni::netns::run_in(&m.server.netns.path(), || std::net::TcpListener::bind(app)).unwrap().unwrap();
+    let socket = cnimesh_cni::netns::run_in(&peer.netns.path(), || std::net::TcpStream::connect(app)).unwrap().unwrap();
+    let authority = format!("web.shop.svc.cluster.local:{HTTP1_ONLY_PORT}");
+
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let answers = rt.block_on(async {
+        listener.set_nonblocking(true).unwrap();
+        tokio::spawn(serve_http1_only(tokio::net::TcpListener::from_std(listener).unwrap()));
+        socket.set_nonblocking(true).unwrap();
+        let tcp = tokio::net::TcpStream::from_std(socket).unwrap();
+        let sni = tokio_rustls::rustls::pki_types::ServerName::try_from(identity("shop", "server")).unwrap();
+        let tls = tokio_rustls::TlsConnector::from(config).connect(sni, tcp).await.unwrap();
+        let (mut sender, conn) = hyper::client::conn::http2::handshake(
+            hyper_util::rt::TokioExecutor::new(),
+            hyper_util::rt::TokioIo::new(tls),
+        )
+        .await
+        .unwrap();
+        tokio::spawn(conn);
+        let mut answers = Vec::new();
+        for (method, path, orig_proto, body) in [
+            ("GET", "/inspect?x=1", Some("HTTP/1.1"), ""),
+            ("POST", "/submit", Some("HTTP/1.1"), "form-data"),
+            ("GET", "/inspect", Some("HTTP/1.0"), ""),
+            ("GET", "/inspect", Some("HTTP/9"), ""),
+            // Unmarked HTTP/2 still goes to the app as HTTP/2, which this app refuses.
+            ("GET", "/inspect", None, ""),
+        ] {
+            let mut req = http::Request::builder()
+                .method(method)
+                .version(http::Version::HTTP_2)
+                .uri(format!("http://{authority}{path}"));
+            if let Some(v) = orig_proto {
+                req = req.header("l5d-orig-proto", v);
+            }
+            let req = req.body(http_body_util::Full::new(bytes::Bytes::from(body))).unwrap();
+            let response = tokio::time::timeout(Duration::from_secs(20), sender.send_request(req))
+                .await
+                .expect("an answer")
+                .unwrap();
+            let status = response.status().as_u16();
+            let marked = response.headers().get("l5d-orig-proto").map(|v| v.to_str().unwrap().to_string());
+            let body = http_body_util::BodyExt::collect(response.into_body()).await.unwrap().to_bytes();
+            answers.push((status, marked, String::from_utf8_lossy(&body).into_owned()));
+        }
+        answers
+    });
+
+    let ok = |marked: &str, body: String| (200, Some(marked.to_string()), body);
+    assert_eq!(
+        answers[0],
+        ok("HTTP/1.1", format!("HTTP/1.1 host={authority} target=/inspect?x=1 orig-proto=None body="))
+    );
+    assert_eq!(
+        answers[1],
+        ok("HTTP/1.1", format!("HTTP/1.1 host={authority} target=/submit orig-proto=None body=form-data"))
+    );
+    assert_eq!(answers[2], ok("HTTP/1.0", format!("HTTP/1.0 host={authority} target=/inspect orig-proto=None body=")));
+    let (status, marked, body) = &answers[3];
+    assert_eq!((*status, marked), (400, &None), "{body}");
+    assert!(body.contains("l5d-orig-proto"), "{body}");
+    assert_eq!(answers[4].0, 502, "the app refuses HTTP/2: {:?}", answers[4]);
+    let metrics = m.server_proxy.metrics();
+    let client = format!("client_id=\"{}\",status_code=\"200\"", identity("shop", "linkerd-peer"));
+    assert!(metrics.contains(&client), "{client} in\n{metrics}");
+}
