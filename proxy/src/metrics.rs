@@ -63,7 +63,7 @@ impl TlsLabel {
 }
 
 impl EncodeLabelSet for TlsLabel {
-    fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), std::fmt::Error> {
+    fn encode(&self, encoder: &mut LabelSetEncoder<'_>) -> Result<(), std::fmt::Error> {
         let mut labels = vec![("tls", if self.tls { "true" } else { "false" })];
         if let Some(id) = &self.client_id {
             labels.push(("client_id", id));

@@ -97,12 +97,18 @@ pub struct Exec {
 }
 
 /// Executes one plugin binary with a CNI environment and stdin.
-pub fn exec_raw(cni_path: &Path, plugin_type: &str, command: &str, call: &Call, stdin: &[u8]) -> anyhow::Result<Exec> {
+pub fn exec_raw(
+    cni_path: &Path,
+    plugin_type: &str,
+    command: &str,
+    call: &Call<'_>,
+    stdin: &[u8],
+) -> anyhow::Result<Exec> {
     exec_as(&cni_path.join(plugin_type), None, command, call, stdin)
 }
 
 /// Executes a plugin binary, as `uid` if given (e.g. to show what an unprivileged caller gets).
-pub fn exec_as(binary: &Path, uid: Option<u32>, command: &str, call: &Call, stdin: &[u8]) -> anyhow::Result<Exec> {
+pub fn exec_as(binary: &Path, uid: Option<u32>, command: &str, call: &Call<'_>, stdin: &[u8]) -> anyhow::Result<Exec> {
     let mut cmd = Command::new(binary);
     if let Some(uid) = uid {
         std::os::unix::process::CommandExt::uid(&mut cmd, uid);
@@ -130,7 +136,7 @@ pub fn exec_as(binary: &Path, uid: Option<u32>, command: &str, call: &Call, stdi
 }
 
 /// Executes one plugin object of a network; `Ok(result)` is its parsed stdout (if any).
-pub fn exec_plugin(cni_path: &Path, conf: &Value, command: &str, call: &Call) -> Result<Option<Value>, CniFailure> {
+pub fn exec_plugin(cni_path: &Path, conf: &Value, command: &str, call: &Call<'_>) -> Result<Option<Value>, CniFailure> {
     let plugin = conf["type"].as_str().unwrap_or_default().to_string();
     let failure = |error: Value, stderr: String| CniFailure {
         plugin: plugin.clone(),
@@ -201,7 +207,7 @@ impl Network {
         self.state.path().join("cnimesh")
     }
 
-    fn cache_file(&self, call: &Call) -> PathBuf {
+    fn cache_file(&self, call: &Call<'_>) -> PathBuf {
         self.state.path().join("results").join(format!("{}-{}", call.container_id, call.ifname))
     }
 
@@ -220,17 +226,17 @@ impl Network {
         self.conflist["plugins"].as_array().map_or(0, Vec::len)
     }
 
-    pub fn add(&self, call: &Call) -> Result<Value, CniFailure> {
+    pub fn add(&self, call: &Call<'_>) -> Result<Value, CniFailure> {
         self.add_first(self.plugin_count(), call)
     }
 
     /// ADD through the primary plugin only: a pod the mesh does not capture (the control
     /// plane's own pod, a workload outside the mesh).
-    pub fn add_primary(&self, call: &Call) -> Result<Value, CniFailure> {
+    pub fn add_primary(&self, call: &Call<'_>) -> Result<Value, CniFailure> {
         self.add_first(1, call)
     }
 
-    fn add_first(&self, plugins: usize, call: &Call) -> Result<Value, CniFailure> {
+    fn add_first(&self, plugins: usize, call: &Call<'_>) -> Result<Value, CniFailure> {
         let mut prev: Option<Value> = None;
         for i in 0..plugins {
             prev = exec_plugin(self.cni_path(), &self.plugin_conf(i, prev.as_ref()), "ADD", call)?;
@@ -242,12 +248,12 @@ impl Network {
         Ok(result)
     }
 
-    pub fn cached_result(&self, call: &Call) -> Option<Value> {
+    pub fn cached_result(&self, call: &Call<'_>) -> Option<Value> {
         std::fs::read(self.cache_file(call)).ok().and_then(|b| serde_json::from_slice(&b).ok())
     }
 
     /// DEL in reverse order, with the cached result when there is one; the cache is then dropped.
-    pub fn del(&self, call: &Call) -> Result<(), CniFailure> {
+    pub fn del(&self, call: &Call<'_>) -> Result<(), CniFailure> {
         let cached = self.cached_result(call);
         for i in (0..self.plugin_count()).rev() {
             exec_plugin(self.cni_path(), &self.plugin_conf(i, cached.as_ref()), "DEL", call)?;
@@ -256,7 +262,7 @@ impl Network {
         Ok(())
     }
 
-    pub fn check(&self, call: &Call) -> Result<(), CniFailure> {
+    pub fn check(&self, call: &Call<'_>) -> Result<(), CniFailure> {
         let cached = self.cached_result(call);
         for i in 0..self.plugin_count() {
             exec_plugin(self.cni_path(), &self.plugin_conf(i, cached.as_ref()), "CHECK", call)?;
@@ -266,7 +272,7 @@ impl Network {
 
     /// Runs the chained cnimesh-cni alone with the cached result as prevResult, as a runtime
     /// retrying only the last plugin would (reference plugins such as `bridge` are not idempotent).
-    pub fn exec_cnimesh(&self, command: &str, call: &Call) -> Result<Option<Value>, CniFailure> {
+    pub fn exec_cnimesh(&self, command: &str, call: &Call<'_>) -> Result<Option<Value>, CniFailure> {
         let conf = self.plugin_conf(self.plugin_count() - 1, self.cached_result(call).as_ref());
         exec_plugin(self.cni_path(), &conf, command, call)
     }

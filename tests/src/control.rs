@@ -34,7 +34,7 @@ fn ensure_success(out: std::process::Output, what: &str) -> anyhow::Result<()> {
 
 impl Control {
     /// Generates a CA and starts the control plane in `pod` with `args` added to `serve`.
-    pub fn start(bin: &Path, pod: &Pod, args: &[&str]) -> anyhow::Result<Self> {
+    pub fn start(bin: &Path, pod: &Pod<'_>, args: &[&str]) -> anyhow::Result<Self> {
         let dir = tempfile::Builder::new().prefix("cnimesh-control").tempdir()?;
         // Proxies run as UID 2102 and read the trust anchors from here.
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))?;

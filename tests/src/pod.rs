@@ -48,7 +48,7 @@ impl<'n> Pod<'n> {
         network: &'n Network,
         namespace: &str,
         name: &str,
-        add: fn(&Network, &Call) -> Result<Value, CniFailure>,
+        add: fn(&Network, &Call<'_>) -> Result<Value, CniFailure>,
     ) -> anyhow::Result<Self> {
         let mut pod = Self::unattached(network, namespace, name)?;
         let lo = json!({"cniVersion": "1.0.0", "name": "cni-loopback", "type": "loopback"});

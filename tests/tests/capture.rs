@@ -20,13 +20,13 @@ fn lo(v6: bool, port: u16) -> SocketAddr {
     if v6 { (Ipv6Addr::LOCALHOST, port).into() } else { (Ipv4Addr::LOCALHOST, port).into() }
 }
 
-fn ip(pod: &Pod, v6: bool) -> IpAddr {
+fn ip(pod: &Pod<'_>, v6: bool) -> IpAddr {
     if v6 { pod.ipv6().into() } else { pod.ipv4().into() }
 }
 
 /// Listeners for a pod: the proxy's ports on both families, loopback app on 8080, and apps on
 /// the pod IP for skipped inbound ports and 8080.
-fn listeners(bins: &Bins, name: &str, pod: &Pod, v6: bool) -> Listener {
+fn listeners(bins: &Bins, name: &str, pod: &Pod<'_>, v6: bool) -> Listener {
     let addr = |port| SocketAddr::new(ip(pod, v6), port);
     let addrs = [
         any(false, 4143),
@@ -48,7 +48,7 @@ struct Expect<'a> {
 }
 
 #[track_caller]
-fn check(bins: &Bins, from: &Pod, to: SocketAddr, uid: Option<u32>, want: Expect) -> Report {
+fn check(bins: &Bins, from: &Pod<'_>, to: SocketAddr, uid: Option<u32>, want: Expect<'_>) -> Report {
     let got = connect(&bins.probe, &from.netns.path(), to, uid).unwrap_or_else(|e| panic!("connect to {to}: {e}"));
     let ctx = format!("connection to {to} (uid {uid:?}) got {got:?}");
     assert_eq!(got.name, want.pod, "{ctx}");
@@ -65,7 +65,7 @@ fn traffic_checks(bins: &Bins, net: &Network, v6: bool) {
     let b = Pod::new(net, "default").expect("pod b");
     let _la = listeners(bins, "a", &a, v6);
     let _lb = listeners(bins, "b", &b, v6);
-    let at = |pod: &Pod, port| SocketAddr::new(ip(pod, v6), port);
+    let at = |pod: &Pod<'_>, port| SocketAddr::new(ip(pod, v6), port);
 
     // Inbound: B's proxy (running as the proxy UID) dials A:8080; A's capture sends it to 4143.
     check(

@@ -110,7 +110,7 @@ fn service<'n>(net: &'n Network, names: &[&str]) -> Service<'n> {
     let control_pod = Pod::unmeshed(net, "cnimesh", "control").unwrap();
     let mut replicas = Vec::new();
     let env_of = |control: &Control, sa: &str| control.proxy_env("shop", sa, &control.token("shop", sa).unwrap());
-    let pods: Vec<Pod> = names.iter().map(|n| Pod::named(net, "shop", n).unwrap()).collect();
+    let pods: Vec<Pod<'_>> = names.iter().map(|n| Pod::named(net, "shop", n).unwrap()).collect();
     let listed: Vec<(&str, Ipv4Addr)> = pods.iter().map(|p| (p.name.as_str(), p.ipv4())).collect();
     write_atomically(&cluster.path().join("web.yaml"), &cluster_yaml(&listed));
     let cluster_dir = cluster.path().display().to_string();
@@ -131,7 +131,7 @@ fn service<'n>(net: &'n Network, names: &[&str]) -> Service<'n> {
     Service { control, cluster, client, client_proxy, replicas, _control_pod: control_pod }
 }
 
-fn spread(s: &Service, n: usize) -> HashMap<String, usize> {
+fn spread(s: &Service<'_>, n: usize) -> HashMap<String, usize> {
     let mut counts = HashMap::new();
     for _ in 0..n {
         let (status, replica) = s.call(SERVICE_IP);

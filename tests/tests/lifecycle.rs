@@ -95,7 +95,7 @@ fn del_after_netns_is_gone() {
     assert!(records(&net).is_empty());
 }
 
-fn rule_handle(pod: &Pod, chain: &str, needle: &str) -> String {
+fn rule_handle(pod: &Pod<'_>, chain: &str, needle: &str) -> String {
     let listing = pod.netns.exec("nft", &["-a", "list", "chain", "inet", "cnimesh", chain]).unwrap();
     let line = listing.lines().find(|l| l.contains(needle)).unwrap_or_else(|| panic!("no {needle} in {listing}"));
     line.rsplit_once("handle ").unwrap().1.trim().to_string()
@@ -237,7 +237,7 @@ fn twenty_pods_at_once_leave_nothing_behind() {
         return;
     }
     let net = network(json!({}));
-    let pods: Vec<Pod> = std::thread::scope(|s| {
+    let pods: Vec<Pod<'_>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..20).map(|_| s.spawn(|| Pod::new(&net, "default"))).collect();
         handles.into_iter().map(|h| h.join().unwrap().expect("concurrent ADD")).collect()
     });

@@ -22,7 +22,7 @@ fn eventually(what: &str, mut f: impl FnMut() -> bool) {
 }
 
 /// An opaque exchange from the client pod: send, half-close, read the answer.
-fn opaque(client: &Pod, to: SocketAddr, payload: &'static [u8]) -> String {
+fn opaque(client: &Pod<'_>, to: SocketAddr, payload: &'static [u8]) -> String {
     cnimesh_cni::netns::run_in(&client.netns.path(), move || {
         let mut s = TcpStream::connect(to)?;
         s.set_read_timeout(Some(Duration::from_secs(10)))?;

@@ -33,7 +33,7 @@ impl Mesh<'_> {
 }
 
 /// Two captured pods with proxies and the test apps in the server pod.
-fn with_mesh(test: &str, env: &[(&str, &str)], f: impl FnOnce(&mut Mesh)) {
+fn with_mesh(test: &str, env: &[(&str, &str)], f: impl FnOnce(&mut Mesh<'_>)) {
     if !require_root(test) {
         return;
     }
@@ -54,7 +54,7 @@ fn with_mesh(test: &str, env: &[(&str, &str)], f: impl FnOnce(&mut Mesh)) {
 }
 
 /// Raw TCP from the client pod (as the app, so captured).
-fn raw(m: &Mesh, port: u16, f: impl FnOnce(&mut TcpStream) -> std::io::Result<String> + Send) -> String {
+fn raw(m: &Mesh<'_>, port: u16, f: impl FnOnce(&mut TcpStream) -> std::io::Result<String> + Send) -> String {
     let addr = m.server_addr(port);
     cnimesh_cni::netns::run_in(&m.client.netns.path(), move || {
         let mut s = TcpStream::connect(addr)?;
@@ -462,7 +462,7 @@ fn http1_clients_that_half_close_get_the_whole_response() {
     let _plain_apps = Apps::start(&plain.netns.path(), plain.ipv4().into(), "plain").unwrap();
     let _client_proxy = Sidecar::start(&bins.proxy, &client.netns, &[]).unwrap();
     let _server_proxy = Sidecar::start(&bins.proxy, &server.netns, &[]).unwrap();
-    let at = |pod: &Pod| SocketAddr::new(pod.ipv4().into(), apps::HTTP_PORT);
+    let at = |pod: &Pod<'_>| SocketAddr::new(pod.ipv4().into(), apps::HTTP_PORT);
     let paths = [
         ("outbound and inbound proxy", &client, at(&server), "server"),
         ("inbound proxy only", &plain, at(&server), "server"),

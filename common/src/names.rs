@@ -1,0 +1,45 @@
+//! DESIGN.md §2 in code: the numbers the plugin, the node agent, the proxy, the control plane and
+//! the manifests must agree on. Change one here and every crate follows; the manifests under
+//! `daemonset/` are checked against these by their tests.
+
+/// The proxy runs as this UID; the capture rules let its own traffic out unredirected, so no
+/// other container of a meshed pod may use it.
+pub const PROXY_UID: u32 = 2102;
+/// Inbound TCP is redirected here.
+pub const PROXY_INBOUND_PORT: u16 = 4143;
+/// Outbound TCP is redirected here (the proxy listens on loopback).
+pub const PROXY_OUTBOUND_PORT: u16 = 4140;
+/// The proxy's admin server: `/ready`, `/live`, `/metrics`.
+pub const PROXY_ADMIN_PORT: u16 = 4191;
+/// The control plane's gRPC port (Identity, Destination), on its Service too.
+pub const CONTROL_PORT: u16 = 4190;
+/// Inbound ports never captured: the control plane's and the proxy's own, and the ports of other
+/// meshes' agents a pod may run beside (4567, 4568).
+pub const DEFAULT_SKIP_INBOUND_PORTS: &[u16] = &[CONTROL_PORT, PROXY_ADMIN_PORT, 4567, 4568];
+/// Outbound ports never captured: TLS to the world and the Kubernetes API.
+pub const DEFAULT_SKIP_OUTBOUND_PORTS: &[u16] = &[443, 6443];
+
+/// The sidecar's container name: its presence is what marks a pod as meshed.
+pub const PROXY_CONTAINER: &str = "cnimesh-proxy";
+/// The control plane's namespace, Deployment, Service and ServiceAccount name.
+pub const CONTROL_NAMESPACE: &str = "cnimesh";
+pub const CONTROL_NAME: &str = "cnimesh-control";
+/// The node agents' namespace and DaemonSet name.
+pub const AGENT_NAMESPACE: &str = "cnimesh-system";
+pub const AGENT_NAME: &str = "cnimesh-node";
+/// Namespaces whose pods are never captured: the cluster's own and ours, so they start while
+/// the node agent is down (it decides every other pod).
+pub const DEFAULT_EXCLUDED_NAMESPACES: &[&str] = &["kube-system", CONTROL_NAMESPACE, AGENT_NAMESPACE];
+
+/// `enabled` / `disabled` on a namespace (label) or a pod (annotation).
+pub const INJECT_ANNOTATION: &str = "cnimesh.io/inject";
+/// Per-pod configuration annotations.
+pub const SKIP_INBOUND_PORTS_ANNOTATION: &str = "config.cnimesh.io/skip-inbound-ports";
+pub const SKIP_OUTBOUND_PORTS_ANNOTATION: &str = "config.cnimesh.io/skip-outbound-ports";
+pub const SKIP_SUBNETS_ANNOTATION: &str = "config.cnimesh.io/skip-subnets";
+pub const OPAQUE_PORTS_ANNOTATION: &str = "config.cnimesh.io/opaque-ports";
+pub const LOG_LEVEL_ANNOTATION: &str = "config.cnimesh.io/proxy-log-level";
+
+/// The agent's state directory and decision socket on every node.
+pub const STATE_DIR: &str = "/var/lib/cnimesh";
+pub const AGENT_SOCKET: &str = "/var/run/cnimesh/node.sock";
