@@ -75,7 +75,7 @@ fn resolve_binary(flag: &Option<PathBuf>, name: &str, option: &str) -> anyhow::R
 fn preflight(args: &UpArgs) -> anyhow::Result<(Workloads, Binaries)> {
     let workloads = match &args.workloads {
         Some(path) => Workloads::load(path)?,
-        None => Workloads::parse(DEMO, "built-in local/demo.yaml")?,
+        None => Workloads::parse(DEMO, "built-in demo.yaml")?,
     };
     let prefix = &args.naming.prefix;
     if prefix.is_empty()

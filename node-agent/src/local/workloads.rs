@@ -1,4 +1,4 @@
-//! The workloads file (`local/demo.yaml`): a few services and clients, validated as a whole before
+//! The workloads file (`demo.yaml` beside this module): a few services and clients, validated as a whole before
 //! local mode creates anything, then rendered as the Kubernetes objects a cluster would hold.
 
 use std::collections::HashSet;
