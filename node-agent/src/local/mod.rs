@@ -10,6 +10,7 @@
 mod app;
 mod down;
 mod host;
+mod record;
 mod runtime;
 mod traffic;
 mod up;

@@ -12,10 +12,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use ipnet::Ipv4Net;
-use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::host::{self, REFERENCE_PLUGIN_DIR, check_prerequisites, link_exists, netns_path, spawn_detached};
+use super::record::{self, State};
 use super::runtime::{Runtime, random_id};
 use super::traffic::{self, Edge, Summary, http_get, http_get_in, samples};
 use super::workloads::{self, APP_PORT, PodSpec, Role, SERVICE_RANGE, Workloads};
@@ -29,26 +29,6 @@ const PROXY_ADMIN_PORT: u16 = 4191;
 const CONTROL_NAMESPACE: &str = "cnimesh";
 const NETWORK: &str = "cnimesh-local";
 const STARTUP: Duration = Duration::from_secs(30);
-
-/// What `up` recorded about itself, for `down` and for people (`<root>/local.json`).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct State {
-    pub prefix: String,
-    pub subnet: Ipv4Net,
-    pub bridge: String,
-    pub control: Option<SocketAddr>,
-}
-
-impl State {
-    pub fn read(root: &Path) -> Option<Self> {
-        serde_json::from_slice(&std::fs::read(root.join("local.json")).ok()?).ok()
-    }
-
-    fn write(&self, root: &Path) -> anyhow::Result<()> {
-        chain::write_atomic(&root.join("local.json"), &serde_json::to_vec_pretty(self)?)?;
-        Ok(())
-    }
-}
 
 struct Binaries {
     node: PathBuf,
@@ -106,7 +86,7 @@ fn preflight(args: &UpArgs) -> anyhow::Result<(Workloads, Binaries)> {
     let root = &args.naming.dir;
     host::check_root(root)?;
     let down_hint = format!("cnimesh-node local down --dir {} --prefix {prefix}", root.display());
-    if root.join("local.json").exists() {
+    if root.join(record::FILE).exists() {
         bail!("local mode is already up in {}: run `{down_hint}` first", root.display());
     }
     if std::fs::read_dir(root).is_ok_and(|mut d| d.next().is_some()) {
