@@ -21,12 +21,10 @@ use super::traffic::{self, Edge, Summary, http_get, http_get_in, samples};
 use super::workloads::{self, APP_PORT, PodSpec, Role, SERVICE_RANGE, Workloads};
 use super::{DEMO, Naming, UpArgs, down};
 use crate::chain;
+use cnimesh_common::names::{CONTROL_NAMESPACE, CONTROL_PORT, PROXY_ADMIN_PORT, PROXY_UID};
 
-const PROXY_UID: u32 = 2102;
-const CONTROL_PORT: u16 = 4190;
+/// The control plane's admin server (`/ready`) inside its pod; not a §2 number, local mode's own.
 const CONTROL_ADMIN_PORT: u16 = 9990;
-const PROXY_ADMIN_PORT: u16 = 4191;
-const CONTROL_NAMESPACE: &str = "cnimesh";
 const NETWORK: &str = "cnimesh-local";
 const STARTUP: Duration = Duration::from_secs(30);
 
@@ -386,7 +384,7 @@ fn write_services(i: &Inputs<'_>, pods: &[Running]) -> anyhow::Result<()> {
 
 /// The demo's HTTP app in every server pod (`cnimesh-node local app`).
 fn start_apps(i: &Inputs<'_>, pods: &[Running]) -> anyhow::Result<()> {
-    i.progress("starting the apps and the proxies (UID 2102)");
+    i.progress(&format!("starting the apps and the proxies (UID {PROXY_UID})"));
     for pod in pods.iter().filter(|p| matches!(p.spec.role, Role::Server { .. })) {
         let mut app = i.in_netns(&pod.spec.name, &i.bins.node);
         app.args(["local", "app", "--listen", &format!("0.0.0.0:{APP_PORT}"), "--name", &pod.spec.name]);
@@ -413,7 +411,7 @@ fn start_proxies(i: &Inputs<'_>, pods: &[Running], ca: &Path, control_addr: Sock
         let mut proxy = Command::new("ip");
         proxy
             .args(["netns", "exec", &i.netns_name(&pod.spec.name)])
-            .args(["setpriv", "--reuid=2102", "--regid=2102", "--clear-groups"])
+            .args(["setpriv", &format!("--reuid={PROXY_UID}"), &format!("--regid={PROXY_UID}"), "--clear-groups"])
             .arg(&i.bins.proxy)
             .env("CNIMESH_PROXY_IDENTITY_NAME", identity(ns, sa))
             .env("CNIMESH_PROXY_IDENTITY_TRUST_ANCHORS", ca.join("ca.crt"))
