@@ -5,10 +5,9 @@
 use std::net::SocketAddr;
 use std::path::Path;
 
+use cnimesh_common::fs::write_atomic;
 use ipnet::Ipv4Net;
 use serde::{Deserialize, Serialize};
-
-use crate::chain;
 
 /// The file under the root dir; its presence means local mode is (or was) up there.
 pub const FILE: &str = "local.json";
@@ -28,7 +27,7 @@ impl State {
     }
 
     pub fn write(&self, root: &Path) -> anyhow::Result<()> {
-        chain::write_atomic(&root.join(FILE), &serde_json::to_vec_pretty(self)?)?;
+        write_atomic(&root.join(FILE), &serde_json::to_vec_pretty(self)?, None)?;
         Ok(())
     }
 }

@@ -11,6 +11,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use cnimesh_common::fs::write_atomic;
+use cnimesh_common::names::{CONTROL_NAMESPACE, CONTROL_PORT, PROXY_ADMIN_PORT, PROXY_UID};
 use ipnet::Ipv4Net;
 use serde_json::{Value, json};
 
@@ -21,7 +23,6 @@ use super::traffic::{self, Edge, Summary, http_get, http_get_in, samples};
 use super::workloads::{self, APP_PORT, PodSpec, Role, SERVICE_RANGE, Workloads};
 use super::{DEMO, Naming, UpArgs, down};
 use crate::chain;
-use cnimesh_common::names::{CONTROL_NAMESPACE, CONTROL_PORT, PROXY_ADMIN_PORT, PROXY_UID};
 
 /// The control plane's admin server (`/ready`) inside its pod; not a §2 number, local mode's own.
 const CONTROL_ADMIN_PORT: u16 = 9990;
@@ -128,7 +129,7 @@ fn mkdir(path: &Path, mode: u32) -> anyhow::Result<()> {
 }
 
 fn write_secret(path: &Path, contents: &str, owner: Option<u32>) -> anyhow::Result<()> {
-    chain::write_atomic_mode(path, contents.as_bytes(), Some(0o600))?;
+    write_atomic(path, contents.as_bytes(), Some(0o600))?;
     if let Some(uid) = owner {
         chown(path, Some(uid), Some(uid))?;
     }
@@ -270,7 +271,7 @@ fn start_agent(i: &Inputs<'_>) -> anyhow::Result<Value> {
             "ipam": {"type": "host-local", "ranges": [[{"subnet": i.args.subnet.to_string()}]], "dataDir": root.join("ipam")},
         }],
     });
-    chain::write_atomic(&root.join("net.d/10-cnimesh-local.conflist"), &serde_json::to_vec_pretty(&primary)?)?;
+    write_atomic(&root.join("net.d/10-cnimesh-local.conflist"), &serde_json::to_vec_pretty(&primary)?, None)?;
     let ready_addr = SocketAddr::from(([127, 0, 0, 1], free_loopback_port()?));
     let mut agent = Command::new(&i.bins.node);
     agent
@@ -347,16 +348,18 @@ fn create_pods(i: &Inputs<'_>, conflist: &Value) -> anyhow::Result<Vec<Running>>
         let uid = random_id()?[..32].to_string();
         let pod_file = i.root.join("pods").join(format!("{}.json", spec.name));
         // Pending while the sandbox is set up, as the API server would have it.
-        chain::write_atomic(
+        write_atomic(
             &pod_file,
             &serde_json::to_vec_pretty(&workloads::pod_object(ns, &spec, &uid, "Pending", None))?,
+            None,
         )?;
         let ip = attach(i, conflist, &spec.name, ns, &uid, false)?;
         let running = workloads::pod_object(ns, &spec, &uid, "Running", Some(ip));
-        chain::write_atomic(&pod_file, &serde_json::to_vec_pretty(&running)?)?;
-        chain::write_atomic(
+        write_atomic(&pod_file, &serde_json::to_vec_pretty(&running)?, None)?;
+        write_atomic(
             &i.root.join("cluster").join(format!("pod-{}.yaml", spec.name)),
             &serde_json::to_vec_pretty(&running)?,
+            None,
         )?;
         pods.push(Running { spec, ip });
     }
@@ -376,7 +379,7 @@ fn write_services(i: &Inputs<'_>, pods: &[Running]) -> anyhow::Result<()> {
             replicas(pods, &s.name).into_iter().map(|p| (p.spec.name.clone(), p.ip)).collect();
         for object in workloads::service_objects(ns, s, &endpoints) {
             let file = format!("{}-{}.yaml", object["kind"].as_str().unwrap_or("object").to_lowercase(), s.name);
-            chain::write_atomic(&i.root.join("cluster").join(file), &serde_json::to_vec_pretty(&object)?)?;
+            write_atomic(&i.root.join("cluster").join(file), &serde_json::to_vec_pretty(&object)?, None)?;
         }
     }
     Ok(())
