@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 use crate::cluster::SharedCluster;
 use crate::health::{self, Health, StatusSource};
 use crate::mounts;
-use crate::reconcile::{DEBOUNCE, Reconciler, State};
+use crate::rechain::{DEBOUNCE, Reconciler, State};
 use crate::repair::{self, RepairMode};
 use crate::server::{self, Decider};
 use crate::{chain, install};
