@@ -3,7 +3,9 @@
 //! then each workload pod through the full chain as the kubelet would, proxies as the proxy UID,
 //! the apps, and finally the demo's traffic.
 
-use std::collections::BTreeMap;
+mod preflight;
+mod summary;
+
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::os::unix::fs::{PermissionsExt, chown};
 use std::path::{Path, PathBuf};
@@ -13,98 +15,22 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use cnimesh_common::fs::write_atomic;
 use cnimesh_common::names::{CONTROL_NAMESPACE, CONTROL_PORT, PROXY_ADMIN_PORT, PROXY_UID};
-use ipnet::Ipv4Net;
 use serde_json::{Value, json};
 
-use super::host::{self, REFERENCE_PLUGIN_DIR, check_prerequisites, link_exists, netns_path, spawn_detached};
-use super::record::{self, State};
+use self::preflight::{Binaries, preflight};
+use self::summary::{next_commands, send_traffic};
+use super::host::{self, REFERENCE_PLUGIN_DIR, netns_path, spawn_detached};
+use super::record::State;
 use super::runtime::{Runtime, random_id};
-use super::traffic::{self, Edge, Summary, http_get, http_get_in, samples};
+use super::traffic::{Summary, http_get, http_get_in};
 use super::workloads::{self, APP_PORT, PodSpec, Role, SERVICE_RANGE, Workloads};
-use super::{DEMO, Naming, UpArgs, down};
+use super::{Naming, UpArgs, down};
 use crate::chain;
 
 /// The control plane's admin server (`/ready`) inside its pod; not a §2 number, local mode's own.
 const CONTROL_ADMIN_PORT: u16 = 9990;
 const NETWORK: &str = "cnimesh-local";
 const STARTUP: Duration = Duration::from_secs(30);
-
-struct Binaries {
-    node: PathBuf,
-    plugin: PathBuf,
-    proxy: PathBuf,
-    control: PathBuf,
-}
-
-fn resolve_binary(flag: &Option<PathBuf>, name: &str, option: &str) -> anyhow::Result<PathBuf> {
-    let path = match flag {
-        Some(p) => p.clone(),
-        None => std::env::current_exe()?.with_file_name(name),
-    };
-    if !path.is_file() {
-        bail!(
-            "{name} not found at {} (build it with `cargo build --release -p {name}`, or pass {option})",
-            path.display()
-        );
-    }
-    Ok(std::fs::canonicalize(&path)?)
-}
-
-/// Everything checked before anything is created.
-fn preflight(args: &UpArgs) -> anyhow::Result<(Workloads, Binaries)> {
-    let workloads = match &args.workloads {
-        Some(path) => Workloads::load(path)?,
-        None => Workloads::parse(DEMO, "built-in demo.yaml")?,
-    };
-    let prefix = &args.naming.prefix;
-    if prefix.is_empty()
-        || prefix.len() > 12
-        || !prefix.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
-        || (prefix.starts_with("cnm") && prefix[3..].starts_with(|c: char| c.is_ascii_digit()))
-    {
-        bail!("--prefix {prefix:?}: 1 to 12 of a-z0-9, and not `cnm<digit>…` (the tests' names)");
-    }
-    if args.subnet.prefix_len() > 26 {
-        bail!("--subnet {}: too small; use a /26 or larger", args.subnet);
-    }
-    let hosts = args.subnet.hosts().count().saturating_sub(1);
-    let pods = workloads.pods().len() + 1;
-    if pods > hosts {
-        bail!("--subnet {} has room for {hosts} pods; the workloads need {pods}", args.subnet);
-    }
-    if !(args.traffic_seconds > 0.0 && args.traffic_seconds <= 600.0) || args.concurrency == 0 {
-        bail!("--traffic-seconds must be in (0, 600] and --concurrency at least 1");
-    }
-    check_prerequisites()?;
-    let bins = Binaries {
-        node: std::fs::canonicalize(std::env::current_exe()?)?,
-        plugin: resolve_binary(&args.cni_plugin, "cnimesh-cni", "--cni-plugin")?,
-        proxy: resolve_binary(&args.proxy, "cnimesh-proxy", "--proxy")?,
-        control: resolve_binary(&args.control, "cnimesh-control", "--control")?,
-    };
-    let root = &args.naming.dir;
-    host::check_root(root)?;
-    let down_hint = format!("cnimesh-node local down --dir {} --prefix {prefix}", root.display());
-    if root.join(record::FILE).exists() {
-        bail!("local mode is already up in {}: run `{down_hint}` first", root.display());
-    }
-    if std::fs::read_dir(root).is_ok_and(|mut d| d.next().is_some()) {
-        bail!("{} is not empty (left over from a crashed `up`?): run `{down_hint}` first", root.display());
-    }
-    let leftovers = host::netns_with_prefix(prefix);
-    if !leftovers.is_empty() || link_exists(&format!("{prefix}0")) {
-        bail!("namespaces {leftovers:?} or bridge {prefix}0 already exist: run `{down_hint}` first");
-    }
-    let routes = host::run("ip", &["-4", "route", "show"])?;
-    if let Some(clash) = routes.lines().find(|l| {
-        l.split_whitespace().next().and_then(|n| n.parse::<Ipv4Net>().ok()).is_some_and(|n| {
-            n.prefix_len() > 0 && (n.contains(&args.subnet.network()) || args.subnet.contains(&n.network()))
-        })
-    }) {
-        bail!("--subnet {} overlaps a route of this host ({clash}); pick another", args.subnet);
-    }
-    Ok((workloads, bins))
-}
 
 /// Waits (bounded) for `ready`; on timeout the error carries the tail of `log`.
 fn wait_for(root: &Path, what: &str, log: &str, mut ready: impl FnMut() -> bool) -> anyhow::Result<()> {
@@ -448,72 +374,4 @@ fn wait_for_pods(i: &Inputs<'_>, pods: &[Running]) -> anyhow::Result<()> {
         }
     }
     Ok(())
-}
-
-/// The samples of `pod`'s proxy `/metrics` (none when it cannot be read).
-fn metrics_of(i: &Inputs<'_>, pod: &str) -> Vec<traffic::Sample> {
-    http_get_in(&i.netns(pod), loopback(PROXY_ADMIN_PORT), "proxy", "/metrics")
-        .map(|(_, body)| samples(&body))
-        .unwrap_or_default()
-}
-
-/// Each client's load against each service it calls, and for meshed clients whether the proxies
-/// saw it as mTLS.
-fn send_traffic(i: &Inputs<'_>, pods: &[Running]) -> Vec<Edge> {
-    i.progress("sending traffic");
-    let (w, ns) = (i.workloads, i.workloads.namespace.as_str());
-    let mut edges = Vec::new();
-    for client in &w.clients {
-        let netns = i.netns(&client.name);
-        for target in &client.calls {
-            let s = w.service(target).expect("validated: calls name services");
-            let replicas = replicas(pods, &s.name);
-            let host = format!("{}.{ns}.svc.cluster.local", s.name);
-            let duration = Duration::from_secs_f64(i.args.traffic_seconds);
-            let load =
-                traffic::load(&netns, SocketAddr::from((s.cluster_ip, s.port)), &host, i.args.concurrency, duration);
-            let names: Vec<String> = replicas.iter().map(|p| p.spec.name.clone()).collect();
-            let mut edge = Edge::new(&client.name, &s.name, s.meshed, &load, &names);
-            if client.meshed {
-                // The proxy labels by the address the app dialled (the ClusterIP) or the endpoint's.
-                let ips: Vec<String> =
-                    replicas.iter().map(|p| p.ip.to_string()).chain([s.cluster_ip.to_string()]).collect();
-                let replica_metrics: Vec<(String, Vec<traffic::Sample>)> = replicas
-                    .iter()
-                    .filter(|p| p.spec.meshed)
-                    .map(|p| (p.spec.name.clone(), metrics_of(i, &p.spec.name)))
-                    .collect();
-                edge.read_tls(&metrics_of(i, &client.name), &ips, &replica_metrics);
-            }
-            edges.push(edge);
-        }
-    }
-    edges
-}
-
-/// The summary's "look further" commands.
-fn next_commands(i: &Inputs<'_>) -> BTreeMap<String, String> {
-    let (me, root, prefix, ns) = (&i.bins.node, i.root, i.prefix, i.workloads.namespace.as_str());
-    let state_dir = root.join("state");
-    let mut commands = BTreeMap::new();
-    if let Some(client) = i.workloads.clients.iter().find(|c| c.meshed) {
-        commands.insert(
-            "a proxy's metrics".into(),
-            format!("ip netns exec {prefix}-{} curl -s localhost:{PROXY_ADMIN_PORT}/metrics", client.name),
-        );
-        commands.insert(
-            "the capture rules of a pod".into(),
-            format!("{} --state-dir {} rules {ns}/{}", me.display(), state_dir.display(), client.name),
-        );
-    }
-    commands.insert(
-        "meshed pods on this node".into(),
-        format!("{} --state-dir {} pods", me.display(), state_dir.display()),
-    );
-    commands.insert("logs".into(), format!("ls {}", root.join("logs").display()));
-    commands.insert(
-        "tear it down".into(),
-        format!("{} local down --dir {} --prefix {prefix}", me.display(), root.display()),
-    );
-    commands
 }
