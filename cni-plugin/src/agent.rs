@@ -13,7 +13,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::spec::RedirectSpec;
 
-pub const DEFAULT_SOCKET: &str = "/var/run/cnimesh/node.sock";
 pub const DEFAULT_TIMEOUT_MS: u64 = 2000;
 pub const PROTOCOL_VERSION: u32 = 1;
 /// Longest request or answer line either side accepts.
@@ -30,7 +29,7 @@ pub struct AgentConfig {
 }
 
 fn default_socket() -> PathBuf {
-    PathBuf::from(DEFAULT_SOCKET)
+    PathBuf::from(cnimesh_common::names::AGENT_SOCKET)
 }
 
 fn default_timeout() -> u64 {

@@ -10,15 +10,15 @@ use crate::agent::AgentConfig;
 use crate::backend::BackendChoice;
 use crate::error::{CniError, ErrorCode, Result};
 use crate::spec::{PortRange, RedirectSpec};
-use crate::state::DEFAULT_STATE_DIR;
 use crate::version;
 
 /// Namespaces whose pods are never captured unless the configuration lists others: the cluster's
 /// own (`kube-system`), the control plane's (`cnimesh`) and the node agent's (`cnimesh-system`).
 /// Their pods must start while the node agent is down (its own pod first of all), so ADD never
 /// waits on the agent for them. The plugin's `excludeNamespaces` default, the agent's
-/// `--exclude-namespaces` default and the entry the agent chains all come from here.
-pub const DEFAULT_EXCLUDED_NAMESPACES: &[&str] = &["kube-system", "cnimesh", "cnimesh-system"];
+/// `--exclude-namespaces` default and the entry the agent chains all come from this one list
+/// (DESIGN.md §2, in `cnimesh-common`), re-exported here where the plugin's configuration is read.
+pub use cnimesh_common::names::DEFAULT_EXCLUDED_NAMESPACES;
 
 /// One entry of `cni.dev/valid-attachments` (GC).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -113,7 +113,7 @@ impl NetConf {
     }
 
     pub fn state_dir(&self) -> PathBuf {
-        self.settings.state_dir.clone().unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR))
+        self.settings.state_dir.clone().unwrap_or_else(|| PathBuf::from(cnimesh_common::names::STATE_DIR))
     }
 
     /// Whether pods of `namespace` are left alone (default: [`DEFAULT_EXCLUDED_NAMESPACES`]; a

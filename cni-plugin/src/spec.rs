@@ -7,14 +7,12 @@
 use std::fmt;
 use std::str::FromStr;
 
+use cnimesh_common::names::{
+    DEFAULT_SKIP_INBOUND_PORTS, DEFAULT_SKIP_OUTBOUND_PORTS, PROXY_INBOUND_PORT, PROXY_OUTBOUND_PORT, PROXY_UID,
+};
 use ipnet::IpNet;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-pub const DEFAULT_INBOUND_PROXY_PORT: u16 = 4143;
-pub const DEFAULT_OUTBOUND_PROXY_PORT: u16 = 4140;
-pub const DEFAULT_PROXY_UID: u32 = 2102;
-pub const DEFAULT_SKIP_INBOUND_PORTS: &[u16] = &[4190, 4191, 4567, 4568];
-pub const DEFAULT_SKIP_OUTBOUND_PORTS: &[u16] = &[443, 6443];
 /// Upper bound on skipped ports and subnets together: one rule each, and the whole ruleset must
 /// fit one netlink transaction (about 300 bytes a rule).
 pub const MAX_SKIP_ENTRIES: usize = 400;
@@ -126,9 +124,9 @@ impl Default for RedirectSpec {
     fn default() -> Self {
         let singles = |ports: &[u16]| ports.iter().copied().map(PortRange::single).collect();
         Self {
-            inbound_proxy_port: DEFAULT_INBOUND_PROXY_PORT,
-            outbound_proxy_port: DEFAULT_OUTBOUND_PROXY_PORT,
-            proxy_uid: DEFAULT_PROXY_UID,
+            inbound_proxy_port: PROXY_INBOUND_PORT,
+            outbound_proxy_port: PROXY_OUTBOUND_PORT,
+            proxy_uid: PROXY_UID,
             proxy_gid: None,
             skip_inbound_ports: singles(DEFAULT_SKIP_INBOUND_PORTS),
             skip_outbound_ports: singles(DEFAULT_SKIP_OUTBOUND_PORTS),

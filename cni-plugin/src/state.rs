@@ -19,7 +19,6 @@ use crate::spec::RedirectSpec;
 
 /// Bumped on any incompatible change of [`AttachmentRecord`].
 pub const RECORD_VERSION: u32 = 1;
-pub const DEFAULT_STATE_DIR: &str = "/var/lib/cnimesh";
 const RECORDS_SUBDIR: &str = "attachments";
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

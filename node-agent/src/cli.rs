@@ -27,10 +27,10 @@ struct Cli {
     #[arg(long, env = "CNIMESH_CNI_CONF_DIR", default_value = "/etc/cni/net.d", global = true)]
     cni_conf_dir: PathBuf,
     /// The decision socket the plugin asks.
-    #[arg(long, env = "CNIMESH_SOCKET", default_value = cnimesh_cni::agent::DEFAULT_SOCKET, global = true)]
+    #[arg(long, env = "CNIMESH_SOCKET", default_value = cnimesh_common::names::AGENT_SOCKET, global = true)]
     socket: PathBuf,
     /// Where the plugin keeps its attachment records.
-    #[arg(long, env = "CNIMESH_STATE_DIR", default_value = cnimesh_cni::state::DEFAULT_STATE_DIR, global = true)]
+    #[arg(long, env = "CNIMESH_STATE_DIR", default_value = cnimesh_common::names::STATE_DIR, global = true)]
     state_dir: PathBuf,
     /// Output format of the debug commands.
     #[arg(short = 'o', long, value_enum, default_value_t = Format::Human, global = true)]
@@ -45,7 +45,7 @@ struct AgentArgs {
     #[arg(long, env = "CNIMESH_PLUGIN_BINARY", default_value = "/opt/cnimesh/cnimesh-cni")]
     plugin_binary: PathBuf,
     /// Namespaces whose pods are never captured (and never wait for the agent).
-    #[arg(long, env = "CNIMESH_EXCLUDE_NAMESPACES", value_delimiter = ',', default_values = cnimesh_cni::config::DEFAULT_EXCLUDED_NAMESPACES)]
+    #[arg(long, env = "CNIMESH_EXCLUDE_NAMESPACES", value_delimiter = ',', default_values = cnimesh_common::names::DEFAULT_EXCLUDED_NAMESPACES)]
     exclude_namespaces: Vec<String>,
 }
 
@@ -225,7 +225,7 @@ mod tests {
 
     #[test]
     fn own_namespaces_are_excluded_by_default() {
-        let defaults = cnimesh_cni::config::DEFAULT_EXCLUDED_NAMESPACES;
+        let defaults = cnimesh_common::names::DEFAULT_EXCLUDED_NAMESPACES;
         let cli = Cli::try_parse_from(["cnimesh-node", "install"]).unwrap();
         let Cmd::Install { agent } = &cli.command else { panic!("parsed as install") };
         assert_eq!(agent.exclude_namespaces, defaults);

@@ -109,7 +109,7 @@ impl Cluster for FileCluster {
             let mut labelled = pod.clone();
             labelled.metadata.labels.get_or_insert_default().insert(key.into(), value.into());
             let body = serde_json::to_vec_pretty(&labelled)?;
-            crate::chain::write_atomic(&path.with_extension("json"), &body)?;
+            cnimesh_common::fs::write_atomic(&path.with_extension("json"), &body, None)?;
             if path.extension().is_some_and(|e| e != "json") {
                 std::fs::remove_file(&path)?;
             }

@@ -10,11 +10,10 @@ use cnimesh_cni::spec::{PortRange, RedirectSpec, parse_port_list};
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{Container, Pod};
 
-pub const PROXY_CONTAINER: &str = "cnimesh-proxy";
-pub const INJECT_ANNOTATION: &str = "cnimesh.io/inject";
-pub const SKIP_INBOUND_PORTS: &str = "config.cnimesh.io/skip-inbound-ports";
-pub const SKIP_OUTBOUND_PORTS: &str = "config.cnimesh.io/skip-outbound-ports";
-pub const SKIP_SUBNETS: &str = "config.cnimesh.io/skip-subnets";
+use cnimesh_common::names::{
+    INJECT_ANNOTATION, PROXY_CONTAINER, SKIP_INBOUND_PORTS_ANNOTATION, SKIP_OUTBOUND_PORTS_ANNOTATION,
+    SKIP_SUBNETS_ANNOTATION,
+};
 
 fn annotation<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
     pod.metadata.annotations.as_ref()?.get(key).map(String::as_str)
@@ -60,11 +59,12 @@ fn add_ports(list: &mut Vec<PortRange>, pod: &Pod, key: &str) -> Result<(), Stri
 /// The spec for a meshed pod.
 pub fn spec_for(pod: &Pod, defaults: &RedirectSpec) -> Result<RedirectSpec, String> {
     let mut spec = defaults.clone();
-    add_ports(&mut spec.skip_inbound_ports, pod, SKIP_INBOUND_PORTS)?;
-    add_ports(&mut spec.skip_outbound_ports, pod, SKIP_OUTBOUND_PORTS)?;
-    if let Some(text) = annotation(pod, SKIP_SUBNETS) {
+    add_ports(&mut spec.skip_inbound_ports, pod, SKIP_INBOUND_PORTS_ANNOTATION)?;
+    add_ports(&mut spec.skip_outbound_ports, pod, SKIP_OUTBOUND_PORTS_ANNOTATION)?;
+    if let Some(text) = annotation(pod, SKIP_SUBNETS_ANNOTATION) {
         for net in text.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-            let parsed: IpNet = net.parse().map_err(|_| format!("annotation {SKIP_SUBNETS}: invalid CIDR {net:?}"))?;
+            let parsed: IpNet =
+                net.parse().map_err(|_| format!("annotation {SKIP_SUBNETS_ANNOTATION}: invalid CIDR {net:?}"))?;
             spec.skip_outbound_subnets.push(parsed);
         }
     }
@@ -150,9 +150,9 @@ mod tests {
     #[test]
     fn annotations_add_to_defaults_and_uid_comes_from_the_proxy() {
         let mut p = meshed(json!({
-            SKIP_INBOUND_PORTS: "8081, 9000-9100",
-            SKIP_OUTBOUND_PORTS: "5432",
-            SKIP_SUBNETS: "10.96.0.0/12,fd00::/8",
+            SKIP_INBOUND_PORTS_ANNOTATION: "8081, 9000-9100",
+            SKIP_OUTBOUND_PORTS_ANNOTATION: "5432",
+            SKIP_SUBNETS_ANNOTATION: "10.96.0.0/12,fd00::/8",
         }));
         p.spec.as_mut().unwrap().containers[1].security_context.as_mut().unwrap().run_as_user = Some(1337);
         let Decision::Capture { spec } = decide(&p, &RedirectSpec::default()) else { panic!() };
@@ -187,11 +187,11 @@ mod tests {
 
     #[test]
     fn bad_annotations_are_named_and_not_retried() {
-        let d = decide(&meshed(json!({SKIP_INBOUND_PORTS: "80,abc"})), &RedirectSpec::default());
+        let d = decide(&meshed(json!({SKIP_INBOUND_PORTS_ANNOTATION: "80,abc"})), &RedirectSpec::default());
         let Decision::Error { message, retry } = d else { panic!("{d:?}") };
         assert!(!retry);
-        assert!(message.contains(SKIP_INBOUND_PORTS) && message.contains("abc"), "{message}");
-        let d = decide(&meshed(json!({SKIP_SUBNETS: "10.0.0.0/99"})), &RedirectSpec::default());
+        assert!(message.contains(SKIP_INBOUND_PORTS_ANNOTATION) && message.contains("abc"), "{message}");
+        let d = decide(&meshed(json!({SKIP_SUBNETS_ANNOTATION: "10.0.0.0/99"})), &RedirectSpec::default());
         assert!(matches!(d, Decision::Error { message, .. } if message.contains("10.0.0.0/99")));
     }
 }

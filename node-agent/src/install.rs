@@ -8,7 +8,9 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use crate::chain::{PLUGIN_TYPE, write_atomic_mode};
+use cnimesh_common::fs::write_atomic;
+
+use crate::chain::PLUGIN_TYPE;
 
 pub fn target(bin_dir: &Path) -> PathBuf {
     bin_dir.join(PLUGIN_TYPE)
@@ -23,7 +25,7 @@ pub fn install_binary(source: &Path, bin_dir: &Path) -> io::Result<bool> {
     }
     fs::create_dir_all(bin_dir)?;
     // The rename publishes a complete, executable file: never a half-written or 0644 one.
-    write_atomic_mode(&target, &body, Some(0o755))?;
+    write_atomic(&target, &body, Some(0o755))?;
     Ok(true)
 }
 

@@ -10,7 +10,7 @@ pub mod install;
 pub mod kube_cluster;
 pub mod local;
 pub mod mounts;
-pub mod reconcile;
+pub mod rechain;
 pub mod repair;
 pub mod run;
 pub mod server;

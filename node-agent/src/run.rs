@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 use crate::cluster::SharedCluster;
 use crate::health::{self, Health, StatusSource};
 use crate::mounts;
-use crate::reconcile::{DEBOUNCE, Reconciler, State};
+use crate::rechain::{DEBOUNCE, Reconciler, State};
 use crate::repair::{self, RepairMode};
 use crate::server::{self, Decider};
 use crate::{chain, install};
@@ -99,7 +99,7 @@ fn describe(state: &State, dir: &std::path::Path) -> Option<String> {
 /// An explicit exclusion list replaces the default: say so when it would make the mesh's own
 /// pods wait on this agent.
 fn warn_unexcluded(excluded: &[String]) {
-    let missing: Vec<&str> = cnimesh_cni::config::DEFAULT_EXCLUDED_NAMESPACES
+    let missing: Vec<&str> = cnimesh_common::names::DEFAULT_EXCLUDED_NAMESPACES
         .iter()
         .copied()
         .filter(|ns| !excluded.iter().any(|e| e == ns))

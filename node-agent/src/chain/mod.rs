@@ -13,9 +13,10 @@
 //! All writes are atomic (temp file + rename) with names libcni ignores.
 
 use std::fs;
-use std::io::{self, Write};
+use std::io;
 use std::path::{Path, PathBuf};
 
+use cnimesh_common::fs::write_atomic;
 use serde_json::{Map, Value};
 
 pub const PLUGIN_TYPE: &str = "cnimesh-cni";
@@ -138,44 +139,6 @@ pub fn entry(settings: &Value) -> Value {
     Value::Object(obj)
 }
 
-/// Writes `body` to `path` atomically, keeping an existing file's permissions.
-pub fn write_atomic(path: &Path, body: &[u8]) -> io::Result<()> {
-    write_atomic_mode(path, body, None)
-}
-
-/// Writes `body` to `path` atomically with `mode` (default: the existing file's, else 0644): the
-/// file is complete, synced and has its final mode before the rename publishes it.
-pub fn write_atomic_mode(path: &Path, body: &[u8], mode: Option<u32>) -> io::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
-    let mode = mode.unwrap_or_else(|| fs::metadata(path).map(|m| m.permissions().mode()).unwrap_or(0o644));
-    let nanos =
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
-    // libcni only reads .conf/.conflist/.json: this name is invisible to it. Created exclusively,
-    // so two writers (even with equal pids in different pid namespaces) never share a temp file.
-    let tmp = dir.join(format!(
-        ".{name}.cnimesh-tmp.{}.{}.{nanos}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    ));
-    let result = (|| {
-        let mut f = fs::OpenOptions::new().write(true).create_new(true).open(&tmp)?;
-        f.write_all(body)?;
-        f.set_permissions(fs::Permissions::from_mode(mode))?;
-        f.sync_all()?;
-        fs::rename(&tmp, path)?;
-        // Make the rename itself durable.
-        fs::File::open(dir)?.sync_all()
-    })();
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    result
-}
-
 fn render(v: &Value) -> Vec<u8> {
     let mut body = serde_json::to_vec_pretty(v).expect("JSON values serialise");
     body.push(b'\n');
@@ -188,7 +151,7 @@ fn write_if_changed(path: &Path, value: &Value) -> Result<bool, ChainError> {
     if current.as_ref() == Some(value) {
         return Ok(false);
     }
-    write_atomic(path, &render(value)).map_err(io_err(path))?;
+    write_atomic(path, &render(value), None).map_err(io_err(path))?;
     Ok(true)
 }
 

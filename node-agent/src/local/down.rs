@@ -7,15 +7,16 @@ use std::time::Duration;
 
 use anyhow::Context;
 
+use super::Naming;
 use super::host::{self, find_processes, link_exists, netns_with_prefix, stop_processes};
+use super::record::State;
 use super::runtime::Runtime;
-use super::{Naming, up};
 
 pub fn down(naming: &Naming) -> anyhow::Result<String> {
     let root = naming.dir.as_path();
     host::check_root(root)?;
     // The prefix `up` recorded wins over the flag's default.
-    let prefix = up::State::read(root).map_or_else(|| naming.prefix.clone(), |s| s.prefix);
+    let prefix = State::read(root).map_or_else(|| naming.prefix.clone(), |s| s.prefix);
     let bridge = format!("{prefix}0");
     let netns = netns_with_prefix(&prefix);
     let pids = find_processes(root, &netns);

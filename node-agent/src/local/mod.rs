@@ -10,6 +10,7 @@
 mod app;
 mod down;
 mod host;
+mod record;
 mod runtime;
 mod traffic;
 mod up;
@@ -24,7 +25,7 @@ use clap::{Args, Subcommand};
 use crate::debug::Format;
 
 /// The demo shipped in the repository, built in so the binary needs no checkout.
-pub const DEMO: &str = include_str!("../../../local/demo.yaml");
+pub const DEMO: &str = include_str!("demo.yaml");
 pub const DEFAULT_ROOT: &str = "/run/cnimesh-local";
 pub const DEFAULT_PREFIX: &str = "cnml";
 
@@ -42,7 +43,7 @@ pub struct Naming {
 pub struct UpArgs {
     #[command(flatten)]
     pub naming: Naming,
-    /// The workloads file [default: the built-in copy of local/demo.yaml].
+    /// The workloads file [default: the built-in copy of node-agent/src/local/demo.yaml].
     #[arg(long)]
     pub workloads: Option<PathBuf>,
     /// Pod subnet on the bridge.

@@ -15,7 +15,7 @@ use anyhow::{Context, bail};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use crate::chain::write_atomic;
+use cnimesh_common::fs::write_atomic;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Attachment {
@@ -60,7 +60,7 @@ impl Runtime {
 
     fn save(&self, a: &Attachment) -> anyhow::Result<()> {
         let body = serde_json::to_vec_pretty(a)?;
-        write_atomic(&self.record_path(&a.pod), &body).with_context(|| format!("writing the record of {}", a.pod))
+        write_atomic(&self.record_path(&a.pod), &body, None).with_context(|| format!("writing the record of {}", a.pod))
     }
 
     /// Sets up `lo` and `eth0` of the pod in `netns` through `plugins` of `conflist` (all of them,

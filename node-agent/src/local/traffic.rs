@@ -3,34 +3,58 @@
 //! whether each edge was mTLS according to the proxies' own `/metrics`.
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use anyhow::Context;
+use http::Request;
+use http::header::{CONNECTION, HOST};
+use http_body_util::{BodyExt, Empty};
+use hyper::body::Bytes;
+use hyper_util::rt::TokioIo;
 use serde::Serialize;
+use tokio::net::TcpStream;
+use tokio::runtime::Runtime;
+use tokio::time::timeout;
 
 use crate::debug::{Format, table};
 
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// One HTTP/1.1 GET over a fresh connection made from the calling thread's netns: (status, body).
-pub fn http_get(addr: SocketAddr, host: &str, path: &str) -> std::io::Result<(u16, String)> {
-    let mut s = TcpStream::connect_timeout(&addr, REQUEST_TIMEOUT)?;
-    s.set_read_timeout(Some(REQUEST_TIMEOUT))?;
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").as_bytes())?;
-    let mut response = String::new();
-    s.read_to_string(&mut response)?;
-    let status = response.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let body = response.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
-    Ok((status, body))
+/// A runtime for the calling thread alone: the sockets it opens are made in that thread's netns
+/// (setns is per thread, DESIGN.md §4), which a multi-threaded runtime could not promise.
+fn thread_runtime() -> anyhow::Result<Runtime> {
+    Ok(tokio::runtime::Builder::new_current_thread().enable_io().enable_time().build()?)
+}
+
+/// One HTTP/1.1 GET with hyper over a fresh connection: (status, body). The connection is made
+/// when the future is first polled, so on a [`thread_runtime`] it is in that thread's netns.
+async fn get(addr: SocketAddr, host: &str, path: &str) -> anyhow::Result<(u16, String)> {
+    let stream = timeout(REQUEST_TIMEOUT, TcpStream::connect(addr)).await.context("connect timed out")??;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    let request = Request::get(path).header(HOST, host).header(CONNECTION, "close").body(Empty::<Bytes>::new())?;
+    timeout(REQUEST_TIMEOUT, async {
+        let response = sender.send_request(request).await?;
+        let status = response.status().as_u16();
+        let body = response.into_body().collect().await?.to_bytes();
+        Ok((status, String::from_utf8_lossy(&body).into_owned()))
+    })
+    .await
+    .context("no complete response in time")?
+}
+
+/// One GET from the calling thread's netns: (status, body).
+pub fn http_get(addr: SocketAddr, host: &str, path: &str) -> anyhow::Result<(u16, String)> {
+    thread_runtime()?.block_on(get(addr, host, path))
 }
 
 /// [`http_get`] from inside the netns at `netns`.
 pub fn http_get_in(netns: &Path, addr: SocketAddr, host: &str, path: &str) -> anyhow::Result<(u16, String)> {
-    let host = host.to_string();
-    let path = path.to_string();
-    Ok(cnimesh_cni::netns::run_in(netns, move || http_get(addr, &host, &path))??)
+    cnimesh_cni::netns::run_in(netns, move || http_get(addr, host, path))?
 }
 
 /// What the load of one client against one service produced.
@@ -51,21 +75,26 @@ pub fn load(netns: &Path, addr: SocketAddr, host: &str, concurrency: usize, dura
             .map(|_| {
                 scope.spawn(move || {
                     let mut out = Load::default();
-                    let run = cnimesh_cni::netns::run_in(netns, || {
+                    let run = cnimesh_cni::netns::run_in(netns, || -> anyhow::Result<()> {
+                        // One runtime per worker thread, in the pod's netns, for all its requests.
+                        let runtime = thread_runtime()?;
                         while start.elapsed() < duration {
                             let t = Instant::now();
-                            match http_get(addr, host, "/") {
+                            match runtime.block_on(get(addr, host, "/")) {
                                 Ok((200, body)) => {
                                     out.latencies.push(t.elapsed());
                                     *out.answered_by.entry(body.trim().to_string()).or_default() += 1;
                                 }
                                 Ok((status, body)) => out.failures.push(format!("HTTP {status}: {}", body.trim())),
-                                Err(e) => out.failures.push(e.to_string()),
+                                Err(e) => out.failures.push(format!("{e:#}")),
                             }
                         }
+                        Ok(())
                     });
-                    if let Err(e) = run {
-                        out.failures.push(e.to_string());
+                    match run {
+                        Ok(Ok(())) => {}
+                        Ok(Err(e)) => out.failures.push(format!("{e:#}")),
+                        Err(e) => out.failures.push(e.to_string()),
                     }
                     out
                 })

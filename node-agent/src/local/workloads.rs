@@ -1,10 +1,11 @@
-//! The workloads file (`local/demo.yaml`): a few services and clients, validated as a whole before
+//! The workloads file (`demo.yaml` beside this module): a few services and clients, validated as a whole before
 //! local mode creates anything, then rendered as the Kubernetes objects a cluster would hold.
 
 use std::collections::HashSet;
 use std::net::Ipv4Addr;
 use std::path::Path;
 
+use cnimesh_common::names::PROXY_CONTAINER;
 use ipnet::Ipv4Net;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -189,7 +190,7 @@ pub fn pod_object(ns: &str, pod: &PodSpec, uid: &str, phase: &str, ip: Option<Ip
         "ports": [{"name": "http", "containerPort": APP_PORT}],
     })];
     if pod.meshed {
-        containers.push(json!({"name": "cnimesh-proxy", "image": "cnimesh/proxy"}));
+        containers.push(json!({"name": PROXY_CONTAINER, "image": "cnimesh/proxy"}));
     }
     let mut status = json!({"phase": phase});
     if let Some(ip) = ip {

@@ -72,11 +72,6 @@ impl Reconciler {
         Self { dir: dir.to_path_buf(), entry, guard: LoopGuard::new(LOOP_LIMIT, LOOP_WINDOW) }
     }
 
-    pub fn with_guard(mut self, guard: LoopGuard) -> Self {
-        self.guard = guard;
-        self
-    }
-
     /// Re-applies our entry (a no-op write-wise when nothing changed: the generated list follows
     /// its source and a changed entry is rewritten) unless a rewrite loop is in progress.
     pub fn reconcile(&mut self, now: Instant) -> State {

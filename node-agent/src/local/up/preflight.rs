@@ -1,0 +1,91 @@
+//! What `local up` checks before it creates anything: the workloads file, the flags, the host's
+//! prerequisites, the binaries, and that nothing of an earlier run (root dir, namespaces, bridge)
+//! or of the host (routes overlapping the subnet) stands in the way.
+
+use std::path::PathBuf;
+
+use anyhow::bail;
+use ipnet::Ipv4Net;
+
+use crate::local::host::{self, check_prerequisites, link_exists};
+use crate::local::record;
+use crate::local::workloads::Workloads;
+use crate::local::{DEMO, UpArgs};
+
+/// The four binaries local mode runs, resolved and checked.
+pub(super) struct Binaries {
+    pub(super) node: PathBuf,
+    pub(super) plugin: PathBuf,
+    pub(super) proxy: PathBuf,
+    pub(super) control: PathBuf,
+}
+
+fn resolve_binary(flag: &Option<PathBuf>, name: &str, option: &str) -> anyhow::Result<PathBuf> {
+    let path = match flag {
+        Some(p) => p.clone(),
+        None => std::env::current_exe()?.with_file_name(name),
+    };
+    if !path.is_file() {
+        bail!(
+            "{name} not found at {} (build it with `cargo build --release -p {name}`, or pass {option})",
+            path.display()
+        );
+    }
+    Ok(std::fs::canonicalize(&path)?)
+}
+
+/// Everything checked before anything is created.
+pub(super) fn preflight(args: &UpArgs) -> anyhow::Result<(Workloads, Binaries)> {
+    let workloads = match &args.workloads {
+        Some(path) => Workloads::load(path)?,
+        None => Workloads::parse(DEMO, "built-in demo.yaml")?,
+    };
+    let prefix = &args.naming.prefix;
+    if prefix.is_empty()
+        || prefix.len() > 12
+        || !prefix.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+        || (prefix.starts_with("cnm") && prefix[3..].starts_with(|c: char| c.is_ascii_digit()))
+    {
+        bail!("--prefix {prefix:?}: 1 to 12 of a-z0-9, and not `cnm<digit>…` (the tests' names)");
+    }
+    if args.subnet.prefix_len() > 26 {
+        bail!("--subnet {}: too small; use a /26 or larger", args.subnet);
+    }
+    let hosts = args.subnet.hosts().count().saturating_sub(1);
+    let pods = workloads.pods().len() + 1;
+    if pods > hosts {
+        bail!("--subnet {} has room for {hosts} pods; the workloads need {pods}", args.subnet);
+    }
+    if !(args.traffic_seconds > 0.0 && args.traffic_seconds <= 600.0) || args.concurrency == 0 {
+        bail!("--traffic-seconds must be in (0, 600] and --concurrency at least 1");
+    }
+    check_prerequisites()?;
+    let bins = Binaries {
+        node: std::fs::canonicalize(std::env::current_exe()?)?,
+        plugin: resolve_binary(&args.cni_plugin, "cnimesh-cni", "--cni-plugin")?,
+        proxy: resolve_binary(&args.proxy, "cnimesh-proxy", "--proxy")?,
+        control: resolve_binary(&args.control, "cnimesh-control", "--control")?,
+    };
+    let root = &args.naming.dir;
+    host::check_root(root)?;
+    let down_hint = format!("cnimesh-node local down --dir {} --prefix {prefix}", root.display());
+    if root.join(record::FILE).exists() {
+        bail!("local mode is already up in {}: run `{down_hint}` first", root.display());
+    }
+    if std::fs::read_dir(root).is_ok_and(|mut d| d.next().is_some()) {
+        bail!("{} is not empty (left over from a crashed `up`?): run `{down_hint}` first", root.display());
+    }
+    let leftovers = host::netns_with_prefix(prefix);
+    if !leftovers.is_empty() || link_exists(&format!("{prefix}0")) {
+        bail!("namespaces {leftovers:?} or bridge {prefix}0 already exist: run `{down_hint}` first");
+    }
+    let routes = host::run("ip", &["-4", "route", "show"])?;
+    if let Some(clash) = routes.lines().find(|l| {
+        l.split_whitespace().next().and_then(|n| n.parse::<Ipv4Net>().ok()).is_some_and(|n| {
+            n.prefix_len() > 0 && (n.contains(&args.subnet.network()) || args.subnet.contains(&n.network()))
+        })
+    }) {
+        bail!("--subnet {} overlaps a route of this host ({clash}); pick another", args.subnet);
+    }
+    Ok((workloads, bins))
+}

@@ -1,0 +1,79 @@
+//! The last step of `local up`: the demo's traffic from each client, what the proxies saw of it,
+//! and the commands to look further.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use cnimesh_common::names::PROXY_ADMIN_PORT;
+
+use super::{Inputs, Running, loopback, replicas};
+use crate::local::traffic::{self, Edge, http_get_in, samples};
+
+/// The samples of `pod`'s proxy `/metrics` (none when it cannot be read).
+fn metrics_of(i: &Inputs<'_>, pod: &str) -> Vec<traffic::Sample> {
+    http_get_in(&i.netns(pod), loopback(PROXY_ADMIN_PORT), "proxy", "/metrics")
+        .map(|(_, body)| samples(&body))
+        .unwrap_or_default()
+}
+
+/// Each client's load against each service it calls, and for meshed clients whether the proxies
+/// saw it as mTLS.
+pub(super) fn send_traffic(i: &Inputs<'_>, pods: &[Running]) -> Vec<Edge> {
+    i.progress("sending traffic");
+    let (w, ns) = (i.workloads, i.workloads.namespace.as_str());
+    let mut edges = Vec::new();
+    for client in &w.clients {
+        let netns = i.netns(&client.name);
+        for target in &client.calls {
+            let s = w.service(target).expect("validated: calls name services");
+            let replicas = replicas(pods, &s.name);
+            let host = format!("{}.{ns}.svc.cluster.local", s.name);
+            let duration = Duration::from_secs_f64(i.args.traffic_seconds);
+            let load =
+                traffic::load(&netns, SocketAddr::from((s.cluster_ip, s.port)), &host, i.args.concurrency, duration);
+            let names: Vec<String> = replicas.iter().map(|p| p.spec.name.clone()).collect();
+            let mut edge = Edge::new(&client.name, &s.name, s.meshed, &load, &names);
+            if client.meshed {
+                // The proxy labels by the address the app dialled (the ClusterIP) or the endpoint's.
+                let ips: Vec<String> =
+                    replicas.iter().map(|p| p.ip.to_string()).chain([s.cluster_ip.to_string()]).collect();
+                let replica_metrics: Vec<(String, Vec<traffic::Sample>)> = replicas
+                    .iter()
+                    .filter(|p| p.spec.meshed)
+                    .map(|p| (p.spec.name.clone(), metrics_of(i, &p.spec.name)))
+                    .collect();
+                edge.read_tls(&metrics_of(i, &client.name), &ips, &replica_metrics);
+            }
+            edges.push(edge);
+        }
+    }
+    edges
+}
+
+/// The summary's "look further" commands.
+pub(super) fn next_commands(i: &Inputs<'_>) -> BTreeMap<String, String> {
+    let (me, root, prefix, ns) = (&i.bins.node, i.root, i.prefix, i.workloads.namespace.as_str());
+    let state_dir = root.join("state");
+    let mut commands = BTreeMap::new();
+    if let Some(client) = i.workloads.clients.iter().find(|c| c.meshed) {
+        commands.insert(
+            "a proxy's metrics".into(),
+            format!("ip netns exec {prefix}-{} curl -s localhost:{PROXY_ADMIN_PORT}/metrics", client.name),
+        );
+        commands.insert(
+            "the capture rules of a pod".into(),
+            format!("{} --state-dir {} rules {ns}/{}", me.display(), state_dir.display(), client.name),
+        );
+    }
+    commands.insert(
+        "meshed pods on this node".into(),
+        format!("{} --state-dir {} pods", me.display(), state_dir.display()),
+    );
+    commands.insert("logs".into(), format!("ls {}", root.join("logs").display()));
+    commands.insert(
+        "tear it down".into(),
+        format!("{} local down --dir {} --prefix {prefix}", me.display(), root.display()),
+    );
+    commands
+}
