@@ -7,10 +7,11 @@
 //! across power loss buys nothing while an fsync costs milliseconds on every pod start.
 
 use std::fs;
-use std::io::{self, Write};
+use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use cnimesh_common::fs::{Durability, write_atomic_with};
 use serde::{Deserialize, Serialize};
 
 use crate::backend::Backend;
@@ -111,12 +112,10 @@ impl StateStore {
     pub fn write(&self, record: &AttachmentRecord) -> io::Result<()> {
         fs::create_dir_all(&self.dir)?;
         let path = self.path(&record.network, &record.container_id, &record.ifname);
-        let mut tmp = tempfile_in(&self.dir, &path)?;
         let body = serde_json::to_vec_pretty(record).map_err(io::Error::other)?;
-        tmp.1.write_all(&body)?;
-        fs::rename(&tmp.0, &path).inspect_err(|_| {
-            let _ = fs::remove_file(&tmp.0);
-        })
+        // Not synced: a record describes a live network namespace, which no crash survives, and
+        // a sync would add milliseconds to every pod's ADD.
+        write_atomic_with(&path, &body, None, Durability::Unsynced)
     }
 
     pub fn read(&self, network: &str, container_id: &str, ifname: &str) -> io::Result<Option<AttachmentRecord>> {
@@ -167,20 +166,6 @@ fn read_record(path: &Path) -> io::Result<Option<AttachmentRecord>> {
         )));
     }
     Ok(Some(record))
-}
-
-/// A uniquely named temporary file beside `target`, created exclusively.
-fn tempfile_in(dir: &Path, target: &Path) -> io::Result<(PathBuf, fs::File)> {
-    let stem = target.file_name().and_then(|n| n.to_str()).unwrap_or("record");
-    for attempt in 0..16u32 {
-        let path = dir.join(format!(".{stem}.{}.{attempt}.tmp", std::process::id()));
-        match fs::OpenOptions::new().write(true).create_new(true).open(&path) {
-            Ok(f) => return Ok((path, f)),
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
-            Err(e) => return Err(e),
-        }
-    }
-    Err(io::Error::other("cannot create a temporary record file"))
 }
 
 #[cfg(test)]

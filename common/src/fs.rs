@@ -9,10 +9,25 @@ use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-/// Writes `body` to `path` atomically with `mode`, or, when `None`, the existing file's mode
-/// (0644 for a new file). The temporary name starts with a dot and does not end in `.conf`,
-/// `.conflist` or `.json`, so libcni never reads it.
+/// Whether a write must survive a crash of the machine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// File and directory synced before returning: configuration, certificates, keys.
+    Synced,
+    /// Atomic for readers, not synced: state that dies with the machine anyway (the plugin's
+    /// records of live network namespaces), where a sync would stall every pod's ADD.
+    Unsynced,
+}
+
+/// Writes `body` to `path` atomically and durably with `mode`, or, when `None`, the existing
+/// file's mode (0644 for a new file). The temporary name starts with a dot and does not end in
+/// `.conf`, `.conflist` or `.json`, so libcni (and anything listing by extension) never reads it.
 pub fn write_atomic(path: &Path, body: &[u8], mode: Option<u32>) -> io::Result<()> {
+    write_atomic_with(path, body, mode, Durability::Synced)
+}
+
+/// [`write_atomic`] with a choice of [`Durability`].
+pub fn write_atomic_with(path: &Path, body: &[u8], mode: Option<u32>, durability: Durability) -> io::Result<()> {
     static NEXT: AtomicU32 = AtomicU32::new(0);
     let dir = match path.parent() {
         Some(dir) if !dir.as_os_str().is_empty() => dir,
@@ -34,10 +49,15 @@ pub fn write_atomic(path: &Path, body: &[u8], mode: Option<u32>) -> io::Result<(
         // The umask may have taken bits away from the creation mode.
         file.set_permissions(fs::Permissions::from_mode(mode))?;
         file.write_all(body)?;
-        file.sync_all()?;
+        if durability == Durability::Synced {
+            file.sync_all()?;
+        }
         fs::rename(&tmp, path)?;
-        // Make the rename itself durable.
-        fs::File::open(dir)?.sync_all()
+        match durability {
+            // Make the rename itself durable.
+            Durability::Synced => fs::File::open(dir)?.sync_all(),
+            Durability::Unsynced => Ok(()),
+        }
     })();
     if result.is_err() {
         let _ = fs::remove_file(&tmp);
@@ -63,6 +83,8 @@ mod tests {
         write_atomic(&new, b"{}", None).unwrap();
         assert_eq!(fs::metadata(&new).unwrap().permissions().mode() & 0o777, 0o644);
         assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 2, "no temporary file left");
+        write_atomic_with(&new, b"[]", None, Durability::Unsynced).unwrap();
+        assert_eq!(fs::read(&new).unwrap(), b"[]");
         let error = write_atomic(&dir.path().join("missing/dir/file"), b"x", None).unwrap_err();
         assert_eq!(error.kind(), io::ErrorKind::NotFound);
     }
