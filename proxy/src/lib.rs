@@ -6,12 +6,12 @@
 pub mod admin;
 pub mod cli;
 pub mod config;
-pub mod control;
 pub mod counting;
 pub mod detect;
 pub mod discovery;
 pub mod drain;
 pub mod endpoints;
+pub mod grpc_channel;
 pub mod http;
 pub mod identity;
 pub mod io;
@@ -61,7 +61,7 @@ pub async fn run(
         endpoints: Arc::new(endpoints::MeshedEndpoints::new(config.outbound_identities.clone())),
         discovery: match (&config.destination, &identity) {
             (Some(d), Some(id)) => {
-                let channel = control::channel(&d.addr, &d.name, id.roots.clone(), None)?;
+                let channel = grpc_channel::channel(&d.addr, &d.name, id.roots.clone(), None)?;
                 let max_backoff = config.identity.as_ref().map_or(Duration::from_secs(30), |i| i.max_backoff);
                 Some(Arc::new(discovery::Discovery::new(channel, d.first_answer, max_backoff, metrics.clone())))
             }

@@ -36,14 +36,14 @@ where
                         }
                         Ok(None) => break,
                         Err(e) => {
-                            tracing::warn!(lookup = %what, error = %crate::control::describe(&e), "discovery stream failed; keeping the last answer");
+                            tracing::warn!(lookup = %what, error = %crate::grpc_channel::describe(&e), "discovery stream failed; keeping the last answer");
                             break;
                         }
                     }
                 }
             }
             Err(e) => {
-                tracing::warn!(lookup = %what, error = %crate::control::describe(&e), "discovery unavailable; keeping the last answer")
+                tracing::warn!(lookup = %what, error = %crate::grpc_channel::describe(&e), "discovery unavailable; keeping the last answer")
             }
         }
         let (next, jittered) = crate::identity::refresh::backoff(delay, max_backoff);
