@@ -10,7 +10,6 @@ pub mod counting;
 pub mod detect;
 pub mod discovery;
 pub mod drain;
-pub mod endpoints;
 pub mod grpc_channel;
 pub mod http;
 pub mod identity;
@@ -19,6 +18,7 @@ pub mod metrics;
 pub mod orig_dst;
 pub mod route;
 pub mod server;
+pub mod static_identities;
 pub mod tcp;
 pub mod tls;
 
@@ -58,7 +58,7 @@ pub async fn run(
         drain: drain.clone(),
         config: config.clone(),
         identity: identity.clone(),
-        endpoints: Arc::new(endpoints::MeshedEndpoints::new(config.outbound_identities.clone())),
+        static_identities: Arc::new(static_identities::MeshedEndpoints::new(config.outbound_identities.clone())),
         discovery: match (&config.destination, &identity) {
             (Some(d), Some(id)) => {
                 let channel = grpc_channel::channel(&d.addr, &d.name, id.roots.clone(), None)?;

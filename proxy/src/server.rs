@@ -14,13 +14,13 @@ use crate::counting::CountingIo;
 use crate::detect::{self, PrefixedIo, Protocol};
 use crate::discovery::Discovery;
 use crate::drain::Drain;
-use crate::endpoints::MeshedEndpoints;
 use crate::http::{Clients, HttpProxy};
 use crate::identity::Identity;
 use crate::io::MaybeTls;
 use crate::metrics::{Direction, Metrics, OpenConnection, TcpLabels, TlsLabel};
 use crate::orig_dst::original_dst;
 use crate::route::{Route, Target};
+use crate::static_identities::MeshedEndpoints;
 use crate::tcp;
 use crate::tls::{self, ClientIo};
 
@@ -32,7 +32,9 @@ pub struct Shared {
     pub drain: Drain,
     /// Present when the proxy has an identity (and so does mTLS).
     pub identity: Option<Arc<Identity>>,
-    pub endpoints: Arc<MeshedEndpoints>,
+    /// Meshed endpoints fixed by configuration (`CNIMESH_PROXY_OUTBOUND_IDENTITIES`), for
+    /// destinations discovery does not resolve.
+    pub static_identities: Arc<MeshedEndpoints>,
     /// Present when a Destination service is configured.
     pub discovery: Option<Arc<Discovery>>,
     pub local_ips: LocalIps,
@@ -147,7 +149,7 @@ async fn secure(
 /// An outbound connection's route: a discovered service's endpoints, or its original
 /// destination with the identity it is known to have (from discovery or configuration).
 async fn outbound_route(target: SocketAddr, shared: &Shared) -> anyhow::Result<Route> {
-    let mut expected = shared.endpoints.identity(target);
+    let mut expected = shared.static_identities.identity(target);
     if let Some(discovery) = &shared.discovery
         && let Some(profile) = discovery.profile(target).await
     {
