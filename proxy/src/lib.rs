@@ -4,6 +4,7 @@
 //! otherwise.
 
 pub mod admin;
+pub mod backoff;
 pub mod cli;
 pub mod config;
 pub mod counting;

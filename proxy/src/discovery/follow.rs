@@ -1,6 +1,6 @@
 //! The long-lived Destination streams behind discovery, one per lookup, re-opened with jittered
-//! backoff when they fail; the last answer stays published meanwhile. A stream ends when nobody
-//! holds its receiver any more.
+//! backoff ([`crate::backoff`]) when they fail; the last answer stays published meanwhile. A
+//! stream ends when nobody holds its receiver any more.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -46,7 +46,7 @@ where
                 tracing::warn!(lookup = %what, error = %crate::grpc_channel::describe(&e), "discovery unavailable; keeping the last answer")
             }
         }
-        let (next, jittered) = crate::identity::refresh::backoff(delay, max_backoff);
+        let (next, jittered) = crate::backoff::backoff(delay, max_backoff);
         delay = next;
         tokio::time::sleep(jittered).await;
     }
