@@ -12,9 +12,7 @@ pub const FIRST_BACKOFF: Duration = Duration::from_millis(200);
 /// is how long to wait now.
 pub fn backoff(previous: Duration, max: Duration) -> (Duration, Duration) {
     let next = (previous * 2).max(FIRST_BACKOFF).min(max);
-    let mut r = [0u8; 2];
-    cnimesh_identity::tls::random(&mut r);
-    let fraction = 0.5 + f64::from(u16::from_le_bytes(r)) / f64::from(u16::MAX) / 2.0;
+    let fraction = crate::rng::with(|r| rand::Rng::random_range(r, 0.5..=1.0));
     (next, next.mul_f64(fraction))
 }
 

@@ -17,6 +17,7 @@ pub mod identity;
 pub mod io;
 pub mod metrics;
 pub mod orig_dst;
+pub mod rng;
 pub mod route;
 pub mod server;
 pub mod static_identities;
