@@ -1,10 +1,11 @@
 //! Proxy configuration from `CNIMESH_PROXY_*` environment variables. With none set, the proxy runs
 //! with DESIGN.md §2's defaults.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
+use cnimesh_common::names::{PROXY_ADMIN_PORT, PROXY_INBOUND_PORT, PROXY_OUTBOUND_PORT};
 use cnimesh_identity::Name;
 
 #[derive(Debug, Clone)]
@@ -113,6 +114,8 @@ fn redacted(pem: &str) -> String {
 }
 
 pub const DEFAULT_TOKEN_FILE: &str = "/var/run/secrets/tokens/cnimesh-identity-token";
+/// The control plane's identity (its ServiceAccount `names::CONTROL_NAME` in
+/// `names::CONTROL_NAMESPACE`, default trust domain); a test keeps the two in step.
 pub const DEFAULT_CONTROL_NAME: &str = "cnimesh-control.cnimesh.serviceaccount.identity.cnimesh.cluster.local";
 
 /// A meshed endpoint: one address, or every port of an IP.
@@ -142,11 +145,13 @@ pub const DEFAULT_OPAQUE_PORTS: &[u16] = &[25, 587, 3306, 4444, 5432, 6379, 9300
 
 impl Default for Config {
     fn default() -> Self {
-        let addrs = |list: &[&str]| list.iter().map(|a| a.parse().expect("valid default")).collect();
+        let (any4, any6) = (IpAddr::from(Ipv4Addr::UNSPECIFIED), IpAddr::from(Ipv6Addr::UNSPECIFIED));
+        let (lo4, lo6) = (IpAddr::from(Ipv4Addr::LOCALHOST), IpAddr::from(Ipv6Addr::LOCALHOST));
         Self {
-            inbound: addrs(&["0.0.0.0:4143", "[::]:4143"]),
-            outbound: addrs(&["127.0.0.1:4140", "[::1]:4140"]),
-            admin: "0.0.0.0:4191".parse().expect("valid default"),
+            inbound: vec![SocketAddr::new(any4, PROXY_INBOUND_PORT), SocketAddr::new(any6, PROXY_INBOUND_PORT)],
+            // Loopback only: outbound traffic is redirected from inside the pod.
+            outbound: vec![SocketAddr::new(lo4, PROXY_OUTBOUND_PORT), SocketAddr::new(lo6, PROXY_OUTBOUND_PORT)],
+            admin: SocketAddr::new(any4, PROXY_ADMIN_PORT),
             detect_timeout: Duration::from_secs(10),
             header_timeout: Duration::from_secs(120),
             opaque_ports: DEFAULT_OPAQUE_PORTS.to_vec(),
@@ -376,6 +381,16 @@ mod tests {
         assert_eq!(c.outbound[0].to_string(), "127.0.0.1:4140");
         assert_eq!(c.admin.port(), 4191);
         assert!(c.opaque_ports.contains(&5432));
+    }
+
+    #[test]
+    fn default_control_name_is_the_control_planes_service_account() {
+        let name = Name::for_service_account(
+            cnimesh_common::names::CONTROL_NAME,
+            cnimesh_common::names::CONTROL_NAMESPACE,
+            cnimesh_identity::name::DEFAULT_TRUST_DOMAIN,
+        );
+        assert_eq!(name.unwrap().as_str(), DEFAULT_CONTROL_NAME);
     }
 
     #[test]
