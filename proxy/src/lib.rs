@@ -13,6 +13,7 @@ pub mod discovery;
 pub mod drain;
 pub mod grpc_channel;
 pub mod http;
+pub mod http_clients;
 pub mod identity;
 pub mod io;
 pub mod metrics;
@@ -55,7 +56,7 @@ pub async fn run(
         None => None,
     };
     let shared = Arc::new(Shared {
-        clients: Arc::new(http::Clients::new(config.connect_timeout)),
+        clients: Arc::new(http_clients::Clients::new(config.connect_timeout)),
         metrics: metrics.clone(),
         drain: drain.clone(),
         config: config.clone(),
