@@ -297,7 +297,7 @@ impl HttpProxy {
         route: Route,
         tls: TlsLabel,
         open: Arc<crate::metrics::OpenConnection>,
-        shared: &crate::server::Shared,
+        shared: &crate::shared::Shared,
     ) -> Self {
         let clients = shared.clients.clone();
         let fixed = match &route {

@@ -21,6 +21,7 @@ pub mod orig_dst;
 pub mod rng;
 pub mod route;
 pub mod server;
+pub mod shared;
 pub mod static_identities;
 pub mod tcp;
 pub mod tls;
@@ -36,7 +37,7 @@ use crate::admin::{Admin, LogLevel};
 use crate::config::Config;
 use crate::drain::Drain;
 use crate::metrics::{Direction, Metrics};
-use crate::server::Shared;
+use crate::shared::Shared;
 
 /// Runs the proxy until `shutdown` resolves or `/shutdown` is called, then drains for up to the
 /// grace period.
@@ -70,7 +71,7 @@ pub async fn run(
             }
             _ => None,
         },
-        local_ips: server::LocalIps::default(),
+        local_ips: shared::LocalIps::default(),
     });
     let mut listeners = Vec::new();
     for (direction, addrs) in [(Direction::inbound, &config.inbound), (Direction::outbound, &config.outbound)] {
