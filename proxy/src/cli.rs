@@ -9,7 +9,9 @@ use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Registry, reload};
 
 use crate::admin::LogLevel;
-use crate::config::Config;
+use clap::error::ErrorKind;
+
+use crate::config::{Args, Config, ConfigError};
 
 struct ReloadableLevel {
     handle: reload::Handle<EnvFilter, Registry>,
@@ -52,12 +54,20 @@ fn raise_fd_limit() {
 }
 
 pub fn main() -> ExitCode {
-    // Configuration is environment only; `--version` is the one argument (image checks, operators).
-    if std::env::args().skip(1).any(|a| a == "--version" || a == "-V") {
-        println!("cnimesh-proxy {}", env!("CARGO_PKG_VERSION"));
-        return ExitCode::SUCCESS;
-    }
-    let config = match Config::from_vars(|k| std::env::var(k).ok()) {
+    // Configuration is the `CNIMESH_PROXY_*` environment (flags of the same names for a proxy run
+    // by hand); `--version` answers image checks and operators.
+    let args = match <Args as clap::Parser>::try_parse() {
+        Ok(args) => args,
+        Err(e) if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) => {
+            let _ = e.print();
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("cnimesh-proxy: invalid configuration: {}", ConfigError::from_clap(&e));
+            return ExitCode::from(2);
+        }
+    };
+    let config = match Config::try_from(args) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("cnimesh-proxy: invalid configuration: {e}");

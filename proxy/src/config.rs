@@ -1,10 +1,12 @@
-//! Proxy configuration from `CNIMESH_PROXY_*` environment variables. With none set, the proxy runs
-//! with DESIGN.md §2's defaults.
+//! Proxy configuration from `CNIMESH_PROXY_*` environment variables (or the matching flags, for a
+//! proxy run by hand), parsed once by clap into [`Args`] and checked into the typed [`Config`].
+//! With none set, the proxy runs with DESIGN.md §2's defaults.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
+use cnimesh_common::names::{PROXY_ADMIN_PORT, PROXY_INBOUND_PORT, PROXY_OUTBOUND_PORT};
 use cnimesh_identity::Name;
 
 #[derive(Debug, Clone)]
@@ -113,6 +115,8 @@ fn redacted(pem: &str) -> String {
 }
 
 pub const DEFAULT_TOKEN_FILE: &str = "/var/run/secrets/tokens/cnimesh-identity-token";
+/// The control plane's identity (its ServiceAccount `names::CONTROL_NAME` in
+/// `names::CONTROL_NAMESPACE`, default trust domain); a test keeps the two in step.
 pub const DEFAULT_CONTROL_NAME: &str = "cnimesh-control.cnimesh.serviceaccount.identity.cnimesh.cluster.local";
 
 /// A meshed endpoint: one address, or every port of an IP.
@@ -142,11 +146,13 @@ pub const DEFAULT_OPAQUE_PORTS: &[u16] = &[25, 587, 3306, 4444, 5432, 6379, 9300
 
 impl Default for Config {
     fn default() -> Self {
-        let addrs = |list: &[&str]| list.iter().map(|a| a.parse().expect("valid default")).collect();
+        let (any4, any6) = (IpAddr::from(Ipv4Addr::UNSPECIFIED), IpAddr::from(Ipv6Addr::UNSPECIFIED));
+        let (lo4, lo6) = (IpAddr::from(Ipv4Addr::LOCALHOST), IpAddr::from(Ipv6Addr::LOCALHOST));
         Self {
-            inbound: addrs(&["0.0.0.0:4143", "[::]:4143"]),
-            outbound: addrs(&["127.0.0.1:4140", "[::1]:4140"]),
-            admin: "0.0.0.0:4191".parse().expect("valid default"),
+            inbound: vec![SocketAddr::new(any4, PROXY_INBOUND_PORT), SocketAddr::new(any6, PROXY_INBOUND_PORT)],
+            // Loopback only: outbound traffic is redirected from inside the pod.
+            outbound: vec![SocketAddr::new(lo4, PROXY_OUTBOUND_PORT), SocketAddr::new(lo6, PROXY_OUTBOUND_PORT)],
+            admin: SocketAddr::new(any4, PROXY_ADMIN_PORT),
             detect_timeout: Duration::from_secs(10),
             header_timeout: Duration::from_secs(120),
             opaque_ports: DEFAULT_OPAQUE_PORTS.to_vec(),
@@ -164,15 +170,51 @@ impl Default for Config {
     }
 }
 
+/// Identity defaults that apply only once an identity is configured.
+const DEFAULT_MAX_BACKOFF: Duration = Duration::from_secs(30);
+const DEFAULT_DISCOVERY_WAIT: Duration = Duration::from_secs(2);
+
 #[derive(Debug, thiserror::Error)]
-#[error("{var}={value:?}: {why}")]
-pub struct ConfigError {
-    pub var: String,
-    pub value: String,
-    pub why: String,
+pub enum ConfigError {
+    /// A setting's value is wrong, alone or together with others; names the variable.
+    #[error("{var}={value:?}: {why}")]
+    Invalid { var: String, value: String, why: String },
+    /// The command line itself is wrong (an unknown flag): clap's own message.
+    #[error("{0}")]
+    Arguments(String),
 }
 
-fn list<T: std::str::FromStr>(var: &str, value: &str) -> Result<Vec<T>, ConfigError>
+impl ConfigError {
+    fn invalid(var: impl Into<String>, value: impl Into<String>, why: impl Into<String>) -> Self {
+        Self::Invalid { var: var.into(), value: value.into(), why: why.into() }
+    }
+
+    /// A clap error about a value, restated with the variable's name (clap names the flag,
+    /// while the injector and operators set the variable).
+    pub fn from_clap(e: &clap::Error) -> Self {
+        use clap::error::{ContextKind, ContextValue};
+        let context = |kind| match e.get(kind) {
+            Some(ContextValue::String(s)) => Some(s.clone()),
+            _ => None,
+        };
+        let var = context(ContextKind::InvalidArg).and_then(|arg| {
+            let long = arg.strip_prefix("--")?.split([' ', '=']).next()?.to_string();
+            let command = <Args as clap::CommandFactory>::command();
+            let env = command.get_arguments().find(|a| a.get_long() == Some(long.as_str()))?.get_env()?;
+            Some(env.to_string_lossy().into_owned())
+        });
+        match (var, context(ContextKind::InvalidValue), std::error::Error::source(e)) {
+            (Some(var), Some(value), Some(why)) => Self::Invalid { var, value, why: why.to_string() },
+            _ => Self::Arguments(e.render().to_string().trim_end().to_string()),
+        }
+    }
+}
+
+/// A comma-separated list; blanks around items and empty items are ignored.
+#[derive(Debug, Clone)]
+pub struct List<T>(pub Vec<T>);
+
+fn list<T: std::str::FromStr>(value: &str) -> Result<List<T>, String>
 where
     T::Err: std::fmt::Display,
 {
@@ -180,198 +222,250 @@ where
         .split(',')
         .map(str::trim)
         .filter(|s| !s.is_empty())
-        .map(|s| {
-            s.parse().map_err(|e: T::Err| ConfigError { var: var.into(), value: value.into(), why: e.to_string() })
-        })
-        .collect()
+        .map(|s| s.parse().map_err(|e: T::Err| e.to_string()))
+        .collect::<Result<_, _>>()
+        .map(List)
 }
 
-fn parse<T: std::str::FromStr>(var: &str, value: &str) -> Result<T, ConfigError>
+fn parsed<T: std::str::FromStr>(value: &str) -> Result<T, String>
 where
     T::Err: std::fmt::Display,
 {
-    value.trim().parse().map_err(|e: T::Err| ConfigError { var: var.into(), value: value.into(), why: e.to_string() })
+    value.trim().parse().map_err(|e: T::Err| e.to_string())
 }
 
-fn millis(var: &str, value: &str) -> Result<Duration, ConfigError> {
-    value.trim().parse::<u64>().map(Duration::from_millis).map_err(|e| ConfigError {
-        var: var.into(),
-        value: value.into(),
-        why: format!("milliseconds expected: {e}"),
-    })
+fn millis(value: &str) -> Result<Duration, String> {
+    value.trim().parse::<u64>().map(Duration::from_millis).map_err(|e| format!("milliseconds expected: {e}"))
 }
 
-impl Config {
-    /// Reads the configuration through `get` (the process environment in production).
-    pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
-        let mut c = Self::default();
-        let var = |name: &str| get(&format!("CNIMESH_PROXY_{name}")).map(|v| (format!("CNIMESH_PROXY_{name}"), v));
-        if let Some((n, v)) = var("INBOUND_ADDRS") {
-            c.inbound = list(&n, &v)?;
+fn workers(value: &str) -> Result<usize, String> {
+    value.trim().parse().ok().filter(|w| *w > 0).ok_or_else(|| "a positive number of threads expected".into())
+}
+
+fn flag(value: &str) -> Result<bool, String> {
+    match value.trim() {
+        "true" | "1" => Ok(true),
+        "false" | "0" | "" => Ok(false),
+        _ => Err("true or false expected".into()),
+    }
+}
+
+fn endpoint_identities(value: &str) -> Result<List<(EndpointMatch, Name)>, String> {
+    value.split(',').map(str::trim).filter(|s| !s.is_empty()).map(endpoint_identity).collect::<Result<_, _>>().map(List)
+}
+
+/// The proxy's settings as given. Unset means [`Config::default`]'s value; [`Config::try_from`]
+/// applies the rules that span settings (identity all or nothing, exactly one trust-anchor
+/// source, discovery needs an identity).
+#[derive(Debug, Clone, clap::Parser)]
+#[command(name = "cnimesh-proxy", version, about = "cnimesh sidecar proxy", long_about = None)]
+pub struct Args {
+    /// Inbound listeners, comma-separated [default: 0.0.0.0:4143,[::]:4143].
+    #[arg(long, env = "CNIMESH_PROXY_INBOUND_ADDRS", value_parser = list::<SocketAddr>)]
+    pub inbound_addrs: Option<List<SocketAddr>>,
+    /// Outbound listeners, comma-separated [default: 127.0.0.1:4140,[::1]:4140].
+    #[arg(long, env = "CNIMESH_PROXY_OUTBOUND_ADDRS", value_parser = list::<SocketAddr>)]
+    pub outbound_addrs: Option<List<SocketAddr>>,
+    /// Admin server [default: 0.0.0.0:4191].
+    #[arg(long, env = "CNIMESH_PROXY_ADMIN_ADDR", value_parser = parsed::<SocketAddr>)]
+    pub admin_addr: Option<SocketAddr>,
+    /// Ports forwarded as opaque TCP without detection [default: 25,587,3306,4444,5432,6379,9300,11211].
+    #[arg(long, env = "CNIMESH_PROXY_OPAQUE_PORTS", value_parser = list::<u16>)]
+    pub opaque_ports: Option<List<u16>>,
+    /// Protocol detection timeout, ms [default: 10000].
+    #[arg(long, env = "CNIMESH_PROXY_DETECT_TIMEOUT_MS", value_parser = millis)]
+    pub detect_timeout_ms: Option<Duration>,
+    /// HTTP/1 request headers, including a keep-alive connection's idle wait, ms [default: 120000].
+    #[arg(long, env = "CNIMESH_PROXY_HEADER_TIMEOUT_MS", value_parser = millis)]
+    pub header_timeout_ms: Option<Duration>,
+    /// Opaque connections idle this long are closed, ms [default: 3600000].
+    #[arg(long, env = "CNIMESH_PROXY_IDLE_TIMEOUT_MS", value_parser = millis)]
+    pub idle_timeout_ms: Option<Duration>,
+    /// Upstream connect timeout, ms [default: 5000].
+    #[arg(long, env = "CNIMESH_PROXY_CONNECT_TIMEOUT_MS", value_parser = millis)]
+    pub connect_timeout_ms: Option<Duration>,
+    /// Drain time after SIGTERM or `/shutdown`, ms [default: 30000].
+    #[arg(long, env = "CNIMESH_PROXY_SHUTDOWN_GRACE_MS", value_parser = millis)]
+    pub shutdown_grace_ms: Option<Duration>,
+    /// Runtime threads [default: 1].
+    #[arg(long, env = "CNIMESH_PROXY_WORKERS", value_parser = workers)]
+    pub workers: Option<usize>,
+    /// Log filter [default: info].
+    #[arg(long, env = "CNIMESH_PROXY_LOG")]
+    pub log: Option<String>,
+    /// Refuse inbound connections that are not mTLS to our identity (true/false, 1/0) [default: false].
+    #[arg(long, env = "CNIMESH_PROXY_INBOUND_REQUIRE_TLS", value_parser = flag)]
+    pub inbound_require_tls: Option<bool>,
+    /// On opaque ports, how long to wait for a ClientHello, ms [default: 1000].
+    #[arg(long, env = "CNIMESH_PROXY_OPAQUE_TLS_WAIT_MS", value_parser = millis)]
+    pub opaque_tls_wait_ms: Option<Duration>,
+    /// Static meshed endpoints, `ip[:port]=identity,...`.
+    #[arg(long, env = "CNIMESH_PROXY_OUTBOUND_IDENTITIES", value_parser = endpoint_identities)]
+    pub outbound_identities: Option<List<(EndpointMatch, Name)>>,
+    /// This workload's identity; unset = no mTLS.
+    #[arg(long, env = "CNIMESH_PROXY_IDENTITY_NAME", value_parser = parsed::<Name>)]
+    pub identity_name: Option<Name>,
+    /// PEM file of trust anchors (or the PEM itself in the next).
+    #[arg(long, env = TRUST_ANCHORS_FILE_VAR)]
+    pub identity_trust_anchors: Option<PathBuf>,
+    /// The trust anchors' PEM text.
+    #[arg(long, env = TRUST_ANCHORS_PEM_VAR, hide_env_values = true)]
+    pub identity_trust_anchors_pem: Option<String>,
+    /// Projected service-account token [default: /var/run/secrets/tokens/cnimesh-identity-token].
+    #[arg(long, env = "CNIMESH_PROXY_IDENTITY_TOKEN_FILE")]
+    pub identity_token_file: Option<PathBuf>,
+    /// Identity service `host:port` (required with a name).
+    #[arg(long, env = "CNIMESH_PROXY_IDENTITY_ADDR")]
+    pub identity_addr: Option<String>,
+    /// The identity the control plane must prove [default: the control plane's].
+    #[arg(long, env = "CNIMESH_PROXY_IDENTITY_SVC_NAME", value_parser = parsed::<Name>)]
+    pub identity_svc_name: Option<Name>,
+    /// Cap of the jittered retry backoff, ms [default: 30000].
+    #[arg(long, env = "CNIMESH_PROXY_IDENTITY_MAX_BACKOFF_MS", value_parser = millis)]
+    pub identity_max_backoff_ms: Option<Duration>,
+    /// Destination service `host:port`; unset = no discovery (needs an identity).
+    #[arg(long, env = "CNIMESH_PROXY_DESTINATION_ADDR")]
+    pub destination_addr: Option<String>,
+    /// The identity the Destination service must prove [default: the Identity service's].
+    #[arg(long, env = "CNIMESH_PROXY_DESTINATION_SVC_NAME", value_parser = parsed::<Name>)]
+    pub destination_svc_name: Option<Name>,
+    /// How long a new connection waits for the first answer about its destination, ms [default: 2000].
+    #[arg(long, env = "CNIMESH_PROXY_DISCOVERY_WAIT_MS", value_parser = millis)]
+    pub discovery_wait_ms: Option<Duration>,
+}
+
+impl TryFrom<Args> for Config {
+    type Error = ConfigError;
+
+    fn try_from(args: Args) -> Result<Self, ConfigError> {
+        let d = Self::default();
+        let identity = identity(&args)?;
+        let destination = destination(&args, identity.as_ref())?;
+        let outbound_identities = args.outbound_identities.map(|l| l.0).unwrap_or_default();
+        if identity.is_none() && !outbound_identities.is_empty() {
+            return Err(ConfigError::invalid(
+                "CNIMESH_PROXY_OUTBOUND_IDENTITIES",
+                "",
+                "meshed endpoints need CNIMESH_PROXY_IDENTITY_* (they would be sent plaintext)",
+            ));
         }
-        if let Some((n, v)) = var("OUTBOUND_ADDRS") {
-            c.outbound = list(&n, &v)?;
-        }
-        if let Some((n, v)) = var("ADMIN_ADDR") {
-            c.admin = parse(&n, &v)?;
-        }
-        if let Some((n, v)) = var("OPAQUE_PORTS") {
-            c.opaque_ports = list(&n, &v)?;
-        }
-        if let Some((n, v)) = var("DETECT_TIMEOUT_MS") {
-            c.detect_timeout = millis(&n, &v)?;
-        }
-        if let Some((n, v)) = var("HEADER_TIMEOUT_MS") {
-            c.header_timeout = millis(&n, &v)?;
-        }
-        if let Some((n, v)) = var("IDLE_TIMEOUT_MS") {
-            c.idle_timeout = millis(&n, &v)?;
-        }
-        if let Some((n, v)) = var("CONNECT_TIMEOUT_MS") {
-            c.connect_timeout = millis(&n, &v)?;
-        }
-        if let Some((n, v)) = var("SHUTDOWN_GRACE_MS") {
-            c.shutdown_grace = millis(&n, &v)?;
-        }
-        if let Some((n, v)) = var("WORKERS") {
-            c.workers = v.trim().parse().ok().filter(|w| *w > 0).ok_or_else(|| ConfigError {
-                var: n,
-                value: v.clone(),
-                why: "a positive number of threads expected".into(),
-            })?;
-        }
-        if let Some((_, v)) = var("LOG") {
-            c.log_level = v;
-        }
-        if let Some((n, v)) = var("INBOUND_REQUIRE_TLS") {
-            c.inbound_require_tls = match v.trim() {
-                "true" | "1" => true,
-                "false" | "0" | "" => false,
-                _ => return Err(ConfigError { var: n, value: v, why: "true or false expected".into() }),
-            };
-        }
-        if let Some((n, v)) = var("OPAQUE_TLS_WAIT_MS") {
-            c.opaque_tls_wait = millis(&n, &v)?;
-        }
-        if let Some((n, v)) = var("OUTBOUND_IDENTITIES") {
-            c.outbound_identities = v
-                .split(',')
-                .map(str::trim)
-                .filter(|s| !s.is_empty())
-                .map(endpoint_identity)
-                .collect::<Result<_, _>>()
-                .map_err(|why| ConfigError { var: n, value: v.clone(), why })?;
-        }
-        c.identity = identity(&var)?;
-        if c.identity.is_none() && !c.outbound_identities.is_empty() {
-            return Err(ConfigError {
-                var: "CNIMESH_PROXY_OUTBOUND_IDENTITIES".into(),
-                value: String::new(),
-                why: "meshed endpoints need CNIMESH_PROXY_IDENTITY_* (they would be sent plaintext)".into(),
-            });
-        }
-        c.destination = destination(&var, c.identity.as_ref())?;
-        Ok(c)
+        Ok(Self {
+            inbound: args.inbound_addrs.map_or(d.inbound, |l| l.0),
+            outbound: args.outbound_addrs.map_or(d.outbound, |l| l.0),
+            admin: args.admin_addr.unwrap_or(d.admin),
+            detect_timeout: args.detect_timeout_ms.unwrap_or(d.detect_timeout),
+            header_timeout: args.header_timeout_ms.unwrap_or(d.header_timeout),
+            opaque_ports: args.opaque_ports.map_or(d.opaque_ports, |l| l.0),
+            idle_timeout: args.idle_timeout_ms.unwrap_or(d.idle_timeout),
+            connect_timeout: args.connect_timeout_ms.unwrap_or(d.connect_timeout),
+            shutdown_grace: args.shutdown_grace_ms.unwrap_or(d.shutdown_grace),
+            log_level: args.log.unwrap_or(d.log_level),
+            workers: args.workers.unwrap_or(d.workers),
+            identity,
+            inbound_require_tls: args.inbound_require_tls.unwrap_or(d.inbound_require_tls),
+            opaque_tls_wait: args.opaque_tls_wait_ms.unwrap_or(d.opaque_tls_wait),
+            outbound_identities,
+            destination,
+        })
     }
 }
 
 /// The identity settings: all or nothing. A name without an Identity service to ask is an error,
 /// never a silent plaintext proxy.
-fn identity(var: &impl Fn(&str) -> Option<(String, String)>) -> Result<Option<IdentityConfig>, ConfigError> {
-    let Some((n, v)) = var("IDENTITY_NAME") else {
-        for other in ["IDENTITY_TRUST_ANCHORS", "IDENTITY_TRUST_ANCHORS_PEM", "IDENTITY_ADDR"] {
-            if let Some((n, v)) = var(other) {
-                let value = if n == TRUST_ANCHORS_PEM_VAR { redacted(&v) } else { v };
-                return Err(ConfigError { var: n, value, why: "set without CNIMESH_PROXY_IDENTITY_NAME".into() });
-            }
+fn identity(args: &Args) -> Result<Option<IdentityConfig>, ConfigError> {
+    let Some(name) = args.identity_name.clone() else {
+        let orphan = if let Some(path) = &args.identity_trust_anchors {
+            Some((TRUST_ANCHORS_FILE_VAR, path.display().to_string()))
+        } else if let Some(pem) = &args.identity_trust_anchors_pem {
+            Some((TRUST_ANCHORS_PEM_VAR, redacted(pem)))
+        } else {
+            args.identity_addr.clone().map(|addr| ("CNIMESH_PROXY_IDENTITY_ADDR", addr))
+        };
+        return match orphan {
+            Some((var, value)) => Err(ConfigError::invalid(var, value, "set without CNIMESH_PROXY_IDENTITY_NAME")),
+            None => Ok(None),
+        };
+    };
+    let n = "CNIMESH_PROXY_IDENTITY_NAME";
+    let trust_anchors = match (&args.identity_trust_anchors, &args.identity_trust_anchors_pem) {
+        (Some(_), Some(pem)) => {
+            return Err(ConfigError::invalid(
+                TRUST_ANCHORS_PEM_VAR,
+                redacted(pem),
+                format!("set together with {TRUST_ANCHORS_FILE_VAR}; set exactly one of the two"),
+            ));
         }
-        return Ok(None);
-    };
-    let name = parse(&n, &v)?;
-    let required = |key: &str| {
-        var(key).map(|(_, v)| v).ok_or_else(|| ConfigError {
-            var: format!("CNIMESH_PROXY_{key}"),
-            value: String::new(),
-            why: format!("required when {n} is set"),
-        })
-    };
-    let control_name = match var("IDENTITY_SVC_NAME") {
-        Some((n, v)) => parse(&n, &v)?,
-        None => DEFAULT_CONTROL_NAME.parse().expect("valid default"),
-    };
-    let max_backoff = match var("IDENTITY_MAX_BACKOFF_MS") {
-        Some((n, v)) => millis(&n, &v)?,
-        None => Duration::from_secs(30),
-    };
-    let trust_anchors = match (var("IDENTITY_TRUST_ANCHORS"), var("IDENTITY_TRUST_ANCHORS_PEM")) {
-        (Some(_), Some((p, pem))) => {
-            return Err(ConfigError {
-                var: p,
-                value: redacted(&pem),
-                why: format!("set together with {TRUST_ANCHORS_FILE_VAR}; set exactly one of the two"),
-            });
+        (Some(path), None) => TrustAnchors::File(path.clone()),
+        (None, Some(pem)) if pem.trim().is_empty() => {
+            return Err(ConfigError::invalid(TRUST_ANCHORS_PEM_VAR, "", "empty: PEM certificates expected"));
         }
-        (Some((_, path)), None) => TrustAnchors::File(path.into()),
-        (None, Some((p, pem))) if pem.trim().is_empty() => {
-            return Err(ConfigError { var: p, value: String::new(), why: "empty: PEM certificates expected".into() });
-        }
-        (None, Some((_, pem))) => TrustAnchors::Pem(pem),
+        (None, Some(pem)) => TrustAnchors::Pem(pem.clone()),
         (None, None) => {
-            return Err(ConfigError {
-                var: TRUST_ANCHORS_FILE_VAR.into(),
-                value: String::new(),
-                why: format!(
+            return Err(ConfigError::invalid(
+                TRUST_ANCHORS_FILE_VAR,
+                "",
+                format!(
                     "{TRUST_ANCHORS_FILE_VAR} (a file) or {TRUST_ANCHORS_PEM_VAR} (the PEM) is required when {n} is set"
                 ),
-            });
+            ));
         }
     };
+    let control_addr = args
+        .identity_addr
+        .clone()
+        .ok_or_else(|| ConfigError::invalid("CNIMESH_PROXY_IDENTITY_ADDR", "", format!("required when {n} is set")))?;
     Ok(Some(IdentityConfig {
         name,
         trust_anchors,
-        token_file: var("IDENTITY_TOKEN_FILE").map_or_else(|| DEFAULT_TOKEN_FILE.into(), |(_, v)| v.into()),
-        control_addr: required("IDENTITY_ADDR")?,
-        control_name,
-        max_backoff,
+        token_file: args.identity_token_file.clone().unwrap_or_else(|| DEFAULT_TOKEN_FILE.into()),
+        control_addr,
+        control_name: args
+            .identity_svc_name
+            .clone()
+            .unwrap_or_else(|| DEFAULT_CONTROL_NAME.parse().expect("valid default")),
+        max_backoff: args.identity_max_backoff_ms.unwrap_or(DEFAULT_MAX_BACKOFF),
     }))
 }
 
-fn destination(
-    var: &impl Fn(&str) -> Option<(String, String)>,
-    identity: Option<&IdentityConfig>,
-) -> Result<Option<DestinationConfig>, ConfigError> {
-    let Some((n, addr)) = var("DESTINATION_ADDR") else { return Ok(None) };
+fn destination(args: &Args, identity: Option<&IdentityConfig>) -> Result<Option<DestinationConfig>, ConfigError> {
+    let Some(addr) = &args.destination_addr else { return Ok(None) };
     let Some(identity) = identity else {
-        return Err(ConfigError {
-            var: n,
-            value: addr,
-            why: "discovery needs CNIMESH_PROXY_IDENTITY_* (its channel is verified mTLS)".into(),
-        });
+        return Err(ConfigError::invalid(
+            "CNIMESH_PROXY_DESTINATION_ADDR",
+            addr.clone(),
+            "discovery needs CNIMESH_PROXY_IDENTITY_* (its channel is verified mTLS)",
+        ));
     };
-    let name = match var("DESTINATION_SVC_NAME") {
-        Some((n, v)) => parse(&n, &v)?,
-        None => identity.control_name.clone(),
-    };
-    let first_answer = match var("DISCOVERY_WAIT_MS") {
-        Some((n, v)) => millis(&n, &v)?,
-        None => Duration::from_secs(2),
-    };
-    Ok(Some(DestinationConfig { addr: addr.trim().to_string(), name, first_answer }))
+    Ok(Some(DestinationConfig {
+        addr: addr.trim().to_string(),
+        name: args.destination_svc_name.clone().unwrap_or_else(|| identity.control_name.clone()),
+        first_answer: args.discovery_wait_ms.unwrap_or(DEFAULT_DISCOVERY_WAIT),
+    }))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::HashMap;
 
-    fn vars(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
-        let map: HashMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        move |k| map.get(k).cloned()
+    /// Feeds each variable as the flag clap reads it into (a test must not change the process
+    /// environment), so every variable's name is checked as well.
+    fn from_vars(pairs: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        let command = <Args as clap::CommandFactory>::command();
+        let mut argv = vec!["cnimesh-proxy".to_string()];
+        for (var, value) in pairs {
+            let arg = command
+                .get_arguments()
+                .find(|a| a.get_env().is_some_and(|e| e == *var))
+                .unwrap_or_else(|| panic!("no flag reads {var}"));
+            argv.push(format!("--{}={value}", arg.get_long().expect("long flag")));
+        }
+        let args = <Args as clap::Parser>::try_parse_from(argv).map_err(|e| ConfigError::from_clap(&e))?;
+        Config::try_from(args)
     }
 
     #[test]
     fn defaults_without_configuration() {
-        let c = Config::from_vars(vars(&[])).unwrap();
+        let c = from_vars(&[]).unwrap();
         assert_eq!(c.inbound.len(), 2);
         assert_eq!(c.outbound[0].to_string(), "127.0.0.1:4140");
         assert_eq!(c.admin.port(), 4191);
@@ -379,44 +473,54 @@ mod tests {
     }
 
     #[test]
+    fn default_control_name_is_the_control_planes_service_account() {
+        let name = Name::for_service_account(
+            cnimesh_common::names::CONTROL_NAME,
+            cnimesh_common::names::CONTROL_NAMESPACE,
+            cnimesh_identity::name::DEFAULT_TRUST_DOMAIN,
+        );
+        assert_eq!(name.unwrap().as_str(), DEFAULT_CONTROL_NAME);
+    }
+
+    #[test]
     fn overrides_and_errors() {
-        let c = Config::from_vars(vars(&[
+        let c = from_vars(&[
             ("CNIMESH_PROXY_OPAQUE_PORTS", "5432, 7000"),
             ("CNIMESH_PROXY_DETECT_TIMEOUT_MS", "250"),
             ("CNIMESH_PROXY_OUTBOUND_ADDRS", "127.0.0.1:5140"),
-        ]))
+        ])
         .unwrap();
         assert_eq!(c.opaque_ports, vec![5432, 7000]);
         assert_eq!(c.detect_timeout, Duration::from_millis(250));
         assert_eq!(c.outbound.len(), 1);
-        let e = Config::from_vars(vars(&[("CNIMESH_PROXY_OPAQUE_PORTS", "x")])).unwrap_err();
+        let e = from_vars(&[("CNIMESH_PROXY_OPAQUE_PORTS", "x")]).unwrap_err();
         assert!(e.to_string().contains("CNIMESH_PROXY_OPAQUE_PORTS"));
     }
 
     #[test]
     fn identity_is_all_or_nothing() {
-        assert!(Config::from_vars(vars(&[])).unwrap().identity.is_none());
+        assert!(from_vars(&[]).unwrap().identity.is_none());
         let name = ("CNIMESH_PROXY_IDENTITY_NAME", "web.shop.serviceaccount.identity.cnimesh.cluster.local");
-        let e = Config::from_vars(vars(&[name])).unwrap_err();
+        let e = from_vars(&[name]).unwrap_err();
         assert!(e.to_string().contains("IDENTITY_TRUST_ANCHORS"), "{e}");
-        let e = Config::from_vars(vars(&[("CNIMESH_PROXY_IDENTITY_ADDR", "x:1")])).unwrap_err();
+        let e = from_vars(&[("CNIMESH_PROXY_IDENTITY_ADDR", "x:1")]).unwrap_err();
         assert!(e.to_string().contains("without CNIMESH_PROXY_IDENTITY_NAME"), "{e}");
-        let c = Config::from_vars(vars(&[
+        let c = from_vars(&[
             name,
             ("CNIMESH_PROXY_IDENTITY_TRUST_ANCHORS", "/ca.crt"),
             ("CNIMESH_PROXY_IDENTITY_ADDR", "control:4190"),
             ("CNIMESH_PROXY_OUTBOUND_IDENTITIES", "10.0.0.1:80=a.b, 10.0.0.2=c.d"),
-        ]))
+        ])
         .unwrap();
         let id = c.identity.unwrap();
         assert_eq!(id.control_name.as_str(), DEFAULT_CONTROL_NAME);
         assert_eq!(id.token_file.to_str(), Some(DEFAULT_TOKEN_FILE));
         assert_eq!(c.outbound_identities.len(), 2);
-        assert!(Config::from_vars(vars(&[("CNIMESH_PROXY_OUTBOUND_IDENTITIES", "10.0.0.1:80=Bad_Name")])).is_err());
-        assert!(Config::from_vars(vars(&[("CNIMESH_PROXY_INBOUND_REQUIRE_TLS", "yes")])).is_err());
-        let e = Config::from_vars(vars(&[("CNIMESH_PROXY_OUTBOUND_IDENTITIES", "10.0.0.1=a.b")])).unwrap_err();
+        assert!(from_vars(&[("CNIMESH_PROXY_OUTBOUND_IDENTITIES", "10.0.0.1:80=Bad_Name")]).is_err());
+        assert!(from_vars(&[("CNIMESH_PROXY_INBOUND_REQUIRE_TLS", "yes")]).is_err());
+        let e = from_vars(&[("CNIMESH_PROXY_OUTBOUND_IDENTITIES", "10.0.0.1=a.b")]).unwrap_err();
         assert!(e.to_string().contains("would be sent plaintext"), "{e}");
-        let e = Config::from_vars(vars(&[("CNIMESH_PROXY_DESTINATION_ADDR", "control:4190")])).unwrap_err();
+        let e = from_vars(&[("CNIMESH_PROXY_DESTINATION_ADDR", "control:4190")]).unwrap_err();
         assert!(e.to_string().contains("needs CNIMESH_PROXY_IDENTITY"), "{e}");
     }
 
@@ -427,8 +531,7 @@ mod tests {
         let addr = ("CNIMESH_PROXY_IDENTITY_ADDR", "control:4190");
         let file = ("CNIMESH_PROXY_IDENTITY_TRUST_ANCHORS", "/ca.crt");
         let pem = ("CNIMESH_PROXY_IDENTITY_TRUST_ANCHORS_PEM", PEM);
-        let anchors =
-            |pairs: &[(&str, &str)]| Config::from_vars(vars(pairs)).map(|c| c.identity.unwrap().trust_anchors);
+        let anchors = |pairs: &[(&str, &str)]| from_vars(pairs).map(|c| c.identity.unwrap().trust_anchors);
 
         assert_eq!(anchors(&[name, addr, file]).unwrap(), TrustAnchors::File("/ca.crt".into()));
         let from_pem = anchors(&[name, addr, pem]).unwrap();

@@ -1,8 +1,8 @@
 //! Protocol detection on the first bytes of a connection.
 //!
-//! The HTTP/2 preface means HTTP/2; a well-formed HTTP/1.x request line means HTTP/1; anything
-//! else — or nothing within the detect timeout — is opaque TCP, forwarded with the bytes already
-//! read. Opaque ports never get here (server-speaks-first protocols would stall).
+//! The HTTP/2 preface means HTTP/2; a well-formed HTTP/1.x request line (checked by `httparse`)
+//! means HTTP/1; anything else — or nothing within the detect timeout — is opaque TCP, forwarded
+//! with the bytes already read. Opaque ports never get here (server-speaks-first protocols would stall).
 
 use std::io;
 use std::pin::Pin;
@@ -23,41 +23,30 @@ pub enum Protocol {
     Opaque,
 }
 
-fn is_token_char(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
-}
-
 /// Classifies what has been read so far; `None` means "need more bytes".
 pub fn classify(buf: &[u8]) -> Option<Protocol> {
     let n = buf.len().min(H2_PREFACE.len());
     if buf[..n] == H2_PREFACE[..n] {
         return (buf.len() >= H2_PREFACE.len()).then_some(Protocol::Http2);
     }
-    // Decide as early as the bytes allow: a binary client-first protocol (a TLS ClientHello
-    // starts with 0x16) must not wait for a newline that never comes.
-    let method_len = buf.iter().position(|b| *b == b' ').unwrap_or(buf.len());
-    if !buf[..method_len].iter().all(|b| is_token_char(*b)) || (method_len == 0 && !buf.is_empty()) {
-        return Some(Protocol::Opaque);
-    }
-    let line_len = buf.iter().position(|b| *b == b'\n').unwrap_or(buf.len());
-    if buf[..line_len].iter().any(|b| !(b.is_ascii_graphic() || *b == b' ' || *b == b'\r')) {
-        return Some(Protocol::Opaque);
-    }
-    let Some(end) = buf.iter().position(|b| *b == b'\n') else {
-        return (buf.len() >= MAX_REQUEST_LINE).then_some(Protocol::Opaque);
+    // Only the request line decides (headers are hyper's business), so httparse sees the first
+    // line alone. It fails at the first byte that cannot belong to a request line, so a binary
+    // client-first protocol (a TLS ClientHello starts with 0x16) is opaque at once instead of
+    // waiting for a newline that never comes.
+    let line = match buf.iter().position(|b| *b == b'\n') {
+        Some(end) => &buf[..=end],
+        None => buf,
     };
-    let line = buf[..end].strip_suffix(b"\r").unwrap_or(&buf[..end]);
-    let mut parts = line.split(|b| *b == b' ');
-    let (Some(method), Some(target), Some(version), None) = (parts.next(), parts.next(), parts.next(), parts.next())
-    else {
-        return Some(Protocol::Opaque);
-    };
-    let ok = !method.is_empty()
-        && method.iter().all(|b| is_token_char(*b))
-        && !target.is_empty()
-        && target.iter().all(|b| b.is_ascii_graphic())
-        && (version == b"HTTP/1.1" || version == b"HTTP/1.0");
-    Some(if ok { Protocol::Http1 } else { Protocol::Opaque })
+    let mut request = httparse::Request::new(&mut []);
+    match request.parse(line) {
+        Err(_) => Some(Protocol::Opaque),
+        // A whole line parsed up to its version (httparse accepts HTTP/1.0 and 1.1 only).
+        Ok(_) if line.ends_with(b"\n") => {
+            Some(if request.version.is_some() { Protocol::Http1 } else { Protocol::Opaque })
+        }
+        // A valid prefix of a request line: wait for the rest, unless it is too long to be one.
+        Ok(_) => (buf.len() >= MAX_REQUEST_LINE).then_some(Protocol::Opaque),
+    }
 }
 
 /// Reads until the protocol is known, the timeout passes, or the peer stops sending. `read`

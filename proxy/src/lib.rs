@@ -4,21 +4,25 @@
 //! otherwise.
 
 pub mod admin;
+pub mod backoff;
 pub mod cli;
 pub mod config;
-pub mod control;
 pub mod counting;
 pub mod detect;
 pub mod discovery;
 pub mod drain;
-pub mod endpoints;
+pub mod grpc_channel;
 pub mod http;
+pub mod http_clients;
 pub mod identity;
 pub mod io;
 pub mod metrics;
 pub mod orig_dst;
+pub mod rng;
 pub mod route;
 pub mod server;
+pub mod shared;
+pub mod static_identities;
 pub mod tcp;
 pub mod tls;
 
@@ -33,7 +37,7 @@ use crate::admin::{Admin, LogLevel};
 use crate::config::Config;
 use crate::drain::Drain;
 use crate::metrics::{Direction, Metrics};
-use crate::server::Shared;
+use crate::shared::Shared;
 
 /// Runs the proxy until `shutdown` resolves or `/shutdown` is called, then drains for up to the
 /// grace period.
@@ -53,21 +57,21 @@ pub async fn run(
         None => None,
     };
     let shared = Arc::new(Shared {
-        clients: Arc::new(http::Clients::new(config.connect_timeout)),
+        clients: Arc::new(http_clients::Clients::new(config.connect_timeout)),
         metrics: metrics.clone(),
         drain: drain.clone(),
         config: config.clone(),
         identity: identity.clone(),
-        endpoints: Arc::new(endpoints::MeshedEndpoints::new(config.outbound_identities.clone())),
+        static_identities: Arc::new(static_identities::MeshedEndpoints::new(config.outbound_identities.clone())),
         discovery: match (&config.destination, &identity) {
             (Some(d), Some(id)) => {
-                let channel = control::channel(&d.addr, &d.name, id.roots.clone(), None)?;
+                let channel = grpc_channel::channel(&d.addr, &d.name, id.roots.clone(), None)?;
                 let max_backoff = config.identity.as_ref().map_or(Duration::from_secs(30), |i| i.max_backoff);
                 Some(Arc::new(discovery::Discovery::new(channel, d.first_answer, max_backoff, metrics.clone())))
             }
             _ => None,
         },
-        local_ips: server::LocalIps::default(),
+        local_ips: shared::LocalIps::default(),
     });
     let mut listeners = Vec::new();
     for (direction, addrs) in [(Direction::inbound, &config.inbound), (Direction::outbound, &config.outbound)] {

@@ -9,54 +9,16 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::config::Config;
 use crate::counting::CountingIo;
 use crate::detect::{self, PrefixedIo, Protocol};
-use crate::discovery::Discovery;
-use crate::drain::Drain;
-use crate::endpoints::MeshedEndpoints;
-use crate::http::{Clients, HttpProxy};
-use crate::identity::Identity;
+use crate::http::HttpProxy;
 use crate::io::MaybeTls;
-use crate::metrics::{Direction, Metrics, OpenConnection, TcpLabels, TlsLabel};
+use crate::metrics::{Direction, OpenConnection, TcpLabels, TlsLabel};
 use crate::orig_dst::original_dst;
 use crate::route::{Route, Target};
+use crate::shared::Shared;
 use crate::tcp;
 use crate::tls::{self, ClientIo};
-
-/// State shared by every connection of the proxy.
-pub struct Shared {
-    pub config: Config,
-    pub metrics: Arc<Metrics>,
-    pub clients: Arc<Clients>,
-    pub drain: Drain,
-    /// Present when the proxy has an identity (and so does mTLS).
-    pub identity: Option<Arc<Identity>>,
-    pub endpoints: Arc<MeshedEndpoints>,
-    /// Present when a Destination service is configured.
-    pub discovery: Option<Arc<Discovery>>,
-    pub local_ips: LocalIps,
-}
-
-/// This pod's own addresses, learnt on first use: an address is local when a socket can bind to
-/// it (the kernel's own answer, covering every interface and family).
-#[derive(Debug, Default)]
-pub struct LocalIps(std::sync::Mutex<std::collections::HashSet<std::net::IpAddr>>);
-
-impl LocalIps {
-    pub fn contains(&self, ip: std::net::IpAddr) -> bool {
-        if self.0.lock().expect("not poisoned").contains(&ip) {
-            return true;
-        }
-        let local = std::net::UdpSocket::bind((ip, 0)).is_ok();
-        let mut known = self.0.lock().expect("not poisoned");
-        // A pod has a handful of addresses; the bound keeps a confused caller from growing it.
-        if local && known.len() < 64 {
-            known.insert(ip);
-        }
-        local
-    }
-}
 
 /// Accepts until draining starts.
 pub async fn accept_loop(listener: TcpListener, direction: Direction, shared: Arc<Shared>) {
@@ -147,7 +109,7 @@ async fn secure(
 /// An outbound connection's route: a discovered service's endpoints, or its original
 /// destination with the identity it is known to have (from discovery or configuration).
 async fn outbound_route(target: SocketAddr, shared: &Shared) -> anyhow::Result<Route> {
-    let mut expected = shared.endpoints.identity(target);
+    let mut expected = shared.static_identities.identity(target);
     if let Some(discovery) = &shared.discovery
         && let Some(profile) = discovery.profile(target).await
     {

@@ -3,7 +3,6 @@
 //! once to a slow response and forgets it over `DECAY`, so a slow endpoint sheds load quickly
 //! and gets it back when it recovers.
 
-use std::cell::Cell;
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -93,24 +92,9 @@ impl Drop for Load {
     }
 }
 
-thread_local! {
-    static RNG: Cell<u64> = Cell::new({
-        let mut seed = [0u8; 8];
-        cnimesh_identity::tls::random(&mut seed);
-        u64::from_le_bytes(seed) | 1
-    });
-}
-
-/// A uniform index below `n` (xorshift; balancing needs speed, not secrecy).
+/// A uniform index below `n` (balancing needs speed, not secrecy).
 fn below(n: usize) -> usize {
-    RNG.with(|r| {
-        let mut x = r.get();
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        r.set(x);
-        (x % n as u64) as usize
-    })
+    crate::rng::with(|r| rand::Rng::random_range(r, 0..n))
 }
 
 /// Picks among `items` by power of two choices on `stats(item).cost()`.

@@ -1,6 +1,6 @@
 //! The long-lived Destination streams behind discovery, one per lookup, re-opened with jittered
-//! backoff when they fail; the last answer stays published meanwhile. A stream ends when nobody
-//! holds its receiver any more.
+//! backoff ([`crate::backoff`]) when they fail; the last answer stays published meanwhile. A
+//! stream ends when nobody holds its receiver any more.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -36,17 +36,17 @@ where
                         }
                         Ok(None) => break,
                         Err(e) => {
-                            tracing::warn!(lookup = %what, error = %crate::control::describe(&e), "discovery stream failed; keeping the last answer");
+                            tracing::warn!(lookup = %what, error = %crate::grpc_channel::describe(&e), "discovery stream failed; keeping the last answer");
                             break;
                         }
                     }
                 }
             }
             Err(e) => {
-                tracing::warn!(lookup = %what, error = %crate::control::describe(&e), "discovery unavailable; keeping the last answer")
+                tracing::warn!(lookup = %what, error = %crate::grpc_channel::describe(&e), "discovery unavailable; keeping the last answer")
             }
         }
-        let (next, jittered) = crate::identity::refresh::backoff(delay, max_backoff);
+        let (next, jittered) = crate::backoff::backoff(delay, max_backoff);
         delay = next;
         tokio::time::sleep(jittered).await;
     }

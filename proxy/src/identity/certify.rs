@@ -15,7 +15,7 @@ use crate::config::IdentityConfig;
 
 /// A channel to the Identity service.
 pub fn channel(config: &IdentityConfig, roots: Arc<rustls::RootCertStore>) -> anyhow::Result<Channel> {
-    crate::control::channel(&config.control_addr, &config.control_name, roots, Some(Duration::from_secs(10)))
+    crate::grpc_channel::channel(&config.control_addr, &config.control_name, roots, Some(Duration::from_secs(10)))
 }
 
 /// A certificate the control plane issued, checked.
@@ -43,7 +43,7 @@ pub async fn certify(
     let response = IdentityClient::new(channel)
         .certify(request)
         .await
-        .map_err(|s| anyhow::anyhow!("Certify at {}: {}", config.control_addr, crate::control::describe(&s)))?
+        .map_err(|s| anyhow::anyhow!("Certify at {}: {}", config.control_addr, crate::grpc_channel::describe(&s)))?
         .into_inner();
     let mut chain = vec![CertificateDer::from(response.leaf_certificate)];
     chain.extend(response.intermediate_certificates.into_iter().map(CertificateDer::from));

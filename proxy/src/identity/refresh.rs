@@ -1,5 +1,5 @@
 //! Keeping a certificate: refresh at 70% of its life; on failure retry with jittered exponential
-//! backoff while the old certificate stays in use until it expires.
+//! backoff ([`crate::backoff`]) while the old certificate stays in use until it expires.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -8,26 +8,16 @@ use rustls_pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
 
 use super::Identity;
 use super::certify::{self, Issued};
+use crate::backoff::backoff;
 use crate::config::IdentityConfig;
 use crate::metrics::{Metrics, RefreshLabels};
 
 /// Fraction of a certificate's remaining life after which it is renewed.
 const REFRESH_AT: f64 = 0.7;
-const FIRST_BACKOFF: Duration = Duration::from_millis(200);
 
 /// When to refresh a certificate received `now` that expires at `not_after`.
 pub fn refresh_after(now: SystemTime, not_after: SystemTime) -> Duration {
     not_after.duration_since(now).unwrap_or_default().mul_f64(REFRESH_AT)
-}
-
-/// The next backoff: double, capped, then jittered to 50–100% so a fleet of proxies that lost the
-/// control plane together does not come back in lockstep.
-pub fn backoff(previous: Duration, max: Duration) -> (Duration, Duration) {
-    let next = (previous * 2).max(FIRST_BACKOFF).min(max);
-    let mut r = [0u8; 2];
-    cnimesh_identity::tls::random(&mut r);
-    let fraction = 0.5 + f64::from(u16::from_le_bytes(r)) / f64::from(u16::MAX) / 2.0;
-    (next, next.mul_f64(fraction))
 }
 
 /// Runs forever: obtains and renews the certificate.
@@ -102,20 +92,5 @@ mod tests {
         assert_eq!(refresh_after(now, now + Duration::from_secs(100)), Duration::from_secs(70));
         assert_eq!(refresh_after(now, now + Duration::from_secs(86400)), Duration::from_secs(60480));
         assert_eq!(refresh_after(now, now - Duration::from_secs(1)), Duration::ZERO);
-    }
-
-    #[test]
-    fn backoff_doubles_caps_and_jitters() {
-        let max = Duration::from_secs(30);
-        let (mut d, mut seen) = (Duration::ZERO, Vec::new());
-        for _ in 0..12 {
-            let (next, jittered) = backoff(d, max);
-            assert!(jittered <= next && jittered >= next / 2, "{jittered:?} vs {next:?}");
-            seen.push(next);
-            d = next;
-        }
-        assert_eq!(seen[0], FIRST_BACKOFF);
-        assert_eq!(seen[1], FIRST_BACKOFF * 2);
-        assert_eq!(*seen.last().unwrap(), max);
     }
 }

@@ -1,0 +1,49 @@
+//! What every connection of the proxy shares: configuration, metrics, upstream pools, identity
+//! and discovery. Its own module so the accepting side ([`crate::server`]) and the HTTP side
+//! ([`crate::http`]) both use it without importing each other.
+
+use std::sync::Arc;
+
+use crate::config::Config;
+use crate::discovery::Discovery;
+use crate::drain::Drain;
+use crate::http_clients::Clients;
+use crate::identity::Identity;
+use crate::metrics::Metrics;
+use crate::static_identities::MeshedEndpoints;
+
+/// State shared by every connection of the proxy.
+pub struct Shared {
+    pub config: Config,
+    pub metrics: Arc<Metrics>,
+    pub clients: Arc<Clients>,
+    pub drain: Drain,
+    /// Present when the proxy has an identity (and so does mTLS).
+    pub identity: Option<Arc<Identity>>,
+    /// Meshed endpoints fixed by configuration (`CNIMESH_PROXY_OUTBOUND_IDENTITIES`), for
+    /// destinations discovery does not resolve.
+    pub static_identities: Arc<MeshedEndpoints>,
+    /// Present when a Destination service is configured.
+    pub discovery: Option<Arc<Discovery>>,
+    pub local_ips: LocalIps,
+}
+
+/// This pod's own addresses, learnt on first use: an address is local when a socket can bind to
+/// it (the kernel's own answer, covering every interface and family).
+#[derive(Debug, Default)]
+pub struct LocalIps(std::sync::Mutex<std::collections::HashSet<std::net::IpAddr>>);
+
+impl LocalIps {
+    pub fn contains(&self, ip: std::net::IpAddr) -> bool {
+        if self.0.lock().expect("not poisoned").contains(&ip) {
+            return true;
+        }
+        let local = std::net::UdpSocket::bind((ip, 0)).is_ok();
+        let mut known = self.0.lock().expect("not poisoned");
+        // A pod has a handful of addresses; the bound keeps a confused caller from growing it.
+        if local && known.len() < 64 {
+            known.insert(ip);
+        }
+        local
+    }
+}
