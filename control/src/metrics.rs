@@ -1,7 +1,7 @@
 //! Prometheus metrics for the admin listener. Names follow the `identity_` prefix so that a
 //! dashboard can tell the Identity half from the Destination half later.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use prometheus_client::encoding::{EncodeLabelSet, text::encode};
 use prometheus_client::metrics::counter::Counter;
@@ -9,8 +9,6 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
-
-use crate::identity::issuer::Issuer;
 
 /// How a Certify call ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,9 +87,11 @@ impl Metrics {
         self.certify_duration.observe(took.as_secs_f64());
     }
 
-    pub fn issuer_loaded(&self, issuer: &Issuer) {
+    /// Takes the expiry rather than the issuer, so that metrics sit below identity and depend on
+    /// nothing of the crate (the issuer reports to metrics, not the other way round).
+    pub fn issuer_loaded(&self, not_after: SystemTime) {
         self.issuer_reloads.get_or_create(&ResultLabel { result: "ok" }).inc();
-        let expiry = issuer.signer.issuer_not_after.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        let expiry = not_after.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
         self.issuer_expiry.set(i64::try_from(expiry.as_secs()).unwrap_or(i64::MAX));
     }
 

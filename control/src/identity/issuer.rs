@@ -183,7 +183,7 @@ fn reload(dir: &Path, tx: &watch::Sender<Option<Arc<Issuer>>>, metrics: &Metrics
                 expires_unix = epoch_secs(issuer.signer.issuer_not_after),
                 "issuer loaded"
             );
-            metrics.issuer_loaded(&issuer);
+            metrics.issuer_loaded(issuer.signer.issuer_not_after);
             tx.send_replace(Some(Arc::new(issuer)));
         }
         Err(e) => rejected(dir, tx, metrics, e),
