@@ -105,7 +105,7 @@ impl InjectConfig {
         if self.proxy_uid <= 0 {
             return Err(InjectConfigError::RootProxy);
         }
-        crate::inject::mutate::check_log_level(&self.log_level)
+        super::validate::check_log_level(&self.log_level)
             .map_err(|why| InjectConfigError::LogLevel(self.log_level.clone(), why))
     }
 

@@ -15,6 +15,7 @@ mod mutate;
 mod server;
 #[cfg(test)]
 mod tests;
+mod validate;
 mod version;
 
 pub use cert::{
@@ -28,7 +29,8 @@ pub use config::{
 pub use mutate::{
     INJECT_ANNOTATION, INJECTED_ANNOTATION, LOG_LEVEL_ANNOTATION, NEVER_INJECTED, NamespaceInjection,
     OPAQUE_PORTS_ANNOTATION, PROXY_ADMIN_PORT, PROXY_CONTAINER, PodProxySettings, Skip, TOKEN_FILE, TOKEN_VOLUME,
-    TRUST_ANCHORS_ENV, check_log_level, check_ports, mutate, plan, proxy_container, proxy_volumes,
+    TRUST_ANCHORS_ENV, mutate, plan, proxy_container, proxy_volumes,
 };
 pub use server::{INJECT_PATH, MAX_BODY, OPT_IN_PATH, Webhook, serve_webhook};
+pub use validate::{check_log_level, check_ports};
 pub use version::watch_server_version;

@@ -23,6 +23,7 @@ use kube::core::admission::{AdmissionRequest, AdmissionResponse, Operation};
 use serde_json::Value;
 
 use super::config::InjectConfig;
+use super::validate::{check_log_level, check_ports};
 
 pub const PROXY_CONTAINER: &str = "cnimesh-proxy";
 /// `enabled` / `disabled` on a pod (annotation) or a namespace (label).
@@ -261,30 +262,6 @@ fn pod_identity(spec: &k8s_openapi::api::core::v1::PodSpec, ns: &str, config: &I
         return Err(Skip::Warn(format!("service account {sa:?} contains a dot and cannot be an identity name")));
     }
     Name::for_service_account(sa, ns, &config.trust_domain).map_err(|e| Skip::Warn(format!("identity: {e}")))
-}
-
-/// A comma-separated list of ports 1..=65535, normalised to `a,b,c` (what the proxy parses).
-pub fn check_ports(value: &str) -> Result<String, String> {
-    let ports: Vec<u16> = value
-        .split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(|s| s.parse::<u16>().ok().filter(|p| *p != 0).ok_or_else(|| format!("{s:?} is not a port (1-65535)")))
-        .collect::<Result<_, _>>()?;
-    if ports.is_empty() {
-        return Err(format!("{value:?} names no port"));
-    }
-    Ok(ports.iter().map(u16::to_string).collect::<Vec<_>>().join(","))
-}
-
-/// A tracing filter (`info`, `warn,cnimesh_proxy=debug`): only the characters such filters use,
-/// so a pod annotation cannot smuggle anything odd into the proxy's environment.
-pub fn check_log_level(value: &str) -> Result<(), String> {
-    let allowed = |c: char| c.is_ascii_alphanumeric() || "_-:=,.[]{}\"".contains(c);
-    if value.is_empty() || value.len() > 256 || !value.chars().all(allowed) {
-        return Err(format!("{value:?} is not a log filter such as `info` or `warn,cnimesh_proxy=debug`"));
-    }
-    Ok(())
 }
 
 /// The sidecar. As a native sidecar (`config.native_sidecars`) it carries `restartPolicy: Always`
