@@ -25,13 +25,13 @@ use serde_json::Value;
 use super::config::InjectConfig;
 use super::validate::{check_log_level, check_ports};
 
-pub const PROXY_CONTAINER: &str = "cnimesh-proxy";
-/// `enabled` / `disabled` on a pod (annotation) or a namespace (label).
-pub const INJECT_ANNOTATION: &str = "cnimesh.io/inject";
+/// DESIGN.md §2, shared with the node agent (which captures pods by the proxy container's
+/// name) and the proxy: one declaration in `cnimesh_common::names`.
+pub use cnimesh_common::names::{
+    INJECT_ANNOTATION, LOG_LEVEL_ANNOTATION, OPAQUE_PORTS_ANNOTATION, PROXY_ADMIN_PORT, PROXY_CONTAINER,
+};
 /// Set on injected pods; the value is the webhook's version.
 pub const INJECTED_ANNOTATION: &str = "cnimesh.io/injected";
-pub const OPAQUE_PORTS_ANNOTATION: &str = "config.cnimesh.io/opaque-ports";
-pub const LOG_LEVEL_ANNOTATION: &str = "config.cnimesh.io/proxy-log-level";
 
 pub const TOKEN_VOLUME: &str = "cnimesh-identity-token";
 pub const TOKEN_DIR: &str = "/var/run/secrets/tokens";
@@ -41,8 +41,6 @@ pub const TOKEN_FILE: &str = "/var/run/secrets/tokens/cnimesh-identity-token";
 pub const TOKEN_EXPIRATION_SECONDS: i64 = 86400;
 /// The proxy reads its trust anchors (PEM) from this variable (`proxy/src/config.rs`).
 pub const TRUST_ANCHORS_ENV: &str = "CNIMESH_PROXY_IDENTITY_TRUST_ANCHORS_PEM";
-/// The proxy's admin port (DESIGN.md §2): `/ready` once it has a certificate, `/live`.
-pub const PROXY_ADMIN_PORT: i32 = 4191;
 
 /// Namespaces whose pods are never injected, whatever they say: the control plane's own (see
 /// [`InjectConfig::control_namespace`]) is added to these.
@@ -284,7 +282,7 @@ pub fn proxy_container(config: &InjectConfig, pod: &PodProxySettings) -> Result<
     let probe = |path: &str, period: i32, failures: i32| Probe {
         http_get: Some(HTTPGetAction {
             path: Some(path.into()),
-            port: IntOrString::Int(PROXY_ADMIN_PORT),
+            port: IntOrString::Int(i32::from(PROXY_ADMIN_PORT)),
             ..Default::default()
         }),
         period_seconds: Some(period),
@@ -305,7 +303,7 @@ pub fn proxy_container(config: &InjectConfig, pod: &PodProxySettings) -> Result<
         ),
         ports: Some(vec![ContainerPort {
             name: Some("cnimesh-admin".into()),
-            container_port: PROXY_ADMIN_PORT,
+            container_port: i32::from(PROXY_ADMIN_PORT),
             protocol: Some("TCP".into()),
             ..Default::default()
         }]),

@@ -14,9 +14,10 @@ use serde_json::{Value, json};
 
 use super::install::{ISSUER_SECRET, TRUST_ANCHORS_CONFIG_MAP, WEBHOOK_SECRET};
 use super::{ClusterArgs, manifests, yaml};
-use crate::inject::{DEFAULT_CONTROL_NAMESPACE, PROXY_CONTAINER};
+use cnimesh_common::names::{
+    AGENT_NAME as AGENT_DAEMONSET, AGENT_NAMESPACE, CONTROL_NAMESPACE as DEFAULT_CONTROL_NAMESPACE, PROXY_CONTAINER,
+};
 
-use super::check::{AGENT_NAME as AGENT_DAEMONSET, AGENT_NAMESPACE};
 const UNINSTALL_ON_EXIT: &str = "CNIMESH_UNINSTALL_ON_EXIT";
 /// How many meshed pods a refusal names.
 const NAMED: usize = 10;

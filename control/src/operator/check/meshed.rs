@@ -111,7 +111,7 @@ pub async fn check(client: &kube::Client, now: i64, checks: &mut Vec<Check>) {
         return;
     }
 
-    let port = u16::try_from(PROXY_ADMIN_PORT).expect("the admin port is a port");
+    let port = PROXY_ADMIN_PORT;
     let results: Vec<(String, Result<f64, String>)> = futures::stream::iter(ready.iter().map(|p| key(p)))
         .map(|(ns, pod)| async move {
             let expiry = match pod_proxy_get(client, &ns, &pod, port, "metrics").await {
