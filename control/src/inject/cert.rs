@@ -12,8 +12,6 @@
 //! cnimesh-webhook-tls --type kubernetes.io/tls --from-file=D/tls.crt --from-file=D/tls.key
 //! --from-file=D/ca.crt`) mounted at `--webhook-tls-dir`.
 
-use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -83,9 +81,16 @@ pub fn generate_webhook_cert(
         source,
     })?;
     // The key first: a server reloading the directory never sees a new certificate with an old key.
-    write_replacing(&key_path, pem.key.as_bytes(), 0o600)?;
-    write_replacing(&cert_path, pem.cert.as_bytes(), 0o644)?;
-    write_replacing(&ca_path, pem.ca.as_bytes(), 0o644)?;
+    // Atomic, each with its mode from creation (a key is never readable by others, not even
+    // briefly): a reader sees the old file or the new one.
+    for (path, body, mode) in [(&key_path, &pem.key, 0o600), (&cert_path, &pem.cert, 0o644), (&ca_path, &pem.ca, 0o644)]
+    {
+        cnimesh_common::fs::write_atomic(path, body.as_bytes(), Some(mode)).map_err(|source| WebhookCertError::Io {
+            what: "writing",
+            path: path.clone(),
+            source,
+        })?;
+    }
     Ok(vec![ca_path, cert_path, key_path])
 }
 
@@ -123,29 +128,6 @@ pub fn new_webhook_cert(dns_names: &[String], lifetime: Duration) -> Result<Webh
     validity(&mut leaf);
     let cert = leaf.signed_by(&key, &issuer)?;
     Ok(WebhookCertPem { ca: ca_cert.pem(), cert: cert.pem(), key: key.serialize_pem() })
-}
-
-/// Writes a temporary file with `mode` from its creation (a key is never readable by others, not
-/// even briefly) and renames it over `path`, so a reader sees the old file or the new one.
-fn write_replacing(path: &Path, content: &[u8], mode: u32) -> Result<(), WebhookCertError> {
-    let file_name = path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default();
-    let tmp = path.with_file_name(format!(".{file_name}.tmp"));
-    fn err(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> WebhookCertError + use<> {
-        let path = path.to_path_buf();
-        move |source| WebhookCertError::Io { what, path, source }
-    }
-    match std::fs::remove_file(&tmp) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(err("removing", &tmp)(e)),
-        _ => {}
-    }
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(mode)
-        .open(&tmp)
-        .map_err(err("creating", &tmp))?;
-    file.write_all(content).and_then(|()| file.sync_all()).map_err(err("writing", &tmp))?;
-    std::fs::rename(&tmp, path).map_err(err("renaming to", path))
 }
 
 /// A TLS server config for the webhook from `dir/tls.crt` and `dir/tls.key`. TLS 1.2 and 1.3 and
