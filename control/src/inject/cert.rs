@@ -14,13 +14,10 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
+use cnimesh_identity::ca;
 use cnimesh_identity::tls::provider;
-use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
-    KeyUsagePurpose,
-};
 
 pub const WEBHOOK_CA_FILE: &str = "ca.crt";
 pub const WEBHOOK_CERT_FILE: &str = "tls.crt";
@@ -35,7 +32,7 @@ pub enum WebhookCertError {
     #[error("{what} {}: {source}", path.display())]
     Io { what: &'static str, path: PathBuf, source: std::io::Error },
     #[error("certificate generation: {0}")]
-    Rcgen(#[from] rcgen::Error),
+    Ca(#[from] ca::CaError),
     #[error("no DNS names for the certificate")]
     NoNames,
     #[error("{}: {why}", path.display())]
@@ -99,35 +96,9 @@ pub fn new_webhook_cert(dns_names: &[String], lifetime: Duration) -> Result<Webh
     if dns_names.is_empty() {
         return Err(WebhookCertError::NoNames);
     }
-    let now = SystemTime::now();
-    let validity = |params: &mut CertificateParams| {
-        params.not_before = (now - Duration::from_secs(300)).into();
-        params.not_after = (now + lifetime).into();
-    };
-
-    let ca_key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
-    let mut ca = CertificateParams::default();
-    let mut dn = DistinguishedName::new();
-    dn.push(DnType::CommonName, "cnimesh webhook CA");
-    ca.distinguished_name = dn;
-    ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-    ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-    validity(&mut ca);
-    let ca_cert = ca.self_signed(&ca_key)?;
-    let issuer = Issuer::from_ca_cert_der(ca_cert.der(), ca_key)?;
-
-    let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
-    let mut leaf = CertificateParams::new(dns_names.to_vec())?;
-    let mut dn = DistinguishedName::new();
-    dn.push(DnType::CommonName, dns_names[0].as_str());
-    leaf.distinguished_name = dn;
-    leaf.is_ca = IsCa::ExplicitNoCa;
-    leaf.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-    leaf.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-    leaf.use_authority_key_identifier_extension = true;
-    validity(&mut leaf);
-    let cert = leaf.signed_by(&key, &issuer)?;
-    Ok(WebhookCertPem { ca: ca_cert.pem(), cert: cert.pem(), key: key.serialize_pem() })
+    let ca = ca::new_private_ca("cnimesh webhook CA", lifetime)?;
+    let serving = ca::Signer::new(&ca)?.new_server_cert(dns_names, lifetime)?;
+    Ok(WebhookCertPem { ca: ca.cert_pem, cert: serving.cert_pem, key: serving.key_pem })
 }
 
 /// A TLS server config for the webhook from `dir/tls.crt` and `dir/tls.key`. TLS 1.2 and 1.3 and
