@@ -35,8 +35,9 @@ impl DestinationService {
         DestinationServer::new(self)
     }
 
-    /// Serves Destination alone, in plaintext, on `listener`: for tests and benchmarks. The
-    /// control plane serves it beside Identity over TLS (`serve::run`).
+    /// Serves Destination alone, in plaintext, on `listener`: for tests and benchmarks only, so
+    /// behind `test-util`. The control plane serves it beside Identity over TLS (`serve::run`).
+    #[cfg(any(test, feature = "test-util"))]
     pub fn spawn_plaintext(
         self,
         listener: tokio::net::TcpListener,
