@@ -14,5 +14,6 @@ pub mod inject;
 pub mod metrics;
 pub mod operator;
 pub mod serve;
+pub mod sources;
 
 pub use serve::{ClusterSource, Config, Listeners, TokenSource, run};

@@ -14,9 +14,10 @@ use tokio::sync::watch;
 use tonic::service::Routes;
 
 use crate::admin::{self, AdminState};
-use crate::destination::{DestinationService, FileSource, Index, KubeSource, Source};
+use crate::destination::{DestinationService, Index};
 use crate::identity::{Authenticator, FileTokens, IdentityService, KubeTokens, Policy, issuer, own_cert};
 use crate::metrics::Metrics;
+use crate::sources::{FileSource, KubeSource, Source};
 
 /// Where cluster state (Services, EndpointSlices, Pods) for the Destination service comes from.
 pub enum ClusterSource {

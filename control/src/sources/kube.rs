@@ -15,9 +15,8 @@ use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use serde::de::DeserializeOwned;
 
-use super::index::{Change, Index};
-use super::model::{Kind, Object};
 use super::{Source, SourceError};
+use crate::destination::{Change, Index, Kind, Object};
 
 pub struct KubeSource {
     client: kube::Client,

@@ -19,9 +19,8 @@ use notify::event::{AccessKind, AccessMode};
 use notify::{EventKind, RecursiveMode, Watcher};
 use serde_json::Value;
 
-use super::index::{Change, Index};
-use super::model::{KINDS, Kind, NsName, Object};
 use super::{Source, SourceError};
+use crate::destination::{Change, Index, KINDS, Kind, NsName, Object};
 
 /// Quiet time after a change before files are read: a `kubectl`-style write (truncate, write,
 /// close) or a `git checkout` of many files becomes one update instead of a burst of half-states.
