@@ -9,7 +9,8 @@
 
 use std::time::{Duration, Instant};
 
-use cnimesh_control::destination::{Change, Config, DestinationService, Index, Object};
+use cnimesh_control::destination::{Change, Config, Index, Object};
+use cnimesh_control::grpc::destination::DestinationService;
 use cnimesh_control::sources::{FileSource, Source};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use linkerd2_proxy_api::destination::destination_client::DestinationClient;

@@ -7,6 +7,9 @@
 //! (`routes.add_service(FooServer::new(foo))`): everything on the listener shares the one
 //! certificate and connection handling.
 
+pub mod destination;
+pub mod identity;
+
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;

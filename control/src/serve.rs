@@ -14,8 +14,10 @@ use tokio::sync::watch;
 use tonic::service::Routes;
 
 use crate::admin::{self, AdminState};
-use crate::destination::{DestinationService, Index};
-use crate::identity::{Authenticator, FileTokens, IdentityService, KubeTokens, Policy, issuer, own_cert};
+use crate::destination::Index;
+use crate::grpc::destination::DestinationService;
+use crate::grpc::identity::IdentityService;
+use crate::identity::{Authenticator, FileTokens, KubeTokens, Policy, issuer, own_cert};
 use crate::metrics::Metrics;
 use crate::sources::{FileSource, KubeSource, Source};
 

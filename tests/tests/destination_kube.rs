@@ -3,7 +3,8 @@
 
 use std::time::Duration;
 
-use cnimesh_control::destination::{Config, DestinationService, Index};
+use cnimesh_control::destination::{Config, Index};
+use cnimesh_control::grpc::destination::DestinationService;
 use cnimesh_control::sources::{KubeSource, Source};
 use cnimesh_e2e::kube_mock::ListWatchApi;
 use linkerd2_proxy_api::destination::destination_client::DestinationClient;

@@ -3,17 +3,21 @@
 //!
 //! Cluster state flows one way: a [`Source`](crate::sources::Source) turns Services,
 //! EndpointSlices (discovery.k8s.io/v1) and Pods into [`Change`]s on an [`Index`]; the
-//! [`DestinationService`] streams answers from that index. Two sources (in [`crate::sources`])
-//! implement the one trait:
-//! - [`KubeSource`](crate::sources::KubeSource): kube-rs watchers (list, then watch with resume; a 410 Gone re-lists), all
+//! [`DestinationService`](crate::grpc::destination::DestinationService) streams answers from that
+//! index. Two sources (in [`crate::sources`]) implement the one trait:
+//! - [`KubeSource`]: kube-rs watchers (list, then watch with resume; a 410 Gone re-lists), all
 //!   namespaces, never polling. Needs list/watch on services, pods and endpointslices.
-//! - [`FileSource`](crate::sources::FileSource): a directory of the same objects as YAML (several `---` documents per file,
+//! - [`FileSource`]: a directory of the same objects as YAML (several `---` documents per file,
 //!   `kind: List` too), watched with `notify` and debounced. Local mode and tests. A file that does
 //!   not parse is logged with its error and its last good content stays in force.
 //!
+//! [`KubeSource`]: crate::sources::KubeSource
+//! [`FileSource`]: crate::sources::FileSource
+//!
 //! Wiring (what `main.rs` does):
 //! ```no_run
-//! use cnimesh_control::destination::{Config, DestinationService, Index};
+//! use cnimesh_control::destination::{Config, Index};
+//! use cnimesh_control::grpc::destination::DestinationService;
 //! use cnimesh_control::sources::{FileSource, Source};
 //!
 //! async fn serve(dir: std::path::PathBuf, addr: std::net::SocketAddr) -> anyhow::Result<()> {
@@ -49,15 +53,13 @@
 //! Streams share per-service (and per-IP) watch channels holding one snapshot, and each diffs
 //! snapshots against what it last sent; an idle stream has no task or timer of our own.
 
-mod index;
+pub(crate) mod index;
 mod model;
-mod path;
-mod resolve;
-mod service;
+pub(crate) mod path;
+pub(crate) mod resolve;
 
 pub use index::{Change, Index, IndexStats};
 pub use model::{KINDS, Kind, NsName, Object};
-pub use service::DestinationService;
 
 /// What the answers depend on besides cluster state.
 #[derive(Debug, Clone, PartialEq, Eq)]

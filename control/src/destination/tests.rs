@@ -12,7 +12,8 @@ use linkerd2_proxy_api::destination::{DestinationProfile, GetDestination, NoEndp
 use tonic::Streaming;
 use tonic::transport::Channel;
 
-use super::{Config, DestinationService, Index};
+use super::{Config, Index};
+use crate::grpc::destination::DestinationService;
 use crate::sources::{FileSource, Source};
 
 /// Only guards against a hung test; nothing here measures time.

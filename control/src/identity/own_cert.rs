@@ -11,8 +11,8 @@ use cnimesh_identity::tls::{self, CurrentCert};
 use rustls_pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
 use tokio::sync::watch;
 
+use super::Policy;
 use super::issuer::{Issuer, IssuerRx};
-use super::service::Policy;
 
 /// Never retry faster than this, even if the issuer is about to expire (or a signing fails).
 const MIN_RENEW_DELAY: Duration = Duration::from_secs(1);

@@ -13,11 +13,9 @@ use linkerd2_proxy_api::destination::{
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
-use super::Config;
-use super::index::{Index, ServiceView};
-use super::model::NsName;
-use super::path::{self, Target};
-use super::resolve;
+use crate::destination::index::{Index, ServiceView};
+use crate::destination::path::{self, Target};
+use crate::destination::{Config, NsName, resolve};
 
 /// Serves `Get` and `GetProfile` from an [`Index`]. Cheap to clone.
 #[derive(Clone)]
