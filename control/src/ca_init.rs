@@ -1,6 +1,8 @@
 //! `cnimesh-control ca init`: a trust anchor and an issuer for local use and tests, written in
 //! the layout `serve --issuer-dir` reads, so that nobody needs openssl or step to get started.
 //! The root key is written next to the issuer for convenience; in a cluster it belongs offline.
+//!
+//! Layer: runtime: a `cnimesh-control` subcommand, writing files.
 
 use std::path::PathBuf;
 use std::time::Duration;

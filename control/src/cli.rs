@@ -1,5 +1,7 @@
 //! Command line: `cnimesh-control ca init` and `cnimesh-control serve`. Every `serve` flag can
 //! also come from a `CNIMESH_CONTROL_*` variable, which is how the Deployment configures it.
+//!
+//! Layer: runtime: flags in, the other layers wired by [`crate::serve`].
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

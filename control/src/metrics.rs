@@ -1,5 +1,7 @@
 //! Prometheus metrics for the admin listener. Names follow the `identity_` prefix so that a
 //! dashboard can tell the Identity half from the Destination half later.
+//!
+//! Layer: model: depends on nothing else in the crate, so every layer may report to it.
 
 use std::time::{Duration, SystemTime};
 

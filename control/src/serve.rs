@@ -1,6 +1,8 @@
 //! `cnimesh-control serve`: wires the issuer, the control plane's own certificate, the gRPC
 //! services and the admin listener together. Callable in-process with bound listeners (tests,
 //! benchmarks).
+//!
+//! Layer: runtime: the one place where sources, index, gRPC services and admin are wired together.
 
 use std::future::Future;
 use std::path::PathBuf;

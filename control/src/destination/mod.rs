@@ -52,6 +52,9 @@
 //!
 //! Streams share per-service (and per-IP) watch channels holding one snapshot, and each diffs
 //! snapshots against what it last sent; an idle stream has no task or timer of our own.
+//!
+//! Layer: model/index (pure): this module and its children use neither the kube client nor tonic;
+//! the sources are [`crate::sources`], the gRPC service [`crate::grpc::destination`].
 
 pub(crate) mod index;
 mod model;

@@ -1,6 +1,9 @@
 //! The few facts Destination needs from Services, EndpointSlices and Pods, distilled from the
 //! Kubernetes objects once when they arrive. Both sources feed the same conversions, and the index
 //! keeps only these records: a full Pod object is tens of KiB, the record is a few dozen bytes.
+//!
+//! Layer: model/index (pure): Kubernetes object types in, plain records out; no kube client, no
+//! tonic.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;

@@ -1,4 +1,6 @@
 //! The gRPC face: `io.linkerd.proxy.destination.Destination` over the index.
+//!
+//! Layer: gRPC: maps index state (via `destination::resolve`) to linkerd2-proxy-api streams.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;

@@ -9,6 +9,9 @@
 //! - `PermissionDenied`: the token is valid but for another identity, audience or user kind.
 //! - `Unavailable`: our side (no issuer loaded yet, API server unreachable); retry later.
 //! - `Internal`: signing failed.
+//!
+//! Layer: gRPC: maps the identity model (issuer, tokens, CSR checks) to linkerd2-proxy-api's
+//! Certify.
 
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};

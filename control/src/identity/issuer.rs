@@ -5,6 +5,8 @@
 //! leaf that verifies against the anchors before it replaces the current issuer. Anything less
 //! (half-written files, a key from another certificate, an issuer from another root) is logged
 //! and the last good issuer keeps signing.
+//!
+//! Layer: sources (files): the issuer comes from a watched directory; what it signs is the model.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -2,6 +2,9 @@
 //! the loaded issuer (no token, no CSR: the key never leaves this process), so that proxies can
 //! verify the Identity endpoint with the same anchors they verify each other with. Re-issued
 //! when the issuer changes and before it expires.
+//!
+//! Layer: gRPC support: keeps the certificate the gRPC listener presents current, following the
+//! issuer (a source); it issues in memory and does no I/O of its own.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};

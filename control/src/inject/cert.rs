@@ -11,6 +11,8 @@
 //! which is the layout of a `kubernetes.io/tls` Secret (`kubectl create secret generic
 //! cnimesh-webhook-tls --type kubernetes.io/tls --from-file=D/tls.crt --from-file=D/tls.key
 //! --from-file=D/ca.crt`) mounted at `--webhook-tls-dir`.
+//!
+//! Layer: runtime: the webhook certificate's files (written by `ca webhook`, read by `serve`).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

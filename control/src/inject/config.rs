@@ -1,6 +1,8 @@
 //! What the webhook injects: image, where the control plane is, how the sidecar is run. Every
 //! field has a default that matches DESIGN.md §2, so `InjectConfig::default()` is a working mesh
 //! in a `cluster.local` cluster with the control plane in `cnimesh`.
+//!
+//! Layer: model (pure), plus the `serve` flags that build it.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -8,6 +8,9 @@
 //! Layers: [`mutate`] / [`plan`] are pure (review in, patch out); [`serve_webhook`] is the HTTPS
 //! endpoint; [`generate_webhook_cert`] / [`load_webhook_tls`] provide its certificate;
 //! [`WebhookArgs`] are the `serve` flags. Deployment and failure policy: `daemonset/README.md`.
+//!
+//! Layer: the webhook spans the layers: [`mutate`]/[`plan`] and its config are pure, the server
+//! version comes from kube, [`serve_webhook`] serves, the certificate files are runtime.
 
 mod cert;
 mod config;

@@ -5,6 +5,8 @@
 //! round trip of it: k8s-openapi drops fields it does not know (a newer API server's), and a
 //! patch built from the typed view could not be applied to the real object. Typed structs are
 //! used only to read the pod and to build what we add.
+//!
+//! Layer: model (pure).
 
 use std::collections::BTreeMap;
 

@@ -10,6 +10,8 @@
 //! `--pre`), `control` (Deployment, sidecar mode), `pki` (webhook registration, certificates),
 //! `nodes` (node agents, live capture verification), `meshed` (proxies' readiness and
 //! certificates), `certs` (pure X.509 helpers), `report` (types and renderers).
+//!
+//! Layer: runtime (operator CLI).
 
 mod certs;
 mod control;

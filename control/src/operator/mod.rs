@@ -2,6 +2,8 @@
 //! completion. It renders the manifests under `daemonset/` (the single source of truth: what
 //! `install` prints is those files plus generated certificates), applies the webhook's pure
 //! mutation to YAML offline, and reads the cluster with kube-rs, never with a shell on a node.
+//!
+//! Layer: runtime: the operator's `cnimesh` command line and everything under it.
 
 pub mod check;
 pub mod inject;

@@ -6,6 +6,8 @@
 //! plane) and while the node agents would leave the plugin chained on exit: a chained plugin
 //! with no agent fails every new pod closed. `CNIMESH_UNINSTALL_ON_EXIT=true` on the DaemonSet
 //! makes exiting agents unchain it (daemonset/README.md, "Upgrades").
+//!
+//! Layer: runtime (operator CLI).
 
 use anyhow::Context;
 use k8s_openapi::api::apps::v1::DaemonSet;

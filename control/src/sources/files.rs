@@ -7,6 +7,8 @@
 //! ignored. A file is taken whole or not at all: when one document fails to parse, the error is
 //! logged with the file and the file's previous content stays in force. Writers that want no
 //! intermediate states should write a temporary file and rename it over the old one.
+//!
+//! Layer: sources (files).
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};

@@ -2,6 +2,8 @@
 //! ready and holds an identity certificate. The certificate is read from the proxy's own metrics
 //! (`identity_cert_expiration_timestamp_seconds`) through the API server's pod proxy: a proxy
 //! without one cannot do mTLS, whatever its readiness says.
+//!
+//! Layer: runtime (operator CLI).
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
