@@ -157,8 +157,12 @@ impl ServeArgs {
         };
         let identity_name = match self.identity_name {
             Some(name) => name,
-            None => Name::for_service_account("cnimesh-control", &self.webhook.namespace, &self.trust_domain)
-                .with_context(|| format!("trust domain {:?}", self.trust_domain))?,
+            None => Name::for_service_account(
+                cnimesh_common::names::CONTROL_NAME,
+                &self.webhook.namespace,
+                &self.trust_domain,
+            )
+            .with_context(|| format!("trust domain {:?}", self.trust_domain))?,
         };
         let webhook = match (&self.webhook.webhook_addr, &self.webhook.webhook_tls_dir) {
             (Some(_), Some(dir)) => {
