@@ -13,7 +13,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use cnimesh_control::identity::{FileTokens, IdentityService, Issuer, Policy, csr};
+use cnimesh_control::grpc::identity::IdentityService;
+use cnimesh_control::identity::{FileTokens, Issuer, Policy, csr};
 use cnimesh_control::metrics::Metrics;
 use cnimesh_control::{Config, Listeners, TokenSource};
 use cnimesh_identity::{Name, ca, pem, tls};

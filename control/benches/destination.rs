@@ -9,7 +9,9 @@
 
 use std::time::{Duration, Instant};
 
-use cnimesh_control::destination::{Change, Config, DestinationService, FileSource, Index, Object, Source};
+use cnimesh_control::destination::{Change, Config, Index, Object};
+use cnimesh_control::grpc::destination::DestinationService;
+use cnimesh_control::sources::{FileSource, Source};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use linkerd2_proxy_api::destination::destination_client::DestinationClient;
 use linkerd2_proxy_api::destination::{GetDestination, Update};
@@ -225,7 +227,7 @@ async fn main() {
         "  ratio {SERVICES} streams / 1 stream (p50): index {:.2}x, files {:.2}x (file path includes the {} ms debounce)",
         ms(index_all.p50) / ms(index_one.p50),
         ms(files_all.p50) / ms(files_one.p50),
-        cnimesh_control::destination::DEFAULT_DEBOUNCE.as_millis()
+        cnimesh_control::sources::DEFAULT_DEBOUNCE.as_millis()
     );
     println!(
         "  VmRSS (whole process: index, server, {CONNECTIONS} client connections and {SERVICES} client streams, runtime): start {rss_start:.1} MiB, loaded {rss_loaded:.1} MiB, {SERVICES} streams {rss_streams:.1} MiB, after the changes {rss_end:.1} MiB, with {SERVICES} more on one service {rss_fan_out:.1} MiB"

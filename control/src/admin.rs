@@ -1,5 +1,7 @@
 //! The admin listener: `/metrics` for Prometheus, `/ready` and `/live` for the kubelet. Plain
 //! HTTP/1: probes and scrapers speak nothing else, and nothing here is secret.
+//!
+//! Layer: runtime: the admin HTTP listener `serve` starts beside gRPC.
 
 use std::convert::Infallible;
 use std::future::Future;

@@ -1,10 +1,10 @@
 //! `cnimesh-control ca init`: a trust anchor and an issuer for local use and tests, written in
 //! the layout `serve --issuer-dir` reads, so that nobody needs openssl or step to get started.
 //! The root key is written next to the issuer for convenience; in a cluster it belongs offline.
+//!
+//! Layer: runtime: a `cnimesh-control` subcommand, writing files.
 
-use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use cnimesh_identity::ca;
@@ -48,29 +48,19 @@ pub fn run(opts: &CaInit) -> Result<Vec<PathBuf>, CaInitError> {
     let contents = [(&files[1], &anchor.key_pem, 0o600), (&files[3], &issuer.key_pem, 0o600)];
     let contents =
         contents.into_iter().chain([(&files[0], &anchor.cert_pem, 0o644), (&files[2], &issuer.cert_pem, 0o644)]);
+    // Atomic and with its mode from creation: a key is never readable by others, not even
+    // briefly, and --force does not keep an existing file's looser mode.
     for (path, pem, mode) in contents {
-        write(path, pem.as_bytes(), mode)?;
+        cnimesh_common::fs::write_atomic(path, pem.as_bytes(), Some(mode))
+            .map_err(|source| CaInitError::Write { path: path.clone(), source })?;
     }
     Ok(files.to_vec())
-}
-
-/// Writes `path` with `mode` from the start (a key is never readable by others, not even briefly).
-fn write(path: &Path, content: &[u8], mode: u32) -> Result<(), CaInitError> {
-    let err = |source| CaInitError::Write { path: path.to_path_buf(), source };
-    // Replacing rather than truncating: an existing file's looser mode must not survive --force.
-    match std::fs::remove_file(path) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(err(e)),
-    }
-    let mut file = std::fs::OpenOptions::new().write(true).create_new(true).mode(mode).open(path).map_err(err)?;
-    file.write_all(content).map_err(err)?;
-    file.sync_all().map_err(err)
 }
 
 #[cfg(test)]
 mod tests {
     use std::os::unix::fs::PermissionsExt;
+    use std::path::Path;
 
     use super::*;
     use crate::identity::Issuer;

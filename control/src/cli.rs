@@ -1,5 +1,7 @@
 //! Command line: `cnimesh-control ca init` and `cnimesh-control serve`. Every `serve` flag can
 //! also come from a `CNIMESH_CONTROL_*` variable, which is how the Deployment configures it.
+//!
+//! Layer: runtime: flags in, the other layers wired by [`crate::serve`].
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -55,7 +57,7 @@ struct CaWebhookArgs {
     namespace: String,
     #[arg(long, default_value = DEFAULT_CLUSTER_DOMAIN)]
     cluster_domain: String,
-    #[arg(long, default_value = "1y", value_parser = parse_duration)]
+    #[arg(long, default_value = "365d", value_parser = parse_duration)]
     lifetime: Duration,
     /// Overwrite existing files.
     #[arg(long)]
@@ -68,10 +70,10 @@ struct CaInitArgs {
     dir: PathBuf,
     #[arg(long, default_value = DEFAULT_TRUST_DOMAIN)]
     trust_domain: String,
-    /// e.g. 10y, 365d, 24h.
-    #[arg(long, default_value = "10y", value_parser = parse_duration)]
+    /// e.g. 3650d, 365d, 24h.
+    #[arg(long, default_value = "3650d", value_parser = parse_duration)]
     anchor_lifetime: Duration,
-    #[arg(long, default_value = "1y", value_parser = parse_duration)]
+    #[arg(long, default_value = "365d", value_parser = parse_duration)]
     issuer_lifetime: Duration,
     /// Overwrite existing files.
     #[arg(long)]
@@ -116,22 +118,15 @@ struct ServeArgs {
     webhook: WebhookArgs,
 }
 
-/// `10s`, `500ms`, `30m`, `24h`, `7d`, `10y` (365 days); a bare number is seconds.
+/// humantime's durations (`10s`, `500ms`, `30m`, `24h`, `7d`, `1h30m`); a bare number is
+/// seconds, as it always was here (humantime itself insists on a unit). Mind that humantime's
+/// `y` is 365.25 days: the defaults say `365d` / `3650d` to stay whole days.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (number, unit) = s.split_at(split);
-    let n: u64 = number.parse().map_err(|_| format!("{s:?}: expected a number and a unit, e.g. 10s or 24h"))?;
-    let seconds = |k: u64| n.checked_mul(k).map(Duration::from_secs).ok_or_else(|| format!("{s:?} is too long"));
-    match unit {
-        "ms" => Ok(Duration::from_millis(n)),
-        "" | "s" => seconds(1),
-        "m" => seconds(60),
-        "h" => seconds(3600),
-        "d" => seconds(86400),
-        "y" => seconds(365 * 86400),
-        _ => Err(format!("{s:?}: unknown unit {unit:?} (ms, s, m, h, d, y)")),
+    if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
+        return s.parse().map(Duration::from_secs).map_err(|_| format!("{s:?} is too long"));
     }
+    humantime::parse_duration(s).map_err(|e| format!("{s:?}: {e} (e.g. 10s, 24h, 365d)"))
 }
 
 struct Addrs {
@@ -162,8 +157,12 @@ impl ServeArgs {
         };
         let identity_name = match self.identity_name {
             Some(name) => name,
-            None => Name::for_service_account("cnimesh-control", &self.webhook.namespace, &self.trust_domain)
-                .with_context(|| format!("trust domain {:?}", self.trust_domain))?,
+            None => Name::for_service_account(
+                cnimesh_common::names::CONTROL_NAME,
+                &self.webhook.namespace,
+                &self.trust_domain,
+            )
+            .with_context(|| format!("trust domain {:?}", self.trust_domain))?,
         };
         let webhook = match (&self.webhook.webhook_addr, &self.webhook.webhook_tls_dir) {
             (Some(_), Some(dir)) => {
@@ -278,10 +277,15 @@ mod tests {
     fn durations() {
         assert_eq!(parse_duration("10s").unwrap(), Duration::from_secs(10));
         assert_eq!(parse_duration("24h").unwrap(), Duration::from_secs(86400));
-        assert_eq!(parse_duration("10y").unwrap(), Duration::from_secs(3650 * 86400));
+        assert_eq!(parse_duration("3650d").unwrap(), Duration::from_secs(3650 * 86400));
+        // humantime's years are 365.25 days (the old parser's were 365).
+        assert_eq!(parse_duration("10y").unwrap(), Duration::from_secs(3652 * 86400 + 43200));
         assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
         assert_eq!(parse_duration("90").unwrap(), Duration::from_secs(90));
-        for bad in ["", "s", "10w", "-1s", "1.5h", "99999999999999999999y"] {
+        // humantime accepts weeks, fractions and sums, which the old parser refused.
+        assert_eq!(parse_duration("10w").unwrap(), Duration::from_secs(70 * 86400));
+        assert_eq!(parse_duration("1h 30m").unwrap(), Duration::from_secs(5400));
+        for bad in ["", "s", "10x", "-1s", "99999999999999999999y", "99999999999999999999"] {
             assert!(parse_duration(bad).is_err(), "{bad}");
         }
     }

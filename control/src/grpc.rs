@@ -6,6 +6,12 @@
 //! To serve another service, add it to the `Routes` before calling [`serve_tls`]
 //! (`routes.add_service(FooServer::new(foo))`): everything on the listener shares the one
 //! certificate and connection handling.
+//!
+//! Layer: gRPC: serving and connecting over TLS; the services themselves are [`destination`] and
+//! [`identity`].
+
+pub mod destination;
+pub mod identity;
 
 use std::future::Future;
 use std::net::SocketAddr;

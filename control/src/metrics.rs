@@ -1,7 +1,9 @@
 //! Prometheus metrics for the admin listener. Names follow the `identity_` prefix so that a
 //! dashboard can tell the Identity half from the Destination half later.
+//!
+//! Layer: model: depends on nothing else in the crate, so every layer may report to it.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use prometheus_client::encoding::{EncodeLabelSet, text::encode};
 use prometheus_client::metrics::counter::Counter;
@@ -9,8 +11,6 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
-
-use crate::identity::issuer::Issuer;
 
 /// How a Certify call ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,9 +89,11 @@ impl Metrics {
         self.certify_duration.observe(took.as_secs_f64());
     }
 
-    pub fn issuer_loaded(&self, issuer: &Issuer) {
+    /// Takes the expiry rather than the issuer, so that metrics sit below identity and depend on
+    /// nothing of the crate (the issuer reports to metrics, not the other way round).
+    pub fn issuer_loaded(&self, not_after: SystemTime) {
         self.issuer_reloads.get_or_create(&ResultLabel { result: "ok" }).inc();
-        let expiry = issuer.signer.issuer_not_after.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        let expiry = not_after.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
         self.issuer_expiry.set(i64::try_from(expiry.as_secs()).unwrap_or(i64::MAX));
     }
 
@@ -99,10 +101,13 @@ impl Metrics {
         self.issuer_reloads.get_or_create(&ResultLabel { result: "rejected" }).inc();
     }
 
+    /// Read back by tests; the admin listener only ever encodes.
+    #[cfg(any(test, feature = "test-util"))]
     pub fn issuer_rejections(&self) -> u64 {
         self.issuer_reloads.get_or_create(&ResultLabel { result: "rejected" }).get()
     }
 
+    #[cfg(any(test, feature = "test-util"))]
     pub fn certify_count(&self, result: CertifyResult) -> u64 {
         self.certify.get_or_create(&ResultLabel { result: result.label() }).get()
     }

@@ -1,6 +1,8 @@
 //! `cnimesh-control serve`: wires the issuer, the control plane's own certificate, the gRPC
 //! services and the admin listener together. Callable in-process with bound listeners (tests,
 //! benchmarks).
+//!
+//! Layer: runtime: the one place where sources, index, gRPC services and admin are wired together.
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -14,9 +16,12 @@ use tokio::sync::watch;
 use tonic::service::Routes;
 
 use crate::admin::{self, AdminState};
-use crate::destination::{DestinationService, FileSource, Index, KubeSource, Source};
-use crate::identity::{Authenticator, FileTokens, IdentityService, KubeTokens, Policy, issuer, own_cert};
+use crate::destination::Index;
+use crate::grpc::destination::DestinationService;
+use crate::grpc::identity::IdentityService;
+use crate::identity::{Authenticator, FileTokens, KubeTokens, Policy, issuer, own_cert};
 use crate::metrics::Metrics;
+use crate::sources::{FileSource, KubeSource, Source};
 
 /// Where cluster state (Services, EndpointSlices, Pods) for the Destination service comes from.
 pub enum ClusterSource {

@@ -1,5 +1,7 @@
 //! Certificate authorities: generating a trust anchor and an issuer (`cnimesh-control ca init`,
-//! local mode, tests) and signing workload leaves with the issuer.
+//! local mode, tests) and signing workload leaves with the issuer; also a private CA and a TLS
+//! server certificate for DNS names (the injection webhook's), so that every certificate the
+//! project makes comes from this one module.
 //!
 //! Leaves carry exactly one DNS SAN (the identity), both server and client auth (a proxy is
 //! both), and nothing the requester asked for beyond its public key: the CSR only proves
@@ -23,6 +25,8 @@ pub enum CaError {
     Name(String),
     #[error("issuer certificate: {0}")]
     IssuerCert(String),
+    #[error("no DNS names for the certificate")]
+    NoNames,
 }
 
 /// A CA certificate and its key, both PEM.
@@ -71,6 +75,14 @@ pub fn new_issuer(anchor: &CaPem, trust_domain: &str, lifetime: Duration) -> Res
     let anchor_issuer = Issuer::from_ca_cert_pem(&anchor.cert_pem, anchor_key)?;
     let key = new_key()?;
     let cert = ca_params(&format!("identity.cnimesh.{trust_domain}"), 0, lifetime).signed_by(&key, &anchor_issuer)?;
+    Ok(CaPem { cert_pem: cert.pem(), key_pem: key.serialize_pem() })
+}
+
+/// A self-signed CA that signs leaves only (path length 0), for one private purpose such as the
+/// API server's `caBundle` for a webhook: never a mesh trust anchor.
+pub fn new_private_ca(common_name: &str, lifetime: Duration) -> Result<CaPem, CaError> {
+    let key = new_key()?;
+    let cert = ca_params(common_name, 0, lifetime).self_signed(&key)?;
     Ok(CaPem { cert_pem: cert.pem(), key_pem: key.serialize_pem() })
 }
 
@@ -125,6 +137,30 @@ impl Signer {
     }
 }
 
+impl Signer {
+    /// A fresh key and a TLS server certificate (server auth only) for `dns_names`, the first
+    /// also its common name, valid from five minutes ago (clock skew) for `lifetime`, capped at
+    /// the issuer's own expiry. Returns the certificate and its key as PEM.
+    pub fn new_server_cert(&self, dns_names: &[String], lifetime: Duration) -> Result<CaPem, CaError> {
+        let first = dns_names.first().ok_or(CaError::NoNames)?;
+        let key = new_key()?;
+        let mut params = CertificateParams::new(dns_names.to_vec())?;
+        let mut dn = DistinguishedName::new();
+        dn.push(DnType::CommonName, first.as_str());
+        params.distinguished_name = dn;
+        params.is_ca = IsCa::ExplicitNoCa;
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        params.use_authority_key_identifier_extension = true;
+        let now = SystemTime::now();
+        params.not_before = (now - Duration::from_secs(300)).into();
+        params.not_after = (now + lifetime).min(self.issuer_not_after).into();
+        params.serial_number = Some(random_serial());
+        let cert = params.signed_by(&key, &self.issuer)?;
+        Ok(CaPem { cert_pem: cert.pem(), key_pem: key.serialize_pem() })
+    }
+}
+
 /// A fresh key and a CSR for `name`: what a proxy sends to Certify. The key never leaves memory.
 pub fn new_csr(name: &Name) -> Result<(KeyPair, Vec<u8>), CaError> {
     let key = new_key()?;
@@ -176,6 +212,33 @@ mod tests {
         let now = SystemTime::now();
         let leaf = signer.sign(&name, &key, now, now + Duration::from_secs(86400)).unwrap();
         assert_eq!(tls::not_after(&leaf).unwrap(), tls::not_after(&signer.issuer_der).unwrap());
+    }
+
+    #[test]
+    fn a_server_certificate_verifies_for_its_dns_names_only() {
+        use rustls::client::danger::ServerCertVerifier;
+        use rustls_pki_types::{ServerName, UnixTime};
+
+        let ca = new_private_ca("test CA", Duration::from_secs(3600)).unwrap();
+        let signer = Signer::new(&ca).unwrap();
+        let names = ["hook.ns.svc.cluster.local".to_string(), "hook.ns.svc".to_string()];
+        let server = signer.new_server_cert(&names, Duration::from_secs(600)).unwrap();
+        let leaf = crate::pem::certs(server.cert_pem.as_bytes(), "leaf").unwrap().remove(0);
+        crate::pem::key(server.key_pem.as_bytes(), "key").unwrap();
+        let roots = tls::roots(&crate::pem::certs(ca.cert_pem.as_bytes(), "ca").unwrap()).unwrap();
+        let verifier =
+            rustls::client::WebPkiServerVerifier::builder_with_provider(roots, tls::provider()).build().unwrap();
+        let verify = |name: &str| {
+            let name = ServerName::try_from(name.to_string()).unwrap();
+            verifier.verify_server_cert(&leaf, &[], &name, &[], UnixTime::now())
+        };
+        for name in &names {
+            verify(name).unwrap();
+        }
+        assert!(verify("other.ns.svc").is_err(), "another name must not verify");
+        let expires = tls::not_after(&leaf).unwrap();
+        assert!(expires <= SystemTime::now() + Duration::from_secs(601));
+        assert!(matches!(signer.new_server_cert(&[], Duration::from_secs(60)), Err(CaError::NoNames)));
     }
 
     #[test]

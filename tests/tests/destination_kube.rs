@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use cnimesh_control::destination::{Config, DestinationService, Index, KubeSource, Source};
+use cnimesh_control::destination::{Config, Index};
+use cnimesh_control::grpc::destination::DestinationService;
+use cnimesh_control::sources::{KubeSource, Source};
 use cnimesh_e2e::kube_mock::ListWatchApi;
 use linkerd2_proxy_api::destination::destination_client::DestinationClient;
 use linkerd2_proxy_api::destination::update::Update as Up;

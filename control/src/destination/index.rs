@@ -5,6 +5,8 @@
 //! watches, a change recomputes only the snapshots it touched, and a snapshot that comes out equal
 //! to the last one wakes nobody. So an idle stream costs a receiver and its last-sent set, and the
 //! work per change is proportional to the services it touches, not to the number of streams.
+//!
+//! Layer: model/index (pure): no kube client, no tonic; sources write it, gRPC reads it.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::hash::Hash;

@@ -1,18 +1,24 @@
 //! Destination: service discovery for proxies, as `io.linkerd.proxy.destination.Destination`
 //! (linkerd2-proxy-api), so a stock linkerd2-proxy can use it as well as ours (DESIGN.md §5).
 //!
-//! Cluster state flows one way: a [`Source`] turns Services, EndpointSlices (discovery.k8s.io/v1)
-//! and Pods into [`Change`]s on an [`Index`]; the [`DestinationService`] streams answers from that
-//! index. Two sources implement the one trait:
+//! Cluster state flows one way: a [`Source`](crate::sources::Source) turns Services,
+//! EndpointSlices (discovery.k8s.io/v1) and Pods into [`Change`]s on an [`Index`]; the
+//! [`DestinationService`](crate::grpc::destination::DestinationService) streams answers from that
+//! index. Two sources (in [`crate::sources`]) implement the one trait:
 //! - [`KubeSource`]: kube-rs watchers (list, then watch with resume; a 410 Gone re-lists), all
 //!   namespaces, never polling. Needs list/watch on services, pods and endpointslices.
 //! - [`FileSource`]: a directory of the same objects as YAML (several `---` documents per file,
 //!   `kind: List` too), watched with `notify` and debounced. Local mode and tests. A file that does
 //!   not parse is logged with its error and its last good content stays in force.
 //!
+//! [`KubeSource`]: crate::sources::KubeSource
+//! [`FileSource`]: crate::sources::FileSource
+//!
 //! Wiring (what `main.rs` does):
 //! ```no_run
-//! use cnimesh_control::destination::{Config, DestinationService, FileSource, Index, Source};
+//! use cnimesh_control::destination::{Config, Index};
+//! use cnimesh_control::grpc::destination::DestinationService;
+//! use cnimesh_control::sources::{FileSource, Source};
 //!
 //! async fn serve(dir: std::path::PathBuf, addr: std::net::SocketAddr) -> anyhow::Result<()> {
 //!     let index = Index::new();
@@ -46,23 +52,17 @@
 //!
 //! Streams share per-service (and per-IP) watch channels holding one snapshot, and each diffs
 //! snapshots against what it last sent; an idle stream has no task or timer of our own.
+//!
+//! Layer: model/index (pure): this module and its children use neither the kube client nor tonic;
+//! the sources are [`crate::sources`], the gRPC service [`crate::grpc::destination`].
 
-mod files;
-mod index;
-mod kube;
+pub(crate) mod index;
 mod model;
-mod path;
-mod resolve;
-mod service;
+pub(crate) mod path;
+pub(crate) mod resolve;
 
-use std::future::Future;
-use std::path::PathBuf;
-
-pub use files::{DEFAULT_DEBOUNCE, FileSource};
 pub use index::{Change, Index, IndexStats};
-pub use kube::KubeSource;
-pub use model::{Kind, NsName, Object};
-pub use service::DestinationService;
+pub use model::{KINDS, Kind, NsName, Object};
 
 /// What the answers depend on besides cluster state.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -80,20 +80,6 @@ impl Default for Config {
             trust_domain: cnimesh_identity::DEFAULT_TRUST_DOMAIN.to_string(),
         }
     }
-}
-
-/// Where cluster state comes from. `run` keeps the index in step with the source for as long as
-/// the program runs; it returns only when the source cannot go on.
-pub trait Source: Send + 'static {
-    fn run(self, index: Index) -> impl Future<Output = Result<(), SourceError>> + Send;
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum SourceError {
-    #[error("cannot watch {dir}: {source}")]
-    Watch { dir: PathBuf, source: notify::Error },
-    #[error("file watcher for {dir} stopped: {reason}")]
-    Stopped { dir: PathBuf, reason: String },
 }
 
 #[cfg(test)]

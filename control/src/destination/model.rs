@@ -1,6 +1,9 @@
 //! The few facts Destination needs from Services, EndpointSlices and Pods, distilled from the
 //! Kubernetes objects once when they arrive. Both sources feed the same conversions, and the index
 //! keeps only these records: a full Pod object is tens of KiB, the record is a few dozen bytes.
+//!
+//! Layer: model/index (pure): Kubernetes object types in, plain records out; no kube client, no
+//! tonic.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -11,10 +14,9 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-/// DESIGN.md §2: the container whose presence marks a pod as meshed.
-pub const PROXY_CONTAINER: &str = "cnimesh-proxy";
-/// DESIGN.md §2: ports on which traffic is not HTTP (server-speaks-first protocols and the like).
-pub const OPAQUE_PORTS_ANNOTATION: &str = "config.cnimesh.io/opaque-ports";
+/// DESIGN.md §2: the container whose presence marks a pod as meshed, and the annotation naming
+/// ports on which traffic is not HTTP (server-speaks-first protocols and the like).
+pub use cnimesh_common::names::{OPAQUE_PORTS_ANNOTATION, PROXY_CONTAINER};
 /// The label tying an EndpointSlice to its Service.
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 

@@ -1,4 +1,6 @@
 //! What a `GetDestination.path` names: a service port or a socket address.
+//!
+//! Layer: model/index (pure).
 
 use std::net::SocketAddr;
 

@@ -1,4 +1,7 @@
 //! Turning index snapshots into linkerd2-proxy-api messages for one requested port.
+//!
+//! Layer: model/index (pure): builds linkerd2-proxy-api messages as plain data (prost structs), no
+//! tonic; [`crate::grpc::destination`] streams them.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, SocketAddr};

@@ -12,7 +12,9 @@ use linkerd2_proxy_api::destination::{DestinationProfile, GetDestination, NoEndp
 use tonic::Streaming;
 use tonic::transport::Channel;
 
-use super::{Config, DestinationService, FileSource, Index, Source};
+use super::{Config, Index};
+use crate::grpc::destination::DestinationService;
+use crate::sources::{FileSource, Source};
 
 /// Only guards against a hung test; nothing here measures time.
 const PATIENCE: Duration = Duration::from_secs(20);

@@ -2,6 +2,8 @@
 //! key; the leaf we sign is built from scratch (identity SAN, our usages), so anything in the CSR
 //! beyond the identity and the key is a sign of a confused or hostile client and is refused
 //! rather than silently dropped.
+//!
+//! Layer: model (pure).
 
 use cnimesh_identity::Name;
 use rcgen::{CertificateSigningRequestParams, IsCa, PublicKey, SanType};

@@ -5,6 +5,8 @@
 //! leaf that verifies against the anchors before it replaces the current issuer. Anything less
 //! (half-written files, a key from another certificate, an issuer from another root) is logged
 //! and the last good issuer keeps signing.
+//!
+//! Layer: sources (files): the issuer comes from a watched directory; what it signs is the model.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -183,7 +185,7 @@ fn reload(dir: &Path, tx: &watch::Sender<Option<Arc<Issuer>>>, metrics: &Metrics
                 expires_unix = epoch_secs(issuer.signer.issuer_not_after),
                 "issuer loaded"
             );
-            metrics.issuer_loaded(&issuer);
+            metrics.issuer_loaded(issuer.signer.issuer_not_after);
             tx.send_replace(Some(Arc::new(issuer)));
         }
         Err(e) => rejected(dir, tx, metrics, e),

@@ -1,6 +1,8 @@
 //! Cluster mode: the API server vouches for a projected service-account token (TokenReview).
 //! The audience is part of the review, so a token minted for another service (or the default
 //! API audience) is not accepted here even though it is valid.
+//!
+//! Layer: sources (kube): TokenReview against the API server.
 
 use cnimesh_identity::TOKEN_AUDIENCE;
 use futures::future::BoxFuture;

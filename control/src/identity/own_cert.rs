@@ -2,6 +2,9 @@
 //! the loaded issuer (no token, no CSR: the key never leaves this process), so that proxies can
 //! verify the Identity endpoint with the same anchors they verify each other with. Re-issued
 //! when the issuer changes and before it expires.
+//!
+//! Layer: gRPC support: keeps the certificate the gRPC listener presents current, following the
+//! issuer (a source); it issues in memory and does no I/O of its own.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -11,8 +14,8 @@ use cnimesh_identity::tls::{self, CurrentCert};
 use rustls_pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
 use tokio::sync::watch;
 
+use super::Policy;
 use super::issuer::{Issuer, IssuerRx};
-use super::service::Policy;
 
 /// Never retry faster than this, even if the issuer is about to expire (or a signing fails).
 const MIN_RENEW_DELAY: Duration = Duration::from_secs(1);

@@ -1,5 +1,7 @@
 //! Who is asking: a token is exchanged for the service account it was issued to. The service
 //! then compares that account with the identity requested, in one place for every backend.
+//!
+//! Layer: model ([`Authenticator`]) and sources (files: [`FileTokens`]).
 
 use std::collections::HashSet;
 use std::os::unix::fs::PermissionsExt;

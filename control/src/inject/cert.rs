@@ -11,18 +11,15 @@
 //! which is the layout of a `kubernetes.io/tls` Secret (`kubectl create secret generic
 //! cnimesh-webhook-tls --type kubernetes.io/tls --from-file=D/tls.crt --from-file=D/tls.key
 //! --from-file=D/ca.crt`) mounted at `--webhook-tls-dir`.
+//!
+//! Layer: runtime: the webhook certificate's files (written by `ca webhook`, read by `serve`).
 
-use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
+use cnimesh_identity::ca;
 use cnimesh_identity::tls::provider;
-use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
-    KeyUsagePurpose,
-};
 
 pub const WEBHOOK_CA_FILE: &str = "ca.crt";
 pub const WEBHOOK_CERT_FILE: &str = "tls.crt";
@@ -37,7 +34,7 @@ pub enum WebhookCertError {
     #[error("{what} {}: {source}", path.display())]
     Io { what: &'static str, path: PathBuf, source: std::io::Error },
     #[error("certificate generation: {0}")]
-    Rcgen(#[from] rcgen::Error),
+    Ca(#[from] ca::CaError),
     #[error("no DNS names for the certificate")]
     NoNames,
     #[error("{}: {why}", path.display())]
@@ -83,9 +80,16 @@ pub fn generate_webhook_cert(
         source,
     })?;
     // The key first: a server reloading the directory never sees a new certificate with an old key.
-    write_replacing(&key_path, pem.key.as_bytes(), 0o600)?;
-    write_replacing(&cert_path, pem.cert.as_bytes(), 0o644)?;
-    write_replacing(&ca_path, pem.ca.as_bytes(), 0o644)?;
+    // Atomic, each with its mode from creation (a key is never readable by others, not even
+    // briefly): a reader sees the old file or the new one.
+    for (path, body, mode) in [(&key_path, &pem.key, 0o600), (&cert_path, &pem.cert, 0o644), (&ca_path, &pem.ca, 0o644)]
+    {
+        cnimesh_common::fs::write_atomic(path, body.as_bytes(), Some(mode)).map_err(|source| WebhookCertError::Io {
+            what: "writing",
+            path: path.clone(),
+            source,
+        })?;
+    }
     Ok(vec![ca_path, cert_path, key_path])
 }
 
@@ -94,58 +98,9 @@ pub fn new_webhook_cert(dns_names: &[String], lifetime: Duration) -> Result<Webh
     if dns_names.is_empty() {
         return Err(WebhookCertError::NoNames);
     }
-    let now = SystemTime::now();
-    let validity = |params: &mut CertificateParams| {
-        params.not_before = (now - Duration::from_secs(300)).into();
-        params.not_after = (now + lifetime).into();
-    };
-
-    let ca_key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
-    let mut ca = CertificateParams::default();
-    let mut dn = DistinguishedName::new();
-    dn.push(DnType::CommonName, "cnimesh webhook CA");
-    ca.distinguished_name = dn;
-    ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-    ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-    validity(&mut ca);
-    let ca_cert = ca.self_signed(&ca_key)?;
-    let issuer = Issuer::from_ca_cert_der(ca_cert.der(), ca_key)?;
-
-    let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
-    let mut leaf = CertificateParams::new(dns_names.to_vec())?;
-    let mut dn = DistinguishedName::new();
-    dn.push(DnType::CommonName, dns_names[0].as_str());
-    leaf.distinguished_name = dn;
-    leaf.is_ca = IsCa::ExplicitNoCa;
-    leaf.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-    leaf.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-    leaf.use_authority_key_identifier_extension = true;
-    validity(&mut leaf);
-    let cert = leaf.signed_by(&key, &issuer)?;
-    Ok(WebhookCertPem { ca: ca_cert.pem(), cert: cert.pem(), key: key.serialize_pem() })
-}
-
-/// Writes a temporary file with `mode` from its creation (a key is never readable by others, not
-/// even briefly) and renames it over `path`, so a reader sees the old file or the new one.
-fn write_replacing(path: &Path, content: &[u8], mode: u32) -> Result<(), WebhookCertError> {
-    let file_name = path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default();
-    let tmp = path.with_file_name(format!(".{file_name}.tmp"));
-    fn err(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> WebhookCertError + use<> {
-        let path = path.to_path_buf();
-        move |source| WebhookCertError::Io { what, path, source }
-    }
-    match std::fs::remove_file(&tmp) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(err("removing", &tmp)(e)),
-        _ => {}
-    }
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(mode)
-        .open(&tmp)
-        .map_err(err("creating", &tmp))?;
-    file.write_all(content).and_then(|()| file.sync_all()).map_err(err("writing", &tmp))?;
-    std::fs::rename(&tmp, path).map_err(err("renaming to", path))
+    let ca = ca::new_private_ca("cnimesh webhook CA", lifetime)?;
+    let serving = ca::Signer::new(&ca)?.new_server_cert(dns_names, lifetime)?;
+    Ok(WebhookCertPem { ca: ca.cert_pem, cert: serving.cert_pem, key: serving.key_pem })
 }
 
 /// A TLS server config for the webhook from `dir/tls.crt` and `dir/tls.key`. TLS 1.2 and 1.3 and

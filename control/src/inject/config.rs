@@ -1,22 +1,24 @@
 //! What the webhook injects: image, where the control plane is, how the sidecar is run. Every
 //! field has a default that matches DESIGN.md §2, so `InjectConfig::default()` is a working mesh
 //! in a `cluster.local` cluster with the control plane in `cnimesh`.
+//!
+//! Layer: model (pure), plus the `serve` flags that build it.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+use cnimesh_common::names;
 use cnimesh_identity::{DEFAULT_TRUST_DOMAIN, Name, NameError};
 
 /// The proxy image that matches this control plane: both are released together (DESIGN.md §2).
 pub const DEFAULT_PROXY_IMAGE: &str = concat!("ghcr.io/cnimesh/cnimesh-proxy:", env!("CARGO_PKG_VERSION"));
-pub const DEFAULT_CONTROL_NAMESPACE: &str = "cnimesh";
 pub const DEFAULT_CLUSTER_DOMAIN: &str = "cluster.local";
-/// DESIGN.md §2. The node agent never captures this UID's traffic, so it must be the proxy's.
-pub const DEFAULT_PROXY_UID: i64 = 2102;
-/// The control plane's Service and ServiceAccount (`daemonset/control-plane.yaml`).
-pub const CONTROL_NAME: &str = "cnimesh-control";
-/// Identity and Destination gRPC port (DESIGN.md §2).
-pub const CONTROL_PORT: u16 = 4190;
+/// DESIGN.md §2 as Kubernetes types it (`runAsUser` is an i64). The node agent never captures
+/// this UID's traffic, so it must be the proxy's.
+pub const DEFAULT_PROXY_UID: i64 = names::PROXY_UID as i64;
+/// The control plane's namespace, Service and ServiceAccount, and its gRPC port: DESIGN.md §2,
+/// from the one place every crate reads them.
+pub use cnimesh_common::names::{CONTROL_NAME, CONTROL_NAMESPACE as DEFAULT_CONTROL_NAMESPACE, CONTROL_PORT};
 
 /// Requests and limits of the sidecar, as Kubernetes quantities (`100m`, `64Mi`). `None` leaves
 /// the value unset.
@@ -105,7 +107,7 @@ impl InjectConfig {
         if self.proxy_uid <= 0 {
             return Err(InjectConfigError::RootProxy);
         }
-        crate::inject::mutate::check_log_level(&self.log_level)
+        super::validate::check_log_level(&self.log_level)
             .map_err(|why| InjectConfigError::LogLevel(self.log_level.clone(), why))
     }
 

@@ -8,6 +8,9 @@
 //! Layers: [`mutate`] / [`plan`] are pure (review in, patch out); [`serve_webhook`] is the HTTPS
 //! endpoint; [`generate_webhook_cert`] / [`load_webhook_tls`] provide its certificate;
 //! [`WebhookArgs`] are the `serve` flags. Deployment and failure policy: `daemonset/README.md`.
+//!
+//! Layer: the webhook spans the layers: [`mutate`]/[`plan`] and its config are pure, the server
+//! version comes from kube, [`serve_webhook`] serves, the certificate files are runtime.
 
 mod cert;
 mod config;
@@ -15,6 +18,7 @@ mod mutate;
 mod server;
 #[cfg(test)]
 mod tests;
+mod validate;
 mod version;
 
 pub use cert::{
@@ -28,7 +32,8 @@ pub use config::{
 pub use mutate::{
     INJECT_ANNOTATION, INJECTED_ANNOTATION, LOG_LEVEL_ANNOTATION, NEVER_INJECTED, NamespaceInjection,
     OPAQUE_PORTS_ANNOTATION, PROXY_ADMIN_PORT, PROXY_CONTAINER, PodProxySettings, Skip, TOKEN_FILE, TOKEN_VOLUME,
-    TRUST_ANCHORS_ENV, check_log_level, check_ports, mutate, plan, proxy_container, proxy_volumes,
+    TRUST_ANCHORS_ENV, mutate, plan, proxy_container, proxy_volumes,
 };
 pub use server::{INJECT_PATH, MAX_BODY, OPT_IN_PATH, Webhook, serve_webhook};
+pub use validate::{check_log_level, check_ports};
 pub use version::watch_server_version;

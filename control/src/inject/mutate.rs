@@ -5,6 +5,8 @@
 //! round trip of it: k8s-openapi drops fields it does not know (a newer API server's), and a
 //! patch built from the typed view could not be applied to the real object. Typed structs are
 //! used only to read the pod and to build what we add.
+//!
+//! Layer: model (pure).
 
 use std::collections::BTreeMap;
 
@@ -23,14 +25,15 @@ use kube::core::admission::{AdmissionRequest, AdmissionResponse, Operation};
 use serde_json::Value;
 
 use super::config::InjectConfig;
+use super::validate::{check_log_level, check_ports};
 
-pub const PROXY_CONTAINER: &str = "cnimesh-proxy";
-/// `enabled` / `disabled` on a pod (annotation) or a namespace (label).
-pub const INJECT_ANNOTATION: &str = "cnimesh.io/inject";
+/// DESIGN.md §2, shared with the node agent (which captures pods by the proxy container's
+/// name) and the proxy: one declaration in `cnimesh_common::names`.
+pub use cnimesh_common::names::{
+    INJECT_ANNOTATION, LOG_LEVEL_ANNOTATION, OPAQUE_PORTS_ANNOTATION, PROXY_ADMIN_PORT, PROXY_CONTAINER,
+};
 /// Set on injected pods; the value is the webhook's version.
 pub const INJECTED_ANNOTATION: &str = "cnimesh.io/injected";
-pub const OPAQUE_PORTS_ANNOTATION: &str = "config.cnimesh.io/opaque-ports";
-pub const LOG_LEVEL_ANNOTATION: &str = "config.cnimesh.io/proxy-log-level";
 
 pub const TOKEN_VOLUME: &str = "cnimesh-identity-token";
 pub const TOKEN_DIR: &str = "/var/run/secrets/tokens";
@@ -40,8 +43,6 @@ pub const TOKEN_FILE: &str = "/var/run/secrets/tokens/cnimesh-identity-token";
 pub const TOKEN_EXPIRATION_SECONDS: i64 = 86400;
 /// The proxy reads its trust anchors (PEM) from this variable (`proxy/src/config.rs`).
 pub const TRUST_ANCHORS_ENV: &str = "CNIMESH_PROXY_IDENTITY_TRUST_ANCHORS_PEM";
-/// The proxy's admin port (DESIGN.md §2): `/ready` once it has a certificate, `/live`.
-pub const PROXY_ADMIN_PORT: i32 = 4191;
 
 /// Namespaces whose pods are never injected, whatever they say: the control plane's own (see
 /// [`InjectConfig::control_namespace`]) is added to these.
@@ -263,30 +264,6 @@ fn pod_identity(spec: &k8s_openapi::api::core::v1::PodSpec, ns: &str, config: &I
     Name::for_service_account(sa, ns, &config.trust_domain).map_err(|e| Skip::Warn(format!("identity: {e}")))
 }
 
-/// A comma-separated list of ports 1..=65535, normalised to `a,b,c` (what the proxy parses).
-pub fn check_ports(value: &str) -> Result<String, String> {
-    let ports: Vec<u16> = value
-        .split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(|s| s.parse::<u16>().ok().filter(|p| *p != 0).ok_or_else(|| format!("{s:?} is not a port (1-65535)")))
-        .collect::<Result<_, _>>()?;
-    if ports.is_empty() {
-        return Err(format!("{value:?} names no port"));
-    }
-    Ok(ports.iter().map(u16::to_string).collect::<Vec<_>>().join(","))
-}
-
-/// A tracing filter (`info`, `warn,cnimesh_proxy=debug`): only the characters such filters use,
-/// so a pod annotation cannot smuggle anything odd into the proxy's environment.
-pub fn check_log_level(value: &str) -> Result<(), String> {
-    let allowed = |c: char| c.is_ascii_alphanumeric() || "_-:=,.[]{}\"".contains(c);
-    if value.is_empty() || value.len() > 256 || !value.chars().all(allowed) {
-        return Err(format!("{value:?} is not a log filter such as `info` or `warn,cnimesh_proxy=debug`"));
-    }
-    Ok(())
-}
-
 /// The sidecar. As a native sidecar (`config.native_sidecars`) it carries `restartPolicy: Always`
 /// and a startup probe, so the kubelet starts the app containers only once the proxy is ready.
 pub fn proxy_container(config: &InjectConfig, pod: &PodProxySettings) -> Result<Container, String> {
@@ -307,7 +284,7 @@ pub fn proxy_container(config: &InjectConfig, pod: &PodProxySettings) -> Result<
     let probe = |path: &str, period: i32, failures: i32| Probe {
         http_get: Some(HTTPGetAction {
             path: Some(path.into()),
-            port: IntOrString::Int(PROXY_ADMIN_PORT),
+            port: IntOrString::Int(i32::from(PROXY_ADMIN_PORT)),
             ..Default::default()
         }),
         period_seconds: Some(period),
@@ -328,7 +305,7 @@ pub fn proxy_container(config: &InjectConfig, pod: &PodProxySettings) -> Result<
         ),
         ports: Some(vec![ContainerPort {
             name: Some("cnimesh-admin".into()),
-            container_port: PROXY_ADMIN_PORT,
+            container_port: i32::from(PROXY_ADMIN_PORT),
             protocol: Some("TCP".into()),
             ..Default::default()
         }]),

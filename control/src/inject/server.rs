@@ -4,6 +4,9 @@
 //! `namespaceSelector` against its own view of the namespace, so the path tells the webhook
 //! whether the pod's namespace is labelled `cnimesh.io/inject=enabled` without the webhook ever
 //! reading namespaces (no RBAC for it, no cache to go stale, no API call on the admission path).
+//!
+//! Layer: serving (the webhook's counterpart of the gRPC layer): HTTPS in, the pure mutation,
+//! AdmissionReview out.
 
 use std::convert::Infallible;
 use std::future::Future;

@@ -1,6 +1,8 @@
 //! The API server's version, for `SidecarMode::Auto`: read from `/version` once at start and
 //! then every few minutes (a control plane outlives API server upgrades), never on the
 //! admission path, so a review never waits on the API server.
+//!
+//! Layer: sources (kube): the API server's `/version`.
 
 use std::time::Duration;
 

@@ -10,6 +10,8 @@
 //! `--pre`), `control` (Deployment, sidecar mode), `pki` (webhook registration, certificates),
 //! `nodes` (node agents, live capture verification), `meshed` (proxies' readiness and
 //! certificates), `certs` (pure X.509 helpers), `report` (types and renderers).
+//!
+//! Layer: runtime (operator CLI).
 
 mod certs;
 mod control;
@@ -31,12 +33,10 @@ use k8s_openapi::api::core::v1::Pod;
 
 pub use self::report::{Check, Report, Status, render_json, render_table, success};
 use super::ClusterArgs;
-use crate::inject::{CONTROL_NAME, DEFAULT_CONTROL_NAMESPACE as CONTROL_NAMESPACE};
-
-/// The node agents' namespace (DESIGN.md §2; `daemonset/cnimesh-node.yaml`).
-pub const AGENT_NAMESPACE: &str = "cnimesh-system";
-/// The node agents' DaemonSet, container and `app.kubernetes.io/name` label.
-pub const AGENT_NAME: &str = "cnimesh-node";
+/// DESIGN.md §2: the control plane's and the node agents' namespaces and names (the agents'
+/// DaemonSet, container and `app.kubernetes.io/name` label).
+pub use cnimesh_common::names::{AGENT_NAME, AGENT_NAMESPACE};
+use cnimesh_common::names::{CONTROL_NAME, CONTROL_NAMESPACE};
 /// Requests through the pod proxy in flight at once: enough for big clusters, gentle on the API
 /// server.
 const CONCURRENCY: usize = 8;

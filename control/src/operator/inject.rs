@@ -7,6 +7,8 @@
 //! change are printed byte for byte as they came, comments included; a changed document is
 //! printed again from its parsed form (its comments are lost, field order is kept). Both
 //! commands are idempotent, and `uninject` undoes `inject`.
+//!
+//! Layer: runtime (operator CLI).
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};

@@ -5,6 +5,8 @@
 //! or generated), the trust anchors ConfigMap (public; `cnimesh inject` and `check` read it) and
 //! the webhook's serving Secret, whose CA becomes the webhook's `caBundle`. Nothing else differs,
 //! which a test asserts, so the YAML an operator reads is the YAML that gets applied.
+//!
+//! Layer: runtime (operator CLI).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

@@ -1,5 +1,7 @@
 //! The manifests under `daemonset/`, compiled in: `install` prints exactly these documents (plus
 //! the certificates it generates), so the files and the command cannot drift apart.
+//!
+//! Layer: runtime (operator CLI).
 
 use serde_json::Value;
 

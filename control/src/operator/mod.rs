@@ -2,6 +2,8 @@
 //! completion. It renders the manifests under `daemonset/` (the single source of truth: what
 //! `install` prints is those files plus generated certificates), applies the webhook's pure
 //! mutation to YAML offline, and reads the cluster with kube-rs, never with a shell on a node.
+//!
+//! Layer: runtime: the operator's `cnimesh` command line and everything under it.
 
 pub mod check;
 pub mod inject;
@@ -141,12 +143,13 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 async fn control_plane_version(cluster: &ClusterArgs) -> anyhow::Result<String> {
     use k8s_openapi::api::apps::v1::Deployment;
     let client = cluster.client().await?;
-    let api: kube::Api<Deployment> = kube::Api::namespaced(client, crate::inject::DEFAULT_CONTROL_NAMESPACE);
-    let deployment = api.get(crate::inject::CONTROL_NAME).await.context("reading the control plane's Deployment")?;
+    let api: kube::Api<Deployment> = kube::Api::namespaced(client, cnimesh_common::names::CONTROL_NAMESPACE);
+    let deployment =
+        api.get(cnimesh_common::names::CONTROL_NAME).await.context("reading the control plane's Deployment")?;
     let image = deployment
         .spec
         .and_then(|s| s.template.spec)
-        .and_then(|s| s.containers.into_iter().find(|c| c.name == crate::inject::CONTROL_NAME))
+        .and_then(|s| s.containers.into_iter().find(|c| c.name == cnimesh_common::names::CONTROL_NAME))
         .and_then(|c| c.image)
         .context("the Deployment has no cnimesh-control container image")?;
     let tag = image.rsplit_once(':').map(|(_, tag)| tag).filter(|t| !t.contains('/')).unwrap_or("unknown");

@@ -6,6 +6,8 @@
 //! plane) and while the node agents would leave the plugin chained on exit: a chained plugin
 //! with no agent fails every new pod closed. `CNIMESH_UNINSTALL_ON_EXIT=true` on the DaemonSet
 //! makes exiting agents unchain it (daemonset/README.md, "Upgrades").
+//!
+//! Layer: runtime (operator CLI).
 
 use anyhow::Context;
 use k8s_openapi::api::apps::v1::DaemonSet;
@@ -14,9 +16,10 @@ use serde_json::{Value, json};
 
 use super::install::{ISSUER_SECRET, TRUST_ANCHORS_CONFIG_MAP, WEBHOOK_SECRET};
 use super::{ClusterArgs, manifests, yaml};
-use crate::inject::{DEFAULT_CONTROL_NAMESPACE, PROXY_CONTAINER};
+use cnimesh_common::names::{
+    AGENT_NAME as AGENT_DAEMONSET, AGENT_NAMESPACE, CONTROL_NAMESPACE as DEFAULT_CONTROL_NAMESPACE, PROXY_CONTAINER,
+};
 
-use super::check::{AGENT_NAME as AGENT_DAEMONSET, AGENT_NAMESPACE};
 const UNINSTALL_ON_EXIT: &str = "CNIMESH_UNINSTALL_ON_EXIT";
 /// How many meshed pods a refusal names.
 const NAMED: usize = 10;

@@ -1,5 +1,7 @@
 //! Multi-document YAML as `serde_json::Value`s: what `install` renders and `inject` rewrites.
 //! Values, not typed objects, so that fields k8s-openapi does not know survive a round trip.
+//!
+//! Layer: runtime (operator CLI), pure helpers.
 
 use serde_json::Value;
 

@@ -1,6 +1,8 @@
 //! Pure certificate checks over PEM text: parsing, validity windows against a given `now`, and
 //! "is this certificate signed by that CA" (names compared byte for byte, signature verified).
 //! No clock is read here so that tests and golden files can fix time.
+//!
+//! Layer: runtime (operator CLI), pure helpers.
 
 use x509_parser::certificate::X509Certificate;
 use x509_parser::extensions::GeneralName;

@@ -1,6 +1,8 @@
 //! The control plane Deployment: it exists, its sidecar mode fits the server's version (§7.12 of
 //! DESIGN.md: native sidecars on a server without SidecarContainers get every pod rejected), and
 //! its replicas and pods are ready.
+//!
+//! Layer: runtime (operator CLI).
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;

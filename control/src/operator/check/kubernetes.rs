@@ -2,6 +2,8 @@
 //! `check` reads (or, with `--pre`, what `install` creates). Permissions are asked with
 //! SelfSubjectAccessReview rather than discovered by failing requests, so a missing grant is
 //! named precisely even when nothing would have been read yet.
+//!
+//! Layer: runtime (operator CLI).
 
 use k8s_openapi::api::authorization::v1::{ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec};
 use k8s_openapi::api::core::v1::{Namespace, Node};

@@ -2,6 +2,8 @@
 //! ready and holds an identity certificate. The certificate is read from the proxy's own metrics
 //! (`identity_cert_expiration_timestamp_seconds`) through the API server's pod proxy: a proxy
 //! without one cannot do mTLS, whatever its readiness says.
+//!
+//! Layer: runtime (operator CLI).
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
@@ -111,7 +113,7 @@ pub async fn check(client: &kube::Client, now: i64, checks: &mut Vec<Check>) {
         return;
     }
 
-    let port = u16::try_from(PROXY_ADMIN_PORT).expect("the admin port is a port");
+    let port = PROXY_ADMIN_PORT;
     let results: Vec<(String, Result<f64, String>)> = futures::stream::iter(ready.iter().map(|p| key(p)))
         .map(|(ns, pod)| async move {
             let expiry = match pod_proxy_get(client, &ns, &pod, port, "metrics").await {

@@ -3,6 +3,8 @@
 //! the operator): the CNI plugin installed and chained into the config the runtime reads, a
 //! shared root mount, and — the point of a CNI-based mesh — the live capture rules of every
 //! captured pod compared with the rules it should have.
+//!
+//! Layer: runtime (operator CLI).
 
 use std::collections::BTreeMap;
 

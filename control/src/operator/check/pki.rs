@@ -2,6 +2,8 @@
 //! server only calls the webhook if the `caBundle` verifies the serving certificate, and proxies
 //! only get identities while the issuer is valid and chains to the anchors they trust, so each of
 //! these links is checked on its own and named when it breaks.
+//!
+//! Layer: runtime (operator CLI).
 
 use std::collections::BTreeSet;
 

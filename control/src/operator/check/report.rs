@@ -1,5 +1,7 @@
 //! What a check found, and the two ways of showing it. Rendering is pure (no clock, no cluster)
 //! so that the golden files in `control/tests/golden/` pin the exact text an operator reads.
+//!
+//! Layer: runtime (operator CLI), pure rendering.
 
 use serde::{Deserialize, Serialize};
 

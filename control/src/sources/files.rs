@@ -7,6 +7,8 @@
 //! ignored. A file is taken whole or not at all: when one document fails to parse, the error is
 //! logged with the file and the file's previous content stays in force. Writers that want no
 //! intermediate states should write a temporary file and rename it over the old one.
+//!
+//! Layer: sources (files).
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -19,9 +21,8 @@ use notify::event::{AccessKind, AccessMode};
 use notify::{EventKind, RecursiveMode, Watcher};
 use serde_json::Value;
 
-use super::index::{Change, Index};
-use super::model::{KINDS, Kind, NsName, Object};
 use super::{Source, SourceError};
+use crate::destination::{Change, Index, KINDS, Kind, NsName, Object};
 
 /// Quiet time after a change before files are read: a `kubectl`-style write (truncate, write,
 /// close) or a `git checkout` of many files becomes one update instead of a burst of half-states.

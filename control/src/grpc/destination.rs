@@ -1,4 +1,6 @@
 //! The gRPC face: `io.linkerd.proxy.destination.Destination` over the index.
+//!
+//! Layer: gRPC: maps index state (via `destination::resolve`) to linkerd2-proxy-api streams.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -13,11 +15,9 @@ use linkerd2_proxy_api::destination::{
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
-use super::Config;
-use super::index::{Index, ServiceView};
-use super::model::NsName;
-use super::path::{self, Target};
-use super::resolve;
+use crate::destination::index::{Index, ServiceView};
+use crate::destination::path::{self, Target};
+use crate::destination::{Config, NsName, resolve};
 
 /// Serves `Get` and `GetProfile` from an [`Index`]. Cheap to clone.
 #[derive(Clone)]
@@ -35,8 +35,9 @@ impl DestinationService {
         DestinationServer::new(self)
     }
 
-    /// Serves Destination alone, in plaintext, on `listener`: for tests and benchmarks. The
-    /// control plane serves it beside Identity over TLS (`serve::run`).
+    /// Serves Destination alone, in plaintext, on `listener`: for tests and benchmarks only, so
+    /// behind `test-util`. The control plane serves it beside Identity over TLS (`serve::run`).
+    #[cfg(any(test, feature = "test-util"))]
     pub fn spawn_plaintext(
         self,
         listener: tokio::net::TcpListener,

@@ -9,32 +9,26 @@
 //! - `PermissionDenied`: the token is valid but for another identity, audience or user kind.
 //! - `Unavailable`: our side (no issuer loaded yet, API server unreachable); retry later.
 //! - `Internal`: signing failed.
+//!
+//! Layer: gRPC: maps the identity model (issuer, tokens, CSR checks) to linkerd2-proxy-api's
+//! Certify.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Instant, SystemTime};
 
 use cnimesh_identity::{Name, tls};
 use linkerd2_proxy_api::identity::identity_server::{Identity, IdentityServer};
 use linkerd2_proxy_api::identity::{CertifyRequest, CertifyResponse};
 use tonic::{Code, Request, Response, Status};
 
-use super::csr;
-use super::issuer::IssuerRx;
-use super::tokens::{Authenticator, MAX_TOKEN_LEN, TokenError};
+use crate::identity::Policy;
+use crate::identity::csr;
+use crate::identity::issuer::IssuerRx;
+use crate::identity::tokens::{Authenticator, MAX_TOKEN_LEN, TokenError};
 use crate::metrics::{CertifyResult, Metrics};
 
 /// Room for the largest token and CSR we accept, plus the identity and framing.
 const MAX_REQUEST_LEN: usize = MAX_TOKEN_LEN + csr::MAX_CSR_LEN + 1024;
-
-/// How leaves are issued.
-#[derive(Debug, Clone)]
-pub struct Policy {
-    pub trust_domain: String,
-    pub lifetime: Duration,
-    /// Leaves start this far in the past, so that a peer whose clock is a little behind ours
-    /// does not reject a certificate "not yet valid".
-    pub clock_skew: Duration,
-}
 
 pub struct IdentityService {
     issuer: IssuerRx,
@@ -95,7 +89,7 @@ impl IdentityService {
         tracing::info!(
             identity = %name,
             serial = %serial_of(&leaf),
-            expires_unix = super::issuer::epoch_secs(valid_until),
+            expires_unix = crate::identity::issuer::epoch_secs(valid_until),
             "certificate issued"
         );
         Ok(CertifyResponse {
@@ -143,6 +137,8 @@ impl Identity for IdentityService {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
     use crate::identity::issuer::tests::write_pki;
     use crate::identity::issuer::{Issuer, IssuerRx};

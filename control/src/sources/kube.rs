@@ -4,6 +4,8 @@
 //! saw when a watch ends, and re-lists when the server says that version is gone (410). Each list
 //! becomes one [`Change::Reset`], so objects deleted while the watch was down disappear too. The
 //! index is the store: no reflector cache of full objects is kept beside it.
+//!
+//! Layer: sources (kube).
 
 use std::fmt::Debug;
 
@@ -15,9 +17,8 @@ use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use serde::de::DeserializeOwned;
 
-use super::index::{Change, Index};
-use super::model::{Kind, Object};
 use super::{Source, SourceError};
+use crate::destination::{Change, Index, Kind, Object};
 
 pub struct KubeSource {
     client: kube::Client,

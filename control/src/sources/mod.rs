@@ -1,0 +1,30 @@
+//! Sources layer: where cluster state comes from, above the pure model and index
+//! ([`crate::destination`]) and below the gRPC services and the runtime. Each source keeps an
+//! [`Index`] in step with one place: the Kubernetes API ([`KubeSource`]) or a directory of YAML
+//! files ([`FileSource`], local mode and tests). DESIGN.md §1: Kubernetes stays at the edge,
+//! behind this one trait with two implementations.
+
+mod files;
+mod kube;
+
+use std::future::Future;
+use std::path::PathBuf;
+
+pub use files::{DEFAULT_DEBOUNCE, FileSource};
+pub use kube::KubeSource;
+
+use crate::destination::Index;
+
+/// Where cluster state comes from. `run` keeps the index in step with the source for as long as
+/// the program runs; it returns only when the source cannot go on.
+pub trait Source: Send + 'static {
+    fn run(self, index: Index) -> impl Future<Output = Result<(), SourceError>> + Send;
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    #[error("cannot watch {dir}: {source}")]
+    Watch { dir: PathBuf, source: notify::Error },
+    #[error("file watcher for {dir} stopped: {reason}")]
+    Stopped { dir: PathBuf, reason: String },
+}
