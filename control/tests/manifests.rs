@@ -7,8 +7,7 @@
 //! ports, the webhook paths the handler serves, exact RBAC.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use cnimesh_control::inject::{CONTROL_NAME, CONTROL_PORT, INJECT_PATH, OPT_IN_PATH, WEBHOOK_SERVICE};
 use k8s_openapi::api::admissionregistration::v1::{MutatingWebhook, MutatingWebhookConfiguration};
@@ -17,8 +16,6 @@ use k8s_openapi::api::core::v1::{Container, Namespace, Service, ServiceAccount};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use serde::Serialize;
-use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 #[derive(Default)]
@@ -33,69 +30,16 @@ struct Manifests {
     webhooks: Vec<MutatingWebhookConfiguration>,
 }
 
-fn files() -> Vec<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../daemonset");
-    let mut files: Vec<PathBuf> = fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
-        .map(|e| e.expect("directory entry").path())
-        .filter(|p| {
-            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or_default();
-            name.starts_with("control-") && name.ends_with(".yaml")
-        })
-        .collect();
-    files.sort();
-    files
-}
+#[path = "../../tests/src/manifest_check.rs"]
+mod manifest_check;
 
-/// Integers compare by value, whatever their JSON representation.
-fn same_number(a: &serde_json::Number, b: &serde_json::Number) -> bool {
-    match (a.as_i64(), b.as_i64()) {
-        (Some(x), Some(y)) => x == y,
-        _ => a.as_f64() == b.as_f64(),
-    }
-}
-
-/// Where `original` and `back` differ, as JSON pointers.
-fn differences(original: &Value, back: &Value, at: &str, out: &mut Vec<String>) {
-    match (original, back) {
-        (Value::Object(a), Value::Object(b)) => {
-            for key in a.keys().chain(b.keys()).collect::<BTreeSet<_>>() {
-                let here = format!("{at}/{}", key.replace('~', "~0").replace('/', "~1"));
-                match (a.get(key), b.get(key)) {
-                    (Some(x), Some(y)) => differences(x, y, &here, out),
-                    (Some(x), None) => out.push(format!("dropped (unknown or misspelt field?): {here} = {x}")),
-                    (None, Some(y)) => out.push(format!("added by the round trip: {here} = {y}")),
-                    (None, None) => unreachable!(),
-                }
-            }
-        }
-        (Value::Array(a), Value::Array(b)) if a.len() == b.len() => {
-            for (i, (x, y)) in a.iter().zip(b).enumerate() {
-                differences(x, y, &format!("{at}/{i}"), out);
-            }
-        }
-        (Value::Number(a), Value::Number(b)) if same_number(a, b) => {}
-        (a, b) if a == b => {}
-        (a, b) => out.push(format!("changed: {at}: {a} -> {b}")),
-    }
-}
-
-fn strict<T: DeserializeOwned + Serialize>(doc: &Value) -> Result<T, String> {
-    let typed: T = serde_json::from_value(doc.clone()).map_err(|e| format!("does not deserialise: {e}"))?;
-    let mut diffs = Vec::new();
-    differences(doc, &serde_json::to_value(&typed).map_err(|e| e.to_string())?, "", &mut diffs);
-    if diffs.is_empty() { Ok(typed) } else { Err(diffs.join("\n  ")) }
-}
+use manifest_check::strict;
 
 fn load() -> Manifests {
     let mut m = Manifests::default();
     let mut errors = Vec::new();
-    let files = files();
-    assert!(!files.is_empty(), "no daemonset/control-*.yaml");
-    for path in files {
-        let text = fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
-        let docs = serde_saphyr::from_multiple::<Value>(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        for doc in docs {
+    for path in manifest_check::yaml_files(|name| name.starts_with("control-")) {
+        for doc in manifest_check::documents(&path) {
             let kind = doc["kind"].as_str().unwrap_or("?").to_string();
             let result = match kind.as_str() {
                 "Namespace" => strict(&doc).map(|t| m.namespaces.push(t)),
@@ -123,19 +67,7 @@ fn load() -> Manifests {
 
 /// All of control/src, for "is this flag / variable read anywhere".
 fn control_source() -> String {
-    let mut source = String::new();
-    let mut dirs = vec![Path::new(env!("CARGO_MANIFEST_DIR")).join("src")];
-    while let Some(dir) = dirs.pop() {
-        for entry in fs::read_dir(&dir).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                dirs.push(path);
-            } else if path.extension().is_some_and(|e| e == "rs") {
-                source.push_str(&fs::read_to_string(&path).unwrap());
-            }
-        }
-    }
-    source
+    manifest_check::source_of(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"))
 }
 
 fn env<'a>(c: &'a Container, name: &str) -> Option<&'a str> {

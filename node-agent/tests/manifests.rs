@@ -9,18 +9,37 @@
 //! On top of that strictness check, the properties the node agent relies on are asserted
 //! (hostNetwork, tolerations, priority, probes, capabilities, RBAC, service account).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::fmt::Write as _;
-use std::fs;
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Container, Namespace, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use serde::Serialize;
-use serde::de::DeserializeOwned;
 use serde_json::Value;
+
+#[path = "../../tests/src/manifest_check.rs"]
+mod manifest_check;
+
+/// The node agent's manifests; the control plane's have their own test (control/tests).
+fn yaml_files() -> Vec<PathBuf> {
+    manifest_check::yaml_files(|name| !name.starts_with("control"))
+}
+
+/// The strictness check (`manifest_check::strict`) for the kinds this file holds.
+fn check_document(doc: &Value) -> Result<Manifest, String> {
+    let kind = doc.get("kind").and_then(Value::as_str).ok_or("document has no string `kind`")?;
+    let manifest = match kind {
+        "Namespace" => Manifest::Namespace(Box::new(manifest_check::strict(doc)?)),
+        "ServiceAccount" => Manifest::ServiceAccount(Box::new(manifest_check::strict(doc)?)),
+        "ClusterRole" => Manifest::ClusterRole(Box::new(manifest_check::strict(doc)?)),
+        "ClusterRoleBinding" => Manifest::ClusterRoleBinding(Box::new(manifest_check::strict(doc)?)),
+        "DaemonSet" => Manifest::DaemonSet(Box::new(manifest_check::strict(doc)?)),
+        other => return Err(format!("unknown kind {other:?} (teach node-agent/tests/manifests.rs about it)")),
+    };
+    Ok(manifest)
+}
 
 /// A manifest document that survived the strict round trip.
 #[derive(Debug)]
@@ -32,130 +51,12 @@ enum Manifest {
     DaemonSet(Box<DaemonSet>),
 }
 
-fn daemonset_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../daemonset")
-}
-
-fn yaml_files() -> Vec<PathBuf> {
-    let dir = daemonset_dir();
-    let mut files: Vec<PathBuf> = fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
-        .map(|entry| entry.expect("directory entry").path())
-        .filter(|p| p.extension().is_some_and(|ext| ext == "yaml"))
-        // The control plane's manifests have their own test (control/tests/manifests.rs).
-        .filter(|p| !p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("control")))
-        .collect();
-    files.sort();
-    files
-}
-
-/// Parses a (multi-document) YAML text into one JSON value per non-empty document.
-fn parse_documents(yaml: &str) -> Result<Vec<Value>, String> {
-    serde_saphyr::from_multiple::<Value>(yaml).map_err(|e| format!("YAML parse error: {e}"))
-}
-
-/// The strictness check: `doc` must deserialise into the typed struct for its `kind` and
-/// serialise back to exactly the same JSON (integers compared by value).
-fn check_document(doc: &Value) -> Result<Manifest, String> {
-    let kind = doc.get("kind").and_then(Value::as_str).ok_or("document has no string `kind`")?;
-    let manifest = match kind {
-        "Namespace" => Manifest::Namespace(round_trip(doc)?),
-        "ServiceAccount" => Manifest::ServiceAccount(round_trip(doc)?),
-        "ClusterRole" => Manifest::ClusterRole(round_trip(doc)?),
-        "ClusterRoleBinding" => Manifest::ClusterRoleBinding(round_trip(doc)?),
-        "DaemonSet" => Manifest::DaemonSet(round_trip(doc)?),
-        other => return Err(format!("unknown kind {other:?} (teach tests/manifests.rs about it)")),
-    };
-    Ok(manifest)
-}
-
-fn round_trip<T: DeserializeOwned + Serialize>(doc: &Value) -> Result<Box<T>, String> {
-    let typed: T = serde_json::from_value(doc.clone())
-        .map_err(|e| format!("does not deserialise as {}: {e}", std::any::type_name::<T>()))?;
-    let back = serde_json::to_value(&typed).map_err(|e| format!("serialising back: {e}"))?;
-    let diff = diff(&normalise(doc), &normalise(&back));
-    if diff.is_empty() { Ok(Box::new(typed)) } else { Err(format!("round trip through k8s-openapi differs:\n{diff}")) }
-}
-
-/// Integers are compared by value whatever their JSON representation (`u64` vs `i64`).
-fn normalise(v: &Value) -> Value {
-    match v {
-        Value::Number(n) => match (n.as_i64(), n.as_u64()) {
-            (Some(i), _) => Value::from(i),
-            (None, Some(u)) => Value::from(u),
-            _ => v.clone(),
-        },
-        Value::Array(items) => Value::Array(items.iter().map(normalise).collect()),
-        Value::Object(map) => Value::Object(map.iter().map(|(k, v)| (k.clone(), normalise(v))).collect()),
-        _ => v.clone(),
-    }
-}
-
-/// Leaves (scalars, empty objects, empty arrays) keyed by JSON pointer.
-fn leaves(v: &Value, pointer: String, out: &mut BTreeMap<String, Value>) {
-    match v {
-        Value::Object(map) if !map.is_empty() => {
-            for (k, child) in map {
-                let escaped = k.replace('~', "~0").replace('/', "~1");
-                leaves(child, format!("{pointer}/{escaped}"), out);
-            }
-        }
-        Value::Array(items) if !items.is_empty() => {
-            for (i, child) in items.iter().enumerate() {
-                leaves(child, format!("{pointer}/{i}"), out);
-            }
-        }
-        _ => {
-            out.insert(pointer, v.clone());
-        }
-    }
-}
-
-/// A readable difference between the manifest and its round trip; empty if they are equal.
-fn diff(original: &Value, round_tripped: &Value) -> String {
-    if original == round_tripped {
-        return String::new();
-    }
-    let (mut a, mut b) = (BTreeMap::new(), BTreeMap::new());
-    leaves(original, String::new(), &mut a);
-    leaves(round_tripped, String::new(), &mut b);
-    let mut out = String::new();
-    for (path, value) in &a {
-        match b.get(path) {
-            None => {
-                let _ = writeln!(out, "  dropped (unknown or misspelt field?): {path} = {value}");
-            }
-            Some(other) if other != value => {
-                let _ = writeln!(out, "  changed: {path}: {value} -> {other}");
-            }
-            Some(_) => {}
-        }
-    }
-    for (path, value) in &b {
-        if !a.contains_key(path) {
-            let _ = writeln!(out, "  added by the round trip: {path} = {value}");
-        }
-    }
-    if out.is_empty() {
-        // Same leaves, different structure (should not happen); show both in full.
-        let _ = writeln!(out, "  manifest:   {original}\n  round trip: {round_tripped}");
-    }
-    out
-}
-
 /// Loads one file: every document must pass the strictness check.
 fn load_file(path: &Path) -> Vec<Manifest> {
-    let text = fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
-    let docs = parse_documents(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let mut manifests = Vec::new();
     let mut errors = String::new();
-    for (i, doc) in docs.iter().enumerate() {
-        let what = format!(
-            "{} document {i} ({} {})",
-            path.display(),
-            doc.get("kind").and_then(Value::as_str).unwrap_or("?"),
-            doc.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("?"),
-        );
+    for (i, doc) in manifest_check::documents(path).iter().enumerate() {
+        let what = manifest_check::describe(path, i, doc);
         match check_document(doc) {
             Ok(m) => manifests.push(m),
             Err(e) => {
@@ -170,7 +71,7 @@ fn load_file(path: &Path) -> Vec<Manifest> {
 #[test]
 fn every_manifest_round_trips_through_k8s_openapi_and_is_sound() {
     let files = yaml_files();
-    assert!(!files.is_empty(), "no *.yaml in {}", daemonset_dir().display());
+    assert!(!files.is_empty(), "no *.yaml in {}", manifest_check::daemonset_dir().display());
     let mut agent_daemonsets = 0;
     for path in &files {
         let manifests = load_file(path);
@@ -369,18 +270,7 @@ fn check_container(ctx: &str, c: &Container) {
 /// A misspelt env name is invisible to Kubernetes: every `CNIMESH_*` / `NODE_NAME` variable the
 /// manifest sets must be one the agent's source actually reads.
 fn check_env_names_known(ctx: &str, c: &Container) {
-    let mut source = String::new();
-    let mut dirs = vec![Path::new(env!("CARGO_MANIFEST_DIR")).join("src")];
-    while let Some(dir) = dirs.pop() {
-        for entry in fs::read_dir(&dir).unwrap_or_else(|e| panic!("reading {}: {e}", dir.display())) {
-            let path = entry.expect("directory entry").path();
-            if path.is_dir() {
-                dirs.push(path);
-            } else if path.extension().is_some_and(|e| e == "rs") {
-                source.push_str(&fs::read_to_string(&path).expect("reading source"));
-            }
-        }
-    }
+    let source = manifest_check::source_of(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"));
     for e in c.env.iter().flatten() {
         assert!(
             source.contains(&format!("\"{}\"", e.name)),
@@ -423,7 +313,7 @@ spec:
 "#;
 
     fn single(yaml: &str) -> Value {
-        let mut docs = parse_documents(yaml).expect("parses");
+        let mut docs = manifest_check::parse(yaml).expect("parses");
         assert_eq!(docs.len(), 1);
         docs.remove(0)
     }
@@ -466,13 +356,13 @@ spec:
     #[test]
     fn a_duplicated_key_is_rejected_by_the_parser() {
         let yaml = DAEMONSET.replace("hostNetwork: true", "hostNetwork: true\n      hostNetwork: false");
-        parse_documents(&yaml).expect_err("duplicate key must not be silently resolved");
+        manifest_check::parse(&yaml).expect_err("duplicate key must not be silently resolved");
     }
 
     #[test]
     fn multi_document_files_split_and_skip_empty_documents() {
         let yaml = "# comment only\n---\napiVersion: v1\nkind: Namespace\nmetadata:\n  name: a\n---\n---\napiVersion: v1\nkind: Namespace\nmetadata:\n  name: b\n";
-        let docs = parse_documents(yaml).expect("parses");
+        let docs = manifest_check::parse(yaml).expect("parses");
         let names: Vec<_> = docs.iter().map(|d| d.pointer("/metadata/name").and_then(Value::as_str).unwrap()).collect();
         assert_eq!(names, ["a", "b"]);
         for d in &docs {

@@ -10,6 +10,7 @@ pub mod cni;
 pub mod control;
 pub mod host;
 pub mod kube_mock;
+pub mod manifest_check;
 pub mod netns;
 pub mod pod;
 pub mod probe;

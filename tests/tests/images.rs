@@ -20,6 +20,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 
+use cnimesh_e2e::manifest_check;
 use serde_json::Value;
 
 const IMAGES: [&str; 3] = ["cnimesh-node", "cnimesh-control", "cnimesh-proxy"];
@@ -302,18 +303,9 @@ fn containers<'a>(doc: &'a Value, at: String, found: &mut Vec<(String, &'a Value
 
 #[test]
 fn manifests_exec_only_what_the_images_hold() {
-    let dir = workspace().join("daemonset");
-    let mut files: Vec<PathBuf> = fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
-        .collect();
-    files.sort();
     let (mut problems, mut checked) = (Vec::new(), 0);
-    for file in &files {
-        let docs = serde_saphyr::from_multiple::<Value>(&fs::read_to_string(file).unwrap())
-            .unwrap_or_else(|e| panic!("{}: {e}", file.display()));
-        for doc in &docs {
+    for file in &manifest_check::yaml_files(|_| true) {
+        for doc in &manifest_check::documents(file) {
             let at =
                 format!("{}:{}/{}", file.file_name().unwrap().to_string_lossy(), doc["kind"], doc["metadata"]["name"]);
             let mut found = Vec::new();
