@@ -112,10 +112,10 @@ async fn main() {
     }));
 
     let anchors = pem::certs(&std::fs::read(pki.path().join("ca.crt")).unwrap(), "anchors").unwrap();
-    let client_tls = tls::client_config(tls::roots(&anchors).unwrap(), None, &[b"h2"]).unwrap();
+    let roots = tls::roots(&anchors).unwrap();
     let channel = loop {
         // The server's own certificate is issued just after start.
-        match cnimesh_control::grpc::connect_tls(addr, &control, client_tls.clone()).await {
+        match cnimesh_proxy::grpc_channel::connect(&addr.to_string(), &control, roots.clone()).await {
             Ok(channel) => break channel,
             Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
         }

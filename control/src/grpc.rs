@@ -18,15 +18,12 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cnimesh_identity::Name;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::graceful::{GracefulShutdown, Watcher};
-use rustls_pki_types::ServerName;
 use tokio::net::{TcpListener, TcpStream};
-use tokio_rustls::{TlsAcceptor, TlsConnector};
+use tokio_rustls::TlsAcceptor;
 use tonic::service::Routes;
-use tonic::transport::{Channel, Endpoint};
 use tower::ServiceExt;
 
 /// A client that connects but never finishes its handshake must not hold a task forever.
@@ -112,28 +109,4 @@ pub async fn accept_tls<S, Fut>(
     if tokio::time::timeout(DRAIN_TIMEOUT, graceful.shutdown()).await.is_err() {
         tracing::warn!(server = what, "connections still open after the drain timeout; closing them");
     }
-}
-
-/// A gRPC channel to `addr` over TLS, verifying that the server is `name` (its certificate's DNS
-/// SAN) under `config`'s roots. ALPN should offer `h2` (`tls::client_config(.., &[b"h2"])`).
-pub async fn connect_tls(
-    addr: SocketAddr,
-    name: &Name,
-    config: Arc<rustls::ClientConfig>,
-) -> Result<Channel, tonic::transport::Error> {
-    let server_name = ServerName::try_from(name.to_string()).expect("an identity name is a DNS name");
-    let connector = TlsConnector::from(config);
-    // The URI only names the :authority; the connector below decides where to connect and how.
-    let endpoint = Endpoint::from_shared(format!("http://{name}")).expect("an identity name makes a valid URI");
-    endpoint
-        .connect_with_connector(tower::service_fn(move |_: http::Uri| {
-            let (connector, server_name) = (connector.clone(), server_name.clone());
-            async move {
-                let tcp = TcpStream::connect(addr).await?;
-                tcp.set_nodelay(true)?;
-                let tls = connector.connect(server_name, tcp).await?;
-                Ok::<_, std::io::Error>(TokioIo::new(tls))
-            }
-        }))
-        .await
 }

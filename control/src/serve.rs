@@ -217,13 +217,14 @@ mod tests {
     async fn certify_over_tls_end_to_end() {
         let mut running = start().await;
         let roots = cnimesh_identity::tls::roots(&running.anchors).unwrap();
-        let client_tls = cnimesh_identity::tls::client_config(roots.clone(), None, &[b"h2"]).unwrap();
 
         // The own certificate is issued right after start: retry the connection briefly.
         let channel = {
             let mut attempt = 0;
             loop {
-                match crate::grpc::connect_tls(running.grpc, &running.control, client_tls.clone()).await {
+                match cnimesh_proxy::grpc_channel::connect(&running.grpc.to_string(), &running.control, roots.clone())
+                    .await
+                {
                     Ok(channel) => break channel,
                     Err(e) if attempt < 50 => {
                         attempt += 1;
@@ -257,7 +258,7 @@ mod tests {
 
         // A client expecting another name must not get through.
         let other = Name::for_service_account("impostor", "cnimesh", "cluster.local").unwrap();
-        assert!(crate::grpc::connect_tls(running.grpc, &other, client_tls).await.is_err());
+        assert!(cnimesh_proxy::grpc_channel::connect(&running.grpc.to_string(), &other, roots.clone()).await.is_err());
 
         let (status, _) = http_get(running.admin, "/ready").await;
         assert_eq!(status, 200);

@@ -13,20 +13,57 @@ use rustls_pki_types::ServerName;
 use tonic::transport::{Channel, Endpoint};
 
 /// A channel to `addr` (`host:port`, resolved at each connect) expecting identity `name`.
-/// `timeout` bounds unary calls; streams are long-lived and use `None`.
+/// `timeout` bounds unary calls; streams are long-lived and use `None`. It connects lazily.
 pub fn channel(
     addr: &str,
     name: &Name,
     roots: Arc<rustls::RootCertStore>,
     timeout: Option<Duration>,
 ) -> anyhow::Result<Channel> {
+    Ok(endpoint(timeout).connect_with_connector_lazy(connector(addr, name, roots)?))
+}
+
+/// The same channel connected now, so that a failed resolution, connect or handshake (a wrong
+/// identity) is an error at once: for the control plane's tests and benchmarks, which use this
+/// builder too, so there is one.
+pub async fn connect(addr: &str, name: &Name, roots: Arc<rustls::RootCertStore>) -> anyhow::Result<Channel> {
+    let connector = connector(addr, name, roots)?;
+    endpoint(None).connect_with_connector(connector).await.with_context(|| format!("connecting to {addr}"))
+}
+
+fn endpoint(timeout: Option<Duration>) -> Endpoint {
+    let endpoint = Endpoint::from_static("http://cnimesh-control")
+        .connect_timeout(Duration::from_secs(5))
+        .http2_keep_alive_interval(Duration::from_secs(30))
+        .keep_alive_timeout(Duration::from_secs(10));
+    match timeout {
+        Some(t) => endpoint.timeout(t),
+        None => endpoint,
+    }
+}
+
+/// TCP to `addr`, then TLS verifying `name` under `roots`, offering h2.
+fn connector(
+    addr: &str,
+    name: &Name,
+    roots: Arc<rustls::RootCertStore>,
+) -> anyhow::Result<
+    impl tower::Service<
+        http::Uri,
+        Response = TokioIo<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>,
+        Error = io::Error,
+        Future: Send,
+    > + Clone
+    + Send
+    + 'static,
+> {
     let tls = tokio_rustls::TlsConnector::from(cnimesh_identity::tls::client_config(roots, None, &[b"h2"])?);
     let addr = addr.to_string();
     let name = ServerName::try_from(name.to_string()).context("control-plane identity")?;
-    let connector = tower::service_fn(move |_: http::Uri| {
+    Ok(tower::service_fn(move |_: http::Uri| {
         let (tls, addr, name) = (tls.clone(), addr.clone(), name.clone());
         async move {
-            let tcp = connect(&addr).await?;
+            let tcp = connect_tcp(&addr).await?;
             tcp.set_nodelay(true)?;
             let tls = tls
                 .connect(name, tcp)
@@ -34,21 +71,13 @@ pub fn channel(
                 .map_err(|e| io::Error::new(e.kind(), format!("TLS handshake with {addr}: {e}")))?;
             Ok::<_, io::Error>(TokioIo::new(tls))
         }
-    });
-    let mut endpoint = Endpoint::from_static("http://cnimesh-control")
-        .connect_timeout(Duration::from_secs(5))
-        .http2_keep_alive_interval(Duration::from_secs(30))
-        .keep_alive_timeout(Duration::from_secs(10));
-    if let Some(t) = timeout {
-        endpoint = endpoint.timeout(t);
-    }
-    Ok(endpoint.connect_with_connector_lazy(connector))
+    }))
 }
 
 /// Resolves `addr` and connects to the first address that answers. Each failure says which
 /// step failed and for which address: tonic reports a failed connect only as `transport error`,
 /// so this text (found in the error's sources) is all an operator gets to go on.
-async fn connect(addr: &str) -> io::Result<tokio::net::TcpStream> {
+async fn connect_tcp(addr: &str) -> io::Result<tokio::net::TcpStream> {
     let resolved =
         tokio::net::lookup_host(addr).await.map_err(|e| io::Error::new(e.kind(), format!("resolving {addr}: {e}")))?;
     let mut last = io::Error::new(io::ErrorKind::NotFound, format!("resolving {addr}: no addresses"));
