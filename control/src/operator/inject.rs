@@ -85,10 +85,8 @@ pub async fn inject_main(cluster: &ClusterArgs, args: InjectArgs, out: &mut impl
     let config =
         InjectConfig { proxy_image: args.proxy_image, native_sidecars, trust_anchors_pem, ..Default::default() };
     config.validate()?;
-    anyhow::ensure!(
-        config.trust_anchors_pem.contains("-----BEGIN CERTIFICATE-----"),
-        "the trust anchors hold no PEM certificate"
-    );
+    // Proxies would fail at start on anchors that do not parse: refuse them here instead.
+    cnimesh_identity::pem::certs(config.trust_anchors_pem.as_bytes(), "the trust anchors")?;
     for (origin, text) in inputs {
         let rewritten =
             rewrite(&text, &origin, &mut |template, ns, what| inject_template(template, ns, what, &config))?;
@@ -387,6 +385,28 @@ mod tests {
         }
         let expected = std::fs::read_to_string(&golden).unwrap();
         assert_eq!(out, expected, "UPDATE_GOLDEN=1 cargo nextest run -p cnimesh-control golden_output to refresh");
+    }
+
+    #[tokio::test]
+    async fn anchors_that_are_not_certificates_are_refused_before_anything_is_printed() {
+        let dir = tempfile::tempdir().unwrap();
+        let (anchors, manifest) = (dir.path().join("ca.crt"), dir.path().join("pod.yaml"));
+        std::fs::write(&anchors, "-----BEGIN CERTIFICATE-----\nMIIB...\n-----END CERTIFICATE-----\n").unwrap();
+        std::fs::write(&manifest, "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {containers: [{name: a}]}\n")
+            .unwrap();
+        let args = |anchors: &Path| InjectArgs {
+            paths: vec![manifest.clone()],
+            identity_trust_anchors_file: Some(anchors.to_path_buf()),
+            native_sidecars: SidecarMode::Regular,
+            proxy_image: DEFAULT_PROXY_IMAGE.into(),
+        };
+        let mut out = Vec::new();
+        let error = inject_main(&ClusterArgs::default(), args(&anchors), &mut out).await.unwrap_err();
+        assert!(format!("{error:#}").contains("the trust anchors"), "{error:#}");
+        assert!(out.is_empty());
+        std::fs::write(&anchors, config().trust_anchors_pem).unwrap();
+        inject_main(&ClusterArgs::default(), args(&anchors), &mut out).await.unwrap();
+        assert!(String::from_utf8(out).unwrap().contains(PROXY_CONTAINER));
     }
 
     #[test]
