@@ -95,15 +95,5 @@ async fn connect_tcp(addr: &str) -> io::Result<tokio::net::TcpStream> {
 /// transport error` and keeps the cause (resolution, connect, TLS) in the error's sources, so
 /// those are walked and appended (skipping text already said).
 pub fn describe(status: &tonic::Status) -> String {
-    let mut text = format!("{:?}: {}", status.code(), status.message());
-    let mut source = std::error::Error::source(status);
-    while let Some(e) = source {
-        let said = e.to_string();
-        if !text.contains(&said) {
-            text.push_str(": ");
-            text.push_str(&said);
-        }
-        source = e.source();
-    }
-    text
+    cnimesh_common::error::with_causes(format!("{:?}: {}", status.code(), status.message()), status)
 }

@@ -135,19 +135,7 @@ fn chain(error: &anyhow::Error) -> String {
 fn kube_error(error: &kube::Error) -> String {
     match error {
         kube::Error::Api(status) => format!("{} ({} {})", status.message, status.code, status.reason),
-        other => {
-            let mut text = other.to_string();
-            let mut source = std::error::Error::source(other);
-            while let Some(cause) = source {
-                let line = cause.to_string();
-                if !text.contains(&line) {
-                    text.push_str(": ");
-                    text.push_str(&line);
-                }
-                source = cause.source();
-            }
-            text
-        }
+        other => cnimesh_common::error::with_causes(other.to_string(), other),
     }
 }
 
