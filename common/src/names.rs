@@ -27,6 +27,9 @@ pub const CONTROL_NAME: &str = "cnimesh-control";
 /// The node agents' namespace and DaemonSet name.
 pub const AGENT_NAMESPACE: &str = "cnimesh-system";
 pub const AGENT_NAME: &str = "cnimesh-node";
+/// The agent's health listener (hostNetwork): `/ready`, `/live` and `/status`, which
+/// `cnimesh check` reads through the API server's pod proxy.
+pub const AGENT_HEALTH_PORT: u16 = 4192;
 /// Namespaces whose pods are never captured: the cluster's own and ours, so they start while
 /// the node agent is down (it decides every other pod).
 pub const DEFAULT_EXCLUDED_NAMESPACES: &[&str] = &["kube-system", CONTROL_NAMESPACE, AGENT_NAMESPACE];

@@ -17,6 +17,11 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use cnimesh_cni::spec::RedirectSpec;
 
+/// Every address, the agent's health port (DESIGN §2): the agent runs on the host network.
+fn default_ready_addr() -> SocketAddr {
+    SocketAddr::from(([0, 0, 0, 0], cnimesh_common::names::AGENT_HEALTH_PORT))
+}
+
 #[derive(Parser)]
 #[command(name = "cnimesh-node", version, about = "cnimesh node agent and node-level debug CLI")]
 struct Cli {
@@ -59,7 +64,7 @@ enum Cmd {
         #[arg(long, env = "NODE_NAME")]
         node_name: Option<String>,
         /// Readiness (/ready) and liveness (/live) endpoint.
-        #[arg(long, env = "CNIMESH_READY_ADDR", default_value = "0.0.0.0:4192")]
+        #[arg(long, env = "CNIMESH_READY_ADDR", default_value_t = default_ready_addr())]
         ready_addr: SocketAddr,
         /// What to do with meshed pods running without capture.
         #[arg(long, env = "CNIMESH_REPAIR", value_enum, default_value_t = RepairMode::Delete)]
@@ -116,7 +121,7 @@ fn config(cli: &Cli, agent: &AgentArgs) -> RunConfig {
         socket: cli.socket.clone(),
         state_dir: cli.state_dir.clone(),
         netns_dir: run::DEFAULT_NETNS_DIR.into(),
-        ready_addr: "0.0.0.0:4192".parse().expect("valid"),
+        ready_addr: default_ready_addr(),
         repair: RepairMode::Delete,
         repair_interval: Duration::from_secs(60),
         uninstall_on_exit: false,

@@ -19,8 +19,7 @@ use super::report::{Check, plural};
 use super::{AGENT_NAME, AGENT_NAMESPACE, CONCURRENCY, kube_error, pod_proxy_get, pod_ready};
 
 const CATEGORY: &str = "node-agents";
-/// The agent's status port (`daemonset/cnimesh-node.yaml`).
-pub const AGENT_STATUS_PORT: u16 = 4192;
+pub use cnimesh_common::names::AGENT_HEALTH_PORT as AGENT_STATUS_PORT;
 /// How many drift lines of one pod are shown: the first ones say what is wrong.
 const DRIFT_LINES: usize = 3;
 
