@@ -21,6 +21,7 @@ pub mod identity;
 pub mod inject;
 pub mod metrics;
 pub mod operator;
+pub mod policy;
 pub mod serve;
 pub mod sources;
 

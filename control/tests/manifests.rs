@@ -15,6 +15,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Container, Namespace, Service, ServiceAccount};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde_json::Value;
 
@@ -50,6 +51,8 @@ fn load() -> Manifests {
                 "PodDisruptionBudget" => strict(&doc).map(|t| m.budgets.push(t)),
                 "Deployment" => strict(&doc).map(|t| m.deployments.push(t)),
                 "MutatingWebhookConfiguration" => strict(&doc).map(|t| m.webhooks.push(t)),
+                // Generated from the Rust types and checked against them by tests/policy_crds.rs.
+                "CustomResourceDefinition" => strict::<CustomResourceDefinition>(&doc).map(drop),
                 other => Err(format!("unknown kind {other:?} (teach control/tests/manifests.rs about it)")),
             };
             if let Err(e) = result {
@@ -281,6 +284,21 @@ fn rbac_grants_exactly_what_the_control_plane_uses() {
         "discovery.k8s.io/endpointslices:list",
         "discovery.k8s.io/endpointslices:watch",
         "authentication.k8s.io/tokenreviews:create",
+        "/namespaces:get",
+        "/namespaces:list",
+        "/namespaces:watch",
+        "policy.cnimesh.io/servers:get",
+        "policy.cnimesh.io/servers:list",
+        "policy.cnimesh.io/servers:watch",
+        "policy.cnimesh.io/authorizationpolicies:get",
+        "policy.cnimesh.io/authorizationpolicies:list",
+        "policy.cnimesh.io/authorizationpolicies:watch",
+        "policy.cnimesh.io/meshtlsauthentications:get",
+        "policy.cnimesh.io/meshtlsauthentications:list",
+        "policy.cnimesh.io/meshtlsauthentications:watch",
+        "policy.cnimesh.io/networkauthentications:get",
+        "policy.cnimesh.io/networkauthentications:list",
+        "policy.cnimesh.io/networkauthentications:watch",
     ]
     .into_iter()
     .map(String::from)

@@ -8,8 +8,10 @@ use serde_json::Value;
 use super::yaml;
 
 /// In the order `kubectl apply` should see them: namespaces come first in each file.
-pub const FILES: [(&str, &str); 3] = [
+/// The policy CRDs come before the control plane that watches their kinds.
+pub const FILES: [(&str, &str); 4] = [
     ("daemonset/cnimesh-node.yaml", include_str!("../../../daemonset/cnimesh-node.yaml")),
+    ("daemonset/control-policy-crds.yaml", include_str!("../../../daemonset/control-policy-crds.yaml")),
     ("daemonset/control-plane.yaml", include_str!("../../../daemonset/control-plane.yaml")),
     ("daemonset/control-webhook.yaml", include_str!("../../../daemonset/control-webhook.yaml")),
 ];

@@ -1,0 +1,64 @@
+//! The policy CRDs under `daemonset/control-policy-crds.yaml` are exactly what the Rust types in
+//! `cnimesh_control::policy::crd` derive (so the schema the API server enforces is the one the
+//! control plane parses with), and they pass the same strict k8s-openapi round trip as every
+//! other manifest. `UPDATE_GOLDEN=1 cargo nextest run -p cnimesh-control --test policy_crds`
+//! rewrites the file after a change to the types.
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use serde_json::Value;
+
+#[path = "../../tests/src/manifest_check.rs"]
+mod manifest_check;
+
+const FILE: &str = "control-policy-crds.yaml";
+const HEADER: &str = "# The policy custom resources (group policy.cnimesh.io, version v1alpha1), generated from\n# control/src/policy/crd.rs: do not edit by hand. `UPDATE_GOLDEN=1 cargo nextest run -p\n# cnimesh-control --test policy_crds` rewrites this file; control/tests/policy_crds.rs checks it.\n";
+
+fn derived() -> Vec<Value> {
+    cnimesh_control::policy::crd::definitions().iter().map(|crd| serde_json::to_value(crd).unwrap()).collect()
+}
+
+#[test]
+fn checked_in_crds_equal_the_derived_ones() {
+    let path = manifest_check::daemonset_dir().join(FILE);
+    let derived = derived();
+    if std::env::var_os("UPDATE_GOLDEN").is_some() {
+        let text = format!("{HEADER}{}", cnimesh_control::operator::yaml::render(&derived));
+        std::fs::write(&path, text).unwrap();
+    }
+    let docs = manifest_check::documents(&path);
+    assert_eq!(docs.len(), derived.len(), "{}: one CRD per kind", path.display());
+    for (i, (doc, want)) in docs.iter().zip(&derived).enumerate() {
+        let what = manifest_check::describe(&path, i, doc);
+        manifest_check::strict::<CustomResourceDefinition>(doc).unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_eq!(doc, want, "{what} differs from the derive (UPDATE_GOLDEN=1 rewrites it)");
+    }
+}
+
+#[test]
+fn crds_name_the_group_version_and_kinds_the_design_fixes() {
+    let kinds: Vec<(String, String, String)> = cnimesh_control::policy::crd::definitions()
+        .into_iter()
+        .map(|crd| (crd.spec.group, crd.spec.versions[0].name.clone(), crd.spec.names.kind))
+        .collect();
+    let want = ["Server", "AuthorizationPolicy", "MeshTLSAuthentication", "NetworkAuthentication"]
+        .map(|k| ("policy.cnimesh.io".to_string(), "v1alpha1".to_string(), k.to_string()));
+    assert_eq!(kinds, want);
+}
+
+#[test]
+fn schemas_constrain_what_a_schema_can() {
+    let docs = derived();
+    let server = &docs[0]["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"];
+    assert_eq!(
+        server["proxyProtocol"]["enum"],
+        serde_json::json!(["unknown", "HTTP/1", "HTTP/2", "gRPC", "opaque", "TLS"])
+    );
+    assert_eq!(server["port"]["x-kubernetes-int-or-string"], true);
+    let ops = &server["podSelector"]["properties"]["matchExpressions"]["items"]["properties"]["operator"]["enum"];
+    assert_eq!(*ops, serde_json::json!(["In", "NotIn", "Exists", "DoesNotExist"]));
+    let authn = &docs[2]["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"];
+    assert!(authn["identities"]["items"]["pattern"].is_string(), "{authn}");
+    let target = &docs[1]["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["targetRef"]
+        ["properties"]["kind"]["enum"];
+    assert_eq!(*target, serde_json::json!(["Server", "Namespace", "HTTPRoute"]));
+}
