@@ -42,6 +42,9 @@ pub const SKIP_OUTBOUND_PORTS_ANNOTATION: &str = "config.cnimesh.io/skip-outboun
 pub const SKIP_SUBNETS_ANNOTATION: &str = "config.cnimesh.io/skip-subnets";
 pub const OPAQUE_PORTS_ANNOTATION: &str = "config.cnimesh.io/opaque-ports";
 pub const LOG_LEVEL_ANNOTATION: &str = "config.cnimesh.io/proxy-log-level";
+/// On a namespace or pod: the inbound policy of ports no Server names (`all-unauthenticated`,
+/// `all-authenticated`, `cluster-authenticated`, `deny`); the control plane's flag is the default.
+pub const DEFAULT_INBOUND_POLICY_ANNOTATION: &str = "config.cnimesh.io/default-inbound-policy";
 
 /// The agent's state directory and decision socket on every node.
 pub const STATE_DIR: &str = "/var/lib/cnimesh";

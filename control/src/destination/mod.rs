@@ -62,7 +62,7 @@ pub(crate) mod path;
 pub(crate) mod resolve;
 
 pub use index::{Change, Index, IndexStats};
-pub use model::{KINDS, Kind, NsName, Object};
+pub use model::{KINDS, Kind, NsName, Object, PortSet};
 
 /// What the answers depend on besides cluster state.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -122,7 +122,8 @@ impl PortSet {
         Self(ranges)
     }
 
-    fn of(owner: &NsName, meta: &ObjectMeta) -> Self {
+    /// The opaque-ports annotation of an object (policy reads pods' too).
+    pub fn of(owner: &NsName, meta: &ObjectMeta) -> Self {
         meta.annotations
             .as_ref()
             .and_then(|a| a.get(OPAQUE_PORTS_ANNOTATION))

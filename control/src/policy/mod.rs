@@ -9,3 +9,8 @@
 //! [`crate::grpc::inbound`] and [`crate::grpc::outbound`].
 
 pub mod crd;
+pub mod index;
+pub mod model;
+
+pub use index::{Change, Config, Index, Kind, Object};
+pub use model::DefaultPolicy;

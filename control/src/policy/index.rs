@@ -1,0 +1,589 @@
+//! The one in-memory view of inbound policy: which clients may reach a pod's port, and how that
+//! port's traffic is proxied ([`InboundServer`]).
+//!
+//! Sources push [`Change`]s in; streams subscribe to a (pod, port) and get a
+//! `tokio::sync::watch` receiver: updates are pushed, never polled, and an answer that comes out
+//! equal to the last one wakes nobody. A pod change recomputes that pod's channels; a change to a
+//! Namespace or a policy resource recomputes every watched channel (policies reach across
+//! namespaces through their references, and a recompute is a few map lookups per channel).
+//!
+//! Answers follow Linkerd's semantics:
+//! - the Server (same namespace, selector matching the pod's labels, port equal to the port or
+//!   naming a container port that is it) decides protocol and authorizations; when several match,
+//!   the first by name wins, so the answer is stable;
+//! - its authorizations are the AuthorizationPolicies targeting it or its namespace whose every
+//!   required authentication exists (a reference to a missing one disables that policy, never
+//!   widens it): no MeshTLSAuthentication/ServiceAccount means any client, no
+//!   NetworkAuthentication means any network;
+//! - a port no Server names gets the default policy: the pod's
+//!   `config.cnimesh.io/default-inbound-policy`, else its namespace's, else the control plane's
+//!   flag; its protocol is opaque when the pod's opaque-ports annotation lists the port;
+//! - kubelet probe paths of the port stay reachable under any policy ([`InboundServer::probe_paths`]).
+//!
+//! A resource that does not validate is logged with its kind, name and reason and its last good
+//! version stays in force.
+//!
+//! Layer: model/index (pure): no kube client, no tonic.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use ipnet::IpNet;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use tokio::sync::watch;
+
+use super::crd;
+use super::model::{
+    AuthzPolicyRecord, DefaultPolicy, Identities, IdentityRef, Invalid, NamespaceRecord, Network, PodRecord, Protocol,
+    ServerRecord, Target, key_of, networks_from_crd,
+};
+use crate::destination::NsName;
+
+/// What the answers depend on besides cluster state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// The policy of ports no Server names, where neither pod nor namespace say otherwise.
+    pub default_policy: DefaultPolicy,
+    /// `cluster-authenticated` clients come from these.
+    pub cluster_networks: Vec<IpNet>,
+    /// The trust domain identities are issued in: ServiceAccount references become names in it.
+    pub trust_domain: String,
+}
+
+/// Linkerd's default cluster networks: the private and carrier-grade NAT ranges.
+pub const DEFAULT_CLUSTER_NETWORKS: &str = "10.0.0.0/8,100.64.0.0/10,172.16.0.0/12,192.168.0.0/16,fd00::/8";
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            default_policy: DefaultPolicy::default(),
+            cluster_networks: DEFAULT_CLUSTER_NETWORKS.split(',').map(|n| n.parse().expect("valid")).collect(),
+            trust_domain: cnimesh_identity::DEFAULT_TRUST_DOMAIN.to_string(),
+        }
+    }
+}
+
+/// One of the kinds policy reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Kind {
+    Pod,
+    Namespace,
+    Server,
+    AuthorizationPolicy,
+    MeshTlsAuthentication,
+    NetworkAuthentication,
+}
+
+pub const KINDS: [Kind; 6] = [
+    Kind::Pod,
+    Kind::Namespace,
+    Kind::Server,
+    Kind::AuthorizationPolicy,
+    Kind::MeshTlsAuthentication,
+    Kind::NetworkAuthentication,
+];
+
+/// An object as a source delivers it.
+#[derive(Debug, Clone)]
+pub enum Object {
+    Pod(Box<Pod>),
+    Namespace(Box<Namespace>),
+    Server(Box<crd::Server>),
+    AuthorizationPolicy(Box<crd::AuthorizationPolicy>),
+    MeshTlsAuthentication(Box<crd::MeshTlsAuthentication>),
+    NetworkAuthentication(Box<crd::NetworkAuthentication>),
+}
+
+impl Object {
+    pub fn kind(&self) -> Kind {
+        match self {
+            Object::Pod(_) => Kind::Pod,
+            Object::Namespace(_) => Kind::Namespace,
+            Object::Server(_) => Kind::Server,
+            Object::AuthorizationPolicy(_) => Kind::AuthorizationPolicy,
+            Object::MeshTlsAuthentication(_) => Kind::MeshTlsAuthentication,
+            Object::NetworkAuthentication(_) => Kind::NetworkAuthentication,
+        }
+    }
+
+    /// Namespaces are cluster-scoped: their key has an empty namespace.
+    pub fn key(&self) -> NsName {
+        match self {
+            Object::Pod(o) => key_of(&o.metadata),
+            Object::Namespace(o) => NsName::new("", o.metadata.name.as_deref().unwrap_or_default()),
+            Object::Server(o) => key_of(&o.metadata),
+            Object::AuthorizationPolicy(o) => key_of(&o.metadata),
+            Object::MeshTlsAuthentication(o) => key_of(&o.metadata),
+            Object::NetworkAuthentication(o) => key_of(&o.metadata),
+        }
+    }
+}
+
+macro_rules! from_boxed {
+    ($($ty:ty => $variant:ident),*) => {$(
+        impl From<$ty> for Object {
+            fn from(o: $ty) -> Self {
+                Object::$variant(Box::new(o))
+            }
+        }
+    )*};
+}
+from_boxed!(Pod => Pod, Namespace => Namespace, crd::Server => Server,
+    crd::AuthorizationPolicy => AuthorizationPolicy, crd::MeshTlsAuthentication => MeshTlsAuthentication,
+    crd::NetworkAuthentication => NetworkAuthentication);
+
+/// One update from a source; a batch is applied as one step.
+#[derive(Debug, Clone)]
+pub enum Change {
+    Upsert(Object),
+    Delete(Kind, NsName),
+    /// The complete set of a kind, as after a (re-)list; implies `Listed`.
+    Reset(Kind, Vec<Object>),
+    /// Every object of the kind has been delivered; the index is ready once each kind has.
+    Listed(Kind),
+}
+
+/// The inbound policy of one pod port.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InboundServer {
+    pub meta: ServerMeta,
+    pub protocol: Protocol,
+    pub authorizations: Vec<Authorization>,
+    /// HTTP paths kubelet probes on this port: authorized for anyone, whatever the policy.
+    pub probe_paths: BTreeSet<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ServerMeta {
+    /// No Server names the port.
+    Default(DefaultPolicy),
+    /// The Server's name (in the pod's namespace).
+    Server(String),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Authorization {
+    pub meta: AuthzMeta,
+    /// Never empty: an authorization for every network says so with `0.0.0.0/0` and `::/0`.
+    pub networks: Vec<Network>,
+    pub authentication: Authentication,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AuthzMeta {
+    Default(DefaultPolicy),
+    Policy(NsName),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Authentication {
+    /// Any client, mesh TLS or not.
+    Unauthenticated,
+    /// Mesh TLS clients with one of these identities.
+    MeshTls(Identities),
+}
+
+/// `None` while the pod is unknown.
+pub type InboundView = Option<Arc<InboundServer>>;
+
+/// Cheap to clone; every clone is the same index.
+#[derive(Clone)]
+pub struct Index {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: Config,
+    state: Mutex<State>,
+    ready: watch::Sender<bool>,
+}
+
+#[derive(Default)]
+struct State {
+    pods: HashMap<NsName, Arc<PodRecord>>,
+    namespaces: HashMap<String, NamespaceRecord>,
+    servers: BTreeMap<NsName, ServerRecord>,
+    policies: BTreeMap<NsName, AuthzPolicyRecord>,
+    mesh_tls: HashMap<NsName, Identities>,
+    networks: HashMap<NsName, Vec<Network>>,
+    channels: HashMap<(NsName, u16), watch::Sender<InboundView>>,
+    sweep_at: usize,
+    dirty_pods: HashSet<NsName>,
+    dirty_all: bool,
+    listed: BTreeSet<Kind>,
+}
+
+impl Index {
+    pub fn new(config: Config) -> Self {
+        let state = State { sweep_at: 64, ..State::default() };
+        Self { inner: Arc::new(Inner { config, state: Mutex::new(state), ready: watch::channel(false).0 }) }
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.inner.config
+    }
+
+    /// Applies changes as one step and wakes the streams whose answer changed.
+    pub fn apply(&self, changes: impl IntoIterator<Item = Change>) {
+        let mut state = self.lock();
+        let config = &self.inner.config;
+        for change in changes {
+            match change {
+                Change::Upsert(object) => state.upsert(object, config),
+                Change::Delete(kind, key) => state.delete(kind, &key),
+                Change::Listed(kind) => {
+                    state.listed.insert(kind);
+                }
+                Change::Reset(kind, objects) => {
+                    state.listed.insert(kind);
+                    let keep: HashSet<NsName> = objects.iter().map(Object::key).collect();
+                    for key in state.keys(kind).into_iter().filter(|k| !keep.contains(k)) {
+                        state.delete(kind, &key);
+                    }
+                    objects.into_iter().for_each(|o| state.upsert(o, config));
+                }
+            }
+        }
+        state.publish(config);
+        if state.listed.len() == KINDS.len() {
+            self.inner.ready.send_if_modified(|ready| !std::mem::replace(ready, true));
+        }
+    }
+
+    /// Whether every kind has been loaded in full.
+    pub fn is_ready(&self) -> bool {
+        *self.inner.ready.borrow()
+    }
+
+    /// Waits until [`Index::is_ready`]: answering earlier could apply the default policy to a
+    /// port whose Server has not been listed yet.
+    pub async fn ready(&self) {
+        let _ = self.inner.ready.subscribe().wait_for(|ready| *ready).await;
+    }
+
+    /// The live answer for a pod's port.
+    pub fn watch_inbound(&self, pod: &NsName, port: u16) -> watch::Receiver<InboundView> {
+        let mut state = self.lock();
+        let view = state.inbound(pod, port, &self.inner.config);
+        let key = (pod.clone(), port);
+        if let Some(tx) = state.channels.get(&key) {
+            tx.send_replace(view); // Not kept current while nobody watched.
+            return tx.subscribe();
+        }
+        if state.channels.len() >= state.sweep_at {
+            state.channels.retain(|_, tx| tx.receiver_count() > 0);
+            state.sweep_at = (state.channels.len() * 2).max(64);
+        }
+        let (tx, rx) = watch::channel(view);
+        state.channels.insert(key, tx);
+        rx
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // Every update leaves the maps consistent before it can panic; serving beats failing.
+        self.inner.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Logs a resource the model refused; the caller keeps its last good version.
+fn refused(kind: Kind, key: &NsName, error: &Invalid) {
+    tracing::error!(?kind, object = %key, reason = %error, "invalid policy resource ignored; its last good version stays");
+}
+
+impl State {
+    fn keys(&self, kind: Kind) -> Vec<NsName> {
+        match kind {
+            Kind::Pod => self.pods.keys().cloned().collect(),
+            Kind::Namespace => self.namespaces.keys().map(|n| NsName::new("", n)).collect(),
+            Kind::Server => self.servers.keys().cloned().collect(),
+            Kind::AuthorizationPolicy => self.policies.keys().cloned().collect(),
+            Kind::MeshTlsAuthentication => self.mesh_tls.keys().cloned().collect(),
+            Kind::NetworkAuthentication => self.networks.keys().cloned().collect(),
+        }
+    }
+
+    fn upsert(&mut self, object: Object, config: &Config) {
+        let (kind, key) = (object.kind(), object.key());
+        let result = match object {
+            Object::Pod(pod) => {
+                self.pods.insert(key.clone(), Arc::new(PodRecord::from_k8s(&pod)));
+                self.dirty_pods.insert(key);
+                return;
+            }
+            Object::Namespace(ns) => {
+                self.namespaces.insert(key.name.clone(), NamespaceRecord::from_k8s(&ns));
+                Ok(())
+            }
+            Object::Server(o) => ServerRecord::from_crd(&o).map(|r| drop(self.servers.insert(key.clone(), r))),
+            Object::AuthorizationPolicy(o) => {
+                AuthzPolicyRecord::from_crd(&o).map(|r| drop(self.policies.insert(key.clone(), r)))
+            }
+            Object::MeshTlsAuthentication(o) => {
+                Identities::from_crd(&o, &config.trust_domain).map(|r| drop(self.mesh_tls.insert(key.clone(), r)))
+            }
+            Object::NetworkAuthentication(o) => {
+                networks_from_crd(&o).map(|r| drop(self.networks.insert(key.clone(), r)))
+            }
+        };
+        match result {
+            Ok(()) => self.dirty_all = true,
+            Err(error) => refused(kind, &key, &error),
+        }
+    }
+
+    fn delete(&mut self, kind: Kind, key: &NsName) {
+        let existed = match kind {
+            Kind::Pod => {
+                self.dirty_pods.insert(key.clone());
+                return drop(self.pods.remove(key));
+            }
+            Kind::Namespace => self.namespaces.remove(&key.name).is_some(),
+            Kind::Server => self.servers.remove(key).is_some(),
+            Kind::AuthorizationPolicy => self.policies.remove(key).is_some(),
+            Kind::MeshTlsAuthentication => self.mesh_tls.remove(key).is_some(),
+            Kind::NetworkAuthentication => self.networks.remove(key).is_some(),
+        };
+        self.dirty_all |= existed;
+    }
+
+    fn publish(&mut self, config: &Config) {
+        let (all, pods) = (std::mem::take(&mut self.dirty_all), std::mem::take(&mut self.dirty_pods));
+        if !all && pods.is_empty() {
+            return;
+        }
+        for ((pod, port), tx) in &self.channels {
+            if tx.receiver_count() == 0 || !(all || pods.contains(pod)) {
+                continue;
+            }
+            let view = self.inbound(pod, *port, config);
+            tx.send_if_modified(|current| {
+                let changed = *current != view;
+                if changed {
+                    *current = view;
+                }
+                changed
+            });
+        }
+    }
+
+    fn inbound(&self, pod_key: &NsName, port: u16, config: &Config) -> InboundView {
+        let pod = self.pods.get(pod_key)?;
+        let ns = &pod_key.namespace;
+        let server = self
+            .servers
+            .range(NsName::new(ns, "")..)
+            .take_while(|(k, _)| k.namespace == *ns)
+            .find(|(_, s)| s.selector.matches(&pod.labels) && pod.resolve(&s.port) == Some(port));
+        let probe_paths = pod.probes.get(&port).cloned().unwrap_or_default();
+        let answer = match server {
+            Some((key, server)) => InboundServer {
+                meta: ServerMeta::Server(key.name.clone()),
+                protocol: server.protocol,
+                authorizations: self.authorizations_for(&key.name, ns, config),
+                probe_paths,
+            },
+            None => {
+                let default = pod
+                    .default_policy
+                    .or_else(|| self.namespaces.get(ns).and_then(|n| n.default_policy))
+                    .unwrap_or(config.default_policy);
+                let protocol = if pod.opaque_ports.contains(port) { Protocol::Opaque } else { Protocol::Detect };
+                InboundServer {
+                    meta: ServerMeta::Default(default),
+                    protocol,
+                    authorizations: default_authorizations(default, config),
+                    probe_paths,
+                }
+            }
+        };
+        Some(Arc::new(answer))
+    }
+
+    /// The policies targeting the Server or its namespace whose every reference resolves.
+    fn authorizations_for(&self, server: &str, ns: &str, config: &Config) -> Vec<Authorization> {
+        self.policies
+            .range(NsName::new(ns, "")..)
+            .take_while(|(k, _)| k.namespace == ns)
+            .filter(|(_, p)| match &p.target {
+                Target::Server(name) => name == server,
+                Target::Namespace => true,
+                Target::HttpRoute(_) => false,
+            })
+            .filter_map(|(key, policy)| {
+                let authentication = match &policy.identity {
+                    None => Authentication::Unauthenticated,
+                    Some(IdentityRef::MeshTls(r)) => Authentication::MeshTls(self.mesh_tls.get(r)?.clone()),
+                    Some(IdentityRef::ServiceAccount(r)) => {
+                        Authentication::MeshTls(Identities::service_account(r, &config.trust_domain).ok()?)
+                    }
+                };
+                let networks = match &policy.network {
+                    None => Network::all(),
+                    Some(r) => self.networks.get(r)?.clone(),
+                };
+                Some(Authorization { meta: AuthzMeta::Policy(key.clone()), networks, authentication })
+            })
+            .collect()
+    }
+}
+
+fn default_authorizations(default: DefaultPolicy, config: &Config) -> Vec<Authorization> {
+    let cluster = || config.cluster_networks.iter().map(|&net| Network { net, except: Vec::new() }).collect();
+    let (networks, authentication) = match default {
+        DefaultPolicy::AllUnauthenticated => (Network::all(), Authentication::Unauthenticated),
+        DefaultPolicy::AllAuthenticated => (Network::all(), Authentication::MeshTls(Identities::any())),
+        DefaultPolicy::ClusterAuthenticated => (cluster(), Authentication::MeshTls(Identities::any())),
+        DefaultPolicy::Deny => return Vec::new(),
+    };
+    vec![Authorization { meta: AuthzMeta::Default(default), networks, authentication }]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn object(text: &str) -> Object {
+        let value: serde_json::Value = serde_saphyr::from_str(text).unwrap();
+        let kind = value["kind"].as_str().unwrap().to_string();
+        match kind.as_str() {
+            "Pod" => Object::from(serde_json::from_value::<Pod>(value).unwrap()),
+            "Namespace" => Object::from(serde_json::from_value::<Namespace>(value).unwrap()),
+            "Server" => Object::from(serde_json::from_value::<crd::Server>(value).unwrap()),
+            "AuthorizationPolicy" => Object::from(serde_json::from_value::<crd::AuthorizationPolicy>(value).unwrap()),
+            "MeshTLSAuthentication" => {
+                Object::from(serde_json::from_value::<crd::MeshTlsAuthentication>(value).unwrap())
+            }
+            _ => Object::from(serde_json::from_value::<crd::NetworkAuthentication>(value).unwrap()),
+        }
+    }
+
+    fn pod() -> Object {
+        object(
+            "apiVersion: v1\nkind: Pod\nmetadata: {name: api-0, namespace: shop, labels: {app: api}, annotations: {config.cnimesh.io/opaque-ports: '5432'}}\nspec:\n  containers:\n  - name: app\n    ports: [{name: http, containerPort: 8080}]\n    readinessProbe: {httpGet: {port: 8080, path: /ready}}\n",
+        )
+    }
+
+    fn server(port: &str) -> Object {
+        object(&format!(
+            "apiVersion: policy.cnimesh.io/v1alpha1\nkind: Server\nmetadata: {{name: api-http, namespace: shop}}\nspec: {{podSelector: {{matchLabels: {{app: api}}}}, port: {port}, proxyProtocol: HTTP/1}}\n"
+        ))
+    }
+
+    fn policy() -> Object {
+        object(
+            "apiVersion: policy.cnimesh.io/v1alpha1\nkind: AuthorizationPolicy\nmetadata: {name: web-to-api, namespace: shop}\nspec:\n  targetRef: {group: policy.cnimesh.io, kind: Server, name: api-http}\n  requiredAuthenticationRefs:\n  - {group: policy.cnimesh.io, kind: MeshTLSAuthentication, name: web}\n  - {group: policy.cnimesh.io, kind: NetworkAuthentication, name: pods}\n",
+        )
+    }
+
+    fn mesh_tls() -> Object {
+        object(
+            "apiVersion: policy.cnimesh.io/v1alpha1\nkind: MeshTLSAuthentication\nmetadata: {name: web, namespace: shop}\nspec: {identityRefs: [{kind: ServiceAccount, name: web}]}\n",
+        )
+    }
+
+    fn networks(cidr: &str) -> Object {
+        object(&format!(
+            "apiVersion: policy.cnimesh.io/v1alpha1\nkind: NetworkAuthentication\nmetadata: {{name: pods, namespace: shop}}\nspec: {{networks: [{{cidr: '{cidr}', except: [10.0.0.1]}}]}}\n"
+        ))
+    }
+
+    fn ready_index(config: Config) -> Index {
+        let index = Index::new(config);
+        index.apply(KINDS.map(|k| Change::Reset(k, Vec::new())));
+        index
+    }
+
+    fn key() -> NsName {
+        NsName::new("shop", "api-0")
+    }
+
+    fn answer(rx: &mut watch::Receiver<InboundView>) -> InboundServer {
+        (**rx.borrow_and_update().as_ref().expect("pod known")).clone()
+    }
+
+    #[test]
+    fn ports_no_server_names_get_the_default_and_probes_stay_open() {
+        let index = ready_index(Config { default_policy: DefaultPolicy::Deny, ..Config::default() });
+        assert!(index.is_ready());
+        assert!(index.watch_inbound(&key(), 8080).borrow().is_none(), "unknown pod");
+        index.apply([Change::Upsert(pod())]);
+        let a = answer(&mut index.watch_inbound(&key(), 8080));
+        assert_eq!(a.meta, ServerMeta::Default(DefaultPolicy::Deny));
+        assert!(a.authorizations.is_empty());
+        assert_eq!(a.protocol, Protocol::Detect);
+        assert_eq!(a.probe_paths, BTreeSet::from(["/ready".to_string()]));
+        let opaque = answer(&mut index.watch_inbound(&key(), 5432));
+        assert_eq!(opaque.protocol, Protocol::Opaque);
+
+        // The namespace's annotation overrides the flag; the pod's would override both.
+        let mut rx = index.watch_inbound(&key(), 8080);
+        rx.borrow_and_update();
+        index.apply([Change::Upsert(object(
+            "apiVersion: v1\nkind: Namespace\nmetadata: {name: shop, annotations: {config.cnimesh.io/default-inbound-policy: cluster-authenticated}}\n",
+        ))]);
+        let a = answer(&mut rx);
+        assert_eq!(a.meta, ServerMeta::Default(DefaultPolicy::ClusterAuthenticated));
+        assert_eq!(a.authorizations[0].authentication, Authentication::MeshTls(Identities::any()));
+        assert_eq!(a.authorizations[0].networks.len(), 5);
+    }
+
+    #[test]
+    fn a_server_takes_only_what_policies_allow_and_updates_are_pushed() {
+        let index = ready_index(Config::default());
+        index.apply([Change::Upsert(pod()), Change::Upsert(server("http"))]);
+        let mut rx = index.watch_inbound(&key(), 8080);
+        let a = answer(&mut rx);
+        assert_eq!(a.meta, ServerMeta::Server("api-http".into()));
+        assert_eq!(a.protocol, Protocol::Http1);
+        assert!(a.authorizations.is_empty(), "a Server with no policy denies");
+
+        // A policy whose references are missing stays out; once they exist, it counts.
+        index.apply([Change::Upsert(policy())]);
+        assert!(!rx.has_changed().unwrap());
+        index.apply([Change::Upsert(mesh_tls()), Change::Upsert(networks("10.0.0.0/8"))]);
+        let a = answer(&mut rx);
+        assert_eq!(a.authorizations.len(), 1);
+        let authz = &a.authorizations[0];
+        assert_eq!(authz.meta, AuthzMeta::Policy(NsName::new("shop", "web-to-api")));
+        assert_eq!(authz.networks[0].except, vec!["10.0.0.1/32".parse::<IpNet>().unwrap()]);
+        let Authentication::MeshTls(ids) = &authz.authentication else { panic!("{authz:?}") };
+        assert!(ids.names.contains("web.shop.serviceaccount.identity.cnimesh.cluster.local"));
+
+        // A bad edit is refused and the last good version stays; an unrelated port is unaffected.
+        index.apply([Change::Upsert(networks("10.0.0.0/99"))]);
+        assert!(!rx.has_changed().unwrap());
+        assert_eq!(
+            answer(&mut index.watch_inbound(&key(), 9090)).meta,
+            ServerMeta::Default(DefaultPolicy::AllUnauthenticated)
+        );
+
+        // A port name no container declares selects nothing: the default applies.
+        index.apply([Change::Upsert(server("grpc"))]);
+        assert_eq!(answer(&mut rx).meta, ServerMeta::Default(DefaultPolicy::AllUnauthenticated));
+        index.apply([Change::Delete(Kind::Pod, key())]);
+        assert!(rx.borrow_and_update().is_none());
+    }
+
+    #[test]
+    fn a_namespace_target_covers_every_server_and_service_accounts_are_identities() {
+        let index = ready_index(Config::default());
+        let ns_policy = object(
+            "apiVersion: policy.cnimesh.io/v1alpha1\nkind: AuthorizationPolicy\nmetadata: {name: ns-wide, namespace: shop}\nspec:\n  targetRef: {kind: Namespace, name: shop}\n  requiredAuthenticationRefs: [{kind: ServiceAccount, name: ops, namespace: tools}]\n",
+        );
+        index.apply([Change::Upsert(pod()), Change::Upsert(server("8080")), Change::Upsert(ns_policy)]);
+        let a = answer(&mut index.watch_inbound(&key(), 8080));
+        assert_eq!(a.authorizations.len(), 1);
+        assert_eq!(a.authorizations[0].networks, Network::all());
+        let Authentication::MeshTls(ids) = &a.authorizations[0].authentication else { panic!() };
+        assert!(ids.names.contains("ops.tools.serviceaccount.identity.cnimesh.cluster.local"));
+    }
+
+    #[test]
+    fn not_ready_until_every_kind_is_listed() {
+        let index = Index::new(Config::default());
+        index.apply(KINDS[1..].iter().map(|&k| Change::Listed(k)));
+        assert!(!index.is_ready());
+        index.apply([Change::Reset(Kind::Pod, vec![pod()])]);
+        assert!(index.is_ready());
+    }
+}
