@@ -104,6 +104,7 @@ async fn main() {
         tokens: TokenSource::Files(tokens.path().to_path_buf()),
         cluster: None,
         destination: Default::default(),
+        inbound_policy: Default::default(),
         webhook: None,
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

@@ -19,6 +19,8 @@ use crate::inject::{
     DEFAULT_CLUSTER_DOMAIN, DEFAULT_CONTROL_NAMESPACE, SidecarMode, Webhook, WebhookArgs, generate_webhook_cert,
     load_webhook_tls, watch_server_version, webhook_dns_names,
 };
+use crate::policy::DefaultPolicy;
+use crate::policy::index::DEFAULT_CLUSTER_NETWORKS;
 use crate::serve::{ClusterSource, Config, Listeners, TokenSource};
 
 #[derive(Debug, Parser)]
@@ -114,6 +116,15 @@ struct ServeArgs {
     /// service (with --kube they come from the API server).
     #[arg(long, env = "CNIMESH_CONTROL_CLUSTER_DIR", conflicts_with = "kube")]
     cluster_dir: Option<PathBuf>,
+    /// Inbound policy of ports no Server names, where no namespace or pod annotation
+    /// (config.cnimesh.io/default-inbound-policy) says otherwise: all-unauthenticated,
+    /// all-authenticated, cluster-authenticated or deny.
+    #[arg(long, env = "CNIMESH_CONTROL_DEFAULT_INBOUND_POLICY", default_value = "all-unauthenticated")]
+    default_inbound_policy: DefaultPolicy,
+    /// The networks `cluster-authenticated` admits, comma-separated CIDRs.
+    #[arg(long, env = "CNIMESH_CONTROL_CLUSTER_NETWORKS", default_value = DEFAULT_CLUSTER_NETWORKS,
+        value_delimiter = ',')]
+    cluster_networks: Vec<ipnet::IpNet>,
     #[command(flatten)]
     webhook: WebhookArgs,
 }
@@ -155,6 +166,11 @@ impl ServeArgs {
             cluster_domain: self.webhook.cluster_domain.clone(),
             trust_domain: self.trust_domain.clone(),
         };
+        let inbound_policy = crate::policy::Config {
+            default_policy: self.default_inbound_policy,
+            cluster_networks: self.cluster_networks,
+            trust_domain: self.trust_domain.clone(),
+        };
         let identity_name = match self.identity_name {
             Some(name) => name,
             None => Name::for_service_account(
@@ -187,7 +203,16 @@ impl ServeArgs {
             Policy { trust_domain: self.trust_domain, lifetime: self.cert_lifetime, clock_skew: self.clock_skew };
         let addrs = Addrs { grpc: self.addr, admin: self.admin_addr, webhook: self.webhook.webhook_addr };
         Ok((
-            Config { issuer_dir: self.issuer_dir, identity_name, policy, tokens, cluster, destination, webhook },
+            Config {
+                issuer_dir: self.issuer_dir,
+                identity_name,
+                policy,
+                tokens,
+                cluster,
+                destination,
+                inbound_policy,
+                webhook,
+            },
             addrs,
         ))
     }

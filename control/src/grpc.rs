@@ -7,11 +7,13 @@
 //! (`routes.add_service(FooServer::new(foo))`): everything on the listener shares the one
 //! certificate and connection handling.
 //!
-//! Layer: gRPC: serving and connecting over TLS; the services themselves are [`destination`] and
-//! [`identity`].
+//! Layer: gRPC: serving and connecting over TLS; the services themselves are [`destination`],
+//! [`identity`], and policy's [`inbound`] and [`outbound`].
 
 pub mod destination;
 pub mod identity;
+pub mod inbound;
+pub mod outbound;
 
 use std::future::Future;
 use std::net::SocketAddr;

@@ -19,6 +19,8 @@ use crate::admin::{self, AdminState};
 use crate::destination::Index;
 use crate::grpc::destination::DestinationService;
 use crate::grpc::identity::IdentityService;
+use crate::grpc::inbound::InboundService;
+use crate::grpc::outbound::OutboundService;
 use crate::identity::{Authenticator, FileTokens, KubeTokens, Policy, issuer, own_cert};
 use crate::metrics::Metrics;
 use crate::sources::{FileSource, KubeSource, Source};
@@ -46,10 +48,12 @@ pub struct Config {
     pub identity_name: Name,
     pub policy: Policy,
     pub tokens: TokenSource,
-    /// Destination is served when a source is configured.
+    /// Destination, inbound and outbound policy are served when a source is configured.
     pub cluster: Option<ClusterSource>,
     /// Answers' cluster and trust domains.
     pub destination: crate::destination::Config,
+    /// Inbound policy's defaults; policy is served beside Destination, from the same source.
+    pub inbound_policy: crate::policy::Config,
     /// The injection webhook and its serving certificate, when enabled.
     pub webhook: Option<(crate::inject::Webhook, Arc<rustls::ServerConfig>)>,
 }
@@ -92,10 +96,14 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Out
     let index = config.cluster.as_ref().map(|_| Index::new());
     let source_task = match (config.cluster, index.clone()) {
         (Some(source), Some(index)) => {
-            routes = routes.add_service(DestinationService::new(index.clone(), config.destination).into_server());
+            let policy = crate::policy::Index::new(config.inbound_policy);
+            routes = routes
+                .add_service(DestinationService::new(index.clone(), config.destination.clone()).into_server())
+                .add_service(InboundService::new(policy.clone()).into_server())
+                .add_service(OutboundService::new(index.clone(), config.destination).into_server());
             Some(match source {
-                ClusterSource::Files(dir) => tokio::spawn(FileSource::new(dir).run(index)),
-                ClusterSource::Kube(client) => tokio::spawn(KubeSource::new(client).run(index)),
+                ClusterSource::Files(dir) => tokio::spawn(FileSource::new(dir).with_policy(policy).run(index)),
+                ClusterSource::Kube(client) => tokio::spawn(KubeSource::new(client).with_policy(policy).run(index)),
             })
         }
         _ => None,
@@ -183,6 +191,7 @@ mod tests {
             tokens: TokenSource::Files(tokens.path().to_path_buf()),
             cluster: None,
             destination: Default::default(),
+            inbound_policy: Default::default(),
             webhook: None,
         };
         let (stop, stopped) = tokio::sync::oneshot::channel();
@@ -333,6 +342,7 @@ mod tests {
             tokens: TokenSource::Files(pki.path().to_path_buf()),
             cluster: None,
             destination: Default::default(),
+            inbound_policy: Default::default(),
             webhook: None,
         };
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

@@ -58,7 +58,7 @@ impl DestinationService {
 /// The current value is handled at once, so every stream answers without waiting for a change.
 /// No task or timer of our own per stream: it is polled by the server's own stream task and costs
 /// nothing while the channel is quiet.
-fn follow<V, T>(
+pub(crate) fn follow<V, T>(
     rx: watch::Receiver<V>,
     step: impl FnMut(&V) -> Vec<T> + Send + 'static,
 ) -> BoxStream<'static, Result<T, Status>>

@@ -24,6 +24,8 @@ use serde::{Deserialize, Serialize};
 
 /// The API group of the policy resources.
 pub const GROUP: &str = "policy.cnimesh.io";
+/// `apiVersion` of every policy resource.
+pub const API_VERSION: &str = "policy.cnimesh.io/v1alpha1";
 
 /// `Server`: a port (number or container port name) on the pods `podSelector` selects in the
 /// Server's namespace, and how its traffic is proxied. Ports no Server names get the default

@@ -3,8 +3,9 @@
 //!
 //! Every `.yaml`/`.yml` file under the directory (recursively; names starting with `.` are skipped,
 //! so editors' and `kubectl`'s temporary files are not read half-written) holds any number of
-//! documents. Services, EndpointSlices and Pods are used, `kind: List` is opened, anything else is
-//! ignored. A file is taken whole or not at all: when one document fails to parse, the error is
+//! documents. Services, EndpointSlices and Pods are used, and with a policy index
+//! ([`FileSource::with_policy`]) Namespaces and the `policy.cnimesh.io/v1alpha1` resources too;
+//! `kind: List` is opened, anything else is ignored. A file is taken whole or not at all: when one document fails to parse, the error is
 //! logged with the file and the file's previous content stays in force. Writers that want no
 //! intermediate states should write a temporary file and rename it over the old one.
 //!
@@ -15,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use notify::event::{AccessKind, AccessMode};
 use notify::{EventKind, RecursiveMode, Watcher};
@@ -23,6 +24,7 @@ use serde_json::Value;
 
 use super::{Source, SourceError};
 use crate::destination::{Change, Index, KINDS, Kind, NsName, Object};
+use crate::policy::{self, crd};
 
 /// Quiet time after a change before files are read: a `kubectl`-style write (truncate, write,
 /// close) or a `git checkout` of many files becomes one update instead of a burst of half-states.
@@ -33,11 +35,18 @@ const MAX_DEBOUNCE_PERIODS: u32 = 10;
 pub struct FileSource {
     dir: PathBuf,
     debounce: Duration,
+    policy: Option<policy::Index>,
 }
 
 impl FileSource {
     pub fn new(dir: impl Into<PathBuf>) -> Self {
-        Self { dir: dir.into(), debounce: DEFAULT_DEBOUNCE }
+        Self { dir: dir.into(), debounce: DEFAULT_DEBOUNCE, policy: None }
+    }
+
+    /// Also keeps a policy index in step with the directory (same files, same rules).
+    pub fn with_policy(mut self, policy: policy::Index) -> Self {
+        self.policy = Some(policy);
+        self
     }
 
     pub fn with_debounce(mut self, debounce: Duration) -> Self {
@@ -62,9 +71,12 @@ impl Source for FileSource {
             .map_err(|source| SourceError::Watch { dir: self.dir.clone(), source })?;
         let dir = self.dir.clone();
         let result = tokio::task::spawn_blocking(move || {
-            let mut files = Files { dir: self.dir, defined: HashMap::new() };
+            let mut files = Files { dir: self.dir, defined: HashMap::new(), policy: self.policy };
             files.apply(files.all_paths(), &index);
             index.apply(KINDS.map(Change::Listed));
+            if let Some(policy) = &files.policy {
+                policy.apply(policy::index::KINDS.map(policy::Change::Listed));
+            }
             tracing::info!(dir = %files.dir.display(), files = files.defined.len(), stats = ?index.stats(), "loaded cluster state from files");
             files.follow(&rx, self.debounce, &index);
         })
@@ -82,6 +94,7 @@ impl Source for FileSource {
 struct Files {
     dir: PathBuf,
     defined: HashMap<PathBuf, HashSet<ObjectId>>,
+    policy: Option<policy::Index>,
 }
 
 /// What a batch of file events asks for.
@@ -155,47 +168,89 @@ impl Files {
             .into_iter()
             .map(|path| {
                 let changes = self.reload(&path);
-                let count = changes.len();
-                index.apply(changes);
+                let count = changes.destination.len() + changes.policy.len();
+                index.apply(changes.destination);
+                if let Some(policy) = &self.policy {
+                    policy.apply(changes.policy);
+                }
                 count
             })
             .sum()
     }
 
     /// The changes that bring the index from this file's last good content to its current one.
-    fn reload(&mut self, path: &Path) -> Vec<Change> {
-        let Some(objects) = read(path) else { return Vec::new() };
-        let ids: HashSet<ObjectId> = objects.iter().map(id).collect();
+    fn reload(&mut self, path: &Path) -> Changes {
+        let Some(objects) = read(path) else { return Changes::default() };
+        let ids: HashSet<ObjectId> = objects.iter().map(Parsed::id).collect();
         let old = if ids.is_empty() {
             self.defined.remove(path)
         } else {
             self.defined.insert(path.to_path_buf(), ids.clone())
         };
-        let mut changes = Vec::new();
+        let mut changes = Changes::default();
         for gone in old.into_iter().flatten().filter(|i| !ids.contains(i)) {
             // An object another file also defines lives on in that file's version. That file is
             // read again: duplicates are rare, and keeping every parsed object for them would
             // cost more memory than the whole index.
             let other = self.defined.iter().find(|(_, ids)| ids.contains(&gone)).and_then(|(p, _)| read(p));
-            match other.and_then(|objects| objects.into_iter().find(|o| id(o) == gone)) {
-                Some(object) => changes.push(Change::Upsert(object)),
-                None => changes.push(Change::Delete(gone.0, gone.1)),
+            match other.and_then(|objects| objects.into_iter().find(|o| o.id() == gone)) {
+                Some(object) => changes.upsert(object),
+                None => changes.delete(gone),
             }
         }
-        changes.extend(objects.into_iter().map(Change::Upsert));
+        objects.into_iter().for_each(|o| changes.upsert(o));
         changes
     }
 }
 
-type ObjectId = (Kind, NsName);
+/// A document for one of the two indexes (a Pod is read once and given to both).
+#[derive(Debug, Clone)]
+enum Parsed {
+    Destination(Object),
+    Policy(policy::Object),
+}
 
-fn id(object: &Object) -> ObjectId {
-    (object.kind(), object.key())
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum ObjectId {
+    Destination(Kind, NsName),
+    Policy(policy::Kind, NsName),
+}
+
+impl Parsed {
+    fn id(&self) -> ObjectId {
+        match self {
+            Parsed::Destination(o) => ObjectId::Destination(o.kind(), o.key()),
+            Parsed::Policy(o) => ObjectId::Policy(o.kind(), o.key()),
+        }
+    }
+}
+
+/// The changes one file makes to each index.
+#[derive(Debug, Default)]
+struct Changes {
+    destination: Vec<Change>,
+    policy: Vec<policy::Change>,
+}
+
+impl Changes {
+    fn upsert(&mut self, object: Parsed) {
+        match object {
+            Parsed::Destination(o) => self.destination.push(Change::Upsert(o)),
+            Parsed::Policy(o) => self.policy.push(policy::Change::Upsert(o)),
+        }
+    }
+
+    fn delete(&mut self, id: ObjectId) {
+        match id {
+            ObjectId::Destination(kind, key) => self.destination.push(Change::Delete(kind, key)),
+            ObjectId::Policy(kind, key) => self.policy.push(policy::Change::Delete(kind, key)),
+        }
+    }
 }
 
 /// A file's objects; `None` (logged) when it cannot be read or parsed, so its last good state
 /// stays. A file that is gone has no objects.
-fn read(path: &Path) -> Option<Vec<Object>> {
+fn read(path: &Path) -> Option<Vec<Parsed>> {
     match std::fs::read_to_string(path) {
         Ok(text) => match parse(&text) {
             Ok(objects) => Some(objects),
@@ -243,8 +298,8 @@ enum ParseError {
     Document { index: usize, kind: String, name: String, source: serde_json::Error },
 }
 
-/// The Services, EndpointSlices and Pods in a YAML text.
-fn parse(text: &str) -> Result<Vec<Object>, ParseError> {
+/// The Services, EndpointSlices, Pods, Namespaces and policy resources in a YAML text.
+fn parse(text: &str) -> Result<Vec<Parsed>, ParseError> {
     let docs: Vec<Value> = serde_saphyr::from_multiple(text)?;
     let mut objects = Vec::new();
     for (index, doc) in docs.into_iter().enumerate() {
@@ -253,27 +308,60 @@ fn parse(text: &str) -> Result<Vec<Object>, ParseError> {
     Ok(objects)
 }
 
-fn objects_of(doc: Value, index: usize, out: &mut Vec<Object>) -> Result<(), ParseError> {
+fn objects_of(doc: Value, index: usize, out: &mut Vec<Parsed>) -> Result<(), ParseError> {
     let field = |name: &str| doc.get(name).and_then(Value::as_str).unwrap_or_default().to_string();
     let (api_version, kind) = (field("apiVersion"), field("kind"));
     let name = doc.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default().to_string();
-    let typed = |make: fn(Value) -> serde_json::Result<Object>, doc: Value| {
+    let typed = |make: fn(Value) -> serde_json::Result<Parsed>, doc: Value| {
         make(doc).map_err(|source| ParseError::Document { index, kind: kind.clone(), name: name.clone(), source })
     };
     match (api_version.as_str(), kind.as_str()) {
-        ("v1", "Service") => out.push(typed(|d| serde_json::from_value::<Service>(d).map(Object::from), doc)?),
+        ("v1", "Service") => out.push(typed(|d| serde_json::from_value::<Service>(d).map(destination_object), doc)?),
         ("discovery.k8s.io/v1", "EndpointSlice") => {
-            out.push(typed(|d| serde_json::from_value::<EndpointSlice>(d).map(Object::from), doc)?)
+            out.push(typed(|d| serde_json::from_value::<EndpointSlice>(d).map(destination_object), doc)?)
         }
-        ("v1", "Pod") => out.push(typed(|d| serde_json::from_value::<Pod>(d).map(Object::from), doc)?),
+        ("v1", "Pod") => {
+            let pod = typed(|d| serde_json::from_value::<Pod>(d).map(destination_object), doc)?;
+            if let Parsed::Destination(Object::Pod(p)) = &pod {
+                out.push(Parsed::Policy(policy::Object::Pod(p.clone())));
+            }
+            out.push(pod);
+        }
+        ("v1", "Namespace") => out.push(typed(|d| serde_json::from_value::<Namespace>(d).map(policy_object), doc)?),
+        (crd::API_VERSION, "Server") => {
+            out.push(typed(|d| serde_json::from_value::<crd::Server>(d).map(policy_object), doc)?)
+        }
+        (crd::API_VERSION, "AuthorizationPolicy") => {
+            out.push(typed(|d| serde_json::from_value::<crd::AuthorizationPolicy>(d).map(policy_object), doc)?)
+        }
+        (crd::API_VERSION, "MeshTLSAuthentication") => {
+            out.push(typed(|d| serde_json::from_value::<crd::MeshTlsAuthentication>(d).map(policy_object), doc)?)
+        }
+        (crd::API_VERSION, "NetworkAuthentication") => {
+            out.push(typed(|d| serde_json::from_value::<crd::NetworkAuthentication>(d).map(policy_object), doc)?)
+        }
         ("v1", "List") => {
             for item in doc.get("items").and_then(Value::as_array).into_iter().flatten() {
                 objects_of(item.clone(), index, out)?;
             }
         }
-        _ => tracing::debug!(api_version, kind, name, "ignoring object of a kind Destination does not use"),
+        _ => tracing::debug!(api_version, kind, name, "ignoring object of a kind neither Destination nor policy uses"),
     }
     Ok(())
+}
+
+fn destination_object<K>(object: K) -> Parsed
+where
+    Object: From<K>,
+{
+    Parsed::Destination(Object::from(object))
+}
+
+fn policy_object<K>(object: K) -> Parsed
+where
+    policy::Object: From<K>,
+{
+    Parsed::Policy(policy::Object::from(object))
 }
 
 #[cfg(test)]
@@ -283,8 +371,16 @@ mod tests {
     #[test]
     fn parses_several_documents_lists_and_skips_other_kinds() {
         let text = "apiVersion: v1\nkind: Service\nmetadata: {name: a}\n---\n---\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\n---\napiVersion: v1\nkind: List\nitems:\n- {apiVersion: v1, kind: Pod, metadata: {name: p}}\n";
-        let kinds: Vec<Kind> = parse(text).unwrap().iter().map(Object::kind).collect();
-        assert_eq!(kinds, [Kind::Service, Kind::Pod]);
+        let ids: Vec<ObjectId> = parse(text).unwrap().iter().map(Parsed::id).collect();
+        let (a, p) = (NsName::new("default", "a"), NsName::new("default", "p"));
+        assert_eq!(
+            ids,
+            [
+                ObjectId::Destination(Kind::Service, a),
+                ObjectId::Policy(policy::Kind::Pod, p.clone()),
+                ObjectId::Destination(Kind::Pod, p)
+            ]
+        );
     }
 
     #[test]
@@ -292,8 +388,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("a.yaml");
         std::fs::write(&file, "apiVersion: v1\nkind: Service\nmetadata: {name: a}\n").unwrap();
-        let mut files = Files { dir: dir.path().to_path_buf(), defined: HashMap::new() };
-        assert_eq!(files.reload(&file).len(), 1);
+        let mut files = Files { dir: dir.path().to_path_buf(), defined: HashMap::new(), policy: None };
+        assert_eq!(files.reload(&file).destination.len(), 1);
         let event = |kind, path: &Path| Ok(notify::Event::new(kind).add_path(path.to_path_buf()));
         let mut pending = Pending::default();
         files.note(event(EventKind::Access(AccessKind::Open(AccessMode::Any)), dir.path()), &mut pending);
@@ -313,19 +409,19 @@ mod tests {
         let (a, b) = (dir.path().join("a.yaml"), dir.path().join("b.yaml"));
         std::fs::write(&a, svc(80)).unwrap();
         std::fs::write(&b, svc(81)).unwrap();
-        let mut files = Files { dir: dir.path().to_path_buf(), defined: HashMap::new() };
+        let mut files = Files { dir: dir.path().to_path_buf(), defined: HashMap::new(), policy: None };
         assert_eq!(files.all_paths(), HashSet::from([a.clone(), b.clone()]));
         files.reload(&a);
         files.reload(&b);
         std::fs::remove_file(&a).unwrap();
-        match files.reload(&a).as_slice() {
+        match files.reload(&a).destination.as_slice() {
             [Change::Upsert(Object::Service(s))] => {
                 assert_eq!(s.spec.as_ref().unwrap().ports.as_ref().unwrap()[0].port, 81)
             }
             other => panic!("expected b's version, got {other:?}"),
         }
         std::fs::remove_file(&b).unwrap();
-        assert!(matches!(files.reload(&b).as_slice(), [Change::Delete(Kind::Service, _)]));
+        assert!(matches!(files.reload(&b).destination.as_slice(), [Change::Delete(Kind::Service, _)]));
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! Cluster state from the Kubernetes API: one kube-rs watcher per kind, all namespaces.
+//! Cluster state from the Kubernetes API: one kube-rs watcher per kind, all namespaces; with a
+//! policy index ([`KubeSource::with_policy`]) also Namespaces and the policy resources.
 //!
 //! A watcher lists, then watches from the list's resourceVersion, resumes from the last version it
 //! saw when a watch ends, and re-lists when the server says that version is gone (410). Each list
@@ -10,7 +11,7 @@
 use std::fmt::Debug;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Api;
 use kube::runtime::WatchStreamExt;
@@ -19,33 +20,128 @@ use serde::de::DeserializeOwned;
 
 use super::{Source, SourceError};
 use crate::destination::{Change, Index, Kind, Object};
+use crate::policy::{self, crd};
 
 pub struct KubeSource {
     client: kube::Client,
+    policy: Option<policy::Index>,
 }
 
 impl KubeSource {
     pub fn new(client: kube::Client) -> Self {
-        Self { client }
+        Self { client, policy: None }
+    }
+
+    /// Also keeps a policy index in step: Namespaces and the policy resources, and the same Pod
+    /// watch Destination uses (one watch, two indexes).
+    pub fn with_policy(mut self, policy: policy::Index) -> Self {
+        self.policy = Some(policy);
+        self
     }
 }
 
 impl Source for KubeSource {
     /// Watch errors are logged and retried with kube-rs' default backoff, so this does not return
-    /// while the process is healthy.
+    /// while the process is healthy. Until the policy CRDs are installed their watches fail (and
+    /// say so) and the policy index stays not ready: inbound policy waits rather than guess.
     async fn run(self, index: Index) -> Result<(), SourceError> {
-        futures::join!(
-            follow(Api::<Service>::all(self.client.clone()), Kind::Service, &index),
-            follow(Api::<EndpointSlice>::all(self.client.clone()), Kind::EndpointSlice, &index),
-            follow(Api::<Pod>::all(self.client), Kind::Pod, &index),
-        );
+        let client = self.client;
+        let policy = self.policy;
+        let pods = follow(Api::<Pod>::all(client.clone()), "Pod", |update: Update<Pod>| {
+            if let Some(policy) = &policy {
+                policy.apply([policy_change(policy::Kind::Pod, update.clone())]);
+            }
+            index.apply([destination_change(Kind::Pod, update)]);
+        });
+        let destination = async {
+            futures::join!(
+                follow(Api::<Service>::all(client.clone()), "Service", |u| index
+                    .apply([destination_change(Kind::Service, u)])),
+                follow(Api::<EndpointSlice>::all(client.clone()), "EndpointSlice", |u| index
+                    .apply([destination_change(Kind::EndpointSlice, u)])),
+                pods,
+            )
+        };
+        match &policy {
+            None => drop(destination.await),
+            Some(policy) => {
+                futures::join!(
+                    destination,
+                    follow_policy(Api::<Namespace>::all(client.clone()), policy::Kind::Namespace, policy),
+                    follow_policy(Api::<crd::Server>::all(client.clone()), policy::Kind::Server, policy),
+                    follow_policy(
+                        Api::<crd::AuthorizationPolicy>::all(client.clone()),
+                        policy::Kind::AuthorizationPolicy,
+                        policy
+                    ),
+                    follow_policy(
+                        Api::<crd::MeshTlsAuthentication>::all(client.clone()),
+                        policy::Kind::MeshTlsAuthentication,
+                        policy
+                    ),
+                    follow_policy(
+                        Api::<crd::NetworkAuthentication>::all(client.clone()),
+                        policy::Kind::NetworkAuthentication,
+                        policy
+                    ),
+                );
+            }
+        }
         Ok(())
     }
 }
 
-async fn follow<K>(api: Api<K>, kind: Kind, index: &Index)
+/// What a watcher reports, with the initial list (or a re-list) gathered into one step.
+#[derive(Clone)]
+enum Update<K> {
+    Reset(Vec<K>),
+    Apply(K),
+    Delete(K),
+}
+
+fn destination_change<K>(kind: Kind, update: Update<K>) -> Change
 where
     Object: From<K>,
+{
+    match update {
+        Update::Reset(objects) => Change::Reset(kind, objects.into_iter().map(Object::from).collect()),
+        Update::Apply(object) => Change::Upsert(Object::from(object)),
+        Update::Delete(object) => Change::Delete(kind, Object::from(object).key()),
+    }
+}
+
+fn policy_change<K>(kind: policy::Kind, update: Update<K>) -> policy::Change
+where
+    policy::Object: From<K>,
+{
+    match update {
+        Update::Reset(objects) => policy::Change::Reset(kind, objects.into_iter().map(policy::Object::from).collect()),
+        Update::Apply(object) => policy::Change::Upsert(policy::Object::from(object)),
+        Update::Delete(object) => policy::Change::Delete(kind, policy::Object::from(object).key()),
+    }
+}
+
+async fn follow_policy<K>(api: Api<K>, kind: policy::Kind, policy: &policy::Index)
+where
+    policy::Object: From<K>,
+    K: kube::Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+{
+    follow(api, kind_name(kind), |u| policy.apply([policy_change(kind, u)])).await
+}
+
+fn kind_name(kind: policy::Kind) -> &'static str {
+    match kind {
+        policy::Kind::Pod => "Pod",
+        policy::Kind::Namespace => "Namespace",
+        policy::Kind::Server => "Server",
+        policy::Kind::AuthorizationPolicy => "AuthorizationPolicy",
+        policy::Kind::MeshTlsAuthentication => "MeshTLSAuthentication",
+        policy::Kind::NetworkAuthentication => "NetworkAuthentication",
+    }
+}
+
+async fn follow<K>(api: Api<K>, kind: &'static str, mut deliver: impl FnMut(Update<K>))
+where
     K: kube::Resource + Clone + DeserializeOwned + Debug + Send + 'static,
 {
     let events = watcher::watcher(api, watcher::Config::default()).default_backoff();
@@ -54,14 +150,14 @@ where
     while let Some(event) = events.next().await {
         match event {
             Ok(Event::Init) => listed.clear(),
-            Ok(Event::InitApply(object)) => listed.push(Object::from(object)),
+            Ok(Event::InitApply(object)) => listed.push(object),
             Ok(Event::InitDone) => {
-                tracing::debug!(?kind, objects = listed.len(), "listed");
-                index.apply([Change::Reset(kind, std::mem::take(&mut listed))]);
+                tracing::debug!(kind, objects = listed.len(), "listed");
+                deliver(Update::Reset(std::mem::take(&mut listed)));
             }
-            Ok(Event::Apply(object)) => index.apply([Change::Upsert(Object::from(object))]),
-            Ok(Event::Delete(object)) => index.apply([Change::Delete(kind, Object::from(object).key())]),
-            Err(error) => tracing::warn!(?kind, %error, "watch failed; retrying"),
+            Ok(Event::Apply(object)) => deliver(Update::Apply(object)),
+            Ok(Event::Delete(object)) => deliver(Update::Delete(object)),
+            Err(error) => tracing::warn!(kind, %error, "watch failed; retrying"),
         }
     }
 }
