@@ -292,7 +292,7 @@ async fn inbound_answers_and_streams_policy_changes() {
         panic!("{authz:?}")
     };
     assert_eq!((resource.kind.as_str(), resource.name.as_str()), ("authorizationpolicy", "web-to-api"));
-    let net: ipnet::IpNet = authz.networks[0].net.clone().unwrap().try_into().unwrap();
+    let net: ipnet::IpNet = authz.networks[0].net.unwrap().try_into().unwrap();
     assert_eq!(net, "10.0.0.0/16".parse::<ipnet::IpNet>().unwrap());
     assert_eq!(authz.networks[0].except.len(), 1);
     let Some(authn::Permit::MeshTls(tls)) = authz.authentication.as_ref().and_then(|a| a.permit.clone()) else {
@@ -306,7 +306,7 @@ async fn inbound_answers_and_streams_policy_changes() {
     write(running.cluster.path(), "server.yaml", &SERVER.replace("HTTP/1", "HTTP/2"));
     let server = next(&mut watch).await;
     assert!(matches!(server.protocol.as_ref().unwrap().kind, Some(in_proto::Kind::Http2(_))));
-    let net: ipnet::IpNet = server.authorizations[0].networks[0].net.clone().unwrap().try_into().unwrap();
+    let net: ipnet::IpNet = server.authorizations[0].networks[0].net.unwrap().try_into().unwrap();
     assert_eq!(net, "10.0.0.0/16".parse::<ipnet::IpNet>().unwrap(), "the last good NetworkAuthentication");
 
     running.stop.take().unwrap().send(()).unwrap();

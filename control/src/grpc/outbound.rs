@@ -79,7 +79,7 @@ impl OutboundService {
     async fn follow(&self, spec: &TrafficSpec) -> Result<BoxStream<'static, Result<OutboundPolicy, Status>>, Status> {
         let target = match &spec.target {
             Some(traffic_spec::Target::Addr(addr)) => {
-                let addr = SocketAddr::try_from(addr.clone())
+                let addr = SocketAddr::try_from(*addr)
                     .map_err(|e| Status::invalid_argument(format!("target address: {e}")))?;
                 Target::Addr(addr)
             }
