@@ -1,12 +1,13 @@
 //! `cnimesh-control`: the control plane. Identity (certificates for workloads), Destination
-//! (service discovery) over gRPC speaking `linkerd2-proxy-api`, and the injection webhook.
+//! (service discovery) and inbound/outbound policy over gRPC speaking `linkerd2-proxy-api`, and
+//! the injection webhook.
 //!
 //! Layers, as in Linkerd's policy controller, each built on those before it (never after):
-//! 1. model/index (pure): [`destination`] (model, index, path, resolve), [`identity`]'s issuer
-//!    model, [`inject`]'s mutation, [`metrics`];
+//! 1. model/index (pure): [`destination`] (model, index, path, resolve), [`policy`] (CRDs,
+//!    model, index), [`identity`]'s issuer model, [`inject`]'s mutation, [`metrics`];
 //! 2. sources: [`sources`] (Kubernetes watchers, YAML files), the identity token sources and
 //!    the issuer directory;
-//! 3. gRPC: [`grpc`] (Destination, Identity over TLS) and the webhook's HTTPS endpoint;
+//! 3. gRPC: [`grpc`] (Destination, Identity, inbound and outbound policy over TLS) and the webhook's HTTPS endpoint;
 //! 4. runtime: [`cli`], [`serve`], [`admin`], [`ca_init`] and the operator's CLI, [`operator`].
 //!
 //! In-process use (tests, benchmarks): bind the listeners yourself and call [`serve::run`] with a

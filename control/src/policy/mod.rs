@@ -3,6 +3,31 @@
 //! `io.linkerd.proxy.inbound.InboundServerPolicies` and `io.linkerd.proxy.outbound.OutboundPolicies`
 //! so a stock linkerd2-proxy can run against cnimesh-control (issue 19).
 //!
+//! Cluster state flows one way, as for Destination: a [`Source`](crate::sources::Source) given
+//! the policy index (`FileSource::with_policy`, `KubeSource::with_policy`) turns Pods (the same
+//! watch Destination uses), Namespaces and the four `policy.cnimesh.io/v1alpha1` resources into
+//! [`Change`]s on an [`Index`]; [`InboundService`](crate::grpc::inbound::InboundService) streams
+//! its answers. Outbound policy needs only Services and their opaque ports, which the Destination
+//! index already holds: [`OutboundService`](crate::grpc::outbound::OutboundService) reads that.
+//!
+//! ```no_run
+//! use cnimesh_control::grpc::inbound::InboundService;
+//! use cnimesh_control::grpc::outbound::OutboundService;
+//! use cnimesh_control::sources::{FileSource, Source};
+//! use cnimesh_control::{destination, policy};
+//!
+//! async fn serve(dir: std::path::PathBuf, addr: std::net::SocketAddr) -> anyhow::Result<()> {
+//!     let (index, policy) = (destination::Index::new(), policy::Index::new(policy::Config::default()));
+//!     tokio::spawn(FileSource::new(dir).with_policy(policy.clone()).run(index.clone()));
+//!     tonic::transport::Server::builder()
+//!         .add_service(InboundService::new(policy).into_server())
+//!         .add_service(OutboundService::new(index, destination::Config::default()).into_server())
+//!         .serve(addr)
+//!         .await?;
+//!     Ok(())
+//! }
+//! ```
+//!
 //! Layer: model/index (pure): [`crd`] (the custom resources), [`model`] (validated records),
 //! [`index`] (answers per pod port and per service port, streamed through `tokio::sync::watch`).
 //! The sources feeding the index are [`crate::sources`]; the gRPC services

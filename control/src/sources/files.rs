@@ -425,6 +425,35 @@ mod tests {
     }
 
     #[test]
+    fn policy_kinds_are_read_and_a_bad_one_keeps_the_file_as_it_was() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("policy.yaml");
+        let server = |protocol: &str| {
+            format!(
+                "apiVersion: v1\nkind: Namespace\nmetadata: {{name: shop}}\n---\napiVersion: policy.cnimesh.io/v1alpha1\nkind: Server\nmetadata: {{name: s, namespace: shop}}\nspec: {{podSelector: {{}}, port: 8080, proxyProtocol: {protocol}}}\n"
+            )
+        };
+        std::fs::write(&file, server("opaque")).unwrap();
+        let mut files = Files { dir: dir.path().to_path_buf(), defined: HashMap::new(), policy: None };
+        let kinds: Vec<policy::Kind> = files
+            .reload(&file)
+            .policy
+            .iter()
+            .map(|c| match c {
+                policy::Change::Upsert(o) => o.kind(),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(kinds, [policy::Kind::Namespace, policy::Kind::Server]);
+        // A protocol the schema does not know fails the document, so the file's last good
+        // content stays in force: nothing changes, nothing is deleted.
+        std::fs::write(&file, server("SMTP")).unwrap();
+        let changes = files.reload(&file);
+        assert!(changes.policy.is_empty() && changes.destination.is_empty());
+        assert_eq!(files.defined[&file].len(), 2);
+    }
+
+    #[test]
     fn errors_name_the_document() {
         let text = "apiVersion: v1\nkind: Service\nmetadata: {name: a}\n---\napiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {containers: 3}\n";
         let error = parse(text).unwrap_err().to_string();

@@ -2,7 +2,9 @@
 //! ([`crate::destination`]) and below the gRPC services and the runtime. Each source keeps an
 //! [`Index`] in step with one place: the Kubernetes API ([`KubeSource`]) or a directory of YAML
 //! files ([`FileSource`], local mode and tests). DESIGN.md §1: Kubernetes stays at the edge,
-//! behind this one trait with two implementations.
+//! behind this one trait with two implementations. Both also feed the policy index
+//! ([`crate::policy::Index`]) when given one (`with_policy`): Pods once for both indexes, plus
+//! Namespaces and the `policy.cnimesh.io` resources.
 
 mod files;
 mod kube;
