@@ -105,6 +105,7 @@ async fn main() {
         cluster: None,
         destination: Default::default(),
         webhook: None,
+        webhook_certs: None,
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(cnimesh_control::run(config, Listeners { grpc, admin, webhook: None }, async {

@@ -8,7 +8,7 @@
 //!    the issuer directory;
 //! 3. gRPC: [`grpc`] (Destination, Identity over TLS) and the webhook's HTTPS endpoint;
 //! 4. runtime: [`cli`], [`serve`], [`admin`], [`ca_init`], [`leader`] (Lease elections for the
-//!    writers) and the operator's CLI, [`operator`].
+//!    writers), [`webhook_certs`] (the webhook's Secret and caBundle) and the operator's CLI, [`operator`].
 //!
 //! In-process use (tests, benchmarks): bind the listeners yourself and call [`serve::run`] with a
 //! [`serve::Config`]; it returns once the shutdown future resolves and calls have drained.
@@ -25,5 +25,6 @@ pub mod metrics;
 pub mod operator;
 pub mod serve;
 pub mod sources;
+pub mod webhook_certs;
 
 pub use serve::{ClusterSource, Config, Listeners, TokenSource, run};

@@ -52,6 +52,9 @@ pub struct Config {
     pub destination: crate::destination::Config,
     /// The injection webhook and its serving certificate, when enabled.
     pub webhook: Option<(crate::inject::Webhook, Arc<rustls::ServerConfig>)>,
+    /// The webhook's certificate from a watched Secret, and in managed mode the election and the
+    /// leader's upkeep of it (`crate::webhook_certs`). `None`: the one in `webhook` is fixed.
+    pub webhook_certs: Option<crate::webhook_certs::SecretSource>,
 }
 
 pub struct Listeners {
@@ -67,6 +70,10 @@ pub struct Listeners {
 pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
     let metrics = Arc::new(Metrics::default());
     let (stop, stopped) = watch::channel(false);
+    let cert_tasks = config
+        .webhook_certs
+        .map(|source| crate::webhook_certs::spawn(source, metrics.clone(), stopped.clone()))
+        .unwrap_or_default();
     let issuer = issuer::watch_dir(config.issuer_dir.clone(), metrics.clone(), stopped.clone())
         .with_context(|| format!("loading the issuer from {}", config.issuer_dir.display()))?;
 
@@ -129,6 +136,12 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Out
         webhook.await.context("webhook task")?;
     }
     own_cert_task.await.context("own certificate task")?;
+    for task in cert_tasks {
+        // The elector releases its Lease (bounded by a renew interval); the others just stop.
+        if tokio::time::timeout(std::time::Duration::from_secs(10), task).await.is_err() {
+            tracing::warn!("a webhook certificate task did not stop in time");
+        }
+    }
     if let Some(task) = source_task {
         task.abort();
     }
@@ -184,6 +197,7 @@ mod tests {
             cluster: None,
             destination: Default::default(),
             webhook: None,
+            webhook_certs: None,
         };
         let (stop, stopped) = tokio::sync::oneshot::channel();
         let task = tokio::spawn(run(config, Listeners { grpc, admin, webhook: None }, async {
@@ -334,6 +348,7 @@ mod tests {
             cluster: None,
             destination: Default::default(),
             webhook: None,
+            webhook_certs: None,
         };
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(run(config, Listeners { grpc, admin, webhook: None }, async {
