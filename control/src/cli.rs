@@ -118,6 +118,10 @@ struct ServeArgs {
     webhook: WebhookArgs,
     #[command(flatten)]
     ha: HaArgs,
+    /// Bind the listeners with SO_REUSEPORT: several replicas on one host share one address
+    /// (local mode's HA, and the rolling-restart test); the kernel spreads connections.
+    #[arg(long, env = "CNIMESH_CONTROL_REUSE_PORT")]
+    reuse_port: bool,
 }
 
 /// Where the webhook's certificate comes from.
@@ -213,8 +217,18 @@ struct Addrs {
     webhook: Option<SocketAddr>,
 }
 
-async fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
-    TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))
+async fn bind(addr: SocketAddr, reuse_port: bool) -> anyhow::Result<TcpListener> {
+    if !reuse_port {
+        return TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"));
+    }
+    let socket = if addr.is_ipv4() { tokio::net::TcpSocket::new_v4() } else { tokio::net::TcpSocket::new_v6() };
+    let bound = socket.and_then(|socket| {
+        socket.set_reuseaddr(true)?;
+        socket.set_reuseport(true)?;
+        socket.bind(addr)?;
+        socket.listen(1024)
+    });
+    bound.with_context(|| format!("binding {addr} with SO_REUSEPORT"))
 }
 
 impl ServeArgs {
@@ -338,12 +352,14 @@ fn run(cli: Cli) -> anyhow::Result<()> {
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let reuse = args.reuse_port;
     let (config, addrs) = args.config().await?;
     let webhook = match addrs.webhook {
-        Some(addr) => Some(bind(addr).await?),
+        Some(addr) => Some(bind(addr, reuse).await?),
         None => None,
     };
-    let listeners = Listeners { grpc: bind(addrs.grpc).await?, admin: bind(addrs.admin).await?, webhook };
+    let listeners =
+        Listeners { grpc: bind(addrs.grpc, reuse).await?, admin: bind(addrs.admin, reuse).await?, webhook };
     crate::serve::run(config, listeners, shutdown_signal()).await
 }
 
@@ -383,6 +399,15 @@ mod tests {
         for bad in ["", "s", "10x", "-1s", "99999999999999999999y", "99999999999999999999"] {
             assert!(parse_duration(bad).is_err(), "{bad}");
         }
+    }
+
+    #[tokio::test]
+    async fn replicas_share_an_address_only_with_reuse_port() {
+        let first = bind("127.0.0.1:0".parse().unwrap(), true).await.unwrap();
+        let addr = first.local_addr().unwrap();
+        let _second = bind(addr, true).await.expect("a second replica on the same address");
+        let error = format!("{:#}", bind(addr, false).await.unwrap_err());
+        assert!(error.contains(&addr.to_string()), "{error}");
     }
 
     #[tokio::test]
