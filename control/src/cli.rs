@@ -358,8 +358,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         Some(addr) => Some(bind(addr, reuse).await?),
         None => None,
     };
-    let listeners =
-        Listeners { grpc: bind(addrs.grpc, reuse).await?, admin: bind(addrs.admin, reuse).await?, webhook };
+    let listeners = Listeners { grpc: bind(addrs.grpc, reuse).await?, admin: bind(addrs.admin, reuse).await?, webhook };
     crate::serve::run(config, listeners, shutdown_signal()).await
 }
 

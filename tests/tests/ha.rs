@@ -1,0 +1,205 @@
+//! High availability on a real kernel: two control plane replicas share one address
+//! (`serve --reuse-port`, the kernel spreads connections), a client proxy calls a meshed service
+//! with mTLS without pause, and the replicas are restarted one at a time: no request may fail,
+//! and afterwards the proxy still learns of changes (its Destination stream found a live
+//! replica again).
+
+use std::net::Ipv4Addr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use cnimesh_e2e::apps::Apps;
+use cnimesh_e2e::control::{CONTROL_PORT, Control, env_refs};
+use cnimesh_e2e::sidecar::{Sidecar, http_in};
+use cnimesh_e2e::{Network, Pod, bins, require_root};
+use serde_json::json;
+
+const SERVICE_IP: &str = "10.96.0.30";
+const AUTHORITY_GAUGE: &str = "outbound_endpoints{authority=\"api.ha.svc.cluster.local:80\"}";
+
+/// Service `api` (port 80 → 8080) in namespace `ha`, its endpoints being `pods`.
+fn cluster(pods: &[(&str, Ipv4Addr)]) -> String {
+    let mut out = format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: api, namespace: ha}}\nspec:\n  clusterIP: {SERVICE_IP}\n  ports: [{{port: 80, targetPort: 8080}}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: api-1\n  namespace: ha\n  labels: {{kubernetes.io/service-name: api}}\naddressType: IPv4\nports: [{{port: 8080, protocol: TCP}}]\nendpoints:\n"
+    );
+    for (name, ip) in pods {
+        out += &format!("  - addresses: [\"{ip}\"]\n    targetRef: {{kind: Pod, name: {name}, namespace: ha}}\n");
+    }
+    for (name, ip) in pods {
+        out += &format!(
+            "---\napiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: ha}}\nspec:\n  serviceAccountName: api\n  containers: [{{name: app}}, {{name: cnimesh-proxy}}]\nstatus: {{phase: Running, podIP: \"{ip}\"}}\n"
+        );
+    }
+    out
+}
+
+fn write(dir: &Path, text: &str) {
+    let tmp = dir.join("api.tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, dir.join("api.yaml")).unwrap();
+}
+
+/// One more replica beside `first`: the same issuer, tokens and cluster directory, the same
+/// gRPC address (SO_REUSEPORT), an admin port of its own so the test can tell it is ready.
+struct Replica {
+    child: Child,
+    admin: u16,
+}
+
+impl Replica {
+    fn start(bin: &Path, pod: &Pod<'_>, first: &Control, cluster: &Path, admin: u16) -> Self {
+        let issuer = first.issuer_dir();
+        let tokens = issuer.parent().unwrap().join("tokens");
+        let child = Command::new("ip")
+            .args(["netns", "exec", pod.netns.name()])
+            .arg(bin)
+            .args(["serve", "--reuse-port", "--addr", &format!("0.0.0.0:{CONTROL_PORT}")])
+            .args(["--admin-addr", &format!("0.0.0.0:{admin}")])
+            .arg("--issuer-dir")
+            .arg(&issuer)
+            .arg("--tokens-dir")
+            .arg(&tokens)
+            .arg("--cluster-dir")
+            .arg(cluster)
+            .env("CNIMESH_CONTROL_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let replica = Self { child, admin };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !matches!(http_in(&pod.netns.path(), &format!("127.0.0.1:{admin}"), "GET", "/ready", ""), Ok((200, _))) {
+            assert!(Instant::now() < deadline, "replica on admin port {} did not become ready", replica.admin);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        replica
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn a_rolling_restart_of_the_control_plane_fails_no_request() {
+    if !require_root("a_rolling_restart_of_the_control_plane_fails_no_request") {
+        return;
+    }
+    let bins = bins!();
+    let net = Network::bridge(&bins, json!({})).unwrap();
+    let cluster_dir = tempfile::tempdir().unwrap();
+    let api = [Pod::named(&net, "ha", "api-0").unwrap(), Pod::named(&net, "ha", "api-1").unwrap()];
+    write(cluster_dir.path(), &cluster(&[("api-0", api[0].ipv4())]));
+    let control_pod = Pod::unmeshed(&net, "cnimesh", "control").unwrap();
+    let dir = cluster_dir.path().display().to_string();
+    let mut first = Control::start(&bins.control, &control_pod, &["--cluster-dir", &dir, "--reuse-port"]).unwrap();
+    let mut second = Some(Replica::start(&bins.control, &control_pod, &first, cluster_dir.path(), 9991));
+
+    let api_env = first.proxy_env("ha", "api", &first.token("ha", "api").unwrap());
+    let mut servers = Vec::new();
+    for pod in &api {
+        let apps = Apps::start(&pod.netns.path(), pod.ipv4().into(), &pod.name).unwrap();
+        servers.push((apps, Sidecar::start(&bins.proxy, &pod.netns, &env_refs(&api_env)).unwrap()));
+    }
+    let client = Pod::named(&net, "ha", "client").unwrap();
+    client.netns.exec("ip", &["route", "add", "10.96.0.0/12", "dev", "eth0"]).unwrap();
+    let mut env = first.proxy_env("ha", "client", &first.token("ha", "client").unwrap());
+    env.push(("CNIMESH_PROXY_DESTINATION_ADDR".into(), first.addr.to_string()));
+    let _client_proxy = Sidecar::start(&bins.proxy, &client.netns, &env_refs(&env)).unwrap();
+    let call = || {
+        http_in(&client.netns.path(), &format!("{SERVICE_IP}:80"), "GET", "/replica", "").unwrap_or((0, String::new()))
+    };
+    let (status, body) = call();
+    assert_eq!(status, 200, "{body}");
+
+    let stop = AtomicBool::new(false);
+    let seen = Mutex::new(Vec::new());
+    let progress = |seen: &Mutex<Vec<(u16, String)>>| {
+        // At least 20 more answers before the next restart: traffic flows across each step.
+        let start = seen.lock().unwrap().len();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while seen.lock().unwrap().len() < start + 20 {
+            assert!(Instant::now() < deadline, "traffic stalled");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            while !stop.load(Ordering::SeqCst) {
+                let answer = call();
+                seen.lock().unwrap().push(answer);
+            }
+        });
+        progress(&seen);
+        // Restart each replica in turn, the other serving meanwhile (a rollout with maxSurge 1).
+        first.stop();
+        progress(&seen);
+        let mut third = Replica::start(&bins.control, &control_pod, &first, cluster_dir.path(), 9992);
+        progress(&seen);
+        drop(second.take());
+        progress(&seen);
+        let fourth = Replica::start(&bins.control, &control_pod, &first, cluster_dir.path(), 9993);
+        progress(&seen);
+        let _ = third.child.kill();
+        let _ = third.child.wait();
+        progress(&seen);
+        stop.store(true, Ordering::SeqCst);
+        drop(fourth);
+    });
+    let seen = seen.into_inner().unwrap();
+    let failed: Vec<_> = seen.iter().filter(|(status, _)| *status != 200).collect();
+    assert!(
+        failed.is_empty(),
+        "{} of {} requests failed during the rolling restart: {failed:?}",
+        failed.len(),
+        seen.len()
+    );
+    println!("{} requests, none failed, through two control plane restarts", seen.len());
+}
+
+/// After replicas come and go, the proxy's Destination stream reaches a live one again: a
+/// scale-up made after the restarts reaches the proxy.
+#[test]
+fn after_a_restart_the_proxy_follows_changes_from_another_replica() {
+    if !require_root("after_a_restart_the_proxy_follows_changes_from_another_replica") {
+        return;
+    }
+    let bins = bins!();
+    let net = Network::bridge(&bins, json!({})).unwrap();
+    let cluster_dir = tempfile::tempdir().unwrap();
+    let api = [Pod::named(&net, "ha", "api-0").unwrap(), Pod::named(&net, "ha", "api-1").unwrap()];
+    write(cluster_dir.path(), &cluster(&[("api-0", api[0].ipv4())]));
+    let control_pod = Pod::unmeshed(&net, "cnimesh", "control").unwrap();
+    let dir = cluster_dir.path().display().to_string();
+    let mut first = Control::start(&bins.control, &control_pod, &["--cluster-dir", &dir, "--reuse-port"]).unwrap();
+    let api_env = first.proxy_env("ha", "api", &first.token("ha", "api").unwrap());
+    let mut servers = Vec::new();
+    for pod in &api {
+        let apps = Apps::start(&pod.netns.path(), pod.ipv4().into(), &pod.name).unwrap();
+        servers.push((apps, Sidecar::start(&bins.proxy, &pod.netns, &env_refs(&api_env)).unwrap()));
+    }
+    let client = Pod::named(&net, "ha", "client").unwrap();
+    client.netns.exec("ip", &["route", "add", "10.96.0.0/12", "dev", "eth0"]).unwrap();
+    let mut env = first.proxy_env("ha", "client", &first.token("ha", "client").unwrap());
+    env.push(("CNIMESH_PROXY_DESTINATION_ADDR".into(), first.addr.to_string()));
+    let client_proxy = Sidecar::start(&bins.proxy, &client.netns, &env_refs(&env)).unwrap();
+    let (status, body) = http_in(&client.netns.path(), &format!("{SERVICE_IP}:80"), "GET", "/replica", "").unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert!(client_proxy.metrics().contains(&format!("{AUTHORITY_GAUGE} 1")));
+
+    let _second = Replica::start(&bins.control, &control_pod, &first, cluster_dir.path(), 9991);
+    first.stop();
+    write(cluster_dir.path(), &cluster(&[("api-0", api[0].ipv4()), ("api-1", api[1].ipv4())]));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !client_proxy.metrics().contains(&format!("{AUTHORITY_GAUGE} 2")) {
+        assert!(Instant::now() < deadline, "the proxy never heard of the scale-up from the remaining replica");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
