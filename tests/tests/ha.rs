@@ -36,6 +36,11 @@ fn cluster(pods: &[(&str, Ipv4Addr)]) -> String {
     out
 }
 
+/// One request to the service from the client pod; status 0 when it could not be made.
+fn call(client: &Path) -> (u16, String) {
+    http_in(client, &format!("{SERVICE_IP}:80"), "GET", "/replica", "").unwrap_or((0, String::new()))
+}
+
 fn write(dir: &Path, text: &str) {
     let tmp = dir.join("api.tmp");
     std::fs::write(&tmp, text).unwrap();
@@ -87,6 +92,53 @@ impl Drop for Replica {
     }
 }
 
+/// The mesh of both tests: the control plane's first replica, two `api` pods with proxies
+/// (only api-0 listed at first), a client pod whose proxy resolves through the shared address.
+struct Mesh<'n> {
+    cluster_dir: tempfile::TempDir,
+    control_pod: Pod<'n>,
+    first: Control,
+    api: [Pod<'n>; 2],
+    _servers: Vec<(Apps, Sidecar)>,
+    client: Pod<'n>,
+    client_proxy: Sidecar,
+}
+
+impl<'n> Mesh<'n> {
+    fn start(net: &'n Network, bins: &cnimesh_e2e::cni::Bins) -> Self {
+        let cluster_dir = tempfile::tempdir().unwrap();
+        let api = [Pod::named(net, "ha", "api-0").unwrap(), Pod::named(net, "ha", "api-1").unwrap()];
+        write(cluster_dir.path(), &cluster(&[("api-0", api[0].ipv4())]));
+        let control_pod = Pod::unmeshed(net, "cnimesh", "control").unwrap();
+        let dir = cluster_dir.path().display().to_string();
+        let first = Control::start(&bins.control, &control_pod, &["--cluster-dir", &dir, "--reuse-port"]).unwrap();
+        let api_env = first.proxy_env("ha", "api", &first.token("ha", "api").unwrap());
+        let mut servers = Vec::new();
+        for pod in &api {
+            let apps = Apps::start(&pod.netns.path(), pod.ipv4().into(), &pod.name).unwrap();
+            servers.push((apps, Sidecar::start(&bins.proxy, &pod.netns, &env_refs(&api_env)).unwrap()));
+        }
+        let client = Pod::named(net, "ha", "client").unwrap();
+        client.netns.exec("ip", &["route", "add", "10.96.0.0/12", "dev", "eth0"]).unwrap();
+        let mut env = first.proxy_env("ha", "client", &first.token("ha", "client").unwrap());
+        env.push(("CNIMESH_PROXY_DESTINATION_ADDR".into(), first.addr.to_string()));
+        let client_proxy = Sidecar::start(&bins.proxy, &client.netns, &env_refs(&env)).unwrap();
+        let mesh = Self { cluster_dir, control_pod, first, api, _servers: servers, client, client_proxy };
+        let (status, body) = mesh.call();
+        assert_eq!(status, 200, "{body}");
+        mesh
+    }
+
+    fn call(&self) -> (u16, String) {
+        http_in(&self.client.netns.path(), &format!("{SERVICE_IP}:80"), "GET", "/replica", "")
+            .unwrap_or((0, String::new()))
+    }
+
+    fn replica(&self, bin: &Path, admin: u16) -> Replica {
+        Replica::start(bin, &self.control_pod, &self.first, self.cluster_dir.path(), admin)
+    }
+}
+
 #[test]
 fn a_rolling_restart_of_the_control_plane_fails_no_request() {
     if !require_root("a_rolling_restart_of_the_control_plane_fails_no_request") {
@@ -94,31 +146,10 @@ fn a_rolling_restart_of_the_control_plane_fails_no_request() {
     }
     let bins = bins!();
     let net = Network::bridge(&bins, json!({})).unwrap();
-    let cluster_dir = tempfile::tempdir().unwrap();
-    let api = [Pod::named(&net, "ha", "api-0").unwrap(), Pod::named(&net, "ha", "api-1").unwrap()];
-    write(cluster_dir.path(), &cluster(&[("api-0", api[0].ipv4())]));
-    let control_pod = Pod::unmeshed(&net, "cnimesh", "control").unwrap();
-    let dir = cluster_dir.path().display().to_string();
-    let mut first = Control::start(&bins.control, &control_pod, &["--cluster-dir", &dir, "--reuse-port"]).unwrap();
-    let mut second = Some(Replica::start(&bins.control, &control_pod, &first, cluster_dir.path(), 9991));
+    let mut mesh = Mesh::start(&net, &bins);
+    let mut second = Some(mesh.replica(&bins.control, 9991));
 
-    let api_env = first.proxy_env("ha", "api", &first.token("ha", "api").unwrap());
-    let mut servers = Vec::new();
-    for pod in &api {
-        let apps = Apps::start(&pod.netns.path(), pod.ipv4().into(), &pod.name).unwrap();
-        servers.push((apps, Sidecar::start(&bins.proxy, &pod.netns, &env_refs(&api_env)).unwrap()));
-    }
-    let client = Pod::named(&net, "ha", "client").unwrap();
-    client.netns.exec("ip", &["route", "add", "10.96.0.0/12", "dev", "eth0"]).unwrap();
-    let mut env = first.proxy_env("ha", "client", &first.token("ha", "client").unwrap());
-    env.push(("CNIMESH_PROXY_DESTINATION_ADDR".into(), first.addr.to_string()));
-    let _client_proxy = Sidecar::start(&bins.proxy, &client.netns, &env_refs(&env)).unwrap();
-    let call = || {
-        http_in(&client.netns.path(), &format!("{SERVICE_IP}:80"), "GET", "/replica", "").unwrap_or((0, String::new()))
-    };
-    let (status, body) = call();
-    assert_eq!(status, 200, "{body}");
-
+    let client = mesh.client.netns.path();
     let stop = AtomicBool::new(false);
     let seen = Mutex::new(Vec::new());
     let progress = |seen: &Mutex<Vec<(u16, String)>>| {
@@ -133,19 +164,19 @@ fn a_rolling_restart_of_the_control_plane_fails_no_request() {
     std::thread::scope(|scope| {
         scope.spawn(|| {
             while !stop.load(Ordering::SeqCst) {
-                let answer = call();
+                let answer = call(&client);
                 seen.lock().unwrap().push(answer);
             }
         });
         progress(&seen);
         // Restart each replica in turn, the other serving meanwhile (a rollout with maxSurge 1).
-        first.stop();
+        mesh.first.stop();
         progress(&seen);
-        let mut third = Replica::start(&bins.control, &control_pod, &first, cluster_dir.path(), 9992);
+        let mut third = mesh.replica(&bins.control, 9992);
         progress(&seen);
         drop(second.take());
         progress(&seen);
-        let fourth = Replica::start(&bins.control, &control_pod, &first, cluster_dir.path(), 9993);
+        let fourth = mesh.replica(&bins.control, 9993);
         progress(&seen);
         let _ = third.child.kill();
         let _ = third.child.wait();
@@ -173,32 +204,15 @@ fn after_a_restart_the_proxy_follows_changes_from_another_replica() {
     }
     let bins = bins!();
     let net = Network::bridge(&bins, json!({})).unwrap();
-    let cluster_dir = tempfile::tempdir().unwrap();
-    let api = [Pod::named(&net, "ha", "api-0").unwrap(), Pod::named(&net, "ha", "api-1").unwrap()];
-    write(cluster_dir.path(), &cluster(&[("api-0", api[0].ipv4())]));
-    let control_pod = Pod::unmeshed(&net, "cnimesh", "control").unwrap();
-    let dir = cluster_dir.path().display().to_string();
-    let mut first = Control::start(&bins.control, &control_pod, &["--cluster-dir", &dir, "--reuse-port"]).unwrap();
-    let api_env = first.proxy_env("ha", "api", &first.token("ha", "api").unwrap());
-    let mut servers = Vec::new();
-    for pod in &api {
-        let apps = Apps::start(&pod.netns.path(), pod.ipv4().into(), &pod.name).unwrap();
-        servers.push((apps, Sidecar::start(&bins.proxy, &pod.netns, &env_refs(&api_env)).unwrap()));
-    }
-    let client = Pod::named(&net, "ha", "client").unwrap();
-    client.netns.exec("ip", &["route", "add", "10.96.0.0/12", "dev", "eth0"]).unwrap();
-    let mut env = first.proxy_env("ha", "client", &first.token("ha", "client").unwrap());
-    env.push(("CNIMESH_PROXY_DESTINATION_ADDR".into(), first.addr.to_string()));
-    let client_proxy = Sidecar::start(&bins.proxy, &client.netns, &env_refs(&env)).unwrap();
-    let (status, body) = http_in(&client.netns.path(), &format!("{SERVICE_IP}:80"), "GET", "/replica", "").unwrap();
-    assert_eq!(status, 200, "{body}");
-    assert!(client_proxy.metrics().contains(&format!("{AUTHORITY_GAUGE} 1")));
+    let mut mesh = Mesh::start(&net, &bins);
+    assert!(mesh.client_proxy.metrics().contains(&format!("{AUTHORITY_GAUGE} 1")));
 
-    let _second = Replica::start(&bins.control, &control_pod, &first, cluster_dir.path(), 9991);
-    first.stop();
-    write(cluster_dir.path(), &cluster(&[("api-0", api[0].ipv4()), ("api-1", api[1].ipv4())]));
+    let _second = mesh.replica(&bins.control, 9991);
+    mesh.first.stop();
+    let listed = [("api-0", mesh.api[0].ipv4()), ("api-1", mesh.api[1].ipv4())];
+    write(mesh.cluster_dir.path(), &cluster(&listed));
     let deadline = Instant::now() + Duration::from_secs(30);
-    while !client_proxy.metrics().contains(&format!("{AUTHORITY_GAUGE} 2")) {
+    while !mesh.client_proxy.metrics().contains(&format!("{AUTHORITY_GAUGE} 2")) {
         assert!(Instant::now() < deadline, "the proxy never heard of the scale-up from the remaining replica");
         std::thread::sleep(Duration::from_millis(50));
     }
