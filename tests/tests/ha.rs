@@ -217,3 +217,106 @@ fn after_a_restart_the_proxy_follows_changes_from_another_replica() {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+const NODE_PODS: &str = "/api/v1/pods";
+
+/// A running meshed pod on `node-1`, incarnation `uid`.
+fn node_pod(name: &str, uid: &str, rv: &str) -> serde_json::Value {
+    json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"namespace": "shop", "name": name, "uid": uid, "resourceVersion": rv},
+        "spec": {"nodeName": "node-1", "containers": [{"name": "app"}, {"name": "cnimesh-proxy"}]},
+        "status": {"phase": "Running"}})
+}
+
+/// The plugin's record of capturing `name` (incarnation `uid`).
+fn captured(name: &str, uid: &str) -> cnimesh_cni::state::AttachmentRecord {
+    cnimesh_cni::state::AttachmentRecord {
+        version: 1,
+        network: "k8s".into(),
+        container_id: format!("c-{uid}"),
+        ifname: "eth0".into(),
+        netns: format!("/var/run/netns/{uid}"),
+        netns_id: None,
+        pod_namespace: Some("shop".into()),
+        pod_name: Some(name.into()),
+        pod_uid: Some(uid.into()),
+        backend: cnimesh_cni::backend::Backend::Nftables,
+        spec: cnimesh_cni::spec::RedirectSpec::default(),
+        created_at: 0,
+    }
+}
+
+/// The node agent's pod cache across two API server restarts: a clean end of the watch resumes
+/// from the last resourceVersion (no list), a restart that lost the watch cache (410 Gone)
+/// re-lists once; the cache never empties meanwhile, and what repair would act on stays empty,
+/// also for a pod recreated while the API server was away (no repair storm).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_node_agent_resumes_its_watch_after_an_api_server_restart_without_a_repair_storm() {
+    use cnimesh_e2e::kube_mock::ListWatchApi;
+    use cnimesh_node::cluster::Cluster;
+
+    let api = ListWatchApi::new();
+    let names: Vec<String> = (0..20).map(|i| format!("web-{i}")).collect();
+    api.set_list(NODE_PODS, names.iter().map(|n| node_pod(n, &format!("{n}-a"), "10")).collect(), "10");
+    let (cluster, driver) = cnimesh_node::kube_cluster::KubeCluster::start(api.client(), "node-1");
+    tokio::spawn(driver);
+    let first = api.wait_watches(NODE_PODS, 1).await;
+    assert!(first.query.contains("resourceVersion=10"), "{}", first.query);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !cluster.ready() || cluster.node_pods().await.unwrap().len() < 20 {
+        assert!(Instant::now() < deadline, "the pod cache never synced");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+
+    // What repair would act on, sampled every millisecond throughout.
+    let records =
+        std::sync::Arc::new(Mutex::new(names.iter().map(|n| captured(n, &format!("{n}-a"))).collect::<Vec<_>>()));
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let sampler = {
+        let (cluster, records, stop) = (cluster.clone(), records.clone(), stop.clone());
+        tokio::spawn(async move {
+            let (mut smallest, mut targets) = (usize::MAX, Vec::new());
+            while !stop.load(Ordering::SeqCst) {
+                let pods = cluster.node_pods().await.unwrap();
+                smallest = smallest.min(pods.len());
+                let records = records.lock().unwrap().clone();
+                for pod in cnimesh_node::repair::uncaptured(&pods, &records, &[]) {
+                    targets.push(format!(
+                        "{}/{}",
+                        pod.metadata.name.clone().unwrap(),
+                        pod.metadata.uid.clone().unwrap()
+                    ));
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            (smallest, targets)
+        })
+    };
+
+    // Restart 1: the API server closes the watch; the agent resumes it where it was.
+    api.end_watch(NODE_PODS);
+    let resumed = api.wait_watches(NODE_PODS, 2).await;
+    assert!(resumed.query.contains("resourceVersion=10"), "{}", resumed.query);
+    assert_eq!(api.requests(NODE_PODS, false).len(), 1, "a clean restart must not re-list");
+
+    // Restart 2: the watch cache is gone; meanwhile web-3 was recreated (and captured again by
+    // the plugin: a record for the new incarnation). One re-list, no pod ever looks uncaptured.
+    records.lock().unwrap().push(captured("web-3", "web-3-b"));
+    let mut now: Vec<_> = names.iter().map(|n| node_pod(n, &format!("{n}-a"), "30")).collect();
+    now[3] = node_pod("web-3", "web-3-b", "30");
+    api.set_list(NODE_PODS, now, "30");
+    api.gone(NODE_PODS);
+    let relisted = api.wait_watches(NODE_PODS, 3).await;
+    assert!(relisted.query.contains("resourceVersion=30"), "{}", relisted.query);
+    assert_eq!(api.requests(NODE_PODS, false).len(), 2, "exactly one re-list");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !cluster.node_pods().await.unwrap().iter().any(|p| p.metadata.uid.as_deref() == Some("web-3-b")) {
+        assert!(Instant::now() < deadline, "the re-list never reached the cache");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    stop.store(true, Ordering::SeqCst);
+    let (smallest, targets) = sampler.await.unwrap();
+    assert_eq!(smallest, 20, "the pod cache emptied during a restart");
+    assert!(targets.is_empty(), "repair would have acted on captured pods: {targets:?}");
+    assert!(cluster.ready());
+}
