@@ -324,3 +324,84 @@ async fn two_managed_replicas_one_writes_both_serve() {
         tokio::time::timeout(Duration::from_secs(5), task).await.unwrap().unwrap();
     }
 }
+
+/// `serve` wired for managed certificates: the webhook listener presents the certificate the
+/// elected replica wrote to the Secret, and `/metrics` shows the leadership.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_with_managed_certificates_serves_the_secret_and_reports_leadership() {
+    use cnimesh_control::identity::Policy;
+    use cnimesh_control::leader::ElectionConfig;
+    use cnimesh_control::webhook_certs::SecretSource;
+    use cnimesh_control::{Config, Listeners, TokenSource};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let store = Store::new();
+    store.insert(MWC, webhook_configuration());
+    let pki = tempfile::tempdir().unwrap();
+    cnimesh_control::ca_init::run(&cnimesh_control::ca_init::CaInit {
+        dir: pki.path().to_path_buf(),
+        trust_domain: "cluster.local".into(),
+        anchor_lifetime: DAY,
+        issuer_lifetime: DAY,
+        force: false,
+    })
+    .unwrap();
+    let current = Arc::new(cnimesh_identity::tls::CurrentCert::default());
+    let anchors = std::fs::read_to_string(pki.path().join("ca.crt")).unwrap();
+    let webhook = Webhook::new(InjectConfig { trust_anchors_pem: anchors, ..Default::default() }).unwrap();
+    let election = ElectionConfig {
+        namespace: "cnimesh".into(),
+        identity: ElectionConfig::unique_identity("serve"),
+        lease_duration: Duration::from_millis(300),
+        renew_interval: Duration::from_millis(20),
+    };
+    let config = Config {
+        issuer_dir: pki.path().to_path_buf(),
+        identity_name: cnimesh_identity::Name::for_service_account("cnimesh-control", "cnimesh", "cluster.local")
+            .unwrap(),
+        policy: Policy { trust_domain: "cluster.local".into(), lifetime: DAY, clock_skew: Duration::ZERO },
+        tokens: TokenSource::Files(pki.path().to_path_buf()),
+        cluster: None,
+        destination: Default::default(),
+        webhook: Some((webhook, webhook_tls_from(current.clone()).unwrap())),
+        webhook_certs: Some(SecretSource {
+            client: store.client(Arc::new(Faults::default())),
+            namespace: "cnimesh".into(),
+            secret: "cnimesh-webhook-tls".into(),
+            current,
+            manage: Some((election, policy())),
+        }),
+    };
+    let bind = || tokio::net::TcpListener::bind("127.0.0.1:0");
+    let (grpc, admin, hook) = (bind().await.unwrap(), bind().await.unwrap(), bind().await.unwrap());
+    let (admin_addr, hook_addr) = (admin.local_addr().unwrap(), hook.local_addr().unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(cnimesh_control::run(config, Listeners { grpc, admin, webhook: Some(hook) }, async {
+        let _ = stopped.await;
+    }));
+
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        if store.get(SECRET).is_some() {
+            let want = cnimesh_identity::pem::certs(data(&store, "tls.crt").as_bytes(), "tls.crt").unwrap().remove(0);
+            if served(hook_addr, &data(&store, "ca.crt")).await.as_ref() == Some(&want) {
+                break;
+            }
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the webhook never served the managed certificate");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(ca_bundles(&store)[0], data(&store, "ca.crt"));
+    let mut admin = tokio::net::TcpStream::connect(admin_addr).await.unwrap();
+    admin.write_all(b"GET /metrics HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n").await.unwrap();
+    let mut metrics = String::new();
+    admin.read_to_string(&mut metrics).await.unwrap();
+    assert!(metrics.contains("control_leader{role=\"webhook-write\"} 1"), "{metrics}");
+
+    stop.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(15), task).await.unwrap().unwrap().unwrap();
+    // Stopping released the Lease for the next replica.
+    let lease =
+        store.get("/apis/coordination.k8s.io/v1/namespaces/cnimesh/leases/cnimesh-control-webhook-write").unwrap();
+    assert!(lease["spec"]["holderIdentity"].is_null(), "{lease}");
+}
