@@ -352,8 +352,9 @@ async fn serve_with_managed_certificates_serves_the_secret_and_reports_leadershi
     let election = ElectionConfig {
         namespace: "cnimesh".into(),
         identity: ElectionConfig::unique_identity("serve"),
-        lease_duration: Duration::from_millis(300),
-        renew_interval: Duration::from_millis(20),
+        // Long enough that a loaded test machine never lets it lapse between renewals.
+        lease_duration: Duration::from_secs(3),
+        renew_interval: Duration::from_millis(100),
     };
     let config = Config {
         issuer_dir: pki.path().to_path_buf(),
