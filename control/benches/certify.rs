@@ -106,6 +106,7 @@ async fn main() {
         destination: Default::default(),
         inbound_policy: Default::default(),
         webhook: None,
+        webhook_certs: None,
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(cnimesh_control::run(config, Listeners { grpc, admin, webhook: None }, async {

@@ -17,7 +17,7 @@ use crate::ca_init::{self, CaInit};
 use crate::identity::Policy;
 use crate::inject::{
     DEFAULT_CLUSTER_DOMAIN, DEFAULT_CONTROL_NAMESPACE, SidecarMode, Webhook, WebhookArgs, generate_webhook_cert,
-    load_webhook_tls, watch_server_version, webhook_dns_names,
+    load_webhook_tls, watch_server_version, webhook_dns_names, webhook_tls_from,
 };
 use crate::policy::DefaultPolicy;
 use crate::policy::index::DEFAULT_CLUSTER_NETWORKS;
@@ -127,6 +127,88 @@ struct ServeArgs {
     cluster_networks: Vec<ipnet::IpNet>,
     #[command(flatten)]
     webhook: WebhookArgs,
+    #[command(flatten)]
+    ha: HaArgs,
+    /// Bind the listeners with SO_REUSEPORT: several replicas on one host share one address
+    /// (local mode's HA, and the rolling-restart test); the kernel spreads connections.
+    #[arg(long, env = "CNIMESH_CONTROL_REUSE_PORT")]
+    reuse_port: bool,
+}
+
+/// Where the webhook's certificate comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum WebhookCerts {
+    /// `--webhook-tls-dir`, loaded once (local mode, or a mounted Secret).
+    Files,
+    /// The Secret `--webhook-secret`, watched; made by the operator (`ca webhook`): only read.
+    Secret,
+    /// The Secret, watched, and kept by the leader of the `webhook-write` Lease: created,
+    /// renewed at 2/3 of its life, its CA rotated, the caBundle patched (`crate::webhook_certs`).
+    Managed,
+}
+
+/// High availability: leader election for the writers and the webhook's certificates.
+#[derive(Debug, Args)]
+struct HaArgs {
+    #[arg(long, env = "CNIMESH_CONTROL_WEBHOOK_CERTS", value_enum, default_value = "files")]
+    webhook_certs: WebhookCerts,
+    #[arg(long, env = "CNIMESH_CONTROL_WEBHOOK_SECRET", default_value = crate::operator::install::WEBHOOK_SECRET)]
+    webhook_secret: String,
+    /// Lifetime of the managed serving certificate (renewed at 2/3 of it).
+    #[arg(long, env = "CNIMESH_CONTROL_WEBHOOK_CERT_LIFETIME", default_value = "30d", value_parser = parse_duration)]
+    webhook_cert_lifetime: Duration,
+    /// Lifetime of the managed webhook CA (rotated at 2/3 of it).
+    #[arg(long, env = "CNIMESH_CONTROL_WEBHOOK_CA_LIFETIME", default_value = "365d", value_parser = parse_duration)]
+    webhook_ca_lifetime: Duration,
+    /// How long a writer Lease holds without renewal.
+    #[arg(long, env = "CNIMESH_CONTROL_LEASE_DURATION", default_value = "30s", value_parser = parse_duration)]
+    lease_duration: Duration,
+    /// How often the leader renews its Lease and followers look at it.
+    #[arg(long, env = "CNIMESH_CONTROL_LEASE_RENEW_INTERVAL", default_value = "2s", value_parser = parse_duration)]
+    lease_renew_interval: Duration,
+    /// This replica's name in Leases (the Deployment sets the pod name; a random suffix is added).
+    #[arg(long, env = "CNIMESH_CONTROL_POD_NAME", default_value = "cnimesh-control")]
+    pod_name: String,
+}
+
+impl HaArgs {
+    /// The Secret source for `--webhook-certs secret|managed`; `None` for files.
+    fn secret_source(
+        &self,
+        client: Option<&kube::Client>,
+        webhook: &WebhookArgs,
+    ) -> anyhow::Result<Option<crate::webhook_certs::SecretSource>> {
+        if self.webhook_certs == WebhookCerts::Files {
+            return Ok(None);
+        }
+        let client = client.context("--webhook-certs secret|managed reads the Secret: it needs --kube")?;
+        let manage = if self.webhook_certs == WebhookCerts::Managed {
+            let election = crate::leader::ElectionConfig {
+                namespace: webhook.namespace.clone(),
+                identity: crate::leader::ElectionConfig::unique_identity(&self.pod_name),
+                lease_duration: self.lease_duration,
+                renew_interval: self.lease_renew_interval,
+            };
+            election.validate()?;
+            let policy = crate::webhook_certs::CertPolicy {
+                dns_names: webhook_dns_names(&webhook.namespace, &webhook.cluster_domain),
+                serving_lifetime: self.webhook_cert_lifetime,
+                ca_lifetime: self.webhook_ca_lifetime,
+                check_interval: Duration::from_secs(60),
+                rotation_grace: Duration::from_secs(300),
+            };
+            Some((election, policy))
+        } else {
+            None
+        };
+        Ok(Some(crate::webhook_certs::SecretSource {
+            client: client.clone(),
+            namespace: webhook.namespace.clone(),
+            secret: self.webhook_secret.clone(),
+            current: Default::default(),
+            manage,
+        }))
+    }
 }
 
 /// humantime's durations (`10s`, `500ms`, `30m`, `24h`, `7d`, `1h30m`); a bare number is
@@ -146,8 +228,18 @@ struct Addrs {
     webhook: Option<SocketAddr>,
 }
 
-async fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
-    TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))
+async fn bind(addr: SocketAddr, reuse_port: bool) -> anyhow::Result<TcpListener> {
+    if !reuse_port {
+        return TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"));
+    }
+    let socket = if addr.is_ipv4() { tokio::net::TcpSocket::new_v4() } else { tokio::net::TcpSocket::new_v6() };
+    let bound = socket.and_then(|socket| {
+        socket.set_reuseaddr(true)?;
+        socket.set_reuseport(true)?;
+        socket.bind(addr)?;
+        socket.listen(1024)
+    });
+    bound.with_context(|| format!("binding {addr} with SO_REUSEPORT"))
 }
 
 impl ServeArgs {
@@ -180,8 +272,9 @@ impl ServeArgs {
             )
             .with_context(|| format!("trust domain {:?}", self.trust_domain))?,
         };
+        let webhook_certs = self.ha.secret_source(kube_client.as_ref(), &self.webhook)?;
         let webhook = match (&self.webhook.webhook_addr, &self.webhook.webhook_tls_dir) {
-            (Some(_), Some(dir)) => {
+            (Some(_), dir) if dir.is_some() || webhook_certs.is_some() => {
                 let mode = self.webhook.native_sidecars;
                 let versions = match (&kube_client, mode) {
                     (Some(client), SidecarMode::Auto) => watch_server_version(client.clone()),
@@ -193,9 +286,16 @@ impl ServeArgs {
                 };
                 let webhook =
                     Webhook::new(self.webhook.inject_config(&self.trust_domain)?)?.with_sidecar_mode(mode, versions);
-                Some((webhook, load_webhook_tls(dir).with_context(|| format!("webhook TLS from {}", dir.display()))?))
+                let tls = match (&webhook_certs, dir) {
+                    (Some(source), _) => webhook_tls_from(source.current.clone())?,
+                    (None, Some(dir)) => {
+                        load_webhook_tls(dir).with_context(|| format!("webhook TLS from {}", dir.display()))?
+                    }
+                    (None, None) => anyhow::bail!("--webhook-addr needs --webhook-tls-dir or --webhook-certs"),
+                };
+                Some((webhook, tls))
             }
-            (Some(_), None) => anyhow::bail!("--webhook-addr needs --webhook-tls-dir"),
+            (Some(_), _) => anyhow::bail!("--webhook-addr needs --webhook-tls-dir or --webhook-certs secret|managed"),
             _ => None,
         };
         anyhow::ensure!(!self.cert_lifetime.is_zero(), "--cert-lifetime must be positive");
@@ -212,6 +312,7 @@ impl ServeArgs {
                 destination,
                 inbound_policy,
                 webhook,
+                webhook_certs,
             },
             addrs,
         ))
@@ -268,12 +369,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let reuse = args.reuse_port;
     let (config, addrs) = args.config().await?;
     let webhook = match addrs.webhook {
-        Some(addr) => Some(bind(addr).await?),
+        Some(addr) => Some(bind(addr, reuse).await?),
         None => None,
     };
-    let listeners = Listeners { grpc: bind(addrs.grpc).await?, admin: bind(addrs.admin).await?, webhook };
+    let listeners = Listeners { grpc: bind(addrs.grpc, reuse).await?, admin: bind(addrs.admin, reuse).await?, webhook };
     crate::serve::run(config, listeners, shutdown_signal()).await
 }
 
@@ -313,6 +415,15 @@ mod tests {
         for bad in ["", "s", "10x", "-1s", "99999999999999999999y", "99999999999999999999"] {
             assert!(parse_duration(bad).is_err(), "{bad}");
         }
+    }
+
+    #[tokio::test]
+    async fn replicas_share_an_address_only_with_reuse_port() {
+        let first = bind("127.0.0.1:0".parse().unwrap(), true).await.unwrap();
+        let addr = first.local_addr().unwrap();
+        let _second = bind(addr, true).await.expect("a second replica on the same address");
+        let error = format!("{:#}", bind(addr, false).await.unwrap_err());
+        assert!(error.contains(&addr.to_string()), "{error}");
     }
 
     #[tokio::test]

@@ -8,7 +8,8 @@
 //! 2. sources: [`sources`] (Kubernetes watchers, YAML files), the identity token sources and
 //!    the issuer directory;
 //! 3. gRPC: [`grpc`] (Destination, Identity, inbound and outbound policy over TLS) and the webhook's HTTPS endpoint;
-//! 4. runtime: [`cli`], [`serve`], [`admin`], [`ca_init`] and the operator's CLI, [`operator`].
+//! 4. runtime: [`cli`], [`serve`], [`admin`], [`ca_init`], [`leader`] (Lease elections for the
+//!    writers), [`webhook_certs`] (the webhook's Secret and caBundle) and the operator's CLI, [`operator`].
 //!
 //! In-process use (tests, benchmarks): bind the listeners yourself and call [`serve::run`] with a
 //! [`serve::Config`]; it returns once the shutdown future resolves and calls have drained.
@@ -20,10 +21,12 @@ pub mod destination;
 pub mod grpc;
 pub mod identity;
 pub mod inject;
+pub mod leader;
 pub mod metrics;
 pub mod operator;
 pub mod policy;
 pub mod serve;
 pub mod sources;
+pub mod webhook_certs;
 
 pub use serve::{ClusterSource, Config, Listeners, TokenSource, run};

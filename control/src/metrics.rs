@@ -40,6 +40,11 @@ struct ResultLabel {
     result: &'static str,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RoleLabel {
+    role: String,
+}
+
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
@@ -47,6 +52,7 @@ pub struct Metrics {
     certify_duration: Histogram,
     issuer_reloads: Family<ResultLabel, Counter>,
     issuer_expiry: Gauge,
+    leader: Family<RoleLabel, Gauge>,
 }
 
 impl Default for Metrics {
@@ -79,7 +85,9 @@ impl Default for Metrics {
             Unit::Seconds,
             issuer_expiry.clone(),
         );
-        Self { registry, certify, certify_duration, issuer_reloads, issuer_expiry }
+        let leader = Family::<RoleLabel, Gauge>::default();
+        registry.register("control_leader", "1 while this replica holds the writer Lease of a role", leader.clone());
+        Self { registry, certify, certify_duration, issuer_reloads, issuer_expiry, leader }
     }
 }
 
@@ -99,6 +107,11 @@ impl Metrics {
 
     pub fn issuer_rejected(&self) {
         self.issuer_reloads.get_or_create(&ResultLabel { result: "rejected" }).inc();
+    }
+
+    /// Leadership of a writer role (`crate::leader`) changed.
+    pub fn set_leader(&self, role: &str, leading: bool) {
+        self.leader.get_or_create(&RoleLabel { role: role.to_string() }).set(i64::from(leading));
     }
 
     /// Read back by tests; the admin listener only ever encodes.

@@ -56,6 +56,9 @@ pub struct Config {
     pub inbound_policy: crate::policy::Config,
     /// The injection webhook and its serving certificate, when enabled.
     pub webhook: Option<(crate::inject::Webhook, Arc<rustls::ServerConfig>)>,
+    /// The webhook's certificate from a watched Secret, and in managed mode the election and the
+    /// leader's upkeep of it (`crate::webhook_certs`). `None`: the one in `webhook` is fixed.
+    pub webhook_certs: Option<crate::webhook_certs::SecretSource>,
 }
 
 pub struct Listeners {
@@ -71,6 +74,10 @@ pub struct Listeners {
 pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
     let metrics = Arc::new(Metrics::default());
     let (stop, stopped) = watch::channel(false);
+    let cert_tasks = config
+        .webhook_certs
+        .map(|source| crate::webhook_certs::spawn(source, metrics.clone(), stopped.clone()))
+        .unwrap_or_default();
     let issuer = issuer::watch_dir(config.issuer_dir.clone(), metrics.clone(), stopped.clone())
         .with_context(|| format!("loading the issuer from {}", config.issuer_dir.display()))?;
 
@@ -137,6 +144,12 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Out
         webhook.await.context("webhook task")?;
     }
     own_cert_task.await.context("own certificate task")?;
+    for task in cert_tasks {
+        // The elector releases its Lease (bounded by a renew interval); the others just stop.
+        if tokio::time::timeout(std::time::Duration::from_secs(10), task).await.is_err() {
+            tracing::warn!("a webhook certificate task did not stop in time");
+        }
+    }
     if let Some(task) = source_task {
         task.abort();
     }
@@ -193,6 +206,7 @@ mod tests {
             destination: Default::default(),
             inbound_policy: Default::default(),
             webhook: None,
+            webhook_certs: None,
         };
         let (stop, stopped) = tokio::sync::oneshot::channel();
         let task = tokio::spawn(run(config, Listeners { grpc, admin, webhook: None }, async {
@@ -344,6 +358,7 @@ mod tests {
             destination: Default::default(),
             inbound_policy: Default::default(),
             webhook: None,
+            webhook_certs: None,
         };
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(run(config, Listeners { grpc, admin, webhook: None }, async {

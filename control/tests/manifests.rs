@@ -14,7 +14,7 @@ use k8s_openapi::api::admissionregistration::v1::{MutatingWebhook, MutatingWebho
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Container, Namespace, Service, ServiceAccount};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde_json::Value;
@@ -25,6 +25,8 @@ struct Manifests {
     service_accounts: Vec<ServiceAccount>,
     roles: Vec<ClusterRole>,
     bindings: Vec<ClusterRoleBinding>,
+    namespaced_roles: Vec<Role>,
+    namespaced_bindings: Vec<RoleBinding>,
     services: Vec<Service>,
     budgets: Vec<PodDisruptionBudget>,
     deployments: Vec<Deployment>,
@@ -47,6 +49,8 @@ fn load() -> Manifests {
                 "ServiceAccount" => strict(&doc).map(|t| m.service_accounts.push(t)),
                 "ClusterRole" => strict(&doc).map(|t| m.roles.push(t)),
                 "ClusterRoleBinding" => strict(&doc).map(|t| m.bindings.push(t)),
+                "Role" => strict(&doc).map(|t| m.namespaced_roles.push(t)),
+                "RoleBinding" => strict(&doc).map(|t| m.namespaced_bindings.push(t)),
                 "Service" => strict(&doc).map(|t| m.services.push(t)),
                 "PodDisruptionBudget" => strict(&doc).map(|t| m.budgets.push(t)),
                 "Deployment" => strict(&doc).map(|t| m.deployments.push(t)),
@@ -263,15 +267,33 @@ fn rbac_grants_exactly_what_the_control_plane_uses() {
     let role = &m.roles[0];
     assert!(role.aggregation_rule.is_none());
     let mut grants = BTreeSet::new();
-    for rule in role.rules.iter().flatten() {
-        assert!(rule.non_resource_urls.is_none() && rule.resource_names.is_none());
+    // Resource names are part of the grant: the caBundle patch reaches one configuration only.
+    let rules = role.rules.iter().flatten().map(|r| (r, None)).chain(
+        m.namespaced_roles
+            .iter()
+            .flat_map(|r| r.rules.iter().flatten().map(|rule| (rule, r.metadata.namespace.clone()))),
+    );
+    for (rule, namespace) in rules {
+        assert!(rule.non_resource_urls.is_none());
+        let names = rule.resource_names.as_ref().map(|n| format!("[{}]", n.join(","))).unwrap_or_default();
+        let scope = namespace.map(|ns| format!("{ns}:")).unwrap_or_default();
         for group in rule.api_groups.iter().flatten() {
             for resource in rule.resources.iter().flatten() {
                 for verb in &rule.verbs {
-                    grants.insert(format!("{group}/{resource}:{verb}"));
+                    grants.insert(format!("{scope}{group}/{resource}{names}:{verb}"));
                 }
             }
         }
+    }
+    // Every namespaced Role is bound to the control plane's ServiceAccount in its namespace.
+    for role in &m.namespaced_roles {
+        let bound = m.namespaced_bindings.iter().any(|b| {
+            b.role_ref.kind == "Role"
+                && Some(&b.role_ref.name) == role.metadata.name.as_ref()
+                && b.metadata.namespace == role.metadata.namespace
+                && b.subjects.iter().flatten().any(|s| s.kind == "ServiceAccount" && s.name == CONTROL_NAME)
+        });
+        assert!(bound, "Role {:?} is bound", role.metadata.name);
     }
     let expected: BTreeSet<String> = [
         "/services:get",
@@ -299,6 +321,16 @@ fn rbac_grants_exactly_what_the_control_plane_uses() {
         "policy.cnimesh.io/networkauthentications:get",
         "policy.cnimesh.io/networkauthentications:list",
         "policy.cnimesh.io/networkauthentications:watch",
+        "admissionregistration.k8s.io/mutatingwebhookconfigurations[cnimesh-proxy-injector]:get",
+        "admissionregistration.k8s.io/mutatingwebhookconfigurations[cnimesh-proxy-injector]:patch",
+        "cnimesh:coordination.k8s.io/leases:get",
+        "cnimesh:coordination.k8s.io/leases:create",
+        "cnimesh:coordination.k8s.io/leases:update",
+        "cnimesh:/secrets:get",
+        "cnimesh:/secrets:list",
+        "cnimesh:/secrets:watch",
+        "cnimesh:/secrets:create",
+        "cnimesh:/secrets:update",
     ]
     .into_iter()
     .map(String::from)

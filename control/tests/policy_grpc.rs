@@ -126,6 +126,7 @@ async fn start() -> Running {
         destination: Default::default(),
         inbound_policy: Default::default(),
         webhook: None,
+        webhook_certs: None,
     };
     let (stop, stopped) = tokio::sync::oneshot::channel();
     let task = tokio::spawn(cnimesh_control::run(config, Listeners { grpc, admin, webhook: None }, async {

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cnimesh_identity::ca;
-use cnimesh_identity::tls::provider;
+use cnimesh_identity::tls::{CurrentCert, provider};
 
 pub const WEBHOOK_CA_FILE: &str = "ca.crt";
 pub const WEBHOOK_CERT_FILE: &str = "tls.crt";
@@ -105,7 +105,7 @@ pub fn new_webhook_cert(dns_names: &[String], lifetime: Duration) -> Result<Webh
 
 /// A TLS server config for the webhook from `dir/tls.crt` and `dir/tls.key`. TLS 1.2 and 1.3 and
 /// ALPN h2 + http/1.1: whatever the API server (or a proxy in front of it) speaks. Loaded once;
-/// a new certificate takes a restart (the `caBundle` changes with it anyway).
+/// a new certificate takes a restart (the Secret modes of `serve` reload: [`webhook_tls_from`]).
 pub fn load_webhook_tls(dir: &Path) -> Result<Arc<rustls::ServerConfig>, WebhookCertError> {
     let read = |file: &str| {
         let path = dir.join(file);
@@ -120,8 +120,24 @@ pub fn load_webhook_tls(dir: &Path) -> Result<Arc<rustls::ServerConfig>, Webhook
         .with_safe_default_protocol_versions()?
         .with_no_client_auth()
         .with_single_cert(chain, key)?;
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    config.alpn_protocols = webhook_alpn();
     Ok(Arc::new(config))
+}
+
+/// A TLS server config for the webhook presenting whatever `current` holds at each handshake:
+/// the certificate from the watched Secret (`crate::webhook_certs`), swapped without a restart.
+/// Until a certificate is loaded, handshakes fail (the API server retries).
+pub fn webhook_tls_from(current: Arc<CurrentCert>) -> Result<Arc<rustls::ServerConfig>, WebhookCertError> {
+    let mut config = rustls::ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()?
+        .with_no_client_auth()
+        .with_cert_resolver(current);
+    config.alpn_protocols = webhook_alpn();
+    Ok(Arc::new(config))
+}
+
+fn webhook_alpn() -> Vec<Vec<u8>> {
+    vec![b"h2".to_vec(), b"http/1.1".to_vec()]
 }
 
 #[cfg(test)]

@@ -42,7 +42,9 @@ const HA_REPLICAS: i64 = 3;
 
 #[derive(Debug, clap::Args)]
 pub struct InstallArgs {
-    /// A highly available control plane: three replicas instead of two.
+    /// A highly available control plane: three replicas on three nodes (required anti-affinity),
+    /// a disruption budget keeping two, and the webhook certificate kept by the control plane
+    /// (`--webhook-certs managed`: renewed, its caBundle patched, by the Lease holder).
     #[arg(long)]
     pub ha: bool,
     /// Trust anchors (PEM) that proxies verify each other against [default: generated].
@@ -136,8 +138,10 @@ pub fn documents(certs: &Certificates, options: &Options) -> anyhow::Result<Vec<
         let name = doc.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default().to_string();
         match kind.as_str() {
             "MutatingWebhookConfiguration" => fill_ca_bundle(&mut doc, &certs.webhook_ca)?,
-            "Deployment" if name == CONTROL_NAME && options.ha => {
-                doc["spec"]["replicas"] = json!(HA_REPLICAS);
+            "Deployment" if name == CONTROL_NAME && options.ha => make_ha(&mut doc)?,
+            "PodDisruptionBudget" if name == CONTROL_NAME && options.ha => {
+                // Two of three stay through voluntary disruptions: one drain at a time.
+                doc["spec"]["minAvailable"] = json!(HA_REPLICAS - 1);
             }
             _ => {}
         }
@@ -152,6 +156,26 @@ pub fn documents(certs: &Certificates, options: &Options) -> anyhow::Result<Vec<
         "daemonset/ has no Namespace {DEFAULT_CONTROL_NAMESPACE} to put the Secrets in"
     );
     Ok(out)
+}
+
+/// `--ha`: three replicas, each on its own node (required anti-affinity: with three replicas
+/// and `maxUnavailable: 0` a rollout needs a fourth node for its surge pod, which an HA cluster
+/// has), and the webhook certificate kept by the control plane itself (`--webhook-certs
+/// managed`: the Lease holder renews it and patches the caBundle; every replica reloads it).
+fn make_ha(doc: &mut Value) -> anyhow::Result<()> {
+    doc["spec"]["replicas"] = json!(HA_REPLICAS);
+    let pod = doc.pointer_mut("/spec/template/spec").context("a Deployment without a pod template")?;
+    let term = pod
+        .pointer("/affinity/podAntiAffinity/preferredDuringSchedulingIgnoredDuringExecution/0/podAffinityTerm")
+        .cloned()
+        .context("the control plane's Deployment has no anti-affinity term to require")?;
+    pod["affinity"]["podAntiAffinity"] = json!({"requiredDuringSchedulingIgnoredDuringExecution": [term]});
+    let container = pod
+        .pointer_mut("/containers/0/env")
+        .and_then(Value::as_array_mut)
+        .context("the control plane's container has no env")?;
+    container.push(json!({"name": "CNIMESH_CONTROL_WEBHOOK_CERTS", "value": "managed"}));
+    Ok(())
 }
 
 /// Every webhook of the configuration trusts the generated CA: the API server verifies the
@@ -253,11 +277,21 @@ mod tests {
 
         let ha = yaml::documents(&render(&certs(), &Options { ha: true }).unwrap(), "install --ha").unwrap();
         let mut ha = without_generated(ha);
-        let deployment = ha.iter_mut().find(|d| d["kind"] == "Deployment").unwrap();
-        assert_eq!(deployment["spec"]["replicas"], HA_REPLICAS);
-        deployment["spec"]["replicas"] =
-            manifests::documents().iter().find(|d| d["kind"] == "Deployment").unwrap()["spec"]["replicas"].clone();
-        assert_eq!(ha, manifests::documents(), "--ha changes the replicas only");
+        let files = manifests::documents();
+        let of = |docs: &[Value], kind: &str| docs.iter().position(|d| d["kind"] == kind).unwrap();
+        let (deployment, pdb) = (of(&ha, "Deployment"), of(&ha, "PodDisruptionBudget"));
+        assert_eq!(ha[deployment]["spec"]["replicas"], HA_REPLICAS);
+        assert_eq!(ha[pdb]["spec"]["minAvailable"], HA_REPLICAS - 1);
+        let pod = &ha[deployment]["spec"]["template"]["spec"];
+        let required = &pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0];
+        assert_eq!(required["topologyKey"], "kubernetes.io/hostname");
+        let env = pod["containers"][0]["env"].as_array().unwrap();
+        assert!(env.contains(&json!({"name": "CNIMESH_CONTROL_WEBHOOK_CERTS", "value": "managed"})));
+        assert!(pod["containers"][0]["resources"]["requests"]["cpu"].is_string(), "resource requests");
+        // Nothing else differs from the files.
+        ha[deployment] = files[of(&files, "Deployment")].clone();
+        ha[pdb] = files[of(&files, "PodDisruptionBudget")].clone();
+        assert_eq!(ha, files, "--ha changes replicas, anti-affinity, the budget and the certificates only");
     }
 
     #[test]
