@@ -33,6 +33,7 @@ summary=()
 for t in "${targets[@]}"; do
     mkdir -p "work/$t" "artifacts/$t"
     log="work/$t.log"
+    touch "work/$t.start"
     echo "== $t: ${seconds}s" >&2
     # shellcheck disable=SC2086 # FUZZ_ARGS is a list of libFuzzer flags
     if cargo fuzz run "${flags[@]}" "$t" "work/$t" "corpus/$t" -- \
@@ -46,7 +47,7 @@ for t in "${targets[@]}"; do
     execs=$(grep -o 'stat::number_of_executed_units: [0-9]*' "$log" | tail -1 | grep -o '[0-9]*$' || true)
     [ -n "$execs" ] || execs=$(grep -o '^#[0-9]*' "$log" | tail -1 | tr -d '#' || true)
     cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1 | grep -o '[0-9]*$' || true)
-    crashes=$(find "artifacts/$t" -type f \( -name 'crash-*' -o -name 'oom-*' -o -name 'timeout-*' \) | wc -l)
+    crashes=$(find "artifacts/$t" -type f -newer "work/$t.start" \( -name 'crash-*' -o -name 'oom-*' -o -name 'timeout-*' \) | wc -l)
     summary+=("$(printf '%-26s %-6s %12s %8s %8s' "$t" "$status" "${execs:-?}" "${cov:-?}" "$crashes")")
     if [ "$status" = CRASH ]; then
         grep -m1 -E 'panicked at|ERROR: libFuzzer' "$log" >&2 || true
@@ -54,6 +55,6 @@ for t in "${targets[@]}"; do
     fi
 done
 
-printf '%-26s %-6s %12s %8s %8s\n' target status execs cov artifacts
+printf '%-26s %-6s %12s %8s %8s\n' target status execs cov crashes
 printf '%s\n' "${summary[@]}"
 exit $failed
