@@ -84,6 +84,16 @@ mod tests {
     }
 
     #[test]
+    fn numbers_in_the_result_are_printed_back_unchanged() {
+        // Found by fuzz/fuzz_targets/cni_netconf.rs: a float read inexactly printed back one ULP off.
+        let stdin = br#"{"cniVersion":"1.1.0","routes":[{"table":1022222222222222222.22222}]}"#;
+        let prev: Value = serde_json::from_slice(stdin).unwrap();
+        let printed = convert(&prev, "1.1.0").unwrap().to_string();
+        let read_back: Value = serde_json::from_str(&printed).unwrap();
+        assert_eq!(read_back, prev, "{printed}");
+    }
+
+    #[test]
     fn rejects_non_objects_and_ancient_results() {
         assert_eq!(convert(&json!([1]), "1.0.0").unwrap_err().code, ErrorCode::InvalidConfig);
         assert_eq!(convert(&json!({"ip4":{}}), "1.0.0").unwrap_err().code, ErrorCode::IncompatibleVersion);

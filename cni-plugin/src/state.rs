@@ -156,7 +156,13 @@ fn read_record(path: &Path) -> io::Result<Option<AttachmentRecord>> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e),
     };
-    let record: AttachmentRecord = serde_json::from_slice(&body).map_err(io::Error::other)?;
+    parse_record(&body).map(Some)
+}
+
+/// One record file's content, checked for a version this plugin understands. Public so the fuzz
+/// crate (fuzz/) can feed it untrusted bytes without a file system.
+pub fn parse_record(body: &[u8]) -> io::Result<AttachmentRecord> {
+    let record: AttachmentRecord = serde_json::from_slice(body).map_err(io::Error::other)?;
     // Older versions are read as they are (fields added since are optional); a newer one was
     // written by a newer plugin and may mean something we do not know.
     if record.version > RECORD_VERSION {
@@ -165,7 +171,7 @@ fn read_record(path: &Path) -> io::Result<Option<AttachmentRecord>> {
             record.version
         )));
     }
-    Ok(Some(record))
+    Ok(record)
 }
 
 #[cfg(test)]

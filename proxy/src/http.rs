@@ -245,6 +245,13 @@ fn downgrade_orig_proto<B>(req: &mut Request<B>) -> Result<bool, ProxyError> {
     Ok(true)
 }
 
+/// [`downgrade_orig_proto`] for the fuzz crate (fuzz/), which feeds it untrusted headers: whether
+/// it downgraded, or the status it would answer with.
+#[doc(hidden)]
+pub fn downgrade_orig_proto_for_fuzzing<B>(req: &mut Request<B>) -> Result<bool, StatusCode> {
+    downgrade_orig_proto(req).map_err(|e| e.status)
+}
+
 /// The answer to a downgraded request goes back over HTTP/2 marked with the version the app
 /// answered in, as Linkerd's inbound does: Linkerd's outbound restores the HTTP/1 response from
 /// it. `Transfer-Encoding` has no place in HTTP/2.

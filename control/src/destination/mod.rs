@@ -63,6 +63,8 @@ pub(crate) mod resolve;
 
 pub use index::{Change, Index, IndexStats};
 pub use model::{KINDS, Kind, NsName, Object, PortSet};
+#[doc(hidden)]
+pub use path::parse_for_fuzzing as parse_path_for_fuzzing;
 
 /// What the answers depend on besides cluster state.
 #[derive(Debug, Clone, PartialEq, Eq)]

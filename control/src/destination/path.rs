@@ -48,6 +48,17 @@ pub(crate) fn parse(path: &str, cluster_domain: &str) -> Result<Target, PathErro
     }
 }
 
+/// [`parse`] for the fuzz crate (fuzz/), which feeds it untrusted paths: the service (its key and
+/// port) or the socket address the path names, or the error message a proxy would see.
+#[doc(hidden)]
+pub fn parse_for_fuzzing(path: &str, cluster_domain: &str) -> Result<Result<(NsName, u16), SocketAddr>, String> {
+    match parse(path, cluster_domain) {
+        Ok(Target::Service { key, port }) => Ok(Ok((key, port))),
+        Ok(Target::Addr(addr)) => Ok(Err(addr)),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -308,6 +308,21 @@ fn parse(text: &str) -> Result<Vec<Parsed>, ParseError> {
     Ok(objects)
 }
 
+/// [`parse`] for the fuzz crate (fuzz/), which feeds it untrusted YAML: the Destination objects
+/// (policy objects are checked by their own model), or the error that would be logged with the
+/// file's name.
+#[doc(hidden)]
+pub fn parse_for_fuzzing(text: &str) -> Result<Vec<Object>, String> {
+    let parsed = parse(text).map_err(|e| e.to_string())?;
+    Ok(parsed
+        .into_iter()
+        .filter_map(|p| match p {
+            Parsed::Destination(o) => Some(o),
+            Parsed::Policy(_) => None,
+        })
+        .collect())
+}
+
 fn objects_of(doc: Value, index: usize, out: &mut Vec<Parsed>) -> Result<(), ParseError> {
     let field = |name: &str| doc.get(name).and_then(Value::as_str).unwrap_or_default().to_string();
     let (api_version, kind) = (field("apiVersion"), field("kind"));

@@ -12,6 +12,8 @@ mod kube;
 use std::future::Future;
 use std::path::PathBuf;
 
+#[doc(hidden)]
+pub use files::parse_for_fuzzing as parse_files_for_fuzzing;
 pub use files::{DEFAULT_DEBOUNCE, FileSource};
 pub use kube::KubeSource;
 

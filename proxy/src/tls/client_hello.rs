@@ -63,8 +63,10 @@ pub fn peek(buf: &[u8]) -> Peek {
         let Some(header) = records.take(5) else {
             return if buf.first().is_some_and(|b| *b != 0x16) { Peek::NotTls } else { Peek::NeedMore(offset + 5) };
         };
-        // Handshake content type and a TLS 1.x record version (ClientHellos use 0x0301..0x0303).
-        if header[0] != 0x16 || header[1] != 0x03 || header[2] > 0x03 {
+        // Handshake content type and a TLS record version. Only its major byte is checked: RFC 8446
+        // says the legacy record version must be ignored, and rustls accepts any 0x03xx (found by
+        // fuzzing: a hello rustls takes must not be refused mTLS here).
+        if header[0] != 0x16 || header[1] != 0x03 {
             return Peek::NotTls;
         }
         let len = u16::from_be_bytes([header[3], header[4]]) as usize;
@@ -186,6 +188,25 @@ mod tests {
         split.extend_from_slice(&(two.len() as u16).to_be_bytes());
         split.extend_from_slice(two);
         assert_eq!(peek(&split), Peek::ClientHello(Some("a.b".into())));
+    }
+
+    #[test]
+    fn any_minor_record_version_is_read_as_rustls_reads_it() {
+        // Found by fuzz/fuzz_targets/proxy_client_hello.rs: a second record with version 0x0305.
+        let bytes = hello("a.b");
+        let body = &bytes[5..];
+        let (one, two) = body.split_at(100);
+        let mut split = vec![0x16, 0x03, 0x01];
+        split.extend_from_slice(&(one.len() as u16).to_be_bytes());
+        split.extend_from_slice(one);
+        split.extend_from_slice(&[0x16, 0x03, 0x05]);
+        split.extend_from_slice(&(two.len() as u16).to_be_bytes());
+        split.extend_from_slice(two);
+        assert_eq!(peek(&split), Peek::ClientHello(Some("a.b".into())));
+        let mut acceptor = rustls::server::Acceptor::default();
+        acceptor.read_tls(&mut &split[..]).unwrap();
+        let accepted = acceptor.accept().unwrap().expect("rustls takes it too");
+        assert_eq!(accepted.client_hello().server_name(), Some("a.b"));
     }
 
     #[test]
