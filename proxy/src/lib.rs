@@ -53,24 +53,15 @@ pub async fn run(
         }
         None => None,
     };
-    let shared = Arc::new(Shared {
-        metrics: metrics.clone(),
-        drain: drain.clone(),
-        config: config.clone(),
-        identity: identity.clone(),
-        static_identities: Arc::new(static_identities::MeshedEndpoints::new(config.outbound_identities.clone())),
-        discovery: match (&config.destination, &identity) {
-            (Some(d), Some(id)) => {
-                let channel = grpc_channel::channel(&d.addr, &d.name, id.roots.clone(), None)?;
-                let max_backoff = config.identity.as_ref().map_or(Duration::from_secs(30), |i| i.max_backoff);
-                Some(Arc::new(discovery::Discovery::new(channel, d.first_answer, max_backoff, metrics.clone())))
-            }
-            _ => None,
-        },
-        local_ips: shared::LocalIps::default(),
-        inbound: Default::default(),
-        outbound: Default::default(),
-    });
+    let discovery = match (&config.destination, &identity) {
+        (Some(d), Some(id)) => {
+            let channel = grpc_channel::channel(&d.addr, &d.name, id.roots.clone(), None)?;
+            let max_backoff = config.identity.as_ref().map_or(Duration::from_secs(30), |i| i.max_backoff);
+            Some(Arc::new(discovery::Discovery::new(channel, d.first_answer, max_backoff, metrics.clone())))
+        }
+        _ => None,
+    };
+    let shared = Arc::new(Shared::new(config.clone(), metrics.clone(), drain.clone(), identity.clone(), discovery));
     tokio::spawn(evict_idle_targets(shared.clone()));
     let mut listeners = Vec::new();
     for (direction, addrs) in [(Direction::inbound, &config.inbound), (Direction::outbound, &config.outbound)] {

@@ -10,8 +10,7 @@ use crate::discovery::Discovery;
 use crate::drain::Drain;
 use crate::identity::Identity;
 use crate::metrics::Metrics;
-use crate::outbound::Outbound;
-use crate::outbound::targets::Targets;
+use crate::outbound::targets::{Outbound, Targets};
 use crate::static_identities::MeshedEndpoints;
 
 /// State shared by every connection of the proxy.
@@ -30,6 +29,30 @@ pub struct Shared {
     /// Inbound targets (this pod's ports), each with its client to the app.
     pub inbound: Targets<SocketAddr>,
     pub outbound: Outbound,
+}
+
+impl Shared {
+    /// The shared state of a proxy with `config`: what [`crate::run`] serves with, and what
+    /// in-process tests drive [`crate::server::connection`] with.
+    pub fn new(
+        config: Config,
+        metrics: Arc<Metrics>,
+        drain: Drain,
+        identity: Option<Arc<Identity>>,
+        discovery: Option<Arc<Discovery>>,
+    ) -> Self {
+        Self {
+            static_identities: Arc::new(MeshedEndpoints::new(config.outbound_identities.clone())),
+            config,
+            metrics,
+            drain,
+            identity,
+            discovery,
+            local_ips: LocalIps::default(),
+            inbound: Targets::default(),
+            outbound: Outbound::default(),
+        }
+    }
 }
 
 /// This pod's own addresses, learnt on first use: an address is local when a socket can bind to

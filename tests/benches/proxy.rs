@@ -145,7 +145,7 @@ struct Sample {
 }
 
 /// p50 and p99 (ms) at a fixed 1000 rps of HTTP/1.1, and the CPU ms per 1000 requests.
-fn latency(row: &Row) -> (f64, f64, f64) {
+fn latency(row: &Row<'_>) -> (f64, f64, f64) {
     let log = std::env::temp_dir().join(format!("cnimesh-h2load-{}.log", row.netns.name()));
     let (c, rps, d, logarg) = (
         RATE_CLIENTS.to_string(),
@@ -168,7 +168,7 @@ fn latency(row: &Row) -> (f64, f64, f64) {
 }
 
 /// Requests per second with no rate limit, and the CPU ms per 1000 requests.
-fn throughput(row: &Row, h1: bool) -> (f64, f64) {
+fn throughput(row: &Row<'_>, h1: bool) -> (f64, f64) {
     let (n1, n2) = (H1_MAX_REQUESTS.to_string(), H2_MAX_REQUESTS.to_string());
     let args: Vec<&str> = if h1 {
         vec!["--h1", "-c", "32", "-n", &n1, &row.url]
@@ -184,7 +184,7 @@ fn throughput(row: &Row, h1: bool) -> (f64, f64) {
     (rps, spent / total_requests(&out).max(1.0) * 1e6)
 }
 
-fn measure(row: &Row) -> Sample {
+fn measure(row: &Row<'_>) -> Sample {
     let (p50, p99, cpu_per_1000) = latency(row);
     let ((h1_max, h1_cpu_per_1000), rss_load) = peak_rss(&row.pids, || throughput(row, true));
     let (h2_max, _) = throughput(row, false);
@@ -253,7 +253,7 @@ fn main() {
     let app = SocketAddr::new(plain_server.ipv4().into(), apps::HTTP_PORT);
     let hop = SocketAddr::new(plain_server.ipv4().into(), 8090);
     let mut haproxy = haproxy_in(&plain_server.netns, hop, app);
-    let meshed = |pod: &Pod| format!("http://{}/hello", SocketAddr::new(pod.ipv4().into(), apps::HTTP_PORT));
+    let meshed = |pod: &Pod<'_>| format!("http://{}/hello", SocketAddr::new(pod.ipv4().into(), apps::HTTP_PORT));
     let (tls, up) = (&mtls_pairs[0], &mtls_pairs[1]);
     let rows = [
         Row { name: "direct (no proxy)", netns: &plain_client.netns, url: format!("http://{app}/hello"), pids: vec![] },

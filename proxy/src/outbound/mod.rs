@@ -12,16 +12,7 @@ use std::sync::Arc;
 use crate::shared::Shared;
 use crate::transport::tls;
 use target::Route;
-use targets::{Target, Targets};
-
-/// Resolved outbound targets.
-#[derive(Default)]
-pub struct Outbound {
-    /// By original destination.
-    pub by_addr: Targets<SocketAddr>,
-    /// By service authority (`name.ns.svc.<domain>:port`), for requests that name one.
-    pub by_service: Targets<String>,
-}
+use targets::Target;
 
 /// An outbound connection's target: a discovered service's endpoints, or its original
 /// destination with the identity it is known to have (from discovery or configuration).

@@ -86,6 +86,15 @@ impl<K: Hash + Eq + Clone> Targets<K> {
     }
 }
 
+/// Resolved outbound targets.
+#[derive(Default)]
+pub struct Outbound {
+    /// By original destination.
+    pub by_addr: Targets<std::net::SocketAddr>,
+    /// By service authority (`name.ns.svc.<domain>:port`), for requests that name one.
+    pub by_service: Targets<String>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
