@@ -41,11 +41,20 @@ pub struct Upstream {
     connect_timeout: Duration,
     h1: Mutex<Vec<Idle>>,
     h2: Mutex<Option<http2::SendRequest<Incoming>>>,
+    /// Held while the HTTP/2 connection is made, so concurrent first requests share it.
+    h2_connecting: tokio::sync::Mutex<()>,
 }
 
 impl Upstream {
     pub fn new(addr: SocketAddr, tls: Option<UpstreamTls>, connect_timeout: Duration) -> Self {
-        Self { addr, tls, connect_timeout, h1: Mutex::default(), h2: Mutex::default() }
+        Self {
+            addr,
+            tls,
+            connect_timeout,
+            h1: Mutex::default(),
+            h2: Mutex::default(),
+            h2_connecting: Default::default(),
+        }
     }
 
     /// A new connection (TCP, and mTLS to a meshed endpoint), for a pool or a tunnel.
@@ -108,18 +117,25 @@ impl Upstream {
     }
 
     async fn send_h2(&self, req: Request<Incoming>) -> Result<Response<Incoming>, SendError> {
-        let shared = self.h2.lock().expect("not poisoned").as_ref().filter(|s| !s.is_closed()).cloned();
-        let mut sender = match shared {
+        let mut sender = match self.shared_h2() {
             Some(sender) => sender,
             None => {
-                // Two first requests may race here; the later connection replaces the earlier,
-                // which ends once its streams are done.
-                let sender = self.handshake_h2().await?;
-                *self.h2.lock().expect("not poisoned") = Some(sender.clone());
-                sender
+                let _connecting = self.h2_connecting.lock().await;
+                match self.shared_h2() {
+                    Some(sender) => sender,
+                    None => {
+                        let sender = self.handshake_h2().await?;
+                        *self.h2.lock().expect("not poisoned") = Some(sender.clone());
+                        sender
+                    }
+                }
             }
         };
         Ok(sender.send_request(req).await?)
+    }
+
+    fn shared_h2(&self) -> Option<http2::SendRequest<Incoming>> {
+        self.h2.lock().expect("not poisoned").as_ref().filter(|s| !s.is_closed()).cloned()
     }
 
     async fn handshake_h2(&self) -> Result<http2::SendRequest<Incoming>, SendError> {
