@@ -5,7 +5,7 @@
 
 use std::io;
 use std::net::SocketAddr;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use http::{Request, Response, Version};
@@ -18,7 +18,7 @@ use crate::transport::tls::{self, UpstreamIo, UpstreamTls};
 
 /// Idle HTTP/1 connections kept per endpoint; more concurrent requests open more connections,
 /// which close after their request once the pool is full.
-const MAX_IDLE_H1: usize = 32;
+const MAX_IDLE_H1: usize = 64;
 /// An idle HTTP/1 connection older than this is closed rather than reused.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 
@@ -65,44 +65,50 @@ impl Upstream {
     /// Sends `req` in its own version: HTTP/2 on the shared connection, HTTP/1 on an idle
     /// connection or a new one. A request an idle connection could not take (closed meanwhile)
     /// is sent again on a new connection: it never left.
-    pub async fn send(&self, req: Request<Incoming>) -> Result<Response<Incoming>, SendError> {
+    pub async fn send(self: &Arc<Self>, req: Request<Incoming>) -> Result<Response<Incoming>, SendError> {
         if req.version() == Version::HTTP_2 {
             return self.send_h2(req).await;
         }
-        let req = match self.take_h1() {
-            Some(mut sender) => {
-                let sent = sender.try_send_request(req);
-                self.put_h1(sender);
-                match sent.await {
-                    Ok(response) => return Ok(response),
-                    Err(mut e) => match e.take_message() {
-                        Some(req) => req,
-                        None => return Err(e.into_error().into()),
-                    },
+        let (req, mut sender) = match self.take_h1() {
+            Some(mut sender) => match sender.try_send_request(req).await {
+                Ok(response) => {
+                    self.clone().reuse_when_ready(sender);
+                    return Ok(response);
                 }
-            }
-            None => req,
+                Err(mut e) => match e.take_message() {
+                    Some(req) => (req, self.handshake_h1().await?),
+                    None => return Err(e.into_error().into()),
+                },
+            },
+            None => (req, self.handshake_h1().await?),
         };
-        let mut sender = self.handshake_h1().await?;
-        let sent = sender.send_request(req);
-        self.put_h1(sender);
-        Ok(sent.await?)
+        let response = sender.send_request(req).await?;
+        self.clone().reuse_when_ready(sender);
+        Ok(response)
     }
 
     fn take_h1(&self) -> Option<http1::SendRequest<Incoming>> {
         let mut idle = self.h1.lock().expect("not poisoned");
-        idle.retain(|i| !i.sender.is_closed() && i.since.elapsed() < IDLE_TIMEOUT);
-        // A connection is ready once its last response is over; the most recent first (warm).
-        let i = idle.iter().rposition(|i| i.sender.is_ready())?;
-        Some(idle.swap_remove(i).sender)
+        while let Some(i) = idle.pop() {
+            // The most recent first (warm); a closed or stale one is dropped.
+            if i.sender.is_ready() && i.since.elapsed() < IDLE_TIMEOUT {
+                return Some(i.sender);
+            }
+        }
+        None
     }
 
-    /// Keeps `sender` for reuse once its response is over (hyper tells when: `is_ready`).
-    fn put_h1(&self, sender: http1::SendRequest<Incoming>) {
-        let mut idle = self.h1.lock().expect("not poisoned");
-        if idle.len() < MAX_IDLE_H1 {
-            idle.push(Idle { sender, since: Instant::now() });
-        }
+    /// Keeps `sender` for reuse once its response is over (hyper says when: `ready`), so the
+    /// pool only ever holds connections that can take a request at once.
+    fn reuse_when_ready(self: Arc<Self>, mut sender: http1::SendRequest<Incoming>) {
+        tokio::spawn(async move {
+            if sender.ready().await.is_ok() {
+                let mut idle = self.h1.lock().expect("not poisoned");
+                if idle.len() < MAX_IDLE_H1 {
+                    idle.push(Idle { sender, since: Instant::now() });
+                }
+            }
+        });
     }
 
     async fn handshake_h1(&self) -> Result<http1::SendRequest<Incoming>, SendError> {
