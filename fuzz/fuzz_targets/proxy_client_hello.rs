@@ -4,7 +4,7 @@
 //! same one (or a meshed client would be refused mTLS).
 #![no_main]
 
-use cnimesh_proxy::tls::client_hello::{Peek, peek};
+use cnimesh_proxy::transport::tls::client_hello::{Peek, peek};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

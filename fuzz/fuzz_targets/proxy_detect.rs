@@ -2,7 +2,7 @@
 //! verdict must not depend on how the bytes were split into reads, HTTP/2 only for the preface.
 #![no_main]
 
-use cnimesh_proxy::detect::{H2_PREFACE, Protocol, classify};
+use cnimesh_proxy::transport::detect::{H2_PREFACE, Protocol, classify};
 use libfuzzer_sys::fuzz_target;
 
 /// detect.rs's MAX_REQUEST_LINE: past it a line-less prefix is opaque by design.

@@ -4,7 +4,7 @@
 //! fit inside the input.
 #![no_main]
 
-use cnimesh_proxy::detect::{Protocol, classify};
+use cnimesh_proxy::transport::detect::{Protocol, classify};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -4,7 +4,7 @@
 //! ones are 400s; requests without the marker are untouched.
 #![no_main]
 
-use cnimesh_proxy::http::{L5D_ORIG_PROTO, downgrade_orig_proto_for_fuzzing};
+use cnimesh_proxy::http::orig_proto::{L5D_ORIG_PROTO, downgrade_request};
 use http::{HeaderName, HeaderValue, Request, StatusCode, Uri, Version};
 use libfuzzer_sys::fuzz_target;
 
@@ -26,12 +26,14 @@ fuzz_target!(|data: &[u8]| {
     }
     let before = format!("{req:?}");
     let marked = req.version() == Version::HTTP_2 && req.headers().contains_key(&L5D_ORIG_PROTO);
-    match downgrade_orig_proto_for_fuzzing(&mut req) {
+    let authority = req.uri().authority().map(|a| a.as_str().to_owned());
+    match downgrade_request(&mut req).map_err(|e| e.status) {
         Ok(true) => {
             assert!(marked);
             assert!(matches!(req.version(), Version::HTTP_11 | Version::HTTP_10));
             assert!(!req.headers().contains_key(&L5D_ORIG_PROTO));
-            if let Some(authority) = req.uri().authority() {
+            // The authority the peer sent becomes the app's `Host`.
+            if let Some(authority) = authority {
                 assert_eq!(req.headers().get_all(http::header::HOST).iter().collect::<Vec<_>>(), [authority.as_str()]);
             }
         }
