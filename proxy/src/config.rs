@@ -38,6 +38,9 @@ pub struct Config {
     /// connection as plaintext (a server-speaks-first protocol from a non-meshed client waits
     /// this long for its greeting).
     pub opaque_tls_wait: Duration,
+    /// Carry HTTP/1 requests to meshed endpoints over one HTTP/2 connection marked
+    /// `l5d-orig-proto` (Linkerd's transport upgrade; the inbound always accepts it).
+    pub outbound_h2_upgrade: bool,
     /// Outbound endpoints known to be meshed, with the identity each must prove, for
     /// destinations that discovery does not resolve to a service (a pod IP's profile wins).
     pub outbound_identities: Vec<(EndpointMatch, Name)>,
@@ -164,11 +167,16 @@ impl Default for Config {
             identity: None,
             inbound_require_tls: false,
             opaque_tls_wait: Duration::from_millis(1000),
+            outbound_h2_upgrade: DEFAULT_H2_UPGRADE,
             outbound_identities: Vec::new(),
             destination: None,
         }
     }
 }
+
+/// Whether our outbound upgrades HTTP/1 between meshed proxies: chosen by the proxy benchmark
+/// (tests/benches/proxy.rs), which measures both.
+const DEFAULT_H2_UPGRADE: bool = false;
 
 /// Identity defaults that apply only once an identity is configured.
 const DEFAULT_MAX_BACKOFF: Duration = Duration::from_secs(30);
@@ -299,6 +307,9 @@ pub struct Args {
     /// On opaque ports, how long to wait for a ClientHello, ms [default: 1000].
     #[arg(long, env = "CNIMESH_PROXY_OPAQUE_TLS_WAIT_MS", value_parser = millis)]
     pub opaque_tls_wait_ms: Option<Duration>,
+    /// HTTP/1 to meshed endpoints over HTTP/2 with `l5d-orig-proto` (true/false, 1/0) [default: false].
+    #[arg(long, env = "CNIMESH_PROXY_OUTBOUND_H2_UPGRADE", value_parser = flag)]
+    pub outbound_h2_upgrade: Option<bool>,
     /// Static meshed endpoints, `ip[:port]=identity,...`.
     #[arg(long, env = "CNIMESH_PROXY_OUTBOUND_IDENTITIES", value_parser = endpoint_identities)]
     pub outbound_identities: Option<List<(EndpointMatch, Name)>>,
@@ -364,6 +375,7 @@ impl TryFrom<Args> for Config {
             identity,
             inbound_require_tls: args.inbound_require_tls.unwrap_or(d.inbound_require_tls),
             opaque_tls_wait: args.opaque_tls_wait_ms.unwrap_or(d.opaque_tls_wait),
+            outbound_h2_upgrade: args.outbound_h2_upgrade.unwrap_or(d.outbound_h2_upgrade),
             outbound_identities,
             destination,
         })

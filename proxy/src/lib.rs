@@ -7,24 +7,21 @@ pub mod admin;
 pub mod backoff;
 pub mod cli;
 pub mod config;
-pub mod counting;
-pub mod detect;
 pub mod discovery;
 pub mod drain;
+pub mod forward;
 pub mod grpc_channel;
 pub mod http;
-pub mod http_clients;
 pub mod identity;
-pub mod io;
+pub mod inbound;
 pub mod metrics;
-pub mod orig_dst;
+pub mod outbound;
 pub mod rng;
-pub mod route;
+pub mod serve;
 pub mod server;
 pub mod shared;
 pub mod static_identities;
-pub mod tcp;
-pub mod tls;
+pub mod transport;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -56,23 +53,16 @@ pub async fn run(
         }
         None => None,
     };
-    let shared = Arc::new(Shared {
-        clients: Arc::new(http_clients::Clients::new(config.connect_timeout)),
-        metrics: metrics.clone(),
-        drain: drain.clone(),
-        config: config.clone(),
-        identity: identity.clone(),
-        static_identities: Arc::new(static_identities::MeshedEndpoints::new(config.outbound_identities.clone())),
-        discovery: match (&config.destination, &identity) {
-            (Some(d), Some(id)) => {
-                let channel = grpc_channel::channel(&d.addr, &d.name, id.roots.clone(), None)?;
-                let max_backoff = config.identity.as_ref().map_or(Duration::from_secs(30), |i| i.max_backoff);
-                Some(Arc::new(discovery::Discovery::new(channel, d.first_answer, max_backoff, metrics.clone())))
-            }
-            _ => None,
-        },
-        local_ips: shared::LocalIps::default(),
-    });
+    let discovery = match (&config.destination, &identity) {
+        (Some(d), Some(id)) => {
+            let channel = grpc_channel::channel(&d.addr, &d.name, id.roots.clone(), None)?;
+            let max_backoff = config.identity.as_ref().map_or(Duration::from_secs(30), |i| i.max_backoff);
+            Some(Arc::new(discovery::Discovery::new(channel, d.first_answer, max_backoff, metrics.clone())))
+        }
+        _ => None,
+    };
+    let shared = Arc::new(Shared::new(config.clone(), metrics.clone(), drain.clone(), identity.clone(), discovery));
+    tokio::spawn(evict_idle_targets(shared.clone()));
     let mut listeners = Vec::new();
     for (direction, addrs) in [(Direction::inbound, &config.inbound), (Direction::outbound, &config.outbound)] {
         for addr in addrs {
@@ -113,6 +103,21 @@ pub async fn run(
     }
     admin_task.abort();
     Ok(())
+}
+
+/// How often idle targets are looked for, and how long unused before they go.
+const TARGET_SWEEP: Duration = Duration::from_secs(30);
+const TARGET_IDLE: Duration = Duration::from_secs(60);
+
+/// Drops targets no connection has used for a while, with their pooled upstream connections.
+async fn evict_idle_targets(shared: Arc<Shared>) {
+    let mut every = tokio::time::interval(TARGET_SWEEP);
+    loop {
+        every.tick().await;
+        shared.inbound.evict_idle(TARGET_IDLE);
+        shared.outbound.by_addr.evict_idle(TARGET_IDLE);
+        shared.outbound.by_service.evict_idle(TARGET_IDLE);
+    }
 }
 
 /// Binds a listener; IPv6 wildcard listeners are v6-only so they coexist with IPv4 ones.

@@ -1,22 +1,22 @@
-//! What every connection of the proxy shares: configuration, metrics, upstream pools, identity
-//! and discovery. Its own module so the accepting side ([`crate::server`]) and the HTTP side
-//! ([`crate::http`]) both use it without importing each other.
+//! What every connection of the proxy shares: configuration, metrics, resolved targets, identity
+//! and discovery. Its own module so the accepting side ([`crate::server`]) and the per-request
+//! side ([`crate::forward`]) both use it without importing each other.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use crate::config::Config;
 use crate::discovery::Discovery;
 use crate::drain::Drain;
-use crate::http_clients::Clients;
 use crate::identity::Identity;
 use crate::metrics::Metrics;
+use crate::outbound::targets::{Outbound, Targets};
 use crate::static_identities::MeshedEndpoints;
 
 /// State shared by every connection of the proxy.
 pub struct Shared {
     pub config: Config,
     pub metrics: Arc<Metrics>,
-    pub clients: Arc<Clients>,
     pub drain: Drain,
     /// Present when the proxy has an identity (and so does mTLS).
     pub identity: Option<Arc<Identity>>,
@@ -26,6 +26,33 @@ pub struct Shared {
     /// Present when a Destination service is configured.
     pub discovery: Option<Arc<Discovery>>,
     pub local_ips: LocalIps,
+    /// Inbound targets (this pod's ports), each with its client to the app.
+    pub inbound: Targets<SocketAddr>,
+    pub outbound: Outbound,
+}
+
+impl Shared {
+    /// The shared state of a proxy with `config`: what [`crate::run`] serves with, and what
+    /// in-process tests drive [`crate::server::connection`] with.
+    pub fn new(
+        config: Config,
+        metrics: Arc<Metrics>,
+        drain: Drain,
+        identity: Option<Arc<Identity>>,
+        discovery: Option<Arc<Discovery>>,
+    ) -> Self {
+        Self {
+            static_identities: Arc::new(MeshedEndpoints::new(config.outbound_identities.clone())),
+            config,
+            metrics,
+            drain,
+            identity,
+            discovery,
+            local_ips: LocalIps::default(),
+            inbound: Targets::default(),
+            outbound: Outbound::default(),
+        }
+    }
 }
 
 /// This pod's own addresses, learnt on first use: an address is local when a socket can bind to

@@ -1,16 +1,24 @@
-//! Latency, throughput, CPU and memory of the proxy pair, measured against the same path with no
-//! proxy and against one haproxy HTTP hop, all in one run, on pods wired by the real CNI chain.
+//! Latency, CPU per request, throughput and memory of the proxy pair, measured against the same
+//! path with no proxy and against one haproxy HTTP hop, all in one run, on pods wired by the real
+//! CNI chain. Every row is measured in each round (rounds interleave the rows, so a noisy
+//! neighbour hits them alike) and the medians are printed, with ratios against haproxy.
 //!
 //! client pod ─▶ [outbound cnimesh-proxy] ─▶ [inbound cnimesh-proxy] ─▶ app   (cnimesh)
 //! client pod ─────────────────────────────────────────────────────────▶ app   (direct)
 //! client pod ─────────────────────▶ haproxy (mode http) ──────────────▶ app   (haproxy)
 //! client pod ─▶ [outbound cnimesh-proxy] ═mTLS═▶ [inbound cnimesh-proxy] ─▶ app (cnimesh, mTLS)
+//! the same with HTTP/1 carried over HTTP/2 between the proxies (`l5d-orig-proto`)
 //!
-//! Load comes from h2load (Debian's nghttp2-client): a fixed rate for latency (per-request times
-//! from its log), then unlimited for throughput. Run as root:
+//! Load comes from h2load (Debian's nghttp2-client): a fixed 1000 rps of HTTP/1.1 for latency
+//! (per-request times from its log) and CPU per request (the proxies' or haproxy's utime+stime
+//! from /proc), then unlimited for throughput. Memory: RSS idle, the peak under the HTTP/1.1
+//! maximum load, and 60 s after a burst of 1000 connections. Run as root:
 //! `cargo bench -p cnimesh-e2e --bench proxy` (needs `apt-get install nghttp2-client haproxy`).
+//! `CNIMESH_BENCH_ROUNDS` (default 3) sets the rounds; `CNIMESH_BENCH_PROXY` runs another proxy
+//! binary (e.g. one built from an older commit) in the same harness, for before/after tables.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -23,6 +31,10 @@ use serde_json::json;
 const RATE_CLIENTS: u32 = 10;
 const RATE_PER_CLIENT: u32 = 100;
 const RATE_SECONDS: u32 = 10;
+const H1_MAX_REQUESTS: u32 = 60_000;
+const H2_MAX_REQUESTS: u32 = 100_000;
+const BURST_CONNECTIONS: u32 = 1000;
+const AFTER_BURST: Duration = Duration::from_secs(60);
 
 fn h2load(netns: &Netns, args: &[&str]) -> String {
     let mut full = vec!["netns", "exec", netns.name(), "h2load"];
@@ -33,45 +45,21 @@ fn h2load(netns: &Netns, args: &[&str]) -> String {
     text
 }
 
+/// Requests h2load sent in total, warm-up included (what the CPU was spent on).
+fn total_requests(out: &str) -> f64 {
+    out.lines()
+        .find_map(|l| l.trim().strip_prefix("requests: "))
+        .and_then(|l| l.split_whitespace().next()?.parse().ok())
+        .expect("h2load's requests line")
+}
+
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
 
-/// p50 and p99 request latency (ms) at a fixed 1000 rps.
-fn latency(netns: &Netns, url: &str, h1: bool) -> (f64, f64) {
-    let log = std::env::temp_dir().join(format!("cnimesh-h2load-{}.log", netns.name()));
-    let (c, rps, d, logarg) = (
-        RATE_CLIENTS.to_string(),
-        RATE_PER_CLIENT.to_string(),
-        RATE_SECONDS.to_string(),
-        format!("--log-file={}", log.display()),
-    );
-    let mut args = vec!["-c", &c, "--rps", &rps, "-D", &d, "--warm-up-time", "2", &logarg];
-    if h1 {
-        args.push("--h1");
-    }
-    args.push(url);
-    h2load(netns, &args);
-    let text = std::fs::read_to_string(&log).expect("h2load log");
-    let _ = std::fs::remove_file(&log);
-    // Each line: start time (µs), status, duration (µs).
-    let mut ms: Vec<f64> =
-        text.lines().filter_map(|l| l.split('\t').nth(2)?.trim().parse::<f64>().ok()).map(|us| us / 1e3).collect();
-    ms.sort_by(f64::total_cmp);
-    assert!(ms.len() > 1000, "too few samples: {}", ms.len());
-    (percentile(&ms, 0.5), percentile(&ms, 0.99))
-}
-
-/// Requests per second with no rate limit.
-fn throughput(netns: &Netns, url: &str, h1: bool) -> f64 {
-    let args: Vec<&str> = if h1 {
-        vec!["--h1", "-c", "32", "-n", "60000", url]
-    } else {
-        vec!["-c", "8", "-m", "16", "-n", "100000", url]
-    };
-    let out = h2load(netns, &args);
-    let line = out.lines().find(|l| l.starts_with("finished in")).expect("summary line");
-    line.split(", ").nth(1).and_then(|s| s.split_whitespace().next()).and_then(|v| v.parse().ok()).expect("req/s")
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() { f64::NAN } else { v[v.len() / 2] }
 }
 
 fn cpu_seconds(pid: u32) -> f64 {
@@ -83,6 +71,10 @@ fn cpu_seconds(pid: u32) -> f64 {
     ticks / nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK).ok().flatten().unwrap_or(100) as f64
 }
 
+fn cpu(pids: &[u32]) -> f64 {
+    pids.iter().map(|p| cpu_seconds(*p)).sum()
+}
+
 fn rss_mib(pid: u32) -> f64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     let kib: f64 = status
@@ -91,6 +83,25 @@ fn rss_mib(pid: u32) -> f64 {
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
         .unwrap_or(0.0);
     kib / 1024.0
+}
+
+/// The largest RSS of any of `pids`, sampled every 100 ms while `f` runs.
+fn peak_rss<T>(pids: &[u32], f: impl FnOnce() -> T) -> (T, f64) {
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = {
+        let (stop, pids) = (stop.clone(), pids.to_vec());
+        std::thread::spawn(move || {
+            let mut peak: f64 = 0.0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                peak = pids.iter().map(|p| rss_mib(*p)).fold(peak, f64::max);
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            peak
+        })
+    };
+    let out = f();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    (out, sampler.join().unwrap())
 }
 
 fn haproxy_in(netns: &Netns, listen: SocketAddr, backend: SocketAddr) -> std::process::Child {
@@ -113,6 +124,73 @@ fn haproxy_in(netns: &Netns, listen: SocketAddr, backend: SocketAddr) -> std::pr
     child
 }
 
+/// One path through the network, with the processes (proxies or haproxy) that carry it.
+struct Row<'a> {
+    name: &'static str,
+    netns: &'a Netns,
+    url: String,
+    pids: Vec<u32>,
+}
+
+/// One round's measurements of a row.
+#[derive(Default, Clone)]
+struct Sample {
+    p50: f64,
+    p99: f64,
+    cpu_per_1000: f64,
+    h1_max: f64,
+    h1_cpu_per_1000: f64,
+    h2_max: f64,
+    rss_load: f64,
+}
+
+/// p50 and p99 (ms) at a fixed 1000 rps of HTTP/1.1, and the CPU ms per 1000 requests.
+fn latency(row: &Row<'_>) -> (f64, f64, f64) {
+    let log = std::env::temp_dir().join(format!("cnimesh-h2load-{}.log", row.netns.name()));
+    let (c, rps, d, logarg) = (
+        RATE_CLIENTS.to_string(),
+        RATE_PER_CLIENT.to_string(),
+        RATE_SECONDS.to_string(),
+        format!("--log-file={}", log.display()),
+    );
+    let before = cpu(&row.pids);
+    let out = h2load(row.netns, &["--h1", "-c", &c, "--rps", &rps, "-D", &d, "--warm-up-time", "2", &logarg, &row.url]);
+    let spent = cpu(&row.pids) - before;
+    let text = std::fs::read_to_string(&log).expect("h2load log");
+    let _ = std::fs::remove_file(&log);
+    // Each line: start time (µs), status, duration (µs).
+    let mut ms: Vec<f64> =
+        text.lines().filter_map(|l| l.split('\t').nth(2)?.trim().parse::<f64>().ok()).map(|us| us / 1e3).collect();
+    ms.sort_by(f64::total_cmp);
+    assert!(ms.len() > 1000, "too few samples: {}", ms.len());
+    let requests = total_requests(&out).max(1.0);
+    (percentile(&ms, 0.5), percentile(&ms, 0.99), spent / requests * 1e6)
+}
+
+/// Requests per second with no rate limit, and the CPU ms per 1000 requests.
+fn throughput(row: &Row<'_>, h1: bool) -> (f64, f64) {
+    let (n1, n2) = (H1_MAX_REQUESTS.to_string(), H2_MAX_REQUESTS.to_string());
+    let args: Vec<&str> = if h1 {
+        vec!["--h1", "-c", "32", "-n", &n1, &row.url]
+    } else {
+        vec!["-c", "8", "-m", "16", "-n", &n2, &row.url]
+    };
+    let before = cpu(&row.pids);
+    let out = h2load(row.netns, &args);
+    let spent = cpu(&row.pids) - before;
+    let line = out.lines().find(|l| l.starts_with("finished in")).expect("summary line");
+    let rps =
+        line.split(", ").nth(1).and_then(|s| s.split_whitespace().next()).and_then(|v| v.parse().ok()).expect("req/s");
+    (rps, spent / total_requests(&out).max(1.0) * 1e6)
+}
+
+fn measure(row: &Row<'_>) -> Sample {
+    let (p50, p99, cpu_per_1000) = latency(row);
+    let ((h1_max, h1_cpu_per_1000), rss_load) = peak_rss(&row.pids, || throughput(row, true));
+    let (h2_max, _) = throughput(row, false);
+    Sample { p50, p99, cpu_per_1000, h1_max, h1_cpu_per_1000, h2_max, rss_load }
+}
+
 fn main() {
     if !require_root("proxy benchmark") {
         return;
@@ -123,7 +201,12 @@ fn main() {
             std::process::exit(1);
         }
     }
-    let bins = bins!();
+    let rounds: usize = std::env::var("CNIMESH_BENCH_ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(3);
+    let mut bins = bins!();
+    if let Ok(proxy) = std::env::var("CNIMESH_BENCH_PROXY") {
+        bins.proxy = PathBuf::from(proxy);
+    }
+    println!("proxy binary: {}", bins.proxy.display());
     let net = Network::bridge(&bins, json!({})).unwrap();
     // Uncaptured pair (excluded namespace) for the direct and haproxy paths.
     let plain_client = Pod::named(&net, "kube-system", "bench-client").unwrap();
@@ -138,118 +221,141 @@ fn main() {
     let env = [("CNIMESH_PROXY_WORKERS", workers.as_str())];
     let client_proxy = Sidecar::start(&bins.proxy, &client.netns, &env).unwrap();
     let server_proxy = Sidecar::start(&bins.proxy, &server.netns, &env).unwrap();
-    // The same pair with identities: mTLS between the proxies.
+    // The same pair with identities: mTLS between the proxies; then again with HTTP/1 carried
+    // over HTTP/2 between them (Linkerd's orig-proto upgrade), and explicitly without it.
     let control_pod = Pod::unmeshed(&net, "cnimesh", "control").unwrap();
     let control = Control::start(&bins.control, &control_pod, &[]).unwrap();
-    let tls_client = Pod::named(&net, "shop", "tls-client").unwrap();
-    let tls_server = Pod::named(&net, "shop", "tls-server").unwrap();
-    let _tls_apps = Apps::start(&tls_server.netns.path(), tls_server.ipv4().into(), "mtls").unwrap();
-    let mut server_env = control.proxy_env("shop", "tls-server", &control.token("shop", "tls-server").unwrap());
-    server_env.push(("CNIMESH_PROXY_WORKERS".into(), workers.clone()));
-    let mut client_env = control.proxy_env("shop", "tls-client", &control.token("shop", "tls-client").unwrap());
-    client_env.extend([
-        ("CNIMESH_PROXY_WORKERS".into(), workers.clone()),
-        (
-            "CNIMESH_PROXY_OUTBOUND_IDENTITIES".into(),
-            format!("{}={}", tls_server.ipv4(), identity("shop", "tls-server")),
-        ),
-    ]);
-    let tls_server_proxy = Sidecar::start(&bins.proxy, &tls_server.netns, &env_refs(&server_env)).unwrap();
-    let tls_client_proxy = Sidecar::start(&bins.proxy, &tls_client.netns, &env_refs(&client_env)).unwrap();
-    println!("proxy runtime worker threads: {workers}");
+    let mut mtls_pairs = Vec::new();
+    for (client_name, server_name, upgrade) in
+        [("tls-client", "tls-server", "false"), ("up-client", "up-server", "true")]
+    {
+        let tls_client = Pod::named(&net, "shop", client_name).unwrap();
+        let tls_server = Pod::named(&net, "shop", server_name).unwrap();
+        let tls_apps = Apps::start(&tls_server.netns.path(), tls_server.ipv4().into(), server_name).unwrap();
+        let mut server_env = control.proxy_env("shop", server_name, &control.token("shop", server_name).unwrap());
+        server_env.push(("CNIMESH_PROXY_WORKERS".into(), workers.clone()));
+        let mut client_env = control.proxy_env("shop", client_name, &control.token("shop", client_name).unwrap());
+        client_env.extend([
+            ("CNIMESH_PROXY_WORKERS".into(), workers.clone()),
+            ("CNIMESH_PROXY_OUTBOUND_H2_UPGRADE".into(), upgrade.into()),
+            (
+                "CNIMESH_PROXY_OUTBOUND_IDENTITIES".into(),
+                format!("{}={}", tls_server.ipv4(), identity("shop", server_name)),
+            ),
+        ]);
+        let server_proxy = Sidecar::start(&bins.proxy, &tls_server.netns, &env_refs(&server_env)).unwrap();
+        let client_proxy = Sidecar::start(&bins.proxy, &tls_client.netns, &env_refs(&client_env)).unwrap();
+        mtls_pairs.push((tls_client, tls_server, tls_apps, client_proxy, server_proxy));
+    }
+    println!("proxy runtime worker threads: {workers}; rounds: {rounds}");
     std::thread::sleep(Duration::from_millis(300));
-    let idle_rss = (rss_mib(client_proxy.pid()), rss_mib(server_proxy.pid()));
 
     let app = SocketAddr::new(plain_server.ipv4().into(), apps::HTTP_PORT);
     let hop = SocketAddr::new(plain_server.ipv4().into(), 8090);
     let mut haproxy = haproxy_in(&plain_server.netns, hop, app);
-    let meshed = SocketAddr::new(server.ipv4().into(), apps::HTTP_PORT);
-    let paths = [
-        ("direct (no proxy)", &plain_client.netns, format!("http://{app}/hello")),
-        ("cnimesh pair (outbound + inbound)", &client.netns, format!("http://{meshed}/hello")),
-        ("haproxy, one HTTP hop", &plain_client.netns, format!("http://{hop}/hello")),
-        (
-            "cnimesh pair, mTLS",
-            &tls_client.netns,
-            format!("http://{}/hello", SocketAddr::new(tls_server.ipv4().into(), apps::HTTP_PORT)),
-        ),
+    let meshed = |pod: &Pod<'_>| format!("http://{}/hello", SocketAddr::new(pod.ipv4().into(), apps::HTTP_PORT));
+    let (tls, up) = (&mtls_pairs[0], &mtls_pairs[1]);
+    let rows = [
+        Row { name: "direct (no proxy)", netns: &plain_client.netns, url: format!("http://{app}/hello"), pids: vec![] },
+        Row {
+            name: "haproxy, one HTTP hop",
+            netns: &plain_client.netns,
+            url: format!("http://{hop}/hello"),
+            pids: vec![haproxy.id()],
+        },
+        Row {
+            name: "cnimesh pair, plaintext",
+            netns: &client.netns,
+            url: meshed(&server),
+            pids: vec![client_proxy.pid(), server_proxy.pid()],
+        },
+        Row {
+            name: "cnimesh pair, mTLS",
+            netns: &tls.0.netns,
+            url: meshed(&tls.1),
+            pids: vec![tls.3.pid(), tls.4.pid()],
+        },
+        Row {
+            name: "cnimesh pair, mTLS, h1 over h2 (orig-proto)",
+            netns: &up.0.netns,
+            url: meshed(&up.1),
+            pids: vec![up.3.pid(), up.4.pid()],
+        },
     ];
-    let pids = [(client_proxy.pid(), server_proxy.pid()), (tls_client_proxy.pid(), tls_server_proxy.pid())];
-    let pair_cpu = |pair: (u32, u32)| cpu_seconds(pair.0) + cpu_seconds(pair.1);
+    let idle_rss: Vec<f64> = rows.iter().map(|r| r.pids.iter().map(|p| rss_mib(*p)).fold(0.0, f64::max)).collect();
+
+    let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); rows.len()];
+    for round in 0..rounds {
+        for (i, row) in rows.iter().enumerate() {
+            let s = measure(row);
+            eprintln!(
+                "round {round} {}: p50 {:.3} p99 {:.3} cpu/1000 {:.1} h1 {:.0} ({:.1}) h2 {:.0} rss {:.1}",
+                row.name, s.p50, s.p99, s.cpu_per_1000, s.h1_max, s.h1_cpu_per_1000, s.h2_max, s.rss_load
+            );
+            samples[i].push(s);
+        }
+    }
+    let med = |i: usize, f: fn(&Sample) -> f64| median(samples[i].iter().map(f).collect());
+
+    // A burst of concurrent (mostly idle) connections through every proxied row, then quiet.
+    let mut burst_rss = vec![f64::NAN; rows.len()];
+    let burst_c = BURST_CONNECTIONS.to_string();
+    for (i, row) in rows.iter().enumerate().filter(|(_, r)| !r.pids.is_empty()) {
+        let ((), peak) = peak_rss(&row.pids, || {
+            h2load(row.netns, &["--h1", "-c", &burst_c, "--rps", "1", "-D", "4", &row.url]);
+        });
+        burst_rss[i] = peak;
+    }
+    std::thread::sleep(AFTER_BURST);
+    let after_rss: Vec<f64> = rows.iter().map(|r| r.pids.iter().map(|p| rss_mib(*p)).fold(0.0, f64::max)).collect();
 
     println!(
-        "\n## Latency at {} rps ({} clients × {} rps, {} s; ms)\n",
-        RATE_CLIENTS * RATE_PER_CLIENT,
-        RATE_CLIENTS,
-        RATE_PER_CLIENT,
-        RATE_SECONDS
+        "\n## HTTP/1.1 at {} rps; maxima (h1: 32 connections, h2: 8 × 16 streams); medians of {rounds} rounds\n",
+        RATE_CLIENTS * RATE_PER_CLIENT
     );
-    println!("| path | HTTP/1.1 p50 | p99 | HTTP/2 p50 | p99 | added p50 (h1/h2) | added p99 (h1/h2) |");
-    println!("|---|---:|---:|---:|---:|---:|---:|");
-    let mut base = None;
-    for (name, ns, url) in &paths {
-        let h1 = latency(ns, url, true);
-        let h2 = latency(ns, url, false);
-        let (b1, b2) = *base.get_or_insert((h1, h2));
+    println!(
+        "CPU is the proxies' (or haproxy's) utime+stime per 1000 requests; RSS is the largest process of the row, MiB.\n"
+    );
+    println!(
+        "| path | p50 ms | p99 ms | added p50 | CPU ms/1000 | h1 max req/s | h1 CPU ms/1000 | h2 max req/s | RSS idle | RSS h1 max | RSS {BURST_CONNECTIONS} conns | RSS +{}s |",
+        AFTER_BURST.as_secs()
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let direct_p50 = med(0, |s| s.p50);
+    for (i, row) in rows.iter().enumerate() {
         println!(
-            "| {name} | {:.3} | {:.3} | {:.3} | {:.3} | {:+.3} / {:+.3} | {:+.3} / {:+.3} |",
-            h1.0,
-            h1.1,
-            h2.0,
-            h2.1,
-            h1.0 - b1.0,
-            h2.0 - b2.0,
-            h1.1 - b1.1,
-            h2.1 - b2.1
+            "| {} | {:.3} | {:.3} | {:+.3} | {:.1} | {:.0} | {:.1} | {:.0} | {:.1} | {:.1} | {:.1} | {:.1} |",
+            row.name,
+            med(i, |s| s.p50),
+            med(i, |s| s.p99),
+            med(i, |s| s.p50) - direct_p50,
+            med(i, |s| s.cpu_per_1000),
+            med(i, |s| s.h1_max),
+            med(i, |s| s.h1_cpu_per_1000),
+            med(i, |s| s.h2_max),
+            idle_rss[i],
+            med(i, |s| s.rss_load),
+            burst_rss[i],
+            after_rss[i],
         );
     }
-
-    println!("\n## Maximum throughput (req/s; h1: 32 connections, h2: 8 connections × 16 streams)\n");
-    println!("| path | HTTP/1.1 | ratio | HTTP/2 | ratio |");
-    println!("|---|---:|---:|---:|---:|");
-    let mut base = None;
-    let mut cpu_per_1000 = Vec::new();
-    for (i, (name, ns, url)) in paths.iter().enumerate() {
-        let pair = match i {
-            1 => Some(pids[0]),
-            3 => Some(pids[1]),
-            _ => None,
-        };
-        let cpu_before = pair.map_or(0.0, pair_cpu);
-        let h1 = throughput(ns, url, true);
-        let cpu_mid = pair.map_or(0.0, pair_cpu);
-        let h2 = throughput(ns, url, false);
-        let cpu_after = pair.map_or(0.0, pair_cpu);
-        if pair.is_some() {
-            // 60000 HTTP/1.1 and 100000 HTTP/2 requests: CPU seconds per request × 1e6 = ms per 1000.
-            cpu_per_1000.push((name, (cpu_mid - cpu_before) / 60.0 * 1e3, (cpu_after - cpu_mid) / 100.0 * 1e3));
-        }
-        let (b1, b2) = *base.get_or_insert((h1, h2));
-        println!("| {name} | {h1:.0} | {:.2} | {h2:.0} | {:.2} |", h1 / b1, h2 / b2);
+    println!("\n## Ratios against one haproxy hop (targets: CPU ≤ 2, h1 max ≥ 0.45, added p50 per hop ≤ 1.3)\n");
+    println!("| path | CPU/1000 at 1000 rps | h1 max | h2 max | added p50 per hop | RSS +60 s ≤ 16 MiB |");
+    println!("|---|---:|---:|---:|---:|---|");
+    let hap_added = med(1, |s| s.p50) - direct_p50;
+    for (i, row) in rows.iter().enumerate().skip(2) {
+        let per_hop_added = (med(i, |s| s.p50) - direct_p50) / 2.0;
+        println!(
+            "| {} | {:.2} | {:.2} | {:.2} | {:.2} | {} |",
+            row.name,
+            med(i, |s| s.cpu_per_1000) / med(1, |s| s.cpu_per_1000),
+            med(i, |s| s.h1_max) / med(1, |s| s.h1_max),
+            med(i, |s| s.h2_max) / med(1, |s| s.h2_max),
+            per_hop_added / hap_added,
+            if after_rss[i] <= 16.0 { "yes" } else { "no" },
+        );
     }
-    for (name, h1, h2) in cpu_per_1000 {
-        println!("\n{name}: proxy pair CPU per 1000 requests: HTTP/1.1 {h1:.1} ms, HTTP/2 {h2:.1} ms");
-    }
-
-    // Memory under 1000 concurrent (mostly idle) connections through the pair.
-    let url = format!("http://{meshed}/hello");
-    let sampler = {
-        let pids = (client_proxy.pid(), server_proxy.pid());
-        std::thread::spawn(move || {
-            let mut peak: (f64, f64) = (0.0, 0.0);
-            for _ in 0..40 {
-                std::thread::sleep(Duration::from_millis(100));
-                peak = (peak.0.max(rss_mib(pids.0)), peak.1.max(rss_mib(pids.1)));
-            }
-            peak
-        })
-    };
-    h2load(&client.netns, &["--h1", "-c", "1000", "--rps", "1", "-D", "4", &url]);
-    let busy_rss = sampler.join().unwrap();
-    println!(
-        "\nRSS (MiB): idle outbound {:.1}, inbound {:.1}; with 1000 concurrent connections outbound {:.1}, inbound {:.1}",
-        idle_rss.0, idle_rss.1, busy_rss.0, busy_rss.1
-    );
     let _ = haproxy.kill();
     let _ = haproxy.wait();
+    drop(mtls_pairs);
 }

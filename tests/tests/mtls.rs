@@ -50,6 +50,11 @@ struct Meshed<'n> {
 /// A control plane, and a client and a server pod whose proxies hold certificates; the client
 /// knows the server's address is meshed (as discovery will tell it).
 fn meshed<'n>(net: &'n Network, control_args: &[&str]) -> Meshed<'n> {
+    meshed_with(net, control_args, &[])
+}
+
+/// [`meshed`], with more settings for the client's proxy.
+fn meshed_with<'n>(net: &'n Network, control_args: &[&str], client_settings: &[(&str, &str)]) -> Meshed<'n> {
     let bins = bins!();
     let control_pod = Pod::unmeshed(net, "cnimesh", "control").unwrap();
     let control = Control::start(&bins.control, &control_pod, control_args).unwrap();
@@ -71,6 +76,7 @@ fn meshed<'n>(net: &'n Network, control_args: &[&str]) -> Meshed<'n> {
         "CNIMESH_PROXY_OUTBOUND_IDENTITIES".into(),
         format!("{}={}", server.ipv4(), identity("shop", "server")),
     ));
+    client_env.extend(client_settings.iter().map(|(k, v)| (k.to_string(), v.to_string())));
     let client_proxy = Sidecar::start(&bins.proxy, &client.netns, &env_refs(&client_env)).unwrap();
     Meshed { control, client, server, client_proxy, server_proxy, _apps: apps, _control_pod: control_pod }
 }
@@ -233,6 +239,9 @@ async fn serve_http1_only(listener: tokio::net::TcpListener) {
                     req.uri(),
                     req.headers().get("l5d-orig-proto"),
                 );
+                if req.uri().path() == "/slow" {
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                }
                 let body = req.into_body().collect().await?.to_bytes();
                 let answer = format!("{seen} body={}", String::from_utf8_lossy(&body));
                 Ok::<_, hyper::Error>(http::Response::new(http_body_util::Full::new(bytes::Bytes::from(answer))))
@@ -346,4 +355,47 @@ fn linkerd_http1_over_http2_reaches_an_http1_only_app() {
     let metrics = m.server_proxy.metrics();
     let client = format!("client_id=\"{}\",status_code=\"200\"", identity("shop", "linkerd-peer"));
     assert!(metrics.contains(&client), "{client} in\n{metrics}");
+}
+
+/// Our outbound's side of Linkerd's transport upgrade: with `CNIMESH_PROXY_OUTBOUND_H2_UPGRADE`,
+/// an HTTP/1 app's requests to a meshed endpoint share one mTLS HTTP/2 connection (concurrent
+/// requests included), and the app on the other side still sees plain HTTP/1.1.
+#[test]
+fn our_outbound_carries_http1_over_one_http2_connection_when_upgrading() {
+    if !require_root("our_outbound_carries_http1_over_one_http2_connection_when_upgrading") {
+        return;
+    }
+    let net = Network::bridge(&bins!(), json!({})).unwrap();
+    let m = meshed_with(&net, &[], &[("CNIMESH_PROXY_OUTBOUND_H2_UPGRADE", "true")]);
+    let app = SocketAddr::new(m.server.ipv4().into(), HTTP1_ONLY_PORT);
+    let listener =
+        cnimesh_cni::netns::run_in(&m.server.netns.path(), || std::net::TcpListener::bind(app)).unwrap().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    rt.spawn(async move {
+        listener.set_nonblocking(true).unwrap();
+        serve_http1_only(tokio::net::TcpListener::from_std(listener).unwrap()).await;
+    });
+    let client = m.client.netns.path();
+    let (status, body) = http_in(&client, &app.to_string(), "POST", "/first", "hello").unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body, format!("HTTP/1.1 host={app} target=/first orig-proto=None body=hello"));
+    let concurrent: Vec<_> = (0..4)
+        .map(|_| {
+            let (client, app) = (client.clone(), app.to_string());
+            std::thread::spawn(move || http_in(&client, &app, "GET", "/slow", "").unwrap())
+        })
+        .collect();
+    for answer in concurrent {
+        let (status, body) = answer.join().unwrap();
+        assert_eq!((status, body), (200, format!("HTTP/1.1 host={app} target=/slow orig-proto=None body=")));
+    }
+    let inbound = format!("tcp_open_total{{direction=\"inbound\",target_addr=\"{app}\",tls=\"true\"");
+    assert_eq!(
+        m.server_proxy.metric(&inbound),
+        1.0,
+        "one HTTP/2 connection carried all five:\n{}",
+        m.server_proxy.metrics()
+    );
+    let marked = format!("tls=\"true\",server_id=\"{}\"", identity("shop", "server"));
+    assert!(m.client_proxy.metrics().contains(&marked), "{marked}");
 }

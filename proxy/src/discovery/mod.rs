@@ -103,9 +103,10 @@ impl Discovery {
         DestinationClient::new(self.channel.clone())
     }
 
-    /// What is known of `target`, waiting (bounded) for the first answer. `None` when the
-    /// control plane has not answered: the caller treats the address as undiscovered.
-    pub async fn profile(self: &Arc<Self>, target: SocketAddr) -> Option<Profile> {
+    /// What is known of `target`, waiting (bounded) for the first answer, and the watch that
+    /// tells of later answers. `None` when the control plane has not answered: the caller treats
+    /// the address as undiscovered.
+    pub async fn profile(self: &Arc<Self>, target: SocketAddr) -> (Option<Profile>, watch::Receiver<Option<Profile>>) {
         let mut rx = shared(&self.profiles, &target, || {
             let (tx, rx) = watch::channel(None);
             tokio::spawn(follow::profile(self.client(), target, tx, self.max_backoff));
@@ -114,7 +115,8 @@ impl Discovery {
         if rx.borrow().is_none() {
             let _ = tokio::time::timeout(self.first_answer, rx.wait_for(Option::is_some)).await;
         }
-        rx.borrow().clone()
+        let profile = rx.borrow_and_update().clone();
+        (profile, rx)
     }
 
     /// The live endpoints of `authority` (`name.ns.svc.<domain>:port`), after waiting (bounded)

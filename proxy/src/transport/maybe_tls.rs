@@ -57,9 +57,3 @@ impl<P: AsyncWrite + Unpin, T: AsyncWrite + Unpin> AsyncWrite for MaybeTls<P, T>
         }
     }
 }
-
-impl<P, T> hyper_util::client::legacy::connect::Connection for MaybeTls<P, T> {
-    fn connected(&self) -> hyper_util::client::legacy::connect::Connected {
-        hyper_util::client::legacy::connect::Connected::new()
-    }
-}

@@ -26,6 +26,22 @@ fn ms_since(start: Instant) -> u64 {
     start.elapsed().as_millis() as u64
 }
 
+/// Copy buffers start small, so thousands of quiet connections cost little, grow while reads
+/// fill them (a bulk transfer), and shrink back once traffic is small again (as ztunnel does).
+const MIN_BUF: usize = 1024;
+const MAX_BUF: usize = 16 * 1024;
+
+/// The buffer size after a read of `n` bytes into a buffer of `len`.
+fn next_buf_len(len: usize, n: usize) -> usize {
+    if n == len {
+        (len * 2).min(MAX_BUF)
+    } else if n < len / 4 {
+        (len / 2).max(MIN_BUF)
+    } else {
+        len
+    }
+}
+
 async fn copy_half<R, W>(
     mut from: R,
     mut to: W,
@@ -37,7 +53,7 @@ where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
-    let mut buf = vec![0u8; 16 * 1024];
+    let mut buf = vec![0u8; MIN_BUF];
     let mut total = 0;
     loop {
         let n = from.read(&mut buf).await?;
@@ -50,6 +66,10 @@ where
         total += n as u64;
         counter.inc_by(n as u64);
         activity.store(ms_since(start), Ordering::Relaxed);
+        let next = next_buf_len(buf.len(), n);
+        if next != buf.len() {
+            buf = vec![0u8; next];
+        }
     }
 }
 
@@ -123,6 +143,20 @@ mod tests {
         app.read_to_string(&mut answer).await.unwrap();
         assert_eq!(answer, "got 6");
         fwd.await.unwrap().unwrap();
+    }
+
+    #[test]
+    fn copy_buffers_grow_under_load_and_shrink_back() {
+        let mut len = MIN_BUF;
+        for _ in 0..10 {
+            len = next_buf_len(len, len);
+        }
+        assert_eq!(len, MAX_BUF);
+        for _ in 0..10 {
+            len = next_buf_len(len, 10);
+        }
+        assert_eq!(len, MIN_BUF);
+        assert_eq!(next_buf_len(4096, 3000), 4096, "a steady size stays");
     }
 
     #[tokio::test]

@@ -16,32 +16,33 @@ use cnimesh_identity::Name;
 use rustls_pki_types::ServerName;
 use tokio::net::TcpStream;
 
-use crate::detect::PrefixedIo;
 use crate::identity::Identity;
-use crate::io::MaybeTls;
 use crate::metrics::TlsLabel;
+use crate::transport::Io;
+use crate::transport::maybe_tls::MaybeTls;
+use crate::transport::prefixed::PrefixedIo;
 use client_hello::Peek;
 
 /// A client connection after the inbound TLS decision.
-pub type ClientIo = MaybeTls<TcpStream, tokio_rustls::server::TlsStream<PrefixedIo<TcpStream>>>;
+pub type ClientIo<I> = MaybeTls<I, tokio_rustls::server::TlsStream<PrefixedIo<I>>>;
 /// An upstream connection, mTLS or plain.
 pub type UpstreamIo = MaybeTls<TcpStream, tokio_rustls::client::TlsStream<TcpStream>>;
 
-pub enum Inbound {
+pub enum Inbound<I> {
     /// Proceed with protocol detection; `prefix` holds bytes already read.
-    Accepted { io: ClientIo, prefix: Bytes, tls: TlsLabel },
+    Accepted { io: ClientIo<I>, prefix: Bytes, tls: TlsLabel },
     /// Not mTLS to us, and plaintext is not accepted here.
     Refused(&'static str),
 }
 
 /// Terminates mTLS when the ClientHello is addressed to our identity; anything else stays
 /// plaintext (an application's own TLS included) unless `require_tls`.
-pub async fn inbound(
-    mut stream: TcpStream,
+pub async fn inbound<I: Io>(
+    mut stream: I,
     identity: &Identity,
     wait: Duration,
     require_tls: bool,
-) -> io::Result<Inbound> {
+) -> io::Result<Inbound<I>> {
     let (peek, prefix) = client_hello::read(&mut stream, wait).await?;
     match peek {
         Peek::ClientHello(Some(sni)) if sni == identity.name.as_str() => {
@@ -82,7 +83,7 @@ impl UpstreamTls {
 /// Connects to `target`, within `timeout` for TCP and the handshake together.
 pub async fn connect(target: SocketAddr, timeout: Duration, tls: Option<&UpstreamTls>) -> io::Result<UpstreamIo> {
     let connect = async {
-        let tcp = crate::tcp::connect(target, timeout).await?;
+        let tcp = crate::transport::tcp::connect(target, timeout).await?;
         let Some(tls) = tls else { return Ok(MaybeTls::Plain(tcp)) };
         let name = ServerName::try_from(tls.server_id.to_string()).map_err(io::Error::other)?;
         let stream = tokio_rustls::TlsConnector::from(tls.config.clone()).connect(name, tcp).await?;

@@ -1,0 +1,339 @@
+//! One client connection's requests, forwarded: metrics per request (handles resolved once per
+//! authority, not per request), Linkerd's HTTP/1-over-HTTP/2 undone inbound and optionally done
+//! outbound, a service named in the authority followed, the request sent on its target's
+//! endpoint client, and the response classified when its body ends. Upgrades and CONNECT are
+//! spliced on a connection of their own.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use http::header::HOST;
+use http::{HeaderValue, Method, Request, Response, StatusCode, Uri, Version};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::histogram::Histogram;
+
+use crate::discovery::balance::Load;
+use crate::http::Body;
+use crate::http::classify::{Classified, OnEnd};
+use crate::http::error::{ProxyError, error_response, upstream_error};
+use crate::http::headers::{strip_hop_by_hop, wants_upgrade};
+use crate::http::orig_proto;
+use crate::metrics::{Direction, Metrics, OpenConnection, RequestLabels, ResponseLabels, TlsLabel};
+use crate::outbound::target::{Picked, Route, RouteError};
+use crate::outbound::targets::Target;
+use crate::shared::Shared;
+
+/// Everything a connection's requests need.
+pub struct HttpProxy {
+    direction: Direction,
+    /// The connection's original destination (metrics, messages).
+    addr: SocketAddr,
+    target: Arc<Target>,
+    tls: TlsLabel,
+    shared: Arc<Shared>,
+    /// Outbound: carry HTTP/1 to meshed endpoints over HTTP/2 (`l5d-orig-proto`).
+    h2_upgrade: bool,
+    /// This connection in `tcp_open_connections`; an upgraded tunnel keeps it open.
+    open: Arc<OpenConnection>,
+    /// Metric handles for the last authority seen: a connection's requests nearly always share
+    /// one, so the common case builds no label strings and takes no family lock.
+    handles: Mutex<Option<Arc<Handles>>>,
+    /// Services this connection's requests named (`None`: not a known service).
+    named: Mutex<Vec<(String, Option<Arc<Target>>)>>,
+}
+
+/// The metric handles of one (connection, authority).
+struct Handles {
+    authority: String,
+    labels: RequestLabels,
+    requests: Counter,
+    latency: Histogram,
+    metrics: Arc<Metrics>,
+    responses: Mutex<Vec<(u16, &'static str, Counter)>>,
+}
+
+impl Handles {
+    fn count_response(&self, status: StatusCode, classification: &'static str) {
+        let code = status.as_u16();
+        let mut responses = self.responses.lock().expect("not poisoned");
+        if let Some((_, _, counter)) = responses.iter().find(|(c, k, _)| *c == code && *k == classification) {
+            counter.inc();
+            return;
+        }
+        let labels = ResponseLabels {
+            direction: self.labels.direction,
+            target_addr: self.labels.target_addr.clone(),
+            authority: self.labels.authority.clone(),
+            tls: self.labels.tls.clone(),
+            status_code: code.to_string(),
+            classification: classification.into(),
+        };
+        let counter = self.metrics.response_total.get_or_create(&labels).clone();
+        counter.inc();
+        // A handful of (status, classification) pairs per authority at most.
+        if responses.len() < 16 {
+            responses.push((code, classification, counter));
+        }
+    }
+}
+
+/// Counts a response when its body ends; its endpoint load ends with it.
+struct End {
+    handles: Arc<Handles>,
+    status: StatusCode,
+    failed_early: bool,
+    _load: Option<Load>,
+}
+
+impl OnEnd for End {
+    fn end(self: Box<Self>, classification: &'static str) {
+        self.handles.count_response(self.status, if self.failed_early { "failure" } else { classification });
+    }
+}
+
+/// The authority a request is for, as the client named it.
+fn authority_of<B>(req: &Request<B>) -> &str {
+    match req.uri().authority() {
+        Some(a) => a.as_str(),
+        None => req.headers().get(HOST).and_then(|h| h.to_str().ok()).unwrap_or(""),
+    }
+}
+
+fn route_error(e: RouteError) -> ProxyError {
+    let status = match e {
+        RouteError::NoEndpoints(_) => StatusCode::SERVICE_UNAVAILABLE,
+        RouteError::NoIdentity(_) => StatusCode::BAD_GATEWAY,
+    };
+    ProxyError::new(status, e.to_string())
+}
+
+impl HttpProxy {
+    pub fn new(
+        direction: Direction,
+        addr: SocketAddr,
+        target: Arc<Target>,
+        tls: TlsLabel,
+        open: Arc<OpenConnection>,
+        shared: Arc<Shared>,
+    ) -> Self {
+        let h2_upgrade = direction == Direction::outbound && shared.config.outbound_h2_upgrade;
+        Self {
+            direction,
+            addr,
+            target,
+            tls,
+            shared,
+            h2_upgrade,
+            open,
+            handles: Mutex::default(),
+            named: Mutex::default(),
+        }
+    }
+
+    /// The metric handles for `authority`, created on a change of authority.
+    fn handles(&self, authority: &str) -> Arc<Handles> {
+        let mut cached = self.handles.lock().expect("not poisoned");
+        if let Some(h) = cached.as_ref()
+            && h.authority == authority
+        {
+            return h.clone();
+        }
+        let metrics = &self.shared.metrics;
+        let labels = RequestLabels {
+            direction: self.direction,
+            target_addr: metrics.target_label(self.direction, self.addr),
+            authority: metrics.authority_label(self.direction, authority),
+            tls: self.tls.clone(),
+        };
+        let handles = Arc::new(Handles {
+            authority: authority.to_string(),
+            requests: metrics.request_total.get_or_create(&labels).clone(),
+            latency: metrics.response_latency_ms.get_or_create(&labels).clone(),
+            metrics: metrics.clone(),
+            responses: Mutex::default(),
+            labels,
+        });
+        *cached = Some(handles.clone());
+        handles
+    }
+
+    /// The target of a service the request names (`web.shop.svc.cluster.local`), when it
+    /// differs from the connection's own. Only the outbound with discovery follows names.
+    async fn named_target(&self, authority: &str) -> Option<Arc<Target>> {
+        if self.direction != Direction::outbound || self.shared.discovery.is_none() || !authority.contains(".svc.") {
+            return None;
+        }
+        let key = match authority.rsplit_once(':') {
+            Some((_, p)) => {
+                p.parse::<u16>().ok()?;
+                authority.to_string()
+            }
+            None => format!("{authority}:{}", self.addr.port()),
+        };
+        if matches!(&self.target.route, Route::Balanced(b) if b.service == key) {
+            return None;
+        }
+        if let Some((_, t)) = self.named.lock().expect("not poisoned").iter().find(|(k, _)| *k == key) {
+            return t.clone();
+        }
+        let target = crate::outbound::service(&key, &self.shared).await;
+        let mut named = self.named.lock().expect("not poisoned");
+        // A handful of services per connection at most; beyond that, no memo.
+        if named.len() < 8 {
+            named.push((key, target.clone()));
+        }
+        target
+    }
+
+    /// One request, end to end, with its metrics.
+    pub async fn handle(self: Arc<Self>, mut req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
+        let start = Instant::now();
+        let handles = self.handles(authority_of(&req));
+        handles.requests.inc();
+        // Only the inbound speaks to apps, so only it undoes a peer proxy's upgrade.
+        let downgraded = match self.direction {
+            Direction::inbound => orig_proto::downgrade_request(&mut req),
+            Direction::outbound => Ok(false),
+        };
+        let result = match downgraded {
+            Err(e) => Err(e),
+            Ok(false) if req.version() != Version::HTTP_2 && wants_upgrade(&req) => {
+                self.upgrade(req).await.map(|r| (r, None))
+            }
+            Ok(downgraded) => self.forward(req, downgraded).await.map(|(mut response, load)| {
+                if downgraded {
+                    orig_proto::mark_response(&mut response);
+                }
+                (response, load)
+            }),
+        };
+        handles.latency.observe(start.elapsed().as_secs_f64() * 1e3);
+        match result {
+            Ok((response, load)) => {
+                let status = response.status();
+                // A trailers-only gRPC response carries its status in the headers.
+                let failed_early =
+                    status.is_server_error() || response.headers().get("grpc-status").is_some_and(|v| v != "0");
+                let end = Box::new(End { handles, status, failed_early, _load: load });
+                Ok(response.map(|inner| Classified::new(inner, end).boxed_unsync()))
+            }
+            Err(e) => {
+                tracing::warn!(direction = ?self.direction, target = %self.addr, status = e.status.as_u16(), "{}", e.message);
+                handles.count_response(e.status, if e.status.is_server_error() { "failure" } else { "success" });
+                Ok(error_response(&e))
+            }
+        }
+    }
+
+    async fn forward(
+        &self,
+        mut req: Request<Incoming>,
+        downgraded: bool,
+    ) -> Result<(Response<Incoming>, Option<Load>), ProxyError> {
+        let named = self.named_target(authority_of(&req)).await;
+        let target = named.as_ref().unwrap_or(&self.target);
+        let Picked { upstream, load } = target.route.pick().map_err(route_error)?;
+        strip_hop_by_hop(req.headers_mut(), false);
+        let upgraded = self.h2_upgrade && req.version() != Version::HTTP_2 && upstream.tls.is_some();
+        if upgraded {
+            orig_proto::upgrade_request(&mut req, &self.addr.to_string())?;
+        } else if req.version() != Version::HTTP_2 {
+            // HTTP/1.0 stays HTTP/1.0 only when a downgrade named it; otherwise HTTP/1 goes as 1.1.
+            if !(downgraded && req.version() == Version::HTTP_10) {
+                *req.version_mut() = Version::HTTP_11;
+            }
+            to_origin_form(&mut req, self.addr)?;
+        }
+        let result = upstream.send(req).await;
+        if let Some(load) = &load {
+            match &result {
+                Ok(_) => load.observe(),
+                Err(_) => load.fail(),
+            }
+        }
+        let mut response = result.map_err(|e| upstream_error(upstream.addr, &e))?;
+        strip_hop_by_hop(response.headers_mut(), false);
+        if upgraded {
+            orig_proto::downgrade_response(&mut response);
+        }
+        Ok((response, load))
+    }
+
+    /// HTTP/1 `Upgrade` (e.g. WebSocket) and `CONNECT`: the handshake goes upstream on a fresh
+    /// connection, and on success both upgraded connections are spliced together.
+    async fn upgrade(&self, mut req: Request<Incoming>) -> Result<Response<Incoming>, ProxyError> {
+        let Picked { upstream, load } = self.target.route.pick().map_err(route_error)?;
+        let target = upstream.addr;
+        let io = upstream.connect().await.map_err(|e| upstream_error(target, &e))?;
+        let (mut sender, conn) =
+            hyper::client::conn::http1::handshake(TokioIo::new(io)).await.map_err(|e| upstream_error(target, &e))?;
+        tokio::spawn(async move {
+            if let Err(e) = conn.with_upgrades().await {
+                tracing::debug!(error = %e, "upstream upgrade connection ended");
+            }
+        });
+        let server_side = hyper::upgrade::on(&mut req);
+        let is_connect = req.method() == Method::CONNECT;
+        strip_hop_by_hop(req.headers_mut(), !is_connect);
+        let mut response = sender.send_request(req).await.map_err(|e| upstream_error(target, &e))?;
+        let switched =
+            response.status() == StatusCode::SWITCHING_PROTOCOLS || (is_connect && response.status().is_success());
+        if switched {
+            let client_side = hyper::upgrade::on(&mut response);
+            // The tunnel counts as load on its endpoint for as long as it lasts.
+            let held = (self.shared.drain.guard(), self.open.clone(), load);
+            tokio::spawn(crate::http::upgrade::splice(server_side, client_side, target, held));
+        } else {
+            strip_hop_by_hop(response.headers_mut(), false);
+        }
+        Ok(response)
+    }
+}
+
+/// An HTTP/1 request goes upstream in origin form (`GET /path`) with a `Host`: an absolute-form
+/// target (a client that thinks we are its proxy) is rewritten, nothing else is touched.
+fn to_origin_form<B>(req: &mut Request<B>, addr: SocketAddr) -> Result<(), ProxyError> {
+    let invalid =
+        |e: &dyn std::fmt::Display| ProxyError::new(StatusCode::BAD_REQUEST, format!("invalid request target: {e}"));
+    if let Some(authority) = req.uri().authority() {
+        if !req.headers().contains_key(HOST) {
+            let host = HeaderValue::from_str(authority.as_str()).map_err(|e| invalid(&e))?;
+            req.headers_mut().insert(HOST, host);
+        }
+        let path = req.uri().path_and_query().cloned();
+        let mut parts = http::uri::Parts::default();
+        parts.path_and_query = Some(path.unwrap_or_else(|| http::uri::PathAndQuery::from_static("/")));
+        *req.uri_mut() = Uri::from_parts(parts).map_err(|e| invalid(&e))?;
+    } else if !req.headers().contains_key(HOST) {
+        let host = HeaderValue::from_str(&addr.to_string()).map_err(|e| invalid(&e))?;
+        req.headers_mut().insert(HOST, host);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn http1_targets_go_in_origin_form_with_a_host() {
+        let addr: SocketAddr = "10.0.0.1:8080".parse().unwrap();
+        let mut absolute = Request::builder().uri("http://web:80/a?b").body(()).unwrap();
+        to_origin_form(&mut absolute, addr).unwrap();
+        assert_eq!(
+            (absolute.uri().to_string().as_str(), &absolute.headers()[HOST]),
+            ("/a?b", &HeaderValue::from_static("web:80"))
+        );
+        let mut bare = Request::builder().uri("/x").body(()).unwrap();
+        to_origin_form(&mut bare, addr).unwrap();
+        assert_eq!(bare.headers()[HOST], "10.0.0.1:8080");
+        let mut kept = Request::builder().uri("/y").header(HOST, "app").body(()).unwrap();
+        to_origin_form(&mut kept, addr).unwrap();
+        assert_eq!((kept.uri().to_string().as_str(), &kept.headers()[HOST]), ("/y", &HeaderValue::from_static("app")));
+    }
+}

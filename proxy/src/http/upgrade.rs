@@ -1,0 +1,24 @@
+//! Splicing an upgraded HTTP/1 connection (WebSocket, CONNECT) to its upstream counterpart.
+
+use std::net::SocketAddr;
+
+use hyper::upgrade::OnUpgrade;
+use hyper_util::rt::TokioIo;
+
+/// Copy buffers of a tunnel: small, as most tunnels carry small messages.
+const TUNNEL_BUF: usize = 4 * 1024;
+
+/// Waits for both sides' upgrades, then copies both ways until both end; `held` (drain guard,
+/// open-connection gauge, endpoint load) lives as long as the tunnel.
+pub async fn splice<H>(server_side: OnUpgrade, client_side: OnUpgrade, target: SocketAddr, held: H) {
+    match tokio::try_join!(server_side, client_side) {
+        Ok((a, b)) => {
+            let (mut a, mut b) = (TokioIo::new(a), TokioIo::new(b));
+            if let Err(e) = tokio::io::copy_bidirectional_with_sizes(&mut a, &mut b, TUNNEL_BUF, TUNNEL_BUF).await {
+                tracing::debug!(%target, error = %e, "upgraded connection ended");
+            }
+        }
+        Err(e) => tracing::warn!(%target, error = %e, "upgrade failed"),
+    }
+    drop(held);
+}

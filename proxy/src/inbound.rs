@@ -1,0 +1,70 @@
+//! The inbound side: connections addressed to this pod. Only the pod's own addresses are
+//! served; mTLS to our identity is terminated (or required); the target is the original
+//! destination, whose client to the app is cached per port. Per-port handling is where an
+//! authorization policy will sit.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use crate::metrics::{Direction, TlsLabel};
+use crate::outbound::target::Route;
+use crate::outbound::targets::Target;
+use crate::serve::{self, Connection};
+use crate::shared::Shared;
+use crate::transport::Io;
+use crate::transport::maybe_tls::MaybeTls;
+use crate::transport::tls;
+
+/// Serves one inbound connection to `addr`, its original destination.
+pub async fn connection<I: Io>(io: I, addr: SocketAddr, shared: &Arc<Shared>) -> anyhow::Result<()> {
+    let config = &shared.config;
+    let opaque_port = config.opaque_ports.contains(&addr.port());
+    // Inbound capture redirects whatever arrives at the pod: a neighbour on the same L2 segment
+    // could address a packet to any IP and have us relay it from this pod's address. Only this
+    // pod's own addresses are destinations of inbound traffic.
+    if !shared.local_ips.contains(addr.ip()) {
+        shared.metrics.tcp_refused(Direction::inbound, addr);
+        anyhow::bail!("refused: inbound connection to {addr}, which is not an address of this pod");
+    }
+    let target = port_target(addr, shared);
+    match shared.identity.as_deref() {
+        Some(identity) => {
+            let wait = if opaque_port { config.opaque_tls_wait } else { config.detect_timeout };
+            match tls::inbound(io, identity, wait, config.inbound_require_tls).await? {
+                tls::Inbound::Accepted { io, prefix, tls } => {
+                    // The TLS check already waited and saw nothing: a server-speaks-first client.
+                    let silent = prefix.is_empty() && matches!(io, MaybeTls::Plain(_));
+                    let conn =
+                        Connection { direction: Direction::inbound, addr, tls, target, opaque: opaque_port || silent };
+                    serve::serve(io, prefix, conn, shared).await
+                }
+                tls::Inbound::Refused(why) => {
+                    shared.metrics.tcp_refused(Direction::inbound, addr);
+                    anyhow::bail!("refused: {why}");
+                }
+            }
+        }
+        None => {
+            let conn = Connection {
+                direction: Direction::inbound,
+                addr,
+                tls: TlsLabel::plaintext(),
+                target,
+                opaque: opaque_port,
+            };
+            serve::serve(io, Bytes::new(), conn, shared).await
+        }
+    }
+}
+
+/// The target of one of our ports: the app, in plaintext on the pod's own address.
+fn port_target(addr: SocketAddr, shared: &Shared) -> Arc<Target> {
+    if let Some(target) = shared.inbound.get(&addr) {
+        return target;
+    }
+    let target = Target::new(Route::fixed(addr, None, shared.config.connect_timeout));
+    shared.inbound.insert(addr, target.clone(), None);
+    target
+}

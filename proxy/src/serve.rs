@@ -1,0 +1,76 @@
+//! Serving one connection once its TLS is settled and its target known: protocol detection,
+//! then opaque forwarding or HTTP with the per-request proxy ([`crate::forward`]). Takes any
+//! [`Io`], so it runs the same over a socket and over an in-memory stream in tests.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use hyper::service::service_fn;
+
+use crate::forward::HttpProxy;
+use crate::metrics::{Direction, OpenConnection, TcpLabels, TlsLabel};
+use crate::outbound::targets::Target;
+use crate::shared::Shared;
+use crate::transport::Io;
+use crate::transport::counting::CountingIo;
+use crate::transport::detect::{self, Protocol};
+use crate::transport::prefixed::PrefixedIo;
+use crate::transport::tcp;
+
+/// What is known of a connection once its TLS is settled.
+pub struct Connection {
+    pub direction: Direction,
+    /// The original destination.
+    pub addr: SocketAddr,
+    /// The client side's TLS (inbound) or the upstream's (outbound), for metrics labels.
+    pub tls: TlsLabel,
+    pub target: Arc<Target>,
+    /// Whether the client's bytes are known to be opaque (an opaque port, or a silent client
+    /// already waited for).
+    pub opaque: bool,
+}
+
+pub async fn serve<I: Io>(mut io: I, read: Bytes, conn: Connection, shared: &Arc<Shared>) -> anyhow::Result<()> {
+    let config = &shared.config;
+    let m = &shared.metrics;
+    let labels = TcpLabels {
+        direction: conn.direction,
+        target_addr: m.target_label(conn.direction, conn.addr),
+        tls: conn.tls.clone(),
+    };
+    let counters = tcp::Counters {
+        read: m.tcp_read_bytes_total.get_or_create(&labels).clone(),
+        write: m.tcp_write_bytes_total.get_or_create(&labels).clone(),
+    };
+    let open = OpenConnection::open(m.clone(), labels);
+    let (protocol, prefix) = if conn.opaque {
+        (Protocol::Opaque, read)
+    } else {
+        detect::detect(&mut io, read, config.detect_timeout).await?
+    };
+    if protocol == Protocol::Opaque {
+        let picked = conn.target.route.pick()?;
+        let connected = picked.upstream.connect().await;
+        if let (Err(_), Some(load)) = (&connected, &picked.load) {
+            load.fail();
+        }
+        let upstream = connected?;
+        // `picked` holds the connection as load on its endpoint until it ends.
+        let forwarded = tcp::forward(io, prefix, upstream, config.idle_timeout, counters).await;
+        drop((picked, open));
+        return Ok(forwarded?);
+    }
+    let io = CountingIo::new(PrefixedIo::new(prefix, io), counters.read, counters.write);
+    let proxy = Arc::new(HttpProxy::new(conn.direction, conn.addr, conn.target, conn.tls, open, shared.clone()));
+    let service = service_fn(move |req| proxy.clone().handle(req));
+    crate::http::server::serve(
+        io,
+        protocol == Protocol::Http2,
+        service,
+        config.header_timeout,
+        shared.drain.signalled(),
+    )
+    .await?;
+    Ok(())
+}
