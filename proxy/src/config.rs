@@ -617,4 +617,36 @@ mod tests {
             assert!(!e.contains("TUlJQ2FuY2hvcg"), "the PEM itself stays out of errors: {e}");
         }
     }
+
+    #[test]
+    fn policy_needs_discovery_and_a_namespaced_pod() {
+        use crate::policy::model::DefaultPolicy;
+        let base = [
+            ("CNIMESH_PROXY_IDENTITY_NAME", "web.shop.serviceaccount.identity.cnimesh.cluster.local"),
+            ("CNIMESH_PROXY_IDENTITY_TRUST_ANCHORS", "/ca.crt"),
+            ("CNIMESH_PROXY_IDENTITY_ADDR", "control:4190"),
+        ];
+        let with = |extra: &[(&'static str, &'static str)]| from_vars(&[&base[..], extra].concat());
+        assert!(with(&[]).unwrap().policy.is_none(), "no workload: no policy, every client allowed");
+        let e = with(&[("CNIMESH_PROXY_POLICY_WORKLOAD", "shop:web-0")]).unwrap_err();
+        assert!(e.to_string().contains("needs CNIMESH_PROXY_DESTINATION_ADDR"), "{e}");
+        let dst = ("CNIMESH_PROXY_DESTINATION_ADDR", "control:4190");
+        let e = with(&[dst, ("CNIMESH_PROXY_POLICY_WORKLOAD", "web-0")]).unwrap_err();
+        assert!(e.to_string().contains("NAMESPACE:POD"), "{e}");
+        let p = with(&[dst, ("CNIMESH_PROXY_POLICY_WORKLOAD", "shop:web-0")]).unwrap().policy.unwrap();
+        assert_eq!((p.workload.as_str(), p.default), ("shop:web-0", DefaultPolicy::AllUnauthenticated));
+        assert_eq!(p.cluster_networks.len(), 5);
+        let p = with(&[
+            dst,
+            ("CNIMESH_PROXY_POLICY_WORKLOAD", "shop:web-0"),
+            ("CNIMESH_PROXY_POLICY_DEFAULT", "deny"),
+            ("CNIMESH_PROXY_POLICY_CLUSTER_NETWORKS", "10.0.0.0/16"),
+        ])
+        .unwrap()
+        .policy
+        .unwrap();
+        assert_eq!((p.default, p.cluster_networks.len()), (DefaultPolicy::Deny, 1));
+        let e = with(&[dst, ("CNIMESH_PROXY_POLICY_DEFAULT", "allow")]).unwrap_err();
+        assert!(e.to_string().contains("CNIMESH_PROXY_POLICY_DEFAULT"), "{e}");
+    }
 }

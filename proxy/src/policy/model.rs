@@ -259,3 +259,108 @@ fn route_match(m: api_route::HttpRouteMatch) -> Result<RouteMatch, String> {
     let method = m.method.map(http::Method::try_from).transpose().map_err(|e| format!("method: {e}"))?;
     Ok(RouteMatch { path, method })
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use linkerd2_proxy_api::inbound::proxy_protocol::{Detect, Kind};
+    use linkerd2_proxy_api::inbound::{Authn as ApiAuthn, authn};
+    use linkerd2_proxy_api::net::IpNetwork;
+
+    use super::*;
+
+    fn labels(kind: &str, name: &str) -> HashMap<String, String> {
+        [("group", ""), ("kind", kind), ("name", name)].into_iter().map(|(k, v)| (k.into(), v.into())).collect()
+    }
+
+    fn everywhere() -> Vec<api::Network> {
+        vec![api::Network {
+            net: Some(IpNetwork { ip: Some("0.0.0.0".parse::<std::net::IpAddr>().unwrap().into()), prefix_len: 0 }),
+            except: vec![],
+        }]
+    }
+
+    fn probe_authz() -> api::Authz {
+        api::Authz {
+            networks: everywhere(),
+            authentication: Some(ApiAuthn {
+                permit: Some(authn::Permit::Unauthenticated(authn::PermitUnauthenticated {})),
+            }),
+            labels: HashMap::new(),
+            metadata: Some(meta::Metadata { kind: Some(meta::metadata::Kind::Default("probe".into())) }),
+        }
+    }
+
+    /// What cnimesh-control sends for a pod with a probe under `deny`: a probe route with its
+    /// own authorization, then the default route carrying none.
+    #[test]
+    fn a_control_plane_answer_with_probe_routes() {
+        let route =
+            |name: &str, path: api_route::path_match::Kind, method: Option<http::Method>, authz| api::HttpRoute {
+                metadata: Some(meta::Metadata { kind: Some(meta::metadata::Kind::Default(name.into())) }),
+                hosts: vec![],
+                authorizations: authz,
+                rules: vec![api::http_route::Rule {
+                    matches: vec![api_route::HttpRouteMatch {
+                        path: Some(api_route::PathMatch { kind: Some(path) }),
+                        method: method.map(Into::into),
+                        ..Default::default()
+                    }],
+                    filters: vec![],
+                }],
+            };
+        let server = api::Server {
+            protocol: Some(api::ProxyProtocol {
+                kind: Some(Kind::Detect(Detect {
+                    timeout: None,
+                    http_routes: vec![
+                        route(
+                            "probe",
+                            api_route::path_match::Kind::Exact("/ready".into()),
+                            Some(http::Method::GET),
+                            vec![probe_authz()],
+                        ),
+                        route("default", api_route::path_match::Kind::Prefix("/".into()), None, vec![]),
+                    ],
+                    http_local_rate_limit: None,
+                })),
+            }),
+            server_ips: vec![],
+            authorizations: vec![],
+            labels: labels("default", "deny"),
+        };
+        let p = PortPolicy::from_api(server).unwrap();
+        assert_eq!(p.protocol, PortProtocol::Detect);
+        assert_eq!(&*p.server.name, "deny");
+        assert!(p.authorizations.is_empty());
+        assert_eq!(p.routes.len(), 2);
+        assert_eq!(
+            p.routes[0].matches,
+            [RouteMatch { path: PathMatch::Exact("/ready".into()), method: Some(http::Method::GET) }]
+        );
+        assert_eq!(p.routes[0].authorizations[0].authn, Authn::Unauthenticated);
+        assert_eq!(p.routes[1].matches, [RouteMatch { path: PathMatch::Any, method: None }]);
+    }
+
+    #[test]
+    fn what_cannot_be_enforced_is_refused() {
+        let server = |protocol: Option<Kind>, authorizations, labels| api::Server {
+            protocol: protocol.map(|k| api::ProxyProtocol { kind: Some(k) }),
+            server_ips: vec![],
+            authorizations,
+            labels,
+        };
+        let opaque = || Some(Kind::Opaque(api::proxy_protocol::Opaque {}));
+        assert!(PortPolicy::from_api(server(None, vec![], labels("server", "s"))).unwrap_err().contains("no protocol"));
+        assert!(PortPolicy::from_api(server(opaque(), vec![], HashMap::new())).unwrap_err().contains("no name"));
+        let no_networks = api::Authz { networks: vec![], ..probe_authz() };
+        let e = PortPolicy::from_api(server(opaque(), vec![no_networks], labels("server", "s"))).unwrap_err();
+        assert!(e.contains("no networks"), "{e}");
+        let no_authn = api::Authz { authentication: None, ..probe_authz() };
+        let e = PortPolicy::from_api(server(opaque(), vec![no_authn], labels("server", "s"))).unwrap_err();
+        assert!(e.contains("no authentication"), "{e}");
+        let ok = PortPolicy::from_api(server(opaque(), vec![probe_authz()], labels("server", "s"))).unwrap();
+        assert_eq!((ok.protocol, ok.authorizations.len()), (PortProtocol::Opaque, 1));
+    }
+}
