@@ -46,6 +46,19 @@ pub struct Config {
     pub outbound_identities: Vec<(EndpointMatch, Name)>,
     /// The Destination service; without it outbound traffic goes to its original destination.
     pub destination: Option<DestinationConfig>,
+    /// Inbound policy discovery; without it every client is allowed (as before policies).
+    pub policy: Option<PolicyConfig>,
+}
+
+/// Inbound policy from the control plane's InboundServerPolicies, on the Destination channel.
+#[derive(Debug, Clone)]
+pub struct PolicyConfig {
+    /// This pod, `namespace:name`, as the control plane knows it.
+    pub workload: String,
+    /// For ports the control plane has not answered for (within the first-answer wait, or at all).
+    pub default: crate::policy::model::DefaultPolicy,
+    /// The networks `cluster-authenticated` admits.
+    pub cluster_networks: Vec<ipnet::IpNet>,
 }
 
 /// Where discovery comes from. The channel is TLS checked against the identity's trust anchors,
@@ -170,6 +183,7 @@ impl Default for Config {
             outbound_h2_upgrade: DEFAULT_H2_UPGRADE,
             outbound_identities: Vec::new(),
             destination: None,
+            policy: None,
         }
     }
 }
@@ -344,6 +358,15 @@ pub struct Args {
     /// How long a new connection waits for the first answer about its destination, ms [default: 2000].
     #[arg(long, env = "CNIMESH_PROXY_DISCOVERY_WAIT_MS", value_parser = millis)]
     pub discovery_wait_ms: Option<Duration>,
+    /// This pod as `namespace:name`; set = inbound policy from the control plane (needs discovery).
+    #[arg(long, env = "CNIMESH_PROXY_POLICY_WORKLOAD")]
+    pub policy_workload: Option<String>,
+    /// Policy for ports the control plane has not answered for [default: all-unauthenticated].
+    #[arg(long, env = "CNIMESH_PROXY_POLICY_DEFAULT", value_parser = parsed::<crate::policy::model::DefaultPolicy>)]
+    pub policy_default: Option<crate::policy::model::DefaultPolicy>,
+    /// Networks of `cluster-authenticated` [default: 10.0.0.0/8,100.64.0.0/10,172.16.0.0/12,192.168.0.0/16,fd00::/8].
+    #[arg(long, env = "CNIMESH_PROXY_POLICY_CLUSTER_NETWORKS", value_parser = list::<ipnet::IpNet>)]
+    pub policy_cluster_networks: Option<List<ipnet::IpNet>>,
 }
 
 impl TryFrom<Args> for Config {
@@ -353,6 +376,7 @@ impl TryFrom<Args> for Config {
         let d = Self::default();
         let identity = identity(&args)?;
         let destination = destination(&args, identity.as_ref())?;
+        let policy = policy(&args, destination.as_ref())?;
         let outbound_identities = args.outbound_identities.map(|l| l.0).unwrap_or_default();
         if identity.is_none() && !outbound_identities.is_empty() {
             return Err(ConfigError::invalid(
@@ -379,8 +403,38 @@ impl TryFrom<Args> for Config {
             outbound_h2_upgrade: args.outbound_h2_upgrade.unwrap_or(d.outbound_h2_upgrade),
             outbound_identities,
             destination,
+            policy,
         })
     }
+}
+
+/// Linkerd's default cluster networks (the private ranges).
+const DEFAULT_CLUSTER_NETWORKS: &[&str] =
+    &["10.0.0.0/8", "100.64.0.0/10", "172.16.0.0/12", "192.168.0.0/16", "fd00::/8"];
+
+fn policy(args: &Args, destination: Option<&DestinationConfig>) -> Result<Option<PolicyConfig>, ConfigError> {
+    let var = "CNIMESH_PROXY_POLICY_WORKLOAD";
+    let Some(workload) = &args.policy_workload else { return Ok(None) };
+    let workload = workload.trim();
+    if destination.is_none() {
+        return Err(ConfigError::invalid(
+            var,
+            workload,
+            "policy needs CNIMESH_PROXY_DESTINATION_ADDR (its control plane)",
+        ));
+    }
+    match workload.split_once(':') {
+        Some((ns, pod)) if !ns.is_empty() && !pod.is_empty() && !pod.contains(':') => {}
+        _ => return Err(ConfigError::invalid(var, workload, "expected NAMESPACE:POD")),
+    }
+    Ok(Some(PolicyConfig {
+        workload: workload.to_string(),
+        default: args.policy_default.unwrap_or(crate::policy::model::DefaultPolicy::AllUnauthenticated),
+        cluster_networks: args
+            .policy_cluster_networks
+            .clone()
+            .map_or_else(|| DEFAULT_CLUSTER_NETWORKS.iter().map(|n| n.parse().expect("valid")).collect(), |l| l.0),
+    }))
 }
 
 /// The identity settings: all or nothing. A name without an Identity service to ask is an error,
@@ -563,5 +617,37 @@ mod tests {
         for e in [both, orphan] {
             assert!(!e.contains("TUlJQ2FuY2hvcg"), "the PEM itself stays out of errors: {e}");
         }
+    }
+
+    #[test]
+    fn policy_needs_discovery_and_a_namespaced_pod() {
+        use crate::policy::model::DefaultPolicy;
+        let base = [
+            ("CNIMESH_PROXY_IDENTITY_NAME", "web.shop.serviceaccount.identity.cnimesh.cluster.local"),
+            ("CNIMESH_PROXY_IDENTITY_TRUST_ANCHORS", "/ca.crt"),
+            ("CNIMESH_PROXY_IDENTITY_ADDR", "control:4190"),
+        ];
+        let with = |extra: &[(&'static str, &'static str)]| from_vars(&[&base[..], extra].concat());
+        assert!(with(&[]).unwrap().policy.is_none(), "no workload: no policy, every client allowed");
+        let e = with(&[("CNIMESH_PROXY_POLICY_WORKLOAD", "shop:web-0")]).unwrap_err();
+        assert!(e.to_string().contains("needs CNIMESH_PROXY_DESTINATION_ADDR"), "{e}");
+        let dst = ("CNIMESH_PROXY_DESTINATION_ADDR", "control:4190");
+        let e = with(&[dst, ("CNIMESH_PROXY_POLICY_WORKLOAD", "web-0")]).unwrap_err();
+        assert!(e.to_string().contains("NAMESPACE:POD"), "{e}");
+        let p = with(&[dst, ("CNIMESH_PROXY_POLICY_WORKLOAD", "shop:web-0")]).unwrap().policy.unwrap();
+        assert_eq!((p.workload.as_str(), p.default), ("shop:web-0", DefaultPolicy::AllUnauthenticated));
+        assert_eq!(p.cluster_networks.len(), 5);
+        let p = with(&[
+            dst,
+            ("CNIMESH_PROXY_POLICY_WORKLOAD", "shop:web-0"),
+            ("CNIMESH_PROXY_POLICY_DEFAULT", "deny"),
+            ("CNIMESH_PROXY_POLICY_CLUSTER_NETWORKS", "10.0.0.0/16"),
+        ])
+        .unwrap()
+        .policy
+        .unwrap();
+        assert_eq!((p.default, p.cluster_networks.len()), (DefaultPolicy::Deny, 1));
+        let e = with(&[dst, ("CNIMESH_PROXY_POLICY_DEFAULT", "allow")]).unwrap_err();
+        assert!(e.to_string().contains("CNIMESH_PROXY_POLICY_DEFAULT"), "{e}");
     }
 }

@@ -26,6 +26,7 @@ use crate::http::orig_proto;
 use crate::metrics::{Direction, Metrics, OpenConnection, RequestLabels, ResponseLabels, TlsLabel};
 use crate::outbound::target::{Picked, Route, RouteError};
 use crate::outbound::targets::Target;
+use crate::policy::enforce::ConnPolicy;
 use crate::shared::Shared;
 
 /// Everything a connection's requests need.
@@ -45,6 +46,8 @@ pub struct HttpProxy {
     handles: Mutex<Option<Arc<Handles>>>,
     /// Services this connection's requests named (`None`: not a known service).
     named: Mutex<Vec<(String, Option<Arc<Target>>)>>,
+    /// Inbound with policy: each request is authorized before it goes anywhere.
+    policy: Option<Arc<ConnPolicy>>,
 }
 
 /// The metric handles of one (connection, authority).
@@ -132,7 +135,12 @@ impl HttpProxy {
             open,
             handles: Mutex::default(),
             named: Mutex::default(),
+            policy: None,
         }
+    }
+
+    pub fn with_policy(self, policy: Option<Arc<ConnPolicy>>) -> Self {
+        Self { policy, ..self }
     }
 
     /// The metric handles for `authority`, created on a change of authority.
@@ -195,6 +203,13 @@ impl HttpProxy {
         let start = Instant::now();
         let handles = self.handles(authority_of(&req));
         handles.requests.inc();
+        if let Some(policy) = &self.policy
+            && let Some(denied) = policy.deny_request(&req)
+        {
+            let grpc_failure = denied.headers().contains_key("grpc-status");
+            handles.count_response(denied.status(), if grpc_failure { "failure" } else { "success" });
+            return Ok(denied);
+        }
         // Only the inbound speaks to apps, so only it undoes a peer proxy's upgrade.
         let downgraded = match self.direction {
             Direction::inbound => orig_proto::downgrade_request(&mut req),

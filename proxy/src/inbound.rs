@@ -1,7 +1,7 @@
 //! The inbound side: connections addressed to this pod. Only the pod's own addresses are
 //! served; mTLS to our identity is terminated (or required); the target is the original
-//! destination, whose client to the app is cached per port. Per-port handling is where an
-//! authorization policy will sit.
+//! destination, whose client to the app is cached per port. With policy discovery configured,
+//! each port's policy ([`crate::policy`]) decides the protocol and who may connect.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -11,16 +11,17 @@ use bytes::Bytes;
 use crate::metrics::{Direction, TlsLabel};
 use crate::outbound::target::Route;
 use crate::outbound::targets::Target;
+use crate::policy::enforce::ConnPolicy;
+use crate::policy::model::PortProtocol;
 use crate::serve::{self, Connection};
 use crate::shared::Shared;
 use crate::transport::Io;
 use crate::transport::maybe_tls::MaybeTls;
 use crate::transport::tls;
 
-/// Serves one inbound connection to `addr`, its original destination.
-pub async fn connection<I: Io>(io: I, addr: SocketAddr, shared: &Arc<Shared>) -> anyhow::Result<()> {
+/// Serves one inbound connection from `peer` to `addr`, its original destination.
+pub async fn connection<I: Io>(io: I, peer: SocketAddr, addr: SocketAddr, shared: &Arc<Shared>) -> anyhow::Result<()> {
     let config = &shared.config;
-    let opaque_port = config.opaque_ports.contains(&addr.port());
     // Inbound capture redirects whatever arrives at the pod: a neighbour on the same L2 segment
     // could address a packet to any IP and have us relay it from this pod's address. Only this
     // pod's own addresses are destinations of inbound traffic.
@@ -29,6 +30,18 @@ pub async fn connection<I: Io>(io: I, addr: SocketAddr, shared: &Arc<Shared>) ->
         anyhow::bail!("refused: inbound connection to {addr}, which is not an address of this pod");
     }
     let target = port_target(addr, shared);
+    let port = match &shared.policies {
+        Some(p) => Some(p.port(addr.port()).await),
+        None => None,
+    };
+    let policy_opaque = port.as_ref().is_some_and(|p| p.current().protocol == PortProtocol::Opaque);
+    let opaque_port = policy_opaque || config.opaque_ports.contains(&addr.port());
+    let enforce = |tls: &TlsLabel| {
+        port.map(|p| {
+            let target_addr = shared.metrics.target_label(Direction::inbound, addr);
+            Arc::new(ConnPolicy::new(p, peer.ip(), tls.clone(), target_addr, shared.metrics.clone()))
+        })
+    };
     match shared.identity.as_deref() {
         Some(identity) => {
             let wait = if opaque_port { config.opaque_tls_wait } else { config.detect_timeout };
@@ -36,8 +49,9 @@ pub async fn connection<I: Io>(io: I, addr: SocketAddr, shared: &Arc<Shared>) ->
                 tls::Inbound::Accepted { io, prefix, tls } => {
                     // The TLS check already waited and saw nothing: a server-speaks-first client.
                     let silent = prefix.is_empty() && matches!(io, MaybeTls::Plain(_));
-                    let conn =
-                        Connection { direction: Direction::inbound, addr, tls, target, opaque: opaque_port || silent };
+                    let policy = enforce(&tls);
+                    let opaque = opaque_port || silent;
+                    let conn = Connection { direction: Direction::inbound, addr, tls, target, opaque, policy };
                     serve::serve(io, prefix, conn, shared).await
                 }
                 tls::Inbound::Refused(why) => {
@@ -47,13 +61,9 @@ pub async fn connection<I: Io>(io: I, addr: SocketAddr, shared: &Arc<Shared>) ->
             }
         }
         None => {
-            let conn = Connection {
-                direction: Direction::inbound,
-                addr,
-                tls: TlsLabel::plaintext(),
-                target,
-                opaque: opaque_port,
-            };
+            let tls = TlsLabel::plaintext();
+            let policy = enforce(&tls);
+            let conn = Connection { direction: Direction::inbound, addr, tls, target, opaque: opaque_port, policy };
             serve::serve(io, Bytes::new(), conn, shared).await
         }
     }

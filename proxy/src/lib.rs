@@ -16,6 +16,7 @@ pub mod identity;
 pub mod inbound;
 pub mod metrics;
 pub mod outbound;
+pub mod policy;
 pub mod rng;
 pub mod serve;
 pub mod server;
@@ -61,7 +62,24 @@ pub async fn run(
         }
         _ => None,
     };
-    let shared = Arc::new(Shared::new(config.clone(), metrics.clone(), drain.clone(), identity.clone(), discovery));
+    let policies = match (&config.policy, &config.destination, &identity) {
+        (Some(p), Some(d), Some(id)) => {
+            let channel = grpc_channel::channel(&d.addr, &d.name, id.roots.clone(), None)?;
+            let default = p.default.policy(&p.cluster_networks);
+            let max_backoff = config.identity.as_ref().map_or(Duration::from_secs(30), |i| i.max_backoff);
+            Some(Arc::new(policy::discover::Policies::new(
+                channel,
+                p.workload.clone(),
+                default,
+                d.first_answer,
+                max_backoff,
+            )))
+        }
+        _ => None,
+    };
+    let mut shared = Shared::new(config.clone(), metrics.clone(), drain.clone(), identity.clone(), discovery);
+    shared.policies = policies;
+    let shared = Arc::new(shared);
     tokio::spawn(evict_idle_targets(shared.clone()));
     let mut listeners = Vec::new();
     for (direction, addrs) in [(Direction::inbound, &config.inbound), (Direction::outbound, &config.outbound)] {

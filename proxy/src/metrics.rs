@@ -113,6 +113,52 @@ pub struct ResponseLabels {
     pub classification: String,
 }
 
+/// A policy resource (server, route, authorization) in labels, as Linkerd names them:
+/// `<prefix>_group`, `<prefix>_kind`, `<prefix>_name`. `Arc<str>` so a label set is built by
+/// reference counts, not string copies.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Resource {
+    pub group: std::sync::Arc<str>,
+    pub kind: std::sync::Arc<str>,
+    pub name: std::sync::Arc<str>,
+}
+
+impl Resource {
+    pub fn new(group: &str, kind: &str, name: &str) -> Self {
+        Self { group: group.into(), kind: kind.into(), name: name.into() }
+    }
+}
+
+/// `inbound_{http,tcp}_authz_{allow,deny}_total`: Linkerd's labels (`srv_*`, `route_*` for
+/// HTTP, `authz_*` when allowed, `tls`, `client_id`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct AuthzLabels {
+    pub target_addr: String,
+    pub srv: Resource,
+    pub route: Option<Resource>,
+    pub authz: Option<Resource>,
+    pub tls: TlsLabel,
+}
+
+impl EncodeLabelSet for AuthzLabels {
+    fn encode(&self, encoder: &mut LabelSetEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let mut labels: Vec<(&str, &str)> = vec![("target_addr", &self.target_addr)];
+        let resources = [("srv", Some(&self.srv)), ("route", self.route.as_ref()), ("authz", self.authz.as_ref())];
+        for (prefix, r) in resources {
+            if let Some(r) = r {
+                let names = match prefix {
+                    "srv" => ["srv_group", "srv_kind", "srv_name"],
+                    "route" => ["route_group", "route_kind", "route_name"],
+                    _ => ["authz_group", "authz_kind", "authz_name"],
+                };
+                labels.extend([(names[0], &*r.group), (names[1], &*r.kind), (names[2], &*r.name)]);
+            }
+        }
+        labels.encode(encoder)?;
+        self.tls.encode(encoder)
+    }
+}
+
 fn latency_histogram() -> Histogram {
     Histogram::new([
         1.0, 2.0, 3.0, 4.0, 5.0, 10.0, 20.0, 30.0, 40.0, 50.0, 100.0, 200.0, 300.0, 400.0, 500.0, 1000.0, 2000.0,
@@ -134,6 +180,10 @@ pub struct Metrics {
     pub outbound_endpoints: Family<ServiceLabels, Gauge>,
     pub identity_cert_expiration_timestamp_seconds: Gauge,
     pub identity_cert_refresh_total: Family<RefreshLabels, Counter>,
+    pub inbound_http_authz_allow_total: Family<AuthzLabels, Counter>,
+    pub inbound_http_authz_deny_total: Family<AuthzLabels, Counter>,
+    pub inbound_tcp_authz_allow_total: Family<AuthzLabels, Counter>,
+    pub inbound_tcp_authz_deny_total: Family<AuthzLabels, Counter>,
     authorities: [Bounded; 2],
     targets: [Bounded; 2],
 }
@@ -154,6 +204,10 @@ impl Default for Metrics {
             outbound_endpoints: Family::default(),
             identity_cert_expiration_timestamp_seconds: Gauge::default(),
             identity_cert_refresh_total: Family::default(),
+            inbound_http_authz_allow_total: Family::default(),
+            inbound_http_authz_deny_total: Family::default(),
+            inbound_tcp_authz_allow_total: Family::default(),
+            inbound_tcp_authz_deny_total: Family::default(),
             authorities: Default::default(),
             targets: Default::default(),
             registry: Registry::default(),
@@ -187,6 +241,14 @@ impl Default for Metrics {
             "Certificate requests to the Identity service, by result",
             m.identity_cert_refresh_total.clone(),
         );
+        for (name, help, family) in [
+            ("inbound_http_authz_allow", "HTTP requests authorized by policy", &m.inbound_http_authz_allow_total),
+            ("inbound_http_authz_deny", "HTTP requests denied by policy", &m.inbound_http_authz_deny_total),
+            ("inbound_tcp_authz_allow", "Connections authorized by policy", &m.inbound_tcp_authz_allow_total),
+            ("inbound_tcp_authz_deny", "Connections denied by policy", &m.inbound_tcp_authz_deny_total),
+        ] {
+            registry.register(name, help, family.clone());
+        }
         Self { registry, ..m }
     }
 }

@@ -11,6 +11,8 @@ use hyper::service::service_fn;
 use crate::forward::HttpProxy;
 use crate::metrics::{Direction, OpenConnection, TcpLabels, TlsLabel};
 use crate::outbound::targets::Target;
+use crate::policy::enforce::ConnPolicy;
+use crate::policy::model::PortProtocol;
 use crate::shared::Shared;
 use crate::transport::Io;
 use crate::transport::counting::CountingIo;
@@ -29,6 +31,8 @@ pub struct Connection {
     /// Whether the client's bytes are known to be opaque (an opaque port, or a silent client
     /// already waited for).
     pub opaque: bool,
+    /// Inbound with policy discovery: the port's policy, enforced on this connection.
+    pub policy: Option<Arc<ConnPolicy>>,
 }
 
 pub async fn serve<I: Io>(mut io: I, read: Bytes, conn: Connection, shared: &Arc<Shared>) -> anyhow::Result<()> {
@@ -44,12 +48,25 @@ pub async fn serve<I: Io>(mut io: I, read: Bytes, conn: Connection, shared: &Arc
         write: m.tcp_write_bytes_total.get_or_create(&labels).clone(),
     };
     let open = OpenConnection::open(m.clone(), labels);
+    let known = conn.policy.as_ref().and_then(|p| match p.protocol() {
+        PortProtocol::Http1 => Some(Protocol::Http1),
+        PortProtocol::Http2 => Some(Protocol::Http2),
+        PortProtocol::Opaque => Some(Protocol::Opaque),
+        PortProtocol::Detect => None,
+    });
     let (protocol, prefix) = if conn.opaque {
         (Protocol::Opaque, read)
+    } else if let Some(known) = known {
+        (known, read)
     } else {
         detect::detect(&mut io, read, config.detect_timeout).await?
     };
     if protocol == Protocol::Opaque {
+        if let Some(policy) = &conn.policy
+            && !policy.allow_tcp()
+        {
+            anyhow::bail!("refused: connection to {} not authorized by policy", conn.addr);
+        }
         let picked = conn.target.route.pick()?;
         let connected = picked.upstream.connect().await;
         if let (Err(_), Some(load)) = (&connected, &picked.load) {
@@ -62,7 +79,9 @@ pub async fn serve<I: Io>(mut io: I, read: Bytes, conn: Connection, shared: &Arc
         return Ok(forwarded?);
     }
     let io = CountingIo::new(PrefixedIo::new(prefix, io), counters.read, counters.write);
-    let proxy = Arc::new(HttpProxy::new(conn.direction, conn.addr, conn.target, conn.tls, open, shared.clone()));
+    let proxy = Arc::new(
+        HttpProxy::new(conn.direction, conn.addr, conn.target, conn.tls, open, shared.clone()).with_policy(conn.policy),
+    );
     let service = service_fn(move |req| proxy.clone().handle(req));
     crate::http::server::serve(
         io,

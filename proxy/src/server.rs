@@ -50,7 +50,7 @@ async fn accepted_socket(stream: TcpStream, peer: SocketAddr, direction: Directi
 pub async fn connection<I: Io>(io: I, peer: SocketAddr, addr: SocketAddr, direction: Direction, shared: Arc<Shared>) {
     let _guard = shared.drain.guard();
     let served = match direction {
-        Direction::inbound => crate::inbound::connection(io, addr, &shared).await,
+        Direction::inbound => crate::inbound::connection(io, peer, addr, &shared).await,
         Direction::outbound => outbound(io, addr, &shared).await,
     };
     if let Err(e) = served {
@@ -63,6 +63,7 @@ async fn outbound<I: Io>(io: I, addr: SocketAddr, shared: &Arc<Shared>) -> anyho
         .await
         .inspect_err(|_| shared.metrics.tcp_refused(Direction::outbound, addr))?;
     let opaque = shared.config.opaque_ports.contains(&addr.port());
-    let conn = Connection { direction: Direction::outbound, addr, tls: target.tls.clone(), target, opaque };
+    let conn =
+        Connection { direction: Direction::outbound, addr, tls: target.tls.clone(), target, opaque, policy: None };
     serve::serve(io, Bytes::new(), conn, shared).await
 }

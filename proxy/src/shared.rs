@@ -11,6 +11,7 @@ use crate::drain::Drain;
 use crate::identity::Identity;
 use crate::metrics::Metrics;
 use crate::outbound::targets::{Outbound, Targets};
+use crate::policy::discover::Policies;
 use crate::static_identities::MeshedEndpoints;
 
 /// State shared by every connection of the proxy.
@@ -25,6 +26,9 @@ pub struct Shared {
     pub static_identities: Arc<MeshedEndpoints>,
     /// Present when a Destination service is configured.
     pub discovery: Option<Arc<Discovery>>,
+    /// Present when inbound policy discovery is configured; without it every client is
+    /// allowed, as before policies existed.
+    pub policies: Option<Arc<Policies>>,
     pub local_ips: LocalIps,
     /// Inbound targets (this pod's ports), each with its client to the app.
     pub inbound: Targets<SocketAddr>,
@@ -48,6 +52,7 @@ impl Shared {
             drain,
             identity,
             discovery,
+            policies: None,
             local_ips: LocalIps::default(),
             inbound: Targets::default(),
             outbound: Outbound::default(),

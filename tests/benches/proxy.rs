@@ -23,57 +23,16 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use cnimesh_e2e::apps::{self, Apps};
+use cnimesh_e2e::bench::{RATE_CLIENTS, RATE_PER_CLIENT, fixed_rate, h2load, median, unlimited};
 use cnimesh_e2e::control::{Control, env_refs, identity};
 use cnimesh_e2e::sidecar::Sidecar;
 use cnimesh_e2e::{Netns, Network, Pod, bins, require_root};
 use serde_json::json;
 
-const RATE_CLIENTS: u32 = 10;
-const RATE_PER_CLIENT: u32 = 100;
-const RATE_SECONDS: u32 = 10;
 const H1_MAX_REQUESTS: u32 = 60_000;
 const H2_MAX_REQUESTS: u32 = 100_000;
 const BURST_CONNECTIONS: u32 = 1000;
 const AFTER_BURST: Duration = Duration::from_secs(60);
-
-fn h2load(netns: &Netns, args: &[&str]) -> String {
-    let mut full = vec!["netns", "exec", netns.name(), "h2load"];
-    full.extend_from_slice(args);
-    let out = Command::new("ip").args(&full).stderr(Stdio::inherit()).output().expect("h2load runs");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(out.status.success() && text.contains(" 0 failed"), "h2load {args:?} failed:\n{text}");
-    text
-}
-
-/// Requests h2load sent in total, warm-up included (what the CPU was spent on).
-fn total_requests(out: &str) -> f64 {
-    out.lines()
-        .find_map(|l| l.trim().strip_prefix("requests: "))
-        .and_then(|l| l.split_whitespace().next()?.parse().ok())
-        .expect("h2load's requests line")
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    if v.is_empty() { f64::NAN } else { v[v.len() / 2] }
-}
-
-fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let fields: Vec<&str> =
-        stat.rsplit_once(") ").map(|(_, rest)| rest.split_whitespace().collect()).unwrap_or_default();
-    let ticks: f64 = fields.get(11).and_then(|u| u.parse::<f64>().ok()).unwrap_or(0.0)
-        + fields.get(12).and_then(|s| s.parse::<f64>().ok()).unwrap_or(0.0);
-    ticks / nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK).ok().flatten().unwrap_or(100) as f64
-}
-
-fn cpu(pids: &[u32]) -> f64 {
-    pids.iter().map(|p| cpu_seconds(*p)).sum()
-}
 
 fn rss_mib(pid: u32) -> f64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
@@ -146,25 +105,7 @@ struct Sample {
 
 /// p50 and p99 (ms) at a fixed 1000 rps of HTTP/1.1, and the CPU ms per 1000 requests.
 fn latency(row: &Row<'_>) -> (f64, f64, f64) {
-    let log = std::env::temp_dir().join(format!("cnimesh-h2load-{}.log", row.netns.name()));
-    let (c, rps, d, logarg) = (
-        RATE_CLIENTS.to_string(),
-        RATE_PER_CLIENT.to_string(),
-        RATE_SECONDS.to_string(),
-        format!("--log-file={}", log.display()),
-    );
-    let before = cpu(&row.pids);
-    let out = h2load(row.netns, &["--h1", "-c", &c, "--rps", &rps, "-D", &d, "--warm-up-time", "2", &logarg, &row.url]);
-    let spent = cpu(&row.pids) - before;
-    let text = std::fs::read_to_string(&log).expect("h2load log");
-    let _ = std::fs::remove_file(&log);
-    // Each line: start time (µs), status, duration (µs).
-    let mut ms: Vec<f64> =
-        text.lines().filter_map(|l| l.split('\t').nth(2)?.trim().parse::<f64>().ok()).map(|us| us / 1e3).collect();
-    ms.sort_by(f64::total_cmp);
-    assert!(ms.len() > 1000, "too few samples: {}", ms.len());
-    let requests = total_requests(&out).max(1.0);
-    (percentile(&ms, 0.5), percentile(&ms, 0.99), spent / requests * 1e6)
+    fixed_rate(row.netns, &row.url, &row.pids)
 }
 
 /// Requests per second with no rate limit, and the CPU ms per 1000 requests.
@@ -175,13 +116,7 @@ fn throughput(row: &Row<'_>, h1: bool) -> (f64, f64) {
     } else {
         vec!["-c", "8", "-m", "16", "-n", &n2, &row.url]
     };
-    let before = cpu(&row.pids);
-    let out = h2load(row.netns, &args);
-    let spent = cpu(&row.pids) - before;
-    let line = out.lines().find(|l| l.starts_with("finished in")).expect("summary line");
-    let rps =
-        line.split(", ").nth(1).and_then(|s| s.split_whitespace().next()).and_then(|v| v.parse().ok()).expect("req/s");
-    (rps, spent / total_requests(&out).max(1.0) * 1e6)
+    unlimited(row.netns, &args, &row.pids)
 }
 
 fn measure(row: &Row<'_>) -> Sample {

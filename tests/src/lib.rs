@@ -6,6 +6,7 @@
 //! in parallel.
 
 pub mod apps;
+pub mod bench;
 pub mod cni;
 pub mod control;
 pub mod host;

@@ -97,8 +97,13 @@ impl Drop for Local {
     }
 }
 
-fn edge<'a>(summary: &'a Value, to: &str) -> &'a Value {
-    summary["edges"].as_array().unwrap().iter().find(|e| e["to"] == to).unwrap_or_else(|| panic!("no edge to {to}"))
+fn edge<'a>(summary: &'a Value, from: &str, to: &str) -> &'a Value {
+    summary["edges"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["from"] == from && e["to"] == to)
+        .unwrap_or_else(|| panic!("no edge {from} -> {to}"))
 }
 
 #[test]
@@ -112,7 +117,7 @@ fn up_runs_the_demo_mesh_and_down_removes_everything() {
     assert!(out.status.success(), "up failed: {stderr}");
     let summary: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {stderr}"));
 
-    let web = edge(&summary, "web");
+    let web = edge(&summary, "client", "web");
     assert_eq!(web["success_rate"], 1.0, "{web:#}");
     assert!(web["requests"].as_u64().unwrap() > 0);
     assert_eq!(web["tls"], true, "client -> web is mTLS: {web:#}");
@@ -126,7 +131,14 @@ fn up_runs_the_demo_mesh_and_down_removes_everything() {
             "{replica} saw the client's identity"
         );
     }
-    let legacy = edge(&summary, "legacy");
+    // No policy authorizes the intruder: web's proxies answer every one of its requests 403.
+    let intruder = edge(&summary, "intruder", "web");
+    assert!(intruder["requests"].as_u64().unwrap() > 0, "{intruder:#}");
+    assert_eq!(intruder["success_rate"], 0.0, "{intruder:#}");
+    assert_eq!(intruder["statuses"].as_object().unwrap().keys().collect::<Vec<_>>(), ["403"], "{intruder:#}");
+    assert!(intruder["errors"][0].as_str().unwrap().contains("unauthorized request"), "{intruder:#}");
+    assert_eq!(web["statuses"].as_object().unwrap().keys().collect::<Vec<_>>(), ["200"], "{web:#}");
+    let legacy = edge(&summary, "client", "legacy");
     assert_eq!(legacy["success_rate"], 1.0, "{legacy:#}");
     assert_eq!(legacy["tls"], false, "the pod outside the mesh is reached in plaintext: {legacy:#}");
 
@@ -137,7 +149,7 @@ fn up_runs_the_demo_mesh_and_down_removes_everything() {
     let pods: Value = serde_json::from_slice(&pods.stdout).unwrap();
     let mut names: Vec<&str> = pods.as_array().unwrap().iter().map(|p| p["pod"].as_str().unwrap()).collect();
     names.sort();
-    assert_eq!(names, ["demo/client", "demo/web-0", "demo/web-1", "demo/web-2"]);
+    assert_eq!(names, ["demo/client", "demo/intruder", "demo/web-0", "demo/web-1", "demo/web-2"]);
     assert!(summary["commands"].to_string().contains(&format!("--state-dir {}", state_dir.display())));
 
     // Up twice: a clear error, nothing disturbed.

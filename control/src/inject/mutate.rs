@@ -14,9 +14,9 @@ use cnimesh_identity::{Name, TOKEN_AUDIENCE};
 use json_patch::jsonptr::PointerBuf;
 use json_patch::{AddOperation, MoveOperation, Patch, PatchOperation};
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, ContainerPort, EnvVar, HTTPGetAction, Pod, Probe, ProjectedVolumeSource,
-    ResourceRequirements, SeccompProfile, SecurityContext, ServiceAccountTokenProjection, Volume, VolumeMount,
-    VolumeProjection,
+    Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction, ObjectFieldSelector, Pod, Probe,
+    ProjectedVolumeSource, ResourceRequirements, SeccompProfile, SecurityContext, ServiceAccountTokenProjection,
+    Volume, VolumeMount, VolumeProjection,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -264,6 +264,29 @@ fn pod_identity(spec: &k8s_openapi::api::core::v1::PodSpec, ns: &str, config: &I
     Name::for_service_account(sa, ns, &config.trust_domain).map_err(|e| Skip::Warn(format!("identity: {e}")))
 }
 
+/// The pod as the control plane's InboundServerPolicies knows it (`namespace:name`), for the
+/// proxy's policy discovery. A pod's name is often only known once it exists (`generateName`),
+/// so the kubelet fills it in from the downward API and expands the reference.
+fn policy_workload_env() -> [EnvVar; 3] {
+    let field = |name: &str, path: &str| EnvVar {
+        name: name.into(),
+        value: None,
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector { field_path: path.into(), api_version: None }),
+            ..Default::default()
+        }),
+    };
+    [
+        field("CNIMESH_POD_NAMESPACE", "metadata.namespace"),
+        field("CNIMESH_POD_NAME", "metadata.name"),
+        EnvVar {
+            name: "CNIMESH_PROXY_POLICY_WORKLOAD".into(),
+            value: Some("$(CNIMESH_POD_NAMESPACE):$(CNIMESH_POD_NAME)".into()),
+            value_from: None,
+        },
+    ]
+}
+
 /// The sidecar. As a native sidecar (`config.native_sidecars`) it carries `restartPolicy: Always`
 /// and a startup probe, so the kubelet starts the app containers only once the proxy is ready.
 pub fn proxy_container(config: &InjectConfig, pod: &PodProxySettings) -> Result<Container, String> {
@@ -301,6 +324,7 @@ pub fn proxy_container(config: &InjectConfig, pod: &PodProxySettings) -> Result<
         env: Some(
             env.into_iter()
                 .map(|(name, value)| EnvVar { name: name.into(), value: Some(value), value_from: None })
+                .chain(policy_workload_env())
                 .collect(),
         ),
         ports: Some(vec![ContainerPort {

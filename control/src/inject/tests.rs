@@ -164,6 +164,11 @@ fn check_proxy(c: &Container, identity: &str, config: &InjectConfig) {
 
     let source = proxy_config_source();
     for e in c.env.iter().flatten() {
+        // The downward-API inputs of CNIMESH_PROXY_POLICY_WORKLOAD, expanded by the kubelet.
+        if e.value_from.is_some() {
+            assert!(["CNIMESH_POD_NAMESPACE", "CNIMESH_POD_NAME"].contains(&e.name.as_str()), "{}", e.name);
+            continue;
+        }
         assert!(e.name.starts_with("CNIMESH_PROXY_"), "{} is not a proxy variable", e.name);
         // The proxy's clap arguments name their variables in full (`env = "CNIMESH_PROXY_…"`).
         assert!(source.contains(&format!("\"{}\"", e.name)), "{} is not read by proxy/src/config.rs", e.name);
@@ -175,6 +180,7 @@ fn check_proxy(c: &Container, identity: &str, config: &InjectConfig) {
     let control = "cnimesh-control.cnimesh.svc.cluster.local:4190";
     assert_eq!(env(c, "CNIMESH_PROXY_IDENTITY_ADDR"), Some(control));
     assert_eq!(env(c, "CNIMESH_PROXY_DESTINATION_ADDR"), Some(control));
+    assert_eq!(env(c, "CNIMESH_PROXY_POLICY_WORKLOAD"), Some("$(CNIMESH_POD_NAMESPACE):$(CNIMESH_POD_NAME)"));
     assert_eq!(
         env(c, "CNIMESH_PROXY_IDENTITY_SVC_NAME"),
         Some("cnimesh-control.cnimesh.serviceaccount.identity.cnimesh.cluster.local")

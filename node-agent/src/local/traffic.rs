@@ -64,6 +64,8 @@ pub struct Load {
     pub failures: Vec<String>,
     /// Responses per body (the replica's name).
     pub answered_by: BTreeMap<String, u64>,
+    /// Responses per HTTP status (a policy's 403s beside the 200s).
+    pub statuses: BTreeMap<u16, u64>,
     pub elapsed: Duration,
 }
 
@@ -80,7 +82,11 @@ pub fn load(netns: &Path, addr: SocketAddr, host: &str, concurrency: usize, dura
                         let runtime = thread_runtime()?;
                         while start.elapsed() < duration {
                             let t = Instant::now();
-                            match runtime.block_on(get(addr, host, "/")) {
+                            let answer = runtime.block_on(get(addr, host, "/"));
+                            if let Ok((status, _)) = &answer {
+                                *out.statuses.entry(*status).or_default() += 1;
+                            }
+                            match answer {
                                 Ok((200, body)) => {
                                     out.latencies.push(t.elapsed());
                                     *out.answered_by.entry(body.trim().to_string()).or_default() += 1;
@@ -108,6 +114,9 @@ pub fn load(netns: &Path, addr: SocketAddr, host: &str, concurrency: usize, dura
         total.failures.extend(r.failures);
         for (k, v) in r.answered_by {
             *total.answered_by.entry(k).or_default() += v;
+        }
+        for (k, v) in r.statuses {
+            *total.statuses.entry(k).or_default() += v;
         }
     }
     total.latencies.sort();
@@ -167,6 +176,8 @@ pub struct Edge {
     pub latency_ms: Latency,
     /// Successful responses per replica; every replica is listed, including those with none.
     pub replicas: BTreeMap<String, u64>,
+    /// Responses per HTTP status.
+    pub statuses: BTreeMap<u16, u64>,
     /// Whether every request the client's proxy sent to the service's endpoints was TLS.
     pub tls: bool,
     /// The server identities the client's proxy verified.
@@ -218,6 +229,7 @@ impl Edge {
                 p99: percentile(&load.latencies, 0.99),
             },
             replicas: answered,
+            statuses: load.statuses.clone(),
             tls: false,
             server_ids: Vec::new(),
             client_ids: BTreeMap::new(),
@@ -275,18 +287,23 @@ pub fn render(summary: &Summary, format: Format) -> String {
                 "plaintext".into()
             };
             let spread: Vec<String> = e.replicas.iter().map(|(r, n)| format!("{r}={n}")).collect();
+            let statuses: Vec<String> = e.statuses.iter().map(|(s, n)| format!("{s}={n}")).collect();
             vec![
                 format!("{} -> {}", e.from, e.to),
                 format!("{:.1}%", e.success_rate * 100.0),
                 format!("{:.1}", e.rps),
                 format!("{:.1}/{:.1}/{:.1}", e.latency_ms.p50, e.latency_ms.p95, e.latency_ms.p99),
+                statuses.join(" "),
                 tls,
                 spread.join(" "),
             ]
         })
         .collect();
     let mut out = format!("\ncnimesh local mode is up ({:.1} s) in {}\n\n", summary.up_seconds, summary.root);
-    out.push_str(&table(&["EDGE", "SUCCESS", "RPS", "P50/P95/P99 MS", "TLS", "REPLICAS (responses)"], &rows));
+    out.push_str(&table(
+        &["EDGE", "SUCCESS", "RPS", "P50/P95/P99 MS", "STATUSES", "TLS", "REPLICAS (responses)"],
+        &rows,
+    ));
     for e in &summary.edges {
         for (replica, ids) in e.client_ids.iter().filter(|(_, ids)| !ids.is_empty()) {
             out.push_str(&format!("  {replica}'s proxy saw client identity {}\n", ids.join(", ")));

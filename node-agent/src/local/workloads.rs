@@ -48,6 +48,9 @@ pub struct ServiceSpec {
     #[serde(default = "one")]
     pub replicas: u32,
     pub meshed: bool,
+    /// Clients (by name) authorized to call it; unset = no policy, every client may.
+    #[serde(default)]
+    pub allow: Option<Vec<String>>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -145,6 +148,18 @@ impl Workloads {
                 return Err(format!("client {} calls {unknown:?}, which is not a service of this file", c.name));
             }
         }
+        for s in &self.services {
+            let Some(allow) = &s.allow else { continue };
+            if !s.meshed {
+                return Err(format!("service {}: `allow` needs a meshed service (its proxies enforce it)", s.name));
+            }
+            if let Some(unknown) = allow.iter().find(|c| !self.clients.iter().any(|k| &k.name == *c && k.meshed)) {
+                return Err(format!(
+                    "service {}: allows {unknown:?}, which is not a meshed client of this file",
+                    s.name
+                ));
+            }
+        }
         let mut names = HashSet::new();
         for pod in self.pods() {
             if !names.insert(pod.name.clone()) {
@@ -236,6 +251,35 @@ pub fn service_objects(ns: &str, s: &ServiceSpec, endpoints: &[(String, Ipv4Addr
     [service, slice]
 }
 
+/// The policy objects of a service with `allow`: a Server on its pods' `http` port, and an
+/// AuthorizationPolicy requiring one of the allowed clients' identities (their service accounts).
+pub fn policy_objects(ns: &str, s: &ServiceSpec) -> Vec<Value> {
+    let Some(allow) = &s.allow else { return Vec::new() };
+    let group = "policy.cnimesh.io";
+    let api_version = "policy.cnimesh.io/v1alpha1";
+    let refs: Vec<Value> = allow.iter().map(|c| json!({"kind": "ServiceAccount", "name": c})).collect();
+    vec![
+        json!({
+            "apiVersion": api_version, "kind": "Server",
+            "metadata": {"name": s.name, "namespace": ns},
+            "spec": {"podSelector": {"matchLabels": {"app": s.name}}, "port": "http", "proxyProtocol": "HTTP/1"},
+        }),
+        json!({
+            "apiVersion": api_version, "kind": "MeshTLSAuthentication",
+            "metadata": {"name": format!("{}-clients", s.name), "namespace": ns},
+            "spec": {"identityRefs": refs},
+        }),
+        json!({
+            "apiVersion": api_version, "kind": "AuthorizationPolicy",
+            "metadata": {"name": format!("{}-clients", s.name), "namespace": ns},
+            "spec": {
+                "targetRef": {"group": group, "kind": "Server", "name": s.name},
+                "requiredAuthenticationRefs": [{"group": group, "kind": "MeshTLSAuthentication", "name": format!("{}-clients", s.name)}],
+            },
+        }),
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -248,7 +292,11 @@ mod tests {
     fn the_shipped_demo_is_valid() {
         let demo = Workloads::parse(super::super::DEMO, "demo.yaml").unwrap();
         let names: Vec<String> = demo.pods().into_iter().map(|p| p.name).collect();
-        assert_eq!(names, ["web-0", "web-1", "web-2", "legacy", "client"]);
+        assert_eq!(names, ["web-0", "web-1", "web-2", "legacy", "client", "intruder"]);
+        let web = demo.service("web").unwrap();
+        let objects = policy_objects("demo", web);
+        let kinds: Vec<&str> = objects.iter().map(|o| o["kind"].as_str().unwrap()).collect();
+        assert_eq!(kinds, ["Server", "MeshTLSAuthentication", "AuthorizationPolicy"]);
     }
 
     #[test]
@@ -266,6 +314,10 @@ mod tests {
             (
                 "namespace: demo\nservices: [{name: client, clusterIP: 10.96.0.1, meshed: true}]\nclients: [{name: client, meshed: true}]\n",
                 "two pods",
+            ),
+            (
+                "namespace: demo\nservices: [{name: web, clusterIP: 10.96.0.1, meshed: true, allow: [nobody]}]\nclients: [{name: c, meshed: true}]\n",
+                "not a meshed client",
             ),
         ];
         for (body, expected) in cases {

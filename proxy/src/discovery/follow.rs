@@ -17,8 +17,12 @@ use crate::metrics::{Metrics, ServiceLabels};
 
 /// Opens a stream with `open` and feeds its messages to `apply` (`true` for the first message
 /// of each stream: a fresh snapshot) until `closed`, retrying with backoff.
-async fn retrying<M, F, Fut>(what: String, max_backoff: Duration, mut open: F, mut apply: impl FnMut(M, bool))
-where
+pub(crate) async fn retrying<M, F, Fut>(
+    what: String,
+    max_backoff: Duration,
+    mut open: F,
+    mut apply: impl FnMut(M, bool),
+) where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<tonic::Streaming<M>, tonic::Status>>,
 {

@@ -7,7 +7,7 @@
 //! while the control plane is unreachable, and re-established with backoff.
 
 pub mod balance;
-mod follow;
+pub(crate) mod follow;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

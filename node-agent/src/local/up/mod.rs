@@ -144,6 +144,7 @@ pub fn up(args: &UpArgs) -> anyhow::Result<Summary> {
 fn bring_up(i: &Inputs<'_>) -> anyhow::Result<Summary> {
     let mut state = root_layout(i)?;
     let ca = trust_anchor(i)?;
+    write_policies(i)?;
     let conflist = start_agent(i)?;
     let control_addr = start_control(i, &conflist, &ca, &mut state)?;
     let pods = create_pods(i, &conflist)?;
@@ -311,6 +312,20 @@ fn write_services(i: &Inputs<'_>, pods: &[Running]) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The policy objects of services with `allow`, written before the control plane starts so
+/// that the proxies' first answer is already the policy.
+fn write_policies(i: &Inputs<'_>) -> anyhow::Result<()> {
+    let ns = i.workloads.namespace.as_str();
+    for s in &i.workloads.services {
+        for object in workloads::policy_objects(ns, s) {
+            let kind = object["kind"].as_str().unwrap_or("object").to_lowercase();
+            let file = format!("policy-{kind}-{}.yaml", s.name);
+            write_atomic(&i.root.join("cluster").join(file), &serde_json::to_vec_pretty(&object)?, None)?;
+        }
+    }
+    Ok(())
+}
+
 /// The demo's HTTP app in every server pod (`cnimesh-node local app`).
 fn start_apps(i: &Inputs<'_>, pods: &[Running]) -> anyhow::Result<()> {
     i.progress(&format!("starting the apps and the proxies (UID {PROXY_UID})"));
@@ -346,7 +361,9 @@ fn start_proxies(i: &Inputs<'_>, pods: &[Running], ca: &Path, control_addr: Sock
             .env("CNIMESH_PROXY_IDENTITY_TRUST_ANCHORS", ca.join("ca.crt"))
             .env("CNIMESH_PROXY_IDENTITY_TOKEN_FILE", dir.join("token"))
             .env("CNIMESH_PROXY_IDENTITY_ADDR", control_addr.to_string())
-            .env("CNIMESH_PROXY_DESTINATION_ADDR", control_addr.to_string());
+            .env("CNIMESH_PROXY_DESTINATION_ADDR", control_addr.to_string())
+            // Each port's authorization policy comes from the control plane.
+            .env("CNIMESH_PROXY_POLICY_WORKLOAD", format!("{ns}:{}", pod.spec.name));
         spawn_detached(i.root, &format!("proxy-{}", pod.spec.name), proxy)?;
     }
     Ok(())

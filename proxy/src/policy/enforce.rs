@@ -1,0 +1,205 @@
+//! Enforcing a port's policy on one connection. A client's address and identity are fixed for
+//! the connection, so every route's verdict (and its counter handle) is computed once per
+//! connection and per policy version; a request only finds its route and reads the verdict.
+//! A policy update reaches open connections at their next request.
+
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
+
+use http::{HeaderValue, Request, Response, StatusCode};
+use prometheus_client::metrics::counter::Counter;
+
+use super::authorize::{Client, authorized, route_for};
+use super::discover::PortWatch;
+use super::model::{PortPolicy, PortProtocol, Resource};
+use crate::http::Body;
+use crate::http::error::{ProxyError, error_response, full};
+use crate::metrics::{AuthzLabels, Metrics, TlsLabel};
+
+/// The header naming why the proxy answered itself (shared with the proxy's other errors).
+const ERROR_HEADER: &str = "cnimesh-proxy-error";
+
+pub struct ConnPolicy {
+    port: PortWatch,
+    ip: IpAddr,
+    target_addr: String,
+    tls: TlsLabel,
+    metrics: Arc<Metrics>,
+    verdicts: Mutex<Option<Arc<Verdicts>>>,
+}
+
+/// One policy version's verdicts for this connection's client.
+struct Verdicts {
+    policy: Arc<PortPolicy>,
+    tcp: Verdict,
+    /// Per route of the policy, or the one default route when it has none.
+    routes: Vec<Verdict>,
+}
+
+struct Verdict {
+    allowed: bool,
+    counter: Counter,
+    route: Arc<str>,
+}
+
+impl ConnPolicy {
+    /// `tls` is the connection's own: its `client_id` is the identity the client's certificate
+    /// proved (mTLS terminated here), absent for plaintext.
+    pub fn new(port: PortWatch, peer: IpAddr, tls: TlsLabel, target_addr: String, metrics: Arc<Metrics>) -> Self {
+        Self { port, ip: peer, target_addr, tls, metrics, verdicts: Mutex::default() }
+    }
+
+    pub fn protocol(&self) -> PortProtocol {
+        self.verdicts().policy.protocol
+    }
+
+    /// Whether the connection may be forwarded as opaque TCP; counted either way.
+    pub fn allow_tcp(&self) -> bool {
+        let v = self.verdicts();
+        v.tcp.counter.inc();
+        v.tcp.allowed
+    }
+
+    /// `None` when the request is authorized; otherwise the answer for it: 403, or for gRPC a
+    /// trailers-only PERMISSION_DENIED.
+    pub fn deny_request<B>(&self, req: &Request<B>) -> Option<Response<Body>> {
+        let v = self.verdicts();
+        let verdict = if v.policy.routes.is_empty() {
+            v.routes.first()
+        } else {
+            route_for(&v.policy.routes, req.method(), req.uri().path()).and_then(|i| v.routes.get(i))
+        };
+        match verdict {
+            Some(verdict) => {
+                verdict.counter.inc();
+                if verdict.allowed {
+                    return None;
+                }
+                Some(denied(req, &format!("unauthorized request on route {}", verdict.route)))
+            }
+            None => {
+                self.count(&v.policy, None, None, false).inc();
+                Some(denied(req, "no route matches the request"))
+            }
+        }
+    }
+
+    fn verdicts(&self) -> Arc<Verdicts> {
+        let policy = self.port.current();
+        let mut cached = self.verdicts.lock().expect("not poisoned");
+        if let Some(v) = cached.as_ref()
+            && Arc::ptr_eq(&v.policy, &policy)
+        {
+            return v.clone();
+        }
+        let v = Arc::new(self.compute(policy));
+        *cached = Some(v.clone());
+        v
+    }
+
+    fn compute(&self, policy: Arc<PortPolicy>) -> Verdicts {
+        let client = Client { ip: self.ip, identity: self.tls.client_id.as_deref() };
+        let tcp = self.verdict(&policy, None, &policy.authorizations, client);
+        let default_route = [super::model::Route {
+            meta: Resource::new("", "default", "default"),
+            matches: Vec::new(),
+            authorizations: Vec::new(),
+        }];
+        let routes = if policy.routes.is_empty() { &default_route[..] } else { &policy.routes[..] };
+        let routes = routes
+            .iter()
+            .map(|r| {
+                let authzs = if r.authorizations.is_empty() { &policy.authorizations } else { &r.authorizations };
+                self.verdict(&policy, Some(&r.meta), authzs, client)
+            })
+            .collect();
+        Verdicts { policy, tcp, routes }
+    }
+
+    fn verdict(
+        &self,
+        policy: &PortPolicy,
+        route: Option<&Resource>,
+        authzs: &[super::model::Authz],
+        client: Client<'_>,
+    ) -> Verdict {
+        let allowed = authorized(authzs, client);
+        Verdict {
+            allowed: allowed.is_some(),
+            counter: self.count(policy, route, allowed.map(|a| &a.meta), route.is_none()),
+            route: route.map_or_else(|| "".into(), |r| r.name.clone()),
+        }
+    }
+
+    /// The counter for a decision: `authz` set means allowed; `tcp` selects the family.
+    fn count(&self, policy: &PortPolicy, route: Option<&Resource>, authz: Option<&Resource>, tcp: bool) -> Counter {
+        let m = &self.metrics;
+        let family = match (tcp, authz.is_some()) {
+            (true, true) => &m.inbound_tcp_authz_allow_total,
+            (true, false) => &m.inbound_tcp_authz_deny_total,
+            (false, true) => &m.inbound_http_authz_allow_total,
+            (false, false) => &m.inbound_http_authz_deny_total,
+        };
+        let labels = AuthzLabels {
+            target_addr: self.target_addr.clone(),
+            srv: policy.server.clone(),
+            route: route.cloned(),
+            authz: authz.cloned(),
+            tls: self.tls.clone(),
+        };
+        family.get_or_create(&labels).clone()
+    }
+}
+
+fn is_grpc<B>(req: &Request<B>) -> bool {
+    req.headers()
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/grpc"))
+}
+
+/// 403 naming why, or for gRPC a trailers-only response (HTTP 200, `grpc-status: 7`), which is
+/// how a gRPC client learns of PERMISSION_DENIED.
+fn denied<B>(req: &Request<B>, why: &str) -> Response<Body> {
+    if !is_grpc(req) {
+        return error_response(&ProxyError::new(StatusCode::FORBIDDEN, why));
+    }
+    let mut r = Response::new(full(bytes::Bytes::new()));
+    let h = r.headers_mut();
+    h.insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    h.insert("grpc-status", HeaderValue::from_static("7"));
+    if let Ok(v) = HeaderValue::from_str(why) {
+        h.insert("grpc-message", v.clone());
+        h.insert(ERROR_HEADER, v);
+    }
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::model::DefaultPolicy;
+
+    #[test]
+    fn denied_answers_for_http_and_grpc() {
+        let policy = DefaultPolicy::Deny.policy(&[]);
+        let conn = ConnPolicy::new(
+            PortWatch::fixed(Arc::new(policy)),
+            "10.0.0.1".parse().unwrap(),
+            TlsLabel::plaintext(),
+            "10.0.0.2:80".into(),
+            Arc::new(Metrics::default()),
+        );
+        let plain = Request::get("/x").body(()).unwrap();
+        let r = conn.deny_request(&plain).unwrap();
+        assert_eq!(r.status(), StatusCode::FORBIDDEN);
+        assert_eq!(r.headers()[ERROR_HEADER], "unauthorized request on route default");
+        let grpc = Request::post("/pkg.Svc/M").header("content-type", "application/grpc").body(()).unwrap();
+        let r = conn.deny_request(&grpc).unwrap();
+        assert_eq!((r.status(), &r.headers()["grpc-status"]), (StatusCode::OK, &HeaderValue::from_static("7")));
+        assert!(!conn.allow_tcp());
+        let text = conn.metrics.encode();
+        assert!(text.contains("inbound_http_authz_deny_total{target_addr=\"10.0.0.2:80\",srv_group=\"\",srv_kind=\"default\",srv_name=\"deny\",route_group=\"\",route_kind=\"default\",route_name=\"default\",tls=\"false\"} 2"), "{text}");
+        assert!(text.contains("inbound_tcp_authz_deny_total{target_addr=\"10.0.0.2:80\",srv_group=\"\",srv_kind=\"default\",srv_name=\"deny\",tls=\"false\"} 1"), "{text}");
+    }
+}

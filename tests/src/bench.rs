@@ -1,0 +1,87 @@
+//! What the proxy benchmarks share: h2load runs inside a pod, percentiles, and the CPU time
+//! (utime+stime from /proc) the measured processes spent, so every bench measures alike.
+
+use std::process::{Command, Stdio};
+
+use crate::netns::Netns;
+
+/// The fixed-rate latency load: 10 HTTP/1.1 clients at 100 rps each for 10 s.
+pub const RATE_CLIENTS: u32 = 10;
+pub const RATE_PER_CLIENT: u32 = 100;
+pub const RATE_SECONDS: u32 = 10;
+
+/// Runs h2load in `netns`; panics unless every request succeeded.
+pub fn h2load(netns: &Netns, args: &[&str]) -> String {
+    let mut full = vec!["netns", "exec", netns.name(), "h2load"];
+    full.extend_from_slice(args);
+    let out = Command::new("ip").args(&full).stderr(Stdio::inherit()).output().expect("h2load runs");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success() && text.contains(" 0 failed"), "h2load {args:?} failed:\n{text}");
+    text
+}
+
+/// Requests h2load sent in total, warm-up included (what the CPU was spent on).
+pub fn total_requests(out: &str) -> f64 {
+    out.lines()
+        .find_map(|l| l.trim().strip_prefix("requests: "))
+        .and_then(|l| l.split_whitespace().next()?.parse().ok())
+        .expect("h2load's requests line")
+}
+
+pub fn percentile(sorted: &[f64], p: f64) -> f64 {
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+pub fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() { f64::NAN } else { v[v.len() / 2] }
+}
+
+pub fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let fields: Vec<&str> =
+        stat.rsplit_once(") ").map(|(_, rest)| rest.split_whitespace().collect()).unwrap_or_default();
+    let ticks: f64 = fields.get(11).and_then(|u| u.parse::<f64>().ok()).unwrap_or(0.0)
+        + fields.get(12).and_then(|s| s.parse::<f64>().ok()).unwrap_or(0.0);
+    ticks / nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK).ok().flatten().unwrap_or(100) as f64
+}
+
+pub fn cpu(pids: &[u32]) -> f64 {
+    pids.iter().map(|p| cpu_seconds(*p)).sum()
+}
+
+/// p50 and p99 (ms) of `url` from `netns` at the fixed rate of HTTP/1.1, and the CPU ms `pids`
+/// spent per 1000 requests.
+pub fn fixed_rate(netns: &Netns, url: &str, pids: &[u32]) -> (f64, f64, f64) {
+    let log = std::env::temp_dir().join(format!("cnimesh-h2load-{}.log", netns.name()));
+    let (c, rps, d, logarg) = (
+        RATE_CLIENTS.to_string(),
+        RATE_PER_CLIENT.to_string(),
+        RATE_SECONDS.to_string(),
+        format!("--log-file={}", log.display()),
+    );
+    let before = cpu(pids);
+    let out = h2load(netns, &["--h1", "-c", &c, "--rps", &rps, "-D", &d, "--warm-up-time", "2", &logarg, url]);
+    let spent = cpu(pids) - before;
+    let text = std::fs::read_to_string(&log).expect("h2load log");
+    let _ = std::fs::remove_file(&log);
+    // Each line: start time (µs), status, duration (µs).
+    let mut ms: Vec<f64> =
+        text.lines().filter_map(|l| l.split('\t').nth(2)?.trim().parse::<f64>().ok()).map(|us| us / 1e3).collect();
+    ms.sort_by(f64::total_cmp);
+    assert!(ms.len() > 1000, "too few samples: {}", ms.len());
+    let requests = total_requests(&out).max(1.0);
+    (percentile(&ms, 0.5), percentile(&ms, 0.99), spent / requests * 1e6)
+}
+
+/// h2load with `args` and no rate limit: requests per second, and the CPU ms `pids` spent per
+/// 1000 requests.
+pub fn unlimited(netns: &Netns, args: &[&str], pids: &[u32]) -> (f64, f64) {
+    let before = cpu(pids);
+    let out = h2load(netns, args);
+    let spent = cpu(pids) - before;
+    let line = out.lines().find(|l| l.starts_with("finished in")).expect("summary line");
+    let rps =
+        line.split(", ").nth(1).and_then(|s| s.split_whitespace().next()).and_then(|v| v.parse().ok()).expect("req/s");
+    (rps, spent / total_requests(&out).max(1.0) * 1e6)
+}
