@@ -49,7 +49,10 @@ pub async fn serve<I: Io>(mut io: I, read: Bytes, conn: Connection, shared: &Arc
     };
     let open = OpenConnection::open(m.clone(), labels);
     let known = conn.policy.as_ref().and_then(|p| match p.protocol() {
-        PortProtocol::Http1 => Some(Protocol::Http1),
+        // An HTTP/1 server's requests may arrive over HTTP/2 from a meshed proxy (Linkerd's
+        // transport upgrade, `l5d-orig-proto`, on by default in ours too), so HTTP/1 ports still
+        // detect, as linkerd2-proxy's inbound does.
+        PortProtocol::Http1 => None,
         PortProtocol::Http2 => Some(Protocol::Http2),
         PortProtocol::Opaque => Some(Protocol::Opaque),
         PortProtocol::Detect => None,
