@@ -176,32 +176,28 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_hello_split_across_records_is_reassembled() {
-        let bytes = hello("a.b");
-        let body = &bytes[5..];
-        let (one, two) = body.split_at(100);
+    /// `hello`'s body in two handshake records, the second with record version `03 minor`.
+    fn split_in_two_records(hello: &[u8], minor: u8) -> Vec<u8> {
+        let (one, two) = hello[5..].split_at(100);
         let mut split = vec![0x16, 0x03, 0x01];
         split.extend_from_slice(&(one.len() as u16).to_be_bytes());
         split.extend_from_slice(one);
-        split.extend_from_slice(&[0x16, 0x03, 0x01]);
+        split.extend_from_slice(&[0x16, 0x03, minor]);
         split.extend_from_slice(&(two.len() as u16).to_be_bytes());
         split.extend_from_slice(two);
+        split
+    }
+
+    #[test]
+    fn a_hello_split_across_records_is_reassembled() {
+        let split = split_in_two_records(&hello("a.b"), 0x01);
         assert_eq!(peek(&split), Peek::ClientHello(Some("a.b".into())));
     }
 
     #[test]
     fn any_minor_record_version_is_read_as_rustls_reads_it() {
         // Found by fuzz/fuzz_targets/proxy_client_hello.rs: a second record with version 0x0305.
-        let bytes = hello("a.b");
-        let body = &bytes[5..];
-        let (one, two) = body.split_at(100);
-        let mut split = vec![0x16, 0x03, 0x01];
-        split.extend_from_slice(&(one.len() as u16).to_be_bytes());
-        split.extend_from_slice(one);
-        split.extend_from_slice(&[0x16, 0x03, 0x05]);
-        split.extend_from_slice(&(two.len() as u16).to_be_bytes());
-        split.extend_from_slice(two);
+        let split = split_in_two_records(&hello("a.b"), 0x05);
         assert_eq!(peek(&split), Peek::ClientHello(Some("a.b".into())));
         let mut acceptor = rustls::server::Acceptor::default();
         acceptor.read_tls(&mut &split[..]).unwrap();
