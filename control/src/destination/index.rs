@@ -21,19 +21,20 @@ use super::Config;
 use super::model::{KINDS, Kind, NsName, Object, PodRecord, ServiceRecord, SliceRecord};
 
 /// One update from a source. Sources batch them so that readers never see half of a change (a
-/// re-list, or a file holding a Service and its EndpointSlice).
+/// re-list, or a file holding a Service and its EndpointSlice). Generic over the kinds and
+/// objects so the policy index takes its updates in the same shape (`crate::policy::index::Change`).
 #[derive(Debug, Clone)]
-pub enum Change {
+pub enum Change<K = Kind, O = Object> {
     /// Create or replace an object.
-    Upsert(Object),
+    Upsert(O),
     /// Remove an object; unknown objects are ignored.
-    Delete(Kind, NsName),
+    Delete(K, NsName),
     /// The complete set of objects of a kind, as after a (re-)list: anything not in it goes.
     /// Implies `Listed`.
-    Reset(Kind, Vec<Object>),
+    Reset(K, Vec<O>),
     /// Every object of the kind has been delivered (the end of an initial load). The index is
     /// ready once each kind has been listed.
-    Listed(Kind),
+    Listed(K),
 }
 
 /// A ready endpoint of a service, with what the resolver needs to turn it into an address.

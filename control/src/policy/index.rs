@@ -132,16 +132,8 @@ from_boxed!(Pod => Pod, Namespace => Namespace, crd::Server => Server,
     crd::AuthorizationPolicy => AuthorizationPolicy, crd::MeshTlsAuthentication => MeshTlsAuthentication,
     crd::NetworkAuthentication => NetworkAuthentication);
 
-/// One update from a source; a batch is applied as one step.
-#[derive(Debug, Clone)]
-pub enum Change {
-    Upsert(Object),
-    Delete(Kind, NsName),
-    /// The complete set of a kind, as after a (re-)list; implies `Listed`.
-    Reset(Kind, Vec<Object>),
-    /// Every object of the kind has been delivered; the index is ready once each kind has.
-    Listed(Kind),
-}
+/// One update from a source, in the Destination index's shape; a batch is applied as one step.
+pub type Change = crate::destination::Change<Kind, Object>;
 
 /// The inbound policy of one pod port.
 #[derive(Debug, Clone, PartialEq, Eq)]
