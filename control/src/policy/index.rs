@@ -38,6 +38,7 @@ use super::model::{
     ServerRecord, Target, key_of, networks_from_crd,
 };
 use crate::destination::NsName;
+use crate::routes::{self, Grant, Route, RouteKind, ServiceRoutes};
 
 /// What the answers depend on besides cluster state.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -72,15 +73,21 @@ pub enum Kind {
     AuthorizationPolicy,
     MeshTlsAuthentication,
     NetworkAuthentication,
+    HttpRoute,
+    GrpcRoute,
+    ReferenceGrant,
 }
 
-pub const KINDS: [Kind; 6] = [
+pub const KINDS: [Kind; 9] = [
     Kind::Pod,
     Kind::Namespace,
     Kind::Server,
     Kind::AuthorizationPolicy,
     Kind::MeshTlsAuthentication,
     Kind::NetworkAuthentication,
+    Kind::HttpRoute,
+    Kind::GrpcRoute,
+    Kind::ReferenceGrant,
 ];
 
 /// An object as a source delivers it.
@@ -92,6 +99,9 @@ pub enum Object {
     AuthorizationPolicy(Box<crd::AuthorizationPolicy>),
     MeshTlsAuthentication(Box<crd::MeshTlsAuthentication>),
     NetworkAuthentication(Box<crd::NetworkAuthentication>),
+    HttpRoute(Box<routes::crd::HttpRoute>),
+    GrpcRoute(Box<routes::crd::GrpcRoute>),
+    ReferenceGrant(Box<routes::crd::ReferenceGrant>),
 }
 
 impl Object {
@@ -103,6 +113,9 @@ impl Object {
             Object::AuthorizationPolicy(_) => Kind::AuthorizationPolicy,
             Object::MeshTlsAuthentication(_) => Kind::MeshTlsAuthentication,
             Object::NetworkAuthentication(_) => Kind::NetworkAuthentication,
+            Object::HttpRoute(_) => Kind::HttpRoute,
+            Object::GrpcRoute(_) => Kind::GrpcRoute,
+            Object::ReferenceGrant(_) => Kind::ReferenceGrant,
         }
     }
 
@@ -115,6 +128,9 @@ impl Object {
             Object::AuthorizationPolicy(o) => key_of(&o.metadata),
             Object::MeshTlsAuthentication(o) => key_of(&o.metadata),
             Object::NetworkAuthentication(o) => key_of(&o.metadata),
+            Object::HttpRoute(o) => key_of(&o.metadata),
+            Object::GrpcRoute(o) => key_of(&o.metadata),
+            Object::ReferenceGrant(o) => key_of(&o.metadata),
         }
     }
 }
@@ -130,7 +146,8 @@ macro_rules! from_boxed {
 }
 from_boxed!(Pod => Pod, Namespace => Namespace, crd::Server => Server,
     crd::AuthorizationPolicy => AuthorizationPolicy, crd::MeshTlsAuthentication => MeshTlsAuthentication,
-    crd::NetworkAuthentication => NetworkAuthentication);
+    crd::NetworkAuthentication => NetworkAuthentication, routes::crd::HttpRoute => HttpRoute,
+    routes::crd::GrpcRoute => GrpcRoute, routes::crd::ReferenceGrant => ReferenceGrant);
 
 /// One update from a source, in the Destination index's shape; a batch is applied as one step.
 pub type Change = crate::destination::Change<Kind, Object>;
@@ -199,6 +216,11 @@ struct State {
     mesh_tls: HashMap<NsName, Identities>,
     networks: HashMap<NsName, Vec<Network>>,
     channels: HashMap<(NsName, u16), watch::Sender<InboundView>>,
+    routes: BTreeMap<(RouteKind, NsName), Arc<Route>>,
+    grants: BTreeMap<NsName, Grant>,
+    /// Per Service: the routes attached to it.
+    route_channels: HashMap<NsName, watch::Sender<ServiceRoutes>>,
+    dirty_routes: bool,
     sweep_at: usize,
     dirty_pods: HashSet<NsName>,
     dirty_all: bool,
@@ -271,10 +293,34 @@ impl Index {
         rx
     }
 
+    /// The live list of routes attached to a Service (any port), in precedence order.
+    pub fn watch_routes(&self, service: &NsName) -> watch::Receiver<ServiceRoutes> {
+        let mut state = self.lock();
+        let view = Arc::new(routes::routes_of(service, &state.routes, &state.grants));
+        if let Some(tx) = state.route_channels.get(service) {
+            tx.send_if_modified(|current| replace_if_changed(current, view));
+            return tx.subscribe();
+        }
+        if state.route_channels.len() >= state.sweep_at {
+            state.route_channels.retain(|_, tx| tx.receiver_count() > 0);
+        }
+        let (tx, rx) = watch::channel(view);
+        state.route_channels.insert(service.clone(), tx);
+        rx
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         // Every update leaves the maps consistent before it can panic; serving beats failing.
         self.inner.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
+}
+
+fn replace_if_changed<T: PartialEq>(current: &mut T, next: T) -> bool {
+    let changed = *current != next;
+    if changed {
+        *current = next;
+    }
+    changed
 }
 
 /// Logs a resource the model refused; the caller keeps its last good version.
@@ -291,6 +337,11 @@ impl State {
             Kind::AuthorizationPolicy => self.policies.keys().cloned().collect(),
             Kind::MeshTlsAuthentication => self.mesh_tls.keys().cloned().collect(),
             Kind::NetworkAuthentication => self.networks.keys().cloned().collect(),
+            Kind::HttpRoute | Kind::GrpcRoute => {
+                let route_kind = route_kind(kind);
+                self.routes.keys().filter(|(k, _)| *k == route_kind).map(|(_, key)| key.clone()).collect()
+            }
+            Kind::ReferenceGrant => self.grants.keys().cloned().collect(),
         }
     }
 
@@ -316,6 +367,13 @@ impl State {
             Object::NetworkAuthentication(o) => {
                 networks_from_crd(&o).map(|r| drop(self.networks.insert(key.clone(), r)))
             }
+            Object::HttpRoute(o) => return self.upsert_route(kind, key, Route::from_http(&o)),
+            Object::GrpcRoute(o) => return self.upsert_route(kind, key, Route::from_grpc(&o)),
+            Object::ReferenceGrant(o) => {
+                self.grants.insert(key, Grant::from_crd(&o));
+                self.dirty_routes = true;
+                return;
+            }
         };
         match result {
             Ok(()) => self.dirty_all = true,
@@ -323,8 +381,26 @@ impl State {
         }
     }
 
+    fn upsert_route(&mut self, kind: Kind, key: NsName, route: Result<Route, Invalid>) {
+        match route {
+            Ok(route) => {
+                self.routes.insert((route.kind, key), Arc::new(route));
+                self.dirty_routes = true;
+            }
+            Err(error) => refused(kind, &key, &error),
+        }
+    }
+
     fn delete(&mut self, kind: Kind, key: &NsName) {
         let existed = match kind {
+            Kind::HttpRoute | Kind::GrpcRoute => {
+                self.dirty_routes |= self.routes.remove(&(route_kind(kind), key.clone())).is_some();
+                return;
+            }
+            Kind::ReferenceGrant => {
+                self.dirty_routes |= self.grants.remove(key).is_some();
+                return;
+            }
             Kind::Pod => {
                 self.dirty_pods.insert(key.clone());
                 return drop(self.pods.remove(key));
@@ -339,6 +415,14 @@ impl State {
     }
 
     fn publish(&mut self, config: &Config) {
+        if std::mem::take(&mut self.dirty_routes) {
+            for (service, tx) in &self.route_channels {
+                if tx.receiver_count() > 0 {
+                    let view = Arc::new(routes::routes_of(service, &self.routes, &self.grants));
+                    tx.send_if_modified(|current| replace_if_changed(current, view));
+                }
+            }
+        }
         let (all, pods) = (std::mem::take(&mut self.dirty_all), std::mem::take(&mut self.dirty_pods));
         if !all && pods.is_empty() {
             return;
@@ -348,13 +432,7 @@ impl State {
                 continue;
             }
             let view = self.inbound(pod, *port, config);
-            tx.send_if_modified(|current| {
-                let changed = *current != view;
-                if changed {
-                    *current = view;
-                }
-                changed
-            });
+            tx.send_if_modified(|current| replace_if_changed(current, view));
         }
     }
 
@@ -417,6 +495,10 @@ impl State {
             })
             .collect()
     }
+}
+
+fn route_kind(kind: Kind) -> RouteKind {
+    if kind == Kind::GrpcRoute { RouteKind::Grpc } else { RouteKind::Http }
 }
 
 fn default_authorizations(default: DefaultPolicy, config: &Config) -> Vec<Authorization> {
