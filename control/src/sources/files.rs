@@ -480,6 +480,24 @@ mod tests {
     }
 
     #[test]
+    fn route_kinds_are_read() {
+        // The fuzz seed of this parser: it must be read whole, and every route must validate.
+        let text = include_str!("../../../fuzz/corpus/control_files_yaml/routes.yaml");
+        let objects = parse(text).unwrap();
+        let mut kinds = Vec::new();
+        for object in objects {
+            let Parsed::Policy(object) = object else { panic!("{object:?}") };
+            kinds.push(object.kind());
+            match object {
+                policy::Object::HttpRoute(r) => drop(crate::routes::Route::from_http(&r).unwrap()),
+                policy::Object::GrpcRoute(r) => drop(crate::routes::Route::from_grpc(&r).unwrap()),
+                _ => {}
+            }
+        }
+        assert_eq!(kinds, [policy::Kind::HttpRoute, policy::Kind::GrpcRoute, policy::Kind::ReferenceGrant]);
+    }
+
+    #[test]
     fn errors_name_the_document() {
         let text = "apiVersion: v1\nkind: Service\nmetadata: {name: a}\n---\napiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {containers: 3}\n";
         let error = parse(text).unwrap_err().to_string();
