@@ -20,6 +20,10 @@
 //!   flag; its protocol is opaque when the pod's opaque-ports annotation lists the port;
 //! - kubelet probe paths of the port stay reachable under any policy ([`InboundServer::probe_paths`]).
 //!
+//! It also holds the Gateway API routes and ReferenceGrants ([`crate::routes`]): per watched
+//! Service, a channel with the routes attached to it ([`Index::watch_routes`]), recomputed when a
+//! route or grant changes.
+//!
 //! A resource that does not validate is logged with its kind, name and reason and its last good
 //! version stays in force.
 //!
@@ -220,6 +224,7 @@ struct State {
     grants: BTreeMap<NsName, Grant>,
     /// Per Service: the routes attached to it.
     route_channels: HashMap<NsName, watch::Sender<ServiceRoutes>>,
+    route_sweep_at: usize,
     dirty_routes: bool,
     sweep_at: usize,
     dirty_pods: HashSet<NsName>,
@@ -229,7 +234,7 @@ struct State {
 
 impl Index {
     pub fn new(config: Config) -> Self {
-        let state = State { sweep_at: 64, ..State::default() };
+        let state = State { sweep_at: 64, route_sweep_at: 64, ..State::default() };
         Self { inner: Arc::new(Inner { config, state: Mutex::new(state), ready: watch::channel(false).0 }) }
     }
 
@@ -301,8 +306,9 @@ impl Index {
             tx.send_if_modified(|current| replace_if_changed(current, view));
             return tx.subscribe();
         }
-        if state.route_channels.len() >= state.sweep_at {
+        if state.route_channels.len() >= state.route_sweep_at {
             state.route_channels.retain(|_, tx| tx.receiver_count() > 0);
+            state.route_sweep_at = (state.route_channels.len() * 2).max(64);
         }
         let (tx, rx) = watch::channel(view);
         state.route_channels.insert(service.clone(), tx);
@@ -527,6 +533,8 @@ mod tests {
             "MeshTLSAuthentication" => {
                 Object::from(serde_json::from_value::<crd::MeshTlsAuthentication>(value).unwrap())
             }
+            "HTTPRoute" => Object::from(serde_json::from_value::<routes::crd::HttpRoute>(value).unwrap()),
+            "ReferenceGrant" => Object::from(serde_json::from_value::<routes::crd::ReferenceGrant>(value).unwrap()),
             _ => Object::from(serde_json::from_value::<crd::NetworkAuthentication>(value).unwrap()),
         }
     }
@@ -650,6 +658,47 @@ mod tests {
         assert_eq!(a.authorizations[0].networks, Network::all());
         let Authentication::MeshTls(ids) = &a.authorizations[0].authentication else { panic!() };
         assert!(ids.names.contains("ops.tools.serviceaccount.identity.cnimesh.cluster.local"));
+    }
+
+    #[test]
+    fn routes_are_pushed_per_service_and_grants_decide_foreign_backends() {
+        let index = ready_index(Config::default());
+        let api = NsName::new("shop", "api");
+        let mut rx = index.watch_routes(&api);
+        assert!(rx.borrow_and_update().is_empty());
+        let route = |regex: &str| {
+            object(&format!(
+                "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{name: split, namespace: shop}}\nspec:\n  parentRefs: [{{group: '', kind: Service, name: api}}]\n  rules: [{{matches: [{{path: {{type: RegularExpression, value: '{regex}'}}}}], backendRefs: [{{name: api-v2, namespace: canary, port: 80}}]}}]\n"
+            ))
+        };
+        let grant = || {
+            object(
+                "apiVersion: gateway.networking.k8s.io/v1beta1\nkind: ReferenceGrant\nmetadata: {name: g, namespace: canary}\nspec:\n  from: [{group: gateway.networking.k8s.io, kind: HTTPRoute, namespace: shop}]\n  to: [{group: '', kind: Service, name: api-v2}]\n",
+            )
+        };
+        let regex = |rx: &mut watch::Receiver<ServiceRoutes>| {
+            let routes = rx.borrow_and_update().clone();
+            let crate::routes::model::Matches::Http(m) = &routes[0].rules[0].matches else { panic!() };
+            m[0].path.clone()
+        };
+        let other = index.watch_routes(&NsName::new("shop", "db"));
+
+        index.apply([Change::Upsert(route("^/a"))]);
+        assert!(!rx.has_changed().unwrap(), "a backend in canary without a grant there: not served");
+        index.apply([Change::Upsert(grant())]);
+        assert_eq!(regex(&mut rx), Some(crate::routes::model::PathMatch::Regex("^/a".into())));
+
+        // A bad edit is refused; the last good version stays, as it does through a grant's
+        // removal and return.
+        index.apply([Change::Upsert(route("(["))]);
+        assert!(!rx.has_changed().unwrap());
+        index.apply([Change::Delete(Kind::ReferenceGrant, NsName::new("canary", "g"))]);
+        assert!(rx.borrow_and_update().is_empty());
+        index.apply([Change::Upsert(grant())]);
+        assert_eq!(regex(&mut rx), Some(crate::routes::model::PathMatch::Regex("^/a".into())));
+        index.apply([Change::Reset(Kind::HttpRoute, Vec::new())]);
+        assert!(rx.borrow_and_update().is_empty());
+        assert!(!other.has_changed().unwrap(), "another Service's routes never changed");
     }
 
     #[test]

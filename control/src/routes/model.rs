@@ -410,6 +410,13 @@ fn parents(refs: &[crd::ParentReference], route: &NsName) -> Result<Vec<Parent>,
         if !(core && r.kind.as_deref() == Some("Service")) {
             continue; // A Gateway or another implementation's parent: not ours to serve.
         }
+        if let Some(section) = &r.section_name {
+            // A port name would narrow the route; ignoring it would widen it. Refuse instead.
+            return invalid(format!(
+                "parentRef Service {}: sectionName {section:?} is not supported, use port",
+                r.name
+            ));
+        }
         let port = r.port.map(|p| port(p, "parentRef port")).transpose()?;
         let namespace = r.namespace.clone().unwrap_or_else(|| route.namespace.clone());
         parents.push(Parent { service: NsName::new(namespace, &r.name), port });
@@ -945,6 +952,10 @@ mod tests {
             ),
             ("  rules: [{filters: [{type: RequestRedirect, requestRedirect: {statusCode: 200}}]}]\n", "statusCode 200"),
             ("  hostnames: [Not_A_Host]\n", "hostname \"Not_A_Host\""),
+            (
+                "  rules: [{backendRefs: [{name: api, port: 80, weight: 0}], retry: {attempts: -2}}]\n",
+                "retry.attempts -2",
+            ),
         ];
         for (spec, reason) in cases {
             let error = route(spec).expect_err(spec);
@@ -959,6 +970,10 @@ mod tests {
         assert!(annotated("retry.cnimesh.io/http: 6xx").unwrap_err().0.contains("annotation retry.cnimesh.io/http"));
         assert!(annotated("retry.cnimesh.io/limit: many").unwrap_err().0.contains("retry.cnimesh.io/limit"));
         assert!(annotated("timeout.cnimesh.io/request: 5").unwrap_err().0.contains("timeout.cnimesh.io/request"));
+        let section = http(&format!(
+            "{HEAD}spec: {{parentRefs: [{{group: '', kind: Service, name: api, sectionName: http}}]}}\n"
+        ));
+        assert!(section.unwrap_err().0.contains("sectionName \"http\" is not supported"));
         let grpc_error = grpc(
             "apiVersion: gateway.networking.k8s.io/v1\nkind: GRPCRoute\nmetadata: {name: g, namespace: shop}\nspec:\n  rules: [{matches: [{method: {type: RegularExpression, service: 'shop\\..*'}}]}]\n",
         )

@@ -1,5 +1,7 @@
 //! Cluster state from the Kubernetes API: one kube-rs watcher per kind, all namespaces; with a
-//! policy index ([`KubeSource::with_policy`]) also Namespaces and the policy resources.
+//! policy index ([`KubeSource::with_policy`]) also Namespaces, the policy resources and the
+//! Gateway API's HTTPRoutes, GRPCRoutes and ReferenceGrants (optional: a cluster without their
+//! CRDs has none of them).
 //!
 //! A watcher lists, then watches from the list's resourceVersion, resumes from the last version it
 //! saw when a watch ends, and re-lists when the server says that version is gone (410). Each list
