@@ -30,7 +30,8 @@
 //!
 //! Targets: `addr` (a ClusterIP and port) or `authority` (`<svc>.<ns>[.svc[.<domain>]]:<port>`).
 //! Route changes (the policy index's per-Service channel) reach open `Watch` streams like
-//! Service changes do.
+//! Service changes do. The first answer waits until Services and routes are loaded, not for the
+//! policy resources.
 //! Anything that is not a Service port is NotFound, which a stock proxy takes as "no policy here"
 //! and forwards as before; IPs of pods are answered that way too for now.
 //!
@@ -115,7 +116,7 @@ impl OutboundService {
             super::inbound::parse_workload(&spec.source_workload).ok().map(|w| w.namespace).filter(|n| !n.is_empty());
         self.index.ready().await;
         if let Some(routes) = &self.routes {
-            routes.ready().await;
+            routes.routes_ready().await;
         }
         let target = match target {
             Target::Addr(addr) => Watched::Addr(self.index.watch_ip(addr.ip()), addr.port()),

@@ -94,6 +94,9 @@ pub const KINDS: [Kind; 9] = [
     Kind::ReferenceGrant,
 ];
 
+/// The kinds routes are computed from.
+pub const ROUTE_KINDS: [Kind; 3] = [Kind::HttpRoute, Kind::GrpcRoute, Kind::ReferenceGrant];
+
 /// An object as a source delivers it.
 #[derive(Debug, Clone)]
 pub enum Object {
@@ -209,6 +212,8 @@ struct Inner {
     config: Config,
     state: Mutex<State>,
     ready: watch::Sender<bool>,
+    /// Routes and grants listed: all outbound answers wait for.
+    routes_ready: watch::Sender<bool>,
 }
 
 #[derive(Default)]
@@ -235,7 +240,8 @@ struct State {
 impl Index {
     pub fn new(config: Config) -> Self {
         let state = State { sweep_at: 64, route_sweep_at: 64, ..State::default() };
-        Self { inner: Arc::new(Inner { config, state: Mutex::new(state), ready: watch::channel(false).0 }) }
+        let (ready, routes_ready) = (watch::channel(false).0, watch::channel(false).0);
+        Self { inner: Arc::new(Inner { config, state: Mutex::new(state), ready, routes_ready }) }
     }
 
     pub fn config(&self) -> &Config {
@@ -267,6 +273,9 @@ impl Index {
         if state.listed.len() == KINDS.len() {
             self.inner.ready.send_if_modified(|ready| !std::mem::replace(ready, true));
         }
+        if ROUTE_KINDS.iter().all(|k| state.listed.contains(k)) {
+            self.inner.routes_ready.send_if_modified(|ready| !std::mem::replace(ready, true));
+        }
     }
 
     /// Whether every kind has been loaded in full.
@@ -278,6 +287,12 @@ impl Index {
     /// port whose Server has not been listed yet.
     pub async fn ready(&self) {
         let _ = self.inner.ready.subscribe().wait_for(|ready| *ready).await;
+    }
+
+    /// Waits until routes and grants are loaded: outbound answers need nothing else from this
+    /// index, so they do not wait for the policy resources (whose CRDs may be missing).
+    pub async fn routes_ready(&self) {
+        let _ = self.inner.routes_ready.subscribe().wait_for(|ready| *ready).await;
     }
 
     /// The live answer for a pod's port.
@@ -708,5 +723,9 @@ mod tests {
         assert!(!index.is_ready());
         index.apply([Change::Reset(Kind::Pod, vec![pod()])]);
         assert!(index.is_ready());
+        let routes_only = Index::new(Config::default());
+        routes_only.apply(ROUTE_KINDS.map(Change::Listed));
+        assert!(!routes_only.is_ready());
+        tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(routes_only.routes_ready());
     }
 }
