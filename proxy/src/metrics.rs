@@ -159,6 +159,36 @@ impl EncodeLabelSet for AuthzLabels {
     }
 }
 
+/// What decided a connection's protocol: a configured opaque port, a policy from the control
+/// plane, or detection on the client's first bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum DecidedBy {
+    configuration,
+    policy,
+    detection,
+}
+
+/// `connection_protocol_total`: how connections were served and why.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct ProtocolLabels {
+    pub direction: Direction,
+    pub protocol: &'static str,
+    pub decided_by: DecidedBy,
+}
+
+impl ProtocolLabels {
+    pub fn new(direction: Direction, protocol: crate::transport::detect::Protocol, decided_by: DecidedBy) -> Self {
+        use crate::transport::detect::Protocol;
+        let protocol = match protocol {
+            Protocol::Http1 => "http1",
+            Protocol::Http2 => "http2",
+            Protocol::Opaque => "opaque",
+        };
+        Self { direction, protocol, decided_by }
+    }
+}
+
 fn latency_histogram() -> Histogram {
     Histogram::new([
         1.0, 2.0, 3.0, 4.0, 5.0, 10.0, 20.0, 30.0, 40.0, 50.0, 100.0, 200.0, 300.0, 400.0, 500.0, 1000.0, 2000.0,
@@ -184,6 +214,8 @@ pub struct Metrics {
     pub inbound_http_authz_deny_total: Family<AuthzLabels, Counter>,
     pub inbound_tcp_authz_allow_total: Family<AuthzLabels, Counter>,
     pub inbound_tcp_authz_deny_total: Family<AuthzLabels, Counter>,
+    pub inbound_http_route_not_found_total: Family<AuthzLabels, Counter>,
+    pub connection_protocol_total: Family<ProtocolLabels, Counter>,
     authorities: [Bounded; 2],
     targets: [Bounded; 2],
 }
@@ -208,6 +240,8 @@ impl Default for Metrics {
             inbound_http_authz_deny_total: Family::default(),
             inbound_tcp_authz_allow_total: Family::default(),
             inbound_tcp_authz_deny_total: Family::default(),
+            inbound_http_route_not_found_total: Family::default(),
+            connection_protocol_total: Family::default(),
             authorities: Default::default(),
             targets: Default::default(),
             registry: Registry::default(),
@@ -246,9 +280,19 @@ impl Default for Metrics {
             ("inbound_http_authz_deny", "HTTP requests denied by policy", &m.inbound_http_authz_deny_total),
             ("inbound_tcp_authz_allow", "Connections authorized by policy", &m.inbound_tcp_authz_allow_total),
             ("inbound_tcp_authz_deny", "Connections denied by policy", &m.inbound_tcp_authz_deny_total),
+            (
+                "inbound_http_route_not_found",
+                "HTTP requests matching no route of their Server",
+                &m.inbound_http_route_not_found_total,
+            ),
         ] {
             registry.register(name, help, family.clone());
         }
+        registry.register(
+            "connection_protocol",
+            "Connections by the protocol they were served as and what decided it",
+            m.connection_protocol_total.clone(),
+        );
         Self { registry, ..m }
     }
 }

@@ -12,18 +12,25 @@ use tokio::sync::watch;
 
 use crate::discovery::Profile;
 use crate::metrics::TlsLabel;
+use crate::outbound::policy::discover::PolicyWatch;
 use crate::outbound::target::Route;
 
 /// A resolved target.
 pub struct Target {
     pub route: Route,
     pub tls: TlsLabel,
+    /// The control plane's outbound policy for it (outbound targets, with policy discovery).
+    pub policy: Option<PolicyWatch>,
 }
 
 impl Target {
     pub fn new(route: Route) -> Arc<Self> {
+        Self::with_policy(route, None)
+    }
+
+    pub fn with_policy(route: Route, policy: Option<PolicyWatch>) -> Arc<Self> {
         let tls = route.tls_label();
-        Arc::new(Self { route, tls })
+        Arc::new(Self { route, tls, policy })
     }
 }
 

@@ -1,0 +1,179 @@
+//! An outbound policy as the proxy uses it, checked when it arrives so that a connection only
+//! reads plain fields. Which fields count follows linkerd2-proxy's `client-policy` crate: a
+//! policy without metadata or protocol, or a `detect` without its timeout, is refused (and the
+//! last good answer kept), as a stock proxy refuses it.
+
+use std::time::Duration;
+
+use linkerd2_proxy_api::meta;
+use linkerd2_proxy_api::outbound::{self as api, proxy_protocol};
+
+use crate::transport::detect;
+
+/// What the control plane says about one outbound target.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutboundPolicy {
+    /// What the policy was discovered for (a Service port): the `parent_*` of route metrics.
+    pub parent: Parent,
+    pub protocol: Protocol,
+}
+
+/// The resource a policy belongs to, or a default the control plane names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Parent {
+    pub group: String,
+    pub kind: String,
+    pub namespace: String,
+    pub name: String,
+    pub port: u16,
+}
+
+/// The protocol the control plane declares for the target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    /// Not known: detect, giving the client `timeout` to speak.
+    Detect {
+        timeout: Duration,
+    },
+    /// Opaque TCP (the target is marked opaque, e.g. a server-speaks-first database).
+    Opaque,
+    Http1,
+    Http2,
+    /// gRPC: HTTP/2 with gRPC routes.
+    Grpc,
+    /// TLS the application originates: opaque to the proxy.
+    Tls,
+}
+
+impl Protocol {
+    /// How a connection to the target is served without detection, or `None` to detect.
+    pub fn known(self) -> Option<detect::Protocol> {
+        match self {
+            Self::Detect { .. } => None,
+            Self::Opaque | Self::Tls => Some(detect::Protocol::Opaque),
+            Self::Http1 => Some(detect::Protocol::Http1),
+            Self::Http2 | Self::Grpc => Some(detect::Protocol::Http2),
+        }
+    }
+}
+
+/// Why an answer was refused.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum Invalid {
+    #[error("no metadata")]
+    NoMetadata,
+    #[error("no protocol")]
+    NoProtocol,
+    #[error("detect without a timeout")]
+    NoDetectTimeout,
+    #[error("negative detect timeout")]
+    NegativeTimeout,
+    #[error("port {0} out of range")]
+    Port(u32),
+}
+
+impl OutboundPolicy {
+    pub fn from_api(policy: api::OutboundPolicy) -> Result<Self, Invalid> {
+        let parent = match policy.metadata.and_then(|m| m.kind).ok_or(Invalid::NoMetadata)? {
+            meta::metadata::Kind::Default(name) => {
+                Parent { group: String::new(), kind: "default".into(), namespace: String::new(), name, port: 0 }
+            }
+            meta::metadata::Kind::Resource(r) => Parent {
+                port: u16::try_from(r.port).map_err(|_| Invalid::Port(r.port))?,
+                group: r.group,
+                kind: r.kind,
+                namespace: r.namespace,
+                name: r.name,
+            },
+        };
+        let protocol = match policy.protocol.and_then(|p| p.kind).ok_or(Invalid::NoProtocol)? {
+            proxy_protocol::Kind::Detect(d) => {
+                let timeout = d.timeout.ok_or(Invalid::NoDetectTimeout)?;
+                Protocol::Detect { timeout: Duration::try_from(timeout).map_err(|_| Invalid::NegativeTimeout)? }
+            }
+            proxy_protocol::Kind::Opaque(_) => Protocol::Opaque,
+            proxy_protocol::Kind::Http1(_) => Protocol::Http1,
+            proxy_protocol::Kind::Http2(_) => Protocol::Http2,
+            proxy_protocol::Kind::Grpc(_) => Protocol::Grpc,
+            proxy_protocol::Kind::Tls(_) => Protocol::Tls,
+        };
+        Ok(Self { parent, protocol })
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// A Service port's policy with `kind` as its protocol, as cnimesh-control answers it.
+    pub(crate) fn service_policy(kind: proxy_protocol::Kind) -> api::OutboundPolicy {
+        api::OutboundPolicy {
+            protocol: Some(api::ProxyProtocol { kind: Some(kind) }),
+            metadata: Some(meta::Metadata {
+                kind: Some(meta::metadata::Kind::Resource(meta::Resource {
+                    group: "core".into(),
+                    kind: "Service".into(),
+                    name: "db".into(),
+                    namespace: "shop".into(),
+                    section: String::new(),
+                    port: 5432,
+                })),
+            }),
+        }
+    }
+
+    pub(crate) fn opaque() -> proxy_protocol::Kind {
+        proxy_protocol::Kind::Opaque(proxy_protocol::Opaque { routes: Vec::new() })
+    }
+
+    #[test]
+    fn protocols_are_read_and_known_without_detection_where_declared() {
+        let p = OutboundPolicy::from_api(service_policy(opaque())).unwrap();
+        assert_eq!(
+            p.parent,
+            Parent {
+                group: "core".into(),
+                kind: "Service".into(),
+                namespace: "shop".into(),
+                name: "db".into(),
+                port: 5432
+            }
+        );
+        assert_eq!(p.protocol.known(), Some(detect::Protocol::Opaque));
+        let detect = proxy_protocol::Kind::Detect(proxy_protocol::Detect {
+            timeout: Some(Duration::from_secs(10).try_into().unwrap()),
+            ..Default::default()
+        });
+        let p = OutboundPolicy::from_api(service_policy(detect)).unwrap();
+        assert_eq!(p.protocol, Protocol::Detect { timeout: Duration::from_secs(10) });
+        assert_eq!(p.protocol.known(), None, "detect: as before policies");
+        let http1 = proxy_protocol::Kind::Http1(proxy_protocol::Http1::default());
+        let http2 = proxy_protocol::Kind::Http2(proxy_protocol::Http2::default());
+        let grpc = proxy_protocol::Kind::Grpc(proxy_protocol::Grpc::default());
+        let tls = proxy_protocol::Kind::Tls(proxy_protocol::Tls::default());
+        let known = |k| OutboundPolicy::from_api(service_policy(k)).unwrap().protocol.known();
+        assert_eq!(known(http1), Some(detect::Protocol::Http1));
+        assert_eq!(known(http2), Some(detect::Protocol::Http2));
+        assert_eq!(known(grpc), Some(detect::Protocol::Http2));
+        assert_eq!(known(tls), Some(detect::Protocol::Opaque), "the app's own TLS is opaque to us");
+    }
+
+    #[test]
+    fn answers_a_stock_proxy_refuses_are_refused() {
+        let mut no_protocol = service_policy(opaque());
+        no_protocol.protocol = None;
+        assert_eq!(OutboundPolicy::from_api(no_protocol), Err(Invalid::NoProtocol));
+        let mut no_meta = service_policy(opaque());
+        no_meta.metadata = None;
+        assert_eq!(OutboundPolicy::from_api(no_meta), Err(Invalid::NoMetadata));
+        let detect = proxy_protocol::Kind::Detect(proxy_protocol::Detect::default());
+        assert_eq!(OutboundPolicy::from_api(service_policy(detect)), Err(Invalid::NoDetectTimeout));
+        let mut negative =
+            proxy_protocol::Detect { timeout: Some(Duration::ZERO.try_into().unwrap()), ..Default::default() };
+        if let Some(t) = &mut negative.timeout {
+            t.seconds = -1;
+        }
+        let negative = service_policy(proxy_protocol::Kind::Detect(negative));
+        assert_eq!(OutboundPolicy::from_api(negative), Err(Invalid::NegativeTimeout));
+    }
+}

@@ -1,0 +1,214 @@
+//! Outbound policy in-process: a mock `OutboundPolicies` server on loopback answers for the
+//! destinations of captured connections driven through [`cnimesh_proxy::server::connection`],
+//! and the protocol it declares decides how the proxy serves them. What decided is read from
+//! `connection_protocol_total{decided_by}`, never from timing.
+
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use cnimesh_proxy::config::Config;
+use cnimesh_proxy::drain::Drain;
+use cnimesh_proxy::metrics::{Direction, Metrics};
+use cnimesh_proxy::outbound::policy::discover::OutboundPolicies as Discover;
+use cnimesh_proxy::server::connection;
+use cnimesh_proxy::shared::Shared;
+use linkerd2_proxy_api::meta;
+use linkerd2_proxy_api::outbound::outbound_policies_server::{OutboundPolicies, OutboundPoliciesServer};
+use linkerd2_proxy_api::outbound::{OutboundPolicy, ProxyProtocol, TrafficSpec, proxy_protocol};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio_stream::{Stream, StreamExt};
+use tonic::{Request, Response, Status};
+
+const BANNER: &[u8] = b"220 db ready\r\n";
+
+/// What the mock control plane says now.
+#[derive(Clone)]
+enum Says {
+    Policy(Box<OutboundPolicy>),
+    /// Not a target it knows.
+    NotFound,
+    /// Gone: open streams fail, new ones are refused.
+    Down,
+}
+
+struct Mock(watch::Receiver<Says>);
+
+#[tonic::async_trait]
+impl OutboundPolicies for Mock {
+    type WatchStream = Pin<Box<dyn Stream<Item = Result<OutboundPolicy, Status>> + Send>>;
+
+    async fn get(&self, _: Request<TrafficSpec>) -> Result<Response<OutboundPolicy>, Status> {
+        Err(Status::unimplemented("the proxy watches"))
+    }
+
+    async fn watch(&self, _: Request<TrafficSpec>) -> Result<Response<Self::WatchStream>, Status> {
+        match &*self.0.borrow() {
+            Says::NotFound => return Err(Status::not_found("not a Service")),
+            Says::Down => return Err(Status::unavailable("down")),
+            Says::Policy(_) => {}
+        }
+        let answers = tokio_stream::wrappers::WatchStream::new(self.0.clone()).filter_map(|says| match says {
+            Says::Policy(p) => Some(Ok(*p)),
+            Says::Down => Some(Err(Status::unavailable("down"))),
+            Says::NotFound => None,
+        });
+        Ok(Response::new(Box::pin(answers)))
+    }
+}
+
+/// The mock on loopback, and the proxy's shared state discovering policies from it.
+async fn proxy_with_control(says: Says, config: Config) -> (Arc<Shared>, watch::Sender<Says>) {
+    let (tx, rx) = watch::channel(says);
+    let incoming = tonic::transport::server::TcpIncoming::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let addr = incoming.local_addr().unwrap();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(OutboundPoliciesServer::new(Mock(rx)))
+            .serve_with_incoming(incoming),
+    );
+    let channel = tonic::transport::Channel::from_shared(format!("http://{addr}")).unwrap().connect_lazy();
+    let mut shared = Shared::new(config, Arc::new(Metrics::default()), Drain::default(), None, None);
+    let discover = Discover::new(channel, "shop:client-0".into(), Duration::from_secs(5), Duration::from_millis(50));
+    shared.outbound_policies = Some(Arc::new(discover));
+    (Arc::new(shared), tx)
+}
+
+fn policy(kind: proxy_protocol::Kind) -> Says {
+    Says::Policy(Box::new(OutboundPolicy {
+        protocol: Some(ProxyProtocol { kind: Some(kind) }),
+        metadata: Some(meta::Metadata { kind: Some(meta::metadata::Kind::Default("db".into())) }),
+    }))
+}
+
+fn opaque() -> Says {
+    policy(proxy_protocol::Kind::Opaque(proxy_protocol::Opaque::default()))
+}
+
+fn detect() -> Says {
+    let timeout = Duration::from_secs(10).try_into().unwrap();
+    policy(proxy_protocol::Kind::Detect(proxy_protocol::Detect { timeout: Some(timeout), ..Default::default() }))
+}
+
+/// A server-speaks-first app: greets every connection, then waits for the client to leave.
+async fn banner_app() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let (mut s, _) = listener.accept().await.unwrap();
+            tokio::spawn(async move {
+                s.write_all(BANNER).await.unwrap();
+                let _ = s.read(&mut [0u8; 16]).await;
+            });
+        }
+    });
+    addr
+}
+
+/// A captured outbound connection to `addr`, served in the background; the client's end.
+fn captured(shared: &Arc<Shared>, addr: SocketAddr) -> DuplexStream {
+    let (client, proxy_side) = tokio::io::duplex(64 * 1024);
+    let peer: SocketAddr = "127.0.0.1:40000".parse().unwrap();
+    tokio::spawn(connection(proxy_side, peer, addr, Direction::outbound, shared.clone()));
+    client
+}
+
+/// A client that only listens: what the app greets it with.
+async fn greeting(shared: &Arc<Shared>, addr: SocketAddr) -> Vec<u8> {
+    let mut io = captured(shared, addr);
+    let mut got = vec![0u8; BANNER.len()];
+    io.read_exact(&mut got).await.unwrap();
+    got
+}
+
+/// `connection_protocol_total` of outbound connections served as `protocol`, decided by `by`.
+fn decided(shared: &Shared, protocol: &str, by: &str) -> u64 {
+    let line =
+        format!("connection_protocol_total{{direction=\"outbound\",protocol=\"{protocol}\",decided_by=\"{by}\"}} ");
+    let text = shared.metrics.encode();
+    text.lines().find_map(|l| l.strip_prefix(&line)).map_or(0, |n| n.parse().unwrap())
+}
+
+#[tokio::test]
+async fn a_destination_declared_opaque_greets_a_silent_client_without_detection() {
+    let app = banner_app().await;
+    let (shared, _control) = proxy_with_control(opaque(), Config::default()).await;
+    for _ in 0..2 {
+        assert_eq!(greeting(&shared, app).await, BANNER);
+    }
+    assert_eq!(decided(&shared, "opaque", "policy"), 2, "{}", shared.metrics.encode());
+    assert_eq!(decided(&shared, "opaque", "detection"), 0);
+}
+
+#[tokio::test]
+async fn the_last_policy_stays_when_the_control_plane_goes_away_and_changes_apply_live() {
+    let app = banner_app().await;
+    let (shared, control) = proxy_with_control(opaque(), Config::default()).await;
+    assert_eq!(greeting(&shared, app).await, BANNER);
+    control.send_replace(Says::Down);
+    // The stream has failed and the proxy is asking again (and refused) in the meantime.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(greeting(&shared, app).await, BANNER);
+    assert_eq!(decided(&shared, "opaque", "policy"), 2, "{}", shared.metrics.encode());
+
+    // Back with another answer: the same target's next connections detect (binary first
+    // bytes are opaque at once).
+    control.send_replace(detect());
+    for _ in 0..200 {
+        let mut io = captured(&shared, app);
+        io.write_all(b"\x00hello").await.unwrap();
+        let mut got = vec![0u8; BANNER.len()];
+        io.read_exact(&mut got).await.unwrap();
+        assert_eq!(got, BANNER);
+        if decided(&shared, "opaque", "detection") > 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the new policy never applied: {}", shared.metrics.encode());
+}
+
+#[tokio::test]
+async fn a_destination_declared_http1_skips_detection() {
+    let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = http.local_addr().unwrap();
+    tokio::spawn(async move {
+        let (mut s, _) = http.accept().await.unwrap();
+        let _ = s.read(&mut [0u8; 1024]).await;
+        s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok").await.unwrap();
+    });
+    let http1 = policy(proxy_protocol::Kind::Http1(proxy_protocol::Http1::default()));
+    let (shared, _control) = proxy_with_control(http1, Config::default()).await;
+    let mut io = captured(&shared, addr);
+    io.write_all(b"GET / HTTP/1.1\r\nhost: web\r\nconnection: close\r\n\r\n").await.unwrap();
+    let mut answer = String::new();
+    io.read_to_string(&mut answer).await.unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200") && answer.ends_with("ok"), "{answer}");
+    assert_eq!(decided(&shared, "http1", "policy"), 1, "{}", shared.metrics.encode());
+}
+
+#[tokio::test]
+async fn a_destination_the_control_plane_does_not_know_is_detected() {
+    let app = banner_app().await;
+    let (shared, _control) = proxy_with_control(Says::NotFound, Config::default()).await;
+    let mut io = captured(&shared, app);
+    // Binary first bytes decide opaque at once; the greeting follows.
+    io.write_all(b"\x00hello").await.unwrap();
+    let mut got = vec![0u8; BANNER.len()];
+    io.read_exact(&mut got).await.unwrap();
+    assert_eq!(got, BANNER);
+    assert_eq!(decided(&shared, "opaque", "detection"), 1, "{}", shared.metrics.encode());
+}
+
+#[tokio::test]
+async fn a_port_configured_opaque_stays_opaque_whatever_the_policy_says() {
+    let app = banner_app().await;
+    let config = Config { opaque_ports: vec![app.port()], ..Config::default() };
+    let (shared, _control) = proxy_with_control(detect(), config).await;
+    assert_eq!(greeting(&shared, app).await, BANNER);
+    assert_eq!(decided(&shared, "opaque", "configuration"), 1, "{}", shared.metrics.encode());
+}
