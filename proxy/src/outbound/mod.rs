@@ -3,6 +3,7 @@
 //! [`targets::Target`] with its balancer and per-endpoint clients ([`upstream::Upstream`]).
 
 pub mod policy;
+pub mod routes;
 pub mod target;
 pub mod targets;
 pub mod upstream;

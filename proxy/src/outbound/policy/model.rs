@@ -3,19 +3,33 @@
 //! policy without metadata or protocol, or a `detect` without its timeout, is refused (and the
 //! last good answer kept), as a stock proxy refuses it.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use linkerd2_proxy_api::meta;
 use linkerd2_proxy_api::outbound::{self as api, proxy_protocol};
 
+use crate::outbound::routes::model::{HttpRoute, InvalidRoute};
 use crate::transport::detect;
 
 /// What the control plane says about one outbound target.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct OutboundPolicy {
     /// What the policy was discovered for (a Service port): the `parent_*` of route metrics.
     pub parent: Parent,
     pub protocol: Protocol,
+    /// Routes for requests that arrive as HTTP/1 (detected or declared).
+    pub http1: Arc<[HttpRoute]>,
+    /// Routes for requests that arrive as HTTP/2.
+    pub http2: Arc<[HttpRoute]>,
+    /// The answer this was built from: two policies are the same when their answers are.
+    source: api::OutboundPolicy,
+}
+
+impl PartialEq for OutboundPolicy {
+    fn eq(&self, other: &Self) -> bool {
+        self.source == other.source
+    }
 }
 
 /// The resource a policy belongs to, or a default the control plane names.
@@ -58,7 +72,7 @@ impl Protocol {
 }
 
 /// Why an answer was refused.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Debug, thiserror::Error)]
 pub enum Invalid {
     #[error("no metadata")]
     NoMetadata,
@@ -70,10 +84,13 @@ pub enum Invalid {
     NegativeTimeout,
     #[error("port {0} out of range")]
     Port(u32),
+    #[error(transparent)]
+    Route(#[from] InvalidRoute),
 }
 
 impl OutboundPolicy {
     pub fn from_api(policy: api::OutboundPolicy) -> Result<Self, Invalid> {
+        let source = policy.clone();
         let parent = match policy.metadata.and_then(|m| m.kind).ok_or(Invalid::NoMetadata)? {
             meta::metadata::Kind::Default(name) => {
                 Parent { group: String::new(), kind: "default".into(), namespace: String::new(), name, port: 0 }
@@ -86,18 +103,35 @@ impl OutboundPolicy {
                 name: r.name,
             },
         };
+        let (mut http1, mut http2) = (Vec::new(), Vec::new());
         let protocol = match policy.protocol.and_then(|p| p.kind).ok_or(Invalid::NoProtocol)? {
             proxy_protocol::Kind::Detect(d) => {
                 let timeout = d.timeout.ok_or(Invalid::NoDetectTimeout)?;
+                http1 = d.http1.map(|h| h.routes).unwrap_or_default();
+                http2 = d.http2.map(|h| h.routes).unwrap_or_default();
                 Protocol::Detect { timeout: Duration::try_from(timeout).map_err(|_| Invalid::NegativeTimeout)? }
             }
             proxy_protocol::Kind::Opaque(_) => Protocol::Opaque,
-            proxy_protocol::Kind::Http1(_) => Protocol::Http1,
-            proxy_protocol::Kind::Http2(_) => Protocol::Http2,
+            proxy_protocol::Kind::Http1(h) => {
+                http1 = h.routes;
+                Protocol::Http1
+            }
+            proxy_protocol::Kind::Http2(h) => {
+                http2 = h.routes;
+                Protocol::Http2
+            }
             proxy_protocol::Kind::Grpc(_) => Protocol::Grpc,
             proxy_protocol::Kind::Tls(_) => Protocol::Tls,
         };
-        Ok(Self { parent, protocol })
+        let checked = |routes: Vec<api::HttpRoute>| -> Result<Arc<[HttpRoute]>, Invalid> {
+            Ok(routes.into_iter().map(HttpRoute::from_api).collect::<Result<Vec<_>, _>>()?.into())
+        };
+        Ok(Self { parent, protocol, http1: checked(http1)?, http2: checked(http2)?, source })
+    }
+
+    /// The routes for a request of `version`.
+    pub fn routes(&self, version: http::Version) -> &[HttpRoute] {
+        if version == http::Version::HTTP_2 { &self.http2 } else { &self.http1 }
     }
 }
 
@@ -162,18 +196,18 @@ pub(crate) mod tests {
     fn answers_a_stock_proxy_refuses_are_refused() {
         let mut no_protocol = service_policy(opaque());
         no_protocol.protocol = None;
-        assert_eq!(OutboundPolicy::from_api(no_protocol), Err(Invalid::NoProtocol));
+        assert!(matches!(OutboundPolicy::from_api(no_protocol), Err(Invalid::NoProtocol)));
         let mut no_meta = service_policy(opaque());
         no_meta.metadata = None;
-        assert_eq!(OutboundPolicy::from_api(no_meta), Err(Invalid::NoMetadata));
+        assert!(matches!(OutboundPolicy::from_api(no_meta), Err(Invalid::NoMetadata)));
         let detect = proxy_protocol::Kind::Detect(proxy_protocol::Detect::default());
-        assert_eq!(OutboundPolicy::from_api(service_policy(detect)), Err(Invalid::NoDetectTimeout));
+        assert!(matches!(OutboundPolicy::from_api(service_policy(detect)), Err(Invalid::NoDetectTimeout)));
         let mut negative =
             proxy_protocol::Detect { timeout: Some(Duration::ZERO.try_into().unwrap()), ..Default::default() };
         if let Some(t) = &mut negative.timeout {
             t.seconds = -1;
         }
         let negative = service_policy(proxy_protocol::Kind::Detect(negative));
-        assert_eq!(OutboundPolicy::from_api(negative), Err(Invalid::NegativeTimeout));
+        assert!(matches!(OutboundPolicy::from_api(negative), Err(Invalid::NegativeTimeout)));
     }
 }
