@@ -24,6 +24,7 @@ use crate::http::error::{ProxyError, error_response, upstream_error};
 use crate::http::headers::{strip_hop_by_hop, wants_upgrade};
 use crate::http::orig_proto;
 use crate::metrics::{Direction, Metrics, OpenConnection, RequestLabels, ResponseLabels, TlsLabel};
+use crate::outbound::routes::routed::{self, Backends, Routed};
 use crate::outbound::target::{Picked, Route, RouteError};
 use crate::outbound::targets::Target;
 use crate::policy::enforce::ConnPolicy;
@@ -48,6 +49,8 @@ pub struct HttpProxy {
     named: Mutex<Vec<(String, Option<Arc<Target>>)>>,
     /// Inbound with policy: each request is authorized before it goes anywhere.
     policy: Option<Arc<ConnPolicy>>,
+    /// Outbound: the backend targets this connection's routed requests used.
+    backends: Backends,
 }
 
 /// The metric handles of one (connection, authority).
@@ -136,6 +139,7 @@ impl HttpProxy {
             handles: Mutex::default(),
             named: Mutex::default(),
             policy: None,
+            backends: Backends::default(),
         }
     }
 
@@ -210,6 +214,20 @@ impl HttpProxy {
             handles.count_response(denied.status(), if grpc_failure { "failure" } else { "success" });
             return Ok(denied);
         }
+        let routed = match self.direction {
+            Direction::outbound => routed::route(&mut req, &self.target, &self.backends, &self.shared).await,
+            Direction::inbound => Ok(None),
+        };
+        let routed = match routed {
+            Ok(routed) => routed,
+            Err(answer) => {
+                handles.count_response(
+                    answer.status(),
+                    if answer.status().is_server_error() { "failure" } else { "success" },
+                );
+                return Ok(answer);
+            }
+        };
         // Only the inbound speaks to apps, so only it undoes a peer proxy's upgrade.
         let downgraded = match self.direction {
             Direction::inbound => orig_proto::downgrade_request(&mut req),
@@ -220,7 +238,7 @@ impl HttpProxy {
             Ok(false) if req.version() != Version::HTTP_2 && wants_upgrade(&req) => {
                 self.upgrade(req).await.map(|r| (r, None))
             }
-            Ok(downgraded) => self.forward(req, downgraded).await.map(|(mut response, load)| {
+            Ok(downgraded) => self.forward(req, downgraded, routed.as_ref()).await.map(|(mut response, load)| {
                 if downgraded {
                     orig_proto::mark_response(&mut response);
                 }
@@ -249,9 +267,13 @@ impl HttpProxy {
         &self,
         mut req: Request<Incoming>,
         downgraded: bool,
+        routed: Option<&Routed>,
     ) -> Result<(Response<Incoming>, Option<Load>), ProxyError> {
-        let named = self.named_target(authority_of(&req)).await;
-        let target = named.as_ref().unwrap_or(&self.target);
+        let named = match routed {
+            Some(_) => None,
+            None => self.named_target(authority_of(&req)).await,
+        };
+        let target = routed.map(|r| &r.target).or(named.as_ref()).unwrap_or(&self.target);
         let Picked { upstream, load } = target.route.pick().map_err(route_error)?;
         strip_hop_by_hop(req.headers_mut(), false);
         let upgraded = self.h2_upgrade && req.version() != Version::HTTP_2 && upstream.tls.is_some();
@@ -264,7 +286,15 @@ impl HttpProxy {
             }
             to_origin_form(&mut req, self.addr)?;
         }
-        let result = upstream.send(req).await;
+        let result = match routed.and_then(|r| r.timeout.map(|t| (t, &r.route))) {
+            Some((timeout, route)) => tokio::time::timeout(timeout, upstream.send(req)).await.map_err(|_| {
+                ProxyError::new(
+                    StatusCode::GATEWAY_TIMEOUT,
+                    format!("request timed out after {} ms on route {route}", timeout.as_millis()),
+                )
+            })?,
+            None => upstream.send(req).await,
+        };
         if let Some(load) = &load {
             match &result {
                 Ok(_) => load.observe(),
@@ -275,6 +305,9 @@ impl HttpProxy {
         strip_hop_by_hop(response.headers_mut(), false);
         if upgraded {
             orig_proto::downgrade_response(&mut response);
+        }
+        if let Some(routed) = routed {
+            routed.response_headers(response.headers_mut());
         }
         Ok((response, load))
     }

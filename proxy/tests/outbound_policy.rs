@@ -212,3 +212,205 @@ async fn a_port_configured_opaque_stays_opaque_whatever_the_policy_says() {
     assert_eq!(greeting(&shared, app).await, BANNER);
     assert_eq!(decided(&shared, "opaque", "configuration"), 1, "{}", shared.metrics.encode());
 }
+
+/// An HTTP/1 app on loopback answering `<name> <path> x-route=<header>`; `…/slow` never answers.
+async fn named_app(name: &'static str) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| async move {
+                    if req.uri().path().ends_with("/slow") {
+                        std::future::pending::<()>().await;
+                    }
+                    let header = req.headers().get("x-route").map(|v| v.to_str().unwrap().to_string());
+                    let text = format!("{name} {} x-route={}", req.uri().path(), header.unwrap_or_default());
+                    Ok::<_, std::convert::Infallible>(http::Response::new(http_body_util::Full::new(
+                        bytes::Bytes::from(text),
+                    )))
+                });
+                let io = hyper_util::rt::TokioIo::new(stream);
+                let _ = hyper::server::conn::http1::Builder::new().serve_connection(io, service).await;
+            });
+        }
+    });
+    addr
+}
+
+mod routes {
+    //! Builders of the route shapes the control plane sends (linkerd2-proxy-api 0.20).
+    use std::net::SocketAddr;
+    use std::time::Duration;
+
+    use linkerd2_proxy_api::destination::WeightedAddr;
+    use linkerd2_proxy_api::http_route as r;
+    use linkerd2_proxy_api::http_types::{Headers, headers::Header};
+    use linkerd2_proxy_api::meta;
+    use linkerd2_proxy_api::outbound::{Backend, HttpRoute, backend, http_route};
+
+    /// Routes and backends named as defaults (the shape matters less here than the name).
+    pub fn meta(name: &str) -> Option<meta::Metadata> {
+        Some(meta::Metadata { kind: Some(meta::metadata::Kind::Default(name.into())) })
+    }
+
+    pub fn prefix(p: &str) -> r::HttpRouteMatch {
+        r::HttpRouteMatch {
+            path: Some(r::PathMatch { kind: Some(r::path_match::Kind::Prefix(p.into())) }),
+            ..Default::default()
+        }
+    }
+
+    /// `(name, address, weight)` backends forwarding to fixed addresses.
+    pub fn split(backends: &[(&str, SocketAddr, u32)]) -> http_route::Distribution {
+        let backends = backends
+            .iter()
+            .map(|(name, addr, weight)| http_route::WeightedRouteBackend {
+                backend: Some(http_route::RouteBackend {
+                    backend: Some(Backend {
+                        metadata: meta(name),
+                        queue: None,
+                        kind: Some(backend::Kind::Forward(WeightedAddr {
+                            addr: Some((*addr).into()),
+                            ..Default::default()
+                        })),
+                    }),
+                    ..Default::default()
+                }),
+                weight: *weight,
+            })
+            .collect();
+        http_route::Distribution {
+            kind: Some(http_route::distribution::Kind::RandomAvailable(http_route::distribution::RandomAvailable {
+                backends,
+            })),
+        }
+    }
+
+    pub fn set_header(request: bool, name: &str, value: &str) -> http_route::Filter {
+        let set = Some(Headers { headers: vec![Header { name: name.into(), value: value.as_bytes().to_vec() }] });
+        let kind = if request {
+            http_route::filter::Kind::RequestHeaderModifier(r::RequestHeaderModifier { set, ..Default::default() })
+        } else {
+            http_route::filter::Kind::ResponseHeaderModifier(r::ResponseHeaderModifier { set, ..Default::default() })
+        };
+        http_route::Filter { kind: Some(kind) }
+    }
+
+    pub fn rule(
+        matches: Vec<r::HttpRouteMatch>,
+        filters: Vec<http_route::Filter>,
+        backends: http_route::Distribution,
+        timeout: Option<Duration>,
+    ) -> http_route::Rule {
+        let timeouts = timeout.map(|t| r::Timeouts { request: Some(t.try_into().unwrap()), ..Default::default() });
+        http_route::Rule { matches, filters, backends: Some(backends), timeouts, ..Default::default() }
+    }
+
+    pub fn route(name: &str, rules: Vec<http_route::Rule>) -> HttpRoute {
+        HttpRoute { metadata: meta(name), hosts: Vec::new(), rules }
+    }
+}
+
+/// A Detect policy whose HTTP/1 requests take `routes`.
+fn with_routes(routes: Vec<linkerd2_proxy_api::outbound::HttpRoute>) -> Says {
+    let timeout = Duration::from_secs(10).try_into().unwrap();
+    let http1 = proxy_protocol::Http1 { routes, failure_accrual: None };
+    policy(proxy_protocol::Kind::Detect(proxy_protocol::Detect {
+        timeout: Some(timeout),
+        http1: Some(http1),
+        ..Default::default()
+    }))
+}
+
+/// `n` GETs of `path` on one client connection to `addr`: (status, `x-served` header, body).
+async fn gets(shared: &Arc<Shared>, addr: SocketAddr, path: &str, n: usize) -> Vec<(u16, String, String)> {
+    let io = captured(shared, addr);
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(io)).await.unwrap();
+    tokio::spawn(conn);
+    let mut answers = Vec::new();
+    for _ in 0..n {
+        let req = http::Request::get(path)
+            .header("host", "web.shop.svc.cluster.local")
+            .body(http_body_util::Empty::<bytes::Bytes>::new())
+            .unwrap();
+        let res = sender.send_request(req).await.unwrap();
+        let status = res.status().as_u16();
+        let header = |n: &str| res.headers().get(n).map(|v| v.to_str().unwrap().to_string()).unwrap_or_default();
+        let served = if status / 100 == 3 { header("location") } else { header("x-served") };
+        let error = header("cnimesh-proxy-error");
+        let body = http_body_util::BodyExt::collect(res.into_body()).await.unwrap().to_bytes();
+        let body = if error.is_empty() { String::from_utf8(body.to_vec()).unwrap() } else { error };
+        answers.push((status, served, body));
+    }
+    answers
+}
+
+#[tokio::test]
+async fn requests_take_their_route_with_its_filters_weights_and_timeout() {
+    let (stable, canary, api) = (named_app("stable").await, named_app("canary").await, named_app("api").await);
+    let redirect = linkerd2_proxy_api::outbound::http_route::Filter {
+        kind: Some(linkerd2_proxy_api::outbound::http_route::filter::Kind::Redirect(
+            linkerd2_proxy_api::http_route::RequestRedirect {
+                path: Some(linkerd2_proxy_api::http_route::PathModifier {
+                    replace: Some(linkerd2_proxy_api::http_route::path_modifier::Replace::Prefix("/v2".into())),
+                }),
+                status: 301,
+                ..Default::default()
+            },
+        )),
+    };
+    let policy = with_routes(vec![
+        routes::route(
+            "web",
+            vec![
+                routes::rule(
+                    vec![routes::prefix("/")],
+                    vec![routes::set_header(false, "x-served", "web-route")],
+                    routes::split(&[("stable", stable, 80), ("canary", canary, 20)]),
+                    None,
+                ),
+                routes::rule(
+                    vec![routes::prefix("/api")],
+                    vec![routes::set_header(true, "x-route", "api-rule")],
+                    routes::split(&[("api", api, 1)]),
+                    Some(Duration::from_millis(100)),
+                ),
+                routes::rule(vec![routes::prefix("/v1")], vec![redirect], routes::split(&[]), None),
+            ],
+        ),
+        routes::route(
+            "admin-only",
+            vec![routes::rule(vec![routes::prefix("/admin")], Vec::new(), routes::split(&[]), None)],
+        ),
+    ]);
+    let (shared, _control) = proxy_with_control(policy, Config::default()).await;
+    // The connection's original destination: the Service's address (here, the stable app).
+    let answers = gets(&shared, stable, "/home", 500).await;
+    let canaries = answers.iter().filter(|(_, _, body)| body.starts_with("canary /home")).count();
+    assert!(answers.iter().all(|(status, served, _)| *status == 200 && served == "web-route"), "{answers:?}");
+    assert!((55..=145).contains(&canaries), "about 20 % of 500 to the canary: {canaries}");
+
+    let answers = gets(&shared, stable, "/api/orders", 1).await;
+    assert_eq!(answers[0], (200, String::new(), "api /api/orders x-route=api-rule".into()), "longer prefix wins");
+    let answers = gets(&shared, stable, "/api/slow", 1).await;
+    assert_eq!(answers[0], (504, String::new(), "request timed out after 100 ms on route web".into()));
+    let answers = gets(&shared, stable, "/v1/a?b=c", 1).await;
+    assert_eq!(answers[0].0, 301);
+    assert_eq!(answers[0].1, "http://web.shop.svc.cluster.local/v2/a?b=c");
+    let answers = gets(&shared, stable, "/admin", 1).await;
+    assert_eq!(answers[0], (500, String::new(), "route admin-only has no backend".into()));
+}
+
+#[tokio::test]
+async fn a_request_matching_no_route_gets_404() {
+    let app = named_app("web").await;
+    let policy = with_routes(vec![routes::route(
+        "api",
+        vec![routes::rule(vec![routes::prefix("/api")], Vec::new(), routes::split(&[("web", app, 1)]), None)],
+    )]);
+    let (shared, _control) = proxy_with_control(policy, Config::default()).await;
+    assert_eq!(gets(&shared, app, "/api", 1).await[0].0, 200);
+    assert_eq!(gets(&shared, app, "/other", 1).await[0], (404, String::new(), "no route matches the request".into()));
+}

@@ -2,6 +2,7 @@
 //! (header modifiers, redirect, failure injection) and the choice of a backend by weight.
 //! Pure functions over `http` types, so each is tested alone.
 
+use http::uri::Authority;
 use http::{HeaderMap, HeaderValue, Request, StatusCode, Uri};
 
 use super::model::{Filter, HeaderModifier, PathModifier, Redirect, WeightedBackend};
@@ -26,7 +27,8 @@ pub fn request_filters<'f, B>(
             Filter::RequestHeaders(m) => modify(m, req.headers_mut()),
             Filter::ResponseHeaders(_) => {}
             Filter::Redirect(r) => {
-                let location = location(r, req.uri(), prefix)
+                let authority = authority(req);
+                let location = location(r, req.uri(), authority.as_ref(), prefix)
                     .map_err(|message| Answer::Fail { status: StatusCode::INTERNAL_SERVER_ERROR, message })?;
                 return Err(Answer::Redirect { status: r.status, location });
             }
@@ -62,11 +64,26 @@ fn modify(m: &HeaderModifier, headers: &mut HeaderMap) {
     }
 }
 
+/// The authority a request names: its URI's (HTTP/2, absolute form) or its `Host` header.
+pub fn authority<B>(req: &Request<B>) -> Option<Authority> {
+    match req.uri().authority() {
+        Some(a) => Some(a.clone()),
+        None => req.headers().get(http::header::HOST)?.to_str().ok()?.parse().ok(),
+    }
+}
+
 /// Where a redirect sends the client: the request's URI with the filter's parts replaced.
-fn location(r: &Redirect, uri: &Uri, prefix: Option<&str>) -> Result<HeaderValue, String> {
+fn location(
+    r: &Redirect,
+    uri: &Uri,
+    authority: Option<&Authority>,
+    prefix: Option<&str>,
+) -> Result<HeaderValue, String> {
     let scheme = r.scheme.as_ref().map_or_else(|| uri.scheme_str().unwrap_or("http"), |s| s.as_str());
-    let host = r.host.as_deref().or(uri.host()).ok_or("redirect without a host to send the client to")?;
-    let port = r.port.or_else(|| uri.port_u16()).filter(|p| !matches!((scheme, p), ("http", 80) | ("https", 443)));
+    let host =
+        r.host.as_deref().or(authority.map(Authority::host)).ok_or("redirect without a host to send the client to")?;
+    let port = r.port.or_else(|| authority.and_then(Authority::port_u16));
+    let port = port.filter(|p| !matches!((scheme, p), ("http", 80) | ("https", 443)));
     let path = match &r.path {
         None => uri.path().to_string(),
         Some(PathModifier::Full(full)) => full.clone(),
@@ -141,7 +158,7 @@ mod tests {
             status: StatusCode::MOVED_PERMANENTLY,
         };
         let uri: Uri = "http://web.shop:8080/old/a/b?x=1".parse().unwrap();
-        let at = |r: &Redirect, prefix| location(r, &uri, prefix).unwrap();
+        let at = |r: &Redirect, prefix| location(r, &uri, uri.authority(), prefix).unwrap();
         assert_eq!(at(&redirect(None, None, None), None), "http://web.shop:8080/old/a/b?x=1");
         assert_eq!(at(&redirect(None, Some("new.shop"), Some(80)), None), "http://new.shop/old/a/b?x=1");
         let full = redirect(Some(PathModifier::Full("/gone".into())), None, None);

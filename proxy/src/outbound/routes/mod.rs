@@ -1,7 +1,9 @@
 //! HTTP routes of outbound policy (Gateway API HTTPRoutes with a Service as parent, as the
 //! control plane turns them into `OutboundPolicies` answers): checked when the policy arrives
-//! ([`model`]), selected per request ([`select`]) and applied to it ([`apply`]).
+//! ([`model`]), selected per request ([`select`]) and applied to it ([`apply`]); [`routed`]
+//! puts the three together for the per-request proxy.
 
 pub mod apply;
 pub mod model;
+pub mod routed;
 pub mod select;

@@ -16,6 +16,8 @@ pub struct Selected<'r> {
     pub route: &'r HttpRoute,
     pub rule: &'r Rule,
     pub prefix: Option<&'r str>,
+    /// Which route of the list and which rule of the route.
+    pub index: (usize, usize),
 }
 
 /// Ranks a match: compared field by field, greater is more specific.
@@ -24,9 +26,9 @@ type Rank = ((u8, usize), (u8, usize), bool, usize, usize);
 pub fn select<'r, B>(routes: &'r [HttpRoute], req: &Request<B>) -> Option<Selected<'r>> {
     let host = host_of(req);
     let mut best: Option<(Rank, Selected<'r>)> = None;
-    for route in routes {
+    for (r, route) in routes.iter().enumerate() {
         let Some(host_rank) = host_rank(&route.hosts, host.as_deref()) else { continue };
-        for rule in &route.rules {
+        for (i, rule) in route.rules.iter().enumerate() {
             let candidates: Box<dyn Iterator<Item = Option<&RequestMatch>>> = if rule.matches.is_empty() {
                 Box::new(std::iter::once(None))
             } else {
@@ -39,7 +41,7 @@ pub fn select<'r, B>(routes: &'r [HttpRoute], req: &Request<B>) -> Option<Select
                     None => (host_rank, path_rank, false, 0, 0),
                 };
                 if best.as_ref().is_none_or(|(b, _)| rank > *b) {
-                    best = Some((rank, Selected { route, rule, prefix }));
+                    best = Some((rank, Selected { route, rule, prefix, index: (r, i) }));
                 }
             }
         }
@@ -49,14 +51,7 @@ pub fn select<'r, B>(routes: &'r [HttpRoute], req: &Request<B>) -> Option<Select
 
 /// The request's host, lower case, without its port.
 fn host_of<B>(req: &Request<B>) -> Option<String> {
-    let authority = match req.uri().authority() {
-        Some(a) => a.host().to_string(),
-        None => {
-            let host = req.headers().get(http::header::HOST)?.to_str().ok()?;
-            host.parse::<http::uri::Authority>().ok()?.host().to_string()
-        }
-    };
-    Some(authority.to_ascii_lowercase())
+    super::apply::authority(req).map(|a| a.host().to_ascii_lowercase())
 }
 
 fn host_rank(hosts: &[HostMatch], host: Option<&str>) -> Option<(u8, usize)> {

@@ -1,0 +1,121 @@
+//! One outbound request through its target's routes: the rule it takes, the rule's filters, a
+//! backend by weight and that backend's target (resolved once and then reused: targets are
+//! cached per service and address, and each connection keeps the few its requests used), or
+//! the proxy's own answer (a redirect, an injected failure, 404 when no route matches).
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use http::{Request, Response, StatusCode};
+
+use super::apply::{self, Answer};
+use super::model::{Backend, Filter, HttpRoute};
+use crate::http::Body;
+use crate::http::error::{ProxyError, error_response, full};
+use crate::outbound::policy::model::OutboundPolicy;
+use crate::outbound::targets::Target;
+use crate::shared::Shared;
+
+/// Where a routed request goes, and what its response gets.
+pub struct Routed {
+    pub target: Arc<Target>,
+    /// Answered 504 when the response has not begun within it.
+    pub timeout: Option<Duration>,
+    pub route: Arc<str>,
+    policy: Arc<OutboundPolicy>,
+    version: http::Version,
+    index: (usize, usize),
+    backend: Option<usize>,
+}
+
+impl Routed {
+    fn filters(&self) -> impl Iterator<Item = &Filter> {
+        let rule = &self.policy.routes(self.version)[self.index.0].rules[self.index.1];
+        let backend = self.backend.and_then(|b| rule.backends.get(b));
+        rule.filters.iter().chain(backend.into_iter().flat_map(|b| b.filters.iter()))
+    }
+
+    /// The rule's and the backend's response header modifiers.
+    pub fn response_headers(&self, headers: &mut http::HeaderMap) {
+        apply::response_headers(self.filters(), headers);
+    }
+}
+
+/// Backend targets one connection's requests used (a handful at most).
+#[derive(Default)]
+pub struct Backends(Mutex<Vec<(Backend, Arc<Target>)>>);
+
+const MAX_MEMO: usize = 8;
+
+impl Backends {
+    async fn target(&self, backend: &Backend, shared: &Shared) -> Result<Arc<Target>, ProxyError> {
+        if let Some((_, t)) = self.0.lock().expect("not poisoned").iter().find(|(b, _)| b == backend) {
+            return Ok(t.clone());
+        }
+        let unknown =
+            || ProxyError::new(StatusCode::SERVICE_UNAVAILABLE, format!("backend {} unknown", backend.name()));
+        let target = match backend {
+            Backend::Forward { addr, .. } => crate::outbound::resolve(*addr, shared)
+                .await
+                .map_err(|e| ProxyError::new(StatusCode::BAD_GATEWAY, format!("backend {}: {e}", backend.name())))?,
+            Backend::Service { path, .. } => crate::outbound::service(path, shared).await.ok_or_else(unknown)?,
+        };
+        let mut memo = self.0.lock().expect("not poisoned");
+        if memo.len() < MAX_MEMO {
+            memo.push((backend.clone(), target.clone()));
+        }
+        Ok(target)
+    }
+}
+
+/// The route of `req` under `target`'s outbound policy: `Ok(None)` when the policy has no routes
+/// for the request's protocol (the request goes to the target as before), `Err` with the
+/// proxy's own answer.
+pub async fn route<B>(
+    req: &mut Request<B>,
+    target: &Target,
+    backends: &Backends,
+    shared: &Shared,
+) -> Result<Option<Routed>, Response<Body>> {
+    let Some(policy) = target.policy.as_ref().and_then(|p| p.current()) else { return Ok(None) };
+    let version = req.version();
+    let routes: &[HttpRoute] = policy.routes(version);
+    if routes.is_empty() {
+        return Ok(None);
+    }
+    let Some(selected) = super::select::select(routes, req) else {
+        return Err(error_response(&ProxyError::new(StatusCode::NOT_FOUND, "no route matches the request")));
+    };
+    let rule = selected.rule;
+    let roll = || crate::rng::with(|r| rand::Rng::random_range(r, 0.0..1.0));
+    let backend = apply::pick_backend(&rule.backends, roll());
+    let filters = rule.filters.iter().chain(backend.into_iter().flat_map(|b| b.filters.iter()));
+    apply::request_filters(filters, req, selected.prefix, roll).map_err(answer)?;
+    let Some(backend) = backend else {
+        let why = format!("route {} has no backend", selected.route.meta.name);
+        return Err(error_response(&ProxyError::new(StatusCode::INTERNAL_SERVER_ERROR, why)));
+    };
+    let backend_index = rule.backends.iter().position(|b| std::ptr::eq(b, backend));
+    let routed_target = backends.target(&backend.backend, shared).await.map_err(|e| error_response(&e))?;
+    Ok(Some(Routed {
+        target: routed_target,
+        timeout: rule.request_timeout,
+        route: selected.route.meta.name.clone(),
+        index: selected.index,
+        backend: backend_index,
+        version,
+        policy: policy.clone(),
+    }))
+}
+
+fn answer(a: Answer) -> Response<Body> {
+    match a {
+        Answer::Redirect { status, location } => {
+            let mut r = Response::new(full(bytes::Bytes::new()));
+            *r.status_mut() = status;
+            r.headers_mut().insert(http::header::LOCATION, location);
+            r
+        }
+        Answer::Fail { status, message } => error_response(&ProxyError::new(status, message)),
+    }
+}
