@@ -246,6 +246,9 @@ impl HttpProxy {
             }),
         };
         handles.latency.observe(start.elapsed().as_secs_f64() * 1e3);
+        if let Some(routed) = &routed {
+            routed.duration.observe(start.elapsed().as_secs_f64());
+        }
         match result {
             Ok((response, load)) => {
                 let status = response.status();

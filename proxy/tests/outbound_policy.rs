@@ -391,6 +391,18 @@ async fn requests_take_their_route_with_its_filters_weights_and_timeout() {
     let canaries = answers.iter().filter(|(_, _, body)| body.starts_with("canary /home")).count();
     assert!(answers.iter().all(|(status, served, _)| *status == 200 && served == "web-route"), "{answers:?}");
     assert!((55..=145).contains(&canaries), "about 20 % of 500 to the canary: {canaries}");
+    let metrics = shared.metrics.encode();
+    let labels = "parent_group=\"\",parent_kind=\"default\",parent_namespace=\"\",parent_name=\"db\",parent_port=\"0\",parent_section_name=\"\",route_group=\"\",route_kind=\"default\",route_namespace=\"\",route_name=\"web\"";
+    let backend = |name: &str| {
+        format!(
+            "outbound_http_route_backend_requests_total{{{labels},backend_group=\"\",backend_kind=\"default\",backend_namespace=\"\",backend_name=\"{name}\",backend_port=\"0\",backend_section_name=\"\"}} "
+        )
+    };
+    let count =
+        |name: &str| metrics.lines().find_map(|l| l.strip_prefix(&backend(name))).map(|n| n.parse::<usize>().unwrap());
+    assert_eq!((count("canary"), count("stable")), (Some(canaries), Some(500 - canaries)), "{metrics}");
+    let duration = format!("outbound_http_route_request_duration_seconds_count{{{labels}}} 500");
+    assert!(metrics.contains(&duration), "{metrics}");
 
     let answers = gets(&shared, stable, "/api/orders", 1).await;
     assert_eq!(answers[0], (200, String::new(), "api /api/orders x-route=api-rule".into()), "longer prefix wins");

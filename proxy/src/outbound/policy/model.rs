@@ -6,17 +6,16 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use linkerd2_proxy_api::meta;
 use linkerd2_proxy_api::outbound::{self as api, proxy_protocol};
 
-use crate::outbound::routes::model::{HttpRoute, InvalidRoute};
+use crate::outbound::routes::model::{HttpRoute, InvalidRoute, ResourceRef, resource_ref};
 use crate::transport::detect;
 
 /// What the control plane says about one outbound target.
 #[derive(Debug, Clone)]
 pub struct OutboundPolicy {
     /// What the policy was discovered for (a Service port): the `parent_*` of route metrics.
-    pub parent: Parent,
+    pub parent: ResourceRef,
     pub protocol: Protocol,
     /// Routes for requests that arrive as HTTP/1 (detected or declared).
     pub http1: Arc<[HttpRoute]>,
@@ -30,16 +29,6 @@ impl PartialEq for OutboundPolicy {
     fn eq(&self, other: &Self) -> bool {
         self.source == other.source
     }
-}
-
-/// The resource a policy belongs to, or a default the control plane names.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Parent {
-    pub group: String,
-    pub kind: String,
-    pub namespace: String,
-    pub name: String,
-    pub port: u16,
 }
 
 /// The protocol the control plane declares for the target.
@@ -74,16 +63,14 @@ impl Protocol {
 /// Why an answer was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum Invalid {
-    #[error("no metadata")]
-    NoMetadata,
+    #[error("metadata: {0}")]
+    Metadata(String),
     #[error("no protocol")]
     NoProtocol,
     #[error("detect without a timeout")]
     NoDetectTimeout,
     #[error("negative detect timeout")]
     NegativeTimeout,
-    #[error("port {0} out of range")]
-    Port(u32),
     #[error(transparent)]
     Route(#[from] InvalidRoute),
 }
@@ -91,18 +78,7 @@ pub enum Invalid {
 impl OutboundPolicy {
     pub fn from_api(policy: api::OutboundPolicy) -> Result<Self, Invalid> {
         let source = policy.clone();
-        let parent = match policy.metadata.and_then(|m| m.kind).ok_or(Invalid::NoMetadata)? {
-            meta::metadata::Kind::Default(name) => {
-                Parent { group: String::new(), kind: "default".into(), namespace: String::new(), name, port: 0 }
-            }
-            meta::metadata::Kind::Resource(r) => Parent {
-                port: u16::try_from(r.port).map_err(|_| Invalid::Port(r.port))?,
-                group: r.group,
-                kind: r.kind,
-                namespace: r.namespace,
-                name: r.name,
-            },
-        };
+        let parent = resource_ref(policy.metadata).map_err(Invalid::Metadata)?;
         let (mut http1, mut http2) = (Vec::new(), Vec::new());
         let protocol = match policy.protocol.and_then(|p| p.kind).ok_or(Invalid::NoProtocol)? {
             proxy_protocol::Kind::Detect(d) => {
@@ -136,11 +112,13 @@ impl OutboundPolicy {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
+    use linkerd2_proxy_api::meta;
+
     use super::*;
 
     /// A Service port's policy with `kind` as its protocol, as cnimesh-control answers it.
-    pub(crate) fn service_policy(kind: proxy_protocol::Kind) -> api::OutboundPolicy {
+    fn service_policy(kind: proxy_protocol::Kind) -> api::OutboundPolicy {
         api::OutboundPolicy {
             protocol: Some(api::ProxyProtocol { kind: Some(kind) }),
             metadata: Some(meta::Metadata {
@@ -156,23 +134,15 @@ pub(crate) mod tests {
         }
     }
 
-    pub(crate) fn opaque() -> proxy_protocol::Kind {
+    fn opaque() -> proxy_protocol::Kind {
         proxy_protocol::Kind::Opaque(proxy_protocol::Opaque { routes: Vec::new() })
     }
 
     #[test]
     fn protocols_are_read_and_known_without_detection_where_declared() {
         let p = OutboundPolicy::from_api(service_policy(opaque())).unwrap();
-        assert_eq!(
-            p.parent,
-            Parent {
-                group: "core".into(),
-                kind: "Service".into(),
-                namespace: "shop".into(),
-                name: "db".into(),
-                port: 5432
-            }
-        );
+        let parent = &p.parent;
+        assert_eq!((&*parent.kind, &*parent.namespace, &*parent.name, parent.port), ("Service", "shop", "db", 5432));
         assert_eq!(p.protocol.known(), Some(detect::Protocol::Opaque));
         let detect = proxy_protocol::Kind::Detect(proxy_protocol::Detect {
             timeout: Some(Duration::from_secs(10).try_into().unwrap()),
@@ -199,7 +169,7 @@ pub(crate) mod tests {
         assert!(matches!(OutboundPolicy::from_api(no_protocol), Err(Invalid::NoProtocol)));
         let mut no_meta = service_policy(opaque());
         no_meta.metadata = None;
-        assert!(matches!(OutboundPolicy::from_api(no_meta), Err(Invalid::NoMetadata)));
+        assert!(matches!(OutboundPolicy::from_api(no_meta), Err(Invalid::Metadata(_))));
         let detect = proxy_protocol::Kind::Detect(proxy_protocol::Detect::default());
         assert!(matches!(OutboundPolicy::from_api(service_policy(detect)), Err(Invalid::NoDetectTimeout)));
         let mut negative =

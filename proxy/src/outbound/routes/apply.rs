@@ -120,7 +120,7 @@ pub fn pick_backend(backends: &[WeightedBackend], roll: f64) -> Option<&Weighted
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::outbound::routes::model::{Backend, Ratio};
+    use crate::outbound::routes::model::{Backend, Ratio, ResourceRef};
 
     fn header(name: &'static str, value: &'static str) -> (http::HeaderName, HeaderValue) {
         (http::HeaderName::from_static(name), HeaderValue::from_static(value))
@@ -186,7 +186,7 @@ mod tests {
     #[test]
     fn backends_are_picked_in_proportion_to_their_weights() {
         let backend = |name: &str, weight| WeightedBackend {
-            backend: Backend::Forward { name: name.into(), addr: "10.0.0.1:80".parse().unwrap() },
+            backend: Backend::Forward { meta: ResourceRef::default_named(name), addr: "10.0.0.1:80".parse().unwrap() },
             weight,
             filters: Vec::new(),
         };
@@ -194,7 +194,7 @@ mod tests {
         let mut counts = std::collections::HashMap::new();
         for i in 0..1000 {
             let b = pick_backend(&backends, f64::from(i) / 1000.0).unwrap();
-            *counts.entry(b.backend.name().to_string()).or_insert(0) += 1;
+            *counts.entry(b.backend.meta().name.to_string()).or_insert(0) += 1;
         }
         assert_eq!((counts["stable"], counts["canary"], counts.get("off")), (900, 100, None));
         assert!(pick_backend(&[backend("off", 0)], 0.5).is_none());

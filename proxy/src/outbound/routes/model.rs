@@ -13,17 +13,50 @@ use linkerd2_proxy_api::http_types;
 use linkerd2_proxy_api::meta;
 use linkerd2_proxy_api::outbound::{self as api, backend, http_route};
 
-/// A route's identity in metrics and logs (`route_group`, `route_kind`, `route_name`).
+/// A resource as the control plane names it (a parent Service, a route, a backend): the
+/// `parent_*`, `route_*` and `backend_*` labels of route metrics. A default the control plane
+/// names (`Metadata.default`) has kind `default`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct RouteRef {
+pub struct ResourceRef {
     pub group: Arc<str>,
     pub kind: Arc<str>,
+    pub namespace: Arc<str>,
     pub name: Arc<str>,
+    pub port: u16,
+    pub section: Arc<str>,
+}
+
+impl ResourceRef {
+    pub fn default_named(name: &str) -> Self {
+        Self {
+            group: "".into(),
+            kind: "default".into(),
+            namespace: "".into(),
+            name: name.into(),
+            port: 0,
+            section: "".into(),
+        }
+    }
+}
+
+/// The resource `m` names; an error when it names none.
+pub fn resource_ref(m: Option<meta::Metadata>) -> Result<ResourceRef, String> {
+    match m.and_then(|m| m.kind).ok_or("no metadata")? {
+        meta::metadata::Kind::Default(name) => Ok(ResourceRef::default_named(&name)),
+        meta::metadata::Kind::Resource(r) => Ok(ResourceRef {
+            port: u16::try_from(r.port).map_err(|_| format!("port {} out of range", r.port))?,
+            group: r.group.into(),
+            kind: r.kind.into(),
+            namespace: r.namespace.into(),
+            name: r.name.into(),
+            section: r.section.into(),
+        }),
+    }
 }
 
 #[derive(Debug, Clone)]
 pub struct HttpRoute {
-    pub meta: RouteRef,
+    pub meta: ResourceRef,
     /// Empty: any host.
     pub hosts: Vec<HostMatch>,
     pub rules: Vec<Rule>,
@@ -121,16 +154,16 @@ pub struct WeightedBackend {
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Backend {
     /// A service's endpoints from Destination `Get` of this path (`name.ns.svc.domain:port`).
-    Service { name: Arc<str>, path: Arc<str> },
+    Service { meta: ResourceRef, path: Arc<str> },
     /// One address.
-    Forward { name: Arc<str>, addr: SocketAddr },
+    Forward { meta: ResourceRef, addr: SocketAddr },
 }
 
 impl Backend {
-    /// The name in `backend_*` metric labels.
-    pub fn name(&self) -> &Arc<str> {
+    /// The backend as metrics name it.
+    pub fn meta(&self) -> &ResourceRef {
         match self {
-            Self::Service { name, .. } | Self::Forward { name, .. } => name,
+            Self::Service { meta, .. } | Self::Forward { meta, .. } => meta,
         }
     }
 }
@@ -150,22 +183,11 @@ where
     d.map(|d| Duration::try_from(d).map_err(|_| "negative duration".to_string())).transpose()
 }
 
-pub(crate) fn route_ref(m: Option<meta::Metadata>) -> Result<RouteRef, String> {
-    match m.and_then(|m| m.kind).ok_or("no metadata")? {
-        meta::metadata::Kind::Default(name) => {
-            Ok(RouteRef { group: "".into(), kind: "default".into(), name: name.into() })
-        }
-        meta::metadata::Kind::Resource(r) => {
-            Ok(RouteRef { group: r.group.into(), kind: r.kind.into(), name: r.name.into() })
-        }
-    }
-}
-
 impl HttpRoute {
     pub fn from_api(route: api::HttpRoute) -> Result<Self, InvalidRoute> {
-        let label = route_ref(route.metadata.clone()).map(|r| r.name.to_string()).unwrap_or_default();
+        let label = resource_ref(route.metadata.clone()).map(|r| r.name.to_string()).unwrap_or_default();
         let invalid = |why: String| InvalidRoute { route: label.clone(), why };
-        let meta = route_ref(route.metadata).map_err(invalid)?;
+        let meta = resource_ref(route.metadata).map_err(invalid)?;
         if route.rules.is_empty() {
             return Err(invalid("no rules".into()));
         }
@@ -208,17 +230,17 @@ fn rule(r: http_route::Rule) -> Result<Rule, String> {
 
 fn route_backend(b: http_route::RouteBackend, weight: u32) -> Result<WeightedBackend, String> {
     let backend = b.backend.ok_or("route backend without a backend")?;
-    let name: Arc<str> = route_ref(backend.metadata).map(|r| r.name).unwrap_or_else(|_| "".into());
+    let meta = resource_ref(backend.metadata).unwrap_or_else(|_| ResourceRef::default_named("unknown"));
     let backend = match backend.kind.ok_or("backend without a kind")? {
         backend::Kind::Forward(w) => {
             let addr = w.addr.ok_or("forward backend without an address")?;
             let addr = SocketAddr::try_from(addr).map_err(|e| format!("forward backend: {e}"))?;
-            Backend::Forward { name, addr }
+            Backend::Forward { meta, addr }
         }
         backend::Kind::Balancer(p2c) => {
             let discovery = p2c.discovery.and_then(|d| d.kind).ok_or("balancer without discovery")?;
             let backend::endpoint_discovery::Kind::Dst(dst) = discovery;
-            Backend::Service { name, path: dst.path.into() }
+            Backend::Service { meta, path: dst.path.into() }
         }
     };
     let filters = b.filters.into_iter().map(filter).collect::<Result<_, _>>()?;
@@ -405,11 +427,16 @@ mod tests {
         let Some(PathMatch::Regex(r)) = &rule.matches[0].path else { panic!("regex path") };
         assert!(r.is_match("/api/x") && !r.is_match("/v1/api/x"), "anchored: the whole path");
         let backends: Vec<_> = rule.backends.iter().map(|b| (b.backend.clone(), b.weight)).collect();
+        let meta = |name: &str| ResourceRef {
+            group: "gateway.networking.k8s.io".into(),
+            kind: "HTTPRoute".into(),
+            ..ResourceRef::default_named(name)
+        };
         assert_eq!(
             backends,
             vec![
-                (Backend::Service { name: "web".into(), path: "web.shop.svc.cluster.local:80".into() }, 90),
-                (Backend::Forward { name: "web-canary".into(), addr: "10.0.0.9:8080".parse().unwrap() }, 10),
+                (Backend::Service { meta: meta("web"), path: "web.shop.svc.cluster.local:80".into() }, 90),
+                (Backend::Forward { meta: meta("web-canary"), addr: "10.0.0.9:8080".parse().unwrap() }, 10),
             ]
         );
     }

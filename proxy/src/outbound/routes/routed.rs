@@ -9,9 +9,14 @@ use std::time::Duration;
 use http::{Request, Response, StatusCode};
 
 use super::apply::{self, Answer};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::histogram::Histogram;
+
 use super::model::{Backend, Filter, HttpRoute};
+use super::select::Selected;
 use crate::http::Body;
 use crate::http::error::{ProxyError, error_response, full};
+use crate::metrics::{RouteBackendLabels, RouteLabels};
 use crate::outbound::policy::model::OutboundPolicy;
 use crate::outbound::targets::Target;
 use crate::shared::Shared;
@@ -22,16 +27,18 @@ pub struct Routed {
     /// Answered 504 when the response has not begun within it.
     pub timeout: Option<Duration>,
     pub route: Arc<str>,
+    /// `outbound_http_route_request_duration_seconds` of the route: observed by the caller.
+    pub duration: Histogram,
     policy: Arc<OutboundPolicy>,
     version: http::Version,
     index: (usize, usize),
-    backend: Option<usize>,
+    backend: usize,
 }
 
 impl Routed {
     fn filters(&self) -> impl Iterator<Item = &Filter> {
         let rule = &self.policy.routes(self.version)[self.index.0].rules[self.index.1];
-        let backend = self.backend.and_then(|b| rule.backends.get(b));
+        let backend = rule.backends.get(self.backend);
         rule.filters.iter().chain(backend.into_iter().flat_map(|b| b.filters.iter()))
     }
 
@@ -41,26 +48,57 @@ impl Routed {
     }
 }
 
-/// Backend targets one connection's requests used (a handful at most).
+/// What one connection's routed requests used: backend targets, and metric handles per (policy
+/// version, rule, backend). A handful of each at most.
 #[derive(Default)]
-pub struct Backends(Mutex<Vec<(Backend, Arc<Target>)>>);
+pub struct Backends {
+    targets: Mutex<Vec<(Backend, Arc<Target>)>>,
+    handles: Mutex<Vec<(HandleKey, Counter, Histogram)>>,
+}
+
+/// The policy version (by address: the same `Arc` while it does not change), rule and backend.
+type HandleKey = (usize, (usize, usize), usize);
 
 const MAX_MEMO: usize = 8;
 
 impl Backends {
+    fn handles(
+        &self,
+        policy: &Arc<OutboundPolicy>,
+        selected: &Selected<'_>,
+        backend: usize,
+        shared: &Shared,
+    ) -> (Counter, Histogram) {
+        let key = (Arc::as_ptr(policy) as usize, selected.index, backend);
+        let mut handles = self.handles.lock().expect("not poisoned");
+        if let Some((_, c, h)) = handles.iter().find(|(k, _, _)| *k == key) {
+            return (c.clone(), h.clone());
+        }
+        let labels = RouteBackendLabels {
+            route: RouteLabels { parent: policy.parent.clone(), route: selected.route.meta.clone() },
+            backend: selected.rule.backends[backend].backend.meta().clone(),
+        };
+        let (counter, histogram) = shared.metrics.route_handles(labels);
+        if handles.len() >= MAX_MEMO * 2 {
+            handles.clear();
+        }
+        handles.push((key, counter.clone(), histogram.clone()));
+        (counter, histogram)
+    }
+
     async fn target(&self, backend: &Backend, shared: &Shared) -> Result<Arc<Target>, ProxyError> {
-        if let Some((_, t)) = self.0.lock().expect("not poisoned").iter().find(|(b, _)| b == backend) {
+        if let Some((_, t)) = self.targets.lock().expect("not poisoned").iter().find(|(b, _)| b == backend) {
             return Ok(t.clone());
         }
         let unknown =
-            || ProxyError::new(StatusCode::SERVICE_UNAVAILABLE, format!("backend {} unknown", backend.name()));
+            || ProxyError::new(StatusCode::SERVICE_UNAVAILABLE, format!("backend {} unknown", backend.meta().name));
         let target = match backend {
-            Backend::Forward { addr, .. } => crate::outbound::resolve(*addr, shared)
-                .await
-                .map_err(|e| ProxyError::new(StatusCode::BAD_GATEWAY, format!("backend {}: {e}", backend.name())))?,
+            Backend::Forward { addr, .. } => crate::outbound::resolve(*addr, shared).await.map_err(|e| {
+                ProxyError::new(StatusCode::BAD_GATEWAY, format!("backend {}: {e}", backend.meta().name))
+            })?,
             Backend::Service { path, .. } => crate::outbound::service(path, shared).await.ok_or_else(unknown)?,
         };
-        let mut memo = self.0.lock().expect("not poisoned");
+        let mut memo = self.targets.lock().expect("not poisoned");
         if memo.len() < MAX_MEMO {
             memo.push((backend.clone(), target.clone()));
         }
@@ -95,12 +133,15 @@ pub async fn route<B>(
         let why = format!("route {} has no backend", selected.route.meta.name);
         return Err(error_response(&ProxyError::new(StatusCode::INTERNAL_SERVER_ERROR, why)));
     };
-    let backend_index = rule.backends.iter().position(|b| std::ptr::eq(b, backend));
+    let backend_index = rule.backends.iter().position(|b| std::ptr::eq(b, backend)).expect("a backend of the rule");
+    let (requests, duration) = backends.handles(&policy, &selected, backend_index, shared);
+    requests.inc();
     let routed_target = backends.target(&backend.backend, shared).await.map_err(|e| error_response(&e))?;
     Ok(Some(Routed {
         target: routed_target,
         timeout: rule.request_timeout,
         route: selected.route.meta.name.clone(),
+        duration,
         index: selected.index,
         backend: backend_index,
         version,

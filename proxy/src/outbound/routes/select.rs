@@ -106,11 +106,11 @@ fn query_pairs(query: &str) -> impl Iterator<Item = (&str, &str)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::outbound::routes::model::RouteRef;
+    use crate::outbound::routes::model::ResourceRef;
 
     fn route(name: &str, hosts: Vec<HostMatch>, matches: Vec<RequestMatch>) -> HttpRoute {
         HttpRoute {
-            meta: RouteRef { group: "gateway.networking.k8s.io".into(), kind: "HTTPRoute".into(), name: name.into() },
+            meta: ResourceRef::default_named(name),
             hosts,
             rules: vec![Rule { matches, filters: Vec::new(), backends: Vec::new(), request_timeout: None }],
         }
