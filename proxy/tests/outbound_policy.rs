@@ -416,13 +416,35 @@ async fn requests_take_their_route_with_its_filters_weights_and_timeout() {
 }
 
 #[tokio::test]
-async fn a_request_matching_no_route_gets_404() {
+async fn no_matching_route_is_404_and_an_unknown_service_backend_503_unless_it_is_the_parent() {
+    use linkerd2_proxy_api::outbound::{backend, http_route};
     let app = named_app("web").await;
+    let service = |name: &str| {
+        let dst = backend::endpoint_discovery::DestinationGet { path: format!("{name}.shop.svc.cluster.local:80") };
+        let p2c = backend::BalanceP2c {
+            discovery: Some(backend::EndpointDiscovery { kind: Some(backend::endpoint_discovery::Kind::Dst(dst)) }),
+            load: None,
+        };
+        let backend = linkerd2_proxy_api::outbound::Backend {
+            metadata: routes::meta(name),
+            queue: None,
+            kind: Some(backend::Kind::Balancer(p2c)),
+        };
+        let first = http_route::distribution::FirstAvailable {
+            backends: vec![http_route::RouteBackend { backend: Some(backend), ..Default::default() }],
+        };
+        http_route::Distribution { kind: Some(http_route::distribution::Kind::FirstAvailable(first)) }
+    };
     let policy = with_routes(vec![routes::route(
         "api",
-        vec![routes::rule(vec![routes::prefix("/api")], Vec::new(), routes::split(&[("web", app, 1)]), None)],
+        vec![
+            routes::rule(vec![routes::prefix("/api")], Vec::new(), service("db"), None),
+            routes::rule(vec![routes::prefix("/other")], Vec::new(), service("elsewhere"), None),
+        ],
     )]);
     let (shared, _control) = proxy_with_control(policy, Config::default()).await;
-    assert_eq!(gets(&shared, app, "/api", 1).await[0].0, 200);
-    assert_eq!(gets(&shared, app, "/other", 1).await[0], (404, String::new(), "no route matches the request".into()));
+    // The parent Service (the policy's `db`), not discovered: the connection's own target.
+    assert_eq!(gets(&shared, app, "/api", 1).await[0].2, "web /api x-route=");
+    assert_eq!(gets(&shared, app, "/other", 1).await[0], (503, String::new(), "backend elsewhere unknown".into()));
+    assert_eq!(gets(&shared, app, "/", 1).await[0], (404, String::new(), "no route matches the request".into()));
 }

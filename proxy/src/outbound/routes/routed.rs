@@ -12,7 +12,7 @@ use super::apply::{self, Answer};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::histogram::Histogram;
 
-use super::model::{Backend, Filter, HttpRoute};
+use super::model::{Backend, Filter, HttpRoute, ResourceRef};
 use super::select::Selected;
 use crate::http::Body;
 use crate::http::error::{ProxyError, error_response, full};
@@ -86,17 +86,30 @@ impl Backends {
         (counter, histogram)
     }
 
-    async fn target(&self, backend: &Backend, shared: &Shared) -> Result<Arc<Target>, ProxyError> {
+    /// The target of `backend`. A Service discovery does not know (yet) is an error, unless it
+    /// is the parent itself (the control plane's default route): then the connection's own
+    /// target, as without routes.
+    async fn target(
+        &self,
+        backend: &Backend,
+        parent: (&ResourceRef, &Arc<Target>),
+        shared: &Shared,
+    ) -> Result<Arc<Target>, ProxyError> {
         if let Some((_, t)) = self.targets.lock().expect("not poisoned").iter().find(|(b, _)| b == backend) {
             return Ok(t.clone());
         }
-        let unknown =
-            || ProxyError::new(StatusCode::SERVICE_UNAVAILABLE, format!("backend {} unknown", backend.meta().name));
         let target = match backend {
             Backend::Forward { addr, .. } => crate::outbound::resolve(*addr, shared).await.map_err(|e| {
                 ProxyError::new(StatusCode::BAD_GATEWAY, format!("backend {}: {e}", backend.meta().name))
             })?,
-            Backend::Service { path, .. } => crate::outbound::service(path, shared).await.ok_or_else(unknown)?,
+            Backend::Service { path, meta } => match crate::outbound::service(path, shared).await {
+                Some(target) => target,
+                None if meta == parent.0 => return Ok(parent.1.clone()),
+                None => {
+                    let why = format!("backend {} unknown", backend.meta().name);
+                    return Err(ProxyError::new(StatusCode::SERVICE_UNAVAILABLE, why));
+                }
+            },
         };
         let mut memo = self.targets.lock().expect("not poisoned");
         if memo.len() < MAX_MEMO {
@@ -111,7 +124,7 @@ impl Backends {
 /// proxy's own answer.
 pub async fn route<B>(
     req: &mut Request<B>,
-    target: &Target,
+    target: &Arc<Target>,
     backends: &Backends,
     shared: &Shared,
 ) -> Result<Option<Routed>, Response<Body>> {
@@ -136,7 +149,8 @@ pub async fn route<B>(
     let backend_index = rule.backends.iter().position(|b| std::ptr::eq(b, backend)).expect("a backend of the rule");
     let (requests, duration) = backends.handles(&policy, &selected, backend_index, shared);
     requests.inc();
-    let routed_target = backends.target(&backend.backend, shared).await.map_err(|e| error_response(&e))?;
+    let routed_target =
+        backends.target(&backend.backend, (&policy.parent, target), shared).await.map_err(|e| error_response(&e))?;
     Ok(Some(Routed {
         target: routed_target,
         timeout: rule.request_timeout,
