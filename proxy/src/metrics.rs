@@ -238,6 +238,15 @@ impl EncodeLabelSet for RouteBackendLabels {
     }
 }
 
+/// One (parent, route, backend)'s metric handles.
+#[derive(Clone)]
+pub struct RouteHandles {
+    pub backend_requests: Counter,
+    pub duration: Histogram,
+    pub retries: Counter,
+    pub retry_overflow: Counter,
+}
+
 fn route_duration_histogram() -> Histogram {
     Histogram::new([0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0])
 }
@@ -271,6 +280,8 @@ pub struct Metrics {
     pub connection_protocol_total: Family<ProtocolLabels, Counter>,
     pub outbound_http_route_request_duration_seconds: Family<RouteLabels, Histogram, fn() -> Histogram>,
     pub outbound_http_route_backend_requests_total: Family<RouteBackendLabels, Counter>,
+    pub outbound_http_route_retry_requests_total: Family<RouteLabels, Counter>,
+    pub outbound_http_route_retry_overflow_total: Family<RouteLabels, Counter>,
     /// Distinct route series so far (routes and backends come from the control plane, parents
     /// from destinations: the product is capped).
     route_series: Mutex<HashSet<RouteBackendLabels>>,
@@ -304,6 +315,8 @@ impl Default for Metrics {
                 route_duration_histogram as fn() -> Histogram,
             ),
             outbound_http_route_backend_requests_total: Family::default(),
+            outbound_http_route_retry_requests_total: Family::default(),
+            outbound_http_route_retry_overflow_total: Family::default(),
             route_series: Mutex::default(),
             authorities: Default::default(),
             targets: Default::default(),
@@ -361,6 +374,20 @@ impl Default for Metrics {
             "Requests dispatched to each backend of each route",
             m.outbound_http_route_backend_requests_total.clone(),
         );
+        for (name, help, family) in [
+            (
+                "outbound_http_route_retry_requests",
+                "Requests sent again by a route's retry policy",
+                &m.outbound_http_route_retry_requests_total,
+            ),
+            (
+                "outbound_http_route_retry_overflow",
+                "Retries not made because the retry budget was spent",
+                &m.outbound_http_route_retry_overflow_total,
+            ),
+        ] {
+            registry.register(name, help, family.clone());
+        }
         registry.register(
             "connection_protocol",
             "Connections by the protocol they were served as and what decided it",
@@ -414,7 +441,7 @@ impl Metrics {
 
     /// The handles of one (parent, route, backend): beyond [`MAX_ROUTE_SERIES`] distinct ones,
     /// the route and backend read `other`.
-    pub fn route_handles(&self, mut labels: RouteBackendLabels) -> (Counter, Histogram) {
+    pub fn route_handles(&self, mut labels: RouteBackendLabels) -> RouteHandles {
         {
             let mut seen = self.route_series.lock().expect("not poisoned");
             if !seen.contains(&labels) {
@@ -427,8 +454,12 @@ impl Metrics {
                 }
             }
         }
-        let duration = self.outbound_http_route_request_duration_seconds.get_or_create(&labels.route).clone();
-        (self.outbound_http_route_backend_requests_total.get_or_create(&labels).clone(), duration)
+        RouteHandles {
+            duration: self.outbound_http_route_request_duration_seconds.get_or_create(&labels.route).clone(),
+            retries: self.outbound_http_route_retry_requests_total.get_or_create(&labels.route).clone(),
+            retry_overflow: self.outbound_http_route_retry_overflow_total.get_or_create(&labels.route).clone(),
+            backend_requests: self.outbound_http_route_backend_requests_total.get_or_create(&labels).clone(),
+        }
     }
 
     pub fn encode(&self) -> String {

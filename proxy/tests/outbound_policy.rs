@@ -308,6 +308,18 @@ mod routes {
         http_route::Rule { matches, filters, backends: Some(backends), timeouts, ..Default::default() }
     }
 
+    /// Retries of 5xx, up to `max` per request.
+    pub fn retry_5xx(max: u32) -> http_route::Retry {
+        let range = http_route::retry::conditions::StatusRange { start: 500, end: 599 };
+        http_route::Retry {
+            max_retries: max,
+            max_request_bytes: 64 * 1024,
+            conditions: Some(http_route::retry::Conditions { status_ranges: vec![range] }),
+            timeout: None,
+            backoff: None,
+        }
+    }
+
     pub fn route(name: &str, rules: Vec<http_route::Rule>) -> HttpRoute {
         HttpRoute { metadata: meta(name), hosts: Vec::new(), rules }
     }
@@ -447,4 +459,94 @@ async fn no_matching_route_is_404_and_an_unknown_service_backend_503_unless_it_i
     assert_eq!(gets(&shared, app, "/api", 1).await[0].2, "web /api x-route=");
     assert_eq!(gets(&shared, app, "/other", 1).await[0], (503, String::new(), "backend elsewhere unknown".into()));
     assert_eq!(gets(&shared, app, "/", 1).await[0], (404, String::new(), "no route matches the request".into()));
+}
+
+/// An app that answers 503 to every third request it gets (`/down`: to every one) and
+/// otherwise `ok <body length>`.
+async fn flaky_app() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    tokio::spawn(async move {
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                    let n = seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    async move {
+                        let down = req.uri().path() == "/down" || n % 3 == 2;
+                        let body = http_body_util::BodyExt::collect(req.into_body()).await.unwrap().to_bytes();
+                        let mut res = http::Response::new(http_body_util::Full::new(bytes::Bytes::from(format!(
+                            "ok {}",
+                            body.len()
+                        ))));
+                        if down {
+                            *res.status_mut() = http::StatusCode::SERVICE_UNAVAILABLE;
+                        }
+                        Ok::<_, std::convert::Infallible>(res)
+                    }
+                });
+                let io = hyper_util::rt::TokioIo::new(stream);
+                let _ = hyper::server::conn::http1::Builder::new().serve_connection(io, service).await;
+            });
+        }
+    });
+    addr
+}
+
+/// A proxy whose target `app` has one route retrying 5xx twice.
+async fn retrying_proxy(app: SocketAddr) -> (Arc<Shared>, watch::Sender<Says>) {
+    let mut rule = routes::rule(vec![routes::prefix("/")], Vec::new(), routes::split(&[("app", app, 1)]), None);
+    rule.retry = Some(routes::retry_5xx(2));
+    proxy_with_control(with_routes(vec![routes::route("flaky", vec![rule])]), Config::default()).await
+}
+
+/// `n` POSTs of `size` bytes (with their length declared) on one connection: their statuses.
+async fn posts(shared: &Arc<Shared>, addr: SocketAddr, size: usize, n: usize) -> Vec<u16> {
+    let io = captured(shared, addr);
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(io)).await.unwrap();
+    tokio::spawn(conn);
+    let mut statuses = Vec::new();
+    for _ in 0..n {
+        let body = http_body_util::Full::new(bytes::Bytes::from(vec![b'x'; size]));
+        let req = http::Request::post("/upload").header("content-length", size).body(body).unwrap();
+        let res = sender.send_request(req).await.unwrap();
+        statuses.push(res.status().as_u16());
+        let _ = http_body_util::BodyExt::collect(res.into_body()).await;
+    }
+    statuses
+}
+
+fn metric(shared: &Shared, name: &str) -> u64 {
+    let text = shared.metrics.encode();
+    text.lines().filter(|l| l.starts_with(name)).filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok()).sum()
+}
+
+#[tokio::test]
+async fn retries_turn_a_flaky_backend_into_success_but_large_bodies_are_not_retried() {
+    let app = flaky_app().await;
+    let (shared, _control) = retrying_proxy(app).await;
+    let answers = gets(&shared, app, "/flaky", 90).await;
+    assert!(answers.iter().all(|(status, _, _)| *status == 200), "{answers:?}");
+    let retried = metric(&shared, "outbound_http_route_retry_requests_total");
+    assert!((30..=45).contains(&retried), "a third of the requests failed once: {retried}");
+
+    assert!(posts(&shared, app, 1024, 30).await.iter().all(|s| *s == 200), "small bodies are buffered and retried");
+    let statuses = posts(&shared, app, 100 * 1024, 30).await;
+    assert!(statuses.contains(&503), "a 100 KiB body is streamed, never retried: {statuses:?}");
+}
+
+#[tokio::test]
+async fn the_retry_budget_caps_retries_when_the_backend_always_fails() {
+    let app = flaky_app().await;
+    let (shared, _control) = retrying_proxy(app).await;
+    let answers = gets(&shared, app, "/down", 100).await;
+    assert!(answers.iter().all(|(status, _, _)| *status == 503));
+    let retried = metric(&shared, "outbound_http_route_retry_requests_total");
+    let overflow = metric(&shared, "outbound_http_route_retry_overflow_total");
+    // Without a budget: 200 retries. With Linkerd's: 20 % of 100 requests plus the 10/s reserve
+    // of a 10 s window.
+    assert!(retried <= 20 + 100 + 1, "{retried}");
+    assert!(overflow > 0 && retried + overflow <= 200, "{retried} + {overflow}");
 }

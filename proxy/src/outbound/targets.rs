@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
+use tower::retry::budget::TpsBudget;
 
 use crate::discovery::Profile;
 use crate::metrics::TlsLabel;
@@ -21,6 +22,8 @@ pub struct Target {
     pub tls: TlsLabel,
     /// The control plane's outbound policy for it (outbound targets, with policy discovery).
     pub policy: Option<PolicyWatch>,
+    /// Bounds the retries of every request to it (made on first use: only routes retry).
+    retry_budget: std::sync::OnceLock<TpsBudget>,
 }
 
 impl Target {
@@ -30,7 +33,13 @@ impl Target {
 
     pub fn with_policy(route: Route, policy: Option<PolicyWatch>) -> Arc<Self> {
         let tls = route.tls_label();
-        Arc::new(Self { route, tls, policy })
+        Arc::new(Self { route, tls, policy, retry_budget: std::sync::OnceLock::new() })
+    }
+
+    /// Linkerd's default budget: retries may add 20 % to the requests, plus 10 per second, as
+    /// counted over the last 10 s; so retries never multiply an outage.
+    pub fn retry_budget(&self) -> &TpsBudget {
+        self.retry_budget.get_or_init(|| TpsBudget::new(Duration::from_secs(10), 10, 0.2))
     }
 }
 

@@ -77,6 +77,29 @@ pub struct Rule {
     pub backends: Vec<WeightedBackend>,
     /// Answered 504 when the whole exchange (with retries) takes longer.
     pub request_timeout: Option<Duration>,
+    pub retry: Option<Retry>,
+}
+
+/// When a request of the rule is sent again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Retry {
+    pub max_retries: u32,
+    /// A request body larger than this (or than the proxy's own 64 KiB cap) is not buffered,
+    /// so that request is not retried.
+    pub max_request_bytes: usize,
+    /// Response statuses that are retried, inclusive ranges.
+    pub statuses: Vec<(u16, u16)>,
+    /// Each attempt's own time limit: an attempt that runs out is retried.
+    pub timeout: Option<Duration>,
+    /// Waits between attempts: `min` doubling up to `max`.
+    pub backoff: Option<(Duration, Duration)>,
+}
+
+impl Retry {
+    pub fn retries(&self, status: http::StatusCode) -> bool {
+        let code = status.as_u16();
+        self.statuses.iter().any(|(start, end)| (*start..=*end).contains(&code))
+    }
 }
 
 #[derive(Debug, Clone, Default)]
@@ -225,7 +248,39 @@ fn rule(r: http_route::Rule) -> Result<Rule, String> {
     let legacy = r.request_timeout;
     let timeouts = r.timeouts.unwrap_or_default();
     let request_timeout = duration(timeouts.request.or(timeouts.response).or(legacy))?;
-    Ok(Rule { matches, filters, backends, request_timeout })
+    let retry = r.retry.map(retry).transpose()?;
+    Ok(Rule { matches, filters, backends, request_timeout, retry })
+}
+
+fn retry(r: http_route::Retry) -> Result<Retry, String> {
+    // "Must be set, even if there are no internal conditions."
+    let conditions = r.conditions.ok_or("retry without conditions")?;
+    let statuses = conditions
+        .status_ranges
+        .iter()
+        .map(|range| {
+            let (start, end) = (u16::try_from(range.start), u16::try_from(range.end));
+            match (start, end) {
+                (Ok(start), Ok(0)) if (100..600).contains(&start) => Ok((start, start)),
+                (Ok(start), Ok(end)) if (100..600).contains(&start) && start <= end && end < 600 => Ok((start, end)),
+                _ => Err(format!("retry status range {}-{}", range.start, range.end)),
+            }
+        })
+        .collect::<Result<_, _>>()?;
+    let backoff = match r.backoff {
+        Some(b) => {
+            let min = duration(b.min_backoff)?.unwrap_or_default();
+            Some((min, duration(b.max_backoff)?.unwrap_or(min).max(min)))
+        }
+        None => None,
+    };
+    Ok(Retry {
+        max_retries: r.max_retries,
+        max_request_bytes: usize::try_from(r.max_request_bytes).unwrap_or(usize::MAX),
+        statuses,
+        timeout: duration(r.timeout)?,
+        backoff,
+    })
 }
 
 fn route_backend(b: http_route::RouteBackend, weight: u32) -> Result<WeightedBackend, String> {

@@ -9,14 +9,11 @@ use std::time::Duration;
 use http::{Request, Response, StatusCode};
 
 use super::apply::{self, Answer};
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::histogram::Histogram;
-
-use super::model::{Backend, Filter, HttpRoute, ResourceRef};
+use super::model::{Backend, Filter, HttpRoute, ResourceRef, Retry, Rule};
 use super::select::Selected;
 use crate::http::Body;
 use crate::http::error::{ProxyError, error_response, full};
-use crate::metrics::{RouteBackendLabels, RouteLabels};
+use crate::metrics::{RouteBackendLabels, RouteHandles, RouteLabels};
 use crate::outbound::policy::model::OutboundPolicy;
 use crate::outbound::targets::Target;
 use crate::shared::Shared;
@@ -27,8 +24,8 @@ pub struct Routed {
     /// Answered 504 when the response has not begun within it.
     pub timeout: Option<Duration>,
     pub route: Arc<str>,
-    /// `outbound_http_route_request_duration_seconds` of the route: observed by the caller.
-    pub duration: Histogram,
+    /// The route's metrics (`duration` is observed by the caller).
+    pub handles: RouteHandles,
     policy: Arc<OutboundPolicy>,
     version: http::Version,
     index: (usize, usize),
@@ -36,8 +33,17 @@ pub struct Routed {
 }
 
 impl Routed {
+    fn rule(&self) -> &Rule {
+        &self.policy.routes(self.version)[self.index.0].rules[self.index.1]
+    }
+
+    /// The rule's retry policy, if it has one.
+    pub fn retry(&self) -> Option<&Retry> {
+        self.rule().retry.as_ref()
+    }
+
     fn filters(&self) -> impl Iterator<Item = &Filter> {
-        let rule = &self.policy.routes(self.version)[self.index.0].rules[self.index.1];
+        let rule = self.rule();
         let backend = rule.backends.get(self.backend);
         rule.filters.iter().chain(backend.into_iter().flat_map(|b| b.filters.iter()))
     }
@@ -53,7 +59,7 @@ impl Routed {
 #[derive(Default)]
 pub struct Backends {
     targets: Mutex<Vec<(Backend, Arc<Target>)>>,
-    handles: Mutex<Vec<(HandleKey, Counter, Histogram)>>,
+    handles: Mutex<Vec<(HandleKey, RouteHandles)>>,
 }
 
 /// The policy version (by address: the same `Arc` while it does not change), rule and backend.
@@ -68,22 +74,22 @@ impl Backends {
         selected: &Selected<'_>,
         backend: usize,
         shared: &Shared,
-    ) -> (Counter, Histogram) {
+    ) -> RouteHandles {
         let key = (Arc::as_ptr(policy) as usize, selected.index, backend);
-        let mut handles = self.handles.lock().expect("not poisoned");
-        if let Some((_, c, h)) = handles.iter().find(|(k, _, _)| *k == key) {
-            return (c.clone(), h.clone());
+        let mut memo = self.handles.lock().expect("not poisoned");
+        if let Some((_, h)) = memo.iter().find(|(k, _)| *k == key) {
+            return h.clone();
         }
         let labels = RouteBackendLabels {
             route: RouteLabels { parent: policy.parent.clone(), route: selected.route.meta.clone() },
             backend: selected.rule.backends[backend].backend.meta().clone(),
         };
-        let (counter, histogram) = shared.metrics.route_handles(labels);
-        if handles.len() >= MAX_MEMO * 2 {
-            handles.clear();
+        let handles = shared.metrics.route_handles(labels);
+        if memo.len() >= MAX_MEMO * 2 {
+            memo.clear();
         }
-        handles.push((key, counter.clone(), histogram.clone()));
-        (counter, histogram)
+        memo.push((key, handles.clone()));
+        handles
     }
 
     /// The target of `backend`. A Service discovery does not know (yet) is an error, unless it
@@ -147,15 +153,15 @@ pub async fn route<B>(
         return Err(error_response(&ProxyError::new(StatusCode::INTERNAL_SERVER_ERROR, why)));
     };
     let backend_index = rule.backends.iter().position(|b| std::ptr::eq(b, backend)).expect("a backend of the rule");
-    let (requests, duration) = backends.handles(&policy, &selected, backend_index, shared);
-    requests.inc();
+    let handles = backends.handles(&policy, &selected, backend_index, shared);
+    handles.backend_requests.inc();
     let routed_target =
         backends.target(&backend.backend, (&policy.parent, target), shared).await.map_err(|e| error_response(&e))?;
     Ok(Some(Routed {
         target: routed_target,
         timeout: rule.request_timeout,
         route: selected.route.meta.name.clone(),
-        duration,
+        handles,
         index: selected.index,
         backend: backend_index,
         version,

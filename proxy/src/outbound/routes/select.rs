@@ -112,7 +112,13 @@ mod tests {
         HttpRoute {
             meta: ResourceRef::default_named(name),
             hosts,
-            rules: vec![Rule { matches, filters: Vec::new(), backends: Vec::new(), request_timeout: None }],
+            rules: vec![Rule {
+                matches,
+                filters: Vec::new(),
+                backends: Vec::new(),
+                request_timeout: None,
+                retry: None,
+            }],
         }
     }
 
