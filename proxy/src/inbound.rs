@@ -8,14 +8,15 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use crate::metrics::{Direction, TlsLabel};
+use crate::metrics::{DecidedBy, Direction, TlsLabel};
 use crate::outbound::target::Route;
 use crate::outbound::targets::Target;
 use crate::policy::enforce::ConnPolicy;
 use crate::policy::model::PortProtocol;
-use crate::serve::{self, Connection};
+use crate::serve::{self, Connection, Known};
 use crate::shared::Shared;
 use crate::transport::Io;
+use crate::transport::detect::Protocol;
 use crate::transport::maybe_tls::MaybeTls;
 use crate::transport::tls;
 
@@ -35,7 +36,14 @@ pub async fn connection<I: Io>(io: I, peer: SocketAddr, addr: SocketAddr, shared
         None => None,
     };
     let policy_opaque = port.as_ref().is_some_and(|p| p.current().protocol == PortProtocol::Opaque);
-    let opaque_port = policy_opaque || config.opaque_ports.contains(&addr.port());
+    let opaque = |by| Some(Known { protocol: Protocol::Opaque, by });
+    let known = if config.opaque_ports.contains(&addr.port()) {
+        opaque(DecidedBy::configuration)
+    } else if policy_opaque {
+        opaque(DecidedBy::policy)
+    } else {
+        None
+    };
     let enforce = |tls: &TlsLabel| {
         port.map(|p| {
             let target_addr = shared.metrics.target_label(Direction::inbound, addr);
@@ -44,14 +52,14 @@ pub async fn connection<I: Io>(io: I, peer: SocketAddr, addr: SocketAddr, shared
     };
     match shared.identity.as_deref() {
         Some(identity) => {
-            let wait = if opaque_port { config.opaque_tls_wait } else { config.detect_timeout };
+            let wait = if known.is_some() { config.opaque_tls_wait } else { config.detect_timeout };
             match tls::inbound(io, identity, wait, config.inbound_require_tls).await? {
                 tls::Inbound::Accepted { io, prefix, tls } => {
                     // The TLS check already waited and saw nothing: a server-speaks-first client.
                     let silent = prefix.is_empty() && matches!(io, MaybeTls::Plain(_));
                     let policy = enforce(&tls);
-                    let opaque = opaque_port || silent;
-                    let conn = Connection { direction: Direction::inbound, addr, tls, target, opaque, policy };
+                    let known = known.or_else(|| if silent { opaque(DecidedBy::detection) } else { None });
+                    let conn = Connection { direction: Direction::inbound, addr, tls, target, known, policy };
                     serve::serve(io, prefix, conn, shared).await
                 }
                 tls::Inbound::Refused(why) => {
@@ -63,7 +71,7 @@ pub async fn connection<I: Io>(io: I, peer: SocketAddr, addr: SocketAddr, shared
         None => {
             let tls = TlsLabel::plaintext();
             let policy = enforce(&tls);
-            let conn = Connection { direction: Direction::inbound, addr, tls, target, opaque: opaque_port, policy };
+            let conn = Connection { direction: Direction::inbound, addr, tls, target, known, policy };
             serve::serve(io, Bytes::new(), conn, shared).await
         }
     }
