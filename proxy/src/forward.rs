@@ -323,7 +323,7 @@ impl HttpProxy {
             let req = retry::request(&parts, body.clone());
             let result = self.send(target, req, downgraded, retry.timeout).await;
             let again = match &result {
-                Ok((response, _)) => retry.retries(response.status()),
+                Ok((response, _)) => retry.retries(response.status(), response.headers()),
                 Err(e) => e.status == StatusCode::BAD_GATEWAY || e.status == StatusCode::GATEWAY_TIMEOUT,
             };
             if !again || attempt >= retry.max_retries {

@@ -19,7 +19,7 @@ pub struct OutboundPolicy {
     pub protocol: Protocol,
     /// Routes for requests that arrive as HTTP/1 (detected or declared).
     pub http1: Arc<[HttpRoute]>,
-    /// Routes for requests that arrive as HTTP/2.
+    /// Routes for requests that arrive as HTTP/2 (a `grpc` policy's gRPC routes too).
     pub http2: Arc<[HttpRoute]>,
     /// The answer this was built from: two policies are the same when their answers are.
     source: api::OutboundPolicy,
@@ -79,7 +79,7 @@ impl OutboundPolicy {
     pub fn from_api(policy: api::OutboundPolicy) -> Result<Self, Invalid> {
         let source = policy.clone();
         let parent = resource_ref(policy.metadata).map_err(Invalid::Metadata)?;
-        let (mut http1, mut http2) = (Vec::new(), Vec::new());
+        let (mut http1, mut http2, mut grpc) = (Vec::new(), Vec::new(), Vec::new());
         let protocol = match policy.protocol.and_then(|p| p.kind).ok_or(Invalid::NoProtocol)? {
             proxy_protocol::Kind::Detect(d) => {
                 let timeout = d.timeout.ok_or(Invalid::NoDetectTimeout)?;
@@ -96,13 +96,20 @@ impl OutboundPolicy {
                 http2 = h.routes;
                 Protocol::Http2
             }
-            proxy_protocol::Kind::Grpc(_) => Protocol::Grpc,
+            proxy_protocol::Kind::Grpc(g) => {
+                grpc = g.routes;
+                Protocol::Grpc
+            }
             proxy_protocol::Kind::Tls(_) => Protocol::Tls,
         };
         let checked = |routes: Vec<api::HttpRoute>| -> Result<Arc<[HttpRoute]>, Invalid> {
             Ok(routes.into_iter().map(HttpRoute::from_api).collect::<Result<Vec<_>, _>>()?.into())
         };
-        Ok(Self { parent, protocol, http1: checked(http1)?, http2: checked(http2)?, source })
+        let mut http2 = checked(http2)?.to_vec();
+        for route in grpc {
+            http2.push(HttpRoute::from_grpc(route)?);
+        }
+        Ok(Self { parent, protocol, http1: checked(http1)?, http2: http2.into(), source })
     }
 
     /// The routes for a request of `version`.

@@ -10,8 +10,19 @@ use super::model::{Filter, HeaderModifier, PathModifier, Redirect, WeightedBacke
 /// How the proxy answers a request itself instead of forwarding it.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Answer {
-    Redirect { status: StatusCode, location: HeaderValue },
-    Fail { status: StatusCode, message: String },
+    Redirect {
+        status: StatusCode,
+        location: HeaderValue,
+    },
+    Fail {
+        status: StatusCode,
+        message: String,
+    },
+    /// A trailers-only gRPC answer.
+    FailGrpc {
+        code: u16,
+        message: String,
+    },
 }
 
 /// Applies `filters` to the request; `Err` when one answers it instead (a redirect, an injected
@@ -35,6 +46,11 @@ pub fn request_filters<'f, B>(
             Filter::Fail { status, message, ratio } => {
                 if roll() * f64::from(ratio.denominator) < f64::from(ratio.numerator) {
                     return Err(Answer::Fail { status: *status, message: message.clone() });
+                }
+            }
+            Filter::FailGrpc { code, message, ratio } => {
+                if roll() * f64::from(ratio.denominator) < f64::from(ratio.numerator) {
+                    return Err(Answer::FailGrpc { code: *code, message: message.clone() });
                 }
             }
         }

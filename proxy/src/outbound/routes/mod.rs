@@ -4,6 +4,7 @@
 //! [`routed`] puts them together for the per-request proxy.
 
 pub mod apply;
+pub mod grpc;
 pub mod model;
 pub mod retry;
 pub mod routed;

@@ -89,6 +89,8 @@ pub struct Retry {
     pub max_request_bytes: usize,
     /// Response statuses that are retried, inclusive ranges.
     pub statuses: Vec<(u16, u16)>,
+    /// gRPC status codes that are retried (from a trailers-only answer's headers).
+    pub grpc_codes: Vec<u16>,
     /// Each attempt's own time limit: an attempt that runs out is retried.
     pub timeout: Option<Duration>,
     /// Waits between attempts: `min` doubling up to `max`.
@@ -96,9 +98,12 @@ pub struct Retry {
 }
 
 impl Retry {
-    pub fn retries(&self, status: http::StatusCode) -> bool {
+    /// Whether a response with these status and headers is retried.
+    pub fn retries(&self, status: http::StatusCode, headers: &http::HeaderMap) -> bool {
         let code = status.as_u16();
+        let grpc = headers.get("grpc-status").and_then(|v| v.to_str().ok()?.parse::<u16>().ok());
         self.statuses.iter().any(|(start, end)| (*start..=*end).contains(&code))
+            || grpc.is_some_and(|g| self.grpc_codes.contains(&g))
     }
 }
 
@@ -157,6 +162,12 @@ pub enum Filter {
         message: String,
         ratio: Ratio,
     },
+    /// The same for gRPC: a trailers-only answer with this `grpc-status`.
+    FailGrpc {
+        code: u16,
+        message: String,
+        ratio: Ratio,
+    },
 }
 
 /// `numerator / denominator` of requests.
@@ -199,7 +210,7 @@ pub struct InvalidRoute {
     pub why: String,
 }
 
-fn duration<D>(d: Option<D>) -> Result<Option<Duration>, String>
+pub(super) fn duration<D>(d: Option<D>) -> Result<Option<Duration>, String>
 where
     Duration: TryFrom<D>,
 {
@@ -208,14 +219,24 @@ where
 
 impl HttpRoute {
     pub fn from_api(route: api::HttpRoute) -> Result<Self, InvalidRoute> {
-        let label = resource_ref(route.metadata.clone()).map(|r| r.name.to_string()).unwrap_or_default();
+        Self::checked(route.metadata, route.hosts, route.rules, rule)
+    }
+
+    /// A route of either kind from its parts, its rules read by `rule`; refused with its name.
+    pub(super) fn checked<R>(
+        metadata: Option<meta::Metadata>,
+        hosts: Vec<api_route::HostMatch>,
+        rules: Vec<R>,
+        rule: impl Fn(R) -> Result<Rule, String>,
+    ) -> Result<Self, InvalidRoute> {
+        let label = resource_ref(metadata.clone()).map(|r| r.name.to_string()).unwrap_or_default();
         let invalid = |why: String| InvalidRoute { route: label.clone(), why };
-        let meta = resource_ref(route.metadata).map_err(invalid)?;
-        if route.rules.is_empty() {
+        let meta = resource_ref(metadata).map_err(invalid)?;
+        if rules.is_empty() {
             return Err(invalid("no rules".into()));
         }
-        let hosts = route.hosts.into_iter().map(host_match).collect::<Result<_, _>>().map_err(invalid)?;
-        let rules = route.rules.into_iter().map(rule).collect::<Result<_, _>>().map_err(invalid)?;
+        let hosts = hosts.into_iter().map(host_match).collect::<Result<_, _>>().map_err(invalid)?;
+        let rules = rules.into_iter().map(rule).collect::<Result<_, _>>().map_err(invalid)?;
         Ok(Self { meta, hosts, rules })
     }
 }
@@ -233,23 +254,10 @@ fn host_match(h: api_route::HostMatch) -> Result<HostMatch, String> {
 fn rule(r: http_route::Rule) -> Result<Rule, String> {
     let matches = r.matches.into_iter().map(request_match).collect::<Result<_, _>>()?;
     let filters = r.filters.into_iter().map(filter).collect::<Result<_, _>>()?;
-    let backends = match r.backends.and_then(|d| d.kind).ok_or("no backends")? {
-        http_route::distribution::Kind::Empty(_) => Vec::new(),
-        http_route::distribution::Kind::FirstAvailable(f) => {
-            f.backends.into_iter().take(1).map(|b| route_backend(b, 1)).collect::<Result<_, _>>()?
-        }
-        http_route::distribution::Kind::RandomAvailable(r) => r
-            .backends
-            .into_iter()
-            .map(|w| route_backend(w.backend.ok_or("weighted backend without a backend")?, w.weight))
-            .collect::<Result<_, _>>()?,
-    };
+    let backends = distribution(distribution_of!(r.backends, http_route), route_backend)?;
     #[allow(deprecated)]
-    let legacy = r.request_timeout;
-    let timeouts = r.timeouts.unwrap_or_default();
-    let request_timeout = duration(timeouts.request.or(timeouts.response).or(legacy))?;
-    let retry = r.retry.map(retry).transpose()?;
-    Ok(Rule { matches, filters, backends, request_timeout, retry })
+    let request_timeout = request_timeout(r.timeouts, duration(r.request_timeout)?)?;
+    Ok(Rule { matches, filters, backends, request_timeout, retry: r.retry.map(retry).transpose()? })
 }
 
 fn retry(r: http_route::Retry) -> Result<Retry, String> {
@@ -267,26 +275,75 @@ fn retry(r: http_route::Retry) -> Result<Retry, String> {
             }
         })
         .collect::<Result<_, _>>()?;
-    let backoff = match r.backoff {
-        Some(b) => {
-            let min = duration(b.min_backoff)?.unwrap_or_default();
-            Some((min, duration(b.max_backoff)?.unwrap_or(min).max(min)))
-        }
-        None => None,
-    };
     Ok(Retry {
         max_retries: r.max_retries,
         max_request_bytes: usize::try_from(r.max_request_bytes).unwrap_or(usize::MAX),
         statuses,
+        grpc_codes: Vec::new(),
         timeout: duration(r.timeout)?,
-        backoff,
+        backoff: backoff(r.backoff)?,
     })
 }
 
+/// `timeouts.request`, else `timeouts.response`, else the deprecated `requestTimeout` (which
+/// servers still set to `timeouts.response`).
+pub(super) fn request_timeout(
+    t: Option<api_route::Timeouts>,
+    legacy: Option<Duration>,
+) -> Result<Option<Duration>, String> {
+    let t = t.unwrap_or_default();
+    Ok(duration(t.request.or(t.response))?.or(legacy))
+}
+
+/// A rule's `Distribution` as [`Distribution`], for either route kind (`http_route` or
+/// `grpc_route`: generated types of one shape).
+macro_rules! distribution_of {
+    ($d:expr, $kind:ident) => {
+        match $d.and_then(|d| d.kind).ok_or("no backends")? {
+            $kind::distribution::Kind::Empty(_) => $crate::outbound::routes::model::Distribution::Empty,
+            $kind::distribution::Kind::FirstAvailable(f) => {
+                $crate::outbound::routes::model::Distribution::First(f.backends)
+            }
+            $kind::distribution::Kind::RandomAvailable(r) => $crate::outbound::routes::model::Distribution::Random(
+                r.backends.into_iter().map(|w| (w.backend, w.weight)).collect(),
+            ),
+        }
+    };
+}
+pub(super) use distribution_of;
+
+/// A rule's backends as the proto's `Distribution` gives them, whatever the route kind.
+pub(super) enum Distribution<B> {
+    Empty,
+    /// Only the first is used.
+    First(Vec<B>),
+    Random(Vec<(Option<B>, u32)>),
+}
+
+pub(super) fn distribution<B>(
+    d: Distribution<B>,
+    convert: impl Fn(B, u32) -> Result<WeightedBackend, String>,
+) -> Result<Vec<WeightedBackend>, String> {
+    match d {
+        Distribution::Empty => Ok(Vec::new()),
+        Distribution::First(backends) => backends.into_iter().take(1).map(|b| convert(b, 1)).collect(),
+        Distribution::Random(backends) => backends
+            .into_iter()
+            .map(|(b, weight)| convert(b.ok_or("weighted backend without a backend")?, weight))
+            .collect(),
+    }
+}
+
 fn route_backend(b: http_route::RouteBackend, weight: u32) -> Result<WeightedBackend, String> {
-    let backend = b.backend.ok_or("route backend without a backend")?;
+    let backend = backend_of(b.backend)?;
+    let filters = b.filters.into_iter().map(filter).collect::<Result<_, _>>()?;
+    Ok(WeightedBackend { backend, weight, filters })
+}
+
+pub(super) fn backend_of(backend: Option<api::Backend>) -> Result<Backend, String> {
+    let backend = backend.ok_or("route backend without a backend")?;
     let meta = resource_ref(backend.metadata).unwrap_or_else(|_| ResourceRef::default_named("unknown"));
-    let backend = match backend.kind.ok_or("backend without a kind")? {
+    Ok(match backend.kind.ok_or("backend without a kind")? {
         backend::Kind::Forward(w) => {
             let addr = w.addr.ok_or("forward backend without an address")?;
             let addr = SocketAddr::try_from(addr).map_err(|e| format!("forward backend: {e}"))?;
@@ -297,9 +354,7 @@ fn route_backend(b: http_route::RouteBackend, weight: u32) -> Result<WeightedBac
             let backend::endpoint_discovery::Kind::Dst(dst) = discovery;
             Backend::Service { meta, path: dst.path.into() }
         }
-    };
-    let filters = b.filters.into_iter().map(filter).collect::<Result<_, _>>()?;
-    Ok(WeightedBackend { backend, weight, filters })
+    })
 }
 
 fn request_match(m: api_route::HttpRouteMatch) -> Result<RequestMatch, String> {
@@ -312,18 +367,7 @@ fn request_match(m: api_route::HttpRouteMatch) -> Result<RequestMatch, String> {
             api_route::path_match::Kind::Regex(r) => anchored(&r).map(PathMatch::Regex),
         })
         .transpose()?;
-    let headers = m
-        .headers
-        .into_iter()
-        .map(|h| {
-            let name = HeaderName::try_from(h.name.as_str()).map_err(|e| format!("header {:?}: {e}", h.name))?;
-            let value = match h.value.ok_or("header match without a value")? {
-                api_route::header_match::Value::Exact(v) => ValueMatch::Exact(v),
-                api_route::header_match::Value::Regex(r) => ValueMatch::Regex(anchored(&r)?),
-            };
-            Ok((name, value))
-        })
-        .collect::<Result<_, String>>()?;
+    let headers = header_matches(m.headers)?;
     let query = m
         .query_params
         .into_iter()
@@ -339,12 +383,25 @@ fn request_match(m: api_route::HttpRouteMatch) -> Result<RequestMatch, String> {
     Ok(RequestMatch { path, headers, query, method })
 }
 
+pub(super) fn header_matches(h: Vec<api_route::HeaderMatch>) -> Result<Vec<(HeaderName, ValueMatch)>, String> {
+    h.into_iter()
+        .map(|h| {
+            let name = HeaderName::try_from(h.name.as_str()).map_err(|e| format!("header {:?}: {e}", h.name))?;
+            let value = match h.value.ok_or("header match without a value")? {
+                api_route::header_match::Value::Exact(v) => ValueMatch::Exact(v),
+                api_route::header_match::Value::Regex(r) => ValueMatch::Regex(anchored(&r)?),
+            };
+            Ok((name, value))
+        })
+        .collect()
+}
+
 /// Gateway API regexes match the whole value.
-fn anchored(r: &str) -> Result<regex::Regex, String> {
+pub(super) fn anchored(r: &str) -> Result<regex::Regex, String> {
     regex::Regex::new(&format!("^(?:{r})$")).map_err(|e| format!("regex {r:?}: {e}"))
 }
 
-fn headers(h: Option<http_types::Headers>) -> Result<Vec<(HeaderName, HeaderValue)>, String> {
+pub(super) fn headers(h: Option<http_types::Headers>) -> Result<Vec<(HeaderName, HeaderValue)>, String> {
     h.map(|h| h.headers)
         .unwrap_or_default()
         .into_iter()
@@ -356,7 +413,7 @@ fn headers(h: Option<http_types::Headers>) -> Result<Vec<(HeaderName, HeaderValu
         .collect()
 }
 
-fn names(names: Vec<String>) -> Result<Vec<HeaderName>, String> {
+pub(super) fn names(names: Vec<String>) -> Result<Vec<HeaderName>, String> {
     names.iter().map(|n| HeaderName::try_from(n.as_str()).map_err(|e| format!("header {n:?}: {e}"))).collect()
 }
 
@@ -395,15 +452,26 @@ fn filter(f: http_route::Filter) -> Result<Filter, String> {
             status: http::StatusCode::from_u16(u16::try_from(f.status).unwrap_or(0))
                 .map_err(|_| format!("failure status {}", f.status))?,
             message: f.message,
-            ratio: match f.ratio {
-                None => Ratio { numerator: 1, denominator: 1 },
-                Some(r) if r.denominator > 0 && r.numerator <= r.denominator => {
-                    Ratio { numerator: r.numerator, denominator: r.denominator }
-                }
-                Some(r) => return Err(format!("failure ratio {}/{}", r.numerator, r.denominator)),
-            },
+            ratio: ratio(f.ratio)?,
         },
     })
+}
+
+/// A failure injector's share of requests: all of them when unset.
+pub(super) fn ratio(r: Option<api_route::Ratio>) -> Result<Ratio, String> {
+    match r {
+        None => Ok(Ratio { numerator: 1, denominator: 1 }),
+        Some(r) if r.denominator > 0 && r.numerator <= r.denominator => {
+            Ok(Ratio { numerator: r.numerator, denominator: r.denominator })
+        }
+        Some(r) => Err(format!("failure ratio {}/{}", r.numerator, r.denominator)),
+    }
+}
+
+pub(super) fn backoff(b: Option<api::ExponentialBackoff>) -> Result<Option<(Duration, Duration)>, String> {
+    let Some(b) = b else { return Ok(None) };
+    let min = duration(b.min_backoff)?.unwrap_or_default();
+    Ok(Some((min, duration(b.max_backoff)?.unwrap_or(min).max(min))))
 }
 
 #[cfg(test)]

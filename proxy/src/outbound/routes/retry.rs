@@ -68,6 +68,7 @@ mod tests {
             max_retries: 2,
             max_request_bytes,
             statuses: vec![(500, 599)],
+            grpc_codes: Vec::new(),
             timeout: None,
             backoff: Some((Duration::from_millis(10), Duration::from_millis(50))),
         }
@@ -91,7 +92,8 @@ mod tests {
     #[test]
     fn statuses_and_backoff() {
         let r = retry(1);
-        assert!(r.retries(StatusCode::SERVICE_UNAVAILABLE) && !r.retries(StatusCode::NOT_FOUND));
+        let none = http::HeaderMap::new();
+        assert!(r.retries(StatusCode::SERVICE_UNAVAILABLE, &none) && !r.retries(StatusCode::NOT_FOUND, &none));
         let waits: Vec<_> = (1..=4).map(|a| backoff(&r, a).unwrap().as_millis()).collect();
         assert_eq!(waits, [10, 20, 40, 50]);
         assert_eq!(backoff(&Retry { backoff: None, ..r }, 1), None);

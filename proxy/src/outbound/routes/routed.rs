@@ -178,5 +178,15 @@ fn answer(a: Answer) -> Response<Body> {
             r
         }
         Answer::Fail { status, message } => error_response(&ProxyError::new(status, message)),
+        Answer::FailGrpc { code, message } => {
+            let mut r = Response::new(full(bytes::Bytes::new()));
+            let h = r.headers_mut();
+            h.insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/grpc"));
+            h.insert("grpc-status", http::HeaderValue::from(code));
+            if let Ok(v) = http::HeaderValue::from_str(&message) {
+                h.insert("grpc-message", v);
+            }
+            r
+        }
     }
 }
