@@ -4,7 +4,7 @@
 //!
 //! Layers, as in Linkerd's policy controller, each built on those before it (never after):
 //! 1. model/index (pure): [`destination`] (model, index, path, resolve), [`policy`] (CRDs,
-//!    model, index), [`identity`]'s issuer model, [`inject`]'s mutation, [`metrics`];
+//!    model, index; the index also holds [`routes`]: Gateway API HTTPRoute/GRPCRoute), [`identity`]'s issuer model, [`inject`]'s mutation, [`metrics`];
 //! 2. sources: [`sources`] (Kubernetes watchers, YAML files), the identity token sources and
 //!    the issuer directory;
 //! 3. gRPC: [`grpc`] (Destination, Identity, inbound and outbound policy over TLS) and the webhook's HTTPS endpoint;
@@ -25,6 +25,7 @@ pub mod leader;
 pub mod metrics;
 pub mod operator;
 pub mod policy;
+pub mod routes;
 pub mod serve;
 pub mod sources;
 pub mod webhook_certs;

@@ -107,7 +107,9 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Out
             routes = routes
                 .add_service(DestinationService::new(index.clone(), config.destination.clone()).into_server())
                 .add_service(InboundService::new(policy.clone()).into_server())
-                .add_service(OutboundService::new(index.clone(), config.destination).into_server());
+                .add_service(
+                    OutboundService::new(index.clone(), config.destination).with_routes(policy.clone()).into_server(),
+                );
             Some(match source {
                 ClusterSource::Files(dir) => tokio::spawn(FileSource::new(dir).with_policy(policy).run(index)),
                 ClusterSource::Kube(client) => tokio::spawn(KubeSource::new(client).with_policy(policy).run(index)),

@@ -187,47 +187,11 @@ fn stock_proxy_accepts_inbound(server: &inbound::Server) {
     }
 }
 
-/// What linkerd2-proxy's `client-policy` crate requires of an `OutboundPolicy`.
+/// What linkerd2-proxy's `client-policy` crate requires of an `OutboundPolicy` (and its
+/// `http-route`/`grpc-route` conversions): any violation makes the proxy reject the whole update.
 fn stock_proxy_accepts_outbound(policy: &outbound::OutboundPolicy) {
     assert!(policy.metadata.as_ref().and_then(|m| m.kind.as_ref()).is_some(), "metadata");
     let kind = policy.protocol.as_ref().and_then(|p| p.kind.as_ref()).expect("protocol set");
-    let check_backend = |b: &outbound::Backend| {
-        assert!(b.metadata.is_some() && b.queue.as_ref().is_some_and(|q| q.failfast_timeout.is_some()), "{b:?}");
-        match b.kind.as_ref().expect("backend kind") {
-            backend::Kind::Balancer(p2c) => {
-                assert!(p2c.discovery.as_ref().and_then(|d| d.kind.as_ref()).is_some() && p2c.load.is_some())
-            }
-            backend::Kind::Forward(addr) => assert!(addr.addr.is_some()),
-        }
-    };
-    let check_opaque = |o: &out_proto::Opaque| {
-        assert!(!o.routes.is_empty());
-        for r in &o.routes {
-            assert!(r.metadata.is_some() && !r.rules.is_empty());
-            for rule in &r.rules {
-                let Some(outbound::opaque_route::distribution::Kind::FirstAvailable(first)) =
-                    rule.backends.as_ref().and_then(|d| d.kind.as_ref())
-                else {
-                    panic!("{rule:?}")
-                };
-                first.backends.iter().for_each(|b| check_backend(b.backend.as_ref().expect("backend")));
-            }
-        }
-    };
-    let check_http = |routes: &[outbound::HttpRoute]| {
-        assert!(!routes.is_empty());
-        for r in routes {
-            assert!(r.metadata.is_some() && !r.rules.is_empty());
-            for rule in &r.rules {
-                let Some(outbound::http_route::distribution::Kind::FirstAvailable(first)) =
-                    rule.backends.as_ref().and_then(|d| d.kind.as_ref())
-                else {
-                    panic!("{rule:?}")
-                };
-                first.backends.iter().for_each(|b| check_backend(b.backend.as_ref().expect("backend")));
-            }
-        }
-    };
     match kind {
         out_proto::Kind::Detect(d) => {
             assert!(d.timeout.is_some(), "Detect needs a timeout");
@@ -236,7 +200,163 @@ fn stock_proxy_accepts_outbound(policy: &outbound::OutboundPolicy) {
             check_http(&d.http2.as_ref().expect("detect.http2").routes);
         }
         out_proto::Kind::Opaque(o) => check_opaque(o),
+        out_proto::Kind::Grpc(g) => check_grpc(&g.routes),
         other => panic!("unexpected protocol {other:?}"),
+    }
+}
+
+fn check_backend(b: &outbound::Backend) {
+    assert!(b.metadata.is_some() && b.queue.as_ref().is_some_and(|q| q.failfast_timeout.is_some()), "{b:?}");
+    match b.kind.as_ref().expect("backend kind") {
+        backend::Kind::Balancer(p2c) => {
+            assert!(p2c.discovery.as_ref().and_then(|d| d.kind.as_ref()).is_some() && p2c.load.is_some())
+        }
+        backend::Kind::Forward(addr) => assert!(addr.addr.is_some()),
+    }
+}
+
+fn check_opaque(o: &out_proto::Opaque) {
+    assert!(!o.routes.is_empty());
+    for r in &o.routes {
+        assert!(r.metadata.is_some() && !r.rules.is_empty());
+        for rule in &r.rules {
+            let Some(outbound::opaque_route::distribution::Kind::FirstAvailable(first)) =
+                rule.backends.as_ref().and_then(|d| d.kind.as_ref())
+            else {
+                panic!("{rule:?}")
+            };
+            first.backends.iter().for_each(|b| check_backend(b.backend.as_ref().expect("backend")));
+        }
+    }
+}
+
+/// The backends of an HTTP or gRPC rule's distribution with their weights (first-available:
+/// 1 each), and whether it is random: one shape in two generated modules.
+macro_rules! distribution_backends {
+    ($distribution:expr, $module:ident) => {{
+        use outbound::$module::distribution::Kind;
+        match $distribution.as_ref().and_then(|d| d.kind.as_ref()).expect("distribution") {
+            Kind::FirstAvailable(first) => {
+                (first.backends.iter().map(|b| (1, b.backend.as_ref().expect("backend"))).collect::<Vec<_>>(), false)
+            }
+            Kind::RandomAvailable(random) => (
+                random
+                    .backends
+                    .iter()
+                    .map(|b| (b.weight, b.backend.as_ref().and_then(|b| b.backend.as_ref()).expect("backend")))
+                    .collect(),
+                true,
+            ),
+            Kind::Empty(_) => panic!("an empty distribution fails every request"),
+        }
+    }};
+}
+
+/// A distribution's backends, each with its weight (first-available counts as one each): never
+/// empty, and a random one never all zero (the proxy's weighted index refuses that).
+fn check_distribution(backends: Vec<(u32, &outbound::Backend)>, random: bool) {
+    assert!(!backends.is_empty(), "a distribution needs backends");
+    if random {
+        assert!(backends.iter().any(|(w, _)| *w > 0), "weights all zero");
+    }
+    backends.iter().for_each(|(_, b)| check_backend(b));
+}
+
+fn check_header_names(names: impl IntoIterator<Item = String>) {
+    for name in names {
+        http::HeaderName::from_bytes(name.as_bytes()).unwrap_or_else(|_| panic!("header name {name:?}"));
+    }
+}
+
+fn check_header_match(m: &linkerd2_proxy_api::http_route::HeaderMatch) {
+    check_header_names([m.name.clone()]);
+    match m.value.as_ref().expect("header match value") {
+        linkerd2_proxy_api::http_route::header_match::Value::Exact(v) => {
+            http::HeaderValue::from_bytes(v).expect("header value");
+        }
+        linkerd2_proxy_api::http_route::header_match::Value::Regex(r) => {
+            regex::Regex::new(r).expect("header regex");
+        }
+    }
+}
+
+fn check_modifier(
+    add: &Option<linkerd2_proxy_api::http_types::Headers>,
+    set: &Option<linkerd2_proxy_api::http_types::Headers>,
+    remove: &[String],
+) {
+    for h in add.iter().chain(set).flat_map(|h| &h.headers) {
+        check_header_names([h.name.clone()]);
+        http::HeaderValue::from_bytes(&h.value).expect("header value");
+    }
+    check_header_names(remove.iter().cloned());
+}
+
+fn check_retry_backoff(backoff: Option<&outbound::ExponentialBackoff>) {
+    let b = backoff.expect("retries carry a backoff");
+    let (min, max) = (b.min_backoff.expect("min"), b.max_backoff.expect("max"));
+    assert!((min.seconds, min.nanos) <= (max.seconds, max.nanos), "{b:?}");
+    assert!((0.0..=100.0).contains(&b.jitter_ratio));
+}
+
+fn check_http(routes: &[outbound::HttpRoute]) {
+    use outbound::http_route::{distribution, filter};
+    assert!(!routes.is_empty());
+    for r in routes {
+        assert!(r.metadata.is_some() && !r.rules.is_empty());
+        for rule in &r.rules {
+            for m in &rule.matches {
+                if let Some(linkerd2_proxy_api::http_route::path_match::Kind::Regex(re)) =
+                    m.path.as_ref().and_then(|p| p.kind.as_ref())
+                {
+                    regex::Regex::new(re).expect("path regex");
+                }
+                m.headers.iter().for_each(check_header_match);
+                if let Some(method) = &m.method {
+                    http::Method::try_from(method.clone()).expect("method");
+                }
+            }
+            let filters = rule.filters.iter().chain(match rule.backends.as_ref().and_then(|d| d.kind.as_ref()) {
+                Some(distribution::Kind::RandomAvailable(r)) => r
+                    .backends
+                    .iter()
+                    .flat_map(|b| &b.backend.as_ref().expect("route backend").filters)
+                    .collect::<Vec<_>>(),
+                Some(distribution::Kind::FirstAvailable(f)) => f.backends.iter().flat_map(|b| &b.filters).collect(),
+                _ => Vec::new(),
+            });
+            for f in filters {
+                match f.kind.as_ref().expect("filter kind") {
+                    filter::Kind::RequestHeaderModifier(m) => check_modifier(&m.add, &m.set, &m.remove),
+                    filter::Kind::ResponseHeaderModifier(m) => check_modifier(&m.add, &m.set, &m.remove),
+                    filter::Kind::Redirect(r) => assert!(r.status == 0 || (300..400).contains(&r.status), "{r:?}"),
+                    filter::Kind::FailureInjector(f) => assert!((100..600).contains(&f.status), "{f:?}"),
+                }
+            }
+            if let Some(retry) = &rule.retry {
+                let conditions = retry.conditions.as_ref().expect("retry conditions must be set");
+                assert!(conditions.status_ranges.iter().all(|r| r.start <= r.end && r.end < 600), "{retry:?}");
+                check_retry_backoff(retry.backoff.as_ref());
+            }
+            let (backends, random) = distribution_backends!(rule.backends, http_route);
+            check_distribution(backends, random);
+        }
+    }
+}
+
+fn check_grpc(routes: &[outbound::GrpcRoute]) {
+    assert!(!routes.is_empty());
+    for r in routes {
+        assert!(r.metadata.is_some() && !r.rules.is_empty());
+        for rule in &r.rules {
+            rule.matches.iter().flat_map(|m| &m.headers).for_each(check_header_match);
+            if let Some(retry) = &rule.retry {
+                assert!(retry.conditions.is_some(), "retry conditions must be set");
+                check_retry_backoff(retry.backoff.as_ref());
+            }
+            let (backends, random) = distribution_backends!(rule.backends, grpc_route);
+            check_distribution(backends, random);
+        }
     }
 }
 
@@ -370,5 +490,182 @@ async fn outbound_answers_and_streams_protocol_changes() {
 
     running.stop.take().unwrap().send(()).unwrap();
     drop(watch);
+    tokio::time::timeout(Duration::from_secs(20), running.task).await.unwrap().unwrap().unwrap();
+}
+
+const HTTP_ROUTE: &str = r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata:
+  name: api-canary
+  namespace: shop
+  annotations: {retry.cnimesh.io/http: "5xx", retry.cnimesh.io/limit: "2", retry.cnimesh.io/timeout: 300ms}
+spec:
+  parentRefs: [{group: "", kind: Service, name: api, port: 80}]
+  rules:
+  - matches: [{path: {type: PathPrefix, value: /v1}, method: GET, headers: [{name: x-user, type: RegularExpression, value: "^a"}]}]
+    filters: [{type: RequestHeaderModifier, requestHeaderModifier: {set: [{name: x-route, value: canary}]}}]
+    backendRefs:
+    - {name: api, port: 80, weight: 90}
+    - {name: api-v2, port: 8080, weight: 10}
+    timeouts: {request: 5s, backendRequest: 1s}
+  - matches: [{path: {type: Exact, value: /old}}]
+    filters: [{type: RequestRedirect, requestRedirect: {path: {type: ReplaceFullPath, replaceFullPath: /new}}}]
+"#;
+
+const GRPC_ROUTE: &str = r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: GRPCRoute
+metadata:
+  name: items
+  namespace: shop
+  annotations: {retry.cnimesh.io/grpc: "unavailable"}
+spec:
+  parentRefs: [{group: "", kind: Service, name: api}]
+  rules:
+  - matches: [{method: {service: shop.Items, method: Get}}]
+    backendRefs: [{name: api-v2, port: 8080}]
+"#;
+
+/// A consumer route: in another namespace than the Service, for that namespace's clients only.
+const CONSUMER_ROUTE: &str = r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: ops-view, namespace: ops}
+spec:
+  parentRefs: [{group: "", kind: Service, name: api, namespace: shop}]
+  rules: [{backendRefs: [{name: api, namespace: shop, port: 80}]}]
+---
+apiVersion: gateway.networking.k8s.io/v1beta1
+kind: ReferenceGrant
+metadata: {name: ops-routes, namespace: shop}
+spec:
+  from: [{group: gateway.networking.k8s.io, kind: HTTPRoute, namespace: ops}]
+  to: [{group: "", kind: Service}]
+"#;
+
+fn http_routes(policy: &outbound::OutboundPolicy) -> Vec<outbound::HttpRoute> {
+    stock_proxy_accepts_outbound(policy);
+    let Some(out_proto::Kind::Detect(detect)) = policy.protocol.as_ref().and_then(|p| p.kind.clone()) else {
+        panic!("{policy:?}")
+    };
+    assert_eq!(detect.http1.as_ref().unwrap().routes, detect.http2.as_ref().unwrap().routes);
+    detect.http1.unwrap().routes
+}
+
+fn resource(meta: Option<&linkerd2_proxy_api::meta::Metadata>) -> linkerd2_proxy_api::meta::Resource {
+    match meta.and_then(|m| m.kind.clone()) {
+        Some(metadata::Kind::Resource(r)) => r,
+        other => panic!("{other:?}"),
+    }
+}
+
+fn weights(rule: &outbound::http_route::Rule) -> Vec<(u32, String)> {
+    let Some(outbound::http_route::distribution::Kind::RandomAvailable(random)) =
+        rule.backends.as_ref().and_then(|d| d.kind.clone())
+    else {
+        panic!("{rule:?}")
+    };
+    random
+        .backends
+        .iter()
+        .map(|b| {
+            let backend = b.backend.as_ref().and_then(|b| b.backend.clone()).unwrap();
+            let Some(backend::Kind::Balancer(p2c)) = backend.kind else { panic!() };
+            let Some(backend::endpoint_discovery::Kind::Dst(dst)) = p2c.discovery.and_then(|d| d.kind) else {
+                panic!()
+            };
+            (b.weight, dst.path)
+        })
+        .collect()
+}
+
+fn from(workload: &str, ip: &str, port: u16) -> TrafficSpec {
+    TrafficSpec { source_workload: workload.into(), ..addr(ip, port) }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outbound_serves_routes_and_streams_route_changes() {
+    let mut running = start().await;
+    write(running.cluster.path(), "route.yaml", HTTP_ROUTE);
+    let mut client = OutboundPoliciesClient::new(channel(&running).await);
+    let mut watch = client.watch(addr("10.96.0.10", 80)).await.unwrap().into_inner();
+    // The route file may land after the first answer: wait for the answer that has it.
+    let mut policy = next(&mut watch).await;
+    while resource(http_routes(&policy)[0].metadata.as_ref()).kind != "HTTPRoute" {
+        policy = next(&mut watch).await;
+    }
+    let routes = http_routes(&policy);
+    assert_eq!(routes.len(), 1);
+    let meta = resource(routes[0].metadata.as_ref());
+    assert_eq!(
+        (meta.group.as_str(), meta.kind.as_str(), meta.namespace.as_str(), meta.name.as_str()),
+        ("gateway.networking.k8s.io", "HTTPRoute", "shop", "api-canary")
+    );
+    let (split, redirect) = (&routes[0].rules[0], &routes[0].rules[1]);
+    assert_eq!(
+        weights(split),
+        [(90, "api.shop.svc.cluster.local:80".to_string()), (10, "api-v2.shop.svc.cluster.local:8080".to_string())]
+    );
+    let timeouts = split.timeouts.unwrap();
+    assert_eq!(timeouts.request, Some(prost_types::Duration { seconds: 5, nanos: 0 }));
+    assert_eq!(timeouts.response, Some(prost_types::Duration { seconds: 1, nanos: 0 }));
+    let retry = split.retry.as_ref().unwrap();
+    assert_eq!((retry.max_retries, retry.max_request_bytes), (2, 64 * 1024));
+    assert_eq!(retry.timeout, Some(prost_types::Duration { seconds: 0, nanos: 300_000_000 }));
+    let ranges = &retry.conditions.as_ref().unwrap().status_ranges;
+    assert_eq!((ranges[0].start, ranges[0].end), (500, 599));
+    let Some(outbound::http_route::filter::Kind::Redirect(r)) = redirect.filters[0].kind.clone() else { panic!() };
+    assert_eq!(r.status, 302, "the Gateway API's default redirect status");
+    let Some(outbound::http_route::distribution::Kind::FirstAvailable(parent)) =
+        redirect.backends.as_ref().and_then(|d| d.kind.clone())
+    else {
+        panic!("a rule without backendRefs goes to its parent")
+    };
+    assert_eq!(resource(parent.backends[0].backend.as_ref().unwrap().metadata.as_ref()).name, "api");
+
+    // Another port of the Service is not attached: default route.
+    let other = client.get(addr("10.96.0.10", 5432)).await.unwrap().into_inner();
+    assert!(matches!(other.protocol.unwrap().kind, Some(out_proto::Kind::Opaque(_))));
+
+    // A weight change streams.
+    write(running.cluster.path(), "route.yaml", &HTTP_ROUTE.replace("weight: 90", "weight: 50"));
+    let routes = http_routes(&next(&mut watch).await);
+    assert_eq!(weights(&routes[0].rules[0])[0].0, 50);
+
+    // A bad edit is refused: nothing is sent, and the last good version stays (seen once the
+    // GRPCRoute that took over the port is gone again).
+    write(running.cluster.path(), "route.yaml", &HTTP_ROUTE.replace("value: \"^a\"", "value: \"([\""));
+    write(running.cluster.path(), "grpc.yaml", GRPC_ROUTE);
+    let grpc = next(&mut watch).await;
+    stock_proxy_accepts_outbound(&grpc);
+    let Some(out_proto::Kind::Grpc(g)) = grpc.protocol.as_ref().and_then(|p| p.kind.clone()) else {
+        panic!("GRPCRoutes win over HTTPRoutes: {grpc:?}")
+    };
+    assert_eq!(resource(g.routes[0].metadata.as_ref()).kind, "GRPCRoute");
+    let rpc = g.routes[0].rules[0].matches[0].rpc.clone().unwrap();
+    assert_eq!((rpc.service.as_str(), rpc.method.as_str()), ("shop.Items", "Get"));
+    assert!(g.routes[0].rules[0].retry.as_ref().unwrap().conditions.unwrap().unavailable);
+    std::fs::remove_file(running.cluster.path().join("grpc.yaml")).unwrap();
+    let routes = http_routes(&next(&mut watch).await);
+    assert_eq!(weights(&routes[0].rules[0])[0].0, 50, "the last good HTTPRoute");
+
+    // A consumer route replaces the producer's for its own namespace's clients only.
+    write(running.cluster.path(), "consumer.yaml", CONSUMER_ROUTE);
+    let mut ops = client.watch(from(r#"{"ns":"ops","pod":"tool-0"}"#, "10.96.0.10", 80)).await.unwrap().into_inner();
+    let mut policy = next(&mut ops).await;
+    while resource(http_routes(&policy)[0].metadata.as_ref()).namespace != "ops" {
+        policy = next(&mut ops).await;
+    }
+    assert_eq!(http_routes(&policy).len(), 1);
+    let shop = client.get(from("shop:web-0", "10.96.0.10", 80)).await.unwrap().into_inner();
+    assert_eq!(resource(http_routes(&shop)[0].metadata.as_ref()).name, "api-canary");
+    // Without the grant, the consumer route's backend in shop is not allowed: not served.
+    write(running.cluster.path(), "consumer.yaml", CONSUMER_ROUTE.split("---").next().unwrap());
+    let policy = next(&mut ops).await;
+    assert_eq!(resource(http_routes(&policy)[0].metadata.as_ref()).name, "api-canary");
+
+    running.stop.take().unwrap().send(()).unwrap();
+    drop((watch, ops));
     tokio::time::timeout(Duration::from_secs(20), running.task).await.unwrap().unwrap().unwrap();
 }

@@ -1,7 +1,8 @@
 //! Policy over the Kubernetes source: kube-rs watchers for Namespaces and the policy resources
 //! (and the one Pod watch Destination shares) against a scripted API server: list, watch events,
 //! an invalid resource ignored with its last good version kept, a 410 Gone re-list that drops
-//! what the API server no longer has. Answers read from the policy index's watch channels.
+//! what the API server no longer has; the same for Gateway API routes, whose CRDs may be missing
+//! (404) without holding policy back. Answers read from the policy index's watch channels.
 
 use std::time::Duration;
 
@@ -96,4 +97,73 @@ async fn policy_resources_are_listed_watched_and_relisted() {
     let (meta, protocol) = changed(&mut rx).await;
     assert_eq!((meta, protocol), (ServerMeta::Default(DefaultPolicy::Deny), Protocol::Detect));
     assert!(api.requests(SERVERS, false).len() >= 2, "re-listed");
+}
+
+const HTTP_ROUTES: &str = "/apis/gateway.networking.k8s.io/v1/httproutes";
+const GRPC_ROUTES: &str = "/apis/gateway.networking.k8s.io/v1/grpcroutes";
+const GRANTS: &str = "/apis/gateway.networking.k8s.io/v1beta1/referencegrants";
+
+fn http_route(path_regex: &str, rv: &str) -> Value {
+    json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+        "metadata": {"namespace": "shop", "name": "api-split", "resourceVersion": rv},
+        "spec": {"parentRefs": [{"group": "", "kind": "Service", "name": "api"}],
+            "rules": [{"matches": [{"path": {"type": "RegularExpression", "value": path_regex}}],
+                "backendRefs": [{"name": "api", "port": 80, "weight": 9}, {"name": "api-v2", "port": 80, "weight": 1}]}]}})
+}
+
+async fn routes_changed(rx: &mut watch::Receiver<cnimesh_control::routes::ServiceRoutes>) -> Vec<String> {
+    tokio::time::timeout(PATIENCE, rx.changed()).await.expect("an update in time").unwrap();
+    let routes = rx.borrow_and_update().clone();
+    routes.iter().map(|r| format!("{}/{}", r.kind.as_str(), r.key)).collect()
+}
+
+fn path_regex(routes: &cnimesh_control::routes::ServiceRoutes) -> String {
+    let cnimesh_control::routes::model::Matches::Http(matches) = &routes[0].rules[0].matches else { panic!() };
+    match &matches[0].path {
+        Some(cnimesh_control::routes::model::PathMatch::Regex(r)) => r.clone(),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Routes over the Kubernetes source: HTTPRoutes listed and watched (a bad edit ignored, its last
+/// good version kept; a 410 re-list that drops it), and GRPCRoutes whose CRD is not installed
+/// (404) counted as none, so policy is ready, then picked up once the API server serves them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routes_are_watched_and_a_missing_gateway_api_counts_as_no_routes() {
+    let api = ListWatchApi::new();
+    let empty = ["/api/v1/services", "/apis/discovery.k8s.io/v1/endpointslices", PODS, NAMESPACES, GRANTS];
+    for path in empty.into_iter().chain(POLICY_PATHS) {
+        api.set_list(path, Vec::new(), "10");
+    }
+    api.set_list(HTTP_ROUTES, vec![http_route("^/v1/.*", "5")], "10");
+
+    let index = destination::Index::new();
+    let policy = policy::Index::new(policy::Config::default());
+    let source = KubeSource::new(api.client()).with_policy(policy.clone()).run(index.clone());
+    tokio::spawn(async move { source.await.expect("kube source") });
+    tokio::time::timeout(PATIENCE, policy.ready()).await.expect("ready without the GRPCRoute CRD");
+    assert!(!api.requests(GRPC_ROUTES, false).is_empty(), "GRPCRoutes were asked for (404)");
+
+    let service = NsName::new("shop", "api");
+    let mut rx = policy.watch_routes(&service);
+    assert_eq!(path_regex(&rx.borrow_and_update()), "^/v1/.*");
+
+    // A regular expression that does not compile is refused; the next good edit applies.
+    api.wait_watches(HTTP_ROUTES, 1).await;
+    api.send(HTTP_ROUTES, "MODIFIED", http_route("([", "11"));
+    api.send(HTTP_ROUTES, "MODIFIED", http_route("^/v2/.*", "12"));
+    assert_eq!(routes_changed(&mut rx).await, ["HTTPRoute/shop/api-split"]);
+    assert_eq!(path_regex(&rx.borrow()), "^/v2/.*");
+
+    // 410 Gone and a re-list without it: no routes.
+    api.set_list(HTTP_ROUTES, Vec::new(), "20");
+    api.gone(HTTP_ROUTES);
+    assert!(routes_changed(&mut rx).await.is_empty());
+
+    // The Gateway API's GRPCRoute CRD gets installed: the retrying watcher lists it.
+    let grpc = json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "GRPCRoute",
+        "metadata": {"namespace": "shop", "name": "items", "resourceVersion": "30"},
+        "spec": {"parentRefs": [{"group": "", "kind": "Service", "name": "api"}]}});
+    api.set_list(GRPC_ROUTES, vec![grpc], "30");
+    assert_eq!(routes_changed(&mut rx).await, ["GRPCRoute/shop/items"]);
 }

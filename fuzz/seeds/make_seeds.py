@@ -241,3 +241,48 @@ items:
   data: {a: "1"}
 """)
 put("control_files_yaml", "anchors.yaml", "a: &x [1, 2]\nb: *x\n---\napiVersion: v1\nkind: Service\nmetadata: {name: a}\n")
+# Gateway API routes (GAMMA) as the Gateway API's own examples write them: the files source reads them.
+put("control_files_yaml", "routes.yaml", """apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata:
+  name: api-canary
+  namespace: shop
+  annotations: {retry.cnimesh.io/http: "5xx,gateway-error", retry.cnimesh.io/limit: "2", timeout.cnimesh.io/request: 10s}
+spec:
+  parentRefs: [{group: "", kind: Service, name: api, port: 80}]
+  hostnames: [api.shop, "*.example.com"]
+  rules:
+  - matches:
+    - path: {type: PathPrefix, value: /v1}
+      method: GET
+      headers: [{name: x-user, type: RegularExpression, value: "^a.*"}]
+      queryParams: [{name: page, value: "2"}]
+    filters:
+    - type: RequestHeaderModifier
+      requestHeaderModifier: {set: [{name: x-route, value: canary}], remove: [x-debug]}
+    - type: URLRewrite
+      urlRewrite: {hostname: api.internal}
+    backendRefs:
+    - {name: api, port: 80, weight: 90}
+    - {name: api-v2, namespace: canary, port: 8080, weight: 10}
+    timeouts: {request: 5s, backendRequest: 1s}
+    retry: {codes: [502, 503, 504], attempts: 3, backoff: 100ms}
+  - matches: [{path: {type: Exact, value: /old}}]
+    filters: [{type: RequestRedirect, requestRedirect: {scheme: https, path: {type: ReplaceFullPath, replaceFullPath: /new}, statusCode: 301}}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: GRPCRoute
+metadata: {name: items, namespace: shop, annotations: {retry.cnimesh.io/grpc: "unavailable,internal"}}
+spec:
+  parentRefs: [{group: "", kind: Service, name: api}]
+  rules:
+  - matches: [{method: {service: shop.Items, method: Get}, headers: [{name: x-tenant, value: a}]}]
+    backendRefs: [{name: api-v2, port: 9090}]
+---
+apiVersion: gateway.networking.k8s.io/v1beta1
+kind: ReferenceGrant
+metadata: {name: shop-routes, namespace: canary}
+spec:
+  from: [{group: gateway.networking.k8s.io, kind: HTTPRoute, namespace: shop}]
+  to: [{group: "", kind: Service, name: api-v2}]
+""")

@@ -85,7 +85,7 @@ impl InboundService {
 }
 
 /// `ns:pod` (older Linkerd injectors) or `{"ns":"…","pod":"…"}` (newer ones).
-fn parse_workload(workload: &str) -> Result<NsName, Status> {
+pub(crate) fn parse_workload(workload: &str) -> Result<NsName, Status> {
     #[derive(serde::Deserialize)]
     struct Workload {
         ns: String,

@@ -11,27 +11,40 @@
 //!   others get `detect` with `timeout` (10 s, required by the proxy), `opaque` (what undetected
 //!   traffic uses), and `http1` and `http2`, each with one default route. No failure accrual ("If
 //!   empty, circuit breaking is not performed").
-//! - Every route ("Must have at least one rule") has metadata (`default: http` / `opaq`), no host
-//!   matches ("If empty, the host value is ignored"), one rule matching every request (HTTP:
-//!   prefix `/`) whose `backends` is `first_available` with one backend. No timeouts, retries or
-//!   filters yet (routes come with HTTPRoute support).
+//! - Without routes, every route ("Must have at least one rule") has metadata (`default: http` /
+//!   `opaq`), no host matches ("If empty, the host value is ignored"), one rule matching every
+//!   request (HTTP: prefix `/`) whose `backends` is `first_available` with one backend.
+//! - With Gateway API routes attached to the Service port (GAMMA; [`crate::routes`]), as
+//!   Linkerd's policy controller answers: GRPCRoutes give protocol `grpc` with those routes;
+//!   HTTPRoutes give `detect` whose `http1` and `http2` carry those routes (and `opaque` the
+//!   default opaque route). Routes keep the controller's order (oldest first, then by
+//!   namespace/name); the proxy picks the most specific match among them. What each route holds
+//!   is described in [`routes`]. Opaque ports ignore routes. Producer routes (in the Service's
+//!   namespace) apply to every client; consumer routes (in another namespace) apply only to
+//!   clients of their own namespace (`TrafficSpec.source_workload`, `<ns>:<pod>` or
+//!   `{"ns":…,"pod":…}`) and, for those, replace the producer routes (GAMMA).
 //! - The backend: the Service as metadata, a `queue` (capacity 100, failfast 3 s: Linkerd's
 //!   defaults; the proxy requires a queue), and a `balancer`: P2C with `peak_ewma` load
 //!   (default RTT 30 ms, decay 10 s, Linkerd's) and `discovery` via Destination `Get` of
 //!   `<svc>.<ns>.svc.<cluster domain>:<port>`, which this control plane serves.
 //!
 //! Targets: `addr` (a ClusterIP and port) or `authority` (`<svc>.<ns>[.svc[.<domain>]]:<port>`).
+//! Route changes (the policy index's per-Service channel) reach open `Watch` streams like
+//! Service changes do. The first answer waits until Services and routes are loaded, not for the
+//! policy resources.
 //! Anything that is not a Service port is NotFound, which a stock proxy takes as "no policy here"
 //! and forwards as before; IPs of pods are answered that way too for now.
 //!
 //! Layer: gRPC.
+
+mod routes;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use futures::stream::BoxStream;
+use futures::stream::{self, BoxStream};
 use linkerd2_proxy_api::http_route::{HttpRouteMatch, PathMatch, path_match};
 use linkerd2_proxy_api::meta::{Metadata, Resource, metadata};
 use linkerd2_proxy_api::outbound::outbound_policies_server::{OutboundPolicies, OutboundPoliciesServer};
@@ -39,12 +52,15 @@ use linkerd2_proxy_api::outbound::{
     Backend, HttpRoute, OpaqueRoute, OutboundPolicy, ProxyProtocol, Queue, TrafficSpec, backend, http_route,
     opaque_route, proxy_protocol, traffic_spec,
 };
+use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
 use super::inbound::DETECT_TIMEOUT;
 use crate::destination::index::{Index, IpView, ServiceView};
 use crate::destination::path::{self, Target};
 use crate::destination::{Config, NsName, PortSet};
+use crate::policy;
+use crate::routes::{Route, RouteKind, ServiceRoutes};
 
 const QUEUE_CAPACITY: u32 = 100;
 const FAILFAST_TIMEOUT: Duration = Duration::from_secs(3);
@@ -56,6 +72,8 @@ const EWMA_DECAY: Duration = Duration::from_secs(10);
 pub struct OutboundService {
     index: Index,
     config: Arc<Config>,
+    /// Where routes come from; without it every Service gets the default routes.
+    routes: Option<policy::Index>,
 }
 
 /// What a policy is computed from: the Service (if the target is one) and the port.
@@ -68,7 +86,13 @@ pub struct ServicePort {
 
 impl OutboundService {
     pub fn new(index: Index, config: Config) -> Self {
-        Self { index, config: Arc::new(config) }
+        Self { index, config: Arc::new(config), routes: None }
+    }
+
+    /// Serves the Gateway API routes the policy index holds.
+    pub fn with_routes(mut self, policy: policy::Index) -> Self {
+        self.routes = Some(policy);
+        self
     }
 
     pub fn into_server(self) -> OutboundPoliciesServer<Self> {
@@ -87,33 +111,112 @@ impl OutboundService {
                 .map_err(|e| Status::invalid_argument(e.to_string()))?,
             None => return Err(Status::invalid_argument("no target: expected addr or authority")),
         };
+        // A workload we cannot read is a client of no namespace: producer routes only.
+        let client_namespace =
+            super::inbound::parse_workload(&spec.source_workload).ok().map(|w| w.namespace).filter(|n| !n.is_empty());
         self.index.ready().await;
-        let config = self.config.clone();
-        let mut last = None;
-        let (first, stream) = match target {
-            Target::Addr(addr) => {
-                let rx = self.index.watch_ip(addr.ip());
-                let port = addr.port();
-                let first = service_of_ip(&rx.borrow(), port);
-                let stream = super::destination::follow(rx, move |view| {
-                    dedup(service_of_ip(view, port).map(|s| policy(&s, &config)), &mut last)
-                });
-                (first, stream)
+        if let Some(routes) = &self.routes {
+            routes.routes_ready().await;
+        }
+        let target = match target {
+            Target::Addr(addr) => Watched::Addr(self.index.watch_ip(addr.ip()), addr.port()),
+            Target::Service { key, port } => Watched::Service(self.index.watch_service(&key), port),
+        };
+        let mut follower = Follower {
+            target,
+            routes_index: self.routes.clone(),
+            routes: None,
+            client_namespace,
+            config: self.config.clone(),
+            last: None,
+        };
+        let Some(first) = follower.current() else {
+            return Err(Status::not_found("not a Service port known to the control plane"));
+        };
+        let first = stream::iter([Ok(first)]);
+        let updates = stream::unfold(follower, |mut f| async move {
+            loop {
+                f.changed().await?;
+                if let Some(policy) = f.current() {
+                    return Some((Ok(policy), f));
+                }
             }
-            Target::Service { key, port } => {
-                let rx = self.index.watch_service(&key);
-                let first = service_port(&rx.borrow(), port);
-                let stream = super::destination::follow(rx, move |view| {
-                    dedup(service_port(view, port).map(|s| policy(&s, &config)), &mut last)
-                });
-                (first, stream)
+        });
+        Ok(first.chain(updates).boxed())
+    }
+}
+
+/// The destination channel a stream follows.
+enum Watched {
+    Addr(watch::Receiver<IpView>, u16),
+    Service(watch::Receiver<ServiceView>, u16),
+}
+
+/// One `Watch` stream's state: the target's channel, the routes channel of the Service it
+/// currently is (re-subscribed if an address comes to belong to another Service), and what was
+/// sent last. No task of its own: polled by the server's stream task.
+struct Follower {
+    target: Watched,
+    routes_index: Option<policy::Index>,
+    routes: Option<(NsName, watch::Receiver<ServiceRoutes>)>,
+    client_namespace: Option<String>,
+    config: Arc<Config>,
+    last: Option<OutboundPolicy>,
+}
+
+impl Follower {
+    /// The policy to send now, if it differs from the last one sent; `None` also while the
+    /// target is no Service port (the last policy stays with the proxy, as on a lost connection).
+    fn current(&mut self) -> Option<OutboundPolicy> {
+        let service = match &mut self.target {
+            Watched::Addr(rx, port) => service_of_ip(&rx.borrow_and_update(), *port),
+            Watched::Service(rx, port) => service_port(&rx.borrow_and_update(), *port),
+        }?;
+        let attached = match &self.routes_index {
+            None => Arc::new(Vec::new()),
+            Some(index) => {
+                if self.routes.as_ref().is_none_or(|(key, _)| *key != service.key) {
+                    self.routes = Some((service.key.clone(), index.watch_routes(&service.key)));
+                }
+                let (_, rx) = self.routes.as_mut().expect("just set");
+                rx.borrow_and_update().clone()
             }
         };
-        match first {
-            Some(_) => Ok(stream),
-            None => Err(Status::not_found("not a Service port known to the control plane")),
+        let selected = selected_routes(&attached, &service, self.client_namespace.as_deref());
+        let next = policy(&service, &selected, &self.config);
+        dedup(Some(next), &mut self.last).pop()
+    }
+
+    /// Waits for either channel to change; `None` once the index dropped one (it ends the stream).
+    async fn changed(&mut self) -> Option<()> {
+        let target = async {
+            match &mut self.target {
+                Watched::Addr(rx, _) => rx.changed().await,
+                Watched::Service(rx, _) => rx.changed().await,
+            }
+        };
+        match &mut self.routes {
+            None => target.await.ok(),
+            Some((_, routes)) => tokio::select! {
+                changed = target => changed.ok(),
+                changed = routes.changed() => changed.ok(),
+            },
         }
     }
+}
+
+/// The routes a client gets for a Service port (GAMMA): consumer routes of the client's own
+/// namespace when there are any, else the producer routes of the Service's namespace.
+fn selected_routes(attached: &[Arc<Route>], service: &ServicePort, client: Option<&str>) -> Vec<Arc<Route>> {
+    let on_port = || attached.iter().filter(|r| r.attaches_to(&service.key, service.port));
+    let consumer: Vec<Arc<Route>> = match client {
+        Some(ns) if ns != service.key.namespace => on_port().filter(|r| r.key.namespace == ns).cloned().collect(),
+        _ => Vec::new(),
+    };
+    if !consumer.is_empty() {
+        return consumer;
+    }
+    on_port().filter(|r| r.key.namespace == service.key.namespace).cloned().collect()
 }
 
 fn service_of_ip(view: &IpView, port: u16) -> Option<ServicePort> {
@@ -162,8 +265,9 @@ impl OutboundPolicies for OutboundService {
     }
 }
 
+/// Durations here are constants or Gateway API durations (at most 4 × 99999 h): they fit.
 fn duration(d: Duration) -> prost_types::Duration {
-    d.try_into().expect("a small constant")
+    d.try_into().expect("a duration prost can hold")
 }
 
 fn service_meta(s: &ServicePort) -> Metadata {
@@ -183,15 +287,15 @@ fn default_meta(name: &str) -> Metadata {
     Metadata { kind: Some(metadata::Kind::Default(name.into())) }
 }
 
-/// The policy of a Service port (see the module docs for each field).
-pub fn policy(s: &ServicePort, config: &Config) -> OutboundPolicy {
-    let backend = Backend {
-        metadata: Some(service_meta(s)),
+/// The backend of a Service port: P2C over the endpoints Destination gives for it.
+fn service_backend(key: &NsName, port: u16, config: &Config) -> Backend {
+    Backend {
+        metadata: Some(service_meta(&ServicePort { key: key.clone(), port, opaque: false })),
         queue: Some(Queue { capacity: QUEUE_CAPACITY, failfast_timeout: Some(duration(FAILFAST_TIMEOUT)) }),
         kind: Some(backend::Kind::Balancer(backend::BalanceP2c {
             discovery: Some(backend::EndpointDiscovery {
                 kind: Some(backend::endpoint_discovery::Kind::Dst(backend::endpoint_discovery::DestinationGet {
-                    path: format!("{}.{}.svc.{}:{}", s.key.name, s.key.namespace, config.cluster_domain, s.port),
+                    path: format!("{}.{}.svc.{}:{}", key.name, key.namespace, config.cluster_domain, port),
                 })),
             }),
             load: Some(backend::balance_p2c::Load::PeakEwma(backend::balance_p2c::PeakEwma {
@@ -199,18 +303,37 @@ pub fn policy(s: &ServicePort, config: &Config) -> OutboundPolicy {
                 decay: Some(duration(EWMA_DECAY)),
             })),
         })),
-    };
+    }
+}
+
+/// The policy of a Service port with the routes selected for the client (see the module docs
+/// for each field).
+pub fn policy(s: &ServicePort, selected: &[Arc<Route>], config: &Config) -> OutboundPolicy {
+    let backend = service_backend(&s.key, s.port, config);
+    let backend_of = |key: &NsName, port: u16| service_backend(key, port, config);
     let opaque = proxy_protocol::Opaque { routes: vec![opaque_route(&backend)] };
-    let kind = if s.opaque {
-        proxy_protocol::Kind::Opaque(opaque)
-    } else {
-        let route = http_route(&backend);
-        proxy_protocol::Kind::Detect(proxy_protocol::Detect {
-            timeout: Some(duration(DETECT_TIMEOUT)),
-            opaque: Some(opaque),
-            http1: Some(proxy_protocol::Http1 { routes: vec![route.clone()], failure_accrual: None }),
-            http2: Some(proxy_protocol::Http2 { routes: vec![route], failure_accrual: None }),
-        })
+    let kind = match routes::served_kind(selected) {
+        _ if s.opaque => proxy_protocol::Kind::Opaque(opaque),
+        Some(RouteKind::Grpc) => proxy_protocol::Kind::Grpc(proxy_protocol::Grpc {
+            routes: selected
+                .iter()
+                .filter(|r| r.kind == RouteKind::Grpc)
+                .map(|r| routes::grpc_route(r, &backend, &backend_of))
+                .collect(),
+            failure_accrual: None,
+        }),
+        kind => {
+            let http_routes: Vec<HttpRoute> = match kind {
+                Some(_) => selected.iter().map(|r| routes::http_route(r, &backend, &backend_of)).collect(),
+                None => vec![http_route(&backend)],
+            };
+            proxy_protocol::Kind::Detect(proxy_protocol::Detect {
+                timeout: Some(duration(DETECT_TIMEOUT)),
+                opaque: Some(opaque),
+                http1: Some(proxy_protocol::Http1 { routes: http_routes.clone(), failure_accrual: None }),
+                http2: Some(proxy_protocol::Http2 { routes: http_routes, failure_accrual: None }),
+            })
+        }
     };
     OutboundPolicy { protocol: Some(ProxyProtocol { kind: Some(kind) }), metadata: Some(service_meta(s)) }
 }

@@ -7,8 +7,10 @@
 //! the policy index (`FileSource::with_policy`, `KubeSource::with_policy`) turns Pods (the same
 //! watch Destination uses), Namespaces and the four `policy.cnimesh.io/v1alpha1` resources into
 //! [`Change`]s on an [`Index`]; [`InboundService`](crate::grpc::inbound::InboundService) streams
-//! its answers. Outbound policy needs only Services and their opaque ports, which the Destination
-//! index already holds: [`OutboundService`](crate::grpc::outbound::OutboundService) reads that.
+//! its answers. Outbound policy needs Services and their opaque ports, which the Destination
+//! index already holds, and the Gateway API routes attached to them ([`crate::routes`]), which
+//! this index holds beside the policy resources (same sources, same rule for bad objects):
+//! [`OutboundService`](crate::grpc::outbound::OutboundService) reads both.
 //!
 //! ```no_run
 //! use cnimesh_control::grpc::inbound::InboundService;
@@ -20,8 +22,8 @@
 //!     let (index, policy) = (destination::Index::new(), policy::Index::new(policy::Config::default()));
 //!     tokio::spawn(FileSource::new(dir).with_policy(policy.clone()).run(index.clone()));
 //!     tonic::transport::Server::builder()
-//!         .add_service(InboundService::new(policy).into_server())
-//!         .add_service(OutboundService::new(index, destination::Config::default()).into_server())
+//!         .add_service(InboundService::new(policy.clone()).into_server())
+//!         .add_service(OutboundService::new(index, destination::Config::default()).with_routes(policy).into_server())
 //!         .serve(addr)
 //!         .await?;
 //!     Ok(())

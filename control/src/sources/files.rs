@@ -4,7 +4,8 @@
 //! Every `.yaml`/`.yml` file under the directory (recursively; names starting with `.` are skipped,
 //! so editors' and `kubectl`'s temporary files are not read half-written) holds any number of
 //! documents. Services, EndpointSlices and Pods are used, and with a policy index
-//! ([`FileSource::with_policy`]) Namespaces and the `policy.cnimesh.io/v1alpha1` resources too;
+//! ([`FileSource::with_policy`]) Namespaces, the `policy.cnimesh.io/v1alpha1` resources and the
+//! Gateway API routes (`HTTPRoute`, `GRPCRoute`, `ReferenceGrant`) too;
 //! `kind: List` is opened, anything else is ignored. A file is taken whole or not at all: when one document fails to parse, the error is
 //! logged with the file and the file's previous content stays in force. Writers that want no
 //! intermediate states should write a temporary file and rename it over the old one.
@@ -25,6 +26,7 @@ use serde_json::Value;
 use super::{Source, SourceError};
 use crate::destination::{Change, Index, KINDS, Kind, NsName, Object};
 use crate::policy::{self, crd};
+use crate::routes::crd as routes;
 
 /// Quiet time after a change before files are read: a `kubectl`-style write (truncate, write,
 /// close) or a `git checkout` of many files becomes one update instead of a burst of half-states.
@@ -355,6 +357,15 @@ fn objects_of(doc: Value, index: usize, out: &mut Vec<Parsed>) -> Result<(), Par
         (crd::API_VERSION, "NetworkAuthentication") => {
             out.push(typed(|d| serde_json::from_value::<crd::NetworkAuthentication>(d).map(policy_object), doc)?)
         }
+        (routes::API_VERSION, "HTTPRoute") => {
+            out.push(typed(|d| serde_json::from_value::<routes::HttpRoute>(d).map(policy_object), doc)?)
+        }
+        (routes::API_VERSION, "GRPCRoute") => {
+            out.push(typed(|d| serde_json::from_value::<routes::GrpcRoute>(d).map(policy_object), doc)?)
+        }
+        (routes::REFERENCE_GRANT_API_VERSION, "ReferenceGrant") => {
+            out.push(typed(|d| serde_json::from_value::<routes::ReferenceGrant>(d).map(policy_object), doc)?)
+        }
         ("v1", "List") => {
             for item in doc.get("items").and_then(Value::as_array).into_iter().flatten() {
                 objects_of(item.clone(), index, out)?;
@@ -466,6 +477,24 @@ mod tests {
         let changes = files.reload(&file);
         assert!(changes.policy.is_empty() && changes.destination.is_empty());
         assert_eq!(files.defined[&file].len(), 2);
+    }
+
+    #[test]
+    fn route_kinds_are_read() {
+        // The fuzz seed of this parser: it must be read whole, and every route must validate.
+        let text = include_str!("../../../fuzz/corpus/control_files_yaml/routes.yaml");
+        let objects = parse(text).unwrap();
+        let mut kinds = Vec::new();
+        for object in objects {
+            let Parsed::Policy(object) = object else { panic!("{object:?}") };
+            kinds.push(object.kind());
+            match object {
+                policy::Object::HttpRoute(r) => drop(crate::routes::Route::from_http(&r).unwrap()),
+                policy::Object::GrpcRoute(r) => drop(crate::routes::Route::from_grpc(&r).unwrap()),
+                _ => {}
+            }
+        }
+        assert_eq!(kinds, [policy::Kind::HttpRoute, policy::Kind::GrpcRoute, policy::Kind::ReferenceGrant]);
     }
 
     #[test]

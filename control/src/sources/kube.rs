@@ -1,5 +1,7 @@
 //! Cluster state from the Kubernetes API: one kube-rs watcher per kind, all namespaces; with a
-//! policy index ([`KubeSource::with_policy`]) also Namespaces and the policy resources.
+//! policy index ([`KubeSource::with_policy`]) also Namespaces, the policy resources and the
+//! Gateway API's HTTPRoutes, GRPCRoutes and ReferenceGrants (optional: a cluster without their
+//! CRDs has none of them).
 //!
 //! A watcher lists, then watches from the list's resourceVersion, resumes from the last version it
 //! saw when a watch ends, and re-lists when the server says that version is gone (410). Each list
@@ -21,6 +23,7 @@ use serde::de::DeserializeOwned;
 use super::{Source, SourceError};
 use crate::destination::{Change, Index, Kind, Object};
 use crate::policy::{self, crd};
+use crate::routes::crd as routes;
 
 pub struct KubeSource {
     client: kube::Client,
@@ -47,7 +50,7 @@ impl Source for KubeSource {
     async fn run(self, index: Index) -> Result<(), SourceError> {
         let client = self.client;
         let policy = self.policy;
-        let pods = follow(Api::<Pod>::all(client.clone()), "Pod", |update: Update<Pod>| {
+        let pods = follow(Api::<Pod>::all(client.clone()), "Pod", Absent::Retry, |update: Update<Pod>| {
             if let Some(policy) = &policy {
                 policy.apply([policy_change(policy::Kind::Pod, update.clone())]);
             }
@@ -55,9 +58,9 @@ impl Source for KubeSource {
         });
         let destination = async {
             futures::join!(
-                follow(Api::<Service>::all(client.clone()), "Service", |u| index
+                follow(Api::<Service>::all(client.clone()), "Service", Absent::Retry, |u| index
                     .apply([destination_change(Kind::Service, u)])),
-                follow(Api::<EndpointSlice>::all(client.clone()), "EndpointSlice", |u| index
+                follow(Api::<EndpointSlice>::all(client.clone()), "EndpointSlice", Absent::Retry, |u| index
                     .apply([destination_change(Kind::EndpointSlice, u)])),
                 pods,
             )
@@ -82,6 +85,13 @@ impl Source for KubeSource {
                     follow_policy(
                         Api::<crd::NetworkAuthentication>::all(client.clone()),
                         policy::Kind::NetworkAuthentication,
+                        policy
+                    ),
+                    follow_routes(Api::<routes::HttpRoute>::all(client.clone()), policy::Kind::HttpRoute, policy),
+                    follow_routes(Api::<routes::GrpcRoute>::all(client.clone()), policy::Kind::GrpcRoute, policy),
+                    follow_routes(
+                        Api::<routes::ReferenceGrant>::all(client.clone()),
+                        policy::Kind::ReferenceGrant,
                         policy
                     ),
                 );
@@ -126,7 +136,26 @@ where
     policy::Object: From<K>,
     K: kube::Resource + Clone + DeserializeOwned + Debug + Send + 'static,
 {
-    follow(api, kind_name(kind), |u| policy.apply([policy_change(kind, u)])).await
+    follow(api, kind_name(kind), Absent::Retry, |u| policy.apply([policy_change(kind, u)])).await
+}
+
+/// The Gateway API's kinds are optional: a cluster without its CRDs has no routes, and outbound
+/// policy (which waits for every kind to be listed) must not wait for them.
+async fn follow_routes<K>(api: Api<K>, kind: policy::Kind, policy: &policy::Index)
+where
+    policy::Object: From<K>,
+    K: kube::Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+{
+    follow(api, kind_name(kind), Absent::Empty, |u| policy.apply([policy_change(kind, u)])).await
+}
+
+/// What a watch does while the API server does not serve its kind (404: CRD not installed).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Absent {
+    /// Keep retrying; the index stays not ready.
+    Retry,
+    /// Count it as listed with no objects (once, until it is served), and keep retrying.
+    Empty,
 }
 
 fn kind_name(kind: policy::Kind) -> &'static str {
@@ -137,27 +166,47 @@ fn kind_name(kind: policy::Kind) -> &'static str {
         policy::Kind::AuthorizationPolicy => "AuthorizationPolicy",
         policy::Kind::MeshTlsAuthentication => "MeshTLSAuthentication",
         policy::Kind::NetworkAuthentication => "NetworkAuthentication",
+        policy::Kind::HttpRoute => "HTTPRoute",
+        policy::Kind::GrpcRoute => "GRPCRoute",
+        policy::Kind::ReferenceGrant => "ReferenceGrant",
     }
 }
 
-async fn follow<K>(api: Api<K>, kind: &'static str, mut deliver: impl FnMut(Update<K>))
+async fn follow<K>(api: Api<K>, kind: &'static str, absent: Absent, mut deliver: impl FnMut(Update<K>))
 where
     K: kube::Resource + Clone + DeserializeOwned + Debug + Send + 'static,
 {
     let events = watcher::watcher(api, watcher::Config::default()).default_backoff();
     let mut events = std::pin::pin!(events);
     let mut listed = Vec::new();
+    let mut absent_reported = false;
     while let Some(event) = events.next().await {
         match event {
             Ok(Event::Init) => listed.clear(),
             Ok(Event::InitApply(object)) => listed.push(object),
             Ok(Event::InitDone) => {
                 tracing::debug!(kind, objects = listed.len(), "listed");
+                absent_reported = false;
                 deliver(Update::Reset(std::mem::take(&mut listed)));
             }
             Ok(Event::Apply(object)) => deliver(Update::Apply(object)),
             Ok(Event::Delete(object)) => deliver(Update::Delete(object)),
+            Err(error) if absent == Absent::Empty && not_served(&error) => {
+                if !std::mem::replace(&mut absent_reported, true) {
+                    tracing::warn!(kind, %error, "kind not served (CRD not installed?): none of it, watching for it");
+                    deliver(Update::Reset(Vec::new()));
+                }
+            }
             Err(error) => tracing::warn!(kind, %error, "watch failed; retrying"),
         }
     }
+}
+
+fn not_served(error: &watcher::Error) -> bool {
+    let api = match error {
+        watcher::Error::InitialListFailed(kube::Error::Api(status))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(status)) => status,
+        _ => return false,
+    };
+    api.code == 404
 }

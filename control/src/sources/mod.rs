@@ -4,7 +4,7 @@
 //! files ([`FileSource`], local mode and tests). DESIGN.md §1: Kubernetes stays at the edge,
 //! behind this one trait with two implementations. Both also feed the policy index
 //! ([`crate::policy::Index`]) when given one (`with_policy`): Pods once for both indexes, plus
-//! Namespaces and the `policy.cnimesh.io` resources.
+//! Namespaces, the `policy.cnimesh.io` resources and the Gateway API routes and grants.
 
 mod files;
 mod kube;
