@@ -27,7 +27,7 @@ use crate::http::orig_proto;
 use crate::metrics::{Direction, Metrics, OpenConnection, RequestLabels, ResponseLabels, TlsLabel};
 use crate::outbound::routes::model::Retry;
 use crate::outbound::routes::retry;
-use crate::outbound::routes::routed::{self, Backends, Routed};
+use crate::outbound::routes::routed::{self, ConnRoutes, Routed};
 use crate::outbound::target::{Picked, Route, RouteError};
 use crate::outbound::targets::Target;
 use crate::outbound::upstream::RequestBody;
@@ -53,8 +53,8 @@ pub struct HttpProxy {
     named: Mutex<Vec<(String, Option<Arc<Target>>)>>,
     /// Inbound with policy: each request is authorized before it goes anywhere.
     policy: Option<Arc<ConnPolicy>>,
-    /// Outbound: the backend targets this connection's routed requests used.
-    backends: Backends,
+    /// Outbound: what this connection's routed requests used (backend targets, metric handles).
+    routes: ConnRoutes,
 }
 
 /// The metric handles of one (connection, authority).
@@ -143,7 +143,7 @@ impl HttpProxy {
             handles: Mutex::default(),
             named: Mutex::default(),
             policy: None,
-            backends: Backends::default(),
+            routes: ConnRoutes::default(),
         }
     }
 
@@ -219,7 +219,7 @@ impl HttpProxy {
             return Ok(denied);
         }
         let routed = match self.direction {
-            Direction::outbound => routed::route(&mut req, &self.target, &self.backends, &self.shared).await,
+            Direction::outbound => routed::route(&mut req, &self.target, &self.routes, &self.shared).await,
             Direction::inbound => Ok(None),
         };
         let routed = match routed {

@@ -156,6 +156,9 @@ fn a_service_is_balanced_over_its_replicas_with_mtls_and_follows_scaling() {
         assert!(proxy.metrics().contains(&client_id), "{} saw mTLS from the client", pod.name);
     }
     assert!(s.client_proxy.metrics().contains(&format!("server_id=\"{}\"", identity("shop", "web"))));
+    // The control plane's outbound policy for the Service: every request took its default route.
+    let routed = "outbound_http_route_backend_requests_total{parent_group=\"core\",parent_kind=\"Service\",parent_namespace=\"shop\",parent_name=\"web\",parent_port=\"80\",parent_section_name=\"\",route_group=\"\",route_kind=\"default\",route_namespace=\"\",route_name=\"http\",backend_group=\"core\",backend_kind=\"Service\",backend_namespace=\"shop\",backend_name=\"web\",backend_port=\"80\",backend_section_name=\"\"} 90";
+    assert!(s.client_proxy.metrics().contains(routed), "{}", s.client_proxy.metrics());
 
     // A request naming the service in its authority is balanced too, whatever address it dialled.
     let replica0 = format!("{}:8080", s.replicas[0].0.ipv4());

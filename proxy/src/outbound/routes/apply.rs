@@ -116,21 +116,21 @@ fn location(
         .map_err(|e| format!("redirect location: {e}"))
 }
 
-/// A backend of the rule, chosen at random in proportion to the weights (`roll` in [0, 1)).
-/// `None` when the rule has none with a weight.
-pub fn pick_backend(backends: &[WeightedBackend], roll: f64) -> Option<&WeightedBackend> {
+/// The index of a backend of the rule, chosen at random in proportion to the weights (`roll`
+/// in [0, 1)). `None` when the rule has none with a weight.
+pub fn pick_backend(backends: &[WeightedBackend], roll: f64) -> Option<usize> {
     let total: u64 = backends.iter().map(|b| u64::from(b.weight)).sum();
     if total == 0 {
         return None;
     }
     let mut point = (roll * total as f64) as u64;
-    for b in backends {
+    for (i, b) in backends.iter().enumerate() {
         if point < u64::from(b.weight) {
-            return Some(b);
+            return Some(i);
         }
         point -= u64::from(b.weight);
     }
-    backends.iter().rev().find(|b| b.weight > 0)
+    backends.iter().rposition(|b| b.weight > 0)
 }
 
 #[cfg(test)]
@@ -209,7 +209,7 @@ mod tests {
         let backends = [backend("stable", 90), backend("off", 0), backend("canary", 10)];
         let mut counts = std::collections::HashMap::new();
         for i in 0..1000 {
-            let b = pick_backend(&backends, f64::from(i) / 1000.0).unwrap();
+            let b = &backends[pick_backend(&backends, f64::from(i) / 1000.0).unwrap()];
             *counts.entry(b.backend.meta().name.to_string()).or_insert(0) += 1;
         }
         assert_eq!((counts["stable"], counts["canary"], counts.get("off")), (900, 100, None));

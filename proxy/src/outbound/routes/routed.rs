@@ -57,17 +57,23 @@ impl Routed {
 /// What one connection's routed requests used: backend targets, and metric handles per (policy
 /// version, rule, backend). A handful of each at most.
 #[derive(Default)]
-pub struct Backends {
+pub struct ConnRoutes {
     targets: Mutex<Vec<(Backend, Arc<Target>)>>,
-    handles: Mutex<Vec<(HandleKey, RouteHandles)>>,
+    handles: Mutex<Vec<Handles>>,
 }
 
-/// The policy version (by address: the same `Arc` while it does not change), rule and backend.
-type HandleKey = (usize, (usize, usize), usize);
+/// Metric handles of one policy version (held, so compared by address safely), rule (route and
+/// rule index) and backend index.
+struct Handles {
+    policy: Arc<OutboundPolicy>,
+    rule: (usize, usize),
+    backend: usize,
+    handles: RouteHandles,
+}
 
 const MAX_MEMO: usize = 8;
 
-impl Backends {
+impl ConnRoutes {
     fn handles(
         &self,
         policy: &Arc<OutboundPolicy>,
@@ -75,10 +81,10 @@ impl Backends {
         backend: usize,
         shared: &Shared,
     ) -> RouteHandles {
-        let key = (Arc::as_ptr(policy) as usize, selected.index, backend);
         let mut memo = self.handles.lock().expect("not poisoned");
-        if let Some((_, h)) = memo.iter().find(|(k, _)| *k == key) {
-            return h.clone();
+        let same = |h: &&Handles| Arc::ptr_eq(&h.policy, policy) && h.rule == selected.index && h.backend == backend;
+        if let Some(h) = memo.iter().find(same) {
+            return h.handles.clone();
         }
         let labels = RouteBackendLabels {
             route: RouteLabels { parent: policy.parent.clone(), route: selected.route.meta.clone() },
@@ -88,7 +94,7 @@ impl Backends {
         if memo.len() >= MAX_MEMO * 2 {
             memo.clear();
         }
-        memo.push((key, handles.clone()));
+        memo.push(Handles { policy: policy.clone(), rule: selected.index, backend, handles: handles.clone() });
         handles
     }
 
@@ -131,7 +137,7 @@ impl Backends {
 pub async fn route<B>(
     req: &mut Request<B>,
     target: &Arc<Target>,
-    backends: &Backends,
+    memo: &ConnRoutes,
     shared: &Shared,
 ) -> Result<Option<Routed>, Response<Body>> {
     let Some(policy) = target.policy.as_ref().and_then(|p| p.current()) else { return Ok(None) };
@@ -145,18 +151,18 @@ pub async fn route<B>(
     };
     let rule = selected.rule;
     let roll = || crate::rng::with(|r| rand::Rng::random_range(r, 0.0..1.0));
-    let backend = apply::pick_backend(&rule.backends, roll());
+    let picked = apply::pick_backend(&rule.backends, roll());
+    let backend = picked.and_then(|i| rule.backends.get(i));
     let filters = rule.filters.iter().chain(backend.into_iter().flat_map(|b| b.filters.iter()));
     apply::request_filters(filters, req, selected.prefix, roll).map_err(answer)?;
-    let Some(backend) = backend else {
+    let (Some(backend_index), Some(backend)) = (picked, backend) else {
         let why = format!("route {} has no backend", selected.route.meta.name);
         return Err(error_response(&ProxyError::new(StatusCode::INTERNAL_SERVER_ERROR, why)));
     };
-    let backend_index = rule.backends.iter().position(|b| std::ptr::eq(b, backend)).expect("a backend of the rule");
-    let handles = backends.handles(&policy, &selected, backend_index, shared);
+    let handles = memo.handles(&policy, &selected, backend_index, shared);
     handles.backend_requests.inc();
     let routed_target =
-        backends.target(&backend.backend, (&policy.parent, target), shared).await.map_err(|e| error_response(&e))?;
+        memo.target(&backend.backend, (&policy.parent, target), shared).await.map_err(|e| error_response(&e))?;
     Ok(Some(Routed {
         target: routed_target,
         timeout: rule.request_timeout,
