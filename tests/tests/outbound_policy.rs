@@ -10,7 +10,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use cnimesh_e2e::apps::{self, Apps};
-use cnimesh_e2e::control::{Control, env_refs};
+use cnimesh_e2e::control::{Control, env_refs, write_atomically};
 use cnimesh_e2e::sidecar::{Sidecar, http_in};
 use cnimesh_e2e::{Network, Pod, bins, require_root};
 use serde_json::json;
@@ -106,13 +106,6 @@ fn route_yaml(without_api: bool) -> String {
         "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{name: web-routes, namespace: shop}}\nspec:\n  parentRefs: [{{group: \"\", kind: Service, name: web, port: 80}}]\n  rules:\n{}  - backendRefs: [{{name: web, port: 80}}]\n",
         if without_api { "" } else { api_rule }
     )
-}
-
-/// Replaces the file in one rename, as Kubernetes volume updates do.
-fn write_atomically(path: &Path, contents: &str) {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, contents).unwrap();
-    std::fs::rename(&tmp, path).unwrap();
 }
 
 #[test]

@@ -7,11 +7,10 @@
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use cnimesh_e2e::apps::{self, Apps};
-use cnimesh_e2e::control::{Control, env_refs, identity};
+use cnimesh_e2e::control::{Control, env_refs, identity, write_atomically};
 use cnimesh_e2e::sidecar::{Sidecar, http_in};
 use cnimesh_e2e::{Network, Pod, bins, require_root};
 use serde_json::json;
@@ -23,13 +22,6 @@ fn eventually(what: &str, mut f: impl FnMut() -> bool) {
         assert!(Instant::now() < deadline, "timed out waiting for: {what}");
         std::thread::sleep(Duration::from_millis(50));
     }
-}
-
-/// Replaces the file in one rename, as Kubernetes volume updates do.
-fn write_atomically(path: &Path, contents: &str) {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, contents).unwrap();
-    std::fs::rename(&tmp, path).unwrap();
 }
 
 /// The `api-0` pod (probe path `/hello` on its HTTP port), optionally with a default policy.
