@@ -20,11 +20,3 @@ pub fn service_yaml(name: &str, cluster_ip: &str, pod: &str, ip: Ipv4Addr, sa: &
     ]
     .join("---\n")
 }
-
-/// Replaces the file in one rename, as Kubernetes volume updates do, so the control plane's
-/// files source never reads half a file.
-pub fn write_atomically(path: &std::path::Path, contents: &str) {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, contents).unwrap();
-    std::fs::rename(&tmp, path).unwrap();
-}

@@ -5,13 +5,12 @@
 
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cnimesh_e2e::apps::Apps;
-use cnimesh_e2e::control::{Control, env_refs, identity};
+use cnimesh_e2e::control::{Control, env_refs, identity, write_atomically};
 use cnimesh_e2e::sidecar::{Sidecar, http_in};
 use cnimesh_e2e::{Network, Pod, bins, require_root};
 use serde_json::json;
@@ -51,13 +50,6 @@ fn cluster_yaml(replicas: &[(&str, Ipv4Addr)]) -> String {
     ));
     docs.extend(replicas.iter().map(|(name, ip)| pod_yaml(name, *ip, true)));
     docs.join("---\n")
-}
-
-/// Replaces the file in one rename, as `kubectl`-driven tools and Kubernetes volume updates do.
-fn write_atomically(path: &Path, contents: &str) {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, contents).unwrap();
-    std::fs::rename(&tmp, path).unwrap();
 }
 
 struct Service<'n> {

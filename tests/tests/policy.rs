@@ -10,8 +10,7 @@ use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::time::Duration;
 
 use cnimesh_e2e::apps::{self, Apps};
-use cnimesh_e2e::control::{Control, env_refs, identity};
-use cnimesh_e2e::objects::write_atomically;
+use cnimesh_e2e::control::{Control, env_refs, identity, write_atomically};
 use cnimesh_e2e::poll::eventually;
 use cnimesh_e2e::sidecar::{Sidecar, http_in};
 use cnimesh_e2e::{Network, Pod, bins, require_root};

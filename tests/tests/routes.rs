@@ -9,8 +9,8 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use cnimesh_e2e::apps::{self, Apps};
-use cnimesh_e2e::control::{Control, env_refs};
-use cnimesh_e2e::objects::{service_yaml, write_atomically};
+use cnimesh_e2e::control::{Control, env_refs, write_atomically};
+use cnimesh_e2e::objects::service_yaml;
 use cnimesh_e2e::poll::eventually;
 use cnimesh_e2e::sidecar::{Reply, Sidecar, grpc_in, http_reply_in, metric_with};
 use cnimesh_e2e::{Network, Pod, bins, require_root};
