@@ -166,7 +166,10 @@ fn node_agent_killed_during_an_add_burst_fails_closed_and_retries_succeed() {
 fn load_adds_and_dels_with_an_agent_restart() {
     assert!(require_root("load_adds_and_dels_with_an_agent_restart"), "needs root");
     let n: usize = std::env::var("CNIMESH_LOAD_PODS").ok().and_then(|v| v.parse().ok()).unwrap_or(500);
-    let (net, mut agent) = agent_network("off");
+    let (mut net, mut agent) = agent_network("off");
+    // Room for more pods than a /24 holds.
+    net.conflist["plugins"][0]["ipam"]["ranges"][0][0]["subnet"] = json!("10.240.0.0/20");
+    agent.write_primary(&net.primary_conflist()).unwrap();
     agent.start().unwrap();
     let pods = meshed_pods(&net, &agent, n);
     let agent = Mutex::new(agent);
