@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 
 use cnimesh_identity::{Name, ca, pem, tls};
 use futures::StreamExt;
-use linkerd2_proxy_api::destination::GetDestination;
 use linkerd2_proxy_api::destination::destination_client::DestinationClient;
+use linkerd2_proxy_api::destination::{GetDestination, Update, update};
 use linkerd2_proxy_api::identity::CertifyRequest;
 use linkerd2_proxy_api::identity::identity_client::IdentityClient;
 use tokio::sync::Mutex;
@@ -31,27 +31,24 @@ fn setting(name: &str, default: u64) -> u64 {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
-/// 100 services of 10 meshed endpoints each, in one file of the files source.
-fn cluster_yaml() -> String {
-    let mut docs = Vec::new();
-    for s in 0..SERVICES {
-        docs.push(format!(
-            "apiVersion: v1\nkind: Service\nmetadata: {{name: svc-{s}, namespace: load}}\nspec:\n  clusterIP: 10.96.0.{s}\n  ports: [{{name: http, port: 80, targetPort: 8080}}]\n"
-        ));
-        let mut slice = format!(
-            "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: svc-{s}-a\n  namespace: load\n  labels: {{kubernetes.io/service-name: svc-{s}}}\naddressType: IPv4\nports: [{{name: http, port: 8080}}]\nendpoints:\n"
+/// Service `s` with its 10 meshed endpoints: one file of the files source.
+fn service_yaml(s: usize) -> String {
+    let mut docs = vec![format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: svc-{s}, namespace: load}}\nspec:\n  clusterIP: 10.96.0.{s}\n  ports: [{{name: http, port: 80, targetPort: 8080}}]\n"
+    )];
+    let mut slice = format!(
+        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: svc-{s}-a\n  namespace: load\n  labels: {{kubernetes.io/service-name: svc-{s}}}\naddressType: IPv4\nports: [{{name: http, port: 8080}}]\nendpoints:\n"
+    );
+    for e in 0..ENDPOINTS {
+        let ip = format!("10.2.{s}.{e}");
+        slice += &format!(
+            "- addresses: ['{ip}']\n  conditions: {{ready: true}}\n  targetRef: {{kind: Pod, name: pod-{s}-{e}, namespace: load}}\n"
         );
-        for e in 0..ENDPOINTS {
-            let ip = format!("10.2.{s}.{e}");
-            slice += &format!(
-                "- addresses: ['{ip}']\n  conditions: {{ready: true}}\n  targetRef: {{kind: Pod, name: pod-{s}-{e}, namespace: load}}\n"
-            );
-            docs.push(format!(
-                "apiVersion: v1\nkind: Pod\nmetadata: {{name: pod-{s}-{e}, namespace: load}}\nspec:\n  serviceAccountName: web\n  containers: [{{name: app}}, {{name: cnimesh-proxy}}]\nstatus: {{phase: Running, podIP: '{ip}', podIPs: [{{ip: '{ip}'}}]}}\n"
-            ));
-        }
-        docs.push(slice);
+        docs.push(format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: pod-{s}-{e}, namespace: load}}\nspec:\n  serviceAccountName: web\n  containers: [{{name: app}}, {{name: cnimesh-proxy}}]\nstatus: {{phase: Running, podIP: '{ip}', podIPs: [{{ip: '{ip}'}}]}}\n"
+        ));
     }
+    docs.push(slice);
     docs.join("---\n")
 }
 
@@ -71,7 +68,9 @@ fn start_control(dir: &Path, grpc: u16, admin: u16) -> Child {
     std::fs::write(&token, TOKEN).expect("token");
     std::fs::set_permissions(&token, std::os::unix::fs::PermissionsExt::from_mode(0o600)).expect("token mode");
     std::fs::create_dir_all(dir.join("cluster")).expect("cluster dir");
-    std::fs::write(dir.join("cluster/load.yaml"), cluster_yaml()).expect("cluster");
+    for s in 0..SERVICES {
+        std::fs::write(dir.join(format!("cluster/svc-{s}.yaml")), service_yaml(s)).expect("cluster");
+    }
     Command::new(bin)
         .args(["serve", "--addr", &format!("127.0.0.1:{grpc}"), "--admin-addr", &format!("127.0.0.1:{admin}")])
         .arg("--issuer-dir")
@@ -118,14 +117,22 @@ fn path(service: usize) -> String {
     format!("svc-{}.load.svc.cluster.local:80", service % SERVICES)
 }
 
+/// Whether an update adds endpoints (what a known service with ready endpoints answers first).
+fn is_add(update: &Update) -> bool {
+    matches!(&update.update, Some(update::Update::Add(set)) if !set.addrs.is_empty())
+}
+
 /// Opens a `Get` stream and waits for its first update; the stream is then drained in a task
 /// until it ends (counted in `open`).
 async fn hold_stream(channel: Channel, service: usize, open: Arc<AtomicUsize>) -> Result<Duration, tonic::Status> {
     let start = Instant::now();
     let request = GetDestination { path: path(service), ..Default::default() };
     let mut stream = DestinationClient::new(channel).get(request).await?.into_inner();
-    stream.message().await?;
+    let first = stream.message().await?;
     let took = start.elapsed();
+    if !first.as_ref().is_some_and(is_add) {
+        return Err(tonic::Status::failed_precondition(format!("first update of {}: {first:?}", path(service))));
+    }
     open.fetch_add(1, Ordering::Relaxed);
     tokio::spawn(async move {
         while let Ok(Some(_)) = stream.message().await {}
@@ -174,6 +181,17 @@ async fn main() {
     for _ in 1..connections {
         channels.push(connect().await.expect("connect"));
     }
+    // Until the files source has loaded every service.
+    let mut probe = DestinationClient::new(channels[0].clone());
+    loop {
+        let request = GetDestination { path: path(SERVICES - 1), ..Default::default() };
+        let first = async { probe.get(request).await?.into_inner().message().await }.await;
+        if first.is_ok_and(|u| u.as_ref().is_some_and(is_add)) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the cluster files were not loaded");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let rss_idle = rss_mib(pid);
 
     // The long-lived streams, opened 200 at a time.
@@ -186,6 +204,9 @@ async fn main() {
         .await;
     let open_time = opening.elapsed();
     let failed_opens = results.iter().filter(|r| r.is_err()).count();
+    if let Some(Err(e)) = results.iter().find(|r| r.is_err()) {
+        println!("first failed open: {e}");
+    }
     let rss_streams = rss_mib(pid);
     println!(
         "{streams} Destination streams over {connections} connections opened in {:.1} s ({failed_opens} failed); RSS idle {rss_idle:.1} MiB, with the streams {rss_streams:.1} MiB",
@@ -234,7 +255,11 @@ async fn main() {
                 }
                 .await;
                 let mut w = current.lock().await;
-                if matches!(got, Ok(Some(_))) { w.get.push(start.elapsed()) } else { w.errors += 1 }
+                if got.is_ok_and(|u| u.as_ref().is_some_and(is_add)) {
+                    w.get.push(start.elapsed())
+                } else {
+                    w.errors += 1
+                }
             }
         })
     };

@@ -170,6 +170,17 @@ pub fn libcni_config(dir: &Path) -> Option<Value> {
     )
 }
 
+/// `plugin` of `list` as libcni passes it: with the list's name and version, and prevResult.
+fn as_called(list: &Value, plugin: &Value, prev: Option<&Value>) -> Value {
+    let mut conf = plugin.clone();
+    conf["name"] = list["name"].clone();
+    conf["cniVersion"] = list["cniVersion"].clone();
+    if let Some(p) = prev {
+        conf["prevResult"] = p.clone();
+    }
+    conf
+}
+
 /// A bridge network (Debian's `bridge` + `host-local`) with `cnimesh-cni` chained after it.
 /// Each network has its own bridge, IPAM store, result cache and cnimesh state directory.
 pub struct Network {
@@ -269,13 +280,7 @@ impl Network {
 
     /// A plugin object as libcni passes it: with the list's name and version, and prevResult.
     pub fn plugin_conf(&self, index: usize, prev: Option<&Value>) -> Value {
-        let mut conf = self.conflist["plugins"][index].clone();
-        conf["name"] = self.conflist["name"].clone();
-        conf["cniVersion"] = self.conflist["cniVersion"].clone();
-        if let Some(p) = prev {
-            conf["prevResult"] = p.clone();
-        }
-        conf
+        as_called(&self.conflist, &self.conflist["plugins"][index], prev)
     }
 
     fn plugin_count(&self) -> usize {
@@ -314,13 +319,7 @@ impl Network {
     pub fn add_list(&self, list: &Value, call: &Call<'_>) -> Result<Value, CniFailure> {
         let mut prev: Option<Value> = None;
         for plugin in list["plugins"].as_array().into_iter().flatten() {
-            let mut conf = plugin.clone();
-            conf["name"] = list["name"].clone();
-            conf["cniVersion"] = list["cniVersion"].clone();
-            if let Some(p) = &prev {
-                conf["prevResult"] = p.clone();
-            }
-            prev = exec_plugin(self.cni_path(), &conf, "ADD", call)?;
+            prev = exec_plugin(self.cni_path(), &as_called(list, plugin, prev.as_ref()), "ADD", call)?;
         }
         let result = prev.unwrap_or(Value::Null);
         let cache = self.cache_file(call);
