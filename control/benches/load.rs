@@ -23,6 +23,9 @@ use linkerd2_proxy_api::identity::identity_client::IdentityClient;
 use tokio::sync::Mutex;
 use tonic::transport::Channel;
 
+mod common;
+use common::rss_mib;
+
 const SERVICES: usize = 100;
 const ENDPOINTS: usize = 10;
 const TOKEN: &str = "load-token";
@@ -85,16 +88,6 @@ fn start_control(dir: &Path, grpc: u16, admin: u16) -> Child {
         .stderr(Stdio::inherit())
         .spawn()
         .expect("spawn cnimesh-control")
-}
-
-fn rss_mib(pid: u32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let kib: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0.0);
-    kib / 1024.0
 }
 
 fn percentile(sorted: &[Duration], p: usize) -> f64 {
