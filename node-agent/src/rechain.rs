@@ -72,6 +72,12 @@ impl Reconciler {
         Self { dir: dir.to_path_buf(), entry, guard: LoopGuard::new(LOOP_LIMIT, LOOP_WINDOW) }
     }
 
+    /// When our entry was last written (restored after the primary CNI rewrote its file, or
+    /// first chained): pods set up just before ran through a configuration without us.
+    pub fn last_write(&self) -> Option<Instant> {
+        self.guard.writes.back().copied()
+    }
+
     /// Re-applies our entry (a no-op write-wise when nothing changed: the generated list follows
     /// its source and a changed entry is rewritten) unless a rewrite loop is in progress.
     pub fn reconcile(&mut self, now: Instant) -> State {
@@ -121,6 +127,24 @@ mod tests {
         }
         assert!(g.looping(t0 + Duration::from_secs(3)));
         assert!(!g.looping(t0 + Duration::from_secs(12)), "old writes age out");
+    }
+
+    #[test]
+    fn a_write_back_is_reported_and_a_no_op_is_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("10-flannel.conflist");
+        std::fs::write(&file, FLANNEL).unwrap();
+        let mut r = Reconciler::new(dir.path(), chain::entry(&json!({})));
+        assert_eq!(r.last_write(), None);
+        let t0 = Instant::now();
+        r.reconcile(t0);
+        assert_eq!(r.last_write(), Some(t0), "first chaining");
+        r.reconcile(t0 + Duration::from_secs(1));
+        assert_eq!(r.last_write(), Some(t0), "nothing written while chained");
+        std::fs::write(&file, FLANNEL).unwrap();
+        let t2 = t0 + Duration::from_secs(2);
+        r.reconcile(t2);
+        assert_eq!(r.last_write(), Some(t2), "the primary CNI rewrote its file: written back");
     }
 
     #[test]

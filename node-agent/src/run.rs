@@ -28,6 +28,10 @@ pub const NOT_READY_TAINT: &str = "cnimesh.io/agent-not-ready";
 /// Where runtimes (containerd, CRI-O) put pod network namespaces; the DaemonSet mounts it.
 pub const DEFAULT_NETNS_DIR: &str = "/var/run/netns";
 const TICK: Duration = Duration::from_secs(5);
+/// After our entry was (re)written, pods set up just before went through the primary CNI's
+/// configuration without us and run uncaptured (DESIGN.md §7.1): for this long, repair passes
+/// run at every tick instead of once per repair interval, so those pods are found in seconds.
+const REPAIR_AFTER_WRITE: Duration = Duration::from_secs(30);
 /// Bound on each Kubernetes API call of the run loop, so a half-open API connection cannot stop
 /// re-chaining.
 const API_TIMEOUT: Duration = Duration::from_secs(10);
@@ -164,6 +168,8 @@ pub async fn run(
     let mut tick = tokio::time::interval(TICK);
     let mut taint_removed = false;
     let mut last_repair: Option<Instant> = None;
+    let mut last_write: Option<Instant> = None;
+    let mut repair_until: Option<Instant> = None;
     let store = StateStore::new(&cfg.state_dir);
     tokio::pin!(shutdown);
     loop {
@@ -176,6 +182,10 @@ pub async fn run(
             _ = tick.tick() => {}
         }
         let state = reconciler.reconcile(Instant::now());
+        if reconciler.last_write() != last_write {
+            last_write = reconciler.last_write();
+            repair_until = last_write.map(|t| t + REPAIR_AFTER_WRITE);
+        }
         let mut pending: Vec<String> = describe(&state, &cfg.cni_conf_dir).into_iter().collect();
         // The binary may have been deleted or replaced on the host: put ours back.
         match install::install_binary(&cfg.plugin_binary, &cfg.cni_bin_dir) {
@@ -209,7 +219,9 @@ pub async fn run(
                 Err(e) => tracing::warn!(error = %format!("{e:#}"), "could not remove the node taint; retrying"),
             }
         }
-        if cfg.repair != RepairMode::Off && last_repair.is_none_or(|t| t.elapsed() >= cfg.repair_interval) {
+        let due = last_repair.is_none_or(|t| t.elapsed() >= cfg.repair_interval)
+            || repair_until.is_some_and(|until| Instant::now() < until);
+        if cfg.repair != RepairMode::Off && due {
             last_repair = Some(Instant::now());
             if tokio::time::timeout(API_TIMEOUT * 3, repair_pass(&cfg, &cluster, &store)).await.is_err() {
                 tracing::warn!("repair pass timed out; will retry");

@@ -5,6 +5,7 @@
 //! it is torn down even when an assertion fails, and names are unique per process so tests can run
 //! in parallel.
 
+pub mod agent;
 pub mod apps;
 pub mod bench;
 pub mod cni;
@@ -12,6 +13,7 @@ pub mod control;
 pub mod host;
 pub mod kube_mock;
 pub mod manifest_check;
+pub mod mesh;
 pub mod netns;
 pub mod pod;
 pub mod probe;

@@ -99,12 +99,17 @@ impl Sidecar {
     pub fn wait(&mut self) -> bool {
         self.child.wait().is_ok_and(|s| s.success())
     }
+
+    /// SIGKILL, and waits for the process to be gone (its listeners closed).
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 impl Drop for Sidecar {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.kill();
     }
 }
 

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cnimesh_cni::spec::RedirectSpec;
+use cnimesh_e2e::host::Mounted;
 use cnimesh_e2e::kube_mock::MockApi;
 use cnimesh_e2e::{Network, Pod, bins, require_root};
 use cnimesh_node::cluster::{Cluster, FileCluster};
@@ -397,15 +398,6 @@ fn status_endpoint_reports_installation_and_drift() {
     rt.block_on(agent).unwrap().expect("clean shutdown");
 }
 
-/// Unmounts on drop (lazily, so a failing test never leaves a busy mount behind).
-struct Mounted(std::path::PathBuf);
-
-impl Drop for Mounted {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount").arg("-l").arg(&self.0).status();
-    }
-}
-
 /// DESIGN.md §7.17: a private mount under the netns dir (as on a host whose root mount is
 /// private) is reported at start, on /ready and /status, and in "netns not found" drift.
 #[test]
@@ -416,13 +408,8 @@ fn agent_reports_a_private_netns_mount() {
     let dir = tempfile::tempdir().unwrap();
     let netns_dir = dir.path().join("netns");
     std::fs::create_dir_all(&netns_dir).unwrap();
-    let mount = |args: &[&str]| {
-        let ok = std::process::Command::new("mount").args(args).arg(&netns_dir).status().unwrap().success();
-        assert!(ok, "mount {args:?} {}", netns_dir.display());
-    };
-    mount(&["-t", "tmpfs", "-o", "size=64k", "cnimesh-test"]);
-    let _mounted = Mounted(netns_dir.clone());
-    mount(&["--make-private"]);
+    let _mounted = Mounted::tmpfs(&netns_dir, "64k").unwrap();
+    cnimesh_e2e::host::run("mount", &["--make-private", netns_dir.to_str().unwrap()]).unwrap();
 
     let plugin = dir.path().join("cnimesh-cni-src");
     std::fs::write(&plugin, b"#!/bin/sh\n").unwrap();
