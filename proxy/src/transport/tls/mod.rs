@@ -33,6 +33,9 @@ pub enum Inbound<I> {
     Accepted { io: ClientIo<I>, prefix: Bytes, tls: TlsLabel },
     /// Not mTLS to us, and plaintext is not accepted here.
     Refused(&'static str),
+    /// Neither a whole ClientHello nor any other decisive byte arrived within the wait (a
+    /// silent client, or one dribbling a handshake); `prefix` holds what it did send.
+    Undecided { io: I, prefix: Bytes },
 }
 
 /// Terminates mTLS when the ClientHello is addressed to our identity; anything else stays
@@ -63,6 +66,7 @@ pub async fn inbound<I: Io>(
             Ok(Inbound::Accepted { io: MaybeTls::Tls(Box::new(tls)), prefix: Bytes::new(), tls: label })
         }
         _ if require_tls => Ok(Inbound::Refused("not mTLS to this proxy's identity")),
+        Peek::NeedMore(_) => Ok(Inbound::Undecided { io: stream, prefix }),
         _ => Ok(Inbound::Accepted { io: MaybeTls::Plain(stream), prefix, tls: TlsLabel::plaintext() }),
     }
 }
