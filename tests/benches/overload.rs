@@ -9,7 +9,8 @@
 //! whole request line; 1 000 sending their request a byte per second from the first byte.
 //!
 //! Per phase: normal traffic's success rate, p50 and p99; the proxy's peak RSS and descriptors;
-//! how many flood connections the proxy closed, and how many reached the app; after the flood
+//! how many flood connections the proxy closed, and how many were open at the app at the end of
+//! the window (the flood goes to another app port than the normal traffic); after the flood
 //! closes, the proxy's descriptors and RSS (5 s and 60 s later).
 //!
 //! Run as root: `cargo bench -p cnimesh-e2e --bench overload` (needs `apt-get install
@@ -25,7 +26,7 @@ use cnimesh_e2e::apps::{self, Apps};
 use cnimesh_e2e::bench::{RateRun, env_or, open_fds, rate_run, require_h2load, rss_mib};
 use cnimesh_e2e::flood::{Flood, Kind};
 use cnimesh_e2e::sidecar::{Sidecar, http_in};
-use cnimesh_e2e::{Network, Pod, bins, require_root};
+use cnimesh_e2e::{Netns, Network, Pod, bins, require_root};
 use serde_json::json;
 
 const NORMAL_CLIENTS: u32 = 1000;
@@ -65,6 +66,7 @@ struct Phase {
     flood_connected: usize,
     flood_closed: usize,
     flood_closed_after: f64,
+    /// Flood connections open at the app at the end of the window.
     app_connections: usize,
     shed: f64,
     detect_timeouts: f64,
@@ -95,6 +97,12 @@ impl Phase {
             self.rss_after,
         )
     }
+}
+
+/// Connections established to the app's `port` in `netns` now (the app's side of them).
+fn established(netns: &Netns, port: u16) -> usize {
+    let filter = format!("( sport = :{port} )");
+    netns.exec("ss", &["-Htn", "state", "established", &filter]).map_or(0, |out| out.lines().count())
 }
 
 /// Requests on fresh connections, one per 100 ms, until `until`: (200s, total).
@@ -132,12 +140,15 @@ fn main() {
 
     let net = Network::bridge(&bins, json!({})).unwrap();
     let server = Pod::named(&net, "shop", "server").unwrap();
-    let apps = Apps::start(&server.netns.path(), server.ipv4().into(), "server").unwrap();
+    let _apps = Apps::start(&server.netns.path(), server.ipv4().into(), "server").unwrap();
     let proxy = Sidecar::start_with_open_files(&bins.proxy, &server.netns, &[], open_files).unwrap();
     let normal = Pod::unmeshed(&net, "shop", "normal").unwrap();
     let flooder = Pod::unmeshed(&net, "shop", "flooder").unwrap();
     let to = SocketAddr::new(server.ipv4().into(), apps::HTTP_PORT);
     let url = format!("http://{to}/hello");
+    // The flood goes to another port of the app than the normal traffic, so the app's sockets on
+    // it are the flood's alone.
+    let flood_to = SocketAddr::new(server.ipv4().into(), apps::HALF_CLOSE_PORT);
     let pid = proxy.pid();
     let metric = |error: &str| proxy.metric(&format!("inbound_tcp_accept_errors_total{{error=\"{error}\"}}"));
     let idle_rss = rss_mib(pid);
@@ -151,7 +162,6 @@ fn main() {
     ];
     let mut results = Vec::new();
     for (name, flood) in phases {
-        let accepted_before = apps.accepted.load(Ordering::SeqCst);
         let shed_before = metric("source_limit") + metric("connection_limit");
         let detect_before = metric("detect_timeout");
         let until = Instant::now() + Duration::from_secs(window.into());
@@ -160,7 +170,7 @@ fn main() {
             std::thread::scope(|scope| {
                 let load = scope.spawn(|| rate_run(&normal.netns, NORMAL_CLIENTS, 1, window, &url));
                 std::thread::sleep(FLOOD_DELAY);
-                let flood = flood.map(|(n, kind)| Flood::start(&flooder.netns.path(), to, n, kind).unwrap());
+                let flood = flood.map(|(n, kind)| Flood::start(&flooder.netns.path(), flood_to, n, kind).unwrap());
                 (load.join().unwrap(), flood)
             })
         });
@@ -168,7 +178,7 @@ fn main() {
         let (flood_connected, flood_closed, flood_closed_after) = flood.as_ref().map_or((0, 0, f64::NAN), |f| {
             (f.connected(), f.counts.closed_by_peer.load(Ordering::Relaxed), f.counts.mean_closed_after_s())
         });
-        let app_connections = apps.accepted.load(Ordering::SeqCst) - accepted_before;
+        let app_connections = established(&server.netns, apps::HALF_CLOSE_PORT);
         drop(flood);
         std::thread::sleep(Duration::from_secs(5));
         let phase = Phase {
@@ -200,7 +210,7 @@ fn main() {
         "Proxy idle before the run: RSS {idle_rss:.1} MiB, {idle_fds} descriptors; open-file limit {open_files}.\n"
     );
     println!(
-        "| phase | success | p50 ms | p99 ms | fresh ok | proxy RSS peak MiB | proxy fds peak | flood connected | closed by proxy (mean s) | shed | detect timeouts | reached the app | fds 5 s after | RSS 5 s after |"
+        "| phase | success | p50 ms | p99 ms | fresh ok | proxy RSS peak MiB | proxy fds peak | flood connected | closed by proxy (mean s) | shed | detect timeouts | flood conns at the app at the end | fds 5 s after | RSS 5 s after |"
     );
     println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for p in &results {

@@ -109,3 +109,44 @@ pub fn outbound(identity: Option<&Identity>, expected: Option<Name>) -> Result<O
         (Some(id), Some(server_id)) => Ok(Some(UpstreamTls { config: id.client.clone(), server_id })),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{IdentityConfig, TrustAnchors};
+    use tokio::io::AsyncWriteExt;
+
+    fn identity() -> Identity {
+        let anchor = cnimesh_identity::ca::new_trust_anchor("cluster.local", Duration::from_secs(3600)).unwrap();
+        Identity::new(&IdentityConfig {
+            name: "web.shop.serviceaccount.identity.cnimesh.cluster.local".parse().unwrap(),
+            trust_anchors: TrustAnchors::Pem(anchor.cert_pem),
+            token_file: "/nonexistent".into(),
+            control_addr: "control:4190".into(),
+            control_name: crate::config::DEFAULT_CONTROL_NAME.parse().unwrap(),
+            max_backoff: Duration::from_secs(1),
+        })
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn clients_without_a_whole_hello_in_time_are_undecided_not_plaintext() {
+        let identity = identity();
+        let wait = Duration::from_millis(200);
+        let (_silent, server) = tokio::io::duplex(1024);
+        let got = inbound(server, &identity, wait, false).await.unwrap();
+        assert!(matches!(got, Inbound::Undecided { ref prefix, .. } if prefix.is_empty()));
+        // A handshake record header, then nothing more: a ClientHello dribbled from its first byte.
+        let (mut client, server) = tokio::io::duplex(1024);
+        client.write_all(&[0x16, 0x03, 0x01, 0x02, 0x00, 0x01]).await.unwrap();
+        let got = inbound(server, &identity, wait, false).await.unwrap();
+        assert!(matches!(got, Inbound::Undecided { ref prefix, .. } if prefix.len() == 6));
+        // Plaintext is recognised at once; with mTLS required, the undecided are refused too.
+        let (mut client, server) = tokio::io::duplex(1024);
+        client.write_all(b"GET / HTTP/1.1\r\n").await.unwrap();
+        let got = inbound(server, &identity, Duration::from_secs(30), false).await.unwrap();
+        assert!(matches!(got, Inbound::Accepted { io: MaybeTls::Plain(_), .. }));
+        let (_silent, server) = tokio::io::duplex(1024);
+        assert!(matches!(inbound(server, &identity, wait, true).await.unwrap(), Inbound::Refused(_)));
+    }
+}
