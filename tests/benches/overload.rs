@@ -29,7 +29,6 @@ use cnimesh_e2e::sidecar::{Sidecar, http_in};
 use cnimesh_e2e::{Netns, Network, Pod, bins, require_root};
 use serde_json::json;
 
-const NORMAL_CLIENTS: u32 = 1000;
 const SLOWLORIS: usize = 1000;
 /// The flood starts this long after the normal traffic, so its connections are established first.
 const FLOOD_DELAY: Duration = Duration::from_secs(2);
@@ -131,6 +130,8 @@ fn main() {
     let open_files: u64 = env_or("CNIMESH_OVERLOAD_OPEN_FILES", 20_000);
     let idle: usize = env_or("CNIMESH_OVERLOAD_IDLE", 10_000);
     let window: u32 = env_or("CNIMESH_OVERLOAD_WINDOW_SECONDS", 25);
+    let normal_clients: u32 = env_or("CNIMESH_OVERLOAD_NORMAL_CLIENTS", 1000);
+    let only: String = env_or("CNIMESH_OVERLOAD_PHASES", "baseline,idle,headers,first-byte".to_string());
     assert!(idle as u64 + 64 < hard, "this process needs {idle} descriptors for the flood; the hard limit is {hard}");
     let mut bins = bins!();
     if let Ok(proxy) = std::env::var("CNIMESH_BENCH_PROXY") {
@@ -154,12 +155,24 @@ fn main() {
     let idle_rss = rss_mib(pid);
     let idle_fds = open_fds(pid);
 
-    let phases: Vec<(String, Option<(usize, Kind)>)> = vec![
-        ("baseline (normal traffic only)".into(), None),
-        (format!("{idle} idle connections"), Some((idle, Kind::Idle))),
-        (format!("{SLOWLORIS} slowloris, header byte/s after the request line"), Some((SLOWLORIS, Kind::SlowHeaders))),
-        (format!("{SLOWLORIS} slowloris, byte/s from the first byte"), Some((SLOWLORIS, Kind::SlowFromFirstByte))),
-    ];
+    let phases: Vec<(String, Option<(usize, Kind)>)> = [
+        ("baseline", "baseline (normal traffic only)".to_string(), None),
+        ("idle", format!("{idle} idle connections"), Some((idle, Kind::Idle))),
+        (
+            "headers",
+            format!("{SLOWLORIS} slowloris, header byte/s after the request line"),
+            Some((SLOWLORIS, Kind::SlowHeaders)),
+        ),
+        (
+            "first-byte",
+            format!("{SLOWLORIS} slowloris, byte/s from the first byte"),
+            Some((SLOWLORIS, Kind::SlowFromFirstByte)),
+        ),
+    ]
+    .into_iter()
+    .filter(|(key, _, _)| only.split(',').any(|o| o.trim() == *key))
+    .map(|(_, name, flood)| (name, flood))
+    .collect();
     let mut results = Vec::new();
     for (name, flood) in phases {
         let shed_before = metric("source_limit") + metric("connection_limit");
@@ -168,7 +181,7 @@ fn main() {
         let fresh = fresh_requests(normal.netns.path(), to.to_string(), until);
         let ((normal_run, flood), rss_peak, fds_peak) = peaks(pid, || {
             std::thread::scope(|scope| {
-                let load = scope.spawn(|| rate_run(&normal.netns, NORMAL_CLIENTS, 1, window, &url));
+                let load = scope.spawn(|| rate_run(&normal.netns, normal_clients, 1, window, &url));
                 std::thread::sleep(FLOOD_DELAY);
                 let flood = flood.map(|(n, kind)| Flood::start(&flooder.netns.path(), flood_to, n, kind).unwrap());
                 (load.join().unwrap(), flood)
@@ -204,7 +217,7 @@ fn main() {
     let rss_60s = rss_mib(pid);
 
     println!(
-        "\n## Normal traffic during each phase ({NORMAL_CLIENTS} keep-alive HTTP/1.1 connections at 1 req/s; fresh = one new connection per 100 ms)\n"
+        "\n## Normal traffic during each phase ({normal_clients} keep-alive HTTP/1.1 connections at 1 req/s; fresh = one new connection per 100 ms)\n"
     );
     println!(
         "Proxy idle before the run: RSS {idle_rss:.1} MiB, {idle_fds} descriptors; open-file limit {open_files}.\n"
@@ -216,9 +229,11 @@ fn main() {
     for p in &results {
         println!("{}", p.row());
     }
-    let flood = &results[1];
-    let per_conn_kib = (flood.rss_peak - results[0].rss_peak) * 1024.0 / flood.flood_connected.max(1) as f64;
-    println!(
-        "\nRSS per flood connection (peak over the baseline's peak): {per_conn_kib:.1} KiB; RSS 60 s after the last phase: {rss_60s:.1} MiB (idle before: {idle_rss:.1})"
-    );
+    if let [baseline, flood, ..] = &results[..] {
+        let per_conn_kib = (flood.rss_peak - baseline.rss_peak) * 1024.0 / flood.flood_connected.max(1) as f64;
+        println!(
+            "\nRSS per connection of the second phase's flood (peak over the first's peak): {per_conn_kib:.1} KiB"
+        );
+    }
+    println!("RSS 60 s after the last phase: {rss_60s:.1} MiB (idle before: {idle_rss:.1})");
 }
