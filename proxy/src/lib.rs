@@ -4,6 +4,7 @@
 //! otherwise.
 
 pub mod admin;
+pub mod admission;
 pub mod backoff;
 pub mod cli;
 pub mod config;
@@ -14,6 +15,7 @@ pub mod grpc_channel;
 pub mod http;
 pub mod identity;
 pub mod inbound;
+pub mod log_limit;
 pub mod metrics;
 pub mod outbound;
 pub mod policy;
@@ -109,7 +111,15 @@ pub async fn run(
         tokio::spawn(server::accept_loop(listener, direction, shared.clone()));
     }
     admin.ready.store(true, Ordering::SeqCst);
+    let limits = shared.admission.limits;
     tracing::info!(inbound = ?config.inbound, outbound = ?config.outbound, admin = %config.admin, "proxy listening");
+    tracing::info!(
+        inbound = limits.inbound,
+        outbound = limits.outbound,
+        inbound_per_source = limits.inbound_per_source,
+        open_files = admission::fd_limit(),
+        "connection limits"
+    );
 
     tokio::select! {
         () = shutdown => drain.start(),

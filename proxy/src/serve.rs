@@ -9,7 +9,7 @@ use bytes::Bytes;
 use hyper::service::service_fn;
 
 use crate::forward::HttpProxy;
-use crate::metrics::{Direction, OpenConnection, TcpLabels, TlsLabel};
+use crate::metrics::{AcceptError, Direction, OpenConnection, TcpLabels, TlsLabel};
 use crate::outbound::targets::Target;
 use crate::policy::enforce::ConnPolicy;
 use crate::policy::model::PortProtocol;
@@ -62,7 +62,11 @@ pub async fn serve<I: Io>(mut io: I, read: Bytes, conn: Connection, shared: &Arc
     } else if let Some(known) = known {
         (known, read)
     } else {
-        detect::detect(&mut io, read, config.detect_timeout).await?
+        detect::detect(&mut io, read, config.detect_timeout).await.inspect_err(|e| {
+            if matches!(e, detect::DetectError::TimedOut { .. }) {
+                m.accept_error(conn.direction, AcceptError::detect_timeout);
+            }
+        })?
     };
     if protocol == Protocol::Opaque {
         if let Some(policy) = &conn.policy

@@ -10,6 +10,7 @@ pub mod apps;
 pub mod bench;
 pub mod cni;
 pub mod control;
+pub mod flood;
 pub mod host;
 pub mod kube_mock;
 pub mod manifest_check;
@@ -19,6 +20,7 @@ pub mod pod;
 pub mod probe;
 pub mod sidecar;
 pub mod sniff;
+pub mod wait;
 
 pub use cni::{Bins, Call, CniFailure, Network, PluginDir};
 pub use host::require_root;
