@@ -10,6 +10,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use cnimesh_e2e::wait::eventually;
 use cnimesh_e2e::agent::{Agent, kube_pod};
 use cnimesh_e2e::apps::{self, Apps};
 use cnimesh_e2e::cni::libcni_config;
@@ -23,13 +24,6 @@ use serde_json::{Value, json};
 const NODE_BIN: &str = env!("CARGO_BIN_EXE_cnimesh-node-e2e");
 
 /// Polls `f` until it holds (bounded, so a broken build fails instead of hanging).
-fn eventually(what: &str, bound: Duration, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + bound;
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
 
 fn has_record(net: &Network, container_id: &str) -> bool {
     net.leftovers().iter().any(|l| l.starts_with("record") && l.contains(container_id))

@@ -5,6 +5,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
+use cnimesh_e2e::wait::eventually;
 use cnimesh_e2e::apps::{self, Apps};
 use cnimesh_e2e::control::{Control, env_refs, identity};
 use cnimesh_e2e::mesh::{meshed, meshed_with};
@@ -14,13 +15,6 @@ use cnimesh_e2e::{Network, Pod, bins, require_root};
 use serde_json::json;
 
 /// Polls `f` until it holds (bounded, so a broken build fails instead of hanging).
-fn eventually(what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
 
 /// An opaque exchange from the client pod: send, half-close, read the answer.
 fn opaque(client: &Pod<'_>, to: SocketAddr, payload: &'static [u8]) -> String {
@@ -132,7 +126,7 @@ fn a_forged_token_gets_no_certificate_and_the_proxy_stays_unready() {
     let pod = Pod::named(&net, "shop", "thief").unwrap();
     let env = control.proxy_env("shop", "payments", &thief);
     let proxy = Sidecar::spawn(&bins.proxy, &pod.netns, &env_refs(&env)).unwrap();
-    eventually("two refused certificate requests", || {
+    eventually("two refused certificate requests", Duration::from_secs(30), || {
         proxy.metric("identity_cert_refresh_total{result=\"failure\"}") >= 2.0
     });
     assert_eq!(proxy.admin("GET", "/ready", "").unwrap().0, 503, "not ready without a certificate");
@@ -142,7 +136,7 @@ fn a_forged_token_gets_no_certificate_and_the_proxy_stays_unready() {
     let forged = control.proxy_token("forger", "not-a-token-anyone-issued").unwrap();
     let env = control.proxy_env("shop", "forger", &forged);
     let proxy2 = Sidecar::spawn(&bins.proxy, &pod2.netns, &env_refs(&env)).unwrap();
-    eventually("two refused certificate requests", || {
+    eventually("two refused certificate requests", Duration::from_secs(30), || {
         proxy2.metric("identity_cert_refresh_total{result=\"failure\"}") >= 2.0
     });
     assert_eq!(proxy2.admin("GET", "/ready", "").unwrap().0, 503);

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cnimesh_cni::spec::RedirectSpec;
+use cnimesh_e2e::wait::eventually;
 use cnimesh_e2e::host::Mounted;
 use cnimesh_e2e::kube_mock::MockApi;
 use cnimesh_e2e::{Network, Pod, bins, require_root};
@@ -36,13 +37,6 @@ fn runtime() -> tokio::runtime::Runtime {
 }
 
 /// Waits (bounded) for a condition the agent reaches asynchronously.
-fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
 
 #[test]
 fn plugin_asks_the_agent_which_pods_to_capture() {
@@ -71,7 +65,7 @@ fn plugin_asks_the_agent_which_pods_to_capture() {
         ));
         cluster
     });
-    eventually("the pod cache to sync", || cluster.ready());
+    eventually("the pod cache to sync", Duration::from_secs(10), || cluster.ready());
     use std::os::unix::fs::PermissionsExt;
     assert_eq!(std::fs::metadata(&socket).unwrap().permissions().mode() & 0o777, 0o600, "socket is 0600");
 
@@ -247,27 +241,27 @@ fn agent_lifecycle(keep_on_exit: bool, fight: bool) {
         let _ = stopped.await;
     }));
 
-    eventually("the plugin binary", || bin_dir.join("cnimesh-cni").is_file());
-    eventually("readiness to report the missing primary CNI", || {
+    eventually("the plugin binary", Duration::from_secs(10), || bin_dir.join("cnimesh-cni").is_file());
+    eventually("readiness to report the missing primary CNI", Duration::from_secs(10), || {
         let r = ready_response();
         r.contains(" 503 ") && r.contains("waiting for the primary CNI")
     });
     let flannel = r#"{"name":"cbr0","cniVersion":"0.3.1","plugins":[{"type":"flannel"},{"type":"portmap"}]}"#;
     let file = conf_dir.join("10-flannel.conflist");
     std::fs::write(&file, flannel).unwrap();
-    eventually("chaining after the primary CNI appears", || cnimesh_node::chain::is_chained(&conf_dir).is_some());
-    eventually("readiness", || ready() == "200");
+    eventually("chaining after the primary CNI appears", Duration::from_secs(10), || cnimesh_node::chain::is_chained(&conf_dir).is_some());
+    eventually("readiness", Duration::from_secs(10), || ready() == "200");
     let entry: Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
     assert_eq!(entry["plugins"][2]["nodeAgent"]["socket"], json!(cfg.socket), "the plugin is pointed at the agent");
     assert_eq!(entry["plugins"][2]["excludeNamespaces"], json!(cnimesh_cni::config::DEFAULT_EXCLUDED_NAMESPACES));
 
     // The primary CNI rewrites its file: re-chained.
     std::fs::write(&file, flannel).unwrap();
-    eventually("re-chaining after a rewrite", || cnimesh_node::chain::is_chained(&conf_dir).is_some());
+    eventually("re-chaining after a rewrite", Duration::from_secs(10), || cnimesh_node::chain::is_chained(&conf_dir).is_some());
 
     if fight {
         // Another agent keeps restoring its own version: we stop fighting and say so.
-        eventually("the rewrite loop to be reported", || {
+        eventually("the rewrite loop to be reported", Duration::from_secs(10), || {
             std::fs::write(&file, flannel).unwrap();
             std::thread::sleep(Duration::from_millis(50));
             ready_response().contains("rewrite loop on")
@@ -333,7 +327,7 @@ fn status_endpoint_reports_installation_and_drift() {
     let agent = rt.spawn(cnimesh_node::run::run(cfg.clone(), cluster, async {
         let _ = stopped.await;
     }));
-    eventually("readiness", || http_get(ready_port, "/ready").split_whitespace().nth(1) == Some("200"));
+    eventually("readiness", Duration::from_secs(10), || http_get(ready_port, "/ready").split_whitespace().nth(1) == Some("200"));
 
     // A pod captured through the agent, into the agent's state dir.
     let net = Network::bridge(&bins, json!({"stateDir": cfg.state_dir, "nodeAgent": {"socket": cfg.socket}})).unwrap();
@@ -446,7 +440,7 @@ fn agent_reports_a_private_netns_mount() {
         let _ = stopped.await;
     }));
     let ready = || http_get(ready_port, "/ready");
-    eventually("readiness", || ready().split_whitespace().nth(1) == Some("200"));
+    eventually("readiness", Duration::from_secs(10), || ready().split_whitespace().nth(1) == Some("200"));
     let body = ready();
     let shown = netns_dir.display().to_string();
     assert!(body.contains("warning: the host mount holding") && body.contains(&shown), "{body}");
