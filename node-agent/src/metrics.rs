@@ -103,6 +103,11 @@ impl AgentMetrics {
         self.socket_errors.get_or_create(&KindLabel { kind }).inc();
     }
 
+    /// The registry, for readers of its descriptors (the dashboards' test).
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
     pub fn encode(&self) -> String {
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry).expect("writing to a String cannot fail");
