@@ -239,3 +239,25 @@ async fn through_the_api_servers_pod_proxy() {
     assert!(text.contains("deployment/web  2/2"), "{text}");
     assert!(text.contains("warning: metrics not read from shop/web-2: error trying to reach service"), "{text}");
 }
+
+/// `--prometheus`: an instant-vector answer becomes samples by pod (the scrape config's
+/// `namespace` and `pod` labels), and a failed query is an error saying why.
+#[test]
+fn prometheus_answers_are_read_by_pod() {
+    let body = json!({"status": "success", "data": {"resultType": "vector", "result": [
+        {"metric": {"__name__": "response_total", "namespace": "shop", "pod": "web-1", "direction": "inbound",
+                    "classification": "success", "job": "cnimesh-proxy"}, "value": [1700000000.0, "42"]},
+        {"metric": {"__name__": "tcp_open_connections", "namespace": "shop", "pod": "web-1", "direction": "inbound"},
+         "value": [1700000000.0, "3"]},
+        {"metric": {"__name__": "up", "job": "other"}, "value": [1700000000.0, "1"]},
+    ]}});
+    let by_pod = super::parse_prometheus(&body.to_string()).unwrap();
+    assert_eq!(by_pod.len(), 1, "series without namespace and pod are not the proxies': {by_pod:?}");
+    let web = &by_pod["shop/web-1"];
+    assert_eq!((web[0].name.as_str(), web[0].value, web[0].label("classification")), ("response_total", 42.0, "success"));
+    assert_eq!(web[1].value, 3.0);
+    let failed = json!({"status": "error", "errorType": "bad_data", "error": "parse error at char 3"});
+    assert_eq!(super::parse_prometheus(&failed.to_string()).unwrap_err(), "Prometheus: parse error at char 3");
+    assert!(super::parse_prometheus("<html>").unwrap_err().contains("not a Prometheus answer"));
+    assert_eq!(super::encode_query(r#"{a=~"b|c"}"#), "%7Ba%3D~%22b%7Cc%22%7D");
+}
