@@ -289,6 +289,9 @@ pub struct EdgeRow {
     pub server_ids: Vec<String>,
     /// Every request and connection of the edge was mTLS.
     pub mtls: bool,
+    /// Requests and connections the source sent to addresses that reach the destination. The
+    /// proxies label outbound traffic by its original destination: traffic to a ClusterIP counts
+    /// for every workload (or pod) behind it, so per-pod edges of a Service repeat its totals.
     pub requests: f64,
     pub connections: f64,
 }

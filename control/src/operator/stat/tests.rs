@@ -254,7 +254,10 @@ fn prometheus_answers_are_read_by_pod() {
     let by_pod = super::parse_prometheus(&body.to_string()).unwrap();
     assert_eq!(by_pod.len(), 1, "series without namespace and pod are not the proxies': {by_pod:?}");
     let web = &by_pod["shop/web-1"];
-    assert_eq!((web[0].name.as_str(), web[0].value, web[0].label("classification")), ("response_total", 42.0, "success"));
+    assert_eq!(
+        (web[0].name.as_str(), web[0].value, web[0].label("classification")),
+        ("response_total", 42.0, "success")
+    );
     assert_eq!(web[1].value, 3.0);
     let failed = json!({"status": "error", "errorType": "bad_data", "error": "parse error at char 3"});
     assert_eq!(super::parse_prometheus(&failed.to_string()).unwrap_err(), "Prometheus: parse error at char 3");
