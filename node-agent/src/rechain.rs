@@ -65,11 +65,23 @@ pub struct Reconciler {
     dir: PathBuf,
     entry: Value,
     guard: LoopGuard,
+    /// Counts our writes (`cnimesh_node_cni_config_writes_total`).
+    writes: prometheus_client::metrics::counter::Counter,
 }
 
 impl Reconciler {
     pub fn new(dir: &Path, entry: Value) -> Self {
-        Self { dir: dir.to_path_buf(), entry, guard: LoopGuard::new(LOOP_LIMIT, LOOP_WINDOW) }
+        Self {
+            dir: dir.to_path_buf(),
+            entry,
+            guard: LoopGuard::new(LOOP_LIMIT, LOOP_WINDOW),
+            writes: Default::default(),
+        }
+    }
+
+    /// Counts every write of the entry in `writes` (a handle to the agent's metric).
+    pub fn counting_writes(self, writes: prometheus_client::metrics::counter::Counter) -> Self {
+        Self { writes, ..self }
     }
 
     /// When our entry was last written (restored after the primary CNI rewrote its file, or
@@ -95,6 +107,7 @@ impl Reconciler {
                 }
                 if applied.wrote() {
                     self.guard.record(now);
+                    self.writes.inc();
                     match &applied {
                         Applied::Generated { file, source } => {
                             tracing::info!(file = %file.display(), source = %source.display(), "chained cnimesh-cni (generated list)")

@@ -18,6 +18,7 @@ use serde_json::{Value, json};
 
 use crate::cluster::SharedCluster;
 use crate::health::{self, Health, StatusSource};
+use crate::metrics::AgentMetrics;
 use crate::mounts;
 use crate::rechain::{DEBOUNCE, Reconciler, State};
 use crate::repair::{self, RepairMode};
@@ -132,6 +133,7 @@ pub async fn run(
         health.set_warnings(vec![message]);
     }
     warn_unexcluded(&cfg.excluded_namespaces);
+    let metrics = Arc::new(AgentMetrics::default());
     let http = health::bind(cfg.ready_addr)
         .await
         .with_context(|| format!("binding the health endpoint {}", cfg.ready_addr))?;
@@ -143,13 +145,14 @@ pub async fn run(
         state_dir: cfg.state_dir.clone(),
         netns_dir: cfg.netns_dir.clone(),
         cluster: cluster.clone(),
+        metrics: metrics.clone(),
     });
     let health_task = tokio::spawn(health::serve(http, health.clone(), source));
 
     let listener =
         server::bind(&cfg.socket).with_context(|| format!("binding the decision socket {}", cfg.socket.display()))?;
     let decider = Arc::new(Decider { cluster: cluster.clone(), defaults: cfg.defaults.clone() });
-    let server_task = tokio::spawn(server::serve(listener, decider));
+    let server_task = tokio::spawn(server::serve(listener, decider, metrics.clone()));
     tracing::info!(socket = %cfg.socket.display(), "serving decisions");
 
     install::install_binary(&cfg.plugin_binary, &cfg.cni_bin_dir)
@@ -164,7 +167,8 @@ pub async fn run(
     })?;
     watcher.watch(&cfg.cni_conf_dir, notify::RecursiveMode::NonRecursive)?;
 
-    let mut reconciler = Reconciler::new(&cfg.cni_conf_dir, cfg.plugin_entry());
+    let mut reconciler =
+        Reconciler::new(&cfg.cni_conf_dir, cfg.plugin_entry()).counting_writes(metrics.cni_config_writes.clone());
     let mut tick = tokio::time::interval(TICK);
     let mut taint_removed = false;
     let mut last_repair: Option<Instant> = None;
@@ -223,7 +227,7 @@ pub async fn run(
             || repair_until.is_some_and(|until| Instant::now() < until);
         if cfg.repair != RepairMode::Off && due {
             last_repair = Some(Instant::now());
-            if tokio::time::timeout(API_TIMEOUT * 3, repair_pass(&cfg, &cluster, &store)).await.is_err() {
+            if tokio::time::timeout(API_TIMEOUT * 3, repair_pass(&cfg, &cluster, &store, &metrics)).await.is_err() {
                 tracing::warn!("repair pass timed out; will retry");
             }
         }
@@ -241,7 +245,7 @@ pub async fn run(
     Ok(())
 }
 
-async fn repair_pass(cfg: &RunConfig, cluster: &SharedCluster, store: &StateStore) {
+async fn repair_pass(cfg: &RunConfig, cluster: &SharedCluster, store: &StateStore, metrics: &AgentMetrics) {
     let pods = match cluster.node_pods().await {
         Ok(p) => p,
         Err(e) => return tracing::warn!(error = %format!("{e:#}"), "repair: cannot list pods"),
@@ -252,6 +256,8 @@ async fn repair_pass(cfg: &RunConfig, cluster: &SharedCluster, store: &StateStor
     };
     let targets = repair::uncaptured(&pods, &records, &cfg.excluded_namespaces);
     if !targets.is_empty() {
-        repair::repair(cluster.as_ref(), cfg.repair, &targets).await;
+        for (_, result) in repair::repair(cluster.as_ref(), cfg.repair, &targets).await {
+            metrics.repaired(result.is_ok());
+        }
     }
 }

@@ -79,7 +79,7 @@ pub async fn run(
         }
         _ => None,
     };
-    let mut shared = Shared::new(config.clone(), metrics.clone(), drain.clone(), identity.clone(), discovery);
+    let mut shared = Shared::new(config.clone(), metrics.clone(), drain.clone(), identity.clone(), discovery.clone());
     shared.policies = policies;
     let shared = Arc::new(shared);
     tokio::spawn(evict_idle_targets(shared.clone()));
@@ -102,7 +102,16 @@ pub async fn run(
             "no {direction:?} listener could be bound from {addrs:?}"
         );
     }
-    let admin = Arc::new(Admin { metrics, ready: false.into(), log, drain: drain.clone(), identity });
+    let admin = Arc::new(Admin {
+        metrics,
+        ready: false.into(),
+        log,
+        drain: drain.clone(),
+        identity,
+        env: admin::status::redacted_env(std::env::vars()),
+        config: config.clone(),
+        discovery,
+    });
     let admin_listener = TcpListener::bind(config.admin)
         .await
         .with_context(|| format!("binding the admin listener {}", config.admin))?;

@@ -12,6 +12,7 @@ use cnimesh_e2e::kube_mock::MockApi;
 use cnimesh_e2e::{Network, Pod, bins, require_root};
 use cnimesh_node::cluster::{Cluster, FileCluster};
 use cnimesh_node::kube_cluster::KubeCluster;
+use cnimesh_node::metrics::AgentMetrics;
 use cnimesh_node::server::{self, Decider};
 use http::Method;
 use k8s_openapi::api::core::v1::{Node, Pod as KubePod};
@@ -55,6 +56,7 @@ fn plugin_asks_the_agent_which_pods_to_capture() {
     let rt = runtime();
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("node.sock");
+    let metrics = Arc::new(AgentMetrics::default());
     let cluster = rt.block_on(async {
         let (cluster, driver) = KubeCluster::start(mock.client(), NODE);
         tokio::spawn(driver);
@@ -62,6 +64,7 @@ fn plugin_asks_the_agent_which_pods_to_capture() {
         tokio::spawn(server::serve(
             listener,
             Arc::new(Decider { cluster: cluster.clone(), defaults: RedirectSpec::default() }),
+            metrics.clone(),
         ));
         cluster
     });
@@ -99,6 +102,22 @@ fn plugin_asks_the_agent_which_pods_to_capture() {
     assert!(ghost.nft_table().is_none());
     assert_eq!(mock.requests(Method::GET, "/api/v1/namespaces/shop/pods/ghost").len(), 1, "one GET for a cache miss");
     assert!(mock.requests(Method::GET, "/api/v1/namespaces/shop/pods/web").is_empty(), "cached pods cost no API call");
+
+    // Every answer is counted by result, with its latency (the agent's /metrics).
+    let text = metrics.encode();
+    let count = |line: &str| -> f64 {
+        let value = text.lines().find_map(|l| l.strip_prefix(line)).unwrap_or_else(|| panic!("{line} in\n{text}"));
+        value.trim().parse().unwrap()
+    };
+    assert!(count("cnimesh_node_decisions_total{result=\"capture\"}") >= 1.0, "{text}");
+    assert_eq!(count("cnimesh_node_decisions_total{result=\"skip\"}"), 2.0, "{text}");
+    assert_eq!(count("cnimesh_node_decisions_total{result=\"error\"}"), 1.0, "{text}");
+    assert_eq!(count("cnimesh_node_decisions_total{result=\"retry\"}"), 1.0, "{text}");
+    let decided: f64 = ["capture", "skip", "error", "retry"]
+        .iter()
+        .map(|r| count(&format!("cnimesh_node_decisions_total{{result=\"{r}\"}}")))
+        .sum();
+    assert_eq!(count("cnimesh_node_decision_duration_seconds_count"), decided, "{text}");
 
     // Excluded namespaces never wait on the agent, even when it is down.
     drop(rt);
@@ -258,6 +277,15 @@ fn agent_lifecycle(keep_on_exit: bool, fight: bool) {
     // The primary CNI rewrites its file: re-chained.
     std::fs::write(&file, flannel).unwrap();
     eventually("re-chaining after a rewrite", Duration::from_secs(10), || cnimesh_node::chain::is_chained(&conf_dir).is_some());
+    // Both writes (the first chaining and the re-patch) are on the agent's /metrics.
+    eventually("two CNI configuration writes on /metrics", Duration::from_secs(10), || {
+        let metrics = http_get(ready_port, "/metrics");
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("cnimesh_node_cni_config_writes_total "))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            >= Some(2.0)
+    });
 
     if fight {
         // Another agent keeps restoring its own version: we stop fighting and say so.
