@@ -76,6 +76,9 @@ pub struct DestinationConfig {
     pub name: Name,
     /// How long a new connection waits for the first answer about its destination.
     pub first_answer: Duration,
+    /// Ask the control plane's OutboundPolicies for each destination's protocol (opaque or
+    /// HTTP declared: no detection); off = detection decides, as before outbound policy.
+    pub outbound_policy: bool,
 }
 
 /// Where the proxy gets its certificate.
@@ -370,6 +373,9 @@ pub struct Args {
     /// How long a new connection waits for the first answer about its destination, ms [default: 2000].
     #[arg(long, env = "CNIMESH_PROXY_DISCOVERY_WAIT_MS", value_parser = millis)]
     pub discovery_wait_ms: Option<Duration>,
+    /// Outbound policy from the control plane decides each destination's protocol (true/false, 1/0) [default: true].
+    #[arg(long, env = "CNIMESH_PROXY_OUTBOUND_POLICY", value_parser = flag)]
+    pub outbound_policy: Option<bool>,
     /// This pod as `namespace:name`; set = inbound policy from the control plane (needs discovery).
     #[arg(long, env = "CNIMESH_PROXY_POLICY_WORKLOAD")]
     pub policy_workload: Option<String>,
@@ -531,6 +537,7 @@ fn destination(args: &Args, identity: Option<&IdentityConfig>) -> Result<Option<
         addr: addr.trim().to_string(),
         name: args.destination_svc_name.clone().unwrap_or_else(|| identity.control_name.clone()),
         first_answer: args.discovery_wait_ms.unwrap_or(DEFAULT_DISCOVERY_WAIT),
+        outbound_policy: args.outbound_policy.unwrap_or(true),
     }))
 }
 
@@ -682,6 +689,9 @@ mod tests {
         .policy
         .unwrap();
         assert_eq!((p.default, p.cluster_networks.len()), (DefaultPolicy::Deny, 1));
+        assert!(with(&[dst]).unwrap().destination.unwrap().outbound_policy, "on with discovery by default");
+        let off = with(&[dst, ("CNIMESH_PROXY_OUTBOUND_POLICY", "false")]).unwrap();
+        assert!(!off.destination.unwrap().outbound_policy);
         let e = with(&[dst, ("CNIMESH_PROXY_POLICY_DEFAULT", "allow")]).unwrap_err();
         assert!(e.to_string().contains("CNIMESH_PROXY_POLICY_DEFAULT"), "{e}");
     }

@@ -11,11 +11,12 @@ use std::time::Instant;
 
 use http::header::HOST;
 use http::{HeaderValue, Method, Request, Response, StatusCode, Uri, Version};
-use http_body_util::BodyExt;
+use http_body_util::{BodyExt, Either};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::histogram::Histogram;
+use tower::retry::budget::Budget as _;
 
 use crate::discovery::balance::Load;
 use crate::http::Body;
@@ -24,8 +25,12 @@ use crate::http::error::{ProxyError, error_response, upstream_error};
 use crate::http::headers::{strip_hop_by_hop, wants_upgrade};
 use crate::http::orig_proto;
 use crate::metrics::{Direction, Metrics, OpenConnection, RequestLabels, ResponseLabels, TlsLabel};
+use crate::outbound::routes::model::Retry;
+use crate::outbound::routes::retry;
+use crate::outbound::routes::routed::{self, ConnRoutes, Routed};
 use crate::outbound::target::{Picked, Route, RouteError};
 use crate::outbound::targets::Target;
+use crate::outbound::upstream::RequestBody;
 use crate::policy::enforce::ConnPolicy;
 use crate::shared::Shared;
 
@@ -48,6 +53,8 @@ pub struct HttpProxy {
     named: Mutex<Vec<(String, Option<Arc<Target>>)>>,
     /// Inbound with policy: each request is authorized before it goes anywhere.
     policy: Option<Arc<ConnPolicy>>,
+    /// Outbound: what this connection's routed requests used (backend targets, metric handles).
+    routes: ConnRoutes,
 }
 
 /// The metric handles of one (connection, authority).
@@ -136,6 +143,7 @@ impl HttpProxy {
             handles: Mutex::default(),
             named: Mutex::default(),
             policy: None,
+            routes: ConnRoutes::default(),
         }
     }
 
@@ -210,6 +218,20 @@ impl HttpProxy {
             handles.count_response(denied.status(), if grpc_failure { "failure" } else { "success" });
             return Ok(denied);
         }
+        let routed = match self.direction {
+            Direction::outbound => routed::route(&mut req, &self.target, &self.routes, &self.shared).await,
+            Direction::inbound => Ok(None),
+        };
+        let routed = match routed {
+            Ok(routed) => routed,
+            Err(answer) => {
+                handles.count_response(
+                    answer.status(),
+                    if answer.status().is_server_error() { "failure" } else { "success" },
+                );
+                return Ok(answer);
+            }
+        };
         // Only the inbound speaks to apps, so only it undoes a peer proxy's upgrade.
         let downgraded = match self.direction {
             Direction::inbound => orig_proto::downgrade_request(&mut req),
@@ -220,7 +242,7 @@ impl HttpProxy {
             Ok(false) if req.version() != Version::HTTP_2 && wants_upgrade(&req) => {
                 self.upgrade(req).await.map(|r| (r, None))
             }
-            Ok(downgraded) => self.forward(req, downgraded).await.map(|(mut response, load)| {
+            Ok(downgraded) => self.forward(req, downgraded, routed.as_ref()).await.map(|(mut response, load)| {
                 if downgraded {
                     orig_proto::mark_response(&mut response);
                 }
@@ -228,6 +250,9 @@ impl HttpProxy {
             }),
         };
         handles.latency.observe(start.elapsed().as_secs_f64() * 1e3);
+        if let Some(routed) = &routed {
+            routed.handles.duration.observe(start.elapsed().as_secs_f64());
+        }
         match result {
             Ok((response, load)) => {
                 let status = response.status();
@@ -247,11 +272,84 @@ impl HttpProxy {
 
     async fn forward(
         &self,
-        mut req: Request<Incoming>,
+        req: Request<Incoming>,
         downgraded: bool,
+        routed: Option<&Routed>,
     ) -> Result<(Response<Incoming>, Option<Load>), ProxyError> {
-        let named = self.named_target(authority_of(&req)).await;
-        let target = named.as_ref().unwrap_or(&self.target);
+        let named = match routed {
+            Some(_) => None,
+            None => self.named_target(authority_of(&req)).await,
+        };
+        let target = routed.map(|r| &r.target).or(named.as_ref()).unwrap_or(&self.target);
+        let exchange = async {
+            match routed.and_then(|r| Some((r, r.retry()?))) {
+                Some((routed, retry)) if retry::bufferable(&req, retry) => {
+                    self.with_retries(target, req, downgraded, routed, retry).await
+                }
+                _ => self.send(target, req.map(Either::Left), downgraded, None).await,
+            }
+        };
+        let mut result = match routed.and_then(|r| r.timeout.map(|t| (t, &r.route))) {
+            Some((timeout, route)) => tokio::time::timeout(timeout, exchange).await.map_err(|_| {
+                ProxyError::new(
+                    StatusCode::GATEWAY_TIMEOUT,
+                    format!("request timed out after {} ms on route {route}", timeout.as_millis()),
+                )
+            })?,
+            None => exchange.await,
+        };
+        if let (Some(routed), Ok((response, _))) = (routed, &mut result) {
+            routed.response_headers(response.headers_mut());
+        }
+        result
+    }
+
+    /// A request of a rule with retries, its body buffered: sent again while its answer is one the
+    /// rule retries, up to the rule's limit and as far as the target's retry budget allows.
+    async fn with_retries(
+        &self,
+        target: &Arc<Target>,
+        req: Request<Incoming>,
+        downgraded: bool,
+        routed: &Routed,
+        retry: &Retry,
+    ) -> Result<(Response<Incoming>, Option<Load>), ProxyError> {
+        let budget = target.retry_budget();
+        budget.deposit();
+        let (parts, body) = req.into_parts();
+        let body = retry::buffer(body, retry).await?;
+        let mut attempt = 0;
+        loop {
+            let req = retry::request(&parts, body.clone());
+            let result = self.send(target, req, downgraded, retry.timeout).await;
+            let again = match &result {
+                Ok((response, _)) => retry.retries(response.status(), response.headers()),
+                Err(e) => e.status == StatusCode::BAD_GATEWAY || e.status == StatusCode::GATEWAY_TIMEOUT,
+            };
+            if !again || attempt >= retry.max_retries {
+                return result;
+            }
+            if !budget.withdraw() {
+                routed.handles.retry_overflow.inc();
+                return result;
+            }
+            drop(result);
+            attempt += 1;
+            routed.handles.retries.inc();
+            if let Some(wait) = retry::backoff(retry, attempt) {
+                tokio::time::sleep(wait).await;
+            }
+        }
+    }
+
+    /// One attempt: an endpoint of `target`, the request in the form it needs, its answer.
+    async fn send(
+        &self,
+        target: &Arc<Target>,
+        mut req: Request<RequestBody>,
+        downgraded: bool,
+        timeout: Option<std::time::Duration>,
+    ) -> Result<(Response<Incoming>, Option<Load>), ProxyError> {
         let Picked { upstream, load } = target.route.pick().map_err(route_error)?;
         strip_hop_by_hop(req.headers_mut(), false);
         let upgraded = self.h2_upgrade && req.version() != Version::HTTP_2 && upstream.tls.is_some();
@@ -264,7 +362,15 @@ impl HttpProxy {
             }
             to_origin_form(&mut req, self.addr)?;
         }
-        let result = upstream.send(req).await;
+        let result = match timeout {
+            Some(timeout) => tokio::time::timeout(timeout, upstream.send(req)).await.map_err(|_| {
+                ProxyError::new(
+                    StatusCode::GATEWAY_TIMEOUT,
+                    format!("upstream {} timed out after {} ms", upstream.addr, timeout.as_millis()),
+                )
+            })?,
+            None => upstream.send(req).await,
+        };
         if let Some(load) = &load {
             match &result {
                 Ok(_) => load.observe(),

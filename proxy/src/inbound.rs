@@ -8,14 +8,15 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use crate::metrics::{AcceptError, Direction, TlsLabel};
+use crate::metrics::{AcceptError, DecidedBy, Direction, TlsLabel};
 use crate::outbound::target::Route;
 use crate::outbound::targets::Target;
 use crate::policy::enforce::ConnPolicy;
 use crate::policy::model::PortProtocol;
-use crate::serve::{self, Connection};
+use crate::serve::{self, Connection, Known};
 use crate::shared::Shared;
 use crate::transport::Io;
+use crate::transport::detect::Protocol;
 use crate::transport::maybe_tls::MaybeTls;
 use crate::transport::tls;
 
@@ -35,7 +36,14 @@ pub async fn connection<I: Io>(io: I, peer: SocketAddr, addr: SocketAddr, shared
         None => None,
     };
     let policy_opaque = port.as_ref().is_some_and(|p| p.current().protocol == PortProtocol::Opaque);
-    let opaque_port = policy_opaque || config.opaque_ports.contains(&addr.port());
+    let opaque = |by| Some(Known { protocol: Protocol::Opaque, by });
+    let known = if config.opaque_ports.contains(&addr.port()) {
+        opaque(DecidedBy::configuration)
+    } else if policy_opaque {
+        opaque(DecidedBy::policy)
+    } else {
+        None
+    };
     let enforce = |tls: &TlsLabel| {
         port.map(|p| {
             let target_addr = shared.metrics.target_label(Direction::inbound, addr);
@@ -44,22 +52,21 @@ pub async fn connection<I: Io>(io: I, peer: SocketAddr, addr: SocketAddr, shared
     };
     match shared.identity.as_deref() {
         Some(identity) => {
-            let wait = if opaque_port { config.opaque_tls_wait } else { config.detect_timeout };
+            let wait = if known.is_some() { config.opaque_tls_wait } else { config.detect_timeout };
             match tls::inbound(io, identity, wait, config.inbound_require_tls).await? {
                 tls::Inbound::Accepted { io, prefix, tls } => {
                     let policy = enforce(&tls);
-                    let conn =
-                        Connection { direction: Direction::inbound, addr, tls, target, opaque: opaque_port, policy };
+                    let conn = Connection { direction: Direction::inbound, addr, tls, target, known, policy };
                     serve::serve(io, prefix, conn, shared).await
                 }
                 // Silent (or dribbling) for the whole wait: on an opaque port, a server-speaks-first
                 // client waiting for its greeting; elsewhere a client that never says anything
                 // meaningful, closed rather than handed to the app.
-                tls::Inbound::Undecided { io, prefix } if opaque_port => {
+                tls::Inbound::Undecided { io, prefix } if known.is_some() => {
                     let tls = TlsLabel::plaintext();
                     let policy = enforce(&tls);
                     let io: tls::ClientIo<I> = MaybeTls::Plain(io);
-                    let conn = Connection { direction: Direction::inbound, addr, tls, target, opaque: true, policy };
+                    let conn = Connection { direction: Direction::inbound, addr, tls, target, known, policy };
                     serve::serve(io, prefix, conn, shared).await
                 }
                 tls::Inbound::Undecided { prefix, .. } => {
@@ -75,7 +82,7 @@ pub async fn connection<I: Io>(io: I, peer: SocketAddr, addr: SocketAddr, shared
         None => {
             let tls = TlsLabel::plaintext();
             let policy = enforce(&tls);
-            let conn = Connection { direction: Direction::inbound, addr, tls, target, opaque: opaque_port, policy };
+            let conn = Connection { direction: Direction::inbound, addr, tls, target, known, policy };
             serve::serve(io, Bytes::new(), conn, shared).await
         }
     }

@@ -79,8 +79,23 @@ pub async fn run(
         }
         _ => None,
     };
+    let outbound_policies = match (&config.destination, &identity) {
+        (Some(d), Some(id)) if d.outbound_policy => {
+            let channel = grpc_channel::channel(&d.addr, &d.name, id.roots.clone(), None)?;
+            let workload = config.policy.as_ref().map(|p| p.workload.clone()).unwrap_or_default();
+            let max_backoff = config.identity.as_ref().map_or(Duration::from_secs(30), |i| i.max_backoff);
+            Some(Arc::new(outbound::policy::discover::OutboundPolicies::new(
+                channel,
+                workload,
+                d.first_answer,
+                max_backoff,
+            )))
+        }
+        _ => None,
+    };
     let mut shared = Shared::new(config.clone(), metrics.clone(), drain.clone(), identity.clone(), discovery.clone());
     shared.policies = policies;
+    shared.outbound_policies = outbound_policies;
     let shared = Arc::new(shared);
     tokio::spawn(evict_idle_targets(shared.clone()));
     let mut listeners = Vec::new();

@@ -11,6 +11,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
+use crate::outbound::routes::model::ResourceRef;
+
 /// Distinct `authority` label values kept, per direction, before the rest are reported as
 /// `other` (per direction, so junk Host headers from inbound clients cannot crowd out outbound
 /// authorities).
@@ -18,6 +20,8 @@ const MAX_AUTHORITIES: usize = 256;
 const MAX_AUTHORITY_LEN: usize = 128;
 /// Distinct `target_addr` values kept per direction (outbound destinations are unbounded).
 const MAX_TARGETS: usize = 1024;
+/// Distinct (parent, route, backend) series of route metrics.
+const MAX_ROUTE_SERIES: usize = 1024;
 
 /// A label whose distinct values are capped; later values read `other`.
 #[derive(Default)]
@@ -182,6 +186,94 @@ impl EncodeLabelSet for AuthzLabels {
     }
 }
 
+/// What decided a connection's protocol: a configured opaque port, a policy from the control
+/// plane, or detection on the client's first bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum DecidedBy {
+    configuration,
+    policy,
+    detection,
+}
+
+/// `connection_protocol_total`: how connections were served and why.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct ProtocolLabels {
+    pub direction: Direction,
+    pub protocol: &'static str,
+    pub decided_by: DecidedBy,
+}
+
+impl ProtocolLabels {
+    pub fn new(direction: Direction, protocol: crate::transport::detect::Protocol, decided_by: DecidedBy) -> Self {
+        use crate::transport::detect::Protocol;
+        let protocol = match protocol {
+            Protocol::Http1 => "http1",
+            Protocol::Http2 => "http2",
+            Protocol::Opaque => "opaque",
+        };
+        Self { direction, protocol, decided_by }
+    }
+}
+
+/// `outbound_http_route_request_duration_seconds`: Linkerd's `parent_*` and `route_*` labels.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct RouteLabels {
+    pub parent: ResourceRef,
+    pub route: ResourceRef,
+}
+
+/// `outbound_http_route_backend_requests_total`: the route's labels and `backend_*`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct RouteBackendLabels {
+    pub route: RouteLabels,
+    pub backend: ResourceRef,
+}
+
+/// `<prefix>_group`, `_kind`, `_namespace`, `_name` and, for parents and backends, `_port` and
+/// `_section_name`, as linkerd2-proxy writes them.
+fn resource_labels(prefix: &str, r: &ResourceRef, with_port: bool) -> Vec<(String, String)> {
+    let mut labels = vec![
+        (format!("{prefix}_group"), r.group.to_string()),
+        (format!("{prefix}_kind"), r.kind.to_string()),
+        (format!("{prefix}_namespace"), r.namespace.to_string()),
+        (format!("{prefix}_name"), r.name.to_string()),
+    ];
+    if with_port {
+        labels.push((format!("{prefix}_port"), r.port.to_string()));
+        labels.push((format!("{prefix}_section_name"), r.section.to_string()));
+    }
+    labels
+}
+
+impl EncodeLabelSet for RouteLabels {
+    fn encode(&self, encoder: &mut LabelSetEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let mut labels = resource_labels("parent", &self.parent, true);
+        labels.extend(resource_labels("route", &self.route, false));
+        labels.encode(encoder)
+    }
+}
+
+impl EncodeLabelSet for RouteBackendLabels {
+    fn encode(&self, encoder: &mut LabelSetEncoder<'_>) -> Result<(), std::fmt::Error> {
+        self.route.encode(encoder)?;
+        resource_labels("backend", &self.backend, true).encode(encoder)
+    }
+}
+
+/// One (parent, route, backend)'s metric handles.
+#[derive(Clone)]
+pub struct RouteHandles {
+    pub backend_requests: Counter,
+    pub duration: Histogram,
+    pub retries: Counter,
+    pub retry_overflow: Counter,
+}
+
+fn route_duration_histogram() -> Histogram {
+    Histogram::new([0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0])
+}
+
 fn latency_histogram() -> Histogram {
     Histogram::new([
         1.0, 2.0, 3.0, 4.0, 5.0, 10.0, 20.0, 30.0, 40.0, 50.0, 100.0, 200.0, 300.0, 400.0, 500.0, 1000.0, 2000.0,
@@ -209,6 +301,15 @@ pub struct Metrics {
     pub inbound_http_authz_deny_total: Family<AuthzLabels, Counter>,
     pub inbound_tcp_authz_allow_total: Family<AuthzLabels, Counter>,
     pub inbound_tcp_authz_deny_total: Family<AuthzLabels, Counter>,
+    pub inbound_http_route_not_found_total: Family<AuthzLabels, Counter>,
+    pub connection_protocol_total: Family<ProtocolLabels, Counter>,
+    pub outbound_http_route_request_duration_seconds: Family<RouteLabels, Histogram, fn() -> Histogram>,
+    pub outbound_http_route_backend_requests_total: Family<RouteBackendLabels, Counter>,
+    pub outbound_http_route_retry_requests_total: Family<RouteLabels, Counter>,
+    pub outbound_http_route_retry_overflow_total: Family<RouteLabels, Counter>,
+    /// Distinct route series so far (routes and backends come from the control plane, parents
+    /// from destinations: the product is capped).
+    route_series: Mutex<HashSet<RouteBackendLabels>>,
     authorities: [Bounded; 2],
     targets: [Bounded; 2],
 }
@@ -234,6 +335,15 @@ impl Default for Metrics {
             inbound_http_authz_deny_total: Family::default(),
             inbound_tcp_authz_allow_total: Family::default(),
             inbound_tcp_authz_deny_total: Family::default(),
+            inbound_http_route_not_found_total: Family::default(),
+            connection_protocol_total: Family::default(),
+            outbound_http_route_request_duration_seconds: Family::new_with_constructor(
+                route_duration_histogram as fn() -> Histogram,
+            ),
+            outbound_http_route_backend_requests_total: Family::default(),
+            outbound_http_route_retry_requests_total: Family::default(),
+            outbound_http_route_retry_overflow_total: Family::default(),
+            route_series: Mutex::default(),
             authorities: Default::default(),
             targets: Default::default(),
             registry: Registry::default(),
@@ -279,9 +389,43 @@ impl Default for Metrics {
             ("inbound_http_authz_deny", "HTTP requests denied by policy", &m.inbound_http_authz_deny_total),
             ("inbound_tcp_authz_allow", "Connections authorized by policy", &m.inbound_tcp_authz_allow_total),
             ("inbound_tcp_authz_deny", "Connections denied by policy", &m.inbound_tcp_authz_deny_total),
+            (
+                "inbound_http_route_not_found",
+                "HTTP requests matching no route of their Server",
+                &m.inbound_http_route_not_found_total,
+            ),
         ] {
             registry.register(name, help, family.clone());
         }
+        registry.register(
+            "outbound_http_route_request_duration_seconds",
+            "Time from a routed request to its response headers, per route",
+            m.outbound_http_route_request_duration_seconds.clone(),
+        );
+        registry.register(
+            "outbound_http_route_backend_requests",
+            "Requests dispatched to each backend of each route",
+            m.outbound_http_route_backend_requests_total.clone(),
+        );
+        for (name, help, family) in [
+            (
+                "outbound_http_route_retry_requests",
+                "Requests sent again by a route's retry policy",
+                &m.outbound_http_route_retry_requests_total,
+            ),
+            (
+                "outbound_http_route_retry_overflow",
+                "Retries not made because the retry budget was spent",
+                &m.outbound_http_route_retry_overflow_total,
+            ),
+        ] {
+            registry.register(name, help, family.clone());
+        }
+        registry.register(
+            "connection_protocol",
+            "Connections by the protocol they were served as and what decided it",
+            m.connection_protocol_total.clone(),
+        );
         Self { registry, ..m }
     }
 }
@@ -326,6 +470,29 @@ impl Metrics {
         let labels =
             TcpLabels { direction, target_addr: self.target_label(direction, target), tls: TlsLabel::plaintext() };
         self.tcp_refused_total.get_or_create(&labels).inc();
+    }
+
+    /// The handles of one (parent, route, backend): beyond [`MAX_ROUTE_SERIES`] distinct ones,
+    /// the route and backend read `other`.
+    pub fn route_handles(&self, mut labels: RouteBackendLabels) -> RouteHandles {
+        {
+            let mut seen = self.route_series.lock().expect("not poisoned");
+            if !seen.contains(&labels) {
+                if seen.len() >= MAX_ROUTE_SERIES {
+                    let other = ResourceRef::default_named("other");
+                    labels.route.route = other.clone();
+                    labels.backend = other;
+                } else {
+                    seen.insert(labels.clone());
+                }
+            }
+        }
+        RouteHandles {
+            duration: self.outbound_http_route_request_duration_seconds.get_or_create(&labels.route).clone(),
+            retries: self.outbound_http_route_retry_requests_total.get_or_create(&labels.route).clone(),
+            retry_overflow: self.outbound_http_route_retry_overflow_total.get_or_create(&labels.route).clone(),
+            backend_requests: self.outbound_http_route_backend_requests_total.get_or_create(&labels).clone(),
+        }
     }
 
     /// A connection closed before it was served.

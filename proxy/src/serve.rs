@@ -9,7 +9,7 @@ use bytes::Bytes;
 use hyper::service::service_fn;
 
 use crate::forward::HttpProxy;
-use crate::metrics::{AcceptError, Direction, OpenConnection, TcpLabels, TlsLabel};
+use crate::metrics::{AcceptError, DecidedBy, Direction, OpenConnection, ProtocolLabels, TcpLabels, TlsLabel};
 use crate::outbound::targets::Target;
 use crate::policy::enforce::ConnPolicy;
 use crate::policy::model::PortProtocol;
@@ -28,11 +28,18 @@ pub struct Connection {
     /// The client side's TLS (inbound) or the upstream's (outbound), for metrics labels.
     pub tls: TlsLabel,
     pub target: Arc<Target>,
-    /// Whether the client's bytes are known to be opaque (an opaque port, or a silent client
-    /// already waited for).
-    pub opaque: bool,
+    /// The client's protocol when known without detection (an opaque port, a silent client
+    /// already waited for, an outbound policy that declares it).
+    pub known: Option<Known>,
     /// Inbound with policy discovery: the port's policy, enforced on this connection.
     pub policy: Option<Arc<ConnPolicy>>,
+}
+
+/// A connection's protocol known before reading from it, and what made it known.
+#[derive(Debug, Clone, Copy)]
+pub struct Known {
+    pub protocol: Protocol,
+    pub by: DecidedBy,
 }
 
 pub async fn serve<I: Io>(mut io: I, read: Bytes, conn: Connection, shared: &Arc<Shared>) -> anyhow::Result<()> {
@@ -48,26 +55,30 @@ pub async fn serve<I: Io>(mut io: I, read: Bytes, conn: Connection, shared: &Arc
         write: m.tcp_write_bytes_total.get_or_create(&labels).clone(),
     };
     let open = OpenConnection::open(m.clone(), labels);
-    let known = conn.policy.as_ref().and_then(|p| match p.protocol() {
-        // An HTTP/1 server's requests may arrive over HTTP/2 from a meshed proxy (Linkerd's
-        // transport upgrade, `l5d-orig-proto`, on by default in ours too), so HTTP/1 ports still
-        // detect, as linkerd2-proxy's inbound does.
-        PortProtocol::Http1 => None,
-        PortProtocol::Http2 => Some(Protocol::Http2),
-        PortProtocol::Opaque => Some(Protocol::Opaque),
-        PortProtocol::Detect => None,
+    let by_policy = |protocol| Some(Known { protocol, by: DecidedBy::policy });
+    let known = conn.known.or_else(|| {
+        conn.policy.as_ref().and_then(|p| match p.protocol() {
+            // An HTTP/1 server's requests may arrive over HTTP/2 from a meshed proxy (Linkerd's
+            // transport upgrade, `l5d-orig-proto`, on by default in ours too), so HTTP/1 ports
+            // still detect, as linkerd2-proxy's inbound does.
+            PortProtocol::Http1 => None,
+            PortProtocol::Http2 => by_policy(Protocol::Http2),
+            PortProtocol::Opaque => by_policy(Protocol::Opaque),
+            PortProtocol::Detect => None,
+        })
     });
-    let (protocol, prefix) = if conn.opaque {
-        (Protocol::Opaque, read)
-    } else if let Some(known) = known {
-        (known, read)
-    } else {
-        detect::detect(&mut io, read, config.detect_timeout).await.inspect_err(|e| {
-            if matches!(e, detect::DetectError::TimedOut { .. }) {
-                m.accept_error(conn.direction, AcceptError::detect_timeout);
-            }
-        })?
+    let (protocol, prefix, by) = match known {
+        Some(known) => (known.protocol, read, known.by),
+        None => {
+            let (protocol, prefix) = detect::detect(&mut io, read, config.detect_timeout).await.inspect_err(|e| {
+                if matches!(e, detect::DetectError::TimedOut { .. }) {
+                    m.accept_error(conn.direction, AcceptError::detect_timeout);
+                }
+            })?;
+            (protocol, prefix, DecidedBy::detection)
+        }
     };
+    m.connection_protocol_total.get_or_create(&ProtocolLabels::new(conn.direction, protocol, by)).inc();
     if protocol == Protocol::Opaque {
         if let Some(policy) = &conn.policy
             && !policy.allow_tcp()

@@ -10,11 +10,14 @@ use bytes::Bytes;
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::admission::Permit;
+use crate::config::Config;
 use crate::log_limit::LogLimit;
-use crate::metrics::{AcceptError, Direction};
-use crate::serve::{self, Connection};
+use crate::metrics::{AcceptError, DecidedBy, Direction};
+use crate::outbound::targets::Target;
+use crate::serve::{self, Connection, Known};
 use crate::shared::Shared;
 use crate::transport::Io;
+use crate::transport::detect::Protocol;
 use crate::transport::orig_dst::original_dst;
 
 /// At most one log line per this period about shed connections or failing accepts, per listener.
@@ -104,8 +107,19 @@ async fn outbound<I: Io>(io: I, addr: SocketAddr, shared: &Arc<Shared>) -> anyho
     let target = crate::outbound::resolve(addr, shared)
         .await
         .inspect_err(|_| shared.metrics.tcp_refused(Direction::outbound, addr))?;
-    let opaque = shared.config.opaque_ports.contains(&addr.port());
+    let known = known_protocol(addr, &target, &shared.config);
     let conn =
-        Connection { direction: Direction::outbound, addr, tls: target.tls.clone(), target, opaque, policy: None };
+        Connection { direction: Direction::outbound, addr, tls: target.tls.clone(), target, known, policy: None };
     serve::serve(io, Bytes::new(), conn, shared).await
+}
+
+/// An outbound connection's protocol without detection: a port configured opaque stays opaque
+/// (the operator's list guards server-speaks-first protocols the control plane may not know
+/// of), else what the target's outbound policy declares; `None` detects.
+fn known_protocol(addr: SocketAddr, target: &Target, config: &Config) -> Option<Known> {
+    if config.opaque_ports.contains(&addr.port()) {
+        return Some(Known { protocol: Protocol::Opaque, by: DecidedBy::configuration });
+    }
+    let protocol = target.policy.as_ref()?.current()?.protocol.known()?;
+    Some(Known { protocol, by: DecidedBy::policy })
 }

@@ -11,6 +11,7 @@ use crate::discovery::Discovery;
 use crate::drain::Drain;
 use crate::identity::Identity;
 use crate::metrics::Metrics;
+use crate::outbound::policy::discover::OutboundPolicies;
 use crate::outbound::targets::{Outbound, Targets};
 use crate::policy::discover::Policies;
 use crate::static_identities::MeshedEndpoints;
@@ -30,6 +31,9 @@ pub struct Shared {
     /// Present when inbound policy discovery is configured; without it every client is
     /// allowed, as before policies existed.
     pub policies: Option<Arc<Policies>>,
+    /// Present when outbound policy discovery is configured; without it connections detect
+    /// their protocol unless their port is configured opaque.
+    pub outbound_policies: Option<Arc<OutboundPolicies>>,
     pub local_ips: LocalIps,
     /// Inbound targets (this pod's ports), each with its client to the app.
     pub inbound: Targets<SocketAddr>,
@@ -58,6 +62,7 @@ impl Shared {
             identity,
             discovery,
             policies: None,
+            outbound_policies: None,
             local_ips: LocalIps::default(),
             inbound: Targets::default(),
             outbound: Outbound::default(),

@@ -156,6 +156,14 @@ impl Drop for Control {
     }
 }
 
+/// Replaces a file of the control plane's cluster directory in one rename, as Kubernetes volume
+/// updates do (the files source never reads a half-written file).
+pub fn write_atomically(path: &Path, contents: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, contents).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
 /// Borrows `(String, String)` pairs as the `&[(&str, &str)]` the sidecar takes.
 pub fn env_refs(env: &[(String, String)]) -> Vec<(&str, &str)> {
     env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect()

@@ -5,13 +5,12 @@
 
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cnimesh_e2e::apps::Apps;
-use cnimesh_e2e::control::{Control, env_refs, identity};
+use cnimesh_e2e::control::{Control, env_refs, identity, write_atomically};
 use cnimesh_e2e::sidecar::{Sidecar, http_in};
 use cnimesh_e2e::{Network, Pod, bins, require_root};
 use serde_json::json;
@@ -51,13 +50,6 @@ fn cluster_yaml(replicas: &[(&str, Ipv4Addr)]) -> String {
     ));
     docs.extend(replicas.iter().map(|(name, ip)| pod_yaml(name, *ip, true)));
     docs.join("---\n")
-}
-
-/// Replaces the file in one rename, as `kubectl`-driven tools and Kubernetes volume updates do.
-fn write_atomically(path: &Path, contents: &str) {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, contents).unwrap();
-    std::fs::rename(&tmp, path).unwrap();
 }
 
 struct Service<'n> {
@@ -156,6 +148,9 @@ fn a_service_is_balanced_over_its_replicas_with_mtls_and_follows_scaling() {
         assert!(proxy.metrics().contains(&client_id), "{} saw mTLS from the client", pod.name);
     }
     assert!(s.client_proxy.metrics().contains(&format!("server_id=\"{}\"", identity("shop", "web"))));
+    // The control plane's outbound policy for the Service: every request took its default route.
+    let routed = "outbound_http_route_backend_requests_total{parent_group=\"core\",parent_kind=\"Service\",parent_namespace=\"shop\",parent_name=\"web\",parent_port=\"80\",parent_section_name=\"\",route_group=\"\",route_kind=\"default\",route_namespace=\"\",route_name=\"http\",backend_group=\"core\",backend_kind=\"Service\",backend_namespace=\"shop\",backend_name=\"web\",backend_port=\"80\",backend_section_name=\"\"} 90";
+    assert!(s.client_proxy.metrics().contains(routed), "{}", s.client_proxy.metrics());
 
     // A request naming the service in its authority is balanced too, whatever address it dialled.
     let replica0 = format!("{}:8080", s.replicas[0].0.ipv4());

@@ -46,6 +46,11 @@ pub(crate) async fn retrying<M, F, Fut>(
                     }
                 }
             }
+            // The control plane's answer that it has nothing for this lookup (a policy asked of
+            // an address it does not know), not an outage: asked again later.
+            Err(e) if e.code() == tonic::Code::NotFound => {
+                tracing::debug!(lookup = %what, error = %crate::grpc_channel::describe(&e), "nothing known for this lookup")
+            }
             Err(e) => {
                 tracing::warn!(lookup = %what, error = %crate::grpc_channel::describe(&e), "discovery unavailable; keeping the last answer")
             }

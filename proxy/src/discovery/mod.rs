@@ -71,8 +71,9 @@ pub struct Discovery {
     metrics: Arc<crate::metrics::Metrics>,
 }
 
-/// The cached receiver for `key`, starting its stream with `start` on first use.
-fn shared<K: std::hash::Hash + Eq + Clone, V>(
+/// The cached receiver for `key`, starting its stream with `start` on first use (every
+/// control-plane lookup keyed by target shares it).
+pub(crate) fn shared<K: std::hash::Hash + Eq + Clone, V>(
     map: &Mutex<HashMap<K, watch::Receiver<V>>>,
     key: &K,
     start: impl FnOnce() -> watch::Receiver<V>,

@@ -2,6 +2,8 @@
 //! discovered service, or a service a request names), resolved once per target into a cached
 //! [`targets::Target`] with its balancer and per-endpoint clients ([`upstream::Upstream`]).
 
+pub mod policy;
+pub mod routes;
 pub mod target;
 pub mod targets;
 pub mod upstream;
@@ -15,7 +17,8 @@ use target::Route;
 use targets::Target;
 
 /// An outbound connection's target: a discovered service's endpoints, or its original
-/// destination with the identity it is known to have (from discovery or configuration).
+/// destination with the identity it is known to have (from discovery or configuration). Its
+/// profile and its outbound policy are asked for together (each wait is bounded).
 pub async fn resolve(addr: SocketAddr, shared: &Shared) -> anyhow::Result<Arc<Target>> {
     if let Some(target) = shared.outbound.by_addr.get(&addr) {
         return Ok(target);
@@ -23,33 +26,45 @@ pub async fn resolve(addr: SocketAddr, shared: &Shared) -> anyhow::Result<Arc<Ta
     let timeout = shared.config.connect_timeout;
     let mut expected = shared.static_identities.identity(addr);
     let mut watch = None;
-    if let Some(discovery) = &shared.discovery {
-        let (profile, rx) = discovery.profile(addr).await;
-        let Some(profile) = profile else {
-            // No answer yet: not cached, the next connection asks again.
-            let tls = tls::outbound(shared.identity.as_deref(), expected).map_err(|why| anyhow::anyhow!(why))?;
-            return Ok(Target::new(Route::fixed(addr, tls, timeout)));
-        };
+    let policy = async {
+        match &shared.outbound_policies {
+            Some(policies) => Some(policies.target(addr).await),
+            None => None,
+        }
+    };
+    let profile = async {
+        match &shared.discovery {
+            Some(discovery) => Some(discovery.profile(addr).await),
+            None => None,
+        }
+    };
+    let (policy, profile) = tokio::join!(policy, profile);
+    let fixed = |expected| -> anyhow::Result<Arc<Target>> {
+        let tls = tls::outbound(shared.identity.as_deref(), expected).map_err(|why| anyhow::anyhow!(why))?;
+        Ok(Target::with_policy(Route::fixed(addr, tls, timeout), policy.clone()))
+    };
+    if let (Some(discovery), Some((profile, rx))) = (&shared.discovery, profile) {
+        // No answer yet: not cached, the next connection asks again.
+        let Some(profile) = profile else { return fixed(expected) };
         if let Some(service) = profile.service {
             let authority = format!("{service}:{}", addr.port());
             let endpoints = discovery.endpoints(&authority).await;
             // Never heard back about the service: let the original destination handle it.
             if endpoints.borrow().routable() {
-                let target = Target::new(Route::balanced(authority, endpoints, shared.identity.clone(), timeout));
+                let route = Route::balanced(authority, endpoints, shared.identity.clone(), timeout);
+                let target = Target::with_policy(route, policy.clone());
                 shared.outbound.by_addr.insert(addr, target.clone(), Some(rx));
                 return Ok(target);
             }
             tracing::warn!(%addr, %authority, "no answer about the service yet; forwarding to the original destination");
-            let tls = tls::outbound(shared.identity.as_deref(), expected).map_err(|why| anyhow::anyhow!(why))?;
-            return Ok(Target::new(Route::fixed(addr, tls, timeout)));
+            return fixed(expected);
         }
         if let Some(identity) = profile.endpoint.and_then(|e| e.identity.clone()) {
             expected = Some(identity);
         }
         watch = Some(rx);
     }
-    let tls = tls::outbound(shared.identity.as_deref(), expected).map_err(|why| anyhow::anyhow!(why))?;
-    let target = Target::new(Route::fixed(addr, tls, timeout));
+    let target = fixed(expected)?;
     shared.outbound.by_addr.insert(addr, target.clone(), watch);
     Ok(target)
 }

@@ -9,21 +9,37 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
+use tower::retry::budget::TpsBudget;
 
 use crate::discovery::Profile;
 use crate::metrics::TlsLabel;
+use crate::outbound::policy::discover::PolicyWatch;
 use crate::outbound::target::Route;
 
 /// A resolved target.
 pub struct Target {
     pub route: Route,
     pub tls: TlsLabel,
+    /// The control plane's outbound policy for it (outbound targets, with policy discovery).
+    pub policy: Option<PolicyWatch>,
+    /// Bounds the retries of every request to it (made on first use: only routes retry).
+    retry_budget: std::sync::OnceLock<TpsBudget>,
 }
 
 impl Target {
     pub fn new(route: Route) -> Arc<Self> {
+        Self::with_policy(route, None)
+    }
+
+    pub fn with_policy(route: Route, policy: Option<PolicyWatch>) -> Arc<Self> {
         let tls = route.tls_label();
-        Arc::new(Self { route, tls })
+        Arc::new(Self { route, tls, policy, retry_budget: std::sync::OnceLock::new() })
+    }
+
+    /// Linkerd's default budget: retries may add 20 % to the requests, plus 10 per second, as
+    /// counted over the last 10 s; so retries never multiply an outage.
+    pub fn retry_budget(&self) -> &TpsBudget {
+        self.retry_budget.get_or_init(|| TpsBudget::new(Duration::from_secs(10), 10, 0.2))
     }
 }
 

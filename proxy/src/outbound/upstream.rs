@@ -16,6 +16,10 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use crate::http::server::{H1_MAX_BUF, H2_CONN_WINDOW, H2_MAX_SEND_BUF, H2_STREAM_WINDOW};
 use crate::transport::tls::{self, UpstreamIo, UpstreamTls};
 
+/// What goes upstream: a client's body streamed through, or one buffered so that the request
+/// can be sent again (a retry).
+pub type RequestBody = http_body_util::Either<Incoming, http_body_util::Full<bytes::Bytes>>;
+
 /// Idle HTTP/1 connections kept per endpoint; more concurrent requests open more connections,
 /// which close after their request once the pool is full.
 const MAX_IDLE_H1: usize = 64;
@@ -31,7 +35,7 @@ pub enum SendError {
 }
 
 struct Idle {
-    sender: http1::SendRequest<Incoming>,
+    sender: http1::SendRequest<RequestBody>,
     since: Instant,
 }
 
@@ -40,7 +44,7 @@ pub struct Upstream {
     pub tls: Option<UpstreamTls>,
     connect_timeout: Duration,
     h1: Mutex<Vec<Idle>>,
-    h2: Mutex<Option<http2::SendRequest<Incoming>>>,
+    h2: Mutex<Option<http2::SendRequest<RequestBody>>>,
     /// Held while the HTTP/2 connection is made, so concurrent first requests share it.
     h2_connecting: tokio::sync::Mutex<()>,
 }
@@ -65,7 +69,7 @@ impl Upstream {
     /// Sends `req` in its own version: HTTP/2 on the shared connection, HTTP/1 on an idle
     /// connection or a new one. A request an idle connection could not take (closed meanwhile)
     /// is sent again on a new connection: it never left.
-    pub async fn send(self: &Arc<Self>, req: Request<Incoming>) -> Result<Response<Incoming>, SendError> {
+    pub async fn send(self: &Arc<Self>, req: Request<RequestBody>) -> Result<Response<Incoming>, SendError> {
         if req.version() == Version::HTTP_2 {
             return self.send_h2(req).await;
         }
@@ -87,7 +91,7 @@ impl Upstream {
         Ok(response)
     }
 
-    fn take_h1(&self) -> Option<http1::SendRequest<Incoming>> {
+    fn take_h1(&self) -> Option<http1::SendRequest<RequestBody>> {
         let mut idle = self.h1.lock().expect("not poisoned");
         while let Some(i) = idle.pop() {
             // The most recent first (warm); a closed or stale one is dropped.
@@ -100,7 +104,7 @@ impl Upstream {
 
     /// Keeps `sender` for reuse once its response is over (hyper says when: `ready`), so the
     /// pool only ever holds connections that can take a request at once.
-    fn reuse_when_ready(self: Arc<Self>, mut sender: http1::SendRequest<Incoming>) {
+    fn reuse_when_ready(self: Arc<Self>, mut sender: http1::SendRequest<RequestBody>) {
         tokio::spawn(async move {
             if sender.ready().await.is_ok() {
                 let mut idle = self.h1.lock().expect("not poisoned");
@@ -111,7 +115,7 @@ impl Upstream {
         });
     }
 
-    async fn handshake_h1(&self) -> Result<http1::SendRequest<Incoming>, SendError> {
+    async fn handshake_h1(&self) -> Result<http1::SendRequest<RequestBody>, SendError> {
         let io = self.connect().await.map_err(SendError::Connect)?;
         let (sender, conn) = http1::Builder::new().max_buf_size(H1_MAX_BUF).handshake(TokioIo::new(io)).await?;
         tokio::spawn(async move {
@@ -122,7 +126,7 @@ impl Upstream {
         Ok(sender)
     }
 
-    async fn send_h2(&self, req: Request<Incoming>) -> Result<Response<Incoming>, SendError> {
+    async fn send_h2(&self, req: Request<RequestBody>) -> Result<Response<Incoming>, SendError> {
         let mut sender = match self.shared_h2() {
             Some(sender) => sender,
             None => {
@@ -140,11 +144,11 @@ impl Upstream {
         Ok(sender.send_request(req).await?)
     }
 
-    fn shared_h2(&self) -> Option<http2::SendRequest<Incoming>> {
+    fn shared_h2(&self) -> Option<http2::SendRequest<RequestBody>> {
         self.h2.lock().expect("not poisoned").as_ref().filter(|s| !s.is_closed()).cloned()
     }
 
-    async fn handshake_h2(&self) -> Result<http2::SendRequest<Incoming>, SendError> {
+    async fn handshake_h2(&self) -> Result<http2::SendRequest<RequestBody>, SendError> {
         let io = self.connect().await.map_err(SendError::Connect)?;
         let (sender, conn) = http2::Builder::new(TokioExecutor::new())
             .timer(TokioTimer::new())

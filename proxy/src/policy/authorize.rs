@@ -62,12 +62,15 @@ impl PathMatch {
         match self {
             Self::Any => true,
             Self::Exact(p) => **p == *path,
-            Self::Prefix(p) => {
-                let p = p.strip_suffix('/').unwrap_or(p);
-                path.strip_prefix(p).is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
-            }
+            Self::Prefix(p) => segment_prefix(p, path),
         }
     }
+}
+
+/// Gateway API's `PathPrefix`: whole path segments (`/a` matches `/a` and `/a/b`, not `/ab`).
+pub fn segment_prefix(prefix: &str, path: &str) -> bool {
+    let prefix = prefix.strip_suffix('/').unwrap_or(prefix);
+    path.strip_prefix(prefix).is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
 }
 
 #[cfg(test)]

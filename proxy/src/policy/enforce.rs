@@ -61,7 +61,8 @@ impl ConnPolicy {
     }
 
     /// `None` when the request is authorized; otherwise the answer for it: 403, or for gRPC a
-    /// trailers-only PERMISSION_DENIED.
+    /// trailers-only PERMISSION_DENIED; a request matching no route of the Server gets 404 (gRPC:
+    /// NOT_FOUND), as linkerd2-proxy's inbound answers it, counted apart from denials.
     pub fn deny_request<B>(&self, req: &Request<B>) -> Option<Response<Body>> {
         let v = self.verdicts();
         let verdict = if v.policy.routes.is_empty() {
@@ -75,11 +76,14 @@ impl ConnPolicy {
                 if verdict.allowed {
                     return None;
                 }
-                Some(denied(req, &format!("unauthorized request on route {}", verdict.route)))
+                Some(refused(req, Refusal::Unauthorized, &format!("unauthorized request on route {}", verdict.route)))
             }
             None => {
-                self.count(&v.policy, None, None, false).inc();
-                Some(denied(req, "no route matches the request"))
+                self.metrics
+                    .inbound_http_route_not_found_total
+                    .get_or_create(&self.labels(&v.policy, None, None))
+                    .inc();
+                Some(refused(req, Refusal::NoRoute, "no route matches the request"))
             }
         }
     }
@@ -140,14 +144,17 @@ impl ConnPolicy {
             (false, true) => &m.inbound_http_authz_allow_total,
             (false, false) => &m.inbound_http_authz_deny_total,
         };
-        let labels = AuthzLabels {
+        family.get_or_create(&self.labels(policy, route, authz)).clone()
+    }
+
+    fn labels(&self, policy: &PortPolicy, route: Option<&Resource>, authz: Option<&Resource>) -> AuthzLabels {
+        AuthzLabels {
             target_addr: self.target_addr.clone(),
             srv: policy.server.clone(),
             route: route.cloned(),
             authz: authz.cloned(),
             tls: self.tls.clone(),
-        };
-        family.get_or_create(&labels).clone()
+        }
     }
 }
 
@@ -158,16 +165,29 @@ fn is_grpc<B>(req: &Request<B>) -> bool {
         .is_some_and(|v| v.starts_with("application/grpc"))
 }
 
-/// 403 naming why, or for gRPC a trailers-only response (HTTP 200, `grpc-status: 7`), which is
-/// how a gRPC client learns of PERMISSION_DENIED.
-fn denied<B>(req: &Request<B>, why: &str) -> Response<Body> {
+/// Why a request is answered by the proxy instead of the app.
+#[derive(Clone, Copy)]
+enum Refusal {
+    /// 403; gRPC PERMISSION_DENIED (7).
+    Unauthorized,
+    /// 404; gRPC NOT_FOUND (5).
+    NoRoute,
+}
+
+/// The status naming why, or for gRPC a trailers-only response (HTTP 200 with `grpc-status`),
+/// which is how a gRPC client learns of it.
+fn refused<B>(req: &Request<B>, refusal: Refusal, why: &str) -> Response<Body> {
+    let (status, grpc_status) = match refusal {
+        Refusal::Unauthorized => (StatusCode::FORBIDDEN, "7"),
+        Refusal::NoRoute => (StatusCode::NOT_FOUND, "5"),
+    };
     if !is_grpc(req) {
-        return error_response(&ProxyError::new(StatusCode::FORBIDDEN, why));
+        return error_response(&ProxyError::new(status, why));
     }
     let mut r = Response::new(full(bytes::Bytes::new()));
     let h = r.headers_mut();
     h.insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
-    h.insert("grpc-status", HeaderValue::from_static("7"));
+    h.insert("grpc-status", HeaderValue::from_static(grpc_status));
     if let Ok(v) = HeaderValue::from_str(why) {
         h.insert("grpc-message", v.clone());
         h.insert(ERROR_HEADER, v);
@@ -180,16 +200,21 @@ mod tests {
     use super::*;
     use crate::policy::model::DefaultPolicy;
 
-    #[test]
-    fn denied_answers_for_http_and_grpc() {
-        let policy = DefaultPolicy::Deny.policy(&[]);
-        let conn = ConnPolicy::new(
+    /// A plaintext client's connection from 10.0.0.1 to 10.0.0.2:80 under `policy`.
+    fn plaintext_client_of(policy: PortPolicy) -> ConnPolicy {
+        ConnPolicy::new(
             PortWatch::fixed(Arc::new(policy)),
             "10.0.0.1".parse().unwrap(),
             TlsLabel::plaintext(),
             "10.0.0.2:80".into(),
             Arc::new(Metrics::default()),
-        );
+        )
+    }
+
+    #[test]
+    fn denied_answers_for_http_and_grpc() {
+        let policy = DefaultPolicy::Deny.policy(&[]);
+        let conn = plaintext_client_of(policy);
         let plain = Request::get("/x").body(()).unwrap();
         let r = conn.deny_request(&plain).unwrap();
         assert_eq!(r.status(), StatusCode::FORBIDDEN);
@@ -201,5 +226,32 @@ mod tests {
         let text = conn.metrics.encode();
         assert!(text.contains("inbound_http_authz_deny_total{target_addr=\"10.0.0.2:80\",srv_group=\"\",srv_kind=\"default\",srv_name=\"deny\",route_group=\"\",route_kind=\"default\",route_name=\"default\",tls=\"false\"} 2"), "{text}");
         assert!(text.contains("inbound_tcp_authz_deny_total{target_addr=\"10.0.0.2:80\",srv_group=\"\",srv_kind=\"default\",srv_name=\"deny\",tls=\"false\"} 1"), "{text}");
+    }
+
+    #[test]
+    fn a_request_matching_no_route_gets_404_and_an_unauthorized_one_403() {
+        use crate::policy::model::{PathMatch, Route, RouteMatch};
+        let mut policy = DefaultPolicy::AllUnauthenticated.policy(&[]);
+        let route = |name: &str, path: &str, authorizations| Route {
+            meta: Resource::new("policy.cnimesh.io", "HTTPRoute", name),
+            matches: vec![RouteMatch { path: PathMatch::Prefix(path.into()), method: None }],
+            authorizations,
+        };
+        let open = policy.authorizations.clone();
+        policy.routes = vec![route("api", "/api", open), route("admin", "/admin", Vec::new())];
+        policy.authorizations.clear();
+        let conn = plaintext_client_of(policy);
+        assert!(conn.deny_request(&Request::get("/api/x").body(()).unwrap()).is_none());
+        let r = conn.deny_request(&Request::get("/admin").body(()).unwrap()).unwrap();
+        assert_eq!(r.status(), StatusCode::FORBIDDEN, "a route matched, no authorization did");
+        let r = conn.deny_request(&Request::get("/other").body(()).unwrap()).unwrap();
+        assert_eq!(r.status(), StatusCode::NOT_FOUND);
+        assert_eq!(r.headers()[ERROR_HEADER], "no route matches the request");
+        let grpc = Request::post("/pkg.Svc/M").header("content-type", "application/grpc").body(()).unwrap();
+        let r = conn.deny_request(&grpc).unwrap();
+        assert_eq!((r.status(), &r.headers()["grpc-status"]), (StatusCode::OK, &HeaderValue::from_static("5")));
+        let text = conn.metrics.encode();
+        assert!(text.contains("inbound_http_route_not_found_total{target_addr=\"10.0.0.2:80\",srv_group=\"\",srv_kind=\"default\",srv_name=\"all-unauthenticated\",tls=\"false\"} 2"), "{text}");
+        assert!(!text.contains("route_name=\"\""), "no-route requests are not counted as denials: {text}");
     }
 }

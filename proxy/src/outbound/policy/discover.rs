@@ -1,0 +1,123 @@
+//! Outbound policy discovery: one `OutboundPolicies.Watch` stream per original destination,
+//! opened by the first connection to it and shared by every later one (a resolved target holds
+//! its [`PolicyWatch`]), reconnected with backoff by the same loop as Destination
+//! ([`crate::discovery::follow::retrying`]). The last good answer stays in force while the
+//! control plane is away. A target the control plane does not know (NotFound: a pod IP, an
+//! address outside the cluster) has no policy, and neither has any target of a control plane
+//! that does not serve OutboundPolicies (Unimplemented): their connections detect, as before.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use linkerd2_proxy_api::outbound::{self as api, outbound_policies_client::OutboundPoliciesClient};
+use tokio::sync::watch;
+use tonic::transport::Channel;
+
+use super::model::OutboundPolicy;
+
+/// The control plane's answer about one target.
+#[derive(Debug, Clone)]
+pub enum Answer {
+    /// Not a target the control plane has a policy for.
+    NoPolicy,
+    Policy(Arc<OutboundPolicy>),
+}
+
+type Rx = watch::Receiver<Option<Answer>>;
+
+/// A target's policy as it stands now. Cheap to clone; reading it takes no lock but the
+/// watch's own.
+#[derive(Debug, Clone)]
+pub struct PolicyWatch(Rx);
+
+impl PolicyWatch {
+    /// The last good policy; `None` until the control plane has answered with one.
+    pub fn current(&self) -> Option<Arc<OutboundPolicy>> {
+        match &*self.0.borrow() {
+            Some(Answer::Policy(p)) => Some(p.clone()),
+            Some(Answer::NoPolicy) | None => None,
+        }
+    }
+}
+
+pub struct OutboundPolicies {
+    client: OutboundPoliciesClient<Channel>,
+    /// `ns:pod` as the control plane knows this workload, or empty.
+    workload: String,
+    first_answer: Duration,
+    max_backoff: Duration,
+    targets: Mutex<HashMap<SocketAddr, Rx>>,
+}
+
+impl OutboundPolicies {
+    pub fn new(channel: Channel, workload: String, first_answer: Duration, max_backoff: Duration) -> Self {
+        Self {
+            client: OutboundPoliciesClient::new(channel),
+            workload,
+            first_answer,
+            max_backoff,
+            targets: Mutex::default(),
+        }
+    }
+
+    /// The policy of `addr`; the first caller starts the watch, and every caller waits up to the
+    /// first-answer bound while none has come.
+    pub async fn target(&self, addr: SocketAddr) -> PolicyWatch {
+        let mut rx = crate::discovery::shared(&self.targets, &addr, || {
+            let (tx, rx) = watch::channel(None);
+            let spec = api::TrafficSpec {
+                source_workload: self.workload.clone(),
+                target: Some(api::traffic_spec::Target::Addr(addr.into())),
+            };
+            tokio::spawn(follow(self.client.clone(), spec, addr, tx, self.max_backoff));
+            rx
+        });
+        if rx.borrow().is_none() {
+            let _ = tokio::time::timeout(self.first_answer, rx.wait_for(Option::is_some)).await;
+        }
+        PolicyWatch(rx)
+    }
+}
+
+/// Streams `addr`'s policy into `tx` until nobody holds its receiver; an answer the proxy
+/// refuses is logged and the last good one kept.
+async fn follow(
+    client: OutboundPoliciesClient<Channel>,
+    spec: api::TrafficSpec,
+    addr: SocketAddr,
+    tx: watch::Sender<Option<Answer>>,
+    max_backoff: Duration,
+) {
+    let published = &tx;
+    let open = || {
+        let (mut client, spec) = (client.clone(), spec.clone());
+        async move {
+            let opened = client.watch(spec).await.map(tonic::Response::into_inner);
+            if let Err(status) = &opened
+                && matches!(status.code(), tonic::Code::NotFound | tonic::Code::Unimplemented)
+            {
+                published.send_replace(Some(Answer::NoPolicy));
+            }
+            opened
+        }
+    };
+    let apply = |policy: api::OutboundPolicy, _first| match OutboundPolicy::from_api(policy) {
+        Ok(policy) => {
+            tracing::debug!(%addr, parent = %policy.parent.name, protocol = ?policy.protocol, "outbound policy updated");
+            published.send_if_modified(|current| {
+                let changed = !matches!(current, Some(Answer::Policy(p)) if **p == policy);
+                if changed {
+                    *current = Some(Answer::Policy(Arc::new(policy)));
+                }
+                changed
+            });
+        }
+        Err(why) => tracing::error!(%addr, %why, "outbound policy refused; keeping the last good one"),
+    };
+    tokio::select! {
+        () = tx.closed() => {}
+        () = crate::discovery::follow::retrying(format!("outbound policy {addr}"), max_backoff, open, apply) => {}
+    }
+}
