@@ -10,7 +10,6 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use cnimesh_e2e::wait::eventually;
 use cnimesh_e2e::agent::{Agent, kube_pod};
 use cnimesh_e2e::apps::{self, Apps};
 use cnimesh_e2e::cni::libcni_config;
@@ -18,12 +17,11 @@ use cnimesh_e2e::control::identity;
 use cnimesh_e2e::host::Mounted;
 use cnimesh_e2e::mesh::{Meshed, meshed};
 use cnimesh_e2e::sidecar::{Sidecar, http_in, metric_sum};
+use cnimesh_e2e::wait::eventually;
 use cnimesh_e2e::{CniFailure, Network, Pod, bins, require_root};
 use serde_json::{Value, json};
 
 const NODE_BIN: &str = env!("CARGO_BIN_EXE_cnimesh-node-e2e");
-
-/// Polls `f` until it holds (bounded, so a broken build fails instead of hanging).
 
 fn has_record(net: &Network, container_id: &str) -> bool {
     net.leftovers().iter().any(|l| l.starts_with("record") && l.contains(container_id))

@@ -3,18 +3,16 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use cnimesh_e2e::wait::eventually;
 use cnimesh_e2e::apps::{self, Apps};
 use cnimesh_e2e::control::{Control, env_refs, identity};
 use cnimesh_e2e::mesh::{meshed, meshed_with};
 use cnimesh_e2e::sidecar::{Sidecar, http_in};
 use cnimesh_e2e::sniff::{self, Sniffer};
+use cnimesh_e2e::wait::eventually;
 use cnimesh_e2e::{Network, Pod, bins, require_root};
 use serde_json::json;
-
-/// Polls `f` until it holds (bounded, so a broken build fails instead of hanging).
 
 /// An opaque exchange from the client pod: send, half-close, read the answer.
 fn opaque(client: &Pod<'_>, to: SocketAddr, payload: &'static [u8]) -> String {

@@ -3,12 +3,12 @@
 //! (install, re-chaining, uninstall); repair and taint removal against the API; the debug CLI.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use cnimesh_cni::spec::RedirectSpec;
-use cnimesh_e2e::wait::eventually;
 use cnimesh_e2e::host::Mounted;
 use cnimesh_e2e::kube_mock::MockApi;
+use cnimesh_e2e::wait::eventually;
 use cnimesh_e2e::{Network, Pod, bins, require_root};
 use cnimesh_node::cluster::{Cluster, FileCluster};
 use cnimesh_node::kube_cluster::KubeCluster;
@@ -36,8 +36,6 @@ fn kube_pod(ns: &str, name: &str, meshed: bool, annotations: Value) -> KubePod {
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
 }
-
-/// Waits (bounded) for a condition the agent reaches asynchronously.
 
 #[test]
 fn plugin_asks_the_agent_which_pods_to_capture() {
@@ -268,7 +266,9 @@ fn agent_lifecycle(keep_on_exit: bool, fight: bool) {
     let flannel = r#"{"name":"cbr0","cniVersion":"0.3.1","plugins":[{"type":"flannel"},{"type":"portmap"}]}"#;
     let file = conf_dir.join("10-flannel.conflist");
     std::fs::write(&file, flannel).unwrap();
-    eventually("chaining after the primary CNI appears", Duration::from_secs(10), || cnimesh_node::chain::is_chained(&conf_dir).is_some());
+    eventually("chaining after the primary CNI appears", Duration::from_secs(10), || {
+        cnimesh_node::chain::is_chained(&conf_dir).is_some()
+    });
     eventually("readiness", Duration::from_secs(10), || ready() == "200");
     let entry: Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
     assert_eq!(entry["plugins"][2]["nodeAgent"]["socket"], json!(cfg.socket), "the plugin is pointed at the agent");
@@ -276,7 +276,9 @@ fn agent_lifecycle(keep_on_exit: bool, fight: bool) {
 
     // The primary CNI rewrites its file: re-chained.
     std::fs::write(&file, flannel).unwrap();
-    eventually("re-chaining after a rewrite", Duration::from_secs(10), || cnimesh_node::chain::is_chained(&conf_dir).is_some());
+    eventually("re-chaining after a rewrite", Duration::from_secs(10), || {
+        cnimesh_node::chain::is_chained(&conf_dir).is_some()
+    });
     // Both writes (the first chaining and the re-patch) are on the agent's /metrics.
     eventually("two CNI configuration writes on /metrics", Duration::from_secs(10), || {
         let metrics = http_get(ready_port, "/metrics");
@@ -355,7 +357,9 @@ fn status_endpoint_reports_installation_and_drift() {
     let agent = rt.spawn(cnimesh_node::run::run(cfg.clone(), cluster, async {
         let _ = stopped.await;
     }));
-    eventually("readiness", Duration::from_secs(10), || http_get(ready_port, "/ready").split_whitespace().nth(1) == Some("200"));
+    eventually("readiness", Duration::from_secs(10), || {
+        http_get(ready_port, "/ready").split_whitespace().nth(1) == Some("200")
+    });
 
     // A pod captured through the agent, into the agent's state dir.
     let net = Network::bridge(&bins, json!({"stateDir": cfg.state_dir, "nodeAgent": {"socket": cfg.socket}})).unwrap();

@@ -7,16 +7,14 @@
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use cnimesh_e2e::wait::eventually;
 use cnimesh_e2e::apps::{self, Apps};
 use cnimesh_e2e::control::{Control, env_refs, identity, write_atomically};
 use cnimesh_e2e::sidecar::{Sidecar, http_in};
+use cnimesh_e2e::wait::eventually;
 use cnimesh_e2e::{Network, Pod, bins, require_root};
 use serde_json::json;
-
-/// Polls `f` until it holds (bounded, so a broken build fails instead of hanging).
 
 /// The `api-0` pod (probe path `/hello` on its HTTP port), optionally with a default policy.
 fn pod_yaml(ip: Ipv4Addr, default_policy: Option<&str>) -> String {
