@@ -42,6 +42,12 @@ pub const SKIP_OUTBOUND_PORTS_ANNOTATION: &str = "config.cnimesh.io/skip-outboun
 pub const SKIP_SUBNETS_ANNOTATION: &str = "config.cnimesh.io/skip-subnets";
 pub const OPAQUE_PORTS_ANNOTATION: &str = "config.cnimesh.io/opaque-ports";
 pub const LOG_LEVEL_ANNOTATION: &str = "config.cnimesh.io/proxy-log-level";
+/// Labels the injector puts on meshed pods, for operators to aggregate by workload (Linkerd's
+/// `linkerd.io/proxy-<kind>`): `cnimesh.io/proxy-deployment: web`, and the workload's namespace.
+pub const OWNER_LABEL_PREFIX: &str = "cnimesh.io/proxy-";
+pub const WORKLOAD_NAMESPACE_LABEL: &str = "cnimesh.io/workload-ns";
+/// The workload kinds an owner label names, lower case as in the label keys.
+pub const OWNER_KINDS: &[&str] = &["deployment", "statefulset", "daemonset", "replicaset", "job", "cronjob"];
 /// On a namespace or pod: the inbound policy of ports no Server names (`all-unauthenticated`,
 /// `all-authenticated`, `cluster-authenticated`, `deny`); the control plane's flag is the default.
 pub const DEFAULT_INBOUND_POLICY_ANNOTATION: &str = "config.cnimesh.io/default-inbound-policy";

@@ -18,6 +18,9 @@ use linkerd2_proxy_api::destination::{GetDestination, Update};
 use tonic::Streaming;
 use tonic::transport::Channel;
 
+mod common;
+use common::rss_mib;
+
 const SERVICES: usize = 1_000;
 const ENDPOINTS_PER_SERVICE: usize = 10;
 const CHANGES: usize = 200;
@@ -69,16 +72,6 @@ fn write_file(dir: &std::path::Path, service: usize, generation: usize) {
     let tmp = dir.join(format!(".svc-{service}.tmp"));
     std::fs::write(&tmp, file_yaml(service, generation)).expect("write");
     std::fs::rename(&tmp, dir.join(format!("svc-{service}.yaml"))).expect("rename");
-}
-
-fn rss_mib() -> f64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let kib: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0.0);
-    kib / 1024.0
 }
 
 struct Stats {
@@ -154,7 +147,7 @@ async fn main() {
     for service in 0..SERVICES {
         write_file(dir.path(), service, 0);
     }
-    let rss_start = rss_mib();
+    let rss_start = rss_mib(std::process::id());
     let index = Index::new();
     let loading = Instant::now();
     let source = FileSource::new(dir.path()).run(index.clone());
@@ -163,7 +156,7 @@ async fn main() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let load_time = loading.elapsed();
-    let rss_loaded = rss_mib();
+    let rss_loaded = rss_mib(std::process::id());
 
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
@@ -183,10 +176,10 @@ async fn main() {
         streams.push(open(&mut clients[service % CONNECTIONS], service).await);
     }
     let open_time = opening.elapsed();
-    let rss_streams = rss_mib();
+    let rss_streams = rss_mib(std::process::id());
     let index_all = bench.measure(&mut streams, Via::Index).await;
     let files_all = bench.measure(&mut streams, Via::Files).await;
-    let rss_end = rss_mib();
+    let rss_end = rss_mib(std::process::id());
 
     // Fan-out: the same number of streams all on one service; one change must reach every one.
     let mut same = Vec::with_capacity(SERVICES);
@@ -206,7 +199,7 @@ async fn main() {
         }
     }
     let fan_out = stats(fan_out);
-    let rss_fan_out = rss_mib();
+    let rss_fan_out = rss_mib(std::process::id());
 
     println!("destination bench: {SERVICES} services x {ENDPOINTS_PER_SERVICE} endpoints (meshed pods), files source");
     println!(

@@ -156,6 +156,12 @@ pub fn identity_of(cert: &CertificateDer<'_>) -> Option<Name> {
     })
 }
 
+/// A certificate's subject as text (`CN=…`), for operators' status pages.
+pub fn subject_of(cert: &CertificateDer<'_>) -> Option<String> {
+    let (_, x509) = x509_parser::parse_x509_certificate(cert).ok()?;
+    Some(x509.subject().to_string())
+}
+
 /// When a certificate stops being valid.
 pub fn not_after(cert: &CertificateDer<'_>) -> Result<SystemTime, TlsError> {
     let (_, x509) = x509_parser::parse_x509_certificate(cert).map_err(|e| TlsError::Parse(e.to_string()))?;

@@ -21,24 +21,8 @@ pub enum Format {
     Json,
 }
 
-/// An aligned text table.
-pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
-    let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
-    for row in rows {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.chars().count());
-        }
-    }
-    let line = |cells: Vec<String>| {
-        let padded: Vec<String> = cells.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
-        padded.join("  ").trim_end().to_string() + "\n"
-    };
-    let mut out = line(headers.iter().map(|h| h.to_string()).collect());
-    for row in rows {
-        out.push_str(&line(row.clone()));
-    }
-    out
-}
+/// Columns padded to their widest cell: the one table layout of every command.
+pub use cnimesh_common::table::table;
 
 fn json<T: Serialize>(value: &T) -> String {
     serde_json::to_string_pretty(value).expect("serialisable") + "\n"

@@ -1,5 +1,5 @@
-//! The agent's health listener: readiness and liveness for the DaemonSet's probes, and `/status`,
-//! the JSON the operator CLI's `cnimesh check` reads from every node.
+//! The agent's health listener: readiness and liveness for the DaemonSet's probes, `/status`, the
+//! JSON the operator CLI's `cnimesh check` reads from every node, and `/metrics` (Prometheus).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -59,6 +59,8 @@ pub struct StatusSource {
     pub state_dir: PathBuf,
     pub netns_dir: PathBuf,
     pub cluster: SharedCluster,
+    /// What `/metrics` shows.
+    pub metrics: Arc<crate::metrics::AgentMetrics>,
 }
 
 /// The body of `GET /status`. Its field names are a contract with `cnimesh check` (control/):
@@ -119,6 +121,11 @@ fn with_warnings(mut body: String, warnings: &[String]) -> String {
 async fn respond(health: Arc<Health>, source: Arc<StatusSource>, path: &str) -> Response<Full<Bytes>> {
     match path {
         "/live" => text(StatusCode::OK, "live\n".into()),
+        "/metrics" => Response::builder()
+            .status(StatusCode::OK)
+            .header(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")
+            .body(Full::new(Bytes::from(source.metrics.encode())))
+            .expect("valid response"),
         "/ready" => match health.pending() {
             p if p.is_empty() => text(StatusCode::OK, with_warnings("ready\n".into(), &health.warnings())),
             p => text(
@@ -148,7 +155,7 @@ async fn respond(health: Arc<Health>, source: Arc<StatusSource>, path: &str) -> 
     }
 }
 
-/// Serves `/ready`, `/live` and `/status` on `listener` until dropped.
+/// Serves `/ready`, `/live`, `/status` and `/metrics` on `listener` until dropped.
 pub async fn serve(listener: TcpListener, health: Arc<Health>, source: Arc<StatusSource>) {
     loop {
         let Ok((stream, _)) = listener.accept().await else {

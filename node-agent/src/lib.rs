@@ -9,6 +9,7 @@ pub mod health;
 pub mod install;
 pub mod kube_cluster;
 pub mod local;
+pub mod metrics;
 pub mod mounts;
 pub mod rechain;
 pub mod repair;

@@ -65,11 +65,29 @@ pub struct Reconciler {
     dir: PathBuf,
     entry: Value,
     guard: LoopGuard,
+    /// Counts our writes (`cnimesh_node_cni_config_writes_total`).
+    writes: prometheus_client::metrics::counter::Counter,
 }
 
 impl Reconciler {
     pub fn new(dir: &Path, entry: Value) -> Self {
-        Self { dir: dir.to_path_buf(), entry, guard: LoopGuard::new(LOOP_LIMIT, LOOP_WINDOW) }
+        Self {
+            dir: dir.to_path_buf(),
+            entry,
+            guard: LoopGuard::new(LOOP_LIMIT, LOOP_WINDOW),
+            writes: Default::default(),
+        }
+    }
+
+    /// Counts every write of the entry in `writes` (a handle to the agent's metric).
+    pub fn counting_writes(self, writes: prometheus_client::metrics::counter::Counter) -> Self {
+        Self { writes, ..self }
+    }
+
+    /// When our entry was last written (restored after the primary CNI rewrote its file, or
+    /// first chained): pods set up just before ran through a configuration without us.
+    pub fn last_write(&self) -> Option<Instant> {
+        self.guard.writes.back().copied()
     }
 
     /// Re-applies our entry (a no-op write-wise when nothing changed: the generated list follows
@@ -89,6 +107,7 @@ impl Reconciler {
                 }
                 if applied.wrote() {
                     self.guard.record(now);
+                    self.writes.inc();
                     match &applied {
                         Applied::Generated { file, source } => {
                             tracing::info!(file = %file.display(), source = %source.display(), "chained cnimesh-cni (generated list)")
@@ -121,6 +140,24 @@ mod tests {
         }
         assert!(g.looping(t0 + Duration::from_secs(3)));
         assert!(!g.looping(t0 + Duration::from_secs(12)), "old writes age out");
+    }
+
+    #[test]
+    fn a_write_back_is_reported_and_a_no_op_is_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("10-flannel.conflist");
+        std::fs::write(&file, FLANNEL).unwrap();
+        let mut r = Reconciler::new(dir.path(), chain::entry(&json!({})));
+        assert_eq!(r.last_write(), None);
+        let t0 = Instant::now();
+        r.reconcile(t0);
+        assert_eq!(r.last_write(), Some(t0), "first chaining");
+        r.reconcile(t0 + Duration::from_secs(1));
+        assert_eq!(r.last_write(), Some(t0), "nothing written while chained");
+        std::fs::write(&file, FLANNEL).unwrap();
+        let t2 = t0 + Duration::from_secs(2);
+        r.reconcile(t2);
+        assert_eq!(r.last_write(), Some(t2), "the primary CNI rewrote its file: written back");
     }
 
     #[test]

@@ -18,6 +18,7 @@ use serde_json::{Value, json};
 
 use crate::cluster::SharedCluster;
 use crate::health::{self, Health, StatusSource};
+use crate::metrics::AgentMetrics;
 use crate::mounts;
 use crate::rechain::{DEBOUNCE, Reconciler, State};
 use crate::repair::{self, RepairMode};
@@ -28,6 +29,10 @@ pub const NOT_READY_TAINT: &str = "cnimesh.io/agent-not-ready";
 /// Where runtimes (containerd, CRI-O) put pod network namespaces; the DaemonSet mounts it.
 pub const DEFAULT_NETNS_DIR: &str = "/var/run/netns";
 const TICK: Duration = Duration::from_secs(5);
+/// After our entry was (re)written, pods set up just before went through the primary CNI's
+/// configuration without us and run uncaptured (DESIGN.md §7.1): for this long, repair passes
+/// run at every tick instead of once per repair interval, so those pods are found in seconds.
+const REPAIR_AFTER_WRITE: Duration = Duration::from_secs(30);
 /// Bound on each Kubernetes API call of the run loop, so a half-open API connection cannot stop
 /// re-chaining.
 const API_TIMEOUT: Duration = Duration::from_secs(10);
@@ -128,6 +133,7 @@ pub async fn run(
         health.set_warnings(vec![message]);
     }
     warn_unexcluded(&cfg.excluded_namespaces);
+    let metrics = Arc::new(AgentMetrics::default());
     let http = health::bind(cfg.ready_addr)
         .await
         .with_context(|| format!("binding the health endpoint {}", cfg.ready_addr))?;
@@ -139,13 +145,14 @@ pub async fn run(
         state_dir: cfg.state_dir.clone(),
         netns_dir: cfg.netns_dir.clone(),
         cluster: cluster.clone(),
+        metrics: metrics.clone(),
     });
     let health_task = tokio::spawn(health::serve(http, health.clone(), source));
 
     let listener =
         server::bind(&cfg.socket).with_context(|| format!("binding the decision socket {}", cfg.socket.display()))?;
     let decider = Arc::new(Decider { cluster: cluster.clone(), defaults: cfg.defaults.clone() });
-    let server_task = tokio::spawn(server::serve(listener, decider));
+    let server_task = tokio::spawn(server::serve(listener, decider, metrics.clone()));
     tracing::info!(socket = %cfg.socket.display(), "serving decisions");
 
     install::install_binary(&cfg.plugin_binary, &cfg.cni_bin_dir)
@@ -160,10 +167,13 @@ pub async fn run(
     })?;
     watcher.watch(&cfg.cni_conf_dir, notify::RecursiveMode::NonRecursive)?;
 
-    let mut reconciler = Reconciler::new(&cfg.cni_conf_dir, cfg.plugin_entry());
+    let mut reconciler =
+        Reconciler::new(&cfg.cni_conf_dir, cfg.plugin_entry()).counting_writes(metrics.cni_config_writes.clone());
     let mut tick = tokio::time::interval(TICK);
     let mut taint_removed = false;
     let mut last_repair: Option<Instant> = None;
+    let mut last_write: Option<Instant> = None;
+    let mut repair_until: Option<Instant> = None;
     let store = StateStore::new(&cfg.state_dir);
     tokio::pin!(shutdown);
     loop {
@@ -176,6 +186,10 @@ pub async fn run(
             _ = tick.tick() => {}
         }
         let state = reconciler.reconcile(Instant::now());
+        if reconciler.last_write() != last_write {
+            last_write = reconciler.last_write();
+            repair_until = last_write.map(|t| t + REPAIR_AFTER_WRITE);
+        }
         let mut pending: Vec<String> = describe(&state, &cfg.cni_conf_dir).into_iter().collect();
         // The binary may have been deleted or replaced on the host: put ours back.
         match install::install_binary(&cfg.plugin_binary, &cfg.cni_bin_dir) {
@@ -209,9 +223,11 @@ pub async fn run(
                 Err(e) => tracing::warn!(error = %format!("{e:#}"), "could not remove the node taint; retrying"),
             }
         }
-        if cfg.repair != RepairMode::Off && last_repair.is_none_or(|t| t.elapsed() >= cfg.repair_interval) {
+        let due = last_repair.is_none_or(|t| t.elapsed() >= cfg.repair_interval)
+            || repair_until.is_some_and(|until| Instant::now() < until);
+        if cfg.repair != RepairMode::Off && due {
             last_repair = Some(Instant::now());
-            if tokio::time::timeout(API_TIMEOUT * 3, repair_pass(&cfg, &cluster, &store)).await.is_err() {
+            if tokio::time::timeout(API_TIMEOUT * 3, repair_pass(&cfg, &cluster, &store, &metrics)).await.is_err() {
                 tracing::warn!("repair pass timed out; will retry");
             }
         }
@@ -229,7 +245,7 @@ pub async fn run(
     Ok(())
 }
 
-async fn repair_pass(cfg: &RunConfig, cluster: &SharedCluster, store: &StateStore) {
+async fn repair_pass(cfg: &RunConfig, cluster: &SharedCluster, store: &StateStore, metrics: &AgentMetrics) {
     let pods = match cluster.node_pods().await {
         Ok(p) => p,
         Err(e) => return tracing::warn!(error = %format!("{e:#}"), "repair: cannot list pods"),
@@ -240,6 +256,8 @@ async fn repair_pass(cfg: &RunConfig, cluster: &SharedCluster, store: &StateStor
     };
     let targets = repair::uncaptured(&pods, &records, &cfg.excluded_namespaces);
     if !targets.is_empty() {
-        repair::repair(cluster.as_ref(), cfg.repair, &targets).await;
+        for (_, result) in repair::repair(cluster.as_ref(), cfg.repair, &targets).await {
+            metrics.repaired(result.is_ok());
+        }
     }
 }

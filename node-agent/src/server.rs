@@ -14,6 +14,7 @@ use tokio::net::{UnixListener, UnixStream};
 
 use crate::cluster::SharedCluster;
 use crate::decide;
+use crate::metrics::{AgentMetrics, SocketError};
 
 /// How long one plugin connection may take before the agent drops it.
 const CONNECTION_DEADLINE: Duration = Duration::from_secs(10);
@@ -70,17 +71,22 @@ pub fn bind(path: &Path) -> std::io::Result<UnixListener> {
     Ok(listener)
 }
 
-async fn answer(stream: UnixStream, decider: &Decider) -> anyhow::Result<()> {
+async fn answer(stream: UnixStream, decider: &Decider, metrics: &AgentMetrics) -> anyhow::Result<()> {
     let (read, mut write) = stream.into_split();
     let mut line = String::new();
     BufReader::new(read.take(MAX_LINE as u64)).read_line(&mut line).await?;
+    let started = std::time::Instant::now();
     let decision = match serde_json::from_str::<DecisionRequest>(line.trim()) {
         Ok(req) => {
             let decision = decider.decide(&req).await;
+            metrics.decided(&decision, started.elapsed());
             tracing::info!(pod = %format!("{}/{}", req.pod_namespace, req.pod_name), container = %req.container_id, ?decision, "decision");
             decision
         }
-        Err(e) => Decision::Error { message: format!("malformed request: {e}"), retry: false },
+        Err(e) => {
+            metrics.socket_error(SocketError::Malformed);
+            Decision::Error { message: format!("malformed request: {e}"), retry: false }
+        }
     };
     let mut out = serde_json::to_vec(&decision)?;
     out.push(b'\n');
@@ -88,22 +94,29 @@ async fn answer(stream: UnixStream, decider: &Decider) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Serves decisions until the task is dropped.
-pub async fn serve(listener: UnixListener, decider: Arc<Decider>) {
+/// Serves decisions until the task is dropped, counting them in `metrics`.
+pub async fn serve(listener: UnixListener, decider: Arc<Decider>, metrics: Arc<AgentMetrics>) {
     loop {
         let stream = match listener.accept().await {
             Ok((s, _)) => s,
             Err(e) => {
+                metrics.socket_error(SocketError::Accept);
                 tracing::warn!(error = %e, "accept on the decision socket failed");
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             }
         };
-        let decider = decider.clone();
+        let (decider, metrics) = (decider.clone(), metrics.clone());
         tokio::spawn(async move {
-            match tokio::time::timeout(CONNECTION_DEADLINE, answer(stream, &decider)).await {
-                Ok(Err(e)) => tracing::warn!(error = %e, "decision connection failed"),
-                Err(_) => tracing::warn!("decision connection timed out"),
+            match tokio::time::timeout(CONNECTION_DEADLINE, answer(stream, &decider, &metrics)).await {
+                Ok(Err(e)) => {
+                    metrics.socket_error(SocketError::Io);
+                    tracing::warn!(error = %e, "decision connection failed")
+                }
+                Err(_) => {
+                    metrics.socket_error(SocketError::Timeout);
+                    tracing::warn!("decision connection timed out")
+                }
                 Ok(Ok(())) => {}
             }
         });

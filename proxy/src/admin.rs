@@ -1,5 +1,8 @@
 //! The admin server (default 0.0.0.0:4191): `/metrics`, `/ready`, `/live`, `/proxy-log-level`
-//! (GET shows, PUT sets, e.g. `cnimesh=debug`), and `/shutdown` (POST, loopback peers only).
+//! (GET shows, PUT sets, e.g. `cnimesh=debug`), `/shutdown` (POST, loopback peers only), and the
+//! status pages `/env.json`, `/identity.json`, `/endpoints.json` (see [`status`]).
+
+pub mod status;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -30,10 +33,21 @@ pub struct Admin {
     pub drain: Drain,
     /// With an identity, not ready until a certificate is held.
     pub identity: Option<Arc<crate::identity::Identity>>,
+    /// For `/env.json`: the effective configuration and the (redacted) environment.
+    pub config: crate::config::Config,
+    pub env: Vec<(String, String)>,
+    /// For `/endpoints.json`.
+    pub discovery: Option<Arc<crate::discovery::Discovery>>,
 }
 
 fn reply(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
     Response::builder().status(status).body(Full::new(body.into())).expect("valid response")
+}
+
+fn json_reply(value: &serde_json::Value) -> Response<Full<Bytes>> {
+    let mut r = reply(StatusCode::OK, serde_json::to_string_pretty(value).expect("JSON values serialise") + "\n");
+    r.headers_mut().insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/json"));
+    r
 }
 
 impl Admin {
@@ -48,6 +62,11 @@ impl Admin {
                 r
             }
             (&Method::GET, "/live") => reply(StatusCode::OK, "live\n"),
+            (&Method::GET, "/env.json") => json_reply(&status::env_json(&self.config, &self.env)),
+            (&Method::GET, "/identity.json") => {
+                json_reply(&status::identity_json(self.identity.as_deref(), std::time::SystemTime::now()))
+            }
+            (&Method::GET, "/endpoints.json") => json_reply(&status::endpoints_json(self.discovery.as_deref())),
             (&Method::GET, "/ready") => {
                 if !self.ready.load(Ordering::SeqCst) || self.drain.is_draining() {
                     reply(StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
@@ -82,9 +101,11 @@ impl Admin {
                 self.drain.start();
                 reply(StatusCode::OK, "shutting down\n")
             }
-            (_, "/metrics" | "/live" | "/ready" | "/proxy-log-level" | "/shutdown") => {
-                reply(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n")
-            }
+            (
+                _,
+                "/metrics" | "/live" | "/ready" | "/proxy-log-level" | "/shutdown" | "/env.json" | "/identity.json"
+                | "/endpoints.json",
+            ) => reply(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n"),
             _ => reply(StatusCode::NOT_FOUND, "not found\n"),
         }
     }

@@ -48,6 +48,11 @@ pub struct Config {
     pub destination: Option<DestinationConfig>,
     /// Inbound policy discovery; without it every client is allowed (as before policies).
     pub policy: Option<PolicyConfig>,
+    /// Connections served at once per direction, and inbound per client IP; unset = derived
+    /// from the open-file limit ([`crate::admission::Limits`]). Beyond them connections are shed.
+    pub inbound_max_connections: Option<usize>,
+    pub outbound_max_connections: Option<usize>,
+    pub inbound_max_connections_per_source: Option<usize>,
 }
 
 /// Inbound policy from the control plane's InboundServerPolicies, on the Destination channel.
@@ -187,6 +192,9 @@ impl Default for Config {
             outbound_identities: Vec::new(),
             destination: None,
             policy: None,
+            inbound_max_connections: None,
+            outbound_max_connections: None,
+            inbound_max_connections_per_source: None,
         }
     }
 }
@@ -266,6 +274,10 @@ fn millis(value: &str) -> Result<Duration, String> {
 
 fn workers(value: &str) -> Result<usize, String> {
     value.trim().parse().ok().filter(|w| *w > 0).ok_or_else(|| "a positive number of threads expected".into())
+}
+
+fn connections(value: &str) -> Result<usize, String> {
+    value.trim().parse().ok().filter(|n| *n > 0).ok_or_else(|| "a positive number of connections expected".into())
 }
 
 fn flag(value: &str) -> Result<bool, String> {
@@ -373,6 +385,15 @@ pub struct Args {
     /// Networks of `cluster-authenticated` [default: 10.0.0.0/8,100.64.0.0/10,172.16.0.0/12,192.168.0.0/16,fd00::/8].
     #[arg(long, env = "CNIMESH_PROXY_POLICY_CLUSTER_NETWORKS", value_parser = list::<ipnet::IpNet>)]
     pub policy_cluster_networks: Option<List<ipnet::IpNet>>,
+    /// Inbound connections served at once; more are shed [default: from the open-file limit].
+    #[arg(long, env = "CNIMESH_PROXY_INBOUND_MAX_CONNECTIONS", value_parser = connections)]
+    pub inbound_max_connections: Option<usize>,
+    /// Outbound connections served at once; more are shed [default: from the open-file limit].
+    #[arg(long, env = "CNIMESH_PROXY_OUTBOUND_MAX_CONNECTIONS", value_parser = connections)]
+    pub outbound_max_connections: Option<usize>,
+    /// Inbound connections one client IP may hold [default: a quarter of the inbound limit].
+    #[arg(long, env = "CNIMESH_PROXY_INBOUND_MAX_CONNECTIONS_PER_SOURCE", value_parser = connections)]
+    pub inbound_max_connections_per_source: Option<usize>,
 }
 
 impl TryFrom<Args> for Config {
@@ -410,6 +431,9 @@ impl TryFrom<Args> for Config {
             outbound_identities,
             destination,
             policy,
+            inbound_max_connections: args.inbound_max_connections,
+            outbound_max_connections: args.outbound_max_connections,
+            inbound_max_connections_per_source: args.inbound_max_connections_per_source,
         })
     }
 }
@@ -569,6 +593,17 @@ mod tests {
         assert_eq!(c.outbound.len(), 1);
         let e = from_vars(&[("CNIMESH_PROXY_OPAQUE_PORTS", "x")]).unwrap_err();
         assert!(e.to_string().contains("CNIMESH_PROXY_OPAQUE_PORTS"));
+        let c = from_vars(&[
+            ("CNIMESH_PROXY_INBOUND_MAX_CONNECTIONS", "500"),
+            ("CNIMESH_PROXY_INBOUND_MAX_CONNECTIONS_PER_SOURCE", "50"),
+        ])
+        .unwrap();
+        assert_eq!((c.inbound_max_connections, c.inbound_max_connections_per_source), (Some(500), Some(50)));
+        assert_eq!(c.outbound_max_connections, None);
+        for bad in ["0", "-1", "many"] {
+            let e = from_vars(&[("CNIMESH_PROXY_OUTBOUND_MAX_CONNECTIONS", bad)]).unwrap_err();
+            assert!(e.to_string().contains("CNIMESH_PROXY_OUTBOUND_MAX_CONNECTIONS"), "{e}");
+        }
     }
 
     #[test]

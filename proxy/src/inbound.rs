@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use crate::metrics::{DecidedBy, Direction, TlsLabel};
+use crate::metrics::{AcceptError, DecidedBy, Direction, TlsLabel};
 use crate::outbound::target::Route;
 use crate::outbound::targets::Target;
 use crate::policy::enforce::ConnPolicy;
@@ -55,12 +55,23 @@ pub async fn connection<I: Io>(io: I, peer: SocketAddr, addr: SocketAddr, shared
             let wait = if known.is_some() { config.opaque_tls_wait } else { config.detect_timeout };
             match tls::inbound(io, identity, wait, config.inbound_require_tls).await? {
                 tls::Inbound::Accepted { io, prefix, tls } => {
-                    // The TLS check already waited and saw nothing: a server-speaks-first client.
-                    let silent = prefix.is_empty() && matches!(io, MaybeTls::Plain(_));
                     let policy = enforce(&tls);
-                    let known = known.or_else(|| if silent { opaque(DecidedBy::detection) } else { None });
                     let conn = Connection { direction: Direction::inbound, addr, tls, target, known, policy };
                     serve::serve(io, prefix, conn, shared).await
+                }
+                // Silent (or dribbling) for the whole wait: on an opaque port, a server-speaks-first
+                // client waiting for its greeting; elsewhere a client that never says anything
+                // meaningful, closed rather than handed to the app.
+                tls::Inbound::Undecided { io, prefix } if known.is_some() => {
+                    let tls = TlsLabel::plaintext();
+                    let policy = enforce(&tls);
+                    let io: tls::ClientIo<I> = MaybeTls::Plain(io);
+                    let conn = Connection { direction: Direction::inbound, addr, tls, target, known, policy };
+                    serve::serve(io, prefix, conn, shared).await
+                }
+                tls::Inbound::Undecided { prefix, .. } => {
+                    shared.metrics.accept_error(Direction::inbound, AcceptError::tls_detect_timeout);
+                    anyhow::bail!("closed: nothing decisive from the client within {wait:?} ({} bytes)", prefix.len());
                 }
                 tls::Inbound::Refused(why) => {
                     shared.metrics.tcp_refused(Direction::inbound, addr);

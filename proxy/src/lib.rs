@@ -4,6 +4,7 @@
 //! otherwise.
 
 pub mod admin;
+pub mod admission;
 pub mod backoff;
 pub mod cli;
 pub mod config;
@@ -14,6 +15,7 @@ pub mod grpc_channel;
 pub mod http;
 pub mod identity;
 pub mod inbound;
+pub mod log_limit;
 pub mod metrics;
 pub mod outbound;
 pub mod policy;
@@ -91,7 +93,7 @@ pub async fn run(
         }
         _ => None,
     };
-    let mut shared = Shared::new(config.clone(), metrics.clone(), drain.clone(), identity.clone(), discovery);
+    let mut shared = Shared::new(config.clone(), metrics.clone(), drain.clone(), identity.clone(), discovery.clone());
     shared.policies = policies;
     shared.outbound_policies = outbound_policies;
     let shared = Arc::new(shared);
@@ -115,7 +117,16 @@ pub async fn run(
             "no {direction:?} listener could be bound from {addrs:?}"
         );
     }
-    let admin = Arc::new(Admin { metrics, ready: false.into(), log, drain: drain.clone(), identity });
+    let admin = Arc::new(Admin {
+        metrics,
+        ready: false.into(),
+        log,
+        drain: drain.clone(),
+        identity,
+        env: admin::status::redacted_env(std::env::vars()),
+        config: config.clone(),
+        discovery,
+    });
     let admin_listener = TcpListener::bind(config.admin)
         .await
         .with_context(|| format!("binding the admin listener {}", config.admin))?;
@@ -124,7 +135,15 @@ pub async fn run(
         tokio::spawn(server::accept_loop(listener, direction, shared.clone()));
     }
     admin.ready.store(true, Ordering::SeqCst);
+    let limits = shared.admission.limits;
     tracing::info!(inbound = ?config.inbound, outbound = ?config.outbound, admin = %config.admin, "proxy listening");
+    tracing::info!(
+        inbound = limits.inbound,
+        outbound = limits.outbound,
+        inbound_per_source = limits.inbound_per_source,
+        open_files = admission::fd_limit(),
+        "connection limits"
+    );
 
     tokio::select! {
         () = shutdown => drain.start(),

@@ -87,6 +87,29 @@ pub struct TcpLabels {
     pub tls: TlsLabel,
 }
 
+/// Why a connection was closed before it was served, as the `error` label of
+/// `{inbound,outbound}_tcp_accept_errors_total` (linkerd2-proxy's family; `tls_detect_timeout` is
+/// its value too, the others are ours).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum AcceptError {
+    /// Shed: the direction's connection limit was reached.
+    connection_limit,
+    /// Shed: the client's address already holds its per-source share.
+    source_limit,
+    /// No ClientHello (nor anything else) within the detect timeout.
+    tls_detect_timeout,
+    /// No decisive bytes (HTTP/1 request line, HTTP/2 preface, anything opaque) in time.
+    detect_timeout,
+    /// The listener's accept() itself failed (out of descriptors, out of memory).
+    accept,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct AcceptErrorLabels {
+    pub error: AcceptError,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub struct ServiceLabels {
     pub authority: String,
@@ -269,6 +292,8 @@ pub struct Metrics {
     pub tcp_read_bytes_total: Family<TcpLabels, Counter>,
     pub tcp_write_bytes_total: Family<TcpLabels, Counter>,
     pub tcp_refused_total: Family<TcpLabels, Counter>,
+    /// `inbound_tcp_accept_errors_total` and `outbound_tcp_accept_errors_total`, by direction.
+    pub tcp_accept_errors_total: [Family<AcceptErrorLabels, Counter>; 2],
     pub outbound_endpoints: Family<ServiceLabels, Gauge>,
     pub identity_cert_expiration_timestamp_seconds: Gauge,
     pub identity_cert_refresh_total: Family<RefreshLabels, Counter>,
@@ -302,6 +327,7 @@ impl Default for Metrics {
             tcp_read_bytes_total: Family::default(),
             tcp_write_bytes_total: Family::default(),
             tcp_refused_total: Family::default(),
+            tcp_accept_errors_total: Default::default(),
             outbound_endpoints: Family::default(),
             identity_cert_expiration_timestamp_seconds: Gauge::default(),
             identity_cert_refresh_total: Family::default(),
@@ -336,6 +362,13 @@ impl Default for Metrics {
         registry.register("tcp_read_bytes", "Bytes read from peers", m.tcp_read_bytes_total.clone());
         registry.register("tcp_write_bytes", "Bytes written to peers", m.tcp_write_bytes_total.clone());
         registry.register("tcp_refused", "TCP connections refused by mTLS policy", m.tcp_refused_total.clone());
+        for (name, direction) in [("inbound_tcp_accept_errors", 0), ("outbound_tcp_accept_errors", 1)] {
+            registry.register(
+                name,
+                "Connections closed before they were served: shed over a limit, or detection timed out",
+                m.tcp_accept_errors_total[direction].clone(),
+            );
+        }
         registry.register(
             "outbound_endpoints",
             "Endpoints discovery currently knows for a service the proxy talks to",
@@ -462,6 +495,11 @@ impl Metrics {
         }
     }
 
+    /// A connection closed before it was served.
+    pub fn accept_error(&self, direction: Direction, error: AcceptError) {
+        self.tcp_accept_errors_total[direction as usize].get_or_create(&AcceptErrorLabels { error }).inc();
+    }
+
     pub fn encode(&self) -> String {
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry).expect("writing to a String cannot fail");
@@ -505,5 +543,10 @@ mod tests {
         assert_eq!(m.authority_label(Direction::inbound, &"x".repeat(500)), "other", "new values beyond the cap");
         assert_eq!(m.authority_label(Direction::outbound, "web"), "web", "caps are per direction");
         assert_eq!(m.target_label(Direction::outbound, "10.0.0.1:80".parse().unwrap()), "10.0.0.1:80");
+        m.accept_error(Direction::inbound, AcceptError::source_limit);
+        m.accept_error(Direction::outbound, AcceptError::detect_timeout);
+        let text = m.encode();
+        assert!(text.contains("inbound_tcp_accept_errors_total{error=\"source_limit\"} 1"), "{text}");
+        assert!(text.contains("outbound_tcp_accept_errors_total{error=\"detect_timeout\"} 1"), "{text}");
     }
 }

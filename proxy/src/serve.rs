@@ -9,7 +9,7 @@ use bytes::Bytes;
 use hyper::service::service_fn;
 
 use crate::forward::HttpProxy;
-use crate::metrics::{DecidedBy, Direction, OpenConnection, ProtocolLabels, TcpLabels, TlsLabel};
+use crate::metrics::{AcceptError, DecidedBy, Direction, OpenConnection, ProtocolLabels, TcpLabels, TlsLabel};
 use crate::outbound::targets::Target;
 use crate::policy::enforce::ConnPolicy;
 use crate::policy::model::PortProtocol;
@@ -70,7 +70,11 @@ pub async fn serve<I: Io>(mut io: I, read: Bytes, conn: Connection, shared: &Arc
     let (protocol, prefix, by) = match known {
         Some(known) => (known.protocol, read, known.by),
         None => {
-            let (protocol, prefix) = detect::detect(&mut io, read, config.detect_timeout).await?;
+            let (protocol, prefix) = detect::detect(&mut io, read, config.detect_timeout).await.inspect_err(|e| {
+                if matches!(e, detect::DetectError::TimedOut { .. }) {
+                    m.accept_error(conn.direction, AcceptError::detect_timeout);
+                }
+            })?;
             (protocol, prefix, DecidedBy::detection)
         }
     };

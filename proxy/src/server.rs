@@ -4,12 +4,15 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::net::{TcpListener, TcpStream};
 
+use crate::admission::Permit;
 use crate::config::Config;
-use crate::metrics::{DecidedBy, Direction};
+use crate::log_limit::LogLimit;
+use crate::metrics::{AcceptError, DecidedBy, Direction};
 use crate::outbound::targets::Target;
 use crate::serve::{self, Connection, Known};
 use crate::shared::Shared;
@@ -17,28 +20,67 @@ use crate::transport::Io;
 use crate::transport::detect::Protocol;
 use crate::transport::orig_dst::original_dst;
 
-/// Accepts until draining starts.
+/// At most one log line per this period about shed connections or failing accepts, per listener.
+const LOG_PERIOD: Duration = Duration::from_secs(10);
+/// After accept() failed for want of descriptors or memory: wait this long before the next try
+/// rather than spin on a listener whose backlog keeps it readable.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+
+/// Accepts until draining starts. Connections beyond a limit ([`crate::admission`]) are reset
+/// at once: the client learns at once, and a slot is not held by a connection that will not be
+/// served. A failing accept() never ends the loop.
 pub async fn accept_loop(listener: TcpListener, direction: Direction, shared: Arc<Shared>) {
     let stop = shared.drain.signalled();
     tokio::pin!(stop);
+    let (shed_log, error_log) = (LogLimit::new(LOG_PERIOD), LogLimit::new(LOG_PERIOD));
     loop {
         tokio::select! {
             () = &mut stop => return,
             accepted = listener.accept() => match accepted {
-                Ok((stream, peer)) => {
-                    let shared = shared.clone();
-                    tokio::spawn(async move { accepted_socket(stream, peer, direction, shared).await });
-                }
+                Ok((stream, peer)) => match shared.admission.admit(direction, peer.ip()) {
+                    Ok(permit) => {
+                        let shared = shared.clone();
+                        tokio::spawn(async move { accepted_socket(stream, peer, direction, shared, permit).await });
+                    }
+                    Err(why) => {
+                        shared.metrics.accept_error(direction, why);
+                        // A reset rather than a FIN: nothing lingers on our side.
+                        let _ = stream.set_zero_linger();
+                        drop(stream);
+                        if let Some(left_out) = shed_log.allow() {
+                            let limits = shared.admission.limits;
+                            tracing::warn!(?direction, %peer, reason = ?why, ?limits, shed_since_last_line = left_out, "shedding connections over the limit");
+                        }
+                    }
+                },
                 Err(e) => {
-                    tracing::warn!(error = %e, ?direction, "accept failed");
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    shared.metrics.accept_error(direction, AcceptError::accept);
+                    if let Some(left_out) = error_log.allow() {
+                        tracing::warn!(error = %e, ?direction, failed_since_last_line = left_out, "accept failed");
+                    }
+                    if is_resource_exhaustion(&e) {
+                        tokio::time::sleep(ACCEPT_BACKOFF).await;
+                    }
                 }
             },
         }
     }
 }
 
-async fn accepted_socket(stream: TcpStream, peer: SocketAddr, direction: Direction, shared: Arc<Shared>) {
+/// accept() failures that persist until something is freed; others (a connection aborted
+/// before it was accepted) concern one connection only.
+fn is_resource_exhaustion(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM))
+}
+
+async fn accepted_socket(
+    stream: TcpStream,
+    peer: SocketAddr,
+    direction: Direction,
+    shared: Arc<Shared>,
+    // Held until the connection ends.
+    _permit: Permit,
+) {
     let Some(addr) = original_dst(&stream) else {
         // A connection straight to the proxy port: forwarding it would loop back to us.
         let local = stream.local_addr().ok();

@@ -5,6 +5,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use crate::admission::{Admission, Limits, fd_limit};
 use crate::config::Config;
 use crate::discovery::Discovery;
 use crate::drain::Drain;
@@ -37,6 +38,8 @@ pub struct Shared {
     /// Inbound targets (this pod's ports), each with its client to the app.
     pub inbound: Targets<SocketAddr>,
     pub outbound: Outbound,
+    /// Connection limits, checked at accept ([`crate::server::accept_loop`]).
+    pub admission: Admission,
 }
 
 impl Shared {
@@ -49,7 +52,9 @@ impl Shared {
         identity: Option<Arc<Identity>>,
         discovery: Option<Arc<Discovery>>,
     ) -> Self {
+        let admission = Admission::new(Limits::resolve(&config, fd_limit()));
         Self {
+            admission,
             static_identities: Arc::new(MeshedEndpoints::new(config.outbound_identities.clone())),
             config,
             metrics,

@@ -23,7 +23,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use cnimesh_e2e::apps::{self, Apps};
-use cnimesh_e2e::bench::{RATE_CLIENTS, RATE_PER_CLIENT, fixed_rate, h2load, median, unlimited};
+use cnimesh_e2e::bench::{RATE_CLIENTS, RATE_PER_CLIENT, fixed_rate, h2load, median, peak_rss, rss_mib, unlimited};
 use cnimesh_e2e::control::{Control, env_refs, identity};
 use cnimesh_e2e::sidecar::Sidecar;
 use cnimesh_e2e::{Netns, Network, Pod, bins, require_root};
@@ -33,35 +33,6 @@ const H1_MAX_REQUESTS: u32 = 60_000;
 const H2_MAX_REQUESTS: u32 = 100_000;
 const BURST_CONNECTIONS: u32 = 1000;
 const AFTER_BURST: Duration = Duration::from_secs(60);
-
-fn rss_mib(pid: u32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let kib: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0.0);
-    kib / 1024.0
-}
-
-/// The largest RSS of any of `pids`, sampled every 100 ms while `f` runs.
-fn peak_rss<T>(pids: &[u32], f: impl FnOnce() -> T) -> (T, f64) {
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let sampler = {
-        let (stop, pids) = (stop.clone(), pids.to_vec());
-        std::thread::spawn(move || {
-            let mut peak: f64 = 0.0;
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                peak = pids.iter().map(|p| rss_mib(*p)).fold(peak, f64::max);
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            peak
-        })
-    };
-    let out = f();
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    (out, sampler.join().unwrap())
-}
 
 fn haproxy_in(netns: &Netns, listen: SocketAddr, backend: SocketAddr) -> std::process::Child {
     let cfg = std::env::temp_dir().join(format!("cnimesh-haproxy-{}.cfg", netns.name()));

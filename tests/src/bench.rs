@@ -1,5 +1,6 @@
-//! What the proxy benchmarks share: h2load runs inside a pod, percentiles, and the CPU time
-//! (utime+stime from /proc) the measured processes spent, so every bench measures alike.
+//! What the proxy benchmarks share: h2load runs inside a pod, percentiles, the CPU time
+//! (utime+stime from /proc) and resident memory of the measured processes, and slopes, so every
+//! bench measures alike.
 
 use std::process::{Command, Stdio};
 
@@ -12,12 +13,121 @@ pub const RATE_SECONDS: u32 = 10;
 
 /// Runs h2load in `netns`; panics unless every request succeeded.
 pub fn h2load(netns: &Netns, args: &[&str]) -> String {
+    let (ran, text) = h2load_unchecked(netns, args);
+    assert!(ran && text.contains(" 0 failed"), "h2load {args:?} failed:\n{text}");
+    text
+}
+
+/// Runs h2load in `netns`: whether it exited successfully, and its output, failures included
+/// (for measurements of how many requests an overloaded proxy still serves).
+pub fn h2load_unchecked(netns: &Netns, args: &[&str]) -> (bool, String) {
     let mut full = vec!["netns", "exec", netns.name(), "h2load"];
     full.extend_from_slice(args);
     let out = Command::new("ip").args(&full).stderr(Stdio::inherit()).output().expect("h2load runs");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(out.status.success() && text.contains(" 0 failed"), "h2load {args:?} failed:\n{text}");
-    text
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// One fixed-rate HTTP/1.1 run that may partly fail.
+#[derive(Debug, Clone)]
+pub struct RateRun {
+    /// Requests the rate asked for (clients × rate × seconds).
+    pub expected: f64,
+    /// Responses with a 2xx status.
+    pub ok: f64,
+    /// Latency of every completed request, ms, sorted.
+    pub latencies_ms: Vec<f64>,
+}
+
+impl RateRun {
+    /// 2xx responses as a share of the requests the rate asked for.
+    pub fn success_rate(&self) -> f64 {
+        (self.ok / self.expected).min(1.0)
+    }
+
+    pub fn p(&self, p: f64) -> f64 {
+        if self.latencies_ms.is_empty() { f64::NAN } else { percentile(&self.latencies_ms, p) }
+    }
+}
+
+/// `clients` HTTP/1.1 connections at `rate` requests per second each, for `seconds`, against
+/// `url` from `netns`; failures are counted, not fatal.
+pub fn rate_run(netns: &Netns, clients: u32, rate: u32, seconds: u32, url: &str) -> RateRun {
+    let log = std::env::temp_dir().join(format!("cnimesh-h2load-rate-{}.log", netns.name()));
+    let (c, r, d, logarg) =
+        (clients.to_string(), rate.to_string(), seconds.to_string(), format!("--log-file={}", log.display()));
+    let (_, out) = h2load_unchecked(netns, &["--h1", "-c", &c, "--rps", &r, "-D", &d, &logarg, url]);
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    let _ = std::fs::remove_file(&log);
+    let ok = out
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("status codes: "))
+        .and_then(|l| l.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0.0);
+    let mut latencies_ms = request_log_ms(&text);
+    latencies_ms.sort_by(f64::total_cmp);
+    RateRun { expected: f64::from(clients * rate * seconds), ok, latencies_ms }
+}
+
+/// Durations (ms) from an h2load request log; each line: start time (µs), status, duration (µs).
+fn request_log_ms(log: &str) -> Vec<f64> {
+    log.lines().filter_map(|l| l.split('\t').nth(2)?.trim().parse::<f64>().ok()).map(|us| us / 1e3).collect()
+}
+
+/// Fails with the package to install when h2load is missing.
+pub fn require_h2load() {
+    assert!(
+        Command::new("h2load").arg("--version").output().is_ok(),
+        "h2load is missing: apt-get install nghttp2-client"
+    );
+}
+
+/// A setting of a benchmark from the environment, or `default`.
+pub fn env_or<T: std::str::FromStr>(var: &str, default: T) -> T {
+    std::env::var(var).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+/// Descriptors `pid` holds open now.
+pub fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, Iterator::count)
+}
+
+/// Resident memory of `pid`, MiB.
+pub fn rss_mib(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let kib: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0.0);
+    kib / 1024.0
+}
+
+/// The largest RSS of any of `pids`, sampled every 100 ms while `f` runs.
+pub fn peak_rss<T>(pids: &[u32], f: impl FnOnce() -> T) -> (T, f64) {
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = {
+        let (stop, pids) = (stop.clone(), pids.to_vec());
+        std::thread::spawn(move || {
+            let mut peak: f64 = 0.0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                peak = pids.iter().map(|p| rss_mib(*p)).fold(peak, f64::max);
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            peak
+        })
+    };
+    let out = f();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    (out, sampler.join().expect("sampler"))
+}
+
+/// Least-squares slope of `points` (x, y).
+pub fn slope(points: &[(f64, f64)]) -> f64 {
+    let n = points.len() as f64;
+    let (mx, my) = (points.iter().map(|p| p.0).sum::<f64>() / n, points.iter().map(|p| p.1).sum::<f64>() / n);
+    let cov: f64 = points.iter().map(|(x, y)| (x - mx) * (y - my)).sum();
+    let var: f64 = points.iter().map(|(x, _)| (x - mx) * (x - mx)).sum();
+    if var == 0.0 { 0.0 } else { cov / var }
 }
 
 /// Requests h2load sent in total, warm-up included (what the CPU was spent on).
@@ -65,9 +175,7 @@ pub fn fixed_rate(netns: &Netns, url: &str, pids: &[u32]) -> (f64, f64, f64) {
     let spent = cpu(pids) - before;
     let text = std::fs::read_to_string(&log).expect("h2load log");
     let _ = std::fs::remove_file(&log);
-    // Each line: start time (µs), status, duration (µs).
-    let mut ms: Vec<f64> =
-        text.lines().filter_map(|l| l.split('\t').nth(2)?.trim().parse::<f64>().ok()).map(|us| us / 1e3).collect();
+    let mut ms = request_log_ms(&text);
     ms.sort_by(f64::total_cmp);
     assert!(ms.len() > 1000, "too few samples: {}", ms.len());
     let requests = total_requests(&out).max(1.0);

@@ -152,6 +152,35 @@ pub fn exec_plugin(cni_path: &Path, conf: &Value, command: &str, call: &Call<'_>
     if out.success { Ok(parsed) } else { Err(failure(parsed.unwrap_or(json!({})), out.stderr)) }
 }
 
+/// The configuration libcni would load from `dir` now: the lexicographically first `.conf`,
+/// `.conflist` or `.json` file that parses (a single plugin becomes a one-plugin list); `None`
+/// when there is none (the runtime then fails the pod: "no network config found").
+pub fn libcni_config(dir: &Path) -> Option<Value> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir).ok()?.flatten().map(|e| e.path()).collect();
+    files.sort();
+    files.into_iter().filter(|p| p.extension().is_some_and(|e| e == "conf" || e == "conflist" || e == "json")).find_map(
+        |p| {
+            let v: Value = serde_json::from_slice(&std::fs::read(&p).ok()?).ok()?;
+            if v["plugins"].as_array().is_some_and(|p| !p.is_empty()) {
+                Some(v)
+            } else {
+                v["type"].is_string().then(|| json!({"cniVersion": v["cniVersion"], "name": v["name"], "plugins": [v]}))
+            }
+        },
+    )
+}
+
+/// `plugin` of `list` as libcni passes it: with the list's name and version, and prevResult.
+fn as_called(list: &Value, plugin: &Value, prev: Option<&Value>) -> Value {
+    let mut conf = plugin.clone();
+    conf["name"] = list["name"].clone();
+    conf["cniVersion"] = list["cniVersion"].clone();
+    if let Some(p) = prev {
+        conf["prevResult"] = p.clone();
+    }
+    conf
+}
+
 /// A bridge network (Debian's `bridge` + `host-local`) with `cnimesh-cni` chained after it.
 /// Each network has its own bridge, IPAM store, result cache and cnimesh state directory.
 pub struct Network {
@@ -202,9 +231,47 @@ impl Network {
         self.plugins.path()
     }
 
-    /// The cnimesh-cni state directory of this network.
+    /// The cnimesh-cni state directory of this network (its `stateDir` setting).
     pub fn state_dir(&self) -> PathBuf {
-        self.state.path().join("cnimesh")
+        let ours = self.conflist["plugins"].as_array().and_then(|p| p.iter().find(|p| p["type"] == "cnimesh-cni"));
+        ours.and_then(|p| p["stateDir"].as_str()).map_or_else(|| self.state.path().join("cnimesh"), PathBuf::from)
+    }
+
+    /// Debian's host-local store of this network: one file per allocated address.
+    pub fn ipam_dir(&self) -> PathBuf {
+        self.state.path().join("ipam").join(self.name())
+    }
+
+    /// What pods of this network left on the host: attachment records (and temporary files
+    /// beside them), IPAM allocations, ports on the bridge. Empty once every pod is gone.
+    pub fn leftovers(&self) -> Vec<String> {
+        let files = |dir: PathBuf| -> Vec<String> {
+            std::fs::read_dir(dir)
+                .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+                .unwrap_or_default()
+        };
+        let mut left: Vec<String> =
+            files(self.state_dir().join("attachments")).into_iter().map(|f| format!("record {f}")).collect();
+        left.extend(
+            files(self.ipam_dir())
+                .into_iter()
+                .filter(|f| f.parse::<std::net::IpAddr>().is_ok())
+                .map(|f| format!("IPAM allocation {f}")),
+        );
+        let ports = run("ip", &["-o", "link", "show", "master", &self.bridge]).unwrap_or_default();
+        left.extend(
+            ports.lines().filter_map(|l| l.split(": ").nth(1)).map(|port| format!("port {port} on {}", self.bridge)),
+        );
+        left.sort();
+        left
+    }
+
+    /// Whether host-local holds an address for `container_id`.
+    pub fn allocated_to(&self, container_id: &str) -> bool {
+        std::fs::read_dir(self.ipam_dir()).into_iter().flatten().flatten().any(|e| {
+            e.file_name().to_string_lossy().parse::<std::net::IpAddr>().is_ok()
+                && std::fs::read_to_string(e.path()).is_ok_and(|owner| owner.lines().next() == Some(container_id))
+        })
     }
 
     fn cache_file(&self, call: &Call<'_>) -> PathBuf {
@@ -213,13 +280,7 @@ impl Network {
 
     /// A plugin object as libcni passes it: with the list's name and version, and prevResult.
     pub fn plugin_conf(&self, index: usize, prev: Option<&Value>) -> Value {
-        let mut conf = self.conflist["plugins"][index].clone();
-        conf["name"] = self.conflist["name"].clone();
-        conf["cniVersion"] = self.conflist["cniVersion"].clone();
-        if let Some(p) = prev {
-            conf["prevResult"] = p.clone();
-        }
-        conf
+        as_called(&self.conflist, &self.conflist["plugins"][index], prev)
     }
 
     fn plugin_count(&self) -> usize {
@@ -237,9 +298,28 @@ impl Network {
     }
 
     fn add_first(&self, plugins: usize, call: &Call<'_>) -> Result<Value, CniFailure> {
+        let mut list = self.conflist.clone();
+        if let Some(p) = list["plugins"].as_array_mut() {
+            p.truncate(plugins);
+        }
+        self.add_list(&list, call)
+    }
+
+    /// This network's list without cnimesh-cni: the primary CNI's own configuration.
+    pub fn primary_conflist(&self) -> Value {
+        let mut list = self.conflist.clone();
+        if let Some(plugins) = list["plugins"].as_array_mut() {
+            plugins.retain(|p| p["type"] != "cnimesh-cni");
+        }
+        list
+    }
+
+    /// ADD through `list` (a conflist read where the runtime reads it, say) with this network's
+    /// plugin directory and result cache.
+    pub fn add_list(&self, list: &Value, call: &Call<'_>) -> Result<Value, CniFailure> {
         let mut prev: Option<Value> = None;
-        for i in 0..plugins {
-            prev = exec_plugin(self.cni_path(), &self.plugin_conf(i, prev.as_ref()), "ADD", call)?;
+        for plugin in list["plugins"].as_array().into_iter().flatten() {
+            prev = exec_plugin(self.cni_path(), &as_called(list, plugin, prev.as_ref()), "ADD", call)?;
         }
         let result = prev.unwrap_or(Value::Null);
         let cache = self.cache_file(call);

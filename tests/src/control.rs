@@ -17,6 +17,8 @@ pub const ADMIN_PORT: u16 = 9990;
 
 pub struct Control {
     child: Child,
+    /// The `serve` command, for [`Control::restart`].
+    serve: Command,
     netns: PathBuf,
     dir: TempDir,
     pub addr: SocketAddr,
@@ -43,7 +45,8 @@ impl Control {
         ensure_success(out, "ca init")?;
         std::fs::set_permissions(&issuer, std::fs::Permissions::from_mode(0o755))?;
         std::fs::create_dir_all(dir.path().join("tokens"))?;
-        let child = Command::new("ip")
+        let mut serve = Command::new("ip");
+        serve
             .args(["netns", "exec", pod.netns.name()])
             .arg(bin)
             .args(["serve", "--addr", &format!("0.0.0.0:{CONTROL_PORT}")])
@@ -56,19 +59,37 @@ impl Control {
             .env("CNIMESH_CONTROL_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()?;
-        let control =
-            Self { child, netns: pod.netns.path(), dir, addr: SocketAddr::new(IpAddr::V4(pod.ipv4()), CONTROL_PORT) };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !matches!(control.admin("/ready"), Ok((200, _))) {
-            anyhow::ensure!(Instant::now() < deadline, "cnimesh-control did not become ready");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+            .stderr(Stdio::inherit());
+        let child = serve.spawn()?;
+        let control = Self {
+            child,
+            serve,
+            netns: pod.netns.path(),
+            dir,
+            addr: SocketAddr::new(IpAddr::V4(pod.ipv4()), CONTROL_PORT),
+        };
+        control.wait_ready()?;
         Ok(control)
     }
 
-    /// Stops the control plane (proxies must carry on with what they know).
+    fn wait_ready(&self) -> anyhow::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !matches!(self.admin("/ready"), Ok((200, _))) {
+            anyhow::ensure!(Instant::now() < deadline, "cnimesh-control did not become ready");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(())
+    }
+
+    /// Starts the control plane again after [`Control::stop`], with the same issuer, tokens and
+    /// settings (a replacement pod mounting the same Secret).
+    pub fn restart(&mut self) -> anyhow::Result<()> {
+        self.stop();
+        self.child = self.serve.spawn()?;
+        self.wait_ready()
+    }
+
+    /// Stops the control plane with SIGKILL (proxies must carry on with what they know).
     pub fn stop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();

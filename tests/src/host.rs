@@ -1,7 +1,7 @@
 //! What the host must provide, and the rule for tests that cannot run without it: under `CI=true`
 //! a missing prerequisite fails the test; elsewhere the test is skipped with a loud message.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// Debian's containernetworking-plugins.
 pub const REFERENCE_PLUGIN_DIR: &str = "/usr/lib/cni";
@@ -57,4 +57,24 @@ pub fn run(program: &str, args: &[&str]) -> anyhow::Result<String> {
         anyhow::bail!("{program} {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// A mount under a test's directory, lazily unmounted on drop (so a failing test never leaves a
+/// busy mount behind).
+pub struct Mounted(pub PathBuf);
+
+impl Mounted {
+    /// A tmpfs of `size` (e.g. `64k`) at `at`.
+    pub fn tmpfs(at: &Path, size: &str) -> anyhow::Result<Self> {
+        std::fs::create_dir_all(at)?;
+        let target = at.to_str().ok_or_else(|| anyhow::anyhow!("non-UTF-8 path {}", at.display()))?;
+        run("mount", &["-t", "tmpfs", "-o", &format!("size={size}"), "cnimesh-test", target])?;
+        Ok(Self(at.to_path_buf()))
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg("-l").arg(&self.0).status();
+    }
 }

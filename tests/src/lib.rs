@@ -5,20 +5,23 @@
 //! it is torn down even when an assertion fails, and names are unique per process so tests can run
 //! in parallel.
 
+pub mod agent;
 pub mod apps;
 pub mod bench;
 pub mod cni;
 pub mod control;
+pub mod flood;
 pub mod host;
 pub mod kube_mock;
 pub mod manifest_check;
+pub mod mesh;
 pub mod netns;
 pub mod objects;
 pub mod pod;
-pub mod poll;
 pub mod probe;
 pub mod sidecar;
 pub mod sniff;
+pub mod wait;
 
 pub use cni::{Bins, Call, CniFailure, Network, PluginDir};
 pub use host::require_root;

@@ -101,10 +101,31 @@ impl Sidecar {
         Ok(sidecar)
     }
 
+    /// Like [`Sidecar::start`], with the proxy's open-file limit (soft and hard) set to
+    /// `open_files` (util-linux `prlimit`), as a pod's runtime would set it.
+    pub fn start_with_open_files(
+        proxy: &Path,
+        netns: &Netns,
+        env: &[(&str, &str)],
+        open_files: u64,
+    ) -> anyhow::Result<Self> {
+        let limit = format!("--nofile={open_files}:{open_files}");
+        let sidecar = Self::spawn_wrapped(proxy, netns, env, &["prlimit", &limit, "--"])?;
+        sidecar.wait_ready()?;
+        Ok(sidecar)
+    }
+
     /// Starts the proxy without waiting for it to be ready.
     pub fn spawn(proxy: &Path, netns: &Netns, env: &[(&str, &str)]) -> anyhow::Result<Self> {
+        Self::spawn_wrapped(proxy, netns, env, &[])
+    }
+
+    /// Starts the proxy through `wrapper` (a command that execs its arguments), so the pid is
+    /// still the proxy's.
+    fn spawn_wrapped(proxy: &Path, netns: &Netns, env: &[(&str, &str)], wrapper: &[&str]) -> anyhow::Result<Self> {
         let mut cmd = Command::new("ip");
         cmd.args(["netns", "exec", netns.name(), "setpriv", "--reuid=2102", "--regid=2102", "--clear-groups"])
+            .args(wrapper)
             .arg(proxy)
             .env("CNIMESH_PROXY_LOG", "warn")
             .envs(env.iter().copied())
@@ -145,6 +166,11 @@ impl Sidecar {
         self.child.id()
     }
 
+    /// Descriptors the proxy holds open now.
+    pub fn open_fds(&self) -> usize {
+        crate::bench::open_fds(self.child.id())
+    }
+
     /// Sends SIGTERM and waits for the process to exit; returns whether it exited cleanly.
     pub fn terminate(&mut self) -> bool {
         let _ = nix::sys::signal::kill(
@@ -157,12 +183,17 @@ impl Sidecar {
     pub fn wait(&mut self) -> bool {
         self.child.wait().is_ok_and(|s| s.success())
     }
+
+    /// SIGKILL, and waits for the process to be gone (its listeners closed).
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 impl Drop for Sidecar {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.kill();
     }
 }
 

@@ -13,6 +13,7 @@ use cnimesh_e2e::{bins, require_root};
 use serde_json::Value;
 
 const NODE: &str = env!("CARGO_BIN_EXE_cnimesh-node-e2e");
+const CLI: &str = env!("CARGO_BIN_EXE_cnimesh-cli-e2e");
 
 /// A local mode instance with names of its own (not `cnm<digit>`, which other tests use), torn
 /// down on drop so a failed assertion leaves nothing behind.
@@ -159,6 +160,35 @@ fn up_runs_the_demo_mesh_and_down_removes_everything() {
     names.sort();
     assert_eq!(names, ["demo/client", "demo/intruder", "demo/web-0", "demo/web-1", "demo/web-2", "demo/web-canary"]);
     assert!(summary["commands"].to_string().contains(&format!("--state-dir {}", state_dir.display())));
+
+    // The operator's `cnimesh stat` and `edges` read the same proxies, while the client calls web.
+    let cli = |args: &[&str]| -> Value {
+        let out = Command::new(CLI).args(args).arg("--local").arg(&local.root).args(["-o", "json"]).output().unwrap();
+        assert!(out.status.success(), "cnimesh {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let client_netns = Path::new("/run/netns").join(format!("{}-client", local.prefix));
+    let web_ip: std::net::SocketAddr = "10.96.0.10:80".parse().unwrap();
+    let load = std::thread::spawn(move || {
+        cnimesh_node::local::traffic::load(&client_netns, web_ip, "web", 2, Duration::from_secs(3))
+    });
+    let stat = cli(&["stat", "deploy", "-n", "demo", "--window", "2s"]);
+    assert!(load.join().unwrap().failures.is_empty());
+    let row = |name: &str| stat.as_array().unwrap().iter().find(|r| r["name"] == name).cloned().unwrap();
+    let web_row = row("web");
+    assert_eq!((web_row["meshed_pods"].as_u64(), web_row["pods"].as_u64()), (Some(3), Some(3)), "{stat:#}");
+    assert!(web_row["requests"].as_f64().unwrap() > 0.0 && web_row["rps"].as_f64().unwrap() > 0.0, "{stat:#}");
+    assert_eq!(web_row["success_rate"], 1.0, "{stat:#}");
+    assert_eq!(web_row["mtls_share"], 1.0, "{stat:#}");
+    assert!(web_row["latency_ms"]["p99"].as_f64().unwrap() >= web_row["latency_ms"]["p50"].as_f64().unwrap());
+    let edges = cli(&["edges", "deploy", "-n", "demo"]);
+    let edge_to = |dst: &str| {
+        edges.as_array().unwrap().iter().find(|e| e["src"] == "deployment/client" && e["dst"] == dst).cloned()
+    };
+    let to_web = edge_to("deployment/web").unwrap_or_else(|| panic!("{edges:#}"));
+    assert_eq!((to_web["mtls"].as_bool(), to_web["server_ids"][0].as_str()), (Some(true), Some("web.demo")));
+    assert_eq!(to_web["client_ids"][0], "client.demo");
+    assert_eq!(edge_to("pod/legacy").unwrap_or_else(|| panic!("{edges:#}"))["mtls"], false);
 
     // Up twice: a clear error, nothing disturbed.
     let again = local.up_command().output().unwrap();

@@ -3,23 +3,16 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use cnimesh_e2e::apps::{self, Apps};
 use cnimesh_e2e::control::{Control, env_refs, identity};
+use cnimesh_e2e::mesh::{meshed, meshed_with};
 use cnimesh_e2e::sidecar::{Sidecar, http_in};
 use cnimesh_e2e::sniff::{self, Sniffer};
+use cnimesh_e2e::wait::eventually;
 use cnimesh_e2e::{Network, Pod, bins, require_root};
 use serde_json::json;
-
-/// Polls `f` until it holds (bounded, so a broken build fails instead of hanging).
-fn eventually(what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
 
 /// An opaque exchange from the client pod: send, half-close, read the answer.
 fn opaque(client: &Pod<'_>, to: SocketAddr, payload: &'static [u8]) -> String {
@@ -36,58 +29,13 @@ fn opaque(client: &Pod<'_>, to: SocketAddr, payload: &'static [u8]) -> String {
     .unwrap()
 }
 
-struct Meshed<'n> {
-    control: Control,
-    client: Pod<'n>,
-    server: Pod<'n>,
-    client_proxy: Sidecar,
-    server_proxy: Sidecar,
-    _apps: Apps,
-    // Dropped after the control plane that runs in it.
-    _control_pod: Pod<'n>,
-}
-
-/// A control plane, and a client and a server pod whose proxies hold certificates; the client
-/// knows the server's address is meshed (as discovery will tell it).
-fn meshed<'n>(net: &'n Network, control_args: &[&str]) -> Meshed<'n> {
-    meshed_with(net, control_args, &[])
-}
-
-/// [`meshed`], with more settings for the client's proxy.
-fn meshed_with<'n>(net: &'n Network, control_args: &[&str], client_settings: &[(&str, &str)]) -> Meshed<'n> {
-    let bins = bins!();
-    let control_pod = Pod::unmeshed(net, "cnimesh", "control").unwrap();
-    let control = Control::start(&bins.control, &control_pod, control_args).unwrap();
-    let client = Pod::named(net, "shop", "client").unwrap();
-    let server = Pod::named(net, "shop", "server").unwrap();
-    let apps = Apps::start(&server.netns.path(), server.ipv4().into(), "server").unwrap();
-    let mut server_env = control.proxy_env("shop", "server", &control.token("shop", "server").unwrap());
-    // The server's proxy gets its trust anchors as PEM text, as the injector passes them; the
-    // client's reads them from a file.
-    for (var, value) in &mut server_env {
-        if var == "CNIMESH_PROXY_IDENTITY_TRUST_ANCHORS" {
-            *var = "CNIMESH_PROXY_IDENTITY_TRUST_ANCHORS_PEM".into();
-            *value = std::fs::read_to_string(control.trust_anchors()).unwrap();
-        }
-    }
-    let server_proxy = Sidecar::start(&bins.proxy, &server.netns, &env_refs(&server_env)).unwrap();
-    let mut client_env = control.proxy_env("shop", "client", &control.token("shop", "client").unwrap());
-    client_env.push((
-        "CNIMESH_PROXY_OUTBOUND_IDENTITIES".into(),
-        format!("{}={}", server.ipv4(), identity("shop", "server")),
-    ));
-    client_env.extend(client_settings.iter().map(|(k, v)| (k.to_string(), v.to_string())));
-    let client_proxy = Sidecar::start(&bins.proxy, &client.netns, &env_refs(&client_env)).unwrap();
-    Meshed { control, client, server, client_proxy, server_proxy, _apps: apps, _control_pod: control_pod }
-}
-
 #[test]
 fn traffic_between_meshed_pods_is_mtls_on_the_wire() {
     if !require_root("traffic_between_meshed_pods_is_mtls_on_the_wire") {
         return;
     }
     let net = Network::bridge(&bins!(), json!({})).unwrap();
-    let m = meshed(&net, &[]);
+    let m = meshed(&bins!(), &net, &[]);
     let server_http = format!("{}:{}", m.server.ipv4(), apps::HTTP_PORT);
     let sniffer = Sniffer::start(&m.server.netns.path(), m.client.ipv4(), m.server.ipv4()).unwrap();
 
@@ -137,7 +85,7 @@ fn plaintext_stays_possible_unless_required() {
     }
     let bins = bins!();
     let net = Network::bridge(&bins, json!({})).unwrap();
-    let m = meshed(&net, &[]);
+    let m = meshed(&bins!(), &net, &[]);
     // A pod outside the mesh talks to the meshed server in plaintext: accepted (permissive).
     let outsider = Pod::unmeshed(&net, "shop", "outsider").unwrap();
     let server_http = format!("{}:{}", m.server.ipv4(), apps::HTTP_PORT);
@@ -176,7 +124,7 @@ fn a_forged_token_gets_no_certificate_and_the_proxy_stays_unready() {
     let pod = Pod::named(&net, "shop", "thief").unwrap();
     let env = control.proxy_env("shop", "payments", &thief);
     let proxy = Sidecar::spawn(&bins.proxy, &pod.netns, &env_refs(&env)).unwrap();
-    eventually("two refused certificate requests", || {
+    eventually("two refused certificate requests", Duration::from_secs(30), || {
         proxy.metric("identity_cert_refresh_total{result=\"failure\"}") >= 2.0
     });
     assert_eq!(proxy.admin("GET", "/ready", "").unwrap().0, 503, "not ready without a certificate");
@@ -186,7 +134,7 @@ fn a_forged_token_gets_no_certificate_and_the_proxy_stays_unready() {
     let forged = control.proxy_token("forger", "not-a-token-anyone-issued").unwrap();
     let env = control.proxy_env("shop", "forger", &forged);
     let proxy2 = Sidecar::spawn(&bins.proxy, &pod2.netns, &env_refs(&env)).unwrap();
-    eventually("two refused certificate requests", || {
+    eventually("two refused certificate requests", Duration::from_secs(30), || {
         proxy2.metric("identity_cert_refresh_total{result=\"failure\"}") >= 2.0
     });
     assert_eq!(proxy2.admin("GET", "/ready", "").unwrap().0, 503);
@@ -198,7 +146,7 @@ fn short_lived_certificates_rotate_under_load_without_failures() {
         return;
     }
     let net = Network::bridge(&bins!(), json!({})).unwrap();
-    let m = meshed(&net, &["--cert-lifetime", "5s"]);
+    let m = meshed(&bins!(), &net, &["--cert-lifetime", "5s"]);
     let server_http = format!("{}:{}", m.server.ipv4(), apps::HTTP_PORT);
     let half_close = SocketAddr::new(m.server.ipv4().into(), apps::HALF_CLOSE_PORT);
     let refreshed = |p: &Sidecar| p.metric("identity_cert_refresh_total{result=\"success\"}");
@@ -284,7 +232,7 @@ fn linkerd_http1_over_http2_reaches_an_http1_only_app() {
         return;
     }
     let net = Network::bridge(&bins!(), json!({})).unwrap();
-    let m = meshed(&net, &[]);
+    let m = meshed(&bins!(), &net, &[]);
     // Linkerd's proxy stands in a pod of its own: its mTLS is its own, not a cnimesh outbound's.
     let peer = Pod::unmeshed(&net, "shop", "linkerd-peer").unwrap();
     let config = mesh_client_tls(&m.control, &identity("shop", "linkerd-peer"));
@@ -366,7 +314,7 @@ fn our_outbound_carries_http1_over_one_http2_connection_when_upgrading() {
         return;
     }
     let net = Network::bridge(&bins!(), json!({})).unwrap();
-    let m = meshed_with(&net, &[], &[("CNIMESH_PROXY_OUTBOUND_H2_UPGRADE", "true")]);
+    let m = meshed_with(&bins!(), &net, &[], &[("CNIMESH_PROXY_OUTBOUND_H2_UPGRADE", "true")]);
     let app = SocketAddr::new(m.server.ipv4().into(), HTTP1_ONLY_PORT);
     let listener =
         cnimesh_cni::netns::run_in(&m.server.netns.path(), || std::net::TcpListener::bind(app)).unwrap().unwrap();

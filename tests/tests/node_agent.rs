@@ -3,13 +3,16 @@
 //! (install, re-chaining, uninstall); repair and taint removal against the API; the debug CLI.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use cnimesh_cni::spec::RedirectSpec;
+use cnimesh_e2e::host::Mounted;
 use cnimesh_e2e::kube_mock::MockApi;
+use cnimesh_e2e::wait::eventually;
 use cnimesh_e2e::{Network, Pod, bins, require_root};
 use cnimesh_node::cluster::{Cluster, FileCluster};
 use cnimesh_node::kube_cluster::KubeCluster;
+use cnimesh_node::metrics::AgentMetrics;
 use cnimesh_node::server::{self, Decider};
 use http::Method;
 use k8s_openapi::api::core::v1::{Node, Pod as KubePod};
@@ -34,15 +37,6 @@ fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
 }
 
-/// Waits (bounded) for a condition the agent reaches asynchronously.
-fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 #[test]
 fn plugin_asks_the_agent_which_pods_to_capture() {
     if !require_root("plugin_asks_the_agent_which_pods_to_capture") {
@@ -60,6 +54,7 @@ fn plugin_asks_the_agent_which_pods_to_capture() {
     let rt = runtime();
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("node.sock");
+    let metrics = Arc::new(AgentMetrics::default());
     let cluster = rt.block_on(async {
         let (cluster, driver) = KubeCluster::start(mock.client(), NODE);
         tokio::spawn(driver);
@@ -67,10 +62,11 @@ fn plugin_asks_the_agent_which_pods_to_capture() {
         tokio::spawn(server::serve(
             listener,
             Arc::new(Decider { cluster: cluster.clone(), defaults: RedirectSpec::default() }),
+            metrics.clone(),
         ));
         cluster
     });
-    eventually("the pod cache to sync", || cluster.ready());
+    eventually("the pod cache to sync", Duration::from_secs(10), || cluster.ready());
     use std::os::unix::fs::PermissionsExt;
     assert_eq!(std::fs::metadata(&socket).unwrap().permissions().mode() & 0o777, 0o600, "socket is 0600");
 
@@ -104,6 +100,22 @@ fn plugin_asks_the_agent_which_pods_to_capture() {
     assert!(ghost.nft_table().is_none());
     assert_eq!(mock.requests(Method::GET, "/api/v1/namespaces/shop/pods/ghost").len(), 1, "one GET for a cache miss");
     assert!(mock.requests(Method::GET, "/api/v1/namespaces/shop/pods/web").is_empty(), "cached pods cost no API call");
+
+    // Every answer is counted by result, with its latency (the agent's /metrics).
+    let text = metrics.encode();
+    let count = |line: &str| -> f64 {
+        let value = text.lines().find_map(|l| l.strip_prefix(line)).unwrap_or_else(|| panic!("{line} in\n{text}"));
+        value.trim().parse().unwrap()
+    };
+    assert!(count("cnimesh_node_decisions_total{result=\"capture\"}") >= 1.0, "{text}");
+    assert_eq!(count("cnimesh_node_decisions_total{result=\"skip\"}"), 2.0, "{text}");
+    assert_eq!(count("cnimesh_node_decisions_total{result=\"error\"}"), 1.0, "{text}");
+    assert_eq!(count("cnimesh_node_decisions_total{result=\"retry\"}"), 1.0, "{text}");
+    let decided: f64 = ["capture", "skip", "error", "retry"]
+        .iter()
+        .map(|r| count(&format!("cnimesh_node_decisions_total{{result=\"{r}\"}}")))
+        .sum();
+    assert_eq!(count("cnimesh_node_decision_duration_seconds_count"), decided, "{text}");
 
     // Excluded namespaces never wait on the agent, even when it is down.
     drop(rt);
@@ -246,27 +258,40 @@ fn agent_lifecycle(keep_on_exit: bool, fight: bool) {
         let _ = stopped.await;
     }));
 
-    eventually("the plugin binary", || bin_dir.join("cnimesh-cni").is_file());
-    eventually("readiness to report the missing primary CNI", || {
+    eventually("the plugin binary", Duration::from_secs(10), || bin_dir.join("cnimesh-cni").is_file());
+    eventually("readiness to report the missing primary CNI", Duration::from_secs(10), || {
         let r = ready_response();
         r.contains(" 503 ") && r.contains("waiting for the primary CNI")
     });
     let flannel = r#"{"name":"cbr0","cniVersion":"0.3.1","plugins":[{"type":"flannel"},{"type":"portmap"}]}"#;
     let file = conf_dir.join("10-flannel.conflist");
     std::fs::write(&file, flannel).unwrap();
-    eventually("chaining after the primary CNI appears", || cnimesh_node::chain::is_chained(&conf_dir).is_some());
-    eventually("readiness", || ready() == "200");
+    eventually("chaining after the primary CNI appears", Duration::from_secs(10), || {
+        cnimesh_node::chain::is_chained(&conf_dir).is_some()
+    });
+    eventually("readiness", Duration::from_secs(10), || ready() == "200");
     let entry: Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
     assert_eq!(entry["plugins"][2]["nodeAgent"]["socket"], json!(cfg.socket), "the plugin is pointed at the agent");
     assert_eq!(entry["plugins"][2]["excludeNamespaces"], json!(cnimesh_cni::config::DEFAULT_EXCLUDED_NAMESPACES));
 
     // The primary CNI rewrites its file: re-chained.
     std::fs::write(&file, flannel).unwrap();
-    eventually("re-chaining after a rewrite", || cnimesh_node::chain::is_chained(&conf_dir).is_some());
+    eventually("re-chaining after a rewrite", Duration::from_secs(10), || {
+        cnimesh_node::chain::is_chained(&conf_dir).is_some()
+    });
+    // Both writes (the first chaining and the re-patch) are on the agent's /metrics.
+    eventually("two CNI configuration writes on /metrics", Duration::from_secs(10), || {
+        let metrics = http_get(ready_port, "/metrics");
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("cnimesh_node_cni_config_writes_total "))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            >= Some(2.0)
+    });
 
     if fight {
         // Another agent keeps restoring its own version: we stop fighting and say so.
-        eventually("the rewrite loop to be reported", || {
+        eventually("the rewrite loop to be reported", Duration::from_secs(10), || {
             std::fs::write(&file, flannel).unwrap();
             std::thread::sleep(Duration::from_millis(50));
             ready_response().contains("rewrite loop on")
@@ -332,7 +357,9 @@ fn status_endpoint_reports_installation_and_drift() {
     let agent = rt.spawn(cnimesh_node::run::run(cfg.clone(), cluster, async {
         let _ = stopped.await;
     }));
-    eventually("readiness", || http_get(ready_port, "/ready").split_whitespace().nth(1) == Some("200"));
+    eventually("readiness", Duration::from_secs(10), || {
+        http_get(ready_port, "/ready").split_whitespace().nth(1) == Some("200")
+    });
 
     // A pod captured through the agent, into the agent's state dir.
     let net = Network::bridge(&bins, json!({"stateDir": cfg.state_dir, "nodeAgent": {"socket": cfg.socket}})).unwrap();
@@ -397,15 +424,6 @@ fn status_endpoint_reports_installation_and_drift() {
     rt.block_on(agent).unwrap().expect("clean shutdown");
 }
 
-/// Unmounts on drop (lazily, so a failing test never leaves a busy mount behind).
-struct Mounted(std::path::PathBuf);
-
-impl Drop for Mounted {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount").arg("-l").arg(&self.0).status();
-    }
-}
-
 /// DESIGN.md §7.17: a private mount under the netns dir (as on a host whose root mount is
 /// private) is reported at start, on /ready and /status, and in "netns not found" drift.
 #[test]
@@ -416,13 +434,8 @@ fn agent_reports_a_private_netns_mount() {
     let dir = tempfile::tempdir().unwrap();
     let netns_dir = dir.path().join("netns");
     std::fs::create_dir_all(&netns_dir).unwrap();
-    let mount = |args: &[&str]| {
-        let ok = std::process::Command::new("mount").args(args).arg(&netns_dir).status().unwrap().success();
-        assert!(ok, "mount {args:?} {}", netns_dir.display());
-    };
-    mount(&["-t", "tmpfs", "-o", "size=64k", "cnimesh-test"]);
-    let _mounted = Mounted(netns_dir.clone());
-    mount(&["--make-private"]);
+    let _mounted = Mounted::tmpfs(&netns_dir, "64k").unwrap();
+    cnimesh_e2e::host::run("mount", &["--make-private", netns_dir.to_str().unwrap()]).unwrap();
 
     let plugin = dir.path().join("cnimesh-cni-src");
     std::fs::write(&plugin, b"#!/bin/sh\n").unwrap();
@@ -459,7 +472,7 @@ fn agent_reports_a_private_netns_mount() {
         let _ = stopped.await;
     }));
     let ready = || http_get(ready_port, "/ready");
-    eventually("readiness", || ready().split_whitespace().nth(1) == Some("200"));
+    eventually("readiness", Duration::from_secs(10), || ready().split_whitespace().nth(1) == Some("200"));
     let body = ready();
     let shown = netns_dir.display().to_string();
     assert!(body.contains("warning: the host mount holding") && body.contains(&shown), "{body}");

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use cnimesh_e2e::apps::{self, Apps};
 use cnimesh_e2e::control::{Control, env_refs, identity, write_atomically};
-use cnimesh_e2e::poll::eventually;
 use cnimesh_e2e::sidecar::{Sidecar, http_in};
+use cnimesh_e2e::wait::eventually;
 use cnimesh_e2e::{Network, Pod, bins, require_root};
 use serde_json::json;
 
@@ -127,14 +127,14 @@ fn inbound_policy_is_enforced_updated_live_and_kept_without_the_control_plane() 
 
     // A policy change reaches the running proxy: web loses its authorization.
     write_atomically(&cluster.path().join("policy.yaml"), &policy_yaml(office.ipv4(), false));
-    eventually("web's authorization removed", || get(&web, &http, "/replica").0 == 403);
+    eventually("web's authorization removed", Duration::from_secs(30), || get(&web, &http, "/replica").0 == 403);
     assert_eq!(opaque(&web, tcp), "");
     assert_eq!(get(&office, &http, "/replica").0, 200);
 
     // A `deny` default with no Servers: only the kubelet probe path stays open, to anyone.
     write_atomically(&cluster.path().join("policy.yaml"), "");
     write_atomically(&cluster.path().join("pod.yaml"), &pod_yaml(api.ipv4(), Some("deny")));
-    eventually("the deny default applied", || get(&office, &http, "/replica").0 == 403);
+    eventually("the deny default applied", Duration::from_secs(30), || get(&office, &http, "/replica").0 == 403);
     for client in [&web, &other, &office] {
         assert_eq!(get(client, &http, "/hello").0, 200, "the probe path stays reachable");
         assert_eq!(get(client, &http, "/replica").0, 403);

@@ -6,13 +6,13 @@
 //! running, retries a flaky backend within Linkerd's retry budget, and counts per route.
 
 use std::collections::HashMap;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use cnimesh_e2e::apps::{self, Apps};
 use cnimesh_e2e::control::{Control, env_refs, write_atomically};
 use cnimesh_e2e::objects::service_yaml;
-use cnimesh_e2e::poll::eventually;
 use cnimesh_e2e::sidecar::{Reply, Sidecar, grpc_in, http_reply_in, metric_with};
+use cnimesh_e2e::wait::eventually;
 use cnimesh_e2e::{Network, Pod, bins, require_root};
 use serde_json::json;
 
@@ -191,7 +191,9 @@ fn http_routes_send_by_path_split_by_weight_time_out_and_change_on_a_live_proxy(
 
     // A route change reaches the running proxy: `/hello` now goes to `web`.
     mesh.routes(&paths_route("web"));
-    eventually("/hello moved to web", || mesh.call("GET", "/hello", "").body.contains("web-0"));
+    eventually("/hello moved to web", Duration::from_secs(30), || {
+        mesh.call("GET", "/hello", "").body.contains("web-0")
+    });
     assert_eq!(mesh.call("GET", "/replica", "").status, 200, "the other rules stay");
 }
 

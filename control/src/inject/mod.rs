@@ -15,6 +15,7 @@
 mod cert;
 mod config;
 mod mutate;
+mod owner;
 mod server;
 #[cfg(test)]
 mod tests;
@@ -34,6 +35,7 @@ pub use mutate::{
     OPAQUE_PORTS_ANNOTATION, PROXY_ADMIN_PORT, PROXY_CONTAINER, PodProxySettings, Skip, TOKEN_FILE, TOKEN_VOLUME,
     TRUST_ANCHORS_ENV, mutate, plan, proxy_container, proxy_volumes,
 };
+pub use owner::{Workload, owner_labels};
 pub use server::{INJECT_PATH, MAX_BODY, OPT_IN_PATH, Webhook, serve_webhook};
 pub use validate::{check_log_level, check_ports};
 pub use version::watch_server_version;

@@ -25,6 +25,7 @@ use kube::core::admission::{AdmissionRequest, AdmissionResponse, Operation};
 use serde_json::Value;
 
 use super::config::InjectConfig;
+use super::owner::{Workload, owner_labels};
 use super::validate::{check_log_level, check_ports};
 
 /// DESIGN.md §2, shared with the node agent (which captures pods by the proxy container's
@@ -106,7 +107,7 @@ pub fn mutate(
         None => Err(Skip::Warn("the request carries no pod".into())),
         Some(object) => serde_json::to_value(object)
             .map_err(|e| Skip::Warn(format!("cannot read the pod: {e}")))
-            .and_then(|pod| plan(&pod, request.namespace.as_deref(), namespace, config)),
+            .and_then(|pod| plan(&pod, request.namespace.as_deref(), namespace, None, config)),
     };
     let pod = || format!("{}/{}", request.namespace.as_deref().unwrap_or("?"), pod_name(request));
     match result {
@@ -143,11 +144,13 @@ fn pod_name(request: &AdmissionRequest<DynamicObject>) -> String {
 
 /// The patch that injects the proxy into `pod` (the raw JSON object), an empty patch when there
 /// is nothing to do, or why not. `request_namespace` is the request's: a pod from a Deployment's
-/// template has no namespace of its own yet.
+/// template has no namespace of its own yet. `workload` is the pod's owner when the caller knows
+/// it (`cnimesh inject` on a Deployment); `None` reads it from the pod's owner references.
 pub fn plan(
     pod: &Value,
     request_namespace: Option<&str>,
     namespace: NamespaceInjection,
+    workload: Option<&Workload>,
     config: &InjectConfig,
 ) -> Result<Patch, Skip> {
     let typed: Pod =
@@ -201,7 +204,8 @@ pub fn plan(
     let settings =
         PodProxySettings { identity: pod_identity(spec, ns, config)?, opaque_ports, log_level: log_level.into() };
     let container = proxy_container(config, &settings).map_err(Skip::Warn)?;
-    Ok(injection_patch(pod, config, container))
+    let owner = workload.cloned().or_else(|| Workload::of_pod(&typed.metadata));
+    Ok(injection_patch(pod, config, container, owner_labels(owner.as_ref(), ns)))
 }
 
 /// `Some(patch)` when the pod has its proxy already. A second pass is then a no-op, except that
@@ -418,21 +422,39 @@ fn extend_array(ops: &mut Vec<PatchOperation>, pod: &Value, path: &[&str], front
     }
 }
 
-fn injection_patch(pod: &Value, config: &InjectConfig, container: Container) -> Patch {
+fn injection_patch(
+    pod: &Value,
+    config: &InjectConfig,
+    container: Container,
+    labels: BTreeMap<String, String>,
+) -> Patch {
     let mut ops = Vec::new();
     let volumes = proxy_volumes().into_iter().map(to_value).collect();
     extend_array(&mut ops, pod, &["spec", "volumes"], false, volumes);
     let list = if config.native_sidecars { "initContainers" } else { "containers" };
     extend_array(&mut ops, pod, &["spec", list], true, vec![to_value(container)]);
     let version = Value::String(env!("CARGO_PKG_VERSION").into());
-    match pod.pointer("/metadata/annotations") {
-        Some(Value::Object(_)) => ops.push(add(pointer(&["metadata", "annotations", INJECTED_ANNOTATION]), version)),
-        _ if pod.pointer("/metadata").is_some_and(Value::is_object) => {
-            ops.push(add(pointer(&["metadata", "annotations"]), serde_json::json!({ INJECTED_ANNOTATION: version })));
-        }
-        _ => {
-            ops.push(add(pointer(&["metadata"]), serde_json::json!({"annotations": { INJECTED_ANNOTATION: version }})))
+    let annotations = serde_json::Map::from_iter([(INJECTED_ANNOTATION.to_string(), version)]);
+    let labels = labels.into_iter().map(|(k, v)| (k, Value::String(v))).collect();
+    add_metadata(&mut ops, pod, [("annotations", annotations), ("labels", labels)]);
+    Patch(ops)
+}
+
+/// Adds entries to the pod's metadata maps, creating a missing map (or metadata) whole: JSON patch
+/// cannot add a key to a map that is not there. An existing key gets the new value.
+fn add_metadata(ops: &mut Vec<PatchOperation>, pod: &Value, maps: [(&str, serde_json::Map<String, Value>); 2]) {
+    if !pod.pointer("/metadata").is_some_and(Value::is_object) {
+        let metadata = maps.into_iter().map(|(field, map)| (field.to_string(), Value::Object(map))).collect();
+        ops.push(add(pointer(&["metadata"]), Value::Object(metadata)));
+        return;
+    }
+    for (field, map) in maps {
+        if pod.pointer(pointer(&["metadata", field]).as_str()).is_some_and(Value::is_object) {
+            for (key, value) in map {
+                ops.push(add(pointer(&["metadata", field, &key]), value));
+            }
+        } else {
+            ops.push(add(pointer(&["metadata", field]), Value::Object(map)));
         }
     }
-    Patch(ops)
 }

@@ -300,6 +300,37 @@ fn existing_init_containers_volumes_and_annotations_are_kept_and_the_proxy_goes_
     check_pod(&typed, &config);
 }
 
+/// What `cnimesh stat`, the scrape config and the dashboards aggregate by: the owner, with a
+/// Deployment's ReplicaSet resolved by its pods' `pod-template-hash`, and the namespace.
+#[test]
+fn meshed_pods_get_their_owner_and_namespace_as_labels() {
+    let config = config();
+    let owned = |kind: &str, name: &str, labels: Value| {
+        pod_with(json!({"metadata": {"labels": labels, "ownerReferences": [
+            {"apiVersion": "apps/v1", "kind": kind, "name": name, "uid": "u1", "controller": true}
+        ]}}))
+    };
+    let labels_of = |pod: &Value| {
+        let (response, patched) = run(pod, "shop", NamespaceInjection::Enabled, &config);
+        assert!(response.warnings.is_none(), "{response:?}");
+        typed(&patched).metadata.labels.unwrap_or_default()
+    };
+    let labels = labels_of(&owned("ReplicaSet", "web-7d4b9c", json!({"app": "web", "pod-template-hash": "7d4b9c"})));
+    assert_eq!(labels["cnimesh.io/proxy-deployment"], "web");
+    assert_eq!(labels["cnimesh.io/workload-ns"], "shop");
+    assert_eq!(labels["app"], "web", "the pod's own labels stay");
+    let labels = labels_of(&owned("StatefulSet", "db", json!({"app": "db"})));
+    assert_eq!(labels["cnimesh.io/proxy-statefulset"], "db");
+    // No labels at all yet: the map is created.
+    let mut bare = owned("DaemonSet", "agent", Value::Null);
+    bare["metadata"].as_object_mut().unwrap().remove("labels");
+    let labels = labels_of(&bare);
+    assert_eq!(labels["cnimesh.io/proxy-daemonset"], "agent");
+    assert_eq!(labels.len(), 2, "{labels:?}");
+    // A pod nobody owns still gets its namespace.
+    assert_eq!(labels_of(&deployment_pod()).get("cnimesh.io/workload-ns").map(String::as_str), Some("shop"));
+}
+
 #[test]
 fn null_volumes_and_annotations_are_created_rather_than_appended_to() {
     let config = config();

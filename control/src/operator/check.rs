@@ -18,7 +18,7 @@ mod control;
 mod kubernetes;
 mod meshed;
 #[cfg(test)]
-mod mock;
+pub(crate) mod mock;
 mod nodes;
 mod pki;
 mod report;
@@ -27,21 +27,18 @@ mod tests;
 
 use std::io::Write;
 use std::process::ExitCode;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use k8s_openapi::api::core::v1::Pod;
 
 pub use self::report::{Check, Report, Status, render_json, render_table, success};
 use super::ClusterArgs;
+/// Reading pods' endpoints through the API server: shared with `stat` and `edges`.
+use super::pod_proxy::{CONCURRENCY, kube_error, pod_proxy_get};
 /// DESIGN.md §2: the control plane's and the node agents' namespaces and names (the agents'
 /// DaemonSet, container and `app.kubernetes.io/name` label).
 pub use cnimesh_common::names::{AGENT_NAME, AGENT_NAMESPACE};
 use cnimesh_common::names::{CONTROL_NAME, CONTROL_NAMESPACE};
-/// Requests through the pod proxy in flight at once: enough for big clusters, gentle on the API
-/// server.
-const CONCURRENCY: usize = 8;
-/// A pod that does not answer through the API server's proxy must not hang the whole check.
-const POD_PROXY_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Output {
@@ -128,32 +125,6 @@ fn chain(error: &anyhow::Error) -> String {
         }
     }
     text
-}
-
-/// A kube error in one line: the API server's own message for API errors (not the debug dump
-/// kube's Display adds), the cause chain otherwise.
-fn kube_error(error: &kube::Error) -> String {
-    match error {
-        kube::Error::Api(status) => format!("{} ({} {})", status.message, status.code, status.reason),
-        other => cnimesh_common::error::with_causes(other.to_string(), other),
-    }
-}
-
-/// GET `path` of `pod`'s `port` through the API server's pod proxy subresource.
-async fn pod_proxy_get(
-    client: &kube::Client,
-    namespace: &str,
-    pod: &str,
-    port: u16,
-    path: &str,
-) -> Result<String, String> {
-    let uri = format!("/api/v1/namespaces/{namespace}/pods/{pod}:{port}/proxy/{path}");
-    let request = http::Request::get(&uri).body(Vec::new()).map_err(|e| format!("building {uri}: {e}"))?;
-    match tokio::time::timeout(POD_PROXY_TIMEOUT, client.request_text(request)).await {
-        Err(_) => Err(format!("no answer within {}s", POD_PROXY_TIMEOUT.as_secs())),
-        Ok(Err(e)) => Err(kube_error(&e)),
-        Ok(Ok(text)) => Ok(text),
-    }
 }
 
 /// The pod's Ready condition is True.

@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
+use cnimesh_common::names::{OWNER_LABEL_PREFIX, WORKLOAD_NAMESPACE_LABEL};
 use k8s_openapi::api::core::v1::ConfigMap;
 use serde_json::Value;
 
@@ -22,7 +23,7 @@ use super::install::{TRUST_ANCHORS_CONFIG_MAP, TRUST_ANCHORS_KEY};
 use super::{ClusterArgs, yaml};
 use crate::inject::{
     DEFAULT_CONTROL_NAMESPACE, DEFAULT_PROXY_IMAGE, INJECT_ANNOTATION, INJECTED_ANNOTATION, InjectConfig,
-    NamespaceInjection, PROXY_CONTAINER, ServerVersion, SidecarMode, Skip, TOKEN_VOLUME, plan,
+    NamespaceInjection, PROXY_CONTAINER, ServerVersion, SidecarMode, Skip, TOKEN_VOLUME, Workload, plan,
 };
 
 /// How long `auto` and the anchors lookup wait for a cluster before working without one.
@@ -239,7 +240,9 @@ fn edit_object(doc: &mut Value, namespace: Option<&str>, edit: &mut Edit<'_>) ->
 }
 
 fn inject_template(template: &mut Value, namespace: &str, what: &str, config: &InjectConfig) -> anyhow::Result<bool> {
-    match plan(template, Some(namespace), NamespaceInjection::Enabled, config) {
+    let workload =
+        what.split_once('/').filter(|(kind, _)| *kind != "pod").map(|(kind, name)| Workload::new(kind, name));
+    match plan(template, Some(namespace), NamespaceInjection::Enabled, workload.as_ref(), config) {
         Ok(patch) if patch.0.is_empty() => {
             eprintln!("{what} already injected");
             Ok(false)
@@ -261,7 +264,7 @@ fn inject_template(template: &mut Value, namespace: &str, what: &str, config: &I
 }
 
 /// Removes what injection adds: the proxy container (wherever it is), the token volume, the
-/// `injected` annotation and an `inject: enabled` annotation.
+/// `injected` annotation, an `inject: enabled` annotation and the owner labels.
 fn uninject_template(template: &mut Value, what: &str) -> anyhow::Result<bool> {
     let mut changed = false;
     for list in ["containers", "initContainers"] {
@@ -283,8 +286,13 @@ fn uninject_template(template: &mut Value, what: &str) -> anyhow::Result<bool> {
             changed = true;
         }
     }
+    if let Some(Value::Object(labels)) = template.pointer_mut("/metadata/labels") {
+        let before = labels.len();
+        labels.retain(|key, _| !key.starts_with(OWNER_LABEL_PREFIX) && key != WORKLOAD_NAMESPACE_LABEL);
+        changed |= labels.len() != before;
+    }
     // What injection created from nothing goes again: empty lists and maps.
-    for pointer in ["/spec/initContainers", "/spec/volumes", "/metadata/annotations", "/metadata"] {
+    for pointer in ["/spec/initContainers", "/spec/volumes", "/metadata/annotations", "/metadata/labels", "/metadata"] {
         let empty = template.pointer(pointer).is_some_and(|v| {
             v.as_array().is_some_and(Vec::is_empty) || v.as_object().is_some_and(serde_json::Map::is_empty)
         });

@@ -1,5 +1,5 @@
-//! `cnimesh`, the operator's command line: install, check, inject/uninject, uninstall, version,
-//! completion. It renders the manifests under `daemonset/` (the single source of truth: what
+//! `cnimesh`, the operator's command line: install, check, inject/uninject, uninstall, stat,
+//! edges, version, completion. It renders the manifests under `daemonset/` (the single source of truth: what
 //! `install` prints is those files plus generated certificates), applies the webhook's pure
 //! mutation to YAML offline, and reads the cluster with kube-rs, never with a shell on a node.
 //!
@@ -9,6 +9,8 @@ pub mod check;
 pub mod inject;
 pub mod install;
 pub mod manifests;
+pub mod pod_proxy;
+pub mod stat;
 pub mod uninstall;
 pub mod yaml;
 
@@ -70,6 +72,11 @@ pub enum Command {
     Uninject(inject::UninjectArgs),
     /// Print what `kubectl delete -f -` needs to remove the mesh.
     Uninstall(uninstall::UninstallArgs),
+    /// Golden metrics per workload (success rate, RPS, latency, TCP connections, mTLS) from the
+    /// proxies' own metrics.
+    Stat(stat::StatArgs),
+    /// Who talks to whom: source and destination workloads with their identities and mTLS.
+    Edges(stat::EdgesArgs),
     /// Print the client's version and, when reachable, the control plane's.
     Version(VersionArgs),
     /// Print a shell completion script.
@@ -124,6 +131,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let text = runtime()?.block_on(uninstall::main(&cli.cluster, args))?;
             out.write_all(text.as_bytes())?;
         }
+        Command::Stat(args) => runtime()?.block_on(stat::stat_main(&cli.cluster, args, &mut out))?,
+        Command::Edges(args) => runtime()?.block_on(stat::edges_main(&cli.cluster, args, &mut out))?,
         Command::Version(args) => {
             writeln!(out, "client: {}", env!("CARGO_PKG_VERSION"))?;
             if !args.client {
@@ -171,7 +180,8 @@ mod tests {
             let mut script = Vec::new();
             clap_complete::generate(shell, &mut Cli::command(), "cnimesh", &mut script);
             let script = String::from_utf8(script).unwrap();
-            for sub in ["install", "check", "inject", "uninject", "uninstall", "version", "completion"] {
+            for sub in ["install", "check", "inject", "uninject", "uninstall", "stat", "edges", "version", "completion"]
+            {
                 assert!(script.contains(sub), "{shell:?} completion lacks {sub}");
             }
         }

@@ -12,7 +12,7 @@ mod down;
 mod host;
 mod record;
 mod runtime;
-mod traffic;
+pub mod traffic;
 mod up;
 mod workloads;
 

@@ -123,38 +123,8 @@ pub fn load(netns: &Path, addr: SocketAddr, host: &str, concurrency: usize, dura
     total
 }
 
-/// One sample of a Prometheus text exposition.
-#[derive(Debug, Clone)]
-pub struct Sample {
-    pub name: String,
-    pub labels: BTreeMap<String, String>,
-    pub value: f64,
-}
-
-/// Parses the samples of a Prometheus text exposition (label values without escaped quotes, as
-/// our proxies write them).
-pub fn samples(text: &str) -> Vec<Sample> {
-    text.lines()
-        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
-        .filter_map(|line| {
-            let (head, value) = line.rsplit_once(' ')?;
-            let value = value.parse().ok()?;
-            let (name, labels) = match head.split_once('{') {
-                Some((name, rest)) => (name, rest.strip_suffix('}')?),
-                None => (head, ""),
-            };
-            let labels = labels
-                .split("\",")
-                .filter(|kv| !kv.is_empty())
-                .filter_map(|kv| {
-                    let (k, v) = kv.split_once("=\"")?;
-                    Some((k.to_string(), v.trim_end_matches('"').to_string()))
-                })
-                .collect();
-            Some(Sample { name: name.to_string(), labels, value })
-        })
-        .collect()
-}
+/// The proxies' `/metrics` are read with the one parser every reader of them shares.
+pub use cnimesh_common::prom_text::{Sample, samples};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Latency {
@@ -346,17 +316,6 @@ fn short_id(id: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn samples_are_parsed_with_labels() {
-        let text = "# HELP x\nrequest_total{direction=\"outbound\",target_addr=\"10.0.0.2:8080\",tls=\"true\",server_id=\"web.demo\"} 7\nup 1\n";
-        let s = samples(text);
-        assert_eq!(s.len(), 2);
-        assert_eq!(s[0].labels["target_addr"], "10.0.0.2:8080");
-        assert_eq!(s[0].labels["server_id"], "web.demo");
-        assert_eq!(s[0].value, 7.0);
-        assert!(s[1].labels.is_empty());
-    }
 
     #[test]
     fn responses_are_counted_per_backend_service() {

@@ -5,7 +5,7 @@ use std::collections::HashSet;
 use std::net::Ipv4Addr;
 use std::path::Path;
 
-use cnimesh_common::names::PROXY_CONTAINER;
+use cnimesh_common::names::{OWNER_LABEL_PREFIX, PROXY_CONTAINER, WORKLOAD_NAMESPACE_LABEL};
 use ipnet::Ipv4Net;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -237,6 +237,12 @@ pub fn pod_object(ns: &str, pod: &PodSpec, uid: &str, phase: &str, ip: Option<Ip
     if pod.meshed {
         containers.push(json!({"name": PROXY_CONTAINER, "image": "cnimesh/proxy"}));
     }
+    let mut labels = json!({"app": app});
+    if pod.meshed {
+        // As the injector labels a Deployment's meshed pods: each service or client is one.
+        labels[format!("{OWNER_LABEL_PREFIX}deployment")] = json!(app);
+        labels[WORKLOAD_NAMESPACE_LABEL] = json!(ns);
+    }
     let mut status = json!({"phase": phase});
     if let Some(ip) = ip {
         status["podIP"] = json!(ip.to_string());
@@ -244,7 +250,7 @@ pub fn pod_object(ns: &str, pod: &PodSpec, uid: &str, phase: &str, ip: Option<Ip
     }
     json!({
         "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": pod.name, "namespace": ns, "uid": uid, "labels": {"app": app}},
+        "metadata": {"name": pod.name, "namespace": ns, "uid": uid, "labels": labels},
         "spec": {"serviceAccountName": pod.service_account, "containers": containers},
         "status": status,
     })

@@ -142,6 +142,26 @@ impl Discovery {
     }
 }
 
+/// Every lookup a proxy follows with its last answer: profiles by address (`None`: not answered
+/// yet) and endpoint sets by service authority.
+pub struct Snapshot {
+    pub profiles: Vec<(SocketAddr, Option<Profile>)>,
+    pub services: Vec<(String, Arc<Endpoints>)>,
+}
+
+impl Discovery {
+    /// What the admin server's `/endpoints.json` shows.
+    pub fn snapshot(&self) -> Snapshot {
+        let profiles = self.profiles.lock().expect("not poisoned");
+        let mut profiles: Vec<_> = profiles.iter().map(|(addr, rx)| (*addr, rx.borrow().clone())).collect();
+        profiles.sort_by_key(|(addr, _)| *addr);
+        let services = self.services.lock().expect("not poisoned");
+        let mut services: Vec<_> = services.iter().map(|(name, rx)| (name.clone(), rx.borrow().clone())).collect();
+        services.sort_by(|a, b| a.0.cmp(&b.0));
+        Snapshot { profiles, services }
+    }
+}
+
 /// An endpoint from the API's form; `None` when it has no usable address.
 fn endpoint(addr: &api::WeightedAddr) -> Option<Endpoint> {
     let tcp = addr.addr?;

@@ -1,8 +1,11 @@
 //! Protocol detection on the first bytes of a connection.
 //!
 //! The HTTP/2 preface means HTTP/2; a well-formed HTTP/1.x request line (checked by `httparse`)
-//! means HTTP/1; anything else — or nothing within the detect timeout — is opaque TCP, forwarded
-//! with the bytes already read. Opaque ports never get here (server-speaks-first protocols would stall).
+//! means HTTP/1; anything else is opaque TCP, forwarded with the bytes already read. A client
+//! that says nothing decisive within the detect timeout (silent, or dribbling a request line from
+//! its first byte) is an error, not opaque: forwarding it would let idle and slowloris clients
+//! hold two descriptors each for the opaque idle timeout. Opaque ports never get here
+//! (server-speaks-first protocols would stall).
 
 use std::io;
 use std::time::Duration;
@@ -47,13 +50,24 @@ pub fn classify(buf: &[u8]) -> Option<Protocol> {
     }
 }
 
-/// Reads until the protocol is known, the timeout passes, or the peer stops sending. `read`
-/// holds bytes an earlier step (the TLS check) already took from the stream.
+/// Why detection gave no protocol.
+#[derive(Debug, thiserror::Error)]
+pub enum DetectError {
+    /// The timeout passed before the first bytes decided the protocol.
+    #[error("protocol detection timed out after {timeout:?} with {read} bytes read")]
+    TimedOut { timeout: Duration, read: usize },
+    #[error("reading for protocol detection: {0}")]
+    Io(#[from] io::Error),
+}
+
+/// Reads until the protocol is known or the peer stops sending (what it sent is then opaque);
+/// fails when `timeout` passes first. `read` holds bytes an earlier step (the TLS check) already
+/// took from the stream.
 pub async fn detect<S: AsyncRead + Unpin>(
     stream: &mut S,
     read: Bytes,
     timeout: Duration,
-) -> io::Result<(Protocol, Bytes)> {
+) -> Result<(Protocol, Bytes), DetectError> {
     let mut buf = BytesMut::with_capacity(1024.max(read.len()));
     buf.extend_from_slice(&read);
     let deadline = tokio::time::Instant::now() + timeout;
@@ -62,10 +76,10 @@ pub async fn detect<S: AsyncRead + Unpin>(
             return Ok((p, buf.freeze()));
         }
         match tokio::time::timeout_at(deadline, stream.read_buf(&mut buf)).await {
-            Err(_elapsed) => return Ok((Protocol::Opaque, buf.freeze())),
+            Err(_elapsed) => return Err(DetectError::TimedOut { timeout, read: buf.len() }),
             Ok(Ok(0)) => return Ok((Protocol::Opaque, buf.freeze())),
             Ok(Ok(_)) => {}
-            Ok(Err(e)) => return Err(e),
+            Ok(Err(e)) => return Err(e.into()),
         }
     }
 }
@@ -94,16 +108,44 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn detection_times_out_to_opaque_and_replays() {
-        let (mut client, server) = tokio::io::duplex(64);
-        tokio::io::AsyncWriteExt::write_all(&mut client, b"hel").await.unwrap();
-        let mut server = server;
-        let (p, prefix) = detect(&mut server, Bytes::new(), Duration::from_millis(50)).await.unwrap();
-        assert_eq!((p, &prefix[..]), (Protocol::Opaque, &b"hel"[..]));
+    async fn opaque_bytes_are_replayed() {
+        let (mut client, mut server) = tokio::io::duplex(64);
+        tokio::io::AsyncWriteExt::write_all(&mut client, b"\x00hel").await.unwrap();
+        let (p, prefix) = detect(&mut server, Bytes::new(), Duration::from_secs(5)).await.unwrap();
+        assert_eq!((p, &prefix[..]), (Protocol::Opaque, &b"\x00hel"[..]));
         let mut io = PrefixedIo::new(prefix, server);
         tokio::io::AsyncWriteExt::write_all(&mut client, b"lo").await.unwrap();
-        let mut got = [0u8; 5];
+        let mut got = [0u8; 6];
         io.read_exact(&mut got).await.unwrap();
-        assert_eq!(&got, b"hello");
+        assert_eq!(&got, b"\x00hello");
+    }
+
+    #[tokio::test]
+    async fn silent_and_dribbling_clients_time_out_instead_of_going_opaque() {
+        let (_quiet, mut server) = tokio::io::duplex(64);
+        let e = detect(&mut server, Bytes::new(), Duration::from_millis(100)).await.unwrap_err();
+        assert!(matches!(e, DetectError::TimedOut { read: 0, .. }), "{e}");
+        // A valid request line, one byte every 30 ms from the first byte: the deadline counts
+        // from the start, not from the last byte.
+        let (mut client, mut server) = tokio::io::duplex(64);
+        tokio::spawn(async move {
+            for b in b"GET /hello HTTP/1.1\r\n" {
+                tokio::time::sleep(Duration::from_millis(30)).await;
+                if tokio::io::AsyncWriteExt::write_all(&mut client, &[*b]).await.is_err() {
+                    return;
+                }
+            }
+        });
+        let e = detect(&mut server, Bytes::new(), Duration::from_millis(300)).await.unwrap_err();
+        assert!(matches!(e, DetectError::TimedOut { read: 1..20, .. }), "{e}");
+    }
+
+    #[tokio::test]
+    async fn a_client_that_closes_before_deciding_is_opaque() {
+        let (mut client, mut server) = tokio::io::duplex(64);
+        tokio::io::AsyncWriteExt::write_all(&mut client, b"GET").await.unwrap();
+        drop(client);
+        let (p, prefix) = detect(&mut server, Bytes::new(), Duration::from_secs(5)).await.unwrap();
+        assert_eq!((p, &prefix[..]), (Protocol::Opaque, &b"GET"[..]));
     }
 }

@@ -46,14 +46,7 @@ fn key(pod: &Pod) -> (String, String) {
 
 /// The first sample of `name` in Prometheus text (any labels), as a number.
 pub fn gauge(text: &str, name: &str) -> Option<f64> {
-    text.lines().map(str::trim).filter(|l| !l.starts_with('#')).find_map(|line| {
-        let rest = line.strip_prefix(name)?;
-        let rest = if let Some(labelled) = rest.strip_prefix('{') { labelled.split_once('}')?.1 } else { rest };
-        if !rest.starts_with([' ', '\t']) {
-            return None; // a longer metric name that shares the prefix
-        }
-        rest.split_whitespace().next()?.parse().ok()
-    })
+    cnimesh_common::prom_text::samples(text).into_iter().find(|s| s.name == name).map(|s| s.value)
 }
 
 /// `names` capped at [`LIST_CAP`], plus a count of the rest.

@@ -85,6 +85,17 @@ pub(super) fn next_commands(i: &Inputs<'_>) -> BTreeMap<String, String> {
         format!("{} --state-dir {} pods", me.display(), state_dir.display()),
     );
     commands.insert("logs".into(), format!("ls {}", root.join("logs").display()));
+    // The operator's command (a binary of cnimesh-control, built beside this one) reads these
+    // pods and their proxies as it reads a cluster's.
+    let cnimesh = me.with_file_name("cnimesh");
+    commands.insert(
+        "golden metrics and edges per workload".into(),
+        format!(
+            "{0} stat deploy --local {1} -n {ns} -w; {0} edges deploy --local {1} -n {ns}",
+            cnimesh.display(),
+            root.display()
+        ),
+    );
     commands.insert(
         "tear it down".into(),
         format!("{} local down --dir {} --prefix {prefix}", me.display(), root.display()),

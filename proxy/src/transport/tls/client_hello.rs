@@ -123,7 +123,9 @@ fn server_name(body: &[u8]) -> Option<Option<String>> {
 }
 
 /// Reads from `stream` until `peek` decides, within `timeout`. Returns the verdict and every byte
-/// read (to be replayed). Silence until the timeout, or EOF, means not TLS.
+/// read (to be replayed). EOF means not TLS; when the timeout passes first (a silent client, or
+/// one dribbling a handshake), the verdict is still [`Peek::NeedMore`], for the caller to decide
+/// (an opaque port carries on with a server-speaks-first client; other ports close).
 pub async fn read<S: AsyncRead + Unpin>(stream: &mut S, timeout: Duration) -> io::Result<(Peek, Bytes)> {
     let mut buf = BytesMut::with_capacity(2048);
     let deadline = tokio::time::Instant::now() + timeout;
@@ -137,7 +139,8 @@ pub async fn read<S: AsyncRead + Unpin>(stream: &mut S, timeout: Duration) -> io
             }
         }
         match tokio::time::timeout_at(deadline, stream.read_buf(&mut buf)).await {
-            Err(_) | Ok(Ok(0)) => return Ok((Peek::NotTls, buf.freeze())),
+            Err(_) => return Ok((Peek::NeedMore(needed), buf.freeze())),
+            Ok(Ok(0)) => return Ok((Peek::NotTls, buf.freeze())),
             Ok(Ok(_)) => {}
             Ok(Err(e)) => return Err(e),
         }

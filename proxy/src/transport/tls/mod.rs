@@ -33,6 +33,9 @@ pub enum Inbound<I> {
     Accepted { io: ClientIo<I>, prefix: Bytes, tls: TlsLabel },
     /// Not mTLS to us, and plaintext is not accepted here.
     Refused(&'static str),
+    /// Neither a whole ClientHello nor any other decisive byte arrived within the wait (a
+    /// silent client, or one dribbling a handshake); `prefix` holds what it did send.
+    Undecided { io: I, prefix: Bytes },
 }
 
 /// Terminates mTLS when the ClientHello is addressed to our identity; anything else stays
@@ -63,6 +66,7 @@ pub async fn inbound<I: Io>(
             Ok(Inbound::Accepted { io: MaybeTls::Tls(Box::new(tls)), prefix: Bytes::new(), tls: label })
         }
         _ if require_tls => Ok(Inbound::Refused("not mTLS to this proxy's identity")),
+        Peek::NeedMore(_) => Ok(Inbound::Undecided { io: stream, prefix }),
         _ => Ok(Inbound::Accepted { io: MaybeTls::Plain(stream), prefix, tls: TlsLabel::plaintext() }),
     }
 }
@@ -103,5 +107,46 @@ pub fn outbound(identity: Option<&Identity>, expected: Option<Name>) -> Result<O
         // Never downgrade a meshed endpoint to plaintext because we are not ready yet.
         (Some(id), Some(_)) if !id.has_cert() => Err("no certificate yet for mTLS to a meshed endpoint"),
         (Some(id), Some(server_id)) => Ok(Some(UpstreamTls { config: id.client.clone(), server_id })),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{IdentityConfig, TrustAnchors};
+    use tokio::io::AsyncWriteExt;
+
+    fn identity() -> Identity {
+        let anchor = cnimesh_identity::ca::new_trust_anchor("cluster.local", Duration::from_secs(3600)).unwrap();
+        Identity::new(&IdentityConfig {
+            name: "web.shop.serviceaccount.identity.cnimesh.cluster.local".parse().unwrap(),
+            trust_anchors: TrustAnchors::Pem(anchor.cert_pem),
+            token_file: "/nonexistent".into(),
+            control_addr: "control:4190".into(),
+            control_name: crate::config::DEFAULT_CONTROL_NAME.parse().unwrap(),
+            max_backoff: Duration::from_secs(1),
+        })
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn clients_without_a_whole_hello_in_time_are_undecided_not_plaintext() {
+        let identity = identity();
+        let wait = Duration::from_millis(200);
+        let (_silent, server) = tokio::io::duplex(1024);
+        let got = inbound(server, &identity, wait, false).await.unwrap();
+        assert!(matches!(got, Inbound::Undecided { ref prefix, .. } if prefix.is_empty()));
+        // A handshake record header, then nothing more: a ClientHello dribbled from its first byte.
+        let (mut client, server) = tokio::io::duplex(1024);
+        client.write_all(&[0x16, 0x03, 0x01, 0x02, 0x00, 0x01]).await.unwrap();
+        let got = inbound(server, &identity, wait, false).await.unwrap();
+        assert!(matches!(got, Inbound::Undecided { ref prefix, .. } if prefix.len() == 6));
+        // Plaintext is recognised at once; with mTLS required, the undecided are refused too.
+        let (mut client, server) = tokio::io::duplex(1024);
+        client.write_all(b"GET / HTTP/1.1\r\n").await.unwrap();
+        let got = inbound(server, &identity, Duration::from_secs(30), false).await.unwrap();
+        assert!(matches!(got, Inbound::Accepted { io: MaybeTls::Plain(_), .. }));
+        let (_silent, server) = tokio::io::duplex(1024);
+        assert!(matches!(inbound(server, &identity, wait, true).await.unwrap(), Inbound::Refused(_)));
     }
 }

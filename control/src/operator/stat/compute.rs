@@ -1,0 +1,394 @@
+//! Golden metrics from two scrapes of the proxies' `/metrics` a window apart: success rate, RPS,
+//! latency percentiles (from the histogram's buckets, interpolated within a bucket as
+//! Prometheus's `histogram_quantile` does), open TCP connections and the mTLS share; and the
+//! edges between workloads with the identities on each side.
+//!
+//! What a row counts, as `linkerd viz stat` does: without `--from`/`--to`, what the workload's
+//! pods received (their inbound proxies); with `--to T`, what they sent to T's pods (their
+//! outbound proxies); with `--from F`, what F's pods sent to them.
+//!
+//! Layer: model (pure).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use cnimesh_common::prom_text::Sample;
+use serde::Serialize;
+
+use super::mesh::{Kind, Mesh, PodView, Resource, target_ip};
+
+/// Both scrapes of one pod's proxy, or why it could not be read.
+pub type Scrape = Result<(Vec<Sample>, Vec<Sample>), String>;
+
+/// Scrapes by pod (`namespace/name`).
+pub type Scrapes = BTreeMap<String, Scrape>;
+
+pub fn pod_key(pod: &PodView) -> String {
+    format!("{}/{}", pod.namespace, pod.name)
+}
+
+/// What the rows are about and what traffic they count.
+#[derive(Debug, Clone)]
+pub struct Query {
+    pub resource: Resource,
+    /// `None`: every namespace.
+    pub namespace: Option<String>,
+    pub from: Option<(Resource, String)>,
+    pub to: Option<(Resource, String)>,
+    pub window: Duration,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Latency {
+    pub p50: f64,
+    pub p95: f64,
+    pub p99: f64,
+}
+
+/// One workload's golden metrics over the window.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct StatRow {
+    pub namespace: String,
+    pub kind: &'static str,
+    pub name: String,
+    pub meshed_pods: usize,
+    pub pods: usize,
+    /// Responses in the window.
+    pub requests: f64,
+    /// `None` when there was no request to judge by.
+    pub success_rate: Option<f64>,
+    pub rps: f64,
+    pub latency_ms: Option<Latency>,
+    /// Open now (at the second scrape).
+    pub tcp_connections: f64,
+    /// Share of the window's requests (or, without requests, of its connections) that were mTLS.
+    pub mtls_share: Option<f64>,
+    /// Meshed pods whose metrics could not be read, with the reason.
+    pub unreadable: Vec<String>,
+}
+
+/// The delta of every series between two scrapes; a series that went down (a restarted proxy)
+/// counts from zero.
+fn deltas<'a>(before: &'a [Sample], after: &'a [Sample]) -> impl Iterator<Item = (&'a Sample, f64)> + 'a {
+    let earlier: BTreeMap<(&str, &BTreeMap<String, String>), f64> =
+        before.iter().map(|s| ((s.name.as_str(), &s.labels), s.value)).collect();
+    after.iter().map(move |s| {
+        let was = earlier.get(&(s.name.as_str(), &s.labels)).copied().unwrap_or(0.0);
+        (s, if s.value >= was { s.value - was } else { s.value })
+    })
+}
+
+/// The quantile `q` of a cumulative histogram given as (upper bound, count) pairs.
+pub fn quantile(buckets: &BTreeMap<u64, (f64, f64)>, q: f64) -> Option<f64> {
+    let total = buckets.values().map(|(_, c)| *c).fold(0.0, f64::max);
+    if total <= 0.0 {
+        return None;
+    }
+    let rank = q * total;
+    let (mut lower, mut below) = (0.0, 0.0);
+    for (bound, count) in buckets.values() {
+        if *count >= rank {
+            if bound.is_infinite() {
+                return Some(lower);
+            }
+            let within = count - below;
+            let fraction = if within > 0.0 { (rank - below) / within } else { 1.0 };
+            return Some(lower + (bound - lower) * fraction);
+        }
+        (lower, below) = (*bound, *count);
+    }
+    Some(lower)
+}
+
+/// Totals of the samples one set of pods' proxies recorded about some traffic.
+#[derive(Debug, Default)]
+struct Totals {
+    responses: f64,
+    successes: f64,
+    tls_responses: f64,
+    /// Cumulative latency buckets, keyed by the bound's bits for ordering.
+    buckets: BTreeMap<u64, (f64, f64)>,
+    open_connections: f64,
+    tls_open_connections: f64,
+    opened: f64,
+    tls_opened: f64,
+}
+
+impl Totals {
+    fn add(&mut self, sample: &Sample, delta: f64) {
+        let tls = sample.label("tls") == "true";
+        match sample.name.as_str() {
+            "response_total" => {
+                self.responses += delta;
+                if sample.label("classification") == "success" {
+                    self.successes += delta;
+                }
+                if tls {
+                    self.tls_responses += delta;
+                }
+            }
+            "response_latency_ms_bucket" => {
+                let bound: f64 = match sample.label("le") {
+                    "+Inf" => f64::INFINITY,
+                    le => match le.parse() {
+                        Ok(b) => b,
+                        Err(_) => return,
+                    },
+                };
+                // Positive floats order like their bit patterns.
+                self.buckets.entry(bound.to_bits()).or_insert((bound, 0.0)).1 += delta;
+            }
+            "tcp_open_total" => {
+                self.opened += delta;
+                if tls {
+                    self.tls_opened += delta;
+                }
+            }
+            "tcp_open_connections" => {
+                self.open_connections += sample.value;
+                if tls {
+                    self.tls_open_connections += sample.value;
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn mtls_share(&self) -> Option<f64> {
+        [
+            (self.tls_responses, self.responses),
+            (self.tls_opened, self.opened),
+            (self.tls_open_connections, self.open_connections),
+        ]
+        .into_iter()
+        .find(|(_, all)| *all > 0.0)
+        .map(|(tls, all)| tls / all)
+    }
+}
+
+/// The traffic a row counts: whose proxies, which direction, to which addresses.
+struct Traffic<'a> {
+    sources: Vec<&'a PodView>,
+    direction: &'static str,
+    /// Outbound: only traffic to these pods (by pod IP or a ClusterIP selecting them).
+    targets: Option<Vec<&'a PodView>>,
+}
+
+fn totals(mesh: &Mesh, scrapes: &Scrapes, traffic: &Traffic<'_>) -> Totals {
+    let mut totals = Totals::default();
+    let reaches = |target_addr: &str| match &traffic.targets {
+        None => true,
+        Some(targets) => target_ip(target_addr).is_some_and(|ip| {
+            mesh.pods_at(ip).iter().any(|p| targets.iter().any(|t| t.namespace == p.namespace && t.name == p.name))
+        }),
+    };
+    for pod in &traffic.sources {
+        let Some(Ok((before, after))) = scrapes.get(&pod_key(pod)) else { continue };
+        for (sample, delta) in deltas(before, after) {
+            if sample.label("direction") == traffic.direction && reaches(sample.label("target_addr")) {
+                totals.add(sample, delta);
+            }
+        }
+    }
+    totals
+}
+
+/// Every resource of the query's kind (or the one named), with its pods.
+fn selected<'a>(mesh: &'a Mesh, query: &Query) -> BTreeMap<(String, String), Vec<&'a PodView>> {
+    let kind = query.resource.kind;
+    let mut out: BTreeMap<(String, String), Vec<&PodView>> = BTreeMap::new();
+    for pod in &mesh.pods {
+        if query.namespace.as_ref().is_some_and(|ns| *ns != pod.namespace) {
+            continue;
+        }
+        let Some(name) = pod.resource_name(kind) else { continue };
+        if query.resource.name.as_ref().is_some_and(|n| *n != name) {
+            continue;
+        }
+        let namespace = if kind == Kind::Namespace { String::new() } else { pod.namespace.clone() };
+        out.entry((namespace, name)).or_default().push(pod);
+    }
+    out
+}
+
+/// The pods of `--from`/`--to` (a resource without a name: every one of its kind).
+fn pods_of<'a>(mesh: &'a Mesh, (resource, namespace): &(Resource, String)) -> Vec<&'a PodView> {
+    mesh.pods
+        .iter()
+        .filter(|p| resource.kind == Kind::Namespace || p.namespace == *namespace)
+        .filter(|p| match (p.resource_name(resource.kind), &resource.name) {
+            (Some(have), Some(want)) => have == *want,
+            (Some(_), None) => true,
+            (None, _) => false,
+        })
+        .collect()
+}
+
+/// One row per selected resource.
+pub fn stat(mesh: &Mesh, scrapes: &Scrapes, query: &Query) -> Vec<StatRow> {
+    let seconds = query.window.as_secs_f64().max(1e-3);
+    selected(mesh, query)
+        .into_iter()
+        .map(|((namespace, name), pods)| {
+            let traffic = match (&query.from, &query.to) {
+                (Some(from), _) => {
+                    Traffic { sources: pods_of(mesh, from), direction: "outbound", targets: Some(pods.clone()) }
+                }
+                (None, Some(to)) => {
+                    Traffic { sources: pods.clone(), direction: "outbound", targets: Some(pods_of(mesh, to)) }
+                }
+                (None, None) => Traffic { sources: pods.clone(), direction: "inbound", targets: None },
+            };
+            let t = totals(mesh, scrapes, &traffic);
+            let unreadable = traffic
+                .sources
+                .iter()
+                .filter(|p| p.meshed)
+                .filter_map(|p| match scrapes.get(&pod_key(p)) {
+                    Some(Ok(_)) => None,
+                    Some(Err(e)) => Some(format!("{}: {e}", pod_key(p))),
+                    None => Some(format!("{}: not scraped", pod_key(p))),
+                })
+                .collect();
+            let latency = || {
+                Some(Latency {
+                    p50: quantile(&t.buckets, 0.50)?,
+                    p95: quantile(&t.buckets, 0.95)?,
+                    p99: quantile(&t.buckets, 0.99)?,
+                })
+            };
+            StatRow {
+                namespace,
+                kind: query.resource.kind.name(),
+                name,
+                meshed_pods: pods.iter().filter(|p| p.meshed).count(),
+                pods: pods.len(),
+                requests: t.responses,
+                success_rate: (t.responses > 0.0).then(|| t.successes / t.responses),
+                rps: t.responses / seconds,
+                latency_ms: latency(),
+                tcp_connections: t.open_connections,
+                mtls_share: t.mtls_share(),
+                unreadable,
+            }
+        })
+        .collect()
+}
+
+/// Traffic from one workload to another, as the source's proxies saw it.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct EdgeRow {
+    pub src_namespace: String,
+    pub src: String,
+    pub dst_namespace: String,
+    /// `kind/name`: the destination's resource of the same kind, else its pod, else its address.
+    pub dst: String,
+    /// `sa.ns` of the source pods' proxies.
+    pub client_ids: Vec<String>,
+    /// The identities the destination proved (`server_id`), short form.
+    pub server_ids: Vec<String>,
+    /// Every request and connection of the edge was mTLS.
+    pub mtls: bool,
+    /// Requests and connections the source sent to addresses that reach the destination. The
+    /// proxies label outbound traffic by its original destination: traffic to a ClusterIP counts
+    /// for every workload (or pod) behind it, so per-pod edges of a Service repeat its totals.
+    pub requests: f64,
+    pub connections: f64,
+}
+
+fn short(id: &str) -> String {
+    id.split_once(".serviceaccount.").map_or(id, |(short, _)| short).to_string()
+}
+
+/// Edges from the selected resources to whatever their proxies sent to, from one scrape
+/// (counters since each proxy started).
+pub fn edges(mesh: &Mesh, scrapes: &Scrapes, query: &Query) -> Vec<EdgeRow> {
+    let kind = query.resource.kind;
+    let mut out: BTreeMap<(String, String, String, String), EdgeRow> = BTreeMap::new();
+    for ((src_namespace, src), pods) in selected(mesh, query) {
+        for pod in pods {
+            let Some(Ok((_, after))) = scrapes.get(&pod_key(pod)) else { continue };
+            let outbound = after.iter().filter(|s| s.label("direction") == "outbound" && s.value > 0.0);
+            for sample in outbound.filter(|s| s.name == "request_total" || s.name == "tcp_open_total") {
+                let target = sample.label("target_addr");
+                let dsts = target_ip(target).map(|ip| mesh.pods_at(ip)).unwrap_or_default();
+                let names: BTreeSet<(String, String)> = if dsts.is_empty() {
+                    BTreeSet::from([(String::new(), target.to_string())])
+                } else {
+                    dsts.iter()
+                        .map(|d| {
+                            let name = match d.resource_name(kind) {
+                                Some(n) => format!("{}/{n}", kind.name()),
+                                None => format!("pod/{}", d.name),
+                            };
+                            (d.namespace.clone(), name)
+                        })
+                        .collect()
+                };
+                for (dst_namespace, dst) in names {
+                    let key = (src_namespace.clone(), src.clone(), dst_namespace.clone(), dst.clone());
+                    let edge = out.entry(key).or_insert_with(|| EdgeRow {
+                        src_namespace: src_namespace.clone(),
+                        src: format!("{}/{src}", kind.name()),
+                        dst_namespace,
+                        dst,
+                        client_ids: Vec::new(),
+                        server_ids: Vec::new(),
+                        mtls: true,
+                        requests: 0.0,
+                        connections: 0.0,
+                    });
+                    if pod.meshed && !edge.client_ids.contains(&pod.short_identity()) {
+                        edge.client_ids.push(pod.short_identity());
+                    }
+                    let server = sample.label("server_id");
+                    if !server.is_empty() && !edge.server_ids.contains(&short(server)) {
+                        edge.server_ids.push(short(server));
+                    }
+                    edge.mtls &= sample.label("tls") == "true";
+                    if sample.name == "request_total" {
+                        edge.requests += sample.value;
+                    } else {
+                        edge.connections += sample.value;
+                    }
+                }
+            }
+        }
+    }
+    out.into_values()
+        .map(|mut e| {
+            e.client_ids.sort();
+            e.server_ids.sort();
+            e
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn buckets(pairs: &[(f64, f64)]) -> BTreeMap<u64, (f64, f64)> {
+        pairs.iter().map(|&(b, c)| (b.to_bits(), (b, c))).collect()
+    }
+
+    #[test]
+    fn quantiles_interpolate_within_buckets_like_prometheus() {
+        let b = buckets(&[(1.0, 0.0), (2.0, 50.0), (5.0, 90.0), (10.0, 100.0), (f64::INFINITY, 100.0)]);
+        assert_eq!(quantile(&b, 0.5), Some(2.0));
+        assert_eq!(quantile(&b, 0.25), Some(1.5));
+        assert!((quantile(&b, 0.95).unwrap() - 7.5).abs() < 1e-9);
+        let overflow = buckets(&[(10.0, 1.0), (f64::INFINITY, 10.0)]);
+        assert_eq!(quantile(&overflow, 0.99), Some(10.0), "the +Inf bucket answers its lower bound");
+        assert_eq!(quantile(&buckets(&[(1.0, 0.0)]), 0.5), None);
+    }
+
+    #[test]
+    fn a_counter_that_went_down_counts_from_zero() {
+        let s = |v: f64| Sample { name: "response_total".into(), labels: BTreeMap::new(), value: v };
+        let (before, after) = (vec![s(10.0)], vec![s(3.0)]);
+        assert_eq!(deltas(&before, &after).map(|(_, d)| d).collect::<Vec<_>>(), vec![3.0]);
+        let (before, after) = (vec![s(10.0)], vec![s(14.0)]);
+        assert_eq!(deltas(&before, &after).map(|(_, d)| d).collect::<Vec<_>>(), vec![4.0]);
+    }
+}

@@ -1,0 +1,213 @@
+//! The cluster as `stat` and `edges` see it: pods (their workloads, IP, service account, proxy)
+//! and Services (a ClusterIP stands for the pods it selects), so that a metric's `target_addr`
+//! can be traced back to the workload behind it.
+//!
+//! Layer: model (pure).
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use cnimesh_common::names::{OWNER_LABEL_PREFIX, PROXY_CONTAINER};
+use k8s_openapi::api::core::v1::{Pod, Service};
+
+use crate::inject::Workload;
+
+/// What `stat` and `edges` aggregate by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Kind {
+    Namespace,
+    Deployment,
+    StatefulSet,
+    DaemonSet,
+    ReplicaSet,
+    Job,
+    CronJob,
+    Pod,
+}
+
+impl Kind {
+    /// Lower case, as in the owner labels (`cnimesh.io/proxy-deployment`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Namespace => "namespace",
+            Kind::Deployment => "deployment",
+            Kind::StatefulSet => "statefulset",
+            Kind::DaemonSet => "daemonset",
+            Kind::ReplicaSet => "replicaset",
+            Kind::Job => "job",
+            Kind::CronJob => "cronjob",
+            Kind::Pod => "pod",
+        }
+    }
+}
+
+impl std::str::FromStr for Kind {
+    type Err = String;
+    /// kubectl's names, short names and plurals.
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s.to_ascii_lowercase().as_str() {
+            "ns" | "namespace" | "namespaces" => Kind::Namespace,
+            "deploy" | "deployment" | "deployments" => Kind::Deployment,
+            "sts" | "statefulset" | "statefulsets" => Kind::StatefulSet,
+            "ds" | "daemonset" | "daemonsets" => Kind::DaemonSet,
+            "rs" | "replicaset" | "replicasets" => Kind::ReplicaSet,
+            "job" | "jobs" => Kind::Job,
+            "cj" | "cronjob" | "cronjobs" => Kind::CronJob,
+            "po" | "pod" | "pods" => Kind::Pod,
+            other => {
+                return Err(format!(
+                    "unknown resource kind {other:?}: expected namespace, deployment, statefulset, daemonset, \
+                     replicaset, job, cronjob or pod (or their short names)"
+                ));
+            }
+        })
+    }
+}
+
+/// `<kind>[/<name>]`, e.g. `deploy/web` or `deployments`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resource {
+    pub kind: Kind,
+    pub name: Option<String>,
+}
+
+impl std::str::FromStr for Resource {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (kind, name) = match s.split_once('/') {
+            Some((_, "")) => return Err(format!("{s:?}: a name must follow the '/'")),
+            Some((kind, name)) => (kind, Some(name.to_string())),
+            None => (s, None),
+        };
+        Ok(Self { kind: kind.parse()?, name })
+    }
+}
+
+/// One pod, reduced to what the metrics are attributed by.
+#[derive(Debug, Clone)]
+pub struct PodView {
+    pub namespace: String,
+    pub name: String,
+    pub ip: Option<IpAddr>,
+    /// It runs `cnimesh-proxy` (and so has a `/metrics` to read).
+    pub meshed: bool,
+    pub service_account: String,
+    pub labels: BTreeMap<String, String>,
+    /// Its controller from the owner references (for pods injected before the owner labels).
+    pub owner: Option<Workload>,
+}
+
+impl PodView {
+    pub fn new(pod: &Pod) -> Self {
+        let meta = &pod.metadata;
+        let spec = pod.spec.as_ref();
+        let in_spec = |name: &str| {
+            spec.is_some_and(|s| s.containers.iter().chain(s.init_containers.iter().flatten()).any(|c| c.name == name))
+        };
+        Self {
+            namespace: meta.namespace.clone().unwrap_or_else(|| "default".into()),
+            name: meta.name.clone().unwrap_or_default(),
+            ip: pod.status.as_ref().and_then(|s| s.pod_ip.as_deref()).and_then(|ip| ip.parse().ok()),
+            meshed: in_spec(PROXY_CONTAINER),
+            service_account: spec.and_then(|s| s.service_account_name.clone()).unwrap_or_else(|| "default".into()),
+            labels: meta.labels.clone().unwrap_or_default(),
+            owner: Workload::of_pod(meta),
+        }
+    }
+
+    /// The name of the `kind` this pod belongs to: its owner label (what the injector wrote),
+    /// else its controller; the namespace or the pod itself for those kinds.
+    pub fn resource_name(&self, kind: Kind) -> Option<String> {
+        match kind {
+            Kind::Namespace => Some(self.namespace.clone()),
+            Kind::Pod => Some(self.name.clone()),
+            _ => self
+                .labels
+                .get(&format!("{OWNER_LABEL_PREFIX}{}", kind.name()))
+                .cloned()
+                .or_else(|| self.owner.as_ref().filter(|w| w.kind == kind.name()).map(|w| w.name.clone())),
+        }
+    }
+
+    /// `sa.ns`: the identity its proxy proves, without the trust domain's suffix.
+    pub fn short_identity(&self) -> String {
+        format!("{}.{}", self.service_account, self.namespace)
+    }
+}
+
+/// A Service's ClusterIPs and selector.
+#[derive(Debug, Clone)]
+pub struct ServiceView {
+    pub namespace: String,
+    pub name: String,
+    pub cluster_ips: Vec<IpAddr>,
+    pub selector: BTreeMap<String, String>,
+}
+
+impl ServiceView {
+    pub fn new(service: &Service) -> Self {
+        let spec = service.spec.as_ref();
+        let ips = spec.and_then(|s| s.cluster_ips.clone().or_else(|| s.cluster_ip.clone().map(|ip| vec![ip])));
+        Self {
+            namespace: service.metadata.namespace.clone().unwrap_or_else(|| "default".into()),
+            name: service.metadata.name.clone().unwrap_or_default(),
+            cluster_ips: ips.into_iter().flatten().filter_map(|ip| ip.parse().ok()).collect(),
+            selector: spec.and_then(|s| s.selector.clone()).unwrap_or_default(),
+        }
+    }
+
+    fn selects(&self, pod: &PodView) -> bool {
+        !self.selector.is_empty()
+            && pod.namespace == self.namespace
+            && self.selector.iter().all(|(k, v)| pod.labels.get(k) == Some(v))
+    }
+}
+
+/// Pods and Services of the namespaces looked at.
+#[derive(Debug, Clone, Default)]
+pub struct Mesh {
+    pub pods: Vec<PodView>,
+    pub services: Vec<ServiceView>,
+}
+
+impl Mesh {
+    pub fn new(pods: &[Pod], services: &[Service]) -> Self {
+        let mut pods: Vec<PodView> = pods.iter().map(PodView::new).collect();
+        pods.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+        Self { pods, services: services.iter().map(ServiceView::new).collect() }
+    }
+
+    /// The pods an address reaches: the pod with that IP, or those its Service selects.
+    pub fn pods_at(&self, ip: IpAddr) -> Vec<&PodView> {
+        let direct: Vec<&PodView> = self.pods.iter().filter(|p| p.ip == Some(ip)).collect();
+        if !direct.is_empty() {
+            return direct;
+        }
+        self.services
+            .iter()
+            .filter(|s| s.cluster_ips.contains(&ip))
+            .flat_map(|s| self.pods.iter().filter(move |p| s.selects(p)))
+            .collect()
+    }
+}
+
+/// The IP of a `target_addr` label (`10.0.0.1:80`, `[fd00::1]:80`).
+pub fn target_ip(target_addr: &str) -> Option<IpAddr> {
+    target_addr.parse::<std::net::SocketAddr>().map(|a| a.ip()).ok().or_else(|| target_addr.parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resources_parse_with_kubectls_names_and_mistakes_are_named() {
+        let r: Resource = "deploy/web".parse().unwrap();
+        assert_eq!((r.kind, r.name.as_deref()), (Kind::Deployment, Some("web")));
+        assert_eq!("sts".parse::<Resource>().unwrap().kind, Kind::StatefulSet);
+        assert!("widgets/x".parse::<Resource>().unwrap_err().contains("unknown resource kind \"widgets\""));
+        assert!("deploy/".parse::<Resource>().unwrap_err().contains("a name must follow"));
+        assert_eq!(target_ip("10.0.0.1:80"), Some("10.0.0.1".parse().unwrap()));
+        assert_eq!(target_ip("[fd00::1]:80"), Some("fd00::1".parse().unwrap()));
+    }
+}

@@ -1,0 +1,378 @@
+//! `cnimesh stat` and `cnimesh edges`: golden metrics per workload and who talks to whom, from
+//! the proxies' own `/metrics` (no Prometheus needed), like `linkerd viz stat` / `edges`.
+//!
+//! Where things are read from:
+//! - the pods and Services: the cluster (kubeconfig), or local mode's cluster directory
+//!   (`--local DIR`, the files `cnimesh-node local up --dir DIR` writes for its control plane);
+//! - the metrics: each meshed pod's proxy admin port, through the API server's pod proxy
+//!   subresource in a cluster, directly at the pod's IP in local mode (the host is the bridge's
+//!   gateway); or, with `--prometheus URL`, the same series from Prometheus (labelled `namespace`
+//!   and `pod` by the scrape config in `daemonset/observability/`).
+//!
+//! Rates come from two readings a window apart; `-w` keeps reading, each window starting where
+//! the last ended. [`mesh`] and [`compute`] are pure, [`render`] prints.
+//!
+//! Layer: runtime (operator CLI).
+
+pub mod compute;
+pub mod mesh;
+pub mod render;
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use cnimesh_common::names::PROXY_ADMIN_PORT;
+use cnimesh_common::prom_text::{Sample, samples};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Pod, Service};
+use kube::api::ListParams;
+
+use self::compute::{Query, Scrapes, pod_key};
+use self::mesh::{Mesh, PodView, Resource};
+use self::render::Output;
+use super::ClusterArgs;
+use super::pod_proxy::{CONCURRENCY, POD_PROXY_TIMEOUT, kube_error, pod_proxy_get};
+
+/// Which namespaces, and where the pods and metrics come from.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Scope {
+    /// The namespace [default: `default`; with --local, every namespace].
+    #[arg(short = 'n', long)]
+    pub namespace: Option<String>,
+    /// Every namespace.
+    #[arg(short = 'A', long, conflicts_with = "namespace")]
+    pub all_namespaces: bool,
+    /// Local mode's directory (`cnimesh-node local up --dir DIR`): its pods, and their proxies
+    /// read directly, instead of a cluster.
+    #[arg(long, value_name = "DIR")]
+    pub local: Option<PathBuf>,
+    /// Read the proxies' series from this Prometheus (`http://host:9090`) instead of the proxies.
+    #[arg(long, value_name = "URL")]
+    pub prometheus: Option<String>,
+    #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
+    pub output: Output,
+}
+
+impl Scope {
+    fn namespace(&self) -> Option<String> {
+        match (&self.namespace, self.all_namespaces, &self.local) {
+            (Some(ns), _, _) => Some(ns.clone()),
+            (None, true, _) | (None, false, Some(_)) => None,
+            (None, false, None) => Some("default".into()),
+        }
+    }
+}
+
+#[derive(Debug, clap::Args)]
+pub struct StatArgs {
+    /// `<kind>[/<name>]`: namespace, deployment, statefulset, daemonset, replicaset, job, cronjob
+    /// or pod (kubectl's short names too: ns, deploy, sts, ds, rs, cj, po).
+    pub resource: Resource,
+    #[command(flatten)]
+    pub scope: Scope,
+    /// Count only what this resource (`kind[/name]`) sent to the selected ones.
+    #[arg(long, value_name = "RESOURCE", conflicts_with = "to")]
+    pub from: Option<Resource>,
+    /// The namespace of --from [default: the one shown].
+    #[arg(long, value_name = "NS")]
+    pub from_namespace: Option<String>,
+    /// Count only what the selected resources sent to this one (`kind[/name]`).
+    #[arg(long, value_name = "RESOURCE")]
+    pub to: Option<Resource>,
+    /// The namespace of --to [default: the one shown].
+    #[arg(long, value_name = "NS")]
+    pub to_namespace: Option<String>,
+    /// How long a window the rates are computed over (two readings this far apart).
+    #[arg(short = 't', long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub window: Duration,
+    /// Keep printing, one window after another.
+    #[arg(short = 'w', long)]
+    pub watch: bool,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct EdgesArgs {
+    /// `<kind>[/<name>]`: the sources whose edges are shown.
+    pub resource: Resource,
+    #[command(flatten)]
+    pub scope: Scope,
+}
+
+/// Where the metrics are read from.
+enum Metrics {
+    Cluster(kube::Client),
+    Local,
+    Prometheus(String),
+}
+
+struct Sources {
+    client: Option<kube::Client>,
+    local: Option<PathBuf>,
+    metrics: Metrics,
+}
+
+impl Sources {
+    async fn new(cluster: &ClusterArgs, scope: &Scope) -> anyhow::Result<Self> {
+        let client = match &scope.local {
+            Some(_) => None,
+            None => Some(cluster.client().await?),
+        };
+        Ok(Self::with_client(client, scope))
+    }
+
+    /// `client` for the cluster (`None` with `--local`).
+    fn with_client(client: Option<kube::Client>, scope: &Scope) -> Self {
+        let metrics = match (&scope.prometheus, &client) {
+            (Some(url), _) => Metrics::Prometheus(url.trim_end_matches('/').to_string()),
+            (None, Some(client)) => Metrics::Cluster(client.clone()),
+            (None, None) => Metrics::Local,
+        };
+        Self { client, local: scope.local.clone(), metrics }
+    }
+
+    /// The pods and Services of `namespaces` (`None`: all).
+    async fn mesh(&self, namespaces: Option<&[String]>) -> anyhow::Result<Mesh> {
+        let keep = |ns: Option<&String>| namespaces.is_none_or(|list| ns.is_some_and(|ns| list.contains(ns)));
+        let (pods, services) = match (&self.client, &self.local) {
+            (_, Some(dir)) => {
+                let (pods, services) = crate::sources::pods_and_services_in(&dir.join("cluster"));
+                anyhow::ensure!(
+                    !pods.is_empty(),
+                    "no pods under {}: is local mode up there (`cnimesh-node local up --dir {0}`)?",
+                    dir.join("cluster").display()
+                );
+                (pods, services)
+            }
+            (Some(client), None) => {
+                let pods: kube::Api<Pod> = kube::Api::all(client.clone());
+                let services: kube::Api<Service> = kube::Api::all(client.clone());
+                let params = ListParams::default();
+                let pods = pods.list(&params).await.map_err(|e| anyhow::anyhow!("listing pods: {}", kube_error(&e)))?;
+                let services = services
+                    .list(&params)
+                    .await
+                    .map_err(|e| anyhow::anyhow!("listing services: {}", kube_error(&e)))?;
+                (pods.items, services.items)
+            }
+            (None, None) => anyhow::bail!("neither a cluster nor --local"),
+        };
+        let pods: Vec<Pod> = pods.into_iter().filter(|p| keep(p.metadata.namespace.as_ref())).collect();
+        let services: Vec<Service> = services.into_iter().filter(|s| keep(s.metadata.namespace.as_ref())).collect();
+        Ok(Mesh::new(&pods, &services))
+    }
+
+    /// One reading of every meshed pod's metrics (at `at` for Prometheus).
+    async fn read(&self, pods: &[&PodView], at: SystemTime) -> BTreeMap<String, Result<Vec<Sample>, String>> {
+        if let Metrics::Prometheus(url) = &self.metrics {
+            return match prometheus_query(url, at).await {
+                Ok(by_pod) => pods
+                    .iter()
+                    .map(|p| (pod_key(p), Ok(by_pod.get(&pod_key(p)).cloned().unwrap_or_default())))
+                    .collect(),
+                Err(e) => pods.iter().map(|p| (pod_key(p), Err(e.clone()))).collect(),
+            };
+        }
+        futures::stream::iter(pods.iter().map(|p| async move {
+            let text = match &self.metrics {
+                Metrics::Cluster(client) => {
+                    pod_proxy_get(client, &p.namespace, &p.name, PROXY_ADMIN_PORT, "metrics").await
+                }
+                _ => match p.ip {
+                    Some(ip) => http_get(SocketAddr::new(ip, PROXY_ADMIN_PORT), "/metrics").await,
+                    None => Err("the pod has no IP yet".into()),
+                },
+            };
+            (pod_key(p), text.map(|t| samples(&t)))
+        }))
+        .buffered(CONCURRENCY)
+        .collect()
+        .await
+    }
+}
+
+/// Every namespace a query touches (`None`: all of them).
+fn namespaces(scope: &Scope, extra: &[Option<String>]) -> Option<Vec<String>> {
+    let mut list = vec![scope.namespace()?];
+    list.extend(extra.iter().flatten().cloned());
+    list.sort();
+    list.dedup();
+    Some(list)
+}
+
+fn meshed(mesh: &Mesh) -> Vec<&PodView> {
+    mesh.pods.iter().filter(|p| p.meshed).collect()
+}
+
+fn join(
+    before: BTreeMap<String, Result<Vec<Sample>, String>>,
+    after: &BTreeMap<String, Result<Vec<Sample>, String>>,
+) -> Scrapes {
+    after
+        .iter()
+        .map(|(key, now)| {
+            let then = before.get(key).cloned().unwrap_or_else(|| Ok(Vec::new()));
+            (key.clone(), then.and_then(|then| now.clone().map(|now| (then, now))))
+        })
+        .collect()
+}
+
+pub async fn stat_main(cluster: &ClusterArgs, args: StatArgs, out: &mut impl Write) -> anyhow::Result<()> {
+    let sources = Sources::new(cluster, &args.scope).await?;
+    stat(&sources, &args, out).await
+}
+
+async fn stat(sources: &Sources, args: &StatArgs, out: &mut impl Write) -> anyhow::Result<()> {
+    let scope = &args.scope;
+    let shown = scope.namespace();
+    let from_ns = args.from_namespace.clone().or_else(|| shown.clone()).unwrap_or_else(|| "default".into());
+    let to_ns = args.to_namespace.clone().or_else(|| shown.clone()).unwrap_or_else(|| "default".into());
+    let query = Query {
+        resource: args.resource.clone(),
+        namespace: shown.clone(),
+        from: args.from.clone().map(|r| (r, from_ns.clone())),
+        to: args.to.clone().map(|r| (r, to_ns.clone())),
+        window: args.window,
+    };
+    let extra = [args.from.as_ref().map(|_| from_ns), args.to.as_ref().map(|_| to_ns)];
+    let wanted = namespaces(scope, &extra);
+    let mut mesh = sources.mesh(wanted.as_deref()).await?;
+    let prometheus = matches!(sources.metrics, Metrics::Prometheus(_));
+    let mut before = if prometheus { BTreeMap::new() } else { sources.read(&meshed(&mesh), SystemTime::now()).await };
+    loop {
+        let now = if prometheus {
+            before = sources.read(&meshed(&mesh), SystemTime::now() - args.window).await;
+            SystemTime::now()
+        } else {
+            tokio::time::sleep(args.window).await;
+            SystemTime::now()
+        };
+        let after = sources.read(&meshed(&mesh), now).await;
+        let scrapes = join(std::mem::take(&mut before), &after);
+        let rows = compute::stat(&mesh, &scrapes, &query);
+        if args.watch && args.scope.output != Output::Json {
+            writeln!(out, "{}", humantime::format_rfc3339_seconds(now))?;
+        }
+        out.write_all(render::stat(&rows, scope.output, shown.is_none()).as_bytes())?;
+        out.flush()?;
+        if !args.watch {
+            return Ok(());
+        }
+        writeln!(out)?;
+        if prometheus {
+            tokio::time::sleep(args.window).await;
+        }
+        // Pods come and go between windows.
+        mesh = sources.mesh(wanted.as_deref()).await?;
+        before = after;
+    }
+}
+
+pub async fn edges_main(cluster: &ClusterArgs, args: EdgesArgs, out: &mut impl Write) -> anyhow::Result<()> {
+    let sources = Sources::new(cluster, &args.scope).await?;
+    edges(&sources, &args, out).await
+}
+
+async fn edges(sources: &Sources, args: &EdgesArgs, out: &mut impl Write) -> anyhow::Result<()> {
+    let scope = &args.scope;
+    let query = Query {
+        resource: args.resource.clone(),
+        namespace: scope.namespace(),
+        from: None,
+        to: None,
+        window: Duration::ZERO,
+    };
+    // Destinations may live in any namespace.
+    let mesh = sources.mesh(None).await?;
+    let after = sources.read(&meshed(&mesh), SystemTime::now()).await;
+    let scrapes = join(BTreeMap::new(), &after);
+    out.write_all(render::edges(&compute::edges(&mesh, &scrapes, &query), scope.output).as_bytes())?;
+    Ok(())
+}
+
+/// GET `path` over plain HTTP/1.1 (a proxy's admin port, Prometheus): the body, or why not.
+async fn http_get(addr: SocketAddr, path: &str) -> Result<String, String> {
+    let fetch = async {
+        let stream = tokio::net::TcpStream::connect(addr).await.map_err(|e| format!("connecting to {addr}: {e}"))?;
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .map_err(|e| format!("{addr}: {e}"))?;
+        tokio::spawn(conn);
+        let request = http::Request::get(path)
+            .header(http::header::HOST, addr.to_string())
+            .body(http_body_util::Empty::<bytes::Bytes>::new())
+            .map_err(|e| e.to_string())?;
+        let response = sender.send_request(request).await.map_err(|e| format!("{addr}{path}: {e}"))?;
+        let status = response.status();
+        let body = http_body_util::BodyExt::collect(response.into_body())
+            .await
+            .map_err(|e| format!("{addr}{path}: {e}"))?
+            .to_bytes();
+        let body = String::from_utf8_lossy(&body).into_owned();
+        if !status.is_success() {
+            return Err(format!("{addr}{path}: HTTP {status}: {}", body.trim()));
+        }
+        Ok(body)
+    };
+    tokio::time::timeout(POD_PROXY_TIMEOUT, fetch)
+        .await
+        .unwrap_or_else(|_| Err(format!("{addr}{path}: no answer within {}s", POD_PROXY_TIMEOUT.as_secs())))
+}
+
+/// The series `stat` reads, as one PromQL selector.
+const SERIES: &str =
+    r#"{__name__=~"response_total|response_latency_ms_bucket|request_total|tcp_open_total|tcp_open_connections"}"#;
+
+/// Percent-encoding for a URL query value (RFC 3986 unreserved characters kept).
+fn encode_query(value: &str) -> String {
+    value
+        .bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// The proxies' series in Prometheus at `at`, by pod (`namespace/pod` labels, as the scrape
+/// config in `daemonset/observability/` sets them).
+async fn prometheus_query(url: &str, at: SystemTime) -> Result<BTreeMap<String, Vec<Sample>>, String> {
+    let rest = url.strip_prefix("http://").ok_or_else(|| format!("{url}: only http:// URLs are supported"))?;
+    let (authority, base) = rest.split_once('/').map_or((rest, String::new()), |(a, b)| (a, format!("/{b}")));
+    let addr = tokio::net::lookup_host(authority)
+        .await
+        .map_err(|e| format!("resolving {authority}: {e}"))?
+        .next()
+        .ok_or_else(|| format!("{authority} resolves to nothing"))?;
+    let time = at.duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
+    let path = format!("{base}/api/v1/query?query={}&time={time:.3}", encode_query(SERIES));
+    let body = http_get(addr, &path).await?;
+    parse_prometheus(&body)
+}
+
+/// A Prometheus `/api/v1/query` answer (an instant vector) as samples by pod.
+fn parse_prometheus(body: &str) -> Result<BTreeMap<String, Vec<Sample>>, String> {
+    let answer: serde_json::Value = serde_json::from_str(body).map_err(|e| format!("not a Prometheus answer: {e}"))?;
+    if answer["status"] != "success" {
+        return Err(format!("Prometheus: {}", answer["error"].as_str().unwrap_or("query failed")));
+    }
+    let mut by_pod: BTreeMap<String, Vec<Sample>> = BTreeMap::new();
+    for series in answer["data"]["result"].as_array().into_iter().flatten() {
+        let Some(metric) = series["metric"].as_object() else { continue };
+        let mut labels: BTreeMap<String, String> =
+            metric.iter().filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string()))).collect();
+        let (Some(name), Some(namespace), Some(pod)) =
+            (labels.remove("__name__"), labels.remove("namespace"), labels.remove("pod"))
+        else {
+            continue;
+        };
+        let Some(value) = series["value"][1].as_str().and_then(|v| v.parse().ok()) else { continue };
+        by_pod.entry(format!("{namespace}/{pod}")).or_default().push(Sample { name, labels, value });
+    }
+    Ok(by_pod)
+}
+
+#[cfg(test)]
+mod tests;

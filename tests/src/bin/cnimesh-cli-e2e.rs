@@ -1,0 +1,6 @@
+//! `cnimesh` (the operator's command), built inside this package so tests always run a binary
+//! from the current sources (`CARGO_BIN_EXE_cnimesh-cli-e2e`). Same entry point as the real one.
+
+fn main() -> std::process::ExitCode {
+    cnimesh_control::operator::main()
+}
