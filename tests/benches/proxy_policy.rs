@@ -12,14 +12,13 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use cnimesh_e2e::apps::{self, Apps};
-use cnimesh_e2e::bench::{RATE_CLIENTS, RATE_PER_CLIENT, fixed_rate, median, unlimited};
+use cnimesh_e2e::bench::{Row, interleaved_rounds, print_comparison, rounds};
 use cnimesh_e2e::control::{Control, env_refs, identity};
 use cnimesh_e2e::sidecar::Sidecar;
-use cnimesh_e2e::{Netns, Network, Pod, bins, require_root};
+use cnimesh_e2e::{Network, Pod, bins, require_root};
 use serde_json::json;
 
 const POLICIES: usize = 10;
-const H1_MAX_REQUESTS: &str = "60000";
 
 /// The server pod, its Server, and [`POLICIES`] AuthorizationPolicies; the last admits `client`.
 fn cluster_yaml(server: &Pod<'_>, client_sa: &str) -> String {
@@ -81,26 +80,11 @@ fn pair<'n>(control: &Control, proxy: &Path, client: Pod<'n>, server: Pod<'n>, p
     Pair { client, server, _apps: apps, client_proxy, server_proxy }
 }
 
-#[derive(Clone, Copy, Default)]
-struct Sample {
-    p50: f64,
-    p99: f64,
-    cpu_per_1000: f64,
-    h1_max: f64,
-    h1_cpu_per_1000: f64,
-}
-
-fn measure(netns: &Netns, url: &str, pids: &[u32]) -> Sample {
-    let (p50, p99, cpu_per_1000) = fixed_rate(netns, url, pids);
-    let (h1_max, h1_cpu_per_1000) = unlimited(netns, &["--h1", "-c", "32", "-n", H1_MAX_REQUESTS, url], pids);
-    Sample { p50, p99, cpu_per_1000, h1_max, h1_cpu_per_1000 }
-}
-
 fn main() {
     if !require_root("proxy policy benchmark") {
         return;
     }
-    let rounds: usize = std::env::var("CNIMESH_BENCH_ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(3);
+    let rounds = rounds();
     let bins = bins!();
     let net = Network::bridge(&bins, json!({})).unwrap();
     let cluster = tempfile::tempdir().unwrap();
@@ -128,45 +112,13 @@ fn main() {
         std::thread::sleep(Duration::from_millis(100));
     }
 
-    let rows = [("mTLS pair, no policy", &without), ("mTLS pair, 10 AuthorizationPolicies", &with)];
-    let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); rows.len()];
-    for round in 0..rounds {
-        for (i, (name, p)) in rows.iter().enumerate() {
-            let s = measure(&p.client.netns, &p.url(), &p.pids());
-            eprintln!(
-                "round {round} {name}: p50 {:.3} p99 {:.3} cpu/1000 {:.1} h1 {:.0} ({:.1})",
-                s.p50, s.p99, s.cpu_per_1000, s.h1_max, s.h1_cpu_per_1000
-            );
-            samples[i].push(s);
-        }
-    }
-    let med = |i: usize, f: fn(&Sample) -> f64| median(samples[i].iter().map(f).collect());
+    let rows: Vec<Row<'_>> = [("mTLS pair, no policy", &without), ("mTLS pair, 10 AuthorizationPolicies", &with)]
+        .into_iter()
+        .map(|(name, p)| Row { name, netns: &p.client.netns, url: p.url(), pids: p.pids().to_vec() })
+        .collect();
+    let samples = interleaved_rounds(&rows, rounds);
     let denied = with.server_proxy.metric("inbound_http_authz_deny_total");
     assert_eq!(denied, 0.0, "the benchmark's requests are all authorized");
 
-    println!(
-        "\n## Inbound authorization cost: HTTP/1.1 at {} rps, then unlimited (32 connections); medians of {rounds} rounds\n",
-        RATE_CLIENTS * RATE_PER_CLIENT
-    );
-    println!("CPU is both proxies' utime+stime, ms per 1000 requests.\n");
-    println!("| row | p50 ms | p99 ms | CPU/1000 at 1000 rps | h1 max rps | CPU/1000 at max |");
-    println!("|---|---|---|---|---|---|");
-    for (i, (name, _)) in rows.iter().enumerate() {
-        println!(
-            "| {name} | {:.3} | {:.3} | {:.1} | {:.0} | {:.1} |",
-            med(i, |s| s.p50),
-            med(i, |s| s.p99),
-            med(i, |s| s.cpu_per_1000),
-            med(i, |s| s.h1_max),
-            med(i, |s| s.h1_cpu_per_1000)
-        );
-    }
-    let pct = |f: fn(&Sample) -> f64| (med(1, f) / med(0, f) - 1.0) * 100.0;
-    println!(
-        "\nadded by policy: p50 {:+.3} ms, p99 {:+.3} ms; CPU {:+.1} % at 1000 rps, {:+.1} % at max (target < 3 %)",
-        med(1, |s| s.p50) - med(0, |s| s.p50),
-        med(1, |s| s.p99) - med(0, |s| s.p99),
-        pct(|s| s.cpu_per_1000),
-        pct(|s| s.h1_cpu_per_1000)
-    );
+    print_comparison("Inbound authorization cost", &rows, &samples, "policy", 3.0);
 }

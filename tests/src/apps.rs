@@ -56,7 +56,20 @@ fn grpc_echo(body: Incoming, status: &'static str) -> Body {
     StreamBody::new(frames).boxed_unsync()
 }
 
-async fn app(mut req: Request<Incoming>, name: Arc<str>) -> Result<Response<Body>, Infallible> {
+/// Whether the `n`th request to `/flaky` (from 0) fails: 3 in every 10, never two in a row, so
+/// requests sent one at a time each succeed on their first retry.
+pub fn flaky_fails(n: usize) -> bool {
+    matches!(n % 10, 0 | 3 | 6)
+}
+
+/// One app's identity and the count of `/flaky` requests it has answered.
+struct AppState {
+    name: Arc<str>,
+    flaky: AtomicUsize,
+}
+
+async fn app(mut req: Request<Incoming>, state: Arc<AppState>) -> Result<Response<Body>, Infallible> {
+    let name = &state.name;
     let path = req.uri().path().to_string();
     let response = match path.as_str() {
         "/hello" => {
@@ -89,6 +102,26 @@ async fn app(mut req: Request<Incoming>, name: Arc<str>) -> Result<Response<Body
         "/slow" => {
             tokio::time::sleep(Duration::from_millis(1500)).await;
             Response::new(full("slow done"))
+        }
+        // A backend failing 30 % of requests (500); the body is read first, as a real app does.
+        "/flaky" => {
+            let _ = req.into_body().collect().await;
+            let failed = flaky_fails(state.flaky.fetch_add(1, Ordering::SeqCst));
+            let mut r = Response::new(full(if failed { "flaky failure" } else { "flaky ok" }));
+            if failed {
+                *r.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
+            }
+            r
+        }
+        // A gRPC method of the `test.Echo` service: the message echoed, `grpc-status: 0`, and
+        // which replica answered in `x-replica`.
+        p if p.starts_with("/test.Echo/") => {
+            let mut r = Response::new(grpc_echo(req.into_body(), "0"));
+            r.headers_mut().insert("content-type", "application/grpc".parse().unwrap());
+            if let Ok(replica) = name.parse() {
+                r.headers_mut().insert("x-replica", replica);
+            }
+            r
         }
         "/status/503" => {
             let mut r = Response::new(full("unavailable"));
@@ -125,14 +158,15 @@ async fn app(mut req: Request<Incoming>, name: Arc<str>) -> Result<Response<Body
 }
 
 async fn serve_http(listener: TcpListener, name: Arc<str>, accepted: Arc<AtomicUsize>) {
+    let state = Arc::new(AppState { name, flaky: AtomicUsize::new(0) });
     loop {
         let Ok((stream, _)) = listener.accept().await else { continue };
         // Like most servers (Go's net/http, nginx): no Nagle delay on small responses.
         let _ = stream.set_nodelay(true);
         accepted.fetch_add(1, Ordering::SeqCst);
-        let name = name.clone();
+        let state = state.clone();
         tokio::spawn(async move {
-            let service = service_fn(move |req| app(req, name.clone()));
+            let service = service_fn(move |req| app(req, state.clone()));
             let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
                 .serve_connection_with_upgrades(TokioIo::new(stream), service)
                 .await;

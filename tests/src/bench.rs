@@ -193,3 +193,86 @@ pub fn unlimited(netns: &Netns, args: &[&str], pids: &[u32]) -> (f64, f64) {
         line.split(", ").nth(1).and_then(|s| s.split_whitespace().next()).and_then(|v| v.parse().ok()).expect("req/s");
     (rps, spent / total_requests(&out).max(1.0) * 1e6)
 }
+
+/// Requests of the unlimited HTTP/1.1 run of [`measure_pair`].
+pub const H1_MAX_REQUESTS: &str = "60000";
+
+/// One round's measurements of a proxy pair.
+#[derive(Clone, Copy, Default)]
+pub struct PairSample {
+    pub p50: f64,
+    pub p99: f64,
+    pub cpu_per_1000: f64,
+    pub h1_max: f64,
+    pub h1_cpu_per_1000: f64,
+}
+
+/// [`fixed_rate`], then [`unlimited`] HTTP/1.1 over 32 connections, of `url` from `netns`.
+pub fn measure_pair(netns: &Netns, url: &str, pids: &[u32]) -> PairSample {
+    let (p50, p99, cpu_per_1000) = fixed_rate(netns, url, pids);
+    let (h1_max, h1_cpu_per_1000) = unlimited(netns, &["--h1", "-c", "32", "-n", H1_MAX_REQUESTS, url], pids);
+    PairSample { p50, p99, cpu_per_1000, h1_max, h1_cpu_per_1000 }
+}
+
+/// A row of a comparison: its name, where its client runs, the URL, the proxies' PIDs.
+pub struct Row<'a> {
+    pub name: &'a str,
+    pub netns: &'a Netns,
+    pub url: String,
+    pub pids: Vec<u32>,
+}
+
+/// `rounds` rounds of [`measure_pair`] over `rows`, interleaved so that noise on the machine
+/// falls on every row alike; each row's samples.
+pub fn interleaved_rounds(rows: &[Row<'_>], rounds: usize) -> Vec<Vec<PairSample>> {
+    let mut samples = vec![Vec::new(); rows.len()];
+    for round in 0..rounds {
+        for (row, out) in rows.iter().zip(&mut samples) {
+            let s = measure_pair(row.netns, &row.url, &row.pids);
+            eprintln!(
+                "round {round} {}: p50 {:.3} p99 {:.3} cpu/1000 {:.1} h1 {:.0} ({:.1})",
+                row.name, s.p50, s.p99, s.cpu_per_1000, s.h1_max, s.h1_cpu_per_1000
+            );
+            out.push(s);
+        }
+    }
+    samples
+}
+
+/// Prints the medians of each row as a Markdown table under `title`, then what the second row
+/// adds to the first (`what`: the feature measured) against a CPU target in percent.
+pub fn print_comparison(title: &str, rows: &[Row<'_>], samples: &[Vec<PairSample>], what: &str, target: f64) {
+    let rounds = samples.first().map_or(0, Vec::len);
+    let med = |i: usize, f: fn(&PairSample) -> f64| median(samples[i].iter().map(f).collect());
+    println!(
+        "\n## {title}: HTTP/1.1 at {} rps, then unlimited (32 connections); medians of {rounds} rounds\n",
+        RATE_CLIENTS * RATE_PER_CLIENT
+    );
+    println!("CPU is both proxies' utime+stime, ms per 1000 requests.\n");
+    println!("| row | p50 ms | p99 ms | CPU/1000 at 1000 rps | h1 max rps | CPU/1000 at max |");
+    println!("|---|---|---|---|---|---|");
+    for (i, row) in rows.iter().enumerate() {
+        println!(
+            "| {} | {:.3} | {:.3} | {:.1} | {:.0} | {:.1} |",
+            row.name,
+            med(i, |s| s.p50),
+            med(i, |s| s.p99),
+            med(i, |s| s.cpu_per_1000),
+            med(i, |s| s.h1_max),
+            med(i, |s| s.h1_cpu_per_1000)
+        );
+    }
+    let pct = |f: fn(&PairSample) -> f64| (med(1, f) / med(0, f) - 1.0) * 100.0;
+    println!(
+        "\nadded by {what}: p50 {:+.3} ms, p99 {:+.3} ms; CPU {:+.1} % at 1000 rps, {:+.1} % at max (target < {target} %)",
+        med(1, |s| s.p50) - med(0, |s| s.p50),
+        med(1, |s| s.p99) - med(0, |s| s.p99),
+        pct(|s| s.cpu_per_1000),
+        pct(|s| s.h1_cpu_per_1000)
+    );
+}
+
+/// Rounds per row: `CNIMESH_BENCH_ROUNDS`, 3 by default.
+pub fn rounds() -> usize {
+    std::env::var("CNIMESH_BENCH_ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(3)
+}

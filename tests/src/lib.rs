@@ -16,6 +16,7 @@ pub mod kube_mock;
 pub mod manifest_check;
 pub mod mesh;
 pub mod netns;
+pub mod objects;
 pub mod pod;
 pub mod probe;
 pub mod sidecar;

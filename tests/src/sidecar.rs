@@ -15,8 +15,27 @@ pub struct Sidecar {
     netns: std::path::PathBuf,
 }
 
-/// One HTTP/1.1 request over a fresh connection inside `netns`; returns (status, body).
-pub fn http_in(netns: &Path, addr: &str, method: &str, path: &str, body: &str) -> anyhow::Result<(u16, String)> {
+/// An HTTP/1.1 response as received.
+#[derive(Debug, Default)]
+pub struct Reply {
+    pub status: u16,
+    /// The status line and headers, as sent.
+    pub head: String,
+    pub body: String,
+}
+
+impl Reply {
+    /// The value of header `name` (case-insensitive), if present.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.head.lines().skip(1).find_map(|l| {
+            let (n, v) = l.split_once(':')?;
+            n.trim().eq_ignore_ascii_case(name).then(|| v.trim())
+        })
+    }
+}
+
+/// One HTTP/1.1 request over a fresh connection inside `netns`; returns the whole response.
+pub fn http_reply_in(netns: &Path, addr: &str, method: &str, path: &str, body: &str) -> anyhow::Result<Reply> {
     let request = format!(
         "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
@@ -29,9 +48,48 @@ pub fn http_in(netns: &Path, addr: &str, method: &str, path: &str, body: &str) -
         let mut response = String::new();
         s.read_to_string(&mut response)?;
         let status = response.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-        let body = response.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
-        anyhow::Ok((status, body))
+        let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+        anyhow::Ok(Reply { status, head: head.to_string(), body: body.to_string() })
     })?
+}
+
+/// A gRPC call's answer: HTTP status, response headers and trailers.
+pub type GrpcReply = (u16, http::HeaderMap, http::HeaderMap);
+
+/// One gRPC call (HTTP/2 with prior knowledge, `application/grpc`, one empty message) to `path`
+/// (`/package.Service/Method`) over a fresh connection inside `netns`.
+pub fn grpc_in(netns: &Path, addr: &str, path: &str) -> anyhow::Result<GrpcReply> {
+    let (addr, uri) = (addr.to_string(), format!("http://{addr}{path}"));
+    cnimesh_cni::netns::run_in(netns, move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        rt.block_on(async {
+            let tcp = tokio::net::TcpStream::connect(&addr).await?;
+            let (mut sender, conn) = hyper::client::conn::http2::handshake(
+                hyper_util::rt::TokioExecutor::new(),
+                hyper_util::rt::TokioIo::new(tcp),
+            )
+            .await?;
+            tokio::spawn(conn);
+            let req = http::Request::post(uri)
+                .version(http::Version::HTTP_2)
+                .header("content-type", "application/grpc")
+                .header("te", "trailers")
+                .body(http_body_util::Full::new(bytes::Bytes::from_static(&[0, 0, 0, 0, 0])))?;
+            let call = async {
+                let response = sender.send_request(req).await?;
+                let (parts, body) = response.into_parts();
+                let collected = http_body_util::BodyExt::collect(body).await?;
+                let trailers = collected.trailers().cloned().unwrap_or_default();
+                anyhow::Ok((parts.status.as_u16(), parts.headers, trailers))
+            };
+            tokio::time::timeout(Duration::from_secs(10), call).await?
+        })
+    })?
+}
+
+/// One HTTP/1.1 request over a fresh connection inside `netns`; returns (status, body).
+pub fn http_in(netns: &Path, addr: &str, method: &str, path: &str, body: &str) -> anyhow::Result<(u16, String)> {
+    http_reply_in(netns, addr, method, path, body).map(|r| (r.status, r.body))
 }
 
 impl Sidecar {
@@ -142,4 +200,14 @@ impl Drop for Sidecar {
 /// Sums the samples of a Prometheus text exposition whose line starts with `prefix`.
 pub fn metric_sum(text: &str, prefix: &str) -> f64 {
     text.lines().filter(|l| l.starts_with(prefix)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum()
+}
+
+/// Sums the samples of metric `name` whose labels include every one of `labels` (each written
+/// `key="value"`), whatever its other labels.
+pub fn metric_with(text: &str, name: &str, labels: &[&str]) -> f64 {
+    let prefix = format!("{name}{{");
+    text.lines()
+        .filter(|l| l.starts_with(&prefix) && labels.iter().all(|label| l.contains(label)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
 }

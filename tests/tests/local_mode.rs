@@ -1,7 +1,7 @@
 //! Local mode end to end: `cnimesh-node local up` builds the demo mesh on this host (pods as
 //! network namespaces through the real CNI chain, the node agent, the control plane, proxies) and
 //! sends traffic; its JSON summary must show mTLS where both sides are meshed, plaintext to the
-//! pod outside the mesh, every replica serving and no failure. `down` must leave nothing behind,
+//! pod outside the mesh, every replica serving, the canary split 90/10 and no failure. `down` must leave nothing behind,
 //! also after `up` was killed halfway.
 
 use std::os::unix::process::CommandExt;
@@ -122,10 +122,18 @@ fn up_runs_the_demo_mesh_and_down_removes_everything() {
     assert_eq!(web["success_rate"], 1.0, "{web:#}");
     assert!(web["requests"].as_u64().unwrap() > 0);
     assert_eq!(web["tls"], true, "client -> web is mTLS: {web:#}");
+    // The client proxy labels requests by the connection's Service (web), also those its route
+    // sent to the canary; the canary's own proxy shows them as mTLS (client_ids below).
     assert_eq!(web["server_ids"][0], "web.demo.serviceaccount.identity.cnimesh.cluster.local");
     let replicas = web["replicas"].as_object().unwrap();
-    assert_eq!(replicas.len(), 3, "{web:#}");
+    assert_eq!(replicas.len(), 4, "web's three replicas and the canary's: {web:#}");
     assert!(replicas.values().all(|n| n.as_u64().unwrap() > 0), "every replica serves: {web:#}");
+    // The canary split: web's HTTPRoute sends about 10 % to web-canary.
+    let backends = web["backends"].as_object().unwrap();
+    let (stable, canary) = (backends["web"].as_u64().unwrap(), backends["web-canary"].as_u64().unwrap());
+    assert_eq!(stable + canary, web["successes"].as_u64().unwrap(), "{web:#}");
+    let share = canary as f64 / (stable + canary) as f64;
+    assert!((0.03..=0.2).contains(&share), "canary share {share}: {web:#}");
     for (replica, ids) in web["client_ids"].as_object().unwrap() {
         assert_eq!(
             ids[0], "client.demo.serviceaccount.identity.cnimesh.cluster.local",
@@ -150,7 +158,7 @@ fn up_runs_the_demo_mesh_and_down_removes_everything() {
     let pods: Value = serde_json::from_slice(&pods.stdout).unwrap();
     let mut names: Vec<&str> = pods.as_array().unwrap().iter().map(|p| p["pod"].as_str().unwrap()).collect();
     names.sort();
-    assert_eq!(names, ["demo/client", "demo/intruder", "demo/web-0", "demo/web-1", "demo/web-2"]);
+    assert_eq!(names, ["demo/client", "demo/intruder", "demo/web-0", "demo/web-1", "demo/web-2", "demo/web-canary"]);
     assert!(summary["commands"].to_string().contains(&format!("--state-dir {}", state_dir.display())));
 
     // The operator's `cnimesh stat` and `edges` read the same proxies, while the client calls web.

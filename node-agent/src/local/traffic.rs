@@ -146,6 +146,9 @@ pub struct Edge {
     pub latency_ms: Latency,
     /// Successful responses per replica; every replica is listed, including those with none.
     pub replicas: BTreeMap<String, u64>,
+    /// Successful responses per backend service: the service itself, or each service of its
+    /// split (canary), including those with none.
+    pub backends: BTreeMap<String, u64>,
     /// Responses per HTTP status.
     pub statuses: BTreeMap<u16, u64>,
     /// Whether every request the client's proxy sent to the service's endpoints was TLS.
@@ -199,11 +202,21 @@ impl Edge {
                 p99: percentile(&load.latencies, 0.99),
             },
             replicas: answered,
+            backends: BTreeMap::new(),
             statuses: load.statuses.clone(),
             tls: false,
             server_ids: Vec::new(),
             client_ids: BTreeMap::new(),
             errors,
+        }
+    }
+
+    /// Sums the responses per replica into responses per backend service, given each replica's
+    /// service.
+    pub fn count_backends(&mut self, service_of: &[(&str, &str)]) {
+        self.backends = service_of.iter().map(|(_, service)| (service.to_string(), 0)).collect();
+        for (replica, service) in service_of {
+            *self.backends.entry(service.to_string()).or_default() += self.replicas.get(*replica).copied().unwrap_or(0);
         }
     }
 
@@ -278,6 +291,12 @@ pub fn render(summary: &Summary, format: Format) -> String {
         for (replica, ids) in e.client_ids.iter().filter(|(_, ids)| !ids.is_empty()) {
             out.push_str(&format!("  {replica}'s proxy saw client identity {}\n", ids.join(", ")));
         }
+        if e.backends.len() > 1 {
+            let total = e.backends.values().sum::<u64>().max(1) as f64;
+            let shares: Vec<String> =
+                e.backends.iter().map(|(b, n)| format!("{b}={n} ({:.1}%)", *n as f64 * 100.0 / total)).collect();
+            out.push_str(&format!("  {} -> {} split over backends: {}\n", e.from, e.to, shares.join(" ")));
+        }
         for err in &e.errors {
             out.push_str(&format!("  {} -> {} error: {err}\n", e.from, e.to));
         }
@@ -297,6 +316,22 @@ fn short_id(id: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn responses_are_counted_per_backend_service() {
+        let load = Load {
+            latencies: vec![Duration::from_millis(1); 10],
+            answered_by: [("web-0".to_string(), 5), ("web-1".to_string(), 4), ("web-canary".to_string(), 1)].into(),
+            ..Load::default()
+        };
+        let replicas = ["web-0", "web-1", "web-canary"].map(String::from);
+        let mut edge = Edge::new("client", "web", true, &load, &replicas);
+        edge.count_backends(&[("web-0", "web"), ("web-1", "web"), ("web-canary", "web-canary")]);
+        assert_eq!(edge.backends, [("web".to_string(), 9), ("web-canary".to_string(), 1)].into());
+        let summary = Summary { root: "/r".into(), edges: vec![edge], commands: BTreeMap::new(), up_seconds: 1.0 };
+        let text = render(&summary, Format::Human);
+        assert!(text.contains("client -> web split over backends: web=9 (90.0%) web-canary=1 (10.0%)"), "{text}");
+    }
 
     #[test]
     fn percentiles_pick_ranks() {

@@ -51,6 +51,18 @@ pub struct ServiceSpec {
     /// Clients (by name) authorized to call it; unset = no policy, every client may.
     #[serde(default)]
     pub allow: Option<Vec<String>>,
+    /// A traffic split (canary): requests to this service go to these services by weight,
+    /// through an HTTPRoute with this service as parent; unset = its own replicas only.
+    #[serde(default)]
+    pub split: Option<Vec<Backend>>,
+}
+
+/// One service of a split and its weight.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Backend {
+    pub service: String,
+    pub weight: u32,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -157,6 +169,24 @@ impl Workloads {
                 return Err(format!(
                     "service {}: allows {unknown:?}, which is not a meshed client of this file",
                     s.name
+                ));
+            }
+        }
+        for s in &self.services {
+            let Some(split) = &s.split else { continue };
+            if let Some(unknown) = split.iter().find(|b| self.service(&b.service).is_none()) {
+                return Err(format!(
+                    "service {}: splits to {:?}, which is not a service of this file",
+                    s.name, unknown.service
+                ));
+            }
+            if split.iter().all(|b| b.weight == 0) {
+                return Err(format!("service {}: a split needs a weight above 0", s.name));
+            }
+            if let Some(client) = self.clients.iter().find(|c| !c.meshed && c.calls.contains(&s.name)) {
+                return Err(format!(
+                    "service {}: client {} is not meshed, and only a client's proxy splits traffic",
+                    s.name, client.name
                 ));
             }
         }
@@ -286,6 +316,22 @@ pub fn policy_objects(ns: &str, s: &ServiceSpec) -> Vec<Value> {
     ]
 }
 
+/// The HTTPRoute of a service with `split` (the GAMMA profile: the Service as parent), whose one
+/// rule sends its requests to the split's services by weight.
+pub fn route_objects(ns: &str, s: &ServiceSpec) -> Vec<Value> {
+    let Some(split) = &s.split else { return Vec::new() };
+    let backends: Vec<Value> =
+        split.iter().map(|b| json!({"name": b.service, "port": s.port, "weight": b.weight})).collect();
+    vec![json!({
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+        "metadata": {"name": format!("{}-split", s.name), "namespace": ns},
+        "spec": {
+            "parentRefs": [{"group": "", "kind": "Service", "name": s.name, "port": s.port}],
+            "rules": [{"backendRefs": backends}],
+        },
+    })]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -298,11 +344,21 @@ mod tests {
     fn the_shipped_demo_is_valid() {
         let demo = Workloads::parse(super::super::DEMO, "demo.yaml").unwrap();
         let names: Vec<String> = demo.pods().into_iter().map(|p| p.name).collect();
-        assert_eq!(names, ["web-0", "web-1", "web-2", "legacy", "client", "intruder"]);
+        assert_eq!(names, ["web-0", "web-1", "web-2", "web-canary", "legacy", "client", "intruder"]);
         let web = demo.service("web").unwrap();
         let objects = policy_objects("demo", web);
         let kinds: Vec<&str> = objects.iter().map(|o| o["kind"].as_str().unwrap()).collect();
         assert_eq!(kinds, ["Server", "MeshTLSAuthentication", "AuthorizationPolicy"]);
+        let route = &route_objects("demo", web)[0];
+        assert_eq!(route["spec"]["parentRefs"][0]["name"], "web");
+        let weights: Vec<(&str, u64)> = route["spec"]["rules"][0]["backendRefs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| (b["name"].as_str().unwrap(), b["weight"].as_u64().unwrap()))
+            .collect();
+        assert_eq!(weights, [("web", 90), ("web-canary", 10)]);
+        assert!(route_objects("demo", demo.service("legacy").unwrap()).is_empty());
     }
 
     #[test]
@@ -324,6 +380,18 @@ mod tests {
             (
                 "namespace: demo\nservices: [{name: web, clusterIP: 10.96.0.1, meshed: true, allow: [nobody]}]\nclients: [{name: c, meshed: true}]\n",
                 "not a meshed client",
+            ),
+            (
+                "namespace: demo\nservices: [{name: web, clusterIP: 10.96.0.1, meshed: true, split: [{service: nope, weight: 1}]}]\nclients: [{name: c, meshed: true, calls: [web]}]\n",
+                "splits to \"nope\"",
+            ),
+            (
+                "namespace: demo\nservices: [{name: web, clusterIP: 10.96.0.1, meshed: true, split: [{service: web, weight: 0}]}]\nclients: [{name: c, meshed: true, calls: [web]}]\n",
+                "weight above 0",
+            ),
+            (
+                "namespace: demo\nservices: [{name: web, clusterIP: 10.96.0.1, meshed: true, split: [{service: web, weight: 1}]}]\nclients: [{name: c, meshed: false, calls: [web]}]\n",
+                "not meshed",
             ),
         ];
         for (body, expected) in cases {

@@ -312,12 +312,12 @@ fn write_services(i: &Inputs<'_>, pods: &[Running]) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The policy objects of services with `allow`, written before the control plane starts so
-/// that the proxies' first answer is already the policy.
+/// The policy objects of services with `allow` and the routes of those with `split`, written
+/// before the control plane starts so that the proxies' first answer already holds them.
 fn write_policies(i: &Inputs<'_>) -> anyhow::Result<()> {
     let ns = i.workloads.namespace.as_str();
     for s in &i.workloads.services {
-        for object in workloads::policy_objects(ns, s) {
+        for object in workloads::policy_objects(ns, s).into_iter().chain(workloads::route_objects(ns, s)) {
             let kind = object["kind"].as_str().unwrap_or("object").to_lowercase();
             let file = format!("policy-{kind}-{}.yaml", s.name);
             write_atomic(&i.root.join("cluster").join(file), &serde_json::to_vec_pretty(&object)?, None)?;

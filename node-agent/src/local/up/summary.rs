@@ -9,6 +9,7 @@ use cnimesh_common::names::PROXY_ADMIN_PORT;
 
 use super::{Inputs, Running, loopback, replicas};
 use crate::local::traffic::{self, Edge, http_get_in, samples};
+use crate::local::workloads::Role;
 
 /// The samples of `pod`'s proxy `/metrics` (none when it cannot be read).
 fn metrics_of(i: &Inputs<'_>, pod: &str) -> Vec<traffic::Sample> {
@@ -27,13 +28,26 @@ pub(super) fn send_traffic(i: &Inputs<'_>, pods: &[Running]) -> Vec<Edge> {
         let netns = i.netns(&client.name);
         for target in &client.calls {
             let s = w.service(target).expect("validated: calls name services");
-            let replicas = replicas(pods, &s.name);
+            // A split service is answered by the replicas of every service it splits to.
+            let backends: Vec<&str> = match &s.split {
+                Some(split) => split.iter().map(|b| b.service.as_str()).collect(),
+                None => vec![s.name.as_str()],
+            };
+            let replicas: Vec<&Running> = backends.iter().flat_map(|b| replicas(pods, b)).collect();
             let host = format!("{}.{ns}.svc.cluster.local", s.name);
             let duration = Duration::from_secs_f64(i.args.traffic_seconds);
             let load =
                 traffic::load(&netns, SocketAddr::from((s.cluster_ip, s.port)), &host, i.args.concurrency, duration);
             let names: Vec<String> = replicas.iter().map(|p| p.spec.name.clone()).collect();
             let mut edge = Edge::new(&client.name, &s.name, s.meshed, &load, &names);
+            let service_of: Vec<(&str, &str)> = replicas
+                .iter()
+                .filter_map(|p| match &p.spec.role {
+                    Role::Server { service } => Some((p.spec.name.as_str(), service.as_str())),
+                    Role::Client => None,
+                })
+                .collect();
+            edge.count_backends(&service_of);
             if client.meshed {
                 // The proxy labels by the address the app dialled (the ClusterIP) or the endpoint's.
                 let ips: Vec<String> =
