@@ -590,9 +590,13 @@ async fn outbound_serves_routes_and_streams_route_changes() {
     write(running.cluster.path(), "route.yaml", HTTP_ROUTE);
     let mut client = OutboundPoliciesClient::new(channel(&running).await);
     let mut watch = client.watch(addr("10.96.0.10", 80)).await.unwrap().into_inner();
-    // The route file may land after the first answer: wait for the answer that has it.
+    // The route file may land after the first answer (the default route, whose metadata is
+    // `Default`, not a resource): wait for the answer that has it.
     let mut policy = next(&mut watch).await;
-    while resource(http_routes(&policy)[0].metadata.as_ref()).kind != "HTTPRoute" {
+    while !matches!(
+        http_routes(&policy)[0].metadata.as_ref().and_then(|m| m.kind.as_ref()),
+        Some(metadata::Kind::Resource(r)) if r.kind == "HTTPRoute"
+    ) {
         policy = next(&mut watch).await;
     }
     let routes = http_routes(&policy);

@@ -46,9 +46,10 @@ pub struct HttpProxy {
     h2_upgrade: bool,
     /// This connection in `tcp_open_connections`; an upgraded tunnel keeps it open.
     open: Arc<OpenConnection>,
-    /// Metric handles for the last authority seen: a connection's requests nearly always share
-    /// one, so the common case builds no label strings and takes no family lock.
-    handles: Mutex<Option<Arc<Handles>>>,
+    /// Metric handles for the last few (authority, TLS) pairs seen: a connection's requests
+    /// nearly always share one (a route splitting over Services adds one per backend), so the
+    /// common case builds no label strings and takes no family lock.
+    handles: Mutex<Vec<Arc<Handles>>>,
     /// Services this connection's requests named (`None`: not a known service).
     named: Mutex<Vec<(String, Option<Arc<Target>>)>>,
     /// Inbound with policy: each request is authorized before it goes anywhere.
@@ -57,7 +58,10 @@ pub struct HttpProxy {
     routes: ConnRoutes,
 }
 
-/// The metric handles of one (connection, authority).
+/// (authority, TLS) pairs whose metric handles a connection keeps.
+const MAX_CACHED_HANDLES: usize = 4;
+
+/// The metric handles of one (connection, authority, peer TLS).
 struct Handles {
     authority: String,
     labels: RequestLabels,
@@ -151,12 +155,10 @@ impl HttpProxy {
         Self { policy, ..self }
     }
 
-    /// The metric handles for `authority`, created on a change of authority.
-    fn handles(&self, authority: &str) -> Arc<Handles> {
+    /// The metric handles for `authority` to a peer secured as `tls`, created on first use.
+    fn handles(&self, authority: &str, tls: &TlsLabel) -> Arc<Handles> {
         let mut cached = self.handles.lock().expect("not poisoned");
-        if let Some(h) = cached.as_ref()
-            && h.authority == authority
-        {
+        if let Some(h) = cached.iter().find(|h| h.authority == authority && h.labels.tls == *tls) {
             return h.clone();
         }
         let metrics = &self.shared.metrics;
@@ -164,7 +166,7 @@ impl HttpProxy {
             direction: self.direction,
             target_addr: metrics.target_label(self.direction, self.addr),
             authority: metrics.authority_label(self.direction, authority),
-            tls: self.tls.clone(),
+            tls: tls.clone(),
         };
         let handles = Arc::new(Handles {
             authority: authority.to_string(),
@@ -174,7 +176,10 @@ impl HttpProxy {
             responses: Mutex::default(),
             labels,
         });
-        *cached = Some(handles.clone());
+        if cached.len() >= MAX_CACHED_HANDLES {
+            cached.remove(0);
+        }
+        cached.push(handles.clone());
         handles
     }
 
@@ -209,11 +214,11 @@ impl HttpProxy {
     /// One request, end to end, with its metrics.
     pub async fn handle(self: Arc<Self>, mut req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
         let start = Instant::now();
-        let handles = self.handles(authority_of(&req));
-        handles.requests.inc();
+        let handles = self.handles(authority_of(&req), &self.tls);
         if let Some(policy) = &self.policy
             && let Some(denied) = policy.deny_request(&req)
         {
+            handles.requests.inc();
             let grpc_failure = denied.headers().contains_key("grpc-status");
             handles.count_response(denied.status(), if grpc_failure { "failure" } else { "success" });
             return Ok(denied);
@@ -225,6 +230,7 @@ impl HttpProxy {
         let routed = match routed {
             Ok(routed) => routed,
             Err(answer) => {
+                handles.requests.inc();
                 handles.count_response(
                     answer.status(),
                     if answer.status().is_server_error() { "failure" } else { "success" },
@@ -232,6 +238,13 @@ impl HttpProxy {
                 return Ok(answer);
             }
         };
+        // A route may send the request to another Service (a canary): its requests are labelled
+        // with that backend's TLS and server identity, not the connection's.
+        let handles = match &routed {
+            Some(r) if r.target.tls != handles.labels.tls => self.handles(&handles.authority, &r.target.tls),
+            _ => handles,
+        };
+        handles.requests.inc();
         // Only the inbound speaks to apps, so only it undoes a peer proxy's upgrade.
         let downgraded = match self.direction {
             Direction::inbound => orig_proto::downgrade_request(&mut req),
