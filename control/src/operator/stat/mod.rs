@@ -39,7 +39,8 @@ use super::pod_proxy::{CONCURRENCY, POD_PROXY_TIMEOUT, kube_error, pod_proxy_get
 /// Which namespaces, and where the pods and metrics come from.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Scope {
-    /// The namespace [default: `default`; with --local, every namespace].
+    /// The namespace [default: the kubeconfig context's namespace, else `default`; with --local,
+    /// every namespace].
     #[arg(short = 'n', long)]
     pub namespace: Option<String>,
     /// Every namespace.
@@ -57,11 +58,13 @@ pub struct Scope {
 }
 
 impl Scope {
-    fn namespace(&self) -> Option<String> {
+    /// The namespace shown (`None`: all); `default` is the cluster client's namespace (kubectl's:
+    /// the kubeconfig context's, else `default`).
+    fn namespace(&self, default: &str) -> Option<String> {
         match (&self.namespace, self.all_namespaces, &self.local) {
             (Some(ns), _, _) => Some(ns.clone()),
             (None, true, _) | (None, false, Some(_)) => None,
-            (None, false, None) => Some("default".into()),
+            (None, false, None) => Some(default.to_string()),
         }
     }
 }
@@ -110,6 +113,8 @@ enum Metrics {
 
 struct Sources {
     client: Option<kube::Client>,
+    /// The namespace `-n` defaults to.
+    default_namespace: String,
     local: Option<PathBuf>,
     metrics: Metrics,
 }
@@ -130,7 +135,8 @@ impl Sources {
             (None, Some(client)) => Metrics::Cluster(client.clone()),
             (None, None) => Metrics::Local,
         };
-        Self { client, local: scope.local.clone(), metrics }
+        let default_namespace = client.as_ref().map_or("default", kube::Client::default_namespace).to_string();
+        Self { client, default_namespace, local: scope.local.clone(), metrics }
     }
 
     /// The pods and Services of `namespaces` (`None`: all).
@@ -194,8 +200,8 @@ impl Sources {
 }
 
 /// Every namespace a query touches (`None`: all of them).
-fn namespaces(scope: &Scope, extra: &[Option<String>]) -> Option<Vec<String>> {
-    let mut list = vec![scope.namespace()?];
+fn namespaces(shown: Option<String>, extra: &[Option<String>]) -> Option<Vec<String>> {
+    let mut list = vec![shown?];
     list.extend(extra.iter().flatten().cloned());
     list.sort();
     list.dedup();
@@ -226,9 +232,11 @@ pub async fn stat_main(cluster: &ClusterArgs, args: StatArgs, out: &mut impl Wri
 
 async fn stat(sources: &Sources, args: &StatArgs, out: &mut impl Write) -> anyhow::Result<()> {
     let scope = &args.scope;
-    let shown = scope.namespace();
-    let from_ns = args.from_namespace.clone().or_else(|| shown.clone()).unwrap_or_else(|| "default".into());
-    let to_ns = args.to_namespace.clone().or_else(|| shown.clone()).unwrap_or_else(|| "default".into());
+    let shown = scope.namespace(&sources.default_namespace);
+    let from_ns =
+        args.from_namespace.clone().or_else(|| shown.clone()).unwrap_or_else(|| sources.default_namespace.clone());
+    let to_ns =
+        args.to_namespace.clone().or_else(|| shown.clone()).unwrap_or_else(|| sources.default_namespace.clone());
     let query = Query {
         resource: args.resource.clone(),
         namespace: shown.clone(),
@@ -237,7 +245,7 @@ async fn stat(sources: &Sources, args: &StatArgs, out: &mut impl Write) -> anyho
         window: args.window,
     };
     let extra = [args.from.as_ref().map(|_| from_ns), args.to.as_ref().map(|_| to_ns)];
-    let wanted = namespaces(scope, &extra);
+    let wanted = namespaces(shown.clone(), &extra);
     let mut mesh = sources.mesh(wanted.as_deref()).await?;
     let prometheus = matches!(sources.metrics, Metrics::Prometheus(_));
     let mut before = if prometheus { BTreeMap::new() } else { sources.read(&meshed(&mesh), SystemTime::now()).await };
@@ -279,7 +287,7 @@ async fn edges(sources: &Sources, args: &EdgesArgs, out: &mut impl Write) -> any
     let scope = &args.scope;
     let query = Query {
         resource: args.resource.clone(),
-        namespace: scope.namespace(),
+        namespace: scope.namespace(&sources.default_namespace),
         from: None,
         to: None,
         window: Duration::ZERO,

@@ -264,3 +264,14 @@ fn prometheus_answers_are_read_by_pod() {
     assert!(super::parse_prometheus("<html>").unwrap_err().contains("not a Prometheus answer"));
     assert_eq!(super::encode_query(r#"{a=~"b|c"}"#), "%7Ba%3D~%22b%7Cc%22%7D");
 }
+
+/// `-n` defaults to the cluster client's namespace (the kubeconfig context's), as kubectl does.
+#[test]
+fn the_namespace_defaults_to_the_kubeconfig_contexts() {
+    let mut s = scope(Output::Table);
+    assert_eq!(s.namespace("team-a").as_deref(), Some("shop"));
+    s.namespace = None;
+    assert_eq!(s.namespace("team-a").as_deref(), Some("team-a"));
+    s.all_namespaces = true;
+    assert_eq!(s.namespace("team-a"), None);
+}
