@@ -15,6 +15,7 @@
 //! Layer: runtime (operator CLI).
 
 pub mod compute;
+pub mod fetch;
 pub mod mesh;
 pub mod render;
 
@@ -22,6 +23,7 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use cnimesh_common::names::PROXY_ADMIN_PORT;
@@ -53,6 +55,9 @@ pub struct Scope {
     /// Read the proxies' series from this Prometheus (`http://host:9090`) instead of the proxies.
     #[arg(long, value_name = "URL")]
     pub prometheus: Option<String>,
+    /// A PEM CA bundle to verify an `https://` Prometheus with, besides the system's roots.
+    #[arg(long, value_name = "FILE", requires = "prometheus")]
+    pub prometheus_ca: Option<PathBuf>,
     #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
     pub output: Output,
 }
@@ -108,7 +113,7 @@ pub struct EdgesArgs {
 enum Metrics {
     Cluster(kube::Client),
     Local,
-    Prometheus(String),
+    Prometheus { base: fetch::BaseUrl, tls: Option<Arc<rustls::ClientConfig>> },
 }
 
 struct Sources {
@@ -125,18 +130,25 @@ impl Sources {
             Some(_) => None,
             None => Some(cluster.client().await?),
         };
-        Ok(Self::with_client(client, scope))
+        Self::with_client(client, scope)
     }
 
     /// `client` for the cluster (`None` with `--local`).
-    fn with_client(client: Option<kube::Client>, scope: &Scope) -> Self {
+    fn with_client(client: Option<kube::Client>, scope: &Scope) -> anyhow::Result<Self> {
         let metrics = match (&scope.prometheus, &client) {
-            (Some(url), _) => Metrics::Prometheus(url.trim_end_matches('/').to_string()),
+            (Some(url), _) => {
+                let base = fetch::BaseUrl::parse(url).map_err(|e| anyhow::anyhow!("--prometheus {e}"))?;
+                let tls = match base.https {
+                    true => Some(fetch::tls_config(scope.prometheus_ca.as_deref()).map_err(anyhow::Error::msg)?),
+                    false => None,
+                };
+                Metrics::Prometheus { base, tls }
+            }
             (None, Some(client)) => Metrics::Cluster(client.clone()),
             (None, None) => Metrics::Local,
         };
         let default_namespace = client.as_ref().map_or("default", kube::Client::default_namespace).to_string();
-        Self { client, default_namespace, local: scope.local.clone(), metrics }
+        Ok(Self { client, default_namespace, local: scope.local.clone(), metrics })
     }
 
     /// The pods and Services of `namespaces` (`None`: all).
@@ -172,8 +184,8 @@ impl Sources {
 
     /// One reading of every meshed pod's metrics (at `at` for Prometheus).
     async fn read(&self, pods: &[&PodView], at: SystemTime) -> BTreeMap<String, Result<Vec<Sample>, String>> {
-        if let Metrics::Prometheus(url) = &self.metrics {
-            return match prometheus_query(url, at).await {
+        if let Metrics::Prometheus { base, tls } = &self.metrics {
+            return match prometheus_query(base, tls.as_ref(), at).await {
                 Ok(by_pod) => pods
                     .iter()
                     .map(|p| (pod_key(p), Ok(by_pod.get(&pod_key(p)).cloned().unwrap_or_default())))
@@ -187,7 +199,9 @@ impl Sources {
                     pod_proxy_get(client, &p.namespace, &p.name, PROXY_ADMIN_PORT, "metrics").await
                 }
                 _ => match p.ip {
-                    Some(ip) => http_get(SocketAddr::new(ip, PROXY_ADMIN_PORT), "/metrics").await,
+                    Some(ip) => {
+                        fetch::http_get(SocketAddr::new(ip, PROXY_ADMIN_PORT), "/metrics", POD_PROXY_TIMEOUT).await
+                    }
                     None => Err("the pod has no IP yet".into()),
                 },
             };
@@ -247,7 +261,7 @@ async fn stat(sources: &Sources, args: &StatArgs, out: &mut impl Write) -> anyho
     let extra = [args.from.as_ref().map(|_| from_ns), args.to.as_ref().map(|_| to_ns)];
     let wanted = namespaces(shown.clone(), &extra);
     let mut mesh = sources.mesh(wanted.as_deref()).await?;
-    let prometheus = matches!(sources.metrics, Metrics::Prometheus(_));
+    let prometheus = matches!(sources.metrics, Metrics::Prometheus { .. });
     let mut before = if prometheus { BTreeMap::new() } else { sources.read(&meshed(&mesh), SystemTime::now()).await };
     loop {
         let now = if prometheus {
@@ -300,35 +314,6 @@ async fn edges(sources: &Sources, args: &EdgesArgs, out: &mut impl Write) -> any
     Ok(())
 }
 
-/// GET `path` over plain HTTP/1.1 (a proxy's admin port, Prometheus): the body, or why not.
-async fn http_get(addr: SocketAddr, path: &str) -> Result<String, String> {
-    let fetch = async {
-        let stream = tokio::net::TcpStream::connect(addr).await.map_err(|e| format!("connecting to {addr}: {e}"))?;
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-            .await
-            .map_err(|e| format!("{addr}: {e}"))?;
-        tokio::spawn(conn);
-        let request = http::Request::get(path)
-            .header(http::header::HOST, addr.to_string())
-            .body(http_body_util::Empty::<bytes::Bytes>::new())
-            .map_err(|e| e.to_string())?;
-        let response = sender.send_request(request).await.map_err(|e| format!("{addr}{path}: {e}"))?;
-        let status = response.status();
-        let body = http_body_util::BodyExt::collect(response.into_body())
-            .await
-            .map_err(|e| format!("{addr}{path}: {e}"))?
-            .to_bytes();
-        let body = String::from_utf8_lossy(&body).into_owned();
-        if !status.is_success() {
-            return Err(format!("{addr}{path}: HTTP {status}: {}", body.trim()));
-        }
-        Ok(body)
-    };
-    tokio::time::timeout(POD_PROXY_TIMEOUT, fetch)
-        .await
-        .unwrap_or_else(|_| Err(format!("{addr}{path}: no answer within {}s", POD_PROXY_TIMEOUT.as_secs())))
-}
-
 /// The series `stat` reads, as one PromQL selector.
 const SERIES: &str =
     r#"{__name__=~"response_total|response_latency_ms_bucket|request_total|tcp_open_total|tcp_open_connections"}"#;
@@ -346,17 +331,14 @@ fn encode_query(value: &str) -> String {
 
 /// The proxies' series in Prometheus at `at`, by pod (`namespace/pod` labels, as the scrape
 /// config in `daemonset/observability/` sets them).
-async fn prometheus_query(url: &str, at: SystemTime) -> Result<BTreeMap<String, Vec<Sample>>, String> {
-    let rest = url.strip_prefix("http://").ok_or_else(|| format!("{url}: only http:// URLs are supported"))?;
-    let (authority, base) = rest.split_once('/').map_or((rest, String::new()), |(a, b)| (a, format!("/{b}")));
-    let addr = tokio::net::lookup_host(authority)
-        .await
-        .map_err(|e| format!("resolving {authority}: {e}"))?
-        .next()
-        .ok_or_else(|| format!("{authority} resolves to nothing"))?;
+async fn prometheus_query(
+    base: &fetch::BaseUrl,
+    tls: Option<&Arc<rustls::ClientConfig>>,
+    at: SystemTime,
+) -> Result<BTreeMap<String, Vec<Sample>>, String> {
     let time = at.duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
-    let path = format!("{base}/api/v1/query?query={}&time={time:.3}", encode_query(SERIES));
-    let body = http_get(addr, &path).await?;
+    let path = format!("{}/api/v1/query?query={}&time={time:.3}", base.prefix, encode_query(SERIES));
+    let body = fetch::url_get(base, tls, &path, POD_PROXY_TIMEOUT).await?;
     parse_prometheus(&body)
 }
 

@@ -194,7 +194,14 @@ fn edges_name_both_sides_and_their_identities() {
 }
 
 fn scope(output: Output) -> Scope {
-    Scope { namespace: Some("shop".into()), all_namespaces: false, local: None, prometheus: None, output }
+    Scope {
+        namespace: Some("shop".into()),
+        all_namespaces: false,
+        local: None,
+        prometheus: None,
+        prometheus_ca: None,
+        output,
+    }
 }
 
 /// The cluster path: pods and Services listed from the API server, every meshed pod's metrics
@@ -215,7 +222,7 @@ async fn through_the_api_servers_pod_proxy() {
         503,
         "error trying to reach service: dial tcp 10.244.0.12:4191: connect: connection refused",
     );
-    let sources = Sources::with_client(Some(api.client()), &scope(Output::Table));
+    let sources = Sources::with_client(Some(api.client()), &scope(Output::Table)).unwrap();
 
     let mut out = Vec::new();
     let args = EdgesArgs { resource: "deploy".parse::<Resource>().unwrap(), scope: scope(Output::Table) };
