@@ -230,6 +230,24 @@ impl Index {
         }
     }
 
+    /// The pods of `namespace` (every namespace with `None`) that `keep` accepts, sorted by
+    /// namespace and name: how tap finds a resource's proxies without a second pod watch.
+    pub fn pods(
+        &self,
+        namespace: Option<&str>,
+        keep: impl Fn(&NsName, &PodRecord) -> bool,
+    ) -> Vec<(NsName, Arc<PodRecord>)> {
+        let state = self.lock();
+        let mut pods: Vec<(NsName, Arc<PodRecord>)> = state
+            .pods
+            .iter()
+            .filter(|(key, pod)| namespace.is_none_or(|ns| key.namespace == ns) && keep(key, pod))
+            .map(|(key, pod)| (key.clone(), pod.clone()))
+            .collect();
+        pods.sort_by(|a, b| a.0.cmp(&b.0));
+        pods
+    }
+
     pub(crate) fn watch_service(&self, key: &NsName) -> watch::Receiver<ServiceView> {
         let mut state = self.lock();
         let state = &mut *state;
