@@ -24,6 +24,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use linkerd2_proxy_api::http_types::HttpMethod;
 use linkerd2_proxy_api::net::TcpAddress;
+use linkerd2_proxy_api::tap::observe_request::{Match, r#match as mm};
 use linkerd2_proxy_api::tap::tap_event::{self, ProxyDirection, http};
 use linkerd2_proxy_api::tap::tap_server::{Tap, TapServer};
 use linkerd2_proxy_api::tap::{ObserveRequest, TapEvent};
@@ -183,8 +184,17 @@ async fn setup(requests: u64) -> Setup {
 
     // Pods from the Kubernetes source.
     let api = kube_mock::ListWatchApi::new();
-    api.set_list("/api/v1/services", Vec::new(), "1");
-    api.set_list("/apis/discovery.k8s.io/v1/endpointslices", Vec::new(), "1");
+    // db's Service and its endpoints: `to` covers the ClusterIP clients address.
+    let db_service = json!({"apiVersion": "v1", "kind": "Service",
+        "metadata": {"namespace": "demo", "name": "db", "resourceVersion": "2"},
+        "spec": {"clusterIP": "10.96.0.30", "clusterIPs": ["10.96.0.30"], "ports": [{"port": 5432}]}});
+    let db_slice = json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"namespace": "demo", "name": "db-x", "resourceVersion": "2",
+            "labels": {"kubernetes.io/service-name": "db"}},
+        "addressType": "IPv4", "ports": [{"port": 5432}],
+        "endpoints": [{"addresses": ["10.9.9.9"], "targetRef": {"kind": "Pod", "name": "db-0"}}]});
+    api.set_list("/api/v1/services", vec![db_service], "1");
+    api.set_list("/apis/discovery.k8s.io/v1/endpointslices", vec![db_slice], "1");
     api.set_list(
         "/api/v1/pods",
         vec![
@@ -337,6 +347,21 @@ async fn bad_queries_and_unknown_resources_are_refused_with_the_reason() {
     let got = tap(&setup, "tap-token", "resource=pod%2Fweb-1&namespace=demo&to=deploy%2Fdb&limit=1").await.unwrap();
     assert_eq!(got.len(), 3, "{got:?}");
     let observed = setup.observed.lock().unwrap().clone();
-    let text = format!("{:?}", observed[0].r#match);
-    assert!(text.contains("Destination") && text.contains("mask: 32"), "{text}");
+    let mut destinations = Vec::new();
+    destination_masks(observed[0].r#match.as_ref().unwrap(), &mut destinations);
+    let expected: Vec<(std::net::IpAddr, u32)> =
+        vec![("10.96.0.30".parse().unwrap(), 32), ("10.9.9.9".parse().unwrap(), 32)];
+    assert_eq!(destinations, expected, "the Service's ClusterIP and the pod's address");
+}
+
+/// Every destination netmask in a match tree, in order.
+fn destination_masks(m: &Match, out: &mut Vec<(std::net::IpAddr, u32)>) {
+    match &m.r#match {
+        Some(mm::Match::All(seq) | mm::Match::Any(seq)) => seq.matches.iter().for_each(|m| destination_masks(m, out)),
+        Some(mm::Match::Not(m)) => destination_masks(m, out),
+        Some(mm::Match::Destination(mm::Tcp { r#match: Some(mm::tcp::Match::Netmask(n)) })) => {
+            out.push((std::net::IpAddr::try_from(n.ip.unwrap()).unwrap(), n.mask));
+        }
+        _ => {}
+    }
 }

@@ -248,6 +248,25 @@ impl Index {
         pods
     }
 
+    /// The ClusterIPs of the Services whose EndpointSlices list any of `ips`: where a client
+    /// sends traffic meant for those pods (tap's `to`; proxies see the ClusterIP as the
+    /// destination of outbound requests).
+    pub fn cluster_ips_serving(&self, ips: &[IpAddr]) -> Vec<IpAddr> {
+        let state = self.lock();
+        let mut found: Vec<IpAddr> = ips
+            .iter()
+            .flat_map(|ip| state.slice_ips.get(ip).into_iter().flatten())
+            .filter_map(|slice| {
+                let service = state.slices.get(slice)?.service.as_ref()?;
+                state.services.get(&NsName::new(&slice.namespace, service))
+            })
+            .flat_map(|service| service.cluster_ips.iter().copied())
+            .collect();
+        found.sort();
+        found.dedup();
+        found
+    }
+
     pub(crate) fn watch_service(&self, key: &NsName) -> watch::Receiver<ServiceView> {
         let mut state = self.lock();
         let state = &mut *state;

@@ -44,10 +44,15 @@ pub async fn observe(
                 .await
                 .map_err(|e| io::Error::new(e.kind(), format!("connecting to {addr}: {e}")))?;
             tcp.set_nodelay(true)?;
-            let tls = tls
-                .connect(name, tcp)
-                .await
-                .map_err(|e| io::Error::new(e.kind(), format!("TLS handshake with {addr}: {e}")))?;
+            let tls = tls.connect(name, tcp).await.map_err(|e| {
+                // A proxy without tap answers the ClientHello as plain HTTP.
+                let hint = if e.to_string().contains("InvalidContentType") {
+                    " (the admin port answered in plain text: does this proxy serve tap?)"
+                } else {
+                    ""
+                };
+                io::Error::new(e.kind(), format!("TLS handshake with {addr}: {e}{hint}"))
+            })?;
             Ok::<_, io::Error>(TokioIo::new(tls))
         }
     });

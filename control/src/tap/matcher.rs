@@ -1,5 +1,5 @@
 //! The `ObserveRequest` sent to every tapped proxy: the query's HTTP conditions and the `--to`
-//! pods' addresses as one `all` match. Empty sequences are never sent (linkerd2-proxy refuses
+//! addresses (its pods' and their Services' ClusterIPs) as one `all` match. Empty sequences are never sent (linkerd2-proxy refuses
 //! them as invalid), so a query without conditions matches on "any source port".
 //!
 //! Layer: model (pure).
@@ -14,8 +14,8 @@ use linkerd2_proxy_api::tap::observe_request::{Extract, Match, extract};
 
 use super::query::TapQuery;
 
-/// The request for `query`, with `to` the addresses of its `to` resource's pods (ignored when
-/// the query has no `to`).
+/// The request for `query`, with `to` the addresses of its `to` resource (ignored when the
+/// query has no `to`).
 pub fn observe_request(query: &TapQuery, to: &[IpAddr]) -> ObserveRequest {
     let mut all = Vec::new();
     let http = |h: mhttp::Match| wrap(m::Match::Http(m::Http { r#match: Some(h) }));

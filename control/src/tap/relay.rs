@@ -124,7 +124,10 @@ impl Relay {
                     let to = resource_text(resource);
                     return Err((StatusCode::NOT_FOUND, format!("no pod with an address for {to} in namespace {ns}")));
                 }
-                ips
+                // Outbound requests are addressed to a Service's ClusterIP, inbound ones to the pod.
+                let mut to = index.cluster_ips_serving(&ips);
+                to.extend(ips);
+                to
             }
         };
         let issuer = self.issuer.borrow().clone();

@@ -74,6 +74,10 @@ pub struct Filter {
 }
 
 impl Filter {
+    fn resource_text(&self) -> String {
+        crate::tap::query::resource_text(&self.resource)
+    }
+
     /// The relay's query for these flags and `limit`; invalid values are named.
     pub fn query(&self, limit: u32) -> anyhow::Result<TapQuery> {
         let namespace = self.namespace.clone().unwrap_or_else(|| "default".into());
@@ -203,16 +207,17 @@ pub async fn open_at(addr: SocketAddr, token: &str, query: &str) -> anyhow::Resu
 
 pub async fn tap_main(cluster: &ClusterArgs, args: TapArgs, out: &mut impl Write) -> anyhow::Result<()> {
     let mut lines = open(cluster, &args.filter, args.limit).await?;
-    let mut seen = 0usize;
+    let (mut events, mut errors) = (0usize, 0usize);
     while let Some(line) = lines.next().await {
         let line = line?;
-        seen += 1;
+        match line.body {
+            crate::tap::Body::Error { .. } => errors += 1,
+            _ => events += 1,
+        }
         out.write_all(render::line(&line, args.output).as_bytes())?;
         out.flush()?;
     }
-    if seen == 0 {
-        eprintln!("cnimesh: the tap ended without events");
-    }
+    anyhow::ensure!(events > 0 || errors == 0, "no proxy of {} could be tapped", args.filter.resource_text());
     Ok(())
 }
 
