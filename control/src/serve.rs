@@ -137,7 +137,7 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Out
         (None, None) => None,
         _ => anyhow::bail!("the webhook needs both its configuration and a listener"),
     };
-    let tap = Relay::new(authenticator, index.clone(), issuer.clone(), own_cert.clone(), trust_domain);
+    let tap = Relay::new(authenticator, metrics.clone(), index.clone(), issuer.clone(), own_cert.clone(), trust_domain);
     let admin_state = AdminState { metrics, issuer, index, tap: Some(tap) };
     let admin = tokio::spawn(admin::serve(listeners.admin, admin_state, until(stopped)));
 

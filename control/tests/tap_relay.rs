@@ -133,6 +133,7 @@ struct Setup {
     admin: SocketAddr,
     observed: Arc<Mutex<Vec<ObserveRequest>>>,
     dropped: Arc<Notify>,
+    metrics: Arc<Metrics>,
     _issuer: watch::Sender<Option<Arc<Issuer>>>,
 }
 
@@ -211,15 +212,21 @@ async fn setup(requests: u64) -> Setup {
     tokio::time::timeout(PATIENCE, index.ready()).await.expect("pods listed");
 
     let (issuer_tx, issuer_rx) = watch::channel(Some(issuer));
-    let relay =
-        Relay::new(Arc::new(token_reviews()), Some(index.clone()), issuer_rx.clone(), control_cert, TRUST_DOMAIN)
-            .with_proxy_port(proxy_port);
+    let metrics = Arc::new(Metrics::default());
+    let relay = Relay::new(
+        Arc::new(token_reviews()),
+        metrics.clone(),
+        Some(index.clone()),
+        issuer_rx.clone(),
+        control_cert,
+        TRUST_DOMAIN,
+    )
+    .with_proxy_port(proxy_port);
     let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let admin_addr = admin.local_addr().unwrap();
-    let state =
-        AdminState { metrics: Arc::new(Metrics::default()), issuer: issuer_rx, index: Some(index), tap: Some(relay) };
+    let state = AdminState { metrics: metrics.clone(), issuer: issuer_rx, index: Some(index), tap: Some(relay) };
     tokio::spawn(admin::serve(admin, state, std::future::pending()));
-    Setup { admin: admin_addr, observed, dropped, _issuer: issuer_tx }
+    Setup { admin: admin_addr, observed, dropped, metrics, _issuer: issuer_tx }
 }
 
 /// TokenReview against a mocked API server: `tap-token` is cnimesh/cnimesh-tap's, `web-token`
@@ -277,6 +284,9 @@ async fn only_the_tap_service_accounts_token_may_tap() {
     assert_eq!(response.status(), 401);
     let body = response.into_body().collect().await.unwrap().to_bytes();
     assert!(String::from_utf8_lossy(&body).contains("header cnimesh-tap-token"));
+    let metrics = setup.metrics.encode();
+    assert!(metrics.contains("tap_requests_total{result=\"unauthenticated\"} 3"), "{metrics}");
+    assert!(metrics.contains("tap_requests_total{result=\"forbidden\"} 1"), "{metrics}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -36,6 +36,7 @@ use super::{client, matcher};
 use crate::destination::{Index, NsName, PodRecord};
 use crate::identity::tokens::MAX_TOKEN_LEN;
 use crate::identity::{Authenticator, IssuerRx, ServiceAccount, TokenError};
+use crate::metrics::{Metrics, TapSession};
 use crate::operator::stat::mesh::{Kind, Resource};
 
 /// The header carrying the `cnimesh-tap` ServiceAccount's token.
@@ -55,6 +56,7 @@ pub type AdminBody = UnsyncBoxBody<Bytes, Infallible>;
 #[derive(Clone)]
 pub struct Relay {
     authenticator: Arc<dyn Authenticator>,
+    metrics: Arc<Metrics>,
     /// Destination's pods: where the proxies are (`None` when Destination is not served).
     index: Option<Index>,
     /// The mesh's trust anchors, to verify the proxies.
@@ -76,12 +78,14 @@ struct Target {
 impl Relay {
     pub fn new(
         authenticator: Arc<dyn Authenticator>,
+        metrics: Arc<Metrics>,
         index: Option<Index>,
         issuer: IssuerRx,
         own_cert: Arc<CurrentCert>,
         trust_domain: impl Into<String>,
     ) -> Self {
-        Self { authenticator, index, issuer, own_cert, trust_domain: trust_domain.into(), proxy_port: PROXY_ADMIN_PORT }
+        let trust_domain = trust_domain.into();
+        Self { authenticator, metrics, index, issuer, own_cert, trust_domain, proxy_port: PROXY_ADMIN_PORT }
     }
 
     pub fn with_proxy_port(mut self, port: u16) -> Self {
@@ -91,13 +95,15 @@ impl Relay {
 
     /// Answers `GET /tap?<query>` (see [`super::query`]).
     pub async fn handle(&self, headers: &HeaderMap, query: Option<&str>) -> Response<AdminBody> {
-        match self.start(headers, query.unwrap_or_default()).await {
+        let response = match self.start(headers, query.unwrap_or_default()).await {
             Ok(response) => response,
             Err((status, message)) => {
                 tracing::info!(%status, message, "tap refused");
                 text(status, format!("{message}\n"))
             }
-        }
+        };
+        self.metrics.tap_answered(response.status().as_u16());
+        response
     }
 
     async fn start(&self, headers: &HeaderMap, query: &str) -> Result<Response<AdminBody>, (StatusCode, String)> {
@@ -142,7 +148,8 @@ impl Relay {
             resource = %resource_text(&query.resource), namespace = query.namespace, pods = targets.len(), "tap started"
         );
         let (tx, rx) = mpsc::channel::<Bytes>(BUFFERED_LINES);
-        tokio::spawn(relay(targets, request, tls, self.proxy_port, admission, tx));
+        let session = Session { metrics: self.metrics.clone(), open: self.metrics.tap_session() };
+        tokio::spawn(relay(targets, request, tls, self.proxy_port, admission, tx, session));
         let body = http_body_util::StreamBody::new(
             tokio_stream::wrappers::ReceiverStream::new(rx)
                 .map(|line| Ok::<_, Infallible>(hyper::body::Frame::data(line))),
@@ -222,6 +229,12 @@ fn text(status: StatusCode, body: String) -> Response<AdminBody> {
         .expect("a valid response")
 }
 
+/// One streaming tap, for the metrics: counted open while it lives.
+struct Session {
+    metrics: Arc<Metrics>,
+    open: TapSession,
+}
+
 /// What a pod's stream task reports.
 enum FromPod {
     Line(Box<TapLine>),
@@ -237,6 +250,7 @@ async fn relay(
     port: u16,
     mut admission: Admission,
     out: mpsc::Sender<Bytes>,
+    session: Session,
 ) {
     let (events, mut from_pods) = mpsc::channel::<FromPod>(BUFFERED_LINES);
     let mut tasks = JoinSet::new();
@@ -263,6 +277,9 @@ async fn relay(
             None => break,
             Some(FromPod::Ended(pod)) => admission.pod_ended(&pod.namespace, &pod.name),
             Some(FromPod::Line(line)) => {
+                if matches!(line.body, super::event::Body::Error { .. }) {
+                    session.metrics.tap_proxy_unreachable();
+                }
                 if admission.admit(&line, Instant::now()) {
                     let mut json = serde_json::to_vec(&line).expect("serialisable");
                     json.push(b'\n');
@@ -278,6 +295,7 @@ async fn relay(
     }
     tracing::info!("tap ended");
     tasks.abort_all();
+    drop(session.open);
 }
 
 /// One proxy's stream as lines; an error line when it cannot be tapped or its stream breaks.
@@ -313,4 +331,33 @@ async fn pod_stream(
         },
     }
     let _ = events.send(FromPod::Ended(target.pod)).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(workloads: &[(&str, &str)]) -> PodRecord {
+        PodRecord {
+            ips: vec!["10.0.0.1".parse().unwrap()],
+            meshed: true,
+            service_account: "web".into(),
+            opaque_ports: Default::default(),
+            named_ports: Default::default(),
+            workloads: workloads.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        }
+    }
+
+    #[test]
+    fn a_resource_selects_pods_by_kind_and_name() {
+        let key = NsName::new("demo", "web-abc-1");
+        let web = pod(&[("deployment", "web"), ("replicaset", "web-abc")]);
+        let yes = ["deploy/web", "deploy", "rs/web-abc", "ns/demo", "po/web-abc-1", "po"];
+        for r in yes {
+            assert!(selects(&r.parse().unwrap(), &key, &web), "{r}");
+        }
+        for r in ["deploy/api", "sts", "sts/web", "po/web-abc-2", "job/web"] {
+            assert!(!selects(&r.parse().unwrap(), &key, &web), "{r}");
+        }
+    }
 }
