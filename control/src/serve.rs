@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context;
+use cnimesh_common::names::TAP_TOKEN_AUDIENCE;
 use cnimesh_identity::Name;
 use cnimesh_identity::tls::{self, ClientAuth, CurrentCert};
 use tokio::net::TcpListener;
@@ -96,12 +97,19 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Out
         tls::server_config(Arc::new(rustls::RootCertStore::empty()), own_cert.clone(), ClientAuth::None, &[b"h2"])
             .context("TLS configuration for the gRPC server")?;
 
-    let authenticator: Arc<dyn Authenticator> = match config.tokens {
-        TokenSource::Files(dir) => Arc::new(FileTokens::new(dir)),
-        TokenSource::Kube(client) => Arc::new(KubeTokens::new(client)),
+    // Tap tokens carry their own audience in a cluster; local mode's files have none.
+    let (authenticator, tap_authenticator): (Arc<dyn Authenticator>, Arc<dyn Authenticator>) = match config.tokens {
+        TokenSource::Files(dir) => {
+            let files = Arc::new(FileTokens::new(dir));
+            (files.clone(), files)
+        }
+        TokenSource::Kube(client) => (
+            Arc::new(KubeTokens::new(client.clone())),
+            Arc::new(KubeTokens::new(client).with_audience(TAP_TOKEN_AUDIENCE)),
+        ),
     };
     let trust_domain = config.policy.trust_domain.clone();
-    let identity = IdentityService::new(issuer.clone(), authenticator.clone(), config.policy, metrics.clone());
+    let identity = IdentityService::new(issuer.clone(), authenticator, config.policy, metrics.clone());
     let mut routes = Routes::new(identity.into_server());
     let index = config.cluster.as_ref().map(|_| Index::new());
     let source_task = match (config.cluster, index.clone()) {
@@ -137,7 +145,8 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Out
         (None, None) => None,
         _ => anyhow::bail!("the webhook needs both its configuration and a listener"),
     };
-    let tap = Relay::new(authenticator, metrics.clone(), index.clone(), issuer.clone(), own_cert.clone(), trust_domain);
+    let tap =
+        Relay::new(tap_authenticator, metrics.clone(), index.clone(), issuer.clone(), own_cert.clone(), trust_domain);
     let admin_state = AdminState { metrics, issuer, index, tap: Some(tap) };
     let admin = tokio::spawn(admin::serve(listeners.admin, admin_state, until(stopped)));
 

@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
+use cnimesh_common::names::TAP_TOKEN_AUDIENCE;
 use cnimesh_control::admin::{self, AdminState};
 use cnimesh_control::destination::Index;
 use cnimesh_control::identity::{Issuer, KubeTokens, Policy, own_cert};
@@ -18,7 +19,7 @@ use cnimesh_control::operator::tap::{lines, open_at};
 use cnimesh_control::sources::{KubeSource, Source};
 use cnimesh_control::tap::{Body, Relay, TapLine};
 use cnimesh_identity::tls::{self, ClientAuth, CurrentCert};
-use cnimesh_identity::{Name, TOKEN_AUDIENCE, ca};
+use cnimesh_identity::{Name, ca};
 use futures::{Stream, StreamExt};
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -241,8 +242,11 @@ fn token_reviews() -> KubeTokens {
             Some("web-token") => Some("system:serviceaccount:demo:web"),
             _ => None,
         };
+        // An identity token (Identity's audience) does not tap, whoever it belongs to.
+        let tap_audience = review["spec"]["audiences"] == json!([TAP_TOKEN_AUDIENCE]);
+        let user = user.filter(|_| tap_audience);
         review["status"] = match user {
-            Some(user) => json!({"authenticated": true, "user": {"username": user}, "audiences": [TOKEN_AUDIENCE]}),
+            Some(user) => json!({"authenticated": true, "user": {"username": user}, "audiences": [TAP_TOKEN_AUDIENCE]}),
             None => json!({"authenticated": false, "error": "invalid bearer token"}),
         };
         let response = ::http::Response::builder()
@@ -251,7 +255,7 @@ fn token_reviews() -> KubeTokens {
             .unwrap();
         Ok::<_, std::convert::Infallible>(response)
     });
-    KubeTokens::new(kube::Client::new(service, "default"))
+    KubeTokens::new(kube::Client::new(service, "default")).with_audience(TAP_TOKEN_AUDIENCE)
 }
 
 async fn tap(setup: &Setup, token: &str, query: &str) -> anyhow::Result<Vec<TapLine>> {

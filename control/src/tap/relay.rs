@@ -1,7 +1,8 @@
 //! The relay's HTTP endpoint: who may tap, which proxies, and the merged stream.
 //!
 //! Authentication is a header, `cnimesh-tap-token: <token>`, which must prove the ServiceAccount
-//! `cnimesh/cnimesh-tap` (TokenReview in a cluster, local mode's token files). Why a token of an
+//! `cnimesh/cnimesh-tap` (TokenReview in a cluster, for the audience `tap.cnimesh.io` rather than
+//! Identity's; local mode's token files). Why a token of an
 //! account rather than the caller's own credentials: callers come through the API server's
 //! service proxy, which authorizes them but strips `Authorization` and says nothing about who
 //! they are, and the admin port must not trust a header anyone on the pod network could set.

@@ -2,7 +2,8 @@
 //! tap`, read from the control plane's tap relay ([`crate::tap`]):
 //! - in a cluster through the API server's service proxy
 //!   (`/api/v1/namespaces/cnimesh/services/cnimesh-control:admin/proxy/tap?…`), with a short-lived
-//!   token of the ServiceAccount `cnimesh/cnimesh-tap` from a TokenRequest (the operator needs
+//!   token of the ServiceAccount `cnimesh/cnimesh-tap` for the audience `tap.cnimesh.io` from a
+//!   TokenRequest (the operator needs
 //!   the Role `cnimesh-tap`: `serviceaccounts/token` create and `services/proxy`);
 //! - in local mode (`--local DIR`) directly at the local control plane's admin port, with the
 //!   token `cnimesh-node local up` keeps in `DIR/tokens/cnimesh/cnimesh-tap`.
@@ -20,7 +21,9 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use anyhow::Context;
-use cnimesh_common::names::{CONTROL_ADMIN_PORT, CONTROL_NAME, CONTROL_NAMESPACE, TAP_SERVICE_ACCOUNT};
+use cnimesh_common::names::{
+    CONTROL_ADMIN_PORT, CONTROL_NAME, CONTROL_NAMESPACE, TAP_SERVICE_ACCOUNT, TAP_TOKEN_AUDIENCE,
+};
 use futures::io::{AsyncBufRead, AsyncBufReadExt};
 use futures::{Stream, StreamExt, TryStreamExt};
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
@@ -139,7 +142,7 @@ pub async fn open_cluster(client: &kube::Client, query: &str) -> anyhow::Result<
     let accounts: kube::Api<ServiceAccount> = kube::Api::namespaced(client.clone(), CONTROL_NAMESPACE);
     let request = TokenRequest {
         spec: TokenRequestSpec {
-            audiences: vec![cnimesh_identity::TOKEN_AUDIENCE.to_string()],
+            audiences: vec![TAP_TOKEN_AUDIENCE.to_string()],
             expiration_seconds: Some(TOKEN_SECONDS),
             ..Default::default()
         },

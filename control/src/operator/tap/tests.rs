@@ -184,7 +184,7 @@ async fn the_cluster_path_mints_a_token_and_reads_the_relay_through_the_service_
     assert_eq!(got, sample_lines());
     let seen = seen.lock().unwrap();
     let token_request = &seen[0].2;
-    assert_eq!(token_request["spec"]["audiences"], json!([cnimesh_identity::TOKEN_AUDIENCE]));
+    assert_eq!(token_request["spec"]["audiences"], json!([cnimesh_common::names::TAP_TOKEN_AUDIENCE]));
     assert_eq!(token_request["spec"]["expirationSeconds"], json!(600));
     assert_eq!(
         seen[1].1,
