@@ -46,7 +46,8 @@ pub struct Filter {
     /// `<kind>[/<name>]`: namespace, deployment, statefulset, daemonset, replicaset, job, cronjob
     /// or pod (kubectl's short names too); its proxies are tapped, both directions.
     pub resource: Resource,
-    /// The resource's namespace [default: `default`].
+    /// The resource's namespace [default: the kubeconfig context's; with --local, the namespace
+    /// of local mode's workloads].
     #[arg(short = 'n', long)]
     pub namespace: Option<String>,
     /// Only requests to this resource's pods (`kind[/name]`).
@@ -81,9 +82,10 @@ impl Filter {
         crate::tap::query::resource_text(&self.resource)
     }
 
-    /// The relay's query for these flags and `limit`; invalid values are named.
-    pub fn query(&self, limit: u32) -> anyhow::Result<TapQuery> {
-        let namespace = self.namespace.clone().unwrap_or_else(|| "default".into());
+    /// The relay's query for these flags and `limit`, in `default_namespace` unless `-n` says
+    /// otherwise; invalid values are named.
+    pub fn query(&self, limit: u32, default_namespace: &str) -> anyhow::Result<TapQuery> {
+        let namespace = self.namespace.clone().unwrap_or_else(|| default_namespace.to_string());
         let mut q = TapQuery::new(self.resource.clone(), namespace);
         q.to = self.to.clone().map(|to| (to, self.to_namespace.clone().unwrap_or_else(|| q.namespace.clone())));
         q.method = match &self.method {
@@ -116,12 +118,32 @@ pub type Lines = Pin<Box<dyn Stream<Item = anyhow::Result<TapLine>> + Send>>;
 
 /// Starts a tap: the relay's answer as lines, or why it refused.
 pub async fn open(cluster: &ClusterArgs, filter: &Filter, limit: u32) -> anyhow::Result<Lines> {
-    let query = filter.query(limit)?.to_query_string();
     let reader: Pin<Box<dyn AsyncBufRead + Send>> = match &filter.local {
-        Some(dir) => Box::pin(open_local(dir, &query).await?),
-        None => Box::pin(open_cluster(&cluster.client().await?, &query).await?),
+        Some(dir) => {
+            let query = filter.query(limit, &local_namespace(dir))?.to_query_string();
+            Box::pin(open_local(dir, &query).await?)
+        }
+        None => {
+            let client = cluster.client().await?;
+            let query = filter.query(limit, client.default_namespace())?.to_query_string();
+            Box::pin(open_cluster(&client, &query).await?)
+        }
     };
     Ok(lines(reader))
+}
+
+/// Local mode's workload namespace: the one its meshed pods share (`default` otherwise), so that
+/// `cnimesh tap deploy/web --local DIR` needs no `-n`.
+fn local_namespace(dir: &Path) -> String {
+    let (pods, _) = crate::sources::pods_and_services_in(&dir.join("cluster"));
+    let mut namespaces: Vec<String> =
+        pods.iter().map(super::stat::mesh::PodView::new).filter(|p| p.meshed).map(|p| p.namespace).collect();
+    namespaces.sort();
+    namespaces.dedup();
+    match <[String; 1]>::try_from(namespaces) {
+        Ok([only]) => only,
+        Err(_) => "default".into(),
+    }
 }
 
 /// A reader of NDJSON as tap lines; a line that is not one is an error naming it.

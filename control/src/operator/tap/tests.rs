@@ -133,13 +133,15 @@ fn filter(args: &[&str]) -> Filter {
 #[test]
 fn flags_make_the_relays_query() {
     let q = filter(&["deploy/web", "-n", "demo", "--to", "sts/db", "--method", "post", "--path", "/api"])
-        .query(10)
+        .query(10, "elsewhere")
         .unwrap();
     assert_eq!(
         q.to_query_string(),
         "resource=deployment%2Fweb&namespace=demo&to=statefulset%2Fdb&to-namespace=demo&method=POST&path=%2Fapi&limit=10&max-rps=100"
     );
-    let error = filter(&["deploy/web", "--path", "api"]).query(0).unwrap_err().to_string();
+    let q = filter(&["deploy/web"]).query(0, "shop").unwrap();
+    assert_eq!(q.namespace, "shop", "the default namespace is the caller's");
+    let error = filter(&["deploy/web", "--path", "api"]).query(0, "shop").unwrap_err().to_string();
     assert!(error.contains("a path starts with '/'"), "{error}");
 }
 
@@ -173,6 +175,29 @@ fn api(proxy: (u16, String)) -> (kube::Client, Seen) {
         }
     });
     (kube::Client::new(service, "default"), seen)
+}
+
+#[test]
+fn local_mode_taps_the_namespace_its_meshed_pods_share() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("cluster")).unwrap();
+    assert_eq!(super::local_namespace(dir.path()), "default", "no pods");
+    let pod = |name: &str, ns: &str, meshed: bool| {
+        let mut containers = vec![json!({"name": "app"})];
+        if meshed {
+            containers.push(json!({"name": "cnimesh-proxy"}));
+        }
+        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns},
+            "spec": {"containers": containers}})
+    };
+    let write = |name: &str, pod: Value| {
+        std::fs::write(dir.path().join("cluster").join(format!("pod-{name}.yaml")), pod.to_string()).unwrap()
+    };
+    write("web", pod("web", "demo", true));
+    write("legacy", pod("legacy", "other", false));
+    assert_eq!(super::local_namespace(dir.path()), "demo");
+    write("api", pod("api", "shop", true));
+    assert_eq!(super::local_namespace(dir.path()), "default", "meshed pods in two namespaces");
 }
 
 #[tokio::test]
