@@ -83,6 +83,7 @@ async fn status_pages_show_configuration_identity_and_discovery_without_secrets(
         ("CNIMESH_PROXY_LOG".to_string(), "info".to_string()),
     ]);
     let admin = Arc::new(Admin {
+        tap: None,
         metrics,
         ready: true.into(),
         log: Box::new(FixedLevel),
