@@ -27,6 +27,15 @@ fn label<'e>(meta: &'e Option<tap_event::EndpointMeta>, key: &str) -> &'e str {
     meta.as_ref().and_then(|m| m.labels.get(key)).map_or("", String::as_str)
 }
 
+/// Every event of a session, to its end.
+async fn read(stream: &mut tonic::Streaming<TapEvent>) -> Vec<TapEvent> {
+    let mut events = Vec::new();
+    while let Some(e) = stream.message().await.unwrap() {
+        events.push(e);
+    }
+    events
+}
+
 #[test]
 fn the_control_plane_taps_both_proxies_of_a_meshed_call() {
     if !require_root("the_control_plane_taps_both_proxies_of_a_meshed_call") {
@@ -47,19 +56,10 @@ fn the_control_plane_taps_both_proxies_of_a_meshed_call() {
     });
 
     let server_http = format!("{}:{}", m.server.ipv4(), apps::HTTP_PORT);
-    let (status, body) = http_in(&m.client.netns.path(), &server_http, "GET", "/tapped", "").unwrap();
+    let (status, body) = http_in(&m.client.netns.path(), &server_http, "GET", "/hello", "").unwrap();
     assert_eq!(status, 200, "{body}");
 
     let (outbound, inbound) = rt.block_on(async {
-        let read = |stream: &mut tonic::Streaming<TapEvent>| {
-            let mut events = Vec::new();
-            async move {
-                while let Some(e) = stream.message().await.unwrap() {
-                    events.push(e);
-                }
-                events
-            }
-        };
         let limit = Duration::from_secs(20);
         let outbound = tokio::time::timeout(limit, read(&mut at_client)).await.expect("the client proxy's events end");
         let inbound = tokio::time::timeout(limit, read(&mut at_server)).await.expect("the server proxy's events end");
@@ -69,7 +69,7 @@ fn the_control_plane_taps_both_proxies_of_a_meshed_call() {
         assert_eq!(events.len(), 3, "{direction:?}: {events:#?}");
         assert!(events.iter().all(|e| e.proxy_direction == direction as i32), "{events:#?}");
         let Event::RequestInit(init) = http(&events[0]) else { panic!("{events:#?}") };
-        assert_eq!((init.path.as_str(), init.method.clone()), ("/tapped", Some(http::Method::GET.into())));
+        assert_eq!((init.path.as_str(), init.method.clone()), ("/hello", Some(http::Method::GET.into())));
         let Event::ResponseInit(rsp) = http(&events[1]) else { panic!("{events:#?}") };
         assert_eq!(rsp.http_status, 200);
         let Event::ResponseEnd(end) = http(&events[2]) else { panic!("{events:#?}") };
