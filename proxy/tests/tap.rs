@@ -3,6 +3,8 @@
 //! loopback, and tonic clients with mesh certificates call `Tap/Observe` over mTLS on the admin
 //! port. What a session saw is read from its events and the `tap_*` metrics, never from timing.
 
+mod support;
+
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -11,7 +13,7 @@ use std::time::{Duration, SystemTime};
 use bytes::Bytes;
 use cnimesh_identity::Name;
 use cnimesh_identity::tls::CurrentCert;
-use cnimesh_proxy::admin::{Admin, LogLevel};
+use cnimesh_proxy::admin::Admin;
 use cnimesh_proxy::config::{Config, IdentityConfig, TrustAnchors};
 use cnimesh_proxy::drain::Drain;
 use cnimesh_proxy::identity::Identity;
@@ -28,6 +30,7 @@ use linkerd2_proxy_api::tap::tap_client::TapClient;
 use linkerd2_proxy_api::tap::tap_event::{self, ProxyDirection, http::Event};
 use linkerd2_proxy_api::tap::{ObserveRequest, TapEvent};
 use rustls_pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
+use support::FixedLevel;
 use tokio::net::{TcpListener, TcpStream};
 use tonic::Code;
 use tonic::transport::Channel;
@@ -35,17 +38,6 @@ use tonic::transport::Channel;
 const PROXY: &str = "web.shop.serviceaccount.identity.cnimesh.cluster.local";
 const CONTROL: &str = "cnimesh-control.cnimesh.serviceaccount.identity.cnimesh.cluster.local";
 const INTRUDER: &str = "intruder.shop.serviceaccount.identity.cnimesh.cluster.local";
-
-struct FixedLevel;
-
-impl LogLevel for FixedLevel {
-    fn get(&self) -> String {
-        "info".into()
-    }
-    fn set(&self, _: &str) -> Result<(), String> {
-        Ok(())
-    }
-}
 
 /// A test CA: its trust anchor and the issuer that signs mesh leaves.
 struct Ca {

@@ -15,51 +15,17 @@
 use std::path::Path;
 use std::sync::atomic::Ordering;
 
-use cnimesh_e2e::apps::{self, Apps};
 use cnimesh_e2e::bench::{Row, interleaved_rounds, print_comparison, rounds};
-use cnimesh_e2e::control::{Control, env_refs, identity};
-use cnimesh_e2e::sidecar::Sidecar;
+use cnimesh_e2e::control::{Control, identity};
+use cnimesh_e2e::mesh::Pair;
 use cnimesh_e2e::tap_client::{self, client_tls, everything};
 use cnimesh_e2e::{Network, Pod, bins, require_root};
 use serde_json::json;
 
 const CONTROL_IDENTITY: &str = "cnimesh-control.cnimesh.serviceaccount.identity.cnimesh.cluster.local";
 
-struct Pair<'n> {
-    client: Pod<'n>,
-    server: Pod<'n>,
-    _apps: Apps,
-    client_proxy: Sidecar,
-    server_proxy: Sidecar,
-    url: String,
-}
-
-impl Pair<'_> {
-    fn pids(&self) -> [u32; 2] {
-        [self.client_proxy.pid(), self.server_proxy.pid()]
-    }
-}
-
-/// A meshed client and server (the client knows the server is meshed), running `proxy`.
-fn pair<'n>(control: &Control, proxy: &Path, client: Pod<'n>, server: Pod<'n>) -> Pair<'n> {
-    let apps = Apps::start(&server.netns.path(), server.ipv4().into(), &server.name).unwrap();
-    let server_env = control.proxy_env("shop", &server.name, &control.token("shop", &server.name).unwrap());
-    let mut client_env = control.proxy_env("shop", &client.name, &control.token("shop", &client.name).unwrap());
-    client_env.push((
-        "CNIMESH_PROXY_OUTBOUND_IDENTITIES".into(),
-        format!("{}={}", server.ipv4(), identity("shop", &server.name)),
-    ));
-    let server_proxy = Sidecar::start(proxy, &server.netns, &env_refs(&server_env)).unwrap();
-    let client_proxy = Sidecar::start(proxy, &client.netns, &env_refs(&client_env)).unwrap();
-    let url = format!("http://{}:{}/hello", server.ipv4(), apps::HTTP_PORT);
-    Pair { client, server, _apps: apps, client_proxy, server_proxy, url }
-}
-
-fn pods<'n>(net: &'n Network, name: &str) -> (Pod<'n>, Pod<'n>) {
-    (
-        Pod::named(net, "shop", &format!("{name}-client")).unwrap(),
-        Pod::named(net, "shop", &format!("{name}-server")).unwrap(),
-    )
+fn row<'a>(name: &'a str, pair: &'a Pair<'_>) -> Row<'a> {
+    Row { name, netns: &pair.client.netns, url: pair.url.clone(), pids: pair.pids() }
 }
 
 fn main() {
@@ -72,14 +38,10 @@ fn main() {
     let control_pod = Pod::unmeshed(&net, "cnimesh", "control").unwrap();
     let control = Control::start(&bins.control, &control_pod, &[]).unwrap();
     let proxy = std::env::var_os("CNIMESH_BENCH_PROXY").map_or(bins.proxy.clone(), Into::into);
-    let (c, s) = pods(&net, "plain");
-    let without = pair(&control, &proxy, c, s);
-    let (c, s) = pods(&net, "tapped");
-    let with = pair(&control, &proxy, c, s);
-    let baseline = std::env::var_os("CNIMESH_BENCH_BASELINE_PROXY").map(|bin| {
-        let (c, s) = pods(&net, "base");
-        pair(&control, Path::new(&bin), c, s)
-    });
+    let without = Pair::start(&control, &proxy, &net, "plain");
+    let with = Pair::start(&control, &proxy, &net, "tapped");
+    let baseline = std::env::var_os("CNIMESH_BENCH_BASELINE_PROXY")
+        .map(|bin| Pair::start(&control, Path::new(&bin), &net, "base"));
 
     // A session on each of the tapped pair's proxies, read to the end in the background.
     let tls = client_tls(&control, CONTROL_IDENTITY).unwrap();
@@ -96,17 +58,9 @@ fn main() {
         counted
     });
 
-    let mut rows: Vec<Row<'_>> = [("mTLS pair, no tap session", &without), ("mTLS pair, tap session on both", &with)]
-        .into_iter()
-        .map(|(name, p)| Row { name, netns: &p.client.netns, url: p.url.clone(), pids: p.pids().to_vec() })
-        .collect();
+    let mut rows = vec![row("mTLS pair, no tap session", &without), row("mTLS pair, tap session on both", &with)];
     if let Some(p) = &baseline {
-        rows.push(Row {
-            name: "baseline binary, no tap",
-            netns: &p.client.netns,
-            url: p.url.clone(),
-            pids: p.pids().to_vec(),
-        });
+        rows.push(row("baseline binary, no tap", p));
     }
     let samples = interleaved_rounds(&rows, rounds);
     let events: u64 = counted.iter().map(|(_, n)| n.load(Ordering::Relaxed)).sum();
@@ -122,12 +76,9 @@ fn main() {
         100.0,
     );
     println!("\ntap events read by the clients: {events}; dropped by the proxies (slow reader): {dropped}");
-    if baseline.is_some() {
-        let (rows, samples) = ([&rows[2], &rows[0]], [samples[2].clone(), samples[0].clone()]);
-        let rows: Vec<Row<'_>> = rows
-            .iter()
-            .map(|r| Row { name: r.name, netns: r.netns, url: r.url.clone(), pids: r.pids.clone() })
-            .collect();
+    if let Some(p) = &baseline {
+        let rows = [row("baseline binary, no tap", p), row("this build, no tap session", &without)];
+        let samples = [samples[2].clone(), samples[0].clone()];
         print_comparison(
             "No session open: this build against the baseline binary",
             &rows,
