@@ -7,11 +7,11 @@ use std::time::Duration;
 use cnimesh_e2e::apps;
 use cnimesh_e2e::control::identity;
 use cnimesh_e2e::mesh::meshed;
-use cnimesh_e2e::sidecar::http_in;
+use cnimesh_e2e::sidecar::{grpc_in, http_in};
 use cnimesh_e2e::tap_client::{self, client_tls, everything};
 use cnimesh_e2e::{Network, bins, require_root};
-use linkerd2_proxy_api::tap::TapEvent;
 use linkerd2_proxy_api::tap::tap_event::{self, ProxyDirection, http::Event};
+use linkerd2_proxy_api::tap::{TapEvent, eos};
 use serde_json::json;
 
 const CONTROL_IDENTITY: &str = "cnimesh-control.cnimesh.serviceaccount.identity.cnimesh.cluster.local";
@@ -89,6 +89,17 @@ fn the_control_plane_taps_both_proxies_of_a_meshed_call() {
     assert_eq!(label(&inb.destination_meta, "server_id"), server_id);
     let src = std::net::SocketAddr::try_from(inb.source.unwrap()).unwrap();
     assert_eq!(src.ip(), std::net::IpAddr::from(m.client.ipv4()));
+
+    // A gRPC call's end carries the status from its trailers.
+    let mut grpc = rt.block_on(async {
+        let mut tap = tap_client::connect(&m.client.netns.path(), tls.clone(), &client_id).await.unwrap();
+        tap.observe(everything(1)).await.unwrap().into_inner()
+    });
+    let (status, _, trailers) = grpc_in(&m.client.netns.path(), &server_http, "/grpc-fail").unwrap();
+    assert_eq!((status, trailers["grpc-status"].to_str().unwrap()), (200, "13"));
+    let events = rt.block_on(async { tokio::time::timeout(Duration::from_secs(20), read(&mut grpc)).await }).unwrap();
+    let Some(Event::ResponseEnd(end)) = events.last().map(http) else { panic!("{events:#?}") };
+    assert_eq!(end.eos.unwrap().end, Some(eos::End::GrpcStatusCode(13)), "{end:?}");
 
     // The workload's own identity may not tap its neighbour.
     let intruder = client_tls(&m.control, &client_id).unwrap();
