@@ -264,3 +264,49 @@ fn grpc_status(headers: &http::HeaderMap) -> Option<u32> {
 /// HTTP/2 reset codes an ended response reports when it did not end cleanly.
 pub const RESET_INTERNAL_ERROR: u32 = 0x2;
 pub const RESET_CANCEL: u32 = 0x8;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::TlsLabel;
+    use linkerd2_proxy_api::tap::observe_request::r#match as pb;
+    use linkerd2_proxy_api::tap::tap_event;
+
+    fn everything() -> Match {
+        let all = pb::Match::All(pb::Seq::default());
+        Match::new(Some(linkerd2_proxy_api::tap::observe_request::Match { r#match: Some(all) })).unwrap()
+    }
+
+    fn meta() -> Meta {
+        let (src, dst) = ("10.0.0.5:40000".parse().unwrap(), "10.0.0.7:8080".parse().unwrap());
+        Meta::outbound(src, dst, &TlsLabel::plaintext(), None, None)
+    }
+
+    fn event(rx: &mut mpsc::Receiver<TapEvent>) -> Event {
+        match rx.try_recv().unwrap().event {
+            Some(tap_event::Event::Http(h)) => h.event.unwrap(),
+            None => panic!("not HTTP"),
+        }
+    }
+
+    #[test]
+    fn sessions_take_requests_up_to_their_limit_and_a_dropped_request_ends_as_cancelled() {
+        let taps = Arc::new(Taps::new(Arc::new(Metrics::default())));
+        assert!(!taps.active());
+        let (session, mut rx) = taps.open(1, everything(), false);
+        assert!(taps.active());
+        let req = http::Request::get("/a").body(()).unwrap();
+        let mut tapped = taps.request(&req, "web", meta(), Instant::now()).expect("matched");
+        assert!(taps.request(&req, "web", meta(), Instant::now()).is_none(), "over the limit");
+        tapped.response(&http::Response::builder().header("grpc-status", "0").body(()).unwrap());
+        drop(tapped);
+        assert!(matches!(event(&mut rx), Event::RequestInit(i) if i.path == "/a" && i.headers.is_none()));
+        assert!(matches!(event(&mut rx), Event::ResponseInit(r) if r.http_status == 200));
+        let Event::ResponseEnd(end) = event(&mut rx) else { panic!("an end") };
+        assert_eq!(end.eos.unwrap().end, Some(eos::End::ResetErrorCode(RESET_CANCEL)));
+        assert!(!session.under_limit());
+        drop(session);
+        assert!(!taps.active(), "no session left: back to one load per request");
+        assert!(rx.try_recv().is_err());
+    }
+}
