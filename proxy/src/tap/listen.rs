@@ -52,6 +52,8 @@ impl TapListener {
             ClientAuth::Required,
             &[b"h2"],
         )?;
+        let names: Vec<&str> = allowed.iter().map(Name::as_str).collect();
+        tracing::info!(allowed = ?names, "tap served on the admin port over mTLS");
         let (conns, rx) = mpsc::channel(PENDING);
         let server = tonic::transport::Server::builder()
             .add_service(TapServer::new(TapService::new(taps, allowed, metrics)))
