@@ -1,6 +1,8 @@
 //! The admin server (default 0.0.0.0:4191): `/metrics`, `/ready`, `/live`, `/proxy-log-level`
 //! (GET shows, PUT sets, e.g. `cnimesh=debug`), `/shutdown` (POST, loopback peers only), and the
-//! status pages `/env.json`, `/identity.json`, `/endpoints.json` (see [`status`]).
+//! status pages `/env.json`, `/identity.json`, `/endpoints.json` (see [`status`]). The same port
+//! serves tap ([`crate::tap`]): a connection that opens with a TLS ClientHello goes there,
+//! anything else is plain HTTP (Prometheus scrapes, probes).
 
 pub mod status;
 
@@ -15,10 +17,12 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 
 use crate::drain::Drain;
 use crate::metrics::Metrics;
+use crate::transport::prefixed::PrefixedIo;
+use crate::transport::tls::client_hello::{self, Peek};
 
 /// Changes the log filter at run time; returns the error for an invalid directive.
 pub trait LogLevel: Send + Sync {
@@ -38,7 +42,13 @@ pub struct Admin {
     pub env: Vec<(String, String)>,
     /// For `/endpoints.json`.
     pub discovery: Option<Arc<crate::discovery::Discovery>>,
+    /// TLS connections go here; without it (no identity) they are closed.
+    pub tap: Option<crate::tap::TapListener>,
 }
+
+/// How long a connection may stay silent before it is served as plain HTTP anyway (hyper then
+/// applies its own rules to it).
+const PEEK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 fn reply(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
     Response::builder().status(status).body(Full::new(body.into())).expect("valid response")
@@ -110,6 +120,28 @@ impl Admin {
         }
     }
 
+    /// One admin connection: tap if it opens with a ClientHello, plain HTTP otherwise.
+    async fn connection(self: Arc<Self>, mut stream: TcpStream, peer: SocketAddr) {
+        let Ok((peek, prefix)) = client_hello::read(&mut stream, PEEK_WAIT).await else { return };
+        let stream = PrefixedIo::new(prefix, stream);
+        if let Peek::ClientHello(_) = peek {
+            match &self.tap {
+                Some(tap) => tap.accept(stream, peer).await,
+                None => tracing::debug!(%peer, "TLS on the admin port refused: no identity, so no tap"),
+            }
+            return;
+        }
+        let service = service_fn(move |req| {
+            let admin = self.clone();
+            async move { Ok::<_, Infallible>(admin.route(req, peer).await) }
+        });
+        // Probes and operators' `nc` may half-close after the request: still answer them.
+        let _ = hyper::server::conn::http1::Builder::new()
+            .half_close(true)
+            .serve_connection(TokioIo::new(stream), service)
+            .await;
+    }
+
     pub async fn serve(self: Arc<Self>, listener: TcpListener) {
         loop {
             let Ok((stream, peer)) = listener.accept().await else {
@@ -118,17 +150,7 @@ impl Admin {
                 continue;
             };
             let admin = self.clone();
-            tokio::spawn(async move {
-                let service = service_fn(move |req| {
-                    let admin = admin.clone();
-                    async move { Ok::<_, Infallible>(admin.route(req, peer).await) }
-                });
-                // Probes and operators' `nc` may half-close after the request: still answer them.
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .half_close(true)
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
-            });
+            tokio::spawn(async move { admin.connection(stream, peer).await });
         }
     }
 }

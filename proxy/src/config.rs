@@ -53,6 +53,10 @@ pub struct Config {
     pub inbound_max_connections: Option<usize>,
     pub outbound_max_connections: Option<usize>,
     pub inbound_max_connections_per_source: Option<usize>,
+    /// Client identities that may tap this proxy ([`crate::tap`]); with an identity, default
+    /// the control plane's (the one the proxy verifies the control plane with). Without an
+    /// identity the proxy serves no tap at all.
+    pub tap_identities: Vec<Name>,
 }
 
 /// Inbound policy from the control plane's InboundServerPolicies, on the Destination channel.
@@ -195,6 +199,7 @@ impl Default for Config {
             inbound_max_connections: None,
             outbound_max_connections: None,
             inbound_max_connections_per_source: None,
+            tap_identities: Vec::new(),
         }
     }
 }
@@ -394,6 +399,9 @@ pub struct Args {
     /// Inbound connections one client IP may hold [default: a quarter of the inbound limit].
     #[arg(long, env = "CNIMESH_PROXY_INBOUND_MAX_CONNECTIONS_PER_SOURCE", value_parser = connections)]
     pub inbound_max_connections_per_source: Option<usize>,
+    /// Identities that may tap this proxy, comma-separated [default: the control plane's].
+    #[arg(long, env = "CNIMESH_PROXY_TAP_IDENTITIES", value_parser = list::<Name>)]
+    pub tap_identities: Option<List<Name>>,
 }
 
 impl TryFrom<Args> for Config {
@@ -412,7 +420,21 @@ impl TryFrom<Args> for Config {
                 "meshed endpoints need CNIMESH_PROXY_IDENTITY_* (they would be sent plaintext)",
             ));
         }
+        let tap_identities = match (&identity, args.tap_identities) {
+            (Some(_), Some(list)) => list.0,
+            (Some(id), None) => vec![id.control_name.clone()],
+            (None, Some(list)) => {
+                let value = list.0.iter().map(Name::to_string).collect::<Vec<_>>().join(",");
+                return Err(ConfigError::invalid(
+                    "CNIMESH_PROXY_TAP_IDENTITIES",
+                    value,
+                    "tap needs CNIMESH_PROXY_IDENTITY_* (it is served over mTLS only)",
+                ));
+            }
+            (None, None) => Vec::new(),
+        };
         Ok(Self {
+            tap_identities,
             inbound: args.inbound_addrs.map_or(d.inbound, |l| l.0),
             outbound: args.outbound_addrs.map_or(d.outbound, |l| l.0),
             admin: args.admin_addr.unwrap_or(d.admin),
@@ -631,6 +653,25 @@ mod tests {
         assert!(e.to_string().contains("would be sent plaintext"), "{e}");
         let e = from_vars(&[("CNIMESH_PROXY_DESTINATION_ADDR", "control:4190")]).unwrap_err();
         assert!(e.to_string().contains("needs CNIMESH_PROXY_IDENTITY"), "{e}");
+    }
+
+    #[test]
+    fn tap_is_for_the_control_plane_unless_told_otherwise_and_needs_an_identity() {
+        let identity = [
+            ("CNIMESH_PROXY_IDENTITY_NAME", "web.shop.serviceaccount.identity.cnimesh.cluster.local"),
+            ("CNIMESH_PROXY_IDENTITY_TRUST_ANCHORS", "/ca.crt"),
+            ("CNIMESH_PROXY_IDENTITY_ADDR", "control:4190"),
+        ];
+        let default = from_vars(&identity).unwrap().tap_identities;
+        assert_eq!(default.iter().map(Name::as_str).collect::<Vec<_>>(), [DEFAULT_CONTROL_NAME]);
+        let tap = ("CNIMESH_PROXY_TAP_IDENTITIES", "a.b.serviceaccount.identity.cnimesh.cluster.local, c.d");
+        let listed = from_vars(&[&identity[..], &[tap]].concat()).unwrap().tap_identities;
+        assert_eq!(listed.len(), 2);
+        assert!(from_vars(&[]).unwrap().tap_identities.is_empty(), "no identity: no tap");
+        let e = from_vars(&[tap]).unwrap_err();
+        assert!(e.to_string().contains("tap needs CNIMESH_PROXY_IDENTITY"), "{e}");
+        let e = from_vars(&[&identity[..], &[("CNIMESH_PROXY_TAP_IDENTITIES", "Bad_Name")]].concat()).unwrap_err();
+        assert!(e.to_string().contains("CNIMESH_PROXY_TAP_IDENTITIES"), "{e}");
     }
 
     #[test]

@@ -33,10 +33,13 @@ use crate::outbound::targets::Target;
 use crate::outbound::upstream::RequestBody;
 use crate::policy::enforce::ConnPolicy;
 use crate::shared::Shared;
+use crate::tap;
 
 /// Everything a connection's requests need.
 pub struct HttpProxy {
     direction: Direction,
+    /// The client (tap events).
+    peer: SocketAddr,
     /// The connection's original destination (metrics, messages).
     addr: SocketAddr,
     target: Arc<Target>,
@@ -129,6 +132,7 @@ fn route_error(e: RouteError) -> ProxyError {
 impl HttpProxy {
     pub fn new(
         direction: Direction,
+        peer: SocketAddr,
         addr: SocketAddr,
         target: Arc<Target>,
         tls: TlsLabel,
@@ -138,6 +142,7 @@ impl HttpProxy {
         let h2_upgrade = direction == Direction::outbound && shared.config.outbound_h2_upgrade;
         Self {
             direction,
+            peer,
             addr,
             target,
             tls,
@@ -221,7 +226,7 @@ impl HttpProxy {
             handles.requests.inc();
             let grpc_failure = denied.headers().contains_key("grpc-status");
             handles.count_response(denied.status(), if grpc_failure { "failure" } else { "success" });
-            return Ok(denied);
+            return Ok(tap::respond(self.tap(&req, None, start), denied));
         }
         let routed = match self.direction {
             Direction::outbound => routed::route(&mut req, &self.target, &self.routes, &self.shared).await,
@@ -235,7 +240,7 @@ impl HttpProxy {
                     answer.status(),
                     if answer.status().is_server_error() { "failure" } else { "success" },
                 );
-                return Ok(answer);
+                return Ok(tap::respond(self.tap(&req, None, start), answer));
             }
         };
         // A route may send the request to another Service (a canary): its requests are labelled
@@ -245,6 +250,7 @@ impl HttpProxy {
             _ => handles,
         };
         handles.requests.inc();
+        let tapped = self.tap(&req, routed.as_ref(), start);
         // Only the inbound speaks to apps, so only it undoes a peer proxy's upgrade.
         let downgraded = match self.direction {
             Direction::inbound => orig_proto::downgrade_request(&mut req),
@@ -273,14 +279,40 @@ impl HttpProxy {
                 let failed_early =
                     status.is_server_error() || response.headers().get("grpc-status").is_some_and(|v| v != "0");
                 let end = Box::new(End { handles, status, failed_early, _load: load });
-                Ok(response.map(|inner| Classified::new(inner, end).boxed_unsync()))
+                Ok(tap::respond(tapped, response.map(|inner| Classified::new(inner, end).boxed_unsync())))
             }
             Err(e) => {
                 tracing::warn!(direction = ?self.direction, target = %self.addr, status = e.status.as_u16(), "{}", e.message);
+                if let Some(tapped) = tapped {
+                    tapped.failed();
+                }
                 handles.count_response(e.status, if e.status.is_server_error() { "failure" } else { "success" });
                 Ok(error_response(&e))
             }
         }
+    }
+
+    /// Offers the request to open tap sessions: with none open, one relaxed load and nothing
+    /// else. `routed` is the route that took it, if any.
+    fn tap<B>(&self, req: &Request<B>, routed: Option<&Routed>, started: Instant) -> Option<tap::Tapped> {
+        if !self.shared.taps.active() {
+            return None;
+        }
+        let meta = match self.direction {
+            Direction::inbound => {
+                let own = self.shared.identity.as_ref().map(|id| id.name.as_str());
+                tap::Meta::inbound(self.peer, self.addr, &self.tls, own)
+            }
+            Direction::outbound => {
+                let target = routed.map_or(&self.target, |r| &r.target);
+                let service = match &target.route {
+                    Route::Balanced(b) => Some(b.service.as_str()),
+                    Route::Fixed(_) => None,
+                };
+                tap::Meta::outbound(self.peer, self.addr, &target.tls, service, routed.map(|r| &*r.route))
+            }
+        };
+        self.shared.taps.request(req, authority_of(req), meta, started)
     }
 
     async fn forward(

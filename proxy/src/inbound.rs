@@ -56,7 +56,7 @@ pub async fn connection<I: Io>(io: I, peer: SocketAddr, addr: SocketAddr, shared
             match tls::inbound(io, identity, wait, config.inbound_require_tls).await? {
                 tls::Inbound::Accepted { io, prefix, tls } => {
                     let policy = enforce(&tls);
-                    let conn = Connection { direction: Direction::inbound, addr, tls, target, known, policy };
+                    let conn = Connection { direction: Direction::inbound, peer, addr, tls, target, known, policy };
                     serve::serve(io, prefix, conn, shared).await
                 }
                 // Silent (or dribbling) for the whole wait: on an opaque port, a server-speaks-first
@@ -66,7 +66,7 @@ pub async fn connection<I: Io>(io: I, peer: SocketAddr, addr: SocketAddr, shared
                     let tls = TlsLabel::plaintext();
                     let policy = enforce(&tls);
                     let io: tls::ClientIo<I> = MaybeTls::Plain(io);
-                    let conn = Connection { direction: Direction::inbound, addr, tls, target, known, policy };
+                    let conn = Connection { direction: Direction::inbound, peer, addr, tls, target, known, policy };
                     serve::serve(io, prefix, conn, shared).await
                 }
                 tls::Inbound::Undecided { prefix, .. } => {
@@ -82,7 +82,7 @@ pub async fn connection<I: Io>(io: I, peer: SocketAddr, addr: SocketAddr, shared
         None => {
             let tls = TlsLabel::plaintext();
             let policy = enforce(&tls);
-            let conn = Connection { direction: Direction::inbound, addr, tls, target, known, policy };
+            let conn = Connection { direction: Direction::inbound, peer, addr, tls, target, known, policy };
             serve::serve(io, Bytes::new(), conn, shared).await
         }
     }

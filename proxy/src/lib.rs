@@ -24,6 +24,7 @@ pub mod serve;
 pub mod server;
 pub mod shared;
 pub mod static_identities;
+pub mod tap;
 pub mod transport;
 
 use std::sync::Arc;
@@ -117,7 +118,17 @@ pub async fn run(
             "no {direction:?} listener could be bound from {addrs:?}"
         );
     }
+    let tap = match &identity {
+        Some(id) => {
+            Some(tap::TapListener::start(id, config.tap_identities.clone(), shared.taps.clone(), metrics.clone())?)
+        }
+        None => {
+            tracing::info!("no identity: tap is not served (TLS on the admin port is refused)");
+            None
+        }
+    };
     let admin = Arc::new(Admin {
+        tap,
         metrics,
         ready: false.into(),
         log,

@@ -307,6 +307,12 @@ pub struct Metrics {
     pub outbound_http_route_backend_requests_total: Family<RouteBackendLabels, Counter>,
     pub outbound_http_route_retry_requests_total: Family<RouteLabels, Counter>,
     pub outbound_http_route_retry_overflow_total: Family<RouteLabels, Counter>,
+    /// Tap ([`crate::tap`]): sessions open now, events sent to and dropped for tap clients
+    /// (a full queue: the client reads too slowly), calls refused to unauthorized clients.
+    pub tap_sessions_open: Gauge,
+    pub tap_events_sent_total: Counter,
+    pub tap_events_dropped_total: Counter,
+    pub tap_denied_total: Counter,
     /// Distinct route series so far (routes and backends come from the control plane, parents
     /// from destinations: the product is capped).
     route_series: Mutex<HashSet<RouteBackendLabels>>,
@@ -343,6 +349,10 @@ impl Default for Metrics {
             outbound_http_route_backend_requests_total: Family::default(),
             outbound_http_route_retry_requests_total: Family::default(),
             outbound_http_route_retry_overflow_total: Family::default(),
+            tap_sessions_open: Gauge::default(),
+            tap_events_sent_total: Counter::default(),
+            tap_events_dropped_total: Counter::default(),
+            tap_denied_total: Counter::default(),
             route_series: Mutex::default(),
             authorities: Default::default(),
             targets: Default::default(),
@@ -420,6 +430,18 @@ impl Default for Metrics {
             ),
         ] {
             registry.register(name, help, family.clone());
+        }
+        registry.register("tap_sessions_open", "Tap sessions open now", m.tap_sessions_open.clone());
+        for (name, help, counter) in [
+            ("tap_events_sent", "Tap events sent to tap clients", &m.tap_events_sent_total),
+            (
+                "tap_events_dropped",
+                "Tap events dropped because a tap client read too slowly",
+                &m.tap_events_dropped_total,
+            ),
+            ("tap_denied", "Tap calls refused: the client's identity may not tap", &m.tap_denied_total),
+        ] {
+            registry.register(name, help, counter.clone());
         }
         registry.register(
             "connection_protocol",

@@ -23,6 +23,8 @@ use crate::transport::tcp;
 /// What is known of a connection once its TLS is settled.
 pub struct Connection {
     pub direction: Direction,
+    /// The client: the app (outbound) or the remote peer (inbound).
+    pub peer: SocketAddr,
     /// The original destination.
     pub addr: SocketAddr,
     /// The client side's TLS (inbound) or the upstream's (outbound), for metrics labels.
@@ -98,7 +100,8 @@ pub async fn serve<I: Io>(mut io: I, read: Bytes, conn: Connection, shared: &Arc
     }
     let io = CountingIo::new(PrefixedIo::new(prefix, io), counters.read, counters.write);
     let proxy = Arc::new(
-        HttpProxy::new(conn.direction, conn.addr, conn.target, conn.tls, open, shared.clone()).with_policy(conn.policy),
+        HttpProxy::new(conn.direction, conn.peer, conn.addr, conn.target, conn.tls, open, shared.clone())
+            .with_policy(conn.policy),
     );
     let service = service_fn(move |req| proxy.clone().handle(req));
     crate::http::server::serve(

@@ -96,20 +96,20 @@ pub async fn connection<I: Io>(io: I, peer: SocketAddr, addr: SocketAddr, direct
     let _guard = shared.drain.guard();
     let served = match direction {
         Direction::inbound => crate::inbound::connection(io, peer, addr, &shared).await,
-        Direction::outbound => outbound(io, addr, &shared).await,
+        Direction::outbound => outbound(io, peer, addr, &shared).await,
     };
     if let Err(e) = served {
         tracing::debug!(?direction, %peer, %addr, error = %e, "connection ended with an error");
     }
 }
 
-async fn outbound<I: Io>(io: I, addr: SocketAddr, shared: &Arc<Shared>) -> anyhow::Result<()> {
+async fn outbound<I: Io>(io: I, peer: SocketAddr, addr: SocketAddr, shared: &Arc<Shared>) -> anyhow::Result<()> {
     let target = crate::outbound::resolve(addr, shared)
         .await
         .inspect_err(|_| shared.metrics.tcp_refused(Direction::outbound, addr))?;
     let known = known_protocol(addr, &target, &shared.config);
-    let conn =
-        Connection { direction: Direction::outbound, addr, tls: target.tls.clone(), target, known, policy: None };
+    let tls = target.tls.clone();
+    let conn = Connection { direction: Direction::outbound, peer, addr, tls, target, known, policy: None };
     serve::serve(io, Bytes::new(), conn, shared).await
 }
 

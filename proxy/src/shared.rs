@@ -15,6 +15,7 @@ use crate::outbound::policy::discover::OutboundPolicies;
 use crate::outbound::targets::{Outbound, Targets};
 use crate::policy::discover::Policies;
 use crate::static_identities::MeshedEndpoints;
+use crate::tap::Taps;
 
 /// State shared by every connection of the proxy.
 pub struct Shared {
@@ -40,6 +41,8 @@ pub struct Shared {
     pub outbound: Outbound,
     /// Connection limits, checked at accept ([`crate::server::accept_loop`]).
     pub admission: Admission,
+    /// Open tap sessions, offered each HTTP request ([`crate::tap`]).
+    pub taps: Arc<Taps>,
 }
 
 impl Shared {
@@ -57,6 +60,7 @@ impl Shared {
             admission,
             static_identities: Arc::new(MeshedEndpoints::new(config.outbound_identities.clone())),
             config,
+            taps: Arc::new(Taps::new(metrics.clone())),
             metrics,
             drain,
             identity,

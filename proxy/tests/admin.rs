@@ -2,10 +2,12 @@
 //! effective configuration with secrets redacted, `/identity.json` the certificate held, and
 //! `/endpoints.json` what discovery has been asked and answered.
 
+mod support;
+
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use cnimesh_proxy::admin::{Admin, LogLevel, status};
+use cnimesh_proxy::admin::{Admin, status};
 use cnimesh_proxy::config::{Config, IdentityConfig, TrustAnchors};
 use cnimesh_proxy::discovery::Discovery;
 use cnimesh_proxy::drain::Drain;
@@ -15,18 +17,8 @@ use http_body_util::{BodyExt, Empty};
 use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
 use serde_json::Value;
+use support::FixedLevel;
 use tokio::net::{TcpListener, TcpStream};
-
-struct FixedLevel;
-
-impl LogLevel for FixedLevel {
-    fn get(&self) -> String {
-        "info".into()
-    }
-    fn set(&self, _: &str) -> Result<(), String> {
-        Ok(())
-    }
-}
 
 const NAME: &str = "web.shop.serviceaccount.identity.cnimesh.cluster.local";
 
@@ -83,6 +75,7 @@ async fn status_pages_show_configuration_identity_and_discovery_without_secrets(
         ("CNIMESH_PROXY_LOG".to_string(), "info".to_string()),
     ]);
     let admin = Arc::new(Admin {
+        tap: None,
         metrics,
         ready: true.into(),
         log: Box::new(FixedLevel),

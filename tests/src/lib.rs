@@ -21,6 +21,7 @@ pub mod pod;
 pub mod probe;
 pub mod sidecar;
 pub mod sniff;
+pub mod tap_client;
 pub mod wait;
 
 pub use cni::{Bins, Call, CniFailure, Network, PluginDir};

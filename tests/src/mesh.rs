@@ -2,6 +2,8 @@
 //! to a client and a server pod, both captured, each with its proxy; the server runs the test
 //! apps ([`crate::apps`]).
 
+use std::path::Path;
+
 use crate::apps::Apps;
 use crate::cni::{Bins, Network};
 use crate::control::{Control, env_refs, identity};
@@ -37,7 +39,21 @@ pub fn meshed_with<'n>(
     let client = Pod::named(net, "shop", "client").unwrap();
     let server = Pod::named(net, "shop", "server").unwrap();
     let apps = Apps::start(&server.netns.path(), server.ipv4().into(), "server").unwrap();
-    let mut server_env = control.proxy_env("shop", "server", &control.token("shop", "server").unwrap());
+    let (client_proxy, server_proxy) = proxies(&control, &bins.proxy, &client, &server, client_settings);
+    Meshed { control, client, server, client_proxy, server_proxy, _apps: apps, _control_pod: control_pod }
+}
+
+/// The proxies (running `proxy`) of a meshed `client` and `server` pod of namespace `shop`, with
+/// certificates from `control`; the client knows the server's address is meshed (as discovery
+/// would tell it). Returns (client's, server's).
+pub fn proxies(
+    control: &Control,
+    proxy: &Path,
+    client: &Pod<'_>,
+    server: &Pod<'_>,
+    client_settings: &[(&str, &str)],
+) -> (Sidecar, Sidecar) {
+    let mut server_env = control.proxy_env("shop", &server.name, &control.token("shop", &server.name).unwrap());
     // The server's proxy gets its trust anchors as PEM text, as the injector passes them; the
     // client's reads them from a file.
     for (var, value) in &mut server_env {
@@ -46,13 +62,42 @@ pub fn meshed_with<'n>(
             *value = std::fs::read_to_string(control.trust_anchors()).unwrap();
         }
     }
-    let server_proxy = Sidecar::start(&bins.proxy, &server.netns, &env_refs(&server_env)).unwrap();
-    let mut client_env = control.proxy_env("shop", "client", &control.token("shop", "client").unwrap());
+    let server_proxy = Sidecar::start(proxy, &server.netns, &env_refs(&server_env)).unwrap();
+    let mut client_env = control.proxy_env("shop", &client.name, &control.token("shop", &client.name).unwrap());
     client_env.push((
         "CNIMESH_PROXY_OUTBOUND_IDENTITIES".into(),
-        format!("{}={}", server.ipv4(), identity("shop", "server")),
+        format!("{}={}", server.ipv4(), identity("shop", &server.name)),
     ));
     client_env.extend(client_settings.iter().map(|(k, v)| (k.to_string(), v.to_string())));
-    let client_proxy = Sidecar::start(&bins.proxy, &client.netns, &env_refs(&client_env)).unwrap();
-    Meshed { control, client, server, client_proxy, server_proxy, _apps: apps, _control_pod: control_pod }
+    let client_proxy = Sidecar::start(proxy, &client.netns, &env_refs(&client_env)).unwrap();
+    (client_proxy, server_proxy)
+}
+
+/// A meshed client and server pod with their proxies and the test apps on the server: one row
+/// of a proxy benchmark.
+pub struct Pair<'n> {
+    pub client: Pod<'n>,
+    pub server: Pod<'n>,
+    pub client_proxy: Sidecar,
+    pub server_proxy: Sidecar,
+    /// The server app's `/hello`, by the server's address.
+    pub url: String,
+    _apps: Apps,
+}
+
+impl<'n> Pair<'n> {
+    /// Pods `<name>-client` and `<name>-server` in `net`, meshed by [`proxies`].
+    pub fn start(control: &Control, proxy: &Path, net: &'n Network, name: &str) -> Self {
+        let client = Pod::named(net, "shop", &format!("{name}-client")).unwrap();
+        let server = Pod::named(net, "shop", &format!("{name}-server")).unwrap();
+        let apps = Apps::start(&server.netns.path(), server.ipv4().into(), &server.name).unwrap();
+        let (client_proxy, server_proxy) = proxies(control, proxy, &client, &server, &[]);
+        let url = format!("http://{}:{}/hello", server.ipv4(), crate::apps::HTTP_PORT);
+        Self { client, server, client_proxy, server_proxy, url, _apps: apps }
+    }
+
+    /// The two proxies' PIDs (what a benchmark charges CPU to).
+    pub fn pids(&self) -> Vec<u32> {
+        vec![self.client_proxy.pid(), self.server_proxy.pid()]
+    }
 }

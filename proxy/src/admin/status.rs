@@ -83,6 +83,7 @@ pub fn env_json(config: &Config, env: &[(String, String)]) -> Value {
             "opaque_tls_wait": duration(config.opaque_tls_wait),
             "outbound_h2_upgrade": config.outbound_h2_upgrade,
             "outbound_identities": outbound_identities,
+            "tap_identities": config.tap_identities.iter().map(|n| n.as_str()).collect::<Vec<_>>(),
             "destination": config.destination.as_ref().map(|d| json!({
                 "addr": d.addr,
                 "name": d.name.as_str(),
