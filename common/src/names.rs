@@ -24,6 +24,14 @@ pub const PROXY_CONTAINER: &str = "cnimesh-proxy";
 /// The control plane's namespace, Deployment, Service and ServiceAccount name.
 pub const CONTROL_NAMESPACE: &str = "cnimesh";
 pub const CONTROL_NAME: &str = "cnimesh-control";
+/// The control plane's admin listener (`/metrics`, `/ready`, `/live`, `/tap`), port name `admin`.
+pub const CONTROL_ADMIN_PORT: u16 = 9990;
+/// The ServiceAccount (in [`CONTROL_NAMESPACE`]) whose token the control plane's tap relay
+/// requires: permission to mint a token for it is what an operator is given to tap.
+pub const TAP_SERVICE_ACCOUNT: &str = "cnimesh-tap";
+/// The audience of those tokens: not the Identity service's, so a tap token cannot ask for a
+/// certificate and no workload's token can tap.
+pub const TAP_TOKEN_AUDIENCE: &str = "tap.cnimesh.io";
 /// The node agents' namespace and DaemonSet name.
 pub const AGENT_NAMESPACE: &str = "cnimesh-system";
 pub const AGENT_NAME: &str = "cnimesh-node";

@@ -1,5 +1,6 @@
-//! The admin listener: `/metrics` for Prometheus, `/ready` and `/live` for the kubelet. Plain
-//! HTTP/1: probes and scrapers speak nothing else, and nothing here is secret.
+//! The admin listener: `/metrics` for Prometheus, `/ready` and `/live` for the kubelet, and
+//! `/tap` (the tap relay, [`crate::tap`]). Plain HTTP/1: probes, scrapers and the API server's
+//! service proxy speak nothing else; nothing here is secret but tap, which checks a token.
 //!
 //! Layer: runtime: the admin HTTP listener `serve` starts beside gRPC.
 
@@ -10,13 +11,14 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Response, StatusCode, header};
-use http_body_util::Full;
+use http_body_util::{BodyExt, Full};
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 
 use crate::identity::IssuerRx;
 use crate::metrics::Metrics;
+use crate::tap::{AdminBody, Relay};
 
 /// What the admin endpoints report on.
 #[derive(Clone)]
@@ -27,6 +29,8 @@ pub struct AdminState {
     /// With Destination: ready once every kind of object has been loaded once (earlier answers
     /// could call an existing service unknown).
     pub index: Option<crate::destination::Index>,
+    /// `/tap`; `None`: 404 like any unknown path.
+    pub tap: Option<Relay>,
 }
 
 fn respond(state: &AdminState, path: &str) -> Response<Full<Bytes>> {
@@ -69,8 +73,14 @@ pub async fn serve(listener: TcpListener, state: AdminState, shutdown: impl Futu
         let state = state.clone();
         tokio::spawn(async move {
             let service = service_fn(move |req: http::Request<hyper::body::Incoming>| {
-                let response = respond(&state, req.uri().path());
-                async move { Ok::<_, Infallible>(response) }
+                let state = state.clone();
+                async move {
+                    let response: Response<AdminBody> = match (&state.tap, req.uri().path()) {
+                        (Some(tap), "/tap") => tap.handle(req.headers(), req.uri().query()).await,
+                        (_, path) => respond(&state, path).map(BodyExt::boxed_unsync),
+                    };
+                    Ok::<_, Infallible>(response)
+                }
             });
             let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
         });

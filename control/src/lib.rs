@@ -8,7 +8,7 @@
 //! 2. sources: [`sources`] (Kubernetes watchers, YAML files), the identity token sources and
 //!    the issuer directory;
 //! 3. gRPC: [`grpc`] (Destination, Identity, inbound and outbound policy over TLS) and the webhook's HTTPS endpoint;
-//! 4. runtime: [`cli`], [`serve`], [`admin`], [`ca_init`], [`leader`] (Lease elections for the
+//! 4. runtime: [`cli`], [`serve`], [`admin`] (with the tap relay, [`tap`]), [`ca_init`], [`leader`] (Lease elections for the
 //!    writers), [`webhook_certs`] (the webhook's Secret and caBundle) and the operator's CLI, [`operator`].
 //!
 //! In-process use (tests, benchmarks): bind the listeners yourself and call [`serve::run`] with a
@@ -28,6 +28,7 @@ pub mod policy;
 pub mod routes;
 pub mod serve;
 pub mod sources;
+pub mod tap;
 pub mod webhook_certs;
 
 pub use serve::{ClusterSource, Config, Listeners, TokenSource, run};

@@ -45,6 +45,16 @@ struct RoleLabel {
     role: String,
 }
 
+/// An open tap in `tap_sessions_open`, for as long as it lives.
+#[derive(Debug)]
+pub struct TapSession(Gauge);
+
+impl Drop for TapSession {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
@@ -53,6 +63,21 @@ pub struct Metrics {
     issuer_reloads: Family<ResultLabel, Counter>,
     issuer_expiry: Gauge,
     leader: Family<RoleLabel, Gauge>,
+    tap_requests: Family<ResultLabel, Counter>,
+    tap_sessions: Gauge,
+    tap_unreachable: Counter,
+}
+
+/// How a tap request was answered, from its HTTP status.
+fn tap_result(status: u16) -> &'static str {
+    match status {
+        200..=299 => "ok",
+        400 => "invalid",
+        401 => "unauthenticated",
+        403 => "forbidden",
+        404 => "not_found",
+        _ => "unavailable",
+    }
 }
 
 impl Default for Metrics {
@@ -87,7 +112,30 @@ impl Default for Metrics {
         );
         let leader = Family::<RoleLabel, Gauge>::default();
         registry.register("control_leader", "1 while this replica holds the writer Lease of a role", leader.clone());
-        Self { registry, certify, certify_duration, issuer_reloads, issuer_expiry, leader }
+        let tap_requests = Family::<ResultLabel, Counter>::default();
+        for status in [200, 400, 401, 403, 404, 503] {
+            let _ = tap_requests.get_or_create(&ResultLabel { result: tap_result(status) });
+        }
+        registry.register("tap_requests", "Tap requests to the relay by result", tap_requests.clone());
+        let tap_sessions = Gauge::default();
+        registry.register("tap_sessions_open", "Taps the relay is streaming now", tap_sessions.clone());
+        let tap_unreachable = Counter::default();
+        registry.register(
+            "tap_proxy_unreachable",
+            "Proxies a tap could not open or whose stream broke",
+            tap_unreachable.clone(),
+        );
+        Self {
+            registry,
+            certify,
+            certify_duration,
+            issuer_reloads,
+            issuer_expiry,
+            leader,
+            tap_requests,
+            tap_sessions,
+            tap_unreachable,
+        }
     }
 }
 
@@ -112,6 +160,22 @@ impl Metrics {
     /// Leadership of a writer role (`crate::leader`) changed.
     pub fn set_leader(&self, role: &str, leading: bool) {
         self.leader.get_or_create(&RoleLabel { role: role.to_string() }).set(i64::from(leading));
+    }
+
+    /// The tap relay answered a request with `status`.
+    pub fn tap_answered(&self, status: u16) {
+        self.tap_requests.get_or_create(&ResultLabel { result: tap_result(status) }).inc();
+    }
+
+    /// One more tap streaming; the guard counts it down when dropped.
+    pub fn tap_session(&self) -> TapSession {
+        self.tap_sessions.inc();
+        TapSession(self.tap_sessions.clone())
+    }
+
+    /// A tapped proxy could not be reached, or its stream broke.
+    pub fn tap_proxy_unreachable(&self) {
+        self.tap_unreachable.inc();
     }
 
     /// Read back by tests; the admin listener only ever encodes.

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context;
+use cnimesh_common::names::TAP_TOKEN_AUDIENCE;
 use cnimesh_identity::Name;
 use cnimesh_identity::tls::{self, ClientAuth, CurrentCert};
 use tokio::net::TcpListener;
@@ -24,6 +25,7 @@ use crate::grpc::outbound::OutboundService;
 use crate::identity::{Authenticator, FileTokens, KubeTokens, Policy, issuer, own_cert};
 use crate::metrics::Metrics;
 use crate::sources::{FileSource, KubeSource, Source};
+use crate::tap::Relay;
 
 /// Where cluster state (Services, EndpointSlices, Pods) for the Destination service comes from.
 pub enum ClusterSource {
@@ -91,13 +93,22 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Out
     ));
     // No client certificates: a proxy asks for its first one here. The roots are therefore
     // unused; the issuer's anchors may not even be loaded yet.
-    let server_tls = tls::server_config(Arc::new(rustls::RootCertStore::empty()), own_cert, ClientAuth::None, &[b"h2"])
-        .context("TLS configuration for the gRPC server")?;
+    let server_tls =
+        tls::server_config(Arc::new(rustls::RootCertStore::empty()), own_cert.clone(), ClientAuth::None, &[b"h2"])
+            .context("TLS configuration for the gRPC server")?;
 
-    let authenticator: Arc<dyn Authenticator> = match config.tokens {
-        TokenSource::Files(dir) => Arc::new(FileTokens::new(dir)),
-        TokenSource::Kube(client) => Arc::new(KubeTokens::new(client)),
+    // Tap tokens carry their own audience in a cluster; local mode's files have none.
+    let (authenticator, tap_authenticator): (Arc<dyn Authenticator>, Arc<dyn Authenticator>) = match config.tokens {
+        TokenSource::Files(dir) => {
+            let files = Arc::new(FileTokens::new(dir));
+            (files.clone(), files)
+        }
+        TokenSource::Kube(client) => (
+            Arc::new(KubeTokens::new(client.clone())),
+            Arc::new(KubeTokens::new(client).with_audience(TAP_TOKEN_AUDIENCE)),
+        ),
     };
+    let trust_domain = config.policy.trust_domain.clone();
     let identity = IdentityService::new(issuer.clone(), authenticator, config.policy, metrics.clone());
     let mut routes = Routes::new(identity.into_server());
     let index = config.cluster.as_ref().map(|_| Index::new());
@@ -134,7 +145,9 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Out
         (None, None) => None,
         _ => anyhow::bail!("the webhook needs both its configuration and a listener"),
     };
-    let admin_state = AdminState { metrics, issuer, index };
+    let tap =
+        Relay::new(tap_authenticator, metrics.clone(), index.clone(), issuer.clone(), own_cert.clone(), trust_domain);
+    let admin_state = AdminState { metrics, issuer, index, tap: Some(tap) };
     let admin = tokio::spawn(admin::serve(listeners.admin, admin_state, until(stopped)));
 
     shutdown.await;

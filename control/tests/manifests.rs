@@ -9,12 +9,13 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
+use cnimesh_common::names::{CONTROL_ADMIN_PORT, CONTROL_NAMESPACE, TAP_SERVICE_ACCOUNT};
 use cnimesh_control::inject::{CONTROL_NAME, CONTROL_PORT, INJECT_PATH, OPT_IN_PATH, WEBHOOK_SERVICE};
 use k8s_openapi::api::admissionregistration::v1::{MutatingWebhook, MutatingWebhookConfiguration};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Container, Namespace, Service, ServiceAccount};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde_json::Value;
@@ -203,6 +204,13 @@ fn services_reach_the_listeners() {
     check_service(&m, CONTROL_NAME, i32::from(CONTROL_PORT), grpc);
     let webhook = port_of(env(c, "CNIMESH_CONTROL_WEBHOOK_ADDR").expect("the webhook listens"));
     check_service(&m, WEBHOOK_SERVICE, 443, webhook);
+    // `cnimesh tap` reaches the relay at services/cnimesh-control:admin/proxy/tap.
+    let admin = port_of(env(c, "CNIMESH_CONTROL_ADMIN_ADDR").unwrap_or("0.0.0.0:9990"));
+    assert_eq!(admin, i32::from(CONTROL_ADMIN_PORT));
+    check_service(&m, CONTROL_NAME, admin, admin);
+    let svc = m.services.iter().find(|s| s.metadata.name.as_deref() == Some(CONTROL_NAME)).unwrap();
+    let named = svc.spec.as_ref().unwrap().ports.iter().flatten().find(|p| p.port == admin).unwrap();
+    assert_eq!(named.name.as_deref(), Some("admin"), "the port name the tap command uses");
 }
 
 fn selector_values(w: &MutatingWebhook, key: &str) -> (String, Vec<String>) {
@@ -266,13 +274,30 @@ fn rbac_grants_exactly_what_the_control_plane_uses() {
     assert_eq!(m.roles.len(), 1);
     let role = &m.roles[0];
     assert!(role.aggregation_rule.is_none());
-    let mut grants = BTreeSet::new();
     // Resource names are part of the grant: the caBundle patch reaches one configuration only.
     let rules = role.rules.iter().flatten().map(|r| (r, None)).chain(
         m.namespaced_roles
             .iter()
+            .filter(|r| r.metadata.name.as_deref() != Some(TAP_SERVICE_ACCOUNT))
             .flat_map(|r| r.rules.iter().flatten().map(|rule| (rule, r.metadata.namespace.clone()))),
     );
+    // Every namespaced Role but the operators' tap Role (checked in its own test) is bound to the control
+    // plane's ServiceAccount in its namespace.
+    for role in m.namespaced_roles.iter().filter(|r| r.metadata.name.as_deref() != Some(TAP_SERVICE_ACCOUNT)) {
+        let bound = m.namespaced_bindings.iter().any(|b| {
+            b.role_ref.kind == "Role"
+                && Some(&b.role_ref.name) == role.metadata.name.as_ref()
+                && b.metadata.namespace == role.metadata.namespace
+                && b.subjects.iter().flatten().any(|s| s.kind == "ServiceAccount" && s.name == CONTROL_NAME)
+        });
+        assert!(bound, "Role {:?} is bound", role.metadata.name);
+    }
+    assert_eq!(grants_of(rules), expected_control_grants());
+}
+
+/// `scope:group/resource[names]:verb` for every grant of `rules` (scope: a Role's namespace).
+fn grants_of<'a>(rules: impl Iterator<Item = (&'a PolicyRule, Option<String>)>) -> BTreeSet<String> {
+    let mut grants = BTreeSet::new();
     for (rule, namespace) in rules {
         assert!(rule.non_resource_urls.is_none());
         let names = rule.resource_names.as_ref().map(|n| format!("[{}]", n.join(","))).unwrap_or_default();
@@ -285,17 +310,41 @@ fn rbac_grants_exactly_what_the_control_plane_uses() {
             }
         }
     }
-    // Every namespaced Role is bound to the control plane's ServiceAccount in its namespace.
-    for role in &m.namespaced_roles {
-        let bound = m.namespaced_bindings.iter().any(|b| {
-            b.role_ref.kind == "Role"
-                && Some(&b.role_ref.name) == role.metadata.name.as_ref()
-                && b.metadata.namespace == role.metadata.namespace
-                && b.subjects.iter().flatten().any(|s| s.kind == "ServiceAccount" && s.name == CONTROL_NAME)
-        });
-        assert!(bound, "Role {:?} is bound", role.metadata.name);
-    }
+    grants
+}
+
+#[test]
+fn the_tap_role_grants_a_token_for_the_tap_account_and_the_relay_only_and_is_bound_to_nobody() {
+    let m = load();
+    let (d, _) = control_deployment(&m);
+    let ns = d.metadata.namespace.clone().unwrap();
+    assert_eq!(ns, CONTROL_NAMESPACE);
+    let sa = m
+        .service_accounts
+        .iter()
+        .find(|s| s.metadata.name.as_deref() == Some(TAP_SERVICE_ACCOUNT))
+        .expect("the tap ServiceAccount");
+    assert_eq!(sa.metadata.namespace.as_deref(), Some(ns.as_str()));
+    assert_eq!(sa.automount_service_account_token, Some(false), "no pod runs as it");
+    let role = m
+        .namespaced_roles
+        .iter()
+        .find(|r| r.metadata.name.as_deref() == Some(TAP_SERVICE_ACCOUNT))
+        .expect("the tap Role");
+    let grants = grants_of(role.rules.iter().flatten().map(|r| (r, role.metadata.namespace.clone())));
     let expected: BTreeSet<String> = [
+        format!("{ns}:/serviceaccounts/token[{TAP_SERVICE_ACCOUNT}]:create"),
+        format!("{ns}:/services/proxy[{CONTROL_NAME}:admin]:get"),
+    ]
+    .into();
+    assert_eq!(grants, expected);
+    let bound = m.namespaced_bindings.iter().any(|b| b.role_ref.name == TAP_SERVICE_ACCOUNT)
+        || m.bindings.iter().any(|b| b.role_ref.name == TAP_SERVICE_ACCOUNT);
+    assert!(!bound, "operators bind it to whom may tap");
+}
+
+fn expected_control_grants() -> BTreeSet<String> {
+    [
         "/services:get",
         "/services:list",
         "/services:watch",
@@ -343,8 +392,7 @@ fn rbac_grants_exactly_what_the_control_plane_uses() {
     ]
     .into_iter()
     .map(String::from)
-    .collect();
-    assert_eq!(grants, expected);
+    .collect()
 }
 
 mod strictness {

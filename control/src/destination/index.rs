@@ -230,6 +230,43 @@ impl Index {
         }
     }
 
+    /// The pods of `namespace` (every namespace with `None`) that `keep` accepts, sorted by
+    /// namespace and name: how tap finds a resource's proxies without a second pod watch.
+    pub fn pods(
+        &self,
+        namespace: Option<&str>,
+        keep: impl Fn(&NsName, &PodRecord) -> bool,
+    ) -> Vec<(NsName, Arc<PodRecord>)> {
+        let state = self.lock();
+        let mut pods: Vec<(NsName, Arc<PodRecord>)> = state
+            .pods
+            .iter()
+            .filter(|(key, pod)| namespace.is_none_or(|ns| key.namespace == ns) && keep(key, pod))
+            .map(|(key, pod)| (key.clone(), pod.clone()))
+            .collect();
+        pods.sort_by(|a, b| a.0.cmp(&b.0));
+        pods
+    }
+
+    /// The ClusterIPs of the Services whose EndpointSlices list any of `ips`: where a client
+    /// sends traffic meant for those pods (tap's `to`; proxies see the ClusterIP as the
+    /// destination of outbound requests).
+    pub fn cluster_ips_serving(&self, ips: &[IpAddr]) -> Vec<IpAddr> {
+        let state = self.lock();
+        let mut found: Vec<IpAddr> = ips
+            .iter()
+            .flat_map(|ip| state.slice_ips.get(ip).into_iter().flatten())
+            .filter_map(|slice| {
+                let service = state.slices.get(slice)?.service.as_ref()?;
+                state.services.get(&NsName::new(&slice.namespace, service))
+            })
+            .flat_map(|service| service.cluster_ips.iter().copied())
+            .collect();
+        found.sort();
+        found.dedup();
+        found
+    }
+
     pub(crate) fn watch_service(&self, key: &NsName) -> watch::Receiver<ServiceView> {
         let mut state = self.lock();
         let state = &mut *state;

@@ -19,6 +19,9 @@ use crate::routes::model::ServiceDefaults;
 /// DESIGN.md §2: the container whose presence marks a pod as meshed, and the annotation naming
 /// ports on which traffic is not HTTP (server-speaks-first protocols and the like).
 pub use cnimesh_common::names::{OPAQUE_PORTS_ANNOTATION, PROXY_CONTAINER};
+use cnimesh_common::names::{OWNER_KINDS, OWNER_LABEL_PREFIX};
+
+use crate::inject::Workload;
 /// The label tying an EndpointSlice to its Service.
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 
@@ -267,6 +270,10 @@ pub struct PodRecord {
     pub opaque_ports: PortSet,
     /// Container port name → number, for Services whose targetPort is a name.
     pub named_ports: BTreeMap<String, u16>,
+    /// The workloads it belongs to, kind (lower case) → name, for tap to find a resource's pods:
+    /// its controller from the owner references (a Deployment's ReplicaSet as both), overridden
+    /// by the owner labels the injector wrote (`cnimesh.io/proxy-<kind>`).
+    pub workloads: BTreeMap<String, String>,
 }
 
 impl PodRecord {
@@ -308,8 +315,35 @@ impl PodRecord {
             .and_then(|s| s.service_account_name.clone())
             .filter(|s| !s.is_empty())
             .unwrap_or_else(|| "default".to_string());
-        Self { ips, meshed, service_account, opaque_ports: PortSet::of(&key, &pod.metadata), named_ports }
+        Self {
+            ips,
+            meshed,
+            service_account,
+            opaque_ports: PortSet::of(&key, &pod.metadata),
+            named_ports,
+            workloads: workloads_of(&pod.metadata),
+        }
     }
+}
+
+/// See [`PodRecord::workloads`].
+fn workloads_of(meta: &ObjectMeta) -> BTreeMap<String, String> {
+    let mut workloads: BTreeMap<String, String> = meta
+        .owner_references
+        .iter()
+        .flatten()
+        .filter(|o| o.controller == Some(true))
+        .map(|o| (o.kind.to_lowercase(), o.name.clone()))
+        .collect();
+    if let Some(owner) = Workload::of_pod(meta) {
+        workloads.insert(owner.kind, owner.name);
+    }
+    for (key, value) in meta.labels.iter().flatten() {
+        if let Some(kind) = key.strip_prefix(OWNER_LABEL_PREFIX).filter(|k| OWNER_KINDS.contains(k)) {
+            workloads.insert(kind.to_string(), value.clone());
+        }
+    }
+    workloads
 }
 
 #[cfg(test)]
@@ -336,6 +370,17 @@ mod tests {
         assert_eq!(rec.service_account, "default");
         assert_eq!(rec.ips.len(), 2);
         assert_eq!(rec.named_ports.get("web"), Some(&8080));
+    }
+
+    #[test]
+    fn workloads_come_from_the_controller_and_the_owner_labels() {
+        let pod: Pod = from_yaml(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: web-abc-1\n  labels: {pod-template-hash: abc, cnimesh.io/proxy-deployment: web, cnimesh.io/workload-ns: shop}\n  ownerReferences: [{apiVersion: apps/v1, kind: ReplicaSet, name: web-abc, uid: u, controller: true}]\nspec: {containers: [{name: app}]}\n",
+        );
+        let workloads = PodRecord::from_k8s(&pod).workloads;
+        assert_eq!(workloads.get("replicaset").map(String::as_str), Some("web-abc"));
+        assert_eq!(workloads.get("deployment").map(String::as_str), Some("web"));
+        assert_eq!(workloads.len(), 2, "{workloads:?}");
     }
 
     #[test]

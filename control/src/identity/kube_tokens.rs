@@ -1,6 +1,7 @@
 //! Cluster mode: the API server vouches for a projected service-account token (TokenReview).
 //! The audience is part of the review, so a token minted for another service (or the default
-//! API audience) is not accepted here even though it is valid.
+//! API audience) is not accepted here even though it is valid. Identity's audience by default;
+//! the tap relay checks its own ([`KubeTokens::with_audience`]).
 //!
 //! Layer: sources (kube): TokenReview against the API server.
 
@@ -17,11 +18,18 @@ const SA_PREFIX: &str = "system:serviceaccount:";
 #[derive(Clone)]
 pub struct KubeTokens {
     client: kube::Client,
+    audience: String,
 }
 
 impl KubeTokens {
     pub fn new(client: kube::Client) -> Self {
-        Self { client }
+        Self { client, audience: TOKEN_AUDIENCE.to_string() }
+    }
+
+    /// Tokens must be for `audience` instead of Identity's.
+    pub fn with_audience(mut self, audience: &str) -> Self {
+        self.audience = audience.to_string();
+        self
     }
 
     async fn review(&self, token: &[u8]) -> Result<ServiceAccount, TokenError> {
@@ -32,7 +40,7 @@ impl KubeTokens {
             return Err(TokenError::Unauthenticated("the token is empty".into()));
         }
         let review = TokenReview {
-            spec: TokenReviewSpec { token: Some(token.to_string()), audiences: Some(vec![TOKEN_AUDIENCE.to_string()]) },
+            spec: TokenReviewSpec { token: Some(token.to_string()), audiences: Some(vec![self.audience.clone()]) },
             ..Default::default()
         };
         let api: Api<TokenReview> = Api::all(self.client.clone());
@@ -48,8 +56,8 @@ impl KubeTokens {
             return Err(TokenError::Unauthenticated("TokenReview: the token is not authenticated".into()));
         }
         // An API server that ignores spec.audiences answers with its own; never assume ours.
-        if !status.audiences.unwrap_or_default().iter().any(|a| a == TOKEN_AUDIENCE) {
-            return Err(TokenError::Denied(format!("the token's audiences do not include {TOKEN_AUDIENCE}")));
+        if !status.audiences.unwrap_or_default().contains(&self.audience) {
+            return Err(TokenError::Denied(format!("the token's audiences do not include {}", self.audience)));
         }
         let username = status.user.and_then(|u| u.username).unwrap_or_default();
         let (namespace, name) = username
@@ -129,6 +137,18 @@ pub(crate) mod tests {
     async fn a_token_for_another_audience() {
         let (tokens, _) = mocked(status("system:serviceaccount:shop:web", &["https://kubernetes.default.svc"]));
         assert!(matches!(tokens.authenticate(b"t").await, Err(TokenError::Denied(_))));
+    }
+
+    #[tokio::test]
+    async fn another_audience_is_asked_for_and_required() {
+        let tap = cnimesh_common::names::TAP_TOKEN_AUDIENCE;
+        let (tokens, seen) = mocked(status("system:serviceaccount:cnimesh:cnimesh-tap", &[tap]));
+        let tokens = tokens.with_audience(tap);
+        assert_eq!(tokens.authenticate(b"t").await.unwrap().name, "cnimesh-tap");
+        assert_eq!(seen.lock().unwrap().remove(0)["spec"]["audiences"], json!([tap]));
+        let (tokens, _) = mocked(status("system:serviceaccount:cnimesh:cnimesh-tap", &[TOKEN_AUDIENCE]));
+        let denied = tokens.with_audience(tap).authenticate(b"t").await;
+        assert!(matches!(denied, Err(TokenError::Denied(m)) if m.contains(tap)));
     }
 
     #[tokio::test]

@@ -1,5 +1,5 @@
 //! `cnimesh`, the operator's command line: install, check, inject/uninject, uninstall, stat,
-//! edges, version, completion. It renders the manifests under `daemonset/` (the single source of truth: what
+//! edges, tap, top, version, completion. It renders the manifests under `daemonset/` (the single source of truth: what
 //! `install` prints is those files plus generated certificates), applies the webhook's pure
 //! mutation to YAML offline, and reads the cluster with kube-rs, never with a shell on a node.
 //!
@@ -11,6 +11,8 @@ pub mod install;
 pub mod manifests;
 pub mod pod_proxy;
 pub mod stat;
+pub mod tap;
+pub mod top;
 pub mod uninstall;
 pub mod yaml;
 
@@ -77,6 +79,10 @@ pub enum Command {
     Stat(stat::StatArgs),
     /// Who talks to whom: source and destination workloads with their identities and mTLS.
     Edges(stat::EdgesArgs),
+    /// Live requests and responses seen by a resource's proxies (through the control plane).
+    Tap(tap::TapArgs),
+    /// A resource's live requests aggregated by source, destination, method and path.
+    Top(top::TopArgs),
     /// Print the client's version and, when reachable, the control plane's.
     Version(VersionArgs),
     /// Print a shell completion script.
@@ -133,6 +139,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Stat(args) => runtime()?.block_on(stat::stat_main(&cli.cluster, args, &mut out))?,
         Command::Edges(args) => runtime()?.block_on(stat::edges_main(&cli.cluster, args, &mut out))?,
+        Command::Tap(args) => runtime()?.block_on(tap::tap_main(&cli.cluster, args, &mut out))?,
+        Command::Top(args) => runtime()?.block_on(top::top_main(&cli.cluster, args, &mut out))?,
         Command::Version(args) => {
             writeln!(out, "client: {}", env!("CARGO_PKG_VERSION"))?;
             if !args.client {
@@ -180,8 +188,19 @@ mod tests {
             let mut script = Vec::new();
             clap_complete::generate(shell, &mut Cli::command(), "cnimesh", &mut script);
             let script = String::from_utf8(script).unwrap();
-            for sub in ["install", "check", "inject", "uninject", "uninstall", "stat", "edges", "version", "completion"]
-            {
+            for sub in [
+                "install",
+                "check",
+                "inject",
+                "uninject",
+                "uninstall",
+                "stat",
+                "edges",
+                "tap",
+                "top",
+                "version",
+                "completion",
+            ] {
                 assert!(script.contains(sub), "{shell:?} completion lacks {sub}");
             }
         }

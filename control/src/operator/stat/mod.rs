@@ -15,6 +15,7 @@
 //! Layer: runtime (operator CLI).
 
 pub mod compute;
+pub mod fetch;
 pub mod mesh;
 pub mod render;
 
@@ -22,6 +23,7 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use cnimesh_common::names::PROXY_ADMIN_PORT;
@@ -39,7 +41,8 @@ use super::pod_proxy::{CONCURRENCY, POD_PROXY_TIMEOUT, kube_error, pod_proxy_get
 /// Which namespaces, and where the pods and metrics come from.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Scope {
-    /// The namespace [default: `default`; with --local, every namespace].
+    /// The namespace [default: the kubeconfig context's namespace, else `default`; with --local,
+    /// every namespace].
     #[arg(short = 'n', long)]
     pub namespace: Option<String>,
     /// Every namespace.
@@ -52,16 +55,21 @@ pub struct Scope {
     /// Read the proxies' series from this Prometheus (`http://host:9090`) instead of the proxies.
     #[arg(long, value_name = "URL")]
     pub prometheus: Option<String>,
+    /// A PEM CA bundle to verify an `https://` Prometheus with, besides the system's roots.
+    #[arg(long, value_name = "FILE", requires = "prometheus")]
+    pub prometheus_ca: Option<PathBuf>,
     #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
     pub output: Output,
 }
 
 impl Scope {
-    fn namespace(&self) -> Option<String> {
+    /// The namespace shown (`None`: all); `default` is the cluster client's namespace (kubectl's:
+    /// the kubeconfig context's, else `default`).
+    fn namespace(&self, default: &str) -> Option<String> {
         match (&self.namespace, self.all_namespaces, &self.local) {
             (Some(ns), _, _) => Some(ns.clone()),
             (None, true, _) | (None, false, Some(_)) => None,
-            (None, false, None) => Some("default".into()),
+            (None, false, None) => Some(default.to_string()),
         }
     }
 }
@@ -105,11 +113,13 @@ pub struct EdgesArgs {
 enum Metrics {
     Cluster(kube::Client),
     Local,
-    Prometheus(String),
+    Prometheus { base: fetch::BaseUrl, tls: Option<Arc<rustls::ClientConfig>> },
 }
 
 struct Sources {
     client: Option<kube::Client>,
+    /// The namespace `-n` defaults to.
+    default_namespace: String,
     local: Option<PathBuf>,
     metrics: Metrics,
 }
@@ -120,17 +130,25 @@ impl Sources {
             Some(_) => None,
             None => Some(cluster.client().await?),
         };
-        Ok(Self::with_client(client, scope))
+        Self::with_client(client, scope)
     }
 
     /// `client` for the cluster (`None` with `--local`).
-    fn with_client(client: Option<kube::Client>, scope: &Scope) -> Self {
+    fn with_client(client: Option<kube::Client>, scope: &Scope) -> anyhow::Result<Self> {
         let metrics = match (&scope.prometheus, &client) {
-            (Some(url), _) => Metrics::Prometheus(url.trim_end_matches('/').to_string()),
+            (Some(url), _) => {
+                let base = fetch::BaseUrl::parse(url).map_err(|e| anyhow::anyhow!("--prometheus {e}"))?;
+                let tls = match base.https {
+                    true => Some(fetch::tls_config(scope.prometheus_ca.as_deref()).map_err(anyhow::Error::msg)?),
+                    false => None,
+                };
+                Metrics::Prometheus { base, tls }
+            }
             (None, Some(client)) => Metrics::Cluster(client.clone()),
             (None, None) => Metrics::Local,
         };
-        Self { client, local: scope.local.clone(), metrics }
+        let default_namespace = client.as_ref().map_or("default", kube::Client::default_namespace).to_string();
+        Ok(Self { client, default_namespace, local: scope.local.clone(), metrics })
     }
 
     /// The pods and Services of `namespaces` (`None`: all).
@@ -166,8 +184,8 @@ impl Sources {
 
     /// One reading of every meshed pod's metrics (at `at` for Prometheus).
     async fn read(&self, pods: &[&PodView], at: SystemTime) -> BTreeMap<String, Result<Vec<Sample>, String>> {
-        if let Metrics::Prometheus(url) = &self.metrics {
-            return match prometheus_query(url, at).await {
+        if let Metrics::Prometheus { base, tls } = &self.metrics {
+            return match prometheus_query(base, tls.as_ref(), at).await {
                 Ok(by_pod) => pods
                     .iter()
                     .map(|p| (pod_key(p), Ok(by_pod.get(&pod_key(p)).cloned().unwrap_or_default())))
@@ -181,7 +199,9 @@ impl Sources {
                     pod_proxy_get(client, &p.namespace, &p.name, PROXY_ADMIN_PORT, "metrics").await
                 }
                 _ => match p.ip {
-                    Some(ip) => http_get(SocketAddr::new(ip, PROXY_ADMIN_PORT), "/metrics").await,
+                    Some(ip) => {
+                        fetch::http_get(SocketAddr::new(ip, PROXY_ADMIN_PORT), "/metrics", POD_PROXY_TIMEOUT).await
+                    }
                     None => Err("the pod has no IP yet".into()),
                 },
             };
@@ -194,8 +214,8 @@ impl Sources {
 }
 
 /// Every namespace a query touches (`None`: all of them).
-fn namespaces(scope: &Scope, extra: &[Option<String>]) -> Option<Vec<String>> {
-    let mut list = vec![scope.namespace()?];
+fn namespaces(shown: Option<String>, extra: &[Option<String>]) -> Option<Vec<String>> {
+    let mut list = vec![shown?];
     list.extend(extra.iter().flatten().cloned());
     list.sort();
     list.dedup();
@@ -226,9 +246,11 @@ pub async fn stat_main(cluster: &ClusterArgs, args: StatArgs, out: &mut impl Wri
 
 async fn stat(sources: &Sources, args: &StatArgs, out: &mut impl Write) -> anyhow::Result<()> {
     let scope = &args.scope;
-    let shown = scope.namespace();
-    let from_ns = args.from_namespace.clone().or_else(|| shown.clone()).unwrap_or_else(|| "default".into());
-    let to_ns = args.to_namespace.clone().or_else(|| shown.clone()).unwrap_or_else(|| "default".into());
+    let shown = scope.namespace(&sources.default_namespace);
+    let from_ns =
+        args.from_namespace.clone().or_else(|| shown.clone()).unwrap_or_else(|| sources.default_namespace.clone());
+    let to_ns =
+        args.to_namespace.clone().or_else(|| shown.clone()).unwrap_or_else(|| sources.default_namespace.clone());
     let query = Query {
         resource: args.resource.clone(),
         namespace: shown.clone(),
@@ -237,9 +259,9 @@ async fn stat(sources: &Sources, args: &StatArgs, out: &mut impl Write) -> anyho
         window: args.window,
     };
     let extra = [args.from.as_ref().map(|_| from_ns), args.to.as_ref().map(|_| to_ns)];
-    let wanted = namespaces(scope, &extra);
+    let wanted = namespaces(shown.clone(), &extra);
     let mut mesh = sources.mesh(wanted.as_deref()).await?;
-    let prometheus = matches!(sources.metrics, Metrics::Prometheus(_));
+    let prometheus = matches!(sources.metrics, Metrics::Prometheus { .. });
     let mut before = if prometheus { BTreeMap::new() } else { sources.read(&meshed(&mesh), SystemTime::now()).await };
     loop {
         let now = if prometheus {
@@ -279,7 +301,7 @@ async fn edges(sources: &Sources, args: &EdgesArgs, out: &mut impl Write) -> any
     let scope = &args.scope;
     let query = Query {
         resource: args.resource.clone(),
-        namespace: scope.namespace(),
+        namespace: scope.namespace(&sources.default_namespace),
         from: None,
         to: None,
         window: Duration::ZERO,
@@ -290,35 +312,6 @@ async fn edges(sources: &Sources, args: &EdgesArgs, out: &mut impl Write) -> any
     let scrapes = join(BTreeMap::new(), &after);
     out.write_all(render::edges(&compute::edges(&mesh, &scrapes, &query), scope.output).as_bytes())?;
     Ok(())
-}
-
-/// GET `path` over plain HTTP/1.1 (a proxy's admin port, Prometheus): the body, or why not.
-async fn http_get(addr: SocketAddr, path: &str) -> Result<String, String> {
-    let fetch = async {
-        let stream = tokio::net::TcpStream::connect(addr).await.map_err(|e| format!("connecting to {addr}: {e}"))?;
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-            .await
-            .map_err(|e| format!("{addr}: {e}"))?;
-        tokio::spawn(conn);
-        let request = http::Request::get(path)
-            .header(http::header::HOST, addr.to_string())
-            .body(http_body_util::Empty::<bytes::Bytes>::new())
-            .map_err(|e| e.to_string())?;
-        let response = sender.send_request(request).await.map_err(|e| format!("{addr}{path}: {e}"))?;
-        let status = response.status();
-        let body = http_body_util::BodyExt::collect(response.into_body())
-            .await
-            .map_err(|e| format!("{addr}{path}: {e}"))?
-            .to_bytes();
-        let body = String::from_utf8_lossy(&body).into_owned();
-        if !status.is_success() {
-            return Err(format!("{addr}{path}: HTTP {status}: {}", body.trim()));
-        }
-        Ok(body)
-    };
-    tokio::time::timeout(POD_PROXY_TIMEOUT, fetch)
-        .await
-        .unwrap_or_else(|_| Err(format!("{addr}{path}: no answer within {}s", POD_PROXY_TIMEOUT.as_secs())))
 }
 
 /// The series `stat` reads, as one PromQL selector.
@@ -338,17 +331,14 @@ fn encode_query(value: &str) -> String {
 
 /// The proxies' series in Prometheus at `at`, by pod (`namespace/pod` labels, as the scrape
 /// config in `daemonset/observability/` sets them).
-async fn prometheus_query(url: &str, at: SystemTime) -> Result<BTreeMap<String, Vec<Sample>>, String> {
-    let rest = url.strip_prefix("http://").ok_or_else(|| format!("{url}: only http:// URLs are supported"))?;
-    let (authority, base) = rest.split_once('/').map_or((rest, String::new()), |(a, b)| (a, format!("/{b}")));
-    let addr = tokio::net::lookup_host(authority)
-        .await
-        .map_err(|e| format!("resolving {authority}: {e}"))?
-        .next()
-        .ok_or_else(|| format!("{authority} resolves to nothing"))?;
+async fn prometheus_query(
+    base: &fetch::BaseUrl,
+    tls: Option<&Arc<rustls::ClientConfig>>,
+    at: SystemTime,
+) -> Result<BTreeMap<String, Vec<Sample>>, String> {
     let time = at.duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
-    let path = format!("{base}/api/v1/query?query={}&time={time:.3}", encode_query(SERIES));
-    let body = http_get(addr, &path).await?;
+    let path = format!("{}/api/v1/query?query={}&time={time:.3}", base.prefix, encode_query(SERIES));
+    let body = fetch::url_get(base, tls, &path, POD_PROXY_TIMEOUT).await?;
     parse_prometheus(&body)
 }
 

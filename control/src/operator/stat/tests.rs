@@ -194,7 +194,14 @@ fn edges_name_both_sides_and_their_identities() {
 }
 
 fn scope(output: Output) -> Scope {
-    Scope { namespace: Some("shop".into()), all_namespaces: false, local: None, prometheus: None, output }
+    Scope {
+        namespace: Some("shop".into()),
+        all_namespaces: false,
+        local: None,
+        prometheus: None,
+        prometheus_ca: None,
+        output,
+    }
 }
 
 /// The cluster path: pods and Services listed from the API server, every meshed pod's metrics
@@ -215,7 +222,7 @@ async fn through_the_api_servers_pod_proxy() {
         503,
         "error trying to reach service: dial tcp 10.244.0.12:4191: connect: connection refused",
     );
-    let sources = Sources::with_client(Some(api.client()), &scope(Output::Table));
+    let sources = Sources::with_client(Some(api.client()), &scope(Output::Table)).unwrap();
 
     let mut out = Vec::new();
     let args = EdgesArgs { resource: "deploy".parse::<Resource>().unwrap(), scope: scope(Output::Table) };
@@ -263,4 +270,15 @@ fn prometheus_answers_are_read_by_pod() {
     assert_eq!(super::parse_prometheus(&failed.to_string()).unwrap_err(), "Prometheus: parse error at char 3");
     assert!(super::parse_prometheus("<html>").unwrap_err().contains("not a Prometheus answer"));
     assert_eq!(super::encode_query(r#"{a=~"b|c"}"#), "%7Ba%3D~%22b%7Cc%22%7D");
+}
+
+/// `-n` defaults to the cluster client's namespace (the kubeconfig context's), as kubectl does.
+#[test]
+fn the_namespace_defaults_to_the_kubeconfig_contexts() {
+    let mut s = scope(Output::Table);
+    assert_eq!(s.namespace("team-a").as_deref(), Some("shop"));
+    s.namespace = None;
+    assert_eq!(s.namespace("team-a").as_deref(), Some("team-a"));
+    s.all_namespaces = true;
+    assert_eq!(s.namespace("team-a"), None);
 }

@@ -14,7 +14,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use cnimesh_common::fs::write_atomic;
-use cnimesh_common::names::{CONTROL_NAMESPACE, CONTROL_PORT, PROXY_ADMIN_PORT, PROXY_UID};
+use cnimesh_common::names::{
+    CONTROL_ADMIN_PORT, CONTROL_NAMESPACE, CONTROL_PORT, PROXY_ADMIN_PORT, PROXY_UID, TAP_SERVICE_ACCOUNT,
+};
 use serde_json::{Value, json};
 
 use self::preflight::{Binaries, preflight};
@@ -28,7 +30,6 @@ use super::{Naming, UpArgs, down};
 use crate::chain;
 
 /// The control plane's admin server (`/ready`) inside its pod; not a §2 number, local mode's own.
-const CONTROL_ADMIN_PORT: u16 = 9990;
 const NETWORK: &str = "cnimesh-local";
 const STARTUP: Duration = Duration::from_secs(30);
 
@@ -247,6 +248,9 @@ fn start_control(i: &Inputs<'_>, conflist: &Value, ca: &Path, state: &mut State)
     let control_addr = SocketAddr::from((control_ip, CONTROL_PORT));
     state.control = Some(control_addr);
     state.write(i.root)?;
+    // The token `cnimesh tap --local` proves the tap ServiceAccount with (root's alone).
+    mkdir(&i.root.join("tokens").join(CONTROL_NAMESPACE), 0o700)?;
+    write_secret(&i.root.join("tokens").join(CONTROL_NAMESPACE).join(TAP_SERVICE_ACCOUNT), &random_id()?, None)?;
     let mut control = i.in_netns("control", &i.bins.control);
     control
         .args(["serve", "--issuer-dir"])

@@ -97,6 +97,14 @@ pub(super) fn next_commands(i: &Inputs<'_>) -> BTreeMap<String, String> {
         ),
     );
     commands.insert(
+        "live requests (tap) and their table (top)".into(),
+        format!(
+            "{0} tap deploy --local {1} -n {ns}; {0} top deploy --local {1} -n {ns}",
+            cnimesh.display(),
+            root.display()
+        ),
+    );
+    commands.insert(
         "tear it down".into(),
         format!("{} local down --dir {} --prefix {prefix}", me.display(), root.display()),
     );

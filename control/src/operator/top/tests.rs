@@ -1,0 +1,38 @@
+//! `cnimesh top`'s aggregation and table (golden), and its run loop over a finished stream.
+
+use super::aggregate::{Key, Top};
+use super::run;
+use crate::operator::tap::tests::{golden, sample_lines};
+
+#[test]
+fn requests_fold_by_source_destination_method_and_path() {
+    let mut top = Top::default();
+    sample_lines().iter().for_each(|l| top.add(l));
+    let rows = top.rows();
+    assert_eq!(rows.len(), 3, "{rows:?}");
+    let (key, hello) = rows[0];
+    assert_eq!(
+        key,
+        &Key { source: "10.0.0.5".into(), destination: "10.0.0.7".into(), method: "GET".into(), path: "/hello".into() }
+    );
+    assert_eq!((hello.count, hello.successes, hello.best_us, hello.worst_us, hello.last_us), (2, 1, 812, 2345, 2345));
+    let grpc = rows.iter().find(|(k, _)| k.path == "/shop.Cart/Add").unwrap().1;
+    assert_eq!(grpc.successes, 0, "grpc-status 5 is a failure despite HTTP 200");
+    assert!(top.problems.contains_key("demo/web-2"));
+    golden("top-table.txt", &top.render());
+}
+
+#[test]
+fn events_of_requests_not_seen_starting_are_ignored() {
+    let mut top = Top::default();
+    sample_lines().iter().skip(1).take(2).for_each(|l| top.add(l));
+    assert!(top.rows().is_empty());
+    assert_eq!(top.render(), "No requests seen yet.\n");
+}
+
+#[tokio::test]
+async fn run_folds_the_stream_until_it_ends() {
+    let lines: super::Lines = Box::pin(futures::stream::iter(sample_lines().into_iter().map(Ok)));
+    let top = run(lines, None, None::<&mut Vec<u8>>).await.unwrap();
+    assert_eq!(top.rows().iter().map(|(_, r)| r.count).sum::<u64>(), 4);
+}
