@@ -673,3 +673,68 @@ async fn outbound_serves_routes_and_streams_route_changes() {
     drop((watch, ops));
     tokio::time::timeout(Duration::from_secs(20), running.task).await.unwrap().unwrap().unwrap();
 }
+
+/// The `api` Service with Linkerd-style retry and timeout annotations.
+const ANNOTATED_SERVICE: &str = "apiVersion: v1\nkind: Service\nmetadata: {name: api, namespace: shop, annotations: {config.cnimesh.io/opaque-ports: '5432', retry.cnimesh.io/http: gateway-error, retry.cnimesh.io/limit: '3', timeout.cnimesh.io/request: 2s}}\nspec: {clusterIP: 10.96.0.10, ports: [{name: http, port: 80, targetPort: 8080}, {name: db, port: 5432}]}\n";
+
+/// A route of `api` that sets no retry or timeout of its own.
+const PLAIN_ROUTE: &str = r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: api-plain, namespace: shop}
+spec:
+  parentRefs: [{group: "", kind: Service, name: api, port: 80}]
+  rules: [{matches: [{path: {type: PathPrefix, value: /v2}}]}]
+"#;
+
+/// A rule's retry (max retries, first status range) and request timeout (s).
+type RetryAndTimeout = (Option<(u32, (u32, u32))>, Option<i64>);
+
+fn retry_and_timeout(rule: &outbound::http_route::Rule) -> RetryAndTimeout {
+    let retry = rule.retry.as_ref().map(|r| {
+        let range = &r.conditions.as_ref().unwrap().status_ranges[0];
+        (r.max_retries, (range.start, range.end))
+    });
+    (retry, rule.timeouts.and_then(|t| t.request).map(|d| d.seconds))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_services_retry_and_timeout_annotations_apply_where_its_routes_set_none() {
+    let mut running = start().await;
+    let mut client = OutboundPoliciesClient::new(channel(&running).await);
+    let mut watch = client.watch(addr("10.96.0.10", 80)).await.unwrap().into_inner();
+    let mut policy = next(&mut watch).await;
+    write(running.cluster.path(), "service.yaml", ANNOTATED_SERVICE);
+    // The default route, with the Service's annotations.
+    while http_routes(&policy)[0].rules[0].retry.is_none() {
+        policy = next(&mut watch).await;
+    }
+    let default = &http_routes(&policy)[0];
+    assert!(matches!(default.metadata.as_ref().and_then(|m| m.kind.as_ref()), Some(metadata::Kind::Default(_))));
+    assert_eq!(retry_and_timeout(&default.rules[0]), (Some((3, (502, 504))), Some(2)));
+
+    // Routes: the annotated one keeps its own retry (whole) and timeout; what it leaves unset
+    // (the redirect rule's timeout) and the plain route take the Service's.
+    write(running.cluster.path(), "route.yaml", &format!("{HTTP_ROUTE}---{PLAIN_ROUTE}"));
+    while http_routes(&policy).len() < 2 {
+        policy = next(&mut watch).await;
+    }
+    let routes = http_routes(&policy);
+    let named = |name: &str| routes.iter().find(|r| resource(r.metadata.as_ref()).name == name).unwrap();
+    let canary = named("api-canary");
+    assert_eq!(retry_and_timeout(&canary.rules[0]), (Some((2, (500, 599))), Some(5)));
+    assert_eq!(retry_and_timeout(&canary.rules[1]), (Some((2, (500, 599))), Some(2)));
+    assert_eq!(retry_and_timeout(&named("api-plain").rules[0]), (Some((3, (502, 504))), Some(2)));
+
+    // A bad annotation is ignored (the Service stays served): the default route has none.
+    std::fs::remove_file(running.cluster.path().join("route.yaml")).unwrap();
+    write(running.cluster.path(), "service.yaml", &ANNOTATED_SERVICE.replace("'3'", "many"));
+    while http_routes(&policy).len() > 1 || http_routes(&policy)[0].rules[0].retry.is_some() {
+        policy = next(&mut watch).await;
+    }
+    assert_eq!(retry_and_timeout(&http_routes(&policy)[0].rules[0]), (None, None));
+
+    running.stop.take().unwrap().send(()).unwrap();
+    drop(watch);
+    tokio::time::timeout(Duration::from_secs(20), running.task).await.unwrap().unwrap().unwrap();
+}

@@ -14,6 +14,8 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
+use crate::routes::model::ServiceDefaults;
+
 /// DESIGN.md §2: the container whose presence marks a pod as meshed, and the annotation naming
 /// ports on which traffic is not HTTP (server-speaks-first protocols and the like).
 pub use cnimesh_common::names::{OPAQUE_PORTS_ANNOTATION, PROXY_CONTAINER};
@@ -162,6 +164,8 @@ pub struct ServiceRecord {
     /// TCP ports only: the mesh carries nothing else.
     pub ports: Vec<ServicePort>,
     pub opaque_ports: PortSet,
+    /// Its retry and timeout annotations, for its routes (outbound policy).
+    pub route_defaults: ServiceDefaults,
 }
 
 impl ServiceRecord {
@@ -195,7 +199,12 @@ impl ServiceRecord {
                 Some(ServicePort { port, name: p.name.clone().unwrap_or_default(), target })
             })
             .collect();
-        Self { cluster_ips, ports, opaque_ports: PortSet::of(&key, &svc.metadata) }
+        let route_defaults = ServiceDefaults::from_annotations(&svc.metadata).unwrap_or_else(|e| {
+            // As for opaque ports: one typo should not take the Service out of discovery.
+            tracing::warn!(service = %key, reason = %e.0, "retry/timeout annotations ignored");
+            ServiceDefaults::default()
+        });
+        Self { cluster_ips, ports, opaque_ports: PortSet::of(&key, &svc.metadata), route_defaults }
     }
 }
 

@@ -13,7 +13,10 @@
 //!   empty, circuit breaking is not performed").
 //! - Without routes, every route ("Must have at least one rule") has metadata (`default: http` /
 //!   `opaq`), no host matches ("If empty, the host value is ignored"), one rule matching every
-//!   request (HTTP: prefix `/`) whose `backends` is `first_available` with one backend.
+//!   request (HTTP: prefix `/`) whose `backends` is `first_available` with one backend; the
+//!   HTTP default route carries the Service's `retry.cnimesh.io/*` and
+//!   `timeout.cnimesh.io/request` annotations (Linkerd reads its `retry.linkerd.io/*` ones the
+//!   same way), which also fill what attached routes leave unset.
 //! - With Gateway API routes attached to the Service port (GAMMA; [`crate::routes`]), as
 //!   Linkerd's policy controller answers: GRPCRoutes give protocol `grpc` with those routes;
 //!   HTTPRoutes give `detect` whose `http1` and `http2` carry those routes (and `opaque` the
@@ -45,12 +48,11 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use futures::stream::{self, BoxStream};
-use linkerd2_proxy_api::http_route::{HttpRouteMatch, PathMatch, path_match};
 use linkerd2_proxy_api::meta::{Metadata, Resource, metadata};
 use linkerd2_proxy_api::outbound::outbound_policies_server::{OutboundPolicies, OutboundPoliciesServer};
 use linkerd2_proxy_api::outbound::{
-    Backend, HttpRoute, OpaqueRoute, OutboundPolicy, ProxyProtocol, Queue, TrafficSpec, backend, http_route,
-    opaque_route, proxy_protocol, traffic_spec,
+    Backend, HttpRoute, OpaqueRoute, OutboundPolicy, ProxyProtocol, Queue, TrafficSpec, backend, opaque_route,
+    proxy_protocol, traffic_spec,
 };
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};
@@ -60,6 +62,9 @@ use crate::destination::index::{Index, IpView, ServiceView};
 use crate::destination::path::{self, Target};
 use crate::destination::{Config, NsName, PortSet};
 use crate::policy;
+use crate::routes::model::{
+    HttpMatch, Matches, PathMatch as RoutePath, RouteDefaults, Rule, ServiceDefaults, Timeouts,
+};
 use crate::routes::{Route, RouteKind, ServiceRoutes};
 
 const QUEUE_CAPACITY: u32 = 100;
@@ -82,6 +87,8 @@ pub struct ServicePort {
     pub key: NsName,
     pub port: u16,
     pub opaque: bool,
+    /// The Service's retry and timeout annotations.
+    pub defaults: ServiceDefaults,
 }
 
 impl OutboundService {
@@ -221,7 +228,9 @@ fn selected_routes(attached: &[Arc<Route>], service: &ServicePort, client: Optio
 
 fn service_of_ip(view: &IpView, port: u16) -> Option<ServicePort> {
     match view {
-        IpView::Service(key, svc) => svc.ports.iter().any(|p| p.port == port).then(|| sp(key, port, &svc.opaque_ports)),
+        IpView::Service(key, svc) => {
+            svc.ports.iter().any(|p| p.port == port).then(|| sp(key, port, &svc.opaque_ports, &svc.route_defaults))
+        }
         _ => None,
     }
 }
@@ -229,11 +238,11 @@ fn service_of_ip(view: &IpView, port: u16) -> Option<ServicePort> {
 fn service_port(view: &ServiceView, port: u16) -> Option<ServicePort> {
     let snapshot = view.as_ref()?;
     let svc = &snapshot.service;
-    svc.ports.iter().any(|p| p.port == port).then(|| sp(&snapshot.key, port, &svc.opaque_ports))
+    svc.ports.iter().any(|p| p.port == port).then(|| sp(&snapshot.key, port, &svc.opaque_ports, &svc.route_defaults))
 }
 
-fn sp(key: &NsName, port: u16, opaque: &PortSet) -> ServicePort {
-    ServicePort { key: key.clone(), port, opaque: opaque.contains(port) }
+fn sp(key: &NsName, port: u16, opaque: &PortSet, defaults: &ServiceDefaults) -> ServicePort {
+    ServicePort { key: key.clone(), port, opaque: opaque.contains(port), defaults: defaults.clone() }
 }
 
 /// Sends a policy only when it differs from the last one sent; a target that stops being a
@@ -270,15 +279,15 @@ fn duration(d: Duration) -> prost_types::Duration {
     d.try_into().expect("a duration prost can hold")
 }
 
-fn service_meta(s: &ServicePort) -> Metadata {
+fn service_meta(key: &NsName, port: u16) -> Metadata {
     Metadata {
         kind: Some(metadata::Kind::Resource(Resource {
             group: "core".into(),
             kind: "Service".into(),
-            name: s.key.name.clone(),
-            namespace: s.key.namespace.clone(),
+            name: key.name.clone(),
+            namespace: key.namespace.clone(),
             section: String::new(),
-            port: u32::from(s.port),
+            port: u32::from(port),
         })),
     }
 }
@@ -290,7 +299,7 @@ fn default_meta(name: &str) -> Metadata {
 /// The backend of a Service port: P2C over the endpoints Destination gives for it.
 fn service_backend(key: &NsName, port: u16, config: &Config) -> Backend {
     Backend {
-        metadata: Some(service_meta(&ServicePort { key: key.clone(), port, opaque: false })),
+        metadata: Some(service_meta(key, port)),
         queue: Some(Queue { capacity: QUEUE_CAPACITY, failfast_timeout: Some(duration(FAILFAST_TIMEOUT)) }),
         kind: Some(backend::Kind::Balancer(backend::BalanceP2c {
             discovery: Some(backend::EndpointDiscovery {
@@ -318,14 +327,16 @@ pub fn policy(s: &ServicePort, selected: &[Arc<Route>], config: &Config) -> Outb
             routes: selected
                 .iter()
                 .filter(|r| r.kind == RouteKind::Grpc)
-                .map(|r| routes::grpc_route(r, &backend, &backend_of))
+                .map(|r| routes::grpc_route(r, &backend, &backend_of, &s.defaults.grpc))
                 .collect(),
             failure_accrual: None,
         }),
         kind => {
             let http_routes: Vec<HttpRoute> = match kind {
-                Some(_) => selected.iter().map(|r| routes::http_route(r, &backend, &backend_of)).collect(),
-                None => vec![http_route(&backend)],
+                Some(_) => {
+                    selected.iter().map(|r| routes::http_route(r, &backend, &backend_of, &s.defaults.http)).collect()
+                }
+                None => vec![default_http_route(&backend, &backend_of, &s.defaults.http)],
             };
             proxy_protocol::Kind::Detect(proxy_protocol::Detect {
                 timeout: Some(duration(DETECT_TIMEOUT)),
@@ -335,7 +346,7 @@ pub fn policy(s: &ServicePort, selected: &[Arc<Route>], config: &Config) -> Outb
             })
         }
     };
-    OutboundPolicy { protocol: Some(ProxyProtocol { kind: Some(kind) }), metadata: Some(service_meta(s)) }
+    OutboundPolicy { protocol: Some(ProxyProtocol { kind: Some(kind) }), metadata: Some(service_meta(&s.key, s.port)) }
 }
 
 fn opaque_route(backend: &Backend) -> OpaqueRoute {
@@ -350,26 +361,19 @@ fn opaque_route(backend: &Backend) -> OpaqueRoute {
     }
 }
 
-fn http_route(backend: &Backend) -> HttpRoute {
-    let backends = http_route::Distribution {
-        kind: Some(http_route::distribution::Kind::FirstAvailable(http_route::distribution::FirstAvailable {
-            backends: vec![http_route::RouteBackend {
-                backend: Some(backend.clone()),
-                filters: Vec::new(),
-                ..Default::default()
-            }],
-        })),
+/// The route of a Service without HTTPRoutes: every request to the Service itself, with the
+/// Service's own retry and timeout annotations.
+fn default_http_route(backend: &Backend, backend_of: routes::BackendOf<'_>, defaults: &RouteDefaults) -> HttpRoute {
+    let rule = Rule {
+        matches: Matches::Http(vec![HttpMatch { path: Some(RoutePath::Prefix("/".into())), ..HttpMatch::default() }]),
+        filters: Vec::new(),
+        backends: Vec::new(),
+        timeouts: Timeouts { request: defaults.request_timeout, backend_request: None },
+        retry: defaults.retry.clone(),
     };
     HttpRoute {
         metadata: Some(default_meta("http")),
         hosts: Vec::new(),
-        rules: vec![http_route::Rule {
-            matches: vec![HttpRouteMatch {
-                path: Some(PathMatch { kind: Some(path_match::Kind::Prefix("/".into())) }),
-                ..HttpRouteMatch::default()
-            }],
-            backends: Some(backends),
-            ..Default::default()
-        }],
+        rules: vec![routes::http_rule(&rule, backend, backend_of)],
     }
 }

@@ -16,7 +16,10 @@
 //! `timeouts.backendRequest`, `retry`) and, with Linkerd's `retry.linkerd.io/*` semantics, from
 //! the route's annotations `retry.cnimesh.io/http` (HTTPRoute) or `retry.cnimesh.io/grpc`
 //! (GRPCRoute), `retry.cnimesh.io/limit`, `retry.cnimesh.io/timeout` and
-//! `timeout.cnimesh.io/request`. A rule's own field wins over the route's annotation.
+//! `timeout.cnimesh.io/request`. A rule's own field wins over the route's annotation. The same
+//! annotations on a Service ([`ServiceDefaults`]) apply to its default route and to the rules of
+//! its routes that set no retry (or no request timeout) by field or annotation: as in Linkerd,
+//! a route's own retry configuration replaces the Service's whole.
 //!
 //! Layer: model/index (pure).
 
@@ -270,10 +273,60 @@ fn in_rule(index: usize, error: Invalid) -> Invalid {
     Invalid(format!("rules[{index}]: {}", error.0))
 }
 
-/// What a route's annotations say for every rule that does not say otherwise.
-struct RouteDefaults {
-    retry: Option<Retry>,
-    request_timeout: Option<Duration>,
+/// What a route's (or its parent Service's) annotations say for every rule that does not say
+/// otherwise.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RouteDefaults {
+    pub retry: Option<Retry>,
+    pub request_timeout: Option<Duration>,
+}
+
+/// A Service's retry and timeout annotations (the same as a route's), for its default route
+/// and for every rule of its routes that neither the rule nor its route configures: a route's
+/// own retry or timeout wins over the Service's, as in Linkerd.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ServiceDefaults {
+    /// For the default route and HTTPRoutes (`retry.cnimesh.io/http`).
+    pub http: RouteDefaults,
+    /// For GRPCRoutes (`retry.cnimesh.io/grpc`).
+    pub grpc: RouteDefaults,
+}
+
+impl ServiceDefaults {
+    pub fn from_annotations(meta: &ObjectMeta) -> Result<Self, Invalid> {
+        Ok(Self {
+            http: RouteDefaults::from_annotations(meta, RouteKind::Http)?,
+            grpc: RouteDefaults::from_annotations(meta, RouteKind::Grpc)?,
+        })
+    }
+
+    /// What applies to routes of `kind`.
+    pub fn of(&self, kind: RouteKind) -> &RouteDefaults {
+        match kind {
+            RouteKind::Http => &self.http,
+            RouteKind::Grpc => &self.grpc,
+        }
+    }
+}
+
+impl Rule {
+    /// The rule with `defaults` (its Service's) filling the retry and request timeout that
+    /// neither the rule nor its route set; borrowed when there is nothing to fill.
+    pub fn with_defaults(&self, defaults: &RouteDefaults) -> std::borrow::Cow<'_, Rule> {
+        let retry = self.retry.is_none() && defaults.retry.is_some();
+        let timeout = self.timeouts.request.is_none() && defaults.request_timeout.is_some();
+        if !retry && !timeout {
+            return std::borrow::Cow::Borrowed(self);
+        }
+        let mut rule = self.clone();
+        if retry {
+            rule.retry.clone_from(&defaults.retry);
+        }
+        if timeout {
+            rule.timeouts.request = defaults.request_timeout;
+        }
+        std::borrow::Cow::Owned(rule)
+    }
 }
 
 impl RouteDefaults {
@@ -917,6 +970,54 @@ mod tests {
             retry.conditions,
             RetryConditions::Grpc(GrpcConditions { internal: true, unavailable: true, ..GrpcConditions::default() })
         );
+    }
+
+    #[test]
+    fn a_services_annotations_fill_what_its_routes_leave_unset() {
+        let meta = |annotations: &[(&str, &str)]| ObjectMeta {
+            annotations: Some(annotations.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()),
+            ..ObjectMeta::default()
+        };
+        let service = ServiceDefaults::from_annotations(&meta(&[
+            (RETRY_HTTP_ANNOTATION, "gateway-error"),
+            (RETRY_GRPC_ANNOTATION, "unavailable"),
+            (RETRY_LIMIT_ANNOTATION, "2"),
+            (REQUEST_TIMEOUT_ANNOTATION, "3s"),
+        ]))
+        .unwrap();
+        let http_retry = service.of(RouteKind::Http).retry.clone().unwrap();
+        assert_eq!((http_retry.limit, &http_retry.conditions), (2, &RetryConditions::Http(vec![502..=504])));
+        let grpc = GrpcConditions { unavailable: true, ..GrpcConditions::default() };
+        assert_eq!(service.of(RouteKind::Grpc).retry.as_ref().unwrap().conditions, RetryConditions::Grpc(grpc));
+        assert_eq!(service.http.request_timeout, Some(Duration::from_secs(3)));
+        assert_eq!(ServiceDefaults::from_annotations(&ObjectMeta::default()).unwrap(), ServiceDefaults::default());
+        let bad = ServiceDefaults::from_annotations(&meta(&[(RETRY_LIMIT_ANNOTATION, "lots")])).unwrap_err();
+        assert!(bad.0.contains(RETRY_LIMIT_ANNOTATION), "{bad}");
+
+        // A route without retries or timeouts takes the Service's; one with its own keeps them.
+        let plain = route("  rules: [{}]\n").unwrap();
+        let filled = plain.rules[0].with_defaults(&service.http);
+        assert_eq!((filled.retry.as_ref(), filled.timeouts.request), (Some(&http_retry), Some(Duration::from_secs(3))));
+        let own = http(&format!(
+            "{}spec:\n  parentRefs: [{{group: '', kind: Service, name: api}}]\n",
+            HEAD.replace(
+                "namespace: shop",
+                "namespace: shop, annotations: {retry.cnimesh.io/http: '503', timeout.cnimesh.io/request: 1s}"
+            )
+        ))
+        .unwrap();
+        let kept = own.rules[0].with_defaults(&service.http);
+        assert!(matches!(kept, std::borrow::Cow::Borrowed(_)), "nothing to fill");
+        let retry = kept.retry.as_ref().unwrap();
+        assert_eq!(
+            (retry.limit, &retry.conditions),
+            (1, &RetryConditions::Http(vec![503..=503])),
+            "the route's, whole"
+        );
+        assert_eq!(kept.timeouts.request, Some(Duration::from_secs(1)));
+        let timeout_only = route("  rules: [{timeouts: {request: 5s}}]\n").unwrap();
+        let mixed = timeout_only.rules[0].with_defaults(&service.http);
+        assert_eq!((mixed.retry.as_ref(), mixed.timeouts.request), (Some(&http_retry), Some(Duration::from_secs(5))));
     }
 
     #[test]

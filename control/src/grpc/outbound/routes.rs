@@ -16,7 +16,9 @@
 //!   `retry.codes` / `retry.cnimesh.io/http` (status ranges) or `retry.cnimesh.io/grpc`
 //!   (gRPC codes), per-try `timeout` from `retry.cnimesh.io/timeout` else
 //!   `timeouts.backendRequest`; `max_request_bytes` 64 KiB and backoff 25–250 ms with full
-//!   jitter (Linkerd's; a Gateway `retry.backoff` raises the minimum, and the maximum with it).
+//!   jitter (Linkerd's; a Gateway `retry.backoff` raises the minimum, and the maximum with it);
+//! - the parent Service's retry and timeout annotations fill the rules that set neither
+//!   ([`crate::routes::model::Rule::with_defaults`]).
 //!
 //! Layer: gRPC (conversion only; what is served is decided in [`super`]).
 
@@ -36,7 +38,7 @@ use crate::routes::RouteKind;
 use crate::routes::model::Backend as RouteBackendRef;
 use crate::routes::model::{
     Filter, HeaderModifier, HostMatch, MatchValue, Matches, PathModifier, Redirect, Retry, RetryConditions, Route,
-    Rule, ValueMatch,
+    RouteDefaults, Rule, ValueMatch,
 };
 
 /// Linkerd's retry defaults: bodies up to 64 KiB are buffered for retries; backoff 25–250 ms.
@@ -116,72 +118,76 @@ fn backoff(retry: &Retry) -> ExponentialBackoff {
 
 const ZERO_WEIGHTS: &str = "every backendRef of the rule has weight 0";
 
-pub(super) fn http_route(route: &Route, parent: &Backend, backend_of: BackendOf<'_>) -> outbound::HttpRoute {
+pub(super) fn http_route(
+    route: &Route,
+    parent: &Backend,
+    backend_of: BackendOf<'_>,
+    defaults: &RouteDefaults,
+) -> outbound::HttpRoute {
+    let rules = route.rules.iter().map(|rule| http_rule(&rule.with_defaults(defaults), parent, backend_of)).collect();
+    outbound::HttpRoute { metadata: Some(route_meta(route)), hosts: hosts(route), rules }
+}
+
+/// One rule of an HTTPRoute (or of the default route).
+pub(super) fn http_rule(rule: &Rule, parent: &Backend, backend_of: BackendOf<'_>) -> http_route::Rule {
     #![allow(deprecated)] // `requestTimeout`: set as the proto asks, for older proxies.
-    let rules = route
-        .rules
-        .iter()
-        .map(|rule| {
-            let Matches::Http(matches) = &rule.matches else { unreachable!("HTTPRoutes hold HTTP matches") };
-            let parts = rule_parts(rule);
-            let backends = weighted(&rule.backends, backend_of, |backend, filters| http_route::RouteBackend {
-                backend: Some(backend),
-                filters: filters.iter().map(http_filter).collect(),
-                ..Default::default()
-            });
-            http_route::Rule {
-                matches: matches
+    let Matches::Http(matches) = &rule.matches else { unreachable!("HTTPRoutes hold HTTP matches") };
+    let parts = rule_parts(rule);
+    let backends = weighted(&rule.backends, backend_of, |backend, filters| http_route::RouteBackend {
+        backend: Some(backend),
+        filters: filters.iter().map(http_filter).collect(),
+        ..Default::default()
+    });
+    http_route::Rule {
+        matches: matches
+            .iter()
+            .map(|m| HttpRouteMatch {
+                path: m.path.as_ref().map(|p| PathMatch {
+                    kind: Some(match p {
+                        crate::routes::model::PathMatch::Exact(v) => path_match::Kind::Exact(v.clone()),
+                        crate::routes::model::PathMatch::Prefix(v) => path_match::Kind::Prefix(v.clone()),
+                        crate::routes::model::PathMatch::Regex(v) => path_match::Kind::Regex(v.clone()),
+                    }),
+                }),
+                headers: m.headers.iter().map(header_match).collect(),
+                query_params: m
+                    .query_params
                     .iter()
-                    .map(|m| HttpRouteMatch {
-                        path: m.path.as_ref().map(|p| PathMatch {
-                            kind: Some(match p {
-                                crate::routes::model::PathMatch::Exact(v) => path_match::Kind::Exact(v.clone()),
-                                crate::routes::model::PathMatch::Prefix(v) => path_match::Kind::Prefix(v.clone()),
-                                crate::routes::model::PathMatch::Regex(v) => path_match::Kind::Regex(v.clone()),
-                            }),
+                    .map(|q| QueryParamMatch {
+                        name: q.name.clone(),
+                        value: Some(match &q.value {
+                            MatchValue::Exact(v) => query_param_match::Value::Exact(v.clone()),
+                            MatchValue::Regex(v) => query_param_match::Value::Regex(v.clone()),
                         }),
-                        headers: m.headers.iter().map(header_match).collect(),
-                        query_params: m
-                            .query_params
-                            .iter()
-                            .map(|q| QueryParamMatch {
-                                name: q.name.clone(),
-                                value: Some(match &q.value {
-                                    MatchValue::Exact(v) => query_param_match::Value::Exact(v.clone()),
-                                    MatchValue::Regex(v) => query_param_match::Value::Regex(v.clone()),
-                                }),
-                            })
-                            .collect(),
-                        method: m.method.clone().map(HttpMethod::from),
                     })
                     .collect(),
-                filters: rule.filters.iter().map(http_filter).collect(),
-                backends: Some(http_distribution(backends, parent)),
-                request_timeout: parts.response_timeout,
-                timeouts: Some(parts.timeouts),
-                retry: rule.retry.as_ref().map(|retry| http_route::Retry {
-                    max_retries: retry.limit,
-                    max_request_bytes: RETRY_MAX_REQUEST_BYTES,
-                    conditions: Some(http_route::retry::Conditions {
-                        status_ranges: match &retry.conditions {
-                            RetryConditions::Http(ranges) => ranges
-                                .iter()
-                                .map(|r| http_route::retry::conditions::StatusRange {
-                                    start: u32::from(*r.start()),
-                                    end: u32::from(*r.end()),
-                                })
-                                .collect(),
-                            RetryConditions::Grpc(_) => Vec::new(),
-                        },
-                    }),
-                    timeout: parts.retry_timeout,
-                    backoff: parts.backoff,
-                }),
-                allow_l5d_request_headers: false,
-            }
-        })
-        .collect();
-    outbound::HttpRoute { metadata: Some(route_meta(route)), hosts: hosts(route), rules }
+                method: m.method.clone().map(HttpMethod::from),
+            })
+            .collect(),
+        filters: rule.filters.iter().map(http_filter).collect(),
+        backends: Some(http_distribution(backends, parent)),
+        request_timeout: parts.response_timeout,
+        timeouts: Some(parts.timeouts),
+        retry: rule.retry.as_ref().map(|retry| http_route::Retry {
+            max_retries: retry.limit,
+            max_request_bytes: RETRY_MAX_REQUEST_BYTES,
+            conditions: Some(http_route::retry::Conditions {
+                status_ranges: match &retry.conditions {
+                    RetryConditions::Http(ranges) => ranges
+                        .iter()
+                        .map(|r| http_route::retry::conditions::StatusRange {
+                            start: u32::from(*r.start()),
+                            end: u32::from(*r.end()),
+                        })
+                        .collect(),
+                    RetryConditions::Grpc(_) => Vec::new(),
+                },
+            }),
+            timeout: parts.retry_timeout,
+            backoff: parts.backoff,
+        }),
+        allow_l5d_request_headers: false,
+    }
 }
 
 /// How a rule's requests are spread (Gateway API): over the parent Service when it names no
@@ -229,12 +235,18 @@ fn http_distribution(
     http_route::Distribution { kind: Some(kind) }
 }
 
-pub(super) fn grpc_route(route: &Route, parent: &Backend, backend_of: BackendOf<'_>) -> outbound::GrpcRoute {
+pub(super) fn grpc_route(
+    route: &Route,
+    parent: &Backend,
+    backend_of: BackendOf<'_>,
+    defaults: &RouteDefaults,
+) -> outbound::GrpcRoute {
     #![allow(deprecated)] // `requestTimeout`: set as the proto asks, for older proxies.
     let rules = route
         .rules
         .iter()
         .map(|rule| {
+            let rule = &*rule.with_defaults(defaults);
             let Matches::Grpc(matches) = &rule.matches else { unreachable!("GRPCRoutes hold gRPC matches") };
             let parts = rule_parts(rule);
             let backends = weighted(&rule.backends, backend_of, |backend, filters| grpc_route::RouteBackend {

@@ -9,18 +9,19 @@ use std::time::Duration;
 use linkerd2_proxy_api::outbound::{self as api, proxy_protocol};
 
 use crate::outbound::routes::model::{HttpRoute, InvalidRoute, ResourceRef, resource_ref};
+use crate::outbound::routes::select::RouteTable;
 use crate::transport::detect;
 
 /// What the control plane says about one outbound target.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct OutboundPolicy {
     /// What the policy was discovered for (a Service port): the `parent_*` of route metrics.
     pub parent: ResourceRef,
     pub protocol: Protocol,
-    /// Routes for requests that arrive as HTTP/1 (detected or declared).
-    pub http1: Arc<[HttpRoute]>,
+    /// Routes for requests that arrive as HTTP/1 (detected or declared), compiled once here.
+    pub http1: RouteTable,
     /// Routes for requests that arrive as HTTP/2 (a `grpc` policy's gRPC routes too).
-    pub http2: Arc<[HttpRoute]>,
+    pub http2: RouteTable,
     /// The answer this was built from: two policies are the same when their answers are.
     source: api::OutboundPolicy,
 }
@@ -109,11 +110,12 @@ impl OutboundPolicy {
         for route in grpc {
             http2.push(HttpRoute::from_grpc(route)?);
         }
-        Ok(Self { parent, protocol, http1: checked(http1)?, http2: http2.into(), source })
+        let (http1, http2) = (RouteTable::new(checked(http1)?), RouteTable::new(http2.into()));
+        Ok(Self { parent, protocol, http1, http2, source })
     }
 
     /// The routes for a request of `version`.
-    pub fn routes(&self, version: http::Version) -> &[HttpRoute] {
+    pub fn routes(&self, version: http::Version) -> &RouteTable {
         if version == http::Version::HTTP_2 { &self.http2 } else { &self.http1 }
     }
 }

@@ -117,13 +117,17 @@ fn location(
 }
 
 /// The index of a backend of the rule, chosen at random in proportion to the weights (`roll`
-/// in [0, 1)). `None` when the rule has none with a weight.
-pub fn pick_backend(backends: &[WeightedBackend], roll: f64) -> Option<usize> {
+/// gives a number in [0, 1), asked for only when there is a choice). `None` when the rule has
+/// none with a weight.
+pub fn pick_backend(backends: &[WeightedBackend], roll: impl FnOnce() -> f64) -> Option<usize> {
+    if let [only] = backends {
+        return (only.weight > 0).then_some(0);
+    }
     let total: u64 = backends.iter().map(|b| u64::from(b.weight)).sum();
     if total == 0 {
         return None;
     }
-    let mut point = (roll * total as f64) as u64;
+    let mut point = (roll() * total as f64) as u64;
     for (i, b) in backends.iter().enumerate() {
         if point < u64::from(b.weight) {
             return Some(i);
@@ -209,11 +213,13 @@ mod tests {
         let backends = [backend("stable", 90), backend("off", 0), backend("canary", 10)];
         let mut counts = std::collections::HashMap::new();
         for i in 0..1000 {
-            let b = &backends[pick_backend(&backends, f64::from(i) / 1000.0).unwrap()];
+            let b = &backends[pick_backend(&backends, || f64::from(i) / 1000.0).unwrap()];
             *counts.entry(b.backend.meta().name.to_string()).or_insert(0) += 1;
         }
         assert_eq!((counts["stable"], counts["canary"], counts.get("off")), (900, 100, None));
-        assert!(pick_backend(&[backend("off", 0)], 0.5).is_none());
-        assert!(pick_backend(&[], 0.5).is_none());
+        assert!(pick_backend(&[backend("off", 0)], || 0.5).is_none());
+        assert!(pick_backend(&[], || 0.5).is_none());
+        let no_roll = || -> f64 { unreachable!("one backend: no choice to make") };
+        assert_eq!(pick_backend(&[backend("only", 3)], no_roll), Some(0));
     }
 }

@@ -76,7 +76,7 @@ fn retry(r: grpc_route::Retry) -> Result<Retry, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::outbound::routes::select::select;
+    use crate::outbound::routes::select::RouteTable;
 
     #[test]
     fn grpc_routes_match_by_service_and_method_and_retry_by_code() {
@@ -110,9 +110,10 @@ mod tests {
         .into_iter()
         .map(|r| HttpRoute::from_grpc(r).unwrap())
         .collect();
+        let table = RouteTable::new(routes.clone().into());
         let picked = |path: &str| {
             let req = http::Request::post(path).body(()).unwrap();
-            select(&routes, &req).map(|s| s.route.meta.name.to_string())
+            table.select(&req).map(|s| s.route.meta.name.to_string())
         };
         assert_eq!(picked("/shop.Cart/Add").as_deref(), Some("method"));
         assert_eq!(picked("/shop.Cart/Remove").as_deref(), Some("service"));

@@ -9,11 +9,10 @@ use std::time::Duration;
 use http::{Request, Response, StatusCode};
 
 use super::apply::{self, Answer};
-use super::model::{Backend, Filter, HttpRoute, ResourceRef, Retry, Rule};
-use super::select::Selected;
+use super::model::{Backend, Filter, ResourceRef, Retry, Rule};
 use crate::http::Body;
 use crate::http::error::{ProxyError, error_response, full};
-use crate::metrics::{RouteBackendLabels, RouteHandles, RouteLabels};
+use crate::metrics::RouteHandles;
 use crate::outbound::policy::model::OutboundPolicy;
 use crate::outbound::targets::Target;
 use crate::shared::Shared;
@@ -34,7 +33,7 @@ pub struct Routed {
 
 impl Routed {
     fn rule(&self) -> &Rule {
-        &self.policy.routes(self.version)[self.index.0].rules[self.index.1]
+        &self.policy.routes(self.version).routes()[self.index.0].rules[self.index.1]
     }
 
     /// The rule's retry policy, if it has one.
@@ -54,50 +53,16 @@ impl Routed {
     }
 }
 
-/// What one connection's routed requests used: backend targets, and metric handles per (policy
-/// version, rule, backend). A handful of each at most.
+/// What one connection's routed requests used: backend targets (a handful at most). Held by
+/// the connection, not the policy, so that a target nobody uses any more can go idle.
 #[derive(Default)]
 pub struct ConnRoutes {
     targets: Mutex<Vec<(Backend, Arc<Target>)>>,
-    handles: Mutex<Vec<Handles>>,
-}
-
-/// Metric handles of one policy version (held, so compared by address safely), rule (route and
-/// rule index) and backend index.
-struct Handles {
-    policy: Arc<OutboundPolicy>,
-    rule: (usize, usize),
-    backend: usize,
-    handles: RouteHandles,
 }
 
 const MAX_MEMO: usize = 8;
 
 impl ConnRoutes {
-    fn handles(
-        &self,
-        policy: &Arc<OutboundPolicy>,
-        selected: &Selected<'_>,
-        backend: usize,
-        shared: &Shared,
-    ) -> RouteHandles {
-        let mut memo = self.handles.lock().expect("not poisoned");
-        let same = |h: &&Handles| Arc::ptr_eq(&h.policy, policy) && h.rule == selected.index && h.backend == backend;
-        if let Some(h) = memo.iter().find(same) {
-            return h.handles.clone();
-        }
-        let labels = RouteBackendLabels {
-            route: RouteLabels { parent: policy.parent.clone(), route: selected.route.meta.clone() },
-            backend: selected.rule.backends[backend].backend.meta().clone(),
-        };
-        let handles = shared.metrics.route_handles(labels);
-        if memo.len() >= MAX_MEMO * 2 {
-            memo.clear();
-        }
-        memo.push(Handles { policy: policy.clone(), rule: selected.index, backend, handles: handles.clone() });
-        handles
-    }
-
     /// The target of `backend`. A Service discovery does not know (yet) is an error, unless it
     /// is the parent itself (the control plane's default route): then the connection's own
     /// target, as without routes.
@@ -142,16 +107,16 @@ pub async fn route<B>(
 ) -> Result<Option<Routed>, Response<Body>> {
     let Some(policy) = target.policy.as_ref().and_then(|p| p.current()) else { return Ok(None) };
     let version = req.version();
-    let routes: &[HttpRoute] = policy.routes(version);
-    if routes.is_empty() {
+    let table = policy.routes(version);
+    if table.is_empty() {
         return Ok(None);
     }
-    let Some(selected) = super::select::select(routes, req) else {
+    let Some(selected) = table.select(req) else {
         return Err(error_response(&ProxyError::new(StatusCode::NOT_FOUND, "no route matches the request")));
     };
     let rule = selected.rule;
     let roll = || crate::rng::with(|r| rand::Rng::random_range(r, 0.0..1.0));
-    let picked = apply::pick_backend(&rule.backends, roll());
+    let picked = apply::pick_backend(&rule.backends, roll);
     let backend = picked.and_then(|i| rule.backends.get(i));
     let filters = rule.filters.iter().chain(backend.into_iter().flat_map(|b| b.filters.iter()));
     apply::request_filters(filters, req, selected.prefix, roll).map_err(answer)?;
@@ -159,20 +124,12 @@ pub async fn route<B>(
         let why = format!("route {} has no backend", selected.route.meta.name);
         return Err(error_response(&ProxyError::new(StatusCode::INTERNAL_SERVER_ERROR, why)));
     };
-    let handles = memo.handles(&policy, &selected, backend_index, shared);
+    let handles = table.handles(&policy.parent, &selected, backend_index, &shared.metrics).clone();
     handles.backend_requests.inc();
     let routed_target =
         memo.target(&backend.backend, (&policy.parent, target), shared).await.map_err(|e| error_response(&e))?;
-    Ok(Some(Routed {
-        target: routed_target,
-        timeout: rule.request_timeout,
-        route: selected.route.meta.name.clone(),
-        handles,
-        index: selected.index,
-        backend: backend_index,
-        version,
-        policy: policy.clone(),
-    }))
+    let (timeout, route, index) = (rule.request_timeout, selected.route.meta.name.clone(), selected.index);
+    Ok(Some(Routed { target: routed_target, timeout, route, handles, index, backend: backend_index, version, policy }))
 }
 
 fn answer(a: Answer) -> Response<Body> {
