@@ -197,6 +197,54 @@ fn up_runs_the_demo_mesh_and_down_removes_everything() {
     assert_eq!(to_web["client_ids"][0], "client.demo");
     assert_eq!(edge_to("pod/legacy").unwrap_or_else(|| panic!("{edges:#}"))["mtls"], false);
 
+    // `cnimesh tap` and `top` (issue 17): web's proxies, through the local control plane's tap
+    // relay over mTLS, show the client's live requests with both identities.
+    let client_netns = Path::new("/run/netns").join(format!("{}-client", local.prefix));
+    let load = std::thread::spawn(move || {
+        cnimesh_node::local::traffic::load(&client_netns, web_ip, "web", 2, Duration::from_secs(4))
+    });
+    let tap = Command::new(CLI)
+        .args(["tap", "deploy/web", "--local"])
+        .arg(&local.root)
+        .args(["--to", "deploy/web", "--path", "/", "--method", "GET", "--limit", "6", "-o", "json"])
+        .output()
+        .unwrap();
+    assert!(tap.status.success(), "cnimesh tap: {}", String::from_utf8_lossy(&tap.stderr));
+    let events: Vec<Value> = String::from_utf8_lossy(&tap.stdout)
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
+        .collect();
+    let of_type = |t: &str| events.iter().filter(|e| e["type"] == t).collect::<Vec<_>>();
+    let (requests, responses, ends) = (of_type("requestInit"), of_type("responseInit"), of_type("responseEnd"));
+    assert_eq!((requests.len(), ends.len()), (6, 6), "every tapped request ends within the limit: {events:#?}");
+    for request in &requests {
+        assert_eq!((request["method"].as_str(), request["path"].as_str()), (Some("GET"), Some("/")));
+        assert_eq!(request["direction"], "inbound", "{request:#}");
+        assert!(request["pod"].as_str().unwrap().starts_with("web-"), "{request:#}");
+        assert_eq!(request["sourceMeta"]["tls"], "true", "{request:#}");
+    }
+    // The client's requests are allowed (an intruder's, denied by policy, would be tapped too).
+    let client_id = "client.demo.serviceaccount.identity.cnimesh.cluster.local";
+    let from_client: Vec<&Value> =
+        requests.iter().copied().filter(|r| r["sourceMeta"]["client_id"] == client_id).collect();
+    assert!(!from_client.is_empty(), "{requests:#?}");
+    for request in from_client {
+        let response = responses.iter().find(|r| r["id"] == request["id"] && r["pod"] == request["pod"]);
+        assert_eq!(response.map(|r| r["httpStatus"].clone()), Some(json!(200)), "{events:#?}");
+    }
+    let top = Command::new(CLI)
+        .args(["top", "deploy/web", "--local"])
+        .arg(&local.root)
+        .args(["--duration", "2s"])
+        .output()
+        .unwrap();
+    assert!(load.join().unwrap().failures.is_empty());
+    assert!(top.status.success(), "cnimesh top: {}", String::from_utf8_lossy(&top.stderr));
+    let top = String::from_utf8_lossy(&top.stdout);
+    let row = top.lines().find(|l| l.contains(" GET ")).unwrap_or_else(|| panic!("{top}"));
+    assert!(row.contains("100.00%"), "{top}");
+
     // Up twice: a clear error, nothing disturbed.
     let again = local.up_command().output().unwrap();
     assert!(!again.status.success());
