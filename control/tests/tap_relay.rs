@@ -204,6 +204,8 @@ async fn setup(requests: u64) -> Setup {
             pod("web-2", "127.0.0.2", "web", true),
             pod("impostor-1", "127.0.0.1", "impostor", true),
             pod("db-0", "10.9.9.9", "db", false),
+            // The fake proxies' requests come from this pod's address.
+            pod("client-1", "10.0.0.5", "client", true),
         ],
         "1",
     );
@@ -307,6 +309,11 @@ async fn a_tap_merges_the_proxies_streams_reports_unreachable_pods_and_ends_at_i
     assert!(events.iter().all(|l| l.pod == "web-1" && l.namespace == "demo"));
     let Body::RequestInit { path, at, .. } = &events[0].body else { panic!("{events:?}") };
     assert_eq!((path.as_str(), at.id.as_str()), ("/hello/1", "7:1"));
+    // The relay names the pod behind a known address (a proxy only knows IPs).
+    assert!(
+        events.iter().all(|l| l.body.stream().unwrap().source_pod.as_deref() == Some("demo/client-1")),
+        "{events:?}"
+    );
     let observed = setup.observed.lock().unwrap().clone();
     assert_eq!(observed.len(), 1);
     assert_eq!(observed[0].limit, 2);

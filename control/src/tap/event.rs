@@ -83,6 +83,12 @@ pub struct Stream {
     pub destination_meta: BTreeMap<String, String>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub route_meta: BTreeMap<String, String>,
+    /// The pods at either end (`ns/name`), when the control plane knows their addresses: a proxy
+    /// knows only IPs, the relay names them so that `top` shows workloads' pods, not addresses.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_pod: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub destination_pod: Option<String>,
 }
 
 impl Stream {
@@ -92,6 +98,14 @@ impl Stream {
 }
 
 impl Body {
+    /// The request an event belongs to, to fill in (`None` for errors).
+    pub fn stream_mut(&mut self) -> Option<&mut Stream> {
+        match self {
+            Body::RequestInit { at, .. } | Body::ResponseInit { at, .. } | Body::ResponseEnd { at, .. } => Some(at),
+            Body::Error { .. } => None,
+        }
+    }
+
     /// The request an event belongs to (`None` for errors).
     pub fn stream(&self) -> Option<&Stream> {
         match self {
@@ -122,6 +136,8 @@ impl TapLine {
             source_meta: labels(event.source_meta.clone()).unwrap_or_default(),
             destination_meta: labels(event.destination_meta.clone()).unwrap_or_default(),
             route_meta: event.route_meta.clone().map(|m| m.labels.into_iter().collect()).unwrap_or_default(),
+            source_pod: None,
+            destination_pod: None,
         };
         let tap_event::Event::Http(http) = event.event.clone()?;
         let body = match http.event? {

@@ -13,6 +13,7 @@
 //!
 //! Layer: runtime (admin HTTP).
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -149,7 +150,8 @@ impl Relay {
             resource = %resource_text(&query.resource), namespace = query.namespace, pods = targets.len(), "tap started"
         );
         let (tx, rx) = mpsc::channel::<Bytes>(BUFFERED_LINES);
-        let session = Session { metrics: self.metrics.clone(), open: self.metrics.tap_session() };
+        let session =
+            Session { metrics: self.metrics.clone(), open: self.metrics.tap_session(), names: pod_names(index) };
         tokio::spawn(relay(targets, request, tls, self.proxy_port, admission, tx, session));
         let body = http_body_util::StreamBody::new(
             tokio_stream::wrappers::ReceiverStream::new(rx)
@@ -230,10 +232,31 @@ fn text(status: StatusCode, body: String) -> Response<AdminBody> {
         .expect("a valid response")
 }
 
-/// One streaming tap, for the metrics: counted open while it lives.
+/// One streaming tap: counted open while it lives, and the pod names its lines are given.
 struct Session {
     metrics: Arc<Metrics>,
     open: TapSession,
+    names: HashMap<IpAddr, String>,
+}
+
+/// Every known pod's addresses → `ns/name`, taken when a tap starts (a pod that comes later
+/// stays an address in this session's lines).
+fn pod_names(index: &Index) -> HashMap<IpAddr, String> {
+    index
+        .pods(None, |_, _| true)
+        .into_iter()
+        .flat_map(|(key, pod)| {
+            pod.ips.iter().map(move |ip| (*ip, format!("{}/{}", key.namespace, key.name))).collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// Names the pods at either end of `line`'s request, where their addresses are known.
+fn name_pods(line: &mut TapLine, names: &HashMap<IpAddr, String>) {
+    if let Some(at) = line.body.stream_mut() {
+        at.source_pod = at.source.and_then(|a| names.get(&a.ip()).cloned());
+        at.destination_pod = at.destination.and_then(|a| names.get(&a.ip()).cloned());
+    }
 }
 
 /// What a pod's stream task reports.
@@ -277,7 +300,8 @@ async fn relay(
         match next {
             None => break,
             Some(FromPod::Ended(pod)) => admission.pod_ended(&pod.namespace, &pod.name),
-            Some(FromPod::Line(line)) => {
+            Some(FromPod::Line(mut line)) => {
+                name_pods(&mut line, &session.names);
                 if matches!(line.body, super::event::Body::Error { .. }) {
                     session.metrics.tap_proxy_unreachable();
                 }

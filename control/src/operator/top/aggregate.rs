@@ -63,8 +63,8 @@ impl Top {
             }
             Body::RequestInit { at, method, path, .. } => {
                 let key = Key {
-                    source: host(at.source),
-                    destination: host(at.destination),
+                    source: at.source_pod.clone().unwrap_or_else(|| host(at.source)),
+                    destination: at.destination_pod.clone().unwrap_or_else(|| host(at.destination)),
                     method: method.clone(),
                     path: path.clone(),
                 };

@@ -36,3 +36,19 @@ async fn run_folds_the_stream_until_it_ends() {
     let top = run(lines, None, None::<&mut Vec<u8>>).await.unwrap();
     assert_eq!(top.rows().iter().map(|(_, r)| r.count).sum::<u64>(), 4);
 }
+
+/// The pods the relay named stand in for their addresses.
+#[test]
+fn named_pods_replace_addresses() {
+    let mut lines = sample_lines();
+    for line in &mut lines {
+        if let Some(at) = line.body.stream_mut() {
+            at.source_pod = Some("demo/client-7d9f".into());
+            at.destination_pod = Some("demo/web-1".into());
+        }
+    }
+    let mut top = Top::default();
+    lines.iter().for_each(|l| top.add(l));
+    let rows = top.rows();
+    assert!(rows.iter().all(|(k, _)| k.source == "demo/client-7d9f" && k.destination == "demo/web-1"), "{rows:?}");
+}
