@@ -118,8 +118,6 @@ enum Metrics {
 
 struct Sources {
     client: Option<kube::Client>,
-    /// The namespace `-n` defaults to.
-    default_namespace: String,
     local: Option<PathBuf>,
     metrics: Metrics,
 }
@@ -147,8 +145,12 @@ impl Sources {
             (None, Some(client)) => Metrics::Cluster(client.clone()),
             (None, None) => Metrics::Local,
         };
-        let default_namespace = client.as_ref().map_or("default", kube::Client::default_namespace).to_string();
-        Ok(Self { client, default_namespace, local: scope.local.clone(), metrics })
+        Ok(Self { client, local: scope.local.clone(), metrics })
+    }
+
+    /// The namespace `-n` defaults to: the cluster client's (the kubeconfig context's).
+    fn default_namespace(&self) -> &str {
+        self.client.as_ref().map_or("default", kube::Client::default_namespace)
     }
 
     /// The pods and Services of `namespaces` (`None`: all).
@@ -246,11 +248,14 @@ pub async fn stat_main(cluster: &ClusterArgs, args: StatArgs, out: &mut impl Wri
 
 async fn stat(sources: &Sources, args: &StatArgs, out: &mut impl Write) -> anyhow::Result<()> {
     let scope = &args.scope;
-    let shown = scope.namespace(&sources.default_namespace);
-    let from_ns =
-        args.from_namespace.clone().or_else(|| shown.clone()).unwrap_or_else(|| sources.default_namespace.clone());
+    let shown = scope.namespace(sources.default_namespace());
+    let from_ns = args
+        .from_namespace
+        .clone()
+        .or_else(|| shown.clone())
+        .unwrap_or_else(|| sources.default_namespace().to_string());
     let to_ns =
-        args.to_namespace.clone().or_else(|| shown.clone()).unwrap_or_else(|| sources.default_namespace.clone());
+        args.to_namespace.clone().or_else(|| shown.clone()).unwrap_or_else(|| sources.default_namespace().to_string());
     let query = Query {
         resource: args.resource.clone(),
         namespace: shown.clone(),
@@ -301,7 +306,7 @@ async fn edges(sources: &Sources, args: &EdgesArgs, out: &mut impl Write) -> any
     let scope = &args.scope;
     let query = Query {
         resource: args.resource.clone(),
-        namespace: scope.namespace(&sources.default_namespace),
+        namespace: scope.namespace(sources.default_namespace()),
         from: None,
         to: None,
         window: Duration::ZERO,
