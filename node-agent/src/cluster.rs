@@ -54,7 +54,13 @@ impl FileCluster {
         for path in paths {
             let ext = path.extension().and_then(|e| e.to_str()).unwrap_or_default();
             let body = match ext {
-                "json" | "yaml" | "yml" => std::fs::read_to_string(&path)?,
+                "json" | "yaml" | "yml" => match std::fs::read_to_string(&path) {
+                    Ok(body) => body,
+                    // Deleted since the listing (repair, or `local down`, removing another
+                    // pod): it is gone, which is not a reason to fail every other pod's read.
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                    Err(e) => return Err(anyhow::anyhow!("{}: {e}", path.display())),
+                },
                 _ => continue,
             };
             let pod: Pod = if ext == "json" {
