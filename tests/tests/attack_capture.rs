@@ -49,13 +49,16 @@ fn scene<'n>(bins: &Bins, net: &'n Network) -> Scene<'n> {
 }
 
 /// Makes the attacker's kernel send packets for 127.0.0.1 out of eth0 to the victim's MAC: the
-/// local table's loopback routes go, a host route via the victim comes in, and `route_localnet`
-/// lets a loopback address leave (and the answer from it come back) on a real interface.
+/// local table's loopback routes go, a host route via the victim comes in, `route_localnet` lets
+/// a loopback address leave (and the answer from it come back) on a real interface, and
+/// `accept_local` keeps the answer's source (127.0.0.1, still on the attacker's own `lo`) from
+/// reading as a martian.
 fn aim_at_ipv4_loopback(scene: &Scene<'_>) -> SocketAddr {
     let ns = &scene.attacker.netns;
     for key in ["all", "eth0"] {
         ns.exec("sysctl", &["-qw", &format!("net.ipv4.conf.{key}.route_localnet=1")]).expect("route_localnet");
     }
+    ns.exec("sysctl", &["-qw", "net.ipv4.conf.eth0.accept_local=1"]).expect("accept_local");
     ns.exec("ip", &["route", "del", "table", "local", "local", "127.0.0.0/8", "dev", "lo"]).expect("drop lo route");
     ns.exec("ip", &["route", "del", "table", "local", "local", "127.0.0.1", "dev", "lo"]).expect("drop lo route");
     let (victim, me) = (scene.victim.ipv4().to_string(), scene.attacker.ipv4().to_string());
