@@ -364,7 +364,7 @@ fn removal_input(current: &str) -> Option<String> {
     for table in Table::ALL {
         let lines = section(current, table);
         let has_chain = |c: &&str| lines.iter().any(|l| l.starts_with(&format!(":{c} ")));
-        if !table.chains().iter().any(|c| has_chain(c)) {
+        if !table.chains().iter().any(has_chain) {
             continue;
         }
         out.push_str(&format!("*{}\n{}", table.name(), declarations(table)));
