@@ -80,7 +80,8 @@ fn aim_at_mapped_loopback(scene: &Scene<'_>) -> SocketAddr {
     .expect("route");
     let rule = format!("ip6 daddr {victim} tcp dport {APP_PORT} dnat ip6 to [{}]:{APP_PORT}", mapped_loopback());
     ns.exec("nft", &["add", "table", "inet", "attack"]).expect("attacker's table");
-    ns.exec("nft", &["add", "chain", "inet", "attack", "out", "{ type nat hook output priority -100; }"]).expect("chain");
+    ns.exec("nft", &["add", "chain", "inet", "attack", "out", "{ type nat hook output priority -100; }"])
+        .expect("chain");
     ns.exec("nft", &["add", "rule", "inet", "attack", "out", &rule]).expect("attacker's dnat");
     (IpAddr::from(victim), APP_PORT).into()
 }
