@@ -338,7 +338,7 @@ mod tests {
         other.skip_inbound_ports[1] = PortRange::single(4192);
         other.skip_outbound_ports.push(PortRange::single(25));
         let mut live = live_of(&Ruleset::from_spec(&other));
-        live.chains[3].rules.remove(1);
+        live.chains[4].rules.remove(1);
         let drift = nft_drift(&rs, Some(&live));
         assert_eq!(
             drift,

@@ -15,6 +15,12 @@ use crate::spec::{PortRange, RedirectSpec};
 pub const TABLE: &str = "cnimesh";
 pub const INBOUND_CHAIN: &str = "inbound";
 pub const OUTBOUND_CHAIN: &str = "outbound";
+/// The base chain that runs the loopback guard before anything else sees a packet.
+pub const GUARD_HOOK_CHAIN: &str = "prerouting_raw";
+/// Drops packets from outside the pod that are addressed to its loopback.
+pub const GUARD_CHAIN: &str = "guard";
+/// The interface whose packets may carry loopback destinations.
+pub const LOOPBACK_IFNAME: &str = "lo";
 
 /// A netfilter hook a base chain is attached to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -23,15 +29,36 @@ pub enum Hook {
     Output,
 }
 
-/// Base-chain properties: `type nat hook <hook> priority <priority>`.
+/// The type of a base chain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum ChainType {
+    Nat,
+    Filter,
+}
+
+/// Base-chain properties: `type <kind> hook <hook> priority <priority>`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct BaseHook {
+    pub kind: ChainType,
     pub hook: Hook,
     pub priority: i32,
 }
 
 /// The nat priority `nft` calls `dstnat`.
 pub const PRIORITY_DSTNAT: i32 = -100;
+/// The filter priority `nft` calls `raw`: before conntrack (-200) and before any nat.
+pub const PRIORITY_RAW: i32 = -300;
+
+/// Loopback destinations no packet from outside the pod may carry: IPv4's 127/8, IPv6's `::1`
+/// and the IPv4-mapped form of 127/8 (`::ffff:127.0.0.0/104`), which a dual-stack socket or a
+/// proxy turns back into 127.0.0.1.
+pub fn loopback_destinations() -> [IpNet; 3] {
+    [
+        "127.0.0.0/8".parse().expect("valid"),
+        "::1/128".parse().expect("valid"),
+        "::ffff:127.0.0.0/104".parse().expect("valid"),
+    ]
+}
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub enum Match {
@@ -42,6 +69,8 @@ pub enum Match {
     SkUid(u32),
     SkGid(u32),
     OifName(String),
+    /// `iifname != "<name>"`
+    IifNameNot(String),
     SAddr(IpNet),
     DAddr(IpNet),
 }
@@ -51,6 +80,7 @@ pub enum Action {
     Return,
     Jump(String),
     Redirect(u16),
+    Drop,
 }
 
 /// One rule. Every rule carries a counter; the counter values are not part of the rule's identity.
@@ -84,7 +114,9 @@ impl Rule {
     /// Short reason used for iptables comments (`cnimesh/<why>`).
     pub fn why(&self) -> &'static str {
         match (&self.action, self.matches.last()) {
+            (Action::Jump(target), _) if target == GUARD_CHAIN => "guard",
             (Action::Jump(_), _) => "capture",
+            (Action::Drop, _) => "loopback-destination",
             (Action::Redirect(_), _) => "redirect",
             (Action::Return, Some(Match::DPort(_))) => "skip-port",
             (Action::Return, Some(Match::SAddr(_) | Match::DAddr(_))) => "skip-subnet",
@@ -114,13 +146,26 @@ impl Ruleset {
         outbound.extend(spec.skip_outbound_subnets.iter().map(|n| Rule::new(vec![Match::DAddr(*n)], Action::Return)));
         outbound.push(Rule::new(vec![Match::Tcp], Action::Redirect(spec.outbound_proxy_port)));
 
-        let base = |hook| Some(BaseHook { hook, priority: PRIORITY_DSTNAT });
+        // Before any redirect, and in a filter chain rather than the nat chains: nat chains see
+        // only the first packet of a connection (later ones follow conntrack), and nothing at
+        // all of packets conntrack does not track, so a drop there would not hold for every
+        // packet of a flow. At `raw` priority the guard sees every packet, before conntrack
+        // creates state for it. Packets on `lo` are the pod's own loopback traffic.
+        let guard = loopback_destinations()
+            .into_iter()
+            .map(|net| Rule::new(vec![Match::IifNameNot(LOOPBACK_IFNAME.into()), Match::DAddr(net)], Action::Drop))
+            .collect();
+        let guard_hook = BaseHook { kind: ChainType::Filter, hook: Hook::Prerouting, priority: PRIORITY_RAW };
+
+        let base = |hook| Some(BaseHook { kind: ChainType::Nat, hook, priority: PRIORITY_DSTNAT });
         Self {
             chains: vec![
+                Chain { name: GUARD_HOOK_CHAIN.into(), base: Some(guard_hook), rules: jump(GUARD_CHAIN) },
                 Chain { name: "prerouting".into(), base: base(Hook::Prerouting), rules: jump(INBOUND_CHAIN) },
                 Chain { name: "output".into(), base: base(Hook::Output), rules: jump(OUTBOUND_CHAIN) },
                 Chain { name: INBOUND_CHAIN.into(), base: None, rules: inbound },
                 Chain { name: OUTBOUND_CHAIN.into(), base: None, rules: outbound },
+                Chain { name: GUARD_CHAIN.into(), base: None, rules: guard },
             ],
         }
     }
@@ -144,14 +189,25 @@ impl fmt::Display for Hook {
     }
 }
 
-impl fmt::Display for BaseHook {
-    /// `nft` names -100 `dstnat` on prerouting, but prints the number on output.
+impl fmt::Display for ChainType {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let priority = match (self.hook, self.priority) {
-            (Hook::Prerouting, PRIORITY_DSTNAT) => "dstnat".to_string(),
-            (_, p) => p.to_string(),
+        f.write_str(match self {
+            ChainType::Nat => "nat",
+            ChainType::Filter => "filter",
+        })
+    }
+}
+
+impl fmt::Display for BaseHook {
+    /// `nft` names -100 `dstnat` on a nat prerouting chain and -300 `raw` on a filter prerouting
+    /// chain, but prints the number on output.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let priority = match (self.kind, self.hook, self.priority) {
+            (ChainType::Nat, Hook::Prerouting, PRIORITY_DSTNAT) => "dstnat".to_string(),
+            (ChainType::Filter, Hook::Prerouting, PRIORITY_RAW) => "raw".to_string(),
+            (_, _, p) => p.to_string(),
         };
-        write!(f, "type nat hook {} priority {priority}; policy accept;", self.hook)
+        write!(f, "type {} hook {} priority {priority}; policy accept;", self.kind, self.hook)
     }
 }
 
@@ -191,6 +247,7 @@ impl fmt::Display for Match {
             Match::SkUid(uid) => write!(f, "meta skuid {uid}"),
             Match::SkGid(gid) => write!(f, "meta skgid {gid}"),
             Match::OifName(name) => write!(f, "oifname {name:?}"),
+            Match::IifNameNot(name) => write!(f, "iifname != {name:?}"),
             Match::SAddr(net) => fmt_net(f, "saddr", net),
             Match::DAddr(net) => fmt_net(f, "daddr", net),
         }
@@ -203,6 +260,7 @@ impl fmt::Display for Action {
             Action::Return => f.write_str("return"),
             Action::Jump(chain) => write!(f, "jump {chain}"),
             Action::Redirect(port) => write!(f, "redirect to :{port}"),
+            Action::Drop => f.write_str("drop"),
         }
     }
 }
@@ -236,6 +294,11 @@ mod tests {
     /// The documented ruleset for the default spec (README "Capture rules").
     pub const DEFAULT_RULESET: &str = "\
 table inet cnimesh {
+\tchain prerouting_raw {
+\t\ttype filter hook prerouting priority raw; policy accept;
+\t\tcounter packets 0 bytes 0 jump guard
+\t}
+
 \tchain prerouting {
 \t\ttype nat hook prerouting priority dstnat; policy accept;
 \t\tcounter packets 0 bytes 0 jump inbound
@@ -260,6 +323,12 @@ table inet cnimesh {
 \t\ttcp dport 443 counter packets 0 bytes 0 return
 \t\ttcp dport 6443 counter packets 0 bytes 0 return
 \t\tmeta l4proto tcp counter packets 0 bytes 0 redirect to :4140
+\t}
+
+\tchain guard {
+\t\tiifname != \"lo\" ip daddr 127.0.0.0/8 counter packets 0 bytes 0 drop
+\t\tiifname != \"lo\" ip6 daddr ::1 counter packets 0 bytes 0 drop
+\t\tiifname != \"lo\" ip6 daddr ::ffff:127.0.0.0/104 counter packets 0 bytes 0 drop
 \t}
 }
 ";

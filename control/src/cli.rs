@@ -16,8 +16,8 @@ use tokio::net::TcpListener;
 use crate::ca_init::{self, CaInit};
 use crate::identity::Policy;
 use crate::inject::{
-    DEFAULT_CLUSTER_DOMAIN, DEFAULT_CONTROL_NAMESPACE, SidecarMode, Webhook, WebhookArgs, generate_webhook_cert,
-    load_webhook_tls, watch_server_version, webhook_dns_names, webhook_tls_from,
+    DEFAULT_CLUSTER_DOMAIN, DEFAULT_CONTROL_NAMESPACE, Namespaces, SidecarMode, Webhook, WebhookArgs,
+    generate_webhook_cert, load_webhook_tls, watch_server_version, webhook_dns_names, webhook_tls_from,
 };
 use crate::policy::DefaultPolicy;
 use crate::policy::index::DEFAULT_CLUSTER_NETWORKS;
@@ -246,7 +246,7 @@ impl ServeArgs {
     async fn config(self) -> anyhow::Result<(Config, Addrs)> {
         let mut kube_client = None;
         let (tokens, cluster) = match (self.tokens_dir, self.kube) {
-            (Some(dir), false) => (TokenSource::Files(dir), self.cluster_dir.map(ClusterSource::Files)),
+            (Some(dir), false) => (TokenSource::Files(dir), self.cluster_dir.clone().map(ClusterSource::Files)),
             (None, true) => {
                 let client = kube::Client::try_default().await.context("connecting to the Kubernetes API")?;
                 kube_client = Some(client.clone());
@@ -258,6 +258,8 @@ impl ServeArgs {
             cluster_domain: self.webhook.cluster_domain.clone(),
             trust_domain: self.trust_domain.clone(),
         };
+        // Every injected proxy starts with these, before the control plane answers (issue 25).
+        let proxy_policy = (self.default_inbound_policy, self.cluster_networks.clone());
         let inbound_policy = crate::policy::Config {
             default_policy: self.default_inbound_policy,
             cluster_networks: self.cluster_networks,
@@ -284,8 +286,15 @@ impl ServeArgs {
                     }
                     _ => tokio::sync::watch::channel(None).1,
                 };
-                let webhook =
-                    Webhook::new(self.webhook.inject_config(&self.trust_domain)?)?.with_sidecar_mode(mode, versions);
+                let config =
+                    self.webhook.inject_config(&self.trust_domain)?.with_inbound_policy(proxy_policy.0, proxy_policy.1);
+                let mut webhook = Webhook::new(config)?.with_sidecar_mode(mode, versions);
+                // The namespace's default-inbound-policy annotation, read where the cluster is.
+                match (&kube_client, &self.cluster_dir) {
+                    (Some(client), _) => webhook = webhook.with_namespaces(Namespaces::Kube(client.clone())),
+                    (None, Some(dir)) => webhook = webhook.with_namespaces(Namespaces::Files(dir.clone())),
+                    (None, None) => {}
+                }
                 let tls = match (&webhook_certs, dir) {
                     (Some(source), _) => webhook_tls_from(source.current.clone())?,
                     (None, Some(dir)) => {

@@ -17,9 +17,26 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use cnimesh_cni::spec::RedirectSpec;
 
-/// Every address, the agent's health port (DESIGN §2): the agent runs on the host network.
+/// Loopback only, the agent's health port (DESIGN §2): the agent runs on the host network, where
+/// every address would include the pod network's gateway, so every pod could read the agent's
+/// status and metrics. The DaemonSet widens it to the node's own address (`$(HOST_IP):4192`),
+/// which the kubelet's probes, `cnimesh check` (API server pod proxy) and Prometheus dial;
+/// `--ready-addr 0.0.0.0:4192` opens it everywhere.
 fn default_ready_addr() -> SocketAddr {
-    SocketAddr::from(([0, 0, 0, 0], cnimesh_common::names::AGENT_HEALTH_PORT))
+    SocketAddr::from(([127, 0, 0, 1], cnimesh_common::names::AGENT_HEALTH_PORT))
+}
+
+/// `HOST:PORT`, where HOST may also be a bare IPv6 address (`fd00::5:4192`): the DaemonSet
+/// builds the value from the downward API's `status.hostIP`, which has no brackets.
+fn parse_listen_addr(value: &str) -> Result<SocketAddr, String> {
+    if let Ok(addr) = value.parse() {
+        return Ok(addr);
+    }
+    let (host, port) = value.rsplit_once(':').ok_or_else(|| format!("{value:?}: expected HOST:PORT"))?;
+    let host: std::net::IpAddr =
+        host.trim_matches(['[', ']']).parse().map_err(|e| format!("{value:?}: address {host:?}: {e}"))?;
+    let port: u16 = port.parse().map_err(|e| format!("{value:?}: port {port:?}: {e}"))?;
+    Ok(SocketAddr::new(host, port))
 }
 
 #[derive(Parser)]
@@ -63,8 +80,10 @@ enum Cmd {
         /// This node's name (the downward API's spec.nodeName).
         #[arg(long, env = "NODE_NAME")]
         node_name: Option<String>,
-        /// Readiness (/ready) and liveness (/live) endpoint.
-        #[arg(long, env = "CNIMESH_READY_ADDR", default_value_t = default_ready_addr())]
+        /// The admin listener: /ready, /live, /status and /metrics. Loopback by default; the
+        /// DaemonSet binds the node's address (`$(HOST_IP):4192`); `0.0.0.0:4192` opens it on
+        /// every address of the host, the pod network's gateway included.
+        #[arg(long, env = "CNIMESH_READY_ADDR", default_value_t = default_ready_addr(), value_parser = parse_listen_addr)]
         ready_addr: SocketAddr,
         /// What to do with meshed pods running without capture.
         #[arg(long, env = "CNIMESH_REPAIR", value_enum, default_value_t = RepairMode::Delete)]
@@ -227,6 +246,16 @@ pub fn main() -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_admin_listener_is_loopback_unless_widened_and_takes_the_downward_apis_bare_ipv6() {
+        assert!(default_ready_addr().ip().is_loopback());
+        assert_eq!(parse_listen_addr("10.0.0.5:4192"), Ok(SocketAddr::from(([10, 0, 0, 5], 4192))));
+        assert_eq!(parse_listen_addr("fd00::5:4192").unwrap().to_string(), "[fd00::5]:4192");
+        assert_eq!(parse_listen_addr("[fd00::5]:4192").unwrap().to_string(), "[fd00::5]:4192");
+        assert!(parse_listen_addr(":4192").is_err(), "an unexpanded $(HOST_IP) is an error, not every address");
+        assert!(parse_listen_addr("10.0.0.5").is_err());
+    }
 
     #[test]
     fn own_namespaces_are_excluded_by_default() {

@@ -13,6 +13,7 @@ use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
+use k8s_openapi::api::admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Container, Namespace, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
@@ -36,6 +37,8 @@ fn check_document(doc: &Value) -> Result<Manifest, String> {
         "ClusterRole" => Manifest::ClusterRole(Box::new(manifest_check::strict(doc)?)),
         "ClusterRoleBinding" => Manifest::ClusterRoleBinding(Box::new(manifest_check::strict(doc)?)),
         "DaemonSet" => Manifest::DaemonSet(Box::new(manifest_check::strict(doc)?)),
+        "ValidatingAdmissionPolicy" => Manifest::Policy(Box::new(manifest_check::strict(doc)?)),
+        "ValidatingAdmissionPolicyBinding" => Manifest::PolicyBinding(Box::new(manifest_check::strict(doc)?)),
         other => return Err(format!("unknown kind {other:?} (teach node-agent/tests/manifests.rs about it)")),
     };
     Ok(manifest)
@@ -49,6 +52,8 @@ enum Manifest {
     ClusterRole(Box<ClusterRole>),
     ClusterRoleBinding(Box<ClusterRoleBinding>),
     DaemonSet(Box<DaemonSet>),
+    Policy(Box<ValidatingAdmissionPolicy>),
+    PolicyBinding(Box<ValidatingAdmissionPolicyBinding>),
 }
 
 /// Loads one file: every document must pass the strictness check.
@@ -118,8 +123,86 @@ fn check_file(path: &Path, manifests: &[Manifest]) {
                     );
                 }
             }
-            Manifest::Namespace(_) | Manifest::ServiceAccount(_) => {}
+            Manifest::Namespace(_) | Manifest::ServiceAccount(_) | Manifest::Policy(_) | Manifest::PolicyBinding(_) => {
+            }
         }
+    }
+}
+
+/// The agent's admission policy: bound, failing closed, on the agent's own ServiceAccount, and
+/// covering every verb its ClusterRole grants beyond reading. The CEL expressions themselves are
+/// not evaluated here (no CEL evaluator in the workspace); what they must mention is checked.
+#[test]
+fn the_node_agents_admission_policy_scopes_its_writes_to_its_own_node() {
+    let path = manifest_check::daemonset_dir().join("cnimesh-node-admission.yaml");
+    let manifests = load_file(&path);
+    let policy = manifests
+        .iter()
+        .find_map(|m| match m {
+            Manifest::Policy(p) => Some(p),
+            _ => None,
+        })
+        .expect("a ValidatingAdmissionPolicy");
+    let binding = manifests
+        .iter()
+        .find_map(|m| match m {
+            Manifest::PolicyBinding(b) => Some(b),
+            _ => None,
+        })
+        .expect("its binding");
+    let name = policy.metadata.name.clone().unwrap();
+    let bspec = binding.spec.as_ref().unwrap();
+    assert_eq!(bspec.policy_name.as_deref(), Some(name.as_str()), "the binding binds the policy");
+    assert_eq!(bspec.validation_actions.as_deref(), Some(&["Deny".to_string()][..]), "violations are denied");
+    assert!(bspec.param_ref.is_none() && bspec.match_resources.is_none(), "bound everywhere, without params");
+
+    let spec = policy.spec.as_ref().unwrap();
+    assert_eq!(spec.failure_policy.as_deref(), Some("Fail"), "an evaluation error denies");
+    let rules = spec.match_constraints.as_ref().and_then(|m| m.resource_rules.clone()).unwrap_or_default();
+    for (resource, operation) in [("pods", "DELETE"), ("pods", "UPDATE"), ("nodes", "UPDATE"), ("nodes", "DELETE")] {
+        assert!(
+            rules.iter().any(|r| r.resources.iter().flatten().any(|x| x == resource)
+                && r.operations.iter().flatten().any(|o| o == operation)
+                && r.api_groups.iter().flatten().any(|g| g.is_empty())),
+            "the policy does not cover {operation} {resource}"
+        );
+    }
+    // Only the agent's requests are judged, and by its real ServiceAccount (from cnimesh-node.yaml).
+    let agent = load_file(&manifest_check::daemonset_dir().join("cnimesh-node.yaml"))
+        .into_iter()
+        .find_map(|m| match m {
+            Manifest::ServiceAccount(sa) => {
+                Some(format!("system:serviceaccount:{}:{}", sa.metadata.namespace?, sa.metadata.name?))
+            }
+            _ => None,
+        })
+        .expect("the agent's ServiceAccount");
+    let conditions = spec.match_conditions.clone().unwrap_or_default();
+    assert_eq!(conditions.len(), 1);
+    assert_eq!(conditions[0].expression, format!("request.userInfo.username == '{agent}'"));
+
+    let variables: String = spec.variables.iter().flatten().map(|v| v.expression.clone()).collect();
+    assert!(variables.contains("request.userInfo.extra['authentication.kubernetes.io/node-name']"), "{variables}");
+    let validations: Vec<String> = spec.validations.iter().flatten().map(|v| v.expression.clone()).collect();
+    let all = validations.join("\n");
+    assert!(validations.iter().any(|v| v == "variables.nodeName != ''"), "a token without the claim is refused");
+    for needle in [
+        "oldObject.spec.nodeName == variables.nodeName",
+        "object.metadata.name == variables.nodeName",
+        "object.spec == oldObject.spec",
+    ] {
+        assert!(all.contains(needle), "no validation says {needle:?}:\n{all}");
+    }
+    // The taint and label the agent writes, spelt as its source spells them.
+    let source = manifest_check::source_of(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"));
+    for (constant, value) in
+        [("NOT_READY_TAINT", "cnimesh.io/agent-not-ready"), ("UNCAPTURED_LABEL", "cnimesh.io/uncaptured")]
+    {
+        assert!(source.contains(&format!("{constant}: &str = \"{value}\"")), "{constant} is no longer {value}");
+        assert!(all.contains(&format!("'{value}'")), "the policy does not name {value}");
+    }
+    for v in spec.validations.iter().flatten() {
+        assert!(v.message.as_deref().is_some_and(|m| m.starts_with("cnimesh-node")), "{v:?} says why");
     }
 }
 
@@ -154,13 +237,14 @@ fn check_cluster_role(file: &str, role: &ClusterRole) {
             ("", "pods", "list"),
             ("", "pods", "watch"),
             ("", "pods", "delete"),
-            ("", "pods", "patch"),
             ("", "events", "create"),
             ("", "nodes", "get"),
             ("", "nodes", "patch"),
         ] {
             assert!(grants(group, resource, verb), "{file}: ClusterRole cnimesh-node lacks {verb} {resource:?}");
         }
+        // Pod `patch` only serves CNIMESH_REPAIR=label; the shipped default deletes.
+        assert!(!grants("", "pods", "patch"), "{file}: ClusterRole cnimesh-node grants pod patch in delete mode");
         // Least privilege: nothing beyond what the agent does.
         let allowed: BTreeSet<&str> = ["pods", "events", "nodes"].into();
         for r in rules {
@@ -228,7 +312,18 @@ fn check_daemonset(
         assert_eq!(probe_path, Some("/ready"), "{ctx}: readiness probe path");
         let live_path = c.liveness_probe.as_ref().and_then(|p| p.http_get.as_ref()).and_then(|h| h.path.as_deref());
         assert_eq!(live_path, Some("/live"), "{ctx}: liveness probe path");
-        let ready_addr = env_value(c, "CNIMESH_READY_ADDR").unwrap_or("0.0.0.0:4192");
+        let seccomp = |p: Option<&k8s_openapi::api::core::v1::SeccompProfile>| p.map(|p| p.type_.clone());
+        let pod_seccomp = seccomp(pod.security_context.as_ref().and_then(|s| s.seccomp_profile.as_ref()));
+        assert_eq!(pod_seccomp.as_deref(), Some("RuntimeDefault"), "{ctx}: pod seccompProfile");
+        let c_seccomp = seccomp(c.security_context.as_ref().and_then(|s| s.seccomp_profile.as_ref()));
+        assert_eq!(c_seccomp.as_deref(), Some("RuntimeDefault"), "{ctx}: container seccompProfile");
+        let ready_addr = env_value(c, "CNIMESH_READY_ADDR").unwrap_or("127.0.0.1:4192");
+        // hostNetwork: every address would include the pod network's gateway (any pod could
+        // read the agent's status and metrics); the node's own address is what its clients dial.
+        assert!(
+            !ready_addr.starts_with("0.0.0.0:") && !ready_addr.starts_with("[::]:"),
+            "{ctx}: the admin listener must not be open on every address: {ready_addr}"
+        );
         let ready_port: i32 =
             ready_addr.rsplit(':').next().and_then(|p| p.parse().ok()).expect("CNIMESH_READY_ADDR port");
         for probe in [&c.readiness_probe, &c.liveness_probe] {
@@ -271,7 +366,11 @@ fn check_container(ctx: &str, c: &Container) {
 /// manifest sets must be one the agent's source actually reads.
 fn check_env_names_known(ctx: &str, c: &Container) {
     let source = manifest_check::source_of(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"));
-    for e in c.env.iter().flatten() {
+    // A variable only there to be expanded into another's value (`$(HOST_IP)`) is used by the kubelet.
+    let expanded = |name: &str| {
+        c.env.iter().flatten().any(|e| e.value.as_deref().is_some_and(|v| v.contains(&format!("$({name})"))))
+    };
+    for e in c.env.iter().flatten().filter(|e| !expanded(&e.name)) {
         assert!(
             source.contains(&format!("\"{}\"", e.name)),
             "{ctx}: env {} is not read anywhere in node-agent/src",

@@ -13,10 +13,10 @@ use netlink_packet_netfilter::nftables::{
 };
 
 use super::encode::{
-    BASE_NETWORK, BASE_TRANSPORT, IPPROTO_TCP, NFPROTO_IPV4, NFPROTO_IPV6, NFTA_REDIR_REG_PROTO_MIN, POLICY_ACCEPT,
-    TCP_DPORT_OFFSET, addr_offset,
+    BASE_NETWORK, BASE_TRANSPORT, IPPROTO_TCP, NF_DROP, NFPROTO_IPV4, NFPROTO_IPV6, NFTA_REDIR_REG_PROTO_MIN,
+    POLICY_ACCEPT, TCP_DPORT_OFFSET, addr_offset,
 };
-use crate::rules::{Action, BaseHook, Match, Rule};
+use crate::rules::{Action, BaseHook, ChainType, Match, Rule};
 use crate::spec::PortRange;
 
 const NFTA_COUNTER_BYTES: u16 = 1;
@@ -146,6 +146,7 @@ impl RuleDecoder {
                     self.action = Some(match (code, chain) {
                         (Some(Verdict::Return), _) => Action::Return,
                         (Some(Verdict::Jump), Some(c)) => Action::Jump(c),
+                        (Some(Verdict::Other(NF_DROP)), _) => Action::Drop,
                         (other, _) => return Err(format!("unexpected verdict {other:?}")),
                     });
                 }
@@ -166,10 +167,8 @@ impl RuleDecoder {
             }
             (Loaded::Meta(MetaKey::SocketUserId), Operator::Equal) => Match::SkUid(ne_u32(&value)?),
             (Loaded::Meta(MetaKey::SocketGroupId), Operator::Equal) => Match::SkGid(ne_u32(&value)?),
-            (Loaded::Meta(MetaKey::Oifname), Operator::Equal) => {
-                let end = value.iter().position(|b| *b == 0).unwrap_or(value.len());
-                Match::OifName(String::from_utf8_lossy(&value[..end]).into_owned())
-            }
+            (Loaded::Meta(MetaKey::Oifname), Operator::Equal) => Match::OifName(ifname(&value)),
+            (Loaded::Meta(MetaKey::Iifname), Operator::NotEqual) => Match::IifNameNot(ifname(&value)),
             (Loaded::Payload { base: BASE_TRANSPORT, offset: TCP_DPORT_OFFSET, len: 2 }, op) => {
                 let port = u16::from_be_bytes(value.as_slice().try_into().map_err(|_| "bad port length")?);
                 match op {
@@ -231,6 +230,12 @@ impl RuleDecoder {
         let action = self.action.ok_or("rule without a verdict")?;
         Ok(Rule { matches: self.matches, action })
     }
+}
+
+/// A zero-padded interface name.
+fn ifname(value: &[u8]) -> String {
+    let end = value.iter().position(|b| *b == 0).unwrap_or(value.len());
+    String::from_utf8_lossy(&value[..end]).into_owned()
 }
 
 fn ne_u32(value: &[u8]) -> Result<u32, String> {
@@ -340,15 +345,17 @@ fn decode_base(name: &str, attrs: &[ChainAttribute]) -> Result<Option<BaseHook>,
     Ok(match (hook, priority) {
         (None, _) => None,
         (Some(h), Some(priority)) => {
-            if kind.as_deref() != Some("nat") {
-                return Err(format!("chain {name} is of type {kind:?}, not nat"));
-            }
+            let kind = match kind.as_deref() {
+                Some("nat") => ChainType::Nat,
+                Some("filter") => ChainType::Filter,
+                other => return Err(format!("chain {name} is of type {other:?}, not nat or filter")),
+            };
             let hook = match h {
                 InetHookNumber::PreRouting => crate::rules::Hook::Prerouting,
                 InetHookNumber::LocalOut => crate::rules::Hook::Output,
                 other => return Err(format!("chain {name} is on unexpected hook {other:?}")),
             };
-            Some(BaseHook { hook, priority })
+            Some(BaseHook { kind, hook, priority })
         }
         (Some(_), None) => return Err(format!("chain {name} has a hook but no priority")),
     })

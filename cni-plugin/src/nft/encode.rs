@@ -13,6 +13,8 @@ use crate::rules::{self, Action, Chain, Match, Rule, Ruleset};
 
 /// `NF_ACCEPT`, the policy of our base chains.
 pub(super) const POLICY_ACCEPT: u32 = 1;
+/// `NF_DROP`, as a verdict code (the crate has no name for it).
+pub(super) const NF_DROP: u32 = 0;
 
 /// `NFT_PAYLOAD_NETWORK_HEADER` / `NFT_PAYLOAD_TRANSPORT_HEADER`.
 pub(super) const BASE_NETWORK: u32 = 1;
@@ -55,7 +57,7 @@ pub(super) fn chain_message(table: &str, chain: &Chain) -> NfTablesMessage {
             Hook::Priority(base.priority as u32),
         ]));
         attributes.push(ChainAttribute::Policy(POLICY_ACCEPT));
-        attributes.push(ChainAttribute::Type("nat".into()));
+        attributes.push(ChainAttribute::Type(base.kind.to_string()));
     }
     NfTablesMessage::NewChain(ChainMessage { attributes })
 }
@@ -91,6 +93,7 @@ fn expressions(rule: &Rule) -> Vec<Expressions> {
         Action::Jump(chain) => {
             out.push(verdict(vec![VerdictAttribute::Code(Verdict::Jump), VerdictAttribute::Chain(chain.clone())]))
         }
+        Action::Drop => out.push(verdict(vec![VerdictAttribute::Code(Verdict::Other(NF_DROP))])),
         Action::Redirect(port) => {
             out.push(Expressions::Immediate(vec![
                 Immediate::DestinationRegister(Register::Reg1),
@@ -160,13 +163,22 @@ fn encode_match(m: &Match, out: &mut Vec<Expressions>) {
         }
         Match::OifName(name) => {
             out.push(meta(MetaKey::Oifname));
-            let mut padded = name.as_bytes().to_vec();
-            padded.resize(IFNAMSIZ, 0);
-            out.push(cmp(Operator::Equal, padded));
+            out.push(cmp(Operator::Equal, ifname_bytes(name)));
+        }
+        Match::IifNameNot(name) => {
+            out.push(meta(MetaKey::Iifname));
+            out.push(cmp(Operator::NotEqual, ifname_bytes(name)));
         }
         Match::SAddr(net) => encode_net(net, true, out),
         Match::DAddr(net) => encode_net(net, false, out),
     }
+}
+
+/// An interface name as `nft` compares it: zero-padded to [`IFNAMSIZ`] bytes.
+fn ifname_bytes(name: &str) -> Vec<u8> {
+    let mut padded = name.as_bytes().to_vec();
+    padded.resize(IFNAMSIZ, 0);
+    padded
 }
 
 /// Header offsets of the source address; the destination follows it.

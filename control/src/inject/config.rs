@@ -9,6 +9,10 @@ use std::path::PathBuf;
 
 use cnimesh_common::names;
 use cnimesh_identity::{DEFAULT_TRUST_DOMAIN, Name, NameError};
+use ipnet::IpNet;
+
+use crate::policy::DefaultPolicy;
+use crate::policy::index::DEFAULT_CLUSTER_NETWORKS;
 
 /// The proxy image that matches this control plane: both are released together (DESIGN.md §2).
 pub const DEFAULT_PROXY_IMAGE: &str = concat!("ghcr.io/cnimesh/cnimesh-proxy:", env!("CARGO_PKG_VERSION"));
@@ -67,6 +71,11 @@ pub struct InjectConfig {
     /// from the issuer it serves with; empty means "not known yet" and injection is refused.
     pub trust_anchors_pem: String,
     pub proxy_uid: i64,
+    /// The control plane's `--default-inbound-policy`: what a pod's proxy starts with when
+    /// neither the pod nor its namespace is annotated (`CNIMESH_PROXY_POLICY_DEFAULT`).
+    pub default_inbound_policy: DefaultPolicy,
+    /// The control plane's `--cluster-networks` (`CNIMESH_PROXY_POLICY_CLUSTER_NETWORKS`).
+    pub cluster_networks: Vec<IpNet>,
 }
 
 impl Default for InjectConfig {
@@ -81,8 +90,15 @@ impl Default for InjectConfig {
             resources: ProxyResources::default(),
             trust_anchors_pem: String::new(),
             proxy_uid: DEFAULT_PROXY_UID,
+            default_inbound_policy: DefaultPolicy::default(),
+            cluster_networks: default_cluster_networks(),
         }
     }
+}
+
+/// The control plane's `--cluster-networks` default.
+pub fn default_cluster_networks() -> Vec<IpNet> {
+    DEFAULT_CLUSTER_NETWORKS.split(',').map(|n| n.parse().expect("valid")).collect()
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -109,6 +125,13 @@ impl InjectConfig {
         }
         super::validate::check_log_level(&self.log_level)
             .map_err(|why| InjectConfigError::LogLevel(self.log_level.clone(), why))
+    }
+
+    /// The control plane's inbound policy settings, which every injected proxy starts with.
+    pub fn with_inbound_policy(mut self, default: DefaultPolicy, cluster_networks: Vec<IpNet>) -> Self {
+        self.default_inbound_policy = default;
+        self.cluster_networks = cluster_networks;
+        self
     }
 
     /// `cnimesh-control.<ns>.svc.<cluster-domain>:4190`: Identity and Destination share it.
@@ -178,6 +201,9 @@ impl WebhookArgs {
             },
             trust_anchors_pem: String::new(),
             proxy_uid: self.proxy_uid,
+            // `serve`'s own flags; `ServeArgs` sets them with `with_inbound_policy`.
+            default_inbound_policy: DefaultPolicy::default(),
+            cluster_networks: default_cluster_networks(),
         };
         config.validate()?;
         Ok(config)

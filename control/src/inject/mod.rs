@@ -15,7 +15,9 @@
 mod cert;
 mod config;
 mod mutate;
+mod namespaces;
 mod owner;
+mod policy_env;
 mod server;
 #[cfg(test)]
 mod tests;
@@ -31,11 +33,16 @@ pub use config::{
     DEFAULT_PROXY_UID, InjectConfig, InjectConfigError, ProxyResources, ServerVersion, SidecarMode, WebhookArgs,
 };
 pub use mutate::{
-    INJECT_ANNOTATION, INJECTED_ANNOTATION, LOG_LEVEL_ANNOTATION, NEVER_INJECTED, NamespaceInjection,
+    INJECT_ANNOTATION, INJECTED_ANNOTATION, Injection, LOG_LEVEL_ANNOTATION, NEVER_INJECTED, NamespaceInjection,
     OPAQUE_PORTS_ANNOTATION, PROXY_ADMIN_PORT, PROXY_CONTAINER, PodProxySettings, Skip, TOKEN_FILE, TOKEN_VOLUME,
     TRUST_ANCHORS_ENV, mutate, plan, proxy_container, proxy_volumes,
 };
+pub use namespaces::Namespaces;
 pub use owner::{Workload, owner_labels};
+pub use policy_env::{
+    CLUSTER_NETWORKS_ENV, INBOUND_PORTS_ENV, NamespaceDefault, POLICY_DEFAULT_ENV, effective_default, inbound_ports,
+    skipped_port_warnings,
+};
 pub use server::{INJECT_PATH, MAX_BODY, OPT_IN_PATH, Webhook, serve_webhook};
 pub use validate::{check_log_level, check_ports};
 pub use version::watch_server_version;

@@ -26,6 +26,10 @@ use serde_json::Value;
 
 use super::config::InjectConfig;
 use super::owner::{Workload, owner_labels};
+use super::policy_env::{
+    CLUSTER_NETWORKS_ENV, INBOUND_PORTS_ENV, NamespaceDefault, POLICY_DEFAULT_ENV, effective_default, inbound_ports,
+    skipped_port_warnings,
+};
 use super::validate::{check_log_level, check_ports};
 
 /// DESIGN.md §2, shared with the node agent (which captures pods by the proxy container's
@@ -91,11 +95,27 @@ pub struct PodProxySettings {
     pub log_level: String,
 }
 
+/// A planned injection: the patch, and what the API client should be told about the result
+/// (ports the proxy does not protect, a default that had to fail closed).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Injection {
+    pub patch: Patch,
+    pub warnings: Vec<String>,
+}
+
+impl Injection {
+    fn nothing() -> Self {
+        Self { patch: Patch(Vec::new()), warnings: Vec::new() }
+    }
+}
+
 /// Answers one admission request. Never denies: a pod that cannot be injected is admitted
 /// unchanged with a warning (the failure policy discussion is in `daemonset/README.md`).
+/// `ns_default` is the namespace's default-inbound-policy annotation as the caller could read it.
 pub fn mutate(
     request: &AdmissionRequest<DynamicObject>,
     namespace: NamespaceInjection,
+    ns_default: &NamespaceDefault,
     config: &InjectConfig,
 ) -> AdmissionResponse {
     let response = AdmissionResponse::from(request);
@@ -107,14 +127,19 @@ pub fn mutate(
         None => Err(Skip::Warn("the request carries no pod".into())),
         Some(object) => serde_json::to_value(object)
             .map_err(|e| Skip::Warn(format!("cannot read the pod: {e}")))
-            .and_then(|pod| plan(&pod, request.namespace.as_deref(), namespace, None, config)),
+            .and_then(|pod| plan(&pod, request.namespace.as_deref(), namespace, ns_default, None, config)),
     };
     let pod = || format!("{}/{}", request.namespace.as_deref().unwrap_or("?"), pod_name(request));
     match result {
-        Ok(patch) if patch.0.is_empty() => response,
-        Ok(patch) => match response.clone().with_patch(patch) {
-            Ok(patched) => {
+        Ok(injection) if injection.patch.0.is_empty() => response,
+        Ok(Injection { patch, warnings }) => match response.clone().with_patch(patch) {
+            Ok(mut patched) => {
                 tracing::info!(pod = %pod(), uid = %request.uid, "injecting the proxy");
+                // kubectl prints these; the log keeps them for whoever did not run kubectl.
+                for warning in &warnings {
+                    tracing::warn!(pod = %pod(), "{warning}");
+                }
+                patched.warnings = (!warnings.is_empty()).then_some(warnings);
                 patched
             }
             Err(error) => warn(response, &pod(), &format!("cannot encode the patch: {error}")),
@@ -144,15 +169,17 @@ fn pod_name(request: &AdmissionRequest<DynamicObject>) -> String {
 
 /// The patch that injects the proxy into `pod` (the raw JSON object), an empty patch when there
 /// is nothing to do, or why not. `request_namespace` is the request's: a pod from a Deployment's
-/// template has no namespace of its own yet. `workload` is the pod's owner when the caller knows
-/// it (`cnimesh inject` on a Deployment); `None` reads it from the pod's owner references.
+/// template has no namespace of its own yet. `ns_default` is the namespace's default inbound
+/// policy as the caller could read it. `workload` is the pod's owner when the caller knows it
+/// (`cnimesh inject` on a Deployment); `None` reads it from the pod's owner references.
 pub fn plan(
     pod: &Value,
     request_namespace: Option<&str>,
     namespace: NamespaceInjection,
+    ns_default: &NamespaceDefault,
     workload: Option<&Workload>,
     config: &InjectConfig,
-) -> Result<Patch, Skip> {
+) -> Result<Injection, Skip> {
     let typed: Pod =
         serde_json::from_value(pod.clone()).map_err(|e| Skip::Warn(format!("cannot read the pod: {e}")))?;
     let annotation = |key: &str| typed.metadata.annotations.as_ref().and_then(|a| a.get(key)).map(String::as_str);
@@ -182,7 +209,7 @@ pub fn plan(
     let spec = typed.spec.as_ref().ok_or_else(|| Skip::Warn("the pod has no spec".into()))?;
     let injected_before = annotation(INJECTED_ANNOTATION).is_some();
     if let Some(patch) = already_injected(spec, injected_before)? {
-        return Ok(patch);
+        return Ok(Injection { patch, ..Injection::nothing() });
     }
     if spec.host_network == Some(true) {
         return Err(Skip::Warn("it uses the host network, where traffic cannot be captured".into()));
@@ -203,9 +230,36 @@ pub fn plan(
     check_log_level(log_level).map_err(|why| Skip::Warn(format!("annotation {LOG_LEVEL_ANNOTATION}: {why}")))?;
     let settings =
         PodProxySettings { identity: pod_identity(spec, ns, config)?, opaque_ports, log_level: log_level.into() };
-    let container = proxy_container(config, &settings).map_err(Skip::Warn)?;
+    let mut container = proxy_container(config, &settings).map_err(Skip::Warn)?;
+    let pod_key =
+        format!("{ns}/{}", typed.metadata.name.as_deref().or(typed.metadata.generate_name.as_deref()).unwrap_or("?"));
+    let (default_policy, fail_closed) =
+        effective_default(&typed.metadata, &pod_key, ns_default, config.default_inbound_policy);
+    add_policy_env(&mut container, config, default_policy.as_str(), inbound_ports(spec));
+    let mut warnings: Vec<String> = fail_closed.map(|w| format!("cnimesh: {w}")).into_iter().collect();
+    warnings.extend(skipped_port_warnings(&typed.metadata, spec));
     let owner = workload.cloned().or_else(|| Workload::of_pod(&typed.metadata));
-    Ok(injection_patch(pod, config, container, owner_labels(owner.as_ref(), ns)))
+    Ok(Injection { patch: injection_patch(pod, config, container, owner_labels(owner.as_ref(), ns)), warnings })
+}
+
+/// What the proxy needs to enforce inbound policy from its first connection, before the control
+/// plane answers: the effective default, the ports to ask about at once, and the cluster
+/// networks `cluster-authenticated` admits (issue 25, finding 2).
+fn add_policy_env(container: &mut Container, config: &InjectConfig, default_policy: &str, ports: Option<String>) {
+    let mut vars = vec![(POLICY_DEFAULT_ENV, default_policy.to_string())];
+    if let Some(ports) = ports {
+        vars.push((INBOUND_PORTS_ENV, ports));
+    }
+    if !config.cluster_networks.is_empty() {
+        let networks: Vec<String> = config.cluster_networks.iter().map(ToString::to_string).collect();
+        vars.push((CLUSTER_NETWORKS_ENV, networks.join(",")));
+    }
+    let env = container.env.get_or_insert_with(Vec::new);
+    env.extend(vars.into_iter().map(|(name, value)| EnvVar {
+        name: name.into(),
+        value: Some(value),
+        value_from: None,
+    }));
 }
 
 /// `Some(patch)` when the pod has its proxy already. A second pass is then a no-op, except that

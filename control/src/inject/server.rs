@@ -27,6 +27,8 @@ use tokio::sync::watch;
 
 use super::config::{InjectConfig, InjectConfigError, ServerVersion, SidecarMode};
 use super::mutate::{NamespaceInjection, mutate};
+use super::namespaces::Namespaces;
+use super::policy_env::NamespaceDefault;
 use crate::identity::issuer::IssuerRx;
 
 /// Pods in namespaces labelled `cnimesh.io/inject=enabled`.
@@ -46,6 +48,14 @@ pub struct Webhook {
     mode: SidecarMode,
     server: watch::Receiver<Option<ServerVersion>>,
     issuer: Option<IssuerRx>,
+    namespaces: Option<Namespaces>,
+}
+
+/// A review ready to be answered: the request and its webhook path's namespace case.
+enum Parsed {
+    Request(Box<AdmissionRequest<DynamicObject>>, NamespaceInjection),
+    /// Answered without a mutation (an object that does not parse).
+    Answered(Box<AdmissionResponse>),
 }
 
 impl Webhook {
@@ -53,7 +63,7 @@ impl Webhook {
     pub fn new(config: InjectConfig) -> Result<Self, InjectConfigError> {
         config.validate()?;
         let mode = if config.native_sidecars { SidecarMode::Native } else { SidecarMode::Regular };
-        Ok(Self { config, mode, server: watch::channel(None).1, issuer: None })
+        Ok(Self { config, mode, server: watch::channel(None).1, issuer: None, namespaces: None })
     }
 
     /// Decide the sidecar form per `mode`, from the versions `server` reports (`auto`).
@@ -69,6 +79,13 @@ impl Webhook {
         self
     }
 
+    /// Read each pod's namespace for its default-inbound-policy annotation. Without it the
+    /// cluster setting stands for every unannotated pod (a webhook with no cluster to read).
+    pub fn with_namespaces(mut self, namespaces: Namespaces) -> Self {
+        self.namespaces = Some(namespaces);
+        self
+    }
+
     /// The configuration as of now: sidecar form for the current server, current anchors.
     pub fn config(&self) -> InjectConfig {
         let mut config = self.config.clone();
@@ -81,27 +98,64 @@ impl Webhook {
         config
     }
 
-    /// One AdmissionReview body for `path`: the review to answer with, or a client error.
+    /// One AdmissionReview body for `path`: the review to answer with, or a client error. The
+    /// namespace is not read (as without [`Webhook::with_namespaces`]): the served path uses
+    /// [`Webhook::review_reading_namespace`].
     pub fn review(&self, path: &str, body: &[u8]) -> Result<Vec<u8>, (StatusCode, String)> {
-        let namespace = match path {
-            INJECT_PATH => NamespaceInjection::Enabled,
-            OPT_IN_PATH => NamespaceInjection::NotEnabled,
-            _ => return Err((StatusCode::NOT_FOUND, format!("no webhook at {path}; try {INJECT_PATH}"))),
-        };
-        let response = match serde_json::from_slice::<AdmissionReview<DynamicObject>>(body) {
-            Ok(review) => {
-                if review.types.api_version != META_API_VERSION_V1 || review.types.kind != META_KIND {
-                    let found = format!("{} {}", review.types.api_version, review.types.kind);
-                    return Err(bad(format!("expected an {META_API_VERSION_V1} {META_KIND}, found {found}")));
-                }
-                let request: AdmissionRequest<DynamicObject> =
-                    review.try_into().map_err(|_| bad("the AdmissionReview has no request".into()))?;
-                mutate(&request, namespace, &self.config())
+        let response = match parse(path, body)? {
+            Parsed::Request(request, namespace) => {
+                mutate(&request, namespace, &NamespaceDefault::NotLooked, &self.config())
             }
-            Err(error) => unreadable_object(body, &error)?,
+            Parsed::Answered(response) => *response,
         };
-        encode_review(response).map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, format!("encoding the response: {e}")))
+        encode(response)
     }
+
+    /// Like [`Webhook::review`], reading the pod's namespace first when there is a pod to inject
+    /// and a namespace source.
+    pub async fn review_reading_namespace(&self, path: &str, body: &[u8]) -> Result<Vec<u8>, (StatusCode, String)> {
+        let response = match parse(path, body)? {
+            Parsed::Request(request, namespace) => {
+                let ns_default = match (&self.namespaces, request.namespace.as_deref()) {
+                    (Some(source), Some(ns)) if is_pod_create(&request) => source.default_of(ns).await,
+                    _ => NamespaceDefault::NotLooked,
+                };
+                mutate(&request, namespace, &ns_default, &self.config())
+            }
+            Parsed::Answered(response) => *response,
+        };
+        encode(response)
+    }
+}
+
+fn is_pod_create(request: &AdmissionRequest<DynamicObject>) -> bool {
+    request.kind.group.is_empty()
+        && request.kind.kind == "Pod"
+        && request.operation == kube::core::admission::Operation::Create
+}
+
+fn parse(path: &str, body: &[u8]) -> Result<Parsed, (StatusCode, String)> {
+    let namespace = match path {
+        INJECT_PATH => NamespaceInjection::Enabled,
+        OPT_IN_PATH => NamespaceInjection::NotEnabled,
+        _ => return Err((StatusCode::NOT_FOUND, format!("no webhook at {path}; try {INJECT_PATH}"))),
+    };
+    match serde_json::from_slice::<AdmissionReview<DynamicObject>>(body) {
+        Ok(review) => {
+            if review.types.api_version != META_API_VERSION_V1 || review.types.kind != META_KIND {
+                let found = format!("{} {}", review.types.api_version, review.types.kind);
+                return Err(bad(format!("expected an {META_API_VERSION_V1} {META_KIND}, found {found}")));
+            }
+            let request: AdmissionRequest<DynamicObject> =
+                review.try_into().map_err(|_| bad("the AdmissionReview has no request".into()))?;
+            Ok(Parsed::Request(Box::new(request), namespace))
+        }
+        Err(error) => Ok(Parsed::Answered(Box::new(unreadable_object(body, &error)?))),
+    }
+}
+
+fn encode(response: AdmissionResponse) -> Result<Vec<u8>, (StatusCode, String)> {
+    encode_review(response).map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, format!("encoding the response: {e}")))
 }
 
 /// The AdmissionReview as admission.k8s.io/v1 defines it: `patch` is `[]byte`, which JSON
@@ -163,7 +217,7 @@ async fn handle(webhook: &Webhook, req: Request<hyper::body::Incoming>) -> Respo
         }
         Err(error) => return text(StatusCode::BAD_REQUEST, format!("reading the body: {error}")),
     };
-    match webhook.review(&path, &body) {
+    match webhook.review_reading_namespace(&path, &body).await {
         Ok(review) => reply(StatusCode::OK, "application/json", review),
         Err((status, message)) => {
             tracing::debug!(%path, %status, %message, "bad webhook request");

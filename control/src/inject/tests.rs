@@ -90,7 +90,7 @@ fn apply(pod: &Value, response: &AdmissionResponse) -> Value {
 
 /// Runs the webhook on `pod` in `namespace`; returns the response and the patched pod.
 fn run(pod: &Value, namespace: &str, ns: NamespaceInjection, config: &InjectConfig) -> (AdmissionResponse, Value) {
-    let response = mutate(&request(&review(pod, namespace)), ns, config);
+    let response = mutate(&request(&review(pod, namespace)), ns, &NamespaceDefault::NotLooked, config);
     assert_eq!(response.uid, UID);
     let patched = apply(pod, &response);
     (response, patched)
@@ -466,11 +466,11 @@ fn only_pod_creation_is_mutated() {
     let config = config();
     let mut update = review(&deployment_pod(), "shop");
     update["request"]["operation"] = json!("UPDATE");
-    let response = mutate(&request(&update), NamespaceInjection::Enabled, &config);
+    let response = mutate(&request(&update), NamespaceInjection::Enabled, &NamespaceDefault::NotLooked, &config);
     assert!(response.allowed && response.patch.is_none());
     let mut other = review(&json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}}), "shop");
     other["request"]["kind"] = json!({"group": "", "version": "v1", "kind": "ConfigMap"});
-    let response = mutate(&request(&other), NamespaceInjection::Enabled, &config);
+    let response = mutate(&request(&other), NamespaceInjection::Enabled, &NamespaceDefault::NotLooked, &config);
     assert!(response.allowed && response.patch.is_none() && response.warnings.is_none());
 }
 
@@ -663,8 +663,141 @@ fn a_sidecar_stripped_by_an_old_api_server_is_explained() {
 #[test]
 fn without_trust_anchors_a_pod_that_must_be_meshed_is_refused() {
     let config = InjectConfig { trust_anchors_pem: String::new(), ..config() };
-    let response = mutate(&request(&review(&deployment_pod(), "shop")), NamespaceInjection::Enabled, &config);
+    let response = mutate(
+        &request(&review(&deployment_pod(), "shop")),
+        NamespaceInjection::Enabled,
+        &NamespaceDefault::NotLooked,
+        &config,
+    );
     assert!(!response.allowed, "fail closed: {response:?}");
     assert!(response.result.message.contains("no trust anchors"), "{response:?}");
     assert!(response.patch.is_none());
+}
+
+/// The proxy container of a patched pod.
+fn proxy_of(pod: &Pod) -> Container {
+    let spec = pod.spec.as_ref().unwrap();
+    spec.init_containers.iter().flatten().chain(&spec.containers).find(|c| c.name == PROXY_CONTAINER).unwrap().clone()
+}
+
+/// Injects `pod` in namespace `shop` with what the webhook read of the namespace.
+fn injected(pod: &Value, ns_default: &NamespaceDefault, config: &InjectConfig) -> (AdmissionResponse, Container) {
+    let response = mutate(&request(&review(pod, "shop")), NamespaceInjection::Enabled, ns_default, config);
+    let patched = typed(&apply(pod, &response));
+    (response, proxy_of(&patched))
+}
+
+#[test]
+fn the_proxy_starts_with_the_effective_default_pod_over_namespace_over_cluster() {
+    use crate::policy::DefaultPolicy::*;
+    let cluster_deny = InjectConfig { default_inbound_policy: Deny, ..config() };
+    let plain = deployment_pod();
+    let annotated = pod_with(
+        json!({"metadata": {"annotations": {"config.cnimesh.io/default-inbound-policy": "all-authenticated"}}}),
+    );
+    let misspelt = pod_with(
+        json!({"metadata": {"annotations": {"config.cnimesh.io/default-inbound-policy": "al-authenticated"}}}),
+    );
+    let cases = [
+        // Before issue 25 the variable was never set, so every proxy started all-unauthenticated.
+        (&plain, NamespaceDefault::Read(None), &cluster_deny, "deny"),
+        (&plain, NamespaceDefault::NotLooked, &cluster_deny, "deny"),
+        (&plain, NamespaceDefault::Read(Some(ClusterAuthenticated)), &cluster_deny, "cluster-authenticated"),
+        (&annotated, NamespaceDefault::Read(Some(Deny)), &cluster_deny, "all-authenticated"),
+        (&misspelt, NamespaceDefault::Read(None), &config(), "deny"),
+        (&plain, NamespaceDefault::Read(None), &config(), "all-unauthenticated"),
+    ];
+    for (pod, ns, config, want) in cases {
+        let (_, proxy) = injected(pod, &ns, config);
+        assert_eq!(
+            env(&proxy, POLICY_DEFAULT_ENV),
+            Some(want),
+            "{ns:?} with cluster {:?}",
+            config.default_inbound_policy
+        );
+    }
+}
+
+#[test]
+fn an_unreadable_namespace_fails_closed_and_says_so() {
+    let (response, proxy) = injected(
+        &deployment_pod(),
+        &NamespaceDefault::Unreadable("namespaces \"shop\" is forbidden".into()),
+        &config(),
+    );
+    assert_eq!(env(&proxy, POLICY_DEFAULT_ENV), Some("deny"));
+    let said = warnings(&response);
+    assert!(said.contains("forbidden") && said.contains("deny"), "{said}");
+}
+
+#[test]
+fn the_proxy_knows_the_declared_ports_and_the_cluster_networks_from_the_start() {
+    let pod = pod_with(json!({"spec": {
+        "initContainers": [{"name": "cache", "image": "redis", "restartPolicy": "Always", "ports": [{"containerPort": 6379}]}],
+        "containers": [{"name": "web", "image": "nginx:1.27", "ports": [{"containerPort": 80}, {"containerPort": 8080}, {"containerPort": 80, "protocol": "UDP"}]}],
+    }}));
+    let config = InjectConfig {
+        cluster_networks: vec!["10.0.0.0/16".parse().unwrap(), "fd00::/8".parse().unwrap()],
+        ..config()
+    };
+    let (_, proxy) = injected(&pod, &NamespaceDefault::NotLooked, &config);
+    assert_eq!(env(&proxy, INBOUND_PORTS_ENV), Some("80,6379,8080"));
+    assert_eq!(env(&proxy, CLUSTER_NETWORKS_ENV), Some("10.0.0.0/16,fd00::/8"));
+    let (_, proxy) = injected(
+        &pod_with(json!({"spec": {"containers": [{"name": "web", "image": "x", "ports": null}]}})),
+        &NamespaceDefault::NotLooked,
+        &config,
+    );
+    assert_eq!(env(&proxy, INBOUND_PORTS_ENV), None, "no ports declared: nothing to ask for up front");
+}
+
+#[test]
+fn a_container_on_a_port_the_capture_skips_gets_a_kubectl_warning() {
+    let pod = pod_with(json!({
+        "metadata": {"annotations": {"config.cnimesh.io/skip-inbound-ports": "9000"}},
+        "spec": {"containers": [{"name": "web", "image": "nginx", "ports": [{"containerPort": 4191}, {"containerPort": 9000}, {"containerPort": 8080}]}]},
+    }));
+    let response =
+        mutate(&request(&review(&pod, "shop")), NamespaceInjection::Enabled, &NamespaceDefault::NotLooked, &config());
+    assert!(response.patch.is_some(), "still injected");
+    let said = warnings(&response);
+    assert!(said.contains("container web port 4191"), "{said}");
+    assert!(said.contains("container web port 9000") && said.contains("skip-inbound-ports"), "{said}");
+    assert!(!said.contains("8080"), "{said}");
+    // The review on the wire carries them where kubectl reads them.
+    let out = Webhook::new(config())
+        .unwrap()
+        .review(INJECT_PATH, &serde_json::to_vec(&review(&pod, "shop")).unwrap())
+        .unwrap();
+    let (wire, _) = decode_response(&out);
+    assert!(
+        wire["warnings"].as_array().is_some_and(|w| w.iter().any(|w| w.as_str().unwrap().contains("port 4191"))),
+        "{wire}"
+    );
+}
+
+#[tokio::test]
+async fn the_served_review_reads_the_namespaces_annotation() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("ns.yaml"),
+        "apiVersion: v1\nkind: Namespace\nmetadata: {name: shop, annotations: {config.cnimesh.io/default-inbound-policy: deny}}\n",
+    )
+    .unwrap();
+    let webhook = Webhook::new(config()).unwrap().with_namespaces(Namespaces::Files(dir.path().into()));
+    let body = serde_json::to_vec(&review(&deployment_pod(), "shop")).unwrap();
+    let (_, patch) = decode_response(&webhook.review_reading_namespace(INJECT_PATH, &body).await.unwrap());
+    let mut patched = deployment_pod();
+    json_patch::patch(&mut patched, &patch.unwrap()).unwrap();
+    assert_eq!(
+        env(&proxy_of(&typed(&patched)), POLICY_DEFAULT_ENV),
+        Some("deny"),
+        "the namespace's, over the cluster's"
+    );
+    // Another namespace has no annotation: the cluster setting.
+    let body = serde_json::to_vec(&review(&deployment_pod(), "other")).unwrap();
+    let (_, patch) = decode_response(&webhook.review_reading_namespace(INJECT_PATH, &body).await.unwrap());
+    let mut patched = deployment_pod();
+    json_patch::patch(&mut patched, &patch.unwrap()).unwrap();
+    assert_eq!(env(&proxy_of(&typed(&patched)), POLICY_DEFAULT_ENV), Some("all-unauthenticated"));
 }

@@ -23,8 +23,10 @@ use super::install::{TRUST_ANCHORS_CONFIG_MAP, TRUST_ANCHORS_KEY};
 use super::{ClusterArgs, yaml};
 use crate::inject::{
     DEFAULT_CONTROL_NAMESPACE, DEFAULT_PROXY_IMAGE, INJECT_ANNOTATION, INJECTED_ANNOTATION, InjectConfig,
-    NamespaceInjection, PROXY_CONTAINER, ServerVersion, SidecarMode, Skip, TOKEN_VOLUME, Workload, plan,
+    NamespaceDefault, NamespaceInjection, PROXY_CONTAINER, ServerVersion, SidecarMode, Skip, TOKEN_VOLUME, Workload,
+    plan,
 };
+use crate::policy::DefaultPolicy;
 
 /// How long `auto` and the anchors lookup wait for a cluster before working without one.
 const CLUSTER_TIMEOUT: Duration = Duration::from_secs(5);
@@ -33,6 +35,12 @@ const CLUSTER_TIMEOUT: Duration = Duration::from_secs(5);
 pub struct InjectArgs {
     /// Files or directories (*.yaml, *.yml, *.json, recursively); `-` or nothing reads stdin.
     pub paths: Vec<PathBuf>,
+    /// The inbound policy proxies start with, until the control plane answers, for pods without
+    /// a `config.cnimesh.io/default-inbound-policy` annotation: pass the control plane's
+    /// `--default-inbound-policy` (or the namespace's annotation). Offline the cluster's value is
+    /// unknown, so the default fails closed [default: deny].
+    #[arg(long)]
+    pub default_inbound_policy: Option<DefaultPolicy>,
     /// Trust anchors (PEM) for the proxies [default: the cluster's ConfigMap
     /// cnimesh/cnimesh-identity-trust-anchors, which `cnimesh install` creates].
     #[arg(long)]
@@ -83,8 +91,19 @@ pub async fn inject_main(cluster: &ClusterArgs, args: InjectArgs, out: &mut impl
             args.native_sidecars.native_for(version)
         }
     };
-    let config =
-        InjectConfig { proxy_image: args.proxy_image, native_sidecars, trust_anchors_pem, ..Default::default() };
+    let default_inbound_policy = args.default_inbound_policy.unwrap_or_else(|| {
+        eprintln!(
+            "no --default-inbound-policy: proxies start with `deny` for unannotated pods until the control plane answers"
+        );
+        DefaultPolicy::Deny
+    });
+    let config = InjectConfig {
+        proxy_image: args.proxy_image,
+        native_sidecars,
+        trust_anchors_pem,
+        default_inbound_policy,
+        ..Default::default()
+    };
     config.validate()?;
     // Proxies would fail at start on anchors that do not parse: refuse them here instead.
     cnimesh_identity::pem::certs(config.trust_anchors_pem.as_bytes(), "the trust anchors")?;
@@ -242,14 +261,20 @@ fn edit_object(doc: &mut Value, namespace: Option<&str>, edit: &mut Edit<'_>) ->
 fn inject_template(template: &mut Value, namespace: &str, what: &str, config: &InjectConfig) -> anyhow::Result<bool> {
     let workload =
         what.split_once('/').filter(|(kind, _)| *kind != "pod").map(|(kind, name)| Workload::new(kind, name));
-    match plan(template, Some(namespace), NamespaceInjection::Enabled, workload.as_ref(), config) {
-        Ok(patch) if patch.0.is_empty() => {
+    // Offline: the namespace's annotation is not known; the configured default stands.
+    let ns_default = NamespaceDefault::NotLooked;
+    match plan(template, Some(namespace), NamespaceInjection::Enabled, &ns_default, workload.as_ref(), config) {
+        Ok(injection) if injection.patch.0.is_empty() => {
             eprintln!("{what} already injected");
             Ok(false)
         }
-        Ok(patch) => {
-            json_patch::patch(template, &patch).context("applying the injection patch")?;
+        Ok(injection) => {
+            json_patch::patch(template, &injection.patch).context("applying the injection patch")?;
             eprintln!("{what} injected");
+            // The same warnings the webhook hands kubectl.
+            for warning in &injection.warnings {
+                eprintln!("{what}: {warning}");
+            }
             Ok(true)
         }
         Err(Skip::Quietly) => {
@@ -407,6 +432,7 @@ mod tests {
             identity_trust_anchors_file: Some(anchors.to_path_buf()),
             native_sidecars: SidecarMode::Regular,
             proxy_image: DEFAULT_PROXY_IMAGE.into(),
+            default_inbound_policy: None,
         };
         let mut out = Vec::new();
         let error = inject_main(&ClusterArgs::default(), args(&anchors), &mut out).await.unwrap_err();

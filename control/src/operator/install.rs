@@ -22,6 +22,8 @@ use serde_json::{Value, json};
 
 use super::{manifests, yaml};
 use crate::identity::issuer::Issuer;
+use cnimesh_common::names::AGENT_NAME;
+
 use crate::inject::{
     CONTROL_NAME, DEFAULT_CLUSTER_DOMAIN, DEFAULT_CONTROL_NAMESPACE, new_webhook_cert, webhook_dns_names,
 };
@@ -56,17 +58,64 @@ pub struct InstallArgs {
     /// The issuer's private key (PEM).
     #[arg(long, requires_all = ["identity_trust_anchors_file", "identity_issuer_certificate_file"])]
     pub identity_issuer_key_file: Option<PathBuf>,
+    /// What node agents do with meshed pods running uncaptured (CNIMESH_REPAIR): `delete` them
+    /// (their controller recreates them captured), `label` them cnimesh.io/uncaptured=true, or
+    /// nothing (`off`). The agents' ClusterRole follows: pod `delete` only for delete, pod
+    /// `patch` only for label.
+    #[arg(long, value_enum, default_value_t = NodeRepair::Delete)]
+    pub node_repair: NodeRepair,
+    /// Leave out the node agents' ValidatingAdmissionPolicy (daemonset/cnimesh-node-admission.yaml),
+    /// for API servers older than 1.30, which lack the API. Their agents' tokens can then change
+    /// pods and nodes cluster-wide, as far as the ClusterRole reaches.
+    #[arg(long)]
+    pub without_node_admission_policy: bool,
+}
+
+/// The node agents' repair mode, as `cnimesh-node run --repair` names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum NodeRepair {
+    #[default]
+    Delete,
+    Label,
+    Off,
+}
+
+impl NodeRepair {
+    fn as_str(self) -> &'static str {
+        match self {
+            NodeRepair::Delete => "delete",
+            NodeRepair::Label => "label",
+            NodeRepair::Off => "off",
+        }
+    }
+
+    /// The pod verbs the agent needs: reading always, then what its repair does.
+    fn pod_verbs(self) -> Vec<&'static str> {
+        let mut verbs = vec!["get", "list", "watch"];
+        match self {
+            NodeRepair::Delete => verbs.push("delete"),
+            NodeRepair::Label => verbs.push("patch"),
+            NodeRepair::Off => {}
+        }
+        verbs
+    }
 }
 
 /// What changes the rendering besides the certificates.
 #[derive(Debug, Clone, Default)]
 pub struct Options {
     pub ha: bool,
+    pub node_repair: NodeRepair,
+    pub without_node_admission_policy: bool,
 }
 
 impl InstallArgs {
     pub fn options(&self) -> Options {
-        Options { ha: self.ha }
+        Options {
+            ha: self.ha,
+            node_repair: self.node_repair,
+            without_node_admission_policy: self.without_node_admission_policy,
+        }
     }
 }
 
@@ -143,6 +192,13 @@ pub fn documents(certs: &Certificates, options: &Options) -> anyhow::Result<Vec<
                 // Two of three stay through voluntary disruptions: one drain at a time.
                 doc["spec"]["minAvailable"] = json!(HA_REPLICAS - 1);
             }
+            "ClusterRole" if name == AGENT_NAME => set_agent_pod_verbs(&mut doc, options.node_repair)?,
+            "DaemonSet" if name == AGENT_NAME => set_agent_repair(&mut doc, options.node_repair)?,
+            "ValidatingAdmissionPolicy" | "ValidatingAdmissionPolicyBinding"
+                if name.starts_with(AGENT_NAME) && options.without_node_admission_policy =>
+            {
+                continue;
+            }
             _ => {}
         }
         let is_control_namespace = kind == "Namespace" && name == DEFAULT_CONTROL_NAMESPACE;
@@ -156,6 +212,27 @@ pub fn documents(certs: &Certificates, options: &Options) -> anyhow::Result<Vec<
         "daemonset/ has no Namespace {DEFAULT_CONTROL_NAMESPACE} to put the Secrets in"
     );
     Ok(out)
+}
+
+/// The agent's ClusterRole grants on pods exactly what its repair mode uses.
+fn set_agent_pod_verbs(doc: &mut Value, repair: NodeRepair) -> anyhow::Result<()> {
+    let rules = doc.get_mut("rules").and_then(Value::as_array_mut).context("the agent's ClusterRole has no rules")?;
+    let pods = rules
+        .iter_mut()
+        .find(|r| r["apiGroups"] == json!([""]) && r["resources"] == json!(["pods"]))
+        .context("the agent's ClusterRole has no rule for pods")?;
+    pods["verbs"] = json!(repair.pod_verbs());
+    Ok(())
+}
+
+fn set_agent_repair(doc: &mut Value, repair: NodeRepair) -> anyhow::Result<()> {
+    let env = doc
+        .pointer_mut("/spec/template/spec/containers/0/env")
+        .and_then(Value::as_array_mut)
+        .context("the agent's container has no env")?;
+    let var = env.iter_mut().find(|e| e["name"] == "CNIMESH_REPAIR").context("the agent has no CNIMESH_REPAIR")?;
+    var["value"] = json!(repair.as_str());
+    Ok(())
 }
 
 /// `--ha`: three replicas, each on its own node (required anti-affinity: with three replicas
@@ -248,6 +325,8 @@ mod tests {
             identity_trust_anchors_file: None,
             identity_issuer_certificate_file: None,
             identity_issuer_key_file: None,
+            node_repair: NodeRepair::Delete,
+            without_node_admission_policy: false,
         };
         Certificates::from_args(&args).unwrap()
     }
@@ -275,7 +354,9 @@ mod tests {
         let docs = yaml::documents(&rendered, "install").unwrap();
         assert_eq!(without_generated(docs), manifests::documents(), "install and daemonset/ drifted apart");
 
-        let ha = yaml::documents(&render(&certs(), &Options { ha: true }).unwrap(), "install --ha").unwrap();
+        let ha =
+            yaml::documents(&render(&certs(), &Options { ha: true, ..Default::default() }).unwrap(), "install --ha")
+                .unwrap();
         let mut ha = without_generated(ha);
         let files = manifests::documents();
         let of = |docs: &[Value], kind: &str| docs.iter().position(|d| d["kind"] == kind).unwrap();
@@ -356,6 +437,8 @@ mod tests {
             identity_trust_anchors_file: write("ca.crt", &anchor.cert_pem),
             identity_issuer_certificate_file: write("issuer.crt", &issuer.cert_pem),
             identity_issuer_key_file: write("issuer.key", &issuer.key_pem),
+            node_repair: NodeRepair::Delete,
+            without_node_admission_policy: false,
         };
         let certs = Certificates::from_args(&args).unwrap();
         assert_eq!(
@@ -365,5 +448,26 @@ mod tests {
         args.identity_trust_anchors_file = write("other.crt", &other.cert_pem);
         let error = format!("{:#}", Certificates::from_args(&args).unwrap_err());
         assert!(error.contains("cannot be used together"), "{error}");
+    }
+
+    #[test]
+    fn the_node_agents_pod_verbs_follow_its_repair_mode_and_the_policy_can_be_left_out() {
+        let agent = |options: &Options| {
+            let docs = documents(&certs(), options).unwrap();
+            let role = docs.iter().find(|d| d["kind"] == "ClusterRole" && d["metadata"]["name"] == AGENT_NAME).unwrap();
+            let pods = role["rules"].as_array().unwrap().iter().find(|r| r["resources"] == json!(["pods"])).unwrap();
+            let verbs: Vec<String> = serde_json::from_value(pods["verbs"].clone()).unwrap();
+            let ds = docs.iter().find(|d| d["kind"] == "DaemonSet" && d["metadata"]["name"] == AGENT_NAME).unwrap();
+            let env = ds.pointer("/spec/template/spec/containers/0/env").unwrap().as_array().unwrap();
+            let repair = env.iter().find(|e| e["name"] == "CNIMESH_REPAIR").unwrap()["value"].clone();
+            let policies = docs.iter().filter(|d| d["kind"] == "ValidatingAdmissionPolicy").count();
+            (verbs.join(","), repair, policies)
+        };
+        let default = Options::default();
+        assert_eq!(agent(&default), ("get,list,watch,delete".into(), json!("delete"), 1));
+        let label = Options { node_repair: NodeRepair::Label, ..Default::default() };
+        assert_eq!(agent(&label), ("get,list,watch,patch".into(), json!("label"), 1));
+        let off = Options { node_repair: NodeRepair::Off, without_node_admission_policy: true, ..Default::default() };
+        assert_eq!(agent(&off), ("get,list,watch".into(), json!("off"), 0));
     }
 }

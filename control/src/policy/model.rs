@@ -80,7 +80,7 @@ pub(crate) fn key_of(meta: &ObjectMeta) -> NsName {
 
 /// A default-inbound-policy annotation. An unreadable value fails closed (deny): a typo in a
 /// stricter policy must not open the port.
-fn default_policy_of(owner: &str, meta: &ObjectMeta) -> Option<DefaultPolicy> {
+pub(crate) fn default_policy_of(owner: &str, meta: &ObjectMeta) -> Option<DefaultPolicy> {
     let value = meta.annotations.as_ref()?.get(DEFAULT_INBOUND_POLICY_ANNOTATION)?;
     Some(value.parse().unwrap_or_else(|error: String| {
         tracing::error!(object = owner, annotation = DEFAULT_INBOUND_POLICY_ANNOTATION, %error, "denying by default");

@@ -1,0 +1,64 @@
+//! Where the webhook reads the pod's namespace, for its `config.cnimesh.io/default-inbound-policy`
+//! annotation (issue 25, finding 2): the API server (the control plane's ClusterRole already
+//! grants `get` on namespaces, for inbound policy) or, in local mode, the cluster directory.
+//!
+//! Read at admission, not from a cache: a namespace annotated a moment ago must already count
+//! for the next pod. A namespace that cannot be read fails closed (see
+//! [`super::policy_env::effective_default`]).
+//!
+//! Layer: sources (the webhook's one read of cluster state).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Namespace;
+use kube::Api;
+
+use super::policy_env::NamespaceDefault;
+use crate::policy::model::NamespaceRecord;
+
+/// Well inside the API server's webhook timeout (10 s by default), so that a slow read still
+/// leaves time to answer (with `deny`) rather than fail the admission.
+const LOOKUP_TIMEOUT: Duration = Duration::from_secs(3);
+
+#[derive(Clone)]
+pub enum Namespaces {
+    /// GET from the API server.
+    Kube(kube::Client),
+    /// Local mode: the Namespace objects of the cluster directory's manifests.
+    Files(PathBuf),
+}
+
+impl std::fmt::Debug for Namespaces {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Namespaces::Kube(_) => f.write_str("Namespaces::Kube"),
+            Namespaces::Files(dir) => write!(f, "Namespaces::Files({})", dir.display()),
+        }
+    }
+}
+
+impl Namespaces {
+    /// The namespace's default-inbound-policy annotation, read as the control plane reads it.
+    pub async fn default_of(&self, name: &str) -> NamespaceDefault {
+        let namespace = match self {
+            Namespaces::Kube(client) => {
+                let api: Api<Namespace> = Api::all(client.clone());
+                match tokio::time::timeout(LOOKUP_TIMEOUT, api.get_opt(name)).await {
+                    Ok(Ok(ns)) => ns,
+                    Ok(Err(error)) => return NamespaceDefault::Unreadable(error.to_string()),
+                    Err(_) => return NamespaceDefault::Unreadable(format!("no answer within {LOOKUP_TIMEOUT:?}")),
+                }
+            }
+            Namespaces::Files(dir) => {
+                let (dir, name) = (dir.clone(), name.to_string());
+                match tokio::task::spawn_blocking(move || crate::sources::namespace_in(&dir, &name)).await {
+                    Ok(ns) => ns,
+                    Err(error) => return NamespaceDefault::Unreadable(error.to_string()),
+                }
+            }
+        };
+        // A namespace that does not exist has no annotation; the API server will refuse the pod.
+        NamespaceDefault::Read(namespace.and_then(|ns| NamespaceRecord::from_k8s(&ns).default_policy))
+    }
+}
