@@ -68,14 +68,28 @@ pub fn normalize(path: &str) -> Result<Cow<'_, str>, Ambiguous> {
     String::from_utf8(out).map(Cow::Owned).map_err(|_| Ambiguous::BadEscape)
 }
 
-/// Whether `path` is already normal (no escape, `\`, empty or dot segment); errors found on the
-/// way are returned at once.
+/// Whether `path` is already normal (no escape but canonical ones, no empty or dot segment);
+/// errors found on the way are returned at once.
 fn is_normal(path: &[u8]) -> Result<bool, Ambiguous> {
     let mut normal = true;
     for (i, b) in path.iter().enumerate() {
         match b {
             b'\\' => return Err(Ambiguous::Backslash),
-            b'%' => normal = false,
+            b'%' => {
+                let (hi, lo) = (path.get(i + 1).copied(), path.get(i + 2).copied());
+                let byte = match (hi.and_then(hex), lo.and_then(hex)) {
+                    (Some(hi), Some(lo)) => hi << 4 | lo,
+                    _ => return Err(Ambiguous::BadEscape),
+                };
+                if byte == b'/' || byte == b'\\' {
+                    return Err(Ambiguous::EncodedSeparator);
+                }
+                // Already canonical: an escape that must stay one, in upper-case hex.
+                let upper = |b: Option<u8>| b.is_some_and(|b| !b.is_ascii_lowercase());
+                if unreserved(byte) || !upper(hi) || !upper(lo) {
+                    normal = false;
+                }
+            }
             b'/' => {
                 let rest = &path[i + 1..];
                 let segment = rest.split(|b| *b == b'/').next().unwrap_or_default();
@@ -146,7 +160,7 @@ mod tests {
 
     #[test]
     fn ordinary_paths_are_borrowed() {
-        for path in ["/", "/admin", "/a/b/", "/a.b/c..d/.e", "/api/v1/x_y~z", "*", "", "/a.", "/..a"] {
+        for path in ["/", "/admin", "/a/b/", "/a.b/c..d/.e", "/api/v1/x_y~z", "*", "", "/a.", "/..a", "/sp%20ace%3F"] {
             assert!(matches!(normalize(path), Ok(Cow::Borrowed(p)) if p == path), "{path}");
         }
     }
@@ -190,6 +204,34 @@ mod tests {
             ("/%2e%2e", Ambiguous::AboveRoot),
         ] {
             assert_eq!(n(path), Err(why), "{path}");
+        }
+    }
+
+    /// The fuzz target's oracles (fuzz/fuzz_targets/proxy_authz_path.rs), exhaustively over
+    /// every path of up to 6 characters from the alphabet that matters here.
+    #[test]
+    fn normalization_is_idempotent_and_leaves_no_dot_or_empty_segment() {
+        const ALPHABET: &[u8] = b"/.%2eEfa";
+        let mut path = Vec::new();
+        for len in 0..=6u32 {
+            for mut n in 0..ALPHABET.len().pow(len) {
+                path.clear();
+                path.push(b'/');
+                for _ in 0..len {
+                    path.push(ALPHABET[n % ALPHABET.len()]);
+                    n /= ALPHABET.len();
+                }
+                let path = std::str::from_utf8(&path).unwrap();
+                let Ok(normal) = normalize(path) else { continue };
+                for bad in ["//", "/./", "/../"] {
+                    assert!(!normal.contains(bad), "{path} -> {normal}");
+                }
+                assert!(!normal.ends_with("/.") && !normal.ends_with("/.."), "{path} -> {normal}");
+                assert!(
+                    matches!(normalize(&normal), Ok(Cow::Borrowed(again)) if again == normal),
+                    "{path} -> {normal}"
+                );
+            }
         }
     }
 }
