@@ -286,3 +286,9 @@ spec:
   from: [{group: gateway.networking.k8s.io, kind: HTTPRoute, namespace: shop}]
   to: [{group: "", kind: Service, name: api-v2}]
 """)
+
+# --- Inbound authorization paths: probes with queries, encodings, dot segments, ambiguous ones --
+for i, p in enumerate(["/ready", "/ready?verbose=1", "/%61dmin", "/public/../admin", "/public/%2e%2e/admin",
+                       "//admin", "/a/./b/.", "/admin%2fx", "/a%5cb", "/a\\b", "/..", "/a/b/../../..", "/%25%32%65",
+                       "/api/v1/users?id=1", "*", "http://web:80/x/../y", "/sp%20ace/%7euser", "/a%2"], start=1):
+    put("proxy_authz_path", f"seed-{i}", p)

@@ -68,7 +68,18 @@ pub struct PolicyConfig {
     pub default: crate::policy::model::DefaultPolicy,
     /// The networks `cluster-authenticated` admits.
     pub cluster_networks: Vec<ipnet::IpNet>,
+    /// TCP ports the pod's containers declare (`CNIMESH_PROXY_INBOUND_PORTS`, set by the
+    /// injector): watched from start-up, never evicted, and awaited by `/ready`.
+    pub declared_ports: Vec<u16>,
+    /// How long `/ready` waits for the declared ports' first answers before reporting ready
+    /// anyway (`CNIMESH_PROXY_POLICY_READY_TIMEOUT_MS`).
+    pub ready_timeout: Duration,
 }
+
+/// `/ready`'s wait for the declared ports' first policy answers. Bounded so that a slow or absent
+/// control plane does not keep a pod out of service for ever; safe to pass because unanswered
+/// ports use the effective default, never something wider.
+pub const DEFAULT_POLICY_READY_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Where discovery comes from. The channel is TLS checked against the identity's trust anchors,
 /// so discovery needs an identity configured.
@@ -390,6 +401,13 @@ pub struct Args {
     /// Networks of `cluster-authenticated` [default: 10.0.0.0/8,100.64.0.0/10,172.16.0.0/12,192.168.0.0/16,fd00::/8].
     #[arg(long, env = "CNIMESH_PROXY_POLICY_CLUSTER_NETWORKS", value_parser = list::<ipnet::IpNet>)]
     pub policy_cluster_networks: Option<List<ipnet::IpNet>>,
+    /// TCP ports the pod's containers declare, comma-separated: their policies are watched from
+    /// start-up and never evicted [default: none].
+    #[arg(long, env = "CNIMESH_PROXY_INBOUND_PORTS", value_parser = list::<u16>)]
+    pub inbound_ports: Option<List<u16>>,
+    /// How long `/ready` waits for the declared ports' first policy answers, ms [default: 10000].
+    #[arg(long, env = "CNIMESH_PROXY_POLICY_READY_TIMEOUT_MS", value_parser = millis)]
+    pub policy_ready_timeout_ms: Option<Duration>,
     /// Inbound connections served at once; more are shed [default: from the open-file limit].
     #[arg(long, env = "CNIMESH_PROXY_INBOUND_MAX_CONNECTIONS", value_parser = connections)]
     pub inbound_max_connections: Option<usize>,
@@ -486,6 +504,13 @@ fn policy(args: &Args, destination: Option<&DestinationConfig>) -> Result<Option
             .policy_cluster_networks
             .clone()
             .map_or_else(|| DEFAULT_CLUSTER_NETWORKS.iter().map(|n| n.parse().expect("valid")).collect(), |l| l.0),
+        declared_ports: {
+            let mut ports = args.inbound_ports.clone().map(|l| l.0).unwrap_or_default();
+            ports.sort_unstable();
+            ports.dedup();
+            ports
+        },
+        ready_timeout: args.policy_ready_timeout_ms.unwrap_or(DEFAULT_POLICY_READY_TIMEOUT),
     }))
 }
 
@@ -730,6 +755,20 @@ mod tests {
         .policy
         .unwrap();
         assert_eq!((p.default, p.cluster_networks.len()), (DefaultPolicy::Deny, 1));
+        assert!(p.declared_ports.is_empty());
+        let p = with(&[
+            dst,
+            ("CNIMESH_PROXY_POLICY_WORKLOAD", "shop:web-0"),
+            ("CNIMESH_PROXY_INBOUND_PORTS", "8080, 9000,8080"),
+            ("CNIMESH_PROXY_POLICY_READY_TIMEOUT_MS", "2500"),
+        ])
+        .unwrap()
+        .policy
+        .unwrap();
+        assert_eq!((p.declared_ports, p.ready_timeout), (vec![8080, 9000], Duration::from_millis(2500)));
+        let e = with(&[dst, ("CNIMESH_PROXY_POLICY_WORKLOAD", "shop:web-0"), ("CNIMESH_PROXY_INBOUND_PORTS", "http")])
+            .unwrap_err();
+        assert!(e.to_string().contains("CNIMESH_PROXY_INBOUND_PORTS"), "{e}");
         assert!(with(&[dst]).unwrap().destination.unwrap().outbound_policy, "on with discovery by default");
         let off = with(&[dst, ("CNIMESH_PROXY_OUTBOUND_POLICY", "false")]).unwrap();
         assert!(!off.destination.unwrap().outbound_policy);

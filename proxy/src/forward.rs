@@ -22,7 +22,7 @@ use crate::discovery::balance::Load;
 use crate::http::Body;
 use crate::http::classify::{Classified, OnEnd};
 use crate::http::error::{ProxyError, error_response, upstream_error};
-use crate::http::headers::{strip_hop_by_hop, wants_upgrade};
+use crate::http::headers::{IDENTITY_HEADERS, strip_h2c_upgrade, strip_hop_by_hop, wants_upgrade};
 use crate::http::orig_proto;
 use crate::metrics::{Direction, Metrics, OpenConnection, RequestLabels, ResponseLabels, TlsLabel};
 use crate::outbound::routes::model::Retry;
@@ -59,6 +59,8 @@ pub struct HttpProxy {
     policy: Option<Arc<ConnPolicy>>,
     /// Outbound: what this connection's routed requests used (backend targets, metric handles).
     routes: ConnRoutes,
+    /// Inbound: `l5d-client-id` for the app, the identity the client's certificate proved.
+    client_id: Option<HeaderValue>,
 }
 
 /// (authority, TLS) pairs whose metric handles a connection keeps.
@@ -140,7 +142,12 @@ impl HttpProxy {
         shared: Arc<Shared>,
     ) -> Self {
         let h2_upgrade = direction == Direction::outbound && shared.config.outbound_h2_upgrade;
+        let client_id = match direction {
+            Direction::inbound => tls.client_id.as_deref().and_then(|id| HeaderValue::from_str(id).ok()),
+            Direction::outbound => None,
+        };
         Self {
+            client_id,
             direction,
             peer,
             addr,
@@ -220,8 +227,17 @@ impl HttpProxy {
     pub async fn handle(self: Arc<Self>, mut req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
         let start = Instant::now();
         let handles = self.handles(authority_of(&req), &self.tls);
+        // Never switched to h2c: the requests after the switch would pass no check of ours.
+        strip_h2c_upgrade(req.headers_mut());
+        if self.direction == Direction::inbound
+            && let Err(refused) = self.inbound_request(&mut req)
+        {
+            handles.requests.inc();
+            handles.count_response(refused.status(), "success");
+            return Ok(tap::respond(self.tap(&req, None, start), refused));
+        }
         if let Some(policy) = &self.policy
-            && let Some(denied) = policy.deny_request(&req)
+            && let Some(denied) = policy.deny_request(&req, wants_upgrade(&req))
         {
             handles.requests.inc();
             let grpc_failure = denied.headers().contains_key("grpc-status");
@@ -290,6 +306,43 @@ impl HttpProxy {
                 Ok(error_response(&e))
             }
         }
+    }
+
+    /// What an inbound request carries to the app: identity headers set by us only (a client's
+    /// own `l5d-client-id` could name anyone), and under policy the path authorization matches
+    /// and the app reads, normalized ([`crate::policy::path`]); a path servers read differently
+    /// is refused with 400.
+    #[allow(clippy::result_large_err)]
+    fn inbound_request<B>(&self, req: &mut Request<B>) -> Result<(), Response<Body>> {
+        let headers = req.headers_mut();
+        for name in IDENTITY_HEADERS {
+            headers.remove(name);
+        }
+        if let Some(id) = &self.client_id {
+            headers.insert(IDENTITY_HEADERS[0], id.clone());
+        }
+        if self.policy.is_none() {
+            return Ok(());
+        }
+        let normalized = match crate::policy::path::normalize(req.uri().path()) {
+            Ok(std::borrow::Cow::Borrowed(_)) => return Ok(()),
+            Ok(std::borrow::Cow::Owned(path)) => path,
+            Err(why) => {
+                return Err(error_response(&ProxyError::new(StatusCode::BAD_REQUEST, format!("refused: {why}"))));
+            }
+        };
+        let path_and_query = match req.uri().query() {
+            Some(q) => format!("{normalized}?{q}"),
+            None => normalized,
+        };
+        let invalid = |e: &dyn std::fmt::Display| {
+            let why = format!("refused: the normalized path is not a valid URI: {e}");
+            error_response(&ProxyError::new(StatusCode::BAD_REQUEST, why))
+        };
+        let mut parts = req.uri().clone().into_parts();
+        parts.path_and_query = Some(http::uri::PathAndQuery::try_from(path_and_query).map_err(|e| invalid(&e))?);
+        *req.uri_mut() = Uri::from_parts(parts).map_err(|e| invalid(&e))?;
+        Ok(())
     }
 
     /// Offers the request to open tap sessions: with none open, one relaxed load and nothing
@@ -453,7 +506,15 @@ impl HttpProxy {
             let client_side = hyper::upgrade::on(&mut response);
             // The tunnel counts as load on its endpoint for as long as it lasts.
             let held = (self.shared.drain.guard(), self.open.clone(), load);
-            tokio::spawn(crate::http::upgrade::splice(server_side, client_side, target, held));
+            // A tunnel is not re-checked per request: it ends when its authorization does.
+            let policy = self.policy.clone();
+            let revoked = async move {
+                match policy {
+                    Some(policy) => policy.revoked().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::spawn(crate::http::upgrade::splice(server_side, client_side, target, held, revoked));
         } else {
             strip_hop_by_hop(response.headers_mut(), false);
         }

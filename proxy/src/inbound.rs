@@ -3,11 +3,13 @@
 //! destination, whose client to the app is cached per port. With policy discovery configured,
 //! each port's policy ([`crate::policy`]) decides the protocol and who may connect.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 
+use crate::log_limit::LogLimit;
 use crate::metrics::{AcceptError, DecidedBy, Direction, TlsLabel};
 use crate::outbound::target::Route;
 use crate::outbound::targets::Target;
@@ -23,6 +25,16 @@ use crate::transport::tls;
 /// Serves one inbound connection from `peer` to `addr`, its original destination.
 pub async fn connection<I: Io>(io: I, peer: SocketAddr, addr: SocketAddr, shared: &Arc<Shared>) -> anyhow::Result<()> {
     let config = &shared.config;
+    // Checked before anything else: a neighbour that addresses its packets to 127.0.0.1 (its own
+    // route via this pod, or a raw frame to our MAC) would otherwise reach the app's
+    // loopback-only listeners, which trust that only this pod can connect.
+    if is_loopback(addr.ip()) {
+        shared.metrics.accept_error(Direction::inbound, AcceptError::loopback_destination);
+        if let Some(left_out) = LOOPBACK_LOG.allow() {
+            tracing::warn!(%peer, %addr, left_out, "refused: inbound connection to a loopback address");
+        }
+        anyhow::bail!("refused: inbound connection from {peer} to the loopback address {addr}");
+    }
     // Inbound capture redirects whatever arrives at the pod: a neighbour on the same L2 segment
     // could address a packet to any IP and have us relay it from this pod's address. Only this
     // pod's own addresses are destinations of inbound traffic.
@@ -32,7 +44,16 @@ pub async fn connection<I: Io>(io: I, peer: SocketAddr, addr: SocketAddr, shared
     }
     let target = port_target(addr, shared);
     let port = match &shared.policies {
-        Some(p) => Some(p.port(addr.port()).await),
+        Some(p) => match p.port(addr.port()).await {
+            Ok(watch) => Some(watch),
+            Err(full) => {
+                shared.metrics.accept_error(Direction::inbound, AcceptError::policy_watch_limit);
+                if let Some(left_out) = WATCH_LIMIT_LOG.allow() {
+                    tracing::warn!(%peer, %addr, left_out, "{full}");
+                }
+                return Err(full.into());
+            }
+        },
         None => None,
     };
     let policy_opaque = port.as_ref().is_some_and(|p| p.current().protocol == PortProtocol::Opaque);
@@ -88,6 +109,18 @@ pub async fn connection<I: Io>(io: I, peer: SocketAddr, addr: SocketAddr, shared
     }
 }
 
+static LOOPBACK_LOG: LogLimit = LogLimit::new(Duration::from_secs(10));
+static WATCH_LIMIT_LOG: LogLimit = LogLimit::new(Duration::from_secs(10));
+
+/// 127.0.0.0/8, ::1, and IPv4-mapped loopback (`::ffff:127.0.0.0/104`, what an IPv4 client
+/// looks like through an IPv6 socket).
+pub fn is_loopback(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => v4.is_loopback(),
+        IpAddr::V6(v6) => v6.is_loopback() || v6.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback()),
+    }
+}
+
 /// The target of one of our ports: the app, in plaintext on the pod's own address.
 fn port_target(addr: SocketAddr, shared: &Shared) -> Arc<Target> {
     if let Some(target) = shared.inbound.get(&addr) {
@@ -96,4 +129,19 @@ fn port_target(addr: SocketAddr, shared: &Shared) -> Arc<Target> {
     let target = Target::new(Route::fixed(addr, None, shared.config.connect_timeout));
     shared.inbound.insert(addr, target.clone(), None);
     target
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_in_every_spelling_is_loopback() {
+        for ip in ["127.0.0.1", "127.255.0.9", "::1", "::ffff:127.0.0.1", "::ffff:127.1.2.3"] {
+            assert!(is_loopback(ip.parse().unwrap()), "{ip}");
+        }
+        for ip in ["10.0.0.1", "::ffff:10.0.0.1", "fe80::1", "::", "0.0.0.0", "128.0.0.1"] {
+            assert!(!is_loopback(ip.parse().unwrap()), "{ip}");
+        }
+    }
 }

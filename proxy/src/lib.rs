@@ -68,12 +68,13 @@ pub async fn run(
     let policies = match (&config.policy, &config.destination, &identity) {
         (Some(p), Some(d), Some(id)) => {
             let channel = grpc_channel::channel(&d.addr, &d.name, id.roots.clone(), None)?;
-            let default = p.default.policy(&p.cluster_networks);
             let max_backoff = config.identity.as_ref().map_or(Duration::from_secs(30), |i| i.max_backoff);
             Some(Arc::new(policy::discover::Policies::new(
                 channel,
                 p.workload.clone(),
-                default,
+                p.default,
+                p.cluster_networks.clone(),
+                &p.declared_ports,
                 d.first_answer,
                 max_backoff,
             )))
@@ -145,7 +146,27 @@ pub async fn run(
     for (direction, listener) in listeners {
         tokio::spawn(server::accept_loop(listener, direction, shared.clone()));
     }
-    admin.ready.store(true, Ordering::SeqCst);
+    match (&shared.policies, &config.policy) {
+        (Some(policies), Some(p)) => {
+            let (admin, policies, bound) = (admin.clone(), policies.clone(), p.ready_timeout);
+            tokio::spawn(async move {
+                if !policies.declared_answered(bound).await {
+                    // Ready anyway: a port without an answer gets the effective default (as
+                    // injected, or as the control plane last stated it), never a wider one, so
+                    // serving now is safe; holding for ever would keep the pod out of service
+                    // whenever the control plane is down.
+                    tracing::warn!(
+                        ports = ?policies.unanswered(),
+                        wait = ?bound,
+                        default = %policies.fallback().server.name,
+                        "ready without the control plane's answer for these declared ports; they use the default policy"
+                    );
+                }
+                admin.ready.store(true, Ordering::SeqCst);
+            });
+        }
+        _ => admin.ready.store(true, Ordering::SeqCst),
+    }
     let limits = shared.admission.limits;
     tracing::info!(inbound = ?config.inbound, outbound = ?config.outbound, admin = %config.admin, "proxy listening");
     tracing::info!(

@@ -103,6 +103,12 @@ pub enum AcceptError {
     detect_timeout,
     /// The listener's accept() itself failed (out of descriptors, out of memory).
     accept,
+    /// Inbound to a loopback address (127.0.0.0/8, ::1, ::ffff:127.0.0.0/104): a neighbour
+    /// addressing a pod's loopback-only services; never served.
+    loopback_destination,
+    /// Inbound to a port without a policy watch while every watch is held by an open
+    /// connection: refused rather than given a wider default.
+    policy_watch_limit,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -302,6 +308,8 @@ pub struct Metrics {
     pub inbound_tcp_authz_allow_total: Family<AuthzLabels, Counter>,
     pub inbound_tcp_authz_deny_total: Family<AuthzLabels, Counter>,
     pub inbound_http_route_not_found_total: Family<AuthzLabels, Counter>,
+    /// Opaque connections closed because a policy update no longer authorizes them.
+    pub inbound_tcp_authz_revoked_total: Counter,
     pub connection_protocol_total: Family<ProtocolLabels, Counter>,
     pub outbound_http_route_request_duration_seconds: Family<RouteLabels, Histogram, fn() -> Histogram>,
     pub outbound_http_route_backend_requests_total: Family<RouteBackendLabels, Counter>,
@@ -342,6 +350,7 @@ impl Default for Metrics {
             inbound_tcp_authz_allow_total: Family::default(),
             inbound_tcp_authz_deny_total: Family::default(),
             inbound_http_route_not_found_total: Family::default(),
+            inbound_tcp_authz_revoked_total: Counter::default(),
             connection_protocol_total: Family::default(),
             outbound_http_route_request_duration_seconds: Family::new_with_constructor(
                 route_duration_histogram as fn() -> Histogram,
@@ -440,6 +449,11 @@ impl Default for Metrics {
                 &m.tap_events_dropped_total,
             ),
             ("tap_denied", "Tap calls refused: the client's identity may not tap", &m.tap_denied_total),
+            (
+                "inbound_tcp_authz_revoked",
+                "Opaque connections closed because a policy update revoked their authorization",
+                &m.inbound_tcp_authz_revoked_total,
+            ),
         ] {
             registry.register(name, help, counter.clone());
         }

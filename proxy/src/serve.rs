@@ -94,7 +94,18 @@ pub async fn serve<I: Io>(mut io: I, read: Bytes, conn: Connection, shared: &Arc
         }
         let upstream = connected?;
         // `picked` holds the connection as load on its endpoint until it ends.
-        let forwarded = tcp::forward(io, prefix, upstream, config.idle_timeout, counters).await;
+        let forward = tcp::forward(io, prefix, upstream, config.idle_timeout, counters);
+        // Opaque bytes are not re-checked: the connection ends when a policy update revokes it.
+        let forwarded = match &conn.policy {
+            Some(policy) => tokio::select! {
+                forwarded = forward => forwarded,
+                () = policy.revoked() => {
+                    drop((picked, open));
+                    anyhow::bail!("closed: connection to {} no longer authorized by policy", conn.addr);
+                }
+            },
+            None => forward.await,
+        };
         drop((picked, open));
         return Ok(forwarded?);
     }

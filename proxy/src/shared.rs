@@ -80,6 +80,12 @@ impl Shared {
 pub struct LocalIps(std::sync::Mutex<std::collections::HashSet<std::net::IpAddr>>);
 
 impl LocalIps {
+    /// Records `ip` as this pod's without asking the kernel: for in-process tests, whose "pod"
+    /// address routes to an app on loopback (loopback itself is never an inbound destination).
+    pub fn declare(&self, ip: std::net::IpAddr) {
+        self.0.lock().expect("not poisoned").insert(ip);
+    }
+
     pub fn contains(&self, ip: std::net::IpAddr) -> bool {
         if self.0.lock().expect("not poisoned").contains(&ip) {
             return true;

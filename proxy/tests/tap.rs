@@ -78,6 +78,8 @@ struct Proxy {
     shared: Arc<Shared>,
     admin: SocketAddr,
     app: SocketAddr,
+    /// `app` as the inbound's original destination (a pod address; loopback is refused).
+    pod: SocketAddr,
 }
 
 async fn proxy(ca: &Ca, tap: bool) -> Proxy {
@@ -112,7 +114,9 @@ async fn proxy(ca: &Ca, tap: bool) -> Proxy {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(admin.serve(listener));
-    Proxy { shared, admin: addr, app: app().await }
+    let app = app().await;
+    let pod = support::pod_addr_for(&shared, app);
+    Proxy { shared, admin: addr, app, pod }
 }
 
 /// An HTTP/1 app answering `hello <path>`.
@@ -139,7 +143,11 @@ impl Proxy {
     async fn get(&self, direction: Direction, path: &str) -> u16 {
         let (client, proxy_side) = tokio::io::duplex(64 * 1024);
         let peer: SocketAddr = "127.0.0.1:40000".parse().unwrap();
-        tokio::spawn(connection(proxy_side, peer, self.app, direction, self.shared.clone()));
+        let to = match direction {
+            Direction::inbound => self.pod,
+            Direction::outbound => self.app,
+        };
+        tokio::spawn(connection(proxy_side, peer, to, direction, self.shared.clone()));
         let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(client)).await.unwrap();
         tokio::spawn(conn);
         let req = Request::get(path).header("host", "web.shop.svc.cluster.local").body(Empty::<Bytes>::new()).unwrap();
@@ -255,7 +263,9 @@ async fn the_control_plane_sees_both_directions_with_status_and_latency() {
         assert_eq!(init.id, end.id);
         let source = request[0].source.unwrap();
         assert_eq!(SocketAddr::try_from(source).unwrap().port(), 40000);
-        assert_eq!(SocketAddr::try_from(request[0].destination.unwrap()).unwrap(), proxy.app);
+        let destination = SocketAddr::try_from(request[0].destination.unwrap()).unwrap();
+        let expected = if direction == ProxyDirection::Inbound { proxy.pod } else { proxy.app };
+        assert_eq!(destination, expected);
     }
     let outbound = &events[0];
     assert_eq!(outbound.source_meta.as_ref().unwrap().labels["tls"], "loopback");

@@ -41,6 +41,26 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, upgrade: bool) {
     }
 }
 
+/// A client's `Upgrade: h2c` (RFC 7540 §3.2) is never honoured: after the switch, every request
+/// on the connection would reach the app without passing the proxy's per-request checks. The
+/// offer and its `HTTP2-Settings` go, and the request is served as plain HTTP/1 (which is what
+/// a server declining the upgrade does). Returns whether there was one.
+pub fn strip_h2c_upgrade(headers: &mut HeaderMap) -> bool {
+    let h2c = headers
+        .get_all(UPGRADE)
+        .iter()
+        .any(|v| v.to_str().map_or(true, |s| s.split(',').any(|p| p.trim().eq_ignore_ascii_case("h2c"))));
+    if h2c {
+        headers.remove(UPGRADE);
+        headers.remove("http2-settings");
+    }
+    h2c
+}
+
+/// Headers through which a client could claim an identity (Linkerd's: apps ported from Linkerd
+/// read `l5d-client-id` as the caller's verified identity). Only the inbound proxy sets them.
+pub const IDENTITY_HEADERS: [&str; 2] = ["l5d-client-id", "l5d-server-id"];
+
 /// An HTTP/1 `Upgrade` handshake (WebSocket) or a `CONNECT`: spliced, not forwarded.
 pub fn wants_upgrade<B>(req: &Request<B>) -> bool {
     req.method() == Method::CONNECT
@@ -75,5 +95,21 @@ mod tests {
         up.insert(UPGRADE, HeaderValue::from_static("websocket"));
         strip_hop_by_hop(&mut up, true);
         assert_eq!((up[CONNECTION].to_str().unwrap(), up[UPGRADE].to_str().unwrap()), ("upgrade", "websocket"));
+    }
+
+    #[test]
+    fn an_h2c_upgrade_offer_is_dropped_and_others_are_kept() {
+        let mut h = HeaderMap::new();
+        h.insert(CONNECTION, HeaderValue::from_static("Upgrade, HTTP2-Settings"));
+        h.insert(UPGRADE, HeaderValue::from_static("H2C"));
+        h.insert("http2-settings", HeaderValue::from_static("AAMAAABkAAQAoAAAAAIAAAAA"));
+        assert!(strip_h2c_upgrade(&mut h));
+        assert!(!h.contains_key(UPGRADE) && !h.contains_key("http2-settings"));
+        let req = Request::get("/").header(CONNECTION, "upgrade").body(()).unwrap();
+        assert!(!wants_upgrade(&req), "no Upgrade header left: not an upgrade");
+        let mut ws = HeaderMap::new();
+        ws.insert(UPGRADE, HeaderValue::from_static("websocket"));
+        assert!(!strip_h2c_upgrade(&mut ws));
+        assert_eq!(ws[UPGRADE], "websocket");
     }
 }

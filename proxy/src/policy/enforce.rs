@@ -19,6 +19,10 @@ use crate::metrics::{AuthzLabels, Metrics, TlsLabel};
 /// The header naming why the proxy answered itself (shared with the proxy's other errors).
 const ERROR_HEADER: &str = "cnimesh-proxy-error";
 
+/// The one route of a policy without routes (as linkerd2-proxy builds it).
+static DEFAULT_ROUTE: std::sync::LazyLock<Resource> =
+    std::sync::LazyLock::new(|| Resource::new("", "default", "default"));
+
 pub struct ConnPolicy {
     port: PortWatch,
     ip: IpAddr,
@@ -60,18 +64,46 @@ impl ConnPolicy {
         v.tcp.allowed
     }
 
+    /// Resolves once a policy update no longer authorizes this connection as opaque TCP
+    /// (counted); never while it stays authorized. Opaque connections and tunnels are not
+    /// re-checked per request, so they are closed on it, as linkerd2-proxy closes them.
+    pub async fn revoked(&self) {
+        let mut port = self.port.clone();
+        loop {
+            port.changed().await;
+            if !self.verdicts().tcp.allowed {
+                self.metrics.inbound_tcp_authz_revoked_total.inc();
+                return;
+            }
+        }
+    }
+
     /// `None` when the request is authorized; otherwise the answer for it: 403, or for gRPC a
     /// trailers-only PERMISSION_DENIED; a request matching no route of the Server gets 404 (gRPC:
     /// NOT_FOUND), as linkerd2-proxy's inbound answers it, counted apart from denials.
-    pub fn deny_request<B>(&self, req: &Request<B>) -> Option<Response<Body>> {
+    ///
+    /// A `tunnel` (an HTTP/1 `Upgrade` or a `CONNECT`) carries unchecked bytes once switched, so
+    /// it also needs the server-level authorizations: a route's own authorization (the kubelet
+    /// probe route's, open to everyone) never opens one. The path is matched as given: the caller
+    /// normalizes it first ([`super::path::normalize`]).
+    pub fn deny_request<B>(&self, req: &Request<B>, tunnel: bool) -> Option<Response<Body>> {
         let v = self.verdicts();
-        let verdict = if v.policy.routes.is_empty() {
-            v.routes.first()
+        let index = if v.policy.routes.is_empty() {
+            Some(0)
         } else {
-            route_for(&v.policy.routes, req.method(), req.uri().path()).and_then(|i| v.routes.get(i))
+            route_for(&v.policy.routes, req.method(), req.uri().path())
         };
-        match verdict {
-            Some(verdict) => {
+        match index.and_then(|i| Some((i, v.routes.get(i)?))) {
+            Some((i, verdict)) => {
+                if tunnel && verdict.allowed && !v.tcp.allowed {
+                    let route = v.policy.routes.get(i).map(|r| &r.meta);
+                    self.count(&v.policy, Some(route.unwrap_or(&*DEFAULT_ROUTE)), None, false).inc();
+                    let why = format!(
+                        "unauthorized tunnel on route {}: Upgrade and CONNECT need the server's authorization",
+                        verdict.route
+                    );
+                    return Some(refused(req, Refusal::Unauthorized, &why));
+                }
                 verdict.counter.inc();
                 if verdict.allowed {
                     return None;
@@ -104,11 +136,8 @@ impl ConnPolicy {
     fn compute(&self, policy: Arc<PortPolicy>) -> Verdicts {
         let client = Client { ip: self.ip, identity: self.tls.client_id.as_deref() };
         let tcp = self.verdict(&policy, None, &policy.authorizations, client);
-        let default_route = [super::model::Route {
-            meta: Resource::new("", "default", "default"),
-            matches: Vec::new(),
-            authorizations: Vec::new(),
-        }];
+        let default_route =
+            [super::model::Route { meta: DEFAULT_ROUTE.clone(), matches: Vec::new(), authorizations: Vec::new() }];
         let routes = if policy.routes.is_empty() { &default_route[..] } else { &policy.routes[..] };
         let routes = routes
             .iter()
@@ -216,11 +245,11 @@ mod tests {
         let policy = DefaultPolicy::Deny.policy(&[]);
         let conn = plaintext_client_of(policy);
         let plain = Request::get("/x").body(()).unwrap();
-        let r = conn.deny_request(&plain).unwrap();
+        let r = conn.deny_request(&plain, false).unwrap();
         assert_eq!(r.status(), StatusCode::FORBIDDEN);
         assert_eq!(r.headers()[ERROR_HEADER], "unauthorized request on route default");
         let grpc = Request::post("/pkg.Svc/M").header("content-type", "application/grpc").body(()).unwrap();
-        let r = conn.deny_request(&grpc).unwrap();
+        let r = conn.deny_request(&grpc, false).unwrap();
         assert_eq!((r.status(), &r.headers()["grpc-status"]), (StatusCode::OK, &HeaderValue::from_static("7")));
         assert!(!conn.allow_tcp());
         let text = conn.metrics.encode();
@@ -241,17 +270,89 @@ mod tests {
         policy.routes = vec![route("api", "/api", open), route("admin", "/admin", Vec::new())];
         policy.authorizations.clear();
         let conn = plaintext_client_of(policy);
-        assert!(conn.deny_request(&Request::get("/api/x").body(()).unwrap()).is_none());
-        let r = conn.deny_request(&Request::get("/admin").body(()).unwrap()).unwrap();
+        assert!(conn.deny_request(&Request::get("/api/x").body(()).unwrap(), false).is_none());
+        let r = conn.deny_request(&Request::get("/admin").body(()).unwrap(), false).unwrap();
         assert_eq!(r.status(), StatusCode::FORBIDDEN, "a route matched, no authorization did");
-        let r = conn.deny_request(&Request::get("/other").body(()).unwrap()).unwrap();
+        let r = conn.deny_request(&Request::get("/other").body(()).unwrap(), false).unwrap();
         assert_eq!(r.status(), StatusCode::NOT_FOUND);
         assert_eq!(r.headers()[ERROR_HEADER], "no route matches the request");
         let grpc = Request::post("/pkg.Svc/M").header("content-type", "application/grpc").body(()).unwrap();
-        let r = conn.deny_request(&grpc).unwrap();
+        let r = conn.deny_request(&grpc, false).unwrap();
         assert_eq!((r.status(), &r.headers()["grpc-status"]), (StatusCode::OK, &HeaderValue::from_static("5")));
         let text = conn.metrics.encode();
         assert!(text.contains("inbound_http_route_not_found_total{target_addr=\"10.0.0.2:80\",srv_group=\"\",srv_kind=\"default\",srv_name=\"all-unauthenticated\",tls=\"false\"} 2"), "{text}");
         assert!(!text.contains("route_name=\"\""), "no-route requests are not counted as denials: {text}");
+    }
+
+    /// What cnimesh-control sends for a port under `deny` with a kubelet probe on `/ready`.
+    fn deny_with_probe() -> PortPolicy {
+        use crate::policy::model::{PathMatch, Route, RouteMatch};
+        let mut policy = DefaultPolicy::Deny.policy(&[]);
+        let open = DefaultPolicy::AllUnauthenticated.policy(&[]).authorizations;
+        policy.routes = vec![
+            Route {
+                meta: Resource::new("", "default", "probe"),
+                matches: vec![RouteMatch { path: PathMatch::Exact("/ready".into()), method: Some(http::Method::GET) }],
+                authorizations: open,
+            },
+            Route {
+                meta: Resource::new("", "default", "default"),
+                matches: vec![RouteMatch { path: PathMatch::Any, method: None }],
+                authorizations: Vec::new(),
+            },
+        ];
+        policy
+    }
+
+    #[test]
+    fn a_probe_path_matches_with_a_query_string() {
+        let conn = plaintext_client_of(deny_with_probe());
+        assert!(conn.deny_request(&Request::get("/ready?verbose=1").body(()).unwrap(), false).is_none());
+        assert!(conn.deny_request(&Request::get("/ready").body(()).unwrap(), false).is_none());
+        let r = conn.deny_request(&Request::get("/admin?ready").body(()).unwrap(), false).unwrap();
+        assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    }
+
+    /// Issue 25, finding 4: the probe route's exemption opened tunnels (h2c, WebSocket) to
+    /// everyone. A tunnel needs the server-level authorization.
+    #[test]
+    fn a_route_exemption_never_authorizes_a_tunnel() {
+        let conn = plaintext_client_of(deny_with_probe());
+        let upgrade = Request::get("/ready").header("upgrade", "websocket").body(()).unwrap();
+        let r = conn.deny_request(&upgrade, true).unwrap();
+        assert_eq!(r.status(), StatusCode::FORBIDDEN);
+        assert!(r.headers()[ERROR_HEADER].to_str().unwrap().contains("unauthorized tunnel on route probe"));
+        let connect = Request::connect("db:5432").body(()).unwrap();
+        assert_eq!(conn.deny_request(&connect, true).unwrap().status(), StatusCode::FORBIDDEN);
+        let text = conn.metrics.encode();
+        assert!(text.contains("route_name=\"probe\",tls=\"false\"} 1"), "the refused tunnel is counted: {text}");
+
+        let mut open = deny_with_probe();
+        open.authorizations = DefaultPolicy::AllUnauthenticated.policy(&[]).authorizations;
+        let conn = plaintext_client_of(open);
+        assert!(conn.deny_request(&upgrade, true).is_none(), "the server admits this client: its tunnel too");
+        assert!(conn.deny_request(&connect, true).is_none());
+    }
+
+    #[tokio::test]
+    async fn an_opaque_connection_learns_when_its_authorization_is_revoked() {
+        let open = Arc::new(DefaultPolicy::AllUnauthenticated.policy(&[]));
+        let (answer, answers) = tokio::sync::watch::channel(None);
+        let (_fallback, fallbacks) = tokio::sync::watch::channel(open);
+        let conn = ConnPolicy::new(
+            PortWatch::following(answers, fallbacks),
+            "10.0.0.1".parse().unwrap(),
+            TlsLabel::plaintext(),
+            "10.0.0.2:80".into(),
+            Arc::new(Metrics::default()),
+        );
+        assert!(conn.allow_tcp(), "unanswered: the default, which allows");
+        let revoked = conn.revoked();
+        tokio::pin!(revoked);
+        let still = tokio::time::timeout(std::time::Duration::from_millis(20), revoked.as_mut()).await;
+        assert!(still.is_err(), "nothing changed");
+        answer.send_replace(Some(Arc::new(DefaultPolicy::Deny.policy(&[]))));
+        tokio::time::timeout(std::time::Duration::from_secs(5), revoked).await.expect("revoked by the deny answer");
+        assert_eq!(conn.metrics.inbound_tcp_authz_revoked_total.get(), 1);
     }
 }
