@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use cluster::{api_proxy_env, echoes, office_only_server, open_opaque, pod_yaml, status, touch};
 use cnimesh_e2e::apps::{self, Apps};
-use cnimesh_e2e::control::{Control, env_refs, write_atomically};
+use cnimesh_e2e::control::{Control, env_refs, identity, write_atomically};
 use cnimesh_e2e::sidecar::{Sidecar, http_reply_in};
 use cnimesh_e2e::wait::eventually;
 use cnimesh_e2e::{Bins, Network, Pod, bins, require_root};
@@ -305,7 +305,7 @@ struct Tunnels<'n> {
     api: Pod<'n>,
     office: Pod<'n>,
     mallory: Pod<'n>,
-    _cluster: TempDir,
+    cluster: TempDir,
 }
 
 impl<'n> Tunnels<'n> {
@@ -325,7 +325,7 @@ impl<'n> Tunnels<'n> {
         let app = TunnelApp::start(&api.netns.path(), api.ipv4().into());
         let env = api_proxy_env(&control.1, &[("CNIMESH_PROXY_INBOUND_PORTS", "8090")]);
         let proxy = Sidecar::start(&bins.proxy, &api.netns, &env_refs(&env)).unwrap();
-        Self { _control: control, _app: app, _proxy: proxy, api, office, mallory, _cluster: cluster }
+        Self { _control: control, _app: app, _proxy: proxy, api, office, mallory, cluster }
     }
 
     fn addr(&self) -> SocketAddr {
@@ -408,4 +408,17 @@ fn the_app_reads_the_path_policy_matched_and_no_identity_a_client_claimed() {
     assert!(claimed.starts_with("HTTP/1.1 200"), "{claimed}");
     assert!(!claimed.to_ascii_lowercase().contains("l5d-client-id"), "the claimed identity reached the app: {claimed}");
     assert!(!claimed.to_ascii_lowercase().contains("l5d-server-id"), "{claimed}");
+
+    // A meshed client's identity, proved by its certificate, is what the app reads.
+    let web = Pod::named(&net, "shop", "web").unwrap();
+    let authz = "apiVersion: policy.cnimesh.io/v1alpha1\nkind: MeshTLSAuthentication\nmetadata: {name: web, namespace: shop}\nspec:\n  identityRefs: [{kind: ServiceAccount, name: web}]\n---\napiVersion: policy.cnimesh.io/v1alpha1\nkind: AuthorizationPolicy\nmetadata: {name: web-to-api-web, namespace: shop}\nspec:\n  targetRef: {group: policy.cnimesh.io, kind: Server, name: api-web}\n  requiredAuthenticationRefs: [{group: policy.cnimesh.io, kind: MeshTLSAuthentication, name: web}]\n";
+    write_atomically(&t.cluster.path().join("web.yaml"), authz);
+    let control = &t._control.1;
+    let mut env = control.proxy_env("shop", "web", &control.token("shop", "web").unwrap());
+    env.push(("CNIMESH_PROXY_OUTBOUND_IDENTITIES".into(), format!("{}={}", t.api.ipv4(), identity("shop", "api"))));
+    let _web_proxy = Sidecar::start(&bins.proxy, &web.netns, &env_refs(&env)).unwrap();
+    let headers = || http_reply_in(&web.netns.path(), &t.addr().to_string(), "GET", "/headers", "").unwrap();
+    eventually("web authorized", Duration::from_secs(30), || headers().status == 200);
+    let seen = headers().body.to_ascii_lowercase();
+    assert!(seen.contains(&format!("l5d-client-id: {}", identity("shop", "web"))), "{seen}");
 }
