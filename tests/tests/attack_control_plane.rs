@@ -365,7 +365,7 @@ fn a_meshed_pod_flooding_destination_streams_is_bounded_and_legitimate_proxies_s
     let mut after = 0;
     eventually("the control plane's memory returns after the flood", Duration::from_secs(60), || {
         after = cp.rss_kib();
-        after < baseline + 16 * 1024
+        after < baseline + 8 * 1024
     });
     eprintln!("control plane RSS after the flood: {} MiB", after / 1024);
 }
