@@ -164,7 +164,7 @@ struct GrpcLimitArgs {
     /// Open streams of one mesh identity (a ServiceAccount: all replicas of a workload together).
     #[arg(long, env = "CNIMESH_CONTROL_MAX_STREAMS_PER_IDENTITY", default_value_t = Limits::default().streams_per_identity)]
     max_streams_per_identity: usize,
-    /// Open streams in all; each costs some 10-20 KiB while open.
+    /// Open streams in all. Each costs about 8 KiB while open: raise it with the memory limit.
     #[arg(long, env = "CNIMESH_CONTROL_MAX_STREAMS", default_value_t = Limits::default().streams)]
     max_streams: usize,
 }
