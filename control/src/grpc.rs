@@ -91,7 +91,11 @@ pub async fn serve_tls(
         let (routes, admission, refusals) = (routes.clone(), admission.clone(), refusals.clone());
         let identity = peer::identity_of(tls.get_ref().1);
         async move {
-            let service = service_fn(move |req: http::Request<hyper::body::Incoming>| {
+            let service = service_fn(move |mut req: http::Request<hyper::body::Incoming>| {
+                // Services may read who is calling (tonic keeps the extensions in its `Request`).
+                if let Some(identity) = &identity {
+                    req.extensions_mut().insert(peer::PeerIdentity(identity.clone()));
+                }
                 let path = req.uri().path();
                 if identity.is_none() && peer::requires_identity(path) {
                     refusals.unauthenticated(peer, path);

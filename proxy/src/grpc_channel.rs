@@ -135,3 +135,19 @@ async fn connect_tcp(addr: &str) -> io::Result<tokio::net::TcpStream> {
 pub fn describe(status: &tonic::Status) -> String {
     cnimesh_common::error::with_causes(format!("{:?}: {}", status.code(), status.message()), status)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Before its first Certify answer a proxy has no certificate; a Destination or policy
+    /// connection made then would be refused every call for its whole life, so it is not made.
+    #[tokio::test]
+    async fn a_channel_that_presents_the_workload_certificate_waits_for_the_first_one_and_says_so() {
+        let name: Name = crate::config::DEFAULT_CONTROL_NAME.parse().unwrap();
+        let roots = Arc::new(rustls::RootCertStore::empty());
+        let error = connect("127.0.0.1:1", &name, roots, Some(Arc::new(CurrentCert::default()))).await.unwrap_err();
+        let error = format!("{error:#}");
+        assert!(error.contains("no workload certificate yet"), "{error}");
+    }
+}

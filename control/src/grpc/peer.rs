@@ -142,6 +142,12 @@ pub fn server_config(
     Ok(Arc::new(config))
 }
 
+/// The caller's verified mesh identity, in every request's extensions when it presented a
+/// certificate (`tonic::Request::extensions().get::<PeerIdentity>()`). Not used by the services
+/// yet: e.g. answering a pod's `WatchPort` only to that pod's ServiceAccount would build on it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerIdentity(pub Name);
+
 /// The identity a connection's verified client certificate names, if it presented one.
 pub fn identity_of(conn: &rustls::ServerConnection) -> Option<Name> {
     conn.peer_certificates()?.first().and_then(mesh_tls::identity_of)
