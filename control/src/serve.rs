@@ -379,6 +379,48 @@ mod tests {
         running.task.await.unwrap().unwrap();
     }
 
+    /// Only Certify is served without a client certificate; a certificate must chain to the
+    /// issuer's anchors (one from another mesh fails the handshake); a valid one gets through to
+    /// routing (Destination is not served here: UNIMPLEMENTED, not UNAUTHENTICATED).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn calls_other_than_certify_need_a_client_certificate_from_our_anchors() {
+        use linkerd2_proxy_api::destination::GetDestination;
+        use linkerd2_proxy_api::destination::destination_client::DestinationClient;
+
+        let mut running = start().await;
+        let roots = cnimesh_identity::tls::roots(&running.anchors).unwrap();
+        let addr = running.grpc.to_string();
+        let connect = |cert| cnimesh_proxy::grpc_channel::connect(&addr, &running.control, roots.clone(), cert);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        let anonymous = loop {
+            match connect(None).await {
+                Ok(channel) => break channel,
+                Err(e) => assert!(tokio::time::Instant::now() < deadline, "{e:#}"),
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let get = |channel| async move {
+            let request = GetDestination { path: "web.shop.svc.cluster.local:80".into(), ..Default::default() };
+            DestinationClient::new(channel).get(request).await.map(|_| ()).unwrap_err()
+        };
+        assert_eq!(get(anonymous).await.code(), tonic::Code::Unauthenticated);
+
+        let web = Name::for_service_account("web", "shop", "cluster.local").unwrap();
+        let ours = own_cert::issue_from_dir(running.dirs.0.path(), &web, Duration::from_secs(600)).unwrap();
+        assert_eq!(get(connect(Some(ours)).await.unwrap()).await.code(), tonic::Code::Unimplemented);
+
+        let elsewhere = tempfile::tempdir().unwrap();
+        write_pki(elsewhere.path(), Duration::from_secs(3600));
+        let theirs = own_cert::issue_from_dir(elsewhere.path(), &web, Duration::from_secs(600)).unwrap();
+        // TLS 1.3: the server's verdict on the client certificate may arrive after the client
+        // thinks the handshake is done, so it shows on the first call at the latest.
+        if let Ok(channel) = connect(Some(theirs)).await {
+            assert_ne!(get(channel).await.code(), tonic::Code::Unimplemented);
+        }
+        running.stop.take().unwrap().send(()).unwrap();
+        running.task.await.unwrap().unwrap();
+    }
+
     #[tokio::test]
     async fn not_ready_without_an_issuer() {
         let pki = tempfile::tempdir().unwrap();
