@@ -107,6 +107,8 @@ async fn main() {
         inbound_policy: Default::default(),
         webhook: None,
         webhook_certs: None,
+        limits: Default::default(),
+        reserved: Default::default(),
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(cnimesh_control::run(config, Listeners { grpc, admin, webhook: None }, async {
@@ -117,7 +119,7 @@ async fn main() {
     let roots = tls::roots(&anchors).unwrap();
     let channel = loop {
         // The server's own certificate is issued just after start.
-        match cnimesh_proxy::grpc_channel::connect(&addr.to_string(), &control, roots.clone()).await {
+        match cnimesh_proxy::grpc_channel::connect(&addr.to_string(), &control, roots.clone(), None).await {
             Ok(channel) => break channel,
             Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
         }

@@ -82,6 +82,10 @@ fn start_control(dir: &Path, grpc: u16, admin: u16) -> Child {
         .arg(dir.join("tokens"))
         .arg("--cluster-dir")
         .arg(dir.join("cluster"))
+        // All the simulated proxies dial from 127.0.0.1 with one identity: lift the per-peer and
+        // per-identity bounds (defaults sized for one proxy per pod) to what the run holds.
+        .args(["--max-connections-per-peer", "100000", "--max-streams-per-peer", "1000000"])
+        .args(["--max-streams-per-identity", "1000000", "--max-streams", "1000000"])
         .env("CNIMESH_CONTROL_LOG", "warn")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -159,7 +163,15 @@ async fn main() {
     let roots = tls::roots(&anchors).expect("roots");
     let control_name: Name = cnimesh_proxy::config::DEFAULT_CONTROL_NAME.parse().expect("name");
     let addr = format!("127.0.0.1:{grpc}");
-    let connect = || cnimesh_proxy::grpc_channel::connect(&addr, &control_name, roots.clone());
+    // A proxy's mesh certificate: Destination answers mesh identities only.
+    let client_name = Name::for_service_account("web", "load", "cluster.local").expect("name");
+    let cert = cnimesh_control::identity::own_cert::issue_from_dir(
+        &dir.path().join("issuer"),
+        &client_name,
+        Duration::from_secs(86400),
+    )
+    .expect("a client certificate");
+    let connect = || cnimesh_proxy::grpc_channel::connect(&addr, &control_name, roots.clone(), Some(cert.clone()));
     let deadline = Instant::now() + Duration::from_secs(30);
     let first = loop {
         match connect().await {

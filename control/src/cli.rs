@@ -14,6 +14,7 @@ use cnimesh_identity::{DEFAULT_TRUST_DOMAIN, Name};
 use tokio::net::TcpListener;
 
 use crate::ca_init::{self, CaInit};
+use crate::grpc::limits::Limits;
 use crate::identity::Policy;
 use crate::inject::{
     DEFAULT_CLUSTER_DOMAIN, DEFAULT_CONTROL_NAMESPACE, Namespaces, SidecarMode, Webhook, WebhookArgs,
@@ -133,6 +134,60 @@ struct ServeArgs {
     /// (local mode's HA, and the rolling-restart test); the kernel spreads connections.
     #[arg(long, env = "CNIMESH_CONTROL_REUSE_PORT")]
     reuse_port: bool,
+    #[command(flatten)]
+    grpc_limits: GrpcLimitArgs,
+    /// ServiceAccounts Identity certifies although their namespace is reserved, as
+    /// namespace/name, comma-separated. Reserved are the control plane's namespace and the node
+    /// agent's (cnimesh-system): none of their pods runs a proxy, and some of their tokens are
+    /// easy to mint (the tap Role can request cnimesh-tap's), so Certify refuses them with
+    /// PERMISSION_DENIED unless they are named here.
+    #[arg(long = "identity-allow-service-account", env = "CNIMESH_CONTROL_IDENTITY_ALLOW_SERVICE_ACCOUNTS",
+        value_delimiter = ',', value_parser = crate::identity::reserved::parse_account)]
+    identity_allowed: Vec<(String, String)>,
+}
+
+/// Bounds on what one client may hold on the gRPC port (every pod can reach it). Over a bound a
+/// connection is closed at accept, a call is answered RESOURCE_EXHAUSTED; each refusal is counted
+/// in `grpc_refused_total{reason}`. The defaults leave a proxy (about four connections, a stream
+/// per inbound port and two or three per destination) plenty of room.
+#[derive(Debug, Args)]
+struct GrpcLimitArgs {
+    /// HTTP/2 concurrent streams per connection (SETTINGS_MAX_CONCURRENT_STREAMS).
+    #[arg(long, env = "CNIMESH_CONTROL_MAX_STREAMS_PER_CONNECTION", default_value_t = Limits::default().streams_per_connection)]
+    max_streams_per_connection: u32,
+    /// Open connections from one IP address (a pod).
+    #[arg(long, env = "CNIMESH_CONTROL_MAX_CONNECTIONS_PER_PEER", default_value_t = Limits::default().connections_per_peer)]
+    max_connections_per_peer: usize,
+    /// Open streams from one IP address, across its connections.
+    #[arg(long, env = "CNIMESH_CONTROL_MAX_STREAMS_PER_PEER", default_value_t = Limits::default().streams_per_peer)]
+    max_streams_per_peer: usize,
+    /// Open streams of one mesh identity (a ServiceAccount: all replicas of a workload together).
+    #[arg(long, env = "CNIMESH_CONTROL_MAX_STREAMS_PER_IDENTITY", default_value_t = Limits::default().streams_per_identity)]
+    max_streams_per_identity: usize,
+    /// Open streams in all. Each costs about 8 KiB while open: raise it with the memory limit.
+    #[arg(long, env = "CNIMESH_CONTROL_MAX_STREAMS", default_value_t = Limits::default().streams)]
+    max_streams: usize,
+}
+
+impl GrpcLimitArgs {
+    fn limits(&self) -> anyhow::Result<Limits> {
+        let limits = Limits {
+            streams_per_connection: self.max_streams_per_connection,
+            connections_per_peer: self.max_connections_per_peer,
+            streams_per_peer: self.max_streams_per_peer,
+            streams_per_identity: self.max_streams_per_identity,
+            streams: self.max_streams,
+        };
+        anyhow::ensure!(
+            limits.streams_per_connection > 0
+                && limits.connections_per_peer > 0
+                && limits.streams_per_peer > 0
+                && limits.streams_per_identity > 0
+                && limits.streams > 0,
+            "the gRPC limits must be positive: {limits:?}"
+        );
+        Ok(limits)
+    }
 }
 
 /// Where the webhook's certificate comes from.
@@ -308,6 +363,14 @@ impl ServeArgs {
             _ => None,
         };
         anyhow::ensure!(!self.cert_lifetime.is_zero(), "--cert-lifetime must be positive");
+        let limits = self.grpc_limits.limits()?;
+        let mut reserved = crate::identity::Reserved::for_namespaces([
+            self.webhook.namespace.as_str(),
+            cnimesh_common::names::AGENT_NAMESPACE,
+        ]);
+        for (namespace, name) in &self.identity_allowed {
+            reserved = reserved.allow(namespace, name);
+        }
         let policy =
             Policy { trust_domain: self.trust_domain, lifetime: self.cert_lifetime, clock_skew: self.clock_skew };
         let addrs = Addrs { grpc: self.addr, admin: self.admin_addr, webhook: self.webhook.webhook_addr };
@@ -322,6 +385,8 @@ impl ServeArgs {
                 inbound_policy,
                 webhook,
                 webhook_certs,
+                limits,
+                reserved,
             },
             addrs,
         ))

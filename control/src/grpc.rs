@@ -5,7 +5,12 @@
 //!
 //! To serve another service, add it to the `Routes` before calling [`serve_tls`]
 //! (`routes.add_service(FooServer::new(foo))`): everything on the listener shares the one
-//! certificate and connection handling.
+//! certificate and connection handling, and with it the port's defences (issue 25):
+//! - a client certificate is asked for and verified against the mesh's trust anchors
+//!   ([`peer`]); every call but Identity's Certify without one is answered `UNAUTHENTICATED`;
+//! - connections per peer, streams per peer, per identity and in all are bounded ([`limits`]),
+//!   over a bound `RESOURCE_EXHAUSTED` (or the connection is closed at accept);
+//! - HTTP/2 windows and send buffers are small, so a stream that is not read costs little.
 //!
 //! Layer: gRPC: serving and connecting over TLS; the services themselves are [`destination`],
 //! [`identity`], and policy's [`inbound`] and [`outbound`].
@@ -13,13 +18,18 @@
 pub mod destination;
 pub mod identity;
 pub mod inbound;
+pub mod limits;
 pub mod outbound;
+pub mod peer;
 
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
+use futures::FutureExt;
+use http_body_util::BodyExt;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::graceful::{GracefulShutdown, Watcher};
@@ -28,34 +38,104 @@ use tokio_rustls::TlsAcceptor;
 use tonic::service::Routes;
 use tower::ServiceExt;
 
+use crate::metrics::Metrics;
+use limits::{Admission, Refusal};
+
 /// A client that connects but never finishes its handshake must not hold a task forever.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Pings on idle connections find proxies that vanished without a FIN (node died, conntrack
 /// dropped): their long-lived streams would otherwise be held open forever.
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
-/// A proxy holds one Destination stream per destination it talks to, all on one connection:
-/// hyper's default of 200 would stall a busy proxy's 201st lookup.
-const MAX_STREAMS: u32 = 10_000;
 /// How long in-flight calls get to finish once shutdown starts.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// Flow-control windows: what a client may send before we read it. gRPC requests to the
+/// control plane are a few hundred bytes; hyper's defaults (1 MiB per stream) would let one
+/// stream park a megabyte on us.
+const STREAM_WINDOW: u32 = 64 * 1024;
+const CONNECTION_WINDOW: u32 = 1024 * 1024;
+/// What a stream's answers may queue towards a client that does not read (hyper's default is
+/// ~400 KiB per stream). The services coalesce updates (each stream follows the latest state
+/// of a watch), so a slow reader gets fewer, newer updates, never an unbounded backlog.
+const SEND_BUFFER: usize = 64 * 1024;
+/// Header blocks: a gRPC call's are well under 1 KiB.
+const MAX_HEADER_LIST: u32 = 16 * 1024;
+/// Refusals are logged at most this often per reason (each is counted in metrics regardless).
+const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Serves `routes` over TLS (HTTP/2 only, as gRPC is) on `listener` until `shutdown` resolves,
-/// then lets in-flight calls finish (up to 10 s).
+/// then lets in-flight calls finish (up to 10 s). `tls` should ask for client certificates
+/// ([`peer::server_config`]): calls other than Certify need one. `admission` bounds what each
+/// client may hold; refusals are counted in `metrics`.
 pub async fn serve_tls(
     listener: TcpListener,
     routes: Routes,
     tls: Arc<rustls::ServerConfig>,
+    admission: Arc<Admission>,
+    metrics: Arc<Metrics>,
     shutdown: impl Future<Output = ()>,
 ) {
     let routes = routes.prepare();
-    accept_tls(listener, tls, shutdown, "gRPC", move |tls, peer, watcher| {
-        let routes = routes.clone();
+    let refusals = Arc::new(RefusalLog::new(metrics));
+    let streams_per_connection = admission.limits().streams_per_connection;
+    let accept = {
+        let (admission, refusals) = (admission.clone(), refusals.clone());
+        move |peer: SocketAddr| match admission.connection(peer.ip()) {
+            Ok(permit) => Some(permit),
+            Err(refusal) => {
+                refusals.refused(&refusal);
+                None
+            }
+        }
+    };
+    accept_tls_with(listener, tls, shutdown, "gRPC", accept, move |tls, peer, watcher| {
+        let (routes, admission, refusals) = (routes.clone(), admission.clone(), refusals.clone());
+        let identity = peer::identity_of(tls.get_ref().1);
         async move {
-            let service = service_fn(move |req| routes.clone().oneshot(req));
+            let service = service_fn(move |mut req: http::Request<hyper::body::Incoming>| {
+                // Services may read who is calling (tonic keeps the extensions in its `Request`).
+                if let Some(identity) = &identity {
+                    req.extensions_mut().insert(peer::PeerIdentity(identity.clone()));
+                }
+                let path = req.uri().path();
+                if identity.is_none() && peer::requires_identity(path) {
+                    refusals.unauthenticated(peer, path);
+                    let status = tonic::Status::unauthenticated(format!(
+                        "{path} needs a mesh client certificate (only Identity's Certify is served without one)"
+                    ));
+                    return futures::future::ready(Ok(status.into_http())).left_future();
+                }
+                let permit = match admission.stream(peer.ip(), identity.as_ref()) {
+                    Ok(permit) => permit,
+                    Err(refusal) => {
+                        refusals.refused(&refusal);
+                        let status = tonic::Status::resource_exhausted(refusal.to_string());
+                        return futures::future::ready(Ok(status.into_http())).left_future();
+                    }
+                };
+                // The permit lives as long as the response body: a stream holds it until it ends.
+                routes
+                    .clone()
+                    .oneshot(req)
+                    .map(move |response| {
+                        response.map(|response| {
+                            response.map(|body| {
+                                tonic::body::Body::new(body.map_frame(move |frame| {
+                                    let _held = &permit;
+                                    frame
+                                }))
+                            })
+                        })
+                    })
+                    .right_future()
+            });
             let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
                 .timer(TokioTimer::new())
                 .keep_alive_interval(KEEPALIVE_INTERVAL)
-                .max_concurrent_streams(MAX_STREAMS)
+                .max_concurrent_streams(streams_per_connection)
+                .initial_stream_window_size(STREAM_WINDOW)
+                .initial_connection_window_size(CONNECTION_WINDOW)
+                .max_send_buf_size(SEND_BUFFER)
+                .max_header_list_size(MAX_HEADER_LIST)
                 .serve_connection(TokioIo::new(tls), service);
             if let Err(error) = watcher.watch(conn).await {
                 tracing::debug!(%peer, %error, "gRPC connection ended with an error");
@@ -63,6 +143,48 @@ pub async fn serve_tls(
         }
     })
     .await
+}
+
+/// Counts every refusal and logs them rate-limited: a flood must not turn into a log flood.
+struct RefusalLog {
+    metrics: Arc<Metrics>,
+    start: Instant,
+    /// Per reason, when it was last logged (ms since `start`, +1 so that 0 means never).
+    last_logged: [AtomicU64; 5],
+}
+
+impl RefusalLog {
+    fn new(metrics: Arc<Metrics>) -> Self {
+        Self { metrics, start: Instant::now(), last_logged: Default::default() }
+    }
+
+    /// Whether reason `i` may be logged now; claims the slot if so.
+    fn may_log(&self, i: usize) -> bool {
+        let now = self.start.elapsed().as_millis() as u64 + 1;
+        let last = self.last_logged[i].load(Ordering::Relaxed);
+        (last == 0 || now.saturating_sub(last) >= REFUSAL_LOG_INTERVAL.as_millis() as u64)
+            && self.last_logged[i].compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed).is_ok()
+    }
+
+    fn unauthenticated(&self, peer: SocketAddr, path: &str) {
+        self.metrics.grpc_refused("unauthenticated");
+        if self.may_log(4) {
+            tracing::warn!(%peer, path, "refused a call without a mesh client certificate (logged at most every 10 s)");
+        }
+    }
+
+    fn refused(&self, refusal: &Refusal) {
+        self.metrics.grpc_refused(refusal.reason());
+        let i = match refusal {
+            Refusal::ConnectionsPerPeer { .. } => 0,
+            Refusal::StreamsPerPeer { .. } => 1,
+            Refusal::StreamsPerIdentity { .. } => 2,
+            Refusal::Streams { .. } => 3,
+        };
+        if self.may_log(i) {
+            tracing::warn!(reason = refusal.reason(), "{refusal} (refusals logged at most every 10 s per reason)");
+        }
+    }
 }
 
 /// Accepts TLS connections on `listener` until `shutdown` resolves, handing each one, once its
@@ -75,6 +197,24 @@ pub async fn accept_tls<S, Fut>(
     what: &'static str,
     serve: S,
 ) where
+    S: Fn(tokio_rustls::server::TlsStream<TcpStream>, SocketAddr, Watcher) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    accept_tls_with(listener, tls, shutdown, what, |_| Some(()), serve).await
+}
+
+/// [`accept_tls`], where `admit` decides on each accepted connection before its handshake: a
+/// `None` closes it at once; the permit it returns is held until the connection ends.
+pub async fn accept_tls_with<A, P, S, Fut>(
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    shutdown: impl Future<Output = ()>,
+    what: &'static str,
+    admit: A,
+    serve: S,
+) where
+    A: Fn(SocketAddr) -> Option<P>,
+    P: Send + 'static,
     S: Fn(tokio_rustls::server::TlsStream<TcpStream>, SocketAddr, Watcher) -> Fut + Clone + Send + 'static,
     Fut: Future<Output = ()> + Send + 'static,
 {
@@ -94,12 +234,17 @@ pub async fn accept_tls<S, Fut>(
                 }
             },
         };
+        let Some(permit) = admit(peer) else {
+            drop(tcp);
+            continue;
+        };
         let _ = tcp.set_nodelay(true);
         let acceptor = acceptor.clone();
         let watcher = graceful.watcher();
         let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, async move { acceptor.accept(tcp).await });
         let serve = serve.clone();
         tokio::spawn(async move {
+            let _permit = permit;
             match handshake.await {
                 Ok(Ok(tls)) => serve(tls, peer, watcher).await,
                 Ok(Err(error)) => tracing::debug!(%peer, %error, server = what, "TLS handshake failed"),

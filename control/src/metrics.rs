@@ -66,7 +66,18 @@ pub struct Metrics {
     tap_requests: Family<ResultLabel, Counter>,
     tap_sessions: Gauge,
     tap_unreachable: Counter,
+    grpc_refused: Family<ReasonLabel, Counter>,
 }
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: &'static str,
+}
+
+/// Every reason the gRPC port refuses a connection or call for (`crate::grpc::limits` and
+/// `crate::grpc::peer`), present from the start so that rates over them are 0, not "no data".
+const GRPC_REFUSAL_REASONS: [&str; 5] =
+    ["unauthenticated", "connections_per_peer", "streams_per_peer", "streams_per_identity", "streams"];
 
 /// How a tap request was answered, from its HTTP status.
 fn tap_result(status: u16) -> &'static str {
@@ -125,6 +136,15 @@ impl Default for Metrics {
             "Proxies a tap could not open or whose stream broke",
             tap_unreachable.clone(),
         );
+        let grpc_refused = Family::<ReasonLabel, Counter>::default();
+        for reason in GRPC_REFUSAL_REASONS {
+            let _ = grpc_refused.get_or_create(&ReasonLabel { reason });
+        }
+        registry.register(
+            "grpc_refused",
+            "Connections and calls the gRPC port refused, by reason: no mesh client certificate, or a bound reached",
+            grpc_refused.clone(),
+        );
         Self {
             registry,
             certify,
@@ -135,6 +155,7 @@ impl Default for Metrics {
             tap_requests,
             tap_sessions,
             tap_unreachable,
+            grpc_refused,
         }
     }
 }
@@ -176,6 +197,11 @@ impl Metrics {
     /// A tapped proxy could not be reached, or its stream broke.
     pub fn tap_proxy_unreachable(&self) {
         self.tap_unreachable.inc();
+    }
+
+    /// The gRPC port refused a connection or call; `reason` is one of [`GRPC_REFUSAL_REASONS`].
+    pub fn grpc_refused(&self, reason: &'static str) {
+        self.grpc_refused.get_or_create(&ReasonLabel { reason }).inc();
     }
 
     /// Read back by tests; the admin listener only ever encodes.

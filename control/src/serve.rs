@@ -11,7 +11,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use cnimesh_common::names::TAP_TOKEN_AUDIENCE;
 use cnimesh_identity::Name;
-use cnimesh_identity::tls::{self, ClientAuth, CurrentCert};
+use cnimesh_identity::tls::CurrentCert;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tonic::service::Routes;
@@ -21,7 +21,9 @@ use crate::destination::Index;
 use crate::grpc::destination::DestinationService;
 use crate::grpc::identity::IdentityService;
 use crate::grpc::inbound::InboundService;
+use crate::grpc::limits::Admission;
 use crate::grpc::outbound::OutboundService;
+use crate::grpc::peer::{self, OptionalMeshClientVerifier};
 use crate::identity::{Authenticator, FileTokens, KubeTokens, Policy, issuer, own_cert};
 use crate::metrics::Metrics;
 use crate::sources::{FileSource, KubeSource, Source};
@@ -61,10 +63,14 @@ pub struct Config {
     /// The webhook's certificate from a watched Secret, and in managed mode the election and the
     /// leader's upkeep of it (`crate::webhook_certs`). `None`: the one in `webhook` is fixed.
     pub webhook_certs: Option<crate::webhook_certs::SecretSource>,
+    /// What one client may hold open on the gRPC port (`crate::grpc::limits`).
+    pub limits: crate::grpc::limits::Limits,
+    /// ServiceAccounts Identity refuses to certify: the control plane's and the node agent's.
+    pub reserved: crate::identity::Reserved,
 }
 
 pub struct Listeners {
-    /// gRPC over TLS (Identity; Destination later).
+    /// gRPC over TLS: Identity to anyone, everything else to mesh identities only.
     pub grpc: TcpListener,
     /// HTTP `/metrics`, `/ready`, `/live`.
     pub admin: TcpListener,
@@ -91,11 +97,12 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Out
         own_cert.clone(),
         stopped.clone(),
     ));
-    // No client certificates: a proxy asks for its first one here. The roots are therefore
-    // unused; the issuer's anchors may not even be loaded yet.
+    // Client certificates are asked for but optional: a proxy asks for its first one here.
+    // Those presented are checked against the issuer's anchors as they are now; every call but
+    // Certify needs one (crate::grpc::peer).
+    let verifier = OptionalMeshClientVerifier::following(issuer.clone());
     let server_tls =
-        tls::server_config(Arc::new(rustls::RootCertStore::empty()), own_cert.clone(), ClientAuth::None, &[b"h2"])
-            .context("TLS configuration for the gRPC server")?;
+        peer::server_config(own_cert.clone(), verifier).context("TLS configuration for the gRPC server")?;
 
     // Tap tokens carry their own audience in a cluster; local mode's files have none.
     let (authenticator, tap_authenticator): (Arc<dyn Authenticator>, Arc<dyn Authenticator>) = match config.tokens {
@@ -109,7 +116,8 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Out
         ),
     };
     let trust_domain = config.policy.trust_domain.clone();
-    let identity = IdentityService::new(issuer.clone(), authenticator, config.policy, metrics.clone());
+    let identity = IdentityService::new(issuer.clone(), authenticator, config.policy, metrics.clone())
+        .with_reserved(config.reserved);
     let mut routes = Routes::new(identity.into_server());
     let index = config.cluster.as_ref().map(|_| Index::new());
     let source_task = match (config.cluster, index.clone()) {
@@ -135,7 +143,15 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Out
         identity = %config.identity_name,
         "serving"
     );
-    let grpc = tokio::spawn(crate::grpc::serve_tls(listeners.grpc, routes, server_tls, until(stopped.clone())));
+    let admission = Admission::new(config.limits);
+    let grpc = tokio::spawn(crate::grpc::serve_tls(
+        listeners.grpc,
+        routes,
+        server_tls,
+        admission,
+        metrics.clone(),
+        until(stopped.clone()),
+    ));
     let webhook = match (config.webhook, listeners.webhook) {
         (Some((webhook, tls)), Some(listener)) => {
             tracing::info!(addr = %listener.local_addr()?, "serving the injection webhook");
@@ -222,6 +238,8 @@ mod tests {
             inbound_policy: Default::default(),
             webhook: None,
             webhook_certs: None,
+            limits: Default::default(),
+            reserved: Default::default(),
         };
         let (stop, stopped) = tokio::sync::oneshot::channel();
         let task = tokio::spawn(run(config, Listeners { grpc, admin, webhook: None }, async {
@@ -260,8 +278,13 @@ mod tests {
         let channel = {
             let mut attempt = 0;
             loop {
-                match cnimesh_proxy::grpc_channel::connect(&running.grpc.to_string(), &running.control, roots.clone())
-                    .await
+                match cnimesh_proxy::grpc_channel::connect(
+                    &running.grpc.to_string(),
+                    &running.control,
+                    roots.clone(),
+                    None,
+                )
+                .await
                 {
                     Ok(channel) => break channel,
                     Err(e) if attempt < 50 => {
@@ -296,7 +319,9 @@ mod tests {
 
         // A client expecting another name must not get through.
         let other = Name::for_service_account("impostor", "cnimesh", "cluster.local").unwrap();
-        assert!(cnimesh_proxy::grpc_channel::connect(&running.grpc.to_string(), &other, roots.clone()).await.is_err());
+        assert!(
+            cnimesh_proxy::grpc_channel::connect(&running.grpc.to_string(), &other, roots.clone(), None).await.is_err()
+        );
 
         let (status, _) = http_get(running.admin, "/ready").await;
         assert_eq!(status, 200);
@@ -354,6 +379,48 @@ mod tests {
         running.task.await.unwrap().unwrap();
     }
 
+    /// Only Certify is served without a client certificate; a certificate must chain to the
+    /// issuer's anchors (one from another mesh fails the handshake); a valid one gets through to
+    /// routing (Destination is not served here: UNIMPLEMENTED, not UNAUTHENTICATED).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn calls_other_than_certify_need_a_client_certificate_from_our_anchors() {
+        use linkerd2_proxy_api::destination::GetDestination;
+        use linkerd2_proxy_api::destination::destination_client::DestinationClient;
+
+        let mut running = start().await;
+        let roots = cnimesh_identity::tls::roots(&running.anchors).unwrap();
+        let addr = running.grpc.to_string();
+        let connect = |cert| cnimesh_proxy::grpc_channel::connect(&addr, &running.control, roots.clone(), cert);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        let anonymous = loop {
+            match connect(None).await {
+                Ok(channel) => break channel,
+                Err(e) => assert!(tokio::time::Instant::now() < deadline, "{e:#}"),
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let get = |channel| async move {
+            let request = GetDestination { path: "web.shop.svc.cluster.local:80".into(), ..Default::default() };
+            DestinationClient::new(channel).get(request).await.map(|_| ()).unwrap_err()
+        };
+        assert_eq!(get(anonymous).await.code(), tonic::Code::Unauthenticated);
+
+        let web = Name::for_service_account("web", "shop", "cluster.local").unwrap();
+        let ours = own_cert::issue_from_dir(running.dirs.0.path(), &web, Duration::from_secs(600)).unwrap();
+        assert_eq!(get(connect(Some(ours)).await.unwrap()).await.code(), tonic::Code::Unimplemented);
+
+        let elsewhere = tempfile::tempdir().unwrap();
+        write_pki(elsewhere.path(), Duration::from_secs(3600));
+        let theirs = own_cert::issue_from_dir(elsewhere.path(), &web, Duration::from_secs(600)).unwrap();
+        // TLS 1.3: the server's verdict on the client certificate may arrive after the client
+        // thinks the handshake is done, so it shows on the first call at the latest.
+        if let Ok(channel) = connect(Some(theirs)).await {
+            assert_ne!(get(channel).await.code(), tonic::Code::Unimplemented);
+        }
+        running.stop.take().unwrap().send(()).unwrap();
+        running.task.await.unwrap().unwrap();
+    }
+
     #[tokio::test]
     async fn not_ready_without_an_issuer() {
         let pki = tempfile::tempdir().unwrap();
@@ -374,6 +441,8 @@ mod tests {
             inbound_policy: Default::default(),
             webhook: None,
             webhook_certs: None,
+            limits: Default::default(),
+            reserved: Default::default(),
         };
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(run(config, Listeners { grpc, admin, webhook: None }, async {

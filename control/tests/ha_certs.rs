@@ -373,6 +373,8 @@ async fn serve_with_managed_certificates_serves_the_secret_and_reports_leadershi
             current,
             manage: Some((election, policy())),
         }),
+        limits: Default::default(),
+        reserved: Default::default(),
     };
     let bind = || tokio::net::TcpListener::bind("127.0.0.1:0");
     let (grpc, admin, hook) = (bind().await.unwrap(), bind().await.unwrap(), bind().await.unwrap());

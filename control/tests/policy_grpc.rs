@@ -88,7 +88,7 @@ struct Running {
     cluster: tempfile::TempDir,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<anyhow::Result<()>>,
-    _pki: tempfile::TempDir,
+    pki: tempfile::TempDir,
 }
 
 /// Writes `text` atomically (temporary name, then rename), as the files source asks of writers.
@@ -127,6 +127,8 @@ async fn start() -> Running {
         inbound_policy: Default::default(),
         webhook: None,
         webhook_certs: None,
+        limits: Default::default(),
+        reserved: Default::default(),
     };
     let (stop, stopped) = tokio::sync::oneshot::channel();
     let task = tokio::spawn(cnimesh_control::run(config, Listeners { grpc, admin, webhook: None }, async {
@@ -134,14 +136,21 @@ async fn start() -> Running {
     }));
     let anchors = cnimesh_identity::pem::certs(anchor.cert_pem.as_bytes(), "anchor").unwrap();
     let roots = cnimesh_identity::tls::roots(&anchors).unwrap();
-    Running { grpc: grpc_addr, control, roots, cluster, stop: Some(stop), task, _pki: pki }
+    Running { grpc: grpc_addr, control, roots, cluster, stop: Some(stop), task, pki }
 }
 
-/// The control plane's own certificate is issued right after start: retry briefly.
+/// The control plane's own certificate is issued right after start: retry briefly. The client
+/// presents a mesh certificate (a proxy's, `shop/web`): policy is served to mesh identities only.
 async fn channel(running: &Running) -> Channel {
+    let name = Name::for_service_account("web", "shop", "cluster.local").unwrap();
+    let cert =
+        cnimesh_control::identity::own_cert::issue_from_dir(running.pki.path(), &name, Duration::from_secs(3600))
+            .unwrap();
     for _ in 0..100 {
         let addr = running.grpc.to_string();
-        if let Ok(channel) = cnimesh_proxy::grpc_channel::connect(&addr, &running.control, running.roots.clone()).await
+        if let Ok(channel) =
+            cnimesh_proxy::grpc_channel::connect(&addr, &running.control, running.roots.clone(), Some(cert.clone()))
+                .await
         {
             return channel;
         }

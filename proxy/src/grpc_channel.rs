@@ -1,6 +1,7 @@
 //! gRPC channels to the control plane: TLS, with the control plane's certificate checked against
-//! our trust anchors and the identity it must prove. The channel connects lazily and reconnects
-//! by itself; each call is bounded by the timeout.
+//! our trust anchors and the identity it must prove, and our own workload certificate presented:
+//! the control plane serves everything but Identity to mesh identities only. The channel
+//! connects lazily and reconnects by itself; each call is bounded by the timeout.
 
 use std::io;
 use std::sync::Arc;
@@ -8,26 +9,41 @@ use std::time::Duration;
 
 use anyhow::Context;
 use cnimesh_identity::Name;
+use cnimesh_identity::tls::CurrentCert;
 use hyper_util::rt::TokioIo;
 use rustls_pki_types::ServerName;
 use tonic::transport::{Channel, Endpoint};
 
-/// A channel to `addr` (`host:port`, resolved at each connect) expecting identity `name`.
-/// `timeout` bounds unary calls; streams are long-lived and use `None`. It connects lazily.
+/// How long a connection attempt waits for our first certificate before it fails (and the
+/// caller's retry tries again): within the endpoint's connect timeout.
+const CERT_WAIT: Duration = Duration::from_secs(4);
+const CERT_POLL: Duration = Duration::from_millis(20);
+
+/// A channel to `addr` (`host:port`, resolved at each connect) expecting identity `name`,
+/// presenting `cert` (the workload's current certificate, read at each handshake so that a
+/// rotation is picked up by the next connection). `None` for Identity itself: a proxy has no
+/// certificate when it first asks. `timeout` bounds unary calls; streams are long-lived and use
+/// `None`. It connects lazily.
 pub fn channel(
     addr: &str,
     name: &Name,
     roots: Arc<rustls::RootCertStore>,
+    cert: Option<Arc<CurrentCert>>,
     timeout: Option<Duration>,
 ) -> anyhow::Result<Channel> {
-    Ok(endpoint(timeout).connect_with_connector_lazy(connector(addr, name, roots)?))
+    Ok(endpoint(timeout).connect_with_connector_lazy(connector(addr, name, roots, cert)?))
 }
 
 /// The same channel connected now, so that a failed resolution, connect or handshake (a wrong
 /// identity) is an error at once: for the control plane's tests and benchmarks, which use this
 /// builder too, so there is one.
-pub async fn connect(addr: &str, name: &Name, roots: Arc<rustls::RootCertStore>) -> anyhow::Result<Channel> {
-    let connector = connector(addr, name, roots)?;
+pub async fn connect(
+    addr: &str,
+    name: &Name,
+    roots: Arc<rustls::RootCertStore>,
+    cert: Option<Arc<CurrentCert>>,
+) -> anyhow::Result<Channel> {
+    let connector = connector(addr, name, roots, cert)?;
     endpoint(None).connect_with_connector(connector).await.with_context(|| format!("connecting to {addr}"))
 }
 
@@ -42,11 +58,15 @@ fn endpoint(timeout: Option<Duration>) -> Endpoint {
     }
 }
 
-/// TCP to `addr`, then TLS verifying `name` under `roots`, offering h2.
+/// TCP to `addr`, then TLS verifying `name` under `roots`, offering h2 and presenting `cert`.
+/// With a `cert` that is still empty (the proxy's first Certify has not answered yet) the
+/// connection waits for it: a connection made without it would be refused every call but
+/// Certify for as long as it lives.
 fn connector(
     addr: &str,
     name: &Name,
     roots: Arc<rustls::RootCertStore>,
+    cert: Option<Arc<CurrentCert>>,
 ) -> anyhow::Result<
     impl tower::Service<
         http::Uri,
@@ -57,12 +77,18 @@ fn connector(
     + Send
     + 'static,
 > {
-    let tls = tokio_rustls::TlsConnector::from(cnimesh_identity::tls::client_config(roots, None, &[b"h2"])?);
+    let resolver = cert.clone().map(|c| c as Arc<dyn rustls::client::ResolvesClientCert>);
+    let tls = tokio_rustls::TlsConnector::from(cnimesh_identity::tls::client_config(roots, resolver, &[b"h2"])?);
     let addr = addr.to_string();
     let name = ServerName::try_from(name.to_string()).context("control-plane identity")?;
     Ok(tower::service_fn(move |_: http::Uri| {
-        let (tls, addr, name) = (tls.clone(), addr.clone(), name.clone());
+        let (tls, addr, name, cert) = (tls.clone(), addr.clone(), name.clone(), cert.clone());
         async move {
+            if let Some(cert) = cert {
+                wait_for(&cert)
+                    .await
+                    .map_err(|e| io::Error::new(io::ErrorKind::NotConnected, format!("{addr}: {e}")))?;
+            }
             let tcp = connect_tcp(&addr).await?;
             tcp.set_nodelay(true)?;
             let tls = tls
@@ -72,6 +98,18 @@ fn connector(
             Ok::<_, io::Error>(TokioIo::new(tls))
         }
     }))
+}
+
+/// Waits (bounded) until `cert` holds a certificate.
+async fn wait_for(cert: &CurrentCert) -> Result<(), &'static str> {
+    let deadline = tokio::time::Instant::now() + CERT_WAIT;
+    while cert.get().is_none() {
+        if tokio::time::Instant::now() >= deadline {
+            return Err("no workload certificate yet: the control plane answers this only to a mesh identity");
+        }
+        tokio::time::sleep(CERT_POLL).await;
+    }
+    Ok(())
 }
 
 /// Resolves `addr` and connects to the first address that answers. Each failure says which
@@ -96,4 +134,20 @@ async fn connect_tcp(addr: &str) -> io::Result<tokio::net::TcpStream> {
 /// those are walked and appended (skipping text already said).
 pub fn describe(status: &tonic::Status) -> String {
     cnimesh_common::error::with_causes(format!("{:?}: {}", status.code(), status.message()), status)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Before its first Certify answer a proxy has no certificate; a Destination or policy
+    /// connection made then would be refused every call for its whole life, so it is not made.
+    #[tokio::test]
+    async fn a_channel_that_presents_the_workload_certificate_waits_for_the_first_one_and_says_so() {
+        let name: Name = crate::config::DEFAULT_CONTROL_NAME.parse().unwrap();
+        let roots = Arc::new(rustls::RootCertStore::empty());
+        let error = connect("127.0.0.1:1", &name, roots, Some(Arc::new(CurrentCert::default()))).await.unwrap_err();
+        let error = format!("{error:#}");
+        assert!(error.contains("no workload certificate yet"), "{error}");
+    }
 }

@@ -59,7 +59,7 @@ pub async fn run(
     };
     let discovery = match (&config.destination, &identity) {
         (Some(d), Some(id)) => {
-            let channel = grpc_channel::channel(&d.addr, &d.name, id.roots.clone(), None)?;
+            let channel = grpc_channel::channel(&d.addr, &d.name, id.roots.clone(), Some(id.cert.clone()), None)?;
             let max_backoff = config.identity.as_ref().map_or(Duration::from_secs(30), |i| i.max_backoff);
             Some(Arc::new(discovery::Discovery::new(channel, d.first_answer, max_backoff, metrics.clone())))
         }
@@ -67,7 +67,7 @@ pub async fn run(
     };
     let policies = match (&config.policy, &config.destination, &identity) {
         (Some(p), Some(d), Some(id)) => {
-            let channel = grpc_channel::channel(&d.addr, &d.name, id.roots.clone(), None)?;
+            let channel = grpc_channel::channel(&d.addr, &d.name, id.roots.clone(), Some(id.cert.clone()), None)?;
             let max_backoff = config.identity.as_ref().map_or(Duration::from_secs(30), |i| i.max_backoff);
             Some(Arc::new(policy::discover::Policies::new(
                 channel,
@@ -83,7 +83,7 @@ pub async fn run(
     };
     let outbound_policies = match (&config.destination, &identity) {
         (Some(d), Some(id)) if d.outbound_policy => {
-            let channel = grpc_channel::channel(&d.addr, &d.name, id.roots.clone(), None)?;
+            let channel = grpc_channel::channel(&d.addr, &d.name, id.roots.clone(), Some(id.cert.clone()), None)?;
             let workload = config.policy.as_ref().map(|p| p.workload.clone()).unwrap_or_default();
             let max_backoff = config.identity.as_ref().map_or(Duration::from_secs(30), |i| i.max_backoff);
             Some(Arc::new(outbound::policy::discover::OutboundPolicies::new(

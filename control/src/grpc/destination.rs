@@ -32,7 +32,7 @@ impl DestinationService {
     }
 
     pub fn into_server(self) -> DestinationServer<Self> {
-        DestinationServer::new(self)
+        DestinationServer::new(self).max_decoding_message_size(crate::grpc::limits::MAX_REQUEST_LEN)
     }
 
     /// Serves Destination alone, in plaintext, on `listener`: for tests and benchmarks only, so

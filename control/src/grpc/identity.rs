@@ -6,7 +6,9 @@
 //!   the same request cannot help.
 //! - `Unauthenticated`: the token proves nothing (empty, unknown, expired, rejected by the API
 //!   server).
-//! - `PermissionDenied`: the token is valid but for another identity, audience or user kind.
+//! - `PermissionDenied`: the token is valid but for another identity, audience or user kind; or
+//!   the identity is one of the control plane's own ServiceAccounts, which Identity never serves
+//!   ([`crate::identity::reserved`]).
 //! - `Unavailable`: our side (no issuer loaded yet, API server unreachable); retry later.
 //! - `Internal`: signing failed.
 //!
@@ -21,10 +23,10 @@ use linkerd2_proxy_api::identity::identity_server::{Identity, IdentityServer};
 use linkerd2_proxy_api::identity::{CertifyRequest, CertifyResponse};
 use tonic::{Code, Request, Response, Status};
 
-use crate::identity::Policy;
 use crate::identity::csr;
 use crate::identity::issuer::IssuerRx;
 use crate::identity::tokens::{Authenticator, MAX_TOKEN_LEN, TokenError};
+use crate::identity::{Policy, Reserved};
 use crate::metrics::{CertifyResult, Metrics};
 
 /// Room for the largest token and CSR we accept, plus the identity and framing.
@@ -34,12 +36,20 @@ pub struct IdentityService {
     issuer: IssuerRx,
     authenticator: Arc<dyn Authenticator>,
     policy: Policy,
+    reserved: Reserved,
     metrics: Arc<Metrics>,
 }
 
 impl IdentityService {
     pub fn new(issuer: IssuerRx, authenticator: Arc<dyn Authenticator>, policy: Policy, metrics: Arc<Metrics>) -> Self {
-        Self { issuer, authenticator, policy, metrics }
+        Self { issuer, authenticator, policy, reserved: Reserved::default(), metrics }
+    }
+
+    /// Which ServiceAccounts are refused whatever their token ([`Reserved`]; by default the
+    /// control plane's and the node agent's namespaces).
+    pub fn with_reserved(mut self, reserved: Reserved) -> Self {
+        self.reserved = reserved;
+        self
     }
 
     /// The tonic service, ready for `Routes::add_service`. Requests are capped well below
@@ -53,6 +63,8 @@ impl IdentityService {
         let (sa, ns) = name
             .service_account(&self.policy.trust_domain)
             .map_err(|e| Status::invalid_argument(format!("identity: {e}")))?;
+        // Before the token is even reviewed: no token makes these accounts' identities ours to give.
+        self.reserved.check(ns, sa).map_err(|e| Status::permission_denied(e.to_string()))?;
         if req.token.len() > MAX_TOKEN_LEN {
             return Err(Status::invalid_argument(format!(
                 "the token is {} bytes, more than the {MAX_TOKEN_LEN} allowed",
@@ -162,6 +174,8 @@ mod tests {
         let tokens = tempfile::tempdir().unwrap();
         write_token(tokens.path(), "shop", "web", "token-web");
         write_token(tokens.path(), "shop", "db", "token-db");
+        write_token(tokens.path(), "cnimesh", "cnimesh-tap", "token-tap");
+        write_token(tokens.path(), "cnimesh", "grafana", "token-grafana");
         let metrics = Arc::new(Metrics::default());
         let policy = Policy { trust_domain: "cluster.local".into(), lifetime, clock_skew: Duration::from_secs(20) };
         let service = IdentityService::new(rx, Arc::new(FileTokens::new(tokens.path())), policy, metrics.clone());
@@ -204,6 +218,21 @@ mod tests {
         let now = before.duration_since(SystemTime::UNIX_EPOCH).unwrap().as_secs() as i64;
         assert!((now - 20 - not_before).abs() <= 2, "not_before {not_before}, now {now}");
         assert_eq!(f.metrics.certify_count(CertifyResult::Ok), 1);
+    }
+
+    #[tokio::test]
+    async fn a_valid_token_of_a_control_plane_service_account_is_refused_unless_allowed() {
+        let mut f = fixture(Duration::from_secs(3600), Duration::from_secs(7200));
+        let tap = Name::for_service_account("cnimesh-tap", "cnimesh", "cluster.local").unwrap();
+        let status = certify(&f, request(&tap, "token-tap")).await.unwrap_err();
+        assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+        assert!(status.message().contains("cnimesh/cnimesh-tap belongs to the control plane"), "{status:?}");
+        assert_eq!(f.metrics.certify_count(CertifyResult::Denied), 1);
+
+        let grafana = Name::for_service_account("grafana", "cnimesh", "cluster.local").unwrap();
+        f.service = f.service.with_reserved(Reserved::default().allow("cnimesh", "grafana"));
+        certify(&f, request(&grafana, "token-grafana")).await.expect("an allowed account is served");
+        assert_eq!(certify(&f, request(&tap, "token-tap")).await.unwrap_err().code(), Code::PermissionDenied);
     }
 
     #[tokio::test]

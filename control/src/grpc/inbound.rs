@@ -66,7 +66,7 @@ impl InboundService {
     }
 
     pub fn into_server(self) -> InboundServerPoliciesServer<Self> {
-        InboundServerPoliciesServer::new(self)
+        InboundServerPoliciesServer::new(self).max_decoding_message_size(crate::grpc::limits::MAX_REQUEST_LEN)
     }
 
     async fn watch(&self, spec: &api::PortSpec) -> Result<tokio::sync::watch::Receiver<InboundView>, Status> {

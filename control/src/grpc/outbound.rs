@@ -103,7 +103,7 @@ impl OutboundService {
     }
 
     pub fn into_server(self) -> OutboundPoliciesServer<Self> {
-        OutboundPoliciesServer::new(self)
+        OutboundPoliciesServer::new(self).max_decoding_message_size(crate::grpc::limits::MAX_REQUEST_LEN)
     }
 
     /// The live stream of policies for a target; NotFound when it is not a Service port now.

@@ -9,10 +9,12 @@ pub mod csr;
 pub mod issuer;
 pub mod kube_tokens;
 pub mod own_cert;
+pub mod reserved;
 pub mod tokens;
 
 pub use issuer::{Issuer, IssuerRx};
 pub use kube_tokens::KubeTokens;
+pub use reserved::Reserved;
 pub use tokens::{Authenticator, FileTokens, ServiceAccount, TokenError};
 
 /// How leaves are issued.

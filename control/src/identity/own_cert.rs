@@ -41,6 +41,17 @@ pub fn issue(name: &Name, issuer: &Issuer, policy: &Policy, current: &CurrentCer
     Ok(not_after)
 }
 
+/// A mesh certificate for `name`, issued in memory from the issuer in `dir` as the control plane
+/// issues its own: what a client of the gRPC port must present for anything but Certify. For
+/// tests, benchmarks and tools that run beside the control plane with its issuer at hand.
+pub fn issue_from_dir(dir: &std::path::Path, name: &Name, lifetime: Duration) -> anyhow::Result<Arc<CurrentCert>> {
+    let issuer = Issuer::load(dir).map_err(|e| anyhow::anyhow!("issuer in {}: {e}", dir.display()))?;
+    let policy = Policy { trust_domain: String::new(), lifetime, clock_skew: Duration::from_secs(60) };
+    let current = Arc::new(CurrentCert::default());
+    issue(name, &issuer, &policy, &current)?;
+    Ok(current)
+}
+
 /// When to renew a certificate valid until `not_after`: two thirds into its remaining life, so
 /// that a failed renewal still leaves time for retries.
 fn renew_at(now: SystemTime, not_after: SystemTime) -> Duration {

@@ -13,9 +13,10 @@ use tonic::transport::Channel;
 
 use crate::config::IdentityConfig;
 
-/// A channel to the Identity service.
+/// A channel to the Identity service. No client certificate: Certify is how a proxy gets its
+/// first one, and the control plane serves it without (renewals need none either).
 pub fn channel(config: &IdentityConfig, roots: Arc<rustls::RootCertStore>) -> anyhow::Result<Channel> {
-    crate::grpc_channel::channel(&config.control_addr, &config.control_name, roots, Some(Duration::from_secs(10)))
+    crate::grpc_channel::channel(&config.control_addr, &config.control_name, roots, None, Some(Duration::from_secs(10)))
 }
 
 /// A certificate the control plane issued, checked.

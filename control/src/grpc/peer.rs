@@ -1,0 +1,181 @@
+//! Who is calling: the gRPC port asks every client for a mesh certificate but does not insist,
+//! because a proxy asking Identity for its first certificate has none. A certificate that is
+//! presented must chain to the issuer's current trust anchors (the handshake fails otherwise);
+//! the identity it names is then the caller's, and every service but Identity requires one
+//! (issue 25: Destination and policy reveal the mesh to whoever asks, and cost memory).
+//!
+//! Layer: gRPC: TLS client authentication and the per-call check, before any service.
+
+use std::fmt;
+use std::sync::{Arc, RwLock};
+
+use cnimesh_identity::Name;
+use cnimesh_identity::tls as mesh_tls;
+use rustls::client::danger::HandshakeSignatureValid;
+use rustls::server::WebPkiClientVerifier;
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+use rustls::{DigitallySignedStruct, DistinguishedName, RootCertStore, SignatureScheme};
+use rustls_pki_types::{CertificateDer, UnixTime};
+
+use crate::identity::IssuerRx;
+
+/// The one call a client without a mesh certificate may make, as an exact path: anything
+/// else (another method, a path the router might read differently) needs an identity.
+pub const CERTIFY_PATH: &str = "/io.linkerd.proxy.identity.Identity/Certify";
+
+/// Client certificates are asked for, optional, and checked against the trust anchors of the
+/// issuer loaded now (anchors are reloaded with the issuer, so the verifier follows them).
+pub struct OptionalMeshClientVerifier {
+    current: RwLock<Option<Arc<dyn ClientCertVerifier>>>,
+    algorithms: rustls::crypto::WebPkiSupportedAlgorithms,
+}
+
+impl fmt::Debug for OptionalMeshClientVerifier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OptionalMeshClientVerifier").field("anchors_loaded", &self.loaded()).finish()
+    }
+}
+
+impl OptionalMeshClientVerifier {
+    /// A verifier that refuses every certificate until [`Self::set_roots`] is called.
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self {
+            current: RwLock::new(None),
+            algorithms: mesh_tls::provider().signature_verification_algorithms,
+        })
+    }
+
+    /// A verifier kept on the trust anchors of `issuer` for as long as the issuer is watched.
+    pub fn following(mut issuer: IssuerRx) -> Arc<Self> {
+        let verifier = Self::new();
+        if let Some(loaded) = issuer.borrow_and_update().clone() {
+            verifier.set_roots(loaded.roots.clone());
+        }
+        let weak = Arc::downgrade(&verifier);
+        tokio::spawn(async move {
+            while issuer.changed().await.is_ok() {
+                let Some(verifier) = weak.upgrade() else { return };
+                if let Some(loaded) = issuer.borrow_and_update().clone() {
+                    verifier.set_roots(loaded.roots.clone());
+                }
+            }
+        });
+        verifier
+    }
+
+    pub fn set_roots(&self, roots: Arc<RootCertStore>) {
+        match WebPkiClientVerifier::builder_with_provider(roots, mesh_tls::provider()).allow_unauthenticated().build() {
+            Ok(verifier) => *self.current.write().unwrap_or_else(|e| e.into_inner()) = Some(verifier),
+            // Only an empty root store fails here, and the issuer never loads without anchors.
+            Err(error) => {
+                tracing::error!(%error, "trust anchors unusable for client certificates; keeping the previous ones")
+            }
+        }
+    }
+
+    fn loaded(&self) -> bool {
+        self.current.read().unwrap_or_else(|e| e.into_inner()).is_some()
+    }
+}
+
+impl ClientCertVerifier for OptionalMeshClientVerifier {
+    fn offer_client_auth(&self) -> bool {
+        true
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        false
+    }
+
+    /// No hints: proxies hold one certificate and present it whatever we name.
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        &[]
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        let current = self.current.read().unwrap_or_else(|e| e.into_inner()).clone();
+        match current {
+            Some(verifier) => verifier.verify_client_cert(end_entity, intermediates, now),
+            None => Err(rustls::Error::General("no trust anchors loaded yet".into())),
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.algorithms.supported_schemes()
+    }
+}
+
+/// The TLS 1.3 server config of the gRPC port: our certificate, optional verified client
+/// certificates, h2.
+pub fn server_config(
+    cert: Arc<dyn rustls::server::ResolvesServerCert>,
+    verifier: Arc<OptionalMeshClientVerifier>,
+) -> Result<Arc<rustls::ServerConfig>, rustls::Error> {
+    let mut config = rustls::ServerConfig::builder_with_provider(mesh_tls::provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .with_client_cert_verifier(verifier)
+        .with_cert_resolver(cert);
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// The caller's verified mesh identity, in every request's extensions when it presented a
+/// certificate (`tonic::Request::extensions().get::<PeerIdentity>()`). Not used by the services
+/// yet: e.g. answering a pod's `WatchPort` only to that pod's ServiceAccount would build on it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerIdentity(pub Name);
+
+/// The identity a connection's verified client certificate names, if it presented one.
+pub fn identity_of(conn: &rustls::ServerConnection) -> Option<Name> {
+    conn.peer_certificates()?.first().and_then(mesh_tls::identity_of)
+}
+
+/// Whether a call to `path` needs a mesh identity: everything but Certify does.
+pub fn requires_identity(path: &str) -> bool {
+    path != CERTIFY_PATH
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_certify_is_open_to_callers_without_a_certificate() {
+        assert!(!requires_identity("/io.linkerd.proxy.identity.Identity/Certify"));
+        assert!(requires_identity("/io.linkerd.proxy.destination.Destination/Get"));
+        assert!(requires_identity("/io.linkerd.proxy.inbound.InboundServerPolicies/WatchPort"));
+        assert!(requires_identity("/io.linkerd.proxy.outbound.OutboundPolicies/Watch"));
+        // A path that merely starts like Identity's is another service.
+        assert!(requires_identity("/io.linkerd.proxy.identity.IdentityX/Certify"));
+        assert!(requires_identity("/io.linkerd.proxy.identity.Identity.evil/Certify"));
+        assert!(requires_identity("//io.linkerd.proxy.identity.Identity/Certify"));
+        assert!(requires_identity(
+            "/io.linkerd.proxy.identity.Identity/Certify/../../io.linkerd.proxy.destination.Destination/Get"
+        ));
+        assert!(requires_identity("/"));
+        assert!(requires_identity(""));
+    }
+}
