@@ -513,3 +513,56 @@ fn a_stolen_node_agent_token_cannot_touch_another_nodes_pods_or_taints() {
     }
     assert!(wrong.is_empty(), "the admission policy decided wrongly:\n{}", wrong.join("\n"));
 }
+
+/// The evaluator itself follows the API server where the shipped policy relies on it: an
+/// expression that errors denies under `failurePolicy: Fail` (and only then), and a false
+/// matchCondition leaves the request alone. Otherwise the test above could pass on an evaluator
+/// that allowed what the API server denies, or the reverse.
+#[test]
+fn an_expression_that_errors_denies_only_when_the_policy_fails_closed() {
+    let test = "an_expression_that_errors_denies_only_when_the_policy_fails_closed";
+    if !require_cel_runtime(test) {
+        return;
+    }
+    let policy = |failure_policy: &str| {
+        json!({
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicy",
+            "metadata": {"name": "probe"},
+            "spec": {
+                "failurePolicy": failure_policy,
+                "matchConstraints": {"resourceRules": [{
+                    "apiGroups": [""], "apiVersions": ["*"], "operations": ["DELETE"], "resources": ["pods"],
+                }]},
+                "matchConditions": [{"name": "agent", "expression": format!("request.userInfo.username == '{AGENT}'")}],
+                "variables": [{"name": "broken", "expression": "request.userInfo.extra['no-such-claim'][0]"}],
+                "validations": [
+                    {"expression": "oldObject.spec.noSuchField == 'x'", "message": "field error"},
+                    {"expression": "variables.broken == 'x'", "message": "variable error"},
+                ],
+            },
+        })
+    };
+    let cases = [
+        delete("the agent", agent_on("node-a"), "pods", "Pod", pod("p", "node-a"), Expect::Allowed),
+        delete(
+            "someone else",
+            json!({"username": "system:serviceaccount:shop:checkout"}),
+            "pods",
+            "Pod",
+            pod("p", "node-a"),
+            Expect::NotJudged,
+        ),
+    ];
+    let fail = decide(Some(&policy("Fail")), &cases);
+    match &fail[0] {
+        Verdict::Denied(messages) => {
+            assert!(messages.iter().any(|m| m.starts_with("field error (expression error")), "{messages:?}");
+            assert!(messages.iter().any(|m| m.starts_with("variable error (expression error")), "{messages:?}");
+        }
+        other => panic!("an erroring validation under Fail must deny, got {other:?}"),
+    }
+    assert_eq!(fail[1], Verdict::NotJudged, "a false matchCondition skips the policy");
+    let ignore = decide(Some(&policy("Ignore")), &cases);
+    assert_eq!(ignore[0], Verdict::Allowed, "under Ignore an erroring validation does not deny");
+}
