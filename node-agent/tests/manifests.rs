@@ -130,8 +130,8 @@ fn check_file(path: &Path, manifests: &[Manifest]) {
 }
 
 /// The agent's admission policy: bound, failing closed, on the agent's own ServiceAccount, and
-/// covering every verb its ClusterRole grants beyond reading. The CEL expressions themselves are
-/// not evaluated here (no CEL evaluator in the workspace); what they must mention is checked.
+/// covering every verb its ClusterRole grants beyond reading. What the expressions must mention is
+/// checked here; tests/admission_policy.rs evaluates them against attack requests.
 #[test]
 fn the_node_agents_admission_policy_scopes_its_writes_to_its_own_node() {
     let path = manifest_check::daemonset_dir().join("cnimesh-node-admission.yaml");
