@@ -422,3 +422,42 @@ fn the_app_reads_the_path_policy_matched_and_no_identity_a_client_claimed() {
     let seen = headers().body.to_ascii_lowercase();
     assert!(seen.contains(&format!("l5d-client-id: {}", identity("shop", "web"))), "{seen}");
 }
+
+/// Finding 2 with the answer arriving late: the proxy has its certificate, then the control plane
+/// goes away before the port's first contact, so the injected `deny` holds for everyone; when the
+/// control plane is back, its answer (a Server only `office` may use) takes over without a
+/// restart of the proxy, and never admits more than it says.
+#[test]
+fn a_policy_answer_arriving_late_takes_over_from_the_default_and_admits_only_what_it_says() {
+    if !require_root("a_policy_answer_arriving_late_takes_over_from_the_default_and_admits_only_what_it_says") {
+        return;
+    }
+    let bins = bins();
+    let net = Network::bridge(&bins, json!({})).unwrap();
+    let cluster = tempfile::tempdir().unwrap();
+    let api = Pod::named(&net, "shop", "api-0").unwrap();
+    let office = Pod::unmeshed(&net, "shop", "office").unwrap();
+    let mallory = Pod::unmeshed(&net, "shop", "mallory").unwrap();
+    let ports = named_ports(&[("http", apps::HTTP_PORT)]);
+    write_atomically(&cluster.path().join("pod.yaml"), &pod_yaml(api.ipv4(), &ports, None, &[]));
+    write_atomically(
+        &cluster.path().join("policy.yaml"),
+        &office_only_server("api-http", "http", "HTTP/1", office.ipv4()),
+    );
+    let (_control_pod, mut control) = control(&bins, &net, &cluster);
+    let _apps = Apps::start(&api.netns.path(), api.ipv4().into(), "api-0").unwrap();
+    let env = api_proxy_env(
+        &control,
+        &[("CNIMESH_PROXY_POLICY_DEFAULT", "deny"), ("CNIMESH_PROXY_DISCOVERY_WAIT_MS", "200")],
+    );
+    let _proxy = Sidecar::start(&bins.proxy, &api.netns, &env_refs(&env)).unwrap();
+
+    control.stop();
+    assert_eq!(status(&office, http_port(api.ipv4()), "/hello"), 403, "no answer yet: the injected deny");
+    assert_eq!(status(&mallory, http_port(api.ipv4()), "/hello"), 403, "no answer yet: the injected deny");
+    control.restart().unwrap();
+    eventually("office admitted once the late answer arrives", Duration::from_secs(60), || {
+        status(&office, http_port(api.ipv4()), "/hello") == 200
+    });
+    assert_eq!(status(&mallory, http_port(api.ipv4()), "/hello"), 403, "the answer admits office only");
+}
