@@ -47,6 +47,41 @@ fn http_port(ip: Ipv4Addr) -> SocketAddr {
     SocketAddr::new(ip.into(), apps::HTTP_PORT)
 }
 
+/// `api-0` serving HTTP on its `http` port behind a Server that only `office` may use, declaring
+/// `ports`, its proxy started with `extra` in its environment; `mallory` is authorized nowhere.
+struct Protected<'n> {
+    proxy: Sidecar,
+    _apps: Apps,
+    control: (Pod<'n>, Control),
+    api: Pod<'n>,
+    office: Pod<'n>,
+    mallory: Pod<'n>,
+    _cluster: TempDir,
+}
+
+impl<'n> Protected<'n> {
+    fn start(bins: &Bins, net: &'n Network, ports: &[(String, u16)], extra: &[(&str, &str)]) -> Self {
+        let cluster = tempfile::tempdir().unwrap();
+        let api = Pod::named(net, "shop", "api-0").unwrap();
+        let office = Pod::unmeshed(net, "shop", "office").unwrap();
+        let mallory = Pod::unmeshed(net, "shop", "mallory").unwrap();
+        write_atomically(&cluster.path().join("pod.yaml"), &pod_yaml(api.ipv4(), ports, None, &[]));
+        write_atomically(
+            &cluster.path().join("policy.yaml"),
+            &office_only_server("api-http", "http", "HTTP/1", office.ipv4()),
+        );
+        let control = control(bins, net, &cluster);
+        let apps = Apps::start(&api.netns.path(), api.ipv4().into(), "api-0").unwrap();
+        let proxy = Sidecar::start(&bins.proxy, &api.netns, &env_refs(&api_proxy_env(&control.1, extra))).unwrap();
+        Self { proxy, _apps: apps, control, api, office, mallory, _cluster: cluster }
+    }
+
+    /// A GET of `/hello` on the protected port from `client`.
+    fn hello(&self, client: &Pod<'_>) -> u16 {
+        status(client, http_port(self.api.ipv4()), "/hello")
+    }
+}
+
 /// Finding 1, as reported: a scan of 128 ports used up the proxy's watches, and the protected
 /// port then got the proxy's local `all-unauthenticated` default. Unfixed: 200.
 #[test]
@@ -56,24 +91,12 @@ fn a_client_that_touches_128_unused_ports_still_gets_403_on_the_protected_one() 
     }
     let bins = bins();
     let net = Network::bridge(&bins, json!({})).unwrap();
-    let cluster = tempfile::tempdir().unwrap();
-    let api = Pod::named(&net, "shop", "api-0").unwrap();
-    let office = Pod::unmeshed(&net, "shop", "office").unwrap();
-    let mallory = Pod::unmeshed(&net, "shop", "mallory").unwrap();
-    let ports = named_ports(&[("http", apps::HTTP_PORT)]);
-    write_atomically(&cluster.path().join("pod.yaml"), &pod_yaml(api.ipv4(), &ports, None, &[]));
-    write_atomically(
-        &cluster.path().join("policy.yaml"),
-        &office_only_server("api-http", "http", "HTTP/1", office.ipv4()),
-    );
-    let (_control_pod, control) = control(&bins, &net, &cluster);
-    let _apps = Apps::start(&api.netns.path(), api.ipv4().into(), "api-0").unwrap();
-    let proxy = Sidecar::start(&bins.proxy, &api.netns, &env_refs(&api_proxy_env(&control, &[]))).unwrap();
+    let t = Protected::start(&bins, &net, &named_ports(&[("http", apps::HTTP_PORT)]), &[]);
 
-    touch(&mallory, api.ipv4(), 20000..20128);
-    assert_eq!(status(&mallory, http_port(api.ipv4()), "/hello"), 403, "the protected port, after the scan");
-    assert_eq!(status(&office, http_port(api.ipv4()), "/hello"), 200, "the authorized client still gets in");
-    assert_eq!(proxy.metric("inbound_tcp_accept_errors_total{error=\"policy_watch_limit\"}"), 0.0);
+    touch(&t.mallory, t.api.ipv4(), 20000..20128);
+    assert_eq!(t.hello(&t.mallory), 403, "the protected port, after the scan");
+    assert_eq!(t.hello(&t.office), 200, "the authorized client still gets in");
+    assert_eq!(t.proxy.metric("inbound_tcp_accept_errors_total{error=\"policy_watch_limit\"}"), 0.0);
 }
 
 /// Finding 1 under churn: a thousand distinct ports, one after the other. Unfixed: 200.
@@ -84,23 +107,11 @@ fn a_thousand_ports_churned_leave_the_protected_port_protected() {
     }
     let bins = bins();
     let net = Network::bridge(&bins, json!({})).unwrap();
-    let cluster = tempfile::tempdir().unwrap();
-    let api = Pod::named(&net, "shop", "api-0").unwrap();
-    let office = Pod::unmeshed(&net, "shop", "office").unwrap();
-    let mallory = Pod::unmeshed(&net, "shop", "mallory").unwrap();
-    let ports = named_ports(&[("http", apps::HTTP_PORT)]);
-    write_atomically(&cluster.path().join("pod.yaml"), &pod_yaml(api.ipv4(), &ports, None, &[]));
-    write_atomically(
-        &cluster.path().join("policy.yaml"),
-        &office_only_server("api-http", "http", "HTTP/1", office.ipv4()),
-    );
-    let (_control_pod, control) = control(&bins, &net, &cluster);
-    let _apps = Apps::start(&api.netns.path(), api.ipv4().into(), "api-0").unwrap();
-    let _proxy = Sidecar::start(&bins.proxy, &api.netns, &env_refs(&api_proxy_env(&control, &[]))).unwrap();
+    let t = Protected::start(&bins, &net, &named_ports(&[("http", apps::HTTP_PORT)]), &[]);
 
-    touch(&mallory, api.ipv4(), 20000..21000);
-    assert_eq!(status(&mallory, http_port(api.ipv4()), "/hello"), 403, "the protected port, after 1000 others");
-    assert_eq!(status(&office, http_port(api.ipv4()), "/hello"), 200);
+    touch(&t.mallory, t.api.ipv4(), 20000..21000);
+    assert_eq!(t.hello(&t.mallory), 403, "the protected port, after 1000 others");
+    assert_eq!(t.hello(&t.office), 200);
 }
 
 /// Finding 1 for a pod with more ports than the bound: every declared port keeps its own
@@ -112,28 +123,16 @@ fn a_pod_declaring_200_ports_has_every_declared_port_enforced() {
     }
     let bins = bins();
     let net = Network::bridge(&bins, json!({})).unwrap();
-    let cluster = tempfile::tempdir().unwrap();
-    let api = Pod::named(&net, "shop", "api-0").unwrap();
-    let office = Pod::unmeshed(&net, "shop", "office").unwrap();
-    let mallory = Pod::unmeshed(&net, "shop", "mallory").unwrap();
     let mut ports = named_ports(&[("http", apps::HTTP_PORT)]);
     ports.extend((30000..30199).map(|p| (format!("p{p}"), p)));
     assert_eq!(ports.len(), 200);
-    write_atomically(&cluster.path().join("pod.yaml"), &pod_yaml(api.ipv4(), &ports, None, &[]));
-    write_atomically(
-        &cluster.path().join("policy.yaml"),
-        &office_only_server("api-http", "http", "HTTP/1", office.ipv4()),
-    );
-    let (_control_pod, control) = control(&bins, &net, &cluster);
-    let _apps = Apps::start(&api.netns.path(), api.ipv4().into(), "api-0").unwrap();
     let declared: Vec<String> = ports.iter().map(|(_, p)| p.to_string()).collect();
     let declared = declared.join(",");
-    let env = api_proxy_env(&control, &[("CNIMESH_PROXY_INBOUND_PORTS", &declared)]);
-    let _proxy = Sidecar::start(&bins.proxy, &api.netns, &env_refs(&env)).unwrap();
+    let t = Protected::start(&bins, &net, &ports, &[("CNIMESH_PROXY_INBOUND_PORTS", &declared)]);
 
-    touch(&mallory, api.ipv4(), (30000..30199).chain(20000..20200));
-    assert_eq!(status(&mallory, http_port(api.ipv4()), "/hello"), 403, "a declared port, after 400 others");
-    assert_eq!(status(&office, http_port(api.ipv4()), "/hello"), 200);
+    touch(&t.mallory, t.api.ipv4(), (30000..30199).chain(20000..20200));
+    assert_eq!(t.hello(&t.mallory), 403, "a declared port, after 400 others");
+    assert_eq!(t.hello(&t.office), 200);
 }
 
 /// Finding 2: the injected default was stale (`all-unauthenticated`), the pod's annotation says
@@ -434,30 +433,13 @@ fn a_policy_answer_arriving_late_takes_over_from_the_default_and_admits_only_wha
     }
     let bins = bins();
     let net = Network::bridge(&bins, json!({})).unwrap();
-    let cluster = tempfile::tempdir().unwrap();
-    let api = Pod::named(&net, "shop", "api-0").unwrap();
-    let office = Pod::unmeshed(&net, "shop", "office").unwrap();
-    let mallory = Pod::unmeshed(&net, "shop", "mallory").unwrap();
-    let ports = named_ports(&[("http", apps::HTTP_PORT)]);
-    write_atomically(&cluster.path().join("pod.yaml"), &pod_yaml(api.ipv4(), &ports, None, &[]));
-    write_atomically(
-        &cluster.path().join("policy.yaml"),
-        &office_only_server("api-http", "http", "HTTP/1", office.ipv4()),
-    );
-    let (_control_pod, mut control) = control(&bins, &net, &cluster);
-    let _apps = Apps::start(&api.netns.path(), api.ipv4().into(), "api-0").unwrap();
-    let env = api_proxy_env(
-        &control,
-        &[("CNIMESH_PROXY_POLICY_DEFAULT", "deny"), ("CNIMESH_PROXY_DISCOVERY_WAIT_MS", "200")],
-    );
-    let _proxy = Sidecar::start(&bins.proxy, &api.netns, &env_refs(&env)).unwrap();
+    let extra = [("CNIMESH_PROXY_POLICY_DEFAULT", "deny"), ("CNIMESH_PROXY_DISCOVERY_WAIT_MS", "200")];
+    let mut t = Protected::start(&bins, &net, &named_ports(&[("http", apps::HTTP_PORT)]), &extra);
 
-    control.stop();
-    assert_eq!(status(&office, http_port(api.ipv4()), "/hello"), 403, "no answer yet: the injected deny");
-    assert_eq!(status(&mallory, http_port(api.ipv4()), "/hello"), 403, "no answer yet: the injected deny");
-    control.restart().unwrap();
-    eventually("office admitted once the late answer arrives", Duration::from_secs(60), || {
-        status(&office, http_port(api.ipv4()), "/hello") == 200
-    });
-    assert_eq!(status(&mallory, http_port(api.ipv4()), "/hello"), 403, "the answer admits office only");
+    t.control.1.stop();
+    assert_eq!(t.hello(&t.office), 403, "no answer yet: the injected deny");
+    assert_eq!(t.hello(&t.mallory), 403, "no answer yet: the injected deny");
+    t.control.1.restart().unwrap();
+    eventually("office admitted once the late answer arrives", Duration::from_secs(60), || t.hello(&t.office) == 200);
+    assert_eq!(t.hello(&t.mallory), 403, "the answer admits office only");
 }
