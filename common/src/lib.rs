@@ -1,10 +1,12 @@
 //! What every cnimesh crate shares and must agree on: the names and numbers of DESIGN.md §2
 //! ([`names`]), errors in one line with their causes ([`error`]), and writing a file so that readers see the old content or the new, never half
-//! ([`fs`]), and reading a Prometheus text page ([`prom_text`]). It has no dependencies, because the CNI plugin, which is exec'd for every pod, links
+//! ([`fs`]), reading a Prometheus text page ([`prom_text`]), and
+//! logging events that come in floods at most once a period ([`log_limit`]). It has no dependencies, because the CNI plugin, which is exec'd for every pod, links
 //! it too.
 
 pub mod error;
 pub mod fs;
+pub mod log_limit;
 pub mod names;
 pub mod prom_text;
 pub mod table;

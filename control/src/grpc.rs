@@ -25,8 +25,7 @@ pub mod peer;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures::FutureExt;
 use http_body_util::BodyExt;
@@ -37,6 +36,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
 use tonic::service::Routes;
 use tower::ServiceExt;
+
+use cnimesh_common::log_limit::LogLimit;
 
 use crate::metrics::Metrics;
 use limits::{Admission, Refusal};
@@ -148,28 +149,19 @@ pub async fn serve_tls(
 /// Counts every refusal and logs them rate-limited: a flood must not turn into a log flood.
 struct RefusalLog {
     metrics: Arc<Metrics>,
-    start: Instant,
-    /// Per reason, when it was last logged (ms since `start`, +1 so that 0 means never).
-    last_logged: [AtomicU64; 5],
+    /// One limit per reason: the four [`Refusal`]s, then calls without a certificate.
+    logs: [LogLimit; 5],
 }
 
 impl RefusalLog {
     fn new(metrics: Arc<Metrics>) -> Self {
-        Self { metrics, start: Instant::now(), last_logged: Default::default() }
-    }
-
-    /// Whether reason `i` may be logged now; claims the slot if so.
-    fn may_log(&self, i: usize) -> bool {
-        let now = self.start.elapsed().as_millis() as u64 + 1;
-        let last = self.last_logged[i].load(Ordering::Relaxed);
-        (last == 0 || now.saturating_sub(last) >= REFUSAL_LOG_INTERVAL.as_millis() as u64)
-            && self.last_logged[i].compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed).is_ok()
+        Self { metrics, logs: std::array::from_fn(|_| LogLimit::new(REFUSAL_LOG_INTERVAL)) }
     }
 
     fn unauthenticated(&self, peer: SocketAddr, path: &str) {
         self.metrics.grpc_refused("unauthenticated");
-        if self.may_log(4) {
-            tracing::warn!(%peer, path, "refused a call without a mesh client certificate (logged at most every 10 s)");
+        if let Some(left_out) = self.logs[4].allow() {
+            tracing::warn!(%peer, path, left_out, "refused a call without a mesh client certificate (logged at most every 10 s)");
         }
     }
 
@@ -181,8 +173,12 @@ impl RefusalLog {
             Refusal::StreamsPerIdentity { .. } => 2,
             Refusal::Streams { .. } => 3,
         };
-        if self.may_log(i) {
-            tracing::warn!(reason = refusal.reason(), "{refusal} (refusals logged at most every 10 s per reason)");
+        if let Some(left_out) = self.logs[i].allow() {
+            tracing::warn!(
+                reason = refusal.reason(),
+                left_out,
+                "{refusal} (refusals logged at most every 10 s per reason)"
+            );
         }
     }
 }

@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use crate::log_limit::LogLimit;
 use crate::metrics::{AcceptError, DecidedBy, Direction, TlsLabel};
 use crate::outbound::target::Route;
 use crate::outbound::targets::Target;
@@ -21,6 +20,7 @@ use crate::transport::Io;
 use crate::transport::detect::Protocol;
 use crate::transport::maybe_tls::MaybeTls;
 use crate::transport::tls;
+use cnimesh_common::log_limit::LogLimit;
 
 /// Serves one inbound connection from `peer` to `addr`, its original destination.
 pub async fn connection<I: Io>(io: I, peer: SocketAddr, addr: SocketAddr, shared: &Arc<Shared>) -> anyhow::Result<()> {

@@ -15,7 +15,6 @@ pub mod grpc_channel;
 pub mod http;
 pub mod identity;
 pub mod inbound;
-pub mod log_limit;
 pub mod metrics;
 pub mod outbound;
 pub mod policy;

@@ -11,7 +11,6 @@ use tokio::net::{TcpListener, TcpStream};
 
 use crate::admission::Permit;
 use crate::config::Config;
-use crate::log_limit::LogLimit;
 use crate::metrics::{AcceptError, DecidedBy, Direction};
 use crate::outbound::targets::Target;
 use crate::serve::{self, Connection, Known};
@@ -19,6 +18,7 @@ use crate::shared::Shared;
 use crate::transport::Io;
 use crate::transport::detect::Protocol;
 use crate::transport::orig_dst::original_dst;
+use cnimesh_common::log_limit::LogLimit;
 
 /// At most one log line per this period about shed connections or failing accepts, per listener.
 const LOG_PERIOD: Duration = Duration::from_secs(10);
