@@ -144,7 +144,7 @@ mod tests {
     /// connection made then would be refused every call for its whole life, so it is not made.
     #[tokio::test]
     async fn a_channel_that_presents_the_workload_certificate_waits_for_the_first_one_and_says_so() {
-        let name: Name = crate::config::DEFAULT_CONTROL_NAME.parse().unwrap();
+        let name: Name = crate::app::config::DEFAULT_CONTROL_NAME.parse().unwrap();
         let roots = Arc::new(rustls::RootCertStore::empty());
         let error = connect("127.0.0.1:1", &name, roots, Some(Arc::new(CurrentCert::default()))).await.unwrap_err();
         let error = format!("{error:#}");

@@ -7,12 +7,12 @@ mod support;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use cnimesh_proxy::admin::{Admin, status};
-use cnimesh_proxy::config::{Config, IdentityConfig, TrustAnchors};
-use cnimesh_proxy::discovery::Discovery;
-use cnimesh_proxy::drain::Drain;
-use cnimesh_proxy::identity::Identity;
-use cnimesh_proxy::metrics::Metrics;
+use cnimesh_proxy::app::admin::{Admin, status};
+use cnimesh_proxy::app::config::{Config, IdentityConfig, TrustAnchors};
+use cnimesh_proxy::app::drain::Drain;
+use cnimesh_proxy::app::metrics::Metrics;
+use cnimesh_proxy::client::discovery::Discovery;
+use cnimesh_proxy::transport::identity::Identity;
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;

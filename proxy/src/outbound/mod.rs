@@ -4,17 +4,15 @@
 
 pub mod policy;
 pub mod routes;
-pub mod target;
-pub mod targets;
-pub mod upstream;
+pub mod static_identities;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use crate::shared::Shared;
+use crate::app::shared::Shared;
+use crate::client::target::Route;
+use crate::client::targets::Target;
 use crate::transport::tls;
-use target::Route;
-use targets::Target;
 
 /// An outbound connection's target: a discovered service's endpoints, or its original
 /// destination with the identity it is known to have (from discovery or configuration). Its

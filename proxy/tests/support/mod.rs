@@ -2,10 +2,10 @@
 
 use std::net::SocketAddr;
 
-use cnimesh_proxy::admin::LogLevel;
-use cnimesh_proxy::outbound::target::Route;
-use cnimesh_proxy::outbound::targets::Target;
-use cnimesh_proxy::shared::Shared;
+use cnimesh_proxy::app::admin::LogLevel;
+use cnimesh_proxy::app::shared::Shared;
+use cnimesh_proxy::client::target::Route;
+use cnimesh_proxy::client::targets::Target;
 
 /// A log filter for an in-process admin server: shown, never changed.
 #[allow(dead_code)]

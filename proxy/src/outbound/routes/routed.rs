@@ -10,12 +10,12 @@ use http::{Request, Response, StatusCode};
 
 use super::apply::{self, Answer};
 use super::model::{Backend, Filter, ResourceRef, Retry, Rule};
+use crate::app::metrics::RouteHandles;
+use crate::app::shared::Shared;
+use crate::client::targets::Target;
 use crate::http::Body;
 use crate::http::error::{ProxyError, error_response, full};
-use crate::metrics::RouteHandles;
 use crate::outbound::policy::model::OutboundPolicy;
-use crate::outbound::targets::Target;
-use crate::shared::Shared;
 
 /// Where a routed request goes, and what its response gets.
 pub struct Routed {
@@ -115,7 +115,7 @@ pub async fn route<B>(
         return Err(error_response(&ProxyError::new(StatusCode::NOT_FOUND, "no route matches the request")));
     };
     let rule = selected.rule;
-    let roll = || crate::rng::with(|r| rand::Rng::random_range(r, 0.0..1.0));
+    let roll = || crate::transport::rng::with(|r| rand::Rng::random_range(r, 0.0..1.0));
     let picked = apply::pick_backend(&rule.backends, roll);
     let backend = picked.and_then(|i| rule.backends.get(i));
     let filters = rule.filters.iter().chain(backend.into_iter().flat_map(|b| b.filters.iter()));

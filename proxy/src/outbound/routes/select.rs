@@ -16,9 +16,9 @@ use std::sync::{Arc, OnceLock};
 use http::Request;
 
 use super::model::{HostMatch, HttpRoute, PathMatch, RequestMatch, Rule, ValueMatch};
-use crate::metrics::{Metrics, RouteBackendLabels, RouteHandles, RouteLabels};
+use crate::app::metrics::{Metrics, RouteBackendLabels, RouteHandles, RouteLabels};
+use crate::inbound::policy::authorize::segment_prefix;
 use crate::outbound::routes::model::ResourceRef;
-use crate::policy::authorize::segment_prefix;
 
 /// The rule a request takes, with the prefix its path matched (for a redirect's prefix rewrite).
 #[derive(Debug, Clone, Copy)]

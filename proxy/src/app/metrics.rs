@@ -1,0 +1,588 @@
+//! Golden metrics with Linkerd's names, so existing dashboards and `linkerd viz`-style queries
+//! work. Labels stay bounded: no paths, and authorities are capped in length and count.
+
+use std::collections::HashSet;
+use std::sync::Mutex;
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelSetEncoder};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+use crate::outbound::routes::model::ResourceRef;
+
+/// Distinct `authority` label values kept, per direction, before the rest are reported as
+/// `other` (per direction, so junk Host headers from inbound clients cannot crowd out outbound
+/// authorities).
+const MAX_AUTHORITIES: usize = 256;
+const MAX_AUTHORITY_LEN: usize = 128;
+/// Distinct `target_addr` values kept per direction (outbound destinations are unbounded).
+const MAX_TARGETS: usize = 1024;
+/// Distinct (parent, route, backend) series of route metrics.
+const MAX_ROUTE_SERIES: usize = 1024;
+
+/// A label whose distinct values are capped; later values read `other`.
+#[derive(Default)]
+struct Bounded {
+    seen: Mutex<HashSet<String>>,
+}
+
+impl Bounded {
+    fn label(&self, value: &str, cap: usize) -> String {
+        let mut seen = self.seen.lock().expect("not poisoned");
+        if seen.contains(value) {
+            return value.to_string();
+        }
+        if seen.len() >= cap {
+            return "other".into();
+        }
+        seen.insert(value.to_string());
+        value.to_string()
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, EncodeLabelValue)]
+pub enum Direction {
+    #[allow(non_camel_case_types)]
+    inbound,
+    #[allow(non_camel_case_types)]
+    outbound,
+}
+
+/// How a connection was secured: `tls="true"` with `client_id` (inbound) or `server_id`
+/// (outbound) when the peer's identity is known, as Linkerd labels them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct TlsLabel {
+    pub tls: bool,
+    pub client_id: Option<String>,
+    pub server_id: Option<String>,
+}
+
+impl TlsLabel {
+    pub fn plaintext() -> Self {
+        Self::default()
+    }
+}
+
+impl EncodeLabelSet for TlsLabel {
+    fn encode(&self, encoder: &mut LabelSetEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let mut labels = vec![("tls", if self.tls { "true" } else { "false" })];
+        if let Some(id) = &self.client_id {
+            labels.push(("client_id", id));
+        }
+        if let Some(id) = &self.server_id {
+            labels.push(("server_id", id));
+        }
+        labels.encode(encoder)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct TcpLabels {
+    pub direction: Direction,
+    pub target_addr: String,
+    #[prometheus(flatten)]
+    pub tls: TlsLabel,
+}
+
+/// Why a connection was closed before it was served, as the `error` label of
+/// `{inbound,outbound}_tcp_accept_errors_total` (linkerd2-proxy's family; `tls_detect_timeout` is
+/// its value too, the others are ours).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum AcceptError {
+    /// Shed: the direction's connection limit was reached.
+    connection_limit,
+    /// Shed: the client's address already holds its per-source share.
+    source_limit,
+    /// No ClientHello (nor anything else) within the detect timeout.
+    tls_detect_timeout,
+    /// No decisive bytes (HTTP/1 request line, HTTP/2 preface, anything opaque) in time.
+    detect_timeout,
+    /// The listener's accept() itself failed (out of descriptors, out of memory).
+    accept,
+    /// Inbound to a loopback address (127.0.0.0/8, ::1, ::ffff:127.0.0.0/104): a neighbour
+    /// addressing a pod's loopback-only services; never served.
+    loopback_destination,
+    /// Inbound to a port without a policy watch while every watch is held by an open
+    /// connection: refused rather than given a wider default.
+    policy_watch_limit,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct AcceptErrorLabels {
+    pub error: AcceptError,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct ServiceLabels {
+    pub authority: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct RefreshLabels {
+    pub result: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct RequestLabels {
+    pub direction: Direction,
+    pub target_addr: String,
+    pub authority: String,
+    #[prometheus(flatten)]
+    pub tls: TlsLabel,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct ResponseLabels {
+    pub direction: Direction,
+    pub target_addr: String,
+    pub authority: String,
+    #[prometheus(flatten)]
+    pub tls: TlsLabel,
+    pub status_code: String,
+    pub classification: String,
+}
+
+/// A policy resource (server, route, authorization) in labels, as Linkerd names them:
+/// `<prefix>_group`, `<prefix>_kind`, `<prefix>_name`. `Arc<str>` so a label set is built by
+/// reference counts, not string copies.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Resource {
+    pub group: std::sync::Arc<str>,
+    pub kind: std::sync::Arc<str>,
+    pub name: std::sync::Arc<str>,
+}
+
+impl Resource {
+    pub fn new(group: &str, kind: &str, name: &str) -> Self {
+        Self { group: group.into(), kind: kind.into(), name: name.into() }
+    }
+}
+
+/// `inbound_{http,tcp}_authz_{allow,deny}_total`: Linkerd's labels (`srv_*`, `route_*` for
+/// HTTP, `authz_*` when allowed, `tls`, `client_id`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct AuthzLabels {
+    pub target_addr: String,
+    pub srv: Resource,
+    pub route: Option<Resource>,
+    pub authz: Option<Resource>,
+    pub tls: TlsLabel,
+}
+
+impl EncodeLabelSet for AuthzLabels {
+    fn encode(&self, encoder: &mut LabelSetEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let mut labels: Vec<(&str, &str)> = vec![("target_addr", &self.target_addr)];
+        let resources = [("srv", Some(&self.srv)), ("route", self.route.as_ref()), ("authz", self.authz.as_ref())];
+        for (prefix, r) in resources {
+            if let Some(r) = r {
+                let names = match prefix {
+                    "srv" => ["srv_group", "srv_kind", "srv_name"],
+                    "route" => ["route_group", "route_kind", "route_name"],
+                    _ => ["authz_group", "authz_kind", "authz_name"],
+                };
+                labels.extend([(names[0], &*r.group), (names[1], &*r.kind), (names[2], &*r.name)]);
+            }
+        }
+        labels.encode(encoder)?;
+        self.tls.encode(encoder)
+    }
+}
+
+/// What decided a connection's protocol: a configured opaque port, a policy from the control
+/// plane, or detection on the client's first bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum DecidedBy {
+    configuration,
+    policy,
+    detection,
+}
+
+/// `connection_protocol_total`: how connections were served and why.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct ProtocolLabels {
+    pub direction: Direction,
+    pub protocol: &'static str,
+    pub decided_by: DecidedBy,
+}
+
+impl ProtocolLabels {
+    pub fn new(direction: Direction, protocol: crate::transport::detect::Protocol, decided_by: DecidedBy) -> Self {
+        use crate::transport::detect::Protocol;
+        let protocol = match protocol {
+            Protocol::Http1 => "http1",
+            Protocol::Http2 => "http2",
+            Protocol::Opaque => "opaque",
+        };
+        Self { direction, protocol, decided_by }
+    }
+}
+
+/// `outbound_http_route_request_duration_seconds`: Linkerd's `parent_*` and `route_*` labels.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct RouteLabels {
+    pub parent: ResourceRef,
+    pub route: ResourceRef,
+}
+
+/// `outbound_http_route_backend_requests_total`: the route's labels and `backend_*`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct RouteBackendLabels {
+    pub route: RouteLabels,
+    pub backend: ResourceRef,
+}
+
+/// `<prefix>_group`, `_kind`, `_namespace`, `_name` and, for parents and backends, `_port` and
+/// `_section_name`, as linkerd2-proxy writes them.
+fn resource_labels(prefix: &str, r: &ResourceRef, with_port: bool) -> Vec<(String, String)> {
+    let mut labels = vec![
+        (format!("{prefix}_group"), r.group.to_string()),
+        (format!("{prefix}_kind"), r.kind.to_string()),
+        (format!("{prefix}_namespace"), r.namespace.to_string()),
+        (format!("{prefix}_name"), r.name.to_string()),
+    ];
+    if with_port {
+        labels.push((format!("{prefix}_port"), r.port.to_string()));
+        labels.push((format!("{prefix}_section_name"), r.section.to_string()));
+    }
+    labels
+}
+
+impl EncodeLabelSet for RouteLabels {
+    fn encode(&self, encoder: &mut LabelSetEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let mut labels = resource_labels("parent", &self.parent, true);
+        labels.extend(resource_labels("route", &self.route, false));
+        labels.encode(encoder)
+    }
+}
+
+impl EncodeLabelSet for RouteBackendLabels {
+    fn encode(&self, encoder: &mut LabelSetEncoder<'_>) -> Result<(), std::fmt::Error> {
+        self.route.encode(encoder)?;
+        resource_labels("backend", &self.backend, true).encode(encoder)
+    }
+}
+
+/// One (parent, route, backend)'s metric handles.
+#[derive(Clone)]
+pub struct RouteHandles {
+    pub backend_requests: Counter,
+    pub duration: Histogram,
+    pub retries: Counter,
+    pub retry_overflow: Counter,
+}
+
+fn route_duration_histogram() -> Histogram {
+    Histogram::new([0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0])
+}
+
+fn latency_histogram() -> Histogram {
+    Histogram::new([
+        1.0, 2.0, 3.0, 4.0, 5.0, 10.0, 20.0, 30.0, 40.0, 50.0, 100.0, 200.0, 300.0, 400.0, 500.0, 1000.0, 2000.0,
+        5000.0, 10000.0, 30000.0,
+    ])
+}
+
+pub struct Metrics {
+    pub registry: Registry,
+    pub request_total: Family<RequestLabels, Counter>,
+    pub response_total: Family<ResponseLabels, Counter>,
+    pub response_latency_ms: Family<RequestLabels, Histogram, fn() -> Histogram>,
+    pub tcp_open_total: Family<TcpLabels, Counter>,
+    pub tcp_close_total: Family<TcpLabels, Counter>,
+    pub tcp_open_connections: Family<TcpLabels, Gauge>,
+    pub tcp_read_bytes_total: Family<TcpLabels, Counter>,
+    pub tcp_write_bytes_total: Family<TcpLabels, Counter>,
+    pub tcp_refused_total: Family<TcpLabels, Counter>,
+    /// `inbound_tcp_accept_errors_total` and `outbound_tcp_accept_errors_total`, by direction.
+    pub tcp_accept_errors_total: [Family<AcceptErrorLabels, Counter>; 2],
+    pub outbound_endpoints: Family<ServiceLabels, Gauge>,
+    pub identity_cert_expiration_timestamp_seconds: Gauge,
+    pub identity_cert_refresh_total: Family<RefreshLabels, Counter>,
+    pub inbound_http_authz_allow_total: Family<AuthzLabels, Counter>,
+    pub inbound_http_authz_deny_total: Family<AuthzLabels, Counter>,
+    pub inbound_tcp_authz_allow_total: Family<AuthzLabels, Counter>,
+    pub inbound_tcp_authz_deny_total: Family<AuthzLabels, Counter>,
+    pub inbound_http_route_not_found_total: Family<AuthzLabels, Counter>,
+    /// Opaque connections closed because a policy update no longer authorizes them.
+    pub inbound_tcp_authz_revoked_total: Counter,
+    pub connection_protocol_total: Family<ProtocolLabels, Counter>,
+    pub outbound_http_route_request_duration_seconds: Family<RouteLabels, Histogram, fn() -> Histogram>,
+    pub outbound_http_route_backend_requests_total: Family<RouteBackendLabels, Counter>,
+    pub outbound_http_route_retry_requests_total: Family<RouteLabels, Counter>,
+    pub outbound_http_route_retry_overflow_total: Family<RouteLabels, Counter>,
+    /// Tap ([`crate::http::tap`]): sessions open now, events sent to and dropped for tap clients
+    /// (a full queue: the client reads too slowly), calls refused to unauthorized clients.
+    pub tap_sessions_open: Gauge,
+    pub tap_events_sent_total: Counter,
+    pub tap_events_dropped_total: Counter,
+    pub tap_denied_total: Counter,
+    /// Distinct route series so far (routes and backends come from the control plane, parents
+    /// from destinations: the product is capped).
+    route_series: Mutex<HashSet<RouteBackendLabels>>,
+    authorities: [Bounded; 2],
+    targets: [Bounded; 2],
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::default();
+        let m = Self {
+            request_total: Family::default(),
+            response_total: Family::default(),
+            response_latency_ms: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
+            tcp_open_total: Family::default(),
+            tcp_close_total: Family::default(),
+            tcp_open_connections: Family::default(),
+            tcp_read_bytes_total: Family::default(),
+            tcp_write_bytes_total: Family::default(),
+            tcp_refused_total: Family::default(),
+            tcp_accept_errors_total: Default::default(),
+            outbound_endpoints: Family::default(),
+            identity_cert_expiration_timestamp_seconds: Gauge::default(),
+            identity_cert_refresh_total: Family::default(),
+            inbound_http_authz_allow_total: Family::default(),
+            inbound_http_authz_deny_total: Family::default(),
+            inbound_tcp_authz_allow_total: Family::default(),
+            inbound_tcp_authz_deny_total: Family::default(),
+            inbound_http_route_not_found_total: Family::default(),
+            inbound_tcp_authz_revoked_total: Counter::default(),
+            connection_protocol_total: Family::default(),
+            outbound_http_route_request_duration_seconds: Family::new_with_constructor(
+                route_duration_histogram as fn() -> Histogram,
+            ),
+            outbound_http_route_backend_requests_total: Family::default(),
+            outbound_http_route_retry_requests_total: Family::default(),
+            outbound_http_route_retry_overflow_total: Family::default(),
+            tap_sessions_open: Gauge::default(),
+            tap_events_sent_total: Counter::default(),
+            tap_events_dropped_total: Counter::default(),
+            tap_denied_total: Counter::default(),
+            route_series: Mutex::default(),
+            authorities: Default::default(),
+            targets: Default::default(),
+            registry: Registry::default(),
+        };
+        // prometheus-client appends `_total` to counters itself.
+        registry.register("request", "HTTP requests", m.request_total.clone());
+        registry.register("response", "HTTP responses", m.response_total.clone());
+        registry.register(
+            "response_latency_ms",
+            "Time to response headers, in milliseconds",
+            m.response_latency_ms.clone(),
+        );
+        registry.register("tcp_open", "TCP connections opened", m.tcp_open_total.clone());
+        registry.register("tcp_close", "TCP connections closed", m.tcp_close_total.clone());
+        registry.register("tcp_open_connections", "TCP connections open now", m.tcp_open_connections.clone());
+        registry.register("tcp_read_bytes", "Bytes read from peers", m.tcp_read_bytes_total.clone());
+        registry.register("tcp_write_bytes", "Bytes written to peers", m.tcp_write_bytes_total.clone());
+        registry.register("tcp_refused", "TCP connections refused by mTLS policy", m.tcp_refused_total.clone());
+        for (name, direction) in [("inbound_tcp_accept_errors", 0), ("outbound_tcp_accept_errors", 1)] {
+            registry.register(
+                name,
+                "Connections closed before they were served: shed over a limit, or detection timed out",
+                m.tcp_accept_errors_total[direction].clone(),
+            );
+        }
+        registry.register(
+            "outbound_endpoints",
+            "Endpoints discovery currently knows for a service the proxy talks to",
+            m.outbound_endpoints.clone(),
+        );
+        registry.register(
+            "identity_cert_expiration_timestamp_seconds",
+            "When the proxy's current certificate expires (Unix time)",
+            m.identity_cert_expiration_timestamp_seconds.clone(),
+        );
+        registry.register(
+            "identity_cert_refresh",
+            "Certificate requests to the Identity service, by result",
+            m.identity_cert_refresh_total.clone(),
+        );
+        for (name, help, family) in [
+            ("inbound_http_authz_allow", "HTTP requests authorized by policy", &m.inbound_http_authz_allow_total),
+            ("inbound_http_authz_deny", "HTTP requests denied by policy", &m.inbound_http_authz_deny_total),
+            ("inbound_tcp_authz_allow", "Connections authorized by policy", &m.inbound_tcp_authz_allow_total),
+            ("inbound_tcp_authz_deny", "Connections denied by policy", &m.inbound_tcp_authz_deny_total),
+            (
+                "inbound_http_route_not_found",
+                "HTTP requests matching no route of their Server",
+                &m.inbound_http_route_not_found_total,
+            ),
+        ] {
+            registry.register(name, help, family.clone());
+        }
+        registry.register(
+            "outbound_http_route_request_duration_seconds",
+            "Time from a routed request to its response headers, per route",
+            m.outbound_http_route_request_duration_seconds.clone(),
+        );
+        registry.register(
+            "outbound_http_route_backend_requests",
+            "Requests dispatched to each backend of each route",
+            m.outbound_http_route_backend_requests_total.clone(),
+        );
+        for (name, help, family) in [
+            (
+                "outbound_http_route_retry_requests",
+                "Requests sent again by a route's retry policy",
+                &m.outbound_http_route_retry_requests_total,
+            ),
+            (
+                "outbound_http_route_retry_overflow",
+                "Retries not made because the retry budget was spent",
+                &m.outbound_http_route_retry_overflow_total,
+            ),
+        ] {
+            registry.register(name, help, family.clone());
+        }
+        registry.register("tap_sessions_open", "Tap sessions open now", m.tap_sessions_open.clone());
+        for (name, help, counter) in [
+            ("tap_events_sent", "Tap events sent to tap clients", &m.tap_events_sent_total),
+            (
+                "tap_events_dropped",
+                "Tap events dropped because a tap client read too slowly",
+                &m.tap_events_dropped_total,
+            ),
+            ("tap_denied", "Tap calls refused: the client's identity may not tap", &m.tap_denied_total),
+            (
+                "inbound_tcp_authz_revoked",
+                "Opaque connections closed because a policy update revoked their authorization",
+                &m.inbound_tcp_authz_revoked_total,
+            ),
+        ] {
+            registry.register(name, help, counter.clone());
+        }
+        registry.register(
+            "connection_protocol",
+            "Connections by the protocol they were served as and what decided it",
+            m.connection_protocol_total.clone(),
+        );
+        Self { registry, ..m }
+    }
+}
+
+/// One proxied TCP connection, counted in `tcp_open_connections` until its last holder is gone:
+/// an upgraded (WebSocket, CONNECT) tunnel outlives the HTTP connection that carried it.
+pub struct OpenConnection {
+    metrics: std::sync::Arc<Metrics>,
+    labels: TcpLabels,
+}
+
+impl OpenConnection {
+    pub fn open(metrics: std::sync::Arc<Metrics>, labels: TcpLabels) -> std::sync::Arc<Self> {
+        metrics.tcp_open_total.get_or_create(&labels).inc();
+        metrics.tcp_open_connections.get_or_create(&labels).inc();
+        std::sync::Arc::new(Self { metrics, labels })
+    }
+}
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.metrics.tcp_open_connections.get_or_create(&self.labels).dec();
+        self.metrics.tcp_close_total.get_or_create(&self.labels).inc();
+    }
+}
+
+impl Metrics {
+    /// The label value for an authority, bounded in length and in number of distinct values.
+    pub fn authority_label(&self, direction: Direction, authority: &str) -> String {
+        let a: String = authority.chars().take(MAX_AUTHORITY_LEN).collect();
+        self.authorities[direction as usize].label(&a, MAX_AUTHORITIES)
+    }
+
+    /// The label value for a target address, bounded in number of distinct values.
+    pub fn target_label(&self, direction: Direction, target: std::net::SocketAddr) -> String {
+        self.targets[direction as usize].label(&target.to_string(), MAX_TARGETS)
+    }
+
+    /// A connection refused by policy (inbound plaintext where mTLS is required, outbound to a
+    /// meshed endpoint before we hold a certificate).
+    pub fn tcp_refused(&self, direction: Direction, target: std::net::SocketAddr) {
+        let labels =
+            TcpLabels { direction, target_addr: self.target_label(direction, target), tls: TlsLabel::plaintext() };
+        self.tcp_refused_total.get_or_create(&labels).inc();
+    }
+
+    /// The handles of one (parent, route, backend): beyond [`MAX_ROUTE_SERIES`] distinct ones,
+    /// the route and backend read `other`.
+    pub fn route_handles(&self, mut labels: RouteBackendLabels) -> RouteHandles {
+        {
+            let mut seen = self.route_series.lock().expect("not poisoned");
+            if !seen.contains(&labels) {
+                if seen.len() >= MAX_ROUTE_SERIES {
+                    let other = ResourceRef::default_named("other");
+                    labels.route.route = other.clone();
+                    labels.backend = other;
+                } else {
+                    seen.insert(labels.clone());
+                }
+            }
+        }
+        RouteHandles {
+            duration: self.outbound_http_route_request_duration_seconds.get_or_create(&labels.route).clone(),
+            retries: self.outbound_http_route_retry_requests_total.get_or_create(&labels.route).clone(),
+            retry_overflow: self.outbound_http_route_retry_overflow_total.get_or_create(&labels.route).clone(),
+            backend_requests: self.outbound_http_route_backend_requests_total.get_or_create(&labels).clone(),
+        }
+    }
+
+    /// A connection closed before it was served.
+    pub fn accept_error(&self, direction: Direction, error: AcceptError) {
+        self.tcp_accept_errors_total[direction as usize].get_or_create(&AcceptErrorLabels { error }).inc();
+    }
+
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry).expect("writing to a String cannot fail");
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn linkerd_names_and_bounded_authorities() {
+        let m = Metrics::default();
+        let labels =
+            TcpLabels { direction: Direction::inbound, target_addr: "10.0.0.1:80".into(), tls: TlsLabel::plaintext() };
+        m.tcp_open_total.get_or_create(&labels).inc();
+        let req = RequestLabels {
+            direction: Direction::outbound,
+            target_addr: "10.0.0.2:80".into(),
+            authority: "web".into(),
+            tls: TlsLabel { tls: true, client_id: None, server_id: Some("web.shop".into()) },
+        };
+        m.request_total.get_or_create(&req).inc();
+        m.response_latency_ms.get_or_create(&req).observe(3.0);
+        let text = m.encode();
+        assert!(
+            text.contains("tcp_open_total{direction=\"inbound\",target_addr=\"10.0.0.1:80\",tls=\"false\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("request_total{direction=\"outbound\",target_addr=\"10.0.0.2:80\",authority=\"web\",tls=\"true\",server_id=\"web.shop\"} 1"),
+            "{text}"
+        );
+        assert!(text.contains("response_latency_ms_bucket{"), "{text}");
+        for i in 0..MAX_AUTHORITIES {
+            m.authority_label(Direction::inbound, &format!("host-{i}"));
+        }
+        assert_eq!(m.authority_label(Direction::inbound, "one-too-many"), "other");
+        assert_eq!(m.authority_label(Direction::inbound, "host-1"), "host-1");
+        assert_eq!(m.authority_label(Direction::inbound, &"x".repeat(500)), "other", "new values beyond the cap");
+        assert_eq!(m.authority_label(Direction::outbound, "web"), "web", "caps are per direction");
+        assert_eq!(m.target_label(Direction::outbound, "10.0.0.1:80".parse().unwrap()), "10.0.0.1:80");
+        m.accept_error(Direction::inbound, AcceptError::source_limit);
+        m.accept_error(Direction::outbound, AcceptError::detect_timeout);
+        let text = m.encode();
+        assert!(text.contains("inbound_tcp_accept_errors_total{error=\"source_limit\"} 1"), "{text}");
+        assert!(text.contains("outbound_tcp_accept_errors_total{error=\"detect_timeout\"} 1"), "{text}");
+    }
+}
