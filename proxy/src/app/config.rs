@@ -9,6 +9,10 @@ use std::time::Duration;
 use cnimesh_common::names::{PROXY_ADMIN_PORT, PROXY_INBOUND_PORT, PROXY_OUTBOUND_PORT};
 use cnimesh_identity::Name;
 
+pub use crate::transport::identity::config::{
+    IdentityConfig, TRUST_ANCHORS_FILE_VAR, TRUST_ANCHORS_PEM_VAR, TrustAnchors,
+};
+
 #[derive(Debug, Clone)]
 pub struct Config {
     pub inbound: Vec<SocketAddr>,
@@ -94,58 +98,6 @@ pub struct DestinationConfig {
     /// Ask the control plane's OutboundPolicies for each destination's protocol (opaque or
     /// HTTP declared: no detection); off = detection decides, as before outbound policy.
     pub outbound_policy: bool,
-}
-
-/// Where the proxy gets its certificate.
-#[derive(Debug, Clone)]
-pub struct IdentityConfig {
-    pub name: Name,
-    pub trust_anchors: TrustAnchors,
-    /// The projected service-account token (audience `identity.cnimesh.io`), re-read on every
-    /// refresh because the kubelet rotates it.
-    pub token_file: PathBuf,
-    /// The Identity service, `host:port`.
-    pub control_addr: String,
-    /// The identity the Identity service must prove.
-    pub control_name: Name,
-    /// Longest wait between failed refreshes (jittered exponential backoff up to this).
-    pub max_backoff: Duration,
-}
-
-/// Where the PEM trust anchors come from: exactly one of the two variables.
-#[derive(Clone, PartialEq, Eq)]
-pub enum TrustAnchors {
-    /// A file (`CNIMESH_PROXY_IDENTITY_TRUST_ANCHORS`), e.g. a mounted ConfigMap.
-    File(PathBuf),
-    /// The PEM text itself (`CNIMESH_PROXY_IDENTITY_TRUST_ANCHORS_PEM`), as the injector passes
-    /// it, so a proxy needs no volume (Linkerd's `LINKERD2_PROXY_IDENTITY_TRUST_ANCHORS` does the
-    /// same).
-    Pem(String),
-}
-
-pub const TRUST_ANCHORS_FILE_VAR: &str = "CNIMESH_PROXY_IDENTITY_TRUST_ANCHORS";
-pub const TRUST_ANCHORS_PEM_VAR: &str = "CNIMESH_PROXY_IDENTITY_TRUST_ANCHORS_PEM";
-
-impl TrustAnchors {
-    /// Where the anchors came from, for messages: the file's path, or the variable's name
-    /// (never the PEM itself).
-    pub fn source(&self) -> String {
-        match self {
-            Self::File(path) => format!("{} ({TRUST_ANCHORS_FILE_VAR})", path.display()),
-            Self::Pem(_) => TRUST_ANCHORS_PEM_VAR.to_string(),
-        }
-    }
-}
-
-/// Debug output (a config can end up in a log line or a panic) names the PEM variable, not its
-/// text.
-impl std::fmt::Debug for TrustAnchors {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::File(path) => f.debug_tuple("File").field(path).finish(),
-            Self::Pem(pem) => write!(f, "Pem({TRUST_ANCHORS_PEM_VAR}, {} bytes)", pem.len()),
-        }
-    }
 }
 
 /// Stands in for a PEM value in errors.

@@ -4,14 +4,20 @@
 use std::collections::HashSet;
 use std::sync::Mutex;
 
-use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelSetEncoder};
+use prometheus_client::encoding::{EncodeLabelSet, LabelSetEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
+pub use crate::client::discovery::ServiceLabels;
+pub use crate::http::tap::registry::TapMetrics;
 use crate::outbound::routes::model::ResourceRef;
+pub use crate::transport::identity::refresh::{IdentityMetrics, RefreshLabels};
+pub use crate::transport::labels::{
+    AcceptError, AcceptErrorLabels, DecidedBy, Direction, ProtocolLabels, TcpLabels, TlsLabel,
+};
 
 /// Distinct `authority` label values kept, per direction, before the rest are reported as
 /// `other` (per direction, so junk Host headers from inbound clients cannot crowd out outbound
@@ -41,89 +47,6 @@ impl Bounded {
         seen.insert(value.to_string());
         value.to_string()
     }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, EncodeLabelValue)]
-pub enum Direction {
-    #[allow(non_camel_case_types)]
-    inbound,
-    #[allow(non_camel_case_types)]
-    outbound,
-}
-
-/// How a connection was secured: `tls="true"` with `client_id` (inbound) or `server_id`
-/// (outbound) when the peer's identity is known, as Linkerd labels them.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
-pub struct TlsLabel {
-    pub tls: bool,
-    pub client_id: Option<String>,
-    pub server_id: Option<String>,
-}
-
-impl TlsLabel {
-    pub fn plaintext() -> Self {
-        Self::default()
-    }
-}
-
-impl EncodeLabelSet for TlsLabel {
-    fn encode(&self, encoder: &mut LabelSetEncoder<'_>) -> Result<(), std::fmt::Error> {
-        let mut labels = vec![("tls", if self.tls { "true" } else { "false" })];
-        if let Some(id) = &self.client_id {
-            labels.push(("client_id", id));
-        }
-        if let Some(id) = &self.server_id {
-            labels.push(("server_id", id));
-        }
-        labels.encode(encoder)
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub struct TcpLabels {
-    pub direction: Direction,
-    pub target_addr: String,
-    #[prometheus(flatten)]
-    pub tls: TlsLabel,
-}
-
-/// Why a connection was closed before it was served, as the `error` label of
-/// `{inbound,outbound}_tcp_accept_errors_total` (linkerd2-proxy's family; `tls_detect_timeout` is
-/// its value too, the others are ours).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, EncodeLabelValue)]
-#[allow(non_camel_case_types)]
-pub enum AcceptError {
-    /// Shed: the direction's connection limit was reached.
-    connection_limit,
-    /// Shed: the client's address already holds its per-source share.
-    source_limit,
-    /// No ClientHello (nor anything else) within the detect timeout.
-    tls_detect_timeout,
-    /// No decisive bytes (HTTP/1 request line, HTTP/2 preface, anything opaque) in time.
-    detect_timeout,
-    /// The listener's accept() itself failed (out of descriptors, out of memory).
-    accept,
-    /// Inbound to a loopback address (127.0.0.0/8, ::1, ::ffff:127.0.0.0/104): a neighbour
-    /// addressing a pod's loopback-only services; never served.
-    loopback_destination,
-    /// Inbound to a port without a policy watch while every watch is held by an open
-    /// connection: refused rather than given a wider default.
-    policy_watch_limit,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub struct AcceptErrorLabels {
-    pub error: AcceptError,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub struct ServiceLabels {
-    pub authority: String,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub struct RefreshLabels {
-    pub result: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -189,36 +112,6 @@ impl EncodeLabelSet for AuthzLabels {
         }
         labels.encode(encoder)?;
         self.tls.encode(encoder)
-    }
-}
-
-/// What decided a connection's protocol: a configured opaque port, a policy from the control
-/// plane, or detection on the client's first bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, EncodeLabelValue)]
-#[allow(non_camel_case_types)]
-pub enum DecidedBy {
-    configuration,
-    policy,
-    detection,
-}
-
-/// `connection_protocol_total`: how connections were served and why.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub struct ProtocolLabels {
-    pub direction: Direction,
-    pub protocol: &'static str,
-    pub decided_by: DecidedBy,
-}
-
-impl ProtocolLabels {
-    pub fn new(direction: Direction, protocol: crate::transport::detect::Protocol, decided_by: DecidedBy) -> Self {
-        use crate::transport::detect::Protocol;
-        let protocol = match protocol {
-            Protocol::Http1 => "http1",
-            Protocol::Http2 => "http2",
-            Protocol::Opaque => "opaque",
-        };
-        Self { direction, protocol, decided_by }
     }
 }
 
@@ -528,6 +421,22 @@ impl Metrics {
             retries: self.outbound_http_route_retry_requests_total.get_or_create(&labels.route).clone(),
             retry_overflow: self.outbound_http_route_retry_overflow_total.get_or_create(&labels.route).clone(),
             backend_requests: self.outbound_http_route_backend_requests_total.get_or_create(&labels).clone(),
+        }
+    }
+
+    /// The certificate metrics the identity's refresh loop keeps ([`crate::transport::identity`]).
+    pub fn identity(&self) -> IdentityMetrics {
+        IdentityMetrics {
+            expiration: self.identity_cert_expiration_timestamp_seconds.clone(),
+            refresh: self.identity_cert_refresh_total.clone(),
+        }
+    }
+
+    /// The tap registry's metrics ([`crate::http::tap`]).
+    pub fn tap(&self) -> TapMetrics {
+        TapMetrics {
+            sessions_open: self.tap_sessions_open.clone(),
+            events_dropped: self.tap_events_dropped_total.clone(),
         }
     }
 

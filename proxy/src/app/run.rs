@@ -33,7 +33,7 @@ pub async fn run(
     let identity = match &config.identity {
         Some(id) => {
             let identity = Arc::new(identity::Identity::new(id).context("setting up the workload identity")?);
-            tokio::spawn(identity::refresh::run(identity.clone(), id.clone(), metrics.clone()));
+            tokio::spawn(identity::refresh::run(identity.clone(), id.clone(), metrics.identity()));
             Some(identity)
         }
         None => None,
@@ -42,7 +42,12 @@ pub async fn run(
         (Some(d), Some(id)) => {
             let channel = grpc_channel::channel(&d.addr, &d.name, id.roots.clone(), Some(id.cert.clone()), None)?;
             let max_backoff = config.identity.as_ref().map_or(Duration::from_secs(30), |i| i.max_backoff);
-            Some(Arc::new(discovery::Discovery::new(channel, d.first_answer, max_backoff, metrics.clone())))
+            Some(Arc::new(discovery::Discovery::new(
+                channel,
+                d.first_answer,
+                max_backoff,
+                metrics.outbound_endpoints.clone(),
+            )))
         }
         _ => None,
     };

@@ -60,7 +60,7 @@ impl Shared {
             admission,
             static_identities: Arc::new(MeshedEndpoints::new(config.outbound_identities.clone())),
             config,
-            taps: Arc::new(Taps::new(metrics.clone())),
+            taps: Arc::new(Taps::new(metrics.tap())),
             metrics,
             drain,
             identity,

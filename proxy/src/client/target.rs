@@ -9,11 +9,11 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use crate::app::metrics::TlsLabel;
 use crate::client::discovery::balance::{self, Load};
 use crate::client::discovery::{Endpoint, Endpoints};
 use crate::client::upstream::Upstream;
 use crate::transport::identity::Identity;
+use crate::transport::labels::TlsLabel;
 use crate::transport::tls::{self, UpstreamTls};
 
 pub enum Route {

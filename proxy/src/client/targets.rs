@@ -11,10 +11,10 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tower::retry::budget::TpsBudget;
 
-use crate::app::metrics::TlsLabel;
 use crate::client::discovery::Profile;
 use crate::client::target::Route;
 use crate::outbound::policy::discover::PolicyWatch;
+use crate::transport::labels::TlsLabel;
 
 /// A resolved target.
 pub struct Target {

@@ -7,6 +7,7 @@ pub mod classify;
 pub mod error;
 pub mod headers;
 pub mod orig_proto;
+pub mod path_prefix;
 pub mod serve_conn;
 pub mod tap;
 pub mod upgrade;

@@ -6,6 +6,7 @@ pub mod backoff;
 pub mod counting;
 pub mod detect;
 pub mod identity;
+pub mod labels;
 pub mod maybe_tls;
 pub mod orig_dst;
 pub mod prefixed;

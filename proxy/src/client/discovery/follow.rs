@@ -12,8 +12,10 @@ use linkerd2_proxy_api::destination::{self as api, destination_client::Destinati
 use tokio::sync::watch;
 use tonic::transport::Channel;
 
+use super::ServiceLabels;
 use super::{Endpoint, Endpoints, Profile, endpoint};
-use crate::app::metrics::{Metrics, ServiceLabels};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 
 /// Opens a stream with `open` and feeds its messages to `apply` (`true` for the first message
 /// of each stream: a fresh snapshot) until `closed`, retrying with backoff.
@@ -91,7 +93,7 @@ pub async fn endpoints(
     authority: String,
     tx: watch::Sender<Arc<Endpoints>>,
     max_backoff: Duration,
-    (metrics, gauge): (Arc<Metrics>, ServiceLabels),
+    (metrics, gauge): (Family<ServiceLabels, Gauge>, ServiceLabels),
 ) {
     // Endpoints by address, so balancing statistics survive updates.
     let mut current: HashMap<SocketAddr, Arc<Endpoint>> = HashMap::new();
@@ -133,12 +135,12 @@ pub async fn endpoints(
         let mut list: Vec<_> = current.values().cloned().collect();
         list.sort_by_key(|e| e.addr);
         tracing::debug!(%authority, endpoints = list.len(), "endpoints updated");
-        metrics.outbound_endpoints.get_or_create(&gauge).set(list.len() as i64);
+        metrics.get_or_create(&gauge).set(list.len() as i64);
         tx.send_replace(Arc::new(Endpoints { list, known: true, exists }));
     };
     tokio::select! {
         () = tx.closed() => {}
         () = retrying(format!("endpoints {authority}"), max_backoff, open, apply) => {}
     }
-    metrics.outbound_endpoints.remove(&gauge);
+    metrics.remove(&gauge);
 }

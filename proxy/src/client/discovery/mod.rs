@@ -16,6 +16,8 @@ use std::time::Duration;
 
 use cnimesh_identity::Name;
 use linkerd2_proxy_api::destination::{self as api, destination_client::DestinationClient};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::watch;
 use tonic::transport::Channel;
 
@@ -60,6 +62,12 @@ pub struct Profile {
 /// Distinct lookups kept before the caches are reset (their streams then end).
 const MAX_LOOKUPS: usize = 4096;
 
+/// `outbound_endpoints`' label: the service's authority.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, prometheus_client::encoding::EncodeLabelSet)]
+pub struct ServiceLabels {
+    pub authority: String,
+}
+
 pub struct Discovery {
     channel: Channel,
     profiles: Mutex<HashMap<SocketAddr, watch::Receiver<Option<Profile>>>>,
@@ -68,7 +76,7 @@ pub struct Discovery {
     /// forwarded to its original destination as if undiscovered.
     first_answer: Duration,
     max_backoff: Duration,
-    metrics: Arc<crate::app::metrics::Metrics>,
+    metrics: Family<ServiceLabels, Gauge>,
 }
 
 /// The cached receiver for `key`, starting its stream with `start` on first use (every
@@ -95,7 +103,7 @@ impl Discovery {
         channel: Channel,
         first_answer: Duration,
         max_backoff: Duration,
-        metrics: Arc<crate::app::metrics::Metrics>,
+        metrics: Family<ServiceLabels, Gauge>,
     ) -> Self {
         Self { channel, profiles: Mutex::default(), services: Mutex::default(), first_answer, max_backoff, metrics }
     }
@@ -125,7 +133,7 @@ impl Discovery {
     pub async fn endpoints(self: &Arc<Self>, authority: &str) -> watch::Receiver<Arc<Endpoints>> {
         let mut rx = shared(&self.services, &authority.to_string(), || {
             let (tx, rx) = watch::channel(Arc::new(Endpoints::default()));
-            let gauge = crate::app::metrics::ServiceLabels { authority: authority.to_string() };
+            let gauge = ServiceLabels { authority: authority.to_string() };
             tokio::spawn(follow::endpoints(
                 self.client(),
                 authority.to_string(),

@@ -9,7 +9,7 @@ use linkerd2_proxy_api::http_types::{self, Headers, headers::Header};
 use linkerd2_proxy_api::tap::TapEvent;
 use linkerd2_proxy_api::tap::tap_event::{self, EndpointMeta, ProxyDirection, RouteMeta, http::Event};
 
-use crate::app::metrics::{Direction, TlsLabel};
+use crate::transport::labels::{Direction, TlsLabel};
 
 /// What a tapped request's events carry besides its HTTP parts; built only while a tap is open.
 pub struct Meta {

@@ -14,10 +14,19 @@ use tokio::sync::mpsc;
 
 use super::events::{self, Meta};
 use super::matcher::{Match, Subject};
-use crate::app::metrics::Metrics;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
 
 /// Events a session may have queued for its client before further ones are dropped.
 const SESSION_BUFFER: usize = 1024;
+
+/// The registry's metrics, handles into the app's registry: `tap_sessions_open` and
+/// `tap_events_dropped_total`.
+#[derive(Clone)]
+pub struct TapMetrics {
+    pub sessions_open: Gauge,
+    pub events_dropped: Counter,
+}
 
 /// Every open tap session of this proxy.
 pub struct Taps {
@@ -25,7 +34,7 @@ pub struct Taps {
     sessions: RwLock<Vec<Weak<Session>>>,
     /// The base of the next session's stream ids.
     next_base: AtomicU32,
-    metrics: Arc<Metrics>,
+    metrics: TapMetrics,
 }
 
 /// One Observe call: what it matches, how many requests it may still take, where events go.
@@ -50,12 +59,12 @@ impl Session {
 impl Drop for Session {
     fn drop(&mut self) {
         self.taps.open.fetch_sub(1, Ordering::Relaxed);
-        self.taps.metrics.tap_sessions_open.dec();
+        self.taps.metrics.sessions_open.dec();
     }
 }
 
 impl Taps {
-    pub fn new(metrics: Arc<Metrics>) -> Self {
+    pub fn new(metrics: TapMetrics) -> Self {
         Self { open: AtomicUsize::new(0), sessions: RwLock::default(), next_base: AtomicU32::new(1), metrics }
     }
 
@@ -81,7 +90,7 @@ impl Taps {
         sessions.retain(|s| s.strong_count() > 0);
         sessions.push(Arc::downgrade(&session));
         self.open.fetch_add(1, Ordering::Relaxed);
-        self.metrics.tap_sessions_open.inc();
+        self.metrics.sessions_open.inc();
         (session, rx)
     }
 
@@ -144,7 +153,7 @@ pub struct Tapped {
     response_bytes: u64,
     /// From the response headers: a trailers-only gRPC answer carries its status there.
     grpc_status: Option<u32>,
-    metrics: Arc<Metrics>,
+    metrics: TapMetrics,
 }
 
 impl Tapped {
@@ -155,7 +164,7 @@ impl Tapped {
         self.sinks.retain(|sink| match sink.tx.try_send(events::http_event(base, event(sink))) {
             Ok(()) => true,
             Err(mpsc::error::TrySendError::Full(_)) => {
-                metrics.tap_events_dropped_total.inc();
+                metrics.events_dropped.inc();
                 !keep_only_delivered
             }
             Err(mpsc::error::TrySendError::Closed(_)) => false,
@@ -291,7 +300,7 @@ mod tests {
 
     #[test]
     fn sessions_take_requests_up_to_their_limit_and_a_dropped_request_ends_as_cancelled() {
-        let taps = Arc::new(Taps::new(Arc::new(Metrics::default())));
+        let taps = Arc::new(Taps::new(crate::app::metrics::Metrics::default().tap()));
         assert!(!taps.active());
         let (session, mut rx) = taps.open(1, everything(), false);
         assert!(taps.active());

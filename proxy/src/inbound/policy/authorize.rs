@@ -5,6 +5,7 @@
 use std::net::IpAddr;
 
 use super::model::{Authn, Authz, Network, PathMatch, Route, RouteMatch};
+use crate::http::path_prefix::segment_prefix;
 
 /// What the proxy knows of a client: its address, and the identity its mTLS certificate proved
 /// (none for plaintext).
@@ -65,12 +66,6 @@ impl PathMatch {
             Self::Prefix(p) => segment_prefix(p, path),
         }
     }
-}
-
-/// Gateway API's `PathPrefix`: whole path segments (`/a` matches `/a` and `/a/b`, not `/ab`).
-pub fn segment_prefix(prefix: &str, path: &str) -> bool {
-    let prefix = prefix.strip_suffix('/').unwrap_or(prefix);
-    path.strip_prefix(prefix).is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
 }
 
 #[cfg(test)]

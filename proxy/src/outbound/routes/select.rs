@@ -17,7 +17,7 @@ use http::Request;
 
 use super::model::{HostMatch, HttpRoute, PathMatch, RequestMatch, Rule, ValueMatch};
 use crate::app::metrics::{Metrics, RouteBackendLabels, RouteHandles, RouteLabels};
-use crate::inbound::policy::authorize::segment_prefix;
+use crate::http::path_prefix::segment_prefix;
 use crate::outbound::routes::model::ResourceRef;
 
 /// The rule a request takes, with the prefix its path matched (for a redirect's prefix rewrite).

@@ -11,7 +11,7 @@ use linkerd2_proxy_api::identity::identity_client::IdentityClient;
 use rustls_pki_types::CertificateDer;
 use tonic::transport::Channel;
 
-use crate::app::config::IdentityConfig;
+use super::config::IdentityConfig;
 
 /// A channel to the Identity service. No client certificate: Certify is how a proxy gets its
 /// first one, and the control plane serves it without (renewals need none either).

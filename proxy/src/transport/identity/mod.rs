@@ -3,6 +3,7 @@
 //! service-account token, refreshed before it expires, and the TLS configs that present it.
 
 pub mod certify;
+pub mod config;
 pub mod refresh;
 
 use std::sync::Arc;
@@ -12,7 +13,7 @@ use cnimesh_identity::Name;
 use cnimesh_identity::tls::{self, ClientAuth, CurrentCert};
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
 
-use crate::app::config::{IdentityConfig, TrustAnchors};
+use config::{IdentityConfig, TrustAnchors};
 
 pub struct Identity {
     pub name: Name,

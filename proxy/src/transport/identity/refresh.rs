@@ -8,9 +8,12 @@ use rustls_pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
 
 use super::Identity;
 use super::certify::{self, Issued};
-use crate::app::config::IdentityConfig;
-use crate::app::metrics::{Metrics, RefreshLabels};
+use super::config::IdentityConfig;
 use crate::transport::backoff::backoff;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 
 /// Fraction of a certificate's remaining life after which it is renewed.
 const REFRESH_AT: f64 = 0.7;
@@ -20,8 +23,22 @@ pub fn refresh_after(now: SystemTime, not_after: SystemTime) -> Duration {
     not_after.duration_since(now).unwrap_or_default().mul_f64(REFRESH_AT)
 }
 
+/// `identity_cert_refresh_total`'s `result`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct RefreshLabels {
+    pub result: String,
+}
+
+/// The certificate's metrics, handles into the app's registry: `identity_cert_expiration_timestamp_seconds`
+/// and `identity_cert_refresh_total`.
+#[derive(Clone)]
+pub struct IdentityMetrics {
+    pub expiration: Gauge,
+    pub refresh: Family<RefreshLabels, Counter>,
+}
+
 /// Runs forever: obtains and renews the certificate.
-pub async fn run(identity: Arc<Identity>, config: IdentityConfig, metrics: Arc<Metrics>) {
+pub async fn run(identity: Arc<Identity>, config: IdentityConfig, metrics: IdentityMetrics) {
     let (key, csr) = match cnimesh_identity::ca::new_csr(&identity.name) {
         Ok(k) => k,
         Err(e) => {
@@ -56,15 +73,15 @@ pub async fn run(identity: Arc<Identity>, config: IdentityConfig, metrics: Arc<M
                 identity.cert.set(certified);
                 not_after = Some(expires);
                 let secs = expires.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default().as_secs();
-                metrics.identity_cert_expiration_timestamp_seconds.set(secs as i64);
-                metrics.identity_cert_refresh_total.get_or_create(&RefreshLabels { result: "success".into() }).inc();
+                metrics.expiration.set(secs as i64);
+                metrics.refresh.get_or_create(&RefreshLabels { result: "success".into() }).inc();
                 delay = Duration::ZERO;
                 let wait = refresh_after(SystemTime::now(), expires);
                 tracing::info!(identity = %identity.name, expires_in = ?expires.duration_since(SystemTime::now()).unwrap_or_default(), refresh_in = ?wait, "certificate issued");
                 wait
             }
             Err(e) => {
-                metrics.identity_cert_refresh_total.get_or_create(&RefreshLabels { result: "failure".into() }).inc();
+                metrics.refresh.get_or_create(&RefreshLabels { result: "failure".into() }).inc();
                 let (next, jittered) = backoff(delay, config.max_backoff);
                 delay = next;
                 if not_after.is_some_and(|t| t <= SystemTime::now()) {

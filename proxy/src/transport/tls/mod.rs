@@ -16,7 +16,7 @@ use cnimesh_identity::Name;
 use rustls_pki_types::ServerName;
 use tokio::net::TcpStream;
 
-use crate::app::metrics::TlsLabel;
+use super::labels::TlsLabel;
 use crate::transport::Io;
 use crate::transport::identity::Identity;
 use crate::transport::maybe_tls::MaybeTls;

@@ -1,0 +1,109 @@
+//! Metric labels of connections, as Linkerd names them: direction, TLS and peer identity,
+//! target address, why a connection was not served, and what decided its protocol. The families
+//! that use them are registered by the app ([`crate::app::metrics`]); the labels live here, with
+//! the connections they describe, so every layer above can label what it counts.
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelSetEncoder};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, EncodeLabelValue)]
+pub enum Direction {
+    #[allow(non_camel_case_types)]
+    inbound,
+    #[allow(non_camel_case_types)]
+    outbound,
+}
+
+/// How a connection was secured: `tls="true"` with `client_id` (inbound) or `server_id`
+/// (outbound) when the peer's identity is known, as Linkerd labels them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct TlsLabel {
+    pub tls: bool,
+    pub client_id: Option<String>,
+    pub server_id: Option<String>,
+}
+
+impl TlsLabel {
+    pub fn plaintext() -> Self {
+        Self::default()
+    }
+}
+
+impl EncodeLabelSet for TlsLabel {
+    fn encode(&self, encoder: &mut LabelSetEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let mut labels = vec![("tls", if self.tls { "true" } else { "false" })];
+        if let Some(id) = &self.client_id {
+            labels.push(("client_id", id));
+        }
+        if let Some(id) = &self.server_id {
+            labels.push(("server_id", id));
+        }
+        labels.encode(encoder)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct TcpLabels {
+    pub direction: Direction,
+    pub target_addr: String,
+    #[prometheus(flatten)]
+    pub tls: TlsLabel,
+}
+
+/// Why a connection was closed before it was served, as the `error` label of
+/// `{inbound,outbound}_tcp_accept_errors_total` (linkerd2-proxy's family; `tls_detect_timeout` is
+/// its value too, the others are ours).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum AcceptError {
+    /// Shed: the direction's connection limit was reached.
+    connection_limit,
+    /// Shed: the client's address already holds its per-source share.
+    source_limit,
+    /// No ClientHello (nor anything else) within the detect timeout.
+    tls_detect_timeout,
+    /// No decisive bytes (HTTP/1 request line, HTTP/2 preface, anything opaque) in time.
+    detect_timeout,
+    /// The listener's accept() itself failed (out of descriptors, out of memory).
+    accept,
+    /// Inbound to a loopback address (127.0.0.0/8, ::1, ::ffff:127.0.0.0/104): a neighbour
+    /// addressing a pod's loopback-only services; never served.
+    loopback_destination,
+    /// Inbound to a port without a policy watch while every watch is held by an open
+    /// connection: refused rather than given a wider default.
+    policy_watch_limit,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct AcceptErrorLabels {
+    pub error: AcceptError,
+}
+
+/// What decided a connection's protocol: a configured opaque port, a policy from the control
+/// plane, or detection on the client's first bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum DecidedBy {
+    configuration,
+    policy,
+    detection,
+}
+
+/// `connection_protocol_total`: how connections were served and why.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct ProtocolLabels {
+    pub direction: Direction,
+    pub protocol: &'static str,
+    pub decided_by: DecidedBy,
+}
+
+impl ProtocolLabels {
+    pub fn new(direction: Direction, protocol: super::detect::Protocol, decided_by: DecidedBy) -> Self {
+        use super::detect::Protocol;
+        let protocol = match protocol {
+            Protocol::Http1 => "http1",
+            Protocol::Http2 => "http2",
+            Protocol::Opaque => "opaque",
+        };
+        Self { direction, protocol, decided_by }
+    }
+}
