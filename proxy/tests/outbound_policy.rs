@@ -73,7 +73,7 @@ async fn proxy_with_control(says: Says, config: Config) -> (Arc<Shared>, watch::
     let channel = tonic::transport::Channel::from_shared(format!("http://{addr}")).unwrap().connect_lazy();
     let mut shared = Shared::new(config, Arc::new(Metrics::default()), Drain::default(), None, None);
     let discover = Discover::new(channel, "shop:client-0".into(), Duration::from_secs(5), Duration::from_millis(50));
-    shared.outbound_policies = Some(Arc::new(discover));
+    shared.outbound.policies = Some(Arc::new(discover));
     (Arc::new(shared), tx)
 }
 

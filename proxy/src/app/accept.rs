@@ -95,7 +95,7 @@ async fn accepted_socket(
 pub async fn connection<I: Io>(io: I, peer: SocketAddr, addr: SocketAddr, direction: Direction, shared: Arc<Shared>) {
     let _guard = shared.drain.guard();
     let served = match direction {
-        Direction::inbound => crate::inbound::connection::connection(io, peer, addr, &shared).await,
+        Direction::inbound => inbound(io, peer, addr, &shared).await,
         Direction::outbound => outbound(io, peer, addr, &shared).await,
     };
     if let Err(e) = served {
@@ -103,8 +103,15 @@ pub async fn connection<I: Io>(io: I, peer: SocketAddr, addr: SocketAddr, direct
     }
 }
 
+async fn inbound<I: Io>(io: I, peer: SocketAddr, addr: SocketAddr, shared: &Arc<Shared>) -> anyhow::Result<()> {
+    let accepted = crate::inbound::connection::connection(io, peer, addr, &shared.inbound).await?;
+    let crate::inbound::connection::Accepted { io, prefix, tls, target, known, policy } = accepted;
+    let conn = Connection { direction: Direction::inbound, peer, addr, tls, target, known, policy };
+    dispatch::serve(io, prefix, conn, shared).await
+}
+
 async fn outbound<I: Io>(io: I, peer: SocketAddr, addr: SocketAddr, shared: &Arc<Shared>) -> anyhow::Result<()> {
-    let target = crate::outbound::resolve(addr, shared)
+    let target = crate::outbound::resolve(addr, &shared.outbound)
         .await
         .inspect_err(|_| shared.metrics.tcp_refused(Direction::outbound, addr))?;
     let known = known_protocol(addr, &target, &shared.config);
@@ -120,6 +127,6 @@ fn known_protocol(addr: SocketAddr, target: &Target, config: &Config) -> Option<
     if config.opaque_ports.contains(&addr.port()) {
         return Some(Known { protocol: Protocol::Opaque, by: DecidedBy::configuration });
     }
-    let protocol = target.policy.as_ref()?.current()?.protocol.known()?;
+    let protocol = crate::outbound::policy_of(target)?.current()?.protocol.known()?;
     Some(Known { protocol, by: DecidedBy::policy })
 }

@@ -9,6 +9,7 @@ use std::time::Duration;
 use cnimesh_common::names::{PROXY_ADMIN_PORT, PROXY_INBOUND_PORT, PROXY_OUTBOUND_PORT};
 use cnimesh_identity::Name;
 
+pub use crate::outbound::static_identities::EndpointMatch;
 pub use crate::transport::identity::config::{
     IdentityConfig, TRUST_ANCHORS_FILE_VAR, TRUST_ANCHORS_PEM_VAR, TrustAnchors,
 };
@@ -109,23 +110,6 @@ pub const DEFAULT_TOKEN_FILE: &str = "/var/run/secrets/tokens/cnimesh-identity-t
 /// The control plane's identity (its ServiceAccount `names::CONTROL_NAME` in
 /// `names::CONTROL_NAMESPACE`, default trust domain); a test keeps the two in step.
 pub const DEFAULT_CONTROL_NAME: &str = "cnimesh-control.cnimesh.serviceaccount.identity.cnimesh.cluster.local";
-
-/// A meshed endpoint: one address, or every port of an IP.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum EndpointMatch {
-    Addr(SocketAddr),
-    Ip(std::net::IpAddr),
-}
-
-impl std::str::FromStr for EndpointMatch {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        s.parse()
-            .map(Self::Addr)
-            .or_else(|_| s.parse().map(Self::Ip))
-            .map_err(|_| format!("{s:?} is neither ip:port nor ip"))
-    }
-}
 
 /// `ip:port=identity` or `ip=identity`.
 fn endpoint_identity(s: &str) -> Result<(EndpointMatch, Name), String> {

@@ -16,6 +16,7 @@ use crate::inbound::policy::enforce::ConnPolicy;
 use crate::inbound::policy::model::PortProtocol;
 use crate::transport::Io;
 use crate::transport::counting::CountingIo;
+pub use crate::transport::detect::Known;
 use crate::transport::detect::{self, Protocol};
 use crate::transport::prefixed::PrefixedIo;
 use crate::transport::tcp;
@@ -35,13 +36,6 @@ pub struct Connection {
     pub known: Option<Known>,
     /// Inbound with policy discovery: the port's policy, enforced on this connection.
     pub policy: Option<Arc<ConnPolicy>>,
-}
-
-/// A connection's protocol known before reading from it, and what made it known.
-#[derive(Debug, Clone, Copy)]
-pub struct Known {
-    pub protocol: Protocol,
-    pub by: DecidedBy,
 }
 
 pub async fn serve<I: Io>(mut io: I, read: Bytes, conn: Connection, shared: &Arc<Shared>) -> anyhow::Result<()> {

@@ -214,7 +214,7 @@ impl HttpProxy {
         if let Some((_, t)) = self.named.lock().expect("not poisoned").iter().find(|(k, _)| *k == key) {
             return t.clone();
         }
-        let target = crate::outbound::service(&key, &self.shared).await;
+        let target = crate::outbound::service(&key, &self.shared.outbound).await;
         let mut named = self.named.lock().expect("not poisoned");
         // A handful of services per connection at most; beyond that, no memo.
         if named.len() < 8 {
@@ -245,7 +245,7 @@ impl HttpProxy {
             return Ok(tap::respond(self.tap(&req, None, start), denied));
         }
         let routed = match self.direction {
-            Direction::outbound => routed::route(&mut req, &self.target, &self.routes, &self.shared).await,
+            Direction::outbound => routed::route(&mut req, &self.target, &self.routes, &self.shared.outbound).await,
             Direction::inbound => Ok(None),
         };
         let routed = match routed {

@@ -1,10 +1,9 @@
 //! Golden metrics with Linkerd's names, so existing dashboards and `linkerd viz`-style queries
 //! work. Labels stay bounded: no paths, and authorities are capped in length and count.
 
-use std::collections::HashSet;
-use std::sync::Mutex;
+use std::sync::Arc;
 
-use prometheus_client::encoding::{EncodeLabelSet, LabelSetEncoder};
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -13,10 +12,13 @@ use prometheus_client::registry::Registry;
 
 pub use crate::client::discovery::ServiceLabels;
 pub use crate::http::tap::registry::TapMetrics;
-use crate::outbound::routes::model::ResourceRef;
+pub use crate::inbound::policy::metrics::{AuthzLabels, AuthzMetrics, Resource};
+pub use crate::outbound::routes::metrics::{
+    RouteBackendLabels, RouteHandles, RouteLabels, RouteMetrics, route_duration_histogram,
+};
 pub use crate::transport::identity::refresh::{IdentityMetrics, RefreshLabels};
 pub use crate::transport::labels::{
-    AcceptError, AcceptErrorLabels, DecidedBy, Direction, ProtocolLabels, TcpLabels, TlsLabel,
+    AcceptError, AcceptErrorLabels, Bounded, ConnMetrics, DecidedBy, Direction, ProtocolLabels, TcpLabels, TlsLabel,
 };
 
 /// Distinct `authority` label values kept, per direction, before the rest are reported as
@@ -24,30 +26,6 @@ pub use crate::transport::labels::{
 /// authorities).
 const MAX_AUTHORITIES: usize = 256;
 const MAX_AUTHORITY_LEN: usize = 128;
-/// Distinct `target_addr` values kept per direction (outbound destinations are unbounded).
-const MAX_TARGETS: usize = 1024;
-/// Distinct (parent, route, backend) series of route metrics.
-const MAX_ROUTE_SERIES: usize = 1024;
-
-/// A label whose distinct values are capped; later values read `other`.
-#[derive(Default)]
-struct Bounded {
-    seen: Mutex<HashSet<String>>,
-}
-
-impl Bounded {
-    fn label(&self, value: &str, cap: usize) -> String {
-        let mut seen = self.seen.lock().expect("not poisoned");
-        if seen.contains(value) {
-            return value.to_string();
-        }
-        if seen.len() >= cap {
-            return "other".into();
-        }
-        seen.insert(value.to_string());
-        value.to_string()
-    }
-}
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub struct RequestLabels {
@@ -69,110 +47,6 @@ pub struct ResponseLabels {
     pub classification: String,
 }
 
-/// A policy resource (server, route, authorization) in labels, as Linkerd names them:
-/// `<prefix>_group`, `<prefix>_kind`, `<prefix>_name`. `Arc<str>` so a label set is built by
-/// reference counts, not string copies.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Resource {
-    pub group: std::sync::Arc<str>,
-    pub kind: std::sync::Arc<str>,
-    pub name: std::sync::Arc<str>,
-}
-
-impl Resource {
-    pub fn new(group: &str, kind: &str, name: &str) -> Self {
-        Self { group: group.into(), kind: kind.into(), name: name.into() }
-    }
-}
-
-/// `inbound_{http,tcp}_authz_{allow,deny}_total`: Linkerd's labels (`srv_*`, `route_*` for
-/// HTTP, `authz_*` when allowed, `tls`, `client_id`).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct AuthzLabels {
-    pub target_addr: String,
-    pub srv: Resource,
-    pub route: Option<Resource>,
-    pub authz: Option<Resource>,
-    pub tls: TlsLabel,
-}
-
-impl EncodeLabelSet for AuthzLabels {
-    fn encode(&self, encoder: &mut LabelSetEncoder<'_>) -> Result<(), std::fmt::Error> {
-        let mut labels: Vec<(&str, &str)> = vec![("target_addr", &self.target_addr)];
-        let resources = [("srv", Some(&self.srv)), ("route", self.route.as_ref()), ("authz", self.authz.as_ref())];
-        for (prefix, r) in resources {
-            if let Some(r) = r {
-                let names = match prefix {
-                    "srv" => ["srv_group", "srv_kind", "srv_name"],
-                    "route" => ["route_group", "route_kind", "route_name"],
-                    _ => ["authz_group", "authz_kind", "authz_name"],
-                };
-                labels.extend([(names[0], &*r.group), (names[1], &*r.kind), (names[2], &*r.name)]);
-            }
-        }
-        labels.encode(encoder)?;
-        self.tls.encode(encoder)
-    }
-}
-
-/// `outbound_http_route_request_duration_seconds`: Linkerd's `parent_*` and `route_*` labels.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct RouteLabels {
-    pub parent: ResourceRef,
-    pub route: ResourceRef,
-}
-
-/// `outbound_http_route_backend_requests_total`: the route's labels and `backend_*`.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct RouteBackendLabels {
-    pub route: RouteLabels,
-    pub backend: ResourceRef,
-}
-
-/// `<prefix>_group`, `_kind`, `_namespace`, `_name` and, for parents and backends, `_port` and
-/// `_section_name`, as linkerd2-proxy writes them.
-fn resource_labels(prefix: &str, r: &ResourceRef, with_port: bool) -> Vec<(String, String)> {
-    let mut labels = vec![
-        (format!("{prefix}_group"), r.group.to_string()),
-        (format!("{prefix}_kind"), r.kind.to_string()),
-        (format!("{prefix}_namespace"), r.namespace.to_string()),
-        (format!("{prefix}_name"), r.name.to_string()),
-    ];
-    if with_port {
-        labels.push((format!("{prefix}_port"), r.port.to_string()));
-        labels.push((format!("{prefix}_section_name"), r.section.to_string()));
-    }
-    labels
-}
-
-impl EncodeLabelSet for RouteLabels {
-    fn encode(&self, encoder: &mut LabelSetEncoder<'_>) -> Result<(), std::fmt::Error> {
-        let mut labels = resource_labels("parent", &self.parent, true);
-        labels.extend(resource_labels("route", &self.route, false));
-        labels.encode(encoder)
-    }
-}
-
-impl EncodeLabelSet for RouteBackendLabels {
-    fn encode(&self, encoder: &mut LabelSetEncoder<'_>) -> Result<(), std::fmt::Error> {
-        self.route.encode(encoder)?;
-        resource_labels("backend", &self.backend, true).encode(encoder)
-    }
-}
-
-/// One (parent, route, backend)'s metric handles.
-#[derive(Clone)]
-pub struct RouteHandles {
-    pub backend_requests: Counter,
-    pub duration: Histogram,
-    pub retries: Counter,
-    pub retry_overflow: Counter,
-}
-
-fn route_duration_histogram() -> Histogram {
-    Histogram::new([0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0])
-}
-
 fn latency_histogram() -> Histogram {
     Histogram::new([
         1.0, 2.0, 3.0, 4.0, 5.0, 10.0, 20.0, 30.0, 40.0, 50.0, 100.0, 200.0, 300.0, 400.0, 500.0, 1000.0, 2000.0,
@@ -190,9 +64,6 @@ pub struct Metrics {
     pub tcp_open_connections: Family<TcpLabels, Gauge>,
     pub tcp_read_bytes_total: Family<TcpLabels, Counter>,
     pub tcp_write_bytes_total: Family<TcpLabels, Counter>,
-    pub tcp_refused_total: Family<TcpLabels, Counter>,
-    /// `inbound_tcp_accept_errors_total` and `outbound_tcp_accept_errors_total`, by direction.
-    pub tcp_accept_errors_total: [Family<AcceptErrorLabels, Counter>; 2],
     pub outbound_endpoints: Family<ServiceLabels, Gauge>,
     pub identity_cert_expiration_timestamp_seconds: Gauge,
     pub identity_cert_refresh_total: Family<RefreshLabels, Counter>,
@@ -204,21 +75,17 @@ pub struct Metrics {
     /// Opaque connections closed because a policy update no longer authorizes them.
     pub inbound_tcp_authz_revoked_total: Counter,
     pub connection_protocol_total: Family<ProtocolLabels, Counter>,
-    pub outbound_http_route_request_duration_seconds: Family<RouteLabels, Histogram, fn() -> Histogram>,
-    pub outbound_http_route_backend_requests_total: Family<RouteBackendLabels, Counter>,
-    pub outbound_http_route_retry_requests_total: Family<RouteLabels, Counter>,
-    pub outbound_http_route_retry_overflow_total: Family<RouteLabels, Counter>,
     /// Tap ([`crate::http::tap`]): sessions open now, events sent to and dropped for tap clients
     /// (a full queue: the client reads too slowly), calls refused to unauthorized clients.
     pub tap_sessions_open: Gauge,
     pub tap_events_sent_total: Counter,
     pub tap_events_dropped_total: Counter,
     pub tap_denied_total: Counter,
-    /// Distinct route series so far (routes and backends come from the control plane, parents
-    /// from destinations: the product is capped).
-    route_series: Mutex<HashSet<RouteBackendLabels>>,
     authorities: [Bounded; 2],
-    targets: [Bounded; 2],
+    /// The refusal counters and bounded `target_addr` labels both sides and the accept loop use.
+    pub conn: ConnMetrics,
+    /// The route families, with their series bound, for the outbound side.
+    pub routes: Arc<RouteMetrics>,
 }
 
 impl Default for Metrics {
@@ -233,8 +100,6 @@ impl Default for Metrics {
             tcp_open_connections: Family::default(),
             tcp_read_bytes_total: Family::default(),
             tcp_write_bytes_total: Family::default(),
-            tcp_refused_total: Family::default(),
-            tcp_accept_errors_total: Default::default(),
             outbound_endpoints: Family::default(),
             identity_cert_expiration_timestamp_seconds: Gauge::default(),
             identity_cert_refresh_total: Family::default(),
@@ -245,19 +110,18 @@ impl Default for Metrics {
             inbound_http_route_not_found_total: Family::default(),
             inbound_tcp_authz_revoked_total: Counter::default(),
             connection_protocol_total: Family::default(),
-            outbound_http_route_request_duration_seconds: Family::new_with_constructor(
-                route_duration_histogram as fn() -> Histogram,
-            ),
-            outbound_http_route_backend_requests_total: Family::default(),
-            outbound_http_route_retry_requests_total: Family::default(),
-            outbound_http_route_retry_overflow_total: Family::default(),
             tap_sessions_open: Gauge::default(),
             tap_events_sent_total: Counter::default(),
             tap_events_dropped_total: Counter::default(),
             tap_denied_total: Counter::default(),
-            route_series: Mutex::default(),
             authorities: Default::default(),
-            targets: Default::default(),
+            conn: ConnMetrics::new(Family::default(), Default::default()),
+            routes: Arc::new(RouteMetrics::new(
+                Family::new_with_constructor(route_duration_histogram as fn() -> Histogram),
+                Family::default(),
+                Family::default(),
+                Family::default(),
+            )),
             registry: Registry::default(),
         };
         // prometheus-client appends `_total` to counters itself.
@@ -273,12 +137,12 @@ impl Default for Metrics {
         registry.register("tcp_open_connections", "TCP connections open now", m.tcp_open_connections.clone());
         registry.register("tcp_read_bytes", "Bytes read from peers", m.tcp_read_bytes_total.clone());
         registry.register("tcp_write_bytes", "Bytes written to peers", m.tcp_write_bytes_total.clone());
-        registry.register("tcp_refused", "TCP connections refused by mTLS policy", m.tcp_refused_total.clone());
+        registry.register("tcp_refused", "TCP connections refused by mTLS policy", m.conn.tcp_refused_total.clone());
         for (name, direction) in [("inbound_tcp_accept_errors", 0), ("outbound_tcp_accept_errors", 1)] {
             registry.register(
                 name,
                 "Connections closed before they were served: shed over a limit, or detection timed out",
-                m.tcp_accept_errors_total[direction].clone(),
+                m.conn.tcp_accept_errors_total[direction].clone(),
             );
         }
         registry.register(
@@ -312,23 +176,23 @@ impl Default for Metrics {
         registry.register(
             "outbound_http_route_request_duration_seconds",
             "Time from a routed request to its response headers, per route",
-            m.outbound_http_route_request_duration_seconds.clone(),
+            m.routes.outbound_http_route_request_duration_seconds.clone(),
         );
         registry.register(
             "outbound_http_route_backend_requests",
             "Requests dispatched to each backend of each route",
-            m.outbound_http_route_backend_requests_total.clone(),
+            m.routes.outbound_http_route_backend_requests_total.clone(),
         );
         for (name, help, family) in [
             (
                 "outbound_http_route_retry_requests",
                 "Requests sent again by a route's retry policy",
-                &m.outbound_http_route_retry_requests_total,
+                &m.routes.outbound_http_route_retry_requests_total,
             ),
             (
                 "outbound_http_route_retry_overflow",
                 "Retries not made because the retry budget was spent",
-                &m.outbound_http_route_retry_overflow_total,
+                &m.routes.outbound_http_route_retry_overflow_total,
             ),
         ] {
             registry.register(name, help, family.clone());
@@ -390,38 +254,17 @@ impl Metrics {
 
     /// The label value for a target address, bounded in number of distinct values.
     pub fn target_label(&self, direction: Direction, target: std::net::SocketAddr) -> String {
-        self.targets[direction as usize].label(&target.to_string(), MAX_TARGETS)
+        self.conn.target_label(direction, target)
     }
 
-    /// A connection refused by policy (inbound plaintext where mTLS is required, outbound to a
-    /// meshed endpoint before we hold a certificate).
+    /// A connection refused by policy ([`ConnMetrics::tcp_refused`]).
     pub fn tcp_refused(&self, direction: Direction, target: std::net::SocketAddr) {
-        let labels =
-            TcpLabels { direction, target_addr: self.target_label(direction, target), tls: TlsLabel::plaintext() };
-        self.tcp_refused_total.get_or_create(&labels).inc();
+        self.conn.tcp_refused(direction, target)
     }
 
-    /// The handles of one (parent, route, backend): beyond [`MAX_ROUTE_SERIES`] distinct ones,
-    /// the route and backend read `other`.
-    pub fn route_handles(&self, mut labels: RouteBackendLabels) -> RouteHandles {
-        {
-            let mut seen = self.route_series.lock().expect("not poisoned");
-            if !seen.contains(&labels) {
-                if seen.len() >= MAX_ROUTE_SERIES {
-                    let other = ResourceRef::default_named("other");
-                    labels.route.route = other.clone();
-                    labels.backend = other;
-                } else {
-                    seen.insert(labels.clone());
-                }
-            }
-        }
-        RouteHandles {
-            duration: self.outbound_http_route_request_duration_seconds.get_or_create(&labels.route).clone(),
-            retries: self.outbound_http_route_retry_requests_total.get_or_create(&labels.route).clone(),
-            retry_overflow: self.outbound_http_route_retry_overflow_total.get_or_create(&labels.route).clone(),
-            backend_requests: self.outbound_http_route_backend_requests_total.get_or_create(&labels).clone(),
-        }
+    /// A connection closed before it was served.
+    pub fn accept_error(&self, direction: Direction, error: AcceptError) {
+        self.conn.accept_error(direction, error)
     }
 
     /// The certificate metrics the identity's refresh loop keeps ([`crate::transport::identity`]).
@@ -440,9 +283,16 @@ impl Metrics {
         }
     }
 
-    /// A connection closed before it was served.
-    pub fn accept_error(&self, direction: Direction, error: AcceptError) {
-        self.tcp_accept_errors_total[direction as usize].get_or_create(&AcceptErrorLabels { error }).inc();
+    /// The inbound authorization families ([`crate::inbound::policy::enforce`]).
+    pub fn authz(&self) -> AuthzMetrics {
+        AuthzMetrics {
+            inbound_http_authz_allow_total: self.inbound_http_authz_allow_total.clone(),
+            inbound_http_authz_deny_total: self.inbound_http_authz_deny_total.clone(),
+            inbound_tcp_authz_allow_total: self.inbound_tcp_authz_allow_total.clone(),
+            inbound_tcp_authz_deny_total: self.inbound_tcp_authz_deny_total.clone(),
+            inbound_http_route_not_found_total: self.inbound_http_route_not_found_total.clone(),
+            inbound_tcp_authz_revoked_total: self.inbound_tcp_authz_revoked_total.clone(),
+        }
     }
 
     pub fn encode(&self) -> String {

@@ -82,8 +82,8 @@ pub async fn run(
         _ => None,
     };
     let mut shared = Shared::new(config.clone(), metrics.clone(), drain.clone(), identity.clone(), discovery.clone());
-    shared.policies = policies;
-    shared.outbound_policies = outbound_policies;
+    shared.inbound.policies = policies;
+    shared.outbound.policies = outbound_policies;
     let shared = Arc::new(shared);
     tokio::spawn(evict_idle_targets(shared.clone()));
     let mut listeners = Vec::new();
@@ -132,7 +132,7 @@ pub async fn run(
     for (direction, listener) in listeners {
         tokio::spawn(accept::accept_loop(listener, direction, shared.clone()));
     }
-    match (&shared.policies, &config.policy) {
+    match (&shared.inbound.policies, &config.policy) {
         (Some(policies), Some(p)) => {
             let (admin, policies, bound) = (admin.clone(), policies.clone(), p.ready_timeout);
             tokio::spawn(async move {
@@ -184,7 +184,7 @@ async fn evict_idle_targets(shared: Arc<Shared>) {
     let mut every = tokio::time::interval(TARGET_SWEEP);
     loop {
         every.tick().await;
-        shared.inbound.evict_idle(TARGET_IDLE);
+        shared.inbound.targets.evict_idle(TARGET_IDLE);
         shared.outbound.by_addr.evict_idle(TARGET_IDLE);
         shared.outbound.by_service.evict_idle(TARGET_IDLE);
     }

@@ -13,27 +13,27 @@ use tower::retry::budget::TpsBudget;
 
 use crate::client::discovery::Profile;
 use crate::client::target::Route;
-use crate::outbound::policy::discover::PolicyWatch;
 use crate::transport::labels::TlsLabel;
 
 /// A resolved target.
 pub struct Target {
     pub route: Route,
     pub tls: TlsLabel,
-    /// The control plane's outbound policy for it (outbound targets, with policy discovery).
-    pub policy: Option<PolicyWatch>,
+    /// What a side attaches to its targets, opaque to the clients: the outbound side's policy
+    /// watch ([`crate::outbound::policy_of`]).
+    pub extensions: http::Extensions,
     /// Bounds the retries of every request to it (made on first use: only routes retry).
     retry_budget: std::sync::OnceLock<TpsBudget>,
 }
 
 impl Target {
     pub fn new(route: Route) -> Arc<Self> {
-        Self::with_policy(route, None)
+        Self::with_extensions(route, http::Extensions::new())
     }
 
-    pub fn with_policy(route: Route, policy: Option<PolicyWatch>) -> Arc<Self> {
+    pub fn with_extensions(route: Route, extensions: http::Extensions) -> Arc<Self> {
         let tls = route.tls_label();
-        Arc::new(Self { route, tls, policy, retry_budget: std::sync::OnceLock::new() })
+        Arc::new(Self { route, tls, extensions, retry_budget: std::sync::OnceLock::new() })
     }
 
     /// Linkerd's default budget: retries may add 20 % to the requests, plus 10 per second, as
@@ -100,15 +100,6 @@ impl<K: Hash + Eq + Clone> Targets<K> {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
-}
-
-/// Resolved outbound targets.
-#[derive(Default)]
-pub struct Outbound {
-    /// By original destination.
-    pub by_addr: Targets<std::net::SocketAddr>,
-    /// By service authority (`name.ns.svc.<domain>:port`), for requests that name one.
-    pub by_service: Targets<String>,
 }
 
 #[cfg(test)]

@@ -9,27 +9,44 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use crate::app::dispatch::{self, Connection, Known};
-use crate::app::metrics::{AcceptError, DecidedBy, Direction, TlsLabel};
-use crate::app::shared::Shared;
+use super::Inbound;
 use crate::client::target::Route;
 use crate::client::targets::Target;
 use crate::inbound::policy::enforce::ConnPolicy;
 use crate::inbound::policy::model::PortProtocol;
 use crate::transport::Io;
-use crate::transport::detect::Protocol;
+use crate::transport::detect::{Known, Protocol};
+use crate::transport::labels::{AcceptError, DecidedBy, Direction, TlsLabel};
 use crate::transport::maybe_tls::MaybeTls;
 use crate::transport::tls;
 use cnimesh_common::log_limit::LogLimit;
 
-/// Serves one inbound connection from `peer` to `addr`, its original destination.
-pub async fn connection<I: Io>(io: I, peer: SocketAddr, addr: SocketAddr, shared: &Arc<Shared>) -> anyhow::Result<()> {
-    let config = &shared.config;
+/// An inbound connection ready to be served: TLS settled, its target, protocol (when known
+/// without detection) and policy found.
+pub struct Accepted<I> {
+    pub io: tls::ClientIo<I>,
+    /// Bytes already read from the client.
+    pub prefix: Bytes,
+    pub tls: TlsLabel,
+    pub target: Arc<Target>,
+    pub known: Option<Known>,
+    pub policy: Option<Arc<ConnPolicy>>,
+}
+
+/// Admits one inbound connection from `peer` to `addr`, its original destination; the app
+/// serves what it returns.
+pub async fn connection<I: Io>(
+    io: I,
+    peer: SocketAddr,
+    addr: SocketAddr,
+    inbound: &Inbound,
+) -> anyhow::Result<Accepted<I>> {
+    let config = &inbound.config;
     // Checked before anything else: a neighbour that addresses its packets to 127.0.0.1 (its own
     // route via this pod, or a raw frame to our MAC) would otherwise reach the app's
     // loopback-only listeners, which trust that only this pod can connect.
     if is_loopback(addr.ip()) {
-        shared.metrics.accept_error(Direction::inbound, AcceptError::loopback_destination);
+        inbound.metrics.accept_error(Direction::inbound, AcceptError::loopback_destination);
         if let Some(left_out) = LOOPBACK_LOG.allow() {
             tracing::warn!(%peer, %addr, left_out, "refused: inbound connection to a loopback address");
         }
@@ -38,16 +55,16 @@ pub async fn connection<I: Io>(io: I, peer: SocketAddr, addr: SocketAddr, shared
     // Inbound capture redirects whatever arrives at the pod: a neighbour on the same L2 segment
     // could address a packet to any IP and have us relay it from this pod's address. Only this
     // pod's own addresses are destinations of inbound traffic.
-    if !shared.local_ips.contains(addr.ip()) {
-        shared.metrics.tcp_refused(Direction::inbound, addr);
+    if !inbound.local_ips.contains(addr.ip()) {
+        inbound.metrics.tcp_refused(Direction::inbound, addr);
         anyhow::bail!("refused: inbound connection to {addr}, which is not an address of this pod");
     }
-    let target = port_target(addr, shared);
-    let port = match &shared.policies {
+    let target = port_target(addr, inbound);
+    let port = match &inbound.policies {
         Some(p) => match p.port(addr.port()).await {
             Ok(watch) => Some(watch),
             Err(full) => {
-                shared.metrics.accept_error(Direction::inbound, AcceptError::policy_watch_limit);
+                inbound.metrics.accept_error(Direction::inbound, AcceptError::policy_watch_limit);
                 if let Some(left_out) = WATCH_LIMIT_LOG.allow() {
                     tracing::warn!(%peer, %addr, left_out, "{full}");
                 }
@@ -67,18 +84,17 @@ pub async fn connection<I: Io>(io: I, peer: SocketAddr, addr: SocketAddr, shared
     };
     let enforce = |tls: &TlsLabel| {
         port.map(|p| {
-            let target_addr = shared.metrics.target_label(Direction::inbound, addr);
-            Arc::new(ConnPolicy::new(p, peer.ip(), tls.clone(), target_addr, shared.metrics.clone()))
+            let target_addr = inbound.metrics.target_label(Direction::inbound, addr);
+            Arc::new(ConnPolicy::new(p, peer.ip(), tls.clone(), target_addr, inbound.authz.clone()))
         })
     };
-    match shared.identity.as_deref() {
+    match inbound.identity.as_deref() {
         Some(identity) => {
             let wait = if known.is_some() { config.opaque_tls_wait } else { config.detect_timeout };
             match tls::inbound(io, identity, wait, config.inbound_require_tls).await? {
                 tls::Inbound::Accepted { io, prefix, tls } => {
                     let policy = enforce(&tls);
-                    let conn = Connection { direction: Direction::inbound, peer, addr, tls, target, known, policy };
-                    dispatch::serve(io, prefix, conn, shared).await
+                    Ok(Accepted { io, prefix, tls, target, known, policy })
                 }
                 // Silent (or dribbling) for the whole wait: on an opaque port, a server-speaks-first
                 // client waiting for its greeting; elsewhere a client that never says anything
@@ -87,15 +103,14 @@ pub async fn connection<I: Io>(io: I, peer: SocketAddr, addr: SocketAddr, shared
                     let tls = TlsLabel::plaintext();
                     let policy = enforce(&tls);
                     let io: tls::ClientIo<I> = MaybeTls::Plain(io);
-                    let conn = Connection { direction: Direction::inbound, peer, addr, tls, target, known, policy };
-                    dispatch::serve(io, prefix, conn, shared).await
+                    Ok(Accepted { io, prefix, tls, target, known, policy })
                 }
                 tls::Inbound::Undecided { prefix, .. } => {
-                    shared.metrics.accept_error(Direction::inbound, AcceptError::tls_detect_timeout);
+                    inbound.metrics.accept_error(Direction::inbound, AcceptError::tls_detect_timeout);
                     anyhow::bail!("closed: nothing decisive from the client within {wait:?} ({} bytes)", prefix.len());
                 }
                 tls::Inbound::Refused(why) => {
-                    shared.metrics.tcp_refused(Direction::inbound, addr);
+                    inbound.metrics.tcp_refused(Direction::inbound, addr);
                     anyhow::bail!("refused: {why}");
                 }
             }
@@ -103,8 +118,7 @@ pub async fn connection<I: Io>(io: I, peer: SocketAddr, addr: SocketAddr, shared
         None => {
             let tls = TlsLabel::plaintext();
             let policy = enforce(&tls);
-            let conn = Connection { direction: Direction::inbound, peer, addr, tls, target, known, policy };
-            dispatch::serve(io, Bytes::new(), conn, shared).await
+            Ok(Accepted { io: MaybeTls::Plain(io), prefix: Bytes::new(), tls, target, known, policy })
         }
     }
 }
@@ -122,12 +136,12 @@ pub fn is_loopback(ip: IpAddr) -> bool {
 }
 
 /// The target of one of our ports: the app, in plaintext on the pod's own address.
-fn port_target(addr: SocketAddr, shared: &Shared) -> Arc<Target> {
-    if let Some(target) = shared.inbound.get(&addr) {
+fn port_target(addr: SocketAddr, inbound: &Inbound) -> Arc<Target> {
+    if let Some(target) = inbound.targets.get(&addr) {
         return target;
     }
-    let target = Target::new(Route::fixed(addr, None, shared.config.connect_timeout));
-    shared.inbound.insert(addr, target.clone(), None);
+    let target = Target::new(Route::fixed(addr, None, inbound.config.connect_timeout));
+    inbound.targets.insert(addr, target.clone(), None);
     target
 }
 

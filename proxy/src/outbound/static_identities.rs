@@ -7,7 +7,22 @@ use std::net::SocketAddr;
 
 use cnimesh_identity::Name;
 
-use crate::app::config::EndpointMatch;
+/// A meshed endpoint: one address, or every port of an IP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EndpointMatch {
+    Addr(SocketAddr),
+    Ip(std::net::IpAddr),
+}
+
+impl std::str::FromStr for EndpointMatch {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        s.parse()
+            .map(Self::Addr)
+            .or_else(|_| s.parse().map(Self::Ip))
+            .map_err(|_| format!("{s:?} is neither ip:port nor ip"))
+    }
+}
 
 /// Fixed at start: no lock on the per-connection lookup.
 #[derive(Debug, Default)]

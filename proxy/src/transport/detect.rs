@@ -84,6 +84,13 @@ pub async fn detect<S: AsyncRead + Unpin>(
     }
 }
 
+/// A connection's protocol known before reading from it, and what made it known.
+#[derive(Debug, Clone, Copy)]
+pub struct Known {
+    pub protocol: Protocol,
+    pub by: super::labels::DecidedBy,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

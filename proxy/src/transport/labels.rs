@@ -3,7 +3,12 @@
 //! that use them are registered by the app ([`crate::app::metrics`]); the labels live here, with
 //! the connections they describe, so every layer above can label what it counts.
 
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelSetEncoder};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, EncodeLabelValue)]
 pub enum Direction {
@@ -105,5 +110,65 @@ impl ProtocolLabels {
             Protocol::Opaque => "opaque",
         };
         Self { direction, protocol, decided_by }
+    }
+}
+
+/// Distinct `target_addr` values kept per direction (outbound destinations are unbounded).
+const MAX_TARGETS: usize = 1024;
+
+/// A label whose distinct values are capped; later values read `other`.
+#[derive(Default)]
+pub struct Bounded {
+    seen: Mutex<HashSet<String>>,
+}
+
+impl Bounded {
+    pub fn label(&self, value: &str, cap: usize) -> String {
+        let mut seen = self.seen.lock().expect("not poisoned");
+        if seen.contains(value) {
+            return value.to_string();
+        }
+        if seen.len() >= cap {
+            return "other".into();
+        }
+        seen.insert(value.to_string());
+        value.to_string()
+    }
+}
+
+/// Connections the proxy did not serve, and the bounded `target_addr` label: handles into the
+/// app's registry, shared by the accept loop and both sides.
+#[derive(Clone)]
+pub struct ConnMetrics {
+    pub tcp_refused_total: Family<TcpLabels, Counter>,
+    /// `inbound_tcp_accept_errors_total` and `outbound_tcp_accept_errors_total`, by direction.
+    pub tcp_accept_errors_total: [Family<AcceptErrorLabels, Counter>; 2],
+    targets: Arc<[Bounded; 2]>,
+}
+
+impl ConnMetrics {
+    pub fn new(
+        tcp_refused_total: Family<TcpLabels, Counter>,
+        tcp_accept_errors_total: [Family<AcceptErrorLabels, Counter>; 2],
+    ) -> Self {
+        Self { tcp_refused_total, tcp_accept_errors_total, targets: Arc::default() }
+    }
+
+    /// The label value for a target address, bounded in number of distinct values.
+    pub fn target_label(&self, direction: Direction, target: std::net::SocketAddr) -> String {
+        self.targets[direction as usize].label(&target.to_string(), MAX_TARGETS)
+    }
+
+    /// A connection refused by policy (inbound plaintext where mTLS is required, outbound to a
+    /// meshed endpoint before we hold a certificate).
+    pub fn tcp_refused(&self, direction: Direction, target: std::net::SocketAddr) {
+        let labels =
+            TcpLabels { direction, target_addr: self.target_label(direction, target), tls: TlsLabel::plaintext() };
+        self.tcp_refused_total.get_or_create(&labels).inc();
+    }
+
+    /// A connection closed before it was served.
+    pub fn accept_error(&self, direction: Direction, error: AcceptError) {
+        self.tcp_accept_errors_total[direction as usize].get_or_create(&AcceptErrorLabels { error }).inc();
     }
 }

@@ -11,10 +11,11 @@ use prometheus_client::metrics::counter::Counter;
 
 use super::authorize::{Client, authorized, route_for};
 use super::discover::PortWatch;
+use super::metrics::{AuthzLabels, AuthzMetrics};
 use super::model::{PortPolicy, PortProtocol, Resource};
-use crate::app::metrics::{AuthzLabels, Metrics, TlsLabel};
 use crate::http::Body;
 use crate::http::error::{ProxyError, error_response, full};
+use crate::transport::labels::TlsLabel;
 
 /// The header naming why the proxy answered itself (shared with the proxy's other errors).
 const ERROR_HEADER: &str = "cnimesh-proxy-error";
@@ -28,7 +29,7 @@ pub struct ConnPolicy {
     ip: IpAddr,
     target_addr: String,
     tls: TlsLabel,
-    metrics: Arc<Metrics>,
+    metrics: Arc<AuthzMetrics>,
     verdicts: Mutex<Option<Arc<Verdicts>>>,
 }
 
@@ -49,7 +50,7 @@ struct Verdict {
 impl ConnPolicy {
     /// `tls` is the connection's own: its `client_id` is the identity the client's certificate
     /// proved (mTLS terminated here), absent for plaintext.
-    pub fn new(port: PortWatch, peer: IpAddr, tls: TlsLabel, target_addr: String, metrics: Arc<Metrics>) -> Self {
+    pub fn new(port: PortWatch, peer: IpAddr, tls: TlsLabel, target_addr: String, metrics: Arc<AuthzMetrics>) -> Self {
         Self { port, ip: peer, target_addr, tls, metrics, verdicts: Mutex::default() }
     }
 
@@ -227,23 +228,27 @@ fn refused<B>(req: &Request<B>, refusal: Refusal, why: &str) -> Response<Body> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::app::metrics::Metrics;
     use crate::inbound::policy::model::DefaultPolicy;
 
     /// A plaintext client's connection from 10.0.0.1 to 10.0.0.2:80 under `policy`.
-    fn plaintext_client_of(policy: PortPolicy) -> ConnPolicy {
-        ConnPolicy::new(
+    /// With the registry its counters are in.
+    fn plaintext_client_of(policy: PortPolicy) -> (ConnPolicy, Metrics) {
+        let metrics = Metrics::default();
+        let conn = ConnPolicy::new(
             PortWatch::fixed(Arc::new(policy)),
             "10.0.0.1".parse().unwrap(),
             TlsLabel::plaintext(),
             "10.0.0.2:80".into(),
-            Arc::new(Metrics::default()),
-        )
+            Arc::new(metrics.authz()),
+        );
+        (conn, metrics)
     }
 
     #[test]
     fn denied_answers_for_http_and_grpc() {
         let policy = DefaultPolicy::Deny.policy(&[]);
-        let conn = plaintext_client_of(policy);
+        let (conn, metrics) = plaintext_client_of(policy);
         let plain = Request::get("/x").body(()).unwrap();
         let r = conn.deny_request(&plain, false).unwrap();
         assert_eq!(r.status(), StatusCode::FORBIDDEN);
@@ -252,7 +257,7 @@ mod tests {
         let r = conn.deny_request(&grpc, false).unwrap();
         assert_eq!((r.status(), &r.headers()["grpc-status"]), (StatusCode::OK, &HeaderValue::from_static("7")));
         assert!(!conn.allow_tcp());
-        let text = conn.metrics.encode();
+        let text = metrics.encode();
         assert!(text.contains("inbound_http_authz_deny_total{target_addr=\"10.0.0.2:80\",srv_group=\"\",srv_kind=\"default\",srv_name=\"deny\",route_group=\"\",route_kind=\"default\",route_name=\"default\",tls=\"false\"} 2"), "{text}");
         assert!(text.contains("inbound_tcp_authz_deny_total{target_addr=\"10.0.0.2:80\",srv_group=\"\",srv_kind=\"default\",srv_name=\"deny\",tls=\"false\"} 1"), "{text}");
     }
@@ -269,7 +274,7 @@ mod tests {
         let open = policy.authorizations.clone();
         policy.routes = vec![route("api", "/api", open), route("admin", "/admin", Vec::new())];
         policy.authorizations.clear();
-        let conn = plaintext_client_of(policy);
+        let (conn, metrics) = plaintext_client_of(policy);
         assert!(conn.deny_request(&Request::get("/api/x").body(()).unwrap(), false).is_none());
         let r = conn.deny_request(&Request::get("/admin").body(()).unwrap(), false).unwrap();
         assert_eq!(r.status(), StatusCode::FORBIDDEN, "a route matched, no authorization did");
@@ -279,7 +284,7 @@ mod tests {
         let grpc = Request::post("/pkg.Svc/M").header("content-type", "application/grpc").body(()).unwrap();
         let r = conn.deny_request(&grpc, false).unwrap();
         assert_eq!((r.status(), &r.headers()["grpc-status"]), (StatusCode::OK, &HeaderValue::from_static("5")));
-        let text = conn.metrics.encode();
+        let text = metrics.encode();
         assert!(text.contains("inbound_http_route_not_found_total{target_addr=\"10.0.0.2:80\",srv_group=\"\",srv_kind=\"default\",srv_name=\"all-unauthenticated\",tls=\"false\"} 2"), "{text}");
         assert!(!text.contains("route_name=\"\""), "no-route requests are not counted as denials: {text}");
     }
@@ -306,7 +311,7 @@ mod tests {
 
     #[test]
     fn a_probe_path_matches_with_a_query_string() {
-        let conn = plaintext_client_of(deny_with_probe());
+        let (conn, _) = plaintext_client_of(deny_with_probe());
         assert!(conn.deny_request(&Request::get("/ready?verbose=1").body(()).unwrap(), false).is_none());
         assert!(conn.deny_request(&Request::get("/ready").body(()).unwrap(), false).is_none());
         let r = conn.deny_request(&Request::get("/admin?ready").body(()).unwrap(), false).unwrap();
@@ -317,19 +322,19 @@ mod tests {
     /// everyone. A tunnel needs the server-level authorization.
     #[test]
     fn a_route_exemption_never_authorizes_a_tunnel() {
-        let conn = plaintext_client_of(deny_with_probe());
+        let (conn, metrics) = plaintext_client_of(deny_with_probe());
         let upgrade = Request::get("/ready").header("upgrade", "websocket").body(()).unwrap();
         let r = conn.deny_request(&upgrade, true).unwrap();
         assert_eq!(r.status(), StatusCode::FORBIDDEN);
         assert!(r.headers()[ERROR_HEADER].to_str().unwrap().contains("unauthorized tunnel on route probe"));
         let connect = Request::connect("db:5432").body(()).unwrap();
         assert_eq!(conn.deny_request(&connect, true).unwrap().status(), StatusCode::FORBIDDEN);
-        let text = conn.metrics.encode();
+        let text = metrics.encode();
         assert!(text.contains("route_name=\"probe\",tls=\"false\"} 1"), "the refused tunnel is counted: {text}");
 
         let mut open = deny_with_probe();
         open.authorizations = DefaultPolicy::AllUnauthenticated.policy(&[]).authorizations;
-        let conn = plaintext_client_of(open);
+        let (conn, _) = plaintext_client_of(open);
         assert!(conn.deny_request(&upgrade, true).is_none(), "the server admits this client: its tunnel too");
         assert!(conn.deny_request(&connect, true).is_none());
     }
@@ -339,12 +344,13 @@ mod tests {
         let open = Arc::new(DefaultPolicy::AllUnauthenticated.policy(&[]));
         let (answer, answers) = tokio::sync::watch::channel(None);
         let (_fallback, fallbacks) = tokio::sync::watch::channel(open);
+        let metrics = Metrics::default();
         let conn = ConnPolicy::new(
             PortWatch::following(answers, fallbacks),
             "10.0.0.1".parse().unwrap(),
             TlsLabel::plaintext(),
             "10.0.0.2:80".into(),
-            Arc::new(Metrics::default()),
+            Arc::new(metrics.authz()),
         );
         assert!(conn.allow_tcp(), "unanswered: the default, which allows");
         let revoked = conn.revoked();
@@ -353,6 +359,6 @@ mod tests {
         assert!(still.is_err(), "nothing changed");
         answer.send_replace(Some(Arc::new(DefaultPolicy::Deny.policy(&[]))));
         tokio::time::timeout(std::time::Duration::from_secs(5), revoked).await.expect("revoked by the deny answer");
-        assert_eq!(conn.metrics.inbound_tcp_authz_revoked_total.get(), 1);
+        assert_eq!(metrics.inbound_tcp_authz_revoked_total.get(), 1);
     }
 }

@@ -5,5 +5,6 @@
 pub mod authorize;
 pub mod discover;
 pub mod enforce;
+pub mod metrics;
 pub mod model;
 pub mod path;

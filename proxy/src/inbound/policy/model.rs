@@ -11,7 +11,7 @@ use linkerd2_proxy_api::http_route as api_route;
 use linkerd2_proxy_api::inbound as api;
 use linkerd2_proxy_api::meta;
 
-pub use crate::app::metrics::Resource;
+pub use super::metrics::Resource;
 
 /// How the port's bytes are read. gRPC is HTTP/2 to the proxy; TLS passthrough is opaque.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
