@@ -10,6 +10,8 @@ use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelSetEnco
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 
+pub use super::detect::DecidedBy;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, EncodeLabelValue)]
 pub enum Direction {
     #[allow(non_camel_case_types)]
@@ -81,16 +83,6 @@ pub enum AcceptError {
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub struct AcceptErrorLabels {
     pub error: AcceptError,
-}
-
-/// What decided a connection's protocol: a configured opaque port, a policy from the control
-/// plane, or detection on the client's first bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, EncodeLabelValue)]
-#[allow(non_camel_case_types)]
-pub enum DecidedBy {
-    configuration,
-    policy,
-    detection,
 }
 
 /// `connection_protocol_total`: how connections were served and why.
