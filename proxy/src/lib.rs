@@ -29,7 +29,6 @@
 
 pub mod app;
 pub mod client;
-pub mod grpc_channel;
 pub mod http;
 pub mod inbound;
 pub mod outbound;

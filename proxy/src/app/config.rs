@@ -107,9 +107,7 @@ fn redacted(pem: &str) -> String {
 }
 
 pub const DEFAULT_TOKEN_FILE: &str = "/var/run/secrets/tokens/cnimesh-identity-token";
-/// The control plane's identity (its ServiceAccount `names::CONTROL_NAME` in
-/// `names::CONTROL_NAMESPACE`, default trust domain); a test keeps the two in step.
-pub const DEFAULT_CONTROL_NAME: &str = "cnimesh-control.cnimesh.serviceaccount.identity.cnimesh.cluster.local";
+pub use cnimesh_identity::name::DEFAULT_CONTROL_NAME;
 
 /// `ip:port=identity` or `ip=identity`.
 fn endpoint_identity(s: &str) -> Result<(EndpointMatch, Name), String> {

@@ -16,10 +16,10 @@ use crate::app::metrics::{Direction, Metrics};
 use crate::app::shared::Shared;
 use crate::app::{accept, tap};
 use crate::client::discovery;
-use crate::grpc_channel;
 use crate::inbound::policy;
 use crate::outbound;
 use crate::transport::identity;
+use cnimesh_identity::grpc_channel;
 
 /// Runs the proxy until `shutdown` resolves or `/shutdown` is called, then drains for up to the
 /// grace period.

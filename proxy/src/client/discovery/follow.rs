@@ -42,7 +42,7 @@ pub(crate) async fn retrying<M, F, Fut>(
                         }
                         Ok(None) => break,
                         Err(e) => {
-                            tracing::warn!(lookup = %what, error = %crate::grpc_channel::describe(&e), "discovery stream failed; keeping the last answer");
+                            tracing::warn!(lookup = %what, error = %cnimesh_identity::grpc_channel::describe(&e), "discovery stream failed; keeping the last answer");
                             break;
                         }
                     }
@@ -51,10 +51,10 @@ pub(crate) async fn retrying<M, F, Fut>(
             // The control plane's answer that it has nothing for this lookup (a policy asked of
             // an address it does not know), not an outage: asked again later.
             Err(e) if e.code() == tonic::Code::NotFound => {
-                tracing::debug!(lookup = %what, error = %crate::grpc_channel::describe(&e), "nothing known for this lookup")
+                tracing::debug!(lookup = %what, error = %cnimesh_identity::grpc_channel::describe(&e), "nothing known for this lookup")
             }
             Err(e) => {
-                tracing::warn!(lookup = %what, error = %crate::grpc_channel::describe(&e), "discovery unavailable; keeping the last answer")
+                tracing::warn!(lookup = %what, error = %cnimesh_identity::grpc_channel::describe(&e), "discovery unavailable; keeping the last answer")
             }
         }
         let (next, jittered) = crate::transport::backoff::backoff(delay, max_backoff);

@@ -16,7 +16,13 @@ use super::config::IdentityConfig;
 /// A channel to the Identity service. No client certificate: Certify is how a proxy gets its
 /// first one, and the control plane serves it without (renewals need none either).
 pub fn channel(config: &IdentityConfig, roots: Arc<rustls::RootCertStore>) -> anyhow::Result<Channel> {
-    crate::grpc_channel::channel(&config.control_addr, &config.control_name, roots, None, Some(Duration::from_secs(10)))
+    cnimesh_identity::grpc_channel::channel(
+        &config.control_addr,
+        &config.control_name,
+        roots,
+        None,
+        Some(Duration::from_secs(10)),
+    )
 }
 
 /// A certificate the control plane issued, checked.
@@ -44,7 +50,9 @@ pub async fn certify(
     let response = IdentityClient::new(channel)
         .certify(request)
         .await
-        .map_err(|s| anyhow::anyhow!("Certify at {}: {}", config.control_addr, crate::grpc_channel::describe(&s)))?
+        .map_err(|s| {
+            anyhow::anyhow!("Certify at {}: {}", config.control_addr, cnimesh_identity::grpc_channel::describe(&s))
+        })?
         .into_inner();
     let mut chain = vec![CertificateDer::from(response.leaf_certificate)];
     chain.extend(response.intermediate_certificates.into_iter().map(CertificateDer::from));

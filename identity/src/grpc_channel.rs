@@ -7,9 +7,9 @@ use std::io;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::Name;
+use crate::tls::CurrentCert;
 use anyhow::Context;
-use cnimesh_identity::Name;
-use cnimesh_identity::tls::CurrentCert;
 use hyper_util::rt::TokioIo;
 use rustls_pki_types::ServerName;
 use tonic::transport::{Channel, Endpoint};
@@ -78,7 +78,7 @@ fn connector(
     + 'static,
 > {
     let resolver = cert.clone().map(|c| c as Arc<dyn rustls::client::ResolvesClientCert>);
-    let tls = tokio_rustls::TlsConnector::from(cnimesh_identity::tls::client_config(roots, resolver, &[b"h2"])?);
+    let tls = tokio_rustls::TlsConnector::from(crate::tls::client_config(roots, resolver, &[b"h2"])?);
     let addr = addr.to_string();
     let name = ServerName::try_from(name.to_string()).context("control-plane identity")?;
     Ok(tower::service_fn(move |_: http::Uri| {
@@ -144,7 +144,7 @@ mod tests {
     /// connection made then would be refused every call for its whole life, so it is not made.
     #[tokio::test]
     async fn a_channel_that_presents_the_workload_certificate_waits_for_the_first_one_and_says_so() {
-        let name: Name = crate::app::config::DEFAULT_CONTROL_NAME.parse().unwrap();
+        let name: Name = crate::name::DEFAULT_CONTROL_NAME.parse().unwrap();
         let roots = Arc::new(rustls::RootCertStore::empty());
         let error = connect("127.0.0.1:1", &name, roots, Some(Arc::new(CurrentCert::default()))).await.unwrap_err();
         let error = format!("{error:#}");
