@@ -119,7 +119,7 @@ async fn main() {
     let roots = tls::roots(&anchors).unwrap();
     let channel = loop {
         // The server's own certificate is issued just after start.
-        match cnimesh_proxy::grpc_channel::connect(&addr.to_string(), &control, roots.clone(), None).await {
+        match cnimesh_identity::grpc_channel::connect(&addr.to_string(), &control, roots.clone(), None).await {
             Ok(channel) => break channel,
             Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
         }

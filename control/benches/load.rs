@@ -161,7 +161,7 @@ async fn main() {
     let anchors =
         pem::certs(&std::fs::read(dir.path().join("issuer/ca.crt")).expect("anchors"), "anchors").expect("anchors PEM");
     let roots = tls::roots(&anchors).expect("roots");
-    let control_name: Name = cnimesh_proxy::config::DEFAULT_CONTROL_NAME.parse().expect("name");
+    let control_name: Name = cnimesh_identity::name::DEFAULT_CONTROL_NAME.parse().expect("name");
     let addr = format!("127.0.0.1:{grpc}");
     // A proxy's mesh certificate: Destination answers mesh identities only.
     let client_name = Name::for_service_account("web", "load", "cluster.local").expect("name");
@@ -171,7 +171,7 @@ async fn main() {
         Duration::from_secs(86400),
     )
     .expect("a client certificate");
-    let connect = || cnimesh_proxy::grpc_channel::connect(&addr, &control_name, roots.clone(), Some(cert.clone()));
+    let connect = || cnimesh_identity::grpc_channel::connect(&addr, &control_name, roots.clone(), Some(cert.clone()));
     let deadline = Instant::now() + Duration::from_secs(30);
     let first = loop {
         match connect().await {

@@ -278,7 +278,7 @@ mod tests {
         let channel = {
             let mut attempt = 0;
             loop {
-                match cnimesh_proxy::grpc_channel::connect(
+                match cnimesh_identity::grpc_channel::connect(
                     &running.grpc.to_string(),
                     &running.control,
                     roots.clone(),
@@ -320,7 +320,9 @@ mod tests {
         // A client expecting another name must not get through.
         let other = Name::for_service_account("impostor", "cnimesh", "cluster.local").unwrap();
         assert!(
-            cnimesh_proxy::grpc_channel::connect(&running.grpc.to_string(), &other, roots.clone(), None).await.is_err()
+            cnimesh_identity::grpc_channel::connect(&running.grpc.to_string(), &other, roots.clone(), None)
+                .await
+                .is_err()
         );
 
         let (status, _) = http_get(running.admin, "/ready").await;
@@ -390,7 +392,7 @@ mod tests {
         let mut running = start().await;
         let roots = cnimesh_identity::tls::roots(&running.anchors).unwrap();
         let addr = running.grpc.to_string();
-        let connect = |cert| cnimesh_proxy::grpc_channel::connect(&addr, &running.control, roots.clone(), cert);
+        let connect = |cert| cnimesh_identity::grpc_channel::connect(&addr, &running.control, roots.clone(), cert);
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         let anonymous = loop {
             match connect(None).await {

@@ -149,7 +149,7 @@ async fn channel(running: &Running) -> Channel {
     for _ in 0..100 {
         let addr = running.grpc.to_string();
         if let Ok(channel) =
-            cnimesh_proxy::grpc_channel::connect(&addr, &running.control, running.roots.clone(), Some(cert.clone()))
+            cnimesh_identity::grpc_channel::connect(&addr, &running.control, running.roots.clone(), Some(cert.clone()))
                 .await
         {
             return channel;

@@ -5,9 +5,9 @@
 //! dot segment), so what the policy matched is what the app will read.
 #![no_main]
 
-use cnimesh_proxy::policy::authorize::route_for;
-use cnimesh_proxy::policy::model::{PathMatch, Resource, Route, RouteMatch};
-use cnimesh_proxy::policy::path::normalize;
+use cnimesh_proxy::inbound::policy::authorize::route_for;
+use cnimesh_proxy::inbound::policy::model::{PathMatch, Resource, Route, RouteMatch};
+use cnimesh_proxy::inbound::policy::path::normalize;
 use libfuzzer_sys::fuzz_target;
 
 fn routes() -> Vec<Route> {

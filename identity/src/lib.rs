@@ -2,6 +2,7 @@
 //! configuration on the one crypto provider (aws-lc-rs), and certificate authorities.
 
 pub mod ca;
+pub mod grpc_channel;
 pub mod name;
 pub mod pem;
 pub mod tls;

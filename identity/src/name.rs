@@ -7,6 +7,10 @@ pub const DEFAULT_TRUST_DOMAIN: &str = "cluster.local";
 /// The audience a projected service-account token must carry to be accepted by Certify.
 pub const TOKEN_AUDIENCE: &str = "identity.cnimesh.io";
 
+/// The control plane's identity (its ServiceAccount `cnimesh_common::names::CONTROL_NAME` in
+/// `CONTROL_NAMESPACE`, default trust domain); a test in the proxy keeps the two in step.
+pub const DEFAULT_CONTROL_NAME: &str = "cnimesh-control.cnimesh.serviceaccount.identity.cnimesh.cluster.local";
+
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum NameError {
     #[error("{0:?} is not a DNS name (labels of a-z, 0-9 and '-', each 1..=63 long, 253 in all)")]

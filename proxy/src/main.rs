@@ -9,5 +9,5 @@
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 fn main() -> std::process::ExitCode {
-    cnimesh_proxy::cli::main()
+    cnimesh_proxy::app::cli::main()
 }

@@ -7,12 +7,12 @@ mod support;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use cnimesh_proxy::admin::{Admin, status};
-use cnimesh_proxy::config::{Config, IdentityConfig, TrustAnchors};
-use cnimesh_proxy::discovery::Discovery;
-use cnimesh_proxy::drain::Drain;
-use cnimesh_proxy::identity::Identity;
-use cnimesh_proxy::metrics::Metrics;
+use cnimesh_proxy::app::admin::{Admin, status};
+use cnimesh_proxy::app::config::{Config, IdentityConfig, TrustAnchors};
+use cnimesh_proxy::app::drain::Drain;
+use cnimesh_proxy::app::metrics::Metrics;
+use cnimesh_proxy::client::discovery::Discovery;
+use cnimesh_proxy::transport::identity::Identity;
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
@@ -63,8 +63,12 @@ async fn status_pages_show_configuration_identity_and_discovery_without_secrets(
     let metrics = Arc::new(Metrics::default());
     // Discovery towards a control plane that never answers: the lookup shows, unanswered.
     let channel = tonic::transport::Endpoint::from_static("http://127.0.0.1:9").connect_lazy();
-    let discovery =
-        Arc::new(Discovery::new(channel, Duration::from_millis(50), Duration::from_secs(1), metrics.clone()));
+    let discovery = Arc::new(Discovery::new(
+        channel,
+        Duration::from_millis(50),
+        Duration::from_secs(1),
+        metrics.outbound_endpoints.clone(),
+    ));
     let target: std::net::SocketAddr = "10.96.0.10:80".parse().unwrap();
     discovery.profile(target).await;
 

@@ -8,8 +8,8 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use cnimesh_proxy::policy::discover::{MAX_UNDECLARED, Policies};
-use cnimesh_proxy::policy::model::DefaultPolicy;
+use cnimesh_proxy::inbound::policy::discover::{MAX_UNDECLARED, Policies};
+use cnimesh_proxy::inbound::policy::model::DefaultPolicy;
 use linkerd2_proxy_api::inbound::inbound_server_policies_server::{InboundServerPolicies, InboundServerPoliciesServer};
 use linkerd2_proxy_api::inbound::{PortSpec, ProxyProtocol, Server, proxy_protocol};
 use tokio_stream::Stream;

@@ -1,5 +1,5 @@
 //! Outbound policy in-process: a mock `OutboundPolicies` server on loopback answers for the
-//! destinations of captured connections driven through [`cnimesh_proxy::server::connection`],
+//! destinations of captured connections driven through [`cnimesh_proxy::app::accept::connection`],
 //! and the protocol it declares decides how the proxy serves them. What decided is read from
 //! `connection_protocol_total{decided_by}`, never from timing.
 
@@ -8,12 +8,12 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cnimesh_proxy::config::Config;
-use cnimesh_proxy::drain::Drain;
-use cnimesh_proxy::metrics::{Direction, Metrics};
+use cnimesh_proxy::app::accept::connection;
+use cnimesh_proxy::app::config::Config;
+use cnimesh_proxy::app::drain::Drain;
+use cnimesh_proxy::app::metrics::{Direction, Metrics};
+use cnimesh_proxy::app::shared::Shared;
 use cnimesh_proxy::outbound::policy::discover::OutboundPolicies as Discover;
-use cnimesh_proxy::server::connection;
-use cnimesh_proxy::shared::Shared;
 use linkerd2_proxy_api::meta;
 use linkerd2_proxy_api::outbound::outbound_policies_server::{OutboundPolicies, OutboundPoliciesServer};
 use linkerd2_proxy_api::outbound::{OutboundPolicy, ProxyProtocol, TrafficSpec, proxy_protocol};
@@ -73,7 +73,7 @@ async fn proxy_with_control(says: Says, config: Config) -> (Arc<Shared>, watch::
     let channel = tonic::transport::Channel::from_shared(format!("http://{addr}")).unwrap().connect_lazy();
     let mut shared = Shared::new(config, Arc::new(Metrics::default()), Drain::default(), None, None);
     let discover = Discover::new(channel, "shop:client-0".into(), Duration::from_secs(5), Duration::from_millis(50));
-    shared.outbound_policies = Some(Arc::new(discover));
+    shared.outbound.policies = Some(Arc::new(discover));
     (Arc::new(shared), tx)
 }
 

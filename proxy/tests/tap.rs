@@ -1,5 +1,5 @@
 //! Tap in-process: a proxy holding a certificate from a test CA serves its admin port on
-//! loopback; requests go through [`cnimesh_proxy::server::connection`] both ways to an app on
+//! loopback; requests go through [`cnimesh_proxy::app::accept::connection`] both ways to an app on
 //! loopback, and tonic clients with mesh certificates call `Tap/Observe` over mTLS on the admin
 //! port. What a session saw is read from its events and the `tap_*` metrics, never from timing.
 
@@ -13,14 +13,14 @@ use std::time::{Duration, SystemTime};
 use bytes::Bytes;
 use cnimesh_identity::Name;
 use cnimesh_identity::tls::CurrentCert;
-use cnimesh_proxy::admin::Admin;
-use cnimesh_proxy::config::{Config, IdentityConfig, TrustAnchors};
-use cnimesh_proxy::drain::Drain;
-use cnimesh_proxy::identity::Identity;
-use cnimesh_proxy::metrics::{Direction, Metrics};
-use cnimesh_proxy::server::connection;
-use cnimesh_proxy::shared::Shared;
-use cnimesh_proxy::tap::TapListener;
+use cnimesh_proxy::app::accept::connection;
+use cnimesh_proxy::app::admin::Admin;
+use cnimesh_proxy::app::config::{Config, IdentityConfig, TrustAnchors};
+use cnimesh_proxy::app::drain::Drain;
+use cnimesh_proxy::app::metrics::{Direction, Metrics};
+use cnimesh_proxy::app::shared::Shared;
+use cnimesh_proxy::app::tap::TapListener;
+use cnimesh_proxy::transport::identity::Identity;
 use http::{Request, Response};
 use http_body_util::{BodyExt, Empty, Full};
 use hyper::body::Incoming;

@@ -4,46 +4,83 @@
 
 pub mod policy;
 pub mod routes;
-pub mod target;
-pub mod targets;
-pub mod upstream;
+pub mod static_identities;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
-use crate::shared::Shared;
+use crate::client::discovery::Discovery;
+use crate::client::target::Route;
+use crate::client::targets::{Target, Targets};
+use crate::transport::identity::Identity;
 use crate::transport::tls;
-use target::Route;
-use targets::Target;
+use policy::discover::{OutboundPolicies, PolicyWatch};
+use routes::metrics::RouteMetrics;
+use static_identities::MeshedEndpoints;
+
+/// What the outbound side keeps for every connection: resolved targets and how to resolve more.
+pub struct Outbound {
+    pub connect_timeout: Duration,
+    /// Present when the proxy has an identity (and so does mTLS).
+    pub identity: Option<Arc<Identity>>,
+    /// Present when a Destination service is configured.
+    pub discovery: Option<Arc<Discovery>>,
+    /// Meshed endpoints fixed by configuration (`CNIMESH_PROXY_OUTBOUND_IDENTITIES`), for
+    /// destinations discovery does not resolve.
+    pub static_identities: MeshedEndpoints,
+    /// Present when outbound policy discovery is configured; without it connections detect
+    /// their protocol unless their port is configured opaque.
+    pub policies: Option<Arc<OutboundPolicies>>,
+    /// By original destination.
+    pub by_addr: Targets<std::net::SocketAddr>,
+    /// By service authority (`name.ns.svc.<domain>:port`), for requests that name one.
+    pub by_service: Targets<String>,
+    pub routes: Arc<RouteMetrics>,
+}
+
+/// A target carrying its outbound policy, read back with [`policy_of`].
+fn with_policy(route: Route, policy: Option<PolicyWatch>) -> Arc<Target> {
+    let mut extensions = http::Extensions::new();
+    if let Some(policy) = policy {
+        extensions.insert(policy);
+    }
+    Target::with_extensions(route, extensions)
+}
+
+/// The control plane's outbound policy for a target (outbound targets, with policy discovery).
+pub fn policy_of(target: &Target) -> Option<&PolicyWatch> {
+    target.extensions.get::<PolicyWatch>()
+}
 
 /// An outbound connection's target: a discovered service's endpoints, or its original
 /// destination with the identity it is known to have (from discovery or configuration). Its
 /// profile and its outbound policy are asked for together (each wait is bounded).
-pub async fn resolve(addr: SocketAddr, shared: &Shared) -> anyhow::Result<Arc<Target>> {
-    if let Some(target) = shared.outbound.by_addr.get(&addr) {
+pub async fn resolve(addr: SocketAddr, outbound: &Outbound) -> anyhow::Result<Arc<Target>> {
+    if let Some(target) = outbound.by_addr.get(&addr) {
         return Ok(target);
     }
-    let timeout = shared.config.connect_timeout;
-    let mut expected = shared.static_identities.identity(addr);
+    let timeout = outbound.connect_timeout;
+    let mut expected = outbound.static_identities.identity(addr);
     let mut watch = None;
     let policy = async {
-        match &shared.outbound_policies {
+        match &outbound.policies {
             Some(policies) => Some(policies.target(addr).await),
             None => None,
         }
     };
     let profile = async {
-        match &shared.discovery {
+        match &outbound.discovery {
             Some(discovery) => Some(discovery.profile(addr).await),
             None => None,
         }
     };
     let (policy, profile) = tokio::join!(policy, profile);
     let fixed = |expected| -> anyhow::Result<Arc<Target>> {
-        let tls = tls::outbound(shared.identity.as_deref(), expected).map_err(|why| anyhow::anyhow!(why))?;
-        Ok(Target::with_policy(Route::fixed(addr, tls, timeout), policy.clone()))
+        let tls = tls::outbound(outbound.identity.as_deref(), expected).map_err(|why| anyhow::anyhow!(why))?;
+        Ok(with_policy(Route::fixed(addr, tls, timeout), policy.clone()))
     };
-    if let (Some(discovery), Some((profile, rx))) = (&shared.discovery, profile) {
+    if let (Some(discovery), Some((profile, rx))) = (&outbound.discovery, profile) {
         // No answer yet: not cached, the next connection asks again.
         let Some(profile) = profile else { return fixed(expected) };
         if let Some(service) = profile.service {
@@ -51,9 +88,9 @@ pub async fn resolve(addr: SocketAddr, shared: &Shared) -> anyhow::Result<Arc<Ta
             let endpoints = discovery.endpoints(&authority).await;
             // Never heard back about the service: let the original destination handle it.
             if endpoints.borrow().routable() {
-                let route = Route::balanced(authority, endpoints, shared.identity.clone(), timeout);
-                let target = Target::with_policy(route, policy.clone());
-                shared.outbound.by_addr.insert(addr, target.clone(), Some(rx));
+                let route = Route::balanced(authority, endpoints, outbound.identity.clone(), timeout);
+                let target = with_policy(route, policy.clone());
+                outbound.by_addr.insert(addr, target.clone(), Some(rx));
                 return Ok(target);
             }
             tracing::warn!(%addr, %authority, "no answer about the service yet; forwarding to the original destination");
@@ -65,24 +102,23 @@ pub async fn resolve(addr: SocketAddr, shared: &Shared) -> anyhow::Result<Arc<Ta
         watch = Some(rx);
     }
     let target = fixed(expected)?;
-    shared.outbound.by_addr.insert(addr, target.clone(), watch);
+    outbound.by_addr.insert(addr, target.clone(), watch);
     Ok(target)
 }
 
 /// The target of a service a request names in its authority (`web.shop.svc.cluster.local`),
 /// or `None` when it is not a known service.
-pub async fn service(authority: &str, shared: &Shared) -> Option<Arc<Target>> {
-    let discovery = shared.discovery.as_ref()?;
-    if let Some(target) = shared.outbound.by_service.get(&authority.to_string()) {
+pub async fn service(authority: &str, outbound: &Outbound) -> Option<Arc<Target>> {
+    let discovery = outbound.discovery.as_ref()?;
+    if let Some(target) = outbound.by_service.get(&authority.to_string()) {
         return Some(target);
     }
     let endpoints = discovery.endpoints(authority).await;
     if !endpoints.borrow().routable() {
         return None;
     }
-    let route =
-        Route::balanced(authority.to_string(), endpoints, shared.identity.clone(), shared.config.connect_timeout);
+    let route = Route::balanced(authority.to_string(), endpoints, outbound.identity.clone(), outbound.connect_timeout);
     let target = Target::new(route);
-    shared.outbound.by_service.insert(authority.to_string(), target.clone(), None);
+    outbound.by_service.insert(authority.to_string(), target.clone(), None);
     Some(target)
 }

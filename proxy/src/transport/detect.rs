@@ -84,6 +84,23 @@ pub async fn detect<S: AsyncRead + Unpin>(
     }
 }
 
+/// What decided a connection's protocol: a configured opaque port, a policy from the control
+/// plane, or detection on the client's first bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, prometheus_client::encoding::EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum DecidedBy {
+    configuration,
+    policy,
+    detection,
+}
+
+/// A connection's protocol known before reading from it, and what made it known.
+#[derive(Debug, Clone, Copy)]
+pub struct Known {
+    pub protocol: Protocol,
+    pub by: DecidedBy,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

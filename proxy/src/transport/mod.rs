@@ -2,11 +2,15 @@
 //! termination, origination), replayed prefixes, byte counting, and opaque TCP forwarding.
 //! Everything here works on any [`Io`], so the layers above are tested over in-memory streams.
 
+pub mod backoff;
 pub mod counting;
 pub mod detect;
+pub mod identity;
+pub mod labels;
 pub mod maybe_tls;
 pub mod orig_dst;
 pub mod prefixed;
+pub mod rng;
 pub mod tcp;
 pub mod tls;
 

@@ -2,10 +2,10 @@
 
 use std::net::SocketAddr;
 
-use cnimesh_proxy::admin::LogLevel;
-use cnimesh_proxy::outbound::target::Route;
-use cnimesh_proxy::outbound::targets::Target;
-use cnimesh_proxy::shared::Shared;
+use cnimesh_proxy::app::admin::LogLevel;
+use cnimesh_proxy::app::shared::Shared;
+use cnimesh_proxy::client::target::Route;
+use cnimesh_proxy::client::targets::Target;
 
 /// A log filter for an in-process admin server: shown, never changed.
 #[allow(dead_code)]
@@ -26,8 +26,8 @@ impl LogLevel for FixedLevel {
 #[allow(dead_code)]
 pub fn pod_addr_for(shared: &Shared, app: SocketAddr) -> SocketAddr {
     let pod: SocketAddr = SocketAddr::new("192.0.2.10".parse().unwrap(), app.port());
-    shared.local_ips.declare(pod.ip());
+    shared.inbound.local_ips.declare(pod.ip());
     let route = Route::fixed(app, None, shared.config.connect_timeout);
-    shared.inbound.insert(pod, Target::new(route), None);
+    shared.inbound.targets.insert(pod, Target::new(route), None);
     pod
 }

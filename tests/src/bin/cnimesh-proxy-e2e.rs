@@ -2,5 +2,5 @@
 //! from the current sources (`CARGO_BIN_EXE_cnimesh-proxy-e2e`). Same entry point as the real one.
 
 fn main() -> std::process::ExitCode {
-    cnimesh_proxy::cli::main()
+    cnimesh_proxy::app::cli::main()
 }

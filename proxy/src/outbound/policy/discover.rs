@@ -1,7 +1,7 @@
 //! Outbound policy discovery: one `OutboundPolicies.Watch` stream per original destination,
 //! opened by the first connection to it and shared by every later one (a resolved target holds
 //! its [`PolicyWatch`]), reconnected with backoff by the same loop as Destination
-//! ([`crate::discovery::follow::retrying`]). The last good answer stays in force while the
+//! ([`crate::client::discovery::follow::retrying`]). The last good answer stays in force while the
 //! control plane is away. A target the control plane does not know (NotFound: a pod IP, an
 //! address outside the cluster) has no policy, and neither has any target of a control plane
 //! that does not serve OutboundPolicies (Unimplemented): their connections detect, as before.
@@ -65,7 +65,7 @@ impl OutboundPolicies {
     /// The policy of `addr`; the first caller starts the watch, and every caller waits up to the
     /// first-answer bound while none has come.
     pub async fn target(&self, addr: SocketAddr) -> PolicyWatch {
-        let mut rx = crate::discovery::shared(&self.targets, &addr, || {
+        let mut rx = crate::client::discovery::shared(&self.targets, &addr, || {
             let (tx, rx) = watch::channel(None);
             let spec = api::TrafficSpec {
                 source_workload: self.workload.clone(),
@@ -118,6 +118,6 @@ async fn follow(
     };
     tokio::select! {
         () = tx.closed() => {}
-        () = crate::discovery::follow::retrying(format!("outbound policy {addr}"), max_backoff, open, apply) => {}
+        () = crate::client::discovery::follow::retrying(format!("outbound policy {addr}"), max_backoff, open, apply) => {}
     }
 }

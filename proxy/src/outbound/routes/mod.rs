@@ -5,6 +5,7 @@
 
 pub mod apply;
 pub mod grpc;
+pub mod metrics;
 pub mod model;
 pub mod retry;
 pub mod routed;

@@ -2,7 +2,7 @@
 //! in 64 KiB and in the rule's own limit, so a large or streaming upload is never held back),
 //! the request rebuilt for each attempt, and the wait between attempts. The budget that bounds
 //! retries overall (Linkerd's default: 20 % of requests plus 10 per second, over 10 s) lives
-//! on the target ([`crate::outbound::targets::Target::retry_budget`]).
+//! on the target ([`crate::client::targets::Target::retry_budget`]).
 
 use std::time::Duration;
 
@@ -13,8 +13,8 @@ use http_body_util::{BodyExt, Either, Full, Limited};
 use hyper::body::Incoming;
 
 use super::model::Retry;
+use crate::client::upstream::RequestBody;
 use crate::http::error::ProxyError;
-use crate::outbound::upstream::RequestBody;
 
 /// The proxy's own cap on a body it holds for retries.
 pub const MAX_BUFFERED: usize = 64 * 1024;

@@ -9,13 +9,13 @@ use std::time::Duration;
 use http::{Request, Response, StatusCode};
 
 use super::apply::{self, Answer};
+use super::metrics::RouteHandles;
 use super::model::{Backend, Filter, ResourceRef, Retry, Rule};
+use crate::client::targets::Target;
 use crate::http::Body;
 use crate::http::error::{ProxyError, error_response, full};
-use crate::metrics::RouteHandles;
+use crate::outbound::Outbound;
 use crate::outbound::policy::model::OutboundPolicy;
-use crate::outbound::targets::Target;
-use crate::shared::Shared;
 
 /// Where a routed request goes, and what its response gets.
 pub struct Routed {
@@ -70,16 +70,16 @@ impl ConnRoutes {
         &self,
         backend: &Backend,
         parent: (&ResourceRef, &Arc<Target>),
-        shared: &Shared,
+        outbound: &Outbound,
     ) -> Result<Arc<Target>, ProxyError> {
         if let Some((_, t)) = self.targets.lock().expect("not poisoned").iter().find(|(b, _)| b == backend) {
             return Ok(t.clone());
         }
         let target = match backend {
-            Backend::Forward { addr, .. } => crate::outbound::resolve(*addr, shared).await.map_err(|e| {
+            Backend::Forward { addr, .. } => crate::outbound::resolve(*addr, outbound).await.map_err(|e| {
                 ProxyError::new(StatusCode::BAD_GATEWAY, format!("backend {}: {e}", backend.meta().name))
             })?,
-            Backend::Service { path, meta } => match crate::outbound::service(path, shared).await {
+            Backend::Service { path, meta } => match crate::outbound::service(path, outbound).await {
                 Some(target) => target,
                 None if meta == parent.0 => return Ok(parent.1.clone()),
                 None => {
@@ -103,9 +103,9 @@ pub async fn route<B>(
     req: &mut Request<B>,
     target: &Arc<Target>,
     memo: &ConnRoutes,
-    shared: &Shared,
+    outbound: &Outbound,
 ) -> Result<Option<Routed>, Response<Body>> {
-    let Some(policy) = target.policy.as_ref().and_then(|p| p.current()) else { return Ok(None) };
+    let Some(policy) = crate::outbound::policy_of(target).and_then(|p| p.current()) else { return Ok(None) };
     let version = req.version();
     let table = policy.routes(version);
     if table.is_empty() {
@@ -115,7 +115,7 @@ pub async fn route<B>(
         return Err(error_response(&ProxyError::new(StatusCode::NOT_FOUND, "no route matches the request")));
     };
     let rule = selected.rule;
-    let roll = || crate::rng::with(|r| rand::Rng::random_range(r, 0.0..1.0));
+    let roll = || crate::transport::rng::with(|r| rand::Rng::random_range(r, 0.0..1.0));
     let picked = apply::pick_backend(&rule.backends, roll);
     let backend = picked.and_then(|i| rule.backends.get(i));
     let filters = rule.filters.iter().chain(backend.into_iter().flat_map(|b| b.filters.iter()));
@@ -124,10 +124,10 @@ pub async fn route<B>(
         let why = format!("route {} has no backend", selected.route.meta.name);
         return Err(error_response(&ProxyError::new(StatusCode::INTERNAL_SERVER_ERROR, why)));
     };
-    let handles = table.handles(&policy.parent, &selected, backend_index, &shared.metrics).clone();
+    let handles = table.handles(&policy.parent, &selected, backend_index, &outbound.routes).clone();
     handles.backend_requests.inc();
     let routed_target =
-        memo.target(&backend.backend, (&policy.parent, target), shared).await.map_err(|e| error_response(&e))?;
+        memo.target(&backend.backend, (&policy.parent, target), outbound).await.map_err(|e| error_response(&e))?;
     let (timeout, route, index) = (rule.request_timeout, selected.route.meta.name.clone(), selected.index);
     Ok(Some(Routed { target: routed_target, timeout, route, handles, index, backend: backend_index, version, policy }))
 }

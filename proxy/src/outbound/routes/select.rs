@@ -15,10 +15,10 @@ use std::sync::{Arc, OnceLock};
 
 use http::Request;
 
+use super::metrics::{RouteBackendLabels, RouteHandles, RouteLabels, RouteMetrics};
 use super::model::{HostMatch, HttpRoute, PathMatch, RequestMatch, Rule, ValueMatch};
-use crate::metrics::{Metrics, RouteBackendLabels, RouteHandles, RouteLabels};
+use crate::http::path_prefix::segment_prefix;
 use crate::outbound::routes::model::ResourceRef;
-use crate::policy::authorize::segment_prefix;
 
 /// The rule a request takes, with the prefix its path matched (for a redirect's prefix rewrite).
 #[derive(Debug, Clone, Copy)]
@@ -132,7 +132,7 @@ impl RouteTable {
         parent: &ResourceRef,
         selected: &Selected<'_>,
         backend: usize,
-        metrics: &Metrics,
+        metrics: &RouteMetrics,
     ) -> &RouteHandles {
         self.handles[selected.slots + backend].0.get_or_init(|| {
             metrics.route_handles(RouteBackendLabels {
@@ -224,6 +224,7 @@ fn query_pairs(query: &str) -> impl Iterator<Item = (&str, &str)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::app::metrics::Metrics;
     use crate::outbound::routes::model::{Backend, WeightedBackend};
 
     fn route(name: &str, hosts: Vec<HostMatch>, matches: Vec<RequestMatch>) -> HttpRoute {
@@ -426,12 +427,12 @@ mod tests {
         let parent = ResourceRef::default_named("web");
         let (a, b) = (Request::get("/a").body(()).unwrap(), Request::get("/b").body(()).unwrap());
         let (split, rest) = (table.select(&a).unwrap(), table.select(&b).unwrap());
-        let canary = table.handles(&parent, &split, 1, &metrics);
-        assert!(std::ptr::eq(canary, table.handles(&parent, &split, 1, &metrics)), "one slot");
+        let canary = table.handles(&parent, &split, 1, &metrics.routes);
+        assert!(std::ptr::eq(canary, table.handles(&parent, &split, 1, &metrics.routes)), "one slot");
         canary.backend_requests.inc();
-        table.handles(&parent, &split, 0, &metrics).backend_requests.inc();
-        table.handles(&parent, &split, 0, &metrics).backend_requests.inc();
-        table.handles(&parent, &rest, 0, &metrics).backend_requests.inc();
+        table.handles(&parent, &split, 0, &metrics.routes).backend_requests.inc();
+        table.handles(&parent, &split, 0, &metrics.routes).backend_requests.inc();
+        table.handles(&parent, &rest, 0, &metrics.routes).backend_requests.inc();
         let text = metrics.encode();
         let count = |route: &str, backend: &str| {
             text.lines()

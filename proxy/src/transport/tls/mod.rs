@@ -16,9 +16,9 @@ use cnimesh_identity::Name;
 use rustls_pki_types::ServerName;
 use tokio::net::TcpStream;
 
-use crate::identity::Identity;
-use crate::metrics::TlsLabel;
+use super::labels::TlsLabel;
 use crate::transport::Io;
+use crate::transport::identity::Identity;
 use crate::transport::maybe_tls::MaybeTls;
 use crate::transport::prefixed::PrefixedIo;
 use client_hello::Peek;
@@ -113,7 +113,7 @@ pub fn outbound(identity: Option<&Identity>, expected: Option<Name>) -> Result<O
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{IdentityConfig, TrustAnchors};
+    use crate::app::config::{IdentityConfig, TrustAnchors};
     use tokio::io::AsyncWriteExt;
 
     fn identity() -> Identity {
@@ -123,7 +123,7 @@ mod tests {
             trust_anchors: TrustAnchors::Pem(anchor.cert_pem),
             token_file: "/nonexistent".into(),
             control_addr: "control:4190".into(),
-            control_name: crate::config::DEFAULT_CONTROL_NAME.parse().unwrap(),
+            control_name: crate::app::config::DEFAULT_CONTROL_NAME.parse().unwrap(),
             max_backoff: Duration::from_secs(1),
         })
         .unwrap()

@@ -1,0 +1,121 @@
+//! Serving one connection once its TLS is settled and its target known: protocol detection,
+//! then opaque forwarding or HTTP with the per-request proxy ([`crate::app::forward`]). Takes any
+//! [`Io`], so it runs the same over a socket and over an in-memory stream in tests.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use hyper::service::service_fn;
+
+use crate::app::forward::HttpProxy;
+use crate::app::metrics::{AcceptError, DecidedBy, Direction, OpenConnection, ProtocolLabels, TcpLabels, TlsLabel};
+use crate::app::shared::Shared;
+use crate::client::targets::Target;
+use crate::inbound::policy::enforce::ConnPolicy;
+use crate::inbound::policy::model::PortProtocol;
+use crate::transport::Io;
+use crate::transport::counting::CountingIo;
+pub use crate::transport::detect::Known;
+use crate::transport::detect::{self, Protocol};
+use crate::transport::prefixed::PrefixedIo;
+use crate::transport::tcp;
+
+/// What is known of a connection once its TLS is settled.
+pub struct Connection {
+    pub direction: Direction,
+    /// The client: the app (outbound) or the remote peer (inbound).
+    pub peer: SocketAddr,
+    /// The original destination.
+    pub addr: SocketAddr,
+    /// The client side's TLS (inbound) or the upstream's (outbound), for metrics labels.
+    pub tls: TlsLabel,
+    pub target: Arc<Target>,
+    /// The client's protocol when known without detection (an opaque port, a silent client
+    /// already waited for, an outbound policy that declares it).
+    pub known: Option<Known>,
+    /// Inbound with policy discovery: the port's policy, enforced on this connection.
+    pub policy: Option<Arc<ConnPolicy>>,
+}
+
+pub async fn serve<I: Io>(mut io: I, read: Bytes, conn: Connection, shared: &Arc<Shared>) -> anyhow::Result<()> {
+    let config = &shared.config;
+    let m = &shared.metrics;
+    let labels = TcpLabels {
+        direction: conn.direction,
+        target_addr: m.target_label(conn.direction, conn.addr),
+        tls: conn.tls.clone(),
+    };
+    let counters = tcp::Counters {
+        read: m.tcp_read_bytes_total.get_or_create(&labels).clone(),
+        write: m.tcp_write_bytes_total.get_or_create(&labels).clone(),
+    };
+    let open = OpenConnection::open(m.clone(), labels);
+    let by_policy = |protocol| Some(Known { protocol, by: DecidedBy::policy });
+    let known = conn.known.or_else(|| {
+        conn.policy.as_ref().and_then(|p| match p.protocol() {
+            // An HTTP/1 server's requests may arrive over HTTP/2 from a meshed proxy (Linkerd's
+            // transport upgrade, `l5d-orig-proto`, on by default in ours too), so HTTP/1 ports
+            // still detect, as linkerd2-proxy's inbound does.
+            PortProtocol::Http1 => None,
+            PortProtocol::Http2 => by_policy(Protocol::Http2),
+            PortProtocol::Opaque => by_policy(Protocol::Opaque),
+            PortProtocol::Detect => None,
+        })
+    });
+    let (protocol, prefix, by) = match known {
+        Some(known) => (known.protocol, read, known.by),
+        None => {
+            let (protocol, prefix) = detect::detect(&mut io, read, config.detect_timeout).await.inspect_err(|e| {
+                if matches!(e, detect::DetectError::TimedOut { .. }) {
+                    m.accept_error(conn.direction, AcceptError::detect_timeout);
+                }
+            })?;
+            (protocol, prefix, DecidedBy::detection)
+        }
+    };
+    m.connection_protocol_total.get_or_create(&ProtocolLabels::new(conn.direction, protocol, by)).inc();
+    if protocol == Protocol::Opaque {
+        if let Some(policy) = &conn.policy
+            && !policy.allow_tcp()
+        {
+            anyhow::bail!("refused: connection to {} not authorized by policy", conn.addr);
+        }
+        let picked = conn.target.route.pick()?;
+        let connected = picked.upstream.connect().await;
+        if let (Err(_), Some(load)) = (&connected, &picked.load) {
+            load.fail();
+        }
+        let upstream = connected?;
+        // `picked` holds the connection as load on its endpoint until it ends.
+        let forward = tcp::forward(io, prefix, upstream, config.idle_timeout, counters);
+        // Opaque bytes are not re-checked: the connection ends when a policy update revokes it.
+        let forwarded = match &conn.policy {
+            Some(policy) => tokio::select! {
+                forwarded = forward => forwarded,
+                () = policy.revoked() => {
+                    drop((picked, open));
+                    anyhow::bail!("closed: connection to {} no longer authorized by policy", conn.addr);
+                }
+            },
+            None => forward.await,
+        };
+        drop((picked, open));
+        return Ok(forwarded?);
+    }
+    let io = CountingIo::new(PrefixedIo::new(prefix, io), counters.read, counters.write);
+    let proxy = Arc::new(
+        HttpProxy::new(conn.direction, conn.peer, conn.addr, conn.target, conn.tls, open, shared.clone())
+            .with_policy(conn.policy),
+    );
+    let service = service_fn(move |req| proxy.clone().handle(req));
+    crate::http::serve_conn::serve(
+        io,
+        protocol == Protocol::Http2,
+        service,
+        config.header_timeout,
+        shared.drain.signalled(),
+    )
+    .await?;
+    Ok(())
+}

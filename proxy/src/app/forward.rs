@@ -1,0 +1,566 @@
+//! One client connection's requests, forwarded: metrics per request (handles resolved once per
+//! authority, not per request), Linkerd's HTTP/1-over-HTTP/2 undone inbound and optionally done
+//! outbound, a service named in the authority followed, the request sent on its target's
+//! endpoint client, and the response classified when its body ends. Upgrades and CONNECT are
+//! spliced on a connection of their own.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use http::header::HOST;
+use http::{HeaderValue, Method, Request, Response, StatusCode, Uri, Version};
+use http_body_util::{BodyExt, Either};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::histogram::Histogram;
+use tower::retry::budget::Budget as _;
+
+use crate::app::metrics::{Direction, Metrics, OpenConnection, RequestLabels, ResponseLabels, TlsLabel};
+use crate::app::shared::Shared;
+use crate::client::discovery::balance::Load;
+use crate::client::target::{Picked, Route, RouteError};
+use crate::client::targets::Target;
+use crate::client::upstream::RequestBody;
+use crate::http::Body;
+use crate::http::classify::{Classified, OnEnd};
+use crate::http::error::{ProxyError, error_response, upstream_error};
+use crate::http::headers::{IDENTITY_HEADERS, strip_h2c_upgrade, strip_hop_by_hop, wants_upgrade};
+use crate::http::orig_proto;
+use crate::http::tap;
+use crate::inbound::policy::enforce::ConnPolicy;
+use crate::outbound::routes::model::Retry;
+use crate::outbound::routes::retry;
+use crate::outbound::routes::routed::{self, ConnRoutes, Routed};
+
+/// Everything a connection's requests need.
+pub struct HttpProxy {
+    direction: Direction,
+    /// The client (tap events).
+    peer: SocketAddr,
+    /// The connection's original destination (metrics, messages).
+    addr: SocketAddr,
+    target: Arc<Target>,
+    tls: TlsLabel,
+    shared: Arc<Shared>,
+    /// Outbound: carry HTTP/1 to meshed endpoints over HTTP/2 (`l5d-orig-proto`).
+    h2_upgrade: bool,
+    /// This connection in `tcp_open_connections`; an upgraded tunnel keeps it open.
+    open: Arc<OpenConnection>,
+    /// Metric handles for the last few (authority, TLS) pairs seen: a connection's requests
+    /// nearly always share one (a route splitting over Services adds one per backend), so the
+    /// common case builds no label strings and takes no family lock.
+    handles: Mutex<Vec<Arc<Handles>>>,
+    /// Services this connection's requests named (`None`: not a known service).
+    named: Mutex<Vec<(String, Option<Arc<Target>>)>>,
+    /// Inbound with policy: each request is authorized before it goes anywhere.
+    policy: Option<Arc<ConnPolicy>>,
+    /// Outbound: what this connection's routed requests used (backend targets, metric handles).
+    routes: ConnRoutes,
+    /// Inbound: `l5d-client-id` for the app, the identity the client's certificate proved.
+    client_id: Option<HeaderValue>,
+}
+
+/// (authority, TLS) pairs whose metric handles a connection keeps.
+const MAX_CACHED_HANDLES: usize = 4;
+
+/// The metric handles of one (connection, authority, peer TLS).
+struct Handles {
+    authority: String,
+    labels: RequestLabels,
+    requests: Counter,
+    latency: Histogram,
+    metrics: Arc<Metrics>,
+    responses: Mutex<Vec<(u16, &'static str, Counter)>>,
+}
+
+impl Handles {
+    fn count_response(&self, status: StatusCode, classification: &'static str) {
+        let code = status.as_u16();
+        let mut responses = self.responses.lock().expect("not poisoned");
+        if let Some((_, _, counter)) = responses.iter().find(|(c, k, _)| *c == code && *k == classification) {
+            counter.inc();
+            return;
+        }
+        let labels = ResponseLabels {
+            direction: self.labels.direction,
+            target_addr: self.labels.target_addr.clone(),
+            authority: self.labels.authority.clone(),
+            tls: self.labels.tls.clone(),
+            status_code: code.to_string(),
+            classification: classification.into(),
+        };
+        let counter = self.metrics.response_total.get_or_create(&labels).clone();
+        counter.inc();
+        // A handful of (status, classification) pairs per authority at most.
+        if responses.len() < 16 {
+            responses.push((code, classification, counter));
+        }
+    }
+}
+
+/// Counts a response when its body ends; its endpoint load ends with it.
+struct End {
+    handles: Arc<Handles>,
+    status: StatusCode,
+    failed_early: bool,
+    _load: Option<Load>,
+}
+
+impl OnEnd for End {
+    fn end(self: Box<Self>, classification: &'static str) {
+        self.handles.count_response(self.status, if self.failed_early { "failure" } else { classification });
+    }
+}
+
+/// The authority a request is for, as the client named it.
+fn authority_of<B>(req: &Request<B>) -> &str {
+    match req.uri().authority() {
+        Some(a) => a.as_str(),
+        None => req.headers().get(HOST).and_then(|h| h.to_str().ok()).unwrap_or(""),
+    }
+}
+
+fn route_error(e: RouteError) -> ProxyError {
+    let status = match e {
+        RouteError::NoEndpoints(_) => StatusCode::SERVICE_UNAVAILABLE,
+        RouteError::NoIdentity(_) => StatusCode::BAD_GATEWAY,
+    };
+    ProxyError::new(status, e.to_string())
+}
+
+impl HttpProxy {
+    pub fn new(
+        direction: Direction,
+        peer: SocketAddr,
+        addr: SocketAddr,
+        target: Arc<Target>,
+        tls: TlsLabel,
+        open: Arc<OpenConnection>,
+        shared: Arc<Shared>,
+    ) -> Self {
+        let h2_upgrade = direction == Direction::outbound && shared.config.outbound_h2_upgrade;
+        let client_id = match direction {
+            Direction::inbound => tls.client_id.as_deref().and_then(|id| HeaderValue::from_str(id).ok()),
+            Direction::outbound => None,
+        };
+        Self {
+            client_id,
+            direction,
+            peer,
+            addr,
+            target,
+            tls,
+            shared,
+            h2_upgrade,
+            open,
+            handles: Mutex::default(),
+            named: Mutex::default(),
+            policy: None,
+            routes: ConnRoutes::default(),
+        }
+    }
+
+    pub fn with_policy(self, policy: Option<Arc<ConnPolicy>>) -> Self {
+        Self { policy, ..self }
+    }
+
+    /// The metric handles for `authority` to a peer secured as `tls`, created on first use.
+    fn handles(&self, authority: &str, tls: &TlsLabel) -> Arc<Handles> {
+        let mut cached = self.handles.lock().expect("not poisoned");
+        if let Some(h) = cached.iter().find(|h| h.authority == authority && h.labels.tls == *tls) {
+            return h.clone();
+        }
+        let metrics = &self.shared.metrics;
+        let labels = RequestLabels {
+            direction: self.direction,
+            target_addr: metrics.target_label(self.direction, self.addr),
+            authority: metrics.authority_label(self.direction, authority),
+            tls: tls.clone(),
+        };
+        let handles = Arc::new(Handles {
+            authority: authority.to_string(),
+            requests: metrics.request_total.get_or_create(&labels).clone(),
+            latency: metrics.response_latency_ms.get_or_create(&labels).clone(),
+            metrics: metrics.clone(),
+            responses: Mutex::default(),
+            labels,
+        });
+        if cached.len() >= MAX_CACHED_HANDLES {
+            cached.remove(0);
+        }
+        cached.push(handles.clone());
+        handles
+    }
+
+    /// The target of a service the request names (`web.shop.svc.cluster.local`), when it
+    /// differs from the connection's own. Only the outbound with discovery follows names.
+    async fn named_target(&self, authority: &str) -> Option<Arc<Target>> {
+        if self.direction != Direction::outbound || self.shared.discovery.is_none() || !authority.contains(".svc.") {
+            return None;
+        }
+        let key = match authority.rsplit_once(':') {
+            Some((_, p)) => {
+                p.parse::<u16>().ok()?;
+                authority.to_string()
+            }
+            None => format!("{authority}:{}", self.addr.port()),
+        };
+        if matches!(&self.target.route, Route::Balanced(b) if b.service == key) {
+            return None;
+        }
+        if let Some((_, t)) = self.named.lock().expect("not poisoned").iter().find(|(k, _)| *k == key) {
+            return t.clone();
+        }
+        let target = crate::outbound::service(&key, &self.shared.outbound).await;
+        let mut named = self.named.lock().expect("not poisoned");
+        // A handful of services per connection at most; beyond that, no memo.
+        if named.len() < 8 {
+            named.push((key, target.clone()));
+        }
+        target
+    }
+
+    /// One request, end to end, with its metrics.
+    pub async fn handle(self: Arc<Self>, mut req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
+        let start = Instant::now();
+        let handles = self.handles(authority_of(&req), &self.tls);
+        // Never switched to h2c: the requests after the switch would pass no check of ours.
+        strip_h2c_upgrade(req.headers_mut());
+        if self.direction == Direction::inbound
+            && let Err(refused) = self.inbound_request(&mut req)
+        {
+            handles.requests.inc();
+            handles.count_response(refused.status(), "success");
+            return Ok(tap::respond(self.tap(&req, None, start), refused));
+        }
+        if let Some(policy) = &self.policy
+            && let Some(denied) = policy.deny_request(&req, wants_upgrade(&req))
+        {
+            handles.requests.inc();
+            let grpc_failure = denied.headers().contains_key("grpc-status");
+            handles.count_response(denied.status(), if grpc_failure { "failure" } else { "success" });
+            return Ok(tap::respond(self.tap(&req, None, start), denied));
+        }
+        let routed = match self.direction {
+            Direction::outbound => routed::route(&mut req, &self.target, &self.routes, &self.shared.outbound).await,
+            Direction::inbound => Ok(None),
+        };
+        let routed = match routed {
+            Ok(routed) => routed,
+            Err(answer) => {
+                handles.requests.inc();
+                handles.count_response(
+                    answer.status(),
+                    if answer.status().is_server_error() { "failure" } else { "success" },
+                );
+                return Ok(tap::respond(self.tap(&req, None, start), answer));
+            }
+        };
+        // A route may send the request to another Service (a canary): its requests are labelled
+        // with that backend's TLS and server identity, not the connection's.
+        let handles = match &routed {
+            Some(r) if r.target.tls != handles.labels.tls => self.handles(&handles.authority, &r.target.tls),
+            _ => handles,
+        };
+        handles.requests.inc();
+        let tapped = self.tap(&req, routed.as_ref(), start);
+        // Only the inbound speaks to apps, so only it undoes a peer proxy's upgrade.
+        let downgraded = match self.direction {
+            Direction::inbound => orig_proto::downgrade_request(&mut req),
+            Direction::outbound => Ok(false),
+        };
+        let result = match downgraded {
+            Err(e) => Err(e),
+            Ok(false) if req.version() != Version::HTTP_2 && wants_upgrade(&req) => {
+                self.upgrade(req).await.map(|r| (r, None))
+            }
+            Ok(downgraded) => self.forward(req, downgraded, routed.as_ref()).await.map(|(mut response, load)| {
+                if downgraded {
+                    orig_proto::mark_response(&mut response);
+                }
+                (response, load)
+            }),
+        };
+        handles.latency.observe(start.elapsed().as_secs_f64() * 1e3);
+        if let Some(routed) = &routed {
+            routed.handles.duration.observe(start.elapsed().as_secs_f64());
+        }
+        match result {
+            Ok((response, load)) => {
+                let status = response.status();
+                // A trailers-only gRPC response carries its status in the headers.
+                let failed_early =
+                    status.is_server_error() || response.headers().get("grpc-status").is_some_and(|v| v != "0");
+                let end = Box::new(End { handles, status, failed_early, _load: load });
+                Ok(tap::respond(tapped, response.map(|inner| Classified::new(inner, end).boxed_unsync())))
+            }
+            Err(e) => {
+                tracing::warn!(direction = ?self.direction, target = %self.addr, status = e.status.as_u16(), "{}", e.message);
+                if let Some(tapped) = tapped {
+                    tapped.failed();
+                }
+                handles.count_response(e.status, if e.status.is_server_error() { "failure" } else { "success" });
+                Ok(error_response(&e))
+            }
+        }
+    }
+
+    /// What an inbound request carries to the app: identity headers set by us only (a client's
+    /// own `l5d-client-id` could name anyone), and under policy the path authorization matches
+    /// and the app reads, normalized ([`crate::inbound::policy::path`]); a path servers read differently
+    /// is refused with 400.
+    #[allow(clippy::result_large_err)]
+    fn inbound_request<B>(&self, req: &mut Request<B>) -> Result<(), Response<Body>> {
+        let headers = req.headers_mut();
+        for name in IDENTITY_HEADERS {
+            headers.remove(name);
+        }
+        if let Some(id) = &self.client_id {
+            headers.insert(IDENTITY_HEADERS[0], id.clone());
+        }
+        if self.policy.is_none() {
+            return Ok(());
+        }
+        let normalized = match crate::inbound::policy::path::normalize(req.uri().path()) {
+            Ok(std::borrow::Cow::Borrowed(_)) => return Ok(()),
+            Ok(std::borrow::Cow::Owned(path)) => path,
+            Err(why) => {
+                return Err(error_response(&ProxyError::new(StatusCode::BAD_REQUEST, format!("refused: {why}"))));
+            }
+        };
+        let path_and_query = match req.uri().query() {
+            Some(q) => format!("{normalized}?{q}"),
+            None => normalized,
+        };
+        let invalid = |e: &dyn std::fmt::Display| {
+            let why = format!("refused: the normalized path is not a valid URI: {e}");
+            error_response(&ProxyError::new(StatusCode::BAD_REQUEST, why))
+        };
+        let mut parts = req.uri().clone().into_parts();
+        parts.path_and_query = Some(http::uri::PathAndQuery::try_from(path_and_query).map_err(|e| invalid(&e))?);
+        *req.uri_mut() = Uri::from_parts(parts).map_err(|e| invalid(&e))?;
+        Ok(())
+    }
+
+    /// Offers the request to open tap sessions: with none open, one relaxed load and nothing
+    /// else. `routed` is the route that took it, if any.
+    fn tap<B>(&self, req: &Request<B>, routed: Option<&Routed>, started: Instant) -> Option<tap::Tapped> {
+        if !self.shared.taps.active() {
+            return None;
+        }
+        let meta = match self.direction {
+            Direction::inbound => {
+                let own = self.shared.identity.as_ref().map(|id| id.name.as_str());
+                tap::Meta::inbound(self.peer, self.addr, &self.tls, own)
+            }
+            Direction::outbound => {
+                let target = routed.map_or(&self.target, |r| &r.target);
+                let service = match &target.route {
+                    Route::Balanced(b) => Some(b.service.as_str()),
+                    Route::Fixed(_) => None,
+                };
+                tap::Meta::outbound(self.peer, self.addr, &target.tls, service, routed.map(|r| &*r.route))
+            }
+        };
+        self.shared.taps.request(req, authority_of(req), meta, started)
+    }
+
+    async fn forward(
+        &self,
+        req: Request<Incoming>,
+        downgraded: bool,
+        routed: Option<&Routed>,
+    ) -> Result<(Response<Incoming>, Option<Load>), ProxyError> {
+        let named = match routed {
+            Some(_) => None,
+            None => self.named_target(authority_of(&req)).await,
+        };
+        let target = routed.map(|r| &r.target).or(named.as_ref()).unwrap_or(&self.target);
+        let exchange = async {
+            match routed.and_then(|r| Some((r, r.retry()?))) {
+                Some((routed, retry)) if retry::bufferable(&req, retry) => {
+                    self.with_retries(target, req, downgraded, routed, retry).await
+                }
+                _ => self.send(target, req.map(Either::Left), downgraded, None).await,
+            }
+        };
+        let mut result = match routed.and_then(|r| r.timeout.map(|t| (t, &r.route))) {
+            Some((timeout, route)) => tokio::time::timeout(timeout, exchange).await.map_err(|_| {
+                ProxyError::new(
+                    StatusCode::GATEWAY_TIMEOUT,
+                    format!("request timed out after {} ms on route {route}", timeout.as_millis()),
+                )
+            })?,
+            None => exchange.await,
+        };
+        if let (Some(routed), Ok((response, _))) = (routed, &mut result) {
+            routed.response_headers(response.headers_mut());
+        }
+        result
+    }
+
+    /// A request of a rule with retries, its body buffered: sent again while its answer is one the
+    /// rule retries, up to the rule's limit and as far as the target's retry budget allows.
+    async fn with_retries(
+        &self,
+        target: &Arc<Target>,
+        req: Request<Incoming>,
+        downgraded: bool,
+        routed: &Routed,
+        retry: &Retry,
+    ) -> Result<(Response<Incoming>, Option<Load>), ProxyError> {
+        let budget = target.retry_budget();
+        budget.deposit();
+        let (parts, body) = req.into_parts();
+        let body = retry::buffer(body, retry).await?;
+        let mut attempt = 0;
+        loop {
+            let req = retry::request(&parts, body.clone());
+            let result = self.send(target, req, downgraded, retry.timeout).await;
+            let again = match &result {
+                Ok((response, _)) => retry.retries(response.status(), response.headers()),
+                Err(e) => e.status == StatusCode::BAD_GATEWAY || e.status == StatusCode::GATEWAY_TIMEOUT,
+            };
+            if !again || attempt >= retry.max_retries {
+                return result;
+            }
+            if !budget.withdraw() {
+                routed.handles.retry_overflow.inc();
+                return result;
+            }
+            drop(result);
+            attempt += 1;
+            routed.handles.retries.inc();
+            if let Some(wait) = retry::backoff(retry, attempt) {
+                tokio::time::sleep(wait).await;
+            }
+        }
+    }
+
+    /// One attempt: an endpoint of `target`, the request in the form it needs, its answer.
+    async fn send(
+        &self,
+        target: &Arc<Target>,
+        mut req: Request<RequestBody>,
+        downgraded: bool,
+        timeout: Option<std::time::Duration>,
+    ) -> Result<(Response<Incoming>, Option<Load>), ProxyError> {
+        let Picked { upstream, load } = target.route.pick().map_err(route_error)?;
+        strip_hop_by_hop(req.headers_mut(), false);
+        let upgraded = self.h2_upgrade && req.version() != Version::HTTP_2 && upstream.tls.is_some();
+        if upgraded {
+            orig_proto::upgrade_request(&mut req, &self.addr.to_string())?;
+        } else if req.version() != Version::HTTP_2 {
+            // HTTP/1.0 stays HTTP/1.0 only when a downgrade named it; otherwise HTTP/1 goes as 1.1.
+            if !(downgraded && req.version() == Version::HTTP_10) {
+                *req.version_mut() = Version::HTTP_11;
+            }
+            to_origin_form(&mut req, self.addr)?;
+        }
+        let result = match timeout {
+            Some(timeout) => tokio::time::timeout(timeout, upstream.send(req)).await.map_err(|_| {
+                ProxyError::new(
+                    StatusCode::GATEWAY_TIMEOUT,
+                    format!("upstream {} timed out after {} ms", upstream.addr, timeout.as_millis()),
+                )
+            })?,
+            None => upstream.send(req).await,
+        };
+        if let Some(load) = &load {
+            match &result {
+                Ok(_) => load.observe(),
+                Err(_) => load.fail(),
+            }
+        }
+        let mut response = result.map_err(|e| upstream_error(upstream.addr, &e))?;
+        strip_hop_by_hop(response.headers_mut(), false);
+        if upgraded {
+            orig_proto::downgrade_response(&mut response);
+        }
+        Ok((response, load))
+    }
+
+    /// HTTP/1 `Upgrade` (e.g. WebSocket) and `CONNECT`: the handshake goes upstream on a fresh
+    /// connection, and on success both upgraded connections are spliced together.
+    async fn upgrade(&self, mut req: Request<Incoming>) -> Result<Response<Incoming>, ProxyError> {
+        let Picked { upstream, load } = self.target.route.pick().map_err(route_error)?;
+        let target = upstream.addr;
+        let io = upstream.connect().await.map_err(|e| upstream_error(target, &e))?;
+        let (mut sender, conn) =
+            hyper::client::conn::http1::handshake(TokioIo::new(io)).await.map_err(|e| upstream_error(target, &e))?;
+        tokio::spawn(async move {
+            if let Err(e) = conn.with_upgrades().await {
+                tracing::debug!(error = %e, "upstream upgrade connection ended");
+            }
+        });
+        let server_side = hyper::upgrade::on(&mut req);
+        let is_connect = req.method() == Method::CONNECT;
+        strip_hop_by_hop(req.headers_mut(), !is_connect);
+        let mut response = sender.send_request(req).await.map_err(|e| upstream_error(target, &e))?;
+        let switched =
+            response.status() == StatusCode::SWITCHING_PROTOCOLS || (is_connect && response.status().is_success());
+        if switched {
+            let client_side = hyper::upgrade::on(&mut response);
+            // The tunnel counts as load on its endpoint for as long as it lasts.
+            let held = (self.shared.drain.guard(), self.open.clone(), load);
+            // A tunnel is not re-checked per request: it ends when its authorization does.
+            let policy = self.policy.clone();
+            let revoked = async move {
+                match policy {
+                    Some(policy) => policy.revoked().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::spawn(crate::http::upgrade::splice(server_side, client_side, target, held, revoked));
+        } else {
+            strip_hop_by_hop(response.headers_mut(), false);
+        }
+        Ok(response)
+    }
+}
+
+/// An HTTP/1 request goes upstream in origin form (`GET /path`) with a `Host`: an absolute-form
+/// target (a client that thinks we are its proxy) is rewritten, nothing else is touched.
+fn to_origin_form<B>(req: &mut Request<B>, addr: SocketAddr) -> Result<(), ProxyError> {
+    let invalid =
+        |e: &dyn std::fmt::Display| ProxyError::new(StatusCode::BAD_REQUEST, format!("invalid request target: {e}"));
+    if let Some(authority) = req.uri().authority() {
+        if !req.headers().contains_key(HOST) {
+            let host = HeaderValue::from_str(authority.as_str()).map_err(|e| invalid(&e))?;
+            req.headers_mut().insert(HOST, host);
+        }
+        let path = req.uri().path_and_query().cloned();
+        let mut parts = http::uri::Parts::default();
+        parts.path_and_query = Some(path.unwrap_or_else(|| http::uri::PathAndQuery::from_static("/")));
+        *req.uri_mut() = Uri::from_parts(parts).map_err(|e| invalid(&e))?;
+    } else if !req.headers().contains_key(HOST) {
+        let host = HeaderValue::from_str(&addr.to_string()).map_err(|e| invalid(&e))?;
+        req.headers_mut().insert(HOST, host);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn http1_targets_go_in_origin_form_with_a_host() {
+        let addr: SocketAddr = "10.0.0.1:8080".parse().unwrap();
+        let mut absolute = Request::builder().uri("http://web:80/a?b").body(()).unwrap();
+        to_origin_form(&mut absolute, addr).unwrap();
+        assert_eq!(
+            (absolute.uri().to_string().as_str(), &absolute.headers()[HOST]),
+            ("/a?b", &HeaderValue::from_static("web:80"))
+        );
+        let mut bare = Request::builder().uri("/x").body(()).unwrap();
+        to_origin_form(&mut bare, addr).unwrap();
+        assert_eq!(bare.headers()[HOST], "10.0.0.1:8080");
+        let mut kept = Request::builder().uri("/y").header(HOST, "app").body(()).unwrap();
+        to_origin_form(&mut kept, addr).unwrap();
+        assert_eq!((kept.uri().to_string().as_str(), &kept.headers()[HOST]), ("/y", &HeaderValue::from_static("app")));
+    }
+}

@@ -1,0 +1,347 @@
+//! Golden metrics with Linkerd's names, so existing dashboards and `linkerd viz`-style queries
+//! work. Labels stay bounded: no paths, and authorities are capped in length and count.
+
+use std::sync::Arc;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+pub use crate::client::discovery::ServiceLabels;
+pub use crate::http::tap::registry::TapMetrics;
+pub use crate::inbound::policy::metrics::{AuthzLabels, AuthzMetrics, Resource};
+pub use crate::outbound::routes::metrics::{
+    RouteBackendLabels, RouteHandles, RouteLabels, RouteMetrics, route_duration_histogram,
+};
+pub use crate::transport::identity::refresh::{IdentityMetrics, RefreshLabels};
+pub use crate::transport::labels::{
+    AcceptError, AcceptErrorLabels, Bounded, ConnMetrics, DecidedBy, Direction, ProtocolLabels, TcpLabels, TlsLabel,
+};
+
+/// Distinct `authority` label values kept, per direction, before the rest are reported as
+/// `other` (per direction, so junk Host headers from inbound clients cannot crowd out outbound
+/// authorities).
+const MAX_AUTHORITIES: usize = 256;
+const MAX_AUTHORITY_LEN: usize = 128;
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct RequestLabels {
+    pub direction: Direction,
+    pub target_addr: String,
+    pub authority: String,
+    #[prometheus(flatten)]
+    pub tls: TlsLabel,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct ResponseLabels {
+    pub direction: Direction,
+    pub target_addr: String,
+    pub authority: String,
+    #[prometheus(flatten)]
+    pub tls: TlsLabel,
+    pub status_code: String,
+    pub classification: String,
+}
+
+fn latency_histogram() -> Histogram {
+    Histogram::new([
+        1.0, 2.0, 3.0, 4.0, 5.0, 10.0, 20.0, 30.0, 40.0, 50.0, 100.0, 200.0, 300.0, 400.0, 500.0, 1000.0, 2000.0,
+        5000.0, 10000.0, 30000.0,
+    ])
+}
+
+pub struct Metrics {
+    pub registry: Registry,
+    pub request_total: Family<RequestLabels, Counter>,
+    pub response_total: Family<ResponseLabels, Counter>,
+    pub response_latency_ms: Family<RequestLabels, Histogram, fn() -> Histogram>,
+    pub tcp_open_total: Family<TcpLabels, Counter>,
+    pub tcp_close_total: Family<TcpLabels, Counter>,
+    pub tcp_open_connections: Family<TcpLabels, Gauge>,
+    pub tcp_read_bytes_total: Family<TcpLabels, Counter>,
+    pub tcp_write_bytes_total: Family<TcpLabels, Counter>,
+    pub outbound_endpoints: Family<ServiceLabels, Gauge>,
+    pub identity_cert_expiration_timestamp_seconds: Gauge,
+    pub identity_cert_refresh_total: Family<RefreshLabels, Counter>,
+    pub inbound_http_authz_allow_total: Family<AuthzLabels, Counter>,
+    pub inbound_http_authz_deny_total: Family<AuthzLabels, Counter>,
+    pub inbound_tcp_authz_allow_total: Family<AuthzLabels, Counter>,
+    pub inbound_tcp_authz_deny_total: Family<AuthzLabels, Counter>,
+    pub inbound_http_route_not_found_total: Family<AuthzLabels, Counter>,
+    /// Opaque connections closed because a policy update no longer authorizes them.
+    pub inbound_tcp_authz_revoked_total: Counter,
+    pub connection_protocol_total: Family<ProtocolLabels, Counter>,
+    /// Tap ([`crate::http::tap`]): sessions open now, events sent to and dropped for tap clients
+    /// (a full queue: the client reads too slowly), calls refused to unauthorized clients.
+    pub tap_sessions_open: Gauge,
+    pub tap_events_sent_total: Counter,
+    pub tap_events_dropped_total: Counter,
+    pub tap_denied_total: Counter,
+    authorities: [Bounded; 2],
+    /// The refusal counters and bounded `target_addr` labels both sides and the accept loop use.
+    pub conn: ConnMetrics,
+    /// The route families, with their series bound, for the outbound side.
+    pub routes: Arc<RouteMetrics>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::default();
+        let m = Self {
+            request_total: Family::default(),
+            response_total: Family::default(),
+            response_latency_ms: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
+            tcp_open_total: Family::default(),
+            tcp_close_total: Family::default(),
+            tcp_open_connections: Family::default(),
+            tcp_read_bytes_total: Family::default(),
+            tcp_write_bytes_total: Family::default(),
+            outbound_endpoints: Family::default(),
+            identity_cert_expiration_timestamp_seconds: Gauge::default(),
+            identity_cert_refresh_total: Family::default(),
+            inbound_http_authz_allow_total: Family::default(),
+            inbound_http_authz_deny_total: Family::default(),
+            inbound_tcp_authz_allow_total: Family::default(),
+            inbound_tcp_authz_deny_total: Family::default(),
+            inbound_http_route_not_found_total: Family::default(),
+            inbound_tcp_authz_revoked_total: Counter::default(),
+            connection_protocol_total: Family::default(),
+            tap_sessions_open: Gauge::default(),
+            tap_events_sent_total: Counter::default(),
+            tap_events_dropped_total: Counter::default(),
+            tap_denied_total: Counter::default(),
+            authorities: Default::default(),
+            conn: ConnMetrics::new(Family::default(), Default::default()),
+            routes: Arc::new(RouteMetrics::new(
+                Family::new_with_constructor(route_duration_histogram as fn() -> Histogram),
+                Family::default(),
+                Family::default(),
+                Family::default(),
+            )),
+            registry: Registry::default(),
+        };
+        // prometheus-client appends `_total` to counters itself.
+        registry.register("request", "HTTP requests", m.request_total.clone());
+        registry.register("response", "HTTP responses", m.response_total.clone());
+        registry.register(
+            "response_latency_ms",
+            "Time to response headers, in milliseconds",
+            m.response_latency_ms.clone(),
+        );
+        registry.register("tcp_open", "TCP connections opened", m.tcp_open_total.clone());
+        registry.register("tcp_close", "TCP connections closed", m.tcp_close_total.clone());
+        registry.register("tcp_open_connections", "TCP connections open now", m.tcp_open_connections.clone());
+        registry.register("tcp_read_bytes", "Bytes read from peers", m.tcp_read_bytes_total.clone());
+        registry.register("tcp_write_bytes", "Bytes written to peers", m.tcp_write_bytes_total.clone());
+        registry.register("tcp_refused", "TCP connections refused by mTLS policy", m.conn.tcp_refused_total.clone());
+        for (name, direction) in [("inbound_tcp_accept_errors", 0), ("outbound_tcp_accept_errors", 1)] {
+            registry.register(
+                name,
+                "Connections closed before they were served: shed over a limit, or detection timed out",
+                m.conn.tcp_accept_errors_total[direction].clone(),
+            );
+        }
+        registry.register(
+            "outbound_endpoints",
+            "Endpoints discovery currently knows for a service the proxy talks to",
+            m.outbound_endpoints.clone(),
+        );
+        registry.register(
+            "identity_cert_expiration_timestamp_seconds",
+            "When the proxy's current certificate expires (Unix time)",
+            m.identity_cert_expiration_timestamp_seconds.clone(),
+        );
+        registry.register(
+            "identity_cert_refresh",
+            "Certificate requests to the Identity service, by result",
+            m.identity_cert_refresh_total.clone(),
+        );
+        for (name, help, family) in [
+            ("inbound_http_authz_allow", "HTTP requests authorized by policy", &m.inbound_http_authz_allow_total),
+            ("inbound_http_authz_deny", "HTTP requests denied by policy", &m.inbound_http_authz_deny_total),
+            ("inbound_tcp_authz_allow", "Connections authorized by policy", &m.inbound_tcp_authz_allow_total),
+            ("inbound_tcp_authz_deny", "Connections denied by policy", &m.inbound_tcp_authz_deny_total),
+            (
+                "inbound_http_route_not_found",
+                "HTTP requests matching no route of their Server",
+                &m.inbound_http_route_not_found_total,
+            ),
+        ] {
+            registry.register(name, help, family.clone());
+        }
+        registry.register(
+            "outbound_http_route_request_duration_seconds",
+            "Time from a routed request to its response headers, per route",
+            m.routes.outbound_http_route_request_duration_seconds.clone(),
+        );
+        registry.register(
+            "outbound_http_route_backend_requests",
+            "Requests dispatched to each backend of each route",
+            m.routes.outbound_http_route_backend_requests_total.clone(),
+        );
+        for (name, help, family) in [
+            (
+                "outbound_http_route_retry_requests",
+                "Requests sent again by a route's retry policy",
+                &m.routes.outbound_http_route_retry_requests_total,
+            ),
+            (
+                "outbound_http_route_retry_overflow",
+                "Retries not made because the retry budget was spent",
+                &m.routes.outbound_http_route_retry_overflow_total,
+            ),
+        ] {
+            registry.register(name, help, family.clone());
+        }
+        registry.register("tap_sessions_open", "Tap sessions open now", m.tap_sessions_open.clone());
+        for (name, help, counter) in [
+            ("tap_events_sent", "Tap events sent to tap clients", &m.tap_events_sent_total),
+            (
+                "tap_events_dropped",
+                "Tap events dropped because a tap client read too slowly",
+                &m.tap_events_dropped_total,
+            ),
+            ("tap_denied", "Tap calls refused: the client's identity may not tap", &m.tap_denied_total),
+            (
+                "inbound_tcp_authz_revoked",
+                "Opaque connections closed because a policy update revoked their authorization",
+                &m.inbound_tcp_authz_revoked_total,
+            ),
+        ] {
+            registry.register(name, help, counter.clone());
+        }
+        registry.register(
+            "connection_protocol",
+            "Connections by the protocol they were served as and what decided it",
+            m.connection_protocol_total.clone(),
+        );
+        Self { registry, ..m }
+    }
+}
+
+/// One proxied TCP connection, counted in `tcp_open_connections` until its last holder is gone:
+/// an upgraded (WebSocket, CONNECT) tunnel outlives the HTTP connection that carried it.
+pub struct OpenConnection {
+    metrics: std::sync::Arc<Metrics>,
+    labels: TcpLabels,
+}
+
+impl OpenConnection {
+    pub fn open(metrics: std::sync::Arc<Metrics>, labels: TcpLabels) -> std::sync::Arc<Self> {
+        metrics.tcp_open_total.get_or_create(&labels).inc();
+        metrics.tcp_open_connections.get_or_create(&labels).inc();
+        std::sync::Arc::new(Self { metrics, labels })
+    }
+}
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.metrics.tcp_open_connections.get_or_create(&self.labels).dec();
+        self.metrics.tcp_close_total.get_or_create(&self.labels).inc();
+    }
+}
+
+impl Metrics {
+    /// The label value for an authority, bounded in length and in number of distinct values.
+    pub fn authority_label(&self, direction: Direction, authority: &str) -> String {
+        let a: String = authority.chars().take(MAX_AUTHORITY_LEN).collect();
+        self.authorities[direction as usize].label(&a, MAX_AUTHORITIES)
+    }
+
+    /// The label value for a target address, bounded in number of distinct values.
+    pub fn target_label(&self, direction: Direction, target: std::net::SocketAddr) -> String {
+        self.conn.target_label(direction, target)
+    }
+
+    /// A connection refused by policy ([`ConnMetrics::tcp_refused`]).
+    pub fn tcp_refused(&self, direction: Direction, target: std::net::SocketAddr) {
+        self.conn.tcp_refused(direction, target)
+    }
+
+    /// A connection closed before it was served.
+    pub fn accept_error(&self, direction: Direction, error: AcceptError) {
+        self.conn.accept_error(direction, error)
+    }
+
+    /// The certificate metrics the identity's refresh loop keeps ([`crate::transport::identity`]).
+    pub fn identity(&self) -> IdentityMetrics {
+        IdentityMetrics {
+            expiration: self.identity_cert_expiration_timestamp_seconds.clone(),
+            refresh: self.identity_cert_refresh_total.clone(),
+        }
+    }
+
+    /// The tap registry's metrics ([`crate::http::tap`]).
+    pub fn tap(&self) -> TapMetrics {
+        TapMetrics {
+            sessions_open: self.tap_sessions_open.clone(),
+            events_dropped: self.tap_events_dropped_total.clone(),
+        }
+    }
+
+    /// The inbound authorization families ([`crate::inbound::policy::enforce`]).
+    pub fn authz(&self) -> AuthzMetrics {
+        AuthzMetrics {
+            inbound_http_authz_allow_total: self.inbound_http_authz_allow_total.clone(),
+            inbound_http_authz_deny_total: self.inbound_http_authz_deny_total.clone(),
+            inbound_tcp_authz_allow_total: self.inbound_tcp_authz_allow_total.clone(),
+            inbound_tcp_authz_deny_total: self.inbound_tcp_authz_deny_total.clone(),
+            inbound_http_route_not_found_total: self.inbound_http_route_not_found_total.clone(),
+            inbound_tcp_authz_revoked_total: self.inbound_tcp_authz_revoked_total.clone(),
+        }
+    }
+
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry).expect("writing to a String cannot fail");
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn linkerd_names_and_bounded_authorities() {
+        let m = Metrics::default();
+        let labels =
+            TcpLabels { direction: Direction::inbound, target_addr: "10.0.0.1:80".into(), tls: TlsLabel::plaintext() };
+        m.tcp_open_total.get_or_create(&labels).inc();
+        let req = RequestLabels {
+            direction: Direction::outbound,
+            target_addr: "10.0.0.2:80".into(),
+            authority: "web".into(),
+            tls: TlsLabel { tls: true, client_id: None, server_id: Some("web.shop".into()) },
+        };
+        m.request_total.get_or_create(&req).inc();
+        m.response_latency_ms.get_or_create(&req).observe(3.0);
+        let text = m.encode();
+        assert!(
+            text.contains("tcp_open_total{direction=\"inbound\",target_addr=\"10.0.0.1:80\",tls=\"false\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("request_total{direction=\"outbound\",target_addr=\"10.0.0.2:80\",authority=\"web\",tls=\"true\",server_id=\"web.shop\"} 1"),
+            "{text}"
+        );
+        assert!(text.contains("response_latency_ms_bucket{"), "{text}");
+        for i in 0..MAX_AUTHORITIES {
+            m.authority_label(Direction::inbound, &format!("host-{i}"));
+        }
+        assert_eq!(m.authority_label(Direction::inbound, "one-too-many"), "other");
+        assert_eq!(m.authority_label(Direction::inbound, "host-1"), "host-1");
+        assert_eq!(m.authority_label(Direction::inbound, &"x".repeat(500)), "other", "new values beyond the cap");
+        assert_eq!(m.authority_label(Direction::outbound, "web"), "web", "caps are per direction");
+        assert_eq!(m.target_label(Direction::outbound, "10.0.0.1:80".parse().unwrap()), "10.0.0.1:80");
+        m.accept_error(Direction::inbound, AcceptError::source_limit);
+        m.accept_error(Direction::outbound, AcceptError::detect_timeout);
+        let text = m.encode();
+        assert!(text.contains("inbound_tcp_accept_errors_total{error=\"source_limit\"} 1"), "{text}");
+        assert!(text.contains("outbound_tcp_accept_errors_total{error=\"detect_timeout\"} 1"), "{text}");
+    }
+}

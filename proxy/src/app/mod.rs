@@ -1,0 +1,17 @@
+//! The proxy as a program: configuration and command line, wiring and the listeners ([`run`],
+//! [`accept`]), each connection's protocol and HTTP requests joined to the inbound and outbound
+//! sides ([`dispatch`], [`forward`]), the state every connection shares, connection limits,
+//! draining, the admin server, the metrics registry and the tap server.
+
+pub mod accept;
+pub mod admin;
+pub mod admission;
+pub mod cli;
+pub mod config;
+pub mod dispatch;
+pub mod drain;
+pub mod forward;
+pub mod metrics;
+pub mod run;
+pub mod shared;
+pub mod tap;

@@ -1,0 +1,165 @@
+//! Power-of-two-choices over peak-EWMA latency: pick two endpoints at random and send to the one
+//! whose expected cost (latency estimate × outstanding requests) is lower. Peak EWMA reacts at
+//! once to a slow response and forgets it over `DECAY`, so a slow endpoint sheds load quickly
+//! and gets it back when it recovers.
+
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+/// How fast an observed peak is forgotten (Linkerd's default).
+const DECAY: Duration = Duration::from_secs(10);
+/// What a failed request counts as.
+const FAILURE_PENALTY: Duration = Duration::from_secs(1);
+/// The estimate of an endpoint with no observations yet.
+const DEFAULT_RTT: Duration = Duration::from_millis(30);
+
+#[derive(Debug)]
+pub struct Stats {
+    pending: AtomicUsize,
+    /// (estimate in seconds, when it was last updated).
+    ewma: Mutex<(f64, Instant)>,
+}
+
+impl Default for Stats {
+    fn default() -> Self {
+        Self { pending: AtomicUsize::new(0), ewma: Mutex::new((DEFAULT_RTT.as_secs_f64(), Instant::now())) }
+    }
+}
+
+impl Stats {
+    fn decayed(estimate: f64, since: Instant, now: Instant) -> f64 {
+        let elapsed = now.saturating_duration_since(since).as_secs_f64();
+        estimate * (-elapsed / DECAY.as_secs_f64()).exp()
+    }
+
+    /// Expected cost of one more request here.
+    pub fn cost(&self) -> f64 {
+        let (estimate, since) = *self.ewma.lock().expect("not poisoned");
+        let pending = self.pending.load(Ordering::Relaxed) as f64;
+        // The estimate decays toward zero between observations; a floor keeps pending counts
+        // meaningful for an endpoint that has been idle a long time.
+        Stats::decayed(estimate, since, Instant::now()).max(1e-6) * (pending + 1.0)
+    }
+
+    pub fn observe(&self, rtt: Duration) {
+        let rtt = rtt.as_secs_f64();
+        let now = Instant::now();
+        let mut ewma = self.ewma.lock().expect("not poisoned");
+        let (estimate, since) = *ewma;
+        let next = if rtt > estimate {
+            rtt
+        } else {
+            let w = (-now.saturating_duration_since(since).as_secs_f64() / DECAY.as_secs_f64()).exp();
+            estimate * w + rtt * (1.0 - w)
+        };
+        *ewma = (next, now);
+    }
+
+    pub fn pending(&self) -> usize {
+        self.pending.load(Ordering::Relaxed)
+    }
+}
+
+/// One request (or opaque connection) in flight on an endpoint.
+pub struct Load {
+    stats: Arc<Stats>,
+    start: Instant,
+}
+
+impl Load {
+    pub fn start(stats: Arc<Stats>) -> Self {
+        stats.pending.fetch_add(1, Ordering::Relaxed);
+        Self { stats, start: Instant::now() }
+    }
+
+    /// Records the time to response headers.
+    pub fn observe(&self) {
+        self.stats.observe(self.start.elapsed());
+    }
+
+    /// Records a failure (refused, reset, timed out) as a slow answer: an endpoint that fails
+    /// fast must not look like the fastest one.
+    pub fn fail(&self) {
+        self.stats.observe(self.start.elapsed().max(FAILURE_PENALTY));
+    }
+}
+
+impl Drop for Load {
+    fn drop(&mut self) {
+        self.stats.pending.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A uniform index below `n` (balancing needs speed, not secrecy).
+fn below(n: usize) -> usize {
+    crate::transport::rng::with(|r| rand::Rng::random_range(r, 0..n))
+}
+
+/// Picks among `items` by power of two choices on `stats(item).cost()`.
+pub fn pick<T>(items: &[T], stats: impl Fn(&T) -> &Stats) -> Option<&T> {
+    match items.len() {
+        0 => None,
+        1 => items.first(),
+        n => {
+            let a = below(n);
+            let b = (a + 1 + below(n - 1)) % n;
+            let (x, y) = (&items[a], &items[b]);
+            Some(if stats(y).cost() < stats(x).cost() { y } else { x })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slow_endpoint_gets_less_traffic() {
+        let endpoints: Vec<Arc<Stats>> = (0..3).map(|_| Arc::default()).collect();
+        endpoints[0].observe(Duration::from_millis(200));
+        endpoints[1].observe(Duration::from_millis(2));
+        endpoints[2].observe(Duration::from_millis(2));
+        let mut counts = [0usize; 3];
+        for _ in 0..3000 {
+            let picked = pick(&endpoints, |s| s).unwrap();
+            let i = endpoints.iter().position(|s| Arc::ptr_eq(s, picked)).unwrap();
+            counts[i] += 1;
+        }
+        assert!(counts[0] < counts[1] / 4 && counts[0] < counts[2] / 4, "{counts:?}");
+        assert!(counts[1] + counts[2] > 2800, "the fast ones take the traffic: {counts:?}");
+    }
+
+    #[test]
+    fn outstanding_requests_count_against_an_endpoint() {
+        let endpoints: Vec<Arc<Stats>> = (0..2).map(|_| Arc::default()).collect();
+        let _busy: Vec<Load> = (0..10).map(|_| Load::start(endpoints[0].clone())).collect();
+        assert_eq!(endpoints[0].pending(), 10);
+        for _ in 0..100 {
+            assert!(Arc::ptr_eq(pick(&endpoints, |s| s).unwrap(), &endpoints[1]));
+        }
+        drop(_busy);
+        assert_eq!(endpoints[0].pending(), 0);
+    }
+
+    #[test]
+    fn a_failing_endpoint_is_avoided() {
+        let endpoints: Vec<Arc<Stats>> = (0..2).map(|_| Arc::default()).collect();
+        endpoints[1].observe(Duration::from_millis(5));
+        Load::start(endpoints[0].clone()).fail();
+        for _ in 0..100 {
+            assert!(Arc::ptr_eq(pick(&endpoints, |s| s).unwrap(), &endpoints[1]));
+        }
+    }
+
+    #[test]
+    fn peaks_are_taken_at_once_and_decay() {
+        let s = Stats::default();
+        s.observe(Duration::from_millis(500));
+        assert!(s.cost() > 0.4);
+        s.observe(Duration::from_millis(1));
+        assert!(s.cost() > 0.4, "one fast answer right after does not erase the peak");
+        assert!(pick::<Stats>(&[], |s| s).is_none());
+    }
+}

@@ -1,0 +1,196 @@
+//! Service discovery from the control plane's Destination API (linkerd2-proxy-api).
+//!
+//! An outbound connection's original destination is looked up with `GetProfile(ip:port)`: a
+//! ClusterIP answers with its service's name, which is then followed with `Get(name:port)` for the
+//! live endpoint set; a pod IP answers with that one endpoint and its identity. Each lookup is one
+//! long-lived stream shared by every connection to that destination, kept (with the last answer)
+//! while the control plane is unreachable, and re-established with backoff.
+
+pub mod balance;
+pub(crate) mod follow;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use cnimesh_identity::Name;
+use linkerd2_proxy_api::destination::{self as api, destination_client::DestinationClient};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use tokio::sync::watch;
+use tonic::transport::Channel;
+
+pub use balance::Stats;
+
+/// One endpoint of a service.
+#[derive(Debug)]
+pub struct Endpoint {
+    pub addr: SocketAddr,
+    /// The identity a meshed endpoint proves (mTLS); `None` for a plaintext endpoint.
+    pub identity: Option<Name>,
+    pub stats: Arc<Stats>,
+}
+
+/// A service's endpoints as last heard.
+#[derive(Debug, Default)]
+pub struct Endpoints {
+    pub list: Vec<Arc<Endpoint>>,
+    /// Whether the control plane has answered at all (until then nothing is known).
+    pub known: bool,
+    /// Whether the service exists (a service with no endpoints does; a name nobody defined
+    /// does not, and its traffic keeps its original destination).
+    pub exists: bool,
+}
+
+impl Endpoints {
+    /// Worth routing to: known to exist (even with no endpoints: that answers 503).
+    pub fn routable(&self) -> bool {
+        self.known && self.exists
+    }
+}
+
+/// What the control plane says about an address.
+#[derive(Debug, Default, Clone)]
+pub struct Profile {
+    /// The service this address belongs to (a ClusterIP), `name.ns.svc.<domain>`.
+    pub service: Option<String>,
+    /// The single endpoint this address is (a pod IP), with its identity.
+    pub endpoint: Option<Arc<Endpoint>>,
+}
+
+/// Distinct lookups kept before the caches are reset (their streams then end).
+const MAX_LOOKUPS: usize = 4096;
+
+/// `outbound_endpoints`' label: the service's authority.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, prometheus_client::encoding::EncodeLabelSet)]
+pub struct ServiceLabels {
+    pub authority: String,
+}
+
+pub struct Discovery {
+    channel: Channel,
+    profiles: Mutex<HashMap<SocketAddr, watch::Receiver<Option<Profile>>>>,
+    services: Mutex<HashMap<String, watch::Receiver<Arc<Endpoints>>>>,
+    /// How long a new connection waits for the control plane's first answer before it is
+    /// forwarded to its original destination as if undiscovered.
+    first_answer: Duration,
+    max_backoff: Duration,
+    metrics: Family<ServiceLabels, Gauge>,
+}
+
+/// The cached receiver for `key`, starting its stream with `start` on first use (every
+/// control-plane lookup keyed by target shares it).
+pub(crate) fn shared<K: std::hash::Hash + Eq + Clone, V>(
+    map: &Mutex<HashMap<K, watch::Receiver<V>>>,
+    key: &K,
+    start: impl FnOnce() -> watch::Receiver<V>,
+) -> watch::Receiver<V> {
+    let mut map = map.lock().expect("not poisoned");
+    if let Some(rx) = map.get(key) {
+        return rx.clone();
+    }
+    if map.len() >= MAX_LOOKUPS {
+        map.clear();
+    }
+    let rx = start();
+    map.insert(key.clone(), rx.clone());
+    rx
+}
+
+impl Discovery {
+    pub fn new(
+        channel: Channel,
+        first_answer: Duration,
+        max_backoff: Duration,
+        metrics: Family<ServiceLabels, Gauge>,
+    ) -> Self {
+        Self { channel, profiles: Mutex::default(), services: Mutex::default(), first_answer, max_backoff, metrics }
+    }
+
+    fn client(&self) -> DestinationClient<Channel> {
+        DestinationClient::new(self.channel.clone())
+    }
+
+    /// What is known of `target`, waiting (bounded) for the first answer, and the watch that
+    /// tells of later answers. `None` when the control plane has not answered: the caller treats
+    /// the address as undiscovered.
+    pub async fn profile(self: &Arc<Self>, target: SocketAddr) -> (Option<Profile>, watch::Receiver<Option<Profile>>) {
+        let mut rx = shared(&self.profiles, &target, || {
+            let (tx, rx) = watch::channel(None);
+            tokio::spawn(follow::profile(self.client(), target, tx, self.max_backoff));
+            rx
+        });
+        if rx.borrow().is_none() {
+            let _ = tokio::time::timeout(self.first_answer, rx.wait_for(Option::is_some)).await;
+        }
+        let profile = rx.borrow_and_update().clone();
+        (profile, rx)
+    }
+
+    /// The live endpoints of `authority` (`name.ns.svc.<domain>:port`), after waiting (bounded)
+    /// for the first answer.
+    pub async fn endpoints(self: &Arc<Self>, authority: &str) -> watch::Receiver<Arc<Endpoints>> {
+        let mut rx = shared(&self.services, &authority.to_string(), || {
+            let (tx, rx) = watch::channel(Arc::new(Endpoints::default()));
+            let gauge = ServiceLabels { authority: authority.to_string() };
+            tokio::spawn(follow::endpoints(
+                self.client(),
+                authority.to_string(),
+                tx,
+                self.max_backoff,
+                (self.metrics.clone(), gauge),
+            ));
+            rx
+        });
+        if !rx.borrow().known {
+            let _ = tokio::time::timeout(self.first_answer, rx.wait_for(|e| e.known)).await;
+        }
+        rx
+    }
+}
+
+/// Every lookup a proxy follows with its last answer: profiles by address (`None`: not answered
+/// yet) and endpoint sets by service authority.
+pub struct Snapshot {
+    pub profiles: Vec<(SocketAddr, Option<Profile>)>,
+    pub services: Vec<(String, Arc<Endpoints>)>,
+}
+
+impl Discovery {
+    /// What the admin server's `/endpoints.json` shows.
+    pub fn snapshot(&self) -> Snapshot {
+        let profiles = self.profiles.lock().expect("not poisoned");
+        let mut profiles: Vec<_> = profiles.iter().map(|(addr, rx)| (*addr, rx.borrow().clone())).collect();
+        profiles.sort_by_key(|(addr, _)| *addr);
+        let services = self.services.lock().expect("not poisoned");
+        let mut services: Vec<_> = services.iter().map(|(name, rx)| (name.clone(), rx.borrow().clone())).collect();
+        services.sort_by(|a, b| a.0.cmp(&b.0));
+        Snapshot { profiles, services }
+    }
+}
+
+/// An endpoint from the API's form; `None` when it has no usable address.
+fn endpoint(addr: &api::WeightedAddr) -> Option<Endpoint> {
+    let tcp = addr.addr?;
+    let ip = std::net::IpAddr::try_from(tcp.ip?).ok()?;
+    // An endpoint the control plane says is meshed, with an identity we cannot check, is left
+    // out rather than dialled in plaintext.
+    let identity = match addr.tls_identity.as_ref() {
+        None => None,
+        Some(t) => match &t.strategy {
+            Some(api::tls_identity::Strategy::DnsLikeIdentity(d)) => match d.name.parse() {
+                Ok(name) => Some(name),
+                Err(e) => {
+                    tracing::warn!(error = %e, "endpoint with an invalid identity left out");
+                    return None;
+                }
+            },
+            other => {
+                tracing::warn!(identity = ?other, "endpoint with an identity kind we cannot verify left out");
+                return None;
+            }
+        },
+    };
+    Some(Endpoint { addr: SocketAddr::new(ip, u16::try_from(tcp.port).ok()?), identity, stats: Arc::default() })
+}

@@ -1,0 +1,113 @@
+//! Where a target's requests go: one fixed upstream (the original destination, with the
+//! identity it is known to have), or a discovered service's endpoints, balanced per request
+//! (HTTP) or per connection (opaque). Each endpoint's [`Upstream`] is built once and kept here.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use crate::client::discovery::balance::{self, Load};
+use crate::client::discovery::{Endpoint, Endpoints};
+use crate::client::upstream::Upstream;
+use crate::transport::identity::Identity;
+use crate::transport::labels::TlsLabel;
+use crate::transport::tls::{self, UpstreamTls};
+
+pub enum Route {
+    Fixed(Arc<Upstream>),
+    Balanced(Balanced),
+}
+
+/// A service's live endpoints and a client per endpoint.
+pub struct Balanced {
+    pub service: String,
+    endpoints: watch::Receiver<Arc<Endpoints>>,
+    identity: Option<Arc<Identity>>,
+    connect_timeout: Duration,
+    upstreams: Mutex<HashMap<SocketAddr, Arc<Upstream>>>,
+}
+
+/// A chosen upstream; `load` counts it as in flight on its endpoint until dropped.
+pub struct Picked {
+    pub upstream: Arc<Upstream>,
+    pub load: Option<Load>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RouteError {
+    #[error("service {0} has no endpoints")]
+    NoEndpoints(String),
+    #[error("{0}")]
+    NoIdentity(&'static str),
+}
+
+impl Route {
+    pub fn fixed(addr: SocketAddr, tls: Option<UpstreamTls>, connect_timeout: Duration) -> Self {
+        Route::Fixed(Arc::new(Upstream::new(addr, tls, connect_timeout)))
+    }
+
+    pub fn balanced(
+        service: String,
+        endpoints: watch::Receiver<Arc<Endpoints>>,
+        identity: Option<Arc<Identity>>,
+        connect_timeout: Duration,
+    ) -> Self {
+        Route::Balanced(Balanced { service, endpoints, identity, connect_timeout, upstreams: Mutex::default() })
+    }
+
+    pub fn pick(&self) -> Result<Picked, RouteError> {
+        match self {
+            Route::Fixed(upstream) => Ok(Picked { upstream: upstream.clone(), load: None }),
+            Route::Balanced(b) => b.pick(),
+        }
+    }
+
+    /// The connection's TLS label: for a service, `tls="true"` when every endpoint is meshed,
+    /// with `server_id` when they share one identity.
+    pub fn tls_label(&self) -> TlsLabel {
+        match self {
+            Route::Fixed(u) => u.tls.as_ref().map_or_else(TlsLabel::plaintext, UpstreamTls::label),
+            Route::Balanced(Balanced { endpoints, identity, .. }) => {
+                let set = endpoints.borrow();
+                let ids: Vec<_> = set.list.iter().map(|e| e.identity.as_ref()).collect();
+                if identity.is_none() || ids.is_empty() || ids.iter().any(Option::is_none) {
+                    return TlsLabel::plaintext();
+                }
+                let first = ids[0];
+                let server_id = ids.iter().all(|i| *i == first).then(|| first.map(ToString::to_string)).flatten();
+                TlsLabel { tls: true, client_id: None, server_id }
+            }
+        }
+    }
+}
+
+impl Balanced {
+    fn pick(&self) -> Result<Picked, RouteError> {
+        let set = self.endpoints.borrow().clone();
+        let endpoint: &Arc<Endpoint> =
+            balance::pick(&set.list, |e| &e.stats).ok_or_else(|| RouteError::NoEndpoints(self.service.clone()))?;
+        let upstream = self.upstream(endpoint, &set)?;
+        Ok(Picked { upstream, load: Some(Load::start(endpoint.stats.clone())) })
+    }
+
+    /// The endpoint's client, built on first use (again if its identity changed).
+    fn upstream(&self, endpoint: &Endpoint, set: &Endpoints) -> Result<Arc<Upstream>, RouteError> {
+        let mut upstreams = self.upstreams.lock().expect("not poisoned");
+        if let Some(u) = upstreams.get(&endpoint.addr)
+            && u.tls.as_ref().map(|t| &t.server_id) == endpoint.identity.as_ref()
+        {
+            return Ok(u.clone());
+        }
+        let tls = tls::outbound(self.identity.as_deref(), endpoint.identity.clone()).map_err(RouteError::NoIdentity)?;
+        let upstream = Arc::new(Upstream::new(endpoint.addr, tls, self.connect_timeout));
+        // Endpoints that left the set take their connections with them.
+        if upstreams.len() >= set.list.len() + 8 {
+            upstreams.retain(|addr, _| set.list.iter().any(|e| e.addr == *addr));
+        }
+        upstreams.insert(endpoint.addr, upstream.clone());
+        Ok(upstream)
+    }
+}

@@ -1,0 +1,167 @@
+//! One upstream endpoint's connections: the proxy's only pool layer. HTTP/2 multiplexes every
+//! request on one connection; HTTP/1 keeps a few idle connections to reuse. Built once per
+//! endpoint of a cached target (see [`crate::client::targets`]) and shared by every client
+//! connection and request to it, so a request finds its connection without a global lock.
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use http::{Request, Response, Version};
+use hyper::body::Incoming;
+use hyper::client::conn::{http1, http2};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+
+use crate::http::serve_conn::{H1_MAX_BUF, H2_CONN_WINDOW, H2_MAX_SEND_BUF, H2_STREAM_WINDOW};
+use crate::transport::tls::{self, UpstreamIo, UpstreamTls};
+
+/// What goes upstream: a client's body streamed through, or one buffered so that the request
+/// can be sent again (a retry).
+pub type RequestBody = http_body_util::Either<Incoming, http_body_util::Full<bytes::Bytes>>;
+
+/// Idle HTTP/1 connections kept per endpoint; more concurrent requests open more connections,
+/// which close after their request once the pool is full.
+const MAX_IDLE_H1: usize = 64;
+/// An idle HTTP/1 connection older than this is closed rather than reused.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+
+#[derive(Debug, thiserror::Error)]
+pub enum SendError {
+    #[error("connecting: {0}")]
+    Connect(#[source] io::Error),
+    #[error(transparent)]
+    Http(#[from] hyper::Error),
+}
+
+struct Idle {
+    sender: http1::SendRequest<RequestBody>,
+    since: Instant,
+}
+
+pub struct Upstream {
+    pub addr: SocketAddr,
+    pub tls: Option<UpstreamTls>,
+    connect_timeout: Duration,
+    h1: Mutex<Vec<Idle>>,
+    h2: Mutex<Option<http2::SendRequest<RequestBody>>>,
+    /// Held while the HTTP/2 connection is made, so concurrent first requests share it.
+    h2_connecting: tokio::sync::Mutex<()>,
+}
+
+impl Upstream {
+    pub fn new(addr: SocketAddr, tls: Option<UpstreamTls>, connect_timeout: Duration) -> Self {
+        Self {
+            addr,
+            tls,
+            connect_timeout,
+            h1: Mutex::default(),
+            h2: Mutex::default(),
+            h2_connecting: Default::default(),
+        }
+    }
+
+    /// A new connection (TCP, and mTLS to a meshed endpoint), for a pool or a tunnel.
+    pub async fn connect(&self) -> io::Result<UpstreamIo> {
+        tls::connect(self.addr, self.connect_timeout, self.tls.as_ref()).await
+    }
+
+    /// Sends `req` in its own version: HTTP/2 on the shared connection, HTTP/1 on an idle
+    /// connection or a new one. A request an idle connection could not take (closed meanwhile)
+    /// is sent again on a new connection: it never left.
+    pub async fn send(self: &Arc<Self>, req: Request<RequestBody>) -> Result<Response<Incoming>, SendError> {
+        if req.version() == Version::HTTP_2 {
+            return self.send_h2(req).await;
+        }
+        let (req, mut sender) = match self.take_h1() {
+            Some(mut sender) => match sender.try_send_request(req).await {
+                Ok(response) => {
+                    self.clone().reuse_when_ready(sender);
+                    return Ok(response);
+                }
+                Err(mut e) => match e.take_message() {
+                    Some(req) => (req, self.handshake_h1().await?),
+                    None => return Err(e.into_error().into()),
+                },
+            },
+            None => (req, self.handshake_h1().await?),
+        };
+        let response = sender.send_request(req).await?;
+        self.clone().reuse_when_ready(sender);
+        Ok(response)
+    }
+
+    fn take_h1(&self) -> Option<http1::SendRequest<RequestBody>> {
+        let mut idle = self.h1.lock().expect("not poisoned");
+        while let Some(i) = idle.pop() {
+            // The most recent first (warm); a closed or stale one is dropped.
+            if i.sender.is_ready() && i.since.elapsed() < IDLE_TIMEOUT {
+                return Some(i.sender);
+            }
+        }
+        None
+    }
+
+    /// Keeps `sender` for reuse once its response is over (hyper says when: `ready`), so the
+    /// pool only ever holds connections that can take a request at once.
+    fn reuse_when_ready(self: Arc<Self>, mut sender: http1::SendRequest<RequestBody>) {
+        tokio::spawn(async move {
+            if sender.ready().await.is_ok() {
+                let mut idle = self.h1.lock().expect("not poisoned");
+                if idle.len() < MAX_IDLE_H1 {
+                    idle.push(Idle { sender, since: Instant::now() });
+                }
+            }
+        });
+    }
+
+    async fn handshake_h1(&self) -> Result<http1::SendRequest<RequestBody>, SendError> {
+        let io = self.connect().await.map_err(SendError::Connect)?;
+        let (sender, conn) = http1::Builder::new().max_buf_size(H1_MAX_BUF).handshake(TokioIo::new(io)).await?;
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "upstream HTTP/1 connection ended");
+            }
+        });
+        Ok(sender)
+    }
+
+    async fn send_h2(&self, req: Request<RequestBody>) -> Result<Response<Incoming>, SendError> {
+        let mut sender = match self.shared_h2() {
+            Some(sender) => sender,
+            None => {
+                let _connecting = self.h2_connecting.lock().await;
+                match self.shared_h2() {
+                    Some(sender) => sender,
+                    None => {
+                        let sender = self.handshake_h2().await?;
+                        *self.h2.lock().expect("not poisoned") = Some(sender.clone());
+                        sender
+                    }
+                }
+            }
+        };
+        Ok(sender.send_request(req).await?)
+    }
+
+    fn shared_h2(&self) -> Option<http2::SendRequest<RequestBody>> {
+        self.h2.lock().expect("not poisoned").as_ref().filter(|s| !s.is_closed()).cloned()
+    }
+
+    async fn handshake_h2(&self) -> Result<http2::SendRequest<RequestBody>, SendError> {
+        let io = self.connect().await.map_err(SendError::Connect)?;
+        let (sender, conn) = http2::Builder::new(TokioExecutor::new())
+            .timer(TokioTimer::new())
+            .initial_stream_window_size(H2_STREAM_WINDOW)
+            .initial_connection_window_size(H2_CONN_WINDOW)
+            .max_send_buf_size(H2_MAX_SEND_BUF)
+            .handshake(TokioIo::new(io))
+            .await?;
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "upstream HTTP/2 connection ended");
+            }
+        });
+        Ok(sender)
+    }
+}

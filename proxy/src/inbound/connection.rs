@@ -1,0 +1,161 @@
+//! The inbound side: connections addressed to this pod. Only the pod's own addresses are
+//! served; mTLS to our identity is terminated (or required); the target is the original
+//! destination, whose client to the app is cached per port. With policy discovery configured,
+//! each port's policy ([`crate::inbound::policy`]) decides the protocol and who may connect.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use super::Inbound;
+use crate::client::target::Route;
+use crate::client::targets::Target;
+use crate::inbound::policy::enforce::ConnPolicy;
+use crate::inbound::policy::model::PortProtocol;
+use crate::transport::Io;
+use crate::transport::detect::{Known, Protocol};
+use crate::transport::labels::{AcceptError, DecidedBy, Direction, TlsLabel};
+use crate::transport::maybe_tls::MaybeTls;
+use crate::transport::tls;
+use cnimesh_common::log_limit::LogLimit;
+
+/// An inbound connection ready to be served: TLS settled, its target, protocol (when known
+/// without detection) and policy found.
+pub struct Accepted<I> {
+    pub io: tls::ClientIo<I>,
+    /// Bytes already read from the client.
+    pub prefix: Bytes,
+    pub tls: TlsLabel,
+    pub target: Arc<Target>,
+    pub known: Option<Known>,
+    pub policy: Option<Arc<ConnPolicy>>,
+}
+
+/// Admits one inbound connection from `peer` to `addr`, its original destination; the app
+/// serves what it returns.
+pub async fn connection<I: Io>(
+    io: I,
+    peer: SocketAddr,
+    addr: SocketAddr,
+    inbound: &Inbound,
+) -> anyhow::Result<Accepted<I>> {
+    let config = &inbound.config;
+    // Checked before anything else: a neighbour that addresses its packets to 127.0.0.1 (its own
+    // route via this pod, or a raw frame to our MAC) would otherwise reach the app's
+    // loopback-only listeners, which trust that only this pod can connect.
+    if is_loopback(addr.ip()) {
+        inbound.metrics.accept_error(Direction::inbound, AcceptError::loopback_destination);
+        if let Some(left_out) = LOOPBACK_LOG.allow() {
+            tracing::warn!(%peer, %addr, left_out, "refused: inbound connection to a loopback address");
+        }
+        anyhow::bail!("refused: inbound connection from {peer} to the loopback address {addr}");
+    }
+    // Inbound capture redirects whatever arrives at the pod: a neighbour on the same L2 segment
+    // could address a packet to any IP and have us relay it from this pod's address. Only this
+    // pod's own addresses are destinations of inbound traffic.
+    if !inbound.local_ips.contains(addr.ip()) {
+        inbound.metrics.tcp_refused(Direction::inbound, addr);
+        anyhow::bail!("refused: inbound connection to {addr}, which is not an address of this pod");
+    }
+    let target = port_target(addr, inbound);
+    let port = match &inbound.policies {
+        Some(p) => match p.port(addr.port()).await {
+            Ok(watch) => Some(watch),
+            Err(full) => {
+                inbound.metrics.accept_error(Direction::inbound, AcceptError::policy_watch_limit);
+                if let Some(left_out) = WATCH_LIMIT_LOG.allow() {
+                    tracing::warn!(%peer, %addr, left_out, "{full}");
+                }
+                return Err(full.into());
+            }
+        },
+        None => None,
+    };
+    let policy_opaque = port.as_ref().is_some_and(|p| p.current().protocol == PortProtocol::Opaque);
+    let opaque = |by| Some(Known { protocol: Protocol::Opaque, by });
+    let known = if config.opaque_ports.contains(&addr.port()) {
+        opaque(DecidedBy::configuration)
+    } else if policy_opaque {
+        opaque(DecidedBy::policy)
+    } else {
+        None
+    };
+    let enforce = |tls: &TlsLabel| {
+        port.map(|p| {
+            let target_addr = inbound.metrics.target_label(Direction::inbound, addr);
+            Arc::new(ConnPolicy::new(p, peer.ip(), tls.clone(), target_addr, inbound.authz.clone()))
+        })
+    };
+    match inbound.identity.as_deref() {
+        Some(identity) => {
+            let wait = if known.is_some() { config.opaque_tls_wait } else { config.detect_timeout };
+            match tls::inbound(io, identity, wait, config.inbound_require_tls).await? {
+                tls::Inbound::Accepted { io, prefix, tls } => {
+                    let policy = enforce(&tls);
+                    Ok(Accepted { io, prefix, tls, target, known, policy })
+                }
+                // Silent (or dribbling) for the whole wait: on an opaque port, a server-speaks-first
+                // client waiting for its greeting; elsewhere a client that never says anything
+                // meaningful, closed rather than handed to the app.
+                tls::Inbound::Undecided { io, prefix } if known.is_some() => {
+                    let tls = TlsLabel::plaintext();
+                    let policy = enforce(&tls);
+                    let io: tls::ClientIo<I> = MaybeTls::Plain(io);
+                    Ok(Accepted { io, prefix, tls, target, known, policy })
+                }
+                tls::Inbound::Undecided { prefix, .. } => {
+                    inbound.metrics.accept_error(Direction::inbound, AcceptError::tls_detect_timeout);
+                    anyhow::bail!("closed: nothing decisive from the client within {wait:?} ({} bytes)", prefix.len());
+                }
+                tls::Inbound::Refused(why) => {
+                    inbound.metrics.tcp_refused(Direction::inbound, addr);
+                    anyhow::bail!("refused: {why}");
+                }
+            }
+        }
+        None => {
+            let tls = TlsLabel::plaintext();
+            let policy = enforce(&tls);
+            Ok(Accepted { io: MaybeTls::Plain(io), prefix: Bytes::new(), tls, target, known, policy })
+        }
+    }
+}
+
+static LOOPBACK_LOG: LogLimit = LogLimit::new(Duration::from_secs(10));
+static WATCH_LIMIT_LOG: LogLimit = LogLimit::new(Duration::from_secs(10));
+
+/// 127.0.0.0/8, ::1, and IPv4-mapped loopback (`::ffff:127.0.0.0/104`, what an IPv4 client
+/// looks like through an IPv6 socket).
+pub fn is_loopback(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => v4.is_loopback(),
+        IpAddr::V6(v6) => v6.is_loopback() || v6.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback()),
+    }
+}
+
+/// The target of one of our ports: the app, in plaintext on the pod's own address.
+fn port_target(addr: SocketAddr, inbound: &Inbound) -> Arc<Target> {
+    if let Some(target) = inbound.targets.get(&addr) {
+        return target;
+    }
+    let target = Target::new(Route::fixed(addr, None, inbound.config.connect_timeout));
+    inbound.targets.insert(addr, target.clone(), None);
+    target
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_in_every_spelling_is_loopback() {
+        for ip in ["127.0.0.1", "127.255.0.9", "::1", "::ffff:127.0.0.1", "::ffff:127.1.2.3"] {
+            assert!(is_loopback(ip.parse().unwrap()), "{ip}");
+        }
+        for ip in ["10.0.0.1", "::ffff:10.0.0.1", "fe80::1", "::", "0.0.0.0", "128.0.0.1"] {
+            assert!(!is_loopback(ip.parse().unwrap()), "{ip}");
+        }
+    }
+}

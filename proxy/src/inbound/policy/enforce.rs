@@ -1,0 +1,364 @@
+//! Enforcing a port's policy on one connection. A client's address and identity are fixed for
+//! the connection, so every route's verdict (and its counter handle) is computed once per
+//! connection and per policy version; a request only finds its route and reads the verdict.
+//! A policy update reaches open connections at their next request.
+
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
+
+use http::{HeaderValue, Request, Response, StatusCode};
+use prometheus_client::metrics::counter::Counter;
+
+use super::authorize::{Client, authorized, route_for};
+use super::discover::PortWatch;
+use super::metrics::{AuthzLabels, AuthzMetrics};
+use super::model::{PortPolicy, PortProtocol, Resource};
+use crate::http::Body;
+use crate::http::error::{ProxyError, error_response, full};
+use crate::transport::labels::TlsLabel;
+
+/// The header naming why the proxy answered itself (shared with the proxy's other errors).
+const ERROR_HEADER: &str = "cnimesh-proxy-error";
+
+/// The one route of a policy without routes (as linkerd2-proxy builds it).
+static DEFAULT_ROUTE: std::sync::LazyLock<Resource> =
+    std::sync::LazyLock::new(|| Resource::new("", "default", "default"));
+
+pub struct ConnPolicy {
+    port: PortWatch,
+    ip: IpAddr,
+    target_addr: String,
+    tls: TlsLabel,
+    metrics: Arc<AuthzMetrics>,
+    verdicts: Mutex<Option<Arc<Verdicts>>>,
+}
+
+/// One policy version's verdicts for this connection's client.
+struct Verdicts {
+    policy: Arc<PortPolicy>,
+    tcp: Verdict,
+    /// Per route of the policy, or the one default route when it has none.
+    routes: Vec<Verdict>,
+}
+
+struct Verdict {
+    allowed: bool,
+    counter: Counter,
+    route: Arc<str>,
+}
+
+impl ConnPolicy {
+    /// `tls` is the connection's own: its `client_id` is the identity the client's certificate
+    /// proved (mTLS terminated here), absent for plaintext.
+    pub fn new(port: PortWatch, peer: IpAddr, tls: TlsLabel, target_addr: String, metrics: Arc<AuthzMetrics>) -> Self {
+        Self { port, ip: peer, target_addr, tls, metrics, verdicts: Mutex::default() }
+    }
+
+    pub fn protocol(&self) -> PortProtocol {
+        self.verdicts().policy.protocol
+    }
+
+    /// Whether the connection may be forwarded as opaque TCP; counted either way.
+    pub fn allow_tcp(&self) -> bool {
+        let v = self.verdicts();
+        v.tcp.counter.inc();
+        v.tcp.allowed
+    }
+
+    /// Resolves once a policy update no longer authorizes this connection as opaque TCP
+    /// (counted); never while it stays authorized. Opaque connections and tunnels are not
+    /// re-checked per request, so they are closed on it, as linkerd2-proxy closes them.
+    pub async fn revoked(&self) {
+        let mut port = self.port.clone();
+        loop {
+            port.changed().await;
+            if !self.verdicts().tcp.allowed {
+                self.metrics.inbound_tcp_authz_revoked_total.inc();
+                return;
+            }
+        }
+    }
+
+    /// `None` when the request is authorized; otherwise the answer for it: 403, or for gRPC a
+    /// trailers-only PERMISSION_DENIED; a request matching no route of the Server gets 404 (gRPC:
+    /// NOT_FOUND), as linkerd2-proxy's inbound answers it, counted apart from denials.
+    ///
+    /// A `tunnel` (an HTTP/1 `Upgrade` or a `CONNECT`) carries unchecked bytes once switched, so
+    /// it also needs the server-level authorizations: a route's own authorization (the kubelet
+    /// probe route's, open to everyone) never opens one. The path is matched as given: the caller
+    /// normalizes it first ([`super::path::normalize`]).
+    pub fn deny_request<B>(&self, req: &Request<B>, tunnel: bool) -> Option<Response<Body>> {
+        let v = self.verdicts();
+        let index = if v.policy.routes.is_empty() {
+            Some(0)
+        } else {
+            route_for(&v.policy.routes, req.method(), req.uri().path())
+        };
+        match index.and_then(|i| Some((i, v.routes.get(i)?))) {
+            Some((i, verdict)) => {
+                if tunnel && verdict.allowed && !v.tcp.allowed {
+                    let route = v.policy.routes.get(i).map(|r| &r.meta);
+                    self.count(&v.policy, Some(route.unwrap_or(&*DEFAULT_ROUTE)), None, false).inc();
+                    let why = format!(
+                        "unauthorized tunnel on route {}: Upgrade and CONNECT need the server's authorization",
+                        verdict.route
+                    );
+                    return Some(refused(req, Refusal::Unauthorized, &why));
+                }
+                verdict.counter.inc();
+                if verdict.allowed {
+                    return None;
+                }
+                Some(refused(req, Refusal::Unauthorized, &format!("unauthorized request on route {}", verdict.route)))
+            }
+            None => {
+                self.metrics
+                    .inbound_http_route_not_found_total
+                    .get_or_create(&self.labels(&v.policy, None, None))
+                    .inc();
+                Some(refused(req, Refusal::NoRoute, "no route matches the request"))
+            }
+        }
+    }
+
+    fn verdicts(&self) -> Arc<Verdicts> {
+        let policy = self.port.current();
+        let mut cached = self.verdicts.lock().expect("not poisoned");
+        if let Some(v) = cached.as_ref()
+            && Arc::ptr_eq(&v.policy, &policy)
+        {
+            return v.clone();
+        }
+        let v = Arc::new(self.compute(policy));
+        *cached = Some(v.clone());
+        v
+    }
+
+    fn compute(&self, policy: Arc<PortPolicy>) -> Verdicts {
+        let client = Client { ip: self.ip, identity: self.tls.client_id.as_deref() };
+        let tcp = self.verdict(&policy, None, &policy.authorizations, client);
+        let default_route =
+            [super::model::Route { meta: DEFAULT_ROUTE.clone(), matches: Vec::new(), authorizations: Vec::new() }];
+        let routes = if policy.routes.is_empty() { &default_route[..] } else { &policy.routes[..] };
+        let routes = routes
+            .iter()
+            .map(|r| {
+                let authzs = if r.authorizations.is_empty() { &policy.authorizations } else { &r.authorizations };
+                self.verdict(&policy, Some(&r.meta), authzs, client)
+            })
+            .collect();
+        Verdicts { policy, tcp, routes }
+    }
+
+    fn verdict(
+        &self,
+        policy: &PortPolicy,
+        route: Option<&Resource>,
+        authzs: &[super::model::Authz],
+        client: Client<'_>,
+    ) -> Verdict {
+        let allowed = authorized(authzs, client);
+        Verdict {
+            allowed: allowed.is_some(),
+            counter: self.count(policy, route, allowed.map(|a| &a.meta), route.is_none()),
+            route: route.map_or_else(|| "".into(), |r| r.name.clone()),
+        }
+    }
+
+    /// The counter for a decision: `authz` set means allowed; `tcp` selects the family.
+    fn count(&self, policy: &PortPolicy, route: Option<&Resource>, authz: Option<&Resource>, tcp: bool) -> Counter {
+        let m = &self.metrics;
+        let family = match (tcp, authz.is_some()) {
+            (true, true) => &m.inbound_tcp_authz_allow_total,
+            (true, false) => &m.inbound_tcp_authz_deny_total,
+            (false, true) => &m.inbound_http_authz_allow_total,
+            (false, false) => &m.inbound_http_authz_deny_total,
+        };
+        family.get_or_create(&self.labels(policy, route, authz)).clone()
+    }
+
+    fn labels(&self, policy: &PortPolicy, route: Option<&Resource>, authz: Option<&Resource>) -> AuthzLabels {
+        AuthzLabels {
+            target_addr: self.target_addr.clone(),
+            srv: policy.server.clone(),
+            route: route.cloned(),
+            authz: authz.cloned(),
+            tls: self.tls.clone(),
+        }
+    }
+}
+
+fn is_grpc<B>(req: &Request<B>) -> bool {
+    req.headers()
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/grpc"))
+}
+
+/// Why a request is answered by the proxy instead of the app.
+#[derive(Clone, Copy)]
+enum Refusal {
+    /// 403; gRPC PERMISSION_DENIED (7).
+    Unauthorized,
+    /// 404; gRPC NOT_FOUND (5).
+    NoRoute,
+}
+
+/// The status naming why, or for gRPC a trailers-only response (HTTP 200 with `grpc-status`),
+/// which is how a gRPC client learns of it.
+fn refused<B>(req: &Request<B>, refusal: Refusal, why: &str) -> Response<Body> {
+    let (status, grpc_status) = match refusal {
+        Refusal::Unauthorized => (StatusCode::FORBIDDEN, "7"),
+        Refusal::NoRoute => (StatusCode::NOT_FOUND, "5"),
+    };
+    if !is_grpc(req) {
+        return error_response(&ProxyError::new(status, why));
+    }
+    let mut r = Response::new(full(bytes::Bytes::new()));
+    let h = r.headers_mut();
+    h.insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    h.insert("grpc-status", HeaderValue::from_static(grpc_status));
+    if let Ok(v) = HeaderValue::from_str(why) {
+        h.insert("grpc-message", v.clone());
+        h.insert(ERROR_HEADER, v);
+    }
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::app::metrics::Metrics;
+    use crate::inbound::policy::model::DefaultPolicy;
+
+    /// A plaintext client's connection from 10.0.0.1 to 10.0.0.2:80 under `policy`.
+    /// With the registry its counters are in.
+    fn plaintext_client_of(policy: PortPolicy) -> (ConnPolicy, Metrics) {
+        let metrics = Metrics::default();
+        let conn = ConnPolicy::new(
+            PortWatch::fixed(Arc::new(policy)),
+            "10.0.0.1".parse().unwrap(),
+            TlsLabel::plaintext(),
+            "10.0.0.2:80".into(),
+            Arc::new(metrics.authz()),
+        );
+        (conn, metrics)
+    }
+
+    #[test]
+    fn denied_answers_for_http_and_grpc() {
+        let policy = DefaultPolicy::Deny.policy(&[]);
+        let (conn, metrics) = plaintext_client_of(policy);
+        let plain = Request::get("/x").body(()).unwrap();
+        let r = conn.deny_request(&plain, false).unwrap();
+        assert_eq!(r.status(), StatusCode::FORBIDDEN);
+        assert_eq!(r.headers()[ERROR_HEADER], "unauthorized request on route default");
+        let grpc = Request::post("/pkg.Svc/M").header("content-type", "application/grpc").body(()).unwrap();
+        let r = conn.deny_request(&grpc, false).unwrap();
+        assert_eq!((r.status(), &r.headers()["grpc-status"]), (StatusCode::OK, &HeaderValue::from_static("7")));
+        assert!(!conn.allow_tcp());
+        let text = metrics.encode();
+        assert!(text.contains("inbound_http_authz_deny_total{target_addr=\"10.0.0.2:80\",srv_group=\"\",srv_kind=\"default\",srv_name=\"deny\",route_group=\"\",route_kind=\"default\",route_name=\"default\",tls=\"false\"} 2"), "{text}");
+        assert!(text.contains("inbound_tcp_authz_deny_total{target_addr=\"10.0.0.2:80\",srv_group=\"\",srv_kind=\"default\",srv_name=\"deny\",tls=\"false\"} 1"), "{text}");
+    }
+
+    #[test]
+    fn a_request_matching_no_route_gets_404_and_an_unauthorized_one_403() {
+        use crate::inbound::policy::model::{PathMatch, Route, RouteMatch};
+        let mut policy = DefaultPolicy::AllUnauthenticated.policy(&[]);
+        let route = |name: &str, path: &str, authorizations| Route {
+            meta: Resource::new("policy.cnimesh.io", "HTTPRoute", name),
+            matches: vec![RouteMatch { path: PathMatch::Prefix(path.into()), method: None }],
+            authorizations,
+        };
+        let open = policy.authorizations.clone();
+        policy.routes = vec![route("api", "/api", open), route("admin", "/admin", Vec::new())];
+        policy.authorizations.clear();
+        let (conn, metrics) = plaintext_client_of(policy);
+        assert!(conn.deny_request(&Request::get("/api/x").body(()).unwrap(), false).is_none());
+        let r = conn.deny_request(&Request::get("/admin").body(()).unwrap(), false).unwrap();
+        assert_eq!(r.status(), StatusCode::FORBIDDEN, "a route matched, no authorization did");
+        let r = conn.deny_request(&Request::get("/other").body(()).unwrap(), false).unwrap();
+        assert_eq!(r.status(), StatusCode::NOT_FOUND);
+        assert_eq!(r.headers()[ERROR_HEADER], "no route matches the request");
+        let grpc = Request::post("/pkg.Svc/M").header("content-type", "application/grpc").body(()).unwrap();
+        let r = conn.deny_request(&grpc, false).unwrap();
+        assert_eq!((r.status(), &r.headers()["grpc-status"]), (StatusCode::OK, &HeaderValue::from_static("5")));
+        let text = metrics.encode();
+        assert!(text.contains("inbound_http_route_not_found_total{target_addr=\"10.0.0.2:80\",srv_group=\"\",srv_kind=\"default\",srv_name=\"all-unauthenticated\",tls=\"false\"} 2"), "{text}");
+        assert!(!text.contains("route_name=\"\""), "no-route requests are not counted as denials: {text}");
+    }
+
+    /// What cnimesh-control sends for a port under `deny` with a kubelet probe on `/ready`.
+    fn deny_with_probe() -> PortPolicy {
+        use crate::inbound::policy::model::{PathMatch, Route, RouteMatch};
+        let mut policy = DefaultPolicy::Deny.policy(&[]);
+        let open = DefaultPolicy::AllUnauthenticated.policy(&[]).authorizations;
+        policy.routes = vec![
+            Route {
+                meta: Resource::new("", "default", "probe"),
+                matches: vec![RouteMatch { path: PathMatch::Exact("/ready".into()), method: Some(http::Method::GET) }],
+                authorizations: open,
+            },
+            Route {
+                meta: Resource::new("", "default", "default"),
+                matches: vec![RouteMatch { path: PathMatch::Any, method: None }],
+                authorizations: Vec::new(),
+            },
+        ];
+        policy
+    }
+
+    #[test]
+    fn a_probe_path_matches_with_a_query_string() {
+        let (conn, _) = plaintext_client_of(deny_with_probe());
+        assert!(conn.deny_request(&Request::get("/ready?verbose=1").body(()).unwrap(), false).is_none());
+        assert!(conn.deny_request(&Request::get("/ready").body(()).unwrap(), false).is_none());
+        let r = conn.deny_request(&Request::get("/admin?ready").body(()).unwrap(), false).unwrap();
+        assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    }
+
+    /// Issue 25, finding 4: the probe route's exemption opened tunnels (h2c, WebSocket) to
+    /// everyone. A tunnel needs the server-level authorization.
+    #[test]
+    fn a_route_exemption_never_authorizes_a_tunnel() {
+        let (conn, metrics) = plaintext_client_of(deny_with_probe());
+        let upgrade = Request::get("/ready").header("upgrade", "websocket").body(()).unwrap();
+        let r = conn.deny_request(&upgrade, true).unwrap();
+        assert_eq!(r.status(), StatusCode::FORBIDDEN);
+        assert!(r.headers()[ERROR_HEADER].to_str().unwrap().contains("unauthorized tunnel on route probe"));
+        let connect = Request::connect("db:5432").body(()).unwrap();
+        assert_eq!(conn.deny_request(&connect, true).unwrap().status(), StatusCode::FORBIDDEN);
+        let text = metrics.encode();
+        assert!(text.contains("route_name=\"probe\",tls=\"false\"} 1"), "the refused tunnel is counted: {text}");
+
+        let mut open = deny_with_probe();
+        open.authorizations = DefaultPolicy::AllUnauthenticated.policy(&[]).authorizations;
+        let (conn, _) = plaintext_client_of(open);
+        assert!(conn.deny_request(&upgrade, true).is_none(), "the server admits this client: its tunnel too");
+        assert!(conn.deny_request(&connect, true).is_none());
+    }
+
+    #[tokio::test]
+    async fn an_opaque_connection_learns_when_its_authorization_is_revoked() {
+        let open = Arc::new(DefaultPolicy::AllUnauthenticated.policy(&[]));
+        let (answer, answers) = tokio::sync::watch::channel(None);
+        let (_fallback, fallbacks) = tokio::sync::watch::channel(open);
+        let metrics = Metrics::default();
+        let conn = ConnPolicy::new(
+            PortWatch::following(answers, fallbacks),
+            "10.0.0.1".parse().unwrap(),
+            TlsLabel::plaintext(),
+            "10.0.0.2:80".into(),
+            Arc::new(metrics.authz()),
+        );
+        assert!(conn.allow_tcp(), "unanswered: the default, which allows");
+        let revoked = conn.revoked();
+        tokio::pin!(revoked);
+        let still = tokio::time::timeout(std::time::Duration::from_millis(20), revoked.as_mut()).await;
+        assert!(still.is_err(), "nothing changed");
+        answer.send_replace(Some(Arc::new(DefaultPolicy::Deny.policy(&[]))));
+        tokio::time::timeout(std::time::Duration::from_secs(5), revoked).await.expect("revoked by the deny answer");
+        assert_eq!(metrics.inbound_tcp_authz_revoked_total.get(), 1);
+    }
+}

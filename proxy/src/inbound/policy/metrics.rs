@@ -1,0 +1,66 @@
+//! The inbound authorization metrics, as Linkerd names them: the policy resources in labels and
+//! the allow/deny families, handles into the app's registry.
+
+use prometheus_client::encoding::{EncodeLabelSet, LabelSetEncoder};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+
+use crate::transport::labels::TlsLabel;
+
+/// A policy resource (server, route, authorization) in labels, as Linkerd names them:
+/// `<prefix>_group`, `<prefix>_kind`, `<prefix>_name`. `Arc<str>` so a label set is built by
+/// reference counts, not string copies.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Resource {
+    pub group: std::sync::Arc<str>,
+    pub kind: std::sync::Arc<str>,
+    pub name: std::sync::Arc<str>,
+}
+
+impl Resource {
+    pub fn new(group: &str, kind: &str, name: &str) -> Self {
+        Self { group: group.into(), kind: kind.into(), name: name.into() }
+    }
+}
+
+/// `inbound_{http,tcp}_authz_{allow,deny}_total`: Linkerd's labels (`srv_*`, `route_*` for
+/// HTTP, `authz_*` when allowed, `tls`, `client_id`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct AuthzLabels {
+    pub target_addr: String,
+    pub srv: Resource,
+    pub route: Option<Resource>,
+    pub authz: Option<Resource>,
+    pub tls: TlsLabel,
+}
+
+impl EncodeLabelSet for AuthzLabels {
+    fn encode(&self, encoder: &mut LabelSetEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let mut labels: Vec<(&str, &str)> = vec![("target_addr", &self.target_addr)];
+        let resources = [("srv", Some(&self.srv)), ("route", self.route.as_ref()), ("authz", self.authz.as_ref())];
+        for (prefix, r) in resources {
+            if let Some(r) = r {
+                let names = match prefix {
+                    "srv" => ["srv_group", "srv_kind", "srv_name"],
+                    "route" => ["route_group", "route_kind", "route_name"],
+                    _ => ["authz_group", "authz_kind", "authz_name"],
+                };
+                labels.extend([(names[0], &*r.group), (names[1], &*r.kind), (names[2], &*r.name)]);
+            }
+        }
+        labels.encode(encoder)?;
+        self.tls.encode(encoder)
+    }
+}
+
+/// The families [`super::enforce`] counts into.
+#[derive(Clone)]
+pub struct AuthzMetrics {
+    pub inbound_http_authz_allow_total: Family<AuthzLabels, Counter>,
+    pub inbound_http_authz_deny_total: Family<AuthzLabels, Counter>,
+    pub inbound_tcp_authz_allow_total: Family<AuthzLabels, Counter>,
+    pub inbound_tcp_authz_deny_total: Family<AuthzLabels, Counter>,
+    pub inbound_http_route_not_found_total: Family<AuthzLabels, Counter>,
+    /// Opaque connections closed because a policy update no longer authorizes them.
+    pub inbound_tcp_authz_revoked_total: Counter,
+}

@@ -1,0 +1,84 @@
+//! The proxy's workload identity: a private key generated in memory (never written anywhere), a
+//! certificate obtained from the control plane's Identity service with the pod's projected
+//! service-account token, refreshed before it expires, and the TLS configs that present it.
+
+pub mod certify;
+pub mod config;
+pub mod refresh;
+
+use std::sync::Arc;
+
+use anyhow::Context;
+use cnimesh_identity::Name;
+use cnimesh_identity::tls::{self, ClientAuth, CurrentCert};
+use rustls::{ClientConfig, RootCertStore, ServerConfig};
+
+use config::{IdentityConfig, TrustAnchors};
+
+pub struct Identity {
+    pub name: Name,
+    pub roots: Arc<RootCertStore>,
+    pub cert: Arc<CurrentCert>,
+    /// Inbound mTLS: clients must present a certificate from our trust anchors.
+    pub server: Arc<ServerConfig>,
+    /// Outbound mTLS: we present ours and check the server's name at connect time.
+    pub client: Arc<ClientConfig>,
+}
+
+impl Identity {
+    pub fn new(config: &IdentityConfig) -> anyhow::Result<Self> {
+        let roots = trust_anchors(&config.trust_anchors)?;
+        let cert = Arc::new(CurrentCert::default());
+        Ok(Self {
+            name: config.name.clone(),
+            server: tls::server_config(roots.clone(), cert.clone(), ClientAuth::Required, &[])?,
+            client: tls::client_config(roots.clone(), Some(cert.clone()), &[])?,
+            roots,
+            cert,
+        })
+    }
+
+    /// Whether a certificate is held: until then the proxy is not ready.
+    pub fn has_cert(&self) -> bool {
+        self.cert.get().is_some()
+    }
+}
+
+/// Loads the trust anchors from a file or from the PEM text; errors name the file or the
+/// variable the PEM came from (never the PEM itself).
+fn trust_anchors(anchors: &TrustAnchors) -> anyhow::Result<Arc<RootCertStore>> {
+    let source = anchors.source();
+    let certs = match anchors {
+        TrustAnchors::File(path) => {
+            let pem = std::fs::read(path).with_context(|| format!("reading trust anchors {source}"))?;
+            cnimesh_identity::pem::certs(&pem, &format!("trust anchors {source}"))?
+        }
+        TrustAnchors::Pem(pem) => cnimesh_identity::pem::certs(pem.as_bytes(), &format!("trust anchors {source}"))?,
+    };
+    tls::roots(&certs).with_context(|| format!("trust anchors {source}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn trust_anchors_load_from_pem_text_or_a_file_and_errors_name_the_source() {
+        let pem = cnimesh_identity::ca::new_trust_anchor("cluster.local", std::time::Duration::from_secs(3600))
+            .unwrap()
+            .cert_pem;
+        assert_eq!(trust_anchors(&TrustAnchors::Pem(pem.clone())).unwrap().len(), 1);
+        let file = std::env::temp_dir().join(format!("cnimesh-proxy-anchors-{}.crt", std::process::id()));
+        std::fs::write(&file, &pem).unwrap();
+        let loaded = trust_anchors(&TrustAnchors::File(file.clone()));
+        let _ = std::fs::remove_file(&file);
+        assert_eq!(loaded.unwrap().len(), 1);
+
+        let garbage = "-----BEGIN PRIVATE KEY-----\nc2VjcmV0\n-----END PRIVATE KEY-----\n".to_string();
+        let e = format!("{:#}", trust_anchors(&TrustAnchors::Pem(garbage)).unwrap_err());
+        assert!(e.contains("CNIMESH_PROXY_IDENTITY_TRUST_ANCHORS_PEM"), "{e}");
+        assert!(!e.contains("c2VjcmV0"), "the PEM itself stays out of errors: {e}");
+        let e = format!("{:#}", trust_anchors(&TrustAnchors::File("/nonexistent/ca.crt".into())).unwrap_err());
+        assert!(e.contains("/nonexistent/ca.crt"), "{e}");
+    }
+}
