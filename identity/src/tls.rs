@@ -2,7 +2,9 @@
 //! aws-lc-rs provider passed explicitly: with another provider compiled in (kube pulls ring in
 //! some feature sets), rustls's implicit default panics (DESIGN.md §6). Mesh TLS is TLS 1.3 only.
 
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
+
+use parking_lot::RwLock;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rustls::client::danger::ServerCertVerifier;
@@ -62,13 +64,13 @@ pub struct CurrentCert(RwLock<Option<Arc<CertifiedKey>>>);
 
 impl CurrentCert {
     pub fn set(&self, key: Arc<CertifiedKey>) {
-        *self.0.write().expect("not poisoned") = Some(key);
+        *self.0.write() = Some(key);
     }
     pub fn clear(&self) {
-        *self.0.write().expect("not poisoned") = None;
+        *self.0.write() = None;
     }
     pub fn get(&self) -> Option<Arc<CertifiedKey>> {
-        self.0.read().expect("not poisoned").clone()
+        self.0.read().clone()
     }
 }
 

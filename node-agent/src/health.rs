@@ -3,7 +3,9 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use http::{Response, StatusCode, header};
 use http_body_util::Full;
@@ -30,11 +32,11 @@ pub struct Health {
 
 impl Health {
     pub fn set_pending(&self, pending: Vec<String>) {
-        *self.pending.lock().expect("not poisoned") = pending;
+        *self.pending.lock() = pending;
     }
 
     pub fn pending(&self) -> Vec<String> {
-        self.pending.lock().expect("not poisoned").clone()
+        self.pending.lock().clone()
     }
 
     pub fn is_ready(&self) -> bool {
@@ -42,11 +44,11 @@ impl Health {
     }
 
     pub fn set_warnings(&self, warnings: Vec<String>) {
-        *self.warnings.lock().expect("not poisoned") = warnings;
+        *self.warnings.lock() = warnings;
     }
 
     pub fn warnings(&self) -> Vec<String> {
-        self.warnings.lock().expect("not poisoned").clone()
+        self.warnings.lock().clone()
     }
 }
 

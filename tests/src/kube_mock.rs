@@ -3,7 +3,9 @@
 //! node get/patch) from in-memory objects, and records every request for assertions.
 
 use std::convert::Infallible;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::combinators::BoxBody;
@@ -60,13 +62,7 @@ impl MockApi {
     }
 
     pub fn requests(&self, method: Method, path_prefix: &str) -> Vec<Seen> {
-        self.seen
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|s| s.method == method && s.path.starts_with(path_prefix))
-            .cloned()
-            .collect()
+        self.seen.lock().iter().filter(|s| s.method == method && s.path.starts_with(path_prefix)).cloned().collect()
     }
 
     async fn handle(&self, req: Request<kube::client::Body>) -> Response<Body> {
@@ -78,7 +74,7 @@ impl MockApi {
             query: parts.uri.query().unwrap_or_default().to_string(),
             body: serde_json::from_slice(&bytes).unwrap_or(Value::Null),
         };
-        self.seen.lock().unwrap().push(seen.clone());
+        self.seen.lock().push(seen.clone());
         let segments: Vec<&str> = seen.path.trim_matches('/').split('/').collect();
         match (&seen.method, segments.as_slice()) {
             (&Method::GET, ["api", "v1", "pods"]) if seen.query.contains("watch=true") => {
@@ -89,7 +85,7 @@ impl MockApi {
             (&Method::GET, ["api", "v1", "pods"]) => {
                 let node = seen.query.split('&').find_map(|kv| kv.strip_prefix("fieldSelector=spec.nodeName%3D"));
                 let items: Vec<&Pod> = Vec::new();
-                let pods = self.pods.lock().unwrap();
+                let pods = self.pods.lock();
                 let items: Vec<&Pod> = pods
                     .iter()
                     .filter(|p| node.is_none_or(|n| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(n)))
@@ -101,7 +97,7 @@ impl MockApi {
                 )
             }
             (method, ["api", "v1", "namespaces", ns, "pods", name]) => {
-                let mut pods = self.pods.lock().unwrap();
+                let mut pods = self.pods.lock();
                 let Some(index) = pods.iter().position(|p| key(p) == (ns.to_string(), name.to_string())) else {
                     return not_found(&format!("pods \"{name}\""));
                 };
@@ -118,7 +114,7 @@ impl MockApi {
             }
             (&Method::POST, ["api", "v1", "namespaces", _, "events"]) => full(StatusCode::CREATED, seen.body.clone()),
             (method, ["api", "v1", "nodes", name]) => {
-                let mut node = self.node.lock().unwrap();
+                let mut node = self.node.lock();
                 let Some(n) = node.as_mut().filter(|n| n.metadata.name.as_deref() == Some(*name)) else {
                     return not_found(&format!("nodes \"{name}\""));
                 };
@@ -181,7 +177,7 @@ impl ListWatchApi {
 
     /// What the next list of `path` returns.
     pub fn set_list(&self, path: &str, items: Vec<Value>, resource_version: &str) {
-        let mut collections = self.collections.lock().unwrap();
+        let mut collections = self.collections.lock();
         let collection = collections.entry(path.to_string()).or_default();
         collection.items = items;
         collection.resource_version = resource_version.to_string();
@@ -189,13 +185,7 @@ impl ListWatchApi {
 
     /// Requests to `path` that were lists (`watch == false`) or watches (`watch == true`).
     pub fn requests(&self, path: &str, watch: bool) -> Vec<Seen> {
-        self.seen
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|s| s.path == path && s.query.contains("watch=true") == watch)
-            .cloned()
-            .collect()
+        self.seen.lock().iter().filter(|s| s.path == path && s.query.contains("watch=true") == watch).cloned().collect()
     }
 
     /// Waits until `count` watches of `path` have been opened; returns the last one's request.
@@ -213,7 +203,7 @@ impl ListWatchApi {
     /// Sends a watch event (`ADDED`, `MODIFIED`, `DELETED`, `BOOKMARK`, `ERROR`) on the open watch.
     pub fn send(&self, path: &str, kind: &str, object: Value) {
         let line = format!("{}\n", json!({"type": kind, "object": object}));
-        let collections = self.collections.lock().unwrap();
+        let collections = self.collections.lock();
         let watch = collections.get(path).and_then(|c| c.watch.as_ref()).expect("a watch is open");
         watch.send(Bytes::from(line)).expect("the watcher reads its watch");
     }
@@ -226,7 +216,7 @@ impl ListWatchApi {
 
     /// Ends the open watch cleanly, as an API server does when its timeout expires.
     pub fn end_watch(&self, path: &str) {
-        self.collections.lock().unwrap().get_mut(path).and_then(|c| c.watch.take());
+        self.collections.lock().get_mut(path).and_then(|c| c.watch.take());
     }
 
     async fn handle(&self, req: Request<kube::client::Body>) -> Response<Body> {
@@ -238,12 +228,12 @@ impl ListWatchApi {
         };
         let is_watch = seen.query.contains("watch=true");
         if !is_watch {
-            self.seen.lock().unwrap().push(seen.clone());
+            self.seen.lock().push(seen.clone());
         }
-        let mut collections = self.collections.lock().unwrap();
+        let mut collections = self.collections.lock();
         let Some(collection) = collections.get_mut(&seen.path).filter(|_| seen.method == Method::GET) else {
             if is_watch {
-                self.seen.lock().unwrap().push(seen.clone());
+                self.seen.lock().push(seen.clone());
             }
             return not_found(&seen.path);
         };
@@ -255,7 +245,7 @@ impl ListWatchApi {
         collection.watch = Some(tx);
         drop(collections);
         // Seen only once it can be sent to: `wait_watches` then `send` must not race.
-        self.seen.lock().unwrap().push(seen);
+        self.seen.lock().push(seen);
         self.watch_opened.notify_waiters();
         let stream = futures::stream::poll_fn(move |cx| rx.poll_recv(cx).map(|b| b.map(|b| Ok(Frame::data(b)))));
         Response::builder().status(200).body(StreamBody::new(stream).boxed()).expect("valid response")

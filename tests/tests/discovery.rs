@@ -5,8 +5,10 @@
 
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+
+use parking_lot::Mutex;
 use std::time::{Duration, Instant};
 
 use cnimesh_e2e::apps::Apps;
@@ -173,7 +175,7 @@ fn a_service_is_balanced_over_its_replicas_with_mtls_and_follows_scaling() {
         scope.spawn(move || {
             while !stop2.load(Ordering::SeqCst) {
                 let answer = s2.call(SERVICE_IP);
-                seen2.lock().unwrap().push(answer);
+                seen2.lock().push(answer);
             }
         });
         std::thread::sleep(Duration::from_millis(200));
@@ -186,16 +188,16 @@ fn a_service_is_balanced_over_its_replicas_with_mtls_and_follows_scaling() {
             assert!(Instant::now() < deadline, "the proxy never learnt of the scale-down");
             std::thread::sleep(Duration::from_millis(20));
         }
-        let updated_at = seen.lock().unwrap().len();
-        while seen.lock().unwrap().len() < updated_at + 40 {
+        let updated_at = seen.lock().len();
+        while seen.lock().len() < updated_at + 40 {
             std::thread::sleep(Duration::from_millis(20));
         }
         stop.store(true, Ordering::SeqCst);
         // One request may have been in flight to web-2 when the update landed.
-        let after: Vec<_> = seen.lock().unwrap()[updated_at + 1..].to_vec();
+        let after: Vec<_> = seen.lock()[updated_at + 1..].to_vec();
         assert!(after.iter().all(|(_, r)| r != "web-2"), "web-2 got traffic after its removal: {after:?}");
     });
-    let seen = seen.lock().unwrap();
+    let seen = seen.lock();
     let failed: Vec<_> = seen.iter().filter(|(status, _)| *status != 200).collect();
     assert!(failed.is_empty(), "{} of {} requests failed while scaling down: {failed:?}", failed.len(), seen.len());
     assert!(s.client_proxy.metrics().contains("outbound_endpoints{authority=\"web.shop.svc.cluster.local:80\"} 2"));

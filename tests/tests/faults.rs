@@ -6,7 +6,7 @@
 //! The opt-in load run of the plugin with a node agent restart (`load_adds_and_dels_with_an_agent_restart`,
 //! `#[ignore]`d) shares the burst code; see the README's "Reliability" section.
 
-use std::sync::Mutex;
+use parking_lot::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
@@ -56,14 +56,14 @@ fn add_burst(net: &Network, pods: &[Pod<'_>], concurrency: usize, during: impl F
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     let Some(pod) = pods.get(i) else { break };
                     let outcome = net.add(&pod.call());
-                    outcomes.lock().unwrap()[i] = Some(outcome);
+                    outcomes.lock()[i] = Some(outcome);
                     done.fetch_add(1, Ordering::Relaxed);
                 }
             });
         }
         s.spawn(|| during(&done));
     });
-    let outcomes = outcomes.into_inner().unwrap().into_iter().map(|o| o.expect("every ADD ran")).collect();
+    let outcomes = outcomes.into_inner().into_iter().map(|o| o.expect("every ADD ran")).collect();
     Burst { outcomes, elapsed: start.elapsed() }
 }
 
@@ -136,13 +136,13 @@ fn node_agent_killed_during_an_add_burst_fails_closed_and_retries_succeed() {
     let agent = Mutex::new(agent);
     let burst = add_burst(&net, &pods, 6, |done| {
         wait_for(done, 6);
-        agent.lock().unwrap().kill();
+        agent.lock().kill();
     });
     let failed = check_fail_closed(&net, &pods, &burst);
     assert!(failed.len() >= 24 - 6 - 6, "the ADDs after the kill fail: {} failed", failed.len());
 
     // The agent is back (its socket file was left behind by SIGKILL): the runtime's retries succeed.
-    agent.lock().unwrap().start().unwrap();
+    agent.lock().start().unwrap();
     for i in failed {
         let pod = &pods[i];
         net.add(&pod.call()).unwrap_or_else(|e| panic!("{}: retried ADD: {e}", pod.name));
@@ -169,10 +169,10 @@ fn load_adds_and_dels_with_an_agent_restart() {
     let burst = add_burst(&net, &pods, n, |done| {
         wait_for(done, n / 2);
         let t = Instant::now();
-        let mut agent = agent.lock().unwrap();
+        let mut agent = agent.lock();
         agent.kill();
         agent.start().unwrap();
-        *restart.lock().unwrap() = t.elapsed();
+        *restart.lock() = t.elapsed();
     });
     let failed = check_fail_closed(&net, &pods, &burst);
     let retry_start = Instant::now();
@@ -190,7 +190,7 @@ fn load_adds_and_dels_with_an_agent_restart() {
         n - failed.len(),
         failed.len(),
         burst.elapsed.as_secs_f64(),
-        restart.lock().unwrap().as_secs_f64(),
+        restart.lock().as_secs_f64(),
         retry.as_secs_f64(),
         del.as_secs_f64()
     );
@@ -249,14 +249,13 @@ fn proxy_killed_during_traffic_refuses_connections_then_serves_again() {
             while phase.load(Ordering::SeqCst) < 5 {
                 let before = phase.load(Ordering::SeqCst);
                 let outcome = request(&client, &to);
-                seen.lock().unwrap().push((before, outcome, phase.load(Ordering::SeqCst)));
+                seen.lock().push((before, outcome, phase.load(Ordering::SeqCst)));
             }
         });
         // Ends the traffic even when an assertion below fails (the scope joins it).
         let _stop = StopOnDrop(&phase, 5);
-        let count = |p: usize, what: Seen| {
-            seen.lock().unwrap().iter().filter(|(b, o, a)| *b == p && *a == p && *o == what).count()
-        };
+        let count =
+            |p: usize, what: Seen| seen.lock().iter().filter(|(b, o, a)| *b == p && *a == p && *o == what).count();
         eventually("traffic through the proxy", Duration::from_secs(10), || count(0, Seen::Ok) >= 20);
         phase.store(1, Ordering::SeqCst);
         proxy.kill();
@@ -272,7 +271,7 @@ fn proxy_killed_during_traffic_refuses_connections_then_serves_again() {
         eventually("full service after the restart", Duration::from_secs(10), || count(4, Seen::Ok) >= 20);
         phase.store(5, Ordering::SeqCst);
     });
-    let seen = seen.into_inner().unwrap();
+    let seen = seen.into_inner();
     for (before, outcome, after) in &seen {
         let allowed = match (before, after) {
             (0, 0) | (4, 4) | (4, 5) => *outcome == Seen::Ok,
@@ -455,11 +454,11 @@ fn primary_cni_config_deleted_while_pods_start_no_meshed_pod_keeps_running_unmes
                     }
                 }
             };
-            starts.lock().unwrap().push((pod.name.clone(), start));
+            starts.lock().push((pod.name.clone(), start));
             std::thread::sleep(Duration::from_millis(30));
         }
     });
-    let starts = starts.into_inner().unwrap();
+    let starts = starts.into_inner();
     eventually("the agent to chain itself again", Duration::from_secs(10), || {
         cnimesh_node::chain::is_chained(&conf_dir).is_some()
     });

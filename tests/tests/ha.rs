@@ -4,10 +4,10 @@
 //! and afterwards the proxy still learns of changes (its Destination stream found a live
 //! replica again).
 
+use parking_lot::Mutex;
 use std::net::Ipv4Addr;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -154,9 +154,9 @@ fn a_rolling_restart_of_the_control_plane_fails_no_request() {
     let seen = Mutex::new(Vec::new());
     let progress = |seen: &Mutex<Vec<(u16, String)>>| {
         // At least 20 more answers before the next restart: traffic flows across each step.
-        let start = seen.lock().unwrap().len();
+        let start = seen.lock().len();
         let deadline = Instant::now() + Duration::from_secs(30);
-        while seen.lock().unwrap().len() < start + 20 {
+        while seen.lock().len() < start + 20 {
             assert!(Instant::now() < deadline, "traffic stalled");
             std::thread::sleep(Duration::from_millis(10));
         }
@@ -165,7 +165,7 @@ fn a_rolling_restart_of_the_control_plane_fails_no_request() {
         scope.spawn(|| {
             while !stop.load(Ordering::SeqCst) {
                 let answer = call(&client);
-                seen.lock().unwrap().push(answer);
+                seen.lock().push(answer);
             }
         });
         progress(&seen);
@@ -184,7 +184,7 @@ fn a_rolling_restart_of_the_control_plane_fails_no_request() {
         stop.store(true, Ordering::SeqCst);
         drop(fourth);
     });
-    let seen = seen.into_inner().unwrap();
+    let seen = seen.into_inner();
     let failed: Vec<_> = seen.iter().filter(|(status, _)| *status != 200).collect();
     assert!(
         failed.is_empty(),
@@ -279,7 +279,7 @@ async fn the_node_agent_resumes_its_watch_after_an_api_server_restart_without_a_
             while !stop.load(Ordering::SeqCst) {
                 let pods = cluster.node_pods().await.unwrap();
                 smallest = smallest.min(pods.len());
-                let records = records.lock().unwrap().clone();
+                let records = records.lock().clone();
                 for pod in cnimesh_node::repair::uncaptured(&pods, &records, &[]) {
                     targets.push(format!(
                         "{}/{}",
@@ -301,7 +301,7 @@ async fn the_node_agent_resumes_its_watch_after_an_api_server_restart_without_a_
 
     // Restart 2: the watch cache is gone; meanwhile web-3 was recreated (and captured again by
     // the plugin: a record for the new incarnation). One re-list, no pod ever looks uncaptured.
-    records.lock().unwrap().push(captured("web-3", "web-3-b"));
+    records.lock().push(captured("web-3", "web-3-b"));
     let mut now: Vec<_> = names.iter().map(|n| node_pod(n, &format!("{n}-a"), "30")).collect();
     now[3] = node_pod("web-3", "web-3-b", "30");
     api.set_list(NODE_PODS, now, "30");
