@@ -1,8 +1,8 @@
 //! Process entry point: logging with a reloadable filter, configuration, signals, runtime. In the
 //! library so the end-to-end harness can build an identical binary of its own.
 
+use parking_lot::Mutex;
 use std::process::ExitCode;
-use std::sync::Mutex;
 
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
@@ -20,13 +20,13 @@ struct ReloadableLevel {
 
 impl LogLevel for ReloadableLevel {
     fn get(&self) -> String {
-        self.current.lock().expect("not poisoned").clone()
+        self.current.lock().clone()
     }
 
     fn set(&self, directive: &str) -> Result<(), String> {
         let filter = EnvFilter::try_new(directive).map_err(|e| e.to_string())?;
         self.handle.reload(filter).map_err(|e| e.to_string())?;
-        *self.current.lock().expect("not poisoned") = directive.to_string();
+        *self.current.lock() = directive.to_string();
         Ok(())
     }
 }

@@ -4,9 +4,10 @@
 //! endpoint client, and the response classified when its body ends. Upgrades and CONNECT are
 //! spliced on a connection of their own.
 
+use parking_lot::Mutex;
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
 use http::header::HOST;
@@ -79,7 +80,7 @@ struct Handles {
 impl Handles {
     fn count_response(&self, status: StatusCode, classification: &'static str) {
         let code = status.as_u16();
-        let mut responses = self.responses.lock().expect("not poisoned");
+        let mut responses = self.responses.lock();
         if let Some((_, _, counter)) = responses.iter().find(|(c, k, _)| *c == code && *k == classification) {
             counter.inc();
             return;
@@ -169,7 +170,7 @@ impl HttpProxy {
 
     /// The metric handles for `authority` to a peer secured as `tls`, created on first use.
     fn handles(&self, authority: &str, tls: &TlsLabel) -> Arc<Handles> {
-        let mut cached = self.handles.lock().expect("not poisoned");
+        let mut cached = self.handles.lock();
         if let Some(h) = cached.iter().find(|h| h.authority == authority && h.labels.tls == *tls) {
             return h.clone();
         }
@@ -211,11 +212,11 @@ impl HttpProxy {
         if matches!(&self.target.route, Route::Balanced(b) if b.service == key) {
             return None;
         }
-        if let Some((_, t)) = self.named.lock().expect("not poisoned").iter().find(|(k, _)| *k == key) {
+        if let Some((_, t)) = self.named.lock().iter().find(|(k, _)| *k == key) {
             return t.clone();
         }
         let target = crate::outbound::service(&key, &self.shared.outbound).await;
-        let mut named = self.named.lock().expect("not poisoned");
+        let mut named = self.named.lock();
         // A handful of services per connection at most; beyond that, no memo.
         if named.len() < 8 {
             named.push((key, target.clone()));

@@ -4,7 +4,9 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -95,7 +97,7 @@ impl Balanced {
 
     /// The endpoint's client, built on first use (again if its identity changed).
     fn upstream(&self, endpoint: &Endpoint, set: &Endpoints) -> Result<Arc<Upstream>, RouteError> {
-        let mut upstreams = self.upstreams.lock().expect("not poisoned");
+        let mut upstreams = self.upstreams.lock();
         if let Some(u) = upstreams.get(&endpoint.addr)
             && u.tls.as_ref().map(|t| &t.server_id) == endpoint.identity.as_ref()
         {

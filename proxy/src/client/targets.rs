@@ -5,7 +5,9 @@
 
 use std::collections::HashMap;
 use std::hash::Hash;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
@@ -66,7 +68,7 @@ impl<K> Default for Targets<K> {
 impl<K: Hash + Eq + Clone> Targets<K> {
     /// The cached target for `key`, if its profile has not changed since.
     pub fn get(&self, key: &K) -> Option<Arc<Target>> {
-        let mut map = self.map.lock().expect("not poisoned");
+        let mut map = self.map.lock();
         let entry = map.get_mut(key)?;
         if entry.profile.as_ref().is_some_and(|p| p.has_changed().unwrap_or(true)) {
             map.remove(key);
@@ -77,7 +79,7 @@ impl<K: Hash + Eq + Clone> Targets<K> {
     }
 
     pub fn insert(&self, key: K, target: Arc<Target>, profile: Option<watch::Receiver<Option<Profile>>>) {
-        let mut map = self.map.lock().expect("not poisoned");
+        let mut map = self.map.lock();
         if map.len() >= MAX_TARGETS && !map.contains_key(&key) {
             map.clear();
         }
@@ -87,14 +89,11 @@ impl<K: Hash + Eq + Clone> Targets<K> {
     /// Drops targets no connection holds and none has asked for within `idle`: their pooled
     /// connections close, their discovery streams end.
     pub fn evict_idle(&self, idle: Duration) {
-        self.map
-            .lock()
-            .expect("not poisoned")
-            .retain(|_, e| Arc::strong_count(&e.target) > 1 || e.used.elapsed() < idle);
+        self.map.lock().retain(|_, e| Arc::strong_count(&e.target) > 1 || e.used.elapsed() < idle);
     }
 
     pub fn len(&self) -> usize {
-        self.map.lock().expect("not poisoned").len()
+        self.map.lock().len()
     }
 
     pub fn is_empty(&self) -> bool {

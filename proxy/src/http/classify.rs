@@ -90,12 +90,14 @@ mod tests {
     use http_body_util::BodyExt;
     use hyper::body::Frame;
     use std::collections::VecDeque;
-    use std::sync::{Arc, Mutex};
+    use std::sync::Arc;
+
+    use parking_lot::Mutex;
 
     struct Record(Arc<Mutex<Vec<&'static str>>>);
     impl OnEnd for Record {
         fn end(self: Box<Self>, c: &'static str) {
-            self.0.lock().unwrap().push(c);
+            self.0.lock().push(c);
         }
     }
 
@@ -122,6 +124,6 @@ mod tests {
         drop(Classified::new(http_body_util::Empty::<Bytes>::new(), Box::new(Record(seen.clone()))));
         let unfinished = Frames(VecDeque::from([Frame::data(Bytes::from_static(b"x"))]));
         drop(Classified::new(unfinished, Box::new(Record(seen.clone()))));
-        assert_eq!(*seen.lock().unwrap(), ["failure", "success", "failure"]);
+        assert_eq!(*seen.lock(), ["failure", "success", "failure"]);
     }
 }

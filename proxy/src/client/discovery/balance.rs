@@ -3,8 +3,8 @@
 //! once to a slow response and forgets it over `DECAY`, so a slow endpoint sheds load quickly
 //! and gets it back when it recovers.
 
+use parking_lot::Mutex;
 use std::sync::Arc;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
@@ -36,7 +36,7 @@ impl Stats {
 
     /// Expected cost of one more request here.
     pub fn cost(&self) -> f64 {
-        let (estimate, since) = *self.ewma.lock().expect("not poisoned");
+        let (estimate, since) = *self.ewma.lock();
         let pending = self.pending.load(Ordering::Relaxed) as f64;
         // The estimate decays toward zero between observations; a floor keeps pending counts
         // meaningful for an endpoint that has been idle a long time.
@@ -46,7 +46,7 @@ impl Stats {
     pub fn observe(&self, rtt: Duration) {
         let rtt = rtt.as_secs_f64();
         let now = Instant::now();
-        let mut ewma = self.ewma.lock().expect("not poisoned");
+        let mut ewma = self.ewma.lock();
         let (estimate, since) = *ewma;
         let next = if rtt > estimate {
             rtt

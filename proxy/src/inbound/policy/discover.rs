@@ -15,7 +15,9 @@
 //!   without a Server (so a namespace annotation changed after injection is honoured).
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::Duration;
 
 use ipnet::IpNet;
@@ -186,7 +188,7 @@ impl Policies {
     }
 
     fn undeclared(&self, port: u16) -> Result<(Answer, Arc<()>), WatchLimit> {
-        let mut table = self.undeclared.lock().expect("not poisoned");
+        let mut table = self.undeclared.lock();
         table.clock += 1;
         let now = table.clock;
         if let Some(w) = table.ports.get_mut(&port) {
@@ -229,7 +231,7 @@ impl Policies {
 
     /// Undeclared ports watched now (tests, status).
     pub fn undeclared_watched(&self) -> usize {
-        self.undeclared.lock().expect("not poisoned").ports.len()
+        self.undeclared.lock().ports.len()
     }
 
     /// The policy unanswered ports get now.
@@ -240,7 +242,7 @@ impl Policies {
 
 impl Drop for Policies {
     fn drop(&mut self) {
-        for w in self.undeclared.get_mut().expect("not poisoned").ports.values() {
+        for w in self.undeclared.get_mut().ports.values() {
             w.task.abort();
         }
     }

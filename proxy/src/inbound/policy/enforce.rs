@@ -4,7 +4,9 @@
 //! A policy update reaches open connections at their next request.
 
 use std::net::IpAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use http::{HeaderValue, Request, Response, StatusCode};
 use prometheus_client::metrics::counter::Counter;
@@ -123,7 +125,7 @@ impl ConnPolicy {
 
     fn verdicts(&self) -> Arc<Verdicts> {
         let policy = self.port.current();
-        let mut cached = self.verdicts.lock().expect("not poisoned");
+        let mut cached = self.verdicts.lock();
         if let Some(v) = cached.as_ref()
             && Arc::ptr_eq(&v.policy, &policy)
         {

@@ -8,7 +8,9 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::Duration;
 
 use linkerd2_proxy_api::outbound::{self as api, outbound_policies_client::OutboundPoliciesClient};

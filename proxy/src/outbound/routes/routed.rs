@@ -3,7 +3,9 @@
 //! cached per service and address, and each connection keeps the few its requests used), or
 //! the proxy's own answer (a redirect, an injected failure, 404 when no route matches).
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::Duration;
 
 use http::{Request, Response, StatusCode};
@@ -72,7 +74,7 @@ impl ConnRoutes {
         parent: (&ResourceRef, &Arc<Target>),
         outbound: &Outbound,
     ) -> Result<Arc<Target>, ProxyError> {
-        if let Some((_, t)) = self.targets.lock().expect("not poisoned").iter().find(|(b, _)| b == backend) {
+        if let Some((_, t)) = self.targets.lock().iter().find(|(b, _)| b == backend) {
             return Ok(t.clone());
         }
         let target = match backend {
@@ -88,7 +90,7 @@ impl ConnRoutes {
                 }
             },
         };
-        let mut memo = self.targets.lock().expect("not poisoned");
+        let mut memo = self.targets.lock();
         if memo.len() < MAX_MEMO {
             memo.push((backend.clone(), target.clone()));
         }
