@@ -125,11 +125,10 @@ fn authority_of<B>(req: &Request<B>) -> &str {
 }
 
 fn route_error(e: RouteError) -> ProxyError {
-    let status = match e {
-        RouteError::NoEndpoints(_) => StatusCode::SERVICE_UNAVAILABLE,
-        RouteError::NoIdentity(_) => StatusCode::BAD_GATEWAY,
-    };
-    ProxyError::new(status, e.to_string())
+    match e {
+        RouteError::NoEndpoints(service) => ProxyError::NoEndpoints(service),
+        RouteError::NoIdentity(why) => ProxyError::NoIdentity(why),
+    }
 }
 
 impl HttpProxy {
@@ -299,11 +298,11 @@ impl HttpProxy {
                 Ok(tap::respond(tapped, response.map(|inner| Classified::new(inner, end).boxed_unsync())))
             }
             Err(e) => {
-                tracing::warn!(direction = ?self.direction, target = %self.addr, status = e.status.as_u16(), "{}", e.message);
+                tracing::warn!(direction = ?self.direction, target = %self.addr, status = e.status().as_u16(), "{e}");
                 if let Some(tapped) = tapped {
                     tapped.failed();
                 }
-                handles.count_response(e.status, if e.status.is_server_error() { "failure" } else { "success" });
+                handles.count_response(e.status(), if e.status().is_server_error() { "failure" } else { "success" });
                 Ok(error_response(&e))
             }
         }
@@ -329,7 +328,7 @@ impl HttpProxy {
             Ok(std::borrow::Cow::Borrowed(_)) => return Ok(()),
             Ok(std::borrow::Cow::Owned(path)) => path,
             Err(why) => {
-                return Err(error_response(&ProxyError::new(StatusCode::BAD_REQUEST, format!("refused: {why}"))));
+                return Err(error_response(&ProxyError::BadRequest(format!("refused: {why}"))));
             }
         };
         let path_and_query = match req.uri().query() {
@@ -338,7 +337,7 @@ impl HttpProxy {
         };
         let invalid = |e: &dyn std::fmt::Display| {
             let why = format!("refused: the normalized path is not a valid URI: {e}");
-            error_response(&ProxyError::new(StatusCode::BAD_REQUEST, why))
+            error_response(&ProxyError::BadRequest(why))
         };
         let mut parts = req.uri().clone().into_parts();
         parts.path_and_query = Some(http::uri::PathAndQuery::try_from(path_and_query).map_err(|e| invalid(&e))?);
@@ -389,12 +388,9 @@ impl HttpProxy {
             }
         };
         let mut result = match routed.and_then(|r| r.timeout.map(|t| (t, &r.route))) {
-            Some((timeout, route)) => tokio::time::timeout(timeout, exchange).await.map_err(|_| {
-                ProxyError::new(
-                    StatusCode::GATEWAY_TIMEOUT,
-                    format!("request timed out after {} ms on route {route}", timeout.as_millis()),
-                )
-            })?,
+            Some((timeout, route)) => tokio::time::timeout(timeout, exchange)
+                .await
+                .map_err(|_| ProxyError::RouteTimeout { route: route.to_string(), after: timeout })?,
             None => exchange.await,
         };
         if let (Some(routed), Ok((response, _))) = (routed, &mut result) {
@@ -423,7 +419,7 @@ impl HttpProxy {
             let result = self.send(target, req, downgraded, retry.timeout).await;
             let again = match &result {
                 Ok((response, _)) => retry.retries(response.status(), response.headers()),
-                Err(e) => e.status == StatusCode::BAD_GATEWAY || e.status == StatusCode::GATEWAY_TIMEOUT,
+                Err(e) => e.status() == StatusCode::BAD_GATEWAY || e.status() == StatusCode::GATEWAY_TIMEOUT,
             };
             if !again || attempt >= retry.max_retries {
                 return result;
@@ -462,12 +458,9 @@ impl HttpProxy {
             to_origin_form(&mut req, self.addr)?;
         }
         let result = match timeout {
-            Some(timeout) => tokio::time::timeout(timeout, upstream.send(req)).await.map_err(|_| {
-                ProxyError::new(
-                    StatusCode::GATEWAY_TIMEOUT,
-                    format!("upstream {} timed out after {} ms", upstream.addr, timeout.as_millis()),
-                )
-            })?,
+            Some(timeout) => tokio::time::timeout(timeout, upstream.send(req))
+                .await
+                .map_err(|_| ProxyError::ResponseTimeout { addr: upstream.addr, after: timeout })?,
             None => upstream.send(req).await,
         };
         if let Some(load) = &load {
@@ -526,8 +519,7 @@ impl HttpProxy {
 /// An HTTP/1 request goes upstream in origin form (`GET /path`) with a `Host`: an absolute-form
 /// target (a client that thinks we are its proxy) is rewritten, nothing else is touched.
 fn to_origin_form<B>(req: &mut Request<B>, addr: SocketAddr) -> Result<(), ProxyError> {
-    let invalid =
-        |e: &dyn std::fmt::Display| ProxyError::new(StatusCode::BAD_REQUEST, format!("invalid request target: {e}"));
+    let invalid = |e: &dyn std::fmt::Display| ProxyError::BadRequest(format!("invalid request target: {e}"));
     if let Some(authority) = req.uri().authority() {
         if !req.headers().contains_key(HOST) {
             let host = HeaderValue::from_str(authority.as_str()).map_err(|e| invalid(&e))?;

@@ -214,7 +214,7 @@ fn refused<B>(req: &Request<B>, refusal: Refusal, why: &str) -> Response<Body> {
         Refusal::NoRoute => (StatusCode::NOT_FOUND, "5"),
     };
     if !is_grpc(req) {
-        return error_response(&ProxyError::new(status, why));
+        return error_response(&ProxyError::Refused { status, why: why.to_string() });
     }
     let mut r = Response::new(full(bytes::Bytes::new()));
     let h = r.headers_mut();

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use std::time::Duration;
 
-use http::{Request, Response, StatusCode};
+use http::{Request, Response};
 
 use super::apply::{self, Answer};
 use super::metrics::RouteHandles;
@@ -78,15 +78,15 @@ impl ConnRoutes {
             return Ok(t.clone());
         }
         let target = match backend {
-            Backend::Forward { addr, .. } => crate::outbound::resolve(*addr, outbound).await.map_err(|e| {
-                ProxyError::new(StatusCode::BAD_GATEWAY, format!("backend {}: {e}", backend.meta().name))
-            })?,
+            Backend::Forward { addr, .. } => crate::outbound::resolve(*addr, outbound)
+                .await
+                .map_err(|e| ProxyError::Backend { backend: backend.meta().name.to_string(), why: e.to_string() })?,
             Backend::Service { path, meta } => match crate::outbound::service(path, outbound).await {
                 Some(target) => target,
                 None if meta == parent.0 => return Ok(parent.1.clone()),
                 None => {
                     let why = format!("backend {} unknown", backend.meta().name);
-                    return Err(ProxyError::new(StatusCode::SERVICE_UNAVAILABLE, why));
+                    return Err(ProxyError::Unavailable(why));
                 }
             },
         };
@@ -114,7 +114,7 @@ pub async fn route<B>(
         return Ok(None);
     }
     let Some(selected) = table.select(req) else {
-        return Err(error_response(&ProxyError::new(StatusCode::NOT_FOUND, "no route matches the request")));
+        return Err(error_response(&ProxyError::NoRoute));
     };
     let rule = selected.rule;
     let roll = || crate::transport::rng::with(|r| rand::Rng::random_range(r, 0.0..1.0));
@@ -124,7 +124,7 @@ pub async fn route<B>(
     apply::request_filters(filters, req, selected.prefix, roll).map_err(answer)?;
     let (Some(backend_index), Some(backend)) = (picked, backend) else {
         let why = format!("route {} has no backend", selected.route.meta.name);
-        return Err(error_response(&ProxyError::new(StatusCode::INTERNAL_SERVER_ERROR, why)));
+        return Err(error_response(&ProxyError::Misconfigured(why)));
     };
     let handles = table.handles(&policy.parent, &selected, backend_index, &outbound.routes).clone();
     handles.backend_requests.inc();
@@ -142,7 +142,7 @@ fn answer(a: Answer) -> Response<Body> {
             r.headers_mut().insert(http::header::LOCATION, location);
             r
         }
-        Answer::Fail { status, message } => error_response(&ProxyError::new(status, message)),
+        Answer::Fail { status, message } => error_response(&ProxyError::Injected { status, message }),
         Answer::FailGrpc { code, message } => {
             let mut r = Response::new(full(bytes::Bytes::new()));
             let h = r.headers_mut();
