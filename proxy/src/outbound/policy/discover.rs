@@ -44,6 +44,16 @@ impl PolicyWatch {
     }
 }
 
+#[cfg(test)]
+impl PolicyWatch {
+    /// A policy that never changes: what the request path does under a given policy, tested
+    /// without a control plane.
+    pub(crate) fn fixed(policy: Arc<OutboundPolicy>) -> Self {
+        let (_tx, rx) = watch::channel(Some(Answer::Policy(policy)));
+        PolicyWatch(rx)
+    }
+}
+
 pub struct OutboundPolicies {
     client: OutboundPoliciesClient<Channel>,
     /// `ns:pod` as the control plane knows this workload, or empty.
