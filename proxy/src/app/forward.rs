@@ -26,7 +26,7 @@ use crate::client::target::{Picked, Route, RouteError};
 use crate::client::targets::Target;
 use crate::client::upstream::RequestBody;
 use crate::http::Body;
-use crate::http::classify::{Classified, OnEnd};
+use crate::http::classify::{Classification, Classified, OnEnd, classify};
 use crate::http::error::{ProxyError, error_response, upstream_error};
 use crate::http::headers::{IDENTITY_HEADERS, strip_h2c_upgrade, strip_hop_by_hop, wants_upgrade};
 use crate::http::orig_proto;
@@ -74,11 +74,11 @@ struct Handles {
     requests: Counter,
     latency: Histogram,
     metrics: Arc<Metrics>,
-    responses: Mutex<Vec<(u16, &'static str, Counter)>>,
+    responses: Mutex<Vec<(u16, Classification, Counter)>>,
 }
 
 impl Handles {
-    fn count_response(&self, status: StatusCode, classification: &'static str) {
+    fn count_response(&self, status: StatusCode, classification: Classification) {
         let code = status.as_u16();
         let mut responses = self.responses.lock();
         if let Some((_, _, counter)) = responses.iter().find(|(c, k, _)| *c == code && *k == classification) {
@@ -91,7 +91,7 @@ impl Handles {
             authority: self.labels.authority.clone(),
             tls: self.labels.tls.clone(),
             status_code: code.to_string(),
-            classification: classification.into(),
+            classification: classification.as_str().into(),
         };
         let counter = self.metrics.response_total.get_or_create(&labels).clone();
         counter.inc();
@@ -111,8 +111,9 @@ struct End {
 }
 
 impl OnEnd for End {
-    fn end(self: Box<Self>, classification: &'static str) {
-        self.handles.count_response(self.status, if self.failed_early { "failure" } else { classification });
+    fn end(self: Box<Self>, classification: Classification) {
+        let classification = if self.failed_early { Classification::Failure } else { classification };
+        self.handles.count_response(self.status, classification);
     }
 }
 
@@ -233,15 +234,14 @@ impl HttpProxy {
             && let Err(refused) = self.inbound_request(&mut req)
         {
             handles.requests.inc();
-            handles.count_response(refused.status(), "success");
+            handles.count_response(refused.status(), classify(refused.status(), refused.headers()));
             return Ok(tap::respond(self.tap(&req, None, start), refused));
         }
         if let Some(policy) = &self.policy
             && let Some(denied) = policy.deny_request(&req, wants_upgrade(&req))
         {
             handles.requests.inc();
-            let grpc_failure = denied.headers().contains_key("grpc-status");
-            handles.count_response(denied.status(), if grpc_failure { "failure" } else { "success" });
+            handles.count_response(denied.status(), classify(denied.status(), denied.headers()));
             return Ok(tap::respond(self.tap(&req, None, start), denied));
         }
         let routed = match self.direction {
@@ -252,10 +252,8 @@ impl HttpProxy {
             Ok(routed) => routed,
             Err(answer) => {
                 handles.requests.inc();
-                handles.count_response(
-                    answer.status(),
-                    if answer.status().is_server_error() { "failure" } else { "success" },
-                );
+                // A route's injected gRPC error is an HTTP 200 with a failing `grpc-status`.
+                handles.count_response(answer.status(), classify(answer.status(), answer.headers()));
                 return Ok(tap::respond(self.tap(&req, None, start), answer));
             }
         };
@@ -292,17 +290,16 @@ impl HttpProxy {
             Ok((response, load)) => {
                 let status = response.status();
                 // A trailers-only gRPC response carries its status in the headers.
-                let failed_early =
-                    status.is_server_error() || response.headers().get("grpc-status").is_some_and(|v| v != "0");
+                let failed_early = classify(status, response.headers()) == Classification::Failure;
                 let end = Box::new(End { handles, status, failed_early, _load: load });
-                Ok(tap::respond(tapped, response.map(|inner| Classified::new(inner, end).boxed_unsync())))
+                Ok(tap::respond(tapped, response.map(|inner| Classified::new(inner, status, end).boxed_unsync())))
             }
             Err(e) => {
                 tracing::warn!(direction = ?self.direction, target = %self.addr, status = e.status().as_u16(), "{e}");
                 if let Some(tapped) = tapped {
                     tapped.failed();
                 }
-                handles.count_response(e.status(), if e.status().is_server_error() { "failure" } else { "success" });
+                handles.count_response(e.status(), classify(e.status(), &http::HeaderMap::new()));
                 Ok(error_response(&e))
             }
         }
@@ -550,9 +547,9 @@ mod tests {
     use http_body_util::Full;
     use hyper_util::rt::TokioExecutor;
     use linkerd2_proxy_api::destination::WeightedAddr;
-    use linkerd2_proxy_api::http_route as api_http;
     use linkerd2_proxy_api::meta;
-    use linkerd2_proxy_api::outbound::{self as api, backend, http_route, proxy_protocol};
+    use linkerd2_proxy_api::outbound::{self as api, backend, grpc_route, http_route, proxy_protocol};
+    use linkerd2_proxy_api::{grpc_route as api_grpc, http_route as api_http};
     use tokio::net::TcpListener;
 
     use super::*;
@@ -737,6 +734,23 @@ mod tests {
         policy(proxy_protocol::Kind::Http1(proxy_protocol::Http1 { routes: vec![route], failure_accrual: None }))
     }
 
+    /// A GRPCRoute to `to` whose rule injects gRPC UNAVAILABLE into every call.
+    fn grpc_fault(to: SocketAddr) -> api::OutboundPolicy {
+        let injector = api_grpc::GrpcFailureInjector { code: 14, message: "injected".into(), ratio: None };
+        let backends = grpc_route::Distribution {
+            kind: Some(grpc_route::distribution::Kind::FirstAvailable(grpc_route::distribution::FirstAvailable {
+                backends: vec![grpc_route::RouteBackend { backend: Some(backend(Some(to))), ..Default::default() }],
+            })),
+        };
+        let rule = grpc_route::Rule {
+            filters: vec![grpc_route::Filter { kind: Some(grpc_route::filter::Kind::FailureInjector(injector)) }],
+            backends: Some(backends),
+            ..Default::default()
+        };
+        let route = api::GrpcRoute { metadata: named("rpc-route"), hosts: Vec::new(), rules: vec![rule] };
+        policy(proxy_protocol::Kind::Grpc(proxy_protocol::Grpc { routes: vec![route], failure_accrual: None }))
+    }
+
     fn grpc_call() -> Request<Full<Bytes>> {
         Request::post("http://web.shop.svc.cluster.local/pkg.Svc/Call")
             .version(Version::HTTP_2)
@@ -834,6 +848,19 @@ mod tests {
         let target = fixed(app, Some(http_route(Some(app), None, None)));
         let (status, _, _) = send(proxy(&shared(), app, target), get("/fail")).await;
         assert_eq!((status, hits.load(Ordering::SeqCst)), (StatusCode::SERVICE_UNAVAILABLE, 1));
+    }
+
+    #[tokio::test]
+    async fn a_grpc_error_a_grpc_route_injects_in_an_http_200_counts_as_a_failure() {
+        let (app, hits) = app().await;
+        let shared = shared();
+        let target = fixed(app, Some(grpc_fault(app)));
+        let (status, headers, _) = send(proxy(&shared, app, target), grpc_call()).await;
+        assert_eq!((status, &headers["grpc-status"]), (StatusCode::OK, &HeaderValue::from_static("14")));
+        assert_eq!(hits.load(Ordering::SeqCst), 0, "answered by the proxy");
+        let failures = metric(&shared, "response_total", &["classification=\"failure\"", "status_code=\"200\""]);
+        let successes = metric(&shared, "response_total", &["classification=\"success\""]);
+        assert_eq!((failures, successes), (1, 0));
     }
 
     #[tokio::test]
