@@ -397,7 +397,9 @@ impl HttpProxy {
     }
 
     /// A request of a rule with retries, its body buffered: sent again while its answer is one the
-    /// rule retries, up to the rule's limit and as far as the target's retry budget allows.
+    /// rule retries (a response whose status the rule names, or a failure of the upstream
+    /// itself, [`ProxyError::retryable`]), up to the rule's limit and as far as the target's
+    /// retry budget allows.
     async fn with_retries(
         &self,
         target: &Arc<Target>,
@@ -416,7 +418,8 @@ impl HttpProxy {
             let result = self.send(target, req, downgraded, retry.timeout).await;
             let again = match &result {
                 Ok((response, _)) => retry.retries(response.status(), response.headers()),
-                Err(e) => e.status() == StatusCode::BAD_GATEWAY || e.status() == StatusCode::GATEWAY_TIMEOUT,
+                // By kind, not by status: the proxy's own 502 (no identity yet) would fail again.
+                Err(e) => e.retryable(),
             };
             if !again || attempt >= retry.max_retries {
                 return result;
@@ -553,9 +556,10 @@ mod tests {
     use tokio::net::TcpListener;
 
     use super::*;
-    use crate::config::Config;
-    use crate::discovery::Endpoints;
+    use crate::config::{Config, IdentityConfig, TrustAnchors};
+    use crate::discovery::{Endpoint, Endpoints};
     use crate::drain::Drain;
+    use crate::identity::Identity;
     use crate::metrics::TcpLabels;
     use crate::outbound::policy::discover::PolicyWatch;
     use crate::outbound::policy::model::OutboundPolicy;
@@ -848,6 +852,49 @@ mod tests {
         let target = fixed(app, Some(http_route(Some(app), None, None)));
         let (status, _, _) = send(proxy(&shared(), app, target), get("/fail")).await;
         assert_eq!((status, hits.load(Ordering::SeqCst)), (StatusCode::SERVICE_UNAVAILABLE, 1));
+    }
+
+    /// A proxy whose identity has no certificate yet, and a service whose one endpoint is meshed.
+    fn meshed_service_without_a_certificate(policy: api::OutboundPolicy) -> Arc<Target> {
+        let anchor = cnimesh_identity::ca::new_trust_anchor("cluster.local", Duration::from_secs(3600)).unwrap();
+        let identity = Identity::new(&IdentityConfig {
+            name: "client.shop.serviceaccount.identity.cnimesh.cluster.local".parse().unwrap(),
+            trust_anchors: TrustAnchors::Pem(anchor.cert_pem),
+            token_file: "/nonexistent".into(),
+            control_addr: "control:4190".into(),
+            control_name: crate::config::DEFAULT_CONTROL_NAME.parse().unwrap(),
+            max_backoff: Duration::from_secs(1),
+        })
+        .unwrap();
+        let endpoint = Endpoint {
+            addr: "10.0.0.7:80".parse().unwrap(),
+            identity: Some("web.shop.serviceaccount.identity.cnimesh.cluster.local".parse().unwrap()),
+            stats: Arc::default(),
+        };
+        let endpoints = Endpoints { list: vec![Arc::new(endpoint)], known: true, exists: true };
+        let (_tx, rx) = tokio::sync::watch::channel(Arc::new(endpoints));
+        let route = Route::balanced(
+            "web.shop.svc.cluster.local:80".into(),
+            rx,
+            Some(Arc::new(identity)),
+            Duration::from_secs(1),
+        );
+        let policy = PolicyWatch::fixed(Arc::new(OutboundPolicy::from_api(policy).unwrap()));
+        Target::with_policy(route, Some(policy))
+    }
+
+    #[tokio::test]
+    async fn the_proxys_own_no_identity_502_is_not_retried_nor_charged_to_the_retry_budget() {
+        let shared = shared();
+        let addr = "10.96.0.10:80".parse().unwrap();
+        // The route's backend is the parent Service itself: the connection's own target.
+        let target = meshed_service_without_a_certificate(http_route(None, None, Some(2)));
+        let (status, headers, _) = send(proxy(&shared, addr, target), get("/ok")).await;
+        assert_eq!(status, StatusCode::BAD_GATEWAY, "the same answer as before");
+        assert_eq!(headers["cnimesh-proxy-error"], "no certificate yet for mTLS to a meshed endpoint");
+        let retried = metric(&shared, "outbound_http_route_retry_requests_total", &[]);
+        let overflow = metric(&shared, "outbound_http_route_retry_overflow_total", &[]);
+        assert_eq!((retried, overflow), (0, 0), "no attempt again, nothing withdrawn from the budget");
     }
 
     #[tokio::test]
