@@ -1,7 +1,10 @@
 //! The cache of resolved targets: a target (an original destination, or a service a request
 //! names) is resolved once — profile, route, balancer, per-endpoint clients — and then shared by
 //! every connection and request to it, until it has been idle a while. Looked up once per
-//! connection; requests reach their clients through the target they hold.
+//! connection; requests reach their clients through the target they hold. A full cache makes
+//! room one entry at a time, the least recently used first (one no connection holds before one
+//! that is held), so its hot targets stay resolved; clearing it all at once would make every
+//! connection re-resolve together.
 
 use std::collections::HashMap;
 use std::hash::Hash;
@@ -52,16 +55,23 @@ struct Entry {
     profile: Option<watch::Receiver<Option<Profile>>>,
 }
 
-/// Targets kept before the cache is reset (their idle connections then close).
+/// Targets kept; beyond, the least recently used makes room (its idle connections then close).
 const MAX_TARGETS: usize = 4096;
 
 pub struct Targets<K> {
     map: Mutex<HashMap<K, Entry>>,
+    capacity: usize,
 }
 
 impl<K> Default for Targets<K> {
     fn default() -> Self {
-        Self { map: Mutex::default() }
+        Self::with_capacity(MAX_TARGETS)
+    }
+}
+
+impl<K> Targets<K> {
+    fn with_capacity(capacity: usize) -> Self {
+        Self { map: Mutex::default(), capacity }
     }
 }
 
@@ -80,8 +90,14 @@ impl<K: Hash + Eq + Clone> Targets<K> {
 
     pub fn insert(&self, key: K, target: Arc<Target>, profile: Option<watch::Receiver<Option<Profile>>>) {
         let mut map = self.map.lock();
-        if map.len() >= MAX_TARGETS && !map.contains_key(&key) {
-            map.clear();
+        if map.len() >= self.capacity && !map.contains_key(&key) {
+            // One scan of a full cache per new target: cheap beside the resolution that
+            // follows, and no second structure to keep in step with the map.
+            let coldest =
+                map.iter().min_by_key(|(_, e)| (Arc::strong_count(&e.target) > 1, e.used)).map(|(k, _)| k.clone());
+            if let Some(coldest) = coldest {
+                map.remove(&coldest);
+            }
         }
         map.insert(key, Entry { target, used: Instant::now(), profile });
     }
@@ -119,5 +135,28 @@ mod tests {
         tx.send(Some(Profile::default())).unwrap();
         assert!(targets.get(&1).is_none(), "a new profile resolves again");
         assert!(targets.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_full_cache_makes_room_one_entry_at_a_time_and_keeps_its_hot_targets() {
+        let targets = Targets::<u16>::with_capacity(3);
+        let route = || Route::fixed("127.0.0.1:1".parse().unwrap(), None, Duration::from_secs(1));
+        for key in 1..=3 {
+            targets.insert(key, Target::new(route()), None);
+        }
+        // 1 is asked for again (hot); 2 is held by a connection; 3 is the coldest.
+        assert!(targets.get(&1).is_some());
+        let held = targets.get(&2).unwrap();
+        targets.get(&1).unwrap();
+        targets.insert(4, Target::new(route()), None);
+        assert_eq!(targets.len(), 3, "one entry made room, not the whole cache");
+        assert!(targets.get(&3).is_none(), "the least recently used one went");
+        // 1 stays hot: the next to go is 4, not yet asked for again.
+        targets.get(&1).unwrap();
+        targets.insert(5, Target::new(route()), None);
+        assert!(targets.get(&4).is_none());
+        assert!(targets.get(&1).is_some(), "the hot target stays resolved");
+        assert!(targets.get(&2).is_some_and(|t| Arc::ptr_eq(&t, &held)), "a held target outlives idle ones");
+        assert_eq!(targets.len(), 3);
     }
 }
