@@ -948,4 +948,55 @@ mod tests {
         assert!(headers["cnimesh-proxy-error"].to_str().unwrap().contains("l5d-orig-proto"));
         assert_eq!(hits.load(Ordering::SeqCst), 0);
     }
+
+    /// How many of `requests` each of two endpoints of one service got, the requests sent one
+    /// after another with `pause` between them. The endpoints were last heard from a minute ago,
+    /// as on a node where the service has been known for a while.
+    async fn shares(
+        a: (SocketAddr, Arc<AtomicUsize>),
+        b: (SocketAddr, Arc<AtomicUsize>),
+        requests: usize,
+        pause: Duration,
+    ) -> [usize; 2] {
+        let endpoint = |addr| {
+            let stats = crate::discovery::Stats::last_observed(Duration::from_micros(300), Duration::from_secs(60));
+            Arc::new(Endpoint { addr, identity: None, stats: Arc::new(stats) })
+        };
+        let endpoints = Endpoints { list: vec![endpoint(a.0), endpoint(b.0)], known: true, exists: true };
+        let (_tx, rx) = tokio::sync::watch::channel(Arc::new(endpoints));
+        let route = Route::balanced("web.shop.svc.cluster.local:80".into(), rx, None, Duration::from_secs(1));
+        let target = Target::new(route);
+        let shared = shared();
+        let addr: SocketAddr = "10.96.0.10:80".parse().unwrap();
+        let mut ticks = tokio::time::interval(pause.max(Duration::from_micros(1)));
+        for _ in 0..requests {
+            if !pause.is_zero() {
+                ticks.tick().await;
+            }
+            let (status, _, body) = send(proxy(&shared, addr, target.clone()), get("/ok")).await;
+            assert_eq!((status, &body[..]), (StatusCode::OK, &b"app"[..]));
+        }
+        [a.1.load(Ordering::SeqCst), b.1.load(Ordering::SeqCst)]
+    }
+
+    #[tokio::test]
+    async fn equal_endpoints_share_back_to_back_requests() {
+        let got = shares(app().await, app().await, 200, Duration::ZERO).await;
+        println!("two equal endpoints, 200 requests back to back: {got:?}");
+        assert!(got.iter().all(|n| (60..=140).contains(n)), "each gets 30-70 %: {got:?}");
+    }
+
+    #[tokio::test]
+    async fn equal_endpoints_share_requests_at_a_low_rate() {
+        let got = shares(app().await, app().await, 32, Duration::from_millis(250)).await;
+        println!("two equal endpoints, 32 requests at 4 per second: {got:?}");
+        assert!(got.iter().all(|n| (10..=22).contains(n)), "each gets 30-70 %: {got:?}");
+    }
+
+    #[tokio::test]
+    async fn an_endpoint_50_ms_slower_gets_markedly_less() {
+        let got = shares(app().await, app_taking(Duration::from_millis(50)).await, 200, Duration::ZERO).await;
+        println!("an endpoint and one 50 ms slower, 200 requests back to back: {got:?}");
+        assert!(got[1] < 200 * 15 / 100, "the slow one gets under 15 %, an equal one 30-70 %: {got:?}");
+    }
 }

@@ -89,9 +89,12 @@ impl Route {
 impl Balanced {
     fn pick(&self) -> Result<Picked, RouteError> {
         let set = self.endpoints.borrow().clone();
-        let endpoint: &Arc<Endpoint> =
+        let (endpoint, other): (&Arc<Endpoint>, _) =
             balance::pick(&set.list, |e| &e.stats).ok_or_else(|| RouteError::NoEndpoints(self.service.clone()))?;
         let upstream = self.upstream(endpoint, &set)?;
+        if let Some(other) = other {
+            other.stats.passed_over();
+        }
         Ok(Picked { upstream, load: Some(Load::start(endpoint.stats.clone())) })
     }
 
