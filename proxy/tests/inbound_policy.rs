@@ -6,14 +6,13 @@
 use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::Arc;
-
-use parking_lot::Mutex;
 use std::time::Duration;
 
 use cnimesh_proxy::inbound::policy::discover::{MAX_UNDECLARED, Policies};
 use cnimesh_proxy::inbound::policy::model::DefaultPolicy;
 use linkerd2_proxy_api::inbound::inbound_server_policies_server::{InboundServerPolicies, InboundServerPoliciesServer};
 use linkerd2_proxy_api::inbound::{PortSpec, ProxyProtocol, Server, proxy_protocol};
+use parking_lot::Mutex;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 

@@ -1,9 +1,9 @@
 //! Process entry point: logging with a reloadable filter, configuration, signals, runtime. In the
 //! library so the end-to-end harness can build an identical binary of its own.
 
-use parking_lot::Mutex;
 use std::process::ExitCode;
 
+use parking_lot::Mutex;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Registry, reload};

@@ -4,7 +4,6 @@
 //! endpoint client, and the response classified when its body ends. Upgrades and CONNECT are
 //! spliced on a connection of their own.
 
-use parking_lot::Mutex;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -15,6 +14,8 @@ use http::{HeaderValue, Method, Request, Response, StatusCode, Uri, Version};
 use http_body_util::{BodyExt, Either};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
+use parking_lot::Mutex;
+use parking_lot::Mutex;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::histogram::Histogram;
 use tower::retry::budget::Budget as _;

@@ -5,10 +5,9 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
-
-use parking_lot::Mutex;
 use std::time::Duration;
 
+use parking_lot::Mutex;
 use tokio::sync::watch;
 
 use crate::client::discovery::balance::{self, Load};

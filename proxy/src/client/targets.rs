@@ -9,10 +9,9 @@
 use std::collections::HashMap;
 use std::hash::Hash;
 use std::sync::Arc;
-
-use parking_lot::Mutex;
 use std::time::{Duration, Instant};
 
+use parking_lot::Mutex;
 use tokio::sync::watch;
 use tower::retry::budget::TpsBudget;
 

@@ -6,14 +6,13 @@
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
-
-use parking_lot::Mutex;
 use std::time::{Duration, Instant};
 
 use http::{Request, Response, Version};
 use hyper::body::Incoming;
 use hyper::client::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use parking_lot::Mutex;
 
 use crate::http::serve_conn::{H1_MAX_BUF, H2_CONN_WINDOW, H2_MAX_SEND_BUF, H2_STREAM_WINDOW};
 use crate::transport::tls::{self, UpstreamIo, UpstreamTls};

@@ -3,10 +3,10 @@
 //! that use them are registered by the app ([`crate::app::metrics`]); the labels live here, with
 //! the connections they describe, so every layer above can label what it counts.
 
-use parking_lot::Mutex;
 use std::collections::HashSet;
 use std::sync::Arc;
 
+use parking_lot::Mutex;
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelSetEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;

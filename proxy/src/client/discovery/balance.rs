@@ -13,10 +13,11 @@
 //! latency again. A truly slower endpoint is still tried only rarely: one 100 times slower, once
 //! per ~20 requests.
 
-use parking_lot::Mutex;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
 
 /// How fast an observed peak is forgotten (Linkerd's default).
 const DECAY: Duration = Duration::from_secs(10);

@@ -12,12 +12,11 @@ pub(crate) mod follow;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
-
-use parking_lot::Mutex;
 use std::time::Duration;
 
 use cnimesh_identity::Name;
 use linkerd2_proxy_api::destination::{self as api, destination_client::DestinationClient};
+use parking_lot::Mutex;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::watch;

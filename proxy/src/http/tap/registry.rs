@@ -5,13 +5,12 @@
 
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
-
-use parking_lot::RwLock;
 use std::time::Instant;
 
 use linkerd2_proxy_api::http_types::HttpMethod;
 use linkerd2_proxy_api::tap::tap_event::http::{Event, RequestInit, ResponseEnd, ResponseInit, StreamId};
 use linkerd2_proxy_api::tap::{Eos, TapEvent, eos};
+use parking_lot::RwLock;
 use tokio::sync::mpsc;
 
 use super::events::{self, Meta};

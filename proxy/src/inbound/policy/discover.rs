@@ -16,12 +16,11 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-
-use parking_lot::Mutex;
 use std::time::Duration;
 
 use ipnet::IpNet;
 use linkerd2_proxy_api::inbound::{self as api, inbound_server_policies_client::InboundServerPoliciesClient};
+use parking_lot::Mutex;
 use tokio::sync::watch;
 use tokio::task::AbortHandle;
 use tonic::transport::Channel;

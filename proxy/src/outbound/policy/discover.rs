@@ -9,11 +9,10 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
-
-use parking_lot::Mutex;
 use std::time::Duration;
 
 use linkerd2_proxy_api::outbound::{self as api, outbound_policies_client::OutboundPoliciesClient};
+use parking_lot::Mutex;
 use tokio::sync::watch;
 use tonic::transport::Channel;
 

@@ -1,9 +1,9 @@
 //! The outbound route metrics, as linkerd2-proxy names them: parent, route and backend labels,
 //! the families (handles into the app's registry) and the bound on their series.
 
-use parking_lot::Mutex;
 use std::collections::HashSet;
 
+use parking_lot::Mutex;
 use prometheus_client::encoding::{EncodeLabelSet, LabelSetEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;

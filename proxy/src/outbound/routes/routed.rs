@@ -4,11 +4,10 @@
 //! the proxy's own answer (a redirect, an injected failure, 404 when no route matches).
 
 use std::sync::Arc;
-
-use parking_lot::Mutex;
 use std::time::Duration;
 
 use http::{Request, Response};
+use parking_lot::Mutex;
 
 use super::apply::{self, Answer};
 use super::metrics::RouteHandles;
