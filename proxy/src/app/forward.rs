@@ -15,7 +15,6 @@ use http_body_util::{BodyExt, Either};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use parking_lot::Mutex;
-use parking_lot::Mutex;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::histogram::Histogram;
 use tower::retry::budget::Budget as _;
@@ -557,13 +556,23 @@ mod tests {
     use tokio::net::TcpListener;
 
     use super::*;
-    use crate::config::{Config, IdentityConfig, TrustAnchors};
-    use crate::discovery::{Endpoint, Endpoints};
-    use crate::drain::Drain;
-    use crate::identity::Identity;
-    use crate::metrics::TcpLabels;
+    use crate::app::config::Config;
+    use crate::app::drain::Drain;
+    use crate::client::discovery::{Endpoint, Endpoints};
     use crate::outbound::policy::discover::PolicyWatch;
     use crate::outbound::policy::model::OutboundPolicy;
+    use crate::transport::identity::Identity;
+    use crate::transport::identity::config::{IdentityConfig, TrustAnchors};
+    use crate::transport::labels::TcpLabels;
+
+    /// A target carrying `policy`, as the outbound side attaches it.
+    fn with_policy(route: Route, policy: Option<PolicyWatch>) -> Arc<Target> {
+        let mut extensions = http::Extensions::new();
+        if let Some(policy) = policy {
+            extensions.insert(policy);
+        }
+        Target::with_extensions(route, extensions)
+    }
 
     #[test]
     fn http1_targets_go_in_origin_form_with_a_host() {
@@ -646,7 +655,7 @@ mod tests {
     /// A plaintext target straight to `addr`, optionally under `policy`.
     fn fixed(addr: SocketAddr, policy: Option<api::OutboundPolicy>) -> Arc<Target> {
         let policy = policy.map(|p| PolicyWatch::fixed(Arc::new(OutboundPolicy::from_api(p).unwrap())));
-        Target::with_policy(Route::fixed(addr, None, Duration::from_secs(1)), policy)
+        with_policy(Route::fixed(addr, None, Duration::from_secs(1)), policy)
     }
 
     /// `req` sent through `proxy` on a client connection of its own (HTTP/2 when the request
@@ -863,7 +872,7 @@ mod tests {
             trust_anchors: TrustAnchors::Pem(anchor.cert_pem),
             token_file: "/nonexistent".into(),
             control_addr: "control:4190".into(),
-            control_name: crate::config::DEFAULT_CONTROL_NAME.parse().unwrap(),
+            control_name: crate::app::config::DEFAULT_CONTROL_NAME.parse().unwrap(),
             max_backoff: Duration::from_secs(1),
         })
         .unwrap();
@@ -881,7 +890,7 @@ mod tests {
             Duration::from_secs(1),
         );
         let policy = PolicyWatch::fixed(Arc::new(OutboundPolicy::from_api(policy).unwrap()));
-        Target::with_policy(route, Some(policy))
+        with_policy(route, Some(policy))
     }
 
     #[tokio::test]
@@ -960,7 +969,8 @@ mod tests {
         pause: Duration,
     ) -> [usize; 2] {
         let endpoint = |addr| {
-            let stats = crate::discovery::Stats::last_observed(Duration::from_micros(300), Duration::from_secs(60));
+            let stats =
+                crate::client::discovery::Stats::last_observed(Duration::from_micros(300), Duration::from_secs(60));
             Arc::new(Endpoint { addr, identity: None, stats: Arc::new(stats) })
         };
         let endpoints = Endpoints { list: vec![endpoint(a.0), endpoint(b.0)], known: true, exists: true };
