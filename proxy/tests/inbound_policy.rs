@@ -5,13 +5,14 @@
 
 use std::collections::HashMap;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use cnimesh_proxy::inbound::policy::discover::{MAX_UNDECLARED, Policies};
 use cnimesh_proxy::inbound::policy::model::DefaultPolicy;
 use linkerd2_proxy_api::inbound::inbound_server_policies_server::{InboundServerPolicies, InboundServerPoliciesServer};
 use linkerd2_proxy_api::inbound::{PortSpec, ProxyProtocol, Server, proxy_protocol};
+use parking_lot::Mutex;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
@@ -33,7 +34,7 @@ impl InboundServerPolicies for Mock {
 
     async fn watch_port(&self, req: Request<PortSpec>) -> Result<Response<Self::WatchPortStream>, Status> {
         let port = req.into_inner().port;
-        self.watched.lock().unwrap().push(port);
+        self.watched.lock().push(port);
         let first = self.answers.get(&port).cloned().map(Ok);
         let stream = tokio_stream::StreamExt::chain(tokio_stream::iter(first), tokio_stream::pending());
         Ok(Response::new(Box::pin(stream)))
@@ -79,7 +80,7 @@ async fn declared_ports_are_watched_from_start_up_and_ready_waits_for_their_answ
     let watched = mock.watched.clone();
     let p = policies(mock, DefaultPolicy::AllUnauthenticated, &[80, 81], Duration::from_millis(50)).await;
     eventually("both declared ports watched without a connection", || {
-        let mut w = watched.lock().unwrap().clone();
+        let mut w = watched.lock().clone();
         w.sort_unstable();
         w == [80, 81]
     })

@@ -2,8 +2,8 @@
 //! library so the end-to-end harness can build an identical binary of its own.
 
 use std::process::ExitCode;
-use std::sync::Mutex;
 
+use parking_lot::Mutex;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Registry, reload};
@@ -20,13 +20,13 @@ struct ReloadableLevel {
 
 impl LogLevel for ReloadableLevel {
     fn get(&self) -> String {
-        self.current.lock().expect("not poisoned").clone()
+        self.current.lock().clone()
     }
 
     fn set(&self, directive: &str) -> Result<(), String> {
         let filter = EnvFilter::try_new(directive).map_err(|e| e.to_string())?;
         self.handle.reload(filter).map_err(|e| e.to_string())?;
-        *self.current.lock().expect("not poisoned") = directive.to_string();
+        *self.current.lock() = directive.to_string();
         Ok(())
     }
 }

@@ -4,9 +4,10 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
+use parking_lot::Mutex;
 use tokio::sync::watch;
 
 use crate::client::discovery::balance::{self, Load};
@@ -87,15 +88,18 @@ impl Route {
 impl Balanced {
     fn pick(&self) -> Result<Picked, RouteError> {
         let set = self.endpoints.borrow().clone();
-        let endpoint: &Arc<Endpoint> =
+        let (endpoint, other): (&Arc<Endpoint>, _) =
             balance::pick(&set.list, |e| &e.stats).ok_or_else(|| RouteError::NoEndpoints(self.service.clone()))?;
         let upstream = self.upstream(endpoint, &set)?;
+        if let Some(other) = other {
+            other.stats.passed_over();
+        }
         Ok(Picked { upstream, load: Some(Load::start(endpoint.stats.clone())) })
     }
 
     /// The endpoint's client, built on first use (again if its identity changed).
     fn upstream(&self, endpoint: &Endpoint, set: &Endpoints) -> Result<Arc<Upstream>, RouteError> {
-        let mut upstreams = self.upstreams.lock().expect("not poisoned");
+        let mut upstreams = self.upstreams.lock();
         if let Some(u) = upstreams.get(&endpoint.addr)
             && u.tls.as_ref().map(|t| &t.server_id) == endpoint.identity.as_ref()
         {

@@ -5,13 +5,14 @@
 
 use std::io;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use http::{Request, Response, Version};
 use hyper::body::Incoming;
 use hyper::client::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use parking_lot::Mutex;
 
 use crate::http::serve_conn::{H1_MAX_BUF, H2_CONN_WINDOW, H2_MAX_SEND_BUF, H2_STREAM_WINDOW};
 use crate::transport::tls::{self, UpstreamIo, UpstreamTls};
@@ -92,7 +93,7 @@ impl Upstream {
     }
 
     fn take_h1(&self) -> Option<http1::SendRequest<RequestBody>> {
-        let mut idle = self.h1.lock().expect("not poisoned");
+        let mut idle = self.h1.lock();
         while let Some(i) = idle.pop() {
             // The most recent first (warm); a closed or stale one is dropped.
             if i.sender.is_ready() && i.since.elapsed() < IDLE_TIMEOUT {
@@ -107,7 +108,7 @@ impl Upstream {
     fn reuse_when_ready(self: Arc<Self>, mut sender: http1::SendRequest<RequestBody>) {
         tokio::spawn(async move {
             if sender.ready().await.is_ok() {
-                let mut idle = self.h1.lock().expect("not poisoned");
+                let mut idle = self.h1.lock();
                 if idle.len() < MAX_IDLE_H1 {
                     idle.push(Idle { sender, since: Instant::now() });
                 }
@@ -135,7 +136,7 @@ impl Upstream {
                     Some(sender) => sender,
                     None => {
                         let sender = self.handshake_h2().await?;
-                        *self.h2.lock().expect("not poisoned") = Some(sender.clone());
+                        *self.h2.lock() = Some(sender.clone());
                         sender
                     }
                 }
@@ -145,7 +146,7 @@ impl Upstream {
     }
 
     fn shared_h2(&self) -> Option<http2::SendRequest<RequestBody>> {
-        self.h2.lock().expect("not poisoned").as_ref().filter(|s| !s.is_closed()).cloned()
+        self.h2.lock().as_ref().filter(|s| !s.is_closed()).cloned()
     }
 
     async fn handshake_h2(&self) -> Result<http2::SendRequest<RequestBody>, SendError> {

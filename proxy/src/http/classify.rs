@@ -1,37 +1,69 @@
-//! Classifying a response once its body is over: gRPC puts its status in the trailers.
+//! Whether a response succeeded, decided by one rule for every site that asks (the `classification`
+//! metric label, the proxy's own answers, the end of a body): a 5xx, or a gRPC status other
+//! than OK wherever gRPC puts it (the trailers, or the headers of a trailers-only response,
+//! which is how an error without a body, such as a route's injected fault, arrives in an HTTP 200),
+//! is a failure. Classified once the body is over, since the trailers come last.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
+use http::{HeaderMap, StatusCode};
 
 use super::BoxError;
 
-/// What is told when a response ends: `"success"` or `"failure"`.
+/// How a response ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Classification {
+    Success,
+    Failure,
+}
+
+impl Classification {
+    /// The `classification` label value (Linkerd's).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Classification::Success => "success",
+            Classification::Failure => "failure",
+        }
+    }
+}
+
+/// The one rule: `status` is the response's, `headers` its headers or, at its end, its
+/// trailers (pass the status again then; a head already classified a failure stays one, see
+/// [`Classified`]).
+pub fn classify(status: StatusCode, headers: &HeaderMap) -> Classification {
+    let grpc_failed = headers.get("grpc-status").is_some_and(|v| v != "0");
+    if status.is_server_error() || grpc_failed { Classification::Failure } else { Classification::Success }
+}
+
+/// What is told when a response ends.
 pub trait OnEnd: Send + 'static {
-    fn end(self: Box<Self>, classification: &'static str);
+    fn end(self: Box<Self>, classification: Classification);
 }
 
 /// A response body that reports how the response ended.
 pub struct Classified<B> {
     inner: B,
+    /// The response's status: its trailers are classified with it.
+    status: StatusCode,
     on_end: Option<Box<dyn OnEnd>>,
 }
 
 impl<B: hyper::body::Body> Classified<B> {
     /// Wraps `inner`; a body that is already over (e.g. empty) is classified at once, because
     /// the server may never poll it.
-    pub fn new(inner: B, on_end: Box<dyn OnEnd>) -> Self {
-        let mut body = Self { inner, on_end: Some(on_end) };
+    pub fn new(inner: B, status: StatusCode, on_end: Box<dyn OnEnd>) -> Self {
+        let mut body = Self { inner, status, on_end: Some(on_end) };
         if body.inner.is_end_stream() {
-            body.finish("success");
+            body.finish(classify(status, &HeaderMap::new()));
         }
         body
     }
 }
 
 impl<B> Classified<B> {
-    fn finish(&mut self, classification: &'static str) {
+    fn finish(&mut self, classification: Classification) {
         if let Some(f) = self.on_end.take() {
             f.end(classification);
         }
@@ -41,7 +73,7 @@ impl<B> Classified<B> {
 impl<B> Drop for Classified<B> {
     /// A body dropped before its end (client went away, upstream reset) is a failure.
     fn drop(&mut self) {
-        self.finish("failure");
+        self.finish(Classification::Failure);
     }
 }
 
@@ -61,15 +93,19 @@ where
         match &polled {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(trailers) = frame.trailers_ref() {
-                    let failed = trailers.get("grpc-status").is_some_and(|v| v != "0");
-                    self.finish(if failed { "failure" } else { "success" });
+                    let classification = classify(self.status, trailers);
+                    self.finish(classification);
                 } else if self.inner.is_end_stream() {
                     // The last data frame of a sized body: servers stop polling here.
-                    self.finish("success");
+                    let classification = classify(self.status, &HeaderMap::new());
+                    self.finish(classification);
                 }
             }
-            Poll::Ready(Some(Err(_))) => self.finish("failure"),
-            Poll::Ready(None) => self.finish("success"),
+            Poll::Ready(Some(Err(_))) => self.finish(Classification::Failure),
+            Poll::Ready(None) => {
+                let classification = classify(self.status, &HeaderMap::new());
+                self.finish(classification);
+            }
             Poll::Pending => {}
         }
         polled.map(|o| o.map(|r| r.map_err(Into::into)))
@@ -90,12 +126,14 @@ mod tests {
     use http_body_util::BodyExt;
     use hyper::body::Frame;
     use std::collections::VecDeque;
-    use std::sync::{Arc, Mutex};
+    use std::sync::Arc;
+
+    use parking_lot::Mutex;
 
     struct Record(Arc<Mutex<Vec<&'static str>>>);
     impl OnEnd for Record {
-        fn end(self: Box<Self>, c: &'static str) {
-            self.0.lock().unwrap().push(c);
+        fn end(self: Box<Self>, c: Classification) {
+            self.0.lock().push(c.as_str());
         }
     }
 
@@ -118,10 +156,26 @@ mod tests {
         let mut trailers = http::HeaderMap::new();
         trailers.insert("grpc-status", "14".parse().unwrap());
         let frames = Frames(VecDeque::from([Frame::data(Bytes::from_static(b"x")), Frame::trailers(trailers)]));
-        Classified::new(frames, Box::new(Record(seen.clone()))).collect().await.unwrap();
-        drop(Classified::new(http_body_util::Empty::<Bytes>::new(), Box::new(Record(seen.clone()))));
+        let ok = StatusCode::OK;
+        Classified::new(frames, ok, Box::new(Record(seen.clone()))).collect().await.unwrap();
+        drop(Classified::new(http_body_util::Empty::<Bytes>::new(), ok, Box::new(Record(seen.clone()))));
         let unfinished = Frames(VecDeque::from([Frame::data(Bytes::from_static(b"x"))]));
-        drop(Classified::new(unfinished, Box::new(Record(seen.clone()))));
-        assert_eq!(*seen.lock().unwrap(), ["failure", "success", "failure"]);
+        drop(Classified::new(unfinished, ok, Box::new(Record(seen.clone()))));
+        assert_eq!(*seen.lock(), ["failure", "success", "failure"]);
+    }
+
+    #[test]
+    fn a_5xx_or_a_grpc_error_in_headers_or_trailers_is_a_failure() {
+        let grpc = |code: &'static str| {
+            let mut h = HeaderMap::new();
+            h.insert("grpc-status", code.parse().unwrap());
+            h
+        };
+        let none = HeaderMap::new();
+        assert_eq!(classify(StatusCode::OK, &none), Classification::Success);
+        assert_eq!(classify(StatusCode::NOT_FOUND, &none), Classification::Success, "the client's error");
+        assert_eq!(classify(StatusCode::BAD_GATEWAY, &none), Classification::Failure);
+        assert_eq!(classify(StatusCode::OK, &grpc("0")), Classification::Success);
+        assert_eq!(classify(StatusCode::OK, &grpc("14")), Classification::Failure, "trailers-only gRPC error");
     }
 }

@@ -5,7 +5,7 @@
 
 use http::header::{HOST, HeaderName, TRANSFER_ENCODING};
 use http::uri::{Authority, Scheme};
-use http::{HeaderValue, Request, Response, StatusCode, Uri, Version};
+use http::{HeaderValue, Request, Response, Uri, Version};
 
 use super::error::ProxyError;
 
@@ -42,15 +42,14 @@ pub fn downgrade_request<B>(req: &mut Request<B>) -> Result<bool, ProxyError> {
         _ => None,
     };
     let Some(version) = version else {
-        return Err(ProxyError::new(
-            StatusCode::BAD_REQUEST,
-            format!("unsupported {L5D_ORIG_PROTO} {values:?}: expected HTTP/1.1 or HTTP/1.0"),
-        ));
+        return Err(ProxyError::BadRequest(format!(
+            "unsupported {L5D_ORIG_PROTO} {values:?}: expected HTTP/1.1 or HTTP/1.0"
+        )));
     };
     *req.version_mut() = version;
     if let Some(authority) = req.uri().authority() {
         let host = HeaderValue::from_str(authority.as_str())
-            .map_err(|e| ProxyError::new(StatusCode::BAD_REQUEST, format!("invalid authority for Host: {e}")))?;
+            .map_err(|e| ProxyError::BadRequest(format!("invalid authority for Host: {e}")))?;
         req.headers_mut().insert(HOST, host);
     }
     Ok(true)
@@ -80,15 +79,15 @@ pub fn upgrade_request<B>(req: &mut Request<B>, fallback_authority: &str) -> Res
             Some(host) => Authority::try_from(host.as_bytes()),
             None => Authority::try_from(fallback_authority),
         }
-        .map_err(|e| ProxyError::new(StatusCode::BAD_REQUEST, format!("invalid Host: {e}")))?;
+        .map_err(|e| ProxyError::BadRequest(format!("invalid Host: {e}")))?;
         let mut parts = std::mem::take(req.uri_mut()).into_parts();
         parts.scheme = Some(Scheme::HTTP);
         parts.authority = Some(authority);
         if parts.path_and_query.is_none() {
             parts.path_and_query = Some(http::uri::PathAndQuery::from_static("/"));
         }
-        *req.uri_mut() = Uri::from_parts(parts)
-            .map_err(|e| ProxyError::new(StatusCode::BAD_REQUEST, format!("invalid request target: {e}")))?;
+        *req.uri_mut() =
+            Uri::from_parts(parts).map_err(|e| ProxyError::BadRequest(format!("invalid request target: {e}")))?;
     }
     req.headers_mut().remove(HOST);
     req.headers_mut().insert(L5D_ORIG_PROTO, HeaderValue::from_static(marker));
@@ -105,6 +104,7 @@ pub fn downgrade_response<B>(res: &mut Response<B>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::StatusCode;
 
     #[test]
     fn orig_proto_requests_become_http1_and_their_responses_are_marked() {
@@ -131,8 +131,8 @@ mod tests {
 
         for bad in ["HTTP/2", "HTTP/1.1x", "h2c", ""] {
             let e = downgrade_request(&mut upgraded(bad)).unwrap_err();
-            assert_eq!(e.status, StatusCode::BAD_REQUEST, "{bad:?}");
-            assert!(e.message.contains("l5d-orig-proto"), "{}", e.message);
+            assert_eq!(e.status(), StatusCode::BAD_REQUEST, "{bad:?}");
+            assert!(e.to_string().contains("l5d-orig-proto"), "{e}");
         }
 
         // Unmarked HTTP/2, and HTTP/1 (nothing to undo), stay as they are.

@@ -44,21 +44,21 @@ pub struct InboundConfig {
 /// This pod's own addresses, learnt on first use: an address is local when a socket can bind to
 /// it (the kernel's own answer, covering every interface and family).
 #[derive(Debug, Default)]
-pub struct LocalIps(std::sync::Mutex<std::collections::HashSet<std::net::IpAddr>>);
+pub struct LocalIps(parking_lot::Mutex<std::collections::HashSet<std::net::IpAddr>>);
 
 impl LocalIps {
     /// Records `ip` as this pod's without asking the kernel: for in-process tests, whose "pod"
     /// address routes to an app on loopback (loopback itself is never an inbound destination).
     pub fn declare(&self, ip: std::net::IpAddr) {
-        self.0.lock().expect("not poisoned").insert(ip);
+        self.0.lock().insert(ip);
     }
 
     pub fn contains(&self, ip: std::net::IpAddr) -> bool {
-        if self.0.lock().expect("not poisoned").contains(&ip) {
+        if self.0.lock().contains(&ip) {
             return true;
         }
         let local = std::net::UdpSocket::bind((ip, 0)).is_ok();
-        let mut known = self.0.lock().expect("not poisoned");
+        let mut known = self.0.lock();
         // A pod has a handful of addresses; the bound keeps a confused caller from growing it.
         if local && known.len() < 64 {
             known.insert(ip);

@@ -4,8 +4,9 @@
 //! the connections they describe, so every layer above can label what it counts.
 
 use std::collections::HashSet;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
+use parking_lot::Mutex;
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelSetEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -116,7 +117,7 @@ pub struct Bounded {
 
 impl Bounded {
     pub fn label(&self, value: &str, cap: usize) -> String {
-        let mut seen = self.seen.lock().expect("not poisoned");
+        let mut seen = self.seen.lock();
         if seen.contains(value) {
             return value.to_string();
         }

@@ -2,11 +2,22 @@
 //! whose expected cost (latency estimate × outstanding requests) is lower. Peak EWMA reacts at
 //! once to a slow response and forgets it over `DECAY`, so a slow endpoint sheds load quickly
 //! and gets it back when it recovers.
+//!
+//! Forgetting over time alone starves an equal replica: the estimate of the endpoint not picked
+//! only decays with time (e^-t/10 s), while the one picked stays at its latency, so whichever
+//! answered its first request a little slower (a new connection, a scheduling hiccup) waits
+//! seconds for its estimate to fall below the other's (a node saw 198 of 200 back-to-back
+//! requests, and 54 of 60 at 4/s, go to one of two identical replicas). So an endpoint passed
+//! over for a request that went elsewhere also forgets a share of its estimate
+//! ([`PASSED_OVER`]): after a few lost comparisons it is tried again and its estimate is its
+//! latency again. A truly slower endpoint is still tried only rarely: one 100 times slower, once
+//! per ~20 requests.
 
 use std::sync::Arc;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
 
 /// How fast an observed peak is forgotten (Linkerd's default).
 const DECAY: Duration = Duration::from_secs(10);
@@ -14,6 +25,10 @@ const DECAY: Duration = Duration::from_secs(10);
 const FAILURE_PENALTY: Duration = Duration::from_secs(1);
 /// The estimate of an endpoint with no observations yet.
 const DEFAULT_RTT: Duration = Duration::from_millis(30);
+/// What is kept of an endpoint's estimate each time a request goes to the other endpoint it was
+/// compared with: an estimate R times the other's is tried again after ln R / ln 1.25 requests
+/// (a 3x hiccup after 5, a 100x slower endpoint after ~20: it gets ~5 % of the requests).
+const PASSED_OVER: f64 = 0.8;
 
 #[derive(Debug)]
 pub struct Stats {
@@ -29,6 +44,13 @@ impl Default for Stats {
 }
 
 impl Stats {
+    /// An endpoint whose estimate was `estimate` when last updated, `ago`.
+    #[cfg(test)]
+    pub(crate) fn last_observed(estimate: Duration, ago: Duration) -> Self {
+        let since = Instant::now().checked_sub(ago).unwrap_or_else(Instant::now);
+        Self { pending: AtomicUsize::new(0), ewma: Mutex::new((estimate.as_secs_f64(), since)) }
+    }
+
     fn decayed(estimate: f64, since: Instant, now: Instant) -> f64 {
         let elapsed = now.saturating_duration_since(since).as_secs_f64();
         estimate * (-elapsed / DECAY.as_secs_f64()).exp()
@@ -36,7 +58,7 @@ impl Stats {
 
     /// Expected cost of one more request here.
     pub fn cost(&self) -> f64 {
-        let (estimate, since) = *self.ewma.lock().expect("not poisoned");
+        let (estimate, since) = *self.ewma.lock();
         let pending = self.pending.load(Ordering::Relaxed) as f64;
         // The estimate decays toward zero between observations; a floor keeps pending counts
         // meaningful for an endpoint that has been idle a long time.
@@ -46,7 +68,7 @@ impl Stats {
     pub fn observe(&self, rtt: Duration) {
         let rtt = rtt.as_secs_f64();
         let now = Instant::now();
-        let mut ewma = self.ewma.lock().expect("not poisoned");
+        let mut ewma = self.ewma.lock();
         let (estimate, since) = *ewma;
         let next = if rtt > estimate {
             rtt
@@ -55,6 +77,12 @@ impl Stats {
             estimate * w + rtt * (1.0 - w)
         };
         *ewma = (next, now);
+    }
+
+    /// A request went to the endpoint this one was compared with: its estimate, not refreshed
+    /// meanwhile, counts for a little less.
+    pub fn passed_over(&self) {
+        self.ewma.lock().0 *= PASSED_OVER;
     }
 
     pub fn pending(&self) -> usize {
@@ -97,16 +125,17 @@ fn below(n: usize) -> usize {
     crate::transport::rng::with(|r| rand::Rng::random_range(r, 0..n))
 }
 
-/// Picks among `items` by power of two choices on `stats(item).cost()`.
-pub fn pick<T>(items: &[T], stats: impl Fn(&T) -> &Stats) -> Option<&T> {
+/// Picks among `items` by power of two choices on `stats(item).cost()`; the other candidate,
+/// if any, comes with it: the request sent to the pick passes it over ([`Stats::passed_over`]).
+pub fn pick<T>(items: &[T], stats: impl Fn(&T) -> &Stats) -> Option<(&T, Option<&T>)> {
     match items.len() {
         0 => None,
-        1 => items.first(),
+        1 => items.first().map(|only| (only, None)),
         n => {
             let a = below(n);
             let b = (a + 1 + below(n - 1)) % n;
             let (x, y) = (&items[a], &items[b]);
-            Some(if stats(y).cost() < stats(x).cost() { y } else { x })
+            Some(if stats(y).cost() < stats(x).cost() { (y, Some(x)) } else { (x, Some(y)) })
         }
     }
 }
@@ -123,7 +152,7 @@ mod tests {
         endpoints[2].observe(Duration::from_millis(2));
         let mut counts = [0usize; 3];
         for _ in 0..3000 {
-            let picked = pick(&endpoints, |s| s).unwrap();
+            let picked = pick(&endpoints, |s| s).unwrap().0;
             let i = endpoints.iter().position(|s| Arc::ptr_eq(s, picked)).unwrap();
             counts[i] += 1;
         }
@@ -137,7 +166,7 @@ mod tests {
         let _busy: Vec<Load> = (0..10).map(|_| Load::start(endpoints[0].clone())).collect();
         assert_eq!(endpoints[0].pending(), 10);
         for _ in 0..100 {
-            assert!(Arc::ptr_eq(pick(&endpoints, |s| s).unwrap(), &endpoints[1]));
+            assert!(Arc::ptr_eq(pick(&endpoints, |s| s).unwrap().0, &endpoints[1]));
         }
         drop(_busy);
         assert_eq!(endpoints[0].pending(), 0);
@@ -149,8 +178,25 @@ mod tests {
         endpoints[1].observe(Duration::from_millis(5));
         Load::start(endpoints[0].clone()).fail();
         for _ in 0..100 {
-            assert!(Arc::ptr_eq(pick(&endpoints, |s| s).unwrap(), &endpoints[1]));
+            assert!(Arc::ptr_eq(pick(&endpoints, |s| s).unwrap().0, &endpoints[1]));
         }
+    }
+
+    #[test]
+    fn an_endpoint_passed_over_is_tried_again_after_a_few_requests() {
+        let estimate = |ms| Arc::new(Stats::last_observed(Duration::from_millis(ms), Duration::ZERO));
+        let endpoints = [estimate(3), estimate(1)];
+        let mut passed_over = 0;
+        // Requests to endpoint 1 that keep its estimate where it is, as back-to-back answers do.
+        while let Some((picked, Some(other))) = pick(&endpoints, |s| s) {
+            if Arc::ptr_eq(picked, &endpoints[0]) {
+                break;
+            }
+            other.passed_over();
+            passed_over += 1;
+            assert!(passed_over < 10, "a 3 times higher estimate is forgotten within ~5 requests");
+        }
+        assert!(passed_over >= 3, "but not at once: {passed_over}");
     }
 
     #[test]

@@ -11,11 +11,12 @@ pub(crate) mod follow;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use cnimesh_identity::Name;
 use linkerd2_proxy_api::destination::{self as api, destination_client::DestinationClient};
+use parking_lot::Mutex;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::watch;
@@ -86,7 +87,7 @@ pub(crate) fn shared<K: std::hash::Hash + Eq + Clone, V>(
     key: &K,
     start: impl FnOnce() -> watch::Receiver<V>,
 ) -> watch::Receiver<V> {
-    let mut map = map.lock().expect("not poisoned");
+    let mut map = map.lock();
     if let Some(rx) = map.get(key) {
         return rx.clone();
     }
@@ -160,10 +161,10 @@ pub struct Snapshot {
 impl Discovery {
     /// What the admin server's `/endpoints.json` shows.
     pub fn snapshot(&self) -> Snapshot {
-        let profiles = self.profiles.lock().expect("not poisoned");
+        let profiles = self.profiles.lock();
         let mut profiles: Vec<_> = profiles.iter().map(|(addr, rx)| (*addr, rx.borrow().clone())).collect();
         profiles.sort_by_key(|(addr, _)| *addr);
-        let services = self.services.lock().expect("not poisoned");
+        let services = self.services.lock();
         let mut services: Vec<_> = services.iter().map(|(name, rx)| (name.clone(), rx.borrow().clone())).collect();
         services.sort_by(|a, b| a.0.cmp(&b.0));
         Snapshot { profiles, services }

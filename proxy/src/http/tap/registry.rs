@@ -4,12 +4,13 @@
 //! tap client loses events (counted), never slows a request.
 
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
-use std::sync::{Arc, RwLock, Weak};
+use std::sync::{Arc, Weak};
 use std::time::Instant;
 
 use linkerd2_proxy_api::http_types::HttpMethod;
 use linkerd2_proxy_api::tap::tap_event::http::{Event, RequestInit, ResponseEnd, ResponseInit, StreamId};
 use linkerd2_proxy_api::tap::{Eos, TapEvent, eos};
+use parking_lot::RwLock;
 use tokio::sync::mpsc;
 
 use super::events::{self, Meta};
@@ -86,7 +87,7 @@ impl Taps {
         let base = self.next_base.fetch_add(1, Ordering::Relaxed);
         let session =
             Arc::new(Session { base, limit, tapped: AtomicUsize::new(0), matcher, headers, tx, taps: self.clone() });
-        let mut sessions = self.sessions.write().expect("not poisoned");
+        let mut sessions = self.sessions.write();
         sessions.retain(|s| s.strong_count() > 0);
         sessions.push(Arc::downgrade(&session));
         self.open.fetch_add(1, Ordering::Relaxed);
@@ -109,7 +110,7 @@ impl Taps {
             route_labels: meta.route_labels.as_ref(),
         };
         let mut sinks = Vec::new();
-        for session in self.sessions.read().expect("not poisoned").iter().filter_map(Weak::upgrade) {
+        for session in self.sessions.read().iter().filter_map(Weak::upgrade) {
             if !session.under_limit() || !session.matcher.matches(&subject) {
                 continue;
             }

@@ -15,11 +15,12 @@
 //!   without a Server (so a namespace annotation changed after injection is honoured).
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use ipnet::IpNet;
 use linkerd2_proxy_api::inbound::{self as api, inbound_server_policies_client::InboundServerPoliciesClient};
+use parking_lot::Mutex;
 use tokio::sync::watch;
 use tokio::task::AbortHandle;
 use tonic::transport::Channel;
@@ -186,7 +187,7 @@ impl Policies {
     }
 
     fn undeclared(&self, port: u16) -> Result<(Answer, Arc<()>), WatchLimit> {
-        let mut table = self.undeclared.lock().expect("not poisoned");
+        let mut table = self.undeclared.lock();
         table.clock += 1;
         let now = table.clock;
         if let Some(w) = table.ports.get_mut(&port) {
@@ -229,7 +230,7 @@ impl Policies {
 
     /// Undeclared ports watched now (tests, status).
     pub fn undeclared_watched(&self) -> usize {
-        self.undeclared.lock().expect("not poisoned").ports.len()
+        self.undeclared.lock().ports.len()
     }
 
     /// The policy unanswered ports get now.
@@ -240,7 +241,7 @@ impl Policies {
 
 impl Drop for Policies {
     fn drop(&mut self) {
-        for w in self.undeclared.get_mut().expect("not poisoned").ports.values() {
+        for w in self.undeclared.get_mut().ports.values() {
             w.task.abort();
         }
     }

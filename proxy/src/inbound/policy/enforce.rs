@@ -4,7 +4,9 @@
 //! A policy update reaches open connections at their next request.
 
 use std::net::IpAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use http::{HeaderValue, Request, Response, StatusCode};
 use prometheus_client::metrics::counter::Counter;
@@ -123,7 +125,7 @@ impl ConnPolicy {
 
     fn verdicts(&self) -> Arc<Verdicts> {
         let policy = self.port.current();
-        let mut cached = self.verdicts.lock().expect("not poisoned");
+        let mut cached = self.verdicts.lock();
         if let Some(v) = cached.as_ref()
             && Arc::ptr_eq(&v.policy, &policy)
         {
@@ -212,7 +214,7 @@ fn refused<B>(req: &Request<B>, refusal: Refusal, why: &str) -> Response<Body> {
         Refusal::NoRoute => (StatusCode::NOT_FOUND, "5"),
     };
     if !is_grpc(req) {
-        return error_response(&ProxyError::new(status, why));
+        return error_response(&ProxyError::Refused { status, why: why.to_string() });
     }
     let mut r = Response::new(full(bytes::Bytes::new()));
     let h = r.headers_mut();

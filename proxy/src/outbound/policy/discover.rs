@@ -8,10 +8,11 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use linkerd2_proxy_api::outbound::{self as api, outbound_policies_client::OutboundPoliciesClient};
+use parking_lot::Mutex;
 use tokio::sync::watch;
 use tonic::transport::Channel;
 
@@ -39,6 +40,16 @@ impl PolicyWatch {
             Some(Answer::Policy(p)) => Some(p.clone()),
             Some(Answer::NoPolicy) | None => None,
         }
+    }
+}
+
+#[cfg(test)]
+impl PolicyWatch {
+    /// A policy that never changes: what the request path does under a given policy, tested
+    /// without a control plane.
+    pub(crate) fn fixed(policy: Arc<OutboundPolicy>) -> Self {
+        let (_tx, rx) = watch::channel(Some(Answer::Policy(policy)));
+        PolicyWatch(rx)
     }
 }
 

@@ -2,8 +2,8 @@
 //! the families (handles into the app's registry) and the bound on their series.
 
 use std::collections::HashSet;
-use std::sync::Mutex;
 
+use parking_lot::Mutex;
 use prometheus_client::encoding::{EncodeLabelSet, LabelSetEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -104,7 +104,7 @@ impl RouteMetrics {
     /// the route and backend read `other`.
     pub fn route_handles(&self, mut labels: RouteBackendLabels) -> RouteHandles {
         {
-            let mut seen = self.route_series.lock().expect("not poisoned");
+            let mut seen = self.route_series.lock();
             if !seen.contains(&labels) {
                 if seen.len() >= MAX_ROUTE_SERIES {
                     let other = ResourceRef::default_named("other");

@@ -7,8 +7,8 @@
 use std::time::Duration;
 
 use bytes::Bytes;
+use http::Request;
 use http::request::Parts;
-use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Either, Full, Limited};
 use hyper::body::Incoming;
 
@@ -38,7 +38,7 @@ pub async fn buffer(body: Incoming, retry: &Retry) -> Result<Bytes, ProxyError> 
         .collect()
         .await
         .map(|collected| collected.to_bytes())
-        .map_err(|e| ProxyError::new(StatusCode::BAD_REQUEST, format!("request body: {e}")))
+        .map_err(|e| ProxyError::BadRequest(format!("request body: {e}")))
 }
 
 /// One attempt's request: the client's head and the buffered body.
@@ -62,6 +62,7 @@ pub fn backoff(retry: &Retry, attempt: u32) -> Option<Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::StatusCode;
 
     fn retry(max_request_bytes: usize) -> Retry {
         Retry {

@@ -3,10 +3,11 @@
 //! cached per service and address, and each connection keeps the few its requests used), or
 //! the proxy's own answer (a redirect, an injected failure, 404 when no route matches).
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use http::{Request, Response, StatusCode};
+use http::{Request, Response};
+use parking_lot::Mutex;
 
 use super::apply::{self, Answer};
 use super::metrics::RouteHandles;
@@ -72,23 +73,23 @@ impl ConnRoutes {
         parent: (&ResourceRef, &Arc<Target>),
         outbound: &Outbound,
     ) -> Result<Arc<Target>, ProxyError> {
-        if let Some((_, t)) = self.targets.lock().expect("not poisoned").iter().find(|(b, _)| b == backend) {
+        if let Some((_, t)) = self.targets.lock().iter().find(|(b, _)| b == backend) {
             return Ok(t.clone());
         }
         let target = match backend {
-            Backend::Forward { addr, .. } => crate::outbound::resolve(*addr, outbound).await.map_err(|e| {
-                ProxyError::new(StatusCode::BAD_GATEWAY, format!("backend {}: {e}", backend.meta().name))
-            })?,
+            Backend::Forward { addr, .. } => crate::outbound::resolve(*addr, outbound)
+                .await
+                .map_err(|e| ProxyError::Backend { backend: backend.meta().name.to_string(), why: e.to_string() })?,
             Backend::Service { path, meta } => match crate::outbound::service(path, outbound).await {
                 Some(target) => target,
                 None if meta == parent.0 => return Ok(parent.1.clone()),
                 None => {
                     let why = format!("backend {} unknown", backend.meta().name);
-                    return Err(ProxyError::new(StatusCode::SERVICE_UNAVAILABLE, why));
+                    return Err(ProxyError::Unavailable(why));
                 }
             },
         };
-        let mut memo = self.targets.lock().expect("not poisoned");
+        let mut memo = self.targets.lock();
         if memo.len() < MAX_MEMO {
             memo.push((backend.clone(), target.clone()));
         }
@@ -112,7 +113,7 @@ pub async fn route<B>(
         return Ok(None);
     }
     let Some(selected) = table.select(req) else {
-        return Err(error_response(&ProxyError::new(StatusCode::NOT_FOUND, "no route matches the request")));
+        return Err(error_response(&ProxyError::NoRoute));
     };
     let rule = selected.rule;
     let roll = || crate::transport::rng::with(|r| rand::Rng::random_range(r, 0.0..1.0));
@@ -122,7 +123,7 @@ pub async fn route<B>(
     apply::request_filters(filters, req, selected.prefix, roll).map_err(answer)?;
     let (Some(backend_index), Some(backend)) = (picked, backend) else {
         let why = format!("route {} has no backend", selected.route.meta.name);
-        return Err(error_response(&ProxyError::new(StatusCode::INTERNAL_SERVER_ERROR, why)));
+        return Err(error_response(&ProxyError::Misconfigured(why)));
     };
     let handles = table.handles(&policy.parent, &selected, backend_index, &outbound.routes).clone();
     handles.backend_requests.inc();
@@ -140,7 +141,7 @@ fn answer(a: Answer) -> Response<Body> {
             r.headers_mut().insert(http::header::LOCATION, location);
             r
         }
-        Answer::Fail { status, message } => error_response(&ProxyError::new(status, message)),
+        Answer::Fail { status, message } => error_response(&ProxyError::Injected { status, message }),
         Answer::FailGrpc { code, message } => {
             let mut r = Response::new(full(bytes::Bytes::new()));
             let h = r.headers_mut();
