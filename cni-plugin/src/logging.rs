@@ -2,7 +2,7 @@
 //! stderr), else to stderr. Output on stdout is reserved for the CNI result.
 
 use std::fs::OpenOptions;
-use std::sync::Mutex;
+use std::sync::Arc;
 
 use tracing_subscriber::EnvFilter;
 
@@ -14,8 +14,10 @@ pub fn init(settings: &PluginSettings) {
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(false).with_target(false);
     let file = settings.log_file.as_ref().and_then(|p| OpenOptions::new().create(true).append(true).open(p).ok());
     // A second init (tests run several calls per process) is harmless: keep the first.
+    // `Arc<File>` writes through `&File` without a lock: the formatter hands each event over in
+    // one write, and the file is opened for appending.
     let _ = match file {
-        Some(f) => builder.with_writer(Mutex::new(f)).try_init(),
+        Some(f) => builder.with_writer(Arc::new(f)).try_init(),
         None => builder.with_writer(std::io::stderr).try_init(),
     };
 }
