@@ -201,8 +201,7 @@ fn http_route(to: Option<SocketAddr>, timeout: Option<Duration>, retries: Option
         timeout: None,
         backoff: None,
     });
-    let timeouts =
-        timeout.map(|t| api_http::Timeouts { request: Some(t.try_into().unwrap()), ..Default::default() });
+    let timeouts = timeout.map(|t| api_http::Timeouts { request: Some(t.try_into().unwrap()), ..Default::default() });
     let rule = http_route::Rule { backends: Some(backends), timeouts, retry, ..Default::default() };
     let route = api::HttpRoute { metadata: named("web-route"), hosts: Vec::new(), rules: vec![rule] };
     policy(proxy_protocol::Kind::Http1(proxy_protocol::Http1 { routes: vec![route], failure_accrual: None }))
@@ -276,10 +275,8 @@ async fn a_refused_connection_is_answered_502_naming_the_upstream() {
 
 #[tokio::test]
 async fn a_service_without_endpoints_is_answered_503() {
-    let (_tx, rx) =
-        tokio::sync::watch::channel(Arc::new(Endpoints { list: Vec::new(), known: true, exists: true }));
-    let target =
-        Target::new(Route::balanced("web.shop.svc.cluster.local:80".into(), rx, None, Duration::from_secs(1)));
+    let (_tx, rx) = tokio::sync::watch::channel(Arc::new(Endpoints { list: Vec::new(), known: true, exists: true }));
+    let target = Target::new(Route::balanced("web.shop.svc.cluster.local:80".into(), rx, None, Duration::from_secs(1)));
     let addr = "10.96.0.10:80".parse().unwrap();
     let (status, headers, _) = send(proxy(&shared(), addr, target), get("/ok")).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
@@ -343,12 +340,8 @@ fn meshed_service_without_a_certificate(policy: api::OutboundPolicy) -> Arc<Targ
     };
     let endpoints = Endpoints { list: vec![Arc::new(endpoint)], known: true, exists: true };
     let (_tx, rx) = tokio::sync::watch::channel(Arc::new(endpoints));
-    let route = Route::balanced(
-        "web.shop.svc.cluster.local:80".into(),
-        rx,
-        Some(Arc::new(identity)),
-        Duration::from_secs(1),
-    );
+    let route =
+        Route::balanced("web.shop.svc.cluster.local:80".into(), rx, Some(Arc::new(identity)), Duration::from_secs(1));
     let policy = PolicyWatch::fixed(Arc::new(OutboundPolicy::from_api(policy).unwrap()));
     with_policy(route, Some(policy))
 }
@@ -398,19 +391,11 @@ async fn an_upgrade_is_spliced_on_a_connection_of_its_own() {
 async fn an_invalid_l5d_orig_proto_from_a_peer_proxy_is_answered_400() {
     let (app, hits) = app().await;
     let shared = shared();
-    let labels =
-        TcpLabels { direction: Direction::inbound, target_addr: app.to_string(), tls: TlsLabel::plaintext() };
+    let labels = TcpLabels { direction: Direction::inbound, target_addr: app.to_string(), tls: TlsLabel::plaintext() };
     let open = OpenConnection::open(shared.metrics.clone(), labels);
     let peer = "10.0.0.9:40000".parse().unwrap();
-    let inbound = Arc::new(HttpProxy::new(
-        Direction::inbound,
-        peer,
-        app,
-        fixed(app, None),
-        TlsLabel::plaintext(),
-        open,
-        shared,
-    ));
+    let inbound =
+        Arc::new(HttpProxy::new(Direction::inbound, peer, app, fixed(app, None), TlsLabel::plaintext(), open, shared));
     let mut req = grpc_call();
     req.headers_mut().insert("l5d-orig-proto", HeaderValue::from_static("HTTP/9"));
     let (status, headers, _) = send(inbound, req).await;
@@ -429,8 +414,7 @@ async fn shares(
     pause: Duration,
 ) -> [usize; 2] {
     let endpoint = |addr| {
-        let stats =
-            crate::client::discovery::Stats::last_observed(Duration::from_micros(300), Duration::from_secs(60));
+        let stats = crate::client::discovery::Stats::last_observed(Duration::from_micros(300), Duration::from_secs(60));
         Arc::new(Endpoint { addr, identity: None, stats: Arc::new(stats) })
     };
     let endpoints = Endpoints { list: vec![endpoint(a.0), endpoint(b.0)], known: true, exists: true };
