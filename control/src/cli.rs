@@ -207,7 +207,7 @@ enum WebhookCerts {
 struct HaArgs {
     #[arg(long, env = "CNIMESH_CONTROL_WEBHOOK_CERTS", value_enum, default_value = "files")]
     webhook_certs: WebhookCerts,
-    #[arg(long, env = "CNIMESH_CONTROL_WEBHOOK_SECRET", default_value = crate::operator::install::WEBHOOK_SECRET)]
+    #[arg(long, env = "CNIMESH_CONTROL_WEBHOOK_SECRET", default_value = crate::inject::WEBHOOK_SECRET)]
     webhook_secret: String,
     /// Lifetime of the managed serving certificate (renewed at 2/3 of it).
     #[arg(long, env = "CNIMESH_CONTROL_WEBHOOK_CERT_LIFETIME", default_value = "30d", value_parser = parse_duration)]

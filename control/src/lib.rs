@@ -25,6 +25,7 @@ pub mod leader;
 pub mod metrics;
 pub mod operator;
 pub mod policy;
+pub mod resource;
 pub mod routes;
 pub mod serve;
 pub mod sources;

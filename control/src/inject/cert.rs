@@ -21,6 +21,9 @@ use std::time::Duration;
 use cnimesh_identity::ca;
 use cnimesh_identity::tls::{CurrentCert, provider};
 
+/// The Secret that holds the webhook's serving certificate in a cluster (these three files);
+/// `cnimesh install` writes it, `serve --webhook-certs secret|managed` reads it.
+pub const WEBHOOK_SECRET: &str = "cnimesh-webhook-tls";
 pub const WEBHOOK_CA_FILE: &str = "ca.crt";
 pub const WEBHOOK_CERT_FILE: &str = "tls.crt";
 pub const WEBHOOK_KEY_FILE: &str = "tls.key";

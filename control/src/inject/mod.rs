@@ -25,8 +25,8 @@ mod validate;
 mod version;
 
 pub use cert::{
-    WEBHOOK_CA_FILE, WEBHOOK_CERT_FILE, WEBHOOK_KEY_FILE, WEBHOOK_SERVICE, WebhookCertError, WebhookCertPem,
-    generate_webhook_cert, load_webhook_tls, new_webhook_cert, webhook_dns_names, webhook_tls_from,
+    WEBHOOK_CA_FILE, WEBHOOK_CERT_FILE, WEBHOOK_KEY_FILE, WEBHOOK_SECRET, WEBHOOK_SERVICE, WebhookCertError,
+    WebhookCertPem, generate_webhook_cert, load_webhook_tls, new_webhook_cert, webhook_dns_names, webhook_tls_from,
 };
 pub use config::{
     CONTROL_NAME, CONTROL_PORT, DEFAULT_CLUSTER_DOMAIN, DEFAULT_CONTROL_NAMESPACE, DEFAULT_PROXY_IMAGE,

@@ -30,8 +30,9 @@ use crate::inject::{
 
 /// The Secret the control plane signs with (`CNIMESH_CONTROL_ISSUER_DIR`).
 pub const ISSUER_SECRET: &str = "cnimesh-identity-issuer";
-/// The webhook's serving certificate (`CNIMESH_CONTROL_WEBHOOK_TLS_DIR`).
-pub const WEBHOOK_SECRET: &str = "cnimesh-webhook-tls";
+/// The webhook's serving certificate (`CNIMESH_CONTROL_WEBHOOK_TLS_DIR`): defined beside the
+/// certificate's files, since the control plane's `--webhook-secret` defaults to it too.
+pub use crate::inject::WEBHOOK_SECRET;
 /// The trust anchors, public: what `cnimesh inject` hands to proxies and `check` compares.
 pub const TRUST_ANCHORS_CONFIG_MAP: &str = "cnimesh-identity-trust-anchors";
 pub const TRUST_ANCHORS_KEY: &str = "ca.crt";
