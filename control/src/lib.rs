@@ -23,7 +23,6 @@ pub mod identity;
 pub mod inject;
 pub mod leader;
 pub mod metrics;
-pub mod operator;
 pub mod policy;
 pub mod resource;
 pub mod routes;

@@ -10,12 +10,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
+use cnimesh_cli::tap::{lines, open_at};
 use cnimesh_common::names::TAP_TOKEN_AUDIENCE;
 use cnimesh_control::admin::{self, AdminState};
 use cnimesh_control::destination::Index;
 use cnimesh_control::identity::{Issuer, KubeTokens, Policy, own_cert};
 use cnimesh_control::metrics::Metrics;
-use cnimesh_control::operator::tap::{lines, open_at};
 use cnimesh_control::sources::{KubeSource, Source};
 use cnimesh_control::tap::{Body, Relay, TapLine};
 use cnimesh_identity::tls::{self, ClientAuth, CurrentCert};

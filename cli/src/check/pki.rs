@@ -14,13 +14,13 @@ use kube::Api;
 use super::certs;
 use super::report::{Check, Status, plural};
 use super::{CONTROL_NAMESPACE, kube_error};
-use crate::inject::{WEBHOOK_CA_FILE, WEBHOOK_CERT_FILE, WEBHOOK_SERVICE};
+use cnimesh_control::inject::{WEBHOOK_CA_FILE, WEBHOOK_CERT_FILE, WEBHOOK_SERVICE};
 
 const WEBHOOK: &str = "webhook";
 const CERTS: &str = "certificates";
 /// The MutatingWebhookConfiguration (`daemonset/control-webhook.yaml`).
 pub const WEBHOOK_CONFIGURATION: &str = "cnimesh-proxy-injector";
-pub use crate::operator::install::{ISSUER_SECRET, TRUST_ANCHORS_CONFIG_MAP as ANCHORS_CONFIG_MAP, WEBHOOK_SECRET};
+pub use crate::install::{ISSUER_SECRET, TRUST_ANCHORS_CONFIG_MAP as ANCHORS_CONFIG_MAP, WEBHOOK_SECRET};
 
 /// DER certificates read from a Secret, or what was wrong with it.
 type Certs = Result<Vec<Vec<u8>>, String>;
