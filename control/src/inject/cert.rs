@@ -3,7 +3,7 @@
 //! to that one connection: it is not the mesh's trust anchor, and its key is not kept (to
 //! rotate, generate both again and update the Secret and the `caBundle` together).
 //!
-//! `cnimesh-control ca webhook --dir D --namespace cnimesh` (wired by the CLI) writes:
+//! `cnimesh ca webhook --dir D --namespace cnimesh` (wired by the CLI) writes:
 //! - `D/ca.crt`: the CA certificate, for the `caBundle` (base64 of the PEM file);
 //! - `D/tls.crt`: the serving certificate, DNS SANs `cnimesh-webhook.<ns>.svc[.<cluster-domain>]`;
 //! - `D/tls.key`: its key, mode 0600.
