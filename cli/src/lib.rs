@@ -3,7 +3,10 @@
 //! `install` prints is those files plus generated certificates), applies the webhook's pure
 //! mutation to YAML offline, and reads the cluster with kube-rs, never with a shell on a node.
 //!
-//! Layer: runtime: the operator's `cnimesh` command line and everything under it.
+//! Built on the control plane's library (the webhook's mutation, the manifests' names, the tap
+//! relay's query and lines), never the other way round.
+//!
+//! Layers: yaml | pod_proxy → manifests → install → ca | check | inject | uninstall | stat → tap → top
 
 pub mod ca;
 pub mod check;
