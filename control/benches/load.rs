@@ -59,13 +59,12 @@ fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port")
 }
 
-/// `cnimesh-control serve` on loopback with an issuer from `ca init`, a token file and the
+/// `cnimesh-control serve` on loopback with an issuer from `ca_init` (`cnimesh ca init`), a token file and the
 /// files source.
 fn start_control(dir: &Path, grpc: u16, admin: u16) -> Child {
     let bin = env!("CARGO_BIN_EXE_cnimesh-control");
     let issuer = dir.join("issuer");
-    let init = Command::new(bin).args(["ca", "init", "--dir"]).arg(&issuer).output().expect("ca init");
-    assert!(init.status.success(), "ca init: {}", String::from_utf8_lossy(&init.stderr));
+    cnimesh_control::ca_init::run(&cnimesh_control::ca_init::CaInit::new(&issuer)).expect("ca init");
     let token = dir.join("tokens/load/web");
     std::fs::create_dir_all(token.parent().expect("parent")).expect("tokens dir");
     std::fs::write(&token, TOKEN).expect("token");

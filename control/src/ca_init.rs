@@ -1,8 +1,12 @@
-//! `cnimesh-control ca init`: a trust anchor and an issuer for local use and tests, written in
+//! `cnimesh ca init`: a trust anchor and an issuer for local use and tests, written in
 //! the layout `serve --issuer-dir` reads, so that nobody needs openssl or step to get started.
 //! The root key is written next to the issuer for convenience; in a cluster it belongs offline.
 //!
-//! Layer: runtime: a `cnimesh-control` subcommand, writing files.
+//! The files are the control plane's (what `serve --issuer-dir` reads), so the function lives
+//! here; the command that calls it is the operator's (cnimesh-cli), and tests and benchmarks
+//! call it directly.
+//!
+//! Layer: runtime (writes files).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -30,6 +34,20 @@ pub struct CaInit {
     pub anchor_lifetime: Duration,
     pub issuer_lifetime: Duration,
     pub force: bool,
+}
+
+impl CaInit {
+    /// `cnimesh ca init --dir DIR`'s defaults: the default trust domain, an anchor for ten years
+    /// and an issuer for one.
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Self {
+            dir: dir.into(),
+            trust_domain: cnimesh_identity::DEFAULT_TRUST_DOMAIN.to_string(),
+            anchor_lifetime: Duration::from_secs(3650 * 86400),
+            issuer_lifetime: Duration::from_secs(365 * 86400),
+            force: false,
+        }
+    }
 }
 
 /// Generates and writes the four files. Without `force`, nothing is written if any exists.

@@ -1,5 +1,6 @@
-//! Command line: `cnimesh-control ca init` and `cnimesh-control serve`. Every `serve` flag can
-//! also come from a `CNIMESH_CONTROL_*` variable, which is how the Deployment configures it.
+//! Command line: `cnimesh-control serve`, the one thing the control plane's processes run (the
+//! operator's `ca init` and `ca webhook` are `cnimesh ca …`). Every `serve` flag can also come
+//! from a `CNIMESH_CONTROL_*` variable, which is how the Deployment configures it.
 //!
 //! Layer: runtime: flags in, the other layers wired by [`crate::serve`].
 
@@ -13,12 +14,11 @@ use clap::{Args, Parser, Subcommand};
 use cnimesh_identity::{DEFAULT_TRUST_DOMAIN, Name};
 use tokio::net::TcpListener;
 
-use crate::ca_init::{self, CaInit};
 use crate::grpc::limits::Limits;
 use crate::identity::Policy;
 use crate::inject::{
-    DEFAULT_CLUSTER_DOMAIN, DEFAULT_CONTROL_NAMESPACE, Namespaces, SidecarMode, Webhook, WebhookArgs,
-    generate_webhook_cert, load_webhook_tls, watch_server_version, webhook_dns_names, webhook_tls_from,
+    Namespaces, SidecarMode, Webhook, WebhookArgs, load_webhook_tls, watch_server_version, webhook_dns_names,
+    webhook_tls_from,
 };
 use crate::policy::DefaultPolicy;
 use crate::policy::index::DEFAULT_CLUSTER_NETWORKS;
@@ -33,54 +33,8 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Certificate authority helpers.
-    Ca {
-        #[command(subcommand)]
-        command: CaCommand,
-    },
     /// Serve the control plane.
     Serve(Box<ServeArgs>),
-}
-
-#[derive(Debug, Subcommand)]
-enum CaCommand {
-    /// Generate a trust anchor and an issuer: DIR/ca.crt, ca.key, tls.crt, tls.key.
-    Init(CaInitArgs),
-    /// Generate the webhook's serving certificate and its CA: DIR/ca.crt (the caBundle),
-    /// tls.crt, tls.key.
-    Webhook(CaWebhookArgs),
-}
-
-#[derive(Debug, Args)]
-struct CaWebhookArgs {
-    #[arg(long)]
-    dir: PathBuf,
-    /// The control plane's namespace (the webhook Service lives there).
-    #[arg(long, default_value = DEFAULT_CONTROL_NAMESPACE)]
-    namespace: String,
-    #[arg(long, default_value = DEFAULT_CLUSTER_DOMAIN)]
-    cluster_domain: String,
-    #[arg(long, default_value = "365d", value_parser = parse_duration)]
-    lifetime: Duration,
-    /// Overwrite existing files.
-    #[arg(long)]
-    force: bool,
-}
-
-#[derive(Debug, Args)]
-struct CaInitArgs {
-    #[arg(long)]
-    dir: PathBuf,
-    #[arg(long, default_value = DEFAULT_TRUST_DOMAIN)]
-    trust_domain: String,
-    /// e.g. 3650d, 365d, 24h.
-    #[arg(long, default_value = "3650d", value_parser = parse_duration)]
-    anchor_lifetime: Duration,
-    #[arg(long, default_value = "365d", value_parser = parse_duration)]
-    issuer_lifetime: Duration,
-    /// Overwrite existing files.
-    #[arg(long)]
-    force: bool,
 }
 
 #[derive(Debug, Args)]
@@ -195,7 +149,7 @@ impl GrpcLimitArgs {
 enum WebhookCerts {
     /// `--webhook-tls-dir`, loaded once (local mode, or a mounted Secret).
     Files,
-    /// The Secret `--webhook-secret`, watched; made by the operator (`ca webhook`): only read.
+    /// The Secret `--webhook-secret`, watched; made by the operator (`cnimesh ca webhook`): only read.
     Secret,
     /// The Secret, watched, and kept by the leader of the `webhook-write` Lease: created,
     /// renewed at 2/3 of its life, its CA rotated, the caBundle patched (`crate::webhook_certs`).
@@ -207,7 +161,7 @@ enum WebhookCerts {
 struct HaArgs {
     #[arg(long, env = "CNIMESH_CONTROL_WEBHOOK_CERTS", value_enum, default_value = "files")]
     webhook_certs: WebhookCerts,
-    #[arg(long, env = "CNIMESH_CONTROL_WEBHOOK_SECRET", default_value = crate::operator::install::WEBHOOK_SECRET)]
+    #[arg(long, env = "CNIMESH_CONTROL_WEBHOOK_SECRET", default_value = crate::inject::WEBHOOK_SECRET)]
     webhook_secret: String,
     /// Lifetime of the managed serving certificate (renewed at 2/3 of it).
     #[arg(long, env = "CNIMESH_CONTROL_WEBHOOK_CERT_LIFETIME", default_value = "30d", value_parser = parse_duration)]
@@ -415,26 +369,6 @@ fn init_logging() {
 
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Ca { command: CaCommand::Init(args) } => {
-            let opts = CaInit {
-                dir: args.dir,
-                trust_domain: args.trust_domain,
-                anchor_lifetime: args.anchor_lifetime,
-                issuer_lifetime: args.issuer_lifetime,
-                force: args.force,
-            };
-            for path in ca_init::run(&opts).context("ca init")? {
-                println!("{}", path.display());
-            }
-            Ok(())
-        }
-        Command::Ca { command: CaCommand::Webhook(args) } => {
-            let names = webhook_dns_names(&args.namespace, &args.cluster_domain);
-            for path in generate_webhook_cert(&args.dir, &names, args.lifetime, args.force).context("ca webhook")? {
-                println!("{}", path.display());
-            }
-            Ok(())
-        }
         Command::Serve(args) => {
             let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
             runtime.block_on(serve(*args))
@@ -504,7 +438,7 @@ mod tests {
     async fn the_cli_is_consistent_and_needs_a_token_source() {
         Cli::command().debug_assert();
         let cli = Cli::try_parse_from(["cnimesh-control", "serve", "--issuer-dir", "/x"]).unwrap();
-        let Command::Serve(args) = cli.command else { panic!() };
+        let Command::Serve(args) = cli.command;
         assert!(args.config().await.is_err());
         let cli = Cli::try_parse_from([
             "cnimesh-control",
@@ -519,7 +453,7 @@ mod tests {
             "example.org",
         ])
         .unwrap();
-        let Command::Serve(args) = cli.command else { panic!() };
+        let Command::Serve(args) = cli.command;
         let (config, addrs) = args.config().await.unwrap();
         assert_eq!(config.policy.lifetime, Duration::from_secs(10));
         assert_eq!(

@@ -3,13 +3,22 @@
 //! the injection webhook.
 //!
 //! Layers, as in Linkerd's policy controller, each built on those before it (never after):
-//! 1. model/index (pure): [`destination`] (model, index, path, resolve), [`policy`] (CRDs,
-//!    model, index; the index also holds [`routes`]: Gateway API HTTPRoute/GRPCRoute), [`identity`]'s issuer model, [`inject`]'s mutation, [`metrics`];
-//! 2. sources: [`sources`] (Kubernetes watchers, YAML files), the identity token sources and
-//!    the issuer directory;
-//! 3. gRPC: [`grpc`] (Destination, Identity, inbound and outbound policy over TLS) and the webhook's HTTPS endpoint;
-//! 4. runtime: [`cli`], [`serve`], [`admin`] (with the tap relay, [`tap`]), [`ca_init`], [`leader`] (Lease elections for the
-//!    writers), [`webhook_certs`] (the webhook's Secret and caBundle) and the operator's CLI, [`operator`].
+//! 1. model/index (pure): [`meta`] (objects' keys), [`resource`] (what an operator names),
+//!    [`workload`] (a pod's owner), [`metrics`]; then the Gateway API routes ([`routes`]), which
+//!    [`destination`] (model, index, path, resolve) reads for service defaults, and [`policy`]
+//!    (CRDs, model, index; the index also holds the routes) beside [`identity`] (issuer, token
+//!    checks);
+//! 2. sources: [`sources`] (Kubernetes watchers, YAML files), and the TLS accept loop the servers
+//!    share ([`tls_accept`]);
+//! 3. servers: [`grpc`] (Destination, Identity, inbound and outbound policy over TLS), the
+//!    webhook ([`inject`]), [`leader`] (Lease elections for the writers) and the tap relay
+//!    ([`tap`]), none importing another;
+//! 4. runtime: [`admin`], [`ca_init`], [`webhook_certs`] (the webhook's Secret and caBundle),
+//!    then [`serve`], which wires them, and [`cli`], its flags.
+//!
+//! The operator's command line (`cnimesh`) is a crate of its own, cnimesh-cli, built on this one.
+//!
+//! Layers: metrics | resource | meta | workload → routes → destination → policy | identity → sources | tls_accept → grpc | inject | leader | tap → admin | ca_init | webhook_certs → serve → cli
 //!
 //! In-process use (tests, benchmarks): bind the listeners yourself and call [`serve::run`] with a
 //! [`serve::Config`]; it returns once the shutdown future resolves and calls have drained.
@@ -22,13 +31,16 @@ pub mod grpc;
 pub mod identity;
 pub mod inject;
 pub mod leader;
+pub mod meta;
 pub mod metrics;
-pub mod operator;
 pub mod policy;
+pub mod resource;
 pub mod routes;
 pub mod serve;
 pub mod sources;
 pub mod tap;
+pub mod tls_accept;
 pub mod webhook_certs;
+pub mod workload;
 
 pub use serve::{ClusterSource, Config, Listeners, TokenSource, run};

@@ -280,7 +280,7 @@ async fn two_managed_replicas_one_writes_both_serve() {
     use cnimesh_control::webhook_certs::{SecretSource, spawn};
     let store = Store::new();
     store.insert(MWC, webhook_configuration());
-    *store.guard.lock().unwrap() =
+    *store.guard.lock() =
         Some("/apis/coordination.k8s.io/v1/namespaces/cnimesh/leases/cnimesh-control-webhook-write".into());
     let (stop, stopped) = watch::channel(false);
     let mut tasks = Vec::new();
@@ -288,7 +288,7 @@ async fn two_managed_replicas_one_writes_both_serve() {
     for name in ["a", "b"] {
         let identity = ElectionConfig::unique_identity(name);
         let faults = Arc::new(Faults::default());
-        *faults.identity.lock().unwrap() = identity.clone();
+        *faults.identity.lock() = identity.clone();
         let current = Arc::new(cnimesh_identity::tls::CurrentCert::default());
         currents.push(current.clone());
         let election = ElectionConfig {
@@ -318,7 +318,7 @@ async fn two_managed_replicas_one_writes_both_serve() {
         assert_eq!(current.get().unwrap().cert[0], cert);
     }
     assert_eq!(store.writes_to(SECRET).len() + store.writes_to("/api/v1/namespaces/cnimesh/secrets").len(), 1);
-    assert!(store.violations.lock().unwrap().is_empty(), "{:?}", store.violations.lock().unwrap());
+    assert!(store.violations.lock().is_empty(), "{:?}", store.violations.lock());
     stop.send_replace(true);
     for task in tasks {
         tokio::time::timeout(Duration::from_secs(5), task).await.unwrap().unwrap();

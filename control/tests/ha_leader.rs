@@ -38,7 +38,7 @@ impl Replica {
     fn start(store: &Arc<Store>, name: &str) -> Self {
         let identity = ElectionConfig::unique_identity(name);
         let faults = Arc::new(Faults::default());
-        *faults.identity.lock().unwrap() = identity.clone();
+        *faults.identity.lock() = identity.clone();
         let client = store.client(faults.clone());
         let config = ElectionConfig {
             namespace: "cnimesh".into(),
@@ -94,7 +94,7 @@ fn monitor(leaderships: Vec<Leadership>) -> (Arc<AtomicUsize>, tokio::task::Join
 fn store() -> Arc<Store> {
     let store = Store::new();
     store.insert(WRITES, json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "ha-writes", "namespace": "cnimesh"}, "data": {}}));
-    *store.guard.lock().unwrap() = Some(LEASE.to_string());
+    *store.guard.lock() = Some(LEASE.to_string());
     store
 }
 
@@ -202,7 +202,7 @@ async fn exactly_one_writer_through_expiry_renew_failures_partition_and_conflict
 
     monitor.abort();
     assert_eq!(overlaps.load(Ordering::SeqCst), 0, "two replicas led at the same instant");
-    let violations = store.violations.lock().unwrap().clone();
+    let violations = store.violations.lock().clone();
     assert!(violations.is_empty(), "writes by a replica not holding the Lease: {violations:#?}");
     for replica in replicas {
         replica.stop.send_replace(true);
@@ -228,7 +228,7 @@ async fn two_candidates_racing_for_a_free_lease_one_wins_by_conflict() {
     tokio::time::sleep(LEASE_DURATION).await;
     monitor.abort();
     assert_eq!(overlaps.load(Ordering::SeqCst), 0);
-    assert!(store.violations.lock().unwrap().is_empty());
+    assert!(store.violations.lock().is_empty());
     for replica in &replicas {
         replica.kill();
     }

@@ -1,4 +1,4 @@
-//! Certificate authorities: generating a trust anchor and an issuer (`cnimesh-control ca init`,
+//! Certificate authorities: generating a trust anchor and an issuer (`cnimesh ca init`,
 //! local mode, tests) and signing workload leaves with the issuer; also a private CA and a TLS
 //! server certificate for DNS names (the injection webhook's), so that every certificate the
 //! project makes comes from this one module.

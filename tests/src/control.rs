@@ -29,11 +29,6 @@ pub fn identity(ns: &str, sa: &str) -> String {
     format!("{sa}.{ns}.serviceaccount.identity.cnimesh.cluster.local")
 }
 
-fn ensure_success(out: std::process::Output, what: &str) -> anyhow::Result<()> {
-    anyhow::ensure!(out.status.success(), "{what}: {}", String::from_utf8_lossy(&out.stderr));
-    Ok(())
-}
-
 impl Control {
     /// Generates a CA and starts the control plane in `pod` with `args` added to `serve`.
     pub fn start(bin: &Path, pod: &Pod<'_>, args: &[&str]) -> anyhow::Result<Self> {
@@ -41,8 +36,8 @@ impl Control {
         // Proxies run as UID 2102 and read the trust anchors from here.
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))?;
         let issuer = dir.path().join("issuer");
-        let out = Command::new(bin).args(["ca", "init", "--dir"]).arg(&issuer).output()?;
-        ensure_success(out, "ca init")?;
+        // What `cnimesh ca init --dir` writes (the control binary no longer has a `ca` command).
+        cnimesh_control::ca_init::run(&cnimesh_control::ca_init::CaInit::new(&issuer))?;
         std::fs::set_permissions(&issuer, std::fs::Permissions::from_mode(0o755))?;
         std::fs::create_dir_all(dir.path().join("tokens"))?;
         let mut serve = Command::new("ip");

@@ -47,7 +47,9 @@ impl Local {
             .arg("--proxy")
             .arg(&b.proxy)
             .arg("--control")
-            .arg(&b.control);
+            .arg(&b.control)
+            .arg("--cli")
+            .arg(CLI);
         cmd
     }
 

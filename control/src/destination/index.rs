@@ -11,7 +11,9 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::hash::Hash;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use linkerd2_proxy_api::destination::WeightedAddr;
 use tokio::sync::watch;
@@ -281,10 +283,8 @@ impl Index {
         channels.subscribe(&ip, || view)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        // Every update leaves the maps consistent before it can panic in a send, so a poisoned
-        // lock still guards usable state; serving it beats failing every stream.
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    fn lock(&self) -> parking_lot::MutexGuard<'_, State> {
+        self.state.lock()
     }
 }
 

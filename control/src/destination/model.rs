@@ -21,7 +21,8 @@ use crate::routes::model::ServiceDefaults;
 pub use cnimesh_common::names::{OPAQUE_PORTS_ANNOTATION, PROXY_CONTAINER};
 use cnimesh_common::names::{OWNER_KINDS, OWNER_LABEL_PREFIX};
 
-use crate::inject::Workload;
+pub use crate::meta::NsName;
+use crate::workload::Workload;
 /// The label tying an EndpointSlice to its Service.
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 
@@ -34,30 +35,6 @@ pub enum Kind {
 }
 
 pub const KINDS: [Kind; 3] = [Kind::Service, Kind::EndpointSlice, Kind::Pod];
-
-/// Namespace and name: how every object is addressed.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct NsName {
-    pub namespace: String,
-    pub name: String,
-}
-
-impl NsName {
-    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
-        Self { namespace: namespace.into(), name: name.into() }
-    }
-
-    /// Objects without a namespace are in `default`, as `kubectl apply` would place them.
-    fn of(meta: &ObjectMeta) -> Self {
-        Self::new(meta.namespace.as_deref().unwrap_or("default"), meta.name.as_deref().unwrap_or_default())
-    }
-}
-
-impl std::fmt::Display for NsName {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{}", self.namespace, self.name)
-    }
-}
 
 /// A Kubernetes object as a source delivers it (boxed: a Pod is over 2 KiB even when empty).
 #[derive(Debug, Clone)]

@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, SocketAddr};
-use std::sync::{Arc, PoisonError};
+use std::sync::Arc;
 
 use linkerd2_proxy_api::destination::{
     DestinationProfile, ProtocolHint, TlsIdentity, WeightedAddr, protocol_hint, tls_identity,
@@ -31,7 +31,7 @@ pub(crate) fn service_endpoints(
     port: u16,
     config: &Arc<Config>,
 ) -> Arc<BTreeMap<SocketAddr, WeightedAddr>> {
-    let mut resolved = snapshot.resolved.lock().unwrap_or_else(PoisonError::into_inner);
+    let mut resolved = snapshot.resolved.lock();
     if let Some((_, _, endpoints)) = resolved.iter().find(|(p, c, _)| *p == port && c == config) {
         return endpoints.clone();
     }

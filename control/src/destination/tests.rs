@@ -2,7 +2,9 @@
 //! tonic server on 127.0.0.1, and the generated client.
 
 use std::io::Write;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
+
+use parking_lot::Mutex;
 use std::time::Duration;
 
 use linkerd2_proxy_api::destination::destination_client::DestinationClient;
@@ -234,7 +236,7 @@ async fn malformed_file_is_reported_and_its_last_good_state_kept() {
     h.write("slice.yaml", "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nendpoints: [unclosed\n");
     let line = tokio::time::timeout(PATIENCE, async {
         loop {
-            let logged = String::from_utf8(logs.lock().unwrap().clone()).unwrap();
+            let logged = String::from_utf8(logs.lock().clone()).unwrap();
             if let Some(line) = logged.lines().find(|l| l.contains(&*h.dir.path().join("slice.yaml").to_string_lossy()))
             {
                 return line.to_string();
@@ -346,7 +348,7 @@ struct LogSink(Arc<Mutex<Vec<u8>>>);
 
 impl Write for LogSink {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
+        self.0.lock().extend_from_slice(buf);
         Ok(buf.len())
     }
 

@@ -16,7 +16,9 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use cnimesh_identity::Name;
 
@@ -130,9 +132,8 @@ impl Admission {
         &self.limits
     }
 
-    fn counts(&self) -> std::sync::MutexGuard<'_, Counts> {
-        // Counting cannot panic half-way; a poisoned lock still holds consistent counts.
-        self.counts.lock().unwrap_or_else(|e| e.into_inner())
+    fn counts(&self) -> parking_lot::MutexGuard<'_, Counts> {
+        self.counts.lock()
     }
 
     pub fn connection(self: &Arc<Self>, peer: IpAddr) -> Result<ConnectionPermit, Refusal> {

@@ -7,7 +7,9 @@
 //! Layer: gRPC: TLS client authentication and the per-call check, before any service.
 
 use std::fmt;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
+
+use parking_lot::RwLock;
 
 use cnimesh_identity::Name;
 use cnimesh_identity::tls as mesh_tls;
@@ -65,7 +67,7 @@ impl OptionalMeshClientVerifier {
 
     pub fn set_roots(&self, roots: Arc<RootCertStore>) {
         match WebPkiClientVerifier::builder_with_provider(roots, mesh_tls::provider()).allow_unauthenticated().build() {
-            Ok(verifier) => *self.current.write().unwrap_or_else(|e| e.into_inner()) = Some(verifier),
+            Ok(verifier) => *self.current.write() = Some(verifier),
             // Only an empty root store fails here, and the issuer never loads without anchors.
             Err(error) => {
                 tracing::error!(%error, "trust anchors unusable for client certificates; keeping the previous ones")
@@ -74,7 +76,7 @@ impl OptionalMeshClientVerifier {
     }
 
     fn loaded(&self) -> bool {
-        self.current.read().unwrap_or_else(|e| e.into_inner()).is_some()
+        self.current.read().is_some()
     }
 }
 
@@ -98,7 +100,7 @@ impl ClientCertVerifier for OptionalMeshClientVerifier {
         intermediates: &[CertificateDer<'_>],
         now: UnixTime,
     ) -> Result<ClientCertVerified, rustls::Error> {
-        let current = self.current.read().unwrap_or_else(|e| e.into_inner()).clone();
+        let current = self.current.read().clone();
         match current {
             Some(verifier) => verifier.verify_client_cert(end_entity, intermediates, now),
             None => Err(rustls::Error::General("no trust anchors loaded yet".into())),

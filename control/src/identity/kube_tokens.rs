@@ -77,7 +77,9 @@ impl Authenticator for KubeTokens {
 
 #[cfg(test)]
 pub(crate) mod tests {
-    use std::sync::{Arc, Mutex};
+    use std::sync::Arc;
+
+    use parking_lot::Mutex;
 
     use bytes::Bytes;
     use http_body_util::{BodyExt, Full};
@@ -97,7 +99,7 @@ pub(crate) mod tests {
                 assert_eq!(req.uri().path(), "/apis/authentication.k8s.io/v1/tokenreviews");
                 let body = req.into_body().collect().await.unwrap().to_bytes();
                 let mut review: Value = serde_json::from_slice(&body).unwrap();
-                seen.lock().unwrap().push(review.clone());
+                seen.lock().push(review.clone());
                 review["status"] = status;
                 let response = http::Response::builder()
                     .header("content-type", "application/json")
@@ -118,7 +120,7 @@ pub(crate) mod tests {
         let (tokens, seen) = mocked(status("system:serviceaccount:shop:web", &[TOKEN_AUDIENCE]));
         let sa = tokens.authenticate(b"the-token\n").await.unwrap();
         assert_eq!(sa, ServiceAccount { namespace: "shop".into(), name: "web".into() });
-        let sent = seen.lock().unwrap().remove(0);
+        let sent = seen.lock().remove(0);
         assert_eq!(sent["spec"]["token"], "the-token");
         assert_eq!(sent["spec"]["audiences"], json!([TOKEN_AUDIENCE]));
         assert_eq!(sent["kind"], "TokenReview");
@@ -145,7 +147,7 @@ pub(crate) mod tests {
         let (tokens, seen) = mocked(status("system:serviceaccount:cnimesh:cnimesh-tap", &[tap]));
         let tokens = tokens.with_audience(tap);
         assert_eq!(tokens.authenticate(b"t").await.unwrap().name, "cnimesh-tap");
-        assert_eq!(seen.lock().unwrap().remove(0)["spec"]["audiences"], json!([tap]));
+        assert_eq!(seen.lock().remove(0)["spec"]["audiences"], json!([tap]));
         let (tokens, _) = mocked(status("system:serviceaccount:cnimesh:cnimesh-tap", &[TOKEN_AUDIENCE]));
         let denied = tokens.with_audience(tap).authenticate(b"t").await;
         assert!(matches!(denied, Err(TokenError::Denied(m)) if m.contains(tap)));

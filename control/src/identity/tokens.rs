@@ -3,10 +3,10 @@
 //!
 //! Layer: model ([`Authenticator`]) and sources (files: [`FileTokens`]).
 
+use parking_lot::Mutex;
 use std::collections::HashSet;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 
 use futures::future::BoxFuture;
 
@@ -91,12 +91,12 @@ impl FileTokens {
             Err(_) => return false,
         };
         if mode & 0o006 != 0 {
-            if self.warned.lock().expect("not poisoned").insert(path.to_path_buf()) {
+            if self.warned.lock().insert(path.to_path_buf()) {
                 tracing::error!(path = %path.display(), mode = format!("{mode:o}"), "world-readable or -writable token file ignored");
             }
             return false;
         }
-        if mode & 0o040 != 0 && self.warned.lock().expect("not poisoned").insert(path.to_path_buf()) {
+        if mode & 0o040 != 0 && self.warned.lock().insert(path.to_path_buf()) {
             tracing::warn!(path = %path.display(), mode = format!("{mode:o}"), "group-readable token file");
         }
         true

@@ -3,7 +3,7 @@
 //! to that one connection: it is not the mesh's trust anchor, and its key is not kept (to
 //! rotate, generate both again and update the Secret and the `caBundle` together).
 //!
-//! `cnimesh-control ca webhook --dir D --namespace cnimesh` (wired by the CLI) writes:
+//! `cnimesh ca webhook --dir D --namespace cnimesh` (wired by the CLI) writes:
 //! - `D/ca.crt`: the CA certificate, for the `caBundle` (base64 of the PEM file);
 //! - `D/tls.crt`: the serving certificate, DNS SANs `cnimesh-webhook.<ns>.svc[.<cluster-domain>]`;
 //! - `D/tls.key`: its key, mode 0600.
@@ -21,6 +21,9 @@ use std::time::Duration;
 use cnimesh_identity::ca;
 use cnimesh_identity::tls::{CurrentCert, provider};
 
+/// The Secret that holds the webhook's serving certificate in a cluster (these three files);
+/// `cnimesh install` writes it, `serve --webhook-certs secret|managed` reads it.
+pub const WEBHOOK_SECRET: &str = "cnimesh-webhook-tls";
 pub const WEBHOOK_CA_FILE: &str = "ca.crt";
 pub const WEBHOOK_CERT_FILE: &str = "tls.crt";
 pub const WEBHOOK_KEY_FILE: &str = "tls.key";

@@ -16,7 +16,6 @@ mod cert;
 mod config;
 mod mutate;
 mod namespaces;
-mod owner;
 mod policy_env;
 mod server;
 #[cfg(test)]
@@ -24,9 +23,10 @@ mod tests;
 mod validate;
 mod version;
 
+pub use crate::workload::{Workload, owner_labels};
 pub use cert::{
-    WEBHOOK_CA_FILE, WEBHOOK_CERT_FILE, WEBHOOK_KEY_FILE, WEBHOOK_SERVICE, WebhookCertError, WebhookCertPem,
-    generate_webhook_cert, load_webhook_tls, new_webhook_cert, webhook_dns_names, webhook_tls_from,
+    WEBHOOK_CA_FILE, WEBHOOK_CERT_FILE, WEBHOOK_KEY_FILE, WEBHOOK_SECRET, WEBHOOK_SERVICE, WebhookCertError,
+    WebhookCertPem, generate_webhook_cert, load_webhook_tls, new_webhook_cert, webhook_dns_names, webhook_tls_from,
 };
 pub use config::{
     CONTROL_NAME, CONTROL_PORT, DEFAULT_CLUSTER_DOMAIN, DEFAULT_CONTROL_NAMESPACE, DEFAULT_PROXY_IMAGE,
@@ -38,7 +38,6 @@ pub use mutate::{
     TRUST_ANCHORS_ENV, mutate, plan, proxy_container, proxy_volumes,
 };
 pub use namespaces::Namespaces;
-pub use owner::{Workload, owner_labels};
 pub use policy_env::{
     CLUSTER_NETWORKS_ENV, INBOUND_PORTS_ENV, NamespaceDefault, POLICY_DEFAULT_ENV, effective_default, inbound_ports,
     skipped_port_warnings,

@@ -25,12 +25,12 @@ use kube::core::admission::{AdmissionRequest, AdmissionResponse, Operation};
 use serde_json::Value;
 
 use super::config::InjectConfig;
-use super::owner::{Workload, owner_labels};
 use super::policy_env::{
     CLUSTER_NETWORKS_ENV, INBOUND_PORTS_ENV, NamespaceDefault, POLICY_DEFAULT_ENV, effective_default, inbound_ports,
     skipped_port_warnings,
 };
 use super::validate::{check_log_level, check_ports};
+use crate::workload::{Workload, owner_labels};
 
 /// DESIGN.md §2, shared with the node agent (which captures pods by the proxy container's
 /// name) and the proxy: one declaration in `cnimesh_common::names`.

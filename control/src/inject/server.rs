@@ -234,7 +234,7 @@ pub async fn serve_webhook(
     state: Arc<Webhook>,
     shutdown: impl Future<Output = ()>,
 ) {
-    crate::grpc::accept_tls(listener, tls, shutdown, "webhook", move |tls, peer, watcher| {
+    crate::tls_accept::accept_tls(listener, tls, shutdown, "webhook", move |tls, peer, watcher| {
         let state = state.clone();
         async move {
             let service = service_fn(move |req| {

@@ -30,7 +30,9 @@
 //! Layer: model/index (pure): no kube client, no tonic.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
@@ -330,9 +332,8 @@ impl Index {
         rx
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        // Every update leaves the maps consistent before it can panic; serving beats failing.
-        self.inner.state.lock().unwrap_or_else(PoisonError::into_inner)
+    fn lock(&self) -> parking_lot::MutexGuard<'_, State> {
+        self.inner.state.lock()
     }
 }
 

@@ -17,7 +17,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::crd::{self, AuthenticationKind, IdentityRefKind, LabelSelector, Port, SelectorOperator, TargetKind};
-use crate::destination::{NsName, PortSet};
+use crate::destination::PortSet;
+pub(crate) use crate::meta::key_of;
+pub use crate::meta::{Invalid, NsName};
 
 /// What a port gets when no Server names it (Linkerd's default policies, the subset issue 19
 /// asks for).
@@ -65,17 +67,8 @@ impl std::fmt::Display for DefaultPolicy {
     }
 }
 
-/// A resource the model refuses, with why; logged by the index with the resource's name.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct Invalid(pub String);
-
 fn invalid<T>(reason: impl Into<String>) -> Result<T, Invalid> {
     Err(Invalid(reason.into()))
-}
-
-pub(crate) fn key_of(meta: &ObjectMeta) -> NsName {
-    NsName::new(meta.namespace.as_deref().unwrap_or("default"), meta.name.as_deref().unwrap_or_default())
 }
 
 /// A default-inbound-policy annotation. An unreadable value fails closed (deny): a typo in a

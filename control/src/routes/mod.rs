@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 pub use model::{Grant, Route, RouteKind};
 
-use crate::destination::NsName;
+use crate::meta::NsName;
 
 /// The routes attached to one Service, in precedence order.
 pub type ServiceRoutes = Arc<Vec<Arc<Route>>>;

@@ -30,8 +30,7 @@ use std::time::Duration;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 
 use super::crd;
-use crate::destination::NsName;
-use crate::policy::model::{Invalid, key_of};
+use crate::meta::{Invalid, NsName, key_of};
 
 pub const RETRY_HTTP_ANNOTATION: &str = "retry.cnimesh.io/http";
 pub const RETRY_GRPC_ANNOTATION: &str = "retry.cnimesh.io/grpc";

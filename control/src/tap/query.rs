@@ -20,7 +20,7 @@
 
 use std::fmt::Write as _;
 
-use crate::operator::stat::mesh::{Kind, Resource};
+use crate::resource::{Kind, Resource};
 
 /// [`TapQuery::max_rps`]'s default, as `linkerd viz tap --max-rps`.
 pub const DEFAULT_MAX_RPS: f64 = 100.0;

@@ -39,7 +39,7 @@ use crate::destination::{Index, NsName, PodRecord};
 use crate::identity::tokens::MAX_TOKEN_LEN;
 use crate::identity::{Authenticator, IssuerRx, ServiceAccount, TokenError};
 use crate::metrics::{Metrics, TapSession};
-use crate::operator::stat::mesh::{Kind, Resource};
+use crate::resource::{Kind, Resource};
 
 /// The header carrying the `cnimesh-tap` ServiceAccount's token.
 pub const TOKEN_HEADER: &str = "cnimesh-tap-token";

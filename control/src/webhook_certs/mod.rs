@@ -16,7 +16,7 @@
 //!   3. after a grace period (replicas reload the Secret), the old CA is dropped from `ca.crt`,
 //!      then from the caBundle.
 //!
-//! Secret layout (a `kubernetes.io/tls` Secret, as `cnimesh-control ca webhook` writes it, plus
+//! Secret layout (a `kubernetes.io/tls` Secret, as `cnimesh ca webhook` writes it, plus
 //! the CA keys the manager needs): `ca.crt` (the caBundle: one or two CA certificates),
 //! `tls.crt`, `tls.key`, `issuer.crt`/`issuer.key` (the CA that signed `tls.crt`), during a
 //! rotation `next.crt`/`next.key`, and the annotation `cnimesh.io/ca-switched-at` (Unix seconds).

@@ -11,8 +11,10 @@
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+
+use parking_lot::Mutex;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -127,12 +129,12 @@ impl Store {
     }
 
     pub fn get(&self, path: &str) -> Option<Value> {
-        self.state.lock().unwrap().objects.get(path).cloned()
+        self.state.lock().objects.get(path).cloned()
     }
 
     /// Puts an object in place as an operator's `kubectl apply` would.
     pub fn insert(&self, path: &str, mut object: Value) {
-        let mut state = self.state.lock().unwrap();
+        let mut state = self.state.lock();
         state.rv += 1;
         object["metadata"]["resourceVersion"] = json!(state.rv.to_string());
         let (collection, _) = split(path);
@@ -147,7 +149,7 @@ impl Store {
     pub fn history(&self, path: &str) -> Vec<Value> {
         let name = split(path).1;
         let collection = split(path).0;
-        let state = self.state.lock().unwrap();
+        let state = self.state.lock();
         state
             .events
             .iter()
@@ -159,7 +161,7 @@ impl Store {
     }
 
     pub fn writes_to(&self, path: &str) -> Vec<Write> {
-        self.writes.lock().unwrap().iter().filter(|w| w.path == path).cloned().collect()
+        self.writes.lock().iter().filter(|w| w.path == path).cloned().collect()
     }
 
     fn holder(&self, lease: &str) -> Option<String> {
@@ -200,15 +202,15 @@ impl Store {
             parts.headers.get(http::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
         let (collection, name) = split(&path);
         if method != Method::GET && !is_lease {
-            let by = faults.identity.lock().unwrap().clone();
-            let guard = self.guard.lock().unwrap().clone();
+            let by = faults.identity.lock().clone();
+            let guard = self.guard.lock().clone();
             if let Some(lease) = guard
                 && self.holder(&lease).as_deref() != Some(by.as_str())
             {
                 let holder = self.holder(&lease);
-                self.violations.lock().unwrap().push(format!("{method} {path} by {by} while {holder:?} holds {lease}"));
+                self.violations.lock().push(format!("{method} {path} by {by} while {holder:?} holds {lease}"));
             }
-            self.writes.lock().unwrap().push(Write {
+            self.writes.lock().push(Write {
                 path: path.clone(),
                 method: method.clone(),
                 by,
@@ -224,7 +226,7 @@ impl Store {
             (Method::GET, None) if query_param(&query, "watch") == Some("true") => self.watch(&collection, &query),
             (Method::GET, None) => {
                 let selected = name_selector(&query);
-                let state = self.state.lock().unwrap();
+                let state = self.state.lock();
                 let items: Vec<&Value> = state
                     .objects
                     .iter()
@@ -275,7 +277,7 @@ impl Store {
                 respond(200, &self.store(&path, current, "MODIFIED"))
             }
             (Method::DELETE, Some(_)) => {
-                let removed = self.state.lock().unwrap().objects.remove(&path);
+                let removed = self.state.lock().objects.remove(&path);
                 match removed {
                     Some(object) => respond(200, &object),
                     None => status(404, "NotFound", &format!("{path} not found")),
@@ -286,7 +288,7 @@ impl Store {
     }
 
     fn store(&self, path: &str, mut object: Value, kind: &'static str) -> Value {
-        let mut state = self.state.lock().unwrap();
+        let mut state = self.state.lock();
         state.rv += 1;
         let (collection, name) = split(path);
         object["metadata"]["resourceVersion"] = json!(state.rv.to_string());
@@ -311,7 +313,7 @@ impl Store {
                 loop {
                     let notified = store.changed.notified();
                     let lines: Vec<(u64, String)> = {
-                        let state = store.state.lock().unwrap();
+                        let state = store.state.lock();
                         state
                             .events
                             .iter()

@@ -58,6 +58,9 @@ pub struct UpArgs {
     /// The cnimesh-control binary [default: `cnimesh-control` beside this executable].
     #[arg(long)]
     pub control: Option<PathBuf>,
+    /// The operator's `cnimesh` binary, for `ca init` [default: `cnimesh` beside this executable].
+    #[arg(long)]
+    pub cli: Option<PathBuf>,
     /// Seconds of traffic per client and service.
     #[arg(long, default_value_t = 3.0)]
     pub traffic_seconds: f64,

@@ -2,5 +2,5 @@
 //! from the current sources (`CARGO_BIN_EXE_cnimesh-cli-e2e`). Same entry point as the real one.
 
 fn main() -> std::process::ExitCode {
-    cnimesh_control::operator::main()
+    cnimesh_cli::main()
 }

@@ -171,13 +171,13 @@ fn root_layout(i: &Inputs<'_>) -> anyhow::Result<State> {
     Ok(state)
 }
 
-/// The trust anchor and issuer, made by `cnimesh-control ca init`; returns their dir.
+/// The trust anchor and issuer, made by `cnimesh ca init`; returns their dir.
 fn trust_anchor(i: &Inputs<'_>) -> anyhow::Result<PathBuf> {
     i.progress("generating the trust anchor and issuer");
     let ca = i.root.join("ca");
-    let out = Command::new(&i.bins.control).args(["ca", "init", "--dir"]).arg(&ca).output()?;
+    let out = Command::new(&i.bins.cli).args(["ca", "init", "--dir"]).arg(&ca).output()?;
     if !out.status.success() {
-        bail!("cnimesh-control ca init: {}", String::from_utf8_lossy(&out.stderr).trim());
+        bail!("cnimesh ca init: {}", String::from_utf8_lossy(&out.stderr).trim());
     }
     std::fs::set_permissions(&ca, std::fs::Permissions::from_mode(0o755))?;
     Ok(ca)

@@ -18,6 +18,7 @@ pub(super) struct Binaries {
     pub(super) plugin: PathBuf,
     pub(super) proxy: PathBuf,
     pub(super) control: PathBuf,
+    pub(super) cli: PathBuf,
 }
 
 fn resolve_binary(flag: &Option<PathBuf>, name: &str, option: &str) -> anyhow::Result<PathBuf> {
@@ -65,6 +66,7 @@ pub(super) fn preflight(args: &UpArgs) -> anyhow::Result<(Workloads, Binaries)> 
         plugin: resolve_binary(&args.cni_plugin, "cnimesh-cni", "--cni-plugin")?,
         proxy: resolve_binary(&args.proxy, "cnimesh-proxy", "--proxy")?,
         control: resolve_binary(&args.control, "cnimesh-control", "--control")?,
+        cli: resolve_binary(&args.cli, "cnimesh", "--cli")?,
     };
     let root = &args.naming.dir;
     host::check_root(root)?;

@@ -10,12 +10,12 @@ use super::yaml;
 /// In the order `kubectl apply` should see them: namespaces come first in each file.
 /// The policy CRDs come before the control plane that watches their kinds.
 pub const FILES: [(&str, &str); 5] = [
-    ("daemonset/cnimesh-node.yaml", include_str!("../../../daemonset/cnimesh-node.yaml")),
+    ("daemonset/cnimesh-node.yaml", include_str!("../../daemonset/cnimesh-node.yaml")),
     // Needs Kubernetes >= 1.30 (ValidatingAdmissionPolicy v1); see the file's header.
-    ("daemonset/cnimesh-node-admission.yaml", include_str!("../../../daemonset/cnimesh-node-admission.yaml")),
-    ("daemonset/control-policy-crds.yaml", include_str!("../../../daemonset/control-policy-crds.yaml")),
-    ("daemonset/control-plane.yaml", include_str!("../../../daemonset/control-plane.yaml")),
-    ("daemonset/control-webhook.yaml", include_str!("../../../daemonset/control-webhook.yaml")),
+    ("daemonset/cnimesh-node-admission.yaml", include_str!("../../daemonset/cnimesh-node-admission.yaml")),
+    ("daemonset/control-policy-crds.yaml", include_str!("../../daemonset/control-policy-crds.yaml")),
+    ("daemonset/control-plane.yaml", include_str!("../../daemonset/control-plane.yaml")),
+    ("daemonset/control-webhook.yaml", include_str!("../../daemonset/control-webhook.yaml")),
 ];
 
 /// Every document of every file, in order.

@@ -1,5 +1,5 @@
 //! `cnimesh tap`: live requests and responses from the proxies of a resource, like `linkerd viz
-//! tap`, read from the control plane's tap relay ([`crate::tap`]):
+//! tap`, read from the control plane's tap relay ([`cnimesh_control::tap`]):
 //! - in a cluster through the API server's service proxy
 //!   (`/api/v1/namespaces/cnimesh/services/cnimesh-control:admin/proxy/tap?…`), with a short-lived
 //!   token of the ServiceAccount `cnimesh/cnimesh-tap` for the audience `tap.cnimesh.io` from a
@@ -34,7 +34,7 @@ use self::render::TapOutput;
 use super::ClusterArgs;
 use super::pod_proxy::kube_error;
 use super::stat::mesh::Resource;
-use crate::tap::{TOKEN_HEADER, TapLine, TapQuery};
+use cnimesh_control::tap::{TOKEN_HEADER, TapLine, TapQuery};
 
 /// How long the token minted for one tap lives: the API server's minimum. The relay checks it
 /// once, when the tap starts.
@@ -69,7 +69,7 @@ pub struct Filter {
     #[arg(long)]
     pub scheme: Option<String>,
     /// At most this many new requests a second are shown (0: all).
-    #[arg(long, default_value_t = crate::tap::query::DEFAULT_MAX_RPS)]
+    #[arg(long, default_value_t = cnimesh_control::tap::query::DEFAULT_MAX_RPS)]
     pub max_rps: f64,
     /// Local mode's directory (`cnimesh-node local up --dir DIR`): tap its control plane
     /// directly instead of a cluster's.
@@ -79,7 +79,7 @@ pub struct Filter {
 
 impl Filter {
     fn resource_text(&self) -> String {
-        crate::tap::query::resource_text(&self.resource)
+        cnimesh_control::tap::query::resource_text(&self.resource)
     }
 
     /// The relay's query for these flags and `limit`, in `default_namespace` unless `-n` says
@@ -135,7 +135,7 @@ pub async fn open(cluster: &ClusterArgs, filter: &Filter, limit: u32) -> anyhow:
 /// Local mode's workload namespace: the one its meshed pods share (`default` otherwise), so that
 /// `cnimesh tap deploy/web --local DIR` needs no `-n`.
 fn local_namespace(dir: &Path) -> String {
-    let (pods, _) = crate::sources::pods_and_services_in(&dir.join("cluster"));
+    let (pods, _) = cnimesh_control::sources::pods_and_services_in(&dir.join("cluster"));
     let mut namespaces: Vec<String> =
         pods.iter().map(super::stat::mesh::PodView::new).filter(|p| p.meshed).map(|p| p.namespace).collect();
     namespaces.sort();
@@ -236,7 +236,7 @@ pub async fn tap_main(cluster: &ClusterArgs, args: TapArgs, out: &mut impl Write
     while let Some(line) = lines.next().await {
         let line = line?;
         match line.body {
-            crate::tap::Body::Error { .. } => errors += 1,
+            cnimesh_control::tap::Body::Error { .. } => errors += 1,
             _ => events += 1,
         }
         out.write_all(render::line(&line, args.output).as_bytes())?;

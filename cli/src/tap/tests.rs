@@ -3,7 +3,9 @@
 //! against a mocked API server.
 
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use bytes::Bytes;
 use futures::StreamExt;
@@ -12,7 +14,7 @@ use serde_json::{Value, json};
 
 use super::render::{self, TapOutput, duration};
 use super::{Filter, lines, open_cluster};
-use crate::tap::{Body, Stream, TapLine};
+use cnimesh_control::tap::{Body, Stream, TapLine};
 
 fn stream(id: &str, direction: &str, src: &str, dst: &str, tls: &str) -> Stream {
     let mut at = Stream {
@@ -160,7 +162,7 @@ fn api(proxy: (u16, String)) -> (kube::Client, Seen) {
             let token = req.headers().get("cnimesh-tap-token").map(|v| v.to_str().unwrap().to_string());
             let body = req.into_body().collect().await.unwrap().to_bytes();
             let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-            seen.lock().unwrap().push((method.clone(), uri.clone(), body.clone()));
+            seen.lock().push((method.clone(), uri.clone(), body.clone()));
             let (status, text) = if method == "POST" {
                 assert_eq!(path, "/api/v1/namespaces/cnimesh/serviceaccounts/cnimesh-tap/token");
                 let mut answer = body;
@@ -207,7 +209,7 @@ async fn the_cluster_path_mints_a_token_and_reads_the_relay_through_the_service_
     let reader = open_cluster(&client, "resource=deployment%2Fweb&namespace=demo").await.unwrap();
     let got: Vec<TapLine> = lines(Box::pin(reader)).map(|l| l.unwrap()).collect().await;
     assert_eq!(got, sample_lines());
-    let seen = seen.lock().unwrap();
+    let seen = seen.lock();
     let token_request = &seen[0].2;
     assert_eq!(token_request["spec"]["audiences"], json!([cnimesh_common::names::TAP_TOKEN_AUDIENCE]));
     assert_eq!(token_request["spec"]["expirationSeconds"], json!(600));

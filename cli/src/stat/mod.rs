@@ -158,7 +158,7 @@ impl Sources {
         let keep = |ns: Option<&String>| namespaces.is_none_or(|list| ns.is_some_and(|ns| list.contains(ns)));
         let (pods, services) = match (&self.client, &self.local) {
             (_, Some(dir)) => {
-                let (pods, services) = crate::sources::pods_and_services_in(&dir.join("cluster"));
+                let (pods, services) = cnimesh_control::sources::pods_and_services_in(&dir.join("cluster"));
                 anyhow::ensure!(
                     !pods.is_empty(),
                     "no pods under {}: is local mode up there (`cnimesh-node local up --dir {0}`)?",

@@ -6,16 +6,18 @@
 
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::Duration;
 
 use bytes::Bytes;
+use cnimesh_cli::tap::{lines, open_at};
 use cnimesh_common::names::TAP_TOKEN_AUDIENCE;
 use cnimesh_control::admin::{self, AdminState};
 use cnimesh_control::destination::Index;
 use cnimesh_control::identity::{Issuer, KubeTokens, Policy, own_cert};
 use cnimesh_control::metrics::Metrics;
-use cnimesh_control::operator::tap::{lines, open_at};
 use cnimesh_control::sources::{KubeSource, Source};
 use cnimesh_control::tap::{Body, Relay, TapLine};
 use cnimesh_identity::tls::{self, ClientAuth, CurrentCert};
@@ -118,7 +120,7 @@ impl Tap for FakeProxy {
         if self.peer != Some(name("cnimesh-control", "cnimesh")) {
             return Err(tonic::Status::permission_denied(format!("{:?} may not tap", self.peer)));
         }
-        self.observed.lock().unwrap().push(request.into_inner());
+        self.observed.lock().push(request.into_inner());
         let guard = DropGuard(self.dropped.clone());
         let events: Vec<Result<TapEvent, tonic::Status>> =
             (1..=self.requests).flat_map(request_events).map(Ok).collect();
@@ -276,7 +278,7 @@ async fn only_the_tap_service_accounts_token_may_tap() {
     assert!(error.contains("401") && error.contains("invalid bearer token"), "{error}");
     let error = tap(&setup, "web-token", query).await.unwrap_err().to_string();
     assert!(error.contains("403") && error.contains("demo/web's; tap needs cnimesh/cnimesh-tap"), "{error}");
-    assert!(setup.observed.lock().unwrap().is_empty(), "no proxy was asked");
+    assert!(setup.observed.lock().is_empty(), "no proxy was asked");
 
     // No header at all, with a raw request.
     let stream = tokio::net::TcpStream::connect(setup.admin).await.unwrap();
@@ -314,7 +316,7 @@ async fn a_tap_merges_the_proxies_streams_reports_unreachable_pods_and_ends_at_i
         events.iter().all(|l| l.body.stream().unwrap().source_pod.as_deref() == Some("demo/client-1")),
         "{events:?}"
     );
-    let observed = setup.observed.lock().unwrap().clone();
+    let observed = setup.observed.lock().clone();
     assert_eq!(observed.len(), 1);
     assert_eq!(observed[0].limit, 2);
     assert!(observed[0].r#match.is_some());
@@ -351,7 +353,7 @@ async fn a_proxy_that_does_not_prove_its_pods_identity_is_not_tapped() {
     assert_eq!(got.len(), 1, "{got:?}");
     let Body::Error { message } = &got[0].body else { panic!("{got:?}") };
     assert!(message.contains("TLS handshake") || message.contains("certificate"), "{message}");
-    assert!(setup.observed.lock().unwrap().is_empty());
+    assert!(setup.observed.lock().is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -367,7 +369,7 @@ async fn bad_queries_and_unknown_resources_are_refused_with_the_reason() {
     // --to: the destination pods' addresses go to the proxies as the match.
     let got = tap(&setup, "tap-token", "resource=pod%2Fweb-1&namespace=demo&to=deploy%2Fdb&limit=1").await.unwrap();
     assert_eq!(got.len(), 3, "{got:?}");
-    let observed = setup.observed.lock().unwrap().clone();
+    let observed = setup.observed.lock().clone();
     let mut destinations = Vec::new();
     destination_masks(observed[0].r#match.as_ref().unwrap(), &mut destinations);
     let expected: Vec<(std::net::IpAddr, u32)> =

@@ -1,10 +1,14 @@
 //! `cnimesh`, the operator's command line: install, check, inject/uninject, uninstall, stat,
-//! edges, tap, top, version, completion. It renders the manifests under `daemonset/` (the single source of truth: what
+//! edges, tap, top, ca, version, completion. It renders the manifests under `daemonset/` (the single source of truth: what
 //! `install` prints is those files plus generated certificates), applies the webhook's pure
 //! mutation to YAML offline, and reads the cluster with kube-rs, never with a shell on a node.
 //!
-//! Layer: runtime: the operator's `cnimesh` command line and everything under it.
+//! Built on the control plane's library (the webhook's mutation, the manifests' names, the tap
+//! relay's query and lines), never the other way round.
+//!
+//! Layers: yaml | pod_proxy → manifests → install → ca | check | inject | uninstall | stat → tap → top
 
+pub mod ca;
 pub mod check;
 pub mod inject;
 pub mod install;
@@ -83,6 +87,11 @@ pub enum Command {
     Tap(tap::TapArgs),
     /// A resource's live requests aggregated by source, destination, method and path.
     Top(top::TopArgs),
+    /// Certificate authority helpers: the mesh's trust anchor and issuer, the webhook's certificate.
+    Ca {
+        #[command(subcommand)]
+        command: ca::CaCommand,
+    },
     /// Print the client's version and, when reachable, the control plane's.
     Version(VersionArgs),
     /// Print a shell completion script.
@@ -141,6 +150,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Edges(args) => runtime()?.block_on(stat::edges_main(&cli.cluster, args, &mut out))?,
         Command::Tap(args) => runtime()?.block_on(tap::tap_main(&cli.cluster, args, &mut out))?,
         Command::Top(args) => runtime()?.block_on(top::top_main(&cli.cluster, args, &mut out))?,
+        Command::Ca { command } => ca::main(command, &mut out)?,
         Command::Version(args) => {
             writeln!(out, "client: {}", env!("CARGO_PKG_VERSION"))?;
             if !args.client {
@@ -198,6 +208,7 @@ mod tests {
                 "edges",
                 "tap",
                 "top",
+                "ca",
                 "version",
                 "completion",
             ] {

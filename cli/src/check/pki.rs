@@ -14,13 +14,13 @@ use kube::Api;
 use super::certs;
 use super::report::{Check, Status, plural};
 use super::{CONTROL_NAMESPACE, kube_error};
-use crate::inject::{WEBHOOK_CA_FILE, WEBHOOK_CERT_FILE, WEBHOOK_SERVICE};
+use cnimesh_control::inject::{WEBHOOK_CA_FILE, WEBHOOK_CERT_FILE, WEBHOOK_SERVICE};
 
 const WEBHOOK: &str = "webhook";
 const CERTS: &str = "certificates";
 /// The MutatingWebhookConfiguration (`daemonset/control-webhook.yaml`).
 pub const WEBHOOK_CONFIGURATION: &str = "cnimesh-proxy-injector";
-pub use crate::operator::install::{ISSUER_SECRET, TRUST_ANCHORS_CONFIG_MAP as ANCHORS_CONFIG_MAP, WEBHOOK_SECRET};
+pub use crate::install::{ISSUER_SECRET, TRUST_ANCHORS_CONFIG_MAP as ANCHORS_CONFIG_MAP, WEBHOOK_SECRET};
 
 /// DER certificates read from a Secret, or what was wrong with it.
 type Certs = Result<Vec<Vec<u8>>, String>;
@@ -102,7 +102,7 @@ async fn webhook(client: &kube::Client, secret: &Result<Option<Secret>, String>,
     let serving = match serving {
         Ok(chain) => chain.into_iter().next().expect("parse_pem returns at least one"),
         Err(e) => {
-            let hint = "regenerate it: cnimesh-control ca webhook --dir D, then create the Secret from D and patch the caBundle from D/ca.crt";
+            let hint = "regenerate it: cnimesh ca webhook --dir D, then create the Secret from D and patch the caBundle from D/ca.crt";
             checks.push(Check::fail(WEBHOOK, verifies, e, hint));
             checks.push(Check::skip(WEBHOOK, names, "skipped: no serving certificate"));
             return;
@@ -148,9 +148,7 @@ async fn webhook(client: &kube::Client, secret: &Result<Option<Secret>, String>,
                 "{wanted} is not among its DNS names ({})",
                 if dns.is_empty() { "none".into() } else { dns.join(", ") }
             ),
-            format!(
-                "regenerate it for the Service: cnimesh-control ca webhook --namespace {CONTROL_NAMESPACE} --dir D"
-            ),
+            format!("regenerate it for the Service: cnimesh ca webhook --namespace {CONTROL_NAMESPACE} --dir D"),
         )
     });
 }
@@ -206,16 +204,16 @@ async fn certificates(
         Ok(s) => pem_key(s, name, key),
         Err(e) => Err(e.clone()),
     };
-    let missing_hint = "generate them (cnimesh-control ca init / ca webhook) and re-create the Secret, or re-install";
+    let missing_hint = "generate them (cnimesh ca init / ca webhook) and re-create the Secret, or re-install";
     let anchor_hint = format!(
         "rotate the trust anchors: put the new anchor next to the old one in ca.crt of Secret {ISSUER_SECRET} and ConfigMap {ANCHORS_CONFIG_MAP}, re-issue the issuer, then drop the old anchor"
     );
     let issuer_hint = format!(
-        "issue a new issuer from the trust anchor (cnimesh-control ca init), update Secret {CONTROL_NAMESPACE}/{ISSUER_SECRET} and restart {}",
+        "issue a new issuer from the trust anchor (cnimesh ca init), update Secret {CONTROL_NAMESPACE}/{ISSUER_SECRET} and restart {}",
         super::CONTROL_NAME
     );
     let webhook_hint = format!(
-        "regenerate with cnimesh-control ca webhook, update Secret {CONTROL_NAMESPACE}/{WEBHOOK_SECRET} and the caBundle together"
+        "regenerate with cnimesh ca webhook, update Secret {CONTROL_NAMESPACE}/{WEBHOOK_SECRET} and the caBundle together"
     );
 
     let anchors = from(&issuer_secret, ISSUER_SECRET, "ca.crt");

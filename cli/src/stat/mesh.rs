@@ -10,78 +10,8 @@ use std::net::IpAddr;
 use cnimesh_common::names::{OWNER_LABEL_PREFIX, PROXY_CONTAINER};
 use k8s_openapi::api::core::v1::{Pod, Service};
 
-use crate::inject::Workload;
-
-/// What `stat` and `edges` aggregate by.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Kind {
-    Namespace,
-    Deployment,
-    StatefulSet,
-    DaemonSet,
-    ReplicaSet,
-    Job,
-    CronJob,
-    Pod,
-}
-
-impl Kind {
-    /// Lower case, as in the owner labels (`cnimesh.io/proxy-deployment`).
-    pub fn name(self) -> &'static str {
-        match self {
-            Kind::Namespace => "namespace",
-            Kind::Deployment => "deployment",
-            Kind::StatefulSet => "statefulset",
-            Kind::DaemonSet => "daemonset",
-            Kind::ReplicaSet => "replicaset",
-            Kind::Job => "job",
-            Kind::CronJob => "cronjob",
-            Kind::Pod => "pod",
-        }
-    }
-}
-
-impl std::str::FromStr for Kind {
-    type Err = String;
-    /// kubectl's names, short names and plurals.
-    fn from_str(s: &str) -> Result<Self, String> {
-        Ok(match s.to_ascii_lowercase().as_str() {
-            "ns" | "namespace" | "namespaces" => Kind::Namespace,
-            "deploy" | "deployment" | "deployments" => Kind::Deployment,
-            "sts" | "statefulset" | "statefulsets" => Kind::StatefulSet,
-            "ds" | "daemonset" | "daemonsets" => Kind::DaemonSet,
-            "rs" | "replicaset" | "replicasets" => Kind::ReplicaSet,
-            "job" | "jobs" => Kind::Job,
-            "cj" | "cronjob" | "cronjobs" => Kind::CronJob,
-            "po" | "pod" | "pods" => Kind::Pod,
-            other => {
-                return Err(format!(
-                    "unknown resource kind {other:?}: expected namespace, deployment, statefulset, daemonset, \
-                     replicaset, job, cronjob or pod (or their short names)"
-                ));
-            }
-        })
-    }
-}
-
-/// `<kind>[/<name>]`, e.g. `deploy/web` or `deployments`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Resource {
-    pub kind: Kind,
-    pub name: Option<String>,
-}
-
-impl std::str::FromStr for Resource {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        let (kind, name) = match s.split_once('/') {
-            Some((_, "")) => return Err(format!("{s:?}: a name must follow the '/'")),
-            Some((kind, name)) => (kind, Some(name.to_string())),
-            None => (s, None),
-        };
-        Ok(Self { kind: kind.parse()?, name })
-    }
-}
+use cnimesh_control::inject::Workload;
+pub use cnimesh_control::resource::{Kind, Resource};
 
 /// One pod, reduced to what the metrics are attributed by.
 #[derive(Debug, Clone)]
@@ -201,12 +131,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn resources_parse_with_kubectls_names_and_mistakes_are_named() {
-        let r: Resource = "deploy/web".parse().unwrap();
-        assert_eq!((r.kind, r.name.as_deref()), (Kind::Deployment, Some("web")));
-        assert_eq!("sts".parse::<Resource>().unwrap().kind, Kind::StatefulSet);
-        assert!("widgets/x".parse::<Resource>().unwrap_err().contains("unknown resource kind \"widgets\""));
-        assert!("deploy/".parse::<Resource>().unwrap_err().contains("a name must follow"));
+    fn target_addresses_give_their_ip() {
         assert_eq!(target_ip("10.0.0.1:80"), Some("10.0.0.1".parse().unwrap()));
         assert_eq!(target_ip("[fd00::1]:80"), Some("fd00::1".parse().unwrap()));
     }

@@ -1,4 +1,4 @@
-//! `cnimesh inject` and `cnimesh uninject`: the webhook's pure mutation ([`crate::inject::plan`])
+//! `cnimesh inject` and `cnimesh uninject`: the webhook's pure mutation ([`cnimesh_control::inject::plan`])
 //! applied to YAML offline, for CD pipelines that render manifests before they reach a cluster.
 //!
 //! Input is a stream of documents (files, directories, stdin); each workload's pod template
@@ -21,12 +21,12 @@ use serde_json::Value;
 
 use super::install::{TRUST_ANCHORS_CONFIG_MAP, TRUST_ANCHORS_KEY};
 use super::{ClusterArgs, yaml};
-use crate::inject::{
+use cnimesh_control::inject::{
     DEFAULT_CONTROL_NAMESPACE, DEFAULT_PROXY_IMAGE, INJECT_ANNOTATION, INJECTED_ANNOTATION, InjectConfig,
     NamespaceDefault, NamespaceInjection, PROXY_CONTAINER, ServerVersion, SidecarMode, Skip, TOKEN_VOLUME, Workload,
     plan,
 };
-use crate::policy::DefaultPolicy;
+use cnimesh_control::policy::DefaultPolicy;
 
 /// How long `auto` and the anchors lookup wait for a cluster before working without one.
 const CLUSTER_TIMEOUT: Duration = Duration::from_secs(5);
@@ -339,7 +339,7 @@ mod tests {
         InjectConfig { trust_anchors_pem: anchor.cert_pem, native_sidecars: true, ..Default::default() }
     }
 
-    const SAMPLE: &str = include_str!("../../tests/golden/inject-input.yaml");
+    const SAMPLE: &str = include_str!("../tests/golden/inject-input.yaml");
 
     fn inject(text: &str, config: &InjectConfig) -> String {
         rewrite(text, "sample", &mut |t, ns, what| inject_template(t, ns, what, config)).unwrap()

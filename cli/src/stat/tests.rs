@@ -13,7 +13,7 @@ use super::compute::{self, Query, Scrapes};
 use super::mesh::{Mesh, Resource};
 use super::render::{self, Output};
 use super::{EdgesArgs, Scope, Sources, StatArgs, edges, stat};
-use crate::operator::check::mock::MockApi;
+use crate::check::mock::MockApi;
 
 const CLIENT_ID: &str = "client.shop.serviceaccount.identity.cnimesh.cluster.local";
 const WEB_ID: &str = "web.shop.serviceaccount.identity.cnimesh.cluster.local";

@@ -12,7 +12,7 @@ use kube::api::ListParams;
 
 use super::report::{Check, plural};
 use super::{CONCURRENCY, kube_error, pod_proxy_get};
-use crate::inject::{PROXY_ADMIN_PORT, PROXY_CONTAINER};
+use cnimesh_control::inject::{PROXY_ADMIN_PORT, PROXY_CONTAINER};
 
 const CATEGORY: &str = "meshed-pods";
 /// The proxy's gauge of its current certificate's expiry, seconds since the epoch.

@@ -10,8 +10,8 @@ use std::net::SocketAddr;
 
 use cnimesh_common::table::table;
 
-use crate::operator::tap::render::duration;
-use crate::tap::{Body, TapLine};
+use crate::tap::render::duration;
+use cnimesh_control::tap::{Body, TapLine};
 
 /// What the table is grouped by.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -2,7 +2,7 @@
 
 use super::aggregate::{Key, Top};
 use super::run;
-use crate::operator::tap::tests::{golden, sample_lines};
+use crate::tap::tests::{golden, sample_lines};
 
 #[test]
 fn requests_fold_by_source_destination_method_and_path() {

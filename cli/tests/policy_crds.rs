@@ -1,7 +1,7 @@
 //! The policy CRDs under `daemonset/control-policy-crds.yaml` are exactly what the Rust types in
 //! `cnimesh_control::policy::crd` derive (so the schema the API server enforces is the one the
 //! control plane parses with), and they pass the same strict k8s-openapi round trip as every
-//! other manifest. `UPDATE_GOLDEN=1 cargo nextest run -p cnimesh-control --test policy_crds`
+//! other manifest. `UPDATE_GOLDEN=1 cargo nextest run -p cnimesh-cli --test policy_crds`
 //! rewrites the file after a change to the types.
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -22,7 +22,7 @@ fn checked_in_crds_equal_the_derived_ones() {
     let path = manifest_check::daemonset_dir().join(FILE);
     let derived = derived();
     if std::env::var_os("UPDATE_GOLDEN").is_some() {
-        let text = format!("{HEADER}{}", cnimesh_control::operator::yaml::render(&derived));
+        let text = format!("{HEADER}{}", cnimesh_cli::yaml::render(&derived));
         std::fs::write(&path, text).unwrap();
     }
     let docs = manifest_check::documents(&path);

@@ -21,17 +21,18 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::{Value, json};
 
 use super::{manifests, yaml};
-use crate::identity::issuer::Issuer;
 use cnimesh_common::names::AGENT_NAME;
+use cnimesh_control::identity::issuer::Issuer;
 
-use crate::inject::{
+use cnimesh_control::inject::{
     CONTROL_NAME, DEFAULT_CLUSTER_DOMAIN, DEFAULT_CONTROL_NAMESPACE, new_webhook_cert, webhook_dns_names,
 };
 
 /// The Secret the control plane signs with (`CNIMESH_CONTROL_ISSUER_DIR`).
 pub const ISSUER_SECRET: &str = "cnimesh-identity-issuer";
-/// The webhook's serving certificate (`CNIMESH_CONTROL_WEBHOOK_TLS_DIR`).
-pub const WEBHOOK_SECRET: &str = "cnimesh-webhook-tls";
+/// The webhook's serving certificate (`CNIMESH_CONTROL_WEBHOOK_TLS_DIR`): defined beside the
+/// certificate's files, since the control plane's `--webhook-secret` defaults to it too.
+pub use cnimesh_control::inject::WEBHOOK_SECRET;
 /// The trust anchors, public: what `cnimesh inject` hands to proxies and `check` compares.
 pub const TRUST_ANCHORS_CONFIG_MAP: &str = "cnimesh-identity-trust-anchors";
 pub const TRUST_ANCHORS_KEY: &str = "ca.crt";
