@@ -203,8 +203,11 @@ def check_layers(crate, src, top):
 
 
 def crate_graph(top):
-    meta = json.loads(subprocess.run(["cargo", "metadata", "--no-deps", "--format-version", "1", "--offline"],
-                                     cwd=top, check=True, capture_output=True, text=True).stdout)
+    run = subprocess.run(["cargo", "metadata", "--no-deps", "--format-version", "1", "--offline"],
+                         cwd=top, capture_output=True, text=True)
+    if run.returncode != 0:
+        sys.exit(f"cargo metadata failed:\n{run.stderr}")
+    meta = json.loads(run.stdout)
     names = {p["name"] for p in meta["packages"]}
     graph = {n: set() for n in names}
     for p in meta["packages"]:
