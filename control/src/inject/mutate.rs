@@ -42,11 +42,11 @@ pub const INJECTED_ANNOTATION: &str = "cnimesh.io/injected";
 
 pub const TOKEN_VOLUME: &str = "cnimesh-identity-token";
 pub const TOKEN_DIR: &str = "/var/run/secrets/tokens";
-/// Must equal the proxy's `DEFAULT_TOKEN_FILE` (`proxy/src/config.rs`; a test checks).
+/// Must equal the proxy's `DEFAULT_TOKEN_FILE` (`proxy/src/app/config.rs`; a test checks).
 pub const TOKEN_FILE: &str = "/var/run/secrets/tokens/cnimesh-identity-token";
 /// The projected token lives a day; the kubelet refreshes it at 80% and the proxy re-reads it.
 pub const TOKEN_EXPIRATION_SECONDS: i64 = 86400;
-/// The proxy reads its trust anchors (PEM) from this variable (`proxy/src/config.rs`).
+/// The proxy reads its trust anchors (PEM) from this variable (`proxy/src/app/config.rs`).
 pub const TRUST_ANCHORS_ENV: &str = "CNIMESH_PROXY_IDENTITY_TRUST_ANCHORS_PEM";
 
 /// Namespaces whose pods are never injected, whatever they say: the control plane's own (see

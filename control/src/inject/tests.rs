@@ -140,7 +140,7 @@ fn unchanged(pod: &Value, namespace: &str, ns: NamespaceInjection, config: &Inje
 
 /// The proxy's source: every variable we set must be one it reads.
 fn proxy_config_source() -> String {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../proxy/src/config.rs");
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../proxy/src/app/config.rs");
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
 }
 
@@ -171,7 +171,7 @@ fn check_proxy(c: &Container, identity: &str, config: &InjectConfig) {
         }
         assert!(e.name.starts_with("CNIMESH_PROXY_"), "{} is not a proxy variable", e.name);
         // The proxy's clap arguments name their variables in full (`env = "CNIMESH_PROXY_…"`).
-        assert!(source.contains(&format!("\"{}\"", e.name)), "{} is not read by proxy/src/config.rs", e.name);
+        assert!(source.contains(&format!("\"{}\"", e.name)), "{} is not read by proxy/src/app/config.rs", e.name);
         assert!(e.value_from.is_none());
     }
     assert_eq!(env(c, "CNIMESH_PROXY_IDENTITY_NAME"), Some(identity));
