@@ -165,7 +165,7 @@ async fn setup(requests: u64) -> Setup {
     let server_tls = tls::server_config(issuer.roots.clone(), web_cert, ClientAuth::Required, &[b"h2"]).unwrap();
     let (observed, dropped) = (Arc::new(Mutex::new(Vec::new())), Arc::new(Notify::new()));
     let (o, d) = (observed.clone(), dropped.clone());
-    tokio::spawn(cnimesh_control::grpc::accept_tls(
+    tokio::spawn(cnimesh_control::tls_accept::accept_tls(
         proxy,
         server_tls,
         std::future::pending(),

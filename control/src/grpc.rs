@@ -38,8 +38,7 @@ use tower::ServiceExt;
 use cnimesh_common::log_limit::LogLimit;
 
 use crate::metrics::Metrics;
-/// The accept loop (TLS handshakes, drain on shutdown) is shared with the webhook, below both.
-pub use crate::tls_accept::{accept_tls, accept_tls_with};
+use crate::tls_accept::{accept_tls, accept_tls_with};
 use limits::{Admission, Refusal};
 
 /// Pings on idle connections find proxies that vanished without a FIN (node died, conntrack

@@ -6,7 +6,8 @@
 
 use std::time::Duration;
 
-use cnimesh_control::destination::{self, NsName};
+use cnimesh_control::destination::{self};
+use cnimesh_control::meta::NsName;
 use cnimesh_control::policy::index::{InboundView, ServerMeta};
 use cnimesh_control::policy::model::Protocol;
 use cnimesh_control::policy::{self, DefaultPolicy};

@@ -20,7 +20,8 @@ use tokio::sync::watch;
 
 use super::Config;
 
-use super::model::{KINDS, Kind, NsName, Object, PodRecord, ServiceRecord, SliceRecord};
+use super::model::{KINDS, Kind, Object, PodRecord, ServiceRecord, SliceRecord};
+use crate::meta::NsName;
 
 /// One update from a source. Sources batch them so that readers never see half of a change (a
 /// re-list, or a file holding a Service and its EndpointSlice). Generic over the kinds and

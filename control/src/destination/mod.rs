@@ -62,7 +62,7 @@ pub(crate) mod path;
 pub(crate) mod resolve;
 
 pub use index::{Change, Index, IndexStats};
-pub use model::{KINDS, Kind, NsName, Object, PodRecord, PortSet};
+pub use model::{KINDS, Kind, Object, PodRecord, PortSet};
 #[doc(hidden)]
 pub use path::parse_for_fuzzing as parse_path_for_fuzzing;
 

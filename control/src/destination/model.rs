@@ -21,7 +21,7 @@ use crate::routes::model::ServiceDefaults;
 pub use cnimesh_common::names::{OPAQUE_PORTS_ANNOTATION, PROXY_CONTAINER};
 use cnimesh_common::names::{OWNER_KINDS, OWNER_LABEL_PREFIX};
 
-pub use crate::meta::NsName;
+use crate::meta::NsName;
 use crate::workload::Workload;
 /// The label tying an EndpointSlice to its Service.
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";

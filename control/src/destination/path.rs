@@ -4,7 +4,7 @@
 
 use std::net::SocketAddr;
 
-use super::model::NsName;
+use crate::meta::NsName;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Target {

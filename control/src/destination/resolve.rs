@@ -13,7 +13,8 @@ use linkerd2_proxy_api::destination::{
 
 use super::Config;
 use super::index::{Endpoint, IpView, ServiceSnapshot, ServiceView};
-use super::model::{NsName, PodRecord, ServicePort, ServiceRecord, TargetPort};
+use super::model::{PodRecord, ServicePort, ServiceRecord, TargetPort};
+use crate::meta::NsName;
 
 /// The weight linkerd's own destination controller gives every endpoint; proxies only compare
 /// weights, so any constant works, and this one matches what a stock proxy has seen elsewhere.

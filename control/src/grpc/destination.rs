@@ -17,7 +17,8 @@ use tonic::{Request, Response, Status};
 
 use crate::destination::index::{Index, ServiceView};
 use crate::destination::path::{self, Target};
-use crate::destination::{Config, NsName, resolve};
+use crate::destination::{Config, resolve};
+use crate::meta::NsName;
 
 /// Serves `Get` and `GetProfile` from an [`Index`]. Cheap to clone.
 #[derive(Clone)]

@@ -44,7 +44,7 @@ use linkerd2_proxy_api::inbound::{self as api, authn, proxy_protocol};
 use linkerd2_proxy_api::meta::{Metadata, Resource, metadata};
 use tonic::{Request, Response, Status};
 
-use crate::destination::NsName;
+use crate::meta::NsName;
 use crate::policy::crd::GROUP;
 use crate::policy::index::{Authentication, Authorization, AuthzMeta, InboundServer, InboundView, ServerMeta};
 use crate::policy::model::{Network, Protocol};

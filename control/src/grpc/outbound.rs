@@ -60,7 +60,8 @@ use tonic::{Request, Response, Status};
 use super::inbound::DETECT_TIMEOUT;
 use crate::destination::index::{Index, IpView, ServiceView};
 use crate::destination::path::{self, Target};
-use crate::destination::{Config, NsName, PortSet};
+use crate::destination::{Config, PortSet};
+use crate::meta::NsName;
 use crate::policy;
 use crate::routes::model::{
     HttpMatch, Matches, PathMatch as RoutePath, RouteDefaults, Rule, ServiceDefaults, Timeouts,

@@ -23,7 +23,6 @@ mod tests;
 mod validate;
 mod version;
 
-pub use crate::workload::{Workload, owner_labels};
 pub use cert::{
     WEBHOOK_CA_FILE, WEBHOOK_CERT_FILE, WEBHOOK_KEY_FILE, WEBHOOK_SECRET, WEBHOOK_SERVICE, WebhookCertError,
     WebhookCertPem, generate_webhook_cert, load_webhook_tls, new_webhook_cert, webhook_dns_names, webhook_tls_from,

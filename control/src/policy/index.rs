@@ -43,7 +43,7 @@ use super::model::{
     AuthzPolicyRecord, DefaultPolicy, Identities, IdentityRef, Invalid, NamespaceRecord, Network, PodRecord, Protocol,
     ServerRecord, Target, key_of, networks_from_crd,
 };
-use crate::destination::NsName;
+use crate::meta::NsName;
 use crate::routes::{self, Grant, Route, RouteKind, ServiceRoutes};
 
 /// What the answers depend on besides cluster state.

@@ -24,7 +24,8 @@ use notify::{EventKind, RecursiveMode, Watcher};
 use serde_json::Value;
 
 use super::{Source, SourceError};
-use crate::destination::{Change, Index, KINDS, Kind, NsName, Object};
+use crate::destination::{Change, Index, KINDS, Kind, Object};
+use crate::meta::NsName;
 use crate::policy::{self, crd};
 use crate::routes::crd as routes;
 

@@ -35,9 +35,10 @@ use super::admission::Admission;
 use super::event::TapLine;
 use super::query::{TapQuery, resource_text};
 use super::{client, matcher};
-use crate::destination::{Index, NsName, PodRecord};
+use crate::destination::{Index, PodRecord};
 use crate::identity::tokens::MAX_TOKEN_LEN;
 use crate::identity::{Authenticator, IssuerRx, ServiceAccount, TokenError};
+use crate::meta::NsName;
 use crate::metrics::{Metrics, TapSession};
 use crate::resource::{Kind, Resource};
 

@@ -47,7 +47,7 @@ const RETRY_MIN_BACKOFF: Duration = Duration::from_millis(25);
 const RETRY_MAX_BACKOFF: Duration = Duration::from_millis(250);
 
 /// Builds the backend of one Service port (the same shape as the parent's default backend).
-pub(super) type BackendOf<'a> = &'a dyn Fn(&crate::destination::NsName, u16) -> Backend;
+pub(super) type BackendOf<'a> = &'a dyn Fn(&crate::meta::NsName, u16) -> Backend;
 
 fn route_meta(route: &Route) -> Metadata {
     Metadata {
