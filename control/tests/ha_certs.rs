@@ -388,14 +388,20 @@ async fn serve_with_managed_certificates_serves_the_secret_and_reports_leadershi
     loop {
         if store.get(SECRET).is_some() {
             let want = cnimesh_identity::pem::certs(data(&store, "tls.crt").as_bytes(), "tls.crt").unwrap().remove(0);
-            if served(hook_addr, &data(&store, "ca.crt")).await.as_ref() == Some(&want) {
+            // Serving the Secret and patching the caBundle are two loops (the watch serves what
+            // the Secret holds; the writer patches after writing): wait for both.
+            if served(hook_addr, &data(&store, "ca.crt")).await.as_ref() == Some(&want)
+                && ca_bundles(&store)[0] == data(&store, "ca.crt")
+            {
                 break;
             }
         }
-        assert!(tokio::time::Instant::now() < deadline, "the webhook never served the managed certificate");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the webhook never served the managed certificate with its CA in the caBundle"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert_eq!(ca_bundles(&store)[0], data(&store, "ca.crt"));
     let mut admin = tokio::net::TcpStream::connect(admin_addr).await.unwrap();
     admin.write_all(b"GET /metrics HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n").await.unwrap();
     let mut metrics = String::new();
