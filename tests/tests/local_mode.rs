@@ -176,7 +176,7 @@ fn up_runs_the_demo_mesh_and_down_removes_everything() {
     let client_netns = Path::new("/run/netns").join(format!("{}-client", local.prefix));
     let web_ip: std::net::SocketAddr = "10.96.0.10:80".parse().unwrap();
     let load = std::thread::spawn(move || {
-        cnimesh_node::local::traffic::load(&client_netns, web_ip, "web", 2, Duration::from_secs(3))
+        cnimesh_local::traffic::load(&client_netns, web_ip, "web", 2, Duration::from_secs(3))
     });
     let stat = cli(&["stat", "deploy", "-n", "demo", "--window", "2s"]);
     assert!(load.join().unwrap().failures.is_empty());
@@ -201,7 +201,7 @@ fn up_runs_the_demo_mesh_and_down_removes_everything() {
     // relay over mTLS, show the client's live requests with both identities.
     let client_netns = Path::new("/run/netns").join(format!("{}-client", local.prefix));
     let load = std::thread::spawn(move || {
-        cnimesh_node::local::traffic::load(&client_netns, web_ip, "web", 2, Duration::from_secs(4))
+        cnimesh_local::traffic::load(&client_netns, web_ip, "web", 2, Duration::from_secs(4))
     });
     let tap = Command::new(CLI)
         .args(["tap", "deploy/web", "--local"])

@@ -7,10 +7,10 @@ use std::path::PathBuf;
 use anyhow::bail;
 use ipnet::Ipv4Net;
 
-use crate::local::host::{self, check_prerequisites, link_exists};
-use crate::local::record;
-use crate::local::workloads::Workloads;
-use crate::local::{DEMO, UpArgs};
+use crate::host::{self, check_prerequisites, link_exists};
+use crate::record;
+use crate::workloads::Workloads;
+use crate::{DEMO, UpArgs};
 
 /// The four binaries local mode runs, resolved and checked.
 pub(super) struct Binaries {

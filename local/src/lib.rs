@@ -8,6 +8,7 @@
 //! also cleans up after an `up` that crashed.
 
 mod app;
+pub mod cli;
 mod down;
 mod host;
 mod record;
@@ -22,7 +23,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
 
-use crate::debug::Format;
+use cnimesh_node::debug::Format;
 
 /// The demo shipped in the repository, built in so the binary needs no checkout.
 pub const DEMO: &str = include_str!("demo.yaml");
@@ -43,7 +44,7 @@ pub struct Naming {
 pub struct UpArgs {
     #[command(flatten)]
     pub naming: Naming,
-    /// The workloads file [default: the built-in copy of node-agent/src/local/demo.yaml].
+    /// The workloads file [default: the built-in copy of local/src/demo.yaml].
     #[arg(long)]
     pub workloads: Option<PathBuf>,
     /// Pod subnet on the bridge.

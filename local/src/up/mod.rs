@@ -27,7 +27,7 @@ use super::runtime::{Runtime, random_id};
 use super::traffic::{Summary, http_get, http_get_in};
 use super::workloads::{self, APP_PORT, PodSpec, Role, SERVICE_RANGE, Workloads};
 use super::{Naming, UpArgs, down};
-use crate::chain;
+use cnimesh_node::chain;
 
 /// The control plane's admin server (`/ready`) inside its pod; not a §2 number, local mode's own.
 const NETWORK: &str = "cnimesh-local";

@@ -8,8 +8,8 @@ use std::time::Duration;
 use cnimesh_common::names::PROXY_ADMIN_PORT;
 
 use super::{Inputs, Running, loopback, replicas};
-use crate::local::traffic::{self, Edge, http_get_in, samples};
-use crate::local::workloads::Role;
+use crate::traffic::{self, Edge, http_get_in, samples};
+use crate::workloads::Role;
 
 /// The samples of `pod`'s proxy `/metrics` (none when it cannot be read).
 fn metrics_of(i: &Inputs<'_>, pod: &str) -> Vec<traffic::Sample> {
