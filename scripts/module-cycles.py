@@ -238,6 +238,9 @@ def main():
     top = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     args = sys.argv[1:]
     crates = args or sorted(d for d in os.listdir(top) if os.path.isfile(os.path.join(top, d, "Cargo.toml")) and os.path.isdir(os.path.join(top, d, "src")))
+    if not crates:
+        print(f"no crates found under {top}: run the script from the repository's scripts/ folder")
+        return 1
     files = mods = layers = 0
     for c in crates:
         src = os.path.join(top, c, "src")

@@ -9,6 +9,8 @@
 //! reverse) and runs the other binaries (`cnimesh-node`, `cnimesh-cni`, `cnimesh-proxy`,
 //! `cnimesh-control`) from beside its own executable unless told otherwise.
 //!
+//! Layers: app | host | record | runtime | traffic | workloads → down → up → cli
+//!
 //! `up` leaves everything running, detached; `down` finds what `up` created by its records and by
 //! its naming (netns `<prefix>-*`, bridge `<prefix>0`, processes mentioning the root dir), so it
 //! also cleans up after an `up` that crashed.
