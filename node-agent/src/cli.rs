@@ -1,5 +1,5 @@
-//! `cnimesh-node`'s command line: the node agent DaemonSet, the node-level debug CLI and local
-//! mode. Lives in the library so test packages can build the same binary from current sources.
+//! `cnimesh-node`'s command line: the node agent DaemonSet and the node-level debug CLI. Lives in
+//! the library so test packages can build the same binary from current sources.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -10,7 +10,6 @@ use std::time::Duration;
 use crate::cluster::{FileCluster, SharedCluster};
 use crate::debug::{self, Format};
 use crate::kube_cluster::KubeCluster;
-use crate::local;
 use crate::repair::RepairMode;
 use crate::run::{self, RunConfig};
 use anyhow::Context;
@@ -124,11 +123,6 @@ enum Cmd {
     Verify { target: Option<String> },
     /// Installation health: binary, chaining, socket, API, captured pods.
     Status,
-    /// Local mode: a demo mesh on this host (pods as network namespaces, the real CNI chain).
-    Local {
-        #[command(subcommand)]
-        command: local::LocalCmd,
-    },
 }
 
 fn config(cli: &Cli, agent: &AgentArgs) -> RunConfig {
@@ -224,7 +218,6 @@ async fn main_async(cli: Cli) -> anyhow::Result<ExitCode> {
             print!("{}", debug::render_status(&s, cli.output));
             Ok(if s.healthy() { ExitCode::SUCCESS } else { ExitCode::from(1) })
         }
-        Cmd::Local { command } => local::main(command, cli.output).await,
     }
 }
 

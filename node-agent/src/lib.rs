@@ -8,7 +8,6 @@ pub mod decide;
 pub mod health;
 pub mod install;
 pub mod kube_cluster;
-pub mod local;
 pub mod metrics;
 pub mod mounts;
 pub mod rechain;

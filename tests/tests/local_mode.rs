@@ -1,4 +1,4 @@
-//! Local mode end to end: `cnimesh-node local up` builds the demo mesh on this host (pods as
+//! Local mode end to end: `cnimesh-local up` builds the demo mesh on this host (pods as
 //! network namespaces through the real CNI chain, the node agent, the control plane, proxies) and
 //! sends traffic; its JSON summary must show mTLS where both sides are meshed, plaintext to the
 //! pod outside the mesh, every replica serving, the canary split 90/10 and no failure. `down` must leave nothing behind,
@@ -13,6 +13,7 @@ use cnimesh_e2e::{bins, require_root};
 use serde_json::{Value, json};
 
 const NODE: &str = env!("CARGO_BIN_EXE_cnimesh-node-e2e");
+const LOCAL: &str = env!("CARGO_BIN_EXE_cnimesh-local-e2e");
 const CLI: &str = env!("CARGO_BIN_EXE_cnimesh-cli-e2e");
 
 /// A local mode instance with names of its own (not `cnm<digit>`, which other tests use), torn
@@ -37,11 +38,13 @@ impl Local {
 
     fn up_command(&self) -> Command {
         let b = bins!();
-        let mut cmd = Command::new(NODE);
-        cmd.args(["-o", "json", "local", "up", "--traffic-seconds", "1"])
+        let mut cmd = Command::new(LOCAL);
+        cmd.args(["-o", "json", "up", "--traffic-seconds", "1"])
             .arg("--dir")
             .arg(&self.root)
             .args(["--prefix", &self.prefix, "--subnet", &self.subnet])
+            .arg("--node")
+            .arg(NODE)
             .arg("--cni-plugin")
             .arg(&b.plugin)
             .arg("--proxy")
@@ -54,12 +57,7 @@ impl Local {
     }
 
     fn down(&self) -> Output {
-        Command::new(NODE)
-            .args(["local", "down", "--dir"])
-            .arg(&self.root)
-            .args(["--prefix", &self.prefix])
-            .output()
-            .unwrap()
+        Command::new(LOCAL).args(["down", "--dir"]).arg(&self.root).args(["--prefix", &self.prefix]).output().unwrap()
     }
 
     /// Everything of this instance still on the host; empty when it is gone.
@@ -178,7 +176,7 @@ fn up_runs_the_demo_mesh_and_down_removes_everything() {
     let client_netns = Path::new("/run/netns").join(format!("{}-client", local.prefix));
     let web_ip: std::net::SocketAddr = "10.96.0.10:80".parse().unwrap();
     let load = std::thread::spawn(move || {
-        cnimesh_node::local::traffic::load(&client_netns, web_ip, "web", 2, Duration::from_secs(3))
+        cnimesh_local::traffic::load(&client_netns, web_ip, "web", 2, Duration::from_secs(3))
     });
     let stat = cli(&["stat", "deploy", "-n", "demo", "--window", "2s"]);
     assert!(load.join().unwrap().failures.is_empty());
@@ -203,7 +201,7 @@ fn up_runs_the_demo_mesh_and_down_removes_everything() {
     // relay over mTLS, show the client's live requests with both identities.
     let client_netns = Path::new("/run/netns").join(format!("{}-client", local.prefix));
     let load = std::thread::spawn(move || {
-        cnimesh_node::local::traffic::load(&client_netns, web_ip, "web", 2, Duration::from_secs(4))
+        cnimesh_local::traffic::load(&client_netns, web_ip, "web", 2, Duration::from_secs(4))
     });
     let tap = Command::new(CLI)
         .args(["tap", "deploy/web", "--local"])

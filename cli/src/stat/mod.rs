@@ -3,7 +3,7 @@
 //!
 //! Where things are read from:
 //! - the pods and Services: the cluster (kubeconfig), or local mode's cluster directory
-//!   (`--local DIR`, the files `cnimesh-node local up --dir DIR` writes for its control plane);
+//!   (`--local DIR`, the files `cnimesh-local up --dir DIR` writes for its control plane);
 //! - the metrics: each meshed pod's proxy admin port, through the API server's pod proxy
 //!   subresource in a cluster, directly at the pod's IP in local mode (the host is the bridge's
 //!   gateway); or, with `--prometheus URL`, the same series from Prometheus (labelled `namespace`
@@ -48,7 +48,7 @@ pub struct Scope {
     /// Every namespace.
     #[arg(short = 'A', long, conflicts_with = "namespace")]
     pub all_namespaces: bool,
-    /// Local mode's directory (`cnimesh-node local up --dir DIR`): its pods, and their proxies
+    /// Local mode's directory (`cnimesh-local up --dir DIR`): its pods, and their proxies
     /// read directly, instead of a cluster.
     #[arg(long, value_name = "DIR")]
     pub local: Option<PathBuf>,
@@ -161,7 +161,7 @@ impl Sources {
                 let (pods, services) = cnimesh_control::sources::pods_and_services_in(&dir.join("cluster"));
                 anyhow::ensure!(
                     !pods.is_empty(),
-                    "no pods under {}: is local mode up there (`cnimesh-node local up --dir {0}`)?",
+                    "no pods under {}: is local mode up there (`cnimesh-local up --dir {0}`)?",
                     dir.join("cluster").display()
                 );
                 (pods, services)

@@ -6,7 +6,7 @@
 //!   TokenRequest (the operator needs
 //!   the Role `cnimesh-tap`: `serviceaccounts/token` create and `services/proxy`);
 //! - in local mode (`--local DIR`) directly at the local control plane's admin port, with the
-//!   token `cnimesh-node local up` keeps in `DIR/tokens/cnimesh/cnimesh-tap`.
+//!   token `cnimesh-local up` keeps in `DIR/tokens/cnimesh/cnimesh-tap`.
 //!
 //! [`render`] prints the lines; `cnimesh top` ([`super::top`]) reads the same stream.
 //!
@@ -71,7 +71,7 @@ pub struct Filter {
     /// At most this many new requests a second are shown (0: all).
     #[arg(long, default_value_t = cnimesh_control::tap::query::DEFAULT_MAX_RPS)]
     pub max_rps: f64,
-    /// Local mode's directory (`cnimesh-node local up --dir DIR`): tap its control plane
+    /// Local mode's directory (`cnimesh-local up --dir DIR`): tap its control plane
     /// directly instead of a cluster's.
     #[arg(long, value_name = "DIR")]
     pub local: Option<PathBuf>,
@@ -193,7 +193,7 @@ pub async fn open_cluster(client: &kube::Client, query: &str) -> anyhow::Result<
 pub async fn open_local(dir: &Path, query: &str) -> anyhow::Result<impl AsyncBufRead + Send + use<>> {
     let state = dir.join("local.json");
     let text = std::fs::read(&state).with_context(|| {
-        format!("reading {}: is local mode up there (`cnimesh-node local up --dir {0}`)?", dir.display())
+        format!("reading {}: is local mode up there (`cnimesh-local up --dir {0}`)?", dir.display())
     })?;
     let state: serde_json::Value = serde_json::from_slice(&text).with_context(|| format!("{}", state.display()))?;
     let control: SocketAddr = state["control"]

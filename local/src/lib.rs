@@ -1,13 +1,22 @@
-//! Local mode: the whole mesh on one Linux host, set up the way a cluster would set it up. Pods
-//! are network namespaces wired by the real CNI chain (Debian's `bridge` + `host-local`, then
-//! `cnimesh-cni`, which asks this node agent), the control plane runs in a pod of its own with the
-//! files backend, proxies run as the proxy UID, and the demo's traffic goes through all of it.
+//! `cnimesh-local`, local mode: the whole mesh on one Linux host, set up the way a cluster would
+//! set it up. Pods are network namespaces wired by the real CNI chain (Debian's `bridge` +
+//! `host-local`, then `cnimesh-cni`, which asks the node agent `cnimesh-node run`), the control
+//! plane runs in a pod of its own with the files backend, proxies run as the proxy UID, and the
+//! demo's traffic goes through all of it.
+//!
+//! Its own crate and binary because it is a developer harness, not part of a node: the node agent's
+//! DaemonSet image ships `cnimesh-node` without it. It builds on the node agent's library (never the
+//! reverse) and runs the other binaries (`cnimesh-node`, `cnimesh-cni`, `cnimesh-proxy`,
+//! `cnimesh-control`) from beside its own executable unless told otherwise.
+//!
+//! Layers: app | host | record | runtime | traffic | workloads → down → up → cli
 //!
 //! `up` leaves everything running, detached; `down` finds what `up` created by its records and by
 //! its naming (netns `<prefix>-*`, bridge `<prefix>0`, processes mentioning the root dir), so it
 //! also cleans up after an `up` that crashed.
 
 mod app;
+pub mod cli;
 mod down;
 mod host;
 mod record;
@@ -22,7 +31,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
 
-use crate::debug::Format;
+use cnimesh_node::debug::Format;
 
 /// The demo shipped in the repository, built in so the binary needs no checkout.
 pub const DEMO: &str = include_str!("demo.yaml");
@@ -43,12 +52,16 @@ pub struct Naming {
 pub struct UpArgs {
     #[command(flatten)]
     pub naming: Naming,
-    /// The workloads file [default: the built-in copy of node-agent/src/local/demo.yaml].
+    /// The workloads file [default: the built-in copy of local/src/demo.yaml].
     #[arg(long)]
     pub workloads: Option<PathBuf>,
     /// Pod subnet on the bridge.
     #[arg(long, default_value = "10.247.0.0/24")]
     pub subnet: ipnet::Ipv4Net,
+    /// The cnimesh-node binary, the node agent local mode runs [default: `cnimesh-node` beside
+    /// this executable].
+    #[arg(long)]
+    pub node: Option<PathBuf>,
     /// The cnimesh-cni binary [default: `cnimesh-cni` beside this executable].
     #[arg(long)]
     pub cni_plugin: Option<PathBuf>,

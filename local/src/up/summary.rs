@@ -8,8 +8,8 @@ use std::time::Duration;
 use cnimesh_common::names::PROXY_ADMIN_PORT;
 
 use super::{Inputs, Running, loopback, replicas};
-use crate::local::traffic::{self, Edge, http_get_in, samples};
-use crate::local::workloads::Role;
+use crate::traffic::{self, Edge, http_get_in, samples};
+use crate::workloads::Role;
 
 /// The samples of `pod`'s proxy `/metrics` (none when it cannot be read).
 fn metrics_of(i: &Inputs<'_>, pod: &str) -> Vec<traffic::Sample> {
@@ -67,7 +67,7 @@ pub(super) fn send_traffic(i: &Inputs<'_>, pods: &[Running]) -> Vec<Edge> {
 
 /// The summary's "look further" commands.
 pub(super) fn next_commands(i: &Inputs<'_>) -> BTreeMap<String, String> {
-    let (me, root, prefix, ns) = (&i.bins.node, i.root, i.prefix, i.workloads.namespace.as_str());
+    let (node, root, prefix, ns) = (&i.bins.node, i.root, i.prefix, i.workloads.namespace.as_str());
     let state_dir = root.join("state");
     let mut commands = BTreeMap::new();
     if let Some(client) = i.workloads.clients.iter().find(|c| c.meshed) {
@@ -77,17 +77,17 @@ pub(super) fn next_commands(i: &Inputs<'_>) -> BTreeMap<String, String> {
         );
         commands.insert(
             "the capture rules of a pod".into(),
-            format!("{} --state-dir {} rules {ns}/{}", me.display(), state_dir.display(), client.name),
+            format!("{} --state-dir {} rules {ns}/{}", node.display(), state_dir.display(), client.name),
         );
     }
     commands.insert(
         "meshed pods on this node".into(),
-        format!("{} --state-dir {} pods", me.display(), state_dir.display()),
+        format!("{} --state-dir {} pods", node.display(), state_dir.display()),
     );
     commands.insert("logs".into(), format!("ls {}", root.join("logs").display()));
     // The operator's command (a binary of cnimesh-control, built beside this one) reads these
     // pods and their proxies as it reads a cluster's.
-    let cnimesh = me.with_file_name("cnimesh");
+    let cnimesh = i.bins.local.with_file_name("cnimesh");
     commands.insert(
         "golden metrics and edges per workload".into(),
         format!(
@@ -106,7 +106,7 @@ pub(super) fn next_commands(i: &Inputs<'_>) -> BTreeMap<String, String> {
     );
     commands.insert(
         "tear it down".into(),
-        format!("{} local down --dir {} --prefix {prefix}", me.display(), root.display()),
+        format!("{} down --dir {} --prefix {prefix}", i.bins.local.display(), root.display()),
     );
     commands
 }

@@ -1,4 +1,4 @@
-//! `cnimesh-node local up`, in the order a cluster brings a node up: trust anchor and issuer, the
+//! `cnimesh-local up`, in the order a cluster brings a node up: trust anchor and issuer, the
 //! node agent (which installs and chains the plugin), the control plane's pod (primary CNI only),
 //! then each workload pod through the full chain as the kubelet would, proxies as the proxy UID,
 //! the apps, and finally the demo's traffic.
@@ -27,7 +27,7 @@ use super::runtime::{Runtime, random_id};
 use super::traffic::{Summary, http_get, http_get_in};
 use super::workloads::{self, APP_PORT, PodSpec, Role, SERVICE_RANGE, Workloads};
 use super::{Naming, UpArgs, down};
-use crate::chain;
+use cnimesh_node::chain;
 
 /// The control plane's admin server (`/ready`) inside its pod; not a §2 number, local mode's own.
 const NETWORK: &str = "cnimesh-local";
@@ -133,7 +133,7 @@ pub fn up(args: &UpArgs) -> anyhow::Result<Summary> {
             let cleaned = match cleanup {
                 Ok(_) => "everything it created was removed again".to_string(),
                 Err(c) => {
-                    format!("cleaning up failed too ({c:#}): run `cnimesh-node local down --dir {}`", root.display())
+                    format!("cleaning up failed too ({c:#}): run `cnimesh-local down --dir {}`", root.display())
                 }
             };
             Err(e.context(format!("local up failed; {cleaned}")))
@@ -330,12 +330,12 @@ fn write_policies(i: &Inputs<'_>) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The demo's HTTP app in every server pod (`cnimesh-node local app`).
+/// The demo's HTTP app in every server pod (`cnimesh-local app`, this executable).
 fn start_apps(i: &Inputs<'_>, pods: &[Running]) -> anyhow::Result<()> {
     i.progress(&format!("starting the apps and the proxies (UID {PROXY_UID})"));
     for pod in pods.iter().filter(|p| matches!(p.spec.role, Role::Server { .. })) {
-        let mut app = i.in_netns(&pod.spec.name, &i.bins.node);
-        app.args(["local", "app", "--listen", &format!("0.0.0.0:{APP_PORT}"), "--name", &pod.spec.name]);
+        let mut app = i.in_netns(&pod.spec.name, &i.bins.local);
+        app.args(["app", "--listen", &format!("0.0.0.0:{APP_PORT}"), "--name", &pod.spec.name]);
         spawn_detached(i.root, &format!("app-{}", pod.spec.name), app)?;
     }
     Ok(())

@@ -1,4 +1,4 @@
-//! `cnimesh-node local down`: stops local mode's processes, DELs every recorded attachment through
+//! `cnimesh-local down`: stops local mode's processes, DELs every recorded attachment through
 //! the CNI chain, then deletes the namespaces, the bridge and the root dir. It trusts its records
 //! where they exist and its naming where they do not, so it also finishes what a crashed `up` left.
 

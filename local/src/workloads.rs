@@ -342,7 +342,7 @@ mod tests {
 
     #[test]
     fn the_shipped_demo_is_valid() {
-        let demo = Workloads::parse(super::super::DEMO, "demo.yaml").unwrap();
+        let demo = Workloads::parse(crate::DEMO, "demo.yaml").unwrap();
         let names: Vec<String> = demo.pods().into_iter().map(|p| p.name).collect();
         assert_eq!(names, ["web-0", "web-1", "web-2", "web-canary", "legacy", "client", "intruder"]);
         let web = demo.service("web").unwrap();

@@ -1,4 +1,4 @@
-//! The demo's workload (`cnimesh-node local app`): answers every HTTP/1 or HTTP/2 request with the
+//! The demo's workload (`cnimesh-local app`): answers every HTTP/1 or HTTP/2 request with the
 //! pod's name, so the client can see which replica the mesh picked.
 
 use std::convert::Infallible;

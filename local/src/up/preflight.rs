@@ -7,13 +7,15 @@ use std::path::PathBuf;
 use anyhow::bail;
 use ipnet::Ipv4Net;
 
-use crate::local::host::{self, check_prerequisites, link_exists};
-use crate::local::record;
-use crate::local::workloads::Workloads;
-use crate::local::{DEMO, UpArgs};
+use crate::host::{self, check_prerequisites, link_exists};
+use crate::record;
+use crate::workloads::Workloads;
+use crate::{DEMO, UpArgs};
 
-/// The four binaries local mode runs, resolved and checked.
+/// The binaries local mode runs, resolved and checked.
 pub(super) struct Binaries {
+    /// This executable, which the pods run for the demo's app.
+    pub(super) local: PathBuf,
     pub(super) node: PathBuf,
     pub(super) plugin: PathBuf,
     pub(super) proxy: PathBuf,
@@ -62,7 +64,8 @@ pub(super) fn preflight(args: &UpArgs) -> anyhow::Result<(Workloads, Binaries)> 
     }
     check_prerequisites()?;
     let bins = Binaries {
-        node: std::fs::canonicalize(std::env::current_exe()?)?,
+        local: std::fs::canonicalize(std::env::current_exe()?)?,
+        node: resolve_binary(&args.node, "cnimesh-node", "--node")?,
         plugin: resolve_binary(&args.cni_plugin, "cnimesh-cni", "--cni-plugin")?,
         proxy: resolve_binary(&args.proxy, "cnimesh-proxy", "--proxy")?,
         control: resolve_binary(&args.control, "cnimesh-control", "--control")?,
@@ -70,7 +73,7 @@ pub(super) fn preflight(args: &UpArgs) -> anyhow::Result<(Workloads, Binaries)> 
     };
     let root = &args.naming.dir;
     host::check_root(root)?;
-    let down_hint = format!("cnimesh-node local down --dir {} --prefix {prefix}", root.display());
+    let down_hint = format!("cnimesh-local down --dir {} --prefix {prefix}", root.display());
     if root.join(record::FILE).exists() {
         bail!("local mode is already up in {}: run `{down_hint}` first", root.display());
     }

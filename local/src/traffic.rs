@@ -18,7 +18,7 @@ use tokio::net::TcpStream;
 use tokio::runtime::Runtime;
 use tokio::time::timeout;
 
-use crate::debug::{Format, table};
+use cnimesh_node::debug::{Format, table};
 
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
