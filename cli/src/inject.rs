@@ -23,10 +23,10 @@ use super::install::{TRUST_ANCHORS_CONFIG_MAP, TRUST_ANCHORS_KEY};
 use super::{ClusterArgs, yaml};
 use cnimesh_control::inject::{
     DEFAULT_CONTROL_NAMESPACE, DEFAULT_PROXY_IMAGE, INJECT_ANNOTATION, INJECTED_ANNOTATION, InjectConfig,
-    NamespaceDefault, NamespaceInjection, PROXY_CONTAINER, ServerVersion, SidecarMode, Skip, TOKEN_VOLUME, Workload,
-    plan,
+    NamespaceDefault, NamespaceInjection, PROXY_CONTAINER, ServerVersion, SidecarMode, Skip, TOKEN_VOLUME, plan,
 };
 use cnimesh_control::policy::DefaultPolicy;
+use cnimesh_control::workload::Workload;
 
 /// How long `auto` and the anchors lookup wait for a cluster before working without one.
 const CLUSTER_TIMEOUT: Duration = Duration::from_secs(5);

@@ -38,7 +38,7 @@ use tower::ServiceExt;
 use cnimesh_common::log_limit::LogLimit;
 
 use crate::metrics::Metrics;
-use crate::tls_accept::{accept_tls, accept_tls_with};
+use crate::tls_accept::accept_tls_with;
 use limits::{Admission, Refusal};
 
 /// Pings on idle connections find proxies that vanished without a FIN (node died, conntrack

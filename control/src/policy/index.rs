@@ -40,10 +40,10 @@ use tokio::sync::watch;
 
 use super::crd;
 use super::model::{
-    AuthzPolicyRecord, DefaultPolicy, Identities, IdentityRef, Invalid, NamespaceRecord, Network, PodRecord, Protocol,
-    ServerRecord, Target, key_of, networks_from_crd,
+    AuthzPolicyRecord, DefaultPolicy, Identities, IdentityRef, NamespaceRecord, Network, PodRecord, Protocol,
+    ServerRecord, Target, networks_from_crd,
 };
-use crate::meta::NsName;
+use crate::meta::{Invalid, NsName, key_of};
 use crate::routes::{self, Grant, Route, RouteKind, ServiceRoutes};
 
 /// What the answers depend on besides cluster state.

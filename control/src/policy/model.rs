@@ -18,7 +18,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::crd::{self, AuthenticationKind, IdentityRefKind, LabelSelector, Port, SelectorOperator, TargetKind};
 use crate::destination::PortSet;
-pub(crate) use crate::meta::key_of;
+use crate::meta::key_of;
 use crate::meta::{Invalid, NsName};
 
 /// What a port gets when no Server names it (Linkerd's default policies, the subset issue 19
