@@ -67,13 +67,8 @@ pub struct Metrics {
     pub outbound_endpoints: Family<ServiceLabels, Gauge>,
     pub identity_cert_expiration_timestamp_seconds: Gauge,
     pub identity_cert_refresh_total: Family<RefreshLabels, Counter>,
-    pub inbound_http_authz_allow_total: Family<AuthzLabels, Counter>,
-    pub inbound_http_authz_deny_total: Family<AuthzLabels, Counter>,
-    pub inbound_tcp_authz_allow_total: Family<AuthzLabels, Counter>,
-    pub inbound_tcp_authz_deny_total: Family<AuthzLabels, Counter>,
-    pub inbound_http_route_not_found_total: Family<AuthzLabels, Counter>,
-    /// Opaque connections closed because a policy update no longer authorizes them.
-    pub inbound_tcp_authz_revoked_total: Counter,
+    /// The inbound authorization families ([`crate::inbound::policy::enforce`]), registered here.
+    pub authz: AuthzMetrics,
     pub connection_protocol_total: Family<ProtocolLabels, Counter>,
     /// Tap ([`crate::http::tap`]): sessions open now, events sent to and dropped for tap clients
     /// (a full queue: the client reads too slowly), calls refused to unauthorized clients.
@@ -103,12 +98,7 @@ impl Default for Metrics {
             outbound_endpoints: Family::default(),
             identity_cert_expiration_timestamp_seconds: Gauge::default(),
             identity_cert_refresh_total: Family::default(),
-            inbound_http_authz_allow_total: Family::default(),
-            inbound_http_authz_deny_total: Family::default(),
-            inbound_tcp_authz_allow_total: Family::default(),
-            inbound_tcp_authz_deny_total: Family::default(),
-            inbound_http_route_not_found_total: Family::default(),
-            inbound_tcp_authz_revoked_total: Counter::default(),
+            authz: AuthzMetrics::default(),
             connection_protocol_total: Family::default(),
             tap_sessions_open: Gauge::default(),
             tap_events_sent_total: Counter::default(),
@@ -161,14 +151,14 @@ impl Default for Metrics {
             m.identity_cert_refresh_total.clone(),
         );
         for (name, help, family) in [
-            ("inbound_http_authz_allow", "HTTP requests authorized by policy", &m.inbound_http_authz_allow_total),
-            ("inbound_http_authz_deny", "HTTP requests denied by policy", &m.inbound_http_authz_deny_total),
-            ("inbound_tcp_authz_allow", "Connections authorized by policy", &m.inbound_tcp_authz_allow_total),
-            ("inbound_tcp_authz_deny", "Connections denied by policy", &m.inbound_tcp_authz_deny_total),
+            ("inbound_http_authz_allow", "HTTP requests authorized by policy", &m.authz.inbound_http_authz_allow_total),
+            ("inbound_http_authz_deny", "HTTP requests denied by policy", &m.authz.inbound_http_authz_deny_total),
+            ("inbound_tcp_authz_allow", "Connections authorized by policy", &m.authz.inbound_tcp_authz_allow_total),
+            ("inbound_tcp_authz_deny", "Connections denied by policy", &m.authz.inbound_tcp_authz_deny_total),
             (
                 "inbound_http_route_not_found",
                 "HTTP requests matching no route of their Server",
-                &m.inbound_http_route_not_found_total,
+                &m.authz.inbound_http_route_not_found_total,
             ),
         ] {
             registry.register(name, help, family.clone());
@@ -209,7 +199,7 @@ impl Default for Metrics {
             (
                 "inbound_tcp_authz_revoked",
                 "Opaque connections closed because a policy update revoked their authorization",
-                &m.inbound_tcp_authz_revoked_total,
+                &m.authz.inbound_tcp_authz_revoked_total,
             ),
         ] {
             registry.register(name, help, counter.clone());
@@ -280,18 +270,6 @@ impl Metrics {
         TapMetrics {
             sessions_open: self.tap_sessions_open.clone(),
             events_dropped: self.tap_events_dropped_total.clone(),
-        }
-    }
-
-    /// The inbound authorization families ([`crate::inbound::policy::enforce`]).
-    pub fn authz(&self) -> AuthzMetrics {
-        AuthzMetrics {
-            inbound_http_authz_allow_total: self.inbound_http_authz_allow_total.clone(),
-            inbound_http_authz_deny_total: self.inbound_http_authz_deny_total.clone(),
-            inbound_tcp_authz_allow_total: self.inbound_tcp_authz_allow_total.clone(),
-            inbound_tcp_authz_deny_total: self.inbound_tcp_authz_deny_total.clone(),
-            inbound_http_route_not_found_total: self.inbound_http_route_not_found_total.clone(),
-            inbound_tcp_authz_revoked_total: self.inbound_tcp_authz_revoked_total.clone(),
         }
     }
 

@@ -59,7 +59,7 @@ impl Shared {
             local_ips: Default::default(),
             targets: Default::default(),
             metrics: metrics.conn.clone(),
-            authz: Arc::new(metrics.authz()),
+            authz: Arc::new(metrics.authz.clone()),
         };
         let outbound = Outbound {
             connect_timeout: config.connect_timeout,

@@ -242,7 +242,7 @@ mod tests {
             "10.0.0.1".parse().unwrap(),
             TlsLabel::plaintext(),
             "10.0.0.2:80".into(),
-            Arc::new(metrics.authz()),
+            Arc::new(metrics.authz.clone()),
         );
         (conn, metrics)
     }
@@ -352,7 +352,7 @@ mod tests {
             "10.0.0.1".parse().unwrap(),
             TlsLabel::plaintext(),
             "10.0.0.2:80".into(),
-            Arc::new(metrics.authz()),
+            Arc::new(metrics.authz.clone()),
         );
         assert!(conn.allow_tcp(), "unanswered: the default, which allows");
         let revoked = conn.revoked();
@@ -361,6 +361,6 @@ mod tests {
         assert!(still.is_err(), "nothing changed");
         answer.send_replace(Some(Arc::new(DefaultPolicy::Deny.policy(&[]))));
         tokio::time::timeout(std::time::Duration::from_secs(5), revoked).await.expect("revoked by the deny answer");
-        assert_eq!(metrics.inbound_tcp_authz_revoked_total.get(), 1);
+        assert_eq!(metrics.authz.inbound_tcp_authz_revoked_total.get(), 1);
     }
 }

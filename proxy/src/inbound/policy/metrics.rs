@@ -54,7 +54,7 @@ impl EncodeLabelSet for AuthzLabels {
 }
 
 /// The families [`super::enforce`] counts into.
-#[derive(Clone)]
+#[derive(Clone, Default)]
 pub struct AuthzMetrics {
     pub inbound_http_authz_allow_total: Family<AuthzLabels, Counter>,
     pub inbound_http_authz_deny_total: Family<AuthzLabels, Counter>,
