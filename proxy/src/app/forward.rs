@@ -106,13 +106,11 @@ impl Handles {
 struct End {
     handles: Arc<Handles>,
     status: StatusCode,
-    failed_early: bool,
     _load: Option<Load>,
 }
 
 impl OnEnd for End {
     fn end(self: Box<Self>, classification: Classification) {
-        let classification = if self.failed_early { Classification::Failure } else { classification };
         self.handles.count_response(self.status, classification);
     }
 }
@@ -288,11 +286,11 @@ impl HttpProxy {
         }
         match result {
             Ok((response, load)) => {
-                let status = response.status();
-                // A trailers-only gRPC response carries its status in the headers.
-                let failed_early = classify(status, response.headers()) == Classification::Failure;
-                let end = Box::new(End { handles, status, failed_early, _load: load });
-                Ok(tap::respond(tapped, response.map(|inner| Classified::new(inner, status, end).boxed_unsync())))
+                let (parts, inner) = response.into_parts();
+                let end = Box::new(End { handles, status: parts.status, _load: load });
+                // The head too: a trailers-only gRPC response carries its status in the headers.
+                let body = Classified::new(inner, parts.status, &parts.headers, end).boxed_unsync();
+                Ok(tap::respond(tapped, Response::from_parts(parts, body)))
             }
             Err(e) => {
                 tracing::warn!(direction = ?self.direction, target = %self.addr, status = e.status().as_u16(), "{e}");

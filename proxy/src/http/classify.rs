@@ -47,14 +47,18 @@ pub struct Classified<B> {
     inner: B,
     /// The response's status: its trailers are classified with it.
     status: StatusCode,
+    /// How the head alone classified: a failure there (a trailers-only gRPC error) stays one
+    /// whatever the end brings.
+    head: Classification,
     on_end: Option<Box<dyn OnEnd>>,
 }
 
 impl<B: hyper::body::Body> Classified<B> {
-    /// Wraps `inner`; a body that is already over (e.g. empty) is classified at once, because
-    /// the server may never poll it.
-    pub fn new(inner: B, status: StatusCode, on_end: Box<dyn OnEnd>) -> Self {
-        let mut body = Self { inner, status, on_end: Some(on_end) };
+    /// Wraps `inner`, the body of a response with `status` and `headers`; a body that is already
+    /// over (e.g. empty) is classified at once, because the server may never poll it.
+    pub fn new(inner: B, status: StatusCode, headers: &HeaderMap, on_end: Box<dyn OnEnd>) -> Self {
+        let head = classify(status, headers);
+        let mut body = Self { inner, status, head, on_end: Some(on_end) };
         if body.inner.is_end_stream() {
             body.finish(classify(status, &HeaderMap::new()));
         }
@@ -65,7 +69,7 @@ impl<B: hyper::body::Body> Classified<B> {
 impl<B> Classified<B> {
     fn finish(&mut self, classification: Classification) {
         if let Some(f) = self.on_end.take() {
-            f.end(classification);
+            f.end(if self.head == Classification::Failure { Classification::Failure } else { classification });
         }
     }
 }
@@ -157,10 +161,15 @@ mod tests {
         trailers.insert("grpc-status", "14".parse().unwrap());
         let frames = Frames(VecDeque::from([Frame::data(Bytes::from_static(b"x")), Frame::trailers(trailers)]));
         let ok = StatusCode::OK;
-        Classified::new(frames, ok, Box::new(Record(seen.clone()))).collect().await.unwrap();
-        drop(Classified::new(http_body_util::Empty::<Bytes>::new(), ok, Box::new(Record(seen.clone()))));
+        Classified::new(frames, ok, &HeaderMap::new(), Box::new(Record(seen.clone()))).collect().await.unwrap();
+        drop(Classified::new(
+            http_body_util::Empty::<Bytes>::new(),
+            ok,
+            &HeaderMap::new(),
+            Box::new(Record(seen.clone())),
+        ));
         let unfinished = Frames(VecDeque::from([Frame::data(Bytes::from_static(b"x"))]));
-        drop(Classified::new(unfinished, ok, Box::new(Record(seen.clone()))));
+        drop(Classified::new(unfinished, ok, &HeaderMap::new(), Box::new(Record(seen.clone()))));
         assert_eq!(*seen.lock(), ["failure", "success", "failure"]);
     }
 
