@@ -247,54 +247,6 @@ fn an_opaque_connection_allowed_by_the_default_is_closed_when_a_deny_answer_arri
     assert!(proxy.metric("inbound_tcp_authz_revoked_total") >= 1.0, "counted");
 }
 
-/// Finding 3, the whole path: a neighbour routes 127.0.0.1 via the pod (its own routing table,
-/// `route_localnet` so its kernel takes the loopback-sourced replies) and asks for the app's
-/// loopback-only listener. Nothing may answer. On the test host these packets leave the
-/// neighbour but never reach the pod's proxy (the unfixed proxy was not reached either: no
-/// 200 before the fix), so this test guards the path, not the proxy's own check; that one is
-/// `an_inbound_connection_to_a_loopback_address_is_refused_and_counted` in
-/// proxy/tests/in_process.rs, which hands the proxy the loopback original destination directly.
-#[test]
-fn a_neighbour_routing_to_the_pods_loopback_reaches_nothing() {
-    if !require_root("a_neighbour_routing_to_the_pods_loopback_reaches_nothing") {
-        return;
-    }
-    let bins = bins();
-    let net = Network::bridge(&bins, json!({})).unwrap();
-    let cluster = tempfile::tempdir().unwrap();
-    let api = Pod::named(&net, "shop", "api-0").unwrap();
-    let mallory = Pod::unmeshed(&net, "shop", "mallory").unwrap();
-    let ports = named_ports(&[("http", apps::HTTP_PORT)]);
-    write_atomically(&cluster.path().join("pod.yaml"), &pod_yaml(api.ipv4(), &ports, None, &[]));
-    let (_control_pod, control) = control(&bins, &net, &cluster);
-    let _apps = Apps::start(&api.netns.path(), api.ipv4().into(), "api-0").unwrap();
-    let proxy = Sidecar::start(&bins.proxy, &api.netns, &env_refs(&api_proxy_env(&control, &[]))).unwrap();
-
-    let gateway = api.ipv4().to_string();
-    let sh = |script: &str| mallory.netns.exec("sh", &["-c", script]).unwrap();
-    sh("echo 1 > /proc/sys/net/ipv4/conf/all/route_localnet; echo 1 > /proc/sys/net/ipv4/conf/eth0/route_localnet");
-    sh(
-        "ip route del local 127.0.0.0/8 dev lo table local 2>/dev/null; ip route del local 127.0.0.1 dev lo table local 2>/dev/null; true",
-    );
-    sh(&format!("ip route add 127.0.0.1/32 via {gateway} dev eth0"));
-    let loopback: SocketAddr = format!("127.0.0.1:{}", apps::LOCAL_ONLY_PORT).parse().unwrap();
-    let reply = cnimesh_cni::netns::run_in(&mallory.netns.path(), move || {
-        use std::io::{Read, Write};
-        let mut s = std::net::TcpStream::connect_timeout(&loopback, Duration::from_secs(10))?;
-        s.set_read_timeout(Some(Duration::from_secs(10)))?;
-        s.write_all(b"GET /hello HTTP/1.1\r\nHost: api\r\nConnection: close\r\n\r\n")?;
-        let mut answer = String::new();
-        s.read_to_string(&mut answer)?;
-        std::io::Result::Ok(answer)
-    })
-    .unwrap();
-    let got = reply.as_deref().ok().and_then(|r| r.split_whitespace().nth(1)).unwrap_or("none").to_string();
-    assert_ne!(got, "200", "the pod's loopback-only app answered a neighbour: {reply:?}");
-    // For the log: whether the proxy saw (and refused) it, or it never got that far.
-    let refused = proxy.metric("inbound_tcp_accept_errors_total{error=\"loopback_destination\"}");
-    eprintln!("loopback destination: status {got}, proxy refusals {refused}");
-}
-
 /// The tunnel app's pod: a Server on its port that only `office` may use, and a kubelet probe
 /// on `/ready` there (which the control plane opens to everyone, as probes come from the node).
 struct Tunnels<'n> {
