@@ -35,7 +35,7 @@ pub use self::report::{Check, Report, Status, render_json, render_table, success
 use super::ClusterArgs;
 /// Reading pods' endpoints through the API server: shared with `stat` and `edges`.
 use super::pod_proxy::{CONCURRENCY, kube_error, pod_proxy_get};
-/// DESIGN.md §2: the control plane's and the node agents' namespaces and names (the agents'
+/// docs/architecture.md, "Names and numbers": the control plane's and the node agents' namespaces and names (the agents'
 /// DaemonSet, container and `app.kubernetes.io/name` label).
 pub use cnimesh_common::names::{AGENT_NAME, AGENT_NAMESPACE};
 use cnimesh_common::names::{CONTROL_NAME, CONTROL_NAMESPACE};

@@ -17,7 +17,7 @@ use crate::version;
 /// Their pods must start while the node agent is down (its own pod first of all), so ADD never
 /// waits on the agent for them. The plugin's `excludeNamespaces` default, the agent's
 /// `--exclude-namespaces` default and the entry the agent chains all come from this one list
-/// (DESIGN.md §2, in `cnimesh-common`), re-exported here where the plugin's configuration is read.
+/// (docs/architecture.md, "Names and numbers", in `cnimesh-common`), re-exported here where the plugin's configuration is read.
 pub use cnimesh_common::names::DEFAULT_EXCLUDED_NAMESPACES;
 
 /// One entry of `cni.dev/valid-attachments` (GC).
@@ -28,7 +28,7 @@ pub struct Attachment {
     pub ifname: String,
 }
 
-/// Settings of the plugin object; every field is optional with DESIGN.md §2's defaults.
+/// Settings of the plugin object; every field is optional with the defaults of docs/architecture.md, "Names and numbers".
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PluginSettings {

@@ -1,7 +1,7 @@
 //! `cnimesh-cni`: the chained CNI plugin that programs cnimesh's traffic capture, and the library
 //! the node agent and debug CLI share with it (rule model, backends, state records).
 //!
-//! Dependencies stay small on purpose (DESIGN.md §1): the binary is exec'd for every pod.
+//! Dependencies stay small on purpose (docs/architecture.md, "Design decisions"): the binary is exec'd for every pod.
 
 pub mod agent;
 pub mod backend;

@@ -1,4 +1,4 @@
-//! The rule model: the one encoding of cnimesh's capture rules (DESIGN.md §4).
+//! The rule model: the one encoding of cnimesh's capture rules (docs/architecture.md, "Capture rules").
 //!
 //! A [`RedirectSpec`] becomes a [`Ruleset`]; the nftables backend encodes it as netlink messages and
 //! decodes live rules back into it, the iptables backend renders it as `iptables-restore` input,
@@ -129,7 +129,7 @@ impl Rule {
 }
 
 impl Ruleset {
-    /// The desired ruleset for a spec, in the order of DESIGN.md §4.
+    /// The desired ruleset for a spec, in the order of docs/architecture.md, "Capture rules".
     pub fn from_spec(spec: &RedirectSpec) -> Self {
         let jump = |target: &str| vec![Rule::new(vec![], Action::Jump(target.to_string()))];
 

@@ -1,4 +1,4 @@
-//! What every cnimesh crate shares and must agree on: the names and numbers of DESIGN.md §2
+//! What every cnimesh crate shares and must agree on: the names and numbers of docs/architecture.md, "Names and numbers"
 //! ([`names`]), errors in one line with their causes ([`error`]), and writing a file so that readers see the old content or the new, never half
 //! ([`fs`]), reading a Prometheus text page ([`prom_text`]), and
 //! logging events that come in floods at most once a period ([`log_limit`]). It has no dependencies, because the CNI plugin, which is exec'd for every pod, links

@@ -1,4 +1,4 @@
-//! DESIGN.md §2 in code: the numbers the plugin, the node agent, the proxy, the control plane and
+//! docs/architecture.md, "Names and numbers" in code: the numbers the plugin, the node agent, the proxy, the control plane and
 //! the manifests must agree on. Change one here and every crate follows; the manifests under
 //! `daemonset/` are checked against these by their tests.
 

@@ -1,6 +1,6 @@
 //! rustls configuration for mesh traffic and the control plane. Every config is built with the
 //! aws-lc-rs provider passed explicitly: with another provider compiled in (kube pulls ring in
-//! some feature sets), rustls's implicit default panics (DESIGN.md §6). Mesh TLS is TLS 1.3 only.
+//! some feature sets), rustls's implicit default panics (docs/architecture.md, "Dependencies and their pitfalls"). Mesh TLS is TLS 1.3 only.
 
 use std::sync::Arc;
 

@@ -23,7 +23,7 @@ use cnimesh_node::debug::{Format, table};
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A runtime for the calling thread alone: the sockets it opens are made in that thread's netns
-/// (setns is per thread, DESIGN.md §4), which a multi-threaded runtime could not promise.
+/// (setns is per thread, docs/architecture.md, "Capture rules"), which a multi-threaded runtime could not promise.
 fn thread_runtime() -> anyhow::Result<Runtime> {
     Ok(tokio::runtime::Builder::new_current_thread().enable_io().enable_time().build()?)
 }

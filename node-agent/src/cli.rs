@@ -16,7 +16,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use cnimesh_cni::spec::RedirectSpec;
 
-/// Loopback only, the agent's health port (DESIGN §2): the agent runs on the host network, where
+/// Loopback only, the agent's health port (docs/architecture.md, "Names and numbers"): the agent runs on the host network, where
 /// every address would include the pod network's gateway, so every pod could read the agent's
 /// status and metrics. The DaemonSet widens it to the node's own address (`$(HOST_IP):4192`),
 /// which the kubelet's probes, `cnimesh check` (API server pod proxy) and Prometheus dial;

@@ -1,4 +1,4 @@
-//! Mount propagation of the netns directory (DESIGN.md §7.17).
+//! Mount propagation of the netns directory (docs/architecture.md, lesson 17).
 //!
 //! The DaemonSet mounts the host's `/var/run/netns` with `mountPropagation: HostToContainer`.
 //! That only carries mounts made later on the host (every new pod's netns is a bind mount there)

@@ -30,7 +30,7 @@ pub const NOT_READY_TAINT: &str = "cnimesh.io/agent-not-ready";
 pub const DEFAULT_NETNS_DIR: &str = "/var/run/netns";
 const TICK: Duration = Duration::from_secs(5);
 /// After our entry was (re)written, pods set up just before went through the primary CNI's
-/// configuration without us and run uncaptured (DESIGN.md §7.1): for this long, repair passes
+/// configuration without us and run uncaptured (docs/architecture.md, lesson 1): for this long, repair passes
 /// run at every tick instead of once per repair interval, so those pods are found in seconds.
 const REPAIR_AFTER_WRITE: Duration = Duration::from_secs(30);
 /// Bound on each Kubernetes API call of the run loop, so a half-open API connection cannot stop
@@ -46,7 +46,7 @@ pub struct RunConfig {
     pub plugin_binary: PathBuf,
     pub socket: PathBuf,
     pub state_dir: PathBuf,
-    /// The pod netns directory, whose mount propagation the agent checks (DESIGN.md §7.17).
+    /// The pod netns directory, whose mount propagation the agent checks (docs/architecture.md, lesson 17).
     pub netns_dir: PathBuf,
     pub ready_addr: SocketAddr,
     pub repair: RepairMode,

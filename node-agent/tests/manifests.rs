@@ -281,7 +281,7 @@ fn check_daemonset(
     }
 
     let pod = spec.template.spec.as_ref().unwrap_or_else(|| panic!("{ctx}: no pod spec"));
-    assert_eq!(pod.host_network, Some(true), "{ctx}: must use hostNetwork (DESIGN §7.3)");
+    assert_eq!(pod.host_network, Some(true), "{ctx}: must use hostNetwork (docs/architecture.md, lesson 3)");
     assert_eq!(pod.dns_policy.as_deref(), Some("ClusterFirstWithHostNet"), "{ctx}: dnsPolicy");
     assert_eq!(pod.priority_class_name.as_deref(), Some("system-node-critical"), "{ctx}: priorityClassName");
     let tolerates_everything =

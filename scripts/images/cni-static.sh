@@ -3,7 +3,7 @@
 #
 #   scripts/images/cni-static.sh [--profile release|debug] [--no-build]
 #
-# The plugin is copied onto every node, whatever its libc (DESIGN.md §7.14), so it links glibc
+# The plugin is copied onto every node, whatever its libc (docs/architecture.md, lesson 14), so it links glibc
 # statically (`crt-static`; the toolchain has no musl target). The flag goes through RUSTFLAGS
 # together with an explicit `--target <host triple>`: with --target, cargo applies RUSTFLAGS to
 # the target's crates only, so build scripts and proc-macros (serde_derive, thiserror-impl) stay

@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 
 /// The loopback-only app in the meshed pod.
 const APP_PORT: u16 = 9999;
-/// The inbound proxy port (DESIGN.md §2).
+/// The inbound proxy port (docs/architecture.md, "Names and numbers").
 const INBOUND_PROXY: u16 = 4143;
 
 /// The IPv4-mapped form of 127.0.0.1: an IPv6 packet to it reaches 127.0.0.1 once a proxy or a

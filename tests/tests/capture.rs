@@ -59,7 +59,7 @@ fn check(bins: &Bins, from: &Pod<'_>, to: SocketAddr, uid: Option<u32>, want: Ex
     got
 }
 
-/// The capture contract of DESIGN.md §4, for one address family.
+/// The capture contract of docs/architecture.md, "Capture rules", for one address family.
 fn traffic_checks(bins: &Bins, net: &Network, v6: bool) {
     let a = Pod::new(net, "default").expect("pod a");
     let b = Pod::new(net, "default").expect("pod b");

@@ -1,12 +1,12 @@
 //! The container images (scripts/images.sh, scripts/images/*/Containerfile) and what the manifests
 //! in daemonset/ expect of them.
 //!
-//! - The CNI plugin is static: it runs in an empty root holding nothing but itself (DESIGN §7.14).
+//! - The CNI plugin is static: it runs in an empty root holding nothing but itself (docs/architecture.md, lesson 14).
 //! - The three images build offline FROM scratch, load from their OCI archives into a fresh
 //!   storage, run (`--version`, the node agent's installer against host dirs mounted like the
 //!   DaemonSet's, the proxy as UID 2102 on a read-only root) and hold nothing unexpected.
 //! - Every command the manifests exec (container command, lifecycle hooks, exec probes) and every
-//!   path they point into an image exists in that image: no `sleep` in a preStop (DESIGN §7.16).
+//!   path they point into an image exists in that image: no `sleep` in a preStop (docs/architecture.md, lesson 16).
 //!
 //! Podman runs with the `runc` runtime, `--network none` and explicit ulimits: crun refuses hosts
 //! with hybrid cgroups, and podman's default for root (nofile/nproc raised to the maximum) fails
@@ -322,7 +322,11 @@ fn manifests_exec_only_what_the_images_hold() {
     // The webhook injects the proxy image with no command: it must be ours, run by ENTRYPOINT.
     our_image(cnimesh_control::inject::DEFAULT_PROXY_IMAGE).unwrap();
     assert_eq!(Containerfile::read("cnimesh-proxy").entrypoint, ["/usr/local/bin/cnimesh-proxy"]);
-    assert_eq!(Containerfile::read("cnimesh-proxy").user, "2102:2102", "the proxy UID (DESIGN §2)");
+    assert_eq!(
+        Containerfile::read("cnimesh-proxy").user,
+        "2102:2102",
+        "the proxy UID (docs/architecture.md#names-and-numbers)"
+    );
 
     // The check itself: the old preStop `sleep 5`, a shell probe and a bare name outside PATH fail.
     let node = format!("ghcr.io/cnimesh/cnimesh-node:{VERSION}");

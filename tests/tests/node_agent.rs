@@ -130,7 +130,7 @@ fn plugin_asks_the_agent_which_pods_to_capture() {
     assert!(late.nft_table().is_none(), "fail closed: no rules, and the pod does not start");
 }
 
-/// DESIGN.md §7.15: while the agent is down, the mesh's own pods (the agent's among them) and
+/// docs/architecture.md, lesson 15: while the agent is down, the mesh's own pods (the agent's among them) and
 /// the cluster's still start; every other pod fails closed with an error naming it and saying
 /// what to do.
 #[test]
@@ -424,7 +424,7 @@ fn status_endpoint_reports_installation_and_drift() {
     rt.block_on(agent).unwrap().expect("clean shutdown");
 }
 
-/// DESIGN.md §7.17: a private mount under the netns dir (as on a host whose root mount is
+/// docs/architecture.md, lesson 17: a private mount under the netns dir (as on a host whose root mount is
 /// private) is reported at start, on /ready and /status, and in "netns not found" drift.
 #[test]
 fn agent_reports_a_private_netns_mount() {

@@ -1,6 +1,6 @@
-//! The control plane Deployment: it exists, its sidecar mode fits the server's version (§7.12 of
-//! DESIGN.md: native sidecars on a server without SidecarContainers get every pod rejected), and
-//! its replicas and pods are ready.
+//! The control plane Deployment: it exists, its sidecar mode fits the server's version (lesson 12
+//! of docs/architecture.md: native sidecars on a server without SidecarContainers get every pod
+//! rejected), and its replicas and pods are ready.
 //!
 //! Layer: runtime (operator CLI).
 
@@ -56,7 +56,7 @@ fn skip_rest(checks: &mut Vec<Check>, why: &str) {
 }
 
 /// The value of the env variable in the control plane container: `auto` when unset, the mode
-/// that picks native sidecars from the server's version (DESIGN.md §7.12). A value taken from a
+/// that picks native sidecars from the server's version (docs/architecture.md, lesson 12). A value taken from a
 /// reference (`valueFrom`) cannot be read here and is treated as unset.
 fn sidecar_setting(deployment: &Deployment) -> String {
     let containers = deployment.spec.as_ref().and_then(|s| s.template.spec.as_ref()).map(|s| &s.containers[..]);

@@ -1,5 +1,5 @@
 //! Destination: service discovery for proxies, as `io.linkerd.proxy.destination.Destination`
-//! (linkerd2-proxy-api), so a stock linkerd2-proxy can use it as well as ours (DESIGN.md §5).
+//! (linkerd2-proxy-api), so a stock linkerd2-proxy can use it as well as ours (docs/architecture.md, "Control plane protocol").
 //!
 //! Cluster state flows one way: a [`Source`](crate::sources::Source) turns Services,
 //! EndpointSlices (discovery.k8s.io/v1) and Pods into [`Change`]s on an [`Index`]; the
@@ -71,7 +71,7 @@ pub use path::parse_for_fuzzing as parse_path_for_fuzzing;
 pub struct Config {
     /// Suffix of service names after `.svc.`; Kubernetes' `--cluster-domain`.
     pub cluster_domain: String,
-    /// The trust domain identities are issued in (DESIGN.md §2).
+    /// The trust domain identities are issued in (docs/architecture.md, "Names and numbers").
     pub trust_domain: String,
 }
 

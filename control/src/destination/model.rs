@@ -16,7 +16,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use crate::routes::model::ServiceDefaults;
 
-/// DESIGN.md §2: the container whose presence marks a pod as meshed, and the annotation naming
+/// docs/architecture.md, "Names and numbers": the container whose presence marks a pod as meshed, and the annotation naming
 /// ports on which traffic is not HTTP (server-speaks-first protocols and the like).
 pub use cnimesh_common::names::{OPAQUE_PORTS_ANNOTATION, PROXY_CONTAINER};
 use cnimesh_common::names::{OWNER_KINDS, OWNER_LABEL_PREFIX};

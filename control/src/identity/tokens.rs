@@ -83,7 +83,7 @@ impl FileTokens {
     }
 
     /// World-readable or -writable token files are skipped: any local user could impersonate the
-    /// workload, or plant a token for it (DESIGN.md §7.3). Group-readable ones are used with a warning, since a shared group is
+    /// workload, or plant a token for it (docs/architecture.md, lesson 3). Group-readable ones are used with a warning, since a shared group is
     /// sometimes how the workload gets to read its own file.
     fn permissions_allow_use(&self, path: &Path) -> bool {
         let mode = match std::fs::metadata(path) {

@@ -1,5 +1,5 @@
 //! What the webhook injects: image, where the control plane is, how the sidecar is run. Every
-//! field has a default that matches DESIGN.md §2, so `InjectConfig::default()` is a working mesh
+//! field has a default that matches docs/architecture.md, "Names and numbers", so `InjectConfig::default()` is a working mesh
 //! in a `cluster.local` cluster with the control plane in `cnimesh`.
 //!
 //! Layer: model (pure), plus the `serve` flags that build it.
@@ -14,13 +14,13 @@ use ipnet::IpNet;
 use crate::policy::DefaultPolicy;
 use crate::policy::index::DEFAULT_CLUSTER_NETWORKS;
 
-/// The proxy image that matches this control plane: both are released together (DESIGN.md §2).
+/// The proxy image that matches this control plane: both are released together (docs/architecture.md, "Names and numbers").
 pub const DEFAULT_PROXY_IMAGE: &str = concat!("ghcr.io/cnimesh/cnimesh-proxy:", env!("CARGO_PKG_VERSION"));
 pub const DEFAULT_CLUSTER_DOMAIN: &str = "cluster.local";
-/// DESIGN.md §2 as Kubernetes types it (`runAsUser` is an i64). The node agent never captures
+/// docs/architecture.md, "Names and numbers" as Kubernetes types it (`runAsUser` is an i64). The node agent never captures
 /// this UID's traffic, so it must be the proxy's.
 pub const DEFAULT_PROXY_UID: i64 = names::PROXY_UID as i64;
-/// The control plane's namespace, Service and ServiceAccount, and its gRPC port: DESIGN.md §2,
+/// The control plane's namespace, Service and ServiceAccount, and its gRPC port: docs/architecture.md, "Names and numbers",
 /// from the one place every crate reads them.
 pub use cnimesh_common::names::{CONTROL_NAME, CONTROL_NAMESPACE as DEFAULT_CONTROL_NAMESPACE, CONTROL_PORT};
 

@@ -32,7 +32,7 @@ use super::policy_env::{
 use super::validate::{check_log_level, check_ports};
 use crate::workload::{Workload, owner_labels};
 
-/// DESIGN.md §2, shared with the node agent (which captures pods by the proxy container's
+/// docs/architecture.md, "Names and numbers", shared with the node agent (which captures pods by the proxy container's
 /// name) and the proxy: one declaration in `cnimesh_common::names`.
 pub use cnimesh_common::names::{
     INJECT_ANNOTATION, LOG_LEVEL_ANNOTATION, OPAQUE_PORTS_ANNOTATION, PROXY_ADMIN_PORT, PROXY_CONTAINER,

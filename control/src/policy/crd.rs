@@ -1,4 +1,4 @@
-//! The policy custom resources, group `policy.cnimesh.io`, version `v1alpha1` (DESIGN.md §2), with
+//! The policy custom resources, group `policy.cnimesh.io`, version `v1alpha1` (docs/architecture.md, "Names and numbers"), with
 //! the semantics Linkerd users know from `policy.linkerd.io`: a [`Server`] names a port of the
 //! pods a selector picks, an [`AuthorizationPolicy`] lets clients reach a Server (or every Server
 //! of a Namespace) when all of its required authentications hold, a [`MeshTlsAuthentication`]

@@ -1,7 +1,7 @@
 //! Sources layer: where cluster state comes from, above the pure model and index
 //! ([`crate::destination`]) and below the gRPC services and the runtime. Each source keeps an
 //! [`Index`] in step with one place: the Kubernetes API ([`KubeSource`]) or a directory of YAML
-//! files ([`FileSource`], local mode and tests). DESIGN.md §1: Kubernetes stays at the edge,
+//! files ([`FileSource`], local mode and tests). docs/architecture.md, "Design decisions": Kubernetes stays at the edge,
 //! behind this one trait with two implementations. Both also feed the policy index
 //! ([`crate::policy::Index`]) when given one (`with_policy`): Pods once for both indexes, plus
 //! Namespaces, the `policy.cnimesh.io` resources and the Gateway API routes and grants.

@@ -1,6 +1,6 @@
 //! Proxy configuration from `CNIMESH_PROXY_*` environment variables (or the matching flags, for a
 //! proxy run by hand), parsed once by clap into [`Args`] and checked into the typed [`Config`].
-//! With none set, the proxy runs with DESIGN.md §2's defaults.
+//! With none set, the proxy runs with docs/architecture.md, "Names and numbers"'s defaults.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::PathBuf;
