@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the three cnimesh images OFFLINE from the workspace's binaries (README.md, "Images"):
+# Builds the three cnimesh images OFFLINE from the workspace's binaries (docs/install/images.md):
 #
 #   ghcr.io/cnimesh/cnimesh-node:<version>     /usr/local/bin/cnimesh-node + /opt/cnimesh/cnimesh-cni (static)
 #   ghcr.io/cnimesh/cnimesh-control:<version>  /usr/local/bin/cnimesh-control

@@ -291,7 +291,7 @@ impl fmt::Display for Ruleset {
 mod tests {
     use super::*;
 
-    /// The documented ruleset for the default spec (README "Capture rules").
+    /// The documented ruleset for the default spec (docs/reference/cni-config.md, "Capture rules").
     pub const DEFAULT_RULESET: &str = "\
 table inet cnimesh {
 \tchain prerouting_raw {

@@ -1,7 +1,7 @@
 //! Attachment records: one JSON file per (network, container, interface) the plugin captured.
 //!
 //! GC, the node agent's repair loop and the debug CLI read these, so the format is versioned and
-//! documented (README, "State records"). Files are written atomically (temp file, rename): a
+//! documented (docs/reference/cni-config.md, "State records"). Files are written atomically (temp file, rename): a
 //! reader never sees half a record, even if the plugin is killed mid-write. They are deliberately
 //! not fsync'd: a record describes a live netns, and no netns survives a node crash, so durability
 //! across power loss buys nothing while an fsync costs milliseconds on every pod start.

@@ -4,7 +4,7 @@
 //! that nothing is left behind (nft tables, attachment records, IPAM allocations, bridge ports).
 //!
 //! The opt-in load run of the plugin with a node agent restart (`load_adds_and_dels_with_an_agent_restart`,
-//! `#[ignore]`d) shares the burst code; see the README's "Reliability" section.
+//! `#[ignore]`d) shares the burst code; see docs/development.md, "Reliability".
 
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -23,11 +23,12 @@ fn network(settings: Value) -> Network {
     Network::bridge(&bins!(), settings).expect("network")
 }
 
-/// The ruleset block of the README (between the `ruleset` markers).
+/// The ruleset block of the CNI reference page (between the `ruleset` markers).
 fn documented_ruleset() -> String {
-    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md")).unwrap();
-    let start = readme.find("<!-- ruleset:begin -->").expect("README has the ruleset block");
-    let end = readme.find("<!-- ruleset:end -->").expect("README ends the ruleset block");
+    let page = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/reference/cni-config.md");
+    let readme = std::fs::read_to_string(page).unwrap();
+    let start = readme.find("<!-- ruleset:begin -->").expect("the CNI reference has the ruleset block");
+    let end = readme.find("<!-- ruleset:end -->").expect("the CNI reference ends the ruleset block");
     let block = &readme[start..end];
     let body = block.split_once("```\n").expect("fenced").1;
     body.rsplit_once("```").expect("fenced").0.to_string()
