@@ -2,9 +2,10 @@
 //! `GRPCRoute`, and `v1beta1` `ReferenceGrant` (which lets a route in one namespace send traffic
 //! to a Service in another).
 //!
-//! Only fields the Gateway API defines are here, named as its standard channel names them
-//! (v1.7.0, where `HTTPRouteRule.retry` moved from the experimental channel, GEP-1731, added in
-//! v1.2.0, to the standard one). Fields cnimesh does not act on (`sessionPersistence`,
+//! Only fields the Gateway API defines are here, named as the Gateway API names them. All are in
+//! the standard channel from v1.2.0 (`timeouts`) except `HTTPRouteRule.retry` (GEP-1731):
+//! experimental channel from v1.2.0, standard only from v1.7.0, of which only release candidates
+//! could be confirmed; docs/tasks/routes.md, "Gateway API version", has the field-by-field table. Fields cnimesh does not act on (`sessionPersistence`,
 //! `requestMirror`, `extensionRef`, `cors`) are left out of the types; serde skips them when
 //! reading, and the model refuses a filter whose `type` it cannot carry out instead of silently
 //! dropping it. Filter types and match types are strings, not enums, so an unknown value
@@ -12,7 +13,7 @@
 //! whole file it came in.
 //!
 //! The CRDs themselves are the Gateway API's own (installed from its release, see
-//! daemonset/README.md): the kube derive here generates only the `kube::Resource` glue for the
+//! docs/tasks/routes.md): the kube derive here generates only the `kube::Resource` glue for the
 //! watchers (`schema = "disabled"`), never a schema of ours for someone else's group.
 //!
 //! Layer: model/index (pure): serde types.
