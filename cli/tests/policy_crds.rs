@@ -11,7 +11,7 @@ use serde_json::Value;
 mod manifest_check;
 
 const FILE: &str = "control-policy-crds.yaml";
-const HEADER: &str = "# The policy custom resources (group policy.cnimesh.io, version v1alpha1), generated from\n# control/src/policy/crd.rs: do not edit by hand. `UPDATE_GOLDEN=1 cargo nextest run -p\n# cnimesh-control --test policy_crds` rewrites this file; control/tests/policy_crds.rs checks it.\n";
+const HEADER: &str = "# The policy custom resources (group policy.cnimesh.io, version v1alpha1), generated from\n# control/src/policy/crd.rs: do not edit by hand. `UPDATE_GOLDEN=1 cargo nextest run -p\n# cnimesh-cli --test policy_crds` rewrites this file; cli/tests/policy_crds.rs checks it.\n";
 
 fn derived() -> Vec<Value> {
     cnimesh_control::policy::crd::definitions().iter().map(|crd| serde_json::to_value(crd).unwrap()).collect()
@@ -61,4 +61,52 @@ fn schemas_constrain_what_a_schema_can() {
     let target = &docs[1]["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["targetRef"]
         ["properties"]["kind"]["enum"];
     assert_eq!(*target, serde_json::json!(["Server", "Namespace", "HTTPRoute"]));
+}
+
+/// Every property (at any depth, array items included) of a schema, with its path.
+fn properties<'a>(path: &str, schema: &'a Value, out: &mut Vec<(String, &'a Value)>) {
+    if let Some(props) = schema.get("properties").and_then(Value::as_object) {
+        for (name, prop) in props {
+            let here = format!("{path}.{name}");
+            out.push((here.clone(), prop));
+            properties(&here, prop, out);
+        }
+    }
+    if let Some(items) = schema.get("items") {
+        properties(&format!("{path}[]"), items, out);
+    }
+}
+
+#[test]
+fn every_kind_and_field_has_a_description_kubectl_explain_can_show() {
+    let mut missing = Vec::new();
+    for crd in derived() {
+        let kind = crd["spec"]["names"]["kind"].as_str().unwrap().to_string();
+        for version in crd["spec"]["versions"].as_array().unwrap() {
+            let root = &version["schema"]["openAPIV3Schema"];
+            let mut all = vec![(kind.clone(), root)];
+            properties(&kind, root, &mut all);
+            for (path, schema) in all {
+                let description = schema.get("description").and_then(Value::as_str).unwrap_or("").trim();
+                if description.is_empty() || description.contains("Auto-generated derived type") {
+                    missing.push(path);
+                }
+            }
+        }
+    }
+    assert!(missing.is_empty(), "no description, or kube-derive's placeholder, at: {missing:#?}");
+}
+
+#[test]
+fn every_kind_prints_columns_beyond_name_and_age() {
+    for crd in derived() {
+        let kind = crd["spec"]["names"]["kind"].as_str().unwrap();
+        let columns = crd["spec"]["versions"][0]["additionalPrinterColumns"].as_array().cloned().unwrap_or_default();
+        let names: Vec<&str> = columns.iter().filter_map(|c| c["name"].as_str()).collect();
+        assert!(names.len() >= 2 && names.contains(&"Age"), "{kind}: printer columns {names:?}");
+        for column in &columns {
+            let path = column["jsonPath"].as_str().unwrap();
+            assert!(path.starts_with(".spec.") || path == ".metadata.creationTimestamp", "{kind}: column path {path}");
+        }
+    }
 }

@@ -1,16 +1,20 @@
-//! The policy custom resources, group `policy.cnimesh.io`, version `v1alpha1` (docs/architecture.md, "Names and numbers"), with
-//! the semantics Linkerd users know from `policy.linkerd.io`: a [`Server`] names a port of the
+//! The policy custom resources, group `policy.cnimesh.io`, version `v1alpha1` (docs/architecture.md, "Names and numbers"),
+//! with the semantics Linkerd users know from `policy.linkerd.io`: a [`Server`] names a port of the
 //! pods a selector picks, an [`AuthorizationPolicy`] lets clients reach a Server (or every Server
 //! of a Namespace) when all of its required authentications hold, a [`MeshTlsAuthentication`]
 //! names client identities, a [`NetworkAuthentication`] client networks.
 //!
 //! The OpenAPI schemas (derived with `schemars`, checked into `daemonset/control-policy-crds.yaml`
-//! and compared with these types by `control/tests/policy_crds.rs`) reject what a schema can:
+//! and compared with these types by `cli/tests/policy_crds.rs`) reject what a schema can:
 //! unknown protocols and operators, port numbers out of range, port names that are not
 //! IANA_SVC_NAMEs, identities with characters no identity has, target kinds we do not serve.
 //! What a schema cannot express (a CIDR, a selector that selects nothing, a reference to a kind it
 //! cannot name) is checked when the object is read into the model ([`super::model`]), and such an
 //! object is logged with its name and reason and ignored.
+//!
+//! The doc comments are the descriptions `kubectl explain` shows: every kind, field and type has
+//! one (`cli/tests/policy_crds.rs` fails on a property without a description), and each kind
+//! has printer columns. How the version moves to v1beta1: docs/reference/crd-versioning.md.
 //!
 //! Layer: model/index (pure): serde + schemars types; the kube derive generates the `kube::Resource`
 //! glue only, no client.
@@ -33,11 +37,33 @@ pub const API_VERSION: &str = "policy.cnimesh.io/v1alpha1";
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[kube(group = "policy.cnimesh.io", version = "v1alpha1", kind = "Server", namespaced)]
 #[kube(shortname = "srv", category = "policy")]
+#[kube(
+    doc = "Server names a port of the pods its podSelector selects in its namespace, and how the port's traffic is proxied. A port a Server names is reachable only as AuthorizationPolicies targeting the Server (or its namespace) allow; ports no Server names get the default inbound policy."
+)]
+#[kube(printcolumn(
+    name = "Port",
+    type_ = "string",
+    json_path = ".spec.port",
+    description = "The port: a number or a container port name"
+))]
+#[kube(printcolumn(
+    name = "Protocol",
+    type_ = "string",
+    json_path = ".spec.proxyProtocol",
+    description = "How the port's connections are proxied"
+))]
+#[kube(printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"))]
 #[serde(rename_all = "camelCase")]
 pub struct ServerSpec {
+    /// The pods of the Server's namespace whose port this is. An empty selector selects every pod
+    /// of the namespace.
     pub pod_selector: LabelSelector,
+    /// The port: a number (1-65535) or the name of a container port of the selected pods, like a
+    /// Service's targetPort.
     pub port: Port,
-    /// How connections on the port are proxied; `unknown` detects HTTP.
+    /// How connections on the port are proxied: `unknown` (the default) detects HTTP/1 and HTTP/2,
+    /// `HTTP/1`, `HTTP/2` and `gRPC` skip detection, `opaque` forwards bytes without looking at
+    /// them, `TLS` forwards an application's own TLS untouched.
     #[serde(default)]
     pub proxy_protocol: ProxyProtocol,
 }
@@ -47,21 +73,28 @@ pub struct ServerSpec {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct LabelSelector {
+    /// Labels a pod must carry, each with exactly this value.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub match_labels: Option<BTreeMap<String, String>>,
+    /// Requirements on a pod's labels; all must hold (and matchLabels too).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub match_expressions: Option<Vec<LabelSelectorRequirement>>,
 }
 
+/// One requirement on a pod's labels: the label `key` compared with `values` by `operator`.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 pub struct LabelSelectorRequirement {
+    /// The label's key.
     pub key: String,
+    /// `In` and `NotIn` compare the label's value with `values`; `Exists` and `DoesNotExist` test
+    /// whether the pod has the label at all.
     pub operator: SelectorOperator,
     /// Required (non-empty) for `In` and `NotIn`, forbidden for `Exists` and `DoesNotExist`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub values: Option<Vec<String>>,
 }
 
+/// How a label requirement compares.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
 pub enum SelectorOperator {
     In,
@@ -128,9 +161,29 @@ pub enum ProxyProtocol {
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[kube(group = "policy.cnimesh.io", version = "v1alpha1", kind = "AuthorizationPolicy", namespaced)]
 #[kube(shortname = "authzpolicy", category = "policy")]
+#[kube(
+    doc = "AuthorizationPolicy lets clients reach its target (a Server, every Server of its namespace, or one HTTPRoute) when every required authentication holds. Policies add up: a client may connect when any policy of the target admits it."
+)]
+#[kube(printcolumn(
+    name = "Target Kind",
+    type_ = "string",
+    json_path = ".spec.targetRef.kind",
+    description = "The kind of the target"
+))]
+#[kube(printcolumn(
+    name = "Target Name",
+    type_ = "string",
+    json_path = ".spec.targetRef.name",
+    description = "The name of the target"
+))]
+#[kube(printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"))]
 #[serde(rename_all = "camelCase")]
 pub struct AuthorizationPolicySpec {
+    /// What the policy applies to, in the policy's own namespace.
     pub target_ref: TargetRef,
+    /// The authentications a client must all satisfy: at most one identity-based
+    /// (MeshTLSAuthentication or ServiceAccount) and one network-based (NetworkAuthentication).
+    /// None means every client.
     #[serde(default)]
     pub required_authentication_refs: Vec<AuthenticationRef>,
 }
@@ -142,10 +195,14 @@ pub struct TargetRef {
     /// `policy.cnimesh.io` for HTTPRoute.
     #[serde(default)]
     pub group: String,
+    /// `Server`, `Namespace` (the policy's own: every Server in it) or `HTTPRoute` (requests that
+    /// route takes).
     pub kind: TargetKind,
+    /// The target's name.
     pub name: String,
 }
 
+/// The kinds an AuthorizationPolicy can target.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
 pub enum TargetKind {
     Server,
@@ -159,14 +216,21 @@ pub enum TargetKind {
 /// `namespace` says otherwise.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 pub struct AuthenticationRef {
+    /// `policy.cnimesh.io` for MeshTLSAuthentication and NetworkAuthentication, `""` (core) for
+    /// ServiceAccount.
     #[serde(default)]
     pub group: String,
+    /// `MeshTLSAuthentication`, `NetworkAuthentication` or `ServiceAccount` (clients with that
+    /// ServiceAccount's mesh identity).
     pub kind: AuthenticationKind,
+    /// The referenced object's name.
     pub name: String,
+    /// The referenced object's namespace; the policy's own when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace: Option<String>,
 }
 
+/// The kinds a required authentication can name.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
 pub enum AuthenticationKind {
     #[serde(rename = "MeshTLSAuthentication")]
@@ -182,28 +246,47 @@ pub enum AuthenticationKind {
 #[kube(group = "policy.cnimesh.io", version = "v1alpha1", kind = "MeshTLSAuthentication", namespaced)]
 #[kube(root = "MeshTlsAuthentication")]
 #[kube(shortname = "meshtlsauthn", category = "policy")]
+#[kube(
+    doc = "MeshTLSAuthentication is satisfied by clients that prove, with a mesh TLS certificate, one of the identities it lists (by name in identities, or as ServiceAccounts and Namespaces in identityRefs). An AuthorizationPolicy requires it by name."
+)]
+#[kube(printcolumn(
+    name = "Identities",
+    type_ = "string",
+    json_path = ".spec.identities",
+    description = "Identity names admitted"
+))]
+#[kube(printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"))]
 #[serde(rename_all = "camelCase")]
 pub struct MeshTlsAuthenticationSpec {
+    /// Identity names (`<sa>.<ns>.serviceaccount.identity.cnimesh.<trust-domain>`), `*` for any
+    /// meshed client, or `*.<suffix>` for every identity ending in the suffix.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(inner(regex(
         pattern = r"^(\*|(\*\.)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*)$"
     )))]
     pub identities: Option<Vec<String>>,
+    /// ServiceAccounts (their identity) or Namespaces (every ServiceAccount in them).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub identity_refs: Option<Vec<IdentityRef>>,
 }
 
+/// A ServiceAccount or Namespace whose workloads' mesh identities are admitted.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 pub struct IdentityRef {
+    /// `""` (core): both kinds are core Kubernetes kinds.
     #[serde(default)]
     pub group: String,
+    /// `ServiceAccount` or `Namespace`.
     pub kind: IdentityRefKind,
-    /// `*` with kind ServiceAccount: every ServiceAccount of the namespace.
+    /// The ServiceAccount's or Namespace's name; `*` with kind ServiceAccount: every
+    /// ServiceAccount of the namespace.
     pub name: String,
+    /// The ServiceAccount's namespace; the MeshTLSAuthentication's own when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace: Option<String>,
 }
 
+/// The kinds an identity reference can name.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
 pub enum IdentityRefKind {
     ServiceAccount,
@@ -214,7 +297,18 @@ pub enum IdentityRefKind {
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[kube(group = "policy.cnimesh.io", version = "v1alpha1", kind = "NetworkAuthentication", namespaced)]
 #[kube(shortname = "netauthn", category = "policy")]
+#[kube(
+    doc = "NetworkAuthentication is satisfied by clients whose source address is in one of its networks, meshed or not. An AuthorizationPolicy requires it by name."
+)]
+#[kube(printcolumn(
+    name = "Networks",
+    type_ = "string",
+    json_path = ".spec.networks[*].cidr",
+    description = "The networks admitted"
+))]
+#[kube(printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"))]
 pub struct NetworkAuthenticationSpec {
+    /// The client networks admitted (at least one).
     #[schemars(length(min = 1))]
     pub networks: Vec<Network>,
 }
@@ -222,7 +316,9 @@ pub struct NetworkAuthenticationSpec {
 /// A CIDR (`10.0.0.0/8`, `fd00::/8`; a bare address is one host) minus `except`.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 pub struct Network {
+    /// The network, IPv4 or IPv6, in CIDR notation; a bare address is one host.
     pub cidr: String,
+    /// Networks inside `cidr` that are not admitted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub except: Option<Vec<String>>,
 }
