@@ -64,3 +64,17 @@ if ! python3 -m pip show cel-expr-python 2>/dev/null | grep -q "^Version: $CEL_E
   echo "setup.sh: installing cel-expr-python $CEL_EXPR_PYTHON_VERSION"
   pip_install "cel-expr-python==$CEL_EXPR_PYTHON_VERSION"
 fi
+
+# kubectl with kustomize v5 (kubectl ≥ 1.27): cli/tests/kustomize.rs renders the kustomize base
+# and its cert-manager overlay with `kubectl kustomize`. This machine image ships it; elsewhere
+# apt installs a `kubectl` package when a configured source has one (Debian's own
+# kubernetes-client is 1.20, whose kustomize v2 cannot read the base).
+if ! command -v kubectl >/dev/null; then
+  echo "setup.sh: installing kubectl"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends kubectl >/dev/null || true
+fi
+if ! kubectl version --client 2>/dev/null | grep -Eq '^Kustomize Version: v[5-9]'; then
+  echo "setup.sh: kubectl with kustomize v5 or later is needed (cli/tests/kustomize.rs); install kubectl >= 1.27" >&2
+  exit 1
+fi
