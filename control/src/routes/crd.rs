@@ -5,12 +5,12 @@
 //! Only fields the Gateway API defines are here, named as the Gateway API names them. All are in
 //! the standard channel from v1.2.0 (`timeouts`) except `HTTPRouteRule.retry` (GEP-1731):
 //! experimental channel from v1.2.0, standard only from v1.7.0, of which only release candidates
-//! could be confirmed; docs/tasks/routes.md, "Gateway API version", has the field-by-field table. Fields cnimesh does not act on (`sessionPersistence`,
-//! `requestMirror`, `extensionRef`, `cors`) are left out of the types; serde skips them when
-//! reading, and the model refuses a filter whose `type` it cannot carry out instead of silently
-//! dropping it. Filter types and match types are strings, not enums, so an unknown value
-//! reaches the model and is refused there with the route's name, rather than failing the
-//! whole file it came in.
+//! could be confirmed; docs/tasks/routes.md, "Gateway API version", has the field-by-field table.
+//! Fields cnimesh does not act on (`sessionPersistence`, `requestMirror`, `extensionRef`, `cors`)
+//! are left out of the types; serde skips them when reading, and the model refuses a filter whose
+//! `type` it cannot carry out instead of silently dropping it. Filter types and match types are
+//! strings, not enums, so an unknown value reaches the model and is refused there with the
+//! route's name, rather than failing the whole file it came in.
 //!
 //! The CRDs themselves are the Gateway API's own (installed from its release, see
 //! docs/tasks/routes.md): the kube derive here generates only the `kube::Resource` glue for the
