@@ -40,19 +40,13 @@ pub const API_VERSION: &str = "policy.cnimesh.io/v1alpha1";
 #[kube(
     doc = "Server names a port of the pods its podSelector selects in its namespace, and how the port's traffic is proxied. A port a Server names is reachable only as AuthorizationPolicies targeting the Server (or its namespace) allow; ports no Server names get the default inbound policy."
 )]
-#[kube(printcolumn(
-    name = "Port",
-    type_ = "string",
-    json_path = ".spec.port",
-    description = "The port: a number or a container port name"
-))]
-#[kube(printcolumn(
-    name = "Protocol",
-    type_ = "string",
-    json_path = ".spec.proxyProtocol",
-    description = "How the port's connections are proxied"
-))]
-#[kube(printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"))]
+#[kube(
+    printcolumn = r#"{"name": "Port", "type": "string", "description": "The port: a number or a container port name", "jsonPath": ".spec.port"}"#
+)]
+#[kube(
+    printcolumn = r#"{"name": "Protocol", "type": "string", "description": "How the port's connections are proxied", "jsonPath": ".spec.proxyProtocol"}"#
+)]
+#[kube(printcolumn = r#"{"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}"#)]
 #[serde(rename_all = "camelCase")]
 pub struct ServerSpec {
     /// The pods of the Server's namespace whose port this is. An empty selector selects every pod
@@ -164,19 +158,13 @@ pub enum ProxyProtocol {
 #[kube(
     doc = "AuthorizationPolicy lets clients reach its target (a Server, every Server of its namespace, or one HTTPRoute) when every required authentication holds. Policies add up: a client may connect when any policy of the target admits it."
 )]
-#[kube(printcolumn(
-    name = "Target Kind",
-    type_ = "string",
-    json_path = ".spec.targetRef.kind",
-    description = "The kind of the target"
-))]
-#[kube(printcolumn(
-    name = "Target Name",
-    type_ = "string",
-    json_path = ".spec.targetRef.name",
-    description = "The name of the target"
-))]
-#[kube(printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"))]
+#[kube(
+    printcolumn = r#"{"name": "Target Kind", "type": "string", "description": "The kind of the target", "jsonPath": ".spec.targetRef.kind"}"#
+)]
+#[kube(
+    printcolumn = r#"{"name": "Target Name", "type": "string", "description": "The name of the target", "jsonPath": ".spec.targetRef.name"}"#
+)]
+#[kube(printcolumn = r#"{"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}"#)]
 #[serde(rename_all = "camelCase")]
 pub struct AuthorizationPolicySpec {
     /// What the policy applies to, in the policy's own namespace.
@@ -249,13 +237,10 @@ pub enum AuthenticationKind {
 #[kube(
     doc = "MeshTLSAuthentication is satisfied by clients that prove, with a mesh TLS certificate, one of the identities it lists (by name in identities, or as ServiceAccounts and Namespaces in identityRefs). An AuthorizationPolicy requires it by name."
 )]
-#[kube(printcolumn(
-    name = "Identities",
-    type_ = "string",
-    json_path = ".spec.identities",
-    description = "Identity names admitted"
-))]
-#[kube(printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"))]
+#[kube(
+    printcolumn = r#"{"name": "Identities", "type": "string", "description": "Identity names admitted", "jsonPath": ".spec.identities"}"#
+)]
+#[kube(printcolumn = r#"{"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}"#)]
 #[serde(rename_all = "camelCase")]
 pub struct MeshTlsAuthenticationSpec {
     /// Identity names (`<sa>.<ns>.serviceaccount.identity.cnimesh.<trust-domain>`), `*` for any
@@ -300,13 +285,10 @@ pub enum IdentityRefKind {
 #[kube(
     doc = "NetworkAuthentication is satisfied by clients whose source address is in one of its networks, meshed or not. An AuthorizationPolicy requires it by name."
 )]
-#[kube(printcolumn(
-    name = "Networks",
-    type_ = "string",
-    json_path = ".spec.networks[*].cidr",
-    description = "The networks admitted"
-))]
-#[kube(printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"))]
+#[kube(
+    printcolumn = r#"{"name": "Networks", "type": "string", "description": "The networks admitted", "jsonPath": ".spec.networks[*].cidr"}"#
+)]
+#[kube(printcolumn = r#"{"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}"#)]
 pub struct NetworkAuthenticationSpec {
     /// The client networks admitted (at least one).
     #[schemars(length(min = 1))]
