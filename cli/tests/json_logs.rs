@@ -16,7 +16,8 @@ fn the_cli_started_with_json_format_writes_json_lines_with_level_and_message() {
         .unwrap();
     assert!(output.status.success(), "{output:?}");
     let stderr = String::from_utf8(output.stderr).unwrap();
-    let lines: Vec<Value> = stderr.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}"))).collect();
+    let lines: Vec<Value> =
+        stderr.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}"))).collect();
     let line = lines.iter().find(|l| l["message"] == "cnimesh version").unwrap_or_else(|| panic!("{stderr}"));
     assert_eq!(line["level"], "DEBUG");
     assert_eq!(line["version"], env!("CARGO_PKG_VERSION"));
