@@ -6,7 +6,7 @@
 //! Built on the control plane's library (the webhook's mutation, the manifests' names, the tap
 //! relay's query and lines), never the other way round.
 //!
-//! Layers: yaml | pod_proxy → manifests → install → ca | check | inject | uninstall | stat → tap → top
+//! Layers: yaml | pod_proxy → manifests → install → ca | check | inject | uninstall | upgrade | prune | stat → tap → top
 
 pub mod ca;
 pub mod check;
@@ -14,10 +14,12 @@ pub mod inject;
 pub mod install;
 pub mod manifests;
 pub mod pod_proxy;
+pub mod prune;
 pub mod stat;
 pub mod tap;
 pub mod top;
 pub mod uninstall;
+pub mod upgrade;
 pub mod yaml;
 
 use std::io::Write;
@@ -70,6 +72,11 @@ impl ClusterArgs {
 pub enum Command {
     /// Print every manifest of the mesh, for `kubectl apply -f -`.
     Install(install::InstallArgs),
+    /// Print this version's manifests for a cluster that runs the mesh, reusing its trust
+    /// anchors, issuer, webhook CA and install values, for `kubectl apply -f -`.
+    Upgrade(upgrade::UpgradeArgs),
+    /// Print the mesh objects in the cluster that this version no longer ships, for `kubectl delete -f -`.
+    Prune(prune::PruneArgs),
     /// Check the mesh's health in the cluster (or, with --pre, that it can be installed).
     Check(check::CheckArgs),
     /// Add the proxy to workloads in YAML (files, a directory or stdin), as the webhook would.
@@ -111,7 +118,10 @@ pub struct VersionArgs {
 /// The process entry point.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging();
+    if let Err(error) = init_logging() {
+        eprintln!("cnimesh: {error}");
+        return ExitCode::from(2);
+    }
     match run(cli) {
         Ok(code) => code,
         Err(error) => {
@@ -121,11 +131,12 @@ pub fn main() -> ExitCode {
     }
 }
 
-/// Logs go to stderr and are quiet unless asked for: stdout is for manifests and reports.
-fn init_logging() {
+/// Logs go to stderr and are quiet unless asked for: stdout is for manifests and reports. The
+/// format from CNIMESH_LOG_FORMAT (plain or json).
+fn init_logging() -> Result<(), cnimesh_common::logging::FormatError> {
     let filter = tracing_subscriber::EnvFilter::try_from_env("CNIMESH_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    cnimesh_common::logging::init(filter)
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
@@ -133,11 +144,21 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 }
 
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    // Which command ran, for logs read later (CNIMESH_LOG=debug).
+    tracing::debug!(version = env!("CARGO_PKG_VERSION"), "cnimesh {}", command_name(&cli.command));
     let mut out = std::io::stdout().lock();
     match cli.command {
         Command::Install(args) => {
-            let rendered = install::render(&install::Certificates::from_args(&args)?, &args.options())?;
+            let rendered = runtime()?.block_on(install::main(&cli.cluster, args))?;
             out.write_all(rendered.as_bytes())?;
+        }
+        Command::Upgrade(args) => {
+            let text = runtime()?.block_on(upgrade::main(&cli.cluster, args))?;
+            out.write_all(text.as_bytes())?;
+        }
+        Command::Prune(args) => {
+            let text = runtime()?.block_on(prune::main(&cli.cluster, args))?;
+            out.write_all(text.as_bytes())?;
         }
         Command::Check(args) => return runtime()?.block_on(check::main(&cli.cluster, args)),
         Command::Inject(args) => runtime()?.block_on(inject::inject_main(&cli.cluster, args, &mut out))?,
@@ -164,6 +185,13 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     }
     out.flush()?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// The subcommand's name as typed.
+fn command_name(command: &Command) -> String {
+    let debug = format!("{command:?}");
+    let name = debug.split(['(', ' ', '{']).next().unwrap_or_default();
+    name.to_lowercase()
 }
 
 /// The version the control plane's Deployment runs: its image tag.
@@ -200,6 +228,8 @@ mod tests {
             let script = String::from_utf8(script).unwrap();
             for sub in [
                 "install",
+                "upgrade",
+                "prune",
                 "check",
                 "inject",
                 "uninject",

@@ -14,7 +14,7 @@ use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Value, json};
 
-use super::install::{ISSUER_SECRET, TRUST_ANCHORS_CONFIG_MAP, WEBHOOK_SECRET};
+use super::install::{ISSUER_SECRET, TRUST_ANCHORS_CONFIG_MAP, VALUES_CONFIG_MAP, WEBHOOK_SECRET};
 use super::{ClusterArgs, manifests, yaml};
 use cnimesh_common::names::{
     AGENT_NAME as AGENT_DAEMONSET, AGENT_NAMESPACE, CONTROL_NAMESPACE as DEFAULT_CONTROL_NAMESPACE, PROXY_CONTAINER,
@@ -56,6 +56,7 @@ pub fn deletions() -> Vec<Value> {
         secret(ISSUER_SECRET),
         json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": TRUST_ANCHORS_CONFIG_MAP, "namespace": DEFAULT_CONTROL_NAMESPACE}}),
         secret(WEBHOOK_SECRET),
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": VALUES_CONFIG_MAP, "namespace": DEFAULT_CONTROL_NAMESPACE}}),
     ];
     docs.splice(control_namespace..control_namespace, generated);
     docs.reverse();

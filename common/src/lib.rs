@@ -2,11 +2,14 @@
 //! ([`names`]), errors in one line with their causes ([`error`]), and writing a file so that readers see the old content or the new, never half
 //! ([`fs`]), reading a Prometheus text page ([`prom_text`]), and
 //! logging events that come in floods at most once a period ([`log_limit`]). It has no dependencies, because the CNI plugin, which is exec'd for every pod, links
-//! it too.
+//! it too; the `logging` feature (the binaries' stderr format, plain or JSON: [`logging`]) adds
+//! tracing-subscriber for the long-running binaries only.
 
 pub mod error;
 pub mod fs;
 pub mod log_limit;
+#[cfg(feature = "logging")]
+pub mod logging;
 pub mod names;
 pub mod prom_text;
 pub mod table;

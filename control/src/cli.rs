@@ -350,7 +350,10 @@ impl ServeArgs {
 /// The process entry point.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging();
+    if let Err(error) = init_logging() {
+        eprintln!("cnimesh-control: {error}");
+        return ExitCode::from(2);
+    }
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
@@ -361,10 +364,11 @@ pub fn main() -> ExitCode {
     }
 }
 
-fn init_logging() {
+/// The level from CNIMESH_CONTROL_LOG, the format from CNIMESH_LOG_FORMAT (plain or json).
+fn init_logging() -> Result<(), cnimesh_common::logging::FormatError> {
     let filter = tracing_subscriber::EnvFilter::try_from_env("CNIMESH_CONTROL_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    cnimesh_common::logging::init(filter)
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {

@@ -22,7 +22,11 @@ struct Cli {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_env("CNIMESH_LOG").unwrap_or_else(|_| "info".into());
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    // The format from CNIMESH_LOG_FORMAT (plain or json); an unknown one is refused by name.
+    if let Err(error) = cnimesh_common::logging::init(filter) {
+        eprintln!("cnimesh-local: {error}");
+        return ExitCode::from(2);
+    }
     // Multi-threaded: `up` and `down` block in place on the workers.
     let runtime =
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("tokio runtime");

@@ -224,7 +224,11 @@ async fn main_async(cli: Cli) -> anyhow::Result<ExitCode> {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_env("CNIMESH_LOG").unwrap_or_else(|_| "info".into());
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    // The format from CNIMESH_LOG_FORMAT (plain or json); an unknown one is refused by name.
+    if let Err(error) = cnimesh_common::logging::init(filter) {
+        eprintln!("cnimesh-node: {error}");
+        return ExitCode::from(2);
+    }
     let runtime =
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("tokio runtime");
     match runtime.block_on(main_async(cli)) {

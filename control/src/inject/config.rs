@@ -65,6 +65,8 @@ pub struct InjectConfig {
     pub native_sidecars: bool,
     /// `CNIMESH_PROXY_LOG` unless a pod's `config.cnimesh.io/proxy-log-level` says otherwise.
     pub log_level: String,
+    /// The proxies log JSON lines (`CNIMESH_LOG_FORMAT=json`) instead of plain text.
+    pub json_logs: bool,
     pub resources: ProxyResources,
     /// The trust anchors (PEM), handed to every proxy in an environment variable, as Linkerd
     /// does: a volume would need a ConfigMap in every meshed namespace. The webhook fills it
@@ -87,6 +89,7 @@ impl Default for InjectConfig {
             trust_domain: DEFAULT_TRUST_DOMAIN.into(),
             native_sidecars: true,
             log_level: "info".into(),
+            json_logs: false,
             resources: ProxyResources::default(),
             trust_anchors_pem: String::new(),
             proxy_uid: DEFAULT_PROXY_UID,
@@ -169,6 +172,9 @@ pub struct WebhookArgs {
     pub native_sidecars: SidecarMode,
     #[arg(long, env = "CNIMESH_CONTROL_PROXY_LOG_LEVEL", default_value = "info")]
     pub proxy_log_level: String,
+    /// The injected proxies' log format (their CNIMESH_LOG_FORMAT): plain or json.
+    #[arg(long, env = "CNIMESH_CONTROL_PROXY_LOG_FORMAT", default_value = "plain", value_parser = ["plain", "json"])]
+    pub proxy_log_format: String,
     #[arg(long, env = "CNIMESH_CONTROL_PROXY_UID", default_value_t = DEFAULT_PROXY_UID)]
     pub proxy_uid: i64,
     #[arg(long, env = "CNIMESH_CONTROL_PROXY_CPU_REQUEST", default_value = "20m")]
@@ -193,6 +199,7 @@ impl WebhookArgs {
             trust_domain: trust_domain.to_string(),
             native_sidecars: self.native_sidecars.fixed().unwrap_or(false),
             log_level: self.proxy_log_level.clone(),
+            json_logs: self.proxy_log_format == "json",
             resources: ProxyResources {
                 cpu_request: non_empty(&self.proxy_cpu_request),
                 memory_request: non_empty(&self.proxy_memory_request),

@@ -362,6 +362,9 @@ pub fn proxy_container(config: &InjectConfig, pod: &PodProxySettings) -> Result<
     if let Some(ports) = &pod.opaque_ports {
         env.push(("CNIMESH_PROXY_OPAQUE_PORTS", ports.clone()));
     }
+    if config.json_logs {
+        env.push(("CNIMESH_LOG_FORMAT", "json".into()));
+    }
     let probe = |path: &str, period: i32, failures: i32| Probe {
         http_get: Some(HTTPGetAction {
             path: Some(path.into()),

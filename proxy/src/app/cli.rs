@@ -74,12 +74,17 @@ pub fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // The format from CNIMESH_LOG_FORMAT (plain or json), refused by name like any other setting.
+    let format = match cnimesh_common::logging::format_from_env() {
+        Ok(format) => format,
+        Err(e) => {
+            eprintln!("cnimesh-proxy: invalid configuration: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let filter = EnvFilter::try_new(&config.log_level).unwrap_or_else(|_| EnvFilter::new("info"));
     let (layer, handle) = reload::Layer::new(filter);
-    tracing_subscriber::registry()
-        .with(layer)
-        .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
-        .init();
+    tracing_subscriber::registry().with(layer).with(cnimesh_common::logging::layer(format)).init();
     raise_fd_limit();
     let log = Box::new(ReloadableLevel { handle, current: Mutex::new(config.log_level.clone()) });
     let runtime = match config.workers {

@@ -1,12 +1,27 @@
 //! `cnimesh install`: every manifest of the mesh on stdout, for `kubectl apply -f -`.
 //!
-//! The documents are those under `daemonset/` ([`super::manifests`]), with three additions that
-//! no file can hold: the identity issuer Secret (trust anchors, issuer certificate and key, given
-//! or generated), the trust anchors ConfigMap (public; `cnimesh inject` and `check` read it) and
-//! the webhook's serving Secret, whose CA becomes the webhook's `caBundle`. Nothing else differs,
-//! which a test asserts, so the YAML an operator reads is the YAML that gets applied.
+//! The documents are those under `daemonset/` ([`super::manifests`]) with the install's
+//! [`values`] put in ([`apply`]) and four additions that no file can hold: the identity issuer
+//! Secret (trust anchors, issuer certificate and key, given or generated), the trust anchors
+//! ConfigMap (public; `cnimesh inject` and `check` read it), the webhook's serving Secret, whose
+//! CA becomes the webhook's `caBundle`, and the install values ConfigMap ([`stored`]) that
+//! `cnimesh upgrade` renders from again. Every object gets the `app.kubernetes.io/*` labels
+//! ([`labels`]). With the default values nothing else differs from the files, which a test
+//! asserts, so the YAML an operator reads is the YAML that gets applied.
+//!
+//! Install renders a *new* mesh: it reads the cluster first ([`cluster`]) and refuses when one is
+//! there (new anchors would break every running proxy), unless `--force`; `--ignore-cluster`
+//! renders offline.
 //!
 //! Layer: runtime (operator CLI).
+
+pub mod apply;
+pub mod cluster;
+pub mod labels;
+#[cfg(test)]
+pub mod mock_api;
+pub mod stored;
+pub mod values;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -20,13 +35,11 @@ use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::{Value, json};
 
-use super::{manifests, yaml};
-use cnimesh_common::names::AGENT_NAME;
+use super::{ClusterArgs, manifests, yaml};
 use cnimesh_control::identity::issuer::Issuer;
+use values::{Overrides, Values};
 
-use cnimesh_control::inject::{
-    CONTROL_NAME, DEFAULT_CLUSTER_DOMAIN, DEFAULT_CONTROL_NAMESPACE, new_webhook_cert, webhook_dns_names,
-};
+use cnimesh_control::inject::{DEFAULT_CLUSTER_DOMAIN, DEFAULT_CONTROL_NAMESPACE, new_webhook_cert, webhook_dns_names};
 
 /// The Secret the control plane signs with (`CNIMESH_CONTROL_ISSUER_DIR`).
 pub const ISSUER_SECRET: &str = "cnimesh-identity-issuer";
@@ -36,18 +49,54 @@ pub use cnimesh_control::inject::WEBHOOK_SECRET;
 /// The trust anchors, public: what `cnimesh inject` hands to proxies and `check` compares.
 pub const TRUST_ANCHORS_CONFIG_MAP: &str = "cnimesh-identity-trust-anchors";
 pub const TRUST_ANCHORS_KEY: &str = "ca.crt";
+pub use stored::VALUES_CONFIG_MAP;
 
 const ANCHOR_LIFETIME: Duration = Duration::from_secs(10 * 365 * 86400);
 const ISSUER_LIFETIME: Duration = Duration::from_secs(365 * 86400);
 const WEBHOOK_LIFETIME: Duration = Duration::from_secs(365 * 86400);
 /// Control plane replicas with `--ha` (the files hold the default).
-const HA_REPLICAS: i64 = 3;
+const HA_REPLICAS: u32 = 3;
 
-#[derive(Debug, clap::Args)]
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ValuesArgs {
+    /// A YAML values file (docs/install/values.md); repeatable, later files win.
+    #[arg(long = "values", short = 'f', value_name = "FILE")]
+    pub values: Vec<PathBuf>,
+    /// One value by its dotted key, e.g. `--set controlPlane.replicas=3`; repeatable, wins over
+    /// files and the other flags.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub set: Vec<String>,
+    /// The registry (and path) of every image, e.g. registry.example.com/mirror (the `registry` value).
+    #[arg(long, value_name = "REGISTRY")]
+    pub registry: Option<String>,
+}
+
+impl ValuesArgs {
+    /// Files in order, then `flags` (the older flags, as values), then `--registry`, then `--set`.
+    pub fn overrides(&self, flags: Overrides) -> anyhow::Result<Overrides> {
+        let mut out = Overrides::default();
+        for path in &self.values {
+            out.merge(&Overrides::from_file(path)?);
+        }
+        out.merge(&flags);
+        if let Some(registry) = &self.registry {
+            out.set(&format!("registry={registry}"))?;
+        }
+        for assignment in &self.set {
+            out.set(assignment)?;
+        }
+        Ok(out)
+    }
+}
+
+#[derive(Debug, Default, clap::Args)]
 pub struct InstallArgs {
+    #[command(flatten)]
+    pub values: ValuesArgs,
     /// A highly available control plane: three replicas on three nodes (required anti-affinity),
     /// a disruption budget keeping two, and the webhook certificate kept by the control plane
     /// (`--webhook-certs managed`: renewed, its caBundle patched, by the Lease holder).
+    /// The values `ha: true` and `controlPlane.replicas: 3`.
     #[arg(long)]
     pub ha: bool,
     /// Trust anchors (PEM) that proxies verify each other against [default: generated].
@@ -62,18 +111,29 @@ pub struct InstallArgs {
     /// What node agents do with meshed pods running uncaptured (CNIMESH_REPAIR): `delete` them
     /// (their controller recreates them captured), `label` them cnimesh.io/uncaptured=true, or
     /// nothing (`off`). The agents' ClusterRole follows: pod `delete` only for delete, pod
-    /// `patch` only for label.
-    #[arg(long, value_enum, default_value_t = NodeRepair::Delete)]
-    pub node_repair: NodeRepair,
+    /// `patch` only for label. The value `nodeAgent.repair` [default: delete].
+    #[arg(long, value_enum)]
+    pub node_repair: Option<NodeRepair>,
     /// Leave out the node agents' ValidatingAdmissionPolicy (daemonset/cnimesh-node-admission.yaml),
     /// for API servers older than 1.30, which lack the API. Their agents' tokens can then change
-    /// pods and nodes cluster-wide, as far as the ClusterRole reaches.
+    /// pods and nodes cluster-wide, as far as the ClusterRole reaches. The value
+    /// `nodeAgent.admissionPolicy: false`.
     #[arg(long)]
     pub without_node_admission_policy: bool,
+    /// Install even where the cluster already has a mesh: new trust anchors, issuer and webhook CA
+    /// replace the running ones (proxies lose mTLS until restarted). Without it install refuses
+    /// and points to `cnimesh upgrade`.
+    #[arg(long)]
+    pub force: bool,
+    /// Render offline, without contacting any cluster (GitOps, CI): nothing checks for a mesh
+    /// already there.
+    #[arg(long)]
+    pub ignore_cluster: bool,
 }
 
 /// The node agents' repair mode, as `cnimesh-node run --repair` names it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum NodeRepair {
     #[default]
     Delete,
@@ -102,22 +162,67 @@ impl NodeRepair {
     }
 }
 
-/// What changes the rendering besides the certificates.
+/// What changes the rendering besides the certificates: the effective values, and the
+/// overrides they came from (kept in the cluster for `upgrade`).
 #[derive(Debug, Clone, Default)]
 pub struct Options {
-    pub ha: bool,
-    pub node_repair: NodeRepair,
-    pub without_node_admission_policy: bool,
+    pub values: Values,
+    pub overrides: Overrides,
+}
+
+impl Options {
+    pub fn new(overrides: Overrides) -> anyhow::Result<Self> {
+        Ok(Options { values: overrides.resolve()?, overrides })
+    }
 }
 
 impl InstallArgs {
-    pub fn options(&self) -> Options {
-        Options {
-            ha: self.ha,
-            node_repair: self.node_repair,
-            without_node_admission_policy: self.without_node_admission_policy,
+    /// The values files, the flags and `--set`, checked.
+    pub fn options(&self) -> anyhow::Result<Options> {
+        let mut flags = Overrides::default();
+        if self.ha {
+            flags.set("ha=true")?;
+            flags.set(&format!("controlPlane.replicas={HA_REPLICAS}"))?;
         }
+        if let Some(repair) = self.node_repair {
+            flags.set(&format!("nodeAgent.repair={}", repair.as_str()))?;
+        }
+        if self.without_node_admission_policy {
+            flags.set("nodeAgent.admissionPolicy=false")?;
+        }
+        Options::new(self.values.overrides(flags)?)
     }
+}
+
+/// `cnimesh install`: checks the cluster (unless told not to), then renders.
+pub async fn main(cluster: &ClusterArgs, args: InstallArgs) -> anyhow::Result<String> {
+    let options = args.options()?;
+    if !args.ignore_cluster && !args.force {
+        let client = cluster.client().await.map_err(unreachable)?;
+        refuse_existing(&client).await?;
+    }
+    render(&Certificates::from_args(&args)?, &options)
+}
+
+fn unreachable(error: impl std::fmt::Display) -> anyhow::Error {
+    anyhow::anyhow!(
+        "could not check the cluster for a mesh already installed ({error}); pass --ignore-cluster to render \
+         offline without contacting a cluster, or --force to install over whatever is there"
+    )
+}
+
+/// Refuses when the cluster already has a mesh: new anchors would break its proxies.
+pub async fn refuse_existing(client: &kube::Client) -> anyhow::Result<()> {
+    let installed = cluster::read(client).await.map_err(unreachable)?;
+    if installed.exists() {
+        anyhow::bail!(
+            "cnimesh is already installed in this cluster ({}): install would replace its trust anchors, \
+             issuer and webhook CA under the running proxies. Use `cnimesh upgrade` (it keeps them and the \
+             install's options); --force installs anew anyway",
+            installed.describe()
+        );
+    }
+    Ok(())
 }
 
 /// The PEM material `install` puts into Secrets.
@@ -174,86 +279,37 @@ pub fn render(certs: &Certificates, options: &Options) -> anyhow::Result<String>
     Ok(format!(
         "# cnimesh {}: `cnimesh install{}` — apply with `kubectl apply -f -`.\n# Holds the identity issuer's private key: keep this output as secret as the key.\n{}",
         env!("CARGO_PKG_VERSION"),
-        if options.ha { " --ha" } else { "" },
+        if options.values.ha { " --ha" } else { "" },
         yaml::render(&docs)
     ))
 }
 
 /// The documents of `daemonset/`, filled in, with the generated ones right after the control
-/// plane's Namespace (so they exist before the Deployment that mounts them).
+/// plane's Namespace (so they exist before the Deployment that mounts them), all labelled.
 pub fn documents(certs: &Certificates, options: &Options) -> anyhow::Result<Vec<Value>> {
     let mut out = Vec::new();
     for mut doc in manifests::documents() {
         let kind = doc.get("kind").and_then(Value::as_str).unwrap_or_default().to_string();
         let name = doc.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default().to_string();
-        match kind.as_str() {
-            "MutatingWebhookConfiguration" => fill_ca_bundle(&mut doc, &certs.webhook_ca)?,
-            "Deployment" if name == CONTROL_NAME && options.ha => make_ha(&mut doc)?,
-            "PodDisruptionBudget" if name == CONTROL_NAME && options.ha => {
-                // Two of three stay through voluntary disruptions: one drain at a time.
-                doc["spec"]["minAvailable"] = json!(HA_REPLICAS - 1);
-            }
-            "ClusterRole" if name == AGENT_NAME => set_agent_pod_verbs(&mut doc, options.node_repair)?,
-            "DaemonSet" if name == AGENT_NAME => set_agent_repair(&mut doc, options.node_repair)?,
-            "ValidatingAdmissionPolicy" | "ValidatingAdmissionPolicyBinding"
-                if name.starts_with(AGENT_NAME) && options.without_node_admission_policy =>
-            {
-                continue;
-            }
-            _ => {}
+        if kind == "MutatingWebhookConfiguration" {
+            fill_ca_bundle(&mut doc, &certs.webhook_ca)?;
+        }
+        if !apply::apply(&mut doc, &options.values).with_context(|| yaml::describe(&doc))? {
+            continue;
         }
         let is_control_namespace = kind == "Namespace" && name == DEFAULT_CONTROL_NAMESPACE;
         out.push(doc);
         if is_control_namespace {
             out.extend(generated(certs));
+            out.push(stored::config_map(&options.values, &options.overrides, &certs.anchors));
         }
     }
     anyhow::ensure!(
         out.iter().any(|d| d.pointer("/metadata/name") == Some(&json!(ISSUER_SECRET))),
         "daemonset/ has no Namespace {DEFAULT_CONTROL_NAMESPACE} to put the Secrets in"
     );
+    labels::apply(&mut out);
     Ok(out)
-}
-
-/// The agent's ClusterRole grants on pods exactly what its repair mode uses.
-fn set_agent_pod_verbs(doc: &mut Value, repair: NodeRepair) -> anyhow::Result<()> {
-    let rules = doc.get_mut("rules").and_then(Value::as_array_mut).context("the agent's ClusterRole has no rules")?;
-    let pods = rules
-        .iter_mut()
-        .find(|r| r["apiGroups"] == json!([""]) && r["resources"] == json!(["pods"]))
-        .context("the agent's ClusterRole has no rule for pods")?;
-    pods["verbs"] = json!(repair.pod_verbs());
-    Ok(())
-}
-
-fn set_agent_repair(doc: &mut Value, repair: NodeRepair) -> anyhow::Result<()> {
-    let env = doc
-        .pointer_mut("/spec/template/spec/containers/0/env")
-        .and_then(Value::as_array_mut)
-        .context("the agent's container has no env")?;
-    let var = env.iter_mut().find(|e| e["name"] == "CNIMESH_REPAIR").context("the agent has no CNIMESH_REPAIR")?;
-    var["value"] = json!(repair.as_str());
-    Ok(())
-}
-
-/// `--ha`: three replicas, each on its own node (required anti-affinity: with three replicas
-/// and `maxUnavailable: 0` a rollout needs a fourth node for its surge pod, which an HA cluster
-/// has), and the webhook certificate kept by the control plane itself (`--webhook-certs
-/// managed`: the Lease holder renews it and patches the caBundle; every replica reloads it).
-fn make_ha(doc: &mut Value) -> anyhow::Result<()> {
-    doc["spec"]["replicas"] = json!(HA_REPLICAS);
-    let pod = doc.pointer_mut("/spec/template/spec").context("a Deployment without a pod template")?;
-    let term = pod
-        .pointer("/affinity/podAntiAffinity/preferredDuringSchedulingIgnoredDuringExecution/0/podAffinityTerm")
-        .cloned()
-        .context("the control plane's Deployment has no anti-affinity term to require")?;
-    pod["affinity"]["podAntiAffinity"] = json!({"requiredDuringSchedulingIgnoredDuringExecution": [term]});
-    let container = pod
-        .pointer_mut("/containers/0/env")
-        .and_then(Value::as_array_mut)
-        .context("the control plane's container has no env")?;
-    container.push(json!({"name": "CNIMESH_CONTROL_WEBHOOK_CERTS", "value": "managed"}));
-    Ok(())
 }
 
 /// Every webhook of the configuration trusts the generated CA: the API server verifies the
@@ -319,22 +375,21 @@ fn generated(certs: &Certificates) -> Vec<Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cnimesh_common::names::AGENT_NAME;
+    use cnimesh_control::inject::CONTROL_NAME;
 
     fn certs() -> Certificates {
-        let args = InstallArgs {
-            ha: false,
-            identity_trust_anchors_file: None,
-            identity_issuer_certificate_file: None,
-            identity_issuer_key_file: None,
-            node_repair: NodeRepair::Delete,
-            without_node_admission_policy: false,
-        };
-        Certificates::from_args(&args).unwrap()
+        Certificates::from_args(&InstallArgs::default()).unwrap()
+    }
+
+    /// The options of these install flags.
+    fn options(args: InstallArgs) -> Options {
+        args.options().unwrap()
     }
 
     fn is_generated(doc: &Value) -> bool {
         let name = doc.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default();
-        [ISSUER_SECRET, WEBHOOK_SECRET, TRUST_ANCHORS_CONFIG_MAP].contains(&name)
+        [ISSUER_SECRET, WEBHOOK_SECRET, TRUST_ANCHORS_CONFIG_MAP, VALUES_CONFIG_MAP].contains(&name)
     }
 
     /// The install's documents with what it generates taken out again.
@@ -349,17 +404,26 @@ mod tests {
         docs
     }
 
+    /// The files under `daemonset/` with the labels every install adds.
+    fn labelled_files() -> Vec<Value> {
+        let mut files = manifests::documents();
+        labels::apply(&mut files);
+        files
+    }
+
     #[test]
     fn install_prints_daemonset_files_and_nothing_else_but_certificates() {
         let rendered = render(&certs(), &Options::default()).unwrap();
         let docs = yaml::documents(&rendered, "install").unwrap();
-        assert_eq!(without_generated(docs), manifests::documents(), "install and daemonset/ drifted apart");
+        assert_eq!(without_generated(docs), labelled_files(), "install and daemonset/ drifted apart");
 
-        let ha =
-            yaml::documents(&render(&certs(), &Options { ha: true, ..Default::default() }).unwrap(), "install --ha")
-                .unwrap();
+        let ha = yaml::documents(
+            &render(&certs(), &options(InstallArgs { ha: true, ..Default::default() })).unwrap(),
+            "install --ha",
+        )
+        .unwrap();
         let mut ha = without_generated(ha);
-        let files = manifests::documents();
+        let files = labelled_files();
         let of = |docs: &[Value], kind: &str| docs.iter().position(|d| d["kind"] == kind).unwrap();
         let (deployment, pdb) = (of(&ha, "Deployment"), of(&ha, "PodDisruptionBudget"));
         assert_eq!(ha[deployment]["spec"]["replicas"], HA_REPLICAS);
@@ -434,12 +498,10 @@ mod tests {
             Some(path)
         };
         let mut args = InstallArgs {
-            ha: false,
             identity_trust_anchors_file: write("ca.crt", &anchor.cert_pem),
             identity_issuer_certificate_file: write("issuer.crt", &issuer.cert_pem),
             identity_issuer_key_file: write("issuer.key", &issuer.key_pem),
-            node_repair: NodeRepair::Delete,
-            without_node_admission_policy: false,
+            ..Default::default()
         };
         let certs = Certificates::from_args(&args).unwrap();
         assert_eq!(
@@ -466,9 +528,174 @@ mod tests {
         };
         let default = Options::default();
         assert_eq!(agent(&default), ("get,list,watch,delete".into(), json!("delete"), 1));
-        let label = Options { node_repair: NodeRepair::Label, ..Default::default() };
+        let label = options(InstallArgs { node_repair: Some(NodeRepair::Label), ..Default::default() });
         assert_eq!(agent(&label), ("get,list,watch,patch".into(), json!("label"), 1));
-        let off = Options { node_repair: NodeRepair::Off, without_node_admission_policy: true, ..Default::default() };
+        let off = options(InstallArgs {
+            node_repair: Some(NodeRepair::Off),
+            without_node_admission_policy: true,
+            ..Default::default()
+        });
         assert_eq!(agent(&off), ("get,list,watch".into(), json!("off"), 0));
+    }
+
+    fn find<'a>(docs: &'a [Value], kind: &str, name: &str) -> &'a Value {
+        docs.iter().find(|d| d["kind"] == kind && d["metadata"]["name"] == name).unwrap()
+    }
+
+    fn env_of(container: &Value, name: &str) -> Option<String> {
+        container["env"].as_array()?.iter().find(|e| e["name"] == name)?["value"].as_str().map(Into::into)
+    }
+
+    fn with_set(set: &[&str]) -> Vec<Value> {
+        let args = InstallArgs {
+            values: ValuesArgs { set: set.iter().map(|s| s.to_string()).collect(), ..Default::default() },
+            ..Default::default()
+        };
+        documents(&certs(), &args.options().unwrap()).unwrap()
+    }
+
+    #[test]
+    fn every_object_of_install_carries_the_four_labels() {
+        let docs = yaml::documents(&render(&certs(), &Options::default()).unwrap(), "install").unwrap();
+        assert!(docs.iter().any(|d| d["kind"] == "CustomResourceDefinition"));
+        for doc in &docs {
+            let labels = &doc["metadata"]["labels"];
+            assert_eq!(labels[labels::PART_OF], "cnimesh", "{}", yaml::describe(doc));
+            assert_eq!(labels[labels::MANAGED_BY], "cnimesh", "{}", yaml::describe(doc));
+            assert_eq!(labels[labels::VERSION], env!("CARGO_PKG_VERSION"), "{}", yaml::describe(doc));
+            assert!(labels[labels::COMPONENT].as_str().is_some_and(|c| !c.is_empty()), "{}", yaml::describe(doc));
+        }
+        let component =
+            |kind: &str, name: &str| find(&docs, kind, name)["metadata"]["labels"][labels::COMPONENT].clone();
+        assert_eq!(component("Deployment", CONTROL_NAME), "control-plane");
+        assert_eq!(component("DaemonSet", "cnimesh-node"), "node");
+        assert_eq!(component("MutatingWebhookConfiguration", "cnimesh-proxy-injector"), "webhook");
+        assert_eq!(component("Secret", ISSUER_SECRET), "identity");
+    }
+
+    #[test]
+    fn set_control_plane_replicas_reaches_the_deployment_and_its_budget() {
+        let docs = with_set(&["controlPlane.replicas=3"]);
+        assert_eq!(find(&docs, "Deployment", CONTROL_NAME)["spec"]["replicas"], 3);
+        assert_eq!(find(&docs, "PodDisruptionBudget", CONTROL_NAME)["spec"]["minAvailable"], 2);
+        let one = with_set(&["controlPlane.replicas=1"]);
+        assert!(!one.iter().any(|d| d["kind"] == "PodDisruptionBudget"), "one replica, no budget");
+    }
+
+    #[test]
+    fn registry_rewrites_every_image_and_the_proxy_image_the_webhook_injects() {
+        let docs = with_set(&["registry=mirror.example/team", "imageTags.proxy=9.9.9"]);
+        let mut images = Vec::new();
+        for doc in &docs {
+            for list in ["containers", "initContainers"] {
+                for c in
+                    doc.pointer(&format!("/spec/template/spec/{list}")).and_then(Value::as_array).into_iter().flatten()
+                {
+                    images.push(c["image"].as_str().unwrap().to_string());
+                }
+            }
+        }
+        assert!(images.len() >= 2);
+        assert!(images.iter().all(|i| i.starts_with("mirror.example/team/")), "{images:?}");
+        let control = &find(&docs, "Deployment", CONTROL_NAME)["spec"]["template"]["spec"]["containers"][0];
+        assert_eq!(env_of(control, "CNIMESH_CONTROL_PROXY_IMAGE").unwrap(), "mirror.example/team/cnimesh-proxy:9.9.9");
+        let flag = InstallArgs {
+            values: ValuesArgs { registry: Some("r.example".into()), ..Default::default() },
+            ..Default::default()
+        };
+        assert_eq!(flag.options().unwrap().values.registry, "r.example", "--registry is the registry value");
+    }
+
+    #[test]
+    fn proxy_defaults_and_json_logs_reach_every_component() {
+        let docs = with_set(&["logFormat=json", "proxy.defaultInboundPolicy=deny", "proxy.resources.limits.cpu=1"]);
+        let control = &find(&docs, "Deployment", CONTROL_NAME)["spec"]["template"]["spec"]["containers"][0];
+        assert_eq!(env_of(control, "CNIMESH_LOG_FORMAT").as_deref(), Some("json"));
+        assert_eq!(env_of(control, apply::PROXY_LOG_FORMAT_ENV).as_deref(), Some("json"));
+        assert_eq!(env_of(control, "CNIMESH_CONTROL_DEFAULT_INBOUND_POLICY").as_deref(), Some("deny"));
+        assert_eq!(env_of(control, "CNIMESH_CONTROL_PROXY_CPU_LIMIT").as_deref(), Some("1"));
+        let node = &find(&docs, "DaemonSet", "cnimesh-node")["spec"]["template"]["spec"]["containers"][0];
+        assert_eq!(env_of(node, "CNIMESH_LOG_FORMAT").as_deref(), Some("json"));
+
+        // The control plane reads those variables and hands the format to the proxies it injects.
+        let vars: Vec<(String, String)> = control["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|e| Some((e["name"].as_str()?.to_string(), e["value"].as_str()?.to_string())))
+            .filter(|(name, _)| name.starts_with("CNIMESH_CONTROL_PROXY_"))
+            .collect();
+        let mut argv = vec!["webhook".to_string()];
+        for (name, value) in vars {
+            let flag = name.trim_start_matches("CNIMESH_CONTROL_").to_lowercase().replace('_', "-");
+            argv.push(format!("--{flag}={value}"));
+        }
+        #[derive(clap::Parser)]
+        struct Webhook {
+            #[command(flatten)]
+            args: cnimesh_control::inject::WebhookArgs,
+        }
+        let parsed = <Webhook as clap::Parser>::try_parse_from(&argv).unwrap();
+        let config = parsed.args.inject_config("cluster.local").unwrap();
+        assert!(config.json_logs);
+        let pod = cnimesh_control::inject::PodProxySettings {
+            identity: config.control_identity().unwrap(),
+            opaque_ports: None,
+            log_level: "info".into(),
+        };
+        let proxy = cnimesh_control::inject::proxy_container(&config, &pod).unwrap();
+        let env = proxy.env.unwrap();
+        assert!(env.iter().any(|e| e.name == "CNIMESH_LOG_FORMAT" && e.value.as_deref() == Some("json")));
+    }
+
+    #[test]
+    fn the_values_config_map_holds_the_overrides_the_values_and_no_secret() {
+        let certs = certs();
+        let args = InstallArgs {
+            values: ValuesArgs { set: vec!["ha=true".into()], ..Default::default() },
+            ..Default::default()
+        };
+        let docs = documents(&certs, &args.options().unwrap()).unwrap();
+        let map: ConfigMap = serde_json::from_value(find(&docs, "ConfigMap", VALUES_CONFIG_MAP).clone()).unwrap();
+        let data = map.data.unwrap();
+        assert_eq!(data[stored::OVERRIDES_KEY], "ha: true\n");
+        assert_eq!(data[stored::VERSION_KEY], env!("CARGO_PKG_VERSION"));
+        assert_eq!(data[stored::FINGERPRINT_KEY], stored::fingerprint(&certs.anchors));
+        let values: Values = serde_saphyr::from_str(&data[stored::VALUES_KEY]).unwrap();
+        assert!(values.ha);
+        let text = serde_json::to_string(&data).unwrap();
+        assert!(!text.contains("PRIVATE KEY") && !text.contains("BEGIN CERTIFICATE"), "no key, no certificate");
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_cluster_is_an_error_naming_both_flags() {
+        let service = tower::service_fn(|_req: http::Request<kube::client::Body>| async {
+            Err::<http::Response<kube::client::Body>, _>(std::io::Error::new(
+                std::io::ErrorKind::ConnectionRefused,
+                "connection refused",
+            ))
+        });
+        let client = kube::Client::new(service, "default");
+        let error = refuse_existing(&client).await.unwrap_err().to_string();
+        assert!(error.contains("--ignore-cluster") && error.contains("--force"), "{error}");
+        // --ignore-cluster never builds a client: a kubeconfig that does not exist is not read.
+        let cluster = ClusterArgs { kubeconfig: Some("/nonexistent/kubeconfig".into()), context: None };
+        let args = InstallArgs { ignore_cluster: true, ..Default::default() };
+        let rendered = main(&cluster, args).await.unwrap();
+        assert!(rendered.contains("kind: Deployment"));
+        let args = InstallArgs::default();
+        let error = main(&cluster, args).await.unwrap_err().to_string();
+        assert!(error.contains("--ignore-cluster") && error.contains("--force"), "{error}");
+    }
+
+    #[test]
+    fn the_example_of_docs_install_values_md_is_valid() {
+        let doc = include_str!("../../../docs/install/values.md");
+        let start = doc.find("```yaml\n# prod.yaml\n").expect("the example") + "```yaml\n".len();
+        let end = start + doc[start..].find("```").unwrap();
+        let values = Overrides::from_yaml(&doc[start..end], "values.md").unwrap().resolve().unwrap();
+        assert_eq!(values.control_plane.replicas, 3);
+        assert_eq!(values.proxy.resources.limits.cpu.as_deref(), Some("1"));
+        assert_eq!(values.log_format, values::LogFormat::Json);
     }
 }

@@ -1,0 +1,167 @@
+//! `cnimesh upgrade`: this version's manifests for a cluster that already runs the mesh, for
+//! `kubectl apply -f -`. Everything a new install would generate is read back from the cluster
+//! instead and reused byte for byte: the trust anchors (the ConfigMap proxies are given, and the
+//! issuer Secret's own copy), the issuer's certificate and key, the webhook's CA and serving
+//! certificate (so the caBundle stays what the running control plane serves). The options come
+//! from the stored install values ([`install::stored`]): the operator's earlier overrides, with
+//! this run's `--values`/`--set` over them and this version's defaults under them.
+//!
+//! `--crds` prints only the CustomResourceDefinitions, to apply first when they change.
+
+use anyhow::Context;
+use serde_json::Value;
+
+use super::install::{
+    self, Options, TRUST_ANCHORS_CONFIG_MAP, TRUST_ANCHORS_KEY, ValuesArgs, cluster, values::Overrides,
+};
+use super::{ClusterArgs, yaml};
+
+#[derive(Debug, Default, clap::Args)]
+pub struct UpgradeArgs {
+    #[command(flatten)]
+    pub values: ValuesArgs,
+    /// Print only the CustomResourceDefinitions (apply them first: `cnimesh upgrade --crds | kubectl apply -f -`).
+    #[arg(long)]
+    pub crds: bool,
+}
+
+pub async fn main(cluster: &ClusterArgs, args: UpgradeArgs) -> anyhow::Result<String> {
+    let client = cluster.client().await?;
+    upgrade(&client, &args).await
+}
+
+/// Reads what the cluster holds and renders this version over it.
+pub async fn upgrade(client: &kube::Client, args: &UpgradeArgs) -> anyhow::Result<String> {
+    let installed = cluster::read(client).await.context("reading the installed mesh from the cluster")?;
+    let certs = installed.certificates()?;
+    let mut overrides = installed.overrides()?;
+    overrides.merge(&args.values.overrides(Overrides::default())?);
+    let options = Options::new(overrides)?;
+    let mut docs = install::documents(&certs, &options)?;
+    // The anchors proxies are given may be a bundle the issuer Secret's copy is not (during a
+    // rotation): keep the ConfigMap's as it is.
+    if let Some(bundle) = installed.anchors_bundle() {
+        for doc in &mut docs {
+            if doc["kind"] == "ConfigMap" && doc["metadata"]["name"] == TRUST_ANCHORS_CONFIG_MAP {
+                doc["data"][TRUST_ANCHORS_KEY] = Value::String(bundle.clone());
+            }
+        }
+    }
+    let from = installed.version().map_or_else(|| "a version without stored values".to_string(), |v| v.to_string());
+    if args.crds {
+        docs.retain(|d| d["kind"] == "CustomResourceDefinition");
+        return Ok(format!(
+            "# cnimesh {}: `cnimesh upgrade --crds` (from {from}) — apply first with `kubectl apply -f -`.\n{}",
+            env!("CARGO_PKG_VERSION"),
+            yaml::render(&docs)
+        ));
+    }
+    Ok(format!(
+        "# cnimesh {}: `cnimesh upgrade` (from {from}) — apply with `kubectl apply -f -` after `cnimesh upgrade --crds`.\n\
+         # Reuses the cluster's trust anchors, issuer and webhook CA; holds the issuer's private key: keep it secret.\n{}",
+        env!("CARGO_PKG_VERSION"),
+        yaml::render(&docs)
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+    use crate::install::mock_api::ObjectsApi;
+    use crate::install::{ISSUER_SECRET, InstallArgs, WEBHOOK_SECRET};
+    use k8s_openapi::api::core::v1::Secret;
+
+    fn install(set: &[&str]) -> String {
+        let args = InstallArgs {
+            values: ValuesArgs { set: set.iter().map(|s| s.to_string()).collect(), ..Default::default() },
+            ..Default::default()
+        };
+        install::render(&install::Certificates::from_args(&args).unwrap(), &args.options().unwrap()).unwrap()
+    }
+
+    fn find<'a>(docs: &'a [Value], kind: &str, name: &str) -> &'a Value {
+        docs.iter()
+            .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+            .unwrap_or_else(|| panic!("{kind} {name}"))
+    }
+
+    fn identities(docs: &[Value]) -> BTreeSet<String> {
+        docs.iter().map(yaml::describe).collect()
+    }
+
+    #[tokio::test]
+    async fn upgrade_keeps_the_anchors_the_issuer_the_webhook_ca_and_the_install_options() {
+        let cluster = ObjectsApi::default();
+        let first = install(&["controlPlane.replicas=3", "proxy.logLevel=debug"]);
+        cluster.apply(&first);
+        let first = yaml::documents(&first, "install").unwrap();
+
+        let upgraded = upgrade(&cluster.client(), &UpgradeArgs::default()).await.unwrap();
+        let upgraded = yaml::documents(&upgraded, "upgrade").unwrap();
+        for (kind, name) in
+            [("Secret", ISSUER_SECRET), ("Secret", WEBHOOK_SECRET), ("ConfigMap", TRUST_ANCHORS_CONFIG_MAP)]
+        {
+            assert_eq!(find(&upgraded, kind, name)["data"], find(&first, kind, name)["data"], "{kind} {name}");
+        }
+        let bundle =
+            |docs: &[Value]| find(docs, "MutatingWebhookConfiguration", "cnimesh-proxy-injector")["webhooks"].clone();
+        assert_eq!(bundle(&upgraded), bundle(&first), "same caBundle");
+        let secret: Secret = serde_json::from_value(find(&upgraded, "Secret", ISSUER_SECRET).clone()).unwrap();
+        let data = secret.data.unwrap();
+        cnimesh_control::identity::issuer::Issuer::from_pem(&data["ca.crt"].0, &data["tls.crt"].0, &data["tls.key"].0)
+            .expect("the kept issuer still works");
+
+        // The options given at install survive an upgrade without --set.
+        let deployment = find(&upgraded, "Deployment", "cnimesh-control");
+        assert_eq!(deployment["spec"]["replicas"], 3);
+        let env = deployment["spec"]["template"]["spec"]["containers"][0]["env"].as_array().unwrap();
+        assert!(env.iter().any(|e| e["name"] == "CNIMESH_CONTROL_PROXY_LOG_LEVEL" && e["value"] == "debug"));
+
+        // It applies over the first: every object the first created is there again.
+        assert_eq!(identities(&upgraded), identities(&first));
+
+        // New --set values go over the stored ones, and are stored in turn.
+        cluster.apply(&yaml::render(&upgraded));
+        let args = UpgradeArgs {
+            values: ValuesArgs { set: vec!["controlPlane.replicas=1".into()], ..Default::default() },
+            ..Default::default()
+        };
+        let again = yaml::documents(&upgrade(&cluster.client(), &args).await.unwrap(), "again").unwrap();
+        assert_eq!(find(&again, "Deployment", "cnimesh-control")["spec"]["replicas"], 1);
+        let env =
+            find(&again, "Deployment", "cnimesh-control")["spec"]["template"]["spec"]["containers"][0]["env"].clone();
+        assert!(env.as_array().unwrap().iter().any(|e| e["value"] == "debug"), "earlier overrides kept");
+        // One replica has no disruption budget: the rest is the same set, the budget is what prune removes.
+        let mut expected = identities(&first);
+        expected.remove("PodDisruptionBudget/cnimesh/cnimesh-control");
+        assert_eq!(identities(&again), expected);
+    }
+
+    #[tokio::test]
+    async fn upgrade_crds_prints_only_the_crds_and_a_missing_mesh_is_a_clear_error() {
+        let empty = ObjectsApi::default();
+        let error = format!("{:#}", upgrade(&empty.client(), &UpgradeArgs::default()).await.unwrap_err());
+        assert!(error.contains("the mesh is not installed") && error.contains("cnimesh install"), "{error}");
+
+        let cluster = ObjectsApi::default();
+        cluster.apply(&install(&[]));
+        let crds = upgrade(&cluster.client(), &UpgradeArgs { crds: true, ..Default::default() }).await.unwrap();
+        let crds = yaml::documents(&crds, "crds").unwrap();
+        assert!(!crds.is_empty());
+        assert!(crds.iter().all(|d| d["kind"] == "CustomResourceDefinition"));
+    }
+
+    #[tokio::test]
+    async fn install_twice_refuses_the_second_time_and_points_to_upgrade() {
+        let cluster = ObjectsApi::default();
+        install::refuse_existing(&cluster.client()).await.expect("an empty cluster takes an install");
+        cluster.apply(&install(&[]));
+        let error = install::refuse_existing(&cluster.client()).await.unwrap_err().to_string();
+        assert!(error.contains("already installed"), "{error}");
+        assert!(error.contains("Secret cnimesh/cnimesh-identity-issuer"), "{error}");
+        assert!(error.contains("Use `cnimesh upgrade`"), "{error}");
+        assert!(error.contains("--force"), "{error}");
+    }
+}
