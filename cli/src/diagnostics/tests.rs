@@ -136,7 +136,7 @@ async fn a_missing_or_unmeshed_pod_and_a_failing_proxy_are_named() {
 /// `web` in `shop` as the control plane's Destination index holds it: port 80 → 8080, one meshed
 /// pod; the page is what its admin server's `/destination.json` answers.
 fn destination_page(authority: &str) -> Value {
-    use cnimesh_control::destination::{Change, Config, Index, Object};
+    use cnimesh_control::destination::{Change, Config, Index, Kind, Object};
     let index = Index::new();
     let service: k8s_openapi::api::core::v1::Service = serde_json::from_value(json!({
         "metadata": {"name": "web", "namespace": "shop"},
@@ -150,10 +150,11 @@ fn destination_page(authority: &str) -> Value {
     }))
     .unwrap();
     let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(pod("web-1", true)).unwrap();
+    // Each kind listed in full, as a source delivers it: the index is ready.
     index.apply([
-        Change::Upsert(Object::from(service)),
-        Change::Upsert(Object::from(slice)),
-        Change::Upsert(Object::from(pod)),
+        Change::Reset(Kind::Service, vec![Object::from(service)]),
+        Change::Reset(Kind::EndpointSlice, vec![Object::from(slice)]),
+        Change::Reset(Kind::Pod, vec![Object::from(pod)]),
     ]);
     let served = cnimesh_control::destination::read::served(&index, authority, &std::sync::Arc::new(Config::default()));
     serde_json::to_value(served.unwrap()).unwrap()
