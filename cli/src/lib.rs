@@ -1,15 +1,17 @@
 //! `cnimesh`, the operator's command line: install, check, inject/uninject, uninstall, stat,
-//! edges, tap, top, ca, version, completion. It renders the manifests under `daemonset/` (the single source of truth: what
+//! edges, tap, top, diagnostics, authz, ca, version, completion. It renders the manifests under `daemonset/` (the single source of truth: what
 //! `install` prints is those files plus generated certificates), applies the webhook's pure
 //! mutation to YAML offline, and reads the cluster with kube-rs, never with a shell on a node.
 //!
 //! Built on the control plane's library (the webhook's mutation, the manifests' names, the tap
 //! relay's query and lines), never the other way round.
 //!
-//! Layers: yaml | pod_proxy → manifests → install → ca | check | inject | uninstall | upgrade | prune | stat → tap → top
+//! Layers: yaml | pod_proxy → manifests → install → ca | check | inject | uninstall | upgrade | prune | stat → tap | diagnostics → authz | top
 
+pub mod authz;
 pub mod ca;
 pub mod check;
+pub mod diagnostics;
 pub mod inject;
 pub mod install;
 pub mod manifests;
@@ -94,6 +96,12 @@ pub enum Command {
     Tap(tap::TapArgs),
     /// A resource's live requests aggregated by source, destination, method and path.
     Top(top::TopArgs),
+    /// What one proxy knows (metrics, endpoints, identity, policy) and what Destination serves,
+    /// without exec.
+    Diagnostics(diagnostics::DiagnosticsArgs),
+    /// Which Servers, AuthorizationPolicies and routes apply to a workload, and what a client may
+    /// reach (`--identity`, `--from`).
+    Authz(authz::AuthzArgs),
     /// Certificate authority helpers: the mesh's trust anchor and issuer, the webhook's certificate.
     Ca {
         #[command(subcommand)]
@@ -171,6 +179,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Edges(args) => runtime()?.block_on(stat::edges_main(&cli.cluster, args, &mut out))?,
         Command::Tap(args) => runtime()?.block_on(tap::tap_main(&cli.cluster, args, &mut out))?,
         Command::Top(args) => runtime()?.block_on(top::top_main(&cli.cluster, args, &mut out))?,
+        Command::Diagnostics(args) => runtime()?.block_on(diagnostics::main(&cli.cluster, args, &mut out))?,
+        Command::Authz(args) => runtime()?.block_on(authz::main(&cli.cluster, args, &mut out))?,
         Command::Ca { command } => ca::main(command, &mut out)?,
         Command::Version(args) => {
             writeln!(out, "client: {}", env!("CARGO_PKG_VERSION"))?;
@@ -238,6 +248,8 @@ mod tests {
                 "edges",
                 "tap",
                 "top",
+                "diagnostics",
+                "authz",
                 "ca",
                 "version",
                 "completion",

@@ -120,6 +120,7 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Out
         .with_reserved(config.reserved);
     let mut routes = Routes::new(identity.into_server());
     let index = config.cluster.as_ref().map(|_| Index::new());
+    let destination_config = Arc::new(config.destination.clone());
     let source_task = match (config.cluster, index.clone()) {
         (Some(source), Some(index)) => {
             let policy = crate::policy::Index::new(config.inbound_policy);
@@ -163,7 +164,7 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Out
     };
     let tap =
         Relay::new(tap_authenticator, metrics.clone(), index.clone(), issuer.clone(), own_cert.clone(), trust_domain);
-    let admin_state = AdminState { metrics, issuer, index, tap: Some(tap) };
+    let admin_state = AdminState { metrics, issuer, index, tap: Some(tap), destination: destination_config };
     let admin = tokio::spawn(admin::serve(listeners.admin, admin_state, until(stopped)));
 
     shutdown.await;

@@ -1,6 +1,7 @@
 //! The admin server's status pages, served in-process on loopback: `/env.json` shows the
-//! effective configuration with secrets redacted, `/identity.json` the certificate held, and
-//! `/endpoints.json` what discovery has been asked and answered.
+//! effective configuration with secrets redacted, `/identity.json` the certificate held,
+//! `/endpoints.json` what discovery has been asked and answered, and `/policy.json` the inbound
+//! policy each port enforces (against a mock `InboundServerPolicies` on loopback).
 
 mod support;
 
@@ -12,10 +13,14 @@ use cnimesh_proxy::app::config::{Config, IdentityConfig, TrustAnchors};
 use cnimesh_proxy::app::drain::Drain;
 use cnimesh_proxy::app::metrics::Metrics;
 use cnimesh_proxy::client::discovery::Discovery;
+use cnimesh_proxy::inbound::policy::discover::Policies;
+use cnimesh_proxy::inbound::policy::model::DefaultPolicy;
 use cnimesh_proxy::transport::identity::Identity;
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
+use linkerd2_proxy_api::inbound as api;
+use linkerd2_proxy_api::inbound::inbound_server_policies_server::{InboundServerPolicies, InboundServerPoliciesServer};
 use serde_json::Value;
 use support::FixedLevel;
 use tokio::net::{TcpListener, TcpStream};
@@ -88,6 +93,7 @@ async fn status_pages_show_configuration_identity_and_discovery_without_secrets(
         config,
         env,
         discovery: Some(discovery),
+        policies: None,
     });
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -109,6 +115,10 @@ async fn status_pages_show_configuration_identity_and_discovery_without_secrets(
     assert_eq!(id["certificate"]["identity"], NAME);
     assert_eq!(id["certificate"]["subject"], format!("CN={NAME}"));
     assert_eq!(id["certificate"]["chain_length"], 2);
+    assert!(id["certificate"]["issuer"].as_str().unwrap().starts_with("CN="), "the issuer's subject: {id}");
+    let fingerprint = id["anchors"][0]["spki_sha256"].as_str().unwrap();
+    assert_eq!(fingerprint.len(), 64, "a SHA-256 in hex: {id}");
+    assert!(!id.to_string().contains("PRIVATE"), "no key: {id}");
     let left = id["certificate"]["expires_in_seconds"].as_u64().unwrap();
     assert!((3500..=3600).contains(&left), "{id}");
     let not_after = id["certificate"]["not_after_unix"].as_u64().unwrap();
@@ -119,4 +129,161 @@ async fn status_pages_show_configuration_identity_and_discovery_without_secrets(
     assert_eq!(endpoints["discovery"], true);
     assert_eq!(endpoints["profiles"][0]["addr"], "10.96.0.10:80", "{endpoints}");
     assert_eq!(endpoints["profiles"][0]["answered"], false, "{endpoints}");
+}
+
+/// Answers port 8080 with a Server allowing one mesh identity, never answers the others.
+#[derive(Clone)]
+struct OnePort;
+
+#[tonic::async_trait]
+impl InboundServerPolicies for OnePort {
+    type WatchPortStream =
+        std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<api::Server, tonic::Status>> + Send>>;
+
+    async fn get_port(&self, _: tonic::Request<api::PortSpec>) -> Result<tonic::Response<api::Server>, tonic::Status> {
+        Err(tonic::Status::unimplemented("the proxy watches"))
+    }
+
+    async fn watch_port(
+        &self,
+        req: tonic::Request<api::PortSpec>,
+    ) -> Result<tonic::Response<Self::WatchPortStream>, tonic::Status> {
+        let first = (req.into_inner().port == 8080).then(|| Ok(web_server()));
+        let stream = tokio_stream::StreamExt::chain(tokio_stream::iter(first), tokio_stream::pending());
+        Ok(tonic::Response::new(Box::pin(stream)))
+    }
+}
+
+/// A Server `web-http` (HTTP/1) whose one AuthorizationPolicy admits the `client` service account
+/// over mTLS, from anywhere.
+fn web_server() -> api::Server {
+    use linkerd2_proxy_api::meta;
+    let labels = |kind: &str, name: &str| {
+        [("group", "policy.cnimesh.io"), ("kind", kind), ("name", name)]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect::<std::collections::HashMap<_, _>>()
+    };
+    let authz = api::Authz {
+        networks: vec![api::Network {
+            net: Some(linkerd2_proxy_api::net::IpNetwork {
+                ip: Some("0.0.0.0".parse::<std::net::IpAddr>().unwrap().into()),
+                prefix_len: 0,
+            }),
+            except: vec![],
+        }],
+        authentication: Some(api::Authn {
+            permit: Some(api::authn::Permit::MeshTls(api::authn::PermitMeshTls {
+                clients: Some(api::authn::permit_mesh_tls::Clients::Identities(
+                    api::authn::permit_mesh_tls::PermitClientIdentities {
+                        identities: vec![api::Identity { name: CLIENT.into() }],
+                        suffixes: vec![],
+                    },
+                )),
+            })),
+        }),
+        labels: labels("authorizationpolicy", "web-from-client"),
+        metadata: Some(meta::Metadata {
+            kind: Some(meta::metadata::Kind::Resource(meta::Resource {
+                group: "policy.cnimesh.io".into(),
+                kind: "authorizationpolicy".into(),
+                name: "web-from-client".into(),
+                ..Default::default()
+            })),
+        }),
+    };
+    api::Server {
+        protocol: Some(api::ProxyProtocol {
+            kind: Some(api::proxy_protocol::Kind::Http1(api::proxy_protocol::Http1 {
+                routes: vec![],
+                local_rate_limit: None,
+            })),
+        }),
+        server_ips: vec![],
+        authorizations: vec![authz],
+        labels: labels("server", "web-http"),
+    }
+}
+
+const CLIENT: &str = "client.shop.serviceaccount.identity.cnimesh.cluster.local";
+
+#[tokio::test]
+async fn the_policy_page_shows_each_ports_enforced_policy_its_source_and_freshness() {
+    let incoming = tonic::transport::server::TcpIncoming::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let control = incoming.local_addr().unwrap();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(InboundServerPoliciesServer::new(OnePort))
+            .serve_with_incoming(incoming),
+    );
+    let channel = tonic::transport::Channel::from_shared(format!("http://{control}")).unwrap().connect_lazy();
+    let policies = Arc::new(Policies::new(
+        channel,
+        "shop:web-0".into(),
+        DefaultPolicy::Deny,
+        vec![],
+        &[8080, 9090],
+        Duration::from_millis(50),
+        Duration::from_millis(50),
+    ));
+    assert!(!policies.declared_answered(Duration::from_millis(500)).await, "9090 is never answered");
+    let admin = Arc::new(Admin {
+        tap: None,
+        metrics: Arc::new(Metrics::default()),
+        ready: true.into(),
+        log: Box::new(FixedLevel),
+        drain: Drain::default(),
+        identity: None,
+        config: Config::default(),
+        env: Vec::new(),
+        discovery: None,
+        policies: Some(policies),
+    });
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(admin.serve(listener));
+
+    let page = get_json(addr, "/policy.json").await;
+    assert_eq!(page["discovery"], true, "{page}");
+    assert_eq!(page["default"]["policy"]["server"]["name"], "deny", "{page}");
+    assert_eq!(page["default"]["source"], "as injected", "{page}");
+    let ports = page["ports"].as_array().unwrap();
+    assert_eq!(ports.len(), 2, "{page}");
+    let web = &ports[0];
+    assert_eq!(web["port"], 8080);
+    assert_eq!(web["source"], "discovered", "{page}");
+    assert_eq!(web["protocol"], "http1");
+    assert_eq!(web["server"]["name"], "web-http");
+    assert_eq!(web["authorizations"][0]["authorization"]["name"], "web-from-client");
+    assert_eq!(web["authorizations"][0]["authentication"]["mesh_tls"]["identities"][0], CLIENT, "{page}");
+    assert_eq!(web["authorizations"][0]["networks"][0]["net"], "0.0.0.0/0");
+    assert!(web["last_answer_age_seconds"].as_u64().unwrap() < 60, "answered moments ago: {page}");
+    let other = &ports[1];
+    assert_eq!(other["port"], 9090);
+    assert_eq!(other["source"], "default", "{page}");
+    assert_eq!(other["server"]["name"], "deny");
+    assert_eq!(other["authorizations"], serde_json::json!([]), "deny admits no one");
+    assert_eq!(other["last_answer_unix"], Value::Null);
+}
+
+#[tokio::test]
+async fn without_policy_discovery_the_policy_page_says_every_client_is_allowed() {
+    let admin = Arc::new(Admin {
+        tap: None,
+        metrics: Arc::new(Metrics::default()),
+        ready: true.into(),
+        log: Box::new(FixedLevel),
+        drain: Drain::default(),
+        identity: None,
+        config: Config::default(),
+        env: Vec::new(),
+        discovery: None,
+        policies: None,
+    });
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(admin.serve(listener));
+    let page = get_json(addr, "/policy.json").await;
+    assert_eq!(page["discovery"], false);
+    assert!(page["note"].as_str().unwrap().contains("every client is allowed"), "{page}");
 }

@@ -110,6 +110,7 @@ async fn proxy(ca: &Ca, tap: bool) -> Proxy {
         config,
         env: Vec::new(),
         discovery: None,
+        policies: None,
     });
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();

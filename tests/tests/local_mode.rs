@@ -245,6 +245,50 @@ fn up_runs_the_demo_mesh_and_down_removes_everything() {
     let row = top.lines().find(|l| l.contains(" GET ")).unwrap_or_else(|| panic!("{top}"));
     assert!(row.contains("100.00%"), "{top}");
 
+    // `cnimesh diagnostics` (issue 27): one proxy's pages and what Destination serves, read in
+    // local mode at the pods' and the control plane's admin ports (local mode has no API server;
+    // the same command reads them through the pod and service proxies in a cluster).
+    let diagnostics = |args: &[&str]| -> String {
+        let out = Command::new(CLI).arg("diagnostics").args(args).arg("--local").arg(&local.root).output().unwrap();
+        assert!(out.status.success(), "cnimesh diagnostics {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let policy: Value = serde_json::from_str(&diagnostics(&["policy", "web-0", "-o", "json"])).unwrap();
+    let http =
+        policy["ports"].as_array().unwrap().iter().find(|p| p["port"] == 8080).unwrap_or_else(|| panic!("{policy:#}"));
+    assert_eq!(
+        (http["source"].as_str(), http["server"]["name"].as_str()),
+        (Some("discovered"), Some("web")),
+        "{policy:#}"
+    );
+    assert_eq!(http["authorizations"][0]["authorization"]["name"], "web-clients", "{policy:#}");
+    assert_eq!(http["authorizations"][0]["authentication"]["mesh_tls"]["identities"][0], client_id, "{policy:#}");
+    let text = diagnostics(&["policy", "web-0"]);
+    assert!(text.lines().any(|l| l.starts_with("port 8080 (") && l.contains("): from the control plane")), "{text}");
+    let identity = diagnostics(&["identity", "pod/web-0"]);
+    assert!(identity.contains("name:          web.demo.serviceaccount.identity.cnimesh.cluster.local"), "{identity}");
+    assert!(identity.contains("sha256 (public key) "), "{identity}");
+    let endpoints: Value = serde_json::from_str(&diagnostics(&["endpoints", "client", "-o", "json"])).unwrap();
+    let web_lookup = endpoints["services"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["authority"].as_str().unwrap().starts_with("web.demo.svc"));
+    assert_eq!(
+        web_lookup.map(|s| s["endpoints"].as_array().unwrap().len()),
+        Some(3),
+        "the client's proxy knows web's replicas: {endpoints:#}"
+    );
+    let served = diagnostics(&["endpoints", "svc/web"]);
+    assert!(served.starts_with("web.demo.svc.cluster.local:80\n"), "{served}");
+    assert_eq!(
+        served.lines().filter(|l| l.contains("web.demo.serviceaccount") && l.contains(" h2 ")).count(),
+        3,
+        "{served}"
+    );
+    let metrics = diagnostics(&["proxy-metrics", "web-0"]);
+    assert!(metrics.lines().any(|l| l.starts_with("inbound_http_authz_allow_total")), "{metrics}");
+
     // Up twice: a clear error, nothing disturbed.
     let again = local.up_command().output().unwrap();
     assert!(!again.status.success());

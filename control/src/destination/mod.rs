@@ -59,6 +59,7 @@
 pub(crate) mod index;
 mod model;
 pub(crate) mod path;
+pub mod read;
 pub(crate) mod resolve;
 
 pub use index::{Change, Index, IndexStats};

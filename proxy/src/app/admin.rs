@@ -1,6 +1,6 @@
 //! The admin server (default 0.0.0.0:4191): `/metrics`, `/ready`, `/live`, `/proxy-log-level`
 //! (GET shows, PUT sets, e.g. `cnimesh=debug`), `/shutdown` (POST, loopback peers only), and the
-//! status pages `/env.json`, `/identity.json`, `/endpoints.json` (see [`status`]). The same port
+//! status pages `/env.json`, `/identity.json`, `/endpoints.json`, `/policy.json` (see [`status`]). The same port
 //! serves tap ([`crate::http::tap`]): a connection that opens with a TLS ClientHello goes there,
 //! anything else is plain HTTP (Prometheus scrapes, probes).
 
@@ -42,6 +42,8 @@ pub struct Admin {
     pub env: Vec<(String, String)>,
     /// For `/endpoints.json`.
     pub discovery: Option<Arc<crate::client::discovery::Discovery>>,
+    /// For `/policy.json`: the inbound policies enforced (none: every client allowed).
+    pub policies: Option<Arc<crate::inbound::policy::discover::Policies>>,
     /// TLS connections go here; without it (no identity) they are closed.
     pub tap: Option<crate::app::tap::TapListener>,
 }
@@ -77,6 +79,9 @@ impl Admin {
                 json_reply(&status::identity_json(self.identity.as_deref(), std::time::SystemTime::now()))
             }
             (&Method::GET, "/endpoints.json") => json_reply(&status::endpoints_json(self.discovery.as_deref())),
+            (&Method::GET, "/policy.json") => {
+                json_reply(&status::policy_json(self.policies.as_deref(), std::time::SystemTime::now()))
+            }
             (&Method::GET, "/ready") => {
                 if !self.ready.load(Ordering::SeqCst) || self.drain.is_draining() {
                     reply(StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
@@ -114,7 +119,7 @@ impl Admin {
             (
                 _,
                 "/metrics" | "/live" | "/ready" | "/proxy-log-level" | "/shutdown" | "/env.json" | "/identity.json"
-                | "/endpoints.json",
+                | "/endpoints.json" | "/policy.json",
             ) => reply(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n"),
             _ => reply(StatusCode::NOT_FOUND, "not found\n"),
         }

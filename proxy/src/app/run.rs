@@ -124,6 +124,7 @@ pub async fn run(
         env: admin::status::redacted_env(std::env::vars()),
         config: config.clone(),
         discovery,
+        policies: shared.inbound.policies.clone(),
     });
     let admin_listener = TcpListener::bind(config.admin)
         .await

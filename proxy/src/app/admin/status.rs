@@ -1,7 +1,9 @@
 //! The admin server's status pages for operators: `/env.json` (the effective configuration and
 //! the `CNIMESH_*` environment it came from, secrets redacted), `/identity.json` (the certificate
-//! held now) and `/endpoints.json` (what discovery answered). Read-only views of state the proxy
-//! keeps anyway: nothing here is recorded for them.
+//! held now, its issuer and the trust anchors' fingerprints), `/endpoints.json` (what discovery
+//! answered, with each endpoint's load estimate) and `/policy.json` (the inbound policy enforced
+//! on each port, where it came from and when). Read-only views of state the proxy keeps anyway:
+//! nothing here is recorded for them, and no key or token is ever shown.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -9,6 +11,8 @@ use serde_json::{Value, json};
 
 use crate::app::config::{Config, EndpointMatch, TrustAnchors};
 use crate::client::discovery::{Discovery, Endpoint};
+use crate::inbound::policy::discover::Policies;
+use crate::inbound::policy::model::{Authn, Authz, PathMatch, PortPolicy, PortProtocol, Resource};
 use crate::transport::identity::Identity;
 
 /// The environment a proxy reads its configuration from; only these variables are shown.
@@ -103,7 +107,21 @@ fn unix_seconds(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
-/// `/identity.json`: the identity the proxy was given and the certificate it holds now.
+/// SHA-256 of `bytes` in lowercase hex, with the TLS provider's own hash (no extra crate).
+fn sha256_hex(bytes: &[u8]) -> Option<String> {
+    let provider = cnimesh_identity::tls::provider();
+    let hash = provider
+        .cipher_suites
+        .iter()
+        .filter_map(|suite| suite.tls13())
+        .map(|suite| suite.common.hash_provider)
+        .find(|h| h.algorithm() == rustls::crypto::hash::HashAlgorithm::SHA256)?;
+    Some(hash.hash(bytes).as_ref().iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// `/identity.json`: the identity the proxy was given, the certificate it holds now and the
+/// issuer that signed it, and the trust anchors it verifies peers with (SHA-256 of each anchor's
+/// public key: compare with `cnimesh identity`/`check` output; the key itself is never shown).
 pub fn identity_json(identity: Option<&Identity>, now: SystemTime) -> Value {
     let Some(identity) = identity else {
         return json!({ "configured": false });
@@ -112,24 +130,43 @@ pub fn identity_json(identity: Option<&Identity>, now: SystemTime) -> Value {
     let leaf = held.as_ref().and_then(|key| key.cert.first());
     let certificate = leaf.map(|leaf| {
         let not_after = cnimesh_identity::tls::not_after(leaf).ok();
+        let issuer = held.as_ref().and_then(|k| k.cert.get(1)).and_then(cnimesh_identity::tls::subject_of);
         json!({
             "subject": cnimesh_identity::tls::subject_of(leaf),
             "identity": cnimesh_identity::tls::identity_of(leaf).map(|n| n.as_str().to_string()),
+            "issuer": issuer,
             "not_after_unix": not_after.map(unix_seconds),
             "expires_in_seconds": not_after.map(|t| t.duration_since(now).map_or(0, |d| d.as_secs())),
             "chain_length": held.as_ref().map_or(0, |k| k.cert.len()),
         })
     });
+    let anchors: Vec<Value> = identity
+        .roots
+        .roots
+        .iter()
+        .map(|anchor| json!({ "spki_sha256": sha256_hex(&anchor.subject_public_key_info) }))
+        .collect();
     json!({
         "configured": true,
         "name": identity.name.as_str(),
         "trust_anchors": identity.roots.len(),
+        "anchors": anchors,
         "certificate": certificate,
     })
 }
 
+/// One endpoint: its address and identity, and the balancer's view of it: requests in flight and
+/// the latency estimate (peak EWMA, decayed to now) that picks between endpoints. Destination
+/// sends no weights that this proxy uses: every endpoint weighs the same.
 fn endpoint_json(e: &Endpoint) -> Value {
-    json!({ "addr": e.addr, "identity": e.identity.as_ref().map(|n| n.as_str().to_string()) })
+    let pending = e.stats.pending();
+    let estimate = e.stats.cost() / (pending as f64 + 1.0);
+    json!({
+        "addr": e.addr,
+        "identity": e.identity.as_ref().map(|n| n.as_str().to_string()),
+        "pending": pending,
+        "ewma_ms": (estimate * 1e6).round() / 1e3,
+    })
 }
 
 /// `/endpoints.json`: every address and service this proxy has looked up, and the answer.
@@ -163,6 +200,115 @@ pub fn endpoints_json(discovery: Option<&Discovery>) -> Value {
         })
         .collect();
     json!({ "discovery": true, "profiles": profiles, "services": services })
+}
+
+fn resource_json(r: &Resource) -> Value {
+    json!({ "group": &*r.group, "kind": &*r.kind, "name": &*r.name })
+}
+
+fn authz_json(a: &Authz) -> Value {
+    let authentication = match &a.authn {
+        Authn::Unauthenticated => json!({ "unauthenticated": true }),
+        Authn::MeshTls { identities, suffixes } => json!({
+            "mesh_tls": {
+                "identities": identities.iter().map(|i| &**i).collect::<Vec<_>>(),
+                // Stored with their leading dot; `""` admits any identity.
+                "suffixes": suffixes.iter().map(|s| if s.is_empty() { "*".to_string() } else { format!("*{s}") }).collect::<Vec<_>>(),
+            }
+        }),
+    };
+    let networks: Vec<Value> = a
+        .networks
+        .iter()
+        .map(|n| json!({ "net": n.net.to_string(), "except": n.except.iter().map(ToString::to_string).collect::<Vec<_>>() }))
+        .collect();
+    json!({ "authorization": resource_json(&a.meta), "networks": networks, "authentication": authentication })
+}
+
+fn port_policy_json(p: &PortPolicy) -> Value {
+    let protocol = match p.protocol {
+        PortProtocol::Detect => "detect",
+        PortProtocol::Http1 => "http1",
+        PortProtocol::Http2 => "http2",
+        PortProtocol::Opaque => "opaque",
+    };
+    let routes: Vec<Value> = p
+        .routes
+        .iter()
+        .map(|r| {
+            let matches: Vec<Value> = r
+                .matches
+                .iter()
+                .map(|m| {
+                    let path = match &m.path {
+                        PathMatch::Any => json!(null),
+                        PathMatch::Exact(p) => json!({ "exact": &**p }),
+                        PathMatch::Prefix(p) => json!({ "prefix": &**p }),
+                    };
+                    json!({ "path": path, "method": m.method.as_ref().map(|m| m.as_str()) })
+                })
+                .collect();
+            json!({
+                "route": resource_json(&r.meta),
+                "matches": matches,
+                // Empty: the server's authorizations apply.
+                "authorizations": r.authorizations.iter().map(authz_json).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    json!({
+        "protocol": protocol,
+        "server": resource_json(&p.server),
+        "authorizations": p.authorizations.iter().map(authz_json).collect::<Vec<_>>(),
+        "routes": routes,
+    })
+}
+
+/// `/policy.json`: the inbound policy enforced now on every port the proxy watches, with its
+/// source (`discovered`: the control plane's answer; `default`: the fallback, as injected or as
+/// the control plane last stated it) and how fresh it is. Without policy discovery every client
+/// is allowed, and the page says so.
+pub fn policy_json(policies: Option<&Policies>, now: SystemTime) -> Value {
+    let Some(policies) = policies else {
+        return json!({
+            "discovery": false,
+            "note": "inbound policy discovery is not configured: every client is allowed",
+            "ports": [],
+        });
+    };
+    let age = |t: SystemTime| now.duration_since(t).map_or(0, |d| d.as_secs());
+    let ports: Vec<Value> = policies
+        .status()
+        .iter()
+        .map(|s| {
+            let mut page = port_policy_json(&s.policy);
+            let extra = json!({
+                "port": s.port,
+                "declared": s.declared,
+                "source": if s.answered { "discovered" } else { "default" },
+                "last_answer_unix": s.last_answer.map(unix_seconds),
+                "last_answer_age_seconds": s.last_answer.map(age),
+            });
+            if let (Value::Object(page), Value::Object(extra)) = (&mut page, extra) {
+                // The port first: the page reads port by port.
+                let mut ordered = extra;
+                ordered.append(page);
+                *page = ordered;
+            }
+            page
+        })
+        .collect();
+    let stated = policies.fallback_stated();
+    json!({
+        "discovery": true,
+        "default": {
+            "policy": port_policy_json(&policies.fallback()),
+            "source": if stated.is_some() { "stated by the control plane" } else { "as injected" },
+            "stated_unix": stated.map(unix_seconds),
+        },
+        "undeclared_watched": policies.undeclared_watched(),
+        "ports": ports,
+    })
 }
 
 #[cfg(test)]

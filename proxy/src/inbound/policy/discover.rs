@@ -16,7 +16,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use ipnet::IpNet;
 use linkerd2_proxy_api::inbound::{self as api, inbound_server_policies_client::InboundServerPoliciesClient};
@@ -114,8 +114,30 @@ impl Undeclared {
     }
 }
 
+/// When the control plane last answered, per port and for the default: the freshness the admin's
+/// `/policy.json` shows (an answer equal to the last one still counts: the stream is alive).
+#[derive(Debug, Default)]
+struct Heard {
+    ports: HashMap<u16, SystemTime>,
+    default_stated: Option<SystemTime>,
+}
+
+/// One watched port as it stands now, for the admin's `/policy.json`.
+#[derive(Debug, Clone)]
+pub struct PortStatus {
+    pub port: u16,
+    /// Declared by the pod (`CNIMESH_PROXY_INBOUND_PORTS`), so watched from start-up.
+    pub declared: bool,
+    /// The policy enforced now: the control plane's answer, else the fallback.
+    pub policy: Arc<PortPolicy>,
+    pub answered: bool,
+    /// When the control plane last answered for this port.
+    pub last_answer: Option<SystemTime>,
+}
+
 pub struct Policies {
     client: InboundServerPoliciesClient<Channel>,
+    heard: Arc<Mutex<Heard>>,
     /// `ns:pod`, as the control plane accepts it.
     workload: String,
     fallback: Arc<watch::Sender<Arc<PortPolicy>>>,
@@ -142,6 +164,7 @@ impl Policies {
         let (fallback, _) = watch::channel(Arc::new(default.policy(&cluster_networks)));
         let mut policies = Self {
             client: InboundServerPoliciesClient::new(channel),
+            heard: Arc::default(),
             workload,
             fallback: Arc::new(fallback),
             cluster_networks,
@@ -161,6 +184,7 @@ impl Policies {
         let (tx, rx) = watch::channel(None);
         let follow = Follow {
             client: self.client.clone(),
+            heard: self.heard.clone(),
             workload: self.workload.clone(),
             port,
             fallback: self.fallback.clone(),
@@ -198,6 +222,7 @@ impl Policies {
             let evicted = table.evictable().ok_or(WatchLimit { port })?;
             if let Some(w) = table.ports.remove(&evicted) {
                 w.task.abort();
+                self.heard.lock().ports.remove(&evicted);
                 tracing::debug!(
                     port = evicted,
                     "inbound policy watch evicted (least recently used, no connection open)"
@@ -237,6 +262,34 @@ impl Policies {
     pub fn fallback(&self) -> Arc<PortPolicy> {
         self.fallback.borrow().clone()
     }
+
+    /// When the control plane last stated the default (else the fallback is the injected one).
+    pub fn fallback_stated(&self) -> Option<SystemTime> {
+        self.heard.lock().default_stated
+    }
+
+    /// Every watched port (declared and undeclared), sorted, with the policy in force now.
+    pub fn status(&self) -> Vec<PortStatus> {
+        let fallback = self.fallback();
+        // The watch table's lock is released before the freshness lock is taken: eviction takes
+        // them in the other order.
+        let mut answers: Vec<(u16, bool, Option<Arc<PortPolicy>>)> =
+            self.declared.iter().map(|(&p, a)| (p, true, a.borrow().clone())).collect();
+        answers.extend(self.undeclared.lock().ports.iter().map(|(&p, w)| (p, false, w.answer.borrow().clone())));
+        let heard = self.heard.lock();
+        let mut ports: Vec<PortStatus> = answers
+            .into_iter()
+            .map(|(port, declared, answer)| PortStatus {
+                port,
+                declared,
+                answered: answer.is_some(),
+                policy: answer.unwrap_or_else(|| fallback.clone()),
+                last_answer: heard.ports.get(&port).copied(),
+            })
+            .collect();
+        ports.sort_by_key(|s| s.port);
+        ports
+    }
 }
 
 impl Drop for Policies {
@@ -250,6 +303,7 @@ impl Drop for Policies {
 /// One port's stream.
 struct Follow {
     client: InboundServerPoliciesClient<Channel>,
+    heard: Arc<Mutex<Heard>>,
     workload: String,
     port: u16,
     fallback: Arc<watch::Sender<Arc<PortPolicy>>>,
@@ -261,7 +315,7 @@ impl Follow {
     /// last good one kept. An answer for a port without a Server names the effective default,
     /// which becomes the fallback of every port not answered yet.
     async fn run(self, tx: watch::Sender<Option<Arc<PortPolicy>>>, max_backoff: Duration) {
-        let Self { client, workload, port, fallback, cluster_networks } = self;
+        let Self { client, heard, workload, port, fallback, cluster_networks } = self;
         let spec = api::PortSpec { workload: workload.clone(), port: u32::from(port) };
         let open = || {
             let (mut client, spec) = (client.clone(), spec.clone());
@@ -269,8 +323,17 @@ impl Follow {
         };
         let apply = |server: api::Server, _first| match PortPolicy::from_api(server) {
             Ok(policy) => {
+                let stated = stated_default(&policy);
+                {
+                    let mut heard = heard.lock();
+                    let now = SystemTime::now();
+                    heard.ports.insert(port, now);
+                    if stated.is_some() {
+                        heard.default_stated = Some(now);
+                    }
+                }
                 tracing::debug!(port, server = %policy.server.name, authorizations = policy.authorizations.len(), "inbound policy updated");
-                if let Some(default) = stated_default(&policy) {
+                if let Some(default) = stated {
                     let policy = Arc::new(default.policy(&cluster_networks));
                     fallback.send_if_modified(|current| {
                         let changed = **current != *policy;

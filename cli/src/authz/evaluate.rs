@@ -1,0 +1,330 @@
+//! The report, from listed objects: they go into cnimesh-control's policy index as a source would
+//! deliver them, each of the workload's ports is asked of it as a proxy would ask
+//! (`watch_inbound`), and a client is checked against the authorizations it returns with the
+//! proxy's rules (an identity listed or under a listed suffix; an address in a network, outside
+//! its exceptions). Pure: no I/O.
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+
+use cnimesh_common::names::PROXY_CONTAINER;
+use cnimesh_control::meta::NsName;
+use cnimesh_control::policy::index::{
+    Authentication, Authorization, AuthzMeta, Change, Config, Index, Kind, Object, ServerMeta,
+};
+use cnimesh_control::policy::model::Network;
+use k8s_openapi::api::core::v1::Pod;
+use serde::Serialize;
+
+use super::list::Objects;
+
+/// A client to check: its identity (none: not meshed, so plaintext) and, when known, its address.
+#[derive(Debug, Clone, Serialize)]
+pub struct Client {
+    pub name: String,
+    pub identity: Option<String>,
+    pub ip: Option<IpAddr>,
+}
+
+impl Client {
+    /// `SA.NS` or a full identity name (`SA.NS.serviceaccount.identity.cnimesh.DOMAIN`).
+    pub fn from_identity(text: &str, trust_domain: &str) -> anyhow::Result<Self> {
+        let name = if text.contains(".serviceaccount.") {
+            cnimesh_identity::Name::parse(text).map_err(|e| anyhow::anyhow!("--identity {text:?}: {e}"))?
+        } else {
+            let Some((sa, ns)) = text.split_once('.').filter(|(sa, ns)| !sa.is_empty() && !ns.contains('.')) else {
+                anyhow::bail!("--identity {text:?}: expected SERVICEACCOUNT.NAMESPACE or a full identity name");
+            };
+            cnimesh_identity::Name::for_service_account(sa, ns, trust_domain)
+                .map_err(|e| anyhow::anyhow!("--identity {text:?}: {e}"))?
+        };
+        Ok(Self { name: text.to_string(), identity: Some(name.to_string()), ip: None })
+    }
+
+    /// A client pod: its ServiceAccount's identity when meshed, and its address.
+    pub fn from_pod(workload: &str, pod: &Pod, trust_domain: &str) -> anyhow::Result<Self> {
+        let ns = pod.metadata.namespace.clone().unwrap_or_default();
+        let spec = pod.spec.clone().unwrap_or_default();
+        let meshed =
+            spec.containers.iter().chain(spec.init_containers.iter().flatten()).any(|c| c.name == PROXY_CONTAINER);
+        let sa = spec.service_account_name.clone().unwrap_or_else(|| "default".into());
+        let identity = if meshed {
+            Some(
+                cnimesh_identity::Name::for_service_account(&sa, &ns, trust_domain)
+                    .map_err(|e| anyhow::anyhow!("{workload}'s ServiceAccount {ns}/{sa}: {e}"))?
+                    .to_string(),
+            )
+        } else {
+            None
+        };
+        let ip = pod.status.as_ref().and_then(|s| s.pod_ip.as_deref()).and_then(|ip| ip.parse().ok());
+        Ok(Self { name: workload.to_string(), identity, ip })
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub resource: String,
+    pub namespace: String,
+    pub ports: Vec<PortReport>,
+    /// Routes attached to the Services that select the workload's pods.
+    pub routes: Vec<RouteReport>,
+    pub client: Option<Client>,
+    pub notes: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct PortReport {
+    pub pod: String,
+    pub port: u16,
+    /// `server/NAME`, or `default/POLICY` when no Server selects the port.
+    pub server: String,
+    pub protocol: String,
+    pub authorizations: Vec<AuthzReport>,
+    /// Paths kubelet probes: allowed to anyone whatever the policy.
+    pub probe_paths: Vec<String>,
+    pub verdict: Option<Verdict>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct AuthzReport {
+    /// `authorizationpolicy/NAME`, or `default/POLICY`.
+    pub name: String,
+    /// `any client`, or the mTLS identities (`*.suffix` for suffixes).
+    pub clients: String,
+    pub networks: Vec<String>,
+    /// The policy's requiredAuthenticationRefs, as `kind/name`.
+    pub requires: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Verdict {
+    pub allowed: bool,
+    pub why: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct RouteReport {
+    /// `httproute/NAME` or `grpcroute/NAME`.
+    pub route: String,
+    /// `svc/NAME[:PORT]` of the parents that select this workload.
+    pub parents: Vec<String>,
+}
+
+fn name_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> String {
+    meta.name.clone().unwrap_or_default()
+}
+
+fn objects(listed: &Objects) -> Vec<Change> {
+    let of = |kind, items: Vec<Object>| Change::Reset(kind, items);
+    vec![
+        of(Kind::Namespace, listed.namespace.iter().cloned().map(Object::from).collect()),
+        of(Kind::Pod, listed.pods.iter().cloned().map(Object::from).collect()),
+        of(Kind::Server, listed.servers.iter().cloned().map(Object::from).collect()),
+        of(Kind::AuthorizationPolicy, listed.policies.iter().cloned().map(Object::from).collect()),
+        of(Kind::MeshTlsAuthentication, listed.mesh_tls.iter().cloned().map(Object::from).collect()),
+        of(Kind::NetworkAuthentication, listed.networks.iter().cloned().map(Object::from).collect()),
+        of(Kind::HttpRoute, listed.http_routes.iter().cloned().map(Object::from).collect()),
+        of(Kind::GrpcRoute, listed.grpc_routes.iter().cloned().map(Object::from).collect()),
+        of(Kind::ReferenceGrant, Vec::new()),
+    ]
+}
+
+/// Whether `identity` is one of `names` or under one of `suffixes` (label lists; empty: any).
+fn identity_matches(identity: &str, names: &BTreeSet<String>, suffixes: &BTreeSet<Vec<String>>) -> bool {
+    let labels: Vec<&str> = identity.split('.').collect();
+    names.contains(identity)
+        || suffixes.iter().any(|s| s.len() <= labels.len() && labels[labels.len() - s.len()..].iter().eq(s.iter()))
+}
+
+fn in_networks(ip: IpAddr, networks: &[Network]) -> bool {
+    networks.iter().any(|n| n.net.contains(&ip) && !n.except.iter().any(|e| e.contains(&ip)))
+}
+
+fn authz_name(a: &Authorization) -> String {
+    match &a.meta {
+        AuthzMeta::Default(p) => format!("default/{p}"),
+        AuthzMeta::Policy(key) => format!("authorizationpolicy/{}", key.name),
+    }
+}
+
+fn authz_report(a: &Authorization, listed: &Objects) -> AuthzReport {
+    let clients = match &a.authentication {
+        Authentication::Unauthenticated => "any client".to_string(),
+        Authentication::MeshTls(ids) => {
+            let mut all: Vec<String> = ids.names.iter().cloned().collect();
+            all.extend(
+                ids.suffixes.iter().map(|s| if s.is_empty() { "*".into() } else { format!("*.{}", s.join(".")) }),
+            );
+            format!("mTLS: {}", all.join(", "))
+        }
+    };
+    let requires = match &a.meta {
+        AuthzMeta::Policy(key) => listed
+            .policies
+            .iter()
+            .find(|p| p.metadata.name.as_deref() == Some(key.name.as_str()))
+            .map(|p| {
+                p.spec
+                    .required_authentication_refs
+                    .iter()
+                    .map(|r| {
+                        let kind = serde_json::to_value(r.kind).ok().and_then(|v| v.as_str().map(str::to_lowercase));
+                        format!("{}/{}", kind.unwrap_or_default(), r.name)
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
+        AuthzMeta::Default(_) => Vec::new(),
+    };
+    let networks = a
+        .networks
+        .iter()
+        .map(|n| {
+            let except: Vec<String> = n.except.iter().map(ToString::to_string).collect();
+            if except.is_empty() { n.net.to_string() } else { format!("{} except {}", n.net, except.join(", ")) }
+        })
+        .collect();
+    AuthzReport { name: authz_name(a), clients, networks, requires }
+}
+
+/// May `client` reach a port whose policy is `server` with `authorizations`? As the proxy decides
+/// a connection: the first authorization admitting both its identity and its address.
+fn verdict(server: &str, authorizations: &[Authorization], client: &Client) -> Verdict {
+    let mut refused = Vec::new();
+    for a in authorizations {
+        let identity_ok = match &a.authentication {
+            Authentication::Unauthenticated => true,
+            Authentication::MeshTls(ids) => match &client.identity {
+                Some(identity) => identity_matches(identity, &ids.names, &ids.suffixes),
+                None => {
+                    refused.push(format!("{} needs mTLS and {} is not meshed", authz_name(a), client.name));
+                    continue;
+                }
+            },
+        };
+        if !identity_ok {
+            refused.push(format!("{} does not list {}", authz_name(a), client.identity.as_deref().unwrap_or("-")));
+            continue;
+        }
+        match client.ip {
+            Some(ip) if !in_networks(ip, &a.networks) => {
+                refused.push(format!("{} does not admit the address {ip}", authz_name(a)));
+            }
+            Some(_) => return Verdict { allowed: true, why: format!("allowed by {}", authz_name(a)) },
+            None => {
+                let everywhere = a.networks.iter().any(|n| n.net.prefix_len() == 0 && n.except.is_empty());
+                let note = if everywhere { "" } else { " (if its address is in the networks: use --from to check it)" };
+                return Verdict { allowed: true, why: format!("allowed by {}{note}", authz_name(a)) };
+            }
+        }
+    }
+    let why = if authorizations.is_empty() {
+        if server.starts_with("default/") {
+            format!("denied: the default policy {} admits no one", server.trim_start_matches("default/"))
+        } else {
+            format!("denied: no AuthorizationPolicy targets {server}")
+        }
+    } else {
+        format!("denied: {}", refused.join("; "))
+    };
+    Verdict { allowed: false, why }
+}
+
+/// The ports a pod's containers declare (the proxy's own excluded).
+fn declared_ports(pod: &Pod) -> Vec<u16> {
+    let spec = pod.spec.clone().unwrap_or_default();
+    let ports: BTreeSet<u16> = spec
+        .containers
+        .iter()
+        .filter(|c| c.name != PROXY_CONTAINER)
+        .flat_map(|c| c.ports.iter().flatten())
+        .filter_map(|p| u16::try_from(p.container_port).ok())
+        .collect();
+    ports.into_iter().collect()
+}
+
+/// The report for `pods` (for a Deployment and the like, the first pod stands for its replicas).
+pub fn report(
+    resource: &str,
+    namespace: &str,
+    pods: &[Pod],
+    listed: &Objects,
+    config: Config,
+    client: Option<&Client>,
+) -> Report {
+    let index = Index::new(config);
+    index.apply(objects(listed));
+    let mut notes: Vec<String> = listed
+        .missing
+        .iter()
+        .map(|kind| format!("{kind} could not be listed (CRD not installed?): none assumed"))
+        .collect();
+    let replicas = !resource.starts_with("pod/") && !resource.starts_with("ns/");
+    let evaluated = if replicas { &pods[..1] } else { pods };
+    if replicas && pods.len() > 1 {
+        notes.push(format!("{} pods; {} stands for them (one template)", pods.len(), name_of(&pods[0].metadata)));
+    }
+    let mut ports = Vec::new();
+    for pod in evaluated {
+        let pod_name = name_of(&pod.metadata);
+        let key = NsName::new(namespace, &pod_name);
+        let declared = declared_ports(pod);
+        if declared.is_empty() {
+            notes.push(format!("pod {pod_name} declares no container ports: nothing to report"));
+        }
+        for port in declared {
+            let Some(server) = index.watch_inbound(&key, port).borrow().clone() else { continue };
+            let server_name = match &server.meta {
+                ServerMeta::Server(name) => format!("server/{name}"),
+                ServerMeta::Default(p) => format!("default/{p}"),
+            };
+            ports.push(PortReport {
+                pod: pod_name.clone(),
+                port,
+                protocol: format!("{:?}", server.protocol).to_lowercase(),
+                authorizations: server.authorizations.iter().map(|a| authz_report(a, listed)).collect(),
+                probe_paths: server.probe_paths.iter().cloned().collect(),
+                verdict: client.map(|c| verdict(&server_name, &server.authorizations, c)),
+                server: server_name,
+            });
+        }
+    }
+    let routes = routes(&index, namespace, evaluated, listed);
+    Report { resource: resource.into(), namespace: namespace.into(), ports, routes, client: client.cloned(), notes }
+}
+
+/// Routes attached to the Services selecting any of `pods`, as the index attaches them.
+fn routes(index: &Index, namespace: &str, pods: &[Pod], listed: &Objects) -> Vec<RouteReport> {
+    let empty = Default::default();
+    let mut out: Vec<RouteReport> = Vec::new();
+    for service in &listed.services {
+        let Some(selector) = service.spec.as_ref().and_then(|s| s.selector.as_ref()).filter(|s| !s.is_empty()) else {
+            continue;
+        };
+        let selects = pods.iter().any(|p| {
+            let labels = p.metadata.labels.as_ref().unwrap_or(&empty);
+            selector.iter().all(|(k, v)| labels.get(k) == Some(v))
+        });
+        if !selects {
+            continue;
+        }
+        let key = NsName::new(namespace, name_of(&service.metadata));
+        for route in index.watch_routes(&key).borrow().iter() {
+            let kind = match route.kind {
+                cnimesh_control::routes::RouteKind::Http => "httproute",
+                cnimesh_control::routes::RouteKind::Grpc => "grpcroute",
+            };
+            let name = format!("{kind}/{}", route.key.name);
+            let parents = route.parents.iter().filter(|p| p.service == key).map(|p| match p.port {
+                Some(port) => format!("svc/{}:{port}", key.name),
+                None => format!("svc/{}", key.name),
+            });
+            match out.iter_mut().find(|r| r.route == name) {
+                Some(r) => r.parents.extend(parents),
+                None => out.push(RouteReport { route: name, parents: parents.collect() }),
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,97 @@
+//! `cnimesh authz RESOURCE`: which Servers select a workload's ports, which AuthorizationPolicies
+//! (and the MeshTLSAuthentications/NetworkAuthentications they require) apply to each, which
+//! routes attach to the Services in front of it, and, for a client (`--identity`, `--from`),
+//! whether it may reach each port and why.
+//!
+//! The answer is the control plane's own: the objects are listed from the API server and fed to
+//! cnimesh-control's policy index ([`cnimesh_control::policy::Index`]), the code that answers the
+//! proxies' `InboundServerPolicies` (so the same defaults, selectors and precedence), and the
+//! decision is made on the authorizations that index returns, as the proxy checks them.
+//!
+//! Inside: [`list`] (reading the cluster) and [`evaluate`] (pure: objects to report), then [`render`]
+//! (pure: report to text).
+
+pub mod evaluate;
+pub mod list;
+pub mod render;
+
+use std::io::Write;
+
+use anyhow::Context;
+use clap::{Args, ValueEnum};
+
+use crate::ClusterArgs;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    Table,
+    Json,
+}
+
+#[derive(Debug, Args)]
+pub struct AuthzArgs {
+    /// The workload: `deploy/NAME`, `sts/NAME`, `ds/NAME`, `pod/NAME` or `ns/NAME` (every pod of a
+    /// namespace).
+    pub resource: String,
+    /// The workload's namespace.
+    #[arg(short = 'n', long, default_value = "default")]
+    pub namespace: String,
+    /// A client identity to check: `SA.NS` (a ServiceAccount) or a full identity name.
+    #[arg(long, conflicts_with = "from")]
+    pub identity: Option<String>,
+    /// A client workload to check (`deploy/NAME`, `pod/NAME`, …): its pod's ServiceAccount and
+    /// address.
+    #[arg(long)]
+    pub from: Option<String>,
+    /// The namespace of `--from` [default: the workload's].
+    #[arg(long)]
+    pub from_namespace: Option<String>,
+    /// The mesh's trust domain (as given to install).
+    #[arg(long, default_value = cnimesh_identity::DEFAULT_TRUST_DOMAIN)]
+    pub trust_domain: String,
+    #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
+    pub output: Output,
+}
+
+/// Lists what the command needs from the cluster, evaluates and writes the report.
+pub async fn main(cluster: &ClusterArgs, args: AuthzArgs, out: &mut impl Write) -> anyhow::Result<()> {
+    let client = cluster.client().await?;
+    let text = report(&client, &args).await?;
+    out.write_all(text.as_bytes()).context("writing the report")?;
+    Ok(())
+}
+
+/// The command's core on a kube client (the tests' mocked API server, or the cluster).
+pub async fn report(client: &kube::Client, args: &AuthzArgs) -> anyhow::Result<String> {
+    let workload = list::Workload::parse(&args.resource, &args.namespace)?;
+    let objects = list::objects(client, &workload.namespace).await?;
+    let pods = list::select(client, &workload, &objects.pods).await?;
+    let client_spec = match (&args.identity, &args.from) {
+        (Some(identity), _) => Some(evaluate::Client::from_identity(identity, &args.trust_domain)?),
+        (None, Some(from)) => {
+            let ns = args.from_namespace.clone().unwrap_or_else(|| args.namespace.clone());
+            let from = list::Workload::parse(from, &ns)?;
+            let listed = if from.namespace == workload.namespace {
+                objects.pods.clone()
+            } else {
+                list::pods(client, &from.namespace).await?
+            };
+            let client_pods = list::select(client, &from, &listed).await?;
+            Some(evaluate::Client::from_pod(&from.display(), &client_pods[0], &args.trust_domain)?)
+        }
+        (None, None) => None,
+    };
+    let config = cnimesh_control::policy::Config {
+        trust_domain: args.trust_domain.clone(),
+        ..cnimesh_control::policy::Config::default()
+    };
+    let report =
+        evaluate::report(&workload.display(), &workload.namespace, &pods, &objects, config, client_spec.as_ref());
+    Ok(match args.output {
+        Output::Json => serde_json::to_string_pretty(&report).expect("the report serialises") + "\n",
+        Output::Table => render::table(&report),
+    })
+}
+
+#[cfg(test)]
+mod tests;

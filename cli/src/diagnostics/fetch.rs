@@ -1,0 +1,251 @@
+//! Reading the pages: through the API server (a pod's admin port by the pod proxy, the control
+//! plane's admin port by the service proxy), or straight from an admin address. Each error names
+//! the pod, service or port that was wrong.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+
+use cnimesh_common::names::{CONTROL_ADMIN_PORT, CONTROL_NAME, CONTROL_NAMESPACE, PROXY_ADMIN_PORT, PROXY_CONTAINER};
+use k8s_openapi::api::core::v1::{Pod, Service};
+
+use crate::pod_proxy::{POD_PROXY_TIMEOUT, kube_error, pod_proxy_get};
+
+/// How the admin pages are reached.
+pub enum Reach {
+    /// Through the API server's pod and service proxies.
+    Cluster(kube::Client),
+    /// An admin port read directly: a proxy's for the pod pages, the control plane's for a
+    /// service's endpoints (port-forward).
+    Direct(SocketAddr),
+    /// Local mode's directory: pods and services from its cluster files, admin ports at the
+    /// pods' addresses and the control plane's.
+    Local(PathBuf),
+}
+
+/// Local mode's pods and services (`DIR/cluster`); an error when there are none.
+fn local_objects(dir: &Path) -> anyhow::Result<(Vec<Pod>, Vec<Service>)> {
+    let (pods, services) = cnimesh_control::sources::pods_and_services_in(&dir.join("cluster"));
+    anyhow::ensure!(
+        !pods.is_empty(),
+        "no pods under {}: is local mode up there (`cnimesh-local up --dir {0}`)?",
+        dir.join("cluster").display()
+    );
+    Ok((pods, services))
+}
+
+/// The namespace of local mode's pod or service named by `target` (names are unique in the demo).
+pub fn local_namespace(dir: &Path, target: &Target) -> anyhow::Result<String> {
+    let (pods, services) = local_objects(dir)?;
+    let (name, mut found): (&str, Vec<String>) = match target {
+        Target::Pod(name) => (
+            name,
+            pods.iter()
+                .filter(|p| p.metadata.name.as_deref() == Some(name))
+                .filter_map(|p| p.metadata.namespace.clone())
+                .collect(),
+        ),
+        Target::Service(name) => (
+            name,
+            services
+                .iter()
+                .filter(|s| s.metadata.name.as_deref() == Some(name))
+                .filter_map(|s| s.metadata.namespace.clone())
+                .collect(),
+        ),
+    };
+    found.sort();
+    found.dedup();
+    match found.as_slice() {
+        [only] => Ok(only.clone()),
+        [] => anyhow::bail!("no {name} in local mode's {}", dir.join("cluster").display()),
+        several => anyhow::bail!("{name} is in namespaces {}: say which with -n", several.join(", ")),
+    }
+}
+
+/// The proxy admin address of local mode's pod `namespace/name`.
+fn local_admin(dir: &Path, namespace: &str, name: &str) -> anyhow::Result<SocketAddr> {
+    let (pods, _) = local_objects(dir)?;
+    let pod = pods
+        .into_iter()
+        .find(|p| p.metadata.name.as_deref() == Some(name) && p.metadata.namespace.as_deref() == Some(namespace))
+        .with_context(|| format!("pod {namespace}/{name} not found in {}", dir.join("cluster").display()))?;
+    ensure_meshed(&pod, namespace, name)?;
+    let ip = pod.status.and_then(|s| s.pod_ip).with_context(|| format!("pod {namespace}/{name} has no IP"))?;
+    let ip: std::net::IpAddr = ip.parse().with_context(|| format!("pod {namespace}/{name}'s IP {ip:?}"))?;
+    Ok(SocketAddr::new(ip, PROXY_ADMIN_PORT))
+}
+
+/// Local mode's control plane admin address, from `DIR/local.json`.
+fn local_control(dir: &Path) -> anyhow::Result<SocketAddr> {
+    let state = dir.join("local.json");
+    let text = std::fs::read(&state).with_context(|| {
+        format!("reading {}: is local mode up there (`cnimesh-local up --dir {0}`)?", dir.display())
+    })?;
+    let state_json: serde_json::Value =
+        serde_json::from_slice(&text).with_context(|| format!("{}", state.display()))?;
+    let control: SocketAddr = state_json["control"]
+        .as_str()
+        .and_then(|a| a.parse().ok())
+        .with_context(|| format!("{}: no control plane address", state.display()))?;
+    Ok(SocketAddr::new(control.ip(), CONTROL_ADMIN_PORT))
+}
+
+fn ensure_meshed(pod: &Pod, namespace: &str, name: &str) -> anyhow::Result<()> {
+    let spec = pod.spec.clone().unwrap_or_default();
+    let mut containers = spec.containers.iter().chain(spec.init_containers.iter().flatten());
+    if !containers.any(|c| c.name == PROXY_CONTAINER) {
+        anyhow::bail!("pod {namespace}/{name} has no {PROXY_CONTAINER} container: it is not meshed");
+    }
+    Ok(())
+}
+
+/// The ports of a Service; `wanted` if it has it, else its only one; errors list the ports.
+fn pick_port(service: &Service, namespace: &str, name: &str, wanted: Option<u16>) -> anyhow::Result<u16> {
+    let ports: Vec<u16> = service
+        .spec
+        .as_ref()
+        .and_then(|s| s.ports.as_ref())
+        .into_iter()
+        .flatten()
+        .filter_map(|p| u16::try_from(p.port).ok())
+        .collect();
+    let list = || ports.iter().map(u16::to_string).collect::<Vec<_>>().join(", ");
+    match (wanted, ports.as_slice()) {
+        (Some(port), _) if ports.contains(&port) => Ok(port),
+        (Some(port), _) => anyhow::bail!("service {namespace}/{name} has no port {port} (its ports: {})", list()),
+        (None, [only]) => Ok(*only),
+        (None, []) => anyhow::bail!("service {namespace}/{name} has no ports"),
+        (None, _) => anyhow::bail!("service {namespace}/{name} has ports {}: say which with --port", list()),
+    }
+}
+
+/// What a command names: a pod (`NAME`, `pod/NAME`) or a service (`svc/NAME`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    Pod(String),
+    Service(String),
+}
+
+impl Target {
+    pub fn parse(text: &str) -> anyhow::Result<Self> {
+        let (kind, name) = text.split_once('/').unwrap_or(("pod", text));
+        if name.is_empty() || name.contains('/') {
+            anyhow::bail!("{text:?}: expected NAME, pod/NAME or svc/NAME");
+        }
+        match kind {
+            "pod" | "pods" | "po" => Ok(Self::Pod(name.to_string())),
+            "svc" | "service" | "services" => Ok(Self::Service(name.to_string())),
+            other => anyhow::bail!("{text:?}: unknown kind {other:?} (expected pod or svc)"),
+        }
+    }
+}
+
+/// A page of `pod`'s proxy admin server.
+pub async fn proxy_page(reach: &Reach, namespace: &str, pod: &str, path: &str) -> anyhow::Result<String> {
+    match reach {
+        Reach::Direct(addr) => crate::stat::fetch::http_get(*addr, &format!("/{path}"), POD_PROXY_TIMEOUT)
+            .await
+            .map_err(|e| anyhow::anyhow!("reading /{path} from the admin port {addr}: {e}")),
+        Reach::Local(dir) => {
+            let addr = local_admin(dir, namespace, pod)?;
+            crate::stat::fetch::http_get(addr, &format!("/{path}"), POD_PROXY_TIMEOUT)
+                .await
+                .map_err(|e| anyhow::anyhow!("reading /{path} of {namespace}/{pod}'s proxy at {addr}: {e}"))
+        }
+        Reach::Cluster(client) => {
+            meshed_pod(client, namespace, pod).await?;
+            pod_proxy_get(client, namespace, pod, PROXY_ADMIN_PORT, path).await.map_err(|e| {
+                anyhow::anyhow!("reading /{path} of {namespace}/{pod}'s proxy through the API server: {e}")
+            })
+        }
+    }
+}
+
+/// Checks that the pod exists and has a proxy, so the error says so rather than the pod proxy's.
+async fn meshed_pod(client: &kube::Client, namespace: &str, name: &str) -> anyhow::Result<()> {
+    let api: kube::Api<Pod> = kube::Api::namespaced(client.clone(), namespace);
+    let pod = match tokio::time::timeout(POD_PROXY_TIMEOUT, api.get_opt(name)).await {
+        Err(_) => anyhow::bail!("reading pod {namespace}/{name}: no answer within {}s", POD_PROXY_TIMEOUT.as_secs()),
+        Ok(Err(e)) => anyhow::bail!("reading pod {namespace}/{name}: {}", kube_error(&e)),
+        Ok(Ok(None)) => anyhow::bail!("pod {namespace}/{name} not found"),
+        Ok(Ok(Some(pod))) => pod,
+    };
+    ensure_meshed(&pod, namespace, name)
+}
+
+/// What Destination serves for `service`'s `port` (the only port when `None`): the authority asked
+/// and the control plane's `/destination.json` answer.
+pub async fn destination(
+    reach: &Reach,
+    namespace: &str,
+    service: &str,
+    port: Option<u16>,
+) -> anyhow::Result<(String, String)> {
+    let port = match (reach, port) {
+        (Reach::Cluster(client), port) => service_port(client, namespace, service, port).await?,
+        (Reach::Local(dir), port) => {
+            let (_, services) = local_objects(dir)?;
+            let found = services
+                .iter()
+                .find(|s| {
+                    s.metadata.name.as_deref() == Some(service) && s.metadata.namespace.as_deref() == Some(namespace)
+                })
+                .with_context(|| {
+                    format!("service {namespace}/{service} not found in {}", dir.join("cluster").display())
+                })?;
+            pick_port(found, namespace, service, port)?
+        }
+        (Reach::Direct(_), Some(port)) => port,
+        (Reach::Direct(addr), None) => {
+            anyhow::bail!("--port is needed with --admin-addr {addr}: the service's ports are not looked up")
+        }
+    };
+    let authority = format!("{service}.{namespace}:{port}");
+    let query =
+        format!("authority={}", percent_encoding::utf8_percent_encode(&authority, percent_encoding::NON_ALPHANUMERIC));
+    let direct = match reach {
+        Reach::Direct(addr) => Some(*addr),
+        Reach::Local(dir) => Some(local_control(dir)?),
+        Reach::Cluster(_) => None,
+    };
+    let text = match (reach, direct) {
+        (_, Some(addr)) => crate::stat::fetch::http_get(addr, &format!("/destination.json?{query}"), POD_PROXY_TIMEOUT)
+            .await
+            .map_err(|e| anyhow::anyhow!("asking the control plane's admin port {addr} for {authority}: {e}"))?,
+        (Reach::Cluster(client), None) => {
+            let uri = format!(
+                "/api/v1/namespaces/{CONTROL_NAMESPACE}/services/{CONTROL_NAME}:admin/proxy/destination.json?{query}"
+            );
+            let request = http::Request::get(&uri).body(Vec::new())?;
+            match tokio::time::timeout(POD_PROXY_TIMEOUT, client.request_text(request)).await {
+                Err(_) => anyhow::bail!(
+                    "asking the control plane for {authority}: no answer within {}s",
+                    POD_PROXY_TIMEOUT.as_secs()
+                ),
+                Ok(Err(e)) => anyhow::bail!(
+                    "asking the control plane ({CONTROL_NAMESPACE}/{CONTROL_NAME}, port admin) for {authority}: {}",
+                    kube_error(&e)
+                ),
+                Ok(Ok(text)) => text,
+            }
+        }
+        (_, None) => anyhow::bail!("no control plane to ask for {authority}"),
+    };
+    Ok((authority, text))
+}
+
+/// The service's port: `wanted` if the service has it, else its only port; errors list the ports.
+async fn service_port(client: &kube::Client, namespace: &str, name: &str, wanted: Option<u16>) -> anyhow::Result<u16> {
+    let api: kube::Api<Service> = kube::Api::namespaced(client.clone(), namespace);
+    let service = match tokio::time::timeout(POD_PROXY_TIMEOUT, api.get_opt(name)).await {
+        Err(_) => {
+            anyhow::bail!("reading service {namespace}/{name}: no answer within {}s", POD_PROXY_TIMEOUT.as_secs())
+        }
+        Ok(Err(e)) => anyhow::bail!("reading service {namespace}/{name}: {}", kube_error(&e)),
+        Ok(Ok(None)) => anyhow::bail!("service {namespace}/{name} not found"),
+        Ok(Ok(Some(service))) => service,
+    };
+    pick_port(&service, namespace, name, wanted)
+}
