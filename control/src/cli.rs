@@ -17,8 +17,7 @@ use tokio::net::TcpListener;
 use crate::grpc::limits::Limits;
 use crate::identity::Policy;
 use crate::inject::{
-    Namespaces, SidecarMode, Webhook, WebhookArgs, watch_server_version, webhook_dns_names,
-    webhook_tls_from,
+    Namespaces, SidecarMode, Webhook, WebhookArgs, watch_server_version, webhook_dns_names, webhook_tls_from,
 };
 use crate::policy::DefaultPolicy;
 use crate::policy::index::DEFAULT_CLUSTER_NETWORKS;

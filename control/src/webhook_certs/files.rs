@@ -42,8 +42,7 @@ fn certified(dir: &Path, (cert, key): &Files) -> Result<Arc<rustls::sign::Certif
     let invalid = |file: &str, why: String| WebhookCertError::Invalid { path: dir.join(file), why };
     let chain = cnimesh_identity::pem::certs(cert, "webhook certificate")
         .map_err(|e| invalid(WEBHOOK_CERT_FILE, e.to_string()))?;
-    let key =
-        cnimesh_identity::pem::key(key, "webhook key").map_err(|e| invalid(WEBHOOK_KEY_FILE, e.to_string()))?;
+    let key = cnimesh_identity::pem::key(key, "webhook key").map_err(|e| invalid(WEBHOOK_KEY_FILE, e.to_string()))?;
     cnimesh_identity::tls::certified_key(chain, key).map_err(|e| invalid(WEBHOOK_KEY_FILE, e.to_string()))
 }
 
@@ -72,11 +71,12 @@ pub fn watch_dir(dir: PathBuf) -> Result<Arc<CurrentCert>, WebhookCertError> {
     };
     let weak = Arc::downgrade(&current);
     tokio::spawn(async move {
+        let watching = watcher.is_some();
         let _watcher = watcher; // dropping it stops the events
         let mut last = files;
         loop {
             tokio::select! {
-                event = events.recv(), if _watcher.is_some() => {
+                event = events.recv(), if watching => {
                     if event.is_none() {
                         return;
                     }
@@ -133,10 +133,8 @@ mod tests {
             .with_no_client_auth();
         let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
         let name = ServerName::try_from("cnimesh-webhook.cnimesh.svc").unwrap();
-        let mut tls = tokio_rustls::TlsConnector::from(Arc::new(config))
-            .connect(name, tcp)
-            .await
-            .map_err(|e| e.to_string())?;
+        let mut tls =
+            tokio_rustls::TlsConnector::from(Arc::new(config)).connect(name, tcp).await.map_err(|e| e.to_string())?;
         let cert = tls.get_ref().1.peer_certificates().unwrap()[0].to_vec();
         let _ = tls.shutdown().await;
         Ok(cert)
@@ -172,9 +170,7 @@ mod tests {
         let after = loop {
             match served(addr, &new_ca).await {
                 Ok(cert) => break cert,
-                Err(_) if tokio::time::Instant::now() < deadline => {
-                    tokio::time::sleep(Duration::from_millis(50)).await
-                }
+                Err(_) if tokio::time::Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(50)).await,
                 Err(e) => panic!("the new certificate was never served: {e}"),
             }
         };
