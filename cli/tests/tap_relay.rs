@@ -229,7 +229,13 @@ async fn setup(requests: u64) -> Setup {
     .with_proxy_port(proxy_port);
     let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let admin_addr = admin.local_addr().unwrap();
-    let state = AdminState { metrics: metrics.clone(), issuer: issuer_rx, index: Some(index), tap: Some(relay) };
+    let state = AdminState {
+        metrics: metrics.clone(),
+        issuer: issuer_rx,
+        index: Some(index),
+        tap: Some(relay),
+        webhook_addr: None,
+    };
     tokio::spawn(admin::serve(admin, state, std::future::pending()));
     Setup { admin: admin_addr, observed, dropped, metrics, _issuer: issuer_tx }
 }
