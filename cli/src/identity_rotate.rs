@@ -83,7 +83,7 @@ pub enum RotateError {
     #[error("the trust anchors hold a single anchor ({0}): there is no old anchor to drop")]
     NothingToDrop(String),
     #[error(
-        "the issuer still chains to every anchor in the bundle; switch to the new issuer first: cnimesh identity rotate switch-issuer --issuer-dir NEW"
+        "the issuer does not chain to the newest anchor of the bundle yet; switch to the new issuer first: cnimesh identity rotate switch-issuer --issuer-dir NEW"
     )]
     NotSwitched,
     #[error("the result would not load in the control plane: {0}")]
@@ -171,10 +171,11 @@ pub fn drop_old(stored: &Stored) -> Result<Stored, RotateError> {
     if stored.anchors.len() < 2 {
         return Err(RotateError::NothingToDrop(stored.anchors.first().map(|a| subject(a)).unwrap_or_default()));
     }
-    let kept: Vec<String> = stored.anchors.iter().filter(|a| stored.chains_to(a)).cloned().collect();
-    if kept.len() == stored.anchors.len() {
+    // `bundle` appends the new anchor: until the issuer chains to it, nothing may be dropped.
+    if !stored.anchors.last().is_some_and(|newest| stored.chains_to(newest)) {
         return Err(RotateError::NotSwitched);
     }
+    let kept: Vec<String> = stored.anchors.iter().filter(|a| stored.chains_to(a)).cloned().collect();
     Stored { anchors: kept, ..stored.clone() }.validated()
 }
 

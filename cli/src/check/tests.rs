@@ -285,6 +285,9 @@ impl Fixture {
             json!({"metadata": {"name": "cnimesh-proxy-injector"},
                    "webhooks": [webhook("namespace.inject.cnimesh.io", "/inject"), webhook("pod.inject.cnimesh.io", "/inject/opt-in")]}),
         );
+        // The control plane reloads the Secret: it serves what the Secret holds.
+        let issuer = self.issuer.cert_pem.clone();
+        self.set_in_use(&issuer, crt);
     }
 
     async fn run(&self) -> Vec<Check> {
@@ -724,6 +727,8 @@ async fn a_control_plane_still_serving_the_old_webhook_certificate_under_a_new_c
     let mut fixture = Fixture::healthy();
     let old_served = fixture.webhook_secret_cert();
     fixture.set_webhook_pki(&webhook_pki(365 * DAY), None);
+    let issuer = fixture.issuer.cert_pem.clone();
+    fixture.set_in_use(&issuer, &old_served);
     let checks = fixture.run().await;
     assert_fails(&checks, &[super::trust::SERVED]);
     let check = find(&checks, super::trust::SERVED);

@@ -64,6 +64,8 @@ mod tests {
         std::fs::write(&path, &old).unwrap();
         let anchors = Anchors::new(super::super::trust_anchors(&TrustAnchors::File(path.clone())).unwrap()).unwrap();
         tokio::spawn(follow(path.clone(), anchors.clone()));
+        // Let it read the file as it is now (a current-thread runtime: it runs until it sleeps).
+        tokio::task::yield_now().await;
         let wait_for = |n: usize| {
             let anchors = anchors.clone();
             async move {
