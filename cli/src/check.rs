@@ -9,7 +9,9 @@
 //! [`render_json`] are pure. Modules by concern: `kubernetes` (API, version, permissions,
 //! `--pre`), `control` (Deployment, sidecar mode), `pki` (webhook registration, certificates),
 //! `nodes` (node agents, live capture verification), `meshed` (proxies' readiness and
-//! certificates), `certs` (pure X.509 helpers), `report` (types and renderers).
+//! certificates), `trust` (what is served and trusted, not stored: the webhook's certificate,
+//! the issuer in use against proxies' anchors, the rotation's step, proxies' versions), `certs`
+//! (pure X.509 helpers), `report` (types and renderers).
 //!
 //! Layer: runtime (operator CLI).
 
@@ -24,6 +26,7 @@ mod pki;
 mod report;
 #[cfg(test)]
 mod tests;
+mod trust;
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -109,6 +112,7 @@ pub async fn run_checks(client: kube::Client, pre: bool, now: SystemTime) -> Vec
     pki::check(&client, now, &mut checks).await;
     nodes::check(&client, &mut checks).await;
     meshed::check(&client, now, &mut checks).await;
+    trust::check(&client, &mut checks).await;
     checks
 }
 

@@ -6,12 +6,13 @@
 //! Built on the control plane's library (the webhook's mutation, the manifests' names, the tap
 //! relay's query and lines), never the other way round.
 //!
-//! Layers: yaml | pod_proxy → manifests → install → ca | check | inject | uninstall | upgrade | prune | stat → tap | diagnostics → authz | top
+//! Layers: yaml | pod_proxy → manifests → install → ca | check | inject | uninstall | upgrade | prune | stat → tap | identity_rotate | diagnostics → authz | top
 
 pub mod authz;
 pub mod ca;
 pub mod check;
 pub mod diagnostics;
+pub mod identity_rotate;
 pub mod inject;
 pub mod install;
 pub mod manifests;
@@ -107,6 +108,11 @@ pub enum Command {
         #[command(subcommand)]
         command: ca::CaCommand,
     },
+    /// The mesh's identity: rotate the trust anchor and the issuer without failed requests.
+    Identity {
+        #[command(subcommand)]
+        command: identity_rotate::IdentityCommand,
+    },
     /// Print the client's version and, when reachable, the control plane's.
     Version(VersionArgs),
     /// Print a shell completion script.
@@ -182,6 +188,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Diagnostics(args) => runtime()?.block_on(diagnostics::main(&cli.cluster, args, &mut out))?,
         Command::Authz(args) => runtime()?.block_on(authz::main(&cli.cluster, args, &mut out))?,
         Command::Ca { command } => ca::main(command, &mut out)?,
+        Command::Identity { command } => runtime()?.block_on(identity_rotate::main(&cli.cluster, command, &mut out))?,
         Command::Version(args) => {
             writeln!(out, "client: {}", env!("CARGO_PKG_VERSION"))?;
             if !args.client {

@@ -235,6 +235,7 @@ async fn setup(requests: u64) -> Setup {
         index: Some(index),
         tap: Some(relay),
         destination: Default::default(),
+        webhook_addr: None,
     };
     tokio::spawn(admin::serve(admin, state, std::future::pending()));
     Setup { admin: admin_addr, observed, dropped, metrics, _issuer: issuer_tx }

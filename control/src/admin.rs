@@ -1,14 +1,16 @@
 //! The admin listener: `/metrics` for Prometheus, `/ready` and `/live` for the kubelet, `/tap`
-//! (the tap relay, [`crate::tap`]) and `/destination.json?authority=<svc>.<ns>:<port>` (what
+//! (the tap relay, [`crate::tap`]), `/destination.json?authority=<svc>.<ns>:<port>` (what
 //! Destination's `Get` serves for it now, [`crate::destination::read`]; `cnimesh diagnostics
-//! endpoints` reads it through the API server's service proxy). Plain HTTP/1: probes, scrapers and
-//! the API server's service proxy speak nothing else; nothing here is secret but tap, which checks
-//! a token (endpoints and identities are what every meshed proxy is told anyway).
+//! endpoints` reads it through the API server's service proxy) and `/trust.json` (what this replica
+//! signs with and serves, for `cnimesh check`: certificates only, never a key). Plain HTTP/1:
+//! probes, scrapers and the API server's service proxy speak nothing else; nothing here is secret
+//! but tap, which checks a token (endpoints and identities are what every meshed proxy is told anyway).
 //!
 //! Layer: runtime: the admin HTTP listener `serve` starts beside gRPC.
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -36,6 +38,9 @@ pub struct AdminState {
     pub tap: Option<Relay>,
     /// What `/destination.json` resolves with: the configuration the Destination service has.
     pub destination: Arc<crate::destination::Config>,
+    /// The webhook listener: `/trust.json` shakes hands with it to report the certificate it
+    /// really serves (`cnimesh check` compares that with the caBundle).
+    pub webhook_addr: Option<SocketAddr>,
 }
 
 /// `/destination.json`: the answer for `?authority=…`, 400 naming the bad authority, 503 without
@@ -105,6 +110,7 @@ pub async fn serve(listener: TcpListener, state: AdminState, shutdown: impl Futu
                 async move {
                     let response: Response<AdminBody> = match (&state.tap, req.uri().path()) {
                         (Some(tap), "/tap") => tap.handle(req.headers(), req.uri().query()).await,
+                        (_, "/trust.json") => trust_json(&state).await.map(BodyExt::boxed_unsync),
                         (_, path) => respond(&state, path, req.uri().query()).map(BodyExt::boxed_unsync),
                     };
                     Ok::<_, Infallible>(response)
@@ -112,6 +118,101 @@ pub async fn serve(listener: TcpListener, state: AdminState, shutdown: impl Futu
             });
             let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
         });
+    }
+}
+
+/// `/trust.json`: the issuer this replica signs with and the anchors it hands to proxies (as
+/// loaded, not as stored), and the chain its webhook listener presents to a handshake now.
+/// Certificates are base64 DER.
+async fn trust_json(state: &AdminState) -> Response<Full<Bytes>> {
+    let b64 = |der: &[u8]| base64::Engine::encode(&base64::engine::general_purpose::STANDARD, der);
+    let issuer = state.issuer.borrow().clone();
+    let issuer = issuer.map(|i| {
+        serde_json::json!({
+            "chain": i.chain.iter().map(|c| b64(c)).collect::<Vec<_>>(),
+            "anchors_pem": i.anchors_pem(),
+        })
+    });
+    let webhook = match state.webhook_addr {
+        None => serde_json::json!({"enabled": false}),
+        Some(addr) => match served_chain(addr).await {
+            Ok(chain) => {
+                serde_json::json!({"enabled": true, "served": chain.iter().map(|c| b64(c)).collect::<Vec<_>>()})
+            }
+            Err(error) => serde_json::json!({"enabled": true, "error": error}),
+        },
+    };
+    let body = serde_json::json!({"issuer": issuer, "webhook": webhook}).to_string();
+    Response::builder()
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from(body)))
+        .expect("a valid response")
+}
+
+/// The certificate chain the webhook listener at `addr` presents, from a real handshake over
+/// loopback: what the API server gets, whatever the files or the Secret say.
+async fn served_chain(addr: SocketAddr) -> Result<Vec<rustls_pki_types::CertificateDer<'static>>, String> {
+    let ip = match addr.ip() {
+        IpAddr::V4(ip) if ip.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
+        IpAddr::V6(ip) if ip.is_unspecified() => IpAddr::V6(Ipv6Addr::LOCALHOST),
+        ip => ip,
+    };
+    let provider = cnimesh_identity::tls::provider();
+    let config = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(Recorder(provider.signature_verification_algorithms)))
+        .with_no_client_auth();
+    let handshake = async {
+        let tcp = tokio::net::TcpStream::connect(SocketAddr::new(ip, addr.port())).await.map_err(|e| e.to_string())?;
+        let name = rustls_pki_types::ServerName::try_from("cnimesh-webhook").map_err(|e| e.to_string())?;
+        let tls =
+            tokio_rustls::TlsConnector::from(Arc::new(config)).connect(name, tcp).await.map_err(|e| e.to_string())?;
+        let chain =
+            tls.get_ref().1.peer_certificates().unwrap_or_default().iter().map(|c| c.clone().into_owned()).collect();
+        Ok(chain)
+    };
+    tokio::time::timeout(Duration::from_secs(5), handshake).await.map_err(|_| "handshake timed out".to_string())?
+}
+
+/// Accepts any server certificate (proving possession of its key): the handshake only reads
+/// what is presented, `check` judges it against the caBundle, and nothing is sent over it.
+#[derive(Debug)]
+struct Recorder(rustls::crypto::WebPkiSupportedAlgorithms);
+
+impl rustls::client::danger::ServerCertVerifier for Recorder {
+    fn verify_server_cert(
+        &self,
+        _: &rustls_pki_types::CertificateDer<'_>,
+        _: &[rustls_pki_types::CertificateDer<'_>],
+        _: &rustls_pki_types::ServerName<'_>,
+        _: &[u8],
+        _: rustls_pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls_pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.0)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls_pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.0)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.supported_schemes()
     }
 }
 
@@ -127,6 +228,7 @@ mod tests {
             index,
             tap: None,
             destination: Arc::default(),
+            webhook_addr: None,
         }
     }
 

@@ -17,8 +17,7 @@ use tokio::net::TcpListener;
 use crate::grpc::limits::Limits;
 use crate::identity::Policy;
 use crate::inject::{
-    Namespaces, SidecarMode, Webhook, WebhookArgs, load_webhook_tls, watch_server_version, webhook_dns_names,
-    webhook_tls_from,
+    Namespaces, SidecarMode, Webhook, WebhookArgs, watch_server_version, webhook_dns_names, webhook_tls_from,
 };
 use crate::policy::DefaultPolicy;
 use crate::policy::index::DEFAULT_CLUSTER_NETWORKS;
@@ -147,7 +146,7 @@ impl GrpcLimitArgs {
 /// Where the webhook's certificate comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum WebhookCerts {
-    /// `--webhook-tls-dir`, loaded once (local mode, or a mounted Secret).
+    /// `--webhook-tls-dir` (local mode, or a mounted Secret), reloaded when its files change.
     Files,
     /// The Secret `--webhook-secret`, watched; made by the operator (`cnimesh ca webhook`): only read.
     Secret,
@@ -306,9 +305,10 @@ impl ServeArgs {
                 }
                 let tls = match (&webhook_certs, dir) {
                     (Some(source), _) => webhook_tls_from(source.current.clone())?,
-                    (None, Some(dir)) => {
-                        load_webhook_tls(dir).with_context(|| format!("webhook TLS from {}", dir.display()))?
-                    }
+                    (None, Some(dir)) => webhook_tls_from(
+                        crate::webhook_certs::files::watch_dir(dir.clone())
+                            .with_context(|| format!("webhook TLS from {}", dir.display()))?,
+                    )?,
                     (None, None) => anyhow::bail!("--webhook-addr needs --webhook-tls-dir or --webhook-certs"),
                 };
                 Some((webhook, tls))

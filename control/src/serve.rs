@@ -153,6 +153,7 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Out
         metrics.clone(),
         until(stopped.clone()),
     ));
+    let webhook_addr = listeners.webhook.as_ref().and_then(|l| l.local_addr().ok());
     let webhook = match (config.webhook, listeners.webhook) {
         (Some((webhook, tls)), Some(listener)) => {
             tracing::info!(addr = %listener.local_addr()?, "serving the injection webhook");
@@ -164,7 +165,8 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Out
     };
     let tap =
         Relay::new(tap_authenticator, metrics.clone(), index.clone(), issuer.clone(), own_cert.clone(), trust_domain);
-    let admin_state = AdminState { metrics, issuer, index, tap: Some(tap), destination: destination_config };
+    let admin_state =
+        AdminState { metrics, issuer, index, tap: Some(tap), destination: destination_config, webhook_addr };
     let admin = tokio::spawn(admin::serve(listeners.admin, admin_state, until(stopped)));
 
     shutdown.await;

@@ -27,7 +27,7 @@ const CERT_POLL: Duration = Duration::from_millis(20);
 pub fn channel(
     addr: &str,
     name: &Name,
-    roots: Arc<rustls::RootCertStore>,
+    roots: impl Into<crate::tls::Trust>,
     cert: Option<Arc<CurrentCert>>,
     timeout: Option<Duration>,
 ) -> anyhow::Result<Channel> {
@@ -40,7 +40,7 @@ pub fn channel(
 pub async fn connect(
     addr: &str,
     name: &Name,
-    roots: Arc<rustls::RootCertStore>,
+    roots: impl Into<crate::tls::Trust>,
     cert: Option<Arc<CurrentCert>>,
 ) -> anyhow::Result<Channel> {
     let connector = connector(addr, name, roots, cert)?;
@@ -65,7 +65,7 @@ fn endpoint(timeout: Option<Duration>) -> Endpoint {
 fn connector(
     addr: &str,
     name: &Name,
-    roots: Arc<rustls::RootCertStore>,
+    roots: impl Into<crate::tls::Trust>,
     cert: Option<Arc<CurrentCert>>,
 ) -> anyhow::Result<
     impl tower::Service<

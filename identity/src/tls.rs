@@ -9,13 +9,13 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rustls::client::danger::ServerCertVerifier;
 use rustls::client::{ResolvesClientCert, WebPkiServerVerifier};
-use rustls::crypto::CryptoProvider;
-use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
+use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use rustls::{ClientConfig, RootCertStore, ServerConfig, SignatureScheme};
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 
 use crate::Name;
+pub use crate::anchors::{Anchors, Trust};
 
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
@@ -29,10 +29,7 @@ pub enum TlsError {
     Verifier(#[from] rustls::server::VerifierBuilderError),
 }
 
-/// The one crypto provider.
-pub fn provider() -> Arc<CryptoProvider> {
-    Arc::new(rustls::crypto::aws_lc_rs::default_provider())
-}
+pub use crate::provider::provider;
 
 /// Fills `buf` from the provider's CSPRNG.
 pub fn random(buf: &mut [u8]) {
@@ -100,7 +97,7 @@ pub enum ClientAuth {
 
 /// A TLS 1.3 server presenting `cert`, with ALPN `alpn`.
 pub fn server_config(
-    roots: Arc<RootCertStore>,
+    roots: impl Into<Trust>,
     cert: Arc<dyn ResolvesServerCert>,
     client_auth: ClientAuth,
     alpn: &[&[u8]],
@@ -109,9 +106,8 @@ pub fn server_config(
     let builder =
         ServerConfig::builder_with_provider(provider.clone()).with_protocol_versions(&[&rustls::version::TLS13])?;
     let builder = match client_auth {
-        ClientAuth::Required => {
-            builder.with_client_cert_verifier(WebPkiClientVerifier::builder_with_provider(roots, provider).build()?)
-        }
+        ClientAuth::Required => builder
+            .with_client_cert_verifier(roots.into().client_verifier().map_err(|e| TlsError::Anchors(e.to_string()))?),
         ClientAuth::None => builder.with_no_client_auth(),
     };
     let mut config = builder.with_cert_resolver(cert);
@@ -122,13 +118,18 @@ pub fn server_config(
 /// A TLS 1.3 client that checks the server's certificate against `roots` and the name it is
 /// given at connect time (the expected identity), presenting `cert` when there is one.
 pub fn client_config(
-    roots: Arc<RootCertStore>,
+    roots: impl Into<Trust>,
     cert: Option<Arc<dyn ResolvesClientCert>>,
     alpn: &[&[u8]],
 ) -> Result<Arc<ClientConfig>, TlsError> {
-    let builder = ClientConfig::builder_with_provider(provider())
-        .with_protocol_versions(&[&rustls::version::TLS13])?
-        .with_root_certificates(roots);
+    let builder = ClientConfig::builder_with_provider(provider()).with_protocol_versions(&[&rustls::version::TLS13])?;
+    let builder = match roots.into() {
+        Trust::Fixed(roots) => builder.with_root_certificates(roots),
+        // Not dangerous: the same WebPKI verification, against the anchors in force now.
+        following => builder.dangerous().with_custom_certificate_verifier(
+            following.server_verifier().map_err(|e| TlsError::Anchors(e.to_string()))?,
+        ),
+    };
     let mut config = match cert {
         Some(cert) => builder.with_client_cert_resolver(cert),
         None => builder.with_no_client_auth(),
@@ -138,8 +139,8 @@ pub fn client_config(
 }
 
 /// Checks that `chain` (leaf first) is valid now for `name` under `roots`: what a peer will check.
-pub fn verify(roots: Arc<RootCertStore>, chain: &[CertificateDer<'static>], name: &Name) -> Result<(), TlsError> {
-    let verifier = WebPkiServerVerifier::builder_with_provider(roots, provider())
+pub fn verify(roots: impl Into<Trust>, chain: &[CertificateDer<'static>], name: &Name) -> Result<(), TlsError> {
+    let verifier = WebPkiServerVerifier::builder_with_provider(roots.into().roots(), provider())
         .build()
         .map_err(|e| TlsError::Anchors(e.to_string()))?;
     let (leaf, intermediates) = chain.split_first().ok_or_else(|| TlsError::Parse("empty chain".into()))?;
@@ -162,6 +163,13 @@ pub fn identity_of(cert: &CertificateDer<'_>) -> Option<Name> {
 pub fn subject_of(cert: &CertificateDer<'_>) -> Option<String> {
     let (_, x509) = x509_parser::parse_x509_certificate(cert).ok()?;
     Some(x509.subject().to_string())
+}
+
+/// A certificate's serial number as colon-separated hex: with the subject, what tells two
+/// issuers apart (every cnimesh issuer of a trust domain has the same subject).
+pub fn serial_of(cert: &CertificateDer<'_>) -> Option<String> {
+    let (_, x509) = x509_parser::parse_x509_certificate(cert).ok()?;
+    Some(x509.raw_serial_as_string())
 }
 
 /// When a certificate stops being valid.

@@ -47,6 +47,12 @@ pub fn signed_by(cert: &[u8], ca: &[u8]) -> bool {
     cert.issuer().as_raw() == ca.subject().as_raw() && cert.verify_signature(Some(ca.public_key())).is_ok()
 }
 
+/// The serial number as colon-separated hex: what tells two issuers of the same subject apart
+/// (the proxy's `/identity.json` reports its issuer's the same way).
+pub fn serial(der: &[u8]) -> String {
+    parse(der).raw_serial_as_string()
+}
+
 /// The DNS subject alternative names.
 pub fn dns_names(der: &[u8]) -> Vec<String> {
     let cert = parse(der);

@@ -29,6 +29,7 @@ const NODES: &str = "/api/v1/nodes";
 const AGENT_PODS: &str = "/api/v1/namespaces/cnimesh-system/pods";
 const ALL_PODS: &str = "/api/v1/pods";
 const CONTROL_NS: &str = "/api/v1/namespaces/cnimesh";
+const TRUST_JSON: &str = "/api/v1/namespaces/cnimesh/pods/cnimesh-control-7d9f:9990/proxy/trust.json";
 
 fn status_path(pod: &str) -> String {
     format!("/api/v1/namespaces/cnimesh-system/pods/{pod}:4192/proxy/status")
@@ -113,6 +114,8 @@ struct Fixture {
     /// An hour after the certificates were made, so that "in N days" never straddles a second.
     now: SystemTime,
     anchor: CaPem,
+    /// The issuer the control plane signs with (the Secret's, at first).
+    issuer: CaPem,
 }
 
 impl Fixture {
@@ -124,7 +127,7 @@ impl Fixture {
         let anchor = new_trust_anchor("cluster.local", 365 * DAY).unwrap();
         let issuer = new_issuer(&anchor, "cluster.local", 180 * DAY).unwrap();
         let now = SystemTime::now() + Duration::from_secs(3600);
-        let mut fixture = Fixture { mock: MockApi::default(), now, anchor: anchor.clone() };
+        let mut fixture = Fixture { mock: MockApi::default(), now, anchor: anchor.clone(), issuer: issuer.clone() };
         fixture.set_webhook_pki(&webhook_pki(365 * DAY), None);
         let leaf_expiry = fixture.secs() + 20 * 3600;
         let m = &mut fixture.mock;
@@ -203,7 +206,65 @@ impl Fixture {
         );
         m.get_text(&metrics_path("shop", "web-1"), &metrics(Some(leaf_expiry)));
         m.get_text(&metrics_path("shop", "web-2"), &metrics(Some(leaf_expiry)));
+        let anchors = anchor.cert_pem.clone();
+        fixture.set_proxies(&anchors, "ghcr.io/cnimesh/cnimesh-proxy:0.1.0");
+        fixture.set_proxy_issuer(&issuer.cert_pem);
+        let webhook_cert = fixture.webhook_secret_cert();
+        fixture.set_in_use(&issuer.cert_pem, &webhook_cert);
         fixture
+    }
+
+    /// The webhook Secret's `tls.crt`, as PEM.
+    fn webhook_secret_cert(&mut self) -> String {
+        let b64 = self.mock.json_mut(WEBHOOK_SECRET)["data"]["tls.crt"].as_str().unwrap().to_string();
+        String::from_utf8(base64::Engine::decode(&base64::engine::general_purpose::STANDARD, b64).unwrap()).unwrap()
+    }
+
+    /// What the control plane replica reports on `/trust.json`: the issuer it signs with and the
+    /// webhook certificate its listener serves.
+    fn set_in_use(&mut self, issuer_pem: &str, served_pem: &str) {
+        let der = |pem: &str| -> Vec<Value> {
+            cnimesh_identity::pem::certs(pem.as_bytes(), "pem").unwrap().iter().map(|c| b64(c)).collect()
+        };
+        self.mock.get(
+            TRUST_JSON,
+            json!({"issuer": {"chain": der(issuer_pem), "anchors_pem": ""}, "webhook": {"enabled": true, "served": der(served_pem)}}),
+        );
+    }
+
+    /// Every meshed pod's proxy: the anchors the injector gave it and its image.
+    fn set_proxies(&mut self, anchors_pem: &str, image: &str) {
+        for item in self.mock.json_mut(ALL_PODS)["items"].as_array_mut().unwrap() {
+            for list in ["containers", "initContainers"] {
+                for c in item["spec"][list].as_array_mut().into_iter().flatten() {
+                    if c["name"] == "cnimesh-proxy" {
+                        c["image"] = json!(image);
+                        c["env"] = json!([{"name": "CNIMESH_PROXY_IDENTITY_TRUST_ANCHORS_PEM", "value": anchors_pem}]);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The issuer of every meshed proxy's certificate, on its `/identity.json`.
+    fn set_proxy_issuer(&mut self, issuer_pem: &str) {
+        let der = cnimesh_identity::pem::certs(issuer_pem.as_bytes(), "issuer").unwrap().remove(0);
+        let serial = cnimesh_identity::tls::serial_of(&der).unwrap();
+        for pod in ["web-1", "web-2"] {
+            self.mock.get(
+                &format!("/api/v1/namespaces/shop/pods/{pod}:4191/proxy/identity.json"),
+                json!({"configured": true, "certificate": {"issuer": {"subject": "CN=identity.cnimesh.cluster.local", "serial": serial}}}),
+            );
+        }
+    }
+
+    /// The issuer Secret and the anchors ConfigMap as `cnimesh identity rotate` leaves them.
+    fn set_stored_issuer(&mut self, anchors_pem: &str, issuer: &CaPem) {
+        let data = &mut self.mock.json_mut(ISSUER_SECRET)["data"];
+        data["ca.crt"] = b64(anchors_pem.as_bytes());
+        data["tls.crt"] = b64(issuer.cert_pem.as_bytes());
+        data["tls.key"] = b64(issuer.key_pem.as_bytes());
+        self.mock.json_mut(ANCHORS_CM)["data"]["ca.crt"] = json!(anchors_pem);
     }
 
     /// Puts a webhook CA, serving certificate and key in the Secret; the caBundle gets
@@ -224,6 +285,9 @@ impl Fixture {
             json!({"metadata": {"name": "cnimesh-proxy-injector"},
                    "webhooks": [webhook("namespace.inject.cnimesh.io", "/inject"), webhook("pod.inject.cnimesh.io", "/inject/opt-in")]}),
         );
+        // The control plane reloads the Secret: it serves what the Secret holds.
+        let issuer = self.issuer.cert_pem.clone();
+        self.set_in_use(&issuer, crt);
     }
 
     async fn run(&self) -> Vec<Check> {
@@ -653,4 +717,107 @@ async fn pre_install_judges_versions_permissions_nodes_and_an_existing_install()
 #[test]
 fn golden_dates_are_normalised() {
     assert_eq!(stable("expires 2027-11-23 (in 364 days) √"), "expires YYYY-MM-DD (in 364 days) √");
+}
+
+/// Issue 27 (a): the webhook Secret and the caBundle were replaced together (a re-run install),
+/// the running control plane still serves the old certificate: the stored objects agree, what
+/// is served does not, and the API server rejects every pod creation.
+#[tokio::test]
+async fn a_control_plane_still_serving_the_old_webhook_certificate_under_a_new_ca_bundle_fails() {
+    let mut fixture = Fixture::healthy();
+    let old_served = fixture.webhook_secret_cert();
+    fixture.set_webhook_pki(&webhook_pki(365 * DAY), None);
+    let issuer = fixture.issuer.cert_pem.clone();
+    fixture.set_in_use(&issuer, &old_served);
+    let checks = fixture.run().await;
+    assert_fails(&checks, &[super::trust::SERVED]);
+    let check = find(&checks, super::trust::SERVED);
+    assert!(check.message.contains("certificate signed by unknown authority"), "{}", check.message);
+    assert!(check.details[0].starts_with("cnimesh/cnimesh-control-7d9f: serves"), "{:?}", check.details);
+    assert!(check.hint.as_ref().unwrap().contains("rollout restart"), "{:?}", check.hint);
+
+    // Once the replica reloads the Secret, the check passes.
+    let new_served = fixture.webhook_secret_cert();
+    assert_ne!(old_served, new_served);
+    let issuer = fixture.issuer.cert_pem.clone();
+    fixture.set_in_use(&issuer, &new_served);
+    assert_eq!(exit_code(&fixture.run().await), 0);
+}
+
+/// Issue 27 (b): the plain install one-liner re-run replaced the anchors and the issuer; the
+/// control plane signs with the new issuer, running proxies hold only the old anchor.
+#[tokio::test]
+async fn anchors_replaced_under_running_proxies_fail_naming_the_proxies() {
+    let mut fixture = Fixture::healthy();
+    let anchor = new_trust_anchor("cluster.local", 365 * DAY).unwrap();
+    let issuer = new_issuer(&anchor, "cluster.local", 180 * DAY).unwrap();
+    fixture.set_stored_issuer(&anchor.cert_pem, &issuer);
+    let served = fixture.webhook_secret_cert();
+    fixture.set_in_use(&issuer.cert_pem, &served);
+    let checks = fixture.run().await;
+    assert_fails(&checks, &[super::trust::ISSUER_TRUSTED]);
+    let check = find(&checks, super::trust::ISSUER_TRUSTED);
+    assert!(check.message.starts_with("2 proxies do not trust the issuer in use"), "{}", check.message);
+    assert!(check.details.iter().any(|d| d.starts_with("shop/web-1: holds 1 anchor")), "{:?}", check.details);
+    assert!(check.hint.as_ref().unwrap().contains("cnimesh identity rotate bundle"), "{:?}", check.hint);
+}
+
+fn rotation(checks: &[Check]) -> Check {
+    find(checks, super::trust::ROTATION).clone()
+}
+
+/// `check` follows a rotation step by step: which step is done, and what is still missing.
+#[tokio::test]
+async fn check_reports_each_step_of_a_rotation() {
+    let mut fixture = Fixture::healthy();
+    assert_eq!(rotation(&fixture.run().await).message, "no rotation in progress: 1 trust anchor");
+
+    let (old_anchor, old_issuer) = (fixture.anchor.clone(), fixture.issuer.clone());
+    let anchor = new_trust_anchor("cluster.local", 365 * DAY).unwrap();
+    let issuer = new_issuer(&anchor, "cluster.local", 180 * DAY).unwrap();
+    let bundle = format!("{}{}", old_anchor.cert_pem, anchor.cert_pem);
+    fixture.set_stored_issuer(&bundle, &old_issuer);
+    let check = rotation(&fixture.run().await);
+    assert_eq!(
+        (check.status, check.message.as_str()),
+        (Status::Warn, "step 1 of 3 (bundle): 2 proxies still without the new anchor")
+    );
+
+    fixture.set_proxies(&bundle, "ghcr.io/cnimesh/cnimesh-proxy:0.1.0");
+    let checks = fixture.run().await;
+    assert!(rotation(&checks).message.starts_with("step 1 of 3 (bundle) done"), "{}", rotation(&checks).message);
+    assert_eq!(exit_code(&checks), 0, "{}", render_table(&checks));
+
+    fixture.set_stored_issuer(&bundle, &issuer);
+    let served = fixture.webhook_secret_cert();
+    fixture.set_in_use(&issuer.cert_pem, &served);
+    let check = rotation(&fixture.run().await);
+    assert_eq!(check.message, "step 2 of 3 (switch-issuer): 2 proxies not renewed under the new issuer yet");
+    assert_eq!(
+        check.details,
+        ["shop/web-1: certificate from the previous issuer", "shop/web-2: certificate from the previous issuer"]
+    );
+
+    fixture.set_proxy_issuer(&issuer.cert_pem);
+    let checks = fixture.run().await;
+    assert!(rotation(&checks).message.starts_with("step 2 of 3 (switch-issuer) done"), "{}", rotation(&checks).message);
+    assert_eq!(exit_code(&checks), 0);
+
+    fixture.set_stored_issuer(&anchor.cert_pem, &issuer);
+    let checks = fixture.run().await;
+    assert_eq!(rotation(&checks).message, "no rotation in progress: 1 trust anchor");
+    assert_eq!(exit_code(&checks), 0, "proxies holding the bundle trust the new issuer: {}", render_table(&checks));
+}
+
+#[tokio::test]
+async fn proxies_of_another_version_than_the_control_plane_are_listed() {
+    let mut fixture = Fixture::healthy();
+    let pem = fixture.anchor.cert_pem.clone();
+    fixture.set_proxies(&pem, "ghcr.io/cnimesh/cnimesh-proxy:0.0.9");
+    let checks = fixture.run().await;
+    let check = find(&checks, super::trust::VERSIONS);
+    assert_eq!(check.status, Status::Warn);
+    assert_eq!(check.message, "2 proxies run a version other than the control plane's 0.1.0");
+    assert_eq!(check.details, ["shop/web-1: 0.0.9", "shop/web-2: 0.0.9"]);
+    assert_eq!(exit_code(&checks), 0, "the previous release's proxies are supported: a warning");
 }

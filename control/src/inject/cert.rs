@@ -107,8 +107,9 @@ pub fn new_webhook_cert(dns_names: &[String], lifetime: Duration) -> Result<Webh
 }
 
 /// A TLS server config for the webhook from `dir/tls.crt` and `dir/tls.key`. TLS 1.2 and 1.3 and
-/// ALPN h2 + http/1.1: whatever the API server (or a proxy in front of it) speaks. Loaded once;
-/// a new certificate takes a restart (the Secret modes of `serve` reload: [`webhook_tls_from`]).
+/// ALPN h2 + http/1.1: whatever the API server (or a proxy in front of it) speaks. Loaded once
+/// (a check of the files); `serve` itself reloads them (`crate::webhook_certs::files`, through
+/// [`webhook_tls_from`]).
 pub fn load_webhook_tls(dir: &Path) -> Result<Arc<rustls::ServerConfig>, WebhookCertError> {
     let read = |file: &str| {
         let path = dir.join(file);

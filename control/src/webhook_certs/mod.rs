@@ -2,7 +2,9 @@
 //! `failurePolicy: Fail` blocks every pod creation in meshed namespaces, so no person should have
 //! to remember to renew it.
 //!
-//! Two halves:
+//! Three parts:
+//! - [`files::watch_dir`] (`--webhook-certs files`): the mounted directory, reloaded when the
+//!   kubelet updates it, so every mode serves a new certificate without a restart;
 //! - [`watch_secret`] (every replica, in both modes): the Secret `cnimesh-webhook-tls` is
 //!   watched and its `tls.crt`/`tls.key` served from then on through a certificate resolver, no
 //!   restart; a Secret that does not parse is logged and the last good certificate stays;
@@ -41,6 +43,8 @@ use serde_json::{Value, json};
 use tokio::sync::watch;
 
 use crate::leader::{self, ElectionConfig, Leadership};
+
+pub mod files;
 use crate::metrics::Metrics;
 
 pub const CA_FILE: &str = "ca.crt";

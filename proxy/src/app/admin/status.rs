@@ -133,6 +133,12 @@ pub fn identity_json(identity: Option<&Identity>, now: SystemTime) -> Value {
         let issuer = held.as_ref().and_then(|k| k.cert.get(1)).and_then(cnimesh_identity::tls::subject_of);
         json!({
             "subject": cnimesh_identity::tls::subject_of(leaf),
+            // The issuer that signed it (sent after the leaf): across an issuer rotation, the
+            // serial says which one (`cnimesh check` compares it with the issuer Secret).
+            "issuer": held.as_ref().and_then(|k| k.cert.get(1)).map(|issuer| json!({
+                "subject": cnimesh_identity::tls::subject_of(issuer),
+                "serial": cnimesh_identity::tls::serial_of(issuer),
+            })),
             "identity": cnimesh_identity::tls::identity_of(leaf).map(|n| n.as_str().to_string()),
             "issuer": issuer,
             "not_after_unix": not_after.map(unix_seconds),

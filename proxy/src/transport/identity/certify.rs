@@ -1,11 +1,11 @@
 //! The Identity service client: gRPC (linkerd2-proxy-api `Identity/Certify`) over TLS, the
 //! control plane's certificate checked against our trust anchors and its expected identity.
 
-use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use anyhow::Context;
 use cnimesh_identity::Name;
+use cnimesh_identity::tls::Trust;
 use linkerd2_proxy_api::identity::CertifyRequest;
 use linkerd2_proxy_api::identity::identity_client::IdentityClient;
 use rustls_pki_types::CertificateDer;
@@ -15,7 +15,7 @@ use super::config::IdentityConfig;
 
 /// A channel to the Identity service. No client certificate: Certify is how a proxy gets its
 /// first one, and the control plane serves it without (renewals need none either).
-pub fn channel(config: &IdentityConfig, roots: Arc<rustls::RootCertStore>) -> anyhow::Result<Channel> {
+pub fn channel(config: &IdentityConfig, roots: impl Into<Trust>) -> anyhow::Result<Channel> {
     cnimesh_identity::grpc_channel::channel(
         &config.control_addr,
         &config.control_name,
@@ -36,7 +36,7 @@ pub struct Issued {
 pub async fn certify(
     channel: Channel,
     config: &IdentityConfig,
-    roots: Arc<rustls::RootCertStore>,
+    roots: impl Into<Trust>,
     csr: &[u8],
 ) -> anyhow::Result<Issued> {
     let token = tokio::fs::read(&config.token_file)
@@ -61,7 +61,7 @@ pub async fn certify(
     Ok(Issued { chain, not_after })
 }
 
-fn check(chain: &[CertificateDer<'static>], name: &Name, roots: Arc<rustls::RootCertStore>) -> anyhow::Result<()> {
+fn check(chain: &[CertificateDer<'static>], name: &Name, roots: impl Into<Trust>) -> anyhow::Result<()> {
     let named = cnimesh_identity::tls::identity_of(&chain[0]);
     anyhow::ensure!(named.as_ref() == Some(name), "the issued certificate names {named:?}, not {name}");
     cnimesh_identity::tls::verify(roots, chain, name).context("the issued certificate does not verify")?;
@@ -84,7 +84,7 @@ mod tests {
             control_name: crate::app::config::DEFAULT_CONTROL_NAME.parse().unwrap(),
             max_backoff: Duration::from_secs(1),
         };
-        let roots = Arc::new(rustls::RootCertStore::empty());
+        let roots = std::sync::Arc::new(rustls::RootCertStore::empty());
         let result = certify(channel(&config, roots.clone()).unwrap(), &config, roots, b"csr").await;
         let _ = std::fs::remove_file(token);
         format!("{:#}", result.err().expect("nothing answers there"))

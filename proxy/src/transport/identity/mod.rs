@@ -2,6 +2,7 @@
 //! certificate obtained from the control plane's Identity service with the pod's projected
 //! service-account token, refreshed before it expires, and the TLS configs that present it.
 
+pub mod anchors_file;
 pub mod certify;
 pub mod config;
 pub mod refresh;
@@ -10,14 +11,16 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use cnimesh_identity::Name;
-use cnimesh_identity::tls::{self, ClientAuth, CurrentCert};
+use cnimesh_identity::tls::{self, Anchors, ClientAuth, CurrentCert};
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
 
 use config::{IdentityConfig, TrustAnchors};
 
 pub struct Identity {
     pub name: Name,
-    pub roots: Arc<RootCertStore>,
+    /// The trust anchors in force: every config below follows them, so a bundle file that
+    /// changes ([`anchors_file`]) changes whom the proxy trusts without a restart.
+    pub roots: Arc<Anchors>,
     pub cert: Arc<CurrentCert>,
     /// Inbound mTLS: clients must present a certificate from our trust anchors.
     pub server: Arc<ServerConfig>,
@@ -27,7 +30,7 @@ pub struct Identity {
 
 impl Identity {
     pub fn new(config: &IdentityConfig) -> anyhow::Result<Self> {
-        let roots = trust_anchors(&config.trust_anchors)?;
+        let roots = Anchors::new(trust_anchors(&config.trust_anchors)?)?;
         let cert = Arc::new(CurrentCert::default());
         Ok(Self {
             name: config.name.clone(),
@@ -46,7 +49,7 @@ impl Identity {
 
 /// Loads the trust anchors from a file or from the PEM text; errors name the file or the
 /// variable the PEM came from (never the PEM itself).
-fn trust_anchors(anchors: &TrustAnchors) -> anyhow::Result<Arc<RootCertStore>> {
+pub(crate) fn trust_anchors(anchors: &TrustAnchors) -> anyhow::Result<Arc<RootCertStore>> {
     let source = anchors.source();
     let certs = match anchors {
         TrustAnchors::File(path) => {

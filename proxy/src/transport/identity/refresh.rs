@@ -1,5 +1,6 @@
 //! Keeping a certificate: refresh at 70% of its life; on failure retry with jittered exponential
 //! backoff ([`crate::transport::backoff`]) while the old certificate stays in use until it expires.
+//! A trust-anchors file is followed meanwhile ([`super::anchors_file`]).
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -8,7 +9,7 @@ use rustls_pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
 
 use super::Identity;
 use super::certify::{self, Issued};
-use super::config::IdentityConfig;
+use super::config::{IdentityConfig, TrustAnchors};
 use crate::transport::backoff::backoff;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -39,6 +40,9 @@ pub struct IdentityMetrics {
 
 /// Runs forever: obtains and renews the certificate.
 pub async fn run(identity: Arc<Identity>, config: IdentityConfig, metrics: IdentityMetrics) {
+    if let TrustAnchors::File(path) = &config.trust_anchors {
+        tokio::spawn(super::anchors_file::follow(path.clone(), identity.roots.clone()));
+    }
     let (key, csr) = match cnimesh_identity::ca::new_csr(&identity.name) {
         Ok(k) => k,
         Err(e) => {
