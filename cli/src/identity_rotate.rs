@@ -326,7 +326,7 @@ mod tests {
         assert_eq!(switched.anchors.len(), 2, "both anchors stay while proxies renew");
 
         let done = drop_old(&switched).unwrap();
-        assert_eq!(done.anchors, [new.cert_pem.clone()]);
+        assert_eq!(done.anchors, std::slice::from_ref(&new.cert_pem));
         assert_eq!(done.issuer_cert, new_issuer.cert_pem);
     }
 

@@ -157,7 +157,7 @@ fn rotating_the_trust_anchor_and_issuer_under_live_mtls_traffic_fails_no_request
 
     // 3. drop-old: only the new anchor is trusted.
     let done = identity_rotate::drop_old(&switched).unwrap();
-    assert_eq!(done.anchors, [new_anchor.cert_pem.clone()]);
+    assert_eq!(done.anchors, std::slice::from_ref(&new_anchor.cert_pem));
     apply(&done, &issuer_dir, &anchors_file);
     for proxy in proxies {
         eventually("every proxy trusts the new anchor only", Duration::from_secs(20), || {

@@ -148,6 +148,7 @@ pub fn identity_json(identity: Option<&Identity>, now: SystemTime) -> Value {
     });
     let anchors: Vec<Value> = identity
         .roots
+        .roots()
         .roots
         .iter()
         .map(|anchor| json!({ "spki_sha256": sha256_hex(&anchor.subject_public_key_info) }))
