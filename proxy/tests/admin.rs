@@ -115,7 +115,11 @@ async fn status_pages_show_configuration_identity_and_discovery_without_secrets(
     assert_eq!(id["certificate"]["identity"], NAME);
     assert_eq!(id["certificate"]["subject"], format!("CN={NAME}"));
     assert_eq!(id["certificate"]["chain_length"], 2);
-    assert!(id["certificate"]["issuer"].as_str().unwrap().starts_with("CN="), "the issuer's subject: {id}");
+    assert!(id["certificate"]["issuer"]["subject"].as_str().unwrap().starts_with("CN="), "the issuer's subject: {id}");
+    assert!(
+        id["certificate"]["issuer"]["serial"].as_str().is_some_and(|s| s.contains(':')),
+        "the issuer's serial: {id}"
+    );
     let fingerprint = id["anchors"][0]["spki_sha256"].as_str().unwrap();
     assert_eq!(fingerprint.len(), 64, "a SHA-256 in hex: {id}");
     assert!(!id.to_string().contains("PRIVATE"), "no key: {id}");

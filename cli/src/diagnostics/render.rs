@@ -131,7 +131,11 @@ pub fn identity(page: &Value) -> String {
         out.push_str("certificate:   none yet (the proxy is not ready until the control plane issues one)\n");
     } else {
         out.push_str(&format!("certificate:   {} ({})\n", text(&cert["subject"]), text(&cert["identity"])));
-        out.push_str(&format!("issuer:        {}\n", text(&cert["issuer"])));
+        out.push_str(&format!(
+            "issuer:        {} (serial {})\n",
+            text(&cert["issuer"]["subject"]),
+            text(&cert["issuer"]["serial"])
+        ));
         let expires = cert["expires_in_seconds"].as_u64().map_or("-".into(), seconds);
         out.push_str(&format!("expires in:    {expires} (unix {})\n", text(&cert["not_after_unix"])));
         out.push_str(&format!("chain:         {} certificates\n", text(&cert["chain_length"])));

@@ -56,7 +56,7 @@ fn mock() -> MockApi {
             json!({
                 "configured": true, "name": WEB_ID, "trust_anchors": 1,
                 "anchors": [{"spki_sha256": "ab".repeat(32)}],
-                "certificate": {"subject": format!("CN={WEB_ID}"), "identity": WEB_ID, "issuer": "CN=identity.cnimesh.cluster.local",
+                "certificate": {"subject": format!("CN={WEB_ID}"), "identity": WEB_ID, "issuer": {"subject": "CN=identity.cnimesh.cluster.local", "serial": "01:02"},
                                 "not_after_unix": 1_700_086_400u64, "expires_in_seconds": 86_000, "chain_length": 2},
             }),
         )

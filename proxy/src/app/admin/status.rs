@@ -130,7 +130,6 @@ pub fn identity_json(identity: Option<&Identity>, now: SystemTime) -> Value {
     let leaf = held.as_ref().and_then(|key| key.cert.first());
     let certificate = leaf.map(|leaf| {
         let not_after = cnimesh_identity::tls::not_after(leaf).ok();
-        let issuer = held.as_ref().and_then(|k| k.cert.get(1)).and_then(cnimesh_identity::tls::subject_of);
         json!({
             "subject": cnimesh_identity::tls::subject_of(leaf),
             // The issuer that signed it (sent after the leaf): across an issuer rotation, the
@@ -140,7 +139,6 @@ pub fn identity_json(identity: Option<&Identity>, now: SystemTime) -> Value {
                 "serial": cnimesh_identity::tls::serial_of(issuer),
             })),
             "identity": cnimesh_identity::tls::identity_of(leaf).map(|n| n.as_str().to_string()),
-            "issuer": issuer,
             "not_after_unix": not_after.map(unix_seconds),
             "expires_in_seconds": not_after.map(|t| t.duration_since(now).map_or(0, |d| d.as_secs())),
             "chain_length": held.as_ref().map_or(0, |k| k.cert.len()),
