@@ -118,14 +118,9 @@ pub async fn stale(client: &kube::Client) -> anyhow::Result<Vec<Value>> {
 mod tests {
     use super::*;
     use crate::install::mock_api::ObjectsApi;
-    use crate::install::{InstallArgs, ValuesArgs};
 
     fn install(set: &[&str]) -> String {
-        let args = InstallArgs {
-            values: ValuesArgs { set: set.iter().map(|s| s.to_string()).collect(), ..Default::default() },
-            ..Default::default()
-        };
-        install::render(&install::Certificates::from_args(&args).unwrap(), &args.options().unwrap()).unwrap()
+        crate::install::mock_api::rendered_install(set)
     }
 
     #[tokio::test]

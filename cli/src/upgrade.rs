@@ -70,15 +70,11 @@ mod tests {
 
     use super::*;
     use crate::install::mock_api::ObjectsApi;
-    use crate::install::{ISSUER_SECRET, InstallArgs, WEBHOOK_SECRET};
+    use crate::install::{ISSUER_SECRET, WEBHOOK_SECRET};
     use k8s_openapi::api::core::v1::Secret;
 
     fn install(set: &[&str]) -> String {
-        let args = InstallArgs {
-            values: ValuesArgs { set: set.iter().map(|s| s.to_string()).collect(), ..Default::default() },
-            ..Default::default()
-        };
-        install::render(&install::Certificates::from_args(&args).unwrap(), &args.options().unwrap()).unwrap()
+        crate::install::mock_api::rendered_install(set)
     }
 
     fn find<'a>(docs: &'a [Value], kind: &str, name: &str) -> &'a Value {

@@ -10,6 +10,16 @@ use kube::core::{ApiResource, GroupVersionKind};
 use parking_lot::Mutex;
 use serde_json::{Value, json};
 
+/// What `cnimesh install --set …` prints with freshly generated certificates: the cluster the
+/// lifecycle tests start from.
+pub fn rendered_install(set: &[&str]) -> String {
+    let args = super::InstallArgs {
+        values: super::ValuesArgs { set: set.iter().map(|s| s.to_string()).collect(), ..Default::default() },
+        ..Default::default()
+    };
+    super::render(&super::Certificates::from_args(&args).unwrap(), &args.options().unwrap()).unwrap()
+}
+
 #[derive(Debug, Clone, Default)]
 pub struct ObjectsApi {
     objects: Arc<Mutex<Vec<Value>>>,
