@@ -50,7 +50,7 @@ pub fn gauge(text: &str, name: &str) -> Option<f64> {
 }
 
 /// `names` capped at [`LIST_CAP`], plus a count of the rest.
-fn capped(mut items: Vec<String>) -> Vec<String> {
+pub(super) fn capped(mut items: Vec<String>) -> Vec<String> {
     if items.len() > LIST_CAP {
         let more = items.len() - LIST_CAP;
         items.truncate(LIST_CAP);

@@ -74,9 +74,17 @@ impl Check {
     }
 }
 
-/// "1 pod", "2 pods".
+/// "1 pod", "2 pods"; a consonant before a final y makes "ies" ("2 proxies", but "2 days").
 pub fn plural(n: usize, noun: &str) -> String {
-    if n == 1 { format!("1 {noun}") } else { format!("{n} {noun}s") }
+    if n == 1 {
+        return format!("1 {noun}");
+    }
+    match noun.strip_suffix('y') {
+        Some(stem) if stem.ends_with(|c: char| c.is_ascii_alphabetic() && !"aeiou".contains(c)) => {
+            format!("{n} {stem}ies")
+        }
+        _ => format!("{n} {noun}s"),
+    }
 }
 
 /// The JSON document of `-o json`: every check plus the verdict the exit code carries.

@@ -821,3 +821,12 @@ async fn proxies_of_another_version_than_the_control_plane_are_listed() {
     assert_eq!(check.details, ["shop/web-1: 0.0.9", "shop/web-2: 0.0.9"]);
     assert_eq!(exit_code(&checks), 0, "the previous release's proxies are supported: a warning");
 }
+
+#[test]
+fn counts_read_as_english_for_nouns_ending_in_y() {
+    use super::report::plural;
+    assert_eq!(plural(1, "proxy"), "1 proxy");
+    assert_eq!(plural(2, "proxy"), "2 proxies");
+    assert_eq!(plural(3, "day"), "3 days");
+    assert_eq!(plural(2, "pod"), "2 pods");
+}

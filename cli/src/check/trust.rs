@@ -28,6 +28,7 @@ use kube::api::ListParams;
 use serde_json::Value;
 
 use super::certs;
+use super::meshed::capped;
 use super::pki::{ISSUER_SECRET, WEBHOOK_CONFIGURATION};
 use super::report::{Check, Status, plural};
 use super::{CONCURRENCY, CONTROL_NAME, CONTROL_NAMESPACE, kube_error, pod_proxy_get, pod_ready};
@@ -39,22 +40,6 @@ pub const ISSUER_TRUSTED: &str = "the issuer in use chains to the anchors every 
 pub const ROTATION: &str = "trust anchor rotation";
 pub const VERSIONS: &str = "proxies run the control plane's version";
 const ROTATION_DOC: &str = "docs/install/rotation.md";
-/// Pods listed by name in details; the rest are counted.
-const LIST_CAP: usize = 10;
-
-/// "1 proxy", "2 proxies" (`plural` only adds an s).
-fn proxies_n(n: usize) -> String {
-    if n == 1 { "1 proxy".to_string() } else { format!("{n} proxies") }
-}
-
-fn capped(mut items: Vec<String>) -> Vec<String> {
-    if items.len() > LIST_CAP {
-        let more = items.len() - LIST_CAP;
-        items.truncate(LIST_CAP);
-        items.push(format!("… and {more} more"));
-    }
-    items
-}
 
 fn name_of(pod: &Pod) -> String {
     format!(
@@ -298,14 +283,14 @@ async fn issuer(
     untrusting.dedup();
     checks.push(if untrusting.is_empty() {
         let known = proxies.iter().filter(|p| p.anchors.is_some()).count();
-        Check::ok(CATEGORY, ISSUER_TRUSTED, format!("{} of {} checked", proxies_n(known), proxies.len()))
+        Check::ok(CATEGORY, ISSUER_TRUSTED, format!("{} of {} checked", plural(known, "proxy"), proxies.len()))
     } else {
         Check::fail(
             CATEGORY,
             ISSUER_TRUSTED,
             format!(
                 "{} do not trust the issuer in use: certificates it signs fail there (invalid peer certificate: BadSignature) and they lose discovery",
-                proxies_n(untrusting.len())
+                plural(untrusting.len(), "proxy")
             ),
             format!(
                 "put the anchor these proxies hold back beside the new one (cnimesh identity rotate bundle --new-anchor <new ca.crt> over the old Secret, or re-apply the old Secret), then restart these workloads; the safe order is in {ROTATION_DOC}"
@@ -359,7 +344,7 @@ async fn rotation(client: &kube::Client, in_use: &[u8], proxies: &[Proxy]) -> Ch
             Check::warn(
                 CATEGORY,
                 ROTATION,
-                format!("step 1 of 3 (bundle): {} still without the new anchor", proxies_n(lacking.len())),
+                format!("step 1 of 3 (bundle): {} still without the new anchor", plural(lacking.len(), "proxy")),
                 format!("restart these workloads (kubectl rollout restart) before switch-issuer; see {ROTATION_DOC}"),
             )
             .details(capped(lacking))
@@ -406,7 +391,7 @@ async fn rotation(client: &kube::Client, in_use: &[u8], proxies: &[Proxy]) -> Ch
             Status::Warn,
             format!(
                 "step 2 of 3 (switch-issuer): {} not renewed under the new issuer yet",
-                proxies_n(behind.len() + lacking.len())
+                plural(behind.len() + lacking.len(), "proxy")
             ),
         )
         .hint(format!(
@@ -441,12 +426,12 @@ async fn versions(client: &kube::Client, proxies: &Result<Vec<Proxy>, String>, c
         })
         .collect();
     checks.push(if differing.is_empty() {
-        Check::ok(CATEGORY, VERSIONS, format!("{} at {version}", proxies_n(proxies.len())))
+        Check::ok(CATEGORY, VERSIONS, format!("{} at {version}", plural(proxies.len(), "proxy")))
     } else {
         Check::warn(
             CATEGORY,
             VERSIONS,
-            format!("{} run a version other than the control plane's {version}", proxies_n(differing.len())),
+            format!("{} run a version other than the control plane's {version}", plural(differing.len(), "proxy")),
             "restart these workloads (kubectl rollout restart) to run the current proxy; which older proxies keep working: docs/install/rotation.md#version-skew",
         )
         .details(capped(differing))
