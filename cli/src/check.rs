@@ -34,6 +34,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use k8s_openapi::api::core::v1::Pod;
 
+pub use self::kubernetes::{RBAC_HINT, UNREACHABLE_HINT};
+pub use self::meshed::proxy_hint;
 pub use self::report::{Check, Report, Status, render_json, render_table, success};
 use super::ClusterArgs;
 /// Reading pods' endpoints through the API server: shared with `stat` and `edges`.

@@ -1,16 +1,17 @@
 //! `cnimesh`, the operator's command line: install, check, inject/uninject, uninstall, stat,
-//! edges, tap, top, diagnostics, authz, ca, version, completion. It renders the manifests under `daemonset/` (the single source of truth: what
+//! edges, tap, top, diagnostics, authz, dashboard, ca, version, completion. It renders the manifests under `daemonset/` (the single source of truth: what
 //! `install` prints is those files plus generated certificates), applies the webhook's pure
 //! mutation to YAML offline, and reads the cluster with kube-rs, never with a shell on a node.
 //!
 //! Built on the control plane's library (the webhook's mutation, the manifests' names, the tap
 //! relay's query and lines), never the other way round.
 //!
-//! Layers: yaml | pod_proxy → manifests → install → ca | check | inject | uninstall | upgrade | prune | stat → tap | identity_rotate | diagnostics → authz | top
+//! Layers: yaml | pod_proxy → manifests → install → ca | check | inject | uninstall | upgrade | prune | stat → tap | identity_rotate | diagnostics → authz | top → dashboard
 
 pub mod authz;
 pub mod ca;
 pub mod check;
+pub mod dashboard;
 pub mod diagnostics;
 pub mod identity_rotate;
 pub mod inject;
@@ -103,6 +104,9 @@ pub enum Command {
     /// Which Servers, AuthorizationPolicies and routes apply to a workload, and what a client may
     /// reach (`--identity`, `--from`).
     Authz(authz::AuthzArgs),
+    /// The mesh as a web page on localhost: topology, workloads, routes, authorization, live tap
+    /// and check, from the proxies (no Prometheus needed).
+    Dashboard(dashboard::DashboardArgs),
     /// Certificate authority helpers: the mesh's trust anchor and issuer, the webhook's certificate.
     Ca {
         #[command(subcommand)]
@@ -187,6 +191,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Top(args) => runtime()?.block_on(top::top_main(&cli.cluster, args, &mut out))?,
         Command::Diagnostics(args) => runtime()?.block_on(diagnostics::main(&cli.cluster, args, &mut out))?,
         Command::Authz(args) => runtime()?.block_on(authz::main(&cli.cluster, args, &mut out))?,
+        Command::Dashboard(args) => runtime()?.block_on(dashboard::main(&cli.cluster, args, &mut out))?,
         Command::Ca { command } => ca::main(command, &mut out)?,
         Command::Identity { command } => runtime()?.block_on(identity_rotate::main(&cli.cluster, command, &mut out))?,
         Command::Version(args) => {
@@ -257,6 +262,7 @@ mod tests {
                 "top",
                 "diagnostics",
                 "authz",
+                "dashboard",
                 "ca",
                 "version",
                 "completion",

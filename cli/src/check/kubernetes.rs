@@ -58,6 +58,12 @@ impl ServerVersion {
     }
 }
 
+/// What to do when the API server does not answer (also shown by the dashboard).
+pub const UNREACHABLE_HINT: &str = "check the kubeconfig's server address and credentials (`kubectl version` should work), or pass --kubeconfig / --context";
+/// What to do when RBAC refuses (also shown by the dashboard).
+pub const RBAC_HINT: &str =
+    "use credentials bound to a role that grants this (e.g. cluster-admin), or ask your cluster's administrator";
+
 /// Reachability and version; `None` when the API server cannot be used at all (every other check
 /// is then skipped).
 pub async fn api(client: &kube::Client, pre: bool, checks: &mut Vec<Check>) -> Option<ServerVersion> {
@@ -69,7 +75,7 @@ pub async fn api(client: &kube::Client, pre: bool, checks: &mut Vec<Check>) -> O
                 CATEGORY,
                 name,
                 format!("the API server did not answer: {}", kube_error(&e)),
-                "check the kubeconfig's server address and credentials (`kubectl version` should work), or pass --kubeconfig / --context",
+                UNREACHABLE_HINT,
             ));
             return None;
         }
@@ -173,15 +179,15 @@ async fn permissions(client: &kube::Client, category: &str, wanted: &[(&str, Vec
         }
         let described: Vec<String> = accesses.iter().map(Access::describe).collect();
         checks.push(if !errors.is_empty() {
-            Check::fail(category, name, "could not ask the API server (SelfSubjectAccessReview)", "check that authorization.k8s.io/v1 is served and that your credentials are valid")
-                .details(errors)
-        } else if !denied.is_empty() {
             Check::fail(
                 category,
                 name,
-                format!("not allowed to {}", denied.join("; ")),
-                "use credentials bound to a role that grants this (e.g. cluster-admin), or ask your cluster's administrator",
+                "could not ask the API server (SelfSubjectAccessReview)",
+                "check that authorization.k8s.io/v1 is served and that your credentials are valid",
             )
+            .details(errors)
+        } else if !denied.is_empty() {
+            Check::fail(category, name, format!("not allowed to {}", denied.join("; ")), RBAC_HINT)
         } else {
             Check::ok(category, name, format!("may {}", described.join("; ")))
         });

@@ -20,6 +20,11 @@ pub const CERT_EXPIRY_METRIC: &str = "identity_cert_expiration_timestamp_seconds
 /// Failing pods listed by name; the rest are counted.
 const LIST_CAP: usize = 10;
 
+/// What to look at when a pod's proxy is not ready or cannot be read (also shown by the dashboard).
+pub fn proxy_hint(ns: &str, pod: &str) -> String {
+    format!("kubectl -n {ns} describe pod {pod}; kubectl -n {ns} logs {pod} -c {PROXY_CONTAINER}")
+}
+
 const READY: &str = "meshed pods' proxies are ready";
 const CERTIFIED: &str = "meshed pods' proxies hold a certificate";
 
@@ -89,7 +94,7 @@ pub async fn check(client: &kube::Client, now: i64, checks: &mut Vec<Check>) {
             CATEGORY,
             READY,
             format!("{} of {} meshed pods have a proxy that is not ready", not_ready.len(), meshed.len()),
-            format!("kubectl -n {ns} describe pod {pod}; kubectl -n {ns} logs {pod} -c {PROXY_CONTAINER}"),
+            proxy_hint(&ns, &pod),
         )
         .details(capped(
             not_ready

@@ -65,7 +65,7 @@ pub struct Scope {
 impl Scope {
     /// The namespace shown (`None`: all); `default` is the cluster client's namespace (kubectl's:
     /// the kubeconfig context's, else `default`).
-    fn namespace(&self, default: &str) -> Option<String> {
+    pub fn namespace(&self, default: &str) -> Option<String> {
         match (&self.namespace, self.all_namespaces, &self.local) {
             (Some(ns), _, _) => Some(ns.clone()),
             (None, true, _) | (None, false, Some(_)) => None,
@@ -109,6 +109,9 @@ pub struct EdgesArgs {
     pub scope: Scope,
 }
 
+/// One reading of the proxies' metrics by pod (`namespace/name`), or why a pod could not be read.
+pub type Readings = BTreeMap<String, Result<Vec<Sample>, String>>;
+
 /// Where the metrics are read from.
 enum Metrics {
     Cluster(kube::Client),
@@ -116,14 +119,16 @@ enum Metrics {
     Prometheus { base: fetch::BaseUrl, tls: Option<Arc<rustls::ClientConfig>> },
 }
 
-struct Sources {
+/// Where pods and metrics are read from: shared with the dashboard's sampler, so that the page
+/// reads exactly what `stat` reads.
+pub struct Sources {
     client: Option<kube::Client>,
     local: Option<PathBuf>,
     metrics: Metrics,
 }
 
 impl Sources {
-    async fn new(cluster: &ClusterArgs, scope: &Scope) -> anyhow::Result<Self> {
+    pub async fn new(cluster: &ClusterArgs, scope: &Scope) -> anyhow::Result<Self> {
         let client = match &scope.local {
             Some(_) => None,
             None => Some(cluster.client().await?),
@@ -132,7 +137,7 @@ impl Sources {
     }
 
     /// `client` for the cluster (`None` with `--local`).
-    fn with_client(client: Option<kube::Client>, scope: &Scope) -> anyhow::Result<Self> {
+    pub fn with_client(client: Option<kube::Client>, scope: &Scope) -> anyhow::Result<Self> {
         let metrics = match (&scope.prometheus, &client) {
             (Some(url), _) => {
                 let base = fetch::BaseUrl::parse(url).map_err(|e| anyhow::anyhow!("--prometheus {e}"))?;
@@ -148,13 +153,18 @@ impl Sources {
         Ok(Self { client, local: scope.local.clone(), metrics })
     }
 
+    /// Metrics come from Prometheus (`--prometheus`), not the proxies.
+    pub fn is_prometheus(&self) -> bool {
+        matches!(self.metrics, Metrics::Prometheus { .. })
+    }
+
     /// The namespace `-n` defaults to: the cluster client's (the kubeconfig context's).
-    fn default_namespace(&self) -> &str {
+    pub fn default_namespace(&self) -> &str {
         self.client.as_ref().map_or("default", kube::Client::default_namespace)
     }
 
     /// The pods and Services of `namespaces` (`None`: all).
-    async fn mesh(&self, namespaces: Option<&[String]>) -> anyhow::Result<Mesh> {
+    pub async fn mesh(&self, namespaces: Option<&[String]>) -> anyhow::Result<Mesh> {
         let keep = |ns: Option<&String>| namespaces.is_none_or(|list| ns.is_some_and(|ns| list.contains(ns)));
         let (pods, services) = match (&self.client, &self.local) {
             (_, Some(dir)) => {
@@ -185,7 +195,7 @@ impl Sources {
     }
 
     /// One reading of every meshed pod's metrics (at `at` for Prometheus).
-    async fn read(&self, pods: &[&PodView], at: SystemTime) -> BTreeMap<String, Result<Vec<Sample>, String>> {
+    pub async fn read(&self, pods: &[&PodView], at: SystemTime) -> Readings {
         if let Metrics::Prometheus { base, tls } = &self.metrics {
             return match prometheus_query(base, tls.as_ref(), at).await {
                 Ok(by_pod) => pods
@@ -224,14 +234,13 @@ fn namespaces(shown: Option<String>, extra: &[Option<String>]) -> Option<Vec<Str
     Some(list)
 }
 
-fn meshed(mesh: &Mesh) -> Vec<&PodView> {
+/// The pods whose proxies are read.
+pub fn meshed(mesh: &Mesh) -> Vec<&PodView> {
     mesh.pods.iter().filter(|p| p.meshed).collect()
 }
 
-fn join(
-    before: BTreeMap<String, Result<Vec<Sample>, String>>,
-    after: &BTreeMap<String, Result<Vec<Sample>, String>>,
-) -> Scrapes {
+/// Two readings as the scrapes a window's rates come from.
+pub fn join(before: Readings, after: &Readings) -> Scrapes {
     after
         .iter()
         .map(|(key, now)| {
@@ -370,4 +379,4 @@ fn parse_prometheus(body: &str) -> Result<BTreeMap<String, Vec<Sample>>, String>
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

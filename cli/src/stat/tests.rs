@@ -43,7 +43,7 @@ fn service(name: &str, ip: &str) -> Value {
 }
 
 /// `client` (meshed) calls `web` (two meshed replicas, mTLS) and `legacy` (not meshed).
-fn objects() -> (Vec<Value>, Vec<Value>) {
+pub(crate) fn objects() -> (Vec<Value>, Vec<Value>) {
     let pods = vec![
         pod("web-1", "10.244.0.11", "web", true),
         pod("web-2", "10.244.0.12", "web", true),
@@ -53,7 +53,7 @@ fn objects() -> (Vec<Value>, Vec<Value>) {
     (pods, vec![service("web", "10.96.0.10"), service("legacy", "10.96.0.20")])
 }
 
-fn mesh() -> Mesh {
+pub(crate) fn mesh() -> Mesh {
     let (pods, services) = objects();
     let pods: Vec<Pod> = pods.into_iter().map(|p| serde_json::from_value(p).unwrap()).collect();
     let services: Vec<Service> = services.into_iter().map(|s| serde_json::from_value(s).unwrap()).collect();
@@ -62,7 +62,7 @@ fn mesh() -> Mesh {
 
 /// A web replica's inbound metrics, as its proxy writes them: `ok`/`failed` responses to
 /// `client` over mTLS, with cumulative latency buckets (1, 2, 5, 10 ms, +Inf).
-fn web_metrics(ip: &str, ok: u64, failed: u64, buckets: [u64; 5], open: u64) -> String {
+pub(crate) fn web_metrics(ip: &str, ok: u64, failed: u64, buckets: [u64; 5], open: u64) -> String {
     let common = format!(
         "direction=\"inbound\",target_addr=\"{ip}:8080\",authority=\"web.shop.svc.cluster.local\",tls=\"true\",client_id=\"{CLIENT_ID}\""
     );
@@ -81,7 +81,7 @@ fn web_metrics(ip: &str, ok: u64, failed: u64, buckets: [u64; 5], open: u64) -> 
 }
 
 /// The client's outbound metrics: `web` by ClusterIP over mTLS, `legacy` in plaintext.
-fn client_metrics(web: u64, legacy: u64) -> String {
+pub(crate) fn client_metrics(web: u64, legacy: u64) -> String {
     let web_labels = format!(
         "direction=\"outbound\",target_addr=\"10.96.0.10:80\",authority=\"web.shop.svc.cluster.local\",tls=\"true\",server_id=\"{WEB_ID}\""
     );

@@ -14,7 +14,7 @@ use crate::tap::render::duration;
 use cnimesh_control::tap::{Body, TapLine};
 
 /// What the table is grouped by.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
 pub struct Key {
     pub source: String,
     pub destination: String,
@@ -22,7 +22,7 @@ pub struct Key {
     pub path: String,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Row {
     pub count: u64,
     pub successes: u64,

@@ -1,0 +1,125 @@
+//! The background reader: every `--interval` it lists the pods and Services and reads every
+//! meshed proxy's metrics exactly as `cnimesh stat` does ([`crate::stat::Sources`]), keeps the
+//! last two readings (a window's rates come from them), and appends each workload's golden
+//! metrics to a ten-minute history for the page's sparklines. Every value carries the time it was
+//! observed; a failed round keeps the last good data (marked stale by its age) and the error.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+
+use super::api::{ApiError, State};
+use crate::stat::compute::{self, Query, Scrapes};
+use crate::stat::mesh::{Mesh, Resource};
+use crate::stat::{Readings, join, meshed};
+
+/// How much history the sparklines get.
+pub const HISTORY: Duration = Duration::from_secs(600);
+/// The kinds whose rows are kept in the history (what the workloads page lists).
+pub const HISTORY_KINDS: [&str; 3] = ["deploy", "sts", "ds"];
+
+/// One point of a workload's sparkline.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Point {
+    /// Unix seconds.
+    pub t: f64,
+    pub rps: f64,
+    pub success_rate: Option<f64>,
+    pub p99_ms: Option<f64>,
+}
+
+/// What the last rounds read.
+#[derive(Debug, Default)]
+pub struct Snapshot {
+    /// The pods and Services of the last good round.
+    pub mesh: Mesh,
+    /// The last reading alone (what `edges` reads) and when it was taken.
+    pub latest: Option<(SystemTime, Readings)>,
+    /// The last two readings and the time between them (what `stat` reads), once there are two.
+    pub window: Option<(SystemTime, Duration, Scrapes)>,
+    /// Why the last round failed, if it did.
+    pub error: Option<ApiError>,
+    /// By `namespace/kind/name`, oldest first.
+    pub history: BTreeMap<String, VecDeque<Point>>,
+}
+
+impl Snapshot {
+    /// Takes one round's result: `Ok` the mesh and its reading at `at`, `Err` why not.
+    pub fn record(&mut self, at: SystemTime, result: Result<(Mesh, Readings), ApiError>) {
+        let (mesh, readings) = match result {
+            Ok(round) => round,
+            Err(error) => {
+                self.error = Some(error);
+                return;
+            }
+        };
+        self.error = None;
+        if let Some((then, before)) = self.latest.take() {
+            let window = at.duration_since(then).unwrap_or_default();
+            let scrapes = join(before, &readings);
+            self.append_history(at, &mesh, &scrapes, window);
+            self.window = Some((at, window, scrapes));
+        }
+        self.mesh = mesh;
+        self.latest = Some((at, readings));
+    }
+
+    fn append_history(&mut self, at: SystemTime, mesh: &Mesh, scrapes: &Scrapes, window: Duration) {
+        let t = unix(at);
+        for kind in HISTORY_KINDS {
+            let query = Query {
+                resource: kind.parse::<Resource>().expect("a known kind"),
+                namespace: None,
+                from: None,
+                to: None,
+                window,
+            };
+            for row in compute::stat(mesh, scrapes, &query) {
+                let key = format!("{}/{}/{}", row.namespace, row.kind, row.name);
+                let points = self.history.entry(key).or_default();
+                points.push_back(Point {
+                    t,
+                    rps: row.rps,
+                    success_rate: row.success_rate,
+                    p99_ms: row.latency_ms.map(|l| l.p99),
+                });
+            }
+        }
+        let oldest = t - HISTORY.as_secs_f64();
+        for points in self.history.values_mut() {
+            while points.front().is_some_and(|p| p.t < oldest) {
+                points.pop_front();
+            }
+        }
+        self.history.retain(|_, points| !points.is_empty());
+    }
+}
+
+/// Unix seconds of `at`.
+pub fn unix(at: SystemTime) -> f64 {
+    at.duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// One round: the pods and Services, then every meshed proxy's metrics.
+pub async fn round(state: &State, at: SystemTime) -> Result<(Mesh, Readings), ApiError> {
+    let namespaces = state.namespace.clone().map(|ns| vec![ns]);
+    let mesh = state.sources.mesh(namespaces.as_deref()).await.map_err(|e| state.upstream_error(&e))?;
+    let readings = state.sources.read(&meshed(&mesh), at).await;
+    Ok((mesh, readings))
+}
+
+/// Reads forever, one round per interval.
+pub async fn run(state: State) {
+    let mut ticks = tokio::time::interval(state.interval);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        let at = SystemTime::now();
+        let result = round(&state, at).await;
+        if let Err(e) = &result {
+            tracing::warn!("dashboard sampler: {}", e.error);
+        }
+        state.snapshot.lock().record(at, result);
+    }
+}

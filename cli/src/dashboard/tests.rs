@@ -1,0 +1,349 @@
+//! The dashboard's API against the mocked API server and fixed metric text: stat and edges
+//! answer exactly the JSON `cnimesh stat`/`edges -o json` print for the same readings (their
+//! golden files), failures carry `cnimesh check`'s hints, and the server refuses a foreign Host
+//! header and anything but GET.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::{Duration, SystemTime};
+
+use cnimesh_common::prom_text::samples;
+use http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use serde_json::{Value, json};
+
+use super::api::{self, Shared, State};
+use super::server::{self, Hosts};
+use super::{DashboardArgs, Show};
+use crate::ClusterArgs;
+use crate::check::mock::MockApi;
+use crate::stat::Readings;
+use crate::stat::tests::{client_metrics, mesh, objects, web_metrics};
+
+fn args(local: Option<&Path>) -> DashboardArgs {
+    DashboardArgs {
+        local: local.map(Path::to_path_buf),
+        address: "127.0.0.1".parse().unwrap(),
+        allow_remote: false,
+        port: 0,
+        show: Show::Url,
+        prometheus: None,
+        prometheus_ca: None,
+        namespace: None,
+        interval: Duration::from_secs(5),
+    }
+}
+
+fn state(api: &MockApi) -> State {
+    Shared::with_client(ClusterArgs::default(), Some(api.client()), &args(None)).unwrap()
+}
+
+/// The mocked cluster of stat's tests: `client` calls `web` (mTLS) and `legacy` (plaintext);
+/// web-2's proxy cannot be reached.
+fn cluster() -> MockApi {
+    let (pods, services) = objects();
+    let mut api = MockApi::default();
+    api.get("/api/v1/pods", json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": pods}));
+    api.get("/api/v1/services", json!({"apiVersion": "v1", "kind": "ServiceList", "metadata": {}, "items": services}));
+    api.get_text("/api/v1/namespaces/shop/pods/client:4191/proxy/metrics", &client_metrics(1200, 150));
+    api.get_text(
+        "/api/v1/namespaces/shop/pods/web-1:4191/proxy/metrics",
+        &web_metrics("10.244.0.11", 598, 2, [60, 360, 540, 600, 600], 1),
+    );
+    api.fail(
+        "/api/v1/namespaces/shop/pods/web-2:4191/proxy/metrics",
+        503,
+        "error trying to reach service: dial tcp 10.244.0.12:4191: connect: connection refused",
+    );
+    api
+}
+
+/// stat's two readings 10 s apart (its tests' `scrapes()`), as the sampler records them.
+fn readings() -> (Readings, Readings) {
+    let before = BTreeMap::from([
+        ("shop/web-1".to_string(), Ok(samples(&web_metrics("10.244.0.11", 500, 0, [50, 300, 450, 500, 500], 1)))),
+        ("shop/web-2".to_string(), Ok(samples(&web_metrics("10.244.0.12", 0, 0, [0; 5], 0)))),
+        ("shop/client".to_string(), Ok(samples(&client_metrics(1000, 100)))),
+    ]);
+    let after = BTreeMap::from([
+        ("shop/web-1".to_string(), Ok(samples(&web_metrics("10.244.0.11", 598, 2, [60, 360, 540, 600, 600], 1)))),
+        ("shop/web-2".to_string(), Ok(samples(&web_metrics("10.244.0.12", 100, 0, [0, 50, 90, 100, 100], 1)))),
+        ("shop/client".to_string(), Ok(samples(&client_metrics(1200, 150)))),
+    ]);
+    (before, after)
+}
+
+async fn get(state: &State, uri: &str) -> (StatusCode, Value) {
+    let (status, text) = get_text(state, uri).await;
+    (status, serde_json::from_str(&text).unwrap_or_else(|e| panic!("{uri}: {e}: {text}")))
+}
+
+async fn get_text(state: &State, uri: &str) -> (StatusCode, String) {
+    let hosts = Hosts::for_address("127.0.0.1:50750".parse().unwrap());
+    let request = Request::get(uri).header("host", "127.0.0.1:50750").body(()).unwrap();
+    let response = server::handle(state, &hosts, request).await;
+    let status = response.status();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    (status, String::from_utf8(body.to_vec()).unwrap())
+}
+
+/// The envelope without the clock's fields, for golden files.
+fn timeless(mut value: Value) -> Value {
+    if let Value::Object(map) = &mut value {
+        for key in ["observed_at", "observed_at_unix", "stale"] {
+            map.remove(key);
+        }
+    }
+    value
+}
+
+fn golden(name: &str, actual: &Value) {
+    let actual = serde_json::to_string_pretty(actual).unwrap() + "\n";
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/dashboard").join(name);
+    if std::env::var_os("UPDATE_GOLDEN").is_some() {
+        std::fs::write(&path, &actual).unwrap();
+    }
+    let expected = std::fs::read_to_string(&path).unwrap_or_default();
+    assert_eq!(actual, expected, "{name}: UPDATE_GOLDEN=1 cargo nextest run -p cnimesh-cli dashboard to refresh");
+}
+
+fn cli_golden(name: &str) -> Value {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden").join(name);
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+#[tokio::test]
+async fn stat_and_edges_answer_what_the_cli_prints_with_o_json() {
+    let state = state(&MockApi::default());
+    let (before, after) = readings();
+    let t0 = SystemTime::now() - Duration::from_secs(10);
+    state.snapshot.lock().record(t0, Ok((mesh(), before)));
+    let (status, body) = get(&state, "/api/stat?resource=deploy&namespace=shop").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "one reading has no window yet: {body}");
+    assert!(body["hint"].as_str().unwrap().contains("two readings"), "{body}");
+    state.snapshot.lock().record(t0 + Duration::from_secs(10), Ok((mesh(), after)));
+
+    let (status, stat) = get(&state, "/api/stat?resource=deploy&namespace=shop").await;
+    assert_eq!(status, StatusCode::OK, "{stat}");
+    // `cnimesh stat deploy -n shop -o json` over the same two readings (stat's golden file).
+    assert_eq!(stat["value"], cli_golden("stat-deploy.json"));
+    assert_eq!(stat["stale"], false, "{stat}");
+    assert_eq!(stat["interval_seconds"], 5.0);
+    golden("stat.json", &timeless(stat));
+
+    let (status, edges) = get(&state, "/api/edges?resource=deploy&namespace=shop").await;
+    assert_eq!(status, StatusCode::OK, "{edges}");
+    assert_eq!(edges["value"], cli_golden("edges-deploy.json"));
+    golden("edges.json", &timeless(edges));
+
+    let (_, to_legacy) = get(&state, "/api/stat?resource=deploy/client&namespace=shop&to=po/legacy").await;
+    assert_eq!(
+        (to_legacy["value"][0]["requests"].as_f64(), to_legacy["value"][0]["mtls_share"].as_f64()),
+        (Some(50.0), Some(0.0))
+    );
+
+    let (_, history) = get(&state, "/api/history").await;
+    let web = &history["value"]["shop/deployment/web"];
+    assert_eq!(web.as_array().map(Vec::len), Some(1), "{history}");
+    assert_eq!(web[0]["rps"], 20.0, "{history}");
+
+    let (_, pods) = get(&state, "/api/pods?resource=deploy/web&namespace=shop").await;
+    let names: Vec<&str> = pods["value"].as_array().unwrap().iter().map(|p| p["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["web-1", "web-2"]);
+}
+
+/// The cluster path: one sampler round through the API server's pod proxy; the pod that cannot
+/// be read is a problem on the page, with the hint `cnimesh check` gives for a proxy.
+#[tokio::test]
+async fn an_unreadable_pod_is_shown_with_checks_hint() {
+    let state = state(&cluster());
+    let t0 = SystemTime::now() - Duration::from_secs(5);
+    for at in [t0, t0 + Duration::from_secs(5)] {
+        let round = super::sampler::round(&state, at).await;
+        state.snapshot.lock().record(at, round);
+    }
+    let (status, stat) = get(&state, "/api/stat?resource=deploy/web&namespace=shop").await;
+    assert_eq!(status, StatusCode::OK, "{stat}");
+    assert_eq!(stat["value"][0]["unreadable"][0].as_str().map(|p| p.starts_with("shop/web-2: ")), Some(true), "{stat}");
+    assert_eq!(stat["problems"][0]["hint"], crate::check::proxy_hint("shop", "web-2"), "{stat}");
+    assert!(stat["problems"][0]["error"].as_str().unwrap().contains("connection refused"), "{stat}");
+    let (_, edges) = get(&state, "/api/edges?resource=deploy&namespace=shop").await;
+    assert!(
+        edges["value"].as_array().unwrap().iter().any(|e| e["dst"] == "deployment/web" && e["mtls"] == true),
+        "{edges}"
+    );
+}
+
+/// The cluster unreachable, RBAC refusing: each an error with check's hint, never numbers.
+#[tokio::test]
+async fn an_unreachable_cluster_and_rbac_refusals_carry_checks_hints() {
+    let mut unreachable = cluster();
+    unreachable.unreachable = true;
+    let state = state(&unreachable);
+    let round = super::sampler::round(&state, SystemTime::now()).await;
+    state.snapshot.lock().record(SystemTime::now(), round);
+    let (status, body) = get(&state, "/api/stat?resource=deploy").await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY, "{body}");
+    assert_eq!(body["hint"], crate::check::UNREACHABLE_HINT, "{body}");
+    assert!(body["error"].as_str().unwrap().contains("listing pods"), "{body}");
+    golden("error-unreachable.json", &body);
+
+    let mut refused = cluster();
+    refused.fail(
+        "/api/v1/pods",
+        403,
+        "pods is forbidden: User \"dev\" cannot list resource \"pods\" at the cluster scope",
+    );
+    let state = state_of(&refused);
+    let round = super::sampler::round(&state, SystemTime::now()).await;
+    state.snapshot.lock().record(SystemTime::now(), round);
+    let (status, body) = get(&state, "/api/edges?resource=deploy").await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY, "{body}");
+    assert_eq!(body["hint"], crate::check::RBAC_HINT, "{body}");
+    golden("error-rbac.json", &body);
+
+    // Good data followed by a failed round: still served, but stale and with the error.
+    let state = state_of(&cluster());
+    let (before, after) = readings();
+    let t0 = SystemTime::now() - Duration::from_secs(10);
+    state.snapshot.lock().record(t0, Ok((mesh(), before)));
+    state.snapshot.lock().record(t0 + Duration::from_secs(10), Ok((mesh(), after)));
+    let failed = super::sampler::round(
+        &super::api::Shared::with_client(ClusterArgs::default(), Some(unreachable.client()), &args(None)).unwrap(),
+        SystemTime::now(),
+    )
+    .await;
+    state.snapshot.lock().record(SystemTime::now(), failed);
+    let (status, body) = get(&state, "/api/stat?resource=deploy&namespace=shop").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        (body["stale"].as_bool(), body["error"]["hint"].as_str()),
+        (Some(true), Some(crate::check::UNREACHABLE_HINT)),
+        "{body}"
+    );
+}
+
+fn state_of(api: &MockApi) -> State {
+    state(api)
+}
+
+/// `/api/check` is `cnimesh check -o json`; local mode has no API server to check, and says so.
+#[tokio::test]
+async fn check_answers_checks_report_and_local_mode_says_it_has_none() {
+    let mut unreachable = MockApi::default();
+    unreachable.unreachable = true;
+    let (status, body) = get(&state(&unreachable), "/api/check").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["value"]["success"], false);
+    let first = &body["value"]["checks"][0];
+    assert_eq!(
+        (first["status"].as_str(), first["hint"].as_str()),
+        (Some("fail"), Some(crate::check::UNREACHABLE_HINT))
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let local = Shared::with_client(ClusterArgs::default(), None, &args(Some(dir.path()))).unwrap();
+    let (status, body) = get(&local, "/api/check").await;
+    assert_eq!(status, StatusCode::NOT_IMPLEMENTED, "{body}");
+    assert!(body["hint"].as_str().unwrap().contains("against a cluster"), "{body}");
+    let (_, meta) = get(&local, "/api/meta").await;
+    assert_eq!(meta["mode"], "local");
+}
+
+#[tokio::test]
+async fn bad_parameters_are_named() {
+    let state = state(&MockApi::default());
+    let (before, after) = readings();
+    state.snapshot.lock().record(SystemTime::now(), Ok((mesh(), before)));
+    state.snapshot.lock().record(SystemTime::now(), Ok((mesh(), after)));
+    let (status, body) = get(&state, "/api/stat?resource=widgets/x").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(body["error"].as_str().unwrap().contains("\"widgets/x\""), "{body}");
+    let (status, body) = get(&state, "/api/diagnostics/secrets?pod=web-1").await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    assert!(body["error"].as_str().unwrap().contains("\"secrets\""), "{body}");
+    let (status, body) = get(&state, "/api/tap?resource=deploy/web&max_rps=lots").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(body["error"].as_str().unwrap().contains("\"lots\""), "{body}");
+    assert_eq!(get(&state, "/api/nope").await.0, StatusCode::NOT_FOUND);
+}
+
+/// DNS rebinding: a page elsewhere whose name now points at 127.0.0.1 sends its own Host; and
+/// the dashboard only reads.
+#[tokio::test]
+async fn a_foreign_host_header_and_writes_are_refused() {
+    let state = state(&MockApi::default());
+    let hosts = Hosts::for_address("127.0.0.1:50750".parse().unwrap());
+    let request = |method: &str, host: &str| {
+        Request::builder().method(method).uri("/api/meta").header("host", host).body(()).unwrap()
+    };
+    for host in ["127.0.0.1:50750", "localhost:50750", "LOCALHOST:50750", "[::1]:50750"] {
+        assert_eq!(server::handle(&state, &hosts, request("GET", host)).await.status(), StatusCode::OK, "{host}");
+    }
+    for host in ["evil.example:50750", "127.0.0.1:8080", "localhost", ""] {
+        let response = server::handle(&state, &hosts, request("GET", host)).await;
+        assert_eq!(response.status(), StatusCode::FORBIDDEN, "{host}");
+    }
+    for method in ["POST", "PUT", "DELETE", "PATCH"] {
+        let response = server::handle(&state, &hosts, request(method, "127.0.0.1:50750")).await;
+        assert_eq!(response.status(), StatusCode::METHOD_NOT_ALLOWED, "{method}");
+        assert_eq!(response.headers()["allow"], "GET, HEAD");
+    }
+}
+
+/// Over a real socket: the page and its files, kept to themselves by their headers, small.
+#[tokio::test]
+async fn the_page_is_served_from_the_binary_with_a_strict_policy() {
+    let state = state(&MockApi::default());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let bound = listener.local_addr().unwrap();
+    let tasks = tokio::task::LocalSet::new();
+    tasks
+        .run_until(async move {
+            tokio::task::spawn_local(server::serve(listener, bound, state));
+            for (path, kind) in [("/", "text/html"), ("/app.js", "text/javascript"), ("/style.css", "text/css")] {
+                let (status, headers, body) = raw_get(bound, path, &bound.to_string()).await;
+                assert_eq!(status, 200, "{path}");
+                assert!(headers.contains(&format!("content-type: {kind}")), "{path}: {headers}");
+                assert!(headers.contains("content-security-policy: default-src 'self'"), "{headers}");
+                // The SVG namespace is a name, not a URL that is fetched.
+                let body = body.replace("http://www.w3.org/2000/svg", "");
+                assert!(!body.contains("http://") && !body.contains("https://"), "{path} loads nothing from elsewhere");
+            }
+            let (status, _, body) = raw_get(bound, "/api/meta", "rebound.example").await;
+            assert_eq!(status, 403, "{body}");
+        })
+        .await;
+    let size: usize = ["/app.js", "/style.css"].iter().map(|p| super::assets::get(p).unwrap().1.len()).sum();
+    assert!(size < 60 * 1024, "JS + CSS are {size} bytes");
+}
+
+/// A GET over a plain socket: status, lower-cased headers, body.
+async fn raw_get(addr: std::net::SocketAddr, path: &str, host: &str) -> (u16, String, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    tcp.write_all(format!("GET {path} HTTP/1.1\r\nhost: {host}\r\nconnection: close\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut text = String::new();
+    tcp.read_to_string(&mut text).await.unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+    (status, head.to_lowercase(), body.to_string())
+}
+
+#[test]
+fn query_strings_are_decoded() {
+    let p = api::params(Some("resource=deploy%2Fweb&path=%2Fa+b&empty&method=GET"));
+    assert_eq!(p["resource"], "deploy/web");
+    assert_eq!(p["path"], "/a b");
+    assert_eq!(p["empty"], "");
+}
+
+#[tokio::test]
+async fn a_non_loopback_address_needs_allow_remote() {
+    let mut a = args(None);
+    a.address = "0.0.0.0".parse().unwrap();
+    let e = super::main(&ClusterArgs::default(), a, &mut Vec::new()).await.unwrap_err();
+    assert!(e.to_string().contains("--address 0.0.0.0: not a loopback address"), "{e}");
+}
