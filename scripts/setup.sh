@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what cnimesh needs on a Debian host, idempotently: kernel tooling for the tests and the
 # demo, Debian's CNI reference plugins (the stand-in primary CNI), the image tooling
-# (scripts/images.sh and tests/tests/images.rs), and the Rust lint components.
+# (scripts/images.sh and tests/tests/images.rs), chromium for the dashboard's browser test, and
+# the Rust lint components.
 set -euo pipefail
 
 if [ "$(id -u)" -ne 0 ]; then
@@ -14,6 +15,9 @@ packages=(nftables iptables iproute2 containernetworking-plugins util-linux)
 # runc: the tests run containers with it, since crun refuses hosts with hybrid cgroups (v1 plus
 # controllers on v2). binutils: strip. file: the static plugin check (ldd is in libc-bin).
 packages+=(buildah podman runc binutils file)
+# The dashboard's browser test (tests/tests/dashboard.rs) drives Debian's headless chromium
+# through chromedriver's WebDriver API.
+packages+=(chromium chromium-driver)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -70,8 +70,12 @@ function envelope(env) {
   return env.value;
 }
 
+// Sort state per table, kept across the refreshes that redraw it.
+const sortState = {};
 function sortable(table, rows, columns, render) {
-  let key = null, dir = 1;
+  const name = table.getAttribute("aria-label");
+  const state = (sortState[name] ||= { key: null, dir: 1 });
+  let key = state.key, dir = state.dir;
   const thead = h("thead");
   const tr = h("tr");
   for (const c of columns) {
@@ -80,10 +84,12 @@ function sortable(table, rows, columns, render) {
       th.setAttribute("aria-sort", "none");
       th.append(h("button", { type: "button", "data-sort": c.key, onclick: () => {
         dir = key === c.key ? -dir : c.num ? -1 : 1; key = c.key;
+        Object.assign(state, { key, dir });
         for (const other of tr.children) if (other.hasAttribute("aria-sort")) other.setAttribute("aria-sort", "none");
         th.setAttribute("aria-sort", dir > 0 ? "ascending" : "descending");
         draw();
       } }, c.label));
+      if (key === c.key) th.setAttribute("aria-sort", dir > 0 ? "ascending" : "descending");
     } else th.textContent = c.label;
     tr.append(th);
   }
@@ -253,12 +259,13 @@ async function workload(ns, kind, name) {
   }
 
   // Pods: proxy health (its admin pages answer) and certificate expiry.
-  const expiry = (id) => { const t = id?.certificate?.not_after ?? id?.certificate?.expiry ?? id?.expiry ?? null; return t; };
+  const expiry = (id) => { const t = id?.certificate?.not_after_unix; if (!t) return "-"; const s = id.certificate.expires_in_seconds;
+    return `${new Date(t * 1000).toISOString().replace(".000", "")}${s !== undefined ? ` (in ${s > 172800 ? Math.round(s / 86400) + "d" : s > 7200 ? Math.round(s / 3600) + "h" : Math.round(s / 60) + "m"})` : ""}`; };
   podsSection.append(h("table", { "aria-label": "Pods" }, h("thead", {}, h("tr", {}, ...["Pod", "IP", "Meshed", "Proxy", "Identity", "Certificate expires"].map((t) => h("th", { scope: "col" }, t)))),
     h("tbody", {}, ...pods.value.map((p) => { const i = meshed.indexOf(p); const m = i >= 0 ? metrics[i] : null, id = i >= 0 ? identities[i] : null; const healthy = i >= 0 && Array.isArray(m) && !(id instanceof Error);
       return h("tr", {}, h("td", {}, p.name), h("td", {}, p.ip || "-"), h("td", {}, p.meshed ? "yes" : "no"),
         h("td", { class: i < 0 ? "muted" : healthy ? "ok" : "bad", title: m instanceof Error ? `${m.message}${m.hint ? " — hint: " + m.hint : ""}` : "" }, i < 0 ? "-" : healthy ? "healthy" : `unreachable: ${(m instanceof Error ? m : id).message}`),
-        h("td", {}, id && !(id instanceof Error) ? id.name || id.identity || "-" : "-"), h("td", {}, id && !(id instanceof Error) ? String(expiry(id) ?? "-") : "-")); }))));
+        h("td", {}, id && !(id instanceof Error) ? id.name || id.identity || "-" : "-"), h("td", {}, id && !(id instanceof Error) ? expiry(id) : "-")); }))));
   for (const m of [...metrics, ...identities]) if (m instanceof Error) showError(m, podsSection);
 }
 
@@ -336,6 +343,9 @@ async function route(refresh = false) {
   if (!refresh) { if (tapAbort) tapAbort.abort(); tapAbort = null; observed = null; }
   clearTimeout(timer);
   errors.replaceChildren();
+  // A refresh redraws the page: the keyboard's place is kept (same sort button, same node).
+  const focused = document.activeElement?.dataset || {};
+  const focusSelector = focused.sort ? `button[data-sort="${focused.sort}"]` : focused.node ? `a[data-node="${focused.node}"]` : null;
   try {
     if (name === "workload" && parts.length >= 4) await workload(parts[1], parts[2], parts.slice(3).join("/"));
     else if (pages[name]) await pages[name]();
@@ -345,6 +355,7 @@ async function route(refresh = false) {
     tickFreshness();
     if (!refresh) main.replaceChildren(h("h1", {}, name[0].toUpperCase() + name.slice(1)));
   }
+  if (refresh && focusSelector) document.querySelector(focusSelector)?.focus();
   document.body.dataset.page = name;
   document.body.dataset.loaded = Date.now();
   // Pages refresh every sampler period; the tap streams instead, the check is run on demand.
