@@ -23,6 +23,7 @@ pub mod sidecar;
 pub mod sniff;
 pub mod tap_client;
 pub mod wait;
+pub mod webdriver;
 
 pub use cni::{Bins, Call, CniFailure, Network, PluginDir};
 pub use host::require_root;

@@ -28,18 +28,19 @@ use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::Frame;
 use parking_lot::Mutex;
-use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::DashboardArgs;
+pub use super::problem::ApiError;
 use super::sampler::{Snapshot, unix};
 use crate::ClusterArgs;
 use crate::check::{RBAC_HINT, UNREACHABLE_HINT, proxy_hint};
 use crate::diagnostics::fetch::{Reach, Target};
 use crate::stat::compute::{self, Query};
+use crate::stat::mesh::Mesh;
 use crate::stat::mesh::Resource;
 use crate::stat::render::{self, Output};
-use crate::stat::{Scope, Sources, join};
+use crate::stat::{Readings, Scope, Sources, join, meshed};
 use crate::tap::render::TapOutput;
 use crate::top::aggregate::Top;
 
@@ -143,29 +144,6 @@ impl Shared {
             "problems": problems,
             "value": value,
         })
-    }
-}
-
-/// A failure as the page shows it: what went wrong and what to do.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct ApiError {
-    #[serde(skip)]
-    pub status: StatusCode,
-    pub error: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub hint: Option<String>,
-}
-
-impl ApiError {
-    pub fn new(status: StatusCode, error: impl Into<String>) -> Self {
-        Self { status, error: error.into(), hint: None }
-    }
-    pub fn hint(mut self, hint: impl Into<String>) -> Self {
-        self.hint = Some(hint.into());
-        self
-    }
-    fn bad_request(error: impl Into<String>) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, error)
     }
 }
 
@@ -510,4 +488,27 @@ async fn tap(state: &State, params: &BTreeMap<String, String>) -> Result<Respons
         .header(http::header::CACHE_CONTROL, "no-store")
         .body(BodyExt::boxed_unsync(StreamBody::new(frames)))
         .expect("a response"))
+}
+
+/// One sampler round: the pods and Services, then every meshed proxy's metrics.
+pub async fn round(state: &State, at: SystemTime) -> Result<(Mesh, Readings), ApiError> {
+    let namespaces = state.namespace.clone().map(|ns| vec![ns]);
+    let mesh = state.sources.mesh(namespaces.as_deref()).await.map_err(|e| state.upstream_error(&e))?;
+    let readings = state.sources.read(&meshed(&mesh), at).await;
+    Ok((mesh, readings))
+}
+
+/// The sampler: one round per interval, forever, each recorded in the snapshot.
+pub async fn run_sampler(state: State) {
+    let mut ticks = tokio::time::interval(state.interval);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        let at = SystemTime::now();
+        let result = round(&state, at).await;
+        if let Err(e) = &result {
+            tracing::warn!("dashboard sampler: {}", e.error);
+        }
+        state.snapshot.lock().record(at, result);
+    }
 }

@@ -10,11 +10,13 @@
 //! localhost (DNS rebinding) and anything but GET; the live tap goes through the same relay path
 //! as `cnimesh tap`, so the relay's authorization applies unchanged.
 //!
-//! Inside: [`server`] (HTTP, Host check, routing) → [`api`] (handlers) → [`sampler`] (the
-//! background reader and its history); [`assets`] is the embedded page.
+//! Inside: [`server`] (HTTP, Host check, routing) → [`api`] (handlers and the sampler's loop) →
+//! [`sampler`] (what it keeps: readings and history) → [`problem`] (errors with hints);
+//! [`assets`] is the embedded page.
 
 pub mod api;
 pub mod assets;
+pub mod problem;
 pub mod sampler;
 pub mod server;
 
@@ -100,7 +102,7 @@ pub async fn main(cluster: &ClusterArgs, args: DashboardArgs, out: &mut impl Wri
     let tasks = tokio::task::LocalSet::new();
     tasks
         .run_until(async move {
-            let sampler = tokio::task::spawn_local(sampler::run(state.clone()));
+            let sampler = tokio::task::spawn_local(api::run_sampler(state.clone()));
             let served = server::serve(listener, bound, state);
             tokio::select! {
                 result = served => result?,

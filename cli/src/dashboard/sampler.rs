@@ -1,6 +1,6 @@
-//! The background reader: every `--interval` it lists the pods and Services and reads every
-//! meshed proxy's metrics exactly as `cnimesh stat` does ([`crate::stat::Sources`]), keeps the
-//! last two readings (a window's rates come from them), and appends each workload's golden
+//! What the background reader ([`super::api::run_sampler`]) keeps: every `--interval` it lists the
+//! pods and Services and reads every meshed proxy's metrics exactly as `cnimesh stat` does
+//! ([`crate::stat::Sources`]); this keeps the last two readings (a window's rates come from them), and appends each workload's golden
 //! metrics to a ten-minute history for the page's sparklines. Every value carries the time it was
 //! observed; a failed round keeps the last good data (marked stale by its age) and the error.
 
@@ -9,10 +9,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 
-use super::api::{ApiError, State};
+use super::problem::ApiError;
 use crate::stat::compute::{self, Query, Scrapes};
 use crate::stat::mesh::{Mesh, Resource};
-use crate::stat::{Readings, join, meshed};
+use crate::stat::{Readings, join};
 
 /// How much history the sparklines get.
 pub const HISTORY: Duration = Duration::from_secs(600);
@@ -99,27 +99,4 @@ impl Snapshot {
 /// Unix seconds of `at`.
 pub fn unix(at: SystemTime) -> f64 {
     at.duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
-}
-
-/// One round: the pods and Services, then every meshed proxy's metrics.
-pub async fn round(state: &State, at: SystemTime) -> Result<(Mesh, Readings), ApiError> {
-    let namespaces = state.namespace.clone().map(|ns| vec![ns]);
-    let mesh = state.sources.mesh(namespaces.as_deref()).await.map_err(|e| state.upstream_error(&e))?;
-    let readings = state.sources.read(&meshed(&mesh), at).await;
-    Ok((mesh, readings))
-}
-
-/// Reads forever, one round per interval.
-pub async fn run(state: State) {
-    let mut ticks = tokio::time::interval(state.interval);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        ticks.tick().await;
-        let at = SystemTime::now();
-        let result = round(&state, at).await;
-        if let Err(e) = &result {
-            tracing::warn!("dashboard sampler: {}", e.error);
-        }
-        state.snapshot.lock().record(at, result);
-    }
 }

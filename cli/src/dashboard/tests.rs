@@ -159,7 +159,7 @@ async fn an_unreadable_pod_is_shown_with_checks_hint() {
     let state = state(&cluster());
     let t0 = SystemTime::now() - Duration::from_secs(5);
     for at in [t0, t0 + Duration::from_secs(5)] {
-        let round = super::sampler::round(&state, at).await;
+        let round = super::api::round(&state, at).await;
         state.snapshot.lock().record(at, round);
     }
     let (status, stat) = get(&state, "/api/stat?resource=deploy/web&namespace=shop").await;
@@ -180,7 +180,7 @@ async fn an_unreachable_cluster_and_rbac_refusals_carry_checks_hints() {
     let mut unreachable = cluster();
     unreachable.unreachable = true;
     let state = state(&unreachable);
-    let round = super::sampler::round(&state, SystemTime::now()).await;
+    let round = super::api::round(&state, SystemTime::now()).await;
     state.snapshot.lock().record(SystemTime::now(), round);
     let (status, body) = get(&state, "/api/stat?resource=deploy").await;
     assert_eq!(status, StatusCode::BAD_GATEWAY, "{body}");
@@ -195,7 +195,7 @@ async fn an_unreachable_cluster_and_rbac_refusals_carry_checks_hints() {
         "pods is forbidden: User \"dev\" cannot list resource \"pods\" at the cluster scope",
     );
     let state = state_of(&refused);
-    let round = super::sampler::round(&state, SystemTime::now()).await;
+    let round = super::api::round(&state, SystemTime::now()).await;
     state.snapshot.lock().record(SystemTime::now(), round);
     let (status, body) = get(&state, "/api/edges?resource=deploy").await;
     assert_eq!(status, StatusCode::BAD_GATEWAY, "{body}");
@@ -208,7 +208,7 @@ async fn an_unreachable_cluster_and_rbac_refusals_carry_checks_hints() {
     let t0 = SystemTime::now() - Duration::from_secs(10);
     state.snapshot.lock().record(t0, Ok((mesh(), before)));
     state.snapshot.lock().record(t0 + Duration::from_secs(10), Ok((mesh(), after)));
-    let failed = super::sampler::round(
+    let failed = super::api::round(
         &super::api::Shared::with_client(ClusterArgs::default(), Some(unreachable.client()), &args(None)).unwrap(),
         SystemTime::now(),
     )

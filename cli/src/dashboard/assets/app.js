@@ -114,6 +114,12 @@ function spark(points, pick) {
   return svg;
 }
 
+// A padlock drawn in SVG (emoji fonts are not everywhere): `x, y` is its top-left corner.
+const lockPath = (x, y) => `M${x + 2} ${y + 6}v-2a3 3 0 0 1 6 0v2 M${x} ${y + 6}h10v7h-10z`;
+function lockIcon() {
+  return el("svg", { class: "lock", width: 12, height: 14, viewBox: "-1 0 12 14", "aria-hidden": "true" }, el("path", { d: lockPath(0, 0) }));
+}
+
 const workloadHref = (ns, kindName) => `#/workload/${encodeURIComponent(ns)}/${kindName.split("/").map(encodeURIComponent).join("/")}`;
 
 // ---------- pages ----------
@@ -128,22 +134,27 @@ async function topology() {
   for (let i = 0; i < nodes.size; i++) for (const n of nodes.values()) for (const d of n.out) if (d !== n) col.set(d.id, Math.max(col.get(d.id), Math.min(col.get(n.id) + 1, nodes.size)));
   const columns = [];
   for (const n of nodes.values()) (columns[col.get(n.id)] ||= []).push(n);
-  const W = 190, H = 36, GX = 260, GY = 90;
+  const W = 190, H = 36, GX = 430, GY = 110;
   const pos = new Map();
   columns.forEach((list, c) => list.forEach((n, r) => pos.set(n.id, { x: 20 + c * GX, y: 30 + r * GY })));
-  const width = 40 + columns.length * GX, height = 60 + Math.max(1, ...columns.map((l) => l.length)) * GY;
-  const svg = el("svg", { class: "topology", viewBox: `0 0 ${width} ${height}`, role: "group", "aria-label": "Topology: workloads and who calls whom" },
+  const width = 40 + (columns.length - 1) * GX + W, height = 40 + Math.max(1, ...columns.map((l) => l.length)) * GY;
+  const labels = [];
+  const svg = el("svg", { class: "topology", width, height, viewBox: `0 0 ${width} ${height}`, role: "group", "aria-label": "Topology: workloads and who calls whom" },
     el("defs", {}, el("marker", { id: "arrow", viewBox: "0 0 10 10", refX: 10, refY: 5, markerWidth: 7, markerHeight: 7, orient: "auto-start-reverse" }, el("path", { d: "M 0 0 L 10 5 L 0 10 z" }))));
   const rates = await Promise.all(edges.map((e) => api("stat", { resource: e.src, namespace: e.src_namespace, to: e.dst, to_namespace: e.dst_namespace || e.src_namespace }).then((r) => r.value[0], () => null)));
   edges.forEach((e, i) => {
     const a = pos.get(`${e.src_namespace}/${e.src}`), b = pos.get(`${e.dst_namespace}/${e.dst}`);
     const r = rates[i];
     const x1 = a.x + W, y1 = a.y + H / 2, x2 = b.x, y2 = b.y + H / 2;
-    const label = `${e.mtls ? "🔒 mTLS" : "⚠ plaintext"} · ${r ? rps(r.rps) : "-"} · ${r ? pct(r.success_rate, 1) : "-"}`;
-    svg.append(el("g", { class: `edge ${e.mtls ? "mtls" : "plaintext"}`, "data-src": e.src, "data-dst": e.dst, "data-mtls": e.mtls, "data-rps": r ? r.rps : "" },
+    const label = `${e.mtls ? "mTLS" : "⚠ plaintext"} · ${r ? rps(r.rps) : "-"} · ${r ? pct(r.success_rate, 1) : "-"}`;
+    // Labels sit a third of the way along (crossing edges meet in the middle), above the lines.
+    const t = y1 === y2 ? 0.5 : 0.3, lx = x1 + (x2 - x1) * t, ly = y1 + (y2 - y1) * t - 8;
+    const g = el("g", { class: `edge ${e.mtls ? "mtls" : "plaintext"}`, "data-src": e.src, "data-dst": e.dst, "data-mtls": e.mtls, "data-rps": r ? r.rps : "" },
       el("title", { text: `${e.src} → ${e.dst}: ${e.mtls ? "mTLS" : "plaintext (not encrypted)"}, client ${e.client_ids.join(",") || "-"}, server ${e.server_ids.join(",") || "-"}` }),
-      el("line", { x1, y1, x2, y2, "marker-end": "url(#arrow)" }),
-      el("text", { x: (x1 + x2) / 2 - 60, y: (y1 + y2) / 2 - 6, text: label })));
+      el("line", { x1, y1, x2, y2, "marker-end": "url(#arrow)" }));
+    const text = el("text", { x: lx, y: ly, "text-anchor": "middle", text: label });
+    labels.push([g, text, e.mtls ? el("path", { class: "lock", d: lockPath(lx - label.length * 3.4 - 16, ly - 11) }) : null]);
+    svg.append(g);
   });
   for (const n of nodes.values()) {
     const p = pos.get(n.id);
@@ -154,9 +165,11 @@ async function topology() {
       el("text", { x: p.x + 10, y: p.y + 23, text: n.name }));
     svg.append(link);
   }
+  // Each edge's label and lock go last, over lines and boxes (they stay in the edge's group).
+  for (const [g, text, lock] of labels) { g.append(text); if (lock) g.append(lock); svg.append(g); }
   main.replaceChildren(h("h1", {}, "Topology"),
     edges.length ? svg : h("p", {}, "No edges yet: no meshed proxy has seen traffic."),
-    h("p", { class: "muted" }, "Solid green: mTLS (🔒). Dashed red: plaintext. Click a workload for its details."));
+    h("p", { class: "muted" }, "Solid green with a lock: mTLS. Dashed red: plaintext. Click a workload for its details."));
 }
 
 async function workloads() {
@@ -213,7 +226,7 @@ async function workload(ns, kind, name) {
     .map(([l, v]) => h("div", { class: "card" }, h("div", { class: "label" }, l), h("div", { class: "value" }, v)))));
   const edgeTable = (list, other) => list.length ? h("table", {}, h("thead", {}, h("tr", {}, ...["Workload", "Client identity", "Server identity", "Security", "Requests"].map((t) => h("th", { scope: "col" }, t)))),
     h("tbody", {}, ...list.map((e) => h("tr", { "data-edge": `${e.src}>${e.dst}` }, h("td", {}, h("a", { href: workloadHref(other(e)[0] || ns, other(e)[1]) }, other(e)[1])), h("td", {}, e.client_ids.join(", ") || "-"), h("td", {}, e.server_ids.join(", ") || "-"),
-      h("td", { class: e.mtls ? "ok" : "bad" }, e.mtls ? "🔒 mTLS" : "plaintext"), h("td", { class: "num" }, Math.round(e.requests)))))) : h("p", { class: "muted" }, "None seen.");
+      h("td", { class: e.mtls ? "ok" : "bad" }, e.mtls ? [lockIcon(), " mTLS"] : "⚠ plaintext"), h("td", { class: "num" }, Math.round(e.requests)))))) : h("p", { class: "muted" }, "None seen.");
   const all = edges.value;
   page.push(h("h2", {}, "Inbound"), edgeTable(all.filter((e) => e.dst === resource && (e.dst_namespace || ns) === ns), (e) => [e.src_namespace, e.src]));
   page.push(h("h2", {}, "Outbound"), edgeTable(all.filter((e) => e.src === resource && e.src_namespace === ns), (e) => [e.dst_namespace, e.dst]));

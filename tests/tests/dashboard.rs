@@ -1,0 +1,314 @@
+//! `cnimesh dashboard` in a real browser: local mode's demo runs (with traffic sent from the test
+//! all along), the dashboard serves it (`--local DIR --port 0 --show url`), and Debian's headless
+//! chromium, driven through chromedriver's WebDriver API, loads each page: the topology shows the
+//! client→web edge with the mTLS lock and the plaintext edge to the unmeshed pod; the workloads
+//! table's numbers for web match `cnimesh stat -o json`; a live tap shows requests arriving; the
+//! intruder's denied requests show in web's authorization panel; the sort buttons are reached by
+//! keyboard. Screenshots of every page go to `target/test-artefacts/dashboard/`
+//! (`CNIMESH_UPDATE_DOCS=1` also copies the topology and workload ones to `docs/images/`).
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use cnimesh_e2e::webdriver::{Browser, require_browser};
+use cnimesh_e2e::{bins, require_root};
+use serde_json::{Value, json};
+
+const NODE: &str = env!("CARGO_BIN_EXE_cnimesh-node-e2e");
+const LOCAL: &str = env!("CARGO_BIN_EXE_cnimesh-local-e2e");
+const CLI: &str = env!("CARGO_BIN_EXE_cnimesh-cli-e2e");
+/// How long a page may take to show what the test waits for (the sampler needs two readings).
+const PAGE: Duration = Duration::from_secs(60);
+
+/// Local mode with names of its own (`cnmd…`, not local_mode.rs's `cnml…`), down on drop.
+struct Local {
+    root: PathBuf,
+    prefix: String,
+    subnet: String,
+}
+
+impl Local {
+    fn new() -> Self {
+        let pid = std::process::id();
+        let prefix = format!("cnmd{:x}", pid & 0xffff);
+        Self {
+            root: std::env::temp_dir().join(format!("{prefix}-root")),
+            subnet: format!("10.246.{}.0/24", 100 + pid % 100),
+            prefix,
+        }
+    }
+
+    fn up(&self) {
+        let b = bins!();
+        let out = Command::new(LOCAL)
+            .args(["-o", "json", "up", "--traffic-seconds", "1"])
+            .arg("--dir")
+            .arg(&self.root)
+            .args(["--prefix", &self.prefix, "--subnet", &self.subnet])
+            .arg("--node")
+            .arg(NODE)
+            .arg("--cni-plugin")
+            .arg(&b.plugin)
+            .arg("--proxy")
+            .arg(&b.proxy)
+            .arg("--control")
+            .arg(&b.control)
+            .arg("--cli")
+            .arg(CLI)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "up failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+
+    fn netns(&self, pod: &str) -> PathBuf {
+        Path::new("/run/netns").join(format!("{}-{pod}", self.prefix))
+    }
+}
+
+impl Drop for Local {
+    fn drop(&mut self) {
+        let _ = Command::new(LOCAL).args(["down", "--dir"]).arg(&self.root).args(["--prefix", &self.prefix]).output();
+    }
+}
+
+/// The demo's traffic, sent until dropped: the client to web (mTLS) and to legacy (plaintext),
+/// the intruder to web (denied by policy).
+struct Traffic {
+    stop: Arc<AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Traffic {
+    fn start(local: &Local) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flows: [(&str, &str, &str, usize); 3] = [
+            ("client", "10.96.0.10:80", "web", 2),
+            ("client", "10.96.0.20:80", "legacy", 1),
+            ("intruder", "10.96.0.10:80", "web", 1),
+        ];
+        let threads = flows
+            .into_iter()
+            .map(|(pod, addr, host, concurrency)| {
+                let (netns, stop) = (local.netns(pod), stop.clone());
+                let addr: SocketAddr = addr.parse().unwrap();
+                std::thread::spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        cnimesh_local::traffic::load(&netns, addr, host, concurrency, Duration::from_secs(1));
+                    }
+                })
+            })
+            .collect();
+        Self { stop, threads }
+    }
+}
+
+impl Drop for Traffic {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// `cnimesh dashboard` as a process, killed on drop; `url` is what it printed.
+struct Dashboard {
+    child: Child,
+    url: String,
+}
+
+impl Dashboard {
+    fn start(local: &Local) -> Self {
+        let mut child = Command::new(CLI)
+            .args(["dashboard", "--local"])
+            .arg(&local.root)
+            .args(["--port", "0", "--show", "url", "--interval", "2s"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        let url = line.trim().strip_prefix("cnimesh dashboard: ").unwrap_or_else(|| panic!("printed {line:?}"));
+        assert!(url.starts_with("http://127.0.0.1:") && url.ends_with('/'), "{url}");
+        Self { url: url.to_string(), child }
+    }
+}
+
+impl Drop for Dashboard {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn artefacts() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/test-artefacts/dashboard")
+}
+
+fn shoot(browser: &Browser, name: &str) {
+    let path = browser.screenshot(&artefacts().join(format!("{name}.png"))).unwrap();
+    eprintln!("screenshot: {}", path.display());
+    if std::env::var_os("CNIMESH_UPDATE_DOCS").is_some() && ["topology", "workload"].contains(&name) {
+        let docs = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../docs/images/dashboard-{name}.png"));
+        std::fs::copy(&path, docs).unwrap();
+    }
+}
+
+#[test]
+fn the_dashboard_shows_the_local_demo_live_in_a_real_browser() {
+    let test = "the_dashboard_shows_the_local_demo_live_in_a_real_browser";
+    if !require_root(test) || !require_browser(test) {
+        return;
+    }
+    let local = Local::new();
+    local.up();
+    let traffic = Traffic::start(&local);
+    let dashboard = Dashboard::start(&local);
+    let browser = Browser::start(1400, 1000).unwrap();
+
+    // Topology: client→web with the lock, client→legacy drawn as plaintext, rates filled in.
+    browser.goto(&format!("{}#/topology", dashboard.url)).unwrap();
+    let edges = browser
+        .wait_for(
+            "the topology's edges with rates",
+            PAGE,
+            r#"const edges = [...document.querySelectorAll("svg.topology g.edge")].map((g) => ({
+                 src: g.dataset.src, dst: g.dataset.dst, mtls: g.dataset.mtls, rps: g.dataset.rps,
+                 class: g.getAttribute("class"), label: g.querySelector("text").textContent,
+                 lock: !!g.querySelector("path.lock"),
+                 dash: getComputedStyle(g.querySelector("line")).strokeDasharray }));
+               const web = edges.find((e) => e.src === "deployment/client" && e.dst === "deployment/web");
+               const legacy = edges.find((e) => e.src === "deployment/client" && e.dst === "pod/legacy");
+               return web && legacy && Number(web.rps) > 0 ? edges : null;"#,
+        )
+        .unwrap();
+    let edge = |dst: &str| {
+        edges.as_array().unwrap().iter().find(|e| e["src"] == "deployment/client" && e["dst"] == dst).unwrap().clone()
+    };
+    let web = edge("deployment/web");
+    assert_eq!((web["mtls"].as_str(), web["class"].as_str()), (Some("true"), Some("edge mtls")), "{edges:#}");
+    assert!(web["label"].as_str().unwrap().starts_with("mTLS · ") && web["lock"] == true, "the lock: {web:#}");
+    assert_eq!(web["dash"], "none", "{web:#}");
+    let legacy = edge("pod/legacy");
+    assert_eq!(
+        (legacy["mtls"].as_str(), legacy["class"].as_str()),
+        (Some("false"), Some("edge plaintext")),
+        "{edges:#}"
+    );
+    assert!(legacy["label"].as_str().unwrap().contains("plaintext") && legacy["lock"] == false, "{legacy:#}");
+    assert_ne!(legacy["dash"], "none", "plaintext edges are dashed: {legacy:#}");
+    let node_link = browser
+        .execute(
+            r#"return document.querySelector('a.node[data-node="deployment/web"]').getAttribute("href")"#,
+            json!([]),
+        )
+        .unwrap();
+    assert_eq!(node_link, "#/workload/demo/deployment/web");
+    shoot(&browser, "topology");
+
+    // Workloads: web's RPS and success next to `cnimesh stat -o json`'s, read meanwhile.
+    browser.goto(&format!("{}#/workloads", dashboard.url)).unwrap();
+    let read_row = r#"const row = document.querySelector('tr[data-workload="demo/deployment/web"]');
+        if (!row || document.body.dataset.stale === "true") return null;
+        const rps = parseFloat(row.querySelector('[data-col="rps"]').textContent);
+        return rps > 0 ? { rps, success: row.querySelector('[data-col="success"]').textContent,
+                           spark: !!row.querySelector("svg.spark") } : null;"#;
+    browser.wait_for("web's row with traffic", PAGE, read_row).unwrap();
+    let stat = Command::new(CLI)
+        .args(["stat", "deploy", "-n", "demo", "--window", "4s", "-o", "json", "--local"])
+        .arg(&local.root)
+        .output()
+        .unwrap();
+    assert!(stat.status.success(), "{}", String::from_utf8_lossy(&stat.stderr));
+    let row_now = browser.execute(read_row, json!([])).unwrap();
+    let stat: Value = serde_json::from_slice(&stat.stdout).unwrap();
+    let cli = stat.as_array().unwrap().iter().find(|r| r["name"] == "web").unwrap_or_else(|| panic!("{stat:#}"));
+    let (page_rps, cli_rps) = (row_now["rps"].as_f64().unwrap(), cli["rps"].as_f64().unwrap());
+    // The same traffic measured over neighbouring windows: close, not equal.
+    assert!((page_rps - cli_rps).abs() <= (cli_rps * 0.5).max(2.0), "page {page_rps} rps, stat {cli_rps} rps");
+    assert_eq!(cli["success_rate"], 1.0, "{cli:#}");
+    assert_eq!(row_now["success"], "100.00%", "{row_now:#}");
+    assert_eq!(row_now["spark"], true);
+    // Keyboard: Tab reaches a sort button, Enter sorts by it.
+    let mut reached = false;
+    for _ in 0..40 {
+        browser.press("\u{E004}").unwrap();
+        let active =
+            browser.execute("return document.activeElement.matches('th button[data-sort]')", json!([])).unwrap();
+        if active == true {
+            reached = true;
+            break;
+        }
+    }
+    assert!(reached, "no sort button reached by Tab");
+    browser.press("\u{E007}").unwrap();
+    let sorted =
+        browser.execute("return document.activeElement.closest('th').getAttribute('aria-sort')", json!([])).unwrap();
+    assert!(sorted == "ascending" || sorted == "descending", "{sorted}");
+    shoot(&browser, "workloads");
+
+    // Workload detail: the intruder's requests denied, by client identity and by policy.
+    browser.goto(&format!("{}#/workload/demo/deployment/web", dashboard.url)).unwrap();
+    let denied = browser
+        .wait_for(
+            "the intruder denied in web's authorization panel",
+            PAGE,
+            r#"const row = [...document.querySelectorAll('#authorization tr[data-client]')]
+                 .find((r) => r.dataset.client.startsWith("intruder.demo."));
+               const policy = [...document.querySelectorAll('#authorization tr[data-denied]:not([data-client])')]
+                 .some((r) => Number(r.dataset.denied) > 0);
+               return row && Number(row.dataset.denied) > 0 && policy ? row.dataset.denied : null;"#,
+        )
+        .unwrap();
+    assert!(denied.as_str().unwrap().parse::<f64>().unwrap() > 0.0);
+    let pods = browser
+        .execute(
+            r#"return [...document.querySelectorAll("td.ok")].filter((t) => t.textContent === "healthy").length"#,
+            json!([]),
+        )
+        .unwrap();
+    assert_eq!(pods, 3, "web's three proxies are healthy");
+    shoot(&browser, "workload");
+
+    // Live tap: start it, requests arrive; stop it.
+    browser.goto(&format!("{}#/tap?resource=deploy/web&namespace=demo", dashboard.url)).unwrap();
+    browser.wait_for("the tap form", PAGE, "return document.querySelector('#tap-start')").unwrap();
+    browser.click(&browser.find("#tap-start").unwrap()).unwrap();
+    let seen = browser
+        .wait_for(
+            "tapped requests",
+            PAGE,
+            r#"const n = document.querySelectorAll('#tap-lines tr[data-type="requestInit"]').length;
+               const top = [...document.querySelectorAll("table[aria-label^='Requests aggregated'] tbody tr")].length;
+               return n >= 3 && top > 0 ? n : null;"#,
+        )
+        .unwrap();
+    assert!(seen.as_u64().unwrap() >= 3);
+    shoot(&browser, "tap");
+    browser.click(&browser.find("#tap-stop").unwrap()).unwrap();
+    browser
+        .wait_for("the tap stopped", PAGE, "return document.querySelector('#tap-status').textContent === 'Stopped.'")
+        .unwrap();
+
+    // Check: local mode has no API server; the page says so with the hint, not a blank page.
+    browser.goto(&format!("{}#/check", dashboard.url)).unwrap();
+    let error = browser
+        .wait_for(
+            "the check page's error",
+            PAGE,
+            "const e = document.querySelector('#errors .error'); return e && e.textContent",
+        )
+        .unwrap();
+    assert!(
+        error.as_str().unwrap().contains("local mode has none") && error.as_str().unwrap().contains("hint:"),
+        "{error}"
+    );
+    shoot(&browser, "check");
+    drop(traffic);
+}
