@@ -401,6 +401,10 @@ pub fn top_value(top: &Top) -> Value {
     json!({"rows": rows, "problems": top.problems})
 }
 
+/// What a failed tap on a cluster needs looked at: the grants `cnimesh tap` needs.
+pub const TAP_HINT: &str = "tapping needs what `cnimesh tap` needs: the Role cnimesh-tap in namespace cnimesh \
+     (create serviceaccounts/token for cnimesh-tap, get services/proxy) and a running control plane";
+
 /// How often the tap stream carries `top`'s table.
 const TOP_EVERY: Duration = Duration::from_secs(1);
 
@@ -441,6 +445,9 @@ async fn tap(state: &State, params: &BTreeMap<String, String>) -> Result<Respons
         let text = format!("{e:#}");
         if text.contains("--") || text.contains("invalid") {
             ApiError::bad_request(text)
+        } else if state.client.is_some() && !text.contains("(403 ") {
+            // What `cnimesh tap` itself needs: the page taps with the same grants, no more.
+            ApiError::new(StatusCode::BAD_GATEWAY, text).hint(TAP_HINT)
         } else {
             state.upstream_error(&e)
         }

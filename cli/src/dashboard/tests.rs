@@ -347,3 +347,15 @@ async fn a_non_loopback_address_needs_allow_remote() {
     let e = super::main(&ClusterArgs::default(), a, &mut Vec::new()).await.unwrap_err();
     assert!(e.to_string().contains("--address 0.0.0.0: not a loopback address"), "{e}");
 }
+
+/// The live tap goes the way `cnimesh tap` does: a token for `cnimesh/cnimesh-tap` from a
+/// TokenRequest, then the relay through the API server; when that is refused, the page says what
+/// `cnimesh tap` needs (it never taps by another way).
+#[tokio::test]
+async fn the_tap_asks_for_the_same_token_as_cnimesh_tap() {
+    let state = state(&MockApi::default());
+    let (status, body) = get(&state, "/api/tap?resource=deploy/web&namespace=shop").await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY, "{body}");
+    assert!(body["error"].as_str().unwrap().contains("a token for the ServiceAccount cnimesh/cnimesh-tap"), "{body}");
+    assert_eq!(body["hint"], api::TAP_HINT, "{body}");
+}
