@@ -18,7 +18,7 @@ use super::{DashboardArgs, Show};
 use crate::ClusterArgs;
 use crate::check::mock::MockApi;
 use crate::stat::Readings;
-use crate::stat::tests::{client_metrics, mesh, objects, web_metrics};
+use crate::stat::tests::{client_metrics, mesh, mock_cluster as cluster, web_metrics};
 
 fn args(local: Option<&Path>) -> DashboardArgs {
     DashboardArgs {
@@ -36,26 +36,6 @@ fn args(local: Option<&Path>) -> DashboardArgs {
 
 fn state(api: &MockApi) -> State {
     Shared::with_client(ClusterArgs::default(), Some(api.client()), &args(None)).unwrap()
-}
-
-/// The mocked cluster of stat's tests: `client` calls `web` (mTLS) and `legacy` (plaintext);
-/// web-2's proxy cannot be reached.
-fn cluster() -> MockApi {
-    let (pods, services) = objects();
-    let mut api = MockApi::default();
-    api.get("/api/v1/pods", json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": pods}));
-    api.get("/api/v1/services", json!({"apiVersion": "v1", "kind": "ServiceList", "metadata": {}, "items": services}));
-    api.get_text("/api/v1/namespaces/shop/pods/client:4191/proxy/metrics", &client_metrics(1200, 150));
-    api.get_text(
-        "/api/v1/namespaces/shop/pods/web-1:4191/proxy/metrics",
-        &web_metrics("10.244.0.11", 598, 2, [60, 360, 540, 600, 600], 1),
-    );
-    api.fail(
-        "/api/v1/namespaces/shop/pods/web-2:4191/proxy/metrics",
-        503,
-        "error trying to reach service: dial tcp 10.244.0.12:4191: connect: connection refused",
-    );
-    api
 }
 
 /// stat's two readings 10 s apart (its tests' `scrapes()`), as the sampler records them.

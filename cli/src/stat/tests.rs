@@ -204,10 +204,9 @@ fn scope(output: Output) -> Scope {
     }
 }
 
-/// The cluster path: pods and Services listed from the API server, every meshed pod's metrics
-/// read through its pod proxy subresource (and an unreadable one reported, not fatal).
-#[tokio::test]
-async fn through_the_api_servers_pod_proxy() {
+/// The mocked cluster these tests (and the dashboard's) read: `client` calls `web` (mTLS) and
+/// `legacy` (plaintext); web-2's proxy cannot be reached.
+pub(crate) fn mock_cluster() -> MockApi {
     let (pods, services) = objects();
     let mut api = MockApi::default();
     api.get("/api/v1/pods", json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": pods}));
@@ -222,6 +221,14 @@ async fn through_the_api_servers_pod_proxy() {
         503,
         "error trying to reach service: dial tcp 10.244.0.12:4191: connect: connection refused",
     );
+    api
+}
+
+/// The cluster path: pods and Services listed from the API server, every meshed pod's metrics
+/// read through its pod proxy subresource (and an unreadable one reported, not fatal).
+#[tokio::test]
+async fn through_the_api_servers_pod_proxy() {
+    let api = mock_cluster();
     let sources = Sources::with_client(Some(api.client()), &scope(Output::Table)).unwrap();
 
     let mut out = Vec::new();
