@@ -59,6 +59,8 @@ pub fn check_trace_collector(value: &str) -> Result<String, String> {
     if !host_ok {
         return Err(format!("{} (host {host:?} is not a DNS name or an IP address)", expected()));
     }
+    // The proxy's own parser has the last word: never inject what the proxy would refuse.
+    trimmed.parse::<cnimesh_trace::Collector>().map_err(|e| e.to_string())?;
     Ok(trimmed.to_string())
 }
 
@@ -67,7 +69,10 @@ pub fn check_trace_collector(value: &str) -> Result<String, String> {
 pub fn check_trace_sampling(value: &str) -> Result<String, String> {
     let trimmed = value.trim();
     match trimmed.parse::<f64>() {
-        Ok(ratio) if ratio.is_finite() && (0.0..=1.0).contains(&ratio) => Ok(trimmed.to_string()),
+        Ok(ratio) if ratio.is_finite() && (0.0..=1.0).contains(&ratio) => {
+            cnimesh_trace::export::parse_sampling(trimmed).map_err(|e| e.to_string())?;
+            Ok(trimmed.to_string())
+        }
         _ => Err(format!("{value:?} is not a sampling ratio from 0 to 1, such as `0.05`")),
     }
 }
