@@ -307,7 +307,14 @@ mod tests {
         let server = line("0000000000000052", Some("00000000000000c2"), "server", "web-0");
         let request = line("00000000000000c1", Some("00000000000000a1"), "client", "client");
         std::fs::write(&file, format!("{server}\n{tried}\n{request}\n")).unwrap();
-        let retried = wait_for_trace(&file, "4bf92f3577b34da6a3ce929d0e0e4736", "00000000000000a1", "client", &servers, SPANS_WAIT);
+        let retried = wait_for_trace(
+            &file,
+            "4bf92f3577b34da6a3ce929d0e0e4736",
+            "00000000000000a1",
+            "client",
+            &servers,
+            SPANS_WAIT,
+        );
         assert!(retried.linked, "{retried:?}");
         let order: Vec<&str> = retried.spans.iter().map(|s| s.span_id.as_str()).collect();
         assert_eq!(order, ["00000000000000c1", "00000000000000c2", "0000000000000052"], "parents first");

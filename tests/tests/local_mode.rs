@@ -177,7 +177,10 @@ fn up_runs_the_demo_mesh_and_down_removes_everything() {
     assert!(inbound["pod"].as_str().unwrap().starts_with("web"), "{trace:#}");
     let server_id = inbound["identity"].as_str().unwrap();
     assert!(server_id.starts_with("web.demo.") || server_id.starts_with("web-canary.demo."), "{trace:#}");
-    assert_eq!(inbound["attributes"]["cnimesh.client.identity"], client_id, "mTLS told web's proxy who called: {trace:#}");
+    assert_eq!(
+        inbound["attributes"]["cnimesh.client.identity"], client_id,
+        "mTLS told web's proxy who called: {trace:#}"
+    );
     // The same spans are in the stand-in's file, one JSON object per line.
     let file = std::fs::read_to_string(local.root.join("traces.jsonl")).unwrap();
     let lines: Vec<Value> = file.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
