@@ -323,7 +323,8 @@ fn up_runs_the_demo_mesh_and_down_removes_everything() {
     // Up twice: a clear error, nothing disturbed.
     let again = local.up_command().output().unwrap();
     assert!(!again.status.success());
-    assert!(String::from_utf8_lossy(&again.stderr).contains("already up"));
+    let again_stderr = String::from_utf8_lossy(&again.stderr);
+    assert!(again_stderr.contains("already up"), "{again_stderr}");
 
     let down = local.down();
     assert!(down.status.success(), "{}", String::from_utf8_lossy(&down.stderr));
