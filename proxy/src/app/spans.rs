@@ -20,7 +20,7 @@
 //!   in it); a try's span ends when the try's response head arrives.
 //!
 //! Attributes (OpenTelemetry HTTP semantic conventions where one exists): `http.request.method`,
-//! `url.path`, `server.address`/`server.port` (the request's authority), `network.peer.address`/
+//! `url.path`, `network.protocol.version` (as received), `server.address`/`server.port` (the request's authority), `network.peer.address`/
 //! `network.peer.port` (the client inbound, the endpoint outbound), `http.route` (the route's name
 //! when a route took the request), `http.response.status_code`, `rpc.grpc.status_code`,
 //! `http.request.resend_count` (tries after the first), `error.type`; and cnimesh's:
@@ -115,6 +115,15 @@ impl Traced {
         let mut span = Span::start(method.clone(), kind, parent);
         span.set("http.request.method", method);
         span.set("url.path", req.uri().path().to_string());
+        // As received: an inbound `2` under an app that saw HTTP/1.1 is the `l5d-orig-proto` hop.
+        span.set(
+            "network.protocol.version",
+            match req.version() {
+                http::Version::HTTP_2 => "2",
+                http::Version::HTTP_10 => "1.0",
+                _ => "1.1",
+            },
+        );
         let (host, port) = split_authority(authority);
         if !host.is_empty() {
             span.set("server.address", host.to_string());
@@ -250,11 +259,16 @@ pub fn end(span: &mut Span, status: Option<StatusCode>, grpc: Option<&str>, fail
             span.set("error.type", status.map_or_else(|| "proxy".to_string(), |s| s.as_u16().to_string()));
             span.status = Status::Error(error);
         }
-        None if failed => {
-            let code = status.map_or_else(String::new, |s| s.as_u16().to_string());
-            span.set("error.type", if code.is_empty() { "failure".to_string() } else { code.clone() });
-            span.status = Status::Error(code);
-        }
+        None if failed => match status.filter(StatusCode::is_server_error) {
+            Some(status) => {
+                span.set("error.type", status.as_u16().to_string());
+                span.status = Status::Error(format!("HTTP {}", status.as_u16()));
+            }
+            None => {
+                span.set("error.type", "failure");
+                span.status = Status::Error("a gRPC status other than OK, or a response body cut short".into());
+            }
+        },
         None => {}
     }
     span.end();
@@ -299,7 +313,7 @@ mod tests {
     fn a_failed_answer_marks_the_span_an_error_with_its_status() {
         let mut span = Span::start("GET", SpanKind::Client, cnimesh_trace::Parent::Root);
         end(&mut span, Some(StatusCode::SERVICE_UNAVAILABLE), None, true, None);
-        assert_eq!(span.status, Status::Error("503".into()));
+        assert_eq!(span.status, Status::Error("HTTP 503".into()));
         assert!(span.end.is_some());
         let mut grpc = Span::start("POST", SpanKind::Server, cnimesh_trace::Parent::Root);
         end(&mut grpc, Some(StatusCode::OK), Some("14"), true, None);
