@@ -364,8 +364,8 @@ fn a_collector_that_is_down_costs_dropped_spans_counted_in_the_metric_and_no_fai
     }
 }
 
-/// `web`'s routes: `/replica` split 50/50 between `web` and `web-canary`; `/flaky` retried once
-/// on a 5xx.
+/// `web`'s routes: `/replica` split 50/50 between `web` and `web-canary`, `/slow` (1.5 s) with a
+/// 100 ms request timeout; `/flaky` retried once on a 5xx.
 const ROUTES: &str = r#"apiVersion: gateway.networking.k8s.io/v1
 kind: HTTPRoute
 metadata: {name: web-split, namespace: shop}
@@ -374,6 +374,9 @@ spec:
   rules:
   - matches: [{path: {type: Exact, value: /replica}}]
     backendRefs: [{name: web, port: 80, weight: 50}, {name: web-canary, port: 80, weight: 50}]
+  - matches: [{path: {type: Exact, value: /slow}}]
+    backendRefs: [{name: web, port: 80}]
+    timeouts: {request: 100ms}
 ---
 apiVersion: gateway.networking.k8s.io/v1
 kind: HTTPRoute
@@ -392,8 +395,10 @@ const WEB_IP: &str = "10.96.0.50";
 const CANARY_IP: &str = "10.96.0.51";
 
 #[test]
-fn a_route_split_names_the_backend_and_a_retried_request_has_a_child_span_per_try() {
-    if !require_root("a_route_split_names_the_backend_and_a_retried_request_has_a_child_span_per_try") {
+fn a_route_split_names_the_backend_a_timeout_is_an_event_and_a_retried_request_has_a_child_span_per_try() {
+    if !require_root(
+        "a_route_split_names_the_backend_a_timeout_is_an_event_and_a_retried_request_has_a_child_span_per_try",
+    ) {
         return;
     }
     let bins = bins!();
@@ -461,6 +466,18 @@ fn a_route_split_names_the_backend_and_a_retried_request_has_a_child_span_per_tr
         backends.insert(reply.body);
     }
     assert_eq!(backends.len(), 2, "both backends answered 20 requests split 50/50: {backends:?}");
+
+    // A route timeout: the client span ends failed with a `timeout` event; the server proxy's
+    // request is abandoned when the client proxy gives up, and its span says so.
+    let trace = trace_id(250);
+    assert_eq!(call("/slow", &trace).status, 504);
+    let spans = collector.trace(&trace, 2);
+    let (client_span, server_span) = (one(&spans, "client"), one(&spans, "server"));
+    assert_eq!(client_span.events, ["timeout"], "{client_span:#?}");
+    assert_eq!(client_span.attr("http.response.status_code"), Some("504"));
+    assert!(client_span.status.starts_with("error"), "{client_span:#?}");
+    assert_eq!(server_span.parent_span_id.as_deref(), Some(client_span.span_id.as_str()));
+    assert_eq!(server_span.attr("error.type"), Some("cancelled"), "{server_span:#?}");
 
     // A retry: `/flaky` fails its first request (see apps::flaky_fails) and the route retries it
     // once. The request's span has a child per try and a `retry` event; each try's server span

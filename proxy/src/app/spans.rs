@@ -17,7 +17,8 @@
 //!   `traceparent` always written; a request that came with B3 also gets B3 in the same form
 //!   (single or multi) with the same ids (see [`cnimesh_trace::context::inject`]).
 //! - A request's span ends when its response body ends (so a gRPC status from the trailers is
-//!   in it); a try's span ends when the try's response head arrives.
+//!   in it), or, if the request is abandoned first (its client reset it: a peer's timeout), then,
+//!   as `cancelled`; a try's span ends when the try's response head arrives.
 //!
 //! Attributes (OpenTelemetry HTTP semantic conventions where one exists): `http.request.method`,
 //! `url.path`, `network.protocol.version` (as received), `server.address`/`server.port` (the request's authority), `network.peer.address`/
@@ -223,8 +224,35 @@ impl Traced {
         error: Option<String>,
     ) {
         end(&mut self.span, status, grpc, failed, error);
-        let Traced { span, tracer, .. } = *self;
-        tracer.exporter.record(span);
+        // Dropping records it.
+    }
+}
+
+/// A traced request's span is exported however the request ends: a request whose future is
+/// dropped before its answer (the client reset the stream or went away, e.g. the peer proxy's
+/// route timeout) is ended here as cancelled, so the server side of a timed-out hop still shows.
+impl Drop for Traced {
+    fn drop(&mut self) {
+        let s = &mut self.span;
+        if s.end.is_none() {
+            s.set("error.type", "cancelled");
+            s.status = Status::Error("cancelled: the request was abandoned before its answer".into());
+            s.end();
+        }
+        let span = Span {
+            trace_id: s.trace_id,
+            span_id: s.span_id,
+            parent: s.parent,
+            trace_state: std::mem::take(&mut s.trace_state),
+            name: std::mem::take(&mut s.name),
+            kind: s.kind,
+            start: s.start,
+            end: s.end,
+            attributes: std::mem::take(&mut s.attributes),
+            events: std::mem::take(&mut s.events),
+            status: std::mem::take(&mut s.status),
+        };
+        self.tracer.exporter.record(span);
     }
 }
 
