@@ -33,6 +33,28 @@
 //! unreachable collector) with jittered exponential backoff from 200 ms capped at 30 s, 10 s per
 //! call. Spans lost to a full queue or a batch that failed for good count as `dropped`.
 //!
+//! # What the proxy does with it (cnimesh-proxy's `app::spans`)
+//!
+//! - Tracing off: no spans, no exporter task, no header parsed; trace headers pass untouched.
+//! - A request with a sampled parent (W3C, else B3) is continued: inbound, one SERVER span whose
+//!   parent is the caller's span; outbound, one CLIENT span under the app's span. An unsampled
+//!   parent (`-00`, `b3: …-0`, `b3: 0`) gets no spans and its headers go on untouched. A request
+//!   without context is traced only when `CNIMESH_PROXY_TRACE_SAMPLING` picks it (then it is a
+//!   new trace, root span in the proxy). `b3: 1`/`d` alone asks for a new trace.
+//! - Malformed trace headers are treated as absent: no spans from them, and they are forwarded as
+//!   received (the proxy rewrites trace headers only on requests it traces).
+//! - Forwarded downstream: the same trace id with the proxy's span as parent, `traceparent`
+//!   always, `tracestate` as received; a request that came with B3 also gets B3 in the form it
+//!   came in (single or multi; `X-B3-ParentSpanId` dropped, a 64-bit B3 trace id widened to 128
+//!   bits) with the same ids as `traceparent`.
+//! - Retries (a route's retry policy): each try is a CLIENT child of the request's span and the
+//!   next hop's parent; the request span gets a `retry` event per retry; route and per-try
+//!   timeouts add a `timeout` event. A route split records the chosen backend
+//!   (`cnimesh.target.service`) and the route (`http.route`, span name `METHOD route`).
+//! - A span ends with its response body (gRPC trailers included); a request abandoned first
+//!   (a peer's timeout reset it) is exported as `cancelled`.
+//! - Metrics: `trace_spans_exported_total`, `trace_spans_dropped_total` on the admin port.
+//!
 //! # Using it
 //!
 //! ```no_run

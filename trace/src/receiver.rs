@@ -9,6 +9,7 @@ use std::io::Write;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{TraceService, TraceServiceServer};
@@ -69,12 +70,28 @@ pub struct WaitTimeout {
     pub waited: Duration,
 }
 
-#[derive(Default)]
 struct Shared {
     spans: Mutex<Vec<ReceivedSpan>>,
     exports: Mutex<u64>,
+    /// Spans received, kept or not.
+    received: AtomicU64,
+    /// Off: spans are counted only (a benchmark's hundreds of thousands would fill memory).
+    keep: AtomicBool,
     file: Option<Mutex<std::fs::File>>,
     notify: Notify,
+}
+
+impl Default for Shared {
+    fn default() -> Self {
+        Shared {
+            spans: Mutex::default(),
+            exports: Mutex::default(),
+            received: AtomicU64::new(0),
+            keep: AtomicBool::new(true),
+            file: None,
+            notify: Notify::new(),
+        }
+    }
 }
 
 /// The running receiver; stops serving when dropped.
@@ -100,10 +117,36 @@ impl Receiver {
         Self::start(addr, Some(file)).await
     }
 
+    /// Serves on a listener bound elsewhere (e.g. inside a pod's network namespace, where a
+    /// socket stays when the thread that made it leaves), optionally with a JSON-lines file.
+    /// Needs a tokio runtime's context.
+    pub fn from_listener(listener: std::net::TcpListener, file: Option<&Path>) -> Result<Receiver, ReceiverError> {
+        let unknown = SocketAddr::from(([0, 0, 0, 0], 0));
+        let addr = listener.local_addr().map_err(|source| ReceiverError::Bind { addr: unknown, source })?;
+        let file = match file {
+            Some(path) => Some(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(path)
+                    .map_err(|source| ReceiverError::File { path: path.to_path_buf(), source })?,
+            ),
+            None => None,
+        };
+        listener.set_nonblocking(true).map_err(|source| ReceiverError::Bind { addr, source })?;
+        let listener =
+            tokio::net::TcpListener::from_std(listener).map_err(|source| ReceiverError::Bind { addr, source })?;
+        Ok(Self::serve(listener, addr, file))
+    }
+
     async fn start(addr: SocketAddr, file: Option<std::fs::File>) -> Result<Receiver, ReceiverError> {
         let listener =
             tokio::net::TcpListener::bind(addr).await.map_err(|source| ReceiverError::Bind { addr, source })?;
         let local = listener.local_addr().map_err(|source| ReceiverError::Bind { addr, source })?;
+        Ok(Self::serve(listener, local, file))
+    }
+
+    fn serve(listener: tokio::net::TcpListener, local: SocketAddr, file: Option<std::fs::File>) -> Receiver {
         let shared = Arc::new(Shared { file: file.map(Mutex::new), ..Shared::default() });
         let (stop, stopped) = oneshot::channel::<()>();
         let service = TraceServiceServer::new(Service(shared.clone()));
@@ -119,7 +162,7 @@ impl Receiver {
                 tracing::warn!(%error, "trace receiver stopped");
             }
         });
-        Ok(Receiver { addr: local, shared, _stop: stop })
+        Receiver { addr: local, shared, _stop: stop }
     }
 
     /// Where it listens.
@@ -135,6 +178,16 @@ impl Receiver {
     /// Every span received so far, in arrival order.
     pub fn spans(&self) -> Vec<ReceivedSpan> {
         self.shared.spans.lock().clone()
+    }
+
+    /// Whether spans are kept for [`Receiver::spans`] (default) or only counted.
+    pub fn keep_spans(&self, keep: bool) {
+        self.shared.keep.store(keep, Ordering::Relaxed);
+    }
+
+    /// How many spans arrived, kept or not.
+    pub fn received(&self) -> u64 {
+        self.shared.received.load(Ordering::Relaxed)
     }
 
     /// How many Export calls arrived (empty ones included).
@@ -213,7 +266,10 @@ impl TraceService for Service {
             }
         }
         *self.0.exports.lock() += 1;
-        self.0.spans.lock().extend(received);
+        self.0.received.fetch_add(received.len() as u64, Ordering::Relaxed);
+        if self.0.keep.load(Ordering::Relaxed) {
+            self.0.spans.lock().extend(received);
+        }
         self.0.notify.notify_waiters();
         Ok(tonic::Response::new(ExportTraceServiceResponse { partial_success: None }))
     }
@@ -319,6 +375,6 @@ mod tests {
         let receiver = Receiver::bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
         let error = receiver.wait_for(1, Duration::from_millis(50)).await.unwrap_err();
         assert_eq!((error.wanted, error.got), (1, 0));
-        assert_eq!(receiver.exports(), 0);
+        assert_eq!((receiver.exports(), receiver.received()), (0, 0));
     }
 }

@@ -534,7 +534,10 @@ impl HttpProxy {
     ) -> Result<(Response<Incoming>, Option<Load>), ProxyError> {
         let Picked { upstream, load } = target.route.pick().map_err(route_error)?;
         if let Some(span) = span.as_deref_mut() {
-            spans::peer(span, upstream.addr);
+            // A CLIENT span's peer is the endpoint; a SERVER span's stays the client.
+            if self.direction == Direction::outbound {
+                spans::peer(span, upstream.addr);
+            }
             spans::propagate(req.headers_mut(), span, b3);
         }
         strip_hop_by_hop(req.headers_mut(), false);
@@ -585,7 +588,9 @@ impl HttpProxy {
         let target = upstream.addr;
         if let Some(traced) = traced {
             let b3 = traced.b3();
-            spans::peer(&mut traced.span, target);
+            if self.direction == Direction::outbound {
+                spans::peer(&mut traced.span, target);
+            }
             spans::propagate(req.headers_mut(), &traced.span, b3);
         }
         let io = upstream.connect().await.map_err(|e| upstream_error(target, &e))?;

@@ -17,10 +17,11 @@
 //!   `traceparent` always written; a request that came with B3 also gets B3 in the same form
 //!   (single or multi) with the same ids (see [`cnimesh_trace::context::inject`]).
 //! - A request's span ends when its response body ends (so a gRPC status from the trailers is
-//!   in it); a try's span ends when the try's response head arrives.
+//!   in it), or, if the request is abandoned first (its client reset it: a peer's timeout), then,
+//!   as `cancelled`; a try's span ends when the try's response head arrives.
 //!
 //! Attributes (OpenTelemetry HTTP semantic conventions where one exists): `http.request.method`,
-//! `url.path`, `server.address`/`server.port` (the request's authority), `network.peer.address`/
+//! `url.path`, `network.protocol.version` (as received), `server.address`/`server.port` (the request's authority), `network.peer.address`/
 //! `network.peer.port` (the client inbound, the endpoint outbound), `http.route` (the route's name
 //! when a route took the request), `http.response.status_code`, `rpc.grpc.status_code`,
 //! `http.request.resend_count` (tries after the first), `error.type`; and cnimesh's:
@@ -115,6 +116,15 @@ impl Traced {
         let mut span = Span::start(method.clone(), kind, parent);
         span.set("http.request.method", method);
         span.set("url.path", req.uri().path().to_string());
+        // As received: an inbound `2` under an app that saw HTTP/1.1 is the `l5d-orig-proto` hop.
+        span.set(
+            "network.protocol.version",
+            match req.version() {
+                http::Version::HTTP_2 => "2",
+                http::Version::HTTP_10 => "1.0",
+                _ => "1.1",
+            },
+        );
         let (host, port) = split_authority(authority);
         if !host.is_empty() {
             span.set("server.address", host.to_string());
@@ -214,8 +224,35 @@ impl Traced {
         error: Option<String>,
     ) {
         end(&mut self.span, status, grpc, failed, error);
-        let Traced { span, tracer, .. } = *self;
-        tracer.exporter.record(span);
+        // Dropping records it.
+    }
+}
+
+/// A traced request's span is exported however the request ends: a request whose future is
+/// dropped before its answer (the client reset the stream or went away, e.g. the peer proxy's
+/// route timeout) is ended here as cancelled, so the server side of a timed-out hop still shows.
+impl Drop for Traced {
+    fn drop(&mut self) {
+        let s = &mut self.span;
+        if s.end.is_none() {
+            s.set("error.type", "cancelled");
+            s.status = Status::Error("cancelled: the request was abandoned before its answer".into());
+            s.end();
+        }
+        let span = Span {
+            trace_id: s.trace_id,
+            span_id: s.span_id,
+            parent: s.parent,
+            trace_state: std::mem::take(&mut s.trace_state),
+            name: std::mem::take(&mut s.name),
+            kind: s.kind,
+            start: s.start,
+            end: s.end,
+            attributes: std::mem::take(&mut s.attributes),
+            events: std::mem::take(&mut s.events),
+            status: std::mem::take(&mut s.status),
+        };
+        self.tracer.exporter.record(span);
     }
 }
 
@@ -250,11 +287,16 @@ pub fn end(span: &mut Span, status: Option<StatusCode>, grpc: Option<&str>, fail
             span.set("error.type", status.map_or_else(|| "proxy".to_string(), |s| s.as_u16().to_string()));
             span.status = Status::Error(error);
         }
-        None if failed => {
-            let code = status.map_or_else(String::new, |s| s.as_u16().to_string());
-            span.set("error.type", if code.is_empty() { "failure".to_string() } else { code.clone() });
-            span.status = Status::Error(code);
-        }
+        None if failed => match status.filter(StatusCode::is_server_error) {
+            Some(status) => {
+                span.set("error.type", status.as_u16().to_string());
+                span.status = Status::Error(format!("HTTP {}", status.as_u16()));
+            }
+            None => {
+                span.set("error.type", "failure");
+                span.status = Status::Error("a gRPC status other than OK, or a response body cut short".into());
+            }
+        },
         None => {}
     }
     span.end();
@@ -299,7 +341,7 @@ mod tests {
     fn a_failed_answer_marks_the_span_an_error_with_its_status() {
         let mut span = Span::start("GET", SpanKind::Client, cnimesh_trace::Parent::Root);
         end(&mut span, Some(StatusCode::SERVICE_UNAVAILABLE), None, true, None);
-        assert_eq!(span.status, Status::Error("503".into()));
+        assert_eq!(span.status, Status::Error("HTTP 503".into()));
         assert!(span.end.is_some());
         let mut grpc = Span::start("POST", SpanKind::Server, cnimesh_trace::Parent::Root);
         end(&mut grpc, Some(StatusCode::OK), Some("14"), true, None);
