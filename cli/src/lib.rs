@@ -1,12 +1,12 @@
 //! `cnimesh`, the operator's command line: install, check, inject/uninject, uninstall, stat,
-//! edges, tap, top, diagnostics, authz, dashboard, ca, version, completion. It renders the manifests under `daemonset/` (the single source of truth: what
+//! edges, tap, top, diagnostics, authz, dashboard, ca, tracing, version, completion. It renders the manifests under `daemonset/` (the single source of truth: what
 //! `install` prints is those files plus generated certificates), applies the webhook's pure
 //! mutation to YAML offline, and reads the cluster with kube-rs, never with a shell on a node.
 //!
 //! Built on the control plane's library (the webhook's mutation, the manifests' names, the tap
 //! relay's query and lines), never the other way round.
 //!
-//! Layers: yaml | pod_proxy → manifests → install → ca | check | inject | uninstall | upgrade | prune | stat → tap | identity_rotate | diagnostics → authz | top → dashboard
+//! Layers: yaml | pod_proxy → manifests → install → ca | check | inject | uninstall | upgrade | prune | stat | tracing_addon → tap | identity_rotate | diagnostics → authz | top → dashboard
 
 pub mod authz;
 pub mod ca;
@@ -22,6 +22,7 @@ pub mod prune;
 pub mod stat;
 pub mod tap;
 pub mod top;
+pub mod tracing_addon;
 pub mod uninstall;
 pub mod upgrade;
 pub mod yaml;
@@ -117,6 +118,11 @@ pub enum Command {
         #[command(subcommand)]
         command: identity_rotate::IdentityCommand,
     },
+    /// Distributed tracing: the OpenTelemetry Collector + Jaeger add-on the mesh's spans go to.
+    Tracing {
+        #[command(subcommand)]
+        command: tracing_addon::TracingCommand,
+    },
     /// Print the client's version and, when reachable, the control plane's.
     Version(VersionArgs),
     /// Print a shell completion script.
@@ -194,6 +200,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Dashboard(args) => runtime()?.block_on(dashboard::main(&cli.cluster, args, &mut out))?,
         Command::Ca { command } => ca::main(command, &mut out)?,
         Command::Identity { command } => runtime()?.block_on(identity_rotate::main(&cli.cluster, command, &mut out))?,
+        Command::Tracing { command } => tracing_addon::main(command, &mut out)?,
         Command::Version(args) => {
             writeln!(out, "client: {}", env!("CARGO_PKG_VERSION"))?;
             if !args.client {
@@ -264,6 +271,8 @@ mod tests {
                 "authz",
                 "dashboard",
                 "ca",
+                "identity",
+                "tracing",
                 "version",
                 "completion",
             ] {

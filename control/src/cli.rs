@@ -15,6 +15,7 @@ use cnimesh_identity::{DEFAULT_TRUST_DOMAIN, Name};
 use tokio::net::TcpListener;
 
 use crate::grpc::limits::Limits;
+use crate::grpc::spans::TraceConfig;
 use crate::identity::Policy;
 use crate::inject::{
     Namespaces, SidecarMode, Webhook, WebhookArgs, watch_server_version, webhook_dns_names, webhook_tls_from,
@@ -89,6 +90,8 @@ struct ServeArgs {
     reuse_port: bool,
     #[command(flatten)]
     grpc_limits: GrpcLimitArgs,
+    #[command(flatten)]
+    trace: TraceArgs,
     /// ServiceAccounts Identity certifies although their namespace is reserved, as
     /// namespace/name, comma-separated. Reserved are the control plane's namespace and the node
     /// agent's (cnimesh-system): none of their pods runs a proxy, and some of their tokens are
@@ -120,6 +123,22 @@ struct GrpcLimitArgs {
     /// Open streams in all. Each costs about 8 KiB while open: raise it with the memory limit.
     #[arg(long, env = "CNIMESH_CONTROL_MAX_STREAMS", default_value_t = Limits::default().streams)]
     max_streams: usize,
+}
+
+/// The control plane's own spans (issue 29): one SERVER span per gRPC call, exported over OTLP.
+#[derive(Debug, Args)]
+struct TraceArgs {
+    /// The OTLP/gRPC collector the control plane sends spans of its gRPC handling to
+    /// (`host:port`, `http://host:port` or `https://host:port`). Unset or empty: no spans.
+    #[arg(long = "trace-collector", env = "CNIMESH_CONTROL_TRACE_COLLECTOR")]
+    collector: Option<String>,
+    /// The ratio (0 to 1) of calls without trace context that start a trace; calls with context
+    /// follow their caller's decision.
+    #[arg(long = "trace-sampling", env = "CNIMESH_CONTROL_TRACE_SAMPLING", default_value = "0")]
+    sampling: String,
+    /// PEM roots to verify an https collector with [default: the system's roots].
+    #[arg(long = "trace-collector-ca-file", env = "CNIMESH_CONTROL_TRACE_COLLECTOR_CA_FILE")]
+    ca_file: Option<PathBuf>,
 }
 
 impl GrpcLimitArgs {
@@ -234,6 +253,8 @@ struct Addrs {
     grpc: SocketAddr,
     admin: SocketAddr,
     webhook: Option<SocketAddr>,
+    /// Where the control plane's own spans go (`--trace-collector`), if anywhere.
+    trace: Option<TraceConfig>,
 }
 
 async fn bind(addr: SocketAddr, reuse_port: bool) -> anyhow::Result<TcpListener> {
@@ -327,7 +348,15 @@ impl ServeArgs {
         }
         let policy =
             Policy { trust_domain: self.trust_domain, lifetime: self.cert_lifetime, clock_skew: self.clock_skew };
-        let addrs = Addrs { grpc: self.addr, admin: self.admin_addr, webhook: self.webhook.webhook_addr };
+        let trace = self.trace.collector.filter(|c| !c.trim().is_empty()).map(|collector| TraceConfig {
+            collector,
+            sampling: self.trace.sampling,
+            ca_file: self.trace.ca_file,
+            pod: self.ha.pod_name.clone(),
+            namespace: self.webhook.namespace.clone(),
+            identity: identity_name.to_string(),
+        });
+        let addrs = Addrs { grpc: self.addr, admin: self.admin_addr, webhook: self.webhook.webhook_addr, trace };
         Ok((
             Config {
                 issuer_dir: self.issuer_dir,
@@ -388,7 +417,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         None => None,
     };
     let listeners = Listeners { grpc: bind(addrs.grpc, reuse).await?, admin: bind(addrs.admin, reuse).await?, webhook };
-    crate::serve::run(config, listeners, shutdown_signal()).await
+    crate::serve::run_traced(config, listeners, addrs.trace, shutdown_signal()).await
 }
 
 /// SIGTERM (the kubelet) or SIGINT (a terminal).

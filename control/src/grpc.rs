@@ -12,6 +12,8 @@
 //!   over a bound `RESOURCE_EXHAUSTED` (or the connection is closed at accept);
 //! - HTTP/2 windows and send buffers are small, so a stream that is not read costs little.
 //!
+//! With `serve --trace-collector`, every call also gets a SERVER span ([`spans`]).
+//!
 //! Layer: gRPC: serving and connecting over TLS; the services themselves are [`destination`],
 //! [`identity`], and policy's [`inbound`] and [`outbound`].
 
@@ -21,6 +23,7 @@ pub mod inbound;
 pub mod limits;
 pub mod outbound;
 pub mod peer;
+pub mod spans;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -70,6 +73,19 @@ pub async fn serve_tls(
     metrics: Arc<Metrics>,
     shutdown: impl Future<Output = ()>,
 ) {
+    serve_tls_traced(listener, routes, tls, admission, metrics, None, shutdown).await
+}
+
+/// [`serve_tls`], with a SERVER span per call when `tracer` is given ([`spans`]).
+pub async fn serve_tls_traced(
+    listener: TcpListener,
+    routes: Routes,
+    tls: Arc<rustls::ServerConfig>,
+    admission: Arc<Admission>,
+    metrics: Arc<Metrics>,
+    tracer: Option<spans::GrpcTracing>,
+    shutdown: impl Future<Output = ()>,
+) {
     let routes = routes.prepare();
     let refusals = Arc::new(RefusalLog::new(metrics));
     let streams_per_connection = admission.limits().streams_per_connection;
@@ -84,7 +100,8 @@ pub async fn serve_tls(
         }
     };
     accept_tls_with(listener, tls, shutdown, "gRPC", accept, move |tls, peer, watcher| {
-        let (routes, admission, refusals) = (routes.clone(), admission.clone(), refusals.clone());
+        let (routes, admission, refusals, tracer) =
+            (routes.clone(), admission.clone(), refusals.clone(), tracer.clone());
         let identity = peer::identity_of(tls.get_ref().1);
         async move {
             let service = service_fn(move |mut req: http::Request<hyper::body::Incoming>| {
@@ -92,12 +109,16 @@ pub async fn serve_tls(
                 if let Some(identity) = &identity {
                     req.extensions_mut().insert(peer::PeerIdentity(identity.clone()));
                 }
+                let mut span = tracer.as_ref().and_then(|t| t.start(&req, peer, identity.as_ref()));
                 let path = req.uri().path();
                 if identity.is_none() && peer::requires_identity(path) {
                     refusals.unauthenticated(peer, path);
                     let status = tonic::Status::unauthenticated(format!(
                         "{path} needs a mesh client certificate (only Identity's Certify is served without one)"
                     ));
+                    if let Some(span) = span {
+                        span.refused(&status);
+                    }
                     return futures::future::ready(Ok(status.into_http())).left_future();
                 }
                 let permit = match admission.stream(peer.ip(), identity.as_ref()) {
@@ -105,18 +126,28 @@ pub async fn serve_tls(
                     Err(refusal) => {
                         refusals.refused(&refusal);
                         let status = tonic::Status::resource_exhausted(refusal.to_string());
+                        if let Some(span) = span {
+                            span.refused(&status);
+                        }
                         return futures::future::ready(Ok(status.into_http())).left_future();
                     }
                 };
-                // The permit lives as long as the response body: a stream holds it until it ends.
+                // The permit (and the span) live as long as the response body: a stream holds
+                // them until it ends.
                 routes
                     .clone()
                     .oneshot(req)
                     .map(move |response| {
                         response.map(|response| {
+                            if let Some(span) = &mut span {
+                                span.observe(response.headers());
+                            }
                             response.map(|body| {
                                 tonic::body::Body::new(body.map_frame(move |frame| {
                                     let _held = &permit;
+                                    if let (Some(span), Some(trailers)) = (&mut span, frame.trailers_ref()) {
+                                        span.observe(trailers);
+                                    }
                                     frame
                                 }))
                             })

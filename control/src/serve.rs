@@ -24,6 +24,7 @@ use crate::grpc::inbound::InboundService;
 use crate::grpc::limits::Admission;
 use crate::grpc::outbound::OutboundService;
 use crate::grpc::peer::{self, OptionalMeshClientVerifier};
+use crate::grpc::spans::{GrpcTracing, TraceConfig};
 use crate::identity::{Authenticator, FileTokens, KubeTokens, Policy, issuer, own_cert};
 use crate::metrics::Metrics;
 use crate::sources::{FileSource, KubeSource, Source};
@@ -80,6 +81,25 @@ pub struct Listeners {
 
 /// Runs the control plane until `shutdown` resolves, then drains gRPC calls and returns.
 pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+    run_traced(config, listeners, None, shutdown).await
+}
+
+/// [`run`], with a SERVER span per gRPC call exported to `trace`'s collector
+/// ([`crate::grpc::spans`]); `None` is [`run`].
+pub async fn run_traced(
+    config: Config,
+    listeners: Listeners,
+    trace: Option<TraceConfig>,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let tracer = match &trace {
+        Some(trace) => {
+            let tracer = GrpcTracing::spawn(trace).context("the control plane's tracing")?;
+            tracing::info!(collector = %trace.collector, sampling = %trace.sampling, "tracing gRPC calls");
+            Some(tracer)
+        }
+        None => None,
+    };
     let metrics = Arc::new(Metrics::default());
     let (stop, stopped) = watch::channel(false);
     let cert_tasks = config
@@ -145,12 +165,13 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Out
         "serving"
     );
     let admission = Admission::new(config.limits);
-    let grpc = tokio::spawn(crate::grpc::serve_tls(
+    let grpc = tokio::spawn(crate::grpc::serve_tls_traced(
         listeners.grpc,
         routes,
         server_tls,
         admission,
         metrics.clone(),
+        tracer,
         until(stopped.clone()),
     ));
     let webhook_addr = listeners.webhook.as_ref().and_then(|l| l.local_addr().ok());
@@ -219,6 +240,10 @@ mod tests {
     }
 
     async fn start() -> Running {
+        start_traced(None).await
+    }
+
+    async fn start_traced(trace: Option<TraceConfig>) -> Running {
         let pki = tempfile::tempdir().unwrap();
         let anchor = write_pki(pki.path(), Duration::from_secs(3600));
         let tokens = tempfile::tempdir().unwrap();
@@ -245,7 +270,7 @@ mod tests {
             reserved: Default::default(),
         };
         let (stop, stopped) = tokio::sync::oneshot::channel();
-        let task = tokio::spawn(run(config, Listeners { grpc, admin, webhook: None }, async {
+        let task = tokio::spawn(run_traced(config, Listeners { grpc, admin, webhook: None }, trace, async {
             let _ = stopped.await;
         }));
         let anchors = cnimesh_identity::pem::certs(anchor.cert_pem.as_bytes(), "anchor").unwrap();
@@ -340,6 +365,108 @@ mod tests {
 
         running.stop.take().unwrap().send(()).unwrap();
         tokio::time::timeout(Duration::from_secs(15), running.task).await.unwrap().unwrap().unwrap();
+    }
+
+    /// A gRPC channel to the running control plane, once its own certificate is issued.
+    async fn channel(running: &Running) -> tonic::transport::Channel {
+        let roots = cnimesh_identity::tls::roots(&running.anchors).unwrap();
+        for _ in 0..100 {
+            match cnimesh_identity::grpc_channel::connect(
+                &running.grpc.to_string(),
+                &running.control,
+                roots.clone(),
+                None,
+            )
+            .await
+            {
+                Ok(channel) => return channel,
+                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
+        panic!("the control plane never served its certificate");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn each_grpc_call_with_a_sampled_traceparent_gets_a_server_span_in_the_callers_trace() {
+        use linkerd2_proxy_api::destination::GetDestination;
+        use linkerd2_proxy_api::destination::destination_client::DestinationClient;
+
+        let receiver = cnimesh_trace::Receiver::bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+        let trace = TraceConfig {
+            collector: receiver.endpoint(),
+            sampling: "0".into(),
+            ca_file: None,
+            pod: "cnimesh-control-0".into(),
+            namespace: "cnimesh".into(),
+            identity: "cnimesh-control.cnimesh".into(),
+        };
+        let mut running = start_traced(Some(trace)).await;
+        let channel = channel(&running).await;
+        let web = Name::for_service_account("web", "shop", "cluster.local").unwrap();
+        let certify = || {
+            let (_key, csr) = cnimesh_identity::ca::new_csr(&web).unwrap();
+            CertifyRequest { identity: web.to_string(), token: b"token-web".to_vec(), certificate_signing_request: csr }
+        };
+        fn traced<T>(message: T) -> tonic::Request<T> {
+            let mut request = tonic::Request::new(message);
+            let parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".parse().unwrap();
+            request.metadata_mut().insert("traceparent", parent);
+            request
+        }
+        let mut identity = IdentityClient::new(channel.clone());
+        // Without context, at sampling 0: no span. With an unsampled parent: none either.
+        identity.certify(certify()).await.unwrap();
+        let mut unsampled = tonic::Request::new(certify());
+        let header = "00-11111111111111111111111111111111-2222222222222222-00".parse().unwrap();
+        unsampled.metadata_mut().insert("traceparent", header);
+        identity.certify(unsampled).await.unwrap();
+        // A sampled parent: the span continues its trace.
+        identity.certify(traced(certify())).await.unwrap();
+        // Destination without a mesh client certificate is refused; the span says so.
+        let refused = DestinationClient::new(channel)
+            .get(traced(GetDestination { path: "web.shop.svc.cluster.local:80".into(), ..Default::default() }))
+            .await
+            .unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::Unauthenticated);
+
+        let spans = receiver.wait_for(2, Duration::from_secs(20)).await.unwrap();
+        assert_eq!(spans.len(), 2, "one span per sampled call and none for the others: {spans:#?}");
+        for span in &spans {
+            assert_eq!(span.kind, "server");
+            assert_eq!(span.trace_id, "4bf92f3577b34da6a3ce929d0e0e4736");
+            assert_eq!(span.parent_span_id.as_deref(), Some("00f067aa0ba902b7"));
+            assert_eq!(span.attr("rpc.system"), Some("grpc"));
+            assert_eq!(span.attr("network.peer.address"), Some("127.0.0.1"));
+            assert_eq!(span.resource.get("service.name").map(String::as_str), Some("cnimesh-control"));
+            assert_eq!(span.resource.get("k8s.pod.name").map(String::as_str), Some("cnimesh-control-0"));
+        }
+        let certified = spans.iter().find(|s| s.attr("rpc.method") == Some("Certify")).expect("the Certify span");
+        assert_eq!(certified.name, "io.linkerd.proxy.identity.Identity/Certify");
+        assert_eq!(certified.attr("rpc.service"), Some("io.linkerd.proxy.identity.Identity"));
+        assert_eq!(certified.attr("rpc.grpc.status_code"), Some("0"));
+        assert_eq!(certified.status, "unset");
+        let get = spans.iter().find(|s| s.attr("rpc.method") == Some("Get")).expect("the Destination span");
+        assert_eq!(get.attr("rpc.grpc.status_code"), Some("16"), "UNAUTHENTICATED");
+        assert!(get.status.starts_with("error"), "{}", get.status);
+        assert!(get.attr("cnimesh.refused").is_some_and(|m| m.contains("client certificate")));
+
+        running.stop.take().unwrap().send(()).unwrap();
+        tokio::time::timeout(Duration::from_secs(15), running.task).await.unwrap().unwrap().unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_bad_trace_collector_stops_the_control_plane_at_start() {
+        let trace = TraceConfig {
+            collector: "collector".into(),
+            sampling: "0".into(),
+            ca_file: None,
+            pod: String::new(),
+            namespace: String::new(),
+            identity: String::new(),
+        };
+        let running = start_traced(Some(trace)).await;
+        let error = tokio::time::timeout(Duration::from_secs(15), running.task).await.unwrap().unwrap().unwrap_err();
+        assert!(format!("{error:#}").contains("\"collector\""), "{error:#}");
     }
 
     /// The chain the gRPC server presents, from a bare TLS handshake.

@@ -152,6 +152,25 @@ for name, uri, hdrs in [
 ]:
     put("proxy_orig_proto", name, b"\x00" + "\n".join([uri] + hdrs).encode())
 
+# --- trace context: W3C Trace Context examples and B3 (single and multi), valid and not -------------
+tid, sid = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+for name, lines in {
+    "w3c-sampled": [f"traceparent: 00-{tid}-{sid}-01", "tracestate: rojo=00f067aa0ba902b7,congo=t61rcWkgMzE"],
+    "w3c-unsampled": [f"traceparent: 00-{tid}-{sid}-00"],
+    "w3c-future": [f"traceparent: cc-{tid}-{sid}-01-what-the-future-will-be-like"],
+    "w3c-ff": [f"traceparent: ff-{tid}-{sid}-01"],
+    "w3c-zero": [f"traceparent: 00-{'0' * 32}-{sid}-01"],
+    "w3c-upper": [f"traceparent: 00-{tid.upper()}-{sid}-01"],
+    "w3c-twice": [f"traceparent: 00-{tid}-{sid}-01", f"traceparent: 00-{tid}-{sid}-00", "b3: 1"],
+    "b3-single": [f"b3: {tid}-{sid}-1-{sid}"],
+    "b3-single-64": [f"b3: a3ce929d0e0e4736-{sid}-d"],
+    "b3-deny": ["b3: 0"],
+    "b3-multi": [f"X-B3-TraceId: {tid}", f"X-B3-SpanId: {sid}", f"X-B3-ParentSpanId: {sid}", "X-B3-Sampled: 1", "X-B3-Flags: 1"],
+    "b3-multi-bad": [f"X-B3-TraceId: {tid}", "X-B3-Sampled: true"],
+    "both": [f"traceparent: 00-{tid}-{sid}-01", f"b3: {tid}-{sid}-0"],
+}.items():
+    put("trace_context", name, "\n".join(lines))
+
 # --- control ----------------------------------------------------------------------------------
 ident = "web.shop.serviceaccount.identity.cnimesh.cluster.local"
 with tempfile.TemporaryDirectory() as tmp:

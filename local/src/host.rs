@@ -21,7 +21,7 @@ pub const NETNS_DIR: &str = "/var/run/netns";
 pub const ROOT_ENV: &str = "CNIMESH_LOCAL_ROOT";
 
 /// Everything `up` creates directly in the root dir.
-pub const ROOT_ENTRIES: [&str; 14] = [
+pub const ROOT_ENTRIES: [&str; 15] = [
     "local.json",
     "logs",
     "run",
@@ -36,6 +36,8 @@ pub const ROOT_ENTRIES: [&str; 14] = [
     "ipam",
     "proxies",
     "node.sock",
+    // The collector stand-in's spans (`crate::demo_trace::TRACES_FILE`).
+    "traces.jsonl",
 ];
 
 /// Refuses a root dir that `down` must not touch: `down` kills processes mentioning it and

@@ -9,7 +9,7 @@
 //! reverse) and runs the other binaries (`cnimesh-node`, `cnimesh-cni`, `cnimesh-proxy`,
 //! `cnimesh-control`) from beside its own executable unless told otherwise.
 //!
-//! Layers: app | host | record | runtime | traffic | workloads → down → up → cli
+//! Layers: demo_trace → app | host | record | runtime | traffic | workloads → down → up → cli
 //!
 //! `up` leaves everything running, detached; `down` finds what `up` created by its records and by
 //! its naming (netns `<prefix>-*`, bridge `<prefix>0`, processes mentioning the root dir), so it
@@ -17,6 +17,7 @@
 
 mod app;
 pub mod cli;
+pub mod demo_trace;
 mod down;
 mod host;
 mod record;
@@ -96,12 +97,25 @@ pub enum LocalCmd {
         #[arg(long)]
         name: String,
     },
+    /// The collector stand-in (run on the bridge's gateway by `up`): an OTLP/gRPC receiver that
+    /// appends every span it gets to a file, one JSON object per line.
+    #[command(hide = true)]
+    Collector {
+        #[arg(long)]
+        listen: SocketAddr,
+        #[arg(long)]
+        out: PathBuf,
+    },
 }
 
 pub async fn main(cmd: &LocalCmd, format: Format) -> anyhow::Result<ExitCode> {
     match cmd {
         LocalCmd::App { listen, name } => {
             app::serve(*listen, name.clone()).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        LocalCmd::Collector { listen, out } => {
+            demo_trace::collect(*listen, out).await?;
             Ok(ExitCode::SUCCESS)
         }
         LocalCmd::Up(args) => {

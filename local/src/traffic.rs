@@ -31,12 +31,26 @@ fn thread_runtime() -> anyhow::Result<Runtime> {
 /// One HTTP/1.1 GET with hyper over a fresh connection: (status, body). The connection is made
 /// when the future is first polled, so on a [`thread_runtime`] it is in that thread's netns.
 async fn get(addr: SocketAddr, host: &str, path: &str) -> anyhow::Result<(u16, String)> {
+    get_with(addr, host, path, &[]).await
+}
+
+/// [`get`] with extra request headers (the demo's traced request carries a `traceparent`).
+async fn get_with(
+    addr: SocketAddr,
+    host: &str,
+    path: &str,
+    headers: &[(&str, String)],
+) -> anyhow::Result<(u16, String)> {
     let stream = timeout(REQUEST_TIMEOUT, TcpStream::connect(addr)).await.context("connect timed out")??;
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
     tokio::spawn(async move {
         let _ = conn.await;
     });
-    let request = Request::get(path).header(HOST, host).header(CONNECTION, "close").body(Empty::<Bytes>::new())?;
+    let mut request = Request::get(path).header(HOST, host).header(CONNECTION, "close");
+    for (name, value) in headers {
+        request = request.header(*name, value.as_str());
+    }
+    let request = request.body(Empty::<Bytes>::new())?;
     timeout(REQUEST_TIMEOUT, async {
         let response = sender.send_request(request).await?;
         let status = response.status().as_u16();
@@ -55,6 +69,22 @@ pub fn http_get(addr: SocketAddr, host: &str, path: &str) -> anyhow::Result<(u16
 /// [`http_get`] from inside the netns at `netns`.
 pub fn http_get_in(netns: &Path, addr: SocketAddr, host: &str, path: &str) -> anyhow::Result<(u16, String)> {
     cnimesh_cni::netns::run_in(netns, move || http_get(addr, host, path))?
+}
+
+/// One GET with `headers` from inside the netns at `netns`: (status, body).
+pub fn http_get_in_with(
+    netns: &Path,
+    addr: SocketAddr,
+    host: &str,
+    path: &str,
+    headers: &[(&str, String)],
+) -> anyhow::Result<(u16, String)> {
+    let headers: Vec<(String, String)> = headers.iter().map(|(n, v)| (n.to_string(), v.clone())).collect();
+    let (host, path) = (host.to_string(), path.to_string());
+    cnimesh_cni::netns::run_in(netns, move || {
+        let headers: Vec<(&str, String)> = headers.iter().map(|(n, v)| (n.as_str(), v.clone())).collect();
+        thread_runtime()?.block_on(get_with(addr, &host, &path, &headers))
+    })?
 }
 
 /// What the load of one client against one service produced.
@@ -168,6 +198,8 @@ pub struct Summary {
     /// How to look further: `/metrics` of each proxy, and the node CLI on these pods.
     pub commands: BTreeMap<String, String>,
     pub up_seconds: f64,
+    /// The demo's traced request, as the collector stand-in received its spans.
+    pub trace: Option<crate::demo_trace::DemoTrace>,
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> f64 {
@@ -301,6 +333,10 @@ pub fn render(summary: &Summary, format: Format) -> String {
             out.push_str(&format!("  {} -> {} error: {err}\n", e.from, e.to));
         }
     }
+    if let Some(trace) = &summary.trace {
+        out.push('\n');
+        out.push_str(&crate::demo_trace::render(trace));
+    }
     out.push('\n');
     for (what, cmd) in &summary.commands {
         out.push_str(&format!("{what}:\n  {cmd}\n"));
@@ -328,7 +364,8 @@ mod tests {
         let mut edge = Edge::new("client", "web", true, &load, &replicas);
         edge.count_backends(&[("web-0", "web"), ("web-1", "web"), ("web-canary", "web-canary")]);
         assert_eq!(edge.backends, [("web".to_string(), 9), ("web-canary".to_string(), 1)].into());
-        let summary = Summary { root: "/r".into(), edges: vec![edge], commands: BTreeMap::new(), up_seconds: 1.0 };
+        let summary =
+            Summary { root: "/r".into(), edges: vec![edge], commands: BTreeMap::new(), up_seconds: 1.0, trace: None };
         let text = render(&summary, Format::Human);
         assert!(text.contains("client -> web split over backends: web=9 (90.0%) web-canary=1 (10.0%)"), "{text}");
     }

@@ -84,6 +84,14 @@ async fn app(mut req: Request<Incoming>, state: Arc<AppState>) -> Result<Respons
             }
             Response::new(full(name.to_string()))
         }
+        // The request's headers, one `name: value` per line (what a proxy forwarded, e.g. trace context).
+        "/headers" => {
+            let mut text = format!("version: {:?}\n", req.version());
+            for (name, value) in req.headers() {
+                text.push_str(&format!("{name}: {}\n", String::from_utf8_lossy(value.as_bytes())));
+            }
+            Response::new(full(text))
+        }
         "/echo" => Response::new(
             req.into_body().map_err(|e| Box::new(e) as Box<dyn std::error::Error + Send + Sync>).boxed_unsync(),
         ),

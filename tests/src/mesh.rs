@@ -53,6 +53,18 @@ pub fn proxies(
     server: &Pod<'_>,
     client_settings: &[(&str, &str)],
 ) -> (Sidecar, Sidecar) {
+    proxies_with(control, proxy, client, server, client_settings, &[])
+}
+
+/// [`proxies`], with more settings for the server's proxy too.
+pub fn proxies_with(
+    control: &Control,
+    proxy: &Path,
+    client: &Pod<'_>,
+    server: &Pod<'_>,
+    client_settings: &[(&str, &str)],
+    server_settings: &[(&str, &str)],
+) -> (Sidecar, Sidecar) {
     let mut server_env = control.proxy_env("shop", &server.name, &control.token("shop", &server.name).unwrap());
     // The server's proxy gets its trust anchors as PEM text, as the injector passes them; the
     // client's reads them from a file.
@@ -62,6 +74,7 @@ pub fn proxies(
             *value = std::fs::read_to_string(control.trust_anchors()).unwrap();
         }
     }
+    server_env.extend(server_settings.iter().map(|(k, v)| (k.to_string(), v.to_string())));
     let server_proxy = Sidecar::start(proxy, &server.netns, &env_refs(&server_env)).unwrap();
     let mut client_env = control.proxy_env("shop", &client.name, &control.token("shop", &client.name).unwrap());
     client_env.push((
@@ -88,10 +101,21 @@ pub struct Pair<'n> {
 impl<'n> Pair<'n> {
     /// Pods `<name>-client` and `<name>-server` in `net`, meshed by [`proxies`].
     pub fn start(control: &Control, proxy: &Path, net: &'n Network, name: &str) -> Self {
+        Self::start_with(control, proxy, net, name, &[])
+    }
+
+    /// [`Pair::start`], with `settings` for both proxies.
+    pub fn start_with(
+        control: &Control,
+        proxy: &Path,
+        net: &'n Network,
+        name: &str,
+        settings: &[(&str, &str)],
+    ) -> Self {
         let client = Pod::named(net, "shop", &format!("{name}-client")).unwrap();
         let server = Pod::named(net, "shop", &format!("{name}-server")).unwrap();
         let apps = Apps::start(&server.netns.path(), server.ipv4().into(), &server.name).unwrap();
-        let (client_proxy, server_proxy) = proxies(control, proxy, &client, &server, &[]);
+        let (client_proxy, server_proxy) = proxies_with(control, proxy, &client, &server, settings, settings);
         let url = format!("http://{}:{}/hello", server.ipv4(), crate::apps::HTTP_PORT);
         Self { client, server, client_proxy, server_proxy, url, _apps: apps }
     }

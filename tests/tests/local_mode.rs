@@ -1,7 +1,8 @@
 //! Local mode end to end: `cnimesh-local up` builds the demo mesh on this host (pods as
 //! network namespaces through the real CNI chain, the node agent, the control plane, proxies) and
 //! sends traffic; its JSON summary must show mTLS where both sides are meshed, plaintext to the
-//! pod outside the mesh, every replica serving, the canary split 90/10 and no failure. `down` must leave nothing behind,
+//! pod outside the mesh, every replica serving, the canary split 90/10 and no failure, and one
+//! trace across both proxies in the collector stand-in's spans. `down` must leave nothing behind,
 //! also after `up` was killed halfway.
 
 use std::os::unix::process::CommandExt;
@@ -157,6 +158,36 @@ fn up_runs_the_demo_mesh_and_down_removes_everything() {
     assert_eq!(legacy["success_rate"], 1.0, "{legacy:#}");
     assert_eq!(legacy["tls"], false, "the pod outside the mesh is reached in plaintext: {legacy:#}");
 
+    // The demo's traced request (issue 29): the client sent a sampled W3C traceparent; the
+    // collector stand-in received the client proxy's CLIENT span under the client's span and the
+    // SERVER span of a web (or canary) replica's proxy under it (or under one of its tries).
+    let trace = &summary["trace"];
+    assert_eq!(trace["linked"], true, "{trace:#}");
+    let trace_id = trace["trace_id"].as_str().unwrap();
+    let spans = trace["spans"].as_array().unwrap();
+    let client_id = "client.demo.serviceaccount.identity.cnimesh.cluster.local";
+    let outbound = spans
+        .iter()
+        .find(|s| s["kind"] == "client" && s["pod"] == "client" && s["parent_span_id"] == trace["app_span_id"])
+        .unwrap_or_else(|| panic!("no CLIENT span under the app's: {trace:#}"));
+    assert_eq!((outbound["service"].as_str(), outbound["identity"].as_str()), (Some("cnimesh-proxy"), Some(client_id)));
+    let client_spans: Vec<&Value> = spans.iter().filter(|s| s["pod"] == "client").map(|s| &s["span_id"]).collect();
+    let inbound = spans.iter().find(|s| s["kind"] == "server").unwrap_or_else(|| panic!("no SERVER span: {trace:#}"));
+    assert!(client_spans.contains(&&inbound["parent_span_id"]), "the SERVER span's parent is the client's: {trace:#}");
+    assert!(inbound["pod"].as_str().unwrap().starts_with("web"), "{trace:#}");
+    let server_id = inbound["identity"].as_str().unwrap();
+    assert!(server_id.starts_with("web.demo.") || server_id.starts_with("web-canary.demo."), "{trace:#}");
+    assert_eq!(
+        inbound["attributes"]["cnimesh.client.identity"], client_id,
+        "mTLS told web's proxy who called: {trace:#}"
+    );
+    // The same spans are in the stand-in's file, one JSON object per line.
+    let file = std::fs::read_to_string(local.root.join("traces.jsonl")).unwrap();
+    let lines: Vec<Value> = file.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let in_file = lines.iter().filter(|l| l["trace_id"] == trace_id).count();
+    assert_eq!(in_file, spans.len(), "{file}");
+    assert!(lines.iter().all(|l| l["trace_id"] == trace_id), "the load's requests carry no context and are not traced");
+
     // The node CLI sees the meshed pods (and only those) with the state dir up printed.
     let state_dir = local.root.join("state");
     let pods = Command::new(NODE).arg("--state-dir").arg(&state_dir).args(["-o", "json", "pods"]).output().unwrap();
@@ -292,7 +323,8 @@ fn up_runs_the_demo_mesh_and_down_removes_everything() {
     // Up twice: a clear error, nothing disturbed.
     let again = local.up_command().output().unwrap();
     assert!(!again.status.success());
-    assert!(String::from_utf8_lossy(&again.stderr).contains("already up"));
+    let again_stderr = String::from_utf8_lossy(&again.stderr);
+    assert!(again_stderr.contains("already up"), "{again_stderr}");
 
     let down = local.down();
     assert!(down.status.success(), "{}", String::from_utf8_lossy(&down.stderr));

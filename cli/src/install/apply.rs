@@ -84,7 +84,7 @@ fn control_plane(doc: &mut Value, values: &Values) -> anyhow::Result<()> {
     let (requests, limits) = (&proxy.resources.requests, &proxy.resources.limits);
     let proxy_image = values.image("cnimesh-proxy", &values.image_tags.proxy);
     // (variable, value, the control plane's own default when the file leaves it out)
-    let settings: [(&str, Option<&str>, Option<&str>); 10] = [
+    let settings: [(&str, Option<&str>, Option<&str>); 12] = [
         ("CNIMESH_CONTROL_LOG", Some(values.control_plane.log_level.as_str()), Some("info")),
         ("CNIMESH_CONTROL_PROXY_IMAGE", Some(proxy_image.as_str()), Some(cnimesh_control::inject::DEFAULT_PROXY_IMAGE)),
         (
@@ -99,6 +99,9 @@ fn control_plane(doc: &mut Value, values: &Values) -> anyhow::Result<()> {
         ("CNIMESH_CONTROL_PROXY_MEMORY_LIMIT", limits.memory.as_deref(), Some("256Mi")),
         (LOG_FORMAT_ENV, Some(values.log_format.as_str()), Some(LogFormat::Plain.as_str())),
         (PROXY_LOG_FORMAT_ENV, Some(values.log_format.as_str()), Some(LogFormat::Plain.as_str())),
+        // Unset in the files: no cluster-wide tracing unless the values name a collector.
+        ("CNIMESH_CONTROL_PROXY_TRACE_COLLECTOR", proxy.tracing.collector.as_deref(), None),
+        ("CNIMESH_CONTROL_PROXY_TRACE_SAMPLING", proxy.tracing.sampling.as_deref(), None),
     ];
     for (name, value, default) in settings {
         set_env(env, name, value, default);

@@ -18,6 +18,12 @@ pub const SELECTOR: &str = "app.kubernetes.io/part-of=cnimesh,app.kubernetes.io/
 
 /// Adds the four labels to every document, keeping the labels it has.
 pub fn apply(docs: &mut [Value]) {
+    apply_as(docs, "cnimesh", component);
+}
+
+/// The four labels with another `part-of` and component rule: the add-ons (`cnimesh tracing
+/// install`), which `cnimesh prune` must not take for objects of the mesh this version dropped.
+pub fn apply_as(docs: &mut [Value], part_of: &str, component: impl Fn(&Value) -> &'static str) {
     for doc in docs {
         let component = component(doc);
         let Some(object) = doc.as_object_mut() else { continue };
@@ -28,12 +34,9 @@ pub fn apply(docs: &mut [Value]) {
             *labels = Value::Object(Map::new());
         }
         let labels = labels.as_object_mut().expect("made an object above");
-        for (key, value) in [
-            (PART_OF, "cnimesh"),
-            (MANAGED_BY, "cnimesh"),
-            (VERSION, env!("CARGO_PKG_VERSION")),
-            (COMPONENT, component),
-        ] {
+        for (key, value) in
+            [(PART_OF, part_of), (MANAGED_BY, "cnimesh"), (VERSION, env!("CARGO_PKG_VERSION")), (COMPONENT, component)]
+        {
             labels.insert(key.into(), Value::from(value));
         }
     }

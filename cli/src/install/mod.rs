@@ -649,6 +649,39 @@ mod tests {
     }
 
     #[test]
+    fn proxy_tracing_values_reach_the_webhook_and_from_there_every_injected_proxy() {
+        let collector = "http://otel-collector.cnimesh-tracing.svc.cluster.local:4317";
+        let docs = with_set(&[&format!("proxy.tracing.collector={collector}"), "proxy.tracing.sampling=0.25"]);
+        let control = &find(&docs, "Deployment", CONTROL_NAME)["spec"]["template"]["spec"]["containers"][0];
+        assert_eq!(env_of(control, "CNIMESH_CONTROL_PROXY_TRACE_COLLECTOR").as_deref(), Some(collector));
+        assert_eq!(env_of(control, "CNIMESH_CONTROL_PROXY_TRACE_SAMPLING").as_deref(), Some("0.25"));
+        let untraced = with_set(&[]);
+        let control_default = &find(&untraced, "Deployment", CONTROL_NAME)["spec"]["template"]["spec"]["containers"][0];
+        assert_eq!(env_of(control_default, "CNIMESH_CONTROL_PROXY_TRACE_COLLECTOR"), None, "no tracing by default");
+
+        // The control plane reads them as its webhook flags and injects them into proxies.
+        #[derive(clap::Parser)]
+        struct Webhook {
+            #[command(flatten)]
+            args: cnimesh_control::inject::WebhookArgs,
+        }
+        let argv = [
+            "webhook".to_string(),
+            format!("--proxy-trace-collector={}", env_of(control, "CNIMESH_CONTROL_PROXY_TRACE_COLLECTOR").unwrap()),
+            format!("--proxy-trace-sampling={}", env_of(control, "CNIMESH_CONTROL_PROXY_TRACE_SAMPLING").unwrap()),
+        ];
+        let config =
+            <Webhook as clap::Parser>::try_parse_from(argv).unwrap().args.inject_config("cluster.local").unwrap();
+        assert_eq!(
+            config.tracing.env().unwrap(),
+            [
+                (cnimesh_control::inject::TRACE_COLLECTOR_ENV, collector.to_string()),
+                (cnimesh_control::inject::TRACE_SAMPLING_ENV, "0.25".to_string())
+            ]
+        );
+    }
+
+    #[test]
     fn the_values_config_map_holds_the_overrides_the_values_and_no_secret() {
         let certs = certs();
         let args = InstallArgs {

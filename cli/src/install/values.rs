@@ -92,6 +92,31 @@ pub struct Proxy {
     pub default_inbound_policy: String,
     pub log_level: String,
     pub resources: Resources,
+    pub tracing: ProxyTracing,
+}
+
+/// Where every injected proxy sends spans unless its namespace or pod is annotated
+/// (`config.cnimesh.io/trace-collector`, `-sampling`); the control plane's
+/// `CNIMESH_CONTROL_PROXY_TRACE_*`. Null: no cluster-wide tracing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ProxyTracing {
+    /// An OTLP/gRPC collector: `host:port`, `http://host:port` or `https://host:port`.
+    pub collector: Option<String>,
+    /// The ratio (0 to 1) of requests without trace context that start a trace; null is the
+    /// proxy's default, 0. A YAML number or a string.
+    #[serde(deserialize_with = "ratio")]
+    pub sampling: Option<String>,
+}
+
+/// A ratio given as a YAML number (`0.05`) or a string (`--set`), kept as its text.
+fn ratio<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<String>, D::Error> {
+    Ok(match Option::<Value>::deserialize(deserializer)? {
+        None | Some(Value::Null) => None,
+        Some(Value::String(text)) => Some(text),
+        Some(Value::Number(n)) => Some(n.to_string()),
+        Some(other) => return Err(serde::de::Error::custom(format!("a sampling ratio, not {other}"))),
+    })
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -147,6 +172,7 @@ impl Default for Values {
                     requests: quantities(Some("20m"), Some("32Mi")),
                     limits: quantities(None, Some("256Mi")),
                 },
+                tracing: ProxyTracing { collector: None, sampling: None },
             },
             node_agent: NodeAgent {
                 repair: super::NodeRepair::Delete,
@@ -169,6 +195,23 @@ fn choices(key: &str) -> Option<Vec<&'static str>> {
         "logFormat" => Some(vec!["plain", "json"]),
         "nodeAgent.repair" => Some(vec!["delete", "label", "off"]),
         "proxy.defaultInboundPolicy" => Some(DefaultPolicy::ALL.map(DefaultPolicy::as_str).to_vec()),
+        _ => None,
+    }
+}
+
+/// A value's check: the value normalised, or why it is bad.
+type Check = fn(&str) -> Result<String, String>;
+
+/// Keys whose strings the control plane would refuse at start unless well-formed: their check and
+/// what they expect.
+fn checked_text(key: &str) -> Option<(Check, &'static str)> {
+    use cnimesh_control::inject::{check_trace_collector, check_trace_sampling};
+    match key {
+        "proxy.tracing.collector" => Some((
+            check_trace_collector,
+            "an OTLP/gRPC collector (host:port, http://host:port or https://host:port) or null",
+        )),
+        "proxy.tracing.sampling" => Some((check_trace_sampling, "a sampling ratio from 0 to 1, or null")),
         _ => None,
     }
 }
@@ -364,6 +407,26 @@ fn check_leaf(key: &str, expected: &Value, value: &Value) -> Result<(), ValuesEr
         (Value::Array(_), Value::Array(items)) => items.iter().all(Value::is_string),
         _ => false,
     };
+    if let Some((check, example)) = checked_text(key) {
+        // Checked here, so that a bad value is refused by `--set` and the file, naming its key.
+        let text = match value {
+            Value::Null => return Ok(()),
+            Value::String(text) => text.clone(),
+            Value::Number(n) if key.ends_with("sampling") => n.to_string(),
+            other => {
+                return Err(ValuesError::WrongType {
+                    key: key.into(),
+                    expected: example.into(),
+                    value: describe(other),
+                });
+            }
+        };
+        return check(&text).map(drop).map_err(|why| ValuesError::WrongType {
+            key: key.into(),
+            expected: example.into(),
+            value: why,
+        });
+    }
     if !fits {
         return Err(wrong(key, expected, value));
     }
@@ -485,5 +548,32 @@ mod tests {
         assert!(given.has("controlPlane.replicas") && !given.has("imageTags.proxy") && !given.has("ha"));
         assert_eq!(Overrides::from_yaml(&given.to_yaml(), "again").unwrap(), given, "overrides round-trip");
         assert_eq!(Overrides::default().resolve().unwrap(), Values::default());
+    }
+
+    #[test]
+    fn proxy_tracing_takes_a_collector_and_a_ratio_from_set_or_a_file_and_refuses_bad_ones() {
+        let values =
+            set(&["proxy.tracing.collector=http://otel-collector.cnimesh-tracing:4317", "proxy.tracing.sampling=0.05"])
+                .unwrap();
+        assert_eq!(values.proxy.tracing.collector.as_deref(), Some("http://otel-collector.cnimesh-tracing:4317"));
+        assert_eq!(values.proxy.tracing.sampling.as_deref(), Some("0.05"));
+        let file =
+            Overrides::from_yaml("proxy:\n  tracing:\n    collector: c.tracing:4317\n    sampling: 0.5\n", "v.yaml")
+                .unwrap()
+                .resolve()
+                .unwrap();
+        assert_eq!(file.proxy.tracing.sampling.as_deref(), Some("0.5"), "a YAML number is a ratio too");
+        assert_eq!(Values::default().proxy.tracing, ProxyTracing { collector: None, sampling: None });
+
+        let error = set(&["proxy.tracing.collector=collector"]).unwrap_err().to_string();
+        assert!(error.starts_with("`proxy.tracing.collector` expects an OTLP/gRPC collector"), "{error}");
+        assert!(error.contains("\"collector\""), "{error}");
+        let error = set(&["proxy.tracing.sampling=2"]).unwrap_err().to_string();
+        assert!(error.starts_with("`proxy.tracing.sampling` expects a sampling ratio"), "{error}");
+        let error = Overrides::from_yaml("proxy:\n  tracing:\n    sampling: 1.5\n", "v.yaml").unwrap_err().to_string();
+        assert!(error.contains("proxy.tracing.sampling") && error.contains("1.5"), "{error}");
+        let error =
+            Overrides::from_yaml("proxy:\n  tracing:\n    collector: 4317\n", "v.yaml").unwrap_err().to_string();
+        assert!(error.contains("proxy.tracing.collector"), "{error}");
     }
 }

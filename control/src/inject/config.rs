@@ -11,6 +11,7 @@ use cnimesh_common::names;
 use cnimesh_identity::{DEFAULT_TRUST_DOMAIN, Name, NameError};
 use ipnet::IpNet;
 
+use super::trace_env::TraceSettings;
 use crate::policy::DefaultPolicy;
 use crate::policy::index::DEFAULT_CLUSTER_NETWORKS;
 
@@ -78,6 +79,9 @@ pub struct InjectConfig {
     pub default_inbound_policy: DefaultPolicy,
     /// The control plane's `--cluster-networks` (`CNIMESH_PROXY_POLICY_CLUSTER_NETWORKS`).
     pub cluster_networks: Vec<IpNet>,
+    /// Where proxies send spans unless their namespace or pod says otherwise (`--proxy-trace-*`);
+    /// by the time [`super::plan`] sees it, the namespace's annotations are already over it.
+    pub tracing: TraceSettings,
 }
 
 impl Default for InjectConfig {
@@ -95,6 +99,7 @@ impl Default for InjectConfig {
             proxy_uid: DEFAULT_PROXY_UID,
             default_inbound_policy: DefaultPolicy::default(),
             cluster_networks: default_cluster_networks(),
+            tracing: TraceSettings::default(),
         }
     }
 }
@@ -114,6 +119,8 @@ pub enum InjectConfigError {
     RootProxy,
     #[error("the default proxy log level {0:?}: {1}")]
     LogLevel(String, String),
+    #[error("the proxies' tracing default {0}")]
+    Tracing(String),
 }
 
 impl InjectConfig {
@@ -127,7 +134,8 @@ impl InjectConfig {
             return Err(InjectConfigError::RootProxy);
         }
         super::validate::check_log_level(&self.log_level)
-            .map_err(|why| InjectConfigError::LogLevel(self.log_level.clone(), why))
+            .map_err(|why| InjectConfigError::LogLevel(self.log_level.clone(), why))?;
+        self.tracing.env().map(drop).map_err(InjectConfigError::Tracing)
     }
 
     /// The control plane's inbound policy settings, which every injected proxy starts with.
@@ -186,6 +194,15 @@ pub struct WebhookArgs {
     pub proxy_cpu_limit: Option<String>,
     #[arg(long, env = "CNIMESH_CONTROL_PROXY_MEMORY_LIMIT", default_value = "256Mi")]
     pub proxy_memory_limit: String,
+    /// The OTLP/gRPC collector injected proxies send spans to (`host:port`, `http://host:port`,
+    /// `https://host:port`) unless a namespace or pod annotation `config.cnimesh.io/trace-collector`
+    /// says otherwise. Unset: proxies trace only where annotated.
+    #[arg(long, env = "CNIMESH_CONTROL_PROXY_TRACE_COLLECTOR")]
+    pub proxy_trace_collector: Option<String>,
+    /// The ratio (0 to 1) of requests without trace context the proxies start a trace for, unless
+    /// annotated `config.cnimesh.io/trace-sampling`. Unset: the proxy's default, 0.
+    #[arg(long, env = "CNIMESH_CONTROL_PROXY_TRACE_SAMPLING")]
+    pub proxy_trace_sampling: Option<String>,
 }
 
 impl WebhookArgs {
@@ -211,6 +228,11 @@ impl WebhookArgs {
             // `serve`'s own flags; `ServeArgs` sets them with `with_inbound_policy`.
             default_inbound_policy: DefaultPolicy::default(),
             cluster_networks: default_cluster_networks(),
+            tracing: TraceSettings::cluster(
+                self.proxy_trace_collector.as_deref(),
+                self.proxy_trace_sampling.as_deref(),
+            )
+            .map_err(InjectConfigError::Tracing)?,
         };
         config.validate()?;
         Ok(config)

@@ -20,6 +20,7 @@ mod policy_env;
 mod server;
 #[cfg(test)]
 mod tests;
+mod trace_env;
 mod validate;
 mod version;
 
@@ -42,5 +43,9 @@ pub use policy_env::{
     skipped_port_warnings,
 };
 pub use server::{INJECT_PATH, MAX_BODY, OPT_IN_PATH, Webhook, serve_webhook};
-pub use validate::{check_log_level, check_ports};
+pub use trace_env::{
+    TRACE_COLLECTOR_ANNOTATION, TRACE_COLLECTOR_ENV, TRACE_OFF, TRACE_SAMPLING_ANNOTATION, TRACE_SAMPLING_ENV,
+    TraceSettings, TraceValue,
+};
+pub use validate::{check_log_level, check_ports, check_trace_collector, check_trace_sampling};
 pub use version::watch_server_version;

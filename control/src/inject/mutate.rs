@@ -29,6 +29,7 @@ use super::policy_env::{
     CLUSTER_NETWORKS_ENV, INBOUND_PORTS_ENV, NamespaceDefault, POLICY_DEFAULT_ENV, effective_default, inbound_ports,
     skipped_port_warnings,
 };
+use super::trace_env::{TraceSettings, add_trace_env};
 use super::validate::{check_log_level, check_ports};
 use crate::workload::{Workload, owner_labels};
 
@@ -228,6 +229,12 @@ pub fn plan(
         .transpose()?;
     let log_level = annotation(LOG_LEVEL_ANNOTATION).unwrap_or(&config.log_level);
     check_log_level(log_level).map_err(|why| Skip::Warn(format!("annotation {LOG_LEVEL_ANNOTATION}: {why}")))?;
+    // The config's settings already carry the namespace's annotations (the caller read them).
+    let trace_env = config
+        .tracing
+        .overridden_by(&TraceSettings::annotated(typed.metadata.annotations.as_ref(), "the pod"))
+        .env()
+        .map_err(Skip::Warn)?;
     let settings =
         PodProxySettings { identity: pod_identity(spec, ns, config)?, opaque_ports, log_level: log_level.into() };
     let mut container = proxy_container(config, &settings).map_err(Skip::Warn)?;
@@ -236,6 +243,7 @@ pub fn plan(
     let (default_policy, fail_closed) =
         effective_default(&typed.metadata, &pod_key, ns_default, config.default_inbound_policy);
     add_policy_env(&mut container, config, default_policy.as_str(), inbound_ports(spec));
+    add_trace_env(&mut container, trace_env);
     let mut warnings: Vec<String> = fail_closed.map(|w| format!("cnimesh: {w}")).into_iter().collect();
     warnings.extend(skipped_port_warnings(&typed.metadata, spec));
     let owner = workload.cloned().or_else(|| Workload::of_pod(&typed.metadata));

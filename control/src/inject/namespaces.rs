@@ -1,5 +1,5 @@
 //! Where the webhook reads the pod's namespace, for its `config.cnimesh.io/default-inbound-policy`
-//! annotation (issue 25, finding 2): the API server (the control plane's ClusterRole already
+//! annotation (issue 25, finding 2) and its tracing annotations (issue 29): the API server (the control plane's ClusterRole already
 //! grants `get` on namespaces, for inbound policy) or, in local mode, the cluster directory.
 //!
 //! Read at admission, not from a cache: a namespace annotated a moment ago must already count
@@ -15,6 +15,7 @@ use k8s_openapi::api::core::v1::Namespace;
 use kube::Api;
 
 use super::policy_env::NamespaceDefault;
+use super::trace_env::TraceSettings;
 use crate::policy::model::NamespaceRecord;
 
 /// Well inside the API server's webhook timeout (10 s by default), so that a slow read still
@@ -41,24 +42,39 @@ impl std::fmt::Debug for Namespaces {
 impl Namespaces {
     /// The namespace's default-inbound-policy annotation, read as the control plane reads it.
     pub async fn default_of(&self, name: &str) -> NamespaceDefault {
+        self.settings_of(name).await.0
+    }
+
+    /// The namespace's default-inbound-policy and its tracing annotations, from one read. A
+    /// namespace that cannot be read has no tracing settings (the cluster's stand): tracing is
+    /// not a security setting, and the policy's warning already reports the failure.
+    pub async fn settings_of(&self, name: &str) -> (NamespaceDefault, TraceSettings) {
         let namespace = match self {
             Namespaces::Kube(client) => {
                 let api: Api<Namespace> = Api::all(client.clone());
                 match tokio::time::timeout(LOOKUP_TIMEOUT, api.get_opt(name)).await {
                     Ok(Ok(ns)) => ns,
-                    Ok(Err(error)) => return NamespaceDefault::Unreadable(error.to_string()),
-                    Err(_) => return NamespaceDefault::Unreadable(format!("no answer within {LOOKUP_TIMEOUT:?}")),
+                    Ok(Err(error)) => return unreadable(error.to_string()),
+                    Err(_) => return unreadable(format!("no answer within {LOOKUP_TIMEOUT:?}")),
                 }
             }
             Namespaces::Files(dir) => {
                 let (dir, name) = (dir.clone(), name.to_string());
                 match tokio::task::spawn_blocking(move || crate::sources::namespace_in(&dir, &name)).await {
                     Ok(ns) => ns,
-                    Err(error) => return NamespaceDefault::Unreadable(error.to_string()),
+                    Err(error) => return unreadable(error.to_string()),
                 }
             }
         };
+        let tracing = TraceSettings::annotated(
+            namespace.as_ref().and_then(|ns| ns.metadata.annotations.as_ref()),
+            &format!("namespace {name}"),
+        );
         // A namespace that does not exist has no annotation; the API server will refuse the pod.
-        NamespaceDefault::Read(namespace.and_then(|ns| NamespaceRecord::from_k8s(&ns).default_policy))
+        (NamespaceDefault::Read(namespace.and_then(|ns| NamespaceRecord::from_k8s(&ns).default_policy)), tracing)
     }
+}
+
+fn unreadable(why: String) -> (NamespaceDefault, TraceSettings) {
+    (NamespaceDefault::Unreadable(why), TraceSettings::default())
 }

@@ -112,15 +112,18 @@ impl Webhook {
     }
 
     /// Like [`Webhook::review`], reading the pod's namespace first when there is a pod to inject
-    /// and a namespace source.
+    /// and a namespace source: its default inbound policy, and its tracing settings, which go
+    /// over the cluster's.
     pub async fn review_reading_namespace(&self, path: &str, body: &[u8]) -> Result<Vec<u8>, (StatusCode, String)> {
         let response = match parse(path, body)? {
             Parsed::Request(request, namespace) => {
-                let ns_default = match (&self.namespaces, request.namespace.as_deref()) {
-                    (Some(source), Some(ns)) if is_pod_create(&request) => source.default_of(ns).await,
-                    _ => NamespaceDefault::NotLooked,
+                let (ns_default, ns_tracing) = match (&self.namespaces, request.namespace.as_deref()) {
+                    (Some(source), Some(ns)) if is_pod_create(&request) => source.settings_of(ns).await,
+                    _ => (NamespaceDefault::NotLooked, Default::default()),
                 };
-                mutate(&request, namespace, &ns_default, &self.config())
+                let mut config = self.config();
+                config.tracing = config.tracing.overridden_by(&ns_tracing);
+                mutate(&request, namespace, &ns_default, &config)
             }
             Parsed::Answered(response) => *response,
         };

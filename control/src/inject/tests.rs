@@ -801,3 +801,113 @@ async fn the_served_review_reads_the_namespaces_annotation() {
     json_patch::patch(&mut patched, &patch.unwrap()).unwrap();
     assert_eq!(env(&proxy_of(&typed(&patched)), POLICY_DEFAULT_ENV), Some("all-unauthenticated"));
 }
+
+/// A config whose cluster-wide tracing default is `collector` / `sampling` (the `serve` flags).
+fn traced_config(collector: Option<&str>, sampling: Option<&str>) -> InjectConfig {
+    InjectConfig { tracing: TraceSettings::cluster(collector, sampling).unwrap(), ..config() }
+}
+
+#[test]
+fn the_proxy_traces_to_the_pods_collector_over_the_clusters_and_not_at_all_without_one() {
+    let trace_env = |proxy: &Container| {
+        (env(proxy, TRACE_COLLECTOR_ENV).map(String::from), env(proxy, TRACE_SAMPLING_ENV).map(String::from))
+    };
+    let s = |v: &str| Some(v.to_string());
+    // No collector anywhere: tracing off, the proxy gets neither variable.
+    let (_, proxy) = injected(&deployment_pod(), &NamespaceDefault::NotLooked, &config());
+    assert_eq!(trace_env(&proxy), (None, None));
+    // The cluster default reaches every proxy.
+    let cluster = traced_config(Some("http://otel-collector.cnimesh-tracing:4317"), Some("0.1"));
+    let (_, proxy) = injected(&deployment_pod(), &NamespaceDefault::NotLooked, &cluster);
+    assert_eq!(trace_env(&proxy), (s("http://otel-collector.cnimesh-tracing:4317"), s("0.1")));
+    // The pod's annotations win, each on its own.
+    let annotated = pod_with(json!({"metadata": {"annotations": {
+        "config.cnimesh.io/trace-collector": "https://collector.team.example:4317",
+    }}}));
+    let (_, proxy) = injected(&annotated, &NamespaceDefault::NotLooked, &cluster);
+    assert_eq!(trace_env(&proxy), (s("https://collector.team.example:4317"), s("0.1")));
+    let sampled = pod_with(json!({"metadata": {"annotations": {"config.cnimesh.io/trace-sampling": "1"}}}));
+    let (_, proxy) = injected(&sampled, &NamespaceDefault::NotLooked, &cluster);
+    assert_eq!(trace_env(&proxy), (s("http://otel-collector.cnimesh-tracing:4317"), s("1")));
+    // A pod may opt out of a cluster default.
+    let off = pod_with(json!({"metadata": {"annotations": {"config.cnimesh.io/trace-collector": "off"}}}));
+    let (_, proxy) = injected(&off, &NamespaceDefault::NotLooked, &cluster);
+    assert_eq!(trace_env(&proxy), (None, None));
+    // Without a cluster default, an annotated pod alone traces.
+    let (_, proxy) = injected(&annotated, &NamespaceDefault::NotLooked, &config());
+    assert_eq!(trace_env(&proxy), (s("https://collector.team.example:4317"), None));
+}
+
+#[test]
+fn a_bad_trace_annotation_admits_the_pod_unchanged_with_a_warning_naming_it() {
+    let cluster = traced_config(Some("collector:4317"), None);
+    let cases = [
+        ("config.cnimesh.io/trace-collector", "collector", "no port"),
+        ("config.cnimesh.io/trace-collector", "grpc://collector:4317", "scheme"),
+        ("config.cnimesh.io/trace-collector", "collector:4317\nEVIL=1", "not 1-65535"),
+        ("config.cnimesh.io/trace-sampling", "1.5", "sampling ratio"),
+        ("config.cnimesh.io/trace-sampling", "10%", "sampling ratio"),
+    ];
+    for (key, value, why) in cases {
+        let pod = pod_with(json!({"metadata": {"annotations": {key: value}}}));
+        let response = unchanged(&pod, "shop", NamespaceInjection::Enabled, &cluster);
+        let w = warnings(&response);
+        assert!(w.starts_with("cnimesh: cnimesh-proxy not injected: annotation"), "{key}={value:?}: {w}");
+        assert!(w.contains(key) && w.contains("of the pod") && w.contains(why), "{key}={value:?}: {w}");
+    }
+}
+
+#[test]
+fn a_bad_cluster_tracing_flag_stops_serve_at_start() {
+    #[derive(clap::Parser)]
+    struct Serve {
+        #[command(flatten)]
+        webhook: WebhookArgs,
+    }
+    let parse = |extra: &[&str]| {
+        let argv = [&["serve"], extra].concat();
+        <Serve as clap::Parser>::try_parse_from(argv).unwrap().webhook.inject_config("cluster.local")
+    };
+    let config = parse(&["--proxy-trace-collector=collector.tracing:4317", "--proxy-trace-sampling=0.5"]).unwrap();
+    assert_eq!(config.tracing, TraceSettings::cluster(Some("collector.tracing:4317"), Some("0.5")).unwrap());
+    let error = parse(&["--proxy-trace-collector=collector.tracing"]).unwrap_err().to_string();
+    assert!(error.contains("--proxy-trace-collector") && error.contains("\"collector.tracing\""), "{error}");
+    let error = parse(&["--proxy-trace-sampling=2"]).unwrap_err().to_string();
+    assert!(error.contains("--proxy-trace-sampling") && error.contains("\"2\""), "{error}");
+    assert_eq!(parse(&[]).unwrap().tracing, TraceSettings::default(), "unset: no tracing");
+}
+
+#[tokio::test]
+async fn the_served_review_takes_tracing_from_the_namespace_over_the_cluster_and_the_pod_over_both() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("ns.yaml"),
+        "apiVersion: v1\nkind: Namespace\nmetadata: {name: shop, annotations: {config.cnimesh.io/trace-collector: 'http://shop-collector:4317', config.cnimesh.io/trace-sampling: '0.25'}}\n\
+         ---\napiVersion: v1\nkind: Namespace\nmetadata: {name: quiet, annotations: {config.cnimesh.io/trace-collector: 'off'}}\n\
+         ---\napiVersion: v1\nkind: Namespace\nmetadata: {name: typo, annotations: {config.cnimesh.io/trace-sampling: 'lots'}}\n",
+    )
+    .unwrap();
+    let cluster = traced_config(Some("cluster-collector:4317"), None);
+    let webhook = Webhook::new(cluster).unwrap().with_namespaces(Namespaces::Files(dir.path().into()));
+    let serve = async |pod: &Value, ns: &str| {
+        let body = serde_json::to_vec(&review(pod, ns)).unwrap();
+        let (response, patch) = decode_response(&webhook.review_reading_namespace(INJECT_PATH, &body).await.unwrap());
+        let Some(patch) = patch else { return Err(response["warnings"].to_string()) };
+        let mut patched = pod.clone();
+        json_patch::patch(&mut patched, &patch).unwrap();
+        let proxy = proxy_of(&typed(&patched));
+        let get = |name| env(&proxy, name).map(String::from);
+        Ok((get(TRACE_COLLECTOR_ENV), get(TRACE_SAMPLING_ENV)))
+    };
+    let s = |v: &str| Some(v.to_string());
+    assert_eq!(serve(&deployment_pod(), "shop").await.unwrap(), (s("http://shop-collector:4317"), s("0.25")));
+    let pod = pod_with(json!({"metadata": {"annotations": {"config.cnimesh.io/trace-sampling": "1"}}}));
+    assert_eq!(serve(&pod, "shop").await.unwrap(), (s("http://shop-collector:4317"), s("1")));
+    assert_eq!(serve(&deployment_pod(), "other").await.unwrap(), (s("cluster-collector:4317"), None));
+    assert_eq!(serve(&deployment_pod(), "quiet").await.unwrap(), (None, None), "the namespace opts out");
+    let warning = serve(&deployment_pod(), "typo").await.unwrap_err();
+    assert!(
+        warning.contains("not injected: annotation config.cnimesh.io/trace-sampling of namespace typo: \\\"lots\\\""),
+        "{warning}"
+    );
+}

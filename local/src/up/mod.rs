@@ -20,7 +20,7 @@ use cnimesh_common::names::{
 use serde_json::{Value, json};
 
 use self::preflight::{Binaries, preflight};
-use self::summary::{next_commands, send_traffic};
+use self::summary::{next_commands, send_traced_request, send_traffic};
 use super::host::{self, REFERENCE_PLUGIN_DIR, netns_path, spawn_detached};
 use super::record::State;
 use super::runtime::{Runtime, random_id};
@@ -148,14 +148,16 @@ fn bring_up(i: &Inputs<'_>) -> anyhow::Result<Summary> {
     write_policies(i)?;
     let conflist = start_agent(i)?;
     let control_addr = start_control(i, &conflist, &ca, &mut state)?;
+    let collector = start_collector(i)?;
     let pods = create_pods(i, &conflist)?;
     write_services(i, &pods)?;
     start_apps(i, &pods)?;
-    start_proxies(i, &pods, &ca, control_addr)?;
+    start_proxies(i, &pods, &ca, control_addr, collector)?;
     wait_for_pods(i, &pods)?;
     let up_seconds = i.started.elapsed().as_secs_f64();
     let edges = send_traffic(i, &pods);
-    Ok(Summary { root: i.root.display().to_string(), edges, commands: next_commands(i), up_seconds })
+    let trace = send_traced_request(i, &pods)?;
+    Ok(Summary { root: i.root.display().to_string(), edges, commands: next_commands(i), up_seconds, trace })
 }
 
 /// The root dir and its layout, and the first record of this run (so `down` finds it even if
@@ -269,6 +271,21 @@ fn start_control(i: &Inputs<'_>, conflist: &Value, ca: &Path, state: &mut State)
     Ok(control_addr)
 }
 
+/// The collector stand-in (`cnimesh-local collector`) on the bridge's gateway, which the control
+/// pod's attachment has just given an address; returns where the proxies export to.
+fn start_collector(i: &Inputs<'_>) -> anyhow::Result<SocketAddr> {
+    let gateway = i.args.subnet.hosts().next().context("the pod subnet has no gateway address")?;
+    let addr = SocketAddr::from((gateway, crate::demo_trace::COLLECTOR_PORT));
+    i.progress(&format!("starting the collector stand-in on {addr} (spans to traces.jsonl)"));
+    let file = crate::demo_trace::traces_file(i.root);
+    crate::demo_trace::create_file(&file)?;
+    let mut collector = Command::new(&i.bins.local);
+    collector.args(["collector", "--listen", &addr.to_string(), "--out"]).arg(&file);
+    spawn_detached(i.root, "collector", collector)?;
+    wait_for(i.root, "the collector stand-in", "collector", || crate::demo_trace::listening(addr))?;
+    Ok(addr)
+}
+
 /// Each workload pod through the full chain: its Pod object is written Pending first (the agent
 /// decides capture from it), then Running with its IP for the agent and the control plane.
 fn create_pods(i: &Inputs<'_>, conflist: &Value) -> anyhow::Result<Vec<Running>> {
@@ -343,7 +360,15 @@ fn start_apps(i: &Inputs<'_>, pods: &[Running]) -> anyhow::Result<()> {
 
 /// A proxy in every meshed pod, as the proxy UID, with its service account's token (one per
 /// service account, as a projected token would be) readable by it alone.
-fn start_proxies(i: &Inputs<'_>, pods: &[Running], ca: &Path, control_addr: SocketAddr) -> anyhow::Result<()> {
+/// Every proxy exports its spans to the collector stand-in; their sampling stays the default 0,
+/// so only requests that carry a sampled context (the demo's traced request) are traced.
+fn start_proxies(
+    i: &Inputs<'_>,
+    pods: &[Running],
+    ca: &Path,
+    control_addr: SocketAddr,
+    collector: SocketAddr,
+) -> anyhow::Result<()> {
     let ns = i.workloads.namespace.as_str();
     for pod in pods.iter().filter(|p| p.spec.meshed) {
         let sa = &pod.spec.service_account;
@@ -367,7 +392,11 @@ fn start_proxies(i: &Inputs<'_>, pods: &[Running], ca: &Path, control_addr: Sock
             .env("CNIMESH_PROXY_IDENTITY_ADDR", control_addr.to_string())
             .env("CNIMESH_PROXY_DESTINATION_ADDR", control_addr.to_string())
             // Each port's authorization policy comes from the control plane.
-            .env("CNIMESH_PROXY_POLICY_WORKLOAD", format!("{ns}:{}", pod.spec.name));
+            .env("CNIMESH_PROXY_POLICY_WORKLOAD", format!("{ns}:{}", pod.spec.name))
+            // What the injector sets from the downward API: the spans' pod and namespace.
+            .env("CNIMESH_POD_NAME", &pod.spec.name)
+            .env("CNIMESH_POD_NAMESPACE", ns)
+            .env("CNIMESH_PROXY_TRACE_COLLECTOR", format!("http://{collector}"));
         spawn_detached(i.root, &format!("proxy-{}", pod.spec.name), proxy)?;
     }
     Ok(())

@@ -8,7 +8,9 @@ use std::time::Duration;
 use cnimesh_common::names::PROXY_ADMIN_PORT;
 
 use super::{Inputs, Running, loopback, replicas};
-use crate::traffic::{self, Edge, http_get_in, samples};
+use crate::demo_trace::{DemoTrace, SPANS_WAIT, new_traceparent, wait_for_trace};
+use crate::runtime::random_id;
+use crate::traffic::{self, Edge, http_get_in, http_get_in_with, samples};
 use crate::workloads::Role;
 
 /// The samples of `pod`'s proxy `/metrics` (none when it cannot be read).
@@ -65,6 +67,38 @@ pub(super) fn send_traffic(i: &Inputs<'_>, pods: &[Running]) -> Vec<Edge> {
     edges
 }
 
+/// After the load: one request from the first meshed client to the first meshed service it
+/// calls, with a sampled W3C `traceparent` as an instrumented app would send, and its trace as the
+/// collector stand-in received it (bounded wait). `None` when the demo has no such pair.
+pub(super) fn send_traced_request(i: &Inputs<'_>, pods: &[Running]) -> anyhow::Result<Option<DemoTrace>> {
+    let (w, ns) = (i.workloads, i.workloads.namespace.as_str());
+    let pair = w.clients.iter().filter(|c| c.meshed).find_map(|client| {
+        let service = client.calls.iter().filter_map(|t| w.service(t)).find(|s| s.meshed)?;
+        Some((client, service))
+    });
+    let Some((client, s)) = pair else { return Ok(None) };
+    i.progress(&format!("sending one traced request {} -> {}", client.name, s.name));
+    let (traceparent, trace_id, app_span) = new_traceparent(&random_id()?);
+    let host = format!("{}.{ns}.svc.cluster.local", s.name);
+    let answer = http_get_in_with(
+        &i.netns(&client.name),
+        SocketAddr::from((s.cluster_ip, s.port)),
+        &host,
+        "/",
+        &[("traceparent", traceparent)],
+    );
+    if let Err(error) = &answer {
+        tracing::warn!(%error, "the traced request failed; its spans may still show where");
+    }
+    let backends: Vec<&str> = match &s.split {
+        Some(split) => split.iter().map(|b| b.service.as_str()).collect(),
+        None => vec![s.name.as_str()],
+    };
+    let servers: Vec<String> = backends.iter().flat_map(|b| replicas(pods, b)).map(|p| p.spec.name.clone()).collect();
+    let file = crate::demo_trace::traces_file(i.root);
+    Ok(Some(wait_for_trace(&file, &trace_id, &app_span, &client.name, &servers, SPANS_WAIT)))
+}
+
 /// The summary's "look further" commands.
 pub(super) fn next_commands(i: &Inputs<'_>) -> BTreeMap<String, String> {
     let (node, root, prefix, ns) = (&i.bins.node, i.root, i.prefix, i.workloads.namespace.as_str());
@@ -85,6 +119,10 @@ pub(super) fn next_commands(i: &Inputs<'_>) -> BTreeMap<String, String> {
         format!("{} --state-dir {} pods", node.display(), state_dir.display()),
     );
     commands.insert("logs".into(), format!("ls {}", root.join("logs").display()));
+    commands.insert(
+        "the spans the proxies exported (the collector stand-in's file)".into(),
+        format!("cat {}", crate::demo_trace::traces_file(root).display()),
+    );
     // The operator's command (a binary of cnimesh-control, built beside this one) reads these
     // pods and their proxies as it reads a cluster's.
     let cnimesh = i.bins.local.with_file_name("cnimesh");

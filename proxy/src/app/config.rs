@@ -62,6 +62,26 @@ pub struct Config {
     /// the control plane's (the one the proxy verifies the control plane with). Without an
     /// identity the proxy serves no tap at all.
     pub tap_identities: Vec<Name>,
+    /// Distributed tracing ([`crate::app::spans`]); `None` (no collector) = off: no spans, no
+    /// exporter task, trace headers forwarded untouched.
+    pub trace: Option<TraceConfig>,
+}
+
+/// Where the proxy's spans go and which untraced requests start a trace (cnimesh-trace's crate
+/// docs have the contract).
+#[derive(Debug, Clone)]
+pub struct TraceConfig {
+    /// `CNIMESH_PROXY_TRACE_COLLECTOR`: the OTLP/gRPC collector.
+    pub collector: cnimesh_trace::Collector,
+    /// `CNIMESH_PROXY_TRACE_SAMPLING`: the share of requests *without* trace context that start a
+    /// trace (0 by default: only requests that arrive traced are).
+    pub sampling: f64,
+    /// `CNIMESH_PROXY_TRACE_COLLECTOR_CA_FILE`: PEM roots for an https collector (default: the
+    /// system's).
+    pub ca_file: Option<PathBuf>,
+    /// `CNIMESH_POD_NAME`, `CNIMESH_POD_NAMESPACE` (set by the injector): span and resource attributes.
+    pub pod_name: Option<String>,
+    pub pod_namespace: Option<String>,
 }
 
 /// Inbound policy from the control plane's InboundServerPolicies, on the Destination channel.
@@ -145,6 +165,7 @@ impl Default for Config {
             outbound_max_connections: None,
             inbound_max_connections_per_source: None,
             tap_identities: Vec::new(),
+            trace: None,
         }
     }
 }
@@ -354,6 +375,21 @@ pub struct Args {
     /// Identities that may tap this proxy, comma-separated [default: the control plane's].
     #[arg(long, env = "CNIMESH_PROXY_TAP_IDENTITIES", value_parser = list::<Name>)]
     pub tap_identities: Option<List<Name>>,
+    /// OTLP/gRPC trace collector, `http://host:port`, `https://host:port` or `host:port`; unset or empty = tracing off.
+    #[arg(long, env = "CNIMESH_PROXY_TRACE_COLLECTOR")]
+    pub trace_collector: Option<String>,
+    /// Share of requests without trace context that start a trace, 0.0-1.0 [default: 0].
+    #[arg(long, env = "CNIMESH_PROXY_TRACE_SAMPLING")]
+    pub trace_sampling: Option<String>,
+    /// PEM roots that verify an https trace collector [default: the system's].
+    #[arg(long, env = "CNIMESH_PROXY_TRACE_COLLECTOR_CA_FILE")]
+    pub trace_collector_ca_file: Option<PathBuf>,
+    /// This pod's name (span attribute `k8s.pod.name`; set by the injector).
+    #[arg(long, env = "CNIMESH_POD_NAME")]
+    pub pod_name: Option<String>,
+    /// This pod's namespace (span attribute `k8s.namespace.name`; set by the injector).
+    #[arg(long, env = "CNIMESH_POD_NAMESPACE")]
+    pub pod_namespace: Option<String>,
 }
 
 impl TryFrom<Args> for Config {
@@ -364,6 +400,7 @@ impl TryFrom<Args> for Config {
         let identity = identity(&args)?;
         let destination = destination(&args, identity.as_ref())?;
         let policy = policy(&args, destination.as_ref())?;
+        let trace = trace(&args)?;
         let outbound_identities = args.outbound_identities.map(|l| l.0).unwrap_or_default();
         if identity.is_none() && !outbound_identities.is_empty() {
             return Err(ConfigError::invalid(
@@ -386,6 +423,7 @@ impl TryFrom<Args> for Config {
             (None, None) => Vec::new(),
         };
         Ok(Self {
+            trace,
             tap_identities,
             inbound: args.inbound_addrs.map_or(d.inbound, |l| l.0),
             outbound: args.outbound_addrs.map_or(d.outbound, |l| l.0),
@@ -410,6 +448,44 @@ impl TryFrom<Args> for Config {
             inbound_max_connections_per_source: args.inbound_max_connections_per_source,
         })
     }
+}
+
+/// The tracing settings. An empty collector is the same as none (an injector template that
+/// renders an unset value); sampling and a CA file without a collector are checked but unused.
+/// A CA file for an http collector is an error: it says TLS was meant, and plaintext is not it.
+fn trace(args: &Args) -> Result<Option<TraceConfig>, ConfigError> {
+    let sampling = match &args.trace_sampling {
+        Some(text) if !text.trim().is_empty() => cnimesh_trace::export::parse_sampling(text).map_err(|_| {
+            ConfigError::invalid("CNIMESH_PROXY_TRACE_SAMPLING", text.clone(), "expected a ratio from 0.0 to 1.0")
+        })?,
+        _ => 0.0,
+    };
+    let Some(text) = args.trace_collector.as_deref().filter(|t| !t.trim().is_empty()) else { return Ok(None) };
+    let collector: cnimesh_trace::Collector = text.parse().map_err(|_| {
+        ConfigError::invalid(
+            "CNIMESH_PROXY_TRACE_COLLECTOR",
+            text,
+            "expected http://host:port, https://host:port or host:port (an OTLP/gRPC collector, no path)",
+        )
+    })?;
+    let ca_file = args.trace_collector_ca_file.clone().filter(|p| !p.as_os_str().is_empty());
+    if let Some(ca) = &ca_file
+        && !collector.tls
+    {
+        return Err(ConfigError::invalid(
+            "CNIMESH_PROXY_TRACE_COLLECTOR_CA_FILE",
+            ca.display().to_string(),
+            format!("set for the plaintext collector {collector}; use https:// to verify it with this CA"),
+        ));
+    }
+    let non_empty = |v: &Option<String>| v.as_deref().map(str::trim).filter(|v| !v.is_empty()).map(str::to_string);
+    Ok(Some(TraceConfig {
+        collector,
+        sampling,
+        ca_file,
+        pod_name: non_empty(&args.pod_name),
+        pod_namespace: non_empty(&args.pod_namespace),
+    }))
 }
 
 /// Linkerd's default cluster networks (the private ranges).
@@ -708,5 +784,48 @@ mod tests {
         assert!(!off.destination.unwrap().outbound_policy);
         let e = with(&[dst, ("CNIMESH_PROXY_POLICY_DEFAULT", "allow")]).unwrap_err();
         assert!(e.to_string().contains("CNIMESH_PROXY_POLICY_DEFAULT"), "{e}");
+    }
+
+    #[test]
+    fn tracing_is_off_without_a_collector_and_bad_values_name_their_variable() {
+        assert!(from_vars(&[]).unwrap().trace.is_none());
+        assert!(from_vars(&[("CNIMESH_PROXY_TRACE_COLLECTOR", "")]).unwrap().trace.is_none());
+        let t = from_vars(&[
+            ("CNIMESH_PROXY_TRACE_COLLECTOR", "otel-collector.tracing:4317"),
+            ("CNIMESH_PROXY_TRACE_SAMPLING", "0.25"),
+            ("CNIMESH_POD_NAME", "web-0"),
+            ("CNIMESH_POD_NAMESPACE", "shop"),
+        ])
+        .unwrap()
+        .trace
+        .unwrap();
+        assert_eq!(t.collector.to_string(), "http://otel-collector.tracing:4317");
+        assert_eq!(
+            (t.sampling, t.pod_name.as_deref(), t.pod_namespace.as_deref()),
+            (0.25, Some("web-0"), Some("shop"))
+        );
+        let t = from_vars(&[
+            ("CNIMESH_PROXY_TRACE_COLLECTOR", "https://collector:4317"),
+            ("CNIMESH_PROXY_TRACE_COLLECTOR_CA_FILE", "/ca.pem"),
+        ])
+        .unwrap()
+        .trace
+        .unwrap();
+        assert_eq!((t.collector.tls, t.sampling), (true, 0.0));
+        for (var, value) in [
+            ("CNIMESH_PROXY_TRACE_COLLECTOR", "collector"),
+            ("CNIMESH_PROXY_TRACE_COLLECTOR", "http://collector:4317/v1/traces"),
+            ("CNIMESH_PROXY_TRACE_SAMPLING", "1.5"),
+            ("CNIMESH_PROXY_TRACE_SAMPLING", "half"),
+        ] {
+            let e = from_vars(&[(var, value)]).unwrap_err();
+            assert!(e.to_string().contains(var) && e.to_string().contains(value), "{e}");
+        }
+        let e = from_vars(&[
+            ("CNIMESH_PROXY_TRACE_COLLECTOR", "http://collector:4317"),
+            ("CNIMESH_PROXY_TRACE_COLLECTOR_CA_FILE", "/ca.pem"),
+        ])
+        .unwrap_err();
+        assert!(e.to_string().contains("CNIMESH_PROXY_TRACE_COLLECTOR_CA_FILE"), "{e}");
     }
 }

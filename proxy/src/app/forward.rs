@@ -21,6 +21,7 @@ use tower::retry::budget::Budget as _;
 
 use crate::app::metrics::{Direction, Metrics, OpenConnection, RequestLabels, ResponseLabels, TlsLabel};
 use crate::app::shared::Shared;
+use crate::app::spans::{self, ConnInfo, Traced};
 use crate::client::discovery::balance::Load;
 use crate::client::target::{Picked, Route, RouteError};
 use crate::client::targets::Target;
@@ -102,16 +103,32 @@ impl Handles {
     }
 }
 
-/// Counts a response when its body ends; its endpoint load ends with it.
+/// Counts a response when its body ends; its endpoint load ends with it, and so does the
+/// request's span (if it is traced), so that a failure in the trailers is in the span.
 struct End {
     handles: Arc<Handles>,
     status: StatusCode,
     _load: Option<Load>,
+    /// The request's span and the response head's `grpc-status` (a trailers-only answer).
+    trace: Option<(Box<Traced>, Option<String>)>,
 }
 
 impl OnEnd for End {
     fn end(self: Box<Self>, classification: Classification) {
         self.handles.count_response(self.status, classification);
+        if let Some((traced, grpc)) = self.trace {
+            traced.finish(Some(self.status), grpc.as_deref(), classification == Classification::Failure, None);
+        }
+    }
+}
+
+/// Ends a traced request's span with an answer the proxy made itself (a refusal, a route's
+/// injected fault).
+fn finish_answer(traced: Option<Box<Traced>>, answer: &Response<Body>) {
+    if let Some(traced) = traced {
+        let grpc = answer.headers().get("grpc-status").and_then(|v| v.to_str().ok());
+        let failed = classify(answer.status(), answer.headers()) == Classification::Failure;
+        traced.finish(Some(answer.status()), grpc, failed, None);
     }
 }
 
@@ -222,10 +239,23 @@ impl HttpProxy {
         target
     }
 
+    /// The request's span, when tracing is on and the request is sampled. Off, this is the
+    /// one check tracing costs a request.
+    fn trace<B>(&self, req: &Request<B>) -> Option<Box<Traced>> {
+        let tracer = self.shared.tracer.as_ref()?;
+        let service = match &self.target.route {
+            Route::Balanced(b) => Some(b.service.as_str()),
+            Route::Fixed(_) => None,
+        };
+        let conn = ConnInfo { direction: self.direction, peer: self.peer, tls: &self.tls, service };
+        Traced::start(tracer, req, authority_of(req), &conn)
+    }
+
     /// One request, end to end, with its metrics.
     pub async fn handle(self: Arc<Self>, mut req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
         let start = Instant::now();
         let handles = self.handles(authority_of(&req), &self.tls);
+        let mut traced = self.trace(&req);
         // Never switched to h2c: the requests after the switch would pass no check of ours.
         strip_h2c_upgrade(req.headers_mut());
         if self.direction == Direction::inbound
@@ -233,6 +263,7 @@ impl HttpProxy {
         {
             handles.requests.inc();
             handles.count_response(refused.status(), classify(refused.status(), refused.headers()));
+            finish_answer(traced, &refused);
             return Ok(tap::respond(self.tap(&req, None, start), refused));
         }
         if let Some(policy) = &self.policy
@@ -240,6 +271,7 @@ impl HttpProxy {
         {
             handles.requests.inc();
             handles.count_response(denied.status(), classify(denied.status(), denied.headers()));
+            finish_answer(traced, &denied);
             return Ok(tap::respond(self.tap(&req, None, start), denied));
         }
         let routed = match self.direction {
@@ -252,9 +284,17 @@ impl HttpProxy {
                 handles.requests.inc();
                 // A route's injected gRPC error is an HTTP 200 with a failing `grpc-status`.
                 handles.count_response(answer.status(), classify(answer.status(), answer.headers()));
+                finish_answer(traced, &answer);
                 return Ok(tap::respond(self.tap(&req, None, start), answer));
             }
         };
+        if let (Some(traced), Some(routed)) = (traced.as_deref_mut(), &routed) {
+            let backend = match &routed.target.route {
+                Route::Balanced(b) => Some(b.service.as_str()),
+                Route::Fixed(_) => None,
+            };
+            traced.routed(&routed.route, backend, &routed.target.tls);
+        }
         // A route may send the request to another Service (a canary): its requests are labelled
         // with that backend's TLS and server identity, not the connection's.
         let handles = match &routed {
@@ -271,14 +311,16 @@ impl HttpProxy {
         let result = match downgraded {
             Err(e) => Err(e),
             Ok(false) if req.version() != Version::HTTP_2 && wants_upgrade(&req) => {
-                self.upgrade(req).await.map(|r| (r, None))
+                self.upgrade(req, traced.as_deref_mut()).await.map(|r| (r, None))
             }
-            Ok(downgraded) => self.forward(req, downgraded, routed.as_ref()).await.map(|(mut response, load)| {
-                if downgraded {
-                    orig_proto::mark_response(&mut response);
-                }
-                (response, load)
-            }),
+            Ok(downgraded) => self.forward(req, downgraded, routed.as_ref(), traced.as_deref_mut()).await.map(
+                |(mut response, load)| {
+                    if downgraded {
+                        orig_proto::mark_response(&mut response);
+                    }
+                    (response, load)
+                },
+            ),
         };
         handles.latency.observe(start.elapsed().as_secs_f64() * 1e3);
         if let Some(routed) = &routed {
@@ -287,7 +329,11 @@ impl HttpProxy {
         match result {
             Ok((response, load)) => {
                 let (parts, inner) = response.into_parts();
-                let end = Box::new(End { handles, status: parts.status, _load: load });
+                let trace = traced.map(|t| {
+                    let grpc = parts.headers.get("grpc-status").and_then(|v| v.to_str().ok()).map(str::to_string);
+                    (t, grpc)
+                });
+                let end = Box::new(End { handles, status: parts.status, _load: load, trace });
                 // The head too: a trailers-only gRPC response carries its status in the headers.
                 let body = Classified::new(inner, parts.status, &parts.headers, end).boxed_unsync();
                 Ok(tap::respond(tapped, Response::from_parts(parts, body)))
@@ -298,6 +344,9 @@ impl HttpProxy {
                     tapped.failed();
                 }
                 handles.count_response(e.status(), classify(e.status(), &http::HeaderMap::new()));
+                if let Some(traced) = traced {
+                    traced.finish(Some(e.status()), None, true, Some(e.to_string()));
+                }
                 Ok(error_response(&e))
             }
         }
@@ -368,24 +417,39 @@ impl HttpProxy {
         req: Request<Incoming>,
         downgraded: bool,
         routed: Option<&Routed>,
+        mut traced: Option<&mut Traced>,
     ) -> Result<(Response<Incoming>, Option<Load>), ProxyError> {
         let named = match routed {
             Some(_) => None,
             None => self.named_target(authority_of(&req)).await,
         };
+        if let (Some(traced), Some(Route::Balanced(b))) = (traced.as_deref_mut(), named.as_ref().map(|t| &t.route)) {
+            traced.set_service(&b.service);
+        }
         let target = routed.map(|r| &r.target).or(named.as_ref()).unwrap_or(&self.target);
+        let route_timeout = routed.and_then(|r| r.timeout.map(|t| (t, &r.route)));
         let exchange = async {
             match routed.and_then(|r| Some((r, r.retry()?))) {
                 Some((routed, retry)) if retry::bufferable(&req, retry) => {
-                    self.with_retries(target, req, downgraded, routed, retry).await
+                    self.with_retries(target, req, downgraded, routed, retry, traced.as_deref_mut()).await
                 }
-                _ => self.send(target, req.map(Either::Left), downgraded, None).await,
+                _ => {
+                    let b3 = traced.as_deref().and_then(Traced::b3);
+                    let span = traced.as_deref_mut().map(|t| &mut t.span);
+                    self.send(target, req.map(Either::Left), downgraded, None, span, b3).await
+                }
             }
         };
-        let mut result = match routed.and_then(|r| r.timeout.map(|t| (t, &r.route))) {
-            Some((timeout, route)) => tokio::time::timeout(timeout, exchange)
-                .await
-                .map_err(|_| ProxyError::RouteTimeout { route: route.to_string(), after: timeout })?,
+        let mut result = match route_timeout {
+            Some((timeout, route)) => match tokio::time::timeout(timeout, exchange).await {
+                Ok(result) => result,
+                Err(_) => {
+                    if let Some(traced) = traced {
+                        spans::timeout_event(&mut traced.span, "route", timeout);
+                    }
+                    return Err(ProxyError::RouteTimeout { route: route.to_string(), after: timeout });
+                }
+            },
             None => exchange.await,
         };
         if let (Some(routed), Ok((response, _))) = (routed, &mut result) {
@@ -405,6 +469,7 @@ impl HttpProxy {
         downgraded: bool,
         routed: &Routed,
         retry: &Retry,
+        mut traced: Option<&mut Traced>,
     ) -> Result<(Response<Incoming>, Option<Load>), ProxyError> {
         let budget = target.retry_budget();
         budget.deposit();
@@ -413,12 +478,32 @@ impl HttpProxy {
         let mut attempt = 0;
         loop {
             let req = retry::request(&parts, body.clone());
-            let result = self.send(target, req, downgraded, retry.timeout).await;
+            // Traced: each try is a child span of the request's, and the next hop's parent.
+            let mut try_span = traced.as_deref().map(|t| t.attempt(attempt));
+            let b3 = traced.as_deref().and_then(Traced::b3);
+            let result = self.send(target, req, downgraded, retry.timeout, try_span.as_mut(), b3).await;
             let again = match &result {
                 Ok((response, _)) => retry.retries(response.status(), response.headers()),
                 // By kind, not by status: the proxy's own 502 (no identity yet) would fail again.
                 Err(e) => e.retryable(),
             };
+            if let (Some(traced), Some(mut span)) = (traced.as_deref_mut(), try_span) {
+                let why = match &result {
+                    Ok((response, _)) => {
+                        let grpc = response.headers().get("grpc-status").and_then(|v| v.to_str().ok());
+                        spans::end(&mut span, Some(response.status()), grpc, again, None);
+                        response.status().as_u16().to_string()
+                    }
+                    Err(e) => {
+                        spans::end(&mut span, Some(e.status()), None, true, Some(e.to_string()));
+                        e.to_string()
+                    }
+                };
+                traced.record(span);
+                if again && attempt < retry.max_retries {
+                    traced.retry_event(attempt + 1, why);
+                }
+            }
             if !again || attempt >= retry.max_retries {
                 return result;
             }
@@ -436,14 +521,25 @@ impl HttpProxy {
     }
 
     /// One attempt: an endpoint of `target`, the request in the form it needs, its answer.
+    /// `span`, when traced, is the span of this try: it names the endpoint and is the next
+    /// hop's parent (with B3 in `b3`'s form too).
     async fn send(
         &self,
         target: &Arc<Target>,
         mut req: Request<RequestBody>,
         downgraded: bool,
         timeout: Option<std::time::Duration>,
+        mut span: Option<&mut cnimesh_trace::Span>,
+        b3: Option<cnimesh_trace::B3Form>,
     ) -> Result<(Response<Incoming>, Option<Load>), ProxyError> {
         let Picked { upstream, load } = target.route.pick().map_err(route_error)?;
+        if let Some(span) = span.as_deref_mut() {
+            // A CLIENT span's peer is the endpoint; a SERVER span's stays the client.
+            if self.direction == Direction::outbound {
+                spans::peer(span, upstream.addr);
+            }
+            spans::propagate(req.headers_mut(), span, b3);
+        }
         strip_hop_by_hop(req.headers_mut(), false);
         let upgraded = self.h2_upgrade && req.version() != Version::HTTP_2 && upstream.tls.is_some();
         if upgraded {
@@ -456,9 +552,15 @@ impl HttpProxy {
             to_origin_form(&mut req, self.addr)?;
         }
         let result = match timeout {
-            Some(timeout) => tokio::time::timeout(timeout, upstream.send(req))
-                .await
-                .map_err(|_| ProxyError::ResponseTimeout { addr: upstream.addr, after: timeout })?,
+            Some(timeout) => match tokio::time::timeout(timeout, upstream.send(req)).await {
+                Ok(result) => result,
+                Err(_) => {
+                    if let Some(span) = span {
+                        spans::timeout_event(span, "try", timeout);
+                    }
+                    return Err(ProxyError::ResponseTimeout { addr: upstream.addr, after: timeout });
+                }
+            },
             None => upstream.send(req).await,
         };
         if let Some(load) = &load {
@@ -477,9 +579,20 @@ impl HttpProxy {
 
     /// HTTP/1 `Upgrade` (e.g. WebSocket) and `CONNECT`: the handshake goes upstream on a fresh
     /// connection, and on success both upgraded connections are spliced together.
-    async fn upgrade(&self, mut req: Request<Incoming>) -> Result<Response<Incoming>, ProxyError> {
+    async fn upgrade(
+        &self,
+        mut req: Request<Incoming>,
+        traced: Option<&mut Traced>,
+    ) -> Result<Response<Incoming>, ProxyError> {
         let Picked { upstream, load } = self.target.route.pick().map_err(route_error)?;
         let target = upstream.addr;
+        if let Some(traced) = traced {
+            let b3 = traced.b3();
+            if self.direction == Direction::outbound {
+                spans::peer(&mut traced.span, target);
+            }
+            spans::propagate(req.headers_mut(), &traced.span, b3);
+        }
         let io = upstream.connect().await.map_err(|e| upstream_error(target, &e))?;
         let (mut sender, conn) =
             hyper::client::conn::http1::handshake(TokioIo::new(io)).await.map_err(|e| upstream_error(target, &e))?;

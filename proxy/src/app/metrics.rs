@@ -1,7 +1,7 @@
 //! Golden metrics with Linkerd's names, so existing dashboards and `linkerd viz`-style queries
 //! work. Labels stay bounded: no paths, and authorities are capped in length and count.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -81,6 +81,41 @@ pub struct Metrics {
     pub conn: ConnMetrics,
     /// The route families, with their series bound, for the outbound side.
     pub routes: Arc<RouteMetrics>,
+    /// `trace_spans_exported_total`, `trace_spans_dropped_total`: read from the trace exporter at
+    /// each scrape (0 while tracing is off).
+    pub trace: TraceCounts,
+}
+
+/// The trace exporter's counts as counters. The exporter is made after the registry (it needs the
+/// runtime and the configuration), so it is set here once it runs.
+#[derive(Debug, Clone, Default)]
+pub struct TraceCounts(Arc<OnceLock<cnimesh_trace::Exporter>>);
+
+impl TraceCounts {
+    /// Reads `exporter`'s counts from now on (the first one set wins).
+    pub fn set(&self, exporter: cnimesh_trace::Exporter) {
+        let _ = self.0.set(exporter);
+    }
+}
+
+impl prometheus_client::collector::Collector for TraceCounts {
+    fn encode(&self, mut encoder: prometheus_client::encoding::DescriptorEncoder<'_>) -> std::fmt::Result {
+        use prometheus_client::encoding::EncodeMetric;
+        let counts = self.0.get().map(|e| e.counts()).unwrap_or_default();
+        for (name, help, value) in [
+            ("trace_spans_exported", "Spans the trace collector accepted", counts.exported),
+            (
+                "trace_spans_dropped",
+                "Spans lost: the export queue was full or the collector failed for good",
+                counts.dropped,
+            ),
+        ] {
+            let metric =
+                encoder.encode_descriptor(name, help, None, prometheus_client::metrics::MetricType::Counter)?;
+            prometheus_client::metrics::counter::ConstCounter::new(value).encode(metric)?;
+        }
+        Ok(())
+    }
 }
 
 impl Default for Metrics {
@@ -113,6 +148,7 @@ impl Default for Metrics {
                 Family::default(),
             )),
             registry: Registry::default(),
+            trace: TraceCounts::default(),
         };
         // prometheus-client appends `_total` to counters itself.
         registry.register("request", "HTTP requests", m.request_total.clone());
@@ -209,6 +245,7 @@ impl Default for Metrics {
             "Connections by the protocol they were served as and what decided it",
             m.connection_protocol_total.clone(),
         );
+        registry.register_collector(Box::new(m.trace.clone()));
         Self { registry, ..m }
     }
 }

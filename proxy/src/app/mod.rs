@@ -1,7 +1,8 @@
 //! The proxy as a program: configuration and command line, wiring and the listeners ([`run`],
 //! [`accept`]), each connection's protocol and HTTP requests joined to the inbound and outbound
 //! sides ([`dispatch`], [`forward`]), the state every connection shares, connection limits,
-//! draining, the admin server, the metrics registry and the tap server.
+//! draining, the admin server, the metrics registry, the tap server, and the request spans of
+//! distributed tracing ([`spans`]).
 
 pub mod accept;
 pub mod admin;
@@ -14,4 +15,5 @@ pub mod forward;
 pub mod metrics;
 pub mod run;
 pub mod shared;
+pub mod spans;
 pub mod tap;

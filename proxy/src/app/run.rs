@@ -14,7 +14,7 @@ use crate::app::config::Config;
 use crate::app::drain::Drain;
 use crate::app::metrics::{Direction, Metrics};
 use crate::app::shared::Shared;
-use crate::app::{accept, tap};
+use crate::app::{accept, spans, tap};
 use crate::client::discovery;
 use crate::inbound::policy;
 use crate::outbound;
@@ -84,6 +84,13 @@ pub async fn run(
     let mut shared = Shared::new(config.clone(), metrics.clone(), drain.clone(), identity.clone(), discovery.clone());
     shared.inbound.policies = policies;
     shared.outbound.policies = outbound_policies;
+    if let Some(trace) = &config.trace {
+        let own = config.identity.as_ref().map(|id| id.name.to_string());
+        let tracer = spans::Tracer::spawn(trace, own).context("setting up tracing")?;
+        metrics.trace.set(tracer.exporter().clone());
+        tracing::info!(collector = %trace.collector, sampling = trace.sampling, "tracing on");
+        shared.tracer = Some(tracer);
+    }
     let shared = Arc::new(shared);
     tokio::spawn(evict_idle_targets(shared.clone()));
     let mut listeners = Vec::new();

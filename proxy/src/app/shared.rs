@@ -8,6 +8,7 @@ use crate::app::admission::{Admission, Limits, fd_limit};
 use crate::app::config::Config;
 use crate::app::drain::Drain;
 use crate::app::metrics::Metrics;
+use crate::app::spans::Tracer;
 use crate::client::discovery::Discovery;
 use crate::http::tap::Taps;
 use crate::inbound::{Inbound, InboundConfig};
@@ -32,6 +33,9 @@ pub struct Shared {
     pub admission: Admission,
     /// Open tap sessions, offered each HTTP request ([`crate::http::tap`]).
     pub taps: Arc<Taps>,
+    /// Distributed tracing, when a collector is configured ([`crate::app::spans`]); set by
+    /// [`crate::run`] once the exporter task runs. `None`: requests pay one `Option` check.
+    pub tracer: Option<Arc<Tracer>>,
 }
 
 impl Shared {
@@ -81,6 +85,7 @@ impl Shared {
             discovery,
             inbound,
             outbound,
+            tracer: None,
         }
     }
 }

@@ -1,19 +1,14 @@
-//! The one reconnect delay of the proxy: jittered exponential backoff, shared by certificate
-//! refresh and the Destination streams so both back off from a lost control plane alike.
+//! The proxy's reconnect delay: cnimesh-common's jittered exponential backoff (one home, shared
+//! with the trace exporter), jittered from the proxy's own per-thread generator.
 
 use std::time::Duration;
 
-/// The first delay after a success (or at start).
-pub const FIRST_BACKOFF: Duration = Duration::from_millis(200);
+pub use cnimesh_common::backoff::FIRST_BACKOFF;
 
-/// The next backoff: double, capped, then jittered to 50–100% so a fleet of proxies that lost the
-/// control plane together does not come back in lockstep. Returns `(next, jittered)`: `next` is
-/// fed back as `previous` on the following failure (`Duration::ZERO` after a success), `jittered`
-/// is how long to wait now.
+/// The next backoff: see [`cnimesh_common::backoff::backoff`]; the jitter is drawn here.
 pub fn backoff(previous: Duration, max: Duration) -> (Duration, Duration) {
-    let next = (previous * 2).max(FIRST_BACKOFF).min(max);
     let fraction = crate::transport::rng::with(|r| rand::Rng::random_range(r, 0.5..=1.0));
-    (next, next.mul_f64(fraction))
+    cnimesh_common::backoff::backoff(previous, max, fraction)
 }
 
 #[cfg(test)]
@@ -21,17 +16,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn backoff_doubles_caps_and_jitters() {
+    fn the_proxys_backoff_jitters_within_half_to_all_of_the_step() {
         let max = Duration::from_secs(30);
-        let (mut d, mut seen) = (Duration::ZERO, Vec::new());
+        let mut d = Duration::ZERO;
         for _ in 0..12 {
             let (next, jittered) = backoff(d, max);
             assert!(jittered <= next && jittered >= next / 2, "{jittered:?} vs {next:?}");
-            seen.push(next);
             d = next;
         }
-        assert_eq!(seen[0], FIRST_BACKOFF);
-        assert_eq!(seen[1], FIRST_BACKOFF * 2);
-        assert_eq!(*seen.last().unwrap(), max);
+        assert_eq!(d, max);
     }
 }
