@@ -13,6 +13,7 @@ pub mod control;
 pub mod flood;
 pub mod host;
 pub mod kube_mock;
+pub mod local_mode;
 pub mod manifest_check;
 pub mod mesh;
 pub mod netns;

@@ -16,64 +16,18 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use cnimesh_e2e::webdriver::{Browser, require_browser};
-use cnimesh_e2e::{bins, require_root};
+use cnimesh_e2e::local_mode::LocalMode;
+use cnimesh_e2e::{local_bins, require_root};
 use serde_json::{Value, json};
 
-const NODE: &str = env!("CARGO_BIN_EXE_cnimesh-node-e2e");
-const LOCAL: &str = env!("CARGO_BIN_EXE_cnimesh-local-e2e");
 const CLI: &str = env!("CARGO_BIN_EXE_cnimesh-cli-e2e");
 /// How long a page may take to show what the test waits for (the sampler needs two readings).
 const PAGE: Duration = Duration::from_secs(60);
 
 /// Local mode with names of its own (`cnmd…`, not local_mode.rs's `cnml…`), down on drop.
-struct Local {
-    root: PathBuf,
-    prefix: String,
-    subnet: String,
-}
-
-impl Local {
-    fn new() -> Self {
-        let pid = std::process::id();
-        let prefix = format!("cnmd{:x}", pid & 0xffff);
-        Self {
-            root: std::env::temp_dir().join(format!("{prefix}-root")),
-            subnet: format!("10.246.{}.0/24", 100 + pid % 100),
-            prefix,
-        }
-    }
-
-    fn up(&self) {
-        let b = bins!();
-        let out = Command::new(LOCAL)
-            .args(["-o", "json", "up", "--traffic-seconds", "1"])
-            .arg("--dir")
-            .arg(&self.root)
-            .args(["--prefix", &self.prefix, "--subnet", &self.subnet])
-            .arg("--node")
-            .arg(NODE)
-            .arg("--cni-plugin")
-            .arg(&b.plugin)
-            .arg("--proxy")
-            .arg(&b.proxy)
-            .arg("--control")
-            .arg(&b.control)
-            .arg("--cli")
-            .arg(CLI)
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "up failed: {}", String::from_utf8_lossy(&out.stderr));
-    }
-
-    fn netns(&self, pod: &str) -> PathBuf {
-        Path::new("/run/netns").join(format!("{}-{pod}", self.prefix))
-    }
-}
-
-impl Drop for Local {
-    fn drop(&mut self) {
-        let _ = Command::new(LOCAL).args(["down", "--dir"]).arg(&self.root).args(["--prefix", &self.prefix]).output();
-    }
+fn local() -> LocalMode {
+    let pid = std::process::id();
+    LocalMode::new(format!("cnmd{:x}", pid & 0xffff), format!("10.246.{}.0/24", 100 + pid % 100), local_bins!())
 }
 
 /// The demo's traffic, sent until dropped: the client to web (mTLS) and to legacy (plaintext),
@@ -84,7 +38,7 @@ struct Traffic {
 }
 
 impl Traffic {
-    fn start(local: &Local) -> Self {
+    fn start(local: &LocalMode) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let flows: [(&str, &str, &str, usize); 3] = [
             ("client", "10.96.0.10:80", "web", 2),
@@ -123,7 +77,7 @@ struct Dashboard {
 }
 
 impl Dashboard {
-    fn start(local: &Local) -> Self {
+    fn start(local: &LocalMode) -> Self {
         let mut child = Command::new(CLI)
             .args(["dashboard", "--local"])
             .arg(&local.root)
@@ -166,7 +120,7 @@ fn the_dashboard_shows_the_local_demo_live_in_a_real_browser() {
     if !require_root(test) || !require_browser(test) {
         return;
     }
-    let local = Local::new();
+    let local = local();
     local.up();
     let traffic = Traffic::start(&local);
     let dashboard = Dashboard::start(&local);

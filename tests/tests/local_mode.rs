@@ -6,97 +6,23 @@
 //! also after `up` was killed halfway.
 
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use cnimesh_e2e::{bins, require_root};
+use cnimesh_e2e::local_mode::LocalMode;
+use cnimesh_e2e::{local_bins, require_root};
 use serde_json::{Value, json};
 
 const NODE: &str = env!("CARGO_BIN_EXE_cnimesh-node-e2e");
-const LOCAL: &str = env!("CARGO_BIN_EXE_cnimesh-local-e2e");
 const CLI: &str = env!("CARGO_BIN_EXE_cnimesh-cli-e2e");
 
-/// A local mode instance with names of its own (not `cnm<digit>`, which other tests use), torn
-/// down on drop so a failed assertion leaves nothing behind.
-struct Local {
-    root: PathBuf,
-    prefix: String,
-    subnet: String,
-}
-
-impl Local {
-    /// `slot` keeps the tests of this file apart (distinct prefix and subnet).
-    fn new(slot: u32) -> Self {
-        let pid = std::process::id();
-        let prefix = format!("cnml{:x}{slot}", pid & 0xffff);
-        Self {
-            root: std::env::temp_dir().join(format!("{prefix}-root")),
-            subnet: format!("10.247.{}.0/24", 100 + slot * 50 + pid % 50),
-            prefix,
-        }
-    }
-
-    fn up_command(&self) -> Command {
-        let b = bins!();
-        let mut cmd = Command::new(LOCAL);
-        cmd.args(["-o", "json", "up", "--traffic-seconds", "1"])
-            .arg("--dir")
-            .arg(&self.root)
-            .args(["--prefix", &self.prefix, "--subnet", &self.subnet])
-            .arg("--node")
-            .arg(NODE)
-            .arg("--cni-plugin")
-            .arg(&b.plugin)
-            .arg("--proxy")
-            .arg(&b.proxy)
-            .arg("--control")
-            .arg(&b.control)
-            .arg("--cli")
-            .arg(CLI);
-        cmd
-    }
-
-    fn down(&self) -> Output {
-        Command::new(LOCAL).args(["down", "--dir"]).arg(&self.root).args(["--prefix", &self.prefix]).output().unwrap()
-    }
-
-    /// Everything of this instance still on the host; empty when it is gone.
-    fn leftovers(&self) -> Vec<String> {
-        let mut left: Vec<String> = std::fs::read_dir("/var/run/netns")
-            .into_iter()
-            .flatten()
-            .flatten()
-            .filter_map(|e| e.file_name().into_string().ok())
-            .filter(|n| n.starts_with(&format!("{}-", self.prefix)))
-            .map(|n| format!("netns {n}"))
-            .collect();
-        if Path::new("/sys/class/net").join(format!("{}0", self.prefix)).exists() {
-            left.push(format!("link {}0", self.prefix));
-        }
-        if self.root.exists() {
-            left.push(format!("dir {}", self.root.display()));
-        }
-        let root = self.root.display().to_string();
-        let marker = format!("CNIMESH_LOCAL_ROOT={root}");
-        for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-            let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
-            let cmdline = String::from_utf8_lossy(&std::fs::read(entry.path().join("cmdline")).unwrap_or_default())
-                .replace('\0', " ");
-            let environ = std::fs::read(entry.path().join("environ")).unwrap_or_default();
-            let marked = environ.split(|b| *b == 0).any(|v| v == marker.as_bytes());
-            if pid != std::process::id() && (cmdline.contains(&root) || marked) {
-                left.push(format!("process {pid}: {cmdline}"));
-            }
-        }
-        left
-    }
-}
-
-impl Drop for Local {
-    fn drop(&mut self) {
-        let _ = self.down();
-    }
+/// A local mode instance with names of its own (not `cnm<digit>`, which other tests use);
+/// `slot` keeps the tests of this file apart (distinct prefix and subnet).
+fn local(slot: u32) -> LocalMode {
+    let pid = std::process::id();
+    let prefix = format!("cnml{:x}{slot}", pid & 0xffff);
+    LocalMode::new(prefix, format!("10.247.{}.0/24", 100 + slot * 50 + pid % 50), local_bins!())
 }
 
 fn edge<'a>(summary: &'a Value, from: &str, to: &str) -> &'a Value {
@@ -113,7 +39,7 @@ fn up_runs_the_demo_mesh_and_down_removes_everything() {
     if !require_root("up_runs_the_demo_mesh_and_down_removes_everything") {
         return;
     }
-    let local = Local::new(0);
+    let local = local(0);
     let out = local.up_command().output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "up failed: {stderr}");
@@ -339,7 +265,7 @@ fn down_cleans_up_after_up_was_killed_halfway() {
     if !require_root("down_cleans_up_after_up_was_killed_halfway") {
         return;
     }
-    let local = Local::new(1);
+    let local = local(1);
     let mut up = local.up_command().stdout(Stdio::null()).stderr(Stdio::null()).process_group(0).spawn().unwrap();
     // Kill -9 once some pods and processes exist (or when up finished anyway).
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -364,7 +290,7 @@ fn a_bad_workloads_file_is_refused_before_anything_is_created() {
     if !require_root("a_bad_workloads_file_is_refused_before_anything_is_created") {
         return;
     }
-    let local = Local::new(2);
+    let local = local(2);
     let file = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(file.path(), "namespace: demo\nclients: [{name: client, meshed: true, calls: [nope]}]\n").unwrap();
     let out = local.up_command().arg("--workloads").arg(file.path()).output().unwrap();
