@@ -15,8 +15,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use cnimesh_e2e::webdriver::{Browser, require_browser};
 use cnimesh_e2e::local_mode::LocalMode;
+use cnimesh_e2e::webdriver::{Browser, require_browser};
 use cnimesh_e2e::{local_bins, require_root};
 use serde_json::{Value, json};
 
