@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime};
 use cnimesh_common::prom_text::samples;
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use super::api::{self, Shared, State};
 use super::server::{self, Hosts};
