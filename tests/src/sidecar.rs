@@ -59,7 +59,18 @@ pub type GrpcReply = (u16, http::HeaderMap, http::HeaderMap);
 /// One gRPC call (HTTP/2 with prior knowledge, `application/grpc`, one empty message) to `path`
 /// (`/package.Service/Method`) over a fresh connection inside `netns`.
 pub fn grpc_in(netns: &Path, addr: &str, path: &str) -> anyhow::Result<GrpcReply> {
+    grpc_with_headers_in(netns, addr, path, &[])
+}
+
+/// [`grpc_in`] with extra request `headers` (e.g. trace context).
+pub fn grpc_with_headers_in(
+    netns: &Path,
+    addr: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> anyhow::Result<GrpcReply> {
     let (addr, uri) = (addr.to_string(), format!("http://{addr}{path}"));
+    let headers: Vec<(String, String)> = headers.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
     cnimesh_cni::netns::run_in(netns, move || {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
         rt.block_on(async {
@@ -70,11 +81,14 @@ pub fn grpc_in(netns: &Path, addr: &str, path: &str) -> anyhow::Result<GrpcReply
             )
             .await?;
             tokio::spawn(conn);
-            let req = http::Request::post(uri)
+            let mut req = http::Request::post(uri)
                 .version(http::Version::HTTP_2)
                 .header("content-type", "application/grpc")
-                .header("te", "trailers")
-                .body(http_body_util::Full::new(bytes::Bytes::from_static(&[0, 0, 0, 0, 0])))?;
+                .header("te", "trailers");
+            for (k, v) in &headers {
+                req = req.header(k.as_str(), v.as_str());
+            }
+            let req = req.body(http_body_util::Full::new(bytes::Bytes::from_static(&[0, 0, 0, 0, 0])))?;
             let call = async {
                 let response = sender.send_request(req).await?;
                 let (parts, body) = response.into_parts();

@@ -17,7 +17,7 @@ use cnimesh_e2e::apps::{self, Apps};
 use cnimesh_e2e::control::{Control, env_refs, identity, write_atomically};
 use cnimesh_e2e::mesh::proxies_with;
 use cnimesh_e2e::objects::service_yaml;
-use cnimesh_e2e::sidecar::{Reply, Sidecar};
+use cnimesh_e2e::sidecar::{self, Reply, Sidecar};
 use cnimesh_e2e::wait::eventually;
 use cnimesh_e2e::{Network, Pod, bins, require_root};
 use cnimesh_trace::{ReceivedSpan, Receiver};
@@ -147,45 +147,11 @@ fn get(netns: &Path, addr: &str, path: &str, headers: &[(&str, &str)]) -> Reply 
     .unwrap()
 }
 
-/// One gRPC-shaped call (HTTP/2 with prior knowledge) with extra `headers`; returns the HTTP
-/// status and the trailers' `grpc-status`.
+/// One gRPC call with extra `headers`; returns the HTTP status and the trailers' `grpc-status`.
 fn grpc(netns: &Path, addr: &str, path: &str, headers: &[(&str, &str)]) -> (u16, String) {
-    let (addr, uri) = (addr.to_string(), format!("http://{addr}{path}"));
-    let headers: Vec<(String, String)> = headers.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-    cnimesh_cni::netns::run_in(netns, move || {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-        rt.block_on(async {
-            let tcp = tokio::net::TcpStream::connect(&addr).await?;
-            let (mut sender, conn) = hyper::client::conn::http2::handshake(
-                hyper_util::rt::TokioExecutor::new(),
-                hyper_util::rt::TokioIo::new(tcp),
-            )
-            .await?;
-            tokio::spawn(conn);
-            let mut req = http::Request::post(uri)
-                .version(http::Version::HTTP_2)
-                .header("content-type", "application/grpc")
-                .header("te", "trailers");
-            for (k, v) in &headers {
-                req = req.header(k.as_str(), v.as_str());
-            }
-            let req = req.body(http_body_util::Full::new(bytes::Bytes::from_static(&[0, 0, 0, 0, 0])))?;
-            let call = async {
-                let response = sender.send_request(req).await?;
-                let status = response.status().as_u16();
-                let collected = http_body_util::BodyExt::collect(response.into_body()).await?;
-                let grpc = collected
-                    .trailers()
-                    .and_then(|t| t.get("grpc-status"))
-                    .map(|v| v.to_str().unwrap_or_default().to_string())
-                    .unwrap_or_default();
-                anyhow::Ok((status, grpc))
-            };
-            tokio::time::timeout(Duration::from_secs(10), call).await?
-        })
-    })
-    .unwrap()
-    .unwrap()
+    let (status, _, trailers) = sidecar::grpc_with_headers_in(netns, addr, path, headers).unwrap();
+    let grpc = trailers.get("grpc-status").map(|v| v.to_str().unwrap_or_default().to_string()).unwrap_or_default();
+    (status, grpc)
 }
 
 /// The headers the app's `/headers` reported (names lowercase, as HTTP/2 and hyper give them).
