@@ -15,7 +15,7 @@
 use std::path::Path;
 use std::sync::atomic::Ordering;
 
-use cnimesh_e2e::bench::{Row, interleaved_rounds, print_comparison, rounds};
+use cnimesh_e2e::bench::{interleaved_rounds, print_comparison, rounds};
 use cnimesh_e2e::control::{Control, identity};
 use cnimesh_e2e::mesh::Pair;
 use cnimesh_e2e::tap_client::{self, client_tls, everything};
@@ -23,10 +23,6 @@ use cnimesh_e2e::{Network, Pod, bins, require_root};
 use serde_json::json;
 
 const CONTROL_IDENTITY: &str = "cnimesh-control.cnimesh.serviceaccount.identity.cnimesh.cluster.local";
-
-fn row<'a>(name: &'a str, pair: &'a Pair<'_>) -> Row<'a> {
-    Row { name, netns: &pair.client.netns, url: pair.url.clone(), pids: pair.pids() }
-}
 
 fn main() {
     if !require_root("proxy tap benchmark") {
@@ -58,9 +54,9 @@ fn main() {
         counted
     });
 
-    let mut rows = vec![row("mTLS pair, no tap session", &without), row("mTLS pair, tap session on both", &with)];
+    let mut rows = vec![without.row("mTLS pair, no tap session"), with.row("mTLS pair, tap session on both")];
     if let Some(p) = &baseline {
-        rows.push(row("baseline binary, no tap", p));
+        rows.push(p.row("baseline binary, no tap"));
     }
     let samples = interleaved_rounds(&rows, rounds);
     let events: u64 = counted.iter().map(|(_, n)| n.load(Ordering::Relaxed)).sum();
@@ -77,7 +73,7 @@ fn main() {
     );
     println!("\ntap events read by the clients: {events}; dropped by the proxies (slow reader): {dropped}");
     if let Some(p) = &baseline {
-        let rows = [row("baseline binary, no tap", p), row("this build, no tap session", &without)];
+        let rows = [p.row("baseline binary, no tap"), without.row("this build, no tap session")];
         let samples = [samples[2].clone(), samples[0].clone()];
         print_comparison(
             "No session open: this build against the baseline binary",

@@ -14,7 +14,7 @@
 
 use std::path::Path;
 
-use cnimesh_e2e::bench::{Row, interleaved_rounds, print_comparison, rounds};
+use cnimesh_e2e::bench::{interleaved_rounds, print_comparison, rounds};
 use cnimesh_e2e::control::Control;
 use cnimesh_e2e::mesh::Pair;
 use cnimesh_e2e::{Network, Pod, bins, require_root};
@@ -22,10 +22,6 @@ use cnimesh_trace::Receiver;
 use serde_json::json;
 
 const OTLP_PORT: u16 = 4317;
-
-fn row<'a>(name: &'a str, pair: &'a Pair<'_>) -> Row<'a> {
-    Row { name, netns: &pair.client.netns, url: pair.url.clone(), pids: pair.pids() }
-}
 
 fn main() {
     if !require_root("proxy trace benchmark") {
@@ -63,9 +59,9 @@ fn main() {
     let baseline = std::env::var_os("CNIMESH_BENCH_BASELINE_PROXY")
         .map(|bin| Pair::start(&control, Path::new(&bin), &net, "base"));
 
-    let mut rows = vec![row("mTLS pair, tracing off", &off), row("mTLS pair, tracing on, 100 % sampled", &on)];
+    let mut rows = vec![off.row("mTLS pair, tracing off"), on.row("mTLS pair, tracing on, 100 % sampled")];
     if let Some(p) = &baseline {
-        rows.push(row("baseline binary (before tracing)", p));
+        rows.push(p.row("baseline binary (before tracing)"));
     }
     let samples = interleaved_rounds(&rows, rounds);
     print_comparison("Tracing cost, every request traced", &rows[..2], &samples[..2], "tracing at 100 %", 100.0);
@@ -78,7 +74,7 @@ fn main() {
     );
     assert!(receiver.received() > 60000, "the traced requests' spans reached the collector");
     if let Some(p) = &baseline {
-        let rows = [row("baseline binary (before tracing)", p), row("this build, tracing off", &off)];
+        let rows = [p.row("baseline binary (before tracing)"), off.row("this build, tracing off")];
         let samples = [samples[2].clone(), samples[0].clone()];
         print_comparison("Tracing off: this build against the baseline binary", &rows, &samples, "tracing (off)", 5.0);
     }

@@ -5,6 +5,7 @@
 use std::path::Path;
 
 use crate::apps::Apps;
+use crate::bench::Row;
 use crate::cni::{Bins, Network};
 use crate::control::{Control, env_refs, identity};
 use crate::pod::Pod;
@@ -123,5 +124,10 @@ impl<'n> Pair<'n> {
     /// The two proxies' PIDs (what a benchmark charges CPU to).
     pub fn pids(&self) -> Vec<u32> {
         vec![self.client_proxy.pid(), self.server_proxy.pid()]
+    }
+
+    /// This pair as a benchmark row named `name`: requests from its client, CPU of its proxies.
+    pub fn row<'a>(&'a self, name: &'a str) -> Row<'a> {
+        Row { name, netns: &self.client.netns, url: self.url.clone(), pids: self.pids() }
     }
 }
