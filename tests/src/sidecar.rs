@@ -40,6 +40,12 @@ pub fn http_reply_in(netns: &Path, addr: &str, method: &str, path: &str, body: &
         "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );
+    raw_reply_in(netns, addr, request)
+}
+
+/// Writes `request` as it is over a fresh connection to `addr` inside `netns`, and reads the
+/// whole response (the request must ask the server to close).
+pub fn raw_reply_in(netns: &Path, addr: &str, request: String) -> anyhow::Result<Reply> {
     let addr = addr.to_string();
     cnimesh_cni::netns::run_in(netns, move || {
         let mut s = TcpStream::connect(&addr)?;

@@ -8,8 +8,6 @@
 //! that is down costs dropped spans, counted, never a failed request.
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::Path;
 use std::time::Duration;
 
@@ -132,19 +130,7 @@ fn get(netns: &Path, addr: &str, path: &str, headers: &[(&str, &str)]) -> Reply 
         request.push_str(&format!("{name}: {value}\r\n"));
     }
     request.push_str("\r\n");
-    let addr = addr.to_string();
-    cnimesh_cni::netns::run_in(netns, move || {
-        let mut s = TcpStream::connect(&addr)?;
-        s.set_read_timeout(Some(Duration::from_secs(10)))?;
-        s.write_all(request.as_bytes())?;
-        let mut response = String::new();
-        s.read_to_string(&mut response)?;
-        let status = response.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-        let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
-        std::io::Result::Ok(Reply { status, head: head.to_string(), body: body.to_string() })
-    })
-    .unwrap()
-    .unwrap()
+    sidecar::raw_reply_in(netns, addr, request).unwrap()
 }
 
 /// One gRPC call with extra `headers`; returns the HTTP status and the trailers' `grpc-status`.
