@@ -302,28 +302,8 @@ mod tests {
         let mut running = start().await;
         let roots = cnimesh_identity::tls::roots(&running.anchors).unwrap();
 
-        // The own certificate is issued right after start: retry the connection briefly.
-        let channel = {
-            let mut attempt = 0;
-            loop {
-                match cnimesh_identity::grpc_channel::connect(
-                    &running.grpc.to_string(),
-                    &running.control,
-                    roots.clone(),
-                    None,
-                )
-                .await
-                {
-                    Ok(channel) => break channel,
-                    Err(e) if attempt < 50 => {
-                        attempt += 1;
-                        tracing::debug!(%e, "not yet");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                    }
-                    Err(e) => panic!("connect: {e:?}"),
-                }
-            }
-        };
+        // The own certificate is issued right after start.
+        let channel = channel(&running).await;
         let mut client = IdentityClient::new(channel);
         let web = Name::for_service_account("web", "shop", "cluster.local").unwrap();
         for _ in 0..2 {
