@@ -281,10 +281,12 @@ fn inject_template(template: &mut Value, namespace: &str, what: &str, config: &I
             eprintln!("{what} skipped: annotated {INJECT_ANNOTATION}: disabled");
             Ok(false)
         }
-        Err(Skip::Warn(why) | Skip::Refuse(why)) => {
+        Err(Skip::Warn(why)) => {
             eprintln!("{what} not injected: {why}");
             Ok(false)
         }
+        // The webhook would refuse its pods: better said now than as a FailedCreate event later.
+        Err(Skip::Refuse(why)) => anyhow::bail!("{what} cannot be injected: {why}"),
     }
 }
 
@@ -389,6 +391,16 @@ mod tests {
         assert_eq!(init[0]["name"], PROXY_CONTAINER);
         assert_eq!(init[0]["restartPolicy"], "Always");
         assert_eq!(web["metadata"]["annotations"][INJECTED_ANNOTATION], env!("CARGO_PKG_VERSION"));
+    }
+
+    #[test]
+    fn a_workload_the_webhook_would_refuse_fails_the_command_with_the_reason() {
+        let text = "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web, namespace: shop}\nspec:\n  template:\n    \
+                    metadata: {annotations: {config.cnimesh.io/opaque-ports: '5432,http'}}\n    \
+                    spec: {containers: [{name: web, image: nginx}]}\n";
+        let error = rewrite(text, "sample", &mut |t, ns, what| inject_template(t, ns, what, &config())).unwrap_err();
+        let error = format!("{error:#}");
+        assert!(error.contains("deployment/web cannot be injected") && error.contains("opaque-ports"), "{error}");
     }
 
     #[test]

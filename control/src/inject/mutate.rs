@@ -75,15 +75,23 @@ impl NamespaceInjection {
     }
 }
 
-/// Why a pod is admitted without the proxy.
+/// Why a pod is admitted without the proxy, or refused.
+///
+/// A pod that asked for the mesh is never admitted without it because of something its owner
+/// can fix (a bad annotation, a UID or volume clash): that is `Refuse`. An admission warning is
+/// not enough there, because for a Deployment's pods nobody reads it (the ReplicaSet controller
+/// creates them); a refusal shows as a `FailedCreate` event with the reason, and the controller
+/// retries once the template is fixed. `Warn` is left for pods the mesh can never carry (host
+/// network, excluded namespaces) and for objects that cannot be read at all.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Skip {
     /// Nobody asked for injection, or the pod already has its proxy: nothing to say.
     Quietly,
-    /// The pod asked for the mesh and does not get it: the API client sees this warning.
+    /// The pod cannot be meshed by design: admitted without the proxy, and the API client sees
+    /// this warning.
     Warn(String),
-    /// The pod must be meshed and cannot be right now: it is refused (fail closed), and its
-    /// controller tries again.
+    /// The pod must be meshed and cannot be as it is (or right now): it is refused (fail closed),
+    /// and its controller tries again.
     Refuse(String),
 }
 
@@ -110,8 +118,9 @@ impl Injection {
     }
 }
 
-/// Answers one admission request. Never denies: a pod that cannot be injected is admitted
-/// unchanged with a warning (the failure policy discussion is in `daemonset/README.md`).
+/// Answers one admission request. A pod the mesh can never carry is admitted unchanged with a
+/// warning; a pod that asked for the mesh and cannot have it as written is refused with the
+/// reason (see [`Skip`]; the failure policy discussion is in `daemonset/README.md`).
 /// `ns_default` is the namespace's default-inbound-policy annotation as the caller could read it.
 pub fn mutate(
     request: &AdmissionRequest<DynamicObject>,
@@ -149,7 +158,7 @@ pub fn mutate(
         Err(Skip::Warn(why)) => warn(response, &pod(), &why),
         Err(Skip::Refuse(why)) => {
             tracing::warn!(pod = %pod(), "refusing the pod: {why}");
-            response.deny(format!("cnimesh: {PROXY_CONTAINER} cannot be injected now: {why}"))
+            response.deny(format!("cnimesh: {PROXY_CONTAINER} cannot be injected: {why}"))
         }
     }
 }
@@ -189,7 +198,8 @@ pub fn plan(
         Some("disabled") => false,
         None => namespace == NamespaceInjection::Enabled,
         Some(other) => {
-            return Err(Skip::Warn(format!(
+            // Someone meant to say something about the mesh: guessing "no" would start it unmeshed.
+            return Err(Skip::Refuse(format!(
                 "annotation {INJECT_ANNOTATION}: {other:?} is neither enabled nor disabled"
             )));
         }
@@ -215,36 +225,51 @@ pub fn plan(
     if spec.host_network == Some(true) {
         return Err(Skip::Warn("it uses the host network, where traffic cannot be captured".into()));
     }
-    check_uids(spec, config.proxy_uid).map_err(Skip::Warn)?;
+    check_uids(spec, config.proxy_uid).map_err(Skip::Refuse)?;
     let taken: Vec<&str> = spec.volumes.iter().flatten().map(|v| v.name.as_str()).collect();
     if taken.contains(&TOKEN_VOLUME) {
-        return Err(Skip::Warn(format!("the pod already has a volume named {TOKEN_VOLUME}")));
+        return Err(Skip::Refuse(format!("the pod already has a volume named {TOKEN_VOLUME}")));
     }
 
     if !config.trust_anchors_pem.contains("-----BEGIN CERTIFICATE-----") {
         return Err(Skip::Refuse("the control plane has no trust anchors loaded yet; try again".into()));
     }
+    // Opaque ports change how the app's traffic is carried: a bad list is refused, not guessed at.
     let opaque_ports = annotation(OPAQUE_PORTS_ANNOTATION)
-        .map(|v| check_ports(v).map_err(|why| Skip::Warn(format!("annotation {OPAQUE_PORTS_ANNOTATION}: {why}"))))
+        .map(|v| check_ports(v).map_err(|why| Skip::Refuse(format!("annotation {OPAQUE_PORTS_ANNOTATION}: {why}"))))
         .transpose()?;
-    let log_level = annotation(LOG_LEVEL_ANNOTATION).unwrap_or(&config.log_level);
-    check_log_level(log_level).map_err(|why| Skip::Warn(format!("annotation {LOG_LEVEL_ANNOTATION}: {why}")))?;
+    // Logs and traces are observability only: a bad value costs the setting, never the mesh.
+    let mut warnings = Vec::new();
+    let log_level = match annotation(LOG_LEVEL_ANNOTATION).map(|level| (level, check_log_level(level))) {
+        Some((level, Ok(()))) => level,
+        Some((_, Err(why))) => {
+            warnings.push(format!(
+                "cnimesh: annotation {LOG_LEVEL_ANNOTATION}: {why}; ignored, the proxy logs at {:?}",
+                config.log_level
+            ));
+            &config.log_level
+        }
+        None => &config.log_level,
+    };
     // The config's settings already carry the namespace's annotations (the caller read them).
     let trace_env = config
         .tracing
         .overridden_by(&TraceSettings::annotated(typed.metadata.annotations.as_ref(), "the pod"))
         .env()
-        .map_err(Skip::Warn)?;
+        .unwrap_or_else(|why| {
+            warnings.push(format!("cnimesh: {why}; ignored, the proxy does not trace"));
+            Vec::new()
+        });
     let settings =
         PodProxySettings { identity: pod_identity(spec, ns, config)?, opaque_ports, log_level: log_level.into() };
-    let mut container = proxy_container(config, &settings).map_err(Skip::Warn)?;
+    let mut container = proxy_container(config, &settings).map_err(Skip::Refuse)?;
     let pod_key =
         format!("{ns}/{}", typed.metadata.name.as_deref().or(typed.metadata.generate_name.as_deref()).unwrap_or("?"));
     let (default_policy, fail_closed) =
         effective_default(&typed.metadata, &pod_key, ns_default, config.default_inbound_policy);
     add_policy_env(&mut container, config, default_policy.as_str(), inbound_ports(spec));
     add_trace_env(&mut container, trace_env);
-    let mut warnings: Vec<String> = fail_closed.map(|w| format!("cnimesh: {w}")).into_iter().collect();
+    warnings.extend(fail_closed.map(|w| format!("cnimesh: {w}")));
     warnings.extend(skipped_port_warnings(&typed.metadata, spec));
     let owner = workload.cloned().or_else(|| Workload::of_pod(&typed.metadata));
     Ok(Injection { patch: injection_patch(pod, config, container, owner_labels(owner.as_ref(), ns)), warnings })
@@ -325,9 +350,9 @@ fn pod_identity(spec: &k8s_openapi::api::core::v1::PodSpec, ns: &str, config: &I
     let sa = sa.unwrap_or("default");
     // A dot would make the name ambiguous: Certify splits it back into service account and namespace.
     if sa.contains('.') {
-        return Err(Skip::Warn(format!("service account {sa:?} contains a dot and cannot be an identity name")));
+        return Err(Skip::Refuse(format!("service account {sa:?} contains a dot and cannot be an identity name")));
     }
-    Name::for_service_account(sa, ns, &config.trust_domain).map_err(|e| Skip::Warn(format!("identity: {e}")))
+    Name::for_service_account(sa, ns, &config.trust_domain).map_err(|e| Skip::Refuse(format!("identity: {e}")))
 }
 
 /// The pod as the control plane's InboundServerPolicies knows it (`namespace:name`), for the

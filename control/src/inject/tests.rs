@@ -370,21 +370,77 @@ fn annotations_override_opaque_ports_and_log_level() {
     assert_eq!(env(proxy, "CNIMESH_PROXY_LOG"), Some("warn,cnimesh_proxy=debug"));
 }
 
+/// Asserts that the webhook refused `pod` (no patch, not allowed) and returns the reason.
+fn refused(pod: &Value, namespace: &str, ns: NamespaceInjection, config: &InjectConfig) -> String {
+    let response = mutate(&request(&review(pod, namespace)), ns, &NamespaceDefault::NotLooked, config);
+    assert!(!response.allowed && response.patch.is_none(), "refused expected: {response:?}");
+    let message = response.result.message.clone();
+    assert!(message.starts_with("cnimesh: cnimesh-proxy cannot be injected: "), "{message}");
+    message
+}
+
 #[test]
-fn a_bad_annotation_admits_the_pod_unchanged_with_a_warning() {
+fn a_bad_opaque_ports_or_inject_annotation_refuses_the_pod_with_the_reason() {
     let config = config();
     let cases = [
         ("config.cnimesh.io/opaque-ports", "5432,http", "opaque-ports"),
         ("config.cnimesh.io/opaque-ports", "70000", "opaque-ports"),
         ("config.cnimesh.io/opaque-ports", " , ", "opaque-ports"),
-        ("config.cnimesh.io/proxy-log-level", "debug\nEVIL=1", "proxy-log-level"),
         ("cnimesh.io/inject", "true", "neither enabled nor disabled"),
     ];
     for (key, value, expected) in cases {
         let pod = pod_with(json!({"metadata": {"annotations": {key: value}}}));
-        let response = unchanged(&pod, "shop", NamespaceInjection::Enabled, &config);
-        let w = warnings(&response);
-        assert!(w.contains(expected) && w.starts_with("cnimesh: cnimesh-proxy not injected"), "{key}={value:?}: {w}");
+        let message = refused(&pod, "shop", NamespaceInjection::Enabled, &config);
+        assert!(message.contains(expected), "{key}={value:?}: {message}");
+    }
+    // A misspelt inject annotation is refused even where the namespace does not mesh pods: it
+    // may have meant `enabled`.
+    let pod = pod_with(json!({"metadata": {"annotations": {"cnimesh.io/inject": "true"}}}));
+    refused(&pod, "shop", NamespaceInjection::NotEnabled, &config);
+}
+
+#[test]
+fn a_bad_log_level_annotation_meshes_the_pod_at_the_default_level_with_a_warning() {
+    let config = config();
+    let pod = pod_with(json!({"metadata": {"annotations": {"config.cnimesh.io/proxy-log-level": "debug\nEVIL=1"}}}));
+    let (response, proxy) = injected(&pod, &NamespaceDefault::NotLooked, &config);
+    assert_eq!(
+        env(&proxy, "CNIMESH_PROXY_LOG"),
+        Some(config.log_level.as_str()),
+        "the bad filter never reaches the proxy"
+    );
+    let w = warnings(&response);
+    assert!(w.contains("config.cnimesh.io/proxy-log-level") && w.contains("ignored, the proxy logs at"), "{w}");
+}
+
+/// The attack (issue 30 leftover of issue 29): a typo in any of the pod's mesh annotations, or a
+/// clash the owner can fix, in a meshed namespace used to admit the pod without its proxy, with
+/// a warning that nobody reads for a Deployment's pods. Whatever the annotation says, a pod
+/// that asked for the mesh is either meshed or refused; it never starts unmeshed.
+#[tokio::test]
+async fn a_pod_that_asked_for_the_mesh_is_never_admitted_without_its_proxy() {
+    let webhook = Webhook::new(traced_config(Some("collector:4317"), None)).unwrap();
+    let cases = [
+        json!({"metadata": {"annotations": {"config.cnimesh.io/opaque-ports": "5432,http"}}}),
+        json!({"metadata": {"annotations": {"config.cnimesh.io/proxy-log-level": "debug\nEVIL=1"}}}),
+        json!({"metadata": {"annotations": {"config.cnimesh.io/trace-collector": "grpc://collector:4317"}}}),
+        json!({"metadata": {"annotations": {"config.cnimesh.io/trace-sampling": "10%"}}}),
+        json!({"metadata": {"annotations": {"cnimesh.io/inject": "yes"}}}),
+        json!({"spec": {"securityContext": {"runAsUser": 2102}}}),
+        json!({"spec": {"volumes": [{"name": "cnimesh-identity-token", "emptyDir": {}}]}}),
+        json!({"spec": {"serviceAccountName": "a.b"}}),
+    ];
+    for extra in cases {
+        let pod = pod_with(extra.clone());
+        let body = serde_json::to_vec(&review(&pod, "shop")).unwrap();
+        let (response, patch) = decode_response(&webhook.review(INJECT_PATH, &body).unwrap());
+        let meshed = patch.is_some_and(|patch| {
+            let mut patched = pod.clone();
+            json_patch::patch(&mut patched, &patch).unwrap();
+            typed(&patched).spec.unwrap().init_containers.iter().flatten().any(|c| c.name == "cnimesh-proxy")
+        });
+        let refused = response["allowed"] == json!(false);
+        assert!(meshed || refused, "admitted unmeshed: {extra}: {response}");
     }
 }
 
@@ -445,19 +501,31 @@ fn system_and_control_plane_namespaces_are_never_injected() {
 }
 
 #[test]
-fn host_network_uid_clashes_volume_clashes_and_dotted_service_accounts_are_warned_about() {
+fn host_network_and_unreadable_pods_are_admitted_unmeshed_with_a_warning() {
     let config = config();
     let cases = [
         (json!({"spec": {"hostNetwork": true}}), "host network"),
-        (json!({"spec": {"securityContext": {"runAsUser": 2102}}}), "runs as the proxy's UID"),
-        (json!({"spec": {"volumes": [{"name": "cnimesh-identity-token", "emptyDir": {}}]}}), "volume named"),
-        (json!({"spec": {"serviceAccountName": "a.b"}}), "contains a dot"),
         (json!({"spec": {"containers": "oops"}}), "cannot read the pod"),
     ];
     for (extra, expected) in cases {
         let pod = pod_with(extra);
         let response = unchanged(&pod, "shop", NamespaceInjection::Enabled, &config);
         assert!(warnings(&response).contains(expected), "{pod}: {response:?}");
+    }
+}
+
+#[test]
+fn uid_clashes_volume_clashes_and_dotted_service_accounts_refuse_the_pod_with_the_reason() {
+    let config = config();
+    let cases = [
+        (json!({"spec": {"securityContext": {"runAsUser": 2102}}}), "runs as the proxy's UID"),
+        (json!({"spec": {"volumes": [{"name": "cnimesh-identity-token", "emptyDir": {}}]}}), "volume named"),
+        (json!({"spec": {"serviceAccountName": "a.b"}}), "contains a dot"),
+    ];
+    for (extra, expected) in cases {
+        let pod = pod_with(extra);
+        let message = refused(&pod, "shop", NamespaceInjection::Enabled, &config);
+        assert!(message.contains(expected), "{pod}: {message}");
     }
 }
 
@@ -839,7 +907,7 @@ fn the_proxy_traces_to_the_pods_collector_over_the_clusters_and_not_at_all_witho
 }
 
 #[test]
-fn a_bad_trace_annotation_admits_the_pod_unchanged_with_a_warning_naming_it() {
+fn a_bad_trace_annotation_meshes_the_pod_without_tracing_and_a_warning_naming_it() {
     let cluster = traced_config(Some("collector:4317"), None);
     let cases = [
         ("config.cnimesh.io/trace-collector", "collector", "no port"),
@@ -850,10 +918,16 @@ fn a_bad_trace_annotation_admits_the_pod_unchanged_with_a_warning_naming_it() {
     ];
     for (key, value, why) in cases {
         let pod = pod_with(json!({"metadata": {"annotations": {key: value}}}));
-        let response = unchanged(&pod, "shop", NamespaceInjection::Enabled, &cluster);
+        let (response, proxy) = injected(&pod, &NamespaceDefault::NotLooked, &cluster);
+        assert_eq!(
+            (env(&proxy, TRACE_COLLECTOR_ENV), env(&proxy, TRACE_SAMPLING_ENV)),
+            (None, None),
+            "{key}={value:?}: observability only, so the setting goes"
+        );
         let w = warnings(&response);
-        assert!(w.starts_with("cnimesh: cnimesh-proxy not injected: annotation"), "{key}={value:?}: {w}");
+        assert!(w.starts_with("cnimesh: annotation"), "{key}={value:?}: {w}");
         assert!(w.contains(key) && w.contains("of the pod") && w.contains(why), "{key}={value:?}: {w}");
+        assert!(w.contains("ignored, the proxy does not trace"), "{key}={value:?}: {w}");
     }
 }
 
@@ -892,22 +966,27 @@ async fn the_served_review_takes_tracing_from_the_namespace_over_the_cluster_and
     let serve = async |pod: &Value, ns: &str| {
         let body = serde_json::to_vec(&review(pod, ns)).unwrap();
         let (response, patch) = decode_response(&webhook.review_reading_namespace(INJECT_PATH, &body).await.unwrap());
-        let Some(patch) = patch else { return Err(response["warnings"].to_string()) };
+        let Some(patch) = patch else { return Err(response.to_string()) };
         let mut patched = pod.clone();
         json_patch::patch(&mut patched, &patch).unwrap();
         let proxy = proxy_of(&typed(&patched));
         let get = |name| env(&proxy, name).map(String::from);
-        Ok((get(TRACE_COLLECTOR_ENV), get(TRACE_SAMPLING_ENV)))
+        Ok((get(TRACE_COLLECTOR_ENV), get(TRACE_SAMPLING_ENV), response["warnings"].to_string()))
     };
+    let trace =
+        async |pod: &Value, ns: &str| serve(pod, ns).await.map(|(collector, sampling, _)| (collector, sampling));
     let s = |v: &str| Some(v.to_string());
-    assert_eq!(serve(&deployment_pod(), "shop").await.unwrap(), (s("http://shop-collector:4317"), s("0.25")));
+    assert_eq!(trace(&deployment_pod(), "shop").await.unwrap(), (s("http://shop-collector:4317"), s("0.25")));
     let pod = pod_with(json!({"metadata": {"annotations": {"config.cnimesh.io/trace-sampling": "1"}}}));
-    assert_eq!(serve(&pod, "shop").await.unwrap(), (s("http://shop-collector:4317"), s("1")));
-    assert_eq!(serve(&deployment_pod(), "other").await.unwrap(), (s("cluster-collector:4317"), None));
-    assert_eq!(serve(&deployment_pod(), "quiet").await.unwrap(), (None, None), "the namespace opts out");
-    let warning = serve(&deployment_pod(), "typo").await.unwrap_err();
+    assert_eq!(trace(&pod, "shop").await.unwrap(), (s("http://shop-collector:4317"), s("1")));
+    assert_eq!(trace(&deployment_pod(), "other").await.unwrap(), (s("cluster-collector:4317"), None));
+    assert_eq!(trace(&deployment_pod(), "quiet").await.unwrap(), (None, None), "the namespace opts out");
+    // A bad namespace annotation costs the pods their tracing, not their proxy.
+    let (collector, sampling, warning) = serve(&deployment_pod(), "typo").await.unwrap();
+    assert_eq!((collector, sampling), (None, None));
     assert!(
-        warning.contains("not injected: annotation config.cnimesh.io/trace-sampling of namespace typo: \\\"lots\\\""),
+        warning.contains("annotation config.cnimesh.io/trace-sampling of namespace typo: \\\"lots\\\"")
+            && warning.contains("the proxy does not trace"),
         "{warning}"
     );
 }

@@ -5,8 +5,8 @@
 //! can name the collector and one pod raise its sampling.
 //!
 //! Every value keeps where it came from, so a bad one is reported with its source: a bad pod or
-//! namespace annotation admits the pod unchanged with a warning, like every other bad
-//! annotation. The value `off` for the collector turns tracing off below a level that set it.
+//! namespace annotation costs the pod its tracing (never its proxy: tracing is observability
+//! only), with a warning naming the annotation, its object and the value. The value `off` for the collector turns tracing off below a level that set it.
 //!
 //! Layer: model (pure): the namespace's annotations are read by the caller.
 
