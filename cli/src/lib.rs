@@ -6,7 +6,7 @@
 //! Built on the control plane's library (the webhook's mutation, the manifests' names, the tap
 //! relay's query and lines), never the other way round.
 //!
-//! Layers: yaml | pod_proxy → manifests → install → ca | check | inject | uninstall | upgrade | prune | stat | tracing_addon → tap | identity_rotate | diagnostics → authz | top → dashboard
+//! Layers: yaml | pod_proxy → manifests → install → ca | check | inject | uninstall | upgrade | prune | stat | tracing_addon → tap | identity_rotate | diagnostics | policy → authz | top → dashboard
 
 pub mod authz;
 pub mod ca;
@@ -18,6 +18,7 @@ pub mod inject;
 pub mod install;
 pub mod manifests;
 pub mod pod_proxy;
+pub mod policy;
 pub mod prune;
 pub mod stat;
 pub mod tap;
@@ -105,6 +106,12 @@ pub enum Command {
     /// Which Servers, AuthorizationPolicies and routes apply to a workload, and what a client may
     /// reach (`--identity`, `--from`).
     Authz(authz::AuthzArgs),
+    /// Least-privilege authorization from observed traffic: `policy generate NAMESPACE` prints
+    /// the Servers and authorizations that allow exactly what the namespace's workloads received.
+    Policy {
+        #[command(subcommand)]
+        command: policy::PolicyCommand,
+    },
     /// The mesh as a web page on localhost: topology, workloads, routes, authorization, live tap
     /// and check, from the proxies (no Prometheus needed).
     Dashboard(dashboard::DashboardArgs),
@@ -197,6 +204,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Top(args) => runtime()?.block_on(top::top_main(&cli.cluster, args, &mut out))?,
         Command::Diagnostics(args) => runtime()?.block_on(diagnostics::main(&cli.cluster, args, &mut out))?,
         Command::Authz(args) => runtime()?.block_on(authz::main(&cli.cluster, args, &mut out))?,
+        Command::Policy { command } => runtime()?.block_on(policy::main(&cli.cluster, command, &mut out))?,
         Command::Dashboard(args) => runtime()?.block_on(dashboard::main(&cli.cluster, args, &mut out))?,
         Command::Ca { command } => ca::main(command, &mut out)?,
         Command::Identity { command } => runtime()?.block_on(identity_rotate::main(&cli.cluster, command, &mut out))?,
@@ -269,6 +277,7 @@ mod tests {
                 "top",
                 "diagnostics",
                 "authz",
+                "policy",
                 "dashboard",
                 "ca",
                 "identity",

@@ -69,7 +69,7 @@ pub struct StatRow {
 
 /// The delta of every series between two scrapes; a series that went down (a restarted proxy)
 /// counts from zero.
-fn deltas<'a>(before: &'a [Sample], after: &'a [Sample]) -> impl Iterator<Item = (&'a Sample, f64)> + 'a {
+pub fn deltas<'a>(before: &'a [Sample], after: &'a [Sample]) -> impl Iterator<Item = (&'a Sample, f64)> + 'a {
     let earlier: BTreeMap<(&str, &BTreeMap<String, String>), f64> =
         before.iter().map(|s| ((s.name.as_str(), &s.labels), s.value)).collect();
     after.iter().map(move |s| {
