@@ -40,7 +40,8 @@ fn crds_name_the_group_version_and_kinds_the_design_fixes() {
         .into_iter()
         .map(|crd| (crd.spec.group, crd.spec.versions[0].name.clone(), crd.spec.names.kind))
         .collect();
-    let want = ["Server", "AuthorizationPolicy", "MeshTLSAuthentication", "NetworkAuthentication"]
+    // issue 30: egress adds EgressNetwork.
+    let want = ["Server", "AuthorizationPolicy", "MeshTLSAuthentication", "NetworkAuthentication", "EgressNetwork"]
         .map(|k| ("policy.cnimesh.io".to_string(), "v1alpha1".to_string(), k.to_string()));
     assert_eq!(kinds, want);
 }

@@ -5,7 +5,8 @@
 //! Layers, as in Linkerd's policy controller, each built on those before it (never after):
 //! 1. model/index (pure): [`meta`] (objects' keys), [`resource`] (what an operator names),
 //!    [`workload`] (a pod's owner), [`metrics`]; then the Gateway API routes ([`routes`]), which
-//!    [`destination`] (model, index, path, resolve) reads for service defaults, and [`policy`]
+//!    [`destination`] (model, index, path, resolve) reads for service defaults, beside [`egress`]
+//!    (EgressNetworks and the routes attached to them, issue 30), and [`policy`]
 //!    (CRDs, model, index; the index also holds the routes) beside [`identity`] (issuer, token
 //!    checks);
 //! 2. sources: [`sources`] (Kubernetes watchers, YAML files), and the TLS accept loop the servers
@@ -18,7 +19,7 @@
 //!
 //! The operator's command line (`cnimesh`) is a crate of its own, cnimesh-cli, built on this one.
 //!
-//! Layers: metrics | resource | meta | workload → routes → destination → policy | identity → sources | tls_accept → grpc | inject | leader | tap → admin | ca_init | webhook_certs → serve → cli
+//! Layers: metrics | resource | meta | workload → routes → destination | egress → policy | identity → sources | tls_accept → grpc | inject | leader | tap → admin | ca_init | webhook_certs → serve → cli
 //!
 //! In-process use (tests, benchmarks): bind the listeners yourself and call [`serve::run`] with a
 //! [`serve::Config`]; it returns once the shutdown future resolves and calls have drained.
@@ -27,6 +28,7 @@ pub mod admin;
 pub mod ca_init;
 pub mod cli;
 pub mod destination;
+pub mod egress;
 pub mod grpc;
 pub mod identity;
 pub mod inject;

@@ -143,16 +143,26 @@ pub async fn run_traced(
     let destination_config = Arc::new(config.destination.clone());
     let source_task = match (config.cluster, index.clone()) {
         (Some(source), Some(index)) => {
+            // issue 30: egress, with the same cluster networks inbound policy uses.
+            let egress =
+                crate::egress::Index::new(crate::egress::Config::new(config.inbound_policy.cluster_networks.clone()));
             let policy = crate::policy::Index::new(config.inbound_policy);
             routes = routes
                 .add_service(DestinationService::new(index.clone(), config.destination.clone()).into_server())
                 .add_service(InboundService::new(policy.clone()).into_server())
                 .add_service(
-                    OutboundService::new(index.clone(), config.destination).with_routes(policy.clone()).into_server(),
+                    OutboundService::new(index.clone(), config.destination)
+                        .with_routes(policy.clone())
+                        .with_egress(egress.clone())
+                        .into_server(),
                 );
             Some(match source {
-                ClusterSource::Files(dir) => tokio::spawn(FileSource::new(dir).with_policy(policy).run(index)),
-                ClusterSource::Kube(client) => tokio::spawn(KubeSource::new(client).with_policy(policy).run(index)),
+                ClusterSource::Files(dir) => {
+                    tokio::spawn(FileSource::new(dir).with_policy(policy).with_egress(egress).run(index))
+                }
+                ClusterSource::Kube(client) => {
+                    tokio::spawn(KubeSource::new(client).with_policy(policy).with_egress(egress).run(index))
+                }
             })
         }
         _ => None,

@@ -18,6 +18,7 @@ pub mod manifest_check;
 pub mod mesh;
 pub mod netns;
 pub mod objects;
+pub mod outside;
 pub mod pod;
 pub mod probe;
 pub mod sidecar;

@@ -294,6 +294,19 @@ pub struct EdgeRow {
     /// for every workload (or pod) behind it, so per-pod edges of a Service repeat its totals.
     pub requests: f64,
     pub connections: f64,
+    /// issue 30: traffic to an EgressNetwork's destinations, by hostname (`dst` is
+    /// `egress/<hostname>`): the EgressNetwork and what its policy refused.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub egress: Option<EgressEdge>,
+}
+
+/// What an egress edge adds (issue 30).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct EgressEdge {
+    /// `<namespace>/<name>` of the EgressNetwork.
+    pub network: String,
+    /// Connections and requests its policy refused.
+    pub denied: f64,
 }
 
 fn short(id: &str) -> String {
@@ -337,6 +350,7 @@ pub fn edges(mesh: &Mesh, scrapes: &Scrapes, query: &Query) -> Vec<EdgeRow> {
                         mtls: true,
                         requests: 0.0,
                         connections: 0.0,
+                        egress: None,
                     });
                     if pod.meshed && !edge.client_ids.contains(&pod.short_identity()) {
                         edge.client_ids.push(pod.short_identity());
@@ -355,6 +369,7 @@ pub fn edges(mesh: &Mesh, scrapes: &Scrapes, query: &Query) -> Vec<EdgeRow> {
             }
         }
     }
+    egress_edges(mesh, scrapes, query, &mut out);
     out.into_values()
         .map(|mut e| {
             e.client_ids.sort();
@@ -362,6 +377,51 @@ pub fn edges(mesh: &Mesh, scrapes: &Scrapes, query: &Query) -> Vec<EdgeRow> {
             e
         })
         .collect()
+}
+
+/// issue 30: the selected resources' egress, by destination hostname (TLS SNI, HTTP Host, else
+/// the IP), from the proxies' `outbound_egress_*` families: one edge per (EgressNetwork,
+/// hostname), `dst` `egress/<hostname>` in the EgressNetwork's namespace.
+fn egress_edges(
+    mesh: &Mesh,
+    scrapes: &Scrapes,
+    query: &Query,
+    out: &mut BTreeMap<(String, String, String, String), EdgeRow>,
+) {
+    let kind = query.resource.kind;
+    for ((src_namespace, src), pods) in selected(mesh, query) {
+        for pod in pods {
+            let Some(Ok((_, after))) = scrapes.get(&pod_key(pod)) else { continue };
+            for sample in after.iter().filter(|s| s.name.starts_with("outbound_egress_") && s.value > 0.0) {
+                let network = sample.label("egress_network").to_string();
+                let dst_namespace = network.split_once('/').map_or("", |(ns, _)| ns).to_string();
+                let dst = format!("egress/{}", sample.label("dst_hostname"));
+                let key = (src_namespace.clone(), src.clone(), dst_namespace.clone(), dst.clone());
+                let edge = out.entry(key).or_insert_with(|| EdgeRow {
+                    src_namespace: src_namespace.clone(),
+                    src: format!("{}/{src}", kind.name()),
+                    dst_namespace,
+                    dst,
+                    client_ids: Vec::new(),
+                    server_ids: Vec::new(),
+                    mtls: false,
+                    requests: 0.0,
+                    connections: 0.0,
+                    egress: Some(EgressEdge { network, denied: 0.0 }),
+                });
+                if pod.meshed && !edge.client_ids.contains(&pod.short_identity()) {
+                    edge.client_ids.push(pod.short_identity());
+                }
+                let Some(egress) = edge.egress.as_mut() else { continue };
+                match sample.name.as_str() {
+                    "outbound_egress_requests_total" => edge.requests += sample.value,
+                    "outbound_egress_connections_total" => edge.connections += sample.value,
+                    "outbound_egress_denied_total" => egress.denied += sample.value,
+                    _ => {}
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]

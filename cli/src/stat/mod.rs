@@ -329,8 +329,7 @@ async fn edges(sources: &Sources, args: &EdgesArgs, out: &mut impl Write) -> any
 }
 
 /// The series `stat` reads, as one PromQL selector.
-const SERIES: &str =
-    r#"{__name__=~"response_total|response_latency_ms_bucket|request_total|tcp_open_total|tcp_open_connections"}"#;
+const SERIES: &str = r#"{__name__=~"response_total|response_latency_ms_bucket|request_total|tcp_open_total|tcp_open_connections|outbound_egress_requests_total|outbound_egress_connections_total|outbound_egress_denied_total"}"#;
 
 /// Percent-encoding for a URL query value (RFC 3986 unreserved characters kept).
 fn encode_query(value: &str) -> String {

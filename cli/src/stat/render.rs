@@ -93,7 +93,14 @@ pub fn edges(rows: &[EdgeRow], output: Output) -> String {
                 if e.dst_namespace.is_empty() { "-".into() } else { e.dst_namespace.clone() },
                 or_dash(&e.client_ids),
                 or_dash(&e.server_ids),
-                if e.mtls { "mTLS".into() } else { "plaintext".into() },
+                match (&e.egress, e.mtls) {
+                    // issue 30: the app's own TLS or plaintext, outside the mesh either way.
+                    (Some(egress), _) => {
+                        format!("egress ({}, {} denied)", egress.network, egress.denied.round() as u64)
+                    }
+                    (None, true) => "mTLS".into(),
+                    (None, false) => "plaintext".into(),
+                },
             ];
             if output == Output::Wide {
                 line.extend([format!("{}", e.requests.round() as u64), format!("{}", e.connections.round() as u64)]);

@@ -289,3 +289,24 @@ fn the_namespace_defaults_to_the_kubeconfig_contexts() {
     s.all_namespaces = true;
     assert_eq!(s.namespace("team-a"), None);
 }
+
+#[test]
+fn edges_show_egress_by_hostname_with_its_egress_network_and_refusals() {
+    // issue 30: the client's proxy also counted egress by hostname.
+    let egress = "dst_kind=\"egress\",egress_network=\"shop/world\"";
+    let extra = format!(
+        "outbound_egress_requests_total{{{egress},dst_hostname=\"api.example.test\"}} 7\noutbound_egress_connections_total{{{egress},dst_hostname=\"api.example.test\",protocol=\"tls\"}} 2\noutbound_egress_denied_total{{{egress},dst_hostname=\"evil.test\",protocol=\"tls\"}} 1\n"
+    );
+    let after = client_metrics(1200, 150) + &extra;
+    let mut scrapes = scrapes();
+    scrapes.insert("shop/client".into(), Ok((samples(&client_metrics(1000, 100)), samples(&after))));
+    let rows = compute::edges(&mesh(), &scrapes, &query("deploy"));
+    let api = rows.iter().find(|e| e.dst == "egress/api.example.test").unwrap();
+    assert_eq!((api.dst_namespace.as_str(), api.requests, api.connections), ("shop", 7.0, 2.0));
+    assert_eq!(api.egress.as_ref().map(|e| (e.network.as_str(), e.denied)), Some(("shop/world", 0.0)));
+    let evil = rows.iter().find(|e| e.dst == "egress/evil.test").unwrap();
+    assert_eq!(evil.egress.as_ref().unwrap().denied, 1.0);
+    let table = render::edges(&rows, Output::Table);
+    assert!(table.contains("egress/api.example.test") && table.contains("egress (shop/world, 0 denied)"), "{table}");
+    assert!(rows.iter().filter(|e| e.egress.is_none()).count() == 2, "the other edges are unchanged: {rows:?}");
+}

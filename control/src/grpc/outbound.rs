@@ -38,8 +38,14 @@
 //! Anything that is not a Service port is NotFound, which a stock proxy takes as "no policy here"
 //! and forwards as before; IPs of pods are answered that way too for now.
 //!
+//! Egress (issue 30, [`egress`]): with an egress index ([`OutboundService::with_egress`]), an
+//! address outside the cluster networks that an EgressNetwork holds (for the asking client's
+//! namespace) is answered with the EgressNetwork's policy, and followed as EgressNetworks and
+//! their routes change; one no EgressNetwork holds is NotFound, as before.
+//!
 //! Layer: gRPC.
 
+pub mod egress;
 mod routes;
 
 use std::net::SocketAddr;
@@ -80,6 +86,8 @@ pub struct OutboundService {
     config: Arc<Config>,
     /// Where routes come from; without it every Service gets the default routes.
     routes: Option<policy::Index>,
+    /// EgressNetworks and their routes (issue 30); without it egress addresses are NotFound.
+    egress: Option<crate::egress::Index>,
 }
 
 /// What a policy is computed from: the Service (if the target is one) and the port.
@@ -94,7 +102,48 @@ pub struct ServicePort {
 
 impl OutboundService {
     pub fn new(index: Index, config: Config) -> Self {
-        Self { index, config: Arc::new(config), routes: None }
+        Self { index, config: Arc::new(config), routes: None, egress: None }
+    }
+
+    /// Serves EgressNetworks and their routes for addresses outside the cluster networks.
+    pub fn with_egress(mut self, egress: crate::egress::Index) -> Self {
+        self.egress = Some(egress);
+        self
+    }
+
+    /// The live stream of an egress address's policy; NotFound when no EgressNetwork holds it
+    /// now (see [`egress`]).
+    async fn follow_egress(
+        egress: &crate::egress::Index,
+        addr: SocketAddr,
+        client_namespace: Option<String>,
+    ) -> Result<BoxStream<'static, Result<OutboundPolicy, Status>>, Status> {
+        egress.ready().await;
+        let mut rx = egress.watch();
+        let config = egress.config().clone();
+        let first = {
+            let snapshot = rx.borrow_and_update().clone();
+            egress::policy_of(&snapshot, addr, client_namespace.as_deref(), &config)
+        };
+        let Some(first) = first else {
+            return Err(Status::not_found("not a Service port, nor an address an EgressNetwork holds"));
+        };
+        let last = Some(first.clone());
+        let updates = stream::unfold((rx, last), move |(mut rx, mut last)| {
+            let (config, client_namespace) = (config.clone(), client_namespace.clone());
+            async move {
+                loop {
+                    rx.changed().await.ok()?;
+                    let snapshot = rx.borrow_and_update().clone();
+                    let next = egress::policy_of(&snapshot, addr, client_namespace.as_deref(), &config)
+                        .unwrap_or_else(|| egress::uncovered(addr));
+                    if let Some(policy) = dedup(Some(next), &mut last).pop() {
+                        return Some((Ok(policy), (rx, last)));
+                    }
+                }
+            }
+        });
+        Ok(stream::iter([Ok(first)]).chain(updates).boxed())
     }
 
     /// Serves the Gateway API routes the policy index holds.
@@ -122,6 +171,11 @@ impl OutboundService {
         // A workload we cannot read is a client of no namespace: producer routes only.
         let client_namespace =
             super::inbound::parse_workload(&spec.source_workload).ok().map(|w| w.namespace).filter(|n| !n.is_empty());
+        if let (Target::Addr(addr), Some(egress)) = (&target, &self.egress)
+            && !egress.config().cluster_networks.iter().any(|n| n.contains(&addr.ip()))
+        {
+            return Self::follow_egress(egress, *addr, client_namespace).await;
+        }
         self.index.ready().await;
         if let Some(routes) = &self.routes {
             routes.routes_ready().await;

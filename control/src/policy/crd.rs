@@ -309,5 +309,8 @@ pub struct Network {
 pub fn definitions() -> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>
 {
     use kube::CustomResourceExt;
-    vec![Server::crd(), AuthorizationPolicy::crd(), MeshTlsAuthentication::crd(), NetworkAuthentication::crd()]
+    let mut crds =
+        vec![Server::crd(), AuthorizationPolicy::crd(), MeshTlsAuthentication::crd(), NetworkAuthentication::crd()];
+    crds.push(crate::egress::crd::EgressNetwork::crd()); // issue 30: egress
+    crds
 }

@@ -297,3 +297,44 @@ pub struct ReferenceGrantTo {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
 }
+
+/// `apiVersion` of TLSRoute and TCPRoute (experimental channel, issue 30).
+pub const ALPHA_API_VERSION: &str = "gateway.networking.k8s.io/v1alpha2";
+
+/// `TLSRoute` spec (Gateway API `TLSRouteSpec`, v1alpha2): TLS connections by SNI hostname.
+/// cnimesh serves it only with an EgressNetwork parent (docs/tasks/egress.md).
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[kube(group = "gateway.networking.k8s.io", version = "v1alpha2", kind = "TLSRoute", namespaced)]
+#[kube(root = "TlsRoute", schema = "disabled")]
+#[serde(rename_all = "camelCase")]
+pub struct TlsRouteSpec {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub parent_refs: Vec<ParentReference>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hostnames: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rules: Vec<StreamRouteRule>,
+}
+
+/// `TCPRoute` spec (Gateway API `TCPRouteSpec`, v1alpha2): TCP connections by port (its
+/// parentRef's). cnimesh serves it only with an EgressNetwork parent.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[kube(group = "gateway.networking.k8s.io", version = "v1alpha2", kind = "TCPRoute", namespaced)]
+#[kube(root = "TcpRoute", schema = "disabled")]
+#[serde(rename_all = "camelCase")]
+pub struct TcpRouteSpec {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub parent_refs: Vec<ParentReference>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rules: Vec<StreamRouteRule>,
+}
+
+/// `TLSRouteRule` and `TCPRouteRule` (one shape): where matching connections go.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct StreamRouteRule {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub backend_refs: Vec<HttpBackendRef>,
+}

@@ -38,6 +38,11 @@ pub const RETRY_LIMIT_ANNOTATION: &str = "retry.cnimesh.io/limit";
 pub const RETRY_TIMEOUT_ANNOTATION: &str = "retry.cnimesh.io/timeout";
 pub const REQUEST_TIMEOUT_ANNOTATION: &str = "timeout.cnimesh.io/request";
 
+/// How a route names an EgressNetwork parent or backend (issue 30; the kind itself is
+/// [`crate::egress`]'s, which comes after routes).
+pub const EGRESS_NETWORK_GROUP: &str = "policy.cnimesh.io";
+pub const EGRESS_NETWORK_KIND: &str = "EgressNetwork";
+
 /// Retries when only the conditions are annotated (Linkerd's default).
 const DEFAULT_RETRY_LIMIT: u32 = 1;
 /// Gateway API's ceiling for a backendRef weight.
@@ -68,6 +73,8 @@ pub struct Route {
     pub created: Option<Time>,
     /// The Services it attaches to; a route attached to none is kept but serves nothing.
     pub parents: Vec<Parent>,
+    /// The EgressNetworks it attaches to (issue 30): served by [`crate::egress`], not here.
+    pub egress_parents: Vec<EgressParent>,
     pub hostnames: Vec<HostMatch>,
     /// Never empty.
     pub rules: Vec<Rule>,
@@ -77,6 +84,14 @@ pub struct Route {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Parent {
     pub service: NsName,
+    pub port: Option<u16>,
+}
+
+/// An EgressNetwork parent (`group: policy.cnimesh.io`, `kind: EgressNetwork`); `port: None`
+/// attaches to every port of the destinations it covers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EgressParent {
+    pub network: NsName,
     pub port: Option<u16>,
 }
 
@@ -251,6 +266,7 @@ impl Route {
             kind,
             created: meta.creation_timestamp.clone(),
             parents: parents(parent_refs, &key)?,
+            egress_parents: egress_parents(parent_refs, &key)?,
             hostnames: hostnames(names)?,
             key,
             rules,
@@ -476,11 +492,39 @@ fn parents(refs: &[crd::ParentReference], route: &NsName) -> Result<Vec<Parent>,
     Ok(parents)
 }
 
+/// The EgressNetwork parents of a route (issue 30). An EgressNetwork lives beside its routes:
+/// a parentRef to another namespace's is refused, as Linkerd refuses it.
+pub fn egress_parents(refs: &[crd::ParentReference], route: &NsName) -> Result<Vec<EgressParent>, Invalid> {
+    let mut parents = Vec::new();
+    for r in refs.iter().filter(|r| is_egress_network(r.group.as_deref(), r.kind.as_deref())) {
+        if let Some(section) = &r.section_name {
+            return invalid(format!(
+                "parentRef EgressNetwork {}: sectionName {section:?} is not supported, use port",
+                r.name
+            ));
+        }
+        if r.namespace.as_deref().is_some_and(|ns| ns != route.namespace) {
+            return invalid(format!(
+                "parentRef EgressNetwork {}: an EgressNetwork parent must be in the route's namespace {}",
+                r.name, route.namespace
+            ));
+        }
+        let port = r.port.map(|p| port(p, "parentRef port")).transpose()?;
+        parents.push(EgressParent { network: NsName::new(&route.namespace, &r.name), port });
+    }
+    Ok(parents)
+}
+
+/// Whether a reference's group and kind name an EgressNetwork.
+pub fn is_egress_network(group: Option<&str>, kind: Option<&str>) -> bool {
+    group == Some(EGRESS_NETWORK_GROUP) && kind == Some(EGRESS_NETWORK_KIND)
+}
+
 fn port(value: i32, what: &str) -> Result<u16, Invalid> {
     u16::try_from(value).ok().filter(|p| *p > 0).ok_or_else(|| Invalid(format!("{what} {value} is not 1-65535")))
 }
 
-fn hostnames(names: &[String]) -> Result<Vec<HostMatch>, Invalid> {
+pub fn hostnames(names: &[String]) -> Result<Vec<HostMatch>, Invalid> {
     names
         .iter()
         .map(|name| {
@@ -770,6 +814,9 @@ fn redirect(f: &crd::HttpRequestRedirectFilter) -> Result<Redirect, Invalid> {
 
 fn backends(refs: &[crd::HttpBackendRef], route: &NsName, kind: RouteKind) -> Result<Vec<Backend>, Invalid> {
     refs.iter()
+        // A backendRef to an EgressNetwork (egress routes, issue 30) is "the parent itself": the
+        // connection's original destination, as a rule without backends.
+        .filter(|b| !is_egress_network(b.group.as_deref(), b.kind.as_deref()))
         .map(|b| {
             let core = b.group.as_deref().is_none_or(|g| g.is_empty() || g == "core");
             if !(core && b.kind.as_deref().is_none_or(|k| k == "Service")) {

@@ -5,7 +5,9 @@
 //! so editors' and `kubectl`'s temporary files are not read half-written) holds any number of
 //! documents. Services, EndpointSlices and Pods are used, and with a policy index
 //! ([`FileSource::with_policy`]) Namespaces, the `policy.cnimesh.io/v1alpha1` resources and the
-//! Gateway API routes (`HTTPRoute`, `GRPCRoute`, `ReferenceGrant`) too;
+//! Gateway API routes (`HTTPRoute`, `GRPCRoute`, `ReferenceGrant`) too; with an egress index
+//! ([`FileSource::with_egress`]) `EgressNetwork`, `TLSRoute` and `TCPRoute`, and the HTTPRoutes
+//! and GRPCRoutes again (issue 30);
 //! `kind: List` is opened, anything else is ignored. A file is taken whole or not at all: when one document fails to parse, the error is
 //! logged with the file and the file's previous content stays in force. Writers that want no
 //! intermediate states should write a temporary file and rename it over the old one.
@@ -25,6 +27,7 @@ use serde_json::Value;
 
 use super::{Source, SourceError};
 use crate::destination::{Change, Index, KINDS, Kind, Object};
+use crate::egress;
 use crate::meta::NsName;
 use crate::policy::{self, crd};
 use crate::routes::crd as routes;
@@ -39,11 +42,18 @@ pub struct FileSource {
     dir: PathBuf,
     debounce: Duration,
     policy: Option<policy::Index>,
+    egress: Option<egress::Index>,
 }
 
 impl FileSource {
     pub fn new(dir: impl Into<PathBuf>) -> Self {
-        Self { dir: dir.into(), debounce: DEFAULT_DEBOUNCE, policy: None }
+        Self { dir: dir.into(), debounce: DEFAULT_DEBOUNCE, policy: None, egress: None }
+    }
+
+    /// Also keeps an egress index in step (issue 30: EgressNetworks and their routes).
+    pub fn with_egress(mut self, egress: egress::Index) -> Self {
+        self.egress = Some(egress);
+        self
     }
 
     /// Also keeps a policy index in step with the directory (same files, same rules).
@@ -74,11 +84,14 @@ impl Source for FileSource {
             .map_err(|source| SourceError::Watch { dir: self.dir.clone(), source })?;
         let dir = self.dir.clone();
         let result = tokio::task::spawn_blocking(move || {
-            let mut files = Files { dir: self.dir, defined: HashMap::new(), policy: self.policy };
+            let mut files = Files { dir: self.dir, defined: HashMap::new(), policy: self.policy, egress: self.egress };
             files.apply(files.all_paths(), &index);
             index.apply(KINDS.map(Change::Listed));
             if let Some(policy) = &files.policy {
                 policy.apply(policy::index::KINDS.map(policy::Change::Listed));
+            }
+            if let Some(egress) = &files.egress {
+                egress.apply(egress::KINDS.map(egress::Change::Listed));
             }
             tracing::info!(dir = %files.dir.display(), files = files.defined.len(), stats = ?index.stats(), "loaded cluster state from files");
             files.follow(&rx, self.debounce, &index);
@@ -98,6 +111,7 @@ struct Files {
     dir: PathBuf,
     defined: HashMap<PathBuf, HashSet<ObjectId>>,
     policy: Option<policy::Index>,
+    egress: Option<egress::Index>,
 }
 
 /// What a batch of file events asks for.
@@ -176,6 +190,9 @@ impl Files {
                 if let Some(policy) = &self.policy {
                     policy.apply(changes.policy);
                 }
+                if let Some(egress) = &self.egress {
+                    egress.apply(changes.egress);
+                }
                 count
             })
             .sum()
@@ -211,12 +228,14 @@ impl Files {
 enum Parsed {
     Destination(Object),
     Policy(policy::Object),
+    Egress(egress::Object),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 enum ObjectId {
     Destination(Kind, NsName),
     Policy(policy::Kind, NsName),
+    Egress(egress::Kind, NsName),
 }
 
 impl Parsed {
@@ -224,6 +243,7 @@ impl Parsed {
         match self {
             Parsed::Destination(o) => ObjectId::Destination(o.kind(), o.key()),
             Parsed::Policy(o) => ObjectId::Policy(o.kind(), o.key()),
+            Parsed::Egress(o) => ObjectId::Egress(o.kind(), o.key()),
         }
     }
 }
@@ -233,6 +253,7 @@ impl Parsed {
 struct Changes {
     destination: Vec<Change>,
     policy: Vec<policy::Change>,
+    egress: Vec<egress::Change>,
 }
 
 impl Changes {
@@ -240,6 +261,7 @@ impl Changes {
         match object {
             Parsed::Destination(o) => self.destination.push(Change::Upsert(o)),
             Parsed::Policy(o) => self.policy.push(policy::Change::Upsert(o)),
+            Parsed::Egress(o) => self.egress.push(egress::Change::Upsert(o)),
         }
     }
 
@@ -247,6 +269,7 @@ impl Changes {
         match id {
             ObjectId::Destination(kind, key) => self.destination.push(Change::Delete(kind, key)),
             ObjectId::Policy(kind, key) => self.policy.push(policy::Change::Delete(kind, key)),
+            ObjectId::Egress(kind, key) => self.egress.push(egress::Change::Delete(kind, key)),
         }
     }
 }
@@ -353,7 +376,7 @@ pub fn parse_for_fuzzing(text: &str) -> Result<Vec<Object>, String> {
         .into_iter()
         .filter_map(|p| match p {
             Parsed::Destination(o) => Some(o),
-            Parsed::Policy(_) => None,
+            Parsed::Policy(_) | Parsed::Egress(_) => None,
         })
         .collect())
 }
@@ -391,10 +414,32 @@ fn objects_of(doc: Value, index: usize, out: &mut Vec<Parsed>) -> Result<(), Par
             out.push(typed(|d| serde_json::from_value::<crd::NetworkAuthentication>(d).map(policy_object), doc)?)
         }
         (routes::API_VERSION, "HTTPRoute") => {
-            out.push(typed(|d| serde_json::from_value::<routes::HttpRoute>(d).map(policy_object), doc)?)
+            let route = typed(|d| serde_json::from_value::<routes::HttpRoute>(d).map(policy_object), doc)?;
+            if let Parsed::Policy(policy::Object::HttpRoute(r)) = &route
+                && egress_parent(&r.spec.parent_refs)
+            {
+                out.push(egress_object(*r.clone())); // issue 30: egress routes
+            }
+            out.push(route);
         }
         (routes::API_VERSION, "GRPCRoute") => {
-            out.push(typed(|d| serde_json::from_value::<routes::GrpcRoute>(d).map(policy_object), doc)?)
+            let route = typed(|d| serde_json::from_value::<routes::GrpcRoute>(d).map(policy_object), doc)?;
+            if let Parsed::Policy(policy::Object::GrpcRoute(r)) = &route
+                && egress_parent(&r.spec.parent_refs)
+            {
+                out.push(egress_object(*r.clone())); // issue 30: egress routes
+            }
+            out.push(route);
+        }
+        // issue 30: egress
+        (egress::crd::API_VERSION, "EgressNetwork") => {
+            out.push(typed(|d| serde_json::from_value::<egress::crd::EgressNetwork>(d).map(egress_object), doc)?)
+        }
+        (routes::ALPHA_API_VERSION, "TLSRoute") => {
+            out.push(typed(|d| serde_json::from_value::<routes::TlsRoute>(d).map(egress_object), doc)?)
+        }
+        (routes::ALPHA_API_VERSION, "TCPRoute") => {
+            out.push(typed(|d| serde_json::from_value::<routes::TcpRoute>(d).map(egress_object), doc)?)
         }
         (routes::REFERENCE_GRANT_API_VERSION, "ReferenceGrant") => {
             out.push(typed(|d| serde_json::from_value::<routes::ReferenceGrant>(d).map(policy_object), doc)?)
@@ -423,6 +468,18 @@ where
     Parsed::Policy(policy::Object::from(object))
 }
 
+/// issue 30: whether a route attaches to an EgressNetwork (only those go to the egress index).
+fn egress_parent(refs: &[routes::ParentReference]) -> bool {
+    refs.iter().any(|r| crate::routes::model::is_egress_network(r.group.as_deref(), r.kind.as_deref()))
+}
+
+fn egress_object<K>(object: K) -> Parsed
+where
+    egress::Object: From<K>,
+{
+    Parsed::Egress(egress::Object::from(object))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -447,7 +504,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("a.yaml");
         std::fs::write(&file, "apiVersion: v1\nkind: Service\nmetadata: {name: a}\n").unwrap();
-        let mut files = Files { dir: dir.path().to_path_buf(), defined: HashMap::new(), policy: None };
+        let mut files = Files { dir: dir.path().to_path_buf(), defined: HashMap::new(), policy: None, egress: None };
         assert_eq!(files.reload(&file).destination.len(), 1);
         let event = |kind, path: &Path| Ok(notify::Event::new(kind).add_path(path.to_path_buf()));
         let mut pending = Pending::default();
@@ -468,7 +525,7 @@ mod tests {
         let (a, b) = (dir.path().join("a.yaml"), dir.path().join("b.yaml"));
         std::fs::write(&a, svc(80)).unwrap();
         std::fs::write(&b, svc(81)).unwrap();
-        let mut files = Files { dir: dir.path().to_path_buf(), defined: HashMap::new(), policy: None };
+        let mut files = Files { dir: dir.path().to_path_buf(), defined: HashMap::new(), policy: None, egress: None };
         assert_eq!(files.all_paths(), HashSet::from([a.clone(), b.clone()]));
         files.reload(&a);
         files.reload(&b);
@@ -493,7 +550,7 @@ mod tests {
             )
         };
         std::fs::write(&file, server("opaque")).unwrap();
-        let mut files = Files { dir: dir.path().to_path_buf(), defined: HashMap::new(), policy: None };
+        let mut files = Files { dir: dir.path().to_path_buf(), defined: HashMap::new(), policy: None, egress: None };
         let kinds: Vec<policy::Kind> = files
             .reload(&file)
             .policy
@@ -528,6 +585,28 @@ mod tests {
             }
         }
         assert_eq!(kinds, [policy::Kind::HttpRoute, policy::Kind::GrpcRoute, policy::Kind::ReferenceGrant]);
+    }
+
+    #[test]
+    fn egress_kinds_and_routes_with_an_egress_network_parent_reach_the_egress_index() {
+        // issue 30: EgressNetwork, TLSRoute and TCPRoute are egress's alone; an HTTPRoute with an
+        // EgressNetwork parent goes to both indexes.
+        let text = "apiVersion: policy.cnimesh.io/v1alpha1\nkind: EgressNetwork\nmetadata: {name: n, namespace: shop}\nspec: {trafficPolicy: Deny}\n---\napiVersion: gateway.networking.k8s.io/v1alpha2\nkind: TLSRoute\nmetadata: {name: t, namespace: shop}\nspec: {parentRefs: [{group: policy.cnimesh.io, kind: EgressNetwork, name: n}]}\n---\napiVersion: gateway.networking.k8s.io/v1alpha2\nkind: TCPRoute\nmetadata: {name: c, namespace: shop}\nspec: {parentRefs: [{group: policy.cnimesh.io, kind: EgressNetwork, name: n}]}\n---\napiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: h, namespace: shop}\nspec: {parentRefs: [{group: policy.cnimesh.io, kind: EgressNetwork, name: n}]}\n";
+        let ids: Vec<ObjectId> = parse(text).unwrap().iter().map(Parsed::id).collect();
+        let key = |n: &str| NsName::new("shop", n);
+        assert_eq!(
+            ids,
+            [
+                ObjectId::Egress(egress::Kind::EgressNetwork, key("n")),
+                ObjectId::Egress(egress::Kind::TlsRoute, key("t")),
+                ObjectId::Egress(egress::Kind::TcpRoute, key("c")),
+                ObjectId::Egress(egress::Kind::HttpRoute, key("h")),
+                ObjectId::Policy(policy::Kind::HttpRoute, key("h")),
+            ]
+        );
+        let missing = "apiVersion: policy.cnimesh.io/v1alpha1\nkind: EgressNetwork\nmetadata: {name: n, namespace: shop}\nspec: {}\n";
+        let error = parse(missing).unwrap_err().to_string();
+        assert!(error.starts_with("document 1 (EgressNetwork \"n\"): ") && error.contains("trafficPolicy"), "{error}");
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! Cluster state from the Kubernetes API: one kube-rs watcher per kind, all namespaces; with a
 //! policy index ([`KubeSource::with_policy`]) also Namespaces, the policy resources and the
 //! Gateway API's HTTPRoutes, GRPCRoutes and ReferenceGrants (optional: a cluster without their
-//! CRDs has none of them).
+//! CRDs has none of them); with an egress index ([`KubeSource::with_egress`], issue 30) also
+//! EgressNetworks, TLSRoutes and TCPRoutes, and the same HTTPRoute and GRPCRoute watches feed it.
 //!
 //! A watcher lists, then watches from the list's resourceVersion, resumes from the last version it
 //! saw when a watch ends, and re-lists when the server says that version is gone (410). Each list
@@ -22,17 +23,26 @@ use serde::de::DeserializeOwned;
 
 use super::{Source, SourceError};
 use crate::destination::{Change, Index, Kind, Object};
+use crate::egress;
 use crate::policy::{self, crd};
 use crate::routes::crd as routes;
 
 pub struct KubeSource {
     client: kube::Client,
     policy: Option<policy::Index>,
+    egress: Option<egress::Index>,
 }
 
 impl KubeSource {
     pub fn new(client: kube::Client) -> Self {
-        Self { client, policy: None }
+        Self { client, policy: None, egress: None }
+    }
+
+    /// Also keeps an egress index in step (issue 30): EgressNetworks, TLSRoutes and TCPRoutes,
+    /// and the HTTPRoutes and GRPCRoutes policy watches anyway.
+    pub fn with_egress(mut self, egress: egress::Index) -> Self {
+        self.egress = Some(egress);
+        self
     }
 
     /// Also keeps a policy index in step: Namespaces and the policy resources, and the same Pod
@@ -50,6 +60,7 @@ impl Source for KubeSource {
     async fn run(self, index: Index) -> Result<(), SourceError> {
         let client = self.client;
         let policy = self.policy;
+        let egress = self.egress;
         let pods = follow(Api::<Pod>::all(client.clone()), "Pod", Absent::Retry, |update: Update<Pod>| {
             if let Some(policy) = &policy {
                 policy.apply([policy_change(policy::Kind::Pod, update.clone())]);
@@ -87,13 +98,24 @@ impl Source for KubeSource {
                         policy::Kind::NetworkAuthentication,
                         policy
                     ),
-                    follow_routes(Api::<routes::HttpRoute>::all(client.clone()), policy::Kind::HttpRoute, policy),
-                    follow_routes(Api::<routes::GrpcRoute>::all(client.clone()), policy::Kind::GrpcRoute, policy),
+                    follow_shared_routes(
+                        Api::<routes::HttpRoute>::all(client.clone()),
+                        policy::Kind::HttpRoute,
+                        policy,
+                        egress.as_ref().map(|e| (e, egress::Kind::HttpRoute))
+                    ),
+                    follow_shared_routes(
+                        Api::<routes::GrpcRoute>::all(client.clone()),
+                        policy::Kind::GrpcRoute,
+                        policy,
+                        egress.as_ref().map(|e| (e, egress::Kind::GrpcRoute))
+                    ),
                     follow_routes(
                         Api::<routes::ReferenceGrant>::all(client.clone()),
                         policy::Kind::ReferenceGrant,
                         policy
                     ),
+                    follow_egress(&client, egress.as_ref()),
                 );
             }
         }
@@ -147,6 +169,52 @@ where
     K: kube::Resource + Clone + DeserializeOwned + Debug + Send + 'static,
 {
     follow(api, kind_name(kind), Absent::Empty, |u| policy.apply([policy_change(kind, u)])).await
+}
+
+/// [`follow_routes`] for HTTPRoutes and GRPCRoutes, which also go to the egress index when there
+/// is one (issue 30).
+async fn follow_shared_routes<K>(
+    api: Api<K>,
+    kind: policy::Kind,
+    policy: &policy::Index,
+    egress: Option<(&egress::Index, egress::Kind)>,
+) where
+    policy::Object: From<K>,
+    egress::Object: From<K>,
+    K: kube::Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+{
+    follow(api, kind_name(kind), Absent::Empty, |u: Update<K>| {
+        if let Some((egress, kind)) = egress {
+            egress.apply([egress_change(kind, u.clone())]);
+        }
+        policy.apply([policy_change(kind, u)])
+    })
+    .await
+}
+
+/// issue 30: EgressNetworks, TLSRoutes and TCPRoutes. All optional (a cluster without the CRDs
+/// has none), so outbound answers never wait for them.
+async fn follow_egress(client: &kube::Client, egress: Option<&egress::Index>) {
+    let Some(egress) = egress else { return };
+    futures::join!(
+        follow(Api::<egress::crd::EgressNetwork>::all(client.clone()), "EgressNetwork", Absent::Empty, |u| egress
+            .apply([egress_change(egress::Kind::EgressNetwork, u)])),
+        follow(Api::<routes::TlsRoute>::all(client.clone()), "TLSRoute", Absent::Empty, |u| egress
+            .apply([egress_change(egress::Kind::TlsRoute, u)])),
+        follow(Api::<routes::TcpRoute>::all(client.clone()), "TCPRoute", Absent::Empty, |u| egress
+            .apply([egress_change(egress::Kind::TcpRoute, u)])),
+    );
+}
+
+fn egress_change<K>(kind: egress::Kind, update: Update<K>) -> egress::Change
+where
+    egress::Object: From<K>,
+{
+    match update {
+        Update::Reset(objects) => egress::Change::Reset(kind, objects.into_iter().map(egress::Object::from).collect()),
+        Update::Apply(object) => egress::Change::Upsert(egress::Object::from(object)),
+        Update::Delete(object) => egress::Change::Delete(kind, egress::Object::from(object).key()),
+    }
 }
 
 /// What a watch does while the API server does not serve its kind (404: CRD not installed).

@@ -6,7 +6,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::app::admission::Permit;
@@ -106,18 +105,23 @@ pub async fn connection<I: Io>(io: I, peer: SocketAddr, addr: SocketAddr, direct
 async fn inbound<I: Io>(io: I, peer: SocketAddr, addr: SocketAddr, shared: &Arc<Shared>) -> anyhow::Result<()> {
     let accepted = crate::inbound::connection::connection(io, peer, addr, &shared.inbound).await?;
     let crate::inbound::connection::Accepted { io, prefix, tls, target, known, policy } = accepted;
-    let conn = Connection { direction: Direction::inbound, peer, addr, tls, target, known, policy };
+    let conn = Connection { direction: Direction::inbound, peer, addr, tls, target, known, policy, egress: None };
     dispatch::serve(io, prefix, conn, shared).await
 }
 
-async fn outbound<I: Io>(io: I, peer: SocketAddr, addr: SocketAddr, shared: &Arc<Shared>) -> anyhow::Result<()> {
+async fn outbound<I: Io>(mut io: I, peer: SocketAddr, addr: SocketAddr, shared: &Arc<Shared>) -> anyhow::Result<()> {
     let target = crate::outbound::resolve(addr, &shared.outbound)
         .await
         .inspect_err(|_| shared.metrics.tcp_refused(Direction::outbound, addr))?;
     let known = known_protocol(addr, &target, &shared.config);
     let tls = target.tls.clone();
-    let conn = Connection { direction: Direction::outbound, peer, addr, tls, target, known, policy: None };
-    dispatch::serve(io, Bytes::new(), conn, shared).await
+    // issue 30: an EgressNetwork's destination is seen by its SNI, and may be refused here.
+    let policy = crate::outbound::policy_of(&target).and_then(|p| p.current());
+    let (prefix, egress) =
+        crate::outbound::egress::admit(&mut io, addr, policy, &shared.outbound.egress, shared.config.detect_timeout)
+            .await?;
+    let conn = Connection { direction: Direction::outbound, peer, addr, tls, target, known, policy: None, egress };
+    dispatch::serve(io, prefix, conn, shared).await
 }
 
 /// An outbound connection's protocol without detection: a port configured opaque stays opaque

@@ -36,6 +36,8 @@ pub struct Connection {
     pub known: Option<Known>,
     /// Inbound with policy discovery: the port's policy, enforced on this connection.
     pub policy: Option<Arc<ConnPolicy>>,
+    /// issue 30: outbound to an EgressNetwork's destination, as admitted.
+    pub egress: Option<crate::outbound::egress::Admitted>,
 }
 
 pub async fn serve<I: Io>(mut io: I, read: Bytes, conn: Connection, shared: &Arc<Shared>) -> anyhow::Result<()> {
@@ -75,6 +77,9 @@ pub async fn serve<I: Io>(mut io: I, read: Bytes, conn: Connection, shared: &Arc
         }
     };
     m.connection_protocol_total.get_or_create(&ProtocolLabels::new(conn.direction, protocol, by)).inc();
+    if let Some(egress) = &conn.egress {
+        egress.served(&shared.outbound.egress, protocol != Protocol::Opaque, conn.addr)?;
+    }
     if protocol == Protocol::Opaque {
         if let Some(policy) = &conn.policy
             && !policy.allow_tcp()

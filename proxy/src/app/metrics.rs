@@ -81,6 +81,8 @@ pub struct Metrics {
     pub conn: ConnMetrics,
     /// The route families, with their series bound, for the outbound side.
     pub routes: Arc<RouteMetrics>,
+    /// issue 30: egress by hostname (`outbound_egress_*`).
+    pub egress: Arc<crate::outbound::egress::EgressMetrics>,
     /// `trace_spans_exported_total`, `trace_spans_dropped_total`: read from the trace exporter at
     /// each scrape (0 while tracing is off).
     pub trace: TraceCounts,
@@ -147,6 +149,7 @@ impl Default for Metrics {
                 Family::default(),
                 Family::default(),
             )),
+            egress: Arc::default(),
             registry: Registry::default(),
             trace: TraceCounts::default(),
         };
@@ -246,6 +249,22 @@ impl Default for Metrics {
             m.connection_protocol_total.clone(),
         );
         registry.register_collector(Box::new(m.trace.clone()));
+        // issue 30: egress
+        registry.register(
+            "outbound_egress_connections",
+            "Egress connections by EgressNetwork, destination hostname (TLS SNI, else the IP) and protocol",
+            m.egress.outbound_egress_connections_total.clone(),
+        );
+        registry.register(
+            "outbound_egress_requests",
+            "Egress HTTP requests by EgressNetwork and destination hostname (Host/authority)",
+            m.egress.outbound_egress_requests_total.clone(),
+        );
+        registry.register(
+            "outbound_egress_denied",
+            "Egress connections and requests refused by an EgressNetwork's policy",
+            m.egress.outbound_egress_denied_total.clone(),
+        );
         Self { registry, ..m }
     }
 }

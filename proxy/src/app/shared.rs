@@ -74,6 +74,7 @@ impl Shared {
             by_addr: Default::default(),
             by_service: Default::default(),
             routes: metrics.routes.clone(),
+            egress: metrics.egress.clone(),
         };
         Self {
             admission,

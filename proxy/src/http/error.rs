@@ -61,6 +61,9 @@ pub enum ProxyError {
     /// The route's request timeout, over every attempt.
     #[error("request timed out after {} ms on route {route}", after.as_millis())]
     RouteTimeout { route: String, after: Duration },
+    /// issue 30: egress refused by an EgressNetwork's policy (`<ns>/<name>`): 403.
+    #[error("egress denied by EgressNetwork {network}")]
+    EgressDenied { network: String },
 }
 
 impl ProxyError {
@@ -70,6 +73,7 @@ impl ProxyError {
             ProxyError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ProxyError::Refused { status, .. } | ProxyError::Injected { status, .. } => *status,
             ProxyError::NoRoute => StatusCode::NOT_FOUND,
+            ProxyError::EgressDenied { .. } => StatusCode::FORBIDDEN,
             ProxyError::Misconfigured(_) => StatusCode::INTERNAL_SERVER_ERROR,
             ProxyError::NoEndpoints(_) | ProxyError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::NoIdentity(_)
@@ -102,7 +106,8 @@ impl ProxyError {
             | ProxyError::Unavailable(_)
             | ProxyError::NoIdentity(_)
             | ProxyError::Backend { .. }
-            | ProxyError::RouteTimeout { .. } => false,
+            | ProxyError::RouteTimeout { .. }
+            | ProxyError::EgressDenied { .. } => false,
         }
     }
 }
@@ -200,6 +205,11 @@ mod tests {
             ),
             (ProxyError::Backend { backend: "b".into(), why: "x".into() }, 502, "backend b: x"),
             (ProxyError::NoRoute, 404, "no route matches the request"),
+            (
+                ProxyError::EgressDenied { network: "shop/world".into() },
+                403,
+                "egress denied by EgressNetwork shop/world",
+            ),
             (ProxyError::Upstream { addr, why: "eof".into() }, 502, "upstream 10.0.0.1:80: eof"),
         ];
         for (e, status, message) in cases {

@@ -1,7 +1,10 @@
 //! The outbound side: what an application's connection is for (its original destination, a
 //! discovered service, or a service a request names), resolved once per target into a cached
 //! [`targets::Target`] with its balancer and per-endpoint clients ([`upstream::Upstream`]).
+//! Addresses outside the cluster that an EgressNetwork holds are seen by hostname and allowed
+//! or refused by its policy ([`egress`]).
 
+pub mod egress;
 pub mod policy;
 pub mod routes;
 pub mod static_identities;
@@ -37,6 +40,8 @@ pub struct Outbound {
     /// By service authority (`name.ns.svc.<domain>:port`), for requests that name one.
     pub by_service: Targets<String>,
     pub routes: Arc<RouteMetrics>,
+    /// issue 30: egress connections, requests and refusals by hostname.
+    pub egress: Arc<egress::EgressMetrics>,
 }
 
 /// A target carrying its outbound policy, read back with [`policy_of`].

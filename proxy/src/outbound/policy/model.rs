@@ -22,6 +22,8 @@ pub struct OutboundPolicy {
     pub http1: RouteTable,
     /// Routes for requests that arrive as HTTP/2 (a `grpc` policy's gRPC routes too).
     pub http2: RouteTable,
+    /// issue 30: what an EgressNetwork's policy says about TLS and opaque connections.
+    pub streams: crate::outbound::egress::rules::StreamRules,
     /// The answer this was built from: two policies are the same when their answers are.
     source: api::OutboundPolicy,
 }
@@ -79,6 +81,7 @@ pub enum Invalid {
 impl OutboundPolicy {
     pub fn from_api(policy: api::OutboundPolicy) -> Result<Self, Invalid> {
         let source = policy.clone();
+        let streams = crate::outbound::egress::rules::StreamRules::from_api(&source);
         let parent = resource_ref(policy.metadata).map_err(Invalid::Metadata)?;
         let (mut http1, mut http2, mut grpc) = (Vec::new(), Vec::new(), Vec::new());
         let protocol = match policy.protocol.and_then(|p| p.kind).ok_or(Invalid::NoProtocol)? {
@@ -111,7 +114,7 @@ impl OutboundPolicy {
             http2.push(HttpRoute::from_grpc(route)?);
         }
         let (http1, http2) = (RouteTable::new(checked(http1)?), RouteTable::new(http2.into()));
-        Ok(Self { parent, protocol, http1, http2, source })
+        Ok(Self { parent, protocol, http1, http2, streams, source })
     }
 
     /// The routes for a request of `version`.

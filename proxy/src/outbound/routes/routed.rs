@@ -107,6 +107,7 @@ pub async fn route<B>(
     outbound: &Outbound,
 ) -> Result<Option<Routed>, Response<Body>> {
     let Some(policy) = crate::outbound::policy_of(target).and_then(|p| p.current()) else { return Ok(None) };
+    let egress = crate::outbound::egress::is_egress(&policy.parent).then(|| egress_request(req, &policy, outbound));
     let version = req.version();
     let table = policy.routes(version);
     if table.is_empty() {
@@ -120,7 +121,15 @@ pub async fn route<B>(
     let picked = apply::pick_backend(&rule.backends, roll);
     let backend = picked.and_then(|i| rule.backends.get(i));
     let filters = rule.filters.iter().chain(backend.into_iter().flat_map(|b| b.filters.iter()));
-    apply::request_filters(filters, req, selected.prefix, roll).map_err(answer)?;
+    apply::request_filters(filters, req, selected.prefix, roll).map_err(|a| match (a, &egress) {
+        // issue 30: the EgressNetwork's refusal is the proxy's own answer, named and counted.
+        (Answer::Fail { status, .. }, Some(labels)) if status == http::StatusCode::FORBIDDEN => {
+            outbound.egress.outbound_egress_denied_total.get_or_create(labels).inc();
+            let network = crate::outbound::egress::network_name(&policy.parent);
+            error_response(&ProxyError::EgressDenied { network })
+        }
+        (a, _) => answer(a),
+    })?;
     let (Some(backend_index), Some(backend)) = (picked, backend) else {
         let why = format!("route {} has no backend", selected.route.meta.name);
         return Err(error_response(&ProxyError::Misconfigured(why)));
@@ -131,6 +140,30 @@ pub async fn route<B>(
         memo.target(&backend.backend, (&policy.parent, target), outbound).await.map_err(|e| error_response(&e))?;
     let (timeout, route, index) = (rule.request_timeout, selected.route.meta.name.clone(), selected.index);
     Ok(Some(Routed { target: routed_target, timeout, route, handles, index, backend: backend_index, version, policy }))
+}
+
+/// issue 30: counts an egress request by its hostname (the authority's host, else the Host
+/// header's) and returns the labels a refusal is counted with.
+fn egress_request<B>(
+    req: &Request<B>,
+    policy: &OutboundPolicy,
+    outbound: &Outbound,
+) -> crate::outbound::egress::EgressConnLabels {
+    let host = req
+        .uri()
+        .host()
+        .map(str::to_string)
+        .or_else(|| {
+            let value = req.headers().get(http::header::HOST)?.to_str().ok()?;
+            Some(value.parse::<http::uri::Authority>().ok()?.host().to_string())
+        })
+        .unwrap_or_else(|| "unknown".into());
+    let labels = outbound.egress.labels(&policy.parent, &host);
+    outbound.egress.outbound_egress_requests_total.get_or_create(&labels).inc();
+    crate::outbound::egress::EgressConnLabels {
+        egress: labels,
+        protocol: crate::outbound::egress::EgressProtocol::http,
+    }
 }
 
 fn answer(a: Answer) -> Response<Body> {
