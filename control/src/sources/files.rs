@@ -396,6 +396,10 @@ fn objects_of(doc: Value, index: usize, out: &mut Vec<Parsed>) -> Result<(), Par
         (routes::API_VERSION, "GRPCRoute") => {
             out.push(typed(|d| serde_json::from_value::<routes::GrpcRoute>(d).map(policy_object), doc)?)
         }
+        // issue 30: rate limiting
+        (crd::API_VERSION, "HTTPLocalRateLimitPolicy") => {
+            out.push(typed(|d| serde_json::from_value::<crd::HttpLocalRateLimitPolicy>(d).map(policy_object), doc)?)
+        }
         (routes::REFERENCE_GRANT_API_VERSION, "ReferenceGrant") => {
             out.push(typed(|d| serde_json::from_value::<routes::ReferenceGrant>(d).map(policy_object), doc)?)
         }
