@@ -61,6 +61,9 @@ pub enum ProxyError {
     /// The route's request timeout, over every attempt.
     #[error("request timed out after {} ms on route {route}", after.as_millis())]
     RouteTimeout { route: String, after: Duration },
+    /// Over the Server's rate limit (HTTPLocalRateLimitPolicy): 429.
+    #[error("rate limited")]
+    RateLimited,
 }
 
 impl ProxyError {
@@ -80,6 +83,7 @@ impl ProxyError {
             ProxyError::ConnectTimeout(_) | ProxyError::ResponseTimeout { .. } | ProxyError::RouteTimeout { .. } => {
                 StatusCode::GATEWAY_TIMEOUT
             }
+            ProxyError::RateLimited => StatusCode::TOO_MANY_REQUESTS,
         }
     }
 
@@ -102,7 +106,8 @@ impl ProxyError {
             | ProxyError::Unavailable(_)
             | ProxyError::NoIdentity(_)
             | ProxyError::Backend { .. }
-            | ProxyError::RouteTimeout { .. } => false,
+            | ProxyError::RouteTimeout { .. }
+            | ProxyError::RateLimited => false,
         }
     }
 }
