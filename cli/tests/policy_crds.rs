@@ -40,9 +40,16 @@ fn crds_name_the_group_version_and_kinds_the_design_fixes() {
         .into_iter()
         .map(|crd| (crd.spec.group, crd.spec.versions[0].name.clone(), crd.spec.names.kind))
         .collect();
-    // issue 30: egress adds EgressNetwork.
-    let want = ["Server", "AuthorizationPolicy", "MeshTLSAuthentication", "NetworkAuthentication", "EgressNetwork"]
-        .map(|k| ("policy.cnimesh.io".to_string(), "v1alpha1".to_string(), k.to_string()));
+    // issue 30: rate limiting adds HTTPLocalRateLimitPolicy, egress EgressNetwork.
+    let want = [
+        "Server",
+        "AuthorizationPolicy",
+        "MeshTLSAuthentication",
+        "NetworkAuthentication",
+        "HTTPLocalRateLimitPolicy",
+        "EgressNetwork",
+    ]
+    .map(|k| ("policy.cnimesh.io".to_string(), "v1alpha1".to_string(), k.to_string()));
     assert_eq!(kinds, want);
 }
 
@@ -62,6 +69,16 @@ fn schemas_constrain_what_a_schema_can() {
     let target = &docs[1]["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["targetRef"]
         ["properties"]["kind"]["enum"];
     assert_eq!(*target, serde_json::json!(["Server", "Namespace", "HTTPRoute"]));
+    // Issue 30: audit mode and rate limits.
+    assert_eq!(
+        server["accessPolicy"]["enum"],
+        serde_json::json!(["deny", "audit", "all-unauthenticated", "all-authenticated", "cluster-authenticated"])
+    );
+    let limit = &docs[4]["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"];
+    assert_eq!(limit["targetRef"]["properties"]["kind"]["enum"], serde_json::json!(["Server"]));
+    let rps = &limit["total"]["properties"]["requestsPerSecond"];
+    assert_eq!((rps["minimum"].as_f64(), rps["maximum"].as_f64()), (Some(1.0), Some(1_000_000.0)), "{rps}");
+    assert_eq!(limit["overrides"]["items"]["properties"]["clientRefs"]["minItems"], 1);
 }
 
 /// Every property (at any depth, array items included) of a schema, with its path.

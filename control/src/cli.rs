@@ -73,7 +73,8 @@ struct ServeArgs {
     cluster_dir: Option<PathBuf>,
     /// Inbound policy of ports no Server names, where no namespace or pod annotation
     /// (config.cnimesh.io/default-inbound-policy) says otherwise: all-unauthenticated,
-    /// all-authenticated, cluster-authenticated or deny.
+    /// all-authenticated, cluster-authenticated, deny or audit (let through what no policy admits,
+    /// logged and counted as would-be denials).
     #[arg(long, env = "CNIMESH_CONTROL_DEFAULT_INBOUND_POLICY", default_value = "all-unauthenticated")]
     default_inbound_policy: DefaultPolicy,
     /// The networks `cluster-authenticated` admits, comma-separated CIDRs.

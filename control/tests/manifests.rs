@@ -370,6 +370,10 @@ fn expected_control_grants() -> BTreeSet<String> {
         "policy.cnimesh.io/networkauthentications:get",
         "policy.cnimesh.io/networkauthentications:list",
         "policy.cnimesh.io/networkauthentications:watch",
+        // issue 30: rate limiting
+        "policy.cnimesh.io/httplocalratelimitpolicies:get",
+        "policy.cnimesh.io/httplocalratelimitpolicies:list",
+        "policy.cnimesh.io/httplocalratelimitpolicies:watch",
         "gateway.networking.k8s.io/httproutes:get",
         "gateway.networking.k8s.io/httproutes:list",
         "gateway.networking.k8s.io/httproutes:watch",

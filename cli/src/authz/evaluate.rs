@@ -9,6 +9,7 @@ use std::net::IpAddr;
 
 use cnimesh_common::names::PROXY_CONTAINER;
 use cnimesh_control::meta::NsName;
+use cnimesh_control::policy::DefaultPolicy;
 use cnimesh_control::policy::index::{
     Authentication, Authorization, AuthzMeta, Change, Config, Index, Kind, Object, ServerMeta,
 };
@@ -70,6 +71,8 @@ pub struct Report {
     /// Routes attached to the Services that select the workload's pods.
     pub routes: Vec<RouteReport>,
     pub client: Option<Client>,
+    /// For ports in audit mode: what the proxies let through only because of it (issue 30).
+    pub would_be_denials: Vec<super::audit::WouldBeDenial>,
     pub notes: Vec<String>,
 }
 
@@ -84,6 +87,8 @@ pub struct PortReport {
     /// Paths kubelet probes: allowed to anyone whatever the policy.
     pub probe_paths: Vec<String>,
     pub verdict: Option<Verdict>,
+    /// In audit mode: what no authorization admits is let through as a would-be denial.
+    pub audit: bool,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -127,6 +132,7 @@ fn objects(listed: &Objects) -> Vec<Change> {
         of(Kind::HttpRoute, listed.http_routes.iter().cloned().map(Object::from).collect()),
         of(Kind::GrpcRoute, listed.grpc_routes.iter().cloned().map(Object::from).collect()),
         of(Kind::ReferenceGrant, Vec::new()),
+        of(Kind::HttpLocalRateLimitPolicy, Vec::new()),
     ]
 }
 
@@ -211,6 +217,10 @@ fn verdict(server: &str, authorizations: &[Authorization], client: &Client) -> V
             Some(ip) if !in_networks(ip, &a.networks) => {
                 refused.push(format!("{} does not admit the address {ip}", authz_name(a)));
             }
+            _ if a.meta == AuthzMeta::Default(DefaultPolicy::Audit) => {
+                let why = format!("let through by audit mode, a would-be denial ({})", refused.join("; "));
+                return Verdict { allowed: true, why: why.replace(" ()", "") };
+            }
             Some(_) => return Verdict { allowed: true, why: format!("allowed by {}", authz_name(a)) },
             None => {
                 let everywhere = a.networks.iter().any(|n| n.net.prefix_len() == 0 && n.except.is_empty());
@@ -287,11 +297,20 @@ pub fn report(
                 probe_paths: server.probe_paths.iter().cloned().collect(),
                 verdict: client.map(|c| verdict(&server_name, &server.authorizations, c)),
                 server: server_name,
+                audit: server.authorizations.iter().any(|a| a.meta == AuthzMeta::Default(DefaultPolicy::Audit)),
             });
         }
     }
     let routes = routes(&index, namespace, evaluated, listed);
-    Report { resource: resource.into(), namespace: namespace.into(), ports, routes, client: client.cloned(), notes }
+    Report {
+        resource: resource.into(),
+        namespace: namespace.into(),
+        ports,
+        routes,
+        client: client.cloned(),
+        would_be_denials: Vec::new(),
+        notes,
+    }
 }
 
 /// Routes attached to the Services selecting any of `pods`, as the index attaches them.

@@ -8,9 +8,13 @@
 //! proxies' `InboundServerPolicies` (so the same defaults, selectors and precedence), and the
 //! decision is made on the authorizations that index returns, as the proxy checks them.
 //!
-//! Inside: [`list`] (reading the cluster) and [`evaluate`] (pure: objects to report), then [`render`]
-//! (pure: report to text).
+//! Ports in audit mode (issue 30) also get their would-be denials: the selected pods' proxies'
+//! `/metrics`, read through the API server's pod proxy, summed per Server and client ([`audit`]).
+//!
+//! Inside: [`list`] (reading the cluster) and [`evaluate`] (pure: objects to report), [`audit`]
+//! (pure: metrics to would-be denials), then [`render`] (pure: report to text).
 
+pub mod audit;
 pub mod evaluate;
 pub mod list;
 pub mod render;
@@ -85,8 +89,21 @@ pub async fn report(client: &kube::Client, args: &AuthzArgs) -> anyhow::Result<S
         trust_domain: args.trust_domain.clone(),
         ..cnimesh_control::policy::Config::default()
     };
-    let report =
+    let mut report =
         evaluate::report(&workload.display(), &workload.namespace, &pods, &objects, config, client_spec.as_ref());
+    if report.ports.iter().any(|p| p.audit) {
+        let meshed = |pod: &&k8s_openapi::api::core::v1::Pod| {
+            pod.spec.iter().flat_map(|s| &s.containers).any(|c| c.name == cnimesh_common::names::PROXY_CONTAINER)
+        };
+        for pod in pods.iter().filter(meshed) {
+            let name = pod.metadata.name.clone().unwrap_or_default();
+            let port = cnimesh_common::names::PROXY_ADMIN_PORT;
+            match crate::pod_proxy::pod_proxy_get(client, &workload.namespace, &name, port, "metrics").await {
+                Ok(text) => report.would_be_denials.extend(audit::from_metrics(&name, &text)),
+                Err(e) => report.notes.push(format!("would-be denials of pod {name} unknown: its metrics: {e}")),
+            }
+        }
+    }
     Ok(match args.output {
         Output::Json => serde_json::to_string_pretty(&report).expect("the report serialises") + "\n",
         Output::Table => render::table(&report),

@@ -53,6 +53,26 @@ pub fn table(report: &Report) -> String {
             .collect();
         out.push_str(&columns(&["PORT", "ALLOWED", "WHY"], &rows));
     }
+    let audited: Vec<String> = report.ports.iter().filter(|p| p.audit).map(|p| p.port.to_string()).collect();
+    if !audited.is_empty() {
+        out.push_str(&format!(
+            "\nAudit mode on port {}: what no authorization admits is let through and counted.\n",
+            audited.join(", ")
+        ));
+        if report.would_be_denials.is_empty() {
+            out.push_str("No would-be denials so far.\n");
+        } else {
+            out.push_str("Would-be denials (let through only by audit; denied under deny):\n");
+            let rows: Vec<Vec<String>> = report
+                .would_be_denials
+                .iter()
+                .map(|d| {
+                    vec![d.pod.clone(), d.server.clone(), d.client.clone(), d.protocol.clone(), d.count.to_string()]
+                })
+                .collect();
+            out.push_str(&columns(&["POD", "SERVER", "CLIENT", "PROTOCOL", "COUNT"], &rows));
+        }
+    }
     if !report.routes.is_empty() {
         out.push_str("\nRoutes:\n");
         for r in &report.routes {

@@ -217,3 +217,24 @@ async fn missing_policy_crds_read_as_none_and_are_noted() {
     assert!(text.contains("note: servers.policy.cnimesh.io could not be listed"), "{text}");
     assert!(text.lines().nth(1).unwrap().contains("default/all-unauthenticated"), "{text}");
 }
+
+/// Issue 30: the Server in audit mode; web-1's proxy has let `other` through only by audit.
+#[tokio::test]
+async fn a_server_in_audit_mode_shows_its_would_be_denials_from_the_proxies_metrics() {
+    let mut api = mock();
+    api.json_mut(&format!("{POLICY}/servers"))["items"][0]["spec"]["accessPolicy"] = json!("audit");
+    let other = "other.shop.serviceaccount.identity.cnimesh.cluster.local";
+    api.get_text(
+        "/api/v1/namespaces/shop/pods/web-1:4191/proxy/metrics",
+        &format!(
+            "inbound_http_authz_allow_total{{target_addr=\"10.244.0.11:8080\",srv_group=\"policy.cnimesh.io\",srv_kind=\"server\",srv_name=\"web-http\",route_group=\"\",route_kind=\"default\",route_name=\"default\",authz_group=\"\",authz_kind=\"audit\",authz_name=\"audit\",tls=\"true\",client_id=\"{other}\"}} 7\n"
+        ),
+    );
+    let text =
+        report(&api.client(), &AuthzArgs { identity: Some("other.shop".into()), ..args("deploy/web") }).await.unwrap();
+    assert!(text.contains("Audit mode on port 8080"), "{text}");
+    let row = text.lines().find(|l| l.starts_with("web-1") && l.contains(other)).unwrap_or_else(|| panic!("{text}"));
+    assert!(row.contains("server/web-http") && row.contains("http") && row.trim_end().ends_with('7'), "{text}");
+    let verdict = text.lines().find(|l| l.starts_with("8080") && l.contains("yes")).unwrap_or_else(|| panic!("{text}"));
+    assert!(verdict.contains("let through by audit mode, a would-be denial"), "{text}");
+}

@@ -88,7 +88,7 @@ pub struct ImageTags {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Proxy {
-    /// all-unauthenticated, all-authenticated, cluster-authenticated or deny.
+    /// all-unauthenticated, all-authenticated, cluster-authenticated, deny or audit.
     pub default_inbound_policy: String,
     pub log_level: String,
     pub resources: Resources,

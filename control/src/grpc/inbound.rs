@@ -6,7 +6,17 @@
 //! - `protocol`: always set ("If set, indicates how the proxy should proxy connections"; the
 //!   proxy rejects a Server without one). `unknown` → `Detect` with `timeout` set (10 s,
 //!   Linkerd's; the proxy rejects a Detect without a timeout), `HTTP/1`, `HTTP/2`, `gRPC`,
-//!   `opaque`, `TLS` → the matching kind. No rate limits.
+//!   `opaque`, `TLS` → the matching kind.
+//! - `http_local_rate_limit` / `local_rate_limit` (Detect, Http1, Http2): the Server's
+//!   HTTPLocalRateLimitPolicy (issue 30), `metadata` the policy as a resource (group
+//!   `policy.cnimesh.io`, kind `httplocalratelimitpolicy`), `total` and `identity` when set,
+//!   one `Override` per override with its clients' identity names. The proto's `Grpc` has no
+//!   rate limit field: a limited `gRPC` Server is served as `Http2` with no routes, which the
+//!   proxy treats the same (gRPC is HTTP/2 to it, and gRPC servers get no routes here).
+//! - Audit mode (a Server's `accessPolicy: audit`, or the `audit` default policy): one more
+//!   authorization after the policies', every network, unauthenticated, with metadata
+//!   `Default("audit")` as Linkerd's policy controller sends it; the proxy counts what it admits
+//!   as would-be denials.
 //! - HTTP routes (Detect, Http1, Http2): when the port has kubelet probe paths, a `probe` route
 //!   (`GET` + exact path, its own authorization: every network, unauthenticated) and a `default`
 //!   route (prefix `/`, no route authorizations, so the Server's apply), each with metadata and
@@ -46,7 +56,9 @@ use tonic::{Request, Response, Status};
 
 use crate::meta::NsName;
 use crate::policy::crd::GROUP;
-use crate::policy::index::{Authentication, Authorization, AuthzMeta, InboundServer, InboundView, ServerMeta};
+use crate::policy::index::{
+    Authentication, Authorization, AuthzMeta, InboundServer, InboundView, RateLimit, ServerMeta,
+};
 use crate::policy::model::{Network, Protocol};
 use crate::policy::{DefaultPolicy, Index};
 
@@ -135,17 +147,21 @@ impl InboundServerPolicies for InboundService {
 pub fn to_proto(server: &InboundServer) -> api::Server {
     let authorizations: Vec<api::Authz> = server.authorizations.iter().map(authz).collect();
     let routes = || http_routes(server);
+    let limit = server.rate_limit.as_ref().map(rate_limit);
     let kind = match server.protocol {
         Protocol::Detect => proxy_protocol::Kind::Detect(proxy_protocol::Detect {
             timeout: Some(DETECT_TIMEOUT.try_into().expect("fits")),
             http_routes: routes(),
-            http_local_rate_limit: None,
+            http_local_rate_limit: limit,
         }),
         Protocol::Http1 => {
-            proxy_protocol::Kind::Http1(proxy_protocol::Http1 { routes: routes(), local_rate_limit: None })
+            proxy_protocol::Kind::Http1(proxy_protocol::Http1 { routes: routes(), local_rate_limit: limit })
         }
         Protocol::Http2 => {
-            proxy_protocol::Kind::Http2(proxy_protocol::Http2 { routes: routes(), local_rate_limit: None })
+            proxy_protocol::Kind::Http2(proxy_protocol::Http2 { routes: routes(), local_rate_limit: limit })
+        }
+        Protocol::Grpc if limit.is_some() => {
+            proxy_protocol::Kind::Http2(proxy_protocol::Http2 { routes: Vec::new(), local_rate_limit: limit })
         }
         Protocol::Grpc => proxy_protocol::Kind::Grpc(proxy_protocol::Grpc { routes: Vec::new() }),
         Protocol::Opaque => proxy_protocol::Kind::Opaque(proxy_protocol::Opaque {}),
@@ -203,6 +219,33 @@ fn authz(a: &Authorization) -> api::Authz {
         authentication: Some(api::Authn { permit: Some(permit) }),
         labels,
         metadata: Some(metadata),
+    }
+}
+
+fn rate_limit(r: &RateLimit) -> api::HttpLocalRateLimit {
+    use api::http_local_rate_limit::{Limit, Override, r#override::ClientIdentities};
+    let limit = |rps: u32| Limit { requests_per_second: rps };
+    api::HttpLocalRateLimit {
+        metadata: Some(Metadata {
+            kind: Some(metadata::Kind::Resource(Resource {
+                group: GROUP.into(),
+                kind: "httplocalratelimitpolicy".into(),
+                name: r.name.clone(),
+                ..Resource::default()
+            })),
+        }),
+        total: r.total.map(limit),
+        identity: r.identity.map(limit),
+        overrides: r
+            .overrides
+            .iter()
+            .map(|(rps, names)| Override {
+                limit: Some(limit(*rps)),
+                clients: Some(ClientIdentities {
+                    identities: names.iter().map(|name| api::Identity { name: name.clone() }).collect(),
+                }),
+            })
+            .collect(),
     }
 }
 

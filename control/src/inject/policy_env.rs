@@ -161,6 +161,17 @@ mod tests {
         assert!(warning.unwrap().contains("timeout"));
     }
 
+    /// Issue 30: `audit` is a default policy like the others, on a pod or its namespace.
+    #[test]
+    fn audit_is_read_as_a_default_policy_from_pod_and_namespace() {
+        use DefaultPolicy::*;
+        let audited = meta(json!({"config.cnimesh.io/default-inbound-policy": "audit"}));
+        let plain = meta(json!({}));
+        assert_eq!(effective_default(&audited, "n/p", &NamespaceDefault::Read(None), Deny), (Audit, None));
+        assert_eq!(effective_default(&plain, "n/p", &NamespaceDefault::Read(Some(Audit)), Deny), (Audit, None));
+        assert_eq!("audit".parse::<DefaultPolicy>(), Ok(Audit));
+    }
+
     #[test]
     fn inbound_ports_are_sorted_unique_tcp_ports_of_serving_containers_without_the_proxys() {
         let spec: PodSpec = serde_json::from_value(json!({

@@ -60,6 +60,14 @@ pub struct ServerSpec {
     /// them, `TLS` forwards an application's own TLS untouched.
     #[serde(default)]
     pub proxy_protocol: ProxyProtocol,
+    /// What clients no AuthorizationPolicy admits get (Linkerd 2.16's `accessPolicy`): `deny`
+    /// (the default), `audit` (let through, logged and counted as would-be denials, for rolling
+    /// out policy), or one of the default policies (`all-unauthenticated`, `all-authenticated`,
+    /// `cluster-authenticated`) added to the policies' authorizations. An unknown value is
+    /// refused and the Server's last good version stays.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("enum" = ["deny", "audit", "all-unauthenticated", "all-authenticated", "cluster-authenticated"]))]
+    pub access_policy: Option<String>,
 }
 
 /// A Kubernetes label selector. Both parts empty selects every pod of the namespace, as in
@@ -305,12 +313,103 @@ pub struct Network {
     pub except: Option<Vec<String>>,
 }
 
+/// `HTTPLocalRateLimitPolicy` (Linkerd's shape): requests per second a Server's proxy lets
+/// through, in total, per client identity, and for named clients. Limits apply per proxy: a
+/// Server on N pods admits N times the limit. At most one policy per Server: the oldest wins and
+/// any other is refused with the reason.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(group = "policy.cnimesh.io", version = "v1alpha1", kind = "HTTPLocalRateLimitPolicy", namespaced)]
+#[kube(root = "HttpLocalRateLimitPolicy")]
+#[kube(shortname = "ratelimit", category = "policy")]
+#[kube(
+    doc = "HTTPLocalRateLimitPolicy limits the HTTP requests per second each proxy of a Server's pods lets through: in total, per client identity, and for named clients (overrides). Requests over the limit get 429. Limits are per proxy: N replicas admit N times the limit."
+)]
+#[kube(
+    printcolumn = r#"{"name": "Target", "type": "string", "description": "The Server limited", "jsonPath": ".spec.targetRef.name"}"#
+)]
+#[kube(
+    printcolumn = r#"{"name": "Total RPS", "type": "integer", "description": "Requests per second in total, per proxy", "jsonPath": ".spec.total.requestsPerSecond"}"#
+)]
+#[kube(
+    printcolumn = r#"{"name": "Identity RPS", "type": "integer", "description": "Requests per second per client identity, per proxy", "jsonPath": ".spec.identity.requestsPerSecond"}"#
+)]
+#[kube(printcolumn = r#"{"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}"#)]
+#[serde(rename_all = "camelCase")]
+pub struct HttpLocalRateLimitPolicySpec {
+    /// The Server limited, in the policy's namespace.
+    pub target_ref: RateLimitTargetRef,
+    /// Requests per second all clients together get from each proxy. Unset: no total limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub total: Option<Limit>,
+    /// Requests per second each client identity gets from each proxy; clients without a mesh
+    /// identity share one bucket. At most `total`. Unset: no per-identity limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity: Option<Limit>,
+    /// Limits for named clients, replacing `identity` for them. Each at most `total`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub overrides: Vec<RateLimitOverride>,
+}
+
+/// The Server a rate limit applies to.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+pub struct RateLimitTargetRef {
+    /// `policy.cnimesh.io`.
+    #[serde(default)]
+    pub group: String,
+    /// `Server`: the only kind a rate limit can target.
+    #[schemars(extend("enum" = ["Server"]))]
+    pub kind: String,
+    /// The Server's name.
+    pub name: String,
+}
+
+/// A rate.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Limit {
+    /// Requests per second, 1 to 1000000.
+    #[schemars(range(min = 1, max = 1_000_000))]
+    pub requests_per_second: u32,
+}
+
+/// A limit for named clients.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RateLimitOverride {
+    /// Requests per second each of these clients gets from each proxy, 1 to 1000000.
+    #[schemars(range(min = 1, max = 1_000_000))]
+    pub requests_per_second: u32,
+    /// The clients (at least one), by ServiceAccount: their mesh identities.
+    #[schemars(length(min = 1))]
+    pub client_refs: Vec<ClientRef>,
+}
+
+/// A client of an override: a ServiceAccount, whose workloads' mesh identity it names.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+pub struct ClientRef {
+    /// `""` (core).
+    #[serde(default)]
+    pub group: String,
+    /// `ServiceAccount`.
+    #[schemars(extend("enum" = ["ServiceAccount"]))]
+    pub kind: String,
+    /// The ServiceAccount's name.
+    pub name: String,
+    /// The ServiceAccount's namespace; the policy's own when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+}
+
 /// Every policy CRD, in the order the manifest holds them.
 pub fn definitions() -> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>
 {
     use kube::CustomResourceExt;
-    let mut crds =
-        vec![Server::crd(), AuthorizationPolicy::crd(), MeshTlsAuthentication::crd(), NetworkAuthentication::crd()];
-    crds.push(crate::egress::crd::EgressNetwork::crd()); // issue 30: egress
-    crds
+    vec![
+        Server::crd(),
+        AuthorizationPolicy::crd(),
+        MeshTlsAuthentication::crd(),
+        NetworkAuthentication::crd(),
+        HttpLocalRateLimitPolicy::crd(),
+        crate::egress::crd::EgressNetwork::crd(),
+    ]
 }

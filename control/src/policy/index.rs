@@ -41,7 +41,7 @@ use tokio::sync::watch;
 use super::crd;
 use super::model::{
     AuthzPolicyRecord, DefaultPolicy, Identities, IdentityRef, NamespaceRecord, Network, PodRecord, Protocol,
-    ServerRecord, Target, networks_from_crd,
+    RateLimitRecord, ServerRecord, Target, networks_from_crd,
 };
 use crate::meta::{Invalid, NsName, key_of};
 use crate::routes::{self, Grant, Route, RouteKind, ServiceRoutes};
@@ -82,9 +82,11 @@ pub enum Kind {
     HttpRoute,
     GrpcRoute,
     ReferenceGrant,
+    // issue 30: rate limiting
+    HttpLocalRateLimitPolicy,
 }
 
-pub const KINDS: [Kind; 9] = [
+pub const KINDS: [Kind; 10] = [
     Kind::Pod,
     Kind::Namespace,
     Kind::Server,
@@ -94,6 +96,7 @@ pub const KINDS: [Kind; 9] = [
     Kind::HttpRoute,
     Kind::GrpcRoute,
     Kind::ReferenceGrant,
+    Kind::HttpLocalRateLimitPolicy,
 ];
 
 /// The kinds routes are computed from.
@@ -111,6 +114,7 @@ pub enum Object {
     HttpRoute(Box<routes::crd::HttpRoute>),
     GrpcRoute(Box<routes::crd::GrpcRoute>),
     ReferenceGrant(Box<routes::crd::ReferenceGrant>),
+    HttpLocalRateLimitPolicy(Box<crd::HttpLocalRateLimitPolicy>),
 }
 
 impl Object {
@@ -125,6 +129,7 @@ impl Object {
             Object::HttpRoute(_) => Kind::HttpRoute,
             Object::GrpcRoute(_) => Kind::GrpcRoute,
             Object::ReferenceGrant(_) => Kind::ReferenceGrant,
+            Object::HttpLocalRateLimitPolicy(_) => Kind::HttpLocalRateLimitPolicy,
         }
     }
 
@@ -140,6 +145,7 @@ impl Object {
             Object::HttpRoute(o) => key_of(&o.metadata),
             Object::GrpcRoute(o) => key_of(&o.metadata),
             Object::ReferenceGrant(o) => key_of(&o.metadata),
+            Object::HttpLocalRateLimitPolicy(o) => key_of(&o.metadata),
         }
     }
 }
@@ -156,7 +162,8 @@ macro_rules! from_boxed {
 from_boxed!(Pod => Pod, Namespace => Namespace, crd::Server => Server,
     crd::AuthorizationPolicy => AuthorizationPolicy, crd::MeshTlsAuthentication => MeshTlsAuthentication,
     crd::NetworkAuthentication => NetworkAuthentication, routes::crd::HttpRoute => HttpRoute,
-    routes::crd::GrpcRoute => GrpcRoute, routes::crd::ReferenceGrant => ReferenceGrant);
+    routes::crd::GrpcRoute => GrpcRoute, routes::crd::ReferenceGrant => ReferenceGrant,
+    crd::HttpLocalRateLimitPolicy => HttpLocalRateLimitPolicy);
 
 /// One update from a source, in the Destination index's shape; a batch is applied as one step.
 pub type Change = crate::destination::Change<Kind, Object>;
@@ -169,6 +176,17 @@ pub struct InboundServer {
     pub authorizations: Vec<Authorization>,
     /// HTTP paths kubelet probes on this port: authorized for anyone, whatever the policy.
     pub probe_paths: BTreeSet<String>,
+    /// The Server's HTTPLocalRateLimitPolicy, if one targets it.
+    pub rate_limit: Option<RateLimit>,
+}
+
+/// The rate limit in force on a Server: its policy's name (in the Server's namespace) and rates.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RateLimit {
+    pub name: String,
+    pub total: Option<u32>,
+    pub identity: Option<u32>,
+    pub overrides: Vec<(u32, BTreeSet<String>)>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -226,6 +244,7 @@ struct State {
     policies: BTreeMap<NsName, AuthzPolicyRecord>,
     mesh_tls: HashMap<NsName, Identities>,
     networks: HashMap<NsName, Vec<Network>>,
+    rate_limits: BTreeMap<NsName, RateLimitRecord>,
     channels: HashMap<(NsName, u16), watch::Sender<InboundView>>,
     routes: BTreeMap<(RouteKind, NsName), Arc<Route>>,
     grants: BTreeMap<NsName, Grant>,
@@ -364,6 +383,7 @@ impl State {
                 self.routes.keys().filter(|(k, _)| *k == route_kind).map(|(_, key)| key.clone()).collect()
             }
             Kind::ReferenceGrant => self.grants.keys().cloned().collect(),
+            Kind::HttpLocalRateLimitPolicy => self.rate_limits.keys().cloned().collect(),
         }
     }
 
@@ -396,6 +416,10 @@ impl State {
                 self.dirty_routes = true;
                 return;
             }
+            Object::HttpLocalRateLimitPolicy(o) => RateLimitRecord::from_crd(&o, &config.trust_domain).map(|r| {
+                self.rate_limits.insert(key.clone(), r);
+                self.report_rate_limit_conflicts(&key);
+            }),
         };
         match result {
             Ok(()) => self.dirty_all = true,
@@ -432,8 +456,38 @@ impl State {
             Kind::AuthorizationPolicy => self.policies.remove(key).is_some(),
             Kind::MeshTlsAuthentication => self.mesh_tls.remove(key).is_some(),
             Kind::NetworkAuthentication => self.networks.remove(key).is_some(),
+            Kind::HttpLocalRateLimitPolicy => self.rate_limits.remove(key).is_some(),
         };
         self.dirty_all |= existed;
+    }
+
+    /// The policy in force for a Server: of those targeting it, the oldest (then the first by
+    /// name, so the answer is stable), as Linkerd lets one policy limit a Server.
+    fn rate_limit_for(&self, server: &str, ns: &str) -> Option<(&NsName, &RateLimitRecord)> {
+        self.rate_limits
+            .range(NsName::new(ns, "")..)
+            .take_while(|(k, _)| k.namespace == ns)
+            .filter(|(_, r)| r.server == server)
+            .min_by(|(ka, a), (kb, b)| a.created.cmp(&b.created).then_with(|| ka.cmp(kb)))
+    }
+
+    /// Logs every policy the one just stored shares its Server with and loses to: the
+    /// operator learns which one is ignored and why, whichever of the two arrived last.
+    fn report_rate_limit_conflicts(&self, key: &NsName) {
+        let Some(server) = self.rate_limits.get(key).map(|r| r.server.clone()) else { return };
+        let Some((winner, _)) = self.rate_limit_for(&server, &key.namespace) else { return };
+        for (other, r) in self.rate_limits.range(NsName::new(&key.namespace, "")..) {
+            if other.namespace != key.namespace {
+                break;
+            }
+            if r.server == server && other != winner {
+                let error = Invalid(format!(
+                    "Server {server:?} is already limited by HTTPLocalRateLimitPolicy {:?} (older); one policy per Server",
+                    winner.name
+                ));
+                refused(Kind::HttpLocalRateLimitPolicy, other, &error);
+            }
+        }
     }
 
     fn publish(&mut self, config: &Config) {
@@ -468,12 +522,24 @@ impl State {
             .find(|(_, s)| s.selector.matches(&pod.labels) && pod.resolve(&s.port) == Some(port));
         let probe_paths = pod.probes.get(&port).cloned().unwrap_or_default();
         let answer = match server {
-            Some((key, server)) => InboundServer {
-                meta: ServerMeta::Server(key.name.clone()),
-                protocol: server.protocol,
-                authorizations: self.authorizations_for(&key.name, ns, config),
-                probe_paths,
-            },
+            Some((key, server)) => {
+                let mut authorizations = self.authorizations_for(&key.name, ns, config);
+                // After the policies': a client they admit is counted as theirs, and only what
+                // none admits falls to the access policy (audit counts it as a would-be denial).
+                authorizations.extend(default_authorizations(server.access_policy, config));
+                InboundServer {
+                    meta: ServerMeta::Server(key.name.clone()),
+                    protocol: server.protocol,
+                    authorizations,
+                    probe_paths,
+                    rate_limit: self.rate_limit_for(&key.name, ns).map(|(k, r)| RateLimit {
+                        name: k.name.clone(),
+                        total: r.total,
+                        identity: r.identity,
+                        overrides: r.overrides.clone(),
+                    }),
+                }
+            }
             None => {
                 let default = pod
                     .default_policy
@@ -485,6 +551,7 @@ impl State {
                     protocol,
                     authorizations: default_authorizations(default, config),
                     probe_paths,
+                    rate_limit: None,
                 }
             }
         };
@@ -526,7 +593,9 @@ fn route_kind(kind: Kind) -> RouteKind {
 fn default_authorizations(default: DefaultPolicy, config: &Config) -> Vec<Authorization> {
     let cluster = || config.cluster_networks.iter().map(|&net| Network { net, except: Vec::new() }).collect();
     let (networks, authentication) = match default {
-        DefaultPolicy::AllUnauthenticated => (Network::all(), Authentication::Unauthenticated),
+        // Audit admits everyone under its own name: the proxy counts and logs what it admits
+        // as would-be denials.
+        DefaultPolicy::AllUnauthenticated | DefaultPolicy::Audit => (Network::all(), Authentication::Unauthenticated),
         DefaultPolicy::AllAuthenticated => (Network::all(), Authentication::MeshTls(Identities::any())),
         DefaultPolicy::ClusterAuthenticated => (cluster(), Authentication::MeshTls(Identities::any())),
         DefaultPolicy::Deny => return Vec::new(),
@@ -551,6 +620,9 @@ mod tests {
             }
             "HTTPRoute" => Object::from(serde_json::from_value::<routes::crd::HttpRoute>(value).unwrap()),
             "ReferenceGrant" => Object::from(serde_json::from_value::<routes::crd::ReferenceGrant>(value).unwrap()),
+            "HTTPLocalRateLimitPolicy" => {
+                Object::from(serde_json::from_value::<crd::HttpLocalRateLimitPolicy>(value).unwrap())
+            }
             _ => Object::from(serde_json::from_value::<crd::NetworkAuthentication>(value).unwrap()),
         }
     }
@@ -715,6 +787,78 @@ mod tests {
         index.apply([Change::Reset(Kind::HttpRoute, Vec::new())]);
         assert!(rx.borrow_and_update().is_empty());
         assert!(!other.has_changed().unwrap(), "another Service's routes never changed");
+    }
+
+    fn rate_limit(name: &str, created: &str, spec: &str) -> Object {
+        object(&format!(
+            "apiVersion: policy.cnimesh.io/v1alpha1\nkind: HTTPLocalRateLimitPolicy\nmetadata: {{name: {name}, namespace: shop, creationTimestamp: '{created}'}}\nspec:\n  targetRef: {{group: policy.cnimesh.io, kind: Server, name: api-http}}\n{spec}"
+        ))
+    }
+
+    #[test]
+    fn a_rate_limit_is_served_on_its_server_and_the_oldest_of_two_wins() {
+        let index = ready_index(Config::default());
+        index.apply([Change::Upsert(pod()), Change::Upsert(server("8080"))]);
+        let mut rx = index.watch_inbound(&key(), 8080);
+        assert_eq!(answer(&mut rx).rate_limit, None);
+
+        let newer = rate_limit("newer", "2026-01-02T00:00:00Z", "  total: {requestsPerSecond: 5}\n");
+        let older = rate_limit(
+            "older",
+            "2026-01-01T00:00:00Z",
+            "  total: {requestsPerSecond: 100}\n  identity: {requestsPerSecond: 10}\n  overrides:\n  - requestsPerSecond: 50\n    clientRefs: [{kind: ServiceAccount, name: web}]\n",
+        );
+        index.apply([Change::Upsert(newer.clone())]);
+        assert_eq!(answer(&mut rx).rate_limit.unwrap().name, "newer");
+        index.apply([Change::Upsert(older)]);
+        let limit = answer(&mut rx).rate_limit.unwrap();
+        assert_eq!((limit.name.as_str(), limit.total, limit.identity), ("older", Some(100), Some(10)));
+        let web = "web.shop.serviceaccount.identity.cnimesh.cluster.local".to_string();
+        assert_eq!(limit.overrides, vec![(50, BTreeSet::from([web]))]);
+
+        // A bad edit of the one in force is refused; its last good version stays.
+        index.apply([Change::Upsert(rate_limit("older", "2026-01-01T00:00:00Z", "  total: {requestsPerSecond: 0}\n"))]);
+        assert!(!rx.has_changed().unwrap());
+        // Removed: the other takes over; both removed: no limit.
+        index.apply([Change::Delete(Kind::HttpLocalRateLimitPolicy, NsName::new("shop", "older"))]);
+        assert_eq!(answer(&mut rx).rate_limit.unwrap().total, Some(5));
+        index.apply([Change::Reset(Kind::HttpLocalRateLimitPolicy, Vec::new())]);
+        assert_eq!(answer(&mut rx).rate_limit, None);
+    }
+
+    #[test]
+    fn an_audit_server_admits_after_its_policies_and_a_bad_access_policy_keeps_the_old_mode() {
+        let index = ready_index(Config::default());
+        let audit_server = |mode: &str| {
+            object(&format!(
+                "apiVersion: policy.cnimesh.io/v1alpha1\nkind: Server\nmetadata: {{name: api-http, namespace: shop}}\nspec: {{podSelector: {{}}, port: 8080, accessPolicy: {mode}}}\n"
+            ))
+        };
+        index.apply([
+            Change::Upsert(pod()),
+            Change::Upsert(audit_server("audit")),
+            Change::Upsert(policy()),
+            Change::Upsert(mesh_tls()),
+            Change::Upsert(networks("10.0.0.0/8")),
+        ]);
+        let mut rx = index.watch_inbound(&key(), 8080);
+        let metas: Vec<AuthzMeta> = answer(&mut rx).authorizations.into_iter().map(|a| a.meta).collect();
+        assert_eq!(
+            metas,
+            [AuthzMeta::Policy(NsName::new("shop", "web-to-api")), AuthzMeta::Default(DefaultPolicy::Audit)]
+        );
+        index.apply([Change::Upsert(audit_server("audti"))]);
+        assert!(!rx.has_changed().unwrap(), "refused: the audit mode stays, nothing widened or narrowed");
+        index.apply([Change::Upsert(audit_server("deny"))]);
+        assert_eq!(answer(&mut rx).authorizations.len(), 1, "deny: only the policy");
+
+        // The namespace default `audit` on a port no Server names.
+        index.apply([Change::Upsert(object(
+            "apiVersion: v1\nkind: Namespace\nmetadata: {name: shop, annotations: {config.cnimesh.io/default-inbound-policy: audit}}\n",
+        ))]);
+        let a = answer(&mut index.watch_inbound(&key(), 9090));
+        assert_eq!(a.meta, ServerMeta::Default(DefaultPolicy::Audit));
+        assert_eq!(a.authorizations[0].authentication, Authentication::Unauthenticated);
     }
 
     #[test]

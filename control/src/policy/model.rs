@@ -34,11 +34,14 @@ pub enum DefaultPolicy {
     ClusterAuthenticated,
     /// Nobody (kubelet probes excepted).
     Deny,
+    /// Anyone, but what no other authorization admits is logged and counted as a would-be
+    /// denial (`authz_kind="audit"`): deny's roll-out mode (Linkerd 2.16's `audit`).
+    Audit,
 }
 
 impl DefaultPolicy {
-    pub const ALL: [DefaultPolicy; 4] =
-        [Self::AllUnauthenticated, Self::AllAuthenticated, Self::ClusterAuthenticated, Self::Deny];
+    pub const ALL: [DefaultPolicy; 5] =
+        [Self::AllUnauthenticated, Self::AllAuthenticated, Self::ClusterAuthenticated, Self::Deny, Self::Audit];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -46,6 +49,7 @@ impl DefaultPolicy {
             Self::AllAuthenticated => "all-authenticated",
             Self::ClusterAuthenticated => "cluster-authenticated",
             Self::Deny => "deny",
+            Self::Audit => "audit",
         }
     }
 }
@@ -232,6 +236,8 @@ pub struct ServerRecord {
     pub selector: Selector,
     pub port: Port,
     pub protocol: Protocol,
+    /// What clients no AuthorizationPolicy admits get (`accessPolicy`, default deny).
+    pub access_policy: DefaultPolicy,
 }
 
 impl ServerRecord {
@@ -243,10 +249,17 @@ impl ServerRecord {
             }
             port => port.clone(),
         };
+        // Fail closed: a value we cannot read is refused (the last good Server stays), never
+        // read as a wider mode.
+        let access_policy = match server.spec.access_policy.as_deref() {
+            None => DefaultPolicy::Deny,
+            Some(value) => value.parse().map_err(|e: String| Invalid(format!("accessPolicy: {e}")))?,
+        };
         Ok(Self {
             selector: Selector::new(&server.spec.pod_selector)?,
             port,
             protocol: server.spec.proxy_protocol.into(),
+            access_policy,
         })
     }
 }
@@ -323,6 +336,91 @@ impl AuthzPolicyRecord {
             }
         }
         Ok(Self { target, identity, network })
+    }
+}
+
+/// The largest rate a policy may name, per proxy: more is a typo, not a limit (a proxy does not
+/// serve a million requests a second).
+pub const MAX_REQUESTS_PER_SECOND: u32 = 1_000_000;
+
+/// A validated `HTTPLocalRateLimitPolicy`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RateLimitRecord {
+    /// The Server it limits (in the policy's namespace).
+    pub server: String,
+    /// When it was created: of two policies for one Server, the older wins.
+    pub created: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
+    pub total: Option<u32>,
+    pub identity: Option<u32>,
+    /// Per override: its rate and the client identity names it applies to.
+    pub overrides: Vec<(u32, BTreeSet<String>)>,
+}
+
+impl RateLimitRecord {
+    pub fn from_crd(policy: &crd::HttpLocalRateLimitPolicy, trust_domain: &str) -> Result<Self, Invalid> {
+        let ns = key_of(&policy.metadata).namespace;
+        let spec = &policy.spec;
+        let target = &spec.target_ref;
+        if target.kind != "Server" || !(target.group.is_empty() || target.group == crd::GROUP) {
+            return invalid(format!(
+                "targetRef {}/{} {:?}: a rate limit can only target a Server (group {})",
+                if target.group.is_empty() { "<core>" } else { &target.group },
+                target.kind,
+                target.name,
+                crd::GROUP
+            ));
+        }
+        if target.name.is_empty() {
+            return invalid("targetRef names no Server");
+        }
+        let rate = |what: &str, rps: u32| {
+            if (1..=MAX_REQUESTS_PER_SECOND).contains(&rps) {
+                Ok(rps)
+            } else {
+                invalid(format!("{what} {rps} requests per second: expected 1 to {MAX_REQUESTS_PER_SECOND}"))
+            }
+        };
+        let total = spec.total.map(|l| rate("total", l.requests_per_second)).transpose()?;
+        let identity = spec.identity.map(|l| rate("identity", l.requests_per_second)).transpose()?;
+        let at_most_total = |what: &str, rps: u32| match total {
+            Some(t) if rps > t => invalid(format!("{what} {rps} requests per second is above total ({t})")),
+            _ => Ok(()),
+        };
+        if let Some(i) = identity {
+            at_most_total("identity", i)?;
+        }
+        let mut overrides = Vec::new();
+        for (i, o) in spec.overrides.iter().enumerate() {
+            let rps = rate(&format!("overrides[{i}]"), o.requests_per_second)?;
+            at_most_total(&format!("overrides[{i}]"), rps)?;
+            if o.client_refs.is_empty() {
+                return invalid(format!("overrides[{i}] has no clientRefs: it would apply to nobody"));
+            }
+            let mut names = BTreeSet::new();
+            for c in &o.client_refs {
+                if c.kind != "ServiceAccount" || !c.group.is_empty() {
+                    return invalid(format!(
+                        "overrides[{i}].clientRefs kind {:?}: only ServiceAccount (core group) is supported",
+                        c.kind
+                    ));
+                }
+                let c_ns = c.namespace.clone().filter(|n| !n.is_empty()).unwrap_or_else(|| ns.clone());
+                let name = Name::for_service_account(&c.name, &c_ns, trust_domain)
+                    .map_err(|e| Invalid(format!("overrides[{i}].clientRefs ServiceAccount {c_ns}/{}: {e}", c.name)))?;
+                names.insert(name.to_string());
+            }
+            overrides.push((rps, names));
+        }
+        if total.is_none() && identity.is_none() && overrides.is_empty() {
+            return invalid("sets no limit: give total, identity or overrides");
+        }
+        Ok(Self {
+            server: target.name.clone(),
+            created: policy.metadata.creation_timestamp.clone(),
+            total,
+            identity,
+            overrides,
+        })
     }
 }
 
@@ -498,6 +596,81 @@ mod tests {
             "apiVersion: policy.cnimesh.io/v1alpha1\nkind: AuthorizationPolicy\nmetadata: {name: a, namespace: n}\nspec:\n  targetRef: {kind: Server, name: s}\n  requiredAuthenticationRefs: [{kind: ServiceAccount, name: x}, {kind: MeshTLSAuthentication, name: m}]\n",
         );
         assert!(AuthzPolicyRecord::from_crd(&policy).unwrap_err().0.contains("more than one identity"));
+    }
+
+    fn rate_limit(spec: &str) -> Result<RateLimitRecord, Invalid> {
+        let policy: crd::HttpLocalRateLimitPolicy = yaml(&format!(
+            "apiVersion: policy.cnimesh.io/v1alpha1\nkind: HTTPLocalRateLimitPolicy\nmetadata: {{name: r, namespace: n}}\nspec:\n{spec}"
+        ));
+        RateLimitRecord::from_crd(&policy, "cluster.local")
+    }
+
+    #[test]
+    fn rate_limits_parse_with_overrides_as_identities() {
+        let r = rate_limit(
+            "  targetRef: {group: policy.cnimesh.io, kind: Server, name: api}\n  total: {requestsPerSecond: 100}\n  identity: {requestsPerSecond: 20}\n  overrides:\n  - requestsPerSecond: 80\n    clientRefs: [{kind: ServiceAccount, name: web}, {kind: ServiceAccount, name: ops, namespace: tools}]\n",
+        )
+        .unwrap();
+        assert_eq!((r.server.as_str(), r.total, r.identity), ("api", Some(100), Some(20)));
+        let ids: Vec<&str> = r.overrides[0].1.iter().map(String::as_str).collect();
+        assert_eq!(
+            (r.overrides[0].0, ids),
+            (
+                80,
+                vec![
+                    "ops.tools.serviceaccount.identity.cnimesh.cluster.local",
+                    "web.n.serviceaccount.identity.cnimesh.cluster.local"
+                ]
+            )
+        );
+    }
+
+    #[test]
+    fn bad_rate_limits_are_refused_with_the_reason() {
+        let target = "  targetRef: {kind: Server, name: api}\n";
+        let cases = [
+            (format!("{target}  total: {{requestsPerSecond: 0}}\n"), "total 0 requests per second"),
+            (format!("{target}  total: {{requestsPerSecond: 2000000}}\n"), "expected 1 to 1000000"),
+            (
+                format!("{target}  total: {{requestsPerSecond: 10}}\n  identity: {{requestsPerSecond: 20}}\n"),
+                "identity 20 requests per second is above total (10)",
+            ),
+            (
+                format!("{target}  overrides: [{{requestsPerSecond: 5, clientRefs: []}}]\n"),
+                "overrides[0] has no clientRefs",
+            ),
+            (
+                format!(
+                    "{target}  overrides: [{{requestsPerSecond: 5, clientRefs: [{{kind: Namespace, name: x}}]}}]\n"
+                ),
+                "only ServiceAccount",
+            ),
+            (
+                "  targetRef: {kind: Service, name: api}\n  total: {requestsPerSecond: 5}\n".into(),
+                "can only target a Server",
+            ),
+            (target.to_string(), "sets no limit"),
+        ];
+        for (spec, why) in cases {
+            let e = rate_limit(&spec).unwrap_err().0;
+            assert!(e.contains(why), "{spec}: {e}");
+        }
+    }
+
+    #[test]
+    fn access_policies_parse_and_an_unknown_one_is_refused() {
+        let server = |mode: &str| -> crd::Server {
+            yaml(&format!(
+                "apiVersion: policy.cnimesh.io/v1alpha1\nkind: Server\nmetadata: {{name: s, namespace: n}}\nspec: {{podSelector: {{}}, port: 80{mode}}}\n"
+            ))
+        };
+        assert_eq!(ServerRecord::from_crd(&server("")).unwrap().access_policy, DefaultPolicy::Deny);
+        assert_eq!(
+            ServerRecord::from_crd(&server(", accessPolicy: audit")).unwrap().access_policy,
+            DefaultPolicy::Audit
+        );
+        let e = ServerRecord::from_crd(&server(", accessPolicy: audti")).unwrap_err().0;
+        assert!(e.contains("accessPolicy: \"audti\" is not a default policy"), "{e}");
     }
 
     #[test]

@@ -441,6 +441,10 @@ fn objects_of(doc: Value, index: usize, out: &mut Vec<Parsed>) -> Result<(), Par
         (routes::ALPHA_API_VERSION, "TCPRoute") => {
             out.push(typed(|d| serde_json::from_value::<routes::TcpRoute>(d).map(egress_object), doc)?)
         }
+        // issue 30: rate limiting
+        (crd::API_VERSION, "HTTPLocalRateLimitPolicy") => {
+            out.push(typed(|d| serde_json::from_value::<crd::HttpLocalRateLimitPolicy>(d).map(policy_object), doc)?)
+        }
         (routes::REFERENCE_GRANT_API_VERSION, "ReferenceGrant") => {
             out.push(typed(|d| serde_json::from_value::<routes::ReferenceGrant>(d).map(policy_object), doc)?)
         }

@@ -116,6 +116,13 @@ impl Source for KubeSource {
                         policy
                     ),
                     follow_egress(&client, egress.as_ref()),
+                    // issue 30: rate limiting. Optional like the routes: a cluster whose CRDs
+                    // predate it has no limits, and policy must not wait for the kind.
+                    follow_routes(
+                        Api::<crd::HttpLocalRateLimitPolicy>::all(client.clone()),
+                        policy::Kind::HttpLocalRateLimitPolicy,
+                        policy
+                    ),
                 );
             }
         }
@@ -161,7 +168,7 @@ where
     follow(api, kind_name(kind), Absent::Retry, |u| policy.apply([policy_change(kind, u)])).await
 }
 
-/// The Gateway API's kinds are optional: a cluster without its CRDs has no routes, and outbound
+/// The Gateway API's kinds (and the rate limit policy) are optional: a cluster without its CRDs has no routes, and outbound
 /// policy (which waits for every kind to be listed) must not wait for them.
 async fn follow_routes<K>(api: Api<K>, kind: policy::Kind, policy: &policy::Index)
 where
@@ -237,6 +244,7 @@ fn kind_name(kind: policy::Kind) -> &'static str {
         policy::Kind::HttpRoute => "HTTPRoute",
         policy::Kind::GrpcRoute => "GRPCRoute",
         policy::Kind::ReferenceGrant => "ReferenceGrant",
+        policy::Kind::HttpLocalRateLimitPolicy => "HTTPLocalRateLimitPolicy",
     }
 }
 

@@ -202,6 +202,12 @@ impl Default for Metrics {
         ] {
             registry.register(name, help, family.clone());
         }
+        // issue 30: rate limiting
+        registry.register(
+            "inbound_http_local_ratelimit",
+            "HTTP requests refused by their Server's rate limit",
+            m.authz.inbound_http_local_ratelimit_total.clone(),
+        );
         registry.register(
             "outbound_http_route_request_duration_seconds",
             "Time from a routed request to its response headers, per route",

@@ -61,9 +61,12 @@ pub enum ProxyError {
     /// The route's request timeout, over every attempt.
     #[error("request timed out after {} ms on route {route}", after.as_millis())]
     RouteTimeout { route: String, after: Duration },
-    /// issue 30: egress refused by an EgressNetwork's policy (`<ns>/<name>`): 403.
+    /// Egress refused by an EgressNetwork's policy (`<ns>/<name>`): 403.
     #[error("egress denied by EgressNetwork {network}")]
     EgressDenied { network: String },
+    /// Over the Server's rate limit (HTTPLocalRateLimitPolicy): 429.
+    #[error("rate limited")]
+    RateLimited,
 }
 
 impl ProxyError {
@@ -84,6 +87,7 @@ impl ProxyError {
             ProxyError::ConnectTimeout(_) | ProxyError::ResponseTimeout { .. } | ProxyError::RouteTimeout { .. } => {
                 StatusCode::GATEWAY_TIMEOUT
             }
+            ProxyError::RateLimited => StatusCode::TOO_MANY_REQUESTS,
         }
     }
 
@@ -107,7 +111,8 @@ impl ProxyError {
             | ProxyError::NoIdentity(_)
             | ProxyError::Backend { .. }
             | ProxyError::RouteTimeout { .. }
-            | ProxyError::EgressDenied { .. } => false,
+            | ProxyError::EgressDenied { .. }
+            | ProxyError::RateLimited => false,
         }
     }
 }

@@ -322,7 +322,10 @@ impl Follow {
             async move { client.watch_port(spec).await.map(tonic::Response::into_inner) }
         };
         let apply = |server: api::Server, _first| match PortPolicy::from_api(server) {
-            Ok(policy) => {
+            Ok(mut policy) => {
+                if let Some(previous) = tx.borrow().as_deref() {
+                    policy.carry_rate_limit_from(previous);
+                }
                 let stated = stated_default(&policy);
                 {
                     let mut heard = heard.lock();

@@ -2,6 +2,13 @@
 //! the connection, so every route's verdict (and its counter handle) is computed once per
 //! connection and per policy version; a request only finds its route and reads the verdict.
 //! A policy update reaches open connections at their next request.
+//!
+//! After authorization, a request is held to the Server's rate limit (a denied request is
+//! denied, never rate-limited): over it, 429 (gRPC: RESOURCE_EXHAUSTED), counted in
+//! `inbound_http_local_ratelimit_total`. A request (or opaque connection) only audit mode's
+//! authorization admits is a would-be denial: let through, counted under `authz_kind="audit"`
+//! and logged at most once per [`AUDIT_LOG_PERIOD`] (with how many were left out), so an
+//! audited flood is no log flood. Rate limits apply in audit mode too.
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -13,14 +20,20 @@ use prometheus_client::metrics::counter::Counter;
 
 use super::authorize::{Client, authorized, route_for};
 use super::discover::PortWatch;
+use super::metrics::RateLimitLabels;
 use super::metrics::{AuthzLabels, AuthzMetrics};
-use super::model::{PortPolicy, PortProtocol, Resource};
+use super::model::{AUDIT_KIND, PortPolicy, PortProtocol, Resource};
 use crate::http::Body;
 use crate::http::error::{ProxyError, error_response, full};
 use crate::transport::labels::TlsLabel;
+use cnimesh_common::log_limit::LogLimit;
 
 /// The header naming why the proxy answered itself (shared with the proxy's other errors).
 const ERROR_HEADER: &str = "cnimesh-proxy-error";
+
+/// At most one would-be-denial log line per period, per proxy.
+pub const AUDIT_LOG_PERIOD: std::time::Duration = std::time::Duration::from_secs(10);
+static AUDIT_LOG: LogLimit = LogLimit::new(AUDIT_LOG_PERIOD);
 
 /// The one route of a policy without routes (as linkerd2-proxy builds it).
 static DEFAULT_ROUTE: std::sync::LazyLock<Resource> =
@@ -45,6 +58,8 @@ struct Verdicts {
 
 struct Verdict {
     allowed: bool,
+    /// Admitted only by audit mode: a would-be denial.
+    audited: bool,
     counter: Counter,
     route: Arc<str>,
 }
@@ -64,7 +79,39 @@ impl ConnPolicy {
     pub fn allow_tcp(&self) -> bool {
         let v = self.verdicts();
         v.tcp.counter.inc();
+        if v.tcp.audited {
+            self.log_audited(&v.policy, None);
+        }
         v.tcp.allowed
+    }
+
+    fn log_audited(&self, policy: &PortPolicy, route: Option<&str>) {
+        if let Some(left_out) = AUDIT_LOG.allow() {
+            tracing::warn!(
+                server = %policy.server.name,
+                route = route.unwrap_or(""),
+                client = %self.ip,
+                client_id = self.tls.client_id.as_deref().unwrap_or(""),
+                target = %self.target_addr,
+                left_out,
+                "audit: no authorization admits this client; let through (would be denied under deny)"
+            );
+        }
+    }
+
+    /// Whether the Server's rate limit refuses the request now (counted when it does).
+    fn rate_limited<B>(&self, policy: &PortPolicy, req: &Request<B>) -> Option<Response<Body>> {
+        let limited = policy.rate_limit.as_ref()?;
+        let scope = limited.limiter.check(self.tls.client_id.as_deref()).err()?;
+        let labels = RateLimitLabels {
+            target_addr: self.target_addr.clone(),
+            srv: policy.server.clone(),
+            ratelimit: limited.limit.meta.clone(),
+            scope: scope.as_str(),
+            tls: self.tls.clone(),
+        };
+        self.metrics.inbound_http_local_ratelimit_total.get_or_create(&labels).inc();
+        Some(refused(req, Refusal::RateLimited, &ProxyError::RateLimited.to_string()))
     }
 
     /// Resolves once a policy update no longer authorizes this connection as opaque TCP
@@ -109,7 +156,10 @@ impl ConnPolicy {
                 }
                 verdict.counter.inc();
                 if verdict.allowed {
-                    return None;
+                    if verdict.audited {
+                        self.log_audited(&v.policy, Some(&verdict.route));
+                    }
+                    return self.rate_limited(&v.policy, req);
                 }
                 Some(refused(req, Refusal::Unauthorized, &format!("unauthorized request on route {}", verdict.route)))
             }
@@ -162,6 +212,7 @@ impl ConnPolicy {
         let allowed = authorized(authzs, client);
         Verdict {
             allowed: allowed.is_some(),
+            audited: allowed.is_some_and(|a| &*a.meta.kind == AUDIT_KIND),
             counter: self.count(policy, route, allowed.map(|a| &a.meta), route.is_none()),
             route: route.map_or_else(|| "".into(), |r| r.name.clone()),
         }
@@ -204,6 +255,8 @@ enum Refusal {
     Unauthorized,
     /// 404; gRPC NOT_FOUND (5).
     NoRoute,
+    /// 429; gRPC RESOURCE_EXHAUSTED (8), as linkerd2-proxy answers it.
+    RateLimited,
 }
 
 /// The status naming why, or for gRPC a trailers-only response (HTTP 200 with `grpc-status`),
@@ -212,8 +265,12 @@ fn refused<B>(req: &Request<B>, refusal: Refusal, why: &str) -> Response<Body> {
     let (status, grpc_status) = match refusal {
         Refusal::Unauthorized => (StatusCode::FORBIDDEN, "7"),
         Refusal::NoRoute => (StatusCode::NOT_FOUND, "5"),
+        Refusal::RateLimited => (StatusCode::TOO_MANY_REQUESTS, "8"),
     };
     if !is_grpc(req) {
+        if let Refusal::RateLimited = refusal {
+            return error_response(&ProxyError::RateLimited);
+        }
         return error_response(&ProxyError::Refused { status, why: why.to_string() });
     }
     let mut r = Response::new(full(bytes::Bytes::new()));
@@ -339,6 +396,53 @@ mod tests {
         let (conn, _) = plaintext_client_of(open);
         assert!(conn.deny_request(&upgrade, true).is_none(), "the server admits this client: its tunnel too");
         assert!(conn.deny_request(&connect, true).is_none());
+    }
+
+    fn limited(policy: &mut PortPolicy, total: u32) {
+        use crate::inbound::policy::model::{Limited, Limiter, RateLimit};
+        let limit = RateLimit {
+            meta: Resource::new("policy.cnimesh.io", "httplocalratelimitpolicy", "rl"),
+            total: Some(total),
+            identity: None,
+            overrides: Vec::new(),
+        };
+        policy.rate_limit = Some(Limited { limiter: Arc::new(Limiter::new(&limit)), limit });
+    }
+
+    #[test]
+    fn over_the_limit_a_request_gets_429_and_grpc_resource_exhausted_and_denials_stay_403() {
+        let mut policy = DefaultPolicy::AllUnauthenticated.policy(&[]);
+        limited(&mut policy, 2);
+        let (conn, metrics) = plaintext_client_of(policy);
+        let get = || Request::get("/x").body(()).unwrap();
+        assert!(conn.deny_request(&get(), false).is_none());
+        assert!(conn.deny_request(&get(), false).is_none());
+        let r = conn.deny_request(&get(), false).expect("the third in the same second is over 2 rps");
+        assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(r.headers()[ERROR_HEADER], "rate limited");
+        let grpc = Request::post("/pkg.Svc/M").header("content-type", "application/grpc").body(()).unwrap();
+        let r = conn.deny_request(&grpc, false).unwrap();
+        assert_eq!((r.status(), &r.headers()["grpc-status"]), (StatusCode::OK, &HeaderValue::from_static("8")));
+        let text = metrics.encode();
+        assert!(text.contains("inbound_http_local_ratelimit_total{target_addr=\"10.0.0.2:80\",srv_group=\"\",srv_kind=\"default\",srv_name=\"all-unauthenticated\",ratelimit_group=\"policy.cnimesh.io\",ratelimit_kind=\"httplocalratelimitpolicy\",ratelimit_name=\"rl\",ratelimit_scope=\"total\",tls=\"false\"} 2"), "{text}");
+
+        // Authorization comes first: a denied request is denied, and spends no token.
+        let mut deny = DefaultPolicy::Deny.policy(&[]);
+        limited(&mut deny, 1);
+        let (conn, _) = plaintext_client_of(deny);
+        for _ in 0..3 {
+            assert_eq!(conn.deny_request(&get(), false).unwrap().status(), StatusCode::FORBIDDEN);
+        }
+    }
+
+    #[test]
+    fn audit_lets_a_would_be_denial_through_and_counts_it_as_audit() {
+        let (conn, metrics) = plaintext_client_of(DefaultPolicy::Audit.policy(&[]));
+        assert!(conn.deny_request(&Request::get("/x").body(()).unwrap(), false).is_none());
+        assert!(conn.allow_tcp());
+        let text = metrics.encode();
+        assert!(text.contains("inbound_http_authz_allow_total{target_addr=\"10.0.0.2:80\",srv_group=\"\",srv_kind=\"default\",srv_name=\"audit\",route_group=\"\",route_kind=\"default\",route_name=\"default\",authz_group=\"\",authz_kind=\"audit\",authz_name=\"audit\",tls=\"false\"} 1"), "{text}");
+        assert!(text.contains("inbound_tcp_authz_allow_total{target_addr=\"10.0.0.2:80\",srv_group=\"\",srv_kind=\"default\",srv_name=\"audit\",authz_group=\"\",authz_kind=\"audit\""), "{text}");
     }
 
     #[tokio::test]

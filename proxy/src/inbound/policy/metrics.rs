@@ -53,6 +53,37 @@ impl EncodeLabelSet for AuthzLabels {
     }
 }
 
+/// `inbound_http_local_ratelimit_total` (linkerd2-proxy's name and labels): the server, the
+/// HTTPLocalRateLimitPolicy (`ratelimit_group`/`_kind`/`_name`), which limit refused
+/// (`ratelimit_scope`: `total`, `identity`, `override`), `tls` and `client_id`. Only refused
+/// requests are counted; admitted ones are in the authz families.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct RateLimitLabels {
+    pub target_addr: String,
+    pub srv: Resource,
+    pub ratelimit: Resource,
+    pub scope: &'static str,
+    pub tls: TlsLabel,
+}
+
+impl EncodeLabelSet for RateLimitLabels {
+    fn encode(&self, encoder: &mut LabelSetEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let (s, r) = (&self.srv, &self.ratelimit);
+        [
+            ("target_addr", self.target_addr.as_str()),
+            ("srv_group", &*s.group),
+            ("srv_kind", &*s.kind),
+            ("srv_name", &*s.name),
+            ("ratelimit_group", &*r.group),
+            ("ratelimit_kind", &*r.kind),
+            ("ratelimit_name", &*r.name),
+            ("ratelimit_scope", self.scope),
+        ]
+        .encode(encoder)?;
+        self.tls.encode(encoder)
+    }
+}
+
 /// The families [`super::enforce`] counts into.
 #[derive(Clone, Default)]
 pub struct AuthzMetrics {
@@ -63,4 +94,6 @@ pub struct AuthzMetrics {
     pub inbound_http_route_not_found_total: Family<AuthzLabels, Counter>,
     /// Opaque connections closed because a policy update no longer authorizes them.
     pub inbound_tcp_authz_revoked_total: Counter,
+    /// Requests refused by the Server's rate limit (issue 30).
+    pub inbound_http_local_ratelimit_total: Family<RateLimitLabels, Counter>,
 }

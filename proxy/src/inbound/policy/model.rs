@@ -12,6 +12,7 @@ use linkerd2_proxy_api::inbound as api;
 use linkerd2_proxy_api::meta;
 
 pub use super::metrics::Resource;
+pub use super::ratelimit::{Limiter, RateLimit};
 
 /// How the port's bytes are read. gRPC is HTTP/2 to the proxy; TLS passthrough is opaque.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,7 +32,30 @@ pub struct PortPolicy {
     /// HTTP routes in order; empty means one default route with the server's authorizations
     /// (as linkerd2-proxy builds it).
     pub routes: Vec<Route>,
+    /// The Server's HTTPLocalRateLimitPolicy and the buckets enforcing it (HTTP only).
+    pub rate_limit: Option<Limited>,
 }
+
+/// A rate limit with its buckets. Two are equal when their limits are: the buckets are state,
+/// carried from one policy version to the next ([`PortPolicy::carry_rate_limit_from`]).
+#[derive(Debug, Clone)]
+pub struct Limited {
+    pub limit: RateLimit,
+    pub limiter: Arc<Limiter>,
+}
+
+impl PartialEq for Limited {
+    fn eq(&self, other: &Self) -> bool {
+        self.limit == other.limit
+    }
+}
+
+impl Eq for Limited {}
+
+/// The resource of the authorization audit mode adds (metadata `Default("audit")` on the wire,
+/// as Linkerd's policy controller sends it): its kind is `audit` in the metrics, so
+/// `authz_kind="audit"` finds the requests only it admitted — the would-be denials.
+pub const AUDIT_KIND: &str = "audit";
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Authz {
@@ -89,6 +113,8 @@ pub enum DefaultPolicy {
     AllAuthenticated,
     ClusterAuthenticated,
     Deny,
+    /// Everyone, each request counted and logged as a would-be denial.
+    Audit,
 }
 
 impl std::str::FromStr for DefaultPolicy {
@@ -99,7 +125,10 @@ impl std::str::FromStr for DefaultPolicy {
             "all-authenticated" => Ok(Self::AllAuthenticated),
             "cluster-authenticated" => Ok(Self::ClusterAuthenticated),
             "deny" => Ok(Self::Deny),
-            _ => Err(format!("{s:?}: expected all-unauthenticated, all-authenticated, cluster-authenticated or deny")),
+            "audit" => Ok(Self::Audit),
+            _ => Err(format!(
+                "{s:?}: expected all-unauthenticated, all-authenticated, cluster-authenticated, deny or audit"
+            )),
         }
     }
 }
@@ -111,6 +140,7 @@ impl DefaultPolicy {
             Self::AllAuthenticated => "all-authenticated",
             Self::ClusterAuthenticated => "cluster-authenticated",
             Self::Deny => "deny",
+            Self::Audit => "audit",
         }
     }
 
@@ -132,8 +162,19 @@ impl DefaultPolicy {
                 authz(cluster_networks.iter().map(|&net| Network { net, except: Vec::new() }).collect(), any_identity)
             }
             Self::Deny => Vec::new(),
+            Self::Audit => vec![Authz {
+                meta: Resource::new("", AUDIT_KIND, "audit"),
+                networks: everywhere(),
+                authn: Authn::Unauthenticated,
+            }],
         };
-        PortPolicy { protocol: PortProtocol::Detect, server: meta.clone(), authorizations, routes: Vec::new() }
+        PortPolicy {
+            protocol: PortProtocol::Detect,
+            server: meta.clone(),
+            authorizations,
+            routes: Vec::new(),
+            rate_limit: None,
+        }
     }
 }
 
@@ -142,28 +183,67 @@ impl PortPolicy {
     pub fn from_api(server: api::Server) -> Result<Self, String> {
         use api::proxy_protocol::Kind;
         let kind = server.protocol.and_then(|p| p.kind).ok_or("the server has no protocol")?;
-        let (protocol, routes) = match kind {
-            Kind::Detect(d) => (PortProtocol::Detect, d.http_routes),
-            Kind::Http1(h) => (PortProtocol::Http1, h.routes),
-            Kind::Http2(h) => (PortProtocol::Http2, h.routes),
+        let (protocol, routes, limit) = match kind {
+            Kind::Detect(d) => (PortProtocol::Detect, d.http_routes, d.http_local_rate_limit),
+            Kind::Http1(h) => (PortProtocol::Http1, h.routes, h.local_rate_limit),
+            Kind::Http2(h) => (PortProtocol::Http2, h.routes, h.local_rate_limit),
             Kind::Grpc(g) => {
                 // gRPC routes are not served by cnimesh-control; one that comes is refused rather
                 // than enforced as "no routes" (which would apply only the server's authzs).
                 if !g.routes.is_empty() {
                     return Err("gRPC routes are not supported by this proxy".into());
                 }
-                (PortProtocol::Http2, Vec::new())
+                (PortProtocol::Http2, Vec::new(), None)
             }
-            Kind::Opaque(_) | Kind::Tls(_) => (PortProtocol::Opaque, Vec::new()),
+            Kind::Opaque(_) | Kind::Tls(_) => (PortProtocol::Opaque, Vec::new(), None),
         };
+        let rate_limit =
+            limit.map(rate_limit).transpose()?.map(|limit| Limited { limiter: Arc::new(Limiter::new(&limit)), limit });
         let server_meta = labels_resource(&server.labels, "server")?;
         Ok(Self {
             protocol,
             authorizations: authorizations(server.authorizations)?,
             routes: routes.into_iter().map(route).collect::<Result<_, _>>()?,
             server: server_meta,
+            rate_limit,
         })
     }
+
+    /// Takes `previous`'s buckets, set to this version's limits, so a policy update does not
+    /// hand every client a fresh burst.
+    pub fn carry_rate_limit_from(&mut self, previous: &PortPolicy) {
+        if let (Some(new), Some(old)) = (self.rate_limit.as_mut(), previous.rate_limit.as_ref()) {
+            old.limiter.configure(&new.limit);
+            new.limiter = old.limiter.clone();
+        }
+    }
+}
+
+/// The rate limit as sent: at least one rate, none zero (a zero rate would refuse everything,
+/// which no policy means).
+fn rate_limit(r: api::HttpLocalRateLimit) -> Result<RateLimit, String> {
+    let meta = metadata(r.metadata, &Default::default()).map_err(|_| "the rate limit has no metadata".to_string())?;
+    let what = |why: &str| format!("rate limit {}: {why}", meta.name);
+    let rate = |l: api::http_local_rate_limit::Limit| match l.requests_per_second {
+        0 => Err(what("a rate of 0 requests per second")),
+        n => Ok(n),
+    };
+    let total = r.total.map(rate).transpose()?;
+    let identity = r.identity.map(rate).transpose()?;
+    let overrides = r
+        .overrides
+        .into_iter()
+        .map(|o| {
+            let rps = rate(o.limit.ok_or_else(|| what("an override without a limit"))?)?;
+            let ids: Vec<Arc<str>> =
+                o.clients.into_iter().flat_map(|c| c.identities).map(|i| Arc::from(i.name)).collect();
+            if ids.is_empty() {
+                return Err(what("an override without clients"));
+            }
+            Ok((rps, ids))
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    Ok(RateLimit { meta, total, identity, overrides })
 }
 
 /// The server's labels (`group`/`kind`/`name`), which the control plane sets on every answer.
@@ -177,6 +257,7 @@ fn labels_resource(labels: &std::collections::HashMap<String, String>, what: &st
 
 fn metadata(m: Option<meta::Metadata>, labels: &std::collections::HashMap<String, String>) -> Result<Resource, String> {
     match m.and_then(|m| m.kind) {
+        Some(meta::metadata::Kind::Default(name)) if name == "audit" => Ok(Resource::new("", AUDIT_KIND, &name)),
         Some(meta::metadata::Kind::Default(name)) => Ok(Resource::new("", "default", &name)),
         Some(meta::metadata::Kind::Resource(r)) => Ok(Resource::new(&r.group, &r.kind, &r.name)),
         None => labels_resource(labels, "authorization"),
