@@ -267,6 +267,8 @@ mod tests {
         for _ in 0..600 {
             let (picked, other) = pick_where(&endpoints, |s| s, out).unwrap();
             assert!(other.is_some_and(out), "the other candidate is eligible too");
+            // As the balancer does: the candidate not taken forgets a little.
+            other.unwrap().passed_over();
             counts[endpoints.iter().position(|s| Arc::ptr_eq(s, picked)).unwrap()] += 1;
         }
         assert_eq!(counts[0], 0, "{counts:?}");
