@@ -12,7 +12,13 @@ pub const FIRST_BACKOFF: Duration = Duration::from_millis(200);
 /// `(next, jittered)`: `next` is fed back as `previous` on the following failure
 /// (`Duration::ZERO` after a success), `jittered` is how long to wait now.
 pub fn backoff(previous: Duration, max: Duration, fraction: f64) -> (Duration, Duration) {
-    let next = (previous * 2).max(FIRST_BACKOFF).min(max);
+    backoff_between(previous, FIRST_BACKOFF, max, fraction)
+}
+
+/// [`backoff`] with its own first step `min` instead of [`FIRST_BACKOFF`]: the proxy's failure
+/// accrual penalties (a Service's `min-penalty`/`max-penalty`) step the same way.
+pub fn backoff_between(previous: Duration, min: Duration, max: Duration, fraction: f64) -> (Duration, Duration) {
+    let next = (previous * 2).max(min).min(max);
     (next, next.mul_f64(fraction.clamp(0.0, 1.0)))
 }
 
@@ -34,5 +40,16 @@ mod tests {
         assert_eq!(seen[0], FIRST_BACKOFF);
         assert_eq!(seen[1], FIRST_BACKOFF * 2);
         assert_eq!(*seen.last().unwrap(), max);
+    }
+
+    #[test]
+    fn backoff_between_starts_at_its_own_minimum() {
+        let (min, max) = (Duration::from_secs(1), Duration::from_secs(5));
+        let (first, _) = backoff_between(Duration::ZERO, min, max, 1.0);
+        let (second, _) = backoff_between(first, min, max, 1.0);
+        let (third, _) = backoff_between(second, min, max, 1.0);
+        let (fourth, half) = backoff_between(third, min, max, 0.5);
+        assert_eq!([first, second, third, fourth], [min, min * 2, min * 4, max]);
+        assert_eq!(half, max / 2);
     }
 }

@@ -63,3 +63,26 @@ pub const DEFAULT_INBOUND_POLICY_ANNOTATION: &str = "config.cnimesh.io/default-i
 /// The agent's state directory and decision socket on every node.
 pub const STATE_DIR: &str = "/var/lib/cnimesh";
 pub const AGENT_SOCKET: &str = "/var/run/cnimesh/node.sock";
+
+// issue 30: failure accrual and declared protocols (A)
+/// On a Service (Linkerd's `balancer.linkerd.io/…`): `consecutive` turns on failure accrual for
+/// its endpoints in every client's balancer; the others tune it (docs/tasks/circuit-breaking.md).
+pub const FAILURE_ACCRUAL_ANNOTATION: &str = "balancer.cnimesh.io/failure-accrual";
+pub const FAILURE_ACCRUAL_MAX_FAILURES_ANNOTATION: &str =
+    "balancer.cnimesh.io/failure-accrual-consecutive-max-failures";
+pub const FAILURE_ACCRUAL_MIN_PENALTY_ANNOTATION: &str = "balancer.cnimesh.io/failure-accrual-consecutive-min-penalty";
+pub const FAILURE_ACCRUAL_MAX_PENALTY_ANNOTATION: &str = "balancer.cnimesh.io/failure-accrual-consecutive-max-penalty";
+pub const FAILURE_ACCRUAL_JITTER_RATIO_ANNOTATION: &str =
+    "balancer.cnimesh.io/failure-accrual-consecutive-jitter-ratio";
+/// Linkerd's defaults for those: 7 failures, penalties from 1 s to 1 min, half of each jittered.
+pub const FAILURE_ACCRUAL_DEFAULT_MAX_FAILURES: u32 = 7;
+pub const FAILURE_ACCRUAL_DEFAULT_MIN_PENALTY: std::time::Duration = std::time::Duration::from_secs(1);
+pub const FAILURE_ACCRUAL_DEFAULT_MAX_PENALTY: std::time::Duration = std::time::Duration::from_secs(60);
+pub const FAILURE_ACCRUAL_DEFAULT_JITTER_RATIO: f64 = 0.5;
+/// A Service port's `appProtocol` values that declare its protocol (no detection): HTTP/1,
+/// HTTP/2 with prior knowledge, HTTP/1 with upgrades (WebSocket), opaque TCP (ours and Linkerd's).
+pub const APP_PROTOCOL_HTTP: &str = "http";
+pub const APP_PROTOCOL_H2C: &str = "kubernetes.io/h2c";
+pub const APP_PROTOCOL_WS: &str = "kubernetes.io/ws";
+pub const APP_PROTOCOL_OPAQUE: &str = "cnimesh.io/opaque";
+pub const APP_PROTOCOL_LINKERD_OPAQUE: &str = "linkerd.io/opaque";

@@ -68,12 +68,8 @@ async fn status_pages_show_configuration_identity_and_discovery_without_secrets(
     let metrics = Arc::new(Metrics::default());
     // Discovery towards a control plane that never answers: the lookup shows, unanswered.
     let channel = tonic::transport::Endpoint::from_static("http://127.0.0.1:9").connect_lazy();
-    let discovery = Arc::new(Discovery::new(
-        channel,
-        Duration::from_millis(50),
-        Duration::from_secs(1),
-        metrics.outbound_endpoints.clone(),
-    ));
+    let discovery =
+        Arc::new(Discovery::new(channel, Duration::from_millis(50), Duration::from_secs(1), metrics.discovery()));
     let target: std::net::SocketAddr = "10.96.0.10:80".parse().unwrap();
     discovery.profile(target).await;
 

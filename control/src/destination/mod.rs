@@ -56,6 +56,8 @@
 //! Layer: model/index (pure): this module and its children use neither the kube client nor tonic;
 //! the sources are [`crate::sources`], the gRPC service [`crate::grpc::destination`].
 
+pub mod accrual;
+pub mod app_protocol;
 pub(crate) mod index;
 mod model;
 pub(crate) mod path;
@@ -63,7 +65,7 @@ pub mod read;
 pub(crate) mod resolve;
 
 pub use index::{Change, Index, IndexStats};
-pub use model::{KINDS, Kind, Object, PodRecord, PortSet};
+pub use model::{KINDS, Kind, Object, PodRecord, PortSet, ServiceRecord, declared_for_pod_port};
 #[doc(hidden)]
 pub use path::parse_for_fuzzing as parse_path_for_fuzzing;
 

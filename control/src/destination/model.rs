@@ -14,6 +14,8 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
+use super::accrual::FailureAccrual;
+use super::app_protocol::AppProtocol;
 use crate::routes::model::ServiceDefaults;
 
 /// docs/architecture.md, "Names and numbers": the container whose presence marks a pod as meshed, and the annotation naming
@@ -133,6 +135,8 @@ pub struct ServicePort {
     /// same name, which is how a slice port is matched to its service port.
     pub name: String,
     pub target: TargetPort,
+    /// What its `appProtocol` declares ([`super::app_protocol`]); `None`: detect.
+    pub app_protocol: Option<AppProtocol>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -143,6 +147,22 @@ pub struct ServiceRecord {
     pub opaque_ports: PortSet,
     /// Its retry and timeout annotations, for its routes (outbound policy).
     pub route_defaults: ServiceDefaults,
+    /// Its `balancer.cnimesh.io/failure-accrual…` annotations, for every client's balancer.
+    pub failure_accrual: Option<FailureAccrual>,
+    /// Its pod selector (declared protocols of pod ports); `None`: a Service without one.
+    pub selector: Option<BTreeMap<String, String>>,
+}
+
+impl ServiceRecord {
+    /// Whether it selects a pod with `labels` (a Service without a selector selects none).
+    pub fn selects(&self, labels: &BTreeMap<String, String>) -> bool {
+        self.selector.as_ref().is_some_and(|s| !s.is_empty() && s.iter().all(|(k, v)| labels.get(k) == Some(v)))
+    }
+
+    /// What port `port` declares with its `appProtocol`.
+    pub fn app_protocol(&self, port: u16) -> Option<AppProtocol> {
+        self.ports.iter().find(|p| p.port == port).and_then(|p| p.app_protocol)
+    }
 }
 
 impl ServiceRecord {
@@ -173,7 +193,8 @@ impl ServiceRecord {
                         Err(_) => TargetPort::Name(s.clone()),
                     },
                 };
-                Some(ServicePort { port, name: p.name.clone().unwrap_or_default(), target })
+                let app_protocol = p.app_protocol.as_deref().and_then(AppProtocol::parse);
+                Some(ServicePort { port, name: p.name.clone().unwrap_or_default(), target, app_protocol })
             })
             .collect();
         let route_defaults = ServiceDefaults::from_annotations(&svc.metadata).unwrap_or_else(|e| {
@@ -181,8 +202,43 @@ impl ServiceRecord {
             tracing::warn!(service = %key, reason = %e.0, "retry/timeout annotations ignored");
             ServiceDefaults::default()
         });
-        Self { cluster_ips, ports, opaque_ports: PortSet::of(&key, &svc.metadata), route_defaults }
+        let failure_accrual = FailureAccrual::from_annotations(&svc.metadata).unwrap_or_else(|e| {
+            // As for the retry annotations: served without accrual, and said loudly.
+            tracing::error!(service = %key, annotation = e.annotation, reason = %e.why, "failure accrual annotations rejected; the Service is served without failure accrual");
+            None
+        });
+        let selector = spec.and_then(|s| s.selector.clone());
+        Self {
+            cluster_ips,
+            ports,
+            opaque_ports: PortSet::of(&key, &svc.metadata),
+            route_defaults,
+            failure_accrual,
+            selector,
+        }
     }
+}
+
+/// The protocol Services declare for `port` of a pod with `labels` and container ports
+/// `named_ports` in namespace `namespace`: what the inbound proxy of that pod may serve without
+/// detection. `services` are the namespace's Services with their selectors; the first one that
+/// selects the pod and targets the port with a declared `appProtocol` decides (Services that
+/// disagree are the owner's contradiction; the first by name wins, as a sorted map gives them).
+pub fn declared_for_pod_port<'a>(
+    services: impl IntoIterator<Item = &'a ServiceRecord>,
+    labels: &BTreeMap<String, String>,
+    named_ports: &BTreeMap<String, u16>,
+    port: u16,
+) -> Option<AppProtocol> {
+    services
+        .into_iter()
+        .filter(|s| s.selects(labels))
+        .flat_map(|s| s.ports.iter())
+        .filter(|p| match &p.target {
+            TargetPort::Number(n) => *n == port,
+            TargetPort::Name(name) => named_ports.get(name) == Some(&port),
+        })
+        .find_map(|p| p.app_protocol)
 }
 
 fn is_tcp(protocol: Option<&str>) -> bool {
@@ -377,5 +433,30 @@ mod tests {
         assert_eq!(rec.service.as_deref(), Some("web"));
         assert_eq!(rec.ports.len(), 1);
         assert_eq!(rec.endpoints.iter().map(|e| e.ready).collect::<Vec<_>>(), [true, false]);
+    }
+
+    #[test]
+    fn a_pod_ports_declared_protocol_comes_from_the_services_that_select_it() {
+        let svc: Service = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "db", "namespace": "shop"},
+            "spec": {
+                "selector": {"app": "db"},
+                "ports": [
+                    {"port": 5432, "targetPort": "pg", "appProtocol": "cnimesh.io/opaque"},
+                    {"port": 80, "targetPort": 8080, "appProtocol": "http"},
+                    {"port": 81, "targetPort": 8081, "appProtocol": "https"},
+                ],
+            },
+        }))
+        .unwrap();
+        let record = ServiceRecord::from_k8s(&svc);
+        let labels: BTreeMap<String, String> = [("app".to_string(), "db".to_string())].into();
+        let named: BTreeMap<String, u16> = [("pg".to_string(), 15432)].into();
+        let declared = |labels: &BTreeMap<String, String>, port| declared_for_pod_port([&record], labels, &named, port);
+        assert_eq!(declared(&labels, 15432), Some(AppProtocol::Opaque), "a named targetPort");
+        assert_eq!(declared(&labels, 8080), Some(AppProtocol::Http1));
+        assert_eq!(declared(&labels, 8081), None, "not a value the mesh declares");
+        assert_eq!(declared(&labels, 9999), None, "no Service port targets it");
+        assert_eq!(declared(&BTreeMap::new(), 8080), None, "the Service does not select the pod");
     }
 }

@@ -132,7 +132,8 @@ pub(crate) fn service_profile(view: &ServiceView, port: u16, config: &Config) ->
 fn named_profile(key: &NsName, service: &ServiceRecord, port: u16, config: &Config) -> DestinationProfile {
     DestinationProfile {
         fully_qualified_name: fqdn(key, config),
-        opaque_protocol: service.opaque_ports.contains(port),
+        opaque_protocol: service.opaque_ports.contains(port)
+            || service.app_protocol(port) == Some(super::app_protocol::AppProtocol::Opaque),
         ..Default::default()
     }
 }

@@ -9,8 +9,11 @@
 //! - `protocol`: "set to Opaque if the target has been marked as opaque and will be Discover
 //!   otherwise". Opaque ports (the Service's opaque-ports annotation) get `opaque` with one route;
 //!   others get `detect` with `timeout` (10 s, required by the proxy), `opaque` (what undetected
-//!   traffic uses), and `http1` and `http2`, each with one default route. No failure accrual ("If
-//!   empty, circuit breaking is not performed").
+//!   traffic uses), and `http1` and `http2`, each with one default route. A port whose
+//!   `appProtocol` declares its protocol ([`crate::destination::app_protocol`]) gets `opaque`,
+//!   `http1` or `http2` instead of `detect`. `failure_accrual` ("If empty, circuit breaking is not
+//!   performed") carries the Service's `balancer.cnimesh.io/failure-accrual…` annotations
+//!   ([`crate::destination::accrual`]) in every HTTP protocol of the policy.
 //! - Without routes, every route ("Must have at least one rule") has metadata (`default: http` /
 //!   `opaq`), no host matches ("If empty, the host value is ignored"), one rule matching every
 //!   request (HTTP: prefix `/`) whose `backends` is `first_available` with one backend; the
@@ -57,16 +60,18 @@ use futures::stream::{self, BoxStream};
 use linkerd2_proxy_api::meta::{Metadata, Resource, metadata};
 use linkerd2_proxy_api::outbound::outbound_policies_server::{OutboundPolicies, OutboundPoliciesServer};
 use linkerd2_proxy_api::outbound::{
-    Backend, HttpRoute, OpaqueRoute, OutboundPolicy, ProxyProtocol, Queue, TrafficSpec, backend, opaque_route,
-    proxy_protocol, traffic_spec,
+    Backend, ExponentialBackoff, FailureAccrual as ApiFailureAccrual, HttpRoute, OpaqueRoute, OutboundPolicy,
+    ProxyProtocol, Queue, TrafficSpec, backend, opaque_route, proxy_protocol, traffic_spec,
 };
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
 use super::inbound::DETECT_TIMEOUT;
+use crate::destination::accrual::FailureAccrual;
+use crate::destination::app_protocol::AppProtocol;
 use crate::destination::index::{Index, IpView, ServiceView};
 use crate::destination::path::{self, Target};
-use crate::destination::{Config, PortSet};
+use crate::destination::{Config, ServiceRecord};
 use crate::meta::NsName;
 use crate::policy;
 use crate::routes::model::{
@@ -98,6 +103,10 @@ pub struct ServicePort {
     pub opaque: bool,
     /// The Service's retry and timeout annotations.
     pub defaults: ServiceDefaults,
+    /// The Service's failure accrual annotations ([`crate::destination::accrual`]).
+    pub failure_accrual: Option<FailureAccrual>,
+    /// What the port's `appProtocol` declares ([`crate::destination::app_protocol`]).
+    pub app_protocol: Option<AppProtocol>,
 }
 
 impl OutboundService {
@@ -283,9 +292,7 @@ fn selected_routes(attached: &[Arc<Route>], service: &ServicePort, client: Optio
 
 fn service_of_ip(view: &IpView, port: u16) -> Option<ServicePort> {
     match view {
-        IpView::Service(key, svc) => {
-            svc.ports.iter().any(|p| p.port == port).then(|| sp(key, port, &svc.opaque_ports, &svc.route_defaults))
-        }
+        IpView::Service(key, svc) => svc.ports.iter().any(|p| p.port == port).then(|| sp(key, port, svc)),
         _ => None,
     }
 }
@@ -293,11 +300,36 @@ fn service_of_ip(view: &IpView, port: u16) -> Option<ServicePort> {
 fn service_port(view: &ServiceView, port: u16) -> Option<ServicePort> {
     let snapshot = view.as_ref()?;
     let svc = &snapshot.service;
-    svc.ports.iter().any(|p| p.port == port).then(|| sp(&snapshot.key, port, &svc.opaque_ports, &svc.route_defaults))
+    svc.ports.iter().any(|p| p.port == port).then(|| sp(&snapshot.key, port, svc))
 }
 
-fn sp(key: &NsName, port: u16, opaque: &PortSet, defaults: &ServiceDefaults) -> ServicePort {
-    ServicePort { key: key.clone(), port, opaque: opaque.contains(port), defaults: defaults.clone() }
+fn sp(key: &NsName, port: u16, svc: &ServiceRecord) -> ServicePort {
+    ServicePort {
+        key: key.clone(),
+        port,
+        opaque: svc.opaque_ports.contains(port),
+        defaults: svc.route_defaults.clone(),
+        failure_accrual: svc.failure_accrual,
+        app_protocol: svc.app_protocol(port),
+    }
+}
+
+/// The proto's form of a Service's failure accrual.
+fn failure_accrual(accrual: Option<FailureAccrual>) -> Option<ApiFailureAccrual> {
+    use linkerd2_proxy_api::outbound::failure_accrual::{ConsecutiveFailures, Kind};
+    let a = accrual?;
+    Some(ApiFailureAccrual {
+        kind: Some(Kind::ConsecutiveFailures(ConsecutiveFailures {
+            max_failures: a.max_failures,
+            backoff: Some(ExponentialBackoff {
+                min_backoff: Some(duration(a.min_penalty)),
+                max_backoff: Some(duration(a.max_penalty)),
+                jitter_ratio: a.jitter_ratio,
+                ..Default::default()
+            }),
+        })),
+        ..Default::default()
+    })
 }
 
 /// Sends a policy only when it differs from the last one sent; a target that stops being a
@@ -376,15 +408,16 @@ pub fn policy(s: &ServicePort, selected: &[Arc<Route>], config: &Config) -> Outb
     let backend = service_backend(&s.key, s.port, config);
     let backend_of = |key: &NsName, port: u16| service_backend(key, port, config);
     let opaque = proxy_protocol::Opaque { routes: vec![opaque_route(&backend)] };
+    let accrual = failure_accrual(s.failure_accrual);
     let kind = match routes::served_kind(selected) {
-        _ if s.opaque => proxy_protocol::Kind::Opaque(opaque),
+        _ if s.opaque || s.app_protocol == Some(AppProtocol::Opaque) => proxy_protocol::Kind::Opaque(opaque),
         Some(RouteKind::Grpc) => proxy_protocol::Kind::Grpc(proxy_protocol::Grpc {
             routes: selected
                 .iter()
                 .filter(|r| r.kind == RouteKind::Grpc)
                 .map(|r| routes::grpc_route(r, &backend, &backend_of, &s.defaults.grpc))
                 .collect(),
-            failure_accrual: None,
+            failure_accrual: accrual,
         }),
         kind => {
             let http_routes: Vec<HttpRoute> = match kind {
@@ -393,12 +426,21 @@ pub fn policy(s: &ServicePort, selected: &[Arc<Route>], config: &Config) -> Outb
                 }
                 None => vec![default_http_route(&backend, &backend_of, &s.defaults.http)],
             };
-            proxy_protocol::Kind::Detect(proxy_protocol::Detect {
-                timeout: Some(duration(DETECT_TIMEOUT)),
-                opaque: Some(opaque),
-                http1: Some(proxy_protocol::Http1 { routes: http_routes.clone(), failure_accrual: None }),
-                http2: Some(proxy_protocol::Http2 { routes: http_routes, failure_accrual: None }),
-            })
+            // A declared protocol is served without detection (Linkerd 2.18's appProtocol).
+            match s.app_protocol {
+                Some(AppProtocol::Http1) => {
+                    proxy_protocol::Kind::Http1(proxy_protocol::Http1 { routes: http_routes, failure_accrual: accrual })
+                }
+                Some(AppProtocol::Http2) => {
+                    proxy_protocol::Kind::Http2(proxy_protocol::Http2 { routes: http_routes, failure_accrual: accrual })
+                }
+                _ => proxy_protocol::Kind::Detect(proxy_protocol::Detect {
+                    timeout: Some(duration(DETECT_TIMEOUT)),
+                    opaque: Some(opaque),
+                    http1: Some(proxy_protocol::Http1 { routes: http_routes.clone(), failure_accrual: accrual }),
+                    http2: Some(proxy_protocol::Http2 { routes: http_routes, failure_accrual: accrual }),
+                }),
+            }
         }
     };
     OutboundPolicy { protocol: Some(ProxyProtocol { kind: Some(kind) }), metadata: Some(service_meta(&s.key, s.port)) }
@@ -430,5 +472,70 @@ fn default_http_route(backend: &Backend, backend_of: routes::BackendOf<'_>, defa
         metadata: Some(default_meta("http")),
         hosts: Vec::new(),
         rules: vec![routes::http_rule(&rule, backend, backend_of)],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn port(app_protocol: Option<AppProtocol>, failure_accrual: Option<FailureAccrual>) -> ServicePort {
+        ServicePort {
+            key: NsName::new("shop", "web"),
+            port: 80,
+            opaque: false,
+            defaults: ServiceDefaults::default(),
+            failure_accrual,
+            app_protocol,
+        }
+    }
+
+    #[test]
+    fn a_declared_app_protocol_is_served_instead_of_detect_with_the_services_failure_accrual() {
+        let accrual = FailureAccrual {
+            max_failures: 3,
+            min_penalty: Duration::from_millis(500),
+            max_penalty: Duration::from_secs(10),
+            jitter_ratio: 0.25,
+        };
+        let kind = |p: &ServicePort| policy(p, &[], &Config::default()).protocol.and_then(|p| p.kind).unwrap();
+        let served = |a: &Option<ApiFailureAccrual>| {
+            let Some(linkerd2_proxy_api::outbound::failure_accrual::Kind::ConsecutiveFailures(c)) =
+                a.as_ref().and_then(|a| a.kind)
+            else {
+                panic!("no consecutive failures: {a:?}")
+            };
+            let backoff = c.backoff.unwrap();
+            (
+                c.max_failures,
+                backoff.min_backoff.unwrap().nanos,
+                backoff.max_backoff.unwrap().seconds,
+                backoff.jitter_ratio,
+            )
+        };
+        match kind(&port(Some(AppProtocol::Http1), Some(accrual))) {
+            proxy_protocol::Kind::Http1(h) => {
+                assert_eq!(h.routes.len(), 1, "the default route");
+                assert_eq!(served(&h.failure_accrual), (3, 500_000_000, 10, 0.25));
+            }
+            other => panic!("http: {other:?}"),
+        }
+        assert!(
+            matches!(kind(&port(Some(AppProtocol::Http2), None)), proxy_protocol::Kind::Http2(h) if h.failure_accrual.is_none())
+        );
+        assert!(matches!(kind(&port(Some(AppProtocol::Opaque), Some(accrual))), proxy_protocol::Kind::Opaque(_)));
+        match kind(&port(None, Some(accrual))) {
+            proxy_protocol::Kind::Detect(d) => {
+                assert_eq!(served(&d.http1.unwrap().failure_accrual).0, 3);
+                assert_eq!(served(&d.http2.unwrap().failure_accrual).0, 3);
+            }
+            other => panic!("undeclared: {other:?}"),
+        }
+        match kind(&port(None, None)) {
+            proxy_protocol::Kind::Detect(d) => {
+                assert!(d.http1.unwrap().failure_accrual.is_none(), "no annotation: none")
+            }
+            other => panic!("undeclared: {other:?}"),
+        }
     }
 }

@@ -86,7 +86,7 @@ pub async fn serve<I: Io>(mut io: I, read: Bytes, conn: Connection, shared: &Arc
         {
             anyhow::bail!("refused: connection to {} not authorized by policy", conn.addr);
         }
-        let picked = conn.target.route.pick()?;
+        let picked = conn.target.route.pick(None)?;
         let connected = picked.upstream.connect().await;
         if let (Err(_), Some(load)) = (&connected, &picked.load) {
             load.fail();

@@ -22,6 +22,7 @@ use tower::retry::budget::Budget as _;
 use crate::app::metrics::{Direction, Metrics, OpenConnection, RequestLabels, ResponseLabels, TlsLabel};
 use crate::app::shared::Shared;
 use crate::app::spans::{self, ConnInfo, Traced};
+use crate::client::discovery::accrual::ConsecutiveFailures;
 use crate::client::discovery::balance::Load;
 use crate::client::target::{Picked, Route, RouteError};
 use crate::client::targets::Target;
@@ -115,6 +116,10 @@ struct End {
 
 impl OnEnd for End {
     fn end(self: Box<Self>, classification: Classification) {
+        // The endpoint's failure accrual hears the same verdict as the metrics.
+        if let Some(load) = &self._load {
+            load.outcome(classification == Classification::Failure);
+        }
         self.handles.count_response(self.status, classification);
         if let Some((traced, grpc)) = self.trace {
             traced.finish(Some(self.status), grpc.as_deref(), classification == Classification::Failure, None);
@@ -427,16 +432,23 @@ impl HttpProxy {
             traced.set_service(&b.service);
         }
         let target = routed.map(|r| &r.target).or(named.as_ref()).unwrap_or(&self.target);
+        // The connection's Service's failure accrual applies to its balancers (the backends of
+        // its routes too, as in Linkerd); a Service a request names has no policy of ours.
+        let policy = match named {
+            Some(_) => None,
+            None => crate::outbound::policy_of(&self.target).and_then(|p| p.current()),
+        };
+        let accrual = policy.as_deref().and_then(|p| p.accrual(req.version())).copied();
         let route_timeout = routed.and_then(|r| r.timeout.map(|t| (t, &r.route)));
         let exchange = async {
             match routed.and_then(|r| Some((r, r.retry()?))) {
                 Some((routed, retry)) if retry::bufferable(&req, retry) => {
-                    self.with_retries(target, req, downgraded, routed, retry, traced.as_deref_mut()).await
+                    self.with_retries(target, req, downgraded, (routed, retry), accrual, traced.as_deref_mut()).await
                 }
                 _ => {
                     let b3 = traced.as_deref().and_then(Traced::b3);
                     let span = traced.as_deref_mut().map(|t| &mut t.span);
-                    self.send(target, req.map(Either::Left), downgraded, None, span, b3).await
+                    self.send(target, req.map(Either::Left), (downgraded, accrual), None, span, b3).await
                 }
             }
         };
@@ -467,8 +479,8 @@ impl HttpProxy {
         target: &Arc<Target>,
         req: Request<Incoming>,
         downgraded: bool,
-        routed: &Routed,
-        retry: &Retry,
+        (routed, retry): (&Routed, &Retry),
+        accrual: Option<ConsecutiveFailures>,
         mut traced: Option<&mut Traced>,
     ) -> Result<(Response<Incoming>, Option<Load>), ProxyError> {
         let budget = target.retry_budget();
@@ -481,7 +493,7 @@ impl HttpProxy {
             // Traced: each try is a child span of the request's, and the next hop's parent.
             let mut try_span = traced.as_deref().map(|t| t.attempt(attempt));
             let b3 = traced.as_deref().and_then(Traced::b3);
-            let result = self.send(target, req, downgraded, retry.timeout, try_span.as_mut(), b3).await;
+            let result = self.send(target, req, (downgraded, accrual), retry.timeout, try_span.as_mut(), b3).await;
             let again = match &result {
                 Ok((response, _)) => retry.retries(response.status(), response.headers()),
                 // By kind, not by status: the proxy's own 502 (no identity yet) would fail again.
@@ -527,12 +539,12 @@ impl HttpProxy {
         &self,
         target: &Arc<Target>,
         mut req: Request<RequestBody>,
-        downgraded: bool,
+        (downgraded, accrual): (bool, Option<ConsecutiveFailures>),
         timeout: Option<std::time::Duration>,
         mut span: Option<&mut cnimesh_trace::Span>,
         b3: Option<cnimesh_trace::B3Form>,
     ) -> Result<(Response<Incoming>, Option<Load>), ProxyError> {
-        let Picked { upstream, load } = target.route.pick().map_err(route_error)?;
+        let Picked { upstream, load } = target.route.pick(accrual.as_ref()).map_err(route_error)?;
         if let Some(span) = span.as_deref_mut() {
             // A CLIENT span's peer is the endpoint; a SERVER span's stays the client.
             if self.direction == Direction::outbound {
@@ -565,7 +577,14 @@ impl HttpProxy {
         };
         if let Some(load) = &load {
             match &result {
-                Ok(_) => load.observe(),
+                Ok(response) => {
+                    load.observe();
+                    // A failing head (5xx, a trailers-only gRPC error) counts even when the
+                    // response is retried and never reaches its end.
+                    if accrual.is_some() && classify(response.status(), response.headers()) == Classification::Failure {
+                        load.outcome(true);
+                    }
+                }
                 Err(_) => load.fail(),
             }
         }
@@ -584,7 +603,7 @@ impl HttpProxy {
         mut req: Request<Incoming>,
         traced: Option<&mut Traced>,
     ) -> Result<Response<Incoming>, ProxyError> {
-        let Picked { upstream, load } = self.target.route.pick().map_err(route_error)?;
+        let Picked { upstream, load } = self.target.route.pick(None).map_err(route_error)?;
         let target = upstream.addr;
         if let Some(traced) = traced {
             let b3 = traced.b3();

@@ -10,7 +10,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
-pub use crate::client::discovery::ServiceLabels;
+pub use crate::client::discovery::accrual::AccrualMetrics;
+pub use crate::client::discovery::{DiscoveryMetrics, ServiceLabels};
 pub use crate::http::tap::registry::TapMetrics;
 pub use crate::inbound::policy::metrics::{AuthzLabels, AuthzMetrics, Resource};
 pub use crate::outbound::routes::metrics::{
@@ -65,6 +66,8 @@ pub struct Metrics {
     pub tcp_read_bytes_total: Family<TcpLabels, Counter>,
     pub tcp_write_bytes_total: Family<TcpLabels, Counter>,
     pub outbound_endpoints: Family<ServiceLabels, Gauge>,
+    /// Failure accrual's endpoint state changes and endpoints out of rotation, per service.
+    pub balancer_accrual: AccrualMetrics,
     pub identity_cert_expiration_timestamp_seconds: Gauge,
     pub identity_cert_refresh_total: Family<RefreshLabels, Counter>,
     /// The inbound authorization families ([`crate::inbound::policy::enforce`]), registered here.
@@ -133,6 +136,7 @@ impl Default for Metrics {
             tcp_read_bytes_total: Family::default(),
             tcp_write_bytes_total: Family::default(),
             outbound_endpoints: Family::default(),
+            balancer_accrual: AccrualMetrics::default(),
             identity_cert_expiration_timestamp_seconds: Gauge::default(),
             identity_cert_refresh_total: Family::default(),
             authz: AuthzMetrics::default(),
@@ -178,6 +182,16 @@ impl Default for Metrics {
             "outbound_endpoints",
             "Endpoints discovery currently knows for a service the proxy talks to",
             m.outbound_endpoints.clone(),
+        );
+        registry.register(
+            "outbound_http_balancer_endpoint_state_changes",
+            "Endpoints entering a failure accrual state (available, unavailable, probation), per service",
+            m.balancer_accrual.state_changes.clone(),
+        );
+        registry.register(
+            "outbound_http_balancer_endpoints_unavailable",
+            "Endpoints failure accrual keeps out of a service's balancer now (unavailable or on probation)",
+            m.balancer_accrual.unavailable.clone(),
         );
         registry.register(
             "identity_cert_expiration_timestamp_seconds",
@@ -317,6 +331,11 @@ impl Metrics {
     /// A connection closed before it was served.
     pub fn accept_error(&self, direction: Direction, error: AcceptError) {
         self.conn.accept_error(direction, error)
+    }
+
+    /// What discovery and its balancers count into.
+    pub fn discovery(&self) -> DiscoveryMetrics {
+        DiscoveryMetrics { endpoints: self.outbound_endpoints.clone(), accrual: self.balancer_accrual.clone() }
     }
 
     /// The certificate metrics the identity's refresh loop keeps ([`crate::transport::identity`]).

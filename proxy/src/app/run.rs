@@ -42,12 +42,7 @@ pub async fn run(
         (Some(d), Some(id)) => {
             let channel = grpc_channel::channel(&d.addr, &d.name, id.roots.clone(), Some(id.cert.clone()), None)?;
             let max_backoff = config.identity.as_ref().map_or(Duration::from_secs(30), |i| i.max_backoff);
-            Some(Arc::new(discovery::Discovery::new(
-                channel,
-                d.first_answer,
-                max_backoff,
-                metrics.outbound_endpoints.clone(),
-            )))
+            Some(Arc::new(discovery::Discovery::new(channel, d.first_answer, max_backoff, metrics.discovery())))
         }
         _ => None,
     };

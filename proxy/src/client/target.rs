@@ -5,11 +5,12 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use tokio::sync::watch;
 
+use crate::client::discovery::accrual::{Accruing, Admission, ConsecutiveFailures};
 use crate::client::discovery::balance::{self, Load};
 use crate::client::discovery::{Endpoint, Endpoints};
 use crate::client::upstream::Upstream;
@@ -59,10 +60,12 @@ impl Route {
         Route::Balanced(Balanced { service, endpoints, identity, connect_timeout, upstreams: Mutex::default() })
     }
 
-    pub fn pick(&self) -> Result<Picked, RouteError> {
+    /// An upstream for one request or connection. `accrual`, the Service's failure accrual
+    /// (HTTP requests whose outbound policy has one), keeps failed endpoints out of the pick.
+    pub fn pick(&self, accrual: Option<&ConsecutiveFailures>) -> Result<Picked, RouteError> {
         match self {
             Route::Fixed(upstream) => Ok(Picked { upstream: upstream.clone(), load: None }),
-            Route::Balanced(b) => b.pick(),
+            Route::Balanced(b) => b.pick(accrual),
         }
     }
 
@@ -86,15 +89,48 @@ impl Route {
 }
 
 impl Balanced {
-    fn pick(&self) -> Result<Picked, RouteError> {
+    fn pick(&self, accrual: Option<&ConsecutiveFailures>) -> Result<Picked, RouteError> {
         let set = self.endpoints.borrow().clone();
-        let (endpoint, other): (&Arc<Endpoint>, _) =
-            balance::pick(&set.list, |e| &e.stats).ok_or_else(|| RouteError::NoEndpoints(self.service.clone()))?;
-        let upstream = self.upstream(endpoint, &set)?;
+        let no_endpoints = || RouteError::NoEndpoints(self.service.clone());
+        let Some(policy) = accrual else {
+            let (endpoint, other) = balance::pick(&set.list, |e| &e.stats).ok_or_else(no_endpoints)?;
+            return self.picked(endpoint, other, &set, None);
+        };
+        let now = Instant::now();
+        // An endpoint may stop being eligible between the pick and its admission (another
+        // request took its one probe): pick again once, then fall back.
+        for _ in 0..2 {
+            let Some((endpoint, other)) =
+                balance::pick_where(&set.list, |e| &e.stats, |e| e.stats.health.eligible(now))
+            else {
+                break;
+            };
+            if let Some(admission) = endpoint.stats.health.admit(now) {
+                let accruing = Accruing::new(*policy, admission, set.accrual.clone());
+                return self.picked(endpoint, other, &set, Some(accruing));
+            }
+        }
+        // Every endpoint is out: tried anyway, as if none were (no blackout of the service).
+        let (endpoint, other) = balance::pick(&set.list, |e| &e.stats).ok_or_else(no_endpoints)?;
+        let admission = endpoint.stats.health.admit(now).unwrap_or(Admission::Fallback);
+        let accruing = Accruing::new(*policy, admission, set.accrual.clone());
+        self.picked(endpoint, other, &set, Some(accruing))
+    }
+
+    fn picked(
+        &self,
+        endpoint: &Arc<Endpoint>,
+        other: Option<&Arc<Endpoint>>,
+        set: &Endpoints,
+        accruing: Option<Accruing>,
+    ) -> Result<Picked, RouteError> {
+        // The load first: an error below still ends it (and frees a probe's slot).
+        let load = Load::accruing(endpoint.stats.clone(), accruing);
+        let upstream = self.upstream(endpoint, set)?;
         if let Some(other) = other {
             other.stats.passed_over();
         }
-        Ok(Picked { upstream, load: Some(Load::start(endpoint.stats.clone())) })
+        Ok(Picked { upstream, load: Some(load) })
     }
 
     /// The endpoint's client, built on first use (again if its identity changed).

@@ -275,7 +275,12 @@ async fn a_refused_connection_is_answered_502_naming_the_upstream() {
 
 #[tokio::test]
 async fn a_service_without_endpoints_is_answered_503() {
-    let (_tx, rx) = tokio::sync::watch::channel(Arc::new(Endpoints { list: Vec::new(), known: true, exists: true }));
+    let (_tx, rx) = tokio::sync::watch::channel(Arc::new(Endpoints {
+        list: Vec::new(),
+        known: true,
+        exists: true,
+        ..Default::default()
+    }));
     let target = Target::new(Route::balanced("web.shop.svc.cluster.local:80".into(), rx, None, Duration::from_secs(1)));
     let addr = "10.96.0.10:80".parse().unwrap();
     let (status, headers, _) = send(proxy(&shared(), addr, target), get("/ok")).await;
@@ -338,7 +343,7 @@ fn meshed_service_without_a_certificate(policy: api::OutboundPolicy) -> Arc<Targ
         identity: Some("web.shop.serviceaccount.identity.cnimesh.cluster.local".parse().unwrap()),
         stats: Arc::default(),
     };
-    let endpoints = Endpoints { list: vec![Arc::new(endpoint)], known: true, exists: true };
+    let endpoints = Endpoints { list: vec![Arc::new(endpoint)], known: true, exists: true, ..Default::default() };
     let (_tx, rx) = tokio::sync::watch::channel(Arc::new(endpoints));
     let route =
         Route::balanced("web.shop.svc.cluster.local:80".into(), rx, Some(Arc::new(identity)), Duration::from_secs(1));
@@ -417,7 +422,8 @@ async fn shares(
         let stats = crate::client::discovery::Stats::last_observed(Duration::from_micros(300), Duration::from_secs(60));
         Arc::new(Endpoint { addr, identity: None, stats: Arc::new(stats) })
     };
-    let endpoints = Endpoints { list: vec![endpoint(a.0), endpoint(b.0)], known: true, exists: true };
+    let endpoints =
+        Endpoints { list: vec![endpoint(a.0), endpoint(b.0)], known: true, exists: true, ..Default::default() };
     let (_tx, rx) = tokio::sync::watch::channel(Arc::new(endpoints));
     let route = Route::balanced("web.shop.svc.cluster.local:80".into(), rx, None, Duration::from_secs(1));
     let target = Target::new(route);

@@ -15,6 +15,8 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+
+use super::accrual::{Accruing, Health};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -35,11 +37,17 @@ pub struct Stats {
     pending: AtomicUsize,
     /// (estimate in seconds, when it was last updated).
     ewma: Mutex<(f64, Instant)>,
+    /// Failure accrual ([`super::accrual`]): whether the balancer may pick it.
+    pub health: Health,
 }
 
 impl Default for Stats {
     fn default() -> Self {
-        Self { pending: AtomicUsize::new(0), ewma: Mutex::new((DEFAULT_RTT.as_secs_f64(), Instant::now())) }
+        Self {
+            pending: AtomicUsize::new(0),
+            ewma: Mutex::new((DEFAULT_RTT.as_secs_f64(), Instant::now())),
+            health: Health::default(),
+        }
     }
 }
 
@@ -48,7 +56,11 @@ impl Stats {
     #[cfg(test)]
     pub(crate) fn last_observed(estimate: Duration, ago: Duration) -> Self {
         let since = Instant::now().checked_sub(ago).unwrap_or_else(Instant::now);
-        Self { pending: AtomicUsize::new(0), ewma: Mutex::new((estimate.as_secs_f64(), since)) }
+        Self {
+            pending: AtomicUsize::new(0),
+            ewma: Mutex::new((estimate.as_secs_f64(), since)),
+            health: Health::default(),
+        }
     }
 
     fn decayed(estimate: f64, since: Instant, now: Instant) -> f64 {
@@ -94,12 +106,28 @@ impl Stats {
 pub struct Load {
     stats: Arc<Stats>,
     start: Instant,
+    /// Under failure accrual: how the request was let through, and its outcome when it ends.
+    accruing: Option<Accruing>,
 }
 
 impl Load {
     pub fn start(stats: Arc<Stats>) -> Self {
+        Self::accruing(stats, None)
+    }
+
+    /// A request whose outcome counts for its endpoint's failure accrual.
+    pub fn accruing(stats: Arc<Stats>, accruing: Option<Accruing>) -> Self {
         stats.pending.fetch_add(1, Ordering::Relaxed);
-        Self { stats, start: Instant::now() }
+        Self { stats, start: Instant::now(), accruing }
+    }
+
+    /// How the request ended, as [`crate::http::classify`] says (a failure stays one); recorded
+    /// for failure accrual when the load ends. An outcome never told (an opaque connection, a
+    /// tunnel) counts for nothing.
+    pub fn outcome(&self, failed: bool) {
+        if let Some(a) = &self.accruing {
+            a.outcome(failed);
+        }
     }
 
     /// Records the time to response headers.
@@ -111,12 +139,16 @@ impl Load {
     /// fast must not look like the fastest one.
     pub fn fail(&self) {
         self.stats.observe(self.start.elapsed().max(FAILURE_PENALTY));
+        self.outcome(true);
     }
 }
 
 impl Drop for Load {
     fn drop(&mut self) {
         self.stats.pending.fetch_sub(1, Ordering::Relaxed);
+        if let Some(a) = &self.accruing {
+            a.finish(&self.stats.health);
+        }
     }
 }
 
@@ -138,6 +170,32 @@ pub fn pick<T>(items: &[T], stats: impl Fn(&T) -> &Stats) -> Option<(&T, Option<
             Some(if stats(y).cost() < stats(x).cost() { (y, Some(x)) } else { (x, Some(y)) })
         }
     }
+}
+
+/// [`pick`] among the items `eligible` admits (failure accrual's available endpoints): random
+/// draws first, which nearly always hit when most are, then a scan. `None` when none is.
+pub fn pick_where<T>(
+    items: &[T],
+    stats: impl Fn(&T) -> &Stats,
+    eligible: impl Fn(&T) -> bool,
+) -> Option<(&T, Option<&T>)> {
+    let n = items.len();
+    let draw =
+        |avoid: Option<usize>| (0..4).map(|_| below(n.max(1))).find(|&i| Some(i) != avoid && eligible(&items[i]));
+    let scan = |avoid: Option<usize>| -> Option<usize> {
+        let all: Vec<usize> = (0..n).filter(|&i| Some(i) != avoid && eligible(&items[i])).collect();
+        (!all.is_empty()).then(|| all[below(all.len())])
+    };
+    if n == 0 {
+        return None;
+    }
+    let a = draw(None).or_else(|| scan(None))?;
+    let b = if n > 1 { draw(Some(a)).or_else(|| scan(Some(a))) } else { None };
+    let x = &items[a];
+    Some(match b.map(|b| &items[b]) {
+        Some(y) if stats(y).cost() < stats(x).cost() => (y, Some(x)),
+        other => (x, other),
+    })
 }
 
 #[cfg(test)]
@@ -197,6 +255,28 @@ mod tests {
             assert!(passed_over < 10, "a 3 times higher estimate is forgotten within ~5 requests");
         }
         assert!(passed_over >= 3, "but not at once: {passed_over}");
+    }
+
+    #[test]
+    fn p2c_never_picks_an_endpoint_that_is_not_eligible() {
+        let endpoints: Vec<Arc<Stats>> = (0..3).map(|_| Arc::default()).collect();
+        // Endpoint 0 is the cheapest, but out.
+        endpoints[0].observe(Duration::from_micros(1));
+        let out = |s: &Arc<Stats>| !Arc::ptr_eq(s, &endpoints[0]);
+        let mut counts = [0usize; 3];
+        for _ in 0..600 {
+            let (picked, other) = pick_where(&endpoints, |s| s, out).unwrap();
+            assert!(other.is_some_and(out), "the other candidate is eligible too");
+            // As the balancer does: the candidate not taken forgets a little.
+            other.unwrap().passed_over();
+            counts[endpoints.iter().position(|s| Arc::ptr_eq(s, picked)).unwrap()] += 1;
+        }
+        assert_eq!(counts[0], 0, "{counts:?}");
+        assert!(counts[1] > 100 && counts[2] > 100, "the others share the load: {counts:?}");
+        let only_two = |s: &Arc<Stats>| Arc::ptr_eq(s, &endpoints[2]);
+        let (picked, other) = pick_where(&endpoints, |s| s, only_two).unwrap();
+        assert!(Arc::ptr_eq(picked, &endpoints[2]) && other.is_none(), "one eligible: no comparison");
+        assert!(pick_where(&endpoints, |s| s, |_| false).is_none(), "none eligible: the caller decides");
     }
 
     #[test]

@@ -12,10 +12,9 @@ use linkerd2_proxy_api::destination::{self as api, destination_client::Destinati
 use tokio::sync::watch;
 use tonic::transport::Channel;
 
-use super::ServiceLabels;
+use super::accrual::ServiceAccrual;
+use super::{DiscoveryMetrics, ServiceLabels};
 use super::{Endpoint, Endpoints, Profile, endpoint};
-use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
 
 /// Opens a stream with `open` and feeds its messages to `apply` (`true` for the first message
 /// of each stream: a fresh snapshot) until `closed`, retrying with backoff.
@@ -93,8 +92,10 @@ pub async fn endpoints(
     authority: String,
     tx: watch::Sender<Arc<Endpoints>>,
     max_backoff: Duration,
-    (metrics, gauge): (Family<ServiceLabels, Gauge>, ServiceLabels),
+    (metrics, gauge): (DiscoveryMetrics, ServiceLabels),
 ) {
+    let accrual = Arc::new(ServiceAccrual::new(metrics.accrual.clone(), authority.clone()));
+    let metrics = metrics.endpoints;
     // Endpoints by address, so balancing statistics survive updates.
     let mut current: HashMap<SocketAddr, Arc<Endpoint>> = HashMap::new();
     let open = || {
@@ -136,11 +137,13 @@ pub async fn endpoints(
         list.sort_by_key(|e| e.addr);
         tracing::debug!(%authority, endpoints = list.len(), "endpoints updated");
         metrics.get_or_create(&gauge).set(list.len() as i64);
-        tx.send_replace(Arc::new(Endpoints { list, known: true, exists }));
+        accrual.recount(list.iter().filter(|e| !e.stats.health.is_available()).count());
+        tx.send_replace(Arc::new(Endpoints { list, known: true, exists, accrual: accrual.clone() }));
     };
     tokio::select! {
         () = tx.closed() => {}
         () = retrying(format!("endpoints {authority}"), max_backoff, open, apply) => {}
     }
     metrics.remove(&gauge);
+    accrual.remove();
 }

@@ -6,6 +6,7 @@
 //! long-lived stream shared by every connection to that destination, kept (with the last answer)
 //! while the control plane is unreachable, and re-established with backoff.
 
+pub mod accrual;
 pub mod balance;
 pub(crate) mod follow;
 
@@ -42,6 +43,8 @@ pub struct Endpoints {
     /// Whether the service exists (a service with no endpoints does; a name nobody defined
     /// does not, and its traffic keeps its original destination).
     pub exists: bool,
+    /// The service's failure accrual series (made on its first endpoint state change).
+    pub accrual: Arc<accrual::ServiceAccrual>,
 }
 
 impl Endpoints {
@@ -77,7 +80,15 @@ pub struct Discovery {
     /// forwarded to its original destination as if undiscovered.
     first_answer: Duration,
     max_backoff: Duration,
-    metrics: Family<ServiceLabels, Gauge>,
+    metrics: DiscoveryMetrics,
+}
+
+/// The families discovery and its balancers count into: `outbound_endpoints` and failure
+/// accrual's ([`accrual::AccrualMetrics`]).
+#[derive(Debug, Clone, Default)]
+pub struct DiscoveryMetrics {
+    pub endpoints: Family<ServiceLabels, Gauge>,
+    pub accrual: accrual::AccrualMetrics,
 }
 
 /// The cached receiver for `key`, starting its stream with `start` on first use (every
@@ -100,12 +111,7 @@ pub(crate) fn shared<K: std::hash::Hash + Eq + Clone, V>(
 }
 
 impl Discovery {
-    pub fn new(
-        channel: Channel,
-        first_answer: Duration,
-        max_backoff: Duration,
-        metrics: Family<ServiceLabels, Gauge>,
-    ) -> Self {
+    pub fn new(channel: Channel, first_answer: Duration, max_backoff: Duration, metrics: DiscoveryMetrics) -> Self {
         Self { channel, profiles: Mutex::default(), services: Mutex::default(), first_answer, max_backoff, metrics }
     }
 

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use linkerd2_proxy_api::outbound::{self as api, proxy_protocol};
 
+use crate::client::discovery::accrual::ConsecutiveFailures;
 use crate::outbound::routes::model::{HttpRoute, InvalidRoute, ResourceRef, resource_ref};
 use crate::outbound::routes::select::RouteTable;
 use crate::transport::detect;
@@ -22,8 +23,11 @@ pub struct OutboundPolicy {
     pub http1: RouteTable,
     /// Routes for requests that arrive as HTTP/2 (a `grpc` policy's gRPC routes too).
     pub http2: RouteTable,
-    /// issue 30: what an EgressNetwork's policy says about TLS and opaque connections.
+    /// What an EgressNetwork's policy says about TLS and opaque connections.
     pub streams: crate::outbound::egress::rules::StreamRules,
+    /// Failure accrual (circuit breaking) for HTTP/1 and HTTP/2 requests: the protocol's
+    /// `failure_accrual` (`None`: "circuit breaking is not performed").
+    pub accrual: [Option<ConsecutiveFailures>; 2],
     /// The answer this was built from: two policies are the same when their answers are.
     source: api::OutboundPolicy,
 }
@@ -74,6 +78,8 @@ pub enum Invalid {
     NoDetectTimeout,
     #[error("negative detect timeout")]
     NegativeTimeout,
+    #[error("failure accrual: {0}")]
+    FailureAccrual(&'static str),
     #[error(transparent)]
     Route(#[from] InvalidRoute),
 }
@@ -84,24 +90,34 @@ impl OutboundPolicy {
         let streams = crate::outbound::egress::rules::StreamRules::from_api(&source);
         let parent = resource_ref(policy.metadata).map_err(Invalid::Metadata)?;
         let (mut http1, mut http2, mut grpc) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut accrual1, mut accrual2) = (None, None);
         let protocol = match policy.protocol.and_then(|p| p.kind).ok_or(Invalid::NoProtocol)? {
             proxy_protocol::Kind::Detect(d) => {
                 let timeout = d.timeout.ok_or(Invalid::NoDetectTimeout)?;
-                http1 = d.http1.map(|h| h.routes).unwrap_or_default();
-                http2 = d.http2.map(|h| h.routes).unwrap_or_default();
+                if let Some(h) = d.http1 {
+                    accrual1 = h.failure_accrual;
+                    http1 = h.routes;
+                }
+                if let Some(h) = d.http2 {
+                    accrual2 = h.failure_accrual;
+                    http2 = h.routes;
+                }
                 Protocol::Detect { timeout: Duration::try_from(timeout).map_err(|_| Invalid::NegativeTimeout)? }
             }
             proxy_protocol::Kind::Opaque(_) => Protocol::Opaque,
             proxy_protocol::Kind::Http1(h) => {
                 http1 = h.routes;
+                accrual1 = h.failure_accrual;
                 Protocol::Http1
             }
             proxy_protocol::Kind::Http2(h) => {
                 http2 = h.routes;
+                accrual2 = h.failure_accrual;
                 Protocol::Http2
             }
             proxy_protocol::Kind::Grpc(g) => {
                 grpc = g.routes;
+                accrual2 = g.failure_accrual;
                 Protocol::Grpc
             }
             proxy_protocol::Kind::Tls(_) => Protocol::Tls,
@@ -114,13 +130,48 @@ impl OutboundPolicy {
             http2.push(HttpRoute::from_grpc(route)?);
         }
         let (http1, http2) = (RouteTable::new(checked(http1)?), RouteTable::new(http2.into()));
-        Ok(Self { parent, protocol, http1, http2, streams, source })
+        let accrual = [failure_accrual(accrual1)?, failure_accrual(accrual2)?];
+        Ok(Self { parent, protocol, http1, http2, streams, accrual, source })
+    }
+
+    /// The failure accrual of a request of `version`, if its Service has one.
+    pub fn accrual(&self, version: http::Version) -> Option<&ConsecutiveFailures> {
+        self.accrual[usize::from(version == http::Version::HTTP_2)].as_ref()
     }
 
     /// The routes for a request of `version`.
     pub fn routes(&self, version: http::Version) -> &RouteTable {
         if version == http::Version::HTTP_2 { &self.http2 } else { &self.http1 }
     }
+}
+
+/// A protocol's `failure_accrual`, checked as linkerd2-proxy's `client-policy` does:
+/// `consecutive_failures` with a backoff whose minimum is not above its maximum and whose jitter
+/// is a ratio; `max_failures` 0 turns it off (as the proto says); the `unified` kind is not
+/// served by this mesh's control plane and is refused rather than ignored.
+fn failure_accrual(accrual: Option<api::FailureAccrual>) -> Result<Option<ConsecutiveFailures>, Invalid> {
+    use api::failure_accrual::Kind;
+    let Some(kind) = accrual.and_then(|a| a.kind) else { return Ok(None) };
+    let c = match kind {
+        Kind::ConsecutiveFailures(c) => c,
+        Kind::Unified(_) => return Err(Invalid::FailureAccrual("unified failure accrual is not supported")),
+    };
+    if c.max_failures == 0 {
+        return Ok(None);
+    }
+    let backoff = c.backoff.ok_or(Invalid::FailureAccrual("consecutive failures without a backoff"))?;
+    let time = |d: Option<prost_types::Duration>| {
+        d.and_then(|d| Duration::try_from(d).ok()).ok_or(Invalid::FailureAccrual("backoff without a valid duration"))
+    };
+    let (min_penalty, max_penalty) = (time(backoff.min_backoff)?, time(backoff.max_backoff)?);
+    if min_penalty > max_penalty {
+        return Err(Invalid::FailureAccrual("min backoff above max backoff"));
+    }
+    let jitter_ratio = f64::from(backoff.jitter_ratio);
+    if !(0.0..=100.0).contains(&jitter_ratio) {
+        return Err(Invalid::FailureAccrual("jitter ratio not in 0..=100"));
+    }
+    Ok(Some(ConsecutiveFailures { max_failures: c.max_failures, min_penalty, max_penalty, jitter_ratio }))
 }
 
 #[cfg(test)]
@@ -172,6 +223,49 @@ mod tests {
         assert_eq!(known(http2), Some(detect::Protocol::Http2));
         assert_eq!(known(grpc), Some(detect::Protocol::Http2));
         assert_eq!(known(tls), Some(detect::Protocol::Opaque), "the app's own TLS is opaque to us");
+    }
+
+    fn accrual(max_failures: u32, min_ms: u64, max_ms: u64) -> api::FailureAccrual {
+        use api::failure_accrual::{ConsecutiveFailures as Api, Kind};
+        let ms = |ms| Some(Duration::from_millis(ms).try_into().unwrap());
+        let backoff = api::ExponentialBackoff {
+            min_backoff: ms(min_ms),
+            max_backoff: ms(max_ms),
+            jitter_ratio: 0.5,
+            ..Default::default()
+        };
+        api::FailureAccrual {
+            kind: Some(Kind::ConsecutiveFailures(Api { max_failures, backoff: Some(backoff) })),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn failure_accrual_is_read_per_http_version_and_bad_ones_are_refused() {
+        let http1 = |a| proxy_protocol::Kind::Http1(proxy_protocol::Http1 { routes: Vec::new(), failure_accrual: a });
+        let p = OutboundPolicy::from_api(service_policy(http1(Some(accrual(3, 100, 2000))))).unwrap();
+        let expected = ConsecutiveFailures {
+            max_failures: 3,
+            min_penalty: Duration::from_millis(100),
+            max_penalty: Duration::from_secs(2),
+            jitter_ratio: 0.5,
+        };
+        assert_eq!(p.accrual(http::Version::HTTP_11), Some(&expected));
+        assert_eq!(p.accrual(http::Version::HTTP_2), None, "an http1 policy says nothing of HTTP/2");
+        let off = OutboundPolicy::from_api(service_policy(http1(Some(accrual(0, 100, 2000))))).unwrap();
+        assert_eq!(off.accrual(http::Version::HTTP_11), None, "max_failures 0: off");
+        let none = OutboundPolicy::from_api(service_policy(http1(None))).unwrap();
+        assert_eq!(none.accrual(http::Version::HTTP_11), None);
+        let inverted = OutboundPolicy::from_api(service_policy(http1(Some(accrual(3, 2000, 100)))));
+        assert!(matches!(inverted, Err(Invalid::FailureAccrual(_))));
+        let mut no_backoff = accrual(3, 1, 2);
+        if let Some(api::failure_accrual::Kind::ConsecutiveFailures(c)) = &mut no_backoff.kind {
+            c.backoff = None;
+        }
+        assert!(matches!(
+            OutboundPolicy::from_api(service_policy(http1(Some(no_backoff)))),
+            Err(Invalid::FailureAccrual(_))
+        ));
     }
 
     #[test]

@@ -1,0 +1,388 @@
+//! Failure accrual (circuit breaking) per endpoint of a balanced service, as Linkerd's
+//! `ConsecutiveFailures`: after `max_failures` failed responses in a row (failures as
+//! [`crate::http::classify`] decides them, and connection errors), an endpoint is *unavailable*:
+//! the balancer no longer picks it. When its penalty is over it is on *probation*: exactly one
+//! request is let through; a success makes it *available* again (its count reset), a failure
+//! makes it unavailable for the next, longer penalty (exponential from the policy's minimum to
+//! its maximum, jittered: [`cnimesh_common::backoff::backoff_between`]).
+//!
+//! The state lives with the endpoint's balancing statistics ([`super::Stats`]), so it is per
+//! proxy and per endpoint, and survives endpoint updates. Which policy applies is the caller's
+//! (the outbound policy of the Service, read per request), so a Service whose annotation is
+//! removed stops accruing at once. When no endpoint may be picked, the balancer picks among all
+//! of them as if none were failed ([`Admission::Fallback`]): a service whose endpoints all fail
+//! still gets its requests tried, never a proxy-made blackout; such a request that succeeds
+//! puts its endpoint back at once.
+//!
+//! Times are arguments (`now`), so the state machine is tested with a made-up clock.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+
+use super::ServiceLabels;
+
+/// A Service's failure accrual, from its outbound policy.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ConsecutiveFailures {
+    /// Failures in a row that take an endpoint out (at least 1).
+    pub max_failures: u32,
+    pub min_penalty: Duration,
+    pub max_penalty: Duration,
+    /// Up to this share of each penalty is taken off at random (0–1), so the endpoints that
+    /// failed together are not probed in lockstep. Linkerd adds it on top; taking it off keeps
+    /// `max_penalty` the longest an endpoint is out.
+    pub jitter_ratio: f64,
+}
+
+impl ConsecutiveFailures {
+    /// The penalty after `previous` (`ZERO`: the first) and how long to wait now, for a random
+    /// `draw` in 0..1.
+    fn penalty(&self, previous: Duration, draw: f64) -> (Duration, Duration) {
+        let fraction = 1.0 - self.jitter_ratio.clamp(0.0, 1.0) * draw.clamp(0.0, 1.0);
+        cnimesh_common::backoff::backoff_between(previous, self.min_penalty, self.max_penalty, fraction)
+    }
+}
+
+/// An endpoint's state, as the metrics label it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, EncodeLabelValue)]
+pub enum EndpointState {
+    #[allow(non_camel_case_types)]
+    available,
+    #[allow(non_camel_case_types)]
+    unavailable,
+    #[allow(non_camel_case_types)]
+    probation,
+}
+
+/// How a request was let through to its endpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    /// The endpoint is available.
+    Normal,
+    /// The single request of an endpoint on probation.
+    Probe,
+    /// No endpoint could be picked: this one was, as if none were failed.
+    Fallback,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Inner {
+    Available {
+        failures: u32,
+    },
+    /// Out until `until`; then one probe (`probing` while it is out).
+    Unavailable {
+        until: Instant,
+        penalty: Duration,
+        probing: bool,
+    },
+}
+
+/// One endpoint's accrual state.
+#[derive(Debug)]
+pub struct Health {
+    /// Whether it is available: read on every pick without the lock.
+    available: AtomicBool,
+    inner: Mutex<Inner>,
+}
+
+impl Default for Health {
+    fn default() -> Self {
+        Self { available: AtomicBool::new(true), inner: Mutex::new(Inner::Available { failures: 0 }) }
+    }
+}
+
+impl Health {
+    pub fn is_available(&self) -> bool {
+        self.available.load(Ordering::Relaxed)
+    }
+
+    /// Whether a pick may choose it at `now`: available, or on probation with no probe out.
+    pub fn eligible(&self, now: Instant) -> bool {
+        self.is_available()
+            || matches!(*self.inner.lock(), Inner::Unavailable { until, probing: false, .. } if until <= now)
+    }
+
+    /// Lets one request through at `now`, if it may go: a probe claims the endpoint's one slot
+    /// (and enters probation).
+    pub fn admit(&self, now: Instant) -> Option<Admission> {
+        if self.is_available() {
+            return Some(Admission::Normal);
+        }
+        match &mut *self.inner.lock() {
+            Inner::Available { .. } => Some(Admission::Normal),
+            Inner::Unavailable { until, probing, .. } if !*probing && *until <= now => {
+                *probing = true;
+                Some(Admission::Probe)
+            }
+            Inner::Unavailable { .. } => None,
+        }
+    }
+
+    /// Records how a request let through by `admission` ended, at `now`; `draw` (0..1) jitters a
+    /// new penalty. Returns the state entered, if it changed.
+    pub fn record(
+        &self,
+        policy: &ConsecutiveFailures,
+        admission: Admission,
+        failed: bool,
+        now: Instant,
+        draw: f64,
+    ) -> Option<EndpointState> {
+        let mut inner = self.inner.lock();
+        let next = match (*inner, admission) {
+            (Inner::Available { failures }, _) => {
+                let failures = if failed { failures.saturating_add(1) } else { 0 };
+                if failures < policy.max_failures.max(1) {
+                    *inner = Inner::Available { failures };
+                    return None;
+                }
+                let (penalty, wait) = policy.penalty(Duration::ZERO, draw);
+                Inner::Unavailable { until: now + wait, penalty, probing: false }
+            }
+            (Inner::Unavailable { penalty, .. }, Admission::Probe) if failed => {
+                let (penalty, wait) = policy.penalty(penalty, draw);
+                Inner::Unavailable { until: now + wait, penalty, probing: false }
+            }
+            (Inner::Unavailable { .. }, Admission::Probe | Admission::Fallback) if !failed => {
+                Inner::Available { failures: 0 }
+            }
+            // A request sent before the endpoint went out, or a fallback that failed too: the
+            // penalty runs on.
+            (Inner::Unavailable { .. }, _) => return None,
+        };
+        *inner = next;
+        let available = matches!(next, Inner::Available { .. });
+        self.available.store(available, Ordering::Relaxed);
+        Some(if available { EndpointState::available } else { EndpointState::unavailable })
+    }
+
+    /// A probe that ended without an outcome (the request was dropped, or became a tunnel): the
+    /// next request may probe instead.
+    pub fn release(&self, admission: Admission) {
+        if admission == Admission::Probe
+            && let Inner::Unavailable { probing, .. } = &mut *self.inner.lock()
+        {
+            *probing = false;
+        }
+    }
+}
+
+/// `outbound_http_balancer_endpoint_state_changes_total`'s labels.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct StateChangeLabels {
+    pub authority: String,
+    pub state: EndpointState,
+}
+
+/// The balancer's accrual families: state changes by the state entered, and endpoints out of
+/// rotation now (unavailable or on probation), per service.
+#[derive(Debug, Clone, Default)]
+pub struct AccrualMetrics {
+    pub state_changes: Family<StateChangeLabels, Counter>,
+    pub unavailable: Family<ServiceLabels, Gauge>,
+}
+
+/// One service's accrual series, made on its first state change (a service that never trips
+/// adds none).
+#[derive(Debug, Default)]
+pub struct ServiceAccrual {
+    metrics: AccrualMetrics,
+    authority: String,
+    touched: AtomicBool,
+}
+
+impl ServiceAccrual {
+    pub fn new(metrics: AccrualMetrics, authority: String) -> Self {
+        Self { metrics, authority, touched: AtomicBool::new(false) }
+    }
+
+    /// Counts a change into `state`; entering or leaving `unavailable` moves the gauge.
+    pub fn changed(&self, state: EndpointState, from_available: bool) {
+        self.touched.store(true, Ordering::Relaxed);
+        let labels = StateChangeLabels { authority: self.authority.clone(), state };
+        self.metrics.state_changes.get_or_create(&labels).inc();
+        let gauge = || self.metrics.unavailable.get_or_create(&ServiceLabels { authority: self.authority.clone() });
+        match state {
+            EndpointState::unavailable if from_available => {
+                gauge().inc();
+            }
+            EndpointState::available => {
+                gauge().dec();
+            }
+            _ => {}
+        }
+    }
+
+    /// Sets the gauge to `out` endpoints after the set changed (endpoints that left take
+    /// their state with them).
+    pub fn recount(&self, out: usize) {
+        if self.touched.load(Ordering::Relaxed) {
+            let labels = ServiceLabels { authority: self.authority.clone() };
+            self.metrics.unavailable.get_or_create(&labels).set(i64::try_from(out).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// Removes the service's series (its discovery stream ended).
+    pub fn remove(&self) {
+        if self.touched.load(Ordering::Relaxed) {
+            for state in [EndpointState::available, EndpointState::unavailable, EndpointState::probation] {
+                self.metrics.state_changes.remove(&StateChangeLabels { authority: self.authority.clone(), state });
+            }
+            self.metrics.unavailable.remove(&ServiceLabels { authority: self.authority.clone() });
+        }
+    }
+}
+
+/// What a request's [`super::balance::Load`] carries under accrual: its outcome is recorded
+/// when it ends.
+#[derive(Debug)]
+pub struct Accruing {
+    pub policy: ConsecutiveFailures,
+    pub admission: Admission,
+    pub service: Arc<ServiceAccrual>,
+    /// 0: no outcome yet, 1: success, 2: failure (a failure stays one).
+    outcome: AtomicU8,
+}
+
+const SUCCESS: u8 = 1;
+const FAILURE: u8 = 2;
+
+impl Accruing {
+    pub fn new(policy: ConsecutiveFailures, admission: Admission, service: Arc<ServiceAccrual>) -> Self {
+        if admission == Admission::Probe {
+            service.changed(EndpointState::probation, false);
+        }
+        Self { policy, admission, service, outcome: AtomicU8::new(0) }
+    }
+
+    /// How the request ended (its last word: a failure already seen stays one).
+    pub fn outcome(&self, failed: bool) {
+        if failed {
+            self.outcome.store(FAILURE, Ordering::Relaxed);
+        } else {
+            let _ = self.outcome.compare_exchange(0, SUCCESS, Ordering::Relaxed, Ordering::Relaxed);
+        }
+    }
+
+    /// Records the outcome on `health` (the request is over).
+    pub fn finish(&self, health: &Health) {
+        let failed = match self.outcome.load(Ordering::Relaxed) {
+            SUCCESS => false,
+            FAILURE => true,
+            _ => return health.release(self.admission),
+        };
+        let from_available = health.is_available();
+        let draw = crate::transport::rng::with(|r| rand::Rng::random_range(r, 0.0..1.0));
+        if let Some(state) = health.record(&self.policy, self.admission, failed, Instant::now(), draw) {
+            tracing::info!(service = %self.service.authority, ?state, "endpoint state changed (failure accrual)");
+            self.service.changed(state, from_available);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const POLICY: ConsecutiveFailures = ConsecutiveFailures {
+        max_failures: 3,
+        min_penalty: Duration::from_secs(1),
+        max_penalty: Duration::from_secs(4),
+        jitter_ratio: 0.5,
+    };
+
+    #[test]
+    fn an_endpoint_goes_out_after_max_failures_in_a_row_and_a_success_resets_the_count() {
+        let (h, t0) = (Health::default(), Instant::now());
+        let fail = |now| h.record(&POLICY, Admission::Normal, true, now, 0.0);
+        assert_eq!(fail(t0), None);
+        assert_eq!(fail(t0), None);
+        assert_eq!(h.record(&POLICY, Admission::Normal, false, t0, 0.0), None, "a success in between");
+        assert_eq!(fail(t0), None);
+        assert_eq!(fail(t0), None);
+        assert!(h.eligible(t0));
+        assert_eq!(fail(t0), Some(EndpointState::unavailable), "the third in a row");
+        assert!(!h.is_available() && !h.eligible(t0));
+        assert_eq!(h.admit(t0), None, "not picked while its penalty runs");
+    }
+
+    #[test]
+    fn after_its_penalty_exactly_one_probe_goes_and_its_success_brings_the_endpoint_back() {
+        let (h, t0) = (Health::default(), Instant::now());
+        for _ in 0..3 {
+            h.record(&POLICY, Admission::Normal, true, t0, 0.0);
+        }
+        // Draw 0: no jitter, the full minimum penalty.
+        let later = t0 + Duration::from_secs(1);
+        assert!(!h.eligible(later - Duration::from_millis(1)));
+        assert!(h.eligible(later));
+        assert_eq!(h.admit(later), Some(Admission::Probe));
+        assert!(!h.eligible(later), "one probe at a time");
+        assert_eq!(h.admit(later), None);
+        assert_eq!(h.record(&POLICY, Admission::Probe, false, later, 0.0), Some(EndpointState::available));
+        assert!(h.is_available());
+        assert_eq!(h.record(&POLICY, Admission::Normal, true, later, 0.0), None, "its count starts over");
+    }
+
+    #[test]
+    fn a_failed_probe_doubles_the_penalty_up_to_the_maximum_with_jitter_taken_off() {
+        let (h, mut now) = (Health::default(), Instant::now());
+        for _ in 0..3 {
+            h.record(&POLICY, Admission::Normal, true, now, 0.0);
+        }
+        let mut waits = Vec::new();
+        let mut out_since = now;
+        for _ in 0..4 {
+            // Step the clock until the endpoint may be probed.
+            while !h.eligible(now) {
+                now += Duration::from_millis(50);
+            }
+            waits.push(now - out_since);
+            assert_eq!(h.admit(now), Some(Admission::Probe));
+            assert_eq!(h.record(&POLICY, Admission::Probe, true, now, 0.0), Some(EndpointState::unavailable));
+            out_since = now;
+        }
+        let secs: Vec<u64> = waits.iter().map(Duration::as_secs).collect();
+        assert_eq!(secs, [1, 2, 4, 4], "min, doubled, capped at max");
+        // Full jitter (draw 1, ratio 0.5) takes half off.
+        let (_, wait) = POLICY.penalty(Duration::from_secs(2), 1.0);
+        assert_eq!(wait, Duration::from_secs(2));
+    }
+
+    #[test]
+    fn a_probe_that_ends_without_an_outcome_lets_the_next_request_probe() {
+        let (h, t0) = (Health::default(), Instant::now());
+        for _ in 0..3 {
+            h.record(&POLICY, Admission::Normal, true, t0, 0.0);
+        }
+        let later = t0 + Duration::from_secs(2);
+        assert_eq!(h.admit(later), Some(Admission::Probe));
+        h.release(Admission::Probe);
+        assert_eq!(h.admit(later), Some(Admission::Probe));
+    }
+
+    #[test]
+    fn a_fallback_success_brings_an_endpoint_back_and_a_fallback_failure_changes_nothing() {
+        let (h, t0) = (Health::default(), Instant::now());
+        for _ in 0..3 {
+            h.record(&POLICY, Admission::Normal, true, t0, 0.0);
+        }
+        assert_eq!(h.record(&POLICY, Admission::Fallback, true, t0, 0.0), None);
+        assert!(!h.eligible(t0), "its penalty runs on");
+        assert_eq!(
+            h.record(&POLICY, Admission::Normal, false, t0, 0.0),
+            None,
+            "an old request's answer is not a probe"
+        );
+        assert_eq!(h.record(&POLICY, Admission::Fallback, false, t0, 0.0), Some(EndpointState::available));
+        assert!(h.is_available());
+    }
+}
