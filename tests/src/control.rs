@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use tempfile::TempDir;
 
 use crate::pod::Pod;
-use crate::sidecar::{PROXY_UID, http_in};
+use crate::sidecar::{PROXY_UID, Sidecar, http_in};
 
 pub const CONTROL_PORT: u16 = 4190;
 pub const ADMIN_PORT: u16 = 9990;
@@ -142,6 +142,36 @@ fn write_secret(path: &Path, contents: &str, owner: Option<u32>) -> anyhow::Resu
         chown(path, Some(uid), Some(uid))?;
     }
     Ok(())
+}
+
+impl Control {
+    /// A policy test's cast in namespace `shop`: the proxy of `api` (workload `shop:api-0`),
+    /// which takes its inbound policy and destinations from this control plane, and a meshed
+    /// proxy per `(pod, service account)` client that knows api's identity, so the clients'
+    /// requests to api are mTLS and api's policy sees who sent them.
+    pub fn api_and_clients(
+        &self,
+        proxy: &Path,
+        api: &Pod<'_>,
+        clients: &[(&Pod<'_>, &str)],
+    ) -> anyhow::Result<(Sidecar, Vec<Sidecar>)> {
+        let mut api_env = self.proxy_env("shop", "api", &self.token("shop", "api")?);
+        api_env.push(("CNIMESH_PROXY_DESTINATION_ADDR".into(), self.addr.to_string()));
+        api_env.push(("CNIMESH_PROXY_POLICY_WORKLOAD".into(), "shop:api-0".into()));
+        let api_proxy = Sidecar::start(proxy, &api.netns, &env_refs(&api_env))?;
+        let clients = clients
+            .iter()
+            .map(|(pod, sa)| {
+                let mut env = self.proxy_env("shop", sa, &self.token("shop", sa)?);
+                env.push((
+                    "CNIMESH_PROXY_OUTBOUND_IDENTITIES".into(),
+                    format!("{}={}", api.ipv4(), identity("shop", "api")),
+                ));
+                Sidecar::start(proxy, &pod.netns, &env_refs(&env))
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        Ok((api_proxy, clients))
+    }
 }
 
 impl Drop for Control {

@@ -86,17 +86,8 @@ fn inbound_policy_is_enforced_updated_live_and_kept_without_the_control_plane() 
     let mut control = Control::start(&bins.control, &control_pod, &["--cluster-dir", &cluster_dir]).unwrap();
 
     let _apps = Apps::start(&api.netns.path(), api.ipv4().into(), "api-0").unwrap();
-    let mut api_env = control.proxy_env("shop", "api", &control.token("shop", "api").unwrap());
-    api_env.push(("CNIMESH_PROXY_DESTINATION_ADDR".into(), control.addr.to_string()));
-    api_env.push(("CNIMESH_PROXY_POLICY_WORKLOAD".into(), "shop:api-0".into()));
-    let api_proxy = Sidecar::start(&bins.proxy, &api.netns, &env_refs(&api_env)).unwrap();
-    let client_proxy = |pod: &Pod<'_>, sa: &str| {
-        let mut env = control.proxy_env("shop", sa, &control.token("shop", sa).unwrap());
-        env.push(("CNIMESH_PROXY_OUTBOUND_IDENTITIES".into(), format!("{}={}", api.ipv4(), identity("shop", "api"))));
-        Sidecar::start(&bins.proxy, &pod.netns, &env_refs(&env)).unwrap()
-    };
-    let _web_proxy = client_proxy(&web, "web");
-    let _other_proxy = client_proxy(&other, "other");
+    let (api_proxy, _client_proxies) =
+        control.api_and_clients(&bins.proxy, &api, &[(&web, "web"), (&other, "other")]).unwrap();
     let http = format!("{}:{}", api.ipv4(), apps::HTTP_PORT);
     let tcp = SocketAddr::new(api.ipv4().into(), apps::HALF_CLOSE_PORT);
 

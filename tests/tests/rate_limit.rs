@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use cnimesh_e2e::apps::{self, Apps};
 use cnimesh_e2e::bench::{h2load_unchecked, require_h2load};
-use cnimesh_e2e::control::{Control, env_refs, identity, write_atomically};
-use cnimesh_e2e::sidecar::{Sidecar, http_reply_in, metric_with};
+use cnimesh_e2e::control::{Control, identity, write_atomically};
+use cnimesh_e2e::sidecar::{http_reply_in, metric_with};
 use cnimesh_e2e::wait::eventually;
 use cnimesh_e2e::{Network, Pod, bins, require_root};
 use serde_json::json;
@@ -122,17 +122,8 @@ fn rate_limits_hold_real_clients_to_their_share_and_follow_policy_changes() {
     let control = Control::start(&bins.control, &control_pod, &["--cluster-dir", &cluster_dir]).unwrap();
 
     let _apps = Apps::start(&api.netns.path(), api.ipv4().into(), "api-0").unwrap();
-    let mut api_env = control.proxy_env("shop", "api", &control.token("shop", "api").unwrap());
-    api_env.push(("CNIMESH_PROXY_DESTINATION_ADDR".into(), control.addr.to_string()));
-    api_env.push(("CNIMESH_PROXY_POLICY_WORKLOAD".into(), "shop:api-0".into()));
-    let api_proxy = Sidecar::start(&bins.proxy, &api.netns, &env_refs(&api_env)).unwrap();
-    let client_proxy = |pod: &Pod<'_>, sa: &str| {
-        let mut env = control.proxy_env("shop", sa, &control.token("shop", sa).unwrap());
-        env.push(("CNIMESH_PROXY_OUTBOUND_IDENTITIES".into(), format!("{}={}", api.ipv4(), identity("shop", "api"))));
-        Sidecar::start(&bins.proxy, &pod.netns, &env_refs(&env)).unwrap()
-    };
-    let _web_proxy = client_proxy(&web, "web");
-    let _other_proxy = client_proxy(&other, "other");
+    let (api_proxy, _client_proxies) =
+        control.api_and_clients(&bins.proxy, &api, &[(&web, "web"), (&other, "other")]).unwrap();
     let http = format!("{}:{}", api.ipv4(), apps::HTTP_PORT);
     let url = format!("http://{http}/hello");
     let limited_metric = |scope: &str, extra: &[&str]| {
