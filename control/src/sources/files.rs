@@ -595,22 +595,25 @@ mod tests {
     fn egress_kinds_and_routes_with_an_egress_network_parent_reach_the_egress_index() {
         // issue 30: EgressNetwork, TLSRoute and TCPRoute are egress's alone; an HTTPRoute with an
         // EgressNetwork parent goes to both indexes.
-        let text = "apiVersion: policy.cnimesh.io/v1alpha1\nkind: EgressNetwork\nmetadata: {name: n, namespace: shop}\nspec: {trafficPolicy: Deny}\n---\napiVersion: gateway.networking.k8s.io/v1alpha2\nkind: TLSRoute\nmetadata: {name: t, namespace: shop}\nspec: {parentRefs: [{group: policy.cnimesh.io, kind: EgressNetwork, name: n}]}\n---\napiVersion: gateway.networking.k8s.io/v1alpha2\nkind: TCPRoute\nmetadata: {name: c, namespace: shop}\nspec: {parentRefs: [{group: policy.cnimesh.io, kind: EgressNetwork, name: n}]}\n---\napiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: h, namespace: shop}\nspec: {parentRefs: [{group: policy.cnimesh.io, kind: EgressNetwork, name: n}]}\n";
+        let text = "apiVersion: policy.cnimesh.io/v1alpha1\nkind: EgressNetwork\nmetadata: {name: world, namespace: shop}\nspec: {trafficPolicy: Deny}\n---\napiVersion: gateway.networking.k8s.io/v1alpha2\nkind: TLSRoute\nmetadata: {name: t, namespace: shop}\nspec: {parentRefs: [{group: policy.cnimesh.io, kind: EgressNetwork, name: world}]}\n---\napiVersion: gateway.networking.k8s.io/v1alpha2\nkind: TCPRoute\nmetadata: {name: c, namespace: shop}\nspec: {parentRefs: [{group: policy.cnimesh.io, kind: EgressNetwork, name: world}]}\n---\napiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: h, namespace: shop}\nspec: {parentRefs: [{group: policy.cnimesh.io, kind: EgressNetwork, name: world}]}\n";
         let ids: Vec<ObjectId> = parse(text).unwrap().iter().map(Parsed::id).collect();
         let key = |n: &str| NsName::new("shop", n);
         assert_eq!(
             ids,
             [
-                ObjectId::Egress(egress::Kind::EgressNetwork, key("n")),
+                ObjectId::Egress(egress::Kind::EgressNetwork, key("world")),
                 ObjectId::Egress(egress::Kind::TlsRoute, key("t")),
                 ObjectId::Egress(egress::Kind::TcpRoute, key("c")),
                 ObjectId::Egress(egress::Kind::HttpRoute, key("h")),
                 ObjectId::Policy(policy::Kind::HttpRoute, key("h")),
             ]
         );
-        let missing = "apiVersion: policy.cnimesh.io/v1alpha1\nkind: EgressNetwork\nmetadata: {name: n, namespace: shop}\nspec: {}\n";
+        let missing = "apiVersion: policy.cnimesh.io/v1alpha1\nkind: EgressNetwork\nmetadata: {name: world, namespace: shop}\nspec: {}\n";
         let error = parse(missing).unwrap_err().to_string();
-        assert!(error.starts_with("document 1 (EgressNetwork \"n\"): ") && error.contains("trafficPolicy"), "{error}");
+        assert!(
+            error.starts_with("document 1 (EgressNetwork \"world\"): ") && error.contains("trafficPolicy"),
+            "{error}"
+        );
     }
 
     #[test]
