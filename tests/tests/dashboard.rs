@@ -221,10 +221,13 @@ fn the_dashboard_shows_the_local_demo_live_in_a_real_browser() {
         )
         .unwrap();
     assert!(denied.as_str().unwrap().parse::<f64>().unwrap() > 0.0);
+    // Waited for, not read once: a proxy's admin page may miss one refresh on a loaded machine.
     let pods = browser
-        .execute(
-            r#"return [...document.querySelectorAll("td.ok")].filter((t) => t.textContent === "healthy").length"#,
-            json!([]),
+        .wait_for(
+            "web's three proxies healthy",
+            PAGE,
+            r#"const n = [...document.querySelectorAll("td.ok")].filter((t) => t.textContent === "healthy").length;
+               return n === 3 ? n : null;"#,
         )
         .unwrap();
     assert_eq!(pods, 3, "web's three proxies are healthy");

@@ -234,7 +234,6 @@ async function workload(ns, kind, name) {
   const authz = h("section", { id: "authorization", "aria-label": "Authorization" }, h("h2", {}, "Authorization"));
   const podsSection = h("section", { "aria-label": "Pods" }, h("h2", {}, "Pods and proxies"));
   page.push(routes, authz, podsSection);
-  main.replaceChildren(...page);
 
   const meshed = pods.value.filter((p) => p.meshed);
   const metrics = await Promise.all(meshed.map((p) => api("diagnostics/metrics", { pod: p.name, namespace: p.namespace }).then((r) => r.value, (e) => e)));
@@ -283,6 +282,8 @@ async function workload(ns, kind, name) {
         h("td", { class: i < 0 ? "muted" : healthy ? "ok" : "bad", title: m instanceof Error ? `${m.message}${m.hint ? " — hint: " + m.hint : ""}` : "" }, i < 0 ? "-" : healthy ? "healthy" : `unreachable: ${(m instanceof Error ? m : id).message}`),
         h("td", {}, id && !(id instanceof Error) ? id.name || id.identity || "-" : "-"), h("td", {}, id && !(id instanceof Error) ? expiry(id) : "-")); }))));
   for (const m of [...metrics, ...identities]) if (m instanceof Error) showError(m, podsSection);
+  // Drawn once complete: a refresh never shows the sections empty while the proxies are asked.
+  main.replaceChildren(...page);
 }
 
 function tap() {
