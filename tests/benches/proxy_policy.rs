@@ -7,14 +7,10 @@
 //! Run as root: `cargo bench -p cnimesh-e2e --bench proxy_policy` (needs nghttp2-client).
 //! `CNIMESH_BENCH_ROUNDS` (default 3) sets the rounds.
 
-use std::net::SocketAddr;
-use std::path::Path;
-use std::time::{Duration, Instant};
-
-use cnimesh_e2e::apps::{self, Apps};
-use cnimesh_e2e::bench::{Row, interleaved_rounds, print_comparison, rounds};
-use cnimesh_e2e::control::{Control, env_refs, identity};
-use cnimesh_e2e::sidecar::Sidecar;
+use cnimesh_e2e::apps;
+use cnimesh_e2e::bench::{interleaved_rounds, print_comparison, rounds};
+use cnimesh_e2e::control::Control;
+use cnimesh_e2e::mesh::Pair;
 use cnimesh_e2e::{Network, Pod, bins, require_root};
 use serde_json::json;
 
@@ -45,41 +41,6 @@ fn cluster_yaml(server: &Pod<'_>, client_sa: &str) -> String {
     docs.join("---\n")
 }
 
-struct Pair<'n> {
-    client: Pod<'n>,
-    server: Pod<'n>,
-    _apps: Apps,
-    client_proxy: Sidecar,
-    server_proxy: Sidecar,
-}
-
-impl Pair<'_> {
-    fn url(&self) -> String {
-        format!("http://{}/hello", SocketAddr::new(self.server.ipv4().into(), apps::HTTP_PORT))
-    }
-
-    fn pids(&self) -> [u32; 2] {
-        [self.client_proxy.pid(), self.server_proxy.pid()]
-    }
-}
-
-fn pair<'n>(control: &Control, proxy: &Path, client: Pod<'n>, server: Pod<'n>, policy: bool) -> Pair<'n> {
-    let apps = Apps::start(&server.netns.path(), server.ipv4().into(), &server.name).unwrap();
-    let mut server_env = control.proxy_env("shop", &server.name, &control.token("shop", &server.name).unwrap());
-    if policy {
-        server_env.push(("CNIMESH_PROXY_DESTINATION_ADDR".into(), control.addr.to_string()));
-        server_env.push(("CNIMESH_PROXY_POLICY_WORKLOAD".into(), format!("shop:{}", server.name)));
-    }
-    let mut client_env = control.proxy_env("shop", &client.name, &control.token("shop", &client.name).unwrap());
-    client_env.push((
-        "CNIMESH_PROXY_OUTBOUND_IDENTITIES".into(),
-        format!("{}={}", server.ipv4(), identity("shop", &server.name)),
-    ));
-    let server_proxy = Sidecar::start(proxy, &server.netns, &env_refs(&server_env)).unwrap();
-    let client_proxy = Sidecar::start(proxy, &client.netns, &env_refs(&client_env)).unwrap();
-    Pair { client, server, _apps: apps, client_proxy, server_proxy }
-}
-
 fn main() {
     if !require_root("proxy policy benchmark") {
         return;
@@ -93,29 +54,14 @@ fn main() {
     std::fs::write(cluster.path().join("cluster.yaml"), cluster_yaml(&policed.1, "pol-client")).unwrap();
     let cluster_dir = cluster.path().display().to_string();
     let control = Control::start(&bins.control, &control_pod, &["--cluster-dir", &cluster_dir]).unwrap();
-    let with = pair(&control, &bins.proxy, policed.0, policed.1, true);
+    let with = Pair::policed(&control, &bins.proxy, policed.0, policed.1, true);
     let none = (Pod::named(&net, "shop", "none-client").unwrap(), Pod::named(&net, "shop", "none-server").unwrap());
-    let without = pair(&control, &bins.proxy, none.0, none.1, false);
+    let without = Pair::policed(&control, &bins.proxy, none.0, none.1, false);
 
     // The policy is in force before measuring: the client's requests are allowed by the tenth.
-    let allowed = "authz_name=\"authz-09\"";
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !with.server_proxy.metrics().contains(allowed) {
-        assert!(Instant::now() < deadline, "the policy never applied:\n{}", with.server_proxy.metrics());
-        let _ = cnimesh_e2e::sidecar::http_in(
-            &with.client.netns.path(),
-            &format!("{}:{}", with.server.ipv4(), apps::HTTP_PORT),
-            "GET",
-            "/hello",
-            "",
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    with.wait_for_server_metric("authz_name=\"authz-09\"");
 
-    let rows: Vec<Row<'_>> = [("mTLS pair, no policy", &without), ("mTLS pair, 10 AuthorizationPolicies", &with)]
-        .into_iter()
-        .map(|(name, p)| Row { name, netns: &p.client.netns, url: p.url(), pids: p.pids().to_vec() })
-        .collect();
+    let rows = [without.row("mTLS pair, no policy"), with.row("mTLS pair, 10 AuthorizationPolicies")];
     let samples = interleaved_rounds(&rows, rounds);
     let denied = with.server_proxy.metric("inbound_http_authz_deny_total");
     assert_eq!(denied, 0.0, "the benchmark's requests are all authorized");

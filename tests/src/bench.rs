@@ -263,16 +263,67 @@ pub fn print_comparison(title: &str, rows: &[Row<'_>], samples: &[Vec<PairSample
         );
     }
     let pct = |f: fn(&PairSample) -> f64| (med(1, f) / med(0, f) - 1.0) * 100.0;
+    let (added_rate, added_max) = (pct(|s| s.cpu_per_1000), pct(|s| s.h1_cpu_per_1000));
     println!(
-        "\nadded by {what}: p50 {:+.3} ms, p99 {:+.3} ms; CPU {:+.1} % at 1000 rps, {:+.1} % at max (target < {target} %)",
+        "\nadded by {what}: p50 {:+.3} ms, p99 {:+.3} ms; CPU {added_rate:+.1} % at 1000 rps, {added_max:+.1} % at max (target < {target} %)",
         med(1, |s| s.p50) - med(0, |s| s.p50),
         med(1, |s| s.p99) - med(0, |s| s.p99),
-        pct(|s| s.cpu_per_1000),
-        pct(|s| s.h1_cpu_per_1000)
     );
+    // The noise: how far the baseline's own rounds are apart. An added cost inside it cannot be
+    // told from the machine's variation, however the medians fall.
+    let baseline = samples.first().map_or(&[][..], Vec::as_slice);
+    let spread_rate = spread_pct(&baseline.iter().map(|s| s.cpu_per_1000).collect::<Vec<_>>());
+    let spread_max = spread_pct(&baseline.iter().map(|s| s.h1_cpu_per_1000).collect::<Vec<_>>());
+    println!(
+        "noise: the baseline's CPU spread (max-min)/median over {rounds} rounds: {spread_rate:.1} % at 1000 rps, {spread_max:.1} % at max"
+    );
+    println!(
+        "verdict: {what} at 1000 rps {added_rate:+.1} % vs {spread_rate:.1} %: {}; at max {added_max:+.1} % vs {spread_max:.1} %: {}",
+        verdict(added_rate, spread_rate, rounds),
+        verdict(added_max, spread_max, rounds)
+    );
+}
+
+/// How far apart `values` are, as a share of their median: (max − min) / median, in percent
+/// (0 for fewer than two).
+pub fn spread_pct(values: &[f64]) -> f64 {
+    if values.len() < 2 {
+        return 0.0;
+    }
+    let (min, max) = values.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| (lo.min(*v), hi.max(*v)));
+    (max - min) / median(values.to_vec()) * 100.0
+}
+
+/// Whether a cost of `added` % stands out of the baseline's round-to-round `spread` (%): within
+/// noise when it is no larger (a saving is within noise too); with one round there is no spread
+/// to tell.
+pub fn verdict(added: f64, spread: f64, rounds: usize) -> &'static str {
+    if rounds < 2 {
+        "unknown (one round has no spread; run 3 or more)"
+    } else if added <= spread {
+        "within noise"
+    } else {
+        "above noise"
+    }
 }
 
 /// Rounds per row: `CNIMESH_BENCH_ROUNDS`, 3 by default.
 pub fn rounds() -> usize {
     std::env::var("CNIMESH_BENCH_ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(3)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cost_inside_the_baselines_spread_is_within_noise_and_one_outside_is_not() {
+        let spread = spread_pct(&[237.0, 260.0, 242.0]);
+        assert!((spread - 23.0 / 242.0 * 100.0).abs() < 1e-9, "{spread}");
+        assert_eq!(verdict(9.0, spread, 3), "within noise");
+        assert_eq!(verdict(-4.0, spread, 3), "within noise", "a saving is no cost");
+        assert_eq!(verdict(13.6, spread, 3), "above noise");
+        assert_eq!(spread_pct(&[250.0]), 0.0);
+        assert!(verdict(0.0, 0.0, 1).starts_with("unknown"), "one round tells nothing");
+    }
 }

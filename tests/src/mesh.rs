@@ -115,10 +115,52 @@ impl<'n> Pair<'n> {
     ) -> Self {
         let client = Pod::named(net, "shop", &format!("{name}-client")).unwrap();
         let server = Pod::named(net, "shop", &format!("{name}-server")).unwrap();
+        Self::of(control, proxy, client, server, settings, settings)
+    }
+
+    /// `client` and `server`, pods made beforehand (the cluster's YAML names their addresses),
+    /// meshed by [`proxies_with`] with these settings for each proxy.
+    pub fn of(
+        control: &Control,
+        proxy: &Path,
+        client: Pod<'n>,
+        server: Pod<'n>,
+        client_settings: &[(&str, &str)],
+        server_settings: &[(&str, &str)],
+    ) -> Self {
         let apps = Apps::start(&server.netns.path(), server.ipv4().into(), &server.name).unwrap();
-        let (client_proxy, server_proxy) = proxies_with(control, proxy, &client, &server, settings, settings);
+        let (client_proxy, server_proxy) =
+            proxies_with(control, proxy, &client, &server, client_settings, server_settings);
         let url = format!("http://{}:{}/hello", server.ipv4(), crate::apps::HTTP_PORT);
         Self { client, server, client_proxy, server_proxy, url, _apps: apps }
+    }
+
+    /// [`Pair::of`] whose server's proxy follows its workload's inbound policy from `control`
+    /// when `policy` is set (none otherwise): a row of the inbound policy benchmarks
+    /// (`proxy_policy`, `proxy_ratelimit`).
+    pub fn policed(control: &Control, proxy: &Path, client: Pod<'n>, server: Pod<'n>, policy: bool) -> Self {
+        let (destination, workload) = (control.addr.to_string(), format!("shop:{}", server.name));
+        let settings = [
+            ("CNIMESH_PROXY_DESTINATION_ADDR", destination.as_str()),
+            ("CNIMESH_PROXY_POLICY_WORKLOAD", workload.as_str()),
+        ];
+        Self::of(control, proxy, client, server, &[], if policy { &settings } else { &[] })
+    }
+
+    /// Sends requests from the client until the server's proxy metrics contain `needle` (the
+    /// policy a benchmark measures is in force before it measures); panics after 30 s.
+    pub fn wait_for_server_metric(&self, needle: &str) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        let server = format!("{}:{}", self.server.ipv4(), crate::apps::HTTP_PORT);
+        while !self.server_proxy.metrics().contains(needle) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the server's proxy never counted {needle}:\n{}",
+                self.server_proxy.metrics()
+            );
+            let _ = crate::sidecar::http_in(&self.client.netns.path(), &server, "GET", "/hello", "");
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
     }
 
     /// The two proxies' PIDs (what a benchmark charges CPU to).

@@ -96,23 +96,27 @@ impl Balanced {
             let (endpoint, other) = balance::pick(&set.list, |e| &e.stats).ok_or_else(no_endpoints)?;
             return self.picked(endpoint, other, &set, None);
         };
-        let now = Instant::now();
+        // The clock is read only when an endpoint is out (a healthy service's requests never).
+        let clock = std::cell::OnceCell::new();
+        let now = || *clock.get_or_init(Instant::now);
+        let eligible = |e: &Arc<Endpoint>| e.stats.health.is_available() || e.stats.health.eligible(now());
+        let admit = |e: &Arc<Endpoint>| {
+            if e.stats.health.is_available() { Some(Admission::Normal) } else { e.stats.health.admit(now()) }
+        };
         // An endpoint may stop being eligible between the pick and its admission (another
         // request took its one probe): pick again once, then fall back.
         for _ in 0..2 {
-            let Some((endpoint, other)) =
-                balance::pick_where(&set.list, |e| &e.stats, |e| e.stats.health.eligible(now))
-            else {
+            let Some((endpoint, other)) = balance::pick_where(&set.list, |e| &e.stats, eligible) else {
                 break;
             };
-            if let Some(admission) = endpoint.stats.health.admit(now) {
+            if let Some(admission) = admit(endpoint) {
                 let accruing = Accruing::new(*policy, admission, set.accrual.clone());
                 return self.picked(endpoint, other, &set, Some(accruing));
             }
         }
         // Every endpoint is out: tried anyway, as if none were (no blackout of the service).
         let (endpoint, other) = balance::pick(&set.list, |e| &e.stats).ok_or_else(no_endpoints)?;
-        let admission = endpoint.stats.health.admit(now).unwrap_or(Admission::Fallback);
+        let admission = admit(endpoint).unwrap_or(Admission::Fallback);
         let accruing = Accruing::new(*policy, admission, set.accrual.clone());
         self.picked(endpoint, other, &set, Some(accruing))
     }

@@ -15,9 +15,14 @@
 //! puts its endpoint back at once.
 //!
 //! Times are arguments (`now`), so the state machine is tested with a made-up clock.
+//!
+//! What a healthy endpoint pays per request is kept to atomics (the feature configured but idle
+//! must cost within noise, issue 30): the pick reads one flag ([`Health::is_available`]) and
+//! reads no clock; a success on an available endpoint stores the failure count only if it was
+//! not already 0 ([`Health::success_while_available`]): no lock, no clock, no random draw.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -74,15 +79,10 @@ pub enum Admission {
 
 #[derive(Debug, Clone, Copy)]
 enum Inner {
-    Available {
-        failures: u32,
-    },
+    /// Its failures in a row are [`Health::failures`], outside the lock.
+    Available,
     /// Out until `until`; then one probe (`probing` while it is out).
-    Unavailable {
-        until: Instant,
-        penalty: Duration,
-        probing: bool,
-    },
+    Unavailable { until: Instant, penalty: Duration, probing: bool },
 }
 
 /// One endpoint's accrual state.
@@ -90,18 +90,35 @@ enum Inner {
 pub struct Health {
     /// Whether it is available: read on every pick without the lock.
     available: AtomicBool,
+    /// Failures in a row while available: raised under the lock, reset without it by a
+    /// success (a healthy endpoint's requests never take the lock).
+    failures: AtomicU32,
     inner: Mutex<Inner>,
 }
 
 impl Default for Health {
     fn default() -> Self {
-        Self { available: AtomicBool::new(true), inner: Mutex::new(Inner::Available { failures: 0 }) }
+        Self { available: AtomicBool::new(true), failures: AtomicU32::new(0), inner: Mutex::new(Inner::Available) }
     }
 }
 
 impl Health {
     pub fn is_available(&self) -> bool {
         self.available.load(Ordering::Relaxed)
+    }
+
+    /// A success on an endpoint that is available: its count of failures in a row starts over
+    /// (a store only when it was not 0 already, so a healthy endpoint's cache line stays
+    /// shared among cores). `false` when the endpoint is out: the caller records the success
+    /// under the lock ([`Health::record`]), where it may bring the endpoint back.
+    pub fn success_while_available(&self) -> bool {
+        if !self.is_available() {
+            return false;
+        }
+        if self.failures.load(Ordering::Relaxed) != 0 {
+            self.failures.store(0, Ordering::Relaxed);
+        }
+        true
     }
 
     /// Whether a pick may choose it at `now`: available, or on probation with no probe out.
@@ -117,7 +134,7 @@ impl Health {
             return Some(Admission::Normal);
         }
         match &mut *self.inner.lock() {
-            Inner::Available { .. } => Some(Admission::Normal),
+            Inner::Available => Some(Admission::Normal),
             Inner::Unavailable { until, probing, .. } if !*probing && *until <= now => {
                 *probing = true;
                 Some(Admission::Probe)
@@ -136,14 +153,23 @@ impl Health {
         now: Instant,
         draw: f64,
     ) -> Option<EndpointState> {
+        if !failed && self.success_while_available() {
+            return None;
+        }
         let mut inner = self.inner.lock();
         let next = match (*inner, admission) {
-            (Inner::Available { failures }, _) => {
-                let failures = if failed { failures.saturating_add(1) } else { 0 };
+            (Inner::Available, _) if !failed => {
+                self.failures.store(0, Ordering::Relaxed);
+                return None;
+            }
+            (Inner::Available, _) => {
+                // Under the lock: concurrent failures each count, and only one trips it.
+                let failures = self.failures.load(Ordering::Relaxed).saturating_add(1);
                 if failures < policy.max_failures.max(1) {
-                    *inner = Inner::Available { failures };
+                    self.failures.store(failures, Ordering::Relaxed);
                     return None;
                 }
+                self.failures.store(0, Ordering::Relaxed);
                 let (penalty, wait) = policy.penalty(Duration::ZERO, draw);
                 Inner::Unavailable { until: now + wait, penalty, probing: false }
             }
@@ -152,14 +178,15 @@ impl Health {
                 Inner::Unavailable { until: now + wait, penalty, probing: false }
             }
             (Inner::Unavailable { .. }, Admission::Probe | Admission::Fallback) if !failed => {
-                Inner::Available { failures: 0 }
+                self.failures.store(0, Ordering::Relaxed);
+                Inner::Available
             }
             // A request sent before the endpoint went out, or a fallback that failed too: the
             // penalty runs on.
             (Inner::Unavailable { .. }, _) => return None,
         };
         *inner = next;
-        let available = matches!(next, Inner::Available { .. });
+        let available = matches!(next, Inner::Available);
         self.available.store(available, Ordering::Relaxed);
         Some(if available { EndpointState::available } else { EndpointState::unavailable })
     }
@@ -272,13 +299,17 @@ impl Accruing {
         }
     }
 
-    /// Records the outcome on `health` (the request is over).
+    /// Records the outcome on `health` (the request is over). A success on an available
+    /// endpoint, every request of a healthy service, reads no clock and draws nothing.
     pub fn finish(&self, health: &Health) {
         let failed = match self.outcome.load(Ordering::Relaxed) {
             SUCCESS => false,
             FAILURE => true,
             _ => return health.release(self.admission),
         };
+        if !failed && health.success_while_available() {
+            return;
+        }
         let from_available = health.is_available();
         let draw = crate::transport::rng::with(|r| rand::Rng::random_range(r, 0.0..1.0));
         if let Some(state) = health.record(&self.policy, self.admission, failed, Instant::now(), draw) {
@@ -312,6 +343,29 @@ mod tests {
         assert_eq!(fail(t0), Some(EndpointState::unavailable), "the third in a row");
         assert!(!h.is_available() && !h.eligible(t0));
         assert_eq!(h.admit(t0), None, "not picked while its penalty runs");
+    }
+
+    #[test]
+    fn a_success_on_a_healthy_endpoint_takes_no_lock_and_changes_no_state() {
+        let health = Arc::new(Health::default());
+        let service = Arc::new(ServiceAccrual::new(AccrualMetrics::default(), "web.shop.svc.cluster.local:80".into()));
+        let before = format!("{health:?}");
+        // The lock is held here: a success that needed it would wait until the timeout below.
+        let held = health.inner.lock();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (h, s) = (health.clone(), service.clone());
+        std::thread::spawn(move || {
+            let request = Accruing::new(POLICY, Admission::Normal, s);
+            request.outcome(false);
+            request.finish(&h);
+            let recorded = h.record(&POLICY, Admission::Normal, false, Instant::now(), 0.0);
+            tx.send((recorded, h.is_available(), h.failures.load(Ordering::Relaxed))).unwrap();
+        });
+        let done = rx.recv_timeout(Duration::from_secs(30));
+        drop(held);
+        assert_eq!(done, Ok((None, true, 0)), "recorded without the lock, still available, no failure");
+        assert_eq!(format!("{health:?}"), before, "nothing changed");
+        assert!(!service.touched.load(Ordering::Relaxed), "no state change counted, no series made");
     }
 
     #[test]

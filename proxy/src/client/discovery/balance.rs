@@ -180,6 +180,10 @@ pub fn pick_where<T>(
     eligible: impl Fn(&T) -> bool,
 ) -> Option<(&T, Option<&T>)> {
     let n = items.len();
+    // One endpoint (a single replica): no draw, no comparison.
+    if let [only] = items {
+        return eligible(only).then_some((only, None));
+    }
     let draw =
         |avoid: Option<usize>| (0..4).map(|_| below(n.max(1))).find(|&i| Some(i) != avoid && eligible(&items[i]));
     let scan = |avoid: Option<usize>| -> Option<usize> {

@@ -22,6 +22,12 @@
 //!
 //! Limits apply per proxy: N replicas of a Server admit N times the limit. A policy update keeps
 //! the buckets (their state carries into the new rates) unless the limits changed scope.
+//!
+//! Per request (the feature configured but idle must cost within noise, issue 30): one clock
+//! read, one uncontended lock, the total bucket; the per-client scopes only when the policy has
+//! them (an override map looked up only when it has entries), and an identity's bucket is found
+//! by the `&str` the connection already holds: a key is allocated once, when the identity is
+//! first seen, never per request.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -63,8 +69,8 @@ impl Scope {
     }
 }
 
-/// One GCRA bucket.
-#[derive(Debug, Clone, Copy)]
+/// One GCRA bucket (the default: full).
+#[derive(Debug, Clone, Copy, Default)]
 struct Bucket {
     /// When the bucket would be full again, as time since the limiter's epoch.
     tat: Duration,
@@ -102,8 +108,10 @@ pub struct Limiter {
 struct State {
     total: Option<(Rate, Bucket)>,
     identity: Option<Rate>,
-    /// Per identity (`None`: clients without one).
-    identities: HashMap<Option<Arc<str>>, Bucket>,
+    /// Per identity, looked up by `&str` (`Arc<str>: Borrow<str>`).
+    identities: HashMap<Arc<str>, Bucket>,
+    /// The one bucket clients without an identity share (under `identity`).
+    unauthenticated: Bucket,
     /// Per override: its rate and bucket; `override_of` maps a client to its override.
     overrides: Vec<(Rate, Bucket)>,
     override_of: HashMap<Arc<str>, usize>,
@@ -132,6 +140,7 @@ impl Limiter {
         s.identity = limit.identity.map(Rate::per_second);
         if s.identity.is_none() {
             s.identities.clear();
+            s.unauthenticated = fresh;
         }
         let kept = std::mem::take(&mut s.overrides);
         s.override_of.clear();
@@ -151,34 +160,46 @@ impl Limiter {
     pub fn check_at(&self, identity: Option<&str>, now: Instant) -> Result<(), Scope> {
         let now = now.saturating_duration_since(self.epoch);
         let mut s = self.state.lock();
-        let total = match s.total {
-            Some((rate, bucket)) => Some(rate.admit(bucket, now).ok_or(Scope::Total)?),
+        let State { total, identity: identity_rate, identities, unauthenticated, overrides, override_of } = &mut *s;
+        let total_after = match total {
+            Some((rate, bucket)) => Some(rate.admit(*bucket, now).ok_or(Scope::Total)?),
             None => None,
         };
-        let own = identity.and_then(|id| s.override_of.get(id).copied());
-        let per_client = match (own, s.identity) {
+        let own = match identity {
+            Some(id) if !override_of.is_empty() => override_of.get(id).copied(),
+            _ => None,
+        };
+        // The per-client bucket that applies, and its state once it counts this request.
+        let per_client = match (own, *identity_rate) {
             (Some(i), _) => {
-                let (rate, bucket) = s.overrides[i];
-                Some(PerClient::Override(i, rate.admit(bucket, now).ok_or(Scope::Override)?))
+                let (rate, bucket) = &mut overrides[i];
+                let after = rate.admit(*bucket, now).ok_or(Scope::Override)?;
+                Some((PerClient::Bucket(bucket), after))
             }
             (None, Some(rate)) => {
-                let key: Option<Arc<str>> = identity.map(Arc::from);
-                let bucket = s.identities.get(&key).copied().unwrap_or(Bucket { tat: Duration::ZERO });
-                Some(PerClient::Identity(key, rate.admit(bucket, now).ok_or(Scope::Identity)?))
+                let slot = match identity {
+                    Some(id) => identities.get_mut(id).map_or(PerClient::New, PerClient::Bucket),
+                    None => PerClient::Bucket(unauthenticated),
+                };
+                let bucket = match &slot {
+                    PerClient::Bucket(b) => **b,
+                    PerClient::New => Bucket::default(),
+                };
+                Some((slot, rate.admit(bucket, now).ok_or(Scope::Identity)?))
             }
             (None, None) => None,
         };
         // Every scope admitted: now they all count it.
-        if let (Some(t), Some((_, bucket))) = (total, s.total.as_mut()) {
-            *bucket = t;
+        if let (Some(after), Some((_, bucket))) = (total_after, total.as_mut()) {
+            *bucket = after;
         }
         match per_client {
-            Some(PerClient::Override(i, b)) => s.overrides[i].1 = b,
-            Some(PerClient::Identity(key, b)) => {
-                if !s.identities.contains_key(&key) && s.identities.len() >= MAX_IDENTITIES {
-                    s.make_room(now);
+            Some((PerClient::Bucket(bucket), after)) => *bucket = after,
+            Some((PerClient::New, after)) => {
+                if identities.len() >= MAX_IDENTITIES {
+                    make_room(identities, now);
                 }
-                s.identities.insert(key, b);
+                identities.insert(Arc::from(identity.unwrap_or_default()), after);
             }
             None => {}
         }
@@ -191,20 +212,20 @@ impl Limiter {
     }
 }
 
-enum PerClient {
-    Override(usize, Bucket),
-    Identity(Option<Arc<str>>, Bucket),
+/// Where a request's per-client bucket is: kept already, or a new identity's (its key made
+/// only if the request is admitted).
+enum PerClient<'a> {
+    Bucket(&'a mut Bucket),
+    New,
 }
 
-impl State {
-    /// Drops the buckets that have refilled (losing nothing); if none has, the fullest one.
-    fn make_room(&mut self, now: Duration) {
-        self.identities.retain(|_, b| b.tat > now);
-        if self.identities.len() >= MAX_IDENTITIES
-            && let Some(key) = self.identities.iter().min_by_key(|(_, b)| b.tat).map(|(k, _)| k.clone())
-        {
-            self.identities.remove(&key);
-        }
+/// Drops the buckets that have refilled (losing nothing); if none has, the fullest one.
+fn make_room(identities: &mut HashMap<Arc<str>, Bucket>, now: Duration) {
+    identities.retain(|_, b| b.tat > now);
+    if identities.len() >= MAX_IDENTITIES
+        && let Some(key) = identities.iter().min_by_key(|(_, b)| b.tat).map(|(k, _)| k.clone())
+    {
+        identities.remove(&key);
     }
 }
 
@@ -270,6 +291,21 @@ mod tests {
             ["b", "c", "d", "e"].iter().map(|id| (0..10).filter(|_| l.check_at(Some(*id), epoch).is_ok()).count());
         assert_eq!(others.sum::<usize>(), 15);
         assert_eq!(l.check_at(Some("f"), epoch), Err(Scope::Total));
+    }
+
+    #[test]
+    fn only_an_identity_limit_tracks_identities_and_clients_without_one_have_their_own_slot() {
+        let epoch = Instant::now();
+        let total_only = Limiter::starting_at(&limit(Some(1000), None, vec![]), epoch);
+        for id in [Some("a"), Some("b"), None] {
+            total_only.check_at(id, epoch).unwrap();
+        }
+        assert_eq!(total_only.tracked_identities(), 0, "no per-client scope: no per-client state");
+        let per_identity = Limiter::starting_at(&limit(None, Some(2), vec![]), epoch);
+        assert_eq!((0..5).filter(|_| per_identity.check_at(None, epoch).is_ok()).count(), 2);
+        assert_eq!(per_identity.tracked_identities(), 0, "the unauthenticated bucket is not in the bounded map");
+        assert_eq!((0..5).filter(|_| per_identity.check_at(Some("a"), epoch).is_ok()).count(), 2);
+        assert_eq!(per_identity.tracked_identities(), 1, "one key per identity, made once");
     }
 
     #[test]
