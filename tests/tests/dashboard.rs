@@ -4,8 +4,11 @@
 //! client→web edge with the mTLS lock and the plaintext edge to the unmeshed pod; the workloads
 //! table's numbers for web match `cnimesh stat -o json`; a live tap shows requests arriving; the
 //! intruder's denied requests show in web's authorization panel; the sort buttons are reached by
-//! keyboard. Screenshots of every page go to `target/test-artefacts/dashboard/`
-//! (`CNIMESH_UPDATE_DOCS=1` also copies the topology and workload ones to `docs/images/`).
+//! keyboard. A second instance puts web's Server in audit mode and rate-limits it (files the
+//! control plane watches), and web's page shows the would-be denials and the 429s while the
+//! intruder's requests reach the app. Screenshots of every page go to
+//! `target/test-artefacts/dashboard/` (`CNIMESH_UPDATE_DOCS=1` also copies the topology and
+//! workload ones to `docs/images/`).
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -267,5 +270,96 @@ fn the_dashboard_shows_the_local_demo_live_in_a_real_browser() {
         "{error}"
     );
     shoot(&browser, "check");
+    drop(traffic);
+}
+
+/// Web's Server in audit mode (its generated file rewritten with `accessPolicy: audit`, the rest
+/// of the demo as it is) and an HTTPLocalRateLimitPolicy on it (a file of its own in the
+/// control plane's watched directory): the client is held to 5 requests per second per web
+/// proxy, the intruder (named in an override, so the limit never hides what audit does) no
+/// longer gets 403 from web but the app's answer.
+fn audit_and_limit_web(local: &LocalMode) {
+    let cluster = local.root.join("cluster");
+    let server_file = cluster.join("policy-server-web.yaml");
+    // Local mode writes its objects as JSON (which is YAML).
+    let mut server: Value = serde_json::from_str(&std::fs::read_to_string(&server_file).unwrap()).unwrap();
+    assert_eq!((server["kind"].as_str(), server["metadata"]["name"].as_str()), (Some("Server"), Some("web")));
+    server["spec"]["accessPolicy"] = json!("audit");
+    cnimesh_e2e::control::write_atomically(&server_file, &serde_json::to_string_pretty(&server).unwrap());
+    let limit = "apiVersion: policy.cnimesh.io/v1alpha1\nkind: HTTPLocalRateLimitPolicy\nmetadata: {name: web-limit, namespace: demo}\nspec:\n  targetRef: {group: policy.cnimesh.io, kind: Server, name: web}\n  identity: {requestsPerSecond: 5}\n  overrides:\n  - requestsPerSecond: 1000000\n    clientRefs: [{kind: ServiceAccount, name: intruder}]\n";
+    cnimesh_e2e::control::write_atomically(&cluster.join("test-ratelimit-web.yaml"), limit);
+}
+
+#[test]
+fn the_workload_page_shows_audit_modes_would_be_denials_and_rate_limited_requests() {
+    let test = "the_workload_page_shows_audit_modes_would_be_denials_and_rate_limited_requests";
+    if !require_root(test) || !require_browser(test) {
+        return;
+    }
+    let local = local();
+    local.up();
+    audit_and_limit_web(&local);
+    let traffic = Traffic::start(&local);
+
+    // Not denied: with web's Server in audit, the intruder's request reaches web's app (the
+    // app answers 200 with its pod's name; web's proxies would answer 403 under deny, and the
+    // 10 % the canary split sends to web-canary, still under deny, do get 403).
+    let intruder = local.netns("intruder");
+    cnimesh_e2e::wait::eventually("the intruder's request answered by web's app", Duration::from_secs(60), || {
+        matches!(
+            cnimesh_e2e::sidecar::http_in(&intruder, "10.96.0.10:80", "GET", "/", ""),
+            Ok((200, body)) if body.contains("web-") && !body.contains("canary")
+        )
+    });
+
+    let dashboard = Dashboard::start(&local);
+    let browser = Browser::start(1400, 1000).unwrap();
+    browser.goto(&format!("{}#/workload/demo/deployment/web", dashboard.url)).unwrap();
+    // The panel's totals, once fresh: would-be denials and 429s (by Server), denials, and what
+    // the intruder got from web's proxies that was not a 403.
+    let panel = r#"if (document.body.dataset.stale === "true") return null;
+        const table = document.querySelector('#authorization table[aria-label="Decisions by policy"]');
+        if (!table) return null;
+        const col = [...table.querySelectorAll("thead th")].findIndex((th) => th.textContent === "Rate limited (429)");
+        const rows = [...table.querySelectorAll("tbody tr[data-would-be-denied]")].map((r) => ({
+          server: r.cells[0].textContent, wouldBe: Number(r.dataset.wouldBeDenied),
+          denied: Number(r.dataset.denied), limited: Number(r.cells[col].textContent) }));
+        const intruder = [...document.querySelectorAll('#authorization tr[data-client]')]
+          .find((r) => r.dataset.client.startsWith("intruder.demo."));
+        const sum = (f) => rows.reduce((n, r) => n + r[f], 0);
+        return { rows, wouldBe: sum("wouldBe"), denied: sum("denied"),
+                 limited: Math.max(0, ...rows.map((r) => r.limited)),
+                 intruderAllowed: intruder ? Number(intruder.cells[1].textContent) : 0 };"#;
+    let first = browser
+        .wait_for(
+            "would-be denials and rate-limited requests in web's authorization panel",
+            PAGE,
+            &format!(
+                "const p = (() => {{ {panel} }})();
+                 return p && p.wouldBe > 0 && p.limited > 0 && p.intruderAllowed > 0 ? p : null;"
+            ),
+        )
+        .unwrap();
+    let rows = first["rows"].as_array().unwrap();
+    let of = |f: &str| -> Vec<&str> {
+        rows.iter().filter(|r| r[f].as_f64() > Some(0.0)).map(|r| r["server"].as_str().unwrap()).collect()
+    };
+    assert!(of("wouldBe").iter().all(|s| *s == "server/web"), "the audit Server's: {first:#}");
+    assert!(of("limited").iter().all(|s| *s == "server/web"), "the limited Server's: {first:#}");
+    // Audit lets them through: more would-be denials arrive, and no more denials (those shown
+    // are from before the audit took effect).
+    let later = browser
+        .wait_for(
+            "more would-be denials",
+            PAGE,
+            &format!(
+                "const p = (() => {{ {panel} }})();
+                 return p && p.wouldBe > {} ? p : null;",
+                first["wouldBe"]
+            ),
+        )
+        .unwrap();
+    assert_eq!(later["denied"], first["denied"], "no request denied under audit: {first:#} then {later:#}");
+    shoot(&browser, "authorization-audit");
     drop(traffic);
 }
