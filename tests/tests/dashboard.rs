@@ -296,7 +296,9 @@ fn the_workload_page_shows_audit_modes_would_be_denials_and_rate_limited_request
     if !require_root(test) || !require_browser(test) {
         return;
     }
-    let local = local();
+    // Names and a subnet of its own: `cargo test` runs this beside the other test, in one process.
+    let pid = std::process::id();
+    let local = LocalMode::new(format!("cnma{:x}", pid & 0xffff), format!("10.248.{}.0/24", pid % 100), local_bins!());
     local.up();
     audit_and_limit_web(&local);
     let traffic = Traffic::start(&local);
