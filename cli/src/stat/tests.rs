@@ -314,7 +314,7 @@ fn edges_show_egress_by_hostname_with_its_egress_network_and_refusals() {
 /// The client's egress through the EgressNetwork `shop/world` after `n` HTTP requests to
 /// api.example.test (`denied` of them refused) and `tls` TLS connections to it, as its proxy
 /// counts them: by hostname, and the same traffic by IP marked `dst_kind="egress"`.
-fn client_egress(n: u64, denied: u64, tls: u64) -> String {
+pub(crate) fn client_egress(n: u64, denied: u64, tls: u64) -> String {
     let egress = "dst_kind=\"egress\",egress_network=\"shop/world\",dst_hostname=\"api.example.test\"";
     let by_ip = "direction=\"outbound\",target_addr=\"203.0.113.10:80\",dst_kind=\"egress\"";
     let ok = n - denied;
