@@ -15,6 +15,9 @@ pub enum Kind {
     Job,
     CronJob,
     Pod,
+    /// issue 30: traffic to an EgressNetwork's destinations, by hostname (`egress/<hostname>`):
+    /// a destination only (`stat egress`, `edges`, `tap --to`), never a set of pods.
+    Egress,
 }
 
 impl Kind {
@@ -29,6 +32,7 @@ impl Kind {
             Kind::Job => "job",
             Kind::CronJob => "cronjob",
             Kind::Pod => "pod",
+            Kind::Egress => "egress",
         }
     }
 }
@@ -46,10 +50,11 @@ impl std::str::FromStr for Kind {
             "job" | "jobs" => Kind::Job,
             "cj" | "cronjob" | "cronjobs" => Kind::CronJob,
             "po" | "pod" | "pods" => Kind::Pod,
+            "egress" | "egresses" => Kind::Egress,
             other => {
                 return Err(format!(
                     "unknown resource kind {other:?}: expected namespace, deployment, statefulset, daemonset, \
-                     replicaset, job, cronjob or pod (or their short names)"
+                     replicaset, job, cronjob, pod (or their short names) or egress"
                 ));
             }
         })
@@ -86,5 +91,7 @@ mod tests {
         assert_eq!("sts".parse::<Resource>().unwrap().kind, Kind::StatefulSet);
         assert!("widgets/x".parse::<Resource>().unwrap_err().contains("unknown resource kind \"widgets\""));
         assert!("deploy/".parse::<Resource>().unwrap_err().contains("a name must follow"));
+        let egress: Resource = "egress/api.example.test".parse().unwrap();
+        assert_eq!((egress.kind, egress.name.as_deref()), (Kind::Egress, Some("api.example.test")));
     }
 }

@@ -4,7 +4,8 @@
 //! routes from its files directory and answers the client's proxy through OutboundPolicies.
 
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use cnimesh_e2e::apps;
@@ -15,6 +16,7 @@ use cnimesh_e2e::{Network, Pod, bins, require_root};
 use serde_json::json;
 
 const HOST: &str = "api.example.test";
+const CLI: &str = env!("CARGO_BIN_EXE_cnimesh-cli-e2e");
 
 /// An HTTP/1.1 GET of `path` to the outside server with `Host: <host>`.
 fn get(netns: &Path, host: &str, path: &str) -> Reply {
@@ -59,11 +61,14 @@ fn eventually(what: &str, mut check: impl FnMut() -> bool) {
 
 /// The control plane, the client pod with its proxy, and the outside server.
 struct World<'n> {
-    _control: Control,
+    control: Control,
     client: Pod<'n>,
     proxy: Sidecar,
     outside: Outside,
     cluster: tempfile::TempDir,
+    /// The control plane's pod (unmeshed, on the bridge): where the operator's `cnimesh` runs, as
+    /// local mode's host does, to reach the proxies' and the control plane's admin ports.
+    operator_netns: String,
     _pods: Vec<Pod<'n>>,
 }
 
@@ -82,7 +87,8 @@ fn world<'n>(bins: &cnimesh_e2e::Bins, net: &'n Network, egress: Option<&str>) -
     env.push(("CNIMESH_PROXY_DESTINATION_ADDR".into(), control.addr.to_string()));
     env.push(("CNIMESH_PROXY_POLICY_WORKLOAD".into(), "shop:client".into()));
     let proxy = Sidecar::start(&bins.proxy, &client.netns, &env_refs(&env)).unwrap();
-    World { _control: control, client, proxy, outside, cluster, _pods: vec![control_pod, outside_pod] }
+    let operator_netns = control_pod.netns.name().to_string();
+    World { control, client, proxy, outside, cluster, operator_netns, _pods: vec![control_pod, outside_pod] }
 }
 
 #[test]
@@ -191,4 +197,160 @@ fn a_bad_egress_network_is_refused_and_the_previous_one_stays_in_force() {
     // A good change applies.
     write_atomically(&w.cluster.path().join("egress.yaml"), &egress_network("Allow"));
     eventually("the Allow network applied", || get(&netns, HOST, "/replica").status == 200);
+}
+
+/// issue 30, what operators see: local mode's layout around the world's control plane, so that
+/// `cnimesh stat`, `edges` and `tap --local DIR` read it as an operator does: the client's Pod in
+/// `DIR/cluster` (the control plane's cluster directory, linked), the control plane's address in
+/// `DIR/local.json`, and a tap token the control plane knows in `DIR/tokens/cnimesh/cnimesh-tap`.
+fn local_dir(w: &World<'_>) -> tempfile::TempDir {
+    let root = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(w.cluster.path(), root.path().join("cluster")).unwrap();
+    let pod = format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: client\n  namespace: shop\n  labels: {{cnimesh.io/proxy-deployment: client}}\nspec:\n  serviceAccountName: client\n  containers: [{{name: app, image: app}}, {{name: cnimesh-proxy, image: proxy}}]\nstatus: {{phase: Running, podIP: {}}}\n",
+        w.client.ipv4()
+    );
+    write_atomically(&w.cluster.path().join("pods.yaml"), &pod);
+    let state = serde_json::json!({"control": w.control.addr.to_string()});
+    std::fs::write(root.path().join("local.json"), state.to_string()).unwrap();
+    let token = std::fs::read_to_string(w.control.token("cnimesh", "cnimesh-tap").unwrap()).unwrap();
+    let tokens = root.path().join("tokens/cnimesh");
+    std::fs::create_dir_all(&tokens).unwrap();
+    std::fs::write(tokens.join("cnimesh-tap"), token).unwrap();
+    root
+}
+
+/// `cnimesh ARGS --local DIR` in the operator's netns `netns`.
+fn cli(netns: &str, dir: &Path, args: &[&str]) -> Output {
+    Command::new("ip").args(["netns", "exec", netns, CLI]).args(args).arg("--local").arg(dir).output().unwrap()
+}
+
+/// `cnimesh ARGS --local DIR -o json` in `netns`, which must succeed.
+fn cli_json(netns: &str, dir: &Path, args: &[&str]) -> serde_json::Value {
+    let out = cli(netns, dir, &[args, &["-o", "json"]].concat());
+    assert!(out.status.success(), "cnimesh {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)))
+}
+
+/// Calls the outside host from the client in a thread until `stop` is set: allowed and refused
+/// requests and a TLS connection by turns.
+fn keep_calling(
+    netns: PathBuf,
+    ca_pem: String,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            get(&netns, HOST, "/hello");
+            get(&netns, HOST, "/replica");
+            let _ = tls_in(&netns, SocketAddr::from((OUTSIDE_IP, TLS_PORT)), HOST, &ca_pem);
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    })
+}
+
+#[test]
+fn edges_and_stat_egress_show_the_outside_host_by_its_name_and_not_by_its_ip() {
+    if !require_root("edges_and_stat_egress_show_the_outside_host_by_its_name_and_not_by_its_ip") {
+        return;
+    }
+    let bins = bins!();
+    let net = Network::bridge(&bins, json!({})).unwrap();
+    let w = world(&bins, &net, Some(&allow_list()));
+    let netns = w.client.netns.path();
+    eventually("the allow-list applied", || get(&netns, HOST, "/replica").status == 403);
+    assert_eq!(get(&netns, HOST, "/hello").status, 200);
+    assert_eq!(tls(&netns, HOST, &w.outside).unwrap(), TLS_GREETING);
+    let dir = local_dir(&w);
+
+    // `edges`: one row for the hostname, with its network and refusals; none for its IP.
+    let edges = cli_json(&w.operator_netns, dir.path(), &["edges", "deploy", "-n", "shop"]);
+    let rows = edges.as_array().unwrap();
+    let api = rows
+        .iter()
+        .find(|e| e["src"] == "deployment/client" && e["dst"] == "egress/api.example.test")
+        .unwrap_or_else(|| panic!("{edges:#}"));
+    assert_eq!((api["dst_namespace"].as_str(), api["egress"]["network"].as_str()), (Some("shop"), Some("shop/world")));
+    assert!(api["requests"].as_f64().unwrap() >= 2.0, "{api:#}");
+    // Connections by SNI; an HTTP connection is counted when detection finds HTTP, before a
+    // request names a host, so under its IP (`egress/203.0.113.10`), its requests by Host.
+    assert!(api["connections"].as_f64().unwrap() >= 1.0, "the TLS connection: {api:#}");
+    assert!(api["egress"]["denied"].as_f64().unwrap() >= 1.0, "{api:#}");
+    let plain = format!("{OUTSIDE_IP}:");
+    let by_ip: Vec<&serde_json::Value> =
+        rows.iter().filter(|e| e["dst"].as_str().is_some_and(|d| d.starts_with(&plain))).collect();
+    assert!(by_ip.is_empty(), "egress seen by hostname has no plain row by IP: {edges:#}");
+    assert!(rows.iter().all(|e| e["egress"].is_object()), "all of the client's traffic is egress: {edges:#}");
+    let table = cli(&w.operator_netns, dir.path(), &["edges", "deploy", "-n", "shop"]);
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(table.contains("egress/api.example.test") && table.contains("egress (shop/world, "), "{table}");
+    assert!(!table.contains(&format!(" {plain}")), "{table}");
+
+    // `stat egress`: the hostname's rate, success, connections and refusals over a window.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let calls = keep_calling(netns.clone(), w.outside.ca_pem.clone(), stop.clone());
+    let stat = cli_json(&w.operator_netns, dir.path(), &["stat", "egress", "-n", "shop", "--window", "2s"]);
+    let table =
+        cli(&w.operator_netns, dir.path(), &["stat", "egress/api.example.test", "-n", "shop", "--window", "1s"]);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    calls.join().unwrap();
+    let row =
+        stat.as_array().unwrap().iter().find(|r| r["name"] == "api.example.test").unwrap_or_else(|| panic!("{stat:#}"));
+    assert_eq!((row["kind"].as_str(), row["network"].as_str()), (Some("egress"), Some("shop/world")), "{row:#}");
+    assert!(row["requests"].as_f64().unwrap() > 0.0 && row["rps"].as_f64().unwrap() > 0.0, "{row:#}");
+    assert!(row["denied"].as_f64().unwrap() > 0.0, "the refused /replica calls: {row:#}");
+    assert!(row["connections"].as_f64().unwrap() > 0.0, "TLS connections by SNI: {row:#}");
+    assert_eq!(row["success_rate"], 1.0, "200s and the proxy's own 403s, none a failure: {row:#}");
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(table.contains("egress/api.example.test") && table.contains("shop/world"), "{table}");
+}
+
+#[test]
+fn tap_shows_a_request_to_the_outside_host_as_egress_by_its_hostname_and_filters_on_it() {
+    if !require_root("tap_shows_a_request_to_the_outside_host_as_egress_by_its_hostname_and_filters_on_it") {
+        return;
+    }
+    let bins = bins!();
+    let net = Network::bridge(&bins, json!({})).unwrap();
+    let w = world(&bins, &net, Some(&egress_network("Allow")));
+    let netns = w.client.netns.path();
+    eventually("the Allow network applied", || {
+        get(&netns, HOST, "/replica");
+        metric_with(&w.proxy.metrics(), "outbound_egress_requests_total", &[]) >= 1.0
+    });
+    let dir = local_dir(&w);
+
+    // The relay needs the client's pod (just written): tap until it answers, calling meanwhile
+    // another host first (filtered out) and then the one asked for.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let out = loop {
+        let tap = {
+            let (dir, netns) = (dir.path().to_path_buf(), w.operator_netns.clone());
+            std::thread::spawn(move || {
+                let args = ["tap", "deploy/client", "-n", "shop", "--to", "egress/api.example.test", "--limit", "1"];
+                cli(&netns, &dir, &args)
+            })
+        };
+        while !tap.is_finished() && Instant::now() < deadline {
+            get(&netns, "other.example.test", "/other");
+            get(&netns, HOST, "/hello");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        assert!(tap.is_finished(), "the tap never ended");
+        let out = tap.join().unwrap();
+        if out.status.success() {
+            break out;
+        }
+        let error = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(Instant::now() < deadline, "cnimesh tap: {error}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let text = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 3, "one request: its req, rsp and end lines: {text}");
+    for line in &lines {
+        assert!(line.contains("proxy=out") && line.contains(" dst=egress/api.example.test "), "{text}");
+    }
+    assert!(lines[0].contains(":authority=api.example.test") && lines[0].contains(":path=/hello"), "{text}");
+    assert!(!text.contains("other.example.test"), "--to egress/<hostname> filters on the hostname: {text}");
 }

@@ -6,7 +6,7 @@
 //! | path | value |
 //! |---|---|
 //! | `/api/meta` | mode (local or cluster), namespace, interval, version |
-//! | `/api/stat?resource=deploy[&namespace=NS][&to=R&to_namespace=NS]` | `cnimesh stat RESOURCE [--to R] -o json` over the sampler's last window |
+//! | `/api/stat?resource=deploy[&namespace=NS][&to=R&to_namespace=NS]` | `cnimesh stat RESOURCE [--to R] -o json` over the sampler's last window (`resource=egress`: `cnimesh stat egress -o json`) |
 //! | `/api/edges?resource=deploy[&namespace=NS]` | `cnimesh edges RESOURCE -o json` from the last reading |
 //! | `/api/history` | ten minutes of golden metrics per workload (sparklines) |
 //! | `/api/pods?resource=deploy/NAME[&namespace=NS]` | the resource's pods (name, IP, meshed) |
@@ -38,7 +38,7 @@ use crate::check::{RBAC_HINT, UNREACHABLE_HINT, proxy_hint};
 use crate::diagnostics::fetch::{Reach, Target};
 use crate::stat::compute::{self, Query};
 use crate::stat::mesh::Mesh;
-use crate::stat::mesh::Resource;
+use crate::stat::mesh::{Kind, Resource};
 use crate::stat::render::{self, Output};
 use crate::stat::{Readings, Scope, Sources, join, meshed};
 use crate::tap::render::TapOutput;
@@ -255,10 +255,22 @@ fn stat(state: &State, params: &BTreeMap<String, String>) -> Result<Value, ApiEr
         }));
     };
     let query = query(state, params, *window)?;
-    let rows = compute::stat(&snapshot.mesh, scrapes, &query);
-    let problems = rows.iter().flat_map(|r| &r.unreadable).map(|p| unreadable(p)).collect();
-    let value = serde_json::from_str(&render::stat(&rows, Output::Json, query.namespace.is_none()))
-        .expect("stat's JSON parses");
+    let (text, problems): (String, Vec<ApiError>) = match query.resource.kind {
+        // issue 30: `cnimesh stat egress -o json`.
+        Kind::Egress => {
+            let rows = compute::egress_stat(&snapshot.mesh, scrapes, &query);
+            let mut problems: Vec<&String> = rows.iter().flat_map(|r| &r.unreadable).collect();
+            problems.dedup();
+            let problems = problems.into_iter().map(|p| unreadable(p)).collect();
+            (render::egress_stat(&rows, Output::Json, query.namespace.is_none()), problems)
+        }
+        _ => {
+            let rows = compute::stat(&snapshot.mesh, scrapes, &query);
+            let problems = rows.iter().flat_map(|r| &r.unreadable).map(|p| unreadable(p)).collect();
+            (render::stat(&rows, Output::Json, query.namespace.is_none()), problems)
+        }
+    };
+    let value = serde_json::from_str(&text).expect("stat's JSON parses");
     Ok(state.envelope(*at, value, problems, snapshot.error.as_ref()))
 }
 

@@ -18,7 +18,7 @@ use super::{DashboardArgs, Show};
 use crate::ClusterArgs;
 use crate::check::mock::MockApi;
 use crate::stat::Readings;
-use crate::stat::tests::{client_metrics, mesh, mock_cluster as cluster, web_metrics};
+use crate::stat::tests::{client_egress, client_metrics, mesh, mock_cluster as cluster, web_metrics};
 
 fn args(local: Option<&Path>) -> DashboardArgs {
     DashboardArgs {
@@ -130,6 +130,46 @@ async fn stat_and_edges_answer_what_the_cli_prints_with_o_json() {
     let (_, pods) = get(&state, "/api/pods?resource=deploy/web&namespace=shop").await;
     let names: Vec<&str> = pods["value"].as_array().unwrap().iter().map(|p| p["name"].as_str().unwrap()).collect();
     assert_eq!(names, ["web-1", "web-2"]);
+}
+
+/// issue 30: the page's egress (topology nodes, a workload's Egress table, `stat egress`) is the
+/// CLI's own JSON for the same readings.
+#[tokio::test]
+async fn egress_answers_what_stat_egress_and_edges_print() {
+    let state = state(&MockApi::default());
+    let (mut before, mut after) = readings();
+    before.insert("shop/client".into(), Ok(samples(&(client_metrics(1000, 100) + &client_egress(10, 2, 1)))));
+    after.insert("shop/client".into(), Ok(samples(&(client_metrics(1200, 150) + &client_egress(30, 7, 4)))));
+    let t0 = SystemTime::now() - Duration::from_secs(10);
+    state.snapshot.lock().record(t0, Ok((mesh(), before.clone())));
+    state.snapshot.lock().record(t0 + Duration::from_secs(10), Ok((mesh(), after.clone())));
+
+    let (status, stat) = get(&state, "/api/stat?resource=egress&namespace=shop").await;
+    assert_eq!(status, StatusCode::OK, "{stat}");
+    let query = crate::stat::compute::Query {
+        resource: "egress".parse().unwrap(),
+        namespace: Some("shop".into()),
+        from: None,
+        to: None,
+        window: Duration::from_secs(10),
+    };
+    let scrapes = crate::stat::join(before, &after);
+    let rows = crate::stat::compute::egress_stat(&mesh(), &scrapes, &query);
+    let printed = crate::stat::render::egress_stat(&rows, crate::stat::render::Output::Json, false);
+    assert_eq!(stat["value"], serde_json::from_str::<Value>(&printed).unwrap());
+    assert_eq!(
+        (stat["value"][0]["name"].as_str(), stat["value"][0]["denied"].as_f64()),
+        (Some("api.example.test"), Some(5.0))
+    );
+
+    let (_, edges) = get(&state, "/api/edges?resource=deploy&namespace=shop").await;
+    let rows = edges["value"].as_array().unwrap();
+    let egress = rows.iter().find(|e| e["dst"] == "egress/api.example.test").unwrap_or_else(|| panic!("{edges}"));
+    assert_eq!(
+        (egress["egress"]["network"].as_str(), egress["egress"]["denied"].as_f64()),
+        (Some("shop/world"), Some(7.0))
+    );
+    assert!(!rows.iter().any(|e| e["dst"].as_str().unwrap().starts_with("203.0.113.10")), "{edges}");
 }
 
 /// The cluster path: one sampler round through the API server's pod proxy; the pod that cannot

@@ -321,7 +321,11 @@ pub fn edges(mesh: &Mesh, scrapes: &Scrapes, query: &Query) -> Vec<EdgeRow> {
     for ((src_namespace, src), pods) in selected(mesh, query) {
         for pod in pods {
             let Some(Ok((_, after))) = scrapes.get(&pod_key(pod)) else { continue };
-            let outbound = after.iter().filter(|s| s.label("direction") == "outbound" && s.value > 0.0);
+            // issue 30: egress the proxy saw by hostname (`dst_kind="egress"`) is one row per
+            // hostname ([`egress_edges`]), not also one per IP.
+            let outbound = after
+                .iter()
+                .filter(|s| s.label("direction") == "outbound" && s.value > 0.0 && s.label("dst_kind") != "egress");
             for sample in outbound.filter(|s| s.name == "request_total" || s.name == "tcp_open_total") {
                 let target = sample.label("target_addr");
                 let dsts = target_ip(target).map(|ip| mesh.pods_at(ip)).unwrap_or_default();
@@ -379,6 +383,50 @@ pub fn edges(mesh: &Mesh, scrapes: &Scrapes, query: &Query) -> Vec<EdgeRow> {
         .collect()
 }
 
+/// issue 30: what one `outbound_egress_*` sample counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum EgressCount {
+    Requests,
+    Connections,
+    Denied,
+}
+
+/// issue 30: an `outbound_egress_*` sample as (EgressNetwork `<ns>/<name>`, hostname, what it
+/// counts); `None` for any other series. The one reading of these families that `edges`,
+/// `stat egress` and the dashboard share.
+fn egress_sample(sample: &Sample) -> Option<(&str, &str, EgressCount)> {
+    let count = match sample.name.as_str() {
+        "outbound_egress_requests_total" => EgressCount::Requests,
+        "outbound_egress_connections_total" => EgressCount::Connections,
+        "outbound_egress_denied_total" => EgressCount::Denied,
+        _ => return None,
+    };
+    Some((sample.label("egress_network"), sample.label("dst_hostname"), count))
+}
+
+/// issue 30: requests, connections and refusals of one (EgressNetwork, hostname).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct EgressCounts {
+    pub requests: f64,
+    pub connections: f64,
+    pub denied: f64,
+}
+
+impl EgressCounts {
+    fn add(&mut self, count: EgressCount, value: f64) {
+        match count {
+            EgressCount::Requests => self.requests += value,
+            EgressCount::Connections => self.connections += value,
+            EgressCount::Denied => self.denied += value,
+        }
+    }
+}
+
+/// `dst` of an egress row: `egress/<hostname>`.
+pub fn egress_dst(hostname: &str) -> String {
+    format!("egress/{hostname}")
+}
+
 /// issue 30: the selected resources' egress, by destination hostname (TLS SNI, HTTP Host, else
 /// the IP), from the proxies' `outbound_egress_*` families: one edge per (EgressNetwork,
 /// hostname), `dst` `egress/<hostname>` in the EgressNetwork's namespace.
@@ -392,10 +440,10 @@ fn egress_edges(
     for ((src_namespace, src), pods) in selected(mesh, query) {
         for pod in pods {
             let Some(Ok((_, after))) = scrapes.get(&pod_key(pod)) else { continue };
-            for sample in after.iter().filter(|s| s.name.starts_with("outbound_egress_") && s.value > 0.0) {
-                let network = sample.label("egress_network").to_string();
+            for sample in after.iter().filter(|s| s.value > 0.0) {
+                let Some((network, hostname, count)) = egress_sample(sample) else { continue };
                 let dst_namespace = network.split_once('/').map_or("", |(ns, _)| ns).to_string();
-                let dst = format!("egress/{}", sample.label("dst_hostname"));
+                let dst = egress_dst(hostname);
                 let key = (src_namespace.clone(), src.clone(), dst_namespace.clone(), dst.clone());
                 let edge = out.entry(key).or_insert_with(|| EdgeRow {
                     src_namespace: src_namespace.clone(),
@@ -407,21 +455,125 @@ fn egress_edges(
                     mtls: false,
                     requests: 0.0,
                     connections: 0.0,
-                    egress: Some(EgressEdge { network, denied: 0.0 }),
+                    egress: Some(EgressEdge { network: network.to_string(), denied: 0.0 }),
                 });
                 if pod.meshed && !edge.client_ids.contains(&pod.short_identity()) {
                     edge.client_ids.push(pod.short_identity());
                 }
-                let Some(egress) = edge.egress.as_mut() else { continue };
-                match sample.name.as_str() {
-                    "outbound_egress_requests_total" => edge.requests += sample.value,
-                    "outbound_egress_connections_total" => edge.connections += sample.value,
-                    "outbound_egress_denied_total" => egress.denied += sample.value,
-                    _ => {}
+                let mut counts = EgressCounts::default();
+                counts.add(count, sample.value);
+                edge.requests += counts.requests;
+                edge.connections += counts.connections;
+                if let Some(egress) = edge.egress.as_mut() {
+                    egress.denied += counts.denied;
                 }
             }
         }
     }
+}
+
+/// issue 30: one (EgressNetwork, hostname)'s traffic from the meshed pods of a namespace over
+/// the window: `cnimesh stat egress`.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct EgressStatRow {
+    /// The namespace of the clients whose traffic this is.
+    pub namespace: String,
+    pub kind: &'static str,
+    /// The hostname (TLS SNI, HTTP Host, else the IP; `other` beyond the proxies' cap).
+    pub name: String,
+    /// `<namespace>/<name>` of the EgressNetwork.
+    pub network: String,
+    /// HTTP requests in the window (refused ones included).
+    pub requests: f64,
+    pub rps: f64,
+    /// Of the HTTP responses to this hostname (`response_total{dst_kind="egress"}` by its
+    /// authority's host; a refusal's 403 is a response, as Linkerd classifies 4xx); `None`
+    /// without responses.
+    pub success_rate: Option<f64>,
+    /// Connections opened in the window (TLS, HTTP, opaque).
+    pub connections: f64,
+    /// Connections and requests its policy refused in the window.
+    pub denied: f64,
+    /// Meshed pods whose metrics could not be read, with the reason.
+    pub unreadable: Vec<String>,
+}
+
+/// The host of an `authority` label (`host[:port]`), lower case.
+fn authority_host(authority: &str) -> String {
+    authority
+        .parse::<http::uri::Authority>()
+        .map_or_else(|_| authority.to_string(), |a| a.host().to_string())
+        .to_ascii_lowercase()
+}
+
+/// issue 30: `stat egress[/HOSTNAME]`: the egress of the meshed pods of the query's namespace (or
+/// of `--from`'s pods), one row per (client namespace, EgressNetwork, hostname), over the window.
+pub fn egress_stat(mesh: &Mesh, scrapes: &Scrapes, query: &Query) -> Vec<EgressStatRow> {
+    let seconds = query.window.as_secs_f64().max(1e-3);
+    let pods: Vec<&PodView> = match &query.from {
+        Some(from) => pods_of(mesh, from),
+        None => mesh.pods.iter().filter(|p| query.namespace.as_ref().is_none_or(|ns| *ns == p.namespace)).collect(),
+    };
+    let wanted = query.resource.name.as_ref().map(|n| n.to_ascii_lowercase());
+    // (client namespace, network, hostname) → counts, responses, successes
+    let mut rows: BTreeMap<(String, String, String), (EgressCounts, f64, f64)> = BTreeMap::new();
+    let mut unreadable: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for pod in pods.iter().filter(|p| p.meshed) {
+        let (before, after) = match scrapes.get(&pod_key(pod)) {
+            Some(Ok(both)) => both,
+            Some(Err(e)) => {
+                unreadable.entry(pod.namespace.clone()).or_default().push(format!("{}: {e}", pod_key(pod)));
+                continue;
+            }
+            None => {
+                unreadable.entry(pod.namespace.clone()).or_default().push(format!("{}: not scraped", pod_key(pod)));
+                continue;
+            }
+        };
+        let mut responses: BTreeMap<String, (f64, f64)> = BTreeMap::new();
+        let mut seen: Vec<(String, String)> = Vec::new();
+        for (sample, delta) in deltas(before, after) {
+            if let Some((network, hostname, count)) = egress_sample(sample) {
+                if wanted.as_ref().is_some_and(|w| w != hostname) {
+                    continue;
+                }
+                let key = (pod.namespace.clone(), network.to_string(), hostname.to_string());
+                rows.entry(key).or_default().0.add(count, delta);
+                if !seen.iter().any(|(n, h)| n == network && h == hostname) {
+                    seen.push((network.to_string(), hostname.to_string()));
+                }
+            } else if sample.name == "response_total"
+                && sample.label("direction") == "outbound"
+                && sample.label("dst_kind") == "egress"
+            {
+                let entry = responses.entry(authority_host(sample.label("authority"))).or_default();
+                entry.0 += delta;
+                if sample.label("classification") == "success" {
+                    entry.1 += delta;
+                }
+            }
+        }
+        for (network, hostname) in seen {
+            let Some((all, ok)) = responses.get(&hostname) else { continue };
+            let row = rows.entry((pod.namespace.clone(), network, hostname)).or_default();
+            row.1 += all;
+            row.2 += ok;
+        }
+    }
+    rows.into_iter()
+        .map(|((namespace, network, name), (counts, responses, successes))| EgressStatRow {
+            unreadable: unreadable.get(&namespace).cloned().unwrap_or_default(),
+            namespace,
+            kind: Kind::Egress.name(),
+            name,
+            network,
+            requests: counts.requests,
+            rps: counts.requests / seconds,
+            success_rate: (responses > 0.0).then(|| successes / responses),
+            connections: counts.connections,
+            denied: counts.denied,
+        })
+        .collect()
 }
 
 #[cfg(test)]

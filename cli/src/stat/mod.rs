@@ -33,7 +33,7 @@ use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::api::ListParams;
 
 use self::compute::{Query, Scrapes, pod_key};
-use self::mesh::{Mesh, PodView, Resource};
+use self::mesh::{Kind, Mesh, PodView, Resource};
 use self::render::Output;
 use super::ClusterArgs;
 use super::pod_proxy::{CONCURRENCY, POD_PROXY_TIMEOUT, kube_error, pod_proxy_get};
@@ -77,7 +77,8 @@ impl Scope {
 #[derive(Debug, clap::Args)]
 pub struct StatArgs {
     /// `<kind>[/<name>]`: namespace, deployment, statefulset, daemonset, replicaset, job, cronjob
-    /// or pod (kubectl's short names too: ns, deploy, sts, ds, rs, cj, po).
+    /// or pod (kubectl's short names too: ns, deploy, sts, ds, rs, cj, po); or `egress[/<hostname>]`:
+    /// what the namespace's meshed pods sent to EgressNetworks' destinations, by hostname.
     pub resource: Resource,
     #[command(flatten)]
     pub scope: Scope,
@@ -272,6 +273,13 @@ async fn stat(sources: &Sources, args: &StatArgs, out: &mut impl Write) -> anyho
         to: args.to.clone().map(|r| (r, to_ns.clone())),
         window: args.window,
     };
+    // issue 30: egress is a destination, counted by its clients' proxies (`stat egress`).
+    if args.to.as_ref().is_some_and(|to| to.kind == Kind::Egress) {
+        anyhow::bail!("--to egress: egress is counted by hostname with `cnimesh stat egress[/HOSTNAME]` (--from R)");
+    }
+    if args.from.as_ref().is_some_and(|from| from.kind == Kind::Egress) {
+        anyhow::bail!("--from egress: egress sends nothing into the mesh; see `cnimesh stat egress`");
+    }
     let extra = [args.from.as_ref().map(|_| from_ns), args.to.as_ref().map(|_| to_ns)];
     let wanted = namespaces(shown.clone(), &extra);
     let mut mesh = sources.mesh(wanted.as_deref()).await?;
@@ -287,11 +295,16 @@ async fn stat(sources: &Sources, args: &StatArgs, out: &mut impl Write) -> anyho
         };
         let after = sources.read(&meshed(&mesh), now).await;
         let scrapes = join(std::mem::take(&mut before), &after);
-        let rows = compute::stat(&mesh, &scrapes, &query);
         if args.watch && args.scope.output != Output::Json {
             writeln!(out, "{}", humantime::format_rfc3339_seconds(now))?;
         }
-        out.write_all(render::stat(&rows, scope.output, shown.is_none()).as_bytes())?;
+        let text = match query.resource.kind {
+            Kind::Egress => {
+                render::egress_stat(&compute::egress_stat(&mesh, &scrapes, &query), scope.output, shown.is_none())
+            }
+            _ => render::stat(&compute::stat(&mesh, &scrapes, &query), scope.output, shown.is_none()),
+        };
+        out.write_all(text.as_bytes())?;
         out.flush()?;
         if !args.watch {
             return Ok(());
@@ -313,6 +326,10 @@ pub async fn edges_main(cluster: &ClusterArgs, args: EdgesArgs, out: &mut impl W
 
 async fn edges(sources: &Sources, args: &EdgesArgs, out: &mut impl Write) -> anyhow::Result<()> {
     let scope = &args.scope;
+    anyhow::ensure!(
+        args.resource.kind != Kind::Egress,
+        "egress is a destination: its edges are the rows `egress/<hostname>` of its clients' (e.g. `cnimesh edges deploy`)"
+    );
     let query = Query {
         resource: args.resource.clone(),
         namespace: scope.namespace(sources.default_namespace()),

@@ -4,7 +4,7 @@
 
 use cnimesh_common::table::table;
 
-use super::compute::{EdgeRow, StatRow};
+use super::compute::{EdgeRow, EgressStatRow, StatRow};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Output {
@@ -65,6 +65,54 @@ pub fn stat(rows: &[StatRow], output: Output, all_namespaces: bool) -> String {
         .collect();
     let mut out = table(&headers, &lines);
     for problem in rows.iter().flat_map(|r| &r.unreadable) {
+        out.push_str(&format!("warning: metrics not read from {problem}\n"));
+    }
+    out
+}
+
+/// issue 30: `stat egress`: one line per (EgressNetwork, hostname), `NAMESPACE` (the clients')
+/// first when several are shown.
+pub fn egress_stat(rows: &[EgressStatRow], output: Output, all_namespaces: bool) -> String {
+    if output == Output::Json {
+        return serde_json::to_string_pretty(rows).expect("serialisable") + "\n";
+    }
+    let mut out = String::new();
+    if rows.is_empty() {
+        out.push_str("No egress seen by hostname (is there an EgressNetwork for these clients?).\n");
+    } else {
+        let mut headers = vec!["NAME", "EGRESS_NETWORK", "SUCCESS", "RPS", "CONNECTIONS", "DENIED"];
+        if all_namespaces {
+            headers.insert(0, "NAMESPACE");
+        }
+        if output == Output::Wide {
+            headers.extend(["REQUESTS", "UNREADABLE"]);
+        }
+        let lines: Vec<Vec<String>> = rows
+            .iter()
+            .map(|r| {
+                let mut line = vec![
+                    format!("{}/{}", r.kind, r.name),
+                    r.network.clone(),
+                    percent(r.success_rate, 2),
+                    format!("{:.1}rps", r.rps),
+                    format!("{}", r.connections.round() as u64),
+                    format!("{}", r.denied.round() as u64),
+                ];
+                if all_namespaces {
+                    line.insert(0, r.namespace.clone());
+                }
+                if output == Output::Wide {
+                    line.extend([format!("{}", r.requests.round() as u64), r.unreadable.len().to_string()]);
+                }
+                line
+            })
+            .collect();
+        out = table(&headers, &lines);
+    }
+    let mut problems: Vec<&String> = rows.iter().flat_map(|r| &r.unreadable).collect();
+    problems.sort();
+    problems.dedup();
+    for problem in problems {
         out.push_str(&format!("warning: metrics not read from {problem}\n"));
     }
     out

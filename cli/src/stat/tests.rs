@@ -310,3 +310,73 @@ fn edges_show_egress_by_hostname_with_its_egress_network_and_refusals() {
     assert!(table.contains("egress/api.example.test") && table.contains("egress (shop/world, 0 denied)"), "{table}");
     assert!(rows.iter().filter(|e| e.egress.is_none()).count() == 2, "the other edges are unchanged: {rows:?}");
 }
+
+/// The client's egress through the EgressNetwork `shop/world` after `n` HTTP requests to
+/// api.example.test (`denied` of them refused) and `tls` TLS connections to it, as its proxy
+/// counts them: by hostname, and the same traffic by IP marked `dst_kind="egress"`.
+pub(crate) fn client_egress(n: u64, denied: u64, tls: u64) -> String {
+    let egress = "dst_kind=\"egress\",egress_network=\"shop/world\",dst_hostname=\"api.example.test\"";
+    let by_ip = "direction=\"outbound\",target_addr=\"203.0.113.10:80\",dst_kind=\"egress\"";
+    let ok = n - denied;
+    format!(
+        "outbound_egress_requests_total{{{egress}}} {n}\n\
+         outbound_egress_connections_total{{{egress},protocol=\"http\"}} 1\n\
+         outbound_egress_connections_total{{{egress},protocol=\"tls\"}} {tls}\n\
+         outbound_egress_denied_total{{{egress},protocol=\"http\"}} {denied}\n\
+         request_total{{{by_ip},authority=\"api.example.test\",tls=\"false\"}} {n}\n\
+         response_total{{{by_ip},authority=\"api.example.test\",tls=\"false\",status_code=\"200\",classification=\"success\"}} {ok}\n\
+         response_total{{{by_ip},authority=\"api.example.test\",tls=\"false\",status_code=\"403\",classification=\"success\"}} {denied}\n\
+         tcp_open_total{{direction=\"outbound\",target_addr=\"203.0.113.10:80\",dst_kind=\"egress\",tls=\"false\"}} 1\n\
+         tcp_open_total{{direction=\"outbound\",target_addr=\"203.0.113.10:8443\",dst_kind=\"egress\",tls=\"false\"}} {tls}\n"
+    )
+}
+
+fn egress_scrapes() -> Scrapes {
+    let mut scrapes = scrapes();
+    let before = client_metrics(1000, 100) + &client_egress(10, 2, 1);
+    let after = client_metrics(1200, 150) + &client_egress(30, 7, 4);
+    scrapes.insert("shop/client".into(), Ok((samples(&before), samples(&after))));
+    scrapes
+}
+
+#[test]
+fn egress_seen_by_hostname_is_one_edge_not_also_one_per_ip() {
+    let rows = compute::edges(&mesh(), &egress_scrapes(), &query("deploy"));
+    let dsts: Vec<&str> = rows.iter().map(|e| e.dst.as_str()).collect();
+    assert!(dsts.contains(&"egress/api.example.test"), "{dsts:?}");
+    assert!(!dsts.iter().any(|d| d.starts_with("203.0.113.10")), "no IP row for egress seen by hostname: {dsts:?}");
+    assert_eq!(rows.iter().filter(|e| e.egress.is_none()).count(), 2, "the mesh's edges are unchanged: {rows:?}");
+    // Without an EgressNetwork (no `dst_kind`), the same traffic stays a row by IP.
+    let plain = client_metrics(1200, 150)
+        + "tcp_open_total{direction=\"outbound\",target_addr=\"203.0.113.10:80\",tls=\"false\"} 1\n";
+    let mut scrapes = scrapes();
+    scrapes.insert("shop/client".into(), Ok((Vec::new(), samples(&plain))));
+    let rows = compute::edges(&mesh(), &scrapes, &query("deploy"));
+    assert!(rows.iter().any(|e| e.dst == "203.0.113.10:80"), "{rows:?}");
+}
+
+#[test]
+fn stat_egress_shows_each_hostname_with_its_rate_success_connections_and_refusals() {
+    let rows = compute::egress_stat(&mesh(), &egress_scrapes(), &query("egress"));
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    let row = &rows[0];
+    assert_eq!((row.namespace.as_str(), row.kind, row.name.as_str()), ("shop", "egress", "api.example.test"));
+    assert_eq!(row.network, "shop/world");
+    assert_eq!((row.requests, row.rps, row.connections, row.denied), (20.0, 2.0, 3.0, 5.0));
+    assert_eq!(row.success_rate, Some(1.0), "a refusal's 403 is not a failure, as Linkerd classifies");
+    let table = render::egress_stat(&rows, Output::Table, false);
+    assert!(table.starts_with("NAME"), "{table}");
+    assert!(table.contains("egress/api.example.test") && table.contains("shop/world"), "{table}");
+    let json: Value = serde_json::from_str(&render::egress_stat(&rows, Output::Json, false)).unwrap();
+    assert_eq!(json[0]["denied"], 5.0);
+    assert_eq!(json[0]["network"], "shop/world");
+    // One hostname by name; another is not there.
+    assert_eq!(compute::egress_stat(&mesh(), &egress_scrapes(), &query("egress/API.example.test")).len(), 1);
+    assert!(compute::egress_stat(&mesh(), &egress_scrapes(), &query("egress/other.test")).is_empty());
+    // A workload's row is unchanged by its egress.
+    let with = compute::stat(&mesh(), &egress_scrapes(), &query("deploy/client"));
+    let without = compute::stat(&mesh(), &scrapes(), &query("deploy/client"));
+    assert_eq!(with, without);
+    let empty = render::egress_stat(&[], Output::Table, false);
+    assert!(empty.contains("No egress seen by hostname"), "{empty}");
+}

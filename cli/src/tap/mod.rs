@@ -50,7 +50,8 @@ pub struct Filter {
     /// of local mode's workloads].
     #[arg(short = 'n', long)]
     pub namespace: Option<String>,
-    /// Only requests to this resource's pods (`kind[/name]`).
+    /// Only requests to this resource's pods (`kind[/name]`), or to `egress[/<hostname>]`: an
+    /// EgressNetwork's destinations, by the hostname the proxy saw (HTTP Host).
     #[arg(long, value_name = "RESOURCE")]
     pub to: Option<Resource>,
     /// The namespace of --to [default: the resource's].

@@ -57,6 +57,10 @@ pub fn line(line: &TapLine, output: TapOutput) -> String {
         if let Some(route) = at.route_meta.get("name").or_else(|| at.route_meta.get("route")) {
             let _ = write!(text, " route={route}");
         }
+        if let Some((network, _)) = egress(at) {
+            let address = at.destination.map_or_else(|| "-".to_string(), |a| a.to_string());
+            let _ = write!(text, " egress-network={network} dst-addr={address}");
+        }
     }
     text.push('\n');
     text
@@ -70,7 +74,19 @@ fn common(at: &Stream) -> String {
         _ => "?  ",
     };
     let addr = |a: Option<std::net::SocketAddr>| a.map_or_else(|| "-".to_string(), |a| a.to_string());
-    format!("id={} proxy={proxy} src={} dst={} tls={}", at.id, addr(at.source), addr(at.destination), tls(at))
+    let dst =
+        egress(at).map_or_else(|| addr(at.destination), |(_, hostname)| crate::stat::compute::egress_dst(hostname));
+    format!("id={} proxy={proxy} src={} dst={dst} tls={}", at.id, addr(at.source), tls(at))
+}
+
+/// issue 30: a request to an EgressNetwork's destination, as its proxy labelled it: the
+/// EgressNetwork (`<ns>/<name>`) and the hostname.
+pub fn egress(at: &Stream) -> Option<(&str, &str)> {
+    let meta = &at.destination_meta;
+    if meta.get("dst_kind").map(String::as_str) != Some("egress") {
+        return None;
+    }
+    Some((meta.get("egress_network").map_or("-", String::as_str), meta.get("dst_hostname")?.as_str()))
 }
 
 /// The TLS status of the connection the request came on: the peer's side as the proxy saw it

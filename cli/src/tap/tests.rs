@@ -147,6 +147,26 @@ fn flags_make_the_relays_query() {
     assert!(error.contains("a path starts with '/'"), "{error}");
 }
 
+#[test]
+fn egress_is_shown_and_filtered_by_hostname() {
+    // issue 30: the proxy labels a request to an EgressNetwork's destination with its hostname.
+    let mut at = stream("0:7", "outbound", "10.244.0.20:40000", "203.0.113.10:80", "not_provided_by_service_discovery");
+    for (k, v) in [("dst_kind", "egress"), ("egress_network", "shop/world"), ("dst_hostname", "api.example.test")] {
+        at.destination_meta.insert(k.into(), v.into());
+    }
+    let line = TapLine { namespace: "shop".into(), pod: "client".into(), body: request(at, "GET", "/hello") };
+    let text = render::line(&line, TapOutput::Text);
+    assert!(text.contains(" dst=egress/api.example.test "), "{text}");
+    assert!(!text.contains("203.0.113.10"), "the hostname stands for the address: {text}");
+    let wide = render::line(&line, TapOutput::Wide);
+    assert!(wide.contains("egress-network=shop/world dst-addr=203.0.113.10:80"), "{wide}");
+
+    let q = filter(&["deploy/client", "-n", "shop", "--to", "egress/api.example.test"]).query(0, "x").unwrap();
+    assert!(q.to_query_string().contains("to=egress%2Fapi.example.test"), "{}", q.to_query_string());
+    let error = filter(&["egress/api.example.test"]).query(0, "shop").unwrap_err().to_string();
+    assert!(error.contains("egress has no proxies to tap"), "{error}");
+}
+
 /// Requests the mocked API server saw: method, URI, JSON body.
 type Seen = Arc<Mutex<Vec<(String, String, Value)>>>;
 

@@ -1,5 +1,6 @@
 //! The `ObserveRequest` sent to every tapped proxy: the query's HTTP conditions and the `--to`
-//! addresses (its pods' and their Services' ClusterIPs) as one `all` match. Empty sequences are never sent (linkerd2-proxy refuses
+//! addresses (its pods' and their Services' ClusterIPs), or for `--to egress[/HOSTNAME]` the
+//! destination labels the proxy gives egress (`dst_kind`, `dst_hostname`), as one `all` match. Empty sequences are never sent (linkerd2-proxy refuses
 //! them as invalid), so a query without conditions matches on "any source port".
 //!
 //! Layer: model (pure).
@@ -13,6 +14,7 @@ use linkerd2_proxy_api::tap::observe_request::r#match::{self as m, http as mhttp
 use linkerd2_proxy_api::tap::observe_request::{Extract, Match, extract};
 
 use super::query::TapQuery;
+use crate::resource::{Kind, Resource};
 
 /// The request for `query`, with `to` the addresses of its `to` resource (ignored when the
 /// query has no `to`).
@@ -32,7 +34,16 @@ pub fn observe_request(query: &TapQuery, to: &[IpAddr]) -> ObserveRequest {
     if let Some(path) = &query.path {
         all.push(http(mhttp::Match::Path(string(mhttp::string_match::Match::Prefix(path.clone())))));
     }
-    if query.to.is_some() {
+    if let Some((Resource { kind: Kind::Egress, name }, _)) = &query.to {
+        // issue 30: egress is matched by the labels the proxy gives its destination, by hostname.
+        let label = |key: &str, value: &str| {
+            wrap(m::Match::DestinationLabel(m::Label { key: key.into(), value: value.into() }))
+        };
+        all.push(label("dst_kind", "egress"));
+        if let Some(hostname) = name {
+            all.push(label("dst_hostname", &hostname.to_ascii_lowercase()));
+        }
+    } else if query.to.is_some() {
         let hosts: Vec<Match> = to
             .iter()
             .map(|ip| {
@@ -116,6 +127,24 @@ mod tests {
             })
             .collect();
         assert_eq!(masks, [(ips[0], 32), (ips[1], 128)]);
+    }
+
+    #[test]
+    fn egress_is_matched_by_the_destination_labels_of_its_hostname() {
+        let req = observe_request(&parse("resource=deploy/client&to=egress/API.example.test"), &[]);
+        let Some(m::Match::All(all)) = req.r#match.unwrap().r#match else { panic!("not all") };
+        let labels: Vec<(String, String)> = all
+            .matches
+            .into_iter()
+            .map(|m| match m.r#match {
+                Some(m::Match::DestinationLabel(l)) => (l.key, l.value),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        let expected = [("dst_kind", "egress"), ("dst_hostname", "api.example.test")];
+        assert_eq!(labels, expected.map(|(k, v)| (k.to_string(), v.to_string())));
+        let any = observe_request(&parse("resource=deploy/client&to=egress"), &[]);
+        assert!(matches!(any.r#match.unwrap().r#match, Some(m::Match::DestinationLabel(l)) if l.value == "egress"));
     }
 
     #[test]

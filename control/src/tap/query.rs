@@ -9,7 +9,8 @@
 //!   meshed pod of that kind in the namespace. For `namespace/NAME` the name is the namespace.
 //! - `namespace`: the resource's namespace [default: `default`].
 //! - `to`, `to-namespace` [default: `namespace`]: only requests whose destination is one of that
-//!   resource's pods, or the ClusterIP of a Service they are endpoints of.
+//!   resource's pods, or the ClusterIP of a Service they are endpoints of; `to=egress[/HOSTNAME]`
+//!   (issue 30): only requests to an EgressNetwork's destinations (with that hostname).
 //! - `method` (exact), `path` (prefix), `authority` (exact), `scheme`: request matches.
 //! - `limit`: end after this many requests (0 or absent: until the caller goes away).
 //! - `max-rps`: at most this many new requests per second are streamed, the others are dropped
@@ -91,6 +92,12 @@ impl TapQuery {
             }
         }
         q.resource = resource.ok_or("the parameter resource (KIND[/NAME]) is required")?;
+        if q.resource.kind == Kind::Egress {
+            return Err(format!(
+                "resource={:?}: egress has no proxies to tap; tap the workload that sends it with to=egress[/HOSTNAME]",
+                resource_text(&q.resource)
+            ));
+        }
         q.namespace = match (&q.resource, namespace) {
             (Resource { kind: Kind::Namespace, name: Some(name) }, _) => name.clone(),
             (_, namespace) => namespace.unwrap_or_else(|| "default".into()),
@@ -185,6 +192,7 @@ mod tests {
             ("resource=deploy/web&namespace=", "must not be empty"),
             ("resource=deploy/web&to-namespace=x", "to-namespace without to"),
             ("resource=deploy/web&colour=red", "unknown parameter \"colour\""),
+            ("resource=egress/api.example.test", "egress has no proxies to tap"),
         ] {
             let error = TapQuery::parse(query).unwrap_err();
             assert!(error.contains(expected), "{query}: {error}");

@@ -9,7 +9,9 @@ use bytes::Bytes;
 use hyper::service::service_fn;
 
 use crate::app::forward::HttpProxy;
-use crate::app::metrics::{AcceptError, DecidedBy, Direction, OpenConnection, ProtocolLabels, TcpLabels, TlsLabel};
+use crate::app::metrics::{
+    AcceptError, DecidedBy, Direction, DstKind, OpenConnection, ProtocolLabels, TcpLabels, TlsLabel,
+};
 use crate::app::shared::Shared;
 use crate::client::targets::Target;
 use crate::inbound::policy::enforce::ConnPolicy;
@@ -46,6 +48,7 @@ pub async fn serve<I: Io>(mut io: I, read: Bytes, conn: Connection, shared: &Arc
     let labels = TcpLabels {
         direction: conn.direction,
         target_addr: m.target_label(conn.direction, conn.addr),
+        dst_kind: DstKind::egress(conn.egress.is_some()),
         tls: conn.tls.clone(),
     };
     let counters = tcp::Counters {
@@ -111,7 +114,8 @@ pub async fn serve<I: Io>(mut io: I, read: Bytes, conn: Connection, shared: &Arc
     let io = CountingIo::new(PrefixedIo::new(prefix, io), counters.read, counters.write);
     let proxy = Arc::new(
         HttpProxy::new(conn.direction, conn.peer, conn.addr, conn.target, conn.tls, open, shared.clone())
-            .with_policy(conn.policy),
+            .with_policy(conn.policy)
+            .with_egress(conn.egress.map(|e| e.labels)),
     );
     let service = service_fn(move |req| proxy.clone().handle(req));
     crate::http::serve_conn::serve(

@@ -19,7 +19,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::histogram::Histogram;
 use tower::retry::budget::Budget as _;
 
-use crate::app::metrics::{Direction, Metrics, OpenConnection, RequestLabels, ResponseLabels, TlsLabel};
+use crate::app::metrics::{Direction, DstKind, Metrics, OpenConnection, RequestLabels, ResponseLabels, TlsLabel};
 use crate::app::shared::Shared;
 use crate::app::spans::{self, ConnInfo, Traced};
 use crate::client::discovery::accrual::ConsecutiveFailures;
@@ -34,6 +34,7 @@ use crate::http::headers::{IDENTITY_HEADERS, strip_h2c_upgrade, strip_hop_by_hop
 use crate::http::orig_proto;
 use crate::http::tap;
 use crate::inbound::policy::enforce::ConnPolicy;
+use crate::outbound::egress::EgressLabels;
 use crate::outbound::routes::model::Retry;
 use crate::outbound::routes::retry;
 use crate::outbound::routes::routed::{self, ConnRoutes, Routed};
@@ -64,6 +65,9 @@ pub struct HttpProxy {
     routes: ConnRoutes,
     /// Inbound: `l5d-client-id` for the app, the identity the client's certificate proved.
     client_id: Option<HeaderValue>,
+    /// issue 30: outbound to an EgressNetwork's destination (its network, the connection's
+    /// hostname): metrics say `dst_kind="egress"`, tap events carry the request's hostname.
+    egress: Option<EgressLabels>,
 }
 
 /// (authority, TLS) pairs whose metric handles a connection keeps.
@@ -90,6 +94,7 @@ impl Handles {
         let labels = ResponseLabels {
             direction: self.labels.direction,
             target_addr: self.labels.target_addr.clone(),
+            dst_kind: self.labels.dst_kind,
             authority: self.labels.authority.clone(),
             tls: self.labels.tls.clone(),
             status_code: code.to_string(),
@@ -181,11 +186,16 @@ impl HttpProxy {
             named: Mutex::default(),
             policy: None,
             routes: ConnRoutes::default(),
+            egress: None,
         }
     }
 
     pub fn with_policy(self, policy: Option<Arc<ConnPolicy>>) -> Self {
         Self { policy, ..self }
+    }
+
+    pub fn with_egress(self, egress: Option<EgressLabels>) -> Self {
+        Self { egress, ..self }
     }
 
     /// The metric handles for `authority` to a peer secured as `tls`, created on first use.
@@ -198,6 +208,7 @@ impl HttpProxy {
         let labels = RequestLabels {
             direction: self.direction,
             target_addr: metrics.target_label(self.direction, self.addr),
+            dst_kind: DstKind::egress(self.egress.is_some()),
             authority: metrics.authority_label(self.direction, authority),
             tls: tls.clone(),
         };
@@ -411,7 +422,16 @@ impl HttpProxy {
                     Route::Balanced(b) => Some(b.service.as_str()),
                     Route::Fixed(_) => None,
                 };
-                tap::Meta::outbound(self.peer, self.addr, &target.tls, service, routed.map(|r| &*r.route))
+                let meta = tap::Meta::outbound(self.peer, self.addr, &target.tls, service, routed.map(|r| &*r.route));
+                match &self.egress {
+                    // issue 30: the request's own hostname (Host/authority), else the connection's.
+                    Some(egress) => {
+                        let hostname = crate::outbound::egress::request_hostname(req)
+                            .unwrap_or_else(|| egress.dst_hostname.clone());
+                        meta.egress(&egress.egress_network, &hostname)
+                    }
+                    None => meta,
+                }
             }
         };
         self.shared.taps.request(req, authority_of(req), meta, started)

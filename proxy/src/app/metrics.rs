@@ -19,7 +19,8 @@ pub use crate::outbound::routes::metrics::{
 };
 pub use crate::transport::identity::refresh::{IdentityMetrics, RefreshLabels};
 pub use crate::transport::labels::{
-    AcceptError, AcceptErrorLabels, Bounded, ConnMetrics, DecidedBy, Direction, ProtocolLabels, TcpLabels, TlsLabel,
+    AcceptError, AcceptErrorLabels, Bounded, ConnMetrics, DecidedBy, Direction, DstKind, ProtocolLabels, TcpLabels,
+    TlsLabel,
 };
 
 /// Distinct `authority` label values kept, per direction, before the rest are reported as
@@ -32,6 +33,9 @@ const MAX_AUTHORITY_LEN: usize = 128;
 pub struct RequestLabels {
     pub direction: Direction,
     pub target_addr: String,
+    /// issue 30: `dst_kind="egress"` on egress traffic only ([`DstKind`]).
+    #[prometheus(flatten)]
+    pub dst_kind: DstKind,
     pub authority: String,
     #[prometheus(flatten)]
     pub tls: TlsLabel,
@@ -41,6 +45,8 @@ pub struct RequestLabels {
 pub struct ResponseLabels {
     pub direction: Direction,
     pub target_addr: String,
+    #[prometheus(flatten)]
+    pub dst_kind: DstKind,
     pub authority: String,
     #[prometheus(flatten)]
     pub tls: TlsLabel,
@@ -368,12 +374,17 @@ mod tests {
     #[test]
     fn linkerd_names_and_bounded_authorities() {
         let m = Metrics::default();
-        let labels =
-            TcpLabels { direction: Direction::inbound, target_addr: "10.0.0.1:80".into(), tls: TlsLabel::plaintext() };
+        let labels = TcpLabels {
+            direction: Direction::inbound,
+            target_addr: "10.0.0.1:80".into(),
+            dst_kind: DstKind::Mesh,
+            tls: TlsLabel::plaintext(),
+        };
         m.tcp_open_total.get_or_create(&labels).inc();
         let req = RequestLabels {
             direction: Direction::outbound,
             target_addr: "10.0.0.2:80".into(),
+            dst_kind: DstKind::Mesh,
             authority: "web".into(),
             tls: TlsLabel { tls: true, client_id: None, server_id: Some("web.shop".into()) },
         };
@@ -402,5 +413,26 @@ mod tests {
         let text = m.encode();
         assert!(text.contains("inbound_tcp_accept_errors_total{error=\"source_limit\"} 1"), "{text}");
         assert!(text.contains("outbound_tcp_accept_errors_total{error=\"detect_timeout\"} 1"), "{text}");
+    }
+
+    #[test]
+    fn egress_traffic_alone_carries_dst_kind() {
+        let m = Metrics::default();
+        let egress = TcpLabels {
+            direction: Direction::outbound,
+            target_addr: "203.0.113.10:80".into(),
+            dst_kind: DstKind::egress(true),
+            tls: TlsLabel::plaintext(),
+        };
+        m.tcp_open_total.get_or_create(&egress).inc();
+        let mesh = TcpLabels { target_addr: "10.0.0.2:80".into(), dst_kind: DstKind::egress(false), ..egress };
+        m.tcp_open_total.get_or_create(&mesh).inc();
+        let text = m.encode();
+        let egress = "tcp_open_total{direction=\"outbound\",target_addr=\"203.0.113.10:80\",dst_kind=\"egress\",tls=\"false\"} 1";
+        assert!(text.contains(egress), "{text}");
+        assert!(
+            text.contains("tcp_open_total{direction=\"outbound\",target_addr=\"10.0.0.2:80\",tls=\"false\"} 1"),
+            "{text}"
+        );
     }
 }

@@ -49,10 +49,38 @@ impl EncodeLabelSet for TlsLabel {
     }
 }
 
+/// issue 30: `dst_kind`, what an outbound destination is. Only egress (an EgressNetwork's
+/// destination, seen by hostname in `outbound_egress_*`) is labelled, `dst_kind="egress"`; the
+/// mesh's own traffic keeps its label set, so existing queries and dashboards are unchanged.
+/// `cnimesh edges` uses it to leave out the plain IP row of traffic it shows by hostname.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum DstKind {
+    #[default]
+    Mesh,
+    Egress,
+}
+
+impl DstKind {
+    pub fn egress(egress: bool) -> Self {
+        if egress { Self::Egress } else { Self::Mesh }
+    }
+}
+
+impl EncodeLabelSet for DstKind {
+    fn encode(&self, encoder: &mut LabelSetEncoder<'_>) -> Result<(), std::fmt::Error> {
+        match self {
+            DstKind::Mesh => Ok(()),
+            DstKind::Egress => [("dst_kind", "egress")].encode(encoder),
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub struct TcpLabels {
     pub direction: Direction,
     pub target_addr: String,
+    #[prometheus(flatten)]
+    pub dst_kind: DstKind,
     #[prometheus(flatten)]
     pub tls: TlsLabel,
 }
@@ -155,8 +183,12 @@ impl ConnMetrics {
     /// A connection refused by policy (inbound plaintext where mTLS is required, outbound to a
     /// meshed endpoint before we hold a certificate).
     pub fn tcp_refused(&self, direction: Direction, target: std::net::SocketAddr) {
-        let labels =
-            TcpLabels { direction, target_addr: self.target_label(direction, target), tls: TlsLabel::plaintext() };
+        let labels = TcpLabels {
+            direction,
+            target_addr: self.target_label(direction, target),
+            dst_kind: DstKind::Mesh,
+            tls: TlsLabel::plaintext(),
+        };
         self.tcp_refused_total.get_or_create(&labels).inc();
     }
 

@@ -141,16 +141,21 @@ async function topology() {
   const labels = [];
   const svg = el("svg", { class: "topology", width, height, viewBox: `0 0 ${width} ${height}`, role: "group", "aria-label": "Topology: workloads and who calls whom" },
     el("defs", {}, el("marker", { id: "arrow", viewBox: "0 0 10 10", refX: 10, refY: 5, markerWidth: 7, markerHeight: 7, orient: "auto-start-reverse" }, el("path", { d: "M 0 0 L 10 5 L 0 10 z" }))));
-  const rates = await Promise.all(edges.map((e) => api("stat", { resource: e.src, namespace: e.src_namespace, to: e.dst, to_namespace: e.dst_namespace || e.src_namespace }).then((r) => r.value[0], () => null)));
+  // Egress edges (issue 30) carry their own counts: there is no workload to `stat --to`.
+  const rates = await Promise.all(edges.map((e) => e.egress ? null : api("stat", { resource: e.src, namespace: e.src_namespace, to: e.dst, to_namespace: e.dst_namespace || e.src_namespace }).then((r) => r.value[0], () => null)));
   edges.forEach((e, i) => {
     const a = pos.get(`${e.src_namespace}/${e.src}`), b = pos.get(`${e.dst_namespace}/${e.dst}`);
     const r = rates[i];
     const x1 = a.x + W, y1 = a.y + H / 2, x2 = b.x, y2 = b.y + H / 2;
-    const label = `${e.mtls ? "mTLS" : "⚠ plaintext"} · ${r ? rps(r.rps) : "-"} · ${r ? pct(r.success_rate, 1) : "-"}`;
+    const label = e.egress ? `egress · ${Math.round(e.requests)} req · ${Math.round(e.connections)} conn · ${Math.round(e.egress.denied)} denied`
+      : `${e.mtls ? "mTLS" : "⚠ plaintext"} · ${r ? rps(r.rps) : "-"} · ${r ? pct(r.success_rate, 1) : "-"}`;
     // Labels sit a third of the way along (crossing edges meet in the middle), above the lines.
     const t = y1 === y2 ? 0.5 : 0.3, lx = x1 + (x2 - x1) * t, ly = y1 + (y2 - y1) * t - 8;
-    const g = el("g", { class: `edge ${e.mtls ? "mtls" : "plaintext"}`, "data-src": e.src, "data-dst": e.dst, "data-mtls": e.mtls, "data-rps": r ? r.rps : "" },
-      el("title", { text: `${e.src} → ${e.dst}: ${e.mtls ? "mTLS" : "plaintext (not encrypted)"}, client ${e.client_ids.join(",") || "-"}, server ${e.server_ids.join(",") || "-"}` }),
+    const kind = e.egress ? `egress${e.egress.denied ? " denied" : ""}` : e.mtls ? "mtls" : "plaintext";
+    const title = e.egress ? `${e.src} → ${e.dst}: egress through EgressNetwork ${e.egress.network}, ${Math.round(e.egress.denied)} refused`
+      : `${e.src} → ${e.dst}: ${e.mtls ? "mTLS" : "plaintext (not encrypted)"}, client ${e.client_ids.join(",") || "-"}, server ${e.server_ids.join(",") || "-"}`;
+    const g = el("g", { class: `edge ${kind}`, "data-src": e.src, "data-dst": e.dst, "data-mtls": e.mtls, "data-rps": r ? r.rps : "", "data-denied": e.egress ? e.egress.denied : undefined },
+      el("title", { text: title }),
       el("line", { x1, y1, x2, y2, "marker-end": "url(#arrow)" }));
     const text = el("text", { x: lx, y: ly, "text-anchor": "middle", text: label });
     labels.push([g, text, e.mtls ? el("path", { class: "lock", d: lockPath(lx - label.length * 3.4 - 16, ly - 11) }) : null]);
@@ -158,6 +163,15 @@ async function topology() {
   });
   for (const n of nodes.values()) {
     const p = pos.get(n.id);
+    const egress = edges.find((e) => e.egress && e.dst === n.name && e.dst_namespace === n.ns);
+    if (egress) {
+      // issue 30: a hostname outside the mesh, not a workload: no page of its own.
+      svg.append(el("g", { class: "node egress", "data-node": n.name, "data-egress-network": egress.egress.network },
+        el("title", { text: `${n.name} (outside the mesh, EgressNetwork ${egress.egress.network})` }),
+        el("rect", { x: p.x, y: p.y, width: W, height: H }),
+        el("text", { x: p.x + 10, y: p.y + 23, text: n.name })));
+      continue;
+    }
     const meshed = edges.some((e) => (e.src === n.name && e.src_namespace === n.ns) || (e.dst === n.name && e.server_ids.length));
     const link = el("a", { svgLink: true, href: workloadHref(n.ns || "default", n.name), class: `node ${meshed ? "meshed" : "unmeshed"}`, "data-node": n.name },
       el("title", { text: `${n.ns}/${n.name}${meshed ? "" : " (not meshed)"}` }),
@@ -169,7 +183,7 @@ async function topology() {
   for (const [g, text, lock] of labels) { g.append(text); if (lock) g.append(lock); svg.append(g); }
   main.replaceChildren(h("h1", {}, "Topology"),
     edges.length ? svg : h("p", {}, "No edges yet: no meshed proxy has seen traffic."),
-    h("p", { class: "muted" }, "Solid green with a lock: mTLS. Dashed red: plaintext. Click a workload for its details."));
+    h("p", { class: "muted" }, "Solid green with a lock: mTLS. Dashed red: plaintext. Dotted grey to a rounded box: egress by hostname (outside the mesh). Click a workload for its details."));
 }
 
 async function workloads() {
@@ -229,7 +243,14 @@ async function workload(ns, kind, name) {
       h("td", { class: e.mtls ? "ok" : "bad" }, e.mtls ? [lockIcon(), " mTLS"] : "⚠ plaintext"), h("td", { class: "num" }, Math.round(e.requests)))))) : h("p", { class: "muted" }, "None seen.");
   const all = edges.value;
   page.push(h("h2", {}, "Inbound"), edgeTable(all.filter((e) => e.dst === resource && (e.dst_namespace || ns) === ns), (e) => [e.src_namespace, e.src]));
-  page.push(h("h2", {}, "Outbound"), edgeTable(all.filter((e) => e.src === resource && e.src_namespace === ns), (e) => [e.dst_namespace, e.dst]));
+  page.push(h("h2", {}, "Outbound"), edgeTable(all.filter((e) => e.src === resource && e.src_namespace === ns && !e.egress), (e) => [e.dst_namespace, e.dst]));
+  // Issue 30: egress by hostname (the same edges: requests, connections and refusals since the proxies started).
+  const egress = all.filter((e) => e.src === resource && e.src_namespace === ns && e.egress);
+  page.push(h("section", { "aria-label": "Egress" }, h("h2", {}, "Egress"), egress.length ? h("table", { "aria-label": "Egress by hostname" },
+    h("thead", {}, h("tr", {}, ...["Hostname", "EgressNetwork", "Requests", "Connections", "Denied"].map((t) => h("th", { scope: "col" }, t)))),
+    h("tbody", {}, ...egress.map((e) => h("tr", { "data-egress": e.dst.replace(/^egress\//, ""), "data-denied": e.egress.denied },
+      h("td", {}, e.dst.replace(/^egress\//, "")), h("td", {}, e.egress.network), h("td", { class: "num" }, Math.round(e.requests)),
+      h("td", { class: "num" }, Math.round(e.connections)), h("td", { class: e.egress.denied ? "num bad" : "num" }, Math.round(e.egress.denied)))))) : h("p", { class: "muted" }, "No egress seen by hostname (an EgressNetwork makes the proxies see it).")));
   const routes = h("section", { "aria-label": "Routes" }, h("h2", {}, "Routes"));
   const authz = h("section", { id: "authorization", "aria-label": "Authorization" }, h("h2", {}, "Authorization"));
   const podsSection = h("section", { "aria-label": "Pods" }, h("h2", {}, "Pods and proxies"));

@@ -23,7 +23,7 @@ use crate::outbound::policy::discover::PolicyWatch;
 use crate::outbound::policy::model::OutboundPolicy;
 use crate::transport::identity::Identity;
 use crate::transport::identity::config::{IdentityConfig, TrustAnchors};
-use crate::transport::labels::TcpLabels;
+use crate::transport::labels::{DstKind, TcpLabels};
 
 /// A target carrying `policy`, as the outbound side attaches it.
 fn with_policy(route: Route, policy: Option<PolicyWatch>) -> Arc<Target> {
@@ -106,7 +106,12 @@ fn shared() -> Arc<Shared> {
 /// The proxy of one outbound connection to `addr` whose target is `target`.
 fn proxy(shared: &Arc<Shared>, addr: SocketAddr, target: Arc<Target>) -> Arc<HttpProxy> {
     let tls = target.tls.clone();
-    let labels = TcpLabels { direction: Direction::outbound, target_addr: addr.to_string(), tls: tls.clone() };
+    let labels = TcpLabels {
+        direction: Direction::outbound,
+        target_addr: addr.to_string(),
+        dst_kind: DstKind::Mesh,
+        tls: tls.clone(),
+    };
     let open = OpenConnection::open(shared.metrics.clone(), labels);
     let peer = "10.0.0.9:40000".parse().unwrap();
     Arc::new(HttpProxy::new(Direction::outbound, peer, addr, target, tls, open, shared.clone()))
@@ -396,7 +401,12 @@ async fn an_upgrade_is_spliced_on_a_connection_of_its_own() {
 async fn an_invalid_l5d_orig_proto_from_a_peer_proxy_is_answered_400() {
     let (app, hits) = app().await;
     let shared = shared();
-    let labels = TcpLabels { direction: Direction::inbound, target_addr: app.to_string(), tls: TlsLabel::plaintext() };
+    let labels = TcpLabels {
+        direction: Direction::inbound,
+        target_addr: app.to_string(),
+        dst_kind: DstKind::Mesh,
+        tls: TlsLabel::plaintext(),
+    };
     let open = OpenConnection::open(shared.metrics.clone(), labels);
     let peer = "10.0.0.9:40000".parse().unwrap();
     let inbound =

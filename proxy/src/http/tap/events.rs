@@ -88,6 +88,15 @@ impl Meta {
         }
     }
 
+    /// issue 30: a request to an EgressNetwork's destination, as the destination's labels say it
+    /// (`dst_kind=egress`, `egress_network=<ns>/<name>`, `dst_hostname`), so that a tap shows and
+    /// matches it by hostname (`DestinationLabel` matches) rather than by its IP.
+    pub fn egress(mut self, network: &str, hostname: &str) -> Self {
+        let egress = labels([("dst_kind", "egress"), ("egress_network", network), ("dst_hostname", hostname)]);
+        self.destination_labels.extend(egress);
+        self
+    }
+
     /// The event every one of the request's events is built on.
     pub fn base_event(self) -> TapEvent {
         TapEvent {
@@ -150,5 +159,12 @@ mod tests {
         let unmeshed = Meta::outbound(src, dst, &TlsLabel::plaintext(), None, None).base_event();
         assert_eq!(unmeshed.destination_meta.unwrap().labels["tls"], "not_provided_by_service_discovery");
         assert!(unmeshed.route_meta.is_none());
+        let egress = Meta::outbound(src, dst, &TlsLabel::plaintext(), None, None)
+            .egress("shop/world", "api.example.test")
+            .base_event();
+        let dst_labels = egress.destination_meta.unwrap().labels;
+        assert_eq!((dst_labels["dst_kind"].as_str(), dst_labels["egress_network"].as_str()), ("egress", "shop/world"));
+        assert_eq!(dst_labels["dst_hostname"], "api.example.test");
+        assert_eq!(dst_labels["tls"], "not_provided_by_service_discovery", "the mesh's own labels stay");
     }
 }

@@ -94,6 +94,16 @@ impl EgressMetrics {
     }
 }
 
+/// The hostname an HTTP request names: its authority's host, else its Host header's; lower
+/// case. `None` when it names none.
+pub fn request_hostname<B>(req: &http::Request<B>) -> Option<String> {
+    let host = req.uri().host().map(str::to_string).or_else(|| {
+        let value = req.headers().get(http::header::HOST)?.to_str().ok()?;
+        Some(value.parse::<http::uri::Authority>().ok()?.host().to_string())
+    })?;
+    Some(host.to_ascii_lowercase())
+}
+
 /// An egress connection as it was admitted.
 #[derive(Debug, Clone)]
 pub struct Admitted {

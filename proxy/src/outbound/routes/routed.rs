@@ -149,15 +149,7 @@ fn egress_request<B>(
     policy: &OutboundPolicy,
     outbound: &Outbound,
 ) -> crate::outbound::egress::EgressConnLabels {
-    let host = req
-        .uri()
-        .host()
-        .map(str::to_string)
-        .or_else(|| {
-            let value = req.headers().get(http::header::HOST)?.to_str().ok()?;
-            Some(value.parse::<http::uri::Authority>().ok()?.host().to_string())
-        })
-        .unwrap_or_else(|| "unknown".into());
+    let host = crate::outbound::egress::request_hostname(req).unwrap_or_else(|| "unknown".into());
     let labels = outbound.egress.labels(&policy.parent, &host);
     outbound.egress.outbound_egress_requests_total.get_or_create(&labels).inc();
     crate::outbound::egress::EgressConnLabels {
