@@ -440,8 +440,7 @@ impl State {
                     None => self.services.remove(&key).is_some(),
                 };
                 if changed {
-                    self.forget_conflicts_of(&key);
-                    self.dirty_all = true;
+                    self.service_changed(&key);
                 }
                 return;
             }
@@ -487,8 +486,10 @@ impl State {
             Kind::NetworkAuthentication => self.networks.remove(key).is_some(),
             Kind::HttpLocalRateLimitPolicy => self.rate_limits.remove(key).is_some(),
             Kind::Service => {
-                self.forget_conflicts_of(key);
-                self.services.remove(key).is_some()
+                if self.services.remove(key).is_some() {
+                    self.service_changed(key);
+                }
+                return;
             }
         };
         self.dirty_all |= existed;
@@ -620,8 +621,12 @@ impl State {
         }
     }
 
-    fn forget_conflicts_of(&mut self, service: &NsName) {
+    /// A Service's declaration came, changed or went: only pods of its namespace can be
+    /// affected, and a conflict it was part of may be said again if it returns.
+    fn service_changed(&mut self, service: &NsName) {
         self.conflicts_logged.get_mut().retain(|(a, b)| a != service && b != service);
+        let pods = self.channels.keys().filter(|(pod, _)| pod.namespace == service.namespace);
+        self.dirty_pods.extend(pods.map(|(pod, _)| pod.clone()));
     }
 
     /// The policies targeting the Server or its namespace whose every reference resolves.
