@@ -12,7 +12,8 @@
 //! Anything else (`https`, `grpc`, vendor names) is detected as before; each unknown value is
 //! logged once. The client side reads it in its outbound policy
 //! ([`crate::grpc::outbound`]) and Destination profile; the server side's protocol for a pod
-//! port is [`super::model::declared_for_pod_port`], for the inbound policy to serve.
+//! port is [`super::model::declared_for_pod_port`], which the inbound policy index
+//! ([`crate::policy::index`]) serves after a Server's `proxyProtocol` and the pod's opaque ports.
 //!
 //! Layer: model/index (pure).
 

@@ -149,16 +149,9 @@ pub struct ServiceRecord {
     pub route_defaults: ServiceDefaults,
     /// Its `balancer.cnimesh.io/failure-accrual…` annotations, for every client's balancer.
     pub failure_accrual: Option<FailureAccrual>,
-    /// Its pod selector (declared protocols of pod ports); `None`: a Service without one.
-    pub selector: Option<BTreeMap<String, String>>,
 }
 
 impl ServiceRecord {
-    /// Whether it selects a pod with `labels` (a Service without a selector selects none).
-    pub fn selects(&self, labels: &BTreeMap<String, String>) -> bool {
-        self.selector.as_ref().is_some_and(|s| !s.is_empty() && s.iter().all(|(k, v)| labels.get(k) == Some(v)))
-    }
-
     /// What port `port` declares with its `appProtocol`.
     pub fn app_protocol(&self, port: u16) -> Option<AppProtocol> {
         self.ports.iter().find(|p| p.port == port).and_then(|p| p.app_protocol)
@@ -178,25 +171,7 @@ impl ServiceRecord {
             .collect();
         cluster_ips.sort();
         cluster_ips.dedup();
-        let ports = spec
-            .and_then(|s| s.ports.as_ref())
-            .into_iter()
-            .flatten()
-            .filter(|p| is_tcp(p.protocol.as_deref()))
-            .filter_map(|p| {
-                let port = u16::try_from(p.port).ok()?;
-                let target = match &p.target_port {
-                    None => TargetPort::Number(port),
-                    Some(IntOrString::Int(n)) => TargetPort::Number(u16::try_from(*n).ok()?),
-                    Some(IntOrString::String(s)) => match s.parse() {
-                        Ok(n) => TargetPort::Number(n),
-                        Err(_) => TargetPort::Name(s.clone()),
-                    },
-                };
-                let app_protocol = p.app_protocol.as_deref().and_then(AppProtocol::parse);
-                Some(ServicePort { port, name: p.name.clone().unwrap_or_default(), target, app_protocol })
-            })
-            .collect();
+        let ports = service_ports(svc);
         let route_defaults = ServiceDefaults::from_annotations(&svc.metadata).unwrap_or_else(|e| {
             // As for opaque ports: one typo should not take the Service out of discovery.
             tracing::warn!(service = %key, reason = %e.0, "retry/timeout annotations ignored");
@@ -207,38 +182,102 @@ impl ServiceRecord {
             tracing::error!(service = %key, annotation = e.annotation, reason = %e.why, "failure accrual annotations rejected; the Service is served without failure accrual");
             None
         });
-        let selector = spec.and_then(|s| s.selector.clone());
-        Self {
-            cluster_ips,
-            ports,
-            opaque_ports: PortSet::of(&key, &svc.metadata),
-            route_defaults,
-            failure_accrual,
-            selector,
-        }
+        Self { cluster_ips, ports, opaque_ports: PortSet::of(&key, &svc.metadata), route_defaults, failure_accrual }
     }
 }
 
+/// A Service's TCP ports: where each sends traffic on its endpoints and what it declares.
+fn service_ports(svc: &Service) -> Vec<ServicePort> {
+    svc.spec
+        .as_ref()
+        .and_then(|s| s.ports.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|p| is_tcp(p.protocol.as_deref()))
+        .filter_map(|p| {
+            let port = u16::try_from(p.port).ok()?;
+            let target = match &p.target_port {
+                None => TargetPort::Number(port),
+                Some(IntOrString::Int(n)) => TargetPort::Number(u16::try_from(*n).ok()?),
+                Some(IntOrString::String(s)) => match s.parse() {
+                    Ok(n) => TargetPort::Number(n),
+                    Err(_) => TargetPort::Name(s.clone()),
+                },
+            };
+            let app_protocol = p.app_protocol.as_deref().and_then(AppProtocol::parse);
+            Some(ServicePort { port, name: p.name.clone().unwrap_or_default(), target, app_protocol })
+        })
+        .collect()
+}
+
+/// What a Service declares about the pods it selects: its selector and the ports whose
+/// `appProtocol` the mesh reads, with their targets. The inbound policy of those pods serves it
+/// ([`crate::policy`]); the ports are read by the same code as [`ServiceRecord`]'s.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Declaration {
+    /// Never empty: a Service without a selector selects no pod.
+    pub selector: BTreeMap<String, String>,
+    /// Only ports with a declared protocol; never empty.
+    pub ports: Vec<ServicePort>,
+}
+
+impl Declaration {
+    /// `None` for a Service that selects no pods or declares no port's protocol (most of them):
+    /// nothing for inbound policy to keep.
+    pub fn from_k8s(svc: &Service) -> Option<Self> {
+        let selector = svc.spec.as_ref()?.selector.clone().filter(|s| !s.is_empty())?;
+        let ports: Vec<ServicePort> = service_ports(svc).into_iter().filter(|p| p.app_protocol.is_some()).collect();
+        (!ports.is_empty()).then_some(Self { selector, ports })
+    }
+
+    /// Whether it selects a pod with `labels` (equality on every selector label, as Kubernetes).
+    pub fn selects(&self, labels: &BTreeMap<String, String>) -> bool {
+        self.selector.iter().all(|(k, v)| labels.get(k) == Some(v))
+    }
+}
+
+/// Two Services (or two ports of one) declare different protocols for the same pod port: the
+/// owner's contradiction, which the mesh does not resolve by guessing.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "Services {} ({:?}) and {} ({:?}) declare different protocols for pod port {port}; it is detected",
+    first.0, first.1, second.0, second.1
+)]
+pub struct Conflict {
+    pub port: u16,
+    pub first: (NsName, AppProtocol),
+    pub second: (NsName, AppProtocol),
+}
+
 /// The protocol Services declare for `port` of a pod with `labels` and container ports
-/// `named_ports` in namespace `namespace`: what the inbound proxy of that pod may serve without
-/// detection. `services` are the namespace's Services with their selectors; the first one that
-/// selects the pod and targets the port with a declared `appProtocol` decides (Services that
-/// disagree are the owner's contradiction; the first by name wins, as a sorted map gives them).
+/// `named_ports`: what the inbound proxy of that pod may serve without detection. `services`
+/// are the pod's namespace's Services that declare something. `Ok(None)`: none declares the
+/// port; [`Conflict`]: two disagree, and the caller detects.
 pub fn declared_for_pod_port<'a>(
-    services: impl IntoIterator<Item = &'a ServiceRecord>,
+    services: impl IntoIterator<Item = (&'a NsName, &'a Declaration)>,
     labels: &BTreeMap<String, String>,
     named_ports: &BTreeMap<String, u16>,
     port: u16,
-) -> Option<AppProtocol> {
-    services
+) -> Result<Option<AppProtocol>, Conflict> {
+    let mut declared: Option<(&NsName, AppProtocol)> = None;
+    let targeting = services
         .into_iter()
-        .filter(|s| s.selects(labels))
-        .flat_map(|s| s.ports.iter())
-        .filter(|p| match &p.target {
+        .filter(|(_, d)| d.selects(labels))
+        .flat_map(|(key, d)| d.ports.iter().map(move |p| (key, p)))
+        .filter(|(_, p)| match &p.target {
             TargetPort::Number(n) => *n == port,
             TargetPort::Name(name) => named_ports.get(name) == Some(&port),
-        })
-        .find_map(|p| p.app_protocol)
+        });
+    for (key, protocol) in targeting.filter_map(|(key, p)| Some((key, p.app_protocol?))) {
+        match declared {
+            None => declared = Some((key, protocol)),
+            Some((_, first)) if first == protocol => {}
+            Some((first_key, first)) => {
+                return Err(Conflict { port, first: (first_key.clone(), first), second: (key.clone(), protocol) });
+            }
+        }
+    }
+    Ok(declared.map(|(_, protocol)| protocol))
 }
 
 fn is_tcp(protocol: Option<&str>) -> bool {
@@ -449,14 +488,54 @@ mod tests {
             },
         }))
         .unwrap();
-        let record = ServiceRecord::from_k8s(&svc);
+        let record = Declaration::from_k8s(&svc).expect("declares ports");
+        assert_eq!(record.ports.len(), 2, "only the ports it declares: {record:?}");
+        let key = NsName::new("shop", "db");
         let labels: BTreeMap<String, String> = [("app".to_string(), "db".to_string())].into();
         let named: BTreeMap<String, u16> = [("pg".to_string(), 15432)].into();
-        let declared = |labels: &BTreeMap<String, String>, port| declared_for_pod_port([&record], labels, &named, port);
+        let declared = |labels: &BTreeMap<String, String>, port| {
+            declared_for_pod_port([(&key, &record)], labels, &named, port).unwrap()
+        };
         assert_eq!(declared(&labels, 15432), Some(AppProtocol::Opaque), "a named targetPort");
         assert_eq!(declared(&labels, 8080), Some(AppProtocol::Http1));
         assert_eq!(declared(&labels, 8081), None, "not a value the mesh declares");
         assert_eq!(declared(&labels, 9999), None, "no Service port targets it");
         assert_eq!(declared(&BTreeMap::new(), 8080), None, "the Service does not select the pod");
+
+        // A second Service that says otherwise for the same pod port: a conflict, never a guess;
+        // one that agrees is no conflict.
+        let other = |app_protocol: &str| {
+            let svc: Service = serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "db-admin", "namespace": "shop"},
+                "spec": {"selector": {"app": "db"}, "ports": [{"port": 8080, "appProtocol": app_protocol}]},
+            }))
+            .unwrap();
+            Declaration::from_k8s(&svc).unwrap()
+        };
+        let (admin_key, agrees, disagrees) =
+            (NsName::new("shop", "db-admin"), other("http"), other("kubernetes.io/h2c"));
+        let both = |second: &Declaration| {
+            declared_for_pod_port([(&key, &record), (&admin_key, second)], &labels, &named, 8080)
+        };
+        assert_eq!(both(&agrees), Ok(Some(AppProtocol::Http1)));
+        let conflict = both(&disagrees).unwrap_err();
+        assert_eq!((conflict.first.0.name.as_str(), conflict.second.0.name.as_str()), ("db", "db-admin"));
+        assert!(conflict.to_string().contains("shop/db-admin"), "{conflict}");
+    }
+
+    #[test]
+    fn services_that_select_nothing_or_declare_nothing_are_not_kept() {
+        let svc = |spec: serde_json::Value| {
+            let svc: Service =
+                serde_json::from_value(serde_json::json!({"metadata": {"name": "s"}, "spec": spec})).unwrap();
+            Declaration::from_k8s(&svc)
+        };
+        assert_eq!(svc(serde_json::json!({"ports": [{"port": 80, "appProtocol": "http"}]})), None, "no selector");
+        assert_eq!(svc(serde_json::json!({"selector": {}, "ports": [{"port": 80, "appProtocol": "http"}]})), None);
+        assert_eq!(
+            svc(serde_json::json!({"selector": {"app": "a"}, "ports": [{"port": 80}]})),
+            None,
+            "nothing declared"
+        );
     }
 }

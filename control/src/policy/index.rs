@@ -17,7 +17,11 @@
 //!   NetworkAuthentication means any network;
 //! - a port no Server names gets the default policy: the pod's
 //!   `config.cnimesh.io/default-inbound-policy`, else its namespace's, else the control plane's
-//!   flag; its protocol is opaque when the pod's opaque-ports annotation lists the port;
+//!   flag;
+//! - the protocol (issue 30, item 5, as Linkerd 2.18): a Server's explicit `proxyProtocol`, else
+//!   opaque when the pod's opaque-ports annotation lists the port, else what the `appProtocol` of
+//!   the Services selecting the pod declares for it ([`crate::destination::declared_for_pod_port`];
+//!   two that disagree: detect, logged once naming both), else detect;
 //! - kubelet probe paths of the port stay reachable under any policy ([`InboundServer::probe_paths`]).
 //!
 //! It also holds the Gateway API routes and ReferenceGrants ([`crate::routes`]): per watched
@@ -35,7 +39,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use ipnet::IpNet;
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
 use tokio::sync::watch;
 
 use super::crd;
@@ -43,6 +47,7 @@ use super::model::{
     AuthzPolicyRecord, DefaultPolicy, Identities, IdentityRef, NamespaceRecord, Network, PodRecord, Protocol,
     RateLimitRecord, ServerRecord, Target, networks_from_crd,
 };
+use crate::destination::{Conflict, Declaration, declared_for_pod_port};
 use crate::meta::{Invalid, NsName, key_of};
 use crate::routes::{self, Grant, Route, RouteKind, ServiceRoutes};
 
@@ -84,9 +89,11 @@ pub enum Kind {
     ReferenceGrant,
     // issue 30: rate limiting
     HttpLocalRateLimitPolicy,
+    // issue 30: declared protocols (the Services' appProtocol, for the pods they select)
+    Service,
 }
 
-pub const KINDS: [Kind; 10] = [
+pub const KINDS: [Kind; 11] = [
     Kind::Pod,
     Kind::Namespace,
     Kind::Server,
@@ -97,6 +104,7 @@ pub const KINDS: [Kind; 10] = [
     Kind::GrpcRoute,
     Kind::ReferenceGrant,
     Kind::HttpLocalRateLimitPolicy,
+    Kind::Service,
 ];
 
 /// The kinds routes are computed from.
@@ -115,6 +123,7 @@ pub enum Object {
     GrpcRoute(Box<routes::crd::GrpcRoute>),
     ReferenceGrant(Box<routes::crd::ReferenceGrant>),
     HttpLocalRateLimitPolicy(Box<crd::HttpLocalRateLimitPolicy>),
+    Service(Box<Service>),
 }
 
 impl Object {
@@ -130,6 +139,7 @@ impl Object {
             Object::GrpcRoute(_) => Kind::GrpcRoute,
             Object::ReferenceGrant(_) => Kind::ReferenceGrant,
             Object::HttpLocalRateLimitPolicy(_) => Kind::HttpLocalRateLimitPolicy,
+            Object::Service(_) => Kind::Service,
         }
     }
 
@@ -146,6 +156,7 @@ impl Object {
             Object::GrpcRoute(o) => key_of(&o.metadata),
             Object::ReferenceGrant(o) => key_of(&o.metadata),
             Object::HttpLocalRateLimitPolicy(o) => key_of(&o.metadata),
+            Object::Service(o) => key_of(&o.metadata),
         }
     }
 }
@@ -163,7 +174,7 @@ from_boxed!(Pod => Pod, Namespace => Namespace, crd::Server => Server,
     crd::AuthorizationPolicy => AuthorizationPolicy, crd::MeshTlsAuthentication => MeshTlsAuthentication,
     crd::NetworkAuthentication => NetworkAuthentication, routes::crd::HttpRoute => HttpRoute,
     routes::crd::GrpcRoute => GrpcRoute, routes::crd::ReferenceGrant => ReferenceGrant,
-    crd::HttpLocalRateLimitPolicy => HttpLocalRateLimitPolicy);
+    crd::HttpLocalRateLimitPolicy => HttpLocalRateLimitPolicy, Service => Service);
 
 /// One update from a source, in the Destination index's shape; a batch is applied as one step.
 pub type Change = crate::destination::Change<Kind, Object>;
@@ -245,6 +256,10 @@ struct State {
     mesh_tls: HashMap<NsName, Identities>,
     networks: HashMap<NsName, Vec<Network>>,
     rate_limits: BTreeMap<NsName, RateLimitRecord>,
+    /// Services that select pods and declare some port's protocol (the rest are not kept).
+    services: BTreeMap<NsName, Declaration>,
+    /// Pairs of Services whose conflicting declarations were logged, so each is said once.
+    conflicts_logged: Mutex<HashSet<(NsName, NsName)>>,
     channels: HashMap<(NsName, u16), watch::Sender<InboundView>>,
     routes: BTreeMap<(RouteKind, NsName), Arc<Route>>,
     grants: BTreeMap<NsName, Grant>,
@@ -384,6 +399,7 @@ impl State {
             }
             Kind::ReferenceGrant => self.grants.keys().cloned().collect(),
             Kind::HttpLocalRateLimitPolicy => self.rate_limits.keys().cloned().collect(),
+            Kind::Service => self.services.keys().cloned().collect(),
         }
     }
 
@@ -414,6 +430,18 @@ impl State {
             Object::ReferenceGrant(o) => {
                 self.grants.insert(key, Grant::from_crd(&o));
                 self.dirty_routes = true;
+                return;
+            }
+            Object::Service(svc) => {
+                // Only a change in what it declares touches the answers: most Services declare
+                // nothing and cost no recompute.
+                let changed = match Declaration::from_k8s(&svc) {
+                    Some(declared) => self.services.insert(key.clone(), declared.clone()) != Some(declared),
+                    None => self.services.remove(&key).is_some(),
+                };
+                if changed {
+                    self.service_changed(&key);
+                }
                 return;
             }
             Object::HttpLocalRateLimitPolicy(o) => RateLimitRecord::from_crd(&o, &config.trust_domain).map(|r| {
@@ -457,6 +485,12 @@ impl State {
             Kind::MeshTlsAuthentication => self.mesh_tls.remove(key).is_some(),
             Kind::NetworkAuthentication => self.networks.remove(key).is_some(),
             Kind::HttpLocalRateLimitPolicy => self.rate_limits.remove(key).is_some(),
+            Kind::Service => {
+                if self.services.remove(key).is_some() {
+                    self.service_changed(key);
+                }
+                return;
+            }
         };
         self.dirty_all |= existed;
     }
@@ -529,7 +563,10 @@ impl State {
                 authorizations.extend(default_authorizations(server.access_policy, config));
                 InboundServer {
                     meta: ServerMeta::Server(key.name.clone()),
-                    protocol: server.protocol,
+                    protocol: match server.protocol {
+                        Protocol::Detect => self.undeclared_protocol(ns, pod, port),
+                        explicit => explicit,
+                    },
                     authorizations,
                     probe_paths,
                     rate_limit: self.rate_limit_for(&key.name, ns).map(|(k, r)| RateLimit {
@@ -545,10 +582,9 @@ impl State {
                     .default_policy
                     .or_else(|| self.namespaces.get(ns).and_then(|n| n.default_policy))
                     .unwrap_or(config.default_policy);
-                let protocol = if pod.opaque_ports.contains(port) { Protocol::Opaque } else { Protocol::Detect };
                 InboundServer {
                     meta: ServerMeta::Default(default),
-                    protocol,
+                    protocol: self.undeclared_protocol(ns, pod, port),
                     authorizations: default_authorizations(default, config),
                     probe_paths,
                     rate_limit: None,
@@ -556,6 +592,41 @@ impl State {
             }
         };
         Some(Arc::new(answer))
+    }
+
+    /// The protocol of a pod port no Server declares one for: opaque when the pod's opaque-ports
+    /// annotation lists it, else what the Services selecting the pod declare, else detect.
+    fn undeclared_protocol(&self, ns: &str, pod: &PodRecord, port: u16) -> Protocol {
+        if pod.opaque_ports.contains(port) {
+            return Protocol::Opaque;
+        }
+        let services = self.services.range(NsName::new(ns, "")..).take_while(|(k, _)| k.namespace == ns);
+        match declared_for_pod_port(services, &pod.labels, &pod.named_ports, port) {
+            Ok(declared) => declared.map_or(Protocol::Detect, Protocol::from),
+            Err(conflict) => {
+                self.log_conflict(&conflict);
+                Protocol::Detect
+            }
+        }
+    }
+
+    /// Says a conflict once per pair of Services (until one of them changes): the answer is
+    /// recomputed for every pod and port they cover, and the log must not repeat with it.
+    fn log_conflict(&self, conflict: &Conflict) {
+        let pair = (conflict.first.0.clone(), conflict.second.0.clone());
+        let mut logged = self.conflicts_logged.lock();
+        // Bounded: past this many, a cluster has bigger problems than a quiet log.
+        if logged.len() < 1024 && logged.insert(pair) {
+            tracing::warn!(%conflict, "conflicting appProtocol declarations; the port is detected");
+        }
+    }
+
+    /// A Service's declaration came, changed or went: only pods of its namespace can be
+    /// affected, and a conflict it was part of may be said again if it returns.
+    fn service_changed(&mut self, service: &NsName) {
+        self.conflicts_logged.get_mut().retain(|(a, b)| a != service && b != service);
+        let pods = self.channels.keys().filter(|(pod, _)| pod.namespace == service.namespace);
+        self.dirty_pods.extend(pods.map(|(pod, _)| pod.clone()));
     }
 
     /// The policies targeting the Server or its namespace whose every reference resolves.
@@ -623,6 +694,7 @@ mod tests {
             "HTTPLocalRateLimitPolicy" => {
                 Object::from(serde_json::from_value::<crd::HttpLocalRateLimitPolicy>(value).unwrap())
             }
+            "Service" => Object::from(serde_json::from_value::<Service>(value).unwrap()),
             _ => Object::from(serde_json::from_value::<crd::NetworkAuthentication>(value).unwrap()),
         }
     }
@@ -859,6 +931,88 @@ mod tests {
         let a = answer(&mut index.watch_inbound(&key(), 9090));
         assert_eq!(a.meta, ServerMeta::Default(DefaultPolicy::Audit));
         assert_eq!(a.authorizations[0].authentication, Authentication::Unauthenticated);
+    }
+
+    /// A Service `name` selecting api's pod, port 80 to `target` (a number or a container port
+    /// name) with `app_protocol`.
+    fn service(name: &str, target: &str, app_protocol: &str) -> Object {
+        object(&format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: shop}}\nspec:\n  selector: {{app: api}}\n  ports: [{{port: 80, targetPort: {target}, appProtocol: {app_protocol}}}]\n"
+        ))
+    }
+
+    #[test]
+    fn a_services_app_protocol_declares_the_protocol_of_the_pod_ports_it_targets() {
+        let index = ready_index(Config::default());
+        index.apply([Change::Upsert(pod())]);
+        let mut rx = index.watch_inbound(&key(), 8080);
+        assert_eq!(answer(&mut rx).protocol, Protocol::Detect, "nothing declared");
+
+        for (app_protocol, served) in [
+            ("http", Protocol::Http1),
+            ("kubernetes.io/ws", Protocol::Http1),
+            ("kubernetes.io/h2c", Protocol::Http2),
+            ("cnimesh.io/opaque", Protocol::Opaque),
+            ("linkerd.io/opaque", Protocol::Opaque),
+            ("https", Protocol::Detect),
+        ] {
+            index.apply([Change::Upsert(service("api", "8080", app_protocol))]);
+            assert_eq!(answer(&mut rx).protocol, served, "{app_protocol}");
+        }
+
+        // A named targetPort reaches the container port of that name.
+        index.apply([Change::Upsert(service("api", "http", "kubernetes.io/h2c"))]);
+        assert_eq!(answer(&mut rx).protocol, Protocol::Http2, "targetPort: http is 8080");
+        assert_eq!(answer(&mut index.watch_inbound(&key(), 9090)).protocol, Protocol::Detect, "another port");
+
+        // The Service removed: detection again, pushed to the open stream.
+        index.apply([Change::Delete(Kind::Service, NsName::new("shop", "api"))]);
+        assert_eq!(answer(&mut rx).protocol, Protocol::Detect);
+        // A Service that selects another app declares nothing for this pod.
+        index.apply([Change::Upsert(object(
+            "apiVersion: v1\nkind: Service\nmetadata: {name: db, namespace: shop}\nspec:\n  selector: {app: db}\n  ports: [{port: 80, targetPort: 8080, appProtocol: http}]\n",
+        ))]);
+        assert!(!rx.has_changed().unwrap(), "no change for api's pod");
+    }
+
+    #[test]
+    fn two_services_declaring_different_protocols_for_a_port_leave_it_detected() {
+        let index = ready_index(Config::default());
+        index.apply([Change::Upsert(pod()), Change::Upsert(service("api", "8080", "http"))]);
+        let mut rx = index.watch_inbound(&key(), 8080);
+        assert_eq!(answer(&mut rx).protocol, Protocol::Http1);
+        index.apply([Change::Upsert(service("api-admin", "http", "cnimesh.io/opaque"))]);
+        assert_eq!(answer(&mut rx).protocol, Protocol::Detect, "never a guess between two declarations");
+        index.apply([Change::Upsert(service("api-admin", "http", "http"))]);
+        assert_eq!(answer(&mut rx).protocol, Protocol::Http1, "agreeing declarations stand");
+    }
+
+    #[test]
+    fn a_servers_protocol_then_the_opaque_ports_annotation_win_over_app_protocol() {
+        let index = ready_index(Config::default());
+        let detecting_server = object(
+            "apiVersion: policy.cnimesh.io/v1alpha1\nkind: Server\nmetadata: {name: api-http, namespace: shop}\nspec: {podSelector: {matchLabels: {app: api}}, port: 8080}\n",
+        );
+        let db = object(
+            "apiVersion: v1\nkind: Service\nmetadata: {name: db, namespace: shop}\nspec:\n  selector: {app: api}\n  ports: [{port: 5432, appProtocol: http}]\n",
+        );
+        index.apply([
+            Change::Upsert(pod()),
+            Change::Upsert(service("api", "8080", "kubernetes.io/h2c")),
+            Change::Upsert(db),
+        ]);
+        let mut rx = index.watch_inbound(&key(), 8080);
+        assert_eq!(answer(&mut rx).protocol, Protocol::Http2);
+
+        // A Server with no proxyProtocol (unknown) leaves it to the declaration…
+        index.apply([Change::Upsert(detecting_server)]);
+        let a = answer(&mut rx);
+        assert_eq!((a.meta, a.protocol), (ServerMeta::Server("api-http".into()), Protocol::Http2));
+        // …one that says HTTP/1 decides.
+        index.apply([Change::Upsert(server("8080"))]);
+        assert_eq!(answer(&mut rx).protocol, Protocol::Http1);
+        // The pod's opaque-ports annotation (5432) wins over the Service's `http` there.
+        assert_eq!(answer(&mut index.watch_inbound(&key(), 5432)).protocol, Protocol::Opaque);
     }
 
     #[test]

@@ -4,8 +4,10 @@
 //! so a stock linkerd2-proxy can run against cnimesh-control (issue 19).
 //!
 //! Cluster state flows one way, as for Destination: a [`Source`](crate::sources::Source) given
-//! the policy index (`FileSource::with_policy`, `KubeSource::with_policy`) turns Pods (the same
-//! watch Destination uses), Namespaces and the four `policy.cnimesh.io/v1alpha1` resources into
+//! the policy index (`FileSource::with_policy`, `KubeSource::with_policy`) turns Pods and
+//! Services (the same watches Destination uses; of a Service, only the `appProtocol` it declares
+//! for the pods it selects is kept, issue 30), Namespaces and the `policy.cnimesh.io/v1alpha1`
+//! resources into
 //! [`Change`]s on an [`Index`]; [`InboundService`](crate::grpc::inbound::InboundService) streams
 //! its answers. Outbound policy needs Services and their opaque ports, which the Destination
 //! index already holds, and the Gateway API routes attached to them ([`crate::routes`]), which

@@ -18,6 +18,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::crd::{self, AuthenticationKind, IdentityRefKind, LabelSelector, Port, SelectorOperator, TargetKind};
 use crate::destination::PortSet;
+use crate::destination::app_protocol::AppProtocol;
 use crate::meta::key_of;
 use crate::meta::{Invalid, NsName};
 
@@ -227,6 +228,17 @@ impl From<crd::ProxyProtocol> for Protocol {
             crd::ProxyProtocol::Grpc => Self::Grpc,
             crd::ProxyProtocol::Opaque => Self::Opaque,
             crd::ProxyProtocol::Tls => Self::Tls,
+        }
+    }
+}
+
+/// What a Service port's `appProtocol` declares, as the inbound proxy serves it.
+impl From<AppProtocol> for Protocol {
+    fn from(p: AppProtocol) -> Self {
+        match p {
+            AppProtocol::Http1 => Self::Http1,
+            AppProtocol::Http2 => Self::Http2,
+            AppProtocol::Opaque => Self::Opaque,
         }
     }
 }

@@ -223,7 +223,7 @@ impl Files {
     }
 }
 
-/// A document for one of the two indexes (a Pod is read once and given to both).
+/// A document for one of the indexes (a Pod is read once and given to both).
 #[derive(Debug, Clone)]
 enum Parsed {
     Destination(Object),
@@ -257,9 +257,16 @@ struct Changes {
 }
 
 impl Changes {
+    /// A Service goes to policy too (issue 30: its `appProtocol` declares the protocol of the pod
+    /// ports it targets), as the same object: one id, so a file's edits reach both indexes.
     fn upsert(&mut self, object: Parsed) {
         match object {
-            Parsed::Destination(o) => self.destination.push(Change::Upsert(o)),
+            Parsed::Destination(o) => {
+                if let Object::Service(s) = &o {
+                    self.policy.push(policy::Change::Upsert(policy::Object::Service(s.clone())));
+                }
+                self.destination.push(Change::Upsert(o))
+            }
             Parsed::Policy(o) => self.policy.push(policy::Change::Upsert(o)),
             Parsed::Egress(o) => self.egress.push(egress::Change::Upsert(o)),
         }
@@ -267,7 +274,12 @@ impl Changes {
 
     fn delete(&mut self, id: ObjectId) {
         match id {
-            ObjectId::Destination(kind, key) => self.destination.push(Change::Delete(kind, key)),
+            ObjectId::Destination(kind, key) => {
+                if kind == Kind::Service {
+                    self.policy.push(policy::Change::Delete(policy::Kind::Service, key.clone()));
+                }
+                self.destination.push(Change::Delete(kind, key))
+            }
             ObjectId::Policy(kind, key) => self.policy.push(policy::Change::Delete(kind, key)),
             ObjectId::Egress(kind, key) => self.egress.push(egress::Change::Delete(kind, key)),
         }

@@ -1,5 +1,6 @@
 //! Cluster state from the Kubernetes API: one kube-rs watcher per kind, all namespaces; with a
-//! policy index ([`KubeSource::with_policy`]) also Namespaces, the policy resources and the
+//! policy index ([`KubeSource::with_policy`]) the same Pod and Service watches feed it too, and
+//! it gets Namespaces, the policy resources and the
 //! Gateway API's HTTPRoutes, GRPCRoutes and ReferenceGrants (optional: a cluster without their
 //! CRDs has none of them); with an egress index ([`KubeSource::with_egress`], issue 30) also
 //! EgressNetworks, TLSRoutes and TCPRoutes, and the same HTTPRoute and GRPCRoute watches feed it.
@@ -69,8 +70,13 @@ impl Source for KubeSource {
         });
         let destination = async {
             futures::join!(
-                follow(Api::<Service>::all(client.clone()), "Service", Absent::Retry, |u| index
-                    .apply([destination_change(Kind::Service, u)])),
+                follow(Api::<Service>::all(client.clone()), "Service", Absent::Retry, |u: Update<Service>| {
+                    // issue 30: declared protocols. One watch, two indexes, as for Pods.
+                    if let Some(policy) = &policy {
+                        policy.apply([policy_change(policy::Kind::Service, u.clone())]);
+                    }
+                    index.apply([destination_change(Kind::Service, u)])
+                }),
                 follow(Api::<EndpointSlice>::all(client.clone()), "EndpointSlice", Absent::Retry, |u| index
                     .apply([destination_change(Kind::EndpointSlice, u)])),
                 pods,
@@ -245,6 +251,7 @@ fn kind_name(kind: policy::Kind) -> &'static str {
         policy::Kind::GrpcRoute => "GRPCRoute",
         policy::Kind::ReferenceGrant => "ReferenceGrant",
         policy::Kind::HttpLocalRateLimitPolicy => "HTTPLocalRateLimitPolicy",
+        policy::Kind::Service => "Service",
     }
 }
 

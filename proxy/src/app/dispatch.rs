@@ -57,19 +57,23 @@ pub async fn serve<I: Io>(mut io: I, read: Bytes, conn: Connection, shared: &Arc
     };
     let open = OpenConnection::open(m.clone(), labels);
     let by_policy = |protocol| Some(Known { protocol, by: DecidedBy::policy });
-    let known = conn.known.or_else(|| {
-        conn.policy.as_ref().and_then(|p| match p.protocol() {
-            // An HTTP/1 server's requests may arrive over HTTP/2 from a meshed proxy (Linkerd's
-            // transport upgrade, `l5d-orig-proto`, on by default in ours too), so HTTP/1 ports
-            // still detect, as linkerd2-proxy's inbound does.
-            PortProtocol::Http1 => None,
-            PortProtocol::Http2 => by_policy(Protocol::Http2),
-            PortProtocol::Opaque => by_policy(Protocol::Opaque),
-            PortProtocol::Detect => None,
-        })
+    let policy_protocol = conn.policy.as_ref().map(|p| p.protocol());
+    let known = conn.known.or_else(|| match policy_protocol? {
+        // An HTTP/1 server's requests may arrive over HTTP/2 from a meshed proxy (Linkerd's
+        // transport upgrade, `l5d-orig-proto`, on by default in ours too): below.
+        PortProtocol::Http1 => None,
+        PortProtocol::Http2 => by_policy(Protocol::Http2),
+        PortProtocol::Opaque => by_policy(Protocol::Opaque),
+        PortProtocol::Detect => None,
     });
     let (protocol, prefix, by) = match known {
         Some(known) => (known.protocol, read, known.by),
+        // Declared HTTP/1 (issue 30: a Server's proxyProtocol or a Service's appProtocol): only
+        // the HTTP version is told, so a late client is still HTTP, never opaque or cut off.
+        None if policy_protocol == Some(PortProtocol::Http1) => {
+            let (protocol, prefix) = detect::http_version(&mut io, read, config.detect_timeout).await?;
+            (protocol, prefix, DecidedBy::policy)
+        }
         None => {
             let (protocol, prefix) = detect::detect(&mut io, read, config.detect_timeout).await.inspect_err(|e| {
                 if matches!(e, detect::DetectError::TimedOut { .. }) {

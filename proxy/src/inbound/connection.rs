@@ -73,7 +73,11 @@ pub async fn connection<I: Io>(
         },
         None => None,
     };
-    let policy_opaque = port.as_ref().is_some_and(|p| p.current().protocol == PortProtocol::Opaque);
+    let policy_protocol = port.as_ref().map(|p| p.current().protocol);
+    let policy_opaque = policy_protocol == Some(PortProtocol::Opaque);
+    // Declared HTTP (issue 30: a Server's proxyProtocol, a Service's appProtocol): a client
+    // silent through the TLS wait is plaintext HTTP, served as such, not cut off by detection.
+    let declared_http = matches!(policy_protocol, Some(PortProtocol::Http1 | PortProtocol::Http2));
     let opaque = |by| Some(Known { protocol: Protocol::Opaque, by });
     let known = if config.opaque_ports.contains(&addr.port()) {
         opaque(DecidedBy::configuration)
@@ -90,16 +94,18 @@ pub async fn connection<I: Io>(
     };
     match inbound.identity.as_deref() {
         Some(identity) => {
-            let wait = if known.is_some() { config.opaque_tls_wait } else { config.detect_timeout };
+            let declared = known.is_some() || declared_http;
+            let wait = if declared { config.opaque_tls_wait } else { config.detect_timeout };
             match tls::inbound(io, identity, wait, config.inbound_require_tls).await? {
                 tls::Inbound::Accepted { io, prefix, tls } => {
                     let policy = enforce(&tls);
                     Ok(Accepted { io, prefix, tls, target, known, policy })
                 }
                 // Silent (or dribbling) for the whole wait: on an opaque port, a server-speaks-first
-                // client waiting for its greeting; elsewhere a client that never says anything
-                // meaningful, closed rather than handed to the app.
-                tls::Inbound::Undecided { io, prefix } if known.is_some() => {
+                // client waiting for its greeting; on a declared HTTP port, a late HTTP client;
+                // elsewhere a client that never says anything meaningful, closed rather than
+                // handed to the app.
+                tls::Inbound::Undecided { io, prefix } if declared => {
                     let tls = TlsLabel::plaintext();
                     let policy = enforce(&tls);
                     let io: tls::ClientIo<I> = MaybeTls::Plain(io);

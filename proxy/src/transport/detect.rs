@@ -84,6 +84,35 @@ pub async fn detect<S: AsyncRead + Unpin>(
     }
 }
 
+/// On a port whose policy declares HTTP/1 (a Server's `proxyProtocol`, a Service's
+/// `appProtocol`): which HTTP the client speaks, never opaque and never cut off. A meshed client
+/// may carry HTTP/1 requests over HTTP/2 (`l5d-orig-proto`), so its preface is still looked for,
+/// up to `wait`; a client undecided by then (silent, or slower than that) is HTTP/1, and the HTTP
+/// server's header timeout bounds it from there. Any byte off the preface decides at once.
+pub async fn http_version<S: AsyncRead + Unpin>(
+    stream: &mut S,
+    read: Bytes,
+    wait: Duration,
+) -> io::Result<(Protocol, Bytes)> {
+    let mut buf = BytesMut::with_capacity(1024.max(read.len()));
+    buf.extend_from_slice(&read);
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        let n = buf.len().min(H2_PREFACE.len());
+        if buf[..n] != H2_PREFACE[..n] {
+            return Ok((Protocol::Http1, buf.freeze()));
+        }
+        if n == H2_PREFACE.len() {
+            return Ok((Protocol::Http2, buf.freeze()));
+        }
+        match tokio::time::timeout_at(deadline, stream.read_buf(&mut buf)).await {
+            Err(_) | Ok(Ok(0)) => return Ok((Protocol::Http1, buf.freeze())),
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => return Err(e),
+        }
+    }
+}
+
 /// What decided a connection's protocol: a configured opaque port, a policy from the control
 /// plane, or detection on the client's first bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, prometheus_client::encoding::EncodeLabelValue)]
@@ -155,6 +184,27 @@ mod tests {
         });
         let e = detect(&mut server, Bytes::new(), Duration::from_millis(300)).await.unwrap_err();
         assert!(matches!(e, DetectError::TimedOut { read: 1..20, .. }), "{e}");
+    }
+
+    #[tokio::test]
+    async fn a_declared_http_port_tells_http2_from_http1_and_a_late_client_is_http1() {
+        let (mut client, mut server) = tokio::io::duplex(64);
+        tokio::io::AsyncWriteExt::write_all(&mut client, H2_PREFACE).await.unwrap();
+        let (p, prefix) = http_version(&mut server, Bytes::new(), Duration::from_secs(5)).await.unwrap();
+        assert_eq!((p, &prefix[..]), (Protocol::Http2, H2_PREFACE));
+
+        // Off the preface from the first byte: HTTP/1 at once, even for bytes detection calls
+        // opaque (a declared port is served as declared).
+        let (p, prefix) =
+            http_version(&mut server, Bytes::from_static(b"\x16\x03"), Duration::from_secs(5)).await.unwrap();
+        assert_eq!((p, &prefix[..]), (Protocol::Http1, &b"\x16\x03"[..]));
+
+        // Silent past the wait: HTTP/1, and a half-sent preface prefix is kept for replay.
+        let (mut client, mut server) = tokio::io::duplex(64);
+        tokio::io::AsyncWriteExt::write_all(&mut client, b"PRI").await.unwrap();
+        let (p, prefix) = http_version(&mut server, Bytes::new(), Duration::from_millis(50)).await.unwrap();
+        assert_eq!((p, &prefix[..]), (Protocol::Http1, &b"PRI"[..]));
+        drop(client);
     }
 
     #[tokio::test]
