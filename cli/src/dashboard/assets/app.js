@@ -277,15 +277,16 @@ async function workload(ns, kind, name) {
   // Issue 30: a row admitted only by audit mode is a would-be denial; rate-limited requests (429) per Server.
   const decisions = groupBy(samples, ["inbound_http_authz_allow_total", "inbound_http_authz_deny_total", "inbound_tcp_authz_allow_total", "inbound_tcp_authz_deny_total"], (l) => `${l.srv_kind || "-"}/${l.srv_name || "-"}|${l.authz_name || (l.authz_kind ? l.authz_kind : "-")}|${l.route_name || "-"}|${l.authz_kind === "audit" ? "audit" : ""}`);
   const limited = groupBy(samples, ["inbound_http_local_ratelimit_total"], (l) => `${l.srv_kind || "-"}/${l.srv_name || "-"}`);
-  const byClient = groupBy(samples.filter((s) => s.labels.direction === "inbound"), ["response_total"], (l) => `${l.client_id || (l.tls === "true" ? "(no identity)" : "(plaintext)")}|${l.status_code === "403" ? "denied" : "allowed"}`);
+  const byClient = groupBy(samples.filter((s) => s.labels.direction === "inbound"), ["response_total"], (l) => `${l.client_id || (l.tls === "true" ? "(no identity)" : "(plaintext)")}|${l.status_code === "403" ? "denied" : l.status_code === "429" ? "limited" : "allowed"}`);
   if (decisions.size) authz.append(h("table", { "aria-label": "Decisions by policy" }, h("thead", {}, h("tr", {}, ...["Server", "Authorization", "Route", "Allowed", "Would-be denials (audit)", "Denied", "Rate limited (429)"].map((t) => h("th", { scope: "col" }, t)))),
-    h("tbody", {}, ...[...decisions].map(([k, v]) => { const [srv, az, route, audit] = k.split("|"); const denied = (v.inbound_http_authz_deny_total || 0) + (v.inbound_tcp_authz_deny_total || 0);
-      const allowed = (v.inbound_http_authz_allow_total || 0) + (v.inbound_tcp_authz_allow_total || 0); const wouldBe = audit ? allowed : 0; const rl = (limited.get(srv) || {}).inbound_http_local_ratelimit_total || 0;
-      return h("tr", { "data-denied": denied, "data-would-be-denied": wouldBe }, h("td", {}, srv), h("td", {}, az), h("td", {}, route), h("td", { class: "num" }, allowed - wouldBe), h("td", { class: wouldBe ? "num bad" : "num" }, wouldBe), h("td", { class: denied ? "num bad" : "num" }, denied), h("td", { class: rl ? "num bad" : "num" }, rl)); }))));
+    // A Server's 429s are counted per Server, not per authorization: shown once, on its first row.
+    h("tbody", {}, ...[...decisions].map(([k, v], i, all) => { const [srv, az, route, audit] = k.split("|"); const firstOfServer = all.findIndex(([o]) => o.split("|")[0] === srv) === i; const denied = (v.inbound_http_authz_deny_total || 0) + (v.inbound_tcp_authz_deny_total || 0);
+      const allowed = (v.inbound_http_authz_allow_total || 0) + (v.inbound_tcp_authz_allow_total || 0); const wouldBe = audit ? allowed : 0; const rl = firstOfServer ? (limited.get(srv) || {}).inbound_http_local_ratelimit_total || 0 : 0;
+      return h("tr", { "data-denied": denied, "data-would-be-denied": wouldBe }, h("td", {}, srv), h("td", {}, az), h("td", {}, route), h("td", { class: "num" }, allowed - wouldBe), h("td", { class: wouldBe ? "num bad" : "num" }, wouldBe), h("td", { class: denied ? "num bad" : "num" }, denied), h("td", { class: rl ? "num bad" : "num" }, firstOfServer ? rl : "")); }))));
   const clients = new Map();
-  for (const [k, v] of byClient) { const [id, verdict] = k.split("|"); const c = clients.get(id) || { allowed: 0, denied: 0 }; c[verdict] += v.response_total; clients.set(id, c); }
-  if (clients.size) authz.append(h("table", { "aria-label": "Requests by client identity" }, h("thead", {}, h("tr", {}, ...["Client identity", "Allowed", "Denied (403)"].map((t) => h("th", { scope: "col" }, t)))),
-    h("tbody", {}, ...[...clients].map(([id, c]) => h("tr", { "data-client": id, "data-denied": c.denied }, h("td", {}, id), h("td", { class: "num" }, c.allowed), h("td", { class: c.denied ? "num bad" : "num" }, c.denied))))));
+  for (const [k, v] of byClient) { const [id, verdict] = k.split("|"); const c = clients.get(id) || { allowed: 0, denied: 0, limited: 0 }; c[verdict] += v.response_total; clients.set(id, c); }
+  if (clients.size) authz.append(h("table", { "aria-label": "Requests by client identity" }, h("thead", {}, h("tr", {}, ...["Client identity", "Allowed", "Denied (403)", "Rate limited (429)"].map((t) => h("th", { scope: "col" }, t)))),
+    h("tbody", {}, ...[...clients].map(([id, c]) => h("tr", { "data-client": id, "data-denied": c.denied }, h("td", {}, id), h("td", { class: "num" }, c.allowed), h("td", { class: c.denied ? "num bad" : "num" }, c.denied), h("td", { class: c.limited ? "num bad" : "num" }, c.limited))))));
   if (!decisions.size && !clients.size) authz.append(h("p", { class: "muted" }, "No inbound decisions recorded."));
   if (meta.mode === "cluster") {
     try {
