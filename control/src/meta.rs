@@ -38,3 +38,16 @@ pub struct Invalid(pub String);
 pub(crate) fn key_of(meta: &ObjectMeta) -> NsName {
     NsName::new(meta.namespace.as_deref().unwrap_or("default"), meta.name.as_deref().unwrap_or_default())
 }
+
+/// `From<T>` for each boxed variant of an index's `Object` enum: the policy and egress indexes
+/// take every kind they watch as one enum, whose variants are boxed to keep it small.
+macro_rules! boxed_from {
+    ($object:ident: $($ty:ty => $variant:ident),* $(,)?) => {$(
+        impl From<$ty> for $object {
+            fn from(o: $ty) -> Self {
+                $object::$variant(Box::new(o))
+            }
+        }
+    )*};
+}
+pub(crate) use boxed_from;

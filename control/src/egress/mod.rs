@@ -107,16 +107,7 @@ impl Object {
     }
 }
 
-macro_rules! from_boxed {
-    ($($ty:ty => $variant:ident),*) => {$(
-        impl From<$ty> for Object {
-            fn from(o: $ty) -> Self {
-                Object::$variant(Box::new(o))
-            }
-        }
-    )*};
-}
-from_boxed!(crd::EgressNetwork => EgressNetwork, gateway::HttpRoute => HttpRoute, gateway::GrpcRoute => GrpcRoute,
+crate::meta::boxed_from!(Object: crd::EgressNetwork => EgressNetwork, gateway::HttpRoute => HttpRoute, gateway::GrpcRoute => GrpcRoute,
     gateway::TlsRoute => TlsRoute, gateway::TcpRoute => TcpRoute);
 
 /// One update from a source; a batch is applied as one step.

@@ -161,16 +161,7 @@ impl Object {
     }
 }
 
-macro_rules! from_boxed {
-    ($($ty:ty => $variant:ident),*) => {$(
-        impl From<$ty> for Object {
-            fn from(o: $ty) -> Self {
-                Object::$variant(Box::new(o))
-            }
-        }
-    )*};
-}
-from_boxed!(Pod => Pod, Namespace => Namespace, crd::Server => Server,
+crate::meta::boxed_from!(Object: Pod => Pod, Namespace => Namespace, crd::Server => Server,
     crd::AuthorizationPolicy => AuthorizationPolicy, crd::MeshTlsAuthentication => MeshTlsAuthentication,
     crd::NetworkAuthentication => NetworkAuthentication, routes::crd::HttpRoute => HttpRoute,
     routes::crd::GrpcRoute => GrpcRoute, routes::crd::ReferenceGrant => ReferenceGrant,
