@@ -86,3 +86,47 @@ pub const APP_PROTOCOL_H2C: &str = "kubernetes.io/h2c";
 pub const APP_PROTOCOL_WS: &str = "kubernetes.io/ws";
 pub const APP_PROTOCOL_OPAQUE: &str = "cnimesh.io/opaque";
 pub const APP_PROTOCOL_LINKERD_OPAQUE: &str = "linkerd.io/opaque";
+
+// issue 28: multicluster (the contract between the mirror controller, Destination, the proxy's
+// gateway mode, the CLI and local mode; docs/tasks/multicluster.md)
+/// On a Service in a linked cluster: `true` mirrors it through that cluster's gateway,
+/// `remote-discovery` mirrors it straight to its pods (flat network).
+pub const MIRROR_EXPORTED_LABEL: &str = "mirror.cnimesh.io/exported";
+pub const MIRROR_EXPORTED_GATEWAY: &str = "true";
+pub const MIRROR_EXPORTED_REMOTE_DISCOVERY: &str = "remote-discovery";
+/// On a Service in several clusters: `member` joins it to `<name>-federated` in every linked
+/// cluster (endpoints: the union of the members' pods, by remote discovery).
+pub const MIRROR_FEDERATED_LABEL: &str = "mirror.cnimesh.io/federated";
+pub const MIRROR_FEDERATED_MEMBER: &str = "member";
+/// On every mirror Service and EndpointSlice: `true`; and the target cluster's name (for a
+/// federated Service: the label is absent, the annotation below lists the members).
+pub const MIRRORED_SERVICE_LABEL: &str = "mirror.cnimesh.io/mirrored-service";
+pub const MIRROR_CLUSTER_NAME_LABEL: &str = "mirror.cnimesh.io/cluster-name";
+/// On a mirror Service: `<name>.<namespace>.svc.<target cluster domain>`, the remote Service.
+pub const MIRROR_REMOTE_SERVICE_ANNOTATION: &str = "mirror.cnimesh.io/remote-svc-fq-name";
+/// On a mirror Service: the remote Service's resourceVersion last mirrored.
+pub const MIRROR_REMOTE_RESOURCE_VERSION_ANNOTATION: &str = "mirror.cnimesh.io/remote-resource-version";
+/// On a mirror Service: `lost` while its link is lost (its endpoints are the last ones seen).
+pub const MIRROR_LINK_STATE_ANNOTATION: &str = "mirror.cnimesh.io/link-state";
+/// On a federated Service: the member clusters, comma separated (`local` is this cluster).
+pub const MIRROR_FEDERATED_MEMBERS_ANNOTATION: &str = "mirror.cnimesh.io/federated-members";
+/// On a mirror EndpointSlice of a gateway export: the gateway's identity. Its one endpoint is the
+/// gateway, its ports the gateway port under each Service port's name; Destination serves it with
+/// this identity, the remote FQDN:port as authority override and opaque transport to that port.
+pub const MIRROR_GATEWAY_IDENTITY_ANNOTATION: &str = "mirror.cnimesh.io/remote-gateway-identity";
+/// On a mirror EndpointSlice of a remote-discovery or federated Service: the identity every
+/// endpoint of the slice proves (slices are grouped by identity); its endpoints are remote pods.
+pub const MIRROR_REMOTE_IDENTITY_ANNOTATION: &str = "mirror.cnimesh.io/remote-identity";
+/// On a mirror EndpointSlice: the remote pods' opaque ports (as [`OPAQUE_PORTS_ANNOTATION`]).
+pub const MIRROR_REMOTE_OPAQUE_PORTS_ANNOTATION: &str = "mirror.cnimesh.io/remote-opaque-ports";
+/// The `target_cluster_name` metric label Destination puts on a mirror's endpoints, which the
+/// proxy adds to the series of traffic to them.
+pub const TARGET_CLUSTER_METRIC_LABEL: &str = "target_cluster_name";
+/// The gateway's namespace, name (Deployment, Service, ServiceAccount) and the ServiceAccount a
+/// linked cluster's mirror reads this cluster as.
+pub const MULTICLUSTER_NAMESPACE: &str = "cnimesh-multicluster";
+pub const GATEWAY_NAME: &str = "cnimesh-gateway";
+pub const MIRROR_READER_SERVICE_ACCOUNT: &str = "cnimesh-mirror-reader";
+/// The Secret type and key of a Link's credentials.
+pub const LINK_CREDENTIALS_SECRET_TYPE: &str = "mirror.cnimesh.io/remote-kubeconfig";
+pub const LINK_CREDENTIALS_KEY: &str = "kubeconfig";

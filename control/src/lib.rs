@@ -19,7 +19,7 @@
 //!
 //! The operator's command line (`cnimesh`) is a crate of its own, cnimesh-cli, built on this one.
 //!
-//! Layers: metrics | resource | meta | workload → routes → destination | egress → policy | identity → sources | tls_accept → grpc | inject | leader | tap → admin | ca_init | webhook_certs → serve → cli
+//! Layers: metrics | resource | meta | workload → routes → destination | egress → policy | identity → sources | tls_accept → multicluster | grpc | inject | leader | tap → admin | ca_init | webhook_certs → serve → cli
 //!
 //! In-process use (tests, benchmarks): bind the listeners yourself and call [`serve::run`] with a
 //! [`serve::Config`]; it returns once the shutdown future resolves and calls have drained.
@@ -35,6 +35,7 @@ pub mod inject;
 pub mod leader;
 pub mod meta;
 pub mod metrics;
+pub mod multicluster;
 pub mod policy;
 pub mod resource;
 pub mod routes;
