@@ -20,7 +20,7 @@ use tokio::sync::watch;
 
 use super::Config;
 
-use super::model::{KINDS, Kind, Object, PodRecord, ServiceRecord, SliceRecord};
+use super::model::{KINDS, Kind, Object, PodRecord, ServiceRecord, SliceMirror, SliceRecord};
 use crate::meta::NsName;
 
 /// One update from a source. Sources batch them so that readers never see half of a change (a
@@ -47,6 +47,8 @@ pub(crate) struct Endpoint {
     /// The slice's ports (name → number), shared by all endpoints of the slice.
     pub ports: Arc<BTreeMap<String, u16>>,
     pub pod: Option<(String, Arc<PodRecord>)>,
+    /// issue 28: the slice's mirror annotations (`Local` for this cluster's pods).
+    pub mirror: Arc<SliceMirror>,
 }
 
 pub(crate) struct ServiceSnapshot {
@@ -419,13 +421,21 @@ impl State {
             let Some(slice) = self.slices.get(&NsName::new(&key.namespace, slice_name)) else { continue };
             // An address listed by two slices (as during a slice split) is one endpoint.
             for ep in slice.endpoints.iter().filter(|ep| ep.ready && seen.insert(ep.addr)) {
+                // A mirror slice's addresses are in another cluster: never one of our pods.
+                let local = *slice.mirror == SliceMirror::Local;
                 let pod = ep
                     .pod
                     .as_ref()
+                    .filter(|_| local)
                     .map(|name| NsName::new(&key.namespace, name))
-                    .or_else(|| self.pod_ips.get(&ep.addr).filter(|p| p.namespace == key.namespace).cloned())
+                    .or_else(|| self.pod_ips.get(&ep.addr).filter(|p| local && p.namespace == key.namespace).cloned())
                     .and_then(|k| Some((k.name.clone(), self.pods.get(&k)?.clone())));
-                endpoints.push(Endpoint { addr: ep.addr, ports: slice.ports.clone(), pod });
+                endpoints.push(Endpoint {
+                    addr: ep.addr,
+                    ports: slice.ports.clone(),
+                    pod,
+                    mirror: slice.mirror.clone(),
+                });
             }
         }
         Some(Arc::new(ServiceSnapshot { key: key.clone(), service, endpoints, resolved: Mutex::default() }))

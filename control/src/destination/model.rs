@@ -18,10 +18,14 @@ use super::accrual::FailureAccrual;
 use super::app_protocol::AppProtocol;
 use crate::routes::model::ServiceDefaults;
 
+use cnimesh_common::names::{
+    MIRROR_CLUSTER_NAME_LABEL, MIRROR_GATEWAY_IDENTITY_ANNOTATION, MIRROR_REMOTE_IDENTITY_ANNOTATION,
+    MIRROR_REMOTE_OPAQUE_PORTS_ANNOTATION, MIRROR_REMOTE_SERVICE_ANNOTATION, MIRRORED_SERVICE_LABEL, OWNER_KINDS,
+    OWNER_LABEL_PREFIX,
+};
 /// docs/architecture.md, "Names and numbers": the container whose presence marks a pod as meshed, and the annotation naming
 /// ports on which traffic is not HTTP (server-speaks-first protocols and the like).
 pub use cnimesh_common::names::{OPAQUE_PORTS_ANNOTATION, PROXY_CONTAINER};
-use cnimesh_common::names::{OWNER_KINDS, OWNER_LABEL_PREFIX};
 
 use crate::meta::NsName;
 use crate::workload::Workload;
@@ -149,6 +153,35 @@ pub struct ServiceRecord {
     pub route_defaults: ServiceDefaults,
     /// Its `balancer.cnimesh.io/failure-accrual…` annotations, for every client's balancer.
     pub failure_accrual: Option<FailureAccrual>,
+    /// issue 28: a mirror of a linked cluster's Service (`None` for the cluster's own).
+    pub mirror: Option<ServiceMirror>,
+}
+
+/// issue 28: what a mirror Service says of the remote Service it stands for (the contract in
+/// docs/tasks/multicluster.md): its name there, which a gateway endpoint's authority override
+/// carries, and the cluster, which labels its traffic's metrics.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceMirror {
+    /// `name.ns.svc.<remote cluster domain>`; `None` on a federated Service (no one remote).
+    pub remote_fq_name: Option<String>,
+    /// `None` on a federated Service: each of its slices names its own.
+    pub cluster: Option<String>,
+}
+
+impl ServiceMirror {
+    fn of(meta: &ObjectMeta) -> Option<Self> {
+        if !is_mirror(meta) {
+            return None;
+        }
+        let annotation = |name: &str| meta.annotations.as_ref().and_then(|a| a.get(name)).cloned();
+        let cluster = meta.labels.as_ref().and_then(|l| l.get(MIRROR_CLUSTER_NAME_LABEL)).cloned();
+        Some(Self { remote_fq_name: annotation(MIRROR_REMOTE_SERVICE_ANNOTATION), cluster })
+    }
+}
+
+/// Whether an object was written by the mirror controller (`mirror.cnimesh.io/mirrored-service`).
+fn is_mirror(meta: &ObjectMeta) -> bool {
+    meta.labels.as_ref().and_then(|l| l.get(MIRRORED_SERVICE_LABEL)).is_some_and(|v| v == "true")
 }
 
 impl ServiceRecord {
@@ -182,7 +215,15 @@ impl ServiceRecord {
             tracing::error!(service = %key, annotation = e.annotation, reason = %e.why, "failure accrual annotations rejected; the Service is served without failure accrual");
             None
         });
-        Self { cluster_ips, ports, opaque_ports: PortSet::of(&key, &svc.metadata), route_defaults, failure_accrual }
+        let mirror = ServiceMirror::of(&svc.metadata);
+        Self {
+            cluster_ips,
+            ports,
+            opaque_ports: PortSet::of(&key, &svc.metadata),
+            route_defaults,
+            failure_accrual,
+            mirror,
+        }
     }
 }
 
@@ -299,6 +340,52 @@ pub struct SliceRecord {
     /// Port name → number, TCP only; shared with every endpoint the index derives from the slice.
     pub ports: Arc<BTreeMap<String, u16>>,
     pub endpoints: Vec<SliceEndpoint>,
+    /// issue 28: where a mirror slice's endpoints are (shared with every endpoint of the slice).
+    pub mirror: Arc<SliceMirror>,
+}
+
+/// issue 28: what a slice's annotations say about its endpoints, as the mirror controller wrote
+/// them. Only these few strings are kept, never the slice.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum SliceMirror {
+    /// Not a mirror slice: endpoints are this cluster's pods (identity from the pod).
+    #[default]
+    Local,
+    /// A gateway export: the one endpoint is the remote cluster's gateway, proving `identity`;
+    /// traffic goes to it with the transport header naming the remote Service.
+    Gateway { identity: String, cluster: Option<String> },
+    /// Remote discovery (flat network) or a federated member: endpoints are remote pods, all
+    /// proving `identity` (`None`: unmeshed pods, plaintext), opaque on `opaque_ports`.
+    Remote { identity: Option<String>, opaque_ports: PortSet, cluster: Option<String> },
+}
+
+impl SliceMirror {
+    fn of(key: &NsName, meta: &ObjectMeta) -> Self {
+        if !is_mirror(meta) {
+            return Self::Local;
+        }
+        let annotations = meta.annotations.as_ref();
+        let annotation = |name: &str| annotations.and_then(|a| a.get(name)).cloned();
+        let cluster = meta.labels.as_ref().and_then(|l| l.get(MIRROR_CLUSTER_NAME_LABEL)).cloned();
+        match annotation(MIRROR_GATEWAY_IDENTITY_ANNOTATION) {
+            Some(identity) => Self::Gateway { identity, cluster },
+            None => Self::Remote {
+                identity: annotation(MIRROR_REMOTE_IDENTITY_ANNOTATION),
+                opaque_ports: annotation(MIRROR_REMOTE_OPAQUE_PORTS_ANNOTATION)
+                    .map(|v| PortSet::parse(key, &v))
+                    .unwrap_or_default(),
+                cluster,
+            },
+        }
+    }
+
+    /// The cluster its endpoints are in, when a mirror slice names it.
+    pub fn cluster(&self) -> Option<&str> {
+        match self {
+            Self::Local => None,
+            Self::Gateway { cluster, .. } | Self::Remote { cluster, .. } => cluster.as_deref(),
+        }
+    }
 }
 
 impl SliceRecord {
@@ -328,7 +415,8 @@ impl SliceRecord {
                     .filter_map(move |a| Some(SliceEndpoint { addr: a.parse().ok()?, ready, pod: pod.clone() }))
             })
             .collect();
-        Self { service, ports, endpoints }
+        let mirror = Arc::new(SliceMirror::of(&NsName::of(&slice.metadata), &slice.metadata));
+        Self { service, ports, endpoints, mirror }
     }
 }
 

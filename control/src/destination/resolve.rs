@@ -7,13 +7,15 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
+use cnimesh_common::names::TARGET_CLUSTER_METRIC_LABEL;
 use linkerd2_proxy_api::destination::{
-    DestinationProfile, ProtocolHint, TlsIdentity, WeightedAddr, protocol_hint, tls_identity,
+    AuthorityOverride, DestinationProfile, ProtocolHint, TlsIdentity, WeightedAddr, protocol_hint, tls_identity,
 };
 
 use super::Config;
+use super::app_protocol::AppProtocol;
 use super::index::{Endpoint, IpView, ServiceSnapshot, ServiceView};
-use super::model::{PodRecord, ServicePort, ServiceRecord, TargetPort};
+use super::model::{PodRecord, ServicePort, ServiceRecord, SliceMirror, TargetPort};
 use crate::meta::NsName;
 
 /// The weight linkerd's own destination controller gives every endpoint; proxies only compare
@@ -51,6 +53,9 @@ fn resolve_endpoints(snapshot: &ServiceSnapshot, port: u16, config: &Config) -> 
         .iter()
         .filter_map(|ep| {
             let addr = SocketAddr::new(ep.addr, target_port(service_port, ep)?);
+            if *ep.mirror != SliceMirror::Local {
+                return Some((addr, mirror_addr(addr, &snapshot.service, service_port, &ep.mirror)?));
+            }
             let pod = ep.pod.as_ref().map(|(name, pod)| (name.as_str(), &**pod));
             Some((addr, weighted_addr(addr, &snapshot.key.namespace, pod, config)))
         })
@@ -76,7 +81,7 @@ fn target_port(service_port: &ServicePort, ep: &Endpoint) -> Option<u16> {
 /// An endpoint address. Meshed pods get their identity, so the client proxy originates mTLS and
 /// checks the server's name, and a protocol hint: H2, so HTTP/1 can be upgraded between proxies;
 /// on an opaque port, the Opaque hint instead, so the client forwards bytes without detection.
-/// `opaque_transport` stays unset: our proxies do not speak linkerd's transport header.
+/// `opaque_transport` stays unset here: only a gateway endpoint of a mirror has it ([`mirror_addr`]).
 pub(crate) fn weighted_addr(
     addr: SocketAddr,
     namespace: &str,
@@ -117,6 +122,74 @@ pub(crate) fn weighted_addr(
         protocol_hint,
         ..Default::default()
     }
+}
+
+fn dns_identity(name: &str) -> TlsIdentity {
+    let dns = tls_identity::DnsLikeIdentity { name: name.to_string() };
+    TlsIdentity { strategy: Some(tls_identity::Strategy::DnsLikeIdentity(dns.clone())), server_name: Some(dns) }
+}
+
+fn hint(opaque: bool, opaque_transport: Option<u16>) -> ProtocolHint {
+    let protocol = if opaque {
+        protocol_hint::Protocol::Opaque(protocol_hint::Opaque {})
+    } else {
+        protocol_hint::Protocol::H2(protocol_hint::H2 {})
+    };
+    ProtocolHint {
+        protocol: Some(protocol),
+        opaque_transport: opaque_transport.map(|port| protocol_hint::OpaqueTransport { inbound_port: u32::from(port) }),
+    }
+}
+
+/// issue 28: an endpoint of a mirror slice, as the multicluster contract serves it.
+/// - Through a gateway: the gateway's address and identity, the remote Service's
+///   `<fq name>:<port>` as authority override, and opaque transport to the gateway port (the
+///   client proxy writes the transport header naming that authority). Opaque when the Service
+///   port says so (appProtocol or the opaque-ports annotation), else H2.
+/// - A remote pod (flat network): its address and the slice's identity (none: plaintext), the
+///   hint per the slice's remote opaque ports; no override.
+///
+/// Every one is labelled with the target cluster (the slice's, else the Service's).
+fn mirror_addr(
+    addr: SocketAddr,
+    service: &ServiceRecord,
+    port: &ServicePort,
+    mirror: &SliceMirror,
+) -> Option<WeightedAddr> {
+    let service_mirror = service.mirror.as_ref();
+    let cluster = mirror.cluster().or_else(|| service_mirror.and_then(|m| m.cluster.as_deref()));
+    let metric_labels =
+        cluster.map(|c| HashMap::from([(TARGET_CLUSTER_METRIC_LABEL.to_string(), c.to_string())])).unwrap_or_default();
+    let (mut tls_identity, mut protocol_hint, mut authority_override) = (None, None, None);
+    match mirror {
+        SliceMirror::Local => {}
+        SliceMirror::Gateway { identity, .. } => {
+            let Some(remote) = service_mirror.and_then(|m| m.remote_fq_name.as_deref()) else {
+                // Without the remote name the gateway cannot be told where to go: the endpoint
+                // would only ever be refused there, so it is served as no endpoint at all.
+                tracing::warn!(gateway = %addr, "mirror Service without its remote name; gateway endpoint left out");
+                return None;
+            };
+            let opaque = port.app_protocol == Some(AppProtocol::Opaque) || service.opaque_ports.contains(port.port);
+            tls_identity = Some(dns_identity(identity));
+            protocol_hint = Some(hint(opaque, Some(addr.port())));
+            authority_override = Some(AuthorityOverride { authority_override: format!("{remote}:{}", port.port) });
+        }
+        SliceMirror::Remote { identity: Some(identity), opaque_ports, .. } => {
+            tls_identity = Some(dns_identity(identity));
+            protocol_hint = Some(hint(opaque_ports.contains(addr.port()), None));
+        }
+        SliceMirror::Remote { identity: None, .. } => {}
+    }
+    Some(WeightedAddr {
+        addr: Some(addr.into()),
+        weight: WEIGHT,
+        metric_labels,
+        tls_identity,
+        protocol_hint,
+        authority_override,
+        ..Default::default()
+    })
 }
 
 /// A profile for a service name: its FQDN when it exists, empty (passthrough) otherwise.

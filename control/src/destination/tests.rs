@@ -328,6 +328,106 @@ async fn get_profile_for_cluster_ip_pod_ip_and_unknown_ip() {
     assert_eq!(identity(&endpoint).as_deref(), Some("late.shop.serviceaccount.identity.cnimesh.cluster.local"));
 }
 
+/// issue 28: the mirror of `web` from cluster `west` (the contract's shapes, written by hand as
+/// the mirror controller would), port 80 named http plus an opaque port 3306.
+fn mirror_service(name: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\n  namespace: shop\n  labels: {{mirror.cnimesh.io/mirrored-service: 'true', mirror.cnimesh.io/cluster-name: west}}\n  annotations: {{mirror.cnimesh.io/remote-svc-fq-name: web.shop.svc.west.local}}\nspec:\n  clusterIP: 10.96.9.9\n  ports: [{{name: http, port: 80}}, {{name: db, port: 3306, appProtocol: cnimesh.io/opaque}}]\n"
+    )
+}
+
+fn mirror_slice(service: &str, annotations: &str, ports: &str, ips: &[&str]) -> String {
+    let mut s = format!(
+        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {service}-m\n  namespace: shop\n  labels: {{kubernetes.io/service-name: {service}, mirror.cnimesh.io/mirrored-service: 'true', mirror.cnimesh.io/cluster-name: west}}\n  annotations: {annotations}\naddressType: IPv4\nports: {ports}\nendpoints:\n"
+    );
+    for ip in ips {
+        s += &format!("- addresses: ['{ip}']\n");
+    }
+    s
+}
+
+const GATEWAY_ID: &str = "cnimesh-gateway.cnimesh-multicluster.serviceaccount.identity.cnimesh.west.local";
+
+#[tokio::test]
+async fn a_gateway_mirror_is_served_as_the_gateway_with_the_remote_authority_and_opaque_transport() {
+    let slice = mirror_slice(
+        "web-west",
+        &format!("{{mirror.cnimesh.io/remote-gateway-identity: {GATEWAY_ID}}}"),
+        "[{name: http, port: 4143}, {name: db, port: 4143}]",
+        &["192.0.2.10"],
+    );
+    // A local pod at the gateway's address must not lend it its identity.
+    let files = [
+        ("m.yaml", docs(&[mirror_service("web-west"), slice])),
+        ("p.yaml", pod("shop", "x", "192.0.2.10", "x", true, "")),
+    ];
+    let files: Vec<(&str, &str)> = files.iter().map(|(n, t)| (*n, t.as_str())).collect();
+    let h = Harness::start(&files).await;
+    let mut http = h.get("web-west.shop.svc.cluster.local:80").await;
+    let http = added(next_update(&mut http).await);
+    assert_eq!(sorted_addrs(&http), ["192.0.2.10:4143"]);
+    let gateway = &http[0];
+    assert_eq!(identity(gateway).as_deref(), Some(GATEWAY_ID));
+    assert!(matches!(hint(gateway), Some(Protocol::H2(_))));
+    let transport = gateway.protocol_hint.and_then(|h| h.opaque_transport).expect("opaque transport");
+    assert_eq!(transport.inbound_port, 4143);
+    assert_eq!(gateway.authority_override.as_ref().unwrap().authority_override, "web.shop.svc.west.local:80");
+    assert_eq!(gateway.metric_labels["target_cluster_name"], "west");
+    assert!(!gateway.metric_labels.contains_key("pod"), "not a local pod: {:?}", gateway.metric_labels);
+
+    // The opaque port: the Opaque hint, its own port in the override.
+    let mut db = h.get("web-west.shop.svc.cluster.local:3306").await;
+    let db = added(next_update(&mut db).await);
+    assert!(matches!(hint(&db[0]), Some(Protocol::Opaque(_))));
+    assert_eq!(db[0].authority_override.as_ref().unwrap().authority_override, "web.shop.svc.west.local:3306");
+}
+
+#[tokio::test]
+async fn a_remote_discovery_mirror_is_served_as_the_remote_pods_with_their_identity() {
+    let meshed = mirror_slice(
+        "web-flat",
+        "{mirror.cnimesh.io/remote-identity: web.shop.serviceaccount.identity.cnimesh.west.local, mirror.cnimesh.io/remote-opaque-ports: '3306'}",
+        "[{name: http, port: 8080}, {name: db, port: 3306}]",
+        &["10.2.0.5"],
+    );
+    let plain = mirror_slice("web-flat", "{}", "[{name: http, port: 8080}]", &["10.2.0.6"])
+        .replace("web-flat-m\n", "web-flat-p\n");
+    let files = [("m.yaml", docs(&[mirror_service("web-flat"), meshed, plain]))];
+    let files: Vec<(&str, &str)> = files.iter().map(|(n, t)| (*n, t.as_str())).collect();
+    let h = Harness::start(&files).await;
+    let mut get = h.get("web-flat.shop.svc.cluster.local:80").await;
+    let mut addrs = added(next_update(&mut get).await);
+    addrs.sort_by_key(|a| addr_str(a.addr));
+    assert_eq!(sorted_addrs(&addrs), ["10.2.0.5:8080", "10.2.0.6:8080"]);
+    assert_eq!(identity(&addrs[0]).as_deref(), Some("web.shop.serviceaccount.identity.cnimesh.west.local"));
+    assert!(matches!(hint(&addrs[0]), Some(Protocol::H2(_))));
+    assert!(addrs[0].authority_override.is_none() && addrs[0].protocol_hint.unwrap().opaque_transport.is_none());
+    assert_eq!((identity(&addrs[1]), hint(&addrs[1])), (None, None), "an unmeshed remote pod: plaintext");
+    for a in &addrs {
+        assert_eq!(a.metric_labels["target_cluster_name"], "west");
+    }
+    let mut db = h.get("web-flat.shop.svc.cluster.local:3306").await;
+    let db = added(next_update(&mut db).await);
+    assert!(matches!(hint(&db[0]), Some(Protocol::Opaque(_))), "the remote pod's opaque port");
+}
+
+#[tokio::test]
+async fn a_gateway_mirror_without_its_remote_name_offers_no_endpoint() {
+    let svc = mirror_service("web-west")
+        .replace("  annotations: {mirror.cnimesh.io/remote-svc-fq-name: web.shop.svc.west.local}\n", "");
+    let slice = mirror_slice(
+        "web-west",
+        &format!("{{mirror.cnimesh.io/remote-gateway-identity: {GATEWAY_ID}}}"),
+        "[{name: http, port: 4143}]",
+        &["192.0.2.10"],
+    );
+    let files = [("m.yaml", docs(&[svc, slice]))];
+    let files: Vec<(&str, &str)> = files.iter().map(|(n, t)| (*n, t.as_str())).collect();
+    let h = Harness::start(&files).await;
+    let mut get = h.get("web-west.shop.svc.cluster.local:80").await;
+    assert_eq!(next_update(&mut get).await, Up::NoEndpoints(NoEndpoints { exists: true }));
+}
+
 static LOGS: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
 
 /// Warnings and errors of the whole test process, as text.
