@@ -3,7 +3,7 @@
 //! where and how they go: mTLS with the workload's identity when both ends are meshed, plaintext
 //! otherwise.
 //!
-//! Layers: transport → http → client → inbound | outbound → app
+//! Layers: transport → http → client → inbound | outbound → gateway → app
 //!
 //! Each layer uses only the layers before it; inbound and outbound do not use each other.
 //! - [`transport`]: bytes on connections: original destination, protocol detection, mesh TLS
@@ -16,6 +16,8 @@
 //! - [`inbound`]: connections to this pod: admission of the destination, mTLS termination, and
 //!   inbound authorization policy.
 //! - [`outbound`]: connections from the app: resolving a target, outbound policy and routes.
+//! - [`gateway`]: issue 28, a multicluster gateway's admission: mesh mTLS only, the transport
+//!   header, Services of its own cluster only; served by the app through the outbound side.
 //! - [`app`]: the program: configuration, wiring ([`app::run`]), accepting ([`app::accept`]),
 //!   detecting a connection's protocol and serving it opaque or as HTTP ([`app::dispatch`]),
 //!   each HTTP request's path through policy and routes to a client ([`app::forward`]), admin,
@@ -29,6 +31,7 @@
 
 pub mod app;
 pub mod client;
+pub mod gateway;
 pub mod http;
 pub mod inbound;
 pub mod outbound;

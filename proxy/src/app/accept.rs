@@ -37,6 +37,10 @@ pub async fn accept_loop(listener: TcpListener, direction: Direction, shared: Ar
             () = &mut stop => return,
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => match shared.admission.admit(direction, peer.ip()) {
+                    Ok(permit) if shared.gateway.is_some() => {
+                        let shared = shared.clone();
+                        tokio::spawn(async move { gateway_socket(stream, peer, shared, permit).await });
+                    }
                     Ok(permit) => {
                         let shared = shared.clone();
                         tokio::spawn(async move { accepted_socket(stream, peer, direction, shared, permit).await });
@@ -88,6 +92,42 @@ async fn accepted_socket(
     };
     let _ = stream.set_nodelay(true);
     connection(stream, peer, addr, direction, shared).await;
+}
+
+/// issue 28: a multicluster gateway's connection: not captured (it came to the gateway's own
+/// address), admitted by [`crate::gateway`] and served as outbound traffic to its target.
+async fn gateway_socket(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>, _permit: Permit) {
+    let _ = stream.set_nodelay(true);
+    let Ok(local) = stream.local_addr() else { return };
+    let _guard = shared.drain.guard();
+    if let Err(e) = gateway(stream, peer, local, &shared).await {
+        tracing::debug!(%peer, error = %e, "gateway connection ended with an error");
+    }
+}
+
+/// Serves one gateway connection from `peer` that arrived on `local` (in-process tests call it
+/// with any IO).
+pub async fn gateway<I: Io>(io: I, peer: SocketAddr, local: SocketAddr, shared: &Arc<Shared>) -> anyhow::Result<()> {
+    let Some(gateway) = &shared.gateway else { anyhow::bail!("not a gateway") };
+    let admitted = crate::gateway::connection(io, peer, gateway, &shared.outbound).await?;
+    let protocol = match admitted.protocol {
+        Some(crate::transport::header::SessionProtocol::Http1) => Protocol::Http1,
+        Some(crate::transport::header::SessionProtocol::Http2) => Protocol::Http2,
+        None => Protocol::Opaque,
+    };
+    let known = Some(Known { protocol, by: DecidedBy::transport_header });
+    let tls = admitted.target.tls.clone();
+    let conn = Connection {
+        direction: Direction::outbound,
+        peer,
+        addr: local,
+        tls,
+        target: admitted.target,
+        known,
+        policy: None,
+        egress: None,
+    };
+    dispatch::serve(admitted.io, bytes::Bytes::new(), conn, shared).await
 }
 
 /// Serves one captured connection from `peer` whose original destination was `addr`.

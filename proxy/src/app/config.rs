@@ -65,7 +65,23 @@ pub struct Config {
     /// Distributed tracing ([`crate::app::spans`]); `None` (no collector) = off: no spans, no
     /// exporter task, trace headers forwarded untouched.
     pub trace: Option<TraceConfig>,
+    /// issue 28: a sidecar (the default) or a multicluster gateway ([`crate::gateway`]).
+    pub mode: Mode,
 }
+
+/// issue 28: what the proxy is.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Mode {
+    /// A pod's sidecar: captured inbound and outbound traffic.
+    #[default]
+    Sidecar,
+    /// A multicluster gateway: mesh mTLS with a transport header on the inbound listeners,
+    /// forwarded to Services of `cluster_domain`; no outbound listener.
+    Gateway { cluster_domain: String },
+}
+
+/// The cluster domain a gateway serves by default (Kubernetes' own default).
+pub const DEFAULT_GATEWAY_CLUSTER_DOMAIN: &str = "cluster.local";
 
 /// Where the proxy's spans go and which untraced requests start a trace (cnimesh-trace's crate
 /// docs have the contract).
@@ -166,6 +182,7 @@ impl Default for Config {
             inbound_max_connections_per_source: None,
             tap_identities: Vec::new(),
             trace: None,
+            mode: Mode::Sidecar,
         }
     }
 }
@@ -390,6 +407,44 @@ pub struct Args {
     /// This pod's namespace (span attribute `k8s.namespace.name`; set by the injector).
     #[arg(long, env = "CNIMESH_POD_NAMESPACE")]
     pub pod_namespace: Option<String>,
+    /// `sidecar` or `gateway` (a multicluster gateway: needs an identity and discovery) [default: sidecar].
+    #[arg(long, env = "CNIMESH_PROXY_MODE")]
+    pub mode: Option<String>,
+    /// The cluster domain whose Services a gateway forwards to [default: cluster.local].
+    #[arg(long, env = "CNIMESH_PROXY_GATEWAY_CLUSTER_DOMAIN")]
+    pub gateway_cluster_domain: Option<String>,
+}
+
+/// issue 28: the mode, checked: a gateway without an identity could not require mTLS, and
+/// without discovery could not resolve a Service: both refused rather than run open.
+fn mode(args: &Args, identity: bool, destination: bool) -> Result<Mode, ConfigError> {
+    let value = args.mode.as_deref().map(str::trim).unwrap_or("");
+    match value {
+        "" | "sidecar" => Ok(Mode::Sidecar),
+        "gateway" if !identity => Err(ConfigError::invalid(
+            "CNIMESH_PROXY_MODE",
+            value,
+            "a gateway needs CNIMESH_PROXY_IDENTITY_* (it accepts mesh mTLS only)",
+        )),
+        "gateway" if !destination => Err(ConfigError::invalid(
+            "CNIMESH_PROXY_MODE",
+            value,
+            "a gateway needs CNIMESH_PROXY_DESTINATION_ADDR (it resolves the Services it forwards to)",
+        )),
+        "gateway" => {
+            let domain = args.gateway_cluster_domain.as_deref().map(str::trim).unwrap_or("");
+            let domain = if domain.is_empty() { DEFAULT_GATEWAY_CLUSTER_DOMAIN } else { domain };
+            if domain.split('.').any(|l| l.is_empty() || !l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')) {
+                return Err(ConfigError::invalid(
+                    "CNIMESH_PROXY_GATEWAY_CLUSTER_DOMAIN",
+                    domain,
+                    "expected a DNS domain such as cluster.local",
+                ));
+            }
+            Ok(Mode::Gateway { cluster_domain: domain.to_ascii_lowercase() })
+        }
+        other => Err(ConfigError::invalid("CNIMESH_PROXY_MODE", other, "expected sidecar or gateway")),
+    }
 }
 
 impl TryFrom<Args> for Config {
@@ -401,6 +456,7 @@ impl TryFrom<Args> for Config {
         let destination = destination(&args, identity.as_ref())?;
         let policy = policy(&args, destination.as_ref())?;
         let trace = trace(&args)?;
+        let mode = mode(&args, identity.is_some(), destination.is_some())?;
         let outbound_identities = args.outbound_identities.map(|l| l.0).unwrap_or_default();
         if identity.is_none() && !outbound_identities.is_empty() {
             return Err(ConfigError::invalid(
@@ -422,7 +478,9 @@ impl TryFrom<Args> for Config {
             }
             (None, None) => Vec::new(),
         };
+        let gateway = mode != Mode::Sidecar;
         Ok(Self {
+            mode,
             trace,
             tap_identities,
             inbound: args.inbound_addrs.map_or(d.inbound, |l| l.0),
@@ -437,7 +495,8 @@ impl TryFrom<Args> for Config {
             log_level: args.log.unwrap_or(d.log_level),
             workers: args.workers.unwrap_or(d.workers),
             identity,
-            inbound_require_tls: args.inbound_require_tls.unwrap_or(d.inbound_require_tls),
+            // A gateway accepts mesh mTLS only, whatever else is set.
+            inbound_require_tls: gateway || args.inbound_require_tls.unwrap_or(d.inbound_require_tls),
             opaque_tls_wait: args.opaque_tls_wait_ms.unwrap_or(d.opaque_tls_wait),
             outbound_h2_upgrade: args.outbound_h2_upgrade.unwrap_or(d.outbound_h2_upgrade),
             outbound_identities,

@@ -49,6 +49,7 @@ pub async fn serve<I: Io>(mut io: I, read: Bytes, conn: Connection, shared: &Arc
         direction: conn.direction,
         target_addr: m.target_label(conn.direction, conn.addr),
         dst_kind: DstKind::egress(conn.egress.is_some()),
+        target_cluster: conn.target.cluster.clone(),
         tls: conn.tls.clone(),
     };
     let counters = tcp::Counters {

@@ -19,7 +19,9 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::histogram::Histogram;
 use tower::retry::budget::Budget as _;
 
-use crate::app::metrics::{Direction, DstKind, Metrics, OpenConnection, RequestLabels, ResponseLabels, TlsLabel};
+use crate::app::metrics::{
+    Direction, DstKind, Metrics, OpenConnection, RequestLabels, ResponseLabels, TargetCluster, TlsLabel,
+};
 use crate::app::shared::Shared;
 use crate::app::spans::{self, ConnInfo, Traced};
 use crate::client::discovery::accrual::ConsecutiveFailures;
@@ -95,6 +97,7 @@ impl Handles {
             direction: self.labels.direction,
             target_addr: self.labels.target_addr.clone(),
             dst_kind: self.labels.dst_kind,
+            target_cluster: self.labels.target_cluster.clone(),
             authority: self.labels.authority.clone(),
             tls: self.labels.tls.clone(),
             status_code: code.to_string(),
@@ -199,9 +202,12 @@ impl HttpProxy {
     }
 
     /// The metric handles for `authority` to a peer secured as `tls`, created on first use.
-    fn handles(&self, authority: &str, tls: &TlsLabel) -> Arc<Handles> {
+    fn handles(&self, authority: &str, tls: &TlsLabel, cluster: &TargetCluster) -> Arc<Handles> {
         let mut cached = self.handles.lock();
-        if let Some(h) = cached.iter().find(|h| h.authority == authority && h.labels.tls == *tls) {
+        if let Some(h) = cached
+            .iter()
+            .find(|h| h.authority == authority && h.labels.tls == *tls && h.labels.target_cluster == *cluster)
+        {
             return h.clone();
         }
         let metrics = &self.shared.metrics;
@@ -209,6 +215,7 @@ impl HttpProxy {
             direction: self.direction,
             target_addr: metrics.target_label(self.direction, self.addr),
             dst_kind: DstKind::egress(self.egress.is_some()),
+            target_cluster: cluster.clone(),
             authority: metrics.authority_label(self.direction, authority),
             tls: tls.clone(),
         };
@@ -270,7 +277,7 @@ impl HttpProxy {
     /// One request, end to end, with its metrics.
     pub async fn handle(self: Arc<Self>, mut req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
         let start = Instant::now();
-        let handles = self.handles(authority_of(&req), &self.tls);
+        let handles = self.handles(authority_of(&req), &self.tls, &self.target.cluster);
         let mut traced = self.trace(&req);
         // Never switched to h2c: the requests after the switch would pass no check of ours.
         strip_h2c_upgrade(req.headers_mut());
@@ -314,7 +321,9 @@ impl HttpProxy {
         // A route may send the request to another Service (a canary): its requests are labelled
         // with that backend's TLS and server identity, not the connection's.
         let handles = match &routed {
-            Some(r) if r.target.tls != handles.labels.tls => self.handles(&handles.authority, &r.target.tls),
+            Some(r) if r.target.tls != handles.labels.tls || r.target.cluster != handles.labels.target_cluster => {
+                self.handles(&handles.authority, &r.target.tls, &r.target.cluster)
+            }
             _ => handles,
         };
         handles.requests.inc();
@@ -573,6 +582,9 @@ impl HttpProxy {
             spans::propagate(req.headers_mut(), span, b3);
         }
         strip_hop_by_hop(req.headers_mut(), false);
+        if let Some(gateway) = &upstream.gateway {
+            override_authority(&mut req, &gateway.authority)?;
+        }
         let upgraded = self.h2_upgrade && req.version() != Version::HTTP_2 && upstream.tls.is_some();
         if upgraded {
             orig_proto::upgrade_request(&mut req, &self.addr.to_string())?;
@@ -632,7 +644,13 @@ impl HttpProxy {
             }
             spans::propagate(req.headers_mut(), &traced.span, b3);
         }
-        let io = upstream.connect().await.map_err(|e| upstream_error(target, &e))?;
+        if let Some(gateway) = &upstream.gateway {
+            override_authority(&mut req, &gateway.authority)?;
+        }
+        let io = upstream
+            .connect_for(Some(crate::transport::header::SessionProtocol::Http1))
+            .await
+            .map_err(|e| upstream_error(target, &e))?;
         let (mut sender, conn) =
             hyper::client::conn::http1::handshake(TokioIo::new(io)).await.map_err(|e| upstream_error(target, &e))?;
         tokio::spawn(async move {
@@ -664,6 +682,23 @@ impl HttpProxy {
         }
         Ok(response)
     }
+}
+
+/// issue 28: a request to a multicluster gateway names the remote Service (the endpoint's
+/// authority override) as its `Host` and, when it has one, its URI's authority; the gateway
+/// and the remote server see that name, not the mirror's.
+fn override_authority<B>(req: &mut Request<B>, authority: &HeaderValue) -> Result<(), ProxyError> {
+    req.headers_mut().insert(HOST, authority.clone());
+    if req.uri().authority().is_some() {
+        let mut parts = req.uri().clone().into_parts();
+        parts.authority = Some(
+            http::uri::Authority::try_from(authority.as_bytes())
+                .map_err(|e| ProxyError::BadRequest(format!("invalid authority override: {e}")))?,
+        );
+        *req.uri_mut() =
+            Uri::from_parts(parts).map_err(|e| ProxyError::BadRequest(format!("invalid authority override: {e}")))?;
+    }
+    Ok(())
 }
 
 /// An HTTP/1 request goes upstream in origin form (`GET /path`) with a `Host`: an absolute-form

@@ -19,8 +19,8 @@ pub use crate::outbound::routes::metrics::{
 };
 pub use crate::transport::identity::refresh::{IdentityMetrics, RefreshLabels};
 pub use crate::transport::labels::{
-    AcceptError, AcceptErrorLabels, Bounded, ConnMetrics, DecidedBy, Direction, DstKind, ProtocolLabels, TcpLabels,
-    TlsLabel,
+    AcceptError, AcceptErrorLabels, Bounded, ConnMetrics, DecidedBy, Direction, DstKind, ProtocolLabels, TargetCluster,
+    TcpLabels, TlsLabel,
 };
 
 /// Distinct `authority` label values kept, per direction, before the rest are reported as
@@ -36,6 +36,9 @@ pub struct RequestLabels {
     /// issue 30: `dst_kind="egress"` on egress traffic only ([`DstKind`]).
     #[prometheus(flatten)]
     pub dst_kind: DstKind,
+    /// issue 28: `target_cluster_name` on traffic to a linked cluster only ([`TargetCluster`]).
+    #[prometheus(flatten)]
+    pub target_cluster: TargetCluster,
     pub authority: String,
     #[prometheus(flatten)]
     pub tls: TlsLabel,
@@ -47,6 +50,9 @@ pub struct ResponseLabels {
     pub target_addr: String,
     #[prometheus(flatten)]
     pub dst_kind: DstKind,
+    /// issue 28: `target_cluster_name` on traffic to a linked cluster only ([`TargetCluster`]).
+    #[prometheus(flatten)]
+    pub target_cluster: TargetCluster,
     pub authority: String,
     #[prometheus(flatten)]
     pub tls: TlsLabel,
@@ -95,6 +101,8 @@ pub struct Metrics {
     /// `trace_spans_exported_total`, `trace_spans_dropped_total`: read from the trace exporter at
     /// each scrape (0 while tracing is off).
     pub trace: TraceCounts,
+    /// issue 28: a multicluster gateway's refusals and admitted connections.
+    pub gateway: Arc<crate::gateway::GatewayMetrics>,
 }
 
 /// The trace exporter's counts as counters. The exporter is made after the registry (it needs the
@@ -162,9 +170,20 @@ impl Default for Metrics {
             egress: Arc::default(),
             registry: Registry::default(),
             trace: TraceCounts::default(),
+            gateway: Arc::default(),
         };
         // prometheus-client appends `_total` to counters itself.
         registry.register("request", "HTTP requests", m.request_total.clone());
+        registry.register(
+            "gateway_refused",
+            "Connections a multicluster gateway refused, by reason",
+            m.gateway.refused_total.clone(),
+        );
+        registry.register(
+            "gateway_connections",
+            "Connections a multicluster gateway admitted, by client identity and target",
+            m.gateway.connections_total.clone(),
+        );
         registry.register("response", "HTTP responses", m.response_total.clone());
         registry.register(
             "response_latency_ms",
@@ -378,6 +397,7 @@ mod tests {
             direction: Direction::inbound,
             target_addr: "10.0.0.1:80".into(),
             dst_kind: DstKind::Mesh,
+            target_cluster: TargetCluster::default(),
             tls: TlsLabel::plaintext(),
         };
         m.tcp_open_total.get_or_create(&labels).inc();
@@ -385,6 +405,7 @@ mod tests {
             direction: Direction::outbound,
             target_addr: "10.0.0.2:80".into(),
             dst_kind: DstKind::Mesh,
+            target_cluster: TargetCluster::default(),
             authority: "web".into(),
             tls: TlsLabel { tls: true, client_id: None, server_id: Some("web.shop".into()) },
         };
@@ -422,6 +443,7 @@ mod tests {
             direction: Direction::outbound,
             target_addr: "203.0.113.10:80".into(),
             dst_kind: DstKind::egress(true),
+            target_cluster: TargetCluster::default(),
             tls: TlsLabel::plaintext(),
         };
         m.tcp_open_total.get_or_create(&egress).inc();

@@ -89,7 +89,14 @@ pub async fn run(
     let shared = Arc::new(shared);
     tokio::spawn(evict_idle_targets(shared.clone()));
     let mut listeners = Vec::new();
-    for (direction, addrs) in [(Direction::inbound, &config.inbound), (Direction::outbound, &config.outbound)] {
+    // issue 28: a gateway has no captured outbound traffic: its inbound listeners are all.
+    let gateway = config.mode != crate::app::config::Mode::Sidecar;
+    anyhow::ensure!(!gateway || shared.gateway.is_some(), "gateway mode without an identity");
+    let outbound_addrs = if gateway { &Vec::new() } else { &config.outbound };
+    for (direction, addrs) in [(Direction::inbound, &config.inbound), (Direction::outbound, outbound_addrs)] {
+        if addrs.is_empty() && gateway {
+            continue;
+        }
         for addr in addrs {
             match bind(*addr).await {
                 Ok(listener) => listeners.push((direction, listener)),

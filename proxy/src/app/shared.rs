@@ -36,6 +36,8 @@ pub struct Shared {
     /// Distributed tracing, when a collector is configured ([`crate::app::spans`]); set by
     /// [`crate::run`] once the exporter task runs. `None`: requests pay one `Option` check.
     pub tracer: Option<Arc<Tracer>>,
+    /// issue 28: in gateway mode, what its inbound listeners admit with ([`crate::gateway`]).
+    pub gateway: Option<crate::gateway::Gateway>,
 }
 
 impl Shared {
@@ -76,7 +78,17 @@ impl Shared {
             routes: metrics.routes.clone(),
             egress: metrics.egress.clone(),
         };
+        let gateway = match (&config.mode, &identity) {
+            (crate::app::config::Mode::Gateway { cluster_domain }, Some(identity)) => Some(crate::gateway::Gateway {
+                identity: identity.clone(),
+                cluster_domain: cluster_domain.clone(),
+                wait: config.opaque_tls_wait.max(config.detect_timeout),
+                metrics: metrics.gateway.clone(),
+            }),
+            _ => None,
+        };
         Self {
+            gateway,
             admission,
             config,
             taps: Arc::new(Taps::new(metrics.tap())),

@@ -69,6 +69,15 @@ impl Route {
         }
     }
 
+    /// issue 28: `target_cluster_name` of a service whose endpoints are all in one linked
+    /// cluster (a mirror); `None` for the cluster's own (its series keep their label set).
+    pub fn target_cluster(&self) -> Option<Arc<str>> {
+        let Route::Balanced(Balanced { endpoints, .. }) = self else { return None };
+        let set = endpoints.borrow();
+        let first = set.list.first()?.target_cluster.clone()?;
+        set.list.iter().all(|e| e.target_cluster.as_deref() == Some(&*first)).then_some(first)
+    }
+
     /// The connection's TLS label: for a service, `tls="true"` when every endpoint is meshed,
     /// with `server_id` when they share one identity.
     pub fn tls_label(&self) -> TlsLabel {
@@ -142,11 +151,18 @@ impl Balanced {
         let mut upstreams = self.upstreams.lock();
         if let Some(u) = upstreams.get(&endpoint.addr)
             && u.tls.as_ref().map(|t| &t.server_id) == endpoint.identity.as_ref()
+            && u.gateway == endpoint.gateway
         {
             return Ok(u.clone());
         }
         let tls = tls::outbound(self.identity.as_deref(), endpoint.identity.clone()).map_err(RouteError::NoIdentity)?;
-        let upstream = Arc::new(Upstream::new(endpoint.addr, tls, self.connect_timeout));
+        // issue 28: a gateway is only ever reached over mTLS (the transport header tells it
+        // where to go; in plaintext anyone could read or forge it).
+        if endpoint.gateway.is_some() && tls.is_none() {
+            return Err(RouteError::NoIdentity("no identity of our own for mTLS to a multicluster gateway"));
+        }
+        let upstream =
+            Arc::new(Upstream::new(endpoint.addr, tls, self.connect_timeout).with_gateway(endpoint.gateway.clone()));
         // Endpoints that left the set take their connections with them.
         if upstreams.len() >= set.list.len() + 8 {
             upstreams.retain(|addr, _| set.list.iter().any(|e| e.addr == *addr));

@@ -17,12 +17,14 @@ use tower::retry::budget::TpsBudget;
 
 use crate::client::discovery::Profile;
 use crate::client::target::Route;
-use crate::transport::labels::TlsLabel;
+use crate::transport::labels::{TargetCluster, TlsLabel};
 
 /// A resolved target.
 pub struct Target {
     pub route: Route,
     pub tls: TlsLabel,
+    /// issue 28: the linked cluster its endpoints are in (a mirror), for metric labels.
+    pub cluster: TargetCluster,
     /// What a side attaches to its targets, opaque to the clients: the outbound side's policy
     /// watch ([`crate::outbound::policy_of`]).
     pub extensions: http::Extensions,
@@ -37,7 +39,8 @@ impl Target {
 
     pub fn with_extensions(route: Route, extensions: http::Extensions) -> Arc<Self> {
         let tls = route.tls_label();
-        Arc::new(Self { route, tls, extensions, retry_budget: std::sync::OnceLock::new() })
+        let cluster = TargetCluster(route.target_cluster());
+        Arc::new(Self { route, tls, cluster, extensions, retry_budget: std::sync::OnceLock::new() })
     }
 
     /// Linkerd's default budget: retries may add 20 % to the requests, plus 10 per second, as

@@ -14,7 +14,9 @@ use hyper::client::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use parking_lot::Mutex;
 
+use crate::client::discovery::GatewayTarget;
 use crate::http::serve_conn::{H1_MAX_BUF, H2_CONN_WINDOW, H2_MAX_SEND_BUF, H2_STREAM_WINDOW};
+use crate::transport::header::{SessionProtocol, TransportHeader};
 use crate::transport::tls::{self, UpstreamIo, UpstreamTls};
 
 /// What goes upstream: a client's body streamed through, or one buffered so that the request
@@ -43,6 +45,9 @@ struct Idle {
 pub struct Upstream {
     pub addr: SocketAddr,
     pub tls: Option<UpstreamTls>,
+    /// issue 28: a multicluster gateway: every connection starts with the transport header
+    /// naming this target, and HTTP requests carry its authority.
+    pub gateway: Option<Arc<GatewayTarget>>,
     connect_timeout: Duration,
     h1: Mutex<Vec<Idle>>,
     h2: Mutex<Option<http2::SendRequest<RequestBody>>>,
@@ -55,6 +60,7 @@ impl Upstream {
         Self {
             addr,
             tls,
+            gateway: None,
             connect_timeout,
             h1: Mutex::default(),
             h2: Mutex::default(),
@@ -62,9 +68,26 @@ impl Upstream {
         }
     }
 
-    /// A new connection (TCP, and mTLS to a meshed endpoint), for a pool or a tunnel.
+    /// issue 28: this upstream is a multicluster gateway forwarding to `gateway`.
+    pub fn with_gateway(self, gateway: Option<Arc<GatewayTarget>>) -> Self {
+        Self { gateway, ..self }
+    }
+
+    /// A new connection (TCP, and mTLS to a meshed endpoint) for opaque bytes.
     pub async fn connect(&self) -> io::Result<UpstreamIo> {
-        tls::connect(self.addr, self.connect_timeout, self.tls.as_ref()).await
+        self.connect_for(None).await
+    }
+
+    /// A new connection for a session of `protocol` (`None`: opaque); to a gateway, it starts
+    /// with the transport header saying so.
+    pub async fn connect_for(&self, protocol: Option<SessionProtocol>) -> io::Result<UpstreamIo> {
+        let mut io = tls::connect(self.addr, self.connect_timeout, self.tls.as_ref()).await?;
+        if let Some(gateway) = &self.gateway {
+            use tokio::io::AsyncWriteExt;
+            let header = TransportHeader { port: gateway.port, name: gateway.name.clone(), protocol };
+            io.write_all(&header.encode()).await?;
+        }
+        Ok(io)
     }
 
     /// Sends `req` in its own version: HTTP/2 on the shared connection, HTTP/1 on an idle
@@ -117,7 +140,7 @@ impl Upstream {
     }
 
     async fn handshake_h1(&self) -> Result<http1::SendRequest<RequestBody>, SendError> {
-        let io = self.connect().await.map_err(SendError::Connect)?;
+        let io = self.connect_for(Some(SessionProtocol::Http1)).await.map_err(SendError::Connect)?;
         let (sender, conn) = http1::Builder::new().max_buf_size(H1_MAX_BUF).handshake(TokioIo::new(io)).await?;
         tokio::spawn(async move {
             if let Err(e) = conn.await {
@@ -150,7 +173,7 @@ impl Upstream {
     }
 
     async fn handshake_h2(&self) -> Result<http2::SendRequest<RequestBody>, SendError> {
-        let io = self.connect().await.map_err(SendError::Connect)?;
+        let io = self.connect_for(Some(SessionProtocol::Http2)).await.map_err(SendError::Connect)?;
         let (sender, conn) = http2::Builder::new(TokioExecutor::new())
             .timer(TokioTimer::new())
             .initial_stream_window_size(H2_STREAM_WINDOW)

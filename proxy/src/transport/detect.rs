@@ -121,6 +121,8 @@ pub enum DecidedBy {
     configuration,
     policy,
     detection,
+    /// issue 28: a multicluster gateway's connection, whose transport header names it.
+    transport_header,
 }
 
 /// A connection's protocol known before reading from it, and what made it known.

@@ -75,12 +75,29 @@ impl EncodeLabelSet for DstKind {
     }
 }
 
+/// issue 28: `target_cluster_name`, the linked cluster an outbound destination is in (a mirror
+/// Service's endpoints, as Destination labels them). Like `dst_kind`, only that traffic carries
+/// it: the cluster's own series keep their label set.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct TargetCluster(pub Option<std::sync::Arc<str>>);
+
+impl EncodeLabelSet for TargetCluster {
+    fn encode(&self, encoder: &mut LabelSetEncoder<'_>) -> Result<(), std::fmt::Error> {
+        match &self.0 {
+            None => Ok(()),
+            Some(cluster) => [(cnimesh_common::names::TARGET_CLUSTER_METRIC_LABEL, &**cluster)].encode(encoder),
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub struct TcpLabels {
     pub direction: Direction,
     pub target_addr: String,
     #[prometheus(flatten)]
     pub dst_kind: DstKind,
+    #[prometheus(flatten)]
+    pub target_cluster: TargetCluster,
     #[prometheus(flatten)]
     pub tls: TlsLabel,
 }
@@ -187,6 +204,7 @@ impl ConnMetrics {
             direction,
             target_addr: self.target_label(direction, target),
             dst_kind: DstKind::Mesh,
+            target_cluster: TargetCluster::default(),
             tls: TlsLabel::plaintext(),
         };
         self.tcp_refused_total.get_or_create(&labels).inc();

@@ -5,6 +5,7 @@
 pub mod backoff;
 pub mod counting;
 pub mod detect;
+pub mod header;
 pub mod identity;
 pub mod labels;
 pub mod maybe_tls;

@@ -110,6 +110,7 @@ fn proxy(shared: &Arc<Shared>, addr: SocketAddr, target: Arc<Target>) -> Arc<Htt
         direction: Direction::outbound,
         target_addr: addr.to_string(),
         dst_kind: DstKind::Mesh,
+        target_cluster: Default::default(),
         tls: tls.clone(),
     };
     let open = OpenConnection::open(shared.metrics.clone(), labels);
@@ -346,6 +347,8 @@ fn meshed_service_without_a_certificate(policy: api::OutboundPolicy) -> Arc<Targ
     let endpoint = Endpoint {
         addr: "10.0.0.7:80".parse().unwrap(),
         identity: Some("web.shop.serviceaccount.identity.cnimesh.cluster.local".parse().unwrap()),
+        gateway: None,
+        target_cluster: None,
         stats: Arc::default(),
     };
     let endpoints = Endpoints { list: vec![Arc::new(endpoint)], known: true, exists: true, ..Default::default() };
@@ -405,6 +408,7 @@ async fn an_invalid_l5d_orig_proto_from_a_peer_proxy_is_answered_400() {
         direction: Direction::inbound,
         target_addr: app.to_string(),
         dst_kind: DstKind::Mesh,
+        target_cluster: Default::default(),
         tls: TlsLabel::plaintext(),
     };
     let open = OpenConnection::open(shared.metrics.clone(), labels);
@@ -430,7 +434,7 @@ async fn shares(
 ) -> [usize; 2] {
     let endpoint = |addr| {
         let stats = crate::client::discovery::Stats::last_observed(Duration::from_micros(300), Duration::from_secs(60));
-        Arc::new(Endpoint { addr, identity: None, stats: Arc::new(stats) })
+        Arc::new(Endpoint { addr, identity: None, gateway: None, target_cluster: None, stats: Arc::new(stats) })
     };
     let endpoints =
         Endpoints { list: vec![endpoint(a.0), endpoint(b.0)], known: true, exists: true, ..Default::default() };

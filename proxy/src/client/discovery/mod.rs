@@ -31,7 +31,36 @@ pub struct Endpoint {
     pub addr: SocketAddr,
     /// The identity a meshed endpoint proves (mTLS); `None` for a plaintext endpoint.
     pub identity: Option<Name>,
+    /// issue 28: a multicluster gateway: the connection starts with the transport header naming
+    /// this `name:port` (the remote Service), and HTTP requests carry it as their authority.
+    pub gateway: Option<Arc<GatewayTarget>>,
+    /// issue 28: `target_cluster_name`, the linked cluster a mirror's endpoint is in.
+    pub target_cluster: Option<Arc<str>>,
     pub stats: Arc<Stats>,
+}
+
+/// issue 28: where a gateway forwards a connection (the endpoint's authority override).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GatewayTarget {
+    /// The remote Service's fully qualified name.
+    pub name: String,
+    pub port: u16,
+    /// `name:port`, as requests' `:authority`/`Host`.
+    pub authority: http::HeaderValue,
+}
+
+impl GatewayTarget {
+    /// From an authority override `name:port`; `None` when it is not one.
+    pub fn parse(authority: &str) -> Option<Self> {
+        let (name, port) = authority.rsplit_once(':')?;
+        let port = port.parse().ok().filter(|p| *p != 0)?;
+        let valid = !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.');
+        Some(Self {
+            name: name.to_string(),
+            port,
+            authority: http::HeaderValue::from_str(authority).ok().filter(|_| valid)?,
+        })
+    }
 }
 
 /// A service's endpoints as last heard.
@@ -199,5 +228,24 @@ fn endpoint(addr: &api::WeightedAddr) -> Option<Endpoint> {
             }
         },
     };
-    Some(Endpoint { addr: SocketAddr::new(ip, u16::try_from(tcp.port).ok()?), identity, stats: Arc::default() })
+    let mut addr_port = u16::try_from(tcp.port).ok()?;
+    let target_cluster =
+        addr.metric_labels.get(cnimesh_common::names::TARGET_CLUSTER_METRIC_LABEL).map(|c| c.as_str().into());
+    // issue 28: opaque transport (a multicluster gateway) means the transport header, which
+    // only makes sense over mTLS and with the authority it names; anything less is left out
+    // rather than sent somewhere it cannot be routed.
+    let opaque_transport = addr.protocol_hint.as_ref().and_then(|h| h.opaque_transport.as_ref());
+    let gateway = match opaque_transport {
+        None => None,
+        Some(transport) => {
+            let override_ = addr.authority_override.as_ref().map(|a| a.authority_override.as_str());
+            let Some(gateway) = override_.and_then(GatewayTarget::parse).filter(|_| identity.is_some()) else {
+                tracing::warn!(authority = ?override_, "gateway endpoint without an identity or a valid authority override left out");
+                return None;
+            };
+            addr_port = u16::try_from(transport.inbound_port).ok().filter(|p| *p != 0)?;
+            Some(Arc::new(gateway))
+        }
+    };
+    Some(Endpoint { addr: SocketAddr::new(ip, addr_port), identity, gateway, target_cluster, stats: Arc::default() })
 }

@@ -1,0 +1,121 @@
+//! issue 28: the multicluster gateway (`CNIMESH_PROXY_MODE=gateway`): a cnimesh proxy that
+//! admits connections from other clusters' proxies to this cluster's Services.
+//!
+//! The contract (docs/tasks/multicluster.md, "The gateway"): the gateway listens on the inbound
+//! port and accepts **only** mesh mTLS addressed to its own identity, with a client certificate
+//! chained to the trust anchors (a plaintext client, a TLS client without a certificate or with
+//! one from another anchor is refused at the handshake). The connection must then start with
+//! the transport header ([`crate::transport::header`]); its `name` must be a Service name of the
+//! gateway's own cluster domain (`<svc>.<ns>.svc.<domain>`), never an address and never another
+//! domain, and a Service its Destination knows: the gateway is not an open proxy. Admitted
+//! connections go through the outbound stack ([`crate::outbound::service`]): mTLS to the
+//! Service's pods with the gateway's identity, HTTP balanced per request, opaque bytes as they
+//! are. Every refusal is counted by reason (`gateway_refused_total{reason}`) and logged
+//! (rate-limited); admitted connections are counted with their client and target
+//! (`gateway_connections_total{client_id,target,session}`).
+//!
+//! Who may use the gateway: any mesh identity chained to the anchors (all linked clusters share
+//! one). What it may reach is decided by the target workloads' own inbound policy, which sees
+//! the gateway's identity as the client.
+
+pub mod metrics;
+pub mod name;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use cnimesh_common::log_limit::LogLimit;
+
+use crate::client::targets::Target;
+use crate::outbound::Outbound;
+use crate::transport::Io;
+use crate::transport::header::{HeaderError, SessionProtocol, TransportHeader};
+use crate::transport::identity::Identity;
+use crate::transport::labels::TlsLabel;
+use crate::transport::tls;
+pub use metrics::{GatewayMetrics, Refusal};
+
+/// What the gateway needs besides the outbound side.
+pub struct Gateway {
+    pub identity: Arc<Identity>,
+    /// This cluster's domain: the only one whose Service names the gateway forwards to.
+    pub cluster_domain: String,
+    /// How long a client has for its ClientHello, then for its transport header.
+    pub wait: Duration,
+    pub metrics: Arc<GatewayMetrics>,
+}
+
+/// An admitted connection: mTLS terminated, its header read and its target resolved.
+pub struct Admitted<I> {
+    pub io: tls::ClientIo<I>,
+    /// The client's TLS (`client_id`: the calling proxy's identity).
+    pub tls: TlsLabel,
+    /// `name:port` from the header.
+    pub authority: String,
+    pub target: Arc<Target>,
+    /// How the bytes are spoken (`None`: opaque).
+    pub protocol: Option<SessionProtocol>,
+}
+
+/// Why a connection was not admitted; its reason is the metric label.
+#[derive(Debug, thiserror::Error)]
+#[error("gateway refused {peer}: {why}")]
+pub struct Refused {
+    pub peer: SocketAddr,
+    pub reason: Refusal,
+    pub why: String,
+}
+
+static REFUSED_LOG: LogLimit = LogLimit::new(Duration::from_secs(10));
+
+/// Admits one connection from `peer`, or refuses it (counted and logged).
+pub async fn connection<I: Io>(
+    io: I,
+    peer: SocketAddr,
+    gateway: &Gateway,
+    outbound: &Outbound,
+) -> Result<Admitted<I>, Refused> {
+    let admitted = admit(io, peer, gateway, outbound).await;
+    match &admitted {
+        Ok(a) => gateway.metrics.admitted(&a.tls, &a.authority, a.protocol),
+        Err(refused) => {
+            gateway.metrics.refused(refused.reason);
+            if let Some(left_out) = REFUSED_LOG.allow() {
+                tracing::warn!(%peer, reason = ?refused.reason, left_out, "{refused}");
+            }
+        }
+    }
+    admitted
+}
+
+async fn admit<I: Io>(io: I, peer: SocketAddr, gateway: &Gateway, outbound: &Outbound) -> Result<Admitted<I>, Refused> {
+    let refused = |reason, why: String| Refused { peer, reason, why };
+    let accepted = tls::inbound(io, &gateway.identity, gateway.wait, true)
+        .await
+        .map_err(|e| refused(Refusal::tls_handshake, format!("TLS handshake failed: {e}")))?;
+    let (mut io, prefix, tls) = match accepted {
+        tls::Inbound::Accepted { io, prefix, tls } => (io, prefix, tls),
+        tls::Inbound::Refused(why) => return Err(refused(Refusal::not_mtls, why.to_string())),
+        tls::Inbound::Undecided { .. } => {
+            return Err(refused(Refusal::not_mtls, "no ClientHello within the wait".into()));
+        }
+    };
+    // The verifier requires a certificate chained to the anchors; a missing identity here
+    // would be a configuration error of ours, and still never gets through.
+    if !tls.tls || tls.client_id.is_none() || !prefix.is_empty() {
+        return Err(refused(Refusal::not_mtls, "no client identity".into()));
+    }
+    let header = TransportHeader::read(&mut io, gateway.wait).await.map_err(|e| match e {
+        HeaderError::NoPreamble | HeaderError::TimedOut(_) | HeaderError::Io(_) => {
+            refused(Refusal::no_transport_header, e.to_string())
+        }
+        _ => refused(Refusal::bad_transport_header, e.to_string()),
+    })?;
+    name::check(&header.name, &gateway.cluster_domain).map_err(|e| refused(e.refusal(), e.to_string()))?;
+    let authority = format!("{}:{}", header.name, header.port);
+    let Some(target) = crate::outbound::service(&authority, outbound).await else {
+        return Err(refused(Refusal::unknown_service, format!("remote service not found: {authority}")));
+    };
+    Ok(Admitted { io, tls, authority, target, protocol: header.protocol })
+}
