@@ -22,6 +22,9 @@ pub struct Control {
     netns: PathBuf,
     dir: TempDir,
     pub addr: SocketAddr,
+    /// The trust domain its identities are issued in (`cluster.local` unless started by
+    /// [`Control::start_sharing_anchor`]).
+    pub trust_domain: String,
 }
 
 /// The identity of a service account in the default trust domain.
@@ -32,12 +35,53 @@ pub fn identity(ns: &str, sa: &str) -> String {
 impl Control {
     /// Generates a CA and starts the control plane in `pod` with `args` added to `serve`.
     pub fn start(bin: &Path, pod: &Pod<'_>, args: &[&str]) -> anyhow::Result<Self> {
+        Self::start_with_ca(bin, pod, args, None)
+    }
+
+    /// issue 28: a second cluster's control plane, with trust domain `trust_domain` and an
+    /// issuer signed by `anchor`'s trust anchor (the anchor the clusters share, as `cnimesh ca
+    /// issuer` makes it from the anchor's key), started in `pod` with `args` added to `serve`.
+    pub fn start_sharing_anchor(
+        bin: &Path,
+        pod: &Pod<'_>,
+        args: &[&str],
+        anchor: &Control,
+        trust_domain: &str,
+    ) -> anyhow::Result<Self> {
+        Self::start_with_ca(bin, pod, args, Some((anchor, trust_domain)))
+    }
+
+    fn start_with_ca(
+        bin: &Path,
+        pod: &Pod<'_>,
+        args: &[&str],
+        shared: Option<(&Control, &str)>,
+    ) -> anyhow::Result<Self> {
         let dir = tempfile::Builder::new().prefix("cnimesh-control").tempdir()?;
         // Proxies run as UID 2102 and read the trust anchors from here.
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))?;
         let issuer = dir.path().join("issuer");
-        // What `cnimesh ca init --dir` writes (the control binary no longer has a `ca` command).
-        cnimesh_control::ca_init::run(&cnimesh_control::ca_init::CaInit::new(&issuer))?;
+        let mut trust_domain = cnimesh_identity::DEFAULT_TRUST_DOMAIN.to_string();
+        match shared {
+            // What `cnimesh ca init --dir` writes (the control binary no longer has a `ca` command).
+            None => {
+                cnimesh_control::ca_init::run(&cnimesh_control::ca_init::CaInit::new(&issuer))?;
+            }
+            Some((anchor, domain)) => {
+                use cnimesh_control::identity::issuer::{ANCHORS_FILE, ISSUER_CERT_FILE, ISSUER_KEY_FILE};
+                let from = anchor.issuer_dir();
+                let root = cnimesh_identity::ca::CaPem {
+                    cert_pem: std::fs::read_to_string(from.join(ANCHORS_FILE))?,
+                    key_pem: std::fs::read_to_string(from.join(cnimesh_control::ca_init::ANCHOR_KEY_FILE))?,
+                };
+                let ours = cnimesh_identity::ca::new_issuer(&root, domain, Duration::from_secs(86400))?;
+                std::fs::create_dir_all(&issuer)?;
+                std::fs::write(issuer.join(ANCHORS_FILE), &root.cert_pem)?;
+                write_secret(&issuer.join(ISSUER_KEY_FILE), &ours.key_pem, None)?;
+                std::fs::write(issuer.join(ISSUER_CERT_FILE), &ours.cert_pem)?;
+                trust_domain = domain.to_string();
+            }
+        }
         std::fs::set_permissions(&issuer, std::fs::Permissions::from_mode(0o755))?;
         std::fs::create_dir_all(dir.path().join("tokens"))?;
         let mut serve = Command::new("ip");
@@ -50,6 +94,7 @@ impl Control {
             .arg(&issuer)
             .arg("--tokens-dir")
             .arg(dir.path().join("tokens"))
+            .args(["--trust-domain", &trust_domain])
             .args(args)
             .env("CNIMESH_CONTROL_LOG", "warn")
             .stdin(Stdio::null())
@@ -62,6 +107,7 @@ impl Control {
             netns: pod.netns.path(),
             dir,
             addr: SocketAddr::new(IpAddr::V4(pod.ipv4()), CONTROL_PORT),
+            trust_domain,
         };
         control.wait_ready()?;
         Ok(control)
@@ -123,10 +169,24 @@ impl Control {
         Ok(path)
     }
 
+    /// The identity of a service account in this control plane's trust domain.
+    pub fn identity(&self, ns: &str, sa: &str) -> String {
+        format!("{sa}.{ns}.serviceaccount.identity.cnimesh.{}", self.trust_domain)
+    }
+
     /// The sidecar's identity settings for service account `sa` of namespace `ns`.
     pub fn proxy_env(&self, ns: &str, sa: &str, token: &Path) -> Vec<(String, String)> {
+        let mut env = self.proxy_env_default_domain(ns, sa, token);
+        if self.trust_domain != cnimesh_identity::DEFAULT_TRUST_DOMAIN {
+            // The control plane proves its own identity in its trust domain.
+            env.push(("CNIMESH_PROXY_IDENTITY_SVC_NAME".into(), self.identity("cnimesh", "cnimesh-control")));
+        }
+        env
+    }
+
+    fn proxy_env_default_domain(&self, ns: &str, sa: &str, token: &Path) -> Vec<(String, String)> {
         vec![
-            ("CNIMESH_PROXY_IDENTITY_NAME".into(), identity(ns, sa)),
+            ("CNIMESH_PROXY_IDENTITY_NAME".into(), self.identity(ns, sa)),
             ("CNIMESH_PROXY_IDENTITY_TRUST_ANCHORS".into(), self.trust_anchors().display().to_string()),
             ("CNIMESH_PROXY_IDENTITY_TOKEN_FILE".into(), token.display().to_string()),
             ("CNIMESH_PROXY_IDENTITY_ADDR".into(), self.addr.to_string()),

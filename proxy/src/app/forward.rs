@@ -620,7 +620,7 @@ impl HttpProxy {
                 Err(_) => load.fail(),
             }
         }
-        let mut response = result.map_err(|e| upstream_error(upstream.addr, &e))?;
+        let mut response = result.map_err(|e| gateway_error(&upstream, upstream_error(upstream.addr, &e)))?;
         strip_hop_by_hop(response.headers_mut(), false);
         if upgraded {
             orig_proto::downgrade_response(&mut response);
@@ -681,6 +681,19 @@ impl HttpProxy {
             strip_hop_by_hop(response.headers_mut(), false);
         }
         Ok(response)
+    }
+}
+
+/// issue 28: a failure to reach a multicluster gateway says so (the client's operator then
+/// knows to look at the linked cluster's gateway, not at a pod of their own); 502 as any
+/// upstream failure.
+fn gateway_error(upstream: &crate::client::upstream::Upstream, e: ProxyError) -> ProxyError {
+    match &upstream.gateway {
+        Some(gateway) => ProxyError::Upstream {
+            addr: upstream.addr,
+            why: format!("multicluster gateway unreachable for {}:{}: {e}", gateway.name, gateway.port),
+        },
+        None => e,
     }
 }
 
