@@ -16,6 +16,7 @@ pub mod kube_mock;
 pub mod local_mode;
 pub mod manifest_check;
 pub mod mesh;
+pub mod multicluster;
 pub mod netns;
 pub mod objects;
 pub mod outside;
