@@ -197,7 +197,23 @@ fn forward_between(east: &Inputs<'_>, state: &mut State, west: ipnet::Ipv4Net) -
     let file = east.root.join("run").join("forward.nft");
     std::fs::write(&file, rules)?;
     host::run("nft", &["-f", &file.display().to_string()]).context("installing the forwarding rules")?;
+    // Pods only route their own subnet (and the service range): each side's pods get a route
+    // to the other subnet through their bridge's gateway, as a node's routes would give them.
+    let (east_gw, west_gw) = (gateway_of(e)?, gateway_of(w)?);
+    for (prefix, other, via) in [(east.prefix.to_string(), w, east_gw), (format!("{}w", east.prefix), e, west_gw)] {
+        for netns in host::netns_with_prefix(&prefix) {
+            host::run(
+                "ip",
+                &["netns", "exec", &netns, "ip", "route", "replace", &other.to_string(), "via", &via.to_string()],
+            )?;
+        }
+    }
     Ok(())
+}
+
+/// The bridge's address in a pod subnet (host-local gives it the first host).
+fn gateway_of(subnet: ipnet::Ipv4Net) -> anyhow::Result<Ipv4Addr> {
+    subnet.hosts().next().with_context(|| format!("the subnet {subnet} has no gateway address"))
 }
 
 /// `cnimesh multicluster link --local <west> --cluster-name west`, applied to east: its output
