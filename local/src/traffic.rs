@@ -416,8 +416,14 @@ mod tests {
         let mut edge = Edge::new("client", "web", true, &load, &replicas);
         edge.count_backends(&[("web-0", "web"), ("web-1", "web"), ("web-canary", "web-canary")]);
         assert_eq!(edge.backends, [("web".to_string(), 9), ("web-canary".to_string(), 1)].into());
-        let summary =
-            Summary { root: "/r".into(), edges: vec![edge], commands: BTreeMap::new(), up_seconds: 1.0, trace: None };
+        let summary = Summary {
+            root: "/r".into(),
+            edges: vec![edge],
+            commands: BTreeMap::new(),
+            up_seconds: 1.0,
+            trace: None,
+            multicluster: None,
+        };
         let text = render(&summary, Format::Human);
         assert!(text.contains("client -> web split over backends: web=9 (90.0%) web-canary=1 (10.0%)"), "{text}");
     }
