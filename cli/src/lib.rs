@@ -1,12 +1,12 @@
 //! `cnimesh`, the operator's command line: install, check, inject/uninject, uninstall, stat,
-//! edges, tap, top, diagnostics, authz, dashboard, ca, tracing, version, completion. It renders the manifests under `daemonset/` (the single source of truth: what
+//! edges, tap, top, diagnostics, authz, dashboard, ca, tracing, multicluster, version, completion. It renders the manifests under `daemonset/` (the single source of truth: what
 //! `install` prints is those files plus generated certificates), applies the webhook's pure
 //! mutation to YAML offline, and reads the cluster with kube-rs, never with a shell on a node.
 //!
 //! Built on the control plane's library (the webhook's mutation, the manifests' names, the tap
 //! relay's query and lines), never the other way round.
 //!
-//! Layers: yaml | pod_proxy → manifests → install → ca | check | inject | uninstall | upgrade | prune | stat | tracing_addon → tap | identity_rotate | diagnostics | policy → authz | top → dashboard
+//! Layers: yaml | pod_proxy → manifests → install → ca | check | inject | uninstall | upgrade | prune | stat | tracing_addon → tap | identity_rotate | diagnostics | policy | multicluster → authz | top → dashboard
 
 pub mod authz;
 pub mod ca;
@@ -17,6 +17,7 @@ pub mod identity_rotate;
 pub mod inject;
 pub mod install;
 pub mod manifests;
+pub mod multicluster;
 pub mod pod_proxy;
 pub mod policy;
 pub mod prune;
@@ -58,6 +59,11 @@ pub struct ClusterArgs {
 impl ClusterArgs {
     /// A kube client from the kubeconfig (or the in-cluster service account).
     pub async fn client(&self) -> anyhow::Result<kube::Client> {
+        kube::Client::try_from(self.config().await?).context("building the Kubernetes client")
+    }
+
+    /// The client's configuration (`multicluster link` prints its API server's URL).
+    pub async fn config(&self) -> anyhow::Result<kube::Config> {
         let options = kube::config::KubeConfigOptions { context: self.context.clone(), ..Default::default() };
         let config = match &self.kubeconfig {
             Some(path) => {
@@ -70,7 +76,7 @@ impl ClusterArgs {
             }
             None => kube::Config::infer().await.context("no usable kubeconfig or in-cluster configuration")?,
         };
-        kube::Client::try_from(config).context("building the Kubernetes client")
+        Ok(config)
     }
 }
 
@@ -129,6 +135,11 @@ pub enum Command {
     Tracing {
         #[command(subcommand)]
         command: tracing_addon::TracingCommand,
+    },
+    /// Multicluster (issue 28): install the gateway, link clusters, check links and gateways.
+    Multicluster {
+        #[command(subcommand)]
+        command: multicluster::MulticlusterCommand,
     },
     /// Print the client's version and, when reachable, the control plane's.
     Version(VersionArgs),
@@ -209,6 +220,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Ca { command } => ca::main(command, &mut out)?,
         Command::Identity { command } => runtime()?.block_on(identity_rotate::main(&cli.cluster, command, &mut out))?,
         Command::Tracing { command } => tracing_addon::main(command, &mut out)?,
+        Command::Multicluster { command } => {
+            let code = runtime()?.block_on(multicluster::main(&cli.cluster, command, &mut out))?;
+            out.flush()?;
+            return Ok(code);
+        }
         Command::Version(args) => {
             writeln!(out, "client: {}", env!("CARGO_PKG_VERSION"))?;
             if !args.client {
@@ -282,6 +298,7 @@ mod tests {
                 "ca",
                 "identity",
                 "tracing",
+                "multicluster",
                 "version",
                 "completion",
             ] {

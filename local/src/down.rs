@@ -15,8 +15,23 @@ use super::runtime::Runtime;
 pub fn down(naming: &Naming) -> anyhow::Result<String> {
     let root = naming.dir.as_path();
     host::check_root(root)?;
+    let recorded = State::read(root);
+    // `up --clusters 2`: the second cluster first (its own namespaces, bridge and attachments),
+    // then the forwarding rules between the two.
+    let mut west_report = String::new();
+    let west = root.join("west");
+    if west.join(super::record::FILE).exists() || west.exists() {
+        let west_prefix = State::read(&west).map_or_else(|| format!("{}w", naming.prefix), |s| s.prefix);
+        west_report = down(&Naming { dir: west, prefix: west_prefix })?;
+    }
+    if let Some(table) = recorded.as_ref().and_then(|s| s.forward_table.clone())
+        && host::run("nft", &["list", "table", "inet", &table]).is_ok()
+    {
+        host::run("nft", &["delete", "table", "inet", &table])?;
+        west_report.push_str(&format!("nftables table inet {table} deleted\n"));
+    }
     // The prefix `up` recorded wins over the flag's default.
-    let prefix = State::read(root).map_or_else(|| naming.prefix.clone(), |s| s.prefix);
+    let prefix = recorded.map_or_else(|| naming.prefix.clone(), |s| s.prefix);
     let bridge = format!("{prefix}0");
     let netns = netns_with_prefix(&prefix);
     let pids = find_processes(root, &netns);
@@ -57,7 +72,7 @@ pub fn down(naming: &Naming) -> anyhow::Result<String> {
     for p in &problems {
         report.push_str(&format!("  warning: {p}\n"));
     }
-    Ok(report)
+    Ok(west_report + &report)
 }
 
 fn remove_root(root: &Path) -> anyhow::Result<()> {

@@ -81,6 +81,15 @@ pub struct UpArgs {
     /// Concurrent requests per client and service.
     #[arg(long, default_value_t = 4)]
     pub concurrency: usize,
+    /// 2 adds a second cluster, `west` (issue 28): its own root `<dir>/west`, prefix
+    /// `<prefix>w`, bridge, subnet (--west-subnet), control plane (trust domain west.local, an
+    /// issuer from east's anchor), workloads exported to east, a multicluster gateway pod, routes
+    /// between the two pod networks, and the Link `cnimesh multicluster link` makes.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=2))]
+    pub clusters: u8,
+    /// West's pod subnet (with --clusters 2).
+    #[arg(long, default_value = "10.248.0.0/24")]
+    pub west_subnet: ipnet::Ipv4Net,
 }
 
 #[derive(Debug, Subcommand)]

@@ -19,6 +19,17 @@ pub struct State {
     pub subnet: Ipv4Net,
     pub bridge: String,
     pub control: Option<SocketAddr>,
+    /// The cluster's trust domain (absent: cluster.local); `cnimesh multicluster link --local`
+    /// reads it, with the gateway below.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trust_domain: Option<String>,
+    /// The multicluster gateway pod's `ip:4143` (west of `--clusters 2`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway: Option<SocketAddr>,
+    /// The nftables table accepting forwarded traffic between the clusters' pod networks (east
+    /// of `--clusters 2`), which `down` deletes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forward_table: Option<String>,
 }
 
 impl State {

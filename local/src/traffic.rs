@@ -200,6 +200,27 @@ pub struct Summary {
     pub up_seconds: f64,
     /// The demo's traced request, as the collector stand-in received its spans.
     pub trace: Option<crate::demo_trace::DemoTrace>,
+    /// `--clusters 2`: the cross-cluster part (issue 28).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub multicluster: Option<Multicluster>,
+}
+
+/// What `up --clusters 2` did across the clusters and what each side saw.
+#[derive(Debug, Clone, Serialize)]
+pub struct Multicluster {
+    pub west_root: String,
+    /// The gateway pod's `ip:port`.
+    pub gateway: String,
+    /// The Link file written into east's cluster dir.
+    pub link_file: String,
+    /// Whether east's control plane runs the mirror controller (`--mirror-service-cidr`).
+    pub mirror_controller: bool,
+    /// East's client to each mirror: the mirror, what happened.
+    pub edges: Vec<Edge>,
+    /// Notes instead of edges (no mirror controller, a mirror that did not appear in time).
+    pub notes: Vec<String>,
+    /// Client identities west's gateway and west's servers saw on inbound mTLS, by pod.
+    pub identities_seen: BTreeMap<String, Vec<String>>,
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> f64 {
@@ -337,9 +358,40 @@ pub fn render(summary: &Summary, format: Format) -> String {
         out.push('\n');
         out.push_str(&crate::demo_trace::render(trace));
     }
+    if let Some(mc) = &summary.multicluster {
+        out.push_str(&render_multicluster(mc));
+    }
     out.push('\n');
     for (what, cmd) in &summary.commands {
         out.push_str(&format!("{what}:\n  {cmd}\n"));
+    }
+    out
+}
+
+/// The second cluster's part of the summary: the Link, each edge to a mirror, what west saw.
+fn render_multicluster(mc: &Multicluster) -> String {
+    let mut out = format!(
+        "\nwest (second cluster) in {}: gateway {}, Link written to {}\n",
+        mc.west_root, mc.gateway, mc.link_file
+    );
+    for e in &mc.edges {
+        let tls = if e.tls { format!("mTLS ({})", e.server_ids.join(", ")) } else { "plaintext".into() };
+        out.push_str(&format!(
+            "  {} -> {}: {:.1}% of {} requests, {tls}\n",
+            e.from,
+            e.to,
+            e.success_rate * 100.0,
+            e.requests
+        ));
+        for err in &e.errors {
+            out.push_str(&format!("    error: {err}\n"));
+        }
+    }
+    for note in &mc.notes {
+        out.push_str(&format!("  {note}\n"));
+    }
+    for (pod, ids) in &mc.identities_seen {
+        out.push_str(&format!("  west's {pod} saw client identities: {}\n", ids.join(", ")));
     }
     out
 }
@@ -364,8 +416,14 @@ mod tests {
         let mut edge = Edge::new("client", "web", true, &load, &replicas);
         edge.count_backends(&[("web-0", "web"), ("web-1", "web"), ("web-canary", "web-canary")]);
         assert_eq!(edge.backends, [("web".to_string(), 9), ("web-canary".to_string(), 1)].into());
-        let summary =
-            Summary { root: "/r".into(), edges: vec![edge], commands: BTreeMap::new(), up_seconds: 1.0, trace: None };
+        let summary = Summary {
+            root: "/r".into(),
+            edges: vec![edge],
+            commands: BTreeMap::new(),
+            up_seconds: 1.0,
+            trace: None,
+            multicluster: None,
+        };
         let text = render(&summary, Format::Human);
         assert!(text.contains("client -> web split over backends: web=9 (90.0%) web-canary=1 (10.0%)"), "{text}");
     }

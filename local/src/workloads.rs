@@ -55,6 +55,10 @@ pub struct ServiceSpec {
     /// through an HTTPRoute with this service as parent; unset = its own replicas only.
     #[serde(default)]
     pub split: Option<Vec<Backend>>,
+    /// Exported to linked clusters (issue 28): `true` through the gateway, `remote-discovery`
+    /// straight to the pods (the label `mirror.cnimesh.io/exported`).
+    #[serde(default)]
+    pub export: Option<String>,
 }
 
 /// One service of a split and its weight.
@@ -147,6 +151,15 @@ impl Workloads {
             }
             if !(1..=20).contains(&s.replicas) {
                 return Err(format!("service {}: replicas must be 1 to 20, not {}", s.name, s.replicas));
+            }
+            use cnimesh_common::names::{MIRROR_EXPORTED_GATEWAY, MIRROR_EXPORTED_REMOTE_DISCOVERY};
+            if let Some(export) = &s.export
+                && ![MIRROR_EXPORTED_GATEWAY, MIRROR_EXPORTED_REMOTE_DISCOVERY].contains(&export.as_str())
+            {
+                return Err(format!(
+                    "service {}: export {export:?}: expected \"true\" or \"remote-discovery\"",
+                    s.name
+                ));
             }
         }
         if self.clients.is_empty() {
@@ -257,10 +270,18 @@ pub fn pod_object(ns: &str, pod: &PodSpec, uid: &str, phase: &str, ip: Option<Ip
 }
 
 /// The Service and its EndpointSlice, with every replica in `endpoints` (name, IP) ready.
+/// The export label of a service exported to linked clusters (none otherwise).
+fn export_labels(s: &ServiceSpec) -> Value {
+    match &s.export {
+        Some(export) => json!({ cnimesh_common::names::MIRROR_EXPORTED_LABEL: export }),
+        None => json!({}),
+    }
+}
+
 pub fn service_objects(ns: &str, s: &ServiceSpec, endpoints: &[(String, Ipv4Addr)]) -> [Value; 2] {
     let service = json!({
         "apiVersion": "v1", "kind": "Service",
-        "metadata": {"name": s.name, "namespace": ns},
+        "metadata": {"name": s.name, "namespace": ns, "labels": export_labels(s)},
         "spec": {
             "clusterIP": s.cluster_ip.to_string(),
             "ports": [{"name": "http", "port": s.port, "targetPort": "http"}],

@@ -1,10 +1,12 @@
 //! `cnimesh-local up`, in the order a cluster brings a node up: trust anchor and issuer, the
 //! node agent (which installs and chains the plugin), the control plane's pod (primary CNI only),
 //! then each workload pod through the full chain as the kubelet would, proxies as the proxy UID,
-//! the apps, and finally the demo's traffic.
+//! the apps, and finally the demo's traffic. With `--clusters 2`, [`west`] brings the second
+//! cluster up beside the first and links them (issue 28).
 
 mod preflight;
 mod summary;
+mod west;
 
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::os::unix::fs::{PermissionsExt, chown};
@@ -31,6 +33,8 @@ use cnimesh_node::chain;
 
 /// The control plane's admin server (`/ready`) inside its pod; not a §2 number, local mode's own.
 const NETWORK: &str = "cnimesh-local";
+/// East's (the first cluster's) trust domain: the mesh's default.
+const EAST_TRUST_DOMAIN: &str = "cluster.local";
 const STARTUP: Duration = Duration::from_secs(30);
 
 /// Waits (bounded) for `ready`; on timeout the error carries the tail of `log`.
@@ -63,8 +67,8 @@ fn write_secret(path: &Path, contents: &str, owner: Option<u32>) -> anyhow::Resu
     Ok(())
 }
 
-fn identity(ns: &str, sa: &str) -> String {
-    format!("{sa}.{ns}.serviceaccount.identity.cnimesh.cluster.local")
+fn identity(ns: &str, sa: &str, trust_domain: &str) -> String {
+    format!("{sa}.{ns}.serviceaccount.identity.cnimesh.{trust_domain}")
 }
 
 fn free_loopback_port() -> anyhow::Result<u16> {
@@ -87,6 +91,12 @@ struct Inputs<'a> {
     root: &'a Path,
     prefix: &'a str,
     started: Instant,
+    /// This cluster's pod subnet (east: --subnet; west: --west-subnet).
+    subnet: ipnet::Ipv4Net,
+    /// This cluster's trust domain (east: cluster.local; west: west.local).
+    trust_domain: &'a str,
+    /// The control plane's `--mirror-service-cidr` (east of `--clusters 2`, when its control plane has it).
+    mirror_service_cidr: Option<&'a str>,
 }
 
 impl Inputs<'_> {
@@ -125,7 +135,19 @@ pub fn up(args: &UpArgs) -> anyhow::Result<Summary> {
     let started = Instant::now();
     let (workloads, bins) = preflight(args)?;
     let root = args.naming.dir.clone();
-    let inputs = Inputs { args, workloads: &workloads, bins: &bins, root: &root, prefix: &args.naming.prefix, started };
+    let mirror_service_cidr =
+        (args.clusters == 2).then_some(SERVICE_RANGE).filter(|_| west::control_mirrors(&bins.control));
+    let inputs = Inputs {
+        args,
+        workloads: &workloads,
+        bins: &bins,
+        root: &root,
+        prefix: &args.naming.prefix,
+        started,
+        subnet: args.subnet,
+        trust_domain: EAST_TRUST_DOMAIN,
+        mirror_service_cidr,
+    };
     match bring_up(&inputs) {
         Ok(summary) => Ok(summary),
         Err(e) => {
@@ -154,16 +176,33 @@ fn bring_up(i: &Inputs<'_>) -> anyhow::Result<Summary> {
     start_apps(i, &pods)?;
     start_proxies(i, &pods, &ca, control_addr, collector)?;
     wait_for_pods(i, &pods)?;
+    let west = if i.args.clusters == 2 { Some(west::bring_up(i, &ca, &mut state)?) } else { None };
     let up_seconds = i.started.elapsed().as_secs_f64();
     let edges = send_traffic(i, &pods);
     let trace = send_traced_request(i, &pods)?;
-    Ok(Summary { root: i.root.display().to_string(), edges, commands: next_commands(i), up_seconds, trace })
+    let multicluster = west.map(|w| west::send_traffic(i, &w));
+    Ok(Summary {
+        root: i.root.display().to_string(),
+        edges,
+        commands: next_commands(i),
+        up_seconds,
+        trace,
+        multicluster,
+    })
 }
 
 /// The root dir and its layout, and the first record of this run (so `down` finds it even if
 /// `up` stops right after).
 fn root_layout(i: &Inputs<'_>) -> anyhow::Result<State> {
-    let state = State { prefix: i.prefix.into(), subnet: i.args.subnet, bridge: i.bridge(), control: None };
+    let state = State {
+        prefix: i.prefix.into(),
+        subnet: i.subnet,
+        bridge: i.bridge(),
+        control: None,
+        trust_domain: Some(i.trust_domain.to_string()),
+        gateway: None,
+        forward_table: None,
+    };
     // The proxies (UID 2102) read their token and the trust anchors under the root.
     mkdir(i.root, 0o755)?;
     state.write(i.root)?;
@@ -198,7 +237,7 @@ fn start_agent(i: &Inputs<'_>) -> anyhow::Result<Value> {
         "name": NETWORK,
         "plugins": [{
             "type": "bridge", "bridge": i.bridge(), "isGateway": true,
-            "ipam": {"type": "host-local", "ranges": [[{"subnet": i.args.subnet.to_string()}]], "dataDir": root.join("ipam")},
+            "ipam": {"type": "host-local", "ranges": [[{"subnet": i.subnet.to_string()}]], "dataDir": root.join("ipam")},
         }],
     });
     write_atomic(&root.join("net.d/10-cnimesh-local.conflist"), &serde_json::to_vec_pretty(&primary)?, None)?;
@@ -261,7 +300,11 @@ fn start_control(i: &Inputs<'_>, conflist: &Value, ca: &Path, state: &mut State)
         .arg(i.root.join("tokens"))
         .arg("--cluster-dir")
         .arg(i.root.join("cluster"))
-        .args(["--addr", &format!("0.0.0.0:{CONTROL_PORT}"), "--admin-addr", &format!("0.0.0.0:{CONTROL_ADMIN_PORT}")]);
+        .args(["--addr", &format!("0.0.0.0:{CONTROL_PORT}"), "--admin-addr", &format!("0.0.0.0:{CONTROL_ADMIN_PORT}")])
+        .args(["--trust-domain", i.trust_domain]);
+    if let Some(cidr) = i.mirror_service_cidr {
+        control.args(["--mirror-service-cidr", cidr]);
+    }
     spawn_detached(i.root, "control", control)?;
     let control_ns = i.netns("control");
     let control_admin = SocketAddr::from(([127, 0, 0, 1], CONTROL_ADMIN_PORT));
@@ -274,7 +317,7 @@ fn start_control(i: &Inputs<'_>, conflist: &Value, ca: &Path, state: &mut State)
 /// The collector stand-in (`cnimesh-local collector`) on the bridge's gateway, which the control
 /// pod's attachment has just given an address; returns where the proxies export to.
 fn start_collector(i: &Inputs<'_>) -> anyhow::Result<SocketAddr> {
-    let gateway = i.args.subnet.hosts().next().context("the pod subnet has no gateway address")?;
+    let gateway = i.subnet.hosts().next().context("the pod subnet has no gateway address")?;
     let addr = SocketAddr::from((gateway, crate::demo_trace::COLLECTOR_PORT));
     i.progress(&format!("starting the collector stand-in on {addr} (spans to traces.jsonl)"));
     let file = crate::demo_trace::traces_file(i.root);
@@ -386,7 +429,11 @@ fn start_proxies(
             .args(["netns", "exec", &i.netns_name(&pod.spec.name)])
             .args(["setpriv", &format!("--reuid={PROXY_UID}"), &format!("--regid={PROXY_UID}"), "--clear-groups"])
             .arg(&i.bins.proxy)
-            .env("CNIMESH_PROXY_IDENTITY_NAME", identity(ns, sa))
+            .env("CNIMESH_PROXY_IDENTITY_NAME", identity(ns, sa, i.trust_domain))
+            .env(
+                "CNIMESH_PROXY_IDENTITY_SVC_NAME",
+                identity(CONTROL_NAMESPACE, cnimesh_common::names::CONTROL_NAME, i.trust_domain),
+            )
             .env("CNIMESH_PROXY_IDENTITY_TRUST_ANCHORS", ca.join("ca.crt"))
             .env("CNIMESH_PROXY_IDENTITY_TOKEN_FILE", dir.join("token"))
             .env("CNIMESH_PROXY_IDENTITY_ADDR", control_addr.to_string())

@@ -51,6 +51,24 @@ pub(super) fn preflight(args: &UpArgs) -> anyhow::Result<(Workloads, Binaries)> 
     {
         bail!("--prefix {prefix:?}: 1 to 12 of a-z0-9, and not `cnm<digit>…` (the tests' names)");
     }
+    if args.clusters == 2 {
+        if prefix.len() > 11 {
+            bail!("--prefix {prefix:?}: at most 11 characters with --clusters 2 (west's is `{prefix}w`)");
+        }
+        if args.west_subnet.contains(&args.subnet.network()) || args.subnet.contains(&args.west_subnet.network()) {
+            bail!("--west-subnet {} overlaps --subnet {}", args.west_subnet, args.subnet);
+        }
+        if args.west_subnet.prefix_len() > 26 {
+            bail!("--west-subnet {}: too small; use a /26 or larger", args.west_subnet);
+        }
+        let west_leftovers = host::netns_with_prefix(&format!("{prefix}w"));
+        if !west_leftovers.is_empty() || link_exists(&format!("{prefix}w0")) {
+            bail!(
+                "namespaces {west_leftovers:?} or bridge {prefix}w0 already exist: run `cnimesh-local down --dir {} --prefix {prefix}` first",
+                args.naming.dir.display()
+            );
+        }
+    }
     if args.subnet.prefix_len() > 26 {
         bail!("--subnet {}: too small; use a /26 or larger", args.subnet);
     }

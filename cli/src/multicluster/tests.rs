@@ -1,0 +1,588 @@
+//! `cnimesh multicluster …` against what it reads: a mocked API server for the kube path (the
+//! one thing faked), real directories for local mode, a real TLS listener standing in for the
+//! gateway (its certificate from the mesh's own CA code), and a real TCP listener answering as a
+//! remote API server that refuses the credentials.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use base64::Engine;
+use cnimesh_identity::ca::{CaPem, Signer, new_csr, new_issuer, new_trust_anchor};
+use k8s_openapi::ByteString;
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::super::check::mock::MockApi;
+use super::super::check::{Status, render_table};
+use super::super::yaml;
+use super::check::run;
+use super::gateways::{render_table as gateways_table, rows};
+use super::install::{InstallArgs, render as render_install};
+use super::link::{LinkArgs, Target, kube_target, local_target, render, unlink_local};
+use super::source::Source;
+use cnimesh_control::multicluster::crd::{GatewayStatus, LinkState, LinkStatus, MirrorStatus};
+
+const DAY: Duration = Duration::from_secs(86400);
+
+fn b64(bytes: &[u8]) -> Value {
+    serde_json::to_value(ByteString(bytes.to_vec())).unwrap()
+}
+
+fn link_args(name: &str) -> LinkArgs {
+    LinkArgs {
+        cluster_name: name.into(),
+        gateway_address: None,
+        gateway_port: None,
+        api_server_address: None,
+        cluster_domain: None,
+        local: None,
+    }
+}
+
+fn install_args() -> InstallArgs {
+    InstallArgs {
+        identity_trust_anchors_file: None,
+        trust_domain: None,
+        cluster_domain: "cluster.local".into(),
+        proxy_image: "ghcr.io/cnimesh/cnimesh-proxy:test".into(),
+    }
+}
+
+#[test]
+fn install_prints_the_crd_the_gateway_the_reader_and_the_control_planes_rbac_with_this_clusters_identity() {
+    let anchor = new_trust_anchor("west.local", DAY).unwrap();
+    let docs = render_install(&install_args(), &anchor.cert_pem, "west.local").unwrap();
+    let docs = yaml::documents(&yaml::render(&docs), "output").unwrap();
+    let kinds: Vec<String> = docs.iter().map(yaml::describe).collect();
+    for want in [
+        "CustomResourceDefinition/links.multicluster.cnimesh.io",
+        "Namespace/cnimesh-multicluster",
+        "ServiceAccount/cnimesh-multicluster/cnimesh-gateway",
+        "Deployment/cnimesh-multicluster/cnimesh-gateway",
+        "Service/cnimesh-multicluster/cnimesh-gateway",
+        "ServiceAccount/cnimesh-multicluster/cnimesh-mirror-reader",
+        "ClusterRole/cnimesh-mirror-reader",
+        "Secret/cnimesh-multicluster/cnimesh-mirror-reader-token",
+        "ClusterRole/cnimesh-control-multicluster",
+        "Role/cnimesh/cnimesh-control-multicluster",
+    ] {
+        assert!(kinds.contains(&want.to_string()), "{want} missing from {kinds:#?}");
+    }
+    let deployment = docs.iter().find(|d| d["kind"] == "Deployment").unwrap();
+    let containers = deployment["spec"]["template"]["spec"]["containers"].as_array().unwrap();
+    assert_eq!(containers.len(), 1, "the proxy is the gateway's only container");
+    let env: Vec<(&str, &str)> = containers[0]["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| Some((e["name"].as_str()?, e["value"].as_str()?)))
+        .collect();
+    let var = |n: &str| env.iter().find(|(k, _)| *k == n).map(|(_, v)| *v).unwrap_or_else(|| panic!("no {n}"));
+    assert_eq!(var("CNIMESH_PROXY_MODE"), "gateway");
+    assert_eq!(
+        var("CNIMESH_PROXY_IDENTITY_NAME"),
+        "cnimesh-gateway.cnimesh-multicluster.serviceaccount.identity.cnimesh.west.local"
+    );
+    assert_eq!(var("CNIMESH_PROXY_IDENTITY_TRUST_ANCHORS_PEM"), anchor.cert_pem);
+    assert_eq!(
+        var("CNIMESH_PROXY_IDENTITY_SVC_NAME"),
+        "cnimesh-control.cnimesh.serviceaccount.identity.cnimesh.west.local"
+    );
+    assert_eq!(containers[0]["image"], "ghcr.io/cnimesh/cnimesh-proxy:test");
+    let service = docs.iter().find(|d| d["kind"] == "Service").unwrap();
+    assert_eq!(service["spec"]["type"], "LoadBalancer");
+    let ports: Vec<(String, i64)> = service["spec"]["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (p["name"].as_str().unwrap().to_string(), p["port"].as_i64().unwrap()))
+        .collect();
+    assert_eq!(ports, [("mc-gateway".to_string(), 4143), ("mc-probe".to_string(), 4191)]);
+    for doc in &docs {
+        assert_eq!(
+            doc["metadata"]["labels"]["app.kubernetes.io/part-of"],
+            "cnimesh-multicluster",
+            "{}",
+            yaml::describe(doc)
+        );
+    }
+    let reader =
+        docs.iter().find(|d| d["kind"] == "ClusterRole" && d["metadata"]["name"] == "cnimesh-mirror-reader").unwrap();
+    let verbs: Vec<&Value> =
+        reader["rules"].as_array().unwrap().iter().flat_map(|r| r["verbs"].as_array().unwrap()).collect();
+    assert!(
+        verbs.iter().all(|v| ["get", "list", "watch"].contains(&v.as_str().unwrap())),
+        "the reader only reads: {verbs:?}"
+    );
+}
+
+#[test]
+fn install_refuses_anchors_without_a_certificate_and_a_bad_trust_domain_by_name() {
+    let e = render_install(&install_args(), "not a pem", "west.local").unwrap_err();
+    assert!(format!("{e:#}").contains("trust anchors"), "{e:#}");
+    let anchor = new_trust_anchor("west.local", DAY).unwrap();
+    let e = render_install(&install_args(), &anchor.cert_pem, "bad domain!").unwrap_err();
+    assert!(e.to_string().contains("bad domain!"), "{e}");
+}
+
+const DEPLOYMENT: &str = "/apis/apps/v1/namespaces/cnimesh/deployments/cnimesh-control";
+const GATEWAY_SERVICE: &str = "/api/v1/namespaces/cnimesh-multicluster/services/cnimesh-gateway";
+const TOKEN_SECRET: &str = "/api/v1/namespaces/cnimesh-multicluster/secrets/cnimesh-mirror-reader-token";
+
+/// Cluster B as `link` reads it: a control plane with --trust-domain west.local, a gateway
+/// Service with a LoadBalancer address, the reader's token.
+fn cluster_b() -> MockApi {
+    let mut mock = MockApi::default();
+    mock.get(
+        DEPLOYMENT,
+        json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "cnimesh-control", "namespace": "cnimesh"},
+               "spec": {"selector": {}, "template": {"spec": {"containers": [
+                   {"name": "cnimesh-control", "args": ["serve", "--trust-domain", "west.local"]}]}}}}),
+    );
+    mock.get(
+        GATEWAY_SERVICE,
+        json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "cnimesh-gateway", "namespace": "cnimesh-multicluster"},
+               "spec": {"type": "LoadBalancer", "ports": [{"name": "mc-gateway", "port": 4143}, {"name": "mc-probe", "port": 4191}]},
+               "status": {"loadBalancer": {"ingress": [{"ip": "203.0.113.7"}]}}}),
+    );
+    mock.get(
+        TOKEN_SECRET,
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "cnimesh-mirror-reader-token", "namespace": "cnimesh-multicluster"},
+               "type": "kubernetes.io/service-account-token",
+               "data": {"token": b64(b"reader-token"), "ca.crt": b64(b"-----BEGIN CERTIFICATE-----\nCA\n-----END CERTIFICATE-----\n")}}),
+    );
+    mock
+}
+
+fn decoded_kubeconfig(secret: &Value) -> Value {
+    let data = secret["data"]["kubeconfig"].as_str().unwrap();
+    let text = String::from_utf8(base64::engine::general_purpose::STANDARD.decode(data).unwrap()).unwrap();
+    yaml::documents(&text, "kubeconfig").unwrap().remove(0)
+}
+
+#[tokio::test]
+async fn link_against_a_cluster_prints_the_link_and_a_kubeconfig_for_the_mirror_reader() {
+    let client = cluster_b().client();
+    let target = kube_target(&client, &link_args("west"), "https://api.west.example:6443".into()).await.unwrap();
+    let docs = yaml::documents(&yaml::render(&render(&target).unwrap()), "output").unwrap();
+    let (secret, link) = (&docs[0], &docs[1]);
+    assert_eq!(
+        (secret["kind"].as_str(), secret["metadata"]["name"].as_str()),
+        (Some("Secret"), Some("cluster-credentials-west"))
+    );
+    assert_eq!(secret["type"], "mirror.cnimesh.io/remote-kubeconfig");
+    assert_eq!(secret["metadata"]["namespace"], "cnimesh");
+    assert_eq!(link["apiVersion"], "multicluster.cnimesh.io/v1alpha1");
+    assert_eq!(link["metadata"]["name"], "west");
+    let spec = &link["spec"];
+    assert_eq!(spec["targetClusterName"], "west");
+    assert_eq!(spec["targetTrustDomain"], "west.local");
+    assert_eq!(spec["targetClusterDomain"], "cluster.local");
+    assert_eq!(spec["clusterCredentialsSecret"], "cluster-credentials-west");
+    assert_eq!(spec["gatewayAddress"], "203.0.113.7");
+    assert_eq!(spec["gatewayPort"], 4143);
+    assert_eq!(
+        spec["gatewayIdentity"],
+        "cnimesh-gateway.cnimesh-multicluster.serviceaccount.identity.cnimesh.west.local"
+    );
+    let config = decoded_kubeconfig(secret);
+    assert_eq!(config["clusters"][0]["cluster"]["server"], "https://api.west.example:6443");
+    assert!(config["clusters"][0]["cluster"]["certificate-authority-data"].is_string());
+    assert_eq!(config["users"][0]["name"], "cnimesh-mirror-reader");
+    assert_eq!(config["users"][0]["user"]["token"], "reader-token");
+    // The Link parses as the mirror controller's type.
+    let _: cnimesh_control::multicluster::crd::Link = serde_json::from_value(link.clone()).unwrap();
+}
+
+#[tokio::test]
+async fn link_without_a_gateway_address_names_the_flag_that_gives_one() {
+    let mut mock = cluster_b();
+    mock.json_mut(GATEWAY_SERVICE)["status"] = json!({});
+    let e = kube_target(&mock.client(), &link_args("west"), "https://api:6443".into()).await.unwrap_err();
+    assert!(e.to_string().contains("--gateway-address"), "{e}");
+    let mut args = link_args("west");
+    args.gateway_address = Some("198.51.100.1".into());
+    let target = kube_target(&mock.client(), &args, "https://api:6443".into()).await.unwrap();
+    assert_eq!(target.gateway, Some(("198.51.100.1".into(), 4143)));
+    mock.remove(GATEWAY_SERVICE);
+    let e = kube_target(&mock.client(), &link_args("west"), "https://api:6443".into()).await.unwrap_err();
+    assert!(e.to_string().contains("cnimesh multicluster install"), "{e}");
+    let e = kube_target(&cluster_b().client(), &link_args("west"), "api:6443".into()).await.unwrap_err();
+    assert!(e.to_string().contains("\"api:6443\""), "{e}");
+}
+
+#[test]
+fn a_bad_cluster_name_is_refused_by_name() {
+    for bad in ["West", "-a", "a_b", ""] {
+        let e = super::check_cluster_name(bad).unwrap_err();
+        assert!(e.contains(&format!("{bad:?}")), "{e}");
+    }
+}
+
+/// Local mode's records for a cluster at `dir`: local.json, cluster/, ca/ca.crt.
+fn local_cluster(dir: &Path, trust_domain: &str, gateway: Option<&str>, anchor: &CaPem) {
+    std::fs::create_dir_all(dir.join("cluster")).unwrap();
+    std::fs::create_dir_all(dir.join("ca")).unwrap();
+    std::fs::write(dir.join("ca/ca.crt"), &anchor.cert_pem).unwrap();
+    let record = json!({"prefix": "x", "subnet": "10.248.0.0/24", "bridge": "x0", "control": null,
+                        "trust_domain": trust_domain, "gateway": gateway});
+    std::fs::write(dir.join("local.json"), record.to_string()).unwrap();
+}
+
+/// `link --local B` written into A's cluster dir, as local mode does.
+fn linked(a: &Path, b: &Path, name: &str) -> Target {
+    let mut args = link_args(name);
+    args.local = Some(b.to_path_buf());
+    let target = local_target(&args, b).unwrap();
+    std::fs::write(a.join("cluster").join(format!("link-{name}.yaml")), yaml::render(&render(&target).unwrap()))
+        .unwrap();
+    target
+}
+
+#[test]
+fn link_of_a_local_cluster_points_the_kubeconfig_at_its_cluster_dir() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("east"), dir.path().join("west"));
+    let anchor = new_trust_anchor("cluster.local", DAY).unwrap();
+    local_cluster(&a, "cluster.local", None, &anchor);
+    local_cluster(&b, "west.local", Some("10.248.0.5:4143"), &anchor);
+    let target = linked(&a, &b, "west");
+    assert_eq!(target.server, format!("file://{}", b.join("cluster").display()));
+    assert_eq!(target.gateway, Some(("10.248.0.5".into(), 4143)));
+    assert_eq!(target.trust_domain, "west.local");
+    let docs = yaml::documents(&std::fs::read_to_string(a.join("cluster/link-west.yaml")).unwrap(), "link").unwrap();
+    assert_eq!(decoded_kubeconfig(&docs[0])["clusters"][0]["cluster"]["server"], target.server);
+    let mut args = link_args("west");
+    args.local = Some(dir.path().join("nowhere"));
+    let e = local_target(&args, &dir.path().join("nowhere")).unwrap_err();
+    assert!(format!("{e:#}").contains("nowhere/local.json"), "{e:#}");
+}
+
+#[test]
+fn unlink_of_a_local_cluster_removes_the_link_its_mirrors_and_status_and_nothing_else() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("east"), dir.path().join("west"));
+    let anchor = new_trust_anchor("cluster.local", DAY).unwrap();
+    local_cluster(&a, "cluster.local", None, &anchor);
+    local_cluster(&b, "west.local", Some("10.248.0.5:4143"), &anchor);
+    linked(&a, &b, "west");
+    let cluster = a.join("cluster");
+    let mirror = "apiVersion: v1\nkind: Service\nmetadata:\n  name: web-west\n  namespace: demo\n  labels: {mirror.cnimesh.io/mirrored-service: 'true', mirror.cnimesh.io/cluster-name: west}\n";
+    std::fs::write(cluster.join("mirror-demo-web-west.yaml"), mirror).unwrap();
+    std::fs::write(cluster.join("mirror-demo-web-north.yaml"), mirror.replace("west", "north")).unwrap();
+    std::fs::write(
+        cluster.join("service-web.yaml"),
+        "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: demo}\n",
+    )
+    .unwrap();
+    std::fs::create_dir_all(cluster.join(".status")).unwrap();
+    std::fs::write(cluster.join(".status/link-west.json"), "{}").unwrap();
+    let removed = unlink_local(&cluster, "west").unwrap();
+    assert_eq!(removed.len(), 3, "{removed:?}");
+    let left: Vec<String> =
+        std::fs::read_dir(&cluster).unwrap().flatten().map(|e| e.file_name().into_string().unwrap()).collect();
+    let mut left = left;
+    left.sort();
+    assert_eq!(left, [".status", "mirror-demo-web-north.yaml", "service-web.yaml"]);
+    let e = unlink_local(&cluster, "west").unwrap_err();
+    assert!(e.to_string().contains("no Link \"west\""), "{e}");
+}
+
+/// A gateway stand-in: TLS 1.3 on loopback with a certificate for `identity` from `issuer`
+/// (chain leaf + issuer), no client authentication. Returns its port.
+async fn gateway(issuer: &CaPem, identity: &str) -> u16 {
+    let signer = Signer::new(issuer).unwrap();
+    let name = cnimesh_identity::Name::parse(identity).unwrap();
+    let (key, _) = new_csr(&name).unwrap();
+    let now = SystemTime::now();
+    let leaf = signer.sign(&name, &key, now - Duration::from_secs(60), now + DAY).unwrap();
+    let mut chain = vec![leaf];
+    chain.extend(cnimesh_identity::pem::certs(issuer.cert_pem.as_bytes(), "issuer").unwrap());
+    let key = rustls_pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into());
+    let config = rustls::ServerConfig::builder_with_provider(cnimesh_identity::tls::provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let _ = acceptor.accept(tcp).await;
+            });
+        }
+    });
+    port
+}
+
+fn rfc3339(t: SystemTime) -> String {
+    humantime::format_rfc3339_seconds(t).to_string()
+}
+
+fn write_status(a: &Path, name: &str, status: &LinkStatus) {
+    std::fs::create_dir_all(a.join("cluster/.status")).unwrap();
+    std::fs::write(a.join(format!("cluster/.status/link-{name}.json")), serde_json::to_vec(status).unwrap()).unwrap();
+}
+
+fn up_status(now: SystemTime) -> LinkStatus {
+    LinkStatus {
+        state: Some(LinkState::Up),
+        reason: None,
+        last_sync: Some(rfc3339(now - Duration::from_secs(2))),
+        gateway: Some(GatewayStatus {
+            alive: true,
+            latency_ms: Some(1.5),
+            last_probe: Some(rfc3339(now)),
+            error: None,
+        }),
+        mirrors: vec![MirrorStatus {
+            mirror: "demo/web-west".into(),
+            remote: "demo/web".into(),
+            mode: "gateway".into(),
+            endpoints: 1,
+            last_sync: Some(rfc3339(now)),
+        }],
+    }
+}
+
+fn find<'a>(checks: &'a [super::super::check::Check], name: &str) -> &'a super::super::check::Check {
+    checks.iter().find(|c| c.name == name).unwrap_or_else(|| panic!("no check {name}: {}", render_table(checks)))
+}
+
+#[tokio::test]
+async fn check_of_a_healthy_local_link_passes_every_check_and_gateways_lists_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("east"), dir.path().join("west"));
+    let anchor = new_trust_anchor("cluster.local", DAY).unwrap();
+    let west_issuer = new_issuer(&anchor, "west.local", DAY).unwrap();
+    let identity = super::gateway_identity("west.local");
+    let port = gateway(&west_issuer, &identity).await;
+    local_cluster(&a, "cluster.local", None, &anchor);
+    local_cluster(&b, "west.local", Some(&format!("127.0.0.1:{port}")), &anchor);
+    linked(&a, &b, "west");
+    let now = SystemTime::now();
+    write_status(&a, "west", &up_status(now));
+    let source = Source::Local(a.clone());
+    let checks = run(&source, now).await;
+    let table = render_table(&checks);
+    assert!(checks.iter().all(|c| c.status == Status::Ok), "{table}");
+    for name in [
+        "link is valid",
+        "credentials",
+        "remote API",
+        "gateway reachable",
+        "gateway certificate",
+        "trust anchors match",
+        "link status",
+        "mirrors",
+    ] {
+        find(&checks, name);
+    }
+    assert!(table.contains("demo/web-west <- demo/web [gateway] 1 endpoints"), "{table}");
+    let rows = rows(&source).await.unwrap();
+    assert_eq!(rows.len(), 1);
+    assert_eq!((rows[0].alive, rows[0].latency_ms, rows[0].mirrored_services), (Some(true), Some(1.5), 1));
+    let text = gateways_table(&rows);
+    assert!(text.starts_with("CLUSTER"), "{text}");
+    assert!(text.contains(&format!("west     127.0.0.1:{port}  up    yes    1.5ms    1")), "{text}");
+}
+
+#[tokio::test]
+async fn a_gateway_with_a_certificate_from_another_anchor_is_named_with_that_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("east"), dir.path().join("west"));
+    let anchor = new_trust_anchor("cluster.local", DAY).unwrap();
+    let other_anchor = new_trust_anchor("west.local", DAY).unwrap();
+    let foreign_issuer = new_issuer(&other_anchor, "west.local", DAY).unwrap();
+    let identity = super::gateway_identity("west.local");
+    let port = gateway(&foreign_issuer, &identity).await;
+    local_cluster(&a, "cluster.local", None, &anchor);
+    local_cluster(&b, "west.local", Some(&format!("127.0.0.1:{port}")), &other_anchor);
+    linked(&a, &b, "west");
+    let now = SystemTime::now();
+    write_status(&a, "west", &up_status(now));
+    let checks = run(&Source::Local(a.clone()), now).await;
+    let cert = find(&checks, "gateway certificate");
+    assert_eq!(cert.status, Status::Fail, "{}", render_table(&checks));
+    assert!(cert.message.contains("does not chain to this cluster's trust anchors"), "{}", cert.message);
+    assert!(cert.message.contains("root.cnimesh.west.local"), "names the other anchor: {}", cert.message);
+    let anchors = find(&checks, "trust anchors match");
+    assert_eq!(anchors.status, Status::Fail);
+    assert!(anchors.message.contains("no common anchor"), "{}", anchors.message);
+    // A gateway with the right anchor but another identity is named too.
+    let shared = new_issuer(&anchor, "west.local", DAY).unwrap();
+    let port = gateway(&shared, &super::gateway_identity("north.local")).await;
+    let chain_check = super::probe::probe("127.0.0.1", port, &identity).await.unwrap();
+    let e = super::probe::judge(&chain_check.chain, &anchor.cert_pem, &identity).unwrap_err();
+    assert!(e.contains("north.local") && e.contains("not the Link's gatewayIdentity"), "{e}");
+}
+
+#[tokio::test]
+async fn a_lost_stale_or_missing_status_and_an_unreachable_gateway_fail_with_their_reasons() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("east"), dir.path().join("west"));
+    let anchor = new_trust_anchor("cluster.local", DAY).unwrap();
+    // Nothing listens on the gateway's port.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    local_cluster(&a, "cluster.local", None, &anchor);
+    local_cluster(&b, "west.local", Some(&format!("127.0.0.1:{closed}")), &anchor);
+    linked(&a, &b, "west");
+    let now = SystemTime::now();
+    let source = Source::Local(a.clone());
+    let checks = run(&source, now).await;
+    assert_eq!(find(&checks, "gateway reachable").status, Status::Fail);
+    assert_eq!(find(&checks, "gateway certificate").status, Status::Skip);
+    let status = find(&checks, "link status");
+    assert!(status.status == Status::Fail && status.message.contains("no status yet"), "{}", status.message);
+
+    let mut lost = up_status(now);
+    lost.state = Some(LinkState::Lost);
+    lost.reason = Some("the target's API is unreachable: connection refused".into());
+    write_status(&a, "west", &lost);
+    let checks = run(&source, now).await;
+    let status = find(&checks, "link status");
+    assert!(
+        status.status == Status::Fail && status.message.contains("lost: the target's API is unreachable"),
+        "{}",
+        status.message
+    );
+    let mirrors = find(&checks, "mirrors");
+    assert!(
+        mirrors.status == Status::Fail && mirrors.message.contains("keep the endpoints last seen"),
+        "{}",
+        mirrors.message
+    );
+
+    let stale = up_status(now - Duration::from_secs(600));
+    write_status(&a, "west", &stale);
+    let checks = run(&source, now).await;
+    let status = find(&checks, "link status");
+    assert!(status.status == Status::Fail && status.message.starts_with("stale"), "{}", status.message);
+
+    // B's cluster dir gone: the remote API (the files backend) is named.
+    std::fs::remove_dir_all(b.join("cluster")).unwrap();
+    let checks = run(&source, now).await;
+    let remote = find(&checks, "remote API");
+    assert!(remote.status == Status::Fail && remote.message.contains("west/cluster"), "{}", remote.message);
+}
+
+const LINKS: &str = "/apis/multicluster.cnimesh.io/v1alpha1/namespaces/cnimesh/links";
+const ANCHORS_CM: &str = "/api/v1/namespaces/cnimesh/configmaps/cnimesh-identity-trust-anchors";
+
+/// A remote API server that refuses every request with 401, as one does for a revoked token.
+async fn refusing_api() -> u16 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut tcp, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                let _ = tcp.read(&mut buf).await;
+                let body = r#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"Unauthorized","reason":"Unauthorized","code":401}"#;
+                let reply = format!(
+                    "HTTP/1.1 401 Unauthorized\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = tcp.write_all(reply.as_bytes()).await;
+            });
+        }
+    });
+    port
+}
+
+fn cluster_a(anchor: &CaPem, links: Vec<Value>, secrets: Vec<(String, Value)>) -> MockApi {
+    let mut mock = MockApi::default();
+    mock.get(LINKS, json!({"apiVersion": "multicluster.cnimesh.io/v1alpha1", "kind": "LinkList", "metadata": {"resourceVersion": "1"}, "items": links}));
+    mock.get(ANCHORS_CM, json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cnimesh-identity-trust-anchors", "namespace": "cnimesh"}, "data": {"ca.crt": anchor.cert_pem}}));
+    for (name, secret) in secrets {
+        mock.get(&format!("/api/v1/namespaces/cnimesh/secrets/{name}"), secret);
+    }
+    mock
+}
+
+#[tokio::test]
+async fn check_against_a_cluster_names_refused_credentials_a_file_server_and_a_missing_secret() {
+    let anchor = new_trust_anchor("cluster.local", DAY).unwrap();
+    let port = refusing_api().await;
+    let target = |name: &str, server: String| Target {
+        cluster_name: name.into(),
+        cluster_domain: "cluster.local".into(),
+        trust_domain: "west.local".into(),
+        gateway: None,
+        server,
+        ca_pem: None,
+        token: Some("revoked".into()),
+    };
+    let mut links = Vec::new();
+    let mut secrets = Vec::new();
+    for (name, server) in [
+        ("west", format!("http://127.0.0.1:{port}")),
+        ("files", "file:///etc".to_string()),
+        ("gone", "http://x".into()),
+    ] {
+        let docs = render(&target(name, server)).unwrap();
+        if name != "gone" {
+            secrets.push((format!("cluster-credentials-{name}"), docs[0].clone()));
+        }
+        let mut link = docs[1].clone();
+        link["status"] = serde_json::to_value(up_status(SystemTime::now())).unwrap();
+        links.push(link);
+    }
+    let mock = cluster_a(&anchor, links, secrets);
+    let checks = run(&Source::Cluster(mock.client()), SystemTime::now()).await;
+    let table = render_table(&checks);
+    let of = |cat: &str, name: &str| {
+        checks
+            .iter()
+            .find(|c| c.category == cat && c.name == name)
+            .unwrap_or_else(|| panic!("{cat}/{name}: {table}"))
+            .clone()
+    };
+    let west = of("link west", "remote API");
+    assert!(west.status == Status::Fail && west.message.contains("credentials were refused (401"), "{table}");
+    let files = of("link files", "credentials");
+    assert!(
+        files.status == Status::Fail && files.message.contains("file:// server is local mode's files backend only"),
+        "{table}"
+    );
+    let gone = of("link gone", "credentials");
+    assert!(gone.status == Status::Fail && gone.message.contains("cluster-credentials-gone does not exist"), "{table}");
+    assert_eq!(of("link gone", "remote API").status, Status::Skip);
+    assert_eq!(of("link west", "gateway").status, Status::Ok, "no gateway: remote discovery only");
+    assert_eq!(of("link west", "link status").status, Status::Ok, "{table}");
+}
+
+#[tokio::test]
+async fn check_with_no_links_warns_and_an_invalid_link_is_refused_by_name() {
+    let anchor = new_trust_anchor("cluster.local", DAY).unwrap();
+    let checks = run(&Source::Cluster(cluster_a(&anchor, vec![], vec![]).client()), SystemTime::now()).await;
+    assert_eq!(find(&checks, "links").status, Status::Warn);
+    let mut link = render(&Target {
+        cluster_name: "west".into(),
+        cluster_domain: "cluster.local".into(),
+        trust_domain: "west.local".into(),
+        gateway: Some(("10.0.0.1".into(), 4143)),
+        server: "https://x".into(),
+        ca_pem: None,
+        token: None,
+    })
+    .unwrap()[1]
+        .clone();
+    link["spec"]["gatewayPort"] = json!(0);
+    let checks = run(&Source::Cluster(cluster_a(&anchor, vec![link], vec![]).client()), SystemTime::now()).await;
+    let valid = find(&checks, "link is valid");
+    assert!(valid.status == Status::Fail && valid.message.contains("gatewayPort is 0"), "{}", valid.message);
+}
+
+#[test]
+fn unlink_against_a_cluster_prints_the_link_and_its_secret_for_kubectl_delete() {
+    let text = super::link::unlink_main(&super::link::UnlinkArgs { cluster_name: "west".into(), local: None }).unwrap();
+    let docs = yaml::documents(&text, "unlink").unwrap();
+    let described: Vec<String> = docs.iter().map(yaml::describe).collect();
+    assert_eq!(described, ["Link/cnimesh/west", "Secret/cnimesh/cluster-credentials-west"]);
+}

@@ -1,0 +1,331 @@
+//! `up --clusters 2` (issue 28): the second cluster, `west`, brought up beside east by the same
+//! steps (its own root `<dir>/west`, prefix `<prefix>w`, bridge, subnet, node agent, control plane
+//! with trust domain `west.local` and an issuer signed by east's anchor through `cnimesh ca
+//! issuer`), plus what multicluster adds: a gateway pod (cnimesh-proxy in gateway mode, not
+//! captured, the only process of its pod), forwarding between the two pod networks (an nftables
+//! table that `down` deletes), and the Link that `cnimesh multicluster link --local` prints,
+//! written into east's cluster dir as `kubectl apply` would.
+//!
+//! The cross-cluster traffic needs east's mirror controller (`--mirror-service-cidr`) and the
+//! proxy's gateway mode; when east's control plane has no such flag the summary says so instead
+//! of sending it.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use cnimesh_common::fs::write_atomic;
+use cnimesh_common::names::{
+    CONTROL_NAME, CONTROL_NAMESPACE, GATEWAY_NAME, MULTICLUSTER_NAMESPACE, PROXY_ADMIN_PORT, PROXY_CONTAINER,
+    PROXY_INBOUND_PORT, PROXY_UID,
+};
+use serde_json::json;
+
+use super::{
+    Inputs, Running, create_pods, identity, loopback, mkdir, start_agent, start_apps, start_collector, start_control,
+    start_proxies, wait_for, wait_for_pods, write_policies, write_secret, write_services,
+};
+use crate::host::{self, spawn_detached};
+use crate::record::State;
+use crate::runtime::random_id;
+use crate::traffic::{self, Edge, Multicluster, http_get_in, samples};
+use crate::workloads::{Role, Workloads};
+
+/// West's workloads, built in like the demo.
+pub const WEST: &str = include_str!("../west.yaml");
+pub const WEST_NAME: &str = "west";
+pub const WEST_TRUST_DOMAIN: &str = "west.local";
+/// How long east's mirror controller gets to make a mirror.
+const MIRROR_WAIT: Duration = Duration::from_secs(30);
+
+/// West, up and linked.
+pub(super) struct West {
+    root: PathBuf,
+    prefix: String,
+    workloads: Workloads,
+    pods: Vec<Running>,
+    gateway: SocketAddr,
+    link_file: PathBuf,
+    mirror_controller: bool,
+}
+
+/// Whether this cnimesh-control has the mirror controller (its `serve --mirror-service-cidr`).
+pub(super) fn control_mirrors(control: &Path) -> bool {
+    Command::new(control)
+        .args(["serve", "--help"])
+        .output()
+        .is_ok_and(|out| String::from_utf8_lossy(&out.stdout).contains("--mirror-service-cidr"))
+}
+
+pub(super) fn bring_up(east: &Inputs<'_>, east_ca: &Path, east_state: &mut State) -> anyhow::Result<West> {
+    let root = east.root.join(WEST_NAME);
+    let prefix = format!("{}w", east.prefix);
+    let workloads = Workloads::parse(WEST, "built-in west.yaml")?;
+    let w = Inputs {
+        args: east.args,
+        workloads: &workloads,
+        bins: east.bins,
+        root: &root,
+        prefix: &prefix,
+        started: east.started,
+        subnet: east.args.west_subnet,
+        trust_domain: WEST_TRUST_DOMAIN,
+        mirror_service_cidr: None,
+    };
+    east.progress(&format!("west: a second cluster in {} (prefix {prefix}, subnet {})", root.display(), w.subnet));
+    let mut state = super::root_layout(&w)?;
+    let ca = issuer(&w, east_ca)?;
+    write_policies(&w)?;
+    let conflist = start_agent(&w)?;
+    let control = start_control(&w, &conflist, &ca, &mut state)?;
+    let collector = start_collector(&w)?;
+    let pods = create_pods(&w, &conflist)?;
+    write_services(&w, &pods)?;
+    start_apps(&w, &pods)?;
+    start_proxies(&w, &pods, &ca, control, collector)?;
+    wait_for_pods(&w, &pods)?;
+    let gateway = start_gateway(&w, &conflist, &ca, control)?;
+    state.gateway = Some(gateway);
+    state.write(&root)?;
+    forward_between(east, east_state, w.subnet)?;
+    let link_file = link(east, &root)?;
+    Ok(West {
+        root: root.clone(),
+        prefix,
+        workloads,
+        pods,
+        gateway,
+        link_file,
+        mirror_controller: east.mirror_service_cidr.is_some(),
+    })
+}
+
+/// West's issuer, signed by east's anchor (`cnimesh ca issuer`): one anchor, two trust domains.
+fn issuer(w: &Inputs<'_>, east_ca: &Path) -> anyhow::Result<PathBuf> {
+    w.progress("west: its issuer (trust domain west.local) from east's trust anchor (`cnimesh ca issuer`)");
+    let ca = w.root.join("ca");
+    let out = Command::new(&w.bins.cli)
+        .args(["ca", "issuer", "--trust-domain", WEST_TRUST_DOMAIN, "--anchor-dir"])
+        .arg(east_ca)
+        .arg("--dir")
+        .arg(&ca)
+        .output()?;
+    if !out.status.success() {
+        bail!("cnimesh ca issuer: {}", String::from_utf8_lossy(&out.stderr).trim());
+    }
+    std::fs::set_permissions(&ca, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
+    Ok(ca)
+}
+
+/// The gateway pod: primary CNI only (the gateway is the proxy; nothing to capture), its Pod in
+/// west's cluster dir, the proxy as the proxy UID in gateway mode with the gateway's identity.
+fn start_gateway(
+    w: &Inputs<'_>,
+    conflist: &serde_json::Value,
+    ca: &Path,
+    control: SocketAddr,
+) -> anyhow::Result<SocketAddr> {
+    w.progress("west: the multicluster gateway pod (cnimesh-proxy, CNIMESH_PROXY_MODE=gateway)");
+    let pod = "gateway";
+    let uid = random_id()?[..32].to_string();
+    let ip: Ipv4Addr = super::attach(w, conflist, pod, MULTICLUSTER_NAMESPACE, &uid, true)?;
+    let object = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": pod, "namespace": MULTICLUSTER_NAMESPACE, "uid": uid, "labels": {"app.kubernetes.io/name": GATEWAY_NAME}},
+        "spec": {"serviceAccountName": GATEWAY_NAME, "containers": [{"name": PROXY_CONTAINER, "ports": [
+            {"name": "mc-gateway", "containerPort": PROXY_INBOUND_PORT}, {"name": "mc-probe", "containerPort": PROXY_ADMIN_PORT}]}]},
+        "status": {"phase": "Running", "podIP": ip.to_string(), "podIPs": [{"ip": ip.to_string()}],
+                   "conditions": [{"type": "Ready", "status": "True"}]},
+    });
+    write_atomic(&w.root.join("cluster").join("pod-gateway.yaml"), &serde_json::to_vec_pretty(&object)?, None)?;
+    let tokens = w.root.join("tokens").join(MULTICLUSTER_NAMESPACE);
+    mkdir(&tokens, 0o700)?;
+    let token = random_id()?;
+    write_secret(&tokens.join(GATEWAY_NAME), &token, None)?;
+    let dir = w.root.join("proxies").join(pod);
+    mkdir(&dir, 0o700)?;
+    std::os::unix::fs::chown(&dir, Some(PROXY_UID), Some(PROXY_UID))?;
+    write_secret(&dir.join("token"), &token, Some(PROXY_UID))?;
+    let mut proxy = Command::new("ip");
+    proxy
+        .args(["netns", "exec", &w.netns_name(pod)])
+        .args(["setpriv", &format!("--reuid={PROXY_UID}"), &format!("--regid={PROXY_UID}"), "--clear-groups"])
+        .arg(&w.bins.proxy)
+        .env("CNIMESH_PROXY_MODE", "gateway")
+        .env("CNIMESH_PROXY_IDENTITY_NAME", identity(MULTICLUSTER_NAMESPACE, GATEWAY_NAME, w.trust_domain))
+        .env("CNIMESH_PROXY_IDENTITY_TRUST_ANCHORS", ca.join("ca.crt"))
+        .env("CNIMESH_PROXY_IDENTITY_TOKEN_FILE", dir.join("token"))
+        .env("CNIMESH_PROXY_IDENTITY_ADDR", control.to_string())
+        .env("CNIMESH_PROXY_IDENTITY_SVC_NAME", identity(CONTROL_NAMESPACE, CONTROL_NAME, w.trust_domain))
+        .env("CNIMESH_PROXY_DESTINATION_ADDR", control.to_string())
+        .env("CNIMESH_PROXY_POLICY_WORKLOAD", format!("{MULTICLUSTER_NAMESPACE}:{pod}"))
+        .env("CNIMESH_POD_NAME", pod)
+        .env("CNIMESH_POD_NAMESPACE", MULTICLUSTER_NAMESPACE);
+    spawn_detached(w.root, "proxy-gateway", proxy)?;
+    let netns = w.netns(pod);
+    wait_for(w.root, "west's gateway", "proxy-gateway", || {
+        matches!(http_get_in(&netns, loopback(PROXY_ADMIN_PORT), "proxy", "/ready"), Ok((200, _)))
+    })?;
+    Ok(SocketAddr::from((ip, PROXY_INBOUND_PORT)))
+}
+
+/// The nftables table of this local mode's forwarding between the pod networks.
+pub fn forward_table(prefix: &str) -> String {
+    format!("cnimesh-local-{prefix}")
+}
+
+/// Pods route to their bridge's gateway: the host forwards between the two bridges. Forwarding
+/// is turned on, and an nftables table accepts (and counts) forwarded traffic between the two
+/// subnets, so that a filter that drops by default elsewhere in nftables does not see it first.
+fn forward_between(east: &Inputs<'_>, state: &mut State, west: ipnet::Ipv4Net) -> anyhow::Result<()> {
+    east.progress(&format!(
+        "routing between {} and {west} (forwarding, nftables table inet {})",
+        east.subnet,
+        forward_table(east.prefix)
+    ));
+    let table = forward_table(east.prefix);
+    // Recorded first: `down` deletes the table even if `up` stops halfway.
+    state.forward_table = Some(table.clone());
+    state.write(east.root)?;
+    std::fs::write("/proc/sys/net/ipv4/ip_forward", "1").context("enabling IPv4 forwarding")?;
+    let (e, w) = (east.subnet, west);
+    let rules = format!(
+        "table inet {table} {{\n  chain forward {{\n    type filter hook forward priority filter - 1; policy accept;\n    ip saddr {e} ip daddr {w} counter accept comment \"cnimesh-local east to west\"\n    ip saddr {w} ip daddr {e} counter accept comment \"cnimesh-local west to east\"\n  }}\n}}\n"
+    );
+    let file = east.root.join("run").join("forward.nft");
+    std::fs::write(&file, rules)?;
+    host::run("nft", &["-f", &file.display().to_string()]).context("installing the forwarding rules")?;
+    // Pods only route their own subnet (and the service range): each side's pods get a route
+    // to the other subnet through their bridge's gateway, as a node's routes would give them.
+    let (east_gw, west_gw) = (gateway_of(e)?, gateway_of(w)?);
+    for (prefix, other, via) in [(east.prefix.to_string(), w, east_gw), (format!("{}w", east.prefix), e, west_gw)] {
+        for netns in host::netns_with_prefix(&prefix) {
+            host::run(
+                "ip",
+                &["netns", "exec", &netns, "ip", "route", "replace", &other.to_string(), "via", &via.to_string()],
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// The bridge's address in a pod subnet (host-local gives it the first host).
+fn gateway_of(subnet: ipnet::Ipv4Net) -> anyhow::Result<Ipv4Addr> {
+    subnet.hosts().next().with_context(|| format!("the subnet {subnet} has no gateway address"))
+}
+
+/// `cnimesh multicluster link --local <west> --cluster-name west`, applied to east: its output
+/// (the credentials Secret and the Link) written into east's cluster dir, readable by root only.
+fn link(east: &Inputs<'_>, west_root: &Path) -> anyhow::Result<PathBuf> {
+    east.progress(
+        "linking east to west: `cnimesh multicluster link --local <west> --cluster-name west` into east's cluster dir",
+    );
+    let out = Command::new(&east.bins.cli)
+        .args(["multicluster", "link", "--cluster-name", WEST_NAME, "--local"])
+        .arg(west_root)
+        .output()?;
+    if !out.status.success() {
+        bail!("cnimesh multicluster link: {}", String::from_utf8_lossy(&out.stderr).trim());
+    }
+    let file = east.root.join("cluster").join(format!("link-{WEST_NAME}.yaml"));
+    write_atomic(&file, &out.stdout, Some(0o600))?;
+    Ok(file)
+}
+
+/// The mirror `name` in east's cluster dir once the mirror controller wrote it: its ClusterIP
+/// and port (bounded wait).
+fn wait_for_mirror(east: &Inputs<'_>, ns: &str, mirror: &str) -> Result<(Ipv4Addr, u16), String> {
+    let file = east.root.join("cluster").join(format!("mirror-{ns}-{mirror}.yaml"));
+    let deadline = Instant::now() + MIRROR_WAIT;
+    loop {
+        if let Ok(text) = std::fs::read_to_string(&file)
+            && let Ok(docs) = serde_saphyr::from_multiple::<serde_json::Value>(&text)
+            && let Some(service) = docs.iter().find(|d| d["kind"] == "Service")
+            && let Some(ip) = service["spec"]["clusterIP"].as_str().and_then(|s| s.parse().ok())
+            && let Some(port) = service["spec"]["ports"][0]["port"].as_u64()
+        {
+            return Ok((ip, port as u16));
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "the mirror {ns}/{mirror} did not appear in {} within {} s",
+                file.display(),
+                MIRROR_WAIT.as_secs()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn metrics_in(netns: &Path) -> Vec<traffic::Sample> {
+    http_get_in(netns, loopback(PROXY_ADMIN_PORT), "proxy", "/metrics")
+        .map(|(_, body)| samples(&body))
+        .unwrap_or_default()
+}
+
+/// East's first meshed client to each mirror of west's exports, and the client identities west's
+/// gateway and servers saw.
+pub(super) fn send_traffic(east: &Inputs<'_>, west: &West) -> Multicluster {
+    let mut mc = Multicluster {
+        west_root: west.root.display().to_string(),
+        gateway: west.gateway.to_string(),
+        link_file: west.link_file.display().to_string(),
+        mirror_controller: west.mirror_controller,
+        edges: Vec::new(),
+        notes: Vec::new(),
+        identities_seen: Default::default(),
+    };
+    let ns = west.workloads.namespace.as_str();
+    let Some(client) = east.workloads.clients.iter().find(|c| c.meshed) else {
+        mc.notes.push("no meshed client in east: no cross-cluster traffic".into());
+        return mc;
+    };
+    if !west.mirror_controller {
+        mc.notes.push(
+            "east's cnimesh-control has no --mirror-service-cidr (no mirror controller in this build): west is up and linked, but no mirror exists to call"
+                .into(),
+        );
+        return mc;
+    }
+    east.progress("sending traffic from east to west's exports through their mirrors");
+    let netns = east.netns(&client.name);
+    for s in west.workloads.services.iter().filter(|s| s.export.is_some()) {
+        let mirror = format!("{}-{WEST_NAME}", s.name);
+        let (ip, port) = match wait_for_mirror(east, ns, &mirror) {
+            Ok(found) => found,
+            Err(note) => {
+                mc.notes.push(note);
+                continue;
+            }
+        };
+        let host = format!("{mirror}.{ns}.svc.cluster.local");
+        let duration = Duration::from_secs_f64(east.args.traffic_seconds);
+        let load = traffic::load(&netns, SocketAddr::from((ip, port)), &host, east.args.concurrency, duration);
+        let replicas: Vec<&Running> =
+            west.pods.iter().filter(|p| p.spec.role == Role::Server { service: s.name.clone() }).collect();
+        let names: Vec<String> = replicas.iter().map(|p| p.spec.name.clone()).collect();
+        let mut edge = Edge::new(&client.name, &mirror, true, &load, &names);
+        let endpoints: Vec<String> =
+            replicas.iter().map(|p| p.ip.to_string()).chain([ip.to_string(), west.gateway.ip().to_string()]).collect();
+        edge.read_tls(&metrics_in(&netns), &endpoints, &[]);
+        mc.edges.push(edge);
+    }
+    let pod_netns = |pod: &str| host::netns_path(&format!("{}-{pod}", west.prefix));
+    let seen = |metrics: Vec<traffic::Sample>| {
+        let mut ids: Vec<String> = metrics
+            .iter()
+            .filter(|s| s.labels.get("direction").is_some_and(|d| d == "inbound"))
+            .filter_map(|s| s.labels.get("client_id").cloned())
+            .collect();
+        ids.sort();
+        ids.dedup();
+        ids
+    };
+    mc.identities_seen.insert("gateway".into(), seen(metrics_in(&pod_netns("gateway"))));
+    for pod in west.pods.iter().filter(|p| matches!(p.spec.role, Role::Server { .. }) && p.spec.meshed) {
+        mc.identities_seen.insert(pod.spec.name.clone(), seen(metrics_in(&pod_netns(&pod.spec.name))));
+    }
+    mc
+}
