@@ -81,6 +81,20 @@ pub fn is_dns_label(s: &str) -> bool {
 }
 
 impl ValidLink {
+    /// Stands for a refused Link in the planner (whose mirrors stay as they are): its cluster
+    /// name is all that is needed.
+    pub fn refused(name: &str, cluster: &str) -> Self {
+        Self {
+            name: name.to_string(),
+            cluster: cluster.to_string(),
+            cluster_domain: String::new(),
+            trust_domain: String::new(),
+            credentials_secret: String::new(),
+            gateway: Err("the Link is refused".into()),
+            probe: Probe { path: "/".into(), port: 1, period: Duration::from_secs(3) },
+        }
+    }
+
     pub fn from_link(link: &Link) -> Result<Self, LinkError> {
         let spec = &link.spec;
         if !is_dns_label(&spec.target_cluster_name) {

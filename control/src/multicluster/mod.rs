@@ -6,10 +6,12 @@
 //! - [`plan`]: pure: linked clusters' state in, the mirrors this cluster should hold out;
 //! - [`remote`]: a cluster as the mirror reads it (API server or directory); [`write`]: where
 //!   mirrors and Link status go (API server or directory);
+//! - [`controller`]: per Link, follow the target, probe its gateway, write mirrors and status.
 //!
 //! Layer: runtime (a controller over a remote cluster and the local one); [`crd`], [`link`] and
 //! [`plan`] are pure.
 
+pub mod controller;
 pub mod crd;
 pub mod link;
 pub mod plan;

@@ -338,3 +338,72 @@ impl MirrorWriter for KubeWriter {
         self.status_now(link, status).boxed()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::multicluster::link::{ValidLink, tests::link};
+    use crate::multicluster::plan::{self, LinkInput, Local, Snapshot, View};
+
+    fn mirror(ports: &[i32]) -> Mirror {
+        let ports: Vec<_> = ports.iter().map(|p| serde_json::json!({"name": format!("p{p}"), "port": p})).collect();
+        let service: Service =
+            serde_json::from_value(serde_json::json!({"metadata": {"name": "web", "namespace": "shop",
+            "labels": {cnimesh_common::names::MIRROR_EXPORTED_LABEL: "true"}}, "spec": {"ports": ports}}))
+            .unwrap();
+        let west = ValidLink::from_link(&link("west")).unwrap();
+        let snapshot = Snapshot { services: vec![service], ..Default::default() };
+        let input =
+            LinkInput { link: &west, gateway_ip: Some("192.0.2.10".parse().unwrap()), view: View::Up(&snapshot) };
+        let local = Local { snapshot: None, trust_domain: "east.local", cluster_domain: "cluster.local" };
+        plan::plan(&[input], &local, &[]).upserts.remove(0)
+    }
+
+    fn cluster_ip(writer: &FilesWriter) -> String {
+        let listed = writer.list_now().unwrap();
+        listed[0].service.spec.as_ref().unwrap().cluster_ip.clone().unwrap()
+    }
+
+    #[test]
+    fn a_mirror_is_one_file_with_a_cluster_ip_from_the_top_of_the_range_kept_across_updates() {
+        let dir = tempfile::tempdir().unwrap();
+        // A Service of the cluster already holds the range's highest address.
+        std::fs::write(
+            dir.path().join("other.yaml"),
+            "apiVersion: v1\nkind: Service\nmetadata: {name: other, namespace: shop}\nspec: {clusterIP: 10.96.255.254}\n",
+        )
+        .unwrap();
+        let writer = FilesWriter::new(dir.path(), Some("10.96.0.0/16".parse().unwrap()));
+        writer.apply_now(&mirror(&[80])).unwrap();
+        let file = dir.path().join("mirror-shop-web-west.yaml");
+        let text = std::fs::read_to_string(&file).unwrap();
+        assert_eq!(text.matches("\n---\n").count() + usize::from(text.starts_with("---")), 1, "{text}");
+        assert_eq!(cluster_ip(&writer), "10.96.255.253");
+        // The files source reads it: the Service and its slice, one file.
+        let objects = crate::sources::cluster_objects_in(dir.path(), &[]).unwrap();
+        assert_eq!((objects.services.len(), objects.slices.len()), (2, 1));
+        writer.apply_now(&mirror(&[80, 81])).unwrap();
+        assert_eq!(cluster_ip(&writer), "10.96.255.253");
+        let listed = writer.list_now().unwrap();
+        assert_eq!(listed[0].normalized(), mirror(&[80, 81]).normalized());
+        // Nothing else is left behind (no temporary files), and deleting removes the one file.
+        let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(names.len(), 2, "{names:?}");
+        writer.delete_now(&NsName::new("shop", "web-west")).unwrap();
+        assert!(!file.exists());
+    }
+
+    #[test]
+    fn a_service_that_is_not_a_mirror_is_never_overwritten_and_a_missing_range_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let theirs = "apiVersion: v1\nkind: Service\nmetadata: {name: web-west, namespace: shop}\nspec: {clusterIP: 10.96.0.1}\n";
+        std::fs::write(dir.path().join("mine.yaml"), theirs).unwrap();
+        let writer = FilesWriter::new(dir.path(), Some("10.96.0.0/16".parse().unwrap()));
+        let error = writer.apply_now(&mirror(&[80])).unwrap_err();
+        assert!(matches!(error, WriteError::NotAMirror(_)), "{error}");
+        assert_eq!(std::fs::read_to_string(dir.path().join("mine.yaml")).unwrap(), theirs);
+        let dir = tempfile::tempdir().unwrap();
+        let error = FilesWriter::new(dir.path(), None).apply_now(&mirror(&[80])).unwrap_err();
+        assert!(error.to_string().contains("--mirror-service-cidr"), "{error}");
+    }
+}
