@@ -337,8 +337,11 @@ struct GroupKey {
     identity: Option<String>,
     opaque: Option<String>,
     address_type: String,
-    ports: Vec<(Option<String>, Option<i32>, Option<String>, Option<String>)>,
+    ports: Vec<PortKey>,
 }
+
+/// An EndpointSlice port: name, number, protocol, appProtocol.
+type PortKey = (Option<String>, Option<i32>, Option<String>, Option<String>);
 
 /// The ready endpoints of `service` in `snapshot`, grouped by (identity, opaque ports, address
 /// type, ports). An endpoint whose pod is not (yet) known is left out: whether it is meshed is

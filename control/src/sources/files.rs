@@ -622,6 +622,23 @@ mod tests {
     }
 
     #[test]
+    fn the_mirror_controllers_status_directory_is_not_cluster_state() {
+        // issue 28: `.status/link-<cluster>.json` is rewritten on every gateway probe.
+        let dir = tempfile::tempdir().unwrap();
+        let status = dir.path().join(".status");
+        std::fs::create_dir(&status).unwrap();
+        std::fs::write(status.join("link-west.yaml"), "apiVersion: v1\nkind: Service\nmetadata: {name: a}\n").unwrap();
+        let files = Files { dir: dir.path().to_path_buf(), defined: HashMap::new(), policy: None, egress: None };
+        assert!(files.all_paths().is_empty());
+        let mut pending = Pending::default();
+        let event = notify::Event::new(EventKind::Create(notify::event::CreateKind::File))
+            .add_path(status.join("link-west.yaml"));
+        files.note(Ok(event), &mut pending);
+        assert!(!pending.rescan && pending.paths.is_empty());
+        assert_eq!(cluster_objects_in(dir.path(), &[]).unwrap().services.len(), 0);
+    }
+
+    #[test]
     fn an_object_two_files_define_outlives_one_of_them() {
         let dir = tempfile::tempdir().unwrap();
         let svc = |port| {
