@@ -147,8 +147,12 @@ impl Clusters<'_> {
             while seen != want {
                 let Ok(message) = tokio::time::timeout_at(deadline, stream.message()).await else { break };
                 match message.unwrap().and_then(|u| u.update) {
-                    Some(Up::Add(set)) => seen.extend(set.addrs.iter().filter_map(|a| a.addr.clone()).map(to_string)),
-                    Some(Up::Remove(set)) => set.addrs.into_iter().map(to_string).for_each(|a| drop(seen.remove(&a))),
+                    Some(Up::Add(set)) => seen.extend(set.addrs.iter().filter_map(|a| a.addr).map(to_string)),
+                    Some(Up::Remove(set)) => {
+                        for a in set.addrs.into_iter().map(to_string) {
+                            seen.remove(&a);
+                        }
+                    }
                     Some(Up::NoEndpoints(_)) => seen.clear(),
                     None => break,
                 }
