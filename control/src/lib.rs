@@ -15,11 +15,12 @@
 //!    webhook ([`inject`]), [`leader`] (Lease elections for the writers) and the tap relay
 //!    ([`tap`]), none importing another;
 //! 4. runtime: [`admin`], [`ca_init`], [`webhook_certs`] (the webhook's Secret and caBundle),
+//!    [`multicluster`] (issue 28: the mirror controller, a writer elected through [`leader`]),
 //!    then [`serve`], which wires them, and [`cli`], its flags.
 //!
 //! The operator's command line (`cnimesh`) is a crate of its own, cnimesh-cli, built on this one.
 //!
-//! Layers: metrics | resource | meta | workload → routes → destination | egress → policy | identity → sources | tls_accept → multicluster | grpc | inject | leader | tap → admin | ca_init | webhook_certs → serve → cli
+//! Layers: metrics | resource | meta | workload → routes → destination | egress → policy | identity → sources | tls_accept → grpc | inject | leader | tap → multicluster | admin | ca_init | webhook_certs → serve → cli
 //!
 //! In-process use (tests, benchmarks): bind the listeners yourself and call [`serve::run`] with a
 //! [`serve::Config`]; it returns once the shutdown future resolves and calls have drained.

@@ -161,6 +161,11 @@ impl Files {
             pending.rescan = true;
         }
         for path in event.paths {
+            // issue 28: `.status/` (the mirror controller's Link status files) and any other
+            // hidden directory are not cluster state.
+            if in_hidden_dir(&self.dir, &path) {
+                continue;
+            }
             if is_manifest(&path) {
                 pending.paths.insert(path);
             } else if path.is_dir() || self.defined.keys().any(|f| f.starts_with(&path)) {
@@ -335,6 +340,90 @@ fn read(path: &Path) -> Option<Vec<Parsed>> {
             None
         }
     }
+}
+
+/// Whether `path` lies under a directory of `root` whose name starts with `.` (`.status/`).
+fn in_hidden_dir(root: &Path, path: &Path) -> bool {
+    let Ok(relative) = path.strip_prefix(root) else { return false };
+    let mut components: Vec<_> = relative.components().collect();
+    components.pop();
+    components.iter().any(|c| c.as_os_str().to_string_lossy().starts_with('.'))
+}
+
+/// issue 28: the Services, EndpointSlices and Pods of a directory, read now and as a whole: the
+/// mirror controller's view of a linked cluster in local mode (`file://` in a Link's kubeconfig),
+/// and of its own cluster. Unlike the source, a directory that cannot be listed is an error (the
+/// link is lost), and so is a file that cannot be parsed (the caller keeps its last good view).
+/// With `extra` (apiVersion, kind) pairs, those documents are returned too, as JSON (Links and
+/// their Secrets in the local cluster's directory).
+pub fn cluster_objects_in(dir: &Path, extra: &[(&str, &str)]) -> Result<ClusterObjects, ReadError> {
+    let mut files = HashSet::new();
+    collect_manifests_strict(dir, &mut files)?;
+    let mut files: Vec<PathBuf> = files.into_iter().collect();
+    files.sort();
+    let mut objects = ClusterObjects::default();
+    for file in files {
+        let text = match std::fs::read_to_string(&file) {
+            Ok(text) => text,
+            // Removed between listing and reading: not there.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(source) => return Err(ReadError::Unreadable { path: file, source }),
+        };
+        let parsed = parse(&text).map_err(|e| ReadError::Parse { file: file.clone(), error: e.to_string() })?;
+        for object in parsed {
+            match object {
+                Parsed::Destination(Object::Pod(pod)) => objects.pods.push(*pod),
+                Parsed::Destination(Object::Service(service)) => objects.services.push(*service),
+                Parsed::Destination(Object::EndpointSlice(slice)) => objects.slices.push(*slice),
+                _ => {}
+            }
+        }
+        if extra.is_empty() {
+            continue;
+        }
+        let docs: Vec<Value> = serde_saphyr::from_multiple(&text)
+            .map_err(|e| ReadError::Parse { file: file.clone(), error: e.to_string() })?;
+        let field = |doc: &Value, name: &str| doc.get(name).and_then(Value::as_str).unwrap_or_default().to_string();
+        for doc in docs {
+            let found = (field(&doc, "apiVersion"), field(&doc, "kind"));
+            if extra.iter().any(|(a, k)| (*a, *k) == (found.0.as_str(), found.1.as_str())) {
+                objects.other.push(doc);
+            }
+        }
+    }
+    Ok(objects)
+}
+
+/// What [`cluster_objects_in`] read.
+#[derive(Debug, Default, Clone)]
+pub struct ClusterObjects {
+    pub services: Vec<Service>,
+    pub slices: Vec<EndpointSlice>,
+    pub pods: Vec<Pod>,
+    /// The documents of the extra kinds asked for.
+    pub other: Vec<Value>,
+}
+
+/// Why [`cluster_objects_in`] could not read a directory.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    #[error("cannot read {}: {source}", path.display())]
+    Unreadable { path: PathBuf, source: std::io::Error },
+    #[error("cannot parse {}: {error}", file.display())]
+    Parse { file: PathBuf, error: String },
+}
+
+fn collect_manifests_strict(dir: &Path, out: &mut HashSet<PathBuf>) -> Result<(), ReadError> {
+    let entries = std::fs::read_dir(dir).map_err(|source| ReadError::Unreadable { path: dir.to_path_buf(), source })?;
+    for entry in entries {
+        let path = entry.map_err(|source| ReadError::Unreadable { path: dir.to_path_buf(), source })?.path();
+        if path.is_dir() && !path.file_name().is_some_and(|n| n.to_string_lossy().starts_with('.')) {
+            collect_manifests_strict(&path, out)?;
+        } else if is_manifest(&path) {
+            out.insert(path);
+        }
+    }
+    Ok(())
 }
 
 fn is_manifest(path: &Path) -> bool {
@@ -530,6 +619,23 @@ mod tests {
         assert!(!pending.rescan && pending.paths.is_empty());
         files.note(event(EventKind::Access(AccessKind::Close(AccessMode::Write)), &file), &mut pending);
         assert_eq!(pending.paths.into_iter().collect::<Vec<_>>(), [file]);
+    }
+
+    #[test]
+    fn the_mirror_controllers_status_directory_is_not_cluster_state() {
+        // issue 28: `.status/link-<cluster>.json` is rewritten on every gateway probe.
+        let dir = tempfile::tempdir().unwrap();
+        let status = dir.path().join(".status");
+        std::fs::create_dir(&status).unwrap();
+        std::fs::write(status.join("link-west.yaml"), "apiVersion: v1\nkind: Service\nmetadata: {name: a}\n").unwrap();
+        let files = Files { dir: dir.path().to_path_buf(), defined: HashMap::new(), policy: None, egress: None };
+        assert!(files.all_paths().is_empty());
+        let mut pending = Pending::default();
+        let event = notify::Event::new(EventKind::Create(notify::event::CreateKind::File))
+            .add_path(status.join("link-west.yaml"));
+        files.note(Ok(event), &mut pending);
+        assert!(!pending.rescan && pending.paths.is_empty());
+        assert_eq!(cluster_objects_in(dir.path(), &[]).unwrap().services.len(), 0);
     }
 
     #[test]

@@ -1,0 +1,494 @@
+//! A linked cluster, as the mirror reads it: a snapshot of its Services, EndpointSlices and Pods
+//! after every change, or word that it stopped answering. Two implementations behind
+//! [`RemoteCluster`]: the Kubernetes API (kube-rs watchers, from the Link's kubeconfig) and a
+//! directory of YAML (`file://DIR`, local mode; read with the files source's reader). The same
+//! two also read this cluster itself, with its Links and their Secrets ([`ClusterState`]).
+//!
+//! Layer: runtime (kube, files).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use futures::{FutureExt, StreamExt};
+use k8s_openapi::api::core::v1::{Pod, Secret, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::Api;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use notify::{RecursiveMode, Watcher};
+use serde::de::DeserializeOwned;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use super::crd::{self, Link};
+use super::plan::Snapshot;
+use crate::meta::NsName;
+
+/// What one read of a cluster found. Links and Secrets only when reading this cluster.
+#[derive(Debug, Clone, Default)]
+pub struct ClusterState {
+    pub snapshot: Snapshot,
+    pub links: Vec<Link>,
+    pub secrets: Vec<Secret>,
+}
+
+/// The generated `Link` has no `PartialEq`: Links compare by what the controller reads of them.
+impl PartialEq for ClusterState {
+    fn eq(&self, other: &Self) -> bool {
+        let links = |s: &Self| s.links.iter().map(|l| (l.metadata.clone(), l.spec.clone())).collect::<Vec<_>>();
+        self.snapshot == other.snapshot && self.secrets == other.secrets && links(self) == links(other)
+    }
+}
+
+#[derive(Debug, Clone)]
+pub enum RemoteEvent {
+    /// The cluster answered: all of it, as it is now (the first event is the full sync, and the
+    /// first after [`RemoteEvent::Lost`] the resync).
+    Synced(Box<ClusterState>),
+    /// The cluster stopped answering, with why.
+    Lost(String),
+}
+
+/// A cluster the mirror follows.
+pub trait RemoteCluster: Send {
+    /// The next change; a repeat of the same state is not a change.
+    fn next(&mut self) -> BoxFuture<'_, RemoteEvent>;
+}
+
+/// Where a kubeconfig points.
+#[derive(Debug, Clone)]
+pub enum Server {
+    /// `file:///DIR`: a cluster directory (local mode only).
+    Files(PathBuf),
+    /// An API server.
+    Kube(Box<kube::config::Kubeconfig>),
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum KubeconfigError {
+    #[error("the kubeconfig is not valid: {0}")]
+    Invalid(String),
+    #[error("the kubeconfig has no cluster server")]
+    NoServer,
+    #[error("the kubeconfig's server {0:?} is a file:// URL but not an absolute path")]
+    RelativePath(String),
+}
+
+/// Reads where `kubeconfig` points: its current context's cluster (or its only cluster).
+pub fn server_of(kubeconfig: &str) -> Result<Server, KubeconfigError> {
+    let config =
+        kube::config::Kubeconfig::from_yaml(kubeconfig).map_err(|e| KubeconfigError::Invalid(e.to_string()))?;
+    let context = config
+        .current_context
+        .as_ref()
+        .and_then(|name| config.contexts.iter().find(|c| &c.name == name))
+        .and_then(|c| c.context.as_ref())
+        .map(|c| c.cluster.clone());
+    let cluster = match context {
+        Some(name) => config.clusters.iter().find(|c| c.name == name),
+        None => config.clusters.first(),
+    };
+    let server =
+        cluster.and_then(|c| c.cluster.as_ref()).and_then(|c| c.server.clone()).ok_or(KubeconfigError::NoServer)?;
+    match server.strip_prefix("file://") {
+        Some(path) if path.starts_with('/') => Ok(Server::Files(PathBuf::from(path))),
+        Some(_) => Err(KubeconfigError::RelativePath(server)),
+        None => Ok(Server::Kube(Box::new(config))),
+    }
+}
+
+/// Quiet time after a file event before reading, so a burst of writes is one read.
+const FILES_DEBOUNCE: Duration = Duration::from_millis(50);
+
+/// A cluster directory, read whole after each change and at least every `period` (which is how a
+/// directory that vanished, or came back, is noticed).
+pub struct FilesCluster {
+    dir: PathBuf,
+    period: Duration,
+    /// Read Links and Secrets too (this cluster's own directory).
+    with_links: bool,
+    events: mpsc::UnboundedReceiver<()>,
+    sender: mpsc::UnboundedSender<()>,
+    watcher: Option<notify::RecommendedWatcher>,
+    last: Option<ClusterState>,
+    lost: bool,
+}
+
+impl FilesCluster {
+    pub fn new(dir: impl Into<PathBuf>, period: Duration) -> Self {
+        let (sender, events) = mpsc::unbounded_channel();
+        Self { dir: dir.into(), period, with_links: false, events, sender, watcher: None, last: None, lost: false }
+    }
+
+    /// Also reads the Links and Secrets (this cluster's directory).
+    pub fn with_links(mut self) -> Self {
+        self.with_links = true;
+        self
+    }
+
+    fn watch(&mut self) {
+        if self.watcher.is_some() {
+            return;
+        }
+        let sender = self.sender.clone();
+        let dir = self.dir.clone();
+        let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+            let relevant = match &event {
+                Ok(e) => {
+                    !matches!(e.kind, notify::EventKind::Access(_)) && e.paths.iter().any(|p| !hidden_under(&dir, p))
+                }
+                Err(_) => true,
+            };
+            if relevant {
+                let _ = sender.send(());
+            }
+        });
+        match watcher.and_then(|mut w| w.watch(&self.dir, RecursiveMode::Recursive).map(|()| w)) {
+            Ok(w) => self.watcher = Some(w),
+            Err(error) => tracing::debug!(dir = %self.dir.display(), %error, "cannot watch; reading every period"),
+        }
+    }
+
+    fn read(&self) -> Result<ClusterState, crate::sources::ReadError> {
+        let extra: &[(&str, &str)] =
+            if self.with_links { &[(crd::API_VERSION, crd::KIND), ("v1", "Secret")] } else { &[] };
+        let objects = crate::sources::cluster_objects_in(&self.dir, extra)?;
+        let mut state = ClusterState {
+            snapshot: Snapshot { services: objects.services, slices: objects.slices, pods: objects.pods },
+            ..Default::default()
+        };
+        for doc in objects.other {
+            let kind = doc.get("kind").and_then(|k| k.as_str()).unwrap_or_default().to_string();
+            let name = doc.pointer("/metadata/name").and_then(|k| k.as_str()).unwrap_or_default().to_string();
+            let invalid = |e: serde_json::Error| crate::sources::ReadError::Parse {
+                file: self.dir.clone(),
+                error: format!("{kind} {name:?}: {e}"),
+            };
+            if kind == crd::KIND {
+                state.links.push(serde_json::from_value(doc).map_err(invalid)?);
+            } else {
+                state.secrets.push(serde_json::from_value(doc).map_err(invalid)?);
+            }
+        }
+        Ok(state)
+    }
+
+    async fn next_event(&mut self) -> RemoteEvent {
+        let mut first = self.last.is_none() && !self.lost;
+        loop {
+            if !first {
+                tokio::select! {
+                    _ = self.events.recv() => {
+                        tokio::time::sleep(FILES_DEBOUNCE).await;
+                        while self.events.try_recv().is_ok() {}
+                    }
+                    _ = tokio::time::sleep(self.period) => {}
+                }
+            }
+            first = false;
+            self.watch();
+            match self.read() {
+                Ok(state) => {
+                    if self.lost || self.last.as_ref() != Some(&state) {
+                        self.lost = false;
+                        self.last = Some(state.clone());
+                        return RemoteEvent::Synced(Box::new(state));
+                    }
+                }
+                Err(crate::sources::ReadError::Parse { file, error }) => {
+                    tracing::warn!(file = %file.display(), %error, "cannot parse; keeping the last good view of the cluster");
+                }
+                Err(error) => {
+                    // The directory's watch died with it; a new one is set up once it is back.
+                    self.watcher = None;
+                    if !self.lost {
+                        self.lost = true;
+                        return RemoteEvent::Lost(error.to_string());
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl RemoteCluster for FilesCluster {
+    fn next(&mut self) -> BoxFuture<'_, RemoteEvent> {
+        self.next_event().boxed()
+    }
+}
+
+fn hidden_under(root: &Path, path: &Path) -> bool {
+    let Ok(relative) = path.strip_prefix(root) else { return false };
+    relative.components().any(|c| c.as_os_str().to_string_lossy().starts_with('.'))
+}
+
+/// One watch's news.
+enum Watched {
+    Listed(usize, Vec<Object>),
+    Applied(usize, Object),
+    Deleted(usize, Object),
+    Failed(String),
+    /// The kind is not served (404: the Link CRD is not installed): none of it.
+    Absent(usize, String),
+}
+
+#[derive(Debug, Clone)]
+enum Object {
+    Service(Box<Service>),
+    Slice(Box<EndpointSlice>),
+    Pod(Box<Pod>),
+    Link(Box<Link>),
+    Secret(Box<Secret>),
+}
+
+impl Object {
+    fn key(&self) -> NsName {
+        let meta = match self {
+            Object::Service(o) => &o.metadata,
+            Object::Slice(o) => &o.metadata,
+            Object::Pod(o) => &o.metadata,
+            Object::Link(o) => &o.metadata,
+            Object::Secret(o) => &o.metadata,
+        };
+        NsName::of(meta)
+    }
+}
+
+/// A cluster's API server: one watcher per kind, all namespaces (Links and Secrets: the control
+/// plane's namespace only). Lost once watches have kept failing for `lost_after`; synced again
+/// when they list again.
+pub struct KubeCluster {
+    news: mpsc::UnboundedReceiver<Watched>,
+    kinds: usize,
+    stores: Vec<BTreeMap<NsName, Object>>,
+    listed: Vec<bool>,
+    failing_since: Option<(Instant, String)>,
+    lost_after: Duration,
+    lost: bool,
+    last: Option<ClusterState>,
+    _tasks: Vec<AbortOnDrop>,
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl KubeCluster {
+    /// Follows `client`'s cluster; with `links_namespace`, also its Links and Secrets there.
+    pub fn new(client: kube::Client, links_namespace: Option<&str>, lost_after: Duration) -> Self {
+        let (tx, news) = mpsc::unbounded_channel();
+        let mut tasks = vec![
+            spawn_watch(Api::<Service>::all(client.clone()), 0, tx.clone(), |o| Object::Service(Box::new(o))),
+            spawn_watch(Api::<EndpointSlice>::all(client.clone()), 1, tx.clone(), |o| Object::Slice(Box::new(o))),
+            spawn_watch(Api::<Pod>::all(client.clone()), 2, tx.clone(), |o| Object::Pod(Box::new(o))),
+        ];
+        if let Some(ns) = links_namespace {
+            tasks.push(spawn_watch(Api::<Link>::namespaced(client.clone(), ns), 3, tx.clone(), |o| {
+                Object::Link(Box::new(o))
+            }));
+            tasks.push(spawn_watch(Api::<Secret>::namespaced(client, ns), 4, tx, |o| Object::Secret(Box::new(o))));
+        }
+        let kinds = tasks.len();
+        Self {
+            news,
+            kinds,
+            stores: vec![BTreeMap::new(); kinds],
+            listed: vec![false; kinds],
+            failing_since: None,
+            lost_after,
+            lost: false,
+            last: None,
+            _tasks: tasks,
+        }
+    }
+
+    fn take(&mut self, news: Watched) {
+        match news {
+            Watched::Listed(kind, objects) => {
+                self.stores[kind] = objects.into_iter().map(|o| (o.key(), o)).collect();
+                self.listed[kind] = true;
+                self.failing_since = None;
+            }
+            Watched::Applied(kind, object) => {
+                self.stores[kind].insert(object.key(), object);
+                self.failing_since = None;
+            }
+            Watched::Deleted(kind, object) => {
+                self.stores[kind].remove(&object.key());
+                self.failing_since = None;
+            }
+            Watched::Absent(kind, error) => {
+                if !self.listed[kind] {
+                    tracing::warn!(%error, "the Link CRD is not served (not installed?): no Links; watching for it");
+                }
+                self.stores[kind].clear();
+                self.listed[kind] = true;
+            }
+            Watched::Failed(error) => {
+                if self.failing_since.is_none() {
+                    self.failing_since = Some((Instant::now(), error));
+                } else if let Some((_, last)) = self.failing_since.as_mut() {
+                    *last = error;
+                }
+            }
+        }
+    }
+
+    fn state(&self) -> ClusterState {
+        let mut state = ClusterState::default();
+        for store in &self.stores {
+            for object in store.values() {
+                match object.clone() {
+                    Object::Service(o) => state.snapshot.services.push(*o),
+                    Object::Slice(o) => state.snapshot.slices.push(*o),
+                    Object::Pod(o) => state.snapshot.pods.push(*o),
+                    Object::Link(o) => state.links.push(*o),
+                    Object::Secret(o) => state.secrets.push(*o),
+                }
+            }
+        }
+        state
+    }
+
+    async fn next_event(&mut self) -> RemoteEvent {
+        let tick = (self.lost_after / 3).max(Duration::from_millis(100));
+        loop {
+            tokio::select! {
+                news = self.news.recv() => match news {
+                    Some(news) => {
+                        self.take(news);
+                        while let Ok(more) = self.news.try_recv() {
+                            self.take(more);
+                        }
+                    }
+                    None => std::future::pending::<()>().await,
+                },
+                _ = tokio::time::sleep(tick) => {}
+            }
+            if let Some((since, error)) = &self.failing_since
+                && since.elapsed() >= self.lost_after
+            {
+                if !self.lost {
+                    self.lost = true;
+                    return RemoteEvent::Lost(format!(
+                        "the API server has not answered for {:?}: {error}",
+                        self.lost_after
+                    ));
+                }
+                continue;
+            }
+            if self.listed.iter().filter(|l| **l).count() < self.kinds || self.failing_since.is_some() {
+                continue;
+            }
+            let state = self.state();
+            if self.lost || self.last.as_ref() != Some(&state) {
+                self.lost = false;
+                self.last = Some(state.clone());
+                return RemoteEvent::Synced(Box::new(state));
+            }
+        }
+    }
+}
+
+impl RemoteCluster for KubeCluster {
+    fn next(&mut self) -> BoxFuture<'_, RemoteEvent> {
+        self.next_event().boxed()
+    }
+}
+
+fn spawn_watch<K>(api: Api<K>, kind: usize, tx: mpsc::UnboundedSender<Watched>, wrap: fn(K) -> Object) -> AbortOnDrop
+where
+    K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
+    AbortOnDrop(tokio::spawn(async move {
+        let events = watcher::watcher(api, watcher::Config::default()).default_backoff();
+        let mut events = std::pin::pin!(events);
+        let mut listed = Vec::new();
+        while let Some(event) = events.next().await {
+            let news = match event {
+                Ok(Event::Init) => {
+                    listed.clear();
+                    continue;
+                }
+                Ok(Event::InitApply(object)) => {
+                    listed.push(wrap(object));
+                    continue;
+                }
+                Ok(Event::InitDone) => Watched::Listed(kind, std::mem::take(&mut listed)),
+                Ok(Event::Apply(object)) => Watched::Applied(kind, wrap(object)),
+                Ok(Event::Delete(object)) => Watched::Deleted(kind, wrap(object)),
+                Err(error) if kind == 3 && not_served(&error) => Watched::Absent(kind, error.to_string()),
+                Err(error) => Watched::Failed(error.to_string()),
+            };
+            if tx.send(news).is_err() {
+                return;
+            }
+        }
+    }))
+}
+
+fn not_served(error: &watcher::Error) -> bool {
+    matches!(error,
+        watcher::Error::InitialListFailed(kube::Error::Api(status))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(status)) if status.code == 404)
+}
+
+/// A client for the cluster `kubeconfig` points at.
+pub async fn kube_client(kubeconfig: &kube::config::Kubeconfig) -> Result<kube::Client, String> {
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig.clone(), &Default::default())
+        .await
+        .map_err(|e| format!("the kubeconfig: {e}"))?;
+    kube::Client::try_from(config).map_err(|e| format!("a client from the kubeconfig: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kubeconfig(server: &str) -> String {
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: west\n  cluster: {{server: \"{server}\"}}\ncontexts:\n- name: west\n  context: {{cluster: west, user: mirror}}\ncurrent-context: west\nusers:\n- name: mirror\n  user: {{token: abc}}\n"
+        )
+    }
+
+    #[test]
+    fn a_file_server_is_a_directory_and_an_https_one_an_api_server() {
+        assert!(
+            matches!(server_of(&kubeconfig("file:///var/west/cluster")).unwrap(), Server::Files(p) if p == Path::new("/var/west/cluster"))
+        );
+        assert!(matches!(server_of(&kubeconfig("https://10.0.0.1:6443")).unwrap(), Server::Kube(_)));
+        assert_eq!(
+            server_of(&kubeconfig("file://west")).unwrap_err(),
+            KubeconfigError::RelativePath("file://west".into())
+        );
+        assert!(matches!(server_of("clusters: 3").unwrap_err(), KubeconfigError::Invalid(_)));
+    }
+
+    #[tokio::test]
+    async fn a_directory_is_synced_whole_lost_when_it_goes_and_synced_again_when_it_is_back() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("west");
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::write(dir.join("web.yaml"), "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: shop}\n")
+            .unwrap();
+        let mut cluster = FilesCluster::new(&dir, Duration::from_millis(100));
+        let RemoteEvent::Synced(state) = cluster.next().await else { panic!("a first sync") };
+        assert_eq!(state.snapshot.services.len(), 1);
+        std::fs::write(dir.join("db.yaml"), "apiVersion: v1\nkind: Service\nmetadata: {name: db, namespace: shop}\n")
+            .unwrap();
+        let RemoteEvent::Synced(state) = cluster.next().await else { panic!("a change") };
+        assert_eq!(state.snapshot.services.len(), 2);
+        std::fs::rename(&dir, root.path().join("away")).unwrap();
+        let RemoteEvent::Lost(reason) = cluster.next().await else { panic!("lost") };
+        assert!(reason.contains("west"), "{reason}");
+        std::fs::rename(root.path().join("away"), &dir).unwrap();
+        let RemoteEvent::Synced(state) = cluster.next().await else { panic!("back") };
+        assert_eq!(state.snapshot.services.len(), 2);
+    }
+}
