@@ -108,7 +108,7 @@ impl MirrorController {
                     true,
                 ),
                 Backend::Kube(client) => (
-                    Box::new(KubeCluster::new(client.clone(), Some(&self.namespace), LOCAL_LOST_AFTER)),
+                    Box::new(KubeCluster::links_only(client.clone(), &self.namespace, LOCAL_LOST_AFTER)),
                     Box::new(KubeWriter::new(client.clone(), &self.namespace)),
                     false,
                 ),
@@ -123,9 +123,14 @@ impl MirrorController {
             next_generation: 0,
             reported: BTreeSet::new(),
         };
+        // Kube: Links only until the first Link appears, then this cluster's objects too (its
+        // federated members); never back, a Link is likely to return.
+        let mut links_only = matches!(self.backend, Backend::Kube(_));
         loop {
+            let mut watch_objects = false;
             tokio::select! {
                 event = local.next() => match event {
+                    RemoteEvent::Synced(cluster) if links_only && !cluster.links.is_empty() => watch_objects = true,
                     RemoteEvent::Synced(cluster) => state.local_changed(*cluster, files_allowed, &tx),
                     RemoteEvent::Lost(reason) => {
                         tracing::warn!(%reason, "cannot read this cluster; the mirrors stay as they are");
@@ -138,6 +143,14 @@ impl MirrorController {
                     }
                 }
                 _ = stopped.wait_for(|s| *s) => return,
+            }
+            if watch_objects {
+                if let Backend::Kube(client) = &self.backend {
+                    tracing::info!("a Link exists: watching this cluster's Services, EndpointSlices and Pods too");
+                    local = Box::new(KubeCluster::new(client.clone(), Some(&self.namespace), LOCAL_LOST_AFTER));
+                }
+                links_only = false;
+                continue;
             }
             state.reconcile().await;
         }

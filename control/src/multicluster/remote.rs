@@ -261,7 +261,6 @@ impl Object {
 /// when they list again.
 pub struct KubeCluster {
     news: mpsc::UnboundedReceiver<Watched>,
-    kinds: usize,
     stores: Vec<BTreeMap<NsName, Object>>,
     listed: Vec<bool>,
     failing_since: Option<(Instant, String)>,
@@ -282,24 +281,40 @@ impl Drop for AbortOnDrop {
 impl KubeCluster {
     /// Follows `client`'s cluster; with `links_namespace`, also its Links and Secrets there.
     pub fn new(client: kube::Client, links_namespace: Option<&str>, lost_after: Duration) -> Self {
+        Self::watching(client, links_namespace, true, lost_after)
+    }
+
+    /// Only the Links and their Secrets in `links_namespace`: what this cluster's mirror watches
+    /// until there is a Link, so a control plane with no Link pays for no second watch of every
+    /// Service, EndpointSlice and Pod (the sources already watch those for Destination).
+    pub fn links_only(client: kube::Client, links_namespace: &str, lost_after: Duration) -> Self {
+        Self::watching(client, Some(links_namespace), false, lost_after)
+    }
+
+    fn watching(client: kube::Client, links_namespace: Option<&str>, objects: bool, lost_after: Duration) -> Self {
         let (tx, news) = mpsc::unbounded_channel();
-        let mut tasks = vec![
-            spawn_watch(Api::<Service>::all(client.clone()), 0, tx.clone(), |o| Object::Service(Box::new(o))),
-            spawn_watch(Api::<EndpointSlice>::all(client.clone()), 1, tx.clone(), |o| Object::Slice(Box::new(o))),
-            spawn_watch(Api::<Pod>::all(client.clone()), 2, tx.clone(), |o| Object::Pod(Box::new(o))),
-        ];
+        let mut tasks = Vec::new();
+        if objects {
+            tasks.push(spawn_watch(Api::<Service>::all(client.clone()), 0, tx.clone(), |o| {
+                Object::Service(Box::new(o))
+            }));
+            tasks.push(spawn_watch(Api::<EndpointSlice>::all(client.clone()), 1, tx.clone(), |o| {
+                Object::Slice(Box::new(o))
+            }));
+            tasks.push(spawn_watch(Api::<Pod>::all(client.clone()), 2, tx.clone(), |o| Object::Pod(Box::new(o))));
+        }
         if let Some(ns) = links_namespace {
             tasks.push(spawn_watch(Api::<Link>::namespaced(client.clone(), ns), 3, tx.clone(), |o| {
                 Object::Link(Box::new(o))
             }));
             tasks.push(spawn_watch(Api::<Secret>::namespaced(client, ns), 4, tx, |o| Object::Secret(Box::new(o))));
         }
-        let kinds = tasks.len();
+        // Indexed by kind; a kind not watched counts as listed (and empty) from the start.
+        let watched = |kind: usize| if kind < 3 { objects } else { links_namespace.is_some() };
         Self {
             news,
-            kinds,
-            stores: vec![BTreeMap::new(); kinds],
-            listed: vec![false; kinds],
+            stores: vec![BTreeMap::new(); 5],
+            listed: (0..5).map(|kind| !watched(kind)).collect(),
             failing_since: None,
             lost_after,
             lost: false,
@@ -383,7 +398,7 @@ impl KubeCluster {
                 }
                 continue;
             }
-            if self.listed.iter().filter(|l| **l).count() < self.kinds || self.failing_since.is_some() {
+            if !self.listed.iter().all(|l| *l) || self.failing_since.is_some() {
                 continue;
             }
             let state = self.state();

@@ -95,7 +95,7 @@ struct Inputs<'a> {
     subnet: ipnet::Ipv4Net,
     /// This cluster's trust domain (east: cluster.local; west: west.local).
     trust_domain: &'a str,
-    /// The control plane's `--mirror-service-cidr` (east of `--clusters 2`, when its control plane has it).
+    /// The control plane's `--mirror-service-cidr` (east of `--clusters 2`).
     mirror_service_cidr: Option<&'a str>,
 }
 
@@ -135,8 +135,7 @@ pub fn up(args: &UpArgs) -> anyhow::Result<Summary> {
     let started = Instant::now();
     let (workloads, bins) = preflight(args)?;
     let root = args.naming.dir.clone();
-    let mirror_service_cidr =
-        (args.clusters == 2).then_some(SERVICE_RANGE).filter(|_| west::control_mirrors(&bins.control));
+    let mirror_service_cidr = (args.clusters == 2).then_some(SERVICE_RANGE);
     let inputs = Inputs {
         args,
         workloads: &workloads,

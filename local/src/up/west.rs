@@ -6,9 +6,8 @@
 //! table that `down` deletes), and the Link that `cnimesh multicluster link --local` prints,
 //! written into east's cluster dir as `kubectl apply` would.
 //!
-//! The cross-cluster traffic needs east's mirror controller (`--mirror-service-cidr`) and the
-//! proxy's gateway mode; when east's control plane has no such flag the summary says so instead
-//! of sending it.
+//! East's control plane runs the mirror controller with `--mirror-service-cidr` (the files
+//! backend has no ClusterIP allocator), and the demo calls both mirrors from east's client.
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -49,14 +48,6 @@ pub(super) struct West {
     gateway: SocketAddr,
     link_file: PathBuf,
     mirror_controller: bool,
-}
-
-/// Whether this cnimesh-control has the mirror controller (its `serve --mirror-service-cidr`).
-pub(super) fn control_mirrors(control: &Path) -> bool {
-    Command::new(control)
-        .args(["serve", "--help"])
-        .output()
-        .is_ok_and(|out| String::from_utf8_lossy(&out.stdout).contains("--mirror-service-cidr"))
 }
 
 pub(super) fn bring_up(east: &Inputs<'_>, east_ca: &Path, east_state: &mut State) -> anyhow::Result<West> {
