@@ -69,7 +69,20 @@ fn tls_to_gateway(
     server: &str,
     header: TransportHeader,
 ) -> String {
+    tls_to_gateway_for(pod, gateway, config, server, header, "web")
+}
+
+/// As [`tls_to_gateway`], with the HTTP request's `Host` naming `host`.
+fn tls_to_gateway_for(
+    pod: &Pod<'_>,
+    gateway: SocketAddr,
+    config: Arc<tokio_rustls::rustls::ClientConfig>,
+    server: &str,
+    header: TransportHeader,
+    host: &str,
+) -> String {
     let server = server.to_string();
+    let request = format!("GET /replica HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
     cnimesh_cni::netns::run_in(&pod.netns.path(), move || {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
         rt.block_on(async move {
@@ -79,7 +92,7 @@ fn tls_to_gateway(
             let exchange = async {
                 let mut tls = tokio_rustls::TlsConnector::from(config).connect(name, tcp).await?;
                 tls.write_all(&header.encode()).await?;
-                tls.write_all(b"GET /replica HTTP/1.1\r\nHost: web\r\nConnection: close\r\n\r\n").await?;
+                tls.write_all(request.as_bytes()).await?;
                 let mut answer = Vec::new();
                 let _ = tls.read_to_end(&mut answer).await;
                 anyhow::Ok(String::from_utf8_lossy(&answer).into_owned())
@@ -104,6 +117,9 @@ fn anonymous_tls(control: &Control) -> Arc<tokio_rustls::rustls::ClientConfig> {
         cnimesh_identity::tls::roots(&cnimesh_identity::pem::certs(&anchors, "trust anchors").unwrap()).unwrap();
     cnimesh_identity::tls::client_config(roots, None, &[]).unwrap()
 }
+
+/// A Service of west with no endpoints, which no gateway client was admitted for.
+const SECRET_YAML: &str = "apiVersion: v1\nkind: Service\nmetadata: {name: secret, namespace: shop}\nspec:\n  clusterIP: 10.97.0.11\n  ports: [{name: http, port: 80, targetPort: 80}]\n";
 
 fn refused(gateway: &Sidecar, reason: &str) -> f64 {
     metric_with(&gateway.metrics(), "gateway_refused_total", &[&format!("reason=\"{reason}\"")])
@@ -177,6 +193,23 @@ fn an_east_client_reaches_west_through_the_gateway_with_mtls_on_both_hops_and_no
         assert!(!answer.contains("web-0"), "{name} is refused: {answer}");
         eventually(&format!("{name} counted as {reason}"), PATIENCE, || refused(&c.gateway, reason) >= 1.0);
     }
+    // Attack: admitted for web, a request naming another Service of west in its Host (`secret`,
+    // which has no endpoints: followed, it would answer 503) still goes to web alone.
+    write_atomically(&c.west_dir.path().join("secret.yaml"), SECRET_YAML);
+    eventually("west's Destination knows secret", PATIENCE, || {
+        c.west
+            .admin("/destination.json?authority=secret.shop:80")
+            .is_ok_and(|(_, page)| page.contains("\"exists\": true"))
+    });
+    let smuggled = tls_to_gateway_for(
+        &outsider,
+        c.gateway_addr(),
+        mesh.clone(),
+        &gateway_id,
+        header(),
+        "secret.shop.svc.cluster.local",
+    );
+    assert!(smuggled.contains("web-0"), "a request is pinned to the Service its header named: {smuggled}");
     let unknown = TransportHeader { port: 80, name: "nope.shop.svc.cluster.local".into(), protocol: None };
     assert_eq!(tls_to_gateway(&outsider, c.gateway_addr(), mesh, &gateway_id, unknown), "");
     eventually("an unknown Service counted", PATIENCE, || refused(&c.gateway, "unknown_service") >= 1.0);

@@ -204,8 +204,9 @@ fn clusters<'n>(net: &'n Network, east_files: &[(&str, String)]) -> Clusters<'n>
         &["--cluster-dir", &east_arg, "--mirror-service-cidr", "10.96.0.0/12"],
     )
     .unwrap();
-    let west = Control::start(&bins.control, &west_pod, &["--cluster-dir", &west_arg, "--trust-domain", "west.local"])
-        .unwrap();
+    let west =
+        Control::start_sharing_anchor(&bins.control, &west_pod, &["--cluster-dir", &west_arg], &east, "west.local")
+            .unwrap();
     let client = Pod::unmeshed(net, "shop", "client").unwrap();
     Clusters { east, _west: west, east_dir, root, client, _pods: vec![east_pod, west_pod] }
 }

@@ -84,8 +84,13 @@ fn control_plane(doc: &mut Value, values: &Values) -> anyhow::Result<()> {
     let (requests, limits) = (&proxy.resources.requests, &proxy.resources.limits);
     let proxy_image = values.image("cnimesh-proxy", &values.image_tags.proxy);
     // (variable, value, the control plane's own default when the file leaves it out)
-    let settings: [(&str, Option<&str>, Option<&str>); 12] = [
+    let settings: [(&str, Option<&str>, Option<&str>); 13] = [
         ("CNIMESH_CONTROL_LOG", Some(values.control_plane.log_level.as_str()), Some("info")),
+        (
+            "CNIMESH_CONTROL_TRUST_DOMAIN",
+            Some(values.identity_trust_domain.as_str()),
+            Some(cnimesh_identity::DEFAULT_TRUST_DOMAIN),
+        ),
         ("CNIMESH_CONTROL_PROXY_IMAGE", Some(proxy_image.as_str()), Some(cnimesh_control::inject::DEFAULT_PROXY_IMAGE)),
         (
             "CNIMESH_CONTROL_DEFAULT_INBOUND_POLICY",

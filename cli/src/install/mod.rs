@@ -607,6 +607,19 @@ mod tests {
     }
 
     #[test]
+    fn a_cluster_of_its_own_trust_domain_gets_it_on_its_control_plane_and_a_bad_one_is_refused() {
+        let control_env = |docs: &[Value]| {
+            let control = &find(docs, "Deployment", CONTROL_NAME)["spec"]["template"]["spec"]["containers"][0];
+            env_of(control, "CNIMESH_CONTROL_TRUST_DOMAIN")
+        };
+        assert_eq!(control_env(&with_set(&[])).as_deref(), Some("cluster.local"));
+        assert_eq!(control_env(&with_set(&["identityTrustDomain=west.local"])).as_deref(), Some("west.local"));
+        let mut overrides = values::Overrides::default();
+        let error = overrides.set("identityTrustDomain=not a domain").unwrap_err().to_string();
+        assert!(error.contains("identityTrustDomain") && error.contains("not a domain"), "{error}");
+    }
+
+    #[test]
     fn proxy_defaults_and_json_logs_reach_every_component() {
         let docs = with_set(&["logFormat=json", "proxy.defaultInboundPolicy=deny", "proxy.resources.limits.cpu=1"]);
         let control = &find(&docs, "Deployment", CONTROL_NAME)["spec"]["template"]["spec"]["containers"][0];

@@ -49,6 +49,10 @@ pub struct Values {
     /// Required anti-affinity (one replica per node) and the webhook certificate kept by the
     /// control plane (`--webhook-certs managed`). `--ha` also sets controlPlane.replicas=3.
     pub ha: bool,
+    /// The trust domain of this cluster's identities (`CNIMESH_CONTROL_TRUST_DOMAIN`):
+    /// `<sa>.<ns>.serviceaccount.identity.cnimesh.<domain>`. Clusters linked by multicluster keep
+    /// their own (docs/tasks/multicluster.md); the issuer must be made for it (`ca issuer`).
+    pub identity_trust_domain: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -185,6 +189,7 @@ impl Default for Values {
             log_format: LogFormat::Plain,
             excluded_namespaces: vec!["kube-system".into()],
             ha: false,
+            identity_trust_domain: cnimesh_identity::DEFAULT_TRUST_DOMAIN.into(),
         }
     }
 }
@@ -212,8 +217,17 @@ fn checked_text(key: &str) -> Option<(Check, &'static str)> {
             "an OTLP/gRPC collector (host:port, http://host:port or https://host:port) or null",
         )),
         "proxy.tracing.sampling" => Some((check_trace_sampling, "a sampling ratio from 0 to 1, or null")),
+        "identityTrustDomain" => Some((check_trust_domain, "a DNS name such as cluster.local or west.example.com")),
         _ => None,
     }
+}
+
+/// A trust domain is valid when the control plane's own identity in it is a valid name (the
+/// control plane would refuse it at start otherwise).
+fn check_trust_domain(value: &str) -> Result<String, String> {
+    cnimesh_identity::Name::for_service_account("cnimesh-control", "cnimesh", value)
+        .map(|_| value.to_string())
+        .map_err(|e| format!("{value:?} ({e})"))
 }
 
 /// What the operator asked for, and nothing else: a tree of known keys with values of the right

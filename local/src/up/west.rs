@@ -304,10 +304,14 @@ pub(super) fn send_traffic(east: &Inputs<'_>, west: &West) -> Multicluster {
         mc.edges.push(edge);
     }
     let pod_netns = |pod: &str| host::netns_path(&format!("{}-{pod}", west.prefix));
+    // A server's inbound series carry the client's identity; the gateway counts the connections
+    // it admitted by client (its forwarded traffic is outbound, to west's pods).
     let seen = |metrics: Vec<traffic::Sample>| {
         let mut ids: Vec<String> = metrics
             .iter()
-            .filter(|s| s.labels.get("direction").is_some_and(|d| d == "inbound"))
+            .filter(|s| {
+                s.name.starts_with("gateway_connections") || s.labels.get("direction").is_some_and(|d| d == "inbound")
+            })
             .filter_map(|s| s.labels.get("client_id").cloned())
             .collect();
         ids.sort();

@@ -117,10 +117,14 @@ pub async fn serve<I: Io>(mut io: I, read: Bytes, conn: Connection, shared: &Arc
         return Ok(forwarded?);
     }
     let io = CountingIo::new(PrefixedIo::new(prefix, io), counters.read, counters.write);
+    // issue 28: a gateway connection was admitted for the one Service its transport header
+    // named; its requests go there whatever authority they carry.
+    let pinned = conn.known.is_some_and(|k| k.by == DecidedBy::transport_header);
     let proxy = Arc::new(
         HttpProxy::new(conn.direction, conn.peer, conn.addr, conn.target, conn.tls, open, shared.clone())
             .with_policy(conn.policy)
-            .with_egress(conn.egress.map(|e| e.labels)),
+            .with_egress(conn.egress.map(|e| e.labels))
+            .pinned_to_target(pinned),
     );
     let service = service_fn(move |req| proxy.clone().handle(req));
     crate::http::serve_conn::serve(

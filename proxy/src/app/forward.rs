@@ -70,6 +70,9 @@ pub struct HttpProxy {
     /// issue 30: outbound to an EgressNetwork's destination (its network, the connection's
     /// hostname): metrics say `dst_kind="egress"`, tap events carry the request's hostname.
     egress: Option<EgressLabels>,
+    /// issue 28: a gateway connection's requests never follow a Service they name: the
+    /// connection was admitted for its target alone (the gateway is not an open proxy).
+    pinned: bool,
 }
 
 /// (authority, TLS) pairs whose metric handles a connection keeps.
@@ -190,7 +193,12 @@ impl HttpProxy {
             policy: None,
             routes: ConnRoutes::default(),
             egress: None,
+            pinned: false,
         }
+    }
+
+    pub fn pinned_to_target(self, pinned: bool) -> Self {
+        Self { pinned, ..self }
     }
 
     pub fn with_policy(self, policy: Option<Arc<ConnPolicy>>) -> Self {
@@ -237,7 +245,11 @@ impl HttpProxy {
     /// The target of a service the request names (`web.shop.svc.cluster.local`), when it
     /// differs from the connection's own. Only the outbound with discovery follows names.
     async fn named_target(&self, authority: &str) -> Option<Arc<Target>> {
-        if self.direction != Direction::outbound || self.shared.discovery.is_none() || !authority.contains(".svc.") {
+        if self.pinned
+            || self.direction != Direction::outbound
+            || self.shared.discovery.is_none()
+            || !authority.contains(".svc.")
+        {
             return None;
         }
         let key = match authority.rsplit_once(':') {
