@@ -340,7 +340,11 @@ impl KubeCluster {
             }
             Watched::Absent(kind, error) => {
                 if !self.listed[kind] {
-                    tracing::warn!(%error, "the Link CRD is not served (not installed?): no Links; watching for it");
+                    tracing::info!(
+                        %error,
+                        "multicluster is not installed here (no Link CRD, or no permission to read Links and their \
+                         Secrets: `cnimesh multicluster install`): no Links; watching for them"
+                    );
                 }
                 self.stores[kind].clear();
                 self.listed[kind] = true;
@@ -438,7 +442,7 @@ where
                 Ok(Event::InitDone) => Watched::Listed(kind, std::mem::take(&mut listed)),
                 Ok(Event::Apply(object)) => Watched::Applied(kind, wrap(object)),
                 Ok(Event::Delete(object)) => Watched::Deleted(kind, wrap(object)),
-                Err(error) if kind == 3 && not_served(&error) => Watched::Absent(kind, error.to_string()),
+                Err(error) if kind >= 3 && not_served(&error) => Watched::Absent(kind, error.to_string()),
                 Err(error) => Watched::Failed(error.to_string()),
             };
             if tx.send(news).is_err() {
@@ -448,10 +452,13 @@ where
     }))
 }
 
+/// Links or their Secrets this cluster cannot read: the CRD is not installed (404) or the control
+/// plane was not given `cnimesh multicluster install`'s permissions (403). Both mean "no Links",
+/// not a broken cluster: a control plane without multicluster must not report itself lost.
 fn not_served(error: &watcher::Error) -> bool {
     matches!(error,
         watcher::Error::InitialListFailed(kube::Error::Api(status))
-        | watcher::Error::WatchStartFailed(kube::Error::Api(status)) if status.code == 404)
+        | watcher::Error::WatchStartFailed(kube::Error::Api(status)) if matches!(status.code, 403 | 404))
 }
 
 /// A client for the cluster `kubeconfig` points at.
