@@ -252,8 +252,8 @@ impl ListWatchApi {
     }
 }
 
-/// A kube client answered by `handle` on `mock`.
-fn client_for<M, F, Fut>(mock: Arc<M>, handle: F) -> kube::Client
+/// A kube client answered by `handle` on `mock` (also [`crate::kube_api`]'s in-process client).
+pub fn client_for<M, F, Fut>(mock: Arc<M>, handle: F) -> kube::Client
 where
     M: Send + Sync + 'static,
     F: Fn(Arc<M>, Request<kube::client::Body>) -> Fut + Clone + Send + 'static,

@@ -12,6 +12,7 @@ pub mod cni;
 pub mod control;
 pub mod flood;
 pub mod host;
+pub mod kube_api;
 pub mod kube_mock;
 pub mod local_mode;
 pub mod manifest_check;
