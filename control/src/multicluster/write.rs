@@ -4,7 +4,8 @@
 //! ONE multi-document file `mirror-<ns>-<name>.yaml`, replaced in one rename, with a ClusterIP
 //! from `--mirror-service-cidr` that stays the same across updates). Either way only objects
 //! labelled [`MIRRORED_SERVICE_LABEL`] are ever touched: a Service of the same name that is not a
-//! mirror is left alone and the write refused. The Link status goes beside them.
+//! mirror is left alone and the write refused. The Link status goes beside them (kube: the
+//! status subresource, by server-side apply too).
 //!
 //! Layer: runtime (kube, files).
 
@@ -21,7 +22,7 @@ use kube::Api;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use serde_json::Value;
 
-use super::crd::{Link, LinkStatus};
+use super::crd::{API_VERSION, KIND, Link, LinkStatus};
 use super::plan::{Mirror, SERVICE_NAME_LABEL};
 use crate::meta::NsName;
 
@@ -306,10 +307,18 @@ impl KubeWriter {
         self.delete_slices(key, &BTreeSet::new()).await
     }
 
+    /// The whole status, by server-side apply: a field this writer set before and leaves out now
+    /// (the reason of a link that was lost and is back, a gateway's last error) goes. A merge
+    /// patch would keep it, so a link back up still read "connecting" or its old loss.
     async fn status_now(&self, link: &str, status: &LinkStatus) -> Result<(), WriteError> {
         let links = Api::<Link>::namespaced(self.client.clone(), &self.namespace);
-        let patch = serde_json::json!({ "status": status });
-        links.patch_status(link, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+        let patch = serde_json::json!({
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "metadata": { "name": link, "namespace": self.namespace },
+            "status": status,
+        });
+        links.patch_status(link, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch)).await?;
         Ok(())
     }
 }
