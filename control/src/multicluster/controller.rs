@@ -126,9 +126,15 @@ impl MirrorController {
         // Kube: Links only until the first Link appears, then this cluster's objects too (its
         // federated members); never back, a Link is likely to return.
         let mut links_only = matches!(self.backend, Backend::Kube(_));
+        let mut leadership = self.leadership.clone();
         loop {
             let mut watch_objects = false;
             tokio::select! {
+                // Leading again (or for the first time): what changed meanwhile was not written,
+                // and nothing else may come to say so (a Link without a gateway has no probes).
+                _ = leadership.acquired(), if !self.leadership.is_leading() => {
+                    tracing::info!("leading the mirror's writes: bringing the mirrors in line");
+                }
                 event = local.next() => match event {
                     RemoteEvent::Synced(cluster) if links_only && !cluster.links.is_empty() => watch_objects = true,
                     RemoteEvent::Synced(cluster) => state.local_changed(*cluster, files_allowed, &tx),
