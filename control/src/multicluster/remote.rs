@@ -15,7 +15,6 @@ use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::{Pod, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Api;
-use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use notify::{RecursiveMode, Watcher};
 use serde::de::DeserializeOwned;
@@ -34,10 +33,14 @@ pub struct ClusterState {
     pub secrets: Vec<Secret>,
 }
 
-/// The generated `Link` has no `PartialEq`: Links compare by what the controller reads of them.
+/// The generated `Link` has no `PartialEq`: Links compare by what the controller reads of them,
+/// their name and spec. Not their resourceVersion: the controller's own status writes change it,
+/// and each would come back as a change of this cluster, and a second round of writes.
 impl PartialEq for ClusterState {
     fn eq(&self, other: &Self) -> bool {
-        let links = |s: &Self| s.links.iter().map(|l| (l.metadata.clone(), l.spec.clone())).collect::<Vec<_>>();
+        fn links(s: &ClusterState) -> Vec<(&Option<String>, &Option<String>, &super::crd::LinkSpec)> {
+            s.links.iter().map(|l| (&l.metadata.namespace, &l.metadata.name, &l.spec)).collect()
+        }
         self.snapshot == other.snapshot && self.secrets == other.secrets && links(self) == links(other)
     }
 }
@@ -396,7 +399,7 @@ impl KubeCluster {
                 if !self.lost {
                     self.lost = true;
                     return RemoteEvent::Lost(format!(
-                        "the API server has not answered for {:?}: {error}",
+                        "the API server has been failing for {:?}: {error}",
                         self.lost_after
                     ));
                 }
@@ -421,35 +424,76 @@ impl RemoteCluster for KubeCluster {
     }
 }
 
+/// The first wait before a failed watch starts over; doubled on each failure in a row.
+const RESTART_FIRST: Duration = Duration::from_millis(500);
+/// The longest wait before a failed watch starts over (how late a cluster that answers again is
+/// noticed, at worst).
+const RESTART_MAX: Duration = Duration::from_secs(10);
+/// The same for a kind this cluster does not serve (no Link CRD, no permission): rarely fixed.
+const RESTART_MAX_ABSENT: Duration = Duration::from_secs(30);
+
+/// Follows one kind. After any failure the watch starts over from a full list (after a backoff),
+/// never resumes: a cluster that answers again must be seen to, and a resumed watch with nothing
+/// new to say would never say so (the controller promises a full resync on every reconnect).
 fn spawn_watch<K>(api: Api<K>, kind: usize, tx: mpsc::UnboundedSender<Watched>, wrap: fn(K) -> Object) -> AbortOnDrop
 where
     K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
 {
     AbortOnDrop(tokio::spawn(async move {
-        let events = watcher::watcher(api, watcher::Config::default()).default_backoff();
-        let mut events = std::pin::pin!(events);
-        let mut listed = Vec::new();
-        while let Some(event) = events.next().await {
-            let news = match event {
-                Ok(Event::Init) => {
-                    listed.clear();
-                    continue;
+        let mut backoff = RESTART_FIRST;
+        loop {
+            let events = watcher::watcher(api.clone(), watcher::Config::default());
+            let mut events = std::pin::pin!(events);
+            let mut listed = Vec::new();
+            let error = loop {
+                let news = match events.next().await {
+                    Some(Ok(Event::Init)) => {
+                        listed.clear();
+                        continue;
+                    }
+                    Some(Ok(Event::InitApply(object))) => {
+                        listed.push(wrap(object));
+                        continue;
+                    }
+                    Some(Ok(Event::InitDone)) => {
+                        backoff = RESTART_FIRST;
+                        Watched::Listed(kind, std::mem::take(&mut listed))
+                    }
+                    Some(Ok(Event::Apply(object))) => Watched::Applied(kind, wrap(object)),
+                    Some(Ok(Event::Delete(object))) => Watched::Deleted(kind, wrap(object)),
+                    Some(Err(error)) => break error,
+                    // A watcher never ends; if it did, start over.
+                    None => break watcher::Error::NoResourceVersion,
+                };
+                if tx.send(news).is_err() {
+                    return;
                 }
-                Ok(Event::InitApply(object)) => {
-                    listed.push(wrap(object));
-                    continue;
-                }
-                Ok(Event::InitDone) => Watched::Listed(kind, std::mem::take(&mut listed)),
-                Ok(Event::Apply(object)) => Watched::Applied(kind, wrap(object)),
-                Ok(Event::Delete(object)) => Watched::Deleted(kind, wrap(object)),
-                Err(error) if kind >= 3 && not_served(&error) => Watched::Absent(kind, error.to_string()),
-                Err(error) => Watched::Failed(error.to_string()),
             };
+            let absent = kind >= 3 && not_served(&error);
+            let news = if absent { Watched::Absent(kind, error.to_string()) } else { Watched::Failed(failure(&error)) };
             if tx.send(news).is_err() {
                 return;
             }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(if absent { RESTART_MAX_ABSENT } else { RESTART_MAX });
         }
     }))
+}
+
+/// A watch failure in words. An API server's answer is named by its code and reason (`401
+/// Unauthorized: …` for a Link's wrong token), which is what an operator acts on.
+fn failure(error: &watcher::Error) -> String {
+    let status = match error {
+        watcher::Error::InitialListFailed(kube::Error::Api(status))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(status))
+        | watcher::Error::WatchFailed(kube::Error::Api(status)) => Some(status),
+        watcher::Error::WatchError(status) => Some(status),
+        _ => None,
+    };
+    match status {
+        Some(status) => format!("the API server answered {} {}: {}", status.code, status.reason, status.message),
+        None => cnimesh_common::error::with_causes(error.to_string(), error),
+    }
 }
 
 /// Links or their Secrets this cluster cannot read: the CRD is not installed (404) or the control
@@ -463,9 +507,13 @@ fn not_served(error: &watcher::Error) -> bool {
 
 /// A client for the cluster `kubeconfig` points at.
 pub async fn kube_client(kubeconfig: &kube::config::Kubeconfig) -> Result<kube::Client, String> {
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig.clone(), &Default::default())
+    let mut config = kube::Config::from_custom_kubeconfig(kubeconfig.clone(), &Default::default())
         .await
         .map_err(|e| format!("the kubeconfig: {e}"))?;
+    // kube-rs retries a 503/429/504 up to 15 times with exponential backoff (minutes in all), so
+    // an API server that answers "unavailable" would look alive to the watches for minutes. Their
+    // own backoff retries instead, and the failure counts towards a lost link at once.
+    config.default_retry = false;
     kube::Client::try_from(config).map_err(|e| format!("a client from the kubeconfig: {e}"))
 }
 
