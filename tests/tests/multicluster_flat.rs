@@ -95,7 +95,10 @@ fn a_federated_service_balances_real_requests_across_both_clusters_with_the_clie
     let ip = service.spec.and_then(|s| s.cluster_ip).unwrap();
     let federated = format!("{ip}:80");
 
-    // East's Destination serves each member with its own identity and cluster label.
+    // East's Destination serves each member with its own identity and cluster label. (The
+    // client proxy labels its series per target: `target_cluster_name` and `server_id` only when
+    // every endpoint shares them, so a federated Service's series spanning two clusters carry
+    // neither; the per-member labels are the ones Destination hands it, checked here.)
     let http = apps::HTTP_PORT;
     let (east_addr, west_addr) = (format!("{}:{http}", api_east.ipv4()), format!("{}:{http}", api_west.ipv4()));
     let served =
