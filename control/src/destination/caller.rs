@@ -51,14 +51,14 @@ impl Caller {
     }
 
     /// A Service as this caller may see it: a gateway sees only exported Services.
-    pub(crate) fn service<'a>(self, view: &'a ServiceView) -> Option<&'a Arc<super::index::ServiceSnapshot>> {
+    pub(crate) fn service(self, view: &ServiceView) -> Option<&Arc<super::index::ServiceSnapshot>> {
         let snapshot = view.as_ref()?;
         (self == Caller::Proxy || snapshot.service.gateway_exported).then_some(snapshot)
     }
 
     /// An address as this caller may see it: a gateway sees only the ClusterIPs of exported
     /// Services (it forwards to Service names, never to a pod).
-    pub(crate) fn ip<'a>(self, view: &'a IpView) -> &'a IpView {
+    pub(crate) fn ip(self, view: &IpView) -> &IpView {
         match (self, view) {
             (Caller::Proxy, view) => view,
             (Caller::Gateway, IpView::Service(_, service)) if service.gateway_exported => view,
