@@ -32,11 +32,12 @@ pub const MIRROR_IP: &str = "10.96.0.50";
 pub const FLAT_IP: &str = "10.96.0.51";
 pub const WEB_FQDN: &str = "web.shop.svc.cluster.local";
 
-/// West's `web` Service (HTTP on 80, the half-close app on its port, opaque) and its pod.
+/// West's `web` Service (HTTP on 80, the half-close app on its port, opaque), exported through
+/// the gateway (`mirror.cnimesh.io/exported=true`: the gateway forwards to nothing else), and its pod.
 pub fn west_web_yaml(ip: Ipv4Addr) -> String {
     let (http, tcp) = (apps::HTTP_PORT, apps::HALF_CLOSE_PORT);
     [
-        format!("apiVersion: v1\nkind: Service\nmetadata: {{name: web, namespace: shop}}\nspec:\n  clusterIP: 10.97.0.10\n  selector: {{app: web}}\n  ports: [{{name: http, port: 80, targetPort: {http}}}, {{name: tcp, port: {tcp}, targetPort: {tcp}, appProtocol: cnimesh.io/opaque}}]\n"),
+        format!("apiVersion: v1\nkind: Service\nmetadata: {{name: web, namespace: shop, labels: {{mirror.cnimesh.io/exported: 'true'}}}}\nspec:\n  clusterIP: 10.97.0.10\n  selector: {{app: web}}\n  ports: [{{name: http, port: 80, targetPort: {http}}}, {{name: tcp, port: {tcp}, targetPort: {tcp}, appProtocol: cnimesh.io/opaque}}]\n"),
         format!("apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: web-abc\n  namespace: shop\n  labels: {{kubernetes.io/service-name: web}}\naddressType: IPv4\nports: [{{name: http, port: {http}}}, {{name: tcp, port: {tcp}}}]\nendpoints:\n  - addresses: [\"{ip}\"]\n    targetRef: {{kind: Pod, name: web-0, namespace: shop}}\n"),
         format!("apiVersion: v1\nkind: Pod\nmetadata:\n  name: web-0\n  namespace: shop\n  labels: {{app: web}}\nspec:\n  serviceAccountName: web\n  containers:\n    - name: app\n      ports: [{{name: http, containerPort: {http}}}, {{name: tcp, containerPort: {tcp}}}]\n    - name: cnimesh-proxy\nstatus:\n  phase: Running\n  podIP: {ip}\n  podIPs: [{{ip: {ip}}}]\n"),
     ]
