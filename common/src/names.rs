@@ -130,3 +130,10 @@ pub const MIRROR_READER_SERVICE_ACCOUNT: &str = "cnimesh-mirror-reader";
 /// The Secret type and key of a Link's credentials.
 pub const LINK_CREDENTIALS_SECRET_TYPE: &str = "mirror.cnimesh.io/remote-kubeconfig";
 pub const LINK_CREDENTIALS_KEY: &str = "kubeconfig";
+// issue 28 (B): the gateway's view of Destination
+/// In the `context_token` of a Destination request (a JSON object, as Linkerd's tokens are):
+/// `{"cnimesh.io/caller": "gateway"}` is sent by a proxy in gateway mode, and Destination then
+/// answers it as if only Services labelled `exported=true` existed. The marker only ever
+/// restricts what its sender sees, so it needs no authentication.
+pub const CONTEXT_TOKEN_CALLER_KEY: &str = "cnimesh.io/caller";
+pub const CONTEXT_TOKEN_GATEWAY: &str = "gateway";

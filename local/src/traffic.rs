@@ -213,11 +213,9 @@ pub struct Multicluster {
     pub gateway: String,
     /// The Link file written into east's cluster dir.
     pub link_file: String,
-    /// Whether east's control plane runs the mirror controller (`--mirror-service-cidr`).
-    pub mirror_controller: bool,
     /// East's client to each mirror: the mirror, what happened.
     pub edges: Vec<Edge>,
-    /// Notes instead of edges (no mirror controller, a mirror that did not appear in time).
+    /// Notes instead of edges (no meshed client, a mirror that did not appear in time).
     pub notes: Vec<String>,
     /// Client identities west's gateway and west's servers saw on inbound mTLS, by pod.
     pub identities_seen: BTreeMap<String, Vec<String>>,

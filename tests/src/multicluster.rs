@@ -4,14 +4,27 @@
 //! east client, and the mirror objects in east's cluster directory written by hand as the
 //! multicluster contract shapes them: `web-west` through the gateway, `web-flat` straight to
 //! web's pod (remote discovery).
+//!
+//! And, for the tests that drive the real mirror controller and the real `cnimesh multicluster`
+//! commands: clusters laid out as local mode lays them out ([`LocalRoot`]), linked by the real
+//! `link --local` ([`link_local`]), and what a Destination serves per endpoint
+//! ([`destination_endpoints`]).
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use cnimesh_common::names::{GATEWAY_NAME, MULTICLUSTER_NAMESPACE};
+use cnimesh_control::multicluster::crd::LinkStatus;
+use cnimesh_identity::Name;
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 
 use crate::apps::{self, Apps};
 use crate::cni::{Bins, Network};
 use crate::control::{Control, env_refs, write_atomically};
+use crate::netns::block_on_in;
 use crate::pod::Pod;
 use crate::sidecar::Sidecar;
 
@@ -19,11 +32,12 @@ pub const MIRROR_IP: &str = "10.96.0.50";
 pub const FLAT_IP: &str = "10.96.0.51";
 pub const WEB_FQDN: &str = "web.shop.svc.cluster.local";
 
-/// West's `web` Service (HTTP on 80, the half-close app on its port, opaque) and its pod.
+/// West's `web` Service (HTTP on 80, the half-close app on its port, opaque), exported through
+/// the gateway (`mirror.cnimesh.io/exported=true`: the gateway forwards to nothing else), and its pod.
 pub fn west_web_yaml(ip: Ipv4Addr) -> String {
     let (http, tcp) = (apps::HTTP_PORT, apps::HALF_CLOSE_PORT);
     [
-        format!("apiVersion: v1\nkind: Service\nmetadata: {{name: web, namespace: shop}}\nspec:\n  clusterIP: 10.97.0.10\n  selector: {{app: web}}\n  ports: [{{name: http, port: 80, targetPort: {http}}}, {{name: tcp, port: {tcp}, targetPort: {tcp}, appProtocol: cnimesh.io/opaque}}]\n"),
+        format!("apiVersion: v1\nkind: Service\nmetadata: {{name: web, namespace: shop, labels: {{mirror.cnimesh.io/exported: 'true'}}}}\nspec:\n  clusterIP: 10.97.0.10\n  selector: {{app: web}}\n  ports: [{{name: http, port: 80, targetPort: {http}}}, {{name: tcp, port: {tcp}, targetPort: {tcp}, appProtocol: cnimesh.io/opaque}}]\n"),
         format!("apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: web-abc\n  namespace: shop\n  labels: {{kubernetes.io/service-name: web}}\naddressType: IPv4\nports: [{{name: http, port: {http}}}, {{name: tcp, port: {tcp}}}]\nendpoints:\n  - addresses: [\"{ip}\"]\n    targetRef: {{kind: Pod, name: web-0, namespace: shop}}\n"),
         format!("apiVersion: v1\nkind: Pod\nmetadata:\n  name: web-0\n  namespace: shop\n  labels: {{app: web}}\nspec:\n  serviceAccountName: web\n  containers:\n    - name: app\n      ports: [{{name: http, containerPort: {http}}}, {{name: tcp, containerPort: {tcp}}}]\n    - name: cnimesh-proxy\nstatus:\n  phase: Running\n  podIP: {ip}\n  podIPs: [{{ip: {ip}}}]\n"),
     ]
@@ -147,4 +161,184 @@ pub fn start_gateway(bins: &Bins, west: &Control, pod: &Pod<'_>) -> Sidecar {
     // Refusals of silent clients come sooner (the default wait is the detection timeout).
     env.push(("CNIMESH_PROXY_DETECT_TIMEOUT_MS".into(), "2000".into()));
     Sidecar::start(&bins.proxy, &pod.netns, &env_refs(&env)).unwrap()
+}
+
+/// issue 28 (C): a cluster's directory laid out as local mode lays it out, so the real
+/// `cnimesh multicluster link --local` and `check --local` read it as they read local mode:
+/// `cluster/` (the control plane's `--cluster-dir`), `ca/ca.crt` (its trust anchors) and
+/// `local.json` (the record `link` reads: trust domain, gateway).
+pub struct LocalRoot {
+    dir: tempfile::TempDir,
+}
+
+impl Default for LocalRoot {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl LocalRoot {
+    pub fn new() -> Self {
+        let dir = tempfile::Builder::new().prefix("cnimesh-mc-root").tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("cluster")).unwrap();
+        std::fs::create_dir(dir.path().join("ca")).unwrap();
+        Self { dir }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The files backend's directory (`--cluster-dir`).
+    pub fn cluster(&self) -> PathBuf {
+        self.dir.path().join("cluster")
+    }
+
+    /// A file of the cluster directory.
+    pub fn file(&self, name: &str) -> PathBuf {
+        self.cluster().join(name)
+    }
+
+    /// What local mode records once `control` runs: its anchors, its trust domain and the
+    /// gateway's `ip:port` (none: the Link `link` prints has no gateway).
+    pub fn record(&self, control: &Control, gateway: Option<SocketAddr>) {
+        std::fs::copy(control.trust_anchors(), self.path().join("ca/ca.crt")).unwrap();
+        let record = serde_json::json!({"trust_domain": control.trust_domain, "gateway": gateway});
+        std::fs::write(self.path().join("local.json"), record.to_string()).unwrap();
+    }
+
+    /// The mirror `name` (Service and slices) in namespace `shop`, if its file is there.
+    pub fn mirror(&self, name: &str) -> Option<(Service, Vec<EndpointSlice>)> {
+        let objects = cnimesh_control::sources::cluster_objects_in(&self.cluster(), &[]).ok()?;
+        let service = objects
+            .services
+            .into_iter()
+            .find(|s| s.metadata.name.as_deref() == Some(name) && s.metadata.namespace.as_deref() == Some("shop"))?;
+        let slices = objects
+            .slices
+            .into_iter()
+            .filter(|s| {
+                s.metadata.labels.as_ref().and_then(|l| l.get("kubernetes.io/service-name")).map(String::as_str)
+                    == Some(name)
+            })
+            .collect();
+        Some((service, slices))
+    }
+
+    /// The endpoint addresses of mirror `name` (none when it is not there).
+    pub fn mirror_addresses(&self, name: &str) -> BTreeSet<String> {
+        let Some((_, slices)) = self.mirror(name) else { return BTreeSet::new() };
+        slices.iter().flat_map(|s| &s.endpoints).flat_map(|e| e.addresses.clone()).collect()
+    }
+
+    /// The status the mirror controller keeps for the Link to `cluster`.
+    pub fn link_status(&self, cluster: &str) -> Option<LinkStatus> {
+        let text = std::fs::read_to_string(self.file(&format!(".status/link-{cluster}.json"))).ok()?;
+        serde_json::from_str(&text).ok()
+    }
+}
+
+/// Links `from` to `to` as a cluster operator does in local mode: the real `cnimesh` (`cli`)
+/// runs `multicluster link --local <to> --cluster-name <name>`, and its output (the Link and its
+/// credentials Secret) is written into `from`'s cluster directory as `link-<name>.yaml`.
+pub fn link_local(cli: &Path, from: &LocalRoot, to: &LocalRoot, name: &str) {
+    let out = std::process::Command::new(cli)
+        .args(["multicluster", "link", "--cluster-name", name, "--local"])
+        .arg(to.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "multicluster link: {}", String::from_utf8_lossy(&out.stderr));
+    write_atomically(&from.file(&format!("link-{name}.yaml")), &String::from_utf8(out.stdout).unwrap());
+}
+
+/// A Service `name` of namespace `shop` (port 80 `http` → the apps' HTTP port) with `labels`
+/// (YAML flow-map entries) and ClusterIP `ip`, and its ready meshed pods `(pod, IP)` with
+/// service account `name`, as one file of a cluster directory.
+pub fn service_yaml(name: &str, labels: &str, ip: &str, pods: &[(&str, Ipv4Addr)]) -> String {
+    let http = apps::HTTP_PORT;
+    let mut docs = vec![format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: shop, labels: {{{labels}}}}}\nspec:\n  clusterIP: {ip}\n  selector: {{app: {name}}}\n  ports: [{{name: http, port: 80, targetPort: {http}}}]\n"
+    )];
+    let endpoints: String = pods
+        .iter()
+        .map(|(pod, ip)| {
+            format!("  - addresses: [\"{ip}\"]\n    conditions: {{ready: true}}\n    targetRef: {{kind: Pod, name: {pod}, namespace: shop}}\n")
+        })
+        .collect();
+    docs.push(format!(
+        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {name}-abc\n  namespace: shop\n  labels: {{kubernetes.io/service-name: {name}}}\naddressType: IPv4\nports: [{{name: http, port: {http}, protocol: TCP}}]\nendpoints:\n{}",
+        if endpoints.is_empty() { "  []\n".to_string() } else { endpoints }
+    ));
+    for (pod, ip) in pods {
+        docs.push(format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {pod}, namespace: shop, labels: {{app: {name}}}}}\nspec:\n  serviceAccountName: {name}\n  containers:\n    - name: app\n      ports: [{{name: http, containerPort: {http}}}]\n    - name: cnimesh-proxy\nstatus:\n  phase: Running\n  podIP: {ip}\n  podIPs: [{{ip: {ip}}}]\n"
+        ));
+    }
+    docs.join("---\n")
+}
+
+/// One endpoint of a Destination answer: its identity and its metric labels.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Served {
+    pub identity: Option<String>,
+    pub labels: BTreeMap<String, String>,
+}
+
+/// What `control`'s Destination serves for `path` (`name.ns.svc.cluster.local:port`), asked from
+/// the netns at `netns` as a meshed client of `control`'s trust domain, following one Get
+/// stream's adds and removes until `done` holds of the endpoints (by address), or the patience
+/// runs out: the endpoints then.
+pub fn destination_endpoints(
+    control: &Control,
+    netns: &Path,
+    path: &str,
+    patience: Duration,
+    done: impl Fn(&BTreeMap<String, Served>) -> bool + Send,
+) -> BTreeMap<String, Served> {
+    use linkerd2_proxy_api::destination::GetDestination;
+    use linkerd2_proxy_api::destination::destination_client::DestinationClient;
+    use linkerd2_proxy_api::destination::update::Update as Up;
+    use linkerd2_proxy_api::destination::{TlsIdentity, tls_identity::Strategy};
+
+    let (addr, issuer) = (control.addr.to_string(), control.issuer_dir());
+    let anchors = std::fs::read(control.trust_anchors()).unwrap();
+    let client_name = Name::parse(&control.identity("shop", "client")).unwrap();
+    let control_name = Name::parse(&control.identity("cnimesh", "cnimesh-control")).unwrap();
+    let path = path.to_string();
+    let key = |a: Option<linkerd2_proxy_api::net::TcpAddress>| {
+        a.and_then(|a| SocketAddr::try_from(a).ok()).map(|a| a.to_string()).unwrap_or_default()
+    };
+    let identity = |id: Option<TlsIdentity>| match id?.strategy? {
+        Strategy::DnsLikeIdentity(d) => Some(d.name),
+        other => Some(format!("{other:?}")),
+    };
+    block_on_in(netns, async move {
+        let cert = cnimesh_control::identity::own_cert::issue_from_dir(&issuer, &client_name, Duration::from_secs(600))
+            .unwrap();
+        let roots = cnimesh_identity::tls::roots(&cnimesh_identity::pem::certs(&anchors, "anchors").unwrap()).unwrap();
+        let channel = cnimesh_identity::grpc_channel::connect(&addr, &control_name, roots, Some(cert)).await.unwrap();
+        let request = GetDestination { path, ..Default::default() };
+        let mut stream = DestinationClient::new(channel).get(request).await.unwrap().into_inner();
+        let mut seen = BTreeMap::new();
+        let deadline = tokio::time::Instant::now() + patience;
+        while !done(&seen) {
+            let Ok(message) = tokio::time::timeout_at(deadline, stream.message()).await else { break };
+            match message.unwrap().and_then(|u| u.update) {
+                Some(Up::Add(set)) => {
+                    for a in set.addrs {
+                        let labels = a.metric_labels.into_iter().collect();
+                        seen.insert(key(a.addr), Served { identity: identity(a.tls_identity), labels });
+                    }
+                }
+                Some(Up::Remove(set)) => {
+                    for a in set.addrs {
+                        seen.remove(&key(Some(a)));
+                    }
+                }
+                Some(Up::NoEndpoints(_)) => seen.clear(),
+                None => break,
+            }
+        }
+        seen
+    })
 }

@@ -257,3 +257,88 @@ fn in_flat_mode_the_west_server_sees_the_east_clients_own_identity() {
     );
     assert!(labelled >= 1.0, "{client_metrics}");
 }
+
+/// issue 28 (B): a Service of west named `name` with an endpoint on web's pod (HTTP on 80),
+/// labelled `mirror.cnimesh.io/exported=<export>` (no label when `None`).
+fn west_service_on_web(name: &str, cluster_ip: &str, web: std::net::Ipv4Addr, export: Option<&str>) -> String {
+    let http = apps::HTTP_PORT;
+    let labels = export.map(|e| format!(", labels: {{mirror.cnimesh.io/exported: '{e}'}}")).unwrap_or_default();
+    [
+        format!("apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: shop{labels}}}\nspec:\n  clusterIP: {cluster_ip}\n  ports: [{{name: http, port: 80, targetPort: {http}}}]\n"),
+        format!("apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {name}-abc\n  namespace: shop\n  labels: {{kubernetes.io/service-name: {name}}}\naddressType: IPv4\nports: [{{name: http, port: {http}}}]\nendpoints:\n  - addresses: [\"{web}\"]\n    targetRef: {{kind: Pod, name: web-0, namespace: shop}}\n"),
+    ]
+    .join("---\n")
+}
+
+#[test]
+fn the_gateway_forwards_only_to_services_exported_through_it_and_an_unexported_service_is_refused_again() {
+    if !require_root(
+        "the_gateway_forwards_only_to_services_exported_through_it_and_an_unexported_service_is_refused_again",
+    ) {
+        return;
+    }
+    let bins = bins!();
+    let net = Network::bridge(&bins, json!({})).unwrap();
+    let c = Clusters::start(&bins, &net);
+    let gateway_id = c.west.identity(MULTICLUSTER_NAMESPACE, GATEWAY_NAME);
+    // Two Services of west on web's pod: `hidden` not exported at all, `direct` exported for
+    // remote discovery only (linked clusters reach its pods directly, never through the gateway).
+    let west = c.west_dir.path();
+    write_atomically(&west.join("hidden.yaml"), &west_service_on_web("hidden", "10.97.0.12", c.web.ipv4(), None));
+    let direct = west_service_on_web("direct", "10.97.0.13", c.web.ipv4(), Some("remote-discovery"));
+    write_atomically(&west.join("direct.yaml"), &direct);
+    for name in ["hidden", "direct"] {
+        eventually(&format!("west's Destination serves {name} with web's pod"), PATIENCE, || {
+            c.west
+                .admin(&format!("/destination.json?authority={name}.shop:80"))
+                .is_ok_and(|(_, page)| page.contains(&c.web.ipv4().to_string()))
+        });
+    }
+
+    // The attacker: any mesh client of a linked cluster, with a valid header and certificate.
+    let outsider = Pod::unmeshed(&net, "shop", "outsider").unwrap();
+    let mesh = cnimesh_e2e::tap_client::client_tls(&c.east, &c.east.identity("shop", "client")).unwrap();
+    let mesh = {
+        let mut config = (*mesh).clone();
+        config.alpn_protocols.clear();
+        Arc::new(config)
+    };
+    let to = |name: &str| {
+        let fqdn = format!("{name}.shop.svc.cluster.local");
+        let header = TransportHeader { port: 80, name: fqdn.clone(), protocol: Some(SessionProtocol::Http1) };
+        tls_to_gateway_for(&outsider, c.gateway_addr(), mesh.clone(), &gateway_id, header, &fqdn)
+    };
+    let unknown = || refused(&c.gateway, "unknown_service");
+
+    // The exported Service is served; the others are refused like unknown names, no app byte.
+    let web = to("web");
+    assert!(web.contains("web-0"), "the exported web is served: {web}");
+    for (n, name) in ["hidden", "direct"].into_iter().enumerate() {
+        let answer = to(name);
+        assert_eq!(answer, "", "{name} is not exported through the gateway: refused");
+        let count = (n + 1) as f64;
+        eventually(&format!("{name} counted as unknown_service"), PATIENCE, || unknown() >= count);
+    }
+    assert!(to("web").contains("web-0"), "refusals leave the exported Service served");
+    // The gateway's admin page shows its view, as any proxy's: web with web's pod, hidden unknown.
+    let (_, page) = c.gateway.admin("GET", "/endpoints.json", "").unwrap();
+    let page: serde_json::Value = serde_json::from_str(&page).unwrap();
+    let service = |name: &str| {
+        let authority = format!("{name}.shop.svc.cluster.local:80");
+        page["services"].as_array().into_iter().flatten().find(|s| s["authority"] == authority.as_str()).cloned()
+    };
+    let web_pod = format!("{}:{}", c.web.ipv4(), apps::HTTP_PORT);
+    let served = service("web").unwrap_or_default();
+    assert_eq!(served["endpoints"][0]["addr"], web_pod.as_str(), "{page:#}");
+    assert_eq!(service("hidden").unwrap_or_default()["exists"], false, "{page:#}");
+
+    // Exported through the gateway: reachable. Unexported again: refused for new connections.
+    let exported = west_service_on_web("hidden", "10.97.0.12", c.web.ipv4(), Some("true"));
+    write_atomically(&west.join("hidden.yaml"), &exported);
+    eventually("hidden, once exported, is served", PATIENCE, || to("hidden").contains("web-0"));
+    let before = unknown();
+    write_atomically(&west.join("hidden.yaml"), &west_service_on_web("hidden", "10.97.0.12", c.web.ipv4(), None));
+    eventually("hidden, unexported, is refused again", PATIENCE, || to("hidden").is_empty());
+    assert!(unknown() > before, "counted: {}", c.gateway.metrics());
+    assert!(to("web").contains("web-0"), "web stays served");
+}

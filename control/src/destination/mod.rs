@@ -46,6 +46,9 @@
 //!   exists. `opaque_protocol` follows the opaque-ports annotation of the Service or Pod. Profiles
 //!   are live streams too.
 //!
+//! A multicluster gateway marks its requests (`context_token`) and is answered as if only the
+//! Services exported through it existed ([`caller`]).
+//!
 //! Until the source has loaded every kind once (the first list, or the first read of the
 //! directory), requests wait: answering earlier could tell a proxy that a service does not exist
 //! when it has merely not been listed yet. [`Index::is_ready`] is meant for the readiness probe.
@@ -58,12 +61,14 @@
 
 pub mod accrual;
 pub mod app_protocol;
+pub mod caller;
 pub(crate) mod index;
 mod model;
 pub(crate) mod path;
 pub mod read;
 pub(crate) mod resolve;
 
+pub use caller::Caller;
 pub use index::{Change, Index, IndexStats};
 pub use model::{Conflict, Declaration, KINDS, Kind, Object, PodRecord, PortSet, ServiceRecord, declared_for_pod_port};
 #[doc(hidden)]

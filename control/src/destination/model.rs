@@ -19,9 +19,9 @@ use super::app_protocol::AppProtocol;
 use crate::routes::model::ServiceDefaults;
 
 use cnimesh_common::names::{
-    MIRROR_CLUSTER_NAME_LABEL, MIRROR_GATEWAY_IDENTITY_ANNOTATION, MIRROR_REMOTE_IDENTITY_ANNOTATION,
-    MIRROR_REMOTE_OPAQUE_PORTS_ANNOTATION, MIRROR_REMOTE_SERVICE_ANNOTATION, MIRRORED_SERVICE_LABEL, OWNER_KINDS,
-    OWNER_LABEL_PREFIX,
+    MIRROR_CLUSTER_NAME_LABEL, MIRROR_EXPORTED_GATEWAY, MIRROR_EXPORTED_LABEL, MIRROR_GATEWAY_IDENTITY_ANNOTATION,
+    MIRROR_REMOTE_IDENTITY_ANNOTATION, MIRROR_REMOTE_OPAQUE_PORTS_ANNOTATION, MIRROR_REMOTE_SERVICE_ANNOTATION,
+    MIRRORED_SERVICE_LABEL, OWNER_KINDS, OWNER_LABEL_PREFIX,
 };
 /// docs/architecture.md, "Names and numbers": the container whose presence marks a pod as meshed, and the annotation naming
 /// ports on which traffic is not HTTP (server-speaks-first protocols and the like).
@@ -155,6 +155,10 @@ pub struct ServiceRecord {
     pub failure_accrual: Option<FailureAccrual>,
     /// issue 28: a mirror of a linked cluster's Service (`None` for the cluster's own).
     pub mirror: Option<ServiceMirror>,
+    /// issue 28: labelled `mirror.cnimesh.io/exported=true`: the one kind of Service this
+    /// cluster's multicluster gateway forwards to ([`super::caller`]). A `remote-discovery`
+    /// export is not: linked clusters reach its pods directly.
+    pub gateway_exported: bool,
 }
 
 /// issue 28: what a mirror Service says of the remote Service it stands for (the contract in
@@ -216,6 +220,12 @@ impl ServiceRecord {
             None
         });
         let mirror = ServiceMirror::of(&svc.metadata);
+        let gateway_exported = svc
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(MIRROR_EXPORTED_LABEL))
+            .is_some_and(|v| v == MIRROR_EXPORTED_GATEWAY);
         Self {
             cluster_ips,
             ports,
@@ -223,6 +233,7 @@ impl ServiceRecord {
             route_defaults,
             failure_accrual,
             mirror,
+            gateway_exported,
         }
     }
 }

@@ -14,7 +14,7 @@ use linkerd2_proxy_api::destination::{
 
 use super::Config;
 use super::app_protocol::AppProtocol;
-use super::index::{Endpoint, IpView, ServiceSnapshot, ServiceView};
+use super::index::{Endpoint, IpView, ServiceSnapshot};
 use super::model::{PodRecord, ServicePort, ServiceRecord, SliceMirror, TargetPort};
 use crate::meta::NsName;
 
@@ -193,7 +193,7 @@ fn mirror_addr(
 }
 
 /// A profile for a service name: its FQDN when it exists, empty (passthrough) otherwise.
-pub(crate) fn service_profile(view: &ServiceView, port: u16, config: &Config) -> DestinationProfile {
+pub(crate) fn service_profile(view: Option<&Arc<ServiceSnapshot>>, port: u16, config: &Config) -> DestinationProfile {
     match view {
         Some(snapshot) => named_profile(&snapshot.key, &snapshot.service, port, config),
         None => DestinationProfile::default(),

@@ -456,3 +456,96 @@ impl Write for LogSink {
         Ok(())
     }
 }
+
+// ---- issue 28: what a multicluster gateway sees --------------------------------------------------
+
+/// The `context_token` a proxy in gateway mode sends.
+fn gateway_token() -> String {
+    use cnimesh_common::names::{CONTEXT_TOKEN_CALLER_KEY, CONTEXT_TOKEN_GATEWAY};
+    serde_json::json!({ CONTEXT_TOKEN_CALLER_KEY: CONTEXT_TOKEN_GATEWAY }).to_string()
+}
+
+/// A Service of `shop` on port 80 selecting pod `web-<n>`'s ip, with `export` as its
+/// `mirror.cnimesh.io/exported` label (none when `None`), and its slice.
+fn exportable(name: &str, n: usize, export: Option<&str>) -> String {
+    let labels = export.map(|e| format!("\n  labels: {{mirror.cnimesh.io/exported: '{e}'}}")).unwrap_or_default();
+    let svc = format!(
+        "apiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\n  namespace: shop{labels}\nspec:\n  clusterIP: 10.96.0.{n}\n  ports: {HTTP_PORT}\n"
+    );
+    let (ip, pod) = (format!("10.1.0.{n}"), format!("web-{n}"));
+    docs(&[svc, slice("shop", &format!("{name}-a"), name, "IPv4", SLICE_HTTP, &[(&ip, &pod, true)])])
+}
+
+impl Harness {
+    async fn get_as(&self, path: &str, context_token: &str) -> Streaming<Update> {
+        let request =
+            GetDestination { path: path.to_string(), context_token: context_token.to_string(), ..Default::default() };
+        self.client.clone().get(request).await.unwrap().into_inner()
+    }
+
+    async fn profile_as(&self, path: &str, context_token: &str) -> DestinationProfile {
+        let request =
+            GetDestination { path: path.to_string(), context_token: context_token.to_string(), ..Default::default() };
+        next(&mut self.client.clone().get_profile(request).await.unwrap().into_inner()).await
+    }
+}
+
+#[tokio::test]
+async fn a_gateway_sees_only_the_services_exported_through_it_and_a_proxy_sees_them_all() {
+    let h = Harness::start(&[
+        ("pods.yaml", &web_pods(3)),
+        ("exported.yaml", &exportable("web", 1, Some("true"))),
+        ("secret.yaml", &exportable("secret", 2, None)),
+        ("flat.yaml", &exportable("flat", 3, Some("remote-discovery"))),
+    ])
+    .await;
+    let gateway = gateway_token();
+    // The gateway: the exported Service with its endpoints; the others exactly as unknown names.
+    let mut web = h.get_as(WEB, &gateway).await;
+    assert_eq!(sorted_addrs(&added(next_update(&mut web).await)), ["10.1.0.1:8080"]);
+    for name in ["secret", "flat", "nope"] {
+        let mut get = h.get_as(&format!("{name}.shop.svc.cluster.local:80"), &gateway).await;
+        assert_eq!(next_update(&mut get).await, Up::NoEndpoints(NoEndpoints { exists: false }), "{name}");
+    }
+    assert_eq!(h.profile_as(WEB, &gateway).await.fully_qualified_name, "web.shop.svc.cluster.local");
+    assert_eq!(h.profile_as("10.96.0.1:80", &gateway).await.fully_qualified_name, "web.shop.svc.cluster.local");
+    for hidden in ["secret.shop.svc.cluster.local:80", "flat.shop.svc.cluster.local:80", "10.96.0.2:80", "10.96.0.3:80"]
+    {
+        assert_eq!(h.profile_as(hidden, &gateway).await, DestinationProfile::default(), "{hidden}");
+    }
+    // Not even a pod IP of an exported Service: the gateway forwards to Service names only.
+    assert_eq!(h.profile_as("10.1.0.1:8080", &gateway).await, DestinationProfile::default());
+
+    // Any other caller (no token, Linkerd's token, garbage) sees every Service, as before.
+    for token in ["", r#"{"ns":"shop","nodeName":"n1"}"#, "gateway"] {
+        for (name, ip) in [("web", "10.1.0.1:8080"), ("secret", "10.1.0.2:8080"), ("flat", "10.1.0.3:8080")] {
+            let mut get = h.get_as(&format!("{name}.shop.svc.cluster.local:80"), token).await;
+            assert_eq!(sorted_addrs(&added(next_update(&mut get).await)), [ip], "{name} for {token:?}");
+        }
+        assert_eq!(h.profile_as("10.96.0.2:80", token).await.fully_qualified_name, "secret.shop.svc.cluster.local");
+        assert!(h.profile_as("10.1.0.2:8080", token).await.endpoint.is_some(), "{token:?}");
+    }
+}
+
+#[tokio::test]
+async fn exporting_and_unexporting_a_service_reaches_an_open_gateway_stream_and_no_other_callers() {
+    let h = Harness::start(&[("pods.yaml", &web_pods(2)), ("secret.yaml", &exportable("secret", 2, None))]).await;
+    let path = "secret.shop.svc.cluster.local:80";
+    // Opened on the same shared watch: a gateway's stream and a proxy's.
+    let mut gateway = h.get_as(path, &gateway_token()).await;
+    let mut proxy = h.get_as(path, "").await;
+    assert_eq!(next_update(&mut gateway).await, Up::NoEndpoints(NoEndpoints { exists: false }));
+    assert_eq!(sorted_addrs(&added(next_update(&mut proxy).await)), ["10.1.0.2:8080"]);
+
+    h.write("secret.yaml", &exportable("secret", 2, Some("true")));
+    assert_eq!(sorted_addrs(&added(next_update(&mut gateway).await)), ["10.1.0.2:8080"], "exported");
+    h.write("secret.yaml", &exportable("secret", 2, Some("remote-discovery")));
+    assert_eq!(removed(next_update(&mut gateway).await), ["10.1.0.2:8080"], "unexported");
+    assert_eq!(next_update(&mut gateway).await, Up::NoEndpoints(NoEndpoints { exists: false }));
+
+    // The proxy's stream heard nothing of the label changes: its next message is the next real
+    // change of the endpoints.
+    h.write("secret.yaml", &exportable("secret", 1, None));
+    assert_eq!(removed(next_update(&mut proxy).await), ["10.1.0.2:8080"]);
+    assert_eq!(sorted_addrs(&added(next_update(&mut proxy).await)), ["10.1.0.1:8080"]);
+}

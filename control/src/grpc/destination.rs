@@ -17,7 +17,7 @@ use tonic::{Request, Response, Status};
 
 use crate::destination::index::{Index, ServiceView};
 use crate::destination::path::{self, Target};
-use crate::destination::{Config, resolve};
+use crate::destination::{Caller, Config, resolve};
 use crate::meta::NsName;
 
 /// Serves `Get` and `GetProfile` from an [`Index`]. Cheap to clone.
@@ -97,6 +97,8 @@ fn dedup(
 /// What one `Get` stream has told its client, so each snapshot becomes a diff.
 struct EndpointDiff {
     key: NsName,
+    /// issue 28: who asked; a gateway sees only exported Services ([`Caller`]).
+    caller: Caller,
     port: u16,
     config: Arc<Config>,
     /// Shared with every stream of the same service port that has sent the same.
@@ -111,7 +113,8 @@ impl EndpointDiff {
     /// so the first message for a service with endpoints is an add, and a service that goes away
     /// says `exists: false` so clients may fall back to DNS.
     fn step(&mut self, view: &ServiceView) -> Vec<Update> {
-        let next = view.as_ref().map(|s| resolve::service_endpoints(s, self.port, &self.config)).unwrap_or_default();
+        let view = self.caller.service(view);
+        let next = view.map(|s| resolve::service_endpoints(s, self.port, &self.config)).unwrap_or_default();
         if Arc::ptr_eq(&next, &self.sent) && !next.is_empty() {
             return Vec::new();
         }
@@ -151,6 +154,7 @@ impl Destination for DestinationService {
     /// NotFound: the stream then turns into adds if the service appears, and the client may use
     /// DNS meanwhile, which is what the API defines `exists: false` for.
     async fn get(&self, request: Request<GetDestination>) -> Result<Response<Self::GetStream>, Status> {
+        let caller = Caller::of_context_token(&request.get_ref().context_token);
         let (key, port) = match self.parse(request.get_ref())? {
             Target::Service { key, port } => (key, port),
             Target::Addr(addr) => {
@@ -160,29 +164,34 @@ impl Destination for DestinationService {
                 )));
             }
         };
-        tracing::debug!(service = %key, port, "Get");
+        tracing::debug!(service = %key, port, ?caller, "Get");
         self.index.ready().await;
         let rx = self.index.watch_service(&key);
         let mut diff =
-            EndpointDiff { key, port, config: self.config.clone(), sent: Arc::default(), no_endpoints: None };
+            EndpointDiff { key, caller, port, config: self.config.clone(), sent: Arc::default(), no_endpoints: None };
         Ok(Response::new(follow(rx, move |view| diff.step(view))))
     }
 
     async fn get_profile(&self, request: Request<GetDestination>) -> Result<Response<Self::GetProfileStream>, Status> {
+        let caller = Caller::of_context_token(&request.get_ref().context_token);
         let target = self.parse(request.get_ref())?;
         self.index.ready().await;
         let config = self.config.clone();
         let mut last = None;
         let stream = match target {
             Target::Service { key, port } => {
-                tracing::debug!(service = %key, port, "GetProfile");
+                tracing::debug!(service = %key, port, ?caller, "GetProfile");
                 let rx = self.index.watch_service(&key);
-                follow(rx, move |view| dedup(|| resolve::service_profile(view, port, &config), &mut last))
+                follow(rx, move |view| {
+                    dedup(|| resolve::service_profile(caller.service(view), port, &config), &mut last)
+                })
             }
             Target::Addr(addr) => {
-                tracing::debug!(%addr, "GetProfile");
+                tracing::debug!(%addr, ?caller, "GetProfile");
                 let rx = self.index.watch_ip(addr.ip());
-                follow(rx, move |view| dedup(|| resolve::ip_profile(view, addr.ip(), addr.port(), &config), &mut last))
+                follow(rx, move |view| {
+                    dedup(|| resolve::ip_profile(caller.ip(view), addr.ip(), addr.port(), &config), &mut last)
+                })
             }
         };
         Ok(Response::new(stream))

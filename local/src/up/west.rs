@@ -47,7 +47,6 @@ pub(super) struct West {
     pods: Vec<Running>,
     gateway: SocketAddr,
     link_file: PathBuf,
-    mirror_controller: bool,
 }
 
 pub(super) fn bring_up(east: &Inputs<'_>, east_ca: &Path, east_state: &mut State) -> anyhow::Result<West> {
@@ -89,7 +88,6 @@ pub(super) fn bring_up(east: &Inputs<'_>, east_ca: &Path, east_state: &mut State
         pods,
         gateway,
         link_file,
-        mirror_controller: east.mirror_service_cidr.is_some(),
     })
 }
 
@@ -263,7 +261,6 @@ pub(super) fn send_traffic(east: &Inputs<'_>, west: &West) -> Multicluster {
         west_root: west.root.display().to_string(),
         gateway: west.gateway.to_string(),
         link_file: west.link_file.display().to_string(),
-        mirror_controller: west.mirror_controller,
         edges: Vec::new(),
         notes: Vec::new(),
         identities_seen: Default::default(),
@@ -273,13 +270,6 @@ pub(super) fn send_traffic(east: &Inputs<'_>, west: &West) -> Multicluster {
         mc.notes.push("no meshed client in east: no cross-cluster traffic".into());
         return mc;
     };
-    if !west.mirror_controller {
-        mc.notes.push(
-            "east's cnimesh-control has no --mirror-service-cidr (no mirror controller in this build): west is up and linked, but no mirror exists to call"
-                .into(),
-        );
-        return mc;
-    }
     east.progress("sending traffic from east to west's exports through their mirrors");
     let netns = east.netns(&client.name);
     for s in west.workloads.services.iter().filter(|s| s.export.is_some()) {

@@ -42,7 +42,10 @@ pub async fn run(
         (Some(d), Some(id)) => {
             let channel = grpc_channel::channel(&d.addr, &d.name, id.roots.clone(), Some(id.cert.clone()), None)?;
             let max_backoff = config.identity.as_ref().map_or(Duration::from_secs(30), |i| i.max_backoff);
-            Some(Arc::new(discovery::Discovery::new(channel, d.first_answer, max_backoff, metrics.discovery())))
+            let discovery = discovery::Discovery::new(channel, d.first_answer, max_backoff, metrics.discovery());
+            // issue 28: a gateway is answered as if only the Services exported through it existed.
+            let gateway = config.mode != crate::app::config::Mode::Sidecar;
+            Some(Arc::new(if gateway { discovery.for_gateway() } else { discovery }))
         }
         _ => None,
     };

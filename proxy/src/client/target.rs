@@ -69,6 +69,16 @@ impl Route {
         }
     }
 
+    /// issue 28: whether the control plane says, now, that the service exists (a fixed route:
+    /// always). A cached target outlives its Service: a gateway checks this for every
+    /// connection, so a Service unexported (or deleted) stops being reachable at once.
+    pub fn routable(&self) -> bool {
+        match self {
+            Route::Fixed(_) => true,
+            Route::Balanced(b) => b.endpoints.borrow().routable(),
+        }
+    }
+
     /// issue 28: `target_cluster_name` of a service whose endpoints are all in one linked
     /// cluster (a mirror); `None` for the cluster's own (its series keep their label set).
     pub fn target_cluster(&self) -> Option<Arc<str>> {

@@ -24,7 +24,9 @@ pub enum Refusal {
     address_target,
     /// The header names something other than a Service of this cluster's domain.
     foreign_name,
-    /// A Service name this cluster's Destination does not know.
+    /// A Service name this cluster's Destination does not know, or a Service not exported
+    /// through the gateway (not labelled `mirror.cnimesh.io/exported=true`): Destination
+    /// answers the gateway alike for both ([`crate::client::discovery::Discovery::for_gateway`]).
     unknown_service,
 }
 

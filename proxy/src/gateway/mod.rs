@@ -7,7 +7,13 @@
 //! one from another anchor is refused at the handshake). The connection must then start with
 //! the transport header ([`crate::transport::header`]); its `name` must be a Service name of the
 //! gateway's own cluster domain (`<svc>.<ns>.svc.<domain>`), never an address and never another
-//! domain, and a Service its Destination knows: the gateway is not an open proxy. Admitted
+//! domain, and a Service its Destination serves it: the gateway is not an open proxy. Its
+//! discovery marks every request as the gateway's
+//! ([`crate::client::discovery::Discovery::for_gateway`]), and Destination then answers as if
+//! only the Services exported through it (`mirror.cnimesh.io/exported=true`) existed, so any
+//! other Service of the cluster is refused like an unknown name (`unknown_service`); the check
+//! is made for every connection, so an unexported Service is refused from the moment its
+//! Destination stream says so, even while its target is cached. Admitted
 //! connections go through the outbound stack ([`crate::outbound::service`]): mTLS to the
 //! Service's pods with the gateway's identity, HTTP balanced per request, opaque bytes as they
 //! are. Every refusal is counted by reason (`gateway_refused_total{reason}`) and logged
@@ -15,8 +21,8 @@
 //! (`gateway_connections_total{client_id,target,session}`).
 //!
 //! Who may use the gateway: any mesh identity chained to the anchors (all linked clusters share
-//! one). What it may reach is decided by the target workloads' own inbound policy, which sees
-//! the gateway's identity as the client.
+//! one). What it may reach: the exported Services only, and of those what the target workloads'
+//! own inbound policy allows the gateway's identity, which they see as the client.
 
 pub mod metrics;
 pub mod name;
@@ -114,8 +120,14 @@ async fn admit<I: Io>(io: I, peer: SocketAddr, gateway: &Gateway, outbound: &Out
     })?;
     name::check(&header.name, &gateway.cluster_domain).map_err(|e| refused(e.refusal(), e.to_string()))?;
     let authority = format!("{}:{}", header.name, header.port);
-    let Some(target) = crate::outbound::service(&authority, outbound).await else {
-        return Err(refused(Refusal::unknown_service, format!("remote service not found: {authority}")));
+    // Its Destination answers the gateway as if only exported Services existed, and says so
+    // on the open stream when a Service is unexported: a target cached before is checked again.
+    let target = crate::outbound::service(&authority, outbound).await.filter(|t| t.route.routable());
+    let Some(target) = target else {
+        return Err(refused(
+            Refusal::unknown_service,
+            format!("remote service not found or not exported: {authority}"),
+        ));
     };
     Ok(Admitted { io, tls, authority, target, protocol: header.protocol })
 }

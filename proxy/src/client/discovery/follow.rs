@@ -62,19 +62,21 @@ pub(crate) async fn retrying<M, F, Fut>(
     }
 }
 
-fn request(path: String) -> api::GetDestination {
-    api::GetDestination { scheme: "k8s".into(), path, context_token: String::new() }
+fn request(path: String, context_token: &str) -> api::GetDestination {
+    api::GetDestination { scheme: "k8s".into(), path, context_token: context_token.to_string() }
 }
 
 pub async fn profile(
     client: DestinationClient<Channel>,
+    context_token: Arc<str>,
     target: SocketAddr,
     tx: watch::Sender<Option<Profile>>,
     max_backoff: Duration,
 ) {
     let open = || {
         let mut client = client.clone();
-        async move { client.get_profile(request(target.to_string())).await.map(tonic::Response::into_inner) }
+        let request = request(target.to_string(), &context_token);
+        async move { client.get_profile(request).await.map(tonic::Response::into_inner) }
     };
     let apply = |p: api::DestinationProfile, _first| {
         let service = Some(p.fully_qualified_name).filter(|n| !n.is_empty());
@@ -89,6 +91,7 @@ pub async fn profile(
 
 pub async fn endpoints(
     client: DestinationClient<Channel>,
+    context_token: Arc<str>,
     authority: String,
     tx: watch::Sender<Arc<Endpoints>>,
     max_backoff: Duration,
@@ -100,8 +103,8 @@ pub async fn endpoints(
     let mut current: HashMap<SocketAddr, Arc<Endpoint>> = HashMap::new();
     let open = || {
         let mut client = client.clone();
-        let path = authority.clone();
-        async move { client.get(request(path)).await.map(tonic::Response::into_inner) }
+        let request = request(authority.clone(), &context_token);
+        async move { client.get(request).await.map(tonic::Response::into_inner) }
     };
     let apply = |u: api::Update, first: bool| {
         // A re-opened stream starts over with the full set: forget what it no longer has.

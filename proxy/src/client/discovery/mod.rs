@@ -15,6 +15,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use cnimesh_common::names::{CONTEXT_TOKEN_CALLER_KEY, CONTEXT_TOKEN_GATEWAY};
 use cnimesh_identity::Name;
 use linkerd2_proxy_api::destination::{self as api, destination_client::DestinationClient};
 use parking_lot::Mutex;
@@ -110,6 +111,8 @@ pub struct Discovery {
     first_answer: Duration,
     max_backoff: Duration,
     metrics: DiscoveryMetrics,
+    /// The `context_token` of every request: empty, or the gateway's marker ([`Self::for_gateway`]).
+    context_token: Arc<str>,
 }
 
 /// The families discovery and its balancers count into: `outbound_endpoints` and failure
@@ -141,7 +144,26 @@ pub(crate) fn shared<K: std::hash::Hash + Eq + Clone, V>(
 
 impl Discovery {
     pub fn new(channel: Channel, first_answer: Duration, max_backoff: Duration, metrics: DiscoveryMetrics) -> Self {
-        Self { channel, profiles: Mutex::default(), services: Mutex::default(), first_answer, max_backoff, metrics }
+        Self {
+            channel,
+            profiles: Mutex::default(),
+            services: Mutex::default(),
+            first_answer,
+            max_backoff,
+            metrics,
+            context_token: Arc::from(""),
+        }
+    }
+
+    /// issue 28: discovery for a multicluster gateway. Every request says so in its
+    /// `context_token`, and the control plane answers as if only the Services exported through
+    /// the gateway (`mirror.cnimesh.io/exported=true`) existed: any other Service, and any
+    /// address, is unknown to this proxy. Every lookup of this proxy carries the marker, so
+    /// it has one view only and nothing it caches can be another caller's.
+    pub fn for_gateway(mut self) -> Self {
+        let token = serde_json::json!({ CONTEXT_TOKEN_CALLER_KEY: CONTEXT_TOKEN_GATEWAY });
+        self.context_token = Arc::from(token.to_string());
+        self
     }
 
     fn client(&self) -> DestinationClient<Channel> {
@@ -154,7 +176,7 @@ impl Discovery {
     pub async fn profile(self: &Arc<Self>, target: SocketAddr) -> (Option<Profile>, watch::Receiver<Option<Profile>>) {
         let mut rx = shared(&self.profiles, &target, || {
             let (tx, rx) = watch::channel(None);
-            tokio::spawn(follow::profile(self.client(), target, tx, self.max_backoff));
+            tokio::spawn(follow::profile(self.client(), self.context_token.clone(), target, tx, self.max_backoff));
             rx
         });
         if rx.borrow().is_none() {
@@ -172,6 +194,7 @@ impl Discovery {
             let gauge = ServiceLabels { authority: authority.to_string() };
             tokio::spawn(follow::endpoints(
                 self.client(),
+                self.context_token.clone(),
                 authority.to_string(),
                 tx,
                 self.max_backoff,
