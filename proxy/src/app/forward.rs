@@ -344,6 +344,13 @@ impl HttpProxy {
             }
             _ => handles,
         };
+        // issue 28: a federated Service's request is counted once its endpoint is known, under
+        // that endpoint's cluster (Linkerd labels outbound requests per endpoint); every other
+        // request is counted here, before it is sent, as always.
+        let per_endpoint = routed.as_ref().map_or(&self.target, |r| &r.target).route.spans_clusters();
+        if !per_endpoint {
+            handles.requests.inc();
+        }
         let tapped = self.tap(&req, routed.as_ref(), start);
         // Only the inbound speaks to apps, so only it undoes a peer proxy's upgrade.
         let downgraded = match self.direction {
@@ -364,9 +371,8 @@ impl HttpProxy {
                 },
             ),
         };
-        // issue 28: the request is counted once its endpoint is known: a federated Service's
-        // requests carry the cluster each one went to (as Linkerd labels outbound requests per
-        // endpoint). Any other target's answer names no cluster and keeps the handles above.
+        // issue 28: an answer from an endpoint outside its target's cluster label (a federated
+        // Service's) is counted under that endpoint's cluster; any other answer names none.
         let went = result.as_ref().ok().and_then(|(response, _)| response.extensions().get::<WentTo>());
         let handles = match went {
             Some(WentTo(cluster)) if *cluster != handles.labels.target_cluster => {
@@ -374,7 +380,9 @@ impl HttpProxy {
             }
             _ => handles,
         };
-        handles.requests.inc();
+        if per_endpoint {
+            handles.requests.inc();
+        }
         handles.latency.observe(start.elapsed().as_secs_f64() * 1e3);
         if let Some(routed) = &routed {
             routed.handles.duration.observe(start.elapsed().as_secs_f64());

@@ -7,6 +7,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use cnimesh_common::names::MIRROR_LOCAL_CLUSTER;
 use parking_lot::Mutex;
 use tokio::sync::watch;
 
@@ -41,9 +42,12 @@ pub struct Picked {
     pub cluster: Option<Arc<str>>,
 }
 
-/// What Destination labels a federated Service's own-cluster members with
-/// (`target_cluster_name="local"`, as the mirror controller names this cluster).
-const LOCAL_CLUSTER: &str = "local";
+/// issue 28: whether `list` is in more than one cluster (this one counting as one).
+pub fn spans_clusters(list: &[Arc<Endpoint>]) -> bool {
+    let mut clusters = list.iter().map(|e| cluster_of(e));
+    let Some(first) = clusters.next() else { return false };
+    clusters.any(|c| c != first)
+}
 
 /// issue 28: the `target_cluster_name` an endpoint's traffic carries: its linked cluster, and
 /// none for this cluster's own endpoints. Destination labels a federated Service's local
@@ -52,7 +56,7 @@ const LOCAL_CLUSTER: &str = "local";
 /// `<name>-federated` (and a federated Service down to its local member is labelled as a
 /// plain Service).
 pub fn cluster_of(endpoint: &Endpoint) -> Option<&Arc<str>> {
-    endpoint.target_cluster.as_ref().filter(|c| &***c != LOCAL_CLUSTER)
+    endpoint.target_cluster.as_ref().filter(|c| &***c != MIRROR_LOCAL_CLUSTER)
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -105,6 +109,12 @@ impl Route {
         let set = endpoints.borrow();
         let first = cluster_of(set.list.first()?)?.clone();
         set.list.iter().all(|e| cluster_of(e).map(|c| &**c) == Some(&*first)).then_some(first)
+    }
+
+    /// issue 28: whether its requests are labelled per endpoint (a federated Service spanning
+    /// clusters); read per request, so it follows the endpoints as they change.
+    pub fn spans_clusters(&self) -> bool {
+        matches!(self, Route::Balanced(b) if b.endpoints.borrow().spans_clusters)
     }
 
     /// The connection's TLS label: for a service, `tls="true"` when every endpoint is meshed,

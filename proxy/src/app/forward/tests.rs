@@ -490,12 +490,10 @@ async fn a_federated_services_requests_are_counted_under_the_cluster_each_one_we
             stats: Arc::default(),
         })
     };
-    let endpoints = Endpoints {
-        list: vec![endpoint(east.0, "local"), endpoint(west.0, "west")],
-        known: true,
-        exists: true,
-        ..Default::default()
-    };
+    let list = vec![endpoint(east.0, "local"), endpoint(west.0, "west")];
+    let spans_clusters = crate::client::target::spans_clusters(&list);
+    assert!(spans_clusters);
+    let endpoints = Endpoints { list, known: true, exists: true, spans_clusters, ..Default::default() };
     let (_tx, rx) = tokio::sync::watch::channel(Arc::new(endpoints));
     let route = Route::balanced("api-federated.shop.svc.cluster.local:80".into(), rx, None, Duration::from_secs(1));
     let target = Target::new(route);
