@@ -122,6 +122,10 @@ pub const MIRROR_REMOTE_OPAQUE_PORTS_ANNOTATION: &str = "mirror.cnimesh.io/remot
 /// The `target_cluster_name` metric label Destination puts on a mirror's endpoints, which the
 /// proxy adds to the series of traffic to them.
 pub const TARGET_CLUSTER_METRIC_LABEL: &str = "target_cluster_name";
+/// issue 28 (D): the `target_cluster_name` Destination gives a federated Service's members in
+/// the cluster's own (the mirror controller's name for it); the proxy leaves such endpoints
+/// unlabelled, like every other local endpoint.
+pub const MIRROR_LOCAL_CLUSTER: &str = "local";
 /// The gateway's namespace, name (Deployment, Service, ServiceAccount) and the ServiceAccount a
 /// linked cluster's mirror reads this cluster as.
 pub const MULTICLUSTER_NAMESPACE: &str = "cnimesh-multicluster";

@@ -95,10 +95,8 @@ fn a_federated_service_balances_real_requests_across_both_clusters_with_the_clie
     let ip = service.spec.and_then(|s| s.cluster_ip).unwrap();
     let federated = format!("{ip}:80");
 
-    // East's Destination serves each member with its own identity and cluster label. (The
-    // client proxy labels its series per target: `target_cluster_name` and `server_id` only when
-    // every endpoint shares them, so a federated Service's series spanning two clusters carry
-    // neither; the per-member labels are the ones Destination hands it, checked here.)
+    // East's Destination serves each member with its own identity and cluster label; the
+    // client proxy labels each request with its member's cluster (checked below).
     let http = apps::HTTP_PORT;
     let (east_addr, west_addr) = (format!("{}:{http}", api_east.ipv4()), format!("{}:{http}", api_west.ipv4()));
     let served =
@@ -121,6 +119,19 @@ fn a_federated_service_balances_real_requests_across_both_clusters_with_the_clie
         }
         names.contains("api-east") && names.contains("api-west")
     });
+    // The client's outbound requests to api-federated: to west's member, and unlabelled (to
+    // east's own member, which carries no `target_cluster_name`, as any local endpoint).
+    let outbound_to = |metrics: &str| {
+        let to_federated = format!("target_addr=\"{federated}\"");
+        let west = metric_with(
+            metrics,
+            "request_total",
+            &["direction=\"outbound\"", &to_federated, "target_cluster_name=\"west\""],
+        );
+        let all = metric_with(metrics, "request_total", &["direction=\"outbound\"", &to_federated]);
+        (all - west, west)
+    };
+    let before = outbound_to(&client_proxy.metrics());
     let mut answered: BTreeMap<String, usize> = BTreeMap::new();
     for i in 0..40 {
         let reply = get(&client, &federated);
@@ -139,6 +150,12 @@ fn a_federated_service_balances_real_requests_across_both_clusters_with_the_clie
     let client_metrics = client_proxy.metrics();
     let sent = metric_with(&client_metrics, "request_total", &["direction=\"outbound\"", "tls=\"true\""]);
     assert!(sent >= 40.0, "the client's requests to api-federated are mTLS:\n{client_metrics}");
+    // Each request is counted under the cluster it went to: west's replies under
+    // `target_cluster_name="west"`, east's without the label (never `local`).
+    let after = outbound_to(&client_metrics);
+    let counted = ((after.0 - before.0) as usize, (after.1 - before.1) as usize);
+    assert_eq!(counted, (answered["api-east"], answered["api-west"]), "(east, west):\n{client_metrics}");
+    assert!(!client_metrics.contains("target_cluster_name=\"local\""), "{client_metrics}");
 
     // West's member goes (its replica leaves west's directory): every reply comes from east's
     // replica within a bounded wait, and none fails on the way or after.

@@ -36,7 +36,7 @@ use crate::meta::NsName;
 
 /// The cluster name federated slices of this cluster's own members carry (and the members
 /// annotation lists).
-pub const LOCAL_CLUSTER: &str = "local";
+pub const LOCAL_CLUSTER: &str = cnimesh_common::names::MIRROR_LOCAL_CLUSTER;
 /// `<name>-federated`.
 pub const FEDERATED_SUFFIX: &str = "federated";
 /// The well-known label tying an EndpointSlice to its Service.

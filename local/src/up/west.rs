@@ -81,14 +81,7 @@ pub(super) fn bring_up(east: &Inputs<'_>, east_ca: &Path, east_state: &mut State
     state.write(&root)?;
     forward_between(east, east_state, w.subnet)?;
     let link_file = link(east, &root)?;
-    Ok(West {
-        root: root.clone(),
-        prefix,
-        workloads,
-        pods,
-        gateway,
-        link_file,
-    })
+    Ok(West { root: root.clone(), prefix, workloads, pods, gateway, link_file })
 }
 
 /// West's issuer, signed by east's anchor (`cnimesh ca issuer`): one anchor, two trust domains.

@@ -75,6 +75,12 @@ pub struct HttpProxy {
     pinned: bool,
 }
 
+/// issue 28: on a response whose endpoint's `target_cluster_name` is not its target's (a
+/// federated Service spans clusters: its target has none), the endpoint's; the request is
+/// counted under it.
+#[derive(Clone)]
+struct WentTo(TargetCluster);
+
 /// (authority, TLS) pairs whose metric handles a connection keeps.
 const MAX_CACHED_HANDLES: usize = 4;
 
@@ -338,7 +344,13 @@ impl HttpProxy {
             }
             _ => handles,
         };
-        handles.requests.inc();
+        // issue 28: a federated Service's request is counted once its endpoint is known, under
+        // that endpoint's cluster (Linkerd labels outbound requests per endpoint); every other
+        // request is counted here, before it is sent, as always.
+        let per_endpoint = routed.as_ref().map_or(&self.target, |r| &r.target).route.spans_clusters();
+        if !per_endpoint {
+            handles.requests.inc();
+        }
         let tapped = self.tap(&req, routed.as_ref(), start);
         // Only the inbound speaks to apps, so only it undoes a peer proxy's upgrade.
         let downgraded = match self.direction {
@@ -359,6 +371,18 @@ impl HttpProxy {
                 },
             ),
         };
+        // issue 28: an answer from an endpoint outside its target's cluster label (a federated
+        // Service's) is counted under that endpoint's cluster; any other answer names none.
+        let went = result.as_ref().ok().and_then(|(response, _)| response.extensions().get::<WentTo>());
+        let handles = match went {
+            Some(WentTo(cluster)) if *cluster != handles.labels.target_cluster => {
+                self.handles(&handles.authority, &handles.labels.tls, cluster)
+            }
+            _ => handles,
+        };
+        if per_endpoint {
+            handles.requests.inc();
+        }
         handles.latency.observe(start.elapsed().as_secs_f64() * 1e3);
         if let Some(routed) = &routed {
             routed.handles.duration.observe(start.elapsed().as_secs_f64());
@@ -585,7 +609,7 @@ impl HttpProxy {
         mut span: Option<&mut cnimesh_trace::Span>,
         b3: Option<cnimesh_trace::B3Form>,
     ) -> Result<(Response<Incoming>, Option<Load>), ProxyError> {
-        let Picked { upstream, load } = target.route.pick(accrual.as_ref()).map_err(route_error)?;
+        let Picked { upstream, load, cluster } = target.route.pick(accrual.as_ref()).map_err(route_error)?;
         if let Some(span) = span.as_deref_mut() {
             // A CLIENT span's peer is the endpoint; a SERVER span's stays the client.
             if self.direction == Direction::outbound {
@@ -634,6 +658,11 @@ impl HttpProxy {
         }
         let mut response = result.map_err(|e| gateway_error(&upstream, upstream_error(upstream.addr, &e)))?;
         strip_hop_by_hop(response.headers_mut(), false);
+        // issue 28: only an endpoint outside its target's cluster label (a federated Service's)
+        // says where it was; every other response carries nothing more.
+        if cluster != target.cluster.0 {
+            response.extensions_mut().insert(WentTo(TargetCluster(cluster)));
+        }
         if upgraded {
             orig_proto::downgrade_response(&mut response);
         }
@@ -647,7 +676,7 @@ impl HttpProxy {
         mut req: Request<Incoming>,
         traced: Option<&mut Traced>,
     ) -> Result<Response<Incoming>, ProxyError> {
-        let Picked { upstream, load } = self.target.route.pick(None).map_err(route_error)?;
+        let Picked { upstream, load, .. } = self.target.route.pick(None).map_err(route_error)?;
         let target = upstream.addr;
         if let Some(traced) = traced {
             let b3 = traced.b3();

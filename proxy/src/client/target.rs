@@ -7,6 +7,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use cnimesh_common::names::MIRROR_LOCAL_CLUSTER;
 use parking_lot::Mutex;
 use tokio::sync::watch;
 
@@ -36,6 +37,26 @@ pub struct Balanced {
 pub struct Picked {
     pub upstream: Arc<Upstream>,
     pub load: Option<Load>,
+    /// issue 28: the linked cluster of the endpoint picked ([`cluster_of`]), so that a
+    /// federated Service's requests are labelled with the cluster each one went to.
+    pub cluster: Option<Arc<str>>,
+}
+
+/// issue 28: whether `list` is in more than one cluster (this one counting as one).
+pub fn spans_clusters(list: &[Arc<Endpoint>]) -> bool {
+    let mut clusters = list.iter().map(|e| cluster_of(e));
+    let Some(first) = clusters.next() else { return false };
+    clusters.any(|c| c != first)
+}
+
+/// issue 28: the `target_cluster_name` an endpoint's traffic carries: its linked cluster, and
+/// none for this cluster's own endpoints. Destination labels a federated Service's local
+/// members `local`; they are left unlabelled like every other local endpoint, so the series of
+/// requests that stayed in the cluster are the same whether they went through `<name>` or
+/// `<name>-federated` (and a federated Service down to its local member is labelled as a
+/// plain Service).
+pub fn cluster_of(endpoint: &Endpoint) -> Option<&Arc<str>> {
+    endpoint.target_cluster.as_ref().filter(|c| &***c != MIRROR_LOCAL_CLUSTER)
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -64,7 +85,7 @@ impl Route {
     /// (HTTP requests whose outbound policy has one), keeps failed endpoints out of the pick.
     pub fn pick(&self, accrual: Option<&ConsecutiveFailures>) -> Result<Picked, RouteError> {
         match self {
-            Route::Fixed(upstream) => Ok(Picked { upstream: upstream.clone(), load: None }),
+            Route::Fixed(upstream) => Ok(Picked { upstream: upstream.clone(), load: None, cluster: None }),
             Route::Balanced(b) => b.pick(accrual),
         }
     }
@@ -80,12 +101,20 @@ impl Route {
     }
 
     /// issue 28: `target_cluster_name` of a service whose endpoints are all in one linked
-    /// cluster (a mirror); `None` for the cluster's own (its series keep their label set).
+    /// cluster (a mirror); `None` for the cluster's own (its series keep their label set) and
+    /// for one spanning clusters (a federated Service), whose requests are labelled per endpoint
+    /// instead ([`Picked::cluster`]).
     pub fn target_cluster(&self) -> Option<Arc<str>> {
         let Route::Balanced(Balanced { endpoints, .. }) = self else { return None };
         let set = endpoints.borrow();
-        let first = set.list.first()?.target_cluster.clone()?;
-        set.list.iter().all(|e| e.target_cluster.as_deref() == Some(&*first)).then_some(first)
+        let first = cluster_of(set.list.first()?)?.clone();
+        set.list.iter().all(|e| cluster_of(e).map(|c| &**c) == Some(&*first)).then_some(first)
+    }
+
+    /// issue 28: whether its requests are labelled per endpoint (a federated Service spanning
+    /// clusters); read per request, so it follows the endpoints as they change.
+    pub fn spans_clusters(&self) -> bool {
+        matches!(self, Route::Balanced(b) if b.endpoints.borrow().spans_clusters)
     }
 
     /// The connection's TLS label: for a service, `tls="true"` when every endpoint is meshed,
@@ -153,7 +182,7 @@ impl Balanced {
         if let Some(other) = other {
             other.stats.passed_over();
         }
-        Ok(Picked { upstream, load: Some(load) })
+        Ok(Picked { upstream, load: Some(load), cluster: cluster_of(endpoint).cloned() })
     }
 
     /// The endpoint's client, built on first use (again if its identity changed).

@@ -474,3 +474,50 @@ async fn an_endpoint_50_ms_slower_gets_markedly_less() {
     println!("an endpoint and one 50 ms slower, 200 requests back to back: {got:?}");
     assert!(got[1] < 200 * 15 / 100, "the slow one gets under 15 %, an equal one 30-70 %: {got:?}");
 }
+
+/// issue 28: a federated Service's endpoints, one in this cluster (`local`, as Destination
+/// labels a federated Service's own members) and one in `west`: each request is counted under
+/// the cluster its endpoint is in, this cluster's without the label (as a plain Service's).
+#[tokio::test]
+async fn a_federated_services_requests_are_counted_under_the_cluster_each_one_went_to() {
+    let (east, west) = (app().await, app().await);
+    let endpoint = |addr, cluster: &str| {
+        Arc::new(Endpoint {
+            addr,
+            identity: None,
+            gateway: None,
+            target_cluster: Some(cluster.into()),
+            stats: Arc::default(),
+        })
+    };
+    let list = vec![endpoint(east.0, "local"), endpoint(west.0, "west")];
+    let spans_clusters = crate::client::target::spans_clusters(&list);
+    assert!(spans_clusters);
+    let endpoints = Endpoints { list, known: true, exists: true, spans_clusters, ..Default::default() };
+    let (_tx, rx) = tokio::sync::watch::channel(Arc::new(endpoints));
+    let route = Route::balanced("api-federated.shop.svc.cluster.local:80".into(), rx, None, Duration::from_secs(1));
+    let target = Target::new(route);
+    assert_eq!(target.cluster, TargetCluster(None), "a target spanning clusters has no label of its own");
+    let shared = shared();
+    let addr: SocketAddr = "10.96.0.11:80".parse().unwrap();
+    for _ in 0..40 {
+        let (status, _, _) = send(proxy(&shared, addr, target.clone()), get("/ok")).await;
+        assert_eq!(status, StatusCode::OK);
+    }
+    let (to_east, to_west) = (east.1.load(Ordering::SeqCst) as u64, west.1.load(Ordering::SeqCst) as u64);
+    assert!(to_east > 0 && to_west > 0, "both members answered: east {to_east}, west {to_west}");
+    let text = shared.metrics.encode();
+    let west_label = "target_cluster_name=\"west\"";
+    for family in ["request_total{", "response_total{", "response_latency_ms_count{"] {
+        assert_eq!(metric(&shared, family, &[west_label]), to_west, "{family} to west:\n{text}");
+        let unlabelled: u64 = text
+            .lines()
+            .filter(|l| {
+                l.starts_with(family) && l.contains("direction=\"outbound\"") && !l.contains("target_cluster_name")
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum();
+        assert_eq!(unlabelled, to_east, "{family} to this cluster's member carries no cluster:\n{text}");
+    }
+    assert!(!text.contains("target_cluster_name=\"local\""), "`local` is never a label value:\n{text}");
+}

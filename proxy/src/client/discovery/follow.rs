@@ -141,7 +141,8 @@ pub async fn endpoints(
         tracing::debug!(%authority, endpoints = list.len(), "endpoints updated");
         metrics.get_or_create(&gauge).set(list.len() as i64);
         accrual.recount(list.iter().filter(|e| !e.stats.health.is_available()).count());
-        tx.send_replace(Arc::new(Endpoints { list, known: true, exists, accrual: accrual.clone() }));
+        let spans_clusters = crate::client::target::spans_clusters(&list);
+        tx.send_replace(Arc::new(Endpoints { list, known: true, exists, accrual: accrual.clone(), spans_clusters }));
     };
     tokio::select! {
         () = tx.closed() => {}

@@ -75,6 +75,10 @@ pub struct Endpoints {
     pub exists: bool,
     /// The service's failure accrual series (made on its first endpoint state change).
     pub accrual: Arc<accrual::ServiceAccrual>,
+    /// issue 28: its endpoints are in more than one cluster (a federated Service), so each
+    /// request is labelled with the cluster of the endpoint it went to
+    /// ([`crate::client::target::spans_clusters`]); worked out once per update, not per request.
+    pub spans_clusters: bool,
 }
 
 impl Endpoints {
