@@ -288,22 +288,6 @@ fn parse_query(query: &str) -> Vec<(String, String)> {
         .collect()
 }
 
-/// JSON merge patch (RFC 7386).
-fn merge(target: &mut Value, patch: &Value) {
-    match (target, patch) {
-        (Value::Object(t), Value::Object(p)) => {
-            for (k, v) in p {
-                if v.is_null() {
-                    t.remove(k);
-                } else {
-                    merge(t.entry(k.clone()).or_insert(Value::Null), v);
-                }
-            }
-        }
-        (t, p) => *t = p.clone(),
-    }
-}
-
 /// `object` without what the server maintains, to tell a write that changes nothing.
 fn content(object: &Value) -> Value {
     let mut object = object.clone();
@@ -640,7 +624,7 @@ impl ClusterApi {
                         }
                     }
                 }
-                merge(&mut object, &patch);
+                crate::kube_mock::merge(&mut object, &patch);
                 json_response(StatusCode::OK, self.write(&mut store, &resource, key, &old, object))
             }
             (&Method::PATCH, _) => status(

@@ -130,8 +130,8 @@ impl MockApi {
     }
 }
 
-/// JSON merge patch (RFC 7386).
-fn merge(target: &mut Value, patch: &Value) {
+/// JSON merge patch (RFC 7386), as both mocked API servers apply it.
+pub(crate) fn merge(target: &mut Value, patch: &Value) {
     match (target, patch) {
         (Value::Object(t), Value::Object(p)) => {
             for (k, v) in p {

@@ -28,6 +28,31 @@ use crate::netns::block_on_in;
 use crate::pod::Pod;
 use crate::sidecar::Sidecar;
 
+/// The mirror `name` (Service and slices) of namespace `shop` in a files-backend cluster
+/// directory, if its file is there.
+pub fn mirror_in(dir: &Path, name: &str) -> Option<(Service, Vec<EndpointSlice>)> {
+    let objects = cnimesh_control::sources::cluster_objects_in(dir, &[]).ok()?;
+    let service = objects
+        .services
+        .into_iter()
+        .find(|s| s.metadata.name.as_deref() == Some(name) && s.metadata.namespace.as_deref() == Some("shop"))?;
+    let slices = objects
+        .slices
+        .into_iter()
+        .filter(|s| {
+            s.metadata.labels.as_ref().and_then(|l| l.get("kubernetes.io/service-name")).map(String::as_str)
+                == Some(name)
+        })
+        .collect();
+    Some((service, slices))
+}
+
+/// The endpoint addresses of mirror `name` in `dir` (none when it is not there).
+pub fn mirror_addresses_in(dir: &Path, name: &str) -> BTreeSet<String> {
+    let Some((_, slices)) = mirror_in(dir, name) else { return BTreeSet::new() };
+    slices.iter().flat_map(|s| &s.endpoints).flat_map(|e| e.addresses.clone()).collect()
+}
+
 pub const MIRROR_IP: &str = "10.96.0.50";
 pub const FLAT_IP: &str = "10.96.0.51";
 pub const WEB_FQDN: &str = "web.shop.svc.cluster.local";
@@ -209,26 +234,12 @@ impl LocalRoot {
 
     /// The mirror `name` (Service and slices) in namespace `shop`, if its file is there.
     pub fn mirror(&self, name: &str) -> Option<(Service, Vec<EndpointSlice>)> {
-        let objects = cnimesh_control::sources::cluster_objects_in(&self.cluster(), &[]).ok()?;
-        let service = objects
-            .services
-            .into_iter()
-            .find(|s| s.metadata.name.as_deref() == Some(name) && s.metadata.namespace.as_deref() == Some("shop"))?;
-        let slices = objects
-            .slices
-            .into_iter()
-            .filter(|s| {
-                s.metadata.labels.as_ref().and_then(|l| l.get("kubernetes.io/service-name")).map(String::as_str)
-                    == Some(name)
-            })
-            .collect();
-        Some((service, slices))
+        mirror_in(&self.cluster(), name)
     }
 
     /// The endpoint addresses of mirror `name` (none when it is not there).
     pub fn mirror_addresses(&self, name: &str) -> BTreeSet<String> {
-        let Some((_, slices)) = self.mirror(name) else { return BTreeSet::new() };
-        slices.iter().flat_map(|s| &s.endpoints).flat_map(|e| e.addresses.clone()).collect()
+        mirror_addresses_in(&self.cluster(), name)
     }
 
     /// The status the mirror controller keeps for the Link to `cluster`.

@@ -13,7 +13,6 @@ use cnimesh_common::names::{
     MIRROR_REMOTE_IDENTITY_ANNOTATION, MIRROR_REMOTE_SERVICE_ANNOTATION, MIRRORED_SERVICE_LABEL,
 };
 use cnimesh_control::multicluster::crd::{LinkState, LinkStatus};
-use cnimesh_control::sources::cluster_objects_in;
 use cnimesh_e2e::control::{Control, identity, write_atomically};
 use cnimesh_e2e::netns::block_on_in;
 use cnimesh_e2e::wait::eventually;
@@ -100,22 +99,11 @@ impl Clusters<'_> {
 
     /// East's mirror `name` (Service and slices), if its file is there.
     fn mirror(&self, name: &str) -> Option<(Service, Vec<EndpointSlice>)> {
-        let objects = cluster_objects_in(self.east_dir.path(), &[]).ok()?;
-        let service = objects.services.into_iter().find(|s| s.metadata.name.as_deref() == Some(name))?;
-        let slices = objects
-            .slices
-            .into_iter()
-            .filter(|s| {
-                s.metadata.labels.as_ref().and_then(|l| l.get("kubernetes.io/service-name")).map(String::as_str)
-                    == Some(name)
-            })
-            .collect();
-        Some((service, slices))
+        cnimesh_e2e::multicluster::mirror_in(self.east_dir.path(), name)
     }
 
     fn mirror_addresses(&self, name: &str) -> BTreeSet<String> {
-        let Some((_, slices)) = self.mirror(name) else { return BTreeSet::new() };
-        slices.iter().flat_map(|s| &s.endpoints).flat_map(|e| e.addresses.clone()).collect()
+        cnimesh_e2e::multicluster::mirror_addresses_in(self.east_dir.path(), name)
     }
 
     fn status(&self, cluster: &str) -> Option<LinkStatus> {
