@@ -7,6 +7,7 @@ pub mod grpc_channel;
 pub mod name;
 pub mod pem;
 pub mod provider;
+pub mod secret;
 pub mod tls;
 
 pub use name::{DEFAULT_TRUST_DOMAIN, Name, NameError, TOKEN_AUDIENCE};

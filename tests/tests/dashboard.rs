@@ -92,8 +92,22 @@ impl Dashboard {
         let mut line = String::new();
         BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
         let url = line.trim().strip_prefix("cnimesh dashboard: ").unwrap_or_else(|| panic!("printed {line:?}"));
-        assert!(url.starts_with("http://127.0.0.1:") && url.ends_with('/'), "{url}");
+        let token = url.strip_prefix("http://127.0.0.1:").and_then(|rest| rest.split_once("/?token=")).map(|t| t.1);
+        assert!(token.is_some_and(|t| t.len() == 64), "{url}: the page with this run's token");
         Self { url: url.to_string(), child }
+    }
+}
+
+impl Dashboard {
+    /// The status a plain client gets for `path` without the token, as another local user would.
+    fn status_without_token(&self, path: &str) -> u16 {
+        use std::io::{Read, Write};
+        let addr = self.url.trim_start_matches("http://").split('/').next().unwrap();
+        let mut tcp = std::net::TcpStream::connect(addr).unwrap();
+        write!(tcp, "GET {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n").unwrap();
+        let mut text = String::new();
+        tcp.read_to_string(&mut text).unwrap();
+        text.split(' ').nth(1).unwrap().parse().unwrap()
     }
 }
 
@@ -127,6 +141,9 @@ fn the_dashboard_shows_the_local_demo_live_in_a_real_browser() {
     local.up();
     let traffic = Traffic::start(&local);
     let dashboard = Dashboard::start(&local);
+    // Without the printed URL's token, neither the page nor a tap answers.
+    assert_eq!(dashboard.status_without_token("/"), 401);
+    assert_eq!(dashboard.status_without_token("/api/tap?resource=deploy/web&namespace=demo"), 401);
     let browser = Browser::start(1400, 1000).unwrap();
 
     // Topology: client→web with the lock, client→legacy drawn as plaintext, rates filled in.

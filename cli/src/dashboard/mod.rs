@@ -6,14 +6,16 @@
 //! the binary) draws it.
 //!
 //! Security: it listens on loopback unless told otherwise (`--address` elsewhere needs
-//! `--allow-remote` and warns), refuses requests whose Host header is not the bound address or
-//! localhost (DNS rebinding) and anything but GET; the live tap goes through the same relay path
-//! as `cnimesh tap`, so the relay's authorization applies unchanged.
+//! `--allow-remote` and warns); every request must carry this run's random token (printed in the
+//! URL, then a cookie) and come from the dashboard's own page and address ([`access`]: token,
+//! Origin, Host), and only GET is served; the live tap goes through the same relay path as
+//! `cnimesh tap`, so the relay's authorization applies unchanged.
 //!
-//! Inside: [`server`] (HTTP, Host check, routing) → [`api`] (handlers and the sampler's loop) →
+//! Inside: [`server`] (HTTP, [`access`] checks, routing) → [`api`] (handlers and the sampler's loop) →
 //! [`sampler`] (what it keeps: readings and history) → [`problem`] (errors with hints);
 //! [`assets`] is the embedded page.
 
+pub mod access;
 pub mod api;
 pub mod assets;
 pub mod problem;
@@ -93,7 +95,8 @@ pub async fn main(cluster: &ClusterArgs, args: DashboardArgs, out: &mut impl Wri
              the mesh with your credentials"
         );
     }
-    let url = format!("http://{}/", url_host(bound));
+    let access = access::Access::generate(bound);
+    let url = access.url(bound);
     writeln!(out, "cnimesh dashboard: {url}")?;
     out.flush()?;
     if args.show == Show::Browser {
@@ -103,7 +106,7 @@ pub async fn main(cluster: &ClusterArgs, args: DashboardArgs, out: &mut impl Wri
     tasks
         .run_until(async move {
             let sampler = tokio::task::spawn_local(api::run_sampler(state.clone()));
-            let served = server::serve(listener, bound, state);
+            let served = server::serve(listener, access, state);
             tokio::select! {
                 result = served => result?,
                 _ = tokio::signal::ctrl_c() => {}
@@ -112,11 +115,6 @@ pub async fn main(cluster: &ClusterArgs, args: DashboardArgs, out: &mut impl Wri
             Ok(())
         })
         .await
-}
-
-/// `host:port` as written in a URL (IPv6 in brackets).
-pub fn url_host(addr: SocketAddr) -> String {
-    addr.to_string()
 }
 
 /// The desktop's opener, when there is a desktop: never an error (headless hosts just have the

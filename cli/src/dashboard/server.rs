@@ -1,47 +1,21 @@
-//! The HTTP side: hyper's HTTP/1 server on the listener, the checks every request passes (GET or
-//! HEAD only; a Host header naming the bound address or localhost, so that a page from another
-//! origin that rebinds its DNS name to 127.0.0.1 is refused), then the page's files or the API.
+//! The HTTP side: hyper's HTTP/1 server on the listener, the checks every request passes (who
+//! sent it and with which token: [`Access`]; GET or HEAD only), then the page's files or the API.
 
 use std::convert::Infallible;
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 
+use super::access::{Access, Admitted};
 use super::api::{self, ApiError, Body, State};
 use super::assets;
 
-/// The Host header values accepted: the bound address and localhost's names, with the port.
-#[derive(Debug, Clone)]
-pub struct Hosts(Vec<String>);
-
-impl Hosts {
-    pub fn for_address(bound: SocketAddr) -> Self {
-        let port = bound.port();
-        let mut hosts: Vec<String> =
-            ["localhost", "127.0.0.1", "[::1]"].iter().map(|h| format!("{h}:{port}")).collect();
-        if !bound.ip().is_unspecified() {
-            hosts.push(bound.to_string());
-        }
-        if port == 80 {
-            hosts.extend(["localhost".into(), "127.0.0.1".into(), "[::1]".into()]);
-        }
-        hosts.sort();
-        hosts.dedup();
-        Self(hosts)
-    }
-
-    fn allows(&self, host: &str) -> bool {
-        self.0.iter().any(|h| h.eq_ignore_ascii_case(host))
-    }
-}
-
 /// Serves connections forever; on the caller's [`tokio::task::LocalSet`] (the handlers' futures
 /// borrow in ways the compiler cannot prove `Send`, and the CLI's runtime has one thread anyway).
-pub async fn serve(listener: tokio::net::TcpListener, bound: SocketAddr, state: State) -> anyhow::Result<()> {
-    let hosts = Arc::new(Hosts::for_address(bound));
+pub async fn serve(listener: tokio::net::TcpListener, access: Access, state: State) -> anyhow::Result<()> {
+    let access = Arc::new(access);
     loop {
         let (tcp, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
@@ -52,11 +26,11 @@ pub async fn serve(listener: tokio::net::TcpListener, bound: SocketAddr, state: 
                 continue;
             }
         };
-        let (state, hosts) = (state.clone(), hosts.clone());
+        let (state, access) = (state.clone(), access.clone());
         tokio::task::spawn_local(async move {
             let service = hyper::service::service_fn(move |request: Request<hyper::body::Incoming>| {
-                let (state, hosts) = (state.clone(), hosts.clone());
-                async move { Ok::<_, Infallible>(handle(&state, &hosts, request).await) }
+                let (state, access) = (state.clone(), access.clone());
+                async move { Ok::<_, Infallible>(handle(&state, &access, request).await) }
             });
             if let Err(e) = hyper::server::conn::http1::Builder::new()
                 .serve_connection(hyper_util::rt::TokioIo::new(tcp), service)
@@ -69,13 +43,14 @@ pub async fn serve(listener: tokio::net::TcpListener, bound: SocketAddr, state: 
 }
 
 /// One request: the checks, then a file of the page or the API.
-pub async fn handle<B>(state: &State, hosts: &Hosts, request: Request<B>) -> Response<Body> {
-    let host = request.headers().get(http::header::HOST).and_then(|h| h.to_str().ok()).unwrap_or_default();
-    if !hosts.allows(host) {
-        return api::error_response(
-            &ApiError::new(StatusCode::FORBIDDEN, format!("Host {host:?} is not this dashboard's address"))
-                .hint("open the URL `cnimesh dashboard` printed (this check stops DNS rebinding)"),
-        );
+pub async fn handle<B>(state: &State, access: &Access, request: Request<B>) -> Response<Body> {
+    match access.check(request.headers(), request.uri()) {
+        Err(refused) => {
+            tracing::info!("dashboard: refused {} {}: {refused}", request.method(), request.uri().path());
+            return api::error_response(&refused.to_api_error());
+        }
+        Ok(Admitted::TradeToken { location, set_cookie }) => return trade_token(&location, &set_cookie),
+        Ok(Admitted::Serve) => {}
     }
     if request.method() != Method::GET && request.method() != Method::HEAD {
         let mut response = api::error_response(&ApiError::new(
@@ -90,6 +65,19 @@ pub async fn handle<B>(state: &State, hosts: &Hosts, request: Request<B>) -> Res
         Some(api_path) => api::handle(state, api_path, request.uri().query()).await,
         None => asset(path),
     }
+}
+
+/// The first load's answer: the cookie that stands for the token from now on, and the same URL
+/// without the token (303, so the address bar and history keep no secret).
+fn trade_token(location: &str, set_cookie: &str) -> Response<Body> {
+    Response::builder()
+        .status(StatusCode::SEE_OTHER)
+        .header(http::header::LOCATION, location)
+        .header(http::header::SET_COOKIE, set_cookie)
+        .header(http::header::CACHE_CONTROL, "no-store")
+        .header(http::header::REFERRER_POLICY, "no-referrer")
+        .body(Full::new(Bytes::new()).boxed_unsync())
+        .expect("a response")
 }
 
 /// A file of the page, with headers that keep it to itself (no framing, no other origins).

@@ -1,7 +1,8 @@
 //! The dashboard's API against the mocked API server and fixed metric text: stat and edges
 //! answer exactly the JSON `cnimesh stat`/`edges -o json` print for the same readings (their
-//! golden files), failures carry `cnimesh check`'s hints, and the server refuses a foreign Host
-//! header and anything but GET.
+//! golden files), failures carry `cnimesh check`'s hints, and the server refuses a request
+//! without this run's token, from another origin or with a foreign Host header, and anything but
+//! GET.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -12,8 +13,9 @@ use http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use serde_json::Value;
 
+use super::access::Access;
 use super::api::{self, Shared, State};
-use super::server::{self, Hosts};
+use super::server;
 use super::{DashboardArgs, Show};
 use crate::ClusterArgs;
 use crate::check::mock::MockApi;
@@ -58,10 +60,21 @@ async fn get(state: &State, uri: &str) -> (StatusCode, Value) {
     (status, serde_json::from_str(&text).unwrap_or_else(|e| panic!("{uri}: {e}: {text}")))
 }
 
+/// The token of the dashboards these tests run.
+const TOKEN: &str = "0123456789abcdef";
+
+fn access() -> Access {
+    Access::with_token("127.0.0.1:50750".parse().unwrap(), TOKEN)
+}
+
+/// The cookie the first load sets, as the browser sends it back.
+fn cookie() -> String {
+    format!("cnimesh-dashboard-50750={TOKEN}")
+}
+
 async fn get_text(state: &State, uri: &str) -> (StatusCode, String) {
-    let hosts = Hosts::for_address("127.0.0.1:50750".parse().unwrap());
-    let request = Request::get(uri).header("host", "127.0.0.1:50750").body(()).unwrap();
-    let response = server::handle(state, &hosts, request).await;
+    let request = Request::get(uri).header("host", "127.0.0.1:50750").header("cookie", cookie()).body(()).unwrap();
+    let response = server::handle(state, &access(), request).await;
     let status = response.status();
     let body = response.into_body().collect().await.unwrap().to_bytes();
     (status, String::from_utf8(body.to_vec()).unwrap())
@@ -293,21 +306,111 @@ async fn bad_parameters_are_named() {
 #[tokio::test]
 async fn a_foreign_host_header_and_writes_are_refused() {
     let state = state(&MockApi::default());
-    let hosts = Hosts::for_address("127.0.0.1:50750".parse().unwrap());
     let request = |method: &str, host: &str| {
-        Request::builder().method(method).uri("/api/meta").header("host", host).body(()).unwrap()
+        Request::builder()
+            .method(method)
+            .uri("/api/meta")
+            .header("host", host)
+            .header("cookie", cookie())
+            .body(())
+            .unwrap()
     };
     for host in ["127.0.0.1:50750", "localhost:50750", "LOCALHOST:50750", "[::1]:50750"] {
-        assert_eq!(server::handle(&state, &hosts, request("GET", host)).await.status(), StatusCode::OK, "{host}");
+        assert_eq!(server::handle(&state, &access(), request("GET", host)).await.status(), StatusCode::OK, "{host}");
     }
     for host in ["evil.example:50750", "127.0.0.1:8080", "localhost", ""] {
-        let response = server::handle(&state, &hosts, request("GET", host)).await;
+        let response = server::handle(&state, &access(), request("GET", host)).await;
         assert_eq!(response.status(), StatusCode::FORBIDDEN, "{host}");
     }
     for method in ["POST", "PUT", "DELETE", "PATCH"] {
-        let response = server::handle(&state, &hosts, request(method, "127.0.0.1:50750")).await;
+        let response = server::handle(&state, &access(), request(method, "127.0.0.1:50750")).await;
         assert_eq!(response.status(), StatusCode::METHOD_NOT_ALLOWED, "{method}");
         assert_eq!(response.headers()["allow"], "GET, HEAD");
+    }
+}
+
+/// Another local user, or a script that never saw the printed URL, has no token: neither the page
+/// nor the API (a tap) answers it, whatever token it guesses.
+#[tokio::test]
+async fn a_request_without_this_runs_token_is_refused() {
+    let state = state(&MockApi::default());
+    let cases: [(&str, &[(&str, &str)]); 5] = [
+        ("/", &[]),
+        ("/api/tap?resource=deploy/web&namespace=shop", &[]),
+        ("/api/meta", &[("cookie", "cnimesh-dashboard-50750=0123456789abcdee")]),
+        ("/api/meta", &[("cookie", "cnimesh-dashboard-8888=0123456789abcdef")]),
+        ("/api/meta?token=guess", &[("authorization", "Bearer 0123")]),
+    ];
+    for (uri, headers) in cases {
+        let mut request = Request::get(uri).header("host", "127.0.0.1:50750");
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let response = server::handle(&state, &access(), request.body(()).unwrap()).await;
+        assert_eq!(response.status(), StatusCode::UNAUTHORIZED, "{uri} {headers:?}");
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        let body: Value = serde_json::from_slice(&body).unwrap();
+        assert!(body["hint"].as_str().unwrap().contains("the URL `cnimesh dashboard` printed"), "{body}");
+    }
+}
+
+/// The printed URL's token is traded for a cookie scoped to this port, and the browser is sent
+/// to the same page without it; the cookie, or a Bearer header, then opens the API.
+#[tokio::test]
+async fn the_printed_urls_token_becomes_a_strict_cookie_and_leaves_the_address_bar() {
+    let state = state(&MockApi::default());
+    assert_eq!(access().url("127.0.0.1:50750".parse().unwrap()), format!("http://127.0.0.1:50750/?token={TOKEN}"));
+    let request = Request::get(format!("/api/meta?namespace=shop&token={TOKEN}"))
+        .header("host", "localhost:50750")
+        .body(())
+        .unwrap();
+    let response = server::handle(&state, &access(), request).await;
+    assert_eq!(response.status(), StatusCode::SEE_OTHER);
+    assert_eq!(response.headers()["location"], "/api/meta?namespace=shop");
+    assert_eq!(
+        response.headers()["set-cookie"],
+        format!("cnimesh-dashboard-50750={TOKEN}; Path=/; HttpOnly; SameSite=Strict")
+    );
+    let bearer = Request::get("/api/meta")
+        .header("host", "localhost:50750")
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .body(())
+        .unwrap();
+    assert_eq!(server::handle(&state, &access(), bearer).await.status(), StatusCode::OK);
+    assert_eq!(get(&state, "/api/meta").await.0, StatusCode::OK);
+}
+
+/// A page the operator visits elsewhere, even on another port of 127.0.0.1 (same site for the
+/// browser, so the cookie rides along), cannot make the dashboard tap: its fetches carry its own
+/// Origin, and its images and scripts a cross-site or same-site Sec-Fetch-Site. The headers are
+/// those Chromium sends.
+#[tokio::test]
+async fn another_origins_page_cannot_use_the_operators_dashboard() {
+    let state = state(&MockApi::default());
+    let cases: [&[(&str, &str)]; 5] = [
+        &[("origin", "http://evil.example"), ("sec-fetch-site", "cross-site")],
+        &[("origin", "http://127.0.0.1:8888"), ("sec-fetch-site", "same-site")],
+        &[("origin", "null")],
+        &[("sec-fetch-site", "same-site"), ("sec-fetch-mode", "no-cors")],
+        &[("sec-fetch-site", "cross-site"), ("sec-fetch-dest", "image")],
+    ];
+    for headers in cases {
+        let mut request = Request::get("/api/tap?resource=deploy/web&namespace=shop")
+            .header("host", "127.0.0.1:50750")
+            .header("cookie", cookie());
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let response = server::handle(&state, &access(), request.body(()).unwrap()).await;
+        assert_eq!(response.status(), StatusCode::FORBIDDEN, "{headers:?}");
+    }
+    // The dashboard's own page: same-origin fetches, with or without an Origin header.
+    for headers in [&[("sec-fetch-site", "same-origin")][..], &[("origin", "http://127.0.0.1:50750")]] {
+        let mut request = Request::get("/api/meta").header("host", "127.0.0.1:50750").header("cookie", cookie());
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        assert_eq!(server::handle(&state, &access(), request.body(()).unwrap()).await.status(), StatusCode::OK);
     }
 }
 
@@ -320,7 +423,7 @@ async fn the_page_is_served_from_the_binary_with_a_strict_policy() {
     let tasks = tokio::task::LocalSet::new();
     tasks
         .run_until(async move {
-            tokio::task::spawn_local(server::serve(listener, bound, state));
+            tokio::task::spawn_local(server::serve(listener, Access::with_token(bound, TOKEN), state));
             for (path, kind) in [("/", "text/html"), ("/app.js", "text/javascript"), ("/style.css", "text/css")] {
                 let (status, headers, body) = raw_get(bound, path, &bound.to_string()).await;
                 assert_eq!(status, 200, "{path}");
@@ -342,9 +445,9 @@ async fn the_page_is_served_from_the_binary_with_a_strict_policy() {
 async fn raw_get(addr: std::net::SocketAddr, path: &str, host: &str) -> (u16, String, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
-    tcp.write_all(format!("GET {path} HTTP/1.1\r\nhost: {host}\r\nconnection: close\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
+    let cookie = format!("cnimesh-dashboard-{}={TOKEN}", addr.port());
+    let head = format!("GET {path} HTTP/1.1\r\nhost: {host}\r\ncookie: {cookie}\r\nconnection: close\r\n\r\n");
+    tcp.write_all(head.as_bytes()).await.unwrap();
     let mut text = String::new();
     tcp.read_to_string(&mut text).await.unwrap();
     let (head, body) = text.split_once("\r\n\r\n").unwrap();

@@ -74,7 +74,7 @@ impl FileTokens {
                 }
                 let content = std::fs::read(&path).map_err(|e| unavailable(&path, e))?;
                 // Every file is compared, match or not, so timing does not tell which one held it.
-                if constant_time_eq(content.trim_ascii(), token) && found.is_none() {
+                if cnimesh_identity::secret::constant_time_eq(content.trim_ascii(), token) && found.is_none() {
                     found = Some(ServiceAccount { namespace: ns.clone(), name: sa });
                 }
             }
@@ -122,16 +122,6 @@ fn visible_entries(dir: &Path) -> std::io::Result<Vec<String>> {
     Ok(names)
 }
 
-/// Compares without an early exit, so that the time taken does not reveal how much of a guess
-/// was right. Lengths are not secret.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
-    std::hint::black_box(diff) == 0
-}
-
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -174,12 +164,5 @@ pub(crate) mod tests {
     async fn a_missing_directory_is_unavailable_not_a_denial() {
         let tokens = FileTokens::new("/nonexistent/cnimesh-tokens");
         assert!(matches!(tokens.authenticate(b"x").await, Err(TokenError::Unavailable(_))));
-    }
-
-    #[test]
-    fn constant_time_eq_is_eq() {
-        assert!(constant_time_eq(b"abc", b"abc"));
-        assert!(!constant_time_eq(b"abc", b"abd"));
-        assert!(!constant_time_eq(b"abc", b"ab"));
     }
 }
