@@ -12,6 +12,8 @@
 //!
 //! Layer: runtime (operator CLI); [`observe`] and [`generate`] are pure.
 
+#[cfg(test)]
+mod attack_tests;
 pub mod generate;
 pub mod observe;
 
