@@ -486,9 +486,17 @@ fn exec_user(marker: &Path) -> String {
     )
 }
 
-/// The Link's status reason, once the controller wrote one.
-async fn reason(east: &ClusterApi, link: &str) -> String {
-    east.until("the Link's status with a reason", |api| status(api, link).and_then(|s| s.reason)).await
+/// The Link's status once the controller is done with connecting: up, or a reason why not.
+async fn settled(east: &ClusterApi, link: &str) -> String {
+    east.until("the Link's status: up, or a reason other than connecting", |api| {
+        let status = status(api, link)?;
+        match (status.state, status.reason) {
+            (Some(LinkState::Up), reason) => Some(format!("up ({})", reason.unwrap_or_default())),
+            (_, Some(reason)) if reason != "connecting" => Some(reason),
+            _ => None,
+        }
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -501,7 +509,7 @@ async fn an_exec_stanza_in_a_links_secret_never_runs_in_the_control_plane_and_th
     east.put(credentials("west", served.kubeconfig_with_user("west", &exec_user(&marker))));
     let _mirror = run_mirror(&east, Leadership::always(MIRROR_WRITE));
 
-    let reason = reason(&east, "west").await;
+    let reason = settled(&east, "west").await;
     assert!(!marker.exists(), "the Link's exec stanza ran inside the control plane (reason: {reason})");
     assert!(reason.contains("users[0].user.exec"), "the status names the field: {reason}");
     assert_ne!(status(&east, "west").unwrap().state, Some(LinkState::Up));
@@ -521,7 +529,7 @@ async fn a_token_file_in_a_links_secret_is_never_read_nor_sent_and_the_status_na
     east.put(credentials("west", served.kubeconfig_with_user("west", &format!("tokenFile: {}", secret_file.display()))));
     let _mirror = run_mirror(&east, Leadership::always(MIRROR_WRITE));
 
-    let reason = reason(&east, "west").await;
+    let reason = settled(&east, "west").await;
     let sent: Vec<String> = west.calls().iter().filter_map(|c| c.authorization.clone()).collect();
     assert!(
         !sent.iter().any(|a| a.contains("root-only-secret")),
