@@ -526,7 +526,10 @@ async fn a_token_file_in_a_links_secret_is_never_read_nor_sent_and_the_status_na
     west.require_token("root-only-secret");
     let east = ClusterApi::new();
     east.put(link("west", false));
-    east.put(credentials("west", served.kubeconfig_with_user("west", &format!("tokenFile: {}", secret_file.display()))));
+    east.put(credentials(
+        "west",
+        served.kubeconfig_with_user("west", &format!("tokenFile: {}", secret_file.display())),
+    ));
     let _mirror = run_mirror(&east, Leadership::always(MIRROR_WRITE));
 
     let reason = settled(&east, "west").await;

@@ -69,12 +69,8 @@ fn an_intruder_seen_only_on_the_probe_route_or_under_audit_is_never_granted() {
     let mut observed = Observed::default();
     add_pod(&mut observed, &web(), &samples);
     let out = generate("demo", &observed, Mode::Enforce);
-    let granted: Vec<String> = out
-        .objects
-        .iter()
-        .filter(|o| o["kind"] == "MeshTLSAuthentication")
-        .map(|o| o["spec"].to_string())
-        .collect();
+    let granted: Vec<String> =
+        out.objects.iter().filter(|o| o["kind"] == "MeshTLSAuthentication").map(|o| o["spec"].to_string()).collect();
     assert!(granted.iter().any(|g| g.contains("\"client\"")), "the client is granted: {granted:?}");
     for who in ["intruder", "auditee"] {
         assert!(
@@ -82,4 +78,57 @@ fn an_intruder_seen_only_on_the_probe_route_or_under_audit_is_never_granted() {
             "{who} is granted although no policy authorized it: {granted:?}"
         );
     }
+}
+
+#[test]
+fn what_is_not_granted_is_listed_audit_is_granted_only_on_request_and_an_existing_server_is_extended() {
+    let samples = vec![
+        (allowed(8080, ("default", "deny"), ("default", "probe"), ("default", "probe"), INTRUDER), 3.0),
+        (allowed(9090, ("server", "web-api"), ("default", "default"), ("audit", "audit"), AUDITED), 5.0),
+        (
+            allowed(
+                9090,
+                ("server", "web-api"),
+                ("default", "default"),
+                ("authorizationpolicy", "web-api-clients"),
+                CLIENT,
+            ),
+            7.0,
+        ),
+    ];
+    let mut observed = Observed::default();
+    add_pod(&mut observed, &web(), &samples);
+    let out = generate("demo", &observed, Mode::Enforce);
+    let lines = out.not_granted.join("\n");
+    assert!(lines.contains(&format!("port 8080: {INTRUDER}: 3 requests on the kubelet probe route")), "{lines}");
+    assert!(lines.contains(&format!("port 9090: {AUDITED}: 5 requests let in only by audit mode")), "{lines}");
+    assert!(lines.contains("already allowed by AuthorizationPolicy web-api-clients"), "{lines}");
+    // Port 9090's Server exists: it is never written a second time.
+    let servers: Vec<&serde_json::Value> = out.objects.iter().filter(|o| o["kind"] == "Server").collect();
+    assert!(servers.iter().all(|s| s["spec"]["port"] != 9090), "{servers:?}");
+
+    // --include-audited: the would-be denial is granted, by extending the existing Server.
+    let mut observed = Observed { include_audited: true, ..Default::default() };
+    add_pod(&mut observed, &web(), &samples);
+    let out = generate("demo", &observed, Mode::Enforce);
+    let kinds: Vec<(&str, &str)> =
+        out.objects.iter().map(|o| (o["kind"].as_str().unwrap(), o["metadata"]["name"].as_str().unwrap())).collect();
+    assert_eq!(
+        kinds,
+        [
+            ("Server", "web-8080"),
+            ("MeshTLSAuthentication", "web-api-observed-clients"),
+            ("AuthorizationPolicy", "web-api-observed-clients")
+        ],
+        "{:#?}",
+        out.objects
+    );
+    let authz = &out.objects[2];
+    assert_eq!(
+        authz["spec"]["targetRef"],
+        serde_json::json!({"group": "policy.cnimesh.io", "kind": "Server", "name": "web-api"})
+    );
+    let granted = out.objects[1]["spec"].to_string();
+    assert!(granted.contains("\"auditee\"") && !granted.contains("\"client\""), "{granted}");
+    assert!(out.notes.iter().any(|n| n.contains("existing Server web-api")), "{:?}", out.notes);
 }
