@@ -643,19 +643,14 @@ async fn a_link_whose_export_has_another_links_mirror_name_is_refused_and_the_ow
         .count();
     assert_eq!(west_writes, 0, "no write of west's endpoints under us-west's mirror");
     // Both Links' statuses name the collision: us-west holds the name, west is refused it.
-    let west_status = east
-        .until("west's status names the collision", |api| {
-            let c = collisions(api, "west");
-            (!c.is_empty()).then_some(c)
-        })
-        .await;
-    assert_eq!(west_status, [("shop/web-us-west".to_string(), false)]);
-    let us_west_status = east
-        .until("us-west's status names the collision", |api| {
-            let c = collisions(api, "us-west");
-            (!c.is_empty()).then_some(c)
-        })
-        .await;
-    assert_eq!(us_west_status, [("shop/web-us-west".to_string(), true)]);
+    for (link, holder) in [("west", false), ("us-west", true)] {
+        let named = east
+            .until(&format!("{link}'s status names the collision"), |api| {
+                let c = collisions(api, link);
+                (!c.is_empty()).then_some(c)
+            })
+            .await;
+        assert_eq!(named, [("shop/web-us-west".to_string(), holder)], "{link}");
+    }
     assert!(status(&east, "west").unwrap().mirrors.is_empty(), "west made no mirror");
 }
