@@ -14,9 +14,10 @@
 //! - an optional bearer token (401 for any other), and a refusing mode (every open watch ended,
 //!   every request answered 503) for a cluster that stops answering.
 //!
-//! It is reached in-process ([`ClusterApi::client`]) or over HTTP on 127.0.0.1
-//! ([`ClusterApi::serve`]), which is how a kubeconfig (`http://` server) reaches it. Every request
-//! is recorded ([`Call`]) so a test can assert what was asked, and in which order.
+//! It is reached in-process ([`ClusterApi::client`]) or over HTTPS on 127.0.0.1
+//! ([`ClusterApi::serve`], a certificate from a CA of its own that [`Served::kubeconfig`] carries
+//! inline), which is how a Link's kubeconfig reaches it. Every request is recorded ([`Call`]) so a
+//! test can assert what was asked, with which credentials, and in which order.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -48,6 +49,8 @@ pub struct Call {
     pub query: Vec<(String, String)>,
     pub content_type: String,
     pub body: Value,
+    /// The `Authorization` header, as sent.
+    pub authorization: Option<String>,
 }
 
 impl Call {
@@ -298,9 +301,12 @@ fn content(object: &Value) -> Value {
     object
 }
 
-/// A server listening on 127.0.0.1 for a [`ClusterApi`]; stops (connections too) when dropped.
+/// A server listening on 127.0.0.1 for a [`ClusterApi`], over TLS with a certificate for
+/// `127.0.0.1` from a CA of its own; stops (connections too) when dropped.
 pub struct Served {
     pub addr: SocketAddr,
+    /// The CA its certificate chains to (PEM).
+    pub ca_pem: String,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -311,13 +317,45 @@ impl Drop for Served {
 }
 
 impl Served {
-    /// A kubeconfig for this server as `cluster`, authenticating with `token`.
+    /// `https://127.0.0.1:PORT`.
+    pub fn server(&self) -> String {
+        format!("https://{}", self.addr)
+    }
+
+    /// A kubeconfig for this server as `cluster`, authenticating with `token`: what `cnimesh
+    /// multicluster link` writes (the server, its CA inline, a token).
     pub fn kubeconfig(&self, cluster: &str, token: &str) -> String {
+        self.kubeconfig_with_user(cluster, &format!("token: {token}"))
+    }
+
+    /// The same with the user's fields given as YAML (indented under `user:` by this function).
+    pub fn kubeconfig_with_user(&self, cluster: &str, user: &str) -> String {
+        let ca = base64::engine::general_purpose::STANDARD.encode(&self.ca_pem);
+        let user: String = user.lines().map(|l| format!("    {l}\n")).collect();
         format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: {cluster}\n  cluster:\n    server: http://{}\ncontexts:\n- name: {cluster}\n  context:\n    cluster: {cluster}\n    user: mirror\ncurrent-context: {cluster}\nusers:\n- name: mirror\n  user:\n    token: {token}\n",
-            self.addr
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: {cluster}\n  cluster:\n    server: {}\n    certificate-authority-data: {ca}\ncontexts:\n- name: {cluster}\n  context:\n    cluster: {cluster}\n    user: mirror\ncurrent-context: {cluster}\nusers:\n- name: mirror\n  user:\n{user}",
+            self.server()
         )
     }
+}
+
+/// A TLS acceptor for `127.0.0.1` and the CA (PEM) its certificate chains to.
+fn tls_for_loopback() -> (tokio_rustls::TlsAcceptor, String) {
+    use cnimesh_identity::ca;
+    let lifetime = Duration::from_secs(24 * 3600);
+    let authority = ca::new_private_ca("kube-api-mock", lifetime).expect("a CA");
+    let leaf = ca::Signer::new(&authority)
+        .and_then(|s| s.new_server_cert(&["127.0.0.1".to_string()], lifetime))
+        .expect("a server certificate");
+    let chain = cnimesh_identity::pem::certs(leaf.cert_pem.as_bytes(), "the mock's certificate").expect("PEM");
+    let key = cnimesh_identity::pem::key(leaf.key_pem.as_bytes(), "the mock's key").expect("PEM");
+    let config = tokio_rustls::rustls::ServerConfig::builder_with_provider(cnimesh_identity::provider::provider())
+        .with_safe_default_protocol_versions()
+        .expect("TLS versions")
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .expect("a server config");
+    (tokio_rustls::TlsAcceptor::from(Arc::new(config)), authority.cert_pem)
 }
 
 impl ClusterApi {
@@ -334,10 +372,11 @@ impl ClusterApi {
         })
     }
 
-    /// Serves this mock over HTTP/1.1 on an ephemeral port of 127.0.0.1.
+    /// Serves this mock over HTTP/1.1 in TLS on an ephemeral port of 127.0.0.1.
     pub async fn serve(self: &Arc<Self>) -> Served {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("binding 127.0.0.1:0");
         let addr = listener.local_addr().expect("a bound address");
+        let (acceptor, ca_pem) = tls_for_loopback();
         let mock = self.clone();
         let task = tokio::spawn(async move {
             // Held here so that aborting the accept loop ends its connections too.
@@ -345,6 +384,7 @@ impl ClusterApi {
             loop {
                 let Ok((stream, _)) = listener.accept().await else { continue };
                 let mock = mock.clone();
+                let acceptor = acceptor.clone();
                 let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
                     let mock = mock.clone();
                     async move {
@@ -354,13 +394,14 @@ impl ClusterApi {
                     }
                 });
                 connections.spawn(async move {
+                    let Ok(stream) = acceptor.accept(stream).await else { return };
                     let io = hyper_util::rt::TokioIo::new(stream);
                     let _ = hyper::server::conn::http1::Builder::new().serve_connection(io, service).await;
                 });
                 while connections.try_join_next().is_some() {}
             }
         });
-        Served { addr, task }
+        Served { addr, ca_pem, task }
     }
 
     /// From now on, only requests bearing `token` are answered (others: 401).
@@ -510,6 +551,7 @@ impl ClusterApi {
             query: parse_query(uri.query().unwrap_or_default()),
             content_type,
             body: parsed_body,
+            authorization: headers.get(http::header::AUTHORIZATION).and_then(|v| v.to_str().ok()).map(String::from),
         };
         let token = self.token.lock().clone();
         let response = if self.refusing.load(Ordering::SeqCst) {

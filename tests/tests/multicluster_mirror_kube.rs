@@ -1,10 +1,16 @@
 //! issue 28, the mirror controller's Kubernetes path: the real [`MirrorController`] with
 //! `Backend::Kube`, in-process, against two mocked API servers ([`ClusterApi`]). East (this
 //! cluster: Links, Secrets, the mirrors it writes, the Lease) is reached in-process; west (the
-//! linked cluster) only through the kubeconfig in the Link's Secret, over HTTP on 127.0.0.1 with
-//! a bearer token, as a real remote API server would be. The tests change either side and read
-//! what east was asked: watches, server-side applies, deletes, the Link's status subresource.
+//! linked cluster) only through the kubeconfig in the Link's Secret, over HTTPS on 127.0.0.1 with
+//! its CA inline and a bearer token, as a real remote API server would be. The tests change either
+//! side and read what east was asked: watches, server-side applies, deletes, the Link's status
+//! subresource.
+//!
+//! Attacks on the Link's credentials (a Secret is whatever whoever handed the operator the Link
+//! wrote): an `exec` stanza never runs, neither in the control plane nor under `cnimesh
+//! multicluster check`, and a `tokenFile` is never read nor sent; each is refused by name.
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -470,4 +476,181 @@ async fn only_the_holder_of_the_mirror_write_lease_writes_mirrors() {
         .collect();
     assert!(before.is_empty(), "writes before holding the Lease: {before:?}");
     let _ = stop.send(true);
+}
+
+/// A user stanza whose `exec` plugin would create `marker`.
+fn exec_user(marker: &Path) -> String {
+    format!(
+        "exec:\n  apiVersion: client.authentication.k8s.io/v1beta1\n  command: /bin/sh\n  args: [\"-c\", \"touch {}\"]\n  interactiveMode: Never\n",
+        marker.display()
+    )
+}
+
+/// The Link's status once the controller is done with connecting: up, or a reason why not.
+async fn settled(east: &ClusterApi, link: &str) -> String {
+    east.until("the Link's status: up, or a reason other than connecting", |api| {
+        let status = status(api, link)?;
+        match (status.state, status.reason) {
+            (Some(LinkState::Up), reason) => Some(format!("up ({})", reason.unwrap_or_default())),
+            (_, Some(reason)) if reason != "connecting" => Some(reason),
+            _ => None,
+        }
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exec_stanza_in_a_links_secret_never_runs_in_the_control_plane_and_the_status_names_it() {
+    let (west, served) = west().await;
+    let scratch = tempfile::tempdir().unwrap();
+    let marker = scratch.path().join("exec-ran");
+    let east = ClusterApi::new();
+    east.put(link("west", true));
+    east.put(credentials("west", served.kubeconfig_with_user("west", &exec_user(&marker))));
+    let _mirror = run_mirror(&east, Leadership::always(MIRROR_WRITE));
+
+    let reason = settled(&east, "west").await;
+    assert!(!marker.exists(), "the Link's exec stanza ran inside the control plane (reason: {reason})");
+    assert!(reason.contains("users[0].user.exec"), "the status names the field: {reason}");
+    assert_ne!(status(&east, "west").unwrap().state, Some(LinkState::Up));
+    assert!(west.calls().is_empty(), "nothing was sent to the Link's server: {}", west.describe_calls());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_file_in_a_links_secret_is_never_read_nor_sent_and_the_status_names_it() {
+    let (west, served) = west().await;
+    // A file only the control plane's user can read, which the Link's server would accept.
+    let scratch = tempfile::tempdir().unwrap();
+    let secret_file = scratch.path().join("issuer-secret");
+    std::fs::write(&secret_file, "root-only-secret").unwrap();
+    west.require_token("root-only-secret");
+    let east = ClusterApi::new();
+    east.put(link("west", false));
+    east.put(credentials(
+        "west",
+        served.kubeconfig_with_user("west", &format!("tokenFile: {}", secret_file.display())),
+    ));
+    let _mirror = run_mirror(&east, Leadership::always(MIRROR_WRITE));
+
+    let reason = settled(&east, "west").await;
+    let sent: Vec<String> = west.calls().iter().filter_map(|c| c.authorization.clone()).collect();
+    assert!(
+        !sent.iter().any(|a| a.contains("root-only-secret")),
+        "the file's content was sent to the Link's server as a token: {sent:?} (reason: {reason})"
+    );
+    assert!(reason.contains("users[0].user.tokenFile"), "the status names the field: {reason}");
+    assert!(west.calls().is_empty(), "nothing was sent to the Link's server: {}", west.describe_calls());
+    assert!(mirror_service(&east, "db-west").is_none(), "nothing was mirrored");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn multicluster_check_never_runs_an_exec_stanza_in_a_links_secret_and_names_the_field() {
+    let (west, served) = west().await;
+    let root = tempfile::tempdir().unwrap();
+    let marker = root.path().join("exec-ran");
+    let cluster = root.path().join("cluster");
+    std::fs::create_dir(&cluster).unwrap();
+    // The Secret as the files backend holds it: base64 `data`, like the API server's.
+    let kubeconfig = served.kubeconfig_with_user("west", &exec_user(&marker));
+    let mut secret = credentials("west", String::new());
+    secret.as_object_mut().unwrap().remove("stringData");
+    secret["data"] = json!({LINK_CREDENTIALS_KEY: base64_of(&kubeconfig)});
+    std::fs::write(cluster.join("link-west.yaml"), format!("{}\n---\n{}\n", link("west", false), secret)).unwrap();
+
+    let cli = env!("CARGO_BIN_EXE_cnimesh-cli-e2e");
+    let dir = root.path().to_path_buf();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(cli)
+            .args(["multicluster", "check", "-o", "json", "--local"])
+            .arg(dir)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(!marker.exists(), "`cnimesh multicluster check` ran the Link's exec stanza:\n{text}");
+    assert_eq!(out.status.code(), Some(1), "check fails: {text}");
+    let report: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("check's JSON: {e}\n{text}"));
+    let credentials = report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["category"] == "link west" && c["name"] == "credentials")
+        .unwrap_or_else(|| panic!("a credentials check: {report:#}"));
+    assert_eq!(credentials["status"], "fail", "{credentials}");
+    assert!(credentials["message"].as_str().unwrap().contains("users[0].user.exec"), "{credentials}");
+    assert!(west.calls().is_empty(), "nothing was sent to the Link's server: {}", west.describe_calls());
+}
+
+fn base64_of(text: &str) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(text)
+}
+
+/// A linked cluster exporting `name` by remote discovery (one meshed pod at `ip`), answering
+/// [`TOKEN`].
+async fn exporting(name: &str, ip: &str) -> (Arc<ClusterApi>, Served) {
+    let api = ClusterApi::new();
+    let pod_name = format!("{name}-0");
+    api.put(service(name, Some(MIRROR_EXPORTED_REMOTE_DISCOVERY)));
+    api.put(slice(name, &[(&pod_name, ip)]));
+    api.put(pod(&pod_name, ip, name));
+    api.require_token(TOKEN);
+    let served = api.serve().await;
+    (api, served)
+}
+
+/// The raw `status.collisions` of a Link, as `(mirror, holder)` pairs.
+fn collisions(east: &ClusterApi, link: &str) -> Vec<(String, bool)> {
+    let Some(link) = east.get(crd::API_VERSION, crd::KIND, NS, link) else { return Vec::new() };
+    link["status"]["collisions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|c| (c["mirror"].as_str().unwrap_or_default().to_string(), c["holder"].as_bool().unwrap_or_default()))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_link_whose_export_has_another_links_mirror_name_is_refused_and_the_owner_keeps_the_mirror() {
+    // us-west's `web` and west's `web-us` are both mirrored as `web-us-west`.
+    let (_us_west, us_west_served) = exporting("web", "10.3.0.7").await;
+    let (_west, west_served) = exporting("web-us", "10.2.0.66").await;
+    let east = ClusterApi::new();
+    east.put(link("us-west", false));
+    east.put(credentials("us-west", us_west_served.kubeconfig("us-west", TOKEN)));
+    let _mirror = run_mirror(&east, Leadership::always(MIRROR_WRITE));
+    east.until("us-west's web mirrored as web-us-west", |api| {
+        (addresses(&mirror_slices(api, "web-us-west")) == ["10.3.0.7"]).then_some(())
+    })
+    .await;
+
+    // A tenant of west exports `web-us`, and west is linked.
+    east.put(link("west", false));
+    east.put(credentials("west", west_served.kubeconfig("west", TOKEN)));
+    east.until("west's Link up", |api| status(api, "west").filter(|s| s.state == Some(LinkState::Up))).await;
+    let mirror = mirror_service(&east, "web-us-west").expect("the mirror stays");
+    assert_eq!(
+        (label(&mirror, MIRROR_CLUSTER_NAME_LABEL), annotation(&mirror, MIRROR_REMOTE_SERVICE_ANNOTATION)),
+        (Some("us-west"), Some("web.shop.svc.cluster.local")),
+        "west's export took over us-west's mirror"
+    );
+    assert_eq!(addresses(&mirror_slices(&east, "web-us-west")), ["10.3.0.7"], "the endpoints stay us-west's");
+    let west_writes = writes(&east.calls(), &Method::PATCH, "endpointslices", "web-us-west")
+        .into_iter()
+        .filter(|(_, c)| label(&c.body, MIRROR_CLUSTER_NAME_LABEL) == Some("west"))
+        .count();
+    assert_eq!(west_writes, 0, "no write of west's endpoints under us-west's mirror");
+    // Both Links' statuses name the collision: us-west holds the name, west is refused it.
+    for (link, holder) in [("west", false), ("us-west", true)] {
+        let named = east
+            .until(&format!("{link}'s status names the collision"), |api| {
+                let c = collisions(api, link);
+                (!c.is_empty()).then_some(c)
+            })
+            .await;
+        assert_eq!(named, [("shop/web-us-west".to_string(), holder)], "{link}");
+    }
+    assert!(status(&east, "west").unwrap().mirrors.is_empty(), "west made no mirror");
 }

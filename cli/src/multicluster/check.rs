@@ -3,7 +3,8 @@
 //! the Link is valid; its credentials Secret exists and the remote API answers with it; the
 //! gateway is reachable and its certificate chains to THIS cluster's anchors and names the Link's
 //! gatewayIdentity; both clusters' anchors match; the link is up and its status fresh; each
-//! mirror's freshness. A failure does not hide the next check; checks that cannot run say why.
+//! mirror's freshness; no mirror name is claimed by two exports. A failure does not hide the next
+//! check; checks that cannot run say why.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -175,8 +176,39 @@ async fn check_link(source: &Source, found: &Found, anchors: Option<&str>, now: 
     }
     match source.status(link) {
         Err(e) => checks.push(Check::fail(cat, "link status", e, "the mirror controller writes it; see its logs")),
-        Ok(status) => freshness(link, status.as_ref(), now, cat, checks),
+        Ok(status) => {
+            freshness(link, status.as_ref(), now, cat, checks);
+            if let Some(status) = &status {
+                mirror_names(status, cat, checks);
+            }
+        }
     }
+}
+
+/// Fails while a mirror name of this link is claimed twice (the controller keeps the holder's
+/// mirror and refuses the other claimants: one of the exports is not mirrored).
+fn mirror_names(status: &LinkStatus, cat: &str, checks: &mut Vec<Check>) {
+    if status.collisions.is_empty() {
+        checks.push(Check::ok(cat, "mirror names", "no mirror name is claimed twice"));
+        return;
+    }
+    let details = status
+        .collisions
+        .iter()
+        .map(|c| {
+            let outcome = if c.holder { "kept by this link" } else { "refused to this link" };
+            format!("{} <- {} ({outcome}); also claimed by {}", c.mirror, c.remote, c.with.join(", "))
+        })
+        .collect();
+    checks.push(
+        Check::fail(
+            cat,
+            "mirror names",
+            format!("{} mirror name(s) claimed by more than one Service", status.collisions.len()),
+            "rename one of the exported Services (or unexport it): a mirror is <service>-<cluster>, so names can collide across Links",
+        )
+        .details(details),
+    );
 }
 
 async fn check_gateway(link: &Link, anchors: Option<&str>, cat: &str, checks: &mut Vec<Check>) {

@@ -23,6 +23,7 @@ use cnimesh_common::names::{
     MIRROR_READER_SERVICE_ACCOUNT, MIRRORED_SERVICE_LABEL,
 };
 use cnimesh_control::multicluster::crd::{API_VERSION, KIND, LinkSpec, ProbeSpec};
+use cnimesh_control::multicluster::kubeconfig;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct LinkArgs {
@@ -90,8 +91,10 @@ pub async fn link_main(cluster: &ClusterArgs, args: &LinkArgs) -> anyhow::Result
 /// B as a cluster: its control plane, gateway Service and mirror reader's token.
 pub async fn kube_target(client: &kube::Client, args: &LinkArgs, server: String) -> anyhow::Result<Target> {
     let server = server.trim_end_matches('/').to_string();
-    if !(server.starts_with("https://") || server.starts_with("http://")) {
-        bail!("--api-server-address {server:?}: expected an https:// URL the other cluster can reach");
+    if !server.starts_with("https://") {
+        bail!(
+            "--api-server-address {server:?}: expected an https:// URL the other cluster can reach (a Link's credentials never travel in clear)"
+        );
     }
     let trust_domain = target::trust_domain(client).await?;
     let gateway = target::gateway(client, args.gateway_address.as_deref(), args.gateway_port).await?;
@@ -194,7 +197,10 @@ pub fn render(target: &Target) -> anyhow::Result<Vec<Value>> {
         "metadata": {"name": name, "namespace": CONTROL_NAMESPACE, "labels": labels},
         "spec": serde_json::to_value(&spec)?,
     });
-    let kubeconfig = base64::engine::general_purpose::STANDARD.encode(kubeconfig(target));
+    // Only what the other cluster's control plane accepts: its own reader checks it here.
+    let text = kubeconfig(target);
+    kubeconfig::parse(&text).map_err(|e| anyhow::anyhow!("the credentials for {name}: {e}"))?;
+    let kubeconfig = base64::engine::general_purpose::STANDARD.encode(text);
     let secret = json!({
         "apiVersion": "v1",
         "kind": "Secret",

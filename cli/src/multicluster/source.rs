@@ -3,8 +3,10 @@
 //! objects as files under `DIR/cluster`, the status under `DIR/cluster/.status/link-<name>.json`,
 //! the anchors in `DIR/ca/ca.crt`). `check` and `gateways` see one shape either way.
 //!
-//! Each linked cluster's API is reached through the Link's kubeconfig: a `file://` server (local
-//! mode) is read as a directory; on a real cluster it is refused, as the control plane refuses it.
+//! Each linked cluster's API is reached through the Link's kubeconfig, read by the control
+//! plane's own reader (inline data only; nothing in it is ever run or read): a `file://` server
+//! (local mode) is read as a directory; on a real cluster it is refused, as the control plane
+//! refuses it.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -17,6 +19,7 @@ use super::super::install::{TRUST_ANCHORS_CONFIG_MAP, TRUST_ANCHORS_KEY};
 use super::super::yaml;
 use cnimesh_common::names::{CONTROL_NAMESPACE, LINK_CREDENTIALS_KEY, LINK_CREDENTIALS_SECRET_TYPE};
 use cnimesh_control::multicluster::crd::{KIND, Link, LinkStatus};
+use cnimesh_control::multicluster::kubeconfig::{self, KubeconfigError, LinkKubeconfig};
 
 /// How long a remote API gets to answer.
 pub const REMOTE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -174,29 +177,24 @@ pub enum Remote {
 }
 
 impl Remote {
-    /// From the kubeconfig text; a `file://` server only when `allow_files` (local mode).
+    /// From the kubeconfig text, read as data only (the control plane's reader: a command or a
+    /// file path in it is refused by name, never run or read); a `file://` server only when
+    /// `allow_files` (local mode).
     pub async fn connect(kubeconfig: &str, allow_files: bool) -> Result<Self, String> {
-        let config = kube::config::Kubeconfig::from_yaml(kubeconfig)
-            .map_err(|e| format!("the kubeconfig does not parse: {e}"))?;
-        let server = config
-            .clusters
-            .first()
-            .and_then(|c| c.cluster.as_ref())
-            .and_then(|c| c.server.clone())
-            .ok_or("the kubeconfig names no cluster server")?;
-        if let Some(path) = server.strip_prefix("file://") {
-            if !allow_files {
-                return Err(format!(
-                    "server {server}: a file:// server is local mode's files backend only; a cluster's control plane refuses it"
-                ));
+        let refused = |e: KubeconfigError| format!("the kubeconfig is refused: {e}");
+        match kubeconfig::parse(kubeconfig).map_err(refused)? {
+            LinkKubeconfig::Files(dir) if allow_files => Ok(Remote::Files(dir)),
+            LinkKubeconfig::Files(dir) => Err(format!(
+                "server file://{}: a file:// server is local mode's files backend only; a cluster's control plane refuses it",
+                dir.display()
+            )),
+            LinkKubeconfig::Api(api) => {
+                let config = api.client_config().map_err(refused)?;
+                let client =
+                    kube::Client::try_from(config).map_err(|e| format!("building a client for {}: {e}", api.server))?;
+                Ok(Remote::Cluster(client))
             }
-            return Ok(Remote::Files(PathBuf::from(path)));
         }
-        let options = kube::config::KubeConfigOptions::default();
-        let config =
-            kube::Config::from_custom_kubeconfig(config, &options).await.map_err(|e| format!("the kubeconfig: {e}"))?;
-        let client = kube::Client::try_from(config).map_err(|e| format!("building a client for {server}: {e}"))?;
-        Ok(Remote::Cluster(client))
     }
 
     /// Whether the remote API answers with these credentials, and what it said.

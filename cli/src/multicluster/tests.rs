@@ -1,6 +1,6 @@
 //! `cnimesh multicluster …` against what it reads: a mocked API server for the kube path (the
 //! one thing faked), real directories for local mode, a real TLS listener standing in for the
-//! gateway (its certificate from the mesh's own CA code), and a real TCP listener answering as a
+//! gateway (its certificate from the mesh's own CA code), and a real TLS listener answering as a
 //! remote API server that refuses the credentials.
 
 use std::path::Path;
@@ -21,7 +21,7 @@ use super::gateways::{render_table as gateways_table, rows};
 use super::install::{InstallArgs, render as render_install};
 use super::link::{LinkArgs, Target, kube_target, local_target, render, unlink_local};
 use super::source::Source;
-use cnimesh_control::multicluster::crd::{GatewayStatus, LinkState, LinkStatus, MirrorStatus};
+use cnimesh_control::multicluster::crd::{GatewayStatus, LinkState, LinkStatus, MirrorCollision, MirrorStatus};
 
 const DAY: Duration = Duration::from_secs(86400);
 
@@ -150,7 +150,7 @@ fn cluster_b() -> MockApi {
         TOKEN_SECRET,
         json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "cnimesh-mirror-reader-token", "namespace": "cnimesh-multicluster"},
                "type": "kubernetes.io/service-account-token",
-               "data": {"token": b64(b"reader-token"), "ca.crt": b64(b"-----BEGIN CERTIFICATE-----\nCA\n-----END CERTIFICATE-----\n")}}),
+               "data": {"token": b64(b"reader-token"), "ca.crt": b64(api_ca().cert_pem.as_bytes())}}),
     );
     mock
 }
@@ -347,6 +347,7 @@ fn up_status(now: SystemTime) -> LinkStatus {
             endpoints: 1,
             last_sync: Some(rfc3339(now)),
         }],
+        collisions: Vec::new(),
     }
 }
 
@@ -380,10 +381,29 @@ async fn check_of_a_healthy_local_link_passes_every_check_and_gateways_lists_it(
         "trust anchors match",
         "link status",
         "mirrors",
+        "mirror names",
     ] {
         find(&checks, name);
     }
     assert!(table.contains("demo/web-west <- demo/web [gateway] 1 endpoints"), "{table}");
+    // A mirror name another Link's export claims too: check fails, naming both.
+    let mut contested = up_status(now);
+    contested.collisions = vec![MirrorCollision {
+        mirror: "demo/web-us-west".into(),
+        remote: "demo/web-us".into(),
+        holder: false,
+        with: vec!["us-west's demo/web".into()],
+    }];
+    write_status(&a, "west", &contested);
+    let failed = run(&source, now).await;
+    let names = find(&failed, "mirror names");
+    assert_eq!(names.status, Status::Fail, "{}", render_table(&failed));
+    let text = render_table(&failed);
+    assert!(
+        text.contains("demo/web-us-west <- demo/web-us (refused to this link)") && text.contains("us-west's demo/web"),
+        "{text}"
+    );
+    write_status(&a, "west", &up_status(now));
     let rows = rows(&source).await.unwrap();
     assert_eq!(rows.len(), 1);
     assert_eq!((rows[0].alive, rows[0].latency_ms, rows[0].mirrored_services), (Some(true), Some(1.5), 1));
@@ -474,21 +494,40 @@ async fn a_lost_stale_or_missing_status_and_an_unreachable_gateway_fail_with_the
 const LINKS: &str = "/apis/multicluster.cnimesh.io/v1alpha1/namespaces/cnimesh/links";
 const ANCHORS_CM: &str = "/api/v1/namespaces/cnimesh/configmaps/cnimesh-identity-trust-anchors";
 
-/// A remote API server that refuses every request with 401, as one does for a revoked token.
-async fn refusing_api() -> u16 {
+/// An API server's CA, as a cluster's token Secrets carry it.
+fn api_ca() -> CaPem {
+    cnimesh_identity::ca::new_private_ca("kube-apiserver", DAY).unwrap()
+}
+
+/// A remote API server (HTTPS on 127.0.0.1, its certificate from `ca`) that refuses every request
+/// with 401, as one does for a revoked token.
+async fn refusing_api(ca: &CaPem) -> u16 {
+    let leaf = Signer::new(ca).unwrap().new_server_cert(&["127.0.0.1".into()], DAY).unwrap();
+    let chain = cnimesh_identity::pem::certs(leaf.cert_pem.as_bytes(), "leaf").unwrap();
+    let key = cnimesh_identity::pem::key(leaf.key_pem.as_bytes(), "key").unwrap();
+    let config = rustls::ServerConfig::builder_with_provider(cnimesh_identity::tls::provider())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     tokio::spawn(async move {
-        while let Ok((mut tcp, _)) = listener.accept().await {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
             tokio::spawn(async move {
+                let Ok(mut tls) = acceptor.accept(tcp).await else { return };
                 let mut buf = [0u8; 4096];
-                let _ = tcp.read(&mut buf).await;
+                let _ = tls.read(&mut buf).await;
                 let body = r#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"Unauthorized","reason":"Unauthorized","code":401}"#;
                 let reply = format!(
                     "HTTP/1.1 401 Unauthorized\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
                     body.len()
                 );
-                let _ = tcp.write_all(reply.as_bytes()).await;
+                let _ = tls.write_all(reply.as_bytes()).await;
+                let _ = tls.shutdown().await;
             });
         }
     });
@@ -508,22 +547,23 @@ fn cluster_a(anchor: &CaPem, links: Vec<Value>, secrets: Vec<(String, Value)>) -
 #[tokio::test]
 async fn check_against_a_cluster_names_refused_credentials_a_file_server_and_a_missing_secret() {
     let anchor = new_trust_anchor("cluster.local", DAY).unwrap();
-    let port = refusing_api().await;
+    let ca = api_ca();
+    let port = refusing_api(&ca).await;
     let target = |name: &str, server: String| Target {
         cluster_name: name.into(),
         cluster_domain: "cluster.local".into(),
         trust_domain: "west.local".into(),
         gateway: None,
         server,
-        ca_pem: None,
+        ca_pem: Some(ca.cert_pem.clone().into_bytes()),
         token: Some("revoked".into()),
     };
     let mut links = Vec::new();
     let mut secrets = Vec::new();
     for (name, server) in [
-        ("west", format!("http://127.0.0.1:{port}")),
+        ("west", format!("https://127.0.0.1:{port}")),
         ("files", "file:///etc".to_string()),
-        ("gone", "http://x".into()),
+        ("gone", "https://x".into()),
     ] {
         let docs = render(&target(name, server)).unwrap();
         if name != "gone" {
@@ -568,8 +608,8 @@ async fn check_with_no_links_warns_and_an_invalid_link_is_refused_by_name() {
         trust_domain: "west.local".into(),
         gateway: Some(("10.0.0.1".into(), 4143)),
         server: "https://x".into(),
-        ca_pem: None,
-        token: None,
+        ca_pem: Some(api_ca().cert_pem.into_bytes()),
+        token: Some("t".into()),
     })
     .unwrap()[1]
         .clone();
@@ -585,4 +625,59 @@ fn unlink_against_a_cluster_prints_the_link_and_its_secret_for_kubectl_delete() 
     let docs = yaml::documents(&text, "unlink").unwrap();
     let described: Vec<String> = docs.iter().map(yaml::describe).collect();
     assert_eq!(described, ["Link/cnimesh/west", "Secret/cnimesh/cluster-credentials-west"]);
+}
+
+#[tokio::test]
+async fn link_writes_only_credentials_the_control_plane_accepts_and_refuses_a_plaintext_server() {
+    let client = cluster_b().client();
+    let error = kube_target(&client, &link_args("west"), "http://api.west.example:8080".into()).await.unwrap_err();
+    assert!(error.to_string().contains("https://"), "{error}");
+    let mut target = kube_target(&client, &link_args("west"), "https://api.west.example:6443".into()).await.unwrap();
+    let secret = &render(&target).unwrap()[0];
+    let text = serde_json::to_string(&decoded_kubeconfig(secret)).unwrap();
+    let parsed = cnimesh_control::multicluster::kubeconfig::parse(&text).unwrap();
+    assert!(matches!(parsed, cnimesh_control::multicluster::kubeconfig::LinkKubeconfig::Api(_)));
+    target.ca_pem = None;
+    let error = render(&target).unwrap_err();
+    assert!(error.to_string().contains("certificate-authority-data"), "{error}");
+}
+
+#[tokio::test]
+async fn check_refuses_credentials_that_run_a_command_or_read_a_file_by_the_fields_name() {
+    let anchor = new_trust_anchor("cluster.local", DAY).unwrap();
+    let ca = b64(api_ca().cert_pem.as_bytes());
+    let mut links = Vec::new();
+    let mut secrets = Vec::new();
+    for (name, user, field) in [
+        ("exec", json!({"exec": {"command": "/bin/sh", "args": ["-c", "exit 1"]}}), "users[0].user.exec"),
+        ("file", json!({"tokenFile": "/etc/shadow"}), "users[0].user.tokenFile"),
+    ] {
+        let kubeconfig = json!({"clusters": [{"name": name, "cluster": {"server": "https://127.0.0.1:1", "certificate-authority-data": ca}}],
+            "users": [{"name": "u", "user": user}]});
+        let docs = render(&Target {
+            cluster_name: name.into(),
+            cluster_domain: "cluster.local".into(),
+            trust_domain: "west.local".into(),
+            gateway: None,
+            server: "file:///etc".into(),
+            ca_pem: None,
+            token: None,
+        })
+        .unwrap();
+        let mut secret = docs[0].clone();
+        secret["data"]["kubeconfig"] = b64(kubeconfig.to_string().as_bytes());
+        secrets.push((format!("cluster-credentials-{name}"), secret));
+        links.push((docs[1].clone(), field));
+    }
+    let fields: Vec<(String, &str)> =
+        links.iter().map(|(l, f)| (l["metadata"]["name"].as_str().unwrap().to_string(), *f)).collect();
+    let mock = cluster_a(&anchor, links.into_iter().map(|(l, _)| l).collect(), secrets);
+    let checks = run(&Source::Cluster(mock.client()), SystemTime::now()).await;
+    for (name, field) in fields {
+        let check = checks
+            .iter()
+            .find(|c| c.category == format!("link {name}") && c.name == "credentials")
+            .unwrap_or_else(|| panic!("{name}: {}", render_table(&checks)));
+        assert!(check.status == Status::Fail && check.message.contains(field), "{name}: {}", check.message);
+    }
 }

@@ -4,13 +4,18 @@
 //! requiring it. Applied, it allows what was observed and nothing else: any other client gets
 //! 403 (HTTP) or a refused connection, as with any Server whose authorizations do not name it.
 //!
+//! A port some Server already governs gets no second Server (the proxy would serve only one of
+//! them): the new authentication and authorization target the existing Server, extending its
+//! policy. Traffic that was let in without being evidence (the probe route, audit's would-be
+//! denials, clients an AuthorizationPolicy already allows) is listed, never granted.
+//!
 //! Layer: model (pure).
 
 use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
 
-use super::observe::{Observed, PortTraffic, Target, Workload};
+use super::observe::{NotGranted, Observed, PortTraffic, Target, Workload};
 
 const GROUP: &str = "policy.cnimesh.io";
 const API_VERSION: &str = "policy.cnimesh.io/v1alpha1";
@@ -34,6 +39,20 @@ pub enum Mode {
 pub struct Generated {
     pub objects: Vec<Value>,
     pub notes: Vec<String>,
+    /// Traffic that was let in but is not granted (probe route, audit, already allowed), one
+    /// line per client and reason: the output's "seen, not granted" comments.
+    pub not_granted: Vec<String>,
+}
+
+/// One "seen, not granted" line.
+fn not_granted_line(workload: &Workload, port: u16, client: &str, why: &NotGranted, count: f64, unit: &str) -> String {
+    let who = if client.is_empty() { "clients without a mesh identity" } else { client };
+    let why = match why {
+        NotGranted::ProbeRoute => "on the kubelet probe route, which admits anyone".to_string(),
+        NotGranted::Audit => "let in only by audit mode (would-be denials; --include-audited grants them)".to_string(),
+        NotGranted::AlreadyAllowed(policy) => format!("already allowed by AuthorizationPolicy {policy}"),
+    };
+    format!("{}/{} port {port}: {who}: {count} {unit} {why}", workload.kind, workload.name)
 }
 
 /// `sa.ns.serviceaccount.identity.<trust domain>` as a ServiceAccount reference; other names
@@ -66,9 +85,18 @@ fn unit(traffic: &PortTraffic) -> &'static str {
 pub fn generate(ns: &str, observed: &Observed, mode: Mode) -> Generated {
     let mut objects = Vec::new();
     let mut notes: Vec<String> = observed.skipped.clone();
+    let mut not_granted = Vec::new();
     for ((workload, port), traffic) in &observed.ports {
+        for ((client, why), count) in &traffic.not_granted {
+            not_granted.push(not_granted_line(workload, *port, client, why, *count, unit(traffic)));
+        }
         let port_text = port.to_string();
-        let server = name(&[&workload.name, &port_text]);
+        // An existing Server is extended under names of their own, so nothing of its policy is
+        // replaced.
+        let (server, suffix) = match &traffic.server {
+            Some(existing) => (existing.clone(), "observed-clients"),
+            None => (name(&[&workload.name, &port_text]), "clients"),
+        };
         if traffic.unauthenticated > 0.0 {
             notes.push(format!(
                 "{}/{} port {port}: {} {} without a mesh identity are not allowed by this policy; \
@@ -79,20 +107,31 @@ pub fn generate(ns: &str, observed: &Observed, mode: Mode) -> Generated {
                 unit(traffic)
             ));
         }
-        if traffic.clients.is_empty() {
-            notes.push(format!(
-                "{}/{} port {port}: no client with a mesh identity was seen; its Server allows nothing",
+        match (&traffic.server, traffic.clients.is_empty()) {
+            (None, true) => notes.push(format!(
+                "{}/{} port {port}: no client authorized over mTLS was seen; its Server allows nothing",
                 workload.kind, workload.name
-            ));
+            )),
+            (None, false) => {}
+            (Some(existing), empty) => notes.push(format!(
+                "{}/{} port {port}: governed by the existing Server {existing}: {}",
+                workload.kind,
+                workload.name,
+                if empty {
+                    "nothing to add to its policy"
+                } else {
+                    "its policy is extended, no second Server is written"
+                }
+            )),
         }
-        objects.push(server_object(ns, &server, workload, *port, traffic, mode));
+        if traffic.server.is_none() {
+            objects.push(server_object(ns, &server, workload, *port, traffic, mode));
+        }
         for (target, clients) in &traffic.clients {
             let (auth_name, target_ref) = match target {
-                Target::Server => {
-                    (name(&[&server, "clients"]), json!({"group": GROUP, "kind": "Server", "name": server}))
-                }
+                Target::Server => (name(&[&server, suffix]), json!({"group": GROUP, "kind": "Server", "name": server})),
                 Target::Route { group, name: route } => {
-                    (name(&[&server, route, "clients"]), json!({"group": group, "kind": "HTTPRoute", "name": route}))
+                    (name(&[&server, route, suffix]), json!({"group": group, "kind": "HTTPRoute", "name": route}))
                 }
             };
             let (refs, names): (Vec<_>, Vec<_>) = clients.keys().map(|id| identity_ref(id)).partition(Result::is_ok);
@@ -121,7 +160,7 @@ pub fn generate(ns: &str, observed: &Observed, mode: Mode) -> Generated {
             }));
         }
     }
-    Generated { objects, notes }
+    Generated { objects, notes, not_granted }
 }
 
 fn server_object(ns: &str, server: &str, workload: &Workload, port: u16, traffic: &PortTraffic, mode: Mode) -> Value {
@@ -149,7 +188,7 @@ mod tests {
     const CLIENT: &str = "client.demo.serviceaccount.identity.cnimesh.cluster.local";
 
     fn observed(traffic: PortTraffic) -> Observed {
-        Observed { ports: BTreeMap::from([((web(), 8080), traffic)]), skipped: Vec::new() }
+        Observed { ports: BTreeMap::from([((web(), 8080), traffic)]), ..Default::default() }
     }
 
     #[test]
@@ -161,6 +200,7 @@ mod tests {
                 BTreeMap::from([(CLIENT.to_string(), 40.0), ("peer.example".to_string(), 1.0)]),
             )]),
             unauthenticated: 0.0,
+            ..Default::default()
         };
         let out = generate("demo", &observed(traffic), Mode::Enforce);
         assert!(out.notes.is_empty(), "{:?}", out.notes);
@@ -189,6 +229,7 @@ mod tests {
             http: true,
             clients: BTreeMap::from([(route, BTreeMap::from([(CLIENT.to_string(), 2.0)]))]),
             unauthenticated: 5.0,
+            ..Default::default()
         };
         let out = generate("demo", &observed(traffic), Mode::Audit);
         assert_eq!(out.objects[0]["spec"]["accessPolicy"], "audit");
@@ -202,7 +243,7 @@ mod tests {
 
     #[test]
     fn a_port_that_saw_only_unidentified_traffic_gets_a_server_that_allows_nothing_and_a_note() {
-        let traffic = PortTraffic { http: false, clients: BTreeMap::new(), unauthenticated: 3.0 };
+        let traffic = PortTraffic { http: false, clients: BTreeMap::new(), unauthenticated: 3.0, ..Default::default() };
         let out = generate("demo", &observed(traffic), Mode::Enforce);
         assert_eq!(out.objects.len(), 1);
         assert_eq!(out.objects[0]["spec"]["proxyProtocol"], "opaque");

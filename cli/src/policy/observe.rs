@@ -1,8 +1,12 @@
 //! What the mesh carried into a namespace's workloads, read from their proxies' own inbound
 //! authorization counters (`inbound_{http,tcp}_authz_allow_total`): per workload and port, the
 //! client identities that were let in, the HTTPRoutes they used, and how much traffic came
-//! without a mesh identity. Only allowed traffic counts: a request some policy denied is not
-//! evidence that it should be allowed.
+//! without a mesh identity. Only traffic a policy authorized over mTLS is evidence: a request
+//! some policy denied is not, and neither is one let in only because it hit a kubelet probe
+//! route (open to anyone, by design) or only because the Server is in audit mode (a would-be
+//! denial): those are kept as "seen, not granted" for the output's comments (audit ones are
+//! evidence with `--include-audited`). The Server that already governs a port (its samples' `srv_*`
+//! labels) is recorded, so its policy is extended rather than a second Server written.
 //!
 //! Layer: model (pure): the samples are read by the caller.
 
@@ -35,16 +39,33 @@ pub enum Target {
     },
 }
 
+/// Why traffic that was let in is not turned into a grant.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum NotGranted {
+    /// It hit the kubelet probe route, which admits anyone (`route_kind="default"`,
+    /// `route_name="probe"`).
+    ProbeRoute,
+    /// Only audit mode let it in (`authz_kind="audit"`): a would-be denial.
+    Audit,
+    /// An AuthorizationPolicy already allows it (`authz_kind="authorizationpolicy"`, this name).
+    AlreadyAllowed(String),
+}
+
 /// One workload's port, as its proxies saw it.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct PortTraffic {
     /// Requests were seen (HTTP); otherwise only opaque connections were.
     pub http: bool,
-    /// Allowed requests (HTTP) or connections (opaque) per client identity, per target.
+    /// Requests (HTTP) or connections (opaque) authorized over mTLS, per client identity, per
+    /// target: what is granted.
     pub clients: BTreeMap<Target, BTreeMap<String, f64>>,
     /// Allowed requests or connections without a mesh identity (plaintext or no client
-    /// certificate): no generated policy admits them, and the output says so.
+    /// certificate), off the probe route: no generated policy admits them, and the output says so.
     pub unauthenticated: f64,
+    /// Let in, but not evidence: per (client identity, or empty without one; why), how much.
+    pub not_granted: BTreeMap<(String, NotGranted), f64>,
+    /// The Server that already governs the port (`srv_kind="server"`): its policy is extended.
+    pub server: Option<String>,
 }
 
 /// The namespace's observed traffic, and the pods left out with the reason.
@@ -52,6 +73,8 @@ pub struct PortTraffic {
 pub struct Observed {
     pub ports: BTreeMap<(Workload, u16), PortTraffic>,
     pub skipped: Vec<String>,
+    /// Count what only audit mode let in as evidence (`--include-audited`).
+    pub include_audited: bool,
 }
 
 /// The families read (`allow` only).
@@ -97,8 +120,26 @@ fn port_of(target_addr: &str) -> Option<u16> {
     target_addr.rsplit_once(':').and_then(|(_, port)| port.parse().ok())
 }
 
+/// The Server kind in the `srv_kind` label of a port governed by a Server resource.
+const SERVER_KIND: &str = "server";
+/// The authorization kinds in `authz_kind` that grant nothing by themselves.
+const AUDIT_KIND: &str = "audit";
+const POLICY_KIND: &str = "authorizationpolicy";
+
+/// Whether a sample is of the kubelet probe route (the control plane's `default`/`probe` route
+/// and its authorization, which admit anyone on the probe paths).
+fn on_probe_route(sample: &Sample) -> bool {
+    let probe = |prefix: &str| {
+        sample.label(&format!("{prefix}_group")).is_empty()
+            && sample.label(&format!("{prefix}_kind")) == "default"
+            && sample.label(&format!("{prefix}_name")) == "probe"
+    };
+    probe("route") || probe("authz")
+}
+
 /// Adds one pod's allow counters (`samples`, counts over the window) to `observed`.
 pub fn add_pod(observed: &mut Observed, workload: &Workload, samples: &[(Sample, f64)]) {
+    let include_audited = observed.include_audited;
     for (sample, count) in samples {
         let http = match sample.name.as_str() {
             "inbound_http_authz_allow_total" => true,
@@ -111,8 +152,22 @@ pub fn add_pod(observed: &mut Observed, workload: &Workload, samples: &[(Sample,
         let Some(port) = port_of(sample.label("target_addr")) else { continue };
         let traffic = observed.ports.entry((workload.clone(), port)).or_default();
         traffic.http |= http;
-        let client = sample.label("client_id");
-        if sample.label("tls") != "true" || client.is_empty() {
+        if sample.label("srv_kind") == SERVER_KIND && !sample.label("srv_name").is_empty() {
+            traffic.server = Some(sample.label("srv_name").to_string());
+        }
+        let identified = sample.label("tls") == "true" && !sample.label("client_id").is_empty();
+        let client = if identified { sample.label("client_id") } else { "" };
+        let not_granted = match sample.label("authz_kind") {
+            _ if on_probe_route(sample) => Some(NotGranted::ProbeRoute),
+            AUDIT_KIND if !include_audited => Some(NotGranted::Audit),
+            POLICY_KIND if identified => Some(NotGranted::AlreadyAllowed(sample.label("authz_name").to_string())),
+            _ => None,
+        };
+        if let Some(why) = not_granted {
+            *traffic.not_granted.entry((client.to_string(), why)).or_default() += count;
+            continue;
+        }
+        if !identified {
             traffic.unauthenticated += count;
             continue;
         }

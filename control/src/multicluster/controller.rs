@@ -3,13 +3,15 @@
 //! mirrors ([`super::plan`]) and write what differs ([`super::write`]), then the Link's status
 //! and the `multicluster_*` metrics.
 //!
-//! - A Link that cannot be carried out (invalid, no Secret, bad kubeconfig, a `file://` server
-//!   on a real cluster) is refused by name, with the reason in its status and the log; the
-//!   mirrors it made stay as they are.
+//! - A Link that cannot be carried out (invalid, no Secret, a kubeconfig that is not inline data
+//!   only, a `file://` server on a real cluster) is refused by name, with the reason (the field)
+//!   in its status and the log; the mirrors it made stay as they are.
 //! - A lost link (the target's directory gone, its API failing for three probe periods) keeps its
 //!   mirrors and their last endpoints, annotated `mirror.cnimesh.io/link-state=lost`; on recovery
 //!   the target is read whole again and the annotation goes.
 //! - A Link deleted: all its mirrors are deleted (what `cnimesh multicluster unlink` relies on).
+//! - A mirror name two claimants share stays with its holder; the statuses of both Links name
+//!   the collision (see [`super::plan`]).
 //! - Only the leader of the [`MIRROR_WRITE`] Lease writes (one writer across replicas); the
 //!   others follow and stay ready to take over.
 //!
@@ -26,10 +28,11 @@ use k8s_openapi::api::core::v1::Secret;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{mpsc, watch};
 
-use super::crd::{GatewayStatus, LinkState, LinkStatus, MirrorStatus};
+use super::crd::{GatewayStatus, LinkState, LinkStatus, MirrorCollision, MirrorStatus};
+use super::kubeconfig::{self, LinkKubeconfig};
 use super::link::{Gateway, ValidLink};
 use super::plan::{self, LinkInput, Local, Snapshot, View};
-use super::remote::{self, ClusterState, FilesCluster, KubeCluster, RemoteCluster, RemoteEvent, Server};
+use super::remote::{ClusterState, FilesCluster, KubeCluster, RemoteCluster, RemoteEvent};
 use super::write::{FilesWriter, KubeWriter, MirrorWriter};
 use crate::leader::Leadership;
 use crate::metrics::Metrics;
@@ -365,19 +368,43 @@ impl State<'_> {
                 Seen::Refused(reason) => (None, Some(reason.clone())),
                 Seen::Connecting => (None, Some("connecting".to_string())),
             };
-            let status =
-                LinkStatus { state, reason, last_sync: run.last_sync.clone(), gateway: run.gateway.clone(), mirrors };
+            let status = LinkStatus {
+                state,
+                reason,
+                last_sync: run.last_sync.clone(),
+                gateway: run.gateway.clone(),
+                mirrors,
+                collisions: collisions_of(&plan, cluster),
+            };
             if let Err(error) = self.writer.status(&run.link.name, &status).await {
                 tracing::warn!(link = %run.link.name, %error, "cannot write the Link's status");
             }
         }
-        for (name, (_, reason)) in &self.refused {
-            let status = LinkStatus { reason: Some(reason.clone()), ..Default::default() };
+        for (name, (cluster, reason)) in &self.refused {
+            let status = LinkStatus {
+                reason: Some(reason.clone()),
+                collisions: collisions_of(&plan, cluster),
+                ..Default::default()
+            };
             if let Err(error) = self.writer.status(name, &status).await {
                 tracing::debug!(link = %name, %error, "cannot write the refused Link's status");
             }
         }
     }
+}
+
+/// The collisions of `cluster`'s exports, for its Link's status.
+fn collisions_of(plan: &plan::Plan, cluster: &str) -> Vec<MirrorCollision> {
+    plan.collisions
+        .iter()
+        .filter(|c| c.cluster.as_deref() == Some(cluster))
+        .map(|c| MirrorCollision {
+            mirror: c.mirror.to_string(),
+            remote: c.remote.clone(),
+            holder: c.holder,
+            with: c.with.clone(),
+        })
+        .collect()
 }
 
 /// The kubeconfig in the Link's Secret, or why there is none.
@@ -452,21 +479,23 @@ fn start_link(
     tasks
 }
 
-/// The target cluster, from the Link's kubeconfig.
+/// The target cluster, from the Link's kubeconfig: read as data only ([`kubeconfig::parse`]), the
+/// client built from that data, so nothing the kubeconfig names is run or read here.
 async fn connect(
     kubeconfig: Result<String, String>,
     files_allowed: bool,
     period: Duration,
 ) -> Result<Box<dyn RemoteCluster>, String> {
-    let server = remote::server_of(&kubeconfig?).map_err(|e| e.to_string())?;
-    match server {
-        Server::Files(dir) if files_allowed => Ok(Box::new(FilesCluster::new(dir, period))),
-        Server::Files(dir) => Err(format!(
+    let refused = |e: kubeconfig::KubeconfigError| format!("the kubeconfig is refused: {e}");
+    match kubeconfig::parse(&kubeconfig?).map_err(refused)? {
+        LinkKubeconfig::Files(dir) if files_allowed => Ok(Box::new(FilesCluster::new(dir, period))),
+        LinkKubeconfig::Files(dir) => Err(format!(
             "the kubeconfig's server is a directory ({}): honoured only by a control plane running the files backend (--cluster-dir)",
             dir.display()
         )),
-        Server::Kube(config) => {
-            let client = remote::kube_client(&config).await?;
+        LinkKubeconfig::Api(api) => {
+            let config = api.client_config().map_err(refused)?;
+            let client = kube::Client::try_from(config).map_err(|e| format!("a client for {}: {e}", api.server))?;
             Ok(Box::new(KubeCluster::new(client, None, period * 3)))
         }
     }

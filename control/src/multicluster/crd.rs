@@ -105,6 +105,25 @@ pub struct LinkStatus {
     /// Every mirror this link made.
     #[serde(default)]
     pub mirrors: Vec<MirrorStatus>,
+    /// Mirror names this link's exports share with another claimant (another Link's export, a
+    /// federated Service, a Service of this cluster): the holder keeps the mirror, every other
+    /// claimant is refused it. `cnimesh multicluster check` fails while there is any.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub collisions: Vec<MirrorCollision>,
+}
+
+/// A mirror name claimed by more than this Link's export.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MirrorCollision {
+    /// `namespace/name` of the contested mirror in this cluster.
+    pub mirror: String,
+    /// `namespace/name` of this Link's Service in the target cluster.
+    pub remote: String,
+    /// Whether this Link holds the mirror (it had it first); otherwise its export is refused.
+    pub holder: bool,
+    /// The other claimants, in words.
+    pub with: Vec<String>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]

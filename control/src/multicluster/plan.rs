@@ -11,7 +11,11 @@
 //!   `<name>-federated` whose slices are the union of every member's pods;
 //! - a mirror nobody asks for any more is deleted; a lost link's mirrors keep their last
 //!   endpoints and are annotated lost; the mirrors of a Link that cannot be read (refused, not
-//!   yet connected) are left exactly as they are.
+//!   yet connected) are left exactly as they are;
+//! - names collide (`web-us` of `west` and `web` of `us-west` are both `web-us-west`): a name
+//!   claimed twice stays with whoever holds it now (the existing mirror's cluster), every other
+//!   claimant is refused and named in [`Plan::collisions`]; when nobody holds it yet, nobody gets
+//!   it. A name that is a Service of this cluster's own (not a mirror) is never a mirror.
 //!
 //! Layer: model (pure).
 
@@ -174,12 +178,38 @@ pub struct Plan {
     /// Mirrors to delete (their Service and slices).
     pub deletes: Vec<NsName>,
     pub skipped: Vec<Skipped>,
+    /// Names claimed by more than one linked Service (or by a Service of this cluster), one entry
+    /// per claimant.
+    pub collisions: Vec<Collision>,
+}
+
+/// One claimant of a contested mirror name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Collision {
+    pub mirror: NsName,
+    /// The claimant's linked cluster (None: the federated Service).
+    pub cluster: Option<String>,
+    /// The claimant's Service, `namespace/name` in its cluster.
+    pub remote: String,
+    /// Whether this claimant holds the mirror (it had it first); the others are refused.
+    pub holder: bool,
+    /// The other claimants, in words.
+    pub with: Vec<String>,
+}
+
+/// A claimant in words: `<cluster>'s <ns>/<name>`, or the federated Service.
+fn claimant(mirror: &Mirror) -> String {
+    match mirror.cluster() {
+        Some(cluster) => format!("{cluster}'s {}", mirror.remote()),
+        None => format!("the federated Service of {}", mirror.remote()),
+    }
 }
 
 /// The mirrors every Link and this cluster's own federated members ask for, against `existing`.
 pub fn plan(links: &[LinkInput<'_>], local: &Local<'_>, existing: &[Mirror]) -> Plan {
     let mut plan = Plan::default();
-    let mut desired: BTreeMap<NsName, Mirror> = BTreeMap::new();
+    // Every mirror asked for, by name: more than one claimant is a collision.
+    let mut claims: BTreeMap<NsName, Vec<Mirror>> = BTreeMap::new();
     let unavailable: BTreeSet<&str> =
         links.iter().filter(|l| matches!(l.view, View::Unavailable)).map(|l| l.link.cluster.as_str()).collect();
     for input in links {
@@ -204,22 +234,21 @@ pub fn plan(links: &[LinkInput<'_>], local: &Local<'_>, existing: &[Mirror]) -> 
                 Ok(mirror) if !crate::multicluster::link::is_dns_label(&mirror.key().name) => {
                     plan.skipped.push(skip(format!("the mirror's name {:?} is not a DNS label", mirror.key().name)))
                 }
-                Ok(mirror) => {
-                    desired.insert(mirror.key(), mirror);
-                }
+                Ok(mirror) => claims.entry(mirror.key()).or_default().push(mirror),
                 Err(reason) => plan.skipped.push(skip(reason)),
             }
         }
     }
     for mirror in federated(links, local, existing) {
-        desired.insert(mirror.key(), mirror);
+        claims.entry(mirror.key()).or_default().push(mirror);
     }
-    // The mirrors of a Link that cannot be read stay as they were.
+    // The mirrors of a Link that cannot be read stay as they were: they still hold their names.
     for mirror in existing {
         if mirror.cluster().is_some_and(|c| unavailable.contains(c)) {
-            desired.entry(mirror.key()).or_insert_with(|| mirror.clone());
+            claims.entry(mirror.key()).or_default().push(mirror.clone());
         }
     }
+    let desired = settle(claims, local, existing, &mut plan);
     let existing: HashMap<NsName, Mirror> = existing.iter().map(|m| (m.key(), m.normalized())).collect();
     for (key, mirror) in &desired {
         if existing.get(key) != Some(&mirror.normalized()) {
@@ -230,6 +259,65 @@ pub fn plan(links: &[LinkInput<'_>], local: &Local<'_>, existing: &[Mirror]) -> 
     plan.deletes.sort();
     plan.desired = desired.into_values().collect();
     plan
+}
+
+/// One mirror per name: a name claimed once is granted; claimed twice, it stays with the
+/// claimant whose mirror holds it now and every other claimant is refused (all of them when none
+/// holds it: the first to ask is no owner, only an accident of order); a name that is a Service
+/// of this cluster's own is granted to nobody. Every refusal is a [`Collision`] and a [`Skipped`].
+fn settle(
+    claims: BTreeMap<NsName, Vec<Mirror>>,
+    local: &Local<'_>,
+    existing: &[Mirror],
+    plan: &mut Plan,
+) -> BTreeMap<NsName, Mirror> {
+    let own: BTreeSet<NsName> = local
+        .snapshot
+        .map(|s| s.services.iter().filter(|s| !is_mirror(s)).map(|s| NsName::of(&s.metadata)).collect())
+        .unwrap_or_default();
+    let held: HashMap<NsName, Option<&str>> = existing.iter().map(|m| (m.key(), m.cluster())).collect();
+    let mut desired = BTreeMap::new();
+    for (key, mut claimants) in claims {
+        let local_service = own.contains(&key);
+        if claimants.len() == 1 && !local_service {
+            desired.insert(key, claimants.remove(0));
+            continue;
+        }
+        let holder = if local_service {
+            None
+        } else {
+            held.get(&key).and_then(|owner| claimants.iter().position(|m| m.cluster() == *owner))
+        };
+        let names: Vec<String> = claimants.iter().map(claimant).collect();
+        for (i, mirror) in claimants.iter().enumerate() {
+            let mut with: Vec<String> =
+                names.iter().enumerate().filter(|(j, _)| *j != i).map(|(_, n)| n.clone()).collect();
+            if local_service {
+                with.push(format!("this cluster's own Service {key}"));
+            }
+            let is_holder = holder == Some(i);
+            if !is_holder {
+                let remote = mirror.remote();
+                let service = remote.split_once('/').map_or_else(|| key.clone(), |(ns, name)| NsName::new(ns, name));
+                plan.skipped.push(Skipped {
+                    cluster: mirror.cluster().unwrap_or(FEDERATED_SUFFIX).to_string(),
+                    service,
+                    reason: format!("its mirror name {key} is also claimed by {}: refused", with.join(", ")),
+                });
+            }
+            plan.collisions.push(Collision {
+                mirror: key.clone(),
+                cluster: mirror.cluster().map(str::to_string),
+                remote: mirror.remote(),
+                holder: is_holder,
+                with,
+            });
+        }
+        if let Some(i) = holder {
+            desired.insert(key, claimants.swap_remove(i));
+        }
+    }
+    desired
 }
 
 fn gateway_mirror(input: &LinkInput<'_>, service: &Service, lost: bool) -> Result<Mirror, String> {
@@ -558,6 +646,12 @@ fn ready_endpoint(address: String) -> Endpoint {
     }
 }
 
+/// Whether `service` is a mirror (labelled [`MIRRORED_SERVICE_LABEL`]`=true`): only mirrors are
+/// ever written or deleted by the mirror controller.
+pub fn is_mirror(service: &Service) -> bool {
+    label(&service.metadata, MIRRORED_SERVICE_LABEL) == Some("true")
+}
+
 fn label<'a>(meta: &'a ObjectMeta, key: &str) -> Option<&'a str> {
     meta.labels.as_ref()?.get(key).map(String::as_str)
 }
@@ -871,5 +965,61 @@ mod tests {
         // No member left anywhere: the federated Service goes.
         let plan3 = plan(&[up(&north, &gone)], &Local { snapshot: None, ..local }, &plan2.upserts);
         assert_eq!(plan3.deletes, [NsName::new("shop", "web-federated")]);
+    }
+
+    /// us-west's `web` and west's `web-us`: both are `web-us-west`.
+    fn colliding() -> (ValidLink, Snapshot, ValidLink, Snapshot) {
+        let mut tenant = web("remote-discovery", &[("web-0", "10.2.0.66", true)]);
+        tenant.services[0].metadata.name = Some("web-us".into());
+        tenant.slices[0].metadata.labels = Some(BTreeMap::from([(SERVICE_NAME_LABEL.into(), "web-us".into())]));
+        (valid("us-west"), web("remote-discovery", &[("web-0", "10.3.0.7", true)]), valid("west"), tenant)
+    }
+
+    #[test]
+    fn a_mirror_name_two_links_claim_stays_with_the_link_that_holds_it_and_both_are_named() {
+        let (us_west, owner, west, tenant) = colliding();
+        let written = plan(&[up(&us_west, &owner)], &local(), &[]).upserts;
+        assert_eq!(written[0].key(), NsName::new("shop", "web-us-west"));
+        // West comes along (and sorts after us-west, so it used to be written last and win).
+        let both = plan(&[up(&us_west, &owner), up(&west, &tenant)], &local(), &written);
+        assert!(both.upserts.is_empty() && both.deletes.is_empty(), "{both:?}");
+        assert_eq!(both.desired.len(), 1);
+        assert_eq!(both.desired[0].cluster(), Some("us-west"));
+        assert_eq!(addresses(&both.desired[0]), ["10.3.0.7"]);
+        let by_cluster: BTreeMap<Option<&str>, (bool, &str, &[String])> = both
+            .collisions
+            .iter()
+            .map(|c| (c.cluster.as_deref(), (c.holder, c.remote.as_str(), c.with.as_slice())))
+            .collect();
+        assert_eq!(by_cluster[&Some("us-west")], (true, "shop/web", &["west's shop/web-us".to_string()][..]));
+        assert_eq!(by_cluster[&Some("west")], (false, "shop/web-us", &["us-west's shop/web".to_string()][..]));
+        assert!(both.skipped.iter().any(|s| s.cluster == "west" && s.reason.contains("web-us-west")), "{both:?}");
+        // The same when the holder cannot be read for a while: its mirror stays its own.
+        let away = LinkInput { link: &us_west, gateway_ip: None, view: View::Unavailable };
+        let while_away = plan(&[away, up(&west, &tenant)], &local(), &written);
+        assert!(while_away.upserts.is_empty() && while_away.deletes.is_empty(), "{while_away:?}");
+        assert_eq!(while_away.desired[0].cluster(), Some("us-west"));
+    }
+
+    #[test]
+    fn a_mirror_name_claimed_twice_that_nobody_holds_yet_goes_to_nobody() {
+        let (us_west, owner, west, tenant) = colliding();
+        let both = plan(&[up(&west, &tenant), up(&us_west, &owner)], &local(), &[]);
+        assert!(both.desired.is_empty() && both.upserts.is_empty(), "{both:?}");
+        assert_eq!(both.collisions.len(), 2);
+        assert!(both.collisions.iter().all(|c| !c.holder), "{:?}", both.collisions);
+    }
+
+    #[test]
+    fn a_mirror_never_takes_the_name_of_a_service_of_this_cluster() {
+        let west = valid("west");
+        let remote = web("remote-discovery", &[("web-0", "10.2.0.5", true)]);
+        let mine =
+            Snapshot { services: vec![service("web-west", json!({"app": "mine"}), http())], ..Default::default() };
+        let here = Local { snapshot: Some(&mine), ..local() };
+        let refused = plan(&[up(&west, &remote)], &here, &[]);
+        assert!(refused.desired.is_empty() && refused.upserts.is_empty(), "{refused:?}");
+        let [collision] = refused.collisions.as_slice() else { panic!("{refused:?}") };
+        assert!(!collision.holder && collision.with[0].contains("own Service shop/web-west"), "{collision:?}");
     }
 }

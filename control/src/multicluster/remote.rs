@@ -1,8 +1,9 @@
 //! A linked cluster, as the mirror reads it: a snapshot of its Services, EndpointSlices and Pods
 //! after every change, or word that it stopped answering. Two implementations behind
-//! [`RemoteCluster`]: the Kubernetes API (kube-rs watchers, from the Link's kubeconfig) and a
-//! directory of YAML (`file://DIR`, local mode; read with the files source's reader). The same
-//! two also read this cluster itself, with its Links and their Secrets ([`ClusterState`]).
+//! [`RemoteCluster`]: the Kubernetes API (kube-rs watchers, with a client built from the Link's
+//! kubeconfig by [`super::kubeconfig`]) and a directory of YAML (`file://DIR`, local mode; read
+//! with the files source's reader). The same two also read this cluster itself, with its Links
+//! and their Secrets ([`ClusterState`]).
 //!
 //! Layer: runtime (kube, files).
 
@@ -58,48 +59,6 @@ pub enum RemoteEvent {
 pub trait RemoteCluster: Send {
     /// The next change; a repeat of the same state is not a change.
     fn next(&mut self) -> BoxFuture<'_, RemoteEvent>;
-}
-
-/// Where a kubeconfig points.
-#[derive(Debug, Clone)]
-pub enum Server {
-    /// `file:///DIR`: a cluster directory (local mode only).
-    Files(PathBuf),
-    /// An API server.
-    Kube(Box<kube::config::Kubeconfig>),
-}
-
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum KubeconfigError {
-    #[error("the kubeconfig is not valid: {0}")]
-    Invalid(String),
-    #[error("the kubeconfig has no cluster server")]
-    NoServer,
-    #[error("the kubeconfig's server {0:?} is a file:// URL but not an absolute path")]
-    RelativePath(String),
-}
-
-/// Reads where `kubeconfig` points: its current context's cluster (or its only cluster).
-pub fn server_of(kubeconfig: &str) -> Result<Server, KubeconfigError> {
-    let config =
-        kube::config::Kubeconfig::from_yaml(kubeconfig).map_err(|e| KubeconfigError::Invalid(e.to_string()))?;
-    let context = config
-        .current_context
-        .as_ref()
-        .and_then(|name| config.contexts.iter().find(|c| &c.name == name))
-        .and_then(|c| c.context.as_ref())
-        .map(|c| c.cluster.clone());
-    let cluster = match context {
-        Some(name) => config.clusters.iter().find(|c| c.name == name),
-        None => config.clusters.first(),
-    };
-    let server =
-        cluster.and_then(|c| c.cluster.as_ref()).and_then(|c| c.server.clone()).ok_or(KubeconfigError::NoServer)?;
-    match server.strip_prefix("file://") {
-        Some(path) if path.starts_with('/') => Ok(Server::Files(PathBuf::from(path))),
-        Some(_) => Err(KubeconfigError::RelativePath(server)),
-        None => Ok(Server::Kube(Box::new(config))),
-    }
 }
 
 /// Quiet time after a file event before reading, so a burst of writes is one read.
@@ -505,40 +464,9 @@ fn not_served(error: &watcher::Error) -> bool {
         | watcher::Error::WatchStartFailed(kube::Error::Api(status)) if matches!(status.code, 403 | 404))
 }
 
-/// A client for the cluster `kubeconfig` points at.
-pub async fn kube_client(kubeconfig: &kube::config::Kubeconfig) -> Result<kube::Client, String> {
-    let mut config = kube::Config::from_custom_kubeconfig(kubeconfig.clone(), &Default::default())
-        .await
-        .map_err(|e| format!("the kubeconfig: {e}"))?;
-    // kube-rs retries a 503/429/504 up to 15 times with exponential backoff (minutes in all), so
-    // an API server that answers "unavailable" would look alive to the watches for minutes. Their
-    // own backoff retries instead, and the failure counts towards a lost link at once.
-    config.default_retry = false;
-    kube::Client::try_from(config).map_err(|e| format!("a client from the kubeconfig: {e}"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn kubeconfig(server: &str) -> String {
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: west\n  cluster: {{server: \"{server}\"}}\ncontexts:\n- name: west\n  context: {{cluster: west, user: mirror}}\ncurrent-context: west\nusers:\n- name: mirror\n  user: {{token: abc}}\n"
-        )
-    }
-
-    #[test]
-    fn a_file_server_is_a_directory_and_an_https_one_an_api_server() {
-        assert!(
-            matches!(server_of(&kubeconfig("file:///var/west/cluster")).unwrap(), Server::Files(p) if p == Path::new("/var/west/cluster"))
-        );
-        assert!(matches!(server_of(&kubeconfig("https://10.0.0.1:6443")).unwrap(), Server::Kube(_)));
-        assert_eq!(
-            server_of(&kubeconfig("file://west")).unwrap_err(),
-            KubeconfigError::RelativePath("file://west".into())
-        );
-        assert!(matches!(server_of("clusters: 3").unwrap_err(), KubeconfigError::Invalid(_)));
-    }
 
     #[tokio::test]
     async fn a_directory_is_synced_whole_lost_when_it_goes_and_synced_again_when_it_is_back() {

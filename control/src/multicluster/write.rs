@@ -23,7 +23,7 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use serde_json::Value;
 
 use super::crd::{API_VERSION, KIND, Link, LinkStatus};
-use super::plan::{Mirror, SERVICE_NAME_LABEL};
+use super::plan::{Mirror, SERVICE_NAME_LABEL, is_mirror};
 use crate::meta::NsName;
 
 /// The server-side apply field manager of every mirror write.
@@ -223,10 +223,6 @@ fn allocate(cidr: Option<ipnet::IpNet>, used: &HashSet<IpAddr>) -> Result<IpAddr
 fn yaml<T: serde::Serialize>(object: &T) -> String {
     let value = serde_json::to_value(object).expect("a Kubernetes object serialises");
     serde_saphyr::to_string(&value).expect("JSON values serialise as YAML")
-}
-
-fn is_mirror(service: &Service) -> bool {
-    service.metadata.labels.as_ref().and_then(|l| l.get(MIRRORED_SERVICE_LABEL)).is_some_and(|v| v == "true")
 }
 
 /// Mirrors through the API server.
