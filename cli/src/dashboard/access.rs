@@ -114,9 +114,11 @@ impl Access {
         }
         let (from_query, rest) = split_token(uri.query());
         if from_query.is_some_and(|t| self.matches(t)) {
+            // One leading slash: `//host/` would send the browser to another host.
+            let path = format!("/{}", uri.path().trim_start_matches('/'));
             let location = match rest {
-                Some(rest) => format!("{}?{rest}", uri.path()),
-                None => uri.path().to_string(),
+                Some(rest) => format!("{path}?{rest}"),
+                None => path,
             };
             let set_cookie = format!("{}={}; Path=/; HttpOnly; SameSite=Strict", self.cookie, self.token);
             return Ok(Admitted::TradeToken { location, set_cookie });

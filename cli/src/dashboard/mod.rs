@@ -99,9 +99,7 @@ pub async fn main(cluster: &ClusterArgs, args: DashboardArgs, out: &mut impl Wri
     let url = access.url(bound);
     writeln!(out, "cnimesh dashboard: {url}")?;
     out.flush()?;
-    if args.show == Show::Browser {
-        open_browser(&url);
-    }
+    let opener_page = if args.show == Show::Browser { open_browser(&url) } else { None };
     let tasks = tokio::task::LocalSet::new();
     tasks
         .run_until(async move {
@@ -112,20 +110,32 @@ pub async fn main(cluster: &ClusterArgs, args: DashboardArgs, out: &mut impl Wri
                 _ = tokio::signal::ctrl_c() => {}
             }
             sampler.abort();
+            if let Some(page) = opener_page {
+                let _ = std::fs::remove_file(page);
+            }
             Ok(())
         })
         .await
 }
 
 /// The desktop's opener, when there is a desktop: never an error (headless hosts just have the
-/// printed URL).
-fn open_browser(url: &str) {
+/// printed URL). The opener gets a private redirect page, not the URL: a command line is readable
+/// by every user of the host (`/proc/*/cmdline`), and the URL carries the run's token. Returns the
+/// page's path, removed when the dashboard stops.
+fn open_browser(url: &str) -> Option<PathBuf> {
     let display = ["DISPLAY", "WAYLAND_DISPLAY"].iter().any(|v| std::env::var_os(v).is_some_and(|v| !v.is_empty()));
     if !display {
-        return;
+        return None;
     }
+    let page = match redirect_page(url) {
+        Ok(page) => page,
+        Err(e) => {
+            tracing::info!("could not write the page that opens the dashboard ({e}); open the printed URL yourself");
+            return None;
+        }
+    };
     let spawned = std::process::Command::new("xdg-open")
-        .arg(url)
+        .arg(&page)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
@@ -135,8 +145,24 @@ fn open_browser(url: &str) {
         Ok(mut child) => {
             std::thread::spawn(move || child.wait());
         }
-        Err(e) => tracing::info!("could not open a browser (xdg-open: {e}); open {url} yourself"),
+        Err(e) => tracing::info!("could not open a browser (xdg-open: {e}); open the printed URL yourself"),
     }
+    Some(page)
+}
+
+/// Writes a page only this user can read (0600, a new file of a random name) that sends the
+/// browser on to `url`, as Jupyter does.
+fn redirect_page(url: &str) -> std::io::Result<PathBuf> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = std::env::temp_dir().join(format!("cnimesh-dashboard-{}.html", cnimesh_identity::secret::random_hex(8)));
+    let mut file = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path)?;
+    // The URL is `http://host:port/?token=<hex>`: nothing in it needs escaping in an attribute.
+    write!(
+        file,
+        "<!doctype html><meta charset=\"utf-8\"><meta name=\"referrer\" content=\"no-referrer\">\
+         <meta http-equiv=\"refresh\" content=\"0;url={url}\"><a href=\"{url}\">Open the cnimesh dashboard</a>\n"
+    )?;
+    Ok(path)
 }
 
 #[cfg(test)]

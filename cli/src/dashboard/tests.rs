@@ -371,6 +371,10 @@ async fn the_printed_urls_token_becomes_a_strict_cookie_and_leaves_the_address_b
         response.headers()["set-cookie"],
         format!("cnimesh-dashboard-50750={TOKEN}; Path=/; HttpOnly; SameSite=Strict")
     );
+    // A path that starts with `//` would name another host in Location.
+    let request = Request::get(format!("//evil.example/?token={TOKEN}")).header("host", "localhost:50750");
+    let response = server::handle(&state, &access(), request.body(()).unwrap()).await;
+    assert_eq!(response.headers()["location"], "/evil.example/");
     let bearer = Request::get("/api/meta")
         .header("host", "localhost:50750")
         .header("authorization", format!("Bearer {TOKEN}"))
@@ -461,6 +465,21 @@ fn query_strings_are_decoded() {
     assert_eq!(p["resource"], "deploy/web");
     assert_eq!(p["path"], "/a b");
     assert_eq!(p["empty"], "");
+}
+
+/// The desktop's opener is handed a page only this user can read, never the URL with the token
+/// (a command line is readable by every user of the host).
+#[test]
+fn the_page_handed_to_the_opener_is_private_and_leads_to_the_url() {
+    use std::os::unix::fs::PermissionsExt;
+    let url = format!("http://127.0.0.1:50750/?token={TOKEN}");
+    let page = super::redirect_page(&url).unwrap();
+    let mode = std::fs::metadata(&page).unwrap().permissions().mode() & 0o777;
+    let text = std::fs::read_to_string(&page).unwrap();
+    std::fs::remove_file(&page).unwrap();
+    assert_eq!(mode, 0o600);
+    assert!(!page.to_string_lossy().contains(TOKEN), "{}", page.display());
+    assert!(text.contains(&format!("content=\"0;url={url}\"")), "{text}");
 }
 
 #[tokio::test]
