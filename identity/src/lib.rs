@@ -3,10 +3,12 @@
 
 pub mod anchors;
 pub mod ca;
+pub mod current;
 pub mod grpc_channel;
 pub mod name;
 pub mod pem;
 pub mod provider;
 pub mod tls;
+pub mod trust_domain;
 
 pub use name::{DEFAULT_TRUST_DOMAIN, Name, NameError, TOKEN_AUDIENCE};
