@@ -84,6 +84,10 @@ pub struct HttpProxy {
     forwarded: Mutex<Vec<(HeaderValue, Arc<ConnPolicy>)>>,
 }
 
+/// A request the gateway forwarded: the remote workload's identity (as the header gave it) and
+/// the policy it is held to (none without policy).
+type Forwarded = (HeaderValue, Option<Arc<ConnPolicy>>);
+
 /// Remote workloads whose policy a gateway connection keeps; beyond, the oldest goes.
 const MAX_FORWARDED: usize = 16;
 
@@ -493,14 +497,11 @@ impl HttpProxy {
     }
 
     /// The remote workload a request from this cluster's gateway was forwarded for, with the
-    /// policy it is held to (none without policy); `None` without the header (an opaque-era
-    /// gateway, a probe): the request is then the gateway's own. A header that names no
-    /// identity of another trust domain is refused: the gateway never sends one.
-    #[allow(clippy::result_large_err, clippy::type_complexity)]
-    fn forwarded_client(
-        &self,
-        headers: &http::HeaderMap,
-    ) -> Result<Option<(HeaderValue, Option<Arc<ConnPolicy>>)>, Response<Body>> {
+    /// policy it is held to (none without policy); `None` without the header (the gateway's
+    /// own requests, or an older gateway's): the request is then the gateway's. A header that
+    /// names no identity of another trust domain is refused: the gateway never sends one.
+    #[allow(clippy::result_large_err)]
+    fn forwarded_client(&self, headers: &http::HeaderMap) -> Result<Option<Forwarded>, Response<Body>> {
         let mut values = headers.get_all(GATEWAY_CLIENT_ID).iter();
         let Some(value) = values.next() else { return Ok(None) };
         let bad = |why: &str| error_response(&ProxyError::BadRequest(format!("refused: {GATEWAY_CLIENT_ID} {why}")));
