@@ -17,7 +17,7 @@ pub const ADMIN_PORT: u16 = 9990;
 
 /// How a second cluster's issuer is made from the shared anchor.
 #[derive(Debug, Clone, Copy)]
-enum Issuer {
+pub enum Issuer {
     /// As `cnimesh ca issuer` makes it: constrained to its trust domain.
     Constrained,
     /// As issuers were made before they carried name constraints.
@@ -60,19 +60,10 @@ impl Control {
         Self::start_with_ca(bin, pod, args, Some((anchor, trust_domain, Issuer::Constrained)))
     }
 
-    /// [`Self::start_sharing_anchor`], with an issuer as they were made before issuers carried
-    /// name constraints (one that could sign any trust domain's identities).
-    pub fn start_sharing_anchor_unconstrained(
-        bin: &Path,
-        pod: &Pod<'_>,
-        args: &[&str],
-        anchor: &Control,
-        trust_domain: &str,
-    ) -> anyhow::Result<Self> {
-        Self::start_with_ca(bin, pod, args, Some((anchor, trust_domain, Issuer::Unconstrained)))
-    }
-
-    fn start_with_ca(
+    /// The control plane in `pod` with `args` added to `serve`: with its own new CA, or, with
+    /// `shared`, an issuer of the given kind for its trust domain signed by another control
+    /// plane's anchor.
+    pub fn start_with_ca(
         bin: &Path,
         pod: &Pod<'_>,
         args: &[&str],

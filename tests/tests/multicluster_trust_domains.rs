@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cnimesh_e2e::apps::{self, Apps};
-use cnimesh_e2e::control::{Control, env_refs, write_atomically};
+use cnimesh_e2e::control::{Control, Issuer, env_refs, write_atomically};
 use cnimesh_e2e::multicluster::{west_policy_yaml, west_web_yaml};
 use cnimesh_e2e::sidecar::Sidecar;
 use cnimesh_e2e::wait::eventually;
@@ -30,7 +30,7 @@ struct Linked<'n> {
     _control_pods: (Pod<'n>, Pod<'n>),
 }
 
-fn linked<'n>(net: &'n Network, legacy_west_issuer: bool) -> Linked<'n> {
+fn linked<'n>(net: &'n Network, west_issuer: Issuer) -> Linked<'n> {
     let bins = bins!();
     let east_dir = tempfile::tempdir().unwrap();
     let east_pod = Pod::unmeshed(net, "cnimesh", "control-east").unwrap();
@@ -39,12 +39,7 @@ fn linked<'n>(net: &'n Network, legacy_west_issuer: bool) -> Linked<'n> {
     write_atomically(&east_dir.path().join("web.yaml"), &west_web_yaml(web.ipv4()));
     let east_cluster = east_dir.path().display().to_string();
     let east = Control::start(&bins.control, &east_pod, &["--cluster-dir", &east_cluster]).unwrap();
-    let west = if legacy_west_issuer {
-        Control::start_sharing_anchor_unconstrained(&bins.control, &west_pod, &[], &east, "west.local")
-    } else {
-        Control::start_sharing_anchor(&bins.control, &west_pod, &[], &east, "west.local")
-    }
-    .unwrap();
+    let west = Control::start_with_ca(&bins.control, &west_pod, &[], Some((&east, "west.local", west_issuer))).unwrap();
     // Web's policy: east's `client`, and nobody else.
     write_atomically(&east_dir.path().join("policy.yaml"), &west_policy_yaml(&east.identity("shop", "client")));
     let apps = Apps::start(&web.netns.path(), web.ipv4().into(), "web-0").unwrap();
@@ -93,29 +88,30 @@ fn get_as(pod: &Pod<'_>, l: &Linked<'_>, issuer: &Control, identity: &str) -> u1
     .unwrap()
 }
 
+/// What web's proxy answers, with west's issuer of kind `west_issuer`: east's `client` signed by
+/// west's issuer (the attack), and west's own `client` signed by it. Checks first that east's own
+/// certificate for `client` is admitted and another east identity is not: the policy is in force.
+fn forged_and_wests_own(west_issuer: Issuer) -> (u16, u16) {
+    let net = Network::bridge(&bins!(), json!({})).unwrap();
+    let l = linked(&net, west_issuer);
+    let attacker = Pod::unmeshed(&net, "shop", "attacker").unwrap();
+    let client = l.east.identity("shop", "client");
+    eventually("web's policy admits east's client", PATIENCE, || get_as(&attacker, &l, &l.east, &client) == 200);
+    assert_eq!(get_as(&attacker, &l, &l.east, &l.east.identity("shop", "other")), 403, "and nobody else");
+    let forged = get_as(&attacker, &l, &l.west, &client);
+    eprintln!("east's client signed by west's {west_issuer:?} issuer: {forged}");
+    (forged, get_as(&attacker, &l, &l.west, &l.west.identity("shop", "client")))
+}
+
 #[test]
 fn a_certificate_for_easts_client_signed_by_wests_issuer_is_refused_at_the_handshake_by_easts_proxy() {
     if !require_root("a_certificate_for_easts_client_signed_by_wests_issuer_is_refused_at_the_handshake_by_easts_proxy")
     {
         return;
     }
-    let net = Network::bridge(&bins!(), json!({})).unwrap();
-    let l = linked(&net, false);
-    let attacker = Pod::unmeshed(&net, "shop", "attacker").unwrap();
-    let client = l.east.identity("shop", "client");
-    // East's own issuer's certificate for `client` is admitted: the policy is in force.
-    eventually("web's policy admits east's client", PATIENCE, || get_as(&attacker, &l, &l.east, &client) == 200);
-    assert_eq!(get_as(&attacker, &l, &l.east, &l.east.identity("shop", "other")), 403, "and nobody else");
-    // Attack: the same identity, signed by west's issuer.
-    let forged = get_as(&attacker, &l, &l.west, &client);
-    eprintln!("east's client signed by west's issuer: {forged}");
+    let (forged, wests_own) = forged_and_wests_own(Issuer::Constrained);
     assert_eq!(forged, 0, "refused at the handshake (got HTTP {forged})");
-    // West's issuer still vouches for west's own workloads.
-    assert_eq!(
-        get_as(&attacker, &l, &l.west, &l.west.identity("shop", "client")),
-        403,
-        "verified, then not authorized"
-    );
+    assert_eq!(wests_own, 403, "west's issuer still vouches for west's own workloads: verified, then not authorized");
 }
 
 #[test]
@@ -123,18 +119,8 @@ fn an_issuer_without_name_constraints_of_a_linked_cluster_cannot_speak_for_easts
     if !require_root("an_issuer_without_name_constraints_of_a_linked_cluster_cannot_speak_for_easts_identities") {
         return;
     }
-    let net = Network::bridge(&bins!(), json!({})).unwrap();
-    let l = linked(&net, true);
-    let attacker = Pod::unmeshed(&net, "shop", "attacker").unwrap();
-    let client = l.east.identity("shop", "client");
-    eventually("web's policy admits east's client", PATIENCE, || get_as(&attacker, &l, &l.east, &client) == 200);
     // West's issuer predates name constraints: it could sign anything, and east refuses it.
-    let forged = get_as(&attacker, &l, &l.west, &client);
-    eprintln!("east's client signed by west's unconstrained issuer: {forged}");
+    let (forged, wests_own) = forged_and_wests_own(Issuer::Unconstrained);
     assert_eq!(forged, 0, "refused at the handshake (got HTTP {forged})");
-    assert_eq!(
-        get_as(&attacker, &l, &l.west, &l.west.identity("shop", "client")),
-        0,
-        "west's own too, until re-issued"
-    );
+    assert_eq!(wests_own, 0, "west's own workloads too, until its issuer is re-issued");
 }
