@@ -22,11 +22,15 @@ use cnimesh_identity::DEFAULT_TRUST_DOMAIN;
 
 #[derive(Debug, Subcommand)]
 pub enum CaCommand {
-    /// Generate a trust anchor and an issuer: DIR/ca.crt, ca.key, tls.crt, tls.key.
+    /// Generate a trust anchor and an issuer: DIR/ca.crt, ca.key, tls.crt, tls.key. The issuer
+    /// may issue identities of --trust-domain only (an X.509 name constraint, permitted DNS
+    /// subtree identity.cnimesh.<trust-domain>).
     Init(CaInitArgs),
     /// A new issuer for another cluster (its own trust domain) signed by an existing trust
     /// anchor: reads ANCHOR_DIR/ca.crt and ca.key, writes DIR/ca.crt (the same anchors),
     /// tls.crt and tls.key, the layout `install --identity-*-file` and `serve --issuer-dir` read.
+    /// The issuer may issue identities of --trust-domain only (an X.509 name constraint), so
+    /// clusters that share the anchor cannot issue each other's identities.
     Issuer(CaIssuerArgs),
     /// Generate the webhook's serving certificate and its CA: DIR/ca.crt (the caBundle),
     /// tls.crt, tls.key.
@@ -181,8 +185,13 @@ mod tests {
         let anchors = cnimesh_identity::pem::certs(&std::fs::read(east.join("ca.crt")).unwrap(), "anchors").unwrap();
         let roots = cnimesh_identity::tls::roots(&anchors).unwrap();
         let issuer_der = cnimesh_identity::pem::certs(issuer.cert_pem.as_bytes(), "issuer").unwrap();
-        let chain: Vec<_> = std::iter::once(leaf).chain(issuer_der).collect();
-        cnimesh_identity::tls::verify(roots, &chain, &name).unwrap();
+        let chain: Vec<_> = std::iter::once(leaf).chain(issuer_der.clone()).collect();
+        cnimesh_identity::tls::verify(roots.clone(), &chain, &name).unwrap();
+        // The issuer is west's alone: a leaf it signs for east's trust domain does not verify.
+        let east_name = cnimesh_identity::Name::for_service_account("client", "demo", "cluster.local").unwrap();
+        let forged = signer.sign(&east_name, &key, now - Duration::from_secs(60), now + Duration::from_secs(3600));
+        let forged: Vec<_> = std::iter::once(forged.unwrap()).chain(issuer_der).collect();
+        assert!(cnimesh_identity::tls::verify(roots, &forged, &east_name).is_err(), "west's issuer named east");
     }
 
     #[test]

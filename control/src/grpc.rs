@@ -7,7 +7,9 @@
 //! (`routes.add_service(FooServer::new(foo))`): everything on the listener shares the one
 //! certificate and connection handling, and with it the port's defences (issue 25):
 //! - a client certificate is asked for and verified against the mesh's trust anchors
-//!   ([`peer`]); every call but Identity's Certify without one is answered `UNAUTHENTICATED`;
+//!   ([`peer`]); every call but Identity's Certify without one is answered `UNAUTHENTICATED`,
+//!   and its connection is then ended gracefully (GOAWAY after the answer): a client that
+//!   certified on it reconnects with its new certificate instead of being refused forever;
 //! - connections per peer, streams per peer, per identity and in all are bounded ([`limits`]),
 //!   over a bound `RESOURCE_EXHAUSTED` (or the connection is closed at accept);
 //! - HTTP/2 windows and send buffers are small, so a stream that is not read costs little.
@@ -103,6 +105,11 @@ pub async fn serve_tls_traced(
         let (routes, admission, refusals, tracer) =
             (routes.clone(), admission.clone(), refusals.clone(), tracer.clone());
         let identity = peer::identity_of(tls.get_ref().1);
+        // Set when a call is refused for want of a client certificate: the connection is then
+        // ended gracefully, so that a client which has certified since (a proxy's first
+        // connection is made before it holds a certificate, and kept) reconnects with it.
+        let refused_anonymous = Arc::new(tokio::sync::Notify::new());
+        let close = refused_anonymous.clone();
         async move {
             let service = service_fn(move |mut req: http::Request<hyper::body::Incoming>| {
                 // Services may read who is calling (tonic keeps the extensions in its `Request`).
@@ -113,6 +120,7 @@ pub async fn serve_tls_traced(
                 let path = req.uri().path();
                 if identity.is_none() && peer::requires_identity(path) {
                     refusals.unauthenticated(peer, path);
+                    refused_anonymous.notify_one();
                     let status = tonic::Status::unauthenticated(format!(
                         "{path} needs a mesh client certificate (only Identity's Certify is served without one)"
                     ));
@@ -164,7 +172,7 @@ pub async fn serve_tls_traced(
                 .max_send_buf_size(SEND_BUFFER)
                 .max_header_list_size(MAX_HEADER_LIST)
                 .serve_connection(TokioIo::new(tls), service);
-            if let Err(error) = watcher.watch(conn).await {
+            if let Err(error) = watcher.watch_or_close(conn, close.notified()).await {
                 tracing::debug!(%peer, %error, "gRPC connection ended with an error");
             }
         }

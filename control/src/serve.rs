@@ -29,6 +29,7 @@ use crate::identity::{Authenticator, FileTokens, KubeTokens, Policy, issuer, own
 use crate::metrics::Metrics;
 use crate::sources::{FileSource, KubeSource, Source};
 use crate::tap::Relay;
+use cnimesh_identity::trust_domain::Verifying;
 
 /// Where cluster state (Services, EndpointSlices, Pods) for the Destination service comes from.
 pub enum ClusterSource {
@@ -144,7 +145,8 @@ pub async fn run_with_mirror(
     // Client certificates are asked for but optional: a proxy asks for its first one here.
     // Those presented are checked against the issuer's anchors as they are now; every call but
     // Certify needs one (crate::grpc::peer).
-    let verifier = OptionalMeshClientVerifier::following(issuer.clone());
+    let verifying = Verifying::new(config.identity_name.clone(), own_cert.clone());
+    let verifier = OptionalMeshClientVerifier::following(issuer.clone(), verifying);
     let server_tls =
         peer::server_config(own_cert.clone(), verifier).context("TLS configuration for the gRPC server")?;
 

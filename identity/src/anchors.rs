@@ -5,6 +5,11 @@
 //! what they verified.
 //!
 //! [`Trust::Fixed`] is a root store that never changes (the control plane's tests, `check`).
+//!
+//! Anchors that know whose they are ([`Anchors::verifying`], a proxy's) also check, after
+//! WebPKI, that the peer's issuer may vouch for its identity's trust domain
+//! ([`crate::trust_domain`]): linked clusters share the anchors, not the right to name each
+//! other's workloads.
 
 use std::sync::Arc;
 
@@ -17,6 +22,7 @@ use rustls::{DigitallySignedStruct, DistinguishedName, RootCertStore, SignatureS
 use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
 
 use crate::provider::provider;
+use crate::trust_domain::{IssuanceError, Verifying};
 
 /// A root store no verifier can be built on (empty, or unusable certificates).
 #[derive(Debug, thiserror::Error)]
@@ -41,7 +47,12 @@ impl Current {
 }
 
 /// Replaceable trust anchors.
-pub struct Anchors(RwLock<Current>);
+pub struct Anchors {
+    current: RwLock<Current>,
+    /// Whose verifiers these are: with it, every peer's issuer is checked against its trust
+    /// domain.
+    verifying: Option<Verifying>,
+}
 
 impl std::fmt::Debug for Anchors {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -51,23 +62,29 @@ impl std::fmt::Debug for Anchors {
 
 impl Anchors {
     pub fn new(roots: Arc<RootCertStore>) -> Result<Arc<Self>, AnchorsError> {
-        Ok(Arc::new(Self(RwLock::new(Current::new(roots)?))))
+        Ok(Arc::new(Self { current: RwLock::new(Current::new(roots)?), verifying: None }))
+    }
+
+    /// Anchors of `verifying`'s TLS configs: peers are also held to their issuers' trust
+    /// domains ([`crate::trust_domain::check`]).
+    pub fn verifying(roots: Arc<RootCertStore>, verifying: Verifying) -> Result<Arc<Self>, AnchorsError> {
+        Ok(Arc::new(Self { current: RwLock::new(Current::new(roots)?), verifying: Some(verifying) }))
     }
 
     /// From now on, new handshakes verify against `roots`.
     pub fn set(&self, roots: Arc<RootCertStore>) -> Result<(), AnchorsError> {
         let current = Current::new(roots)?;
-        *self.0.write() = current;
+        *self.current.write() = current;
         Ok(())
     }
 
     pub fn roots(&self) -> Arc<RootCertStore> {
-        self.0.read().roots.clone()
+        self.current.read().roots.clone()
     }
 
     /// How many anchors are trusted now.
     pub fn len(&self) -> usize {
-        self.0.read().roots.len()
+        self.current.read().roots.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -75,12 +92,30 @@ impl Anchors {
     }
 
     fn server(&self) -> Arc<WebPkiServerVerifier> {
-        self.0.read().server.clone()
+        self.current.read().server.clone()
     }
 
     fn client(&self) -> Arc<dyn ClientCertVerifier> {
-        self.0.read().client.clone()
+        self.current.read().client.clone()
     }
+
+    /// The trust-domain check after WebPKI's, for anchors that know whose they are.
+    fn check_issuer(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+    ) -> Result<(), rustls::Error> {
+        match &self.verifying {
+            Some(verifying) => verifying.check(end_entity, intermediates).map(drop).map_err(refusal),
+            None => Ok(()),
+        }
+    }
+}
+
+/// A chain refused for its issuer's trust domain, as a handshake error that keeps the typed
+/// reason (`rustls::OtherError` holds the [`IssuanceError`]).
+pub fn refusal(error: IssuanceError) -> rustls::Error {
+    rustls::Error::InvalidCertificate(rustls::CertificateError::Other(rustls::OtherError(Arc::new(error))))
 }
 
 /// What a TLS config verifies peers against.
@@ -145,7 +180,10 @@ impl ServerCertVerifier for FollowingServer {
         ocsp_response: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        self.0.server().verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
+        let verified =
+            self.0.server().verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)?;
+        self.0.check_issuer(end_entity, intermediates)?;
+        Ok(verified)
     }
 
     fn verify_tls12_signature(
@@ -188,7 +226,9 @@ impl ClientCertVerifier for FollowingClient {
         intermediates: &[CertificateDer<'_>],
         now: UnixTime,
     ) -> Result<ClientCertVerified, rustls::Error> {
-        self.0.client().verify_client_cert(end_entity, intermediates, now)
+        let verified = self.0.client().verify_client_cert(end_entity, intermediates, now)?;
+        self.0.check_issuer(end_entity, intermediates)?;
+        Ok(verified)
     }
 
     fn verify_tls12_signature(

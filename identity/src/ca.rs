@@ -10,12 +10,12 @@
 use std::time::{Duration, SystemTime};
 
 use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
-    KeyUsagePurpose, PublicKeyData, SanType, SerialNumber,
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, GeneralSubtree, IsCa,
+    Issuer, KeyPair, KeyUsagePurpose, NameConstraints, PublicKeyData, SanType, SerialNumber,
 };
 use rustls_pki_types::CertificateDer;
 
-use crate::Name;
+use crate::{Name, trust_domain};
 
 #[derive(Debug, thiserror::Error)]
 pub enum CaError {
@@ -69,12 +69,29 @@ pub fn new_trust_anchor(trust_domain: &str, lifetime: Duration) -> Result<CaPem,
 }
 
 /// An intermediate signed by `anchor`: the key the control plane holds (the root's key can then
-/// stay offline).
+/// stay offline). It is constrained to `trust_domain` (a permitted DNS subtree
+/// `identity.cnimesh.<trust-domain>`): clusters that share the anchor cannot issue each other's
+/// identities ([`crate::trust_domain`]).
 pub fn new_issuer(anchor: &CaPem, trust_domain: &str, lifetime: Duration) -> Result<CaPem, CaError> {
+    let mut params = ca_params(&trust_domain::identity_subtree(trust_domain), 0, lifetime);
+    params.name_constraints = Some(NameConstraints {
+        permitted_subtrees: vec![GeneralSubtree::DnsName(trust_domain::identity_subtree(trust_domain))],
+        excluded_subtrees: Vec::new(),
+    });
+    sign_issuer(anchor, params)
+}
+
+/// An issuer without name constraints, as they were made before issuers carried them: what
+/// verifiers must refuse wherever it could speak for another cluster's trust domain (tests).
+pub fn new_unconstrained_issuer(anchor: &CaPem, trust_domain: &str, lifetime: Duration) -> Result<CaPem, CaError> {
+    sign_issuer(anchor, ca_params(&trust_domain::identity_subtree(trust_domain), 0, lifetime))
+}
+
+fn sign_issuer(anchor: &CaPem, params: CertificateParams) -> Result<CaPem, CaError> {
     let anchor_key = KeyPair::from_pem(&anchor.key_pem)?;
     let anchor_issuer = Issuer::from_ca_cert_pem(&anchor.cert_pem, anchor_key)?;
     let key = new_key()?;
-    let cert = ca_params(&format!("identity.cnimesh.{trust_domain}"), 0, lifetime).signed_by(&key, &anchor_issuer)?;
+    let cert = params.signed_by(&key, &anchor_issuer)?;
     Ok(CaPem { cert_pem: cert.pem(), key_pem: key.serialize_pem() })
 }
 

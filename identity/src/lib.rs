@@ -3,11 +3,13 @@
 
 pub mod anchors;
 pub mod ca;
+pub mod current;
 pub mod grpc_channel;
 pub mod name;
 pub mod pem;
 pub mod provider;
 pub mod secret;
 pub mod tls;
+pub mod trust_domain;
 
 pub use name::{DEFAULT_TRUST_DOMAIN, Name, NameError, TOKEN_AUDIENCE};

@@ -55,6 +55,23 @@ impl Name {
         }
     }
 
+    /// The trust domain of a mesh identity (`<…>.identity.cnimesh.<trust-domain>`): what follows
+    /// the first `identity.cnimesh.` label pair; `None` for other names.
+    pub fn trust_domain(&self) -> Option<&str> {
+        let at = self.0.find(".identity.cnimesh.")?;
+        Some(&self.0[at + ".identity.cnimesh.".len()..])
+    }
+
+    /// The identity a certificate names: its first DNS SAN that is a valid name.
+    pub fn of_certificate(cert: &[u8]) -> Option<Self> {
+        let (_, x509) = x509_parser::parse_x509_certificate(cert).ok()?;
+        let san = x509.subject_alternative_name().ok()??;
+        san.value.general_names.iter().find_map(|n| match n {
+            x509_parser::extensions::GeneralName::DNSName(dns) => Self::parse(dns).ok(),
+            _ => None,
+        })
+    }
+
     pub fn as_str(&self) -> &str {
         &self.0
     }
@@ -83,6 +100,10 @@ mod tests {
         assert_eq!(n.as_str(), "web.shop.serviceaccount.identity.cnimesh.cluster.local");
         assert_eq!(n.service_account("cluster.local").unwrap(), ("web", "shop"));
         assert!(n.service_account("example.org").is_err());
+        assert_eq!(n.trust_domain(), Some("cluster.local"));
+        let west = Name::for_service_account("cnimesh-gateway", "cnimesh-multicluster", "west.local").unwrap();
+        assert_eq!(west.trust_domain(), Some("west.local"));
+        assert_eq!(Name::parse("hook.ns.svc").unwrap().trust_domain(), None);
         assert!(
             Name::parse("a.b.c.serviceaccount.identity.cnimesh.cluster.local")
                 .unwrap()

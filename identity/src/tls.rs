@@ -4,18 +4,18 @@
 
 use std::sync::Arc;
 
-use parking_lot::RwLock;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rustls::client::danger::ServerCertVerifier;
 use rustls::client::{ResolvesClientCert, WebPkiServerVerifier};
-use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::server::ResolvesServerCert;
 use rustls::sign::CertifiedKey;
-use rustls::{ClientConfig, RootCertStore, ServerConfig, SignatureScheme};
+use rustls::{ClientConfig, RootCertStore, ServerConfig};
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 
 use crate::Name;
 pub use crate::anchors::{Anchors, Trust};
+pub use crate::current::CurrentCert;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
@@ -52,38 +52,6 @@ pub fn certified_key(
     key: PrivateKeyDer<'static>,
 ) -> Result<Arc<CertifiedKey>, TlsError> {
     Ok(Arc::new(CertifiedKey::from_der(chain, key, &provider())?))
-}
-
-/// The certificate a proxy or the control plane presents now. Replaced on rotation; handshakes
-/// already done keep what they had, new ones get the new certificate without a config rebuild.
-#[derive(Debug, Default)]
-pub struct CurrentCert(RwLock<Option<Arc<CertifiedKey>>>);
-
-impl CurrentCert {
-    pub fn set(&self, key: Arc<CertifiedKey>) {
-        *self.0.write() = Some(key);
-    }
-    pub fn clear(&self) {
-        *self.0.write() = None;
-    }
-    pub fn get(&self) -> Option<Arc<CertifiedKey>> {
-        self.0.read().clone()
-    }
-}
-
-impl ResolvesServerCert for CurrentCert {
-    fn resolve(&self, _: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        self.get()
-    }
-}
-
-impl ResolvesClientCert for CurrentCert {
-    fn resolve(&self, _: &[&[u8]], _: &[SignatureScheme]) -> Option<Arc<CertifiedKey>> {
-        self.get()
-    }
-    fn has_certs(&self) -> bool {
-        self.get().is_some()
-    }
 }
 
 /// Whether a server asks its clients for a certificate.
@@ -151,12 +119,7 @@ pub fn verify(roots: impl Into<Trust>, chain: &[CertificateDer<'static>], name: 
 
 /// The identity a certificate names: its first DNS SAN that is a valid identity name.
 pub fn identity_of(cert: &CertificateDer<'_>) -> Option<Name> {
-    let (_, x509) = x509_parser::parse_x509_certificate(cert).ok()?;
-    let san = x509.subject_alternative_name().ok()??;
-    san.value.general_names.iter().find_map(|n| match n {
-        x509_parser::extensions::GeneralName::DNSName(dns) => Name::parse(dns).ok(),
-        _ => None,
-    })
+    Name::of_certificate(cert)
 }
 
 /// A certificate's subject as text (`CN=…`), for operators' status pages.

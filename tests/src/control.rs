@@ -15,6 +15,15 @@ use crate::sidecar::{PROXY_UID, Sidecar, http_in};
 pub const CONTROL_PORT: u16 = 4190;
 pub const ADMIN_PORT: u16 = 9990;
 
+/// How a second cluster's issuer is made from the shared anchor.
+#[derive(Debug, Clone, Copy)]
+pub enum Issuer {
+    /// As `cnimesh ca issuer` makes it: constrained to its trust domain.
+    Constrained,
+    /// As issuers were made before they carried name constraints.
+    Unconstrained,
+}
+
 pub struct Control {
     child: Child,
     /// The `serve` command, for [`Control::restart`].
@@ -48,14 +57,17 @@ impl Control {
         anchor: &Control,
         trust_domain: &str,
     ) -> anyhow::Result<Self> {
-        Self::start_with_ca(bin, pod, args, Some((anchor, trust_domain)))
+        Self::start_with_ca(bin, pod, args, Some((anchor, trust_domain, Issuer::Constrained)))
     }
 
-    fn start_with_ca(
+    /// The control plane in `pod` with `args` added to `serve`: with its own new CA, or, with
+    /// `shared`, an issuer of the given kind for its trust domain signed by another control
+    /// plane's anchor.
+    pub fn start_with_ca(
         bin: &Path,
         pod: &Pod<'_>,
         args: &[&str],
-        shared: Option<(&Control, &str)>,
+        shared: Option<(&Control, &str, Issuer)>,
     ) -> anyhow::Result<Self> {
         let dir = tempfile::Builder::new().prefix("cnimesh-control").tempdir()?;
         // Proxies run as UID 2102 and read the trust anchors from here.
@@ -67,14 +79,19 @@ impl Control {
             None => {
                 cnimesh_control::ca_init::run(&cnimesh_control::ca_init::CaInit::new(&issuer))?;
             }
-            Some((anchor, domain)) => {
+            Some((anchor, domain, kind)) => {
                 use cnimesh_control::identity::issuer::{ANCHORS_FILE, ISSUER_CERT_FILE, ISSUER_KEY_FILE};
                 let from = anchor.issuer_dir();
                 let root = cnimesh_identity::ca::CaPem {
                     cert_pem: std::fs::read_to_string(from.join(ANCHORS_FILE))?,
                     key_pem: std::fs::read_to_string(from.join(cnimesh_control::ca_init::ANCHOR_KEY_FILE))?,
                 };
-                let ours = cnimesh_identity::ca::new_issuer(&root, domain, Duration::from_secs(86400))?;
+                let ours = match kind {
+                    Issuer::Constrained => cnimesh_identity::ca::new_issuer(&root, domain, Duration::from_secs(86400))?,
+                    Issuer::Unconstrained => {
+                        cnimesh_identity::ca::new_unconstrained_issuer(&root, domain, Duration::from_secs(86400))?
+                    }
+                };
                 std::fs::create_dir_all(&issuer)?;
                 std::fs::write(issuer.join(ANCHORS_FILE), &root.cert_pem)?;
                 write_secret(&issuer.join(ISSUER_KEY_FILE), &ours.key_pem, None)?;

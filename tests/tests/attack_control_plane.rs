@@ -8,6 +8,9 @@
 //!   memory stays bounded, and a legitimate proxy's Certify and Destination calls still answer.
 //! - A token of one of the control plane's own ServiceAccounts (the tap relay's, whose token any
 //!   holder of the tap Role can mint) must not buy a mesh certificate.
+//! - A client that connects before it holds a certificate and certifies on that connection (as
+//!   the stock linkerd2-proxy does) must not be refused forever: the control plane ends the
+//!   connection after refusing a call, and the client's next connection carries its certificate.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -347,6 +350,10 @@ fn a_meshed_pod_flooding_destination_streams_is_bounded_and_legitimate_proxies_s
     eprintln!("flood of {CONNECTIONS}x200 Get streams without a certificate: {anonymous:?}");
 
     assert_eq!(anonymous.answered, 0, "{anonymous:?}");
+    // Each connection is ended after its first refusal: the streams it opened after the GOAWAY
+    // are refused by HTTP/2 itself, never served; none is left hanging.
+    assert_eq!(anonymous.stalled, 0, "{anonymous:?}");
+    assert_eq!(anonymous.refused.values().sum::<usize>(), CONNECTIONS * 200, "{anonymous:?}");
     legit_during.expect("a legitimate proxy's Certify and Destination answer during the flood");
     assert!(flood.answered <= 1024, "one pod holds at most 1024 streams: {flood:?}");
     assert!(
@@ -359,7 +366,7 @@ fn a_meshed_pod_flooding_destination_streams_is_bounded_and_legitimate_proxies_s
         metric(&metrics, "grpc_refused_total{reason=\"streams_per_peer\"}") > 0.0,
         "refusals are counted:\n{metrics}"
     );
-    assert!(metric(&metrics, "grpc_refused_total{reason=\"unauthenticated\"}") >= 1000.0, "{metrics}");
+    assert!(metric(&metrics, "grpc_refused_total{reason=\"unauthenticated\"}") >= CONNECTIONS as f64, "{metrics}");
 
     // Memory comes back once the flood is gone.
     let mut after = 0;
@@ -404,4 +411,91 @@ fn a_token_of_a_control_plane_service_account_buys_no_mesh_certificate() {
     let web = std::fs::read_to_string(cp.control.token("shop", "web").unwrap()).unwrap();
     block_on_in(&attacker.netns.path(), certify(&cp, &identity("shop", "web"), web.trim()))
         .expect("shop/web is served");
+}
+
+/// gRPC calls on one HTTP/2 connection of our own (tonic's `Channel` would reconnect by itself).
+type Grpc =
+    tower::util::BoxCloneService<http::Request<tonic::body::Body>, http::Response<hyper::body::Incoming>, hyper::Error>;
+
+/// One HTTP/2 connection to the control plane over TLS that presents whatever `cert` holds at
+/// the handshake (nothing yet, for a proxy that has not certified), as linkerd2-proxy's client
+/// does: the gRPC clients on it, and the connection's own task, which ends when the server
+/// closes the connection.
+async fn h2_connection(
+    cp: &ControlPlane<'_>,
+    cert: Arc<CurrentCert>,
+) -> (Grpc, tokio::task::JoinHandle<hyper::Result<()>>) {
+    let resolver = cert as Arc<dyn tokio_rustls::rustls::client::ResolvesClientCert>;
+    let tls = tokio_rustls::TlsConnector::from(tls::client_config(cp.roots.clone(), Some(resolver), &[b"h2"]).unwrap());
+    let name = tokio_rustls::rustls::pki_types::ServerName::try_from(cp.name.to_string()).unwrap();
+    let tcp = tokio::net::TcpStream::connect(cp.addr()).await.unwrap();
+    let stream = tls.connect(name, tcp).await.expect("a TLS connection");
+    let (sender, conn) =
+        hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .expect("an HTTP/2 connection");
+    let task = tokio::spawn(conn);
+    let service = tower::service_fn(move |req: http::Request<tonic::body::Body>| {
+        let mut sender = sender.clone();
+        async move { sender.send_request(req).await }
+    });
+    (Grpc::new(service), task)
+}
+
+#[test]
+fn a_proxy_that_certifies_on_a_connection_made_without_a_certificate_is_sent_away_and_answered_on_its_next_one() {
+    if !require_root(
+        "a_proxy_that_certifies_on_a_connection_made_without_a_certificate_is_sent_away_and_answered_on_its_next_one",
+    ) {
+        return;
+    }
+    let net = Network::bridge(&bins!(), json!({})).unwrap();
+    let cp = control_plane(&net, &[]);
+    let pod = Pod::unmeshed(&net, "shop", "late").unwrap();
+    let token = std::fs::read_to_string(cp.control.token("shop", "late").unwrap()).unwrap();
+    let origin = http::Uri::from_static("http://cnimesh-control");
+
+    let (refused, closed, answered) = block_on_in(&pod.netns.path(), async {
+        // The proxy's certificate store: empty at its first connection.
+        let cert = Arc::new(CurrentCert::default());
+        let (first, first_conn) = h2_connection(&cp, cert.clone()).await;
+        // Certify on that connection, and hold the certificate from now on.
+        let name = Name::parse(&identity("shop", "late")).unwrap();
+        let (key, csr) = cnimesh_identity::ca::new_csr(&name).unwrap();
+        let request =
+            CertifyRequest { identity: name.to_string(), token: token.trim().into(), certificate_signing_request: csr };
+        let certified = IdentityClient::with_origin(first.clone(), origin.clone())
+            .certify(request)
+            .await
+            .expect("Certify on a connection without a certificate")
+            .into_inner();
+        let chain = std::iter::once(certified.leaf_certificate)
+            .chain(certified.intermediate_certificates)
+            .map(tokio_rustls::rustls::pki_types::CertificateDer::from)
+            .collect();
+        let key = tokio_rustls::rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into());
+        cert.set(tls::certified_key(chain, key).unwrap());
+        // Destination on the same connection: it still has no client certificate.
+        let get = |service| {
+            let origin = origin.clone();
+            async move {
+                let request = GetDestination { path: SERVICE.into(), ..Default::default() };
+                let mut stream = DestinationClient::with_origin(service, origin).get(request).await?.into_inner();
+                stream.message().await.map(|m| format!("{m:?}"))
+            }
+        };
+        let refused = bounded(get(first.clone())).await;
+        // The server ends that connection (GOAWAY, then close) instead of keeping it.
+        let closed = tokio::time::timeout(Duration::from_secs(20), first_conn).await;
+        // The next connection presents the certificate, and Destination answers on it.
+        let (second, _second_conn) = h2_connection(&cp, cert.clone()).await;
+        let answered = bounded(get(second)).await;
+        (refused, closed.map(|joined| joined.map(|ended| ended.map_err(|e| e.to_string()))), answered)
+    });
+    eprintln!("refused Get: {refused:?}\nfirst connection: {closed:?}\nGet on the next connection: {answered:?}");
+    let status = refused.expect_err("Destination on the connection made without a certificate is refused");
+    assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
+    let ended = closed.expect("the control plane closes the connection it refused a call on");
+    assert!(ended.is_ok(), "the connection's task ended: {ended:?}");
+    answered.expect("Destination answers on the connection that carries the certificate");
 }

@@ -123,6 +123,7 @@ fn multicluster_check_names_a_lost_link_with_its_reason_and_passes_again_once_it
         "remote API",
         "gateway reachable",
         "gateway certificate",
+        "linked issuer constrained",
         "trust anchors match",
         "link status",
         "mirrors",

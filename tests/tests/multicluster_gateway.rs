@@ -18,6 +18,7 @@ use cnimesh_e2e::multicluster::{Clusters, FLAT_IP, MIRROR_IP, WEB_FQDN, start_ga
 use cnimesh_e2e::sidecar::{Reply, Sidecar, http_reply_in, metric_with};
 use cnimesh_e2e::wait::eventually;
 use cnimesh_e2e::{Network, Pod, bins, require_root};
+use cnimesh_proxy::http::headers::GATEWAY_CLIENT_ID;
 use cnimesh_proxy::transport::header::{SessionProtocol, TransportHeader};
 use serde_json::json;
 
@@ -81,17 +82,30 @@ fn tls_to_gateway_for(
     header: TransportHeader,
     host: &str,
 ) -> String {
-    let server = server.to_string();
     let request = format!("GET /replica HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+    tls_exchange(pod, gateway, config, server, header.encode().to_vec(), request)
+}
+
+/// TLS from `pod` to `to` (verifying `server`) with `config`, then `preamble` and `request`:
+/// what comes back (nothing when refused).
+fn tls_exchange(
+    pod: &Pod<'_>,
+    to: SocketAddr,
+    config: Arc<tokio_rustls::rustls::ClientConfig>,
+    server: &str,
+    preamble: Vec<u8>,
+    request: String,
+) -> String {
+    let server = server.to_string();
     cnimesh_cni::netns::run_in(&pod.netns.path(), move || {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
         rt.block_on(async move {
             use tokio::io::{AsyncReadExt, AsyncWriteExt};
-            let tcp = tokio::net::TcpStream::connect(gateway).await?;
+            let tcp = tokio::net::TcpStream::connect(to).await?;
             let name = tokio_rustls::rustls::pki_types::ServerName::try_from(server)?;
             let exchange = async {
                 let mut tls = tokio_rustls::TlsConnector::from(config).connect(name, tcp).await?;
-                tls.write_all(&header.encode()).await?;
+                tls.write_all(&preamble).await?;
                 tls.write_all(request.as_bytes()).await?;
                 let mut answer = Vec::new();
                 let _ = tls.read_to_end(&mut answer).await;
@@ -108,6 +122,24 @@ fn tls_to_gateway_for(
     })
     .unwrap()
     .unwrap_or_default()
+}
+
+/// mTLS with a certificate for `identity` from `control`'s issuer, HTTP/1 (no ALPN).
+fn mesh_tls(control: &Control, identity: &str) -> Arc<tokio_rustls::rustls::ClientConfig> {
+    let mut config = (*cnimesh_e2e::tap_client::client_tls(control, identity).unwrap()).clone();
+    config.alpn_protocols.clear();
+    Arc::new(config)
+}
+
+/// An HTTP/1 GET of `path` with `headers`, closing the connection after the answer.
+fn request(path: &str, headers: &[(&str, &str)]) -> String {
+    let extra: String = headers.iter().map(|(k, v)| format!("{k}: {v}\r\n")).collect();
+    format!("GET {path} HTTP/1.1\r\nHost: web\r\n{extra}Connection: close\r\n\r\n")
+}
+
+/// The status of a raw HTTP/1 answer (0 when there is none).
+fn status_of(answer: &str) -> u16 {
+    answer.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0)
 }
 
 /// TLS trusting the mesh anchors, without a client certificate.
@@ -214,12 +246,13 @@ fn an_east_client_reaches_west_through_the_gateway_with_mtls_on_both_hops_and_no
     assert_eq!(tls_to_gateway(&outsider, c.gateway_addr(), mesh, &gateway_id, unknown), "");
     eventually("an unknown Service counted", PATIENCE, || refused(&c.gateway, "unknown_service") >= 1.0);
 
-    // West's policy decides what the gateway may reach: allowed by its identity, then not.
-    write_atomically(&c.west_dir.path().join("policy.yaml"), &west_policy_yaml(&gateway_id));
-    eventually("the gateway's identity is authorized", PATIENCE, || get(&c.client, &mirror).status == 200);
-    let other = c.west.identity("shop", "other");
+    // West's policy decides who reaches web through the gateway, by the calling workload's own
+    // identity: allowed, then not.
+    write_atomically(&c.west_dir.path().join("policy.yaml"), &west_policy_yaml(&client_id));
+    eventually("the east client is authorized by name", PATIENCE, || get(&c.client, &mirror).status == 200);
+    let other = c.east.identity("shop", "other");
     write_atomically(&c.west_dir.path().join("policy.yaml"), &west_policy_yaml(&other));
-    eventually("the gateway is denied by west's policy", PATIENCE, || get(&c.client, &mirror).status == 403);
+    eventually("the east client is denied by west's policy", PATIENCE, || get(&c.client, &mirror).status == 403);
     std::fs::remove_file(c.west_dir.path().join("policy.yaml")).unwrap();
     eventually("allowed again without the policy", PATIENCE, || get(&c.client, &mirror).status == 200);
 
@@ -341,4 +374,136 @@ fn the_gateway_forwards_only_to_services_exported_through_it_and_an_unexported_s
     eventually("hidden, unexported, is refused again", PATIENCE, || to("hidden").is_empty());
     assert!(unknown() > before, "counted: {}", c.gateway.metrics());
     assert!(to("web").contains("web-0"), "web stays served");
+}
+
+/// The transport header for west's `web` over HTTP/1.
+fn web_header() -> TransportHeader {
+    TransportHeader { port: 80, name: WEB_FQDN.into(), protocol: Some(SessionProtocol::Http1) }
+}
+
+#[test]
+fn a_workload_its_own_clusters_policy_denies_is_refused_by_its_own_clusters_gateway() {
+    if !require_root("a_workload_its_own_clusters_policy_denies_is_refused_by_its_own_clusters_gateway") {
+        return;
+    }
+    let bins = bins!();
+    let net = Network::bridge(&bins, json!({})).unwrap();
+    let c = Clusters::start(&bins, &net);
+    let gateway_id = c.west.identity(MULTICLUSTER_NAMESPACE, GATEWAY_NAME);
+    let web_id = c.west.identity("shop", "web");
+    // West's policy on web admits the gateway (for what comes from linked clusters) and none of
+    // west's own workloads.
+    write_atomically(&c.west_dir.path().join("policy.yaml"), &west_policy_yaml(&gateway_id));
+    let intruder = Pod::unmeshed(&net, "shop", "intruder").unwrap();
+    let tls = mesh_tls(&c.west, &c.west.identity("shop", "intruder"));
+    let direct = SocketAddr::new(c.web.ipv4().into(), apps::HTTP_PORT);
+    eventually("west's policy denies the intruder when it calls web directly", PATIENCE, || {
+        status_of(&tls_exchange(&intruder, direct, tls.clone(), &web_id, Vec::new(), request("/replica", &[]))) == 403
+    });
+    // Attack: the same workload through its own cluster's gateway, which web sees as the client.
+    let through = tls_to_gateway(&intruder, c.gateway_addr(), tls, &gateway_id, web_header());
+    eprintln!("west's intruder through west's gateway: {through:?}");
+    assert!(!through.contains("web-0"), "the gateway laundered a workload of its own cluster: {through}");
+    assert_eq!(through, "", "refused at admission");
+    eventually("the refusal is counted", PATIENCE, || refused(&c.gateway, "own_trust_domain") >= 1.0);
+}
+
+#[test]
+fn through_the_gateway_west_policy_authorizes_the_remote_workload_by_its_own_name() {
+    if !require_root("through_the_gateway_west_policy_authorizes_the_remote_workload_by_its_own_name") {
+        return;
+    }
+    let bins = bins!();
+    let net = Network::bridge(&bins, json!({})).unwrap();
+    let c = Clusters::start(&bins, &net);
+    let mirror = format!("{MIRROR_IP}:80");
+    let gateway_id = c.west.identity(MULTICLUSTER_NAMESPACE, GATEWAY_NAME);
+    let client_id = c.east.identity("shop", "client");
+    write_atomically(&c.west_dir.path().join("policy.yaml"), &west_policy_yaml(&client_id));
+    // East's client, authorized by name, through the gateway.
+    eventually("east's client is authorized by its own name through the gateway", PATIENCE, || {
+        get(&c.client, &mirror).status == 200
+    });
+    let reply = get(&c.client, &mirror);
+    assert_eq!((reply.status, reply.body.as_str()), (200, "web-0"), "{reply:?}");
+    // The app is told who called: the remote workload, not the gateway.
+    let outsider = Pod::unmeshed(&net, "shop", "outsider").unwrap();
+    let as_client = mesh_tls(&c.east, &client_id);
+    let headers = tls_exchange(
+        &outsider,
+        c.gateway_addr(),
+        as_client,
+        &gateway_id,
+        web_header().encode().to_vec(),
+        request("/headers", &[]),
+    );
+    assert!(headers.contains(&format!("l5d-client-id: {client_id}")), "{headers}");
+    assert!(!headers.contains(GATEWAY_CLIENT_ID), "the forwarded identity stays between the proxies: {headers}");
+    // Another east workload, not authorized, through the same gateway.
+    let other = tls_to_gateway(
+        &outsider,
+        c.gateway_addr(),
+        mesh_tls(&c.east, &c.east.identity("shop", "other")),
+        &gateway_id,
+        web_header(),
+    );
+    eprintln!("an unauthorized east workload through the gateway: {other:?}");
+    assert_eq!(status_of(&other), 403, "{other}");
+    // A remote workload that names an authorized one in the header itself: the gateway replaces it.
+    let claimed = tls_exchange(
+        &outsider,
+        c.gateway_addr(),
+        mesh_tls(&c.east, &c.east.identity("shop", "other")),
+        &gateway_id,
+        web_header().encode().to_vec(),
+        request("/replica", &[(GATEWAY_CLIENT_ID, &client_id)]),
+    );
+    assert_eq!(status_of(&claimed), 403, "{claimed}");
+}
+
+#[test]
+fn a_gateway_client_header_from_a_peer_that_is_not_the_gateway_is_ignored_and_stripped() {
+    if !require_root("a_gateway_client_header_from_a_peer_that_is_not_the_gateway_is_ignored_and_stripped") {
+        return;
+    }
+    let bins = bins!();
+    let net = Network::bridge(&bins, json!({})).unwrap();
+    let c = Clusters::start(&bins, &net);
+    let web_id = c.west.identity("shop", "web");
+    let client_id = c.east.identity("shop", "client");
+    let other_id = c.east.identity("shop", "other");
+    let outsider = Pod::unmeshed(&net, "shop", "outsider").unwrap();
+    let direct = SocketAddr::new(c.web.ipv4().into(), apps::HTTP_PORT);
+    let forging = mesh_tls(&c.east, &client_id);
+    let forged = |path: &str| {
+        tls_exchange(
+            &outsider,
+            direct,
+            forging.clone(),
+            &web_id,
+            Vec::new(),
+            request(path, &[(GATEWAY_CLIENT_ID, &other_id)]),
+        )
+    };
+    // Only `other` is authorized; east's client, straight to web (flat), claims to be it.
+    write_atomically(&c.west_dir.path().join("policy.yaml"), &west_policy_yaml(&other_id));
+    eventually("the policy applies", PATIENCE, || {
+        status_of(&tls_exchange(
+            &outsider,
+            direct,
+            mesh_tls(&c.east, &other_id),
+            &web_id,
+            Vec::new(),
+            request("/replica", &[]),
+        )) == 200
+    });
+    let answer = forged("/replica");
+    eprintln!("a forged {GATEWAY_CLIENT_ID} from east's client, straight to web: {answer:?}");
+    assert_eq!(status_of(&answer), 403, "authorized as itself, not as the header says: {answer}");
+    // Authorized as itself, the header never reaches the app.
+    write_atomically(&c.west_dir.path().join("policy.yaml"), &west_policy_yaml(&client_id));
+    eventually("east's client is authorized", PATIENCE, || status_of(&forged("/replica")) == 200);
+    let headers = forged("/headers");
+    assert!(headers.contains(&format!("l5d-client-id: {client_id}")), "{headers}");
+    assert!(!headers.contains(GATEWAY_CLIENT_ID), "a forged gateway header reached the app: {headers}");
 }

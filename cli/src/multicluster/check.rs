@@ -2,9 +2,9 @@
 //! the way `cnimesh check` checks the mesh (named checks, reasons, hints; the same renderers):
 //! the Link is valid; its credentials Secret exists and the remote API answers with it; the
 //! gateway is reachable and its certificate chains to THIS cluster's anchors and names the Link's
-//! gatewayIdentity; both clusters' anchors match; the link is up and its status fresh; each
-//! mirror's freshness; no mirror name is claimed by two exports. A failure does not hide the next
-//! check; checks that cannot run say why.
+//! gatewayIdentity, from an issuer constrained to the Link's trust domain; both clusters' anchors
+//! match; the link is up and its status fresh; each mirror's freshness; no mirror name is claimed
+//! by two exports. A failure does not hide the next check; checks that cannot run say why.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -14,8 +14,8 @@ use std::time::{Duration, SystemTime};
 use super::super::ClusterArgs;
 use super::super::check::{Check, Output, render, success};
 use super::check_cluster_name;
-use super::probe;
 use super::source::{Found, Remote, Source};
+use super::{issuer_constraints, probe};
 use cnimesh_control::multicluster::crd::{Link, LinkState, LinkStatus};
 
 #[derive(Debug, Clone, clap::Args)]
@@ -237,7 +237,10 @@ async fn check_gateway(link: &Link, anchors: Option<&str>, cat: &str, checks: &m
             match anchors {
                 None => checks.push(Check::skip(cat, "gateway certificate", "skipped: this cluster's anchors are unreadable")),
                 Some(anchors) => match probe::judge(&p.chain, anchors, identity) {
-                    Ok(id) => checks.push(Check::ok(cat, "gateway certificate", format!("{id}, chained to this cluster's anchors"))),
+                    Ok(id) => {
+                        checks.push(Check::ok(cat, "gateway certificate", format!("{id}, chained to this cluster's anchors")));
+                        checks.push(issuer_constraints::check(cat, &p.chain, &spec.target_trust_domain));
+                    }
                     Err(e) => checks.push(
                         Check::fail(
                             cat,

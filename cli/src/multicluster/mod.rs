@@ -9,13 +9,15 @@
 //!
 //! Modules: `install` (manifests), `target` (what `link` reads of cluster B), `link` (Link and
 //! Secret, unlink), `source` (A's Links, Secrets, status and anchors), `probe` (TCP + TLS to a
-//! gateway), `check`, `gateways` (reports).
+//! gateway), `issuer_constraints` (the linked issuer's name constraint), `check`, `gateways`
+//! (reports).
 //!
 //! Layer: runtime (operator CLI).
 
 pub mod check;
 pub mod gateways;
 pub mod install;
+pub mod issuer_constraints;
 pub mod link;
 pub mod probe;
 pub mod source;

@@ -378,6 +378,7 @@ async fn check_of_a_healthy_local_link_passes_every_check_and_gateways_lists_it(
         "remote API",
         "gateway reachable",
         "gateway certificate",
+        "linked issuer constrained",
         "trust anchors match",
         "link status",
         "mirrors",

@@ -13,6 +13,7 @@ use parking_lot::RwLock;
 
 use cnimesh_identity::Name;
 use cnimesh_identity::tls as mesh_tls;
+use cnimesh_identity::trust_domain::Verifying;
 use rustls::client::danger::HandshakeSignatureValid;
 use rustls::server::WebPkiClientVerifier;
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
@@ -26,10 +27,13 @@ use crate::identity::IssuerRx;
 pub const CERTIFY_PATH: &str = "/io.linkerd.proxy.identity.Identity/Certify";
 
 /// Client certificates are asked for, optional, and checked against the trust anchors of the
-/// issuer loaded now (anchors are reloaded with the issuer, so the verifier follows them).
+/// issuer loaded now (anchors are reloaded with the issuer, so the verifier follows them), and
+/// their issuer against the identity's trust domain, in the scope the control plane's own issuer
+/// sets ([`cnimesh_identity::trust_domain`]).
 pub struct OptionalMeshClientVerifier {
     current: RwLock<Option<Arc<dyn ClientCertVerifier>>>,
     algorithms: rustls::crypto::WebPkiSupportedAlgorithms,
+    verifying: Option<Verifying>,
 }
 
 impl fmt::Debug for OptionalMeshClientVerifier {
@@ -39,17 +43,20 @@ impl fmt::Debug for OptionalMeshClientVerifier {
 }
 
 impl OptionalMeshClientVerifier {
-    /// A verifier that refuses every certificate until [`Self::set_roots`] is called.
-    pub fn new() -> Arc<Self> {
+    /// A verifier that refuses every certificate until [`Self::set_roots`] is called; with
+    /// `verifying` (the control plane's own identity and certificate), issuers are held to their
+    /// trust domains too.
+    pub fn new(verifying: Option<Verifying>) -> Arc<Self> {
         Arc::new(Self {
             current: RwLock::new(None),
             algorithms: mesh_tls::provider().signature_verification_algorithms,
+            verifying,
         })
     }
 
     /// A verifier kept on the trust anchors of `issuer` for as long as the issuer is watched.
-    pub fn following(mut issuer: IssuerRx) -> Arc<Self> {
-        let verifier = Self::new();
+    pub fn following(mut issuer: IssuerRx, verifying: Verifying) -> Arc<Self> {
+        let verifier = Self::new(Some(verifying));
         if let Some(loaded) = issuer.borrow_and_update().clone() {
             verifier.set_roots(loaded.roots.clone());
         }
@@ -101,10 +108,14 @@ impl ClientCertVerifier for OptionalMeshClientVerifier {
         now: UnixTime,
     ) -> Result<ClientCertVerified, rustls::Error> {
         let current = self.current.read().clone();
-        match current {
-            Some(verifier) => verifier.verify_client_cert(end_entity, intermediates, now),
-            None => Err(rustls::Error::General("no trust anchors loaded yet".into())),
+        let verified = match current {
+            Some(verifier) => verifier.verify_client_cert(end_entity, intermediates, now)?,
+            None => return Err(rustls::Error::General("no trust anchors loaded yet".into())),
+        };
+        if let Some(verifying) = &self.verifying {
+            verifying.check(end_entity, intermediates).map_err(cnimesh_identity::anchors::refusal)?;
         }
+        Ok(verified)
     }
 
     fn verify_tls12_signature(

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use cnimesh_identity::ca::{CaPem, Signer};
-use cnimesh_identity::{Name, pem, tls};
+use cnimesh_identity::{Name, pem, tls, trust_domain};
 use notify::{EventKind, RecursiveMode, Watcher};
 use rustls::RootCertStore;
 use rustls_pki_types::CertificateDer;
@@ -104,9 +104,15 @@ impl Issuer {
     }
 
     /// Signs a throwaway leaf and verifies it as a peer would: proves the key belongs to the
-    /// certificate, the issuer chains to the anchors and nothing in the chain has expired.
+    /// certificate, the issuer chains to the anchors and nothing in the chain has expired. The
+    /// leaf's name is one the issuer may issue (inside its name constraints, when it has some).
     fn check(&self) -> Result<(), IssuerError> {
-        let name = Name::parse("issuer-check.cnimesh.invalid").expect("a valid name");
+        let permitted = trust_domain::permitted_dns_of(&self.signer.issuer_der);
+        let name = match permitted.first() {
+            Some(subtree) => Name::parse(&format!("issuer-check.{subtree}"))
+                .map_err(|e| IssuerError::Ca(cnimesh_identity::ca::CaError::IssuerCert(e.to_string())))?,
+            None => Name::parse("issuer-check.cnimesh.invalid").expect("a valid name"),
+        };
         let key =
             rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).map_err(|e| IssuerError::Ca(e.into()))?;
         let now = SystemTime::now();

@@ -126,6 +126,7 @@ pub async fn gateway<I: Io>(io: I, peer: SocketAddr, local: SocketAddr, shared: 
         known,
         policy: None,
         egress: None,
+        gateway_client: Some(admitted.client),
     };
     dispatch::serve(admitted.io, bytes::Bytes::new(), conn, shared).await
 }
@@ -145,7 +146,17 @@ pub async fn connection<I: Io>(io: I, peer: SocketAddr, addr: SocketAddr, direct
 async fn inbound<I: Io>(io: I, peer: SocketAddr, addr: SocketAddr, shared: &Arc<Shared>) -> anyhow::Result<()> {
     let accepted = crate::inbound::connection::connection(io, peer, addr, &shared.inbound).await?;
     let crate::inbound::connection::Accepted { io, prefix, tls, target, known, policy } = accepted;
-    let conn = Connection { direction: Direction::inbound, peer, addr, tls, target, known, policy, egress: None };
+    let conn = Connection {
+        direction: Direction::inbound,
+        peer,
+        addr,
+        tls,
+        target,
+        known,
+        policy,
+        egress: None,
+        gateway_client: None,
+    };
     dispatch::serve(io, prefix, conn, shared).await
 }
 
@@ -160,7 +171,17 @@ async fn outbound<I: Io>(mut io: I, peer: SocketAddr, addr: SocketAddr, shared: 
     let (prefix, egress) =
         crate::outbound::egress::admit(&mut io, addr, policy, &shared.outbound.egress, shared.config.detect_timeout)
             .await?;
-    let conn = Connection { direction: Direction::outbound, peer, addr, tls, target, known, policy: None, egress };
+    let conn = Connection {
+        direction: Direction::outbound,
+        peer,
+        addr,
+        tls,
+        target,
+        known,
+        policy: None,
+        egress,
+        gateway_client: None,
+    };
     dispatch::serve(io, prefix, conn, shared).await
 }
 

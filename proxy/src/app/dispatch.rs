@@ -40,6 +40,9 @@ pub struct Connection {
     pub policy: Option<Arc<ConnPolicy>>,
     /// issue 30: outbound to an EgressNetwork's destination, as admitted.
     pub egress: Option<crate::outbound::egress::Admitted>,
+    /// A gateway's connection: the identity its client proved, which every HTTP request it
+    /// forwards carries to the target ([`crate::http::headers::GATEWAY_CLIENT_ID`]).
+    pub gateway_client: Option<cnimesh_identity::Name>,
 }
 
 pub async fn serve<I: Io>(mut io: I, read: Bytes, conn: Connection, shared: &Arc<Shared>) -> anyhow::Result<()> {
@@ -124,7 +127,8 @@ pub async fn serve<I: Io>(mut io: I, read: Bytes, conn: Connection, shared: &Arc
         HttpProxy::new(conn.direction, conn.peer, conn.addr, conn.target, conn.tls, open, shared.clone())
             .with_policy(conn.policy)
             .with_egress(conn.egress.map(|e| e.labels))
-            .pinned_to_target(pinned),
+            .pinned_to_target(pinned)
+            .forwarding_for(conn.gateway_client.as_ref()),
     );
     let service = service_fn(move |req| proxy.clone().handle(req));
     crate::http::serve_conn::serve(

@@ -32,7 +32,7 @@ use crate::client::upstream::RequestBody;
 use crate::http::Body;
 use crate::http::classify::{Classification, Classified, OnEnd, classify};
 use crate::http::error::{ProxyError, error_response, upstream_error};
-use crate::http::headers::{IDENTITY_HEADERS, strip_h2c_upgrade, strip_hop_by_hop, wants_upgrade};
+use crate::http::headers::{GATEWAY_CLIENT_ID, IDENTITY_HEADERS, strip_h2c_upgrade, strip_hop_by_hop, wants_upgrade};
 use crate::http::orig_proto;
 use crate::http::tap;
 use crate::inbound::policy::enforce::ConnPolicy;
@@ -73,7 +73,28 @@ pub struct HttpProxy {
     /// issue 28: a gateway connection's requests never follow a Service they name: the
     /// connection was admitted for its target alone (the gateway is not an open proxy).
     pinned: bool,
+    /// A gateway's connection: its client's verified identity, set on every request it
+    /// forwards as [`GATEWAY_CLIENT_ID`].
+    gateway_client: Option<HeaderValue>,
+    /// Inbound from this cluster's multicluster gateway: a request's [`GATEWAY_CLIENT_ID`] names
+    /// the remote workload that called, and the request is authorized as that workload.
+    from_gateway: bool,
+    /// The policies of the remote workloads a gateway connection forwarded for (a few per
+    /// connection: the gateway shares its connections among its clients).
+    forwarded: Mutex<Vec<(HeaderValue, Arc<ConnPolicy>)>>,
 }
+
+/// A request the gateway forwarded: the remote workload's identity (as the header gave it) and
+/// the policy it is held to (none without policy).
+type Forwarded = (HeaderValue, Option<Arc<ConnPolicy>>);
+
+/// Remote workloads whose policy a gateway connection keeps; beyond, the oldest goes.
+const MAX_FORWARDED: usize = 16;
+
+/// The policy a request forwarded by the gateway is held to (its remote workload's), kept in its
+/// extensions for a tunnel it opens: the tunnel ends when that workload's authorization does.
+#[derive(Clone)]
+struct ForwardedPolicy(Arc<ConnPolicy>);
 
 /// issue 28: on a response whose endpoint's `target_cluster_name` is not its target's (a
 /// federated Service spans clusters: its target has none), the endpoint's; the request is
@@ -184,8 +205,12 @@ impl HttpProxy {
             Direction::inbound => tls.client_id.as_deref().and_then(|id| HeaderValue::from_str(id).ok()),
             Direction::outbound => None,
         };
+        let from_gateway = direction == Direction::inbound && is_own_gateway(tls.client_id.as_deref(), &shared);
         Self {
             client_id,
+            from_gateway,
+            gateway_client: None,
+            forwarded: Mutex::default(),
             direction,
             peer,
             addr,
@@ -205,6 +230,12 @@ impl HttpProxy {
 
     pub fn pinned_to_target(self, pinned: bool) -> Self {
         Self { pinned, ..self }
+    }
+
+    /// A gateway's connection: every request carries `client` to the target.
+    pub fn forwarding_for(self, client: Option<&cnimesh_identity::Name>) -> Self {
+        let gateway_client = client.and_then(|c| HeaderValue::from_str(c.as_str()).ok());
+        Self { gateway_client, ..self }
     }
 
     pub fn with_policy(self, policy: Option<Arc<ConnPolicy>>) -> Self {
@@ -299,15 +330,26 @@ impl HttpProxy {
         let mut traced = self.trace(&req);
         // Never switched to h2c: the requests after the switch would pass no check of ours.
         strip_h2c_upgrade(req.headers_mut());
-        if self.direction == Direction::inbound
-            && let Err(refused) = self.inbound_request(&mut req)
-        {
-            handles.requests.inc();
-            handles.count_response(refused.status(), classify(refused.status(), refused.headers()));
-            finish_answer(traced, &refused);
-            return Ok(tap::respond(self.tap(&req, None, start), refused));
+        if let Some(client) = &self.gateway_client {
+            // Whatever the client sent under this name is replaced by what its certificate proved.
+            req.headers_mut().insert(GATEWAY_CLIENT_ID, client.clone());
         }
-        if let Some(policy) = &self.policy
+        let mut forwarded = None;
+        if self.direction == Direction::inbound {
+            match self.inbound_request(&mut req) {
+                Ok(policy) => forwarded = policy,
+                Err(refused) => {
+                    handles.requests.inc();
+                    handles.count_response(refused.status(), classify(refused.status(), refused.headers()));
+                    finish_answer(traced, &refused);
+                    return Ok(tap::respond(self.tap(&req, None, start), refused));
+                }
+            }
+        }
+        if let Some(policy) = &forwarded {
+            req.extensions_mut().insert(ForwardedPolicy(policy.clone()));
+        }
+        if let Some(policy) = forwarded.as_ref().or(self.policy.as_ref())
             && let Some(denied) = policy.deny_request(&req, wants_upgrade(&req))
         {
             handles.requests.inc();
@@ -414,23 +456,27 @@ impl HttpProxy {
     }
 
     /// What an inbound request carries to the app: identity headers set by us only (a client's
-    /// own `l5d-client-id` could name anyone), and under policy the path authorization matches
-    /// and the app reads, normalized ([`crate::inbound::policy::path`]); a path servers read differently
-    /// is refused with 400.
+    /// own `l5d-client-id` could name anyone; so could a [`GATEWAY_CLIENT_ID`] from anyone but
+    /// this cluster's gateway), and under policy the path authorization matches and the app
+    /// reads, normalized ([`crate::inbound::policy::path`]); a path servers read differently is
+    /// refused with 400. From the gateway, the policy of the remote workload it names, which
+    /// the request is authorized as (and which `l5d-client-id` then names).
     #[allow(clippy::result_large_err)]
-    fn inbound_request<B>(&self, req: &mut Request<B>) -> Result<(), Response<Body>> {
+    fn inbound_request<B>(&self, req: &mut Request<B>) -> Result<Option<Arc<ConnPolicy>>, Response<Body>> {
         let headers = req.headers_mut();
+        let forwarded = if self.from_gateway { self.forwarded_client(headers)? } else { None };
         for name in IDENTITY_HEADERS {
             headers.remove(name);
         }
-        if let Some(id) = &self.client_id {
+        if let Some(id) = forwarded.as_ref().map(|(id, _)| id).or(self.client_id.as_ref()) {
             headers.insert(IDENTITY_HEADERS[0], id.clone());
         }
+        let forwarded = forwarded.and_then(|(_, policy)| policy);
         if self.policy.is_none() {
-            return Ok(());
+            return Ok(forwarded);
         }
         let normalized = match crate::inbound::policy::path::normalize(req.uri().path()) {
-            Ok(std::borrow::Cow::Borrowed(_)) => return Ok(()),
+            Ok(std::borrow::Cow::Borrowed(_)) => return Ok(forwarded),
             Ok(std::borrow::Cow::Owned(path)) => path,
             Err(why) => {
                 return Err(error_response(&ProxyError::BadRequest(format!("refused: {why}"))));
@@ -447,7 +493,40 @@ impl HttpProxy {
         let mut parts = req.uri().clone().into_parts();
         parts.path_and_query = Some(http::uri::PathAndQuery::try_from(path_and_query).map_err(|e| invalid(&e))?);
         *req.uri_mut() = Uri::from_parts(parts).map_err(|e| invalid(&e))?;
-        Ok(())
+        Ok(forwarded)
+    }
+
+    /// The remote workload a request from this cluster's gateway was forwarded for, with the
+    /// policy it is held to (none without policy); `None` without the header (the gateway's
+    /// own requests, or an older gateway's): the request is then the gateway's. A header that
+    /// names no identity of another trust domain is refused: the gateway never sends one.
+    #[allow(clippy::result_large_err)]
+    fn forwarded_client(&self, headers: &http::HeaderMap) -> Result<Option<Forwarded>, Response<Body>> {
+        let mut values = headers.get_all(GATEWAY_CLIENT_ID).iter();
+        let Some(value) = values.next() else { return Ok(None) };
+        let bad = |why: &str| error_response(&ProxyError::BadRequest(format!("refused: {GATEWAY_CLIENT_ID} {why}")));
+        if values.next().is_some() {
+            return Err(bad("appears more than once"));
+        }
+        let name = value.to_str().ok().and_then(|v| cnimesh_identity::Name::parse(v).ok());
+        let Some(name) = name else { return Err(bad("is not an identity name")) };
+        let own = self.shared.identity.as_ref().and_then(|id| id.name.trust_domain());
+        if name.trust_domain().is_none() || name.trust_domain() == own {
+            return Err(bad("does not name a workload of another trust domain"));
+        }
+        let policy = self.policy.as_ref().map(|policy| {
+            let mut forwarded = self.forwarded.lock();
+            if let Some((_, p)) = forwarded.iter().find(|(v, _)| v == value) {
+                return p.clone();
+            }
+            let p = Arc::new(policy.forwarded_for(name.as_str()));
+            if forwarded.len() >= MAX_FORWARDED {
+                forwarded.remove(0);
+            }
+            forwarded.push((value.clone(), p.clone()));
+            p
+        });
+        Ok(Some((value.clone(), policy)))
     }
 
     /// Offers the request to open tap sessions: with none open, one relaxed load and nothing
@@ -700,6 +779,7 @@ impl HttpProxy {
             }
         });
         let server_side = hyper::upgrade::on(&mut req);
+        let forwarded = req.extensions().get::<ForwardedPolicy>().map(|f| f.0.clone());
         let is_connect = req.method() == Method::CONNECT;
         strip_hop_by_hop(req.headers_mut(), !is_connect);
         let mut response = sender.send_request(req).await.map_err(|e| upstream_error(target, &e))?;
@@ -709,8 +789,9 @@ impl HttpProxy {
             let client_side = hyper::upgrade::on(&mut response);
             // The tunnel counts as load on its endpoint for as long as it lasts.
             let held = (self.shared.drain.guard(), self.open.clone(), load);
-            // A tunnel is not re-checked per request: it ends when its authorization does.
-            let policy = self.policy.clone();
+            // A tunnel is not re-checked per request: it ends when its authorization does (a
+            // gateway's remote workload's, for a request the gateway forwarded).
+            let policy = forwarded.or_else(|| self.policy.clone());
             let revoked = async move {
                 match policy {
                     Some(policy) => policy.revoked().await,
@@ -723,6 +804,24 @@ impl HttpProxy {
         }
         Ok(response)
     }
+}
+
+/// Whether `client_id` is this cluster's multicluster gateway: the one peer whose word on who
+/// called ([`GATEWAY_CLIENT_ID`]) is taken. Decided once per connection.
+fn is_own_gateway(client_id: Option<&str>, shared: &Shared) -> bool {
+    let Some(client_id) = client_id.filter(|id| id.starts_with(cnimesh_common::names::GATEWAY_NAME)) else {
+        return false;
+    };
+    let own = shared.identity.as_ref().and_then(|id| id.name.trust_domain());
+    own.and_then(|td| {
+        cnimesh_identity::Name::for_service_account(
+            cnimesh_common::names::GATEWAY_NAME,
+            cnimesh_common::names::MULTICLUSTER_NAMESPACE,
+            td,
+        )
+        .ok()
+    })
+    .is_some_and(|gateway| gateway.as_str() == client_id)
 }
 
 /// issue 28: a failure to reach a multicluster gateway says so (the client's operator then

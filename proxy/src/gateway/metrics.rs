@@ -14,8 +14,13 @@ use crate::transport::labels::TlsLabel;
 pub enum Refusal {
     /// Not mTLS to the gateway's identity (plaintext, another SNI, nothing in time).
     not_mtls,
-    /// The TLS handshake failed: no client certificate, one from another anchor, bad TLS.
+    /// The TLS handshake failed: no client certificate, one from another anchor or from an
+    /// issuer that may not issue its trust domain, bad TLS.
     tls_handshake,
+    /// The client is a workload of the gateway's own trust domain: it reaches its own cluster's
+    /// Services directly, under their policy, never through the gateway (whose hop would hide
+    /// who it is).
+    own_trust_domain,
     /// The connection did not start with a transport header.
     no_transport_header,
     /// A transport header that does not decode (too long, not the message, no port or name).

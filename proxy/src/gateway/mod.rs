@@ -20,9 +20,15 @@
 //! (rate-limited); admitted connections are counted with their client and target
 //! (`gateway_connections_total{client_id,target,session}`).
 //!
-//! Who may use the gateway: any mesh identity chained to the anchors (all linked clusters share
-//! one). What it may reach: the exported Services only, and of those what the target workloads'
-//! own inbound policy allows the gateway's identity, which they see as the client.
+//! Who may use the gateway: a mesh identity of **another** trust domain, chained to the anchors
+//! (all linked clusters share one) by an issuer of its own trust domain; a workload of the
+//! gateway's own cluster is refused (`own_trust_domain`): it goes to its Services directly, where
+//! their policy sees it as itself. What it may reach: the exported Services only, and of those
+//! what the target workloads' own inbound policy allows the *calling* workload: every HTTP
+//! request the gateway forwards carries the client's verified identity in
+//! [`crate::http::headers::GATEWAY_CLIENT_ID`] (set here, replacing whatever the client sent),
+//! which the target's inbound believes from this cluster's gateway alone. Opaque connections
+//! carry no header: their target sees the gateway's identity.
 
 pub mod metrics;
 pub mod name;
@@ -32,6 +38,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cnimesh_common::log_limit::LogLimit;
+use cnimesh_identity::Name;
 
 use crate::client::targets::Target;
 use crate::outbound::Outbound;
@@ -57,6 +64,8 @@ pub struct Admitted<I> {
     pub io: tls::ClientIo<I>,
     /// The client's TLS (`client_id`: the calling proxy's identity).
     pub tls: TlsLabel,
+    /// The calling proxy's verified identity (of another trust domain than the gateway's).
+    pub client: Name,
     /// `name:port` from the header.
     pub authority: String,
     pub target: Arc<Target>,
@@ -109,8 +118,17 @@ async fn admit<I: Io>(io: I, peer: SocketAddr, gateway: &Gateway, outbound: &Out
     };
     // The verifier requires a certificate chained to the anchors; a missing identity here
     // would be a configuration error of ours, and still never gets through.
-    if !tls.tls || tls.client_id.is_none() || !prefix.is_empty() {
+    let client = tls.client_id.as_deref().and_then(|id| Name::parse(id).ok());
+    let Some(client) = client.filter(|_| tls.tls && prefix.is_empty()) else {
         return Err(refused(Refusal::not_mtls, "no client identity".into()));
+    };
+    if !from_another_trust_domain(&client, &gateway.identity.name) {
+        return Err(refused(
+            Refusal::own_trust_domain,
+            format!(
+                "{client} is of this cluster's trust domain: it must call the Service directly, not through the gateway"
+            ),
+        ));
     }
     let header = TransportHeader::read(&mut io, gateway.wait).await.map_err(|e| match e {
         HeaderError::NoPreamble | HeaderError::TimedOut(_) | HeaderError::Io(_) => {
@@ -129,5 +147,24 @@ async fn admit<I: Io>(io: I, peer: SocketAddr, gateway: &Gateway, outbound: &Out
             format!("remote service not found or not exported: {authority}"),
         ));
     };
-    Ok(Admitted { io, tls, authority, target, protocol: header.protocol })
+    Ok(Admitted { io, tls, client, authority, target, protocol: header.protocol })
+}
+
+/// Whether `client` is a workload of another trust domain than the `gateway`'s own.
+fn from_another_trust_domain(client: &Name, gateway: &Name) -> bool {
+    matches!((client.trust_domain(), gateway.trust_domain()), (Some(c), Some(g)) if c != g)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_workloads_of_other_trust_domains_may_use_the_gateway() {
+        let name = |sa: &str, td: &str| Name::for_service_account(sa, "shop", td).unwrap();
+        let gateway = Name::for_service_account("cnimesh-gateway", "cnimesh-multicluster", "west.local").unwrap();
+        assert!(from_another_trust_domain(&name("client", "cluster.local"), &gateway));
+        assert!(!from_another_trust_domain(&name("intruder", "west.local"), &gateway));
+        assert!(!from_another_trust_domain(&Name::parse("web.example.com").unwrap(), &gateway));
+    }
 }

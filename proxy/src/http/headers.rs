@@ -57,9 +57,16 @@ pub fn strip_h2c_upgrade(headers: &mut HeaderMap) -> bool {
     h2c
 }
 
+/// The identity a multicluster gateway verified for the client of a request it forwards (the
+/// workload in another cluster that called). Set by the gateway on every HTTP request, replacing
+/// what the client sent; believed by an inbound proxy only when its peer is its own cluster's
+/// gateway, and stripped otherwise.
+pub const GATEWAY_CLIENT_ID: &str = "cnimesh-gateway-client-id";
+
 /// Headers through which a client could claim an identity (Linkerd's: apps ported from Linkerd
-/// read `l5d-client-id` as the caller's verified identity). Only the inbound proxy sets them.
-pub const IDENTITY_HEADERS: [&str; 2] = ["l5d-client-id", "l5d-server-id"];
+/// read `l5d-client-id` as the caller's verified identity; the gateway's forwarded identity).
+/// Only the inbound proxy sets them for the app; every one a client sent goes.
+pub const IDENTITY_HEADERS: [&str; 3] = ["l5d-client-id", "l5d-server-id", GATEWAY_CLIENT_ID];
 
 /// An HTTP/1 `Upgrade` handshake (WebSocket) or a `CONNECT`: spliced, not forwarded.
 pub fn wants_upgrade<B>(req: &Request<B>) -> bool {

@@ -71,6 +71,14 @@ impl ConnPolicy {
         Self { port, ip: peer, target_addr, tls, metrics, verdicts: Mutex::default() }
     }
 
+    /// This connection's policy for a request a multicluster gateway forwarded for `identity`
+    /// (a workload of another cluster, verified by the gateway): authorized, counted and rate
+    /// limited as that workload, from the same address.
+    pub fn forwarded_for(&self, identity: &str) -> Self {
+        let tls = TlsLabel { client_id: Some(identity.to_string()), ..self.tls.clone() };
+        Self::new(self.port.clone(), self.ip, tls, self.target_addr.clone(), self.metrics.clone())
+    }
+
     pub fn protocol(&self) -> PortProtocol {
         self.verdicts().policy.protocol
     }

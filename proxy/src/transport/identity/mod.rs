@@ -12,6 +12,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use cnimesh_identity::Name;
 use cnimesh_identity::tls::{self, Anchors, ClientAuth, CurrentCert};
+use cnimesh_identity::trust_domain::Verifying;
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
 
 use config::{IdentityConfig, TrustAnchors};
@@ -22,7 +23,8 @@ pub struct Identity {
     /// changes ([`anchors_file`]) changes whom the proxy trusts without a restart.
     pub roots: Arc<Anchors>,
     pub cert: Arc<CurrentCert>,
-    /// Inbound mTLS: clients must present a certificate from our trust anchors.
+    /// Inbound mTLS: clients must present a certificate from our trust anchors, from an issuer
+    /// of their identity's trust domain.
     pub server: Arc<ServerConfig>,
     /// Outbound mTLS: we present ours and check the server's name at connect time.
     pub client: Arc<ClientConfig>,
@@ -30,8 +32,10 @@ pub struct Identity {
 
 impl Identity {
     pub fn new(config: &IdentityConfig) -> anyhow::Result<Self> {
-        let roots = Anchors::new(trust_anchors(&config.trust_anchors)?)?;
         let cert = Arc::new(CurrentCert::default());
+        // Every peer is also held to its issuer's trust domain, in the scope our own issuer sets.
+        let verifying = Verifying::new(config.name.clone(), cert.clone());
+        let roots = Anchors::verifying(trust_anchors(&config.trust_anchors)?, verifying)?;
         Ok(Self {
             name: config.name.clone(),
             server: tls::server_config(roots.clone(), cert.clone(), ClientAuth::Required, &[])?,
