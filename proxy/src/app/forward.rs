@@ -36,7 +36,7 @@ use crate::http::headers::{IDENTITY_HEADERS, strip_h2c_upgrade, strip_hop_by_hop
 use crate::http::orig_proto;
 use crate::http::tap;
 use crate::inbound::policy::enforce::ConnPolicy;
-use crate::outbound::egress::EgressLabels;
+use crate::outbound::egress::{EgressLabels, SeenAs};
 use crate::outbound::routes::model::Retry;
 use crate::outbound::routes::retry;
 use crate::outbound::routes::routed::{self, ConnRoutes, Routed};
@@ -248,6 +248,17 @@ impl HttpProxy {
         handles
     }
 
+    /// An egress request whose Host is not bound to its destination is counted under the
+    /// destination's address, never under the name it claimed.
+    fn egress_handles<B>(&self, req: &Request<B>, handles: Arc<Handles>) -> Arc<Handles> {
+        match req.extensions().get::<SeenAs>() {
+            Some(seen) if seen.unbound => {
+                self.handles(&self.addr.to_string(), &handles.labels.tls, &handles.labels.target_cluster)
+            }
+            _ => handles,
+        }
+    }
+
     /// The target of a service the request names (`web.shop.svc.cluster.local`), when it
     /// differs from the connection's own. Only the outbound with discovery follows names.
     async fn named_target(&self, authority: &str) -> Option<Arc<Target>> {
@@ -316,8 +327,14 @@ impl HttpProxy {
             return Ok(tap::respond(self.tap(&req, None, start), denied));
         }
         let routed = match self.direction {
-            Direction::outbound => routed::route(&mut req, &self.target, &self.routes, &self.shared.outbound).await,
+            Direction::outbound => {
+                routed::route(&mut req, (&self.target, self.addr), &self.routes, &self.shared.outbound).await
+            }
             Direction::inbound => Ok(None),
+        };
+        let handles = match &self.egress {
+            Some(_) => self.egress_handles(&req, handles),
+            None => handles,
         };
         let routed = match routed {
             Ok(routed) => routed,
@@ -469,11 +486,11 @@ impl HttpProxy {
                 };
                 let meta = tap::Meta::outbound(self.peer, self.addr, &target.tls, service, routed.map(|r| &*r.route));
                 match &self.egress {
-                    // issue 30: the request's own hostname (Host/authority), else the connection's.
+                    // issue 30: what the request was seen as (its Host when bound to the
+                    // destination, else the IP), else the connection's.
                     Some(egress) => {
-                        let hostname = crate::outbound::egress::request_hostname(req)
-                            .unwrap_or_else(|| egress.dst_hostname.clone());
-                        meta.egress(&egress.egress_network, &hostname)
+                        let hostname = req.extensions().get::<SeenAs>().map(|s| s.hostname.clone());
+                        meta.egress(&egress.egress_network, &hostname.unwrap_or_else(|| egress.dst_hostname.clone()))
                     }
                     None => meta,
                 }
