@@ -293,21 +293,21 @@ impl HttpProxy {
 
     /// The request's span, when tracing is on and the request is sampled. Off, this is the
     /// one check tracing costs a request.
-    fn trace<B>(&self, req: &Request<B>) -> Option<Box<Traced>> {
+    fn trace<B>(&self, req: &mut Request<B>) -> Option<Box<Traced>> {
         let tracer = self.shared.tracer.as_ref()?;
         let service = match &self.target.route {
             Route::Balanced(b) => Some(b.service.as_str()),
             Route::Fixed(_) => None,
         };
         let conn = ConnInfo { direction: self.direction, peer: self.peer, tls: &self.tls, service };
-        Traced::start(tracer, req, authority_of(req), &conn)
+        Traced::start(tracer, req, authority_of, &conn)
     }
 
     /// One request, end to end, with its metrics.
     pub async fn handle(self: Arc<Self>, mut req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
         let start = Instant::now();
         let handles = self.handles(authority_of(&req), &self.tls, &self.target.cluster);
-        let mut traced = self.trace(&req);
+        let mut traced = self.trace(&mut req);
         // Never switched to h2c: the requests after the switch would pass no check of ours.
         strip_h2c_upgrade(req.headers_mut());
         if self.direction == Direction::inbound
