@@ -120,9 +120,10 @@ pub async fn route<B>(
     }
     // An egress request whose Host is not bound to the destination is routed as one naming the
     // destination's IP: the routes that name hosts do not apply to it.
-    let selected = match req.extensions().get::<SeenAs>() {
-        Some(seen) if seen.unbound => table.select(&as_addressed_to(req, &seen.hostname)),
-        _ => table.select(req),
+    let unbound = egress.as_ref().and_then(|_| req.extensions().get::<SeenAs>()).filter(|seen| seen.unbound);
+    let selected = match unbound {
+        Some(seen) => table.select(&as_addressed_to(req, &seen.hostname)),
+        None => table.select(req),
     };
     let Some(selected) = selected else {
         return Err(error_response(&ProxyError::NoRoute));
