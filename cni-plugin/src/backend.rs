@@ -349,4 +349,20 @@ mod tests {
             ]
         );
     }
+
+    /// A pod set up before the guard covered the unspecified addresses: CHECK names each missing
+    /// rule (and repair, which re-applies the desired ruleset on drift, adds them).
+    #[test]
+    fn a_guard_without_the_unspecified_addresses_is_drift() {
+        let rs = Ruleset::from_spec(&RedirectSpec::default());
+        let mut live = live_of(&rs);
+        let guard = live.chains.iter_mut().find(|c| c.name == crate::rules::GUARD_CHAIN).unwrap();
+        let old_guard = ["127.0.0.0/8", "::1 ", "::ffff:127.0.0.0/104"];
+        guard.rules.retain(|r| old_guard.iter().any(|net| r.rule.as_ref().unwrap().to_string().contains(net)));
+        assert_eq!(guard.rules.len(), 3);
+        let drift = nft_drift(&rs, Some(&live));
+        for missing in ["ip daddr 0.0.0.0/8", "ip6 daddr :: ", "ip6 daddr ::ffff:0.0.0.0/104"] {
+            assert!(drift.iter().any(|d| d.contains(missing)), "{missing} in {drift:#?}");
+        }
+    }
 }

@@ -399,7 +399,11 @@ mod tests {
             v4[1],
             "-A CNIMESH_GUARD -d 127.0.0.0/8 ! -i lo -m comment --comment \"cnimesh/loopback-destination\" -j DROP"
         );
-        assert_eq!(v4[2], "-A PREROUTING -m comment --comment \"cnimesh/capture\" -j CNIMESH_INBOUND");
+        assert_eq!(
+            v4[2],
+            "-A CNIMESH_GUARD -d 0.0.0.0/8 ! -i lo -m comment --comment \"cnimesh/loopback-destination\" -j DROP"
+        );
+        assert_eq!(v4[3], "-A PREROUTING -m comment --comment \"cnimesh/capture\" -j CNIMESH_INBOUND");
         assert!(v4.contains(
             &"-A CNIMESH_INBOUND -p tcp -m tcp --dport 4567:4568 -m comment --comment \"cnimesh/skip-port\" -j RETURN"
                 .to_string()
@@ -410,7 +414,7 @@ mod tests {
         assert!(!v4.iter().any(|l| l.contains("fd00")));
         let v6 = expected_lines(&rs, Family::V6);
         assert!(v6.iter().any(|l| l.contains("-d fd00::/8")));
-        for dst in ["::1/128", "::ffff:127.0.0.0/104"] {
+        for dst in ["::1/128", "::/128", "::ffff:127.0.0.0/104", "::ffff:0.0.0.0/104"] {
             let line = format!(
                 "-A CNIMESH_GUARD -d {dst} ! -i lo -m comment --comment \"cnimesh/loopback-destination\" -j DROP"
             );

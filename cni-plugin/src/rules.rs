@@ -49,14 +49,23 @@ pub const PRIORITY_DSTNAT: i32 = -100;
 /// The filter priority `nft` calls `raw`: before conntrack (-200) and before any nat.
 pub const PRIORITY_RAW: i32 = -300;
 
-/// Loopback destinations no packet from outside the pod may carry: IPv4's 127/8, IPv6's `::1`
-/// and the IPv4-mapped form of 127/8 (`::ffff:127.0.0.0/104`), which a dual-stack socket or a
-/// proxy turns back into 127.0.0.1.
-pub fn loopback_destinations() -> [IpNet; 3] {
+/// Destinations that lead to the pod's loopback, which no packet from outside the pod may carry:
+/// IPv4's 127/8 and IPv6's `::1`; the unspecified addresses `0.0.0.0/8` and `::`, through which a
+/// socket dialling them (the proxy, handed one as an original destination) reaches its own
+/// loopback; and the IPv4-mapped forms of both IPv4 ranges (`::ffff:127.0.0.0/104`,
+/// `::ffff:0.0.0.0/104`), which a dual-stack socket or a proxy turns back into IPv4.
+///
+/// The pod's own addresses need no rule: a packet to one of them is ordinary inbound traffic,
+/// redirected to the proxy, which dials the app on that same address, where a listener bound to
+/// loopback is not.
+pub fn loopback_destinations() -> [IpNet; 6] {
     [
         "127.0.0.0/8".parse().expect("valid"),
+        "0.0.0.0/8".parse().expect("valid"),
         "::1/128".parse().expect("valid"),
+        "::/128".parse().expect("valid"),
         "::ffff:127.0.0.0/104".parse().expect("valid"),
+        "::ffff:0.0.0.0/104".parse().expect("valid"),
     ]
 }
 
@@ -327,8 +336,11 @@ table inet cnimesh {
 
 \tchain guard {
 \t\tiifname != \"lo\" ip daddr 127.0.0.0/8 counter packets 0 bytes 0 drop
+\t\tiifname != \"lo\" ip daddr 0.0.0.0/8 counter packets 0 bytes 0 drop
 \t\tiifname != \"lo\" ip6 daddr ::1 counter packets 0 bytes 0 drop
+\t\tiifname != \"lo\" ip6 daddr :: counter packets 0 bytes 0 drop
 \t\tiifname != \"lo\" ip6 daddr ::ffff:127.0.0.0/104 counter packets 0 bytes 0 drop
+\t\tiifname != \"lo\" ip6 daddr ::ffff:0.0.0.0/104 counter packets 0 bytes 0 drop
 \t}
 }
 ";

@@ -62,5 +62,7 @@ fuzz_target!(|data: &[u8]| {
         Decision::Record { parent: Parent::Root, .. } => assert_eq!(sampled_parent, None),
         // At ratio 1 only an unsampled parent or a B3 "do not sample" skips.
         Decision::Skip => assert!(sampled_parent == Some(false) || refused),
+        // A trusted caller's (`decide`'s) decision is always followed.
+        Decision::Unsampled(incoming) => panic!("{incoming:?} unsampled for a trusted caller"),
     }
 });

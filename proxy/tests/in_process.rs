@@ -198,6 +198,34 @@ async fn an_inbound_connection_to_a_loopback_address_is_refused_and_counted() {
     assert!(text.contains("inbound_tcp_accept_errors_total{error=\"loopback_destination\"} 3"), "{text}");
 }
 
+/// The proxy's own check, for the addresses Linux turns into loopback when a socket dials them:
+/// `0.0.0.0` (any of 0.0.0.0/8 a neighbour's packet carries), `::` and their IPv4-mapped forms.
+/// A listener on `0.0.0.0` or `::` binds, so "an address of this pod" alone let them through.
+/// Unfixed: `HTTP/1.1 200` from the loopback-only app.
+#[tokio::test]
+async fn an_inbound_connection_to_an_unspecified_address_is_refused_and_counted() {
+    let (app, accepted) = app().await;
+    let v6 = TcpListener::bind(("::1", app.port())).await.ok();
+    let shared = shared();
+    let to: Vec<SocketAddr> = ["0.0.0.0", "0.1.2.3", "::", "::ffff:0.0.0.0"]
+        .iter()
+        .map(|ip| SocketAddr::new(ip.parse().unwrap(), app.port()))
+        .collect();
+    for &to in &to {
+        let io = captured(&shared, to, Direction::inbound);
+        let answer = exchange(io, "GET /secret HTTP/1.1\r\nHost: app\r\nConnection: close\r\n\r\n").await;
+        assert_eq!(answer, "", "{to}: closed without an answer");
+    }
+    assert_eq!(accepted.load(Ordering::SeqCst), 0, "the app never saw a connection");
+    if let Some(v6) = v6 {
+        let nothing = tokio::time::timeout(Duration::from_millis(50), v6.accept()).await;
+        assert!(nothing.is_err(), "the app's ::1 listener never saw a connection");
+    }
+    let text = shared.metrics.encode();
+    let counted = format!("inbound_tcp_accept_errors_total{{error=\"loopback_destination\"}} {}", to.len());
+    assert!(text.contains(&counted), "{text}");
+}
+
 /// Finding 8 of issue 25: an identity claimed in a header is not passed on (a plaintext client
 /// has none, so the app sees none). Unfixed: the app saw `client=admin...`.
 #[tokio::test]

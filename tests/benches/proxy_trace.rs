@@ -54,7 +54,12 @@ fn main() {
         &bins.proxy,
         &net,
         "traced",
-        &[("CNIMESH_PROXY_TRACE_COLLECTOR", &endpoint), ("CNIMESH_PROXY_TRACE_SAMPLING", "1.0")],
+        // A span per request, however fast the run goes: the budget out of the way.
+        &[
+            ("CNIMESH_PROXY_TRACE_COLLECTOR", &endpoint),
+            ("CNIMESH_PROXY_TRACE_SAMPLING", "1.0"),
+            ("CNIMESH_PROXY_TRACE_SPAN_BUDGET", "1000000"),
+        ],
     );
     let baseline = std::env::var_os("CNIMESH_BENCH_BASELINE_PROXY")
         .map(|bin| Pair::start(&control, Path::new(&bin), &net, "base"));

@@ -10,6 +10,7 @@ pub mod apps;
 pub mod bench;
 pub mod cni;
 pub mod control;
+pub mod dns;
 pub mod flood;
 pub mod host;
 pub mod kube_api;

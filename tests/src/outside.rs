@@ -36,12 +36,18 @@ impl Outside {
     /// Starts the apps and a TLS server for `names` on [`OUTSIDE_IP`] in `pod`, and routes that
     /// address from each of `clients` over the bridge.
     pub fn start(pod: &Pod<'_>, names: &[&str], clients: &[&Pod<'_>]) -> anyhow::Result<Self> {
-        let ip = OUTSIDE_IP.to_string();
+        Self::start_at(pod, OUTSIDE_IP, names, clients)
+    }
+
+    /// Like [`Outside::start`], on the address `at` (another server outside, such as one an
+    /// attacker runs).
+    pub fn start_at(pod: &Pod<'_>, at: Ipv4Addr, names: &[&str], clients: &[&Pod<'_>]) -> anyhow::Result<Self> {
+        let ip = at.to_string();
         pod.netns.exec("ip", &["addr", "add", &format!("{ip}/32"), "dev", "eth0"])?;
         for client in clients {
             client.netns.exec("ip", &["route", "add", &format!("{ip}/32"), "dev", "eth0"])?;
         }
-        let apps = Apps::start(&pod.netns.path(), IpAddr::V4(OUTSIDE_IP), &pod.name)?;
+        let apps = Apps::start(&pod.netns.path(), IpAddr::V4(at), &pod.name)?;
         let ca = cnimesh_identity::ca::new_private_ca("outside-ca", Duration::from_secs(3600))?;
         let signer = cnimesh_identity::ca::Signer::new(&ca)?;
         let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
@@ -59,11 +65,10 @@ impl Outside {
         let thread = crate::netns::spawn_in(&pod.netns.path(), move || {
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
             rt.block_on(async move {
-                let listener =
-                    match tokio::net::TcpListener::bind(SocketAddr::new(IpAddr::V4(OUTSIDE_IP), TLS_PORT)).await {
-                        Ok(l) => l,
-                        Err(e) => return drop(ready_tx.send(Err(e.to_string()))),
-                    };
+                let listener = match tokio::net::TcpListener::bind(SocketAddr::new(IpAddr::V4(at), TLS_PORT)).await {
+                    Ok(l) => l,
+                    Err(e) => return drop(ready_tx.send(Err(e.to_string()))),
+                };
                 let _ = ready_tx.send(Ok(()));
                 let serve = async {
                     while let Ok((tcp, _)) = listener.accept().await {

@@ -8,6 +8,10 @@
 //! so the kernel's martian check never sees the loopback destination, and the proxy receives a
 //! connection whose original destination is loopback — which it would then dial for the
 //! attacker. The listener on 4143 stands in for the proxy and reports SO_ORIGINAL_DST.
+//!
+//! The same holds for the unspecified addresses (`0.0.0.0`, `::`): a socket that dials them
+//! reaches its own loopback, so a proxy handed one as an original destination would reach the
+//! loopback-only app just the same.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
@@ -86,37 +90,99 @@ fn aim_at_mapped_loopback(scene: &Scene<'_>) -> SocketAddr {
     (IpAddr::from(victim), APP_PORT).into()
 }
 
-/// Packets counted by the live drop rules for loopback destinations of one family, read through
-/// the same code the node agent's debug CLI uses.
-fn loopback_drops(backend: Backend, victim: &Pod<'_>, v6: bool) -> u64 {
-    let needle = if v6 { "::ffff:127.0.0.0/104" } else { "127.0.0.0/8" };
+/// A socket cannot send to `0.0.0.0` or `::` (the kernel dials its own loopback instead), so the
+/// attacker dials the victim's real address and rewrites the destination once the packet is
+/// routed (postrouting, out of eth0 to the victim's MAC), and the source of the victim's answers
+/// back before its own routing sees them (an unspecified source is a martian): stateless
+/// rewrites, so the attacker's socket and conntrack see an ordinary connection to the victim.
+fn aim_at_unspecified(scene: &Scene<'_>, v6: bool) -> SocketAddr {
+    let ns = &scene.attacker.netns;
+    let (family, victim, unspecified): (&str, IpAddr, IpAddr) = if v6 {
+        ("ip6", scene.victim.ipv6().into(), Ipv6Addr::UNSPECIFIED.into())
+    } else {
+        ("ip", scene.victim.ipv4().into(), Ipv4Addr::UNSPECIFIED.into())
+    };
+    // The next hop is resolved from the packet's destination unless the route names a gateway:
+    // name the victim as its own, so the kernel asks for the victim's MAC, not 0.0.0.0's.
+    let (ip, host) = if v6 { ("-6", format!("{victim}/128")) } else { ("-4", format!("{victim}/32")) };
+    let gateway = victim.to_string();
+    ns.exec("ip", &[ip, "route", "add", &host, "via", &gateway, "dev", "eth0", "onlink"])
+        .expect("route via the victim");
+    ns.exec("nft", &["add", "table", "inet", "attack"]).expect("attacker's table");
+    ns.exec("nft", &["add", "chain", "inet", "attack", "out", "{ type filter hook postrouting priority 0; }"])
+        .expect("chain");
+    ns.exec("nft", &["add", "chain", "inet", "attack", "in", "{ type filter hook prerouting priority -300; }"])
+        .expect("chain");
+    let out = format!("{family} daddr {victim} tcp dport {APP_PORT} {family} daddr set {unspecified}");
+    ns.exec("nft", &["add", "rule", "inet", "attack", "out", &out]).expect("attacker's rewrite");
+    let back = format!("{family} saddr {unspecified} tcp sport {APP_PORT} {family} saddr set {victim}");
+    ns.exec("nft", &["add", "rule", "inet", "attack", "in", &back]).expect("attacker's rewrite back");
+    (victim, APP_PORT).into()
+}
+
+/// Where the neighbour aims: a loopback address, or an unspecified one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Aim {
+    Ipv4Loopback,
+    MappedLoopback,
+    Ipv4Unspecified,
+    Ipv6Unspecified,
+}
+
+impl Aim {
+    fn v6(self) -> bool {
+        matches!(self, Aim::MappedLoopback | Aim::Ipv6Unspecified)
+    }
+
+    /// Whether a live rule (in `nft` or `iptables-save` words) is the guard's rule for this aim.
+    fn is_its_rule(self, rule: &str) -> bool {
+        let (nft, iptables) = match self {
+            Aim::Ipv4Loopback => ("daddr 127.0.0.0/8 ", "-d 127.0.0.0/8 "),
+            Aim::MappedLoopback => ("daddr ::ffff:127.0.0.0/104 ", "-d ::ffff:127.0.0.0/104 "),
+            Aim::Ipv4Unspecified => ("daddr 0.0.0.0/8 ", "-d 0.0.0.0/8 "),
+            Aim::Ipv6Unspecified => ("daddr :: ", "-d ::/128 "),
+        };
+        rule.contains(nft) || rule.contains(iptables)
+    }
+}
+
+/// Packets counted by the live drop rule for one aim, read through the same code the node
+/// agent's debug CLI uses.
+fn guard_drops(backend: Backend, victim: &Pod<'_>, aim: Aim) -> u64 {
     backend
         .live(&victim.netns.path())
         .expect("read live rules")
         .iter()
-        .filter(|l| l.rule.contains(needle) && (l.rule.contains("drop") || l.rule.contains("DROP")))
+        .filter(|l| aim.is_its_rule(&l.rule) && (l.rule.contains("drop") || l.rule.contains("DROP")))
         .map(|l| l.packets)
         .sum()
 }
 
-/// The whole attack for one family and backend: the neighbour's connection must not reach the
-/// proxy port with a loopback original destination, the drop must be counted, and ordinary
-/// traffic (the neighbour to the pod's address, the pod to its own loopback) must still work.
-fn loopback_attack(test: &str, settings: Value, backend: Backend, v6: bool) {
+/// The whole attack for one aim and backend: the neighbour's connection must not reach the
+/// proxy port with a loopback (or unspecified) original destination, the drop must be counted,
+/// and ordinary traffic (the neighbour to the pod's address, the pod to its own loopback) must
+/// still work.
+fn loopback_attack(test: &str, settings: Value, backend: Backend, aim: Aim) {
     if !require_root(test) {
         return;
     }
     let bins = bins!();
     let net = Network::bridge(&bins, settings).expect("network");
     let scene = scene(&bins, &net);
-    let target = if v6 { aim_at_mapped_loopback(&scene) } else { aim_at_ipv4_loopback(&scene) };
+    let target = match aim {
+        Aim::Ipv4Loopback => aim_at_ipv4_loopback(&scene),
+        Aim::MappedLoopback => aim_at_mapped_loopback(&scene),
+        Aim::Ipv4Unspecified => aim_at_unspecified(&scene, false),
+        Aim::Ipv6Unspecified => aim_at_unspecified(&scene, true),
+    };
+    let v6 = aim.v6();
 
     let attempt = connect(&bins.probe, &scene.attacker.netns.path(), target, None);
     assert!(
         attempt.is_err(),
-        "{test}: the neighbour's connection to the victim's loopback (via {target}) was accepted: {attempt:?}"
+        "{test}: the neighbour's connection to the victim's loopback ({aim:?}, via {target}) was accepted: {attempt:?}"
     );
-    assert!(loopback_drops(backend, &scene.victim, v6) > 0, "{test}: the loopback drop rule counted nothing");
+    assert!(guard_drops(backend, &scene.victim, aim) > 0, "{test}: the guard's drop rule for {aim:?} counted nothing");
 
     // Capture itself is intact: the neighbour reaching the pod's address still lands on the proxy.
     let pod_addr: IpAddr = if v6 { scene.victim.ipv6().into() } else { scene.victim.ipv4().into() };
@@ -136,7 +202,7 @@ fn a_neighbour_cannot_reach_a_loopback_only_app_through_nftables_capture_over_ip
         "a_neighbour_cannot_reach_a_loopback_only_app_through_nftables_capture_over_ipv4",
         json!({}),
         Backend::Nftables,
-        false,
+        Aim::Ipv4Loopback,
     );
 }
 
@@ -146,7 +212,7 @@ fn a_neighbour_cannot_reach_a_loopback_only_app_through_nftables_capture_over_ma
         "a_neighbour_cannot_reach_a_loopback_only_app_through_nftables_capture_over_mapped_ipv6",
         json!({}),
         Backend::Nftables,
-        true,
+        Aim::MappedLoopback,
     );
 }
 
@@ -156,7 +222,7 @@ fn a_neighbour_cannot_reach_a_loopback_only_app_through_iptables_legacy_capture_
         "a_neighbour_cannot_reach_a_loopback_only_app_through_iptables_legacy_capture_over_ipv4",
         json!({"backend": "iptables-legacy"}),
         Backend::IptablesLegacy,
-        false,
+        Aim::Ipv4Loopback,
     );
 }
 
@@ -166,7 +232,7 @@ fn a_neighbour_cannot_reach_a_loopback_only_app_through_iptables_legacy_capture_
         "a_neighbour_cannot_reach_a_loopback_only_app_through_iptables_legacy_capture_over_mapped_ipv6",
         json!({"backend": "iptables-legacy"}),
         Backend::IptablesLegacy,
-        true,
+        Aim::MappedLoopback,
     );
 }
 
@@ -176,7 +242,7 @@ fn a_neighbour_cannot_reach_a_loopback_only_app_through_iptables_nft_capture_ove
         "a_neighbour_cannot_reach_a_loopback_only_app_through_iptables_nft_capture_over_ipv4",
         json!({"backend": "iptables-nft"}),
         Backend::IptablesNft,
-        false,
+        Aim::Ipv4Loopback,
     );
 }
 
@@ -186,6 +252,68 @@ fn a_neighbour_cannot_reach_a_loopback_only_app_through_iptables_nft_capture_ove
         "a_neighbour_cannot_reach_a_loopback_only_app_through_iptables_nft_capture_over_mapped_ipv6",
         json!({"backend": "iptables-nft"}),
         Backend::IptablesNft,
-        true,
+        Aim::MappedLoopback,
+    );
+}
+
+#[test]
+fn a_neighbour_cannot_reach_a_loopback_only_app_through_nftables_capture_by_addressing_0_0_0_0() {
+    loopback_attack(
+        "a_neighbour_cannot_reach_a_loopback_only_app_through_nftables_capture_by_addressing_0_0_0_0",
+        json!({}),
+        Backend::Nftables,
+        Aim::Ipv4Unspecified,
+    );
+}
+
+#[test]
+fn a_neighbour_cannot_reach_a_loopback_only_app_through_nftables_capture_by_addressing_the_unspecified_ipv6_address() {
+    loopback_attack(
+        "a_neighbour_cannot_reach_a_loopback_only_app_through_nftables_capture_by_addressing_the_unspecified_ipv6_address",
+        json!({}),
+        Backend::Nftables,
+        Aim::Ipv6Unspecified,
+    );
+}
+
+#[test]
+fn a_neighbour_cannot_reach_a_loopback_only_app_through_iptables_legacy_capture_by_addressing_0_0_0_0() {
+    loopback_attack(
+        "a_neighbour_cannot_reach_a_loopback_only_app_through_iptables_legacy_capture_by_addressing_0_0_0_0",
+        json!({"backend": "iptables-legacy"}),
+        Backend::IptablesLegacy,
+        Aim::Ipv4Unspecified,
+    );
+}
+
+#[test]
+fn a_neighbour_cannot_reach_a_loopback_only_app_through_iptables_legacy_capture_by_addressing_the_unspecified_ipv6_address()
+ {
+    loopback_attack(
+        "a_neighbour_cannot_reach_a_loopback_only_app_through_iptables_legacy_capture_by_addressing_the_unspecified_ipv6_address",
+        json!({"backend": "iptables-legacy"}),
+        Backend::IptablesLegacy,
+        Aim::Ipv6Unspecified,
+    );
+}
+
+#[test]
+fn a_neighbour_cannot_reach_a_loopback_only_app_through_iptables_nft_capture_by_addressing_0_0_0_0() {
+    loopback_attack(
+        "a_neighbour_cannot_reach_a_loopback_only_app_through_iptables_nft_capture_by_addressing_0_0_0_0",
+        json!({"backend": "iptables-nft"}),
+        Backend::IptablesNft,
+        Aim::Ipv4Unspecified,
+    );
+}
+
+#[test]
+fn a_neighbour_cannot_reach_a_loopback_only_app_through_iptables_nft_capture_by_addressing_the_unspecified_ipv6_address()
+ {
+    loopback_attack(
+        "a_neighbour_cannot_reach_a_loopback_only_app_through_iptables_nft_capture_by_addressing_the_unspecified_ipv6_address",
+        json!({"backend": "iptables-nft"}),
+        Backend::IptablesNft,
+        Aim::Ipv6Unspecified,
     );
 }

@@ -1,15 +1,18 @@
 //! Egress visibility and control (issue 30) on a real kernel: a meshed client in namespace `shop`
 //! talks to a server outside the mesh's networks (203.0.113.10, another netns on the bridge),
 //! over HTTP and over its own TLS, through its proxy. The control plane reads EgressNetworks and
-//! routes from its files directory and answers the client's proxy through OutboundPolicies.
+//! routes from its files directory and answers the client's proxy through OutboundPolicies. The
+//! client pod's resolver is a DNS server outside ([`cnimesh_e2e::dns`]) that resolves the
+//! outside host's names to its address, as the cluster's resolver would.
 
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use cnimesh_e2e::apps;
 use cnimesh_e2e::control::{Control, env_refs, write_atomically};
+use cnimesh_e2e::dns::{DnsServer, ResolvConf};
 use cnimesh_e2e::outside::{OUTSIDE_IP, Outside, TLS_GREETING, TLS_PORT, tls_in};
 use cnimesh_e2e::sidecar::{Reply, Sidecar, metric_with, raw_reply_in};
 use cnimesh_e2e::{Network, Pod, bins, require_root};
@@ -18,9 +21,18 @@ use serde_json::json;
 const HOST: &str = "api.example.test";
 const CLI: &str = env!("CARGO_BIN_EXE_cnimesh-cli-e2e");
 
+/// Another server outside, in the same EgressNetwork: an attacker's, serving whatever names it
+/// likes (with a CA of its own, which the attacker's client trusts).
+const ATTACKER_IP: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 66);
+
 /// An HTTP/1.1 GET of `path` to the outside server with `Host: <host>`.
 fn get(netns: &Path, host: &str, path: &str) -> Reply {
-    let addr = format!("{OUTSIDE_IP}:{}", apps::HTTP_PORT);
+    get_at(netns, OUTSIDE_IP, host, path)
+}
+
+/// An HTTP/1.1 GET of `path` to the server at `ip` with `Host: <host>`.
+fn get_at(netns: &Path, ip: Ipv4Addr, host: &str, path: &str) -> Reply {
+    let addr = format!("{ip}:{}", apps::HTTP_PORT);
     let request = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
     raw_reply_in(netns, &addr, request).unwrap_or_default()
 }
@@ -69,6 +81,8 @@ struct World<'n> {
     /// The control plane's pod (unmeshed, on the bridge): where the operator's `cnimesh` runs, as
     /// local mode's host does, to reach the proxies' and the control plane's admin ports.
     operator_netns: String,
+    /// The client pod's resolver, and its configuration.
+    _dns: (DnsServer, ResolvConf),
     _pods: Vec<Pod<'n>>,
 }
 
@@ -81,6 +95,10 @@ fn world<'n>(bins: &cnimesh_e2e::Bins, net: &'n Network, egress: Option<&str>) -
     let client = Pod::named(net, "shop", "client").unwrap();
     let outside_pod = Pod::unmeshed(net, "outside", "world").unwrap();
     let outside = Outside::start(&outside_pod, &[HOST, "other.example.test"], &[&client]).unwrap();
+    let records = [(HOST, OUTSIDE_IP), ("other.example.test", OUTSIDE_IP)];
+    let dns_addr = SocketAddr::from((OUTSIDE_IP, 53));
+    let dns = DnsServer::start(&outside_pod.netns.path(), dns_addr, &records).unwrap();
+    let resolv_conf = ResolvConf::write(client.netns.name(), OUTSIDE_IP).unwrap();
     let cluster_dir = cluster.path().display().to_string();
     let control = Control::start(&bins.control, &control_pod, &["--cluster-dir", &cluster_dir]).unwrap();
     let mut env = control.proxy_env("shop", "client", &control.token("shop", "client").unwrap());
@@ -88,7 +106,16 @@ fn world<'n>(bins: &cnimesh_e2e::Bins, net: &'n Network, egress: Option<&str>) -
     env.push(("CNIMESH_PROXY_POLICY_WORKLOAD".into(), "shop:client".into()));
     let proxy = Sidecar::start(&bins.proxy, &client.netns, &env_refs(&env)).unwrap();
     let operator_netns = control_pod.netns.name().to_string();
-    World { control, client, proxy, outside, cluster, operator_netns, _pods: vec![control_pod, outside_pod] }
+    World {
+        control,
+        client,
+        proxy,
+        outside,
+        cluster,
+        operator_netns,
+        _dns: (dns, resolv_conf),
+        _pods: vec![control_pod, outside_pod],
+    }
 }
 
 #[test]
@@ -166,6 +193,61 @@ fn a_deny_egress_network_allows_only_the_hosts_paths_and_snis_its_routes_describ
     assert_eq!(metric_with(&m, "outbound_egress_denied_total", &sni), 1.0, "{m}");
     let allowed = ["protocol=\"tls\"", network, "dst_hostname=\"api.example.test\""];
     assert_eq!(metric_with(&m, "outbound_egress_connections_total", &allowed), 1.0, "{m}");
+}
+
+/// An allowed hostname is admitted only to the addresses it resolves to: the client that names
+/// `api.example.test` (Host, SNI) but connects to its own server inside the same EgressNetwork
+/// is refused and counted under that server's IP, never under the name; a request whose
+/// authority and Host header disagree is refused; the real host still works. Unfixed: the
+/// attacker's server answered `200` and its TLS was admitted, all counted as api.example.test.
+#[test]
+fn an_allowed_hostname_is_admitted_only_to_the_addresses_it_resolves_to() {
+    if !require_root("an_allowed_hostname_is_admitted_only_to_the_addresses_it_resolves_to") {
+        return;
+    }
+    let bins = bins!();
+    let net = Network::bridge(&bins, json!({})).unwrap();
+    let w = world(&bins, &net, Some(&allow_list()));
+    let attacker_pod = Pod::unmeshed(&net, "outside", "attacker").unwrap();
+    let attacker = Outside::start_at(&attacker_pod, ATTACKER_IP, &[HOST], &[&w.client]).unwrap();
+    let netns = w.client.netns.path();
+    eventually("the allow-list applied", || get(&netns, HOST, "/replica").status == 403);
+
+    // The legitimate host, by the address its name resolves to.
+    let hello = get(&netns, HOST, "/hello");
+    assert_eq!(hello.status, 200, "{hello:?}");
+    assert_eq!(tls(&netns, HOST, &w.outside).unwrap(), TLS_GREETING);
+
+    let network = "egress_network=\"shop/world\"";
+    let name = "dst_hostname=\"api.example.test\"";
+    let tls_label = "protocol=\"tls\"";
+    let name_counts = |m: &str| {
+        (
+            metric_with(m, "outbound_egress_requests_total", &[network, name]),
+            metric_with(m, "outbound_egress_connections_total", &[tls_label, network, name]),
+        )
+    };
+    let before = name_counts(&w.proxy.metrics());
+
+    // The allowed name, sent to the attacker's address.
+    let stolen = get_at(&netns, ATTACKER_IP, HOST, "/hello");
+    assert_eq!(stolen.status, 403, "Host: {HOST} to {ATTACKER_IP}: {stolen:?}");
+    assert_eq!(stolen.header("cnimesh-proxy-error"), Some("egress denied by EgressNetwork shop/world"));
+    let by_sni = tls_in(&netns, SocketAddr::from((ATTACKER_IP, TLS_PORT)), HOST, &attacker.ca_pem);
+    assert!(by_sni.is_err(), "SNI {HOST} to {ATTACKER_IP} is refused after its ClientHello: {by_sni:?}");
+    // An authority that names the allowed host and a Host header that names another.
+    let request = format!("GET http://{HOST}/hello HTTP/1.1\r\nHost: evil.test\r\nConnection: close\r\n\r\n");
+    let split = raw_reply_in(&netns, &format!("{OUTSIDE_IP}:{}", apps::HTTP_PORT), request).unwrap_or_default();
+    assert_eq!(split.status, 403, "authority and Host disagree: {split:?}");
+
+    let m = w.proxy.metrics();
+    let attacker_ip = format!("dst_hostname=\"{ATTACKER_IP}\"");
+    let denied = |protocol: &str| metric_with(&m, "outbound_egress_denied_total", &[protocol, network, &attacker_ip]);
+    assert_eq!(denied("protocol=\"http\""), 1.0, "{m}");
+    assert_eq!(denied(tls_label), 1.0, "{m}");
+    assert_eq!(name_counts(&m), before, "nothing sent elsewhere is counted under the name: {m}");
+    let attacker_authority = format!("authority=\"{ATTACKER_IP}:{}\"", apps::HTTP_PORT);
+    assert!(metric_with(&m, "request_total", &[attacker_authority.as_str()]) >= 1.0, "counted under the IP: {m}");
 }
 
 #[test]

@@ -23,12 +23,16 @@ use serde_json::json;
 /// Only guards against a hung step; nothing here measures time.
 const PATIENCE: Duration = Duration::from_secs(30);
 
-fn cluster_yaml(ip: Ipv4Addr, access_policy: &str, rate_limit: Option<&str>) -> String {
+/// The cluster: `api-0` (with a kubelet readiness probe on `probe`'s path of its HTTP port, if
+/// given), its Server and, if given, the Server's rate limit.
+fn cluster_yaml(ip: Ipv4Addr, access_policy: &str, rate_limit: Option<&str>, probe: Option<&str>) -> String {
+    let probe = probe.map(|path| format!("\n      readinessProbe: {{httpGet: {{port: http, path: {path}}}}}"));
     let mut docs = vec![
         "apiVersion: v1\nkind: Namespace\nmetadata: {name: shop}\n".to_string(),
         format!(
-            "apiVersion: v1\nkind: Pod\nmetadata: {{name: api-0, namespace: shop, labels: {{app: api}}}}\nspec:\n  serviceAccountName: api\n  containers:\n    - name: app\n      image: api\n      ports: [{{name: http, containerPort: {}}}]\n    - name: cnimesh-proxy\n      image: cnimesh/proxy\nstatus: {{phase: Running, podIP: {ip}, podIPs: [{{ip: {ip}}}]}}\n",
-            apps::HTTP_PORT
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: api-0, namespace: shop, labels: {{app: api}}}}\nspec:\n  serviceAccountName: api\n  containers:\n    - name: app\n      image: api\n      ports: [{{name: http, containerPort: {}}}]{}\n    - name: cnimesh-proxy\n      image: cnimesh/proxy\nstatus: {{phase: Running, podIP: {ip}, podIPs: [{{ip: {ip}}}]}}\n",
+            apps::HTTP_PORT,
+            probe.unwrap_or_default(),
         ),
         format!(
             "apiVersion: policy.cnimesh.io/v1alpha1\nkind: Server\nmetadata: {{name: api-http, namespace: shop}}\nspec:\n  podSelector: {{matchLabels: {{app: api}}}}\n  port: http\n  proxyProtocol: HTTP/1\n  accessPolicy: {access_policy}\n"
@@ -40,6 +44,15 @@ fn cluster_yaml(ip: Ipv4Addr, access_policy: &str, rate_limit: Option<&str>) -> 
         ));
     }
     docs.join("---\n")
+}
+
+/// The pods every test here has: the control plane's, `api-0` (the limited Server) and `web`
+/// (a meshed client).
+fn cast(net: &Network) -> (Pod<'_>, Pod<'_>, Pod<'_>) {
+    let control_pod = Pod::unmeshed(net, "cnimesh", "control").unwrap();
+    let api = Pod::named(net, "shop", "api-0").unwrap();
+    let web = Pod::named(net, "shop", "web").unwrap();
+    (control_pod, api, web)
 }
 
 /// What one h2load run got: 200s, 429s, and the span between its first and last request (s).
@@ -110,13 +123,12 @@ fn rate_limits_hold_real_clients_to_their_share_and_follow_policy_changes() {
     let bins = bins!();
     let net = Network::bridge(&bins, json!({})).unwrap();
     let cluster = tempfile::tempdir().unwrap();
-    let control_pod = Pod::unmeshed(&net, "cnimesh", "control").unwrap();
-    let api = Pod::named(&net, "shop", "api-0").unwrap();
-    let web = Pod::named(&net, "shop", "web").unwrap();
+    let (control_pod, api, web) = cast(&net);
     let other = Pod::named(&net, "shop", "other").unwrap();
     let office = Pod::unmeshed(&net, "shop", "office").unwrap();
     let file = cluster.path().join("cluster.yaml");
-    let write = |access: &str, limit: Option<&str>| write_atomically(&file, &cluster_yaml(api.ipv4(), access, limit));
+    let write =
+        |access: &str, limit: Option<&str>| write_atomically(&file, &cluster_yaml(api.ipv4(), access, limit, None));
     write("all-unauthenticated", Some("  total: {requestsPerSecond: 50}\n"));
     let cluster_dir = cluster.path().display().to_string();
     let control = Control::start(&bins.control, &control_pod, &["--cluster-dir", &cluster_dir]).unwrap();
@@ -191,4 +203,66 @@ fn rate_limits_hold_real_clients_to_their_share_and_follow_policy_changes() {
     eventually("the limit removed", PATIENCE, || load(&other, &url, 1, 0, 0, 100).limited == 0);
     let free = load(&office, &url, 2, 0, 0, 300);
     assert_eq!((free.ok, free.limited), (300, 0));
+}
+
+/// Probe requests are outside every rate limit, as they are outside authorization: an
+/// unauthorized plaintext client hammering the kubelet's probe path (open to everyone) does not
+/// spend the Server's `total` budget: an authorized client keeps it whole, and the kubelet's own
+/// probes never get 429.
+/// Unfixed: the authorized client got 7 of its 60 requests, the kubelet's probes 12 × 429.
+#[test]
+fn a_client_hammering_the_probe_path_spends_no_rate_limit_of_other_clients_or_the_kubelet() {
+    if !require_root("a_client_hammering_the_probe_path_spends_no_rate_limit_of_other_clients_or_the_kubelet") {
+        return;
+    }
+    require_h2load();
+    let bins = bins!();
+    let net = Network::bridge(&bins, json!({})).unwrap();
+    let (control_pod, api, web) = cast(&net);
+    let attacker = Pod::unmeshed(&net, "shop", "attacker").unwrap();
+    let kubelet = Pod::unmeshed(&net, "shop", "kubelet").unwrap();
+    let limit = "  total: {requestsPerSecond: 40}\n";
+    let cluster = tempfile::tempdir().unwrap();
+    write_atomically(
+        &cluster.path().join("cluster.yaml"),
+        &cluster_yaml(api.ipv4(), "all-authenticated", Some(limit), Some("/hello")),
+    );
+    let cluster_dir = cluster.path().display().to_string();
+    let control = Control::start(&bins.control, &control_pod, &["--cluster-dir", &cluster_dir]).unwrap();
+    let _apps = Apps::start(&api.netns.path(), api.ipv4().into(), "api-0").unwrap();
+    let (_api_proxy, _client_proxies) = control.api_and_clients(&bins.proxy, &api, &[(&web, "web")]).unwrap();
+    let http = format!("{}:{}", api.ipv4(), apps::HTTP_PORT);
+    let (work, probe) = (format!("http://{http}/replica"), format!("http://{http}/hello"));
+
+    // The policy is served: a burst from the authorized client finds the limit, a plaintext
+    // client is refused everywhere but on the probe path.
+    eventually("the limit served", PATIENCE, || load(&web, &work, 1, 0, 0, 80).limited > 0);
+    assert_eq!(http_reply_in(&attacker.netns.path(), &http, "GET", "/replica", "").unwrap().status, 403);
+    assert_eq!(http_reply_in(&attacker.netns.path(), &http, "GET", "/hello", "").unwrap().status, 200);
+    std::thread::sleep(Duration::from_millis(1500)); // The buckets refill: the run starts full.
+
+    let (flood, work_run, probes) = std::thread::scope(|s| {
+        // 800 rps on the probe path for 8 s, far over the limit.
+        let flood = s.spawn(|| load(&attacker, &probe, 4, 200, 8, 0));
+        std::thread::sleep(Duration::from_secs(1));
+        // The authorized client: 10 rps for 6 s, well under the total.
+        let work_run = s.spawn(|| load(&web, &work, 1, 10, 6, 0));
+        // The kubelet: a probe every half second.
+        let probes: Vec<u16> = (0..12)
+            .map(|_| {
+                std::thread::sleep(Duration::from_millis(500));
+                http_reply_in(&kubelet.netns.path(), &http, "GET", "/hello", "").unwrap().status
+            })
+            .collect();
+        (flood.join().unwrap(), work_run.join().unwrap(), probes)
+    });
+    eprintln!("flood on the probe path: {flood:?}; authorized client: {work_run:?}; probes: {probes:?}");
+    assert_eq!(flood.limited, 0, "the probe path is outside every limit: {flood:?}");
+    assert_eq!(
+        (work_run.ok, work_run.limited),
+        (work_run.ok + work_run.limited, 0),
+        "the authorized client keeps its whole budget: {work_run:?}"
+    );
+    assert!(work_run.ok >= 50, "the authorized client's run went through: {work_run:?}");
+    assert_eq!(probes, vec![200; 12], "the kubelet's probes are never rate limited");
 }

@@ -193,6 +193,27 @@ pub fn inject(headers: &mut HeaderMap, context: &SpanContext, b3: Option<B3Form>
     }
 }
 
+/// Marks a request whose headers said `incoming` not sampled, ids kept: a sampled parent is
+/// rewritten with its sampled flag cleared (in every format it came in, as [`inject`] writes
+/// them), a bare B3 decision becomes `0`. What an untrusted caller's request is passed on with
+/// when its own decision is not followed.
+pub fn unsample(headers: &mut HeaderMap, incoming: &Incoming) {
+    match incoming {
+        Incoming::Parent { context, b3, .. } => {
+            inject(headers, &SpanContext { sampled: false, ..*context }, *b3);
+        }
+        Incoming::Decision(_) => {
+            if headers.contains_key(&B3) {
+                headers.insert(B3, HeaderValue::from_static("0"));
+            } else {
+                headers.remove(X_B3_FLAGS);
+                headers.insert(X_B3_SAMPLED, HeaderValue::from_static("0"));
+            }
+        }
+        Incoming::None => {}
+    }
+}
+
 /// `traceparent` for `context`: version 00, sampled flag only.
 pub fn format_traceparent(context: &SpanContext) -> String {
     format!("00-{}-{}-{}", context.trace_id, context.span_id, if context.sampled { "01" } else { "00" })
@@ -384,6 +405,33 @@ mod tests {
 
     const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
     const SPAN: &str = "00f067aa0ba902b7";
+
+    #[test]
+    fn unsample_clears_the_sampled_flag_in_every_format_and_keeps_the_ids() {
+        let mut w3c = HeaderMap::new();
+        w3c.insert(TRACEPARENT, header(format!("00-{TRACE}-{SPAN}-01")));
+        let incoming = extract(&w3c);
+        unsample(&mut w3c, &incoming);
+        assert_eq!(w3c[TRACEPARENT], format!("00-{TRACE}-{SPAN}-00").as_str());
+        assert!(!w3c.contains_key(B3));
+
+        let mut single = HeaderMap::new();
+        single.insert(B3, header(format!("{TRACE}-{SPAN}-d")));
+        let incoming = extract(&single);
+        unsample(&mut single, &incoming);
+        assert_eq!(single[B3], format!("{TRACE}-{SPAN}-0").as_str());
+
+        for (name, value, expect) in [(B3, "1", (B3, "0")), (X_B3_SAMPLED, "1", (X_B3_SAMPLED, "0"))] {
+            let mut decision = HeaderMap::new();
+            decision.insert(name, HeaderValue::from_static(value));
+            decision.insert(X_B3_FLAGS, HeaderValue::from_static("1"));
+            let incoming = extract(&decision);
+            assert_eq!(incoming, Incoming::Decision(true));
+            unsample(&mut decision, &incoming);
+            assert_eq!(decision[&expect.0], expect.1);
+            assert_eq!(extract(&decision), Incoming::Decision(false), "{decision:?}");
+        }
+    }
 
     fn tp(s: &str) -> Option<SpanContext> {
         parse_traceparent(s.as_bytes())

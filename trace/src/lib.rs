@@ -92,4 +92,4 @@ pub mod span;
 pub use context::{B3Form, Incoming, SpanContext, SpanId, TraceId};
 pub use export::{Collector, ConfigError, Counts, Exporter, ExporterConfig};
 pub use receiver::{ReceivedSpan, Receiver};
-pub use span::{Decision, Parent, Sampler, Span, SpanKind, Status, Value};
+pub use span::{Caller, Decision, Parent, Sampler, Span, SpanKind, Status, Value};

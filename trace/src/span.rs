@@ -230,9 +230,24 @@ fn nanos(t: SystemTime) -> u64 {
 /// The sampling rule of the contract: a request with a parent follows the parent's sampled
 /// flag; a B3 sampling decision without ids is obeyed; a request with no context is traced
 /// with probability `ratio` (0 by default, so untraced requests stay untraced).
+///
+/// Only a trusted caller's sampling decision is followed ([`Sampler::decide_for`]): anyone else
+/// could make every request it sends exported, under trace ids of its choosing. An untrusted
+/// request that asks for a trace gets the ratio's decision instead: picked, a new trace of our
+/// own (its ids are not continued); not picked, no spans, and it is passed on marked not sampled
+/// ([`Decision::Unsampled`]), so the next hop does not record it on its word either.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Sampler {
     ratio: f64,
+}
+
+/// Whose sampling decision a request carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Caller {
+    /// One the mesh vouches for (a verified mesh identity, or this pod's own app).
+    Trusted,
+    /// Anyone else (a plaintext client).
+    Untrusted,
 }
 
 /// What to do with one request.
@@ -242,6 +257,9 @@ pub enum Decision {
     Record { parent: Parent, b3: Option<B3Form> },
     /// No spans, headers forwarded untouched (unsampled parent, or not picked).
     Skip,
+    /// No spans, and the request is forwarded marked not sampled
+    /// ([`context::unsample`]): an untrusted caller asked for a trace the ratio did not pick.
+    Unsampled(Incoming),
 }
 
 impl Sampler {
@@ -255,8 +273,27 @@ impl Sampler {
         self.ratio
     }
 
-    /// Decides for a request whose headers said `incoming`.
+    /// Decides for a request of a trusted caller whose headers said `incoming`.
     pub fn decide(&self, incoming: Incoming) -> Decision {
+        self.decide_for(incoming, Caller::Trusted)
+    }
+
+    /// Decides for a request of `caller` whose headers said `incoming`.
+    pub fn decide_for(&self, incoming: Incoming, caller: Caller) -> Decision {
+        let asks = match &incoming {
+            Incoming::Parent { context, .. } => context.sampled,
+            Incoming::Decision(sampled) => *sampled,
+            Incoming::None => false,
+        };
+        if asks && caller == Caller::Untrusted {
+            return match incoming {
+                Incoming::Parent { b3, .. } if self.pick() => Decision::Record { parent: Parent::Root, b3 },
+                Incoming::Decision(_) if self.pick() => {
+                    Decision::Record { parent: Parent::Root, b3: Some(B3Form::Single) }
+                }
+                incoming => Decision::Unsampled(incoming),
+            };
+        }
         match incoming {
             Incoming::Parent { context, b3, tracestate } if context.sampled => {
                 Decision::Record { parent: Parent::Remote(context, tracestate), b3 }
@@ -277,7 +314,7 @@ impl Sampler {
     pub fn server_span(&self, headers: &HeaderMap, name: impl Into<Cow<'static, str>>) -> Option<Span> {
         match self.decide(context::extract(headers)) {
             Decision::Record { parent, .. } => Some(Span::start(name, SpanKind::Server, parent)),
-            Decision::Skip => None,
+            Decision::Skip | Decision::Unsampled(_) => None,
         }
     }
 }
@@ -323,6 +360,27 @@ mod tests {
         let mut b3 = HeaderMap::new();
         b3.insert(context::B3, HeaderValue::from_static("1"));
         assert!(Sampler::new(0.0).server_span(&b3, "x").is_some(), "b3: 1 asks for a trace");
+    }
+
+    #[test]
+    fn an_untrusted_callers_sampling_decision_is_replaced_by_the_ratios() {
+        let sampled = context::extract(&with_traceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"));
+        let at_zero = Sampler::new(0.0);
+        assert!(matches!(at_zero.decide_for(sampled.clone(), Caller::Trusted), Decision::Record { .. }));
+        assert_eq!(at_zero.decide_for(sampled.clone(), Caller::Untrusted), Decision::Unsampled(sampled.clone()));
+        assert_eq!(
+            at_zero.decide_for(Incoming::Decision(true), Caller::Untrusted),
+            Decision::Unsampled(Incoming::Decision(true))
+        );
+        // Picked by the ratio: a trace of our own, never the caller's ids.
+        match Sampler::new(1.0).decide_for(sampled, Caller::Untrusted) {
+            Decision::Record { parent: Parent::Root, b3: None } => {}
+            other => panic!("{other:?}"),
+        }
+        // Nothing asked for: the same as for anyone.
+        let unsampled = context::extract(&with_traceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"));
+        assert_eq!(at_zero.decide_for(unsampled, Caller::Untrusted), Decision::Skip);
+        assert_eq!(at_zero.decide_for(Incoming::None, Caller::Untrusted), Decision::Skip);
     }
 
     #[test]

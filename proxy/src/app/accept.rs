@@ -168,9 +168,14 @@ async fn outbound<I: Io>(mut io: I, peer: SocketAddr, addr: SocketAddr, shared: 
     let tls = target.tls.clone();
     // issue 30: an EgressNetwork's destination is seen by its SNI, and may be refused here.
     let policy = crate::outbound::policy_of(&target).and_then(|p| p.current());
-    let (prefix, egress) =
-        crate::outbound::egress::admit(&mut io, addr, policy, &shared.outbound.egress, shared.config.detect_timeout)
-            .await?;
+    let (prefix, egress) = crate::outbound::egress::admit(
+        &mut io,
+        addr,
+        policy,
+        (&shared.outbound.egress, &shared.outbound.egress_names),
+        shared.config.detect_timeout,
+    )
+    .await?;
     let conn = Connection {
         direction: Direction::outbound,
         peer,

@@ -95,6 +95,9 @@ pub struct TraceConfig {
     /// `CNIMESH_PROXY_TRACE_COLLECTOR_CA_FILE`: PEM roots for an https collector (default: the
     /// system's).
     pub ca_file: Option<PathBuf>,
+    /// `CNIMESH_PROXY_TRACE_SPAN_BUDGET`: requests this proxy records spans for per second,
+    /// whatever its clients ask for (a token bucket with a burst of one second's worth).
+    pub span_budget: u32,
     /// `CNIMESH_POD_NAME`, `CNIMESH_POD_NAMESPACE` (set by the injector): span and resource attributes.
     pub pod_name: Option<String>,
     pub pod_namespace: Option<String>,
@@ -268,6 +271,19 @@ fn connections(value: &str) -> Result<usize, String> {
     value.trim().parse().ok().filter(|n| *n > 0).ok_or_else(|| "a positive number of connections expected".into())
 }
 
+/// The default of `CNIMESH_PROXY_TRACE_SPAN_BUDGET`: far above what a sampled share of a
+/// sidecar's traffic needs, far below what a flood of forced traces would export.
+pub const DEFAULT_SPAN_BUDGET: u32 = 1000;
+
+fn span_budget(value: &str) -> Result<u32, String> {
+    value
+        .trim()
+        .parse()
+        .ok()
+        .filter(|n| (1..=1_000_000).contains(n))
+        .ok_or_else(|| "a number of traced requests per second from 1 to 1000000 expected".into())
+}
+
 fn flag(value: &str) -> Result<bool, String> {
     match value.trim() {
         "true" | "1" => Ok(true),
@@ -401,6 +417,9 @@ pub struct Args {
     /// PEM roots that verify an https trace collector [default: the system's].
     #[arg(long, env = "CNIMESH_PROXY_TRACE_COLLECTOR_CA_FILE")]
     pub trace_collector_ca_file: Option<PathBuf>,
+    /// Requests traced per second at most, whatever clients ask for [default: 1000].
+    #[arg(long, env = "CNIMESH_PROXY_TRACE_SPAN_BUDGET", value_parser = span_budget)]
+    pub trace_span_budget: Option<u32>,
     /// This pod's name (span attribute `k8s.pod.name`; set by the injector).
     #[arg(long, env = "CNIMESH_POD_NAME")]
     pub pod_name: Option<String>,
@@ -542,6 +561,7 @@ fn trace(args: &Args) -> Result<Option<TraceConfig>, ConfigError> {
         collector,
         sampling,
         ca_file,
+        span_budget: args.trace_span_budget.unwrap_or(DEFAULT_SPAN_BUDGET),
         pod_name: non_empty(&args.pod_name),
         pod_namespace: non_empty(&args.pod_namespace),
     }))

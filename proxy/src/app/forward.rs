@@ -36,7 +36,7 @@ use crate::http::headers::{GATEWAY_CLIENT_ID, IDENTITY_HEADERS, strip_h2c_upgrad
 use crate::http::orig_proto;
 use crate::http::tap;
 use crate::inbound::policy::enforce::ConnPolicy;
-use crate::outbound::egress::EgressLabels;
+use crate::outbound::egress::{EgressLabels, SeenAs};
 use crate::outbound::routes::model::Retry;
 use crate::outbound::routes::retry;
 use crate::outbound::routes::routed::{self, ConnRoutes, Routed};
@@ -279,6 +279,17 @@ impl HttpProxy {
         handles
     }
 
+    /// An egress request whose Host is not bound to its destination is counted under the
+    /// destination's address, never under the name it claimed.
+    fn egress_handles<B>(&self, req: &Request<B>, handles: Arc<Handles>) -> Arc<Handles> {
+        match req.extensions().get::<SeenAs>() {
+            Some(seen) if seen.unbound => {
+                self.handles(&self.addr.to_string(), &handles.labels.tls, &handles.labels.target_cluster)
+            }
+            _ => handles,
+        }
+    }
+
     /// The target of a service the request names (`web.shop.svc.cluster.local`), when it
     /// differs from the connection's own. Only the outbound with discovery follows names.
     async fn named_target(&self, authority: &str) -> Option<Arc<Target>> {
@@ -313,21 +324,21 @@ impl HttpProxy {
 
     /// The request's span, when tracing is on and the request is sampled. Off, this is the
     /// one check tracing costs a request.
-    fn trace<B>(&self, req: &Request<B>) -> Option<Box<Traced>> {
+    fn trace<B>(&self, req: &mut Request<B>) -> Option<Box<Traced>> {
         let tracer = self.shared.tracer.as_ref()?;
         let service = match &self.target.route {
             Route::Balanced(b) => Some(b.service.as_str()),
             Route::Fixed(_) => None,
         };
         let conn = ConnInfo { direction: self.direction, peer: self.peer, tls: &self.tls, service };
-        Traced::start(tracer, req, authority_of(req), &conn)
+        Traced::start(tracer, req, authority_of, &conn)
     }
 
     /// One request, end to end, with its metrics.
     pub async fn handle(self: Arc<Self>, mut req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
         let start = Instant::now();
         let handles = self.handles(authority_of(&req), &self.tls, &self.target.cluster);
-        let mut traced = self.trace(&req);
+        let mut traced = self.trace(&mut req);
         // Never switched to h2c: the requests after the switch would pass no check of ours.
         strip_h2c_upgrade(req.headers_mut());
         if let Some(client) = &self.gateway_client {
@@ -358,8 +369,14 @@ impl HttpProxy {
             return Ok(tap::respond(self.tap(&req, None, start), denied));
         }
         let routed = match self.direction {
-            Direction::outbound => routed::route(&mut req, &self.target, &self.routes, &self.shared.outbound).await,
+            Direction::outbound => {
+                routed::route(&mut req, (&self.target, self.addr), &self.routes, &self.shared.outbound).await
+            }
             Direction::inbound => Ok(None),
+        };
+        let handles = match &self.egress {
+            Some(_) => self.egress_handles(&req, handles),
+            None => handles,
         };
         let routed = match routed {
             Ok(routed) => routed,
@@ -548,11 +565,11 @@ impl HttpProxy {
                 };
                 let meta = tap::Meta::outbound(self.peer, self.addr, &target.tls, service, routed.map(|r| &*r.route));
                 match &self.egress {
-                    // issue 30: the request's own hostname (Host/authority), else the connection's.
+                    // issue 30: what the request was seen as (its Host when bound to the
+                    // destination, else the IP), else the connection's.
                     Some(egress) => {
-                        let hostname = crate::outbound::egress::request_hostname(req)
-                            .unwrap_or_else(|| egress.dst_hostname.clone());
-                        meta.egress(&egress.egress_network, &hostname)
+                        let hostname = req.extensions().get::<SeenAs>().map(|s| s.hostname.clone());
+                        meta.egress(&egress.egress_network, &hostname.unwrap_or_else(|| egress.dst_hostname.clone()))
                     }
                     None => meta,
                 }

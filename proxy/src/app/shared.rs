@@ -77,6 +77,7 @@ impl Shared {
             by_service: Default::default(),
             routes: metrics.routes.clone(),
             egress: metrics.egress.clone(),
+            egress_names: Arc::default(),
         };
         let gateway = match (&config.mode, &identity) {
             (crate::app::config::Mode::Gateway { cluster_domain }, Some(identity)) => Some(crate::gateway::Gateway {

@@ -9,6 +9,13 @@
 //!   traced only if the sampling ratio picks it (0 by default). A malformed header counts as
 //!   absent and is forwarded as received (the proxy rewrites trace headers only for a request it
 //!   traces; then the ones it writes replace them).
+//! - Whose decision: an inbound client's sampled flag is followed only when the client proved a
+//!   mesh identity (mTLS); anyone else's request gets the ratio's decision instead and, not
+//!   picked, goes on to the app marked not sampled ([`cnimesh_trace::Caller`]). Outbound, the
+//!   decision is this pod's own app's.
+//! - A budget: at most `CNIMESH_PROXY_TRACE_SPAN_BUDGET` requests a second are traced per proxy
+//!   (a token bucket, the rate limiter's GCRA), so no client, meshed or not, can make the proxy
+//!   export more than that; a request over it is not traced (its headers go on untouched).
 //! - Inbound: one SERVER span per request; the app receives `traceparent` naming that span.
 //!   Outbound: one CLIENT span per request; when a route retries, each try (the first one too)
 //!   is a CLIENT child of it, the request span gets a `retry` event per retry, and the next hop's
@@ -34,11 +41,13 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use cnimesh_trace::context::{self, B3Form};
-use cnimesh_trace::{Decision, Exporter, ExporterConfig, Sampler, Span, SpanKind, Status};
+use cnimesh_trace::{Caller, Decision, Exporter, ExporterConfig, Sampler, Span, SpanKind, Status};
 use http::{HeaderMap, Request, StatusCode};
 
 use crate::app::config::TraceConfig;
 use crate::app::metrics::{Direction, TlsLabel};
+use crate::inbound::policy::metrics::Resource;
+use crate::inbound::policy::ratelimit::{Limiter, RateLimit};
 
 /// The resource's `service.name` for every proxy.
 pub const SERVICE_NAME: &str = "cnimesh-proxy";
@@ -47,6 +56,8 @@ pub const SERVICE_NAME: &str = "cnimesh-proxy";
 pub struct Tracer {
     exporter: Exporter,
     sampler: Sampler,
+    /// The span budget: one bucket for every request of this proxy.
+    budget: Limiter,
     pod: Option<String>,
     namespace: Option<String>,
     /// This proxy's own identity (the server's inbound, the client's outbound).
@@ -67,6 +78,7 @@ impl Tracer {
         Ok(Arc::new(Tracer {
             exporter: Exporter::spawn(exporter)?,
             sampler: Sampler::new(config.sampling),
+            budget: span_budget(config.span_budget),
             pod: config.pod_name.clone(),
             namespace: config.pod_namespace.clone(),
             identity,
@@ -77,6 +89,16 @@ impl Tracer {
     pub fn exporter(&self) -> &Exporter {
         &self.exporter
     }
+}
+
+/// The bucket of `per_second` traced requests (the Server rate limit's, one `total` scope).
+fn span_budget(per_second: u32) -> Limiter {
+    Limiter::new(&RateLimit {
+        meta: Resource::new("", "trace", "span-budget"),
+        total: Some(per_second),
+        identity: None,
+        overrides: Vec::new(),
+    })
 }
 
 /// What a connection knows that a request's span reports.
@@ -98,16 +120,32 @@ pub struct Traced {
 }
 
 impl Traced {
-    /// The span of a request with `req`'s headers, or `None` when it is not sampled.
+    /// The span of a request with `req`'s headers, or `None` when it is not sampled (an
+    /// untrusted client's request that asked for a trace is then marked not sampled).
     pub fn start<B>(
         tracer: &Arc<Tracer>,
-        req: &Request<B>,
-        authority: &str,
+        req: &mut Request<B>,
+        authority: fn(&Request<B>) -> &str,
         conn: &ConnInfo<'_>,
     ) -> Option<Box<Traced>> {
-        let Decision::Record { parent, b3 } = tracer.sampler.decide(context::extract(req.headers())) else {
-            return None;
+        // Inbound, only a client that proved a mesh identity decides; outbound, the app does.
+        let caller = match conn.direction {
+            Direction::inbound if conn.tls.client_id.is_none() => Caller::Untrusted,
+            _ => Caller::Trusted,
         };
+        let (parent, b3) = match tracer.sampler.decide_for(context::extract(req.headers()), caller) {
+            Decision::Record { parent, b3 } => (parent, b3),
+            Decision::Unsampled(incoming) => {
+                context::unsample(req.headers_mut(), &incoming);
+                return None;
+            }
+            Decision::Skip => return None,
+        };
+        if tracer.budget.check(None).is_err() {
+            return None;
+        }
+        let req: &Request<B> = req;
+        let authority = authority(req);
         let kind = match conn.direction {
             Direction::inbound => SpanKind::Server,
             Direction::outbound => SpanKind::Client,

@@ -44,8 +44,10 @@ pub async fn connection<I: Io>(
     let config = &inbound.config;
     // Checked before anything else: a neighbour that addresses its packets to 127.0.0.1 (its own
     // route via this pod, or a raw frame to our MAC) would otherwise reach the app's
-    // loopback-only listeners, which trust that only this pod can connect.
-    if is_loopback(addr.ip()) {
+    // loopback-only listeners, which trust that only this pod can connect. So would 0.0.0.0 or
+    // `::`, which the app's client below would dial as loopback, and which "an address of this
+    // pod" (one a socket can bind) lets through.
+    if reaches_loopback(addr.ip()) {
         inbound.metrics.accept_error(Direction::inbound, AcceptError::loopback_destination);
         if let Some(left_out) = LOOPBACK_LOG.allow() {
             tracing::warn!(%peer, %addr, left_out, "refused: inbound connection to a loopback address");
@@ -132,12 +134,17 @@ pub async fn connection<I: Io>(
 static LOOPBACK_LOG: LogLimit = LogLimit::new(Duration::from_secs(10));
 static WATCH_LIMIT_LOG: LogLimit = LogLimit::new(Duration::from_secs(10));
 
-/// 127.0.0.0/8, ::1, and IPv4-mapped loopback (`::ffff:127.0.0.0/104`, what an IPv4 client
-/// looks like through an IPv6 socket).
-pub fn is_loopback(ip: IpAddr) -> bool {
+/// Whether dialling `ip` reaches this pod's loopback: 127.0.0.0/8 and ::1; the unspecified
+/// 0.0.0.0/8 and `::` (Linux connects a socket aimed at 0.0.0.0 or `::` to loopback, and no
+/// other address of 0.0.0.0/8 is ever a pod's); and the IPv4-mapped forms of both IPv4 ranges
+/// (`::ffff:127.0.0.0/104`, `::ffff:0.0.0.0/104`, what an IPv4 client looks like through an
+/// IPv6 socket).
+pub fn reaches_loopback(ip: IpAddr) -> bool {
     match ip {
-        IpAddr::V4(v4) => v4.is_loopback(),
-        IpAddr::V6(v6) => v6.is_loopback() || v6.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback()),
+        IpAddr::V4(v4) => v4.is_loopback() || v4.octets()[0] == 0,
+        IpAddr::V6(v6) => {
+            v6.is_loopback() || v6.is_unspecified() || v6.to_ipv4_mapped().is_some_and(|v4| reaches_loopback(v4.into()))
+        }
     }
 }
 
@@ -156,12 +163,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn loopback_in_every_spelling_is_loopback() {
-        for ip in ["127.0.0.1", "127.255.0.9", "::1", "::ffff:127.0.0.1", "::ffff:127.1.2.3"] {
-            assert!(is_loopback(ip.parse().unwrap()), "{ip}");
+    fn loopback_and_unspecified_in_every_spelling_reach_loopback() {
+        for ip in [
+            "127.0.0.1",
+            "127.255.0.9",
+            "::1",
+            "::ffff:127.0.0.1",
+            "::ffff:127.1.2.3",
+            "0.0.0.0",
+            "0.1.2.3",
+            "::",
+            "::ffff:0.0.0.0",
+        ] {
+            assert!(reaches_loopback(ip.parse().unwrap()), "{ip}");
         }
-        for ip in ["10.0.0.1", "::ffff:10.0.0.1", "fe80::1", "::", "0.0.0.0", "128.0.0.1"] {
-            assert!(!is_loopback(ip.parse().unwrap()), "{ip}");
+        for ip in ["10.0.0.1", "::ffff:10.0.0.1", "fe80::1", "::2", "128.0.0.1", "1.0.0.0"] {
+            assert!(!reaches_loopback(ip.parse().unwrap()), "{ip}");
         }
     }
 }

@@ -42,6 +42,8 @@ pub struct Outbound {
     pub routes: Arc<RouteMetrics>,
     /// issue 30: egress connections, requests and refusals by hostname.
     pub egress: Arc<egress::EgressMetrics>,
+    /// Egress hostnames bound to the addresses the pod's resolver gives them.
+    pub egress_names: Arc<egress::names::Names>,
 }
 
 /// A target carrying its outbound policy, read back with [`policy_of`].

@@ -118,8 +118,9 @@ pub enum AcceptError {
     detect_timeout,
     /// The listener's accept() itself failed (out of descriptors, out of memory).
     accept,
-    /// Inbound to a loopback address (127.0.0.0/8, ::1, ::ffff:127.0.0.0/104): a neighbour
-    /// addressing a pod's loopback-only services; never served.
+    /// Inbound to an address that leads to loopback (127.0.0.0/8, ::1, the unspecified 0.0.0.0/8
+    /// and ::, their IPv4-mapped forms): a neighbour addressing a pod's loopback-only services;
+    /// never served.
     loopback_destination,
     /// Inbound to a port without a policy watch while every watch is held by an open
     /// connection: refused rather than given a wider default.

@@ -9,6 +9,12 @@
 //! authorization admits is a would-be denial: let through, counted under `authz_kind="audit"`
 //! and logged at most once per [`AUDIT_LOG_PERIOD`] (with how many were left out), so an
 //! audited flood is no log flood. Rate limits apply in audit mode too.
+//!
+//! Requests on the kubelet probe route are outside every rate limit, as they are outside
+//! authorization: the route is open to every client, so any client could otherwise spend the
+//! Server's `total` budget, and the one bucket every client without an identity shares (the
+//! kubelet's too), until the pod's probes fail and it restarts. A bucket of their own would
+//! still let any client starve the kubelet's probes.
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -22,7 +28,7 @@ use super::authorize::{Client, authorized, route_for};
 use super::discover::PortWatch;
 use super::metrics::RateLimitLabels;
 use super::metrics::{AuthzLabels, AuthzMetrics};
-use super::model::{AUDIT_KIND, PortPolicy, PortProtocol, Resource};
+use super::model::{AUDIT_KIND, PortPolicy, PortProtocol, Resource, is_probe_route};
 use crate::http::Body;
 use crate::http::error::{ProxyError, error_response, full};
 use crate::transport::labels::TlsLabel;
@@ -60,6 +66,8 @@ struct Verdict {
     allowed: bool,
     /// Admitted only by audit mode: a would-be denial.
     audited: bool,
+    /// The kubelet probe route: outside every rate limit.
+    probe: bool,
     counter: Counter,
     route: Arc<str>,
 }
@@ -167,6 +175,9 @@ impl ConnPolicy {
                     if verdict.audited {
                         self.log_audited(&v.policy, Some(&verdict.route));
                     }
+                    if verdict.probe {
+                        return None;
+                    }
                     return self.rate_limited(&v.policy, req);
                 }
                 Some(refused(req, Refusal::Unauthorized, &format!("unauthorized request on route {}", verdict.route)))
@@ -221,6 +232,7 @@ impl ConnPolicy {
         Verdict {
             allowed: allowed.is_some(),
             audited: allowed.is_some_and(|a| &*a.meta.kind == AUDIT_KIND),
+            probe: route.is_some_and(is_probe_route),
             counter: self.count(policy, route, allowed.map(|a| &a.meta), route.is_none()),
             route: route.map_or_else(|| "".into(), |r| r.name.clone()),
         }
@@ -441,6 +453,26 @@ mod tests {
         for _ in 0..3 {
             assert_eq!(conn.deny_request(&get(), false).unwrap().status(), StatusCode::FORBIDDEN);
         }
+    }
+
+    /// Any client may use the probe route: its requests must leave the Server's budgets to the
+    /// clients it authorizes and to the kubelet.
+    #[test]
+    fn probe_requests_spend_no_rate_limit() {
+        let mut policy = deny_with_probe();
+        policy.routes[1].authorizations = DefaultPolicy::AllUnauthenticated.policy(&[]).authorizations;
+        limited(&mut policy, 2);
+        let (conn, metrics) = plaintext_client_of(policy);
+        for _ in 0..50 {
+            assert!(conn.deny_request(&Request::get("/ready").body(()).unwrap(), false).is_none());
+        }
+        let get = || Request::get("/x").body(()).unwrap();
+        assert!(conn.deny_request(&get(), false).is_none(), "the probes left the budget whole");
+        assert!(conn.deny_request(&get(), false).is_none());
+        assert_eq!(conn.deny_request(&get(), false).unwrap().status(), StatusCode::TOO_MANY_REQUESTS);
+        assert!(conn.deny_request(&Request::get("/ready").body(()).unwrap(), false).is_none(), "nor a spent one");
+        let text = metrics.encode();
+        assert!(text.contains("ratelimit_scope=\"total\",tls=\"false\"} 1\n"), "only the one request: {text}");
     }
 
     #[test]

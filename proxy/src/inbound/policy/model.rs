@@ -81,6 +81,17 @@ pub enum Authn {
     },
 }
 
+/// The kind and name of the route cnimesh-control adds for a port's kubelet probe paths
+/// (metadata `Default("probe")`); a route of the cluster's own (an HTTPRoute) never has kind
+/// `default`.
+pub const PROBE_ROUTE: (&str, &str) = ("default", "probe");
+
+/// Whether `meta` is the kubelet probe route's: open to every client and, so that no client can
+/// spend the budget the kubelet's probes need, outside every rate limit.
+pub fn is_probe_route(meta: &Resource) -> bool {
+    meta.group.is_empty() && (&*meta.kind, &*meta.name) == PROBE_ROUTE
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Route {
     pub meta: Resource,

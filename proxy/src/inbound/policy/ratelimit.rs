@@ -20,6 +20,9 @@
 //! bucket, so those are dropped first (nothing is lost); only when every tracked identity is
 //! mid-burst does the fullest go, which at worst grants that identity one burst more.
 //!
+//! Requests on the kubelet probe route never reach the limiter ([`super::enforce`]): they are
+//! outside every limit, as they are outside authorization.
+//!
 //! Limits apply per proxy: N replicas of a Server admit N times the limit. A policy update keeps
 //! the buckets (their state carries into the new rates) unless the limits changed scope.
 //!

@@ -11,6 +11,12 @@
 //!   opaque route is forbidden, is closed once its ClientHello (or its first bytes) is read; an
 //!   HTTP request is answered 403 with `cnimesh-proxy-error: egress denied by EgressNetwork
 //!   <ns>/<name>` ([`crate::http::error::ProxyError::EgressDenied`]).
+//! - Names bound to addresses ([`names`]): a hostname is believed only when the connection's
+//!   original destination is among the addresses the proxy resolved for it through the pod's
+//!   resolver; otherwise the connection (or request) is the IP's, which the policy decides on
+//!   and the metrics and tap count, never the name. A request whose authority and Host header
+//!   name different hosts is refused. (The proxy never terminates the application's TLS, so a
+//!   connection shows either an SNI or HTTP Hosts, never both.)
 //! - Metrics ([`EgressMetrics`]): `outbound_egress_connections_total`,
 //!   `outbound_egress_requests_total` and `outbound_egress_denied_total`, labelled
 //!   `dst_kind="egress"`, `egress_network="<ns>/<name>"`, `dst_hostname` and (connections,
@@ -33,6 +39,8 @@ use crate::transport::Io;
 use crate::transport::labels::Bounded;
 use crate::transport::tls::client_hello::{self, Peek};
 
+pub mod dns;
+pub mod names;
 pub mod rules;
 pub use rules::StreamRules;
 
@@ -97,11 +105,32 @@ impl EgressMetrics {
 /// The hostname an HTTP request names: its authority's host, else its Host header's; lower
 /// case. `None` when it names none.
 pub fn request_hostname<B>(req: &http::Request<B>) -> Option<String> {
-    let host = req.uri().host().map(str::to_string).or_else(|| {
-        let value = req.headers().get(http::header::HOST)?.to_str().ok()?;
-        Some(value.parse::<http::uri::Authority>().ok()?.host().to_string())
-    })?;
+    let host = req.uri().host().map(str::to_string).or_else(|| header_host(req))?;
     Some(host.to_ascii_lowercase())
+}
+
+fn header_host<B>(req: &http::Request<B>) -> Option<String> {
+    let value = req.headers().get(http::header::HOST)?.to_str().ok()?;
+    Some(value.parse::<http::uri::Authority>().ok()?.host().to_string())
+}
+
+/// Whether the request's authority and its Host header name different hosts (an upstream may
+/// read either).
+pub fn hosts_disagree<B>(req: &http::Request<B>) -> bool {
+    match (req.uri().host(), req.headers().get(http::header::HOST)) {
+        (Some(authority), Some(_)) => !header_host(req).is_some_and(|h| h.eq_ignore_ascii_case(authority)),
+        _ => false,
+    }
+}
+
+/// The hostname an egress request was seen as (its Host when bound to the connection's
+/// destination, else the destination's IP), kept in the request's extensions for tap and the
+/// request metrics.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SeenAs {
+    pub hostname: String,
+    /// Not the request's own Host: its authority label reads the destination instead.
+    pub unbound: bool,
 }
 
 /// An egress connection as it was admitted.
@@ -131,7 +160,7 @@ pub async fn admit<I: Io>(
     io: &mut I,
     addr: SocketAddr,
     policy: Option<Arc<OutboundPolicy>>,
-    metrics: &EgressMetrics,
+    (metrics, names): (&EgressMetrics, &names::Names),
     timeout: Duration,
 ) -> Result<(Bytes, Option<Admitted>), Denied> {
     let Some(policy) = policy.filter(|p| is_egress(&p.parent)) else { return Ok((Bytes::new(), None)) };
@@ -149,10 +178,21 @@ pub async fn admit<I: Io>(
         _ => None,
     };
     let tls = matches!(peek, Peek::ClientHello(_));
-    let hostname = sni.clone().unwrap_or_else(|| addr.ip().to_string());
+    let refused_as =
+        |sni: Option<&str>| if rules.tls.is_some() { rules.tls_refused(sni) } else { tls && rules.opaque_forbidden };
+    let mut hostname = sni.clone().unwrap_or_else(|| addr.ip().to_string());
+    let mut refused = refused_as(sni.as_deref());
+    // An SNI the policy admits is believed only for the addresses it resolves to; otherwise the
+    // connection is decided on, and counted, as one to the bare IP address.
+    if !refused
+        && let Some(name) = &sni
+        && !names.bound(name, addr.ip()).await
+    {
+        hostname = addr.ip().to_string();
+        refused = refused_as(Some(&hostname));
+    }
     let labels = metrics.labels(&policy.parent, &hostname);
     let protocol = if tls { EgressProtocol::tls } else { EgressProtocol::opaque };
-    let refused = if rules.tls.is_some() { rules.tls_refused(sni.as_deref()) } else { tls && rules.opaque_forbidden };
     let conn_labels = EgressConnLabels { egress: labels.clone(), protocol };
     if refused {
         metrics.outbound_egress_denied_total.get_or_create(&conn_labels).inc();

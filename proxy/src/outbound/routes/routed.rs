@@ -3,6 +3,7 @@
 //! cached per service and address, and each connection keeps the few its requests used), or
 //! the proxy's own answer (a redirect, an injected failure, 404 when no route matches).
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,6 +17,7 @@ use crate::client::targets::Target;
 use crate::http::Body;
 use crate::http::error::{ProxyError, error_response, full};
 use crate::outbound::Outbound;
+use crate::outbound::egress::{EgressConnLabels, SeenAs};
 use crate::outbound::policy::model::OutboundPolicy;
 
 /// Where a routed request goes, and what its response gets.
@@ -102,18 +104,28 @@ impl ConnRoutes {
 /// proxy's own answer.
 pub async fn route<B>(
     req: &mut Request<B>,
-    target: &Arc<Target>,
+    (target, addr): (&Arc<Target>, SocketAddr),
     memo: &ConnRoutes,
     outbound: &Outbound,
 ) -> Result<Option<Routed>, Response<Body>> {
     let Some(policy) = crate::outbound::policy_of(target).and_then(|p| p.current()) else { return Ok(None) };
-    let egress = crate::outbound::egress::is_egress(&policy.parent).then(|| egress_request(req, &policy, outbound));
+    let egress = match crate::outbound::egress::is_egress(&policy.parent) {
+        true => Some(egress_request(req, addr, &policy, outbound).await?),
+        false => None,
+    };
     let version = req.version();
     let table = policy.routes(version);
     if table.is_empty() {
         return Ok(None);
     }
-    let Some(selected) = table.select(req) else {
+    // An egress request whose Host is not bound to the destination is routed as one naming the
+    // destination's IP: the routes that name hosts do not apply to it.
+    let unbound = egress.as_ref().and_then(|_| req.extensions().get::<SeenAs>()).filter(|seen| seen.unbound);
+    let selected = match unbound {
+        Some(seen) => table.select(&as_addressed_to(req, &seen.hostname)),
+        None => table.select(req),
+    };
+    let Some(selected) = selected else {
         return Err(error_response(&ProxyError::NoRoute));
     };
     let rule = selected.rule;
@@ -143,19 +155,56 @@ pub async fn route<B>(
 }
 
 /// issue 30: counts an egress request by its hostname (the authority's host, else the Host
-/// header's) and returns the labels a refusal is counted with.
-fn egress_request<B>(
-    req: &Request<B>,
+/// header's, when the destination `addr` is among its addresses; else the IP) and returns the
+/// labels a refusal is counted with; what it was seen as goes into its extensions
+/// ([`SeenAs`]). A request whose authority and Host header disagree is refused.
+async fn egress_request<B>(
+    req: &mut Request<B>,
+    addr: SocketAddr,
     policy: &OutboundPolicy,
     outbound: &Outbound,
-) -> crate::outbound::egress::EgressConnLabels {
-    let host = crate::outbound::egress::request_hostname(req).unwrap_or_else(|| "unknown".into());
-    let labels = outbound.egress.labels(&policy.parent, &host);
+) -> Result<EgressConnLabels, Response<Body>> {
+    let host = crate::outbound::egress::request_hostname(req);
+    let disagree = crate::outbound::egress::hosts_disagree(req);
+    let bound = match &host {
+        Some(host) if !disagree => outbound.egress_names.bound(host, addr.ip()).await,
+        _ => false,
+    };
+    let seen = match host {
+        Some(host) if bound => SeenAs { hostname: host, unbound: false },
+        _ => SeenAs { hostname: addr.ip().to_string(), unbound: true },
+    };
+    let labels = outbound.egress.labels(&policy.parent, &seen.hostname);
+    req.extensions_mut().insert(seen);
     outbound.egress.outbound_egress_requests_total.get_or_create(&labels).inc();
-    crate::outbound::egress::EgressConnLabels {
-        egress: labels,
-        protocol: crate::outbound::egress::EgressProtocol::http,
+    let labels = EgressConnLabels { egress: labels, protocol: crate::outbound::egress::EgressProtocol::http };
+    if disagree {
+        outbound.egress.outbound_egress_denied_total.get_or_create(&labels).inc();
+        let why = "egress refused: the request's authority and Host header name different hosts".to_string();
+        return Err(error_response(&ProxyError::Refused { status: http::StatusCode::FORBIDDEN, why }));
     }
+    Ok(labels)
+}
+
+/// The head of `req` as if it named `host` (routing only; the request itself is not changed).
+fn as_addressed_to<B>(req: &Request<B>, host: &str) -> Request<()> {
+    let mut head = Request::new(());
+    *head.method_mut() = req.method().clone();
+    *head.version_mut() = req.version();
+    *head.headers_mut() = req.headers().clone();
+    let host = match host.parse::<std::net::IpAddr>() {
+        Ok(std::net::IpAddr::V6(v6)) => format!("[{v6}]"),
+        _ => host.to_string(),
+    };
+    if let Ok(value) = http::HeaderValue::from_str(&host) {
+        head.headers_mut().insert(http::header::HOST, value);
+    }
+    let mut parts = req.uri().clone().into_parts();
+    if parts.authority.is_some() {
+        parts.authority = host.parse().ok();
+    }
+    *head.uri_mut() = http::Uri::from_parts(parts).unwrap_or_else(|_| req.uri().clone());
+    head
 }
 
 fn answer(a: Answer) -> Response<Body> {
