@@ -654,3 +654,67 @@ async fn a_link_whose_export_has_another_links_mirror_name_is_refused_and_the_ow
     }
     assert!(status(&east, "west").unwrap().mirrors.is_empty(), "west made no mirror");
 }
+
+/// [`link`] to `cluster`, created at `created` (RFC 3339).
+fn link_created(cluster: &str, created: &str) -> Value {
+    let mut link = link(cluster, false);
+    link["metadata"]["creationTimestamp"] = json!(created);
+    link
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_service_mirrored_before_a_link_whose_cluster_name_ends_its_mirror_name_is_withdrawn_and_the_later_link_is_refused()
+ {
+    // A tenant of west exports `web-us` (mirrored as `web-us-west`) before us-west is linked.
+    let (us_west_api, us_west_served) = exporting("web", "10.3.0.7").await;
+    let (west_api, west_served) = exporting("web-us", "10.2.0.66").await;
+    west_api.put(service("api", Some(MIRROR_EXPORTED_REMOTE_DISCOVERY)));
+    west_api.put(slice("api", &[("web-us-0", "10.2.0.66")]));
+    let east = ClusterApi::new();
+    east.put(link_created("west", "2026-01-01T00:00:00Z"));
+    east.put(credentials("west", west_served.kubeconfig("west", TOKEN)));
+    let _mirror = run_mirror(&east, Leadership::always(MIRROR_WRITE));
+    east.until("west's web-us mirrored as web-us-west", |api| {
+        (addresses(&mirror_slices(api, "web-us-west")) == ["10.2.0.66"]).then_some(())
+    })
+    .await;
+
+    // us-west is linked later: its mirrors would be named like west's `*-us` exports.
+    east.put(link_created("us-west", "2026-01-01T00:05:00Z"));
+    east.put(credentials("us-west", us_west_served.kubeconfig("us-west", TOKEN)));
+    east.until("web-us-west no longer served from west", |api| {
+        (mirror_service(api, "web-us-west").is_none() && mirror_slices(api, "web-us-west").is_empty()).then_some(())
+    })
+    .await;
+    // us-west is refused as a whole, naming west; west names us-west and keeps its other mirror.
+    let refused = east
+        .until("us-west's status names the conflict", |api| {
+            status(api, "us-west").filter(|s| !s.cluster_name_conflicts.is_empty())
+        })
+        .await;
+    assert!(refused.mirrors.is_empty(), "{refused:?}");
+    assert!(refused.reason.as_deref().is_some_and(|r| r.contains("west")), "{refused:?}");
+    assert_eq!(
+        refused.cluster_name_conflicts.iter().map(|c| (c.link.as_str(), c.refused)).collect::<Vec<_>>(),
+        [("west", true)]
+    );
+    let kept = east
+        .until("west's status names the conflict", |api| {
+            status(api, "west").filter(|s| !s.cluster_name_conflicts.is_empty())
+        })
+        .await;
+    assert_eq!(
+        kept.cluster_name_conflicts.iter().map(|c| (c.link.as_str(), c.refused)).collect::<Vec<_>>(),
+        [("us-west", false)]
+    );
+    assert_eq!(kept.mirrors.iter().map(|m| m.mirror.as_str()).collect::<Vec<_>>(), ["shop/api-west"]);
+    assert!(kept.collisions.iter().any(|c| c.mirror == "shop/web-us-west" && !c.holder), "{kept:?}");
+    // Nothing of us-west's was ever written either, and west's endpoints never under its names.
+    assert!(mirror_service(&east, "web-us-west").is_none());
+    let us_west_writes = writes(&east.calls(), &Method::PATCH, "services", "web-us-west")
+        .into_iter()
+        .filter(|(_, c)| label(&c.body, MIRROR_CLUSTER_NAME_LABEL) == Some("us-west"))
+        .count();
+    assert_eq!(us_west_writes, 0, "no mirror of the refused Link");
+    drop(us_west_api);
+}

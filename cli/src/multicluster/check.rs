@@ -81,10 +81,42 @@ pub async fn run(source: &Source, now: SystemTime) -> Vec<Check> {
         return checks;
     }
     checks.push(Check::ok("multicluster", "links", format!("{} Link(s): {}", links.len(), names(&links))));
+    cluster_names(&links, &mut checks);
     for found in &links {
         check_link(source, found, anchors.as_ref().ok().map(String::as_str), now, &mut checks).await;
     }
     checks
+}
+
+/// Fails for every pair of Links whose cluster names overlap (equal, or one a `-`-suffix of the
+/// other): their mirrors could share names, and the controller refuses the later-created one.
+fn cluster_names(links: &[Found], checks: &mut Vec<Check>) {
+    use cnimesh_control::multicluster::overlap;
+    let valid: Vec<&Link> = links.iter().filter_map(|f| f.link.as_ref().ok()).collect();
+    let conflicts = overlap::conflicts(&valid);
+    let pairs: Vec<String> = conflicts
+        .iter()
+        .flat_map(|(name, with)| with.iter().filter(|c| c.refused).map(move |c| (name, c)))
+        .map(|(later, earlier)| {
+            format!(
+                "Link {later} is refused: its cluster name overlaps Link {}'s ({:?}), created earlier",
+                earlier.link, earlier.cluster
+            )
+        })
+        .collect();
+    if pairs.is_empty() {
+        checks.push(Check::ok("multicluster", "cluster names", "no two Links' cluster names overlap"));
+        return;
+    }
+    checks.push(
+        Check::fail(
+            "multicluster",
+            "cluster names",
+            format!("{} pair(s) of Links whose mirrors <service>-<cluster> could share names", pairs.len()),
+            "unlink one of each pair, or link it under a cluster name that neither equals nor ends in '-<other>'",
+        )
+        .details(pairs),
+    );
 }
 
 fn names(links: &[Found]) -> String {

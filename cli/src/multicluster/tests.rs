@@ -348,6 +348,7 @@ fn up_status(now: SystemTime) -> LinkStatus {
             last_sync: Some(rfc3339(now)),
         }],
         collisions: Vec::new(),
+        cluster_name_conflicts: Vec::new(),
     }
 }
 
@@ -681,4 +682,22 @@ async fn check_refuses_credentials_that_run_a_command_or_read_a_file_by_the_fiel
             .unwrap_or_else(|| panic!("{name}: {}", render_table(&checks)));
         assert!(check.status == Status::Fail && check.message.contains(field), "{name}: {}", check.message);
     }
+}
+
+#[tokio::test]
+async fn check_fails_on_two_links_whose_cluster_names_overlap_naming_both() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("east"), dir.path().join("west"));
+    let anchor = new_trust_anchor("cluster.local", DAY).unwrap();
+    local_cluster(&a, "cluster.local", None, &anchor);
+    local_cluster(&b, "west.local", None, &anchor);
+    linked(&a, &b, "west");
+    let checks = run(&Source::Local(a.clone()), SystemTime::now()).await;
+    assert_eq!(find(&checks, "cluster names").status, Status::Ok, "{}", render_table(&checks));
+    linked(&a, &b, "us-west");
+    let checks = run(&Source::Local(a.clone()), SystemTime::now()).await;
+    let text = render_table(&checks);
+    assert_eq!(find(&checks, "cluster names").status, Status::Fail, "{text}");
+    // Neither has a creationTimestamp here: by name, us-west is the earlier one.
+    assert!(text.contains("Link west is refused: its cluster name overlaps Link us-west's (\"us-west\")"), "{text}");
 }

@@ -12,6 +12,9 @@
 //! - A Link deleted: all its mirrors are deleted (what `cnimesh multicluster unlink` relies on).
 //! - A mirror name two claimants share stays with its holder; the statuses of both Links name
 //!   the collision (see [`super::plan`]).
+//! - Of two Links whose cluster names overlap (equal, or one a `-`-suffix of the other), the one
+//!   created later is refused as a whole and mirrors nothing; both statuses name the other
+//!   ([`super::overlap`]).
 //! - Only the leader of the [`MIRROR_WRITE`] Lease writes (one writer across replicas); the
 //!   others follow and stay ready to take over.
 //!
@@ -28,9 +31,10 @@ use k8s_openapi::api::core::v1::Secret;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{mpsc, watch};
 
-use super::crd::{GatewayStatus, LinkState, LinkStatus, MirrorCollision, MirrorStatus};
+use super::crd::{ClusterNameConflict, GatewayStatus, LinkState, LinkStatus, MirrorCollision, MirrorStatus};
 use super::kubeconfig::{self, LinkKubeconfig};
 use super::link::{Gateway, ValidLink};
+use super::overlap::{self, Conflict};
 use super::plan::{self, LinkInput, Local, Snapshot, View};
 use super::remote::{ClusterState, FilesCluster, KubeCluster, RemoteCluster, RemoteEvent};
 use super::write::{FilesWriter, KubeWriter, MirrorWriter};
@@ -122,6 +126,8 @@ impl MirrorController {
             writer,
             links: BTreeMap::new(),
             refused: BTreeMap::new(),
+            overlapping: BTreeMap::new(),
+            conflicts: BTreeMap::new(),
             local: None,
             next_generation: 0,
             reported: BTreeSet::new(),
@@ -172,6 +178,11 @@ struct State<'a> {
     links: BTreeMap<String, LinkRun>,
     /// Links refused before they could run (invalid): Link name → (cluster, reason).
     refused: BTreeMap<String, (String, String)>,
+    /// Links refused because their cluster name overlaps an earlier Link's: name → (cluster,
+    /// reason). They mirror nothing.
+    overlapping: BTreeMap<String, (String, String)>,
+    /// Every Link's cluster-name conflicts, by Link name.
+    conflicts: BTreeMap<String, Vec<Conflict>>,
     local: Option<Snapshot>,
     next_generation: u64,
     /// Skipped exports already logged, so a steady state does not log every round.
@@ -190,8 +201,21 @@ impl State<'_> {
         let in_namespace = |ns: &Option<String>| ns.as_deref().is_none_or(|n| n == namespace);
         let mut wanted = BTreeMap::new();
         self.refused.clear();
-        for link in cluster.links.iter().filter(|l| in_namespace(&l.metadata.namespace)) {
+        self.overlapping.clear();
+        let ours: Vec<&super::crd::Link> =
+            cluster.links.iter().filter(|l| in_namespace(&l.metadata.namespace)).collect();
+        self.conflicts = overlap::conflicts(&ours);
+        for link in ours {
             let name = link.metadata.name.clone().unwrap_or_default();
+            let cluster_name = &link.spec.target_cluster_name;
+            if let Some(reason) = self.conflicts.get(&name).and_then(|c| overlap::refusal(cluster_name, c)) {
+                let reason = format!("Link {namespace}/{name} {reason}");
+                if self.reported.insert(reason.clone()) {
+                    tracing::warn!(link = %name, %reason, "Link refused; it mirrors nothing");
+                }
+                self.overlapping.insert(name, (cluster_name.clone(), reason));
+                continue;
+            }
             match ValidLink::from_link(link) {
                 Ok(valid) => {
                     let kubeconfig = credentials(&cluster.secrets, namespace, &valid.credentials_secret);
@@ -292,6 +316,8 @@ impl State<'_> {
         };
         let refused: Vec<ValidLink> =
             self.refused.iter().map(|(name, (cluster, _))| ValidLink::refused(name, cluster)).collect();
+        let overlapping: Vec<ValidLink> =
+            self.overlapping.iter().map(|(name, (cluster, _))| ValidLink::refused(name, cluster)).collect();
         let mut inputs: Vec<LinkInput<'_>> = self
             .links
             .values()
@@ -306,6 +332,7 @@ impl State<'_> {
             })
             .collect();
         inputs.extend(refused.iter().map(|link| LinkInput { link, gateway_ip: None, view: View::Unavailable }));
+        inputs.extend(overlapping.iter().map(|link| LinkInput { link, gateway_ip: None, view: View::Overlapping }));
         let local = Local {
             snapshot: self.local.as_ref(),
             trust_domain: &self.controller.trust_domain,
@@ -375,21 +402,36 @@ impl State<'_> {
                 gateway: run.gateway.clone(),
                 mirrors,
                 collisions: collisions_of(&plan, cluster),
+                cluster_name_conflicts: self.conflicts_of(&run.link.name),
             };
             if let Err(error) = self.writer.status(&run.link.name, &status).await {
                 tracing::warn!(link = %run.link.name, %error, "cannot write the Link's status");
             }
         }
-        for (name, (cluster, reason)) in &self.refused {
+        for (name, (cluster, reason)) in self.refused.iter().chain(&self.overlapping) {
+            let overlapping = self.overlapping.contains_key(name);
             let status = LinkStatus {
                 reason: Some(reason.clone()),
-                collisions: collisions_of(&plan, cluster),
+                collisions: if overlapping { Vec::new() } else { collisions_of(&plan, cluster) },
+                cluster_name_conflicts: self.conflicts_of(name),
                 ..Default::default()
             };
             if let Err(error) = self.writer.status(name, &status).await {
                 tracing::debug!(link = %name, %error, "cannot write the refused Link's status");
             }
         }
+    }
+}
+
+impl State<'_> {
+    /// The Link `name`'s cluster-name conflicts, for its status.
+    fn conflicts_of(&self, name: &str) -> Vec<ClusterNameConflict> {
+        self.conflicts
+            .get(name)
+            .into_iter()
+            .flatten()
+            .map(|c| ClusterNameConflict { link: c.link.clone(), cluster: c.cluster.clone(), refused: c.refused })
+            .collect()
     }
 }
 

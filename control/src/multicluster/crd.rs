@@ -110,6 +110,24 @@ pub struct LinkStatus {
     /// claimant is refused it. `cnimesh multicluster check` fails while there is any.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub collisions: Vec<MirrorCollision>,
+    /// Links whose cluster name is this Link's, or a `-`-suffix of it, or has it as one: their
+    /// mirrors `<service>-<cluster>` could share names. Of each pair the Link created later is
+    /// refused as a whole; the earlier keeps working but never mirrors a name ending in
+    /// `-<the longer cluster name>`. `cnimesh multicluster check` fails while there is any.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cluster_name_conflicts: Vec<ClusterNameConflict>,
+}
+
+/// Another Link whose cluster name overlaps this Link's.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterNameConflict {
+    /// The other Link's name.
+    pub link: String,
+    /// The other Link's target cluster name.
+    pub cluster: String,
+    /// Whether THIS Link is the one refused (it was created after the other).
+    pub refused: bool,
 }
 
 /// A mirror name claimed by more than this Link's export.

@@ -16,6 +16,10 @@
 //!   claimed twice stays with whoever holds it now (the existing mirror's cluster), every other
 //!   claimant is refused and named in [`Plan::collisions`]; when nobody holds it yet, nobody gets
 //!   it. A name that is a Service of this cluster's own (not a mirror) is never a mirror.
+//! - mirror names are injective across Links by construction: an export of Link `west` whose
+//!   mirror name ends in `-<another Link's cluster name>` (`web-us` → `web-us-west`, with
+//!   `us-west` linked) is never mirrored, that name is the other Link's; Links with equal
+//!   cluster names are refused by the controller ([`super::overlap`]).
 //!
 //! Layer: model (pure).
 
@@ -143,6 +147,10 @@ pub enum View<'a> {
     Lost(&'a Snapshot),
     /// Not read (refused, bad credentials, not connected yet): its mirrors stay as they are.
     Unavailable,
+    /// Refused because its cluster name overlaps an earlier Link's ([`super::overlap`]): it
+    /// mirrors nothing (its mirrors go), and its name still reserves `*-<cluster>` against the
+    /// Links whose cluster names it ends in.
+    Overlapping,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -216,8 +224,15 @@ pub fn plan(links: &[LinkInput<'_>], local: &Local<'_>, existing: &[Mirror]) -> 
         let (snapshot, lost) = match input.view {
             View::Up(s) => (s, false),
             View::Lost(s) => (s, true),
-            View::Unavailable => continue,
+            View::Unavailable | View::Overlapping => continue,
         };
+        // The longer cluster names ending in this one's: the mirror names they own.
+        let longer: Vec<&str> = links
+            .iter()
+            .map(|l| l.link.cluster.as_str())
+            .filter(|c| *c != input.link.cluster && super::overlap::overlap(c, &input.link.cluster))
+            .filter(|c| c.len() > input.link.cluster.len())
+            .collect();
         for service in &snapshot.services {
             let exported = label(&service.metadata, MIRROR_EXPORTED_LABEL);
             let Some(exported) = exported else { continue };
@@ -234,7 +249,22 @@ pub fn plan(links: &[LinkInput<'_>], local: &Local<'_>, existing: &[Mirror]) -> 
                 Ok(mirror) if !crate::multicluster::link::is_dns_label(&mirror.key().name) => {
                     plan.skipped.push(skip(format!("the mirror's name {:?} is not a DNS label", mirror.key().name)))
                 }
-                Ok(mirror) => claims.entry(mirror.key()).or_default().push(mirror),
+                Ok(mirror) => match longer.iter().find(|c| mirror.key().name.ends_with(&format!("-{c}"))) {
+                    Some(owner) => {
+                        let key = mirror.key();
+                        plan.skipped.push(skip(format!(
+                            "its mirror name {key} ends in \"-{owner}\", the mirror names of the Link to cluster {owner}: refused"
+                        )));
+                        plan.collisions.push(Collision {
+                            mirror: key,
+                            cluster: Some(input.link.cluster.clone()),
+                            remote: mirror.remote(),
+                            holder: false,
+                            with: vec![format!("the mirror names of cluster {owner}")],
+                        });
+                    }
+                    None => claims.entry(mirror.key()).or_default().push(mirror),
+                },
                 Err(reason) => plan.skipped.push(skip(reason)),
             }
         }
@@ -564,7 +594,7 @@ fn federated(links: &[LinkInput<'_>], local: &Local<'_>, existing: &[Mirror]) ->
     for input in links {
         let snapshot = match input.view {
             View::Up(s) | View::Lost(s) => s,
-            View::Unavailable => continue,
+            View::Unavailable | View::Overlapping => continue,
         };
         for service in snapshot.services.iter().filter(|s| is_member(s)) {
             members.entry(NsName::of(&service.metadata)).or_default().push(Member {
@@ -991,8 +1021,12 @@ mod tests {
             .iter()
             .map(|c| (c.cluster.as_deref(), (c.holder, c.remote.as_str(), c.with.as_slice())))
             .collect();
-        assert_eq!(by_cluster[&Some("us-west")], (true, "shop/web", &["west's shop/web-us".to_string()][..]));
-        assert_eq!(by_cluster[&Some("west")], (false, "shop/web-us", &["us-west's shop/web".to_string()][..]));
+        // west's export ends in "-us-west": refused before it could contest the name.
+        assert!(!by_cluster.contains_key(&Some("us-west")), "{by_cluster:?}");
+        assert_eq!(
+            by_cluster[&Some("west")],
+            (false, "shop/web-us", &["the mirror names of cluster us-west".to_string()][..])
+        );
         assert!(both.skipped.iter().any(|s| s.cluster == "west" && s.reason.contains("web-us-west")), "{both:?}");
         // The same when the holder cannot be read for a while: its mirror stays its own.
         let away = LinkInput { link: &us_west, gateway_ip: None, view: View::Unavailable };
@@ -1002,12 +1036,35 @@ mod tests {
     }
 
     #[test]
-    fn a_mirror_name_claimed_twice_that_nobody_holds_yet_goes_to_nobody() {
+    fn an_export_named_like_a_longer_linked_clusters_mirrors_is_withdrawn_and_an_overlapping_link_mirrors_nothing() {
+        let (us_west, owner, west, tenant) = colliding();
+        // west's tenant got there first: web-us-west is west's while us-west is not linked.
+        let written = plan(&[up(&west, &tenant)], &local(), &[]).upserts;
+        assert_eq!(written[0].key(), NsName::new("shop", "web-us-west"));
+        // us-west is linked later and refused as a whole: the name goes all the same.
+        let refused = LinkInput { link: &us_west, gateway_ip: None, view: View::Overlapping };
+        let after = plan(&[up(&west, &tenant), refused], &local(), &written);
+        assert!(after.desired.is_empty() && after.upserts.is_empty(), "{after:?}");
+        assert_eq!(after.deletes, [NsName::new("shop", "web-us-west")]);
+        let [collision] = after.collisions.as_slice() else { panic!("{after:?}") };
+        assert_eq!((collision.cluster.as_deref(), collision.holder), (Some("west"), false));
+        assert!(after.skipped.iter().any(|s| s.cluster == "west" && s.reason.contains("us-west")), "{after:?}");
+        // The other way round (west refused): us-west's web is its own, west's mirrors go.
+        let west_refused = LinkInput { link: &west, gateway_ip: None, view: View::Overlapping };
+        let other = plan(&[up(&us_west, &owner), west_refused], &local(), &written);
+        let [mirror] = other.desired.as_slice() else { panic!("{other:?}") };
+        assert_eq!((mirror.cluster(), addresses(mirror)), (Some("us-west"), vec!["10.3.0.7".to_string()]));
+        assert!(other.collisions.is_empty(), "{other:?}");
+    }
+
+    #[test]
+    fn a_mirror_name_ending_in_a_longer_linked_cluster_name_goes_to_that_clusters_link_whatever_the_order() {
         let (us_west, owner, west, tenant) = colliding();
         let both = plan(&[up(&west, &tenant), up(&us_west, &owner)], &local(), &[]);
-        assert!(both.desired.is_empty() && both.upserts.is_empty(), "{both:?}");
-        assert_eq!(both.collisions.len(), 2);
-        assert!(both.collisions.iter().all(|c| !c.holder), "{:?}", both.collisions);
+        let [mirror] = both.desired.as_slice() else { panic!("{both:?}") };
+        assert_eq!(mirror.cluster(), Some("us-west"));
+        assert_eq!(both.collisions.len(), 1);
+        assert!(both.collisions.iter().all(|c| !c.holder && c.cluster.as_deref() == Some("west")));
     }
 
     #[test]
