@@ -157,10 +157,10 @@ fn redirect_page(url: &str) -> std::io::Result<PathBuf> {
     let path = std::env::temp_dir().join(format!("cnimesh-dashboard-{}.html", cnimesh_identity::secret::random_hex(8)));
     let mut file = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path)?;
     // The URL is `http://host:port/?token=<hex>`: nothing in it needs escaping in an attribute.
-    write!(
+    writeln!(
         file,
         "<!doctype html><meta charset=\"utf-8\"><meta name=\"referrer\" content=\"no-referrer\">\
-         <meta http-equiv=\"refresh\" content=\"0;url={url}\"><a href=\"{url}\">Open the cnimesh dashboard</a>\n"
+         <meta http-equiv=\"refresh\" content=\"0;url={url}\"><a href=\"{url}\">Open the cnimesh dashboard</a>"
     )?;
     Ok(path)
 }
