@@ -3,13 +3,13 @@
 //! Invariants: nothing panics; whatever is accepted has non-zero ids and survives being written
 //! and read back (W3C and B3 alike, in the form it came in); a W3C value that is accepted as
 //! version 00 with flags 00/01 is written back byte for byte; the sampler never records under an
-//! unsampled parent.
+//! unsampled parent; an untrusted caller's request keeps no trace header.
 #![no_main]
 
 use cnimesh_trace::context::{
-    B3Single, Incoming, extract, format_b3_single, format_traceparent, inject, parse_b3_single, parse_traceparent,
+    B3Single, Incoming, TRACE_HEADERS, extract, format_b3_single, format_traceparent, inject, parse_b3_single, parse_traceparent,
 };
-use cnimesh_trace::{Decision, Parent, Sampler};
+use cnimesh_trace::{Caller, Decision, Parent, Sampler};
 use http::{HeaderMap, HeaderName, HeaderValue};
 use libfuzzer_sys::fuzz_target;
 
@@ -62,7 +62,9 @@ fuzz_target!(|data: &[u8]| {
         Decision::Record { parent: Parent::Root, .. } => assert_eq!(sampled_parent, None),
         // At ratio 1 only an unsampled parent or a B3 "do not sample" skips.
         Decision::Skip => assert!(sampled_parent == Some(false) || refused),
-        // A trusted caller's (`decide`'s) decision is always followed.
-        Decision::Unsampled(incoming) => panic!("{incoming:?} unsampled for a trusted caller"),
     }
+    // An untrusted caller's request keeps no trace header, whatever it sent.
+    let mut untrusted = headers.clone();
+    Sampler::new(0.0).decide_for(&mut untrusted, Caller::Untrusted);
+    assert!(TRACE_HEADERS.iter().all(|name| !untrusted.contains_key(name)), "{untrusted:?}");
 });

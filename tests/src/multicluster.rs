@@ -58,13 +58,15 @@ pub const FLAT_IP: &str = "10.96.0.51";
 pub const WEB_FQDN: &str = "web.shop.svc.cluster.local";
 
 /// West's `web` Service (HTTP on 80, the half-close app on its port, opaque), exported through
-/// the gateway (`mirror.cnimesh.io/exported=true`: the gateway forwards to nothing else), and its pod.
+/// the gateway (`mirror.cnimesh.io/exported=true`: the gateway forwards to nothing else), and its pod
+/// (the half-close port declared opaque on it too: the gateway forwards opaque sessions only to
+/// ports its Destination says the pods take as opaque).
 pub fn west_web_yaml(ip: Ipv4Addr) -> String {
     let (http, tcp) = (apps::HTTP_PORT, apps::HALF_CLOSE_PORT);
     [
         format!("apiVersion: v1\nkind: Service\nmetadata: {{name: web, namespace: shop, labels: {{mirror.cnimesh.io/exported: 'true'}}}}\nspec:\n  clusterIP: 10.97.0.10\n  selector: {{app: web}}\n  ports: [{{name: http, port: 80, targetPort: {http}}}, {{name: tcp, port: {tcp}, targetPort: {tcp}, appProtocol: cnimesh.io/opaque}}]\n"),
         format!("apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: web-abc\n  namespace: shop\n  labels: {{kubernetes.io/service-name: web}}\naddressType: IPv4\nports: [{{name: http, port: {http}}}, {{name: tcp, port: {tcp}}}]\nendpoints:\n  - addresses: [\"{ip}\"]\n    targetRef: {{kind: Pod, name: web-0, namespace: shop}}\n"),
-        format!("apiVersion: v1\nkind: Pod\nmetadata:\n  name: web-0\n  namespace: shop\n  labels: {{app: web}}\nspec:\n  serviceAccountName: web\n  containers:\n    - name: app\n      ports: [{{name: http, containerPort: {http}}}, {{name: tcp, containerPort: {tcp}}}]\n    - name: cnimesh-proxy\nstatus:\n  phase: Running\n  podIP: {ip}\n  podIPs: [{{ip: {ip}}}]\n"),
+        format!("apiVersion: v1\nkind: Pod\nmetadata:\n  name: web-0\n  namespace: shop\n  labels: {{app: web}}\n  annotations: {{config.cnimesh.io/opaque-ports: '{tcp}'}}\nspec:\n  serviceAccountName: web\n  containers:\n    - name: app\n      ports: [{{name: http, containerPort: {http}}}, {{name: tcp, containerPort: {tcp}}}]\n    - name: cnimesh-proxy\nstatus:\n  phase: Running\n  podIP: {ip}\n  podIPs: [{{ip: {ip}}}]\n"),
     ]
     .join("---\n")
 }
@@ -147,6 +149,8 @@ impl<'n> Clusters<'n> {
         let mut web_env = west.proxy_env("shop", "web", &west.token("shop", "web").unwrap());
         web_env.push(("CNIMESH_PROXY_DESTINATION_ADDR".into(), west.addr.to_string()));
         web_env.push(("CNIMESH_PROXY_POLICY_WORKLOAD".into(), "shop:web-0".into()));
+        // As the injector sets it from the pod's opaque-ports annotation.
+        web_env.push(("CNIMESH_PROXY_OPAQUE_PORTS".into(), apps::HALF_CLOSE_PORT.to_string()));
         let web_proxy = Sidecar::start(&bins.proxy, &web.netns, &env_refs(&web_env)).unwrap();
         let gateway = start_gateway(bins, &west, &gateway_pod);
         let mut client_env = east.proxy_env("shop", "client", &east.token("shop", "client").unwrap());

@@ -507,3 +507,69 @@ fn a_gateway_client_header_from_a_peer_that_is_not_the_gateway_is_ignored_and_st
     assert!(headers.contains(&format!("l5d-client-id: {client_id}")), "{headers}");
     assert!(!headers.contains(GATEWAY_CLIENT_ID), "a forged gateway header reached the app: {headers}");
 }
+
+#[test]
+fn a_remote_workload_cannot_forge_the_gateway_client_header_through_an_opaque_session() {
+    if !require_root("a_remote_workload_cannot_forge_the_gateway_client_header_through_an_opaque_session") {
+        return;
+    }
+    let bins = bins!();
+    let net = Network::bridge(&bins, json!({})).unwrap();
+    let c = Clusters::start(&bins, &net);
+    let gateway_id = c.west.identity(MULTICLUSTER_NAMESPACE, GATEWAY_NAME);
+    let client_id = c.east.identity("shop", "client");
+    let outsider = Pod::unmeshed(&net, "shop", "outsider").unwrap();
+    // Only east's client is authorized; east's `other` claims to be it.
+    write_atomically(&c.west_dir.path().join("policy.yaml"), &west_policy_yaml(&client_id));
+    eventually("east's client is authorized through the gateway", PATIENCE, || {
+        get(&c.client, &format!("{MIRROR_IP}:80")).status == 200
+    });
+    let as_other = mesh_tls(&c.east, &c.east.identity("shop", "other"));
+    let opaque_header = TransportHeader { protocol: None, ..web_header() };
+    // An opaque session to web's HTTP port: once with a leading empty line (detection once
+    // called that opaque while HTTP parsers skip it), once as a plain request.
+    for lead in ["\r\n", "\n", ""] {
+        let forged = format!("{lead}{}", request("/replica", &[(GATEWAY_CLIENT_ID, &client_id)]));
+        let answer = tls_exchange(
+            &outsider,
+            c.gateway_addr(),
+            as_other.clone(),
+            &gateway_id,
+            opaque_header.encode().to_vec(),
+            forged,
+        );
+        eprintln!("a forged {GATEWAY_CLIENT_ID} in an opaque session (lead {lead:?}): {answer:?}");
+        assert_ne!(status_of(&answer), 200, "authorized as the forged identity: {answer}");
+        assert!(!answer.contains("web-0"), "reached web as the forged identity: {answer}");
+    }
+    eventually("the refusal is counted", PATIENCE, || refused(&c.gateway, "opaque_to_non_opaque_port") >= 1.0);
+}
+
+#[test]
+fn a_request_from_the_gateway_identity_without_the_gateway_client_header_is_refused() {
+    if !require_root("a_request_from_the_gateway_identity_without_the_gateway_client_header_is_refused") {
+        return;
+    }
+    let bins = bins!();
+    let net = Network::bridge(&bins, json!({})).unwrap();
+    let c = Clusters::start(&bins, &net);
+    let gateway_id = c.west.identity(MULTICLUSTER_NAMESPACE, GATEWAY_NAME);
+    let web_id = c.west.identity("shop", "web");
+    let client_id = c.east.identity("shop", "client");
+    // The gateway's identity is authorized (as operators once were told to, for opaque ports).
+    write_atomically(&c.west_dir.path().join("policy.yaml"), &west_policy_yaml(&gateway_id));
+    let outsider = Pod::unmeshed(&net, "shop", "outsider").unwrap();
+    let direct = SocketAddr::new(c.web.ipv4().into(), apps::HTTP_PORT);
+    let as_gateway = mesh_tls(&c.west, &gateway_id);
+    let from_gateway = |headers: &[(&str, &str)]| {
+        tls_exchange(&outsider, direct, as_gateway.clone(), &web_id, Vec::new(), request("/replica", headers))
+    };
+    // With the header, the request is the remote workload's (not authorized here): the policy applies.
+    eventually("the policy applies", PATIENCE, || status_of(&from_gateway(&[(GATEWAY_CLIENT_ID, &client_id)])) == 403);
+    let bare = from_gateway(&[]);
+    eprintln!("a request from the gateway's identity without {GATEWAY_CLIENT_ID}: {bare:?}");
+    assert_ne!(status_of(&bare), 200, "authorized as the gateway itself: {bare}");
+    assert!(matches!(status_of(&bare), 400 | 403), "{bare}");
+    let twice = from_gateway(&[(GATEWAY_CLIENT_ID, &client_id), (GATEWAY_CLIENT_ID, &client_id)]);
+    assert_eq!(status_of(&twice), 400, "{twice}");
+}

@@ -193,25 +193,23 @@ pub fn inject(headers: &mut HeaderMap, context: &SpanContext, b3: Option<B3Form>
     }
 }
 
-/// Marks a request whose headers said `incoming` not sampled, ids kept: a sampled parent is
-/// rewritten with its sampled flag cleared (in every format it came in, as [`inject`] writes
-/// them), a bare B3 decision becomes `0`. What an untrusted caller's request is passed on with
-/// when its own decision is not followed.
-pub fn unsample(headers: &mut HeaderMap, incoming: &Incoming) {
-    match incoming {
-        Incoming::Parent { context, b3, .. } => {
-            inject(headers, &SpanContext { sampled: false, ..*context }, *b3);
-        }
-        Incoming::Decision(_) => {
-            if headers.contains_key(&B3) {
-                headers.insert(B3, HeaderValue::from_static("0"));
-            } else {
-                headers.remove(X_B3_FLAGS);
-                headers.insert(X_B3_SAMPLED, HeaderValue::from_static("0"));
-            }
-        }
-        Incoming::None => {}
+/// Every header of the formats above: what a caller can say about tracing in any of them.
+pub const TRACE_HEADERS: [HeaderName; 8] =
+    [TRACEPARENT, TRACESTATE, B3, X_B3_TRACE_ID, X_B3_SPAN_ID, X_B3_PARENT_SPAN_ID, X_B3_SAMPLED, X_B3_FLAGS];
+
+/// Removes every trace header (every occurrence of each of [`TRACE_HEADERS`]), valid or not;
+/// true if there was any. What an untrusted caller's request is cleaned with: a header the
+/// proxy does not read (a repeated one, a value only other tracers accept, a second format
+/// next to the one read) would otherwise reach the app, whose tracer may continue the trace as
+/// sampled on it. A request without trace headers costs one lookup per name and is not touched.
+pub fn strip(headers: &mut HeaderMap) -> bool {
+    if !TRACE_HEADERS.iter().any(|name| headers.contains_key(name)) {
+        return false;
     }
+    for name in TRACE_HEADERS {
+        headers.remove(name);
+    }
+    true
 }
 
 /// `traceparent` for `context`: version 00, sampled flag only.
@@ -407,30 +405,27 @@ mod tests {
     const SPAN: &str = "00f067aa0ba902b7";
 
     #[test]
-    fn unsample_clears_the_sampled_flag_in_every_format_and_keeps_the_ids() {
-        let mut w3c = HeaderMap::new();
-        w3c.insert(TRACEPARENT, header(format!("00-{TRACE}-{SPAN}-01")));
-        let incoming = extract(&w3c);
-        unsample(&mut w3c, &incoming);
-        assert_eq!(w3c[TRACEPARENT], format!("00-{TRACE}-{SPAN}-00").as_str());
-        assert!(!w3c.contains_key(B3));
-
-        let mut single = HeaderMap::new();
-        single.insert(B3, header(format!("{TRACE}-{SPAN}-d")));
-        let incoming = extract(&single);
-        unsample(&mut single, &incoming);
-        assert_eq!(single[B3], format!("{TRACE}-{SPAN}-0").as_str());
-
-        for (name, value, expect) in [(B3, "1", (B3, "0")), (X_B3_SAMPLED, "1", (X_B3_SAMPLED, "0"))] {
-            let mut decision = HeaderMap::new();
-            decision.insert(name, HeaderValue::from_static(value));
-            decision.insert(X_B3_FLAGS, HeaderValue::from_static("1"));
-            let incoming = extract(&decision);
-            assert_eq!(incoming, Incoming::Decision(true));
-            unsample(&mut decision, &incoming);
-            assert_eq!(decision[&expect.0], expect.1);
-            assert_eq!(extract(&decision), Incoming::Decision(false), "{decision:?}");
+    fn strip_removes_every_occurrence_of_every_trace_header_whatever_it_says() {
+        let keep = ("x-request-id", "r1");
+        for pairs in [
+            vec![("traceparent", format!("00-{TRACE}-{SPAN}-00")), ("x-b3-sampled", "1".into())],
+            vec![("traceparent", format!("00-{TRACE}-{SPAN}-00")), ("x-b3-flags", "1".into())],
+            vec![("traceparent", format!("00-{TRACE}-{SPAN}-01")), ("x-b3-sampled", "1".into())],
+            vec![("traceparent", format!("00-{TRACE}-{SPAN}-01")), ("traceparent", format!("00-{TRACE}-{SPAN}-01"))],
+            vec![("x-b3-traceid", TRACE.into()), ("x-b3-spanid", SPAN.into()), ("x-b3-sampled", "TRUE".into())],
+            vec![("b3", format!("{TRACE}-{SPAN}-d")), ("tracestate", "a=1".into()), ("tracestate", "b=2".into())],
+            vec![("x-b3-parentspanid", SPAN.into()), ("b3", "garbage".into())],
+        ] {
+            let mut map = headers(&pairs.iter().map(|(k, v)| (*k, v.as_str())).collect::<Vec<_>>());
+            map.append(keep.0, HeaderValue::from_static(keep.1));
+            assert!(strip(&mut map), "{pairs:?}");
+            assert_eq!(map.len(), 1, "only the other header is left: {map:?}");
+            assert_eq!(map[keep.0], keep.1);
+            assert_eq!(extract(&map), Incoming::None);
         }
+        let mut none = headers(&[keep]);
+        assert!(!strip(&mut none));
+        assert_eq!(none.len(), 1);
     }
 
     fn tp(s: &str) -> Option<SpanContext> {

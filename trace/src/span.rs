@@ -231,11 +231,11 @@ fn nanos(t: SystemTime) -> u64 {
 /// flag; a B3 sampling decision without ids is obeyed; a request with no context is traced
 /// with probability `ratio` (0 by default, so untraced requests stay untraced).
 ///
-/// Only a trusted caller's sampling decision is followed ([`Sampler::decide_for`]): anyone else
-/// could make every request it sends exported, under trace ids of its choosing. An untrusted
-/// request that asks for a trace gets the ratio's decision instead: picked, a new trace of our
-/// own (its ids are not continued); not picked, no spans, and it is passed on marked not sampled
-/// ([`Decision::Unsampled`]), so the next hop does not record it on its word either.
+/// Only a trusted caller's trace context is followed ([`Sampler::decide_for`]): anyone else
+/// could make every request it sends exported, under trace ids of its choosing, here or one hop
+/// later at the app's tracer. An untrusted caller's trace headers are all removed, whatever they
+/// say, and its request is decided like one without context: picked by the ratio, a new trace
+/// of our own; not, no spans and no trace header for the app.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Sampler {
     ratio: f64,
@@ -255,11 +255,8 @@ pub enum Caller {
 pub enum Decision {
     /// Record spans under this parent; forward B3 in this form too.
     Record { parent: Parent, b3: Option<B3Form> },
-    /// No spans, headers forwarded untouched (unsampled parent, or not picked).
+    /// No spans, headers forwarded as they are now (unsampled parent, or not picked).
     Skip,
-    /// No spans, and the request is forwarded marked not sampled
-    /// ([`context::unsample`]): an untrusted caller asked for a trace the ratio did not pick.
-    Unsampled(Incoming),
 }
 
 impl Sampler {
@@ -275,25 +272,6 @@ impl Sampler {
 
     /// Decides for a request of a trusted caller whose headers said `incoming`.
     pub fn decide(&self, incoming: Incoming) -> Decision {
-        self.decide_for(incoming, Caller::Trusted)
-    }
-
-    /// Decides for a request of `caller` whose headers said `incoming`.
-    pub fn decide_for(&self, incoming: Incoming, caller: Caller) -> Decision {
-        let asks = match &incoming {
-            Incoming::Parent { context, .. } => context.sampled,
-            Incoming::Decision(sampled) => *sampled,
-            Incoming::None => false,
-        };
-        if asks && caller == Caller::Untrusted {
-            return match incoming {
-                Incoming::Parent { b3, .. } if self.pick() => Decision::Record { parent: Parent::Root, b3 },
-                Incoming::Decision(_) if self.pick() => {
-                    Decision::Record { parent: Parent::Root, b3: Some(B3Form::Single) }
-                }
-                incoming => Decision::Unsampled(incoming),
-            };
-        }
         match incoming {
             Incoming::Parent { context, b3, tracestate } if context.sampled => {
                 Decision::Record { parent: Parent::Remote(context, tracestate), b3 }
@@ -302,6 +280,19 @@ impl Sampler {
             Incoming::Decision(true) => Decision::Record { parent: Parent::Root, b3: Some(B3Form::Single) },
             Incoming::None if self.pick() => Decision::Record { parent: Parent::Root, b3: None },
             Incoming::None => Decision::Skip,
+        }
+    }
+
+    /// Decides for a request of `caller` with `headers`. An untrusted caller's trace headers
+    /// are removed first ([`context::strip`]), so only the ratio decides and nothing it said
+    /// about tracing goes on; a trusted caller's are read ([`Sampler::decide`]).
+    pub fn decide_for(&self, headers: &mut HeaderMap, caller: Caller) -> Decision {
+        match caller {
+            Caller::Trusted => self.decide(context::extract(headers)),
+            Caller::Untrusted => {
+                context::strip(headers);
+                self.decide(Incoming::None)
+            }
         }
     }
 
@@ -314,7 +305,7 @@ impl Sampler {
     pub fn server_span(&self, headers: &HeaderMap, name: impl Into<Cow<'static, str>>) -> Option<Span> {
         match self.decide(context::extract(headers)) {
             Decision::Record { parent, .. } => Some(Span::start(name, SpanKind::Server, parent)),
-            Decision::Skip | Decision::Unsampled(_) => None,
+            Decision::Skip => None,
         }
     }
 }
@@ -363,24 +354,27 @@ mod tests {
     }
 
     #[test]
-    fn an_untrusted_callers_sampling_decision_is_replaced_by_the_ratios() {
-        let sampled = context::extract(&with_traceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"));
+    fn an_untrusted_callers_trace_headers_are_removed_and_only_the_ratio_decides() {
+        let sampled = with_traceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01");
         let at_zero = Sampler::new(0.0);
-        assert!(matches!(at_zero.decide_for(sampled.clone(), Caller::Trusted), Decision::Record { .. }));
-        assert_eq!(at_zero.decide_for(sampled.clone(), Caller::Untrusted), Decision::Unsampled(sampled.clone()));
-        assert_eq!(
-            at_zero.decide_for(Incoming::Decision(true), Caller::Untrusted),
-            Decision::Unsampled(Incoming::Decision(true))
-        );
-        // Picked by the ratio: a trace of our own, never the caller's ids.
-        match Sampler::new(1.0).decide_for(sampled, Caller::Untrusted) {
+        assert!(matches!(at_zero.decide_for(&mut sampled.clone(), Caller::Trusted), Decision::Record { .. }));
+        let mut untrusted = sampled.clone();
+        untrusted.append(context::X_B3_SAMPLED, HeaderValue::from_static("1"));
+        assert_eq!(at_zero.decide_for(&mut untrusted, Caller::Untrusted), Decision::Skip);
+        assert!(untrusted.is_empty(), "nothing it said goes on: {untrusted:?}");
+        let mut debug = HeaderMap::new();
+        debug.insert(context::B3, HeaderValue::from_static("d"));
+        assert_eq!(at_zero.decide_for(&mut debug, Caller::Untrusted), Decision::Skip);
+        assert!(debug.is_empty());
+        // Picked by the ratio: a trace of our own, never the caller's ids, written as W3C only.
+        let mut picked = sampled.clone();
+        match Sampler::new(1.0).decide_for(&mut picked, Caller::Untrusted) {
             Decision::Record { parent: Parent::Root, b3: None } => {}
             other => panic!("{other:?}"),
         }
+        assert!(picked.is_empty());
         // Nothing asked for: the same as for anyone.
-        let unsampled = context::extract(&with_traceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"));
-        assert_eq!(at_zero.decide_for(unsampled, Caller::Untrusted), Decision::Skip);
-        assert_eq!(at_zero.decide_for(Incoming::None, Caller::Untrusted), Decision::Skip);
+        assert_eq!(at_zero.decide_for(&mut HeaderMap::new(), Caller::Untrusted), Decision::Skip);
     }
 
     #[test]

@@ -341,10 +341,6 @@ impl HttpProxy {
         let mut traced = self.trace(&mut req);
         // Never switched to h2c: the requests after the switch would pass no check of ours.
         strip_h2c_upgrade(req.headers_mut());
-        if let Some(client) = &self.gateway_client {
-            // Whatever the client sent under this name is replaced by what its certificate proved.
-            req.headers_mut().insert(GATEWAY_CLIENT_ID, client.clone());
-        }
         let mut forwarded = None;
         if self.direction == Direction::inbound {
             match self.inbound_request(&mut req) {
@@ -514,14 +510,19 @@ impl HttpProxy {
     }
 
     /// The remote workload a request from this cluster's gateway was forwarded for, with the
-    /// policy it is held to (none without policy); `None` without the header (the gateway's
-    /// own requests, or an older gateway's): the request is then the gateway's. A header that
-    /// names no identity of another trust domain is refused: the gateway never sends one.
+    /// policy it is held to (none without policy). The gateway sets the header on every HTTP
+    /// request it forwards, so a request from its identity without it (or with several) is
+    /// refused, never authorized as the gateway itself: it did not come through the gateway's
+    /// HTTP path (e.g. HTTP bytes in an opaque session), and its headers say nothing anyone
+    /// proved. A header that names no identity of another trust domain is refused too: the
+    /// gateway never sends one.
     #[allow(clippy::result_large_err)]
     fn forwarded_client(&self, headers: &http::HeaderMap) -> Result<Option<Forwarded>, Response<Body>> {
         let mut values = headers.get_all(GATEWAY_CLIENT_ID).iter();
-        let Some(value) = values.next() else { return Ok(None) };
         let bad = |why: &str| error_response(&ProxyError::BadRequest(format!("refused: {GATEWAY_CLIENT_ID} {why}")));
+        let Some(value) = values.next() else {
+            return Err(bad("is missing from a request of the multicluster gateway"));
+        };
         if values.next().is_some() {
             return Err(bad("appears more than once"));
         }
@@ -544,6 +545,15 @@ impl HttpProxy {
             p
         });
         Ok(Some((value.clone(), policy)))
+    }
+
+    /// A gateway's request: whatever its client sent as [`GATEWAY_CLIENT_ID`] is replaced by the
+    /// identity its certificate proved. Done after hop-by-hop stripping, so a client's
+    /// `Connection: cnimesh-gateway-client-id` cannot take the header off again.
+    fn stamp_gateway_client(&self, headers: &mut http::HeaderMap) {
+        if let Some(client) = &self.gateway_client {
+            headers.insert(GATEWAY_CLIENT_ID, client.clone());
+        }
     }
 
     /// Offers the request to open tap sessions: with none open, one relaxed load and nothing
@@ -714,6 +724,7 @@ impl HttpProxy {
             spans::propagate(req.headers_mut(), span, b3);
         }
         strip_hop_by_hop(req.headers_mut(), false);
+        self.stamp_gateway_client(req.headers_mut());
         if let Some(gateway) = &upstream.gateway {
             override_authority(&mut req, &gateway.authority)?;
         }
@@ -799,6 +810,7 @@ impl HttpProxy {
         let forwarded = req.extensions().get::<ForwardedPolicy>().map(|f| f.0.clone());
         let is_connect = req.method() == Method::CONNECT;
         strip_hop_by_hop(req.headers_mut(), !is_connect);
+        self.stamp_gateway_client(req.headers_mut());
         let mut response = sender.send_request(req).await.map_err(|e| upstream_error(target, &e))?;
         let switched =
             response.status() == StatusCode::SWITCHING_PROTOCOLS || (is_connect && response.status().is_success());

@@ -9,10 +9,12 @@
 //!   traced only if the sampling ratio picks it (0 by default). A malformed header counts as
 //!   absent and is forwarded as received (the proxy rewrites trace headers only for a request it
 //!   traces; then the ones it writes replace them).
-//! - Whose decision: an inbound client's sampled flag is followed only when the client proved a
-//!   mesh identity (mTLS); anyone else's request gets the ratio's decision instead and, not
-//!   picked, goes on to the app marked not sampled ([`cnimesh_trace::Caller`]). Outbound, the
-//!   decision is this pod's own app's.
+//! - Whose decision: an inbound client's trace context is followed only when the client proved a
+//!   mesh identity (mTLS). Anyone else's trace headers are all removed, whatever their format,
+//!   count or validity, and the ratio decides as for a request without them: picked, the app gets
+//!   a new trace of the proxy's; not, no trace header at all ([`cnimesh_trace::Caller`]), so the
+//!   app's tracer cannot continue the trace as sampled either. Outbound, the decision is this
+//!   pod's own app's.
 //! - A budget: at most `CNIMESH_PROXY_TRACE_SPAN_BUDGET` requests a second are traced per proxy
 //!   (a token bucket, the rate limiter's GCRA), so no client, meshed or not, can make the proxy
 //!   export more than that; a request over it is not traced (its headers go on untouched).
@@ -133,12 +135,8 @@ impl Traced {
             Direction::inbound if conn.tls.client_id.is_none() => Caller::Untrusted,
             _ => Caller::Trusted,
         };
-        let (parent, b3) = match tracer.sampler.decide_for(context::extract(req.headers()), caller) {
+        let (parent, b3) = match tracer.sampler.decide_for(req.headers_mut(), caller) {
             Decision::Record { parent, b3 } => (parent, b3),
-            Decision::Unsampled(incoming) => {
-                context::unsample(req.headers_mut(), &incoming);
-                return None;
-            }
             Decision::Skip => return None,
         };
         if tracer.budget.check(None).is_err() {

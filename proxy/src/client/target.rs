@@ -111,6 +111,16 @@ impl Route {
         set.list.iter().all(|e| cluster_of(e).map(|c| &**c) == Some(&*first)).then_some(first)
     }
 
+    /// Whether Destination says, now, that every endpoint takes this port as opaque (and there
+    /// is one); a fixed route: never known. A multicluster gateway forwards opaque sessions only
+    /// to such a target: on any other port the target's proxy may read HTTP from the bytes,
+    /// and believe headers in them no proxy set.
+    pub fn declared_opaque(&self) -> bool {
+        let Route::Balanced(b) = self else { return false };
+        let set = b.endpoints.borrow();
+        !set.list.is_empty() && set.list.iter().all(|e| e.opaque)
+    }
+
     /// issue 28: whether its requests are labelled per endpoint (a federated Service spanning
     /// clusters); read per request, so it follows the endpoints as they change.
     pub fn spans_clusters(&self) -> bool {

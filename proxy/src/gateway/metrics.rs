@@ -33,6 +33,10 @@ pub enum Refusal {
     /// through the gateway (not labelled `mirror.cnimesh.io/exported=true`): Destination
     /// answers the gateway alike for both ([`crate::client::discovery::Discovery::for_gateway`]).
     unknown_service,
+    /// An opaque session (its client did not speak HTTP) to a Service port whose endpoints are
+    /// not declared opaque: their proxies may read the bytes as HTTP, with headers (such as the
+    /// forwarded client identity) the gateway never checked or set.
+    opaque_to_non_opaque_port,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]

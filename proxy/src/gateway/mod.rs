@@ -27,8 +27,12 @@
 //! what the target workloads' own inbound policy allows the *calling* workload: every HTTP
 //! request the gateway forwards carries the client's verified identity in
 //! [`crate::http::headers::GATEWAY_CLIENT_ID`] (set here, replacing whatever the client sent),
-//! which the target's inbound believes from this cluster's gateway alone. Opaque connections
-//! carry no header: their target sees the gateway's identity.
+//! which the target's inbound believes from this cluster's gateway alone, and requires on every
+//! HTTP request from it. Opaque sessions carry no header, so the gateway admits them only to a
+//! port Destination says every endpoint takes as opaque (the pod's opaque-ports annotation,
+//! which its proxy reads no HTTP on; `opaque_to_non_opaque_port` otherwise): HTTP bytes in an
+//! opaque session must never reach a proxy that would parse them and believe their headers.
+//! Their target sees the gateway's identity.
 
 pub mod metrics;
 pub mod name;
@@ -147,6 +151,12 @@ async fn admit<I: Io>(io: I, peer: SocketAddr, gateway: &Gateway, outbound: &Out
             format!("remote service not found or not exported: {authority}"),
         ));
     };
+    if header.protocol.is_none() && !target.route.declared_opaque() {
+        return Err(refused(
+            Refusal::opaque_to_non_opaque_port,
+            format!("an opaque session to {authority}, whose endpoints are not declared opaque: only HTTP goes there"),
+        ));
+    }
     Ok(Admitted { io, tls, client, authority, target, protocol: header.protocol })
 }
 

@@ -30,13 +30,19 @@ pub fn classify(buf: &[u8]) -> Option<Protocol> {
     if buf[..n] == H2_PREFACE[..n] {
         return (buf.len() >= H2_PREFACE.len()).then_some(Protocol::Http2);
     }
+    // Empty lines before the request line are skipped, as httparse (and so hyper) skips them:
+    // detection must call HTTP whatever the HTTP server will parse as HTTP, or a request could
+    // pass as opaque bytes past every check made on requests.
+    let Some(rest) = skip_empty_lines(buf) else {
+        return (buf.len() >= MAX_REQUEST_LINE).then_some(Protocol::Opaque);
+    };
     // Only the request line decides (headers are hyper's business), so httparse sees the first
     // line alone. It fails at the first byte that cannot belong to a request line, so a binary
     // client-first protocol (a TLS ClientHello starts with 0x16) is opaque at once instead of
     // waiting for a newline that never comes.
-    let line = match buf.iter().position(|b| *b == b'\n') {
-        Some(end) => &buf[..=end],
-        None => buf,
+    let line = match rest.iter().position(|b| *b == b'\n') {
+        Some(end) => &rest[..=end],
+        None => rest,
     };
     let mut request = httparse::Request::new(&mut []);
     match request.parse(line) {
@@ -47,6 +53,18 @@ pub fn classify(buf: &[u8]) -> Option<Protocol> {
         }
         // A valid prefix of a request line: wait for the rest, unless it is too long to be one.
         Ok(_) => (buf.len() >= MAX_REQUEST_LINE).then_some(Protocol::Opaque),
+    }
+}
+
+/// `buf` after its leading empty lines (`\r\n` or `\n`); `None` while nothing else has come
+/// (only empty lines, or a `\r` whose `\n` is still to come).
+fn skip_empty_lines(mut buf: &[u8]) -> Option<&[u8]> {
+    loop {
+        buf = match buf {
+            [b'\r', b'\n', rest @ ..] | [b'\n', rest @ ..] => rest,
+            [] | [b'\r'] => return None,
+            _ => return Some(buf),
+        };
     }
 }
 
@@ -148,6 +166,23 @@ mod tests {
         assert_eq!(classify(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03"), Some(Protocol::Opaque), "TLS, at once");
         assert_eq!(classify(b"\x16"), Some(Protocol::Opaque), "one byte is enough");
         assert_eq!(classify(b"GET /\x00"), Some(Protocol::Opaque), "binary in the target");
+        assert_eq!(
+            classify(b"\r\nGET / HTTP/1.1\r\n"),
+            Some(Protocol::Http1),
+            "an empty line first, as httparse skips"
+        );
+        assert_eq!(classify(b"\n\r\n\nPOST /a HTTP/1.0\n"), Some(Protocol::Http1), "several, bare LF too");
+        assert_eq!(classify(b"\r\n"), None, "only empty lines: wait for the request line");
+        assert_eq!(classify(b"\r\n\r"), None, "a CR waits for its LF");
+        assert_eq!(classify(b"\r\nGET / HTT"), None, "wait for the line after the empty one");
+        assert_eq!(classify(b"\r\n\x16\x03"), Some(Protocol::Opaque), "binary after an empty line");
+        assert_eq!(classify(b"\rGET / HTTP/1.1\r\n"), Some(Protocol::Opaque), "a lone CR is no empty line");
+        assert_eq!(classify(&b"\r\n".repeat(MAX_REQUEST_LINE / 2)), Some(Protocol::Opaque), "empty lines without end");
+        assert_eq!(
+            classify(b"\r\nPRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"),
+            Some(Protocol::Opaque),
+            "no preface after empty lines"
+        );
         assert_eq!(classify(b"GET"), None, "a method prefix waits");
         assert_eq!(classify(b"GET / HTTP/2\r\n"), Some(Protocol::Opaque));
         assert_eq!(classify(b"G(T / HTTP/1.1\r\n"), Some(Protocol::Opaque));

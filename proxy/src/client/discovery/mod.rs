@@ -37,6 +37,9 @@ pub struct Endpoint {
     pub gateway: Option<Arc<GatewayTarget>>,
     /// issue 28: `target_cluster_name`, the linked cluster a mirror's endpoint is in.
     pub target_cluster: Option<Arc<str>>,
+    /// Destination's protocol hint says the endpoint's port is opaque (the pod declares it so,
+    /// and its proxy then forwards the port's bytes without reading HTTP from them).
+    pub opaque: bool,
     pub stats: Arc<Stats>,
 }
 
@@ -274,5 +277,16 @@ fn endpoint(addr: &api::WeightedAddr) -> Option<Endpoint> {
             Some(Arc::new(gateway))
         }
     };
-    Some(Endpoint { addr: SocketAddr::new(ip, addr_port), identity, gateway, target_cluster, stats: Arc::default() })
+    let opaque = matches!(
+        addr.protocol_hint.as_ref().and_then(|h| h.protocol.as_ref()),
+        Some(api::protocol_hint::Protocol::Opaque(_))
+    );
+    Some(Endpoint {
+        addr: SocketAddr::new(ip, addr_port),
+        identity,
+        gateway,
+        target_cluster,
+        opaque,
+        stats: Arc::default(),
+    })
 }
