@@ -708,6 +708,11 @@ impl ClusterApi {
         if let Err(why) = check_body(&call.body, resource, &key) {
             return status(StatusCode::BAD_REQUEST, "BadRequest", why);
         }
+        // As the API server: the status subresource of an object that is not there cannot be
+        // applied (a status write racing the object's deletion must not bring it back).
+        if status_only && existing.is_none() {
+            return status(StatusCode::NOT_FOUND, "NotFound", format!("{} {:?} not found", resource.plural, key.1));
+        }
         if !call.body["metadata"]["managedFields"].is_null() {
             return status(StatusCode::BAD_REQUEST, "BadRequest", "metadata.managedFields must be nil");
         }
