@@ -575,7 +575,7 @@ impl HttpProxy {
                 };
                 let meta = tap::Meta::outbound(self.peer, self.addr, &target.tls, service, routed.map(|r| &*r.route));
                 match &self.egress {
-                    // issue 30: what the request was seen as (its Host when bound to the
+                    // What the request was seen as (its Host when bound to the
                     // destination, else the IP), else the connection's.
                     Some(egress) => {
                         let hostname = req.extensions().get::<SeenAs>().map(|s| s.hostname.clone());
