@@ -15,7 +15,9 @@
 //! maximum load, and 60 s after a burst of 1000 connections. Run as root:
 //! `cargo bench -p cnimesh-e2e --bench proxy` (needs `apt-get install nghttp2-client haproxy`).
 //! `CNIMESH_BENCH_ROUNDS` (default 3) sets the rounds; `CNIMESH_BENCH_PROXY` runs another proxy
-//! binary (e.g. one built from an older commit) in the same harness, for before/after tables.
+//! binary (e.g. one built from an older commit) in the same harness, for before/after tables;
+//! `CNIMESH_BENCH_BASELINE_PROXY` adds a row with a second binary's mTLS pair to the same rounds,
+//! so the before/after comparison shares each round's conditions.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -131,10 +133,16 @@ fn main() {
     // over HTTP/2 between them (Linkerd's orig-proto upgrade), and explicitly without it.
     let control_pod = Pod::unmeshed(&net, "cnimesh", "control").unwrap();
     let control = Control::start(&bins.control, &control_pod, &[]).unwrap();
+    // A baseline binary (e.g. the previous release) gets its own mTLS pair, measured in the same
+    // rounds as the others, so a before/after comparison shares every round's conditions.
+    let baseline = std::env::var("CNIMESH_BENCH_BASELINE_PROXY").ok().map(PathBuf::from);
+    let mut pairs = vec![("tls-client", "tls-server", "false", &bins.proxy), ("up-client", "up-server", "true", &bins.proxy)];
+    if let Some(baseline) = &baseline {
+        println!("baseline proxy binary: {}", baseline.display());
+        pairs.push(("base-client", "base-server", "false", baseline));
+    }
     let mut mtls_pairs = Vec::new();
-    for (client_name, server_name, upgrade) in
-        [("tls-client", "tls-server", "false"), ("up-client", "up-server", "true")]
-    {
+    for (client_name, server_name, upgrade, proxy) in pairs {
         let tls_client = Pod::named(&net, "shop", client_name).unwrap();
         let tls_server = Pod::named(&net, "shop", server_name).unwrap();
         let tls_apps = Apps::start(&tls_server.netns.path(), tls_server.ipv4().into(), server_name).unwrap();
@@ -149,8 +157,8 @@ fn main() {
                 format!("{}={}", tls_server.ipv4(), identity("shop", server_name)),
             ),
         ]);
-        let server_proxy = Sidecar::start(&bins.proxy, &tls_server.netns, &env_refs(&server_env)).unwrap();
-        let client_proxy = Sidecar::start(&bins.proxy, &tls_client.netns, &env_refs(&client_env)).unwrap();
+        let server_proxy = Sidecar::start(proxy, &tls_server.netns, &env_refs(&server_env)).unwrap();
+        let client_proxy = Sidecar::start(proxy, &tls_client.netns, &env_refs(&client_env)).unwrap();
         mtls_pairs.push((tls_client, tls_server, tls_apps, client_proxy, server_proxy));
     }
     println!("proxy runtime worker threads: {workers}; rounds: {rounds}");
@@ -161,7 +169,7 @@ fn main() {
     let mut haproxy = haproxy_in(&plain_server.netns, hop, app);
     let meshed = |pod: &Pod<'_>| format!("http://{}/hello", SocketAddr::new(pod.ipv4().into(), apps::HTTP_PORT));
     let (tls, up) = (&mtls_pairs[0], &mtls_pairs[1]);
-    let rows = [
+    let mut rows = vec![
         Row { name: "direct (no proxy)", netns: &plain_client.netns, url: format!("http://{app}/hello"), pids: vec![] },
         Row {
             name: "haproxy, one HTTP hop",
@@ -188,6 +196,14 @@ fn main() {
             pids: vec![up.3.pid(), up.4.pid()],
         },
     ];
+    if let Some(base) = mtls_pairs.get(2) {
+        rows.push(Row {
+            name: "baseline binary: cnimesh pair, mTLS",
+            netns: &base.0.netns,
+            url: meshed(&base.1),
+            pids: vec![base.3.pid(), base.4.pid()],
+        });
+    }
     let idle_rss: Vec<f64> = rows.iter().map(|r| r.pids.iter().map(|p| rss_mib(*p)).fold(0.0, f64::max)).collect();
 
     let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); rows.len()];
