@@ -127,8 +127,7 @@ pub async fn serve<I: Io>(mut io: I, read: Bytes, conn: Connection, shared: &Arc
         HttpProxy::new(conn.direction, conn.peer, conn.addr, conn.target, conn.tls, open, shared.clone())
             .with_policy(conn.policy)
             .with_egress(conn.egress.map(|e| e.labels))
-            .pinned_to_target(pinned)
-            .forwarding_for(conn.gateway_client.as_ref()),
+            .for_gateway(pinned, conn.gateway_client.as_ref()),
     );
     let service = service_fn(move |req| proxy.clone().handle(req));
     crate::http::serve_conn::serve(

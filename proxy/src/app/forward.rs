@@ -31,15 +31,18 @@ use crate::client::targets::Target;
 use crate::client::upstream::RequestBody;
 use crate::http::Body;
 use crate::http::classify::{Classification, Classified, OnEnd, classify};
+use crate::http::decision::{Answer, Decision};
 use crate::http::error::{ProxyError, error_response, upstream_error};
-use crate::http::headers::{GATEWAY_CLIENT_ID, IDENTITY_HEADERS, strip_h2c_upgrade, strip_hop_by_hop, wants_upgrade};
+use crate::http::headers::{GATEWAY_CLIENT_ID, strip_h2c_upgrade, strip_hop_by_hop, wants_upgrade};
 use crate::http::orig_proto;
 use crate::http::tap;
+use crate::inbound::http::InboundHttp;
 use crate::inbound::policy::enforce::ConnPolicy;
 use crate::outbound::egress::{EgressLabels, SeenAs};
+use crate::outbound::http::OutboundHttp;
 use crate::outbound::routes::model::Retry;
 use crate::outbound::routes::retry;
-use crate::outbound::routes::routed::{self, ConnRoutes, Routed};
+use crate::outbound::routes::routed::Routed;
 
 /// Everything a connection's requests need.
 pub struct HttpProxy {
@@ -59,42 +62,18 @@ pub struct HttpProxy {
     /// nearly always share one (a route splitting over Services adds one per backend), so the
     /// common case builds no label strings and takes no family lock.
     handles: Mutex<Vec<Arc<Handles>>>,
-    /// Services this connection's requests named (`None`: not a known service).
-    named: Mutex<Vec<(String, Option<Arc<Target>>)>>,
-    /// Inbound with policy: each request is authorized before it goes anywhere.
-    policy: Option<Arc<ConnPolicy>>,
-    /// Outbound: what this connection's routed requests used (backend targets, metric handles).
-    routes: ConnRoutes,
-    /// Inbound: `l5d-client-id` for the app, the identity the client's certificate proved.
-    client_id: Option<HeaderValue>,
-    /// issue 30: outbound to an EgressNetwork's destination (its network, the connection's
-    /// hostname): metrics say `dst_kind="egress"`, tap events carry the request's hostname.
+    /// The direction's request path: what decides each request.
+    side: Side,
+    /// Outbound to an EgressNetwork's destination (its network, the connection's hostname):
+    /// metrics say `dst_kind="egress"`, tap events carry the request's hostname.
     egress: Option<EgressLabels>,
-    /// issue 28: a gateway connection's requests never follow a Service they name: the
-    /// connection was admitted for its target alone (the gateway is not an open proxy).
-    pinned: bool,
-    /// A gateway's connection: its client's verified identity, set on every request it
-    /// forwards as [`GATEWAY_CLIENT_ID`].
-    gateway_client: Option<HeaderValue>,
-    /// Inbound from this cluster's multicluster gateway: a request's [`GATEWAY_CLIENT_ID`] names
-    /// the remote workload that called, and the request is authorized as that workload.
-    from_gateway: bool,
-    /// The policies of the remote workloads a gateway connection forwarded for (a few per
-    /// connection: the gateway shares its connections among its clients).
-    forwarded: Mutex<Vec<(HeaderValue, Arc<ConnPolicy>)>>,
 }
 
-/// A request the gateway forwarded: the remote workload's identity (as the header gave it) and
-/// the policy it is held to (none without policy).
-type Forwarded = (HeaderValue, Option<Arc<ConnPolicy>>);
-
-/// Remote workloads whose policy a gateway connection keeps; beyond, the oldest goes.
-const MAX_FORWARDED: usize = 16;
-
-/// The policy a request forwarded by the gateway is held to (its remote workload's), kept in its
-/// extensions for a tunnel it opens: the tunnel ends when that workload's authorization does.
-#[derive(Clone)]
-struct ForwardedPolicy(Arc<ConnPolicy>);
+/// The request path of a connection's direction.
+enum Side {
+    Inbound(InboundHttp),
+    Outbound(OutboundHttp),
+}
 
 /// issue 28: on a response whose endpoint's `target_cluster_name` is not its target's (a
 /// federated Service spans clusters: its target has none), the endpoint's; the request is
@@ -201,16 +180,14 @@ impl HttpProxy {
         shared: Arc<Shared>,
     ) -> Self {
         let h2_upgrade = direction == Direction::outbound && shared.config.outbound_h2_upgrade;
-        let client_id = match direction {
-            Direction::inbound => tls.client_id.as_deref().and_then(|id| HeaderValue::from_str(id).ok()),
-            Direction::outbound => None,
+        let side = match direction {
+            Direction::inbound => {
+                let own = shared.identity.as_ref().map(|id| &id.name);
+                Side::Inbound(InboundHttp::new(&tls, None, own))
+            }
+            Direction::outbound => Side::Outbound(OutboundHttp::new(target.clone(), addr)),
         };
-        let from_gateway = direction == Direction::inbound && is_own_gateway(tls.client_id.as_deref(), &shared);
         Self {
-            client_id,
-            from_gateway,
-            gateway_client: None,
-            forwarded: Mutex::default(),
             direction,
             peer,
             addr,
@@ -220,26 +197,31 @@ impl HttpProxy {
             h2_upgrade,
             open,
             handles: Mutex::default(),
-            named: Mutex::default(),
-            policy: None,
-            routes: ConnRoutes::default(),
+            side,
             egress: None,
-            pinned: false,
         }
     }
 
-    pub fn pinned_to_target(self, pinned: bool) -> Self {
-        Self { pinned, ..self }
+    /// A gateway's connection: pinned to its target (`pinned`), every request carrying
+    /// `client` there.
+    pub fn for_gateway(self, pinned: bool, client: Option<&cnimesh_identity::Name>) -> Self {
+        let side = match self.side {
+            Side::Outbound(outbound) => Side::Outbound(outbound.for_gateway(pinned, client)),
+            inbound => inbound,
+        };
+        Self { side, ..self }
     }
 
-    /// A gateway's connection: every request carries `client` to the target.
-    pub fn forwarding_for(self, client: Option<&cnimesh_identity::Name>) -> Self {
-        let gateway_client = client.and_then(|c| HeaderValue::from_str(c.as_str()).ok());
-        Self { gateway_client, ..self }
-    }
-
+    /// Inbound: the port's policy for this connection, each request authorized under it.
     pub fn with_policy(self, policy: Option<Arc<ConnPolicy>>) -> Self {
-        Self { policy, ..self }
+        let side = match self.side {
+            Side::Inbound(_) => {
+                let own = self.shared.identity.as_ref().map(|id| &id.name);
+                Side::Inbound(InboundHttp::new(&self.tls, policy, own))
+            }
+            outbound => outbound,
+        };
+        Self { side, ..self }
     }
 
     pub fn with_egress(self, egress: Option<EgressLabels>) -> Self {
@@ -290,38 +272,6 @@ impl HttpProxy {
         }
     }
 
-    /// The target of a service the request names (`web.shop.svc.cluster.local`), when it
-    /// differs from the connection's own. Only the outbound with discovery follows names.
-    async fn named_target(&self, authority: &str) -> Option<Arc<Target>> {
-        if self.pinned
-            || self.direction != Direction::outbound
-            || self.shared.discovery.is_none()
-            || !authority.contains(".svc.")
-        {
-            return None;
-        }
-        let key = match authority.rsplit_once(':') {
-            Some((_, p)) => {
-                p.parse::<u16>().ok()?;
-                authority.to_string()
-            }
-            None => format!("{authority}:{}", self.addr.port()),
-        };
-        if matches!(&self.target.route, Route::Balanced(b) if b.service == key) {
-            return None;
-        }
-        if let Some((_, t)) = self.named.lock().iter().find(|(k, _)| *k == key) {
-            return t.clone();
-        }
-        let target = crate::outbound::service(&key, &self.shared.outbound).await;
-        let mut named = self.named.lock();
-        // A handful of services per connection at most; beyond that, no memo.
-        if named.len() < 8 {
-            named.push((key, target.clone()));
-        }
-        target
-    }
-
     /// The request's span, when tracing is on and the request is sampled. Off, this is the
     /// one check tracing costs a request.
     fn trace<B>(&self, req: &mut Request<B>) -> Option<Box<Traced>> {
@@ -334,54 +284,31 @@ impl HttpProxy {
         Traced::start(tracer, req, authority_of, &conn)
     }
 
-    /// One request, end to end, with its metrics.
+    /// One request, end to end, with its metrics: its direction's decision
+    /// ([`crate::http::decision`]), then the proxy's own answer or the exchange with a client.
     pub async fn handle(self: Arc<Self>, mut req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
         let start = Instant::now();
         let handles = self.handles(authority_of(&req), &self.tls, &self.target.cluster);
         let mut traced = self.trace(&mut req);
         // Never switched to h2c: the requests after the switch would pass no check of ours.
         strip_h2c_upgrade(req.headers_mut());
-        let mut forwarded = None;
-        if self.direction == Direction::inbound {
-            match self.inbound_request(&mut req) {
-                Ok(policy) => forwarded = policy,
-                Err(refused) => {
-                    handles.requests.inc();
-                    handles.count_response(refused.status(), classify(refused.status(), refused.headers()));
-                    finish_answer(traced, &refused);
-                    return Ok(tap::respond(self.tap(&req, None, start), refused));
-                }
-            }
-        }
-        if let Some(policy) = &forwarded {
-            req.extensions_mut().insert(ForwardedPolicy(policy.clone()));
-        }
-        if let Some(policy) = forwarded.as_ref().or(self.policy.as_ref())
-            && let Some(denied) = policy.deny_request(&req, wants_upgrade(&req))
-        {
-            handles.requests.inc();
-            handles.count_response(denied.status(), classify(denied.status(), denied.headers()));
-            finish_answer(traced, &denied);
-            return Ok(tap::respond(self.tap(&req, None, start), denied));
-        }
-        let routed = match self.direction {
-            Direction::outbound => {
-                routed::route(&mut req, (&self.target, self.addr), &self.routes, &self.shared.outbound).await
-            }
-            Direction::inbound => Ok(None),
+        let decision = match &self.side {
+            Side::Inbound(inbound) => inbound.decide(&mut req).map(|a| (a.forwarded, None)),
+            Side::Outbound(outbound) => outbound.decide(&mut req, &self.shared.outbound).await.map(|r| (None, r)),
         };
         let handles = match &self.egress {
             Some(_) => self.egress_handles(&req, handles),
             None => handles,
         };
-        let routed = match routed {
-            Ok(routed) => routed,
-            Err(answer) => {
+        let (forwarded, routed) = match decision {
+            Decision::Forward(forward) => forward,
+            Decision::Answer(Answer { kind, response }) => {
+                tracing::trace!(?kind, status = response.status().as_u16(), "answered by the proxy");
                 handles.requests.inc();
                 // A route's injected gRPC error is an HTTP 200 with a failing `grpc-status`.
-                handles.count_response(answer.status(), classify(answer.status(), answer.headers()));
-                finish_answer(traced, &answer);
-                return Ok(tap::respond(self.tap(&req, None, start), answer));
+                handles.count_response(response.status(), classify(response.status(), response.headers()));
+                finish_answer(traced, &response);
+                return Ok(tap::respond(self.tap(&req, None, start), response));
             }
         };
         if let (Some(traced), Some(routed)) = (traced.as_deref_mut(), &routed) {
@@ -415,7 +342,7 @@ impl HttpProxy {
         let result = match downgraded {
             Err(e) => Err(e),
             Ok(false) if req.version() != Version::HTTP_2 && wants_upgrade(&req) => {
-                self.upgrade(req, traced.as_deref_mut()).await.map(|r| (r, None))
+                self.upgrade(req, forwarded, traced.as_deref_mut()).await.map(|r| (r, None))
             }
             Ok(downgraded) => self.forward(req, downgraded, routed.as_ref(), traced.as_deref_mut()).await.map(
                 |(mut response, load)| {
@@ -468,90 +395,11 @@ impl HttpProxy {
         }
     }
 
-    /// What an inbound request carries to the app: identity headers set by us only (a client's
-    /// own `l5d-client-id` could name anyone; so could a [`GATEWAY_CLIENT_ID`] from anyone but
-    /// this cluster's gateway), and under policy the path authorization matches and the app
-    /// reads, normalized ([`crate::inbound::policy::path`]); a path servers read differently is
-    /// refused with 400. From the gateway, the policy of the remote workload it names, which
-    /// the request is authorized as (and which `l5d-client-id` then names).
-    #[allow(clippy::result_large_err)]
-    fn inbound_request<B>(&self, req: &mut Request<B>) -> Result<Option<Arc<ConnPolicy>>, Response<Body>> {
-        let headers = req.headers_mut();
-        let forwarded = if self.from_gateway { self.forwarded_client(headers)? } else { None };
-        for name in IDENTITY_HEADERS {
-            headers.remove(name);
-        }
-        if let Some(id) = forwarded.as_ref().map(|(id, _)| id).or(self.client_id.as_ref()) {
-            headers.insert(IDENTITY_HEADERS[0], id.clone());
-        }
-        let forwarded = forwarded.and_then(|(_, policy)| policy);
-        if self.policy.is_none() {
-            return Ok(forwarded);
-        }
-        let normalized = match crate::inbound::policy::path::normalize(req.uri().path()) {
-            Ok(std::borrow::Cow::Borrowed(_)) => return Ok(forwarded),
-            Ok(std::borrow::Cow::Owned(path)) => path,
-            Err(why) => {
-                return Err(error_response(&ProxyError::BadRequest(format!("refused: {why}"))));
-            }
-        };
-        let path_and_query = match req.uri().query() {
-            Some(q) => format!("{normalized}?{q}"),
-            None => normalized,
-        };
-        let invalid = |e: &dyn std::fmt::Display| {
-            let why = format!("refused: the normalized path is not a valid URI: {e}");
-            error_response(&ProxyError::BadRequest(why))
-        };
-        let mut parts = req.uri().clone().into_parts();
-        parts.path_and_query = Some(http::uri::PathAndQuery::try_from(path_and_query).map_err(|e| invalid(&e))?);
-        *req.uri_mut() = Uri::from_parts(parts).map_err(|e| invalid(&e))?;
-        Ok(forwarded)
-    }
-
-    /// The remote workload a request from this cluster's gateway was forwarded for, with the
-    /// policy it is held to (none without policy). The gateway sets the header on every HTTP
-    /// request it forwards, so a request from its identity without it (or with several) is
-    /// refused, never authorized as the gateway itself: it did not come through the gateway's
-    /// HTTP path (e.g. HTTP bytes in an opaque session), and its headers say nothing anyone
-    /// proved. A header that names no identity of another trust domain is refused too: the
-    /// gateway never sends one.
-    #[allow(clippy::result_large_err)]
-    fn forwarded_client(&self, headers: &http::HeaderMap) -> Result<Option<Forwarded>, Response<Body>> {
-        let mut values = headers.get_all(GATEWAY_CLIENT_ID).iter();
-        let bad = |why: &str| error_response(&ProxyError::BadRequest(format!("refused: {GATEWAY_CLIENT_ID} {why}")));
-        let Some(value) = values.next() else {
-            return Err(bad("is missing from a request of the multicluster gateway"));
-        };
-        if values.next().is_some() {
-            return Err(bad("appears more than once"));
-        }
-        let name = value.to_str().ok().and_then(|v| cnimesh_identity::Name::parse(v).ok());
-        let Some(name) = name else { return Err(bad("is not an identity name")) };
-        let own = self.shared.identity.as_ref().and_then(|id| id.name.trust_domain());
-        if name.trust_domain().is_none() || name.trust_domain() == own {
-            return Err(bad("does not name a workload of another trust domain"));
-        }
-        let policy = self.policy.as_ref().map(|policy| {
-            let mut forwarded = self.forwarded.lock();
-            if let Some((_, p)) = forwarded.iter().find(|(v, _)| v == value) {
-                return p.clone();
-            }
-            let p = Arc::new(policy.forwarded_for(name.as_str()));
-            if forwarded.len() >= MAX_FORWARDED {
-                forwarded.remove(0);
-            }
-            forwarded.push((value.clone(), p.clone()));
-            p
-        });
-        Ok(Some((value.clone(), policy)))
-    }
-
     /// A gateway's request: whatever its client sent as [`GATEWAY_CLIENT_ID`] is replaced by the
     /// identity its certificate proved. Done after hop-by-hop stripping, so a client's
     /// `Connection: cnimesh-gateway-client-id` cannot take the header off again.
     fn stamp_gateway_client(&self, headers: &mut http::HeaderMap) {
-        if let Some(client) = &self.gateway_client {
+        if let Side::Outbound(OutboundHttp { gateway_client: Some(client), .. }) = &self.side {
             headers.insert(GATEWAY_CLIENT_ID, client.clone());
         }
     }
@@ -597,7 +445,10 @@ impl HttpProxy {
     ) -> Result<(Response<Incoming>, Option<Load>), ProxyError> {
         let named = match routed {
             Some(_) => None,
-            None => self.named_target(authority_of(&req)).await,
+            None => match &self.side {
+                Side::Outbound(outbound) => outbound.named_target(authority_of(&req), &self.shared.outbound).await,
+                Side::Inbound(_) => None,
+            },
         };
         if let (Some(traced), Some(Route::Balanced(b))) = (traced.as_deref_mut(), named.as_ref().map(|t| &t.route)) {
             traced.set_service(&b.service);
@@ -781,6 +632,7 @@ impl HttpProxy {
     async fn upgrade(
         &self,
         mut req: Request<Incoming>,
+        forwarded: Option<Arc<ConnPolicy>>,
         traced: Option<&mut Traced>,
     ) -> Result<Response<Incoming>, ProxyError> {
         let Picked { upstream, load, .. } = self.target.route.pick(None).map_err(route_error)?;
@@ -807,7 +659,6 @@ impl HttpProxy {
             }
         });
         let server_side = hyper::upgrade::on(&mut req);
-        let forwarded = req.extensions().get::<ForwardedPolicy>().map(|f| f.0.clone());
         let is_connect = req.method() == Method::CONNECT;
         strip_hop_by_hop(req.headers_mut(), !is_connect);
         self.stamp_gateway_client(req.headers_mut());
@@ -820,7 +671,10 @@ impl HttpProxy {
             let held = (self.shared.drain.guard(), self.open.clone(), load);
             // A tunnel is not re-checked per request: it ends when its authorization does (a
             // gateway's remote workload's, for a request the gateway forwarded).
-            let policy = forwarded.or_else(|| self.policy.clone());
+            let policy = forwarded.or_else(|| match &self.side {
+                Side::Inbound(inbound) => inbound.policy().cloned(),
+                Side::Outbound(_) => None,
+            });
             let revoked = async move {
                 match policy {
                     Some(policy) => policy.revoked().await,
@@ -833,24 +687,6 @@ impl HttpProxy {
         }
         Ok(response)
     }
-}
-
-/// Whether `client_id` is this cluster's multicluster gateway: the one peer whose word on who
-/// called ([`GATEWAY_CLIENT_ID`]) is taken. Decided once per connection.
-fn is_own_gateway(client_id: Option<&str>, shared: &Shared) -> bool {
-    let Some(client_id) = client_id.filter(|id| id.starts_with(cnimesh_common::names::GATEWAY_NAME)) else {
-        return false;
-    };
-    let own = shared.identity.as_ref().and_then(|id| id.name.trust_domain());
-    own.and_then(|td| {
-        cnimesh_identity::Name::for_service_account(
-            cnimesh_common::names::GATEWAY_NAME,
-            cnimesh_common::names::MULTICLUSTER_NAMESPACE,
-            td,
-        )
-        .ok()
-    })
-    .is_some_and(|gateway| gateway.as_str() == client_id)
 }
 
 /// issue 28: a failure to reach a multicluster gateway says so (the client's operator then

@@ -4,6 +4,7 @@
 //! [`crate::outbound`] and [`crate::inbound`]; the per-request glue in [`crate::app::forward`].
 
 pub mod classify;
+pub mod decision;
 pub mod error;
 pub mod headers;
 pub mod orig_proto;

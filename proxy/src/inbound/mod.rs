@@ -3,6 +3,7 @@
 //! policy; [`policy`] is the inbound authorization policy those ports are served under.
 
 pub mod connection;
+pub mod http;
 pub mod policy;
 
 use std::net::SocketAddr;

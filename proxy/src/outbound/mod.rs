@@ -5,6 +5,7 @@
 //! or refused by its policy ([`egress`]).
 
 pub mod egress;
+pub mod http;
 pub mod policy;
 pub mod routes;
 pub mod static_identities;
@@ -48,7 +49,7 @@ pub struct Outbound {
 
 /// A target carrying its outbound policy, read back with [`policy_of`].
 fn with_policy(route: Route, policy: Option<PolicyWatch>) -> Arc<Target> {
-    let mut extensions = http::Extensions::new();
+    let mut extensions = ::http::Extensions::new();
     if let Some(policy) = policy {
         extensions.insert(policy);
     }
