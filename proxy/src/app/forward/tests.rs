@@ -15,10 +15,15 @@ use linkerd2_proxy_api::outbound::{self as api, backend, grpc_route, http_route,
 use linkerd2_proxy_api::{grpc_route as api_grpc, http_route as api_http};
 use tokio::net::TcpListener;
 
+use http::{HeaderValue, Version};
+use hyper_util::rt::TokioIo;
+
 use super::*;
 use crate::app::config::Config;
 use crate::app::drain::Drain;
+use crate::app::metrics::{Metrics, TargetCluster};
 use crate::client::discovery::{Endpoint, Endpoints};
+use crate::client::target::Route;
 use crate::outbound::policy::discover::PolicyWatch;
 use crate::outbound::policy::model::OutboundPolicy;
 use crate::transport::identity::Identity;
@@ -32,23 +37,6 @@ fn with_policy(route: Route, policy: Option<PolicyWatch>) -> Arc<Target> {
         extensions.insert(policy);
     }
     Target::with_extensions(route, extensions)
-}
-
-#[test]
-fn http1_targets_go_in_origin_form_with_a_host() {
-    let addr: SocketAddr = "10.0.0.1:8080".parse().unwrap();
-    let mut absolute = Request::builder().uri("http://web:80/a?b").body(()).unwrap();
-    to_origin_form(&mut absolute, addr).unwrap();
-    assert_eq!(
-        (absolute.uri().to_string().as_str(), &absolute.headers()[HOST]),
-        ("/a?b", &HeaderValue::from_static("web:80"))
-    );
-    let mut bare = Request::builder().uri("/x").body(()).unwrap();
-    to_origin_form(&mut bare, addr).unwrap();
-    assert_eq!(bare.headers()[HOST], "10.0.0.1:8080");
-    let mut kept = Request::builder().uri("/y").header(HOST, "app").body(()).unwrap();
-    to_origin_form(&mut kept, addr).unwrap();
-    assert_eq!((kept.uri().to_string().as_str(), &kept.headers()[HOST]), ("/y", &HeaderValue::from_static("app")));
 }
 
 /// An app on loopback (HTTP/1 and h2c): `/ok` answers 200, `/fail` 503, `/slow` after 5 s,
