@@ -20,7 +20,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
-use http::header::HOST;
 use http::{HeaderMap, Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
@@ -34,7 +33,7 @@ use crate::http::Body;
 use crate::http::classify::{Classification, Classified, OnEnd};
 use crate::http::decision::{Answer, Decision};
 use crate::http::error::error_response;
-use crate::http::headers::strip_h2c_upgrade;
+use crate::http::headers::{authority_of, strip_h2c_upgrade};
 use crate::http::tap;
 use crate::inbound::http::InboundHttp;
 use crate::inbound::policy::enforce::ConnPolicy;
@@ -94,14 +93,6 @@ impl OnEnd for End {
         if let Some(span) = span {
             span.end(status, classification);
         }
-    }
-}
-
-/// The authority a request is for, as the client named it.
-fn authority_of<B>(req: &Request<B>) -> &str {
-    match req.uri().authority() {
-        Some(a) => a.as_str(),
-        None => req.headers().get(HOST).and_then(|h| h.to_str().ok()).unwrap_or(""),
     }
 }
 

@@ -12,6 +12,7 @@ pub mod origin_form;
 pub mod path_prefix;
 pub mod serve_conn;
 pub mod tap;
+pub mod trace;
 pub mod upgrade;
 
 use bytes::Bytes;

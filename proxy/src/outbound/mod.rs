@@ -2,7 +2,7 @@
 //! discovered service, or a service a request names), resolved once per target into a cached
 //! [`targets::Target`] with its balancer and per-endpoint clients ([`upstream::Upstream`]).
 //! Addresses outside the cluster that an EgressNetwork holds are seen by hostname and allowed
-//! or refused by its policy ([`egress`]).
+//! or refused by its policy ([`egress`]). [`http`] decides each HTTP request (its route).
 
 pub mod egress;
 pub mod http;

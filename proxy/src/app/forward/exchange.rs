@@ -10,14 +10,11 @@ use http::{Method, Request, Response, StatusCode, Version};
 use http_body_util::Either;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
-use tower::retry::budget::Budget as _;
 
-use super::{HttpProxy, Side, authority_of};
+use super::{HttpProxy, Side};
 use crate::app::metrics::{Direction, TargetCluster};
-use crate::app::spans::{self, Traced};
 use crate::client::discovery::accrual::ConsecutiveFailures;
-use crate::client::discovery::balance::Load;
-use crate::client::target::{Picked, Route, RouteError};
+use crate::client::target::{Picked, RouteError};
 use crate::client::targets::Target;
 use crate::client::upstream::RequestBody;
 use crate::http::classify::{Classification, classify};
@@ -25,10 +22,9 @@ use crate::http::error::{ProxyError, upstream_error};
 use crate::http::headers::{GATEWAY_CLIENT_ID, strip_hop_by_hop, wants_upgrade};
 use crate::http::orig_proto;
 use crate::http::origin_form::{override_authority, to_origin_form};
+use crate::http::trace::{self as spans, Traced};
 use crate::inbound::policy::enforce::ConnPolicy;
-use crate::outbound::http::OutboundHttp;
-use crate::outbound::routes::model::Retry;
-use crate::outbound::routes::retry;
+use crate::outbound::http::{Exchanged, OutboundHttp, Try, TryTo};
 use crate::outbound::routes::routed::Routed;
 
 /// On a response whose endpoint's `target_cluster_name` is not its target's (a
@@ -44,6 +40,19 @@ fn route_error(e: RouteError) -> ProxyError {
     }
 }
 
+/// The tries of a request from this connection: each one [`HttpProxy::send`], the request in
+/// the form it needs (`downgraded`: it came as HTTP/1 over HTTP/2 from a peer proxy).
+struct Tries<'a> {
+    proxy: &'a HttpProxy,
+    downgraded: bool,
+}
+
+impl Try for Tries<'_> {
+    fn send(&self, req: Request<RequestBody>, to: TryTo<'_>) -> impl Future<Output = Exchanged> + Send {
+        self.proxy.send(to.target, req, (self.downgraded, to.accrual), to.timeout, to.span, to.b3)
+    }
+}
+
 impl HttpProxy {
     /// Sends a decided request (`forwarded`: the policy a gateway's remote workload is held to;
     /// `routed`: the route that took it) and returns its answer, with the endpoint's load held
@@ -54,7 +63,7 @@ impl HttpProxy {
         forwarded: Option<Arc<ConnPolicy>>,
         routed: Option<&Routed>,
         traced: Option<&mut Traced>,
-    ) -> Result<(Response<Incoming>, Option<Load>), ProxyError> {
+    ) -> Exchanged {
         // Only the inbound speaks to apps, so only it undoes a peer proxy's upgrade.
         let downgraded = match self.direction {
             Direction::inbound => orig_proto::downgrade_request(&mut req),
@@ -65,129 +74,29 @@ impl HttpProxy {
             Ok(false) if req.version() != Version::HTTP_2 && wants_upgrade(&req) => {
                 self.upgrade(req, forwarded, traced).await.map(|r| (r, None))
             }
-            Ok(downgraded) => self.forward(req, downgraded, routed, traced).await.map(|(mut response, load)| {
-                if downgraded {
-                    orig_proto::mark_response(&mut response);
-                }
-                (response, load)
-            }),
-        }
-    }
-
-    async fn forward(
-        &self,
-        req: Request<Incoming>,
-        downgraded: bool,
-        routed: Option<&Routed>,
-        mut traced: Option<&mut Traced>,
-    ) -> Result<(Response<Incoming>, Option<Load>), ProxyError> {
-        let named = match routed {
-            Some(_) => None,
-            None => match &self.side {
-                Side::Outbound(outbound) => outbound.named_target(authority_of(&req), &self.shared.outbound).await,
-                Side::Inbound(_) => None,
-            },
-        };
-        if let (Some(traced), Some(Route::Balanced(b))) = (traced.as_deref_mut(), named.as_ref().map(|t| &t.route)) {
-            traced.set_service(&b.service);
-        }
-        let target = routed.map(|r| &r.target).or(named.as_ref()).unwrap_or(&self.target);
-        // The connection's Service's failure accrual applies to its balancers (the backends of
-        // its routes too, as in Linkerd); a Service a request names has no policy of ours.
-        let policy = match named {
-            Some(_) => None,
-            None => crate::outbound::policy_of(&self.target).and_then(|p| p.current()),
-        };
-        let accrual = policy.as_deref().and_then(|p| p.accrual(req.version())).copied();
-        let route_timeout = routed.and_then(|r| r.timeout.map(|t| (t, &r.route)));
-        let exchange = async {
-            match routed.and_then(|r| Some((r, r.retry()?))) {
-                Some((routed, retry)) if retry::bufferable(&req, retry) => {
-                    self.with_retries(target, req, downgraded, (routed, retry), accrual, traced.as_deref_mut()).await
-                }
-                _ => {
-                    let b3 = traced.as_deref().and_then(Traced::b3);
-                    let span = traced.as_deref_mut().map(|t| &mut t.span);
-                    self.send(target, req.map(Either::Left), (downgraded, accrual), None, span, b3).await
-                }
-            }
-        };
-        let mut result = match route_timeout {
-            Some((timeout, route)) => match tokio::time::timeout(timeout, exchange).await {
-                Ok(result) => result,
-                Err(_) => {
-                    if let Some(traced) = traced {
-                        spans::timeout_event(&mut traced.span, "route", timeout);
+            Ok(downgraded) => {
+                let tries = Tries { proxy: self, downgraded };
+                let exchanged = match &self.side {
+                    Side::Outbound(outbound) => {
+                        outbound.forward(req, routed, traced, &self.shared.outbound, &tries).await
                     }
-                    return Err(ProxyError::RouteTimeout { route: route.to_string(), after: timeout });
-                }
-            },
-            None => exchange.await,
-        };
-        if let (Some(routed), Ok((response, _))) = (routed, &mut result) {
-            routed.response_headers(response.headers_mut());
-        }
-        result
-    }
-
-    /// A request of a rule with retries, its body buffered: sent again while its answer is one the
-    /// rule retries (a response whose status the rule names, or a failure of the upstream
-    /// itself, [`ProxyError::retryable`]), up to the rule's limit and as far as the target's
-    /// retry budget allows.
-    async fn with_retries(
-        &self,
-        target: &Arc<Target>,
-        req: Request<Incoming>,
-        downgraded: bool,
-        (routed, retry): (&Routed, &Retry),
-        accrual: Option<ConsecutiveFailures>,
-        mut traced: Option<&mut Traced>,
-    ) -> Result<(Response<Incoming>, Option<Load>), ProxyError> {
-        let budget = target.retry_budget();
-        budget.deposit();
-        let (parts, body) = req.into_parts();
-        let body = retry::buffer(body, retry).await?;
-        let mut attempt = 0;
-        loop {
-            let req = retry::request(&parts, body.clone());
-            // Traced: each try is a child span of the request's, and the next hop's parent.
-            let mut try_span = traced.as_deref().map(|t| t.attempt(attempt));
-            let b3 = traced.as_deref().and_then(Traced::b3);
-            let result = self.send(target, req, (downgraded, accrual), retry.timeout, try_span.as_mut(), b3).await;
-            let again = match &result {
-                Ok((response, _)) => retry.retries(response.status(), response.headers()),
-                // By kind, not by status: the proxy's own 502 (no identity yet) would fail again.
-                Err(e) => e.retryable(),
-            };
-            if let (Some(traced), Some(mut span)) = (traced.as_deref_mut(), try_span) {
-                let why = match &result {
-                    Ok((response, _)) => {
-                        let grpc = response.headers().get("grpc-status").and_then(|v| v.to_str().ok());
-                        spans::end(&mut span, Some(response.status()), grpc, again, None);
-                        response.status().as_u16().to_string()
-                    }
-                    Err(e) => {
-                        spans::end(&mut span, Some(e.status()), None, true, Some(e.to_string()));
-                        e.to_string()
+                    Side::Inbound(_) => {
+                        let b3 = traced.as_deref().and_then(Traced::b3);
+                        let span = traced.map(|t| &mut t.span);
+                        tries
+                            .send(
+                                req.map(Either::Left),
+                                TryTo { target: &self.target, accrual: None, timeout: None, span, b3 },
+                            )
+                            .await
                     }
                 };
-                traced.record(span);
-                if again && attempt < retry.max_retries {
-                    traced.retry_event(attempt + 1, why);
-                }
-            }
-            if !again || attempt >= retry.max_retries {
-                return result;
-            }
-            if !budget.withdraw() {
-                routed.handles.retry_overflow.inc();
-                return result;
-            }
-            drop(result);
-            attempt += 1;
-            routed.handles.retries.inc();
-            if let Some(wait) = retry::backoff(retry, attempt) {
-                tokio::time::sleep(wait).await;
+                exchanged.map(|(mut response, load)| {
+                    if downgraded {
+                        orig_proto::mark_response(&mut response);
+                    }
+                    (response, load)
+                })
             }
         }
     }
@@ -203,7 +112,7 @@ impl HttpProxy {
         timeout: Option<std::time::Duration>,
         mut span: Option<&mut cnimesh_trace::Span>,
         b3: Option<cnimesh_trace::B3Form>,
-    ) -> Result<(Response<Incoming>, Option<Load>), ProxyError> {
+    ) -> Exchanged {
         let Picked { upstream, load, cluster } = target.route.pick(accrual.as_ref()).map_err(route_error)?;
         if let Some(span) = span.as_deref_mut() {
             // A CLIENT span's peer is the endpoint; a SERVER span's stays the client.

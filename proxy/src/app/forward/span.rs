@@ -7,12 +7,13 @@ use std::sync::Arc;
 
 use http::{HeaderMap, Request, Response};
 
-use crate::app::spans::{ConnInfo, Traced, Tracer};
+use crate::app::spans::{self, ConnInfo, Tracer};
 use crate::client::target::Route;
 use crate::client::targets::Target;
 use crate::http::Body;
 use crate::http::classify::{Classification, classify};
 use crate::http::error::ProxyError;
+use crate::http::trace::Traced;
 use crate::outbound::routes::routed::Routed;
 
 /// A request's span, if it is traced.
@@ -28,7 +29,7 @@ pub(super) fn service_of(target: &Target) -> Option<&str> {
 
 impl RequestSpan {
     pub(super) fn start<B>(tracer: Option<&Arc<Tracer>>, req: &mut Request<B>, conn: &ConnInfo<'_>) -> Self {
-        Self(tracer.and_then(|tracer| Traced::start(tracer, req, super::authority_of, conn)))
+        Self(tracer.and_then(|tracer| spans::start(tracer, req, crate::http::headers::authority_of, conn)))
     }
 
     /// The traced request, for the exchange's tries.

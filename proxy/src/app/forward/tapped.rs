@@ -57,5 +57,5 @@ pub(super) fn offer<B>(
             }
         }
     };
-    taps.request(req, super::authority_of(req), meta, started)
+    taps.request(req, crate::http::headers::authority_of(req), meta, started)
 }

@@ -10,11 +10,12 @@ use bytes::Bytes;
 use http_body_util::Full;
 use hyper_util::rt::TokioExecutor;
 use linkerd2_proxy_api::destination::WeightedAddr;
+use linkerd2_proxy_api::http_route as api_http;
 use linkerd2_proxy_api::meta;
-use linkerd2_proxy_api::outbound::{self as api, backend, grpc_route, http_route, proxy_protocol};
-use linkerd2_proxy_api::{grpc_route as api_grpc, http_route as api_http};
+use linkerd2_proxy_api::outbound::{self as api, backend, http_route, proxy_protocol};
 use tokio::net::TcpListener;
 
+use http::header::HOST;
 use http::{HeaderValue, Version};
 use hyper_util::rt::TokioIo;
 
@@ -24,6 +25,7 @@ use crate::app::drain::Drain;
 use crate::app::metrics::{Metrics, TargetCluster};
 use crate::client::discovery::{Endpoint, Endpoints};
 use crate::client::target::Route;
+use crate::outbound::http::tests::grpc_fault;
 use crate::outbound::policy::discover::PolicyWatch;
 use crate::outbound::policy::model::OutboundPolicy;
 use crate::transport::identity::Identity;
@@ -199,23 +201,6 @@ fn http_route(to: Option<SocketAddr>, timeout: Option<Duration>, retries: Option
     let rule = http_route::Rule { backends: Some(backends), timeouts, retry, ..Default::default() };
     let route = api::HttpRoute { metadata: named("web-route"), hosts: Vec::new(), rules: vec![rule] };
     policy(proxy_protocol::Kind::Http1(proxy_protocol::Http1 { routes: vec![route], failure_accrual: None }))
-}
-
-/// A GRPCRoute to `to` whose rule injects gRPC UNAVAILABLE into every call.
-fn grpc_fault(to: SocketAddr) -> api::OutboundPolicy {
-    let injector = api_grpc::GrpcFailureInjector { code: 14, message: "injected".into(), ratio: None };
-    let backends = grpc_route::Distribution {
-        kind: Some(grpc_route::distribution::Kind::FirstAvailable(grpc_route::distribution::FirstAvailable {
-            backends: vec![grpc_route::RouteBackend { backend: Some(backend(Some(to))), ..Default::default() }],
-        })),
-    };
-    let rule = grpc_route::Rule {
-        filters: vec![grpc_route::Filter { kind: Some(grpc_route::filter::Kind::FailureInjector(injector)) }],
-        backends: Some(backends),
-        ..Default::default()
-    };
-    let route = api::GrpcRoute { metadata: named("rpc-route"), hosts: Vec::new(), rules: vec![rule] };
-    policy(proxy_protocol::Kind::Grpc(proxy_protocol::Grpc { routes: vec![route], failure_accrual: None }))
 }
 
 fn grpc_call() -> Request<Full<Bytes>> {

@@ -1,7 +1,10 @@
 //! The outbound request path, up to the decision: the route that takes a request (its rule,
 //! filters, backend and the backend's target, an EgressNetwork's verdict on it) or the
 //! proxy's own answer ([`OutboundHttp::decide`]), and the Service a request names when it has
-//! no route ([`OutboundHttp::named_target`]).
+//! no route ([`OutboundHttp::named_target`]); then the decided request's way to its target,
+//! under its route's timeout and retries ([`OutboundHttp::forward`]).
+
+mod exchange;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -14,6 +17,7 @@ use crate::client::targets::Target;
 use crate::http::decision::{Answer, AnswerKind, Decision};
 use crate::outbound::Outbound;
 use crate::outbound::routes::routed::{self, ConnRoutes, Routed};
+pub use exchange::{Exchanged, Try, TryTo};
 
 /// One outbound connection's request path: its target and what its requests used.
 pub struct OutboundHttp {
@@ -55,8 +59,9 @@ impl OutboundHttp {
 
     /// Where `req` goes under its target's outbound policy: the route that takes it (`None`
     /// without routes for its protocol: to the target as before), or the proxy's own answer (no
-    /// route matches, a fault the route injects, an EgressNetwork's refusal). Nothing is sent;
-    /// the backend's target is looked up in the caches discovery keeps.
+    /// route matches, a fault the route injects, an EgressNetwork's refusal). Nothing is sent
+    /// to the target; finding the backend's target may wait for discovery's first answer about
+    /// it, and an egress hostname's binding for the pod's resolver.
     pub async fn decide<B>(&self, req: &mut Request<B>, outbound: &Outbound) -> Decision<Option<Routed>> {
         match routed::route(req, (&self.target, self.addr), &self.routes, outbound).await {
             Ok(routed) => Decision::Forward(routed),
@@ -92,3 +97,6 @@ impl OutboundHttp {
         target
     }
 }
+
+#[cfg(test)]
+pub(crate) mod tests;
