@@ -131,17 +131,14 @@ impl HttpProxy {
     /// Inbound: the port's policy for this connection, each request authorized under it.
     pub fn with_policy(self, policy: Option<Arc<ConnPolicy>>) -> Self {
         let side = match self.side {
-            Side::Inbound(_) => {
-                let own = self.shared.identity.as_ref().map(|id| &id.name);
-                Side::Inbound(InboundHttp::new(&self.tls, policy, own))
-            }
+            Side::Inbound(inbound) => Side::Inbound(inbound.with_policy(policy)),
             outbound => outbound,
         };
         Self { side, ..self }
     }
 
     pub fn with_egress(self, egress: Option<EgressLabels>) -> Self {
-        let measure = Measure::new(self.direction, self.addr, egress.is_some(), self.shared.metrics.clone());
+        let measure = self.measure.for_egress(egress.is_some());
         Self { egress, measure, ..self }
     }
 
@@ -169,7 +166,10 @@ impl HttpProxy {
     pub async fn handle(self: Arc<Self>, mut req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
         let start = Instant::now();
         let handles = self.measure.handles(authority_of(&req), &self.tls, &self.target.cluster);
-        let mut span = RequestSpan::start(self.shared.tracer.as_ref(), &mut req, &self.conn_info());
+        let mut span = match &self.shared.tracer {
+            Some(tracer) => RequestSpan::start(tracer, &mut req, &self.conn_info()),
+            None => RequestSpan::off(),
+        };
         // Never switched to h2c: the requests after the switch would pass no check of ours.
         strip_h2c_upgrade(req.headers_mut());
         let decision = match &self.side {

@@ -35,6 +35,12 @@ impl Measure {
         Self { direction, addr, dst_kind: DstKind::egress(egress), metrics, cached: Mutex::default() }
     }
 
+    /// The same metrics for a connection to an EgressNetwork's destination (`dst_kind="egress"`)
+    /// when `egress`.
+    pub(super) fn for_egress(self, egress: bool) -> Self {
+        Self { dst_kind: DstKind::egress(egress), ..self }
+    }
+
     /// The handles for `authority` to a peer secured as `tls` in `cluster`, created on first use.
     pub(super) fn handles(&self, authority: &str, tls: &TlsLabel, cluster: &TargetCluster) -> Arc<Handles> {
         let mut cached = self.cached.lock();

@@ -28,8 +28,14 @@ pub(super) fn service_of(target: &Target) -> Option<&str> {
 }
 
 impl RequestSpan {
-    pub(super) fn start<B>(tracer: Option<&Arc<Tracer>>, req: &mut Request<B>, conn: &ConnInfo<'_>) -> Self {
-        Self(tracer.and_then(|tracer| spans::start(tracer, req, crate::http::headers::authority_of, conn)))
+    /// The span of a request, if `tracer`'s sampling picks it.
+    pub(super) fn start<B>(tracer: &Arc<Tracer>, req: &mut Request<B>, conn: &ConnInfo<'_>) -> Self {
+        Self(spans::start(tracer, req, crate::http::headers::authority_of, conn))
+    }
+
+    /// No span: tracing is off.
+    pub(super) fn off() -> Self {
+        Self(None)
     }
 
     /// The traced request, for the exchange's tries.

@@ -45,6 +45,11 @@ impl InboundHttp {
         Self { policy, client_id, from_gateway }
     }
 
+    /// The same request path under `policy`.
+    pub fn with_policy(self, policy: Option<Arc<ConnPolicy>>) -> Self {
+        Self { policy, ..self }
+    }
+
     /// The port's policy for this connection.
     pub fn policy(&self) -> Option<&Arc<ConnPolicy>> {
         self.policy.as_ref()
