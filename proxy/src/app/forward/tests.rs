@@ -458,7 +458,7 @@ async fn an_endpoint_50_ms_slower_gets_markedly_less() {
     assert!(got[1] < 200 * 15 / 100, "the slow one gets under 15 %, an equal one 30-70 %: {got:?}");
 }
 
-/// issue 28: a federated Service's endpoints, one in this cluster (`local`, as Destination
+/// A federated Service's endpoints, one in this cluster (`local`, as Destination
 /// labels a federated Service's own members) and one in `west`: each request is counted under
 /// the cluster its endpoint is in, this cluster's without the label (as a plain Service's).
 #[tokio::test]
