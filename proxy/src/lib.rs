@@ -13,21 +13,23 @@
 //!   error answers, and the tap registry requests are offered to ([`http::tap`]).
 //! - [`client`]: per-target clients shared by both directions: the target cache, discovery,
 //!   balancing, per-endpoint connection pools.
-//! - [`inbound`]: connections to this pod: admission of the destination, mTLS termination, and
-//!   inbound authorization policy.
-//! - [`outbound`]: connections from the app: resolving a target, outbound policy and routes.
+//! - [`inbound`]: connections to this pod: admission of the destination, mTLS termination,
+//!   inbound authorization policy, and each request's decision ([`inbound::http`]).
+//! - [`outbound`]: connections from the app: resolving a target, outbound policy and routes,
+//!   and each request's decision ([`outbound::http`]).
 //! - [`gateway`]: issue 28, a multicluster gateway's admission: mesh mTLS only, the transport
 //!   header, Services of its own cluster only; served by the app through the outbound side.
 //! - [`app`]: the program: configuration, wiring ([`app::run`]), accepting ([`app::accept`]),
 //!   detecting a connection's protocol and serving it opaque or as HTTP ([`app::dispatch`]),
-//!   each HTTP request's path through policy and routes to a client ([`app::forward`]), admin,
-//!   metrics registry, tap server.
+//!   the executor of each HTTP request's decision, with its metrics, tap and span wrappers
+//!   ([`app::forward`]), admin, metrics registry, tap server.
 //!
 //! A connection's path: accept ([`app::accept`]) → inbound: destination checks and TLS
 //! ([`inbound::connection`]) / outbound: target ([`outbound::resolve`]) → protocol detection
-//! ([`app::dispatch`]) → HTTP server ([`http::serve_conn`]) → policy ([`inbound::policy`]) and
-//! route ([`outbound::routes`]) per request ([`app::forward`]) → client ([`client::targets`])
-//! → upstream ([`client::upstream`]).
+//! ([`app::dispatch`]) → HTTP server ([`http::serve_conn`]); every step's error is one
+//! [`transport::conn_error::ConnError`], counted where the connection was accepted. Per request:
+//! the decision ([`inbound::http`] / [`outbound::http`], a [`http::decision::Decision`]) → the
+//! executor ([`app::forward`]) → client ([`client::targets`]) → upstream ([`client::upstream`]).
 
 pub mod app;
 pub mod client;

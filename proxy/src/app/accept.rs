@@ -15,6 +15,7 @@ use crate::app::metrics::{AcceptError, DecidedBy, Direction};
 use crate::app::shared::Shared;
 use crate::client::targets::Target;
 use crate::transport::Io;
+use crate::transport::conn_error::ConnError;
 use crate::transport::detect::Protocol;
 use crate::transport::orig_dst::original_dst;
 use cnimesh_common::log_limit::LogLimit;
@@ -100,16 +101,31 @@ async fn gateway_socket(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>
     let _ = stream.set_nodelay(true);
     let Ok(local) = stream.local_addr() else { return };
     let _guard = shared.drain.guard();
-    if let Err(e) = gateway(stream, peer, local, &shared).await {
-        tracing::debug!(%peer, error = %e, "gateway connection ended with an error");
-    }
+    let _ = gateway(stream, peer, local, &shared).await;
 }
 
 /// Serves one gateway connection from `peer` that arrived on `local` (in-process tests call it
-/// with any IO).
-pub async fn gateway<I: Io>(io: I, peer: SocketAddr, local: SocketAddr, shared: &Arc<Shared>) -> anyhow::Result<()> {
-    let Some(gateway) = &shared.gateway else { anyhow::bail!("not a gateway") };
-    let admitted = crate::gateway::connection(io, peer, gateway, &shared.outbound).await?;
+/// with any IO); an error is counted and logged here, and returned.
+pub async fn gateway<I: Io>(io: I, peer: SocketAddr, local: SocketAddr, shared: &Arc<Shared>) -> Result<(), ConnError> {
+    let served = serve_gateway(io, peer, local, shared).await;
+    if let Err(e) = &served {
+        ended(Direction::outbound, peer, local, e, shared);
+    }
+    served
+}
+
+async fn serve_gateway<I: Io>(
+    io: I,
+    peer: SocketAddr,
+    local: SocketAddr,
+    shared: &Arc<Shared>,
+) -> Result<(), ConnError> {
+    let Some(gateway) = &shared.gateway else {
+        return Err(ConnError::GatewayRefused("this proxy is not a gateway".into()));
+    };
+    let admitted = crate::gateway::connection(io, peer, gateway, &shared.outbound)
+        .await
+        .map_err(|refused| ConnError::GatewayRefused(refused.into()))?;
     let protocol = match admitted.protocol {
         Some(crate::transport::header::SessionProtocol::Http1) => Protocol::Http1,
         Some(crate::transport::header::SessionProtocol::Http2) => Protocol::Http2,
@@ -138,12 +154,18 @@ pub async fn connection<I: Io>(io: I, peer: SocketAddr, addr: SocketAddr, direct
         Direction::inbound => inbound(io, peer, addr, &shared).await,
         Direction::outbound => outbound(io, peer, addr, &shared).await,
     };
-    if let Err(e) = served {
-        tracing::debug!(?direction, %peer, %addr, error = %e, "connection ended with an error");
+    if let Err(e) = &served {
+        ended(direction, peer, addr, e, &shared);
     }
 }
 
-async fn inbound<I: Io>(io: I, peer: SocketAddr, addr: SocketAddr, shared: &Arc<Shared>) -> anyhow::Result<()> {
+/// A connection that ended in `error`: counted once, here, by its reason.
+fn ended(direction: Direction, peer: SocketAddr, addr: SocketAddr, error: &ConnError, shared: &Shared) {
+    shared.metrics.conn.conn_error(direction, error);
+    tracing::debug!(?direction, %peer, %addr, reason = ?error.reason(), error = %error, "connection ended with an error");
+}
+
+async fn inbound<I: Io>(io: I, peer: SocketAddr, addr: SocketAddr, shared: &Arc<Shared>) -> Result<(), ConnError> {
     let accepted = crate::inbound::connection::connection(io, peer, addr, &shared.inbound).await?;
     let crate::inbound::connection::Accepted { io, prefix, tls, target, known, policy } = accepted;
     let conn = Connection {
@@ -160,10 +182,8 @@ async fn inbound<I: Io>(io: I, peer: SocketAddr, addr: SocketAddr, shared: &Arc<
     dispatch::serve(io, prefix, conn, shared).await
 }
 
-async fn outbound<I: Io>(mut io: I, peer: SocketAddr, addr: SocketAddr, shared: &Arc<Shared>) -> anyhow::Result<()> {
-    let target = crate::outbound::resolve(addr, &shared.outbound)
-        .await
-        .inspect_err(|_| shared.metrics.tcp_refused(Direction::outbound, addr))?;
+async fn outbound<I: Io>(mut io: I, peer: SocketAddr, addr: SocketAddr, shared: &Arc<Shared>) -> Result<(), ConnError> {
+    let target = crate::outbound::resolve(addr, &shared.outbound).await?;
     let known = known_protocol(addr, &target, &shared.config);
     let tls = target.tls.clone();
     // issue 30: an EgressNetwork's destination is seen by its SNI, and may be refused here.
@@ -175,7 +195,8 @@ async fn outbound<I: Io>(mut io: I, peer: SocketAddr, addr: SocketAddr, shared: 
         (&shared.outbound.egress, &shared.outbound.egress_names),
         shared.config.detect_timeout,
     )
-    .await?;
+    .await
+    .map_err(|denied| ConnError::EgressDenied(denied.into()))?;
     let conn = Connection {
         direction: Direction::outbound,
         peer,

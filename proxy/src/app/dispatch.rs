@@ -9,14 +9,13 @@ use bytes::Bytes;
 use hyper::service::service_fn;
 
 use crate::app::forward::HttpProxy;
-use crate::app::metrics::{
-    AcceptError, DecidedBy, Direction, DstKind, OpenConnection, ProtocolLabels, TcpLabels, TlsLabel,
-};
+use crate::app::metrics::{DecidedBy, Direction, DstKind, OpenConnection, ProtocolLabels, TcpLabels, TlsLabel};
 use crate::app::shared::Shared;
 use crate::client::targets::Target;
 use crate::inbound::policy::enforce::ConnPolicy;
 use crate::inbound::policy::model::PortProtocol;
 use crate::transport::Io;
+use crate::transport::conn_error::ConnError;
 use crate::transport::counting::CountingIo;
 pub use crate::transport::detect::Known;
 use crate::transport::detect::{self, Protocol};
@@ -45,7 +44,7 @@ pub struct Connection {
     pub gateway_client: Option<cnimesh_identity::Name>,
 }
 
-pub async fn serve<I: Io>(mut io: I, read: Bytes, conn: Connection, shared: &Arc<Shared>) -> anyhow::Result<()> {
+pub async fn serve<I: Io>(mut io: I, read: Bytes, conn: Connection, shared: &Arc<Shared>) -> Result<(), ConnError> {
     let config = &shared.config;
     let m = &shared.metrics;
     let labels = TcpLabels {
@@ -79,30 +78,28 @@ pub async fn serve<I: Io>(mut io: I, read: Bytes, conn: Connection, shared: &Arc
             (protocol, prefix, DecidedBy::policy)
         }
         None => {
-            let (protocol, prefix) = detect::detect(&mut io, read, config.detect_timeout).await.inspect_err(|e| {
-                if matches!(e, detect::DetectError::TimedOut { .. }) {
-                    m.accept_error(conn.direction, AcceptError::detect_timeout);
-                }
-            })?;
+            let (protocol, prefix) = detect::detect(&mut io, read, config.detect_timeout).await?;
             (protocol, prefix, DecidedBy::detection)
         }
     };
     m.connection_protocol_total.get_or_create(&ProtocolLabels::new(conn.direction, protocol, by)).inc();
     if let Some(egress) = &conn.egress {
-        egress.served(&shared.outbound.egress, protocol != Protocol::Opaque, conn.addr)?;
+        egress
+            .served(&shared.outbound.egress, protocol != Protocol::Opaque, conn.addr)
+            .map_err(|denied| ConnError::EgressDenied(denied.into()))?;
     }
     if protocol == Protocol::Opaque {
         if let Some(policy) = &conn.policy
             && !policy.allow_tcp()
         {
-            anyhow::bail!("refused: connection to {} not authorized by policy", conn.addr);
+            return Err(ConnError::PolicyDenied { addr: conn.addr });
         }
-        let picked = conn.target.route.pick(None)?;
+        let picked = conn.target.route.pick(None).map_err(|e| ConnError::NoEndpoint(e.into()))?;
         let connected = picked.upstream.connect().await;
         if let (Err(_), Some(load)) = (&connected, &picked.load) {
             load.fail();
         }
-        let upstream = connected?;
+        let upstream = connected.map_err(ConnError::Connect)?;
         // `picked` holds the connection as load on its endpoint until it ends.
         let forward = tcp::forward(io, prefix, upstream, config.idle_timeout, counters);
         // Opaque bytes are not re-checked: the connection ends when a policy update revokes it.
@@ -111,7 +108,7 @@ pub async fn serve<I: Io>(mut io: I, read: Bytes, conn: Connection, shared: &Arc
                 forwarded = forward => forwarded,
                 () = policy.revoked() => {
                     drop((picked, open));
-                    anyhow::bail!("closed: connection to {} no longer authorized by policy", conn.addr);
+                    return Err(ConnError::Revoked { addr: conn.addr });
                 }
             },
             None => forward.await,
@@ -127,8 +124,7 @@ pub async fn serve<I: Io>(mut io: I, read: Bytes, conn: Connection, shared: &Arc
         HttpProxy::new(conn.direction, conn.peer, conn.addr, conn.target, conn.tls, open, shared.clone())
             .with_policy(conn.policy)
             .with_egress(conn.egress.map(|e| e.labels))
-            .pinned_to_target(pinned)
-            .forwarding_for(conn.gateway_client.as_ref()),
+            .for_gateway(pinned, conn.gateway_client.as_ref()),
     );
     let service = service_fn(move |req| proxy.clone().handle(req));
     crate::http::serve_conn::serve(
@@ -138,6 +134,6 @@ pub async fn serve<I: Io>(mut io: I, read: Bytes, conn: Connection, shared: &Arc
         config.header_timeout,
         shared.drain.signalled(),
     )
-    .await?;
-    Ok(())
+    .await
+    .map_err(|e| ConnError::Http(e.into()))
 }

@@ -1,45 +1,48 @@
-//! One client connection's requests, forwarded: metrics per request (handles resolved once per
-//! authority, not per request), Linkerd's HTTP/1-over-HTTP/2 undone inbound and optionally done
-//! outbound, a service named in the authority followed, the request sent on its target's
-//! endpoint client, and the response classified when its body ends. Upgrades and CONNECT are
-//! spliced on a connection of their own.
+//! The executor of one client connection's requests. Each request is decided by its
+//! direction's request path ([`crate::inbound::http`], [`crate::outbound::http`]) before
+//! anything is sent; the decision is run here: the proxy's own answer, or the exchange with a
+//! client ([`exchange`]). Around it, wrappers of their own: metrics ([`measure`]), tap
+//! ([`tapped`]) and the request's span ([`span`]). A response is classified, counted and its
+//! span ended when its body ends.
+//!
+//! ```text
+//! request → span::start → decide ─┬─ Answer  → measure · span · tap → the proxy's answer
+//!                                 └─ Forward → measure · tap → exchange → measure · span · tap (at the body's end)
+//! ```
+
+mod exchange;
+mod measure;
+mod span;
+mod tapped;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
-use http::header::HOST;
-use http::{HeaderValue, Method, Request, Response, StatusCode, Uri, Version};
-use http_body_util::{BodyExt, Either};
+use http::{HeaderMap, Request, Response, StatusCode};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use hyper_util::rt::TokioIo;
-use parking_lot::Mutex;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::histogram::Histogram;
-use tower::retry::budget::Budget as _;
 
-use crate::app::metrics::{
-    Direction, DstKind, Metrics, OpenConnection, RequestLabels, ResponseLabels, TargetCluster, TlsLabel,
-};
+use crate::app::metrics::{Direction, OpenConnection, TlsLabel};
 use crate::app::shared::Shared;
-use crate::app::spans::{self, ConnInfo, Traced};
-use crate::client::discovery::accrual::ConsecutiveFailures;
+use crate::app::spans::ConnInfo;
 use crate::client::discovery::balance::Load;
-use crate::client::target::{Picked, Route, RouteError};
 use crate::client::targets::Target;
-use crate::client::upstream::RequestBody;
 use crate::http::Body;
-use crate::http::classify::{Classification, Classified, OnEnd, classify};
-use crate::http::error::{ProxyError, error_response, upstream_error};
-use crate::http::headers::{GATEWAY_CLIENT_ID, IDENTITY_HEADERS, strip_h2c_upgrade, strip_hop_by_hop, wants_upgrade};
-use crate::http::orig_proto;
+use crate::http::classify::{Classification, Classified, OnEnd};
+use crate::http::decision::{Answer, Decision};
+use crate::http::error::error_response;
+use crate::http::headers::{authority_of, strip_h2c_upgrade};
 use crate::http::tap;
+use crate::inbound::http::InboundHttp;
 use crate::inbound::policy::enforce::ConnPolicy;
-use crate::outbound::egress::{EgressLabels, SeenAs};
-use crate::outbound::routes::model::Retry;
-use crate::outbound::routes::retry;
-use crate::outbound::routes::routed::{self, ConnRoutes, Routed};
+use crate::outbound::egress::EgressLabels;
+use crate::outbound::http::OutboundHttp;
+use exchange::WentTo;
+use measure::{Handles, Measure};
+use span::{RequestSpan, SpanEnd, service_of};
+use tapped::TapConn;
 
 /// Everything a connection's requests need.
 pub struct HttpProxy {
@@ -55,91 +58,19 @@ pub struct HttpProxy {
     h2_upgrade: bool,
     /// This connection in `tcp_open_connections`; an upgraded tunnel keeps it open.
     open: Arc<OpenConnection>,
-    /// Metric handles for the last few (authority, TLS) pairs seen: a connection's requests
-    /// nearly always share one (a route splitting over Services adds one per backend), so the
-    /// common case builds no label strings and takes no family lock.
-    handles: Mutex<Vec<Arc<Handles>>>,
-    /// Services this connection's requests named (`None`: not a known service).
-    named: Mutex<Vec<(String, Option<Arc<Target>>)>>,
-    /// Inbound with policy: each request is authorized before it goes anywhere.
-    policy: Option<Arc<ConnPolicy>>,
-    /// Outbound: what this connection's routed requests used (backend targets, metric handles).
-    routes: ConnRoutes,
-    /// Inbound: `l5d-client-id` for the app, the identity the client's certificate proved.
-    client_id: Option<HeaderValue>,
-    /// issue 30: outbound to an EgressNetwork's destination (its network, the connection's
-    /// hostname): metrics say `dst_kind="egress"`, tap events carry the request's hostname.
+    /// The connection's request metrics.
+    measure: Measure,
+    /// The direction's request path: what decides each request.
+    side: Side,
+    /// Outbound to an EgressNetwork's destination (its network, the connection's hostname):
+    /// metrics say `dst_kind="egress"`, tap events carry the request's hostname.
     egress: Option<EgressLabels>,
-    /// issue 28: a gateway connection's requests never follow a Service they name: the
-    /// connection was admitted for its target alone (the gateway is not an open proxy).
-    pinned: bool,
-    /// A gateway's connection: its client's verified identity, set on every request it
-    /// forwards as [`GATEWAY_CLIENT_ID`].
-    gateway_client: Option<HeaderValue>,
-    /// Inbound from this cluster's multicluster gateway: a request's [`GATEWAY_CLIENT_ID`] names
-    /// the remote workload that called, and the request is authorized as that workload.
-    from_gateway: bool,
-    /// The policies of the remote workloads a gateway connection forwarded for (a few per
-    /// connection: the gateway shares its connections among its clients).
-    forwarded: Mutex<Vec<(HeaderValue, Arc<ConnPolicy>)>>,
 }
 
-/// A request the gateway forwarded: the remote workload's identity (as the header gave it) and
-/// the policy it is held to (none without policy).
-type Forwarded = (HeaderValue, Option<Arc<ConnPolicy>>);
-
-/// Remote workloads whose policy a gateway connection keeps; beyond, the oldest goes.
-const MAX_FORWARDED: usize = 16;
-
-/// The policy a request forwarded by the gateway is held to (its remote workload's), kept in its
-/// extensions for a tunnel it opens: the tunnel ends when that workload's authorization does.
-#[derive(Clone)]
-struct ForwardedPolicy(Arc<ConnPolicy>);
-
-/// issue 28: on a response whose endpoint's `target_cluster_name` is not its target's (a
-/// federated Service spans clusters: its target has none), the endpoint's; the request is
-/// counted under it.
-#[derive(Clone)]
-struct WentTo(TargetCluster);
-
-/// (authority, TLS) pairs whose metric handles a connection keeps.
-const MAX_CACHED_HANDLES: usize = 4;
-
-/// The metric handles of one (connection, authority, peer TLS).
-struct Handles {
-    authority: String,
-    labels: RequestLabels,
-    requests: Counter,
-    latency: Histogram,
-    metrics: Arc<Metrics>,
-    responses: Mutex<Vec<(u16, Classification, Counter)>>,
-}
-
-impl Handles {
-    fn count_response(&self, status: StatusCode, classification: Classification) {
-        let code = status.as_u16();
-        let mut responses = self.responses.lock();
-        if let Some((_, _, counter)) = responses.iter().find(|(c, k, _)| *c == code && *k == classification) {
-            counter.inc();
-            return;
-        }
-        let labels = ResponseLabels {
-            direction: self.labels.direction,
-            target_addr: self.labels.target_addr.clone(),
-            dst_kind: self.labels.dst_kind,
-            target_cluster: self.labels.target_cluster.clone(),
-            authority: self.labels.authority.clone(),
-            tls: self.labels.tls.clone(),
-            status_code: code.to_string(),
-            classification: classification.as_str().into(),
-        };
-        let counter = self.metrics.response_total.get_or_create(&labels).clone();
-        counter.inc();
-        // A handful of (status, classification) pairs per authority at most.
-        if responses.len() < 16 {
-            responses.push((code, classification, counter));
-        }
-    }
+/// The request path of a connection's direction.
+enum Side {
+    Inbound(InboundHttp),
+    Outbound(OutboundHttp),
 }
 
 /// Counts a response when its body ends; its endpoint load ends with it, and so does the
@@ -147,46 +78,21 @@ impl Handles {
 struct End {
     handles: Arc<Handles>,
     status: StatusCode,
-    _load: Option<Load>,
-    /// The request's span and the response head's `grpc-status` (a trailers-only answer).
-    trace: Option<(Box<Traced>, Option<String>)>,
+    load: Option<Load>,
+    span: Option<SpanEnd>,
 }
 
 impl OnEnd for End {
     fn end(self: Box<Self>, classification: Classification) {
+        let End { handles, status, load, span } = *self;
         // The endpoint's failure accrual hears the same verdict as the metrics.
-        if let Some(load) = &self._load {
+        if let Some(load) = &load {
             load.outcome(classification == Classification::Failure);
         }
-        self.handles.count_response(self.status, classification);
-        if let Some((traced, grpc)) = self.trace {
-            traced.finish(Some(self.status), grpc.as_deref(), classification == Classification::Failure, None);
+        handles.count_response(status, classification);
+        if let Some(span) = span {
+            span.end(status, classification);
         }
-    }
-}
-
-/// Ends a traced request's span with an answer the proxy made itself (a refusal, a route's
-/// injected fault).
-fn finish_answer(traced: Option<Box<Traced>>, answer: &Response<Body>) {
-    if let Some(traced) = traced {
-        let grpc = answer.headers().get("grpc-status").and_then(|v| v.to_str().ok());
-        let failed = classify(answer.status(), answer.headers()) == Classification::Failure;
-        traced.finish(Some(answer.status()), grpc, failed, None);
-    }
-}
-
-/// The authority a request is for, as the client named it.
-fn authority_of<B>(req: &Request<B>) -> &str {
-    match req.uri().authority() {
-        Some(a) => a.as_str(),
-        None => req.headers().get(HOST).and_then(|h| h.to_str().ok()).unwrap_or(""),
-    }
-}
-
-fn route_error(e: RouteError) -> ProxyError {
-    match e {
-        RouteError::NoEndpoints(service) => ProxyError::NoEndpoints(service),
-        RouteError::NoIdentity(why) => ProxyError::NoIdentity(why),
     }
 }
 
@@ -201,255 +107,116 @@ impl HttpProxy {
         shared: Arc<Shared>,
     ) -> Self {
         let h2_upgrade = direction == Direction::outbound && shared.config.outbound_h2_upgrade;
-        let client_id = match direction {
-            Direction::inbound => tls.client_id.as_deref().and_then(|id| HeaderValue::from_str(id).ok()),
-            Direction::outbound => None,
+        let measure = Measure::new(direction, addr, false, shared.metrics.clone());
+        let side = match direction {
+            Direction::inbound => {
+                let own = shared.identity.as_ref().map(|id| &id.name);
+                Side::Inbound(InboundHttp::new(&tls, None, own))
+            }
+            Direction::outbound => Side::Outbound(OutboundHttp::new(target.clone(), addr)),
         };
-        let from_gateway = direction == Direction::inbound && is_own_gateway(tls.client_id.as_deref(), &shared);
-        Self {
-            client_id,
-            from_gateway,
-            gateway_client: None,
-            forwarded: Mutex::default(),
-            direction,
-            peer,
-            addr,
-            target,
-            tls,
-            shared,
-            h2_upgrade,
-            open,
-            handles: Mutex::default(),
-            named: Mutex::default(),
-            policy: None,
-            routes: ConnRoutes::default(),
-            egress: None,
-            pinned: false,
-        }
+        Self { direction, peer, addr, target, tls, shared, h2_upgrade, open, measure, side, egress: None }
     }
 
-    pub fn pinned_to_target(self, pinned: bool) -> Self {
-        Self { pinned, ..self }
+    /// A gateway's connection: pinned to its target (`pinned`), every request carrying
+    /// `client` there.
+    pub fn for_gateway(self, pinned: bool, client: Option<&cnimesh_identity::Name>) -> Self {
+        let side = match self.side {
+            Side::Outbound(outbound) => Side::Outbound(outbound.for_gateway(pinned, client)),
+            inbound => inbound,
+        };
+        Self { side, ..self }
     }
 
-    /// A gateway's connection: every request carries `client` to the target.
-    pub fn forwarding_for(self, client: Option<&cnimesh_identity::Name>) -> Self {
-        let gateway_client = client.and_then(|c| HeaderValue::from_str(c.as_str()).ok());
-        Self { gateway_client, ..self }
-    }
-
+    /// Inbound: the port's policy for this connection, each request authorized under it.
     pub fn with_policy(self, policy: Option<Arc<ConnPolicy>>) -> Self {
-        Self { policy, ..self }
+        let side = match self.side {
+            Side::Inbound(inbound) => Side::Inbound(inbound.with_policy(policy)),
+            outbound => outbound,
+        };
+        Self { side, ..self }
     }
 
     pub fn with_egress(self, egress: Option<EgressLabels>) -> Self {
-        Self { egress, ..self }
+        let measure = self.measure.for_egress(egress.is_some());
+        Self { egress, measure, ..self }
     }
 
-    /// The metric handles for `authority` to a peer secured as `tls`, created on first use.
-    fn handles(&self, authority: &str, tls: &TlsLabel, cluster: &TargetCluster) -> Arc<Handles> {
-        let mut cached = self.handles.lock();
-        if let Some(h) = cached
-            .iter()
-            .find(|h| h.authority == authority && h.labels.tls == *tls && h.labels.target_cluster == *cluster)
-        {
-            return h.clone();
-        }
-        let metrics = &self.shared.metrics;
-        let labels = RequestLabels {
+    /// What a request's span reports of the connection.
+    fn conn_info(&self) -> ConnInfo<'_> {
+        ConnInfo { direction: self.direction, peer: self.peer, tls: &self.tls, service: service_of(&self.target) }
+    }
+
+    /// What a tap event reports of the connection.
+    fn tap_conn(&self) -> TapConn<'_> {
+        TapConn {
             direction: self.direction,
-            target_addr: metrics.target_label(self.direction, self.addr),
-            dst_kind: DstKind::egress(self.egress.is_some()),
-            target_cluster: cluster.clone(),
-            authority: metrics.authority_label(self.direction, authority),
-            tls: tls.clone(),
-        };
-        let handles = Arc::new(Handles {
-            authority: authority.to_string(),
-            requests: metrics.request_total.get_or_create(&labels).clone(),
-            latency: metrics.response_latency_ms.get_or_create(&labels).clone(),
-            metrics: metrics.clone(),
-            responses: Mutex::default(),
-            labels,
-        });
-        if cached.len() >= MAX_CACHED_HANDLES {
-            cached.remove(0);
-        }
-        cached.push(handles.clone());
-        handles
-    }
-
-    /// An egress request whose Host is not bound to its destination is counted under the
-    /// destination's address, never under the name it claimed.
-    fn egress_handles<B>(&self, req: &Request<B>, handles: Arc<Handles>) -> Arc<Handles> {
-        match req.extensions().get::<SeenAs>() {
-            Some(seen) if seen.unbound => {
-                self.handles(&self.addr.to_string(), &handles.labels.tls, &handles.labels.target_cluster)
-            }
-            _ => handles,
+            peer: self.peer,
+            addr: self.addr,
+            tls: &self.tls,
+            own: self.shared.identity.as_ref().map(|id| id.name.as_str()),
+            target: &self.target,
+            egress: self.egress.as_ref(),
         }
     }
 
-    /// The target of a service the request names (`web.shop.svc.cluster.local`), when it
-    /// differs from the connection's own. Only the outbound with discovery follows names.
-    async fn named_target(&self, authority: &str) -> Option<Arc<Target>> {
-        if self.pinned
-            || self.direction != Direction::outbound
-            || self.shared.discovery.is_none()
-            || !authority.contains(".svc.")
-        {
-            return None;
-        }
-        let key = match authority.rsplit_once(':') {
-            Some((_, p)) => {
-                p.parse::<u16>().ok()?;
-                authority.to_string()
-            }
-            None => format!("{authority}:{}", self.addr.port()),
-        };
-        if matches!(&self.target.route, Route::Balanced(b) if b.service == key) {
-            return None;
-        }
-        if let Some((_, t)) = self.named.lock().iter().find(|(k, _)| *k == key) {
-            return t.clone();
-        }
-        let target = crate::outbound::service(&key, &self.shared.outbound).await;
-        let mut named = self.named.lock();
-        // A handful of services per connection at most; beyond that, no memo.
-        if named.len() < 8 {
-            named.push((key, target.clone()));
-        }
-        target
-    }
-
-    /// The request's span, when tracing is on and the request is sampled. Off, this is the
-    /// one check tracing costs a request.
-    fn trace<B>(&self, req: &mut Request<B>) -> Option<Box<Traced>> {
-        let tracer = self.shared.tracer.as_ref()?;
-        let service = match &self.target.route {
-            Route::Balanced(b) => Some(b.service.as_str()),
-            Route::Fixed(_) => None,
-        };
-        let conn = ConnInfo { direction: self.direction, peer: self.peer, tls: &self.tls, service };
-        Traced::start(tracer, req, authority_of, &conn)
-    }
-
-    /// One request, end to end, with its metrics.
+    /// One request, end to end: its direction's decision ([`crate::http::decision`]), then the
+    /// proxy's own answer or the exchange with a client, inside the metrics, tap and span
+    /// wrappers.
     pub async fn handle(self: Arc<Self>, mut req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
         let start = Instant::now();
-        let handles = self.handles(authority_of(&req), &self.tls, &self.target.cluster);
-        let mut traced = self.trace(&mut req);
+        let handles = self.measure.handles(authority_of(&req), &self.tls, &self.target.cluster);
+        let mut span = match &self.shared.tracer {
+            Some(tracer) => RequestSpan::start(tracer, &mut req, &self.conn_info()),
+            None => RequestSpan::off(),
+        };
         // Never switched to h2c: the requests after the switch would pass no check of ours.
         strip_h2c_upgrade(req.headers_mut());
-        let mut forwarded = None;
-        if self.direction == Direction::inbound {
-            match self.inbound_request(&mut req) {
-                Ok(policy) => forwarded = policy,
-                Err(refused) => {
-                    handles.requests.inc();
-                    handles.count_response(refused.status(), classify(refused.status(), refused.headers()));
-                    finish_answer(traced, &refused);
-                    return Ok(tap::respond(self.tap(&req, None, start), refused));
-                }
-            }
-        }
-        if let Some(policy) = &forwarded {
-            req.extensions_mut().insert(ForwardedPolicy(policy.clone()));
-        }
-        if let Some(policy) = forwarded.as_ref().or(self.policy.as_ref())
-            && let Some(denied) = policy.deny_request(&req, wants_upgrade(&req))
-        {
-            handles.requests.inc();
-            handles.count_response(denied.status(), classify(denied.status(), denied.headers()));
-            finish_answer(traced, &denied);
-            return Ok(tap::respond(self.tap(&req, None, start), denied));
-        }
-        let routed = match self.direction {
-            Direction::outbound => {
-                routed::route(&mut req, (&self.target, self.addr), &self.routes, &self.shared.outbound).await
-            }
-            Direction::inbound => Ok(None),
+        let decision = match &self.side {
+            Side::Inbound(inbound) => inbound.decide(&mut req).map(|a| (a.forwarded, None)),
+            Side::Outbound(outbound) => outbound.decide(&mut req, &self.shared.outbound).await.map(|r| (None, r)),
         };
-        let handles = match &self.egress {
-            Some(_) => self.egress_handles(&req, handles),
-            None => handles,
+        let handles = self.measure.seen_as(&req, handles);
+        let (forwarded, routed) = match decision {
+            Decision::Forward(forward) => forward,
+            Decision::Answer(answer) => return Ok(self.answer(answer, &handles, span, &req, start)),
         };
-        let routed = match routed {
-            Ok(routed) => routed,
-            Err(answer) => {
-                handles.requests.inc();
-                // A route's injected gRPC error is an HTTP 200 with a failing `grpc-status`.
-                handles.count_response(answer.status(), classify(answer.status(), answer.headers()));
-                finish_answer(traced, &answer);
-                return Ok(tap::respond(self.tap(&req, None, start), answer));
-            }
-        };
-        if let (Some(traced), Some(routed)) = (traced.as_deref_mut(), &routed) {
-            let backend = match &routed.target.route {
-                Route::Balanced(b) => Some(b.service.as_str()),
-                Route::Fixed(_) => None,
-            };
-            traced.routed(&routed.route, backend, &routed.target.tls);
+        if let Some(routed) = &routed {
+            span.routed(routed);
         }
         // A route may send the request to another Service (a canary): its requests are labelled
         // with that backend's TLS and server identity, not the connection's.
         let handles = match &routed {
-            Some(r) if r.target.tls != handles.labels.tls || r.target.cluster != handles.labels.target_cluster => {
-                self.handles(&handles.authority, &r.target.tls, &r.target.cluster)
-            }
-            _ => handles,
+            Some(r) => self.measure.relabelled(handles, &r.target.tls, &r.target.cluster),
+            None => handles,
         };
-        // issue 28: a federated Service's request is counted once its endpoint is known, under
-        // that endpoint's cluster (Linkerd labels outbound requests per endpoint); every other
-        // request is counted here, before it is sent, as always.
+        // A federated Service's request is counted once its endpoint is known, under that
+        // endpoint's cluster (Linkerd labels outbound requests per endpoint); every other
+        // request is counted here, before it is sent.
         let per_endpoint = routed.as_ref().map_or(&self.target, |r| &r.target).route.spans_clusters();
         if !per_endpoint {
-            handles.requests.inc();
+            handles.request();
         }
-        let tapped = self.tap(&req, routed.as_ref(), start);
-        // Only the inbound speaks to apps, so only it undoes a peer proxy's upgrade.
-        let downgraded = match self.direction {
-            Direction::inbound => orig_proto::downgrade_request(&mut req),
-            Direction::outbound => Ok(false),
-        };
-        let result = match downgraded {
-            Err(e) => Err(e),
-            Ok(false) if req.version() != Version::HTTP_2 && wants_upgrade(&req) => {
-                self.upgrade(req, traced.as_deref_mut()).await.map(|r| (r, None))
-            }
-            Ok(downgraded) => self.forward(req, downgraded, routed.as_ref(), traced.as_deref_mut()).await.map(
-                |(mut response, load)| {
-                    if downgraded {
-                        orig_proto::mark_response(&mut response);
-                    }
-                    (response, load)
-                },
-            ),
-        };
-        // issue 28: an answer from an endpoint outside its target's cluster label (a federated
-        // Service's) is counted under that endpoint's cluster; any other answer names none.
-        let went = result.as_ref().ok().and_then(|(response, _)| response.extensions().get::<WentTo>());
-        let handles = match went {
-            Some(WentTo(cluster)) if *cluster != handles.labels.target_cluster => {
-                self.handles(&handles.authority, &handles.labels.tls, cluster)
-            }
-            _ => handles,
+        let tapped = tapped::offer(&self.shared.taps, &self.tap_conn(), &req, routed.as_ref(), start);
+        let result = self.exchange(req, forwarded, routed.as_ref(), span.traced()).await;
+        // An answer from an endpoint outside its target's cluster label (a federated Service's)
+        // is counted under that endpoint's cluster; any other answer names none.
+        let handles = match result.as_ref().ok().and_then(|(response, _)| response.extensions().get::<WentTo>()) {
+            Some(WentTo(cluster)) => self.measure.in_cluster(handles, cluster),
+            None => handles,
         };
         if per_endpoint {
-            handles.requests.inc();
+            handles.request();
         }
-        handles.latency.observe(start.elapsed().as_secs_f64() * 1e3);
+        handles.latency(start);
         if let Some(routed) = &routed {
             routed.handles.duration.observe(start.elapsed().as_secs_f64());
         }
         match result {
             Ok((response, load)) => {
                 let (parts, inner) = response.into_parts();
-                let trace = traced.map(|t| {
-                    let grpc = parts.headers.get("grpc-status").and_then(|v| v.to_str().ok()).map(str::to_string);
-                    (t, grpc)
-                });
-                let end = Box::new(End { handles, status: parts.status, _load: load, trace });
+                let span = span.at_end(&parts.headers);
+                let end = Box::new(End { handles, status: parts.status, load, span });
                 // The head too: a trailers-only gRPC response carries its status in the headers.
                 let body = Classified::new(inner, parts.status, &parts.headers, end).boxed_unsync();
                 Ok(tap::respond(tapped, Response::from_parts(parts, body)))
@@ -459,448 +226,30 @@ impl HttpProxy {
                 if let Some(tapped) = tapped {
                     tapped.failed();
                 }
-                handles.count_response(e.status(), classify(e.status(), &http::HeaderMap::new()));
-                if let Some(traced) = traced {
-                    traced.finish(Some(e.status()), None, true, Some(e.to_string()));
-                }
+                handles.answered(e.status(), &HeaderMap::new());
+                span.failed(&e);
                 Ok(error_response(&e))
             }
         }
     }
 
-    /// What an inbound request carries to the app: identity headers set by us only (a client's
-    /// own `l5d-client-id` could name anyone; so could a [`GATEWAY_CLIENT_ID`] from anyone but
-    /// this cluster's gateway), and under policy the path authorization matches and the app
-    /// reads, normalized ([`crate::inbound::policy::path`]); a path servers read differently is
-    /// refused with 400. From the gateway, the policy of the remote workload it names, which
-    /// the request is authorized as (and which `l5d-client-id` then names).
-    #[allow(clippy::result_large_err)]
-    fn inbound_request<B>(&self, req: &mut Request<B>) -> Result<Option<Arc<ConnPolicy>>, Response<Body>> {
-        let headers = req.headers_mut();
-        let forwarded = if self.from_gateway { self.forwarded_client(headers)? } else { None };
-        for name in IDENTITY_HEADERS {
-            headers.remove(name);
-        }
-        if let Some(id) = forwarded.as_ref().map(|(id, _)| id).or(self.client_id.as_ref()) {
-            headers.insert(IDENTITY_HEADERS[0], id.clone());
-        }
-        let forwarded = forwarded.and_then(|(_, policy)| policy);
-        if self.policy.is_none() {
-            return Ok(forwarded);
-        }
-        let normalized = match crate::inbound::policy::path::normalize(req.uri().path()) {
-            Ok(std::borrow::Cow::Borrowed(_)) => return Ok(forwarded),
-            Ok(std::borrow::Cow::Owned(path)) => path,
-            Err(why) => {
-                return Err(error_response(&ProxyError::BadRequest(format!("refused: {why}"))));
-            }
-        };
-        let path_and_query = match req.uri().query() {
-            Some(q) => format!("{normalized}?{q}"),
-            None => normalized,
-        };
-        let invalid = |e: &dyn std::fmt::Display| {
-            let why = format!("refused: the normalized path is not a valid URI: {e}");
-            error_response(&ProxyError::BadRequest(why))
-        };
-        let mut parts = req.uri().clone().into_parts();
-        parts.path_and_query = Some(http::uri::PathAndQuery::try_from(path_and_query).map_err(|e| invalid(&e))?);
-        *req.uri_mut() = Uri::from_parts(parts).map_err(|e| invalid(&e))?;
-        Ok(forwarded)
-    }
-
-    /// The remote workload a request from this cluster's gateway was forwarded for, with the
-    /// policy it is held to (none without policy). The gateway sets the header on every HTTP
-    /// request it forwards, so a request from its identity without it (or with several) is
-    /// refused, never authorized as the gateway itself: it did not come through the gateway's
-    /// HTTP path (e.g. HTTP bytes in an opaque session), and its headers say nothing anyone
-    /// proved. A header that names no identity of another trust domain is refused too: the
-    /// gateway never sends one.
-    #[allow(clippy::result_large_err)]
-    fn forwarded_client(&self, headers: &http::HeaderMap) -> Result<Option<Forwarded>, Response<Body>> {
-        let mut values = headers.get_all(GATEWAY_CLIENT_ID).iter();
-        let bad = |why: &str| error_response(&ProxyError::BadRequest(format!("refused: {GATEWAY_CLIENT_ID} {why}")));
-        let Some(value) = values.next() else {
-            return Err(bad("is missing from a request of the multicluster gateway"));
-        };
-        if values.next().is_some() {
-            return Err(bad("appears more than once"));
-        }
-        let name = value.to_str().ok().and_then(|v| cnimesh_identity::Name::parse(v).ok());
-        let Some(name) = name else { return Err(bad("is not an identity name")) };
-        let own = self.shared.identity.as_ref().and_then(|id| id.name.trust_domain());
-        if name.trust_domain().is_none() || name.trust_domain() == own {
-            return Err(bad("does not name a workload of another trust domain"));
-        }
-        let policy = self.policy.as_ref().map(|policy| {
-            let mut forwarded = self.forwarded.lock();
-            if let Some((_, p)) = forwarded.iter().find(|(v, _)| v == value) {
-                return p.clone();
-            }
-            let p = Arc::new(policy.forwarded_for(name.as_str()));
-            if forwarded.len() >= MAX_FORWARDED {
-                forwarded.remove(0);
-            }
-            forwarded.push((value.clone(), p.clone()));
-            p
-        });
-        Ok(Some((value.clone(), policy)))
-    }
-
-    /// A gateway's request: whatever its client sent as [`GATEWAY_CLIENT_ID`] is replaced by the
-    /// identity its certificate proved. Done after hop-by-hop stripping, so a client's
-    /// `Connection: cnimesh-gateway-client-id` cannot take the header off again.
-    fn stamp_gateway_client(&self, headers: &mut http::HeaderMap) {
-        if let Some(client) = &self.gateway_client {
-            headers.insert(GATEWAY_CLIENT_ID, client.clone());
-        }
-    }
-
-    /// Offers the request to open tap sessions: with none open, one relaxed load and nothing
-    /// else. `routed` is the route that took it, if any.
-    fn tap<B>(&self, req: &Request<B>, routed: Option<&Routed>, started: Instant) -> Option<tap::Tapped> {
-        if !self.shared.taps.active() {
-            return None;
-        }
-        let meta = match self.direction {
-            Direction::inbound => {
-                let own = self.shared.identity.as_ref().map(|id| id.name.as_str());
-                tap::Meta::inbound(self.peer, self.addr, &self.tls, own)
-            }
-            Direction::outbound => {
-                let target = routed.map_or(&self.target, |r| &r.target);
-                let service = match &target.route {
-                    Route::Balanced(b) => Some(b.service.as_str()),
-                    Route::Fixed(_) => None,
-                };
-                let meta = tap::Meta::outbound(self.peer, self.addr, &target.tls, service, routed.map(|r| &*r.route));
-                match &self.egress {
-                    // What the request was seen as (its Host when bound to the
-                    // destination, else the IP), else the connection's.
-                    Some(egress) => {
-                        let hostname = req.extensions().get::<SeenAs>().map(|s| s.hostname.clone());
-                        meta.egress(&egress.egress_network, &hostname.unwrap_or_else(|| egress.dst_hostname.clone()))
-                    }
-                    None => meta,
-                }
-            }
-        };
-        self.shared.taps.request(req, authority_of(req), meta, started)
-    }
-
-    async fn forward(
+    /// The proxy's own answer to a request (a refusal, a route's injected fault): counted,
+    /// ended in its span and offered to tap, as every answer is.
+    fn answer<B>(
         &self,
-        req: Request<Incoming>,
-        downgraded: bool,
-        routed: Option<&Routed>,
-        mut traced: Option<&mut Traced>,
-    ) -> Result<(Response<Incoming>, Option<Load>), ProxyError> {
-        let named = match routed {
-            Some(_) => None,
-            None => self.named_target(authority_of(&req)).await,
-        };
-        if let (Some(traced), Some(Route::Balanced(b))) = (traced.as_deref_mut(), named.as_ref().map(|t| &t.route)) {
-            traced.set_service(&b.service);
-        }
-        let target = routed.map(|r| &r.target).or(named.as_ref()).unwrap_or(&self.target);
-        // The connection's Service's failure accrual applies to its balancers (the backends of
-        // its routes too, as in Linkerd); a Service a request names has no policy of ours.
-        let policy = match named {
-            Some(_) => None,
-            None => crate::outbound::policy_of(&self.target).and_then(|p| p.current()),
-        };
-        let accrual = policy.as_deref().and_then(|p| p.accrual(req.version())).copied();
-        let route_timeout = routed.and_then(|r| r.timeout.map(|t| (t, &r.route)));
-        let exchange = async {
-            match routed.and_then(|r| Some((r, r.retry()?))) {
-                Some((routed, retry)) if retry::bufferable(&req, retry) => {
-                    self.with_retries(target, req, downgraded, (routed, retry), accrual, traced.as_deref_mut()).await
-                }
-                _ => {
-                    let b3 = traced.as_deref().and_then(Traced::b3);
-                    let span = traced.as_deref_mut().map(|t| &mut t.span);
-                    self.send(target, req.map(Either::Left), (downgraded, accrual), None, span, b3).await
-                }
-            }
-        };
-        let mut result = match route_timeout {
-            Some((timeout, route)) => match tokio::time::timeout(timeout, exchange).await {
-                Ok(result) => result,
-                Err(_) => {
-                    if let Some(traced) = traced {
-                        spans::timeout_event(&mut traced.span, "route", timeout);
-                    }
-                    return Err(ProxyError::RouteTimeout { route: route.to_string(), after: timeout });
-                }
-            },
-            None => exchange.await,
-        };
-        if let (Some(routed), Ok((response, _))) = (routed, &mut result) {
-            routed.response_headers(response.headers_mut());
-        }
-        result
+        Answer { kind, response }: Answer,
+        handles: &Handles,
+        span: RequestSpan,
+        req: &Request<B>,
+        start: Instant,
+    ) -> Response<Body> {
+        tracing::trace!(?kind, status = response.status().as_u16(), "answered by the proxy");
+        handles.request();
+        // A route's injected gRPC error is an HTTP 200 with a failing `grpc-status`.
+        handles.answered(response.status(), response.headers());
+        span.answered(&response);
+        tap::respond(tapped::offer(&self.shared.taps, &self.tap_conn(), req, None, start), response)
     }
-
-    /// A request of a rule with retries, its body buffered: sent again while its answer is one the
-    /// rule retries (a response whose status the rule names, or a failure of the upstream
-    /// itself, [`ProxyError::retryable`]), up to the rule's limit and as far as the target's
-    /// retry budget allows.
-    async fn with_retries(
-        &self,
-        target: &Arc<Target>,
-        req: Request<Incoming>,
-        downgraded: bool,
-        (routed, retry): (&Routed, &Retry),
-        accrual: Option<ConsecutiveFailures>,
-        mut traced: Option<&mut Traced>,
-    ) -> Result<(Response<Incoming>, Option<Load>), ProxyError> {
-        let budget = target.retry_budget();
-        budget.deposit();
-        let (parts, body) = req.into_parts();
-        let body = retry::buffer(body, retry).await?;
-        let mut attempt = 0;
-        loop {
-            let req = retry::request(&parts, body.clone());
-            // Traced: each try is a child span of the request's, and the next hop's parent.
-            let mut try_span = traced.as_deref().map(|t| t.attempt(attempt));
-            let b3 = traced.as_deref().and_then(Traced::b3);
-            let result = self.send(target, req, (downgraded, accrual), retry.timeout, try_span.as_mut(), b3).await;
-            let again = match &result {
-                Ok((response, _)) => retry.retries(response.status(), response.headers()),
-                // By kind, not by status: the proxy's own 502 (no identity yet) would fail again.
-                Err(e) => e.retryable(),
-            };
-            if let (Some(traced), Some(mut span)) = (traced.as_deref_mut(), try_span) {
-                let why = match &result {
-                    Ok((response, _)) => {
-                        let grpc = response.headers().get("grpc-status").and_then(|v| v.to_str().ok());
-                        spans::end(&mut span, Some(response.status()), grpc, again, None);
-                        response.status().as_u16().to_string()
-                    }
-                    Err(e) => {
-                        spans::end(&mut span, Some(e.status()), None, true, Some(e.to_string()));
-                        e.to_string()
-                    }
-                };
-                traced.record(span);
-                if again && attempt < retry.max_retries {
-                    traced.retry_event(attempt + 1, why);
-                }
-            }
-            if !again || attempt >= retry.max_retries {
-                return result;
-            }
-            if !budget.withdraw() {
-                routed.handles.retry_overflow.inc();
-                return result;
-            }
-            drop(result);
-            attempt += 1;
-            routed.handles.retries.inc();
-            if let Some(wait) = retry::backoff(retry, attempt) {
-                tokio::time::sleep(wait).await;
-            }
-        }
-    }
-
-    /// One attempt: an endpoint of `target`, the request in the form it needs, its answer.
-    /// `span`, when traced, is the span of this try: it names the endpoint and is the next
-    /// hop's parent (with B3 in `b3`'s form too).
-    async fn send(
-        &self,
-        target: &Arc<Target>,
-        mut req: Request<RequestBody>,
-        (downgraded, accrual): (bool, Option<ConsecutiveFailures>),
-        timeout: Option<std::time::Duration>,
-        mut span: Option<&mut cnimesh_trace::Span>,
-        b3: Option<cnimesh_trace::B3Form>,
-    ) -> Result<(Response<Incoming>, Option<Load>), ProxyError> {
-        let Picked { upstream, load, cluster } = target.route.pick(accrual.as_ref()).map_err(route_error)?;
-        if let Some(span) = span.as_deref_mut() {
-            // A CLIENT span's peer is the endpoint; a SERVER span's stays the client.
-            if self.direction == Direction::outbound {
-                spans::peer(span, upstream.addr);
-            }
-            spans::propagate(req.headers_mut(), span, b3);
-        }
-        strip_hop_by_hop(req.headers_mut(), false);
-        self.stamp_gateway_client(req.headers_mut());
-        if let Some(gateway) = &upstream.gateway {
-            override_authority(&mut req, &gateway.authority)?;
-        }
-        let upgraded = self.h2_upgrade && req.version() != Version::HTTP_2 && upstream.tls.is_some();
-        if upgraded {
-            orig_proto::upgrade_request(&mut req, &self.addr.to_string())?;
-        } else if req.version() != Version::HTTP_2 {
-            // HTTP/1.0 stays HTTP/1.0 only when a downgrade named it; otherwise HTTP/1 goes as 1.1.
-            if !(downgraded && req.version() == Version::HTTP_10) {
-                *req.version_mut() = Version::HTTP_11;
-            }
-            to_origin_form(&mut req, self.addr)?;
-        }
-        let result = match timeout {
-            Some(timeout) => match tokio::time::timeout(timeout, upstream.send(req)).await {
-                Ok(result) => result,
-                Err(_) => {
-                    if let Some(span) = span {
-                        spans::timeout_event(span, "try", timeout);
-                    }
-                    return Err(ProxyError::ResponseTimeout { addr: upstream.addr, after: timeout });
-                }
-            },
-            None => upstream.send(req).await,
-        };
-        if let Some(load) = &load {
-            match &result {
-                Ok(response) => {
-                    load.observe();
-                    // A failing head (5xx, a trailers-only gRPC error) counts even when the
-                    // response is retried and never reaches its end.
-                    if accrual.is_some() && classify(response.status(), response.headers()) == Classification::Failure {
-                        load.outcome(true);
-                    }
-                }
-                Err(_) => load.fail(),
-            }
-        }
-        let mut response = result.map_err(|e| gateway_error(&upstream, upstream_error(upstream.addr, &e)))?;
-        strip_hop_by_hop(response.headers_mut(), false);
-        // issue 28: only an endpoint outside its target's cluster label (a federated Service's)
-        // says where it was; every other response carries nothing more.
-        if cluster != target.cluster.0 {
-            response.extensions_mut().insert(WentTo(TargetCluster(cluster)));
-        }
-        if upgraded {
-            orig_proto::downgrade_response(&mut response);
-        }
-        Ok((response, load))
-    }
-
-    /// HTTP/1 `Upgrade` (e.g. WebSocket) and `CONNECT`: the handshake goes upstream on a fresh
-    /// connection, and on success both upgraded connections are spliced together.
-    async fn upgrade(
-        &self,
-        mut req: Request<Incoming>,
-        traced: Option<&mut Traced>,
-    ) -> Result<Response<Incoming>, ProxyError> {
-        let Picked { upstream, load, .. } = self.target.route.pick(None).map_err(route_error)?;
-        let target = upstream.addr;
-        if let Some(traced) = traced {
-            let b3 = traced.b3();
-            if self.direction == Direction::outbound {
-                spans::peer(&mut traced.span, target);
-            }
-            spans::propagate(req.headers_mut(), &traced.span, b3);
-        }
-        if let Some(gateway) = &upstream.gateway {
-            override_authority(&mut req, &gateway.authority)?;
-        }
-        let io = upstream
-            .connect_for(Some(crate::transport::header::SessionProtocol::Http1))
-            .await
-            .map_err(|e| upstream_error(target, &e))?;
-        let (mut sender, conn) =
-            hyper::client::conn::http1::handshake(TokioIo::new(io)).await.map_err(|e| upstream_error(target, &e))?;
-        tokio::spawn(async move {
-            if let Err(e) = conn.with_upgrades().await {
-                tracing::debug!(error = %e, "upstream upgrade connection ended");
-            }
-        });
-        let server_side = hyper::upgrade::on(&mut req);
-        let forwarded = req.extensions().get::<ForwardedPolicy>().map(|f| f.0.clone());
-        let is_connect = req.method() == Method::CONNECT;
-        strip_hop_by_hop(req.headers_mut(), !is_connect);
-        self.stamp_gateway_client(req.headers_mut());
-        let mut response = sender.send_request(req).await.map_err(|e| upstream_error(target, &e))?;
-        let switched =
-            response.status() == StatusCode::SWITCHING_PROTOCOLS || (is_connect && response.status().is_success());
-        if switched {
-            let client_side = hyper::upgrade::on(&mut response);
-            // The tunnel counts as load on its endpoint for as long as it lasts.
-            let held = (self.shared.drain.guard(), self.open.clone(), load);
-            // A tunnel is not re-checked per request: it ends when its authorization does (a
-            // gateway's remote workload's, for a request the gateway forwarded).
-            let policy = forwarded.or_else(|| self.policy.clone());
-            let revoked = async move {
-                match policy {
-                    Some(policy) => policy.revoked().await,
-                    None => std::future::pending().await,
-                }
-            };
-            tokio::spawn(crate::http::upgrade::splice(server_side, client_side, target, held, revoked));
-        } else {
-            strip_hop_by_hop(response.headers_mut(), false);
-        }
-        Ok(response)
-    }
-}
-
-/// Whether `client_id` is this cluster's multicluster gateway: the one peer whose word on who
-/// called ([`GATEWAY_CLIENT_ID`]) is taken. Decided once per connection.
-fn is_own_gateway(client_id: Option<&str>, shared: &Shared) -> bool {
-    let Some(client_id) = client_id.filter(|id| id.starts_with(cnimesh_common::names::GATEWAY_NAME)) else {
-        return false;
-    };
-    let own = shared.identity.as_ref().and_then(|id| id.name.trust_domain());
-    own.and_then(|td| {
-        cnimesh_identity::Name::for_service_account(
-            cnimesh_common::names::GATEWAY_NAME,
-            cnimesh_common::names::MULTICLUSTER_NAMESPACE,
-            td,
-        )
-        .ok()
-    })
-    .is_some_and(|gateway| gateway.as_str() == client_id)
-}
-
-/// issue 28: a failure to reach a multicluster gateway says so (the client's operator then
-/// knows to look at the linked cluster's gateway, not at a pod of their own); 502 as any
-/// upstream failure.
-fn gateway_error(upstream: &crate::client::upstream::Upstream, e: ProxyError) -> ProxyError {
-    match &upstream.gateway {
-        Some(gateway) => ProxyError::Upstream {
-            addr: upstream.addr,
-            why: format!("multicluster gateway unreachable for {}:{}: {e}", gateway.name, gateway.port),
-        },
-        None => e,
-    }
-}
-
-/// issue 28: a request to a multicluster gateway names the remote Service (the endpoint's
-/// authority override) as its `Host` and, when it has one, its URI's authority; the gateway
-/// and the remote server see that name, not the mirror's.
-fn override_authority<B>(req: &mut Request<B>, authority: &HeaderValue) -> Result<(), ProxyError> {
-    req.headers_mut().insert(HOST, authority.clone());
-    if req.uri().authority().is_some() {
-        let mut parts = req.uri().clone().into_parts();
-        parts.authority = Some(
-            http::uri::Authority::try_from(authority.as_bytes())
-                .map_err(|e| ProxyError::BadRequest(format!("invalid authority override: {e}")))?,
-        );
-        *req.uri_mut() =
-            Uri::from_parts(parts).map_err(|e| ProxyError::BadRequest(format!("invalid authority override: {e}")))?;
-    }
-    Ok(())
-}
-
-/// An HTTP/1 request goes upstream in origin form (`GET /path`) with a `Host`: an absolute-form
-/// target (a client that thinks we are its proxy) is rewritten, nothing else is touched.
-fn to_origin_form<B>(req: &mut Request<B>, addr: SocketAddr) -> Result<(), ProxyError> {
-    let invalid = |e: &dyn std::fmt::Display| ProxyError::BadRequest(format!("invalid request target: {e}"));
-    if let Some(authority) = req.uri().authority() {
-        if !req.headers().contains_key(HOST) {
-            let host = HeaderValue::from_str(authority.as_str()).map_err(|e| invalid(&e))?;
-            req.headers_mut().insert(HOST, host);
-        }
-        let path = req.uri().path_and_query().cloned();
-        let mut parts = http::uri::Parts::default();
-        parts.path_and_query = Some(path.unwrap_or_else(|| http::uri::PathAndQuery::from_static("/")));
-        *req.uri_mut() = Uri::from_parts(parts).map_err(|e| invalid(&e))?;
-    } else if !req.headers().contains_key(HOST) {
-        let host = HeaderValue::from_str(&addr.to_string()).map_err(|e| invalid(&e))?;
-        req.headers_mut().insert(HOST, host);
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -196,6 +196,11 @@ impl Default for Metrics {
         registry.register("tcp_read_bytes", "Bytes read from peers", m.tcp_read_bytes_total.clone());
         registry.register("tcp_write_bytes", "Bytes written to peers", m.tcp_write_bytes_total.clone());
         registry.register("tcp_refused", "TCP connections refused by mTLS policy", m.conn.tcp_refused_total.clone());
+        registry.register(
+            "tcp_connection_errors",
+            "Connections that ended in an error, by direction and reason",
+            m.conn.tcp_connection_errors_total.clone(),
+        );
         for (name, direction) in [("inbound_tcp_accept_errors", 0), ("outbound_tcp_accept_errors", 1)] {
             registry.register(
                 name,
@@ -434,6 +439,71 @@ mod tests {
         let text = m.encode();
         assert!(text.contains("inbound_tcp_accept_errors_total{error=\"source_limit\"} 1"), "{text}");
         assert!(text.contains("outbound_tcp_accept_errors_total{error=\"detect_timeout\"} 1"), "{text}");
+    }
+
+    #[test]
+    fn a_connection_error_is_counted_by_reason_and_in_the_family_that_long_named_it() {
+        use crate::transport::conn_error::ConnError;
+        use crate::transport::detect::DetectError;
+        let m = Metrics::default();
+        let addr: std::net::SocketAddr = "10.0.0.2:80".parse().unwrap();
+        let peer: std::net::SocketAddr = "10.0.0.9:4000".parse().unwrap();
+        let timeout = std::time::Duration::from_secs(1);
+        let cases: Vec<(Direction, ConnError, &str, Option<&str>)> = vec![
+            (
+                Direction::inbound,
+                ConnError::LoopbackDestination { peer, addr: "127.0.0.1:80".parse().unwrap() },
+                "loopback_destination",
+                Some("inbound_tcp_accept_errors_total{error=\"loopback_destination\"} 1"),
+            ),
+            (
+                Direction::inbound,
+                ConnError::NotOurAddress { addr },
+                "not_our_address",
+                Some("tcp_refused_total{direction=\"inbound\",target_addr=\"10.0.0.2:80\",tls=\"false\"} 1"),
+            ),
+            (
+                Direction::inbound,
+                ConnError::PolicyWatchLimit("full".into()),
+                "policy_watch_limit",
+                Some("inbound_tcp_accept_errors_total{error=\"policy_watch_limit\"} 1"),
+            ),
+            (
+                Direction::inbound,
+                ConnError::TlsUndecided { wait: timeout, read: 0 },
+                "tls_undecided",
+                Some("inbound_tcp_accept_errors_total{error=\"tls_detect_timeout\"} 1"),
+            ),
+            (
+                Direction::outbound,
+                ConnError::Detect(DetectError::TimedOut { timeout, read: 0 }),
+                "detect_timeout",
+                Some("outbound_tcp_accept_errors_total{error=\"detect_timeout\"} 1"),
+            ),
+            (
+                Direction::outbound,
+                ConnError::NoTarget { addr, why: "no certificate yet" },
+                "no_target",
+                Some("tcp_refused_total{direction=\"outbound\",target_addr=\"10.0.0.2:80\",tls=\"false\"} 1"),
+            ),
+            (Direction::inbound, ConnError::PolicyDenied { addr }, "policy_denied", None),
+            (Direction::inbound, ConnError::Revoked { addr }, "revoked", None),
+        ];
+        for (direction, error, reason, family) in &cases {
+            m.conn.conn_error(*direction, error);
+            let text = m.encode();
+            let by_reason = format!(
+                "tcp_connection_errors_total{{direction=\"{}\",reason=\"{reason}\"}} 1",
+                if *direction == Direction::inbound { "inbound" } else { "outbound" }
+            );
+            assert!(text.contains(&by_reason), "{error}: {text}");
+            if let Some(family) = family {
+                assert!(text.contains(family), "{error}: {text}");
+            }
+        }
+        let text = m.encode();
+        let refused = text.lines().filter(|l| l.starts_with("tcp_refused_total{")).count();
+        assert_eq!(refused, 2, "only refusals of the destination or its TLS are in tcp_refused_total: {text}");
     }
 
     #[test]

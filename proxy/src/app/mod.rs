@@ -1,8 +1,8 @@
 //! The proxy as a program: configuration and command line, wiring and the listeners ([`run`],
-//! [`accept`]), each connection's protocol and HTTP requests joined to the inbound and outbound
-//! sides ([`dispatch`], [`forward`]), the state every connection shares, connection limits,
-//! draining, the admin server, the metrics registry, the tap server, and the request spans of
-//! distributed tracing ([`spans`]).
+//! [`accept`], where a connection's error is counted), each connection's protocol
+//! ([`dispatch`]) and the executor of each HTTP request's decision ([`forward`]), the state
+//! every connection shares, connection limits, draining, the admin server, the metrics
+//! registry, the tap server, and the request spans of distributed tracing ([`spans`]).
 
 pub mod accept;
 pub mod admin;

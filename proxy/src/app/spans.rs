@@ -38,16 +38,15 @@
 //! `cnimesh.target.service` (the Service the request went to, a route's backend included),
 //! `k8s.pod.name`, `k8s.namespace.name`.
 
-use std::borrow::Cow;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use cnimesh_trace::context::{self, B3Form};
-use cnimesh_trace::{Caller, Decision, Exporter, ExporterConfig, Sampler, Span, SpanKind, Status};
-use http::{HeaderMap, Request, StatusCode};
+use cnimesh_trace::{Caller, Decision, Exporter, ExporterConfig, Sampler, Span, SpanKind};
+use http::Request;
 
 use crate::app::config::TraceConfig;
 use crate::app::metrics::{Direction, TlsLabel};
+use crate::http::trace::Traced;
 use crate::inbound::policy::metrics::Resource;
 use crate::inbound::policy::ratelimit::{Limiter, RateLimit};
 
@@ -56,7 +55,7 @@ pub const SERVICE_NAME: &str = "cnimesh-proxy";
 
 /// The exporter and the sampling rule, shared by every connection.
 pub struct Tracer {
-    exporter: Exporter,
+    exporter: Arc<Exporter>,
     sampler: Sampler,
     /// The span budget: one bucket for every request of this proxy.
     budget: Limiter,
@@ -78,7 +77,7 @@ impl Tracer {
             exporter = exporter.with_ca_file(ca);
         }
         Ok(Arc::new(Tracer {
-            exporter: Exporter::spawn(exporter)?,
+            exporter: Arc::new(Exporter::spawn(exporter)?),
             sampler: Sampler::new(config.sampling),
             budget: span_budget(config.span_budget),
             pod: config.pod_name.clone(),
@@ -114,236 +113,84 @@ pub struct ConnInfo<'a> {
     pub service: Option<&'a str>,
 }
 
-/// A traced request: its span and the B3 form to forward alongside W3C.
-pub struct Traced {
-    pub span: Span,
-    b3: Option<B3Form>,
-    tracer: Arc<Tracer>,
-}
-
-impl Traced {
-    /// The span of a request with `req`'s headers, or `None` when it is not sampled (an
-    /// untrusted client's request that asked for a trace is then marked not sampled).
-    pub fn start<B>(
-        tracer: &Arc<Tracer>,
-        req: &mut Request<B>,
-        authority: fn(&Request<B>) -> &str,
-        conn: &ConnInfo<'_>,
-    ) -> Option<Box<Traced>> {
-        // Inbound, only a client that proved a mesh identity decides; outbound, the app does.
-        let caller = match conn.direction {
-            Direction::inbound if conn.tls.client_id.is_none() => Caller::Untrusted,
-            _ => Caller::Trusted,
-        };
-        let (parent, b3) = match tracer.sampler.decide_for(req.headers_mut(), caller) {
-            Decision::Record { parent, b3 } => (parent, b3),
-            Decision::Skip => return None,
-        };
-        if tracer.budget.check(None).is_err() {
-            return None;
-        }
-        let req: &Request<B> = req;
-        let authority = authority(req);
-        let kind = match conn.direction {
-            Direction::inbound => SpanKind::Server,
-            Direction::outbound => SpanKind::Client,
-        };
-        let method = req.method().as_str().to_string();
-        let mut span = Span::start(method.clone(), kind, parent);
-        span.set("http.request.method", method);
-        span.set("url.path", req.uri().path().to_string());
-        // As received: an inbound `2` under an app that saw HTTP/1.1 is the `l5d-orig-proto` hop.
-        span.set(
-            "network.protocol.version",
-            match req.version() {
-                http::Version::HTTP_2 => "2",
-                http::Version::HTTP_10 => "1.0",
-                _ => "1.1",
-            },
-        );
-        let (host, port) = split_authority(authority);
-        if !host.is_empty() {
-            span.set("server.address", host.to_string());
-        }
-        if let Some(port) = port {
-            span.set("server.port", i64::from(port));
-        }
-        span.set("cnimesh.direction", if conn.direction == Direction::inbound { "inbound" } else { "outbound" });
-        span.set("cnimesh.tls", conn.tls.tls);
-        match conn.direction {
-            Direction::inbound => {
-                span.set("network.peer.address", conn.peer.ip().to_string());
-                span.set("network.peer.port", i64::from(conn.peer.port()));
-                if let Some(id) = &conn.tls.client_id {
-                    span.set("cnimesh.client.identity", id.clone());
-                }
-                if let Some(id) = &tracer.identity {
-                    span.set("cnimesh.server.identity", id.clone());
-                }
-            }
-            Direction::outbound => {
-                if let Some(id) = &tracer.identity {
-                    span.set("cnimesh.client.identity", id.clone());
-                }
-                if let Some(id) = &conn.tls.server_id {
-                    span.set("cnimesh.server.identity", id.clone());
-                }
-                if let Some(service) = conn.service {
-                    span.set("cnimesh.target.service", service.to_string());
-                }
-            }
-        }
-        if let Some(pod) = &tracer.pod {
-            span.set("k8s.pod.name", pod.clone());
-        }
-        if let Some(ns) = &tracer.namespace {
-            span.set("k8s.namespace.name", ns.clone());
-        }
-        Some(Box::new(Traced { span, b3, tracer: tracer.clone() }))
+/// The span of a request with `req`'s headers, or `None` when it is not sampled (an untrusted
+/// client's request that asked for a trace is then marked not sampled).
+pub fn start<B>(
+    tracer: &Arc<Tracer>,
+    req: &mut Request<B>,
+    authority: fn(&Request<B>) -> &str,
+    conn: &ConnInfo<'_>,
+) -> Option<Box<Traced>> {
+    // Inbound, only a client that proved a mesh identity decides; outbound, the app does.
+    let caller = match conn.direction {
+        Direction::inbound if conn.tls.client_id.is_none() => Caller::Untrusted,
+        _ => Caller::Trusted,
+    };
+    let (parent, b3) = match tracer.sampler.decide_for(req.headers_mut(), caller) {
+        Decision::Record { parent, b3 } => (parent, b3),
+        Decision::Skip => return None,
+    };
+    if tracer.budget.check(None).is_err() {
+        return None;
     }
-
-    /// A route took the request: its name, and the backend it chose when that is another target.
-    pub fn routed(&mut self, route: &str, backend: Option<&str>, backend_tls: &TlsLabel) {
-        self.span.name = Cow::Owned(format!("{} {route}", self.span.name));
-        self.span.set("http.route", route.to_string());
-        if let Some(service) = backend {
-            self.set_service(service);
-        }
-        replace(&mut self.span, "cnimesh.tls", backend_tls.tls);
-        if let Some(id) = &backend_tls.server_id {
-            replace(&mut self.span, "cnimesh.server.identity", id.clone());
-        }
-    }
-
-    /// The request went to `service` (a route's backend, or a Service its authority named).
-    pub fn set_service(&mut self, service: &str) {
-        replace(&mut self.span, "cnimesh.target.service", service.to_string());
-    }
-
-    /// A child CLIENT span for try `attempt` (0 = the first) of a retried request.
-    pub fn attempt(&self, attempt: u32) -> Span {
-        let mut span = self.span.child(self.span.name.clone(), SpanKind::Client);
-        if attempt > 0 {
-            span.set("http.request.resend_count", i64::from(attempt));
-        }
-        span
-    }
-
-    /// A retry is about to be sent, because the last try answered `why`.
-    pub fn retry_event(&mut self, attempt: u32, why: String) {
-        self.span.event(
-            "retry",
-            vec![
-                ("http.request.resend_count".into(), i64::from(attempt).into()),
-                ("cnimesh.retry.reason".into(), why.into()),
-            ],
-        );
-    }
-
-    /// The B3 form to forward, for [`propagate`].
-    pub fn b3(&self) -> Option<B3Form> {
-        self.b3
-    }
-
-    /// Records the finished try span.
-    pub fn record(&self, span: Span) {
-        self.tracer.exporter.record(span);
-    }
-
-    /// Ends the request's span with its answer (`status` and the gRPC status, if any) and exports
-    /// it; `error` marks it failed with the proxy's error text.
-    pub fn finish(
-        mut self: Box<Self>,
-        status: Option<StatusCode>,
-        grpc: Option<&str>,
-        failed: bool,
-        error: Option<String>,
-    ) {
-        end(&mut self.span, status, grpc, failed, error);
-        // Dropping records it.
-    }
-}
-
-/// A traced request's span is exported however the request ends: a request whose future is
-/// dropped before its answer (the client reset the stream or went away, e.g. the peer proxy's
-/// route timeout) is ended here as cancelled, so the server side of a timed-out hop still shows.
-impl Drop for Traced {
-    fn drop(&mut self) {
-        let s = &mut self.span;
-        if s.end.is_none() {
-            s.set("error.type", "cancelled");
-            s.status = Status::Error("cancelled: the request was abandoned before its answer".into());
-            s.end();
-        }
-        let span = Span {
-            trace_id: s.trace_id,
-            span_id: s.span_id,
-            parent: s.parent,
-            trace_state: std::mem::take(&mut s.trace_state),
-            name: std::mem::take(&mut s.name),
-            kind: s.kind,
-            start: s.start,
-            end: s.end,
-            attributes: std::mem::take(&mut s.attributes),
-            events: std::mem::take(&mut s.events),
-            status: std::mem::take(&mut s.status),
-        };
-        self.tracer.exporter.record(span);
-    }
-}
-
-/// Writes `span`'s context as the next hop's parent (W3C, and B3 in `b3`'s form).
-pub fn propagate(headers: &mut HeaderMap, span: &Span, b3: Option<B3Form>) {
-    context::inject(headers, &span.context(), b3);
-}
-
-/// The endpoint a try (or an untried request) went to.
-pub fn peer(span: &mut Span, addr: SocketAddr) {
-    replace(span, "network.peer.address", addr.ip().to_string());
-    replace(span, "network.peer.port", i64::from(addr.port()));
-}
-
-/// A timeout ended the exchange: `what` is `route` or `try`.
-pub fn timeout_event(span: &mut Span, what: &'static str, after: std::time::Duration) {
-    let ms = i64::try_from(after.as_millis()).unwrap_or(i64::MAX);
-    span.event("timeout", vec![("cnimesh.timeout".into(), what.into()), ("cnimesh.timeout.ms".into(), ms.into())]);
-}
-
-/// Ends `span` with an answer: status attributes, and failure as OTel says for a CLIENT or
-/// SERVER span (5xx, a failing gRPC status, or the proxy's own error).
-pub fn end(span: &mut Span, status: Option<StatusCode>, grpc: Option<&str>, failed: bool, error: Option<String>) {
-    if let Some(status) = status {
-        span.set("http.response.status_code", status.as_u16());
-    }
-    if let Some(grpc) = grpc.and_then(|g| g.parse::<i64>().ok()) {
-        span.set("rpc.grpc.status_code", grpc);
-    }
-    match error {
-        Some(error) => {
-            span.set("error.type", status.map_or_else(|| "proxy".to_string(), |s| s.as_u16().to_string()));
-            span.status = Status::Error(error);
-        }
-        None if failed => match status.filter(StatusCode::is_server_error) {
-            Some(status) => {
-                span.set("error.type", status.as_u16().to_string());
-                span.status = Status::Error(format!("HTTP {}", status.as_u16()));
-            }
-            None => {
-                span.set("error.type", "failure");
-                span.status = Status::Error("a gRPC status other than OK, or a response body cut short".into());
-            }
+    let req: &Request<B> = req;
+    let authority = authority(req);
+    let kind = match conn.direction {
+        Direction::inbound => SpanKind::Server,
+        Direction::outbound => SpanKind::Client,
+    };
+    let method = req.method().as_str().to_string();
+    let mut span = Span::start(method.clone(), kind, parent);
+    span.set("http.request.method", method);
+    span.set("url.path", req.uri().path().to_string());
+    // As received: an inbound `2` under an app that saw HTTP/1.1 is the `l5d-orig-proto` hop.
+    span.set(
+        "network.protocol.version",
+        match req.version() {
+            http::Version::HTTP_2 => "2",
+            http::Version::HTTP_10 => "1.0",
+            _ => "1.1",
         },
-        None => {}
+    );
+    let (host, port) = split_authority(authority);
+    if !host.is_empty() {
+        span.set("server.address", host.to_string());
     }
-    span.end();
-}
-
-fn replace(span: &mut Span, key: &'static str, value: impl Into<cnimesh_trace::Value>) {
-    let value = value.into();
-    match span.attributes.iter_mut().find(|(k, _)| k == key) {
-        Some((_, v)) => *v = value,
-        None => span.attributes.push((key.into(), value)),
+    if let Some(port) = port {
+        span.set("server.port", i64::from(port));
     }
+    span.set("cnimesh.direction", if conn.direction == Direction::inbound { "inbound" } else { "outbound" });
+    span.set("cnimesh.tls", conn.tls.tls);
+    match conn.direction {
+        Direction::inbound => {
+            span.set("network.peer.address", conn.peer.ip().to_string());
+            span.set("network.peer.port", i64::from(conn.peer.port()));
+            if let Some(id) = &conn.tls.client_id {
+                span.set("cnimesh.client.identity", id.clone());
+            }
+            if let Some(id) = &tracer.identity {
+                span.set("cnimesh.server.identity", id.clone());
+            }
+        }
+        Direction::outbound => {
+            if let Some(id) = &tracer.identity {
+                span.set("cnimesh.client.identity", id.clone());
+            }
+            if let Some(id) = &conn.tls.server_id {
+                span.set("cnimesh.server.identity", id.clone());
+            }
+            if let Some(service) = conn.service {
+                span.set("cnimesh.target.service", service.to_string());
+            }
+        }
+    }
+    if let Some(pod) = &tracer.pod {
+        span.set("k8s.pod.name", pod.clone());
+    }
+    if let Some(ns) = &tracer.namespace {
+        span.set("k8s.namespace.name", ns.clone());
+    }
+    Some(Traced::new(span, b3, tracer.exporter.clone()))
 }
 
 /// `host` and `port` of an authority (`[v6]:port`, `host:port`, `host`).
@@ -371,18 +218,5 @@ mod tests {
         assert_eq!(split_authority("[fd00::1]:80"), ("fd00::1", Some(80)));
         assert_eq!(split_authority("fd00::1"), ("fd00::1", None));
         assert_eq!(split_authority(""), ("", None));
-    }
-
-    #[test]
-    fn a_failed_answer_marks_the_span_an_error_with_its_status() {
-        let mut span = Span::start("GET", SpanKind::Client, cnimesh_trace::Parent::Root);
-        end(&mut span, Some(StatusCode::SERVICE_UNAVAILABLE), None, true, None);
-        assert_eq!(span.status, Status::Error("HTTP 503".into()));
-        assert!(span.end.is_some());
-        let mut grpc = Span::start("POST", SpanKind::Server, cnimesh_trace::Parent::Root);
-        end(&mut grpc, Some(StatusCode::OK), Some("14"), true, None);
-        assert!(
-            grpc.attributes.iter().any(|(k, v)| k == "rpc.grpc.status_code" && *v == cnimesh_trace::Value::Int(14))
-        );
     }
 }

@@ -68,6 +68,14 @@ pub const GATEWAY_CLIENT_ID: &str = "cnimesh-gateway-client-id";
 /// Only the inbound proxy sets them for the app; every one a client sent goes.
 pub const IDENTITY_HEADERS: [&str; 3] = ["l5d-client-id", "l5d-server-id", GATEWAY_CLIENT_ID];
 
+/// The authority a request is for, as the client named it: its URI's, else its `Host`.
+pub fn authority_of<B>(req: &Request<B>) -> &str {
+    match req.uri().authority() {
+        Some(a) => a.as_str(),
+        None => req.headers().get(http::header::HOST).and_then(|h| h.to_str().ok()).unwrap_or(""),
+    }
+}
+
 /// An HTTP/1 `Upgrade` handshake (WebSocket) or a `CONNECT`: spliced, not forwarded.
 pub fn wants_upgrade<B>(req: &Request<B>) -> bool {
     req.method() == Method::CONNECT

@@ -1,15 +1,18 @@
 //! HTTP rules that hold whichever way a request goes: hop-by-hop headers, response
 //! classification (gRPC trailers included), Linkerd's HTTP/1-over-HTTP/2 marker, upgrades,
 //! the proxy's own error answers, and serving a client connection with hyper. Routing lives in
-//! [`crate::outbound`] and [`crate::inbound`]; the per-request glue in [`crate::app::forward`].
+//! [`crate::outbound`] and [`crate::inbound`]; the executor that runs each request's decision in [`crate::app::forward`].
 
 pub mod classify;
+pub mod decision;
 pub mod error;
 pub mod headers;
 pub mod orig_proto;
+pub mod origin_form;
 pub mod path_prefix;
 pub mod serve_conn;
 pub mod tap;
+pub mod trace;
 pub mod upgrade;
 
 use bytes::Bytes;

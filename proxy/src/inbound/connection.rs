@@ -15,8 +15,9 @@ use crate::client::targets::Target;
 use crate::inbound::policy::enforce::ConnPolicy;
 use crate::inbound::policy::model::PortProtocol;
 use crate::transport::Io;
+use crate::transport::conn_error::ConnError;
 use crate::transport::detect::{Known, Protocol};
-use crate::transport::labels::{AcceptError, DecidedBy, Direction, TlsLabel};
+use crate::transport::labels::{DecidedBy, Direction, TlsLabel};
 use crate::transport::maybe_tls::MaybeTls;
 use crate::transport::tls;
 use cnimesh_common::log_limit::LogLimit;
@@ -34,13 +35,13 @@ pub struct Accepted<I> {
 }
 
 /// Admits one inbound connection from `peer` to `addr`, its original destination; the app
-/// serves what it returns.
+/// serves what it returns, and counts a refusal where it accepted the connection.
 pub async fn connection<I: Io>(
     io: I,
     peer: SocketAddr,
     addr: SocketAddr,
     inbound: &Inbound,
-) -> anyhow::Result<Accepted<I>> {
+) -> Result<Accepted<I>, ConnError> {
     let config = &inbound.config;
     // Checked before anything else: a neighbour that addresses its packets to 127.0.0.1 (its own
     // route via this pod, or a raw frame to our MAC) would otherwise reach the app's
@@ -48,29 +49,26 @@ pub async fn connection<I: Io>(
     // `::`, which the app's client below would dial as loopback, and which "an address of this
     // pod" (one a socket can bind) lets through.
     if reaches_loopback(addr.ip()) {
-        inbound.metrics.accept_error(Direction::inbound, AcceptError::loopback_destination);
         if let Some(left_out) = LOOPBACK_LOG.allow() {
             tracing::warn!(%peer, %addr, left_out, "refused: inbound connection to a loopback address");
         }
-        anyhow::bail!("refused: inbound connection from {peer} to the loopback address {addr}");
+        return Err(ConnError::LoopbackDestination { peer, addr });
     }
     // Inbound capture redirects whatever arrives at the pod: a neighbour on the same L2 segment
     // could address a packet to any IP and have us relay it from this pod's address. Only this
     // pod's own addresses are destinations of inbound traffic.
     if !inbound.local_ips.contains(addr.ip()) {
-        inbound.metrics.tcp_refused(Direction::inbound, addr);
-        anyhow::bail!("refused: inbound connection to {addr}, which is not an address of this pod");
+        return Err(ConnError::NotOurAddress { addr });
     }
     let target = port_target(addr, inbound);
     let port = match &inbound.policies {
         Some(p) => match p.port(addr.port()).await {
             Ok(watch) => Some(watch),
             Err(full) => {
-                inbound.metrics.accept_error(Direction::inbound, AcceptError::policy_watch_limit);
                 if let Some(left_out) = WATCH_LIMIT_LOG.allow() {
                     tracing::warn!(%peer, %addr, left_out, "{full}");
                 }
-                return Err(full.into());
+                return Err(ConnError::PolicyWatchLimit(full.into()));
             }
         },
         None => None,
@@ -113,14 +111,8 @@ pub async fn connection<I: Io>(
                     let io: tls::ClientIo<I> = MaybeTls::Plain(io);
                     Ok(Accepted { io, prefix, tls, target, known, policy })
                 }
-                tls::Inbound::Undecided { prefix, .. } => {
-                    inbound.metrics.accept_error(Direction::inbound, AcceptError::tls_detect_timeout);
-                    anyhow::bail!("closed: nothing decisive from the client within {wait:?} ({} bytes)", prefix.len());
-                }
-                tls::Inbound::Refused(why) => {
-                    inbound.metrics.tcp_refused(Direction::inbound, addr);
-                    anyhow::bail!("refused: {why}");
-                }
+                tls::Inbound::Undecided { prefix, .. } => Err(ConnError::TlsUndecided { wait, read: prefix.len() }),
+                tls::Inbound::Refused(why) => Err(ConnError::TlsRefused { addr, why }),
             }
         }
         None => {

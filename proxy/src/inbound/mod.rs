@@ -1,8 +1,10 @@
 //! The inbound side: connections addressed to this pod. [`connection`] admits them (only this
 //! pod's own, non-loopback addresses), terminates mTLS and finds each port's target and
-//! policy; [`policy`] is the inbound authorization policy those ports are served under.
+//! policy; [`policy`] is the inbound authorization policy those ports are served under, and
+//! [`http`] decides each HTTP request under it.
 
 pub mod connection;
+pub mod http;
 pub mod policy;
 
 use std::net::SocketAddr;

@@ -2,9 +2,10 @@
 //! discovered service, or a service a request names), resolved once per target into a cached
 //! [`targets::Target`] with its balancer and per-endpoint clients ([`upstream::Upstream`]).
 //! Addresses outside the cluster that an EgressNetwork holds are seen by hostname and allowed
-//! or refused by its policy ([`egress`]).
+//! or refused by its policy ([`egress`]). [`http`] decides each HTTP request (its route).
 
 pub mod egress;
+pub mod http;
 pub mod policy;
 pub mod routes;
 pub mod static_identities;
@@ -16,6 +17,7 @@ use std::time::Duration;
 use crate::client::discovery::Discovery;
 use crate::client::target::Route;
 use crate::client::targets::{Target, Targets};
+use crate::transport::conn_error::ConnError;
 use crate::transport::identity::Identity;
 use crate::transport::tls;
 use policy::discover::{OutboundPolicies, PolicyWatch};
@@ -48,7 +50,7 @@ pub struct Outbound {
 
 /// A target carrying its outbound policy, read back with [`policy_of`].
 fn with_policy(route: Route, policy: Option<PolicyWatch>) -> Arc<Target> {
-    let mut extensions = http::Extensions::new();
+    let mut extensions = ::http::Extensions::new();
     if let Some(policy) = policy {
         extensions.insert(policy);
     }
@@ -63,7 +65,7 @@ pub fn policy_of(target: &Target) -> Option<&PolicyWatch> {
 /// An outbound connection's target: a discovered service's endpoints, or its original
 /// destination with the identity it is known to have (from discovery or configuration). Its
 /// profile and its outbound policy are asked for together (each wait is bounded).
-pub async fn resolve(addr: SocketAddr, outbound: &Outbound) -> anyhow::Result<Arc<Target>> {
+pub async fn resolve(addr: SocketAddr, outbound: &Outbound) -> Result<Arc<Target>, ConnError> {
     if let Some(target) = outbound.by_addr.get(&addr) {
         return Ok(target);
     }
@@ -83,8 +85,9 @@ pub async fn resolve(addr: SocketAddr, outbound: &Outbound) -> anyhow::Result<Ar
         }
     };
     let (policy, profile) = tokio::join!(policy, profile);
-    let fixed = |expected| -> anyhow::Result<Arc<Target>> {
-        let tls = tls::outbound(outbound.identity.as_deref(), expected).map_err(|why| anyhow::anyhow!(why))?;
+    let fixed = |expected| -> Result<Arc<Target>, ConnError> {
+        let tls =
+            tls::outbound(outbound.identity.as_deref(), expected).map_err(|why| ConnError::NoTarget { addr, why })?;
         Ok(with_policy(Route::fixed(addr, tls, timeout), policy.clone()))
     };
     if let (Some(discovery), Some((profile, rx))) = (&outbound.discovery, profile) {

@@ -11,7 +11,9 @@ use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelSetEnco
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 
+use super::conn_error::{ConnError, Reason};
 pub use super::detect::DecidedBy;
+use super::detect::DetectError;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, EncodeLabelValue)]
 pub enum Direction {
@@ -132,6 +134,13 @@ pub struct AcceptErrorLabels {
     pub error: AcceptError,
 }
 
+/// `tcp_connection_errors_total`: connections that ended in a [`ConnError`], by its reason.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct ConnErrorLabels {
+    pub direction: Direction,
+    pub reason: Reason,
+}
+
 /// `connection_protocol_total`: how connections were served and why.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub struct ProtocolLabels {
@@ -182,6 +191,7 @@ pub struct ConnMetrics {
     pub tcp_refused_total: Family<TcpLabels, Counter>,
     /// `inbound_tcp_accept_errors_total` and `outbound_tcp_accept_errors_total`, by direction.
     pub tcp_accept_errors_total: [Family<AcceptErrorLabels, Counter>; 2],
+    pub tcp_connection_errors_total: Family<ConnErrorLabels, Counter>,
     targets: Arc<[Bounded; 2]>,
 }
 
@@ -190,12 +200,37 @@ impl ConnMetrics {
         tcp_refused_total: Family<TcpLabels, Counter>,
         tcp_accept_errors_total: [Family<AcceptErrorLabels, Counter>; 2],
     ) -> Self {
-        Self { tcp_refused_total, tcp_accept_errors_total, targets: Arc::default() }
+        Self {
+            tcp_refused_total,
+            tcp_accept_errors_total,
+            tcp_connection_errors_total: Family::default(),
+            targets: Arc::default(),
+        }
     }
 
     /// The label value for a target address, bounded in number of distinct values.
     pub fn target_label(&self, direction: Direction, target: std::net::SocketAddr) -> String {
         self.targets[direction as usize].label(&target.to_string(), MAX_TARGETS)
+    }
+
+    /// A connection that ended in `error`: counted by its reason, and in the family that has
+    /// long named it (`tcp_refused_total` for a refusal of the destination or its TLS,
+    /// `*_tcp_accept_errors_total` for one closed before it was served).
+    pub fn conn_error(&self, direction: Direction, error: &ConnError) {
+        let labels = ConnErrorLabels { direction, reason: error.reason() };
+        self.tcp_connection_errors_total.get_or_create(&labels).inc();
+        match error {
+            ConnError::LoopbackDestination { .. } => self.accept_error(direction, AcceptError::loopback_destination),
+            ConnError::PolicyWatchLimit(_) => self.accept_error(direction, AcceptError::policy_watch_limit),
+            ConnError::TlsUndecided { .. } => self.accept_error(direction, AcceptError::tls_detect_timeout),
+            ConnError::Detect(DetectError::TimedOut { .. }) => {
+                self.accept_error(direction, AcceptError::detect_timeout)
+            }
+            ConnError::NotOurAddress { addr }
+            | ConnError::TlsRefused { addr, .. }
+            | ConnError::NoTarget { addr, .. } => self.tcp_refused(direction, *addr),
+            _ => {}
+        }
     }
 
     /// A connection refused by policy (inbound plaintext where mTLS is required, outbound to a

@@ -3,6 +3,7 @@
 //! Everything here works on any [`Io`], so the layers above are tested over in-memory streams.
 
 pub mod backoff;
+pub mod conn_error;
 pub mod counting;
 pub mod detect;
 pub mod header;

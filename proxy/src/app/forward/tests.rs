@@ -10,15 +10,22 @@ use bytes::Bytes;
 use http_body_util::Full;
 use hyper_util::rt::TokioExecutor;
 use linkerd2_proxy_api::destination::WeightedAddr;
+use linkerd2_proxy_api::http_route as api_http;
 use linkerd2_proxy_api::meta;
-use linkerd2_proxy_api::outbound::{self as api, backend, grpc_route, http_route, proxy_protocol};
-use linkerd2_proxy_api::{grpc_route as api_grpc, http_route as api_http};
+use linkerd2_proxy_api::outbound::{self as api, backend, http_route, proxy_protocol};
 use tokio::net::TcpListener;
+
+use http::header::HOST;
+use http::{HeaderValue, Version};
+use hyper_util::rt::TokioIo;
 
 use super::*;
 use crate::app::config::Config;
 use crate::app::drain::Drain;
+use crate::app::metrics::{Metrics, TargetCluster};
 use crate::client::discovery::{Endpoint, Endpoints};
+use crate::client::target::Route;
+use crate::outbound::http::tests::grpc_fault;
 use crate::outbound::policy::discover::PolicyWatch;
 use crate::outbound::policy::model::OutboundPolicy;
 use crate::transport::identity::Identity;
@@ -32,23 +39,6 @@ fn with_policy(route: Route, policy: Option<PolicyWatch>) -> Arc<Target> {
         extensions.insert(policy);
     }
     Target::with_extensions(route, extensions)
-}
-
-#[test]
-fn http1_targets_go_in_origin_form_with_a_host() {
-    let addr: SocketAddr = "10.0.0.1:8080".parse().unwrap();
-    let mut absolute = Request::builder().uri("http://web:80/a?b").body(()).unwrap();
-    to_origin_form(&mut absolute, addr).unwrap();
-    assert_eq!(
-        (absolute.uri().to_string().as_str(), &absolute.headers()[HOST]),
-        ("/a?b", &HeaderValue::from_static("web:80"))
-    );
-    let mut bare = Request::builder().uri("/x").body(()).unwrap();
-    to_origin_form(&mut bare, addr).unwrap();
-    assert_eq!(bare.headers()[HOST], "10.0.0.1:8080");
-    let mut kept = Request::builder().uri("/y").header(HOST, "app").body(()).unwrap();
-    to_origin_form(&mut kept, addr).unwrap();
-    assert_eq!((kept.uri().to_string().as_str(), &kept.headers()[HOST]), ("/y", &HeaderValue::from_static("app")));
 }
 
 /// An app on loopback (HTTP/1 and h2c): `/ok` answers 200, `/fail` 503, `/slow` after 5 s,
@@ -211,23 +201,6 @@ fn http_route(to: Option<SocketAddr>, timeout: Option<Duration>, retries: Option
     let rule = http_route::Rule { backends: Some(backends), timeouts, retry, ..Default::default() };
     let route = api::HttpRoute { metadata: named("web-route"), hosts: Vec::new(), rules: vec![rule] };
     policy(proxy_protocol::Kind::Http1(proxy_protocol::Http1 { routes: vec![route], failure_accrual: None }))
-}
-
-/// A GRPCRoute to `to` whose rule injects gRPC UNAVAILABLE into every call.
-fn grpc_fault(to: SocketAddr) -> api::OutboundPolicy {
-    let injector = api_grpc::GrpcFailureInjector { code: 14, message: "injected".into(), ratio: None };
-    let backends = grpc_route::Distribution {
-        kind: Some(grpc_route::distribution::Kind::FirstAvailable(grpc_route::distribution::FirstAvailable {
-            backends: vec![grpc_route::RouteBackend { backend: Some(backend(Some(to))), ..Default::default() }],
-        })),
-    };
-    let rule = grpc_route::Rule {
-        filters: vec![grpc_route::Filter { kind: Some(grpc_route::filter::Kind::FailureInjector(injector)) }],
-        backends: Some(backends),
-        ..Default::default()
-    };
-    let route = api::GrpcRoute { metadata: named("rpc-route"), hosts: Vec::new(), rules: vec![rule] };
-    policy(proxy_protocol::Kind::Grpc(proxy_protocol::Grpc { routes: vec![route], failure_accrual: None }))
 }
 
 fn grpc_call() -> Request<Full<Bytes>> {
@@ -485,7 +458,7 @@ async fn an_endpoint_50_ms_slower_gets_markedly_less() {
     assert!(got[1] < 200 * 15 / 100, "the slow one gets under 15 %, an equal one 30-70 %: {got:?}");
 }
 
-/// issue 28: a federated Service's endpoints, one in this cluster (`local`, as Destination
+/// A federated Service's endpoints, one in this cluster (`local`, as Destination
 /// labels a federated Service's own members) and one in `west`: each request is counted under
 /// the cluster its endpoint is in, this cluster's without the label (as a plain Service's).
 #[tokio::test]

@@ -1,0 +1,102 @@
+//! The outbound request path, up to the decision: the route that takes a request (its rule,
+//! filters, backend and the backend's target, an EgressNetwork's verdict on it) or the
+//! proxy's own answer ([`OutboundHttp::decide`]), and the Service a request names when it has
+//! no route ([`OutboundHttp::named_target`]); then the decided request's way to its target,
+//! under its route's timeout and retries ([`OutboundHttp::forward`]).
+
+mod exchange;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use http::{HeaderValue, Request};
+use parking_lot::Mutex;
+
+use crate::client::target::Route;
+use crate::client::targets::Target;
+use crate::http::decision::{Answer, AnswerKind, Decision};
+use crate::outbound::Outbound;
+use crate::outbound::routes::routed::{self, ConnRoutes, Routed};
+pub use exchange::{Exchanged, Try, TryTo};
+
+/// One outbound connection's request path: its target and what its requests used.
+pub struct OutboundHttp {
+    pub target: Arc<Target>,
+    /// The connection's original destination.
+    pub addr: SocketAddr,
+    /// What this connection's routed requests used (backend targets, metric handles).
+    routes: ConnRoutes,
+    /// Services this connection's requests named (`None`: not a known service).
+    named: Mutex<Vec<(String, Option<Arc<Target>>)>>,
+    /// A gateway connection's requests never follow a Service they name: the connection was
+    /// admitted for its target alone (the gateway is not an open proxy).
+    pinned: bool,
+    /// A gateway's connection: its client's verified identity, set on every request it
+    /// forwards as [`crate::http::headers::GATEWAY_CLIENT_ID`].
+    pub gateway_client: Option<HeaderValue>,
+}
+
+/// Services a connection remembers the target of; beyond, no memo.
+const MAX_NAMED: usize = 8;
+
+impl OutboundHttp {
+    pub fn new(target: Arc<Target>, addr: SocketAddr) -> Self {
+        Self {
+            target,
+            addr,
+            routes: ConnRoutes::default(),
+            named: Mutex::default(),
+            pinned: false,
+            gateway_client: None,
+        }
+    }
+
+    /// A gateway's connection: pinned to its target, each request carrying `client` there.
+    pub fn for_gateway(self, pinned: bool, client: Option<&cnimesh_identity::Name>) -> Self {
+        let gateway_client = client.and_then(|c| HeaderValue::from_str(c.as_str()).ok());
+        Self { pinned, gateway_client, ..self }
+    }
+
+    /// Where `req` goes under its target's outbound policy: the route that takes it (`None`
+    /// without routes for its protocol: to the target as before), or the proxy's own answer (no
+    /// route matches, a fault the route injects, an EgressNetwork's refusal). Nothing is sent
+    /// to the target; finding the backend's target may wait for discovery's first answer about
+    /// it, and an egress hostname's binding for the pod's resolver.
+    pub async fn decide<B>(&self, req: &mut Request<B>, outbound: &Outbound) -> Decision<Option<Routed>> {
+        match routed::route(req, (&self.target, self.addr), &self.routes, outbound).await {
+            Ok(routed) => Decision::Forward(routed),
+            Err(answer) => Decision::Answer(Answer::new(AnswerKind::Route, answer)),
+        }
+    }
+
+    /// The target of a service the request names (`web.shop.svc.cluster.local`), when it
+    /// differs from the connection's own. Only followed with discovery, and never on a
+    /// gateway's connection.
+    pub async fn named_target(&self, authority: &str, outbound: &Outbound) -> Option<Arc<Target>> {
+        if self.pinned || outbound.discovery.is_none() || !authority.contains(".svc.") {
+            return None;
+        }
+        let key = match authority.rsplit_once(':') {
+            Some((_, p)) => {
+                p.parse::<u16>().ok()?;
+                authority.to_string()
+            }
+            None => format!("{authority}:{}", self.addr.port()),
+        };
+        if matches!(&self.target.route, Route::Balanced(b) if b.service == key) {
+            return None;
+        }
+        if let Some((_, t)) = self.named.lock().iter().find(|(k, _)| *k == key) {
+            return t.clone();
+        }
+        let target = crate::outbound::service(&key, outbound).await;
+        let mut named = self.named.lock();
+        if named.len() < MAX_NAMED {
+            named.push((key, target.clone()));
+        }
+        target
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests;
