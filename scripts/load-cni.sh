@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The plugin under load with a node agent restart (issue 18): PODS (default 500) concurrent ADDs
+# The plugin under load with a node agent restart: PODS (default 500) concurrent ADDs
 # through the real chain (Debian's bridge + host-local, then cnimesh-cni asking a `cnimesh-node run`
 # process), the agent SIGKILLed and started again once half of them finished, the failed ones
 # retried, then PODS concurrent DELs. Every ADD must either have succeeded with rules and a record

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The control plane under load (issue 18): `cnimesh-control serve` (release build) on loopback
+# The control plane under load: `cnimesh-control serve` (release build) on loopback
 # with STREAMS Destination streams held open and RATE Certify calls a second for SECONDS, printing
 # per window the process's RSS, the streams still open, and p50/p99 of Certify and of a new
 # Destination Get (to its first update); then the slopes of RSS and Certify p99 over time.

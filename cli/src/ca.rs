@@ -1,6 +1,6 @@
 //! `cnimesh ca init`, `cnimesh ca issuer` and `cnimesh ca webhook`: the certificates an operator
 //! makes before the control plane runs (a trust anchor and an issuer; another cluster's issuer
-//! signed by an existing anchor, so that linked clusters share one trust anchor (issue 28); the
+//! signed by an existing anchor, so that linked clusters share one trust anchor; the
 //! webhook's serving certificate and its CA). They were `cnimesh-control ca …`; the files and their layout are the control plane's
 //! ([`cnimesh_control::ca_init`], [`cnimesh_control::inject::generate_webhook_cert`]), the
 //! command is the operator's.

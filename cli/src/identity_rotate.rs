@@ -1,5 +1,5 @@
 //! `cnimesh identity rotate bundle|switch-issuer|drop-old`: replacing the mesh's trust anchor
-//! (and the issuer under it) without a failed request (issue 27). Each step reads the issuer
+//! (and the issuer under it) without a failed request. Each step reads the issuer
 //! Secret and the trust-anchors ConfigMap from the cluster and prints both as they must be next,
 //! for `kubectl apply -f -`; nothing is written by the command itself. The order is what keeps
 //! every handshake verifiable (docs/install/rotation.md):

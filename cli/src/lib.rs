@@ -136,7 +136,7 @@ pub enum Command {
         #[command(subcommand)]
         command: tracing_addon::TracingCommand,
     },
-    /// Multicluster (issue 28): install the gateway, link clusters, check links and gateways.
+    /// Multicluster: install the gateway, link clusters, check links and gateways.
     Multicluster {
         #[command(subcommand)]
         command: multicluster::MulticlusterCommand,

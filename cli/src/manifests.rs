@@ -18,7 +18,7 @@ pub const FILES: [(&str, &str); 5] = [
     ("daemonset/control-webhook.yaml", include_str!("../../daemonset/control-webhook.yaml")),
 ];
 
-/// `cnimesh multicluster install`'s files (issue 28), in apply order: the Link CRD, the gateway
+/// `cnimesh multicluster install`'s files, in apply order: the Link CRD, the gateway
 /// (its namespace first), the mirror reader, the control plane's permissions for mirrors.
 pub const MULTICLUSTER_FILES: [(&str, &str); 4] = [
     ("daemonset/multicluster/link-crd.yaml", include_str!("../../daemonset/multicluster/link-crd.yaml")),

@@ -1,4 +1,4 @@
-//! `cnimesh tracing install`: the tracing add-on (issue 29) on stdout, for `kubectl apply -f -`:
+//! `cnimesh tracing install`: the tracing add-on on stdout, for `kubectl apply -f -`:
 //! namespace `cnimesh-tracing`, an OpenTelemetry Collector (OTLP/gRPC 4317 and OTLP/HTTP 4318 in,
 //! OTLP out to Jaeger) and Jaeger v2 (in-memory store, UI on 16686). The objects are those of
 //! `daemonset/tracing/tracing.yaml`, with the images and the cluster domain filled in and the

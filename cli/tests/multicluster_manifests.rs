@@ -1,4 +1,4 @@
-//! `daemonset/multicluster/` (issue 28): the Link CRD is exactly what
+//! `daemonset/multicluster/`: the Link CRD is exactly what
 //! `cnimesh_control::multicluster::crd` derives (so the schema the API server enforces is the one
 //! the mirror controller parses with), and every document `cnimesh multicluster install` prints
 //! passes the strict k8s-openapi round trip every other manifest passes.

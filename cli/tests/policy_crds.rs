@@ -40,7 +40,7 @@ fn crds_name_the_group_version_and_kinds_the_design_fixes() {
         .into_iter()
         .map(|crd| (crd.spec.group, crd.spec.versions[0].name.clone(), crd.spec.names.kind))
         .collect();
-    // issue 30: rate limiting adds HTTPLocalRateLimitPolicy, egress EgressNetwork.
+    // Rate limiting adds HTTPLocalRateLimitPolicy, egress EgressNetwork.
     let want = [
         "Server",
         "AuthorizationPolicy",
@@ -69,7 +69,7 @@ fn schemas_constrain_what_a_schema_can() {
     let target = &docs[1]["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["targetRef"]
         ["properties"]["kind"]["enum"];
     assert_eq!(*target, serde_json::json!(["Server", "Namespace", "HTTPRoute"]));
-    // Issue 30: audit mode and rate limits.
+    // Audit mode and rate limits.
     assert_eq!(
         server["accessPolicy"]["enum"],
         serde_json::json!(["deny", "audit", "all-unauthenticated", "all-authenticated", "cluster-authenticated"])

@@ -64,7 +64,7 @@ pub const DEFAULT_INBOUND_POLICY_ANNOTATION: &str = "config.cnimesh.io/default-i
 pub const STATE_DIR: &str = "/var/lib/cnimesh";
 pub const AGENT_SOCKET: &str = "/var/run/cnimesh/node.sock";
 
-// issue 30: failure accrual and declared protocols (A)
+// Failure accrual and declared protocols (A)
 /// On a Service (Linkerd's `balancer.linkerd.io/…`): `consecutive` turns on failure accrual for
 /// its endpoints in every client's balancer; the others tune it (docs/tasks/circuit-breaking.md).
 pub const FAILURE_ACCRUAL_ANNOTATION: &str = "balancer.cnimesh.io/failure-accrual";
@@ -87,7 +87,7 @@ pub const APP_PROTOCOL_WS: &str = "kubernetes.io/ws";
 pub const APP_PROTOCOL_OPAQUE: &str = "cnimesh.io/opaque";
 pub const APP_PROTOCOL_LINKERD_OPAQUE: &str = "linkerd.io/opaque";
 
-// issue 28: multicluster (the contract between the mirror controller, Destination, the proxy's
+// Multicluster (the contract between the mirror controller, Destination, the proxy's
 // gateway mode, the CLI and local mode; docs/tasks/multicluster.md)
 /// On a Service in a linked cluster: `true` mirrors it through that cluster's gateway,
 /// `remote-discovery` mirrors it straight to its pods (flat network).
@@ -122,7 +122,7 @@ pub const MIRROR_REMOTE_OPAQUE_PORTS_ANNOTATION: &str = "mirror.cnimesh.io/remot
 /// The `target_cluster_name` metric label Destination puts on a mirror's endpoints, which the
 /// proxy adds to the series of traffic to them.
 pub const TARGET_CLUSTER_METRIC_LABEL: &str = "target_cluster_name";
-/// issue 28 (D): the `target_cluster_name` Destination gives a federated Service's members in
+/// The `target_cluster_name` Destination gives a federated Service's members in
 /// the cluster's own (the mirror controller's name for it); the proxy leaves such endpoints
 /// unlabelled, like every other local endpoint.
 pub const MIRROR_LOCAL_CLUSTER: &str = "local";
@@ -134,7 +134,7 @@ pub const MIRROR_READER_SERVICE_ACCOUNT: &str = "cnimesh-mirror-reader";
 /// The Secret type and key of a Link's credentials.
 pub const LINK_CREDENTIALS_SECRET_TYPE: &str = "mirror.cnimesh.io/remote-kubeconfig";
 pub const LINK_CREDENTIALS_KEY: &str = "kubeconfig";
-// issue 28 (B): the gateway's view of Destination
+// The gateway's view of Destination
 /// In the `context_token` of a Destination request (a JSON object, as Linkerd's tokens are):
 /// `{"cnimesh.io/caller": "gateway"}` is sent by a proxy in gateway mode, and Destination then
 /// answers it as if only Services labelled `exported=true` existed. The marker only ever

@@ -1,4 +1,4 @@
-//! Control plane load run (issue 18): the real `cnimesh-control serve` process on loopback with
+//! Control plane load run: the real `cnimesh-control serve` process on loopback with
 //! 10,000 Destination `Get` streams held open and 100 Certify calls a second for 10 minutes, while
 //! the process's RSS and the latency of Certify and of a new `Get` (to its first update) are
 //! sampled per window; at the end, the slope of RSS and p99 over time.

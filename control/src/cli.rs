@@ -105,7 +105,7 @@ struct ServeArgs {
     mirror: MirrorArgs,
 }
 
-/// issue 28: the multicluster mirror controller (Links in the control plane's namespace).
+/// The multicluster mirror controller (Links in the control plane's namespace).
 #[derive(Debug, Args)]
 struct MirrorArgs {
     /// Run the mirror controller: follow the Links in the control plane's namespace and mirror
@@ -143,7 +143,7 @@ struct GrpcLimitArgs {
     max_streams: usize,
 }
 
-/// The control plane's own spans (issue 29): one SERVER span per gRPC call, exported over OTLP.
+/// The control plane's own spans: one SERVER span per gRPC call, exported over OTLP.
 #[derive(Debug, Args)]
 struct TraceArgs {
     /// The OTLP/gRPC collector the control plane sends spans of its gRPC handling to
@@ -268,7 +268,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 }
 
 struct Addrs {
-    /// issue 28: the mirror controller's settings, when it runs.
+    /// The mirror controller's settings, when it runs.
     mirror: Option<crate::serve::MirrorSettings>,
     grpc: SocketAddr,
     admin: SocketAddr,
@@ -307,7 +307,7 @@ impl ServeArgs {
             cluster_domain: self.webhook.cluster_domain.clone(),
             trust_domain: self.trust_domain.clone(),
         };
-        // Every injected proxy starts with these, before the control plane answers (issue 25).
+        // Every injected proxy starts with these, before the control plane answers.
         let proxy_policy = (self.default_inbound_policy, self.cluster_networks.clone());
         let inbound_policy = crate::policy::Config {
             default_policy: self.default_inbound_policy,

@@ -5,7 +5,7 @@
 //!
 //! To serve another service, add it to the `Routes` before calling [`serve_tls`]
 //! (`routes.add_service(FooServer::new(foo))`): everything on the listener shares the one
-//! certificate and connection handling, and with it the port's defences (issue 25):
+//! certificate and connection handling, and with it the port's defences:
 //! - a client certificate is asked for and verified against the mesh's trust anchors
 //!   ([`peer`]); every call but Identity's Certify without one is answered `UNAUTHENTICATED`,
 //!   and its connection is then ended gracefully (GOAWAY after the answer): a client that

@@ -6,7 +6,7 @@
 //! 1. model/index (pure): [`meta`] (objects' keys), [`resource`] (what an operator names),
 //!    [`workload`] (a pod's owner), [`metrics`]; then the Gateway API routes ([`routes`]), which
 //!    [`destination`] (model, index, path, resolve) reads for service defaults, beside [`egress`]
-//!    (EgressNetworks and the routes attached to them, issue 30), and [`policy`]
+//!    (EgressNetworks and the routes attached to them), and [`policy`]
 //!    (CRDs, model, index; the index also holds the routes) beside [`identity`] (issuer, token
 //!    checks);
 //! 2. sources: [`sources`] (Kubernetes watchers, YAML files), and the TLS accept loop the servers
@@ -15,7 +15,7 @@
 //!    webhook ([`inject`]), [`leader`] (Lease elections for the writers) and the tap relay
 //!    ([`tap`]), none importing another;
 //! 4. runtime: [`admin`], [`ca_init`], [`webhook_certs`] (the webhook's Secret and caBundle),
-//!    [`multicluster`] (issue 28: the mirror controller, a writer elected through [`leader`]),
+//!    [`multicluster`] (the mirror controller, a writer elected through [`leader`]),
 //!    then [`serve`], which wires them, and [`cli`], its flags.
 //!
 //! The operator's command line (`cnimesh`) is a crate of its own, cnimesh-cli, built on this one.

@@ -67,7 +67,7 @@ pub struct Metrics {
     tap_sessions: Gauge,
     tap_unreachable: Counter,
     grpc_refused: Family<ReasonLabel, Counter>,
-    // issue 28: the mirror controller, per linked cluster.
+    // The mirror controller, per linked cluster.
     link_up: Family<ClusterLabel, Gauge>,
     gateway_alive: Family<ClusterLabel, Gauge>,
     gateway_latency: Family<ClusterLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
@@ -252,12 +252,12 @@ impl Metrics {
         self.grpc_refused.get_or_create(&ReasonLabel { reason }).inc();
     }
 
-    /// issue 28: whether a linked cluster's API answers.
+    /// Whether a linked cluster's API answers.
     pub fn set_link_up(&self, cluster: &str, up: bool) {
         self.link_up.get_or_create(&ClusterLabel { cluster: cluster.to_string() }).set(i64::from(up));
     }
 
-    /// issue 28: a gateway probe's result (latency of a successful one).
+    /// A gateway probe's result (latency of a successful one).
     pub fn gateway_probed(&self, cluster: &str, latency_ms: Option<f64>) {
         let label = ClusterLabel { cluster: cluster.to_string() };
         self.gateway_alive.get_or_create(&label).set(i64::from(latency_ms.is_some()));
@@ -266,20 +266,20 @@ impl Metrics {
         }
     }
 
-    /// issue 28: how many mirrors a linked cluster has here.
+    /// How many mirrors a linked cluster has here.
     pub fn set_mirrors(&self, cluster: &str, count: usize) {
         self.mirrors
             .get_or_create(&ClusterLabel { cluster: cluster.to_string() })
             .set(i64::try_from(count).unwrap_or(i64::MAX));
     }
 
-    /// issue 28: one mirror write, `ok` or `error`.
+    /// One mirror write, `ok` or `error`.
     pub fn mirror_synced(&self, cluster: &str, ok: bool) {
         let result = if ok { "ok" } else { "error" };
         self.mirror_syncs.get_or_create(&ClusterResultLabel { cluster: cluster.to_string(), result }).inc();
     }
 
-    /// issue 28: a Link is gone: its series go with it.
+    /// A Link is gone: its series go with it.
     pub fn forget_cluster(&self, cluster: &str) {
         let label = ClusterLabel { cluster: cluster.to_string() };
         self.link_up.remove(&label);

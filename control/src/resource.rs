@@ -15,7 +15,7 @@ pub enum Kind {
     Job,
     CronJob,
     Pod,
-    /// issue 30: traffic to an EgressNetwork's destinations, by hostname (`egress/<hostname>`):
+    /// Traffic to an EgressNetwork's destinations, by hostname (`egress/<hostname>`):
     /// a destination only (`stat egress`, `edges`, `tap --to`), never a set of pods.
     Egress,
 }

@@ -96,7 +96,7 @@ pub async fn run_traced(
     run_with_mirror(config, listeners, trace, None, shutdown).await
 }
 
-/// issue 28: how the multicluster mirror controller runs beside the control plane
+/// How the multicluster mirror controller runs beside the control plane
 /// ([`crate::multicluster::controller`]), on the cluster source's backend.
 #[derive(Debug, Clone)]
 pub struct MirrorSettings {
@@ -206,7 +206,7 @@ pub async fn run_with_mirror(
     let destination_config = Arc::new(config.destination.clone());
     let source_task = match (config.cluster, index.clone()) {
         (Some(source), Some(index)) => {
-            // issue 30: egress, with the same cluster networks inbound policy uses.
+            // Egress, with the same cluster networks inbound policy uses.
             let egress =
                 crate::egress::Index::new(crate::egress::Config::new(config.inbound_policy.cluster_networks.clone()));
             let policy = crate::policy::Index::new(config.inbound_policy);

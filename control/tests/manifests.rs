@@ -370,11 +370,11 @@ fn expected_control_grants() -> BTreeSet<String> {
         "policy.cnimesh.io/networkauthentications:get",
         "policy.cnimesh.io/networkauthentications:list",
         "policy.cnimesh.io/networkauthentications:watch",
-        // issue 30: rate limiting
+        // Rate limiting
         "policy.cnimesh.io/httplocalratelimitpolicies:get",
         "policy.cnimesh.io/httplocalratelimitpolicies:list",
         "policy.cnimesh.io/httplocalratelimitpolicies:watch",
-        // issue 30: egress
+        // Egress
         "policy.cnimesh.io/egressnetworks:get",
         "policy.cnimesh.io/egressnetworks:list",
         "policy.cnimesh.io/egressnetworks:watch",

@@ -1,4 +1,4 @@
-//! The request path as inbound authorization sees it (issue 25, finding 8): normalization, then
+//! The request path as inbound authorization sees it: normalization, then
 //! route matching on the result. Any bytes a client can put in a request target go in, as the
 //! raw string and as the path the `http` crate parses out of it. Oracles: nothing panics;
 //! normalization is idempotent; a normalized path holds no `//`, `/./` or `/../` (nor ends in a

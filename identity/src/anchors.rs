@@ -1,5 +1,5 @@
 //! Trust anchors that can change under running TLS configs: the rotation of the mesh's root
-//! (issue 27) adds a new anchor beside the old one, then drops the old one, and a proxy must
+//! adds a new anchor beside the old one, then drops the old one, and a proxy must
 //! follow both steps without a restart (a restart drops its connections). Configs built on
 //! [`Trust::Following`] ask the [`Anchors`] at every handshake; handshakes already done keep
 //! what they verified.

@@ -1,4 +1,4 @@
-//! Local mode's tracing (issue 29): the collector stand-in, and the demo's one trace.
+//! Local mode's tracing: the collector stand-in, and the demo's one trace.
 //!
 //! The stand-in is cnimesh-trace's in-process OTLP/gRPC receiver, run detached as
 //! `cnimesh-local collector` on the bridge's gateway (where every pod can reach the host, as it

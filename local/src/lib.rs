@@ -81,7 +81,7 @@ pub struct UpArgs {
     /// Concurrent requests per client and service.
     #[arg(long, default_value_t = 4)]
     pub concurrency: usize,
-    /// 2 adds a second cluster, `west` (issue 28): its own root `<dir>/west`, prefix
+    /// 2 adds a second cluster, `west`: its own root `<dir>/west`, prefix
     /// `<prefix>w`, bridge, subnet (--west-subnet), control plane (trust domain west.local, an
     /// issuer from east's anchor), workloads exported to east, a multicluster gateway pod, routes
     /// between the two pod networks, and the Link `cnimesh multicluster link` makes.

@@ -200,7 +200,7 @@ pub struct Summary {
     pub up_seconds: f64,
     /// The demo's traced request, as the collector stand-in received its spans.
     pub trace: Option<crate::demo_trace::DemoTrace>,
-    /// `--clusters 2`: the cross-cluster part (issue 28).
+    /// `--clusters 2`: the cross-cluster part.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub multicluster: Option<Multicluster>,
 }

@@ -55,7 +55,7 @@ pub struct ServiceSpec {
     /// through an HTTPRoute with this service as parent; unset = its own replicas only.
     #[serde(default)]
     pub split: Option<Vec<Backend>>,
-    /// Exported to linked clusters (issue 28): `true` through the gateway, `remote-discovery`
+    /// Exported to linked clusters: `true` through the gateway, `remote-discovery`
     /// straight to the pods (the label `mirror.cnimesh.io/exported`).
     #[serde(default)]
     pub export: Option<String>,

@@ -17,7 +17,7 @@
 //!   inbound authorization policy, and each request's decision ([`inbound::http`]).
 //! - [`outbound`]: connections from the app: resolving a target, outbound policy and routes,
 //!   and each request's decision ([`outbound::http`]).
-//! - [`gateway`]: issue 28, a multicluster gateway's admission: mesh mTLS only, the transport
+//! - [`gateway`]: a multicluster gateway's admission: mesh mTLS only, the transport
 //!   header, Services of its own cluster only; served by the app through the outbound side.
 //! - [`app`]: the program: configuration, wiring ([`app::run`]), accepting ([`app::accept`]),
 //!   detecting a connection's protocol and serving it opaque or as HTTP ([`app::dispatch`]),

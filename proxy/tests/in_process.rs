@@ -177,7 +177,7 @@ async fn exchange(mut io: DuplexStream, request: &str) -> String {
     answer
 }
 
-/// Finding 3 of issue 25, the proxy's own check: whatever the capture rules let through, an
+/// The proxy's own check: whatever the capture rules let through, an
 /// original destination on loopback (a neighbour's packet to 127.0.0.1 redirected to us) never
 /// reaches the app's loopback-only listener. Unfixed: `HTTP/1.1 200` from the app.
 #[tokio::test]
@@ -226,7 +226,7 @@ async fn an_inbound_connection_to_an_unspecified_address_is_refused_and_counted(
     assert!(text.contains(&counted), "{text}");
 }
 
-/// Finding 8 of issue 25: an identity claimed in a header is not passed on (a plaintext client
+/// An identity claimed in a header is not passed on (a plaintext client
 /// has none, so the app sees none). Unfixed: the app saw `client=admin...`.
 #[tokio::test]
 async fn identity_headers_a_client_sends_never_reach_the_app() {

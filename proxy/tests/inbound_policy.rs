@@ -1,7 +1,6 @@
 //! Inbound policy discovery in-process, against a mock `InboundServerPolicies` on loopback: which
 //! ports are watched and when, the bound on undeclared ports (never falling open), and the
-//! default the control plane states becoming the fallback of unanswered ports (issue 25,
-//! findings 1 and 2).
+//! default the control plane states becoming the fallback of unanswered ports.
 
 use std::collections::HashMap;
 use std::pin::Pin;

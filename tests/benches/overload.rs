@@ -1,4 +1,4 @@
-//! The inbound proxy under connection floods and slow clients (issue 18), measured on pods wired
+//! The inbound proxy under connection floods and slow clients, measured on pods wired
 //! by the real CNI chain. A captured server pod runs the test apps and its proxy with an
 //! open-file limit of `CNIMESH_OVERLOAD_OPEN_FILES` (default 20 000, this kind of host's hard
 //! limit). From one unmeshed pod, normal traffic: 1 000 keep-alive HTTP/1.1 connections at one

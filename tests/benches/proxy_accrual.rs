@@ -1,4 +1,4 @@
-//! The cost of failure accrual (issue 30) when it is configured but idle: two mTLS proxy pairs
+//! The cost of failure accrual when it is configured but idle: two mTLS proxy pairs
 //! of this build in the same run, each client calling a Service's ClusterIP through its
 //! balancer (discovery and outbound policy from the control plane). One Service has
 //! `balancer.cnimesh.io/failure-accrual: consecutive`, the other none; every endpoint is

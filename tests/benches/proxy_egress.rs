@@ -1,4 +1,4 @@
-//! The cost of egress visibility (issue 30): two meshed clients of this build in the same run,
+//! The cost of egress visibility: two meshed clients of this build in the same run,
 //! both calling the same plain-HTTP server outside the mesh's networks (203.0.113.10, another
 //! netns) through their proxies, with OutboundPolicies from the control plane. One client's
 //! namespace has an `Allow` EgressNetwork (every egress request is routed by the EgressNetwork's

@@ -1,4 +1,4 @@
-//! The cost of the multicluster gateway hop (issue 28): the same server (west's `web` and its
+//! The cost of the multicluster gateway hop: the same server (west's `web` and its
 //! proxy) called in-cluster by a west client (client proxy → server proxy) and from east through
 //! the gateway (client proxy → gateway → server proxy), both over mTLS. Rounds interleave the
 //! rows; medians are printed with the added p50/p99 and CPU per 1000 requests (charged to every

@@ -2,7 +2,7 @@
 //! has a Server with 10 AuthorizationPolicies (each requiring a different MeshTLSAuthentication,
 //! the client's identity in the last one, so every request's connection scans all ten) and one
 //! without policy discovery. Rounds interleave the two rows; medians are printed with the added
-//! p50/p99 and the CPU ratio (issue 19's target: under 3 % more CPU).
+//! p50/p99 and the CPU ratio (the target: under 3 % more CPU).
 //!
 //! Run as root: `cargo bench -p cnimesh-e2e --bench proxy_policy` (needs nghttp2-client).
 //! `CNIMESH_BENCH_ROUNDS` (default 3) sets the rounds.

@@ -1,4 +1,4 @@
-//! The cost of server-side rate limiting (issue 30): two mTLS proxy pairs in the same run, both
+//! The cost of server-side rate limiting: two mTLS proxy pairs in the same run, both
 //! with inbound policy from the control plane, whose servers' Servers differ only in a
 //! HTTPLocalRateLimitPolicy: one limited far above the offered load (total and per identity at
 //! 1,000,000 rps, so every request goes through both buckets and none is refused), one with no

@@ -2,7 +2,7 @@
 //! their Service and its OutboundPolicies from the control plane. One Service has an HTTPRoute
 //! of 20 rules (19 that never match, each with a path, a method and a header to check, then the
 //! one taken), the other none (the control plane's default route). Rounds interleave the two
-//! rows; medians are printed with the added p50/p99 and the CPU ratio (issue 16's target: under
+//! rows; medians are printed with the added p50/p99 and the CPU ratio (the target: under
 //! 5 % more CPU), then the CPU each round's routed row added to the same round's plain row.
 //!
 //! Run as root: `cargo bench -p cnimesh-e2e --bench proxy_routes` (needs nghttp2-client).

@@ -1,4 +1,4 @@
-//! The cost of tracing (issue 29): mTLS proxy pairs of this build in the same run, same traffic.
+//! The cost of tracing: mTLS proxy pairs of this build in the same run, same traffic.
 //! One pair runs with tracing compiled in but off (no collector: today's configuration), one
 //! with tracing on at 100 % sampling (h2load's requests carry no context, so the ratio of 1
 //! makes every request a trace: a CLIENT and a SERVER span each) exporting to a live OTLP/gRPC

@@ -1,4 +1,4 @@
-//! A soak of the proxy pair at a fixed rate (issue 18): client pod ─▶ [outbound cnimesh-proxy] ─▶
+//! A soak of the proxy pair at a fixed rate: client pod ─▶ [outbound cnimesh-proxy] ─▶
 //! [inbound cnimesh-proxy] ─▶ app, on pods wired by the real CNI chain, for `SOAK_SECONDS`
 //! (default 1 800). Load: 20 HTTP/1.1 connections at 25 requests per second each (500 rps),
 //! in windows of `SOAK_WINDOW_SECONDS` (default 30; each window's h2load opens new connections).

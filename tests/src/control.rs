@@ -47,7 +47,7 @@ impl Control {
         Self::start_with_ca(bin, pod, args, None)
     }
 
-    /// issue 28: a second cluster's control plane, with trust domain `trust_domain` and an
+    /// A second cluster's control plane, with trust domain `trust_domain` and an
     /// issuer signed by `anchor`'s trust anchor (the anchor the clusters share, as `cnimesh ca
     /// issuer` makes it from the anchor's key), started in `pod` with `args` added to `serve`.
     pub fn start_sharing_anchor(

@@ -1,5 +1,5 @@
 //! A mocked Kubernetes API server that holds objects of any kind and answers the verbs controllers
-//! use on them, so one can stand in for a whole cluster (issue 28: both clusters of the mirror's
+//! use on them, so one can stand in for a whole cluster (both clusters of the mirror's
 //! Kubernetes path). [`crate::kube_mock`] scripts list and watch answers by hand; this one keeps
 //! state instead, so what a controller writes is what later lists and watches see:
 //!

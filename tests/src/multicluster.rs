@@ -1,4 +1,4 @@
-//! issue 28: two clusters on one host for the gateway path's tests and benchmark: control planes
+//! Two clusters on one host for the gateway path's tests and benchmark: control planes
 //! `east` (cluster.local) and `west` (west.local, its issuer signed by east's anchor), west's
 //! meshed `web` with the test apps and its multicluster gateway (a proxy in gateway mode), an
 //! east client, and the mirror objects in east's cluster directory written by hand as the
@@ -192,7 +192,7 @@ pub fn start_gateway(bins: &Bins, west: &Control, pod: &Pod<'_>) -> Sidecar {
     Sidecar::start(&bins.proxy, &pod.netns, &env_refs(&env)).unwrap()
 }
 
-/// issue 28 (C): a cluster's directory laid out as local mode lays it out, so the real
+/// A cluster's directory laid out as local mode lays it out, so the real
 /// `cnimesh multicluster link --local` and `check --local` read it as they read local mode:
 /// `cluster/` (the control plane's `--cluster-dir`), `ca/ca.crt` (its trust anchors) and
 /// `local.json` (the record `link` reads: trust domain, gateway).

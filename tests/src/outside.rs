@@ -1,4 +1,4 @@
-//! A server outside the mesh's networks (issue 30, egress): a pod's netns on the test bridge
+//! A server outside the mesh's networks (egress): a pod's netns on the test bridge
 //! that also holds an address no cluster network covers (TEST-NET-3 by default), reached from a
 //! client pod through a host route over the same bridge, as a node reaches the internet through
 //! its gateway. It serves the test apps' HTTP there ([`crate::apps`]) and a real TLS server

@@ -1,4 +1,4 @@
-//! Attacks on the capture rules from an ordinary neighbour pod (issue 25, finding 3), on a real
+//! Attacks on the capture rules from an ordinary neighbour pod, on a real
 //! kernel: Debian's bridge + host-local as the primary CNI, cnimesh-cni chained, real nftables and
 //! iptables, real TCP.
 //!

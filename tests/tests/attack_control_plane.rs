@@ -1,5 +1,4 @@
-//! Attacks on the control plane's gRPC port (4190) from an ordinary pod (issue 25, findings 5
-//! and 6), on a real kernel with the real `cnimesh-control` binary: real TCP, real TLS, the
+//! Attacks on the control plane's gRPC port (4190) from an ordinary pod, on a real kernel with the real `cnimesh-control` binary: real TCP, real TLS, the
 //! attacker's own gRPC clients in its pod's network namespace.
 //!
 //! - An attacker without a mesh certificate must get nothing but Identity.

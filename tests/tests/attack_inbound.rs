@@ -1,6 +1,6 @@
 //! Attacks on a meshed pod's inbound authorization from an ordinary pod (`mallory`: plaintext,
-//! authorized nowhere), on a real kernel with the real proxy and control plane binaries (issue 25,
-//! findings 1–4 and 8). `office` is the one client the Servers authorize, to show the app still
+//! authorized nowhere), on a real kernel with the real proxy and control plane binaries.
+//! `office` is the one client the Servers authorize, to show the app still
 //! serves who it should. Each test says what the unfixed proxy let through.
 
 #[path = "attack_inbound/cluster.rs"]

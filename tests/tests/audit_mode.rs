@@ -1,4 +1,4 @@
-//! Audit mode (issue 30, item 4) on a real kernel, as an attack: an intruder (not meshed, no
+//! Audit mode on a real kernel, as an attack: an intruder (not meshed, no
 //! policy admits it) calls a Server whose `accessPolicy` is `audit` and gets through, counted as
 //! a would-be denial (`inbound_http_authz_allow_total{authz_kind="audit"}`) while the allowed
 //! client is counted under its own policy; the same Server switched to `deny` refuses the

@@ -1,4 +1,4 @@
-//! Egress visibility and control (issue 30) on a real kernel: a meshed client in namespace `shop`
+//! Egress visibility and control on a real kernel: a meshed client in namespace `shop`
 //! talks to a server outside the mesh's networks (203.0.113.10, another netns on the bridge),
 //! over HTTP and over its own TLS, through its proxy. The control plane reads EgressNetworks and
 //! routes from its files directory and answers the client's proxy through OutboundPolicies. The
@@ -281,7 +281,7 @@ fn a_bad_egress_network_is_refused_and_the_previous_one_stays_in_force() {
     eventually("the Allow network applied", || get(&netns, HOST, "/replica").status == 200);
 }
 
-/// issue 30, what operators see: local mode's layout around the world's control plane, so that
+/// What operators see: local mode's layout around the world's control plane, so that
 /// `cnimesh stat`, `edges` and `tap --local DIR` read it as an operator does: the client's Pod in
 /// `DIR/cluster` (the control plane's cluster directory, linked), the control plane's address in
 /// `DIR/local.json`, and a tap token the control plane knows in `DIR/tokens/cnimesh/cnimesh-tap`.

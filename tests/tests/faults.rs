@@ -1,4 +1,4 @@
-//! Faults on a real kernel (issue 18): the node agent, a proxy and the control plane killed with
+//! Faults on a real kernel: the node agent, a proxy and the control plane killed with
 //! SIGKILL at the worst moment, the state directory full, the primary CNI's configuration deleted
 //! while pods are being created. Each test says what the user sees, that nothing is lost, and
 //! that nothing is left behind (nft tables, attachment records, IPAM allocations, bridge ports).
@@ -151,7 +151,7 @@ fn node_agent_killed_during_an_add_burst_fails_closed_and_retries_succeed() {
     del_all_and_check_nothing_left(&net, pods);
 }
 
-/// The load run of issue 18: `CNIMESH_LOAD_PODS` (default 500) concurrent ADDs with the node
+/// The load run: `CNIMESH_LOAD_PODS` (default 500) concurrent ADDs with the node
 /// agent killed and restarted in the middle, then as many concurrent DELs. Prints the figures.
 #[test]
 #[ignore = "load run (minutes, hundreds of namespaces): cargo nextest run -p cnimesh-e2e --test faults --run-ignored only --no-capture"]

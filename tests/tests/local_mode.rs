@@ -89,7 +89,7 @@ fn up_runs_the_demo_mesh_and_down_removes_everything() {
     assert_eq!(legacy["success_rate"], 1.0, "{legacy:#}");
     assert_eq!(legacy["tls"], false, "the pod outside the mesh is reached in plaintext: {legacy:#}");
 
-    // The demo's traced request (issue 29): the client sent a sampled W3C traceparent; the
+    // The demo's traced request: the client sent a sampled W3C traceparent; the
     // collector stand-in received the client proxy's CLIENT span under the client's span and the
     // SERVER span of a web (or canary) replica's proxy under it (or under one of its tries).
     let trace = &summary["trace"];
@@ -159,7 +159,7 @@ fn up_runs_the_demo_mesh_and_down_removes_everything() {
     assert_eq!(to_web["client_ids"][0], "client.demo");
     assert_eq!(edge_to("pod/legacy").unwrap_or_else(|| panic!("{edges:#}"))["mtls"], false);
 
-    // `cnimesh tap` and `top` (issue 17): web's proxies, through the local control plane's tap
+    // `cnimesh tap` and `top`: web's proxies, through the local control plane's tap
     // relay over mTLS, show the client's live requests with both identities.
     let client_netns = Path::new("/run/netns").join(format!("{}-client", local.prefix));
     let load = std::thread::spawn(move || {
@@ -207,7 +207,7 @@ fn up_runs_the_demo_mesh_and_down_removes_everything() {
     let row = top.lines().find(|l| l.contains(" GET ")).unwrap_or_else(|| panic!("{top}"));
     assert!(row.contains("100.00%"), "{top}");
 
-    // `cnimesh diagnostics` (issue 27): one proxy's pages and what Destination serves, read in
+    // `cnimesh diagnostics`: one proxy's pages and what Destination serves, read in
     // local mode at the pods' and the control plane's admin ports (local mode has no API server;
     // the same command reads them through the pod and service proxies in a cluster).
     let diagnostics = |args: &[&str]| -> String {
@@ -305,7 +305,7 @@ fn a_bad_workloads_file_is_refused_before_anything_is_created() {
     assert_eq!(local.leftovers(), Vec::<String>::new());
 }
 
-// issue 28: two clusters in local mode
+// Two clusters in local mode
 
 /// Part C alone: west comes up beside east, routed, linked, with its gateway running; `check`
 /// sees the Link, its credentials and the shared anchor; `down` removes both clusters and the

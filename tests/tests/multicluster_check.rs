@@ -1,4 +1,4 @@
-//! issue 28, `cnimesh multicluster check` against a real control plane: east's control plane on
+//! `cnimesh multicluster check` against a real control plane: east's control plane on
 //! the files backend runs its mirror controller over a Link to west made by the real
 //! `cnimesh multicluster link --local`; west runs its own control plane and a real gateway (a
 //! proxy in gateway mode). The real `cnimesh` binary checks east (`--local`, east's root) from

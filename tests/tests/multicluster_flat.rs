@@ -1,4 +1,4 @@
-//! issue 28, the flat network (pods of both clusters routable to each other, here one bridge)
+//! The flat network (pods of both clusters routable to each other, here one bridge)
 //! with real pods, proxies and two control planes on the files backend: east (cluster.local)
 //! and west (west.local, its issuer signed by east's anchor).
 //! - A federated Service: `api` is a member in both clusters, the Link is made by the real

@@ -1,4 +1,4 @@
-//! issue 28, the gateway path on a real kernel: two control planes on the files backend, `east`
+//! The gateway path on a real kernel: two control planes on the files backend, `east`
 //! (trust domain cluster.local) and `west` (trust domain west.local, its issuer signed by east's
 //! anchor: one anchor, two clusters). West runs `web` (a meshed pod with the test apps) and the
 //! multicluster gateway (a cnimesh proxy in gateway mode in a pod of its own). The mirror objects
@@ -291,7 +291,7 @@ fn in_flat_mode_the_west_server_sees_the_east_clients_own_identity() {
     assert!(labelled >= 1.0, "{client_metrics}");
 }
 
-/// issue 28 (B): a Service of west named `name` with an endpoint on web's pod (HTTP on 80),
+/// A Service of west named `name` with an endpoint on web's pod (HTTP on 80),
 /// labelled `mirror.cnimesh.io/exported=<export>` (no label when `None`).
 fn west_service_on_web(name: &str, cluster_ip: &str, web: std::net::Ipv4Addr, export: Option<&str>) -> String {
     let http = apps::HTTP_PORT;

@@ -1,4 +1,4 @@
-//! issue 28, the mirror controller with real processes: two control planes with the files
+//! The mirror controller with real processes: two control planes with the files
 //! backend (east, which runs the mirror, and west, the linked cluster), each in a pod of its own.
 //! East's Link points at west's cluster directory (`file://`), exactly as local mode links them;
 //! the tests change west's directory and watch east's: its mirror files, its Link status file,

@@ -1,4 +1,4 @@
-//! issue 28, the mirror controller's Kubernetes path: the real [`MirrorController`] with
+//! The mirror controller's Kubernetes path: the real [`MirrorController`] with
 //! `Backend::Kube`, in-process, against two mocked API servers ([`ClusterApi`]). East (this
 //! cluster: Links, Secrets, the mirrors it writes, the Lease) is reached in-process; west (the
 //! linked cluster) only through the kubeconfig in the Link's Secret, over HTTPS on 127.0.0.1 with

@@ -1,4 +1,4 @@
-//! The inbound proxy under connection floods and slow clients (issue 18), on a real kernel: a
+//! The inbound proxy under connection floods and slow clients, on a real kernel: a
 //! captured server pod with its proxy and the test apps; unmeshed pods flood it or send normal
 //! requests, straight to the server pod's address (so only the inbound capture sees them).
 

@@ -1,4 +1,4 @@
-//! `cnimesh policy generate` end to end (issue 30, item 6): local mode runs a mesh with no
+//! `cnimesh policy generate` end to end: local mode runs a mesh with no
 //! policy, where `client` calls `web` and a meshed `intruder` could too; the command turns what
 //! web's proxies let in into a Server + MeshTLSAuthentication + AuthorizationPolicy, and once the
 //! control plane serves that, client → web stays at 100 % while the intruder is denied.

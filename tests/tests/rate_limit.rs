@@ -1,4 +1,4 @@
-//! Server-side rate limiting (issue 30, item 2) on a real kernel: `cnimesh-control` reads a
+//! Server-side rate limiting on a real kernel: `cnimesh-control` reads a
 //! Server and its HTTPLocalRateLimitPolicy from a directory of YAML (local mode's source), the
 //! `api` pod's proxy enforces the limit on real clients sending at a fixed rate (h2load):
 //! - a total limit admits the limit times the run's length plus one second's burst, within a few

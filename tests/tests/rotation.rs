@@ -1,4 +1,4 @@
-//! Trust anchor and issuer rotation under live mTLS traffic (issue 27): a client pod calls a
+//! Trust anchor and issuer rotation under live mTLS traffic: a client pod calls a
 //! server pod through their proxies without pause while the three steps of
 //! `cnimesh identity rotate` (the same functions, applied to the files the kubelet would update)
 //! run: bundle old + new anchors, switch the issuer, drop the old anchor. Not one request may

@@ -1,4 +1,4 @@
-//! Distributed tracing on a real kernel (issue 29): meshed pods' proxies export their spans over
+//! Distributed tracing on a real kernel: meshed pods' proxies export their spans over
 //! OTLP/gRPC to a real receiver (cnimesh-trace's, served by this test process on a socket inside
 //! a `collector` pod), and the test apps report the trace headers they were handed. Checked: the
 //! app's parent → client proxy's CLIENT span → server proxy's SERVER span → the server app, over

@@ -1,4 +1,4 @@
-//! Distributed tracing for cnimesh (issue 29): trace context propagation, a span model, a
+//! Distributed tracing for cnimesh: trace context propagation, a span model, a
 //! batching OTLP/gRPC exporter, and an in-process OTLP/gRPC receiver.
 //!
 //! Layers: context → span → export → receiver

@@ -1,4 +1,4 @@
-//! `cnimesh multicluster …` (issue 28), the operator's side of linking clusters, on Linkerd's
+//! `cnimesh multicluster …`, the operator's side of linking clusters, on Linkerd's
 //! model: `install` prints the gateway, the mirror reader and the control plane's extra RBAC;
 //! `link` (run against the target cluster B) prints the Link and the credentials Secret to apply
 //! to cluster A; `unlink` undoes it; `check` and `gateways` read A's Links and their status.

@@ -79,7 +79,7 @@ fn common(at: &Stream) -> String {
     format!("id={} proxy={proxy} src={} dst={dst} tls={}", at.id, addr(at.source), tls(at))
 }
 
-/// issue 30: a request to an EgressNetwork's destination, as its proxy labelled it: the
+/// A request to an EgressNetwork's destination, as its proxy labelled it: the
 /// EgressNetwork (`<ns>/<name>`) and the hostname.
 pub fn egress(at: &Stream) -> Option<(&str, &str)> {
     let meta = &at.destination_meta;

@@ -149,7 +149,7 @@ fn flags_make_the_relays_query() {
 
 #[test]
 fn egress_is_shown_and_filtered_by_hostname() {
-    // issue 30: the proxy labels a request to an EgressNetwork's destination with its hostname.
+    // The proxy labels a request to an EgressNetwork's destination with its hostname.
     let mut at = stream("0:7", "outbound", "10.244.0.20:40000", "203.0.113.10:80", "not_provided_by_service_discovery");
     for (k, v) in [("dst_kind", "egress"), ("egress_network", "shop/world"), ("dst_hostname", "api.example.test")] {
         at.destination_meta.insert(k.into(), v.into());

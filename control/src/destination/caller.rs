@@ -1,4 +1,4 @@
-//! issue 28: who a Destination request is for, and what that caller may see.
+//! Who a Destination request is for, and what that caller may see.
 //!
 //! A multicluster gateway forwards connections from every linked cluster to Services of this
 //! one, so it must reach only the Services this cluster exports through it: those labelled

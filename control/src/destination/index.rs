@@ -47,7 +47,7 @@ pub(crate) struct Endpoint {
     /// The slice's ports (name → number), shared by all endpoints of the slice.
     pub ports: Arc<BTreeMap<String, u16>>,
     pub pod: Option<(String, Arc<PodRecord>)>,
-    /// issue 28: the slice's mirror annotations (`Local` for this cluster's pods).
+    /// The slice's mirror annotations (`Local` for this cluster's pods).
     pub mirror: Arc<SliceMirror>,
 }
 

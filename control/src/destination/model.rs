@@ -153,15 +153,15 @@ pub struct ServiceRecord {
     pub route_defaults: ServiceDefaults,
     /// Its `balancer.cnimesh.io/failure-accrual…` annotations, for every client's balancer.
     pub failure_accrual: Option<FailureAccrual>,
-    /// issue 28: a mirror of a linked cluster's Service (`None` for the cluster's own).
+    /// A mirror of a linked cluster's Service (`None` for the cluster's own).
     pub mirror: Option<ServiceMirror>,
-    /// issue 28: labelled `mirror.cnimesh.io/exported=true`: the one kind of Service this
+    /// Labelled `mirror.cnimesh.io/exported=true`: the one kind of Service this
     /// cluster's multicluster gateway forwards to ([`super::caller`]). A `remote-discovery`
     /// export is not: linked clusters reach its pods directly.
     pub gateway_exported: bool,
 }
 
-/// issue 28: what a mirror Service says of the remote Service it stands for (the contract in
+/// What a mirror Service says of the remote Service it stands for (the contract in
 /// docs/tasks/multicluster.md): its name there, which a gateway endpoint's authority override
 /// carries, and the cluster, which labels its traffic's metrics.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -351,11 +351,11 @@ pub struct SliceRecord {
     /// Port name → number, TCP only; shared with every endpoint the index derives from the slice.
     pub ports: Arc<BTreeMap<String, u16>>,
     pub endpoints: Vec<SliceEndpoint>,
-    /// issue 28: where a mirror slice's endpoints are (shared with every endpoint of the slice).
+    /// Where a mirror slice's endpoints are (shared with every endpoint of the slice).
     pub mirror: Arc<SliceMirror>,
 }
 
-/// issue 28: what a slice's annotations say about its endpoints, as the mirror controller wrote
+/// What a slice's annotations say about its endpoints, as the mirror controller wrote
 /// them. Only these few strings are kept, never the slice.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub enum SliceMirror {

@@ -141,7 +141,7 @@ fn hint(opaque: bool, opaque_transport: Option<u16>) -> ProtocolHint {
     }
 }
 
-/// issue 28: an endpoint of a mirror slice, as the multicluster contract serves it.
+/// An endpoint of a mirror slice, as the multicluster contract serves it.
 /// - Through a gateway: the gateway's address and identity, the remote Service's
 ///   `<fq name>:<port>` as authority override, and opaque transport to the gateway port (the
 ///   client proxy writes the transport header naming that authority). Opaque when the Service

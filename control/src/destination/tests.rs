@@ -328,7 +328,7 @@ async fn get_profile_for_cluster_ip_pod_ip_and_unknown_ip() {
     assert_eq!(identity(&endpoint).as_deref(), Some("late.shop.serviceaccount.identity.cnimesh.cluster.local"));
 }
 
-/// issue 28: the mirror of `web` from cluster `west` (the contract's shapes, written by hand as
+/// The mirror of `web` from cluster `west` (the contract's shapes, written by hand as
 /// the mirror controller would), port 80 named http plus an opaque port 3306.
 fn mirror_service(name: &str) -> String {
     format!(
@@ -457,7 +457,7 @@ impl Write for LogSink {
     }
 }
 
-// ---- issue 28: what a multicluster gateway sees --------------------------------------------------
+// ---- What a multicluster gateway sees --------------------------------------------------
 
 /// The `context_token` a proxy in gateway mode sends.
 fn gateway_token() -> String {

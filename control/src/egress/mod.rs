@@ -1,4 +1,4 @@
-//! Egress (issue 30, control side): `EgressNetwork` resources and the Gateway API routes
+//! Egress (control side): `EgressNetwork` resources and the Gateway API routes
 //! (HTTPRoute, GRPCRoute, TLSRoute, TCPRoute) whose parentRef is one, served to proxies in
 //! `OutboundPolicies` answers for addresses outside the cluster networks
 //! ([`crate::grpc::outbound`]).

@@ -97,7 +97,7 @@ fn dedup(
 /// What one `Get` stream has told its client, so each snapshot becomes a diff.
 struct EndpointDiff {
     key: NsName,
-    /// issue 28: who asked; a gateway sees only exported Services ([`Caller`]).
+    /// Who asked; a gateway sees only exported Services ([`Caller`]).
     caller: Caller,
     port: u16,
     config: Arc<Config>,

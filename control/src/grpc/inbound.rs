@@ -8,7 +8,7 @@
 //!   Linkerd's; the proxy rejects a Detect without a timeout), `HTTP/1`, `HTTP/2`, `gRPC`,
 //!   `opaque`, `TLS` → the matching kind.
 //! - `http_local_rate_limit` / `local_rate_limit` (Detect, Http1, Http2): the Server's
-//!   HTTPLocalRateLimitPolicy (issue 30), `metadata` the policy as a resource (group
+//!   HTTPLocalRateLimitPolicy, `metadata` the policy as a resource (group
 //!   `policy.cnimesh.io`, kind `httplocalratelimitpolicy`), `total` and `identity` when set,
 //!   one `Override` per override with its clients' identity names. The proto's `Grpc` has no
 //!   rate limit field: a limited `gRPC` Server is served as `Http2` with no routes, which the

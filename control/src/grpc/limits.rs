@@ -1,6 +1,6 @@
 //! How much of the gRPC port one client may hold. Every pod can reach port 4190, and a stream
 //! costs the control plane memory for as long as it is open (HTTP/2 and tonic state, an 8 KiB
-//! encode buffer, the index's watch): without bounds one pod can exhaust it (issue 25).
+//! encode buffer, the index's watch): without bounds one pod can exhaust it.
 //!
 //! The bounds, each counted while the connection or stream is open and released when it ends:
 //! - connections per peer IP address (a pod);

@@ -41,7 +41,7 @@
 //! Anything that is not a Service port is NotFound, which a stock proxy takes as "no policy here"
 //! and forwards as before; IPs of pods are answered that way too for now.
 //!
-//! Egress (issue 30, [`egress`]): with an egress index ([`OutboundService::with_egress`]), an
+//! Egress ([`egress`]): with an egress index ([`OutboundService::with_egress`]), an
 //! address outside the cluster networks that an EgressNetwork holds (for the asking client's
 //! namespace) is answered with the EgressNetwork's policy, and followed as EgressNetworks and
 //! their routes change; one no EgressNetwork holds is NotFound, as before.
@@ -91,7 +91,7 @@ pub struct OutboundService {
     config: Arc<Config>,
     /// Where routes come from; without it every Service gets the default routes.
     routes: Option<policy::Index>,
-    /// EgressNetworks and their routes (issue 30); without it egress addresses are NotFound.
+    /// EgressNetworks and their routes; without it egress addresses are NotFound.
     egress: Option<crate::egress::Index>,
 }
 

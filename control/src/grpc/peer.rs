@@ -2,7 +2,7 @@
 //! because a proxy asking Identity for its first certificate has none. A certificate that is
 //! presented must chain to the issuer's current trust anchors (the handshake fails otherwise);
 //! the identity it names is then the caller's, and every service but Identity requires one
-//! (issue 25: Destination and policy reveal the mesh to whoever asks, and cost memory).
+//! (Destination and policy reveal the mesh to whoever asks, and cost memory).
 //!
 //! Layer: gRPC: TLS client authentication and the per-call check, before any service.
 

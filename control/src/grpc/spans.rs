@@ -1,4 +1,4 @@
-//! The control plane's own spans (issue 29): one SERVER span per gRPC call on the port
+//! The control plane's own spans: one SERVER span per gRPC call on the port
 //! (Identity, Destination, inbound and outbound policy), continuing the caller's trace when the
 //! call carries a sampled `traceparent` (or B3), else started at the configured ratio. Exported by
 //! cnimesh-trace's [`Exporter`], the one exporter of the workspace: bounded queue, drops counted,

@@ -2,7 +2,7 @@
 //! agent's. None of them runs a proxy (both namespaces are kept out of capture), and the control
 //! plane issues its own certificate in process (`own_cert`), not through Certify. A token for
 //! one of them is still a valid token, though, and some are easy to mint: whoever may use the tap
-//! Role can request a token for `cnimesh-tap` with any audience (issue 25). Certifying such a
+//! Role can request a token for `cnimesh-tap` with any audience. Certifying such a
 //! token would hand out a mesh identity the policy of every workload may trust.
 //!
 //! Layer: model: a pure check on the requested identity, applied before the token is reviewed.

@@ -277,7 +277,7 @@ pub fn plan(
 
 /// What the proxy needs to enforce inbound policy from its first connection, before the control
 /// plane answers: the effective default, the ports to ask about at once, and the cluster
-/// networks `cluster-authenticated` admits (issue 25, finding 2).
+/// networks `cluster-authenticated` admits.
 fn add_policy_env(container: &mut Container, config: &InjectConfig, default_policy: &str, ports: Option<String>) {
     let mut vars = vec![(POLICY_DEFAULT_ENV, default_policy.to_string())];
     if let Some(ports) = ports {

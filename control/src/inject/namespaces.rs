@@ -1,5 +1,5 @@
 //! Where the webhook reads the pod's namespace, for its `config.cnimesh.io/default-inbound-policy`
-//! annotation (issue 25, finding 2) and its tracing annotations (issue 29): the API server (the control plane's ClusterRole already
+//! annotation and its tracing annotations: the API server (the control plane's ClusterRole already
 //! grants `get` on namespaces, for inbound policy) or, in local mode, the cluster directory.
 //!
 //! Read at admission, not from a cache: a namespace annotated a moment ago must already count

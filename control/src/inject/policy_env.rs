@@ -1,8 +1,7 @@
-//! What the proxy must know about inbound policy before the control plane answers (issue 25,
-//! finding 2): the effective default policy (pod annotation > namespace annotation > cluster
-//! setting), the ports the pod declares (so the proxy asks for their policy at start-up), and the
+//! What the proxy must know about inbound policy before the control plane answers: the
+//! effective default policy (pod annotation > namespace annotation > cluster setting), the ports the pod declares (so the proxy asks for their policy at start-up), and the
 //! cluster networks `cluster-authenticated` admits. Also the warnings for app ports the capture
-//! skips (finding 8). Pure layer: the namespace's annotation is looked up by the caller.
+//! skips. Pure layer: the namespace's annotation is looked up by the caller.
 
 use std::collections::BTreeSet;
 
@@ -40,7 +39,7 @@ pub enum NamespaceDefault {
 /// An unreadable namespace gives `deny`, the strictest: the value only governs the time before
 /// the control plane's first answer (every answer carries the effective default and replaces
 /// it), so failing closed costs a pod at most its first seconds of unnamed ports, where failing
-/// open would hand an attacker exactly the window issue 25 found.
+/// open would hand an attacker exactly that window.
 pub fn effective_default(
     pod: &ObjectMeta,
     pod_key: &str,
@@ -161,7 +160,7 @@ mod tests {
         assert!(warning.unwrap().contains("timeout"));
     }
 
-    /// Issue 30: `audit` is a default policy like the others, on a pod or its namespace.
+    /// `audit` is a default policy like the others, on a pod or its namespace.
     #[test]
     fn audit_is_read_as_a_default_policy_from_pod_and_namespace() {
         use DefaultPolicy::*;

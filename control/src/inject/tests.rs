@@ -413,7 +413,7 @@ fn a_bad_log_level_annotation_meshes_the_pod_at_the_default_level_with_a_warning
     assert!(w.contains("config.cnimesh.io/proxy-log-level") && w.contains("ignored, the proxy logs at"), "{w}");
 }
 
-/// The attack (issue 30 leftover of issue 29): a typo in any of the pod's mesh annotations, or a
+/// The attack: a typo in any of the pod's mesh annotations, or a
 /// clash the owner can fix, in a meshed namespace used to admit the pod without its proxy, with
 /// a warning that nobody reads for a Deployment's pods. Whatever the annotation says, a pod
 /// that asked for the mesh is either meshed or refused; it never starts unmeshed.
@@ -767,7 +767,7 @@ fn the_proxy_starts_with_the_effective_default_pod_over_namespace_over_cluster()
         json!({"metadata": {"annotations": {"config.cnimesh.io/default-inbound-policy": "al-authenticated"}}}),
     );
     let cases = [
-        // Before issue 25 the variable was never set, so every proxy started all-unauthenticated.
+        // Without the variable every proxy would start all-unauthenticated.
         (&plain, NamespaceDefault::Read(None), &cluster_deny, "deny"),
         (&plain, NamespaceDefault::NotLooked, &cluster_deny, "deny"),
         (&plain, NamespaceDefault::Read(Some(ClusterAuthenticated)), &cluster_deny, "cluster-authenticated"),

@@ -1,4 +1,4 @@
-//! Where an injected proxy sends its spans (issue 29): the pod's `config.cnimesh.io/trace-collector`
+//! Where an injected proxy sends its spans: the pod's `config.cnimesh.io/trace-collector`
 //! and `config.cnimesh.io/trace-sampling` annotations, else its namespace's, else the cluster-wide
 //! default the control plane was started with (`--proxy-trace-collector`, `--proxy-trace-sampling`,
 //! from the install values `proxy.tracing.*`). Each setting is resolved on its own, so a namespace

@@ -18,7 +18,7 @@
 //! - a port no Server names gets the default policy: the pod's
 //!   `config.cnimesh.io/default-inbound-policy`, else its namespace's, else the control plane's
 //!   flag;
-//! - the protocol (issue 30, item 5, as Linkerd 2.18): a Server's explicit `proxyProtocol`, else
+//! - the protocol (as Linkerd 2.18): a Server's explicit `proxyProtocol`, else
 //!   opaque when the pod's opaque-ports annotation lists the port, else what the `appProtocol` of
 //!   the Services selecting the pod declares for it ([`crate::destination::declared_for_pod_port`];
 //!   two that disagree: detect, logged once naming both), else detect;
@@ -87,9 +87,9 @@ pub enum Kind {
     HttpRoute,
     GrpcRoute,
     ReferenceGrant,
-    // issue 30: rate limiting
+    // Rate limiting
     HttpLocalRateLimitPolicy,
-    // issue 30: declared protocols (the Services' appProtocol, for the pods they select)
+    // Declared protocols (the Services' appProtocol, for the pods they select)
     Service,
 }
 

@@ -1,12 +1,12 @@
 //! Policy: which clients may reach which ports of meshed pods (inbound), and how proxies treat
 //! the destinations they call (outbound), served as linkerd2-proxy-api's
 //! `io.linkerd.proxy.inbound.InboundServerPolicies` and `io.linkerd.proxy.outbound.OutboundPolicies`
-//! so a stock linkerd2-proxy can run against cnimesh-control (issue 19).
+//! so a stock linkerd2-proxy can run against cnimesh-control.
 //!
 //! Cluster state flows one way, as for Destination: a [`Source`](crate::sources::Source) given
 //! the policy index (`FileSource::with_policy`, `KubeSource::with_policy`) turns Pods and
 //! Services (the same watches Destination uses; of a Service, only the `appProtocol` it declares
-//! for the pods it selects is kept, issue 30), Namespaces and the `policy.cnimesh.io/v1alpha1`
+//! for the pods it selects is kept), Namespaces and the `policy.cnimesh.io/v1alpha1`
 //! resources into
 //! [`Change`]s on an [`Index`]; [`InboundService`](crate::grpc::inbound::InboundService) streams
 //! its answers. Outbound policy needs Services and their opaque ports, which the Destination

@@ -22,8 +22,8 @@ use crate::destination::app_protocol::AppProtocol;
 use crate::meta::key_of;
 use crate::meta::{Invalid, NsName};
 
-/// What a port gets when no Server names it (Linkerd's default policies, the subset issue 19
-/// asks for).
+/// What a port gets when no Server names it (the subset of Linkerd's default
+/// policies that cnimesh supports).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub enum DefaultPolicy {
     /// Anyone, with or without mesh TLS: today's behaviour, so the default.

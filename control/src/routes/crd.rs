@@ -298,7 +298,7 @@ pub struct ReferenceGrantTo {
     pub name: Option<String>,
 }
 
-/// `apiVersion` of TLSRoute and TCPRoute (experimental channel, issue 30).
+/// `apiVersion` of TLSRoute and TCPRoute (experimental channel).
 pub const ALPHA_API_VERSION: &str = "gateway.networking.k8s.io/v1alpha2";
 
 /// `TLSRoute` spec (Gateway API `TLSRouteSpec`, v1alpha2): TLS connections by SNI hostname.

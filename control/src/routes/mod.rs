@@ -1,4 +1,4 @@
-//! Routes (issue 16, control side): Gateway API `HTTPRoute` and `GRPCRoute` attached to Services
+//! Routes (control side): Gateway API `HTTPRoute` and `GRPCRoute` attached to Services
 //! (the GAMMA mesh profile), served to proxies inside `OutboundPolicies` answers.
 //!
 //! Flow, as for policy: the sources read HTTPRoutes, GRPCRoutes and ReferenceGrants (kube

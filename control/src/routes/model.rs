@@ -38,7 +38,7 @@ pub const RETRY_LIMIT_ANNOTATION: &str = "retry.cnimesh.io/limit";
 pub const RETRY_TIMEOUT_ANNOTATION: &str = "retry.cnimesh.io/timeout";
 pub const REQUEST_TIMEOUT_ANNOTATION: &str = "timeout.cnimesh.io/request";
 
-/// How a route names an EgressNetwork parent or backend (issue 30; the kind itself is
+/// How a route names an EgressNetwork parent or backend (the kind itself is
 /// [`crate::egress`]'s, which comes after routes).
 pub const EGRESS_NETWORK_GROUP: &str = "policy.cnimesh.io";
 pub const EGRESS_NETWORK_KIND: &str = "EgressNetwork";
@@ -73,7 +73,7 @@ pub struct Route {
     pub created: Option<Time>,
     /// The Services it attaches to; a route attached to none is kept but serves nothing.
     pub parents: Vec<Parent>,
-    /// The EgressNetworks it attaches to (issue 30): served by [`crate::egress`], not here.
+    /// The EgressNetworks it attaches to: served by [`crate::egress`], not here.
     pub egress_parents: Vec<EgressParent>,
     pub hostnames: Vec<HostMatch>,
     /// Never empty.
@@ -492,7 +492,7 @@ fn parents(refs: &[crd::ParentReference], route: &NsName) -> Result<Vec<Parent>,
     Ok(parents)
 }
 
-/// The EgressNetwork parents of a route (issue 30). An EgressNetwork lives beside its routes:
+/// The EgressNetwork parents of a route. An EgressNetwork lives beside its routes:
 /// a parentRef to another namespace's is refused, as Linkerd refuses it.
 pub fn egress_parents(refs: &[crd::ParentReference], route: &NsName) -> Result<Vec<EgressParent>, Invalid> {
     let mut parents = Vec::new();
@@ -814,7 +814,7 @@ fn redirect(f: &crd::HttpRequestRedirectFilter) -> Result<Redirect, Invalid> {
 
 fn backends(refs: &[crd::HttpBackendRef], route: &NsName, kind: RouteKind) -> Result<Vec<Backend>, Invalid> {
     refs.iter()
-        // A backendRef to an EgressNetwork (egress routes, issue 30) is "the parent itself": the
+        // A backendRef to an EgressNetwork (egress routes) is "the parent itself": the
         // connection's original destination, as a rule without backends.
         .filter(|b| !is_egress_network(b.group.as_deref(), b.kind.as_deref()))
         .map(|b| {

@@ -7,7 +7,7 @@
 //! ([`FileSource::with_policy`]) Namespaces, the `policy.cnimesh.io/v1alpha1` resources and the
 //! Gateway API routes (`HTTPRoute`, `GRPCRoute`, `ReferenceGrant`) too; with an egress index
 //! ([`FileSource::with_egress`]) `EgressNetwork`, `TLSRoute` and `TCPRoute`, and the HTTPRoutes
-//! and GRPCRoutes again (issue 30);
+//! and GRPCRoutes again;
 //! `kind: List` is opened, anything else is ignored. A file is taken whole or not at all: when one document fails to parse, the error is
 //! logged with the file and the file's previous content stays in force. Writers that want no
 //! intermediate states should write a temporary file and rename it over the old one.
@@ -50,7 +50,7 @@ impl FileSource {
         Self { dir: dir.into(), debounce: DEFAULT_DEBOUNCE, policy: None, egress: None }
     }
 
-    /// Also keeps an egress index in step (issue 30: EgressNetworks and their routes).
+    /// Also keeps an egress index in step (EgressNetworks and their routes).
     pub fn with_egress(mut self, egress: egress::Index) -> Self {
         self.egress = Some(egress);
         self
@@ -161,7 +161,7 @@ impl Files {
             pending.rescan = true;
         }
         for path in event.paths {
-            // issue 28: `.status/` (the mirror controller's Link status files) and any other
+            // `.status/` (the mirror controller's Link status files) and any other
             // hidden directory are not cluster state.
             if in_hidden_dir(&self.dir, &path) {
                 continue;
@@ -262,7 +262,7 @@ struct Changes {
 }
 
 impl Changes {
-    /// A Service goes to policy too (issue 30: its `appProtocol` declares the protocol of the pod
+    /// A Service goes to policy too (its `appProtocol` declares the protocol of the pod
     /// ports it targets), as the same object: one id, so a file's edits reach both indexes.
     fn upsert(&mut self, object: Parsed) {
         match object {
@@ -350,7 +350,7 @@ fn in_hidden_dir(root: &Path, path: &Path) -> bool {
     components.iter().any(|c| c.as_os_str().to_string_lossy().starts_with('.'))
 }
 
-/// issue 28: the Services, EndpointSlices and Pods of a directory, read now and as a whole: the
+/// The Services, EndpointSlices and Pods of a directory, read now and as a whole: the
 /// mirror controller's view of a linked cluster in local mode (`file://` in a Link's kubeconfig),
 /// and of its own cluster. Unlike the source, a directory that cannot be listed is an error (the
 /// link is lost), and so is a file that cannot be parsed (the caller keeps its last good view).
@@ -519,7 +519,7 @@ fn objects_of(doc: Value, index: usize, out: &mut Vec<Parsed>) -> Result<(), Par
             if let Parsed::Policy(policy::Object::HttpRoute(r)) = &route
                 && egress_parent(&r.spec.parent_refs)
             {
-                out.push(egress_object(*r.clone())); // issue 30: egress routes
+                out.push(egress_object(*r.clone())); // egress routes
             }
             out.push(route);
         }
@@ -528,11 +528,11 @@ fn objects_of(doc: Value, index: usize, out: &mut Vec<Parsed>) -> Result<(), Par
             if let Parsed::Policy(policy::Object::GrpcRoute(r)) = &route
                 && egress_parent(&r.spec.parent_refs)
             {
-                out.push(egress_object(*r.clone())); // issue 30: egress routes
+                out.push(egress_object(*r.clone())); // egress routes
             }
             out.push(route);
         }
-        // issue 30: egress
+        // Egress
         (egress::crd::API_VERSION, "EgressNetwork") => {
             out.push(typed(|d| serde_json::from_value::<egress::crd::EgressNetwork>(d).map(egress_object), doc)?)
         }
@@ -542,7 +542,7 @@ fn objects_of(doc: Value, index: usize, out: &mut Vec<Parsed>) -> Result<(), Par
         (routes::ALPHA_API_VERSION, "TCPRoute") => {
             out.push(typed(|d| serde_json::from_value::<routes::TcpRoute>(d).map(egress_object), doc)?)
         }
-        // issue 30: rate limiting
+        // Rate limiting
         (crd::API_VERSION, "HTTPLocalRateLimitPolicy") => {
             out.push(typed(|d| serde_json::from_value::<crd::HttpLocalRateLimitPolicy>(d).map(policy_object), doc)?)
         }
@@ -573,7 +573,7 @@ where
     Parsed::Policy(policy::Object::from(object))
 }
 
-/// issue 30: whether a route attaches to an EgressNetwork (only those go to the egress index).
+/// Whether a route attaches to an EgressNetwork (only those go to the egress index).
 fn egress_parent(refs: &[routes::ParentReference]) -> bool {
     refs.iter().any(|r| crate::routes::model::is_egress_network(r.group.as_deref(), r.kind.as_deref()))
 }
@@ -623,7 +623,7 @@ mod tests {
 
     #[test]
     fn the_mirror_controllers_status_directory_is_not_cluster_state() {
-        // issue 28: `.status/link-<cluster>.json` is rewritten on every gateway probe.
+        // `.status/link-<cluster>.json` is rewritten on every gateway probe.
         let dir = tempfile::tempdir().unwrap();
         let status = dir.path().join(".status");
         std::fs::create_dir(&status).unwrap();
@@ -711,7 +711,7 @@ mod tests {
 
     #[test]
     fn egress_kinds_and_routes_with_an_egress_network_parent_reach_the_egress_index() {
-        // issue 30: EgressNetwork, TLSRoute and TCPRoute are egress's alone; an HTTPRoute with an
+        // EgressNetwork, TLSRoute and TCPRoute are egress's alone; an HTTPRoute with an
         // EgressNetwork parent goes to both indexes.
         let text = "apiVersion: policy.cnimesh.io/v1alpha1\nkind: EgressNetwork\nmetadata: {name: world, namespace: shop}\nspec: {trafficPolicy: Deny}\n---\napiVersion: gateway.networking.k8s.io/v1alpha2\nkind: TLSRoute\nmetadata: {name: t, namespace: shop}\nspec: {parentRefs: [{group: policy.cnimesh.io, kind: EgressNetwork, name: world}]}\n---\napiVersion: gateway.networking.k8s.io/v1alpha2\nkind: TCPRoute\nmetadata: {name: c, namespace: shop}\nspec: {parentRefs: [{group: policy.cnimesh.io, kind: EgressNetwork, name: world}]}\n---\napiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: h, namespace: shop}\nspec: {parentRefs: [{group: policy.cnimesh.io, kind: EgressNetwork, name: world}]}\n";
         let ids: Vec<ObjectId> = parse(text).unwrap().iter().map(Parsed::id).collect();

@@ -2,7 +2,7 @@
 //! policy index ([`KubeSource::with_policy`]) the same Pod and Service watches feed it too, and
 //! it gets Namespaces, the policy resources and the
 //! Gateway API's HTTPRoutes, GRPCRoutes and ReferenceGrants (optional: a cluster without their
-//! CRDs has none of them); with an egress index ([`KubeSource::with_egress`], issue 30) also
+//! CRDs has none of them); with an egress index ([`KubeSource::with_egress`]) also
 //! EgressNetworks, TLSRoutes and TCPRoutes, and the same HTTPRoute and GRPCRoute watches feed it.
 //!
 //! A watcher lists, then watches from the list's resourceVersion, resumes from the last version it
@@ -39,7 +39,7 @@ impl KubeSource {
         Self { client, policy: None, egress: None }
     }
 
-    /// Also keeps an egress index in step (issue 30): EgressNetworks, TLSRoutes and TCPRoutes,
+    /// Also keeps an egress index in step: EgressNetworks, TLSRoutes and TCPRoutes,
     /// and the HTTPRoutes and GRPCRoutes policy watches anyway.
     pub fn with_egress(mut self, egress: egress::Index) -> Self {
         self.egress = Some(egress);
@@ -71,7 +71,7 @@ impl Source for KubeSource {
         let destination = async {
             futures::join!(
                 follow(Api::<Service>::all(client.clone()), "Service", Absent::Retry, |u: Update<Service>| {
-                    // issue 30: declared protocols. One watch, two indexes, as for Pods.
+                    // Declared protocols. One watch, two indexes, as for Pods.
                     if let Some(policy) = &policy {
                         policy.apply([policy_change(policy::Kind::Service, u.clone())]);
                     }
@@ -122,7 +122,7 @@ impl Source for KubeSource {
                         policy
                     ),
                     follow_egress(&client, egress.as_ref()),
-                    // issue 30: rate limiting. Optional like the routes: a cluster whose CRDs
+                    // Rate limiting. Optional like the routes: a cluster whose CRDs
                     // predate it has no limits, and policy must not wait for the kind.
                     follow_routes(
                         Api::<crd::HttpLocalRateLimitPolicy>::all(client.clone()),
@@ -185,7 +185,7 @@ where
 }
 
 /// [`follow_routes`] for HTTPRoutes and GRPCRoutes, which also go to the egress index when there
-/// is one (issue 30).
+/// is one.
 async fn follow_shared_routes<K>(
     api: Api<K>,
     kind: policy::Kind,
@@ -205,7 +205,7 @@ async fn follow_shared_routes<K>(
     .await
 }
 
-/// issue 30: EgressNetworks, TLSRoutes and TCPRoutes. All optional (a cluster without the CRDs
+/// EgressNetworks, TLSRoutes and TCPRoutes. All optional (a cluster without the CRDs
 /// has none), so outbound answers never wait for them.
 async fn follow_egress(client: &kube::Client, egress: Option<&egress::Index>) {
     let Some(egress) = egress else { return };

@@ -35,7 +35,7 @@ pub fn observe_request(query: &TapQuery, to: &[IpAddr]) -> ObserveRequest {
         all.push(http(mhttp::Match::Path(string(mhttp::string_match::Match::Prefix(path.clone())))));
     }
     if let Some((Resource { kind: Kind::Egress, name }, _)) = &query.to {
-        // issue 30: egress is matched by the labels the proxy gives its destination, by hostname.
+        // Egress is matched by the labels the proxy gives its destination, by hostname.
         let label = |key: &str, value: &str| {
             wrap(m::Match::DestinationLabel(m::Label { key: key.into(), value: value.into() }))
         };

@@ -9,8 +9,8 @@
 //!   meshed pod of that kind in the namespace. For `namespace/NAME` the name is the namespace.
 //! - `namespace`: the resource's namespace [default: `default`].
 //! - `to`, `to-namespace` [default: `namespace`]: only requests whose destination is one of that
-//!   resource's pods, or the ClusterIP of a Service they are endpoints of; `to=egress[/HOSTNAME]`
-//!   (issue 30): only requests to an EgressNetwork's destinations (with that hostname).
+//!   resource's pods, or the ClusterIP of a Service they are endpoints of; `to=egress[/HOSTNAME]`:
+//!   only requests to an EgressNetwork's destinations (with that hostname).
 //! - `method` (exact), `path` (prefix), `authority` (exact), `scheme`: request matches.
 //! - `limit`: end after this many requests (0 or absent: until the caller goes away).
 //! - `max-rps`: at most this many new requests per second are streamed, the others are dropped

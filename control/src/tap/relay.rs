@@ -122,7 +122,7 @@ impl Relay {
         }
         let targets = self.targets(index, &query)?;
         let to = match &query.to {
-            // issue 30: egress is matched by hostname, not by pods' addresses.
+            // Egress is matched by hostname, not by pods' addresses.
             None | Some((Resource { kind: Kind::Egress, .. }, _)) => Vec::new(),
             Some((resource, ns)) => {
                 let ips: Vec<IpAddr> = index

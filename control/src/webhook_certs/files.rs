@@ -3,7 +3,7 @@
 //!
 //! Without this, a new certificate in the Secret (a re-run `install`, a rotated webhook CA) was
 //! served only after a restart, while the caBundle already named the new CA: every pod creation
-//! failed with `x509: certificate signed by unknown authority` (issue 27). Now the kubelet's
+//! failed with `x509: certificate signed by unknown authority`. Now the kubelet's
 //! in-place update of the volume (a `..data` symlink swap) is picked up within a second: the
 //! directory is watched, and also re-read every [`POLL`] in case an event was missed.
 //!

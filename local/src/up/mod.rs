@@ -2,7 +2,7 @@
 //! node agent (which installs and chains the plugin), the control plane's pod (primary CNI only),
 //! then each workload pod through the full chain as the kubelet would, proxies as the proxy UID,
 //! the apps, and finally the demo's traffic. With `--clusters 2`, [`west`] brings the second
-//! cluster up beside the first and links them (issue 28).
+//! cluster up beside the first and links them.
 
 mod preflight;
 mod summary;

@@ -1,4 +1,4 @@
-//! `up --clusters 2` (issue 28): the second cluster, `west`, brought up beside east by the same
+//! `up --clusters 2`: the second cluster, `west`, brought up beside east by the same
 //! steps (its own root `<dir>/west`, prefix `<prefix>w`, bridge, subnet, node agent, control plane
 //! with trust domain `west.local` and an issuer signed by east's anchor through `cnimesh ca
 //! issuer`), plus what multicluster adds: a gateway pod (cnimesh-proxy in gateway mode, not

@@ -95,7 +95,7 @@ async fn accepted_socket(
     connection(stream, peer, addr, direction, shared).await;
 }
 
-/// issue 28: a multicluster gateway's connection: not captured (it came to the gateway's own
+/// A multicluster gateway's connection: not captured (it came to the gateway's own
 /// address), admitted by [`crate::gateway`] and served as outbound traffic to its target.
 async fn gateway_socket(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>, _permit: Permit) {
     let _ = stream.set_nodelay(true);
@@ -186,7 +186,7 @@ async fn outbound<I: Io>(mut io: I, peer: SocketAddr, addr: SocketAddr, shared: 
     let target = crate::outbound::resolve(addr, &shared.outbound).await?;
     let known = known_protocol(addr, &target, &shared.config);
     let tls = target.tls.clone();
-    // issue 30: an EgressNetwork's destination is seen by its SNI, and may be refused here.
+    // An EgressNetwork's destination is seen by its SNI, and may be refused here.
     let policy = crate::outbound::policy_of(&target).and_then(|p| p.current());
     let (prefix, egress) = crate::outbound::egress::admit(
         &mut io,

@@ -65,11 +65,11 @@ pub struct Config {
     /// Distributed tracing ([`crate::app::spans`]); `None` (no collector) = off: no spans, no
     /// exporter task, trace headers forwarded untouched.
     pub trace: Option<TraceConfig>,
-    /// issue 28: a sidecar (the default) or a multicluster gateway ([`crate::gateway`]).
+    /// A sidecar (the default) or a multicluster gateway ([`crate::gateway`]).
     pub mode: Mode,
 }
 
-/// issue 28: what the proxy is.
+/// What the proxy is.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub enum Mode {
     /// A pod's sidecar: captured inbound and outbound traffic.
@@ -434,7 +434,7 @@ pub struct Args {
     pub gateway_cluster_domain: Option<String>,
 }
 
-/// issue 28: the mode, checked: a gateway without an identity could not require mTLS, and
+/// The mode, checked: a gateway without an identity could not require mTLS, and
 /// without discovery could not resolve a Service: both refused rather than run open.
 fn mode(args: &Args, identity: bool, destination: bool) -> Result<Mode, ConfigError> {
     let value = args.mode.as_deref().map(str::trim).unwrap_or("");

@@ -37,7 +37,7 @@ pub struct Connection {
     pub known: Option<Known>,
     /// Inbound with policy discovery: the port's policy, enforced on this connection.
     pub policy: Option<Arc<ConnPolicy>>,
-    /// issue 30: outbound to an EgressNetwork's destination, as admitted.
+    /// Outbound to an EgressNetwork's destination, as admitted.
     pub egress: Option<crate::outbound::egress::Admitted>,
     /// A gateway's connection: the identity its client proved, which every HTTP request it
     /// forwards carries to the target ([`crate::http::headers::GATEWAY_CLIENT_ID`]).
@@ -71,7 +71,7 @@ pub async fn serve<I: Io>(mut io: I, read: Bytes, conn: Connection, shared: &Arc
     });
     let (protocol, prefix, by) = match known {
         Some(known) => (known.protocol, read, known.by),
-        // Declared HTTP/1 (issue 30: a Server's proxyProtocol or a Service's appProtocol): only
+        // Declared HTTP/1 (a Server's proxyProtocol or a Service's appProtocol): only
         // the HTTP version is told, so a late client is still HTTP, never opaque or cut off.
         None if policy_protocol == Some(PortProtocol::Http1) => {
             let (protocol, prefix) = detect::http_version(&mut io, read, config.detect_timeout).await?;
@@ -117,7 +117,7 @@ pub async fn serve<I: Io>(mut io: I, read: Bytes, conn: Connection, shared: &Arc
         return Ok(forwarded?);
     }
     let io = CountingIo::new(PrefixedIo::new(prefix, io), counters.read, counters.write);
-    // issue 28: a gateway connection was admitted for the one Service its transport header
+    // A gateway connection was admitted for the one Service its transport header
     // named; its requests go there whatever authority they carry.
     let pinned = conn.known.is_some_and(|k| k.by == DecidedBy::transport_header);
     let proxy = Arc::new(

@@ -33,10 +33,10 @@ const MAX_AUTHORITY_LEN: usize = 128;
 pub struct RequestLabels {
     pub direction: Direction,
     pub target_addr: String,
-    /// issue 30: `dst_kind="egress"` on egress traffic only ([`DstKind`]).
+    /// `dst_kind="egress"` on egress traffic only ([`DstKind`]).
     #[prometheus(flatten)]
     pub dst_kind: DstKind,
-    /// issue 28: `target_cluster_name` on traffic to a linked cluster only ([`TargetCluster`]).
+    /// `target_cluster_name` on traffic to a linked cluster only ([`TargetCluster`]).
     #[prometheus(flatten)]
     pub target_cluster: TargetCluster,
     pub authority: String,
@@ -50,7 +50,7 @@ pub struct ResponseLabels {
     pub target_addr: String,
     #[prometheus(flatten)]
     pub dst_kind: DstKind,
-    /// issue 28: `target_cluster_name` on traffic to a linked cluster only ([`TargetCluster`]).
+    /// `target_cluster_name` on traffic to a linked cluster only ([`TargetCluster`]).
     #[prometheus(flatten)]
     pub target_cluster: TargetCluster,
     pub authority: String,
@@ -96,12 +96,12 @@ pub struct Metrics {
     pub conn: ConnMetrics,
     /// The route families, with their series bound, for the outbound side.
     pub routes: Arc<RouteMetrics>,
-    /// issue 30: egress by hostname (`outbound_egress_*`).
+    /// Egress by hostname (`outbound_egress_*`).
     pub egress: Arc<crate::outbound::egress::EgressMetrics>,
     /// `trace_spans_exported_total`, `trace_spans_dropped_total`: read from the trace exporter at
     /// each scrape (0 while tracing is off).
     pub trace: TraceCounts,
-    /// issue 28: a multicluster gateway's refusals and admitted connections.
+    /// A multicluster gateway's refusals and admitted connections.
     pub gateway: Arc<crate::gateway::GatewayMetrics>,
 }
 
@@ -246,7 +246,7 @@ impl Default for Metrics {
         ] {
             registry.register(name, help, family.clone());
         }
-        // issue 30: rate limiting
+        // Rate limiting
         registry.register(
             "inbound_http_local_ratelimit",
             "HTTP requests refused by their Server's rate limit",
@@ -299,7 +299,7 @@ impl Default for Metrics {
             m.connection_protocol_total.clone(),
         );
         registry.register_collector(Box::new(m.trace.clone()));
-        // issue 30: egress
+        // Egress
         registry.register(
             "outbound_egress_connections",
             "Egress connections by EgressNetwork, destination hostname (TLS SNI, else the IP) and protocol",

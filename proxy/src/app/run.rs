@@ -43,7 +43,7 @@ pub async fn run(
             let channel = grpc_channel::channel(&d.addr, &d.name, id.roots.clone(), Some(id.cert.clone()), None)?;
             let max_backoff = config.identity.as_ref().map_or(Duration::from_secs(30), |i| i.max_backoff);
             let discovery = discovery::Discovery::new(channel, d.first_answer, max_backoff, metrics.discovery());
-            // issue 28: a gateway is answered as if only the Services exported through it existed.
+            // A gateway is answered as if only the Services exported through it existed.
             let gateway = config.mode != crate::app::config::Mode::Sidecar;
             Some(Arc::new(if gateway { discovery.for_gateway() } else { discovery }))
         }
@@ -92,7 +92,7 @@ pub async fn run(
     let shared = Arc::new(shared);
     tokio::spawn(evict_idle_targets(shared.clone()));
     let mut listeners = Vec::new();
-    // issue 28: a gateway has no captured outbound traffic: its inbound listeners are all.
+    // A gateway has no captured outbound traffic: its inbound listeners are all.
     let gateway = config.mode != crate::app::config::Mode::Sidecar;
     anyhow::ensure!(!gateway || shared.gateway.is_some(), "gateway mode without an identity");
     let outbound_addrs = if gateway { &Vec::new() } else { &config.outbound };

@@ -36,7 +36,7 @@ pub struct Shared {
     /// Distributed tracing, when a collector is configured ([`crate::app::spans`]); set by
     /// [`crate::run`] once the exporter task runs. `None`: requests pay one `Option` check.
     pub tracer: Option<Arc<Tracer>>,
-    /// issue 28: in gateway mode, what its inbound listeners admit with ([`crate::gateway`]).
+    /// In gateway mode, what its inbound listeners admit with ([`crate::gateway`]).
     pub gateway: Option<crate::gateway::Gateway>,
 }
 

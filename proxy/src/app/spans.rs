@@ -1,4 +1,4 @@
-//! The proxy's part in distributed tracing (issue 29), on cnimesh-trace: which requests get spans,
+//! The proxy's part in distributed tracing, on cnimesh-trace: which requests get spans,
 //! what the spans say, and the context the proxy forwards.
 //!
 //! - Off (no collector configured): [`Shared::tracer`](crate::app::shared::Shared) is `None`;

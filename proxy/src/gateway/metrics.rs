@@ -1,4 +1,4 @@
-//! issue 28: the gateway's own families: refusals by reason, admitted connections by client and
+//! The gateway's own families: refusals by reason, admitted connections by client and
 //! target. Registered by the app with the others.
 
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};

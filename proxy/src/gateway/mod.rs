@@ -1,4 +1,4 @@
-//! issue 28: the multicluster gateway (`CNIMESH_PROXY_MODE=gateway`): a cnimesh proxy that
+//! The multicluster gateway (`CNIMESH_PROXY_MODE=gateway`): a cnimesh proxy that
 //! admits connections from other clusters' proxies to this cluster's Services.
 //!
 //! The contract (docs/tasks/multicluster.md, "The gateway"): the gateway listens on the inbound

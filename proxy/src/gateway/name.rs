@@ -1,4 +1,4 @@
-//! issue 28: which names a gateway forwards to: Services of its own cluster domain only.
+//! Which names a gateway forwards to: Services of its own cluster domain only.
 
 use super::Refusal;
 

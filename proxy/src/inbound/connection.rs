@@ -75,7 +75,7 @@ pub async fn connection<I: Io>(
     };
     let policy_protocol = port.as_ref().map(|p| p.current().protocol);
     let policy_opaque = policy_protocol == Some(PortProtocol::Opaque);
-    // Declared HTTP (issue 30: a Server's proxyProtocol, a Service's appProtocol): a client
+    // Declared HTTP (a Server's proxyProtocol, a Service's appProtocol): a client
     // silent through the TLS wait is plaintext HTTP, served as such, not cut off by detection.
     let declared_http = matches!(policy_protocol, Some(PortProtocol::Http1 | PortProtocol::Http2));
     let opaque = |by| Some(Known { protocol: Protocol::Opaque, by });

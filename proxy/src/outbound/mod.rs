@@ -42,7 +42,7 @@ pub struct Outbound {
     /// By service authority (`name.ns.svc.<domain>:port`), for requests that name one.
     pub by_service: Targets<String>,
     pub routes: Arc<RouteMetrics>,
-    /// issue 30: egress connections, requests and refusals by hostname.
+    /// Egress connections, requests and refusals by hostname.
     pub egress: Arc<egress::EgressMetrics>,
     /// Egress hostnames bound to the addresses the pod's resolver gives them.
     pub egress_names: Arc<egress::names::Names>,

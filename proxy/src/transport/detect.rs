@@ -139,7 +139,7 @@ pub enum DecidedBy {
     configuration,
     policy,
     detection,
-    /// issue 28: a multicluster gateway's connection, whose transport header names it.
+    /// A multicluster gateway's connection, whose transport header names it.
     transport_header,
 }
 

@@ -1,4 +1,4 @@
-//! issue 28: Linkerd's transport header (linkerd2-proxy's `linkerd/transport-header`), which a
+//! Linkerd's transport header (linkerd2-proxy's `linkerd/transport-header`), which a
 //! client proxy writes at the start of an mTLS connection to a multicluster gateway to say where
 //! the connection is for, and the gateway reads before anything else.
 //!

@@ -51,7 +51,7 @@ impl EncodeLabelSet for TlsLabel {
     }
 }
 
-/// issue 30: `dst_kind`, what an outbound destination is. Only egress (an EgressNetwork's
+/// `dst_kind`, what an outbound destination is. Only egress (an EgressNetwork's
 /// destination, seen by hostname in `outbound_egress_*`) is labelled, `dst_kind="egress"`; the
 /// mesh's own traffic keeps its label set, so existing queries and dashboards are unchanged.
 /// `cnimesh edges` uses it to leave out the plain IP row of traffic it shows by hostname.
@@ -77,7 +77,7 @@ impl EncodeLabelSet for DstKind {
     }
 }
 
-/// issue 28: `target_cluster_name`, the linked cluster an outbound destination is in (a mirror
+/// `target_cluster_name`, the linked cluster an outbound destination is in (a mirror
 /// Service's endpoints, as Destination labels them). Like `dst_kind`, only that traffic carries
 /// it: the cluster's own series keep their label set.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]

@@ -1,5 +1,5 @@
-//! Outbound policy for an address outside the cluster networks that an EgressNetwork holds
-//! (issue 30), filled as Linkerd 2.18's policy controller fills egress answers:
+//! Outbound policy for an address outside the cluster networks that an EgressNetwork holds,
+//! filled as Linkerd 2.18's policy controller fills egress answers:
 //! - `metadata`: the EgressNetwork as a resource (`group: policy.cnimesh.io`,
 //!   `kind: EgressNetwork`, its namespace and name, the port asked for): what the proxy labels
 //!   egress traffic with;

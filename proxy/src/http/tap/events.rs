@@ -88,7 +88,7 @@ impl Meta {
         }
     }
 
-    /// issue 30: a request to an EgressNetwork's destination, as the destination's labels say it
+    /// A request to an EgressNetwork's destination, as the destination's labels say it
     /// (`dst_kind=egress`, `egress_network=<ns>/<name>`, `dst_hostname`), so that a tap shows and
     /// matches it by hostname (`DestinationLabel` matches) rather than by its IP.
     pub fn egress(mut self, network: &str, hostname: &str) -> Self {

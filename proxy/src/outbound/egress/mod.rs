@@ -1,4 +1,4 @@
-//! Egress (issue 30, proxy side): connections to an address the control plane answered with an
+//! Egress (proxy side): connections to an address the control plane answered with an
 //! EgressNetwork's policy (the policy's parent is `kind: EgressNetwork`), seen by hostname and
 //! allowed or refused as its routes say.
 //!

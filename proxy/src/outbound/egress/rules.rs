@@ -1,4 +1,4 @@
-//! What an EgressNetwork's policy says about connections that are not HTTP (issue 30), read
+//! What an EgressNetwork's policy says about connections that are not HTTP, read
 //! once when the policy arrives ([`crate::outbound::policy::model`]): the TLS routes by SNI, and
 //! whether the opaque route refuses.
 

@@ -134,7 +134,7 @@ pub async fn route<B>(
     let backend = picked.and_then(|i| rule.backends.get(i));
     let filters = rule.filters.iter().chain(backend.into_iter().flat_map(|b| b.filters.iter()));
     apply::request_filters(filters, req, selected.prefix, roll).map_err(|a| match (a, &egress) {
-        // issue 30: the EgressNetwork's refusal is the proxy's own answer, named and counted.
+        // The EgressNetwork's refusal is the proxy's own answer, named and counted.
         (Answer::Fail { status, .. }, Some(labels)) if status == http::StatusCode::FORBIDDEN => {
             outbound.egress.outbound_egress_denied_total.get_or_create(labels).inc();
             let network = crate::outbound::egress::network_name(&policy.parent);
@@ -154,7 +154,7 @@ pub async fn route<B>(
     Ok(Some(Routed { target: routed_target, timeout, route, handles, index, backend: backend_index, version, policy }))
 }
 
-/// issue 30: counts an egress request by its hostname (the authority's host, else the Host
+/// Counts an egress request by its hostname (the authority's host, else the Host
 /// header's, when the destination `addr` is among its addresses; else the IP) and returns the
 /// labels a refusal is counted with; what it was seen as goes into its extensions
 /// ([`SeenAs`]). A request whose authority and Host header disagree is refused.
