@@ -136,7 +136,8 @@ fn main() {
     // A baseline binary (e.g. the previous release) gets its own mTLS pair, measured in the same
     // rounds as the others, so a before/after comparison shares every round's conditions.
     let baseline = std::env::var("CNIMESH_BENCH_BASELINE_PROXY").ok().map(PathBuf::from);
-    let mut pairs = vec![("tls-client", "tls-server", "false", &bins.proxy), ("up-client", "up-server", "true", &bins.proxy)];
+    let mut pairs =
+        vec![("tls-client", "tls-server", "false", &bins.proxy), ("up-client", "up-server", "true", &bins.proxy)];
     if let Some(baseline) = &baseline {
         println!("baseline proxy binary: {}", baseline.display());
         pairs.push(("base-client", "base-server", "false", baseline));
