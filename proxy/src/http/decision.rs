@@ -1,8 +1,9 @@
 //! What the proxy does with one HTTP request, decided before anything is sent: forward it (as
 //! the direction's own [`Decision::Forward`] value says) or answer it itself. Each direction
 //! builds its decision before anything is sent ([`crate::inbound::http`], with no I/O at all;
-//! [`crate::outbound::http`], which may wait on discovery for a backend); the executor runs it, and every answer the proxy makes itself
-//! goes through one arm there: counted, tapped and ended in its span the same way.
+//! [`crate::outbound::http`], which may wait on discovery for a backend); the executor runs it,
+//! and every answer the proxy makes itself goes through one arm there: counted, tapped and ended
+//! in its span the same way.
 
 use http::{Response, StatusCode};
 
