@@ -4,8 +4,10 @@
 1. Files: an edge a -> b when the file of module a names an item of module b (`use crate::…`,
    `super::…`, paths in code). Child modules naming their parent are parent/child, not peers,
    and are left out.
-2. Top-level modules of each crate: the same edges, each end collapsed to its top-level module
-   (`crate::outbound::routes::x` -> `outbound`). A cycle here is what a reader cannot untangle
+2. Sibling modules, inside every module at every depth (the crate root's children, the top-level
+   modules, included): for each module m, the file edges between two of its descendants, each
+   end collapsed to the child of m that holds it (inside `client`, `client::discovery::follow ->
+   client::target` becomes `discovery -> target`). A cycle here is what a reader cannot untangle
    even when every file is acyclic (metrics -> outbound::routes, outbound::x -> metrics).
    Where the crate root's doc comment says `//! Layers: a → b | c → d` (each layer may name only
    the layers before it; `|` separates peers that may not name each other), every top-level
@@ -17,7 +19,8 @@
 
 Test code may reach anywhere: `tests.rs`/`tests/` modules and what follows `#[cfg(test)] mod
 tests` are left out. Exit 1 when anything is found.
-Usage: scripts/module-cycles.py [CRATE_DIR ...] (default: every workspace crate, and the crate graph)."""
+Usage: scripts/module-cycles.py [CRATE_DIR ...] (default: every workspace crate, and the crate graph);
+scripts/module-cycles.py --self-test (plants cycles in a scratch crate and checks they are found)."""
 import json, os, re, subprocess, sys
 
 try:
@@ -121,14 +124,64 @@ def edges(src):
     return graph
 
 
-def top_level(graph):
-    """The file graph collapsed to top-level modules; the crate root (wiring) is left out."""
-    top = {}
+def siblings(graph):
+    """The file graph collapsed, inside each module, to that module's children: {parent: graph of
+    its children}. The parent's own file (its wiring) is left out, as are edges leaving it. The
+    crate root's entry, `()`, is the top-level module graph."""
+    levels = {}
     for a, bs in graph.items():
         for b in bs:
-            if a and b and a[0] != b[0]:
-                top.setdefault((a[0],), set()).add((b[0],))
-    return top
+            common = 0
+            while common < min(len(a), len(b)) and a[common] == b[common]:
+                common += 1
+            if common < len(a) and common < len(b):
+                parent = a[:common]
+                levels.setdefault(parent, {}).setdefault(a[: common + 1], set()).add(b[: common + 1])
+    return levels
+
+
+def self_test():
+    """Runs the check on two scratch crates: one with planted sibling cycles that no file cycle
+    shows (`a::x::p -> a::y` with `a::y::q -> a::x`, one level down; `b::m -> c` with `c::n -> b`,
+    at the top), which must fail naming both, and the same crate without them, which must pass."""
+    import tempfile
+
+    def check(files):
+        d = tempfile.mkdtemp(prefix="module-cycles-")
+        for rel, text in files.items():
+            path = os.path.join(d, "src", rel)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            open(path, "w", encoding="utf-8").write(text)
+        run = subprocess.run([sys.executable, os.path.abspath(__file__), d], capture_output=True, text=True)
+        return run.returncode, run.stdout
+
+    clean = {
+        "lib.rs": "mod a;\nmod b;\nmod c;\n",
+        "a/mod.rs": "mod x;\nmod y;\n",
+        "a/x/mod.rs": "mod p;\npub struct X;\n",
+        "a/x/p.rs": "use crate::a::y::Y;\n",
+        "a/y/mod.rs": "mod q;\npub struct Y;\n",
+        "a/y/q.rs": "pub fn f() {}\n",
+        "b/mod.rs": "mod m;\npub struct B;\n",
+        "b/m.rs": "use crate::c::C;\n",
+        "c/mod.rs": "mod n;\npub struct C;\n",
+        "c/n.rs": "pub fn g() {}\n",
+    }
+    planted = dict(clean, **{"a/y/q.rs": "use super::super::x::X;\n", "c/n.rs": "use crate::b::B;\n"})
+    failures = []
+    code, out = check(planted)
+    for want in ("module cycle inside a: a::x <-> a::y", "module cycle inside crate root: b <-> c", "0 file cycles, 2 module cycles"):
+        if want not in out:
+            failures.append(f"planted cycles: expected `{want}` in:\n{out}")
+    if code != 1:
+        failures.append(f"planted cycles: exit status {code}, expected 1")
+    code, out = check(clean)
+    if code != 0:
+        failures.append(f"clean crate: exit status {code}, expected 0:\n{out}")
+    for f in failures:
+        print("self-test: " + f)
+    print("self-test: " + ("FAILED" if failures else "planted sibling cycles (top level and one level down) fail the check; the clean crate passes"))
+    return 1 if failures else 0
 
 
 def cycles(graph):
@@ -240,6 +293,8 @@ def check_crates(top):
 def main():
     top = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     args = sys.argv[1:]
+    if args == ["--self-test"]:
+        return self_test()
     crates = args or sorted(d for d in os.listdir(top) if os.path.isfile(os.path.join(top, d, "Cargo.toml")) and os.path.isdir(os.path.join(top, d, "src")))
     if not crates:
         print(f"no crates found under {top}: run the script from the repository's scripts/ folder")
@@ -251,11 +306,13 @@ def main():
         for comp in cycles(graph):
             files += 1
             print(f"{c}: file import cycle: " + " <-> ".join("::".join(m) or "crate" for m in comp))
-        top_graph = top_level(graph)
-        for comp in cycles(top_graph):
-            mods += 1
-            print(f"{c}: module cycle: " + " <-> ".join(m[0] for m in comp))
-        layers += check_layers(c, src, top_graph)
+        levels = siblings(graph)
+        for parent, level in sorted(levels.items()):
+            for comp in cycles(level):
+                mods += 1
+                inside = "::".join(parent) or "crate root"
+                print(f"{c}: module cycle inside {inside}: " + " <-> ".join("::".join(m) for m in comp))
+        layers += check_layers(c, src, levels.get((), {}))
     crates_bad = 0 if args else check_crates(top)
     print(f"{files} file cycles, {mods} module cycles, {layers} layer violations, {crates_bad} crate-graph problems")
     return 1 if files or mods or layers or crates_bad else 0

@@ -6,7 +6,7 @@
 //! Built on the control plane's library (the webhook's mutation, the manifests' names, the tap
 //! relay's query and lines), never the other way round.
 //!
-//! Layers: yaml | pod_proxy → manifests → install → ca | check | inject | uninstall | upgrade | prune | stat | tracing_addon → tap | identity_rotate | diagnostics | policy | multicluster → authz | top → dashboard
+//! Layers: yaml | query_error → pod_proxy → manifests → install → ca | check | inject | uninstall | upgrade | prune | stat | tracing_addon → tap | identity_rotate | diagnostics | policy | multicluster → authz | top → dashboard
 
 pub mod authz;
 pub mod ca;
@@ -21,6 +21,7 @@ pub mod multicluster;
 pub mod pod_proxy;
 pub mod policy;
 pub mod prune;
+pub mod query_error;
 pub mod stat;
 pub mod tap;
 pub mod top;

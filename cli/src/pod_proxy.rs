@@ -13,16 +13,11 @@ pub const CONCURRENCY: usize = 8;
 /// A pod that does not answer through the API server's proxy must not hang the whole command.
 pub const POD_PROXY_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// A kube error in one line: the API server's own message for API errors (not the debug dump
-/// kube's Display adds), the cause chain otherwise.
-pub fn kube_error(error: &kube::Error) -> String {
-    match error {
-        kube::Error::Api(status) => format!("{} ({} {})", status.message, status.code, status.reason),
-        other => cnimesh_common::error::with_causes(other.to_string(), other),
-    }
-}
+use crate::query_error::QueryError;
+pub use crate::query_error::kube_error;
 
-/// GET `path` of `pod`'s `port` through the API server's pod proxy subresource.
+/// GET `path` of `pod`'s `port` through the API server's pod proxy subresource; the error in one
+/// line ([`QueryError::detail`]).
 pub async fn pod_proxy_get(
     client: &kube::Client,
     namespace: &str,
@@ -30,11 +25,24 @@ pub async fn pod_proxy_get(
     port: u16,
     path: &str,
 ) -> Result<String, String> {
+    pod_proxy_read(client, namespace, pod, port, path).await.map_err(|e| e.detail().to_string())
+}
+
+/// [`pod_proxy_get`] with its error typed (a refusal, no answer, …), for callers that decide on it.
+pub async fn pod_proxy_read(
+    client: &kube::Client,
+    namespace: &str,
+    pod: &str,
+    port: u16,
+    path: &str,
+) -> Result<String, QueryError> {
     let uri = format!("/api/v1/namespaces/{namespace}/pods/{pod}:{port}/proxy/{path}");
-    let request = http::Request::get(&uri).body(Vec::new()).map_err(|e| format!("building {uri}: {e}"))?;
+    let what = format!("GET {uri}");
+    let request =
+        http::Request::get(&uri).body(Vec::new()).map_err(|e| QueryError::BadQuery(format!("building {uri}: {e}")))?;
     match tokio::time::timeout(POD_PROXY_TIMEOUT, client.request_text(request)).await {
-        Err(_) => Err(format!("no answer within {}s", POD_PROXY_TIMEOUT.as_secs())),
-        Ok(Err(e)) => Err(kube_error(&e)),
+        Err(_) => Err(QueryError::timeout(what, POD_PROXY_TIMEOUT)),
+        Ok(Err(e)) => Err(QueryError::from_kube(what, &e)),
         Ok(Ok(text)) => Ok(text),
     }
 }

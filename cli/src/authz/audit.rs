@@ -33,7 +33,7 @@ pub fn from_metrics(pod: &str, text: &str) -> Vec<WouldBeDenial> {
         };
         let Some((labels, value)) = line.rsplit_once(' ') else { continue };
         let labels = labels_of(labels);
-        if labels.get("authz_kind").map(String::as_str) != Some("audit") {
+        if labels.get("authz_kind").map(String::as_str) != Some(cnimesh_policy_rules::AUDIT_KIND) {
             continue;
         }
         let Ok(count) = value.parse::<f64>() else { continue };

@@ -1,8 +1,8 @@
 //! The report, from listed objects: they go into cnimesh-control's policy index as a source would
 //! deliver them, each of the workload's ports is asked of it as a proxy would ask
 //! (`watch_inbound`), and a client is checked against the authorizations it returns with the
-//! proxy's rules (an identity listed or under a listed suffix; an address in a network, outside
-//! its exceptions). Pure: no I/O.
+//! proxy's own rules ([`cnimesh_policy_rules`]: an identity listed or under a listed suffix; an
+//! address in a network, outside its exceptions, IPv4-mapped addresses as IPv4). Pure: no I/O.
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
@@ -13,7 +13,7 @@ use cnimesh_control::policy::DefaultPolicy;
 use cnimesh_control::policy::index::{
     Authentication, Authorization, AuthzMeta, Change, Config, Index, Kind, Object, ServerMeta,
 };
-use cnimesh_control::policy::model::Network;
+use cnimesh_policy_rules::{self as rules, Refusal};
 use k8s_openapi::api::core::v1::Pod;
 use serde::Serialize;
 
@@ -136,15 +136,22 @@ fn objects(listed: &Objects) -> Vec<Change> {
     ]
 }
 
-/// Whether `identity` is one of `names` or under one of `suffixes` (label lists; empty: any).
-fn identity_matches(identity: &str, names: &BTreeSet<String>, suffixes: &BTreeSet<Vec<String>>) -> bool {
-    let labels: Vec<&str> = identity.split('.').collect();
-    names.contains(identity)
-        || suffixes.iter().any(|s| s.len() <= labels.len() && labels[labels.len() - s.len()..].iter().eq(s.iter()))
-}
-
-fn in_networks(ip: IpAddr, networks: &[Network]) -> bool {
-    networks.iter().any(|n| n.net.contains(&ip) && !n.except.iter().any(|e| e.contains(&ip)))
+/// `a` as the proxy receives it (the control plane sends it so) and enforces it.
+fn rules_authz(a: &Authorization) -> rules::Authz {
+    let meta = match &a.meta {
+        AuthzMeta::Default(DefaultPolicy::Audit) => rules::Resource::new("", rules::AUDIT_KIND, "audit"),
+        AuthzMeta::Default(p) => rules::Resource::new("", "default", p.as_str()),
+        AuthzMeta::Policy(key) => rules::Resource::new("policy.cnimesh.io", "authorizationpolicy", &key.name),
+    };
+    let authn = match &a.authentication {
+        Authentication::Unauthenticated => rules::Authn::Unauthenticated,
+        Authentication::MeshTls(ids) => rules::Authn::MeshTls {
+            identities: ids.names.iter().map(|n| n.as_str().into()).collect(),
+            suffixes: ids.suffixes.iter().map(|labels| rules::suffix(labels)).collect(),
+        },
+    };
+    let networks = a.networks.iter().map(|n| rules::Network { net: n.net, except: n.except.clone() }).collect();
+    rules::Authz { meta, networks, authn }
 }
 
 fn authz_name(a: &Authorization) -> String {
@@ -194,40 +201,44 @@ fn authz_report(a: &Authorization, listed: &Objects) -> AuthzReport {
     AuthzReport { name: authz_name(a), clients, networks, requires }
 }
 
-/// May `client` reach a port whose policy is `server` with `authorizations`? As the proxy decides
-/// a connection: the first authorization admitting both its identity and its address.
+/// May `client` reach a port whose policy is `server` with `authorizations`? Decided by the
+/// proxy's own rules ([`rules::decide`]): the first authorization admitting both its identity
+/// and its address; each one before it says why it refused.
 fn verdict(server: &str, authorizations: &[Authorization], client: &Client) -> Verdict {
-    let mut refused = Vec::new();
-    for a in authorizations {
-        let identity_ok = match &a.authentication {
-            Authentication::Unauthenticated => true,
-            Authentication::MeshTls(ids) => match &client.identity {
-                Some(identity) => identity_matches(identity, &ids.names, &ids.suffixes),
-                None => {
-                    refused.push(format!("{} needs mTLS and {} is not meshed", authz_name(a), client.name));
-                    continue;
+    let enforced: Vec<rules::Authz> = authorizations.iter().map(rules_authz).collect();
+    let decision = rules::decide(&enforced, client.identity.as_deref(), client.ip);
+    let refused: Vec<String> = decision
+        .refused
+        .iter()
+        .map(|&(i, why)| {
+            let name = authz_name(&authorizations[i]);
+            match why {
+                Refusal::NeedsMeshTls => format!("{name} needs mTLS and {} is not meshed", client.name),
+                Refusal::IdentityNotListed => {
+                    format!("{name} does not list {}", client.identity.as_deref().unwrap_or("-"))
                 }
-            },
+                Refusal::AddressOutside => {
+                    format!(
+                        "{name} does not admit the address {}",
+                        client.ip.map(|ip| ip.to_string()).unwrap_or_default()
+                    )
+                }
+            }
+        })
+        .collect();
+    if let Some(i) = decision.allowed_by {
+        let a = &authorizations[i];
+        if a.meta == AuthzMeta::Default(DefaultPolicy::Audit) {
+            let why = format!("let through by audit mode, a would-be denial ({})", refused.join("; "));
+            return Verdict { allowed: true, why: why.replace(" ()", "") };
+        }
+        let everywhere = a.networks.iter().any(|n| n.net.prefix_len() == 0 && n.except.is_empty());
+        let note = if client.ip.is_some() || everywhere {
+            ""
+        } else {
+            " (if its address is in the networks: use --from to check it)"
         };
-        if !identity_ok {
-            refused.push(format!("{} does not list {}", authz_name(a), client.identity.as_deref().unwrap_or("-")));
-            continue;
-        }
-        match client.ip {
-            Some(ip) if !in_networks(ip, &a.networks) => {
-                refused.push(format!("{} does not admit the address {ip}", authz_name(a)));
-            }
-            _ if a.meta == AuthzMeta::Default(DefaultPolicy::Audit) => {
-                let why = format!("let through by audit mode, a would-be denial ({})", refused.join("; "));
-                return Verdict { allowed: true, why: why.replace(" ()", "") };
-            }
-            Some(_) => return Verdict { allowed: true, why: format!("allowed by {}", authz_name(a)) },
-            None => {
-                let everywhere = a.networks.iter().any(|n| n.net.prefix_len() == 0 && n.except.is_empty());
-                let note = if everywhere { "" } else { " (if its address is in the networks: use --from to check it)" };
-                return Verdict { allowed: true, why: format!("allowed by {}{note}", authz_name(a)) };
-            }
-        }
+        return Verdict { allowed: true, why: format!("allowed by {}{note}", authz_name(a)) };
     }
     let why = if authorizations.is_empty() {
         if server.starts_with("default/") {
@@ -346,4 +357,48 @@ fn routes(index: &Index, namespace: &str, pods: &[Pod], listed: &Objects) -> Vec
         }
     }
     out
+}
+
+#[cfg(test)]
+mod agreement_tests {
+    use cnimesh_control::meta::NsName;
+    use cnimesh_control::policy::index::{Authentication, Authorization, AuthzMeta};
+    use cnimesh_control::policy::model::Network;
+
+    use super::{Client, rules, rules_authz, verdict};
+
+    /// An IPv4 client the proxy sees through its IPv6 socket (`::ffff:a.b.c.d`) is matched as
+    /// IPv4 by the proxy; `cnimesh authz` must give the same answer for the same address.
+    #[test]
+    fn the_cli_decides_an_ipv4_mapped_client_as_the_proxy_does() {
+        let office = Authorization {
+            meta: AuthzMeta::Policy(NsName::new("shop", "office")),
+            networks: vec![Network {
+                net: "10.1.0.0/16".parse().unwrap(),
+                except: vec!["10.1.9.0/24".parse().unwrap()],
+            }],
+            authentication: Authentication::Unauthenticated,
+        };
+        let decide = |ip: &str| {
+            let client = Client { name: "c".into(), identity: None, ip: Some(ip.parse().unwrap()) };
+            verdict("server/web-http", std::slice::from_ref(&office), &client).allowed
+        };
+        // The proxy's decision: the function its request path calls, on the authorization as it
+        // receives it.
+        let proxy = |ip: &str| {
+            let client = rules::Client { ip: ip.parse().unwrap(), identity: None };
+            rules::authorized(&[rules_authz(&office)], client).is_some()
+        };
+        // What the proxy decides for these clients (its `authorize` tests: "IPv4-mapped", "except").
+        for (ip, proxy_allows) in [
+            ("10.1.2.3", true),
+            ("::ffff:10.1.2.3", true),
+            ("10.1.9.3", false),
+            ("::ffff:10.1.9.3", false),
+            ("10.2.0.1", false),
+        ] {
+            assert_eq!(proxy(ip), proxy_allows, "client {ip}: the proxy's rules changed");
+            assert_eq!(decide(ip), proxy_allows, "client {ip}: the CLI disagrees with the proxy");
+        }
+    }
 }

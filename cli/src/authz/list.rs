@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
 use kube::api::ListParams;
 use serde::de::DeserializeOwned;
 
-use crate::pod_proxy::kube_error;
+use crate::query_error::QueryError;
 
 /// What a command names: a workload of some kind in a namespace.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -93,7 +93,7 @@ where
     match api.list(&ListParams::default()).await {
         Ok(list) => Ok(Some(list.items)),
         Err(kube::Error::Api(status)) if status.code == 404 => Ok(None),
-        Err(e) => anyhow::bail!("listing {what} in {namespace}: {}", kube_error(&e)),
+        Err(e) => Err(QueryError::from_kube(format!("listing {what} in {namespace}"), &e).into()),
     }
 }
 
@@ -120,7 +120,7 @@ pub async fn objects(client: &kube::Client, namespace: &str) -> anyhow::Result<O
     let mut objects = Objects {
         namespace: match kube::Api::<Namespace>::all(client.clone()).get_opt(namespace).await {
             Ok(ns) => ns,
-            Err(e) => anyhow::bail!("reading namespace {namespace}: {}", kube_error(&e)),
+            Err(e) => return Err(QueryError::from_kube(format!("reading namespace {namespace}"), &e).into()),
         },
         pods: pods(client, namespace).await?,
         services: list(client, namespace, "services").await?,
@@ -196,6 +196,6 @@ where
     match api.get_opt(name).await {
         Ok(Some(object)) => Ok(object),
         Ok(None) => anyhow::bail!("{what} {namespace}/{name} not found"),
-        Err(e) => anyhow::bail!("reading {what} {namespace}/{name}: {}", kube_error(&e)),
+        Err(e) => Err(QueryError::from_kube(format!("reading {what} {namespace}/{name}"), &e).into()),
     }
 }

@@ -65,8 +65,23 @@ pub async fn main(cluster: &ClusterArgs, args: AuthzArgs, out: &mut impl Write) 
     Ok(())
 }
 
-/// The command's core on a kube client (the tests' mocked API server, or the cluster).
+/// The report rendered as `args.output` asks (the command's output).
 pub async fn report(client: &kube::Client, args: &AuthzArgs) -> anyhow::Result<String> {
+    Ok(render(&query(client, args).await?, args.output))
+}
+
+/// The report as `output` renders it: the table, or the report itself as JSON.
+pub fn render(report: &evaluate::Report, output: Output) -> String {
+    match output {
+        Output::Json => serde_json::to_string_pretty(report).expect("the report serialises") + "\n",
+        Output::Table => render::table(report),
+    }
+}
+
+/// The command's core on a kube client (the tests' mocked API server, or the cluster): the typed
+/// report, which the command renders and the dashboard serves. Failures to read the cluster are
+/// [`crate::query_error::QueryError`]s in the chain.
+pub async fn query(client: &kube::Client, args: &AuthzArgs) -> anyhow::Result<evaluate::Report> {
     let workload = list::Workload::parse(&args.resource, &args.namespace)?;
     let objects = list::objects(client, &workload.namespace).await?;
     let pods = list::select(client, &workload, &objects.pods).await?;
@@ -104,10 +119,7 @@ pub async fn report(client: &kube::Client, args: &AuthzArgs) -> anyhow::Result<S
             }
         }
     }
-    Ok(match args.output {
-        Output::Json => serde_json::to_string_pretty(&report).expect("the report serialises") + "\n",
-        Output::Table => render::table(&report),
-    })
+    Ok(report)
 }
 
 #[cfg(test)]

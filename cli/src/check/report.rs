@@ -94,14 +94,20 @@ pub struct Report {
     pub checks: Vec<Check>,
 }
 
+impl Report {
+    /// The report of `checks` (what `-o json` prints and the dashboard serves).
+    pub fn of(checks: &[Check]) -> Self {
+        Self { success: success(checks), checks: checks.to_vec() }
+    }
+}
+
 /// Warnings and skips do not fail the run: only a failed check does.
 pub fn success(checks: &[Check]) -> bool {
     !checks.iter().any(|c| c.status == Status::Fail)
 }
 
 pub fn render_json(checks: &[Check]) -> String {
-    let report = Report { success: success(checks), checks: checks.to_vec() };
-    let mut text = serde_json::to_string_pretty(&report).expect("a report always serialises");
+    let mut text = serde_json::to_string_pretty(&Report::of(checks)).expect("a report always serialises");
     text.push('\n');
     text
 }

@@ -36,10 +36,11 @@ use super::sampler::{Snapshot, unix};
 use crate::ClusterArgs;
 use crate::check::{RBAC_HINT, UNREACHABLE_HINT, proxy_hint};
 use crate::diagnostics::fetch::{Reach, Target};
+use crate::query_error::QueryError;
 use crate::stat::compute::{self, Query};
 use crate::stat::mesh::Mesh;
 use crate::stat::mesh::{Kind, Resource};
-use crate::stat::render::{self, Output};
+use crate::stat::render::Output;
 use crate::stat::{Readings, Scope, Sources, join, meshed};
 use crate::tap::render::TapOutput;
 use crate::top::aggregate::Top;
@@ -97,10 +98,11 @@ impl Shared {
         }))
     }
 
-    /// An error reading the cluster (or local mode) with `cnimesh check`'s hint for its cause.
+    /// An error reading the cluster (or local mode) with `cnimesh check`'s hint for its cause,
+    /// chosen by the error's type ([`QueryError`]), never its text.
     pub fn upstream_error(&self, error: &anyhow::Error) -> ApiError {
         let text = format!("{error:#}");
-        let hint = if text.contains("403 Forbidden") || text.contains("(403 ") {
+        let hint = if QueryError::is_forbidden(error) {
             RBAC_HINT.to_string()
         } else if self.client.is_some() {
             UNREACHABLE_HINT.to_string()
@@ -255,22 +257,21 @@ fn stat(state: &State, params: &BTreeMap<String, String>) -> Result<Value, ApiEr
         }));
     };
     let query = query(state, params, *window)?;
-    let (text, problems): (String, Vec<ApiError>) = match query.resource.kind {
-        // issue 30: `cnimesh stat egress -o json`.
+    let (value, problems): (Value, Vec<ApiError>) = match query.resource.kind {
+        // `cnimesh stat egress -o json`'s rows.
         Kind::Egress => {
             let rows = compute::egress_stat(&snapshot.mesh, scrapes, &query);
             let mut problems: Vec<&String> = rows.iter().flat_map(|r| &r.unreadable).collect();
             problems.dedup();
             let problems = problems.into_iter().map(|p| unreadable(p)).collect();
-            (render::egress_stat(&rows, Output::Json, query.namespace.is_none()), problems)
+            (serde_json::to_value(&rows).expect("serialisable"), problems)
         }
         _ => {
             let rows = compute::stat(&snapshot.mesh, scrapes, &query);
             let problems = rows.iter().flat_map(|r| &r.unreadable).map(|p| unreadable(p)).collect();
-            (render::stat(&rows, Output::Json, query.namespace.is_none()), problems)
+            (serde_json::to_value(&rows).expect("serialisable"), problems)
         }
     };
-    let value = serde_json::from_str(&text).expect("stat's JSON parses");
     Ok(state.envelope(*at, value, problems, snapshot.error.as_ref()))
 }
 
@@ -287,7 +288,7 @@ fn edges(state: &State, params: &BTreeMap<String, String>) -> Result<Value, ApiE
     let rows = compute::edges(&snapshot.mesh, &scrapes, &query);
     let problems =
         readings.iter().filter_map(|(pod, r)| r.as_ref().err().map(|e| unreadable(&format!("{pod}: {e}")))).collect();
-    let value = serde_json::from_str(&render::edges(&rows, Output::Json)).expect("edges' JSON parses");
+    let value = serde_json::to_value(&rows).expect("serialisable");
     Ok(state.envelope(*at, value, problems, snapshot.error.as_ref()))
 }
 
@@ -326,7 +327,7 @@ fn pods(state: &State, params: &BTreeMap<String, String>) -> Result<Value, ApiEr
 }
 
 async fn diagnostics(state: &State, page: &str, params: &BTreeMap<String, String>) -> Result<Value, ApiError> {
-    use crate::diagnostics::{Output, Page};
+    use crate::diagnostics::Page;
     let page = match page {
         "metrics" => Page::Metrics,
         "identity" => Page::Identity,
@@ -348,19 +349,15 @@ async fn diagnostics(state: &State, page: &str, params: &BTreeMap<String, String
         (None, None) => state.client.as_ref().map_or("default", kube::Client::default_namespace).to_string(),
     };
     let at = SystemTime::now();
-    let text = crate::diagnostics::report(&state.reach(), page, &target, &namespace, None, Output::Json)
-        .await
-        .map_err(|e| {
-            let mut error = state.upstream_error(&e);
-            if let Target::Pod(name) = &target
-                && !error.error.contains("403")
-            {
-                error.hint = Some(proxy_hint(&namespace, name));
-            }
-            error
-        })?;
-    let value: Value = serde_json::from_str(&text)
-        .map_err(|e| ApiError::new(StatusCode::BAD_GATEWAY, format!("{namespace}/{pod}: not JSON: {e}")))?;
+    let value = crate::diagnostics::query(&state.reach(), page, &target, &namespace, None).await.map_err(|e| {
+        let mut error = state.upstream_error(&e);
+        if let Target::Pod(name) = &target
+            && !QueryError::is_forbidden(&e)
+        {
+            error.hint = Some(proxy_hint(&namespace, name));
+        }
+        error
+    })?;
     Ok(state.envelope(at, value, Vec::new(), None))
 }
 
@@ -382,8 +379,8 @@ async fn authz(state: &State, params: &BTreeMap<String, String>) -> Result<Value
         output: crate::authz::Output::Json,
     };
     let at = SystemTime::now();
-    let text = crate::authz::report(&client, &args).await.map_err(|e| state.upstream_error(&e))?;
-    let value = serde_json::from_str(&text).expect("authz's JSON parses");
+    let report = crate::authz::query(&client, &args).await.map_err(|e| state.upstream_error(&e))?;
+    let value = serde_json::to_value(&report).expect("the report serialises");
     Ok(state.envelope(at, value, Vec::new(), None))
 }
 
@@ -391,7 +388,7 @@ async fn check(state: &State) -> Result<Value, ApiError> {
     let client = state.cluster_client("check")?;
     let at = SystemTime::now();
     let checks = crate::check::run_checks(client, false, at).await;
-    let value = serde_json::from_str(&crate::check::render_json(&checks)).expect("check's JSON parses");
+    let value = serde_json::to_value(crate::check::Report::of(&checks)).expect("the report serialises");
     Ok(state.envelope(at, value, Vec::new(), None))
 }
 
@@ -453,16 +450,12 @@ async fn tap(state: &State, params: &BTreeMap<String, String>) -> Result<Respons
             Err(e) => return Err(ApiError::bad_request(format!("{e:#}"))),
         },
     };
-    let mut lines = opened.map_err(|e| {
-        let text = format!("{e:#}");
-        if text.contains("--") || text.contains("invalid") {
-            ApiError::bad_request(text)
-        } else if state.client.is_some() && !text.contains("(403 ") {
-            // What `cnimesh tap` itself needs: the page taps with the same grants, no more.
-            ApiError::new(StatusCode::BAD_GATEWAY, text).hint(TAP_HINT)
-        } else {
-            state.upstream_error(&e)
-        }
+    let mut lines = opened.map_err(|e| match QueryError::find(&e) {
+        Some(QueryError::BadQuery(text)) => ApiError::bad_request(text.clone()),
+        Some(QueryError::Forbidden { .. }) => state.upstream_error(&e),
+        // What `cnimesh tap` itself needs: the page taps with the same grants, no more.
+        _ if state.client.is_some() => ApiError::new(StatusCode::BAD_GATEWAY, format!("{e:#}")).hint(TAP_HINT),
+        _ => state.upstream_error(&e),
     })?;
     let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(64);
     tokio::spawn(async move {

@@ -10,7 +10,8 @@ use anyhow::Context;
 use cnimesh_common::names::{CONTROL_ADMIN_PORT, CONTROL_NAME, CONTROL_NAMESPACE, PROXY_ADMIN_PORT, PROXY_CONTAINER};
 use k8s_openapi::api::core::v1::{Pod, Service};
 
-use crate::pod_proxy::{POD_PROXY_TIMEOUT, kube_error, pod_proxy_get};
+use crate::pod_proxy::{POD_PROXY_TIMEOUT, pod_proxy_read};
+use crate::query_error::QueryError;
 
 /// How the admin pages are reached.
 pub enum Reach {
@@ -156,8 +157,8 @@ pub async fn proxy_page(reach: &Reach, namespace: &str, pod: &str, path: &str) -
         }
         Reach::Cluster(client) => {
             meshed_pod(client, namespace, pod).await?;
-            pod_proxy_get(client, namespace, pod, PROXY_ADMIN_PORT, path).await.map_err(|e| {
-                anyhow::anyhow!("reading /{path} of {namespace}/{pod}'s proxy through the API server: {e}")
+            pod_proxy_read(client, namespace, pod, PROXY_ADMIN_PORT, path).await.map_err(|e| {
+                e.about(format!("reading /{path} of {namespace}/{pod}'s proxy through the API server")).into()
             })
         }
     }
@@ -167,8 +168,8 @@ pub async fn proxy_page(reach: &Reach, namespace: &str, pod: &str, path: &str) -
 async fn meshed_pod(client: &kube::Client, namespace: &str, name: &str) -> anyhow::Result<()> {
     let api: kube::Api<Pod> = kube::Api::namespaced(client.clone(), namespace);
     let pod = match tokio::time::timeout(POD_PROXY_TIMEOUT, api.get_opt(name)).await {
-        Err(_) => anyhow::bail!("reading pod {namespace}/{name}: no answer within {}s", POD_PROXY_TIMEOUT.as_secs()),
-        Ok(Err(e)) => anyhow::bail!("reading pod {namespace}/{name}: {}", kube_error(&e)),
+        Err(_) => return Err(QueryError::timeout(format!("reading pod {namespace}/{name}"), POD_PROXY_TIMEOUT).into()),
+        Ok(Err(e)) => return Err(QueryError::from_kube(format!("reading pod {namespace}/{name}"), &e).into()),
         Ok(Ok(None)) => anyhow::bail!("pod {namespace}/{name} not found"),
         Ok(Ok(Some(pod))) => pod,
     };
@@ -220,14 +221,16 @@ pub async fn destination(
             );
             let request = http::Request::get(&uri).body(Vec::new())?;
             match tokio::time::timeout(POD_PROXY_TIMEOUT, client.request_text(request)).await {
-                Err(_) => anyhow::bail!(
-                    "asking the control plane for {authority}: no answer within {}s",
-                    POD_PROXY_TIMEOUT.as_secs()
-                ),
-                Ok(Err(e)) => anyhow::bail!(
-                    "asking the control plane ({CONTROL_NAMESPACE}/{CONTROL_NAME}, port admin) for {authority}: {}",
-                    kube_error(&e)
-                ),
+                Err(_) => {
+                    let what = format!("asking the control plane for {authority}");
+                    return Err(QueryError::timeout(what, POD_PROXY_TIMEOUT).into());
+                }
+                Ok(Err(e)) => {
+                    let what = format!(
+                        "asking the control plane ({CONTROL_NAMESPACE}/{CONTROL_NAME}, port admin) for {authority}"
+                    );
+                    return Err(QueryError::from_kube(what, &e).into());
+                }
                 Ok(Ok(text)) => text,
             }
         }
@@ -241,9 +244,9 @@ async fn service_port(client: &kube::Client, namespace: &str, name: &str, wanted
     let api: kube::Api<Service> = kube::Api::namespaced(client.clone(), namespace);
     let service = match tokio::time::timeout(POD_PROXY_TIMEOUT, api.get_opt(name)).await {
         Err(_) => {
-            anyhow::bail!("reading service {namespace}/{name}: no answer within {}s", POD_PROXY_TIMEOUT.as_secs())
+            return Err(QueryError::timeout(format!("reading service {namespace}/{name}"), POD_PROXY_TIMEOUT).into());
         }
-        Ok(Err(e)) => anyhow::bail!("reading service {namespace}/{name}: {}", kube_error(&e)),
+        Ok(Err(e)) => return Err(QueryError::from_kube(format!("reading service {namespace}/{name}"), &e).into()),
         Ok(Ok(None)) => anyhow::bail!("service {namespace}/{name} not found"),
         Ok(Ok(Some(service))) => service,
     };

@@ -149,32 +149,56 @@ pub async fn report(
     port: Option<u16>,
     output: Output,
 ) -> anyhow::Result<String> {
+    let (text, value) = fetch_page(reach, page, target, namespace, port).await?;
+    Ok(match (output, target, page) {
+        (Output::Json, Target::Pod(_), Page::Metrics) => render::pretty(&value),
+        (Output::Json, _, _) => text,
+        (Output::Human, Target::Service(_), _) => render::served(&value),
+        (Output::Human, _, Page::Metrics) => render::metrics(&text),
+        (Output::Human, _, Page::Endpoints) => render::endpoints(&value),
+        (Output::Human, _, Page::Identity) => render::identity(&value),
+        (Output::Human, _, _) => render::policy(&value),
+    })
+}
+
+/// The page for `target` as a value, unrendered: the proxy's (or, for a service, the control
+/// plane's) JSON document, the metrics page as its samples. What `-o json` prints and the
+/// dashboard serves; failures to read the cluster are [`crate::query_error::QueryError`]s in the
+/// chain.
+pub async fn query(
+    reach: &Reach,
+    page: Page,
+    target: &Target,
+    namespace: &str,
+    port: Option<u16>,
+) -> anyhow::Result<serde_json::Value> {
+    Ok(fetch_page(reach, page, target, namespace, port).await?.1)
+}
+
+/// The page as read and as a value.
+async fn fetch_page(
+    reach: &Reach,
+    page: Page,
+    target: &Target,
+    namespace: &str,
+    port: Option<u16>,
+) -> anyhow::Result<(String, serde_json::Value)> {
     match target {
         Target::Service(name) => {
             let (authority, text) = fetch::destination(reach, namespace, name, port).await?;
-            let value: serde_json::Value = serde_json::from_str(&text)
+            let value = serde_json::from_str(&text)
                 .with_context(|| format!("the control plane's answer for {authority} is not JSON"))?;
-            Ok(match output {
-                Output::Json => text,
-                Output::Human => render::served(&value),
-            })
+            Ok((text, value))
         }
         Target::Pod(pod) => {
             let text = fetch::proxy_page(reach, namespace, pod, page.path()).await?;
             if page == Page::Metrics {
-                return Ok(match output {
-                    Output::Json => render::metrics_json(&text),
-                    Output::Human => render::metrics(&text),
-                });
+                let value = render::metrics_value(&text);
+                return Ok((text, value));
             }
-            let value: serde_json::Value = serde_json::from_str(&text)
+            let value = serde_json::from_str(&text)
                 .with_context(|| format!("{namespace}/{pod}'s /{} is not JSON", page.path()))?;
-            Ok(match (output, page) {
-                (Output::Json, _) => text,
-                (Output::Human, Page::Endpoints) => render::endpoints(&value),
-                (Output::Human, Page::Identity) => render::identity(&value),
-                (Output::Human, _) => render::policy(&value),
-            })
+            Ok((text, value))
         }
     }
 }

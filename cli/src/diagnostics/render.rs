@@ -64,12 +64,17 @@ pub fn metrics(page: &str) -> String {
 }
 
 /// `/metrics` as JSON: one `{name, labels, value}` per sample.
-pub fn metrics_json(page: &str) -> String {
+pub fn metrics_value(page: &str) -> Value {
     let samples: Vec<Value> = cnimesh_common::prom_text::samples(page)
         .into_iter()
         .map(|s| serde_json::json!({ "name": s.name, "labels": s.labels, "value": s.value }))
         .collect();
-    serde_json::to_string_pretty(&samples).expect("JSON values serialise") + "\n"
+    Value::Array(samples)
+}
+
+/// A value as `-o json` prints it.
+pub fn pretty(value: &Value) -> String {
+    serde_json::to_string_pretty(value).expect("JSON values serialise") + "\n"
 }
 
 fn endpoint_row(target: &str, e: &Value) -> Vec<String> {

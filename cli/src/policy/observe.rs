@@ -14,6 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use cnimesh_common::names::{OWNER_KINDS, OWNER_LABEL_PREFIX};
 use cnimesh_common::prom_text::Sample;
+use cnimesh_policy_rules::{AUDIT_KIND, Resource, is_probe_route};
 
 use crate::stat::mesh::PodView;
 
@@ -122,17 +123,16 @@ fn port_of(target_addr: &str) -> Option<u16> {
 
 /// The Server kind in the `srv_kind` label of a port governed by a Server resource.
 const SERVER_KIND: &str = "server";
-/// The authorization kinds in `authz_kind` that grant nothing by themselves.
-const AUDIT_KIND: &str = "audit";
+/// The authorization kind in `authz_kind` of an AuthorizationPolicy (audit mode's is the rules'
+/// [`AUDIT_KIND`]): neither grants anything new by itself.
 const POLICY_KIND: &str = "authorizationpolicy";
 
-/// Whether a sample is of the kubelet probe route (the control plane's `default`/`probe` route
-/// and its authorization, which admit anyone on the probe paths).
+/// Whether a sample is of the kubelet probe route (the control plane's probe route and its
+/// authorization, which admit anyone on the probe paths), as the proxy's rules know it.
 fn on_probe_route(sample: &Sample) -> bool {
     let probe = |prefix: &str| {
-        sample.label(&format!("{prefix}_group")).is_empty()
-            && sample.label(&format!("{prefix}_kind")) == "default"
-            && sample.label(&format!("{prefix}_name")) == "probe"
+        let label = |name: &str| sample.label(&format!("{prefix}_{name}"));
+        is_probe_route(&Resource::new(label("group"), label("kind"), label("name")))
     };
     probe("route") || probe("authz")
 }

@@ -36,7 +36,8 @@ use self::compute::{Query, Scrapes, pod_key};
 use self::mesh::{Kind, Mesh, PodView, Resource};
 use self::render::Output;
 use super::ClusterArgs;
-use super::pod_proxy::{CONCURRENCY, POD_PROXY_TIMEOUT, kube_error, pod_proxy_get};
+use super::pod_proxy::{CONCURRENCY, POD_PROXY_TIMEOUT, pod_proxy_get};
+use super::query_error::QueryError;
 
 /// Which namespaces, and where the pods and metrics come from.
 #[derive(Debug, Clone, clap::Args)]
@@ -181,11 +182,9 @@ impl Sources {
                 let pods: kube::Api<Pod> = kube::Api::all(client.clone());
                 let services: kube::Api<Service> = kube::Api::all(client.clone());
                 let params = ListParams::default();
-                let pods = pods.list(&params).await.map_err(|e| anyhow::anyhow!("listing pods: {}", kube_error(&e)))?;
-                let services = services
-                    .list(&params)
-                    .await
-                    .map_err(|e| anyhow::anyhow!("listing services: {}", kube_error(&e)))?;
+                let pods = pods.list(&params).await.map_err(|e| QueryError::from_kube("listing pods", &e))?;
+                let services =
+                    services.list(&params).await.map_err(|e| QueryError::from_kube("listing services", &e))?;
                 (pods.items, services.items)
             }
             (None, None) => anyhow::bail!("neither a cluster nor --local"),

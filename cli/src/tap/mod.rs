@@ -32,7 +32,7 @@ use kube::api::PostParams;
 
 use self::render::TapOutput;
 use super::ClusterArgs;
-use super::pod_proxy::kube_error;
+use super::query_error::QueryError;
 use super::stat::mesh::Resource;
 use cnimesh_control::tap::{TOKEN_HEADER, TapLine, TapQuery};
 
@@ -121,16 +121,21 @@ pub type Lines = Pin<Box<dyn Stream<Item = anyhow::Result<TapLine>> + Send>>;
 pub async fn open(cluster: &ClusterArgs, filter: &Filter, limit: u32) -> anyhow::Result<Lines> {
     let reader: Pin<Box<dyn AsyncBufRead + Send>> = match &filter.local {
         Some(dir) => {
-            let query = filter.query(limit, &local_namespace(dir))?.to_query_string();
+            let query = filter.query(limit, &local_namespace(dir)).map_err(bad_query)?.to_query_string();
             Box::pin(open_local(dir, &query).await?)
         }
         None => {
             let client = cluster.client().await?;
-            let query = filter.query(limit, client.default_namespace())?.to_query_string();
+            let query = filter.query(limit, client.default_namespace()).map_err(bad_query)?.to_query_string();
             Box::pin(open_cluster(&client, &query).await?)
         }
     };
     Ok(lines(reader))
+}
+
+/// A filter the relay cannot be asked (a bad flag or resource), typed so callers tell it apart.
+fn bad_query(error: anyhow::Error) -> QueryError {
+    QueryError::BadQuery(format!("{error:#}"))
 }
 
 /// Local mode's workload namespace: the one its meshed pods share (`default` otherwise), so that
@@ -175,11 +180,11 @@ pub async fn open_cluster(client: &kube::Client, query: &str) -> anyhow::Result<
         .create_token_request(TAP_SERVICE_ACCOUNT, &PostParams::default(), &request)
         .await
         .map_err(|e| {
-            anyhow::anyhow!(
+            let what = format!(
                 "a token for the ServiceAccount {CONTROL_NAMESPACE}/{TAP_SERVICE_ACCOUNT} (tapping needs the Role \
-                 {TAP_SERVICE_ACCOUNT} in {CONTROL_NAMESPACE}): {}",
-                kube_error(&e)
-            )
+                 {TAP_SERVICE_ACCOUNT} in {CONTROL_NAMESPACE})"
+            );
+            QueryError::from_kube(what, &e)
         })?
         .status
         .map(|s| s.token)
@@ -187,7 +192,7 @@ pub async fn open_cluster(client: &kube::Client, query: &str) -> anyhow::Result<
         .context("the TokenRequest answered no token")?;
     let uri = format!("/api/v1/namespaces/{CONTROL_NAMESPACE}/services/{CONTROL_NAME}:admin/proxy/tap?{query}");
     let request = http::Request::get(&uri).header(TOKEN_HEADER, token).body(Vec::new())?;
-    client.request_stream(request).await.map_err(|e| anyhow::anyhow!("tap: {}", kube_error(&e)))
+    Ok(client.request_stream(request).await.map_err(|e| QueryError::from_kube("tap", &e))?)
 }
 
 /// Local mode's control plane, at its pod's address (`DIR/local.json`), with local mode's token.

@@ -7,13 +7,15 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cnimesh_common::names::MIRROR_LOCAL_CLUSTER;
 use parking_lot::Mutex;
 use tokio::sync::watch;
 
 use crate::client::discovery::accrual::{Accruing, Admission, ConsecutiveFailures};
 use crate::client::discovery::balance::{self, Load};
-use crate::client::discovery::{Endpoint, Endpoints};
+/// Whether a service's endpoints span clusters is a property of its endpoint set, worked out by
+/// discovery; routes read it from there.
+pub use crate::client::discovery::spans_clusters;
+use crate::client::discovery::{Endpoint, Endpoints, cluster_of};
 use crate::client::upstream::Upstream;
 use crate::transport::identity::Identity;
 use crate::transport::labels::TlsLabel;
@@ -40,23 +42,6 @@ pub struct Picked {
     /// issue 28: the linked cluster of the endpoint picked ([`cluster_of`]), so that a
     /// federated Service's requests are labelled with the cluster each one went to.
     pub cluster: Option<Arc<str>>,
-}
-
-/// issue 28: whether `list` is in more than one cluster (this one counting as one).
-pub fn spans_clusters(list: &[Arc<Endpoint>]) -> bool {
-    let mut clusters = list.iter().map(|e| cluster_of(e));
-    let Some(first) = clusters.next() else { return false };
-    clusters.any(|c| c != first)
-}
-
-/// issue 28: the `target_cluster_name` an endpoint's traffic carries: its linked cluster, and
-/// none for this cluster's own endpoints. Destination labels a federated Service's local
-/// members `local`; they are left unlabelled like every other local endpoint, so the series of
-/// requests that stayed in the cluster are the same whether they went through `<name>` or
-/// `<name>-federated` (and a federated Service down to its local member is labelled as a
-/// plain Service).
-pub fn cluster_of(endpoint: &Endpoint) -> Option<&Arc<str>> {
-    endpoint.target_cluster.as_ref().filter(|c| &***c != MIRROR_LOCAL_CLUSTER)
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -141,7 +141,7 @@ pub async fn endpoints(
         tracing::debug!(%authority, endpoints = list.len(), "endpoints updated");
         metrics.get_or_create(&gauge).set(list.len() as i64);
         accrual.recount(list.iter().filter(|e| !e.stats.health.is_available()).count());
-        let spans_clusters = crate::client::target::spans_clusters(&list);
+        let spans_clusters = super::spans_clusters(&list);
         tx.send_replace(Arc::new(Endpoints { list, known: true, exists, accrual: accrual.clone(), spans_clusters }));
     };
     tokio::select! {

@@ -15,7 +15,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cnimesh_common::names::{CONTEXT_TOKEN_CALLER_KEY, CONTEXT_TOKEN_GATEWAY};
+use cnimesh_common::names::{CONTEXT_TOKEN_CALLER_KEY, CONTEXT_TOKEN_GATEWAY, MIRROR_LOCAL_CLUSTER};
 use cnimesh_identity::Name;
 use linkerd2_proxy_api::destination::{self as api, destination_client::DestinationClient};
 use parking_lot::Mutex;
@@ -41,6 +41,23 @@ pub struct Endpoint {
     /// and its proxy then forwards the port's bytes without reading HTTP from them).
     pub opaque: bool,
     pub stats: Arc<Stats>,
+}
+
+/// Whether `list` is in more than one cluster (this one counting as one).
+pub fn spans_clusters(list: &[Arc<Endpoint>]) -> bool {
+    let mut clusters = list.iter().map(|e| cluster_of(e));
+    let Some(first) = clusters.next() else { return false };
+    clusters.any(|c| c != first)
+}
+
+/// The `target_cluster_name` an endpoint's traffic carries: its linked cluster, and
+/// none for this cluster's own endpoints. Destination labels a federated Service's local
+/// members `local`; they are left unlabelled like every other local endpoint, so the series of
+/// requests that stayed in the cluster are the same whether they went through `<name>` or
+/// `<name>-federated` (and a federated Service down to its local member is labelled as a
+/// plain Service).
+pub fn cluster_of(endpoint: &Endpoint) -> Option<&Arc<str>> {
+    endpoint.target_cluster.as_ref().filter(|c| &***c != MIRROR_LOCAL_CLUSTER)
 }
 
 /// issue 28: where a gateway forwards a connection (the endpoint's authority override).
@@ -80,7 +97,7 @@ pub struct Endpoints {
     pub accrual: Arc<accrual::ServiceAccrual>,
     /// issue 28: its endpoints are in more than one cluster (a federated Service), so each
     /// request is labelled with the cluster of the endpoint it went to
-    /// ([`crate::client::target::spans_clusters`]); worked out once per update, not per request.
+    /// ([`spans_clusters`]); worked out once per update, not per request.
     pub spans_clusters: bool,
 }
 

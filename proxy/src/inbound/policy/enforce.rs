@@ -213,10 +213,7 @@ impl ConnPolicy {
         let routes = if policy.routes.is_empty() { &default_route[..] } else { &policy.routes[..] };
         let routes = routes
             .iter()
-            .map(|r| {
-                let authzs = if r.authorizations.is_empty() { &policy.authorizations } else { &r.authorizations };
-                self.verdict(&policy, Some(&r.meta), authzs, client)
-            })
+            .map(|r| self.verdict(&policy, Some(&r.meta), r.authorizations_or(&policy.authorizations), client))
             .collect();
         Verdicts { policy, tcp, routes }
     }

@@ -7,21 +7,9 @@ use prometheus_client::metrics::family::Family;
 
 use crate::transport::labels::TlsLabel;
 
-/// A policy resource (server, route, authorization) in labels, as Linkerd names them:
-/// `<prefix>_group`, `<prefix>_kind`, `<prefix>_name`. `Arc<str>` so a label set is built by
-/// reference counts, not string copies.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Resource {
-    pub group: std::sync::Arc<str>,
-    pub kind: std::sync::Arc<str>,
-    pub name: std::sync::Arc<str>,
-}
-
-impl Resource {
-    pub fn new(group: &str, kind: &str, name: &str) -> Self {
-        Self { group: group.into(), kind: kind.into(), name: name.into() }
-    }
-}
+/// A policy resource (server, route, authorization) in labels: `<prefix>_group`,
+/// `<prefix>_kind`, `<prefix>_name`.
+pub use cnimesh_policy_rules::Resource;
 
 /// `inbound_{http,tcp}_authz_{allow,deny}_total`: Linkerd's labels (`srv_*`, `route_*` for
 /// HTTP, `authz_*` when allowed, `tls`, `client_id`).

@@ -13,6 +13,11 @@ use linkerd2_proxy_api::meta;
 
 pub use super::metrics::Resource;
 pub use super::ratelimit::{Limiter, RateLimit};
+/// The rules themselves (authorizations, routes, their matches) are the shared crate's, so the
+/// CLI explains exactly what the proxy enforces.
+pub use cnimesh_policy_rules::{
+    AUDIT_KIND, Authn, Authz, Network, PROBE_ROUTE, PathMatch, Route, RouteMatch, is_probe_route,
+};
 
 /// How the port's bytes are read. gRPC is HTTP/2 to the proxy; TLS passthrough is opaque.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,70 +56,6 @@ impl PartialEq for Limited {
 }
 
 impl Eq for Limited {}
-
-/// The resource of the authorization audit mode adds (metadata `Default("audit")` on the wire,
-/// as Linkerd's policy controller sends it): its kind is `audit` in the metrics, so
-/// `authz_kind="audit"` finds the requests only it admitted — the would-be denials.
-pub const AUDIT_KIND: &str = "audit";
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Authz {
-    pub meta: Resource,
-    pub networks: Vec<Network>,
-    pub authn: Authn,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Network {
-    pub net: IpNet,
-    pub except: Vec<IpNet>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Authn {
-    Unauthenticated,
-    /// An mTLS client whose identity is one of `identities` or ends in one of `suffixes`
-    /// (each stored with its leading dot; an empty suffix admits any identity).
-    MeshTls {
-        identities: Vec<Arc<str>>,
-        suffixes: Vec<Arc<str>>,
-    },
-}
-
-/// The kind and name of the route cnimesh-control adds for a port's kubelet probe paths
-/// (metadata `Default("probe")`); a route of the cluster's own (an HTTPRoute) never has kind
-/// `default`.
-pub const PROBE_ROUTE: (&str, &str) = ("default", "probe");
-
-/// Whether `meta` is the kubelet probe route's: open to every client and, so that no client can
-/// spend the budget the kubelet's probes need, outside every rate limit.
-pub fn is_probe_route(meta: &Resource) -> bool {
-    meta.group.is_empty() && (&*meta.kind, &*meta.name) == PROBE_ROUTE
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Route {
-    pub meta: Resource,
-    /// Any one matching selects the route.
-    pub matches: Vec<RouteMatch>,
-    /// Empty: the server's authorizations apply (what cnimesh-control sends for its default
-    /// route).
-    pub authorizations: Vec<Authz>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RouteMatch {
-    pub path: PathMatch,
-    pub method: Option<http::Method>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PathMatch {
-    Any,
-    Exact(Box<str>),
-    /// Gateway API semantics: whole path segments (`/a` matches `/a` and `/a/b`, not `/ab`).
-    Prefix(Box<str>),
-}
 
 /// The cluster default for ports the control plane has not answered for (yet), as
 /// `config.cnimesh.io/default-inbound-policy` names them.
@@ -307,11 +248,7 @@ fn authz(a: api::Authz) -> Result<Authz, String> {
             Clients::Unauthenticated(_) => Authn::MeshTls { identities: Vec::new(), suffixes: vec!["".into()] },
             Clients::Identities(ids) => Authn::MeshTls {
                 identities: ids.identities.into_iter().map(|i| Arc::from(i.name)).collect(),
-                suffixes: ids
-                    .suffixes
-                    .into_iter()
-                    .map(|s| if s.parts.is_empty() { "".into() } else { format!(".{}", s.parts.join(".")).into() })
-                    .collect(),
+                suffixes: ids.suffixes.into_iter().map(|s| cnimesh_policy_rules::suffix(&s.parts)).collect(),
             },
         },
     };
