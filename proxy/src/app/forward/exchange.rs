@@ -24,8 +24,8 @@ use crate::http::orig_proto;
 use crate::http::origin_form::{override_authority, to_origin_form};
 use crate::http::trace::{self as spans, Traced};
 use crate::inbound::policy::enforce::ConnPolicy;
+use crate::outbound::http::routed::Routed;
 use crate::outbound::http::{Exchanged, OutboundHttp, Try, TryTo};
-use crate::outbound::routes::routed::Routed;
 
 /// On a response whose endpoint's `target_cluster_name` is not its target's (a
 /// federated Service spans clusters: its target has none), the endpoint's; the request is

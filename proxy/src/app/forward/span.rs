@@ -14,7 +14,7 @@ use crate::http::Body;
 use crate::http::classify::{Classification, classify};
 use crate::http::error::ProxyError;
 use crate::http::trace::Traced;
-use crate::outbound::routes::routed::Routed;
+use crate::outbound::http::routed::Routed;
 
 /// A request's span, if it is traced.
 pub(super) struct RequestSpan(Option<Box<Traced>>);

@@ -12,7 +12,7 @@ use crate::app::metrics::{Direction, TlsLabel};
 use crate::client::targets::Target;
 use crate::http::tap::{self, Tapped, Taps};
 use crate::outbound::egress::{EgressLabels, SeenAs};
-use crate::outbound::routes::routed::Routed;
+use crate::outbound::http::routed::Routed;
 
 /// What a tap event says of the connection a request came on.
 pub(super) struct TapConn<'a> {

@@ -4,7 +4,7 @@
 //!
 //! - The hostname: for the application's own TLS, the SNI of its ClientHello, peeked without
 //!   consuming it (the proxy never terminates that TLS; the same bytes go upstream); for HTTP,
-//!   each request's Host/authority ([`crate::outbound::routes::routed`]); for anything else, the
+//!   each request's Host/authority ([`crate::outbound::http::routed`]); for anything else, the
 //!   IP address.
 //! - Refusals: a TLS connection whose SNI the policy's TLS routes refuse (the `Forbidden` filter
 //!   of the fallback route under `trafficPolicy: Deny`), or any non-HTTP connection when the
@@ -41,8 +41,8 @@ use crate::transport::tls::client_hello::{self, Peek};
 
 pub mod dns;
 pub mod names;
-pub mod rules;
-pub use rules::StreamRules;
+
+pub use crate::outbound::policy::streams::StreamRules;
 
 /// Distinct `dst_hostname` values per proxy; the rest read `other`.
 pub const MAX_HOSTNAMES: usize = 1000;

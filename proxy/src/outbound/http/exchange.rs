@@ -22,9 +22,9 @@ use crate::http::error::ProxyError;
 use crate::http::headers::authority_of;
 use crate::http::trace::{self, Traced};
 use crate::outbound::Outbound;
+use crate::outbound::http::routed::Routed;
 use crate::outbound::routes::model::Retry;
 use crate::outbound::routes::retry;
-use crate::outbound::routes::routed::Routed;
 
 /// A request's answer from its endpoint, with the endpoint's load (held until the response
 /// ends), or the proxy's error.

@@ -5,6 +5,7 @@
 //! under its route's timeout and retries ([`OutboundHttp::forward`]).
 
 mod exchange;
+pub mod routed;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -16,7 +17,7 @@ use crate::client::target::Route;
 use crate::client::targets::Target;
 use crate::http::decision::{Answer, AnswerKind, Decision};
 use crate::outbound::Outbound;
-use crate::outbound::routes::routed::{self, ConnRoutes, Routed};
+use crate::outbound::http::routed::{self, ConnRoutes, Routed};
 pub use exchange::{Exchanged, Try, TryTo};
 
 /// One outbound connection's request path: its target and what its requests used.

@@ -24,7 +24,7 @@ pub struct OutboundPolicy {
     /// Routes for requests that arrive as HTTP/2 (a `grpc` policy's gRPC routes too).
     pub http2: RouteTable,
     /// What an EgressNetwork's policy says about TLS and opaque connections.
-    pub streams: crate::outbound::egress::rules::StreamRules,
+    pub streams: super::streams::StreamRules,
     /// Failure accrual (circuit breaking) for HTTP/1 and HTTP/2 requests: the protocol's
     /// `failure_accrual` (`None`: "circuit breaking is not performed").
     pub accrual: [Option<ConsecutiveFailures>; 2],
@@ -87,7 +87,7 @@ pub enum Invalid {
 impl OutboundPolicy {
     pub fn from_api(policy: api::OutboundPolicy) -> Result<Self, Invalid> {
         let source = policy.clone();
-        let streams = crate::outbound::egress::rules::StreamRules::from_api(&source);
+        let streams = super::streams::StreamRules::from_api(&source);
         let parent = resource_ref(policy.metadata).map_err(Invalid::Metadata)?;
         let (mut http1, mut http2, mut grpc) = (Vec::new(), Vec::new(), Vec::new());
         let (mut accrual1, mut accrual2) = (None, None);

@@ -1,12 +1,11 @@
 //! HTTP routes of outbound policy (Gateway API HTTPRoutes with a Service as parent, as the
 //! control plane turns them into `OutboundPolicies` answers): checked when the policy arrives
 //! ([`model`]), selected per request ([`select`]) and applied to it ([`apply`], [`retry`]);
-//! [`routed`] puts them together for the per-request proxy.
+//! [`crate::outbound::http::routed`] puts them together for the per-request proxy.
 
 pub mod apply;
 pub mod grpc;
 pub mod metrics;
 pub mod model;
 pub mod retry;
-pub mod routed;
 pub mod select;

@@ -10,15 +10,15 @@ use std::time::Duration;
 use http::{Request, Response};
 use parking_lot::Mutex;
 
-use super::apply::{self, Answer};
-use super::metrics::RouteHandles;
-use super::model::{Backend, Filter, ResourceRef, Retry, Rule};
 use crate::client::targets::Target;
 use crate::http::Body;
 use crate::http::error::{ProxyError, error_response, full};
 use crate::outbound::Outbound;
 use crate::outbound::egress::{EgressConnLabels, SeenAs};
 use crate::outbound::policy::model::OutboundPolicy;
+use crate::outbound::routes::apply::{self, Answer};
+use crate::outbound::routes::metrics::RouteHandles;
+use crate::outbound::routes::model::{Backend, Filter, ResourceRef, Retry, Rule};
 
 /// Where a routed request goes, and what its response gets.
 pub struct Routed {
