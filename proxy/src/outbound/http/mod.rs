@@ -17,8 +17,8 @@ use crate::client::target::Route;
 use crate::client::targets::Target;
 use crate::http::decision::{Answer, AnswerKind, Decision};
 use crate::outbound::Outbound;
-use crate::outbound::http::routed::{self, ConnRoutes, Routed};
 pub use exchange::{Exchanged, Try, TryTo};
+use routed::{ConnRoutes, Routed};
 
 /// One outbound connection's request path: its target and what its requests used.
 pub struct OutboundHttp {
