@@ -71,7 +71,7 @@ pub struct Report {
     /// Routes attached to the Services that select the workload's pods.
     pub routes: Vec<RouteReport>,
     pub client: Option<Client>,
-    /// For ports in audit mode: what the proxies let through only because of it (issue 30).
+    /// For ports in audit mode: what the proxies let through only because of it.
     pub would_be_denials: Vec<super::audit::WouldBeDenial>,
     pub notes: Vec<String>,
 }

@@ -8,7 +8,7 @@
 //! proxies' `InboundServerPolicies` (so the same defaults, selectors and precedence), and the
 //! decision is made on the authorizations that index returns, as the proxy checks them.
 //!
-//! Ports in audit mode (issue 30) also get their would-be denials: the selected pods' proxies'
+//! Ports in audit mode also get their would-be denials: the selected pods' proxies'
 //! `/metrics`, read through the API server's pod proxy, summed per Server and client ([`audit`]).
 //!
 //! Inside: [`list`] (reading the cluster) and [`evaluate`] (pure: objects to report), [`audit`]

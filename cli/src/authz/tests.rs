@@ -218,7 +218,7 @@ async fn missing_policy_crds_read_as_none_and_are_noted() {
     assert!(text.lines().nth(1).unwrap().contains("default/all-unauthenticated"), "{text}");
 }
 
-/// Issue 30: the Server in audit mode; web-1's proxy has let `other` through only by audit.
+/// The Server in audit mode; web-1's proxy has let `other` through only by audit.
 #[tokio::test]
 async fn a_server_in_audit_mode_shows_its_would_be_denials_from_the_proxies_metrics() {
     let mut api = mock();

@@ -145,7 +145,7 @@ async fn stat_and_edges_answer_what_the_cli_prints_with_o_json() {
     assert_eq!(names, ["web-1", "web-2"]);
 }
 
-/// issue 30: the page's egress (topology nodes, a workload's Egress table, `stat egress`) is the
+/// The page's egress (topology nodes, a workload's Egress table, `stat egress`) is the
 /// CLI's own JSON for the same readings.
 #[tokio::test]
 async fn egress_answers_what_stat_egress_and_edges_print() {

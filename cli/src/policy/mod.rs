@@ -1,4 +1,4 @@
-//! `cnimesh policy generate NAMESPACE` (issue 30, item 6): least-privilege authorization from
+//! `cnimesh policy generate NAMESPACE`: least-privilege authorization from
 //! the traffic the mesh actually carried. The namespace's meshed pods' proxies are read (as
 //! `stat` reads them: through the API server's pod proxy, or directly in local mode), their
 //! inbound authorization counters say which client identities reached which workload port (and

@@ -294,13 +294,13 @@ pub struct EdgeRow {
     /// for every workload (or pod) behind it, so per-pod edges of a Service repeat its totals.
     pub requests: f64,
     pub connections: f64,
-    /// issue 30: traffic to an EgressNetwork's destinations, by hostname (`dst` is
+    /// Traffic to an EgressNetwork's destinations, by hostname (`dst` is
     /// `egress/<hostname>`): the EgressNetwork and what its policy refused.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub egress: Option<EgressEdge>,
 }
 
-/// What an egress edge adds (issue 30).
+/// What an egress edge adds.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct EgressEdge {
     /// `<namespace>/<name>` of the EgressNetwork.
@@ -321,7 +321,7 @@ pub fn edges(mesh: &Mesh, scrapes: &Scrapes, query: &Query) -> Vec<EdgeRow> {
     for ((src_namespace, src), pods) in selected(mesh, query) {
         for pod in pods {
             let Some(Ok((_, after))) = scrapes.get(&pod_key(pod)) else { continue };
-            // issue 30: egress the proxy saw by hostname (`dst_kind="egress"`) is one row per
+            // Egress the proxy saw by hostname (`dst_kind="egress"`) is one row per
             // hostname ([`egress_edges`]), not also one per IP.
             let outbound = after
                 .iter()
@@ -383,7 +383,7 @@ pub fn edges(mesh: &Mesh, scrapes: &Scrapes, query: &Query) -> Vec<EdgeRow> {
         .collect()
 }
 
-/// issue 30: what one `outbound_egress_*` sample counts.
+/// What one `outbound_egress_*` sample counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum EgressCount {
     Requests,
@@ -391,7 +391,7 @@ enum EgressCount {
     Denied,
 }
 
-/// issue 30: an `outbound_egress_*` sample as (EgressNetwork `<ns>/<name>`, hostname, what it
+/// An `outbound_egress_*` sample as (EgressNetwork `<ns>/<name>`, hostname, what it
 /// counts); `None` for any other series. The one reading of these families that `edges`,
 /// `stat egress` and the dashboard share.
 fn egress_sample(sample: &Sample) -> Option<(&str, &str, EgressCount)> {
@@ -404,7 +404,7 @@ fn egress_sample(sample: &Sample) -> Option<(&str, &str, EgressCount)> {
     Some((sample.label("egress_network"), sample.label("dst_hostname"), count))
 }
 
-/// issue 30: requests, connections and refusals of one (EgressNetwork, hostname).
+/// Requests, connections and refusals of one (EgressNetwork, hostname).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct EgressCounts {
     pub requests: f64,
@@ -427,7 +427,7 @@ pub fn egress_dst(hostname: &str) -> String {
     format!("egress/{hostname}")
 }
 
-/// issue 30: the selected resources' egress, by destination hostname (TLS SNI, HTTP Host, else
+/// The selected resources' egress, by destination hostname (TLS SNI, HTTP Host, else
 /// the IP), from the proxies' `outbound_egress_*` families: one edge per (EgressNetwork,
 /// hostname), `dst` `egress/<hostname>` in the EgressNetwork's namespace.
 fn egress_edges(
@@ -472,7 +472,7 @@ fn egress_edges(
     }
 }
 
-/// issue 30: one (EgressNetwork, hostname)'s traffic from the meshed pods of a namespace over
+/// One (EgressNetwork, hostname)'s traffic from the meshed pods of a namespace over
 /// the window: `cnimesh stat egress`.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct EgressStatRow {
@@ -506,7 +506,7 @@ fn authority_host(authority: &str) -> String {
         .to_ascii_lowercase()
 }
 
-/// issue 30: `stat egress[/HOSTNAME]`: the egress of the meshed pods of the query's namespace (or
+/// `stat egress[/HOSTNAME]`: the egress of the meshed pods of the query's namespace (or
 /// of `--from`'s pods), one row per (client namespace, EgressNetwork, hostname), over the window.
 pub fn egress_stat(mesh: &Mesh, scrapes: &Scrapes, query: &Query) -> Vec<EgressStatRow> {
     let seconds = query.window.as_secs_f64().max(1e-3);

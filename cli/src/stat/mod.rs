@@ -272,7 +272,7 @@ async fn stat(sources: &Sources, args: &StatArgs, out: &mut impl Write) -> anyho
         to: args.to.clone().map(|r| (r, to_ns.clone())),
         window: args.window,
     };
-    // issue 30: egress is a destination, counted by its clients' proxies (`stat egress`).
+    // Egress is a destination, counted by its clients' proxies (`stat egress`).
     if args.to.as_ref().is_some_and(|to| to.kind == Kind::Egress) {
         anyhow::bail!("--to egress: egress is counted by hostname with `cnimesh stat egress[/HOSTNAME]` (--from R)");
     }

@@ -70,7 +70,7 @@ pub fn stat(rows: &[StatRow], output: Output, all_namespaces: bool) -> String {
     out
 }
 
-/// issue 30: `stat egress`: one line per (EgressNetwork, hostname), `NAMESPACE` (the clients')
+/// `stat egress`: one line per (EgressNetwork, hostname), `NAMESPACE` (the clients')
 /// first when several are shown.
 pub fn egress_stat(rows: &[EgressStatRow], output: Output, all_namespaces: bool) -> String {
     if output == Output::Json {
@@ -142,7 +142,7 @@ pub fn edges(rows: &[EdgeRow], output: Output) -> String {
                 or_dash(&e.client_ids),
                 or_dash(&e.server_ids),
                 match (&e.egress, e.mtls) {
-                    // issue 30: the app's own TLS or plaintext, outside the mesh either way.
+                    // The app's own TLS or plaintext, outside the mesh either way.
                     (Some(egress), _) => {
                         format!("egress ({}, {} denied)", egress.network, egress.denied.round() as u64)
                     }

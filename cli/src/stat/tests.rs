@@ -292,7 +292,7 @@ fn the_namespace_defaults_to_the_kubeconfig_contexts() {
 
 #[test]
 fn edges_show_egress_by_hostname_with_its_egress_network_and_refusals() {
-    // issue 30: the client's proxy also counted egress by hostname.
+    // The client's proxy also counted egress by hostname.
     let egress = "dst_kind=\"egress\",egress_network=\"shop/world\"";
     let extra = format!(
         "outbound_egress_requests_total{{{egress},dst_hostname=\"api.example.test\"}} 7\noutbound_egress_connections_total{{{egress},dst_hostname=\"api.example.test\",protocol=\"tls\"}} 2\noutbound_egress_denied_total{{{egress},dst_hostname=\"evil.test\",protocol=\"tls\"}} 1\n"

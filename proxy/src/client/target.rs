@@ -39,7 +39,7 @@ pub struct Balanced {
 pub struct Picked {
     pub upstream: Arc<Upstream>,
     pub load: Option<Load>,
-    /// issue 28: the linked cluster of the endpoint picked ([`cluster_of`]), so that a
+    /// The linked cluster of the endpoint picked ([`cluster_of`]), so that a
     /// federated Service's requests are labelled with the cluster each one went to.
     pub cluster: Option<Arc<str>>,
 }
@@ -75,7 +75,7 @@ impl Route {
         }
     }
 
-    /// issue 28: whether the control plane says, now, that the service exists (a fixed route:
+    /// Whether the control plane says, now, that the service exists (a fixed route:
     /// always). A cached target outlives its Service: a gateway checks this for every
     /// connection, so a Service unexported (or deleted) stops being reachable at once.
     pub fn routable(&self) -> bool {
@@ -85,7 +85,7 @@ impl Route {
         }
     }
 
-    /// issue 28: `target_cluster_name` of a service whose endpoints are all in one linked
+    /// `target_cluster_name` of a service whose endpoints are all in one linked
     /// cluster (a mirror); `None` for the cluster's own (its series keep their label set) and
     /// for one spanning clusters (a federated Service), whose requests are labelled per endpoint
     /// instead ([`Picked::cluster`]).
@@ -106,7 +106,7 @@ impl Route {
         !set.list.is_empty() && set.list.iter().all(|e| e.opaque)
     }
 
-    /// issue 28: whether its requests are labelled per endpoint (a federated Service spanning
+    /// Whether its requests are labelled per endpoint (a federated Service spanning
     /// clusters); read per request, so it follows the endpoints as they change.
     pub fn spans_clusters(&self) -> bool {
         matches!(self, Route::Balanced(b) if b.endpoints.borrow().spans_clusters)
@@ -190,7 +190,7 @@ impl Balanced {
             return Ok(u.clone());
         }
         let tls = tls::outbound(self.identity.as_deref(), endpoint.identity.clone()).map_err(RouteError::NoIdentity)?;
-        // issue 28: a gateway is only ever reached over mTLS (the transport header tells it
+        // A gateway is only ever reached over mTLS (the transport header tells it
         // where to go; in plaintext anyone could read or forge it).
         if endpoint.gateway.is_some() && tls.is_none() {
             return Err(RouteError::NoIdentity("no identity of our own for mTLS to a multicluster gateway"));

@@ -23,7 +23,7 @@ use crate::transport::labels::{TargetCluster, TlsLabel};
 pub struct Target {
     pub route: Route,
     pub tls: TlsLabel,
-    /// issue 28: the linked cluster its endpoints are in (a mirror), for metric labels.
+    /// The linked cluster its endpoints are in (a mirror), for metric labels.
     pub cluster: TargetCluster,
     /// What a side attaches to its targets, opaque to the clients: the outbound side's policy
     /// watch ([`crate::outbound::policy_of`]).

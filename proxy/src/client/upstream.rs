@@ -45,7 +45,7 @@ struct Idle {
 pub struct Upstream {
     pub addr: SocketAddr,
     pub tls: Option<UpstreamTls>,
-    /// issue 28: a multicluster gateway: every connection starts with the transport header
+    /// A multicluster gateway: every connection starts with the transport header
     /// naming this target, and HTTP requests carry its authority.
     pub gateway: Option<Arc<GatewayTarget>>,
     connect_timeout: Duration,
@@ -68,7 +68,7 @@ impl Upstream {
         }
     }
 
-    /// issue 28: this upstream is a multicluster gateway forwarding to `gateway`.
+    /// This upstream is a multicluster gateway forwarding to `gateway`.
     pub fn with_gateway(self, gateway: Option<Arc<GatewayTarget>>) -> Self {
         Self { gateway, ..self }
     }

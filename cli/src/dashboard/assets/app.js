@@ -141,7 +141,7 @@ async function topology() {
   const labels = [];
   const svg = el("svg", { class: "topology", width, height, viewBox: `0 0 ${width} ${height}`, role: "group", "aria-label": "Topology: workloads and who calls whom" },
     el("defs", {}, el("marker", { id: "arrow", viewBox: "0 0 10 10", refX: 10, refY: 5, markerWidth: 7, markerHeight: 7, orient: "auto-start-reverse" }, el("path", { d: "M 0 0 L 10 5 L 0 10 z" }))));
-  // Egress edges (issue 30) carry their own counts: there is no workload to `stat --to`.
+  // Egress edges carry their own counts: there is no workload to `stat --to`.
   const rates = await Promise.all(edges.map((e) => e.egress ? null : api("stat", { resource: e.src, namespace: e.src_namespace, to: e.dst, to_namespace: e.dst_namespace || e.src_namespace }).then((r) => r.value[0], () => null)));
   edges.forEach((e, i) => {
     const a = pos.get(`${e.src_namespace}/${e.src}`), b = pos.get(`${e.dst_namespace}/${e.dst}`);
@@ -165,7 +165,7 @@ async function topology() {
     const p = pos.get(n.id);
     const egress = edges.find((e) => e.egress && e.dst === n.name && e.dst_namespace === n.ns);
     if (egress) {
-      // issue 30: a hostname outside the mesh, not a workload: no page of its own.
+      // A hostname outside the mesh, not a workload: no page of its own.
       svg.append(el("g", { class: "node egress", "data-node": n.name, "data-egress-network": egress.egress.network },
         el("title", { text: `${n.name} (outside the mesh, EgressNetwork ${egress.egress.network})` }),
         el("rect", { x: p.x, y: p.y, width: W, height: H }),
@@ -244,7 +244,7 @@ async function workload(ns, kind, name) {
   const all = edges.value;
   page.push(h("h2", {}, "Inbound"), edgeTable(all.filter((e) => e.dst === resource && (e.dst_namespace || ns) === ns), (e) => [e.src_namespace, e.src]));
   page.push(h("h2", {}, "Outbound"), edgeTable(all.filter((e) => e.src === resource && e.src_namespace === ns && !e.egress), (e) => [e.dst_namespace, e.dst]));
-  // Issue 30: egress by hostname (the same edges: requests, connections and refusals since the proxies started).
+  // Egress by hostname (the same edges: requests, connections and refusals since the proxies started).
   const egress = all.filter((e) => e.src === resource && e.src_namespace === ns && e.egress);
   page.push(h("section", { "aria-label": "Egress" }, h("h2", {}, "Egress"), egress.length ? h("table", { "aria-label": "Egress by hostname" },
     h("thead", {}, h("tr", {}, ...["Hostname", "EgressNetwork", "Requests", "Connections", "Denied"].map((t) => h("th", { scope: "col" }, t)))),
@@ -274,7 +274,7 @@ async function workload(ns, kind, name) {
   } else routes.append(h("p", { class: "muted" }, "No route traffic sent by this workload's proxies."));
 
   // Authorization: the proxies' decisions by policy, and responses by client identity.
-  // Issue 30: a row admitted only by audit mode is a would-be denial; rate-limited requests (429) per Server.
+  // A row admitted only by audit mode is a would-be denial; rate-limited requests (429) per Server.
   const decisions = groupBy(samples, ["inbound_http_authz_allow_total", "inbound_http_authz_deny_total", "inbound_tcp_authz_allow_total", "inbound_tcp_authz_deny_total"], (l) => `${l.srv_kind || "-"}/${l.srv_name || "-"}|${l.authz_name || (l.authz_kind ? l.authz_kind : "-")}|${l.route_name || "-"}|${l.authz_kind === "audit" ? "audit" : ""}`);
   const limited = groupBy(samples, ["inbound_http_local_ratelimit_total"], (l) => `${l.srv_kind || "-"}/${l.srv_name || "-"}`);
   const byClient = groupBy(samples.filter((s) => s.labels.direction === "inbound"), ["response_total"], (l) => `${l.client_id || (l.tls === "true" ? "(no identity)" : "(plaintext)")}|${l.status_code === "403" ? "denied" : l.status_code === "429" ? "limited" : "allowed"}`);

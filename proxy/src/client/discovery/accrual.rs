@@ -17,7 +17,7 @@
 //! Times are arguments (`now`), so the state machine is tested with a made-up clock.
 //!
 //! What a healthy endpoint pays per request is kept to atomics (the feature configured but idle
-//! must cost within noise, issue 30): the pick reads one flag ([`Health::is_available`]) and
+//! must cost within noise): the pick reads one flag ([`Health::is_available`]) and
 //! reads no clock; a success on an available endpoint stores the failure count only if it was
 //! not already 0 ([`Health::success_while_available`]): no lock, no clock, no random draw.
 

@@ -32,10 +32,10 @@ pub struct Endpoint {
     pub addr: SocketAddr,
     /// The identity a meshed endpoint proves (mTLS); `None` for a plaintext endpoint.
     pub identity: Option<Name>,
-    /// issue 28: a multicluster gateway: the connection starts with the transport header naming
+    /// A multicluster gateway: the connection starts with the transport header naming
     /// this `name:port` (the remote Service), and HTTP requests carry it as their authority.
     pub gateway: Option<Arc<GatewayTarget>>,
-    /// issue 28: `target_cluster_name`, the linked cluster a mirror's endpoint is in.
+    /// `target_cluster_name`, the linked cluster a mirror's endpoint is in.
     pub target_cluster: Option<Arc<str>>,
     /// Destination's protocol hint says the endpoint's port is opaque (the pod declares it so,
     /// and its proxy then forwards the port's bytes without reading HTTP from them).
@@ -60,7 +60,7 @@ pub fn cluster_of(endpoint: &Endpoint) -> Option<&Arc<str>> {
     endpoint.target_cluster.as_ref().filter(|c| &***c != MIRROR_LOCAL_CLUSTER)
 }
 
-/// issue 28: where a gateway forwards a connection (the endpoint's authority override).
+/// Where a gateway forwards a connection (the endpoint's authority override).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GatewayTarget {
     /// The remote Service's fully qualified name.
@@ -95,7 +95,7 @@ pub struct Endpoints {
     pub exists: bool,
     /// The service's failure accrual series (made on its first endpoint state change).
     pub accrual: Arc<accrual::ServiceAccrual>,
-    /// issue 28: its endpoints are in more than one cluster (a federated Service), so each
+    /// Its endpoints are in more than one cluster (a federated Service), so each
     /// request is labelled with the cluster of the endpoint it went to
     /// ([`spans_clusters`]); worked out once per update, not per request.
     pub spans_clusters: bool,
@@ -179,7 +179,7 @@ impl Discovery {
         }
     }
 
-    /// issue 28: discovery for a multicluster gateway. Every request says so in its
+    /// Discovery for a multicluster gateway. Every request says so in its
     /// `context_token`, and the control plane answers as if only the Services exported through
     /// the gateway (`mirror.cnimesh.io/exported=true`) existed: any other Service, and any
     /// address, is unknown to this proxy. Every lookup of this proxy carries the marker, so
@@ -278,7 +278,7 @@ fn endpoint(addr: &api::WeightedAddr) -> Option<Endpoint> {
     let mut addr_port = u16::try_from(tcp.port).ok()?;
     let target_cluster =
         addr.metric_labels.get(cnimesh_common::names::TARGET_CLUSTER_METRIC_LABEL).map(|c| c.as_str().into());
-    // issue 28: opaque transport (a multicluster gateway) means the transport header, which
+    // Opaque transport (a multicluster gateway) means the transport header, which
     // only makes sense over mTLS and with the authority it names; anything less is left out
     // rather than sent somewhere it cannot be routed.
     let opaque_transport = addr.protocol_hint.as_ref().and_then(|h| h.opaque_transport.as_ref());

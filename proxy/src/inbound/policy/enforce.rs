@@ -394,7 +394,7 @@ mod tests {
         assert_eq!(r.status(), StatusCode::FORBIDDEN);
     }
 
-    /// Issue 25, finding 4: the probe route's exemption opened tunnels (h2c, WebSocket) to
+    /// Finding 4: the probe route's exemption opened tunnels (h2c, WebSocket) to
     /// everyone. A tunnel needs the server-level authorization.
     #[test]
     fn a_route_exemption_never_authorizes_a_tunnel() {

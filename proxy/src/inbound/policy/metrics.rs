@@ -82,6 +82,6 @@ pub struct AuthzMetrics {
     pub inbound_http_route_not_found_total: Family<AuthzLabels, Counter>,
     /// Opaque connections closed because a policy update no longer authorizes them.
     pub inbound_tcp_authz_revoked_total: Counter,
-    /// Requests refused by the Server's rate limit (issue 30).
+    /// Requests refused by the Server's rate limit.
     pub inbound_http_local_ratelimit_total: Family<RateLimitLabels, Counter>,
 }

@@ -1,4 +1,4 @@
-//! Server-side rate limiting (HTTPLocalRateLimitPolicy, issue 30): the limits a Server's policy
+//! Server-side rate limiting (HTTPLocalRateLimitPolicy): the limits a Server's policy
 //! carries, and the buckets that enforce them for every connection to the port.
 //!
 //! Each limit is a GCRA bucket (the generic cell rate algorithm, a token bucket kept as one
@@ -26,7 +26,7 @@
 //! Limits apply per proxy: N replicas of a Server admit N times the limit. A policy update keeps
 //! the buckets (their state carries into the new rates) unless the limits changed scope.
 //!
-//! Per request (the feature configured but idle must cost within noise, issue 30): one clock
+//! Per request (the feature configured but idle must cost within noise): one clock
 //! read, one uncontended lock, the total bucket; the per-client scopes only when the policy has
 //! them (an override map looked up only when it has entries), and an identity's bucket is found
 //! by the `&str` the connection already holds: a key is allocated once, when the identity is
