@@ -106,7 +106,7 @@ pub async fn run_checks(client: kube::Client, pre: bool, now: SystemTime) -> Vec
         return checks;
     };
     if pre {
-        kubernetes::pre_install(&client, &mut checks).await;
+        kubernetes::pre_install(&client, &version, &mut checks).await;
         return checks;
     }
     kubernetes::check_permissions(&client, &mut checks).await;

@@ -690,7 +690,7 @@ async fn pre_install_on_a_fresh_cluster_passes() {
     let fixture = Fixture::healthy();
     let checks = fixture.run_pre().await;
     assert!(checks.iter().all(|c| c.status == Status::Ok), "{}", render_table(&checks));
-    assert_eq!(checks.len(), 2 + 7 + 2, "{}", render_table(&checks));
+    assert_eq!(checks.len(), 2 + 1 + 7 + 2, "{}", render_table(&checks));
 }
 
 #[tokio::test]
@@ -700,7 +700,14 @@ async fn pre_install_judges_versions_permissions_nodes_and_an_existing_install()
     fixture.mock.get(CONTROL_NS, json!({"metadata": {"name": "cnimesh"}}));
     let checks = fixture.run_pre().await;
     let warned: Vec<&str> = checks.iter().filter(|c| c.status == Status::Warn).map(|c| c.name.as_str()).collect();
-    assert_eq!(warned, ["is running a supported version", "the control plane namespace does not exist yet"]);
+    assert_eq!(
+        warned,
+        [
+            "is running a supported version",
+            "the node agents' tokens are limited to their node",
+            "the control plane namespace does not exist yet"
+        ]
+    );
     assert_eq!(exit_code(&checks), 0);
 
     fixture.mock.json_mut(VERSION)["minor"] = json!("23");
@@ -712,6 +719,25 @@ async fn pre_install_judges_versions_permissions_nodes_and_an_existing_install()
         find(&checks, "can create secrets").message,
         "not allowed to create secrets in namespace cnimesh-system"
     );
+}
+
+#[tokio::test]
+async fn pre_install_says_which_guard_the_node_agents_get_on_1_24_and_1_30() {
+    let name = "the node agents' tokens are limited to their node";
+    let mut fixture = Fixture::healthy();
+    fixture.mock.json_mut(VERSION)["minor"] = json!("30");
+    let checks = fixture.run_pre().await;
+    let check = find(&checks, name);
+    assert_eq!(check.status, Status::Ok, "{}", render_table(&checks));
+    assert!(check.message.contains("adds the ValidatingAdmissionPolicy"), "{}", check.message);
+
+    fixture.mock.json_mut(VERSION)["minor"] = json!("24");
+    let checks = fixture.run_pre().await;
+    let check = find(&checks, name);
+    assert_eq!(check.status, Status::Warn, "{}", render_table(&checks));
+    assert!(check.message.contains("Kubernetes 1.24") && check.message.contains("left out"), "{}", check.message);
+    assert!(check.message.contains("delete any pod"), "the residual risk: {}", check.message);
+    assert_eq!(exit_code(&checks), 0, "a supported cluster: a warning, not a failure");
 }
 
 #[test]
