@@ -133,6 +133,11 @@ fn chain(error: &anyhow::Error) -> String {
     text
 }
 
+/// The pod is being deleted (`deletionTimestamp`): on its way out of a rollout, not a replica to judge.
+fn terminating(pod: &Pod) -> bool {
+    pod.metadata.deletion_timestamp.is_some()
+}
+
 /// The pod's Ready condition is True.
 fn pod_ready(pod: &Pod) -> bool {
     let conditions = pod.status.as_ref().and_then(|s| s.conditions.as_ref());
