@@ -955,3 +955,37 @@ async fn a_wrong_webhook_secret_fails_both_webhook_lines_while_one_replica_still
     assert!(served.message.contains("some replicas"), "{}", served.message);
     assert!(served.details.iter().any(|d| d.contains("the Secret's certificate")), "{:?}", served.details);
 }
+
+#[tokio::test]
+async fn a_managed_webhook_certificate_warns_only_once_its_renewal_is_overdue_with_a_hint_for_its_mode() {
+    let name = "webhook serving certificate is valid";
+    let mut fixture = Fixture::healthy();
+    fixture.set_webhook_pki(&webhook_pki(30 * DAY), None);
+    // Files mode: 30 days left is under the 60-day threshold, and renewing is the operator's job.
+    let checks = fixture.run().await;
+    let check = find(&checks, name);
+    assert_eq!(check.status, Status::Warn);
+    assert!(check.hint.as_deref().unwrap().contains("cnimesh ca webhook"), "{:?}", check.hint);
+
+    // Managed: the control plane renews a 30-day certificate at 20 days; fresh, it is healthy.
+    let env = &mut fixture.mock.json_mut(DEPLOYMENT)["spec"]["template"]["spec"]["containers"][0]["env"];
+    env.as_array_mut().unwrap().push(json!({"name": "CNIMESH_CONTROL_WEBHOOK_CERTS", "value": "managed"}));
+    let checks = fixture.run().await;
+    let check = find(&checks, name);
+    assert_eq!(check.status, Status::Ok, "{}", check.message);
+    assert!(check.message.contains("renews it at 2/3 of its life"), "{}", check.message);
+
+    // Broken: 22 days in, the renewal is two days overdue: a warning naming the Lease to look at.
+    fixture.now += 21 * DAY;
+    let checks = fixture.run().await;
+    let check = find(&checks, name);
+    assert_eq!(check.status, Status::Warn, "{}", check.message);
+    assert!(check.message.contains("is overdue"), "{}", check.message);
+    assert!(check.hint.as_deref().unwrap().contains("cnimesh-control-webhook-write"), "{:?}", check.hint);
+
+    // cert-manager's Secret mode: the hint sends the operator to the Certificate.
+    let env = &mut fixture.mock.json_mut(DEPLOYMENT)["spec"]["template"]["spec"]["containers"][0]["env"];
+    env.as_array_mut().unwrap().last_mut().unwrap()["value"] = json!("secret");
+    let checks = fixture.run().await;
+    assert!(find(&checks, name).hint.as_deref().unwrap().contains("describe certificate"));
+}
