@@ -106,7 +106,7 @@ pub async fn run_checks(client: kube::Client, pre: bool, now: SystemTime) -> Vec
         return checks;
     };
     if pre {
-        kubernetes::pre_install(&client, &mut checks).await;
+        kubernetes::pre_install(&client, &version, &mut checks).await;
         return checks;
     }
     kubernetes::check_permissions(&client, &mut checks).await;
@@ -131,6 +131,11 @@ fn chain(error: &anyhow::Error) -> String {
         }
     }
     text
+}
+
+/// The pod is being deleted (`deletionTimestamp`): on its way out of a rollout, not a replica to judge.
+fn terminating(pod: &Pod) -> bool {
+    pod.metadata.deletion_timestamp.is_some()
 }
 
 /// The pod's Ready condition is True.

@@ -6,13 +6,15 @@
 //! Built on the control plane's library (the webhook's mutation, the manifests' names, the tap
 //! relay's query and lines), never the other way round.
 //!
-//! Layers: yaml | query_error → pod_proxy → manifests → install → ca | check | inject | uninstall | upgrade | prune | stat | tracing_addon → tap | identity_rotate | diagnostics | policy | multicluster → authz | top → dashboard
+//! Layers: yaml | query_error → pod_proxy → manifests → install → ca | check | inject | uninstall | upgrade | prune | stat | tracing_addon → tap | identity_rotate | diagnostics | policy | multicluster → authz | top → dashboard | diagnostics_role
 
 pub mod authz;
 pub mod ca;
 pub mod check;
 pub mod dashboard;
 pub mod diagnostics;
+#[cfg(test)]
+mod diagnostics_role;
 pub mod identity_rotate;
 pub mod inject;
 pub mod install;

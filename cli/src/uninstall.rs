@@ -7,6 +7,10 @@
 //! with no agent fails every new pod closed. `CNIMESH_UNINSTALL_ON_EXIT=true` on the DaemonSet
 //! makes exiting agents unchain it (daemonset/README.md, "Upgrades").
 //!
+//! The node agents' ValidatingAdmissionPolicy and its Binding are listed only where the server
+//! serves their kind (1.30 and later, [`super::install::guard`]): `kubectl delete` fails on a kind
+//! the server does not know, even with `--ignore-not-found`.
+//!
 //! Layer: runtime (operator CLI).
 
 use anyhow::Context;
@@ -14,11 +18,13 @@ use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Value, json};
 
+use super::install::guard::{self, ADMISSION_POLICY, POLICY_KINDS};
 use super::install::{ISSUER_SECRET, TRUST_ANCHORS_CONFIG_MAP, VALUES_CONFIG_MAP, WEBHOOK_SECRET};
 use super::{ClusterArgs, manifests, yaml};
 use cnimesh_common::names::{
     AGENT_NAME as AGENT_DAEMONSET, AGENT_NAMESPACE, CONTROL_NAMESPACE as DEFAULT_CONTROL_NAMESPACE, PROXY_CONTAINER,
 };
+use cnimesh_control::inject::ServerVersion;
 
 const UNINSTALL_ON_EXIT: &str = "CNIMESH_UNINSTALL_ON_EXIT";
 /// How many meshed pods a refusal names.
@@ -29,24 +35,47 @@ pub struct UninstallArgs {
     /// Print the deletions even while meshed pods remain or agents would leave the plugin chained.
     #[arg(long)]
     pub force: bool,
+    /// The cluster's Kubernetes version (MAJOR.MINOR) instead of its API server's: below 1.30 the
+    /// node agents' ValidatingAdmissionPolicy kinds are not listed (the server does not know them).
+    #[arg(long, value_name = "MAJOR.MINOR", value_parser = guard::parse_version)]
+    pub kubernetes_version: Option<ServerVersion>,
 }
 
 pub async fn main(cluster: &ClusterArgs, args: UninstallArgs) -> anyhow::Result<String> {
-    if !args.force {
-        let client = cluster.client().await?;
-        refuse_while_meshed(&client).await?;
-        refuse_while_agents_keep_the_plugin(&client).await?;
+    let client = if args.force && args.kubernetes_version.is_some() { None } else { Some(cluster.client().await?) };
+    uninstall(client.as_ref(), &args).await
+}
+
+/// The deletions for the cluster behind `client` (none: `--force` with `--kubernetes-version`).
+pub async fn uninstall(client: Option<&kube::Client>, args: &UninstallArgs) -> anyhow::Result<String> {
+    if let Some(client) = client
+        && !args.force
+    {
+        refuse_while_meshed(client).await?;
+        refuse_while_agents_keep_the_plugin(client).await?;
     }
+    let version = match (args.kubernetes_version, client) {
+        (Some(version), _) => version,
+        (None, Some(client)) => guard::server_version(client)
+            .await
+            .context("reading the API server's version (or pass --kubernetes-version)")?,
+        (None, None) => anyhow::bail!("no cluster to read the version from: pass --kubernetes-version"),
+    };
     Ok(format!(
         "# cnimesh {}: `cnimesh uninstall` — remove with `kubectl delete --ignore-not-found -f -`.\n{}",
         env!("CARGO_PKG_VERSION"),
-        yaml::render(&deletions())
+        yaml::render(&deletions(version >= ADMISSION_POLICY))
     ))
 }
 
-/// Every object `install` creates, reduced to what identifies it, in deletion order.
-pub fn deletions() -> Vec<Value> {
-    let mut docs: Vec<Value> = manifests::documents().iter().map(identity).collect();
+/// Every object `install` creates, reduced to what identifies it, in deletion order; the
+/// policy kinds only when the server serves them (`policy`).
+pub fn deletions(policy: bool) -> Vec<Value> {
+    let mut docs: Vec<Value> = manifests::documents()
+        .iter()
+        .filter(|d| policy || !POLICY_KINDS.iter().any(|kind| d["kind"] == *kind))
+        .map(identity)
+        .collect();
     let secret = |name: &str| json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": DEFAULT_CONTROL_NAMESPACE}});
     let control_namespace = docs
         .iter()
@@ -184,7 +213,7 @@ mod tests {
 
     #[test]
     fn the_webhook_goes_first_and_everything_install_creates_is_listed() {
-        let docs = deletions();
+        let docs = deletions(true);
         assert_eq!(docs[0]["kind"], "MutatingWebhookConfiguration");
         assert_eq!(docs.last().unwrap()["kind"], "Namespace");
         assert_eq!(docs.last().unwrap()["metadata"]["name"], AGENT_NAMESPACE, "the agents go last");
@@ -222,5 +251,32 @@ mod tests {
         }
         // No agents left: nothing to wait for.
         refuse_while_agents_keep_the_plugin(&api(vec![])).await.unwrap();
+    }
+
+    fn version(minor: u32) -> (&'static str, Value) {
+        (
+            "/version",
+            json!({"major": "1", "minor": minor.to_string(), "gitVersion": format!("v1.{minor}.0"),
+                            "gitCommit": "", "gitTreeState": "", "buildDate": "", "goVersion": "", "compiler": "", "platform": ""}),
+        )
+    }
+
+    #[tokio::test]
+    async fn uninstall_lists_the_policy_kinds_only_where_the_server_serves_them() {
+        let kinds = |text: &str| -> usize {
+            let docs = yaml::documents(text, "uninstall").unwrap();
+            docs.iter().filter(|d| POLICY_KINDS.iter().any(|k| d["kind"] == *k)).count()
+        };
+        let args = UninstallArgs { force: false, kubernetes_version: None };
+        for (minor, expected) in [(24, 0), (29, 0), (30, 2)] {
+            let cluster = api(vec![pods(vec![]), daemonset(true, true), version(minor)]);
+            let text = uninstall(Some(&cluster), &args).await.unwrap();
+            assert_eq!(kinds(&text), expected, "1.{minor}");
+            assert!(text.contains("kind: MutatingWebhookConfiguration"), "the rest is there");
+        }
+        let offline = UninstallArgs { force: true, kubernetes_version: Some(guard::parse_version("1.24").unwrap()) };
+        assert_eq!(kinds(&uninstall(None, &offline).await.unwrap()), 0);
+        let error = uninstall(None, &UninstallArgs { force: true, kubernetes_version: None }).await.unwrap_err();
+        assert!(error.to_string().contains("--kubernetes-version"), "{error}");
     }
 }

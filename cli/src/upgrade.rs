@@ -7,10 +7,14 @@
 //! this run's `--values`/`--set` over them and this version's defaults under them.
 //!
 //! `--crds` prints only the CustomResourceDefinitions, to apply first when they change.
+//!
+//! The node agents' guard follows the server's version as install's does ([`install::guard`]),
+//! read again on every upgrade: a cluster upgraded to 1.30 gets the policy with the next one.
 
 use anyhow::Context;
 use serde_json::Value;
 
+use super::install::guard::{self, NodeGuard};
 use super::install::{
     self, Options, TRUST_ANCHORS_CONFIG_MAP, TRUST_ANCHORS_KEY, ValuesArgs, cluster, values::Overrides,
 };
@@ -27,16 +31,22 @@ pub struct UpgradeArgs {
 
 pub async fn main(cluster: &ClusterArgs, args: UpgradeArgs) -> anyhow::Result<String> {
     let client = cluster.client().await?;
-    upgrade(&client, &args).await
+    let (text, guard) = upgrade(&client, &args).await?;
+    if let Some(warning) = guard.warning() {
+        eprintln!("{warning}");
+    }
+    Ok(text)
 }
 
-/// Reads what the cluster holds and renders this version over it.
-pub async fn upgrade(client: &kube::Client, args: &UpgradeArgs) -> anyhow::Result<String> {
+/// Reads what the cluster holds and renders this version over it, for the server's version.
+pub async fn upgrade(client: &kube::Client, args: &UpgradeArgs) -> anyhow::Result<(String, NodeGuard)> {
     let installed = cluster::read(client).await.context("reading the installed mesh from the cluster")?;
     let certs = installed.certificates()?;
     let mut overrides = installed.overrides()?;
     overrides.merge(&args.values.overrides(Overrides::default())?);
-    let options = Options::new(overrides)?;
+    let mut options = Options::new(overrides)?;
+    let version = guard::server_version(client).await.context("reading the API server's version")?;
+    let guard = options.fit(Some(version))?;
     let mut docs = install::documents(&certs, &options)?;
     // The anchors proxies are given may be a bundle the issuer Secret's copy is not (during a
     // rotation): keep the ConfigMap's as it is.
@@ -50,18 +60,20 @@ pub async fn upgrade(client: &kube::Client, args: &UpgradeArgs) -> anyhow::Resul
     let from = installed.version().map_or_else(|| "a version without stored values".to_string(), |v| v.to_string());
     if args.crds {
         docs.retain(|d| d["kind"] == "CustomResourceDefinition");
-        return Ok(format!(
+        let text = format!(
             "# cnimesh {}: `cnimesh upgrade --crds` (from {from}) — apply first with `kubectl apply -f -`.\n{}",
             env!("CARGO_PKG_VERSION"),
             yaml::render(&docs)
-        ));
+        );
+        return Ok((text, guard));
     }
-    Ok(format!(
+    let text = format!(
         "# cnimesh {}: `cnimesh upgrade` (from {from}) — apply with `kubectl apply -f -` after `cnimesh upgrade --crds`.\n\
          # Reuses the cluster's trust anchors, issuer and webhook CA; holds the issuer's private key: keep it secret.\n{}",
         env!("CARGO_PKG_VERSION"),
         yaml::render(&docs)
-    ))
+    );
+    Ok((text, guard))
 }
 
 #[cfg(test)]
@@ -94,7 +106,7 @@ mod tests {
         cluster.apply(&first);
         let first = yaml::documents(&first, "install").unwrap();
 
-        let upgraded = upgrade(&cluster.client(), &UpgradeArgs::default()).await.unwrap();
+        let upgraded = upgrade(&cluster.client(), &UpgradeArgs::default()).await.unwrap().0;
         let upgraded = yaml::documents(&upgraded, "upgrade").unwrap();
         for (kind, name) in
             [("Secret", ISSUER_SECRET), ("Secret", WEBHOOK_SECRET), ("ConfigMap", TRUST_ANCHORS_CONFIG_MAP)]
@@ -124,7 +136,7 @@ mod tests {
             values: ValuesArgs { set: vec!["controlPlane.replicas=1".into()], ..Default::default() },
             ..Default::default()
         };
-        let again = yaml::documents(&upgrade(&cluster.client(), &args).await.unwrap(), "again").unwrap();
+        let again = yaml::documents(&upgrade(&cluster.client(), &args).await.unwrap().0, "again").unwrap();
         assert_eq!(find(&again, "Deployment", "cnimesh-control")["spec"]["replicas"], 1);
         let env =
             find(&again, "Deployment", "cnimesh-control")["spec"]["template"]["spec"]["containers"][0]["env"].clone();
@@ -143,10 +155,34 @@ mod tests {
 
         let cluster = ObjectsApi::default();
         cluster.apply(&install(&[]));
-        let crds = upgrade(&cluster.client(), &UpgradeArgs { crds: true, ..Default::default() }).await.unwrap();
+        let crds = upgrade(&cluster.client(), &UpgradeArgs { crds: true, ..Default::default() }).await.unwrap().0;
         let crds = yaml::documents(&crds, "crds").unwrap();
         assert!(!crds.is_empty());
         assert!(crds.iter().all(|d| d["kind"] == "CustomResourceDefinition"));
+    }
+
+    #[tokio::test]
+    async fn upgrade_follows_the_servers_version_and_adds_the_policy_once_the_cluster_reaches_1_30() {
+        let cluster = ObjectsApi::at(24);
+        let (first, guard) = install::install(Some(&cluster.client()), &Default::default()).await.unwrap();
+        assert!(guard.warning().is_some());
+        cluster.apply(&first);
+        let kinds = |text: &str| -> Vec<String> {
+            yaml::documents(text, "upgrade")
+                .unwrap()
+                .iter()
+                .filter(|d| guard::POLICY_KINDS.iter().any(|k| d["kind"] == *k))
+                .map(yaml::describe)
+                .collect()
+        };
+        let (upgraded, guard) = upgrade(&cluster.client(), &UpgradeArgs::default()).await.unwrap();
+        assert_eq!(kinds(&upgraded), Vec::<String>::new(), "1.24 has no policy API");
+        assert!(guard.warning().unwrap().contains("Kubernetes 1.24"));
+
+        cluster.upgrade_to(30);
+        let (upgraded, guard) = upgrade(&cluster.client(), &UpgradeArgs::default()).await.unwrap();
+        assert_eq!(kinds(&upgraded).len(), 2, "the cluster reached 1.30: the policy and its binding");
+        assert_eq!(guard.warning(), None);
     }
 
     #[tokio::test]

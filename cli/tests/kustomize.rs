@@ -169,6 +169,49 @@ fn control_plane(docs: &[Value]) -> &Value {
 }
 
 #[test]
+fn the_before_1_30_component_leaves_out_exactly_what_install_leaves_out_on_such_a_server() {
+    let overlay = tempfile::tempdir().unwrap();
+    let kustomization = format!(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - {}\ncomponents:\n  - {}\n",
+        relative_to(overlay.path(), &root().join("daemonset")),
+        relative_to(overlay.path(), &root().join("deploy/before-1.30"))
+    );
+    std::fs::write(overlay.path().join("kustomization.yaml"), kustomization).unwrap();
+    let rendered = kustomize(overlay.path());
+    let base = kustomize(&root().join("daemonset"));
+    let kinds = |docs: &[Value]| -> Vec<(String, String, String)> {
+        docs.iter().filter(|d| install::guard::POLICY_KINDS.iter().any(|k| d["kind"] == *k)).map(key).collect()
+    };
+    assert_eq!(kinds(&rendered), Vec::<(String, String, String)>::new());
+    assert_eq!(kinds(&base).len(), 2, "the base has the policy and its binding");
+    let (rendered, base) = (by_key(&rendered), by_key(&base));
+    for (key, doc) in &base {
+        if install::guard::POLICY_KINDS.contains(&key.0.as_str()) {
+            continue;
+        }
+        assert_eq!(rendered.get(key), Some(doc), "{key:?}: the component changes nothing else");
+    }
+
+    // What `cnimesh install` renders for Kubernetes 1.24: the same set of objects, less the generated ones.
+    let args = install::InstallArgs {
+        kubernetes_version: Some(install::guard::parse_version("1.24").unwrap()),
+        ignore_cluster: true,
+        ..Default::default()
+    };
+    let mut options = args.options().unwrap();
+    options.fit(args.kubernetes_version).unwrap();
+    let certs = install::Certificates::from_args(&args).unwrap();
+    let installed: Vec<Value> = install::documents(&certs, &options).unwrap();
+    let generated =
+        [install::ISSUER_SECRET, install::TRUST_ANCHORS_CONFIG_MAP, WEBHOOK_SECRET, install::VALUES_CONFIG_MAP];
+    let mut from_install: Vec<_> = installed.iter().map(key).filter(|k| !generated.contains(&k.2.as_str())).collect();
+    let mut from_kustomize: Vec<_> = rendered.keys().cloned().collect();
+    from_install.sort();
+    from_kustomize.sort();
+    assert_eq!(from_kustomize, from_install);
+}
+
+#[test]
 fn an_images_override_changes_the_proxy_image_the_injector_writes() {
     let base = kustomize(&root().join("daemonset"));
     let before = webhook_args(control_plane(&base)).inject_config("cluster.local").unwrap().proxy_image;

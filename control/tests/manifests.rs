@@ -268,11 +268,22 @@ fn the_webhook_calls_the_paths_the_handler_serves_with_the_right_policies() {
     assert_eq!(paths, [INJECT_PATH.to_string(), OPT_IN_PATH.to_string()].into());
 }
 
+/// The ClusterRole operators are given for `cnimesh diagnostics` and `cnimesh authz`.
+const DIAGNOSTICS_ROLE: &str = "cnimesh-diagnostics";
+
 #[test]
 fn rbac_grants_exactly_what_the_control_plane_uses() {
     let m = load();
-    assert_eq!(m.roles.len(), 1);
-    let role = &m.roles[0];
+    // The operators' read-only diagnostics ClusterRole is bound to no one by the install (its
+    // grants are tested in cli/src/diagnostics_role.rs); the control plane's is the other one.
+    let roles: Vec<&ClusterRole> =
+        m.roles.iter().filter(|r| r.metadata.name.as_deref() != Some(DIAGNOSTICS_ROLE)).collect();
+    assert_eq!(roles.len(), 1);
+    assert!(
+        !m.bindings.iter().any(|b| b.role_ref.name == DIAGNOSTICS_ROLE),
+        "the diagnostics ClusterRole is bound by the operator, never by the install"
+    );
+    let role = roles[0];
     assert!(role.aggregation_rule.is_none());
     // Resource names are part of the grant: the caBundle patch reaches one configuration only.
     let rules = role.rules.iter().flatten().map(|r| (r, None)).chain(

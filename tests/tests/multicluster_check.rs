@@ -67,6 +67,27 @@ fn link_without_secret(cluster: &str) -> String {
     )
 }
 
+/// East's control plane on its files backend with the mirror controller on, and west's, which
+/// shares east's trust anchor under its own trust domain.
+fn controls(
+    bins: &cnimesh_e2e::cni::Bins,
+    (east_pod, east_root): (&Pod<'_>, &LocalRoot),
+    (west_pod, west_root): (&Pod<'_>, &LocalRoot),
+) -> (Control, Control) {
+    let (east_cluster, west_cluster) =
+        (east_root.cluster().display().to_string(), west_root.cluster().display().to_string());
+    let east = Control::start(
+        &bins.control,
+        east_pod,
+        &["--cluster-dir", &east_cluster, "--mirror-service-cidr", "10.96.0.0/12"],
+    )
+    .unwrap();
+    let west =
+        Control::start_sharing_anchor(&bins.control, west_pod, &["--cluster-dir", &west_cluster], &east, "west.local")
+            .unwrap();
+    (east, west)
+}
+
 #[test]
 fn multicluster_check_names_a_lost_link_with_its_reason_and_passes_again_once_it_is_back_and_names_a_missing_secret() {
     if !require_root(
@@ -92,17 +113,7 @@ fn multicluster_check_names_a_lost_link_with_its_reason_and_passes_again_once_it
         &west_root.file("db.yaml"),
         &service_yaml("db", flat, "10.97.0.11", &[("db-0", Ipv4Addr::new(10, 2, 0, 5))]),
     );
-    let (east_cluster, west_cluster) =
-        (east_root.cluster().display().to_string(), west_root.cluster().display().to_string());
-    let east = Control::start(
-        &bins.control,
-        &east_pod,
-        &["--cluster-dir", &east_cluster, "--mirror-service-cidr", "10.96.0.0/12"],
-    )
-    .unwrap();
-    let west =
-        Control::start_sharing_anchor(&bins.control, &west_pod, &["--cluster-dir", &west_cluster], &east, "west.local")
-            .unwrap();
+    let (east, west) = controls(&bins, (&east_pod, &east_root), (&west_pod, &west_root));
     let _gateway = start_gateway(&bins, &west, &gateway_pod);
     east_root.record(&east, None);
     west_root.record(&west, Some(SocketAddr::new(gateway_pod.ipv4().into(), PROXY_INBOUND_PORT)));
@@ -169,4 +180,66 @@ fn multicluster_check_names_a_lost_link_with_its_reason_and_passes_again_once_it
         checks_of(&report, "link west").iter().all(|(_, status, _)| status == "ok"),
         "the other link is unaffected: {report:#}"
     );
+}
+
+/// An RFC 3339 time of a Link status, parsed.
+fn at(time: &Option<String>) -> std::time::SystemTime {
+    humantime::parse_rfc3339_weak(time.as_deref().expect("a time")).expect("RFC 3339")
+}
+
+#[test]
+fn an_idle_healthy_link_stays_green_past_the_stale_bound_and_goes_red_once_its_mirror_controller_dies() {
+    if !require_root(
+        "an_idle_healthy_link_stays_green_past_the_stale_bound_and_goes_red_once_its_mirror_controller_dies",
+    ) {
+        return;
+    }
+    use cnimesh_control::multicluster::crd::HEARTBEAT_STALE_AFTER;
+    let bins = bins!();
+    let net = Network::bridge(&bins, json!({})).unwrap();
+    let (east_root, west_root) = (LocalRoot::new(), LocalRoot::new());
+    let east_pod = Pod::unmeshed(&net, "cnimesh", "control-east").unwrap();
+    let west_pod = Pod::unmeshed(&net, "cnimesh", "control-west").unwrap();
+    // No gateway: no probe writes the status; only the heartbeat can keep it fresh.
+    write_atomically(
+        &west_root.file("db.yaml"),
+        &service_yaml(
+            "db",
+            "mirror.cnimesh.io/exported: remote-discovery",
+            "10.97.0.11",
+            &[("db-0", Ipv4Addr::new(10, 2, 0, 5))],
+        ),
+    );
+    let (mut east, west) = controls(&bins, (&east_pod, &east_root), (&west_pod, &west_root));
+    east_root.record(&east, None);
+    west_root.record(&west, None);
+    link_local(CLI.as_ref(), &east_root, &west_root, "west");
+    eventually("east's control plane says the link is up with its mirror", PATIENCE, || {
+        east_root.link_status("west").is_some_and(|s| s.state == Some(LinkState::Up) && s.mirrors.len() == 1)
+    });
+    let synced = east_root.link_status("west").unwrap().last_sync;
+
+    // Nothing changes in west: the last change goes older than the stale bound, the heartbeat
+    // keeps coming, and check stays green.
+    eventually("the heartbeat moves past the last change by more than the stale bound", 3 * PATIENCE, || {
+        east_root.link_status("west").is_some_and(|s| {
+            s.last_heartbeat.is_some() && at(&s.last_heartbeat) > at(&s.last_sync) + HEARTBEAT_STALE_AFTER
+        })
+    });
+    assert_eq!(east_root.link_status("west").unwrap().last_sync, synced, "idle: no change synced meanwhile");
+    let (passed, report) = json_check(&east_pod, &east_root);
+    assert!(passed, "an idle healthy link passes: {report:#}");
+    let status = checks_of(&report, "link west").into_iter().find(|(n, _, _)| n == "link status").unwrap();
+    assert!(status.1 == "ok" && status.2.starts_with("up: heartbeat"), "{status:?}");
+
+    // The mirror controller dies (its control plane stops): the heartbeat goes old and check
+    // fails, naming the mirror controller rather than the remote cluster.
+    east.stop();
+    eventually("check fails once the heartbeat is older than the stale bound", 3 * PATIENCE, || {
+        !json_check(&east_pod, &east_root).0
+    });
+    let (_, report) = json_check(&east_pod, &east_root);
+    let status = checks_of(&report, "link west").into_iter().find(|(n, _, _)| n == "link status").unwrap();
+    assert!(status.1 == "fail" && status.2.contains("no heartbeat from the mirror controller"), "{status:?}");
+    drop(west);
 }

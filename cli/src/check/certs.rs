@@ -32,7 +32,7 @@ pub fn parse_pem(pem: &[u8]) -> Result<Vec<Vec<u8>>, String> {
     Ok(ders)
 }
 
-fn parse(der: &[u8]) -> X509Certificate<'_> {
+pub fn parse(der: &[u8]) -> X509Certificate<'_> {
     // Every DER handled here came out of `parse_pem`, which parsed it once already.
     X509Certificate::from_der(der).expect("parse_pem validated the certificate").1
 }

@@ -11,7 +11,7 @@ use kube::api::ListParams;
 
 use super::kubernetes::{NATIVE_SIDECARS_MINOR, ServerVersion};
 use super::report::{Check, plural};
-use super::{CONTROL_NAME, CONTROL_NAMESPACE, kube_error, pod_ready};
+use super::{CONTROL_NAME, CONTROL_NAMESPACE, kube_error, pod_ready, terminating};
 
 const CATEGORY: &str = "control-plane";
 /// The Deployment's switch for the proxy's form (`auto`, `true`, `false`).
@@ -131,14 +131,43 @@ async fn pods(client: &kube::Client, deployment: &Deployment) -> Check {
             );
         }
     };
-    let not_ready: Vec<String> =
-        pods.iter().filter(|p| !pod_ready(p)).map(|p| p.metadata.name.clone().unwrap_or_default()).collect();
-    if pods.is_empty() {
+    let name_of = |p: &Pod| p.metadata.name.clone().unwrap_or_default();
+    // Terminating pods are a rollout's old ones: they leave, they are not failing.
+    let leaving: Vec<String> = pods.iter().filter(|p| terminating(p)).map(name_of).collect();
+    let pods: Vec<&Pod> = pods.iter().filter(|p| !terminating(p)).collect();
+    let not_ready: Vec<String> = pods.iter().filter(|p| !pod_ready(p)).map(|p| name_of(p)).collect();
+    let status = deployment.status.as_ref();
+    let desired = deployment.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+    let rolling_out = deployment.metadata.generation > status.and_then(|s| s.observed_generation)
+        || status.and_then(|s| s.updated_replicas).unwrap_or(0) < desired
+        || !leaving.is_empty();
+    let rollout_hint = format!("kubectl -n {CONTROL_NAMESPACE} rollout status deployment/{CONTROL_NAME}");
+    if pods.is_empty() && !leaving.is_empty() {
+        Check::fail(
+            CATEGORY,
+            name,
+            format!("only terminating pods ({}): no replica will serve", leaving.join(", ")),
+            format!("kubectl -n {CONTROL_NAMESPACE} describe deployment {CONTROL_NAME}"),
+        )
+    } else if pods.is_empty() {
         Check::fail(
             CATEGORY,
             name,
             "no control plane pods",
             format!("kubectl -n {CONTROL_NAMESPACE} describe deployment {CONTROL_NAME}"),
+        )
+    } else if !not_ready.is_empty() && rolling_out && not_ready.len() < pods.len() {
+        Check::warn(
+            CATEGORY,
+            name,
+            format!(
+                "rolling out: {} of {} pods ready; not yet: {}{}",
+                pods.len() - not_ready.len(),
+                pods.len(),
+                not_ready.join(", "),
+                if leaving.is_empty() { String::new() } else { format!("; terminating: {}", leaving.join(", ")) }
+            ),
+            rollout_hint,
         )
     } else if !not_ready.is_empty() {
         Check::fail(
@@ -146,6 +175,18 @@ async fn pods(client: &kube::Client, deployment: &Deployment) -> Check {
             name,
             format!("{} of {} pods not ready: {}", not_ready.len(), pods.len(), not_ready.join(", ")),
             format!("kubectl -n {CONTROL_NAMESPACE} describe pod {}", not_ready[0]),
+        )
+    } else if !leaving.is_empty() {
+        Check::warn(
+            CATEGORY,
+            name,
+            format!(
+                "rolling out: {} ready, {} terminating ({})",
+                plural(pods.len(), "pod"),
+                leaving.len(),
+                leaving.join(", ")
+            ),
+            rollout_hint,
         )
     } else {
         Check::ok(CATEGORY, name, format!("{} ready", plural(pods.len(), "pod")))

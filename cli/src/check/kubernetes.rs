@@ -12,6 +12,7 @@ use kube::api::{ListParams, PostParams};
 
 use super::report::Check;
 use super::{AGENT_NAMESPACE, CONTROL_NAMESPACE, kube_error};
+use crate::install::guard::NodeGuard;
 
 const CATEGORY: &str = "kubernetes-api";
 const VERSION: &str = "kubernetes-version";
@@ -117,6 +118,27 @@ pub async fn api(client: &kube::Client, pre: bool, checks: &mut Vec<Check>) -> O
     Some(version)
 }
 
+/// What install will do about the node agents' ValidatingAdmissionPolicy on this server: the
+/// same decision install makes ([`NodeGuard::choose`]), so the report says what will happen.
+fn node_guard(version: &ServerVersion) -> Check {
+    let name = "the node agents' tokens are limited to their node";
+    let version = cnimesh_control::inject::ServerVersion { major: version.major, minor: version.minor };
+    match NodeGuard::choose(None, Some(version)) {
+        Ok(guard) if guard.policy() => Check::ok(
+            PRE,
+            name,
+            format!("Kubernetes {version}: install adds the ValidatingAdmissionPolicy that does it"),
+        ),
+        Ok(guard) => Check::warn(
+            PRE,
+            name,
+            guard.describe(),
+            "supported as is (install leaves the policy out and says so); upgrade the cluster to 1.30 and run `cnimesh upgrade` to add it",
+        ),
+        Err(error) => Check::fail(PRE, name, error.to_string(), "see docs/install/index.md, Requirements"),
+    }
+}
+
 /// One permission to ask about. `namespace: None` is cluster-wide.
 struct Access {
     verb: &'static str,
@@ -208,9 +230,10 @@ pub async fn check_permissions(client: &kube::Client, checks: &mut Vec<Check>) {
     permissions(client, RBAC, &wanted, checks).await;
 }
 
-/// `--pre`: what `install` creates, that there are nodes to run on, and whether the mesh is
-/// already there.
-pub async fn pre_install(client: &kube::Client, checks: &mut Vec<Check>) {
+/// `--pre`: what `install` creates, that there are nodes to run on, which guard the node
+/// agents' tokens will get, and whether the mesh is already there.
+pub async fn pre_install(client: &kube::Client, version: &ServerVersion, checks: &mut Vec<Check>) {
+    checks.push(node_guard(version));
     let both = |verb, group, resource| {
         vec![
             access(verb, group, resource, Some(CONTROL_NAMESPACE)),

@@ -1,10 +1,14 @@
 //! A mocked Kubernetes API server for the check's tests: canned replies keyed by method and
 //! path (query strings are ignored), 404 `Status` for anything else, and SelfSubjectAccessReviews
-//! answered from a deny list. It is the one thing the tests fake; everything above the HTTP
+//! answered from a deny list. With `rbac` set, every request is first authorized against those
+//! rules, as the API server's RBAC authorizer does for a user holding only that role (403
+//! otherwise, and the request is recorded in `forbidden`). It is the one thing the tests fake; everything above the HTTP
 //! requests (kube-rs, parsing, the checks) runs for real.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -25,6 +29,65 @@ pub struct MockApi {
     pub denied: BTreeSet<String>,
     /// Every request fails at the connection: the API server is unreachable.
     pub unreachable: bool,
+    /// The rules (of a Role or ClusterRole) the caller holds; `None`: everything is allowed.
+    pub rbac: Option<Vec<Value>>,
+    /// The requests `rbac` refused, as `verb group/resource[/subresource] name`.
+    pub forbidden: Arc<Mutex<Vec<String>>>,
+}
+
+/// What RBAC judges a request by: the verb and the resource it names.
+#[derive(Debug)]
+struct Attributes {
+    verb: &'static str,
+    group: String,
+    resource: String,
+    name: String,
+}
+
+impl Attributes {
+    /// `/api/v1/[namespaces/NS/]RESOURCE[/NAME[/SUBRESOURCE[/…]]]` or the same under `/apis/GROUP/VERSION`.
+    fn of(method: &str, path: &str) -> Option<Self> {
+        let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+        let (group, rest) = match segments.as_slice() {
+            ["api", _version, rest @ ..] => (String::new(), rest),
+            ["apis", group, _version, rest @ ..] => (group.to_string(), rest),
+            _ => return None,
+        };
+        let rest = match rest {
+            ["namespaces", _ns, more @ ..] if !more.is_empty() => more,
+            other => other,
+        };
+        let (resource, name, sub) = match rest {
+            [resource] => (resource.to_string(), String::new(), None),
+            [resource, name] => (resource.to_string(), name.to_string(), None),
+            [resource, name, sub, ..] => (resource.to_string(), name.to_string(), Some(*sub)),
+            [] => return None,
+        };
+        let verb = match (method, name.is_empty()) {
+            ("GET", true) => "list",
+            ("GET", false) => "get",
+            ("POST", _) => "create",
+            ("DELETE", _) => "delete",
+            ("PATCH", _) => "patch",
+            _ => "update",
+        };
+        let resource = match sub {
+            Some(sub) => format!("{resource}/{sub}"),
+            None => resource,
+        };
+        Some(Attributes { verb, group, resource, name })
+    }
+
+    fn allowed_by(&self, rule: &Value) -> bool {
+        let has = |key: &str, wanted: &str| {
+            rule[key].as_array().is_some_and(|values| values.iter().any(|v| v == wanted || v == "*"))
+        };
+        let names = rule["resourceNames"].as_array().filter(|names| !names.is_empty());
+        has("verbs", self.verb)
+            && has("apiGroups", &self.group)
+            && has("resources", &self.resource)
+            && names.is_none_or(|names| names.iter().any(|n| *n == self.name.as_str()))
+    }
 }
 
 impl MockApi {
@@ -64,6 +127,16 @@ impl MockApi {
             let allowed = !self.denied.contains(&format!("{} {resource} {ns}", text("verb")));
             review["status"] = json!({"allowed": allowed});
             return (201, review.to_string(), "application/json");
+        }
+        if let (Some(rules), Some(attributes)) = (&self.rbac, Attributes::of(method, path))
+            && !rules.iter().any(|rule| attributes.allowed_by(rule))
+        {
+            let Attributes { verb, group, resource, name } = attributes;
+            self.forbidden.lock().push(format!("{verb} {group}/{resource} {name}").trim_end().to_string());
+            let message = format!("forbidden: the role does not allow {verb} {resource} {name}");
+            let body = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                              "message": message, "reason": "Forbidden", "code": 403});
+            return (403, body.to_string(), "application/json");
         }
         match self.routes.get(&(method.to_string(), path.to_string())) {
             Some(Reply::Json(v)) => (200, v.to_string(), "application/json"),

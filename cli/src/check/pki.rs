@@ -8,6 +8,7 @@
 use std::collections::BTreeSet;
 
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::Api;
 
@@ -168,6 +169,53 @@ fn skip_webhook(checks: &mut Vec<Check>, why: &str) {
     }
 }
 
+/// Who keeps the webhook's certificate (the control plane's `CNIMESH_CONTROL_WEBHOOK_CERTS`):
+/// it decides when an expiry is worth a warning and what to do about it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum WebhookCerts {
+    /// Files the operator put in the Secret (`cnimesh ca webhook`): renewed by hand.
+    Files,
+    /// The Secret written by someone else (cert-manager), watched and reloaded.
+    Secret,
+    /// The Lease holder renews the serving certificate at 2/3 of its life (30-day certificates).
+    Managed,
+}
+
+async fn webhook_certs_mode(client: &kube::Client) -> WebhookCerts {
+    let api: Api<Deployment> = Api::namespaced(client.clone(), CONTROL_NAMESPACE);
+    let deployment = api.get_opt(super::CONTROL_NAME).await.ok().flatten();
+    let value = deployment
+        .and_then(|d| d.spec?.template.spec)
+        .and_then(|s| s.containers.into_iter().find(|c| c.name == super::CONTROL_NAME))
+        .and_then(|c| c.env?.into_iter().find(|e| e.name == "CNIMESH_CONTROL_WEBHOOK_CERTS"))
+        .and_then(|e| e.value);
+    match value.as_deref() {
+        Some("managed") => WebhookCerts::Managed,
+        Some("secret") => WebhookCerts::Secret,
+        _ => WebhookCerts::Files,
+    }
+}
+
+/// A managed serving certificate is renewed at 2/3 of its life: only a renewal overdue by a day
+/// is worth a warning (a 30-day certificate always has less than 60 days left).
+fn managed_validity(der: &[u8], now: i64) -> (Status, String) {
+    let (status, message) = certs::validity(der, now);
+    if status != Status::Warn {
+        return (status, format!("{message}; the control plane renews it at 2/3 of its life"));
+    }
+    let cert = certs::parse(der);
+    let (from, until) = (cert.validity().not_before.timestamp(), cert.validity().not_after.timestamp());
+    let renew_at = from + (until - from) * 2 / 3;
+    if now > renew_at + 86400 {
+        (
+            Status::Warn,
+            format!("{message}: its renewal at 2/3 of its life, {}, is overdue", certs::format_date(renew_at)),
+        )
+    } else {
+        (Status::Ok, format!("{message}; the control plane renews it at 2/3 of its life"))
+    }
+}
+
 /// A validity check line for one certificate (or the worst of several, each as a detail).
 fn validity_check(name: &str, ders: &[Vec<u8>], now: i64, hint: &str) -> Check {
     let results: Vec<(Status, String)> = ders.iter().map(|d| certs::validity(d, now)).collect();
@@ -212,9 +260,21 @@ async fn certificates(
         "issue a new issuer from the trust anchor (cnimesh ca init), update Secret {CONTROL_NAMESPACE}/{ISSUER_SECRET} and restart {}",
         super::CONTROL_NAME
     );
-    let webhook_hint = format!(
-        "regenerate with cnimesh ca webhook, update Secret {CONTROL_NAMESPACE}/{WEBHOOK_SECRET} and the caBundle together"
-    );
+    let mode = webhook_certs_mode(client).await;
+    let webhook_hint = match mode {
+        WebhookCerts::Files => format!(
+            "regenerate with cnimesh ca webhook, update Secret {CONTROL_NAMESPACE}/{WEBHOOK_SECRET} and the caBundle together"
+        ),
+        WebhookCerts::Secret => format!(
+            "whoever writes Secret {CONTROL_NAMESPACE}/{WEBHOOK_SECRET} renews it (cert-manager: kubectl -n {CONTROL_NAMESPACE} describe certificate); the control plane reloads it"
+        ),
+        WebhookCerts::Managed => {
+            let lease = cnimesh_control::leader::lease_name(cnimesh_control::leader::WEBHOOK_WRITE);
+            format!(
+                "the control plane renews it (--webhook-certs managed): is a replica holding the Lease {lease} (kubectl -n {CONTROL_NAMESPACE} get lease {lease})? Its logs say why a renewal failed"
+            )
+        }
+    };
 
     let anchors = from(&issuer_secret, ISSUER_SECRET, "ca.crt");
     let issuer = from(&issuer_secret, ISSUER_SECRET, "tls.crt").map(|mut chain| chain.swap_remove(0));
@@ -230,6 +290,11 @@ async fn certificates(
     ];
     for (name, ders, hint) in items {
         checks.push(match ders {
+            Ok(ders) if mode == WebhookCerts::Managed && name == "webhook serving certificate is valid" => {
+                let (status, message) = managed_validity(&ders[0], now);
+                let check = Check::new(CERTS, name, status, message);
+                if status == Status::Ok { check } else { check.hint(hint) }
+            }
             Ok(ders) => validity_check(name, &ders, now, hint),
             Err(e) => Check::fail(CERTS, name, e, missing_hint),
         });

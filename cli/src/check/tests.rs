@@ -146,7 +146,7 @@ impl Fixture {
                     "template": {"spec": {"containers": [{"name": "cnimesh-control", "image": "ghcr.io/cnimesh/cnimesh-control:0.1.0",
                         "env": [{"name": "CNIMESH_CONTROL_NATIVE_SIDECARS", "value": "auto"}]}]}}
                 },
-                "status": {"replicas": 1, "readyReplicas": 1}
+                "status": {"replicas": 1, "readyReplicas": 1, "updatedReplicas": 1}
             }),
         );
         m.get(
@@ -422,7 +422,8 @@ async fn a_ca_bundle_of_another_ca_fails() {
     let other = webhook_pki(365 * DAY);
     fixture.set_webhook_pki(&webhook_pki(365 * DAY), Some(&other.0));
     let checks = fixture.run().await;
-    assert_fails(&checks, &["the caBundle verifies the serving certificate"]);
+    // What is stored and what is served both fail: the API server refuses what the replica serves.
+    assert_fails(&checks, &["the caBundle verifies the serving certificate", super::trust::SERVED]);
     assert_eq!(find(&checks, "the caBundle verifies the serving certificate").details.len(), 2);
 }
 
@@ -431,7 +432,8 @@ async fn an_empty_ca_bundle_fails() {
     let mut fixture = Fixture::healthy();
     fixture.mock.json_mut(WEBHOOK_CONFIG)["webhooks"][1]["clientConfig"]["caBundle"] = json!("");
     let checks = fixture.run().await;
-    assert_fails(&checks, &["every webhook has a caBundle"]);
+    // The API server cannot verify the replica for that webhook either: both lines fail.
+    assert_fails(&checks, &["every webhook has a caBundle", super::trust::SERVED]);
     assert_eq!(find(&checks, "every webhook has a caBundle").message, "empty caBundle: pod.inject.cnimesh.io");
 }
 
@@ -690,7 +692,7 @@ async fn pre_install_on_a_fresh_cluster_passes() {
     let fixture = Fixture::healthy();
     let checks = fixture.run_pre().await;
     assert!(checks.iter().all(|c| c.status == Status::Ok), "{}", render_table(&checks));
-    assert_eq!(checks.len(), 2 + 7 + 2, "{}", render_table(&checks));
+    assert_eq!(checks.len(), 2 + 1 + 7 + 2, "{}", render_table(&checks));
 }
 
 #[tokio::test]
@@ -700,7 +702,14 @@ async fn pre_install_judges_versions_permissions_nodes_and_an_existing_install()
     fixture.mock.get(CONTROL_NS, json!({"metadata": {"name": "cnimesh"}}));
     let checks = fixture.run_pre().await;
     let warned: Vec<&str> = checks.iter().filter(|c| c.status == Status::Warn).map(|c| c.name.as_str()).collect();
-    assert_eq!(warned, ["is running a supported version", "the control plane namespace does not exist yet"]);
+    assert_eq!(
+        warned,
+        [
+            "is running a supported version",
+            "the node agents' tokens are limited to their node",
+            "the control plane namespace does not exist yet"
+        ]
+    );
     assert_eq!(exit_code(&checks), 0);
 
     fixture.mock.json_mut(VERSION)["minor"] = json!("23");
@@ -712,6 +721,25 @@ async fn pre_install_judges_versions_permissions_nodes_and_an_existing_install()
         find(&checks, "can create secrets").message,
         "not allowed to create secrets in namespace cnimesh-system"
     );
+}
+
+#[tokio::test]
+async fn pre_install_says_which_guard_the_node_agents_get_on_1_24_and_1_30() {
+    let name = "the node agents' tokens are limited to their node";
+    let mut fixture = Fixture::healthy();
+    fixture.mock.json_mut(VERSION)["minor"] = json!("30");
+    let checks = fixture.run_pre().await;
+    let check = find(&checks, name);
+    assert_eq!(check.status, Status::Ok, "{}", render_table(&checks));
+    assert!(check.message.contains("adds the ValidatingAdmissionPolicy"), "{}", check.message);
+
+    fixture.mock.json_mut(VERSION)["minor"] = json!("24");
+    let checks = fixture.run_pre().await;
+    let check = find(&checks, name);
+    assert_eq!(check.status, Status::Warn, "{}", render_table(&checks));
+    assert!(check.message.contains("Kubernetes 1.24") && check.message.contains("left out"), "{}", check.message);
+    assert!(check.message.contains("delete any pod"), "the residual risk: {}", check.message);
+    assert_eq!(exit_code(&checks), 0, "a supported cluster: a warning, not a failure");
 }
 
 #[test]
@@ -829,4 +857,135 @@ fn counts_read_as_english_for_nouns_ending_in_y() {
     assert_eq!(plural(2, "proxy"), "2 proxies");
     assert_eq!(plural(3, "day"), "3 days");
     assert_eq!(plural(2, "pod"), "2 pods");
+}
+
+fn trust_json_of(pod: &str) -> String {
+    format!("/api/v1/namespaces/cnimesh/pods/{pod}:9990/proxy/trust.json")
+}
+
+/// A rollout's old replica: terminating (a `deletionTimestamp`), no longer answering.
+fn add_control_pod(fixture: &mut Fixture, name: &str, ready: bool, terminating: bool) {
+    let mut old = pod("cnimesh", name, "node-2", &["cnimesh-control"], &[], ready);
+    if terminating {
+        old["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+    }
+    fixture.mock.json_mut(CONTROL_PODS)["items"].as_array_mut().unwrap().push(old);
+}
+
+#[tokio::test]
+async fn terminating_control_plane_pods_are_a_rollout_not_a_failure_and_their_webhook_is_not_asked() {
+    // Healthy: the old replica terminates (ready or not) and answers nothing; the new one serves.
+    for ready in [true, false] {
+        let mut fixture = Fixture::healthy();
+        add_control_pod(&mut fixture, "cnimesh-control-old1", ready, true);
+        let checks = fixture.run().await;
+        let pods = find(&checks, "control plane pods are ready");
+        assert_eq!(pods.status, Status::Warn, "{}", render_table(&checks));
+        assert!(pods.message.starts_with("rolling out: 1 pod ready, 1 terminating"), "{}", pods.message);
+        assert_eq!(find(&checks, super::trust::SERVED).status, Status::Ok, "{}", render_table(&checks));
+        assert_eq!(exit_code(&checks), 0, "`rollout status && cnimesh check` passes: {}", render_table(&checks));
+    }
+
+    // Broken: the same pod, not terminating and not ready, outside a rollout: a failure.
+    let mut fixture = Fixture::healthy();
+    add_control_pod(&mut fixture, "cnimesh-control-old1", false, false);
+    let checks = fixture.run().await;
+    assert_fails(&checks, &["control plane pods are ready"]);
+
+    // During a rollout (the surge pod is not ready yet), not yet ready is a warning.
+    fixture.mock.json_mut(DEPLOYMENT)["status"]["updatedReplicas"] = json!(0);
+    let checks = fixture.run().await;
+    let pods = find(&checks, "control plane pods are ready");
+    assert_eq!(pods.status, Status::Warn, "{}", render_table(&checks));
+    assert!(pods.message.starts_with("rolling out: 1 of 2 pods ready"), "{}", pods.message);
+}
+
+#[tokio::test]
+async fn a_replica_that_does_not_answer_is_named_as_such_never_as_an_x509_failure() {
+    // One of two ready replicas refuses: a warning naming the refusal, the other one serves.
+    let mut fixture = Fixture::healthy();
+    add_control_pod(&mut fixture, "cnimesh-control-b2", true, false);
+    fixture.mock.get(
+        &trust_json_of("cnimesh-control-b2"),
+        json!({"webhook": {"enabled": true, "error": "connection refused"}}),
+    );
+    let checks = fixture.run().await;
+    let served = find(&checks, super::trust::SERVED);
+    assert_eq!(served.status, Status::Warn, "{}", render_table(&checks));
+    assert!(served.message.contains("did not answer (not a certificate problem)"), "{}", served.message);
+    assert!(served.details[0].contains("connection refused"), "{:?}", served.details);
+    assert!(!served.message.contains("x509"), "{}", served.message);
+
+    // The only replica refuses: a failure that says so, not x509.
+    let mut fixture = Fixture::healthy();
+    fixture.mock.get(TRUST_JSON, json!({"webhook": {"enabled": true, "error": "connection refused"}}));
+    let checks = fixture.run().await;
+    let served = find(&checks, super::trust::SERVED);
+    assert_eq!(served.status, Status::Fail, "{}", render_table(&checks));
+    assert!(served.message.contains("connection refused") && !served.message.contains("x509"), "{}", served.message);
+}
+
+#[tokio::test]
+async fn a_wrong_webhook_secret_fails_both_webhook_lines_while_one_replica_still_serves_the_old_certificate() {
+    let mut fixture = Fixture::healthy();
+    let old_served = fixture.webhook_secret_cert();
+    add_control_pod(&mut fixture, "cnimesh-control-b2", true, false);
+    let issuer = fixture.issuer.cert_pem.clone();
+    let der = |pem: &str| -> Vec<Value> {
+        cnimesh_identity::pem::certs(pem.as_bytes(), "pem").unwrap().iter().map(|c| b64(c)).collect()
+    };
+    // The Secret is replaced by one of another CA; the caBundle stays. The first replica reloads
+    // it, the second still serves the old certificate, which the caBundle verifies.
+    let bundle = String::from_utf8(
+        base64::Engine::decode(
+            &base64::engine::general_purpose::STANDARD,
+            fixture.mock.json_mut(WEBHOOK_CONFIG)["webhooks"][0]["clientConfig"]["caBundle"].as_str().unwrap(),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    fixture.set_webhook_pki(&webhook_pki(365 * DAY), Some(&bundle));
+    fixture.mock.get(
+        &trust_json_of("cnimesh-control-b2"),
+        json!({"issuer": {"chain": der(&issuer), "anchors_pem": ""}, "webhook": {"enabled": true, "served": der(&old_served)}}),
+    );
+    let checks = fixture.run().await;
+    assert_fails(&checks, &["the caBundle verifies the serving certificate", super::trust::SERVED]);
+    let served = find(&checks, super::trust::SERVED);
+    assert!(served.message.contains("some replicas"), "{}", served.message);
+    assert!(served.details.iter().any(|d| d.contains("the Secret's certificate")), "{:?}", served.details);
+}
+
+#[tokio::test]
+async fn a_managed_webhook_certificate_warns_only_once_its_renewal_is_overdue_with_a_hint_for_its_mode() {
+    let name = "webhook serving certificate is valid";
+    let mut fixture = Fixture::healthy();
+    fixture.set_webhook_pki(&webhook_pki(30 * DAY), None);
+    // Files mode: 30 days left is under the 60-day threshold, and renewing is the operator's job.
+    let checks = fixture.run().await;
+    let check = find(&checks, name);
+    assert_eq!(check.status, Status::Warn);
+    assert!(check.hint.as_deref().unwrap().contains("cnimesh ca webhook"), "{:?}", check.hint);
+
+    // Managed: the control plane renews a 30-day certificate at 20 days; fresh, it is healthy.
+    let env = &mut fixture.mock.json_mut(DEPLOYMENT)["spec"]["template"]["spec"]["containers"][0]["env"];
+    env.as_array_mut().unwrap().push(json!({"name": "CNIMESH_CONTROL_WEBHOOK_CERTS", "value": "managed"}));
+    let checks = fixture.run().await;
+    let check = find(&checks, name);
+    assert_eq!(check.status, Status::Ok, "{}", check.message);
+    assert!(check.message.contains("renews it at 2/3 of its life"), "{}", check.message);
+
+    // Broken: 22 days in, the renewal is two days overdue: a warning naming the Lease to look at.
+    fixture.now += 21 * DAY;
+    let checks = fixture.run().await;
+    let check = find(&checks, name);
+    assert_eq!(check.status, Status::Warn, "{}", check.message);
+    assert!(check.message.contains("is overdue"), "{}", check.message);
+    assert!(check.hint.as_deref().unwrap().contains("cnimesh-control-webhook-write"), "{:?}", check.hint);
+
+    // cert-manager's Secret mode: the hint sends the operator to the Certificate.
+    let env = &mut fixture.mock.json_mut(DEPLOYMENT)["spec"]["template"]["spec"]["containers"][0]["env"];
+    env.as_array_mut().unwrap().last_mut().unwrap()["value"] = json!("secret");
+    let checks = fixture.run().await;
+    assert!(find(&checks, name).hint.as_deref().unwrap().contains("describe certificate"));
 }

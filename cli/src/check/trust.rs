@@ -31,7 +31,7 @@ use super::certs;
 use super::meshed::capped;
 use super::pki::{ISSUER_SECRET, WEBHOOK_CONFIGURATION};
 use super::report::{Check, Status, plural};
-use super::{CONCURRENCY, CONTROL_NAME, CONTROL_NAMESPACE, kube_error, pod_proxy_get, pod_ready};
+use super::{CONCURRENCY, CONTROL_NAME, CONTROL_NAMESPACE, kube_error, pod_proxy_get, pod_ready, terminating};
 use cnimesh_common::names::CONTROL_ADMIN_PORT;
 use cnimesh_control::inject::{PROXY_ADMIN_PORT, PROXY_CONTAINER, TRUST_ANCHORS_ENV};
 
@@ -70,9 +70,11 @@ async fn replicas(client: &kube::Client) -> Result<Vec<Replica>, String> {
         .await
         .map_err(|e| format!("listing pods in {CONTROL_NAMESPACE}: {}", kube_error(&e)))?
         .items;
+    // Only what the API server calls: ready pods that are not terminating (a terminating pod
+    // left the Service's endpoints, and may stop answering at any moment).
     let control: Vec<String> = pods
         .iter()
-        .filter(|p| pod_ready(p))
+        .filter(|p| pod_ready(p) && !terminating(p))
         .filter(|p| p.spec.as_ref().is_some_and(|s| s.containers.iter().any(|c| c.name == CONTROL_NAME)))
         .filter_map(|p| p.metadata.name.clone())
         .collect();
@@ -190,41 +192,71 @@ async fn served(client: &kube::Client, replicas: &Result<Vec<Replica>, String>, 
         .flatten()
         .and_then(|s| s.data?.get(cnimesh_control::inject::WEBHOOK_CERT_FILE).cloned())
         .and_then(|pem| certs::parse_pem(&pem.0).ok()?.into_iter().next());
-    let (mut failing, mut as_stored) = (Vec::new(), 0);
+    // A certificate the caBundle does not verify is what the API server's calls fail on (x509); a
+    // replica that did not answer is another problem and is named as such, never as x509.
+    let (mut failing, mut unanswered, mut verified) = (Vec::new(), Vec::new(), 0);
     for replica in replicas {
         match &replica.served {
-            Err(e) => failing.push(format!("{}: {e}", replica.pod)),
-            Ok(chain) if chain.is_empty() => failing.push(format!("{}: no certificate served", replica.pod)),
+            Err(e) => unanswered.push(format!("{}: {e}", replica.pod)),
+            Ok(chain) if chain.is_empty() => unanswered.push(format!("{}: no certificate served", replica.pod)),
             Ok(chain) => {
+                let before = failing.len();
                 for (webhook, cas) in &bundles {
                     if cas.iter().any(|ca| certs::signed_by(&chain[0], ca)) {
                         continue;
                     }
-                    if stored.as_ref() == Some(&chain[0]) {
-                        // The Secret's own certificate: the stored mismatch is reported by
-                        // `pki` already; one problem, one failure.
-                        as_stored += 1;
-                    } else {
-                        failing.push(format!(
-                            "{}: serves {:?} (serial {}), which the caBundle of {webhook} does not verify",
-                            replica.pod,
-                            certs::subject(&chain[0]),
-                            certs::serial(&chain[0]),
-                        ));
-                    }
+                    let whose = if stored.as_ref() == Some(&chain[0]) { ", the Secret's certificate" } else { "" };
+                    failing.push(format!(
+                        "{}: serves {:?} (serial {}{whose}), which the caBundle of {webhook} does not verify",
+                        replica.pod,
+                        certs::subject(&chain[0]),
+                        certs::serial(&chain[0]),
+                    ));
+                }
+                if failing.len() == before {
+                    verified += 1;
                 }
             }
         }
     }
-    checks.push(if failing.is_empty() && as_stored > 0 {
-        Check::skip(CATEGORY, SERVED, "skipped: the replicas serve the Secret's certificate, whose mismatch with the caBundle is reported above")
-    } else if failing.is_empty() {
+    let restart = format!(
+        "kubectl -n {CONTROL_NAMESPACE} describe pod and logs of the replica; the API server sends the webhook's calls to the replicas that answer"
+    );
+    checks.push(if failing.is_empty() && unanswered.is_empty() {
         Check::ok(CATEGORY, SERVED, format!("{} checked by a handshake", plural(replicas.len(), "replica")))
-    } else {
+    } else if failing.is_empty() && verified > 0 {
+        Check::warn(
+            CATEGORY,
+            SERVED,
+            format!(
+                "{} of {} ready replicas did not answer (not a certificate problem); {verified} serve a certificate the caBundle verifies",
+                unanswered.len(),
+                replicas.len()
+            ),
+            restart,
+        )
+        .details(capped(unanswered))
+    } else if failing.is_empty() {
         Check::fail(
             CATEGORY,
             SERVED,
-            "the API server will reject the webhook's TLS (x509: certificate signed by unknown authority): every pod creation in a meshed namespace fails",
+            format!(
+                "no ready replica's webhook answered ({}): the API server cannot call it either, and pod creation in meshed namespaces fails",
+                unanswered.first().map(|u| u.split_once(": ").map_or(u.as_str(), |(_, e)| e)).unwrap_or_default()
+            ),
+            restart,
+        )
+        .details(capped(unanswered))
+    } else {
+        failing.extend(unanswered);
+        Check::fail(
+            CATEGORY,
+            SERVED,
+            if verified > 0 {
+                "the API server will reject the TLS of some replicas (x509: certificate signed by unknown authority): pod creations it sends to them fail".to_string()
+            } else {
+                "the API server will reject the webhook's TLS (x509: certificate signed by unknown authority): every pod creation in a meshed namespace fails".to_string()
+            },
             format!(
                 "the control plane reloads its certificate from Secret {CONTROL_NAMESPACE}/{} within seconds of a change; if the Secret is right and this persists, kubectl -n {CONTROL_NAMESPACE} rollout restart deployment/{CONTROL_NAME}; if the Secret is wrong, make the caBundle and the Secret's ca.crt match",
                 cnimesh_control::inject::WEBHOOK_SECRET

@@ -1,5 +1,5 @@
 //! A mocked Kubernetes API server holding objects, for the install lifecycle's tests (install,
-//! upgrade, prune): GET of one object, LIST of a kind (cluster-wide or in a namespace) filtered
+//! upgrade, prune): its `/version` (a chosen 1.x), GET of one object, LIST of a kind (cluster-wide or in a namespace) filtered
 //! by an equality label selector, 404 `Status` for anything absent. Objects are loaded from
 //! rendered YAML, as `kubectl apply` would have created them. Only the API server is faked; the
 //! kube client, the parsing and the commands run for real.
@@ -23,7 +23,12 @@ pub fn rendered_install(set: &[&str]) -> String {
 #[derive(Debug, Clone, Default)]
 pub struct ObjectsApi {
     objects: Arc<Mutex<Vec<Value>>>,
+    /// The minor version `/version` answers (1.x); unset: a current server.
+    minor: Arc<Mutex<Option<u32>>>,
 }
+
+/// The minor version of a mocked server nobody set one for.
+pub const CURRENT_MINOR: u32 = 33;
 
 /// `(api prefix, plural)` of an object: `/api/v1` + `secrets`, `/apis/apps/v1` + `deployments`.
 fn resource(object: &Value) -> (String, String) {
@@ -36,6 +41,18 @@ fn resource(object: &Value) -> (String, String) {
 }
 
 impl ObjectsApi {
+    /// A server of Kubernetes 1.`minor`.
+    pub fn at(minor: u32) -> Self {
+        let api = ObjectsApi::default();
+        api.upgrade_to(minor);
+        api
+    }
+
+    /// The cluster's own upgrade: `/version` answers 1.`minor` from now on.
+    pub fn upgrade_to(&self, minor: u32) {
+        *self.minor.lock() = Some(minor);
+    }
+
     /// Every document of a rendered YAML stream, as the cluster would hold it.
     pub fn apply(&self, rendered: &str) {
         let docs = crate::yaml::documents(rendered, "rendered").expect("rendered YAML parses");
@@ -81,6 +98,14 @@ impl ObjectsApi {
         );
         if method != "GET" {
             return (405, json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 405}));
+        }
+        if path == "/version" {
+            let minor = self.minor.lock().unwrap_or(CURRENT_MINOR);
+            return (
+                200,
+                json!({"major": "1", "minor": minor.to_string(), "gitVersion": format!("v1.{minor}.0"), "gitCommit": "",
+                       "gitTreeState": "clean", "buildDate": "", "goVersion": "", "compiler": "", "platform": ""}),
+            );
         }
         let selector: Vec<(String, String)> = query
             .into_iter()

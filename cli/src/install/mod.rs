@@ -11,12 +11,14 @@
 //!
 //! Install renders a *new* mesh: it reads the cluster first ([`cluster`]) and refuses when one is
 //! there (new anchors would break every running proxy), unless `--force`; `--ignore-cluster`
-//! renders offline.
+//! renders offline. The cluster's version chooses the node agents' guard ([`guard`]); offline,
+//! `--kubernetes-version` gives it.
 //!
 //! Layer: runtime (operator CLI).
 
 pub mod apply;
 pub mod cluster;
+pub mod guard;
 pub mod labels;
 #[cfg(test)]
 pub mod mock_api;
@@ -37,6 +39,8 @@ use serde_json::{Value, json};
 
 use super::{ClusterArgs, manifests, yaml};
 use cnimesh_control::identity::issuer::Issuer;
+use cnimesh_control::inject::ServerVersion;
+use guard::{GuardError, NodeGuard};
 use values::{Overrides, Values};
 
 use cnimesh_control::inject::{DEFAULT_CLUSTER_DOMAIN, DEFAULT_CONTROL_NAMESPACE, new_webhook_cert, webhook_dns_names};
@@ -114,19 +118,25 @@ pub struct InstallArgs {
     /// `patch` only for label. The value `nodeAgent.repair` [default: delete].
     #[arg(long, value_enum)]
     pub node_repair: Option<NodeRepair>,
-    /// Leave out the node agents' ValidatingAdmissionPolicy (daemonset/cnimesh-node-admission.yaml),
-    /// for API servers older than 1.30, which lack the API. Their agents' tokens can then change
-    /// pods and nodes cluster-wide, as far as the ClusterRole reaches. The value
+    /// Leave out the node agents' ValidatingAdmissionPolicy (daemonset/cnimesh-node-admission.yaml)
+    /// even where the API server serves it. Without this flag install decides by the server's
+    /// version: the policy from 1.30 on, none below (said on stderr). Their agents' tokens can
+    /// then change pods and nodes cluster-wide, as far as the ClusterRole reaches. The value
     /// `nodeAgent.admissionPolicy: false`.
     #[arg(long)]
     pub without_node_admission_policy: bool,
+    /// The cluster's Kubernetes version (MAJOR.MINOR, e.g. 1.30) instead of its API server's: it
+    /// chooses the node agents' guard (their ValidatingAdmissionPolicy from 1.30 on). Required
+    /// with --ignore-cluster unless --without-node-admission-policy, since nothing is guessed.
+    #[arg(long, value_name = "MAJOR.MINOR", value_parser = guard::parse_version)]
+    pub kubernetes_version: Option<ServerVersion>,
     /// Install even where the cluster already has a mesh: new trust anchors, issuer and webhook CA
     /// replace the running ones (proxies lose mTLS until restarted). Without it install refuses
     /// and points to `cnimesh upgrade`.
     #[arg(long)]
     pub force: bool,
     /// Render offline, without contacting any cluster (GitOps, CI): nothing checks for a mesh
-    /// already there.
+    /// already there, and the version comes from --kubernetes-version.
     #[arg(long)]
     pub ignore_cluster: bool,
 }
@@ -174,6 +184,17 @@ impl Options {
     pub fn new(overrides: Overrides) -> anyhow::Result<Self> {
         Ok(Options { values: overrides.resolve()?, overrides })
     }
+
+    /// Fits the values to the cluster's version: the node agents' guard, unless the operator
+    /// chose it (`nodeAgent.admissionPolicy`). The choice is not stored as an override, so an
+    /// upgrade after the cluster's own upgrade to 1.30 adds the policy.
+    pub fn fit(&mut self, version: Option<ServerVersion>) -> Result<NodeGuard, GuardError> {
+        let explicit =
+            self.overrides.has("nodeAgent.admissionPolicy").then_some(self.values.node_agent.admission_policy);
+        let guard = NodeGuard::choose(explicit, version)?;
+        self.values.node_agent.admission_policy = guard.policy();
+        Ok(guard)
+    }
 }
 
 impl InstallArgs {
@@ -194,20 +215,40 @@ impl InstallArgs {
     }
 }
 
-/// `cnimesh install`: checks the cluster (unless told not to), then renders.
+/// `cnimesh install`: checks the cluster (unless told not to), then renders; what weakens the
+/// install for this cluster goes to stderr.
 pub async fn main(cluster: &ClusterArgs, args: InstallArgs) -> anyhow::Result<String> {
-    let options = args.options()?;
-    if !args.ignore_cluster && !args.force {
-        let client = cluster.client().await.map_err(unreachable)?;
-        refuse_existing(&client).await?;
+    let offline = args.ignore_cluster || (args.force && args.kubernetes_version.is_some());
+    let client = if offline { None } else { Some(cluster.client().await.map_err(unreachable)?) };
+    let (rendered, guard) = install(client.as_ref(), &args).await?;
+    if let Some(warning) = guard.warning() {
+        eprintln!("{warning}");
     }
-    render(&Certificates::from_args(&args)?, &options)
+    Ok(rendered)
+}
+
+/// The install for the cluster behind `client` (none: offline, from the flags only).
+pub async fn install(client: Option<&kube::Client>, args: &InstallArgs) -> anyhow::Result<(String, NodeGuard)> {
+    let mut options = args.options()?;
+    let version = match (args.kubernetes_version, client) {
+        (Some(version), _) => Some(version),
+        (None, Some(client)) => Some(guard::server_version(client).await.map_err(unreachable)?),
+        (None, None) => None,
+    };
+    if let Some(client) = client
+        && !args.force
+    {
+        refuse_existing(client).await?;
+    }
+    let guard = options.fit(version)?;
+    Ok((render(&Certificates::from_args(args)?, &options)?, guard))
 }
 
 fn unreachable(error: impl std::fmt::Display) -> anyhow::Error {
     anyhow::anyhow!(
-        "could not check the cluster for a mesh already installed ({error}); pass --ignore-cluster to render \
-         offline without contacting a cluster, or --force to install over whatever is there"
+        "could not read the cluster ({error}): install asks it whether a mesh is already there and which \
+         Kubernetes version it runs. Pass --ignore-cluster --kubernetes-version MAJOR.MINOR to render offline, \
+         or --force --kubernetes-version MAJOR.MINOR to install over whatever is there"
     )
 }
 
@@ -727,11 +768,69 @@ mod tests {
         // --ignore-cluster never builds a client: a kubeconfig that does not exist is not read.
         let cluster = ClusterArgs { kubeconfig: Some("/nonexistent/kubeconfig".into()), context: None };
         let args = InstallArgs { ignore_cluster: true, ..Default::default() };
+        let error = main(&cluster, args).await.unwrap_err().to_string();
+        assert!(error.contains("--kubernetes-version"), "an offline render without a version: {error}");
+        let args = InstallArgs {
+            ignore_cluster: true,
+            kubernetes_version: Some(guard::parse_version("1.30").unwrap()),
+            ..Default::default()
+        };
         let rendered = main(&cluster, args).await.unwrap();
-        assert!(rendered.contains("kind: Deployment"));
+        assert!(rendered.contains("kind: Deployment") && rendered.contains("kind: ValidatingAdmissionPolicy"));
         let args = InstallArgs::default();
         let error = main(&cluster, args).await.unwrap_err().to_string();
         assert!(error.contains("--ignore-cluster") && error.contains("--force"), "{error}");
+    }
+
+    fn policies(rendered: &str) -> usize {
+        let docs = yaml::documents(rendered, "install").unwrap();
+        docs.iter().filter(|d| guard::POLICY_KINDS.iter().any(|k| d["kind"] == *k)).count()
+    }
+
+    #[tokio::test]
+    async fn install_leaves_the_agents_policy_out_on_a_1_24_server_says_so_and_keeps_it_on_1_30() {
+        for (minor, expected) in [(24, 0), (29, 0), (30, 2), (33, 2)] {
+            let cluster = mock_api::ObjectsApi::at(minor);
+            let (rendered, guard) = install(Some(&cluster.client()), &InstallArgs::default()).await.unwrap();
+            assert_eq!(policies(&rendered), expected, "Kubernetes 1.{minor}");
+            let warning = guard.warning();
+            assert_eq!(warning.is_some(), minor < 30, "1.{minor}: {warning:?}");
+            if let Some(warning) = warning {
+                assert!(warning.contains(&format!("Kubernetes 1.{minor}")) && warning.contains(guard::RESIDUAL_RISK));
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn an_explicit_policy_on_a_server_without_the_api_is_refused_and_the_flags_win_over_the_server() {
+        let old = mock_api::ObjectsApi::at(24);
+        let args = InstallArgs {
+            values: ValuesArgs { set: vec!["nodeAgent.admissionPolicy=true".into()], ..Default::default() },
+            ..Default::default()
+        };
+        let error = install(Some(&old.client()), &args).await.unwrap_err().to_string();
+        assert!(error.contains("nodeAgent.admissionPolicy: true") && error.contains("1.24"), "{error}");
+
+        let new = mock_api::ObjectsApi::at(31);
+        let args = InstallArgs { without_node_admission_policy: true, ..Default::default() };
+        let (rendered, guard) = install(Some(&new.client()), &args).await.unwrap();
+        assert_eq!(policies(&rendered), 0);
+        assert!(guard.warning().unwrap().contains("nodeAgent.admissionPolicy: false"));
+
+        // Offline, the version is the flag's.
+        for (version, expected) in [("1.24", 0), ("v1.30.1", 2)] {
+            let args = InstallArgs {
+                ignore_cluster: true,
+                kubernetes_version: Some(guard::parse_version(version).unwrap()),
+                ..Default::default()
+            };
+            assert_eq!(policies(&install(None, &args).await.unwrap().0), expected, "{version}");
+        }
+        let offline = InstallArgs { ignore_cluster: true, ..Default::default() };
+        let error = install(None, &offline).await.unwrap_err().to_string();
+        assert!(error.contains("--kubernetes-version"), "{error}");
+        let offline = InstallArgs { ignore_cluster: true, without_node_admission_policy: true, ..Default::default() };
+        assert_eq!(policies(&install(None, &offline).await.unwrap().0), 0, "an explicit choice needs no version");
     }
 
     #[test]

@@ -3,7 +3,9 @@
 //! the Link is valid; its credentials Secret exists and the remote API answers with it; the
 //! gateway is reachable and its certificate chains to THIS cluster's anchors and names the Link's
 //! gatewayIdentity, from an issuer constrained to the Link's trust domain; both clusters' anchors
-//! match; the link is up and its status fresh; each mirror's freshness; no mirror name is claimed
+//! match; the link is up and the mirror controller's heartbeat fresh (`lastHeartbeat`, written
+//! every few seconds while it follows the target: an idle link's `lastSync` is old and says
+//! nothing about liveness); each mirror's last sync; no mirror name is claimed
 //! by two exports. A failure does not hide the next check; checks that cannot run say why.
 
 use std::io::Write;
@@ -16,7 +18,9 @@ use super::super::check::{Check, Output, render, success};
 use super::check_cluster_name;
 use super::source::{Found, Remote, Source};
 use super::{issuer_constraints, probe};
-use cnimesh_control::multicluster::crd::{Link, LinkState, LinkStatus};
+use cnimesh_control::leader::lease_name;
+use cnimesh_control::multicluster::controller::MIRROR_WRITE;
+use cnimesh_control::multicluster::crd::{HEARTBEAT_STALE_AFTER, Link, LinkState, LinkStatus};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct CheckArgs {
@@ -26,11 +30,6 @@ pub struct CheckArgs {
     #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
     pub output: Output,
 }
-
-/// A status older than this many probe periods is stale (the controller writes it every period).
-pub const STALE_PERIODS: u32 = 10;
-/// ... and never less than this.
-pub const STALE_MIN: Duration = Duration::from_secs(30);
 
 pub async fn main(cluster: &ClusterArgs, args: &CheckArgs, out: &mut impl Write) -> anyhow::Result<ExitCode> {
     let checks = match &args.local {
@@ -209,7 +208,7 @@ async fn check_link(source: &Source, found: &Found, anchors: Option<&str>, now: 
     match source.status(link) {
         Err(e) => checks.push(Check::fail(cat, "link status", e, "the mirror controller writes it; see its logs")),
         Ok(status) => {
-            freshness(link, status.as_ref(), now, cat, checks);
+            freshness(status.as_ref(), now, cat, checks);
             if let Some(status) = &status {
                 mirror_names(status, cat, checks);
             }
@@ -348,13 +347,18 @@ fn age(time: &Option<String>, now: SystemTime) -> Option<Duration> {
     Some(now.duration_since(at).unwrap_or_default())
 }
 
-/// The stale bound for a link: [`STALE_PERIODS`] probe periods, at least [`STALE_MIN`].
-pub fn stale_after(link: &Link) -> Duration {
-    let period = humantime::parse_duration(&link.spec.probe.period).unwrap_or(Duration::from_secs(3));
-    (period * STALE_PERIODS).max(STALE_MIN)
+/// What to do about a heartbeat gone old: the mirror controller stopped following the Link (the
+/// remote cluster being idle never stops it).
+fn stale_hint() -> String {
+    let lease = lease_name(MIRROR_WRITE);
+    format!(
+        "the mirror controller stopped following this Link (an idle remote cluster still gets a heartbeat): is a \
+         control plane replica running and holding the Lease {lease} (`kubectl -n cnimesh get lease \
+         {lease}`)? Its logs say why it stopped (`kubectl -n cnimesh logs deploy/cnimesh-control`)"
+    )
 }
 
-fn freshness(link: &Link, status: Option<&LinkStatus>, now: SystemTime, cat: &str, checks: &mut Vec<Check>) {
+pub(super) fn freshness(status: Option<&LinkStatus>, now: SystemTime, cat: &str, checks: &mut Vec<Check>) {
     let Some(status) = status else {
         checks.push(Check::fail(
             cat,
@@ -365,7 +369,7 @@ fn freshness(link: &Link, status: Option<&LinkStatus>, now: SystemTime, cat: &st
         checks.push(Check::skip(cat, "mirrors", "skipped: no status"));
         return;
     };
-    let bound = stale_after(link);
+    let bound = HEARTBEAT_STALE_AFTER;
     let last = status.last_sync.clone().unwrap_or_else(|| "never".into());
     let mirrors = &status.mirrors;
     match status.state {
@@ -400,20 +404,32 @@ fn freshness(link: &Link, status: Option<&LinkStatus>, now: SystemTime, cat: &st
                 "see the mirror controller's logs",
             ));
         }
-        Some(LinkState::Up) => match age(&status.last_sync, now) {
-            Some(a) if a <= bound => {
-                checks.push(Check::ok(cat, "link status", format!("up, last sync {} s ago", a.as_secs())))
-            }
-            Some(a) => checks.push(Check::fail(
+        Some(LinkState::Up) => match (age(&status.last_heartbeat, now), status.last_heartbeat.as_deref()) {
+            (Some(a), _) if a <= bound => checks.push(Check::ok(
                 cat,
                 "link status",
-                format!("stale: up as of {last}, {} s ago (more than {} s)", a.as_secs(), bound.as_secs()),
-                "is the control plane (its mirror controller) running?",
+                format!("up: heartbeat {} s ago, last change synced {last}", a.as_secs()),
             )),
-            None => checks.push(Check::fail(
+            (Some(a), Some(beat)) => checks.push(Check::fail(
                 cat,
                 "link status",
-                format!("up, but lastSync {last:?} is not a time"),
+                format!(
+                    "stale: no heartbeat from the mirror controller for {} s (more than {} s); up as of {beat}",
+                    a.as_secs(),
+                    bound.as_secs()
+                ),
+                stale_hint(),
+            )),
+            (None, None) => checks.push(Check::warn(
+                cat,
+                "link status",
+                format!("up as of {last}, but without a heartbeat: liveness cannot be told"),
+                "the control plane predates the Link heartbeat (status.lastHeartbeat): upgrade it",
+            )),
+            (_, beat) => checks.push(Check::fail(
+                cat,
+                "link status",
+                format!("up, but lastHeartbeat {beat:?} is not a time"),
                 "see the mirror controller's logs",
             )),
         },

@@ -334,6 +334,7 @@ fn up_status(now: SystemTime) -> LinkStatus {
         state: Some(LinkState::Up),
         reason: None,
         last_sync: Some(rfc3339(now - Duration::from_secs(2))),
+        last_heartbeat: Some(rfc3339(now - Duration::from_secs(1))),
         gateway: Some(GatewayStatus {
             alive: true,
             latency_ms: Some(1.5),
@@ -444,6 +445,39 @@ async fn a_gateway_with_a_certificate_from_another_anchor_is_named_with_that_rea
     assert!(e.contains("north.local") && e.contains("not the Link's gatewayIdentity"), "{e}");
 }
 
+#[test]
+fn link_liveness_is_the_heartbeat_not_the_last_change() {
+    use super::super::check::Check;
+    let now = SystemTime::now();
+    let judge = |status: &LinkStatus| -> Check {
+        let mut checks = Vec::new();
+        super::check::freshness(Some(status), now, "link west", &mut checks);
+        checks.into_iter().find(|c| c.name == "link status").unwrap()
+    };
+    let heartbeat = cnimesh_control::multicluster::crd::HEARTBEAT_STALE_AFTER;
+
+    // Healthy and idle: the remote last changed an hour ago, the heartbeat is fresh.
+    let mut idle = up_status(now);
+    idle.last_sync = Some(rfc3339(now - Duration::from_secs(3600)));
+    idle.last_heartbeat = Some(rfc3339(now - heartbeat + Duration::from_secs(1)));
+    let check = judge(&idle);
+    assert_eq!(check.status, Status::Ok, "{}", check.message);
+    assert!(check.message.starts_with("up: heartbeat"), "{}", check.message);
+
+    // The mirror controller died: its last heartbeat goes past the bound, however recent the last change.
+    let mut dead = up_status(now);
+    dead.last_heartbeat = Some(rfc3339(now - heartbeat - Duration::from_secs(1)));
+    let check = judge(&dead);
+    assert_eq!(check.status, Status::Fail, "{}", check.message);
+    assert!(check.message.contains("no heartbeat from the mirror controller"), "{}", check.message);
+    assert!(!check.hint.unwrap().contains("is the control plane"), "the hint names the mirror controller");
+
+    // A control plane that writes no heartbeat: neither green nor a false red.
+    let mut old = up_status(now);
+    old.last_heartbeat = None;
+    assert_eq!(judge(&old).status, Status::Warn);
+}
+
 #[tokio::test]
 async fn a_lost_stale_or_missing_status_and_an_unreachable_gateway_fail_with_their_reasons() {
     let dir = tempfile::tempdir().unwrap();
@@ -485,6 +519,8 @@ async fn a_lost_stale_or_missing_status_and_an_unreachable_gateway_fail_with_the
     let checks = run(&source, now).await;
     let status = find(&checks, "link status");
     assert!(status.status == Status::Fail && status.message.starts_with("stale"), "{}", status.message);
+    let hint = status.hint.clone().unwrap_or_default();
+    assert!(hint.contains("mirror controller") && hint.contains("cnimesh-control-mirror-write"), "{hint}");
 
     // B's cluster dir gone: the remote API (the files backend) is named.
     std::fs::remove_dir_all(b.join("cluster")).unwrap();

@@ -15,6 +15,10 @@
 //! - Of two Links whose cluster names overlap (equal, or one a `-`-suffix of the other), the one
 //!   created later is refused as a whole and mirrors nothing; both statuses name the other
 //!   ([`super::overlap`]).
+//! - Every followed Link's status is written at least every [`HEARTBEAT_PERIOD`], with
+//!   `lastHeartbeat` set while the task following the target runs and sees it up: an idle, healthy
+//!   link keeps an old `lastSync` (it moves on changes only) but a fresh heartbeat, and a dead
+//!   controller's heartbeat goes old.
 //! - Only the leader of the [`MIRROR_WRITE`] Lease writes (one writer across replicas); the
 //!   others follow and stay ready to take over.
 //!
@@ -31,7 +35,9 @@ use k8s_openapi::api::core::v1::Secret;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{mpsc, watch};
 
-use super::crd::{ClusterNameConflict, GatewayStatus, LinkState, LinkStatus, MirrorCollision, MirrorStatus};
+use super::crd::{
+    ClusterNameConflict, GatewayStatus, HEARTBEAT_PERIOD, LinkState, LinkStatus, MirrorCollision, MirrorStatus,
+};
 use super::kubeconfig::{self, LinkKubeconfig};
 use super::link::{Gateway, ValidLink};
 use super::overlap::{self, Conflict};
@@ -93,7 +99,15 @@ struct LinkRun {
     last_sync: Option<String>,
     gateway: Option<GatewayStatus>,
     gateway_ip: Option<IpAddr>,
-    _tasks: Vec<AbortOnDrop>,
+    /// Following the target first, then probing its gateway.
+    tasks: Vec<AbortOnDrop>,
+}
+
+impl LinkRun {
+    /// Up, and the task following the target still runs (a watch that ended says nothing more).
+    fn alive(&self) -> bool {
+        matches!(self.seen, Seen::Up(_)) && self.tasks.first().is_some_and(|t| !t.0.is_finished())
+    }
 }
 
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
@@ -136,9 +150,16 @@ impl MirrorController {
         // federated members); never back, a Link is likely to return.
         let mut links_only = matches!(self.backend, Backend::Kube(_));
         let mut leadership = self.leadership.clone();
+        let mut heartbeat = tokio::time::interval_at(tokio::time::Instant::now() + HEARTBEAT_PERIOD, HEARTBEAT_PERIOD);
+        heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let mut watch_objects = false;
             tokio::select! {
+                // The statuses again, changes or not: their heartbeat. Not before this cluster was
+                // read: a plan without its Links would take their mirrors for orphans.
+                _ = heartbeat.tick() => if state.local.is_none() {
+                    continue;
+                },
                 // Leading again (or for the first time): what changed meanwhile was not written,
                 // and nothing else may come to say so (a Link without a gateway has no probes).
                 _ = leadership.acquired(), if !self.leadership.is_leading() => {
@@ -257,7 +278,7 @@ impl State<'_> {
                     last_sync: None,
                     gateway: None,
                     gateway_ip: None,
-                    _tasks: tasks,
+                    tasks,
                 },
             );
         }
@@ -399,6 +420,7 @@ impl State<'_> {
                 state,
                 reason,
                 last_sync: run.last_sync.clone(),
+                last_heartbeat: run.alive().then(now),
                 gateway: run.gateway.clone(),
                 mirrors,
                 collisions: collisions_of(&plan, cluster),

@@ -9,6 +9,8 @@
 //!
 //! Layer: model (pure): serde + schemars types.
 
+use std::time::Duration;
+
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -17,6 +19,13 @@ use serde::{Deserialize, Serialize};
 pub const API_VERSION: &str = "multicluster.cnimesh.io/v1alpha1";
 pub const GROUP: &str = "multicluster.cnimesh.io";
 pub const KIND: &str = "Link";
+
+/// How often the mirror controller writes a followed Link's status, changes or not, so its
+/// `lastHeartbeat` moves while the controller is alive and its watch of the target runs.
+pub const HEARTBEAT_PERIOD: Duration = Duration::from_secs(10);
+/// A `lastHeartbeat` older than this means the mirror controller stopped following the Link:
+/// three missed heartbeats (`cnimesh multicluster check` fails it).
+pub const HEARTBEAT_STALE_AFTER: Duration = Duration::from_secs(3 * HEARTBEAT_PERIOD.as_secs());
 
 /// `Link`: how this cluster reaches a linked (target) cluster, and what it mirrors from there.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
@@ -96,9 +105,14 @@ pub struct LinkStatus {
     /// Why the link is lost or refused, in words.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
-    /// RFC 3339: when the target's API last answered.
+    /// RFC 3339: when the target last changed as the mirror controller follows it (a resync or a
+    /// watch event). An idle target keeps it old: liveness is `lastHeartbeat`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_sync: Option<String>,
+    /// RFC 3339: when the mirror controller last wrote this status while its watch of the target
+    /// was running and up (every [`HEARTBEAT_PERIOD`]), changes or not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_heartbeat: Option<String>,
     /// The gateway probe's last result.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gateway: Option<GatewayStatus>,
