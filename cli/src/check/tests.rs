@@ -747,7 +747,7 @@ fn golden_dates_are_normalised() {
     assert_eq!(stable("expires 2027-11-23 (in 364 days) √"), "expires YYYY-MM-DD (in 364 days) √");
 }
 
-/// Issue 27 (a): the webhook Secret and the caBundle were replaced together (a re-run install),
+/// The webhook Secret and the caBundle were replaced together (a re-run install),
 /// the running control plane still serves the old certificate: the stored objects agree, what
 /// is served does not, and the API server rejects every pod creation.
 #[tokio::test]
@@ -772,7 +772,7 @@ async fn a_control_plane_still_serving_the_old_webhook_certificate_under_a_new_c
     assert_eq!(exit_code(&fixture.run().await), 0);
 }
 
-/// Issue 27 (b): the plain install one-liner re-run replaced the anchors and the issuer; the
+/// The plain install one-liner re-run replaced the anchors and the issuer; the
 /// control plane signs with the new issuer, running proxies hold only the old anchor.
 #[tokio::test]
 async fn anchors_replaced_under_running_proxies_fail_naming_the_proxies() {

@@ -1,4 +1,4 @@
-//! What the mesh really trusts and serves, as opposed to what its Secrets store (issue 27: a
+//! What the mesh really trusts and serves, as opposed to what its Secrets store (a
 //! control plane that kept serving an old webhook certificate, and anchors replaced under
 //! running proxies, both passed the stored-objects checks of [`super::pki`]).
 //!

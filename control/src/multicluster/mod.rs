@@ -1,4 +1,4 @@
-//! Multicluster (issue 28): Links to other clusters, the mirror controller that copies their
+//! Multicluster: Links to other clusters, the mirror controller that copies their
 //! exported Services here, and the union of federated Services. The model is Linkerd's:
 //! docs/tasks/multicluster.md describes it for operators.
 //!
