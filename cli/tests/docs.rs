@@ -6,6 +6,7 @@
 //!   the command that regenerates them: `CNIMESH_UPDATE_DOCS=1 cargo test -p cnimesh-cli --test docs`.
 //! - Every relative link in README.md, CHANGELOG.md and docs/**/*.md names a file that exists,
 //!   and a `#fragment` names a heading of the page it points into (GitHub's heading slugs).
+//! - README.md links every task page in docs/tasks/, so a new task is found from the front page.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -255,6 +256,25 @@ fn every_relative_link_in_the_docs_resolves_to_a_file_and_heading() {
         }
     }
     assert!(broken.is_empty(), "broken links:\n  {}", broken.join("\n  "));
+}
+
+#[test]
+fn the_readme_links_every_task_page() {
+    let root = root();
+    let readme = fs::read_to_string(root.join("README.md")).expect("reading README.md");
+    let linked: BTreeSet<PathBuf> =
+        link_targets(&readme).iter().map(|t| normalise(Path::new(t.split('#').next().unwrap_or("")))).collect();
+    let tasks = root.join("docs/tasks");
+    let mut unlinked = Vec::new();
+    for entry in fs::read_dir(&tasks).unwrap_or_else(|e| panic!("reading {}: {e}", tasks.display())) {
+        let name = entry.unwrap().file_name();
+        let page = Path::new("docs/tasks").join(&name);
+        if page.extension().is_some_and(|e| e == "md") && !linked.contains(&page) {
+            unlinked.push(page.display().to_string());
+        }
+    }
+    unlinked.sort();
+    assert!(unlinked.is_empty(), "README.md does not link these task pages:\n  {}", unlinked.join("\n  "));
 }
 
 #[test]

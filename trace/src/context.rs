@@ -186,7 +186,7 @@ pub fn inject(headers: &mut HeaderMap, context: &SpanContext, b3: Option<B3Form>
             headers.remove(B3);
             headers.remove(X_B3_PARENT_SPAN_ID);
             headers.remove(X_B3_FLAGS);
-            headers.insert(X_B3_TRACE_ID, header(context.trace_id.to_hex()));
+            headers.insert(X_B3_TRACE_ID, header(b3_trace_id_hex(&context.trace_id)));
             headers.insert(X_B3_SPAN_ID, header(context.span_id.to_hex()));
             headers.insert(X_B3_SAMPLED, HeaderValue::from_static(if context.sampled { "1" } else { "0" }));
         }
@@ -219,7 +219,14 @@ pub fn format_traceparent(context: &SpanContext) -> String {
 
 /// The single `b3` header for `context` (no parent field).
 pub fn format_b3_single(context: &SpanContext) -> String {
-    format!("{}-{}-{}", context.trace_id, context.span_id, if context.sampled { "1" } else { "0" })
+    format!("{}-{}-{}", b3_trace_id_hex(&context.trace_id), context.span_id, if context.sampled { "1" } else { "0" })
+}
+
+/// A trace id as B3 writes it: 16 hex digits when its upper half is zero (a 64-bit id, widened
+/// when read), else 32. A tracer that speaks 64-bit ids gets back the id it sent, as Zipkin's
+/// own libraries write it, and not one it may not match to its trace.
+fn b3_trace_id_hex(id: &TraceId) -> String {
+    if id.0[..8] == [0; 8] { hex(&id.0[8..]) } else { id.to_hex() }
 }
 
 /// Parses a `traceparent` value per W3C Trace Context level 1: lowercase hex only; version
@@ -584,6 +591,29 @@ mod tests {
         let mut plain = HeaderMap::new();
         inject(&mut plain, &ctx, None);
         assert_eq!(plain.len(), 1);
+    }
+
+    #[test]
+    fn a_64_bit_b3_trace_id_is_forwarded_as_16_hex_digits_in_its_form_and_widened_only_in_traceparent() {
+        const SHORT: &str = "a3ce929d0e0e4736";
+        let mut multi = headers(&[("x-b3-traceid", SHORT), ("x-b3-spanid", SPAN), ("x-b3-sampled", "1")]);
+        let Incoming::Parent { context, b3, .. } = extract(&multi) else { panic!("a B3 parent") };
+        let next = SpanContext { span_id: SpanId::random(), ..context };
+        inject(&mut multi, &next, b3);
+        assert_eq!(multi[X_B3_TRACE_ID], SHORT);
+        assert_eq!(multi[X_B3_SPAN_ID], next.span_id.to_hex());
+        assert_eq!(multi[TRACEPARENT], format!("00-0000000000000000{SHORT}-{}-01", next.span_id));
+        assert_eq!(parse_b3_multi(&multi), Some(B3Single::Context(next)), "the same trace when read back");
+
+        let mut single = headers(&[("b3", &format!("{SHORT}-{SPAN}-1"))]);
+        let Incoming::Parent { context, b3, .. } = extract(&single) else { panic!("a B3 parent") };
+        inject(&mut single, &context, b3);
+        assert_eq!(single[B3], format!("{SHORT}-{SPAN}-1"));
+
+        let mut long = headers(&[("b3", &format!("{TRACE}-{SPAN}-1"))]);
+        let Incoming::Parent { context, b3, .. } = extract(&long) else { panic!("a B3 parent") };
+        inject(&mut long, &context, b3);
+        assert_eq!(long[B3], format!("{TRACE}-{SPAN}-1"), "a 128-bit id stays 32 digits");
     }
 
     #[test]

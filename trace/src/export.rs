@@ -43,19 +43,25 @@ pub enum ConfigError {
         "trace collector {0:?}: expected http://host:port, https://host:port or host:port (a host and a port, no path)"
     )]
     Collector(String),
-    #[error("trace sampling {0:?}: expected a ratio from 0.0 to 1.0")]
-    Sampling(String),
+    /// A sampling ratio that is not one: names the variable it was read from and the value.
+    #[error("{var}={value:?}: {SAMPLING_EXPECTED}")]
+    Sampling { var: String, value: String },
     #[error("trace collector CA file {}: {reason}", path.display())]
     CaFile { path: PathBuf, reason: String },
     #[error("trace collector {0}: no system CA roots could be loaded")]
     NoSystemRoots(String),
 }
 
-/// Parses a sampling ratio (`0`, `0.25`, `1.0`): finite and within 0..=1.
-pub fn parse_sampling(text: &str) -> Result<f64, ConfigError> {
+/// What a sampling ratio may be, for every message that refuses one.
+pub const SAMPLING_EXPECTED: &str = "expected a ratio from 0 to 1 (the share of requests without trace context that \
+     start a trace), such as 0.05";
+
+/// Parses a sampling ratio (`0`, `0.25`, `1.0`): finite and within 0..=1. `var` is where the
+/// text was read from (an environment variable), for the error.
+pub fn parse_sampling(var: &str, text: &str) -> Result<f64, ConfigError> {
     match text.trim().parse::<f64>() {
         Ok(ratio) if (0.0..=1.0).contains(&ratio) => Ok(ratio),
-        _ => Err(ConfigError::Sampling(text.to_string())),
+        _ => Err(ConfigError::Sampling { var: var.to_string(), value: text.to_string() }),
     }
 }
 
@@ -442,12 +448,23 @@ mod tests {
 
     #[test]
     fn sampling_is_a_ratio_from_zero_to_one() {
-        assert_eq!(parse_sampling("0").unwrap(), 0.0);
-        assert_eq!(parse_sampling("0.25").unwrap(), 0.25);
-        assert_eq!(parse_sampling("1.0").unwrap(), 1.0);
+        const VAR: &str = "CNIMESH_CONTROL_TRACE_SAMPLING";
+        assert_eq!(parse_sampling(VAR, "0").unwrap(), 0.0);
+        assert_eq!(parse_sampling(VAR, "0.25").unwrap(), 0.25);
+        assert_eq!(parse_sampling(VAR, "1.0").unwrap(), 1.0);
         for bad in ["", "1.5", "-0.1", "NaN", "50%", "inf"] {
-            assert!(parse_sampling(bad).unwrap_err().to_string().contains(&format!("{bad:?}")), "{bad}");
+            assert!(parse_sampling(VAR, bad).unwrap_err().to_string().contains(&format!("{bad:?}")), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_bad_sampling_ratio_is_refused_naming_the_variable_the_value_and_what_is_accepted() {
+        let error = parse_sampling("CNIMESH_CONTROL_TRACE_SAMPLING", "10%").unwrap_err().to_string();
+        assert_eq!(
+            error,
+            "CNIMESH_CONTROL_TRACE_SAMPLING=\"10%\": expected a ratio from 0 to 1 (the share of requests without \
+             trace context that start a trace), such as 0.05"
+        );
     }
 
     #[tokio::test]

@@ -63,7 +63,7 @@
 //! let config = ExporterConfig::new("http://otel-collector.tracing:4317", "cnimesh-control")?
 //!     .with_resource("k8s.namespace.name", "cnimesh");
 //! let exporter = Exporter::spawn(config)?; // on a tokio runtime
-//! let sampler = Sampler::new(cnimesh_trace::export::parse_sampling("0")?);
+//! let sampler = Sampler::new(cnimesh_trace::export::parse_sampling("CNIMESH_CONTROL_TRACE_SAMPLING", "0")?);
 //! if let Some(mut span) = sampler.server_span(&headers, "/io.linkerd.proxy.destination.Destination/Get") {
 //!     span.set("rpc.system", "grpc");
 //!     span.end();

@@ -47,7 +47,7 @@ pub struct GrpcTracing {
 impl GrpcTracing {
     /// Checks the configuration and starts the exporter (on the current tokio runtime).
     pub fn spawn(config: &TraceConfig) -> Result<Self, ConfigError> {
-        let sampler = Sampler::new(parse_sampling(&config.sampling)?);
+        let sampler = Sampler::new(parse_sampling("CNIMESH_CONTROL_TRACE_SAMPLING", &config.sampling)?);
         let mut exporter = ExporterConfig::new(&config.collector, SERVICE_NAME)?
             .with_resource("k8s.pod.name", &config.pod)
             .with_resource("k8s.namespace.name", &config.namespace)

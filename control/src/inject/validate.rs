@@ -70,7 +70,8 @@ pub fn check_trace_sampling(value: &str) -> Result<String, String> {
     let trimmed = value.trim();
     match trimmed.parse::<f64>() {
         Ok(ratio) if ratio.is_finite() && (0.0..=1.0).contains(&ratio) => {
-            cnimesh_trace::export::parse_sampling(trimmed).map_err(|e| e.to_string())?;
+            cnimesh_trace::export::parse_sampling("CNIMESH_PROXY_TRACE_SAMPLING", trimmed)
+                .map_err(|e| e.to_string())?;
             Ok(trimmed.to_string())
         }
         _ => Err(format!("{value:?} is not a sampling ratio from 0 to 1, such as `0.05`")),

@@ -532,10 +532,10 @@ impl TryFrom<Args> for Config {
 /// renders an unset value); sampling and a CA file without a collector are checked but unused.
 /// A CA file for an http collector is an error: it says TLS was meant, and plaintext is not it.
 fn trace(args: &Args) -> Result<Option<TraceConfig>, ConfigError> {
+    const SAMPLING_VAR: &str = "CNIMESH_PROXY_TRACE_SAMPLING";
     let sampling = match &args.trace_sampling {
-        Some(text) if !text.trim().is_empty() => cnimesh_trace::export::parse_sampling(text).map_err(|_| {
-            ConfigError::invalid("CNIMESH_PROXY_TRACE_SAMPLING", text.clone(), "expected a ratio from 0.0 to 1.0")
-        })?,
+        Some(text) if !text.trim().is_empty() => cnimesh_trace::export::parse_sampling(SAMPLING_VAR, text)
+            .map_err(|_| ConfigError::invalid(SAMPLING_VAR, text.clone(), cnimesh_trace::export::SAMPLING_EXPECTED))?,
         _ => 0.0,
     };
     let Some(text) = args.trace_collector.as_deref().filter(|t| !t.trim().is_empty()) else { return Ok(None) };
@@ -900,6 +900,12 @@ mod tests {
             let e = from_vars(&[(var, value)]).unwrap_err();
             assert!(e.to_string().contains(var) && e.to_string().contains(value), "{e}");
         }
+        let e = from_vars(&[("CNIMESH_PROXY_TRACE_SAMPLING", "10%")]).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            format!("CNIMESH_PROXY_TRACE_SAMPLING=\"10%\": {}", cnimesh_trace::export::SAMPLING_EXPECTED),
+            "the variable, the value and what it may be"
+        );
         let e = from_vars(&[
             ("CNIMESH_PROXY_TRACE_COLLECTOR", "http://collector:4317"),
             ("CNIMESH_PROXY_TRACE_COLLECTOR_CA_FILE", "/ca.pem"),

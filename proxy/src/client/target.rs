@@ -153,14 +153,14 @@ impl Balanced {
                 break;
             };
             if let Some(admission) = admit(endpoint) {
-                let accruing = Accruing::new(*policy, admission, set.accrual.clone());
+                let accruing = Accruing::new(*policy, admission, set.accrual.clone(), endpoint.addr);
                 return self.picked(endpoint, other, &set, Some(accruing));
             }
         }
         // Every endpoint is out: tried anyway, as if none were (no blackout of the service).
         let (endpoint, other) = balance::pick(&set.list, |e| &e.stats).ok_or_else(no_endpoints)?;
         let admission = admit(endpoint).unwrap_or(Admission::Fallback);
-        let accruing = Accruing::new(*policy, admission, set.accrual.clone());
+        let accruing = Accruing::new(*policy, admission, set.accrual.clone(), endpoint.addr);
         self.picked(endpoint, other, &set, Some(accruing))
     }
 

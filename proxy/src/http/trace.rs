@@ -132,8 +132,10 @@ pub fn timeout_event(span: &mut Span, what: &'static str, after: std::time::Dura
     span.event("timeout", vec![("cnimesh.timeout".into(), what.into()), ("cnimesh.timeout.ms".into(), ms.into())]);
 }
 
-/// Ends `span` with an answer: status attributes, and failure as OTel says for a CLIENT or
-/// SERVER span (5xx, a failing gRPC status, or the proxy's own error).
+/// Ends `span` with an answer: status attributes, and failure as OTel's HTTP conventions say
+/// for its kind: on a CLIENT span any 4xx is an error too (the request as sent did not work: a
+/// policy's 403 shows in the trace as the failure it is to the caller), on a SERVER span only a
+/// failed 5xx is (a 4xx is the caller's doing); and a failing gRPC status or the proxy's own error.
 pub fn end(span: &mut Span, status: Option<StatusCode>, grpc: Option<&str>, failed: bool, error: Option<String>) {
     if let Some(status) = status {
         span.set("http.response.status_code", status.as_u16());
@@ -146,17 +148,21 @@ pub fn end(span: &mut Span, status: Option<StatusCode>, grpc: Option<&str>, fail
             span.set("error.type", status.map_or_else(|| "proxy".to_string(), |s| s.as_u16().to_string()));
             span.status = Status::Error(error);
         }
-        None if failed => match status.filter(StatusCode::is_server_error) {
-            Some(status) => {
-                span.set("error.type", status.as_u16().to_string());
-                span.status = Status::Error(format!("HTTP {}", status.as_u16()));
+        None => {
+            let client = span.kind == SpanKind::Client;
+            let http_error = status.filter(|s| (failed && s.is_server_error()) || (client && s.is_client_error()));
+            match http_error {
+                Some(status) => {
+                    span.set("error.type", status.as_u16().to_string());
+                    span.status = Status::Error(format!("HTTP {}", status.as_u16()));
+                }
+                None if failed => {
+                    span.set("error.type", "failure");
+                    span.status = Status::Error("a gRPC status other than OK, or a response body cut short".into());
+                }
+                None => {}
             }
-            None => {
-                span.set("error.type", "failure");
-                span.status = Status::Error("a gRPC status other than OK, or a response body cut short".into());
-            }
-        },
-        None => {}
+        }
     }
     span.end();
 }
@@ -184,5 +190,23 @@ mod tests {
         assert!(
             grpc.attributes.iter().any(|(k, v)| k == "rpc.grpc.status_code" && *v == cnimesh_trace::Value::Int(14))
         );
+    }
+
+    #[test]
+    fn a_403_is_an_error_on_a_client_span_and_not_on_a_server_span() {
+        let error_type = |span: &Span| span.attributes.iter().find(|(k, _)| k == "error.type").map(|(_, v)| v.clone());
+        // A policy's refusal is not a failure to the classifier (it does not count against the
+        // endpoint), yet the caller's request did not work.
+        let mut client = Span::start("GET", SpanKind::Client, cnimesh_trace::Parent::Root);
+        end(&mut client, Some(StatusCode::FORBIDDEN), None, false, None);
+        assert_eq!(client.status, Status::Error("HTTP 403".into()));
+        assert_eq!(error_type(&client), Some("403".to_string().into()));
+        let mut server = Span::start("GET", SpanKind::Server, cnimesh_trace::Parent::Root);
+        end(&mut server, Some(StatusCode::FORBIDDEN), None, false, None);
+        assert_eq!(server.status, Status::Unset);
+        assert_eq!(error_type(&server), None);
+        let mut ok = Span::start("GET", SpanKind::Client, cnimesh_trace::Parent::Root);
+        end(&mut ok, Some(StatusCode::NOT_MODIFIED), None, false, None);
+        assert_eq!(ok.status, Status::Unset, "a 3xx is no error");
     }
 }

@@ -21,6 +21,7 @@
 //! reads no clock; a success on an available endpoint stores the failure count only if it was
 //! not already 0 ([`Health::success_while_available`]): no lock, no clock, no random draw.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
@@ -275,6 +276,9 @@ pub struct Accruing {
     pub policy: ConsecutiveFailures,
     pub admission: Admission,
     pub service: Arc<ServiceAccrual>,
+    /// The endpoint the request went to: the state-change log names it, so an operator sees
+    /// which one is out.
+    pub endpoint: SocketAddr,
     /// 0: no outcome yet, 1: success, 2: failure (a failure stays one).
     outcome: AtomicU8,
 }
@@ -283,11 +287,16 @@ const SUCCESS: u8 = 1;
 const FAILURE: u8 = 2;
 
 impl Accruing {
-    pub fn new(policy: ConsecutiveFailures, admission: Admission, service: Arc<ServiceAccrual>) -> Self {
+    pub fn new(
+        policy: ConsecutiveFailures,
+        admission: Admission,
+        service: Arc<ServiceAccrual>,
+        endpoint: SocketAddr,
+    ) -> Self {
         if admission == Admission::Probe {
             service.changed(EndpointState::probation, false);
         }
-        Self { policy, admission, service, outcome: AtomicU8::new(0) }
+        Self { policy, admission, service, endpoint, outcome: AtomicU8::new(0) }
     }
 
     /// How the request ended (its last word: a failure already seen stays one).
@@ -313,7 +322,12 @@ impl Accruing {
         let from_available = health.is_available();
         let draw = crate::transport::rng::with(|r| rand::Rng::random_range(r, 0.0..1.0));
         if let Some(state) = health.record(&self.policy, self.admission, failed, Instant::now(), draw) {
-            tracing::info!(service = %self.service.authority, ?state, "endpoint state changed (failure accrual)");
+            tracing::info!(
+                service = %self.service.authority,
+                endpoint = %self.endpoint,
+                ?state,
+                "endpoint state changed (failure accrual)"
+            );
             self.service.changed(state, from_available);
         }
     }
@@ -329,6 +343,8 @@ mod tests {
         max_penalty: Duration::from_secs(4),
         jitter_ratio: 0.5,
     };
+
+    const ENDPOINT: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::new(10, 244, 0, 7)), 8080);
 
     #[test]
     fn an_endpoint_goes_out_after_max_failures_in_a_row_and_a_success_resets_the_count() {
@@ -355,7 +371,7 @@ mod tests {
         let (tx, rx) = std::sync::mpsc::channel();
         let (h, s) = (health.clone(), service.clone());
         std::thread::spawn(move || {
-            let request = Accruing::new(POLICY, Admission::Normal, s);
+            let request = Accruing::new(POLICY, Admission::Normal, s, ENDPOINT);
             request.outcome(false);
             request.finish(&h);
             let recorded = h.record(&POLICY, Admission::Normal, false, Instant::now(), 0.0);
@@ -438,5 +454,31 @@ mod tests {
         );
         assert_eq!(h.record(&POLICY, Admission::Fallback, false, t0, 0.0), Some(EndpointState::available));
         assert!(h.is_available());
+    }
+
+    #[test]
+    fn the_state_change_log_line_names_the_endpoint_that_went_out() {
+        // The log goes through a pipe, read once the subscriber (its only writer) is gone.
+        let (mut reader, writer) = std::io::pipe().unwrap();
+        let subscriber =
+            tracing_subscriber::fmt().with_writer(Arc::new(writer)).with_ansi(false).without_time().finish();
+        let (health, service) = (
+            Health::default(),
+            Arc::new(ServiceAccrual::new(AccrualMetrics::default(), "web.shop.svc.cluster.local:80".into())),
+        );
+        tracing::subscriber::with_default(subscriber, || {
+            for _ in 0..POLICY.max_failures {
+                let request = Accruing::new(POLICY, Admission::Normal, service.clone(), ENDPOINT);
+                request.outcome(true);
+                request.finish(&health);
+            }
+        });
+        assert!(!health.is_available());
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut reader, &mut text).unwrap();
+        let line = text.lines().find(|l| l.contains("endpoint state changed")).unwrap_or_else(|| panic!("{text}"));
+        assert!(line.contains("endpoint=10.244.0.7:8080"), "{line}");
+        assert!(line.contains("service=web.shop.svc.cluster.local:80"), "{line}");
+        assert!(line.contains("state=unavailable"), "{line}");
     }
 }
