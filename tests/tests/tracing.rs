@@ -261,14 +261,14 @@ fn b3_in_gives_consistent_w3c_and_b3_out_and_untraced_unsampled_or_malformed_req
     assert_eq!(app["traceparent"], traceparent(&b3_trace, &server.span_id, true), "{app:?}");
     assert_eq!(app["b3"], format!("{b3_trace}-{}-1", server.span_id), "{app:?}");
 
-    // B3 multi with a 64-bit trace id: widened to 128 bits (as the B3 spec allows), the same in
-    // both formats.
+    // B3 multi with a 64-bit trace id: forwarded in B3 as the 16 digits it came as (as Zipkin's
+    // libraries do), widened to 128 bits only in `traceparent` and the spans, which need 32.
     let short = "a3ce929d0e0e4736";
     let app = call(&[("X-B3-TraceId", short), ("X-B3-SpanId", APP_SPAN), ("X-B3-Sampled", "1")]);
     let widened = format!("0000000000000000{short}");
     let spans = collector.trace(&widened, 2);
     let server = one(&spans, "server");
-    assert_eq!(app["x-b3-traceid"], widened, "{app:?}");
+    assert_eq!(app["x-b3-traceid"], short, "{app:?}");
     assert_eq!(app["x-b3-spanid"], server.span_id);
     assert_eq!(app["x-b3-sampled"], "1");
     assert_eq!(app["traceparent"], traceparent(&widened, &server.span_id, true));
