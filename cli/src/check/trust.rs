@@ -197,8 +197,8 @@ async fn served(client: &kube::Client, replicas: &Result<Vec<Replica>, String>, 
     let (mut failing, mut unanswered, mut verified) = (Vec::new(), Vec::new(), 0);
     for replica in replicas {
         match &replica.served {
-            Err(e) => unanswered.push(format!("{}: {e}", replica.pod)),
-            Ok(chain) if chain.is_empty() => unanswered.push(format!("{}: no certificate served", replica.pod)),
+            Err(e) => unanswered.push((&replica.pod, e.to_string())),
+            Ok(chain) if chain.is_empty() => unanswered.push((&replica.pod, "no certificate served".to_string())),
             Ok(chain) => {
                 let before = failing.len();
                 for (webhook, cas) in &bundles {
@@ -219,6 +219,7 @@ async fn served(client: &kube::Client, replicas: &Result<Vec<Replica>, String>, 
             }
         }
     }
+    let unanswered_details = || unanswered.iter().map(|(pod, why)| format!("{pod}: {why}")).collect::<Vec<_>>();
     let restart = format!(
         "kubectl -n {CONTROL_NAMESPACE} describe pod and logs of the replica; the API server sends the webhook's calls to the replicas that answer"
     );
@@ -235,20 +236,20 @@ async fn served(client: &kube::Client, replicas: &Result<Vec<Replica>, String>, 
             ),
             restart,
         )
-        .details(capped(unanswered))
+        .details(capped(unanswered_details()))
     } else if failing.is_empty() {
         Check::fail(
             CATEGORY,
             SERVED,
             format!(
                 "no ready replica's webhook answered ({}): the API server cannot call it either, and pod creation in meshed namespaces fails",
-                unanswered.first().map(|u| u.split_once(": ").map_or(u.as_str(), |(_, e)| e)).unwrap_or_default()
+                unanswered.first().map(|(_, why)| why.as_str()).unwrap_or_default()
             ),
             restart,
         )
-        .details(capped(unanswered))
+        .details(capped(unanswered_details()))
     } else {
-        failing.extend(unanswered);
+        failing.extend(unanswered_details());
         Check::fail(
             CATEGORY,
             SERVED,
