@@ -2,7 +2,8 @@
 //! `kubectl apply -f -`. Everything a new install would generate is read back from the cluster
 //! instead and reused byte for byte: the trust anchors (the ConfigMap proxies are given, and the
 //! issuer Secret's own copy), the issuer's certificate and key, the webhook's CA and serving
-//! certificate (so the caBundle stays what the running control plane serves). The options come
+//! certificate (so the caBundle stays what the running control plane serves), unless that
+//! certificate is due and upgrade is its keeper ([`install::webhook_renewal`]). The options come
 //! from the stored install values ([`install::stored`]): the operator's earlier overrides, with
 //! this run's `--values`/`--set` over them and this version's defaults under them.
 //!
@@ -15,6 +16,7 @@ use anyhow::Context;
 use serde_json::Value;
 
 use super::install::guard::{self, NodeGuard};
+use super::install::webhook_renewal::{self, Renewal};
 use super::install::{
     self, Options, TRUST_ANCHORS_CONFIG_MAP, TRUST_ANCHORS_KEY, ValuesArgs, cluster, values::Overrides,
 };
@@ -27,26 +29,45 @@ pub struct UpgradeArgs {
     /// Print only the CustomResourceDefinitions (apply them first: `cnimesh upgrade --crds | kubectl apply -f -`).
     #[arg(long)]
     pub crds: bool,
+    /// Renew the webhook's serving certificate now, even if it is not due (by a new CA; the caBundle
+    /// keeps trusting the old one until it expires). Without `ha` only: with it the control plane keeps
+    /// the certificate.
+    #[arg(long)]
+    pub renew_webhook_certificate: bool,
 }
 
 pub async fn main(cluster: &ClusterArgs, args: UpgradeArgs) -> anyhow::Result<String> {
     let client = cluster.client().await?;
-    let (text, guard) = upgrade(&client, &args).await?;
+    let (text, guard, renewal) = upgrade(&client, &args).await?;
     if let Some(warning) = guard.warning() {
         eprintln!("{warning}");
+    }
+    if let Some(notice) = renewal.notice() {
+        eprintln!("{notice}");
     }
     Ok(text)
 }
 
 /// Reads what the cluster holds and renders this version over it, for the server's version.
-pub async fn upgrade(client: &kube::Client, args: &UpgradeArgs) -> anyhow::Result<(String, NodeGuard)> {
+pub async fn upgrade(client: &kube::Client, args: &UpgradeArgs) -> anyhow::Result<(String, NodeGuard, Renewal)> {
     let installed = cluster::read(client).await.context("reading the installed mesh from the cluster")?;
-    let certs = installed.certificates()?;
+    let mut certs = installed.certificates()?;
     let mut overrides = installed.overrides()?;
     overrides.merge(&args.values.overrides(Overrides::default())?);
     let mut options = Options::new(overrides)?;
     let version = guard::server_version(client).await.context("reading the API server's version")?;
     let guard = options.fit(Some(version))?;
+    // With `ha` the control plane keeps the webhook's certificate; otherwise upgrade does.
+    let renewal = match (options.values.ha, args.renew_webhook_certificate) {
+        (true, true) => anyhow::bail!(
+            "--renew-webhook-certificate: with `ha` the control plane keeps the webhook's certificate \
+             (renewed at 2/3 of its life by the holder of the Lease cnimesh-control-webhook-write)"
+        ),
+        (true, false) => Renewal::Kept,
+        (false, force) => {
+            webhook_renewal::renew(&mut certs, &installed.webhook_keeper(), force, std::time::SystemTime::now())?
+        }
+    };
     let mut docs = install::documents(&certs, &options)?;
     // The anchors proxies are given may be a bundle the issuer Secret's copy is not (during a
     // rotation): keep the ConfigMap's as it is.
@@ -65,7 +86,7 @@ pub async fn upgrade(client: &kube::Client, args: &UpgradeArgs) -> anyhow::Resul
             env!("CARGO_PKG_VERSION"),
             yaml::render(&docs)
         );
-        return Ok((text, guard));
+        return Ok((text, guard, renewal));
     }
     let text = format!(
         "# cnimesh {}: `cnimesh upgrade` (from {from}) — apply with `kubectl apply -f -` after `cnimesh upgrade --crds`.\n\
@@ -73,7 +94,7 @@ pub async fn upgrade(client: &kube::Client, args: &UpgradeArgs) -> anyhow::Resul
         env!("CARGO_PKG_VERSION"),
         yaml::render(&docs)
     );
-    Ok((text, guard))
+    Ok((text, guard, renewal))
 }
 
 #[cfg(test)]
@@ -175,14 +196,84 @@ mod tests {
                 .map(yaml::describe)
                 .collect()
         };
-        let (upgraded, guard) = upgrade(&cluster.client(), &UpgradeArgs::default()).await.unwrap();
+        let (upgraded, guard, _) = upgrade(&cluster.client(), &UpgradeArgs::default()).await.unwrap();
         assert_eq!(kinds(&upgraded), Vec::<String>::new(), "1.24 has no policy API");
         assert!(guard.warning().unwrap().contains("Kubernetes 1.24"));
 
         cluster.upgrade_to(30);
-        let (upgraded, guard) = upgrade(&cluster.client(), &UpgradeArgs::default()).await.unwrap();
+        let (upgraded, guard, _) = upgrade(&cluster.client(), &UpgradeArgs::default()).await.unwrap();
         assert_eq!(kinds(&upgraded).len(), 2, "the cluster reached 1.30: the policy and its binding");
         assert_eq!(guard.warning(), None);
+    }
+
+    #[tokio::test]
+    async fn leaving_ha_hands_the_webhook_certificate_back_re_issued_by_the_ca_the_control_plane_kept() {
+        use cnimesh_control::inject::{DEFAULT_CLUSTER_DOMAIN, DEFAULT_CONTROL_NAMESPACE, webhook_dns_names};
+        use cnimesh_identity::ca::{Signer, new_private_ca};
+        use k8s_openapi::ByteString;
+        const DAY: std::time::Duration = std::time::Duration::from_secs(86400);
+
+        let cluster = ObjectsApi::default();
+        cluster.apply(&install(&["ha=true"]));
+        // What the managed mode leaves in the Secret: its CA with the key, a 30-day certificate.
+        let ca = new_private_ca("cnimesh webhook CA", 365 * DAY).unwrap();
+        let names = webhook_dns_names(DEFAULT_CONTROL_NAMESPACE, DEFAULT_CLUSTER_DOMAIN);
+        let serving = Signer::new(&ca).unwrap().new_server_cert(&names, 30 * DAY).unwrap();
+        let bytes = |s: &str| ByteString(s.as_bytes().to_vec());
+        let managed = Secret {
+            metadata: kube::api::ObjectMeta {
+                name: Some(WEBHOOK_SECRET.into()),
+                namespace: Some(DEFAULT_CONTROL_NAMESPACE.into()),
+                ..Default::default()
+            },
+            type_: Some("kubernetes.io/tls".into()),
+            data: Some(
+                [
+                    ("ca.crt", bytes(&ca.cert_pem)),
+                    ("tls.crt", bytes(&serving.cert_pem)),
+                    ("tls.key", bytes(&serving.key_pem)),
+                    ("issuer.crt", bytes(&ca.cert_pem)),
+                    ("issuer.key", bytes(&ca.key_pem)),
+                ]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v))
+                .collect(),
+            ),
+            ..Default::default()
+        };
+        let mut doc = serde_json::to_value(&managed).unwrap();
+        doc["apiVersion"] = "v1".into();
+        doc["kind"] = "Secret".into();
+        cluster.apply(&yaml::render(&[doc]));
+        let tls = |docs: &[Value], key: &str| -> String {
+            let secret: Secret = serde_json::from_value(find(docs, "Secret", WEBHOOK_SECRET).clone()).unwrap();
+            String::from_utf8(secret.data.unwrap()[key].0.clone()).unwrap()
+        };
+
+        // Still HA: the control plane keeps the certificate; upgrade neither renews nor may be told to.
+        let (text, _, renewal) = upgrade(&cluster.client(), &UpgradeArgs::default()).await.unwrap();
+        assert_eq!(renewal, Renewal::Kept);
+        assert_eq!(tls(&yaml::documents(&text, "ha").unwrap(), "tls.crt"), serving.cert_pem);
+        let forced = UpgradeArgs { renew_webhook_certificate: true, ..Default::default() };
+        let error = format!("{:#}", upgrade(&cluster.client(), &forced).await.unwrap_err());
+        assert!(error.contains("with `ha` the control plane keeps the webhook's certificate"), "{error}");
+
+        // Leaving HA: re-issued by the kept CA for a year; the caBundle stays the CA.
+        let args = UpgradeArgs {
+            values: ValuesArgs { set: vec!["ha=false".into()], ..Default::default() },
+            ..Default::default()
+        };
+        let (text, _, renewal) = upgrade(&cluster.client(), &args).await.unwrap();
+        assert_eq!(renewal, Renewal::ByKeptCa);
+        let docs = yaml::documents(&text, "files").unwrap();
+        let cert = tls(&docs, "tls.crt");
+        assert_ne!(cert, serving.cert_pem);
+        assert_eq!(tls(&docs, "ca.crt"), ca.cert_pem);
+        let (_, until) = cnimesh_identity::tls::first_validity(&cert).unwrap();
+        assert!(until > std::time::SystemTime::now() + 300 * DAY, "a year at most the CA's life, not 30 days");
+        let webhooks = &find(&docs, "MutatingWebhookConfiguration", "cnimesh-proxy-injector")["webhooks"];
+        let expected: Value = serde_json::to_value(bytes(&ca.cert_pem)).unwrap();
+        assert!(webhooks.as_array().unwrap().iter().all(|w| w["clientConfig"]["caBundle"] == expected));
     }
 
     #[tokio::test]

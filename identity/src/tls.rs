@@ -137,7 +137,25 @@ pub fn serial_of(cert: &CertificateDer<'_>) -> Option<String> {
 
 /// When a certificate stops being valid.
 pub fn not_after(cert: &CertificateDer<'_>) -> Result<SystemTime, TlsError> {
+    Ok(validity(cert)?.1)
+}
+
+/// When a certificate starts and stops being valid.
+pub fn validity(cert: &CertificateDer<'_>) -> Result<(SystemTime, SystemTime), TlsError> {
     let (_, x509) = x509_parser::parse_x509_certificate(cert).map_err(|e| TlsError::Parse(e.to_string()))?;
-    let secs = x509.validity().not_after.timestamp();
-    Ok(UNIX_EPOCH + Duration::from_secs(secs.max(0) as u64))
+    let at = |secs: i64| UNIX_EPOCH + Duration::from_secs(secs.max(0) as u64);
+    Ok((at(x509.validity().not_before.timestamp()), at(x509.validity().not_after.timestamp())))
+}
+
+/// Whether the first certificate of `pem` has passed 2/3 of its life at `now`, the point where
+/// its keeper replaces it (a PEM that does not parse is due: replace it).
+pub fn past_two_thirds(pem: &str, now: SystemTime) -> bool {
+    let Some((from, until)) = first_validity(pem) else { return true };
+    now >= from + until.duration_since(from).unwrap_or_default() * 2 / 3
+}
+
+/// The validity of the first certificate of `pem`, if it holds one that parses.
+pub fn first_validity(pem: &str) -> Option<(SystemTime, SystemTime)> {
+    let certs = crate::pem::certs(pem.as_bytes(), "certificate").ok()?;
+    validity(certs.first()?).ok()
 }

@@ -173,7 +173,7 @@ fn skip_webhook(checks: &mut Vec<Check>, why: &str) {
 /// it decides when an expiry is worth a warning and what to do about it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum WebhookCerts {
-    /// Files the operator put in the Secret (`cnimesh ca webhook`): renewed by hand.
+    /// The Secret install wrote (or the operator, `cnimesh ca webhook`): renewed by `cnimesh upgrade`.
     Files,
     /// The Secret written by someone else (cert-manager), watched and reloaded.
     Secret,
@@ -263,7 +263,7 @@ async fn certificates(
     let mode = webhook_certs_mode(client).await;
     let webhook_hint = match mode {
         WebhookCerts::Files => format!(
-            "regenerate with cnimesh ca webhook, update Secret {CONTROL_NAMESPACE}/{WEBHOOK_SECRET} and the caBundle together"
+            "renew it: cnimesh upgrade --renew-webhook-certificate | kubectl apply -f - (the caBundle trusts the old and the new CA until the control plane has reloaded Secret {CONTROL_NAMESPACE}/{WEBHOOK_SECRET})"
         ),
         WebhookCerts::Secret => format!(
             "whoever writes Secret {CONTROL_NAMESPACE}/{WEBHOOK_SECRET} renews it (cert-manager: kubectl -n {CONTROL_NAMESPACE} describe certificate); the control plane reloads it"

@@ -965,7 +965,7 @@ async fn a_managed_webhook_certificate_warns_only_once_its_renewal_is_overdue_wi
     let checks = fixture.run().await;
     let check = find(&checks, name);
     assert_eq!(check.status, Status::Warn);
-    assert!(check.hint.as_deref().unwrap().contains("cnimesh ca webhook"), "{:?}", check.hint);
+    assert!(check.hint.as_deref().unwrap().contains("cnimesh upgrade --renew-webhook-certificate"), "{:?}", check.hint);
 
     // Managed: the control plane renews a 30-day certificate at 20 days; fresh, it is healthy.
     let env = &mut fixture.mock.json_mut(DEPLOYMENT)["spec"]["template"]["spec"]["containers"][0]["env"];

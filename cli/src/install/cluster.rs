@@ -5,8 +5,12 @@
 use anyhow::Context;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 
+use cnimesh_control::webhook_certs::{ISSUER_CERT, ISSUER_KEY};
+use cnimesh_identity::ca::CaPem;
+
 use super::stored::{self, VALUES_CONFIG_MAP};
 use super::values::Overrides;
+use super::webhook_renewal::SecretKeeper;
 use super::{
     Certificates, DEFAULT_CONTROL_NAMESPACE, ISSUER_SECRET, TRUST_ANCHORS_CONFIG_MAP, TRUST_ANCHORS_KEY, WEBHOOK_SECRET,
 };
@@ -101,5 +105,22 @@ impl Installed {
             webhook_key: field(webhook, WEBHOOK_SECRET, "tls.key")?,
         };
         Ok(certs)
+    }
+
+    /// Who else keeps the webhook Secret: the CA key the managed mode stores in it, cert-manager's
+    /// annotations ([`super::webhook_renewal`]).
+    pub fn webhook_keeper(&self) -> SecretKeeper {
+        let Some(secret) = &self.webhook else { return SecretKeeper::default() };
+        let text = |key: &str| {
+            let bytes = secret.data.as_ref()?.get(key)?;
+            String::from_utf8(bytes.0.clone()).ok()
+        };
+        let managed_ca = match (text(ISSUER_CERT), text(ISSUER_KEY)) {
+            (Some(cert_pem), Some(key_pem)) => Some(CaPem { cert_pem, key_pem }),
+            _ => None,
+        };
+        let cert_manager =
+            secret.metadata.annotations.iter().flatten().any(|(key, _)| key.starts_with("cert-manager.io/"));
+        SecretKeeper { managed_ca, cert_manager }
     }
 }

@@ -24,6 +24,7 @@ pub mod labels;
 pub mod mock_api;
 pub mod stored;
 pub mod values;
+pub mod webhook_renewal;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

@@ -32,7 +32,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use cnimesh_identity::ca::{self, CaPem};
-use cnimesh_identity::tls::CurrentCert;
+use cnimesh_identity::tls::{CurrentCert, past_two_thirds};
 use futures::StreamExt;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
@@ -290,13 +290,13 @@ impl Manager {
             next.bundle = vec![issuer.cert_pem.clone()];
             next.switched_at = None;
             Step::DroppedOldCa
-        } else if pki.issuer.as_ref().is_none_or(|i| due(&i.cert_pem, now)) && pki.bundle.len() == 1 {
+        } else if pki.issuer.as_ref().is_none_or(|i| past_two_thirds(&i.cert_pem, now)) && pki.bundle.len() == 1 {
             // 1. Stage a new CA beside the old one.
             let new_ca = ca::new_private_ca("cnimesh webhook CA", self.policy.ca_lifetime)?;
             next.bundle.push(new_ca.cert_pem.clone());
             next.next = Some(new_ca);
             Step::StagedCa
-        } else if let Some(issuer) = pki.issuer.as_ref().filter(|_| due(&pki.serving.cert_pem, now)) {
+        } else if let Some(issuer) = pki.issuer.as_ref().filter(|_| past_two_thirds(&pki.serving.cert_pem, now)) {
             next.serving =
                 ca::Signer::new(issuer)?.new_server_cert(&self.policy.dns_names, self.policy.serving_lifetime)?;
             Step::RenewedServing
@@ -431,16 +431,6 @@ pub fn split_pem(bundle: &str) -> Vec<String> {
     out
 }
 
-/// Whether a certificate has passed 2/3 of its life at `now` (or does not parse: replace it).
-fn due(cert_pem: &str, now: SystemTime) -> bool {
-    let Ok(certs) = cnimesh_identity::pem::certs(cert_pem.as_bytes(), "certificate") else { return true };
-    let Some(Ok((_, x509))) = certs.first().map(|c| x509_parser::parse_x509_certificate(c)) else { return true };
-    let at = |secs: i64| UNIX_EPOCH + Duration::from_secs(secs.max(0) as u64);
-    let (from, until) = (at(x509.validity().not_before.timestamp()), at(x509.validity().not_after.timestamp()));
-    let life = until.duration_since(from).unwrap_or_default();
-    now >= from + life * 2 / 3
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -451,8 +441,8 @@ mod tests {
         let b = ca::new_private_ca("b", Duration::from_secs(30 * 86400)).unwrap();
         assert_eq!(split_pem(&format!("{}{}", a.cert_pem, b.cert_pem)), [a.cert_pem.clone(), b.cert_pem]);
         let now = SystemTime::now();
-        assert!(!due(&a.cert_pem, now + Duration::from_secs(19 * 86400)));
-        assert!(due(&a.cert_pem, now + Duration::from_secs(21 * 86400)));
-        assert!(due("not a certificate", now));
+        assert!(!past_two_thirds(&a.cert_pem, now + Duration::from_secs(19 * 86400)));
+        assert!(past_two_thirds(&a.cert_pem, now + Duration::from_secs(21 * 86400)));
+        assert!(past_two_thirds("not a certificate", now));
     }
 }
