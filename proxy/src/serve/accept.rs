@@ -132,3 +132,57 @@ fn known_protocol(addr: SocketAddr, target: &Target, config: &ServeConfig) -> Op
     let protocol = crate::outbound::policy_of(target)?.current()?.protocol.known()?;
     Some(Known { protocol, by: DecidedBy::policy })
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio::io::AsyncWriteExt;
+
+    use super::*;
+    use crate::app::config::{Config, Mode};
+    use crate::serve::drain::Drain;
+    use crate::serve::metrics::Metrics;
+    use crate::transport::identity::Identity;
+
+    /// A gateway's shared state: its identity (no certificate is needed to refuse) and mode.
+    fn gateway_shared() -> Arc<Shared> {
+        let identity = Identity::without_certificate(
+            "cnimesh-gateway.cnimesh-multicluster.serviceaccount.identity.cnimesh.west.local",
+        );
+        let config = Config {
+            mode: Mode::Gateway { cluster_domain: "cluster.local".into() },
+            detect_timeout: Duration::from_secs(1),
+            opaque_tls_wait: Duration::from_secs(1),
+            ..Config::default()
+        };
+        let identity = Arc::new(identity);
+        Arc::new(Shared::new(config, Arc::new(Metrics::default()), Drain::default(), Some(identity), None))
+    }
+
+    /// The samples of every counter family in `text` with a value, as `name{labels} value`.
+    fn counted(text: &str) -> Vec<&str> {
+        text.lines().filter(|l| !l.starts_with('#') && !l.ends_with(" 0") && l.contains("_total")).collect()
+    }
+
+    #[tokio::test]
+    async fn a_connection_the_gateway_refuses_is_counted_once_by_its_reason_and_once_as_a_connection_error() {
+        let shared = gateway_shared();
+        let (peer, local) = ("192.0.2.7:40000".parse().unwrap(), "192.0.2.1:4143".parse().unwrap());
+        for _ in 0..2 {
+            let (mut client, io) = tokio::io::duplex(4096);
+            client.write_all(b"GET / HTTP/1.1\r\nhost: web.shop.svc.cluster.local\r\n\r\n").await.unwrap();
+            let served = gateway(io, peer, local, &shared).await;
+            assert!(matches!(served, Err(ConnError::GatewayRefused(_))), "{served:?}");
+        }
+        let text = shared.metrics.encode();
+        assert_eq!(
+            counted(&text),
+            [
+                "gateway_refused_total{reason=\"not_mtls\"} 2",
+                "tcp_connection_errors_total{direction=\"outbound\",reason=\"gateway_refused\"} 2",
+            ],
+            "each refusal once in each family, in no request, answer or other connection family: {text}"
+        );
+    }
+}
