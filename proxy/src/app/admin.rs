@@ -83,7 +83,7 @@ impl Admin {
                 json_reply(&status::policy_json(self.policies.as_deref(), std::time::SystemTime::now()))
             }
             (&Method::GET, "/ready") => {
-                if !self.ready.load(Ordering::SeqCst) || self.drain.is_draining() {
+                if !self.ready.load(Ordering::SeqCst) || self.drain.is_terminating() {
                     reply(StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
                 } else if self.identity.as_ref().is_some_and(|id| !id.has_cert()) {
                     reply(StatusCode::SERVICE_UNAVAILABLE, "not ready: no certificate yet\n")
@@ -113,7 +113,8 @@ impl Admin {
             }
             (&Method::POST, "/shutdown") => {
                 tracing::info!(%peer, "shutdown requested");
-                self.drain.start();
+                // As SIGTERM: not ready, accepting for the shutdown delay, then draining.
+                self.drain.terminate();
                 reply(StatusCode::OK, "shutting down\n")
             }
             (

@@ -30,7 +30,10 @@ pub struct Config {
     pub idle_timeout: Duration,
     /// How long to upstream connect before answering 504 / closing.
     pub connect_timeout: Duration,
-    /// On SIGTERM, how long in-flight work may take before the proxy exits anyway.
+    /// After SIGTERM or `/shutdown`, how long the proxy keeps accepting (not ready) before its
+    /// listeners stop: clients learn that the endpoint is gone only a moment later.
+    pub shutdown_delay: Duration,
+    /// Then, how long in-flight work may take before the proxy exits anyway.
     pub shutdown_grace: Duration,
     pub log_level: String,
     /// Runtime worker threads; 1 runs everything on one thread (no cross-thread wake-ups).
@@ -151,7 +154,9 @@ impl Default for Config {
             opaque_ports: DEFAULT_OPAQUE_PORTS.to_vec(),
             idle_timeout: Duration::from_secs(3600),
             connect_timeout: Duration::from_secs(5),
-            shutdown_grace: Duration::from_secs(30),
+            // 5 s + 20 s stay inside Kubernetes' default terminationGracePeriodSeconds (30).
+            shutdown_delay: Duration::from_secs(5),
+            shutdown_grace: Duration::from_secs(20),
             log_level: "info".into(),
             workers: 1,
             identity: None,
@@ -307,7 +312,10 @@ pub struct Args {
     /// Upstream connect timeout, ms [default: 5000].
     #[arg(long, env = "CNIMESH_PROXY_CONNECT_TIMEOUT_MS", value_parser = millis)]
     pub connect_timeout_ms: Option<Duration>,
-    /// Drain time after SIGTERM or `/shutdown`, ms [default: 30000].
+    /// Time still accepting after SIGTERM or `/shutdown`, not ready, ms [default: 5000].
+    #[arg(long, env = "CNIMESH_PROXY_SHUTDOWN_DELAY_MS", value_parser = millis)]
+    pub shutdown_delay_ms: Option<Duration>,
+    /// Then, drain time for in-flight work, ms [default: 20000].
     #[arg(long, env = "CNIMESH_PROXY_SHUTDOWN_GRACE_MS", value_parser = millis)]
     pub shutdown_grace_ms: Option<Duration>,
     /// Runtime threads [default: 1].
@@ -491,6 +499,7 @@ impl TryFrom<Args> for Config {
             opaque_ports: args.opaque_ports.map_or(d.opaque_ports, |l| l.0),
             idle_timeout: args.idle_timeout_ms.unwrap_or(d.idle_timeout),
             connect_timeout: args.connect_timeout_ms.unwrap_or(d.connect_timeout),
+            shutdown_delay: args.shutdown_delay_ms.unwrap_or(d.shutdown_delay),
             shutdown_grace: args.shutdown_grace_ms.unwrap_or(d.shutdown_grace),
             log_level: args.log.unwrap_or(d.log_level),
             workers: args.workers.unwrap_or(d.workers),

@@ -22,8 +22,8 @@ use crate::serve::{spans, tap};
 use crate::transport::identity;
 use cnimesh_identity::grpc_channel;
 
-/// Runs the proxy until `shutdown` resolves or `/shutdown` is called, then drains for up to the
-/// grace period.
+/// Runs the proxy until `shutdown` resolves or `/shutdown` is called, then keeps accepting (not
+/// ready) for the shutdown delay, then stops its listeners and drains for up to the grace period.
 pub async fn run(
     config: Config,
     log: Box<dyn LogLevel>,
@@ -179,7 +179,14 @@ pub async fn run(
     );
 
     tokio::select! {
-        () = shutdown => drain.start(),
+        () = shutdown => drain.terminate(),
+        () = drain.terminating() => {}
+    }
+    // Not ready, still accepting: a client that has not yet learnt that this endpoint is gone
+    // gets served rather than refused.
+    tracing::info!(delay = ?config.shutdown_delay, "terminating: accepting until the shutdown delay is over");
+    tokio::select! {
+        () = tokio::time::sleep(config.shutdown_delay) => drain.start(),
         () = drain.signalled() => {}
     }
     tracing::info!(active = drain.active(), grace = ?config.shutdown_grace, "draining");
