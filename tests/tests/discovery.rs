@@ -309,7 +309,12 @@ fn a_rolling_restart_of_every_replica_under_continuous_traffic_fails_no_request(
     });
     let seen = seen.into_inner();
     let failed: Vec<_> = seen.iter().filter(|(status, _)| *status != 200).collect();
-    assert!(failed.is_empty(), "{} of {} requests failed over the rolling restart: {failed:?}", failed.len(), seen.len());
+    assert!(
+        failed.is_empty(),
+        "{} of {} requests failed over the rolling restart: {failed:?}",
+        failed.len(),
+        seen.len()
+    );
     let served: std::collections::HashSet<_> = seen.iter().map(|(_, replica)| replica.as_str()).collect();
     assert!(served.contains("web-0-next") && served.contains("web-1-next"), "{served:?}");
     for (name, answer) in direct {
