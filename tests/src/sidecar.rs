@@ -193,11 +193,16 @@ impl Sidecar {
 
     /// Sends SIGTERM and waits for the process to exit; returns whether it exited cleanly.
     pub fn terminate(&mut self) -> bool {
+        self.sigterm();
+        self.child.wait().is_ok_and(|s| s.success())
+    }
+
+    /// Sends SIGTERM without waiting, as the kubelet does when the pod starts terminating.
+    pub fn sigterm(&self) {
         let _ = nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(self.child.id() as i32),
             nix::sys::signal::Signal::SIGTERM,
         );
-        self.child.wait().is_ok_and(|s| s.success())
     }
 
     pub fn wait(&mut self) -> bool {

@@ -220,3 +220,104 @@ fn a_slow_replica_gets_less_traffic() {
     let fast = counts.get("web-1").copied().unwrap_or(0) + counts.get("web-2").copied().unwrap_or(0);
     assert!(slow * 10 < fast, "peak-EWMA steers away from the slow replica: {counts:?}");
 }
+
+/// Raises its flag when dropped, even by a failing assertion.
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+/// Waits (bounded) until the client's proxy counts `n` endpoints of the `web` service.
+fn wait_for_endpoints(s: &Service<'_>, n: usize) {
+    let gauge = format!("outbound_endpoints{{authority=\"web.shop.svc.cluster.local:80\"}} {n}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !s.client_proxy.metrics().contains(&gauge) {
+        assert!(Instant::now() < deadline, "the client's proxy never counted {n} endpoints");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_rolling_restart_of_every_replica_under_continuous_traffic_fails_no_request() {
+    if !require_root("a_rolling_restart_of_every_replica_under_continuous_traffic_fails_no_request") {
+        return;
+    }
+    let bins = bins!();
+    let net = Network::bridge(&bins, json!({})).unwrap();
+    let mut s = service(&net, &["web-0", "web-1"]);
+    let web_env = s.control.proxy_env("shop", "web", &s.control.token("shop", "web").unwrap());
+    let old = std::mem::take(&mut s.replicas);
+    let mut listed: Vec<(String, Ipv4Addr)> = old.iter().map(|(pod, _, _)| (pod.name.clone(), pod.ipv4())).collect();
+    let publish = |listed: &[(String, Ipv4Addr)]| {
+        let replicas: Vec<(&str, Ipv4Addr)> = listed.iter().map(|(name, ip)| (name.as_str(), *ip)).collect();
+        write_atomically(&s.cluster.path().join("web.yaml"), &cluster_yaml(&replicas));
+    };
+    let stop = AtomicBool::new(false);
+    let seen = Mutex::new(Vec::new());
+    let mut replaced = Vec::new();
+    let mut direct = Vec::new();
+    std::thread::scope(|scope| {
+        // The clients stop when the roll ends, however it ends.
+        let _stop = StopOnDrop(&stop);
+        // Two clients, each a new connection per request, as long as the roll lasts.
+        for _ in 0..2 {
+            scope.spawn(|| {
+                while !stop.load(Ordering::SeqCst) {
+                    let answer = s.call(SERVICE_IP);
+                    seen.lock().push(answer);
+                }
+            });
+        }
+        for (pod, proxy, apps) in old {
+            // As a Deployment rolls: the replacement first, ready and listed.
+            let name = format!("{}-next", pod.name);
+            let next = Pod::named(&net, "shop", &name).unwrap();
+            let next_apps = Apps::start(&next.netns.path(), next.ipv4().into(), &name).unwrap();
+            let next_proxy = Sidecar::start(&bins.proxy, &next.netns, &env_refs(&web_env)).unwrap();
+            listed.push((name, next.ipv4()));
+            publish(&listed);
+            wait_for_endpoints(&s, listed.len());
+            // Then the old pod terminates: its proxy has SIGTERM at once, while clients learn
+            // that the endpoint is gone only a moment later (the endpoints controller, then
+            // the control plane's watch).
+            proxy.sigterm();
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while matches!(proxy.admin("GET", "/ready", ""), Ok((200, _))) {
+                assert!(Instant::now() < deadline, "the proxy never took SIGTERM");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            // A new connection straight to the terminating pod is still served.
+            let to = format!("{}:8080", pod.ipv4());
+            let answer = http_in(&s.client.netns.path(), &to, "GET", "/replica", "").unwrap();
+            direct.push((pod.name.clone(), answer));
+            std::thread::sleep(Duration::from_secs(1));
+            listed.retain(|(n, _)| *n != pod.name);
+            publish(&listed);
+            wait_for_endpoints(&s, listed.len());
+            let mut proxy = proxy;
+            assert!(proxy.wait(), "the terminating proxy exits cleanly once drained");
+            drop(apps);
+            replaced.push((next, next_proxy, next_apps));
+        }
+        let rolled_at = seen.lock().len();
+        while seen.lock().len() < rolled_at + 40 {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    });
+    let seen = seen.into_inner();
+    let failed: Vec<_> = seen.iter().filter(|(status, _)| *status != 200).collect();
+    assert!(
+        failed.is_empty(),
+        "{} of {} requests failed over the rolling restart: {failed:?}",
+        failed.len(),
+        seen.len()
+    );
+    let served: std::collections::HashSet<_> = seen.iter().map(|(_, replica)| replica.as_str()).collect();
+    assert!(served.contains("web-0-next") && served.contains("web-1-next"), "{served:?}");
+    for (name, answer) in direct {
+        assert_eq!(answer, (200, name.clone()), "{name}'s proxy still took a new connection after SIGTERM");
+    }
+}

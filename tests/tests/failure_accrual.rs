@@ -217,18 +217,29 @@ fn a_failing_endpoint_is_taken_out_probed_and_put_back_and_all_failing_are_still
         assert!(reply.status == 200 || reply.body == "web-1", "only a probe may fail: {reply:?}");
     }
 
-    // Without the annotation (same replicas, `plain`): web-1 keeps getting its share, more than
-    // accrual would have let through in the same time (a third of 90 is expected; the bound is
-    // what accrual allows, so the test does not hang on a lucky draw of the balancer).
-    let (before, since) = (mesh.answered(), Instant::now());
-    let plain_failed = (0..CALLS).filter(|_| mesh.call(PLAIN_IP).status == 500).count();
-    let accrual_allows = MAX_FAILURES + (since.elapsed().as_secs_f64() / MIN_PENALTY.as_secs_f64()).ceil() as usize + 1;
-    assert!(
-        plain_failed > accrual_allows,
-        "no accrual without the annotation: {plain_failed} of {CALLS} failed, accrual would allow {accrual_allows}"
-    );
+    // Without the annotation (same replicas, `plain`): web-1 stays in rotation however often it
+    // fails in a row. Calls go on until the balancer has picked it more than MAX_FAILURES times
+    // (each pick is a 500 with its name); with accrual the MAX_FAILURES-th would have taken it
+    // out, so its state must still be available and never have changed.
+    let before = mesh.answered();
+    let mut plain_failed = 0;
+    for call in 0.. {
+        assert!(
+            call < 1000,
+            "the balancer never picked web-1 {} times: {:?}",
+            MAX_FAILURES + 2,
+            minus(&mesh.answered(), &before)
+        );
+        let reply = mesh.call(PLAIN_IP);
+        assert_eq!(reply.status == 500, reply.body == "web-1", "only web-1 fails: {reply:?}");
+        plain_failed += usize::from(reply.status == 500);
+        if plain_failed > MAX_FAILURES + 1 {
+            break;
+        }
+    }
     assert_eq!(minus(&mesh.answered(), &before)[1], plain_failed);
-    assert_eq!(mesh.state_changes(PLAIN_AUTHORITY, "unavailable"), 0.0);
+    assert_eq!(mesh.state_changes(PLAIN_AUTHORITY, "unavailable"), 0.0, "no accrual without the annotation");
+    assert_eq!(mesh.metric("outbound_http_balancer_endpoints_unavailable", &[PLAIN_AUTHORITY]), 0.0);
 
     // It heals: a probe finds it answering and it is back in rotation.
     mesh.fail(1, false);

@@ -18,6 +18,7 @@ mod mutate;
 mod namespaces;
 mod policy_env;
 mod server;
+mod shutdown_env;
 #[cfg(test)]
 mod tests;
 mod trace_env;

@@ -29,7 +29,8 @@ use super::policy_env::{
     CLUSTER_NETWORKS_ENV, INBOUND_PORTS_ENV, NamespaceDefault, POLICY_DEFAULT_ENV, effective_default, inbound_ports,
     skipped_port_warnings,
 };
-use super::trace_env::{TraceSettings, add_trace_env};
+use super::shutdown_env::shutdown_env;
+use super::trace_env::{TraceSettings, append_env};
 use super::validate::{check_log_level, check_ports};
 use crate::workload::{Workload, owner_labels};
 
@@ -268,7 +269,8 @@ pub fn plan(
     let (default_policy, fail_closed) =
         effective_default(&typed.metadata, &pod_key, ns_default, config.default_inbound_policy);
     add_policy_env(&mut container, config, default_policy.as_str(), inbound_ports(spec));
-    add_trace_env(&mut container, trace_env);
+    append_env(&mut container, trace_env);
+    append_env(&mut container, shutdown_env(spec.termination_grace_period_seconds));
     warnings.extend(fail_closed.map(|w| format!("cnimesh: {w}")));
     warnings.extend(skipped_port_warnings(&typed.metadata, spec));
     let owner = workload.cloned().or_else(|| Workload::of_pod(&typed.metadata));

@@ -99,8 +99,8 @@ impl TraceSettings {
     }
 }
 
-/// Adds the tracing variables to the proxy container.
-pub fn add_trace_env(container: &mut Container, vars: Vec<(&'static str, String)>) {
+/// Adds variables (tracing's, the shutdown timing's) to the proxy container.
+pub fn append_env(container: &mut Container, vars: Vec<(&'static str, String)>) {
     let env = container.env.get_or_insert_with(Vec::new);
     env.extend(vars.into_iter().map(|(name, value)| EnvVar {
         name: name.into(),

@@ -19,8 +19,8 @@ use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::app::drain::Drain;
-use crate::app::metrics::Metrics;
+use crate::serve::drain::Drain;
+use crate::serve::metrics::Metrics;
 use crate::transport::prefixed::PrefixedIo;
 use crate::transport::tls::client_hello::{self, Peek};
 
@@ -45,7 +45,7 @@ pub struct Admin {
     /// For `/policy.json`: the inbound policies enforced (none: every client allowed).
     pub policies: Option<Arc<crate::inbound::policy::discover::Policies>>,
     /// TLS connections go here; without it (no identity) they are closed.
-    pub tap: Option<crate::app::tap::TapListener>,
+    pub tap: Option<crate::serve::tap::TapListener>,
 }
 
 /// How long a connection may stay silent before it is served as plain HTTP anyway (hyper then
@@ -83,7 +83,7 @@ impl Admin {
                 json_reply(&status::policy_json(self.policies.as_deref(), std::time::SystemTime::now()))
             }
             (&Method::GET, "/ready") => {
-                if !self.ready.load(Ordering::SeqCst) || self.drain.is_draining() {
+                if !self.ready.load(Ordering::SeqCst) || self.drain.is_terminating() {
                     reply(StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
                 } else if self.identity.as_ref().is_some_and(|id| !id.has_cert()) {
                     reply(StatusCode::SERVICE_UNAVAILABLE, "not ready: no certificate yet\n")
@@ -113,7 +113,8 @@ impl Admin {
             }
             (&Method::POST, "/shutdown") => {
                 tracing::info!(%peer, "shutdown requested");
-                self.drain.start();
+                // As SIGTERM: not ready, accepting for the shutdown delay, then draining.
+                self.drain.terminate();
                 reply(StatusCode::OK, "shutting down\n")
             }
             (

@@ -10,6 +10,7 @@ use cnimesh_common::names::{PROXY_ADMIN_PORT, PROXY_INBOUND_PORT, PROXY_OUTBOUND
 use cnimesh_identity::Name;
 
 pub use crate::outbound::static_identities::EndpointMatch;
+pub use crate::serve::spans::TraceConfig;
 pub use crate::transport::identity::config::{
     IdentityConfig, TRUST_ANCHORS_FILE_VAR, TRUST_ANCHORS_PEM_VAR, TrustAnchors,
 };
@@ -29,7 +30,10 @@ pub struct Config {
     pub idle_timeout: Duration,
     /// How long to upstream connect before answering 504 / closing.
     pub connect_timeout: Duration,
-    /// On SIGTERM, how long in-flight work may take before the proxy exits anyway.
+    /// After SIGTERM or `/shutdown`, how long the proxy keeps accepting (not ready) before its
+    /// listeners stop: clients learn that the endpoint is gone only a moment later.
+    pub shutdown_delay: Duration,
+    /// Then, how long in-flight work may take before the proxy exits anyway.
     pub shutdown_grace: Duration,
     pub log_level: String,
     /// Runtime worker threads; 1 runs everything on one thread (no cross-thread wake-ups).
@@ -62,7 +66,7 @@ pub struct Config {
     /// the control plane's (the one the proxy verifies the control plane with). Without an
     /// identity the proxy serves no tap at all.
     pub tap_identities: Vec<Name>,
-    /// Distributed tracing ([`crate::app::spans`]); `None` (no collector) = off: no spans, no
+    /// Distributed tracing ([`crate::serve::spans`]); `None` (no collector) = off: no spans, no
     /// exporter task, trace headers forwarded untouched.
     pub trace: Option<TraceConfig>,
     /// A sidecar (the default) or a multicluster gateway ([`crate::gateway`]).
@@ -82,26 +86,6 @@ pub enum Mode {
 
 /// The cluster domain a gateway serves by default (Kubernetes' own default).
 pub const DEFAULT_GATEWAY_CLUSTER_DOMAIN: &str = "cluster.local";
-
-/// Where the proxy's spans go and which untraced requests start a trace (cnimesh-trace's crate
-/// docs have the contract).
-#[derive(Debug, Clone)]
-pub struct TraceConfig {
-    /// `CNIMESH_PROXY_TRACE_COLLECTOR`: the OTLP/gRPC collector.
-    pub collector: cnimesh_trace::Collector,
-    /// `CNIMESH_PROXY_TRACE_SAMPLING`: the share of requests *without* trace context that start a
-    /// trace (0 by default: only requests that arrive traced are).
-    pub sampling: f64,
-    /// `CNIMESH_PROXY_TRACE_COLLECTOR_CA_FILE`: PEM roots for an https collector (default: the
-    /// system's).
-    pub ca_file: Option<PathBuf>,
-    /// `CNIMESH_PROXY_TRACE_SPAN_BUDGET`: requests this proxy records spans for per second,
-    /// whatever its clients ask for (a token bucket with a burst of one second's worth).
-    pub span_budget: u32,
-    /// `CNIMESH_POD_NAME`, `CNIMESH_POD_NAMESPACE` (set by the injector): span and resource attributes.
-    pub pod_name: Option<String>,
-    pub pod_namespace: Option<String>,
-}
 
 /// Inbound policy from the control plane's InboundServerPolicies, on the Destination channel.
 #[derive(Debug, Clone)]
@@ -170,7 +154,9 @@ impl Default for Config {
             opaque_ports: DEFAULT_OPAQUE_PORTS.to_vec(),
             idle_timeout: Duration::from_secs(3600),
             connect_timeout: Duration::from_secs(5),
-            shutdown_grace: Duration::from_secs(30),
+            // 5 s + 20 s stay inside Kubernetes' default terminationGracePeriodSeconds (30).
+            shutdown_delay: Duration::from_secs(5),
+            shutdown_grace: Duration::from_secs(20),
             log_level: "info".into(),
             workers: 1,
             identity: None,
@@ -326,7 +312,10 @@ pub struct Args {
     /// Upstream connect timeout, ms [default: 5000].
     #[arg(long, env = "CNIMESH_PROXY_CONNECT_TIMEOUT_MS", value_parser = millis)]
     pub connect_timeout_ms: Option<Duration>,
-    /// Drain time after SIGTERM or `/shutdown`, ms [default: 30000].
+    /// Time still accepting after SIGTERM or `/shutdown`, not ready, ms [default: 5000].
+    #[arg(long, env = "CNIMESH_PROXY_SHUTDOWN_DELAY_MS", value_parser = millis)]
+    pub shutdown_delay_ms: Option<Duration>,
+    /// Then, drain time for in-flight work, ms [default: 20000].
     #[arg(long, env = "CNIMESH_PROXY_SHUTDOWN_GRACE_MS", value_parser = millis)]
     pub shutdown_grace_ms: Option<Duration>,
     /// Runtime threads [default: 1].
@@ -510,6 +499,7 @@ impl TryFrom<Args> for Config {
             opaque_ports: args.opaque_ports.map_or(d.opaque_ports, |l| l.0),
             idle_timeout: args.idle_timeout_ms.unwrap_or(d.idle_timeout),
             connect_timeout: args.connect_timeout_ms.unwrap_or(d.connect_timeout),
+            shutdown_delay: args.shutdown_delay_ms.unwrap_or(d.shutdown_delay),
             shutdown_grace: args.shutdown_grace_ms.unwrap_or(d.shutdown_grace),
             log_level: args.log.unwrap_or(d.log_level),
             workers: args.workers.unwrap_or(d.workers),

@@ -7,7 +7,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use http::{Request, Response};
+use hyper::body::Incoming;
 use parking_lot::Mutex;
+use prometheus_client::metrics::counter::Counter;
 use tokio::sync::watch;
 
 use crate::client::discovery::accrual::{Accruing, Admission, ConsecutiveFailures};
@@ -16,10 +19,15 @@ use crate::client::discovery::balance::{self, Load};
 /// discovery; routes read it from there.
 pub use crate::client::discovery::spans_clusters;
 use crate::client::discovery::{Endpoint, Endpoints, cluster_of};
-use crate::client::upstream::Upstream;
+use crate::client::upstream::{self, RequestBody, SendError, Unsent, Upstream};
 use crate::transport::identity::Identity;
 use crate::transport::labels::TlsLabel;
 use crate::transport::tls::{self, UpstreamTls};
+
+/// Other endpoints a request is tried on, once each, when no connection to the one picked could
+/// be made (nothing of it was sent). Bounded, so that a service whose endpoints all refuse
+/// answers at once rather than after a walk through every one of them.
+pub const CONNECT_FAILOVER: usize = 2;
 
 pub enum Route {
     Fixed(Arc<Upstream>),
@@ -72,6 +80,50 @@ impl Route {
         match self {
             Route::Fixed(upstream) => Ok(Picked { upstream: upstream.clone(), load: None, cluster: None }),
             Route::Balanced(b) => b.pick(accrual),
+        }
+    }
+
+    /// Sends `req` to `picked`'s endpoint. When no connection to it could be made
+    /// ([`upstream::establishment_failed`]: not a byte of the request was written), a
+    /// balanced service's request goes, as it is, to another endpoint that takes the same
+    /// form of request (up to [`CONNECT_FAILOVER`] others, each once; counted in
+    /// `outbound_connect_retries_total`): an endpoint going away is refused by its clients
+    /// until they hear that it is gone. Returns the endpoint last tried, with its answer; the
+    /// caller's timeout bounds the whole.
+    pub async fn send(
+        &self,
+        mut picked: Picked,
+        mut req: Request<RequestBody>,
+    ) -> (Picked, Result<Response<Incoming>, SendError>) {
+        let mut tried = Vec::new();
+        loop {
+            let error = match picked.upstream.try_send(req).await {
+                Ok(response) => return (picked, Ok(response)),
+                Err(Unsent::NotConnected(error, back)) => {
+                    req = *back;
+                    error
+                }
+                Err(failed) => return (picked, Err(failed.into_error())),
+            };
+            let next = match self {
+                Route::Balanced(b) if tried.len() < CONNECT_FAILOVER && upstream::establishment_failed(&error) => {
+                    tried.push(picked.upstream.addr);
+                    b.other_than(&picked.upstream, &tried)
+                }
+                _ => None,
+            };
+            let Some((next, retries)) = next else { return (picked, Err(SendError::Connect(error))) };
+            if let Some(load) = &picked.load {
+                load.fail();
+            }
+            retries.inc();
+            tracing::debug!(
+                from = %picked.upstream.addr,
+                to = %next.upstream.addr,
+                %error,
+                "no connection to the endpoint; sending the request to another"
+            );
+            picked = next;
         }
     }
 
@@ -164,6 +216,19 @@ impl Balanced {
         self.picked(endpoint, other, &set, Some(accruing))
     }
 
+    /// Another endpoint than those `tried`, taking the request as it was made for `failed`
+    /// (plaintext or mTLS alike, the same gateway or none), available to failure accrual;
+    /// with the service's `outbound_connect_retries_total`.
+    fn other_than(&self, failed: &Upstream, tried: &[SocketAddr]) -> Option<(Picked, Counter)> {
+        let set = self.endpoints.borrow().clone();
+        let eligible = |e: &Arc<Endpoint>| {
+            !tried.contains(&e.addr) && e.gateway == failed.gateway && e.stats.health.is_available()
+        };
+        let (endpoint, other) = balance::pick_where(&set.list, |e| &e.stats, eligible)?;
+        let picked = self.picked(endpoint, other, &set, None).ok()?;
+        (picked.upstream.tls.is_some() == failed.tls.is_some()).then(|| (picked, set.connect_retries.clone()))
+    }
+
     fn picked(
         &self,
         endpoint: &Arc<Endpoint>,
@@ -203,5 +268,111 @@ impl Balanced {
         }
         upstreams.insert(endpoint.addr, upstream.clone());
         Ok(upstream)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use http_body_util::{Either, Full};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    fn endpoint(addr: SocketAddr) -> Arc<Endpoint> {
+        Arc::new(Endpoint::plaintext(addr, Default::default()))
+    }
+
+    /// A port nothing listens on any more: bound, then closed.
+    async fn refusing() -> SocketAddr {
+        TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap()
+    }
+
+    /// An endpoint that reads each request's head, then answers it (`answer`) or hangs up.
+    async fn serving(answer: bool) -> SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let mut head = Vec::new();
+                    let mut buf = [0u8; 1024];
+                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match s.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => head.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    if answer {
+                        let _ = s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok").await;
+                    }
+                });
+            }
+        });
+        addr
+    }
+
+    fn route(list: Vec<Arc<Endpoint>>) -> (Route, Counter) {
+        let set = Endpoints { list, known: true, exists: true, ..Default::default() };
+        let retries = set.connect_retries.clone();
+        let (tx, rx) = watch::channel(Arc::new(set));
+        // The route keeps its receiver; the sender may go.
+        drop(tx);
+        (Route::balanced("web.shop.svc.cluster.local:80".into(), rx, None, Duration::from_secs(5)), retries)
+    }
+
+    fn first(addr: SocketAddr) -> Picked {
+        Picked { upstream: Arc::new(Upstream::new(addr, None, Duration::from_secs(5))), load: None, cluster: None }
+    }
+
+    fn request() -> Request<RequestBody> {
+        Request::get("/").body(Either::Right(Full::new(Bytes::new()))).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_request_refused_at_connect_goes_to_another_endpoint_and_is_counted() {
+        let (refused, live) = (refusing().await, serving(true).await);
+        let (route, retries) = route(vec![endpoint(refused), endpoint(live)]);
+        let (picked, result) = route.send(first(refused), request()).await;
+        assert_eq!(picked.upstream.addr, live, "answered by the live endpoint");
+        assert_eq!(result.unwrap().status(), 200);
+        assert_eq!(retries.get(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_refusal_with_no_other_endpoint_is_the_answer_and_nothing_is_retried() {
+        let refused = refusing().await;
+        let (route, retries) = route(vec![endpoint(refused)]);
+        let (picked, result) = route.send(first(refused), request()).await;
+        assert_eq!(picked.upstream.addr, refused);
+        let Err(SendError::Connect(error)) = result else { panic!("a connect error") };
+        assert_eq!(error.kind(), std::io::ErrorKind::ConnectionRefused);
+        assert_eq!(retries.get(), 0);
+        // A fixed address has nowhere else to go either.
+        let (_, result) = Route::fixed(refused, None, Duration::from_secs(5)).send(first(refused), request()).await;
+        assert!(matches!(result, Err(SendError::Connect(_))));
+    }
+
+    #[tokio::test]
+    async fn a_request_already_written_is_never_sent_again() {
+        let (hangs_up, live) = (serving(false).await, serving(true).await);
+        let (route, retries) = route(vec![endpoint(hangs_up), endpoint(live)]);
+        let (picked, result) = route.send(first(hangs_up), request()).await;
+        assert_eq!(picked.upstream.addr, hangs_up);
+        assert!(matches!(result, Err(SendError::Http(_))), "the endpoint's failure is the answer");
+        assert_eq!(retries.get(), 0);
+    }
+
+    #[tokio::test]
+    async fn failover_is_bounded_when_every_endpoint_refuses() {
+        let mut list = Vec::new();
+        for _ in 0..CONNECT_FAILOVER + 3 {
+            list.push(endpoint(refusing().await));
+        }
+        let start = list[0].addr;
+        let (route, retries) = route(list);
+        let (_, result) = route.send(first(start), request()).await;
+        assert!(matches!(result, Err(SendError::Connect(_))));
+        assert_eq!(retries.get(), CONNECT_FAILOVER as u64);
     }
 }

@@ -37,6 +37,40 @@ pub enum SendError {
     Http(#[from] hyper::Error),
 }
 
+/// Why [`Upstream::try_send`] has no response: the request never reached a connection to the
+/// endpoint (so it comes back as it was, and may go elsewhere), or it did.
+pub enum Unsent {
+    /// No connection could be made: not a byte of the request was written.
+    NotConnected(io::Error, Box<Request<RequestBody>>),
+    Failed(SendError),
+}
+
+impl Unsent {
+    pub fn into_error(self) -> SendError {
+        match self {
+            Unsent::NotConnected(error, _) => SendError::Connect(error),
+            Unsent::Failed(error) => error,
+        }
+    }
+}
+
+impl From<hyper::Error> for Unsent {
+    fn from(e: hyper::Error) -> Self {
+        Unsent::Failed(e.into())
+    }
+}
+
+/// Whether a connect that failed with `error` failed at establishing the connection (refused,
+/// unreachable, timed out, reset before the handshake was over), so that another endpoint
+/// may be tried. A failure of TLS verification is not one: it is a fact about the peer.
+pub fn establishment_failed(error: &io::Error) -> bool {
+    use io::ErrorKind::*;
+    matches!(
+        error.kind(),
+        ConnectionRefused | TimedOut | HostUnreachable | NetworkUnreachable | ConnectionReset | ConnectionAborted
+    )
+}
+
 struct Idle {
     sender: http1::SendRequest<RequestBody>,
     since: Instant,
@@ -94,22 +128,33 @@ impl Upstream {
     /// connection or a new one. A request an idle connection could not take (closed meanwhile)
     /// is sent again on a new connection: it never left.
     pub async fn send(self: &Arc<Self>, req: Request<RequestBody>) -> Result<Response<Incoming>, SendError> {
+        self.try_send(req).await.map_err(Unsent::into_error)
+    }
+
+    /// Like [`Upstream::send`], giving the request back when no connection could be made for
+    /// it ([`Unsent::NotConnected`]).
+    pub async fn try_send(self: &Arc<Self>, req: Request<RequestBody>) -> Result<Response<Incoming>, Unsent> {
         if req.version() == Version::HTTP_2 {
             return self.send_h2(req).await;
         }
-        let (req, mut sender) = match self.take_h1() {
+        let req = match self.take_h1() {
             Some(mut sender) => match sender.try_send_request(req).await {
                 Ok(response) => {
                     self.clone().reuse_when_ready(sender);
                     return Ok(response);
                 }
                 Err(mut e) => match e.take_message() {
-                    Some(req) => (req, self.handshake_h1().await?),
-                    None => return Err(e.into_error().into()),
+                    Some(req) => req,
+                    None => return Err(Unsent::Failed(e.into_error().into())),
                 },
             },
-            None => (req, self.handshake_h1().await?),
+            None => req,
         };
+        let io = match self.connect_for(Some(SessionProtocol::Http1)).await {
+            Ok(io) => io,
+            Err(error) => return Err(Unsent::NotConnected(error, Box::new(req))),
+        };
+        let mut sender = self.handshake_h1(io).await?;
         let response = sender.send_request(req).await?;
         self.clone().reuse_when_ready(sender);
         Ok(response)
@@ -139,8 +184,7 @@ impl Upstream {
         });
     }
 
-    async fn handshake_h1(&self) -> Result<http1::SendRequest<RequestBody>, SendError> {
-        let io = self.connect_for(Some(SessionProtocol::Http1)).await.map_err(SendError::Connect)?;
+    async fn handshake_h1(&self, io: UpstreamIo) -> Result<http1::SendRequest<RequestBody>, hyper::Error> {
         let (sender, conn) = http1::Builder::new().max_buf_size(H1_MAX_BUF).handshake(TokioIo::new(io)).await?;
         tokio::spawn(async move {
             if let Err(e) = conn.await {
@@ -150,7 +194,7 @@ impl Upstream {
         Ok(sender)
     }
 
-    async fn send_h2(&self, req: Request<RequestBody>) -> Result<Response<Incoming>, SendError> {
+    async fn send_h2(&self, req: Request<RequestBody>) -> Result<Response<Incoming>, Unsent> {
         let mut sender = match self.shared_h2() {
             Some(sender) => sender,
             None => {
@@ -158,7 +202,11 @@ impl Upstream {
                 match self.shared_h2() {
                     Some(sender) => sender,
                     None => {
-                        let sender = self.handshake_h2().await?;
+                        let io = match self.connect_for(Some(SessionProtocol::Http2)).await {
+                            Ok(io) => io,
+                            Err(error) => return Err(Unsent::NotConnected(error, Box::new(req))),
+                        };
+                        let sender = self.handshake_h2(io).await?;
                         *self.h2.lock() = Some(sender.clone());
                         sender
                     }
@@ -172,8 +220,7 @@ impl Upstream {
         self.h2.lock().as_ref().filter(|s| !s.is_closed()).cloned()
     }
 
-    async fn handshake_h2(&self) -> Result<http2::SendRequest<RequestBody>, SendError> {
-        let io = self.connect_for(Some(SessionProtocol::Http2)).await.map_err(SendError::Connect)?;
+    async fn handshake_h2(&self, io: UpstreamIo) -> Result<http2::SendRequest<RequestBody>, hyper::Error> {
         let (sender, conn) = http2::Builder::new(TokioExecutor::new())
             .timer(TokioTimer::new())
             .initial_stream_window_size(H2_STREAM_WINDOW)

@@ -79,6 +79,7 @@ pub fn env_json(config: &Config, env: &[(String, String)]) -> Value {
             "opaque_ports": config.opaque_ports,
             "idle_timeout": duration(config.idle_timeout),
             "connect_timeout": duration(config.connect_timeout),
+            "shutdown_delay": duration(config.shutdown_delay),
             "shutdown_grace": duration(config.shutdown_grace),
             "log_level": config.log_level,
             "workers": config.workers,

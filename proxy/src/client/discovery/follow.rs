@@ -98,7 +98,8 @@ pub async fn endpoints(
     (metrics, gauge): (DiscoveryMetrics, ServiceLabels),
 ) {
     let accrual = Arc::new(ServiceAccrual::new(metrics.accrual.clone(), authority.clone()));
-    let metrics = metrics.endpoints;
+    let retries = metrics.connect_retries.get_or_create(&gauge).clone();
+    let (metrics, retries_family) = (metrics.endpoints, metrics.connect_retries);
     // Endpoints by address, so balancing statistics survive updates.
     let mut current: HashMap<SocketAddr, Arc<Endpoint>> = HashMap::new();
     let open = || {
@@ -142,12 +143,21 @@ pub async fn endpoints(
         metrics.get_or_create(&gauge).set(list.len() as i64);
         accrual.recount(list.iter().filter(|e| !e.stats.health.is_available()).count());
         let spans_clusters = super::spans_clusters(&list);
-        tx.send_replace(Arc::new(Endpoints { list, known: true, exists, accrual: accrual.clone(), spans_clusters }));
+        let connect_retries = retries.clone();
+        tx.send_replace(Arc::new(Endpoints {
+            list,
+            known: true,
+            exists,
+            accrual: accrual.clone(),
+            spans_clusters,
+            connect_retries,
+        }));
     };
     tokio::select! {
         () = tx.closed() => {}
         () = retrying(format!("endpoints {authority}"), max_backoff, open, apply) => {}
     }
     metrics.remove(&gauge);
+    retries_family.remove(&gauge);
     accrual.remove();
 }

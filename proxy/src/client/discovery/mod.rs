@@ -19,6 +19,7 @@ use cnimesh_common::names::{CONTEXT_TOKEN_CALLER_KEY, CONTEXT_TOKEN_GATEWAY, MIR
 use cnimesh_identity::Name;
 use linkerd2_proxy_api::destination::{self as api, destination_client::DestinationClient};
 use parking_lot::Mutex;
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::watch;
@@ -41,6 +42,13 @@ pub struct Endpoint {
     /// and its proxy then forwards the port's bytes without reading HTTP from them).
     pub opaque: bool,
     pub stats: Arc<Stats>,
+}
+
+impl Endpoint {
+    /// A plaintext endpoint of this cluster with the balancing statistics `stats`.
+    pub fn plaintext(addr: SocketAddr, stats: Arc<Stats>) -> Self {
+        Self { addr, identity: None, gateway: None, target_cluster: None, opaque: false, stats }
+    }
 }
 
 /// Whether `list` is in more than one cluster (this one counting as one).
@@ -99,6 +107,9 @@ pub struct Endpoints {
     /// request is labelled with the cluster of the endpoint it went to
     /// ([`spans_clusters`]); worked out once per update, not per request.
     pub spans_clusters: bool,
+    /// `outbound_connect_retries_total` of the service: requests sent to another endpoint
+    /// because no connection to the one picked could be made.
+    pub connect_retries: Counter,
 }
 
 impl Endpoints {
@@ -139,12 +150,13 @@ pub struct Discovery {
     context_token: Arc<str>,
 }
 
-/// The families discovery and its balancers count into: `outbound_endpoints` and failure
-/// accrual's ([`accrual::AccrualMetrics`]).
+/// The families discovery and its balancers count into: `outbound_endpoints`, failure
+/// accrual's ([`accrual::AccrualMetrics`]) and `outbound_connect_retries_total`.
 #[derive(Debug, Clone, Default)]
 pub struct DiscoveryMetrics {
     pub endpoints: Family<ServiceLabels, Gauge>,
     pub accrual: accrual::AccrualMetrics,
+    pub connect_retries: Family<ServiceLabels, Counter>,
 }
 
 /// The cached receiver for `key`, starting its stream with `start` on first use (every

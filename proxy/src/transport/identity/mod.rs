@@ -45,6 +45,23 @@ impl Identity {
         })
     }
 
+    /// An identity named `name` under a fresh trust anchor, without a certificate yet: what
+    /// in-process tests refuse, peek and fail to connect with.
+    #[cfg(test)]
+    pub(crate) fn without_certificate(name: &str) -> Self {
+        let anchor =
+            cnimesh_identity::ca::new_trust_anchor("cluster.local", std::time::Duration::from_secs(3600)).unwrap();
+        Self::new(&IdentityConfig {
+            name: name.parse().unwrap(),
+            trust_anchors: TrustAnchors::Pem(anchor.cert_pem),
+            token_file: "/nonexistent".into(),
+            control_addr: "control:4190".into(),
+            control_name: cnimesh_identity::name::DEFAULT_CONTROL_NAME.parse().unwrap(),
+            max_backoff: std::time::Duration::from_secs(1),
+        })
+        .unwrap()
+    }
+
     /// Whether a certificate is held: until then the proxy is not ready.
     pub fn has_cert(&self) -> bool {
         self.cert.get().is_some()

@@ -113,20 +113,10 @@ pub fn outbound(identity: Option<&Identity>, expected: Option<Name>) -> Result<O
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::app::config::{IdentityConfig, TrustAnchors};
     use tokio::io::AsyncWriteExt;
 
     fn identity() -> Identity {
-        let anchor = cnimesh_identity::ca::new_trust_anchor("cluster.local", Duration::from_secs(3600)).unwrap();
-        Identity::new(&IdentityConfig {
-            name: "web.shop.serviceaccount.identity.cnimesh.cluster.local".parse().unwrap(),
-            trust_anchors: TrustAnchors::Pem(anchor.cert_pem),
-            token_file: "/nonexistent".into(),
-            control_addr: "control:4190".into(),
-            control_name: crate::app::config::DEFAULT_CONTROL_NAME.parse().unwrap(),
-            max_backoff: Duration::from_secs(1),
-        })
-        .unwrap()
+        Identity::without_certificate("web.shop.serviceaccount.identity.cnimesh.cluster.local")
     }
 
     #[tokio::test]

@@ -21,15 +21,14 @@ use hyper_util::rt::TokioIo;
 
 use super::*;
 use crate::app::config::Config;
-use crate::app::drain::Drain;
-use crate::app::metrics::{Metrics, TargetCluster};
 use crate::client::discovery::{Endpoint, Endpoints};
 use crate::client::target::Route;
 use crate::outbound::http::tests::grpc_fault;
 use crate::outbound::policy::discover::PolicyWatch;
 use crate::outbound::policy::model::OutboundPolicy;
+use crate::serve::drain::Drain;
+use crate::serve::metrics::{Metrics, TargetCluster};
 use crate::transport::identity::Identity;
-use crate::transport::identity::config::{IdentityConfig, TrustAnchors};
 use crate::transport::labels::{DstKind, TcpLabels};
 
 /// A target carrying `policy`, as the outbound side attaches it.
@@ -307,16 +306,7 @@ async fn a_route_without_retries_sends_a_failed_request_once() {
 
 /// A proxy whose identity has no certificate yet, and a service whose one endpoint is meshed.
 fn meshed_service_without_a_certificate(policy: api::OutboundPolicy) -> Arc<Target> {
-    let anchor = cnimesh_identity::ca::new_trust_anchor("cluster.local", Duration::from_secs(3600)).unwrap();
-    let identity = Identity::new(&IdentityConfig {
-        name: "client.shop.serviceaccount.identity.cnimesh.cluster.local".parse().unwrap(),
-        trust_anchors: TrustAnchors::Pem(anchor.cert_pem),
-        token_file: "/nonexistent".into(),
-        control_addr: "control:4190".into(),
-        control_name: crate::app::config::DEFAULT_CONTROL_NAME.parse().unwrap(),
-        max_backoff: Duration::from_secs(1),
-    })
-    .unwrap();
+    let identity = Identity::without_certificate("client.shop.serviceaccount.identity.cnimesh.cluster.local");
     let endpoint = Endpoint {
         addr: "10.0.0.7:80".parse().unwrap(),
         identity: Some("web.shop.serviceaccount.identity.cnimesh.cluster.local".parse().unwrap()),

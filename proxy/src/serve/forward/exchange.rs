@@ -12,7 +12,6 @@ use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 
 use super::{HttpProxy, Side};
-use crate::app::metrics::{Direction, TargetCluster};
 use crate::client::discovery::accrual::ConsecutiveFailures;
 use crate::client::target::{Picked, RouteError};
 use crate::client::targets::Target;
@@ -26,6 +25,7 @@ use crate::http::trace::{self as spans, Traced};
 use crate::inbound::policy::enforce::ConnPolicy;
 use crate::outbound::http::routed::Routed;
 use crate::outbound::http::{Exchanged, OutboundHttp, Try, TryTo};
+use crate::serve::metrics::{Direction, TargetCluster};
 
 /// On a response whose endpoint's `target_cluster_name` is not its target's (a
 /// federated Service spans clusters: its target has none), the endpoint's; the request is
@@ -113,7 +113,9 @@ impl HttpProxy {
         mut span: Option<&mut cnimesh_trace::Span>,
         b3: Option<cnimesh_trace::B3Form>,
     ) -> Exchanged {
-        let Picked { upstream, load, cluster } = target.route.pick(accrual.as_ref()).map_err(route_error)?;
+        let picked = target.route.pick(accrual.as_ref()).map_err(route_error)?;
+        // The request is made for this endpoint; another one it may go to takes the same form.
+        let upstream = picked.upstream.clone();
         if let Some(span) = span.as_deref_mut() {
             // A CLIENT span's peer is the endpoint; a SERVER span's stays the client.
             if self.direction == Direction::outbound {
@@ -136,9 +138,12 @@ impl HttpProxy {
             }
             to_origin_form(&mut req, self.addr)?;
         }
-        let result = match timeout {
-            Some(timeout) => match tokio::time::timeout(timeout, upstream.send(req)).await {
-                Ok(result) => result,
+        // A connection refused before anything was sent goes to another endpoint, within the
+        // try's timeout.
+        let sent = target.route.send(picked, req);
+        let (Picked { upstream, load, cluster }, result) = match timeout {
+            Some(timeout) => match tokio::time::timeout(timeout, sent).await {
+                Ok(sent) => sent,
                 Err(_) => {
                     if let Some(span) = span {
                         spans::timeout_event(span, "try", timeout);
@@ -146,7 +151,7 @@ impl HttpProxy {
                     return Err(ProxyError::ResponseTimeout { addr: upstream.addr, after: timeout });
                 }
             },
-            None => upstream.send(req).await,
+            None => sent.await,
         };
         if let Some(load) = &load {
             match &result {

@@ -78,6 +78,8 @@ pub struct Metrics {
     pub tcp_read_bytes_total: Family<TcpLabels, Counter>,
     pub tcp_write_bytes_total: Family<TcpLabels, Counter>,
     pub outbound_endpoints: Family<ServiceLabels, Gauge>,
+    /// Requests sent to another endpoint because none could be connected to, per service.
+    pub outbound_connect_retries: Family<ServiceLabels, Counter>,
     /// Failure accrual's endpoint state changes and endpoints out of rotation, per service.
     pub balancer_accrual: AccrualMetrics,
     pub identity_cert_expiration_timestamp_seconds: Gauge,
@@ -150,6 +152,7 @@ impl Default for Metrics {
             tcp_read_bytes_total: Family::default(),
             tcp_write_bytes_total: Family::default(),
             outbound_endpoints: Family::default(),
+            outbound_connect_retries: Family::default(),
             balancer_accrual: AccrualMetrics::default(),
             identity_cert_expiration_timestamp_seconds: Gauge::default(),
             identity_cert_refresh_total: Family::default(),
@@ -212,6 +215,11 @@ impl Default for Metrics {
             "outbound_endpoints",
             "Endpoints discovery currently knows for a service the proxy talks to",
             m.outbound_endpoints.clone(),
+        );
+        registry.register(
+            "outbound_connect_retries",
+            "HTTP requests sent to another endpoint of a service because no connection to the one picked could be made (nothing of the request was sent)",
+            m.outbound_connect_retries.clone(),
         );
         registry.register(
             "outbound_http_balancer_endpoint_state_changes",
@@ -365,7 +373,11 @@ impl Metrics {
 
     /// What discovery and its balancers count into.
     pub fn discovery(&self) -> DiscoveryMetrics {
-        DiscoveryMetrics { endpoints: self.outbound_endpoints.clone(), accrual: self.balancer_accrual.clone() }
+        DiscoveryMetrics {
+            endpoints: self.outbound_endpoints.clone(),
+            accrual: self.balancer_accrual.clone(),
+            connect_retries: self.outbound_connect_retries.clone(),
+        }
     }
 
     /// The certificate metrics the identity's refresh loop keeps ([`crate::transport::identity`]).
