@@ -73,6 +73,12 @@ pub struct Metrics {
     gateway_latency: Family<ClusterLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
     mirrors: Family<ClusterLabel, Gauge>,
     mirror_syncs: Family<ClusterResultLabel, Counter>,
+    rejected: Family<KindLabel, Counter>,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabel {
+    kind: &'static str,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -188,8 +194,15 @@ impl Default for Metrics {
             "Mirror writes (create, update, delete) by linked cluster and result",
             mirror_syncs.clone(),
         );
+        let rejected = Family::<KindLabel, Counter>::default();
+        registry.register(
+            "cluster_objects_rejected",
+            "Cluster objects refused as invalid, by kind (file: a manifest file that cannot be read or parsed); the last good version of each stays",
+            rejected.clone(),
+        );
         Self {
             registry,
+            rejected,
             link_up,
             gateway_alive,
             gateway_latency,
@@ -220,6 +233,12 @@ impl Metrics {
         self.issuer_reloads.get_or_create(&ResultLabel { result: "ok" }).inc();
         let expiry = not_after.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
         self.issuer_expiry.set(i64::try_from(expiry.as_secs()).unwrap_or(i64::MAX));
+    }
+
+    /// An object of `kind` (`file`: a whole manifest file) was refused as invalid: what a test or
+    /// an operator waits for after writing a bad object, instead of waiting for a log line.
+    pub fn object_rejected(&self, kind: &'static str) {
+        self.rejected.get_or_create(&KindLabel { kind }).inc();
     }
 
     pub fn issuer_rejected(&self) {

@@ -207,8 +207,10 @@ pub async fn run_with_mirror(
     let source_task = match (config.cluster, index.clone()) {
         (Some(source), Some(index)) => {
             // Egress, with the same cluster networks inbound policy uses.
-            let egress =
-                crate::egress::Index::new(crate::egress::Config::new(config.inbound_policy.cluster_networks.clone()));
+            let egress = crate::egress::Index::counting_refusals(
+                crate::egress::Config::new(config.inbound_policy.cluster_networks.clone()),
+                metrics.clone(),
+            );
             let policy = crate::policy::Index::new(config.inbound_policy);
             routes = routes
                 .add_service(DestinationService::new(index.clone(), config.destination.clone()).into_server())
@@ -220,9 +222,13 @@ pub async fn run_with_mirror(
                         .into_server(),
                 );
             Some(match source {
-                ClusterSource::Files(dir) => {
-                    tokio::spawn(FileSource::new(dir).with_policy(policy).with_egress(egress).run(index))
-                }
+                ClusterSource::Files(dir) => tokio::spawn(
+                    FileSource::new(dir)
+                        .with_policy(policy)
+                        .with_egress(egress)
+                        .with_metrics(metrics.clone())
+                        .run(index),
+                ),
                 ClusterSource::Kube(client) => {
                     tokio::spawn(KubeSource::new(client).with_policy(policy).with_egress(egress).run(index))
                 }

@@ -30,6 +30,7 @@ use parking_lot::Mutex;
 use tokio::sync::watch;
 
 use crate::meta::{Invalid, NsName, key_of};
+use crate::metrics::Metrics;
 use crate::routes::Route;
 use crate::routes::crd as gateway;
 use model::{EgressNetwork, StreamRoute, egress_route};
@@ -170,6 +171,8 @@ pub struct Index {
 
 struct Inner {
     config: Config,
+    /// Where refused objects are counted, when the control plane serves metrics.
+    metrics: Option<Arc<Metrics>>,
     state: Mutex<State>,
     snapshot: watch::Sender<Arc<Snapshot>>,
     ready: watch::Sender<bool>,
@@ -185,8 +188,18 @@ struct State {
 
 impl Index {
     pub fn new(config: Config) -> Self {
+        Self::build(config, None)
+    }
+
+    /// An index that counts each object it refuses (`cluster_objects_rejected_total{kind}`).
+    pub fn counting_refusals(config: Config, metrics: Arc<Metrics>) -> Self {
+        Self::build(config, Some(metrics))
+    }
+
+    fn build(config: Config, metrics: Option<Arc<Metrics>>) -> Self {
         let inner = Inner {
             config,
+            metrics,
             state: Mutex::default(),
             snapshot: watch::channel(Arc::default()).0,
             ready: watch::channel(false).0,
@@ -205,10 +218,10 @@ impl Index {
             match change {
                 Change::Reset(kind, objects) => {
                     state.clear(kind);
-                    objects.into_iter().for_each(|o| state.upsert(o));
+                    objects.into_iter().for_each(|o| self.refused(state.upsert(o)));
                     state.listed.insert(kind);
                 }
-                Change::Upsert(object) => state.upsert(object),
+                Change::Upsert(object) => self.refused(state.upsert(object)),
                 Change::Delete(kind, key) => state.delete(kind, &key),
                 Change::Listed(kind) => drop(state.listed.insert(kind)),
             }
@@ -225,6 +238,13 @@ impl Index {
             }
             changed
         });
+    }
+
+    /// Counts an object [`State::upsert`] refused.
+    fn refused(&self, refused: Option<Kind>) {
+        if let (Some(kind), Some(metrics)) = (refused, &self.inner.metrics) {
+            metrics.object_rejected(kind.as_str());
+        }
     }
 
     /// Waits until every kind has been listed once.
@@ -252,7 +272,9 @@ impl State {
         }
     }
 
-    fn upsert(&mut self, object: Object) {
+    /// Applies `object`; `Some(its kind)` when it was refused (logged here, its last good
+    /// version stays).
+    fn upsert(&mut self, object: Object) -> Option<Kind> {
         let (kind, key) = (object.kind(), object.key());
         let result = match object {
             Object::EgressNetwork(o) => {
@@ -263,9 +285,9 @@ impl State {
             Object::TlsRoute(o) => self.upsert_stream(kind, &key, StreamRoute::from_tls(&o)),
             Object::TcpRoute(o) => self.upsert_stream(kind, &key, StreamRoute::from_tcp(&o)),
         };
-        if let Err(error) = result {
-            refused(kind, &key, &error);
-        }
+        let error = result.err()?;
+        refused(kind, &key, &error);
+        Some(kind)
     }
 
     /// A route that is (no longer) attached to an EgressNetwork is none of egress's business.
@@ -347,12 +369,15 @@ mod tests {
     }
 
     #[test]
-    fn a_bad_egress_network_is_refused_and_its_last_good_version_stays() {
-        let index = Index::new(Config::new(Vec::new()));
+    fn a_bad_egress_network_is_refused_counted_and_its_last_good_version_stays() {
+        let metrics = Arc::new(Metrics::default());
+        let index = Index::counting_refusals(Config::new(Vec::new()), metrics.clone());
         index.apply([Change::Upsert(network("shop", "n", "{trafficPolicy: Deny}"))]);
         index.apply([Change::Upsert(network("shop", "n", "{trafficPolicy: Allow, networks: [{cidr: nope}]}"))]);
         let snap = index.watch().borrow().clone();
         assert_eq!(snap.networks.len(), 1);
         assert_eq!(snap.networks[0].traffic_policy, crd::TrafficPolicy::Deny);
+        let text = metrics.encode();
+        assert!(text.contains("cluster_objects_rejected_total{kind=\"EgressNetwork\"} 1"), "{text}");
     }
 }

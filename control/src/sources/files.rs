@@ -16,6 +16,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -29,6 +30,7 @@ use super::{Source, SourceError};
 use crate::destination::{Change, Index, KINDS, Kind, Object};
 use crate::egress;
 use crate::meta::NsName;
+use crate::metrics::Metrics;
 use crate::policy::{self, crd};
 use crate::routes::crd as routes;
 
@@ -43,11 +45,19 @@ pub struct FileSource {
     debounce: Duration,
     policy: Option<policy::Index>,
     egress: Option<egress::Index>,
+    /// Where a file that cannot be read or parsed is counted.
+    metrics: Option<Arc<Metrics>>,
 }
 
 impl FileSource {
     pub fn new(dir: impl Into<PathBuf>) -> Self {
-        Self { dir: dir.into(), debounce: DEFAULT_DEBOUNCE, policy: None, egress: None }
+        Self { dir: dir.into(), debounce: DEFAULT_DEBOUNCE, policy: None, egress: None, metrics: None }
+    }
+
+    /// Counts each file it cannot read or parse (`cluster_objects_rejected_total{kind="file"}`).
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
     }
 
     /// Also keeps an egress index in step (EgressNetworks and their routes).
@@ -84,7 +94,13 @@ impl Source for FileSource {
             .map_err(|source| SourceError::Watch { dir: self.dir.clone(), source })?;
         let dir = self.dir.clone();
         let result = tokio::task::spawn_blocking(move || {
-            let mut files = Files { dir: self.dir, defined: HashMap::new(), policy: self.policy, egress: self.egress };
+            let mut files = Files {
+                dir: self.dir,
+                defined: HashMap::new(),
+                policy: self.policy,
+                egress: self.egress,
+                metrics: self.metrics,
+            };
             files.apply(files.all_paths(), &index);
             index.apply(KINDS.map(Change::Listed));
             if let Some(policy) = &files.policy {
@@ -112,6 +128,7 @@ struct Files {
     defined: HashMap<PathBuf, HashSet<ObjectId>>,
     policy: Option<policy::Index>,
     egress: Option<egress::Index>,
+    metrics: Option<Arc<Metrics>>,
 }
 
 /// What a batch of file events asks for.
@@ -205,7 +222,12 @@ impl Files {
 
     /// The changes that bring the index from this file's last good content to its current one.
     fn reload(&mut self, path: &Path) -> Changes {
-        let Some(objects) = read(path) else { return Changes::default() };
+        let Some(objects) = read(path) else {
+            if let Some(metrics) = &self.metrics {
+                metrics.object_rejected("file");
+            }
+            return Changes::default();
+        };
         let ids: HashSet<ObjectId> = objects.iter().map(Parsed::id).collect();
         let old = if ids.is_empty() {
             self.defined.remove(path)
@@ -609,7 +631,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("a.yaml");
         std::fs::write(&file, "apiVersion: v1\nkind: Service\nmetadata: {name: a}\n").unwrap();
-        let mut files = Files { dir: dir.path().to_path_buf(), defined: HashMap::new(), policy: None, egress: None };
+        let mut files =
+            Files { dir: dir.path().to_path_buf(), defined: HashMap::new(), policy: None, egress: None, metrics: None };
         assert_eq!(files.reload(&file).destination.len(), 1);
         let event = |kind, path: &Path| Ok(notify::Event::new(kind).add_path(path.to_path_buf()));
         let mut pending = Pending::default();
@@ -628,7 +651,8 @@ mod tests {
         let status = dir.path().join(".status");
         std::fs::create_dir(&status).unwrap();
         std::fs::write(status.join("link-west.yaml"), "apiVersion: v1\nkind: Service\nmetadata: {name: a}\n").unwrap();
-        let files = Files { dir: dir.path().to_path_buf(), defined: HashMap::new(), policy: None, egress: None };
+        let files =
+            Files { dir: dir.path().to_path_buf(), defined: HashMap::new(), policy: None, egress: None, metrics: None };
         assert!(files.all_paths().is_empty());
         let mut pending = Pending::default();
         let event = notify::Event::new(EventKind::Create(notify::event::CreateKind::File))
@@ -647,7 +671,8 @@ mod tests {
         let (a, b) = (dir.path().join("a.yaml"), dir.path().join("b.yaml"));
         std::fs::write(&a, svc(80)).unwrap();
         std::fs::write(&b, svc(81)).unwrap();
-        let mut files = Files { dir: dir.path().to_path_buf(), defined: HashMap::new(), policy: None, egress: None };
+        let mut files =
+            Files { dir: dir.path().to_path_buf(), defined: HashMap::new(), policy: None, egress: None, metrics: None };
         assert_eq!(files.all_paths(), HashSet::from([a.clone(), b.clone()]));
         files.reload(&a);
         files.reload(&b);
@@ -672,7 +697,8 @@ mod tests {
             )
         };
         std::fs::write(&file, server("opaque")).unwrap();
-        let mut files = Files { dir: dir.path().to_path_buf(), defined: HashMap::new(), policy: None, egress: None };
+        let mut files =
+            Files { dir: dir.path().to_path_buf(), defined: HashMap::new(), policy: None, egress: None, metrics: None };
         let kinds: Vec<policy::Kind> = files
             .reload(&file)
             .policy
