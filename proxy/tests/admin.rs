@@ -10,11 +10,11 @@ use std::time::{Duration, SystemTime};
 
 use cnimesh_proxy::app::admin::{Admin, status};
 use cnimesh_proxy::app::config::{Config, IdentityConfig, TrustAnchors};
-use cnimesh_proxy::app::drain::Drain;
-use cnimesh_proxy::app::metrics::Metrics;
 use cnimesh_proxy::client::discovery::Discovery;
 use cnimesh_proxy::inbound::policy::discover::Policies;
 use cnimesh_proxy::inbound::policy::model::DefaultPolicy;
+use cnimesh_proxy::serve::drain::Drain;
+use cnimesh_proxy::serve::metrics::Metrics;
 use cnimesh_proxy::transport::identity::Identity;
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Bytes;

@@ -1,5 +1,5 @@
 //! The proxy's connection handling driven in-process, without root or capture: a client on one
-//! end of an in-memory stream, [`cnimesh_proxy::app::accept::connection`] on the other with the
+//! end of an in-memory stream, [`cnimesh_proxy::serve::accept::connection`] on the other with the
 //! original destination it would have read from the socket, and a real app on loopback.
 
 use std::convert::Infallible;
@@ -9,11 +9,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use cnimesh_proxy::app::accept::connection;
 use cnimesh_proxy::app::config::Config;
-use cnimesh_proxy::app::drain::Drain;
-use cnimesh_proxy::app::metrics::{Direction, Metrics};
-use cnimesh_proxy::app::shared::Shared;
+use cnimesh_proxy::serve::accept::connection;
+use cnimesh_proxy::serve::drain::Drain;
+use cnimesh_proxy::serve::metrics::{Direction, Metrics};
+use cnimesh_proxy::serve::shared::Shared;
 use http::{Request, Response, Version};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;

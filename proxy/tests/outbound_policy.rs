@@ -1,5 +1,5 @@
 //! Outbound policy in-process: a mock `OutboundPolicies` server on loopback answers for the
-//! destinations of captured connections driven through [`cnimesh_proxy::app::accept::connection`],
+//! destinations of captured connections driven through [`cnimesh_proxy::serve::accept::connection`],
 //! and the protocol it declares decides how the proxy serves them. What decided is read from
 //! `connection_protocol_total{decided_by}`, never from timing.
 
@@ -8,12 +8,12 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cnimesh_proxy::app::accept::connection;
 use cnimesh_proxy::app::config::Config;
-use cnimesh_proxy::app::drain::Drain;
-use cnimesh_proxy::app::metrics::{Direction, Metrics};
-use cnimesh_proxy::app::shared::Shared;
 use cnimesh_proxy::outbound::policy::discover::OutboundPolicies as Discover;
+use cnimesh_proxy::serve::accept::connection;
+use cnimesh_proxy::serve::drain::Drain;
+use cnimesh_proxy::serve::metrics::{Direction, Metrics};
+use cnimesh_proxy::serve::shared::Shared;
 use linkerd2_proxy_api::meta;
 use linkerd2_proxy_api::outbound::outbound_policies_server::{OutboundPolicies, OutboundPoliciesServer};
 use linkerd2_proxy_api::outbound::{OutboundPolicy, ProxyProtocol, TrafficSpec, proxy_protocol};

@@ -1,5 +1,5 @@
 //! Tap in-process: a proxy holding a certificate from a test CA serves its admin port on
-//! loopback; requests go through [`cnimesh_proxy::app::accept::connection`] both ways to an app on
+//! loopback; requests go through [`cnimesh_proxy::serve::accept::connection`] both ways to an app on
 //! loopback, and tonic clients with mesh certificates call `Tap/Observe` over mTLS on the admin
 //! port. What a session saw is read from its events and the `tap_*` metrics, never from timing.
 
@@ -13,13 +13,13 @@ use std::time::{Duration, SystemTime};
 use bytes::Bytes;
 use cnimesh_identity::Name;
 use cnimesh_identity::tls::CurrentCert;
-use cnimesh_proxy::app::accept::connection;
 use cnimesh_proxy::app::admin::Admin;
 use cnimesh_proxy::app::config::{Config, IdentityConfig, TrustAnchors};
-use cnimesh_proxy::app::drain::Drain;
-use cnimesh_proxy::app::metrics::{Direction, Metrics};
-use cnimesh_proxy::app::shared::Shared;
-use cnimesh_proxy::app::tap::TapListener;
+use cnimesh_proxy::serve::accept::connection;
+use cnimesh_proxy::serve::drain::Drain;
+use cnimesh_proxy::serve::metrics::{Direction, Metrics};
+use cnimesh_proxy::serve::shared::Shared;
+use cnimesh_proxy::serve::tap::TapListener;
 use cnimesh_proxy::transport::identity::Identity;
 use http::{Request, Response};
 use http_body_util::{BodyExt, Empty, Full};

@@ -22,7 +22,7 @@ fn observability_dir() -> PathBuf {
 /// prefix: prometheus-client writes nothing for a family without samples, so the names are read
 /// from the registries themselves (their `Debug` form lists every descriptor).
 fn registered() -> BTreeSet<String> {
-    let proxy = cnimesh_proxy::app::metrics::Metrics::default();
+    let proxy = cnimesh_proxy::serve::metrics::Metrics::default();
     let agent = cnimesh_node::metrics::AgentMetrics::default();
     let mut names = BTreeSet::new();
     for registry in [format!("{:?}", proxy.registry), format!("{:?}", agent.registry())] {

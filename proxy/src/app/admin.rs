@@ -19,8 +19,8 @@ use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::app::drain::Drain;
-use crate::app::metrics::Metrics;
+use crate::serve::drain::Drain;
+use crate::serve::metrics::Metrics;
 use crate::transport::prefixed::PrefixedIo;
 use crate::transport::tls::client_hello::{self, Peek};
 
@@ -45,7 +45,7 @@ pub struct Admin {
     /// For `/policy.json`: the inbound policies enforced (none: every client allowed).
     pub policies: Option<Arc<crate::inbound::policy::discover::Policies>>,
     /// TLS connections go here; without it (no identity) they are closed.
-    pub tap: Option<crate::app::tap::TapListener>,
+    pub tap: Option<crate::serve::tap::TapListener>,
 }
 
 /// How long a connection may stay silent before it is served as plain HTTP anyway (hyper then

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use parking_lot::Mutex;
 
 use crate::app::config::Config;
-use crate::app::metrics::{AcceptError, Direction};
+use crate::serve::metrics::{AcceptError, Direction};
 
 /// Descriptors that admitted connections may not use, at least this many.
 const MIN_RESERVE: u64 = 64;

@@ -10,6 +10,7 @@ use cnimesh_common::names::{PROXY_ADMIN_PORT, PROXY_INBOUND_PORT, PROXY_OUTBOUND
 use cnimesh_identity::Name;
 
 pub use crate::outbound::static_identities::EndpointMatch;
+pub use crate::serve::spans::TraceConfig;
 pub use crate::transport::identity::config::{
     IdentityConfig, TRUST_ANCHORS_FILE_VAR, TRUST_ANCHORS_PEM_VAR, TrustAnchors,
 };
@@ -62,7 +63,7 @@ pub struct Config {
     /// the control plane's (the one the proxy verifies the control plane with). Without an
     /// identity the proxy serves no tap at all.
     pub tap_identities: Vec<Name>,
-    /// Distributed tracing ([`crate::app::spans`]); `None` (no collector) = off: no spans, no
+    /// Distributed tracing ([`crate::serve::spans`]); `None` (no collector) = off: no spans, no
     /// exporter task, trace headers forwarded untouched.
     pub trace: Option<TraceConfig>,
     /// A sidecar (the default) or a multicluster gateway ([`crate::gateway`]).
@@ -82,26 +83,6 @@ pub enum Mode {
 
 /// The cluster domain a gateway serves by default (Kubernetes' own default).
 pub const DEFAULT_GATEWAY_CLUSTER_DOMAIN: &str = "cluster.local";
-
-/// Where the proxy's spans go and which untraced requests start a trace (cnimesh-trace's crate
-/// docs have the contract).
-#[derive(Debug, Clone)]
-pub struct TraceConfig {
-    /// `CNIMESH_PROXY_TRACE_COLLECTOR`: the OTLP/gRPC collector.
-    pub collector: cnimesh_trace::Collector,
-    /// `CNIMESH_PROXY_TRACE_SAMPLING`: the share of requests *without* trace context that start a
-    /// trace (0 by default: only requests that arrive traced are).
-    pub sampling: f64,
-    /// `CNIMESH_PROXY_TRACE_COLLECTOR_CA_FILE`: PEM roots for an https collector (default: the
-    /// system's).
-    pub ca_file: Option<PathBuf>,
-    /// `CNIMESH_PROXY_TRACE_SPAN_BUDGET`: requests this proxy records spans for per second,
-    /// whatever its clients ask for (a token bucket with a burst of one second's worth).
-    pub span_budget: u32,
-    /// `CNIMESH_POD_NAME`, `CNIMESH_POD_NAMESPACE` (set by the injector): span and resource attributes.
-    pub pod_name: Option<String>,
-    pub pod_namespace: Option<String>,
-}
 
 /// Inbound policy from the control plane's InboundServerPolicies, on the Destination channel.
 #[derive(Debug, Clone)]

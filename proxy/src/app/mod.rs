@@ -1,19 +1,12 @@
-//! The proxy as a program: configuration and command line, wiring and the listeners ([`run`],
-//! [`accept`], where a connection's error is counted), each connection's protocol
-//! ([`dispatch`]) and the executor of each HTTP request's decision ([`forward`]), the state
-//! every connection shares, connection limits, draining, the admin server, the metrics
-//! registry, the tap server, and the request spans of distributed tracing ([`spans`]).
+//! The proxy as a process: configuration and command line ([`config`], [`cli`]), wiring
+//! ([`run`], [`shared`]), the listeners and their connection limits ([`listen`], [`admission`]),
+//! and the admin server ([`admin`]). What a connection and its requests go through once accepted
+//! is the serving layer's ([`crate::serve`]).
 
-pub mod accept;
 pub mod admin;
 pub mod admission;
 pub mod cli;
 pub mod config;
-pub mod dispatch;
-pub mod drain;
-pub mod forward;
-pub mod metrics;
+pub mod listen;
 pub mod run;
 pub mod shared;
-pub mod spans;
-pub mod tap;

@@ -9,15 +9,16 @@ use anyhow::Context;
 use tokio::net::TcpListener;
 
 use crate::app::admin::{self, Admin, LogLevel};
-use crate::app::admission;
+use crate::app::admission::{self, Admission, Limits};
 use crate::app::config::Config;
-use crate::app::drain::Drain;
-use crate::app::metrics::{Direction, Metrics};
-use crate::app::shared::Shared;
-use crate::app::{accept, spans, tap};
+use crate::app::listen;
 use crate::client::discovery;
 use crate::inbound::policy;
 use crate::outbound;
+use crate::serve::drain::Drain;
+use crate::serve::metrics::{Direction, Metrics};
+use crate::serve::shared::Shared;
+use crate::serve::{spans, tap};
 use crate::transport::identity;
 use cnimesh_identity::grpc_channel;
 
@@ -79,6 +80,7 @@ pub async fn run(
         }
         _ => None,
     };
+    let admission = Arc::new(Admission::new(Limits::resolve(&config, admission::fd_limit())));
     let mut shared = Shared::new(config.clone(), metrics.clone(), drain.clone(), identity.clone(), discovery.clone());
     shared.inbound.policies = policies;
     shared.outbound.policies = outbound_policies;
@@ -143,7 +145,7 @@ pub async fn run(
         .with_context(|| format!("binding the admin listener {}", config.admin))?;
     let admin_task = tokio::spawn(admin.clone().serve(admin_listener));
     for (direction, listener) in listeners {
-        tokio::spawn(accept::accept_loop(listener, direction, shared.clone()));
+        tokio::spawn(listen::accept_loop(listener, direction, shared.clone(), admission.clone()));
     }
     match (&shared.inbound.policies, &config.policy) {
         (Some(policies), Some(p)) => {
@@ -166,7 +168,7 @@ pub async fn run(
         }
         _ => admin.ready.store(true, Ordering::SeqCst),
     }
-    let limits = shared.admission.limits;
+    let limits = admission.limits;
     tracing::info!(inbound = ?config.inbound, outbound = ?config.outbound, admin = %config.admin, "proxy listening");
     tracing::info!(
         inbound = limits.inbound,

@@ -1,7 +1,7 @@
 //! HTTP rules that hold whichever way a request goes: hop-by-hop headers, response
 //! classification (gRPC trailers included), Linkerd's HTTP/1-over-HTTP/2 marker, upgrades,
 //! the proxy's own error answers, and serving a client connection with hyper. Routing lives in
-//! [`crate::outbound`] and [`crate::inbound`]; the executor that runs each request's decision in [`crate::app::forward`].
+//! [`crate::outbound`] and [`crate::inbound`]; the executor that runs each request's decision in [`crate::serve::forward`].
 
 pub mod classify;
 pub mod decision;

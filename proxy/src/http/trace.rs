@@ -1,6 +1,6 @@
 //! A traced request's span ([`Traced`]), as the request path tells it where the request went
 //! and how it ended, and the context it forwards to the next hop. Which requests are traced,
-//! and the attributes a span starts with, are the app's ([`crate::app::spans`]).
+//! and the attributes a span starts with, are the serving layer's ([`crate::serve::spans`]).
 
 use std::borrow::Cow;
 use std::net::SocketAddr;

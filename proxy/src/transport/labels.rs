@@ -1,6 +1,6 @@
 //! Metric labels of connections, as Linkerd names them: direction, TLS and peer identity,
 //! target address, why a connection was not served, and what decided its protocol. The families
-//! that use them are registered by the app ([`crate::app::metrics`]); the labels live here, with
+//! that use them are registered by the serving layer ([`crate::serve::metrics`]); the labels live here, with
 //! the connections they describe, so every layer above can label what it counts.
 
 use std::collections::HashSet;

@@ -3,9 +3,9 @@
 use std::net::SocketAddr;
 
 use cnimesh_proxy::app::admin::LogLevel;
-use cnimesh_proxy::app::shared::Shared;
 use cnimesh_proxy::client::target::Route;
 use cnimesh_proxy::client::targets::Target;
+use cnimesh_proxy::serve::shared::Shared;
 
 /// A log filter for an in-process admin server: shown, never changed.
 #[allow(dead_code)]

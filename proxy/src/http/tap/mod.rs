@@ -8,7 +8,7 @@
 //! - [`events`]: the TapEvents' addresses and labels;
 //! - [`body`]: a tapped response's end.
 //!
-//! The Observe call and its listener are served by the app ([`crate::app::tap`]).
+//! The Observe call and its listener are served by the serving layer ([`crate::serve::tap`]).
 
 pub mod body;
 pub mod events;

@@ -278,7 +278,7 @@ pub const RESET_CANCEL: u32 = 0x8;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::app::metrics::TlsLabel;
+    use crate::serve::metrics::TlsLabel;
     use linkerd2_proxy_api::tap::observe_request::r#match as pb;
     use linkerd2_proxy_api::tap::tap_event;
 
@@ -301,7 +301,7 @@ mod tests {
 
     #[test]
     fn sessions_take_requests_up_to_their_limit_and_a_dropped_request_ends_as_cancelled() {
-        let taps = Arc::new(Taps::new(crate::app::metrics::Metrics::default().tap()));
+        let taps = Arc::new(Taps::new(crate::serve::metrics::Metrics::default().tap()));
         assert!(!taps.active());
         let (session, mut rx) = taps.open(1, everything(), false);
         assert!(taps.active());

@@ -5,10 +5,10 @@
 use http::StatusCode;
 
 use super::*;
-use crate::app::metrics::Metrics;
 use crate::http::headers::GATEWAY_CLIENT_ID;
 use crate::inbound::policy::discover::PortWatch;
 use crate::inbound::policy::model::DefaultPolicy;
+use crate::serve::metrics::Metrics;
 use cnimesh_identity::Name;
 
 const TRUST_DOMAIN: &str = "cluster.local";

@@ -304,8 +304,8 @@ fn refused<B>(req: &Request<B>, refusal: Refusal, why: &str) -> Response<Body> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::app::metrics::Metrics;
     use crate::inbound::policy::model::DefaultPolicy;
+    use crate::serve::metrics::Metrics;
 
     /// A plaintext client's connection from 10.0.0.1 to 10.0.0.2:80 under `policy`.
     /// With the registry its counters are in.

@@ -12,12 +12,12 @@ use linkerd2_proxy_api::{destination::WeightedAddr, grpc_route as api_grpc, http
 
 use super::*;
 use crate::app::config::Config;
-use crate::app::drain::Drain;
-use crate::app::metrics::Metrics;
-use crate::app::shared::Shared;
 use crate::http::decision::AnswerKind;
 use crate::outbound::policy::discover::PolicyWatch;
 use crate::outbound::policy::model::OutboundPolicy;
+use crate::serve::drain::Drain;
+use crate::serve::metrics::Metrics;
+use crate::serve::shared::Shared;
 
 const ADDR: &str = "10.0.0.1:80";
 const BACKEND: &str = "10.0.0.2:8080";

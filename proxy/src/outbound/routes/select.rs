@@ -224,8 +224,8 @@ fn query_pairs(query: &str) -> impl Iterator<Item = (&str, &str)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::app::metrics::Metrics;
     use crate::outbound::routes::model::{Backend, WeightedBackend};
+    use crate::serve::metrics::Metrics;
 
     fn route(name: &str, hosts: Vec<HostMatch>, matches: Vec<RequestMatch>) -> HttpRoute {
         HttpRoute {

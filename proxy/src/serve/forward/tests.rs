@@ -21,13 +21,13 @@ use hyper_util::rt::TokioIo;
 
 use super::*;
 use crate::app::config::Config;
-use crate::app::drain::Drain;
-use crate::app::metrics::{Metrics, TargetCluster};
 use crate::client::discovery::{Endpoint, Endpoints};
 use crate::client::target::Route;
 use crate::outbound::http::tests::grpc_fault;
 use crate::outbound::policy::discover::PolicyWatch;
 use crate::outbound::policy::model::OutboundPolicy;
+use crate::serve::drain::Drain;
+use crate::serve::metrics::{Metrics, TargetCluster};
 use crate::transport::identity::Identity;
 use crate::transport::identity::config::{IdentityConfig, TrustAnchors};
 use crate::transport::labels::{DstKind, TcpLabels};

@@ -19,8 +19,8 @@ use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
 use super::grpc::{TapPeer, TapService};
-use crate::app::metrics::Metrics;
 use crate::http::tap::registry::Taps;
+use crate::serve::metrics::Metrics;
 use crate::transport::identity::Identity;
 use crate::transport::prefixed::PrefixedIo;
 

@@ -8,11 +8,11 @@ use std::time::Instant;
 use http::Request;
 
 use super::span::service_of;
-use crate::app::metrics::{Direction, TlsLabel};
 use crate::client::targets::Target;
 use crate::http::tap::{self, Tapped, Taps};
 use crate::outbound::egress::{EgressLabels, SeenAs};
 use crate::outbound::http::routed::Routed;
+use crate::serve::metrics::{Direction, TlsLabel};
 
 /// What a tap event says of the connection a request came on.
 pub(super) struct TapConn<'a> {

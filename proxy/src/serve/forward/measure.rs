@@ -12,9 +12,9 @@ use parking_lot::Mutex;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::histogram::Histogram;
 
-use crate::app::metrics::{Direction, DstKind, Metrics, RequestLabels, ResponseLabels, TargetCluster, TlsLabel};
 use crate::http::classify::{Classification, classify};
 use crate::outbound::egress::SeenAs;
+use crate::serve::metrics::{Direction, DstKind, Metrics, RequestLabels, ResponseLabels, TargetCluster, TlsLabel};
 
 /// (authority, TLS, cluster) triples whose handles a connection keeps: a connection's requests
 /// nearly always share one (a route splitting over Services adds one per backend).

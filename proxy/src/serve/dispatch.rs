@@ -1,5 +1,5 @@
 //! Serving one connection once its TLS is settled and its target known: protocol detection,
-//! then opaque forwarding or HTTP with the per-request proxy ([`crate::app::forward`]). Takes any
+//! then opaque forwarding or HTTP with the per-request proxy ([`crate::serve::forward`]). Takes any
 //! [`Io`], so it runs the same over a socket and over an in-memory stream in tests.
 
 use std::net::SocketAddr;
@@ -8,12 +8,12 @@ use std::sync::Arc;
 use bytes::Bytes;
 use hyper::service::service_fn;
 
-use crate::app::forward::HttpProxy;
-use crate::app::metrics::{DecidedBy, Direction, DstKind, OpenConnection, ProtocolLabels, TcpLabels, TlsLabel};
-use crate::app::shared::Shared;
 use crate::client::targets::Target;
 use crate::inbound::policy::enforce::ConnPolicy;
 use crate::inbound::policy::model::PortProtocol;
+use crate::serve::forward::HttpProxy;
+use crate::serve::metrics::{DecidedBy, Direction, DstKind, OpenConnection, ProtocolLabels, TcpLabels, TlsLabel};
+use crate::serve::shared::Shared;
 use crate::transport::Io;
 use crate::transport::conn_error::ConnError;
 use crate::transport::counting::CountingIo;

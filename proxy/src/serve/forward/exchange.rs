@@ -12,7 +12,6 @@ use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 
 use super::{HttpProxy, Side};
-use crate::app::metrics::{Direction, TargetCluster};
 use crate::client::discovery::accrual::ConsecutiveFailures;
 use crate::client::target::{Picked, RouteError};
 use crate::client::targets::Target;
@@ -26,6 +25,7 @@ use crate::http::trace::{self as spans, Traced};
 use crate::inbound::policy::enforce::ConnPolicy;
 use crate::outbound::http::routed::Routed;
 use crate::outbound::http::{Exchanged, OutboundHttp, Try, TryTo};
+use crate::serve::metrics::{Direction, TargetCluster};
 
 /// On a response whose endpoint's `target_cluster_name` is not its target's (a
 /// federated Service spans clusters: its target has none), the endpoint's; the request is

@@ -1,5 +1,5 @@
 //! The tracing wrapper around the executor: a request's span, when tracing is on and the
-//! request is sampled ([`crate::app::spans`]); off, one `Option` check per request. It is told
+//! request is sampled ([`crate::serve::spans`]); off, one `Option` check per request. It is told
 //! where the request went (its route, a Service its authority named) and ends with the answer:
 //! the proxy's own, an error, or (with the response) when the response body ends.
 
@@ -7,7 +7,6 @@ use std::sync::Arc;
 
 use http::{HeaderMap, Request, Response};
 
-use crate::app::spans::{self, ConnInfo, Tracer};
 use crate::client::target::Route;
 use crate::client::targets::Target;
 use crate::http::Body;
@@ -15,6 +14,7 @@ use crate::http::classify::{Classification, classify};
 use crate::http::error::ProxyError;
 use crate::http::trace::Traced;
 use crate::outbound::http::routed::Routed;
+use crate::serve::spans::{self, ConnInfo, Tracer};
 
 /// A request's span, if it is traced.
 pub(super) struct RequestSpan(Option<Box<Traced>>);

@@ -12,9 +12,9 @@ use prometheus_client::metrics::counter::Counter;
 use tokio::sync::mpsc;
 use tonic::{Request, Response, Status};
 
-use crate::app::metrics::Metrics;
 use crate::http::tap::matcher::Match;
 use crate::http::tap::registry::{Session, Taps};
+use crate::serve::metrics::Metrics;
 
 /// Who is calling, from the connection's TLS: set by the tap listener on every request.
 #[derive(Debug, Clone)]

@@ -1,7 +1,7 @@
 //! The proxy's part in distributed tracing, on cnimesh-trace: which requests get spans,
 //! what the spans say, and the context the proxy forwards.
 //!
-//! - Off (no collector configured): [`Shared::tracer`](crate::app::shared::Shared) is `None`;
+//! - Off (no collector configured): [`Shared::tracer`](crate::serve::shared::Shared) is `None`;
 //!   the request path checks that `Option` and nothing else: no header is parsed.
 //! - On: each request's headers are read once ([`cnimesh_trace::context::extract`]) and the
 //!   sampler decides ([`cnimesh_trace::Sampler`]): a sampled parent (W3C or B3) is continued, an
@@ -44,11 +44,31 @@ use std::sync::Arc;
 use cnimesh_trace::{Caller, Decision, Exporter, ExporterConfig, Sampler, Span, SpanKind};
 use http::Request;
 
-use crate::app::config::TraceConfig;
-use crate::app::metrics::{Direction, TlsLabel};
 use crate::http::trace::Traced;
 use crate::inbound::policy::metrics::Resource;
 use crate::inbound::policy::ratelimit::{Limiter, RateLimit};
+use crate::serve::metrics::{Direction, TlsLabel};
+use std::path::PathBuf;
+
+/// Where the proxy's spans go and which untraced requests start a trace (cnimesh-trace's crate
+/// docs have the contract).
+#[derive(Debug, Clone)]
+pub struct TraceConfig {
+    /// `CNIMESH_PROXY_TRACE_COLLECTOR`: the OTLP/gRPC collector.
+    pub collector: cnimesh_trace::Collector,
+    /// `CNIMESH_PROXY_TRACE_SAMPLING`: the share of requests *without* trace context that start a
+    /// trace (0 by default: only requests that arrive traced are).
+    pub sampling: f64,
+    /// `CNIMESH_PROXY_TRACE_COLLECTOR_CA_FILE`: PEM roots for an https collector (default: the
+    /// system's).
+    pub ca_file: Option<PathBuf>,
+    /// `CNIMESH_PROXY_TRACE_SPAN_BUDGET`: requests this proxy records spans for per second,
+    /// whatever its clients ask for (a token bucket with a burst of one second's worth).
+    pub span_budget: u32,
+    /// `CNIMESH_POD_NAME`, `CNIMESH_POD_NAMESPACE` (set by the injector): span and resource attributes.
+    pub pod_name: Option<String>,
+    pub pod_namespace: Option<String>,
+}
 
 /// The resource's `service.name` for every proxy.
 pub const SERVICE_NAME: &str = "cnimesh-proxy";
