@@ -10,8 +10,9 @@
 //! client pod ─────────────────▶ haproxy (mode http) ──────────────────▶ app   (reference)
 //!
 //! Native phase: for each pair, `CNIMESH_COST_REQUESTS` (10 000) HTTP/1.1 requests at 1000 rps
-//! (10 connections) three times: once bare (CPU, context switches), once under `strace -c`
-//! (syscalls by kind), and a fifth of them under `strace -e trace=write…` (TLS records).
+//! (10 connections) three times: once bare (CPU, context switches, write/writev calls from
+//! /proc), once under `strace -c` (syscalls by kind), and a fifth of them under
+//! `strace -e trace=write…` (TLS records).
 //! Callgrind phase: each pair again with both proxies under valgrind, zeroed after a warm-up,
 //! `CNIMESH_COST_CALLGRIND_REQUESTS` (1000) requests at `CNIMESH_COST_CALLGRIND_RPS` (100; a
 //! proxy under valgrind runs ~50× slower), dumped and read with `callgrind_annotate`.
@@ -47,6 +48,8 @@ struct Native {
     cpu_us: f64,
     voluntary: f64,
     involuntary: f64,
+    /// write/writev calls, from /proc (no strace).
+    writes: f64,
     syscalls: BTreeMap<String, f64>,
     tls_app_records: f64,
     tls_records: f64,
@@ -70,13 +73,15 @@ fn native(netns: &Netns, url: &str, pids: &[u32], requests: u32, dir: &Path) -> 
     load(netns, url, 1000, RATE);
     let mut out = vec![Native::default(); pids.len()];
 
-    let before: Vec<_> = pids.iter().map(|p| (cpu_seconds(*p), cost::ctxt_switches(*p))).collect();
+    let before: Vec<_> =
+        pids.iter().map(|p| (cpu_seconds(*p), cost::ctxt_switches(*p), cost::write_syscalls(*p))).collect();
     let n = load(netns, url, requests, RATE);
-    for ((pid, (cpu, (vol, invol))), o) in pids.iter().zip(before).zip(&mut out) {
-        let (vol2, invol2) = cost::ctxt_switches(*pid);
+    for ((pid, (cpu, (vol, invol), writes)), o) in pids.iter().zip(before).zip(&mut out) {
+        let ((vol2, invol2), writes2) = (cost::ctxt_switches(*pid), cost::write_syscalls(*pid));
         o.cpu_us = (cpu_seconds(*pid) - cpu) / n * 1e6;
         o.voluntary = (vol2 - vol) as f64 / n;
         o.involuntary = (invol2 - invol) as f64 / n;
+        o.writes = (writes2 - writes) as f64 / n;
     }
 
     let straces: Vec<_> = pids.iter().map(|p| Strace::count(*p, &dir.join(format!("strace-c.{p}")))).collect();
@@ -228,9 +233,9 @@ fn report(measured: &[Measured], hap: &Native, requests: u32) {
         "Instructions and allocator calls from callgrind (load-independent); CPU µs from /proc (noisy on a shared machine); syscalls from strace -c; TLS records (application data / all) from the proxies' writes.\n"
     );
     println!(
-        "| row | instructions | ratio | allocations | ratio | syscalls | ctx switches vol / invol | TLS records app / all | CPU µs |"
+        "| row | instructions | ratio | allocations | ratio | write/writev (/proc) | syscalls (strace) | ctx switches vol / invol | TLS records app / all | CPU µs |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let ratio = |this: f64, base: Option<f64>| base.map_or("".to_owned(), |b| format!("{:.3}", this / b));
     for (mi, m) in measured.iter().enumerate() {
         let pair_native = sum(&m.native);
@@ -249,10 +254,11 @@ fn report(measured: &[Measured], hap: &Native, requests: u32) {
                 })
             };
             println!(
-                "| {}, {what} | {ir:.0} | {} | {allocs:.1} | {} | {:.2} | {:.2} / {:.2} | {:.2} / {:.2} | {:.1} |",
+                "| {}, {what} | {ir:.0} | {} | {allocs:.1} | {} | {:.2} | {:.2} | {:.2} / {:.2} | {:.2} / {:.2} | {:.1} |",
                 m.name,
                 ratio(ir, base_of(&|b, bp| b.per_request(bp.instructions))),
                 ratio(allocs, base_of(&|b, bp| bp.allocations as f64 / b.profiled)),
+                n.writes,
                 n.syscalls_total(),
                 n.voluntary,
                 n.involuntary,
@@ -263,7 +269,8 @@ fn report(measured: &[Measured], hap: &Native, requests: u32) {
         }
     }
     println!(
-        "| haproxy, one plain HTTP hop | | | | | {:.2} | {:.2} / {:.2} | | {:.1} |",
+        "| haproxy, one plain HTTP hop (sendto: no /proc writes) | | | | | {:.2} | {:.2} | {:.2} / {:.2} | | {:.1} |",
+        hap.writes,
         hap.syscalls_total(),
         hap.voluntary,
         hap.involuntary,
@@ -362,6 +369,7 @@ fn sum(natives: &[Native]) -> Native {
         out.cpu_us += n.cpu_us;
         out.voluntary += n.voluntary;
         out.involuntary += n.involuntary;
+        out.writes += n.writes;
         out.tls_app_records += n.tls_app_records;
         out.tls_records += n.tls_records;
         for (k, v) in &n.syscalls {

@@ -24,6 +24,14 @@ pub fn ctxt_switches(pid: u32) -> (u64, u64) {
     sum
 }
 
+/// Write-type syscalls (`syscw` of /proc/<pid>/io: write, writev; not sendto/sendmsg) of
+/// `pid` so far: counted by the kernel, so unlike strace they do not slow the process and
+/// change how its requests batch.
+pub fn write_syscalls(pid: u32) -> u64 {
+    let io = std::fs::read_to_string(format!("/proc/{pid}/io")).unwrap_or_default();
+    io.lines().find_map(|l| l.strip_prefix("syscw:")).and_then(|v| v.trim().parse().ok()).unwrap_or(0)
+}
+
 /// strace attached to one running process (all its threads) until [`Strace::finish`].
 pub struct Strace {
     child: Child,

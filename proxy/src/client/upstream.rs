@@ -104,11 +104,11 @@ impl Upstream {
                     return Ok(response);
                 }
                 Err(mut e) => match e.take_message() {
-                    Some(req) => (req, self.handshake_h1().await?),
+                    Some(req) => (req, Box::pin(self.handshake_h1()).await?),
                     None => return Err(e.into_error().into()),
                 },
             },
-            None => (req, self.handshake_h1().await?),
+            None => (req, Box::pin(self.handshake_h1()).await?),
         };
         let response = sender.send_request(req).await?;
         self.clone().reuse_when_ready(sender);
@@ -139,6 +139,10 @@ impl Upstream {
         });
     }
 
+    /// A new connection (TCP, TLS, the transport header, hyper's handshake): its future is
+    /// boxed where it is awaited, so that the rare connect does not size every request's
+    /// future. Each request's future is moved several times (into hyper's HTTP/2 stream, into
+    /// the spawned task), and a kilobyte more in it is copied at each move.
     async fn handshake_h1(&self) -> Result<http1::SendRequest<RequestBody>, SendError> {
         let io = self.connect_for(Some(SessionProtocol::Http1)).await.map_err(SendError::Connect)?;
         let (sender, conn) = http1::Builder::new().max_buf_size(H1_MAX_BUF).handshake(TokioIo::new(io)).await?;
@@ -158,7 +162,7 @@ impl Upstream {
                 match self.shared_h2() {
                     Some(sender) => sender,
                     None => {
-                        let sender = self.handshake_h2().await?;
+                        let sender = Box::pin(self.handshake_h2()).await?;
                         *self.h2.lock() = Some(sender.clone());
                         sender
                     }
