@@ -265,10 +265,10 @@ fn allocator_calls(raw: &str) -> u64 {
             if line.starts_with("cfn=") {
                 callee = name;
             }
-        } else if let Some(rest) = line.strip_prefix("calls=") {
-            if ALLOCATOR.contains(&callee) {
-                calls += rest.split_whitespace().next().and_then(|n| n.parse::<u64>().ok()).unwrap_or(0);
-            }
+        } else if let Some(rest) = line.strip_prefix("calls=")
+            && ALLOCATOR.contains(&callee)
+        {
+            calls += rest.split_whitespace().next().and_then(|n| n.parse::<u64>().ok()).unwrap_or(0);
         }
     }
     calls
