@@ -21,12 +21,13 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use cnimesh_e2e::apps::{self, Apps};
 use cnimesh_e2e::bench::{RATE_CLIENTS, RATE_PER_CLIENT, fixed_rate, h2load, median, peak_rss, rss_mib, unlimited};
 use cnimesh_e2e::control::{Control, env_refs, identity};
+use cnimesh_e2e::haproxy::haproxy_in;
 use cnimesh_e2e::sidecar::Sidecar;
 use cnimesh_e2e::{Netns, Network, Pod, bins, require_root};
 use serde_json::json;
@@ -35,26 +36,6 @@ const H1_MAX_REQUESTS: u32 = 60_000;
 const H2_MAX_REQUESTS: u32 = 100_000;
 const BURST_CONNECTIONS: u32 = 1000;
 const AFTER_BURST: Duration = Duration::from_secs(60);
-
-fn haproxy_in(netns: &Netns, listen: SocketAddr, backend: SocketAddr) -> std::process::Child {
-    let cfg = std::env::temp_dir().join(format!("cnimesh-haproxy-{}.cfg", netns.name()));
-    std::fs::write(
-        &cfg,
-        format!(
-            "global\n  maxconn 4096\n  nbthread 1\ndefaults\n  mode http\n  timeout connect 5s\n  timeout client 30s\n  timeout server 30s\n  option http-keep-alive\nfrontend f\n  bind {listen}\n  default_backend b\nbackend b\n  http-reuse always\n  server app {backend}\n"
-        ),
-    )
-    .unwrap();
-    let child = Command::new("ip")
-        .args(["netns", "exec", netns.name(), "haproxy", "-db", "-f"])
-        .arg(&cfg)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("haproxy starts (apt-get install haproxy)");
-    std::thread::sleep(Duration::from_millis(500));
-    child
-}
 
 /// One path through the network, with the processes (proxies or haproxy) that carry it.
 struct Row<'a> {

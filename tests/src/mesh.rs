@@ -54,10 +54,14 @@ pub fn proxies(
     server: &Pod<'_>,
     client_settings: &[(&str, &str)],
 ) -> (Sidecar, Sidecar) {
-    proxies_with(control, proxy, client, server, client_settings, &[])
+    proxies_with(control, proxy, client, server, client_settings, &[], &Sidecar::start)
 }
 
-/// [`proxies`], with more settings for the server's proxy too.
+/// How a proxy is started: its binary, pod and settings.
+pub type Starter<'s> = &'s dyn Fn(&Path, &crate::netns::Netns, &[(&str, &str)]) -> anyhow::Result<Sidecar>;
+
+/// [`proxies`], with more settings for the server's proxy too, each proxy started by `start`
+/// ([`Sidecar::start`], or under an instrumenting wrapper).
 pub fn proxies_with(
     control: &Control,
     proxy: &Path,
@@ -65,6 +69,7 @@ pub fn proxies_with(
     server: &Pod<'_>,
     client_settings: &[(&str, &str)],
     server_settings: &[(&str, &str)],
+    start: Starter<'_>,
 ) -> (Sidecar, Sidecar) {
     let mut server_env = control.proxy_env("shop", &server.name, &control.token("shop", &server.name).unwrap());
     // The server's proxy gets its trust anchors as PEM text, as the injector passes them; the
@@ -76,14 +81,14 @@ pub fn proxies_with(
         }
     }
     server_env.extend(server_settings.iter().map(|(k, v)| (k.to_string(), v.to_string())));
-    let server_proxy = Sidecar::start(proxy, &server.netns, &env_refs(&server_env)).unwrap();
+    let server_proxy = start(proxy, &server.netns, &env_refs(&server_env)).unwrap();
     let mut client_env = control.proxy_env("shop", &client.name, &control.token("shop", &client.name).unwrap());
     client_env.push((
         "CNIMESH_PROXY_OUTBOUND_IDENTITIES".into(),
         format!("{}={}", server.ipv4(), identity("shop", &server.name)),
     ));
     client_env.extend(client_settings.iter().map(|(k, v)| (k.to_string(), v.to_string())));
-    let client_proxy = Sidecar::start(proxy, &client.netns, &env_refs(&client_env)).unwrap();
+    let client_proxy = start(proxy, &client.netns, &env_refs(&client_env)).unwrap();
     (client_proxy, server_proxy)
 }
 
@@ -113,13 +118,19 @@ impl<'n> Pair<'n> {
         name: &str,
         settings: &[(&str, &str)],
     ) -> Self {
+        let (client, server) = Self::pods(net, name);
+        Self::of(control, proxy, client, server, settings, settings, &Sidecar::start)
+    }
+
+    /// Pods `<name>-client` and `<name>-server` of namespace `shop` in `net`.
+    fn pods(net: &'n Network, name: &str) -> (Pod<'n>, Pod<'n>) {
         let client = Pod::named(net, "shop", &format!("{name}-client")).unwrap();
         let server = Pod::named(net, "shop", &format!("{name}-server")).unwrap();
-        Self::of(control, proxy, client, server, settings, settings)
+        (client, server)
     }
 
     /// `client` and `server`, pods made beforehand (the cluster's YAML names their addresses),
-    /// meshed by [`proxies_with`] with these settings for each proxy.
+    /// meshed by [`proxies_with`] with these settings for each proxy, each started by `start`.
     pub fn of(
         control: &Control,
         proxy: &Path,
@@ -127,12 +138,20 @@ impl<'n> Pair<'n> {
         server: Pod<'n>,
         client_settings: &[(&str, &str)],
         server_settings: &[(&str, &str)],
+        start: Starter<'_>,
     ) -> Self {
         let apps = Apps::start(&server.netns.path(), server.ipv4().into(), &server.name).unwrap();
         let (client_proxy, server_proxy) =
-            proxies_with(control, proxy, &client, &server, client_settings, server_settings);
+            proxies_with(control, proxy, &client, &server, client_settings, server_settings, start);
         let url = format!("http://{}:{}/hello", server.ipv4(), crate::apps::HTTP_PORT);
         Self { client, server, client_proxy, server_proxy, url, _apps: apps }
+    }
+
+    /// Pods `<name>-client` and `<name>-server` in `net`, meshed, each proxy started by `start`
+    /// (e.g. under valgrind).
+    pub fn start_by(control: &Control, proxy: &Path, net: &'n Network, name: &str, start: Starter<'_>) -> Self {
+        let (client, server) = Self::pods(net, name);
+        Self::of(control, proxy, client, server, &[], &[], start)
     }
 
     /// [`Pair::of`] whose server's proxy follows its workload's inbound policy from `control`
@@ -144,7 +163,7 @@ impl<'n> Pair<'n> {
             ("CNIMESH_PROXY_DESTINATION_ADDR", destination.as_str()),
             ("CNIMESH_PROXY_POLICY_WORKLOAD", workload.as_str()),
         ];
-        Self::of(control, proxy, client, server, &[], if policy { &settings } else { &[] })
+        Self::of(control, proxy, client, server, &[], if policy { &settings } else { &[] }, &Sidecar::start)
     }
 
     /// Sends requests from the client until the server's proxy metrics contain `needle` (the

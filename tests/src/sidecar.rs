@@ -135,6 +135,21 @@ impl Sidecar {
         Ok(sidecar)
     }
 
+    /// Like [`Sidecar::start`], through `wrapper` (a command that runs its arguments, e.g.
+    /// valgrind or prlimit), waiting up to `ready_within` for `/ready` (an instrumented proxy
+    /// starts slower).
+    pub fn start_wrapped(
+        proxy: &Path,
+        netns: &Netns,
+        env: &[(&str, &str)],
+        wrapper: &[&str],
+        ready_within: Duration,
+    ) -> anyhow::Result<Self> {
+        let sidecar = Self::spawn_wrapped(proxy, netns, env, wrapper)?;
+        sidecar.wait_ready_within(ready_within)?;
+        Ok(sidecar)
+    }
+
     /// Starts the proxy without waiting for it to be ready.
     pub fn spawn(proxy: &Path, netns: &Netns, env: &[(&str, &str)]) -> anyhow::Result<Self> {
         Self::spawn_wrapped(proxy, netns, env, &[])
@@ -158,7 +173,12 @@ impl Sidecar {
 
     /// Waits (bounded) until `/ready` answers 200.
     pub fn wait_ready(&self) -> anyhow::Result<()> {
-        let deadline = Instant::now() + Duration::from_secs(20);
+        self.wait_ready_within(Duration::from_secs(20))
+    }
+
+    /// Waits until `/ready` answers 200, at most `within`.
+    pub fn wait_ready_within(&self, within: Duration) -> anyhow::Result<()> {
+        let deadline = Instant::now() + within;
         loop {
             if matches!(self.admin("GET", "/ready", ""), Ok((200, _))) {
                 return Ok(());

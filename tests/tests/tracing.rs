@@ -124,6 +124,7 @@ fn pair_with<'n>(net: &'n Network, collector: &str, server_settings: &[(&str, &s
         &server,
         &trace_env(collector, "client"),
         &[&trace_env(collector, "server")[..], server_settings].concat(),
+        &Sidecar::start,
     );
     Pair { client, server, client_proxy, server_proxy, _apps: apps, _control: control, _control_pod: control_pod }
 }

@@ -150,11 +150,15 @@ impl Upstream {
             },
             None => req,
         };
-        let io = match self.connect_for(Some(SessionProtocol::Http1)).await {
+        // A new connection (TCP, TLS, the transport header, hyper's handshake): its futures are
+        // boxed where they are awaited, so that the rare connect does not size every request's
+        // future. Each request's future is moved several times (into hyper's HTTP/2 stream, into
+        // the spawned task), and a kilobyte more in it is copied at each move.
+        let io = match Box::pin(self.connect_for(Some(SessionProtocol::Http1))).await {
             Ok(io) => io,
             Err(error) => return Err(Unsent::NotConnected(error, Box::new(req))),
         };
-        let mut sender = self.handshake_h1(io).await?;
+        let mut sender = Box::pin(self.handshake_h1(io)).await?;
         let response = sender.send_request(req).await?;
         self.clone().reuse_when_ready(sender);
         Ok(response)
@@ -202,11 +206,12 @@ impl Upstream {
                 match self.shared_h2() {
                     Some(sender) => sender,
                     None => {
-                        let io = match self.connect_for(Some(SessionProtocol::Http2)).await {
+                        // Boxed, as for HTTP/1 (see `try_send`).
+                        let io = match Box::pin(self.connect_for(Some(SessionProtocol::Http2))).await {
                             Ok(io) => io,
                             Err(error) => return Err(Unsent::NotConnected(error, Box::new(req))),
                         };
-                        let sender = self.handshake_h2(io).await?;
+                        let sender = Box::pin(self.handshake_h2(io)).await?;
                         *self.h2.lock() = Some(sender.clone());
                         sender
                     }

@@ -1,13 +1,18 @@
 //! Header rules of a forwarding proxy: hop-by-hop headers go (RFC 9110 §7.6.1), upgrades are
 //! recognised.
 
-use http::header::{CONNECTION, HeaderName, TE, UPGRADE};
+use http::header::{CONNECTION, HeaderName, PROXY_AUTHENTICATE, PROXY_AUTHORIZATION, TE, TRANSFER_ENCODING, UPGRADE};
 use http::{HeaderMap, HeaderValue, Method, Request};
 
 /// Removes hop-by-hop headers; `upgrade` keeps `Connection: upgrade` and `Upgrade` for the
 /// upgrade handshake itself. `TE: trailers` is end-to-end in practice (gRPC needs it). Headers
 /// without hop-by-hop names (nearly every request) are left untouched, without allocating.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap, upgrade: bool) {
+    // One walk over the few names a message has, comparing standard names as enum values,
+    // instead of a parse and hash lookup for each of the nine names below.
+    if !upgrade && !headers.keys().any(is_hop_by_hop) {
+        return;
+    }
     if headers.contains_key(CONNECTION) {
         let listed: Vec<HeaderName> = headers
             .get_all(CONNECTION)
@@ -22,7 +27,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, upgrade: bool) {
             }
         }
     }
-    for name in ["keep-alive", "proxy-connection", "transfer-encoding", "proxy-authenticate", "proxy-authorization"] {
+    for name in &HOP_BY_HOP {
         headers.remove(name);
     }
     if !upgrade {
@@ -39,6 +44,20 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, upgrade: bool) {
             headers.insert(TE, HeaderValue::from_static("trailers"));
         }
     }
+}
+
+/// The hop-by-hop headers removed by name, besides `Connection`, `Upgrade` and `TE`.
+static HOP_BY_HOP: [HeaderName; 5] = [
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    TRANSFER_ENCODING,
+    PROXY_AUTHENTICATE,
+    PROXY_AUTHORIZATION,
+];
+
+/// Whether `name` is one [`strip_hop_by_hop`] removes or rewrites.
+fn is_hop_by_hop(name: &HeaderName) -> bool {
+    name == CONNECTION || name == UPGRADE || name == TE || HOP_BY_HOP.contains(name)
 }
 
 /// A client's `Upgrade: h2c` (RFC 7540 §3.2) is never honoured: after the switch, every request
@@ -110,6 +129,35 @@ mod tests {
         up.insert(UPGRADE, HeaderValue::from_static("websocket"));
         strip_hop_by_hop(&mut up, true);
         assert_eq!((up[CONNECTION].to_str().unwrap(), up[UPGRADE].to_str().unwrap()), ("upgrade", "websocket"));
+    }
+
+    #[test]
+    fn each_hop_by_hop_header_alone_goes_and_a_message_without_any_is_untouched() {
+        for name in [
+            "connection",
+            "upgrade",
+            "keep-alive",
+            "proxy-connection",
+            "transfer-encoding",
+            "proxy-authenticate",
+            "proxy-authorization",
+        ] {
+            let mut h = HeaderMap::new();
+            h.insert(name, HeaderValue::from_static("x"));
+            h.insert("x-end-to-end", HeaderValue::from_static("kept"));
+            strip_hop_by_hop(&mut h, false);
+            assert_eq!(h.keys().map(HeaderName::as_str).collect::<Vec<_>>(), ["x-end-to-end"], "{name}");
+        }
+        let mut te = HeaderMap::new();
+        te.insert(TE, HeaderValue::from_static("gzip"));
+        strip_hop_by_hop(&mut te, false);
+        assert!(te.is_empty(), "TE without trailers goes");
+        let mut plain = HeaderMap::new();
+        plain.insert("x-end-to-end", HeaderValue::from_static("kept"));
+        plain.append("x-end-to-end", HeaderValue::from_static("twice"));
+        let before = plain.clone();
+        strip_hop_by_hop(&mut plain, false);
+        assert_eq!(plain, before);
     }
 
     #[test]
