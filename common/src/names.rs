@@ -13,6 +13,13 @@ pub const PROXY_OUTBOUND_PORT: u16 = 4140;
 pub const PROXY_ADMIN_PORT: u16 = 4191;
 /// The control plane's gRPC port (Identity, Destination), on its Service too.
 pub const CONTROL_PORT: u16 = 4190;
+/// After SIGTERM the proxy keeps accepting (not ready) this long by default, ms: its clients
+/// learn only a moment later that the endpoint is gone. The injector shortens it for a pod with
+/// a short `terminationGracePeriodSeconds`.
+pub const PROXY_SHUTDOWN_DELAY_MS: u64 = 5_000;
+/// Then in-flight work drains for up to this long by default, ms. Delay and drain stay inside
+/// Kubernetes' default `terminationGracePeriodSeconds` (30).
+pub const PROXY_SHUTDOWN_GRACE_MS: u64 = 20_000;
 /// Inbound ports never captured: the control plane's and the proxy's own, and the ports of other
 /// meshes' agents a pod may run beside (4567, 4568).
 pub const DEFAULT_SKIP_INBOUND_PORTS: &[u16] = &[CONTROL_PORT, PROXY_ADMIN_PORT, 4567, 4568];

@@ -6,9 +6,11 @@
 //! defaults (the app's own shutdown may use the rest: a native sidecar is stopped only after
 //! the app containers have exited, within the same period).
 
-/// The proxy's defaults and what they add up to.
-const DEFAULT_DELAY_MS: i64 = 5_000;
-const DEFAULT_DRAIN_MS: i64 = 20_000;
+use cnimesh_common::names::{PROXY_SHUTDOWN_DELAY_MS, PROXY_SHUTDOWN_GRACE_MS};
+
+/// The proxy's defaults.
+const DEFAULT_DELAY_MS: i64 = PROXY_SHUTDOWN_DELAY_MS as i64;
+const DEFAULT_DRAIN_MS: i64 = PROXY_SHUTDOWN_GRACE_MS as i64;
 /// Left between the drain's end and the kubelet's SIGKILL.
 const MARGIN_MS: i64 = 1_000;
 

@@ -6,7 +6,9 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use cnimesh_common::names::{PROXY_ADMIN_PORT, PROXY_INBOUND_PORT, PROXY_OUTBOUND_PORT};
+use cnimesh_common::names::{
+    PROXY_ADMIN_PORT, PROXY_INBOUND_PORT, PROXY_OUTBOUND_PORT, PROXY_SHUTDOWN_DELAY_MS, PROXY_SHUTDOWN_GRACE_MS,
+};
 use cnimesh_identity::Name;
 
 pub use crate::outbound::static_identities::EndpointMatch;
@@ -154,9 +156,8 @@ impl Default for Config {
             opaque_ports: DEFAULT_OPAQUE_PORTS.to_vec(),
             idle_timeout: Duration::from_secs(3600),
             connect_timeout: Duration::from_secs(5),
-            // 5 s + 20 s stay inside Kubernetes' default terminationGracePeriodSeconds (30).
-            shutdown_delay: Duration::from_secs(5),
-            shutdown_grace: Duration::from_secs(20),
+            shutdown_delay: Duration::from_millis(PROXY_SHUTDOWN_DELAY_MS),
+            shutdown_grace: Duration::from_millis(PROXY_SHUTDOWN_GRACE_MS),
             log_level: "info".into(),
             workers: 1,
             identity: None,
