@@ -224,6 +224,17 @@ mod tests {
     }
 
     #[test]
+    fn a_ca_key_planted_in_the_secret_that_the_bundle_does_not_trust_is_never_used_or_added() {
+        let ca = new_private_ca("cnimesh webhook CA", 365 * DAY).unwrap();
+        let planted = new_private_ca("cnimesh webhook CA", 365 * DAY).unwrap();
+        let mut certs = certs_signed_by(&ca, 30 * DAY);
+        let keeper = SecretKeeper { managed_ca: Some(planted.clone()), cert_manager: false };
+        assert_eq!(renew(&mut certs, &keeper, false, SystemTime::now()).unwrap(), Renewal::ByNewCa);
+        assert!(!split_pem(&certs.webhook_ca).iter().any(|b| b.trim() == planted.cert_pem.trim()));
+        assert!(!verifies(&planted.cert_pem, &certs.webhook_cert), "not signed by the planted key");
+    }
+
+    #[test]
     fn a_certificate_that_does_not_parse_is_replaced() {
         let ca = new_private_ca("cnimesh webhook CA", 365 * DAY).unwrap();
         let mut certs = certs_signed_by(&ca, 365 * DAY);
