@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs what cnimesh needs on a Debian host, idempotently: kernel tooling for the tests and the
 # demo, Debian's CNI reference plugins (the stand-in primary CNI), the image tooling
-# (scripts/images.sh and tests/tests/images.rs), chromium for the dashboard's browser test, and
-# the Rust lint components.
+# (scripts/images.sh and tests/tests/images.rs), chromium for the dashboard's browser test, node
+# and npm for the dashboard's page (bundled at build time), and the Rust lint components.
 set -euo pipefail
 
 if [ "$(id -u)" -ne 0 ]; then
@@ -22,6 +22,11 @@ missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# The dashboard's page is bundled at build time (cli/build.rs: `npm ci` and esbuild): node and
+# npm, Debian's unless the host already has them from elsewhere.
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+  missing+=(nodejs npm)
+fi
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup.sh: installing ${missing[*]}"
   apt-get update -qq

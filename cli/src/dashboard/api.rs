@@ -6,7 +6,8 @@
 //! | path | value |
 //! |---|---|
 //! | `/api/meta` | mode (local or cluster), namespace, interval, version |
-//! | `/api/stat?resource=deploy[&namespace=NS][&to=R&to_namespace=NS]` | `cnimesh stat RESOURCE [--to R] -o json` over the sampler's last window (`resource=egress`: `cnimesh stat egress -o json`) |
+//! | `/api/stat?resource=deploy[&namespace=NS][&to=R&to_namespace=NS][&range=1m\|5m\|15m]` | `cnimesh stat RESOURCE [--to R] -o json` over the sampler's last window, or over the last 1, 5 or 15 minutes of the proxies' counters (`resource=egress`: `cnimesh stat egress -o json`) |
+//! | `/api/topology[?namespace=NS][&range=1m\|5m\|15m]` | the topology's graph ([`super::topology`]): nodes, edges with what they carried over the range |
 //! | `/api/edges?resource=deploy[&namespace=NS]` | `cnimesh edges RESOURCE -o json` from the last reading |
 //! | `/api/history` | ten minutes of golden metrics per workload (sparklines) |
 //! | `/api/pods?resource=deploy/NAME[&namespace=NS]` | the resource's pods (name, IP, meshed) |
@@ -32,7 +33,8 @@ use serde_json::{Value, json};
 
 use super::DashboardArgs;
 pub use super::problem::ApiError;
-use super::sampler::{Snapshot, unix};
+use super::sampler::{LONGEST_RANGE, Snapshot, unix};
+use super::topology;
 use crate::ClusterArgs;
 use crate::check::{RBAC_HINT, UNREACHABLE_HINT, proxy_hint};
 use crate::diagnostics::fetch::{Reach, Target};
@@ -168,6 +170,54 @@ fn resource(params: &BTreeMap<String, String>, default: &str) -> Result<Resource
     text.parse::<Resource>().map_err(|e| ApiError::bad_request(format!("resource {text:?}: {e}")))
 }
 
+/// A `namespace` parameter: empty is none; anything but a Kubernetes namespace name (a DNS-1123
+/// label) is refused before it reaches a filter, a tap query or an API server's path.
+pub fn namespace_param(params: &BTreeMap<String, String>, name: &str) -> Result<Option<String>, ApiError> {
+    let Some(text) = params.get(name).filter(|n| !n.is_empty()) else { return Ok(None) };
+    let label = text.len() <= 63
+        && text.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !text.starts_with('-')
+        && !text.ends_with('-');
+    if !label {
+        return Err(ApiError::bad_request(format!(
+            "{name} {text:?}: not a namespace name (lower-case letters, digits and '-', at most 63)"
+        )));
+    }
+    Ok(Some(text.clone()))
+}
+
+/// The time ranges the page offers.
+pub const RANGES: [(&str, Duration); 3] =
+    [("1m", Duration::from_secs(60)), ("5m", Duration::from_secs(300)), ("15m", LONGEST_RANGE)];
+
+/// A `range` parameter: `None` for the sampler's last window, else one of [`RANGES`].
+pub fn range_param(params: &BTreeMap<String, String>) -> Result<Option<Duration>, ApiError> {
+    let Some(text) = params.get("range").filter(|r| !r.is_empty()) else { return Ok(None) };
+    RANGES.iter().find(|(name, _)| name == text).map(|(_, d)| Some(*d)).ok_or_else(|| {
+        ApiError::bad_request(format!("range {text:?}: expected 1m, 5m or 15m (or none: the last window)"))
+    })
+}
+
+/// The scrapes a request asks for: the last window, or the `range` of kept readings.
+fn scrapes_for(
+    state: &State,
+    snapshot: &Snapshot,
+    range: Option<Duration>,
+) -> Result<(SystemTime, Duration, compute::Scrapes), ApiError> {
+    let scrapes = match range {
+        None => snapshot.window.clone(),
+        Some(range) => snapshot.over(range),
+    };
+    scrapes.ok_or_else(|| {
+        snapshot.error.clone().unwrap_or_else(|| {
+            ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the first window is not over yet").hint(format!(
+                "rates need two readings; the proxies are read every {}",
+                humantime::format_duration(state.interval)
+            ))
+        })
+    })
+}
+
 pub fn json_response(status: StatusCode, value: &Value) -> Response<Body> {
     let mut text = serde_json::to_string(value).expect("JSON values serialise");
     text.push('\n');
@@ -197,6 +247,7 @@ pub async fn handle(state: &State, path: &str, query: Option<&str>) -> Response<
         "meta" => answer(Ok(meta(state))),
         "stat" => answer(stat(state, &params)),
         "edges" => answer(edges(state, &params)),
+        "topology" => answer(topology(state, &params)),
         "history" => answer(Ok(history(state))),
         "pods" => answer(pods(state, &params)),
         "authz" => answer(authz(state, &params).await),
@@ -227,11 +278,11 @@ fn meta(state: &State) -> Value {
 /// With `to=RESOURCE` (`&to_namespace=NS`, default the query's), what the resource sent there, as
 /// `cnimesh stat RESOURCE --to …` counts it.
 fn query(state: &State, params: &BTreeMap<String, String>, window: Duration) -> Result<Query, ApiError> {
-    let namespace = params.get("namespace").filter(|n| !n.is_empty()).cloned().or_else(|| state.namespace.clone());
+    let namespace = namespace_param(params, "namespace")?.or_else(|| state.namespace.clone());
     let to = match params.get("to").filter(|t| !t.is_empty()) {
         Some(text) => {
             let to = text.parse::<Resource>().map_err(|e| ApiError::bad_request(format!("to {text:?}: {e}")))?;
-            let ns = params.get("to_namespace").filter(|n| !n.is_empty()).cloned().or_else(|| namespace.clone());
+            let ns = namespace_param(params, "to_namespace")?.or_else(|| namespace.clone());
             Some((to, ns.unwrap_or_else(|| "default".into())))
         }
         None => None,
@@ -247,15 +298,9 @@ fn unreadable(problem: &str) -> ApiError {
 }
 
 fn stat(state: &State, params: &BTreeMap<String, String>) -> Result<Value, ApiError> {
+    let range = range_param(params)?;
     let snapshot = state.snapshot.lock();
-    let Some((at, window, scrapes)) = &snapshot.window else {
-        return Err(snapshot.error.clone().unwrap_or_else(|| {
-            ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the first window is not over yet").hint(format!(
-                "rates need two readings; the proxies are read every {}",
-                humantime::format_duration(state.interval)
-            ))
-        }));
-    };
+    let (at, window, scrapes) = &scrapes_for(state, &snapshot, range)?;
     let query = query(state, params, *window)?;
     let (value, problems): (Value, Vec<ApiError>) = match query.resource.kind {
         // `cnimesh stat egress -o json`'s rows.
@@ -290,6 +335,22 @@ fn edges(state: &State, params: &BTreeMap<String, String>) -> Result<Value, ApiE
         readings.iter().filter_map(|(pod, r)| r.as_ref().err().map(|e| unreadable(&format!("{pod}: {e}")))).collect();
     let value = serde_json::to_value(&rows).expect("serialisable");
     Ok(state.envelope(*at, value, problems, snapshot.error.as_ref()))
+}
+
+/// The topology's graph over the range, for the page's namespace filter (or the dashboard's).
+fn topology(state: &State, params: &BTreeMap<String, String>) -> Result<Value, ApiError> {
+    let range = range_param(params)?;
+    let namespace = namespace_param(params, "namespace")?.or_else(|| state.namespace.clone());
+    let snapshot = state.snapshot.lock();
+    let (at, window, scrapes) = scrapes_for(state, &snapshot, range)?;
+    let latest = snapshot.latest.as_ref().map(|(_, r)| join(BTreeMap::new(), r)).unwrap_or_default();
+    let graph = topology::build(&snapshot.mesh, &latest, &scrapes, window, namespace.as_deref());
+    let problems =
+        scrapes.iter().filter_map(|(pod, s)| s.as_ref().err().map(|e| unreadable(&format!("{pod}: {e}")))).collect();
+    let mut value =
+        state.envelope(at, serde_json::to_value(&graph).expect("serialisable"), problems, snapshot.error.as_ref());
+    value["window_seconds"] = json!(window.as_secs_f64());
+    Ok(value)
 }
 
 fn history(state: &State) -> Value {
@@ -342,8 +403,8 @@ async fn diagnostics(state: &State, page: &str, params: &BTreeMap<String, String
     };
     let pod = params.get("pod").filter(|p| !p.is_empty()).ok_or_else(|| ApiError::bad_request("no pod= given"))?;
     let target = Target::parse(pod).map_err(|e| ApiError::bad_request(format!("{e:#}")))?;
-    let namespace = match (params.get("namespace").filter(|n| !n.is_empty()), &state.local) {
-        (Some(ns), _) => ns.clone(),
+    let namespace = match (namespace_param(params, "namespace")?, &state.local) {
+        (Some(ns), _) => ns,
         (None, Some(dir)) => crate::diagnostics::fetch::local_namespace(dir, &target)
             .map_err(|e| ApiError::bad_request(format!("{e:#}")))?,
         (None, None) => state.client.as_ref().map_or("default", kube::Client::default_namespace).to_string(),
@@ -367,11 +428,7 @@ async fn authz(state: &State, params: &BTreeMap<String, String>) -> Result<Value
         params.get("resource").filter(|r| !r.is_empty()).ok_or_else(|| ApiError::bad_request("no resource= given"))?;
     let args = crate::authz::AuthzArgs {
         resource: resource.clone(),
-        namespace: params
-            .get("namespace")
-            .filter(|n| !n.is_empty())
-            .cloned()
-            .unwrap_or_else(|| client.default_namespace().to_string()),
+        namespace: namespace_param(params, "namespace")?.unwrap_or_else(|| client.default_namespace().to_string()),
         identity: params.get("identity").filter(|i| !i.is_empty()).cloned(),
         from: None,
         from_namespace: None,
@@ -431,9 +488,9 @@ async fn tap(state: &State, params: &BTreeMap<String, String>) -> Result<Respons
     };
     let filter = crate::tap::Filter {
         resource: resource(params, "deploy")?,
-        namespace: optional("namespace").or_else(|| state.namespace.clone()),
+        namespace: namespace_param(params, "namespace")?.or_else(|| state.namespace.clone()),
         to,
-        to_namespace: optional("to_namespace"),
+        to_namespace: namespace_param(params, "to_namespace")?,
         path: optional("path"),
         method: optional("method"),
         authority: optional("authority"),

@@ -12,7 +12,8 @@
 //! `cnimesh tap`, so the relay's authorization applies unchanged.
 //!
 //! Inside: [`server`] (HTTP, [`access`] checks, routing) → [`api`] (handlers and the sampler's loop) →
-//! [`sampler`] (what it keeps: readings and history) → [`problem`] (errors with hints);
+//! [`topology`] (the graph page's nodes and edges) and [`sampler`] (what it keeps: readings, kept
+//! readings for time ranges, history) → [`problem`] (errors with hints);
 //! [`assets`] is the embedded page.
 
 pub mod access;
@@ -21,6 +22,7 @@ pub mod assets;
 pub mod problem;
 pub mod sampler;
 pub mod server;
+pub mod topology;
 
 use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};

@@ -3,6 +3,8 @@
 //! ([`crate::stat::Sources`]); this keeps the last two readings (a window's rates come from them), and appends each workload's golden
 //! metrics to a ten-minute history for the page's sparklines. Every value carries the time it was
 //! observed; a failed round keeps the last good data (marked stale by its age) and the error.
+//! For the page's time ranges it also keeps one reading every [`KEEP_EVERY`] for the longest
+//! range: a range's rates are the counters' deltas between the reading that starts it and the last.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -16,6 +18,11 @@ use crate::stat::{Readings, join};
 
 /// How much history the sparklines get.
 pub const HISTORY: Duration = Duration::from_secs(600);
+/// How far apart the readings kept for time ranges are.
+pub const KEEP_EVERY: Duration = Duration::from_secs(15);
+/// The longest time range the page offers.
+pub const LONGEST_RANGE: Duration = Duration::from_secs(15 * 60);
+
 /// The kinds whose rows are kept in the history (what the workloads page lists).
 pub const HISTORY_KINDS: [&str; 3] = ["deploy", "sts", "ds"];
 
@@ -42,6 +49,8 @@ pub struct Snapshot {
     pub error: Option<ApiError>,
     /// By `namespace/kind/name`, oldest first.
     pub history: BTreeMap<String, VecDeque<Point>>,
+    /// Readings [`KEEP_EVERY`] apart over the [`LONGEST_RANGE`], oldest first.
+    pub kept: VecDeque<(SystemTime, Readings)>,
 }
 
 impl Snapshot {
@@ -62,7 +71,28 @@ impl Snapshot {
             self.window = Some((at, window, scrapes));
         }
         self.mesh = mesh;
+        if self.kept.back().is_none_or(|(last, _)| at.duration_since(*last).unwrap_or_default() >= KEEP_EVERY) {
+            self.kept.push_back((at, readings.clone()));
+        }
+        // The reading just older than the longest range stays: it starts that range.
+        while self.kept.get(1).is_some_and(|(t, _)| at.duration_since(*t).unwrap_or_default() >= LONGEST_RANGE) {
+            self.kept.pop_front();
+        }
         self.latest = Some((at, readings));
+    }
+
+    /// The scrapes over about the last `range`: from the newest kept reading at least `range`
+    /// old (the oldest kept while the dashboard has run for less) to the last one, with the
+    /// window they actually span. `None` before two readings.
+    pub fn over(&self, range: Duration) -> Option<(SystemTime, Duration, Scrapes)> {
+        let (at, latest) = self.latest.as_ref()?;
+        let age = |t: &SystemTime| at.duration_since(*t).unwrap_or_default();
+        let start = self.kept.iter().rev().find(|(t, _)| age(t) >= range).or_else(|| self.kept.front())?;
+        let window = age(&start.0);
+        if window.is_zero() {
+            return None;
+        }
+        Some((*at, window, join(start.1.clone(), latest)))
     }
 
     fn append_history(&mut self, at: SystemTime, mesh: &Mesh, scrapes: &Scrapes, window: Duration) {

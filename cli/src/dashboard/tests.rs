@@ -428,21 +428,41 @@ async fn the_page_is_served_from_the_binary_with_a_strict_policy() {
     tasks
         .run_until(async move {
             tokio::task::spawn_local(server::serve(listener, Access::with_token(bound, TOKEN), state));
-            for (path, kind) in [("/", "text/html"), ("/app.js", "text/javascript"), ("/style.css", "text/css")] {
+            let files = [
+                ("/", "text/html"),
+                ("/app.js", "text/javascript"),
+                ("/style.css", "text/css"),
+                ("/favicon.svg", "image/svg+xml"),
+                ("/favicon.ico", "image/svg+xml"),
+            ];
+            for (path, kind) in files {
                 let (status, headers, body) = raw_get(bound, path, &bound.to_string()).await;
                 assert_eq!(status, 200, "{path}");
                 assert!(headers.contains(&format!("content-type: {kind}")), "{path}: {headers}");
                 assert!(headers.contains("content-security-policy: default-src 'self'"), "{headers}");
-                // The SVG namespace is a name, not a URL that is fetched.
-                let body = body.replace("http://www.w3.org/2000/svg", "");
-                assert!(!body.contains("http://") && !body.contains("https://"), "{path} loads nothing from elsewhere");
+                // Nothing is loaded from elsewhere: no script, style or module source off this
+                // origin (the bundled libraries' licence comments may name their home pages).
+                let compact: String = body.split_whitespace().collect();
+                for load in [
+                    "src=\"http",
+                    "href=\"http",
+                    "src='http",
+                    "from\"http",
+                    "from'http",
+                    "import(\"http",
+                    "url(http",
+                    "@import\"http",
+                ] {
+                    assert!(!compact.contains(load), "{path} loads from elsewhere ({load})");
+                }
             }
             let (status, _, body) = raw_get(bound, "/api/meta", "rebound.example").await;
             assert_eq!(status, 403, "{body}");
         })
         .await;
+    // The page's script with the graph layout libraries, minified.
     let size: usize = ["/app.js", "/style.css"].iter().map(|p| super::assets::get(p).unwrap().1.len()).sum();
-    assert!(size < 60 * 1024, "JS + CSS are {size} bytes");
+    assert!(size < 800 * 1024, "JS + CSS are {size} bytes");
 }
 
 /// A GET over a plain socket: status, lower-cased headers, body.
@@ -500,4 +520,137 @@ async fn the_tap_asks_for_the_same_token_as_cnimesh_tap() {
     assert_eq!(status, StatusCode::BAD_GATEWAY, "{body}");
     assert!(body["error"].as_str().unwrap().contains("a token for the ServiceAccount cnimesh/cnimesh-tap"), "{body}");
     assert_eq!(body["hint"], api::TAP_HINT, "{body}");
+}
+
+/// The client's other outbound traffic, cumulative after `n` rounds: 403s and 429s from web,
+/// calls to an address outside the mesh, and a route splitting web's traffic 90/10 with a canary.
+fn client_extra(n: u64) -> String {
+    let web =
+        "direction=\"outbound\",target_addr=\"10.96.0.10:80\",authority=\"web.shop.svc.cluster.local\",tls=\"true\"";
+    let outside = "direction=\"outbound\",target_addr=\"10.1.2.3:443\",tls=\"false\"";
+    let route = "parent_namespace=\"shop\",parent_name=\"web\",route_name=\"split\"";
+    format!(
+        "response_total{{{web},status_code=\"403\",classification=\"failure\"}} {}\n\
+         response_total{{{web},status_code=\"429\",classification=\"failure\"}} {}\n\
+         request_total{{{outside}}} {}\n\
+         response_total{{{outside},status_code=\"200\",classification=\"success\"}} {}\n\
+         outbound_http_route_backend_requests_total{{{route},backend_namespace=\"shop\",backend_name=\"web\"}} {}\n\
+         outbound_http_route_backend_requests_total{{{route},backend_namespace=\"shop\",backend_name=\"web-canary\"}} {}\n",
+        3 * n,
+        5 * n,
+        7 * n,
+        7 * n,
+        90 * n,
+        10 * n
+    )
+}
+
+/// A state whose sampler recorded `rounds` readings 15 s apart (the last one now): the client's
+/// counters grow by `client_extra(1)` and 200 requests to web each round.
+fn recorded(rounds: u64) -> State {
+    let state = state(&MockApi::default());
+    let start = SystemTime::now() - Duration::from_secs(15 * (rounds - 1));
+    for i in 0..rounds {
+        let client = client_metrics(1000 + 200 * i, 100 + 50 * i) + &client_extra(i);
+        let readings = BTreeMap::from([
+            ("shop/web-1".to_string(), Ok(samples(&web_metrics("10.244.0.11", 500 + 100 * i, 0, [0; 5], 1)))),
+            ("shop/web-2".to_string(), Ok(samples(&web_metrics("10.244.0.12", 500 + 100 * i, 0, [0; 5], 1)))),
+            ("shop/client".to_string(), Ok(samples(&client))),
+        ]);
+        state.snapshot.lock().record(start + Duration::from_secs(15 * i), Ok((mesh(), readings)));
+    }
+    state
+}
+
+/// The topology in one answer: an address outside the mesh is an address node (the page asks
+/// nothing about it), denials (403) and rate-limited requests (429) are counted on the edge that
+/// got them, and a route's canary backend is drawn with its share.
+#[tokio::test]
+async fn the_topology_shows_addresses_denials_rate_limits_and_split_backends() {
+    let state = recorded(3);
+    let (status, body) = get(&state, "/api/topology?namespace=shop").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let graph = &body["value"];
+    let node = |id: &str| graph["nodes"].as_array().unwrap().iter().find(|n| n["id"] == id).cloned();
+    let edge = |id: &str| graph["edges"].as_array().unwrap().iter().find(|e| e["id"] == id).cloned();
+    assert_eq!(graph["namespaces"], serde_json::json!(["shop"]));
+
+    let address = node("address:10.1.2.3:443").unwrap_or_else(|| panic!("{graph:#}"));
+    assert_eq!((address["kind"].as_str(), address["label"].as_str()), (Some("address"), Some("10.1.2.3:443")));
+    let to_address = edge("shop/deployment/client>address:10.1.2.3:443").unwrap_or_else(|| panic!("{graph:#}"));
+    assert_eq!(to_address["kind"], "plaintext");
+
+    // The last window (15 s): 3 denied and 5 rate-limited of web's 208 responses.
+    let web = edge("shop/deployment/client>shop/deployment/web").unwrap_or_else(|| panic!("{graph:#}"));
+    assert_eq!((web["kind"].as_str(), web["mtls"].as_bool()), (Some("mtls"), Some(true)), "{web:#}");
+    assert_eq!((web["traffic"]["denied"].as_f64(), web["traffic"]["rate_limited"].as_f64()), (Some(3.0), Some(5.0)));
+    assert_eq!(web["traffic"]["responses"], 208.0, "{web:#}");
+    assert_eq!(web["traffic"]["success_rate"], 200.0 / 208.0, "403s and 429s are not successes: {web:#}");
+
+    let canary = node("service:shop/web-canary").unwrap_or_else(|| panic!("{graph:#}"));
+    assert_eq!(canary["kind"], "service");
+    let split = edge("shop/deployment/client>service:shop/web-canary|split").unwrap_or_else(|| panic!("{graph:#}"));
+    assert_eq!((split["kind"].as_str(), split["split"]["share"].as_f64()), (Some("split"), Some(0.1)), "{split:#}");
+
+    // Every workload is a node with its inbound golden metrics, called or not.
+    let web_node = node("shop/deployment/web").unwrap();
+    assert_eq!((web_node["kind"].as_str(), web_node["meshed"].as_bool()), (Some("workload"), Some(true)));
+    assert!(web_node["rps"].as_f64().unwrap() > 0.0, "{web_node:#}");
+    assert!(node("shop/pod/legacy").is_some(), "{graph:#}");
+
+    // Another namespace has none of these.
+    let (_, other) = get(&state, "/api/topology?namespace=elsewhere").await;
+    assert_eq!(other["value"]["edges"], serde_json::json!([]), "{other}");
+}
+
+/// A time range's rates come from the kept reading that starts it: over 1m (five readings 15 s
+/// apart) the window is 60 s; a range longer than the dashboard has run is what there is.
+#[tokio::test]
+async fn a_time_range_spans_the_readings_kept_for_it() {
+    let state = recorded(5);
+    let (status, last) = get(&state, "/api/stat?resource=deploy/client&namespace=shop&to=deploy/web").await;
+    assert_eq!(status, StatusCode::OK, "{last}");
+    assert_eq!(last["value"][0]["requests"], 208.0, "the last window: {last}");
+    let (_, minute) = get(&state, "/api/stat?resource=deploy/client&namespace=shop&to=deploy/web&range=1m").await;
+    assert_eq!(minute["value"][0]["requests"], 4.0 * 208.0, "{minute}");
+    assert_eq!(minute["value"][0]["rps"], 4.0 * 208.0 / 60.0, "{minute}");
+    let (_, topology) = get(&state, "/api/topology?namespace=shop&range=15m").await;
+    assert_eq!(topology["window_seconds"], 60.0, "only a minute was kept: {topology}");
+    let web = topology["value"]["edges"].as_array().unwrap().iter().find(|e| e["target"] == "shop/deployment/web");
+    assert_eq!(web.map(|e| e["traffic"]["denied"].clone()), Some(12.0.into()), "{topology}");
+}
+
+/// Bad filter values are refused with a 400 that names the parameter, never passed on: a
+/// namespace that is no namespace name never reaches a filter, a tap query or an API server's
+/// path (here a path that would step out of the namespace asked for).
+#[tokio::test]
+async fn a_namespace_or_range_that_is_not_one_is_refused_before_any_api_server_call() {
+    let mut mock = MockApi::default();
+    mock.rbac = Some(Vec::new());
+    let state = state(&mock);
+    let (before, after) = readings();
+    let t0 = SystemTime::now() - Duration::from_secs(10);
+    state.snapshot.lock().record(t0, Ok((mesh(), before)));
+    state.snapshot.lock().record(t0 + Duration::from_secs(10), Ok((mesh(), after)));
+    let injected = "kube-system%2Fsecrets%2Fx%2F..";
+    for uri in [
+        format!("/api/diagnostics/metrics?pod=web-1&namespace={injected}"),
+        format!("/api/authz?resource=deploy/web&namespace={injected}"),
+        format!("/api/tap?resource=deploy/web&namespace={injected}"),
+        format!("/api/tap?resource=deploy/web&namespace=shop&to=deploy/web&to_namespace={injected}"),
+        format!("/api/stat?resource=deploy&namespace={injected}"),
+        format!("/api/topology?namespace={injected}"),
+        "/api/topology?namespace=Shop".to_string(),
+        "/api/pods?resource=deploy/web&namespace=a,b".to_string(),
+    ] {
+        let (status, body) = get(&state, &uri).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{uri}: {body}");
+        assert!(body["error"].as_str().unwrap().contains("not a namespace name"), "{uri}: {body}");
+    }
+    assert_eq!(*mock.forbidden.lock(), Vec::<String>::new(), "no request reached the API server");
+    for uri in ["/api/topology?range=2h", "/api/stat?resource=deploy&range=-1m", "/api/topology?range=1m%0A"] {
+        let (status, body) = get(&state, uri).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{uri}: {body}");
+        assert!(body["error"].as_str().unwrap().contains("expected 1m, 5m or 15m"), "{uri}: {body}");
+    }
 }

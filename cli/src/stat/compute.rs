@@ -327,22 +327,7 @@ pub fn edges(mesh: &Mesh, scrapes: &Scrapes, query: &Query) -> Vec<EdgeRow> {
                 .iter()
                 .filter(|s| s.label("direction") == "outbound" && s.value > 0.0 && s.label("dst_kind") != "egress");
             for sample in outbound.filter(|s| s.name == "request_total" || s.name == "tcp_open_total") {
-                let target = sample.label("target_addr");
-                let dsts = target_ip(target).map(|ip| mesh.pods_at(ip)).unwrap_or_default();
-                let names: BTreeSet<(String, String)> = if dsts.is_empty() {
-                    BTreeSet::from([(String::new(), target.to_string())])
-                } else {
-                    dsts.iter()
-                        .map(|d| {
-                            let name = match d.resource_name(kind) {
-                                Some(n) => format!("{}/{n}", kind.name()),
-                                None => format!("pod/{}", d.name),
-                            };
-                            (d.namespace.clone(), name)
-                        })
-                        .collect()
-                };
-                for (dst_namespace, dst) in names {
+                for (dst_namespace, dst) in destinations(mesh, kind, sample.label("target_addr")) {
                     let key = (src_namespace.clone(), src.clone(), dst_namespace.clone(), dst.clone());
                     let edge = out.entry(key).or_insert_with(|| EdgeRow {
                         src_namespace: src_namespace.clone(),
@@ -379,6 +364,142 @@ pub fn edges(mesh: &Mesh, scrapes: &Scrapes, query: &Query) -> Vec<EdgeRow> {
             e.client_ids.sort();
             e.server_ids.sort();
             e
+        })
+        .collect()
+}
+
+/// The `(namespace, kind/name)` an outbound `target_addr` reaches: the resources of `kind` (else
+/// the pods) behind its IP, or the address itself (namespace `""`) when no pod is there.
+fn destinations(mesh: &Mesh, kind: Kind, target: &str) -> BTreeSet<(String, String)> {
+    let dsts = target_ip(target).map(|ip| mesh.pods_at(ip)).unwrap_or_default();
+    if dsts.is_empty() {
+        return BTreeSet::from([(String::new(), target.to_string())]);
+    }
+    dsts.iter()
+        .map(|d| {
+            let name = match d.resource_name(kind) {
+                Some(n) => format!("{}/{n}", kind.name()),
+                None => format!("pod/{}", d.name),
+            };
+            (d.namespace.clone(), name)
+        })
+        .collect()
+}
+
+/// `(src_namespace, src, dst_namespace, dst)` of an edge, as [`EdgeRow`] names them.
+pub type EdgeKey = (String, String, String, String);
+
+/// What the source's proxies got back on one edge over the window: responses by outcome.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct EdgeTraffic {
+    pub responses: f64,
+    pub rps: f64,
+    /// `None` without responses.
+    pub success_rate: Option<f64>,
+    /// 403s: refused by the destination's policy.
+    pub denied: f64,
+    /// 429s: refused by the destination's rate limit.
+    pub rate_limited: f64,
+}
+
+/// Each edge's responses over the window (deltas of the source's outbound `response_total`),
+/// keyed as [`edges`] names the edge.
+pub fn edge_traffic(mesh: &Mesh, scrapes: &Scrapes, query: &Query) -> BTreeMap<EdgeKey, EdgeTraffic> {
+    let kind = query.resource.kind;
+    let seconds = query.window.as_secs_f64().max(1e-3);
+    let mut out: BTreeMap<EdgeKey, (EdgeTraffic, f64)> = BTreeMap::new();
+    for ((src_namespace, src), pods) in selected(mesh, query) {
+        for pod in pods {
+            let Some(Ok((before, after))) = scrapes.get(&pod_key(pod)) else { continue };
+            let responses = deltas(before, after).filter(|(s, d)| {
+                *d > 0.0
+                    && s.name == "response_total"
+                    && s.label("direction") == "outbound"
+                    && s.label("dst_kind") != "egress"
+            });
+            for (sample, delta) in responses {
+                for (dst_namespace, dst) in destinations(mesh, kind, sample.label("target_addr")) {
+                    let key = (src_namespace.clone(), format!("{}/{src}", kind.name()), dst_namespace, dst);
+                    let (traffic, successes) = out.entry(key).or_default();
+                    traffic.responses += delta;
+                    match sample.label("status_code") {
+                        "403" => traffic.denied += delta,
+                        "429" => traffic.rate_limited += delta,
+                        _ => {}
+                    }
+                    if sample.label("classification") == "success" {
+                        *successes += delta;
+                    }
+                }
+            }
+        }
+    }
+    out.into_iter()
+        .map(|(key, (mut traffic, successes))| {
+            traffic.rps = traffic.responses / seconds;
+            traffic.success_rate = (traffic.responses > 0.0).then(|| successes / traffic.responses);
+            (key, traffic)
+        })
+        .collect()
+}
+
+/// Requests a route sent to one of its backends over the window
+/// (`outbound_http_route_backend_requests_total`): a traffic split's share per backend.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct RouteBackendRow {
+    pub src_namespace: String,
+    /// `kind/name` of the sending resource.
+    pub src: String,
+    /// `namespace/name` of the route's parent (the Service the client called).
+    pub parent: String,
+    pub route: String,
+    /// `namespace/name` of the backend Service.
+    pub backend: String,
+    pub requests: f64,
+    pub rps: f64,
+}
+
+/// Every (source, parent, route, backend)'s requests over the window.
+pub fn route_backends(mesh: &Mesh, scrapes: &Scrapes, query: &Query) -> Vec<RouteBackendRow> {
+    let kind = query.resource.kind;
+    let seconds = query.window.as_secs_f64().max(1e-3);
+    let mut out: BTreeMap<(String, String, String, String, String), f64> = BTreeMap::new();
+    let qualified = |s: &Sample, prefix: &str| {
+        let ns = s.label(&format!("{prefix}_namespace"));
+        let name = s.label(&format!("{prefix}_name"));
+        if ns.is_empty() { name.to_string() } else { format!("{ns}/{name}") }
+    };
+    for ((src_namespace, src), pods) in selected(mesh, query) {
+        for pod in pods {
+            let Some(Ok((before, after))) = scrapes.get(&pod_key(pod)) else { continue };
+            for (sample, delta) in deltas(before, after) {
+                if sample.name != "outbound_http_route_backend_requests_total" {
+                    continue;
+                }
+                let route = match sample.label("route_name") {
+                    "" => "default".to_string(),
+                    name => name.to_string(),
+                };
+                let key = (
+                    src_namespace.clone(),
+                    format!("{}/{src}", kind.name()),
+                    qualified(sample, "parent"),
+                    route,
+                    qualified(sample, "backend"),
+                );
+                *out.entry(key).or_default() += delta;
+            }
+        }
+    }
+    out.into_iter()
+        .map(|((src_namespace, src, parent, route, backend), requests)| RouteBackendRow {
+            src_namespace,
+            src,
+            parent,
+            route,
+            backend,
+            requests,
+            rps: requests / seconds,
         })
         .collect()
 }

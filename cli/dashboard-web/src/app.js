@@ -1,5 +1,9 @@
 // cnimesh dashboard: hash-routed pages drawn from /api/* (the CLI's own `-o json` values).
-// Plain ES module, no dependencies: see docs/tasks/dashboard.md for why.
+// Bundled with Cytoscape.js and its dagre layout at build time (cli/build.rs); nothing from elsewhere.
+import cytoscape from "cytoscape";
+import dagre from "cytoscape-dagre";
+
+cytoscape.use(dagre);
 
 const main = document.getElementById("main");
 const freshness = document.getElementById("freshness");
