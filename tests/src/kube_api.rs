@@ -237,6 +237,8 @@ pub struct ClusterApi {
     changed: Notify,
     token: Mutex<Option<String>>,
     refusing: AtomicBool,
+    /// Plain-text answers to GETs of fixed paths (a pod proxy's `/metrics`), by path.
+    texts: Mutex<BTreeMap<String, String>>,
 }
 
 fn status(code: StatusCode, reason: &str, message: impl Into<String>) -> Response<Body> {
@@ -404,6 +406,12 @@ impl ClusterApi {
         Served { addr, ca_pem, task }
     }
 
+    /// Answers GETs of `path` with `text` from now on (the API server's pod proxy relaying a
+    /// proxy's `/metrics`, for one): replaced by the next call for the same path.
+    pub fn set_text(&self, path: &str, text: String) {
+        self.texts.lock().insert(path.to_string(), text);
+    }
+
     /// From now on, only requests bearing `token` are answered (others: 401).
     pub fn require_token(&self, token: &str) {
         *self.token.lock() = Some(token.to_string());
@@ -564,6 +572,13 @@ impl ClusterApi {
                 != Some(&format!("Bearer {token}"))
         {
             status(StatusCode::UNAUTHORIZED, "Unauthorized", "Unauthorized")
+        } else if let Some(text) =
+            (call.method == Method::GET).then(|| self.texts.lock().get(&call.path).cloned()).flatten()
+        {
+            Response::builder()
+                .header("content-type", "text/plain; version=0.0.4")
+                .body(Full::new(Bytes::from(text)).boxed())
+                .expect("valid response")
         } else {
             match parse_path(&call.path) {
                 Some(target) => self.answer(&call, target),

@@ -84,6 +84,8 @@ impl Browser {
         }
         let caps = json!({"capabilities": {"alwaysMatch": {
             "browserName": "chrome",
+            // The page's console, read back by `console_errors`.
+            "goog:loggingPrefs": {"browser": "ALL"},
             "goog:chromeOptions": {"binary": CHROMIUM, "args": [
                 "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                 "--no-first-run", "--disable-extensions", format!("--window-size={width},{height}"),
@@ -162,6 +164,27 @@ impl Browser {
             {"type": "keyDown", "value": key}, {"type": "keyUp", "value": key},
         ]}]});
         self.session_call("POST", "/actions", Some(actions)).map(|_| ())
+    }
+
+    /// Turns the mouse wheel by `delta_y` pixels over the element (negative: away from the user).
+    pub fn wheel(&self, element: &str, delta_y: i64) -> anyhow::Result<()> {
+        let actions = json!({"actions": [{"type": "wheel", "id": "wheel", "actions": [
+            {"type": "scroll", "x": 0, "y": 0, "deltaX": 0, "deltaY": delta_y, "origin": {ELEMENT: element}},
+        ]}]});
+        self.session_call("POST", "/actions", Some(actions)).map(|_| ())
+    }
+
+    /// The console's errors since the last call (chromium's `SEVERE` entries: uncaught
+    /// exceptions, failed loads, `console.error`).
+    pub fn console_errors(&self) -> anyhow::Result<Vec<String>> {
+        let entries = self.session_call("POST", "/se/log", Some(json!({"type": "browser"})))?;
+        Ok(entries
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|e| e["level"] == "SEVERE")
+            .map(|e| e["message"].as_str().unwrap_or_default().to_string())
+            .collect())
     }
 
     /// A PNG of the viewport, written to `path` (its directory created).

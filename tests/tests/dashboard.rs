@@ -81,9 +81,14 @@ struct Dashboard {
 
 impl Dashboard {
     fn start(local: &LocalMode) -> Self {
+        Self::start_with(&["--local".as_ref(), local.root.as_os_str()])
+    }
+
+    /// `cnimesh dashboard ARGS --port 0 --show url --interval 2s`.
+    fn start_with(args: &[&std::ffi::OsStr]) -> Self {
         let mut child = Command::new(CLI)
-            .args(["dashboard", "--local"])
-            .arg(&local.root)
+            .arg("dashboard")
+            .args(args)
             .args(["--port", "0", "--show", "url", "--interval", "2s"])
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -146,40 +151,43 @@ fn the_dashboard_shows_the_local_demo_live_in_a_real_browser() {
     assert_eq!(dashboard.status_without_token("/api/tap?resource=deploy/web&namespace=demo"), 401);
     let browser = Browser::start(1400, 1000).unwrap();
 
-    // Topology: client→web with the lock, client→legacy drawn as plaintext, rates filled in.
+    // Topology: client→web over mTLS, client→legacy drawn as plaintext, rates filled in.
     browser.goto(&format!("{}#/topology", dashboard.url)).unwrap();
     let edges = browser
         .wait_for(
             "the topology's edges with rates",
             PAGE,
-            r#"const edges = [...document.querySelectorAll("svg.topology g.edge")].map((g) => ({
-                 src: g.dataset.src, dst: g.dataset.dst, mtls: g.dataset.mtls, rps: g.dataset.rps,
-                 class: g.getAttribute("class"), label: g.querySelector("text").textContent,
-                 lock: !!g.querySelector("path.lock"),
-                 dash: getComputedStyle(g.querySelector("line")).strokeDasharray }));
-               const web = edges.find((e) => e.src === "deployment/client" && e.dst === "deployment/web");
-               const legacy = edges.find((e) => e.src === "deployment/client" && e.dst === "pod/legacy");
-               return web && legacy && Number(web.rps) > 0 ? edges : null;"#,
+            r#"const cy = window.cnimeshTopology;
+               if (!cy) return null;
+               const edges = cy.edges().map((e) => ({ source: e.data("source"), target: e.data("target"),
+                 kind: e.data("kind"), rps: e.data("traffic").rps, label: e.data("text"),
+                 dash: e.style("line-style") }));
+               const web = edges.find((e) => e.source === "demo/deployment/client" && e.target === "demo/deployment/web");
+               const legacy = edges.find((e) => e.source === "demo/deployment/client" && e.target === "demo/pod/legacy");
+               return web && legacy && web.rps > 0 ? edges : null;"#,
         )
         .unwrap();
     let edge = |dst: &str| {
-        edges.as_array().unwrap().iter().find(|e| e["src"] == "deployment/client" && e["dst"] == dst).unwrap().clone()
+        edges
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["source"] == "demo/deployment/client" && e["target"] == dst)
+            .unwrap()
+            .clone()
     };
-    let web = edge("deployment/web");
-    assert_eq!((web["mtls"].as_str(), web["class"].as_str()), (Some("true"), Some("edge mtls")), "{edges:#}");
-    assert!(web["label"].as_str().unwrap().starts_with("mTLS · ") && web["lock"] == true, "the lock: {web:#}");
-    assert_eq!(web["dash"], "none", "{web:#}");
-    let legacy = edge("pod/legacy");
-    assert_eq!(
-        (legacy["mtls"].as_str(), legacy["class"].as_str()),
-        (Some("false"), Some("edge plaintext")),
-        "{edges:#}"
-    );
-    assert!(legacy["label"].as_str().unwrap().contains("plaintext") && legacy["lock"] == false, "{legacy:#}");
-    assert_ne!(legacy["dash"], "none", "plaintext edges are dashed: {legacy:#}");
+    let web = edge("demo/deployment/web");
+    assert_eq!(web["kind"], "mtls", "{edges:#}");
+    assert!(web["label"].as_str().unwrap().starts_with("mTLS · "), "{web:#}");
+    assert_eq!(web["dash"], "solid", "{web:#}");
+    let legacy = edge("demo/pod/legacy");
+    assert_eq!(legacy["kind"], "plaintext", "{edges:#}");
+    assert!(legacy["label"].as_str().unwrap().starts_with("plaintext"), "{legacy:#}");
+    assert_eq!(legacy["dash"], "dashed", "plaintext edges are dashed: {legacy:#}");
+    // The edges' table links each workload to its page.
     let node_link = browser
         .execute(
-            r#"return document.querySelector('a.node[data-node="deployment/web"]').getAttribute("href")"#,
+            r##"return document.querySelector('table.edges a[href="#/workload/demo/deployment/web"]').getAttribute("href")"##,
             json!([]),
         )
         .unwrap();
@@ -257,16 +265,30 @@ fn the_dashboard_shows_the_local_demo_live_in_a_real_browser() {
     browser.goto(&format!("{}#/tap?resource=deploy/web&namespace=demo", dashboard.url)).unwrap();
     browser.wait_for("the tap form", PAGE, "return document.querySelector('#tap-start')").unwrap();
     browser.click(&browser.find("#tap-start").unwrap()).unwrap();
+    // One row per request, completed by its response (status, latency).
     let seen = browser
         .wait_for(
             "tapped requests",
             PAGE,
-            r#"const n = document.querySelectorAll('#tap-lines tr[data-type="requestInit"]').length;
+            r#"const done = [...document.querySelectorAll('#tap-lines tr[data-type="request"][data-done="true"]')];
                const top = [...document.querySelectorAll("table[aria-label^='Requests aggregated'] tbody tr")].length;
-               return n >= 3 && top > 0 ? n : null;"#,
+               return done.length >= 3 && top > 0
+                 ? done.map((r) => ({ status: r.dataset.status, latency: r.querySelector('[data-cell="latency"]').textContent }))
+                 : null;"#,
         )
         .unwrap();
-    assert!(seen.as_u64().unwrap() >= 3);
+    let rows = seen.as_array().unwrap();
+    assert!(rows.len() >= 3 && rows.iter().all(|r| r["status"] != "" && r["latency"] != ""), "{seen:#}");
+    let events = browser
+        .execute("return document.querySelectorAll('#tap-lines tr[data-type=\"request\"]').length", json!([]))
+        .unwrap();
+    let requests = browser
+        .execute(
+            "return new Set([...document.querySelectorAll('#tap-lines tr[data-type=\"request\"]')].map((r) => r.dataset.request)).size",
+            json!([]),
+        )
+        .unwrap();
+    assert_eq!(events, requests, "one row per request");
     shoot(&browser, "tap");
     browser.click(&browser.find("#tap-stop").unwrap()).unwrap();
     browser
@@ -381,4 +403,250 @@ fn the_workload_page_shows_audit_modes_would_be_denials_and_rate_limited_request
     assert_eq!(later["denied"], first["denied"], "no request denied under audit: {first:#} then {later:#}");
     shoot(&browser, "authorization-audit");
     drop(traffic);
+}
+
+/// The names of the generated namespace's workloads: realistic lengths, all different.
+const NAMES: [&str; 10] = [
+    "api-gateway",
+    "orders",
+    "payments-processor",
+    "inventory",
+    "shipping-rates",
+    "catalog-search",
+    "recommendations",
+    "user-profile",
+    "notifications-email",
+    "ledger",
+];
+const WORKLOADS: usize = 50;
+const BIG: &str = "big";
+
+fn big_workload(i: usize) -> String {
+    format!("{}-{i}", NAMES[i % NAMES.len()])
+}
+
+fn big_ip(i: usize) -> String {
+    format!("10.251.0.{}", 10 + i)
+}
+
+/// 150 edges among 50 workloads (cycles included), five of them to addresses outside the mesh
+/// (192.0.2.0/24, documentation addresses nothing is sent to) and some answered 403.
+/// `(source, target address, mtls, denied)`.
+fn big_edges() -> Vec<(usize, String, bool, bool)> {
+    let mut out = Vec::new();
+    let mut seen = std::collections::BTreeSet::new();
+    for i in 0..WORKLOADS {
+        for k in 1..=3 {
+            if k == 3 && i % 10 == 0 {
+                out.push((i, format!("192.0.2.{}:443", 10 + i), false, false));
+                continue;
+            }
+            let mut j = (i * (k + 1) + 7 * k) % WORKLOADS;
+            while j == i || seen.contains(&(i, j)) {
+                j = (j + 1) % WORKLOADS;
+            }
+            seen.insert((i, j));
+            out.push((i, format!("{}:8080", big_ip(j)), i % 9 != 4, k == 2 && i % 7 == 0));
+        }
+    }
+    out
+}
+
+/// What workload `i`'s proxy counted after `t` seconds: per edge 5 requests a second (a denied
+/// edge: 1 of them answered 403), and what it received.
+fn big_metrics(i: usize, edges: &[(usize, String, bool, bool)], t: u64) -> String {
+    let mut text = String::new();
+    for (_, target, mtls, denied) in edges.iter().filter(|e| e.0 == i) {
+        let tls = if *mtls {
+            format!("tls=\"true\",server_id=\"w.{BIG}.serviceaccount.identity.cnimesh.cluster.local\"")
+        } else {
+            "tls=\"false\"".to_string()
+        };
+        let labels = format!("direction=\"outbound\",target_addr=\"{target}\",{tls}");
+        let refused = if *denied { t } else { 0 };
+        text.push_str(&format!("request_total{{{labels}}} {}\n", 5 * t));
+        text.push_str(&format!(
+            "response_total{{{labels},status_code=\"200\",classification=\"success\"}} {}\n",
+            5 * t - refused
+        ));
+        text.push_str(&format!(
+            "response_total{{{labels},status_code=\"403\",classification=\"failure\"}} {refused}\n"
+        ));
+    }
+    let inbound = format!("direction=\"inbound\",target_addr=\"{}:8080\",tls=\"true\"", big_ip(i));
+    text.push_str(&format!("response_total{{{inbound},status_code=\"200\",classification=\"success\"}} {}\n", 3 * t));
+    text.push_str(&format!("tcp_open_connections{{{inbound}}} 2\n# EOF\n"));
+    text
+}
+
+/// A mocked API server (over HTTPS on 127.0.0.1) holding the namespace `big`: 50 workloads of
+/// one meshed pod each, whose proxies' metrics its pod proxy relays, counters growing as the
+/// seconds pass until dropped.
+struct BigNamespace {
+    _served: cnimesh_e2e::kube_api::Served,
+    stop: Arc<AtomicBool>,
+    updater: Option<std::thread::JoinHandle<()>>,
+    kubeconfig: tempfile::NamedTempFile,
+    _runtime: tokio::runtime::Runtime,
+}
+
+impl BigNamespace {
+    fn start() -> Self {
+        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+        let api = cnimesh_e2e::kube_api::ClusterApi::new();
+        for i in 0..WORKLOADS {
+            let name = big_workload(i);
+            api.put(json!({"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": format!("{name}-0"), "namespace": BIG,
+                             "labels": {"app": name, "cnimesh.io/proxy-deployment": name}},
+                "spec": {"serviceAccountName": name, "containers": [
+                    {"name": "app", "image": "app"}, {"name": "cnimesh-proxy", "image": "proxy"}]},
+                "status": {"phase": "Running", "podIP": big_ip(i)}}));
+        }
+        let served = runtime.block_on(api.serve());
+        let mut kubeconfig = tempfile::NamedTempFile::new().unwrap();
+        std::io::Write::write_all(&mut kubeconfig, served.kubeconfig("big", "test-token").as_bytes()).unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let edges = big_edges();
+        let publish = move |t: u64| {
+            for i in 0..WORKLOADS {
+                let path = format!("/api/v1/namespaces/{BIG}/pods/{}-0:4191/proxy/metrics", big_workload(i));
+                api.set_text(&path, big_metrics(i, &edges, t));
+            }
+        };
+        publish(1);
+        let updater = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let start = std::time::Instant::now();
+                while !stop.load(Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_millis(500));
+                    publish(1 + start.elapsed().as_secs());
+                }
+            })
+        };
+        Self { _served: served, stop, updater: Some(updater), kubeconfig, _runtime: runtime }
+    }
+}
+
+impl Drop for BigNamespace {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.updater.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The topology of a namespace of 50 workloads and 150 edges, laid out by dagre in a real
+/// chromium: no two nodes' labels overlap (their bounding boxes, as Cytoscape.js measures them),
+/// the addresses outside the mesh are address nodes the page asks nothing about, denied edges
+/// stand out, zoom works by button and wheel, the namespace filter and the time range reach the
+/// API, and the console has no error (a favicon is served, nothing else is missing).
+#[test]
+fn a_50_workload_namespace_is_drawn_without_overlapping_labels_in_a_real_browser() {
+    let test = "a_50_workload_namespace_is_drawn_without_overlapping_labels_in_a_real_browser";
+    if !require_browser(test) {
+        return;
+    }
+    let big = BigNamespace::start();
+    let dashboard = Dashboard::start_with(&["--kubeconfig".as_ref(), big.kubeconfig.path().as_os_str()]);
+    let browser = Browser::start(1600, 1000).unwrap();
+    browser.goto(&format!("{}#/topology", dashboard.url)).unwrap();
+    let drawn = browser
+        .wait_for(
+            "the 50 workloads, 150 edges and their rates",
+            PAGE,
+            r#"const cy = window.cnimeshTopology;
+               if (!cy) return null;
+               const workloads = cy.nodes('[kind = "workload"]').length;
+               const rated = cy.edges().filter((e) => e.data("traffic").rps > 0).length;
+               return workloads === 50 && cy.edges().length === 150 && rated > 0
+                 ? { workloads, edges: cy.edges().length, addresses: cy.nodes('[kind = "address"]').map((n) => n.data("label")) }
+                 : null;"#,
+        )
+        .unwrap();
+    assert_eq!(drawn["addresses"].as_array().unwrap().len(), 5, "{drawn:#}");
+    assert!(drawn["addresses"].as_array().unwrap().iter().all(|a| a.as_str().unwrap().starts_with("192.0.2.")));
+
+    // No two labels' bounding boxes intersect.
+    let overlaps = browser
+        .execute(
+            r#"const cy = window.cnimeshTopology;
+               const boxes = cy.nodes().map((n) => ({ id: n.id(),
+                 b: n.boundingBox({ includeNodes: false, includeEdges: false, includeLabels: true }) }));
+               const hit = [];
+               for (let i = 0; i < boxes.length; i++) for (let j = i + 1; j < boxes.length; j++) {
+                 const a = boxes[i].b, b = boxes[j].b;
+                 if (a.w > 0 && b.w > 0 && a.x1 < b.x2 && b.x1 < a.x2 && a.y1 < b.y2 && b.y1 < a.y2) hit.push([boxes[i].id, boxes[j].id]);
+               }
+               return { hit, labelled: boxes.filter((x) => x.b.w > 0).length };"#,
+            json!([]),
+        )
+        .unwrap();
+    assert_eq!(overlaps["hit"], json!([]), "overlapping labels: {overlaps:#}");
+    assert_eq!(overlaps["labelled"], 55, "every node has its label: {overlaps:#}");
+    shoot(&browser, "topology-50");
+
+    // Denied edges stand out, on the graph and in the edges' table.
+    let denied = browser
+        .wait_for(
+            "denied edges",
+            PAGE,
+            r#"const cy = window.cnimeshTopology;
+               const refused = cy.edges(".refused").length;
+               const rows = [...document.querySelectorAll("table.edges tr[data-denied]")].filter((r) => Number(r.dataset.denied) > 0).length;
+               return refused > 0 && rows > 0 ? { refused, rows } : null;"#,
+        )
+        .unwrap();
+    assert_eq!(denied["refused"], denied["rows"], "{denied:#}");
+
+    // Zoom: the buttons and the wheel.
+    let zoom = || browser.execute("return window.cnimeshTopology.zoom()", json!([])).unwrap().as_f64().unwrap();
+    let before = zoom();
+    browser.click(&browser.find("#zoom-in").unwrap()).unwrap();
+    let zoomed = zoom();
+    assert!(zoomed > before, "the zoom-in button: {before} → {zoomed}");
+    browser.wheel(&browser.find("#cy").unwrap(), -400).unwrap();
+    let wheeled = browser
+        .wait_for(
+            "the wheel's zoom",
+            PAGE,
+            &format!("const z = window.cnimeshTopology.zoom(); return z !== {zoomed} ? z : null;"),
+        )
+        .unwrap();
+    assert_ne!(wheeled.as_f64(), Some(zoomed));
+    shoot(&browser, "topology-50-zoomed");
+    browser.click(&browser.find("#zoom-fit").unwrap()).unwrap();
+    shoot(&browser, "topology-50-fit");
+
+    // The namespace filter and the time range reach the API.
+    browser
+        .execute(
+            r#"const ns = document.getElementById("filter-namespace");
+               ns.value = "big"; ns.dispatchEvent(new Event("change"));
+               const range = document.getElementById("filter-range");
+               range.value = "1m"; range.dispatchEvent(new Event("change"));"#,
+            json!([]),
+        )
+        .unwrap();
+    browser
+        .wait_for(
+            "a topology request for namespace big over 1m",
+            PAGE,
+            r#"return performance.getEntriesByType("resource").some((e) => e.name.includes("/api/topology?namespace=big&range=1m"));"#,
+        )
+        .unwrap();
+
+    // The page asked nothing about the addresses: no per-edge stat call at all.
+    let asked = browser
+        .execute(
+            r#"return performance.getEntriesByType("resource").map((e) => e.name)
+                 .filter((n) => n.includes("/api/stat") || n.includes("192.0.2."));"#,
+            json!([]),
+        )
+        .unwrap();
+    assert_eq!(asked, json!([]), "{asked:#}");
+    let errors = browser.console_errors().unwrap();
+    assert!(errors.is_empty(), "console errors: {errors:#?}");
 }

@@ -127,72 +127,165 @@ function lockIcon() {
 const workloadHref = (ns, kindName) => `#/workload/${encodeURIComponent(ns)}/${kindName.split("/").map(encodeURIComponent).join("/")}`;
 
 // ---------- pages ----------
+// The page-wide filters: the namespace shown and the time range of the rates (the proxies'
+// counters over the last 1, 5 or 15 minutes, or the sampler's last window).
+const filters = { namespace: "", range: "" };
+try { Object.assign(filters, JSON.parse(localStorage.getItem("cnimesh-dashboard-filters") || "{}")); } catch { /* defaults */ }
+const nsParam = () => { const ns = meta.namespace || filters.namespace; return ns ? { namespace: ns } : {}; };
+const rangeParam = () => (filters.range ? { range: filters.range } : {});
+function setFilter(key, value) {
+  filters[key] = value;
+  try { localStorage.setItem("cnimesh-dashboard-filters", JSON.stringify(filters)); } catch { /* private mode */ }
+  route(true);
+}
+function filterControls(namespaces) {
+  const nsSelect = h("select", { id: "filter-namespace", "aria-label": "Namespace", onchange: (e) => setFilter("namespace", e.target.value) },
+    h("option", { value: "" }, "All namespaces"), ...namespaces.map((n) => h("option", { value: n }, n)));
+  nsSelect.value = meta.namespace || filters.namespace;
+  if (meta.namespace) nsSelect.disabled = true;
+  const rangeSelect = h("select", { id: "filter-range", "aria-label": "Time range", onchange: (e) => setFilter("range", e.target.value) },
+    h("option", { value: "" }, `Last ${meta.interval_seconds}s`), h("option", { value: "1m" }, "Last 1 min"), h("option", { value: "5m" }, "Last 5 min"), h("option", { value: "15m" }, "Last 15 min"));
+  rangeSelect.value = filters.range;
+  return h("div", { class: "filters" }, h("label", {}, "Namespace ", nsSelect), h("label", {}, "Time range ", rangeSelect));
+}
+let namespacesSeen = [];
+
+// ---------- topology (Cytoscape.js, laid out by dagre) ----------
+let cy = null; // kept across refreshes: zoom and pan stay where the operator put them
+let cyShape = ""; // the node and edge ids it was laid out for
+const css = (name) => getComputedStyle(document.documentElement).getPropertyValue(name).trim();
+const FONT = "13px system-ui, sans-serif";
+let measure = null;
+function textWidth(text) {
+  measure ||= document.createElement("canvas").getContext("2d");
+  measure.font = FONT;
+  return Math.max(...String(text).split("\n").map((l) => measure.measureText(l).width));
+}
+function nodeLabel(n) {
+  const rates = n.rps !== null && n.rps !== undefined && (n.kind === "workload" || n.kind === "pod") ? `\n${rps(n.rps)} · ${pct(n.success_rate, 1)}` : "";
+  const prefix = n.kind === "address" ? "address " : n.kind === "egress" ? "egress " : "";
+  return `${prefix}${n.label}${rates}`;
+}
+function edgeLabel(e) {
+  const t = e.traffic;
+  if (e.kind === "split") return `split ${e.split.parent} → ${pct(e.split.share, 0)} · ${rps(t.rps)}`;
+  const parts = [e.kind === "egress" ? `egress ${e.egress.network}` : e.mtls ? "mTLS" : "plaintext", rps(t.rps), pct(t.success_rate, 1)];
+  if (t.denied) parts.push(`${Math.round(t.denied)} denied`);
+  if (t.rate_limited) parts.push(`${Math.round(t.rate_limited)} rate-limited`);
+  if (e.egress?.denied) parts.push(`${Math.round(e.egress.denied)} refused (egress)`);
+  return parts.join(" · ");
+}
+function cyStyle() {
+  const fg = css("--fg"), bg = css("--bg"), muted = css("--muted"), ok = css("--ok"), bad = css("--bad"), warn = css("--warn"), accent = css("--accent");
+  return [
+    { selector: "node", style: { shape: "round-rectangle", width: "data(w)", height: "data(h)", label: "data(text)", "text-wrap": "wrap", "text-valign": "center", "text-halign": "center",
+      "font-size": 13, "font-family": "system-ui, sans-serif", color: fg, "background-color": bg, "border-width": 2, "border-color": accent, "min-zoomed-font-size": 0 } },
+    { selector: "node.unmeshed", style: { "border-style": "dashed", "border-color": muted } },
+    { selector: "node.address", style: { shape: "cut-rectangle", "border-style": "dashed", "border-color": muted, "font-style": "italic" } },
+    { selector: "node.egress, node.service", style: { shape: "round-tag", "border-style": "dotted", "border-color": muted, "font-style": "italic" } },
+    { selector: "node:selected", style: { "border-width": 4, "border-color": css("--focus") } },
+    { selector: "edge", style: { "curve-style": "bezier", width: 2, "line-color": ok, "target-arrow-color": ok, "target-arrow-shape": "triangle", "arrow-scale": 0.9,
+      "font-size": 12, color: fg, "text-background-color": bg, "text-background-opacity": 0.9, "text-background-padding": 2, "text-rotation": "autorotate", label: "" } },
+    { selector: "edge.plaintext", style: { "line-color": bad, "target-arrow-color": bad, "line-style": "dashed" } },
+    { selector: "edge.egress", style: { "line-color": muted, "target-arrow-color": muted, "line-style": "dotted" } },
+    { selector: "edge.split", style: { "line-color": accent, "target-arrow-color": accent, "line-style": "dashed" } },
+    { selector: "edge.refused", style: { width: 4, "line-color": warn, "target-arrow-color": warn } },
+    { selector: "edge.labelled, edge:selected, edge.hover", style: { label: "data(text)" } },
+    { selector: "edge.faded, node.faded", style: { opacity: 0.15 } },
+  ];
+}
+
 async function topology() {
-  const nsParam = meta.namespace ? { namespace: meta.namespace } : {};
-  const edges = envelope(await api("edges", { resource: "deploy", ...nsParam }));
-  const nodes = new Map();
-  const node = (ns, name) => { const id = `${ns}/${name}`; if (!nodes.has(id)) nodes.set(id, { id, ns, name, in: 0, out: [] }); return nodes.get(id); };
-  for (const e of edges) { const s = node(e.src_namespace, e.src), d = node(e.dst_namespace, e.dst); s.out.push(d); d.in++; }
-  // Columns: a node sits one right of its furthest caller (cycles stop at the node count).
-  const col = new Map([...nodes.values()].map((n) => [n.id, 0]));
-  for (let i = 0; i < nodes.size; i++) for (const n of nodes.values()) for (const d of n.out) if (d !== n) col.set(d.id, Math.max(col.get(d.id), Math.min(col.get(n.id) + 1, nodes.size)));
-  const columns = [];
-  for (const n of nodes.values()) (columns[col.get(n.id)] ||= []).push(n);
-  const W = 190, H = 36, GX = 430, GY = 110;
-  const pos = new Map();
-  columns.forEach((list, c) => list.forEach((n, r) => pos.set(n.id, { x: 20 + c * GX, y: 30 + r * GY })));
-  const width = 40 + (columns.length - 1) * GX + W, height = 40 + Math.max(1, ...columns.map((l) => l.length)) * GY;
-  const labels = [];
-  const svg = el("svg", { class: "topology", width, height, viewBox: `0 0 ${width} ${height}`, role: "group", "aria-label": "Topology: workloads and who calls whom" },
-    el("defs", {}, el("marker", { id: "arrow", viewBox: "0 0 10 10", refX: 10, refY: 5, markerWidth: 7, markerHeight: 7, orient: "auto-start-reverse" }, el("path", { d: "M 0 0 L 10 5 L 0 10 z" }))));
-  // Egress edges carry their own counts: there is no workload to `stat --to`.
-  const rates = await Promise.all(edges.map((e) => e.egress ? null : api("stat", { resource: e.src, namespace: e.src_namespace, to: e.dst, to_namespace: e.dst_namespace || e.src_namespace }).then((r) => r.value[0], () => null)));
-  edges.forEach((e, i) => {
-    const a = pos.get(`${e.src_namespace}/${e.src}`), b = pos.get(`${e.dst_namespace}/${e.dst}`);
-    const r = rates[i];
-    const x1 = a.x + W, y1 = a.y + H / 2, x2 = b.x, y2 = b.y + H / 2;
-    const label = e.egress ? `egress · ${Math.round(e.requests)} req · ${Math.round(e.connections)} conn · ${Math.round(e.egress.denied)} denied`
-      : `${e.mtls ? "mTLS" : "⚠ plaintext"} · ${r ? rps(r.rps) : "-"} · ${r ? pct(r.success_rate, 1) : "-"}`;
-    // Labels sit a third of the way along (crossing edges meet in the middle), above the lines.
-    const t = y1 === y2 ? 0.5 : 0.3, lx = x1 + (x2 - x1) * t, ly = y1 + (y2 - y1) * t - 8;
-    const kind = e.egress ? `egress${e.egress.denied ? " denied" : ""}` : e.mtls ? "mtls" : "plaintext";
-    const title = e.egress ? `${e.src} → ${e.dst}: egress through EgressNetwork ${e.egress.network}, ${Math.round(e.egress.denied)} refused`
-      : `${e.src} → ${e.dst}: ${e.mtls ? "mTLS" : "plaintext (not encrypted)"}, client ${e.client_ids.join(",") || "-"}, server ${e.server_ids.join(",") || "-"}`;
-    const g = el("g", { class: `edge ${kind}`, "data-src": e.src, "data-dst": e.dst, "data-mtls": e.mtls, "data-rps": r ? r.rps : "", "data-denied": e.egress ? e.egress.denied : undefined },
-      el("title", { text: title }),
-      el("line", { x1, y1, x2, y2, "marker-end": "url(#arrow)" }));
-    const text = el("text", { x: lx, y: ly, "text-anchor": "middle", text: label });
-    labels.push([g, text, e.mtls ? el("path", { class: "lock", d: lockPath(lx - label.length * 3.4 - 16, ly - 11) }) : null]);
-    svg.append(g);
-  });
-  for (const n of nodes.values()) {
-    const p = pos.get(n.id);
-    const egress = edges.find((e) => e.egress && e.dst === n.name && e.dst_namespace === n.ns);
-    if (egress) {
-      // A hostname outside the mesh, not a workload: no page of its own.
-      svg.append(el("g", { class: "node egress", "data-node": n.name, "data-egress-network": egress.egress.network },
-        el("title", { text: `${n.name} (outside the mesh, EgressNetwork ${egress.egress.network})` }),
-        el("rect", { x: p.x, y: p.y, width: W, height: H }),
-        el("text", { x: p.x + 10, y: p.y + 23, text: n.name })));
-      continue;
-    }
-    const meshed = edges.some((e) => (e.src === n.name && e.src_namespace === n.ns) || (e.dst === n.name && e.server_ids.length));
-    const link = el("a", { svgLink: true, href: workloadHref(n.ns || "default", n.name), class: `node ${meshed ? "meshed" : "unmeshed"}`, "data-node": n.name },
-      el("title", { text: `${n.ns}/${n.name}${meshed ? "" : " (not meshed)"}` }),
-      el("rect", { x: p.x, y: p.y, width: W, height: H }),
-      el("text", { x: p.x + 10, y: p.y + 23, text: n.name }));
-    svg.append(link);
+  const env = await api("topology", { ...nsParam(), ...rangeParam() });
+  const graph = envelope(env);
+  namespacesSeen = graph.namespaces;
+  const elements = [];
+  for (const n of graph.nodes) {
+    const text = nodeLabel(n);
+    const classes = [n.kind, n.kind === "workload" || n.kind === "pod" ? (n.meshed ? "meshed" : "unmeshed") : ""].join(" ");
+    elements.push({ group: "nodes", classes, data: { ...n, text, w: Math.ceil(textWidth(text)) + 24, h: text.includes("\n") ? 44 : 30 } });
   }
-  // Each edge's label and lock go last, over lines and boxes (they stay in the edge's group).
-  for (const [g, text, lock] of labels) { g.append(text); if (lock) g.append(lock); svg.append(g); }
-  main.replaceChildren(h("h1", {}, "Topology"),
-    edges.length ? svg : h("p", {}, "No edges yet: no meshed proxy has seen traffic."),
-    h("p", { class: "muted" }, "Solid green with a lock: mTLS. Dashed red: plaintext. Dotted grey to a rounded box: egress by hostname (outside the mesh). Click a workload for its details."));
+  for (const e of graph.edges) {
+    const refused = e.traffic.denied > 0 || e.traffic.rate_limited > 0 || (e.egress?.denied || 0) > 0;
+    elements.push({ group: "edges", classes: `${e.kind}${refused ? " refused" : ""}`, data: { ...e, text: edgeLabel(e) } });
+  }
+  const shape = [...graph.nodes.map((n) => n.id), ...graph.edges.map((e) => e.id)].sort().join("\n");
+  const legend = h("p", { class: "muted" }, "Green: mTLS. Dashed red: plaintext. Thick orange: requests denied (403) or rate-limited (429) in the range. Dashed blue: a route's split to another backend. Dotted grey to a tag: an egress hostname or a Service; a cut box: an address outside the mesh (no workload). Scroll or use the buttons to zoom, drag to pan; hover or select an edge for its numbers; click a workload for its page.");
+  const table = edgeTable(graph.edges, graph.nodes);
+  let container = document.getElementById("cy");
+  if (!cy || !container || !main.contains(container)) {
+    container = h("div", { id: "cy", role: "img", "aria-label": "Topology: workloads and who calls whom (the table below lists the same edges)" });
+    const zoom = (f) => { if (cy) cy.zoom({ level: cy.zoom() * f, renderedPosition: { x: container.clientWidth / 2, y: container.clientHeight / 2 } }); };
+    const tools = h("div", { class: "zoom", role: "group", "aria-label": "Zoom" },
+      h("button", { type: "button", id: "zoom-in", "aria-label": "Zoom in", onclick: () => zoom(1.25) }, "+"),
+      h("button", { type: "button", id: "zoom-out", "aria-label": "Zoom out", onclick: () => zoom(0.8) }, "−"),
+      h("button", { type: "button", id: "zoom-fit", onclick: () => cy && cy.fit(undefined, 20) }, "Fit"));
+    main.replaceChildren(h("h1", {}, "Topology"), filterControls(namespacesSeen), tools, container, legend, h("h2", {}, "Edges"), table);
+    if (cy) cy.destroy();
+    cy = cytoscape({ container, elements, style: cyStyle(), wheelSensitivity: 0.3, minZoom: 0.05, maxZoom: 4, boxSelectionEnabled: false });
+    window.cnimeshTopology = cy;
+    cy.on("tap", "node", (ev) => { const d = ev.target.data(); if (d.kind === "workload" || d.kind === "pod") location.hash = workloadHref(d.namespace, d.name); });
+    cy.on("mouseover", "edge", (ev) => ev.target.addClass("hover"));
+    cy.on("mouseout", "edge", (ev) => ev.target.removeClass("hover"));
+    cy.on("mouseover", "node", (ev) => { cy.elements().not(ev.target.closedNeighborhood()).addClass("faded"); });
+    cy.on("mouseout", "node", () => cy.elements().removeClass("faded"));
+    cyShape = "";
+  } else {
+    main.querySelector("table.edges").replaceWith(table);
+    main.querySelector(".filters").replaceWith(filterControls(namespacesSeen));
+  }
+  if (shape !== cyShape) {
+    cy.elements().remove();
+    cy.add(elements);
+    cyShape = shape;
+    layout();
+  } else {
+    for (const el of elements) { const c = cy.getElementById(el.data.id); c.data(el.data); c.classes(el.classes); }
+  }
+  // Few edges: their numbers are written on them; many: on hover or selection, and in the table.
+  cy.edges().toggleClass("labelled", graph.edges.length <= 12);
+  document.body.dataset.topologyShape = cyShape.length;
+}
+
+// Below this zoom the labels are too small to read: a large graph starts there, at its left
+// (where the callers are), and "Fit" shows all of it.
+const READABLE_ZOOM = 0.6;
+function layout() {
+  cy.layout({ name: "dagre", rankDir: "LR", nodeSep: 18, rankSep: 70, edgeSep: 10, nodeDimensionsIncludeLabels: true, fit: true, padding: 20, animate: false }).run();
+  if (cy.zoom() < READABLE_ZOOM) {
+    const box = cy.elements().boundingBox();
+    cy.zoom(READABLE_ZOOM);
+    cy.pan({ x: 20 - box.x1 * READABLE_ZOOM, y: cy.height() / 2 - ((box.y1 + box.y2) / 2) * READABLE_ZOOM });
+  }
+}
+
+function edgeTable(edges, nodes) {
+  const byId = new Map(nodes.map((n) => [n.id, n]));
+  const name = (id) => { const n = byId.get(id); return n ? (n.kind === "workload" || n.kind === "pod" ? `${n.namespace}/${n.name}` : n.kind === "service" ? `${n.namespace}/${n.name}` : `${n.kind} ${n.label}`) : id; };
+  const link = (id) => { const n = byId.get(id); return n && (n.kind === "workload" || n.kind === "pod") ? h("a", { href: workloadHref(n.namespace, n.name) }, name(id)) : name(id); };
+  const columns = [
+    { key: "src", label: "From", sort: (e) => name(e.source) },
+    { key: "dst", label: "To", sort: (e) => name(e.target) },
+    { key: "kind", label: "Security", sort: (e) => e.kind },
+    { key: "rps", label: "RPS", num: true, sort: (e) => e.traffic.rps },
+    { key: "success", label: "Success", num: true, sort: (e) => e.traffic.success_rate ?? -1 },
+    { key: "denied", label: "Denied (403)", num: true, sort: (e) => e.traffic.denied + (e.egress?.denied || 0) },
+    { key: "limited", label: "Rate limited (429)", num: true, sort: (e) => e.traffic.rate_limited },
+  ];
+  const table = h("table", { class: "edges", "aria-label": "Edges" });
+  sortable(table, edges, columns, (e) => {
+    const denied = e.traffic.denied + (e.egress?.denied || 0);
+    return h("tr", { "data-edge": e.id, "data-kind": e.kind, "data-denied": denied, "data-rate-limited": e.traffic.rate_limited },
+      h("td", {}, link(e.source)), h("td", {}, link(e.target)),
+      h("td", { class: e.kind === "mtls" ? "ok" : e.kind === "plaintext" ? "bad" : "" }, e.kind === "mtls" ? [lockIcon(), " mTLS"] : e.kind === "plaintext" ? "⚠ plaintext" : e.kind === "split" ? `split of ${e.split.parent} (${e.split.route}), ${pct(e.split.share, 0)}` : `egress (${e.egress.network})`),
+      h("td", { class: "num" }, rps(e.traffic.rps)), h("td", { class: "num" }, pct(e.traffic.success_rate, 1)),
+      h("td", { class: denied ? "num bad" : "num" }, Math.round(denied)), h("td", { class: e.traffic.rate_limited ? "num bad" : "num" }, Math.round(e.traffic.rate_limited)));
+  });
+  return table;
 }
 
 async function workloads() {
-  const nsParam = meta.namespace ? { namespace: meta.namespace } : {};
-  const [stat, history] = await Promise.all([api("stat", { resource: "deploy", ...nsParam }), api("history")]);
+  const [stat, history] = await Promise.all([api("stat", { resource: "deploy", ...nsParam(), ...rangeParam() }), api("history")]);
   const rows = envelope(stat);
   const hist = history.value;
   const columns = [
@@ -221,7 +314,8 @@ async function workloads() {
     h("td", { class: "num" }, Math.round(r.tcp_connections)),
     h("td", { class: "num" }, pct(r.mtls_share, 0)),
     h("td", {}, spark(hist[`${r.namespace}/${r.kind}/${r.name}`], (p) => p.rps))));
-  main.replaceChildren(h("h1", {}, "Workloads"), rows.length ? table : h("p", {}, "No workloads found."));
+  namespacesSeen = [...new Set([...namespacesSeen, ...rows.map((r) => r.namespace)])].sort();
+  main.replaceChildren(h("h1", {}, "Workloads"), filterControls(namespacesSeen), rows.length ? table : h("p", {}, "No workloads found."));
 }
 
 const sum = (samples, name, pred = () => true) => samples.filter((s) => s.name === name && pred(s.labels)).reduce((a, s) => a + s.value, 0);
@@ -234,12 +328,12 @@ function groupBy(samples, names, keyOf) {
 async function workload(ns, kind, name) {
   const resource = `${kind}/${name}`;
   const [stat, edges, pods] = await Promise.all([
-    api("stat", { resource, namespace: ns }),
+    api("stat", { resource, namespace: ns, ...rangeParam() }),
     api("edges", { resource: "deploy" }),
     api("pods", { resource, namespace: ns }),
   ]);
   const row = envelope(stat)[0];
-  const page = [h("h1", {}, `${ns}/${resource}`)];
+  const page = [h("h1", {}, `${ns}/${resource}`), filterControls(namespacesSeen)];
   if (row) page.push(h("div", { class: "cards" }, ...[["Success", pct(row.success_rate)], ["RPS", rps(row.rps)], ["P50", ms(row.latency_ms?.p50)], ["P99", ms(row.latency_ms?.p99)], ["TCP connections", Math.round(row.tcp_connections)], ["Meshed pods", `${row.meshed_pods}/${row.pods}`], ["mTLS", pct(row.mtls_share, 0)]]
     .map(([l, v]) => h("div", { class: "card" }, h("div", { class: "label" }, l), h("div", { class: "value" }, v)))));
   const edgeTable = (list, other) => list.length ? h("table", {}, h("thead", {}, h("tr", {}, ...["Workload", "Client identity", "Server identity", "Security", "Requests"].map((t) => h("th", { scope: "col" }, t)))),
@@ -320,8 +414,8 @@ function tap() {
     h("button", { type: "submit", class: "primary", id: "tap-start" }, "Start"), h("button", { type: "button", id: "tap-stop", disabled: "" }, "Stop"));
   const status = h("p", { role: "status", id: "tap-status" }, "Not tapping.");
   const topBody = h("tbody"), linesBody = h("tbody");
-  const topTable = h("table", { "aria-label": "Requests aggregated like cnimesh top" }, h("thead", {}, h("tr", {}, ...["Source", "Destination", "Method", "Path", "Count", "Best", "Worst", "Last", "Success"].map((t) => h("th", { scope: "col" }, t)))), topBody);
-  const linesTable = h("table", { "aria-label": "Live requests", id: "tap-lines" }, h("thead", {}, h("tr", {}, ...["Time", "Pod", "Event", "Method / status", "Path", "Client identity"].map((t) => h("th", { scope: "col" }, t)))), linesBody);
+  const topTable = h("table", { "aria-label": "Requests aggregated like cnimesh top" }, h("thead", {}, h("tr", {}, ...["Source", "Destination", "Method", "Path", "Count", "Best", "Worst", "Last", "Success", "Denied (403)", "Rate limited (429)"].map((t) => h("th", { scope: "col" }, t)))), topBody);
+  const linesTable = h("table", { "aria-label": "Live requests", id: "tap-lines" }, h("thead", {}, h("tr", {}, ...["Time", "Pod", "Direction", "Method", "Path", "Status", "Latency", "Bytes", "Client identity"].map((t) => h("th", { scope: "col" }, t)))), linesBody);
   const local = h("div");
   main.replaceChildren(h("h1", {}, "Live tap"), form, status, local, h("h2", {}, "Top"), topTable, h("h2", {}, "Requests"), linesTable);
   const stop = () => { if (tapAbort) tapAbort.abort(); tapAbort = null; form.querySelector("#tap-start").disabled = false; form.querySelector("#tap-stop").disabled = true; };
@@ -334,6 +428,7 @@ function tap() {
     form.querySelector("#tap-start").disabled = true; form.querySelector("#tap-stop").disabled = false;
     status.textContent = "Tapping…";
     let seen = 0;
+    const requests = new Map(); // one row per request: its events fill it in
     try {
       const response = await fetch(`/api/tap?${q(filters)}`, { signal: tapAbort.signal });
       if (!response.ok) throw new ApiError(await response.json());
@@ -348,8 +443,13 @@ function tap() {
           const line = buffer.slice(0, nl); buffer = buffer.slice(nl + 1);
           if (!line.trim()) continue;
           const msg = JSON.parse(line);
-          if (msg.tap) { seen++; status.textContent = `Tapping: ${seen} events.`; linesBody.prepend(tapRow(msg.tap)); while (linesBody.children.length > 200) linesBody.lastChild.remove(); }
-          else if (msg.top) topBody.replaceChildren(...msg.top.rows.map((r) => h("tr", {}, h("td", {}, r.source), h("td", {}, r.destination), h("td", {}, r.method), h("td", {}, r.path), h("td", { class: "num" }, r.count), h("td", { class: "num" }, us(r.best_us)), h("td", { class: "num" }, us(r.worst_us)), h("td", { class: "num" }, us(r.last_us)), h("td", { class: "num" }, pct(r.successes / r.count)))));
+          if (msg.tap) {
+            if (msg.tap.type === "requestInit") seen++;
+            status.textContent = `Tapping: ${seen} requests.`;
+            tapEvent(requests, linesBody, msg.tap);
+          }
+          else if (msg.top) topBody.replaceChildren(...msg.top.rows.map((r) => h("tr", { "data-denied": r.denied, "data-rate-limited": r.rate_limited }, h("td", {}, r.source), h("td", {}, r.destination), h("td", {}, r.method), h("td", {}, r.path), h("td", { class: "num" }, r.count), h("td", { class: "num" }, us(r.best_us)), h("td", { class: "num" }, us(r.worst_us)), h("td", { class: "num" }, us(r.last_us)), h("td", { class: "num" }, pct(r.successes / r.count)),
+            h("td", { class: r.denied ? "num bad" : "num" }, r.denied), h("td", { class: r.rate_limited ? "num bad" : "num" }, r.rate_limited))));
           else if (msg.error) showError(new ApiError({ error: msg.error }), local);
           else if (msg.end) status.textContent = `The tap ended (${seen} events).`;
         }
@@ -361,11 +461,42 @@ function tap() {
   });
 }
 
-function tapRow(t) {
-  const at = new Date().toLocaleTimeString();
-  const ev = t.type;
-  const what = ev === "requestInit" ? t.method : ev === "responseInit" ? t.httpStatus : ev === "responseEnd" ? `${t.responseBytes ?? ""}B` : t.message || "";
-  return h("tr", { "data-type": ev, class: ev === "error" ? "bad" : "" }, h("td", {}, at), h("td", {}, `${t.namespace}/${t.pod}`), h("td", {}, ev), h("td", {}, what), h("td", {}, t.path || ""), h("td", {}, t.sourceMeta?.client_id || "-"));
+// A request's row, created by its requestInit and completed by its responseInit (status,
+// latency) and responseEnd (bytes, gRPC status, reset): one row per request, newest first.
+function tapEvent(requests, body, t) {
+  const key = `${t.namespace}/${t.pod}/${t.id ?? ""}`;
+  if (t.type === "error") { body.prepend(h("tr", { class: "bad", "data-type": "error" }, h("td", {}, new Date().toLocaleTimeString()), h("td", {}, `${t.namespace}/${t.pod}`), h("td", { colspan: 7 }, t.message || "error"))); return; }
+  let row = requests.get(key);
+  if (!row) {
+    if (t.type !== "requestInit") return; // its start came before the tap did
+    const cells = ["time", "pod", "direction", "method", "path", "status", "latency", "bytes", "client"].map((c) => h("td", { "data-cell": c, class: ["status", "latency", "bytes"].includes(c) ? "num" : "" }));
+    row = h("tr", { "data-request": key, "data-type": "request", "data-status": "" }, ...cells);
+    const cell = (c) => row.querySelector(`[data-cell="${c}"]`);
+    cell("time").textContent = new Date().toLocaleTimeString();
+    cell("pod").textContent = `${t.namespace}/${t.pod}`;
+    cell("direction").textContent = t.direction;
+    cell("method").textContent = t.method;
+    cell("path").textContent = t.path;
+    cell("status").textContent = "…";
+    cell("client").textContent = t.sourceMeta?.client_id || "-";
+    requests.set(key, row);
+    body.prepend(row);
+    while (body.children.length > 200) { const last = body.lastChild; requests.delete(last.dataset.request); last.remove(); }
+    return;
+  }
+  const cell = (c) => row.querySelector(`[data-cell="${c}"]`);
+  if (t.type === "responseInit") {
+    cell("status").textContent = t.httpStatus;
+    cell("latency").textContent = us(t.sinceRequestInitUs);
+    row.dataset.status = t.httpStatus;
+    row.classList.toggle("bad", t.httpStatus >= 500);
+  } else if (t.type === "responseEnd") {
+    cell("bytes").textContent = `${t.responseBytes ?? 0}B`;
+    const trouble = [t.grpcStatus ? `grpc ${t.grpcStatus}` : "", t.resetCode !== undefined && t.resetCode !== null ? `reset ${t.resetCode}` : ""].filter(Boolean).join(", ");
+    if (trouble) { cell("status").textContent += ` (${trouble})`; row.classList.add("bad"); }
+    row.dataset.done = "true";
+    requests.delete(key);
+  }
 }
 
 async function check() {

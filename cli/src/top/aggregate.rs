@@ -1,7 +1,8 @@
 //! `cnimesh top`'s table: tap events folded by (source, destination, method, path), like
 //! `linkerd viz top`: how many requests completed, the best, worst and last latency (to the
-//! response's headers) and the share that succeeded (an HTTP status below 500, a gRPC status
-//! of OK when there is one, no reset).
+//! response's headers) and the share that succeeded (an HTTP status below 500 other than a
+//! policy's refusals, a gRPC status of OK when there is one, no reset), and how many were
+//! refused: denied by policy (403) or rate-limited (429).
 //!
 //! Layer: model (pure).
 
@@ -26,6 +27,10 @@ pub struct Key {
 pub struct Row {
     pub count: u64,
     pub successes: u64,
+    /// Answered 403: denied by the destination's policy (not a success).
+    pub denied: u64,
+    /// Answered 429: refused by the destination's rate limit (not a success).
+    pub rate_limited: u64,
     pub best_us: u64,
     pub worst_us: u64,
     pub last_us: u64,
@@ -79,11 +84,16 @@ impl Top {
             Body::ResponseEnd { at, since_request_init_us, grpc_status, reset_code, .. } => {
                 let Some(p) = self.pending.remove(&stream_key(&at.id)) else { return };
                 let latency = p.latency_us.unwrap_or(*since_request_init_us);
-                let ok =
-                    p.status.is_some_and(|s| s < 500) && grpc_status.is_none_or(|g| g == 0) && reset_code.is_none();
+                let refused = matches!(p.status, Some(403 | 429));
+                let ok = p.status.is_some_and(|s| s < 500)
+                    && !refused
+                    && grpc_status.is_none_or(|g| g == 0)
+                    && reset_code.is_none();
                 let row = self.rows.entry(p.key).or_insert_with(|| Row { best_us: u64::MAX, ..Row::default() });
                 row.count += 1;
                 row.successes += u64::from(ok);
+                row.denied += u64::from(p.status == Some(403));
+                row.rate_limited += u64::from(p.status == Some(429));
                 row.best_us = row.best_us.min(latency);
                 row.worst_us = row.worst_us.max(latency);
                 row.last_us = latency;

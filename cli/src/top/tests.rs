@@ -52,3 +52,25 @@ fn named_pods_replace_addresses() {
     let rows = top.rows();
     assert!(rows.iter().all(|(k, _)| k.source == "demo/client-7d9f" && k.destination == "demo/web-1"), "{rows:?}");
 }
+
+/// A policy's refusals are counted as such, never as successes: 403 denied, 429 rate-limited.
+#[test]
+fn denied_and_rate_limited_requests_are_not_successes() {
+    use cnimesh_control::tap::Body;
+    let mut top = Top::default();
+    for status in [200, 403, 429] {
+        for line in sample_lines().iter().take(3) {
+            let mut line = line.clone();
+            if let Some(at) = line.body.stream_mut() {
+                at.id = format!("s-{status}");
+            }
+            if let Body::ResponseInit { http_status, .. } = &mut line.body {
+                *http_status = status;
+            }
+            top.add(&line);
+        }
+    }
+    let rows = top.rows();
+    let (_, row) = rows.iter().find(|(k, _)| k.path == "/hello").unwrap();
+    assert_eq!((row.count, row.successes, row.denied, row.rate_limited), (3, 1, 1, 1), "{rows:?}");
+}
