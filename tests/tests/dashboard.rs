@@ -279,16 +279,14 @@ fn the_dashboard_shows_the_local_demo_live_in_a_real_browser() {
         .unwrap();
     let rows = seen.as_array().unwrap();
     assert!(rows.len() >= 3 && rows.iter().all(|r| r["status"] != "" && r["latency"] != ""), "{seen:#}");
-    let events = browser
-        .execute("return document.querySelectorAll('#tap-lines tr[data-type=\"request\"]').length", json!([]))
-        .unwrap();
-    let requests = browser
+    let counts = browser
         .execute(
-            "return new Set([...document.querySelectorAll('#tap-lines tr[data-type=\"request\"]')].map((r) => r.dataset.request)).size",
+            r#"const rows = [...document.querySelectorAll('#tap-lines tr[data-type="request"]')];
+               return [rows.length, new Set(rows.map((r) => r.dataset.request)).size];"#,
             json!([]),
         )
         .unwrap();
-    assert_eq!(events, requests, "one row per request");
+    assert_eq!(counts[0], counts[1], "one row per request: {counts}");
     shoot(&browser, "tap");
     browser.click(&browser.find("#tap-stop").unwrap()).unwrap();
     browser

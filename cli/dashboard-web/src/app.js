@@ -190,7 +190,7 @@ function cyStyle() {
     { selector: "edge.egress", style: { "line-color": muted, "target-arrow-color": muted, "line-style": "dotted" } },
     { selector: "edge.split", style: { "line-color": accent, "target-arrow-color": accent, "line-style": "dashed" } },
     { selector: "edge.refused", style: { width: 4, "line-color": warn, "target-arrow-color": warn } },
-    { selector: "edge.labelled, edge:selected, edge.hover", style: { label: "data(text)" } },
+    { selector: "edge:selected, edge.hover", style: { label: "data(text)" } },
     { selector: "edge.faded, node.faded", style: { opacity: 0.15 } },
   ];
 }
@@ -242,8 +242,8 @@ async function topology() {
   } else {
     for (const el of elements) { const c = cy.getElementById(el.data.id); c.data(el.data); c.classes(el.classes); }
   }
-  // Few edges: their numbers are written on them; many: on hover or selection, and in the table.
-  cy.edges().toggleClass("labelled", graph.edges.length <= 12);
+  // An edge's numbers show on hover or selection (written on every edge they would overlap),
+  // and in the edges' table below.
   document.body.dataset.topologyShape = cyShape.length;
 }
 
@@ -252,6 +252,8 @@ async function topology() {
 const READABLE_ZOOM = 0.6;
 function layout() {
   cy.layout({ name: "dagre", rankDir: "LR", nodeSep: 18, rankSep: 70, edgeSep: 10, nodeDimensionsIncludeLabels: true, fit: true, padding: 20, animate: false }).run();
+  // A few nodes are not blown up to fill the box.
+  if (cy.zoom() > 1.2) { cy.zoom(1.2); cy.center(); }
   if (cy.zoom() < READABLE_ZOOM) {
     const box = cy.elements().boundingBox();
     cy.zoom(READABLE_ZOOM);
@@ -327,8 +329,9 @@ function groupBy(samples, names, keyOf) {
 
 async function workload(ns, kind, name) {
   const resource = `${kind}/${name}`;
-  const [stat, edges, pods] = await Promise.all([
+  const [stat, routeStats, edges, pods] = await Promise.all([
     api("stat", { resource, namespace: ns, ...rangeParam() }),
+    api("routes", { resource, namespace: ns, ...rangeParam() }).catch(() => null),
     api("edges", { resource: "deploy" }),
     api("pods", { resource, namespace: ns }),
   ]);
@@ -359,17 +362,25 @@ async function workload(ns, kind, name) {
   const identities = await Promise.all(meshed.map((p) => api("diagnostics/identity", { pod: p.name, namespace: p.namespace }).then((r) => r.value, (e) => e)));
   const samples = metrics.filter((m) => Array.isArray(m)).flat();
 
-  // Routes: per route and backend, the requests sent and the share of the route's traffic.
-  const byBackend = groupBy(samples, ["outbound_http_route_backend_requests_total"], (l) => `${l.parent_name || "-"}|${l.route_name || "default"}|${l.backend_name || "-"}`);
-  const retries = groupBy(samples, ["outbound_http_route_retry_requests_total", "outbound_http_route_retry_overflow_total"], (l) => `${l.parent_name || "-"}|${l.route_name || "default"}`);
-  if (byBackend.size) {
-    const routeTotals = new Map();
-    for (const [k, v] of byBackend) { const r = k.split("|").slice(0, 2).join("|"); routeTotals.set(r, (routeTotals.get(r) || 0) + v.outbound_http_route_backend_requests_total); }
-    routes.append(h("table", { "aria-label": "Routes by backend" }, h("thead", {}, h("tr", {}, ...["Service", "Route", "Backend", "Requests", "Share", "Retries", "Retry budget overflows"].map((t) => h("th", { scope: "col" }, t)))),
-      h("tbody", {}, ...[...byBackend].map(([k, v]) => { const [parent, route, backend] = k.split("|"); const rk = `${parent}|${route}`; const n = v.outbound_http_route_backend_requests_total; const r = retries.get(rk) || {};
-        return h("tr", {}, h("td", {}, parent), h("td", {}, route), h("td", {}, backend), h("td", { class: "num" }, n), h("td", { class: "num" }, pct(n / Math.max(1, routeTotals.get(rk)), 1)),
-          h("td", { class: "num" }, r.outbound_http_route_retry_requests_total || 0), h("td", { class: "num" }, r.outbound_http_route_retry_overflow_total || 0)); }))));
-  } else routes.append(h("p", { class: "muted" }, "No route traffic sent by this workload's proxies."));
+  // Routes: per route over the range, requests, success and latency; then each route's
+  // requests per backend (a split's shares) and its retries since the proxies started.
+  const retries = groupBy(samples, ["outbound_http_route_retry_requests_total", "outbound_http_route_retry_overflow_total"], (l) => `${l.parent_namespace ? l.parent_namespace + "/" : ""}${l.parent_name || "-"}|${l.route_name || "default"}`);
+  const routeRows = routeStats?.value?.routes || [], backendRows = routeStats?.value?.backends || [];
+  if (routeRows.length) {
+    routes.append(h("table", { "aria-label": "Routes" }, h("thead", {}, h("tr", {}, ...["Service", "Route", "Requests", "RPS", "Success", "P50", "P95", "P99", "Retries", "Retry budget overflows"].map((t) => h("th", { scope: "col" }, t)))),
+      h("tbody", {}, ...routeRows.map((r) => { const x = retries.get(`${r.parent}|${r.route}`) || {};
+        return h("tr", { "data-route": `${r.parent}|${r.route}` }, h("td", {}, r.parent), h("td", {}, r.route), h("td", { class: "num" }, Math.round(r.requests)), h("td", { class: "num" }, rps(r.rps)),
+          h("td", { class: "num", title: r.success_rate === null ? "the proxies write no per-route status" : "" }, pct(r.success_rate, 1)), h("td", { class: "num" }, ms(r.latency_ms?.p50)), h("td", { class: "num" }, ms(r.latency_ms?.p95)), h("td", { class: "num" }, ms(r.latency_ms?.p99)),
+          h("td", { class: "num" }, x.outbound_http_route_retry_requests_total || 0), h("td", { class: "num" }, x.outbound_http_route_retry_overflow_total || 0)); }))));
+  }
+  if (backendRows.length) {
+    const totals = new Map();
+    for (const b of backendRows) totals.set(`${b.parent}|${b.route}`, (totals.get(`${b.parent}|${b.route}`) || 0) + b.requests);
+    routes.append(h("table", { "aria-label": "Routes by backend" }, h("thead", {}, h("tr", {}, ...["Service", "Route", "Backend", "Requests", "Share"].map((t) => h("th", { scope: "col" }, t)))),
+      h("tbody", {}, ...backendRows.map((b) => h("tr", { "data-backend": b.backend }, h("td", {}, b.parent), h("td", {}, b.route), h("td", {}, b.backend), h("td", { class: "num" }, Math.round(b.requests)),
+        h("td", { class: "num" }, pct(b.requests / Math.max(1, totals.get(`${b.parent}|${b.route}`)), 1)))))));
+  }
+  if (!routeRows.length && !backendRows.length) routes.append(h("p", { class: "muted" }, "No route traffic sent by this workload's proxies in the range."));
 
   // Authorization: the proxies' decisions by policy, and responses by client identity.
   // A row admitted only by audit mode is a would-be denial; rate-limited requests (429) per Server.

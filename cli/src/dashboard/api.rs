@@ -8,6 +8,7 @@
 //! | `/api/meta` | mode (local or cluster), namespace, interval, version |
 //! | `/api/stat?resource=deploy[&namespace=NS][&to=R&to_namespace=NS][&range=1m\|5m\|15m]` | `cnimesh stat RESOURCE [--to R] -o json` over the sampler's last window, or over the last 1, 5 or 15 minutes of the proxies' counters (`resource=egress`: `cnimesh stat egress -o json`) |
 //! | `/api/topology[?namespace=NS][&range=1m\|5m\|15m]` | the topology's graph ([`super::topology`]): nodes, edges with what they carried over the range |
+//! | `/api/routes?resource=deploy/NAME&namespace=NS[&range=…]` | the resource's routes (requests, success, latency) and each route's requests per backend, over the range |
 //! | `/api/edges?resource=deploy[&namespace=NS]` | `cnimesh edges RESOURCE -o json` from the last reading |
 //! | `/api/history` | ten minutes of golden metrics per workload (sparklines) |
 //! | `/api/pods?resource=deploy/NAME[&namespace=NS]` | the resource's pods (name, IP, meshed) |
@@ -248,6 +249,7 @@ pub async fn handle(state: &State, path: &str, query: Option<&str>) -> Response<
         "stat" => answer(stat(state, &params)),
         "edges" => answer(edges(state, &params)),
         "topology" => answer(topology(state, &params)),
+        "routes" => answer(routes(state, &params)),
         "history" => answer(Ok(history(state))),
         "pods" => answer(pods(state, &params)),
         "authz" => answer(authz(state, &params).await),
@@ -351,6 +353,20 @@ fn topology(state: &State, params: &BTreeMap<String, String>) -> Result<Value, A
         state.envelope(at, serde_json::to_value(&graph).expect("serialisable"), problems, snapshot.error.as_ref());
     value["window_seconds"] = json!(window.as_secs_f64());
     Ok(value)
+}
+
+/// A resource's routes over the range: requests, success and latency per (parent, route), and
+/// the requests per backend (a split's shares).
+fn routes(state: &State, params: &BTreeMap<String, String>) -> Result<Value, ApiError> {
+    let range = range_param(params)?;
+    let snapshot = state.snapshot.lock();
+    let (at, window, scrapes) = scrapes_for(state, &snapshot, range)?;
+    let query = query(state, params, window)?;
+    let value = json!({
+        "routes": compute::routes(&snapshot.mesh, &scrapes, &query),
+        "backends": compute::route_backends(&snapshot.mesh, &scrapes, &query),
+    });
+    Ok(state.envelope(at, value, Vec::new(), snapshot.error.as_ref()))
 }
 
 fn history(state: &State) -> Value {

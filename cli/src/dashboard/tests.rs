@@ -535,13 +535,25 @@ fn client_extra(n: u64) -> String {
          request_total{{{outside}}} {}\n\
          response_total{{{outside},status_code=\"200\",classification=\"success\"}} {}\n\
          outbound_http_route_backend_requests_total{{{route},backend_namespace=\"shop\",backend_name=\"web\"}} {}\n\
-         outbound_http_route_backend_requests_total{{{route},backend_namespace=\"shop\",backend_name=\"web-canary\"}} {}\n",
+         outbound_http_route_backend_requests_total{{{route},backend_namespace=\"shop\",backend_name=\"web-canary\"}} {}\n\
+         outbound_http_route_request_duration_seconds_bucket{{{route},le=\"0.005\"}} {}\n\
+         outbound_http_route_request_duration_seconds_bucket{{{route},le=\"0.01\"}} {}\n\
+         outbound_http_route_request_duration_seconds_bucket{{{route},le=\"+Inf\"}} {}\n\
+         outbound_http_route_request_duration_seconds_count{{{route}}} {}\n\
+         outbound_http_route_request_statuses_total{{{route},http_status=\"200\",error=\"\"}} {}\n\
+         outbound_http_route_request_statuses_total{{{route},http_status=\"503\",error=\"\"}} {}\n",
         3 * n,
         5 * n,
         7 * n,
         7 * n,
         90 * n,
-        10 * n
+        10 * n,
+        50 * n,
+        100 * n,
+        100 * n,
+        100 * n,
+        95 * n,
+        5 * n
     )
 }
 
@@ -653,4 +665,25 @@ async fn a_namespace_or_range_that_is_not_one_is_refused_before_any_api_server_c
         assert_eq!(status, StatusCode::BAD_REQUEST, "{uri}: {body}");
         assert!(body["error"].as_str().unwrap().contains("expected 1m, 5m or 15m"), "{uri}: {body}");
     }
+}
+
+/// A workload's routes over the range: requests, success and latency from the route families,
+/// and each backend's requests (the split's shares).
+#[tokio::test]
+async fn a_workloads_routes_have_success_latency_and_backends() {
+    let state = recorded(2);
+    let (status, body) = get(&state, "/api/routes?resource=deploy/client&namespace=shop").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let route = &body["value"]["routes"][0];
+    assert_eq!((route["parent"].as_str(), route["route"].as_str()), (Some("shop/web"), Some("split")), "{body}");
+    assert_eq!((route["requests"].as_f64(), route["success_rate"].as_f64()), (Some(100.0), Some(0.95)), "{body}");
+    assert_eq!(route["latency_ms"]["p50"], 5.0, "{body}");
+    assert!((route["latency_ms"]["p99"].as_f64().unwrap() - 9.9).abs() < 1e-9, "{body}");
+    let backends: Vec<(&str, f64)> = body["value"]["backends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| (b["backend"].as_str().unwrap(), b["requests"].as_f64().unwrap()))
+        .collect();
+    assert_eq!(backends, [("shop/web", 90.0), ("shop/web-canary", 10.0)]);
 }

@@ -45,6 +45,13 @@ pub struct Latency {
     pub p99: f64,
 }
 
+impl Latency {
+    /// The percentiles of a cumulative histogram (`None` when it counted nothing).
+    fn of(buckets: &BTreeMap<u64, (f64, f64)>) -> Option<Self> {
+        Some(Latency { p50: quantile(buckets, 0.50)?, p95: quantile(buckets, 0.95)?, p99: quantile(buckets, 0.99)? })
+    }
+}
+
 /// One workload's golden metrics over the window.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct StatRow {
@@ -250,13 +257,6 @@ pub fn stat(mesh: &Mesh, scrapes: &Scrapes, query: &Query) -> Vec<StatRow> {
                     None => Some(format!("{}: not scraped", pod_key(p))),
                 })
                 .collect();
-            let latency = || {
-                Some(Latency {
-                    p50: quantile(&t.buckets, 0.50)?,
-                    p95: quantile(&t.buckets, 0.95)?,
-                    p99: quantile(&t.buckets, 0.99)?,
-                })
-            };
             StatRow {
                 namespace,
                 kind: query.resource.kind.name(),
@@ -266,7 +266,7 @@ pub fn stat(mesh: &Mesh, scrapes: &Scrapes, query: &Query) -> Vec<StatRow> {
                 requests: t.responses,
                 success_rate: (t.responses > 0.0).then(|| t.successes / t.responses),
                 rps: t.responses / seconds,
-                latency_ms: latency(),
+                latency_ms: Latency::of(&t.buckets),
                 tcp_connections: t.open_connections,
                 mtls_share: t.mtls_share(),
                 unreadable,
@@ -408,29 +408,20 @@ pub fn edge_traffic(mesh: &Mesh, scrapes: &Scrapes, query: &Query) -> BTreeMap<E
     let kind = query.resource.kind;
     let seconds = query.window.as_secs_f64().max(1e-3);
     let mut out: BTreeMap<EdgeKey, (EdgeTraffic, f64)> = BTreeMap::new();
-    for ((src_namespace, src), pods) in selected(mesh, query) {
-        for pod in pods {
-            let Some(Ok((before, after))) = scrapes.get(&pod_key(pod)) else { continue };
-            let responses = deltas(before, after).filter(|(s, d)| {
-                *d > 0.0
-                    && s.name == "response_total"
-                    && s.label("direction") == "outbound"
-                    && s.label("dst_kind") != "egress"
-            });
-            for (sample, delta) in responses {
-                for (dst_namespace, dst) in destinations(mesh, kind, sample.label("target_addr")) {
-                    let key = (src_namespace.clone(), format!("{}/{src}", kind.name()), dst_namespace, dst);
-                    let (traffic, successes) = out.entry(key).or_default();
-                    traffic.responses += delta;
-                    match sample.label("status_code") {
-                        "403" => traffic.denied += delta,
-                        "429" => traffic.rate_limited += delta,
-                        _ => {}
-                    }
-                    if sample.label("classification") == "success" {
-                        *successes += delta;
-                    }
-                }
+    let responses = source_deltas(mesh, scrapes, query).filter(|(_, _, s, d)| {
+        *d > 0.0 && s.name == "response_total" && s.label("direction") == "outbound" && s.label("dst_kind") != "egress"
+    });
+    for (src_namespace, src, sample, delta) in responses {
+        for (dst_namespace, dst) in destinations(mesh, kind, sample.label("target_addr")) {
+            let (traffic, successes) = out.entry((src_namespace.clone(), src.clone(), dst_namespace, dst)).or_default();
+            traffic.responses += delta;
+            match sample.label("status_code") {
+                "403" => traffic.denied += delta,
+                "429" => traffic.rate_limited += delta,
+                _ => {}
+            }
+            if sample.label("classification") == "success" {
+                *successes += delta;
             }
         }
     }
@@ -441,6 +432,41 @@ pub fn edge_traffic(mesh: &Mesh, scrapes: &Scrapes, query: &Query) -> BTreeMap<E
             (key, traffic)
         })
         .collect()
+}
+
+/// Every sample's delta over the window from the selected resources' pods, with the resource
+/// (`namespace`, `kind/name`) whose pod's proxy counted it.
+fn source_deltas<'a>(
+    mesh: &'a Mesh,
+    scrapes: &'a Scrapes,
+    query: &Query,
+) -> impl Iterator<Item = (String, String, &'a Sample, f64)> + 'a {
+    let kind = query.resource.kind;
+    selected(mesh, query).into_iter().flat_map(move |((namespace, name), pods)| {
+        let src = format!("{}/{name}", kind.name());
+        pods.into_iter()
+            .filter_map(|pod| match scrapes.get(&pod_key(pod)) {
+                Some(Ok((before, after))) => Some(deltas(before, after)),
+                _ => None,
+            })
+            .flatten()
+            .map(move |(sample, delta)| (namespace.clone(), src.clone(), sample, delta))
+    })
+}
+
+/// `namespace/name` of a route metric's `<prefix>_*` labels (`parent`, `backend`).
+fn route_resource(sample: &Sample, prefix: &str) -> String {
+    let ns = sample.label(&format!("{prefix}_namespace"));
+    let name = sample.label(&format!("{prefix}_name"));
+    if ns.is_empty() { name.to_string() } else { format!("{ns}/{name}") }
+}
+
+/// A route metric's route (`default` when the proxy names none).
+fn route_name(sample: &Sample) -> String {
+    match sample.label("route_name") {
+        "" => "default".to_string(),
+        name => name.to_string(),
+    }
 }
 
 /// Requests a route sent to one of its backends over the window
@@ -461,34 +487,18 @@ pub struct RouteBackendRow {
 
 /// Every (source, parent, route, backend)'s requests over the window.
 pub fn route_backends(mesh: &Mesh, scrapes: &Scrapes, query: &Query) -> Vec<RouteBackendRow> {
-    let kind = query.resource.kind;
     let seconds = query.window.as_secs_f64().max(1e-3);
     let mut out: BTreeMap<(String, String, String, String, String), f64> = BTreeMap::new();
-    let qualified = |s: &Sample, prefix: &str| {
-        let ns = s.label(&format!("{prefix}_namespace"));
-        let name = s.label(&format!("{prefix}_name"));
-        if ns.is_empty() { name.to_string() } else { format!("{ns}/{name}") }
-    };
-    for ((src_namespace, src), pods) in selected(mesh, query) {
-        for pod in pods {
-            let Some(Ok((before, after))) = scrapes.get(&pod_key(pod)) else { continue };
-            for (sample, delta) in deltas(before, after) {
-                if sample.name != "outbound_http_route_backend_requests_total" {
-                    continue;
-                }
-                let route = match sample.label("route_name") {
-                    "" => "default".to_string(),
-                    name => name.to_string(),
-                };
-                let key = (
-                    src_namespace.clone(),
-                    format!("{}/{src}", kind.name()),
-                    qualified(sample, "parent"),
-                    route,
-                    qualified(sample, "backend"),
-                );
-                *out.entry(key).or_default() += delta;
-            }
+    for (src_namespace, src, sample, delta) in source_deltas(mesh, scrapes, query) {
+        if sample.name == "outbound_http_route_backend_requests_total" {
+            let key = (
+                src_namespace,
+                src,
+                route_resource(sample, "parent"),
+                route_name(sample),
+                route_resource(sample, "backend"),
+            );
+            *out.entry(key).or_default() += delta;
         }
     }
     out.into_iter()
@@ -500,6 +510,79 @@ pub fn route_backends(mesh: &Mesh, scrapes: &Scrapes, query: &Query) -> Vec<Rout
             backend,
             requests,
             rps: requests / seconds,
+        })
+        .collect()
+}
+
+/// One route's traffic from the selected resource over the window, as its proxies measured it
+/// (`outbound_http_route_request_duration_seconds`, and `outbound_http_route_request_statuses_total`
+/// for the outcome where the proxy writes it).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct RouteRow {
+    pub src_namespace: String,
+    pub src: String,
+    /// `namespace/name` of the route's parent (the Service called).
+    pub parent: String,
+    pub route: String,
+    pub requests: f64,
+    pub rps: f64,
+    /// Of the responses with a status in the window; `None` without any.
+    pub success_rate: Option<f64>,
+    /// To the response's headers.
+    pub latency_ms: Option<Latency>,
+}
+
+/// Every (source, parent, route) of the selected resources over the window.
+pub fn routes(mesh: &Mesh, scrapes: &Scrapes, query: &Query) -> Vec<RouteRow> {
+    #[derive(Default)]
+    struct Acc {
+        requests: f64,
+        answered: f64,
+        successes: f64,
+        buckets: BTreeMap<u64, (f64, f64)>,
+    }
+    let seconds = query.window.as_secs_f64().max(1e-3);
+    let mut out: BTreeMap<(String, String, String, String), Acc> = BTreeMap::new();
+    for (src_namespace, src, sample, delta) in source_deltas(mesh, scrapes, query) {
+        let family = sample.name.as_str();
+        if !family.starts_with("outbound_http_route_request_") {
+            continue;
+        }
+        let key = (src_namespace, src, route_resource(sample, "parent"), route_name(sample));
+        let acc = out.entry(key).or_default();
+        match family {
+            "outbound_http_route_request_duration_seconds_count" => acc.requests += delta,
+            "outbound_http_route_request_duration_seconds_bucket" => {
+                let bound = match sample.label("le") {
+                    "+Inf" => f64::INFINITY,
+                    le => match le.parse::<f64>() {
+                        Ok(b) => b * 1000.0,
+                        Err(_) => continue,
+                    },
+                };
+                acc.buckets.entry(bound.to_bits()).or_insert((bound, 0.0)).1 += delta;
+            }
+            "outbound_http_route_request_statuses_total" => {
+                acc.answered += delta;
+                let status: u16 = sample.label("http_status").parse().unwrap_or(0);
+                let refused = status == 403 || status == 429;
+                if sample.label("error").is_empty() && (1..500).contains(&status) && !refused {
+                    acc.successes += delta;
+                }
+            }
+            _ => {}
+        }
+    }
+    out.into_iter()
+        .map(|((src_namespace, src, parent, route), acc)| RouteRow {
+            src_namespace,
+            src,
+            parent,
+            route,
+            requests: acc.requests,
+            rps: acc.requests / seconds,
+            success_rate: (acc.answered > 0.0).then(|| acc.successes / acc.answered),
+            latency_ms: Latency::of(&acc.buckets),
         })
         .collect()
 }
