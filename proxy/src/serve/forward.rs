@@ -211,6 +211,10 @@ impl HttpProxy {
         handles.latency(start);
         if let Some(routed) = &routed {
             routed.handles.duration.observe(start.elapsed().as_secs_f64());
+            match &result {
+                Ok((response, _)) => routed.handles.answered(response.status().as_u16(), false),
+                Err(e) => routed.handles.answered(e.status().as_u16(), true),
+            }
         }
         match result {
             Ok((response, load)) => {

@@ -169,6 +169,7 @@ impl Default for Metrics {
                 Family::default(),
                 Family::default(),
                 Family::default(),
+                Family::default(),
             )),
             egress: Arc::default(),
             registry: Registry::default(),
@@ -264,6 +265,11 @@ impl Default for Metrics {
             "outbound_http_route_request_duration_seconds",
             "Time from a routed request to its response headers, per route",
             m.routes.outbound_http_route_request_duration_seconds.clone(),
+        );
+        registry.register(
+            "outbound_http_route_request_statuses",
+            "Responses to routed requests, per route, by HTTP status and whether the proxy answered",
+            m.routes.outbound_http_route_request_statuses_total.clone(),
         );
         registry.register(
             "outbound_http_route_backend_requests",

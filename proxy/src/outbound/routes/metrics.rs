@@ -28,6 +28,27 @@ pub struct RouteBackendLabels {
     pub backend: ResourceRef,
 }
 
+/// `outbound_http_route_request_statuses_total`: the route's labels, the response's
+/// `http_status` and `error` (empty when the upstream answered, `PROXY` when the proxy answered
+/// for it: a timeout, no endpoint, a refused connection), as Linkerd writes them.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct RouteStatusLabels {
+    pub route: RouteLabels,
+    pub http_status: u16,
+    pub error: &'static str,
+}
+
+impl EncodeLabelSet for RouteStatusLabels {
+    fn encode(&self, encoder: &mut LabelSetEncoder<'_>) -> Result<(), std::fmt::Error> {
+        self.route.encode(encoder)?;
+        let labels = vec![
+            ("http_status".to_string(), self.http_status.to_string()),
+            ("error".to_string(), self.error.to_string()),
+        ];
+        labels.encode(encoder)
+    }
+}
+
 /// `<prefix>_group`, `_kind`, `_namespace`, `_name` and, for parents and backends, `_port` and
 /// `_section_name`, as linkerd2-proxy writes them.
 fn resource_labels(prefix: &str, r: &ResourceRef, with_port: bool) -> Vec<(String, String)> {
@@ -66,6 +87,21 @@ pub struct RouteHandles {
     pub duration: Histogram,
     pub retries: Counter,
     pub retry_overflow: Counter,
+    /// Per status: a family and the route's labels (statuses are known once answered).
+    statuses: Family<RouteStatusLabels, Counter>,
+    route: RouteLabels,
+}
+
+impl RouteHandles {
+    /// Counts one answer of the route: its status, and whether the proxy made it.
+    pub fn answered(&self, status: u16, by_proxy: bool) {
+        let labels = RouteStatusLabels {
+            route: self.route.clone(),
+            http_status: status,
+            error: if by_proxy { "PROXY" } else { "" },
+        };
+        self.statuses.get_or_create(&labels).inc();
+    }
 }
 
 /// The buckets of `outbound_http_route_request_duration_seconds`, in seconds.
@@ -79,6 +115,7 @@ pub struct RouteMetrics {
     pub outbound_http_route_backend_requests_total: Family<RouteBackendLabels, Counter>,
     pub outbound_http_route_retry_requests_total: Family<RouteLabels, Counter>,
     pub outbound_http_route_retry_overflow_total: Family<RouteLabels, Counter>,
+    pub outbound_http_route_request_statuses_total: Family<RouteStatusLabels, Counter>,
     /// Distinct route series so far (routes and backends come from the control plane, parents
     /// from destinations: the product is capped).
     route_series: Mutex<HashSet<RouteBackendLabels>>,
@@ -90,12 +127,14 @@ impl RouteMetrics {
         outbound_http_route_backend_requests_total: Family<RouteBackendLabels, Counter>,
         outbound_http_route_retry_requests_total: Family<RouteLabels, Counter>,
         outbound_http_route_retry_overflow_total: Family<RouteLabels, Counter>,
+        outbound_http_route_request_statuses_total: Family<RouteStatusLabels, Counter>,
     ) -> Self {
         Self {
             outbound_http_route_request_duration_seconds,
             outbound_http_route_backend_requests_total,
             outbound_http_route_retry_requests_total,
             outbound_http_route_retry_overflow_total,
+            outbound_http_route_request_statuses_total,
             route_series: Mutex::default(),
         }
     }
@@ -120,6 +159,8 @@ impl RouteMetrics {
             retries: self.outbound_http_route_retry_requests_total.get_or_create(&labels.route).clone(),
             retry_overflow: self.outbound_http_route_retry_overflow_total.get_or_create(&labels.route).clone(),
             backend_requests: self.outbound_http_route_backend_requests_total.get_or_create(&labels).clone(),
+            statuses: self.outbound_http_route_request_statuses_total.clone(),
+            route: labels.route,
         }
     }
 }

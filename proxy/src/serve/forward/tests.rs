@@ -275,6 +275,14 @@ async fn a_request_on_a_route_goes_to_the_routes_backend() {
     let (status, _, _) = send(proxy(&shared, elsewhere, target), get("/ok")).await;
     assert_eq!((status, hits.load(Ordering::SeqCst)), (StatusCode::OK, 1));
     assert_eq!(metric(&shared, "outbound_http_route_backend_requests_total", &[]), 1);
+    assert_eq!(
+        metric(
+            &shared,
+            "outbound_http_route_request_statuses_total",
+            &["route_name=\"web-route\"", "http_status=\"200\"", "error=\"\""]
+        ),
+        1
+    );
 }
 
 #[tokio::test]
@@ -284,6 +292,24 @@ async fn a_route_timeout_is_answered_504_naming_the_route() {
     let (status, headers, _) = send(proxy(&shared(), app, target), get("/slow")).await;
     assert_eq!(status, StatusCode::GATEWAY_TIMEOUT);
     assert_eq!(headers["cnimesh-proxy-error"], "request timed out after 100 ms on route web-route");
+}
+
+/// The proxy's own answer on a route is counted with its status and `error="PROXY"`: the
+/// dashboard's per-route success counts it as a failure.
+#[tokio::test]
+async fn a_routes_statuses_say_which_answers_the_proxy_made() {
+    let (app, _) = app().await;
+    let shared = shared();
+    let target = fixed(app, Some(http_route(Some(app), Some(Duration::from_millis(100)), None)));
+    let (status, _, _) = send(proxy(&shared, app, target), get("/slow")).await;
+    assert_eq!(status, StatusCode::GATEWAY_TIMEOUT);
+    let labels = ["route_name=\"web-route\"", "http_status=\"504\"", "error=\"PROXY\""];
+    assert_eq!(
+        metric(&shared, "outbound_http_route_request_statuses_total", &labels),
+        1,
+        "{}",
+        shared.metrics.encode()
+    );
 }
 
 #[tokio::test]
