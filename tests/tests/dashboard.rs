@@ -261,6 +261,26 @@ fn the_dashboard_shows_the_local_demo_live_in_a_real_browser() {
     assert_eq!(pods, 3, "web's three proxies are healthy");
     shoot(&browser, "workload");
 
+    // The client's routes: web's HTTPRoute with its success and latency over the range, and the
+    // split's requests per backend (web and web-canary).
+    browser.goto(&format!("{}#/workload/demo/deployment/client", dashboard.url)).unwrap();
+    let routes = browser
+        .wait_for(
+            "the client's routes with success, latency and backends",
+            PAGE,
+            r#"const row = document.querySelector('table[aria-label="Routes"] tr[data-route]');
+               const backends = [...document.querySelectorAll('table[aria-label="Routes by backend"] tr[data-backend]')]
+                 .map((r) => r.dataset.backend);
+               if (!row || backends.length < 2) return null;
+               const cells = [...row.cells].map((c) => c.textContent);
+               return cells[4] !== "-" && cells[5] !== "-" ? { cells, backends } : null;"#,
+        )
+        .unwrap();
+    let backends = routes["backends"].as_array().unwrap();
+    assert!(backends.iter().any(|b| b == "demo/web-canary") && backends.iter().any(|b| b == "demo/web"), "{routes:#}");
+    assert!(routes["cells"][4].as_str().unwrap().ends_with('%'), "success: {routes:#}");
+    shoot(&browser, "routes");
+
     // Live tap: start it, requests arrive; stop it.
     browser.goto(&format!("{}#/tap?resource=deploy/web&namespace=demo", dashboard.url)).unwrap();
     browser.wait_for("the tap form", PAGE, "return document.querySelector('#tap-start')").unwrap();
