@@ -340,7 +340,7 @@ async function workload(ns, kind, name) {
   if (row) page.push(h("div", { class: "cards" }, ...[["Success", pct(row.success_rate)], ["RPS", rps(row.rps)], ["P50", ms(row.latency_ms?.p50)], ["P99", ms(row.latency_ms?.p99)], ["TCP connections", Math.round(row.tcp_connections)], ["Meshed pods", `${row.meshed_pods}/${row.pods}`], ["mTLS", pct(row.mtls_share, 0)]]
     .map(([l, v]) => h("div", { class: "card" }, h("div", { class: "label" }, l), h("div", { class: "value" }, v)))));
   const edgeTable = (list, other) => list.length ? h("table", {}, h("thead", {}, h("tr", {}, ...["Workload", "Client identity", "Server identity", "Security", "Requests"].map((t) => h("th", { scope: "col" }, t)))),
-    h("tbody", {}, ...list.map((e) => h("tr", { "data-edge": `${e.src}>${e.dst}` }, h("td", {}, h("a", { href: workloadHref(other(e)[0] || ns, other(e)[1]) }, other(e)[1])), h("td", {}, e.client_ids.join(", ") || "-"), h("td", {}, e.server_ids.join(", ") || "-"),
+    h("tbody", {}, ...list.map((e) => h("tr", { "data-edge": `${e.src}>${e.dst}` }, h("td", {}, other(e)[0] ? h("a", { href: workloadHref(other(e)[0], other(e)[1]) }, other(e)[1]) : `address ${other(e)[1]} (outside the mesh)`), h("td", {}, e.client_ids.join(", ") || "-"), h("td", {}, e.server_ids.join(", ") || "-"),
       h("td", { class: e.mtls ? "ok" : "bad" }, e.mtls ? [lockIcon(), " mTLS"] : "⚠ plaintext"), h("td", { class: "num" }, Math.round(e.requests)))))) : h("p", { class: "muted" }, "None seen.");
   const all = edges.value;
   page.push(h("h2", {}, "Inbound"), edgeTable(all.filter((e) => e.dst === resource && (e.dst_namespace || ns) === ns), (e) => [e.src_namespace, e.src]));
