@@ -334,9 +334,12 @@ async fn a_foreign_host_header_and_writes_are_refused() {
 #[tokio::test]
 async fn a_request_without_this_runs_token_is_refused() {
     let state = state(&MockApi::default());
-    let cases: [(&str, &[(&str, &str)]); 5] = [
+    let cases: [(&str, &[(&str, &str)]); 8] = [
         ("/", &[]),
         ("/api/tap?resource=deploy/web&namespace=shop", &[]),
+        ("/api/topology?namespace=shop&range=15m", &[]),
+        ("/api/routes?resource=deploy/client&namespace=shop", &[]),
+        ("/app.js", &[]),
         ("/api/meta", &[("cookie", "cnimesh-dashboard-50750=0123456789abcdee")]),
         ("/api/meta", &[("cookie", "cnimesh-dashboard-8888=0123456789abcdef")]),
         ("/api/meta?token=guess", &[("authorization", "Bearer 0123")]),
@@ -398,15 +401,18 @@ async fn another_origins_page_cannot_use_the_operators_dashboard() {
         &[("sec-fetch-site", "same-site"), ("sec-fetch-mode", "no-cors")],
         &[("sec-fetch-site", "cross-site"), ("sec-fetch-dest", "image")],
     ];
-    for headers in cases {
-        let mut request = Request::get("/api/tap?resource=deploy/web&namespace=shop")
-            .header("host", "127.0.0.1:50750")
-            .header("cookie", cookie());
-        for (name, value) in headers {
+    let paths = [
+        "/api/tap?resource=deploy/web&namespace=shop",
+        "/api/topology?namespace=shop&range=1m",
+        "/api/routes?resource=deploy/client&namespace=shop",
+    ];
+    for (headers, path) in cases.iter().flat_map(|h| paths.iter().map(move |p| (h, p))) {
+        let mut request = Request::get(*path).header("host", "127.0.0.1:50750").header("cookie", cookie());
+        for (name, value) in headers.iter() {
             request = request.header(*name, *value);
         }
         let response = server::handle(&state, &access(), request.body(()).unwrap()).await;
-        assert_eq!(response.status(), StatusCode::FORBIDDEN, "{headers:?}");
+        assert_eq!(response.status(), StatusCode::FORBIDDEN, "{path} {headers:?}");
     }
     // The dashboard's own page: same-origin fetches, with or without an Origin header.
     for headers in [&[("sec-fetch-site", "same-origin")][..], &[("origin", "http://127.0.0.1:50750")]] {
