@@ -6,9 +6,11 @@
 //! intruder's denied requests show in web's authorization panel; the sort buttons are reached by
 //! keyboard. A second instance puts web's Server in audit mode and rate-limits it (files the
 //! control plane watches), and web's page shows the would-be denials and the 429s while the
-//! intruder's requests reach the app. Screenshots of every page go to
-//! `target/test-artefacts/dashboard/` (`CNIMESH_UPDATE_DOCS=1` also copies the topology and
-//! workload ones to `docs/images/`).
+//! intruder's requests reach the app. A third serves a generated namespace of 50 workloads and
+//! 150 edges from the mocked API server and checks the topology's layout (no overlapping labels),
+//! zoom, filters and console. Screenshots of every page go to
+//! `target/test-artefacts/dashboard/` (`CNIMESH_UPDATE_DOCS=1` also copies the topology, the
+//! 50-workload topology and the workload ones to `docs/images/`).
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -130,7 +132,7 @@ fn artefacts() -> PathBuf {
 fn shoot(browser: &Browser, name: &str) {
     let path = browser.screenshot(&artefacts().join(format!("{name}.png"))).unwrap();
     eprintln!("screenshot: {}", path.display());
-    if std::env::var_os("CNIMESH_UPDATE_DOCS").is_some() && ["topology", "workload"].contains(&name) {
+    if std::env::var_os("CNIMESH_UPDATE_DOCS").is_some() && ["topology", "workload", "topology-50"].contains(&name) {
         let docs = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../docs/images/dashboard-{name}.png"));
         std::fs::copy(&path, docs).unwrap();
     }
