@@ -2,6 +2,7 @@
 //! the families (handles into the app's registry) and the bound on their series.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 
 use parking_lot::Mutex;
 use prometheus_client::encoding::{EncodeLabelSet, LabelSetEncoder};
@@ -87,20 +88,41 @@ pub struct RouteHandles {
     pub duration: Histogram,
     pub retries: Counter,
     pub retry_overflow: Counter,
-    /// Per status: a family and the route's labels (statuses are known once answered).
-    statuses: Family<RouteStatusLabels, Counter>,
-    route: RouteLabels,
+    /// The route's answers by status (statuses are known once answered).
+    statuses: Arc<RouteStatuses>,
 }
 
 impl RouteHandles {
     /// Counts one answer of the route: its status, and whether the proxy made it.
     pub fn answered(&self, status: u16, by_proxy: bool) {
+        self.statuses.counter(status, by_proxy).inc();
+    }
+}
+
+/// A route's `outbound_http_route_request_statuses_total` counters: each (status, by proxy)'s is
+/// made once and kept, so that counting an answer on the request path clones no label and hashes
+/// no label set.
+struct RouteStatuses {
+    family: Family<RouteStatusLabels, Counter>,
+    route: RouteLabels,
+    /// A route sees a handful of statuses: a short list beats a map.
+    made: Mutex<Vec<(u16, bool, Counter)>>,
+}
+
+impl RouteStatuses {
+    fn counter(&self, status: u16, by_proxy: bool) -> Counter {
+        let mut made = self.made.lock();
+        if let Some((.., counter)) = made.iter().find(|(s, p, _)| (*s, *p) == (status, by_proxy)) {
+            return counter.clone();
+        }
         let labels = RouteStatusLabels {
             route: self.route.clone(),
             http_status: status,
             error: if by_proxy { "PROXY" } else { "" },
         };
-        self.statuses.get_or_create(&labels).inc();
+        let counter = self.family.get_or_create(&labels).clone();
+        made.push((status, by_proxy, counter.clone()));
+        counter
     }
 }
 
@@ -159,8 +181,11 @@ impl RouteMetrics {
             retries: self.outbound_http_route_retry_requests_total.get_or_create(&labels.route).clone(),
             retry_overflow: self.outbound_http_route_retry_overflow_total.get_or_create(&labels.route).clone(),
             backend_requests: self.outbound_http_route_backend_requests_total.get_or_create(&labels).clone(),
-            statuses: self.outbound_http_route_request_statuses_total.clone(),
-            route: labels.route,
+            statuses: Arc::new(RouteStatuses {
+                family: self.outbound_http_route_request_statuses_total.clone(),
+                route: labels.route,
+                made: Mutex::default(),
+            }),
         }
     }
 }
