@@ -2,13 +2,11 @@
 //! here. It answers the requests the node agent makes (pod list/watch/get/delete/patch, events,
 //! node get/patch) from in-memory objects, and records every request for assertions.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 
 use http::{Method, Request, Response, StatusCode};
-use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::{Bytes, Frame};
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -30,7 +28,8 @@ pub struct MockApi {
     pub seen: Mutex<Vec<Seen>>,
 }
 
-type Body = BoxBody<Bytes, Infallible>;
+pub use cnimesh_apiserver::client_for;
+use cnimesh_apiserver::{Body, merge};
 
 fn full(status: StatusCode, body: Value) -> Response<Body> {
     Response::builder()
@@ -79,7 +78,7 @@ impl MockApi {
         match (&seen.method, segments.as_slice()) {
             (&Method::GET, ["api", "v1", "pods"]) if seen.query.contains("watch=true") => {
                 // A watch that stays open and quiet.
-                let stream = futures::stream::pending::<Result<Frame<Bytes>, Infallible>>();
+                let stream = futures::stream::pending::<Result<Frame<Bytes>, std::convert::Infallible>>();
                 Response::builder().status(200).body(StreamBody::new(stream).boxed()).expect("valid response")
             }
             (&Method::GET, ["api", "v1", "pods"]) => {
@@ -127,22 +126,6 @@ impl MockApi {
             }
             _ => not_found(&seen.path),
         }
-    }
-}
-
-/// JSON merge patch (RFC 7386), as both mocked API servers apply it.
-pub(crate) fn merge(target: &mut Value, patch: &Value) {
-    match (target, patch) {
-        (Value::Object(t), Value::Object(p)) => {
-            for (k, v) in p {
-                if v.is_null() {
-                    t.remove(k);
-                } else {
-                    merge(t.entry(k.clone()).or_insert(Value::Null), v);
-                }
-            }
-        }
-        (t, p) => *t = p.clone(),
     }
 }
 
@@ -250,18 +233,4 @@ impl ListWatchApi {
         let stream = futures::stream::poll_fn(move |cx| rx.poll_recv(cx).map(|b| b.map(|b| Ok(Frame::data(b)))));
         Response::builder().status(200).body(StreamBody::new(stream).boxed()).expect("valid response")
     }
-}
-
-/// A kube client answered by `handle` on `mock` (also [`crate::kube_api`]'s in-process client).
-pub fn client_for<M, F, Fut>(mock: Arc<M>, handle: F) -> kube::Client
-where
-    M: Send + Sync + 'static,
-    F: Fn(Arc<M>, Request<kube::client::Body>) -> Fut + Clone + Send + 'static,
-    Fut: std::future::Future<Output = Response<Body>> + Send + 'static,
-{
-    let service = tower::service_fn(move |req: Request<kube::client::Body>| {
-        let (mock, handle) = (mock.clone(), handle.clone());
-        async move { Ok::<_, Infallible>(handle(mock, req).await) }
-    });
-    kube::Client::new(service, "default")
 }
