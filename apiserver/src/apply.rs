@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use crate::call::Call;
 use crate::kinds::Resource;
 use crate::response::{Body, json_response, status};
-use crate::store::{Key, Store};
+use crate::store::{self, Key, Store};
 
 pub(crate) fn apply(
     store: &mut Store,
@@ -37,9 +37,7 @@ pub(crate) fn apply(
     if !call.body["metadata"]["managedFields"].is_null() {
         return status(StatusCode::BAD_REQUEST, "BadRequest", "metadata.managedFields must be nil");
     }
-    let sent = call.body["metadata"]["resourceVersion"].as_str();
-    let current = existing.as_ref().and_then(|o| o["metadata"]["resourceVersion"].as_str());
-    if sent.is_some_and(|v| Some(v) != current) {
+    if store::is_stale(&call.body, existing.as_ref()) {
         return status(StatusCode::CONFLICT, "Conflict", format!("the object {:?} has been modified", key.1));
     }
     let force = call.param("force") == Some("true");

@@ -27,6 +27,7 @@ pub(crate) fn answer(path: &str, kinds: &[Kind]) -> Option<Response<Body>> {
         }),
         ["api"] => json!({"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []}),
         ["apis"] => groups(kinds),
+        ["openapi", "v2"] => return Some(empty_openapi_v2()),
         ["api", version] => resources(version, kinds.iter().filter(|k| k.group.is_empty() && k.version == *version)),
         ["apis", group, version] => {
             let gv = format!("{group}/{version}");
@@ -37,6 +38,19 @@ pub(crate) fn answer(path: &str, kinds: &[Kind]) -> Option<Response<Body>> {
         _ => return None,
     };
     Some(json_response(StatusCode::OK, body))
+}
+
+/// An OpenAPI v2 document with no definitions, in the protobuf kubectl asks for (field 1,
+/// `swagger`, is `"2.0"`): kubectl then validates no kind client-side, rather than refusing to
+/// apply without `--validate=false` for want of a document.
+fn empty_openapi_v2() -> Response<Body> {
+    use http_body_util::{BodyExt, Full};
+    const SWAGGER_2_0: &[u8] = &[0x0a, 0x03, b'2', b'.', b'0'];
+    Response::builder()
+        .status(StatusCode::OK)
+        .header("content-type", "application/com.github.proto-openapi.spec.v2.v1.0+protobuf")
+        .body(Full::new(hyper::body::Bytes::from_static(SWAGGER_2_0)).boxed())
+        .expect("a valid response")
 }
 
 fn groups(kinds: &[Kind]) -> Value {

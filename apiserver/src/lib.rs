@@ -136,7 +136,7 @@ impl ClusterApi {
     }
 
     /// Creates or replaces `object` (its `apiVersion`, `kind`, namespace and name say where), as
-    /// `kubectl apply` would: watches see ADDED or MODIFIED.
+    /// `kubectl apply` would: watches see ADDED or MODIFIED. A `metadata.uid` it carries is kept.
     pub fn put(&self, object: Value) -> Value {
         let api_version = object["apiVersion"].as_str().expect("an apiVersion").to_string();
         let kind = object["kind"].as_str().expect("a kind").to_string();
@@ -146,7 +146,13 @@ impl ClusterApi {
             let mut store = self.store.lock();
             let resource = self.resource(&store, &api_version, &kind);
             let old = store.get(&resource, &(namespace.clone(), name.clone())).cloned();
-            let object = store.server_fields(&resource, old.as_ref(), object);
+            // A test may say an object's uid (a pod's, which the runtime also knows), where a
+            // client's create cannot.
+            let uid = object["metadata"]["uid"].clone();
+            let mut object = store.server_fields(&resource, old.as_ref(), object);
+            if uid.is_string() {
+                object["metadata"]["uid"] = uid;
+            }
             let kind = if old.is_some() { "MODIFIED" } else { "ADDED" };
             store.commit(&resource, (namespace, name), object, kind)
         };

@@ -14,7 +14,7 @@ use crate::faults::Verdict;
 use crate::kinds::{Target, parse_path};
 use crate::response::{Body, json_response, status};
 use crate::selector::Selector;
-use crate::{apply, discovery, patch, pod_proxy, watch};
+use crate::{apply, discovery, patch, pod_proxy, store, watch};
 
 impl ClusterApi {
     pub(crate) async fn handle(
@@ -191,9 +191,18 @@ impl ClusterApi {
                     )
                 }
                 Method::POST => {
-                    let name = call.body["metadata"]["name"].as_str().unwrap_or_default().to_string();
+                    let mut body = call.body.clone();
+                    let name = match (body["metadata"]["name"].as_str(), body["metadata"]["generateName"].as_str()) {
+                        (Some(name), _) => name.to_string(),
+                        // As the API server: the prefix and a suffix unique in this server.
+                        (None, Some(prefix)) => format!("{prefix}{:05x}", store.version + 1),
+                        (None, None) => String::new(),
+                    };
+                    if !name.is_empty() {
+                        body["metadata"]["name"] = json!(name);
+                    }
                     let key = (namespace.clone().unwrap_or_default(), name.clone());
-                    if let Err(why) = store.check_body(&call.body, &resource, &key) {
+                    if let Err(why) = store.check_body(&body, &resource, &key) {
                         return status(StatusCode::BAD_REQUEST, "BadRequest", why);
                     }
                     if store.get(&resource, &key).is_some() {
@@ -203,7 +212,7 @@ impl ClusterApi {
                             format!("{} {name:?} already exists", resource.plural),
                         );
                     }
-                    let object = store.server_fields(&resource, None, call.body.clone());
+                    let object = store.server_fields(&resource, None, body);
                     json_response(StatusCode::CREATED, store.commit(&resource, key, object, "ADDED"))
                 }
                 _ => status(
@@ -229,8 +238,7 @@ impl ClusterApi {
                 if let Err(why) = store.check_body(&call.body, &resource, &key) {
                     return status(StatusCode::BAD_REQUEST, "BadRequest", why);
                 }
-                let sent = call.body["metadata"]["resourceVersion"].as_str();
-                if sent.is_some_and(|v| Some(v) != old["metadata"]["resourceVersion"].as_str()) {
+                if store::is_stale(&call.body, Some(&old)) {
                     return status(StatusCode::CONFLICT, "Conflict", format!("the object {name:?} has been modified"));
                 }
                 let mut object = store.server_fields(&resource, Some(&old), call.body.clone());
@@ -251,6 +259,10 @@ impl ClusterApi {
                 if call.content_type.starts_with(MERGE_PATCH) || call.content_type.starts_with(STRATEGIC_PATCH) =>
             {
                 let Some(old) = existing else { return not_found() };
+                // A patch carrying a resourceVersion is a compare-and-swap, as on a real server.
+                if store::is_stale(&call.body, Some(&old)) {
+                    return status(StatusCode::CONFLICT, "Conflict", format!("the object {name:?} has been modified"));
+                }
                 let mut object = old.clone();
                 let mut body = call.body.clone();
                 match subresource {

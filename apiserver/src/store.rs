@@ -50,6 +50,10 @@ impl Store {
     pub(crate) fn commit(&mut self, resource: &Resource, key: Key, mut object: Value, kind: &'static str) -> Value {
         self.version += 1;
         object["metadata"]["resourceVersion"] = json!(self.version.to_string());
+        // The path says the namespace; the object says it too, as a real server's objects do.
+        if !key.0.is_empty() {
+            object["metadata"]["namespace"] = json!(key.0);
+        }
         if kind == "DELETED" {
             self.objects.entry(resource.clone()).or_default().remove(&key);
         } else {
@@ -163,6 +167,12 @@ impl Store {
         }
         Ok(())
     }
+}
+
+/// `body` carries a resourceVersion (a compare-and-swap) that is not `current`'s: a 409.
+pub(crate) fn is_stale(body: &Value, current: Option<&Value>) -> bool {
+    let sent = body["metadata"]["resourceVersion"].as_str();
+    sent.is_some_and(|v| Some(v) != current.and_then(|o| o["metadata"]["resourceVersion"].as_str()))
 }
 
 /// `object` without what the server maintains, to tell a write that changes nothing.
