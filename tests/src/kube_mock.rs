@@ -1,6 +1,7 @@
-//! A mocked Kubernetes API server for kube-rs clients: the one part of the system that cannot run
-//! here. It answers the requests the node agent makes (pod list/watch/get/delete/patch, events,
-//! node get/patch) from in-memory objects, and records every request for assertions.
+//! A scripted list + watch API server for kube-rs watchers ([`ListWatchApi`]): the test plays the
+//! API server's part event by event (resumes, re-lists, 410 Gone, a watch ended by its timeout),
+//! which the stateful in-process API server (`cnimesh-apiserver`, `cnimesh_e2e::kube_api`) does not
+//! script. Stateful tests use that one.
 
 use std::sync::Arc;
 
@@ -9,7 +10,6 @@ use parking_lot::Mutex;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::{Bytes, Frame};
-use k8s_openapi::api::core::v1::{Node, Pod};
 use serde_json::{Value, json};
 
 /// One request as the mock saw it.
@@ -21,15 +21,8 @@ pub struct Seen {
     pub body: Value,
 }
 
-#[derive(Default)]
-pub struct MockApi {
-    pub pods: Mutex<Vec<Pod>>,
-    pub node: Mutex<Option<Node>>,
-    pub seen: Mutex<Vec<Seen>>,
-}
-
+use cnimesh_apiserver::Body;
 pub use cnimesh_apiserver::client_for;
-use cnimesh_apiserver::{Body, merge};
 
 fn full(status: StatusCode, body: Value) -> Response<Body> {
     Response::builder()
@@ -44,89 +37,6 @@ fn not_found(what: &str) -> Response<Body> {
         StatusCode::NOT_FOUND,
         json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404, "message": format!("{what} not found")}),
     )
-}
-
-fn key(pod: &Pod) -> (String, String) {
-    (pod.metadata.namespace.clone().unwrap_or_default(), pod.metadata.name.clone().unwrap_or_default())
-}
-
-impl MockApi {
-    pub fn new(pods: Vec<Pod>, node: Option<Node>) -> Arc<Self> {
-        Arc::new(Self { pods: Mutex::new(pods), node: Mutex::new(node), seen: Mutex::default() })
-    }
-
-    /// A kube client whose every request this mock answers.
-    pub fn client(self: &Arc<Self>) -> kube::Client {
-        client_for(self.clone(), |mock, req| async move { mock.handle(req).await })
-    }
-
-    pub fn requests(&self, method: Method, path_prefix: &str) -> Vec<Seen> {
-        self.seen.lock().iter().filter(|s| s.method == method && s.path.starts_with(path_prefix)).cloned().collect()
-    }
-
-    async fn handle(&self, req: Request<kube::client::Body>) -> Response<Body> {
-        let (parts, body) = req.into_parts();
-        let bytes = body.collect_bytes().await.unwrap_or_default();
-        let seen = Seen {
-            method: parts.method.clone(),
-            path: parts.uri.path().to_string(),
-            query: parts.uri.query().unwrap_or_default().to_string(),
-            body: serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-        };
-        self.seen.lock().push(seen.clone());
-        let segments: Vec<&str> = seen.path.trim_matches('/').split('/').collect();
-        match (&seen.method, segments.as_slice()) {
-            (&Method::GET, ["api", "v1", "pods"]) if seen.query.contains("watch=true") => {
-                // A watch that stays open and quiet.
-                let stream = futures::stream::pending::<Result<Frame<Bytes>, std::convert::Infallible>>();
-                Response::builder().status(200).body(StreamBody::new(stream).boxed()).expect("valid response")
-            }
-            (&Method::GET, ["api", "v1", "pods"]) => {
-                let node = seen.query.split('&').find_map(|kv| kv.strip_prefix("fieldSelector=spec.nodeName%3D"));
-                let items: Vec<&Pod> = Vec::new();
-                let pods = self.pods.lock();
-                let items: Vec<&Pod> = pods
-                    .iter()
-                    .filter(|p| node.is_none_or(|n| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(n)))
-                    .chain(items)
-                    .collect();
-                full(
-                    StatusCode::OK,
-                    json!({"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": "1"}, "items": items}),
-                )
-            }
-            (method, ["api", "v1", "namespaces", ns, "pods", name]) => {
-                let mut pods = self.pods.lock();
-                let Some(index) = pods.iter().position(|p| key(p) == (ns.to_string(), name.to_string())) else {
-                    return not_found(&format!("pods \"{name}\""));
-                };
-                match *method {
-                    Method::DELETE => full(StatusCode::OK, json!(pods.remove(index))),
-                    Method::PATCH => {
-                        let mut v = serde_json::to_value(&pods[index]).unwrap();
-                        merge(&mut v, &seen.body);
-                        pods[index] = serde_json::from_value(v.clone()).unwrap();
-                        full(StatusCode::OK, v)
-                    }
-                    _ => full(StatusCode::OK, json!(pods[index])),
-                }
-            }
-            (&Method::POST, ["api", "v1", "namespaces", _, "events"]) => full(StatusCode::CREATED, seen.body.clone()),
-            (method, ["api", "v1", "nodes", name]) => {
-                let mut node = self.node.lock();
-                let Some(n) = node.as_mut().filter(|n| n.metadata.name.as_deref() == Some(*name)) else {
-                    return not_found(&format!("nodes \"{name}\""));
-                };
-                if *method == Method::PATCH {
-                    let mut v = serde_json::to_value(&*n).unwrap();
-                    merge(&mut v, &seen.body);
-                    *n = serde_json::from_value(v).unwrap();
-                }
-                full(StatusCode::OK, json!(n))
-            }
-            _ => not_found(&seen.path),
-        }
-    }
 }
 
 /// A scripted list + watch API server for controllers built on kube-rs watchers. Each resource
