@@ -11,17 +11,17 @@ use serde_json::{Value, json};
 use crate::kinds::Kind;
 use crate::response::{Body, json_response};
 
-/// The Kubernetes version this server claims.
+/// The Kubernetes version this server claims unless told another.
 pub const MINOR_VERSION: u32 = 33;
 
 const ALL_VERBS: &[&str] = &["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"];
 
 /// The answer to a discovery path, or `None` when `path` is not one.
-pub(crate) fn answer(path: &str, kinds: &[Kind]) -> Option<Response<Body>> {
+pub(crate) fn answer(path: &str, kinds: &[Kind], minor: u32) -> Option<Response<Body>> {
     let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
     let body = match segments.as_slice() {
         ["version"] => json!({
-            "major": "1", "minor": MINOR_VERSION.to_string(), "gitVersion": format!("v1.{MINOR_VERSION}.0-cnimesh"),
+            "major": "1", "minor": minor.to_string(), "gitVersion": format!("v1.{minor}.0-cnimesh"),
             "gitCommit": "", "gitTreeState": "clean", "buildDate": "2026-01-01T00:00:00Z",
             "goVersion": "", "compiler": "", "platform": "linux/amd64",
         }),
@@ -102,7 +102,7 @@ mod tests {
     use http_body_util::BodyExt;
 
     async fn body(path: &str) -> Option<Value> {
-        let response = answer(path, &crate::kinds::built_in())?;
+        let response = answer(path, &crate::kinds::built_in(), MINOR_VERSION)?;
         let bytes = response.into_body().collect().await.unwrap().to_bytes();
         Some(serde_json::from_slice(&bytes).unwrap())
     }

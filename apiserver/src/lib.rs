@@ -73,6 +73,8 @@ pub struct ClusterApi {
     token: Mutex<Option<String>>,
     tokens: Mutex<tokens::Tokens>,
     faults: Mutex<Faults>,
+    /// The minor version `/version` answers (1.x); unset: [`MINOR_VERSION`].
+    minor_version: Mutex<Option<u32>>,
 }
 
 impl ClusterApi {
@@ -113,6 +115,11 @@ impl ClusterApi {
             .and_then(|a| a["metadata"]["uid"].as_str().map(String::from));
         let audiences = audiences.iter().map(|a| a.to_string()).collect();
         self.tokens.lock().issue(namespace, name, &uid.unwrap_or_default(), audiences)
+    }
+
+    /// `/version` answers Kubernetes 1.`minor` from now on, as after the cluster's own upgrade.
+    pub fn set_minor_version(&self, minor: u32) {
+        *self.minor_version.lock() = Some(minor);
     }
 
     /// Refusing: every open watch ends and every request is answered 503, until called with

@@ -78,7 +78,8 @@ impl ClusterApi {
     fn route(&self, call: &Call) -> Response<Body> {
         if call.method == Method::GET {
             let kinds = self.store.lock().kinds();
-            if let Some(response) = discovery::answer(&call.path, &kinds) {
+            let minor = self.minor_version.lock().unwrap_or(discovery::MINOR_VERSION);
+            if let Some(response) = discovery::answer(&call.path, &kinds, minor) {
                 return response;
             }
         }
