@@ -132,6 +132,26 @@ impl ClusterApi {
         self.changed.notify_waiters();
     }
 
+    /// Ends every open watch of resources whose plural contains `plural` (empty: all), as a
+    /// real server does when a watch's timeout expires; clients resume from their last version.
+    pub fn end_watches(&self, plural: &str) {
+        self.store.lock().watches.retain(|w| !w.resource.plural.contains(plural));
+        self.changed.notify_waiters();
+    }
+
+    /// Forgets the history of changes, as a real server's compaction does: a watch resumed from
+    /// a version before now is told 410 Gone, and its client must list again.
+    pub fn compact(&self) {
+        let mut store = self.store.lock();
+        store.compacted = store.version;
+        store.history.clear();
+    }
+
+    /// The current resourceVersion (of the last change), as a list answers it.
+    pub fn resource_version(&self) -> String {
+        self.store.lock().version.to_string()
+    }
+
     /// Changes the faults in force (delays, conflicts, failures; see [`Faults`]).
     pub fn set_faults(&self, change: impl FnOnce(&mut Faults)) {
         let refusing = {
@@ -216,6 +236,18 @@ impl ClusterApi {
                 panic!("waited {PATIENCE:?} for {what}; the calls were:\n{}", self.describe_calls());
             }
         }
+    }
+
+    /// Waits for the `n`th watch (from 1) of `path` to be open; its request.
+    pub async fn nth_watch(&self, path: &str, n: usize) -> Call {
+        let what = format!("watch {n} of {path}");
+        self.until(&what, |a| a.calls.lock().iter().filter(|c| c.path == path && c.is_watch()).nth(n - 1).cloned())
+            .await
+    }
+
+    /// How many lists (GETs that are not watches) of `path` were asked for.
+    pub fn lists_of(&self, path: &str) -> usize {
+        self.calls.lock().iter().filter(|c| c.path == path && c.method == http::Method::GET && !c.is_watch()).count()
     }
 
     /// One line per call, for failure messages.

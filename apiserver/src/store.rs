@@ -36,6 +36,8 @@ pub(crate) struct Store {
     pub(crate) history: Vec<Change>,
     pub(crate) watches: Vec<WatchSink>,
     pub(crate) version: u64,
+    /// History up to this version is gone: a watch resumed from before it is told 410 Gone.
+    pub(crate) compacted: u64,
     uids: u64,
     cluster_ips: u32,
 }

@@ -1,10 +1,12 @@
 //! Watches: opened with the objects there are (as ADDED) or, resumed from a resourceVersion, with
-//! what changed since; then every change that matches, as one JSON line each.
+//! what changed since; then every change that matches, as one JSON line each. A resume from before
+//! a compaction ([`crate::ClusterApi::compact`]) is one ERROR event, 410 Expired, as on a real
+//! server, so clients re-list.
 
 use http::{Response, StatusCode};
-use http_body_util::{BodyExt, StreamBody};
+use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::{Bytes, Frame};
-use serde_json::Value;
+use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use crate::call::Call;
@@ -18,6 +20,17 @@ pub(crate) fn open(store: &mut Store, call: &Call, resource: Resource, namespace
     let (tx, mut rx) = mpsc::unbounded_channel::<Bytes>();
     let in_scope = |ns: &str, o: &Value| namespace.as_deref().is_none_or(|n| n == ns) && selector.matches(o);
     let since = call.param("resourceVersion").and_then(|v| v.parse::<u64>().ok()).filter(|v| *v > 0);
+    if let Some(since) = since.filter(|v| *v < store.compacted) {
+        // As a real server after compaction: one ERROR event, then the watch ends.
+        let expired = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "reason": "Expired", "code": 410,
+            "message": format!("too old resource version: {since} ({})", store.compacted)});
+        return Response::builder()
+            .status(StatusCode::OK)
+            .header("content-type", "application/json")
+            .body(Full::new(event_line("ERROR", &expired)).boxed())
+            .expect("a valid response");
+    }
     let replay: Vec<(&str, &Value)> = match since {
         Some(since) => store
             .history

@@ -228,3 +228,26 @@ async fn a_kube_client_lists_watches_resumes_applies_and_writes_status_over_http
     assert_eq!((stored["status"]["readyReplicas"].as_i64(), stored["spec"]["replicas"].as_i64()), (Some(1), Some(1)));
     assert_eq!(deployments.get_status("web").await.unwrap().status.unwrap().ready_replicas, Some(1));
 }
+
+#[tokio::test]
+async fn a_watch_resumed_from_before_a_compaction_is_told_410_gone_and_one_from_after_it_is_not() {
+    let api = ClusterApi::new();
+    let map =
+        |name: &str| json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": "shop"}});
+    api.put(map("a"));
+    let before = api.resource_version();
+    api.put(map("b"));
+    api.compact();
+    let maps: Api<ConfigMap> = Api::namespaced(api.client(), "shop");
+    let mut stale = maps.watch(&WatchParams::default(), &before).await.unwrap().boxed();
+    match tokio::time::timeout(PATIENCE, stale.try_next()).await.unwrap().unwrap() {
+        Some(WatchEvent::Error(status)) => assert_eq!(status.code, 410),
+        other => panic!("expected 410 Gone, got {other:?}"),
+    }
+    let mut fresh = maps.watch(&WatchParams::default(), &api.resource_version()).await.unwrap().boxed();
+    api.put(map("c"));
+    match tokio::time::timeout(PATIENCE, fresh.try_next()).await.unwrap().unwrap() {
+        Some(WatchEvent::Added(m)) => assert_eq!(m.metadata.name.as_deref(), Some("c")),
+        other => panic!("expected c added, got {other:?}"),
+    }
+}
