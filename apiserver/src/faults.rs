@@ -4,7 +4,8 @@
 //! - refusing: every open watch ends and every request is answered 503;
 //! - a delay before every answer (a slow or hung API server);
 //! - the next N writes answered 409 Conflict (a racing writer);
-//! - the next N requests answered 500.
+//! - the next N requests answered 500;
+//! - resources not served (404), as a cluster without a CRD answers for its kind.
 //!
 //! Each can be limited to paths containing a string (`/leases/`), so one kind can fail while
 //! the rest works.
@@ -23,6 +24,8 @@ pub struct Faults {
     /// Only requests whose path contains this are affected by the delay, conflicts and failures;
     /// empty: every request.
     pub only_paths_containing: String,
+    /// Plurals answered 404 whatever the request (`grpcroutes`: the Gateway API's CRD missing).
+    pub unserved: Vec<String>,
 }
 
 /// What a fault makes of a request.
@@ -31,6 +34,7 @@ pub(crate) enum Verdict {
     Refused,
     Conflict,
     Failed,
+    Unserved,
 }
 
 impl Faults {
@@ -47,6 +51,10 @@ impl Faults {
     pub(crate) fn take(&mut self, method: &Method, path: &str) -> Option<(Verdict, StatusCode)> {
         if self.refusing {
             return Some((Verdict::Refused, StatusCode::SERVICE_UNAVAILABLE));
+        }
+        let segments: Vec<&str> = path.split('/').collect();
+        if self.unserved.iter().any(|u| segments.contains(&u.as_str())) {
+            return Some((Verdict::Unserved, StatusCode::NOT_FOUND));
         }
         if !self.applies(path) {
             return None;

@@ -147,6 +147,22 @@ impl ClusterApi {
         store.history.clear();
     }
 
+    /// An API server restart that lost its watch cache, for the resources whose plural contains
+    /// `plural`: their watches end, `change` is made while they cannot be opened again (500), and
+    /// the history is compacted, so the clients' resumes are told 410 Gone and they list again,
+    /// finding what `change` did only in that list.
+    pub fn restart_losing_history(&self, plural: &str, change: impl FnOnce(&Self)) {
+        let before = self.faults.lock().clone();
+        self.set_faults(|f| {
+            f.failing_requests = usize::MAX;
+            f.only_paths_containing = format!("/{plural}");
+        });
+        self.end_watches(plural);
+        change(self);
+        self.compact();
+        self.set_faults(|f| *f = before);
+    }
+
     /// The current resourceVersion (of the last change), as a list answers it.
     pub fn resource_version(&self) -> String {
         self.store.lock().version.to_string()
@@ -243,6 +259,20 @@ impl ClusterApi {
         let what = format!("watch {n} of {path}");
         self.until(&what, |a| a.calls.lock().iter().filter(|c| c.path == path && c.is_watch()).nth(n - 1).cloned())
             .await
+    }
+
+    /// Waits for a watch of `path` from resourceVersion `version` to be open; its request.
+    pub async fn watch_from(&self, path: &str, version: &str) -> Call {
+        let what = format!("a watch of {path} from {version}");
+        self.until(&what, |a| {
+            a.calls
+                .lock()
+                .iter()
+                .rev()
+                .find(|c| c.path == path && c.is_watch() && c.param("resourceVersion") == Some(version))
+                .cloned()
+        })
+        .await
     }
 
     /// How many lists (GETs that are not watches) of `path` were asked for.

@@ -46,6 +46,9 @@ impl ClusterApi {
             Some((Verdict::Refused, code)) => status(code, "ServiceUnavailable", "the API server is refusing (fault)"),
             Some((Verdict::Failed, code)) => status(code, "InternalError", "an internal error (fault)"),
             Some((Verdict::Conflict, code)) => status(code, "Conflict", "the object has been modified (fault)"),
+            Some((Verdict::Unserved, code)) => {
+                status(code, "NotFound", "the server could not find the requested resource")
+            }
             None if !self.authenticated(call.authorization.as_deref()) => {
                 status(StatusCode::UNAUTHORIZED, "Unauthorized", "Unauthorized")
             }

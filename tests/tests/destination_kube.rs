@@ -118,24 +118,13 @@ async fn watches_resume_relist_after_gone_and_stream_changes() {
 
     // 410 Gone: while the slices cannot be watched, web-1 leaves and the history is compacted;
     // the watcher's resume is told 410, it lists again, and what changed meanwhile shows.
-    api.set_faults(|f| {
-        f.failing_requests = usize::MAX;
-        f.only_paths_containing = "endpointslices".into();
+    api.restart_losing_history("endpointslices", |api| {
+        api.put(slice(&[2, 3]));
     });
-    api.end_watches("endpointslices");
-    api.put(slice(&[2, 3]));
-    api.compact();
     let relisted = api.resource_version();
-    api.set_faults(|f| f.failing_requests = 0);
     assert_eq!(addrs(next(&mut get).await), ["10.1.0.1:8080"]);
     assert_eq!(api.lists_of(SLICES), 2);
-    let rewatch = api.until("the slices watched again after the list", |a| {
-        a.calls()
-            .into_iter()
-            .rev()
-            .find(|c| c.path == SLICES && c.is_watch() && c.param("resourceVersion") == Some(relisted.as_str()))
-    });
-    rewatch.await;
+    api.watch_from(SLICES, &relisted).await;
 
     // A pod losing its proxy: the endpoint is re-sent without identity.
     api.put(pod(2, false));

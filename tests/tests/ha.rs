@@ -305,23 +305,12 @@ async fn the_node_agent_resumes_its_watch_after_an_api_server_restart_without_a_
     // Restart 2: the watch cache is gone; meanwhile web-3 was recreated (and captured again by
     // the plugin: a record for the new incarnation). One re-list, no pod ever looks uncaptured.
     records.lock().push(captured("web-3", "web-3-b"));
-    api.set_faults(|f| {
-        f.failing_requests = usize::MAX;
-        f.only_paths_containing = NODE_PODS.into();
+    api.restart_losing_history("pods", |api| {
+        api.remove("v1", "Pod", "shop", "web-3");
+        api.put(node_pod("web-3", "web-3-b"));
     });
-    api.end_watches("pods");
-    api.remove("v1", "Pod", "shop", "web-3");
-    api.put(node_pod("web-3", "web-3-b"));
-    api.compact();
     let relisted = api.resource_version();
-    api.set_faults(|f| f.failing_requests = 0);
-    let rewatch = api.until("the pods watched again after the re-list", |a| {
-        let calls = a.calls();
-        calls
-            .into_iter()
-            .find(|c| c.path == NODE_PODS && c.is_watch() && c.param("resourceVersion") == Some(relisted.as_str()))
-    });
-    rewatch.await;
+    api.watch_from(NODE_PODS, &relisted).await;
     assert_eq!(api.lists_of(NODE_PODS), 2, "exactly one re-list");
     let deadline = Instant::now() + Duration::from_secs(20);
     while !cluster.node_pods().await.unwrap().iter().any(|p| p.metadata.uid.as_deref() == Some("web-3-b")) {
