@@ -251,3 +251,38 @@ async fn a_watch_resumed_from_before_a_compaction_is_told_410_gone_and_one_from_
         other => panic!("expected c added, got {other:?}"),
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_pod_proxy_subresource_reaches_the_pod_at_its_ip_with_the_path_and_query() {
+    // The "pod": an HTTP server on 127.0.0.1 that answers with the request line it saw.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            let service = hyper::service::service_fn(|req: http::Request<hyper::body::Incoming>| async move {
+                let seen = format!("{} {}", req.method(), req.uri());
+                Ok::<_, std::convert::Infallible>(http::Response::new(http_body_util::Full::new(
+                    hyper::body::Bytes::from(seen),
+                )))
+            });
+            tokio::spawn(
+                hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service),
+            );
+        }
+    });
+    let (api, served, _dir) = cluster().await;
+    api.put(json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web", "namespace": "shop"},
+        "status": {"podIP": "127.0.0.1"}}));
+    let client = client(&served).await;
+    let path = format!("/api/v1/namespaces/shop/pods/web:{port}/proxy/metrics?format=text");
+    let answer = client.request_text(http::Request::get(path).body(Vec::new()).unwrap()).await.unwrap();
+    assert_eq!(answer, "GET /metrics?format=text");
+    let missing =
+        http::Request::get(format!("/api/v1/namespaces/shop/pods/ghost:{port}/proxy/")).body(Vec::new()).unwrap();
+    match client.request_text(missing).await {
+        Err(kube::Error::Api(status)) => assert_eq!(status.code, 404),
+        other => panic!("a pod that is not there: {other:?}"),
+    }
+}
