@@ -20,6 +20,7 @@ pub struct Call {
 pub(crate) const APPLY_PATCH: &str = "application/apply-patch+yaml";
 pub(crate) const MERGE_PATCH: &str = "application/merge-patch+json";
 pub(crate) const STRATEGIC_PATCH: &str = "application/strategic-merge-patch+json";
+pub(crate) const JSON_PATCH: &str = "application/json-patch+json";
 
 impl Call {
     pub fn param(&self, key: &str) -> Option<&str> {

@@ -1,5 +1,5 @@
-//! Patches: JSON merge patch (RFC 7386), and an approximation of strategic merge patch for
-//! `kubectl apply`'s updates.
+//! Patches: JSON merge patch (RFC 7386), JSON patch (RFC 6902, all or nothing), and an
+//! approximation of strategic merge patch for `kubectl apply`'s updates.
 //!
 //! A real API server merges a strategic patch by each field's schema (`patchMergeKey`,
 //! `patchStrategy`). This server has no schemas, so it merges lists of objects that all carry a
@@ -24,6 +24,13 @@ pub fn merge(target: &mut Value, patch: &Value) {
         }
         (t, p) => *t = p.clone(),
     }
+}
+
+/// JSON patch (RFC 6902): every operation applies, or none does. The error: why not.
+pub(crate) fn json_patch(target: &mut Value, operations: &Value) -> Result<(), String> {
+    let operations: json_patch::Patch =
+        serde_json::from_value(operations.clone()).map_err(|e| format!("not a JSON patch: {e}"))?;
+    json_patch::patch(target, &operations).map_err(|e| e.to_string())
 }
 
 /// Strategic merge patch, approximated as the module says.
@@ -107,6 +114,22 @@ mod tests {
             json!({"spec": {"template": {"spec": {"containers": [
                 {"name": "web", "image": "nginx:2", "ports": [{"containerPort": 80}]}]}}}})
         );
+    }
+
+    #[test]
+    fn a_json_patch_applies_all_its_operations_or_none() {
+        let mut object = json!({"spec": {"replicas": 1, "ports": [80]}});
+        json_patch(
+            &mut object,
+            &json!([{"op": "replace", "path": "/spec/replicas", "value": 2},
+            {"op": "add", "path": "/spec/ports/-", "value": 81}]),
+        )
+        .unwrap();
+        assert_eq!(object, json!({"spec": {"replicas": 2, "ports": [80, 81]}}));
+        let failing = json!([{"op": "replace", "path": "/spec/replicas", "value": 3},
+            {"op": "test", "path": "/spec/replicas", "value": 9}]);
+        assert!(json_patch(&mut object, &failing).is_err());
+        assert_eq!(object["spec"]["replicas"], 2, "nothing of a failed patch applies");
     }
 
     #[test]

@@ -9,7 +9,7 @@ use hyper::body::Bytes;
 use serde_json::{Value, json};
 
 use crate::ClusterApi;
-use crate::call::{APPLY_PATCH, Call, MERGE_PATCH, STRATEGIC_PATCH, parse_query};
+use crate::call::{APPLY_PATCH, Call, JSON_PATCH, MERGE_PATCH, STRATEGIC_PATCH, parse_query};
 use crate::faults::Verdict;
 use crate::kinds::{Target, parse_path};
 use crate::response::{Body, json_response, status};
@@ -281,6 +281,25 @@ impl ClusterApi {
                     patch::strategic_merge(&mut object, &body);
                 } else {
                     patch::merge(&mut object, &body);
+                }
+                json_response(StatusCode::OK, store.write(&resource, key, &old, object))
+            }
+            (&Method::PATCH, None | Some("status")) if call.content_type.starts_with(JSON_PATCH) => {
+                let Some(old) = existing else { return not_found() };
+                let mut object = old.clone();
+                if let Err(why) = patch::json_patch(&mut object, &call.body) {
+                    return status(StatusCode::UNPROCESSABLE_ENTITY, "Invalid", why);
+                }
+                // A write of the object leaves its status alone, and the reverse.
+                if subresource.is_some() {
+                    let status = object["status"].take();
+                    object = old.clone();
+                    object["status"] = status;
+                } else {
+                    object["status"] = old["status"].clone();
+                }
+                if let Err(why) = store.check_body(&object, &resource, &key) {
+                    return status(StatusCode::UNPROCESSABLE_ENTITY, "Invalid", why);
                 }
                 json_response(StatusCode::OK, store.write(&resource, key, &old, object))
             }

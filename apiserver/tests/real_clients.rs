@@ -35,18 +35,22 @@ async fn client(served: &Served) -> kube::Client {
     kube::Client::try_from(config).unwrap()
 }
 
-/// Runs `kubectl --kubeconfig DIR/kubeconfig ARGS` off the runtime's threads; its stdout, or a
-/// panic with its stderr.
-async fn kubectl(dir: &Path, args: &[&str]) -> String {
+/// Runs `kubectl --kubeconfig DIR/kubeconfig ARGS` off the runtime's threads.
+async fn kubectl_output(dir: &Path, args: &[&str]) -> std::process::Output {
     let mut command = Command::new("kubectl");
     command.arg("--kubeconfig").arg(dir.join("kubeconfig")).args(args).current_dir(dir);
     let shown = format!("kubectl {}", args.join(" "));
-    let out = tokio::task::spawn_blocking(move || command.output())
+    tokio::task::spawn_blocking(move || command.output())
         .await
         .unwrap()
-        .unwrap_or_else(|e| panic!("running {shown}: {e} (kubectl is needed: scripts/setup.sh checks for it)"));
+        .unwrap_or_else(|e| panic!("running {shown}: {e} (kubectl is needed: scripts/setup.sh checks for it)"))
+}
+
+/// [`kubectl_output`]: its stdout, or a panic with its stderr.
+async fn kubectl(dir: &Path, args: &[&str]) -> String {
+    let out = kubectl_output(dir, args).await;
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{shown} failed: {stderr}");
+    assert!(out.status.success(), "kubectl {} failed: {stderr}", args.join(" "));
     String::from_utf8(out.stdout).unwrap()
 }
 
@@ -285,4 +289,35 @@ async fn the_pod_proxy_subresource_reaches_the_pod_at_its_ip_with_the_path_and_q
         Err(kube::Error::Api(status)) => assert_eq!(status.code, 404),
         other => panic!("a pod that is not there: {other:?}"),
     }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kubectl_patch_with_a_json_patch_and_a_merge_patch_changes_the_stored_object() {
+    let (api, _served, dir) = cluster().await;
+    api.put(serde_saphyr::from_str(DEPLOYMENT).unwrap());
+    let json_patch = r#"[{"op": "replace", "path": "/spec/replicas", "value": 4}]"#;
+    kubectl(dir.path(), &["patch", "deploy", "web", "-n", "shop", "--type=json", "-p", json_patch]).await;
+    kubectl(
+        dir.path(),
+        &[
+            "patch",
+            "deploy",
+            "web",
+            "-n",
+            "shop",
+            "--type=merge",
+            "-p",
+            r#"{"metadata": {"labels": {"tier": "front"}}}"#,
+        ],
+    )
+    .await;
+    let stored = api.get("apps/v1", "Deployment", "shop", "web").unwrap();
+    assert_eq!(
+        (stored["spec"]["replicas"].as_i64(), stored["metadata"]["labels"]["tier"].as_str()),
+        (Some(4), Some("front"))
+    );
+    let failing = r#"[{"op": "test", "path": "/spec/replicas", "value": 9}, {"op": "replace", "path": "/spec/replicas", "value": 1}]"#;
+    let out = kubectl_output(dir.path(), &["patch", "deploy", "web", "-n", "shop", "--type=json", "-p", failing]).await;
+    assert!(!out.status.success(), "a failing test operation refuses the whole patch");
+    assert_eq!(api.get("apps/v1", "Deployment", "shop", "web").unwrap()["spec"]["replicas"], 4);
 }
