@@ -113,9 +113,10 @@ impl Store {
             None => {
                 self.uids += 1;
                 object["metadata"]["uid"] = json!(format!("00000000-0000-0000-0000-{:012}", self.uids));
-                // A test may say when an object was created (objects made at different times).
+                // Now, unless a test says when (objects made at different times).
                 if !object["metadata"]["creationTimestamp"].is_string() {
-                    object["metadata"]["creationTimestamp"] = json!("2026-01-01T00:00:00Z");
+                    let now = humantime::format_rfc3339_seconds(std::time::SystemTime::now());
+                    object["metadata"]["creationTimestamp"] = json!(now.to_string());
                 }
             }
         }
