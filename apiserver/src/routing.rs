@@ -41,25 +41,33 @@ impl ClusterApi {
             body: parsed_body,
             authorization: headers.get(http::header::AUTHORIZATION).and_then(|v| v.to_str().ok()).map(String::from),
         };
-        let fault = self.faults.lock().take(&call.method, &call.path);
-        let response = match fault {
-            Some((Verdict::Refused, code)) => status(code, "ServiceUnavailable", "the API server is refusing (fault)"),
-            Some((Verdict::Failed, code)) => status(code, "InternalError", "an internal error (fault)"),
-            Some((Verdict::Conflict, code)) => status(code, "Conflict", "the object has been modified (fault)"),
-            Some((Verdict::Unserved, code)) => {
-                status(code, "NotFound", "the server could not find the requested resource")
-            }
-            None if !self.authenticated(call.authorization.as_deref()) => {
-                status(StatusCode::UNAUTHORIZED, "Unauthorized", "Unauthorized")
-            }
-            None => match pod_proxy::parse(&call.path) {
-                Some(target) => {
-                    // Recorded before the pod answers, which may take a while.
-                    self.record(call.clone());
-                    return self.proxy(target, call, uri.query(), body).await;
+        // A server that is down answers nobody; one that is up asks for the token before any
+        // other fault shows (an unauthenticated caller learns nothing from them).
+        let refusing = self.faults.lock().refusing;
+        let response = if refusing {
+            status(StatusCode::SERVICE_UNAVAILABLE, "ServiceUnavailable", "the API server is refusing (fault)")
+        } else if !self.authenticated(call.authorization.as_deref()) {
+            status(StatusCode::UNAUTHORIZED, "Unauthorized", "Unauthorized")
+        } else {
+            let fault = self.faults.lock().take(&call.method, &call.path);
+            match fault {
+                Some((Verdict::Refused, code)) => {
+                    status(code, "ServiceUnavailable", "the API server is refusing (fault)")
                 }
-                None => self.route(&call),
-            },
+                Some((Verdict::Failed, code)) => status(code, "InternalError", "an internal error (fault)"),
+                Some((Verdict::Conflict, code)) => status(code, "Conflict", "the object has been modified (fault)"),
+                Some((Verdict::Unserved, code)) => {
+                    status(code, "NotFound", "the server could not find the requested resource")
+                }
+                None => match pod_proxy::parse(&call.path) {
+                    Some(target) => {
+                        // Recorded before the pod answers, which may take a while.
+                        self.record(call.clone());
+                        return self.proxy(target, call, uri.query(), body).await;
+                    }
+                    None => self.route(&call),
+                },
+            }
         };
         // A watch is recorded once it is registered, so a test waiting for it can then write.
         self.record(call);

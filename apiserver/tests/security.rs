@@ -77,10 +77,26 @@ async fn with_a_token_every_request_without_it_is_refused_401_and_changes_nothin
             assert_eq!(code(&client, method, path, body.clone()).await, 401, "{method} {path} with token {token:?}");
         }
     }
+    // Faults in force (conflicts, unserved kinds) show to authenticated callers only, and are not
+    // used up by the others.
+    api.set_faults(|f| {
+        f.conflicting_writes = 1;
+        f.unserved = vec!["secrets".into()];
+    });
+    let stranger = client(&served, None);
+    for (method, path) in REQUESTS {
+        assert_eq!(code(&stranger, method, path, body.clone()).await, 401, "{method} {path} with faults in force");
+    }
+    let admin = client(&served, Some(TOKEN));
+    assert_eq!(
+        code(&admin, "POST", "/api/v1/namespaces/shop/configmaps", body.clone()).await,
+        409,
+        "the conflict is still due"
+    );
+    api.set_faults(|f| f.unserved.clear());
     assert!(api.get("v1", "Secret", "shop", "db").is_some(), "the DELETE without the token deleted nothing");
     assert!(api.get("v1", "ConfigMap", "shop", "planted").is_none(), "the POST without the token created nothing");
     // The token opens it.
-    let admin = client(&served, Some(TOKEN));
     assert_eq!(code(&admin, "GET", "/api/v1/namespaces/shop/secrets/db", Value::Null).await, 200);
 }
 
