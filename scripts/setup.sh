@@ -75,7 +75,8 @@ if ! python3 -m pip show cel-expr-python 2>/dev/null | grep -q "^Version: $CEL_E
 fi
 
 # kubectl with kustomize v5 (kubectl ≥ 1.27): cli/tests/kustomize.rs renders the kustomize base
-# and its cert-manager overlay with `kubectl kustomize`. This machine image ships it; elsewhere
+# and its cert-manager overlay with `kubectl kustomize`, and apiserver/tests/real_clients.rs runs
+# kubectl against the in-process API server. This machine image ships it; elsewhere
 # apt installs a `kubectl` package when a configured source has one (Debian's own
 # kubernetes-client is 1.20, whose kustomize v2 cannot read the base).
 if ! command -v kubectl >/dev/null; then

@@ -35,10 +35,6 @@ use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio::sync::{Notify, watch};
 
-#[allow(dead_code)]
-#[path = "../../tests/src/kube_mock.rs"]
-mod kube_mock;
-
 /// Only guards against a hung test; nothing here measures time.
 const PATIENCE: Duration = Duration::from_secs(30);
 const TRUST_DOMAIN: &str = "cluster.local";
@@ -187,30 +183,28 @@ async fn setup(requests: u64) -> Setup {
     ));
 
     // Pods from the Kubernetes source.
-    let api = kube_mock::ListWatchApi::new();
+    let api = cnimesh_apiserver::ClusterApi::new();
     // db's Service and its endpoints: `to` covers the ClusterIP clients address.
     let db_service = json!({"apiVersion": "v1", "kind": "Service",
-        "metadata": {"namespace": "demo", "name": "db", "resourceVersion": "2"},
+        "metadata": {"namespace": "demo", "name": "db"},
         "spec": {"clusterIP": "10.96.0.30", "clusterIPs": ["10.96.0.30"], "ports": [{"port": 5432}]}});
     let db_slice = json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-        "metadata": {"namespace": "demo", "name": "db-x", "resourceVersion": "2",
+        "metadata": {"namespace": "demo", "name": "db-x",
             "labels": {"kubernetes.io/service-name": "db"}},
         "addressType": "IPv4", "ports": [{"port": 5432}],
         "endpoints": [{"addresses": ["10.9.9.9"], "targetRef": {"kind": "Pod", "name": "db-0"}}]});
-    api.set_list("/api/v1/services", vec![db_service], "1");
-    api.set_list("/apis/discovery.k8s.io/v1/endpointslices", vec![db_slice], "1");
-    api.set_list(
-        "/api/v1/pods",
-        vec![
-            pod("web-1", "127.0.0.1", "web", true),
-            pod("web-2", "127.0.0.2", "web", true),
-            pod("impostor-1", "127.0.0.1", "impostor", true),
-            pod("db-0", "10.9.9.9", "db", false),
-            // The fake proxies' requests come from this pod's address.
-            pod("client-1", "10.0.0.5", "client", true),
-        ],
-        "1",
-    );
+    api.put(db_service);
+    api.put(db_slice);
+    for pod in [
+        pod("web-1", "127.0.0.1", "web", true),
+        pod("web-2", "127.0.0.2", "web", true),
+        pod("impostor-1", "127.0.0.1", "impostor", true),
+        pod("db-0", "10.9.9.9", "db", false),
+        // The fake proxies' requests come from this pod's address.
+        pod("client-1", "10.0.0.5", "client", true),
+    ] {
+        api.put(pod);
+    }
     let index = Index::new();
     let source = KubeSource::new(api.client()).run(index.clone());
     tokio::spawn(async move { source.await.expect("kube source") });

@@ -1,5 +1,6 @@
 //! Policy over the Kubernetes source: kube-rs watchers for Namespaces and the policy resources
-//! (and the one Pod watch Destination shares) against a scripted API server: list, watch events,
+//! (and the one Pod watch Destination shares) against the in-process API server: list, changes as
+//! watch events,
 //! an invalid resource ignored with its last good version kept, a 410 Gone re-list that drops
 //! what the API server no longer has; the same for Gateway API routes, whose CRDs may be missing
 //! (404) without holding policy back. Answers read from the policy index's watch channels.
@@ -15,11 +16,7 @@ use cnimesh_control::sources::{KubeSource, Source};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
-#[allow(dead_code)]
-#[path = "../../tests/src/kube_mock.rs"]
-mod kube_mock;
-
-use kube_mock::ListWatchApi;
+use cnimesh_apiserver::ClusterApi;
 
 const PODS: &str = "/api/v1/pods";
 const NAMESPACES: &str = "/api/v1/namespaces";
@@ -35,20 +32,20 @@ const PATIENCE: Duration = Duration::from_secs(30);
 
 fn pod() -> Value {
     json!({"apiVersion": "v1", "kind": "Pod",
-        "metadata": {"namespace": "shop", "name": "api-0", "resourceVersion": "3", "labels": {"app": "api"}},
+        "metadata": {"namespace": "shop", "name": "api-0", "labels": {"app": "api"}},
         "spec": {"containers": [{"name": "app", "ports": [{"name": "http", "containerPort": 8080}]}]},
         "status": {"podIP": "10.1.0.5"}})
 }
 
 fn namespace(policy: &str) -> Value {
     json!({"apiVersion": "v1", "kind": "Namespace",
-        "metadata": {"name": "shop", "resourceVersion": "4",
+        "metadata": {"name": "shop",
             "annotations": {"config.cnimesh.io/default-inbound-policy": policy}}})
 }
 
-fn server(port: Value, protocol: &str, rv: &str) -> Value {
+fn server(port: Value, protocol: &str) -> Value {
     json!({"apiVersion": "policy.cnimesh.io/v1alpha1", "kind": "Server",
-        "metadata": {"namespace": "shop", "name": "api", "resourceVersion": rv},
+        "metadata": {"namespace": "shop", "name": "api"},
         "spec": {"podSelector": {"matchLabels": {"app": "api"}}, "port": port, "proxyProtocol": protocol}})
 }
 
@@ -60,19 +57,15 @@ async fn changed(rx: &mut watch::Receiver<InboundView>) -> (ServerMeta, Protocol
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn policy_resources_are_listed_watched_and_relisted() {
-    let api = ListWatchApi::new();
-    for path in ["/api/v1/services", "/apis/discovery.k8s.io/v1/endpointslices"].into_iter().chain(POLICY_PATHS) {
-        api.set_list(path, Vec::new(), "10");
-    }
-    api.set_list(PODS, vec![pod()], "10");
-    api.set_list(NAMESPACES, vec![namespace("deny")], "10");
-
+    let api = ClusterApi::new();
+    api.put(pod());
+    api.put(namespace("deny"));
     let index = destination::Index::new();
     let policy = policy::Index::new(policy::Config::default());
     let source = KubeSource::new(api.client()).with_policy(policy.clone()).run(index.clone());
     tokio::spawn(async move { source.await.expect("kube source") });
     for path in [PODS, NAMESPACES].into_iter().chain(POLICY_PATHS) {
-        api.wait_watches(path, 1).await;
+        api.nth_watch(path, 1).await;
     }
     tokio::time::timeout(PATIENCE, policy.ready()).await.expect("ready once every kind is listed");
     assert!(index.is_ready(), "the shared Pod watch fed Destination too");
@@ -84,29 +77,27 @@ async fn policy_resources_are_listed_watched_and_relisted() {
     assert_eq!(first.meta, ServerMeta::Default(DefaultPolicy::Deny));
 
     // A Server arrives by watch event.
-    api.send(SERVERS, "ADDED", server(json!("http"), "opaque", "11"));
+    api.put(server(json!("http"), "opaque"));
     assert_eq!(changed(&mut rx).await, (ServerMeta::Server("api".into()), Protocol::Opaque));
 
     // A bad edit that got past the schema is ignored; the next good one applies.
-    api.send(SERVERS, "MODIFIED", server(json!("Not_A_Port_Name"), "HTTP/1", "12"));
-    api.send(SERVERS, "MODIFIED", server(json!(8080), "HTTP/2", "13"));
+    api.put(server(json!("Not_A_Port_Name"), "HTTP/1"));
+    api.put(server(json!(8080), "HTTP/2"));
     assert_eq!(changed(&mut rx).await, (ServerMeta::Server("api".into()), Protocol::Http2));
 
     // 410 Gone: the re-list no longer has the Server, so the default is back.
-    api.set_list(SERVERS, Vec::new(), "20");
-    api.gone(SERVERS);
+    api.restart_losing_history("servers", |api| api.remove("policy.cnimesh.io/v1alpha1", "Server", "shop", "api"));
     let (meta, protocol) = changed(&mut rx).await;
     assert_eq!((meta, protocol), (ServerMeta::Default(DefaultPolicy::Deny), Protocol::Detect));
-    assert!(api.requests(SERVERS, false).len() >= 2, "re-listed");
+    assert!(api.lists_of(SERVERS) >= 2, "re-listed");
 }
 
 const HTTP_ROUTES: &str = "/apis/gateway.networking.k8s.io/v1/httproutes";
 const GRPC_ROUTES: &str = "/apis/gateway.networking.k8s.io/v1/grpcroutes";
-const GRANTS: &str = "/apis/gateway.networking.k8s.io/v1beta1/referencegrants";
 
-fn http_route(path_regex: &str, rv: &str) -> Value {
+fn http_route(path_regex: &str) -> Value {
     json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
-        "metadata": {"namespace": "shop", "name": "api-split", "resourceVersion": rv},
+        "metadata": {"namespace": "shop", "name": "api-split"},
         "spec": {"parentRefs": [{"group": "", "kind": "Service", "name": "api"}],
             "rules": [{"matches": [{"path": {"type": "RegularExpression", "value": path_regex}}],
                 "backendRefs": [{"name": "api", "port": 80, "weight": 9}, {"name": "api-v2", "port": 80, "weight": 1}]}]}})
@@ -131,40 +122,39 @@ fn path_regex(routes: &cnimesh_control::routes::ServiceRoutes) -> String {
 /// (404) counted as none, so policy is ready, then picked up once the API server serves them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn routes_are_watched_and_a_missing_gateway_api_counts_as_no_routes() {
-    let api = ListWatchApi::new();
-    let empty = ["/api/v1/services", "/apis/discovery.k8s.io/v1/endpointslices", PODS, NAMESPACES, GRANTS];
-    for path in empty.into_iter().chain(POLICY_PATHS) {
-        api.set_list(path, Vec::new(), "10");
-    }
-    api.set_list(HTTP_ROUTES, vec![http_route("^/v1/.*", "5")], "10");
-
+    let api = ClusterApi::new();
+    // The Gateway API's GRPCRoute CRD is not installed.
+    api.set_faults(|f| f.unserved = vec!["grpcroutes".into()]);
+    api.put(http_route("^/v1/.*"));
     let index = destination::Index::new();
     let policy = policy::Index::new(policy::Config::default());
     let source = KubeSource::new(api.client()).with_policy(policy.clone()).run(index.clone());
     tokio::spawn(async move { source.await.expect("kube source") });
     tokio::time::timeout(PATIENCE, policy.ready()).await.expect("ready without the GRPCRoute CRD");
-    assert!(!api.requests(GRPC_ROUTES, false).is_empty(), "GRPCRoutes were asked for (404)");
+    assert!(api.lists_of(GRPC_ROUTES) > 0, "GRPCRoutes were asked for (404)");
 
     let service = NsName::new("shop", "api");
     let mut rx = policy.watch_routes(&service);
     assert_eq!(path_regex(&rx.borrow_and_update()), "^/v1/.*");
 
     // A regular expression that does not compile is refused; the next good edit applies.
-    api.wait_watches(HTTP_ROUTES, 1).await;
-    api.send(HTTP_ROUTES, "MODIFIED", http_route("([", "11"));
-    api.send(HTTP_ROUTES, "MODIFIED", http_route("^/v2/.*", "12"));
+    api.nth_watch(HTTP_ROUTES, 1).await;
+    api.put(http_route("(["));
+    api.put(http_route("^/v2/.*"));
     assert_eq!(routes_changed(&mut rx).await, ["HTTPRoute/shop/api-split"]);
     assert_eq!(path_regex(&rx.borrow()), "^/v2/.*");
 
     // 410 Gone and a re-list without it: no routes.
-    api.set_list(HTTP_ROUTES, Vec::new(), "20");
-    api.gone(HTTP_ROUTES);
+    api.restart_losing_history("httproutes", |api| {
+        api.remove("gateway.networking.k8s.io/v1", "HTTPRoute", "shop", "api-split");
+    });
     assert!(routes_changed(&mut rx).await.is_empty());
 
     // The Gateway API's GRPCRoute CRD gets installed: the retrying watcher lists it.
     let grpc = json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "GRPCRoute",
-        "metadata": {"namespace": "shop", "name": "items", "resourceVersion": "30"},
+        "metadata": {"namespace": "shop", "name": "items"},
         "spec": {"parentRefs": [{"group": "", "kind": "Service", "name": "api"}]}});
-    api.set_list(GRPC_ROUTES, vec![grpc], "30");
+    api.put(grpc);
+    api.set_faults(|f| f.unserved.clear());
     assert_eq!(routes_changed(&mut rx).await, ["GRPCRoute/shop/items"]);
 }

@@ -16,7 +16,6 @@ pub mod flood;
 pub mod haproxy;
 pub mod host;
 pub mod kube_api;
-pub mod kube_mock;
 pub mod local_mode;
 pub mod manifest_check;
 pub mod mesh;

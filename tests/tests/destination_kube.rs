@@ -1,12 +1,13 @@
-//! Destination over the Kubernetes source: kube-rs watchers against a scripted API server (list,
-//! watch events, a watch ending, a 410 Gone), answers read over real gRPC with the generated client.
+//! Destination over the Kubernetes source: kube-rs watchers against the in-process API server
+//! (list, changes as watch events, a watch ending, a 410 Gone after a compaction), answers read
+//! over real gRPC with the generated client.
 
 use std::time::Duration;
 
 use cnimesh_control::destination::{Config, Index};
 use cnimesh_control::grpc::destination::DestinationService;
 use cnimesh_control::sources::{KubeSource, Source};
-use cnimesh_e2e::kube_mock::ListWatchApi;
+use cnimesh_e2e::kube_api::ClusterApi;
 use linkerd2_proxy_api::destination::destination_client::DestinationClient;
 use linkerd2_proxy_api::destination::update::Update as Up;
 use linkerd2_proxy_api::destination::{GetDestination, NoEndpoints, Update, WeightedAddr};
@@ -20,11 +21,11 @@ const PODS: &str = "/api/v1/pods";
 const PATIENCE: Duration = Duration::from_secs(30);
 
 fn service() -> Value {
-    json!({"apiVersion": "v1", "kind": "Service", "metadata": {"namespace": "shop", "name": "web", "resourceVersion": "5"},
+    json!({"apiVersion": "v1", "kind": "Service", "metadata": {"namespace": "shop", "name": "web"},
         "spec": {"clusterIP": "10.96.0.10", "ports": [{"name": "http", "port": 80, "targetPort": "web"}]}})
 }
 
-fn slice(hosts: &[u8], rv: &str) -> Value {
+fn slice(hosts: &[u8]) -> Value {
     let endpoints: Vec<Value> = hosts
         .iter()
         .map(|h| {
@@ -33,17 +34,17 @@ fn slice(hosts: &[u8], rv: &str) -> Value {
         })
         .collect();
     json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-        "metadata": {"namespace": "shop", "name": "web-abc", "resourceVersion": rv, "labels": {"kubernetes.io/service-name": "web"}},
+        "metadata": {"namespace": "shop", "name": "web-abc", "labels": {"kubernetes.io/service-name": "web"}},
         "addressType": "IPv4", "ports": [{"name": "http", "port": 8080}], "endpoints": endpoints})
 }
 
-fn pod(host: u8, meshed: bool, rv: &str) -> Value {
+fn pod(host: u8, meshed: bool) -> Value {
     let mut containers = vec![json!({"name": "app", "ports": [{"name": "web", "containerPort": 8080}]})];
     if meshed {
         containers.push(json!({"name": "cnimesh-proxy"}));
     }
     json!({"apiVersion": "v1", "kind": "Pod",
-        "metadata": {"namespace": "shop", "name": format!("web-{host}"), "resourceVersion": rv},
+        "metadata": {"namespace": "shop", "name": format!("web-{host}")},
         "spec": {"serviceAccountName": "web", "containers": containers},
         "status": {"phase": "Running", "podIP": format!("10.1.0.{host}"), "podIPs": [{"ip": format!("10.1.0.{host}")}]}})
 }
@@ -78,10 +79,13 @@ fn identity_of(update: &Up) -> Option<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watches_resume_relist_after_gone_and_stream_changes() {
-    let api = ListWatchApi::new();
-    api.set_list(SERVICES, vec![service()], "10");
-    api.set_list(SLICES, vec![slice(&[1, 2], "10")], "10");
-    api.set_list(PODS, (1..=4).map(|h| pod(h, true, "10")).collect(), "10");
+    let api = ClusterApi::new();
+    api.put(service());
+    api.put(slice(&[1, 2]));
+    for host in 1..=4 {
+        api.put(pod(host, true));
+    }
+    let listed = api.resource_version();
 
     let index = Index::new();
     let source = KubeSource::new(api.client()).run(index.clone());
@@ -93,8 +97,8 @@ async fn watches_resume_relist_after_gone_and_stream_changes() {
 
     // Once every watch is open, every list has been applied.
     for path in [SERVICES, SLICES, PODS] {
-        let watch = api.wait_watches(path, 1).await;
-        assert!(watch.query.contains("resourceVersion=10"), "{}", watch.query);
+        let watch = api.nth_watch(path, 1).await;
+        assert_eq!(watch.param("resourceVersion"), Some(listed.as_str()), "{path}");
     }
     let request = GetDestination { path: "web.shop.svc.cluster.local:80".into(), ..Default::default() };
     let mut get = client.get(request).await.unwrap().into_inner();
@@ -102,26 +106,28 @@ async fn watches_resume_relist_after_gone_and_stream_changes() {
     assert_eq!(identity_of(&first).as_deref(), Some("web.shop.serviceaccount.identity.cnimesh.cluster.local"));
     assert_eq!(addrs(first), ["10.1.0.1:8080", "10.1.0.2:8080"]);
 
-    // A watch event.
-    api.send(SLICES, "MODIFIED", slice(&[1, 2, 3], "11"));
+    // A change, seen as a watch event.
+    let modified = api.put(slice(&[1, 2, 3]));
     assert_eq!(addrs(next(&mut get).await), ["10.1.0.3:8080"]);
 
     // The watch ends: the watcher resumes from the last version it saw, without a list.
-    api.end_watch(SLICES);
-    let resumed = api.wait_watches(SLICES, 2).await;
-    assert!(resumed.query.contains("resourceVersion=11"), "{}", resumed.query);
-    assert_eq!(api.requests(SLICES, false).len(), 1);
+    api.end_watches("endpointslices");
+    let resumed = api.nth_watch(SLICES, 2).await;
+    assert_eq!(resumed.param("resourceVersion"), modified["metadata"]["resourceVersion"].as_str());
+    assert_eq!(api.lists_of(SLICES), 1);
 
-    // 410 Gone: the watcher lists again, and what changed meanwhile (web-1 left) shows.
-    api.set_list(SLICES, vec![slice(&[2, 3], "20")], "20");
-    api.gone(SLICES);
+    // 410 Gone: while the slices cannot be watched, web-1 leaves and the history is compacted;
+    // the watcher's resume is told 410, it lists again, and what changed meanwhile shows.
+    api.restart_losing_history("endpointslices", |api| {
+        api.put(slice(&[2, 3]));
+    });
+    let relisted = api.resource_version();
     assert_eq!(addrs(next(&mut get).await), ["10.1.0.1:8080"]);
-    let rewatch = api.wait_watches(SLICES, 3).await;
-    assert!(rewatch.query.contains("resourceVersion=20"), "{}", rewatch.query);
-    assert_eq!(api.requests(SLICES, false).len(), 2);
+    assert_eq!(api.lists_of(SLICES), 2);
+    api.watch_from(SLICES, &relisted).await;
 
     // A pod losing its proxy: the endpoint is re-sent without identity.
-    api.send(PODS, "MODIFIED", pod(2, false, "21"));
+    api.put(pod(2, false));
     let update = next(&mut get).await;
     assert_eq!(identity_of(&update), None);
     assert_eq!(addrs(update), ["10.1.0.2:8080"]);
@@ -133,7 +139,7 @@ async fn watches_resume_relist_after_gone_and_stream_changes() {
     assert_eq!(first.fully_qualified_name, "web.shop.svc.cluster.local");
 
     // The service deleted: endpoints removed, then "does not exist".
-    api.send(SERVICES, "DELETED", service());
+    api.remove("v1", "Service", "shop", "web");
     assert_eq!(addrs(next(&mut get).await), ["10.1.0.2:8080", "10.1.0.3:8080"]);
     assert_eq!(next(&mut get).await, Up::NoEndpoints(NoEndpoints { exists: false }));
     let gone = tokio::time::timeout(PATIENCE, profile.message()).await.unwrap().unwrap().unwrap();

@@ -221,9 +221,9 @@ fn after_a_restart_the_proxy_follows_changes_from_another_replica() {
 const NODE_PODS: &str = "/api/v1/pods";
 
 /// A running meshed pod on `node-1`, incarnation `uid`.
-fn node_pod(name: &str, uid: &str, rv: &str) -> serde_json::Value {
+fn node_pod(name: &str, uid: &str) -> serde_json::Value {
     json!({"apiVersion": "v1", "kind": "Pod",
-        "metadata": {"namespace": "shop", "name": name, "uid": uid, "resourceVersion": rv},
+        "metadata": {"namespace": "shop", "name": name, "uid": uid},
         "spec": {"nodeName": "node-1", "containers": [{"name": "app"}, {"name": "cnimesh-proxy"}]},
         "status": {"phase": "Running"}})
 }
@@ -252,16 +252,19 @@ fn captured(name: &str, uid: &str) -> cnimesh_cni::state::AttachmentRecord {
 /// also for a pod recreated while the API server was away (no repair storm).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_node_agent_resumes_its_watch_after_an_api_server_restart_without_a_repair_storm() {
-    use cnimesh_e2e::kube_mock::ListWatchApi;
+    use cnimesh_e2e::kube_api::ClusterApi;
     use cnimesh_node::cluster::Cluster;
 
-    let api = ListWatchApi::new();
+    let api = ClusterApi::new();
     let names: Vec<String> = (0..20).map(|i| format!("web-{i}")).collect();
-    api.set_list(NODE_PODS, names.iter().map(|n| node_pod(n, &format!("{n}-a"), "10")).collect(), "10");
+    for name in &names {
+        api.put(node_pod(name, &format!("{name}-a")));
+    }
+    let listed = api.resource_version();
     let (cluster, driver) = cnimesh_node::kube_cluster::KubeCluster::start(api.client(), "node-1");
     tokio::spawn(driver);
-    let first = api.wait_watches(NODE_PODS, 1).await;
-    assert!(first.query.contains("resourceVersion=10"), "{}", first.query);
+    let first = api.nth_watch(NODE_PODS, 1).await;
+    assert_eq!(first.param("resourceVersion"), Some(listed.as_str()));
     let deadline = Instant::now() + Duration::from_secs(20);
     while !cluster.ready() || cluster.node_pods().await.unwrap().len() < 20 {
         assert!(Instant::now() < deadline, "the pod cache never synced");
@@ -294,21 +297,21 @@ async fn the_node_agent_resumes_its_watch_after_an_api_server_restart_without_a_
     };
 
     // Restart 1: the API server closes the watch; the agent resumes it where it was.
-    api.end_watch(NODE_PODS);
-    let resumed = api.wait_watches(NODE_PODS, 2).await;
-    assert!(resumed.query.contains("resourceVersion=10"), "{}", resumed.query);
-    assert_eq!(api.requests(NODE_PODS, false).len(), 1, "a clean restart must not re-list");
+    api.end_watches("pods");
+    let resumed = api.nth_watch(NODE_PODS, 2).await;
+    assert_eq!(resumed.param("resourceVersion"), Some(listed.as_str()));
+    assert_eq!(api.lists_of(NODE_PODS), 1, "a clean restart must not re-list");
 
     // Restart 2: the watch cache is gone; meanwhile web-3 was recreated (and captured again by
     // the plugin: a record for the new incarnation). One re-list, no pod ever looks uncaptured.
     records.lock().push(captured("web-3", "web-3-b"));
-    let mut now: Vec<_> = names.iter().map(|n| node_pod(n, &format!("{n}-a"), "30")).collect();
-    now[3] = node_pod("web-3", "web-3-b", "30");
-    api.set_list(NODE_PODS, now, "30");
-    api.gone(NODE_PODS);
-    let relisted = api.wait_watches(NODE_PODS, 3).await;
-    assert!(relisted.query.contains("resourceVersion=30"), "{}", relisted.query);
-    assert_eq!(api.requests(NODE_PODS, false).len(), 2, "exactly one re-list");
+    api.restart_losing_history("pods", |api| {
+        api.remove("v1", "Pod", "shop", "web-3");
+        api.put(node_pod("web-3", "web-3-b"));
+    });
+    let relisted = api.resource_version();
+    api.watch_from(NODE_PODS, &relisted).await;
+    assert_eq!(api.lists_of(NODE_PODS), 2, "exactly one re-list");
     let deadline = Instant::now() + Duration::from_secs(20);
     while !cluster.node_pods().await.unwrap().iter().any(|p| p.metadata.uid.as_deref() == Some("web-3-b")) {
         assert!(Instant::now() < deadline, "the re-list never reached the cache");

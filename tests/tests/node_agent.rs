@@ -1,5 +1,5 @@
-//! The node agent with the plugin: decisions over the agent's socket for pods served by a mocked
-//! Kubernetes API, in real network namespaces through the real CNI chain; the agent's run loop
+//! The node agent with the plugin: decisions over the agent's socket for pods served by the
+//! in-process Kubernetes API server, in real network namespaces through the real CNI chain; the agent's run loop
 //! (install, re-chaining, uninstall); repair and taint removal against the API; the debug CLI.
 
 use std::sync::Arc;
@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use cnimesh_cni::spec::RedirectSpec;
 use cnimesh_e2e::host::Mounted;
-use cnimesh_e2e::kube_mock::MockApi;
+use cnimesh_e2e::kube_api::{Call, ClusterApi};
 use cnimesh_e2e::wait::eventually;
 use cnimesh_e2e::{Network, Pod, bins, require_root};
 use cnimesh_node::cluster::{Cluster, FileCluster};
@@ -33,6 +33,23 @@ fn kube_pod(ns: &str, name: &str, meshed: bool, annotations: Value) -> KubePod {
     .unwrap()
 }
 
+/// An API server holding `pods` and `node`.
+fn cluster_api(pods: &[&KubePod], node: Option<&Node>) -> Arc<ClusterApi> {
+    let api = ClusterApi::new();
+    for pod in pods {
+        api.put(serde_json::to_value(pod).unwrap());
+    }
+    if let Some(node) = node {
+        api.put(serde_json::to_value(node).unwrap());
+    }
+    api
+}
+
+/// The requests `api` saw of `method` to paths starting with `path`.
+fn requests(api: &ClusterApi, method: Method, path: &str) -> Vec<Call> {
+    api.calls().into_iter().filter(|c| c.method == method && c.path.starts_with(path)).collect()
+}
+
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
 }
@@ -42,12 +59,12 @@ fn plugin_asks_the_agent_which_pods_to_capture() {
     if !require_root("plugin_asks_the_agent_which_pods_to_capture") {
         return;
     }
-    let mock = MockApi::new(
-        vec![
-            kube_pod("shop", "web", true, json!({"config.cnimesh.io/skip-inbound-ports": "8081"})),
-            kube_pod("shop", "plain", false, json!({})),
-            kube_pod("shop", "optout", true, json!({"cnimesh.io/inject": "disabled"})),
-            kube_pod("shop", "broken", true, json!({"config.cnimesh.io/skip-outbound-ports": "80,http"})),
+    let mock = cluster_api(
+        &[
+            &kube_pod("shop", "web", true, json!({"config.cnimesh.io/skip-inbound-ports": "8081"})),
+            &kube_pod("shop", "plain", false, json!({})),
+            &kube_pod("shop", "optout", true, json!({"cnimesh.io/inject": "disabled"})),
+            &kube_pod("shop", "broken", true, json!({"config.cnimesh.io/skip-outbound-ports": "80,http"})),
         ],
         None,
     );
@@ -98,8 +115,11 @@ fn plugin_asks_the_agent_which_pods_to_capture() {
     assert_eq!(e.code, Some(11), "{e}");
     assert!(e.msg.contains("pod shop/ghost (namespace shop") && e.msg.contains("exclude namespace"), "{e}");
     assert!(ghost.nft_table().is_none());
-    assert_eq!(mock.requests(Method::GET, "/api/v1/namespaces/shop/pods/ghost").len(), 1, "one GET for a cache miss");
-    assert!(mock.requests(Method::GET, "/api/v1/namespaces/shop/pods/web").is_empty(), "cached pods cost no API call");
+    assert_eq!(requests(&mock, Method::GET, "/api/v1/namespaces/shop/pods/ghost").len(), 1, "one GET for a cache miss");
+    assert!(
+        requests(&mock, Method::GET, "/api/v1/namespaces/shop/pods/web").is_empty(),
+        "cached pods cost no API call"
+    );
 
     // Every answer is counted by result, with its latency (the agent's /metrics).
     let text = metrics.encode();
@@ -176,7 +196,8 @@ fn repair_and_taint_go_through_the_api() {
     }))
     .unwrap();
     let raced = kube_pod("shop", "raced", true, json!({}));
-    let mock = MockApi::new(vec![raced.clone()], Some(node));
+    let mock = cluster_api(&[&raced], Some(&node));
+    let version = mock.get("v1", "Node", "", NODE).unwrap()["metadata"]["resourceVersion"].clone();
     let rt = runtime();
     rt.block_on(async {
         let (cluster, driver) = KubeCluster::start(mock.client(), NODE);
@@ -187,18 +208,21 @@ fn repair_and_taint_go_through_the_api() {
             cnimesh_node::repair::repair(cluster.as_ref(), cnimesh_node::repair::RepairMode::Delete, &[&raced]).await;
         assert!(done[0].1.is_ok(), "{:?}", done[0].1);
     });
-    let patches = mock.requests(Method::PATCH, "/api/v1/nodes/node-1");
+    let patches = requests(&mock, Method::PATCH, "/api/v1/nodes/node-1");
     assert_eq!(patches.len(), 1);
     assert_eq!(
         patches[0].body["spec"]["taints"],
         json!([{"key": "dedicated", "value": "mesh", "effect": "NoSchedule"}])
     );
-    assert_eq!(patches[0].body["metadata"]["resourceVersion"], "7", "compare-and-swap on the node");
-    let events = mock.requests(Method::POST, "/api/v1/namespaces/shop/events");
+    assert_eq!(patches[0].body["metadata"]["resourceVersion"], version, "compare-and-swap on the node");
+    let stored = mock.get("v1", "Node", "", NODE).unwrap();
+    assert_eq!(stored["spec"]["taints"], json!([{"key": "dedicated", "value": "mesh", "effect": "NoSchedule"}]));
+    let events = requests(&mock, Method::POST, "/api/v1/namespaces/shop/events");
     assert_eq!(events.len(), 1);
     assert_eq!(events[0].body["involvedObject"]["name"], "raced");
     assert!(events[0].body["message"].as_str().unwrap().contains("without cnimesh capture"));
-    assert_eq!(mock.requests(Method::DELETE, "/api/v1/namespaces/shop/pods/raced").len(), 1);
+    assert_eq!(requests(&mock, Method::DELETE, "/api/v1/namespaces/shop/pods/raced").len(), 1);
+    assert_eq!(mock.get("v1", "Pod", "shop", "raced"), None, "the raced pod is deleted");
 }
 
 /// The whole HTTP response to `GET path` on the agent's health port, or "" while nothing listens.
