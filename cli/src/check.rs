@@ -67,7 +67,7 @@ pub async fn main(cluster: &ClusterArgs, args: CheckArgs) -> anyhow::Result<Exit
         Err(e) => vec![Check::fail(
             "kubernetes-api",
             "can build a Kubernetes client",
-            chain(&e),
+            cnimesh_common::error::with_causes(e.to_string(), e.as_ref()),
             "pass --kubeconfig / --context, or set KUBECONFIG",
         )],
     };
@@ -116,21 +116,6 @@ pub async fn run_checks(client: kube::Client, pre: bool, now: SystemTime) -> Vec
     meshed::check(&client, now, &mut checks).await;
     trust::check(&client, &mut checks).await;
     checks
-}
-
-/// An error and its causes in one line, without the repetitions of wrappers that quote their
-/// source.
-fn chain(error: &anyhow::Error) -> String {
-    let mut text = String::new();
-    for cause in error.chain().map(ToString::to_string) {
-        if !text.contains(&cause) {
-            if !text.is_empty() {
-                text.push_str(": ");
-            }
-            text.push_str(&cause);
-        }
-    }
-    text
 }
 
 /// The pod is being deleted (`deletionTimestamp`): on its way out of a rollout, not a replica to judge.

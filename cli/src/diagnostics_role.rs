@@ -101,7 +101,7 @@ fn cluster(rules: Vec<Value>) -> MockApi {
 async fn refused(rules: Vec<Value>) -> (Vec<String>, Vec<String>) {
     let api = cluster(rules);
     let mut errors = Vec::new();
-    let mut note = |what: &str, result: anyhow::Result<String>| {
+    let mut note = |what: &str, result: Result<String, crate::query_error::QueryError>| {
         if let Err(e) = result {
             errors.push(format!("{what}: {e:#}"));
         }

@@ -25,6 +25,7 @@ use anyhow::Context;
 use clap::{Args, ValueEnum};
 
 use crate::ClusterArgs;
+use crate::query_error::QueryError;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Output {
@@ -66,7 +67,7 @@ pub async fn main(cluster: &ClusterArgs, args: AuthzArgs, out: &mut impl Write) 
 }
 
 /// The report rendered as `args.output` asks (the command's output).
-pub async fn report(client: &kube::Client, args: &AuthzArgs) -> anyhow::Result<String> {
+pub async fn report(client: &kube::Client, args: &AuthzArgs) -> Result<String, QueryError> {
     Ok(render(&query(client, args).await?, args.output))
 }
 
@@ -79,9 +80,8 @@ pub fn render(report: &evaluate::Report, output: Output) -> String {
 }
 
 /// The command's core on a kube client (the tests' mocked API server, or the cluster): the typed
-/// report, which the command renders and the dashboard serves. Failures to read the cluster are
-/// [`crate::query_error::QueryError`]s in the chain.
-pub async fn query(client: &kube::Client, args: &AuthzArgs) -> anyhow::Result<evaluate::Report> {
+/// report, which the command renders and the dashboard serves; why it could not be made, typed.
+pub async fn query(client: &kube::Client, args: &AuthzArgs) -> Result<evaluate::Report, QueryError> {
     let workload = list::Workload::parse(&args.resource, &args.namespace)?;
     let objects = list::objects(client, &workload.namespace).await?;
     let pods = list::select(client, &workload, &objects.pods).await?;

@@ -6,6 +6,7 @@ use serde_json::{Value, json};
 
 use super::{AuthzArgs, Output, report};
 use crate::check::mock::MockApi;
+use crate::query_error::QueryError;
 
 const CLIENT_ID: &str = "client.shop.serviceaccount.identity.cnimesh.cluster.local";
 const POLICY: &str = "/apis/policy.cnimesh.io/v1alpha1/namespaces/shop";
@@ -194,19 +195,30 @@ async fn the_allowed_service_account_may_reach_the_server_and_another_may_not() 
     assert!(plain.contains("web-from-client needs mTLS and pod/legacy-1 is not meshed"), "{plain}");
 }
 
+/// Each failure is typed (what the dashboard decides on) and names what was wrong.
 #[tokio::test]
-async fn bad_resources_and_identities_are_named() {
-    let e = report(&mock().client(), &args("web")).await.unwrap_err().to_string();
-    assert!(e.contains("\"web\": expected KIND/NAME"), "{e}");
-    let e = report(&mock().client(), &args("job/web")).await.unwrap_err().to_string();
-    assert!(e.contains("unknown kind \"job\""), "{e}");
-    let e = report(&mock().client(), &args("deploy/nope")).await.unwrap_err().to_string();
-    assert_eq!(e, "deployment shop/nope not found");
+async fn bad_resources_and_identities_are_named_and_typed() {
+    let e = report(&mock().client(), &args("web")).await.unwrap_err();
+    assert!(matches!(&e, QueryError::BadQuery(text) if text.contains("\"web\": expected KIND/NAME")), "{e:?}");
+    let e = report(&mock().client(), &args("job/web")).await.unwrap_err();
+    assert!(matches!(&e, QueryError::BadQuery(text) if text.contains("unknown kind \"job\"")), "{e:?}");
+    let e = report(&mock().client(), &args("deploy/nope")).await.unwrap_err();
+    assert!(matches!(e, QueryError::NotFound { .. }), "{e:?}");
+    assert_eq!(e.to_string(), "deployment shop/nope: not found");
     let e = report(&mock().client(), &AuthzArgs { identity: Some("other".into()), ..args("deploy/web") })
         .await
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("--identity \"other\""), "{e}");
+        .unwrap_err();
+    assert!(matches!(&e, QueryError::BadQuery(text) if text.contains("--identity \"other\"")), "{e:?}");
+}
+
+/// A refusal by the API server stays a refusal (the RBAC hint's cause), whatever its message.
+#[tokio::test]
+async fn a_refused_list_is_a_typed_refusal() {
+    let mut api = mock();
+    api.fail("/api/v1/namespaces/shop/pods", 403, "pods is forbidden");
+    let e = report(&api.client(), &args("deploy/web")).await.unwrap_err();
+    assert!(matches!(e, QueryError::Forbidden { .. }), "{e:?}");
+    assert!(e.to_string().starts_with("listing pods in shop: pods is forbidden"), "{e}");
 }
 
 #[tokio::test]
