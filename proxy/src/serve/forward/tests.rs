@@ -494,6 +494,35 @@ async fn an_endpoint_50_ms_slower_gets_markedly_less() {
     assert!(got[1] > 0, "the slow one is still tried now and then: {got:?}");
 }
 
+/// A gateway that could not be connected to is "unreachable"; one that took the connection and
+/// then closed it without an answer "closed or refused the request": decided on the send error's
+/// kind (a failed connect, an HTTP-level failure), never on its text.
+#[tokio::test]
+async fn a_gateway_is_called_unreachable_only_when_no_connection_to_it_was_made() {
+    use crate::client::discovery::GatewayTarget;
+    use crate::client::upstream::{SendError, Upstream};
+    let mut upstream = Upstream::new("10.0.0.5:4143".parse().unwrap(), None, Duration::from_secs(1));
+    upstream.gateway = GatewayTarget::parse("web.shop.svc.cluster.local:80").map(Arc::new);
+    let refused = SendError::Connect(std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused"));
+    let why = super::exchange::gateway_error(&upstream, &refused).to_string();
+    assert!(why.contains("multicluster gateway for web.shop.svc.cluster.local:80 unreachable"), "{why}");
+
+    // Connected, then closed before any answer.
+    let (client, server) = tokio::io::duplex(1024);
+    drop(server);
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(client)).await.unwrap();
+    tokio::spawn(conn);
+    let closed = sender.send_request(get("/ok")).await.unwrap_err();
+    let why = super::exchange::gateway_error(&upstream, &SendError::Http(closed)).to_string();
+    assert!(why.contains("multicluster gateway for web.shop.svc.cluster.local:80 closed or refused"), "{why}");
+    assert!(!why.contains("unreachable"), "{why}");
+
+    // Not a gateway: the endpoint's own error, as it is.
+    upstream.gateway = None;
+    let why = super::exchange::gateway_error(&upstream, &refused).to_string();
+    assert_eq!(why, "upstream 10.0.0.5:4143 refused the connection");
+}
+
 /// A federated Service's endpoints, one in this cluster (`local`, as Destination
 /// labels a federated Service's own members) and one in `west`: each request is counted under
 /// the cluster its endpoint is in, this cluster's without the label (as a plain Service's).
