@@ -124,6 +124,7 @@ async fn refused(rules: Vec<Value>) -> (Vec<String>, Vec<String>) {
         from_namespace: None,
         trust_domain: "cluster.local".into(),
         output: authz::Output::Table,
+        local: None,
     };
     let client = api.client();
     for args in [args("deploy/web", None), args("deploy/web", Some("deploy/client")), args("ns/shop", None)] {

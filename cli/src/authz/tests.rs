@@ -130,6 +130,7 @@ fn args(resource: &str) -> AuthzArgs {
         from_namespace: None,
         trust_domain: "cluster.local".into(),
         output: Output::Table,
+        local: None,
     }
 }
 
@@ -249,4 +250,44 @@ async fn a_server_in_audit_mode_shows_its_would_be_denials_from_the_proxies_metr
     assert!(row.contains("server/web-http") && row.contains("http") && row.trim_end().ends_with('7'), "{text}");
     let verdict = text.lines().find(|l| l.starts_with("8080") && l.contains("yes")).unwrap_or_else(|| panic!("{text}"));
     assert!(verdict.contains("let through by audit mode, a would-be denial"), "{text}");
+}
+
+/// `--local DIR`: the same objects as manifests in local mode's cluster directory (one file, in
+/// any API version) give the same report as the API server serving them.
+#[tokio::test]
+async fn local_modes_manifests_answer_as_the_api_server_does() {
+    let mut api = mock();
+    let mut docs = vec![api.json_mut("/api/v1/namespaces/shop").clone()];
+    for collection in [
+        "/api/v1/namespaces/shop/pods",
+        "/api/v1/namespaces/shop/services",
+        &format!("{POLICY}/servers"),
+        &format!("{POLICY}/authorizationpolicies"),
+        &format!("{POLICY}/meshtlsauthentications"),
+        "/apis/gateway.networking.k8s.io/v1/namespaces/shop/httproutes",
+    ] {
+        docs.extend(api.json_mut(collection)["items"].as_array().unwrap().iter().cloned());
+    }
+    for name in ["web", "client", "other"] {
+        docs.push(api.json_mut(&format!("/apis/apps/v1/namespaces/shop/deployments/{name}")).clone());
+    }
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("cluster")).unwrap();
+    let text: Vec<String> = docs.iter().map(|d| format!("---\n{d}\n")).collect();
+    std::fs::write(dir.path().join("cluster").join("shop.yaml"), text.concat()).unwrap();
+    let local = super::local::client(dir.path()).unwrap();
+    for args in [
+        args("deploy/web"),
+        AuthzArgs { from: Some("deploy/client".into()), ..args("deploy/web") },
+        AuthzArgs { identity: Some("other.shop".into()), output: Output::Json, ..args("pod/web-1") },
+    ] {
+        let (from_files, from_api) =
+            (report(&local, &args).await.unwrap(), report(&api.client(), &args).await.unwrap());
+        assert_eq!(from_files, from_api, "{args:?}");
+    }
+    let e = report(&local, &args("deploy/nope")).await.unwrap_err();
+    assert!(matches!(e, QueryError::NotFound { .. }), "{e:?}");
+    let empty = tempfile::tempdir().unwrap();
+    let Err(e) = super::local::client(empty.path()) else { panic!("a client without local mode") };
+    assert!(matches!(e, QueryError::Unreachable { .. }), "no local mode there: {e:?}");
 }

@@ -378,6 +378,7 @@ async fn authz(state: &State, params: &BTreeMap<String, String>) -> Result<Value
         from_namespace: None,
         trust_domain: cnimesh_identity::DEFAULT_TRUST_DOMAIN.to_string(),
         output: crate::authz::Output::Json,
+        local: None,
     };
     let at = SystemTime::now();
     let report = crate::authz::query(&client, &args).await.map_err(|e| state.upstream_error(&e.into()))?;
