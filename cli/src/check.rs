@@ -40,6 +40,7 @@ pub use self::report::{Check, Report, Status, render_json, render_table, success
 use super::ClusterArgs;
 /// Reading pods' endpoints through the API server: shared with `stat` and `edges`.
 use super::pod_proxy::{CONCURRENCY, kube_error, pod_proxy_get};
+use super::query_error::QueryError;
 /// docs/architecture.md, "Names and numbers": the control plane's and the node agents' namespaces and names (the agents'
 /// DaemonSet, container and `app.kubernetes.io/name` label).
 pub use cnimesh_common::names::{AGENT_NAME, AGENT_NAMESPACE};
@@ -67,7 +68,7 @@ pub async fn main(cluster: &ClusterArgs, args: CheckArgs) -> anyhow::Result<Exit
         Err(e) => vec![Check::fail(
             "kubernetes-api",
             "can build a Kubernetes client",
-            chain(&e),
+            cnimesh_common::error::with_causes(e.to_string(), e.as_ref()),
             "pass --kubeconfig / --context, or set KUBECONFIG",
         )],
     };
@@ -118,20 +119,19 @@ pub async fn run_checks(client: kube::Client, pre: bool, now: SystemTime) -> Vec
     checks
 }
 
-/// An error and its causes in one line, without the repetitions of wrappers that quote their
-/// source.
-fn chain(error: &anyhow::Error) -> String {
-    let mut text = String::new();
-    for cause in error.chain().map(ToString::to_string) {
-        if !text.contains(&cause) {
-            if !text.is_empty() {
-                text.push_str(": ");
-            }
-            text.push_str(&cause);
-        }
+/// The hint for a failed read of the cluster, chosen by the error's type (never its text): the
+/// grant to add (`refused`) when the API server refused the read, how to reach it when it did not
+/// answer, and its own health when it answered with another error.
+fn read_hint(error: &kube::Error, refused: &str) -> String {
+    match QueryError::from_kube("", error) {
+        QueryError::Forbidden { .. } => refused.to_string(),
+        QueryError::Unreachable { .. } => UNREACHABLE_HINT.to_string(),
+        _ => API_ERROR_HINT.to_string(),
     }
-    text
 }
+
+/// What to look at when the API server answers a read with an error that is not a refusal.
+const API_ERROR_HINT: &str = "the API server failed the read (not a permission problem): see its message and its health (`kubectl get --raw /readyz`)";
 
 /// The pod is being deleted (`deletionTimestamp`): on its way out of a rollout, not a replica to judge.
 fn terminating(pod: &Pod) -> bool {

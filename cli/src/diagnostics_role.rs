@@ -101,7 +101,7 @@ fn cluster(rules: Vec<Value>) -> MockApi {
 async fn refused(rules: Vec<Value>) -> (Vec<String>, Vec<String>) {
     let api = cluster(rules);
     let mut errors = Vec::new();
-    let mut note = |what: &str, result: anyhow::Result<String>| {
+    let mut note = |what: &str, result: Result<String, crate::query_error::QueryError>| {
         if let Err(e) = result {
             errors.push(format!("{what}: {e:#}"));
         }
@@ -124,6 +124,7 @@ async fn refused(rules: Vec<Value>) -> (Vec<String>, Vec<String>) {
         from_namespace: None,
         trust_domain: "cluster.local".into(),
         output: authz::Output::Table,
+        local: None,
     };
     let client = api.client();
     for args in [args("deploy/web", None), args("deploy/web", Some("deploy/client")), args("ns/shop", None)] {

@@ -30,9 +30,14 @@ pub enum QueryError {
     /// The API server answered with another error.
     #[error("{what}: {detail}")]
     Api { what: String, code: u16, detail: String },
-    /// The question itself is wrong (a resource, flag or parameter).
+    /// The question itself is wrong (a resource, flag or parameter), or asks about something the
+    /// mesh does not have (a pod without a proxy, a service without that port).
     #[error("{0}")]
     BadQuery(String),
+    /// An answer came but is not what was asked for (a page that is not JSON, an object the mesh
+    /// cannot read, such as a selector that does not parse).
+    #[error("{what}: {detail}")]
+    Invalid { what: String, detail: String },
 }
 
 impl QueryError {
@@ -45,6 +50,26 @@ impl QueryError {
             kube::Error::Api(status) => Self::Api { what, code: status.code, detail },
             _ => Self::Unreachable { what, detail },
         }
+    }
+
+    /// `what` (`pod ns/name`) does not exist.
+    pub fn not_found(what: impl Into<String>) -> Self {
+        Self::NotFound { what: what.into(), detail: "not found".into() }
+    }
+
+    /// No answer to `what`, and why (`detail`).
+    pub fn unreachable(what: impl Into<String>, detail: impl std::fmt::Display) -> Self {
+        Self::Unreachable { what: what.into(), detail: detail.to_string() }
+    }
+
+    /// The answer to `what` is not usable, and why (`detail`).
+    pub fn invalid(what: impl Into<String>, detail: impl std::fmt::Display) -> Self {
+        Self::Invalid { what: what.into(), detail: detail.to_string() }
+    }
+
+    /// The question is wrong, and why.
+    pub fn bad_query(text: impl Into<String>) -> Self {
+        Self::BadQuery(text.into())
     }
 
     /// No answer to `what` within `after`.
@@ -70,6 +95,7 @@ impl QueryError {
             Self::NotFound { detail, .. } => Self::NotFound { what, detail },
             Self::Unreachable { detail, .. } => Self::Unreachable { what, detail },
             Self::Api { code, detail, .. } => Self::Api { what, code, detail },
+            Self::Invalid { detail, .. } => Self::Invalid { what, detail },
             Self::BadQuery(text) => Self::BadQuery(format!("{what}: {text}")),
         }
     }
@@ -81,7 +107,8 @@ impl QueryError {
             Self::Forbidden { detail, .. }
             | Self::NotFound { detail, .. }
             | Self::Unreachable { detail, .. }
-            | Self::Api { detail, .. } => detail,
+            | Self::Api { detail, .. }
+            | Self::Invalid { detail, .. } => detail,
             Self::BadQuery(text) => text,
         }
     }

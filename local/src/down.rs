@@ -30,6 +30,12 @@ pub fn down(naming: &Naming) -> anyhow::Result<String> {
         host::run("nft", &["delete", "table", "inet", &table])?;
         west_report.push_str(&format!("nftables table inet {table} deleted\n"));
     }
+    if let Some(table) = recorded.as_ref().and_then(|s| s.egress_table.clone())
+        && host::run("nft", &["list", "table", "ip", &table]).is_ok()
+    {
+        host::run("nft", &["delete", "table", "ip", &table])?;
+        west_report.push_str(&format!("nftables table ip {table} deleted\n"));
+    }
     // The prefix `up` recorded wins over the flag's default.
     let prefix = recorded.map_or_else(|| naming.prefix.clone(), |s| s.prefix);
     let bridge = format!("{prefix}0");

@@ -30,6 +30,10 @@ pub struct State {
     /// of `--clusters 2`), which `down` deletes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub forward_table: Option<String>,
+    /// The nftables table masquerading the pods' egress out of the host's uplink, which `down`
+    /// deletes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress_table: Option<String>,
 }
 
 impl State {

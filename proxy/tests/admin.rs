@@ -223,8 +223,8 @@ async fn the_policy_page_shows_each_ports_enforced_policy_its_source_and_freshne
         DefaultPolicy::Deny,
         vec![],
         &[8080, 9090],
-        Duration::from_millis(50),
-        Duration::from_millis(50),
+        (Duration::from_millis(50), Duration::from_millis(50)),
+        &Default::default(),
     ));
     assert!(!policies.declared_answered(Duration::from_millis(500)).await, "9090 is never answered");
     let admin = Arc::new(Admin {

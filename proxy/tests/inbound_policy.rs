@@ -60,7 +60,16 @@ async fn policies(mock: Mock, default: DefaultPolicy, declared: &[u16], first_an
             .serve_with_incoming(incoming),
     );
     let channel = tonic::transport::Channel::from_shared(format!("http://{addr}")).unwrap().connect_lazy();
-    Policies::new(channel, "shop:api-0".into(), default, vec![], declared, first_answer, Duration::from_millis(50))
+    let streams = Default::default();
+    Policies::new(
+        channel,
+        "shop:api-0".into(),
+        default,
+        vec![],
+        declared,
+        (first_answer, Duration::from_millis(50)),
+        &streams,
+    )
 }
 
 async fn eventually(what: &str, mut check: impl FnMut() -> bool) {

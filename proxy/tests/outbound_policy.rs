@@ -71,8 +71,11 @@ async fn proxy_with_control(says: Says, config: Config) -> (Arc<Shared>, watch::
             .serve_with_incoming(incoming),
     );
     let channel = tonic::transport::Channel::from_shared(format!("http://{addr}")).unwrap().connect_lazy();
-    let mut shared = Shared::new(config, Arc::new(Metrics::default()), Drain::default(), None, None);
-    let discover = Discover::new(channel, "shop:client-0".into(), Duration::from_secs(5), Duration::from_millis(50));
+    let metrics = Arc::new(Metrics::default());
+    let streams = &metrics.control_streams;
+    let discover =
+        Discover::new(channel, "shop:client-0".into(), Duration::from_secs(5), Duration::from_millis(50), streams);
+    let mut shared = Shared::new(config, metrics, Drain::default(), None, None);
     shared.outbound.policies = Some(Arc::new(discover));
     (Arc::new(shared), tx)
 }
@@ -125,12 +128,41 @@ async fn greeting(shared: &Arc<Shared>, addr: SocketAddr) -> Vec<u8> {
     got
 }
 
+/// A client that speaks first, binary bytes (opaque to detection at once): what the app greets
+/// it with.
+async fn greeting_after_binary(shared: &Arc<Shared>, addr: SocketAddr) -> Vec<u8> {
+    let mut io = captured(shared, addr);
+    io.write_all(b"\x00hello").await.unwrap();
+    let mut got = vec![0u8; BANNER.len()];
+    io.read_exact(&mut got).await.unwrap();
+    got
+}
+
 /// `connection_protocol_total` of outbound connections served as `protocol`, decided by `by`.
 fn decided(shared: &Shared, protocol: &str, by: &str) -> u64 {
     let line =
         format!("connection_protocol_total{{direction=\"outbound\",protocol=\"{protocol}\",decided_by=\"{by}\"}} ");
     let text = shared.metrics.encode();
     text.lines().find_map(|l| l.strip_prefix(&line)).map_or(0, |n| n.parse().unwrap())
+}
+
+/// `control_stream_{counted}_total` of the outbound policy streams: `messages` or `failures`.
+fn streamed(shared: &Shared, counted: &str) -> u64 {
+    let line = format!("control_stream_{counted}_total{{stream=\"outbound_policy\"}} ");
+    let text = shared.metrics.encode();
+    text.lines().find_map(|l| l.strip_prefix(&line)).map_or(0, |n| n.parse().unwrap())
+}
+
+/// Waits until the outbound policy streams' `counted` reaches `n`: the proxy has heard (or
+/// lost) its control plane, the signal a test waits on instead of a settling sleep.
+async fn streamed_at_least(shared: &Shared, counted: &str, n: u64) {
+    for _ in 0..2000 {
+        if streamed(shared, counted) >= n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("control_stream_{counted}_total never reached {n}: {}", shared.metrics.encode());
 }
 
 #[tokio::test]
@@ -149,27 +181,19 @@ async fn the_last_policy_stays_when_the_control_plane_goes_away_and_changes_appl
     let app = banner_app().await;
     let (shared, control) = proxy_with_control(opaque(), Config::default()).await;
     assert_eq!(greeting(&shared, app).await, BANNER);
+    assert_eq!(streamed(&shared, "messages"), 1);
     control.send_replace(Says::Down);
-    // The stream has failed and the proxy is asking again (and refused) in the meantime.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The stream has failed and the proxy has asked again (and been refused).
+    streamed_at_least(&shared, "failures", 2).await;
     assert_eq!(greeting(&shared, app).await, BANNER);
     assert_eq!(decided(&shared, "opaque", "policy"), 2, "{}", shared.metrics.encode());
 
-    // Back with another answer: the same target's next connections detect (binary first
-    // bytes are opaque at once).
+    // Back with another answer: once it has reached the proxy, the same target's next
+    // connection detects (binary first bytes are opaque at once).
     control.send_replace(detect());
-    for _ in 0..200 {
-        let mut io = captured(&shared, app);
-        io.write_all(b"\x00hello").await.unwrap();
-        let mut got = vec![0u8; BANNER.len()];
-        io.read_exact(&mut got).await.unwrap();
-        assert_eq!(got, BANNER);
-        if decided(&shared, "opaque", "detection") > 0 {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("the new policy never applied: {}", shared.metrics.encode());
+    streamed_at_least(&shared, "messages", 2).await;
+    assert_eq!(greeting_after_binary(&shared, app).await, BANNER);
+    assert_eq!(decided(&shared, "opaque", "detection"), 1, "the new policy applied: {}", shared.metrics.encode());
 }
 
 #[tokio::test]
@@ -195,12 +219,8 @@ async fn a_destination_declared_http1_skips_detection() {
 async fn a_destination_the_control_plane_does_not_know_is_detected() {
     let app = banner_app().await;
     let (shared, _control) = proxy_with_control(Says::NotFound, Config::default()).await;
-    let mut io = captured(&shared, app);
     // Binary first bytes decide opaque at once; the greeting follows.
-    io.write_all(b"\x00hello").await.unwrap();
-    let mut got = vec![0u8; BANNER.len()];
-    io.read_exact(&mut got).await.unwrap();
-    assert_eq!(got, BANNER);
+    assert_eq!(greeting_after_binary(&shared, app).await, BANNER);
     assert_eq!(decided(&shared, "opaque", "detection"), 1, "{}", shared.metrics.encode());
 }
 

@@ -103,6 +103,12 @@ impl LocalMode {
         if self.root.exists() {
             left.push(format!("dir {}", self.root.display()));
         }
+        let table = format!("cnimesh-local-{}-egress", self.prefix);
+        let tables = std::process::Command::new("nft").args(["list", "tables"]).output().map(|o| o.stdout);
+        if String::from_utf8_lossy(&tables.unwrap_or_default()).lines().any(|l| l.trim() == format!("table ip {table}"))
+        {
+            left.push(format!("nftables table ip {table}"));
+        }
         let root = self.root.display().to_string();
         let marker = format!("CNIMESH_LOCAL_ROOT={root}");
         for entry in std::fs::read_dir("/proc").unwrap().flatten() {

@@ -193,6 +193,23 @@ impl Sidecar {
         metric_sum(&self.metrics(), prefix)
     }
 
+    /// What this proxy counted of its control plane's `stream` (`inbound_policy`,
+    /// `outbound_policy`, `endpoints`, `profile`): `"messages"` received or `"failures"`
+    /// (`control_stream_{counted}_total`).
+    pub fn streamed(&self, counted: &str, stream: &str) -> f64 {
+        metric_with(&self.metrics(), &format!("control_stream_{counted}_total"), &[&format!("stream=\"{stream}\"")])
+    }
+
+    /// Waits until this proxy's `stream` has counted more `counted` than `since` (a value of
+    /// [`Self::streamed`] read before the change): the change has reached the proxy (messages),
+    /// or the proxy has noticed its control plane gone (failures). What a test waits on instead
+    /// of a sleep for things to settle.
+    pub fn wait_streamed(&self, counted: &str, stream: &str, since: f64) {
+        crate::wait::eventually(&format!("{stream} {counted} counted past {since}"), Duration::from_secs(30), || {
+            self.streamed(counted, stream) > since
+        });
+    }
+
     /// A request to the admin server over loopback inside the pod.
     pub fn admin(&self, method: &str, path: &str, body: &str) -> anyhow::Result<(u16, String)> {
         http_in(&self.netns, "127.0.0.1:4191", method, path, body)

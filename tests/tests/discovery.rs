@@ -178,7 +178,10 @@ fn a_service_is_balanced_over_its_replicas_with_mtls_and_follows_scaling() {
                 seen2.lock().push(answer);
             }
         });
-        std::thread::sleep(Duration::from_millis(200));
+        // Load flowing before the change: some answers in.
+        while seen.lock().len() < 20 {
+            std::thread::sleep(Duration::from_millis(20));
+        }
         s.set_replicas(&["web-0", "web-1"]);
         // Balancing alone may starve an endpoint for a while, so traffic cannot tell whether the
         // update arrived: the proxy's own gauge does.

@@ -39,6 +39,44 @@ fn edge<'a>(summary: &'a Value, from: &str, to: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no edge {from} -> {to}"))
 }
 
+/// A pod's default route is its bridge's gateway, and what it sends out of the host's uplink is
+/// masqueraded (the table's counter moves for a connection to a TEST-NET-3 address, which goes
+/// out and is never answered); nothing is installed on a host without a default route.
+fn egress_goes_out_through_the_bridge_and_is_masqueraded_out_of_the_uplink(local: &LocalMode) {
+    let run = |args: &[&str]| {
+        let out = Command::new(args[0]).args(&args[1..]).output().unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    // The control plane's pod: the primary CNI only, so its connections are its own (a meshed
+    // pod's go through its proxy, which connects only once the client has spoken).
+    let netns = format!("{}-control", local.prefix);
+    let network: std::net::Ipv4Addr = local.subnet.split('/').next().unwrap().parse().unwrap();
+    let gateway = std::net::Ipv4Addr::from(u32::from(network) + 1);
+    let routes = run(&["ip", "netns", "exec", &netns, "ip", "-4", "route", "show", "default"]);
+    assert!(routes.starts_with(&format!("default via {gateway} dev eth0")), "{routes}");
+    let host_routes = run(&["ip", "-4", "route", "show", "default"]);
+    let table = format!("cnimesh-local-{}-egress", local.prefix);
+    let Some(uplink) = host_routes.split_whitespace().skip_while(|w| *w != "dev").nth(1) else {
+        assert!(run(&["nft", "list", "tables"]).lines().all(|l| !l.contains(&table)), "no uplink, no table");
+        return;
+    };
+    let packets = || {
+        let rules = run(&["nft", "list", "table", "ip", &table]);
+        let rule = rules.lines().find(|l| l.contains("masquerade")).unwrap_or_else(|| panic!("{rules}")).to_string();
+        assert!(
+            rule.contains(&format!("ip saddr {}", local.subnet)) && rule.contains(&format!("oifname \"{uplink}\"")),
+            "{rule}"
+        );
+        let n = rule.split_whitespace().skip_while(|w| *w != "packets").nth(1).unwrap_or_else(|| panic!("{rule}"));
+        n.parse::<u64>().unwrap()
+    };
+    let before = packets();
+    let _ = cnimesh_cni::netns::run_in(&local.netns("control"), || {
+        std::net::TcpStream::connect_timeout(&"203.0.113.7:9".parse().unwrap(), Duration::from_millis(500))
+    });
+    assert!(packets() > before, "the pod's egress was masqueraded out of {uplink}");
+}
+
 #[test]
 fn up_runs_the_demo_mesh_and_down_removes_everything() {
     if !require_root("up_runs_the_demo_mesh_and_down_removes_everything") {
@@ -250,6 +288,8 @@ fn up_runs_the_demo_mesh_and_down_removes_everything() {
     );
     let metrics = diagnostics(&["proxy-metrics", "web-0"]);
     assert!(metrics.lines().any(|l| l.starts_with("inbound_http_authz_allow_total")), "{metrics}");
+
+    egress_goes_out_through_the_bridge_and_is_masqueraded_out_of_the_uplink(&local);
 
     // Up twice: a clear error, nothing disturbed.
     let again = local.up_command().output().unwrap();

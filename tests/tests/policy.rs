@@ -134,8 +134,9 @@ fn inbound_policy_is_enforced_updated_live_and_kept_without_the_control_plane() 
 
     // The control plane goes away: new connections get the last policy, not the proxy's
     // all-unauthenticated default.
+    let failures = api_proxy.streamed("failures", "inbound_policy");
     control.stop();
-    std::thread::sleep(Duration::from_millis(500));
+    api_proxy.wait_streamed("failures", "inbound_policy", failures);
     for client in [&web, &office] {
         assert_eq!(get(client, &http, "/hello").0, 200);
         assert_eq!(get(client, &http, "/replica").0, 403, "the last policy is kept");

@@ -9,7 +9,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use cnimesh_e2e::apps::{self, Apps};
 use cnimesh_e2e::netns::block_on_in;
-use cnimesh_e2e::sidecar::{Sidecar, http_in};
+use cnimesh_e2e::sidecar::{Sidecar, http_in, metric_with};
+use cnimesh_e2e::wait::eventually;
 use cnimesh_e2e::{Network, Pod, bins, require_root};
 use http::Request;
 use http_body_util::{BodyExt, Full, StreamBody};
@@ -380,12 +381,14 @@ fn admin_endpoints_and_graceful_shutdown() {
         assert_eq!(http_in(&client_ns, &admin, "GET", "/metrics", "").unwrap().0, 200);
 
         // An in-flight request completes across a graceful shutdown.
+        let inbound = || metric_with(&m.server_proxy.metrics(), "request_total", &["direction=\"inbound\""]);
+        let before = inbound();
         let slow = {
             let client_ns = client_ns.clone();
             let addr = m.server_addr(apps::HTTP_PORT).to_string();
             std::thread::spawn(move || http_in(&client_ns, &addr, "GET", "/slow", "").unwrap())
         };
-        std::thread::sleep(Duration::from_millis(500));
+        eventually("the slow request reached the server's proxy", Duration::from_secs(10), || inbound() > before);
         assert_eq!(m.server_proxy.admin("POST", "/shutdown", "").unwrap().0, 200);
         assert_eq!(slow.join().unwrap(), (200, "slow done".into()), "in-flight request completed");
         assert!(m.server_proxy.wait(), "server proxy exited cleanly after draining");

@@ -18,6 +18,7 @@ use k8s_openapi::api::core::v1::Pod;
 use serde::Serialize;
 
 use super::list::Objects;
+use crate::query_error::QueryError;
 
 /// A client to check: its identity (none: not meshed, so plaintext) and, when known, its address.
 #[derive(Debug, Clone, Serialize)]
@@ -29,21 +30,24 @@ pub struct Client {
 
 impl Client {
     /// `SA.NS` or a full identity name (`SA.NS.serviceaccount.identity.cnimesh.DOMAIN`).
-    pub fn from_identity(text: &str, trust_domain: &str) -> anyhow::Result<Self> {
+    pub fn from_identity(text: &str, trust_domain: &str) -> Result<Self, QueryError> {
         let name = if text.contains(".serviceaccount.") {
-            cnimesh_identity::Name::parse(text).map_err(|e| anyhow::anyhow!("--identity {text:?}: {e}"))?
+            cnimesh_identity::Name::parse(text)
+                .map_err(|e| QueryError::bad_query(format!("--identity {text:?}: {e}")))?
         } else {
             let Some((sa, ns)) = text.split_once('.').filter(|(sa, ns)| !sa.is_empty() && !ns.contains('.')) else {
-                anyhow::bail!("--identity {text:?}: expected SERVICEACCOUNT.NAMESPACE or a full identity name");
+                return Err(QueryError::bad_query(format!(
+                    "--identity {text:?}: expected SERVICEACCOUNT.NAMESPACE or a full identity name"
+                )));
             };
             cnimesh_identity::Name::for_service_account(sa, ns, trust_domain)
-                .map_err(|e| anyhow::anyhow!("--identity {text:?}: {e}"))?
+                .map_err(|e| QueryError::bad_query(format!("--identity {text:?}: {e}")))?
         };
         Ok(Self { name: text.to_string(), identity: Some(name.to_string()), ip: None })
     }
 
     /// A client pod: its ServiceAccount's identity when meshed, and its address.
-    pub fn from_pod(workload: &str, pod: &Pod, trust_domain: &str) -> anyhow::Result<Self> {
+    pub fn from_pod(workload: &str, pod: &Pod, trust_domain: &str) -> Result<Self, QueryError> {
         let ns = pod.metadata.namespace.clone().unwrap_or_default();
         let spec = pod.spec.clone().unwrap_or_default();
         let meshed =
@@ -52,7 +56,7 @@ impl Client {
         let identity = if meshed {
             Some(
                 cnimesh_identity::Name::for_service_account(&sa, &ns, trust_domain)
-                    .map_err(|e| anyhow::anyhow!("{workload}'s ServiceAccount {ns}/{sa}: {e}"))?
+                    .map_err(|e| QueryError::invalid(format!("{workload}'s ServiceAccount {ns}/{sa}"), e))?
                     .to_string(),
             )
         } else {

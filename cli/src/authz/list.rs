@@ -34,12 +34,14 @@ pub enum Kind {
 impl Workload {
     /// `deploy/web`, `pod/web-1`, `ns/shop`, …; `namespace` is the `-n` in force (`ns/NAME` sets
     /// its own).
-    pub fn parse(text: &str, namespace: &str) -> anyhow::Result<Self> {
+    pub fn parse(text: &str, namespace: &str) -> Result<Self, QueryError> {
         let Some((kind, name)) = text.split_once('/') else {
-            anyhow::bail!("{text:?}: expected KIND/NAME (deploy/, sts/, ds/, pod/ or ns/)");
+            return Err(QueryError::bad_query(format!(
+                "{text:?}: expected KIND/NAME (deploy/, sts/, ds/, pod/ or ns/)"
+            )));
         };
         if name.is_empty() || name.contains('/') {
-            anyhow::bail!("{text:?}: expected KIND/NAME");
+            return Err(QueryError::bad_query(format!("{text:?}: expected KIND/NAME")));
         }
         let kind = match kind {
             "deploy" | "deployment" | "deployments" => Kind::Deployment,
@@ -47,7 +49,11 @@ impl Workload {
             "ds" | "daemonset" | "daemonsets" => Kind::DaemonSet,
             "po" | "pod" | "pods" => Kind::Pod,
             "ns" | "namespace" | "namespaces" => Kind::Namespace,
-            other => anyhow::bail!("{text:?}: unknown kind {other:?} (expected deploy, sts, ds, pod or ns)"),
+            other => {
+                return Err(QueryError::bad_query(format!(
+                    "{text:?}: unknown kind {other:?} (expected deploy, sts, ds, pod or ns)"
+                )));
+            }
         };
         let namespace = if kind == Kind::Namespace { name } else { namespace };
         Ok(Self { kind, name: name.to_string(), namespace: namespace.to_string() })
@@ -82,7 +88,7 @@ pub struct Objects {
 }
 
 /// A namespaced list; `None` when the API server does not know the kind (CRD not installed).
-async fn list_opt<K>(client: &kube::Client, namespace: &str, what: &str) -> anyhow::Result<Option<Vec<K>>>
+async fn list_opt<K>(client: &kube::Client, namespace: &str, what: &str) -> Result<Option<Vec<K>>, QueryError>
 where
     K: kube::Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>
         + Clone
@@ -93,11 +99,11 @@ where
     match api.list(&ListParams::default()).await {
         Ok(list) => Ok(Some(list.items)),
         Err(kube::Error::Api(status)) if status.code == 404 => Ok(None),
-        Err(e) => Err(QueryError::from_kube(format!("listing {what} in {namespace}"), &e).into()),
+        Err(e) => Err(QueryError::from_kube(format!("listing {what} in {namespace}"), &e)),
     }
 }
 
-async fn list<K>(client: &kube::Client, namespace: &str, what: &str) -> anyhow::Result<Vec<K>>
+async fn list<K>(client: &kube::Client, namespace: &str, what: &str) -> Result<Vec<K>, QueryError>
 where
     K: kube::Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>
         + Clone
@@ -106,21 +112,24 @@ where
 {
     match list_opt(client, namespace, what).await? {
         Some(items) => Ok(items),
-        None => anyhow::bail!("listing {what} in {namespace}: the API server does not serve them"),
+        None => Err(QueryError::NotFound {
+            what: format!("listing {what} in {namespace}"),
+            detail: "the API server does not serve them".into(),
+        }),
     }
 }
 
 /// The pods of `namespace`.
-pub async fn pods(client: &kube::Client, namespace: &str) -> anyhow::Result<Vec<Pod>> {
+pub async fn pods(client: &kube::Client, namespace: &str) -> Result<Vec<Pod>, QueryError> {
     list(client, namespace, "pods").await
 }
 
 /// The objects of `namespace` the evaluation reads.
-pub async fn objects(client: &kube::Client, namespace: &str) -> anyhow::Result<Objects> {
+pub async fn objects(client: &kube::Client, namespace: &str) -> Result<Objects, QueryError> {
     let mut objects = Objects {
         namespace: match kube::Api::<Namespace>::all(client.clone()).get_opt(namespace).await {
             Ok(ns) => ns,
-            Err(e) => return Err(QueryError::from_kube(format!("reading namespace {namespace}"), &e).into()),
+            Err(e) => return Err(QueryError::from_kube(format!("reading namespace {namespace}"), &e)),
         },
         pods: pods(client, namespace).await?,
         services: list(client, namespace, "services").await?,
@@ -144,7 +153,7 @@ pub async fn objects(client: &kube::Client, namespace: &str) -> anyhow::Result<O
 }
 
 /// The workload's pods among `pods` (sorted by name); an error names a workload with none.
-pub async fn select(client: &kube::Client, workload: &Workload, pods: &[Pod]) -> anyhow::Result<Vec<Pod>> {
+pub async fn select(client: &kube::Client, workload: &Workload, pods: &[Pod]) -> Result<Vec<Pod>, QueryError> {
     let ns = &workload.namespace;
     let name = &workload.name;
     let selector = match workload.kind {
@@ -157,10 +166,13 @@ pub async fn select(client: &kube::Client, workload: &Workload, pods: &[Pod]) ->
         None => None,
         Some(selector) => {
             let selector = selector.unwrap_or_default();
-            let converted: crd::LabelSelector = serde_json::from_value(serde_json::to_value(&selector)?)?;
+            let what = || format!("{}'s selector", workload.display());
+            let converted: crd::LabelSelector = serde_json::to_value(&selector)
+                .and_then(serde_json::from_value)
+                .map_err(|e| QueryError::invalid(what(), e))?;
             Some(
                 cnimesh_control::policy::model::Selector::new(&converted)
-                    .map_err(|e| anyhow::anyhow!("{}'s selector: {e}", workload.display()))?,
+                    .map_err(|e| QueryError::invalid(what(), e))?,
             )
         }
     };
@@ -178,14 +190,19 @@ pub async fn select(client: &kube::Client, workload: &Workload, pods: &[Pod]) ->
     chosen.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
     if chosen.is_empty() {
         match workload.kind {
-            Kind::Pod => anyhow::bail!("pod {ns}/{name} not found"),
-            _ => anyhow::bail!("{} in {ns} has no pods", workload.display()),
+            Kind::Pod => return Err(QueryError::not_found(format!("pod {ns}/{name}"))),
+            _ => {
+                return Err(QueryError::NotFound {
+                    what: format!("{} in {ns}", workload.display()),
+                    detail: "no pods".into(),
+                });
+            }
         }
     }
     Ok(chosen)
 }
 
-async fn get<K>(client: &kube::Client, namespace: &str, name: &str, what: &str) -> anyhow::Result<K>
+async fn get<K>(client: &kube::Client, namespace: &str, name: &str, what: &str) -> Result<K, QueryError>
 where
     K: kube::Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>
         + Clone
@@ -195,7 +212,7 @@ where
     let api: kube::Api<K> = kube::Api::namespaced(client.clone(), namespace);
     match api.get_opt(name).await {
         Ok(Some(object)) => Ok(object),
-        Ok(None) => anyhow::bail!("{what} {namespace}/{name} not found"),
-        Err(e) => Err(QueryError::from_kube(format!("reading {what} {namespace}/{name}"), &e).into()),
+        Ok(None) => Err(QueryError::not_found(format!("{what} {namespace}/{name}"))),
+        Err(e) => Err(QueryError::from_kube(format!("reading {what} {namespace}/{name}"), &e)),
     }
 }

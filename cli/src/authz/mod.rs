@@ -12,19 +12,23 @@
 //! `/metrics`, read through the API server's pod proxy, summed per Server and client ([`audit`]).
 //!
 //! Inside: [`list`] (reading the cluster) and [`evaluate`] (pure: objects to report), [`audit`]
-//! (pure: metrics to would-be denials), then [`render`] (pure: report to text).
+//! (pure: metrics to would-be denials), then [`render`] (pure: report to text); [`local`] answers
+//! the reads from local mode's directory instead (`--local DIR`).
 
 pub mod audit;
 pub mod evaluate;
 pub mod list;
+pub mod local;
 pub mod render;
 
 use std::io::Write;
+use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Args, ValueEnum};
 
 use crate::ClusterArgs;
+use crate::query_error::QueryError;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Output {
@@ -55,18 +59,26 @@ pub struct AuthzArgs {
     pub trust_domain: String,
     #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
     pub output: Output,
+    /// Local mode's directory (`cnimesh-local up --dir DIR`): its pods and policy objects, and
+    /// their proxies' metrics for audit mode.
+    #[arg(long, value_name = "DIR")]
+    pub local: Option<PathBuf>,
 }
 
-/// Lists what the command needs from the cluster, evaluates and writes the report.
+/// Lists what the command needs from the cluster (or local mode), evaluates and writes the
+/// report.
 pub async fn main(cluster: &ClusterArgs, args: AuthzArgs, out: &mut impl Write) -> anyhow::Result<()> {
-    let client = cluster.client().await?;
+    let client = match &args.local {
+        Some(dir) => local::client(dir)?,
+        None => cluster.client().await?,
+    };
     let text = report(&client, &args).await?;
     out.write_all(text.as_bytes()).context("writing the report")?;
     Ok(())
 }
 
 /// The report rendered as `args.output` asks (the command's output).
-pub async fn report(client: &kube::Client, args: &AuthzArgs) -> anyhow::Result<String> {
+pub async fn report(client: &kube::Client, args: &AuthzArgs) -> Result<String, QueryError> {
     Ok(render(&query(client, args).await?, args.output))
 }
 
@@ -79,9 +91,8 @@ pub fn render(report: &evaluate::Report, output: Output) -> String {
 }
 
 /// The command's core on a kube client (the tests' mocked API server, or the cluster): the typed
-/// report, which the command renders and the dashboard serves. Failures to read the cluster are
-/// [`crate::query_error::QueryError`]s in the chain.
-pub async fn query(client: &kube::Client, args: &AuthzArgs) -> anyhow::Result<evaluate::Report> {
+/// report, which the command renders and the dashboard serves; why it could not be made, typed.
+pub async fn query(client: &kube::Client, args: &AuthzArgs) -> Result<evaluate::Report, QueryError> {
     let workload = list::Workload::parse(&args.resource, &args.namespace)?;
     let objects = list::objects(client, &workload.namespace).await?;
     let pods = list::select(client, &workload, &objects.pods).await?;

@@ -6,6 +6,7 @@ use serde_json::{Value, json};
 
 use super::{AuthzArgs, Output, report};
 use crate::check::mock::MockApi;
+use crate::query_error::QueryError;
 
 const CLIENT_ID: &str = "client.shop.serviceaccount.identity.cnimesh.cluster.local";
 const POLICY: &str = "/apis/policy.cnimesh.io/v1alpha1/namespaces/shop";
@@ -129,6 +130,7 @@ fn args(resource: &str) -> AuthzArgs {
         from_namespace: None,
         trust_domain: "cluster.local".into(),
         output: Output::Table,
+        local: None,
     }
 }
 
@@ -194,19 +196,30 @@ async fn the_allowed_service_account_may_reach_the_server_and_another_may_not() 
     assert!(plain.contains("web-from-client needs mTLS and pod/legacy-1 is not meshed"), "{plain}");
 }
 
+/// Each failure is typed (what the dashboard decides on) and names what was wrong.
 #[tokio::test]
-async fn bad_resources_and_identities_are_named() {
-    let e = report(&mock().client(), &args("web")).await.unwrap_err().to_string();
-    assert!(e.contains("\"web\": expected KIND/NAME"), "{e}");
-    let e = report(&mock().client(), &args("job/web")).await.unwrap_err().to_string();
-    assert!(e.contains("unknown kind \"job\""), "{e}");
-    let e = report(&mock().client(), &args("deploy/nope")).await.unwrap_err().to_string();
-    assert_eq!(e, "deployment shop/nope not found");
+async fn bad_resources_and_identities_are_named_and_typed() {
+    let e = report(&mock().client(), &args("web")).await.unwrap_err();
+    assert!(matches!(&e, QueryError::BadQuery(text) if text.contains("\"web\": expected KIND/NAME")), "{e:?}");
+    let e = report(&mock().client(), &args("job/web")).await.unwrap_err();
+    assert!(matches!(&e, QueryError::BadQuery(text) if text.contains("unknown kind \"job\"")), "{e:?}");
+    let e = report(&mock().client(), &args("deploy/nope")).await.unwrap_err();
+    assert!(matches!(e, QueryError::NotFound { .. }), "{e:?}");
+    assert_eq!(e.to_string(), "deployment shop/nope: not found");
     let e = report(&mock().client(), &AuthzArgs { identity: Some("other".into()), ..args("deploy/web") })
         .await
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("--identity \"other\""), "{e}");
+        .unwrap_err();
+    assert!(matches!(&e, QueryError::BadQuery(text) if text.contains("--identity \"other\"")), "{e:?}");
+}
+
+/// A refusal by the API server stays a refusal (the RBAC hint's cause), whatever its message.
+#[tokio::test]
+async fn a_refused_list_is_a_typed_refusal() {
+    let mut api = mock();
+    api.fail("/api/v1/namespaces/shop/pods", 403, "pods is forbidden");
+    let e = report(&api.client(), &args("deploy/web")).await.unwrap_err();
+    assert!(matches!(e, QueryError::Forbidden { .. }), "{e:?}");
+    assert!(e.to_string().starts_with("listing pods in shop: pods is forbidden"), "{e}");
 }
 
 #[tokio::test]
@@ -237,4 +250,44 @@ async fn a_server_in_audit_mode_shows_its_would_be_denials_from_the_proxies_metr
     assert!(row.contains("server/web-http") && row.contains("http") && row.trim_end().ends_with('7'), "{text}");
     let verdict = text.lines().find(|l| l.starts_with("8080") && l.contains("yes")).unwrap_or_else(|| panic!("{text}"));
     assert!(verdict.contains("let through by audit mode, a would-be denial"), "{text}");
+}
+
+/// `--local DIR`: the same objects as manifests in local mode's cluster directory (one file, in
+/// any API version) give the same report as the API server serving them.
+#[tokio::test]
+async fn local_modes_manifests_answer_as_the_api_server_does() {
+    let mut api = mock();
+    let mut docs = vec![api.json_mut("/api/v1/namespaces/shop").clone()];
+    for collection in [
+        "/api/v1/namespaces/shop/pods",
+        "/api/v1/namespaces/shop/services",
+        &format!("{POLICY}/servers"),
+        &format!("{POLICY}/authorizationpolicies"),
+        &format!("{POLICY}/meshtlsauthentications"),
+        "/apis/gateway.networking.k8s.io/v1/namespaces/shop/httproutes",
+    ] {
+        docs.extend(api.json_mut(collection)["items"].as_array().unwrap().iter().cloned());
+    }
+    for name in ["web", "client", "other"] {
+        docs.push(api.json_mut(&format!("/apis/apps/v1/namespaces/shop/deployments/{name}")).clone());
+    }
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("cluster")).unwrap();
+    let text: Vec<String> = docs.iter().map(|d| format!("---\n{d}\n")).collect();
+    std::fs::write(dir.path().join("cluster").join("shop.yaml"), text.concat()).unwrap();
+    let local = super::local::client(dir.path()).unwrap();
+    for args in [
+        args("deploy/web"),
+        AuthzArgs { from: Some("deploy/client".into()), ..args("deploy/web") },
+        AuthzArgs { identity: Some("other.shop".into()), output: Output::Json, ..args("pod/web-1") },
+    ] {
+        let (from_files, from_api) =
+            (report(&local, &args).await.unwrap(), report(&api.client(), &args).await.unwrap());
+        assert_eq!(from_files, from_api, "{args:?}");
+    }
+    let e = report(&local, &args("deploy/nope")).await.unwrap_err();
+    assert!(matches!(e, QueryError::NotFound { .. }), "{e:?}");
+    let empty = tempfile::tempdir().unwrap();
+    let Err(e) = super::local::client(empty.path()) else { panic!("a client without local mode") };
+    assert!(matches!(e, QueryError::Unreachable { .. }), "no local mode there: {e:?}");
 }

@@ -11,7 +11,7 @@ use kube::api::ListParams;
 
 use super::kubernetes::{NATIVE_SIDECARS_MINOR, ServerVersion};
 use super::report::{Check, plural};
-use super::{CONTROL_NAME, CONTROL_NAMESPACE, kube_error, pod_ready, terminating};
+use super::{CONTROL_NAME, CONTROL_NAMESPACE, kube_error, pod_ready, read_hint, terminating};
 
 const CATEGORY: &str = "control-plane";
 /// The Deployment's switch for the proxy's form (`auto`, `true`, `false`).
@@ -36,7 +36,7 @@ pub async fn check(client: &kube::Client, version: &ServerVersion, checks: &mut 
                 CATEGORY,
                 exists,
                 format!("reading Deployment {CONTROL_NAMESPACE}/{CONTROL_NAME}: {}", kube_error(&e)),
-                "allow reading deployments in the control plane's namespace",
+                read_hint(&e, "allow reading deployments in the control plane's namespace"),
             ));
             return skip_rest(checks, "the control plane Deployment could not be read");
         }
@@ -127,7 +127,7 @@ async fn pods(client: &kube::Client, deployment: &Deployment) -> Check {
                 CATEGORY,
                 name,
                 format!("listing pods in {CONTROL_NAMESPACE}: {}", kube_error(&e)),
-                "allow listing pods in the control plane's namespace",
+                read_hint(&e, "allow listing pods in the control plane's namespace"),
             );
         }
     };

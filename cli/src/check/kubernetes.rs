@@ -11,7 +11,7 @@ use kube::Api;
 use kube::api::{ListParams, PostParams};
 
 use super::report::Check;
-use super::{AGENT_NAMESPACE, CONTROL_NAMESPACE, kube_error};
+use super::{AGENT_NAMESPACE, CONTROL_NAMESPACE, kube_error, read_hint};
 use crate::install::guard::NodeGuard;
 
 const CATEGORY: &str = "kubernetes-api";
@@ -270,7 +270,7 @@ pub async fn pre_install(client: &kube::Client, version: &ServerVersion, checks:
             PRE,
             "the cluster has nodes",
             format!("listing nodes: {}", kube_error(&e)),
-            "allow listing nodes",
+            read_hint(&e, "allow listing nodes"),
         ),
     });
 
@@ -288,7 +288,7 @@ pub async fn pre_install(client: &kube::Client, version: &ServerVersion, checks:
             PRE,
             name,
             format!("reading namespace {CONTROL_NAMESPACE}: {}", kube_error(&e)),
-            "allow reading namespaces",
+            read_hint(&e, "allow reading namespaces"),
         ),
     });
 }

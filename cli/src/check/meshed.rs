@@ -11,7 +11,7 @@ use kube::Api;
 use kube::api::ListParams;
 
 use super::report::{Check, plural};
-use super::{CONCURRENCY, kube_error, pod_proxy_get};
+use super::{CONCURRENCY, kube_error, pod_proxy_get, read_hint};
 use cnimesh_control::inject::{PROXY_ADMIN_PORT, PROXY_CONTAINER};
 
 const CATEGORY: &str = "meshed-pods";
@@ -73,7 +73,7 @@ pub async fn check(client: &kube::Client, now: i64, checks: &mut Vec<Check>) {
                 CATEGORY,
                 READY,
                 format!("listing pods in all namespaces: {}", kube_error(&e)),
-                "allow listing pods cluster-wide",
+                read_hint(&e, "allow listing pods cluster-wide"),
             ));
             checks.push(Check::skip(CATEGORY, CERTIFIED, "skipped: pods could not be listed"));
             return;

@@ -16,7 +16,7 @@ use kube::api::ListParams;
 use serde::Deserialize;
 
 use super::report::{Check, plural};
-use super::{AGENT_NAME, AGENT_NAMESPACE, CONCURRENCY, kube_error, pod_proxy_get, pod_ready};
+use super::{AGENT_NAME, AGENT_NAMESPACE, CONCURRENCY, kube_error, pod_proxy_get, pod_ready, read_hint};
 
 const CATEGORY: &str = "node-agents";
 pub use cnimesh_common::names::AGENT_HEALTH_PORT as AGENT_STATUS_PORT;
@@ -87,7 +87,7 @@ pub async fn check(client: &kube::Client, checks: &mut Vec<Check>) {
                 CATEGORY,
                 exists,
                 format!("reading DaemonSet {AGENT_NAMESPACE}/{AGENT_NAME}: {}", kube_error(&e)),
-                "allow reading daemonsets in the agent's namespace",
+                read_hint(&e, "allow reading daemonsets in the agent's namespace"),
             ));
             return skip_from(checks, 0, "the DaemonSet could not be read");
         }
@@ -104,7 +104,7 @@ pub async fn check(client: &kube::Client, checks: &mut Vec<Check>) {
                     CATEGORY,
                     NAMES[0],
                     format!("listing nodes and agent pods: {}", kube_error(&e)),
-                    "allow listing nodes and pods",
+                    read_hint(&e, "allow listing nodes and pods"),
                 ));
                 return skip_from(checks, 1, "nodes or agent pods could not be listed");
             }

@@ -14,7 +14,7 @@ use kube::Api;
 
 use super::certs;
 use super::report::{Check, Status, plural};
-use super::{CONTROL_NAMESPACE, kube_error};
+use super::{CONTROL_NAMESPACE, kube_error, read_hint};
 use cnimesh_control::inject::{WEBHOOK_CA_FILE, WEBHOOK_CERT_FILE, WEBHOOK_SERVICE};
 
 const WEBHOOK: &str = "webhook";
@@ -69,7 +69,7 @@ async fn webhook(client: &kube::Client, secret: &Result<Option<Secret>, String>,
                 WEBHOOK,
                 exists,
                 format!("reading MutatingWebhookConfiguration {WEBHOOK_CONFIGURATION}: {}", kube_error(&e)),
-                "allow reading mutatingwebhookconfigurations",
+                read_hint(&e, "allow reading mutatingwebhookconfigurations"),
             ));
             return skip_webhook(checks, "the webhook registration could not be read");
         }
@@ -330,7 +330,7 @@ async fn certificates(
             CERTS,
             matches,
             format!("reading ConfigMap {CONTROL_NAMESPACE}/{ANCHORS_CONFIG_MAP}: {}", kube_error(&e)),
-            "allow reading configmaps in the control plane's namespace",
+            read_hint(&e, "allow reading configmaps in the control plane's namespace"),
         ),
         (Ok(None), _) => Check::fail(
             CERTS,

@@ -670,6 +670,22 @@ async fn missing_permissions_are_named() {
     );
 }
 
+/// A failed read's hint is chosen by the error's type: the grant to add for a refusal, the API
+/// server's health for another error, whatever either message says.
+#[tokio::test]
+async fn a_failed_reads_hint_is_chosen_by_the_errors_type() {
+    let mut fixture = Fixture::healthy();
+    fixture.mock.fail(DEPLOYMENT, 403, "deployments.apps is forbidden");
+    let checks = fixture.run().await;
+    let check = checks.iter().find(|c| c.category == "control-plane" && c.status == Status::Fail).unwrap();
+    assert_eq!(check.hint.as_deref(), Some("allow reading deployments in the control plane's namespace"), "{check:?}");
+    let mut fixture = Fixture::healthy();
+    fixture.mock.fail(DEPLOYMENT, 500, "forbidden words in an etcd error");
+    let checks = fixture.run().await;
+    let check = checks.iter().find(|c| c.category == "control-plane" && c.status == Status::Fail).unwrap();
+    assert!(check.hint.as_deref().is_some_and(|h| h.contains("not a permission problem")), "{check:?}");
+}
+
 #[tokio::test]
 async fn an_unreachable_api_server_is_a_clear_failure() {
     let mut fixture = Fixture::healthy();

@@ -427,9 +427,10 @@ async fn diagnostics(state: &State, page: &str, params: &BTreeMap<String, String
     };
     let at = SystemTime::now();
     let value = crate::diagnostics::query(&state.reach(), page, &target, &namespace, None).await.map_err(|e| {
-        let mut error = state.upstream_error(&e);
+        let forbidden = matches!(e, QueryError::Forbidden { .. });
+        let mut error = state.upstream_error(&e.into());
         if let Target::Pod(name) = &target
-            && !QueryError::is_forbidden(&e)
+            && !forbidden
         {
             error.hint = Some(proxy_hint(&namespace, name));
         }
@@ -450,9 +451,10 @@ async fn authz(state: &State, params: &BTreeMap<String, String>) -> Result<Value
         from_namespace: None,
         trust_domain: cnimesh_identity::DEFAULT_TRUST_DOMAIN.to_string(),
         output: crate::authz::Output::Json,
+        local: None,
     };
     let at = SystemTime::now();
-    let report = crate::authz::query(&client, &args).await.map_err(|e| state.upstream_error(&e))?;
+    let report = crate::authz::query(&client, &args).await.map_err(|e| state.upstream_error(&e.into()))?;
     let value = serde_json::to_value(&report).expect("the report serialises");
     Ok(state.envelope(at, value, Vec::new(), None))
 }
@@ -578,7 +580,7 @@ async fn tap(state: &State, params: &BTreeMap<String, String>) -> Result<Respons
 /// One sampler round: the pods and Services, then every meshed proxy's metrics.
 pub async fn round(state: &State, at: SystemTime) -> Result<(Mesh, Readings), ApiError> {
     let namespaces = state.namespace.clone().map(|ns| vec![ns]);
-    let mesh = state.sources.mesh(namespaces.as_deref()).await.map_err(|e| state.upstream_error(&e))?;
+    let mesh = state.sources.mesh(namespaces.as_deref()).await.map_err(|e| state.upstream_error(&e.into()))?;
     let readings = state.sources.read(&meshed(&mesh), at).await;
     Ok((mesh, readings))
 }

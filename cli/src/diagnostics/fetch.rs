@@ -5,8 +5,6 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use anyhow::Context;
-
 use cnimesh_common::names::{CONTROL_ADMIN_PORT, CONTROL_NAME, CONTROL_NAMESPACE, PROXY_ADMIN_PORT, PROXY_CONTAINER};
 use k8s_openapi::api::core::v1::{Pod, Service};
 
@@ -26,18 +24,19 @@ pub enum Reach {
 }
 
 /// Local mode's pods and services (`DIR/cluster`); an error when there are none.
-fn local_objects(dir: &Path) -> anyhow::Result<(Vec<Pod>, Vec<Service>)> {
+fn local_objects(dir: &Path) -> Result<(Vec<Pod>, Vec<Service>), QueryError> {
     let (pods, services) = cnimesh_control::sources::pods_and_services_in(&dir.join("cluster"));
-    anyhow::ensure!(
-        !pods.is_empty(),
-        "no pods under {}: is local mode up there (`cnimesh-local up --dir {0}`)?",
-        dir.join("cluster").display()
-    );
+    if pods.is_empty() {
+        return Err(QueryError::unreachable(
+            format!("no pods under {}", dir.join("cluster").display()),
+            format_args!("is local mode up there (`cnimesh-local up --dir {}`)?", dir.display()),
+        ));
+    }
     Ok((pods, services))
 }
 
 /// The namespace of local mode's pod or service named by `target` (names are unique in the demo).
-pub fn local_namespace(dir: &Path, target: &Target) -> anyhow::Result<String> {
+pub fn local_namespace(dir: &Path, target: &Target) -> Result<String, QueryError> {
     let (pods, services) = local_objects(dir)?;
     let (name, mut found): (&str, Vec<String>) = match target {
         Target::Pod(name) => (
@@ -60,50 +59,67 @@ pub fn local_namespace(dir: &Path, target: &Target) -> anyhow::Result<String> {
     found.dedup();
     match found.as_slice() {
         [only] => Ok(only.clone()),
-        [] => anyhow::bail!("no {name} in local mode's {}", dir.join("cluster").display()),
-        several => anyhow::bail!("{name} is in namespaces {}: say which with -n", several.join(", ")),
+        [] => Err(QueryError::NotFound {
+            what: name.to_string(),
+            detail: format!("not in local mode's {}", dir.join("cluster").display()),
+        }),
+        several => {
+            Err(QueryError::bad_query(format!("{name} is in namespaces {}: say which with -n", several.join(", "))))
+        }
     }
 }
 
 /// The proxy admin address of local mode's pod `namespace/name`.
-fn local_admin(dir: &Path, namespace: &str, name: &str) -> anyhow::Result<SocketAddr> {
+fn local_admin(dir: &Path, namespace: &str, name: &str) -> Result<SocketAddr, QueryError> {
     let (pods, _) = local_objects(dir)?;
     let pod = pods
         .into_iter()
         .find(|p| p.metadata.name.as_deref() == Some(name) && p.metadata.namespace.as_deref() == Some(namespace))
-        .with_context(|| format!("pod {namespace}/{name} not found in {}", dir.join("cluster").display()))?;
+        .ok_or_else(|| QueryError::NotFound {
+            what: format!("pod {namespace}/{name}"),
+            detail: format!("not in {}", dir.join("cluster").display()),
+        })?;
     ensure_meshed(&pod, namespace, name)?;
-    let ip = pod.status.and_then(|s| s.pod_ip).with_context(|| format!("pod {namespace}/{name} has no IP"))?;
-    let ip: std::net::IpAddr = ip.parse().with_context(|| format!("pod {namespace}/{name}'s IP {ip:?}"))?;
+    let ip = pod
+        .status
+        .and_then(|s| s.pod_ip)
+        .ok_or_else(|| QueryError::unreachable(format!("pod {namespace}/{name}"), "it has no IP"))?;
+    let ip: std::net::IpAddr =
+        ip.parse().map_err(|e| QueryError::invalid(format!("pod {namespace}/{name}'s IP {ip:?}"), e))?;
     Ok(SocketAddr::new(ip, PROXY_ADMIN_PORT))
 }
 
 /// Local mode's control plane admin address, from `DIR/local.json`.
-fn local_control(dir: &Path) -> anyhow::Result<SocketAddr> {
+fn local_control(dir: &Path) -> Result<SocketAddr, QueryError> {
     let state = dir.join("local.json");
-    let text = std::fs::read(&state).with_context(|| {
-        format!("reading {}: is local mode up there (`cnimesh-local up --dir {0}`)?", dir.display())
+    let text = std::fs::read(&state).map_err(|e| {
+        QueryError::unreachable(
+            format!("reading {}", state.display()),
+            format_args!("{e}: is local mode up there (`cnimesh-local up --dir {}`)?", dir.display()),
+        )
     })?;
     let state_json: serde_json::Value =
-        serde_json::from_slice(&text).with_context(|| format!("{}", state.display()))?;
+        serde_json::from_slice(&text).map_err(|e| QueryError::invalid(state.display().to_string(), e))?;
     let control: SocketAddr = state_json["control"]
         .as_str()
         .and_then(|a| a.parse().ok())
-        .with_context(|| format!("{}: no control plane address", state.display()))?;
+        .ok_or_else(|| QueryError::invalid(state.display().to_string(), "no control plane address"))?;
     Ok(SocketAddr::new(control.ip(), CONTROL_ADMIN_PORT))
 }
 
-fn ensure_meshed(pod: &Pod, namespace: &str, name: &str) -> anyhow::Result<()> {
+fn ensure_meshed(pod: &Pod, namespace: &str, name: &str) -> Result<(), QueryError> {
     let spec = pod.spec.clone().unwrap_or_default();
     let mut containers = spec.containers.iter().chain(spec.init_containers.iter().flatten());
     if !containers.any(|c| c.name == PROXY_CONTAINER) {
-        anyhow::bail!("pod {namespace}/{name} has no {PROXY_CONTAINER} container: it is not meshed");
+        return Err(QueryError::bad_query(format!(
+            "pod {namespace}/{name} has no {PROXY_CONTAINER} container: it is not meshed"
+        )));
     }
     Ok(())
 }
 
 /// The ports of a Service; `wanted` if it has it, else its only one; errors list the ports.
-fn pick_port(service: &Service, namespace: &str, name: &str, wanted: Option<u16>) -> anyhow::Result<u16> {
+fn pick_port(service: &Service, namespace: &str, name: &str, wanted: Option<u16>) -> Result<u16, QueryError> {
     let ports: Vec<u16> = service
         .spec
         .as_ref()
@@ -115,10 +131,15 @@ fn pick_port(service: &Service, namespace: &str, name: &str, wanted: Option<u16>
     let list = || ports.iter().map(u16::to_string).collect::<Vec<_>>().join(", ");
     match (wanted, ports.as_slice()) {
         (Some(port), _) if ports.contains(&port) => Ok(port),
-        (Some(port), _) => anyhow::bail!("service {namespace}/{name} has no port {port} (its ports: {})", list()),
+        (Some(port), _) => {
+            Err(QueryError::bad_query(format!("service {namespace}/{name} has no port {port} (its ports: {})", list())))
+        }
         (None, [only]) => Ok(*only),
-        (None, []) => anyhow::bail!("service {namespace}/{name} has no ports"),
-        (None, _) => anyhow::bail!("service {namespace}/{name} has ports {}: say which with --port", list()),
+        (None, []) => Err(QueryError::bad_query(format!("service {namespace}/{name} has no ports"))),
+        (None, _) => Err(QueryError::bad_query(format!(
+            "service {namespace}/{name} has ports {}: say which with --port",
+            list()
+        ))),
     }
 }
 
@@ -130,47 +151,47 @@ pub enum Target {
 }
 
 impl Target {
-    pub fn parse(text: &str) -> anyhow::Result<Self> {
+    pub fn parse(text: &str) -> Result<Self, QueryError> {
         let (kind, name) = text.split_once('/').unwrap_or(("pod", text));
         if name.is_empty() || name.contains('/') {
-            anyhow::bail!("{text:?}: expected NAME, pod/NAME or svc/NAME");
+            return Err(QueryError::bad_query(format!("{text:?}: expected NAME, pod/NAME or svc/NAME")));
         }
         match kind {
             "pod" | "pods" | "po" => Ok(Self::Pod(name.to_string())),
             "svc" | "service" | "services" => Ok(Self::Service(name.to_string())),
-            other => anyhow::bail!("{text:?}: unknown kind {other:?} (expected pod or svc)"),
+            other => Err(QueryError::bad_query(format!("{text:?}: unknown kind {other:?} (expected pod or svc)"))),
         }
     }
 }
 
 /// A page of `pod`'s proxy admin server.
-pub async fn proxy_page(reach: &Reach, namespace: &str, pod: &str, path: &str) -> anyhow::Result<String> {
+pub async fn proxy_page(reach: &Reach, namespace: &str, pod: &str, path: &str) -> Result<String, QueryError> {
     match reach {
         Reach::Direct(addr) => crate::stat::fetch::http_get(*addr, &format!("/{path}"), POD_PROXY_TIMEOUT)
             .await
-            .map_err(|e| anyhow::anyhow!("reading /{path} from the admin port {addr}: {e}")),
+            .map_err(|e| QueryError::unreachable(format!("reading /{path} from the admin port {addr}"), e)),
         Reach::Local(dir) => {
             let addr = local_admin(dir, namespace, pod)?;
-            crate::stat::fetch::http_get(addr, &format!("/{path}"), POD_PROXY_TIMEOUT)
-                .await
-                .map_err(|e| anyhow::anyhow!("reading /{path} of {namespace}/{pod}'s proxy at {addr}: {e}"))
+            crate::stat::fetch::http_get(addr, &format!("/{path}"), POD_PROXY_TIMEOUT).await.map_err(|e| {
+                QueryError::unreachable(format!("reading /{path} of {namespace}/{pod}'s proxy at {addr}"), e)
+            })
         }
         Reach::Cluster(client) => {
             meshed_pod(client, namespace, pod).await?;
-            pod_proxy_read(client, namespace, pod, PROXY_ADMIN_PORT, path).await.map_err(|e| {
-                e.about(format!("reading /{path} of {namespace}/{pod}'s proxy through the API server")).into()
-            })
+            pod_proxy_read(client, namespace, pod, PROXY_ADMIN_PORT, path)
+                .await
+                .map_err(|e| e.about(format!("reading /{path} of {namespace}/{pod}'s proxy through the API server")))
         }
     }
 }
 
 /// Checks that the pod exists and has a proxy, so the error says so rather than the pod proxy's.
-async fn meshed_pod(client: &kube::Client, namespace: &str, name: &str) -> anyhow::Result<()> {
+async fn meshed_pod(client: &kube::Client, namespace: &str, name: &str) -> Result<(), QueryError> {
     let api: kube::Api<Pod> = kube::Api::namespaced(client.clone(), namespace);
     let pod = match tokio::time::timeout(POD_PROXY_TIMEOUT, api.get_opt(name)).await {
-        Err(_) => return Err(QueryError::timeout(format!("reading pod {namespace}/{name}"), POD_PROXY_TIMEOUT).into()),
-        Ok(Err(e)) => return Err(QueryError::from_kube(format!("reading pod {namespace}/{name}"), &e).into()),
-        Ok(Ok(None)) => anyhow::bail!("pod {namespace}/{name} not found"),
+        Err(_) => return Err(QueryError::timeout(format!("reading pod {namespace}/{name}"), POD_PROXY_TIMEOUT)),
+        Ok(Err(e)) => return Err(QueryError::from_kube(format!("reading pod {namespace}/{name}"), &e)),
+        Ok(Ok(None)) => return Err(QueryError::not_found(format!("pod {namespace}/{name}"))),
         Ok(Ok(Some(pod))) => pod,
     };
     ensure_meshed(&pod, namespace, name)
@@ -183,7 +204,7 @@ pub async fn destination(
     namespace: &str,
     service: &str,
     port: Option<u16>,
-) -> anyhow::Result<(String, String)> {
+) -> Result<(String, String), QueryError> {
     let port = match (reach, port) {
         (Reach::Cluster(client), port) => service_port(client, namespace, service, port).await?,
         (Reach::Local(dir), port) => {
@@ -193,14 +214,17 @@ pub async fn destination(
                 .find(|s| {
                     s.metadata.name.as_deref() == Some(service) && s.metadata.namespace.as_deref() == Some(namespace)
                 })
-                .with_context(|| {
-                    format!("service {namespace}/{service} not found in {}", dir.join("cluster").display())
+                .ok_or_else(|| QueryError::NotFound {
+                    what: format!("service {namespace}/{service}"),
+                    detail: format!("not in {}", dir.join("cluster").display()),
                 })?;
             pick_port(found, namespace, service, port)?
         }
         (Reach::Direct(_), Some(port)) => port,
         (Reach::Direct(addr), None) => {
-            anyhow::bail!("--port is needed with --admin-addr {addr}: the service's ports are not looked up")
+            return Err(QueryError::bad_query(format!(
+                "--port is needed with --admin-addr {addr}: the service's ports are not looked up"
+            )));
         }
     };
     let authority = format!("{service}.{namespace}:{port}");
@@ -212,42 +236,51 @@ pub async fn destination(
         Reach::Cluster(_) => None,
     };
     let text = match (reach, direct) {
-        (_, Some(addr)) => crate::stat::fetch::http_get(addr, &format!("/destination.json?{query}"), POD_PROXY_TIMEOUT)
-            .await
-            .map_err(|e| anyhow::anyhow!("asking the control plane's admin port {addr} for {authority}: {e}"))?,
+        (_, Some(addr)) => {
+            crate::stat::fetch::http_get(addr, &format!("/destination.json?{query}"), POD_PROXY_TIMEOUT).await.map_err(
+                |e| QueryError::unreachable(format!("asking the control plane's admin port {addr} for {authority}"), e),
+            )?
+        }
         (Reach::Cluster(client), None) => {
             let uri = format!(
                 "/api/v1/namespaces/{CONTROL_NAMESPACE}/services/{CONTROL_NAME}:admin/proxy/destination.json?{query}"
             );
-            let request = http::Request::get(&uri).body(Vec::new())?;
+            let request = http::Request::get(&uri)
+                .body(Vec::new())
+                .map_err(|e| QueryError::bad_query(format!("building {uri}: {e}")))?;
             match tokio::time::timeout(POD_PROXY_TIMEOUT, client.request_text(request)).await {
                 Err(_) => {
                     let what = format!("asking the control plane for {authority}");
-                    return Err(QueryError::timeout(what, POD_PROXY_TIMEOUT).into());
+                    return Err(QueryError::timeout(what, POD_PROXY_TIMEOUT));
                 }
                 Ok(Err(e)) => {
                     let what = format!(
                         "asking the control plane ({CONTROL_NAMESPACE}/{CONTROL_NAME}, port admin) for {authority}"
                     );
-                    return Err(QueryError::from_kube(what, &e).into());
+                    return Err(QueryError::from_kube(what, &e));
                 }
                 Ok(Ok(text)) => text,
             }
         }
-        (_, None) => anyhow::bail!("no control plane to ask for {authority}"),
+        (_, None) => return Err(QueryError::unreachable(format!("asking for {authority}"), "no control plane to ask")),
     };
     Ok((authority, text))
 }
 
 /// The service's port: `wanted` if the service has it, else its only port; errors list the ports.
-async fn service_port(client: &kube::Client, namespace: &str, name: &str, wanted: Option<u16>) -> anyhow::Result<u16> {
+async fn service_port(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+    wanted: Option<u16>,
+) -> Result<u16, QueryError> {
     let api: kube::Api<Service> = kube::Api::namespaced(client.clone(), namespace);
     let service = match tokio::time::timeout(POD_PROXY_TIMEOUT, api.get_opt(name)).await {
         Err(_) => {
-            return Err(QueryError::timeout(format!("reading service {namespace}/{name}"), POD_PROXY_TIMEOUT).into());
+            return Err(QueryError::timeout(format!("reading service {namespace}/{name}"), POD_PROXY_TIMEOUT));
         }
-        Ok(Err(e)) => return Err(QueryError::from_kube(format!("reading service {namespace}/{name}"), &e).into()),
-        Ok(Ok(None)) => anyhow::bail!("service {namespace}/{name} not found"),
+        Ok(Err(e)) => return Err(QueryError::from_kube(format!("reading service {namespace}/{name}"), &e)),
+        Ok(Ok(None)) => return Err(QueryError::not_found(format!("service {namespace}/{name}"))),
         Ok(Ok(Some(service))) => service,
     };
     pick_port(&service, namespace, name, wanted)

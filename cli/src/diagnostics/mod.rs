@@ -26,6 +26,7 @@ use anyhow::Context;
 use clap::{Args, Subcommand, ValueEnum};
 
 use crate::ClusterArgs;
+use crate::query_error::QueryError;
 use fetch::{Reach, Target};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -148,7 +149,7 @@ pub async fn report(
     namespace: &str,
     port: Option<u16>,
     output: Output,
-) -> anyhow::Result<String> {
+) -> Result<String, QueryError> {
     let (text, value) = fetch_page(reach, page, target, namespace, port).await?;
     Ok(match (output, target, page) {
         (Output::Json, Target::Pod(_), Page::Metrics) => render::pretty(&value),
@@ -163,15 +164,14 @@ pub async fn report(
 
 /// The page for `target` as a value, unrendered: the proxy's (or, for a service, the control
 /// plane's) JSON document, the metrics page as its samples. What `-o json` prints and the
-/// dashboard serves; failures to read the cluster are [`crate::query_error::QueryError`]s in the
-/// chain.
+/// dashboard serves; why it could not be read, typed.
 pub async fn query(
     reach: &Reach,
     page: Page,
     target: &Target,
     namespace: &str,
     port: Option<u16>,
-) -> anyhow::Result<serde_json::Value> {
+) -> Result<serde_json::Value, QueryError> {
     Ok(fetch_page(reach, page, target, namespace, port).await?.1)
 }
 
@@ -182,12 +182,16 @@ async fn fetch_page(
     target: &Target,
     namespace: &str,
     port: Option<u16>,
-) -> anyhow::Result<(String, serde_json::Value)> {
+) -> Result<(String, serde_json::Value), QueryError> {
     match target {
         Target::Service(name) => {
             let (authority, text) = fetch::destination(reach, namespace, name, port).await?;
-            let value = serde_json::from_str(&text)
-                .with_context(|| format!("the control plane's answer for {authority} is not JSON"))?;
+            let value = serde_json::from_str(&text).map_err(|e| {
+                QueryError::invalid(
+                    format!("the control plane's answer for {authority}"),
+                    format_args!("not JSON: {e}"),
+                )
+            })?;
             Ok((text, value))
         }
         Target::Pod(pod) => {
@@ -196,8 +200,9 @@ async fn fetch_page(
                 let value = render::metrics_value(&text);
                 return Ok((text, value));
             }
-            let value = serde_json::from_str(&text)
-                .with_context(|| format!("{namespace}/{pod}'s /{} is not JSON", page.path()))?;
+            let value = serde_json::from_str(&text).map_err(|e| {
+                QueryError::invalid(format!("{namespace}/{pod}'s /{}", page.path()), format_args!("not JSON: {e}"))
+            })?;
             Ok((text, value))
         }
     }

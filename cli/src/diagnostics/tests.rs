@@ -7,6 +7,7 @@ use serde_json::{Value, json};
 use super::fetch::{Reach, Target};
 use super::{Output, Page, report};
 use crate::check::mock::MockApi;
+use crate::query_error::QueryError;
 
 const WEB_ID: &str = "web.shop.serviceaccount.identity.cnimesh.cluster.local";
 const CLIENT_ID: &str = "client.shop.serviceaccount.identity.cnimesh.cluster.local";
@@ -76,7 +77,7 @@ fn mock() -> MockApi {
     api
 }
 
-async fn run(api: &MockApi, page: Page, target: &str, output: Output) -> anyhow::Result<String> {
+async fn run(api: &MockApi, page: Page, target: &str, output: Output) -> Result<String, QueryError> {
     let reach = Reach::Cluster(api.client());
     report(&reach, page, &Target::parse(target)?, "shop", None, output).await
 }
@@ -120,17 +121,22 @@ async fn identity_endpoints_and_metrics_read_the_proxy_through_the_pod_proxy() {
 }
 
 #[tokio::test]
-async fn a_missing_or_unmeshed_pod_and_a_failing_proxy_are_named() {
-    let e = run(&mock(), Page::Policy, "nope", Output::Human).await.unwrap_err().to_string();
-    assert_eq!(e, "pod shop/nope not found");
-    let e = run(&mock(), Page::Policy, "legacy", Output::Human).await.unwrap_err().to_string();
-    assert!(e.contains("shop/legacy has no cnimesh-proxy container"), "{e}");
+async fn a_missing_or_unmeshed_pod_and_a_failing_proxy_are_named_and_typed() {
+    let e = run(&mock(), Page::Policy, "nope", Output::Human).await.unwrap_err();
+    assert!(matches!(e, QueryError::NotFound { .. }), "{e:?}");
+    assert_eq!(e.to_string(), "pod shop/nope: not found");
+    let e = run(&mock(), Page::Policy, "legacy", Output::Human).await.unwrap_err();
+    assert!(matches!(&e, QueryError::BadQuery(t) if t.contains("shop/legacy has no cnimesh-proxy container")), "{e:?}");
     let mut api = mock();
     api.fail(&format!("{ADMIN}/policy.json"), 503, "error trying to reach service: connection refused");
     let e = run(&api, Page::Policy, "web-1", Output::Human).await.unwrap_err().to_string();
     assert!(e.contains("policy.json of shop/web-1's proxy") && e.contains("connection refused"), "{e}");
-    let e = Target::parse("deploy/web").unwrap_err().to_string();
-    assert!(e.contains("\"deploy\""), "{e}");
+    let mut api = mock();
+    api.fail("/api/v1/namespaces/shop/pods/web-1", 403, "pods \"web-1\" is forbidden");
+    let e = run(&api, Page::Policy, "web-1", Output::Human).await.unwrap_err();
+    assert!(matches!(e, QueryError::Forbidden { .. }), "{e:?}");
+    let e = Target::parse("deploy/web").unwrap_err();
+    assert!(matches!(&e, QueryError::BadQuery(t) if t.contains("\"deploy\"")), "{e:?}");
 }
 
 /// `web` in `shop` as the control plane's Destination index holds it: port 80 → 8080, one meshed
@@ -190,5 +196,5 @@ async fn a_services_endpoints_are_what_destination_serves() {
         .await
         .unwrap_err()
         .to_string();
-    assert_eq!(e, "service shop/nope not found");
+    assert_eq!(e, "service shop/nope: not found");
 }

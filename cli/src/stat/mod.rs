@@ -135,16 +135,17 @@ impl Sources {
             Some(_) => None,
             None => Some(cluster.client().await?),
         };
-        Self::with_client(client, scope)
+        Ok(Self::with_client(client, scope)?)
     }
 
     /// `client` for the cluster (`None` with `--local`).
-    pub fn with_client(client: Option<kube::Client>, scope: &Scope) -> anyhow::Result<Self> {
+    pub fn with_client(client: Option<kube::Client>, scope: &Scope) -> Result<Self, QueryError> {
         let metrics = match (&scope.prometheus, &client) {
             (Some(url), _) => {
-                let base = fetch::BaseUrl::parse(url).map_err(|e| anyhow::anyhow!("--prometheus {e}"))?;
+                let base =
+                    fetch::BaseUrl::parse(url).map_err(|e| QueryError::bad_query(format!("--prometheus {e}")))?;
                 let tls = match base.https {
-                    true => Some(fetch::tls_config(scope.prometheus_ca.as_deref()).map_err(anyhow::Error::msg)?),
+                    true => Some(fetch::tls_config(scope.prometheus_ca.as_deref()).map_err(QueryError::BadQuery)?),
                     false => None,
                 };
                 Metrics::Prometheus { base, tls }
@@ -166,16 +167,17 @@ impl Sources {
     }
 
     /// The pods and Services of `namespaces` (`None`: all).
-    pub async fn mesh(&self, namespaces: Option<&[String]>) -> anyhow::Result<Mesh> {
+    pub async fn mesh(&self, namespaces: Option<&[String]>) -> Result<Mesh, QueryError> {
         let keep = |ns: Option<&String>| namespaces.is_none_or(|list| ns.is_some_and(|ns| list.contains(ns)));
         let (pods, services) = match (&self.client, &self.local) {
             (_, Some(dir)) => {
                 let (pods, services) = cnimesh_control::sources::pods_and_services_in(&dir.join("cluster"));
-                anyhow::ensure!(
-                    !pods.is_empty(),
-                    "no pods under {}: is local mode up there (`cnimesh-local up --dir {0}`)?",
-                    dir.join("cluster").display()
-                );
+                if pods.is_empty() {
+                    return Err(QueryError::unreachable(
+                        format!("no pods under {}", dir.join("cluster").display()),
+                        format_args!("is local mode up there (`cnimesh-local up --dir {}`)?", dir.display()),
+                    ));
+                }
                 (pods, services)
             }
             (Some(client), None) => {
@@ -187,7 +189,7 @@ impl Sources {
                     services.list(&params).await.map_err(|e| QueryError::from_kube("listing services", &e))?;
                 (pods.items, services.items)
             }
-            (None, None) => anyhow::bail!("neither a cluster nor --local"),
+            (None, None) => return Err(QueryError::bad_query("neither a cluster nor --local")),
         };
         let pods: Vec<Pod> = pods.into_iter().filter(|p| keep(p.metadata.namespace.as_ref())).collect();
         let services: Vec<Service> = services.into_iter().filter(|s| keep(s.metadata.namespace.as_ref())).collect();

@@ -4,6 +4,7 @@
 //! the apps, and finally the demo's traffic. With `--clusters 2`, [`west`] brings the second
 //! cluster up beside the first and links them.
 
+mod egress;
 mod preflight;
 mod summary;
 mod west;
@@ -168,6 +169,7 @@ fn bring_up(i: &Inputs<'_>) -> anyhow::Result<Summary> {
     let ca = trust_anchor(i)?;
     write_policies(i)?;
     let conflist = start_agent(i)?;
+    egress::masquerade(i, &mut state)?;
     let control_addr = start_control(i, &conflist, &ca, &mut state)?;
     let collector = start_collector(i)?;
     let pods = create_pods(i, &conflist)?;
@@ -201,6 +203,7 @@ fn root_layout(i: &Inputs<'_>) -> anyhow::Result<State> {
         trust_domain: Some(i.trust_domain.to_string()),
         gateway: None,
         forward_table: None,
+        egress_table: None,
     };
     // The proxies (UID 2102) read their token and the trust anchors under the root.
     mkdir(i.root, 0o755)?;
@@ -235,7 +238,9 @@ fn start_agent(i: &Inputs<'_>) -> anyhow::Result<Value> {
         "cniVersion": "1.0.0",
         "name": NETWORK,
         "plugins": [{
-            "type": "bridge", "bridge": i.bridge(), "isGateway": true,
+            // A default route through the bridge, as a node's pods have (egress::masquerade
+            // takes it out of the host).
+            "type": "bridge", "bridge": i.bridge(), "isGateway": true, "isDefaultGateway": true,
             "ipam": {"type": "host-local", "ranges": [[{"subnet": i.subnet.to_string()}]], "dataDir": root.join("ipam")},
         }],
     });

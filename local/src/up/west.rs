@@ -69,6 +69,7 @@ pub(super) fn bring_up(east: &Inputs<'_>, east_ca: &Path, east_state: &mut State
     let ca = issuer(&w, east_ca)?;
     write_policies(&w)?;
     let conflist = start_agent(&w)?;
+    super::egress::masquerade(&w, &mut state)?;
     let control = start_control(&w, &conflist, &ca, &mut state)?;
     let collector = start_collector(&w)?;
     let pods = create_pods(&w, &conflist)?;

@@ -60,8 +60,8 @@ pub async fn run(
                 p.default,
                 p.cluster_networks.clone(),
                 &p.declared_ports,
-                d.first_answer,
-                max_backoff,
+                (d.first_answer, max_backoff),
+                &metrics.control_streams,
             )))
         }
         _ => None,
@@ -76,6 +76,7 @@ pub async fn run(
                 workload,
                 d.first_answer,
                 max_backoff,
+                &metrics.control_streams,
             )))
         }
         _ => None,

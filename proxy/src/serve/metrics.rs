@@ -11,6 +11,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 pub use crate::client::discovery::accrual::AccrualMetrics;
+pub use crate::client::discovery::follow::StreamMetrics;
 pub use crate::client::discovery::{DiscoveryMetrics, ServiceLabels};
 pub use crate::http::tap::registry::TapMetrics;
 pub use crate::inbound::policy::metrics::{AuthzLabels, AuthzMetrics, Resource};
@@ -80,6 +81,8 @@ pub struct Metrics {
     pub outbound_endpoints: Family<ServiceLabels, Gauge>,
     /// Requests sent to another endpoint because none could be connected to, per service.
     pub outbound_connect_retries: Family<ServiceLabels, Counter>,
+    /// `control_stream_messages_total` and `control_stream_failures_total`.
+    pub control_streams: StreamMetrics,
     /// Failure accrual's endpoint state changes and endpoints out of rotation, per service.
     pub balancer_accrual: AccrualMetrics,
     pub identity_cert_expiration_timestamp_seconds: Gauge,
@@ -153,6 +156,7 @@ impl Default for Metrics {
             tcp_write_bytes_total: Family::default(),
             outbound_endpoints: Family::default(),
             outbound_connect_retries: Family::default(),
+            control_streams: StreamMetrics::default(),
             balancer_accrual: AccrualMetrics::default(),
             identity_cert_expiration_timestamp_seconds: Gauge::default(),
             identity_cert_refresh_total: Family::default(),
@@ -222,6 +226,20 @@ impl Default for Metrics {
             "HTTP requests sent to another endpoint of a service because no connection to the one picked could be made (nothing of the request was sent)",
             m.outbound_connect_retries.clone(),
         );
+        for (name, help, family) in [
+            (
+                "control_stream_messages",
+                "Messages received on the control plane's streams (policies, endpoints, profiles), applied or refused, by kind of stream",
+                &m.control_streams.messages,
+            ),
+            (
+                "control_stream_failures",
+                "Control plane streams that broke or could not be opened (the last answers stay in force), by kind of stream",
+                &m.control_streams.failures,
+            ),
+        ] {
+            registry.register(name, help, family.clone());
+        }
         registry.register(
             "outbound_http_balancer_endpoint_state_changes",
             "Endpoints entering a failure accrual state (available, unavailable, probation), per service",
@@ -383,6 +401,7 @@ impl Metrics {
             endpoints: self.outbound_endpoints.clone(),
             accrual: self.balancer_accrual.clone(),
             connect_retries: self.outbound_connect_retries.clone(),
+            streams: self.control_streams.clone(),
         }
     }
 

@@ -16,10 +16,14 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use super::accrual::{Accruing, Health};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use parking_lot::Mutex;
+// Tokio's clock (the system's outside tests): the balancing tests run on a paused clock, each
+// answer's latency injected, so that what they see is the algorithm, not the machine's load.
+use tokio::time::Instant;
+
+use super::accrual::{Accruing, Health};
 
 /// How fast an observed peak is forgotten (Linkerd's default).
 const DECAY: Duration = Duration::from_secs(10);

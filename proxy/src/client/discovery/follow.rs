@@ -9,6 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use linkerd2_proxy_api::destination::{self as api, destination_client::DestinationClient, update};
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use tokio::sync::watch;
 use tonic::transport::Channel;
 
@@ -16,11 +19,57 @@ use super::accrual::ServiceAccrual;
 use super::{DiscoveryMetrics, ServiceLabels};
 use super::{Endpoint, Endpoints, Profile, endpoint};
 
+/// Which kind of control-plane stream a count is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum StreamKind {
+    inbound_policy,
+    outbound_policy,
+    endpoints,
+    profile,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct StreamLabels {
+    pub stream: StreamKind,
+}
+
+/// What the control plane's streams did, by kind: each message received and handed to its
+/// stream's `apply` (which applies it, or refuses it and keeps the last good answer), and each
+/// failure (a stream that broke, or could not be opened). A change has reached the proxy once its
+/// stream's message count has moved: an operator sees the proxy hear its control plane, and a
+/// test waits on the count instead of sleeping.
+#[derive(Debug, Clone, Default)]
+pub struct StreamMetrics {
+    pub messages: Family<StreamLabels, Counter>,
+    pub failures: Family<StreamLabels, Counter>,
+}
+
+impl StreamMetrics {
+    /// The counters of one kind of stream.
+    pub fn of(&self, stream: StreamKind) -> StreamCounters {
+        let labels = StreamLabels { stream };
+        StreamCounters {
+            messages: self.messages.get_or_create(&labels).clone(),
+            failures: self.failures.get_or_create(&labels).clone(),
+        }
+    }
+}
+
+/// [`StreamMetrics`]' counters of one kind of stream.
+#[derive(Debug, Clone)]
+pub struct StreamCounters {
+    messages: Counter,
+    failures: Counter,
+}
+
 /// Opens a stream with `open` and feeds its messages to `apply` (`true` for the first message
-/// of each stream: a fresh snapshot) until `closed`, retrying with backoff.
+/// of each stream: a fresh snapshot) until `closed`, retrying with backoff; each message and
+/// each failure is counted in `counted`.
 pub(crate) async fn retrying<M, F, Fut>(
     what: String,
     max_backoff: Duration,
+    counted: StreamCounters,
     mut open: F,
     mut apply: impl FnMut(M, bool),
 ) where
@@ -36,11 +85,13 @@ pub(crate) async fn retrying<M, F, Fut>(
                     match stream.message().await {
                         Ok(Some(m)) => {
                             apply(m, first);
+                            counted.messages.inc();
                             first = false;
                             delay = Duration::ZERO;
                         }
                         Ok(None) => break,
                         Err(e) => {
+                            counted.failures.inc();
                             tracing::warn!(lookup = %what, error = %cnimesh_identity::grpc_channel::describe(&e), "discovery stream failed; keeping the last answer");
                             break;
                         }
@@ -53,6 +104,7 @@ pub(crate) async fn retrying<M, F, Fut>(
                 tracing::debug!(lookup = %what, error = %cnimesh_identity::grpc_channel::describe(&e), "nothing known for this lookup")
             }
             Err(e) => {
+                counted.failures.inc();
                 tracing::warn!(lookup = %what, error = %cnimesh_identity::grpc_channel::describe(&e), "discovery unavailable; keeping the last answer")
             }
         }
@@ -72,6 +124,7 @@ pub async fn profile(
     target: SocketAddr,
     tx: watch::Sender<Option<Profile>>,
     max_backoff: Duration,
+    counted: StreamCounters,
 ) {
     let open = || {
         let mut client = client.clone();
@@ -85,7 +138,7 @@ pub async fn profile(
     };
     tokio::select! {
         () = tx.closed() => {}
-        () = retrying(format!("profile {target}"), max_backoff, open, apply) => {}
+        () = retrying(format!("profile {target}"), max_backoff, counted, open, apply) => {}
     }
 }
 
@@ -98,6 +151,7 @@ pub async fn endpoints(
     (metrics, gauge): (DiscoveryMetrics, ServiceLabels),
 ) {
     let accrual = Arc::new(ServiceAccrual::new(metrics.accrual.clone(), authority.clone()));
+    let counted = metrics.streams.of(StreamKind::endpoints);
     let retries = metrics.connect_retries.get_or_create(&gauge).clone();
     let (metrics, retries_family) = (metrics.endpoints, metrics.connect_retries);
     // Endpoints by address, so balancing statistics survive updates.
@@ -155,7 +209,7 @@ pub async fn endpoints(
     };
     tokio::select! {
         () = tx.closed() => {}
-        () = retrying(format!("endpoints {authority}"), max_backoff, open, apply) => {}
+        () = retrying(format!("endpoints {authority}"), max_backoff, counted, open, apply) => {}
     }
     metrics.remove(&gauge);
     retries_family.remove(&gauge);

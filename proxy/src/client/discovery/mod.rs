@@ -9,6 +9,7 @@
 pub mod accrual;
 pub mod balance;
 pub(crate) mod follow;
+pub use follow::{StreamCounters, StreamKind, StreamMetrics};
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -157,6 +158,7 @@ pub struct DiscoveryMetrics {
     pub endpoints: Family<ServiceLabels, Gauge>,
     pub accrual: accrual::AccrualMetrics,
     pub connect_retries: Family<ServiceLabels, Counter>,
+    pub streams: follow::StreamMetrics,
 }
 
 /// The cached receiver for `key`, starting its stream with `start` on first use (every
@@ -212,7 +214,15 @@ impl Discovery {
     pub async fn profile(self: &Arc<Self>, target: SocketAddr) -> (Option<Profile>, watch::Receiver<Option<Profile>>) {
         let mut rx = shared(&self.profiles, &target, || {
             let (tx, rx) = watch::channel(None);
-            tokio::spawn(follow::profile(self.client(), self.context_token.clone(), target, tx, self.max_backoff));
+            let counted = self.metrics.streams.of(follow::StreamKind::profile);
+            tokio::spawn(follow::profile(
+                self.client(),
+                self.context_token.clone(),
+                target,
+                tx,
+                self.max_backoff,
+                counted,
+            ));
             rx
         });
         if rx.borrow().is_none() {

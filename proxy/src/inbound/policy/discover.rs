@@ -26,6 +26,7 @@ use tokio::task::AbortHandle;
 use tonic::transport::Channel;
 
 use super::model::{DefaultPolicy, PortPolicy};
+use crate::client::discovery::{StreamCounters, StreamKind, StreamMetrics};
 
 /// Undeclared ports watched at once; declared ports do not count against it.
 pub const MAX_UNDECLARED: usize = 128;
@@ -144,6 +145,7 @@ pub struct Policies {
     cluster_networks: Arc<[IpNet]>,
     first_answer: Duration,
     max_backoff: Duration,
+    counted: StreamCounters,
     declared: HashMap<u16, Answer>,
     undeclared: Mutex<Undeclared>,
 }
@@ -157,8 +159,8 @@ impl Policies {
         default: DefaultPolicy,
         cluster_networks: Vec<IpNet>,
         declared: &[u16],
-        first_answer: Duration,
-        max_backoff: Duration,
+        (first_answer, max_backoff): (Duration, Duration),
+        streams: &StreamMetrics,
     ) -> Self {
         let cluster_networks: Arc<[IpNet]> = cluster_networks.into();
         let (fallback, _) = watch::channel(Arc::new(default.policy(&cluster_networks)));
@@ -170,6 +172,7 @@ impl Policies {
             cluster_networks,
             first_answer,
             max_backoff,
+            counted: streams.of(StreamKind::inbound_policy),
             declared: HashMap::new(),
             undeclared: Mutex::default(),
         };
@@ -189,6 +192,7 @@ impl Policies {
             port,
             fallback: self.fallback.clone(),
             cluster_networks: self.cluster_networks.clone(),
+            counted: self.counted.clone(),
         };
         let task = tokio::spawn(follow.run(tx, self.max_backoff)).abort_handle();
         (rx, task)
@@ -308,6 +312,7 @@ struct Follow {
     port: u16,
     fallback: Arc<watch::Sender<Arc<PortPolicy>>>,
     cluster_networks: Arc<[IpNet]>,
+    counted: StreamCounters,
 }
 
 impl Follow {
@@ -315,7 +320,7 @@ impl Follow {
     /// last good one kept. An answer for a port without a Server names the effective default,
     /// which becomes the fallback of every port not answered yet.
     async fn run(self, tx: watch::Sender<Option<Arc<PortPolicy>>>, max_backoff: Duration) {
-        let Self { client, heard, workload, port, fallback, cluster_networks } = self;
+        let Self { client, heard, workload, port, fallback, cluster_networks, counted } = self;
         let spec = api::PortSpec { workload: workload.clone(), port: u32::from(port) };
         let open = || {
             let (mut client, spec) = (client.clone(), spec.clone());
@@ -363,6 +368,7 @@ impl Follow {
         crate::client::discovery::follow::retrying(
             format!("inbound policy {workload} port {port}"),
             max_backoff,
+            counted,
             open,
             apply,
         )

@@ -17,6 +17,7 @@ use tokio::sync::watch;
 use tonic::transport::Channel;
 
 use super::model::OutboundPolicy;
+use crate::client::discovery::{StreamCounters, StreamKind, StreamMetrics};
 
 /// The control plane's answer about one target.
 #[derive(Debug, Clone)]
@@ -59,16 +60,24 @@ pub struct OutboundPolicies {
     workload: String,
     first_answer: Duration,
     max_backoff: Duration,
+    counted: StreamCounters,
     targets: Mutex<HashMap<SocketAddr, Rx>>,
 }
 
 impl OutboundPolicies {
-    pub fn new(channel: Channel, workload: String, first_answer: Duration, max_backoff: Duration) -> Self {
+    pub fn new(
+        channel: Channel,
+        workload: String,
+        first_answer: Duration,
+        max_backoff: Duration,
+        streams: &StreamMetrics,
+    ) -> Self {
         Self {
             client: OutboundPoliciesClient::new(channel),
             workload,
             first_answer,
             max_backoff,
+            counted: streams.of(StreamKind::outbound_policy),
             targets: Mutex::default(),
         }
     }
@@ -82,7 +91,7 @@ impl OutboundPolicies {
                 source_workload: self.workload.clone(),
                 target: Some(api::traffic_spec::Target::Addr(addr.into())),
             };
-            tokio::spawn(follow(self.client.clone(), spec, addr, tx, self.max_backoff));
+            tokio::spawn(follow(self.client.clone(), spec, addr, tx, (self.max_backoff, self.counted.clone())));
             rx
         });
         if rx.borrow().is_none() {
@@ -99,7 +108,7 @@ async fn follow(
     spec: api::TrafficSpec,
     addr: SocketAddr,
     tx: watch::Sender<Option<Answer>>,
-    max_backoff: Duration,
+    (max_backoff, counted): (Duration, StreamCounters),
 ) {
     let published = &tx;
     let open = || {
@@ -129,6 +138,6 @@ async fn follow(
     };
     tokio::select! {
         () = tx.closed() => {}
-        () = crate::client::discovery::follow::retrying(format!("outbound policy {addr}"), max_backoff, open, apply) => {}
+        () = crate::client::discovery::follow::retrying(format!("outbound policy {addr}"), max_backoff, counted, open, apply) => {}
     }
 }

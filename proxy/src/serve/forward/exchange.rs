@@ -15,7 +15,7 @@ use super::{HttpProxy, Side};
 use crate::client::discovery::accrual::ConsecutiveFailures;
 use crate::client::target::{Picked, RouteError};
 use crate::client::targets::Target;
-use crate::client::upstream::RequestBody;
+use crate::client::upstream::{RequestBody, SendError};
 use crate::http::classify::{Classification, classify};
 use crate::http::error::{ProxyError, upstream_error};
 use crate::http::headers::{GATEWAY_CLIENT_ID, strip_hop_by_hop, wants_upgrade};
@@ -166,7 +166,7 @@ impl HttpProxy {
                 Err(_) => load.fail(),
             }
         }
-        let mut response = result.map_err(|e| gateway_error(&upstream, upstream_error(upstream.addr, &e)))?;
+        let mut response = result.map_err(|e| gateway_error(&upstream, &e))?;
         strip_hop_by_hop(response.headers_mut(), false);
         // Only an endpoint outside its target's cluster label (a federated Service's)
         // says where it was; every other response carries nothing more.
@@ -250,15 +250,19 @@ impl HttpProxy {
     }
 }
 
-/// A failure to reach a multicluster gateway says so (the client's operator then
-/// knows to look at the linked cluster's gateway, not at a pod of their own); 502 as any
-/// upstream failure.
-fn gateway_error(upstream: &crate::client::upstream::Upstream, e: ProxyError) -> ProxyError {
-    match &upstream.gateway {
-        Some(gateway) => ProxyError::Upstream {
-            addr: upstream.addr,
-            why: format!("multicluster gateway unreachable for {}:{}: {e}", gateway.name, gateway.port),
-        },
-        None => e,
+/// A failure of a multicluster gateway says so (the client's operator then knows to look at
+/// the linked cluster's gateway, not at a pod of their own), and which failure by the send
+/// error's kind: no connection could be made (unreachable), or one was and the gateway closed
+/// or refused the request on it; 502 as any upstream failure.
+pub(super) fn gateway_error(upstream: &crate::client::upstream::Upstream, e: &SendError) -> ProxyError {
+    let error = upstream_error(upstream.addr, e);
+    let Some(gateway) = &upstream.gateway else { return error };
+    let what = match e {
+        SendError::Connect(_) => "unreachable",
+        SendError::Http(_) => "closed or refused the request",
+    };
+    ProxyError::Upstream {
+        addr: upstream.addr,
+        why: format!("multicluster gateway for {}:{} {what}: {error}", gateway.name, gateway.port),
     }
 }

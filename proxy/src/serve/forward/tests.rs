@@ -322,6 +322,29 @@ async fn a_route_with_retries_sends_a_failed_request_again_up_to_its_limit() {
     assert_eq!(metric(&shared, "outbound_http_route_retry_requests_total", &[]), 2);
 }
 
+/// On a paused clock (nothing waits but the proxy's timers): each retry waits its backoff, the
+/// rule's minimum doubling up to its maximum, and the request waits nothing else.
+#[tokio::test(start_paused = true)]
+async fn retries_wait_the_rules_backoff_doubling_from_its_minimum_up_to_its_maximum() {
+    let (app, hits) = app().await;
+    let mut policy = http_route(Some(app), None, Some(3));
+    let Some(api::proxy_protocol::Kind::Http1(http1)) = policy.protocol.as_mut().and_then(|p| p.kind.as_mut()) else {
+        unreachable!("http_route makes an HTTP/1 policy")
+    };
+    let retry = http1.routes[0].rules[0].retry.as_mut().unwrap();
+    retry.backoff = Some(api::ExponentialBackoff {
+        min_backoff: Some(Duration::from_millis(10).try_into().unwrap()),
+        max_backoff: Some(Duration::from_millis(30).try_into().unwrap()),
+        jitter_ratio: 0.0,
+        ..Default::default()
+    });
+    let target = fixed(app, Some(policy));
+    let started = tokio::time::Instant::now();
+    let (status, _, _) = send(proxy(&shared(), app, target), get("/fail")).await;
+    assert_eq!((status, hits.load(Ordering::SeqCst)), (StatusCode::SERVICE_UNAVAILABLE, 4), "1 + 3 retries");
+    assert_eq!(started.elapsed(), Duration::from_millis(10 + 20 + 30), "waits of 10, 20 and 30 (not 40) ms");
+}
+
 #[tokio::test]
 async fn a_route_without_retries_sends_a_failed_request_once() {
     let (app, hits) = app().await;
@@ -413,15 +436,10 @@ async fn an_invalid_l5d_orig_proto_from_a_peer_proxy_is_answered_400() {
     assert_eq!(hits.load(Ordering::SeqCst), 0);
 }
 
-/// How many of `requests` each of two endpoints of one service got, the requests sent one
-/// after another with `pause` between them. The endpoints were last heard from a minute ago,
-/// as on a node where the service has been known for a while.
-async fn shares(
-    a: (SocketAddr, Arc<AtomicUsize>),
-    b: (SocketAddr, Arc<AtomicUsize>),
-    requests: usize,
-    pause: Duration,
-) -> [usize; 2] {
+/// A service's route balancing over `addrs`, each endpoint last heard from a minute ago (as on a
+/// node where the service has been known for a while). The endpoints stay as they are: the
+/// watch's sender is dropped.
+fn known_for_a_minute(addrs: [SocketAddr; 2]) -> Route {
     let endpoint = |addr| {
         let stats = crate::client::discovery::Stats::last_observed(Duration::from_micros(300), Duration::from_secs(60));
         Arc::new(Endpoint {
@@ -433,11 +451,20 @@ async fn shares(
             stats: Arc::new(stats),
         })
     };
-    let endpoints =
-        Endpoints { list: vec![endpoint(a.0), endpoint(b.0)], known: true, exists: true, ..Default::default() };
+    let endpoints = Endpoints { list: addrs.map(endpoint).to_vec(), known: true, exists: true, ..Default::default() };
     let (_tx, rx) = tokio::sync::watch::channel(Arc::new(endpoints));
-    let route = Route::balanced("web.shop.svc.cluster.local:80".into(), rx, None, Duration::from_secs(1));
-    let target = Target::new(route);
+    Route::balanced("web.shop.svc.cluster.local:80".into(), rx, None, Duration::from_secs(1))
+}
+
+/// How many of `requests` each of two endpoints of one service got, the requests sent one
+/// after another with `pause` between them ([`known_for_a_minute`]).
+async fn shares(
+    a: (SocketAddr, Arc<AtomicUsize>),
+    b: (SocketAddr, Arc<AtomicUsize>),
+    requests: usize,
+    pause: Duration,
+) -> [usize; 2] {
+    let target = Target::new(known_for_a_minute([a.0, b.0]));
     let shared = shared();
     let addr: SocketAddr = "10.96.0.10:80".parse().unwrap();
     let mut ticks = tokio::time::interval(pause.max(Duration::from_micros(1)));
@@ -458,20 +485,68 @@ async fn equal_endpoints_share_back_to_back_requests() {
     assert!(got.iter().all(|n| (60..=140).contains(n)), "each gets 30-70 %: {got:?}");
 }
 
-#[tokio::test]
+/// How many of `requests` each of two endpoints of one service gets from the balancer when
+/// they answer in `latency` (injected: each pick's load observes its answer after that much time
+/// on a paused clock, nothing is sent), the requests `pause` apart ([`known_for_a_minute`]).
+async fn shares_answering_in(latency: [Duration; 2], requests: usize, pause: Duration) -> [usize; 2] {
+    let addrs: [SocketAddr; 2] = ["10.244.0.11:8080".parse().unwrap(), "10.244.0.12:8080".parse().unwrap()];
+    let route = known_for_a_minute(addrs);
+    let mut got = [0; 2];
+    for _ in 0..requests {
+        let picked = route.pick(None).unwrap();
+        let i = addrs.iter().position(|a| *a == picked.upstream.addr).unwrap();
+        got[i] += 1;
+        tokio::time::advance(latency[i]).await;
+        picked.load.as_ref().unwrap().observe();
+        drop(picked);
+        tokio::time::advance(pause).await;
+    }
+    got
+}
+
+#[tokio::test(start_paused = true)]
 async fn equal_endpoints_share_requests_at_a_low_rate() {
-    let got = shares(app().await, app().await, 32, Duration::from_millis(250)).await;
-    println!("two equal endpoints, 32 requests at 4 per second: {got:?}");
-    // Neither starves: over 20 % each. The band is wide because on a loaded machine scheduling
-    // alone makes two equal endpoints' latency estimates differ (a 30-70 % band failed 23/9).
+    let got = shares_answering_in([Duration::from_millis(1); 2], 32, Duration::from_millis(250)).await;
+    println!("two endpoints answering in 1 ms, 32 requests at 4 per second: {got:?}");
     assert!(got.iter().all(|n| (7..=25).contains(n)), "each gets over 20 %: {got:?}");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn an_endpoint_50_ms_slower_gets_markedly_less() {
-    let got = shares(app().await, app_taking(Duration::from_millis(50)).await, 200, Duration::ZERO).await;
-    println!("an endpoint and one 50 ms slower, 200 requests back to back: {got:?}");
+    let latency = [Duration::from_millis(1), Duration::from_millis(51)];
+    let got = shares_answering_in(latency, 200, Duration::ZERO).await;
+    println!("an endpoint answering in 1 ms and one in 51 ms, 200 requests back to back: {got:?}");
     assert!(got[1] < 200 * 15 / 100, "the slow one gets under 15 %, an equal one 30-70 %: {got:?}");
+    assert!(got[1] > 0, "the slow one is still tried now and then: {got:?}");
+}
+
+/// A gateway that could not be connected to is "unreachable"; one that took the connection and
+/// then closed it without an answer "closed or refused the request": decided on the send error's
+/// kind (a failed connect, an HTTP-level failure), never on its text.
+#[tokio::test]
+async fn a_gateway_is_called_unreachable_only_when_no_connection_to_it_was_made() {
+    use crate::client::discovery::GatewayTarget;
+    use crate::client::upstream::{SendError, Upstream};
+    let mut upstream = Upstream::new("10.0.0.5:4143".parse().unwrap(), None, Duration::from_secs(1));
+    upstream.gateway = GatewayTarget::parse("web.shop.svc.cluster.local:80").map(Arc::new);
+    let refused = SendError::Connect(std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused"));
+    let why = super::exchange::gateway_error(&upstream, &refused).to_string();
+    assert!(why.contains("multicluster gateway for web.shop.svc.cluster.local:80 unreachable"), "{why}");
+
+    // Connected, then closed before any answer.
+    let (client, server) = tokio::io::duplex(1024);
+    drop(server);
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(client)).await.unwrap();
+    tokio::spawn(conn);
+    let closed = sender.send_request(get("/ok")).await.unwrap_err();
+    let why = super::exchange::gateway_error(&upstream, &SendError::Http(closed)).to_string();
+    assert!(why.contains("multicluster gateway for web.shop.svc.cluster.local:80 closed or refused"), "{why}");
+    assert!(!why.contains("unreachable"), "{why}");
+
+    // Not a gateway: the endpoint's own error, as it is.
+    upstream.gateway = None;
+    let why = super::exchange::gateway_error(&upstream, &refused).to_string();
+    assert_eq!(why, "upstream 10.0.0.5:4143 refused the connection");
 }
 
 /// A federated Service's endpoints, one in this cluster (`local`, as Destination
