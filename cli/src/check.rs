@@ -36,7 +36,7 @@ use k8s_openapi::api::core::v1::Pod;
 
 pub use self::kubernetes::{RBAC_HINT, UNREACHABLE_HINT};
 pub use self::meshed::proxy_hint;
-pub use self::report::{Check, Report, Status, render_json, render_table, success};
+pub use self::report::{Category, Check, Report, Status, render_json, render_table, success};
 use super::ClusterArgs;
 /// Reading pods' endpoints through the API server: shared with `stat` and `edges`.
 use super::pod_proxy::{CONCURRENCY, kube_error, pod_proxy_get};
@@ -66,7 +66,7 @@ pub async fn main(cluster: &ClusterArgs, args: CheckArgs) -> anyhow::Result<Exit
         Ok(client) => run_checks(client, args.pre, SystemTime::now()).await,
         // Reported as a check, not an error, so `-o json` consumers always get a report.
         Err(e) => vec![Check::fail(
-            "kubernetes-api",
+            &Category::KubernetesApi,
             "can build a Kubernetes client",
             cnimesh_common::error::with_causes(e.to_string(), e.as_ref()),
             "pass --kubeconfig / --context, or set KUBECONFIG",
@@ -96,10 +96,17 @@ pub async fn run_checks(client: kube::Client, pre: bool, now: SystemTime) -> Vec
     let now = now.duration_since(UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
     let mut checks = Vec::new();
     let Some(version) = kubernetes::api(&client, pre, &mut checks).await else {
-        let rest: &[&str] = if pre {
-            &["permissions", "pre-install"]
+        let rest: &[Category] = if pre {
+            &[Category::Permissions, Category::PreInstall]
         } else {
-            &["permissions", "control-plane", "webhook", "certificates", "node-agents", "meshed-pods"]
+            &[
+                Category::Permissions,
+                Category::ControlPlane,
+                Category::Webhook,
+                Category::Certificates,
+                Category::NodeAgents,
+                Category::MeshedPods,
+            ]
         };
         for category in rest {
             checks.push(Check::skip(category, "all checks", "skipped: the Kubernetes API is not reachable"));

@@ -200,6 +200,17 @@ impl Sidecar {
         metric_with(&self.metrics(), &format!("control_stream_{counted}_total"), &[&format!("stream=\"{stream}\"")])
     }
 
+    /// Waits until every bucket of the rate limit on inbound `port` has refilled (its
+    /// `/policy.json` says `full`), so a measured run starts with the whole burst. Refilling takes
+    /// about a second after the last request; the patience is generous as the other waits'.
+    pub fn wait_rate_limit_full(&self, port: u16) {
+        crate::wait::eventually(&format!("port {port}'s rate limit refilled"), Duration::from_secs(30), || {
+            let Ok((200, body)) = self.admin("GET", "/policy.json", "") else { return false };
+            let page: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+            page["ports"].as_array().into_iter().flatten().any(|p| p["port"] == port && p["rate_limit"]["full"] == true)
+        });
+    }
+
     /// Waits until this proxy's `stream` has counted more `counted` than `since` (a value of
     /// [`Self::streamed`] read before the change): the change has reached the proxy (messages),
     /// or the proxy has noticed its control plane gone (failures). What a test waits on instead

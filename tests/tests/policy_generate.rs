@@ -3,7 +3,8 @@
 //! web's proxies let in into a Server + MeshTLSAuthentication + AuthorizationPolicy, and once the
 //! control plane serves that, client → web stays at 100 % while the intruder is denied.
 
-use std::process::Command;
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use cnimesh_e2e::local_mode::LocalMode;
@@ -40,20 +41,26 @@ fn the_policy_generated_from_observed_traffic_keeps_the_client_and_denies_the_in
     assert_eq!(status, 200, "no policy yet");
     // Only the client's traffic is counted from here: the window starts after the intruder's
     // request and ends before the next one.
-    let generate = {
-        let root = local.root.clone();
-        std::thread::spawn(move || {
-            Command::new(CLI)
-                .args(["policy", "generate", "demo", "--window", "3s", "--local"])
-                .arg(&root)
-                .output()
-                .unwrap()
-        })
-    };
-    std::thread::sleep(Duration::from_millis(500));
+    let mut generate = Command::new(CLI)
+        .args(["policy", "generate", "demo", "--window", "3s", "--local"])
+        .arg(&local.root)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The window starts with the CLI's first reading, which it says on stderr.
+    let mut stderr = BufReader::new(generate.stderr.take().unwrap());
+    let mut said = String::new();
+    while !said.contains("first reading taken") {
+        if stderr.read_line(&mut said).unwrap() == 0 {
+            break;
+        }
+    }
+    assert!(said.contains("first reading taken"), "policy generate never started its window: {said}");
     assert!(load(&client, web, "web", 2, Duration::from_secs(2)).failures.is_empty());
-    let out = generate.join().unwrap();
-    assert!(out.status.success(), "policy generate: {}", String::from_utf8_lossy(&out.stderr));
+    let out = generate.wait_with_output().unwrap();
+    stderr.read_to_string(&mut said).unwrap();
+    assert!(out.status.success(), "policy generate: {said}");
     let yaml = String::from_utf8(out.stdout).unwrap();
     let docs = cnimesh_cli::yaml::documents(&yaml, "policy generate").unwrap();
     let kinds: Vec<&str> = docs.iter().filter_map(|d| d["kind"].as_str()).collect();

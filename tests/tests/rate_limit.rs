@@ -145,7 +145,7 @@ fn rate_limits_hold_real_clients_to_their_share_and_follow_policy_changes() {
         metric_with(&api_proxy.metrics(), "inbound_http_local_ratelimit_total", &labels)
     };
     eventually("the limit served", PATIENCE, || load(&office, &url, 1, 0, 0, 80).limited > 0);
-    std::thread::sleep(Duration::from_millis(1500)); // The bucket refills: the run starts full.
+    api_proxy.wait_rate_limit_full(apps::HTTP_PORT); // The run starts with the whole burst.
 
     // Total: 100 rps offered for 10 s against 50 rps.
     let before = limited_metric("total", &[]);
@@ -171,7 +171,7 @@ fn rate_limits_hold_real_clients_to_their_share_and_follow_policy_changes() {
     eventually("the per-identity limit served", PATIENCE, || {
         load(&other, &url, 1, 0, 0, 60).limited > 0 && limited_metric("identity", &[other_id.as_str()]) > 0.0
     });
-    std::thread::sleep(Duration::from_millis(1500));
+    api_proxy.wait_rate_limit_full(apps::HTTP_PORT);
     let (web_run, other_run) = std::thread::scope(|s| {
         let web_run = s.spawn(|| load(&web, &url, 2, 40, 6, 0));
         let other_run = s.spawn(|| load(&other, &url, 2, 40, 6, 0));
@@ -189,7 +189,7 @@ fn rate_limits_hold_real_clients_to_their_share_and_follow_policy_changes() {
         let _ = http_reply_in(&office.netns.path(), &http, "GET", "/hello", "");
         metric_with(&api_proxy.metrics(), "inbound_http_authz_allow_total", &["authz_kind=\"audit\""]) > 0.0
     });
-    std::thread::sleep(Duration::from_millis(1500));
+    api_proxy.wait_rate_limit_full(apps::HTTP_PORT);
     let burst = load(&other, &url, 1, 0, 0, 60);
     // 20 at once, then 20 a second while the burst lasts.
     let expected = 20.0 * (1.0 + burst.span);
@@ -230,7 +230,7 @@ fn a_client_hammering_the_probe_path_spends_no_rate_limit_of_other_clients_or_th
     let cluster_dir = cluster.path().display().to_string();
     let control = Control::start(&bins.control, &control_pod, &["--cluster-dir", &cluster_dir]).unwrap();
     let _apps = Apps::start(&api.netns.path(), api.ipv4().into(), "api-0").unwrap();
-    let (_api_proxy, _client_proxies) = control.api_and_clients(&bins.proxy, &api, &[(&web, "web")]).unwrap();
+    let (api_proxy, _client_proxies) = control.api_and_clients(&bins.proxy, &api, &[(&web, "web")]).unwrap();
     let http = format!("{}:{}", api.ipv4(), apps::HTTP_PORT);
     let (work, probe) = (format!("http://{http}/replica"), format!("http://{http}/hello"));
 
@@ -239,7 +239,7 @@ fn a_client_hammering_the_probe_path_spends_no_rate_limit_of_other_clients_or_th
     eventually("the limit served", PATIENCE, || load(&web, &work, 1, 0, 0, 80).limited > 0);
     assert_eq!(http_reply_in(&attacker.netns.path(), &http, "GET", "/replica", "").unwrap().status, 403);
     assert_eq!(http_reply_in(&attacker.netns.path(), &http, "GET", "/hello", "").unwrap().status, 200);
-    std::thread::sleep(Duration::from_millis(1500)); // The buckets refill: the run starts full.
+    api_proxy.wait_rate_limit_full(apps::HTTP_PORT); // The run starts with the whole burst.
 
     let (flood, work_run, probes) = std::thread::scope(|s| {
         // 800 rps on the probe path for 8 s, far over the limit.

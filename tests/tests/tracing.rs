@@ -129,6 +129,12 @@ fn pair_with<'n>(net: &'n Network, collector: &str, server_settings: &[(&str, &s
     Pair { client, server, client_proxy, server_proxy, _apps: apps, _control: control, _control_pod: control_pod }
 }
 
+/// Waits until `proxy`'s span budget has refilled (`trace_span_budget_full` is 1), so the next
+/// sampled request is recorded whatever came before it.
+fn wait_budget_full(proxy: &Sidecar) {
+    eventually("the span budget refilled", SPAN_WAIT, || proxy.metric("trace_span_budget_full") == 1.0);
+}
+
 /// One HTTP/1.1 request with extra `headers` over a fresh connection inside `netns`.
 fn get(netns: &Path, addr: &str, path: &str, headers: &[(&str, &str)]) -> Reply {
     let mut request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
@@ -340,12 +346,12 @@ fn only_meshed_clients_decide_sampling_and_a_flood_of_sampled_requests_is_held_t
 
     // A flood of sampled requests from the meshed client: the server's proxy records at most
     // its budget (1 span a second, a burst of 1), whatever the client asks for.
-    std::thread::sleep(Duration::from_millis(1500)); // The budget refills.
+    wait_budget_full(&p.server_proxy);
     let flood: Vec<String> = (0..40).map(|n| trace_id(100 + n)).collect();
     for trace in &flood {
         call_traced(&p, &server_addr, trace);
     }
-    std::thread::sleep(Duration::from_millis(1500));
+    wait_budget_full(&p.server_proxy);
     let sentinel = trace_id(200);
     call_traced(&p, &server_addr, &sentinel);
     let server_spans = |traces: &[String]| {

@@ -10,10 +10,10 @@ use kube::Api;
 use kube::api::ListParams;
 
 use super::kubernetes::{NATIVE_SIDECARS_MINOR, ServerVersion};
-use super::report::{Check, plural};
+use super::report::{Category, Check, plural};
 use super::{CONTROL_NAME, CONTROL_NAMESPACE, kube_error, pod_ready, read_hint, terminating};
 
-const CATEGORY: &str = "control-plane";
+const CATEGORY: &Category = &Category::ControlPlane;
 /// The Deployment's switch for the proxy's form (`auto`, `true`, `false`).
 pub const NATIVE_SIDECARS_ENV: &str = "CNIMESH_CONTROL_NATIVE_SIDECARS";
 

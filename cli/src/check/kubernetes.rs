@@ -10,14 +10,14 @@ use k8s_openapi::api::core::v1::{Namespace, Node};
 use kube::Api;
 use kube::api::{ListParams, PostParams};
 
-use super::report::Check;
+use super::report::{Category, Check};
 use super::{AGENT_NAMESPACE, CONTROL_NAMESPACE, kube_error, read_hint};
 use crate::install::guard::NodeGuard;
 
-const CATEGORY: &str = "kubernetes-api";
-const VERSION: &str = "kubernetes-version";
-const RBAC: &str = "permissions";
-const PRE: &str = "pre-install";
+const CATEGORY: &Category = &Category::KubernetesApi;
+const VERSION: &Category = &Category::KubernetesVersion;
+const RBAC: &Category = &Category::Permissions;
+const PRE: &Category = &Category::PreInstall;
 
 /// Native sidecars (SidecarContainers) are on by default from this minor version.
 pub const NATIVE_SIDECARS_MINOR: u32 = 29;
@@ -188,7 +188,12 @@ async fn allowed(client: &kube::Client, access: &Access) -> Result<bool, String>
 }
 
 /// One check line per permission, so that a missing grant is named on its own.
-async fn permissions(client: &kube::Client, category: &str, wanted: &[(&str, Vec<Access>)], checks: &mut Vec<Check>) {
+async fn permissions(
+    client: &kube::Client,
+    category: &Category,
+    wanted: &[(&str, Vec<Access>)],
+    checks: &mut Vec<Check>,
+) {
     for (name, accesses) in wanted {
         let mut denied = Vec::new();
         let mut errors = Vec::new();

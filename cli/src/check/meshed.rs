@@ -10,11 +10,11 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::ListParams;
 
-use super::report::{Check, plural};
+use super::report::{Category, Check, plural};
 use super::{CONCURRENCY, kube_error, pod_proxy_get, read_hint};
 use cnimesh_control::inject::{PROXY_ADMIN_PORT, PROXY_CONTAINER};
 
-const CATEGORY: &str = "meshed-pods";
+const CATEGORY: &Category = &Category::MeshedPods;
 /// The proxy's gauge of its current certificate's expiry, seconds since the epoch.
 pub const CERT_EXPIRY_METRIC: &str = "identity_cert_expiration_timestamp_seconds";
 /// Failing pods listed by name; the rest are counted.

@@ -15,10 +15,10 @@ use kube::Api;
 use kube::api::ListParams;
 use serde::Deserialize;
 
-use super::report::{Check, plural};
+use super::report::{Category, Check, plural};
 use super::{AGENT_NAME, AGENT_NAMESPACE, CONCURRENCY, kube_error, pod_proxy_get, pod_ready, read_hint};
 
-const CATEGORY: &str = "node-agents";
+const CATEGORY: &Category = &Category::NodeAgents;
 pub use cnimesh_common::names::AGENT_HEALTH_PORT as AGENT_STATUS_PORT;
 /// How many drift lines of one pod are shown: the first ones say what is wrong.
 const DRIFT_LINES: usize = 3;

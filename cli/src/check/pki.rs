@@ -13,12 +13,12 @@ use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::Api;
 
 use super::certs;
-use super::report::{Check, Status, plural};
+use super::report::{Category, Check, Status, plural};
 use super::{CONTROL_NAMESPACE, kube_error, read_hint};
 use cnimesh_control::inject::{WEBHOOK_CA_FILE, WEBHOOK_CERT_FILE, WEBHOOK_SERVICE};
 
-const WEBHOOK: &str = "webhook";
-const CERTS: &str = "certificates";
+const WEBHOOK: &Category = &Category::Webhook;
+const CERTS: &Category = &Category::Certificates;
 /// The MutatingWebhookConfiguration (`daemonset/control-webhook.yaml`).
 pub const WEBHOOK_CONFIGURATION: &str = "cnimesh-proxy-injector";
 pub use crate::install::{ISSUER_SECRET, TRUST_ANCHORS_CONFIG_MAP as ANCHORS_CONFIG_MAP, WEBHOOK_SECRET};

@@ -677,12 +677,12 @@ async fn a_failed_reads_hint_is_chosen_by_the_errors_type() {
     let mut fixture = Fixture::healthy();
     fixture.mock.fail(DEPLOYMENT, 403, "deployments.apps is forbidden");
     let checks = fixture.run().await;
-    let check = checks.iter().find(|c| c.category == "control-plane" && c.status == Status::Fail).unwrap();
+    let check = checks.iter().find(|c| c.category == Category::ControlPlane && c.status == Status::Fail).unwrap();
     assert_eq!(check.hint.as_deref(), Some("allow reading deployments in the control plane's namespace"), "{check:?}");
     let mut fixture = Fixture::healthy();
     fixture.mock.fail(DEPLOYMENT, 500, "forbidden words in an etcd error");
     let checks = fixture.run().await;
-    let check = checks.iter().find(|c| c.category == "control-plane" && c.status == Status::Fail).unwrap();
+    let check = checks.iter().find(|c| c.category == Category::ControlPlane && c.status == Status::Fail).unwrap();
     assert!(check.hint.as_deref().is_some_and(|h| h.contains("not a permission problem")), "{check:?}");
 }
 
@@ -1004,4 +1004,38 @@ async fn a_managed_webhook_certificate_warns_only_once_its_renewal_is_overdue_wi
     env.as_array_mut().unwrap().last_mut().unwrap()["value"] = json!("secret");
     let checks = fixture.run().await;
     assert!(find(&checks, name).hint.as_deref().unwrap().contains("describe certificate"));
+}
+
+#[test]
+fn every_category_renders_to_the_text_operators_and_scripts_match_on() {
+    let names: Vec<String> = Category::FIXED.iter().map(Category::to_string).collect();
+    assert_eq!(
+        names,
+        [
+            "kubernetes-api",
+            "kubernetes-version",
+            "permissions",
+            "pre-install",
+            "control-plane",
+            "webhook",
+            "certificates",
+            "node-agents",
+            "meshed-pods",
+            "multicluster",
+        ]
+    );
+    assert_eq!(Category::Link("west".to_string()).to_string(), "link west");
+}
+
+#[test]
+fn a_category_is_a_plain_string_in_json_and_reads_back() {
+    let mut all = Category::FIXED.to_vec();
+    all.push(Category::Link("east-1".to_string()));
+    for category in all {
+        let json = serde_json::to_value(&category).unwrap();
+        assert_eq!(json, Value::String(category.to_string()));
+        assert_eq!(serde_json::from_value::<Category>(json).unwrap(), category);
+    }
+    let unknown = serde_json::from_value::<Category>(json!("gateways")).unwrap_err();
+    assert!(unknown.to_string().contains("unknown check category \"gateways\""), "{unknown}");
 }

@@ -30,7 +30,7 @@ use serde_json::Value;
 use super::certs;
 use super::meshed::capped;
 use super::pki::{ISSUER_SECRET, WEBHOOK_CONFIGURATION};
-use super::report::{Check, Status, plural};
+use super::report::{Category, Check, Status, plural};
 use super::{CONCURRENCY, CONTROL_NAME, CONTROL_NAMESPACE, kube_error, pod_proxy_get, pod_ready, terminating};
 use cnimesh_common::names::CONTROL_ADMIN_PORT;
 use cnimesh_control::inject::{PROXY_ADMIN_PORT, PROXY_CONTAINER, TRUST_ANCHORS_ENV};
@@ -157,7 +157,7 @@ pub async fn check(client: &kube::Client, checks: &mut Vec<Check>) {
 }
 
 async fn served(client: &kube::Client, replicas: &Result<Vec<Replica>, String>, checks: &mut Vec<Check>) {
-    const CATEGORY: &str = "webhook";
+    const CATEGORY: &Category = &Category::Webhook;
     let replicas = match replicas {
         Ok(r) if r.is_empty() => {
             return checks.push(Check::skip(CATEGORY, SERVED, "skipped: no ready control-plane pod"));
@@ -283,7 +283,7 @@ async fn issuer(
     proxies: &Result<Vec<Proxy>, String>,
     checks: &mut Vec<Check>,
 ) {
-    const CATEGORY: &str = "certificates";
+    const CATEGORY: &Category = &Category::Certificates;
     let (replicas, proxies) = match (replicas, proxies) {
         (Ok(r), Ok(p)) => (r, p),
         (Err(e), _) | (_, Err(e)) => {
@@ -336,7 +336,7 @@ async fn issuer(
 
 /// Which step of a rotation the cluster is at.
 async fn rotation(client: &kube::Client, in_use: &[u8], proxies: &[Proxy]) -> Check {
-    const CATEGORY: &str = "certificates";
+    const CATEGORY: &Category = &Category::Certificates;
     let Some((anchors, stored)) = stored_issuer(client).await else {
         return Check::skip(CATEGORY, ROTATION, format!("skipped: Secret {ISSUER_SECRET} is unreadable"));
     };
@@ -435,7 +435,7 @@ async fn rotation(client: &kube::Client, in_use: &[u8], proxies: &[Proxy]) -> Ch
 }
 
 async fn versions(client: &kube::Client, proxies: &Result<Vec<Proxy>, String>, checks: &mut Vec<Check>) {
-    const CATEGORY: &str = "meshed-pods";
+    const CATEGORY: &Category = &Category::MeshedPods;
     let Ok(proxies) = proxies else {
         return checks.push(Check::skip(CATEGORY, VERSIONS, "skipped: pods could not be listed"));
     };

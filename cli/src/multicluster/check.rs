@@ -14,7 +14,7 @@ use std::process::ExitCode;
 use std::time::{Duration, SystemTime};
 
 use super::super::ClusterArgs;
-use super::super::check::{Check, Output, render, success};
+use super::super::check::{Category, Check, Output, render, success};
 use super::check_cluster_name;
 use super::source::{Found, Remote, Source};
 use super::{issuer_constraints, probe};
@@ -37,7 +37,7 @@ pub async fn main(cluster: &ClusterArgs, args: &CheckArgs, out: &mut impl Write)
         None => match cluster.client().await {
             Ok(client) => run(&Source::Cluster(client), SystemTime::now()).await,
             Err(e) => vec![Check::fail(
-                "multicluster",
+                &Category::Multicluster,
                 "kubernetes-api",
                 format!("{e:#}"),
                 "pass --kubeconfig / --context, or --local DIR",
@@ -55,7 +55,7 @@ pub async fn run(source: &Source, now: SystemTime) -> Vec<Check> {
         Ok(links) => links,
         Err(e) => {
             checks.push(Check::fail(
-                "multicluster",
+                &Category::Multicluster,
                 "links",
                 format!("{e:#}"),
                 "apply `cnimesh multicluster install` on this cluster",
@@ -66,20 +66,23 @@ pub async fn run(source: &Source, now: SystemTime) -> Vec<Check> {
     let anchors = source.anchors().await;
     match &anchors {
         Ok(_) => {}
-        Err(e) => {
-            checks.push(Check::fail("multicluster", "trust anchors", format!("{e:#}"), "is the mesh installed here?"))
-        }
+        Err(e) => checks.push(Check::fail(
+            &Category::Multicluster,
+            "trust anchors",
+            format!("{e:#}"),
+            "is the mesh installed here?",
+        )),
     }
     if links.is_empty() {
         checks.push(Check::warn(
-            "multicluster",
+            &Category::Multicluster,
             "links",
             "no Link in this cluster",
             "run `cnimesh multicluster link --cluster-name NAME` against the other cluster and apply its output here",
         ));
         return checks;
     }
-    checks.push(Check::ok("multicluster", "links", format!("{} Link(s): {}", links.len(), names(&links))));
+    checks.push(Check::ok(&Category::Multicluster, "links", format!("{} Link(s): {}", links.len(), names(&links))));
     cluster_names(&links, &mut checks);
     for found in &links {
         check_link(source, found, anchors.as_ref().ok().map(String::as_str), now, &mut checks).await;
@@ -104,12 +107,12 @@ fn cluster_names(links: &[Found], checks: &mut Vec<Check>) {
         })
         .collect();
     if pairs.is_empty() {
-        checks.push(Check::ok("multicluster", "cluster names", "no two Links' cluster names overlap"));
+        checks.push(Check::ok(&Category::Multicluster, "cluster names", "no two Links' cluster names overlap"));
         return;
     }
     checks.push(
         Check::fail(
-            "multicluster",
+            &Category::Multicluster,
             "cluster names",
             format!("{} pair(s) of Links whose mirrors <service>-<cluster> could share names", pairs.len()),
             "unlink one of each pair, or link it under a cluster name that neither equals nor ends in '-<other>'",
@@ -123,8 +126,8 @@ fn names(links: &[Found]) -> String {
 }
 
 async fn check_link(source: &Source, found: &Found, anchors: Option<&str>, now: SystemTime, checks: &mut Vec<Check>) {
-    let category = format!("link {}", found.name);
-    let cat = category.as_str();
+    let category = Category::Link(found.name.clone());
+    let cat = &category;
     let link = match &found.link {
         Ok(link) => link,
         Err(e) => {
@@ -218,7 +221,7 @@ async fn check_link(source: &Source, found: &Found, anchors: Option<&str>, now: 
 
 /// Fails while a mirror name of this link is claimed twice (the controller keeps the holder's
 /// mirror and refuses the other claimants: one of the exports is not mirrored).
-fn mirror_names(status: &LinkStatus, cat: &str, checks: &mut Vec<Check>) {
+fn mirror_names(status: &LinkStatus, cat: &Category, checks: &mut Vec<Check>) {
     if status.collisions.is_empty() {
         checks.push(Check::ok(cat, "mirror names", "no mirror name is claimed twice"));
         return;
@@ -242,7 +245,7 @@ fn mirror_names(status: &LinkStatus, cat: &str, checks: &mut Vec<Check>) {
     );
 }
 
-async fn check_gateway(link: &Link, anchors: Option<&str>, cat: &str, checks: &mut Vec<Check>) {
+async fn check_gateway(link: &Link, anchors: Option<&str>, cat: &Category, checks: &mut Vec<Check>) {
     let spec = &link.spec;
     let (Some(address), Some(identity)) = (&spec.gateway_address, &spec.gateway_identity) else {
         checks.push(Check::ok(cat, "gateway", "none: only remote-discovery exports are mirrored"));
@@ -358,7 +361,7 @@ fn stale_hint() -> String {
     )
 }
 
-pub(super) fn freshness(status: Option<&LinkStatus>, now: SystemTime, cat: &str, checks: &mut Vec<Check>) {
+pub(super) fn freshness(status: Option<&LinkStatus>, now: SystemTime, cat: &Category, checks: &mut Vec<Check>) {
     let Some(status) = status else {
         checks.push(Check::fail(
             cat,

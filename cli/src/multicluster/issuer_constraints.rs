@@ -9,11 +9,11 @@
 use cnimesh_identity::trust_domain::{self, Scope};
 use rustls_pki_types::CertificateDer;
 
-use super::super::check::Check;
+use super::super::check::{Category, Check};
 
 /// The check for the chain a linked cluster's gateway presented (leaf first), whose identity is
 /// of `trust_domain`.
-pub fn check(category: &str, chain: &[CertificateDer<'static>], trust_domain: &str) -> Check {
+pub fn check(category: &Category, chain: &[CertificateDer<'static>], trust_domain: &str) -> Check {
     const NAME: &str = "linked issuer constrained";
     match judge(chain, trust_domain) {
         Ok(what) => Check::ok(category, NAME, what),

@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::super::check::mock::MockApi;
-use super::super::check::{Status, render_table};
+use super::super::check::{Category, Status, render_table};
 use super::super::yaml;
 use super::check::run;
 use super::gateways::{render_table as gateways_table, rows};
@@ -451,7 +451,7 @@ fn link_liveness_is_the_heartbeat_not_the_last_change() {
     let now = SystemTime::now();
     let judge = |status: &LinkStatus| -> Check {
         let mut checks = Vec::new();
-        super::check::freshness(Some(status), now, "link west", &mut checks);
+        super::check::freshness(Some(status), now, &Category::Link("west".to_string()), &mut checks);
         checks.into_iter().find(|c| c.name == "link status").unwrap()
     };
     let heartbeat = cnimesh_control::multicluster::crd::HEARTBEAT_STALE_AFTER;
@@ -614,25 +614,25 @@ async fn check_against_a_cluster_names_refused_credentials_a_file_server_and_a_m
     let mock = cluster_a(&anchor, links, secrets);
     let checks = run(&Source::Cluster(mock.client()), SystemTime::now()).await;
     let table = render_table(&checks);
-    let of = |cat: &str, name: &str| {
+    let of = |link: &str, name: &str| {
         checks
             .iter()
-            .find(|c| c.category == cat && c.name == name)
-            .unwrap_or_else(|| panic!("{cat}/{name}: {table}"))
+            .find(|c| c.category == Category::Link(link.to_string()) && c.name == name)
+            .unwrap_or_else(|| panic!("link {link}/{name}: {table}"))
             .clone()
     };
-    let west = of("link west", "remote API");
+    let west = of("west", "remote API");
     assert!(west.status == Status::Fail && west.message.contains("credentials were refused (401"), "{table}");
-    let files = of("link files", "credentials");
+    let files = of("files", "credentials");
     assert!(
         files.status == Status::Fail && files.message.contains("file:// server is local mode's files backend only"),
         "{table}"
     );
-    let gone = of("link gone", "credentials");
+    let gone = of("gone", "credentials");
     assert!(gone.status == Status::Fail && gone.message.contains("cluster-credentials-gone does not exist"), "{table}");
-    assert_eq!(of("link gone", "remote API").status, Status::Skip);
-    assert_eq!(of("link west", "gateway").status, Status::Ok, "no gateway: remote discovery only");
-    assert_eq!(of("link west", "link status").status, Status::Ok, "{table}");
+    assert_eq!(of("gone", "remote API").status, Status::Skip);
+    assert_eq!(of("west", "gateway").status, Status::Ok, "no gateway: remote discovery only");
+    assert_eq!(of("west", "link status").status, Status::Ok, "{table}");
 }
 
 #[tokio::test]
@@ -714,7 +714,7 @@ async fn check_refuses_credentials_that_run_a_command_or_read_a_file_by_the_fiel
     for (name, field) in fields {
         let check = checks
             .iter()
-            .find(|c| c.category == format!("link {name}") && c.name == "credentials")
+            .find(|c| c.category == Category::Link(name.clone()) && c.name == "credentials")
             .unwrap_or_else(|| panic!("{name}: {}", render_table(&checks)));
         assert!(check.status == Status::Fail && check.message.contains(field), "{name}: {}", check.message);
     }

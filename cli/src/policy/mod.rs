@@ -108,6 +108,9 @@ async fn observe(
     let before = match window {
         Some(window) => {
             let before = sources.read(&pods, SystemTime::now()).await;
+            // Said once the first reading is taken: the traffic to count starts now (what a
+            // person or a script driving the traffic waits for).
+            eprintln!("# first reading taken: counting the traffic of the next {}", humantime::format_duration(window));
             tokio::time::sleep(window).await;
             before
         }

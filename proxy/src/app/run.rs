@@ -88,7 +88,7 @@ pub async fn run(
     if let Some(trace) = &config.trace {
         let own = config.identity.as_ref().map(|id| id.name.to_string());
         let tracer = spans::Tracer::spawn(trace, own).context("setting up tracing")?;
-        metrics.trace.set(tracer.exporter().clone());
+        metrics.trace.set(tracer.exporter().clone(), tracer.budget());
         tracing::info!(collector = %trace.collector, sampling = trace.sampling, "tracing on");
         shared.tracer = Some(tracer);
     }

@@ -104,28 +104,30 @@ pub struct Metrics {
     /// Egress by hostname (`outbound_egress_*`).
     pub egress: Arc<crate::outbound::egress::EgressMetrics>,
     /// `trace_spans_exported_total`, `trace_spans_dropped_total`: read from the trace exporter at
-    /// each scrape (0 while tracing is off).
+    /// each scrape (0 while tracing is off); `trace_span_budget_full`, read from the span budget.
     pub trace: TraceCounts,
     /// A multicluster gateway's refusals and admitted connections.
     pub gateway: Arc<crate::gateway::GatewayMetrics>,
 }
 
-/// The trace exporter's counts as counters. The exporter is made after the registry (it needs the
-/// runtime and the configuration), so it is set here once it runs.
+/// The trace exporter's counts as counters, and whether the span budget has refilled as a gauge
+/// (1: the next requests get the whole burst; refilling is time-based, so it is read at each
+/// scrape, and a test measuring the budget waits on it). The exporter is made after the registry
+/// (it needs the runtime and the configuration), so it is set here once it runs.
 #[derive(Debug, Clone, Default)]
-pub struct TraceCounts(Arc<OnceLock<cnimesh_trace::Exporter>>);
+pub struct TraceCounts(Arc<OnceLock<(cnimesh_trace::Exporter, Arc<crate::inbound::policy::ratelimit::Limiter>)>>);
 
 impl TraceCounts {
-    /// Reads `exporter`'s counts from now on (the first one set wins).
-    pub fn set(&self, exporter: cnimesh_trace::Exporter) {
-        let _ = self.0.set(exporter);
+    /// Reads `exporter`'s counts and `budget`'s state from now on (the first ones set win).
+    pub fn set(&self, exporter: cnimesh_trace::Exporter, budget: Arc<crate::inbound::policy::ratelimit::Limiter>) {
+        let _ = self.0.set((exporter, budget));
     }
 }
 
 impl prometheus_client::collector::Collector for TraceCounts {
     fn encode(&self, mut encoder: prometheus_client::encoding::DescriptorEncoder<'_>) -> std::fmt::Result {
         use prometheus_client::encoding::EncodeMetric;
-        let counts = self.0.get().map(|e| e.counts()).unwrap_or_default();
+        let counts = self.0.get().map(|(e, _)| e.counts()).unwrap_or_default();
         for (name, help, value) in [
             ("trace_spans_exported", "Spans the trace collector accepted", counts.exported),
             (
@@ -137,6 +139,15 @@ impl prometheus_client::collector::Collector for TraceCounts {
             let metric =
                 encoder.encode_descriptor(name, help, None, prometheus_client::metrics::MetricType::Counter)?;
             prometheus_client::metrics::counter::ConstCounter::new(value).encode(metric)?;
+        }
+        if let Some((_, budget)) = self.0.get() {
+            let metric = encoder.encode_descriptor(
+                "trace_span_budget_full",
+                "1 when the span budget has refilled completely, else 0",
+                None,
+                prometheus_client::metrics::MetricType::Gauge,
+            )?;
+            prometheus_client::metrics::gauge::ConstGauge::new(i64::from(budget.full())).encode(metric)?;
         }
         Ok(())
     }

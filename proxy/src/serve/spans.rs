@@ -78,7 +78,7 @@ pub struct Tracer {
     exporter: Arc<Exporter>,
     sampler: Sampler,
     /// The span budget: one bucket for every request of this proxy.
-    budget: Limiter,
+    budget: Arc<Limiter>,
     pod: Option<String>,
     namespace: Option<String>,
     /// This proxy's own identity (the server's inbound, the client's outbound).
@@ -99,7 +99,7 @@ impl Tracer {
         Ok(Arc::new(Tracer {
             exporter: Arc::new(Exporter::spawn(exporter)?),
             sampler: Sampler::new(config.sampling),
-            budget: span_budget(config.span_budget),
+            budget: Arc::new(span_budget(config.span_budget)),
             pod: config.pod_name.clone(),
             namespace: config.pod_namespace.clone(),
             identity,
@@ -109,6 +109,11 @@ impl Tracer {
     /// The exporter (its counts are the `trace_spans_*` metrics).
     pub fn exporter(&self) -> &Exporter {
         &self.exporter
+    }
+
+    /// The span budget (`trace_span_budget_full` reads it at each scrape).
+    pub fn budget(&self) -> Arc<Limiter> {
+        self.budget.clone()
     }
 }
 

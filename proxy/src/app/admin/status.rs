@@ -262,12 +262,32 @@ fn port_policy_json(p: &PortPolicy) -> Value {
             })
         })
         .collect();
-    json!({
+    let mut page = json!({
         "protocol": protocol,
         "server": resource_json(&p.server),
         "authorizations": p.authorizations.iter().map(authz_json).collect::<Vec<_>>(),
         "routes": routes,
-    })
+    });
+    if let (Some(limited), Value::Object(page)) = (&p.rate_limit, &mut page) {
+        let l = &limited.limit;
+        let overrides: Vec<Value> = l
+            .overrides
+            .iter()
+            .map(|(rps, clients)| json!({ "requests_per_second": rps, "clients": clients.iter().map(|c| &**c).collect::<Vec<_>>() }))
+            .collect();
+        // `full`: every bucket has refilled (nothing spent is still owed), read now.
+        page.insert(
+            "rate_limit".to_string(),
+            json!({
+                "policy": resource_json(&l.meta),
+                "total_per_second": l.total,
+                "identity_per_second": l.identity,
+                "overrides": overrides,
+                "full": limited.limiter.full(),
+            }),
+        );
+    }
+    page
 }
 
 /// `/policy.json`: the inbound policy enforced now on every port the proxy watches, with its

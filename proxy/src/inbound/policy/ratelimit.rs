@@ -209,6 +209,26 @@ impl Limiter {
         Ok(())
     }
 
+    /// Whether every bucket has refilled completely: nothing spent is still owed, so the next
+    /// burst gets the whole limit. Refilling is time-based, so this is read, never pushed:
+    /// `/policy.json` shows it, and a test measuring the limit waits on it before its run.
+    pub fn full(&self) -> bool {
+        self.full_at(Instant::now())
+    }
+
+    pub fn full_at(&self, now: Instant) -> bool {
+        let now = now.saturating_duration_since(self.epoch);
+        let s = self.state.lock();
+        let mut buckets = s
+            .total
+            .iter()
+            .map(|(_, b)| b)
+            .chain(s.identities.values())
+            .chain(std::iter::once(&s.unauthenticated))
+            .chain(s.overrides.iter().map(|(_, b)| b));
+        buckets.all(|b| b.tat <= now)
+    }
+
     /// Identities with a bucket of their own (tests, and the bound's check).
     pub fn tracked_identities(&self) -> usize {
         self.state.lock().identities.len()
@@ -309,6 +329,24 @@ mod tests {
         assert_eq!(per_identity.tracked_identities(), 0, "the unauthenticated bucket is not in the bounded map");
         assert_eq!((0..5).filter(|_| per_identity.check_at(Some("a"), epoch).is_ok()).count(), 2);
         assert_eq!(per_identity.tracked_identities(), 1, "one key per identity, made once");
+    }
+
+    #[test]
+    fn the_limiter_is_full_until_a_request_spends_and_again_once_every_bucket_refilled() {
+        let epoch = Instant::now();
+        let l = Limiter::starting_at(&limit(Some(10), Some(5), vec![(20, vec!["vip"])]), epoch);
+        assert!(l.full_at(epoch), "new buckets start full");
+        for id in [Some("a"), None, Some("vip")] {
+            l.check_at(id, epoch).unwrap();
+            assert!(!l.full_at(epoch), "{id:?} spent a token");
+        }
+        // The total (10 rps) owes 300 ms, the identity buckets (5 rps) 200 ms each.
+        assert!(!l.full_at(epoch + Duration::from_millis(250)), "the total is still owed");
+        assert!(l.full_at(epoch + Duration::from_millis(300)));
+        let spent = Limiter::starting_at(&limit(None, Some(5), vec![]), epoch);
+        spent.check_at(Some("a"), epoch).unwrap();
+        assert!(!spent.full_at(epoch + Duration::from_millis(150)), "an identity's own bucket counts");
+        assert!(spent.full_at(epoch + Duration::from_millis(200)));
     }
 
     #[test]
