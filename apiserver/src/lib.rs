@@ -97,7 +97,19 @@ impl ClusterApi {
 
     /// Serves this server over HTTP/1.1 in TLS on an ephemeral port of 127.0.0.1.
     pub async fn try_serve(self: &Arc<Self>) -> Result<Served, ServeError> {
-        tls::serve(self.clone()).await
+        tls::serve(self.clone(), std::net::SocketAddr::from(([127, 0, 0, 1], 0))).await
+    }
+
+    /// Serves this server on `addr` (a pod's address, local mode's bridge), in the network
+    /// namespace of the calling thread. Refused unless `addr` is loopback or a token is required
+    /// ([`ClusterApi::require_token`]): the server authorizes nothing beyond its token.
+    pub async fn try_serve_at(self: &Arc<Self>, addr: std::net::SocketAddr) -> Result<Served, ServeError> {
+        tls::serve(self.clone(), addr).await
+    }
+
+    /// Whether requests must bear a token ([`ClusterApi::require_token`]).
+    pub fn requires_token(&self) -> bool {
+        self.token.lock().is_some()
     }
 
     /// [`ClusterApi::try_serve`], for tests: panics when it cannot serve.

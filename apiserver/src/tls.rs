@@ -1,6 +1,9 @@
-//! Serving over HTTPS on 127.0.0.1 (never another address: the server has no authorization
-//! beyond its token), with a certificate for `127.0.0.1` from a CA of its own, and the kubeconfig
-//! that reaches it (the CA inline, a bearer token), written 0600 when written to a file.
+//! Serving over HTTPS, with a certificate from a CA of its own for the address served, and the
+//! kubeconfig that reaches it (the CA inline, a bearer token), written 0600 when written to a file.
+//! On 127.0.0.1 by default; on another address (a pod's, or local mode's bridge, so that processes
+//! in other network namespaces reach it) only once a token is required, because the server has no
+//! authorization beyond its token: without one, anyone who can reach the address is the cluster's
+//! administrator.
 
 use std::convert::Infallible;
 use std::io;
@@ -18,8 +21,18 @@ use crate::ClusterApi;
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
-    #[error("binding 127.0.0.1:0: {0}")]
-    Bind(#[source] io::Error),
+    #[error("binding {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: io::Error,
+    },
+    #[error(
+        "refusing to serve on {0} without a required token: anyone who reaches it would be the cluster's administrator"
+    )]
+    Unauthenticated(SocketAddr),
+    #[error("cannot serve on the unspecified address {0}: a kubeconfig must name the address its clients dial")]
+    Unspecified(SocketAddr),
     #[error("the server's certificate: {0}")]
     Certificate(String),
 }
@@ -39,7 +52,7 @@ impl Drop for Served {
 }
 
 impl Served {
-    /// `https://127.0.0.1:PORT`.
+    /// `https://ADDR:PORT`.
     pub fn server(&self) -> String {
         format!("https://{}", self.addr)
     }
@@ -66,14 +79,14 @@ impl Served {
     }
 }
 
-/// A TLS acceptor for `127.0.0.1` and the CA (PEM) its certificate chains to.
-fn tls_for_loopback() -> Result<(tokio_rustls::TlsAcceptor, String), ServeError> {
+/// A TLS acceptor for `ip` and the CA (PEM) its certificate chains to.
+fn tls_for(ip: std::net::IpAddr) -> Result<(tokio_rustls::TlsAcceptor, String), ServeError> {
     use cnimesh_identity::ca;
     let bad = |e: &dyn std::fmt::Display| ServeError::Certificate(e.to_string());
     let lifetime = Duration::from_secs(24 * 3600);
     let authority = ca::new_private_ca("cnimesh-apiserver", lifetime).map_err(|e| bad(&e))?;
     let leaf = ca::Signer::new(&authority)
-        .and_then(|s| s.new_server_cert(&["127.0.0.1".to_string()], lifetime))
+        .and_then(|s| s.new_server_cert(&[ip.to_string()], lifetime))
         .map_err(|e| bad(&e))?;
     let chain =
         cnimesh_identity::pem::certs(leaf.cert_pem.as_bytes(), "the server's certificate").map_err(|e| bad(&e))?;
@@ -87,11 +100,20 @@ fn tls_for_loopback() -> Result<(tokio_rustls::TlsAcceptor, String), ServeError>
     Ok((tokio_rustls::TlsAcceptor::from(Arc::new(config)), authority.cert_pem))
 }
 
-/// Serves `api` over HTTP/1.1 in TLS on an ephemeral port of 127.0.0.1.
-pub(crate) async fn serve(api: Arc<ClusterApi>) -> Result<Served, ServeError> {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.map_err(ServeError::Bind)?;
-    let addr = listener.local_addr().map_err(ServeError::Bind)?;
-    let (acceptor, ca_pem) = tls_for_loopback()?;
+/// Serves `api` over HTTP/1.1 in TLS on `addr` (port 0: an ephemeral one), which must be a
+/// loopback address unless `api` requires a token. The listening socket is made in the network
+/// namespace of the calling thread.
+pub(crate) async fn serve(api: Arc<ClusterApi>, addr: SocketAddr) -> Result<Served, ServeError> {
+    if addr.ip().is_unspecified() {
+        return Err(ServeError::Unspecified(addr));
+    }
+    if !addr.ip().is_loopback() && !api.requires_token() {
+        return Err(ServeError::Unauthenticated(addr));
+    }
+    let bind = |source| ServeError::Bind { addr, source };
+    let listener = tokio::net::TcpListener::bind(addr).await.map_err(bind)?;
+    let addr = listener.local_addr().map_err(bind)?;
+    let (acceptor, ca_pem) = tls_for(addr.ip())?;
     let task = tokio::spawn(async move {
         // Held here so that aborting the accept loop ends its connections too.
         let mut connections = tokio::task::JoinSet::new();

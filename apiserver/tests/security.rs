@@ -1,4 +1,4 @@
-//! The server's edges: it listens on 127.0.0.1 only, with a token configured every request
+//! The server's edges: it listens on loopback unless a token is required, with a token configured every request
 //! without it (or with a token this server issued for another audience) is a 401 whatever it
 //! asks for, TokenReview authenticates only tokens it issued, for their audiences, and the
 //! kubeconfig file it writes (which holds the token) is readable by its owner only.
@@ -59,6 +59,26 @@ async fn the_server_listens_on_loopback_only() {
     let served = ClusterApi::new().serve().await;
     assert_eq!(served.addr.ip(), std::net::Ipv4Addr::LOCALHOST);
     assert!(served.server().starts_with("https://127.0.0.1:"));
+}
+
+#[tokio::test]
+async fn serving_on_an_address_other_processes_reach_is_refused_until_a_token_is_required() {
+    let api = ClusterApi::new();
+    let pod_address: std::net::SocketAddr = "10.250.0.1:0".parse().unwrap();
+    let refused = api.try_serve_at(pod_address).await.err().expect("refused without a token");
+    assert!(matches!(refused, cnimesh_apiserver::ServeError::Unauthenticated(a) if a == pod_address), "{refused}");
+    let unspecified = api.try_serve_at("0.0.0.0:0".parse().unwrap()).await.err().expect("refused");
+    assert!(matches!(unspecified, cnimesh_apiserver::ServeError::Unspecified(_)), "{unspecified}");
+}
+
+#[tokio::test]
+async fn served_at_another_address_its_certificate_names_that_address_and_the_token_is_asked() {
+    let api = ClusterApi::new();
+    api.require_token(TOKEN);
+    let served = api.try_serve_at("127.0.0.2:0".parse().unwrap()).await.unwrap();
+    assert!(served.server().starts_with("https://127.0.0.2:"), "{}", served.server());
+    assert_eq!(code(&client(&served, Some(TOKEN)), "GET", "/api/v1/pods", json!({})).await, 200);
+    assert_eq!(code(&client(&served, None), "GET", "/api/v1/pods", json!({})).await, 401);
 }
 
 #[tokio::test]
