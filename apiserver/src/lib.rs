@@ -107,6 +107,12 @@ impl ClusterApi {
         tls::serve(self.clone(), addr).await
     }
 
+    /// Serves this server on a socket bound by the caller (in a pod's network namespace, by a
+    /// thread that entered it), under the rule of [`ClusterApi::try_serve_at`].
+    pub async fn try_serve_listener(self: &Arc<Self>, listener: std::net::TcpListener) -> Result<Served, ServeError> {
+        tls::serve_listener(self.clone(), listener).await
+    }
+
     /// Whether requests must bear a token ([`ClusterApi::require_token`]).
     pub fn requires_token(&self) -> bool {
         self.token.lock().is_some()

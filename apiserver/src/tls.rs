@@ -104,15 +104,37 @@ fn tls_for(ip: std::net::IpAddr) -> Result<(tokio_rustls::TlsAcceptor, String), 
 /// loopback address unless `api` requires a token. The listening socket is made in the network
 /// namespace of the calling thread.
 pub(crate) async fn serve(api: Arc<ClusterApi>, addr: SocketAddr) -> Result<Served, ServeError> {
+    check_address(&api, addr)?;
+    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|source| ServeError::Bind { addr, source })?;
+    serve_on(api, listener).await
+}
+
+/// Serves `api` on a socket bound elsewhere (in another network namespace, by a thread that
+/// entered it), under the same rule as [`serve`].
+pub(crate) async fn serve_listener(
+    api: Arc<ClusterApi>,
+    listener: std::net::TcpListener,
+) -> Result<Served, ServeError> {
+    let addr = listener.local_addr().map_err(|source| ServeError::Bind { addr: ([0, 0, 0, 0], 0).into(), source })?;
+    check_address(&api, addr)?;
+    let bind = |source| ServeError::Bind { addr, source };
+    listener.set_nonblocking(true).map_err(bind)?;
+    serve_on(api, tokio::net::TcpListener::from_std(listener).map_err(bind)?).await
+}
+
+/// A kubeconfig must name a dialable address, and an address other processes reach needs a token.
+fn check_address(api: &ClusterApi, addr: SocketAddr) -> Result<(), ServeError> {
     if addr.ip().is_unspecified() {
         return Err(ServeError::Unspecified(addr));
     }
     if !addr.ip().is_loopback() && !api.requires_token() {
         return Err(ServeError::Unauthenticated(addr));
     }
-    let bind = |source| ServeError::Bind { addr, source };
-    let listener = tokio::net::TcpListener::bind(addr).await.map_err(bind)?;
-    let addr = listener.local_addr().map_err(bind)?;
+    Ok(())
+}
+
+async fn serve_on(api: Arc<ClusterApi>, listener: tokio::net::TcpListener) -> Result<Served, ServeError> {
+    let addr = listener.local_addr().map_err(|source| ServeError::Bind { addr: ([0, 0, 0, 0], 0).into(), source })?;
     let (acceptor, ca_pem) = tls_for(addr.ip())?;
     let task = tokio::spawn(async move {
         // Held here so that aborting the accept loop ends its connections too.

@@ -8,6 +8,7 @@
 pub mod agent;
 pub mod apps;
 pub mod bench;
+pub mod cluster;
 pub mod cni;
 pub mod control;
 pub mod cost;
