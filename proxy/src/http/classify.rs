@@ -33,7 +33,7 @@ impl Classification {
 /// trailers (pass the status again then; a head already classified a failure stays one, see
 /// [`Classified`]).
 pub fn classify(status: StatusCode, headers: &HeaderMap) -> Classification {
-    let grpc_failed = headers.get("grpc-status").is_some_and(|v| v != "0");
+    let grpc_failed = headers.get(&crate::http::headers::GRPC_STATUS).is_some_and(|v| v != "0");
     if status.is_server_error() || grpc_failed { Classification::Failure } else { Classification::Success }
 }
 

@@ -80,6 +80,11 @@ pub fn strip_h2c_upgrade(headers: &mut HeaderMap) -> bool {
 /// workload in another cluster that called). Set by the gateway on every HTTP request, replacing
 /// what the client sent; believed by an inbound proxy only when its peer is its own cluster's
 /// gateway, and stripped otherwise.
+/// gRPC's status and message, read from every response head and trailers: parsed once, here,
+/// not per request from text.
+pub const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
+pub const GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
+
 pub const GATEWAY_CLIENT_ID: &str = "cnimesh-gateway-client-id";
 
 /// Headers through which a client could claim an identity (Linkerd's: apps ported from Linkerd

@@ -144,7 +144,14 @@ impl HttpProxy {
 
     /// What a request's span reports of the connection.
     fn conn_info(&self) -> ConnInfo<'_> {
-        ConnInfo { direction: self.direction, peer: self.peer, tls: &self.tls, service: service_of(&self.target) }
+        let gateway = matches!(&self.side, Side::Outbound(o) if o.gateway_client.is_some());
+        ConnInfo {
+            direction: self.direction,
+            peer: self.peer,
+            tls: &self.tls,
+            service: service_of(&self.target),
+            gateway,
+        }
     }
 
     /// What a tap event reports of the connection.

@@ -19,6 +19,8 @@
 //!   (a token bucket, the rate limiter's GCRA), so no client, meshed or not, can make the proxy
 //!   export more than that; a request over it is not traced (its headers go on untouched).
 //! - Inbound: one SERVER span per request; the app receives `traceparent` naming that span.
+//!   A multicluster gateway: one SERVER span per forwarded request (`cnimesh.direction` =
+//!   `gateway`), child of the calling cluster's CLIENT span and parent of the target's SERVER span.
 //!   Outbound: one CLIENT span per request; when a route retries, each try (the first one too)
 //!   is a CLIENT child of it, the request span gets a `retry` event per retry, and the next hop's
 //!   parent is the try's span. Route and per-try timeouts add a `timeout` event.
@@ -136,6 +138,10 @@ pub struct ConnInfo<'a> {
     pub tls: &'a TlsLabel,
     /// Outbound: the Service the connection's target balances over.
     pub service: Option<&'a str>,
+    /// A gateway's connection (outbound to this cluster's Service, `tls` the calling proxy's):
+    /// its span is the hop's SERVER span, so a cross-cluster trace runs client → gateway →
+    /// target without a gap.
+    pub gateway: bool,
 }
 
 /// The span of a request with `req`'s headers, or `None` when it is not sampled (an untrusted
@@ -162,6 +168,7 @@ pub fn start<B>(
     let authority = authority(req);
     let kind = match conn.direction {
         Direction::inbound => SpanKind::Server,
+        Direction::outbound if conn.gateway => SpanKind::Server,
         Direction::outbound => SpanKind::Client,
     };
     let method = req.method().as_str().to_string();
@@ -184,9 +191,29 @@ pub fn start<B>(
     if let Some(port) = port {
         span.set("server.port", i64::from(port));
     }
-    span.set("cnimesh.direction", if conn.direction == Direction::inbound { "inbound" } else { "outbound" });
+    let direction = match conn.direction {
+        Direction::inbound => "inbound",
+        Direction::outbound if conn.gateway => "gateway",
+        Direction::outbound => "outbound",
+    };
+    span.set("cnimesh.direction", direction);
     span.set("cnimesh.tls", conn.tls.tls);
     match conn.direction {
+        // The gateway's client is another cluster's proxy (its verified identity in `tls`), its
+        // server the gateway itself; the Service it forwards to is the target.
+        Direction::outbound if conn.gateway => {
+            span.set("network.peer.address", conn.peer.ip().to_string());
+            span.set("network.peer.port", i64::from(conn.peer.port()));
+            if let Some(id) = &conn.tls.client_id {
+                span.set("cnimesh.client.identity", id.clone());
+            }
+            if let Some(id) = &tracer.identity {
+                span.set("cnimesh.server.identity", id.clone());
+            }
+            if let Some(service) = conn.service {
+                span.set("cnimesh.target.service", service.to_string());
+            }
+        }
         Direction::inbound => {
             span.set("network.peer.address", conn.peer.ip().to_string());
             span.set("network.peer.port", i64::from(conn.peer.port()));
@@ -243,5 +270,55 @@ mod tests {
         assert_eq!(split_authority("[fd00::1]:80"), ("fd00::1", Some(80)));
         assert_eq!(split_authority("fd00::1"), ("fd00::1", None));
         assert_eq!(split_authority(""), ("", None));
+    }
+
+    /// A tracer whose collector is down (spans are dropped): only what `start` decides is read.
+    fn tracer(identity: &str) -> Arc<Tracer> {
+        let config = TraceConfig {
+            collector: "http://127.0.0.1:9".parse().unwrap(),
+            sampling: 0.0,
+            ca_file: None,
+            span_budget: 100,
+            pod_name: None,
+            pod_namespace: None,
+        };
+        Tracer::spawn(&config, Some(identity.to_string())).unwrap()
+    }
+
+    fn attribute<'s>(span: &'s Span, key: &str) -> Option<&'s cnimesh_trace::Value> {
+        span.attributes.iter().find(|(k, _)| k == key).map(|(_, v)| v)
+    }
+
+    #[tokio::test]
+    async fn a_gateways_span_is_the_hops_server_span_child_of_the_calling_clusters_and_naming_its_identity() {
+        const GATEWAY: &str = "cnimesh-gateway.cnimesh-multicluster.serviceaccount.identity.cnimesh.west.local";
+        const CALLER: &str = "web.shop.serviceaccount.identity.cnimesh.east.local";
+        let tracer = tracer(GATEWAY);
+        let mut req = Request::get("/")
+            .header("traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
+            .body(())
+            .unwrap();
+        let tls = TlsLabel { tls: true, client_id: Some(CALLER.into()), server_id: None };
+        let conn = ConnInfo {
+            direction: Direction::outbound,
+            peer: "10.2.0.9:40000".parse().unwrap(),
+            tls: &tls,
+            service: Some("api.shop.svc.west.local"),
+            gateway: true,
+        };
+        let traced = start(&tracer, &mut req, |_| "api.shop.svc.west.local:80", &conn).expect("the caller sampled it");
+        let span = &traced.span;
+        assert_eq!(span.kind, SpanKind::Server);
+        assert_eq!(span.trace_id.to_string(), "0af7651916cd43dd8448eb211c80319c");
+        assert_eq!(span.parent.map(|p| p.to_string()).as_deref(), Some("b7ad6b7169203331"));
+        let text = |key| match attribute(span, key) {
+            Some(cnimesh_trace::Value::Str(s)) => s.to_string(),
+            other => panic!("{key}: {other:?}"),
+        };
+        assert_eq!(text("cnimesh.direction"), "gateway");
+        assert_eq!(text("cnimesh.client.identity"), CALLER);
+        assert_eq!(text("cnimesh.server.identity"), GATEWAY);
+        assert_eq!(text("cnimesh.target.service"), "api.shop.svc.west.local");
+        assert_eq!(text("network.peer.address"), "10.2.0.9");
     }
 }

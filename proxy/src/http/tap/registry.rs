@@ -268,7 +268,7 @@ impl Drop for Tapped {
 }
 
 fn grpc_status(headers: &http::HeaderMap) -> Option<u32> {
-    headers.get("grpc-status")?.to_str().ok()?.parse().ok()
+    headers.get(&crate::http::headers::GRPC_STATUS)?.to_str().ok()?.parse().ok()
 }
 
 /// HTTP/2 reset codes an ended response reports when it did not end cleanly.

@@ -293,9 +293,9 @@ fn refused<B>(req: &Request<B>, refusal: Refusal, why: &str) -> Response<Body> {
     let mut r = Response::new(full(bytes::Bytes::new()));
     let h = r.headers_mut();
     h.insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
-    h.insert("grpc-status", HeaderValue::from_static(grpc_status));
+    h.insert(crate::http::headers::GRPC_STATUS, HeaderValue::from_static(grpc_status));
     if let Ok(v) = HeaderValue::from_str(why) {
-        h.insert("grpc-message", v.clone());
+        h.insert(crate::http::headers::GRPC_MESSAGE, v.clone());
         h.insert(ERROR_HEADER, v);
     }
     r

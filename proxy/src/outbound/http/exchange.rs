@@ -139,7 +139,7 @@ async fn with_retries(
         if let (Some(traced), Some(mut span)) = (traced.as_deref_mut(), try_span) {
             let why = match &result {
                 Ok((response, _)) => {
-                    let grpc = response.headers().get("grpc-status").and_then(|v| v.to_str().ok());
+                    let grpc = response.headers().get(&crate::http::headers::GRPC_STATUS).and_then(|v| v.to_str().ok());
                     trace::end(&mut span, Some(response.status()), grpc, again, None);
                     response.status().as_u16().to_string()
                 }

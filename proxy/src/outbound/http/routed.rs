@@ -220,9 +220,9 @@ fn answer(a: Answer) -> Response<Body> {
             let mut r = Response::new(full(bytes::Bytes::new()));
             let h = r.headers_mut();
             h.insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/grpc"));
-            h.insert("grpc-status", http::HeaderValue::from(code));
+            h.insert(crate::http::headers::GRPC_STATUS, http::HeaderValue::from(code));
             if let Ok(v) = http::HeaderValue::from_str(&message) {
-                h.insert("grpc-message", v);
+                h.insert(crate::http::headers::GRPC_MESSAGE, v);
             }
             r
         }

@@ -122,7 +122,7 @@ mod tests {
         let retry = routes[0].rules[0].retry.as_ref().unwrap();
         let trailers_only = |code: &'static str| {
             let mut h = http::HeaderMap::new();
-            h.insert("grpc-status", http::HeaderValue::from_static(code));
+            h.insert(crate::http::headers::GRPC_STATUS, http::HeaderValue::from_static(code));
             h
         };
         assert!(retry.retries(http::StatusCode::OK, &trailers_only("14")), "UNAVAILABLE");

@@ -101,7 +101,7 @@ impl Retry {
     /// Whether a response with these status and headers is retried.
     pub fn retries(&self, status: http::StatusCode, headers: &http::HeaderMap) -> bool {
         let code = status.as_u16();
-        let grpc = headers.get("grpc-status").and_then(|v| v.to_str().ok()?.parse::<u16>().ok());
+        let grpc = headers.get(&crate::http::headers::GRPC_STATUS).and_then(|v| v.to_str().ok()?.parse::<u16>().ok());
         self.statuses.iter().any(|(start, end)| (*start..=*end).contains(&code))
             || grpc.is_some_and(|g| self.grpc_codes.contains(&g))
     }

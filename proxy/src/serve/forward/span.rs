@@ -53,7 +53,7 @@ impl RequestSpan {
     /// Ends the span with an answer the proxy made itself (a refusal, a route's injected fault).
     pub(super) fn answered(self, answer: &Response<Body>) {
         if let Some(traced) = self.0 {
-            let grpc = answer.headers().get("grpc-status").and_then(|v| v.to_str().ok());
+            let grpc = answer.headers().get(&crate::http::headers::GRPC_STATUS).and_then(|v| v.to_str().ok());
             let failed = classify(answer.status(), answer.headers()) == Classification::Failure;
             traced.finish(Some(answer.status()), grpc, failed, None);
         }
@@ -70,7 +70,7 @@ impl RequestSpan {
     /// answer's status is in its head).
     pub(super) fn at_end(self, headers: &HeaderMap) -> Option<SpanEnd> {
         let traced = self.0?;
-        let grpc = headers.get("grpc-status").and_then(|v| v.to_str().ok()).map(str::to_string);
+        let grpc = headers.get(&crate::http::headers::GRPC_STATUS).and_then(|v| v.to_str().ok()).map(str::to_string);
         Some(SpanEnd { traced, grpc })
     }
 }
