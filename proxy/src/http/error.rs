@@ -127,7 +127,7 @@ pub fn error_response(e: &ProxyError) -> Response<Body> {
     *r.status_mut() = e.status();
     r.headers_mut().insert(http::header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
     if let Ok(v) = HeaderValue::from_str(&message) {
-        r.headers_mut().insert("cnimesh-proxy-error", v);
+        r.headers_mut().insert(crate::http::headers::PROXY_ERROR, v);
     }
     r
 }

@@ -76,21 +76,25 @@ pub fn strip_h2c_upgrade(headers: &mut HeaderMap) -> bool {
     h2c
 }
 
-/// The identity a multicluster gateway verified for the client of a request it forwards (the
-/// workload in another cluster that called). Set by the gateway on every HTTP request, replacing
-/// what the client sent; believed by an inbound proxy only when its peer is its own cluster's
-/// gateway, and stripped otherwise.
 /// gRPC's status and message, read from every response head and trailers: parsed once, here,
 /// not per request from text.
 pub const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
 pub const GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
 
-pub const GATEWAY_CLIENT_ID: &str = "cnimesh-gateway-client-id";
+/// The identity a multicluster gateway verified for the client of a request it forwards (the
+/// workload in another cluster that called). Set by the gateway on every HTTP request, replacing
+/// what the client sent; believed by an inbound proxy only when its peer is its own cluster's
+/// gateway, and stripped otherwise.
+pub const GATEWAY_CLIENT_ID: HeaderName = HeaderName::from_static("cnimesh-gateway-client-id");
 
 /// Headers through which a client could claim an identity (Linkerd's: apps ported from Linkerd
 /// read `l5d-client-id` as the caller's verified identity; the gateway's forwarded identity).
 /// Only the inbound proxy sets them for the app; every one a client sent goes.
-pub const IDENTITY_HEADERS: [&str; 3] = ["l5d-client-id", "l5d-server-id", GATEWAY_CLIENT_ID];
+pub const IDENTITY_HEADERS: [HeaderName; 3] =
+    [HeaderName::from_static("l5d-client-id"), HeaderName::from_static("l5d-server-id"), GATEWAY_CLIENT_ID];
+
+/// The proxy's own reason on an answer it made itself (a refusal, an upstream error).
+pub const PROXY_ERROR: HeaderName = HeaderName::from_static("cnimesh-proxy-error");
 
 /// The authority a request is for, as the client named it: its URI's, else its `Host`.
 pub fn authority_of<B>(req: &Request<B>) -> &str {

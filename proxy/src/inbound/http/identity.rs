@@ -56,7 +56,7 @@ impl FromGateway {
     /// that names no identity of another trust domain is refused too: the gateway never sends
     /// one.
     pub(super) fn client(&self, headers: &HeaderMap, policy: Option<&ConnPolicy>) -> Result<Forwarded, Refused> {
-        let mut values = headers.get_all(GATEWAY_CLIENT_ID).iter();
+        let mut values = headers.get_all(&GATEWAY_CLIENT_ID).iter();
         let Some(value) = values.next() else { return Err(Refused::Missing) };
         if values.next().is_some() {
             return Err(Refused::Repeated);

@@ -70,11 +70,11 @@ impl InboundHttp {
             None => None,
         };
         let headers = req.headers_mut();
-        for name in IDENTITY_HEADERS {
+        for name in &IDENTITY_HEADERS {
             headers.remove(name);
         }
         if let Some(id) = forwarded.as_ref().map(|(id, _)| id).or(self.client_id.as_ref()) {
-            headers.insert(IDENTITY_HEADERS[0], id.clone());
+            headers.insert(IDENTITY_HEADERS[0].clone(), id.clone());
         }
         let forwarded = forwarded.and_then(|(_, policy)| policy);
         let Some(policy) = forwarded.as_ref().or(self.policy.as_ref()) else {

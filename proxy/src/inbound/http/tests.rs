@@ -137,31 +137,31 @@ fn each_inbound_request_is_forwarded_or_answered_as_the_table_says() {
         (
             "the gateway's request naming two workloads is refused",
             conn(Some(&gateway()), None),
-            get("/a", &[(GATEWAY_CLIENT_ID, remote.as_str()), (GATEWAY_CLIENT_ID, remote.as_str())]),
+            get("/a", &[(GATEWAY_CLIENT_ID.as_str(), remote.as_str()), (GATEWAY_CLIENT_ID.as_str(), remote.as_str())]),
             Outcome::Answer(Malformed, StatusCode::BAD_REQUEST),
         ),
         (
             "the gateway's request naming a workload of our own trust domain is refused",
             conn(Some(&gateway()), None),
-            get("/a", &[(GATEWAY_CLIENT_ID, client.as_str())]),
+            get("/a", &[(GATEWAY_CLIENT_ID.as_str(), client.as_str())]),
             Outcome::Answer(Malformed, StatusCode::BAD_REQUEST),
         ),
         (
             "the gateway's request naming no identity is refused",
             conn(Some(&gateway()), None),
-            get("/a", &[(GATEWAY_CLIENT_ID, "Not A Name")]),
+            get("/a", &[(GATEWAY_CLIENT_ID.as_str(), "Not A Name")]),
             Outcome::Answer(Malformed, StatusCode::BAD_REQUEST),
         ),
         (
             "the gateway's request goes to the app as the remote workload's",
             conn(Some(&gateway()), None),
-            get("/a", &[(GATEWAY_CLIENT_ID, remote.as_str())]),
+            get("/a", &[(GATEWAY_CLIENT_ID.as_str(), remote.as_str())]),
             forward("/a", Some(&remote), false),
         ),
         (
             "under policy, the gateway's request is authorized as the remote workload",
             conn(Some(&gateway()), Some(AllAuthenticated)),
-            get("/a", &[(GATEWAY_CLIENT_ID, remote.as_str())]),
+            get("/a", &[(GATEWAY_CLIENT_ID.as_str(), remote.as_str())]),
             forward("/a", Some(&remote), true),
         ),
         (
@@ -174,7 +174,7 @@ fn each_inbound_request_is_forwarded_or_answered_as_the_table_says() {
                 )),
                 None,
             ),
-            get("/a", &[(GATEWAY_CLIENT_ID, remote.as_str())]),
+            get("/a", &[(GATEWAY_CLIENT_ID.as_str(), remote.as_str())]),
             forward(
                 "/a",
                 Some(&name(

@@ -31,11 +31,9 @@ use super::metrics::{AuthzLabels, AuthzMetrics};
 use super::model::{AUDIT_KIND, PortPolicy, PortProtocol, Resource, is_probe_route};
 use crate::http::Body;
 use crate::http::error::{ProxyError, error_response, full};
+use crate::http::headers::PROXY_ERROR;
 use crate::transport::labels::TlsLabel;
 use cnimesh_common::log_limit::LogLimit;
-
-/// The header naming why the proxy answered itself (shared with the proxy's other errors).
-const ERROR_HEADER: &str = "cnimesh-proxy-error";
 
 /// At most one would-be-denial log line per period, per proxy.
 pub const AUDIT_LOG_PERIOD: std::time::Duration = std::time::Duration::from_secs(10);
@@ -296,7 +294,7 @@ fn refused<B>(req: &Request<B>, refusal: Refusal, why: &str) -> Response<Body> {
     h.insert(crate::http::headers::GRPC_STATUS, HeaderValue::from_static(grpc_status));
     if let Ok(v) = HeaderValue::from_str(why) {
         h.insert(crate::http::headers::GRPC_MESSAGE, v.clone());
-        h.insert(ERROR_HEADER, v);
+        h.insert(PROXY_ERROR, v);
     }
     r
 }
@@ -328,7 +326,7 @@ mod tests {
         let plain = Request::get("/x").body(()).unwrap();
         let r = conn.deny_request(&plain, false).unwrap();
         assert_eq!(r.status(), StatusCode::FORBIDDEN);
-        assert_eq!(r.headers()[ERROR_HEADER], "unauthorized request on route default");
+        assert_eq!(r.headers()[PROXY_ERROR], "unauthorized request on route default");
         let grpc = Request::post("/pkg.Svc/M").header("content-type", "application/grpc").body(()).unwrap();
         let r = conn.deny_request(&grpc, false).unwrap();
         assert_eq!((r.status(), &r.headers()["grpc-status"]), (StatusCode::OK, &HeaderValue::from_static("7")));
@@ -356,7 +354,7 @@ mod tests {
         assert_eq!(r.status(), StatusCode::FORBIDDEN, "a route matched, no authorization did");
         let r = conn.deny_request(&Request::get("/other").body(()).unwrap(), false).unwrap();
         assert_eq!(r.status(), StatusCode::NOT_FOUND);
-        assert_eq!(r.headers()[ERROR_HEADER], "no route matches the request");
+        assert_eq!(r.headers()[PROXY_ERROR], "no route matches the request");
         let grpc = Request::post("/pkg.Svc/M").header("content-type", "application/grpc").body(()).unwrap();
         let r = conn.deny_request(&grpc, false).unwrap();
         assert_eq!((r.status(), &r.headers()["grpc-status"]), (StatusCode::OK, &HeaderValue::from_static("5")));
@@ -402,7 +400,7 @@ mod tests {
         let upgrade = Request::get("/ready").header("upgrade", "websocket").body(()).unwrap();
         let r = conn.deny_request(&upgrade, true).unwrap();
         assert_eq!(r.status(), StatusCode::FORBIDDEN);
-        assert!(r.headers()[ERROR_HEADER].to_str().unwrap().contains("unauthorized tunnel on route probe"));
+        assert!(r.headers()[PROXY_ERROR].to_str().unwrap().contains("unauthorized tunnel on route probe"));
         let connect = Request::connect("db:5432").body(()).unwrap();
         assert_eq!(conn.deny_request(&connect, true).unwrap().status(), StatusCode::FORBIDDEN);
         let text = metrics.encode();
@@ -436,7 +434,7 @@ mod tests {
         assert!(conn.deny_request(&get(), false).is_none());
         let r = conn.deny_request(&get(), false).expect("the third in the same second is over 2 rps");
         assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
-        assert_eq!(r.headers()[ERROR_HEADER], "rate limited");
+        assert_eq!(r.headers()[PROXY_ERROR], "rate limited");
         let grpc = Request::post("/pkg.Svc/M").header("content-type", "application/grpc").body(()).unwrap();
         let r = conn.deny_request(&grpc, false).unwrap();
         assert_eq!((r.status(), &r.headers()["grpc-status"]), (StatusCode::OK, &HeaderValue::from_static("8")));
