@@ -1,5 +1,5 @@
 //! `daemonset/multicluster/`: the Link CRD is exactly what
-//! `cnimesh_control::multicluster::crd` derives (so the schema the API server enforces is the one
+//! `cnimesh_mirror::crd` derives (so the schema the API server enforces is the one
 //! the mirror controller parses with), and every document `cnimesh multicluster install` prints
 //! passes the strict k8s-openapi round trip every other manifest passes.
 //! `UPDATE_GOLDEN=1 cargo nextest run -p cnimesh-cli --test multicluster_manifests` rewrites the CRD
@@ -16,12 +16,12 @@ use serde_json::Value;
 mod manifest_check;
 
 const FILE: &str = "multicluster/link-crd.yaml";
-const HEADER: &str = "# The Link custom resource (group multicluster.cnimesh.io, version v1alpha1), generated from\n# control/src/multicluster/crd.rs: do not edit by hand. `UPDATE_GOLDEN=1 cargo nextest run -p\n# cnimesh-cli --test multicluster_manifests` rewrites this file.\n";
+const HEADER: &str = "# The Link custom resource (group multicluster.cnimesh.io, version v1alpha1), generated from\n# mirror/src/crd.rs: do not edit by hand. `UPDATE_GOLDEN=1 cargo nextest run -p\n# cnimesh-cli --test multicluster_manifests` rewrites this file.\n";
 
 #[test]
 fn the_checked_in_link_crd_equals_the_derived_one() {
     let path = manifest_check::daemonset_dir().join(FILE);
-    let derived = serde_json::to_value(cnimesh_control::multicluster::crd::Link::crd()).unwrap();
+    let derived = serde_json::to_value(cnimesh_mirror::crd::Link::crd()).unwrap();
     if std::env::var_os("UPDATE_GOLDEN").is_some() {
         let text = format!("{HEADER}{}", cnimesh_cli::yaml::render(std::slice::from_ref(&derived)));
         std::fs::write(&path, text).unwrap();

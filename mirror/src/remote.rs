@@ -1,30 +1,25 @@
-//! A linked cluster, as the mirror reads it: a snapshot of its Services, EndpointSlices and Pods
-//! after every change, or word that it stopped answering. Two implementations behind
-//! [`RemoteCluster`]: the Kubernetes API (kube-rs watchers, with a client built from the Link's
-//! kubeconfig by [`super::kubeconfig`]) and a directory of YAML (`file://DIR`, local mode; read
-//! with the files source's reader). The same two also read this cluster itself, with its Links
-//! and their Secrets ([`ClusterState`]).
+//! A linked cluster, as the mirror reads it through its API server (kube-rs watchers, with a
+//! client built from the Link's kubeconfig by [`super::kubeconfig`]): a snapshot of its Services,
+//! EndpointSlices and Pods after every change, or word that it stopped answering. The same
+//! reader follows this cluster itself, with its Links and their Secrets ([`ClusterState`]).
 //!
-//! Layer: runtime (kube, files).
+//! Layer: runtime (kube).
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use futures::future::BoxFuture;
-use futures::{FutureExt, StreamExt};
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Pod, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Api;
 use kube::runtime::watcher::{self, Event};
-use notify::{RecursiveMode, Watcher};
 use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::crd::{self, Link};
+use super::crd::Link;
 use super::plan::Snapshot;
-use crate::meta::NsName;
+use cnimesh_control::meta::NsName;
 
 /// What one read of a cluster found. Links and Secrets only when reading this cluster.
 #[derive(Debug, Clone, Default)]
@@ -53,137 +48,6 @@ pub enum RemoteEvent {
     Synced(Box<ClusterState>),
     /// The cluster stopped answering, with why.
     Lost(String),
-}
-
-/// A cluster the mirror follows.
-pub trait RemoteCluster: Send {
-    /// The next change; a repeat of the same state is not a change.
-    fn next(&mut self) -> BoxFuture<'_, RemoteEvent>;
-}
-
-/// Quiet time after a file event before reading, so a burst of writes is one read.
-const FILES_DEBOUNCE: Duration = Duration::from_millis(50);
-
-/// A cluster directory, read whole after each change and at least every `period` (which is how a
-/// directory that vanished, or came back, is noticed).
-pub struct FilesCluster {
-    dir: PathBuf,
-    period: Duration,
-    /// Read Links and Secrets too (this cluster's own directory).
-    with_links: bool,
-    events: mpsc::UnboundedReceiver<()>,
-    sender: mpsc::UnboundedSender<()>,
-    watcher: Option<notify::RecommendedWatcher>,
-    last: Option<ClusterState>,
-    lost: bool,
-}
-
-impl FilesCluster {
-    pub fn new(dir: impl Into<PathBuf>, period: Duration) -> Self {
-        let (sender, events) = mpsc::unbounded_channel();
-        Self { dir: dir.into(), period, with_links: false, events, sender, watcher: None, last: None, lost: false }
-    }
-
-    /// Also reads the Links and Secrets (this cluster's directory).
-    pub fn with_links(mut self) -> Self {
-        self.with_links = true;
-        self
-    }
-
-    fn watch(&mut self) {
-        if self.watcher.is_some() {
-            return;
-        }
-        let sender = self.sender.clone();
-        let dir = self.dir.clone();
-        let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-            let relevant = match &event {
-                Ok(e) => {
-                    !matches!(e.kind, notify::EventKind::Access(_)) && e.paths.iter().any(|p| !hidden_under(&dir, p))
-                }
-                Err(_) => true,
-            };
-            if relevant {
-                let _ = sender.send(());
-            }
-        });
-        match watcher.and_then(|mut w| w.watch(&self.dir, RecursiveMode::Recursive).map(|()| w)) {
-            Ok(w) => self.watcher = Some(w),
-            Err(error) => tracing::debug!(dir = %self.dir.display(), %error, "cannot watch; reading every period"),
-        }
-    }
-
-    fn read(&self) -> Result<ClusterState, crate::sources::ReadError> {
-        let extra: &[(&str, &str)] =
-            if self.with_links { &[(crd::API_VERSION, crd::KIND), ("v1", "Secret")] } else { &[] };
-        let objects = crate::sources::cluster_objects_in(&self.dir, extra)?;
-        let mut state = ClusterState {
-            snapshot: Snapshot { services: objects.services, slices: objects.slices, pods: objects.pods },
-            ..Default::default()
-        };
-        for doc in objects.other {
-            let kind = doc.get("kind").and_then(|k| k.as_str()).unwrap_or_default().to_string();
-            let name = doc.pointer("/metadata/name").and_then(|k| k.as_str()).unwrap_or_default().to_string();
-            let invalid = |e: serde_json::Error| crate::sources::ReadError::Parse {
-                file: self.dir.clone(),
-                error: format!("{kind} {name:?}: {e}"),
-            };
-            if kind == crd::KIND {
-                state.links.push(serde_json::from_value(doc).map_err(invalid)?);
-            } else {
-                state.secrets.push(serde_json::from_value(doc).map_err(invalid)?);
-            }
-        }
-        Ok(state)
-    }
-
-    async fn next_event(&mut self) -> RemoteEvent {
-        let mut first = self.last.is_none() && !self.lost;
-        loop {
-            if !first {
-                tokio::select! {
-                    _ = self.events.recv() => {
-                        tokio::time::sleep(FILES_DEBOUNCE).await;
-                        while self.events.try_recv().is_ok() {}
-                    }
-                    _ = tokio::time::sleep(self.period) => {}
-                }
-            }
-            first = false;
-            self.watch();
-            match self.read() {
-                Ok(state) => {
-                    if self.lost || self.last.as_ref() != Some(&state) {
-                        self.lost = false;
-                        self.last = Some(state.clone());
-                        return RemoteEvent::Synced(Box::new(state));
-                    }
-                }
-                Err(crate::sources::ReadError::Parse { file, error }) => {
-                    tracing::warn!(file = %file.display(), %error, "cannot parse; keeping the last good view of the cluster");
-                }
-                Err(error) => {
-                    // The directory's watch died with it; a new one is set up once it is back.
-                    self.watcher = None;
-                    if !self.lost {
-                        self.lost = true;
-                        return RemoteEvent::Lost(error.to_string());
-                    }
-                }
-            }
-        }
-    }
-}
-
-impl RemoteCluster for FilesCluster {
-    fn next(&mut self) -> BoxFuture<'_, RemoteEvent> {
-        self.next_event().boxed()
-    }
-}
-
-fn hidden_under(root: &Path, path: &Path) -> bool {
-    let Ok(relative) = path.strip_prefix(root) else { return false };
-    relative.components().any(|c| c.as_os_str().to_string_lossy().starts_with('.'))
 }
 
 /// One watch's news.
@@ -337,7 +201,8 @@ impl KubeCluster {
         state
     }
 
-    async fn next_event(&mut self) -> RemoteEvent {
+    /// The next change; a repeat of the same state is not a change.
+    pub async fn next(&mut self) -> RemoteEvent {
         let tick = (self.lost_after / 3).max(Duration::from_millis(100));
         loop {
             tokio::select! {
@@ -374,12 +239,6 @@ impl KubeCluster {
                 return RemoteEvent::Synced(Box::new(state));
             }
         }
-    }
-}
-
-impl RemoteCluster for KubeCluster {
-    fn next(&mut self) -> BoxFuture<'_, RemoteEvent> {
-        self.next_event().boxed()
     }
 }
 
@@ -455,38 +314,11 @@ fn failure(error: &watcher::Error) -> String {
     }
 }
 
-/// Links or their Secrets this cluster cannot read: the CRD is not installed (404) or the control
-/// plane was not given `cnimesh multicluster install`'s permissions (403). Both mean "no Links",
-/// not a broken cluster: a control plane without multicluster must not report itself lost.
+/// Links or their Secrets this cluster cannot read: the CRD is not installed (404) or the mirror
+/// was not given `cnimesh multicluster install`'s permissions (403). Both mean "no Links", not a
+/// broken cluster: a mirror without multicluster must not report itself lost.
 fn not_served(error: &watcher::Error) -> bool {
     matches!(error,
         watcher::Error::InitialListFailed(kube::Error::Api(status))
         | watcher::Error::WatchStartFailed(kube::Error::Api(status)) if matches!(status.code, 403 | 404))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test]
-    async fn a_directory_is_synced_whole_lost_when_it_goes_and_synced_again_when_it_is_back() {
-        let root = tempfile::tempdir().unwrap();
-        let dir = root.path().join("west");
-        std::fs::create_dir(&dir).unwrap();
-        std::fs::write(dir.join("web.yaml"), "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: shop}\n")
-            .unwrap();
-        let mut cluster = FilesCluster::new(&dir, Duration::from_millis(100));
-        let RemoteEvent::Synced(state) = cluster.next().await else { panic!("a first sync") };
-        assert_eq!(state.snapshot.services.len(), 1);
-        std::fs::write(dir.join("db.yaml"), "apiVersion: v1\nkind: Service\nmetadata: {name: db, namespace: shop}\n")
-            .unwrap();
-        let RemoteEvent::Synced(state) = cluster.next().await else { panic!("a change") };
-        assert_eq!(state.snapshot.services.len(), 2);
-        std::fs::rename(&dir, root.path().join("away")).unwrap();
-        let RemoteEvent::Lost(reason) = cluster.next().await else { panic!("lost") };
-        assert!(reason.contains("west"), "{reason}");
-        std::fs::rename(root.path().join("away"), &dir).unwrap();
-        let RemoteEvent::Synced(state) = cluster.next().await else { panic!("back") };
-        assert_eq!(state.snapshot.services.len(), 2);
-    }
 }

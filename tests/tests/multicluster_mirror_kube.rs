@@ -1,5 +1,5 @@
-//! The mirror controller's Kubernetes path: the real [`MirrorController`] with
-//! `Backend::Kube`, in-process, against two mocked API servers ([`ClusterApi`]). East (this
+//! The mirror controller: the real [`MirrorController`],
+//! in-process, against two mocked API servers ([`ClusterApi`]). East (this
 //! cluster: Links, Secrets, the mirrors it writes, the Lease) is reached in-process; west (the
 //! linked cluster) only through the kubeconfig in the Link's Secret, over HTTPS on 127.0.0.1 with
 //! its CA inline and a bearer token, as a real remote API server would be. The tests change either
@@ -21,11 +21,11 @@ use cnimesh_common::names::{
     MIRROR_REMOTE_SERVICE_ANNOTATION, MIRRORED_SERVICE_LABEL, PROXY_CONTAINER,
 };
 use cnimesh_control::leader::{self, ElectionConfig, Leadership};
-use cnimesh_control::metrics::Metrics;
-use cnimesh_control::multicluster::controller::{Backend, MIRROR_WRITE, MirrorController};
-use cnimesh_control::multicluster::crd::{self, LinkState, LinkStatus};
-use cnimesh_control::multicluster::plan::{LINK_STATE_LOST, SERVICE_NAME_LABEL};
-use cnimesh_control::multicluster::write::FIELD_MANAGER;
+use cnimesh_mirror::metrics::Metrics;
+use cnimesh_mirror::controller::{MIRROR_WRITE, MirrorController};
+use cnimesh_mirror::crd::{self, LinkState, LinkStatus};
+use cnimesh_mirror::plan::{LINK_STATE_LOST, SERVICE_NAME_LABEL};
+use cnimesh_mirror::write::FIELD_MANAGER;
 use cnimesh_e2e::kube_api::{Call, ClusterApi, Served};
 use http::Method;
 use serde_json::{Value, json};
@@ -127,7 +127,7 @@ impl Drop for Mirror {
 fn run_mirror(east: &Arc<ClusterApi>, leadership: Leadership) -> Mirror {
     let (stop, stopped) = watch::channel(false);
     let controller = MirrorController {
-        backend: Backend::Kube(east.client()),
+        client: east.client(),
         namespace: NS.to_string(),
         trust_domain: "east.local".to_string(),
         cluster_domain: "cluster.local".to_string(),

@@ -22,8 +22,8 @@ use cnimesh_common::names::{
     CONTROL_NAMESPACE, LINK_CREDENTIALS_KEY, LINK_CREDENTIALS_SECRET_TYPE, MIRROR_CLUSTER_NAME_LABEL,
     MIRROR_READER_SERVICE_ACCOUNT, MIRRORED_SERVICE_LABEL,
 };
-use cnimesh_control::multicluster::crd::{API_VERSION, KIND, LinkSpec, ProbeSpec};
-use cnimesh_control::multicluster::kubeconfig;
+use cnimesh_mirror::crd::{API_VERSION, KIND, LinkSpec, ProbeSpec};
+use cnimesh_mirror::kubeconfig;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct LinkArgs {

@@ -21,7 +21,7 @@ use super::gateways::{render_table as gateways_table, rows};
 use super::install::{InstallArgs, render as render_install};
 use super::link::{LinkArgs, Target, kube_target, local_target, render, unlink_local};
 use super::source::Source;
-use cnimesh_control::multicluster::crd::{GatewayStatus, LinkState, LinkStatus, MirrorCollision, MirrorStatus};
+use cnimesh_mirror::crd::{GatewayStatus, LinkState, LinkStatus, MirrorCollision, MirrorStatus};
 
 const DAY: Duration = Duration::from_secs(86400);
 
@@ -192,7 +192,7 @@ async fn link_against_a_cluster_prints_the_link_and_a_kubeconfig_for_the_mirror_
     assert_eq!(config["users"][0]["name"], "cnimesh-mirror-reader");
     assert_eq!(config["users"][0]["user"]["token"], "reader-token");
     // The Link parses as the mirror controller's type.
-    let _: cnimesh_control::multicluster::crd::Link = serde_json::from_value(link.clone()).unwrap();
+    let _: cnimesh_mirror::crd::Link = serde_json::from_value(link.clone()).unwrap();
 }
 
 #[tokio::test]
@@ -454,7 +454,7 @@ fn link_liveness_is_the_heartbeat_not_the_last_change() {
         super::check::freshness(Some(status), now, &Category::Link("west".to_string()), &mut checks);
         checks.into_iter().find(|c| c.name == "link status").unwrap()
     };
-    let heartbeat = cnimesh_control::multicluster::crd::HEARTBEAT_STALE_AFTER;
+    let heartbeat = cnimesh_mirror::crd::HEARTBEAT_STALE_AFTER;
 
     // Healthy and idle: the remote last changed an hour ago, the heartbeat is fresh.
     let mut idle = up_status(now);
@@ -673,8 +673,8 @@ async fn link_writes_only_credentials_the_control_plane_accepts_and_refuses_a_pl
     let mut target = kube_target(&client, &link_args("west"), "https://api.west.example:6443".into()).await.unwrap();
     let secret = &render(&target).unwrap()[0];
     let text = serde_json::to_string(&decoded_kubeconfig(secret)).unwrap();
-    let parsed = cnimesh_control::multicluster::kubeconfig::parse(&text).unwrap();
-    assert!(matches!(parsed, cnimesh_control::multicluster::kubeconfig::LinkKubeconfig::Api(_)));
+    let parsed = cnimesh_mirror::kubeconfig::parse(&text).unwrap();
+    assert!(matches!(parsed, cnimesh_mirror::kubeconfig::LinkKubeconfig::Api(_)));
     target.ca_pem = None;
     let error = render(&target).unwrap_err();
     assert!(error.to_string().contains("certificate-authority-data"), "{error}");
