@@ -73,15 +73,18 @@ fn every_multicluster_document_round_trips_through_k8s_openapi_as_printed_and_as
 }
 
 #[test]
-fn the_control_planes_multicluster_rbac_grants_exactly_what_the_mirror_controller_uses() {
-    let path = manifest_check::daemonset_dir().join("multicluster/control-rbac.yaml");
+fn the_mirrors_rbac_grants_exactly_what_the_mirror_uses_and_no_secret() {
+    let path = manifest_check::daemonset_dir().join("multicluster/mirror.yaml");
     let mut grants = Vec::new();
     for doc in manifest_check::documents(&path) {
         let scope = doc["metadata"]["namespace"].as_str().unwrap_or("*").to_string();
         for rule in doc["rules"].as_array().into_iter().flatten() {
+            let names: Vec<&str> =
+                rule["resourceNames"].as_array().into_iter().flatten().filter_map(|n| n.as_str()).collect();
+            let names = if names.is_empty() { String::new() } else { format!("[{}]", names.join(",")) };
             for resource in rule["resources"].as_array().unwrap() {
                 for verb in rule["verbs"].as_array().unwrap() {
-                    grants.push(format!("{scope} {} {}", resource.as_str().unwrap(), verb.as_str().unwrap()));
+                    grants.push(format!("{scope} {}{names} {}", resource.as_str().unwrap(), verb.as_str().unwrap()));
                 }
             }
         }
@@ -94,12 +97,16 @@ fn the_control_planes_multicluster_rbac_grants_exactly_what_the_mirror_controlle
         }
     }
     for verb in ["get", "list", "watch"] {
+        want.push(format!("* pods {verb}"));
         want.push(format!("cnimesh links {verb}"));
-        want.push(format!("cnimesh secrets {verb}"));
     }
     for verb in ["get", "patch", "update"] {
         want.push(format!("cnimesh links/status {verb}"));
     }
+    want.push("cnimesh leases create".into());
+    for verb in ["get", "update"] {
+        want.push(format!("cnimesh leases[cnimesh-control-mirror-write] {verb}"));
+    }
     want.sort();
-    assert_eq!(grants, want);
+    assert_eq!(grants, want, "a Link's Secret is readable only through the Role `multicluster link` prints");
 }

@@ -11,7 +11,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use cnimesh_common::names::{GATEWAY_NAME, MULTICLUSTER_NAMESPACE, PROXY_INBOUND_PORT};
-use cnimesh_control::multicluster::crd::LinkState;
+use cnimesh_mirror::crd::LinkState;
 use cnimesh_e2e::control::{Control, write_atomically};
 use cnimesh_e2e::multicluster::{LocalRoot, link_local, service_yaml, start_gateway};
 use cnimesh_e2e::wait::eventually;
@@ -194,7 +194,7 @@ fn an_idle_healthy_link_stays_green_past_the_stale_bound_and_goes_red_once_its_m
     ) {
         return;
     }
-    use cnimesh_control::multicluster::crd::HEARTBEAT_STALE_AFTER;
+    use cnimesh_mirror::crd::HEARTBEAT_STALE_AFTER;
     let bins = bins!();
     let net = Network::bridge(&bins, json!({})).unwrap();
     let (east_root, west_root) = (LocalRoot::new(), LocalRoot::new());

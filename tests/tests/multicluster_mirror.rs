@@ -12,7 +12,7 @@ use cnimesh_common::names::{
     MIRROR_CLUSTER_NAME_LABEL, MIRROR_GATEWAY_IDENTITY_ANNOTATION, MIRROR_LINK_STATE_ANNOTATION,
     MIRROR_REMOTE_IDENTITY_ANNOTATION, MIRROR_REMOTE_SERVICE_ANNOTATION, MIRRORED_SERVICE_LABEL,
 };
-use cnimesh_control::multicluster::crd::{LinkState, LinkStatus};
+use cnimesh_mirror::crd::{LinkState, LinkStatus};
 use cnimesh_e2e::control::{Control, identity, write_atomically};
 use cnimesh_e2e::netns::block_on_in;
 use cnimesh_e2e::wait::eventually;

@@ -64,8 +64,10 @@ fn install_prints_the_crd_the_gateway_the_reader_and_the_control_planes_rbac_wit
         "ServiceAccount/cnimesh-multicluster/cnimesh-mirror-reader",
         "ClusterRole/cnimesh-mirror-reader",
         "Secret/cnimesh-multicluster/cnimesh-mirror-reader-token",
-        "ClusterRole/cnimesh-control-multicluster",
-        "Role/cnimesh/cnimesh-control-multicluster",
+        "ServiceAccount/cnimesh/cnimesh-mirror",
+        "ClusterRole/cnimesh-mirror",
+        "Role/cnimesh/cnimesh-mirror",
+        "Deployment/cnimesh/cnimesh-mirror",
     ] {
         assert!(kinds.contains(&want.to_string()), "{want} missing from {kinds:#?}");
     }
@@ -658,11 +660,19 @@ async fn check_with_no_links_warns_and_an_invalid_link_is_refused_by_name() {
 }
 
 #[test]
-fn unlink_against_a_cluster_prints_the_link_and_its_secret_for_kubectl_delete() {
+fn unlink_against_a_cluster_prints_the_link_its_secret_and_the_mirrors_role_for_it_for_kubectl_delete() {
     let text = super::link::unlink_main(&super::link::UnlinkArgs { cluster_name: "west".into(), local: None }).unwrap();
     let docs = yaml::documents(&text, "unlink").unwrap();
     let described: Vec<String> = docs.iter().map(yaml::describe).collect();
-    assert_eq!(described, ["Link/cnimesh/west", "Secret/cnimesh/cluster-credentials-west"]);
+    assert_eq!(
+        described,
+        [
+            "Link/cnimesh/west",
+            "Secret/cnimesh/cluster-credentials-west",
+            "Role/cnimesh/cluster-credentials-west",
+            "RoleBinding/cnimesh/cluster-credentials-west"
+        ]
+    );
 }
 
 #[tokio::test]
