@@ -1,4 +1,4 @@
-//! The mirror controller: per Link, read its credentials Secret, connect to the target cluster,
+//! The mirror controller: per Link, follow its credentials Secret (by name), connect to the target cluster,
 //! follow it (a full resync on every (re)connect), probe its gateway; on every change, plan the
 //! mirrors ([`super::plan`]) and write what differs ([`super::write`]), then the Link's status
 //! and the `multicluster_*` metrics.
@@ -29,8 +29,6 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use cnimesh_common::names::{LINK_CREDENTIALS_KEY, LINK_CREDENTIALS_SECRET_TYPE};
-use k8s_openapi::api::core::v1::Secret;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{mpsc, watch};
 
@@ -41,7 +39,7 @@ use super::kubeconfig::{self, LinkKubeconfig};
 use super::link::{Gateway, ValidLink};
 use super::overlap::{self, Conflict};
 use super::plan::{self, LinkInput, Local, Snapshot, View};
-use super::remote::{ClusterState, KubeCluster, RemoteEvent};
+use super::remote::{ClusterState, Credentials, KubeCluster, RemoteEvent};
 use super::write::KubeWriter;
 use crate::metrics::Metrics;
 use cnimesh_control::leader::Leadership;
@@ -212,9 +210,8 @@ impl State<'_> {
             }
             match ValidLink::from_link(link) {
                 Ok(valid) => {
-                    let kubeconfig = credentials(&cluster.secrets, namespace, &valid.credentials_secret);
-                    let fingerprint = format!("{:?}{kubeconfig:?}", link.spec);
-                    wanted.insert(valid.cluster.clone(), (valid, kubeconfig, fingerprint));
+                    let fingerprint = format!("{:?}", link.spec);
+                    wanted.insert(valid.cluster.clone(), (valid, fingerprint));
                 }
                 Err(error) => {
                     let reason = format!("Link {namespace}/{name} refused: {error}");
@@ -226,21 +223,22 @@ impl State<'_> {
             }
         }
         self.links.retain(|cluster, run| {
-            let keep = wanted.get(cluster).is_some_and(|(_, _, f)| *f == run.fingerprint);
+            let keep = wanted.get(cluster).is_some_and(|(_, f)| *f == run.fingerprint);
             if !wanted.contains_key(cluster) {
                 tracing::info!(cluster, "Link removed; deleting its mirrors");
                 self.controller.metrics.forget_cluster(cluster);
             }
             keep
         });
-        for (cluster, (link, kubeconfig, fingerprint)) in wanted {
+        for (cluster, (link, fingerprint)) in wanted {
             if self.links.contains_key(&cluster) {
                 continue;
             }
             self.next_generation += 1;
             let generation = self.next_generation;
             tracing::info!(cluster, link = %link.name, "following Link");
-            let tasks = start_link(&link, kubeconfig, generation, tx.clone());
+            let credentials = Credentials::follow(self.controller.client.clone(), namespace, &link.credentials_secret);
+            let tasks = start_link(&link, credentials, generation, tx.clone());
             self.links.insert(
                 cluster,
                 LinkRun {
@@ -444,35 +442,10 @@ fn collisions_of(plan: &plan::Plan, cluster: &str) -> Vec<MirrorCollision> {
         .collect()
 }
 
-/// The kubeconfig in the Link's Secret, or why there is none.
-fn credentials(secrets: &[Secret], namespace: &str, name: &str) -> Result<String, String> {
-    let secret = secrets
-        .iter()
-        .find(|s| {
-            s.metadata.name.as_deref() == Some(name) && s.metadata.namespace.as_deref().is_none_or(|n| n == namespace)
-        })
-        .ok_or_else(|| format!("the credentials Secret {namespace}/{name} does not exist"))?;
-    if let Some(kind) = secret.type_.as_deref()
-        && kind != LINK_CREDENTIALS_SECRET_TYPE
-    {
-        return Err(format!(
-            "the credentials Secret {namespace}/{name} is of type {kind:?}, not {LINK_CREDENTIALS_SECRET_TYPE:?}"
-        ));
-    }
-    let data = secret
-        .data
-        .as_ref()
-        .and_then(|d| d.get(LINK_CREDENTIALS_KEY))
-        .map(|b| String::from_utf8_lossy(&b.0).into_owned());
-    let string_data = secret.string_data.as_ref().and_then(|d| d.get(LINK_CREDENTIALS_KEY)).cloned();
-    data.or(string_data)
-        .ok_or_else(|| format!("the credentials Secret {namespace}/{name} has no {LINK_CREDENTIALS_KEY:?} key"))
-}
-
 /// The Link's tasks: following the target, and probing its gateway.
 fn start_link(
     link: &ValidLink,
-    kubeconfig: Result<String, String>,
+    mut credentials: Credentials,
     generation: u64,
     tx: mpsc::UnboundedSender<(String, u64, News)>,
 ) -> Vec<AbortOnDrop> {
@@ -482,17 +455,29 @@ fn start_link(
         let (cluster, tx) = (cluster.clone(), tx.clone());
         async move {
             let send = |news| tx.send((cluster.clone(), generation, news)).is_ok();
-            let mut remote = match connect(kubeconfig, period).await {
-                Ok(remote) => remote,
-                Err(reason) => {
-                    send(News::Refused(reason));
-                    return;
-                }
-            };
+            // Connected anew whenever the Secret changes; refused (by name) while it is missing,
+            // unreadable or not a kubeconfig the mirror accepts.
+            let mut kubeconfig = credentials.next().await;
             loop {
-                let event = remote.next().await;
-                if !send(News::Remote(event)) {
-                    return;
+                let mut remote = match connect(kubeconfig.clone(), period).await {
+                    Ok(remote) => Some(remote),
+                    Err(reason) => {
+                        if !send(News::Refused(reason)) {
+                            return;
+                        }
+                        None
+                    }
+                };
+                loop {
+                    tokio::select! {
+                        event = next_of(&mut remote) => if !send(News::Remote(event)) {
+                            return;
+                        },
+                        changed = credentials.next() => if changed != kubeconfig {
+                            kubeconfig = changed;
+                            break;
+                        },
+                    }
                 }
             }
         }
@@ -529,6 +514,14 @@ async fn connect(kubeconfig: Result<String, String>, period: Duration) -> Result
             let client = kube::Client::try_from(config).map_err(|e| format!("a client for {}: {e}", api.server))?;
             Ok(KubeCluster::new(client, None, period * 3))
         }
+    }
+}
+
+/// The followed cluster's next news; none while there is no cluster to follow.
+async fn next_of(remote: &mut Option<KubeCluster>) -> RemoteEvent {
+    match remote {
+        Some(remote) => remote.next().await,
+        None => std::future::pending().await,
     }
 }
 

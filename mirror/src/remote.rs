@@ -1,14 +1,17 @@
 //! A linked cluster, as the mirror reads it through its API server (kube-rs watchers, with a
 //! client built from the Link's kubeconfig by [`super::kubeconfig`]): a snapshot of its Services,
 //! EndpointSlices and Pods after every change, or word that it stopped answering. The same
-//! reader follows this cluster itself, with its Links and their Secrets ([`ClusterState`]).
+//! reader follows this cluster itself, with its Links ([`ClusterState`]); each Link's credentials
+//! Secret is followed on its own, by name ([`Credentials`]): the mirror may read no other Secret.
 //!
 //! Layer: runtime (kube).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use cnimesh_common::names::{LINK_CREDENTIALS_KEY, LINK_CREDENTIALS_SECRET_TYPE};
 use futures::StreamExt;
+use futures::stream::BoxStream;
 use k8s_openapi::api::core::v1::{Pod, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Api;
@@ -21,12 +24,11 @@ use super::crd::Link;
 use super::plan::Snapshot;
 use cnimesh_control::meta::NsName;
 
-/// What one read of a cluster found. Links and Secrets only when reading this cluster.
+/// What one read of a cluster found. Links only when reading this cluster.
 #[derive(Debug, Clone, Default)]
 pub struct ClusterState {
     pub snapshot: Snapshot,
     pub links: Vec<Link>,
-    pub secrets: Vec<Secret>,
 }
 
 /// The generated `Link` has no `PartialEq`: Links compare by what the controller reads of them,
@@ -37,7 +39,7 @@ impl PartialEq for ClusterState {
         fn links(s: &ClusterState) -> Vec<(&Option<String>, &Option<String>, &super::crd::LinkSpec)> {
             s.links.iter().map(|l| (&l.metadata.namespace, &l.metadata.name, &l.spec)).collect()
         }
-        self.snapshot == other.snapshot && self.secrets == other.secrets && links(self) == links(other)
+        self.snapshot == other.snapshot && links(self) == links(other)
     }
 }
 
@@ -66,7 +68,6 @@ enum Object {
     Slice(Box<EndpointSlice>),
     Pod(Box<Pod>),
     Link(Box<Link>),
-    Secret(Box<Secret>),
 }
 
 impl Object {
@@ -76,13 +77,12 @@ impl Object {
             Object::Slice(o) => &o.metadata,
             Object::Pod(o) => &o.metadata,
             Object::Link(o) => &o.metadata,
-            Object::Secret(o) => &o.metadata,
         };
         NsName::of(meta)
     }
 }
 
-/// A cluster's API server: one watcher per kind, all namespaces (Links and Secrets: the control
+/// A cluster's API server: one watcher per kind, all namespaces (Links: the control
 /// plane's namespace only). Lost once watches have kept failing for `lost_after`; synced again
 /// when they list again.
 pub struct KubeCluster {
@@ -105,12 +105,12 @@ impl Drop for AbortOnDrop {
 }
 
 impl KubeCluster {
-    /// Follows `client`'s cluster; with `links_namespace`, also its Links and Secrets there.
+    /// Follows `client`'s cluster; with `links_namespace`, also its Links there.
     pub fn new(client: kube::Client, links_namespace: Option<&str>, lost_after: Duration) -> Self {
         Self::watching(client, links_namespace, true, lost_after)
     }
 
-    /// Only the Links and their Secrets in `links_namespace`: what this cluster's mirror watches
+    /// Only the Links in `links_namespace`: what this cluster's mirror watches
     /// until there is a Link, so a control plane with no Link pays for no second watch of every
     /// Service, EndpointSlice and Pod (the sources already watch those for Destination).
     pub fn links_only(client: kube::Client, links_namespace: &str, lost_after: Duration) -> Self {
@@ -130,17 +130,14 @@ impl KubeCluster {
             tasks.push(spawn_watch(Api::<Pod>::all(client.clone()), 2, tx.clone(), |o| Object::Pod(Box::new(o))));
         }
         if let Some(ns) = links_namespace {
-            tasks.push(spawn_watch(Api::<Link>::namespaced(client.clone(), ns), 3, tx.clone(), |o| {
-                Object::Link(Box::new(o))
-            }));
-            tasks.push(spawn_watch(Api::<Secret>::namespaced(client, ns), 4, tx, |o| Object::Secret(Box::new(o))));
+            tasks.push(spawn_watch(Api::<Link>::namespaced(client, ns), 3, tx, |o| Object::Link(Box::new(o))));
         }
         // Indexed by kind; a kind not watched counts as listed (and empty) from the start.
         let watched = |kind: usize| if kind < 3 { objects } else { links_namespace.is_some() };
         Self {
             news,
-            stores: vec![BTreeMap::new(); 5],
-            listed: (0..5).map(|kind| !watched(kind)).collect(),
+            stores: vec![BTreeMap::new(); 4],
+            listed: (0..4).map(|kind| !watched(kind)).collect(),
             failing_since: None,
             lost_after,
             lost: false,
@@ -194,7 +191,6 @@ impl KubeCluster {
                     Object::Slice(o) => state.snapshot.slices.push(*o),
                     Object::Pod(o) => state.snapshot.pods.push(*o),
                     Object::Link(o) => state.links.push(*o),
-                    Object::Secret(o) => state.secrets.push(*o),
                 }
             }
         }
@@ -314,11 +310,79 @@ fn failure(error: &watcher::Error) -> String {
     }
 }
 
-/// Links or their Secrets this cluster cannot read: the CRD is not installed (404) or the mirror
+/// Links this cluster cannot read: the CRD is not installed (404) or the mirror
 /// was not given `cnimesh multicluster install`'s permissions (403). Both mean "no Links", not a
 /// broken cluster: a mirror without multicluster must not report itself lost.
 fn not_served(error: &watcher::Error) -> bool {
     matches!(error,
         watcher::Error::InitialListFailed(kube::Error::Api(status))
         | watcher::Error::WatchStartFailed(kube::Error::Api(status)) if matches!(status.code, 403 | 404))
+}
+
+/// One Link's credentials Secret, followed by name (a watch of `metadata.name=<name>`, which a
+/// Role naming that one Secret allows): the mirror reads no other Secret of the namespace.
+pub struct Credentials {
+    namespace: String,
+    name: String,
+    events: BoxStream<'static, Result<Event<Secret>, watcher::Error>>,
+    /// The Secret being listed again (after a (re)connect), until the list is done.
+    listing: Option<Option<Secret>>,
+}
+
+impl Credentials {
+    pub fn follow(client: kube::Client, namespace: &str, name: &str) -> Self {
+        let api = Api::<Secret>::namespaced(client, namespace);
+        let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+        let events = kube::runtime::WatchStreamExt::default_backoff(watcher::watcher(api, config)).boxed();
+        Self { namespace: namespace.to_string(), name: name.to_string(), events, listing: None }
+    }
+
+    /// The kubeconfig the Secret holds after its next change (the first: as it is now), or why
+    /// there is none.
+    pub async fn next(&mut self) -> Result<String, String> {
+        let secret = loop {
+            match self.events.next().await {
+                Some(Ok(Event::Init)) => self.listing = Some(None),
+                Some(Ok(Event::InitApply(secret))) => self.listing = Some(Some(secret)),
+                Some(Ok(Event::InitDone)) => break self.listing.take().flatten(),
+                Some(Ok(Event::Apply(secret))) => break Some(secret),
+                Some(Ok(Event::Delete(_))) => break None,
+                Some(Err(error)) => {
+                    let hint = if not_served(&error) {
+                        " (is the Role `cnimesh multicluster link` prints beside the Secret applied?)"
+                    } else {
+                        ""
+                    };
+                    return Err(format!(
+                        "cannot read the credentials Secret {}/{}: {}{hint}",
+                        self.namespace,
+                        self.name,
+                        failure(&error)
+                    ));
+                }
+                None => std::future::pending::<()>().await,
+            }
+        };
+        kubeconfig_in(secret.as_ref(), &self.namespace, &self.name)
+    }
+}
+
+/// The kubeconfig in a Link's Secret, or why there is none.
+fn kubeconfig_in(secret: Option<&Secret>, namespace: &str, name: &str) -> Result<String, String> {
+    let secret = secret.ok_or_else(|| format!("the credentials Secret {namespace}/{name} does not exist"))?;
+    if let Some(kind) = secret.type_.as_deref()
+        && kind != LINK_CREDENTIALS_SECRET_TYPE
+    {
+        return Err(format!(
+            "the credentials Secret {namespace}/{name} is of type {kind:?}, not {LINK_CREDENTIALS_SECRET_TYPE:?}"
+        ));
+    }
+    let data = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(LINK_CREDENTIALS_KEY))
+        .map(|b| String::from_utf8_lossy(&b.0).into_owned());
+    let string_data = secret.string_data.as_ref().and_then(|d| d.get(LINK_CREDENTIALS_KEY)).cloned();
+    data.or(string_data)
+        .ok_or_else(|| format!("the credentials Secret {namespace}/{name} has no {LINK_CREDENTIALS_KEY:?} key"))
 }

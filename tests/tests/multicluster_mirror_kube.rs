@@ -21,12 +21,12 @@ use cnimesh_common::names::{
     MIRROR_REMOTE_SERVICE_ANNOTATION, MIRRORED_SERVICE_LABEL, PROXY_CONTAINER,
 };
 use cnimesh_control::leader::{self, ElectionConfig, Leadership};
-use cnimesh_mirror::metrics::Metrics;
+use cnimesh_e2e::kube_api::{Call, ClusterApi, Served};
 use cnimesh_mirror::controller::{MIRROR_WRITE, MirrorController};
 use cnimesh_mirror::crd::{self, LinkState, LinkStatus};
+use cnimesh_mirror::metrics::Metrics;
 use cnimesh_mirror::plan::{LINK_STATE_LOST, SERVICE_NAME_LABEL};
 use cnimesh_mirror::write::FIELD_MANAGER;
-use cnimesh_e2e::kube_api::{Call, ClusterApi, Served};
 use http::Method;
 use serde_json::{Value, json};
 use tokio::sync::watch;
@@ -204,17 +204,14 @@ fn annotation<'v>(object: &'v Value, key: &str) -> Option<&'v str> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn east_with_no_link_watches_only_links_and_their_secrets_until_a_link_appears() {
+async fn east_with_no_link_watches_only_links_until_a_link_appears_and_then_its_one_secret_by_name() {
     let (_west, served) = west().await;
     let east = ClusterApi::new();
     let _mirror = run_mirror(&east, Leadership::always(MIRROR_WRITE));
-    east.until("the Links and Secrets watches", |api| {
-        (watched(api, &links_path()) && watched(api, &secrets_path())).then_some(())
-    })
-    .await;
+    east.until("the Links watch", |api| watched(api, &links_path()).then_some(())).await;
     // (A list of the mirrors, by label, is fine: it is how mirrors of a Link deleted meanwhile go.)
     let early: Vec<String> = east.calls().iter().filter(|c| c.is_watch()).map(|c| c.path.clone()).collect();
-    for path in [SERVICES, SLICES, PODS] {
+    for path in [SERVICES, SLICES, PODS, secrets_path().as_str()] {
         assert!(!early.iter().any(|p| p == path), "{path} watched before any Link: {early:?}");
     }
 
@@ -224,6 +221,18 @@ async fn east_with_no_link_watches_only_links_and_their_secrets_until_a_link_app
         [SERVICES, SLICES, PODS].iter().all(|p| watched(api, p)).then_some(())
     })
     .await;
+    // The Secrets are watched for the Link's one Secret only: the mirror may read no other.
+    let secret_watches: Vec<Option<String>> = east
+        .calls()
+        .iter()
+        .filter(|c| c.is_watch() && c.path == secrets_path())
+        .map(|c| c.param("fieldSelector").map(String::from))
+        .collect();
+    assert!(!secret_watches.is_empty(), "the Link's Secret is followed");
+    assert!(
+        secret_watches.iter().all(|f| f.as_deref() == Some("metadata.name=cluster-credentials-west")),
+        "{secret_watches:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
