@@ -421,12 +421,12 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     crate::serve::run_traced(config, listeners, addrs.trace, shutdown_signal()).await
 }
 
-/// SIGTERM (the kubelet) or SIGINT (a terminal).
-async fn shutdown_signal() {
+/// SIGTERM (the kubelet) or SIGINT (a terminal); the mirror's process stops on them too.
+pub async fn shutdown_signal() {
     let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
         Ok(term) => term,
         Err(error) => {
-            tracing::warn!(%error, "cannot listen for SIGTERM; only SIGINT stops the control plane");
+            tracing::warn!(%error, "cannot listen for SIGTERM; only SIGINT stops the process");
             let _ = tokio::signal::ctrl_c().await;
             return;
         }

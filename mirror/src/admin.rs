@@ -3,16 +3,12 @@
 //!
 //! Layer: runtime.
 
-use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Response, StatusCode, header};
 use http_body_util::Full;
-use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 
 use crate::metrics::Metrics;
@@ -34,26 +30,9 @@ fn respond(metrics: &Metrics, path: &str) -> Response<Full<Bytes>> {
 
 /// Serves the admin endpoints on `listener` until `shutdown` resolves.
 pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>, shutdown: impl Future<Output = ()>) {
-    tokio::pin!(shutdown);
-    loop {
-        let stream = tokio::select! {
-            _ = &mut shutdown => return,
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
-                Err(error) => {
-                    tracing::warn!(%error, "admin accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
-        };
-        let metrics = metrics.clone();
-        tokio::spawn(async move {
-            let service = service_fn(move |req: http::Request<hyper::body::Incoming>| {
-                let response = respond(&metrics, req.uri().path());
-                async move { Ok::<_, Infallible>(response) }
-            });
-            let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
-        });
-    }
+    cnimesh_control::admin::serve_http(listener, shutdown, move |req: http::Request<hyper::body::Incoming>| {
+        let response = respond(&metrics, req.uri().path());
+        async move { response }
+    })
+    .await
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
-use cnimesh_control::cli::parse_duration;
+use cnimesh_control::cli::{parse_duration, shutdown_signal};
 use cnimesh_control::inject::DEFAULT_CLUSTER_DOMAIN;
 use cnimesh_control::leader::{self, ElectionConfig};
 use cnimesh_identity::DEFAULT_TRUST_DOMAIN;
@@ -133,22 +133,6 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 
 async fn until(mut stopped: watch::Receiver<bool>) {
     let _ = stopped.wait_for(|stop| *stop).await;
-}
-
-/// SIGTERM (the kubelet) or SIGINT (a terminal).
-async fn shutdown_signal() {
-    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(term) => term,
-        Err(error) => {
-            tracing::warn!(%error, "cannot listen for SIGTERM; only SIGINT stops the mirror");
-            let _ = tokio::signal::ctrl_c().await;
-            return;
-        }
-    };
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM"),
-        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT"),
-    }
 }
 
 #[cfg(test)]
