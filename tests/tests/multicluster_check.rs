@@ -11,11 +11,11 @@ use std::process::Command;
 use std::time::Duration;
 
 use cnimesh_common::names::{GATEWAY_NAME, MULTICLUSTER_NAMESPACE, PROXY_INBOUND_PORT};
-use cnimesh_mirror::crd::LinkState;
 use cnimesh_e2e::control::{Control, write_atomically};
 use cnimesh_e2e::multicluster::{LocalRoot, link_local, service_yaml, start_gateway};
 use cnimesh_e2e::wait::eventually;
 use cnimesh_e2e::{Network, Pod, bins, require_root};
+use cnimesh_mirror::crd::LinkState;
 use serde_json::{Value, json};
 
 /// Only guards against a hung test; nothing here measures time.
