@@ -4,26 +4,16 @@
 //! reaching west's API server (served in west's pod, RBAC enforced too) only through the Link's
 //! kubeconfig, as west's mirror reader. No control plane runs: the mirror needs none.
 
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use base64::Engine;
 use cnimesh_e2e::cluster::Cluster;
+use cnimesh_e2e::mirror_process::MirrorProcess;
 use cnimesh_e2e::{Network, Pod, bins, require_root};
 use cnimesh_mirror::crd::{self, LinkState, LinkStatus};
 use serde_json::json;
 
 const WEST_WEB: &str = "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: shop, labels: {mirror.cnimesh.io/exported: 'true'}}\nspec: {ports: [{name: http, port: 80, targetPort: 8080}], selector: {app: web}}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: web-abc, namespace: shop, labels: {kubernetes.io/service-name: web}}\naddressType: IPv4\nports: [{name: http, port: 8080, protocol: TCP}]\nendpoints: [{addresses: [10.2.0.4], conditions: {ready: true}}]\n";
-
-/// Kills the process when dropped.
-struct Running(Child);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// The CA (PEM) of a kubeconfig's cluster.
 fn ca_of(kubeconfig: &str) -> Vec<u8> {
@@ -75,19 +65,8 @@ fn the_mirror_process_in_its_own_pod_mirrors_west_into_east_as_its_own_service_a
     east.api.enforce_rbac(true);
 
     let kubeconfig = east.kubeconfig_for("cnimesh", "cnimesh-mirror").unwrap();
-    let mirror = Command::new("ip")
-        .args(["netns", "exec", mirror_pod.netns.name()])
-        .arg(env!("CARGO_BIN_EXE_cnimesh-mirror-e2e"))
-        .arg("serve")
-        .env("KUBECONFIG", &kubeconfig)
-        .env("CNIMESH_MIRROR_TRUST_DOMAIN", "east.local")
-        .env("CNIMESH_MIRROR_ADMIN_ADDR", format!("{}:9990", mirror_pod.ipv4()))
-        .env("CNIMESH_MIRROR_LEASE_DURATION", "3s")
-        .env("CNIMESH_MIRROR_LEASE_RENEW_INTERVAL", "500ms")
-        .stdin(Stdio::null())
-        .spawn()
-        .unwrap();
-    let _mirror = Running(mirror);
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_cnimesh-mirror-e2e"));
+    let _mirror = MirrorProcess::start(bin, &mirror_pod, &kubeconfig, "east.local").unwrap();
 
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let status = runtime.block_on(east.api.until("west's Link up with its mirror", |api| {
