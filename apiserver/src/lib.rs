@@ -107,7 +107,8 @@ impl ClusterApi {
 
     /// Serves this server on `addr` (a pod's address, local mode's bridge), in the network
     /// namespace of the calling thread. Refused unless `addr` is loopback or a token is required
-    /// ([`ClusterApi::require_token`]): the server authorizes nothing beyond its token.
+    /// ([`ClusterApi::require_token`]): beyond its token, the server authorizes nothing unless
+    /// RBAC is enforced ([`ClusterApi::enforce_rbac`]).
     pub async fn try_serve_at(self: &Arc<Self>, addr: std::net::SocketAddr) -> Result<Served, ServeError> {
         tls::serve(self.clone(), addr).await
     }

@@ -221,8 +221,7 @@ fn rule_allows(rule: &Value, attributes: &Attributes) -> bool {
     let resource_matches = resources.iter().any(|r| {
         *r == "*" || *r == full || attributes.subresource.as_ref().is_some_and(|sub| *r == format!("*/{sub}"))
     });
-    let name_matches =
-        names.is_empty() || attributes.name.as_deref().is_some_and(|name| names.contains(&name));
+    let name_matches = names.is_empty() || attributes.name.as_deref().is_some_and(|name| names.contains(&name));
     verbs.iter().any(|v| *v == "*" || *v == attributes.verb)
         && groups.iter().any(|g| *g == "*" || *g == attributes.group)
         && resource_matches

@@ -165,8 +165,8 @@ impl KubeCluster {
                 if !self.listed[kind] {
                     tracing::info!(
                         %error,
-                        "multicluster is not installed here (no Link CRD, or no permission to read Links and their \
-                         Secrets: `cnimesh multicluster install`): no Links; watching for them"
+                        "multicluster is not installed here (no Link CRD, or no permission to read Links: \
+                         `cnimesh multicluster install`): no Links; watching for them"
                     );
                 }
                 self.stores[kind].clear();
