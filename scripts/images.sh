@@ -14,7 +14,7 @@
 #
 #   --profile P    cargo profile of the binaries (default release)
 #   --no-build     do not run cargo; use the binaries already in the target dir
-#   --bin-dir DIR  take cnimesh-node, cnimesh-control, cnimesh-proxy and cnimesh-cni (static) from
+#   --bin-dir DIR  take cnimesh-node, cnimesh-control, cnimesh-mirror, cnimesh-proxy and cnimesh-cni (static) from
 #                  DIR instead of the target dir (implies --no-build)
 #   --out DIR      also write DIR/<name>-<tag>.oci.tar (OCI archives for `podman load -i` or
 #                  `ctr -n k8s.io images import`)
@@ -90,15 +90,15 @@ if [ -n "$bin_dir" ]; then
     || die "$plugin is not statically linked (build it with scripts/images/cni-static.sh)"
 else
   if [ "$build" = 1 ]; then
-    cargo build --profile "$cargo_profile" --bin cnimesh-node --bin cnimesh-control --bin cnimesh-proxy \
-      -p cnimesh-node -p cnimesh-control -p cnimesh-proxy
+    cargo build --profile "$cargo_profile" --bin cnimesh-node --bin cnimesh-control --bin cnimesh-mirror \
+      --bin cnimesh-proxy -p cnimesh-node -p cnimesh-control -p cnimesh-mirror -p cnimesh-proxy
     plugin=$(scripts/images/cni-static.sh --profile "$profile")
   else
     plugin=$(scripts/images/cni-static.sh --profile "$profile" --no-build)
   fi
   bins="$target_dir/$dir"
 fi
-for b in cnimesh-node cnimesh-control cnimesh-proxy; do
+for b in cnimesh-node cnimesh-control cnimesh-mirror cnimesh-proxy; do
   [ -x "$bins/$b" ] || die "$bins/$b not found (build it, or drop --no-build)"
 done
 
@@ -128,7 +128,8 @@ stage() {
 }
 
 stage cnimesh-node "$bins/cnimesh-node:cnimesh-node" "$plugin:cnimesh-cni"
-stage cnimesh-control "$bins/cnimesh-control:cnimesh-control"
+# The mirror ships in the control plane's image, run as its own Deployment (its own command).
+stage cnimesh-control "$bins/cnimesh-control:cnimesh-control" "$bins/cnimesh-mirror:cnimesh-mirror"
 stage cnimesh-proxy "$bins/cnimesh-proxy:cnimesh-proxy"
 
 [ -z "$out" ] || mkdir -p "$out"

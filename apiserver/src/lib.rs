@@ -14,7 +14,9 @@
 //!   of every CustomResourceDefinition written to it (`kinds`);
 //! - service account tokens and TokenReview (`tokens`), the pod proxy subresource (`pod_proxy`);
 //! - an optional bearer token (401 for any other), and fault injection (`faults`): refusing,
-//!   delays, conflicts, failures.
+//!   delays, conflicts, failures;
+//! - opt-in RBAC (`rbac`): a service account's token is allowed only what its Roles and
+//!   ClusterRoles grant (403 otherwise), and SelfSubjectAccessReview answers by them.
 //!
 //! It is reached in-process ([`ClusterApi::client`]) or over HTTPS on 127.0.0.1
 //! ([`ClusterApi::serve`], a certificate from a CA of its own that [`Served::kubeconfig`] carries
@@ -22,7 +24,7 @@
 //! is recorded ([`Call`]) so a test can assert what was asked, with which credentials, and in
 //! which order.
 //!
-//! Layers: call | response | selector | patch | kinds | faults | tokens → pod_proxy | store | discovery | client → watch | apply → routing → tls
+//! Layers: call | response | selector | patch | kinds | faults → pod_proxy | store → rbac → tokens | discovery | client → watch | apply → routing → tls
 
 mod apply;
 mod call;
@@ -32,6 +34,7 @@ mod faults;
 mod kinds;
 mod patch;
 mod pod_proxy;
+mod rbac;
 mod response;
 mod routing;
 mod selector;
@@ -79,6 +82,8 @@ pub struct ClusterApi {
     /// Plain-text answers to GETs of fixed paths (a pod proxy's `/metrics`, for pods that are
     /// not running), by path: [`ClusterApi::set_text`].
     texts: Mutex<BTreeMap<String, String>>,
+    /// Whether service accounts' tokens are held to their roles ([`ClusterApi::enforce_rbac`]).
+    rbac: std::sync::atomic::AtomicBool,
 }
 
 impl ClusterApi {
@@ -102,7 +107,8 @@ impl ClusterApi {
 
     /// Serves this server on `addr` (a pod's address, local mode's bridge), in the network
     /// namespace of the calling thread. Refused unless `addr` is loopback or a token is required
-    /// ([`ClusterApi::require_token`]): the server authorizes nothing beyond its token.
+    /// ([`ClusterApi::require_token`]): beyond its token, the server authorizes nothing unless
+    /// RBAC is enforced ([`ClusterApi::enforce_rbac`]).
     pub async fn try_serve_at(self: &Arc<Self>, addr: std::net::SocketAddr) -> Result<Served, ServeError> {
         tls::serve(self.clone(), addr).await
     }
@@ -127,6 +133,15 @@ impl ClusterApi {
     /// are answered (others: 401).
     pub fn require_token(&self, token: &str) {
         *self.token.lock() = Some(token.to_string());
+    }
+
+    /// From now on (`true`), a request bearing a token this server issued for a service account
+    /// is allowed only what the Roles and ClusterRoles bound to that account grant (403
+    /// Forbidden otherwise), and a SelfSubjectAccessReview answers by them. The required token
+    /// ([`ClusterApi::require_token`]), and any request when none is required, may still do
+    /// everything: they stand for the cluster's administrator.
+    pub fn enforce_rbac(&self, enforce: bool) {
+        self.rbac.store(enforce, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// A token for service account `namespace/name`, for `audiences` (none: the API's own, which

@@ -1,5 +1,5 @@
 //! One request, from its arrival to its answer: recorded, then faults, then authentication, then
-//! discovery, the pod proxy, reviews and token requests, and last the stored collections (list,
+//! authorization (with RBAC enforced), then discovery, the pod proxy, reviews and token requests, and last the stored collections (list,
 //! watch, create, get, replace, patch, apply, delete; the `status` subresource).
 
 use std::sync::Arc;
@@ -12,6 +12,7 @@ use crate::ClusterApi;
 use crate::call::{APPLY_PATCH, Call, JSON_PATCH, MERGE_PATCH, STRATEGIC_PATCH, parse_query};
 use crate::faults::Verdict;
 use crate::kinds::{Target, parse_path};
+use crate::rbac::{self, Attributes, User};
 use crate::response::{Body, json_response, status};
 use crate::selector::Selector;
 use crate::{apply, discovery, patch, pod_proxy, store, watch};
@@ -48,6 +49,8 @@ impl ClusterApi {
             status(StatusCode::SERVICE_UNAVAILABLE, "ServiceUnavailable", "the API server is refusing (fault)")
         } else if !self.authenticated(call.authorization.as_deref()) {
             status(StatusCode::UNAUTHORIZED, "Unauthorized", "Unauthorized")
+        } else if let Some(forbidden) = self.forbidden(&call) {
+            forbidden
         } else {
             let fault = self.faults.lock().take(&call.method, &call.path);
             match fault {
@@ -94,6 +97,29 @@ impl ClusterApi {
         bearer == required || self.tokens.lock().is_api_token(bearer)
     }
 
+    /// The service account a request's token authenticates, when RBAC holds it to its roles;
+    /// `None` for the administrator (the required token, or no token when none is required).
+    fn rbac_user(&self, authorization: Option<&str>) -> Option<User> {
+        if !self.rbac.load(std::sync::atomic::Ordering::SeqCst) {
+            return None;
+        }
+        let bearer = authorization.and_then(|a| a.strip_prefix("Bearer "))?;
+        if self.token.lock().as_deref() == Some(bearer) {
+            return None;
+        }
+        self.tokens.lock().user_of(bearer)
+    }
+
+    /// 403 Forbidden when RBAC is enforced and the caller's roles do not allow the request.
+    fn forbidden(&self, call: &Call) -> Option<Response<Body>> {
+        let user = self.rbac_user(call.authorization.as_deref())?;
+        let attributes = Attributes::of_call(call)?;
+        if rbac::allows(&self.store.lock(), &user, &attributes) {
+            return None;
+        }
+        Some(rbac::forbidden(&user, &attributes))
+    }
+
     fn route(&self, call: &Call) -> Response<Body> {
         if call.method == Method::GET {
             let kinds = self.store.lock().kinds();
@@ -137,10 +163,22 @@ impl ClusterApi {
     }
 
     fn review(&self, call: &Call, target: &Target) -> Response<Body> {
-        let status_of = match target.resource.plural.as_str() {
-            "tokenreviews" => self.tokens.lock().review(&call.body),
-            // Every caller may do everything: this server authorizes nothing beyond its token.
-            _ => json!({"allowed": true, "reason": "the in-process API server authorizes every request"}),
+        let user = self.rbac_user(call.authorization.as_deref());
+        let status_of = match (target.resource.plural.as_str(), user) {
+            ("tokenreviews", _) => self.tokens.lock().review(&call.body),
+            // Held to RBAC: the caller's roles answer.
+            (_, Some(user)) => {
+                match Attributes::of_review(&call.body["spec"]) {
+                    Some(asked) if !rbac::allows(&self.store.lock(), &user, &asked) => {
+                        json!({"allowed": false, "reason": asked.forbidden_message(&user)})
+                    }
+                    Some(_) => json!({"allowed": true, "reason": "allowed by the caller's roles"}),
+                    // Non-resource URLs (discovery) are open to every authenticated caller.
+                    None => json!({"allowed": true, "reason": "non-resource URLs are open to every caller"}),
+                }
+            }
+            // RBAC not enforced: every caller may do everything beyond the token.
+            (_, None) => json!({"allowed": true, "reason": "the in-process API server authorizes every request"}),
         };
         let mut review = call.body.clone();
         review["status"] = status_of;

@@ -62,6 +62,13 @@ impl Tokens {
         self.issued.get(token).is_some_and(|i| i.audiences.is_empty())
     }
 
+    /// The service account an API token (issued for no audience) authenticates; `None` for any
+    /// other token.
+    pub(crate) fn user_of(&self, token: &str) -> Option<crate::rbac::User> {
+        let issued = self.issued.get(token).filter(|i| i.audiences.is_empty())?;
+        Some(crate::rbac::User::service_account(&issued.namespace, &issued.service_account))
+    }
+
     /// The TokenReview's answer: `status` of the review in `request`.
     pub(crate) fn review(&self, request: &Value) -> Value {
         let token = request["spec"]["token"].as_str().unwrap_or_default();

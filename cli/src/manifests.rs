@@ -24,7 +24,7 @@ pub const MULTICLUSTER_FILES: [(&str, &str); 4] = [
     ("daemonset/multicluster/link-crd.yaml", include_str!("../../daemonset/multicluster/link-crd.yaml")),
     ("daemonset/multicluster/gateway.yaml", include_str!("../../daemonset/multicluster/gateway.yaml")),
     ("daemonset/multicluster/mirror-reader.yaml", include_str!("../../daemonset/multicluster/mirror-reader.yaml")),
-    ("daemonset/multicluster/control-rbac.yaml", include_str!("../../daemonset/multicluster/control-rbac.yaml")),
+    ("daemonset/multicluster/mirror.yaml", include_str!("../../daemonset/multicluster/mirror.yaml")),
 ];
 
 /// Every document of every file, in order.

@@ -1,5 +1,5 @@
 //! `daemonset/multicluster/`: the Link CRD is exactly what
-//! `cnimesh_control::multicluster::crd` derives (so the schema the API server enforces is the one
+//! `cnimesh_mirror::crd` derives (so the schema the API server enforces is the one
 //! the mirror controller parses with), and every document `cnimesh multicluster install` prints
 //! passes the strict k8s-openapi round trip every other manifest passes.
 //! `UPDATE_GOLDEN=1 cargo nextest run -p cnimesh-cli --test multicluster_manifests` rewrites the CRD
@@ -16,12 +16,12 @@ use serde_json::Value;
 mod manifest_check;
 
 const FILE: &str = "multicluster/link-crd.yaml";
-const HEADER: &str = "# The Link custom resource (group multicluster.cnimesh.io, version v1alpha1), generated from\n# control/src/multicluster/crd.rs: do not edit by hand. `UPDATE_GOLDEN=1 cargo nextest run -p\n# cnimesh-cli --test multicluster_manifests` rewrites this file.\n";
+const HEADER: &str = "# The Link custom resource (group multicluster.cnimesh.io, version v1alpha1), generated from\n# mirror/src/crd.rs: do not edit by hand. `UPDATE_GOLDEN=1 cargo nextest run -p\n# cnimesh-cli --test multicluster_manifests` rewrites this file.\n";
 
 #[test]
 fn the_checked_in_link_crd_equals_the_derived_one() {
     let path = manifest_check::daemonset_dir().join(FILE);
-    let derived = serde_json::to_value(cnimesh_control::multicluster::crd::Link::crd()).unwrap();
+    let derived = serde_json::to_value(cnimesh_mirror::crd::Link::crd()).unwrap();
     if std::env::var_os("UPDATE_GOLDEN").is_some() {
         let text = format!("{HEADER}{}", cnimesh_cli::yaml::render(std::slice::from_ref(&derived)));
         std::fs::write(&path, text).unwrap();
@@ -73,15 +73,18 @@ fn every_multicluster_document_round_trips_through_k8s_openapi_as_printed_and_as
 }
 
 #[test]
-fn the_control_planes_multicluster_rbac_grants_exactly_what_the_mirror_controller_uses() {
-    let path = manifest_check::daemonset_dir().join("multicluster/control-rbac.yaml");
+fn the_mirrors_rbac_grants_exactly_what_the_mirror_uses_and_no_secret() {
+    let path = manifest_check::daemonset_dir().join("multicluster/mirror.yaml");
     let mut grants = Vec::new();
     for doc in manifest_check::documents(&path) {
         let scope = doc["metadata"]["namespace"].as_str().unwrap_or("*").to_string();
         for rule in doc["rules"].as_array().into_iter().flatten() {
+            let names: Vec<&str> =
+                rule["resourceNames"].as_array().into_iter().flatten().filter_map(|n| n.as_str()).collect();
+            let names = if names.is_empty() { String::new() } else { format!("[{}]", names.join(",")) };
             for resource in rule["resources"].as_array().unwrap() {
                 for verb in rule["verbs"].as_array().unwrap() {
-                    grants.push(format!("{scope} {} {}", resource.as_str().unwrap(), verb.as_str().unwrap()));
+                    grants.push(format!("{scope} {}{names} {}", resource.as_str().unwrap(), verb.as_str().unwrap()));
                 }
             }
         }
@@ -94,12 +97,16 @@ fn the_control_planes_multicluster_rbac_grants_exactly_what_the_mirror_controlle
         }
     }
     for verb in ["get", "list", "watch"] {
+        want.push(format!("* pods {verb}"));
         want.push(format!("cnimesh links {verb}"));
-        want.push(format!("cnimesh secrets {verb}"));
     }
     for verb in ["get", "patch", "update"] {
         want.push(format!("cnimesh links/status {verb}"));
     }
+    want.push("cnimesh leases create".into());
+    for verb in ["get", "update"] {
+        want.push(format!("cnimesh leases[cnimesh-control-mirror-write] {verb}"));
+    }
     want.sort();
-    assert_eq!(grants, want);
+    assert_eq!(grants, want, "a Link's Secret is readable only through the Role `multicluster link` prints");
 }

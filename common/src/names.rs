@@ -31,6 +31,10 @@ pub const PROXY_CONTAINER: &str = "cnimesh-proxy";
 /// The control plane's namespace, Deployment, Service and ServiceAccount name.
 pub const CONTROL_NAMESPACE: &str = "cnimesh";
 pub const CONTROL_NAME: &str = "cnimesh-control";
+/// The multicluster mirror's Deployment and ServiceAccount (in [`CONTROL_NAMESPACE`]): apart from
+/// the control plane, so the process holding the identity issuer's key holds no linked cluster's
+/// credentials and cannot write Services or EndpointSlices.
+pub const MIRROR_NAME: &str = "cnimesh-mirror";
 /// The control plane's admin listener (`/metrics`, `/ready`, `/live`, `/tap`), port name `admin`.
 pub const CONTROL_ADMIN_PORT: u16 = 9990;
 /// The ServiceAccount (in [`CONTROL_NAMESPACE`]) whose token the control plane's tap relay

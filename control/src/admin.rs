@@ -23,7 +23,7 @@ use tokio::net::TcpListener;
 
 use crate::identity::IssuerRx;
 use crate::metrics::Metrics;
-use crate::tap::{AdminBody, Relay};
+use crate::tap::Relay;
 
 /// What the admin endpoints report on.
 #[derive(Clone)]
@@ -90,6 +90,29 @@ fn respond(state: &AdminState, path: &str, query: Option<&str>) -> Response<Full
 
 /// Serves the admin endpoints on `listener` until `shutdown` resolves.
 pub async fn serve(listener: TcpListener, state: AdminState, shutdown: impl Future<Output = ()>) {
+    serve_http(listener, shutdown, move |req: http::Request<hyper::body::Incoming>| {
+        let state = state.clone();
+        async move {
+            match (&state.tap, req.uri().path()) {
+                (Some(tap), "/tap") => tap.handle(req.headers(), req.uri().query()).await,
+                (_, "/trust.json") => trust_json(&state).await.map(BodyExt::boxed_unsync),
+                (_, path) => respond(&state, path, req.uri().query()).map(BodyExt::boxed_unsync),
+            }
+        }
+    })
+    .await
+}
+
+/// Plain HTTP/1 on `listener`, each request answered by `handle`, until `shutdown` resolves: the
+/// accept loop of every admin listener (the control plane's, the mirror's).
+pub async fn serve_http<F, Fut, B>(listener: TcpListener, shutdown: impl Future<Output = ()>, handle: F)
+where
+    F: Fn(http::Request<hyper::body::Incoming>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Response<B>> + Send + 'static,
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     tokio::pin!(shutdown);
     loop {
         let stream = tokio::select! {
@@ -103,18 +126,11 @@ pub async fn serve(listener: TcpListener, state: AdminState, shutdown: impl Futu
                 }
             },
         };
-        let state = state.clone();
+        let handle = handle.clone();
         tokio::spawn(async move {
-            let service = service_fn(move |req: http::Request<hyper::body::Incoming>| {
-                let state = state.clone();
-                async move {
-                    let response: Response<AdminBody> = match (&state.tap, req.uri().path()) {
-                        (Some(tap), "/tap") => tap.handle(req.headers(), req.uri().query()).await,
-                        (_, "/trust.json") => trust_json(&state).await.map(BodyExt::boxed_unsync),
-                        (_, path) => respond(&state, path, req.uri().query()).map(BodyExt::boxed_unsync),
-                    };
-                    Ok::<_, Infallible>(response)
-                }
+            let service = service_fn(move |req| {
+                let response = handle(req);
+                async move { Ok::<_, Infallible>(response.await) }
             });
             let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
         });

@@ -101,23 +101,6 @@ struct ServeArgs {
     #[arg(long = "identity-allow-service-account", env = "CNIMESH_CONTROL_IDENTITY_ALLOW_SERVICE_ACCOUNTS",
         value_delimiter = ',', value_parser = crate::identity::reserved::parse_account)]
     identity_allowed: Vec<(String, String)>,
-    #[command(flatten)]
-    mirror: MirrorArgs,
-}
-
-/// The multicluster mirror controller (Links in the control plane's namespace).
-#[derive(Debug, Args)]
-struct MirrorArgs {
-    /// Run the mirror controller: follow the Links in the control plane's namespace and mirror
-    /// their clusters' exported Services here.
-    #[arg(long = "multicluster-mirror", env = "CNIMESH_CONTROL_MULTICLUSTER_MIRROR", default_value_t = true,
-        action = clap::ArgAction::Set)]
-    enabled: bool,
-    /// Files backend (--cluster-dir): the Service range mirror ClusterIPs are allocated from,
-    /// from the top down (local mode passes its service range). Without it, no mirror can be
-    /// written in files mode.
-    #[arg(long = "mirror-service-cidr", env = "CNIMESH_CONTROL_MIRROR_SERVICE_CIDR")]
-    service_cidr: Option<ipnet::IpNet>,
 }
 
 /// Bounds on what one client may hold on the gRPC port (every pod can reach it). Over a bound a
@@ -268,8 +251,6 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 }
 
 struct Addrs {
-    /// The mirror controller's settings, when it runs.
-    mirror: Option<crate::serve::MirrorSettings>,
     grpc: SocketAddr,
     admin: SocketAddr,
     webhook: Option<SocketAddr>,
@@ -376,30 +357,7 @@ impl ServeArgs {
             namespace: self.webhook.namespace.clone(),
             identity: identity_name.to_string(),
         });
-        let mirror = if self.mirror.enabled && cluster.is_some() {
-            let election = match &kube_client {
-                Some(_) => {
-                    let election = crate::leader::ElectionConfig {
-                        namespace: self.webhook.namespace.clone(),
-                        identity: crate::leader::ElectionConfig::unique_identity(&self.ha.pod_name),
-                        lease_duration: self.ha.lease_duration,
-                        renew_interval: self.ha.lease_renew_interval,
-                    };
-                    election.validate()?;
-                    Some(election)
-                }
-                None => None,
-            };
-            Some(crate::serve::MirrorSettings {
-                namespace: self.webhook.namespace.clone(),
-                service_cidr: self.mirror.service_cidr,
-                election,
-            })
-        } else {
-            None
-        };
-        let addrs =
-            Addrs { mirror, grpc: self.addr, admin: self.admin_addr, webhook: self.webhook.webhook_addr, trace };
+        let addrs = Addrs { grpc: self.addr, admin: self.admin_addr, webhook: self.webhook.webhook_addr, trace };
         Ok((
             Config {
                 issuer_dir: self.issuer_dir,
@@ -460,15 +418,15 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         None => None,
     };
     let listeners = Listeners { grpc: bind(addrs.grpc, reuse).await?, admin: bind(addrs.admin, reuse).await?, webhook };
-    crate::serve::run_with_mirror(config, listeners, addrs.trace, addrs.mirror, shutdown_signal()).await
+    crate::serve::run_traced(config, listeners, addrs.trace, shutdown_signal()).await
 }
 
-/// SIGTERM (the kubelet) or SIGINT (a terminal).
-async fn shutdown_signal() {
+/// SIGTERM (the kubelet) or SIGINT (a terminal); the mirror's process stops on them too.
+pub async fn shutdown_signal() {
     let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
         Ok(term) => term,
         Err(error) => {
-            tracing::warn!(%error, "cannot listen for SIGTERM; only SIGINT stops the control plane");
+            tracing::warn!(%error, "cannot listen for SIGTERM; only SIGINT stops the process");
             let _ = tokio::signal::ctrl_c().await;
             return;
         }

@@ -15,12 +15,14 @@
 //!    webhook ([`inject`]), [`leader`] (Lease elections for the writers) and the tap relay
 //!    ([`tap`]), none importing another;
 //! 4. runtime: [`admin`], [`ca_init`], [`webhook_certs`] (the webhook's Secret and caBundle),
-//!    [`multicluster`] (the mirror controller, a writer elected through [`leader`]),
 //!    then [`serve`], which wires them, and [`cli`], its flags.
 //!
 //! The operator's command line (`cnimesh`) is a crate of its own, cnimesh-cli, built on this one.
+//! So is the multicluster mirror (cnimesh-mirror), its own process and ServiceAccount: the
+//! process that holds the issuer's key holds no linked cluster's credentials and cannot write
+//! Services or EndpointSlices; Destination reads the mirrors from the API server like any Service.
 //!
-//! Layers: metrics | resource | meta | workload → routes → destination | egress → policy | identity → sources | tls_accept → grpc | inject | leader | tap → multicluster | admin | ca_init | webhook_certs → serve → cli
+//! Layers: metrics | resource | meta | workload → routes → destination | egress → policy | identity → sources | tls_accept → grpc | inject | leader | tap → admin | ca_init | webhook_certs → serve → cli
 //!
 //! In-process use (tests, benchmarks): bind the listeners yourself and call [`serve::run`] with a
 //! [`serve::Config`]; it returns once the shutdown future resolves and calls have drained.
@@ -36,7 +38,6 @@ pub mod inject;
 pub mod leader;
 pub mod meta;
 pub mod metrics;
-pub mod multicluster;
 pub mod policy;
 pub mod resource;
 pub mod routes;

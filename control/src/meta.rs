@@ -19,7 +19,7 @@ impl NsName {
     }
 
     /// Objects without a namespace are in `default`, as `kubectl apply` would place them.
-    pub(crate) fn of(meta: &ObjectMeta) -> Self {
+    pub fn of(meta: &ObjectMeta) -> Self {
         Self::new(meta.namespace.as_deref().unwrap_or("default"), meta.name.as_deref().unwrap_or_default())
     }
 }

@@ -67,29 +67,12 @@ pub struct Metrics {
     tap_sessions: Gauge,
     tap_unreachable: Counter,
     grpc_refused: Family<ReasonLabel, Counter>,
-    // The mirror controller, per linked cluster.
-    link_up: Family<ClusterLabel, Gauge>,
-    gateway_alive: Family<ClusterLabel, Gauge>,
-    gateway_latency: Family<ClusterLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
-    mirrors: Family<ClusterLabel, Gauge>,
-    mirror_syncs: Family<ClusterResultLabel, Counter>,
     rejected: Family<KindLabel, Counter>,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct KindLabel {
     kind: &'static str,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ClusterLabel {
-    cluster: String,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ClusterResultLabel {
-    cluster: String,
-    result: &'static str,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -168,32 +151,6 @@ impl Default for Metrics {
             "Connections and calls the gRPC port refused, by reason: no mesh client certificate, or a bound reached",
             grpc_refused.clone(),
         );
-        let link_up = Family::<ClusterLabel, Gauge>::default();
-        registry.register(
-            "multicluster_link_up",
-            "1 while a linked cluster's API answers the mirror controller",
-            link_up.clone(),
-        );
-        let gateway_alive = Family::<ClusterLabel, Gauge>::default();
-        registry.register(
-            "multicluster_gateway_alive",
-            "1 while a linked cluster's gateway answers its probe",
-            gateway_alive.clone(),
-        );
-        let gateway_latency = Family::<ClusterLabel, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
-        registry.register(
-            "multicluster_gateway_probe_latency_ms",
-            "The last successful gateway probe's round trip, in milliseconds",
-            gateway_latency.clone(),
-        );
-        let mirrors = Family::<ClusterLabel, Gauge>::default();
-        registry.register("multicluster_mirrors", "Mirror Services made from a linked cluster", mirrors.clone());
-        let mirror_syncs = Family::<ClusterResultLabel, Counter>::default();
-        registry.register(
-            "multicluster_mirror_sync",
-            "Mirror writes (create, update, delete) by linked cluster and result",
-            mirror_syncs.clone(),
-        );
         let rejected = Family::<KindLabel, Counter>::default();
         registry.register(
             "cluster_objects_rejected",
@@ -203,11 +160,6 @@ impl Default for Metrics {
         Self {
             registry,
             rejected,
-            link_up,
-            gateway_alive,
-            gateway_latency,
-            mirrors,
-            mirror_syncs,
             certify,
             certify_duration,
             issuer_reloads,
@@ -269,42 +221,6 @@ impl Metrics {
     /// The gRPC port refused a connection or call; `reason` is one of [`GRPC_REFUSAL_REASONS`].
     pub fn grpc_refused(&self, reason: &'static str) {
         self.grpc_refused.get_or_create(&ReasonLabel { reason }).inc();
-    }
-
-    /// Whether a linked cluster's API answers.
-    pub fn set_link_up(&self, cluster: &str, up: bool) {
-        self.link_up.get_or_create(&ClusterLabel { cluster: cluster.to_string() }).set(i64::from(up));
-    }
-
-    /// A gateway probe's result (latency of a successful one).
-    pub fn gateway_probed(&self, cluster: &str, latency_ms: Option<f64>) {
-        let label = ClusterLabel { cluster: cluster.to_string() };
-        self.gateway_alive.get_or_create(&label).set(i64::from(latency_ms.is_some()));
-        if let Some(latency) = latency_ms {
-            self.gateway_latency.get_or_create(&label).set(latency);
-        }
-    }
-
-    /// How many mirrors a linked cluster has here.
-    pub fn set_mirrors(&self, cluster: &str, count: usize) {
-        self.mirrors
-            .get_or_create(&ClusterLabel { cluster: cluster.to_string() })
-            .set(i64::try_from(count).unwrap_or(i64::MAX));
-    }
-
-    /// One mirror write, `ok` or `error`.
-    pub fn mirror_synced(&self, cluster: &str, ok: bool) {
-        let result = if ok { "ok" } else { "error" };
-        self.mirror_syncs.get_or_create(&ClusterResultLabel { cluster: cluster.to_string(), result }).inc();
-    }
-
-    /// A Link is gone: its series go with it.
-    pub fn forget_cluster(&self, cluster: &str) {
-        let label = ClusterLabel { cluster: cluster.to_string() };
-        self.link_up.remove(&label);
-        self.gateway_alive.remove(&label);
-        self.gateway_latency.remove(&label);
-        self.mirrors.remove(&label);
     }
 
     /// Read back by tests; the admin listener only ever encodes.

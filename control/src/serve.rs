@@ -93,30 +93,6 @@ pub async fn run_traced(
     trace: Option<TraceConfig>,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
-    run_with_mirror(config, listeners, trace, None, shutdown).await
-}
-
-/// How the multicluster mirror controller runs beside the control plane
-/// ([`crate::multicluster::controller`]), on the cluster source's backend.
-#[derive(Debug, Clone)]
-pub struct MirrorSettings {
-    /// The Links' and their Secrets' namespace (the control plane's).
-    pub namespace: String,
-    /// Files backend: the range mirror ClusterIPs are allocated from (`--mirror-service-cidr`).
-    pub service_cidr: Option<ipnet::IpNet>,
-    /// Kube backend: the election of the mirror's one writer (`None`: this replica writes).
-    pub election: Option<crate::leader::ElectionConfig>,
-}
-
-/// [`run_traced`], with the mirror controller when `mirror` is given and a cluster source is
-/// configured (it needs one: the mirrors are written where the cluster state is).
-pub async fn run_with_mirror(
-    config: Config,
-    listeners: Listeners,
-    trace: Option<TraceConfig>,
-    mirror: Option<MirrorSettings>,
-    shutdown: impl Future<Output = ()>,
-) -> anyhow::Result<()> {
     let tracer = match &trace {
         Some(trace) => {
             let tracer = GrpcTracing::spawn(trace).context("the control plane's tracing")?;
@@ -166,43 +142,6 @@ pub async fn run_with_mirror(
         .with_reserved(config.reserved);
     let mut routes = Routes::new(identity.into_server());
     let index = config.cluster.as_ref().map(|_| Index::new());
-    let mut mirror_tasks = Vec::new();
-    if let (Some(settings), Some(source)) = (mirror, config.cluster.as_ref()) {
-        use crate::multicluster::controller::{Backend, MIRROR_WRITE, MirrorController};
-        let (backend, leadership) = match source {
-            ClusterSource::Files(dir) => (
-                Backend::Files { dir: dir.clone(), cidr: settings.service_cidr },
-                crate::leader::Leadership::always(MIRROR_WRITE),
-            ),
-            ClusterSource::Kube(client) => {
-                let leadership = match settings.election {
-                    Some(election) => {
-                        let (leadership, elector) = crate::leader::spawn(
-                            client.clone(),
-                            MIRROR_WRITE,
-                            election,
-                            metrics.clone(),
-                            stopped.clone(),
-                        );
-                        mirror_tasks.push(elector);
-                        leadership
-                    }
-                    None => crate::leader::Leadership::always(MIRROR_WRITE),
-                };
-                (Backend::Kube(client.clone()), leadership)
-            }
-        };
-        let controller = MirrorController {
-            backend,
-            namespace: settings.namespace,
-            trust_domain: config.destination.trust_domain.clone(),
-            cluster_domain: config.destination.cluster_domain.clone(),
-            metrics: metrics.clone(),
-            leadership,
-        };
-        tracing::info!("running the multicluster mirror controller");
-        mirror_tasks.push(tokio::spawn(controller.run(stopped.clone())));
-    }
     let destination_config = Arc::new(config.destination.clone());
     let source_task = match (config.cluster, index.clone()) {
         (Some(source), Some(index)) => {
@@ -282,12 +221,6 @@ pub async fn run_with_mirror(
         // The elector releases its Lease (bounded by a renew interval); the others just stop.
         if tokio::time::timeout(std::time::Duration::from_secs(10), task).await.is_err() {
             tracing::warn!("a webhook certificate task did not stop in time");
-        }
-    }
-    for task in mirror_tasks {
-        // The elector releases its Lease (bounded by a renew interval); the controller stops.
-        if tokio::time::timeout(std::time::Duration::from_secs(10), task).await.is_err() {
-            tracing::warn!("a mirror controller task did not stop in time");
         }
     }
     if let Some(task) = source_task {

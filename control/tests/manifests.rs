@@ -409,11 +409,13 @@ fn expected_control_grants() -> BTreeSet<String> {
         "cnimesh:coordination.k8s.io/leases:get",
         "cnimesh:coordination.k8s.io/leases:create",
         "cnimesh:coordination.k8s.io/leases:update",
-        "cnimesh:/secrets:get",
-        "cnimesh:/secrets:list",
-        "cnimesh:/secrets:watch",
+        // The webhook's Secret, by name: no other Secret of the namespace (the Links'
+        // credentials are the mirror's alone).
         "cnimesh:/secrets:create",
-        "cnimesh:/secrets:update",
+        "cnimesh:/secrets[cnimesh-webhook-tls]:get",
+        "cnimesh:/secrets[cnimesh-webhook-tls]:list",
+        "cnimesh:/secrets[cnimesh-webhook-tls]:watch",
+        "cnimesh:/secrets[cnimesh-webhook-tls]:update",
     ]
     .into_iter()
     .map(String::from)

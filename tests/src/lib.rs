@@ -20,6 +20,7 @@ pub mod kube_api;
 pub mod local_mode;
 pub mod manifest_check;
 pub mod mesh;
+pub mod mirror_process;
 pub mod multicluster;
 pub mod netns;
 pub mod objects;

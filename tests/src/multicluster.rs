@@ -16,8 +16,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use cnimesh_common::names::{GATEWAY_NAME, MULTICLUSTER_NAMESPACE};
-use cnimesh_control::multicluster::crd::LinkStatus;
 use cnimesh_identity::Name;
+use cnimesh_mirror::crd::LinkStatus;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 

@@ -422,6 +422,7 @@ fn images_build_offline_and_run() {
     for (name, built) in [
         ("cnimesh-node", env!("CARGO_BIN_EXE_cnimesh-node-e2e")),
         ("cnimesh-control", env!("CARGO_BIN_EXE_cnimesh-control-e2e")),
+        ("cnimesh-mirror", env!("CARGO_BIN_EXE_cnimesh-mirror-e2e")),
         ("cnimesh-proxy", env!("CARGO_BIN_EXE_cnimesh-proxy-e2e")),
     ] {
         std::os::unix::fs::symlink(built, bins.join(name)).unwrap();

@@ -11,11 +11,11 @@ use std::process::Command;
 use std::time::Duration;
 
 use cnimesh_common::names::{GATEWAY_NAME, MULTICLUSTER_NAMESPACE, PROXY_INBOUND_PORT};
-use cnimesh_control::multicluster::crd::LinkState;
 use cnimesh_e2e::control::{Control, write_atomically};
 use cnimesh_e2e::multicluster::{LocalRoot, link_local, service_yaml, start_gateway};
 use cnimesh_e2e::wait::eventually;
 use cnimesh_e2e::{Network, Pod, bins, require_root};
+use cnimesh_mirror::crd::LinkState;
 use serde_json::{Value, json};
 
 /// Only guards against a hung test; nothing here measures time.
@@ -194,7 +194,7 @@ fn an_idle_healthy_link_stays_green_past_the_stale_bound_and_goes_red_once_its_m
     ) {
         return;
     }
-    use cnimesh_control::multicluster::crd::HEARTBEAT_STALE_AFTER;
+    use cnimesh_mirror::crd::HEARTBEAT_STALE_AFTER;
     let bins = bins!();
     let net = Network::bridge(&bins, json!({})).unwrap();
     let (east_root, west_root) = (LocalRoot::new(), LocalRoot::new());

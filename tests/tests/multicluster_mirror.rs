@@ -12,12 +12,12 @@ use cnimesh_common::names::{
     MIRROR_CLUSTER_NAME_LABEL, MIRROR_GATEWAY_IDENTITY_ANNOTATION, MIRROR_LINK_STATE_ANNOTATION,
     MIRROR_REMOTE_IDENTITY_ANNOTATION, MIRROR_REMOTE_SERVICE_ANNOTATION, MIRRORED_SERVICE_LABEL,
 };
-use cnimesh_control::multicluster::crd::{LinkState, LinkStatus};
 use cnimesh_e2e::control::{Control, identity, write_atomically};
 use cnimesh_e2e::netns::block_on_in;
 use cnimesh_e2e::wait::eventually;
 use cnimesh_e2e::{Network, Pod, bins, require_root};
 use cnimesh_identity::Name;
+use cnimesh_mirror::crd::{LinkState, LinkStatus};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use linkerd2_proxy_api::destination::GetDestination;

@@ -1,5 +1,5 @@
-//! The mirror controller's Kubernetes path: the real [`MirrorController`] with
-//! `Backend::Kube`, in-process, against two mocked API servers ([`ClusterApi`]). East (this
+//! The mirror controller: the real [`MirrorController`],
+//! in-process, against two mocked API servers ([`ClusterApi`]). East (this
 //! cluster: Links, Secrets, the mirrors it writes, the Lease) is reached in-process; west (the
 //! linked cluster) only through the kubeconfig in the Link's Secret, over HTTPS on 127.0.0.1 with
 //! its CA inline and a bearer token, as a real remote API server would be. The tests change either
@@ -21,12 +21,12 @@ use cnimesh_common::names::{
     MIRROR_REMOTE_SERVICE_ANNOTATION, MIRRORED_SERVICE_LABEL, PROXY_CONTAINER,
 };
 use cnimesh_control::leader::{self, ElectionConfig, Leadership};
-use cnimesh_control::metrics::Metrics;
-use cnimesh_control::multicluster::controller::{Backend, MIRROR_WRITE, MirrorController};
-use cnimesh_control::multicluster::crd::{self, LinkState, LinkStatus};
-use cnimesh_control::multicluster::plan::{LINK_STATE_LOST, SERVICE_NAME_LABEL};
-use cnimesh_control::multicluster::write::FIELD_MANAGER;
 use cnimesh_e2e::kube_api::{Call, ClusterApi, Served};
+use cnimesh_mirror::controller::{MIRROR_WRITE, MirrorController};
+use cnimesh_mirror::crd::{self, LinkState, LinkStatus};
+use cnimesh_mirror::metrics::Metrics;
+use cnimesh_mirror::plan::{LINK_STATE_LOST, SERVICE_NAME_LABEL};
+use cnimesh_mirror::write::FIELD_MANAGER;
 use http::Method;
 use serde_json::{Value, json};
 use tokio::sync::watch;
@@ -127,7 +127,7 @@ impl Drop for Mirror {
 fn run_mirror(east: &Arc<ClusterApi>, leadership: Leadership) -> Mirror {
     let (stop, stopped) = watch::channel(false);
     let controller = MirrorController {
-        backend: Backend::Kube(east.client()),
+        client: east.client(),
         namespace: NS.to_string(),
         trust_domain: "east.local".to_string(),
         cluster_domain: "cluster.local".to_string(),
@@ -204,17 +204,14 @@ fn annotation<'v>(object: &'v Value, key: &str) -> Option<&'v str> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn east_with_no_link_watches_only_links_and_their_secrets_until_a_link_appears() {
+async fn east_with_no_link_watches_only_links_until_a_link_appears_and_then_its_one_secret_by_name() {
     let (_west, served) = west().await;
     let east = ClusterApi::new();
     let _mirror = run_mirror(&east, Leadership::always(MIRROR_WRITE));
-    east.until("the Links and Secrets watches", |api| {
-        (watched(api, &links_path()) && watched(api, &secrets_path())).then_some(())
-    })
-    .await;
+    east.until("the Links watch", |api| watched(api, &links_path()).then_some(())).await;
     // (A list of the mirrors, by label, is fine: it is how mirrors of a Link deleted meanwhile go.)
     let early: Vec<String> = east.calls().iter().filter(|c| c.is_watch()).map(|c| c.path.clone()).collect();
-    for path in [SERVICES, SLICES, PODS] {
+    for path in [SERVICES, SLICES, PODS, secrets_path().as_str()] {
         assert!(!early.iter().any(|p| p == path), "{path} watched before any Link: {early:?}");
     }
 
@@ -224,6 +221,18 @@ async fn east_with_no_link_watches_only_links_and_their_secrets_until_a_link_app
         [SERVICES, SLICES, PODS].iter().all(|p| watched(api, p)).then_some(())
     })
     .await;
+    // The Secrets are watched for the Link's one Secret only: the mirror may read no other.
+    let secret_watches: Vec<Option<String>> = east
+        .calls()
+        .iter()
+        .filter(|c| c.is_watch() && c.path == secrets_path())
+        .map(|c| c.param("fieldSelector").map(String::from))
+        .collect();
+    assert!(!secret_watches.is_empty(), "the Link's Secret is followed");
+    assert!(
+        secret_watches.iter().all(|f| f.as_deref() == Some("metadata.name=cluster-credentials-west")),
+        "{secret_watches:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -705,4 +714,92 @@ async fn a_service_mirrored_before_a_link_whose_cluster_name_ends_its_mirror_nam
         .count();
     assert_eq!(us_west_writes, 0, "no mirror of the refused Link");
     drop(us_west_api);
+}
+
+/// A kube client for `served` that trusts its CA and sends `token`: a component with its own
+/// ServiceAccount.
+fn client_with_token(served: &Served, token: &str) -> kube::Client {
+    let mut config = kube::Config::new(served.server().parse().unwrap());
+    let ca = cnimesh_identity::pem::certs(served.ca_pem.as_bytes(), "east's CA").unwrap();
+    config.root_cert = Some(ca.into_iter().map(|c| c.to_vec()).collect());
+    config.auth_info.token = Some(token.to_string().into());
+    kube::Client::try_from(config).unwrap()
+}
+
+/// The mirror as it is installed: east holds what `cnimesh multicluster install` and `cnimesh
+/// multicluster link` print, enforces RBAC, and the mirror runs with its own ServiceAccount's
+/// token (elector included). It mirrors west and reports the Link up: its RBAC is enough, and it
+/// read no Secret but the Link's, by name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_mirror_with_only_its_own_service_accounts_rbac_mirrors_west_and_holds_its_lease() {
+    let (_west, served_west) = west().await;
+    let east = ClusterApi::new();
+    let anchor = cnimesh_identity::ca::new_trust_anchor("east.local", Duration::from_secs(86400)).unwrap();
+    let install = cnimesh_cli::multicluster::install::InstallArgs {
+        identity_trust_anchors_file: None,
+        trust_domain: None,
+        cluster_domain: "cluster.local".into(),
+        proxy_image: "ghcr.io/cnimesh/cnimesh-proxy:0.1.0".into(),
+    };
+    let target = cnimesh_cli::multicluster::link::Target {
+        cluster_name: "west".into(),
+        cluster_domain: "cluster.local".into(),
+        trust_domain: "west.local".into(),
+        gateway: Some((GATEWAY_ADDRESS.into(), 4143)),
+        server: served_west.server(),
+        ca_pem: Some(served_west.ca_pem.clone().into_bytes()),
+        token: Some(TOKEN.into()),
+    };
+    let docs = cnimesh_cli::multicluster::install::render(&install, &anchor.cert_pem, "east.local")
+        .unwrap()
+        .into_iter()
+        .chain(cnimesh_cli::multicluster::link::render(&target).unwrap());
+    for doc in docs {
+        east.put(doc);
+    }
+    east.require_token("east-admin");
+    east.enforce_rbac(true);
+    let served_east = east.serve().await;
+    let token = east.issue_token(NS, cnimesh_common::names::MIRROR_NAME, &[]).unwrap();
+    let client = client_with_token(&served_east, &token);
+
+    let (stop, stopped) = watch::channel(false);
+    let election = ElectionConfig {
+        namespace: NS.into(),
+        identity: "mirror-0".into(),
+        lease_duration: Duration::from_secs(3),
+        renew_interval: Duration::from_millis(500),
+    };
+    let metrics = Arc::new(Metrics::default());
+    let (leadership, _elector) =
+        leader::spawn(client.clone(), MIRROR_WRITE, election, metrics.clone(), stopped.clone());
+    let controller = MirrorController {
+        client,
+        namespace: NS.to_string(),
+        trust_domain: "east.local".to_string(),
+        cluster_domain: "cluster.local".to_string(),
+        metrics,
+        leadership,
+    };
+    tokio::spawn(controller.run(stopped));
+    let _stop = Mirror { stop };
+    let up = east
+        .until("the Link's status: up with both mirrors, written as the mirror", |api| {
+            status(api, "west").filter(|s| s.state == Some(LinkState::Up) && s.mirrors.len() == 2)
+        })
+        .await;
+    assert_eq!(up.reason, None, "{up:?}");
+    assert!(east.get("v1", "Service", "shop", "web-west").is_some(), "the gateway mirror");
+    assert!(east.get("v1", "Service", "shop", "db-west").is_some(), "the remote-discovery mirror");
+    let lease = east.get("coordination.k8s.io/v1", "Lease", NS, &leader::lease_name(MIRROR_WRITE)).unwrap();
+    assert_eq!(lease["spec"]["holderIdentity"], "mirror-0", "{lease}");
+    let bearer = format!("Bearer {token}");
+    let secret_reads: Vec<String> = east
+        .calls()
+        .iter()
+        .filter(|c| c.authorization.as_deref() == Some(bearer.as_str()) && c.path.contains("/secrets"))
+        .map(|c| format!("{} {}?{:?}", c.method, c.path, c.param("fieldSelector")))
+        .collect();
+    assert!(!secret_reads.is_empty());
+    assert!(secret_reads.iter().all(|r| r.contains("metadata.name=cluster-credentials-west")), "{secret_reads:#?}");
 }

@@ -19,8 +19,8 @@ use super::check_cluster_name;
 use super::source::{Found, Remote, Source};
 use super::{issuer_constraints, probe};
 use cnimesh_control::leader::lease_name;
-use cnimesh_control::multicluster::controller::MIRROR_WRITE;
-use cnimesh_control::multicluster::crd::{HEARTBEAT_STALE_AFTER, Link, LinkState, LinkStatus};
+use cnimesh_mirror::controller::MIRROR_WRITE;
+use cnimesh_mirror::crd::{HEARTBEAT_STALE_AFTER, Link, LinkState, LinkStatus};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct CheckArgs {
@@ -93,7 +93,7 @@ pub async fn run(source: &Source, now: SystemTime) -> Vec<Check> {
 /// Fails for every pair of Links whose cluster names overlap (equal, or one a `-`-suffix of the
 /// other): their mirrors could share names, and the controller refuses the later-created one.
 fn cluster_names(links: &[Found], checks: &mut Vec<Check>) {
-    use cnimesh_control::multicluster::overlap;
+    use cnimesh_mirror::overlap;
     let valid: Vec<&Link> = links.iter().filter_map(|f| f.link.as_ref().ok()).collect();
     let conflicts = overlap::conflicts(&valid);
     let pairs: Vec<String> = conflicts
@@ -356,8 +356,8 @@ fn stale_hint() -> String {
     let lease = lease_name(MIRROR_WRITE);
     format!(
         "the mirror controller stopped following this Link (an idle remote cluster still gets a heartbeat): is a \
-         control plane replica running and holding the Lease {lease} (`kubectl -n cnimesh get lease \
-         {lease}`)? Its logs say why it stopped (`kubectl -n cnimesh logs deploy/cnimesh-control`)"
+         cnimesh-mirror replica running and holding the Lease {lease} (`kubectl -n cnimesh get lease \
+         {lease}`)? Its logs say why it stopped (`kubectl -n cnimesh logs deploy/cnimesh-mirror`)"
     )
 }
 
@@ -367,7 +367,7 @@ pub(super) fn freshness(status: Option<&LinkStatus>, now: SystemTime, cat: &Cate
             cat,
             "link status",
             "no status yet: the mirror controller has not synced this Link",
-            "is the control plane running with the mirror controller (and, in local mode, --mirror-service-cidr)?",
+            "is the mirror running (`kubectl -n cnimesh get deploy/cnimesh-mirror`, installed by `cnimesh multicluster install`)?",
         ));
         checks.push(Check::skip(cat, "mirrors", "skipped: no status"));
         return;

@@ -73,8 +73,8 @@ pub async fn rows(source: &Source) -> anyhow::Result<Vec<Row>> {
             cluster: spec.target_cluster_name.clone(),
             gateway: spec.gateway_address.as_ref().map(|a| format!("{a}:{}", spec.gateway_port)),
             link: match status.as_ref().and_then(|s| s.state) {
-                Some(cnimesh_control::multicluster::crd::LinkState::Up) => "up".into(),
-                Some(cnimesh_control::multicluster::crd::LinkState::Lost) => "lost".into(),
+                Some(cnimesh_mirror::crd::LinkState::Up) => "up".into(),
+                Some(cnimesh_mirror::crd::LinkState::Lost) => "lost".into(),
                 None => "unknown".into(),
             },
             alive: gateway_status.as_ref().map(|g| g.alive),

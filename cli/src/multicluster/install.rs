@@ -1,6 +1,7 @@
 //! `cnimesh multicluster install`: the files under `daemonset/multicluster/`
 //! ([`crate::manifests::MULTICLUSTER_FILES`]) with this cluster's trust anchors, trust domain,
-//! cluster domain and proxy image put into the gateway, and the `app.kubernetes.io/*` labels
+//! cluster domain and proxy image put into the gateway (trust and cluster domain into the mirror's
+//! Deployment too), and the `app.kubernetes.io/*` labels
 //! (`part-of: cnimesh-multicluster`, so `cnimesh prune` never takes them for the mesh's own).
 //!
 //! The anchors and trust domain come from the cluster (the ConfigMap `install` made, the control
@@ -15,7 +16,7 @@ use serde_json::{Value, json};
 use super::super::install::{TRUST_ANCHORS_CONFIG_MAP, TRUST_ANCHORS_KEY, labels};
 use super::super::{ClusterArgs, manifests, yaml};
 use super::{gateway_identity, target};
-use cnimesh_common::names::{CONTROL_NAMESPACE, GATEWAY_NAME};
+use cnimesh_common::names::{CONTROL_NAMESPACE, GATEWAY_NAME, MIRROR_NAME};
 use cnimesh_control::inject::{DEFAULT_CLUSTER_DOMAIN, DEFAULT_PROXY_IMAGE};
 
 /// `part-of` of every object: an add-on, not the mesh (`cnimesh prune` leaves it alone).
@@ -93,6 +94,18 @@ pub fn render(args: &InstallArgs, anchors_pem: &str, trust_domain: &str) -> anyh
                 };
                 var["value"] = json!(value);
             }
+        }
+    }
+    // The mirror knows this cluster's own federated members by their identities.
+    for doc in docs.iter_mut().filter(|d| d["kind"] == "Deployment" && d["metadata"]["name"] == MIRROR_NAME) {
+        let container = doc.pointer_mut("/spec/template/spec/containers/0").context("the mirror's container")?;
+        for var in container["env"].as_array_mut().into_iter().flatten() {
+            let value = match var["name"].as_str().unwrap_or_default() {
+                "CNIMESH_MIRROR_TRUST_DOMAIN" => trust_domain,
+                "CNIMESH_MIRROR_CLUSTER_DOMAIN" => domain.as_str(),
+                _ => continue,
+            };
+            var["value"] = json!(value);
         }
     }
     labels::apply_as(&mut docs, PART_OF, |doc| {

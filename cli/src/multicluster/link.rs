@@ -1,10 +1,11 @@
 //! `cnimesh multicluster link` and `unlink`. `link` runs against the cluster linked TO (B) and
 //! prints, for cluster A, the Link (how to reach B: trust domain, gateway, identity) and the
-//! Secret `cluster-credentials-<B>` holding a kubeconfig limited to the mirror reader's rights.
+//! Secret `cluster-credentials-<B>` holding a kubeconfig limited to the mirror reader's rights,
+//! and the Role that lets A's mirror (and nothing else of A's) read that Secret.
 //! With `--local DIR` B is local mode's cluster at DIR and the kubeconfig's server is
 //! `file://DIR/cluster`, which only a control plane on the files backend honours.
 //!
-//! `unlink` prints the two objects for `kubectl delete -f -` (A's mirror controller removes the
+//! `unlink` prints the four objects for `kubectl delete -f -` (A's mirror controller removes the
 //! mirrors it made); with `--local DIR` (A's dir) it removes them, the mirrors of that cluster and
 //! the link's status from A's cluster directory itself.
 
@@ -19,11 +20,11 @@ use super::super::{ClusterArgs, yaml};
 use super::target::{self, LocalRecord};
 use super::{check_cluster_name, credentials_secret_name, gateway_identity};
 use cnimesh_common::names::{
-    CONTROL_NAMESPACE, LINK_CREDENTIALS_KEY, LINK_CREDENTIALS_SECRET_TYPE, MIRROR_CLUSTER_NAME_LABEL,
+    CONTROL_NAMESPACE, LINK_CREDENTIALS_KEY, LINK_CREDENTIALS_SECRET_TYPE, MIRROR_CLUSTER_NAME_LABEL, MIRROR_NAME,
     MIRROR_READER_SERVICE_ACCOUNT, MIRRORED_SERVICE_LABEL,
 };
-use cnimesh_control::multicluster::crd::{API_VERSION, KIND, LinkSpec, ProbeSpec};
-use cnimesh_control::multicluster::kubeconfig;
+use cnimesh_mirror::crd::{API_VERSION, KIND, LinkSpec, ProbeSpec};
+use cnimesh_mirror::kubeconfig;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct LinkArgs {
@@ -201,16 +202,40 @@ pub fn render(target: &Target) -> anyhow::Result<Vec<Value>> {
     let text = kubeconfig(target);
     kubeconfig::parse(&text).map_err(|e| anyhow::anyhow!("the credentials for {name}: {e}"))?;
     let kubeconfig = base64::engine::general_purpose::STANDARD.encode(text);
+    let secret_name = secret;
     let secret = json!({
         "apiVersion": "v1",
         "kind": "Secret",
         "type": LINK_CREDENTIALS_SECRET_TYPE,
-        "metadata": {"name": secret, "namespace": CONTROL_NAMESPACE, "labels": labels},
+        "metadata": {"name": secret_name, "namespace": CONTROL_NAMESPACE, "labels": labels},
         "data": {LINK_CREDENTIALS_KEY: kubeconfig},
     });
+    let (role, binding) = credentials_role(&secret_name, &labels);
     // The Secret first: the Link names it, and the mirror controller refuses a Link whose
-    // Secret is missing.
-    Ok(vec![secret, link])
+    // Secret is missing (or unreadable: its Role next).
+    Ok(vec![secret, link, role, binding])
+}
+
+/// The Role (and its binding) that lets the mirror read this one Secret, by name: the mirror may
+/// read no other Secret of the namespace (the issuer's key is one of them), and the control plane
+/// none of the Links' credentials. Both are named like the Secret.
+fn credentials_role(secret: &str, labels: &BTreeMap<String, String>) -> (Value, Value) {
+    let metadata = json!({"name": secret, "namespace": CONTROL_NAMESPACE, "labels": labels});
+    let role = json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": metadata,
+        "rules": [{"apiGroups": [""], "resources": ["secrets"], "resourceNames": [secret],
+            "verbs": ["get", "list", "watch"]}],
+    });
+    let binding = json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": metadata,
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": secret},
+        "subjects": [{"kind": "ServiceAccount", "name": MIRROR_NAME, "namespace": CONTROL_NAMESPACE}],
+    });
+    (role, binding)
 }
 
 pub fn unlink_main(args: &UnlinkArgs) -> anyhow::Result<String> {
@@ -221,6 +246,8 @@ pub fn unlink_main(args: &UnlinkArgs) -> anyhow::Result<String> {
             Ok(yaml::render(&[
                 stub(API_VERSION, KIND, &args.cluster_name),
                 stub("v1", "Secret", &credentials_secret_name(&args.cluster_name)),
+                stub("rbac.authorization.k8s.io/v1", "Role", &credentials_secret_name(&args.cluster_name)),
+                stub("rbac.authorization.k8s.io/v1", "RoleBinding", &credentials_secret_name(&args.cluster_name)),
             ]))
         }
         Some(dir) => {

@@ -18,8 +18,8 @@ use serde_json::Value;
 use super::super::install::{TRUST_ANCHORS_CONFIG_MAP, TRUST_ANCHORS_KEY};
 use super::super::yaml;
 use cnimesh_common::names::{CONTROL_NAMESPACE, LINK_CREDENTIALS_KEY, LINK_CREDENTIALS_SECRET_TYPE};
-use cnimesh_control::multicluster::crd::{KIND, Link, LinkStatus};
-use cnimesh_control::multicluster::kubeconfig::{self, KubeconfigError, LinkKubeconfig};
+use cnimesh_mirror::crd::{KIND, Link, LinkStatus};
+use cnimesh_mirror::kubeconfig::{self, KubeconfigError, LinkKubeconfig};
 
 /// How long a remote API gets to answer.
 pub const REMOTE_TIMEOUT: Duration = Duration::from_secs(5);

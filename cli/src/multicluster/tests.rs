@@ -21,7 +21,7 @@ use super::gateways::{render_table as gateways_table, rows};
 use super::install::{InstallArgs, render as render_install};
 use super::link::{LinkArgs, Target, kube_target, local_target, render, unlink_local};
 use super::source::Source;
-use cnimesh_control::multicluster::crd::{GatewayStatus, LinkState, LinkStatus, MirrorCollision, MirrorStatus};
+use cnimesh_mirror::crd::{GatewayStatus, LinkState, LinkStatus, MirrorCollision, MirrorStatus};
 
 const DAY: Duration = Duration::from_secs(86400);
 
@@ -64,8 +64,10 @@ fn install_prints_the_crd_the_gateway_the_reader_and_the_control_planes_rbac_wit
         "ServiceAccount/cnimesh-multicluster/cnimesh-mirror-reader",
         "ClusterRole/cnimesh-mirror-reader",
         "Secret/cnimesh-multicluster/cnimesh-mirror-reader-token",
-        "ClusterRole/cnimesh-control-multicluster",
-        "Role/cnimesh/cnimesh-control-multicluster",
+        "ServiceAccount/cnimesh/cnimesh-mirror",
+        "ClusterRole/cnimesh-mirror",
+        "Role/cnimesh/cnimesh-mirror",
+        "Deployment/cnimesh/cnimesh-mirror",
     ] {
         assert!(kinds.contains(&want.to_string()), "{want} missing from {kinds:#?}");
     }
@@ -192,7 +194,7 @@ async fn link_against_a_cluster_prints_the_link_and_a_kubeconfig_for_the_mirror_
     assert_eq!(config["users"][0]["name"], "cnimesh-mirror-reader");
     assert_eq!(config["users"][0]["user"]["token"], "reader-token");
     // The Link parses as the mirror controller's type.
-    let _: cnimesh_control::multicluster::crd::Link = serde_json::from_value(link.clone()).unwrap();
+    let _: cnimesh_mirror::crd::Link = serde_json::from_value(link.clone()).unwrap();
 }
 
 #[tokio::test]
@@ -454,7 +456,7 @@ fn link_liveness_is_the_heartbeat_not_the_last_change() {
         super::check::freshness(Some(status), now, &Category::Link("west".to_string()), &mut checks);
         checks.into_iter().find(|c| c.name == "link status").unwrap()
     };
-    let heartbeat = cnimesh_control::multicluster::crd::HEARTBEAT_STALE_AFTER;
+    let heartbeat = cnimesh_mirror::crd::HEARTBEAT_STALE_AFTER;
 
     // Healthy and idle: the remote last changed an hour ago, the heartbeat is fresh.
     let mut idle = up_status(now);
@@ -658,11 +660,19 @@ async fn check_with_no_links_warns_and_an_invalid_link_is_refused_by_name() {
 }
 
 #[test]
-fn unlink_against_a_cluster_prints_the_link_and_its_secret_for_kubectl_delete() {
+fn unlink_against_a_cluster_prints_the_link_its_secret_and_the_mirrors_role_for_it_for_kubectl_delete() {
     let text = super::link::unlink_main(&super::link::UnlinkArgs { cluster_name: "west".into(), local: None }).unwrap();
     let docs = yaml::documents(&text, "unlink").unwrap();
     let described: Vec<String> = docs.iter().map(yaml::describe).collect();
-    assert_eq!(described, ["Link/cnimesh/west", "Secret/cnimesh/cluster-credentials-west"]);
+    assert_eq!(
+        described,
+        [
+            "Link/cnimesh/west",
+            "Secret/cnimesh/cluster-credentials-west",
+            "Role/cnimesh/cluster-credentials-west",
+            "RoleBinding/cnimesh/cluster-credentials-west"
+        ]
+    );
 }
 
 #[tokio::test]
@@ -673,8 +683,8 @@ async fn link_writes_only_credentials_the_control_plane_accepts_and_refuses_a_pl
     let mut target = kube_target(&client, &link_args("west"), "https://api.west.example:6443".into()).await.unwrap();
     let secret = &render(&target).unwrap()[0];
     let text = serde_json::to_string(&decoded_kubeconfig(secret)).unwrap();
-    let parsed = cnimesh_control::multicluster::kubeconfig::parse(&text).unwrap();
-    assert!(matches!(parsed, cnimesh_control::multicluster::kubeconfig::LinkKubeconfig::Api(_)));
+    let parsed = cnimesh_mirror::kubeconfig::parse(&text).unwrap();
+    assert!(matches!(parsed, cnimesh_mirror::kubeconfig::LinkKubeconfig::Api(_)));
     target.ca_pem = None;
     let error = render(&target).unwrap_err();
     assert!(error.to_string().contains("certificate-authority-data"), "{error}");

@@ -33,8 +33,6 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::metrics::Metrics;
-
 /// The webhook certificate's writer: the Secret `cnimesh-webhook-tls` and the caBundle.
 pub const WEBHOOK_WRITE: &str = "webhook-write";
 /// Lease names are `cnimesh-control-<role>`.
@@ -42,6 +40,18 @@ pub const LEASE_PREFIX: &str = "cnimesh-control-";
 /// Linkerd's defaults.
 pub const DEFAULT_LEASE_DURATION: Duration = Duration::from_secs(30);
 pub const DEFAULT_RENEW_INTERVAL: Duration = Duration::from_secs(2);
+
+/// Where a process reports whether it leads a role: its metrics (the control plane's
+/// `control_leader`, the mirror's `mirror_leader`).
+pub trait LeaderGauge: Send + Sync {
+    fn set_leader(&self, role: &str, leading: bool);
+}
+
+impl LeaderGauge for crate::metrics::Metrics {
+    fn set_leader(&self, role: &str, leading: bool) {
+        crate::metrics::Metrics::set_leader(self, role, leading);
+    }
+}
 
 /// The Lease's name for `role`.
 pub fn lease_name(role: &str) -> String {
@@ -160,7 +170,7 @@ pub fn spawn(
     client: kube::Client,
     role: &str,
     config: ElectionConfig,
-    metrics: Arc<Metrics>,
+    metrics: Arc<dyn LeaderGauge>,
     stopped: watch::Receiver<bool>,
 ) -> (Leadership, JoinHandle<()>) {
     let (tx, until) = watch::channel(None);
@@ -186,7 +196,7 @@ struct Elector {
     tx: watch::Sender<Option<Instant>>,
     /// A record held by another replica: its resourceVersion and when we first saw it.
     observed: Option<(String, Instant)>,
-    metrics: Arc<Metrics>,
+    metrics: Arc<dyn LeaderGauge>,
 }
 
 /// What one round learnt.

@@ -39,8 +39,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::link::ValidLink;
-use crate::destination::PodRecord;
-use crate::meta::NsName;
+use cnimesh_control::destination::PodRecord;
+use cnimesh_control::meta::NsName;
 
 /// The cluster name federated slices of this cluster's own members carry (and the members
 /// annotation lists).
@@ -246,7 +246,7 @@ pub fn plan(links: &[LinkInput<'_>], local: &Local<'_>, existing: &[Mirror]) -> 
                 )),
             };
             match mirror {
-                Ok(mirror) if !crate::multicluster::link::is_dns_label(&mirror.key().name) => {
+                Ok(mirror) if !crate::link::is_dns_label(&mirror.key().name) => {
                     plan.skipped.push(skip(format!("the mirror's name {:?} is not a DNS label", mirror.key().name)))
                 }
                 Ok(mirror) => match longer.iter().find(|c| mirror.key().name.ends_with(&format!("-{c}"))) {
@@ -614,7 +614,7 @@ fn federated(links: &[LinkInput<'_>], local: &Local<'_>, existing: &[Mirror]) ->
     for (key, members) in members {
         let Some(first) = members.first() else { continue };
         let name = format!("{}-{FEDERATED_SUFFIX}", key.name);
-        if !crate::multicluster::link::is_dns_label(&name) {
+        if !crate::link::is_dns_label(&name) {
             tracing::warn!(service = %key, name, "the federated Service's name is not a DNS label; not mirrored");
             continue;
         }
@@ -700,7 +700,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::multicluster::link::tests::link;
+    use crate::link::tests::link;
 
     fn valid(cluster: &str) -> ValidLink {
         ValidLink::from_link(&link(cluster)).unwrap()

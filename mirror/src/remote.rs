@@ -1,37 +1,34 @@
-//! A linked cluster, as the mirror reads it: a snapshot of its Services, EndpointSlices and Pods
-//! after every change, or word that it stopped answering. Two implementations behind
-//! [`RemoteCluster`]: the Kubernetes API (kube-rs watchers, with a client built from the Link's
-//! kubeconfig by [`super::kubeconfig`]) and a directory of YAML (`file://DIR`, local mode; read
-//! with the files source's reader). The same two also read this cluster itself, with its Links
-//! and their Secrets ([`ClusterState`]).
+//! A linked cluster, as the mirror reads it through its API server (kube-rs watchers, with a
+//! client built from the Link's kubeconfig by [`super::kubeconfig`]): a snapshot of its Services,
+//! EndpointSlices and Pods after every change, or word that it stopped answering. The same
+//! reader follows this cluster itself, with its Links ([`ClusterState`]); each Link's credentials
+//! Secret is followed on its own, by name ([`Credentials`]): the mirror may read no other Secret.
 //!
-//! Layer: runtime (kube, files).
+//! Layer: runtime (kube).
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use futures::future::BoxFuture;
-use futures::{FutureExt, StreamExt};
+use cnimesh_common::names::{LINK_CREDENTIALS_KEY, LINK_CREDENTIALS_SECRET_TYPE};
+use futures::StreamExt;
+use futures::stream::BoxStream;
 use k8s_openapi::api::core::v1::{Pod, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Api;
 use kube::runtime::watcher::{self, Event};
-use notify::{RecursiveMode, Watcher};
 use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::crd::{self, Link};
+use super::crd::Link;
 use super::plan::Snapshot;
-use crate::meta::NsName;
+use cnimesh_control::meta::NsName;
 
-/// What one read of a cluster found. Links and Secrets only when reading this cluster.
+/// What one read of a cluster found. Links only when reading this cluster.
 #[derive(Debug, Clone, Default)]
 pub struct ClusterState {
     pub snapshot: Snapshot,
     pub links: Vec<Link>,
-    pub secrets: Vec<Secret>,
 }
 
 /// The generated `Link` has no `PartialEq`: Links compare by what the controller reads of them,
@@ -42,7 +39,7 @@ impl PartialEq for ClusterState {
         fn links(s: &ClusterState) -> Vec<(&Option<String>, &Option<String>, &super::crd::LinkSpec)> {
             s.links.iter().map(|l| (&l.metadata.namespace, &l.metadata.name, &l.spec)).collect()
         }
-        self.snapshot == other.snapshot && self.secrets == other.secrets && links(self) == links(other)
+        self.snapshot == other.snapshot && links(self) == links(other)
     }
 }
 
@@ -53,137 +50,6 @@ pub enum RemoteEvent {
     Synced(Box<ClusterState>),
     /// The cluster stopped answering, with why.
     Lost(String),
-}
-
-/// A cluster the mirror follows.
-pub trait RemoteCluster: Send {
-    /// The next change; a repeat of the same state is not a change.
-    fn next(&mut self) -> BoxFuture<'_, RemoteEvent>;
-}
-
-/// Quiet time after a file event before reading, so a burst of writes is one read.
-const FILES_DEBOUNCE: Duration = Duration::from_millis(50);
-
-/// A cluster directory, read whole after each change and at least every `period` (which is how a
-/// directory that vanished, or came back, is noticed).
-pub struct FilesCluster {
-    dir: PathBuf,
-    period: Duration,
-    /// Read Links and Secrets too (this cluster's own directory).
-    with_links: bool,
-    events: mpsc::UnboundedReceiver<()>,
-    sender: mpsc::UnboundedSender<()>,
-    watcher: Option<notify::RecommendedWatcher>,
-    last: Option<ClusterState>,
-    lost: bool,
-}
-
-impl FilesCluster {
-    pub fn new(dir: impl Into<PathBuf>, period: Duration) -> Self {
-        let (sender, events) = mpsc::unbounded_channel();
-        Self { dir: dir.into(), period, with_links: false, events, sender, watcher: None, last: None, lost: false }
-    }
-
-    /// Also reads the Links and Secrets (this cluster's directory).
-    pub fn with_links(mut self) -> Self {
-        self.with_links = true;
-        self
-    }
-
-    fn watch(&mut self) {
-        if self.watcher.is_some() {
-            return;
-        }
-        let sender = self.sender.clone();
-        let dir = self.dir.clone();
-        let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-            let relevant = match &event {
-                Ok(e) => {
-                    !matches!(e.kind, notify::EventKind::Access(_)) && e.paths.iter().any(|p| !hidden_under(&dir, p))
-                }
-                Err(_) => true,
-            };
-            if relevant {
-                let _ = sender.send(());
-            }
-        });
-        match watcher.and_then(|mut w| w.watch(&self.dir, RecursiveMode::Recursive).map(|()| w)) {
-            Ok(w) => self.watcher = Some(w),
-            Err(error) => tracing::debug!(dir = %self.dir.display(), %error, "cannot watch; reading every period"),
-        }
-    }
-
-    fn read(&self) -> Result<ClusterState, crate::sources::ReadError> {
-        let extra: &[(&str, &str)] =
-            if self.with_links { &[(crd::API_VERSION, crd::KIND), ("v1", "Secret")] } else { &[] };
-        let objects = crate::sources::cluster_objects_in(&self.dir, extra)?;
-        let mut state = ClusterState {
-            snapshot: Snapshot { services: objects.services, slices: objects.slices, pods: objects.pods },
-            ..Default::default()
-        };
-        for doc in objects.other {
-            let kind = doc.get("kind").and_then(|k| k.as_str()).unwrap_or_default().to_string();
-            let name = doc.pointer("/metadata/name").and_then(|k| k.as_str()).unwrap_or_default().to_string();
-            let invalid = |e: serde_json::Error| crate::sources::ReadError::Parse {
-                file: self.dir.clone(),
-                error: format!("{kind} {name:?}: {e}"),
-            };
-            if kind == crd::KIND {
-                state.links.push(serde_json::from_value(doc).map_err(invalid)?);
-            } else {
-                state.secrets.push(serde_json::from_value(doc).map_err(invalid)?);
-            }
-        }
-        Ok(state)
-    }
-
-    async fn next_event(&mut self) -> RemoteEvent {
-        let mut first = self.last.is_none() && !self.lost;
-        loop {
-            if !first {
-                tokio::select! {
-                    _ = self.events.recv() => {
-                        tokio::time::sleep(FILES_DEBOUNCE).await;
-                        while self.events.try_recv().is_ok() {}
-                    }
-                    _ = tokio::time::sleep(self.period) => {}
-                }
-            }
-            first = false;
-            self.watch();
-            match self.read() {
-                Ok(state) => {
-                    if self.lost || self.last.as_ref() != Some(&state) {
-                        self.lost = false;
-                        self.last = Some(state.clone());
-                        return RemoteEvent::Synced(Box::new(state));
-                    }
-                }
-                Err(crate::sources::ReadError::Parse { file, error }) => {
-                    tracing::warn!(file = %file.display(), %error, "cannot parse; keeping the last good view of the cluster");
-                }
-                Err(error) => {
-                    // The directory's watch died with it; a new one is set up once it is back.
-                    self.watcher = None;
-                    if !self.lost {
-                        self.lost = true;
-                        return RemoteEvent::Lost(error.to_string());
-                    }
-                }
-            }
-        }
-    }
-}
-
-impl RemoteCluster for FilesCluster {
-    fn next(&mut self) -> BoxFuture<'_, RemoteEvent> {
-        self.next_event().boxed()
-    }
-}
-
-fn hidden_under(root: &Path, path: &Path) -> bool {
-    let Ok(relative) = path.strip_prefix(root) else { return false };
-    relative.components().any(|c| c.as_os_str().to_string_lossy().starts_with('.'))
 }
 
 /// One watch's news.
@@ -202,7 +68,6 @@ enum Object {
     Slice(Box<EndpointSlice>),
     Pod(Box<Pod>),
     Link(Box<Link>),
-    Secret(Box<Secret>),
 }
 
 impl Object {
@@ -212,13 +77,12 @@ impl Object {
             Object::Slice(o) => &o.metadata,
             Object::Pod(o) => &o.metadata,
             Object::Link(o) => &o.metadata,
-            Object::Secret(o) => &o.metadata,
         };
         NsName::of(meta)
     }
 }
 
-/// A cluster's API server: one watcher per kind, all namespaces (Links and Secrets: the control
+/// A cluster's API server: one watcher per kind, all namespaces (Links: the control
 /// plane's namespace only). Lost once watches have kept failing for `lost_after`; synced again
 /// when they list again.
 pub struct KubeCluster {
@@ -241,12 +105,12 @@ impl Drop for AbortOnDrop {
 }
 
 impl KubeCluster {
-    /// Follows `client`'s cluster; with `links_namespace`, also its Links and Secrets there.
+    /// Follows `client`'s cluster; with `links_namespace`, also its Links there.
     pub fn new(client: kube::Client, links_namespace: Option<&str>, lost_after: Duration) -> Self {
         Self::watching(client, links_namespace, true, lost_after)
     }
 
-    /// Only the Links and their Secrets in `links_namespace`: what this cluster's mirror watches
+    /// Only the Links in `links_namespace`: what this cluster's mirror watches
     /// until there is a Link, so a control plane with no Link pays for no second watch of every
     /// Service, EndpointSlice and Pod (the sources already watch those for Destination).
     pub fn links_only(client: kube::Client, links_namespace: &str, lost_after: Duration) -> Self {
@@ -266,17 +130,14 @@ impl KubeCluster {
             tasks.push(spawn_watch(Api::<Pod>::all(client.clone()), 2, tx.clone(), |o| Object::Pod(Box::new(o))));
         }
         if let Some(ns) = links_namespace {
-            tasks.push(spawn_watch(Api::<Link>::namespaced(client.clone(), ns), 3, tx.clone(), |o| {
-                Object::Link(Box::new(o))
-            }));
-            tasks.push(spawn_watch(Api::<Secret>::namespaced(client, ns), 4, tx, |o| Object::Secret(Box::new(o))));
+            tasks.push(spawn_watch(Api::<Link>::namespaced(client, ns), 3, tx, |o| Object::Link(Box::new(o))));
         }
         // Indexed by kind; a kind not watched counts as listed (and empty) from the start.
         let watched = |kind: usize| if kind < 3 { objects } else { links_namespace.is_some() };
         Self {
             news,
-            stores: vec![BTreeMap::new(); 5],
-            listed: (0..5).map(|kind| !watched(kind)).collect(),
+            stores: vec![BTreeMap::new(); 4],
+            listed: (0..4).map(|kind| !watched(kind)).collect(),
             failing_since: None,
             lost_after,
             lost: false,
@@ -304,8 +165,8 @@ impl KubeCluster {
                 if !self.listed[kind] {
                     tracing::info!(
                         %error,
-                        "multicluster is not installed here (no Link CRD, or no permission to read Links and their \
-                         Secrets: `cnimesh multicluster install`): no Links; watching for them"
+                        "multicluster is not installed here (no Link CRD, or no permission to read Links: \
+                         `cnimesh multicluster install`): no Links; watching for them"
                     );
                 }
                 self.stores[kind].clear();
@@ -330,14 +191,14 @@ impl KubeCluster {
                     Object::Slice(o) => state.snapshot.slices.push(*o),
                     Object::Pod(o) => state.snapshot.pods.push(*o),
                     Object::Link(o) => state.links.push(*o),
-                    Object::Secret(o) => state.secrets.push(*o),
                 }
             }
         }
         state
     }
 
-    async fn next_event(&mut self) -> RemoteEvent {
+    /// The next change; a repeat of the same state is not a change.
+    pub async fn next(&mut self) -> RemoteEvent {
         let tick = (self.lost_after / 3).max(Duration::from_millis(100));
         loop {
             tokio::select! {
@@ -374,12 +235,6 @@ impl KubeCluster {
                 return RemoteEvent::Synced(Box::new(state));
             }
         }
-    }
-}
-
-impl RemoteCluster for KubeCluster {
-    fn next(&mut self) -> BoxFuture<'_, RemoteEvent> {
-        self.next_event().boxed()
     }
 }
 
@@ -455,38 +310,79 @@ fn failure(error: &watcher::Error) -> String {
     }
 }
 
-/// Links or their Secrets this cluster cannot read: the CRD is not installed (404) or the control
-/// plane was not given `cnimesh multicluster install`'s permissions (403). Both mean "no Links",
-/// not a broken cluster: a control plane without multicluster must not report itself lost.
+/// Links this cluster cannot read: the CRD is not installed (404) or the mirror
+/// was not given `cnimesh multicluster install`'s permissions (403). Both mean "no Links", not a
+/// broken cluster: a mirror without multicluster must not report itself lost.
 fn not_served(error: &watcher::Error) -> bool {
     matches!(error,
         watcher::Error::InitialListFailed(kube::Error::Api(status))
         | watcher::Error::WatchStartFailed(kube::Error::Api(status)) if matches!(status.code, 403 | 404))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// One Link's credentials Secret, followed by name (a watch of `metadata.name=<name>`, which a
+/// Role naming that one Secret allows): the mirror reads no other Secret of the namespace.
+pub struct Credentials {
+    namespace: String,
+    name: String,
+    events: BoxStream<'static, Result<Event<Secret>, watcher::Error>>,
+    /// The Secret being listed again (after a (re)connect), until the list is done.
+    listing: Option<Option<Secret>>,
+}
 
-    #[tokio::test]
-    async fn a_directory_is_synced_whole_lost_when_it_goes_and_synced_again_when_it_is_back() {
-        let root = tempfile::tempdir().unwrap();
-        let dir = root.path().join("west");
-        std::fs::create_dir(&dir).unwrap();
-        std::fs::write(dir.join("web.yaml"), "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: shop}\n")
-            .unwrap();
-        let mut cluster = FilesCluster::new(&dir, Duration::from_millis(100));
-        let RemoteEvent::Synced(state) = cluster.next().await else { panic!("a first sync") };
-        assert_eq!(state.snapshot.services.len(), 1);
-        std::fs::write(dir.join("db.yaml"), "apiVersion: v1\nkind: Service\nmetadata: {name: db, namespace: shop}\n")
-            .unwrap();
-        let RemoteEvent::Synced(state) = cluster.next().await else { panic!("a change") };
-        assert_eq!(state.snapshot.services.len(), 2);
-        std::fs::rename(&dir, root.path().join("away")).unwrap();
-        let RemoteEvent::Lost(reason) = cluster.next().await else { panic!("lost") };
-        assert!(reason.contains("west"), "{reason}");
-        std::fs::rename(root.path().join("away"), &dir).unwrap();
-        let RemoteEvent::Synced(state) = cluster.next().await else { panic!("back") };
-        assert_eq!(state.snapshot.services.len(), 2);
+impl Credentials {
+    pub fn follow(client: kube::Client, namespace: &str, name: &str) -> Self {
+        let api = Api::<Secret>::namespaced(client, namespace);
+        let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+        let events = kube::runtime::WatchStreamExt::default_backoff(watcher::watcher(api, config)).boxed();
+        Self { namespace: namespace.to_string(), name: name.to_string(), events, listing: None }
     }
+
+    /// The kubeconfig the Secret holds after its next change (the first: as it is now), or why
+    /// there is none.
+    pub async fn next(&mut self) -> Result<String, String> {
+        let secret = loop {
+            match self.events.next().await {
+                Some(Ok(Event::Init)) => self.listing = Some(None),
+                Some(Ok(Event::InitApply(secret))) => self.listing = Some(Some(secret)),
+                Some(Ok(Event::InitDone)) => break self.listing.take().flatten(),
+                Some(Ok(Event::Apply(secret))) => break Some(secret),
+                Some(Ok(Event::Delete(_))) => break None,
+                Some(Err(error)) => {
+                    let hint = if not_served(&error) {
+                        " (is the Role `cnimesh multicluster link` prints beside the Secret applied?)"
+                    } else {
+                        ""
+                    };
+                    return Err(format!(
+                        "cannot read the credentials Secret {}/{}: {}{hint}",
+                        self.namespace,
+                        self.name,
+                        failure(&error)
+                    ));
+                }
+                None => std::future::pending::<()>().await,
+            }
+        };
+        kubeconfig_in(secret.as_ref(), &self.namespace, &self.name)
+    }
+}
+
+/// The kubeconfig in a Link's Secret, or why there is none.
+fn kubeconfig_in(secret: Option<&Secret>, namespace: &str, name: &str) -> Result<String, String> {
+    let secret = secret.ok_or_else(|| format!("the credentials Secret {namespace}/{name} does not exist"))?;
+    if let Some(kind) = secret.type_.as_deref()
+        && kind != LINK_CREDENTIALS_SECRET_TYPE
+    {
+        return Err(format!(
+            "the credentials Secret {namespace}/{name} is of type {kind:?}, not {LINK_CREDENTIALS_SECRET_TYPE:?}"
+        ));
+    }
+    let data = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(LINK_CREDENTIALS_KEY))
+        .map(|b| String::from_utf8_lossy(&b.0).into_owned());
+    let string_data = secret.string_data.as_ref().and_then(|d| d.get(LINK_CREDENTIALS_KEY)).cloned();
+    data.or(string_data)
+        .ok_or_else(|| format!("the credentials Secret {namespace}/{name} has no {LINK_CREDENTIALS_KEY:?} key"))
 }

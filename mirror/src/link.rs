@@ -147,7 +147,7 @@ impl ValidLink {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::multicluster::crd::{LinkSpec, ProbeSpec};
+    use crate::crd::{LinkSpec, ProbeSpec};
 
     pub(crate) fn link(cluster: &str) -> Link {
         let mut link = Link::new(

@@ -1,12 +1,12 @@
-//! The mirror controller: per Link, read its credentials Secret, connect to the target cluster,
+//! The mirror controller: per Link, follow its credentials Secret (by name), connect to the target cluster,
 //! follow it (a full resync on every (re)connect), probe its gateway; on every change, plan the
 //! mirrors ([`super::plan`]) and write what differs ([`super::write`]), then the Link's status
 //! and the `multicluster_*` metrics.
 //!
 //! - A Link that cannot be carried out (invalid, no Secret, a kubeconfig that is not inline data
-//!   only, a `file://` server on a real cluster) is refused by name, with the reason (the field)
+//!   only, a `file://` server) is refused by name, with the reason (the field)
 //!   in its status and the log; the mirrors it made stay as they are.
-//! - A lost link (the target's directory gone, its API failing for three probe periods) keeps its
+//! - A lost link (the target's API failing for three probe periods) keeps its
 //!   mirrors and their last endpoints, annotated `mirror.cnimesh.io/link-state=lost`; on recovery
 //!   the target is read whole again and the annotation goes.
 //! - A Link deleted: all its mirrors are deleted (what `cnimesh multicluster unlink` relies on).
@@ -26,12 +26,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use cnimesh_common::names::{LINK_CREDENTIALS_KEY, LINK_CREDENTIALS_SECRET_TYPE};
-use k8s_openapi::api::core::v1::Secret;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{mpsc, watch};
 
@@ -42,30 +39,22 @@ use super::kubeconfig::{self, LinkKubeconfig};
 use super::link::{Gateway, ValidLink};
 use super::overlap::{self, Conflict};
 use super::plan::{self, LinkInput, Local, Snapshot, View};
-use super::remote::{ClusterState, FilesCluster, KubeCluster, RemoteCluster, RemoteEvent};
-use super::write::{FilesWriter, KubeWriter, MirrorWriter};
-use crate::leader::Leadership;
+use super::remote::{ClusterState, Credentials, KubeCluster, RemoteEvent};
+use super::write::KubeWriter;
 use crate::metrics::Metrics;
+use cnimesh_control::leader::Leadership;
 
-/// The mirror's writer role (Lease `cnimesh-control-mirror-write`).
+/// The mirror's writer role (Lease `cnimesh-control-mirror-write`, the name it had when the
+/// mirror ran in the control plane: replicas of either version never both write).
 pub const MIRROR_WRITE: &str = "mirror-write";
-/// How often this cluster's own directory is read when no file event came (local mode).
-const LOCAL_PERIOD: Duration = Duration::from_secs(2);
-/// How long this cluster's own API may fail before its view counts as stale (kube mode).
+/// How long this cluster's own API may fail before its view counts as stale.
 const LOCAL_LOST_AFTER: Duration = Duration::from_secs(30);
 /// A gateway probe's bound, whatever the period.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Where this cluster is.
-pub enum Backend {
-    /// Local mode: the cluster directory the files source serves; mirror ClusterIPs from `cidr`.
-    Files { dir: PathBuf, cidr: Option<ipnet::IpNet> },
-    /// The API server.
-    Kube(kube::Client),
-}
-
 pub struct MirrorController {
-    pub backend: Backend,
+    /// This cluster's API server, as the mirror's ServiceAccount.
+    pub client: kube::Client,
     /// The Links' (and their Secrets') namespace.
     pub namespace: String,
     /// This cluster's trust and cluster domains (federated members of this cluster).
@@ -121,19 +110,8 @@ impl Drop for AbortOnDrop {
 impl MirrorController {
     /// Runs until `stopped` turns true.
     pub async fn run(self, mut stopped: watch::Receiver<bool>) {
-        let (mut local, writer, files_allowed): (Box<dyn RemoteCluster>, Box<dyn MirrorWriter>, bool) =
-            match &self.backend {
-                Backend::Files { dir, cidr } => (
-                    Box::new(FilesCluster::new(dir, LOCAL_PERIOD).with_links()),
-                    Box::new(FilesWriter::new(dir, *cidr)),
-                    true,
-                ),
-                Backend::Kube(client) => (
-                    Box::new(KubeCluster::links_only(client.clone(), &self.namespace, LOCAL_LOST_AFTER)),
-                    Box::new(KubeWriter::new(client.clone(), &self.namespace)),
-                    false,
-                ),
-            };
+        let mut local = KubeCluster::links_only(self.client.clone(), &self.namespace, LOCAL_LOST_AFTER);
+        let writer = KubeWriter::new(self.client.clone(), &self.namespace);
         let (tx, mut rx) = mpsc::unbounded_channel::<(String, u64, News)>();
         let mut state = State {
             controller: &self,
@@ -146,9 +124,9 @@ impl MirrorController {
             next_generation: 0,
             reported: BTreeSet::new(),
         };
-        // Kube: Links only until the first Link appears, then this cluster's objects too (its
-        // federated members); never back, a Link is likely to return.
-        let mut links_only = matches!(self.backend, Backend::Kube(_));
+        // Links only until the first Link appears, then this cluster's objects too (its federated
+        // members); never back, a Link is likely to return.
+        let mut links_only = true;
         let mut leadership = self.leadership.clone();
         let mut heartbeat = tokio::time::interval_at(tokio::time::Instant::now() + HEARTBEAT_PERIOD, HEARTBEAT_PERIOD);
         heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -167,7 +145,7 @@ impl MirrorController {
                 }
                 event = local.next() => match event {
                     RemoteEvent::Synced(cluster) if links_only && !cluster.links.is_empty() => watch_objects = true,
-                    RemoteEvent::Synced(cluster) => state.local_changed(*cluster, files_allowed, &tx),
+                    RemoteEvent::Synced(cluster) => state.local_changed(*cluster, &tx),
                     RemoteEvent::Lost(reason) => {
                         tracing::warn!(%reason, "cannot read this cluster; the mirrors stay as they are");
                         continue;
@@ -181,10 +159,8 @@ impl MirrorController {
                 _ = stopped.wait_for(|s| *s) => return,
             }
             if watch_objects {
-                if let Backend::Kube(client) = &self.backend {
-                    tracing::info!("a Link exists: watching this cluster's Services, EndpointSlices and Pods too");
-                    local = Box::new(KubeCluster::new(client.clone(), Some(&self.namespace), LOCAL_LOST_AFTER));
-                }
+                tracing::info!("a Link exists: watching this cluster's Services, EndpointSlices and Pods too");
+                local = KubeCluster::new(self.client.clone(), Some(&self.namespace), LOCAL_LOST_AFTER);
                 links_only = false;
                 continue;
             }
@@ -195,7 +171,7 @@ impl MirrorController {
 
 struct State<'a> {
     controller: &'a MirrorController,
-    writer: Box<dyn MirrorWriter>,
+    writer: KubeWriter,
     links: BTreeMap<String, LinkRun>,
     /// Links refused before they could run (invalid): Link name → (cluster, reason).
     refused: BTreeMap<String, (String, String)>,
@@ -212,12 +188,7 @@ struct State<'a> {
 
 impl State<'_> {
     /// This cluster changed: its federated members, and maybe its Links and their Secrets.
-    fn local_changed(
-        &mut self,
-        cluster: ClusterState,
-        files_allowed: bool,
-        tx: &mpsc::UnboundedSender<(String, u64, News)>,
-    ) {
+    fn local_changed(&mut self, cluster: ClusterState, tx: &mpsc::UnboundedSender<(String, u64, News)>) {
         let namespace = self.controller.namespace.as_str();
         let in_namespace = |ns: &Option<String>| ns.as_deref().is_none_or(|n| n == namespace);
         let mut wanted = BTreeMap::new();
@@ -239,9 +210,8 @@ impl State<'_> {
             }
             match ValidLink::from_link(link) {
                 Ok(valid) => {
-                    let kubeconfig = credentials(&cluster.secrets, namespace, &valid.credentials_secret);
-                    let fingerprint = format!("{:?}{kubeconfig:?}", link.spec);
-                    wanted.insert(valid.cluster.clone(), (valid, kubeconfig, fingerprint));
+                    let fingerprint = format!("{:?}", link.spec);
+                    wanted.insert(valid.cluster.clone(), (valid, fingerprint));
                 }
                 Err(error) => {
                     let reason = format!("Link {namespace}/{name} refused: {error}");
@@ -253,21 +223,22 @@ impl State<'_> {
             }
         }
         self.links.retain(|cluster, run| {
-            let keep = wanted.get(cluster).is_some_and(|(_, _, f)| *f == run.fingerprint);
+            let keep = wanted.get(cluster).is_some_and(|(_, f)| *f == run.fingerprint);
             if !wanted.contains_key(cluster) {
                 tracing::info!(cluster, "Link removed; deleting its mirrors");
                 self.controller.metrics.forget_cluster(cluster);
             }
             keep
         });
-        for (cluster, (link, kubeconfig, fingerprint)) in wanted {
+        for (cluster, (link, fingerprint)) in wanted {
             if self.links.contains_key(&cluster) {
                 continue;
             }
             self.next_generation += 1;
             let generation = self.next_generation;
             tracing::info!(cluster, link = %link.name, "following Link");
-            let tasks = start_link(&link, kubeconfig, files_allowed, generation, tx.clone());
+            let credentials = Credentials::follow(self.controller.client.clone(), namespace, &link.credentials_secret);
+            let tasks = start_link(&link, credentials, generation, tx.clone());
             self.links.insert(
                 cluster,
                 LinkRun {
@@ -471,36 +442,10 @@ fn collisions_of(plan: &plan::Plan, cluster: &str) -> Vec<MirrorCollision> {
         .collect()
 }
 
-/// The kubeconfig in the Link's Secret, or why there is none.
-fn credentials(secrets: &[Secret], namespace: &str, name: &str) -> Result<String, String> {
-    let secret = secrets
-        .iter()
-        .find(|s| {
-            s.metadata.name.as_deref() == Some(name) && s.metadata.namespace.as_deref().is_none_or(|n| n == namespace)
-        })
-        .ok_or_else(|| format!("the credentials Secret {namespace}/{name} does not exist"))?;
-    if let Some(kind) = secret.type_.as_deref()
-        && kind != LINK_CREDENTIALS_SECRET_TYPE
-    {
-        return Err(format!(
-            "the credentials Secret {namespace}/{name} is of type {kind:?}, not {LINK_CREDENTIALS_SECRET_TYPE:?}"
-        ));
-    }
-    let data = secret
-        .data
-        .as_ref()
-        .and_then(|d| d.get(LINK_CREDENTIALS_KEY))
-        .map(|b| String::from_utf8_lossy(&b.0).into_owned());
-    let string_data = secret.string_data.as_ref().and_then(|d| d.get(LINK_CREDENTIALS_KEY)).cloned();
-    data.or(string_data)
-        .ok_or_else(|| format!("the credentials Secret {namespace}/{name} has no {LINK_CREDENTIALS_KEY:?} key"))
-}
-
 /// The Link's tasks: following the target, and probing its gateway.
 fn start_link(
     link: &ValidLink,
-    kubeconfig: Result<String, String>,
-    files_allowed: bool,
+    mut credentials: Credentials,
     generation: u64,
     tx: mpsc::UnboundedSender<(String, u64, News)>,
 ) -> Vec<AbortOnDrop> {
@@ -510,17 +455,29 @@ fn start_link(
         let (cluster, tx) = (cluster.clone(), tx.clone());
         async move {
             let send = |news| tx.send((cluster.clone(), generation, news)).is_ok();
-            let mut remote = match connect(kubeconfig, files_allowed, period).await {
-                Ok(remote) => remote,
-                Err(reason) => {
-                    send(News::Refused(reason));
-                    return;
-                }
-            };
+            // Connected anew whenever the Secret changes; refused (by name) while it is missing,
+            // unreadable or not a kubeconfig the mirror accepts.
+            let mut kubeconfig = credentials.next().await;
             loop {
-                let event = remote.next().await;
-                if !send(News::Remote(event)) {
-                    return;
+                let mut remote = match connect(kubeconfig.clone(), period).await {
+                    Ok(remote) => Some(remote),
+                    Err(reason) => {
+                        if !send(News::Refused(reason)) {
+                            return;
+                        }
+                        None
+                    }
+                };
+                loop {
+                    tokio::select! {
+                        event = next_of(&mut remote) => if !send(News::Remote(event)) {
+                            return;
+                        },
+                        changed = credentials.next() => if changed != kubeconfig {
+                            kubeconfig = changed;
+                            break;
+                        },
+                    }
                 }
             }
         }
@@ -545,23 +502,26 @@ fn start_link(
 
 /// The target cluster, from the Link's kubeconfig: read as data only ([`kubeconfig::parse`]), the
 /// client built from that data, so nothing the kubeconfig names is run or read here.
-async fn connect(
-    kubeconfig: Result<String, String>,
-    files_allowed: bool,
-    period: Duration,
-) -> Result<Box<dyn RemoteCluster>, String> {
+async fn connect(kubeconfig: Result<String, String>, period: Duration) -> Result<KubeCluster, String> {
     let refused = |e: kubeconfig::KubeconfigError| format!("the kubeconfig is refused: {e}");
     match kubeconfig::parse(&kubeconfig?).map_err(refused)? {
-        LinkKubeconfig::Files(dir) if files_allowed => Ok(Box::new(FilesCluster::new(dir, period))),
         LinkKubeconfig::Files(dir) => Err(format!(
-            "the kubeconfig's server is a directory ({}): honoured only by a control plane running the files backend (--cluster-dir)",
+            "the kubeconfig's server is a directory ({}): a linked cluster is reached through its API server",
             dir.display()
         )),
         LinkKubeconfig::Api(api) => {
             let config = api.client_config().map_err(refused)?;
             let client = kube::Client::try_from(config).map_err(|e| format!("a client for {}: {e}", api.server))?;
-            Ok(Box::new(KubeCluster::new(client, None, period * 3)))
+            Ok(KubeCluster::new(client, None, period * 3))
         }
+    }
+}
+
+/// The followed cluster's next news; none while there is no cluster to follow.
+async fn next_of(remote: &mut Option<KubeCluster>) -> RemoteEvent {
+    match remote {
+        Some(remote) => remote.next().await,
+        None => std::future::pending().await,
     }
 }
 

@@ -76,7 +76,7 @@ pub fn refusal(cluster: &str, conflicts: &[Conflict]) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::multicluster::link::tests::link;
+    use crate::link::tests::link;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     fn created(cluster: &str, at: &str) -> Link {

@@ -1,0 +1,82 @@
+//! The mirror as a cluster runs it: the real `cnimesh-mirror serve` in a pod (network namespace)
+//! of its own, with a kubeconfig for its own ServiceAccount on east's API server (served in
+//! east's pod, RBAC enforced, holding what `cnimesh multicluster install` and `link` print), and
+//! reaching west's API server (served in west's pod, RBAC enforced too) only through the Link's
+//! kubeconfig, as west's mirror reader. No control plane runs: the mirror needs none.
+
+use std::time::Duration;
+
+use base64::Engine;
+use cnimesh_e2e::cluster::Cluster;
+use cnimesh_e2e::mirror_process::MirrorProcess;
+use cnimesh_e2e::{Network, Pod, bins, require_root};
+use cnimesh_mirror::crd::{self, LinkState, LinkStatus};
+use serde_json::json;
+
+const WEST_WEB: &str = "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: shop, labels: {mirror.cnimesh.io/exported: 'true'}}\nspec: {ports: [{name: http, port: 80, targetPort: 8080}], selector: {app: web}}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: web-abc, namespace: shop, labels: {kubernetes.io/service-name: web}}\naddressType: IPv4\nports: [{name: http, port: 8080, protocol: TCP}]\nendpoints: [{addresses: [10.2.0.4], conditions: {ready: true}}]\n";
+
+/// The CA (PEM) of a kubeconfig's cluster.
+fn ca_of(kubeconfig: &str) -> Vec<u8> {
+    let line = kubeconfig.lines().find_map(|l| l.trim().strip_prefix("certificate-authority-data: ")).unwrap();
+    base64::engine::general_purpose::STANDARD.decode(line).unwrap()
+}
+
+#[test]
+fn the_mirror_process_in_its_own_pod_mirrors_west_into_east_as_its_own_service_account() {
+    if !require_root("the_mirror_process_in_its_own_pod_mirrors_west_into_east_as_its_own_service_account") {
+        return;
+    }
+    let net = Network::bridge(&bins!(), json!({})).unwrap();
+    let east_pod = Pod::unmeshed(&net, "kube-system", "apiserver-east").unwrap();
+    let west_pod = Pod::unmeshed(&net, "kube-system", "apiserver-west").unwrap();
+    let mirror_pod = Pod::unmeshed(&net, "cnimesh", "cnimesh-mirror").unwrap();
+    let east = Cluster::serve_in(&east_pod.netns.path(), east_pod.ipv4().into()).unwrap();
+    let west = Cluster::serve_in(&west_pod.netns.path(), west_pod.ipv4().into()).unwrap();
+
+    // Both clusters as `cnimesh multicluster install` leaves them; west serves `web`.
+    let anchor = cnimesh_identity::ca::new_trust_anchor("east.local", Duration::from_secs(86400)).unwrap();
+    let install = |trust_domain: &str| {
+        let args = cnimesh_cli::multicluster::install::InstallArgs {
+            identity_trust_anchors_file: None,
+            trust_domain: None,
+            cluster_domain: "cluster.local".into(),
+            proxy_image: "ghcr.io/cnimesh/cnimesh-proxy:0.1.0".into(),
+        };
+        let docs = cnimesh_cli::multicluster::install::render(&args, &anchor.cert_pem, trust_domain).unwrap();
+        cnimesh_cli::yaml::render(&docs)
+    };
+    west.apply_yaml("multicluster.yaml", &install("west.local")).unwrap();
+    west.apply_yaml("web.yaml", WEST_WEB).unwrap();
+    west.api.enforce_rbac(true);
+    east.apply_yaml("multicluster.yaml", &install("east.local")).unwrap();
+    // What `cnimesh multicluster link`, run against west, prints for east.
+    let reader_token = west.api.issue_token("cnimesh-multicluster", "cnimesh-mirror-reader", &[]).unwrap();
+    let target = cnimesh_cli::multicluster::link::Target {
+        cluster_name: "west".into(),
+        cluster_domain: "cluster.local".into(),
+        trust_domain: "west.local".into(),
+        gateway: Some(("192.0.2.10".into(), 4143)),
+        server: west.server(),
+        ca_pem: Some(ca_of(&west.kubeconfig_text("west", "x"))),
+        token: Some(reader_token),
+    };
+    let linked = cnimesh_cli::multicluster::link::render(&target).unwrap();
+    east.apply_yaml("link-west.yaml", &cnimesh_cli::yaml::render(&linked)).unwrap();
+    east.api.enforce_rbac(true);
+
+    let kubeconfig = east.kubeconfig_for("cnimesh", "cnimesh-mirror").unwrap();
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_cnimesh-mirror-e2e"));
+    let _mirror = MirrorProcess::start(bin, &mirror_pod, &kubeconfig, "east.local").unwrap();
+
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let status = runtime.block_on(east.api.until("west's Link up with its mirror", |api| {
+        let link = api.get(crd::API_VERSION, crd::KIND, "cnimesh", "west")?;
+        let status: LinkStatus = serde_json::from_value(link["status"].clone()).ok()?;
+        (status.state == Some(LinkState::Up) && status.mirrors.len() == 1).then_some(status)
+    }));
+    assert_eq!(status.reason, None, "{status:?}");
+    let mirrored = east.api.get("v1", "Service", "shop", "web-west").expect("the mirror Service");
+    assert_eq!(mirrored["metadata"]["labels"]["mirror.cnimesh.io/mirrored-service"], "true", "{mirrored}");
+    let lease = east.api.get("coordination.k8s.io/v1", "Lease", "cnimesh", "cnimesh-control-mirror-write").unwrap();
+    assert!(lease["spec"]["holderIdentity"].as_str().unwrap_or_default().starts_with("cnimesh-mirror"), "{lease}");
+}
