@@ -229,9 +229,13 @@ pub async fn run_with_mirror(
                         .with_metrics(metrics.clone())
                         .run(index),
                 ),
-                ClusterSource::Kube(client) => {
-                    tokio::spawn(KubeSource::new(client).with_policy(policy).with_egress(egress).run(index))
-                }
+                ClusterSource::Kube(client) => tokio::spawn(
+                    KubeSource::new(client)
+                        .with_policy(policy)
+                        .with_egress(egress)
+                        .with_metrics(metrics.clone())
+                        .run(index),
+                ),
             })
         }
         _ => None,

@@ -269,7 +269,7 @@ fn a_bad_egress_network_is_refused_and_the_previous_one_stays_in_force() {
         let reply = get(&netns, HOST, "/replica");
         assert_eq!(reply.status, 403, "the last good EgressNetwork stays in force: {reply:?}");
     }
-    // Without trafficPolicy the document does not parse: the same.
+    // Without trafficPolicy it does not read as an EgressNetwork: refused all the same.
     w.control
         .cluster
         .apply_yaml("egress.yaml", &egress_network("Allow").replace("  trafficPolicy: Allow\n", ""))
