@@ -3,27 +3,25 @@
 //!
 //! Same-run baselines, to tell what the figure is made of:
 //! - `grpc-trivial`: a Certify refused at once (empty identity): TLS + HTTP/2 + gRPC round trip.
-//! - `service`: the Certify handler called directly (token file lookup, CSR check, signing).
+//! - `service`: the Certify handler called directly (TokenReview against the in-process API
+//!   server, CSR check, signing).
 //! - `sign`: CSR validation and signing alone.
 //!
 //! `cargo bench -p cnimesh-control --bench certify` (CNIMESH_BENCH_N to change the count).
 
-use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use cnimesh_control::grpc::identity::IdentityService;
-use cnimesh_control::identity::{FileTokens, Issuer, Policy, csr};
+use cnimesh_control::identity::{Issuer, KubeTokens, Policy, csr};
 use cnimesh_control::metrics::Metrics;
-use cnimesh_control::{Config, Listeners, TokenSource};
+use cnimesh_control::{Config, Listeners};
 use cnimesh_identity::{Name, ca, pem, tls};
 use linkerd2_proxy_api::identity::CertifyRequest;
 use linkerd2_proxy_api::identity::identity_client::IdentityClient;
 use linkerd2_proxy_api::identity::identity_server::Identity;
 use tokio::net::TcpListener;
-
-const TOKEN: &str = "bench-token";
 
 struct Stats(Vec<Duration>);
 
@@ -56,23 +54,19 @@ impl Stats {
     }
 }
 
-fn write_fixture(pki: &Path, tokens: &Path) {
+fn write_fixture(pki: &Path) {
     let anchor = ca::new_trust_anchor("cluster.local", Duration::from_secs(86400)).unwrap();
     let issuer = ca::new_issuer(&anchor, "cluster.local", Duration::from_secs(86400)).unwrap();
     std::fs::write(pki.join("ca.crt"), &anchor.cert_pem).unwrap();
     std::fs::write(pki.join("tls.crt"), &issuer.cert_pem).unwrap();
     std::fs::write(pki.join("tls.key"), &issuer.key_pem).unwrap();
-    let token = tokens.join("bench").join("web");
-    std::fs::create_dir_all(token.parent().unwrap()).unwrap();
-    std::fs::write(&token, TOKEN).unwrap();
-    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).unwrap();
 }
 
-fn requests(name: &Name, n: usize) -> Vec<CertifyRequest> {
+fn requests(name: &Name, token: &str, n: usize) -> Vec<CertifyRequest> {
     (0..n)
         .map(|_| CertifyRequest {
             identity: name.to_string(),
-            token: TOKEN.into(),
+            token: token.into(),
             certificate_signing_request: ca::new_csr(name).unwrap().1,
         })
         .collect()
@@ -89,8 +83,10 @@ fn policy() -> Policy {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let n: usize = std::env::var("CNIMESH_BENCH_N").ok().and_then(|v| v.parse().ok()).unwrap_or(1000);
-    let (pki, tokens) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    write_fixture(pki.path(), tokens.path());
+    let pki = tempfile::tempdir().unwrap();
+    write_fixture(pki.path());
+    let api = cnimesh_apiserver::ClusterApi::new();
+    let token = api.issue_token("bench", "web", &[cnimesh_identity::TOKEN_AUDIENCE]).unwrap();
     let name = Name::for_service_account("web", "bench", "cluster.local").unwrap();
     let control = Name::for_service_account("cnimesh-control", "cnimesh", "cluster.local").unwrap();
 
@@ -101,7 +97,7 @@ async fn main() {
         issuer_dir: pki.path().to_path_buf(),
         identity_name: control.clone(),
         policy: policy(),
-        tokens: TokenSource::Files(tokens.path().to_path_buf()),
+        tokens: api.client(),
         cluster: None,
         destination: Default::default(),
         inbound_policy: Default::default(),
@@ -126,7 +122,7 @@ async fn main() {
     };
     let mut client = IdentityClient::new(channel);
 
-    let reqs = requests(&name, n + 50);
+    let reqs = requests(&name, &token, n + 50);
     // Warm up the connection, allocator and caches.
     for req in &reqs[n..] {
         client.certify(req.clone()).await.unwrap();
@@ -150,8 +146,8 @@ async fn main() {
     let issuer = Arc::new(Issuer::load(pki.path()).unwrap());
     let (_tx, rx) = tokio::sync::watch::channel(Some(issuer.clone()));
     let service =
-        IdentityService::new(rx, Arc::new(FileTokens::new(tokens.path())), policy(), Arc::new(Metrics::default()));
-    let reqs = requests(&name, n);
+        IdentityService::new(rx, Arc::new(KubeTokens::new(api.client())), policy(), Arc::new(Metrics::default()));
+    let reqs = requests(&name, &token, n);
     let mut direct = Vec::with_capacity(n);
     for req in reqs.iter().cloned() {
         let start = Instant::now();

@@ -1,4 +1,5 @@
-//! Control plane load run: the real `cnimesh-control serve` process on loopback with
+//! Control plane load run: the real `cnimesh-control serve` process on loopback, on the
+//! Kubernetes code path against the in-process API server (`cnimesh-apiserver`), with
 //! 10,000 Destination `Get` streams held open and 100 Certify calls a second for 10 minutes, while
 //! the process's RSS and the latency of Certify and of a new `Get` (to its first update) are
 //! sampled per window; at the end, the slope of RSS and p99 over time.
@@ -8,12 +9,13 @@
 //! `CNIMESH_LOAD_CONNECTIONS` (100 HTTP/2 connections carrying the streams, as that many proxies).
 //! Run: `scripts/load-control.sh` (a release build; the client shares the machine's cores).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use cnimesh_apiserver::{ClusterApi, Served};
 use cnimesh_identity::{Name, ca, pem, tls};
 use futures::StreamExt;
 use linkerd2_proxy_api::destination::destination_client::DestinationClient;
@@ -28,13 +30,12 @@ use common::rss_mib;
 
 const SERVICES: usize = 100;
 const ENDPOINTS: usize = 10;
-const TOKEN: &str = "load-token";
 
 fn setting(name: &str, default: u64) -> u64 {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
-/// Service `s` with its 10 meshed endpoints: one file of the files source.
+/// Service `s` with its 10 meshed endpoints.
 fn service_yaml(s: usize) -> String {
     let mut docs = vec![format!(
         "apiVersion: v1\nkind: Service\nmetadata: {{name: svc-{s}, namespace: load}}\nspec:\n  clusterIP: 10.96.0.{s}\n  ports: [{{name: http, port: 80, targetPort: 8080}}]\n"
@@ -59,28 +60,33 @@ fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port")
 }
 
-/// `cnimesh-control serve` on loopback with an issuer from `ca_init` (`cnimesh ca init`), a token file and the
-/// files source.
-fn start_control(dir: &Path, grpc: u16, admin: u16) -> Child {
+/// The cluster: the in-process API server on loopback holding the services, the control plane's
+/// kubeconfig (0600) in `dir`, and a token of `load/web` for Identity.
+async fn serve_cluster(dir: &Path) -> (Served, PathBuf, String) {
+    let api = ClusterApi::new();
+    for s in 0..SERVICES {
+        let docs: Vec<serde_json::Value> = serde_saphyr::from_str_multiple(&service_yaml(s)).expect("objects");
+        docs.into_iter().for_each(|doc| drop(api.put(doc)));
+    }
+    let served = api.serve().await;
+    let kubeconfig = dir.join("kubeconfig");
+    let admin = api.issue_token("cnimesh", "cnimesh-control", &[]).expect("a token");
+    served.write_kubeconfig(&kubeconfig, "load", &admin).expect("kubeconfig");
+    let token = api.issue_token("load", "web", &[cnimesh_identity::TOKEN_AUDIENCE]).expect("a token");
+    (served, kubeconfig, token)
+}
+
+/// `cnimesh-control serve --kube` on loopback with an issuer from `ca_init` (`cnimesh ca init`).
+fn start_control(dir: &Path, kubeconfig: &Path, grpc: u16, admin: u16) -> Child {
     let bin = env!("CARGO_BIN_EXE_cnimesh-control");
     let issuer = dir.join("issuer");
     cnimesh_control::ca_init::run(&cnimesh_control::ca_init::CaInit::new(&issuer)).expect("ca init");
-    let token = dir.join("tokens/load/web");
-    std::fs::create_dir_all(token.parent().expect("parent")).expect("tokens dir");
-    std::fs::write(&token, TOKEN).expect("token");
-    std::fs::set_permissions(&token, std::os::unix::fs::PermissionsExt::from_mode(0o600)).expect("token mode");
-    std::fs::create_dir_all(dir.join("cluster")).expect("cluster dir");
-    for s in 0..SERVICES {
-        std::fs::write(dir.join(format!("cluster/svc-{s}.yaml")), service_yaml(s)).expect("cluster");
-    }
     Command::new(bin)
         .args(["serve", "--addr", &format!("127.0.0.1:{grpc}"), "--admin-addr", &format!("127.0.0.1:{admin}")])
         .arg("--issuer-dir")
         .arg(&issuer)
-        .arg("--tokens-dir")
-        .arg(dir.join("tokens"))
-        .arg("--cluster-dir")
-        .arg(dir.join("cluster"))
+        .arg("--kube")
+        .env("KUBECONFIG", kubeconfig)
         // All the simulated proxies dial from 127.0.0.1 with one identity: lift the per-peer and
         // per-identity bounds (defaults sized for one proxy per pod) to what the run holds.
         .args(["--max-connections-per-peer", "100000", "--max-streams-per-peer", "1000000"])
@@ -155,7 +161,8 @@ async fn main() {
 
     let dir = tempfile::tempdir().expect("tempdir");
     let (grpc, admin) = (free_port(), free_port());
-    let mut control = start_control(dir.path(), grpc, admin);
+    let (_served, kubeconfig, token) = serve_cluster(dir.path()).await;
+    let mut control = start_control(dir.path(), &kubeconfig, grpc, admin);
     let pid = control.id();
     let anchors =
         pem::certs(&std::fs::read(dir.path().join("issuer/ca.crt")).expect("anchors"), "anchors").expect("anchors PEM");
@@ -185,7 +192,7 @@ async fn main() {
     for _ in 1..connections {
         channels.push(connect().await.expect("connect"));
     }
-    // Until the files source has loaded every service.
+    // Until the control plane has listed every service.
     let mut probe = DestinationClient::new(channels[0].clone());
     loop {
         let request = GetDestination { path: path(SERVICES - 1), ..Default::default() };
@@ -193,7 +200,7 @@ async fn main() {
         if first.is_ok_and(|u| u.as_ref().is_some_and(is_add)) {
             break;
         }
-        assert!(Instant::now() < deadline, "the cluster files were not loaded");
+        assert!(Instant::now() < deadline, "the cluster's services were not listed");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let rss_idle = rss_mib(pid);
@@ -224,7 +231,7 @@ async fn main() {
     let current = Arc::new(Mutex::new(Window::default()));
     let identity = IdentityClient::new(channels[0].clone());
     let certify = {
-        let (current, csrs, name) = (current.clone(), csrs.clone(), name.to_string());
+        let (current, csrs, name, token) = (current.clone(), csrs.clone(), name.to_string(), token.clone());
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(1) / rate as u32);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
@@ -233,7 +240,7 @@ async fn main() {
                 let (mut client, current) = (identity.clone(), current.clone());
                 let request = CertifyRequest {
                     identity: name.clone(),
-                    token: TOKEN.into(),
+                    token: token.clone().into(),
                     certificate_signing_request: csrs[i % csrs.len()].clone(),
                 };
                 tokio::spawn(async move {

@@ -22,7 +22,7 @@ use crate::inject::{
 };
 use crate::policy::DefaultPolicy;
 use crate::policy::index::DEFAULT_CLUSTER_NETWORKS;
-use crate::serve::{ClusterSource, Config, Listeners, TokenSource};
+use crate::serve::{ClusterSource, Config, Listeners};
 
 #[derive(Debug, Parser)]
 #[command(name = "cnimesh-control", version, about = "cnimesh control plane: Identity (and Destination) over gRPC")]
@@ -61,16 +61,11 @@ struct ServeArgs {
     /// cnimesh-control.cnimesh.serviceaccount.identity.cnimesh.<trust-domain>].
     #[arg(long, env = "CNIMESH_CONTROL_IDENTITY_NAME")]
     identity_name: Option<Name>,
-    /// Local mode: tokens in DIR/<namespace>/<serviceaccount>.
-    #[arg(long, env = "CNIMESH_CONTROL_TOKENS_DIR", conflicts_with = "kube")]
-    tokens_dir: Option<PathBuf>,
-    /// Check tokens with the Kubernetes API (TokenReview).
+    /// Use the Kubernetes API (required): cluster state is watched there, tokens are checked with
+    /// TokenReview. The API server is the one of the in-cluster configuration or of KUBECONFIG
+    /// (local mode's).
     #[arg(long, env = "CNIMESH_CONTROL_KUBE")]
     kube: bool,
-    /// Local mode: Services, EndpointSlices and Pods as YAML files in DIR, for the Destination
-    /// service (with --kube they come from the API server).
-    #[arg(long, env = "CNIMESH_CONTROL_CLUSTER_DIR", conflicts_with = "kube")]
-    cluster_dir: Option<PathBuf>,
     /// Inbound policy of ports no Server names, where no namespace or pod annotation
     /// (config.cnimesh.io/default-inbound-policy) says otherwise: all-unauthenticated,
     /// all-authenticated, cluster-authenticated, deny or audit (let through what no policy admits,
@@ -274,16 +269,18 @@ async fn bind(addr: SocketAddr, reuse_port: bool) -> anyhow::Result<TcpListener>
 
 impl ServeArgs {
     async fn config(self) -> anyhow::Result<(Config, Addrs)> {
-        let mut kube_client = None;
-        let (tokens, cluster) = match (self.tokens_dir, self.kube) {
-            (Some(dir), false) => (TokenSource::Files(dir), self.cluster_dir.clone().map(ClusterSource::Files)),
-            (None, true) => {
-                let client = kube::Client::try_default().await.context("connecting to the Kubernetes API")?;
-                kube_client = Some(client.clone());
-                (TokenSource::Kube(client.clone()), Some(ClusterSource::Kube(client)))
-            }
-            _ => anyhow::bail!("choose how tokens are checked: --tokens-dir DIR or --kube"),
-        };
+        anyhow::ensure!(
+            self.kube,
+            "cnimesh-control serve needs --kube: its cluster and tokens are the Kubernetes API's"
+        );
+        let client = kube::Client::try_default().await.context("connecting to the Kubernetes API")?;
+        self.config_with(client)
+    }
+
+    /// [`ServeArgs::config`] with the API server's client made.
+    fn config_with(self, client: kube::Client) -> anyhow::Result<(Config, Addrs)> {
+        let kube_client = Some(client.clone());
+        let (tokens, cluster) = (client.clone(), Some(ClusterSource::Kube(client)));
         let destination = crate::destination::Config {
             cluster_domain: self.webhook.cluster_domain.clone(),
             trust_domain: self.trust_domain.clone(),
@@ -320,10 +317,8 @@ impl ServeArgs {
                     self.webhook.inject_config(&self.trust_domain)?.with_inbound_policy(proxy_policy.0, proxy_policy.1);
                 let mut webhook = Webhook::new(config)?.with_sidecar_mode(mode, versions);
                 // The namespace's default-inbound-policy annotation, read where the cluster is.
-                match (&kube_client, &self.cluster_dir) {
-                    (Some(client), _) => webhook = webhook.with_namespaces(Namespaces::Kube(client.clone())),
-                    (None, Some(dir)) => webhook = webhook.with_namespaces(Namespaces::Files(dir.clone())),
-                    (None, None) => {}
+                if let Some(client) = &kube_client {
+                    webhook = webhook.with_namespaces(Namespaces::Kube(client.clone()));
                 }
                 let tls = match (&webhook_certs, dir) {
                     (Some(source), _) => webhook_tls_from(source.current.clone())?,
@@ -469,18 +464,19 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn the_cli_is_consistent_and_needs_a_token_source() {
+    async fn the_cli_is_consistent_and_needs_the_kubernetes_api() {
         Cli::command().debug_assert();
         let cli = Cli::try_parse_from(["cnimesh-control", "serve", "--issuer-dir", "/x"]).unwrap();
         let Command::Serve(args) = cli.command;
-        assert!(args.config().await.is_err());
+        let Err(error) = args.config().await else { panic!("served without --kube") };
+        let error = format!("{error:#}");
+        assert!(error.contains("--kube"), "{error}");
         let cli = Cli::try_parse_from([
             "cnimesh-control",
             "serve",
             "--issuer-dir",
             "/x",
-            "--tokens-dir",
-            "/t",
+            "--kube",
             "--cert-lifetime",
             "10s",
             "--trust-domain",
@@ -488,16 +484,17 @@ mod tests {
         ])
         .unwrap();
         let Command::Serve(args) = cli.command;
-        let (config, addrs) = args.config().await.unwrap();
+        let (config, addrs) = args.config_with(cnimesh_apiserver::ClusterApi::new().client()).unwrap();
         assert_eq!(config.policy.lifetime, Duration::from_secs(10));
         assert_eq!(
             config.identity_name.as_str(),
             "cnimesh-control.cnimesh.serviceaccount.identity.cnimesh.example.org"
         );
         assert_eq!((addrs.grpc.port(), addrs.admin.port(), addrs.webhook), (4190, 9990, None));
-        assert!(
-            Cli::try_parse_from(["cnimesh-control", "serve", "--issuer-dir", "/x", "--tokens-dir", "/t", "--kube"])
-                .is_err()
-        );
+        for gone in ["--tokens-dir", "--cluster-dir"] {
+            assert!(
+                Cli::try_parse_from(["cnimesh-control", "serve", "--issuer-dir", "/x", "--kube", gone, "/t"]).is_err()
+            );
+        }
     }
 }

@@ -48,4 +48,4 @@ pub mod tls_accept;
 pub mod webhook_certs;
 pub mod workload;
 
-pub use serve::{ClusterSource, Config, Listeners, TokenSource, run};
+pub use serve::{ClusterSource, Config, Listeners, run};

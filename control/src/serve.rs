@@ -25,7 +25,7 @@ use crate::grpc::limits::Admission;
 use crate::grpc::outbound::OutboundService;
 use crate::grpc::peer::{self, OptionalMeshClientVerifier};
 use crate::grpc::spans::{GrpcTracing, TraceConfig};
-use crate::identity::{Authenticator, FileTokens, KubeTokens, Policy, issuer, own_cert};
+use crate::identity::{Authenticator, KubeTokens, Policy, issuer, own_cert};
 use crate::metrics::Metrics;
 use crate::sources::{FileSource, KubeSource, Source};
 use crate::tap::Relay;
@@ -39,21 +39,14 @@ pub enum ClusterSource {
     Kube(kube::Client),
 }
 
-/// Where workload tokens are checked.
-pub enum TokenSource {
-    /// Local mode: `<dir>/<namespace>/<serviceaccount>` files.
-    Files(PathBuf),
-    /// TokenReview against the API server.
-    Kube(kube::Client),
-}
-
 pub struct Config {
     /// `ca.crt`, `tls.crt`, `tls.key`, watched for changes.
     pub issuer_dir: PathBuf,
     /// The control plane's own identity: the name proxies verify when they connect.
     pub identity_name: Name,
     pub policy: Policy,
-    pub tokens: TokenSource,
+    /// Where workload tokens are checked: TokenReview against this API server.
+    pub tokens: kube::Client,
     /// Destination, inbound and outbound policy are served when a source is configured.
     pub cluster: Option<ClusterSource>,
     /// Answers' cluster and trust domains.
@@ -126,17 +119,10 @@ pub async fn run_traced(
     let server_tls =
         peer::server_config(own_cert.clone(), verifier).context("TLS configuration for the gRPC server")?;
 
-    // Tap tokens carry their own audience in a cluster; local mode's files have none.
-    let (authenticator, tap_authenticator): (Arc<dyn Authenticator>, Arc<dyn Authenticator>) = match config.tokens {
-        TokenSource::Files(dir) => {
-            let files = Arc::new(FileTokens::new(dir));
-            (files.clone(), files)
-        }
-        TokenSource::Kube(client) => (
-            Arc::new(KubeTokens::new(client.clone())),
-            Arc::new(KubeTokens::new(client).with_audience(TAP_TOKEN_AUDIENCE)),
-        ),
-    };
+    // Tap tokens carry their own audience.
+    let authenticator: Arc<dyn Authenticator> = Arc::new(KubeTokens::new(config.tokens.clone()));
+    let tap_authenticator: Arc<dyn Authenticator> =
+        Arc::new(KubeTokens::new(config.tokens).with_audience(TAP_TOKEN_AUDIENCE));
     let trust_domain = config.policy.trust_domain.clone();
     let identity = IdentityService::new(issuer.clone(), authenticator, config.policy, metrics.clone())
         .with_reserved(config.reserved);
@@ -168,9 +154,13 @@ pub async fn run_traced(
                         .with_metrics(metrics.clone())
                         .run(index),
                 ),
-                ClusterSource::Kube(client) => {
-                    tokio::spawn(KubeSource::new(client).with_policy(policy).with_egress(egress).run(index))
-                }
+                ClusterSource::Kube(client) => tokio::spawn(
+                    KubeSource::new(client)
+                        .with_policy(policy)
+                        .with_egress(egress)
+                        .with_metrics(metrics.clone())
+                        .run(index),
+                ),
             })
         }
         _ => None,
@@ -244,7 +234,6 @@ mod tests {
 
     use super::*;
     use crate::identity::issuer::tests::write_pki;
-    use crate::identity::tokens::tests::write_token;
 
     struct Running {
         grpc: SocketAddr,
@@ -254,7 +243,9 @@ mod tests {
         control: Name,
         stop: Option<tokio::sync::oneshot::Sender<()>>,
         task: tokio::task::JoinHandle<anyhow::Result<()>>,
-        dirs: (tempfile::TempDir, tempfile::TempDir),
+        pki: tempfile::TempDir,
+        /// `shop/web`'s token for Identity, from the in-process API server.
+        token: String,
     }
 
     async fn start() -> Running {
@@ -264,8 +255,8 @@ mod tests {
     async fn start_traced(trace: Option<TraceConfig>) -> Running {
         let pki = tempfile::tempdir().unwrap();
         let anchor = write_pki(pki.path(), Duration::from_secs(3600));
-        let tokens = tempfile::tempdir().unwrap();
-        write_token(tokens.path(), "shop", "web", "token-web");
+        let api = cnimesh_apiserver::ClusterApi::new();
+        let token = api.issue_token("shop", "web", &[cnimesh_identity::TOKEN_AUDIENCE]).unwrap();
         let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let (grpc_addr, admin_addr) = (grpc.local_addr().unwrap(), admin.local_addr().unwrap());
@@ -278,7 +269,7 @@ mod tests {
                 lifetime: Duration::from_secs(3600),
                 clock_skew: Duration::from_secs(20),
             },
-            tokens: TokenSource::Files(tokens.path().to_path_buf()),
+            tokens: api.client(),
             cluster: None,
             destination: Default::default(),
             inbound_policy: Default::default(),
@@ -292,16 +283,7 @@ mod tests {
             let _ = stopped.await;
         }));
         let anchors = cnimesh_identity::pem::certs(anchor.cert_pem.as_bytes(), "anchor").unwrap();
-        Running {
-            grpc: grpc_addr,
-            admin: admin_addr,
-            anchors,
-            anchor,
-            control,
-            stop: Some(stop),
-            task,
-            dirs: (pki, tokens),
-        }
+        Running { grpc: grpc_addr, admin: admin_addr, anchors, anchor, control, stop: Some(stop), task, pki, token }
     }
 
     async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
@@ -328,7 +310,7 @@ mod tests {
             let (_key, csr) = cnimesh_identity::ca::new_csr(&web).unwrap();
             let req = CertifyRequest {
                 identity: web.to_string(),
-                token: b"token-web".to_vec(),
+                token: running.token.as_bytes().to_vec(),
                 certificate_signing_request: csr,
             };
             let rsp = client.certify(req).await.unwrap().into_inner();
@@ -403,7 +385,8 @@ mod tests {
         let web = Name::for_service_account("web", "shop", "cluster.local").unwrap();
         let certify = || {
             let (_key, csr) = cnimesh_identity::ca::new_csr(&web).unwrap();
-            CertifyRequest { identity: web.to_string(), token: b"token-web".to_vec(), certificate_signing_request: csr }
+            let token = running.token.as_bytes().to_vec();
+            CertifyRequest { identity: web.to_string(), token, certificate_signing_request: csr }
         };
         fn traced<T>(message: T) -> tonic::Request<T> {
             let mut request = tonic::Request::new(message);
@@ -491,7 +474,7 @@ mod tests {
         assert_eq!(cnimesh_identity::tls::identity_of(&first[0]), Some(running.control.clone()));
 
         let new = crate::identity::issuer::tests::write_issuer(
-            running.dirs.0.path(),
+            running.pki.path(),
             &running.anchor,
             Duration::from_secs(7200),
         );
@@ -536,7 +519,7 @@ mod tests {
         assert_eq!(get(anonymous).await.code(), tonic::Code::Unauthenticated);
 
         let web = Name::for_service_account("web", "shop", "cluster.local").unwrap();
-        let ours = own_cert::issue_from_dir(running.dirs.0.path(), &web, Duration::from_secs(600)).unwrap();
+        let ours = own_cert::issue_from_dir(running.pki.path(), &web, Duration::from_secs(600)).unwrap();
         assert_eq!(get(connect(Some(ours)).await.unwrap()).await.code(), tonic::Code::Unimplemented);
 
         let elsewhere = tempfile::tempdir().unwrap();
@@ -565,7 +548,7 @@ mod tests {
                 lifetime: Duration::from_secs(60),
                 clock_skew: Duration::ZERO,
             },
-            tokens: TokenSource::Files(pki.path().to_path_buf()),
+            tokens: cnimesh_apiserver::ClusterApi::new().client(),
             cluster: None,
             destination: Default::default(),
             inbound_policy: Default::default(),

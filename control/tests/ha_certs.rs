@@ -332,7 +332,7 @@ async fn serve_with_managed_certificates_serves_the_secret_and_reports_leadershi
     use cnimesh_control::identity::Policy;
     use cnimesh_control::leader::ElectionConfig;
     use cnimesh_control::webhook_certs::SecretSource;
-    use cnimesh_control::{Config, Listeners, TokenSource};
+    use cnimesh_control::{Config, Listeners};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     let store = Store::new();
@@ -361,7 +361,7 @@ async fn serve_with_managed_certificates_serves_the_secret_and_reports_leadershi
         identity_name: cnimesh_identity::Name::for_service_account("cnimesh-control", "cnimesh", "cluster.local")
             .unwrap(),
         policy: Policy { trust_domain: "cluster.local".into(), lifetime: DAY, clock_skew: Duration::ZERO },
-        tokens: TokenSource::Files(pki.path().to_path_buf()),
+        tokens: cnimesh_apiserver::ClusterApi::new().client(),
         cluster: None,
         destination: Default::default(),
         inbound_policy: Default::default(),

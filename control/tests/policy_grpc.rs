@@ -13,7 +13,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use cnimesh_control::identity::Policy;
-use cnimesh_control::{ClusterSource, Config, Listeners, TokenSource};
+use cnimesh_control::{ClusterSource, Config, Listeners};
 use cnimesh_identity::{Name, ca};
 use futures::StreamExt;
 use linkerd2_proxy_api::inbound::inbound_server_policies_client::InboundServerPoliciesClient;
@@ -121,7 +121,7 @@ async fn start() -> Running {
             lifetime: Duration::from_secs(3600),
             clock_skew: Duration::from_secs(20),
         },
-        tokens: TokenSource::Files(pki.path().to_path_buf()),
+        tokens: cnimesh_apiserver::ClusterApi::new().client(),
         cluster: Some(ClusterSource::Files(cluster.path().to_path_buf())),
         destination: Default::default(),
         inbound_policy: Default::default(),

@@ -158,3 +158,37 @@ async fn routes_are_watched_and_a_missing_gateway_api_counts_as_no_routes() {
     api.set_faults(|f| f.unserved.clear());
     assert_eq!(routes_changed(&mut rx).await, ["GRPCRoute/shop/items"]);
 }
+
+/// An object that does not read as its kind (what a CRD's schema refuses, were one missing) is
+/// refused alone, counted by kind: the rest of its kind still lists and updates, and the version
+/// of it the index held stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_object_that_does_not_read_as_its_kind_is_refused_alone_and_its_last_good_version_stays() {
+    let unreadable = |name: &str| {
+        let mut server = server(json!({"not": "a port"}), "HTTP/1");
+        server["metadata"]["name"] = json!(name);
+        server
+    };
+    let api = ClusterApi::new();
+    api.put(pod());
+    api.put(namespace("deny"));
+    api.put(server(json!("http"), "opaque"));
+    api.put(unreadable("broken"));
+    let metrics = std::sync::Arc::new(cnimesh_control::metrics::Metrics::default());
+    let index = destination::Index::new();
+    let policy = policy::Index::new(policy::Config::default());
+    let source =
+        KubeSource::new(api.client()).with_policy(policy.clone()).with_metrics(metrics.clone()).run(index.clone());
+    tokio::spawn(async move { source.await.expect("kube source") });
+    tokio::time::timeout(PATIENCE, policy.ready()).await.expect("the list is read despite the unreadable Server");
+    let mut rx = policy.watch_inbound(&NsName::new("shop", "api-0"), 8080);
+    let first = rx.borrow_and_update().clone().expect("pod listed");
+    assert_eq!((first.meta.clone(), first.protocol), (ServerMeta::Server("api".into()), Protocol::Opaque));
+
+    // An unreadable edit of `api` changes nothing; the next readable one applies.
+    api.put(unreadable("api"));
+    api.put(server(json!(8080), "HTTP/2"));
+    assert_eq!(changed(&mut rx).await, (ServerMeta::Server("api".into()), Protocol::Http2));
+    let text = metrics.encode();
+    assert!(text.contains("cluster_objects_rejected_total{kind=\"Server\"} 2"), "{text}");
+}

@@ -4,10 +4,9 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::Duration;
 
-use crate::cluster::{FileCluster, SharedCluster};
+use crate::cluster::SharedCluster;
 use crate::debug::{self, Format};
 use crate::kube_cluster::KubeCluster;
 use crate::repair::RepairMode;
@@ -94,9 +93,6 @@ enum Cmd {
         /// so pods set up while the agent restarts fail closed and are retried.
         #[arg(long, env = "CNIMESH_UNINSTALL_ON_EXIT")]
         uninstall_on_exit: bool,
-        /// Read pods from this directory of YAML/JSON files instead of the Kubernetes API.
-        #[arg(long, env = "CNIMESH_PODS_DIR")]
-        pods_dir: Option<PathBuf>,
     },
     /// Install the binary and chain the plugin once, then exit.
     Install {
@@ -172,24 +168,18 @@ async fn main_async(cli: Cli) -> anyhow::Result<ExitCode> {
         Ok(ExitCode::SUCCESS)
     };
     match &cli.command {
-        Cmd::Run { agent, node_name, ready_addr, repair, repair_interval, uninstall_on_exit, pods_dir } => {
+        Cmd::Run { agent, node_name, ready_addr, repair, repair_interval, uninstall_on_exit } => {
             let mut cfg = config(&cli, agent);
             cfg.node_name = node_name.clone();
             cfg.ready_addr = *ready_addr;
             cfg.repair = *repair;
             cfg.repair_interval = Duration::from_secs(*repair_interval);
             cfg.uninstall_on_exit = *uninstall_on_exit;
-            let cluster: SharedCluster = match pods_dir {
-                Some(dir) => Arc::new(FileCluster::new(dir, node_name.clone())),
-                None => {
-                    let node =
-                        node_name.clone().context("--node-name (or NODE_NAME) is required with the Kubernetes API")?;
-                    let client = kube::Client::try_default().await.context("connecting to the Kubernetes API")?;
-                    let (cluster, driver) = KubeCluster::start(client, &node);
-                    tokio::spawn(driver);
-                    cluster
-                }
-            };
+            let node = node_name.clone().context("--node-name (or NODE_NAME) is required")?;
+            let client = kube::Client::try_default().await.context("connecting to the Kubernetes API")?;
+            let (cluster, driver) = KubeCluster::start(client, &node);
+            tokio::spawn(driver);
+            let cluster: SharedCluster = cluster;
             run::run(cfg, cluster, shutdown_signal()).await?;
             Ok(ExitCode::SUCCESS)
         }

@@ -130,17 +130,23 @@ mod tests {
 
     #[tokio::test]
     async fn modes_act_on_the_cluster() {
-        let dir = tempfile::tempdir().unwrap();
-        let raced = pod("shop", "raced", "Running", true);
-        std::fs::write(dir.path().join("raced.json"), serde_json::to_vec(&raced).unwrap()).unwrap();
-        let cluster = crate::cluster::FileCluster::new(dir.path(), None);
-        let done = repair(&cluster, RepairMode::Label, &[&raced]).await;
-        assert!(done[0].1.is_ok());
-        let labelled = cluster.pod("shop", "raced").await.unwrap().unwrap();
-        assert_eq!(labelled.metadata.labels.unwrap()[UNCAPTURED_LABEL], "true");
-        repair(&cluster, RepairMode::Off, &[&raced]).await;
-        assert!(cluster.pod("shop", "raced").await.unwrap().is_some());
-        repair(&cluster, RepairMode::Delete, &[&raced]).await;
-        assert!(cluster.pod("shop", "raced").await.unwrap().is_none());
+        let api = cnimesh_apiserver::ClusterApi::new();
+        let mut raced = pod("shop", "raced", "Running", true);
+        raced.spec.as_mut().unwrap().node_name = Some("node-1".into());
+        let mut object = serde_json::to_value(&raced).unwrap();
+        object["apiVersion"] = json!("v1");
+        object["kind"] = json!("Pod");
+        api.put(object);
+        let (cluster, driver) = crate::kube_cluster::KubeCluster::start(api.client(), "node-1");
+        tokio::spawn(driver);
+        let cluster = &*cluster;
+        let stored = || api.get("v1", "Pod", "shop", "raced");
+        let done = repair(cluster, RepairMode::Label, &[&raced]).await;
+        assert!(done[0].1.is_ok(), "{:?}", done[0].1);
+        assert_eq!(stored().unwrap()["metadata"]["labels"][UNCAPTURED_LABEL], "true");
+        repair(cluster, RepairMode::Off, &[&raced]).await;
+        assert!(stored().is_some());
+        repair(cluster, RepairMode::Delete, &[&raced]).await;
+        assert!(stored().is_none());
     }
 }

@@ -89,7 +89,6 @@ fn main() {
     let rounds = rounds();
     let bins = bins!();
     let net = Network::bridge(&bins, json!({})).unwrap();
-    let cluster = tempfile::tempdir().unwrap();
     let control_pod = Pod::unmeshed(&net, "cnimesh", "control").unwrap();
     let acc = (Pod::named(&net, "shop", "acc-client").unwrap(), Pod::named(&net, "shop", "acc-server").unwrap());
     let plain = (Pod::named(&net, "shop", "plain-client").unwrap(), Pod::named(&net, "shop", "plain-server").unwrap());
@@ -97,9 +96,8 @@ fn main() {
         service_yaml("acc", ACCRUAL_IP, acc.1.ipv4(), "balancer.cnimesh.io/failure-accrual: consecutive"),
         service_yaml("plain", PLAIN_IP, plain.1.ipv4(), ""),
     ];
-    std::fs::write(cluster.path().join("cluster.yaml"), services.join("---\n")).unwrap();
-    let cluster_dir = cluster.path().display().to_string();
-    let control = Control::start(&bins.control, &control_pod, &["--cluster-dir", &cluster_dir]).unwrap();
+    let objects = services.join("---\n");
+    let control = Control::start_with_objects(&bins.control, &control_pod, &[], &[("cluster.yaml", &objects)]).unwrap();
     let with = Pair::start(&control, &bins.proxy, acc.0, acc.1, ACCRUAL_IP);
     let without = Pair::start(&control, &bins.proxy, plain.0, plain.1, PLAIN_IP);
     with.ready(ACCRUAL_IP);

@@ -29,15 +29,12 @@ fn main() {
     let rounds = rounds();
     let bins = bins!();
     let net = Network::bridge(&bins, json!({})).unwrap();
-    let cluster = tempfile::tempdir().unwrap();
-    std::fs::write(cluster.path().join("egress.yaml"), EGRESS).unwrap();
     let control_pod = Pod::unmeshed(&net, "cnimesh", "control").unwrap();
     let plain = Pod::named(&net, "plain", "client").unwrap();
     let egress = Pod::named(&net, "egress", "client").unwrap();
     let outside_pod = Pod::unmeshed(&net, "outside", "world").unwrap();
     let _outside = Outside::start(&outside_pod, &["api.example.test"], &[&plain, &egress]).unwrap();
-    let cluster_dir = cluster.path().display().to_string();
-    let control = Control::start(&bins.control, &control_pod, &["--cluster-dir", &cluster_dir]).unwrap();
+    let control = Control::start_with_objects(&bins.control, &control_pod, &[], &[("egress.yaml", EGRESS)]).unwrap();
     let proxy = |pod: &Pod<'_>| {
         let ns = &pod.namespace;
         let mut env = control.proxy_env(ns, "client", &control.token(ns, "client").unwrap());

@@ -48,12 +48,10 @@ fn main() {
     let rounds = rounds();
     let bins = bins!();
     let net = Network::bridge(&bins, json!({})).unwrap();
-    let cluster = tempfile::tempdir().unwrap();
     let control_pod = Pod::unmeshed(&net, "cnimesh", "control").unwrap();
     let policed = (Pod::named(&net, "shop", "pol-client").unwrap(), Pod::named(&net, "shop", "pol-server").unwrap());
-    std::fs::write(cluster.path().join("cluster.yaml"), cluster_yaml(&policed.1, "pol-client")).unwrap();
-    let cluster_dir = cluster.path().display().to_string();
-    let control = Control::start(&bins.control, &control_pod, &["--cluster-dir", &cluster_dir]).unwrap();
+    let objects = cluster_yaml(&policed.1, "pol-client");
+    let control = Control::start_with_objects(&bins.control, &control_pod, &[], &[("cluster.yaml", &objects)]).unwrap();
     let with = Pair::policed(&control, &bins.proxy, policed.0, policed.1, true);
     let none = (Pod::named(&net, "shop", "none-client").unwrap(), Pod::named(&net, "shop", "none-server").unwrap());
     let without = Pair::policed(&control, &bins.proxy, none.0, none.1, false);

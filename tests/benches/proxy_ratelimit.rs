@@ -42,7 +42,6 @@ fn main() {
     let rounds = rounds();
     let bins = bins!();
     let net = Network::bridge(&bins, json!({})).unwrap();
-    let cluster = tempfile::tempdir().unwrap();
     let control_pod = Pod::unmeshed(&net, "cnimesh", "control").unwrap();
     let limited = (Pod::named(&net, "shop", "rl-client").unwrap(), Pod::named(&net, "shop", "rl-server").unwrap());
     let free = (Pod::named(&net, "shop", "free-client").unwrap(), Pod::named(&net, "shop", "free-server").unwrap());
@@ -52,9 +51,7 @@ fn main() {
         server_yaml(&free.1, false),
     ]
     .join("---\n");
-    std::fs::write(cluster.path().join("cluster.yaml"), yaml).unwrap();
-    let cluster_dir = cluster.path().display().to_string();
-    let control = Control::start(&bins.control, &control_pod, &["--cluster-dir", &cluster_dir]).unwrap();
+    let control = Control::start_with_objects(&bins.control, &control_pod, &[], &[("cluster.yaml", &yaml)]).unwrap();
     let with = Pair::policed(&control, &bins.proxy, limited.0, limited.1, true);
     let without = Pair::policed(&control, &bins.proxy, free.0, free.1, true);
     // Both Servers are in force before measuring.

@@ -78,7 +78,6 @@ fn main() {
     let rounds = rounds();
     let bins = bins!();
     let net = Network::bridge(&bins, json!({})).unwrap();
-    let cluster = tempfile::tempdir().unwrap();
     let control_pod = Pod::unmeshed(&net, "cnimesh", "control").unwrap();
     let plain = (Pod::named(&net, "shop", "plain-client").unwrap(), Pod::named(&net, "shop", "plain-server").unwrap());
     let routed =
@@ -88,9 +87,8 @@ fn main() {
         service_yaml("routed", ROUTED_IP, &routed.1.name, routed.1.ipv4(), &routed.1.name),
         route_yaml(),
     ];
-    std::fs::write(cluster.path().join("cluster.yaml"), objects.join("---\n")).unwrap();
-    let cluster_dir = cluster.path().display().to_string();
-    let control = Control::start(&bins.control, &control_pod, &["--cluster-dir", &cluster_dir]).unwrap();
+    let objects = objects.join("---\n");
+    let control = Control::start_with_objects(&bins.control, &control_pod, &[], &[("cluster.yaml", &objects)]).unwrap();
     let without = pair(&control, &bins.proxy, plain.0, plain.1, PLAIN_IP);
     let with = pair(&control, &bins.proxy, routed.0, routed.1, ROUTED_IP);
 

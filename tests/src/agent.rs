@@ -1,6 +1,7 @@
-//! `cnimesh-node run` as its own process, as the DaemonSet runs it: pods from a directory of JSON
-//! files (the Kubernetes API stand-in of local mode), its CNI dirs, state dir and socket on temp
-//! paths. It can be killed with SIGKILL and started again over the same directories.
+//! `cnimesh-node run` as its own process, as the DaemonSet runs it: pods from the cluster's API
+//! server ([`Cluster`], served on the host's loopback, as the agent runs in the host's network
+//! namespace), its CNI dirs, state dir and socket on temp paths. It can be killed with SIGKILL
+//! and started again over the same directories and the same cluster.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -9,6 +10,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use tempfile::TempDir;
 
+use crate::cluster::Cluster;
 use crate::cni::{Bins, Network};
 
 pub const NODE: &str = "node-1";
@@ -21,6 +23,8 @@ pub struct Agent {
     ready_port: u16,
     repair: &'static str,
     child: Option<Child>,
+    /// The cluster whose pods the agent watches (and repair deletes or labels).
+    pub cluster: Cluster,
 }
 
 /// A pod of this node as the API server would list it; `meshed` adds the proxy container.
@@ -49,7 +53,6 @@ impl Agent {
     /// ([`Agent::write_primary`]). `repair` is `delete`, `label` or `off`.
     pub fn new(binary: &Path, plugin: &Path, repair: &'static str) -> anyhow::Result<Self> {
         let dir = tempfile::Builder::new().prefix("cnimesh-agent").tempdir()?;
-        std::fs::create_dir_all(dir.path().join("pods"))?;
         std::fs::create_dir_all(dir.path().join("net.d"))?;
         Ok(Self {
             binary: binary.into(),
@@ -59,6 +62,7 @@ impl Agent {
             ready_port: free_port(),
             repair,
             child: None,
+            cluster: Cluster::serve_on_host()?,
         })
     }
 
@@ -96,21 +100,15 @@ impl Agent {
         Ok(())
     }
 
-    /// Makes a pod known to the agent, as the API server's watch would.
+    /// Puts a pod into the cluster, for the agent's watch to see.
     pub fn add_pod(&self, pod: &Value) -> anyhow::Result<()> {
-        let field = |key: &str| pod["metadata"][key].as_str().unwrap_or_default().to_string();
-        let path = self.pod_file(&field("namespace"), &field("name"));
-        cnimesh_common::fs::write_atomic(&path, pod.to_string().as_bytes(), None)?;
+        self.cluster.api.put(pod.clone());
         Ok(())
     }
 
     /// Whether the pod's object still exists (repair deletes uncaptured meshed pods).
     pub fn has_pod(&self, namespace: &str, name: &str) -> bool {
-        self.pod_file(namespace, name).exists()
-    }
-
-    fn pod_file(&self, namespace: &str, name: &str) -> PathBuf {
-        self.dir.path().join("pods").join(format!("{namespace}_{name}.json"))
+        self.cluster.api.get("v1", "Pod", namespace, name).is_some()
     }
 
     /// Starts the agent and waits (bounded) until it answers `/ready` with 200.
@@ -129,10 +127,9 @@ impl Agent {
             .arg(&self.state_dir)
             .arg("--plugin-binary")
             .arg(&self.plugin)
-            .arg("--pods-dir")
-            .arg(d.join("pods"))
             .args(["--node-name", NODE, "--ready-addr", &format!("127.0.0.1:{}", self.ready_port)])
             .args(["--repair", self.repair])
+            .env("KUBECONFIG", self.cluster.kubeconfig())
             .env("CNIMESH_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::null())

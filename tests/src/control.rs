@@ -1,5 +1,7 @@
 //! `cnimesh-control` in a pod of its own (not captured, as in a cluster), with a fresh trust
-//! anchor and issuer from `ca init`, and a token per workload as local mode keeps them.
+//! anchor and issuer from `ca init`, on the Kubernetes code path (`--kube`) against the
+//! cluster's API server ([`Cluster`]) served in the same pod: tests change the cluster through
+//! [`Control::cluster`], and workloads' tokens are the API server's, checked by TokenReview.
 
 use std::net::{IpAddr, SocketAddr};
 use std::os::unix::fs::{PermissionsExt, chown};
@@ -9,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
+use crate::cluster::Cluster;
 use crate::pod::Pod;
 use crate::sidecar::{PROXY_UID, Sidecar, http_in};
 
@@ -34,7 +37,15 @@ pub struct Control {
     /// The trust domain its identities are issued in (`cluster.local` unless started by
     /// [`Control::start_sharing_anchor`]).
     pub trust_domain: String,
+    /// The cluster's API server, served in the control plane's pod: what the tests apply their
+    /// objects to and what the control plane watches and reviews tokens with.
+    pub cluster: Cluster,
+    /// The control plane's kubeconfig (its ServiceAccount's token), for more replicas.
+    kubeconfig: PathBuf,
 }
+
+/// The control plane's namespace and ServiceAccount, as the install manifests create them.
+const CONTROL_ACCOUNT: &str = "apiVersion: v1\nkind: Namespace\nmetadata: {name: cnimesh}\n---\napiVersion: v1\nkind: ServiceAccount\nmetadata: {name: cnimesh-control, namespace: cnimesh}\n";
 
 /// The identity of a service account in the default trust domain.
 pub fn identity(ns: &str, sa: &str) -> String {
@@ -44,7 +55,19 @@ pub fn identity(ns: &str, sa: &str) -> String {
 impl Control {
     /// Generates a CA and starts the control plane in `pod` with `args` added to `serve`.
     pub fn start(bin: &Path, pod: &Pod<'_>, args: &[&str]) -> anyhow::Result<Self> {
-        Self::start_with_ca(bin, pod, args, None)
+        Self::launch(bin, pod, args, None, &[])
+    }
+
+    /// [`Control::start`] with the cluster already holding `objects` (name, YAML stream), applied
+    /// as [`Cluster::apply_yaml`] does, so that the control plane's first answers know them (it
+    /// is ready once it has listed them).
+    pub fn start_with_objects(
+        bin: &Path,
+        pod: &Pod<'_>,
+        args: &[&str],
+        objects: &[(&str, &str)],
+    ) -> anyhow::Result<Self> {
+        Self::launch(bin, pod, args, None, objects)
     }
 
     /// A second cluster's control plane, with trust domain `trust_domain` and an
@@ -57,7 +80,7 @@ impl Control {
         anchor: &Control,
         trust_domain: &str,
     ) -> anyhow::Result<Self> {
-        Self::start_with_ca(bin, pod, args, Some((anchor, trust_domain, Issuer::Constrained)))
+        Self::launch(bin, pod, args, Some((anchor, trust_domain, Issuer::Constrained)), &[])
     }
 
     /// The control plane in `pod` with `args` added to `serve`: with its own new CA, or, with
@@ -68,6 +91,16 @@ impl Control {
         pod: &Pod<'_>,
         args: &[&str],
         shared: Option<(&Control, &str, Issuer)>,
+    ) -> anyhow::Result<Self> {
+        Self::launch(bin, pod, args, shared, &[])
+    }
+
+    fn launch(
+        bin: &Path,
+        pod: &Pod<'_>,
+        args: &[&str],
+        shared: Option<(&Control, &str, Issuer)>,
+        objects: &[(&str, &str)],
     ) -> anyhow::Result<Self> {
         let dir = tempfile::Builder::new().prefix("cnimesh-control").tempdir()?;
         // Proxies run as UID 2102 and read the trust anchors from here.
@@ -100,7 +133,12 @@ impl Control {
             }
         }
         std::fs::set_permissions(&issuer, std::fs::Permissions::from_mode(0o755))?;
-        std::fs::create_dir_all(dir.path().join("tokens"))?;
+        let cluster = Cluster::serve_in(&pod.netns.path(), pod.ipv4().into())?;
+        cluster.apply_yaml("cnimesh-control.yaml", CONTROL_ACCOUNT)?;
+        for (name, yaml) in objects {
+            cluster.apply_yaml(name, yaml)?;
+        }
+        let kubeconfig = cluster.kubeconfig_for("cnimesh", cnimesh_common::names::CONTROL_NAME)?;
         let mut serve = Command::new("ip");
         serve
             .args(["netns", "exec", pod.netns.name()])
@@ -109,10 +147,10 @@ impl Control {
             .args(["--admin-addr", &format!("0.0.0.0:{ADMIN_PORT}")])
             .arg("--issuer-dir")
             .arg(&issuer)
-            .arg("--tokens-dir")
-            .arg(dir.path().join("tokens"))
+            .arg("--kube")
             .args(["--trust-domain", &trust_domain])
             .args(args)
+            .env("KUBECONFIG", &kubeconfig)
             .env("CNIMESH_CONTROL_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -125,6 +163,8 @@ impl Control {
             dir,
             addr: SocketAddr::new(IpAddr::V4(pod.ipv4()), CONTROL_PORT),
             trust_domain,
+            cluster,
+            kubeconfig,
         };
         control.wait_ready()?;
         Ok(control)
@@ -139,7 +179,7 @@ impl Control {
         Ok(())
     }
 
-    /// Starts the control plane again after [`Control::stop`], with the same issuer, tokens and
+    /// Starts the control plane again after [`Control::stop`], with the same issuer, cluster and
     /// settings (a replacement pod mounting the same Secret).
     pub fn restart(&mut self) -> anyhow::Result<()> {
         self.stop();
@@ -169,14 +209,33 @@ impl Control {
         self.dir.path().join("issuer")
     }
 
-    /// Registers a workload's token with the control plane and gives the proxy its own copy
-    /// (0600, owned by the proxy UID, as the kubelet projects it).
+    /// The control plane's kubeconfig file (0600): its ServiceAccount's token for the cluster.
+    pub fn kubeconfig(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    /// Makes ServiceAccount `ns/sa` if it is missing and has the API server issue it a token for
+    /// Identity's audience, as the kubelet projects one; the proxy gets it in a file of its own
+    /// (0600, owned by the proxy UID).
     pub fn token(&self, ns: &str, sa: &str) -> anyhow::Result<PathBuf> {
-        let token = format!("token-{ns}-{sa}-{}", crate::pod::container_id());
-        let known = self.dir.path().join("tokens").join(ns);
-        std::fs::create_dir_all(&known)?;
-        write_secret(&known.join(sa), &token, None)?;
+        let token = self.issue(ns, sa, cnimesh_identity::TOKEN_AUDIENCE)?;
         self.proxy_token(&format!("{ns}-{sa}"), &token)
+    }
+
+    /// A token of the tap relay's ServiceAccount (cnimesh/cnimesh-tap) for the tap audience, as
+    /// `cnimesh tap` requests one: what the control plane's `/tap` accepts.
+    pub fn tap_token(&self) -> anyhow::Result<String> {
+        self.issue("cnimesh", "cnimesh-tap", cnimesh_common::names::TAP_TOKEN_AUDIENCE)
+    }
+
+    /// A token of ServiceAccount `ns/sa` (made if missing) for `audience`, from the API server.
+    fn issue(&self, ns: &str, sa: &str, audience: &str) -> anyhow::Result<String> {
+        if self.cluster.api.get("v1", "ServiceAccount", ns, sa).is_none() {
+            self.cluster.api.put(serde_json::json!({
+                "apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": sa, "namespace": ns},
+            }));
+        }
+        Ok(self.cluster.api.issue_token(ns, sa, &[audience])?)
     }
 
     /// A token file for a proxy with arbitrary contents (a forged one, say).
@@ -258,8 +317,8 @@ impl Drop for Control {
     }
 }
 
-/// Replaces a file of the control plane's cluster directory in one rename, as Kubernetes volume
-/// updates do (the files source never reads a half-written file).
+/// Replaces a file in one rename, as Kubernetes volume updates do (a watcher of the file never
+/// reads it half-written): the issuer's files, for one.
 pub fn write_atomically(path: &Path, contents: &str) {
     let tmp = path.with_extension("tmp");
     std::fs::write(&tmp, contents).unwrap();

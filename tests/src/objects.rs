@@ -1,5 +1,5 @@
-//! Kubernetes objects as YAML for the control plane's cluster directory (local mode's source),
-//! shared by the tests and benchmarks that build a small cluster there.
+//! Kubernetes objects as YAML for the tests' cluster ([`crate::cluster::Cluster::apply_yaml`]),
+//! shared by the tests and benchmarks that build a small cluster.
 
 use std::net::Ipv4Addr;
 

@@ -14,7 +14,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use cnimesh_e2e::apps::{self, Apps};
-use cnimesh_e2e::control::{Control, env_refs, identity, write_atomically};
+use cnimesh_e2e::control::{Control, env_refs, identity};
 use cnimesh_e2e::sidecar::{Sidecar, http_in, metric_with};
 use cnimesh_e2e::wait::eventually;
 use cnimesh_e2e::{Network, Pod, bins, require_root};
@@ -92,13 +92,16 @@ fn declared_app_protocols_are_never_downgraded_by_a_client_slower_than_detection
     }
     let bins = bins!();
     let net = Network::bridge(&bins, json!({})).unwrap();
-    let cluster = tempfile::tempdir().unwrap();
     let control_pod = Pod::unmeshed(&net, "cnimesh", "control").unwrap();
     let web = Pod::named(&net, "shop", "web-0").unwrap();
     let client = Pod::named(&net, "shop", "client").unwrap();
-    std::fs::write(cluster.path().join("web.yaml"), cluster_yaml(web.ipv4())).unwrap();
-    let cluster_dir = cluster.path().display().to_string();
-    let control = Control::start(&bins.control, &control_pod, &["--cluster-dir", &cluster_dir]).unwrap();
+    let control = Control::start_with_objects(
+        &bins.control,
+        &control_pod,
+        &[],
+        &[("web.yaml", cluster_yaml(web.ipv4()).as_str())],
+    )
+    .unwrap();
     let _apps = Apps::start(&web.netns.path(), web.ipv4().into(), "web-0").unwrap();
     let web_env = control.proxy_env("shop", "web", &control.token("shop", "web").unwrap());
     let _web_proxy = Sidecar::start(&bins.proxy, &web.netns, &env_refs(&web_env)).unwrap();
@@ -184,15 +187,18 @@ fn a_server_behind_a_declared_service_port_serves_a_late_client_as_http_and_gree
     }
     let bins = bins!();
     let net = Network::bridge(&bins, json!({})).unwrap();
-    let cluster = tempfile::tempdir().unwrap();
     let control_pod = Pod::unmeshed(&net, "cnimesh", "control").unwrap();
     let api = Pod::named(&net, "shop", "api-0").unwrap();
     // Not meshed: its bytes reach api's inbound proxy exactly as it writes them, late.
     let client = Pod::unmeshed(&net, "shop", "client").unwrap();
-    let file = cluster.path().join("cluster.yaml");
-    write_atomically(&file, &server_side_yaml(api.ipv4(), false, false));
-    let cluster_dir = cluster.path().display().to_string();
-    let control = Control::start(&bins.control, &control_pod, &["--cluster-dir", &cluster_dir]).unwrap();
+    let file = "cluster.yaml";
+    let control = Control::start_with_objects(
+        &bins.control,
+        &control_pod,
+        &[],
+        &[(file, server_side_yaml(api.ipv4(), false, false).as_str())],
+    )
+    .unwrap();
     let _apps = Apps::start(&api.netns.path(), api.ipv4().into(), "api-0").unwrap();
     let proxy = api_proxy(&bins, &control, &api);
     let netns = client.netns.path();
@@ -221,7 +227,7 @@ fn a_server_behind_a_declared_service_port_serves_a_late_client_as_http_and_gree
 
     // Declared on the Service (targetPort by name for http): the inbound policy is pushed and
     // the same late client is HTTP, counted as an inbound request and authorized as one.
-    write_atomically(&file, &server_side_yaml(api.ipv4(), true, false));
+    control.cluster.apply_yaml(file, &server_side_yaml(api.ipv4(), true, false)).unwrap();
     eventually("the declaration served to api's proxy", PATIENCE, || {
         late_get(&netns, http.clone()).contains("hello from api-0")
     });
@@ -239,7 +245,7 @@ fn a_server_behind_a_declared_service_port_serves_a_late_client_as_http_and_gree
     assert_eq!(cut_off(), before.3, "nothing cut off on declared ports");
 
     // The Service's declaration removed: detection again, pushed live.
-    write_atomically(&file, &server_side_yaml(api.ipv4(), false, false));
+    control.cluster.apply_yaml(file, &server_side_yaml(api.ipv4(), false, false)).unwrap();
     eventually("detection restored", PATIENCE, || greeting(&netns, banner.clone()).is_empty());
     assert!(!late_get(&netns, http.clone()).contains("hello from api-0"));
 }
@@ -251,15 +257,17 @@ fn declaring_http_on_a_port_does_not_bypass_its_authorization() {
     }
     let bins = bins!();
     let net = Network::bridge(&bins, json!({})).unwrap();
-    let cluster = tempfile::tempdir().unwrap();
     let control_pod = Pod::unmeshed(&net, "cnimesh", "control").unwrap();
     let api = Pod::named(&net, "shop", "api-0").unwrap();
     let web = Pod::named(&net, "shop", "web").unwrap();
     let intruder = Pod::unmeshed(&net, "shop", "intruder").unwrap();
-    let file = cluster.path().join("cluster.yaml");
-    write_atomically(&file, &server_side_yaml(api.ipv4(), true, true));
-    let cluster_dir = cluster.path().display().to_string();
-    let control = Control::start(&bins.control, &control_pod, &["--cluster-dir", &cluster_dir]).unwrap();
+    let control = Control::start_with_objects(
+        &bins.control,
+        &control_pod,
+        &[],
+        &[("cluster.yaml", server_side_yaml(api.ipv4(), true, true).as_str())],
+    )
+    .unwrap();
     let _apps = Apps::start(&api.netns.path(), api.ipv4().into(), "api-0").unwrap();
     let proxy = api_proxy(&bins, &control, &api);
     let mut web_env = control.proxy_env("shop", "web", &control.token("shop", "web").unwrap());

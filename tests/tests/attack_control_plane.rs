@@ -16,7 +16,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cnimesh_e2e::control::{Control, identity, write_atomically};
+use cnimesh_e2e::control::{Control, identity};
 use cnimesh_e2e::netns::block_on_in;
 use cnimesh_e2e::wait::eventually;
 use cnimesh_e2e::{Network, Pod, bins, require_root};
@@ -44,7 +44,6 @@ const CLUSTER: &str = "apiVersion: v1\nkind: Service\nmetadata: {name: web, name
 /// The control plane in a pod of its own, serving Destination and policy from `CLUSTER`.
 struct ControlPlane<'n> {
     control: Control,
-    _cluster: tempfile::TempDir,
     _pod: Pod<'n>,
     roots: Arc<RootCertStore>,
     name: Name,
@@ -76,17 +75,12 @@ impl ControlPlane<'_> {
 
 fn control_plane<'n>(net: &'n Network, args: &[&str]) -> ControlPlane<'n> {
     let bins = bins!();
-    let cluster = tempfile::tempdir().unwrap();
-    write_atomically(&cluster.path().join("web.yaml"), CLUSTER);
     let pod = Pod::unmeshed(net, "cnimesh", "control").unwrap();
-    let dir = cluster.path().display().to_string();
-    let mut all = vec!["--cluster-dir", dir.as_str()];
-    all.extend_from_slice(args);
-    let control = Control::start(&bins.control, &pod, &all).unwrap();
+    let control = Control::start_with_objects(&bins.control, &pod, args, &[("web.yaml", CLUSTER)]).unwrap();
     let anchors = cnimesh_identity::pem::certs(&std::fs::read(control.trust_anchors()).unwrap(), "anchors").unwrap();
     let roots = tls::roots(&anchors).unwrap();
     let name = Name::parse(&identity("cnimesh", "cnimesh-control")).unwrap();
-    ControlPlane { control, _cluster: cluster, _pod: pod, roots, name }
+    ControlPlane { control, _pod: pod, roots, name }
 }
 
 /// One TLS connection to the control plane carrying gRPC, presenting `cert` when given. Built

@@ -13,12 +13,11 @@ use std::time::Duration;
 
 use cluster::{api_proxy_env, echoes, office_only_server, open_opaque, pod_yaml, status, touch};
 use cnimesh_e2e::apps::{self, Apps};
-use cnimesh_e2e::control::{Control, env_refs, identity, write_atomically};
+use cnimesh_e2e::control::{Control, env_refs, identity};
 use cnimesh_e2e::sidecar::{Sidecar, http_reply_in};
 use cnimesh_e2e::wait::eventually;
 use cnimesh_e2e::{Bins, Network, Pod, bins, require_root};
 use serde_json::json;
-use tempfile::TempDir;
 use tunnel_app::{H2cAttempt, TUNNEL_PORT, TunnelApp, h2c_smuggle, open_tunnel};
 
 /// The proxy under test: `CNIMESH_ATTACK_PROXY` names another build (to measure an older proxy
@@ -31,11 +30,10 @@ fn bins() -> Bins {
     bins
 }
 
-/// A control plane serving the cluster described in `cluster`'s YAML files, in a pod of its own.
-fn control<'n>(bins: &Bins, net: &'n Network, cluster: &TempDir) -> (Pod<'n>, Control) {
+/// A control plane serving a cluster holding `objects` (name, YAML), in a pod of its own.
+fn control<'n>(bins: &Bins, net: &'n Network, objects: &[(&str, &str)]) -> (Pod<'n>, Control) {
     let pod = Pod::unmeshed(net, "cnimesh", "control").unwrap();
-    let dir = cluster.path().display().to_string();
-    let control = Control::start(&bins.control, &pod, &["--cluster-dir", &dir]).unwrap();
+    let control = Control::start_with_objects(&bins.control, &pod, &[], objects).unwrap();
     (pod, control)
 }
 
@@ -56,24 +54,19 @@ struct Protected<'n> {
     api: Pod<'n>,
     office: Pod<'n>,
     mallory: Pod<'n>,
-    _cluster: TempDir,
 }
 
 impl<'n> Protected<'n> {
     fn start(bins: &Bins, net: &'n Network, ports: &[(String, u16)], extra: &[(&str, &str)]) -> Self {
-        let cluster = tempfile::tempdir().unwrap();
         let api = Pod::named(net, "shop", "api-0").unwrap();
         let office = Pod::unmeshed(net, "shop", "office").unwrap();
         let mallory = Pod::unmeshed(net, "shop", "mallory").unwrap();
-        write_atomically(&cluster.path().join("pod.yaml"), &pod_yaml(api.ipv4(), ports, None, &[]));
-        write_atomically(
-            &cluster.path().join("policy.yaml"),
-            &office_only_server("api-http", "http", "HTTP/1", office.ipv4()),
-        );
-        let control = control(bins, net, &cluster);
+        let pod = pod_yaml(api.ipv4(), ports, None, &[]);
+        let policy = office_only_server("api-http", "http", "HTTP/1", office.ipv4());
+        let control = control(bins, net, &[("pod.yaml", &pod), ("policy.yaml", &policy)]);
         let apps = Apps::start(&api.netns.path(), api.ipv4().into(), "api-0").unwrap();
         let proxy = Sidecar::start(&bins.proxy, &api.netns, &env_refs(&api_proxy_env(&control.1, extra))).unwrap();
-        Self { proxy, _apps: apps, control, api, office, mallory, _cluster: cluster }
+        Self { proxy, _apps: apps, control, api, office, mallory }
     }
 
     /// A GET of `/hello` on the protected port from `client`.
@@ -145,13 +138,11 @@ fn a_first_contact_port_gets_the_default_the_control_plane_stated_before_it_died
     }
     let bins = bins();
     let net = Network::bridge(&bins, json!({})).unwrap();
-    let cluster = tempfile::tempdir().unwrap();
     let api = Pod::named(&net, "shop", "api-0").unwrap();
     let mallory = Pod::unmeshed(&net, "shop", "mallory").unwrap();
     let ports = named_ports(&[("http", apps::HTTP_PORT), ("db", apps::BANNER_PORT)]);
     let deny = [("config.cnimesh.io/default-inbound-policy", "deny")];
-    write_atomically(&cluster.path().join("pod.yaml"), &pod_yaml(api.ipv4(), &ports, None, &deny));
-    let (_control_pod, mut control) = control(&bins, &net, &cluster);
+    let (_control_pod, mut control) = control(&bins, &net, &[("pod.yaml", &pod_yaml(api.ipv4(), &ports, None, &deny))]);
     let _apps = Apps::start(&api.netns.path(), api.ipv4().into(), "api-0").unwrap();
     let env = api_proxy_env(&control, &[("CNIMESH_PROXY_DISCOVERY_WAIT_MS", "200")]);
     let proxy = Sidecar::start(&bins.proxy, &api.netns, &env_refs(&env)).unwrap();
@@ -177,11 +168,9 @@ fn a_deny_default_pod_refuses_a_first_contact_port_while_the_control_plane_is_un
     }
     let bins = bins();
     let net = Network::bridge(&bins, json!({})).unwrap();
-    let cluster = tempfile::tempdir().unwrap();
     let api = Pod::named(&net, "shop", "api-0").unwrap();
     let mallory = Pod::unmeshed(&net, "shop", "mallory").unwrap();
-    write_atomically(&cluster.path().join("empty.yaml"), "");
-    let (_control_pod, control) = control(&bins, &net, &cluster);
+    let (_control_pod, control) = control(&bins, &net, &[]);
     let _apps = Apps::start(&api.netns.path(), api.ipv4().into(), "api-0").unwrap();
     // Identity answers; policy and discovery go to a port where nothing listens.
     let nowhere = SocketAddr::new(control.addr.ip(), 4999).to_string();
@@ -222,12 +211,10 @@ fn an_opaque_connection_allowed_by_the_default_is_closed_when_a_deny_answer_arri
     }
     let bins = bins();
     let net = Network::bridge(&bins, json!({})).unwrap();
-    let cluster = tempfile::tempdir().unwrap();
     let api = Pod::named(&net, "shop", "api-0").unwrap();
     let mallory = Pod::unmeshed(&net, "shop", "mallory").unwrap();
     let ports = named_ports(&[("db", apps::BANNER_PORT)]);
-    write_atomically(&cluster.path().join("pod.yaml"), &pod_yaml(api.ipv4(), &ports, None, &[]));
-    let (_control_pod, control) = control(&bins, &net, &cluster);
+    let (_control_pod, control) = control(&bins, &net, &[("pod.yaml", &pod_yaml(api.ipv4(), &ports, None, &[]))]);
     let _apps = Apps::start(&api.netns.path(), api.ipv4().into(), "api-0").unwrap();
     let env = api_proxy_env(&control, &[("CNIMESH_PROXY_INBOUND_PORTS", "5432")]);
     let proxy = Sidecar::start(&bins.proxy, &api.netns, &env_refs(&env)).unwrap();
@@ -236,7 +223,7 @@ fn an_opaque_connection_allowed_by_the_default_is_closed_when_a_deny_answer_arri
     let mut open = open_opaque(&mallory, db, apps::BANNER);
     assert!(echoes(&mut open), "allowed under all-unauthenticated");
     let deny = [("config.cnimesh.io/default-inbound-policy", "deny")];
-    write_atomically(&cluster.path().join("pod.yaml"), &pod_yaml(api.ipv4(), &ports, None, &deny));
+    control.cluster.apply_yaml("pod.yaml", &pod_yaml(api.ipv4(), &ports, None, &deny)).unwrap();
     eventually("new connections refused under deny", Duration::from_secs(30), || {
         proxy.metric("inbound_tcp_authz_deny_total{") >= 1.0 || {
             touch(&mallory, api.ipv4(), [apps::BANNER_PORT]);
@@ -256,27 +243,22 @@ struct Tunnels<'n> {
     api: Pod<'n>,
     office: Pod<'n>,
     mallory: Pod<'n>,
-    cluster: TempDir,
 }
 
 impl<'n> Tunnels<'n> {
     fn start(bins: &Bins, net: &'n Network) -> Self {
-        let cluster = tempfile::tempdir().unwrap();
         let api = Pod::named(net, "shop", "api-0").unwrap();
         let office = Pod::unmeshed(net, "shop", "office").unwrap();
         let mallory = Pod::unmeshed(net, "shop", "mallory").unwrap();
         let ports = named_ports(&[("web", TUNNEL_PORT)]);
         let probe = Some(("web", "/ready"));
-        write_atomically(&cluster.path().join("pod.yaml"), &pod_yaml(api.ipv4(), &ports, probe, &[]));
-        write_atomically(
-            &cluster.path().join("policy.yaml"),
-            &office_only_server("api-web", "web", "HTTP/1", office.ipv4()),
-        );
-        let control = control(bins, net, &cluster);
+        let pod = pod_yaml(api.ipv4(), &ports, probe, &[]);
+        let policy = office_only_server("api-web", "web", "HTTP/1", office.ipv4());
+        let control = control(bins, net, &[("pod.yaml", &pod), ("policy.yaml", &policy)]);
         let app = TunnelApp::start(&api.netns.path(), api.ipv4().into());
         let env = api_proxy_env(&control.1, &[("CNIMESH_PROXY_INBOUND_PORTS", "8090")]);
         let proxy = Sidecar::start(&bins.proxy, &api.netns, &env_refs(&env)).unwrap();
-        Self { _control: control, _app: app, _proxy: proxy, api, office, mallory, cluster }
+        Self { _control: control, _app: app, _proxy: proxy, api, office, mallory }
     }
 
     fn addr(&self) -> SocketAddr {
@@ -363,8 +345,8 @@ fn the_app_reads_the_path_policy_matched_and_no_identity_a_client_claimed() {
     // A meshed client's identity, proved by its certificate, is what the app reads.
     let web = Pod::named(&net, "shop", "web").unwrap();
     let authz = "apiVersion: policy.cnimesh.io/v1alpha1\nkind: MeshTLSAuthentication\nmetadata: {name: web, namespace: shop}\nspec:\n  identityRefs: [{kind: ServiceAccount, name: web}]\n---\napiVersion: policy.cnimesh.io/v1alpha1\nkind: AuthorizationPolicy\nmetadata: {name: web-to-api-web, namespace: shop}\nspec:\n  targetRef: {group: policy.cnimesh.io, kind: Server, name: api-web}\n  requiredAuthenticationRefs: [{group: policy.cnimesh.io, kind: MeshTLSAuthentication, name: web}]\n";
-    write_atomically(&t.cluster.path().join("web.yaml"), authz);
     let control = &t._control.1;
+    control.cluster.apply_yaml("web.yaml", authz).unwrap();
     let mut env = control.proxy_env("shop", "web", &control.token("shop", "web").unwrap());
     env.push(("CNIMESH_PROXY_OUTBOUND_IDENTITIES".into(), format!("{}={}", t.api.ipv4(), identity("shop", "api"))));
     let _web_proxy = Sidecar::start(&bins.proxy, &web.netns, &env_refs(&env)).unwrap();

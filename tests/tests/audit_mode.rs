@@ -10,7 +10,7 @@ use std::net::Ipv4Addr;
 use std::time::Duration;
 
 use cnimesh_e2e::apps::{self, Apps};
-use cnimesh_e2e::control::{Control, identity, write_atomically};
+use cnimesh_e2e::control::{Control, identity};
 use cnimesh_e2e::sidecar::{http_in, metric_with};
 use cnimesh_e2e::wait::eventually;
 use cnimesh_e2e::{Network, Pod, bins, require_root};
@@ -52,19 +52,16 @@ fn audit_lets_an_intruder_through_counted_and_deny_refuses_it() {
     }
     let bins = bins!();
     let net = Network::bridge(&bins, json!({})).unwrap();
-    let cluster = tempfile::tempdir().unwrap();
     let control_pod = Pod::unmeshed(&net, "cnimesh", "control").unwrap();
     let api = Pod::named(&net, "shop", "api-0").unwrap();
     let web = Pod::named(&net, "shop", "web").unwrap();
     let other = Pod::named(&net, "shop", "other").unwrap();
     let intruder = Pod::unmeshed(&net, "shop", "intruder").unwrap();
-    let file = cluster.path().join("cluster.yaml");
+    let first = cluster_yaml(api.ipv4(), None, Some("audit"), &["web"]);
+    let control = Control::start_with_objects(&bins.control, &control_pod, &[], &[("cluster.yaml", &first)]).unwrap();
     let write = |ns_default: Option<&str>, mode: Option<&str>, allowed: &[&str]| {
-        write_atomically(&file, &cluster_yaml(api.ipv4(), ns_default, mode, allowed))
+        control.cluster.apply_yaml("cluster.yaml", &cluster_yaml(api.ipv4(), ns_default, mode, allowed)).unwrap()
     };
-    write(None, Some("audit"), &["web"]);
-    let cluster_dir = cluster.path().display().to_string();
-    let control = Control::start(&bins.control, &control_pod, &["--cluster-dir", &cluster_dir]).unwrap();
 
     let _apps = Apps::start(&api.netns.path(), api.ipv4().into(), "api-0").unwrap();
     let (api_proxy, _client_proxies) =
@@ -90,7 +87,7 @@ fn audit_lets_an_intruder_through_counted_and_deny_refuses_it() {
     // An unknown mode is refused and deny stays: never widened to audit. The same write admits
     // `other`, which shows when the file has been read.
     write(None, Some("audti"), &["web", "other"]);
-    eventually("the file re-read", PATIENCE, || get(&other) == 200);
+    eventually("the objects read", PATIENCE, || get(&other) == 200);
     for _ in 0..5 {
         assert_eq!(get(&intruder), 403, "fail closed: the bad mode did not open the Server");
     }

@@ -12,7 +12,7 @@ use parking_lot::Mutex;
 use std::time::{Duration, Instant};
 
 use cnimesh_e2e::apps::Apps;
-use cnimesh_e2e::control::{Control, env_refs, identity, write_atomically};
+use cnimesh_e2e::control::{Control, env_refs, identity};
 use cnimesh_e2e::sidecar::{Sidecar, http_in};
 use cnimesh_e2e::{Network, Pod, bins, require_root};
 use serde_json::json;
@@ -56,7 +56,6 @@ fn cluster_yaml(replicas: &[(&str, Ipv4Addr)]) -> String {
 
 struct Service<'n> {
     control: Control,
-    cluster: tempfile::TempDir,
     client: Pod<'n>,
     client_proxy: Sidecar,
     replicas: Vec<(Pod<'n>, Sidecar, Apps)>,
@@ -94,21 +93,19 @@ impl Service<'_> {
             .filter(|(pod, _, _)| names.contains(&pod.name.as_str()))
             .map(|(pod, _, _)| (pod.name.as_str(), pod.ipv4()))
             .collect();
-        write_atomically(&self.cluster.path().join("web.yaml"), &cluster_yaml(&replicas));
+        self.control.cluster.apply_yaml("web.yaml", &cluster_yaml(&replicas)).unwrap();
     }
 }
 
 fn service<'n>(net: &'n Network, names: &[&str]) -> Service<'n> {
     let bins = bins!();
-    let cluster = tempfile::tempdir().unwrap();
     let control_pod = Pod::unmeshed(net, "cnimesh", "control").unwrap();
     let mut replicas = Vec::new();
     let env_of = |control: &Control, sa: &str| control.proxy_env("shop", sa, &control.token("shop", sa).unwrap());
     let pods: Vec<Pod<'_>> = names.iter().map(|n| Pod::named(net, "shop", n).unwrap()).collect();
     let listed: Vec<(&str, Ipv4Addr)> = pods.iter().map(|p| (p.name.as_str(), p.ipv4())).collect();
-    write_atomically(&cluster.path().join("web.yaml"), &cluster_yaml(&listed));
-    let cluster_dir = cluster.path().display().to_string();
-    let control = Control::start(&bins.control, &control_pod, &["--cluster-dir", &cluster_dir]).unwrap();
+    let objects = cluster_yaml(&listed);
+    let control = Control::start_with_objects(&bins.control, &control_pod, &[], &[("web.yaml", &objects)]).unwrap();
     let web_env = env_of(&control, "web");
     for pod in pods {
         let apps = Apps::start(&pod.netns.path(), pod.ipv4().into(), &pod.name).unwrap();
@@ -122,7 +119,7 @@ fn service<'n>(net: &'n Network, names: &[&str]) -> Service<'n> {
     let mut env = env_of(&control, "client");
     env.push(("CNIMESH_PROXY_DESTINATION_ADDR".into(), control.addr.to_string()));
     let client_proxy = Sidecar::start(&bins.proxy, &client.netns, &env_refs(&env)).unwrap();
-    Service { control, cluster, client, client_proxy, replicas, _control_pod: control_pod }
+    Service { control, client, client_proxy, replicas, _control_pod: control_pod }
 }
 
 fn spread(s: &Service<'_>, n: usize) -> HashMap<String, usize> {
@@ -256,7 +253,7 @@ fn a_rolling_restart_of_every_replica_under_continuous_traffic_fails_no_request(
     let mut listed: Vec<(String, Ipv4Addr)> = old.iter().map(|(pod, _, _)| (pod.name.clone(), pod.ipv4())).collect();
     let publish = |listed: &[(String, Ipv4Addr)]| {
         let replicas: Vec<(&str, Ipv4Addr)> = listed.iter().map(|(name, ip)| (name.as_str(), *ip)).collect();
-        write_atomically(&s.cluster.path().join("web.yaml"), &cluster_yaml(&replicas));
+        s.control.cluster.apply_yaml("web.yaml", &cluster_yaml(&replicas)).unwrap();
     };
     let stop = AtomicBool::new(false);
     let seen = Mutex::new(Vec::new());

@@ -11,7 +11,7 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use cnimesh_e2e::apps;
-use cnimesh_e2e::control::{Control, env_refs, write_atomically};
+use cnimesh_e2e::control::{Control, env_refs};
 use cnimesh_e2e::dns::{DnsServer, ResolvConf};
 use cnimesh_e2e::outside::{OUTSIDE_IP, Outside, TLS_GREETING, TLS_PORT, tls_in};
 use cnimesh_e2e::sidecar::{Reply, Sidecar, metric_with, raw_reply_in};
@@ -77,7 +77,6 @@ struct World<'n> {
     client: Pod<'n>,
     proxy: Sidecar,
     outside: Outside,
-    cluster: tempfile::TempDir,
     /// The control plane's pod (unmeshed, on the bridge): where the operator's `cnimesh` runs, as
     /// local mode's host does, to reach the proxies' and the control plane's admin ports.
     operator_netns: String,
@@ -87,10 +86,6 @@ struct World<'n> {
 }
 
 fn world<'n>(bins: &cnimesh_e2e::Bins, net: &'n Network, egress: Option<&str>) -> World<'n> {
-    let cluster = tempfile::tempdir().unwrap();
-    if let Some(egress) = egress {
-        std::fs::write(cluster.path().join("egress.yaml"), egress).unwrap();
-    }
     let control_pod = Pod::unmeshed(net, "cnimesh", "control").unwrap();
     let client = Pod::named(net, "shop", "client").unwrap();
     let outside_pod = Pod::unmeshed(net, "outside", "world").unwrap();
@@ -99,8 +94,8 @@ fn world<'n>(bins: &cnimesh_e2e::Bins, net: &'n Network, egress: Option<&str>) -
     let dns_addr = SocketAddr::from((OUTSIDE_IP, 53));
     let dns = DnsServer::start(&outside_pod.netns.path(), dns_addr, &records).unwrap();
     let resolv_conf = ResolvConf::write(client.netns.name(), OUTSIDE_IP).unwrap();
-    let cluster_dir = cluster.path().display().to_string();
-    let control = Control::start(&bins.control, &control_pod, &["--cluster-dir", &cluster_dir]).unwrap();
+    let objects: Vec<(&str, &str)> = egress.map(|e| ("egress.yaml", e)).into_iter().collect();
+    let control = Control::start_with_objects(&bins.control, &control_pod, &[], &objects).unwrap();
     let mut env = control.proxy_env("shop", "client", &control.token("shop", "client").unwrap());
     env.push(("CNIMESH_PROXY_DESTINATION_ADDR".into(), control.addr.to_string()));
     env.push(("CNIMESH_PROXY_POLICY_WORKLOAD".into(), "shop:client".into()));
@@ -111,7 +106,6 @@ fn world<'n>(bins: &cnimesh_e2e::Bins, net: &'n Network, egress: Option<&str>) -
         client,
         proxy,
         outside,
-        cluster,
         operator_netns,
         _dns: (dns, resolv_conf),
         _pods: vec![control_pod, outside_pod],
@@ -139,7 +133,7 @@ fn egress_is_forwarded_as_before_without_an_egress_network_and_seen_by_hostname_
     }
 
     // An Allow EgressNetwork: still forwarded, now seen by hostname (Host, SNI).
-    write_atomically(&w.cluster.path().join("egress.yaml"), &egress_network("Allow"));
+    w.control.cluster.apply_yaml("egress.yaml", &egress_network("Allow")).unwrap();
     let network = "egress_network=\"shop/world\"";
     eventually("an HTTP request counted as egress by its Host", || {
         let reply = get(&netns, HOST, "/replica");
@@ -269,39 +263,41 @@ fn a_bad_egress_network_is_refused_and_the_previous_one_stays_in_force() {
 
     // A CIDR that does not parse: refused (logged with kind and name, counted), the Deny stays.
     let bad = egress_network("Allow").replace("203.0.113.0/24", "203.0.113.0/33");
-    write_atomically(&w.cluster.path().join("egress.yaml"), &bad);
+    w.control.cluster.apply_yaml("egress.yaml", &bad).unwrap();
     eventually("the bad CIDR refused", || rejected(&w.control) >= 1.0);
     for _ in 0..3 {
         let reply = get(&netns, HOST, "/replica");
         assert_eq!(reply.status, 403, "the last good EgressNetwork stays in force: {reply:?}");
     }
-    // Without trafficPolicy the document does not parse: the same.
-    write_atomically(
-        &w.cluster.path().join("egress.yaml"),
-        &egress_network("Allow").replace("  trafficPolicy: Allow\n", ""),
-    );
+    // Without trafficPolicy it does not read as an EgressNetwork: refused all the same.
+    w.control
+        .cluster
+        .apply_yaml("egress.yaml", &egress_network("Allow").replace("  trafficPolicy: Allow\n", ""))
+        .unwrap();
     eventually("the document without trafficPolicy refused", || rejected(&w.control) >= 2.0);
     assert_eq!(get(&netns, HOST, "/replica").status, 403);
     // A good change applies.
-    write_atomically(&w.cluster.path().join("egress.yaml"), &egress_network("Allow"));
+    w.control.cluster.apply_yaml("egress.yaml", &egress_network("Allow")).unwrap();
     eventually("the Allow network applied", || get(&netns, HOST, "/replica").status == 200);
 }
 
 /// What operators see: local mode's layout around the world's control plane, so that
 /// `cnimesh stat`, `edges` and `tap --local DIR` read it as an operator does: the client's Pod in
-/// `DIR/cluster` (the control plane's cluster directory, linked), the control plane's address in
-/// `DIR/local.json`, and a tap token the control plane knows in `DIR/tokens/cnimesh/cnimesh-tap`.
+/// `DIR/cluster` (and in the cluster, where the control plane's tap relay finds it), the control
+/// plane's address in `DIR/local.json`, and a tap token the API server issued in
+/// `DIR/tokens/cnimesh/cnimesh-tap`.
 fn local_dir(w: &World<'_>) -> tempfile::TempDir {
     let root = tempfile::tempdir().unwrap();
-    std::os::unix::fs::symlink(w.cluster.path(), root.path().join("cluster")).unwrap();
+    std::fs::create_dir(root.path().join("cluster")).unwrap();
     let pod = format!(
         "apiVersion: v1\nkind: Pod\nmetadata:\n  name: client\n  namespace: shop\n  labels: {{cnimesh.io/proxy-deployment: client}}\nspec:\n  serviceAccountName: client\n  containers: [{{name: app, image: app}}, {{name: cnimesh-proxy, image: proxy}}]\nstatus: {{phase: Running, podIP: {}}}\n",
         w.client.ipv4()
     );
-    write_atomically(&w.cluster.path().join("pods.yaml"), &pod);
+    w.control.cluster.apply_yaml("pods.yaml", &pod).unwrap();
+    std::fs::write(root.path().join("cluster/pods.yaml"), &pod).unwrap();
     let state = serde_json::json!({"control": w.control.addr.to_string()});
     std::fs::write(root.path().join("local.json"), state.to_string()).unwrap();
-    let token = std::fs::read_to_string(w.control.token("cnimesh", "cnimesh-tap").unwrap()).unwrap();
+    let token = w.control.tap_token().unwrap();
     let tokens = root.path().join("tokens/cnimesh");
     std::fs::create_dir_all(&tokens).unwrap();
     std::fs::write(tokens.join("cnimesh-tap"), token).unwrap();

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use cnimesh_e2e::control::{Control, env_refs, write_atomically};
+use cnimesh_e2e::control::{Control, env_refs};
 use cnimesh_e2e::sidecar::{Reply, Sidecar, http_reply_in, metric_with};
 use cnimesh_e2e::wait::eventually;
 use cnimesh_e2e::{Network, Pod, bins, require_root};
@@ -111,7 +111,6 @@ struct Mesh<'n> {
     _replicas: Vec<(Pod<'n>, Sidecar)>,
     _control: Control,
     _control_pod: Pod<'n>,
-    _cluster: tempfile::TempDir,
 }
 
 impl Mesh<'_> {
@@ -140,14 +139,13 @@ impl Mesh<'_> {
 
 fn mesh(net: &Network) -> Mesh<'_> {
     let bins = bins!();
-    let cluster = tempfile::tempdir().unwrap();
     let control_pod = Pod::unmeshed(net, "cnimesh", "control").unwrap();
     let pods: Vec<Pod<'_>> = REPLICAS.iter().map(|name| Pod::named(net, "shop", name).unwrap()).collect();
     let client = Pod::named(net, "shop", "client").unwrap();
     let ips: Vec<_> = pods.iter().map(Pod::ipv4).collect();
-    write_atomically(&cluster.path().join("services.yaml"), &cluster_yaml(&ips));
-    let cluster_dir = cluster.path().display().to_string();
-    let control = Control::start(&bins.control, &control_pod, &["--cluster-dir", &cluster_dir]).unwrap();
+    let objects = cluster_yaml(&ips);
+    let control =
+        Control::start_with_objects(&bins.control, &control_pod, &[], &[("services.yaml", &objects)]).unwrap();
     let web_env = control.proxy_env("shop", "web", &control.token("shop", "web").unwrap());
     let mut backends = Vec::new();
     let replicas = pods
@@ -165,15 +163,7 @@ fn mesh(net: &Network) -> Mesh<'_> {
     let mut env = control.proxy_env("shop", "client", &control.token("shop", "client").unwrap());
     env.push(("CNIMESH_PROXY_DESTINATION_ADDR".into(), control.addr.to_string()));
     let client_proxy = Sidecar::start(&bins.proxy, &client.netns, &env_refs(&env)).unwrap();
-    Mesh {
-        client,
-        client_proxy,
-        backends,
-        _replicas: replicas,
-        _control: control,
-        _control_pod: control_pod,
-        _cluster: cluster,
-    }
+    Mesh { client, client_proxy, backends, _replicas: replicas, _control: control, _control_pod: control_pod }
 }
 
 fn minus(after: &[usize], before: &[usize]) -> Vec<usize> {

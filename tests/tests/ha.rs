@@ -14,11 +14,17 @@ use std::time::{Duration, Instant};
 use cnimesh_e2e::apps::Apps;
 use cnimesh_e2e::control::{CONTROL_PORT, Control, env_refs};
 use cnimesh_e2e::sidecar::{Sidecar, http_in};
+use cnimesh_e2e::wait::eventually;
 use cnimesh_e2e::{Network, Pod, bins, require_root};
 use serde_json::json;
 
 const SERVICE_IP: &str = "10.96.0.30";
 const AUTHORITY_GAUGE: &str = "outbound_endpoints{authority=\"api.ha.svc.cluster.local:80\"}";
+/// Short Leases, so that the writer's Lease moves to a live replica soon after its holder is
+/// killed (no release): 3 s without renewal.
+/// Only guards against a hung test.
+const PATIENCE: Duration = Duration::from_secs(30);
+const ELECTION: [&str; 4] = ["--lease-duration", "3s", "--lease-renew-interval", "1s"];
 
 /// Service `api` (port 80 → 8080) in namespace `ha`, its endpoints being `pods`.
 fn cluster(pods: &[(&str, Ipv4Addr)]) -> String {
@@ -41,34 +47,27 @@ fn call(client: &Path) -> (u16, String) {
     http_in(client, &format!("{SERVICE_IP}:80"), "GET", "/replica", "").unwrap_or((0, String::new()))
 }
 
-fn write(dir: &Path, text: &str) {
-    let tmp = dir.join("api.tmp");
-    std::fs::write(&tmp, text).unwrap();
-    std::fs::rename(&tmp, dir.join("api.yaml")).unwrap();
-}
-
-/// One more replica beside `first`: the same issuer, tokens and cluster directory, the same
-/// gRPC address (SO_REUSEPORT), an admin port of its own so the test can tell it is ready.
+/// One more replica beside `first`: the same issuer and API server (and so the same tokens and
+/// cluster state), the same gRPC address (SO_REUSEPORT), an admin port of its own so the test
+/// can tell it is ready.
 struct Replica {
     child: Child,
     admin: u16,
 }
 
 impl Replica {
-    fn start(bin: &Path, pod: &Pod<'_>, first: &Control, cluster: &Path, admin: u16) -> Self {
-        let issuer = first.issuer_dir();
-        let tokens = issuer.parent().unwrap().join("tokens");
+    fn start(bin: &Path, pod: &Pod<'_>, first: &Control, name: &str, admin: u16) -> Self {
         let child = Command::new("ip")
             .args(["netns", "exec", pod.netns.name()])
             .arg(bin)
             .args(["serve", "--reuse-port", "--addr", &format!("0.0.0.0:{CONTROL_PORT}")])
             .args(["--admin-addr", &format!("0.0.0.0:{admin}")])
+            .args(["--pod-name", name])
+            .args(ELECTION)
             .arg("--issuer-dir")
-            .arg(&issuer)
-            .arg("--tokens-dir")
-            .arg(&tokens)
-            .arg("--cluster-dir")
-            .arg(cluster)
+            .arg(first.issuer_dir())
+            .arg("--kube")
+            .env("KUBECONFIG", first.kubeconfig())
             .env("CNIMESH_CONTROL_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -95,7 +94,6 @@ impl Drop for Replica {
 /// The mesh of both tests: the control plane's first replica, two `api` pods with proxies
 /// (only api-0 listed at first), a client pod whose proxy resolves through the shared address.
 struct Mesh<'n> {
-    cluster_dir: tempfile::TempDir,
     control_pod: Pod<'n>,
     first: Control,
     api: [Pod<'n>; 2],
@@ -106,12 +104,11 @@ struct Mesh<'n> {
 
 impl<'n> Mesh<'n> {
     fn start(net: &'n Network, bins: &cnimesh_e2e::cni::Bins) -> Self {
-        let cluster_dir = tempfile::tempdir().unwrap();
         let api = [Pod::named(net, "ha", "api-0").unwrap(), Pod::named(net, "ha", "api-1").unwrap()];
-        write(cluster_dir.path(), &cluster(&[("api-0", api[0].ipv4())]));
         let control_pod = Pod::unmeshed(net, "cnimesh", "control").unwrap();
-        let dir = cluster_dir.path().display().to_string();
-        let first = Control::start(&bins.control, &control_pod, &["--cluster-dir", &dir, "--reuse-port"]).unwrap();
+        let objects = cluster(&[("api-0", api[0].ipv4())]);
+        let args = [&["--reuse-port", "--pod-name", "replica-0"][..], &ELECTION].concat();
+        let first = Control::start_with_objects(&bins.control, &control_pod, &args, &[("api.yaml", &objects)]).unwrap();
         let api_env = first.proxy_env("ha", "api", &first.token("ha", "api").unwrap());
         let mut servers = Vec::new();
         for pod in &api {
@@ -123,7 +120,7 @@ impl<'n> Mesh<'n> {
         let mut env = first.proxy_env("ha", "client", &first.token("ha", "client").unwrap());
         env.push(("CNIMESH_PROXY_DESTINATION_ADDR".into(), first.addr.to_string()));
         let client_proxy = Sidecar::start(&bins.proxy, &client.netns, &env_refs(&env)).unwrap();
-        let mesh = Self { cluster_dir, control_pod, first, api, _servers: servers, client, client_proxy };
+        let mesh = Self { control_pod, first, api, _servers: servers, client, client_proxy };
         let (status, body) = mesh.call();
         assert_eq!(status, 200, "{body}");
         mesh
@@ -134,8 +131,21 @@ impl<'n> Mesh<'n> {
             .unwrap_or((0, String::new()))
     }
 
-    fn replica(&self, bin: &Path, admin: u16) -> Replica {
-        Replica::start(bin, &self.control_pod, &self.first, self.cluster_dir.path(), admin)
+    /// Replica `replica-<n>`, its admin on port 9990 + n.
+    fn replica(&self, bin: &Path, n: u16) -> Replica {
+        Replica::start(bin, &self.control_pod, &self.first, &format!("replica-{n}"), 9990 + n)
+    }
+
+    /// The replica (pod name) holding the mirror writer's Lease in the API server, if any.
+    fn mirror_writer(&self) -> Option<String> {
+        let lease = self.first.cluster.api.get(
+            "coordination.k8s.io/v1",
+            "Lease",
+            "cnimesh",
+            &cnimesh_control::leader::lease_name(cnimesh_control::multicluster::controller::MIRROR_WRITE),
+        )?;
+        let holder = lease.pointer("/spec/holderIdentity")?.as_str()?;
+        Some(holder.rsplit_once('_').map_or(holder, |(pod, _)| pod).to_string())
     }
 }
 
@@ -147,7 +157,7 @@ fn a_rolling_restart_of_the_control_plane_fails_no_request() {
     let bins = bins!();
     let net = Network::bridge(&bins, json!({})).unwrap();
     let mut mesh = Mesh::start(&net, &bins);
-    let mut second = Some(mesh.replica(&bins.control, 9991));
+    let mut second = Some(mesh.replica(&bins.control, 1));
 
     let client = mesh.client.netns.path();
     let stop = AtomicBool::new(false);
@@ -172,11 +182,11 @@ fn a_rolling_restart_of_the_control_plane_fails_no_request() {
         // Restart each replica in turn, the other serving meanwhile (a rollout with maxSurge 1).
         mesh.first.stop();
         progress(&seen);
-        let mut third = mesh.replica(&bins.control, 9992);
+        let mut third = mesh.replica(&bins.control, 2);
         progress(&seen);
         drop(second.take());
         progress(&seen);
-        let fourth = mesh.replica(&bins.control, 9993);
+        let fourth = mesh.replica(&bins.control, 3);
         progress(&seen);
         let _ = third.child.kill();
         let _ = third.child.wait();
@@ -196,10 +206,13 @@ fn a_rolling_restart_of_the_control_plane_fails_no_request() {
 }
 
 /// After replicas come and go, the proxy's Destination stream reaches a live one again: a
-/// scale-up made after the restarts reaches the proxy.
+/// scale-up made after the restarts reaches the proxy. The writer's Lease, held in the API server
+/// by the first replica, passes to the live one once the killed holder stops renewing it.
 #[test]
-fn after_a_restart_the_proxy_follows_changes_from_another_replica() {
-    if !require_root("after_a_restart_the_proxy_follows_changes_from_another_replica") {
+fn after_a_restart_the_proxy_follows_changes_from_another_replica_which_takes_over_the_writers_lease() {
+    if !require_root(
+        "after_a_restart_the_proxy_follows_changes_from_another_replica_which_takes_over_the_writers_lease",
+    ) {
         return;
     }
     let bins = bins!();
@@ -207,15 +220,20 @@ fn after_a_restart_the_proxy_follows_changes_from_another_replica() {
     let mut mesh = Mesh::start(&net, &bins);
     assert!(mesh.client_proxy.metrics().contains(&format!("{AUTHORITY_GAUGE} 1")));
 
-    let _second = mesh.replica(&bins.control, 9991);
+    eventually("the first replica leads", PATIENCE, || mesh.mirror_writer().as_deref() == Some("replica-0"));
+    let _second = mesh.replica(&bins.control, 1);
+    assert_eq!(mesh.mirror_writer().as_deref(), Some("replica-0"), "one writer: the Lease stays with its holder");
     mesh.first.stop();
     let listed = [("api-0", mesh.api[0].ipv4()), ("api-1", mesh.api[1].ipv4())];
-    write(mesh.cluster_dir.path(), &cluster(&listed));
+    mesh.first.cluster.apply_yaml("api.yaml", &cluster(&listed)).unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
     while !mesh.client_proxy.metrics().contains(&format!("{AUTHORITY_GAUGE} 2")) {
         assert!(Instant::now() < deadline, "the proxy never heard of the scale-up from the remaining replica");
         std::thread::sleep(Duration::from_millis(50));
     }
+    eventually("the live replica took the Lease over", PATIENCE, || {
+        mesh.mirror_writer().as_deref() == Some("replica-1")
+    });
 }
 
 const NODE_PODS: &str = "/api/v1/pods";

@@ -10,7 +10,7 @@ use cnimesh_e2e::host::Mounted;
 use cnimesh_e2e::kube_api::{Call, ClusterApi};
 use cnimesh_e2e::wait::eventually;
 use cnimesh_e2e::{Network, Pod, bins, require_root};
-use cnimesh_node::cluster::{Cluster, FileCluster};
+use cnimesh_node::cluster::{Cluster, SharedCluster};
 use cnimesh_node::kube_cluster::KubeCluster;
 use cnimesh_node::metrics::AgentMetrics;
 use cnimesh_node::server::{self, Decider};
@@ -52,6 +52,15 @@ fn requests(api: &ClusterApi, method: Method, path: &str) -> Vec<Call> {
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+}
+
+/// The agent's view of `api`'s cluster on the Kubernetes code path (a reflector on this node's
+/// pods), its watch driven on `rt`.
+fn kube_cluster(rt: &tokio::runtime::Runtime, api: &Arc<ClusterApi>) -> SharedCluster {
+    let _entered = rt.enter();
+    let (cluster, driver) = KubeCluster::start(api.client(), NODE);
+    rt.spawn(driver);
+    cluster
 }
 
 #[test]
@@ -267,7 +276,7 @@ fn free_port() -> u16 {
 /// its file, reports readiness, and on shutdown removes itself — or, in upgrade mode, stays.
 fn agent_lifecycle(keep_on_exit: bool, fight: bool) {
     let dir = tempfile::tempdir().unwrap();
-    let (bin_dir, conf_dir, pods_dir) = (dir.path().join("bin"), dir.path().join("net.d"), dir.path().join("pods"));
+    let (bin_dir, conf_dir) = (dir.path().join("bin"), dir.path().join("net.d"));
     std::fs::create_dir_all(&conf_dir).unwrap();
     let plugin = dir.path().join("cnimesh-cni-src");
     std::fs::write(&plugin, b"#!/bin/sh\n").unwrap();
@@ -277,7 +286,7 @@ fn agent_lifecycle(keep_on_exit: bool, fight: bool) {
     let ready = || ready_response().split_whitespace().nth(1).unwrap_or_default().to_string();
     let rt = runtime();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let cluster = Arc::new(FileCluster::new(&pods_dir, Some(NODE.into())));
+    let cluster = kube_cluster(&rt, &cluster_api(&[], None));
     let agent = rt.spawn(cnimesh_node::run::run(cfg.clone(), cluster, async {
         let _ = stopped.await;
     }));
@@ -364,10 +373,7 @@ fn status_endpoint_reports_installation_and_drift() {
     let dir = tempfile::tempdir().unwrap();
     let ready_port = free_port();
     let cfg = agent_config(dir.path(), ready_port, bins.plugin.clone(), true);
-    let pods_dir = dir.path().join("pods");
-    std::fs::create_dir_all(&pods_dir).unwrap();
-    std::fs::write(pods_dir.join("web.json"), serde_json::to_vec(&kube_pod("shop", "web", true, json!({}))).unwrap())
-        .unwrap();
+    let api = cluster_api(&[&kube_pod("shop", "web", true, json!({}))], None);
     std::fs::create_dir_all(&cfg.cni_conf_dir).unwrap();
     std::fs::write(
         cfg.cni_conf_dir.join("10-bridge.conflist"),
@@ -377,7 +383,7 @@ fn status_endpoint_reports_installation_and_drift() {
 
     let rt = runtime();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let cluster = Arc::new(FileCluster::new(&pods_dir, Some(NODE.into())));
+    let cluster = kube_cluster(&rt, &api);
     let agent = rt.spawn(cnimesh_node::run::run(cfg.clone(), cluster, async {
         let _ = stopped.await;
     }));
@@ -491,7 +497,7 @@ fn agent_reports_a_private_netns_mount() {
 
     let rt = runtime();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let cluster = Arc::new(FileCluster::new(&dir.path().join("pods"), Some(NODE.into())));
+    let cluster = kube_cluster(&rt, &cluster_api(&[], None));
     let agent = rt.spawn(cnimesh_node::run::run(cfg.clone(), cluster, async {
         let _ = stopped.await;
     }));

@@ -10,7 +10,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use cnimesh_e2e::apps::{self, Apps};
-use cnimesh_e2e::control::{Control, env_refs, write_atomically};
+use cnimesh_e2e::control::{Control, env_refs};
 use cnimesh_e2e::sidecar::{Sidecar, http_in};
 use cnimesh_e2e::{Network, Pod, bins, require_root};
 use serde_json::json;
@@ -62,13 +62,11 @@ fn a_port_the_service_declares_opaque_greets_a_silent_client_without_detection()
     }
     let bins = bins!();
     let net = Network::bridge(&bins, json!({})).unwrap();
-    let cluster = tempfile::tempdir().unwrap();
     let control_pod = Pod::unmeshed(&net, "cnimesh", "control").unwrap();
     let db = Pod::named(&net, "shop", "db-0").unwrap();
     let client = Pod::named(&net, "shop", "client").unwrap();
-    std::fs::write(cluster.path().join("db.yaml"), cluster_yaml(db.ipv4())).unwrap();
-    let cluster_dir = cluster.path().display().to_string();
-    let mut control = Control::start(&bins.control, &control_pod, &["--cluster-dir", &cluster_dir]).unwrap();
+    let objects = cluster_yaml(db.ipv4());
+    let mut control = Control::start_with_objects(&bins.control, &control_pod, &[], &[("db.yaml", &objects)]).unwrap();
 
     let _apps = Apps::start(&db.netns.path(), db.ipv4().into(), "db-0").unwrap();
     let db_env = control.proxy_env("shop", "db", &control.token("shop", "db").unwrap());
@@ -115,7 +113,6 @@ fn an_httproute_of_a_service_routes_by_path_and_changes_apply_live() {
     }
     let bins = bins!();
     let net = Network::bridge(&bins, json!({})).unwrap();
-    let cluster = tempfile::tempdir().unwrap();
     let control_pod = Pod::unmeshed(&net, "cnimesh", "control").unwrap();
     let (web, api) = (Pod::named(&net, "shop", "web-0").unwrap(), Pod::named(&net, "shop", "api-0").unwrap());
     let client = Pod::named(&net, "shop", "client").unwrap();
@@ -124,10 +121,9 @@ fn an_httproute_of_a_service_routes_by_path_and_changes_apply_live() {
         service_yaml("web", "10.96.0.40", 80, http, web.ipv4(), ""),
         service_yaml("api", "10.96.0.41", 80, http, api.ipv4(), ""),
     ];
-    std::fs::write(cluster.path().join("services.yaml"), services.join("---\n")).unwrap();
-    write_atomically(&cluster.path().join("routes.yaml"), &route_yaml(false));
-    let cluster_dir = cluster.path().display().to_string();
-    let control = Control::start(&bins.control, &control_pod, &["--cluster-dir", &cluster_dir]).unwrap();
+    let objects = [("services.yaml", services.join("---\n")), ("routes.yaml", route_yaml(false))];
+    let objects: Vec<(&str, &str)> = objects.iter().map(|(n, y)| (*n, y.as_str())).collect();
+    let control = Control::start_with_objects(&bins.control, &control_pod, &[], &objects).unwrap();
     let mut replicas = Vec::new();
     for (pod, sa) in [(&web, "web"), (&api, "api")] {
         let apps = Apps::start(&pod.netns.path(), pod.ipv4().into(), &pod.name).unwrap();
@@ -148,7 +144,7 @@ fn an_httproute_of_a_service_routes_by_path_and_changes_apply_live() {
     assert!(metrics.contains(to_api), "{metrics}");
 
     // The route loses its /hello rule: the running proxy follows.
-    write_atomically(&cluster.path().join("routes.yaml"), &route_yaml(true));
+    control.cluster.apply_yaml("routes.yaml", &route_yaml(true)).unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while get("/hello") != (200, "hello from web-0 over HTTP/1.1".into()) {
         assert!(std::time::Instant::now() < deadline, "the route change never applied");

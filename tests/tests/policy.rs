@@ -10,7 +10,7 @@ use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::time::Duration;
 
 use cnimesh_e2e::apps::{self, Apps};
-use cnimesh_e2e::control::{Control, env_refs, identity, write_atomically};
+use cnimesh_e2e::control::{Control, env_refs, identity};
 use cnimesh_e2e::sidecar::{Sidecar, http_in};
 use cnimesh_e2e::wait::eventually;
 use cnimesh_e2e::{Network, Pod, bins, require_root};
@@ -74,16 +74,14 @@ fn inbound_policy_is_enforced_updated_live_and_kept_without_the_control_plane() 
     }
     let bins = bins!();
     let net = Network::bridge(&bins, json!({})).unwrap();
-    let cluster = tempfile::tempdir().unwrap();
     let control_pod = Pod::unmeshed(&net, "cnimesh", "control").unwrap();
     let api = Pod::named(&net, "shop", "api-0").unwrap();
     let web = Pod::named(&net, "shop", "web").unwrap();
     let other = Pod::named(&net, "shop", "other").unwrap();
     let office = Pod::unmeshed(&net, "shop", "office").unwrap();
-    write_atomically(&cluster.path().join("pod.yaml"), &pod_yaml(api.ipv4(), None));
-    write_atomically(&cluster.path().join("policy.yaml"), &policy_yaml(office.ipv4(), true));
-    let cluster_dir = cluster.path().display().to_string();
-    let mut control = Control::start(&bins.control, &control_pod, &["--cluster-dir", &cluster_dir]).unwrap();
+    let (pod, policy) = (pod_yaml(api.ipv4(), None), policy_yaml(office.ipv4(), true));
+    let objects = [("pod.yaml", pod.as_str()), ("policy.yaml", policy.as_str())];
+    let mut control = Control::start_with_objects(&bins.control, &control_pod, &[], &objects).unwrap();
 
     let _apps = Apps::start(&api.netns.path(), api.ipv4().into(), "api-0").unwrap();
     let (api_proxy, _client_proxies) =
@@ -117,14 +115,14 @@ fn inbound_policy_is_enforced_updated_live_and_kept_without_the_control_plane() 
     }
 
     // A policy change reaches the running proxy: web loses its authorization.
-    write_atomically(&cluster.path().join("policy.yaml"), &policy_yaml(office.ipv4(), false));
+    control.cluster.apply_yaml("policy.yaml", &policy_yaml(office.ipv4(), false)).unwrap();
     eventually("web's authorization removed", Duration::from_secs(30), || get(&web, &http, "/replica").0 == 403);
     assert_eq!(opaque(&web, tcp), "");
     assert_eq!(get(&office, &http, "/replica").0, 200);
 
     // A `deny` default with no Servers: only the kubelet probe path stays open, to anyone.
-    write_atomically(&cluster.path().join("policy.yaml"), "");
-    write_atomically(&cluster.path().join("pod.yaml"), &pod_yaml(api.ipv4(), Some("deny")));
+    control.cluster.delete_file("policy.yaml");
+    control.cluster.apply_yaml("pod.yaml", &pod_yaml(api.ipv4(), Some("deny"))).unwrap();
     eventually("the deny default applied", Duration::from_secs(30), || get(&office, &http, "/replica").0 == 403);
     for client in [&web, &other, &office] {
         assert_eq!(get(client, &http, "/hello").0, 200, "the probe path stays reachable");
@@ -151,14 +149,11 @@ fn a_port_the_control_plane_never_answers_for_gets_the_configured_default() {
     }
     let bins = bins!();
     let net = Network::bridge(&bins, json!({})).unwrap();
-    let cluster = tempfile::tempdir().unwrap();
     let control_pod = Pod::unmeshed(&net, "cnimesh", "control").unwrap();
     let api = Pod::named(&net, "shop", "api-0").unwrap();
     let office = Pod::unmeshed(&net, "shop", "office").unwrap();
-    // The pod is not in the cluster directory: every WatchPort answers NotFound.
-    write_atomically(&cluster.path().join("empty.yaml"), "");
-    let cluster_dir = cluster.path().display().to_string();
-    let control = Control::start(&bins.control, &control_pod, &["--cluster-dir", &cluster_dir]).unwrap();
+    // The pod is not in the cluster: every WatchPort answers NotFound.
+    let control = Control::start(&bins.control, &control_pod, &[]).unwrap();
     let _apps = Apps::start(&api.netns.path(), api.ipv4().into(), "api-0").unwrap();
     let mut env = control.proxy_env("shop", "api", &control.token("shop", "api").unwrap());
     env.push(("CNIMESH_PROXY_DESTINATION_ADDR".into(), control.addr.to_string()));

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use cnimesh_e2e::apps::{self, Apps};
 use cnimesh_e2e::bench::{h2load_unchecked, require_h2load};
-use cnimesh_e2e::control::{Control, identity, write_atomically};
+use cnimesh_e2e::control::{Control, identity};
 use cnimesh_e2e::sidecar::{http_reply_in, metric_with};
 use cnimesh_e2e::wait::eventually;
 use cnimesh_e2e::{Network, Pod, bins, require_root};
@@ -122,16 +122,14 @@ fn rate_limits_hold_real_clients_to_their_share_and_follow_policy_changes() {
     require_h2load();
     let bins = bins!();
     let net = Network::bridge(&bins, json!({})).unwrap();
-    let cluster = tempfile::tempdir().unwrap();
     let (control_pod, api, web) = cast(&net);
     let other = Pod::named(&net, "shop", "other").unwrap();
     let office = Pod::unmeshed(&net, "shop", "office").unwrap();
-    let file = cluster.path().join("cluster.yaml");
-    let write =
-        |access: &str, limit: Option<&str>| write_atomically(&file, &cluster_yaml(api.ipv4(), access, limit, None));
-    write("all-unauthenticated", Some("  total: {requestsPerSecond: 50}\n"));
-    let cluster_dir = cluster.path().display().to_string();
-    let control = Control::start(&bins.control, &control_pod, &["--cluster-dir", &cluster_dir]).unwrap();
+    let first = cluster_yaml(api.ipv4(), "all-unauthenticated", Some("  total: {requestsPerSecond: 50}\n"), None);
+    let control = Control::start_with_objects(&bins.control, &control_pod, &[], &[("cluster.yaml", &first)]).unwrap();
+    let write = |access: &str, limit: Option<&str>| {
+        control.cluster.apply_yaml("cluster.yaml", &cluster_yaml(api.ipv4(), access, limit, None)).unwrap()
+    };
 
     let _apps = Apps::start(&api.netns.path(), api.ipv4().into(), "api-0").unwrap();
     let (api_proxy, _client_proxies) =
@@ -183,9 +181,9 @@ fn rate_limits_hold_real_clients_to_their_share_and_follow_policy_changes() {
     assert!(limited_metric("override", &[web_id.as_str()]) > 0.0);
 
     // A bad edit (a zero rate) is refused: the limit in force stays. The same write turns the
-    // Server to audit, which shows when the file has been read.
+    // Server to audit, which shows when the control plane has read it.
     write("audit", Some("  identity: {requestsPerSecond: 0}\n"));
-    eventually("the file re-read", PATIENCE, || {
+    eventually("the edit read", PATIENCE, || {
         let _ = http_reply_in(&office.netns.path(), &http, "GET", "/hello", "");
         metric_with(&api_proxy.metrics(), "inbound_http_authz_allow_total", &["authz_kind=\"audit\""]) > 0.0
     });
@@ -222,13 +220,8 @@ fn a_client_hammering_the_probe_path_spends_no_rate_limit_of_other_clients_or_th
     let attacker = Pod::unmeshed(&net, "shop", "attacker").unwrap();
     let kubelet = Pod::unmeshed(&net, "shop", "kubelet").unwrap();
     let limit = "  total: {requestsPerSecond: 40}\n";
-    let cluster = tempfile::tempdir().unwrap();
-    write_atomically(
-        &cluster.path().join("cluster.yaml"),
-        &cluster_yaml(api.ipv4(), "all-authenticated", Some(limit), Some("/hello")),
-    );
-    let cluster_dir = cluster.path().display().to_string();
-    let control = Control::start(&bins.control, &control_pod, &["--cluster-dir", &cluster_dir]).unwrap();
+    let objects = cluster_yaml(api.ipv4(), "all-authenticated", Some(limit), Some("/hello"));
+    let control = Control::start_with_objects(&bins.control, &control_pod, &[], &[("cluster.yaml", &objects)]).unwrap();
     let _apps = Apps::start(&api.netns.path(), api.ipv4().into(), "api-0").unwrap();
     let (api_proxy, _client_proxies) = control.api_and_clients(&bins.proxy, &api, &[(&web, "web")]).unwrap();
     let http = format!("{}:{}", api.ipv4(), apps::HTTP_PORT);

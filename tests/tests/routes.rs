@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use cnimesh_e2e::apps::{self, Apps};
-use cnimesh_e2e::control::{Control, env_refs, write_atomically};
+use cnimesh_e2e::control::{Control, env_refs};
 use cnimesh_e2e::objects::service_yaml;
 use cnimesh_e2e::sidecar::{Reply, Sidecar, grpc_in, http_reply_in, metric_with};
 use cnimesh_e2e::wait::eventually;
@@ -73,11 +73,10 @@ spec:
 /// The control plane, the `web-0` and `canary-0` replicas behind their proxies, and a client
 /// whose proxy discovers services and their routes.
 struct Mesh<'n> {
-    cluster: tempfile::TempDir,
     client: Pod<'n>,
     client_proxy: Sidecar,
     _replicas: Vec<(Pod<'n>, Sidecar, Apps)>,
-    _control: Control,
+    control: Control,
     _control_pod: Pod<'n>,
 }
 
@@ -101,7 +100,7 @@ impl Mesh<'_> {
     }
 
     fn routes(&self, routes: &str) {
-        write_atomically(&self.cluster.path().join("routes.yaml"), routes);
+        self.control.cluster.apply_yaml("routes.yaml", routes).unwrap();
     }
 
     /// A route metric of the client's proxy, summed over the samples with all `labels`.
@@ -112,7 +111,6 @@ impl Mesh<'_> {
 
 fn mesh<'n>(net: &'n Network, routes: &str) -> Mesh<'n> {
     let bins = bins!();
-    let cluster = tempfile::tempdir().unwrap();
     let control_pod = Pod::unmeshed(net, "cnimesh", "control").unwrap();
     let web = Pod::named(net, "shop", "web-0").unwrap();
     let canary = Pod::named(net, "shop", "canary-0").unwrap();
@@ -121,10 +119,9 @@ fn mesh<'n>(net: &'n Network, routes: &str) -> Mesh<'n> {
         service_yaml("web", WEB_IP, "web-0", web.ipv4(), "web"),
         service_yaml("web-canary", CANARY_IP, "canary-0", canary.ipv4(), "web"),
     ];
-    write_atomically(&cluster.path().join("services.yaml"), &services.join("---\n"));
-    write_atomically(&cluster.path().join("routes.yaml"), routes);
-    let cluster_dir = cluster.path().display().to_string();
-    let control = Control::start(&bins.control, &control_pod, &["--cluster-dir", &cluster_dir]).unwrap();
+    let services = services.join("---\n");
+    let objects = [("services.yaml", services.as_str()), ("routes.yaml", routes)];
+    let control = Control::start_with_objects(&bins.control, &control_pod, &[], &objects).unwrap();
 
     let web_env = control.proxy_env("shop", "web", &control.token("shop", "web").unwrap());
     let replicas = [web, canary]
@@ -140,7 +137,7 @@ fn mesh<'n>(net: &'n Network, routes: &str) -> Mesh<'n> {
     let mut env = control.proxy_env("shop", "client", &control.token("shop", "client").unwrap());
     env.push(("CNIMESH_PROXY_DESTINATION_ADDR".into(), control.addr.to_string()));
     let client_proxy = Sidecar::start(&bins.proxy, &client.netns, &env_refs(&env)).unwrap();
-    Mesh { cluster, client, client_proxy, _replicas: replicas, _control: control, _control_pod: control_pod }
+    Mesh { client, client_proxy, _replicas: replicas, control, _control_pod: control_pod }
 }
 
 #[test]

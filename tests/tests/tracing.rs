@@ -12,7 +12,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use cnimesh_e2e::apps::{self, Apps};
-use cnimesh_e2e::control::{Control, env_refs, identity, write_atomically};
+use cnimesh_e2e::control::{Control, env_refs, identity};
 use cnimesh_e2e::mesh::proxies_with;
 use cnimesh_e2e::objects::service_yaml;
 use cnimesh_e2e::sidecar::{self, Reply, Sidecar};
@@ -499,7 +499,6 @@ fn a_route_split_names_the_backend_a_timeout_is_an_event_and_a_retried_request_h
     let bins = bins!();
     let net = Network::bridge(&bins, json!({})).unwrap();
     let collector = Collector::start(&net, true);
-    let cluster = tempfile::tempdir().unwrap();
     let control_pod = Pod::unmeshed(&net, "cnimesh", "control").unwrap();
     let web = Pod::named(&net, "shop", "web-0").unwrap();
     let canary = Pod::named(&net, "shop", "canary-0").unwrap();
@@ -508,10 +507,9 @@ fn a_route_split_names_the_backend_a_timeout_is_an_event_and_a_retried_request_h
         service_yaml("web", WEB_IP, "web-0", web.ipv4(), "web"),
         service_yaml("web-canary", CANARY_IP, "canary-0", canary.ipv4(), "web"),
     ];
-    write_atomically(&cluster.path().join("services.yaml"), &services.join("---\n"));
-    write_atomically(&cluster.path().join("routes.yaml"), ROUTES);
-    let cluster_dir = cluster.path().display().to_string();
-    let control = Control::start(&bins.control, &control_pod, &["--cluster-dir", &cluster_dir]).unwrap();
+    let services = services.join("---\n");
+    let objects = [("services.yaml", services.as_str()), ("routes.yaml", ROUTES)];
+    let control = Control::start_with_objects(&bins.control, &control_pod, &[], &objects).unwrap();
     let web_env = control.proxy_env("shop", "web", &control.token("shop", "web").unwrap());
     let _replicas: Vec<(Sidecar, Apps)> = [&web, &canary]
         .into_iter()

@@ -154,8 +154,7 @@ mod tests {
     use super::*;
     use crate::identity::issuer::tests::write_pki;
     use crate::identity::issuer::{Issuer, IssuerRx};
-    use crate::identity::tokens::FileTokens;
-    use crate::identity::tokens::tests::write_token;
+    use crate::identity::tokens::tests::Known;
     use rustls_pki_types::CertificateDer;
     use tokio::sync::watch;
 
@@ -163,7 +162,7 @@ mod tests {
         service: IdentityService,
         issuer: Arc<Issuer>,
         metrics: Arc<Metrics>,
-        _dirs: (tempfile::TempDir, tempfile::TempDir),
+        _pki: tempfile::TempDir,
     }
 
     fn fixture(lifetime: Duration, issuer_lifetime: Duration) -> Fixture {
@@ -171,15 +170,16 @@ mod tests {
         write_pki(pki.path(), issuer_lifetime);
         let issuer = Arc::new(Issuer::load(pki.path()).unwrap());
         let (_tx, rx): (_, IssuerRx) = watch::channel(Some(issuer.clone()));
-        let tokens = tempfile::tempdir().unwrap();
-        write_token(tokens.path(), "shop", "web", "token-web");
-        write_token(tokens.path(), "shop", "db", "token-db");
-        write_token(tokens.path(), "cnimesh", "cnimesh-tap", "token-tap");
-        write_token(tokens.path(), "cnimesh", "grafana", "token-grafana");
+        let tokens = Known(vec![
+            ("token-web", "shop", "web"),
+            ("token-db", "shop", "db"),
+            ("token-tap", "cnimesh", "cnimesh-tap"),
+            ("token-grafana", "cnimesh", "grafana"),
+        ]);
         let metrics = Arc::new(Metrics::default());
         let policy = Policy { trust_domain: "cluster.local".into(), lifetime, clock_skew: Duration::from_secs(20) };
-        let service = IdentityService::new(rx, Arc::new(FileTokens::new(tokens.path())), policy, metrics.clone());
-        Fixture { service, issuer, metrics, _dirs: (pki, tokens) }
+        let service = IdentityService::new(rx, Arc::new(tokens), policy, metrics.clone());
+        Fixture { service, issuer, metrics, _pki: pki }
     }
 
     fn web() -> Name {

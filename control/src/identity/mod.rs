@@ -15,7 +15,7 @@ pub mod tokens;
 pub use issuer::{Issuer, IssuerRx};
 pub use kube_tokens::KubeTokens;
 pub use reserved::Reserved;
-pub use tokens::{Authenticator, FileTokens, ServiceAccount, TokenError};
+pub use tokens::{Authenticator, ServiceAccount, TokenError};
 
 /// How leaves are issued.
 #[derive(Debug, Clone)]

@@ -1,6 +1,6 @@
 //! Where the webhook reads the pod's namespace, for its `config.cnimesh.io/default-inbound-policy`
 //! annotation and its tracing annotations: the API server (the control plane's ClusterRole already
-//! grants `get` on namespaces, for inbound policy) or, in local mode, the cluster directory.
+//! grants `get` on namespaces, for inbound policy).
 //!
 //! Read at admission, not from a cache: a namespace annotated a moment ago must already count
 //! for the next pod. A namespace that cannot be read fails closed (see
@@ -8,7 +8,6 @@
 //!
 //! Layer: sources (the webhook's one read of cluster state).
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Namespace;
@@ -26,15 +25,12 @@ const LOOKUP_TIMEOUT: Duration = Duration::from_secs(3);
 pub enum Namespaces {
     /// GET from the API server.
     Kube(kube::Client),
-    /// Local mode: the Namespace objects of the cluster directory's manifests.
-    Files(PathBuf),
 }
 
 impl std::fmt::Debug for Namespaces {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Namespaces::Kube(_) => f.write_str("Namespaces::Kube"),
-            Namespaces::Files(dir) => write!(f, "Namespaces::Files({})", dir.display()),
         }
     }
 }
@@ -56,13 +52,6 @@ impl Namespaces {
                     Ok(Ok(ns)) => ns,
                     Ok(Err(error)) => return unreadable(error.to_string()),
                     Err(_) => return unreadable(format!("no answer within {LOOKUP_TIMEOUT:?}")),
-                }
-            }
-            Namespaces::Files(dir) => {
-                let (dir, name) = (dir.clone(), name.to_string());
-                match tokio::task::spawn_blocking(move || crate::sources::namespace_in(&dir, &name)).await {
-                    Ok(ns) => ns,
-                    Err(error) => return unreadable(error.to_string()),
                 }
             }
         };

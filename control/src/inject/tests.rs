@@ -844,15 +844,22 @@ fn a_container_on_a_port_the_capture_skips_gets_a_kubectl_warning() {
     );
 }
 
+/// The namespaces of the YAML stream `yaml`, read from an in-process API server holding them.
+fn namespaces_of(yaml: &str) -> Namespaces {
+    let api = cnimesh_apiserver::ClusterApi::new();
+    let namespaces: Vec<Value> = serde_saphyr::from_str_multiple(yaml).unwrap();
+    for namespace in namespaces {
+        api.put(namespace);
+    }
+    Namespaces::Kube(api.client())
+}
+
 #[tokio::test]
 async fn the_served_review_reads_the_namespaces_annotation() {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(
-        dir.path().join("ns.yaml"),
+    let namespaces = namespaces_of(
         "apiVersion: v1\nkind: Namespace\nmetadata: {name: shop, annotations: {config.cnimesh.io/default-inbound-policy: deny}}\n",
-    )
-    .unwrap();
-    let webhook = Webhook::new(config()).unwrap().with_namespaces(Namespaces::Files(dir.path().into()));
+    );
+    let webhook = Webhook::new(config()).unwrap().with_namespaces(namespaces);
     let body = serde_json::to_vec(&review(&deployment_pod(), "shop")).unwrap();
     let (_, patch) = decode_response(&webhook.review_reading_namespace(INJECT_PATH, &body).await.unwrap());
     let mut patched = deployment_pod();
@@ -953,16 +960,13 @@ fn a_bad_cluster_tracing_flag_stops_serve_at_start() {
 
 #[tokio::test]
 async fn the_served_review_takes_tracing_from_the_namespace_over_the_cluster_and_the_pod_over_both() {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(
-        dir.path().join("ns.yaml"),
+    let namespaces = namespaces_of(
         "apiVersion: v1\nkind: Namespace\nmetadata: {name: shop, annotations: {config.cnimesh.io/trace-collector: 'http://shop-collector:4317', config.cnimesh.io/trace-sampling: '0.25'}}\n\
          ---\napiVersion: v1\nkind: Namespace\nmetadata: {name: quiet, annotations: {config.cnimesh.io/trace-collector: 'off'}}\n\
          ---\napiVersion: v1\nkind: Namespace\nmetadata: {name: typo, annotations: {config.cnimesh.io/trace-sampling: 'lots'}}\n",
-    )
-    .unwrap();
+    );
     let cluster = traced_config(Some("cluster-collector:4317"), None);
-    let webhook = Webhook::new(cluster).unwrap().with_namespaces(Namespaces::Files(dir.path().into()));
+    let webhook = Webhook::new(cluster).unwrap().with_namespaces(namespaces);
     let serve = async |pod: &Value, ns: &str| {
         let body = serde_json::to_vec(&review(pod, ns)).unwrap();
         let (response, patch) = decode_response(&webhook.review_reading_namespace(INJECT_PATH, &body).await.unwrap());

@@ -332,19 +332,6 @@ pub fn pods_and_services_in(dir: &Path) -> (Vec<Pod>, Vec<Service>) {
     (pods, services)
 }
 
-/// The Namespace named `name` among the manifests under `dir`, read now (the injection webhook's
-/// local-mode lookup of a namespace's annotations). `None` when no file defines it.
-pub fn namespace_in(dir: &Path, name: &str) -> Option<Namespace> {
-    let mut files = HashSet::new();
-    collect_manifests(dir, &mut files);
-    let mut files: Vec<PathBuf> = files.into_iter().collect();
-    files.sort();
-    files.iter().filter_map(|file| read(file)).flatten().find_map(|parsed| match parsed {
-        Parsed::Policy(policy::Object::Namespace(ns)) if ns.metadata.name.as_deref() == Some(name) => Some(*ns),
-        _ => None,
-    })
-}
-
 /// A file's objects; `None` (logged) when it cannot be read or parsed, so its last good state
 /// stays. A file that is gone has no objects.
 fn read(path: &Path) -> Option<Vec<Parsed>> {

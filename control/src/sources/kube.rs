@@ -10,14 +10,22 @@
 //! becomes one [`Change::Reset`], so objects deleted while the watch was down disappear too. The
 //! index is the store: no reflector cache of full objects is kept beside it.
 //!
+//! Objects are watched untyped and read one by one, so that one that does not read as its kind
+//! (a field of the wrong type, a required one missing: what a CRD's schema would refuse, were it
+//! installed without one) is refused alone, logged with its kind, namespace and name and counted
+//! (`cluster_objects_rejected_total{kind}`): the version the index holds stays, and the rest of
+//! its kind still lists and updates.
+//!
 //! Layer: sources (kube).
 
 use std::fmt::Debug;
+use std::sync::Arc;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Api;
+use kube::api::{ApiResource, DynamicObject};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use serde::de::DeserializeOwned;
@@ -25,6 +33,8 @@ use serde::de::DeserializeOwned;
 use super::{Source, SourceError};
 use crate::destination::{Change, Index, Kind, Object};
 use crate::egress;
+use crate::meta::NsName;
+use crate::metrics::Metrics;
 use crate::policy::{self, crd};
 use crate::routes::crd as routes;
 
@@ -32,11 +42,18 @@ pub struct KubeSource {
     client: kube::Client,
     policy: Option<policy::Index>,
     egress: Option<egress::Index>,
+    metrics: Option<Arc<Metrics>>,
 }
 
 impl KubeSource {
     pub fn new(client: kube::Client) -> Self {
-        Self { client, policy: None, egress: None }
+        Self { client, policy: None, egress: None, metrics: None }
+    }
+
+    /// Counts each object refused as unreadable (`cluster_objects_rejected_total{kind}`).
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
     }
 
     /// Also keeps an egress index in step: EgressNetworks, TLSRoutes and TCPRoutes,
@@ -59,10 +76,10 @@ impl Source for KubeSource {
     /// while the process is healthy. Until the policy CRDs are installed their watches fail (and
     /// say so) and the policy index stays not ready: inbound policy waits rather than guess.
     async fn run(self, index: Index) -> Result<(), SourceError> {
-        let client = self.client;
+        let watches = Watches { client: self.client, metrics: self.metrics };
         let policy = self.policy;
         let egress = self.egress;
-        let pods = follow(Api::<Pod>::all(client.clone()), "Pod", Absent::Retry, |update: Update<Pod>| {
+        let pods = follow(watches.of::<Pod>(), "Pod", Absent::Retry, |update: Update<Pod>| {
             if let Some(policy) = &policy {
                 policy.apply([policy_change(policy::Kind::Pod, update.clone())]);
             }
@@ -70,14 +87,14 @@ impl Source for KubeSource {
         });
         let destination = async {
             futures::join!(
-                follow(Api::<Service>::all(client.clone()), "Service", Absent::Retry, |u: Update<Service>| {
+                follow(watches.of::<Service>(), "Service", Absent::Retry, |u: Update<Service>| {
                     // Declared protocols. One watch, two indexes, as for Pods.
                     if let Some(policy) = &policy {
                         policy.apply([policy_change(policy::Kind::Service, u.clone())]);
                     }
                     index.apply([destination_change(Kind::Service, u)])
                 }),
-                follow(Api::<EndpointSlice>::all(client.clone()), "EndpointSlice", Absent::Retry, |u| index
+                follow(watches.of::<EndpointSlice>(), "EndpointSlice", Absent::Retry, |u| index
                     .apply([destination_change(Kind::EndpointSlice, u)])),
                 pods,
             )
@@ -87,45 +104,37 @@ impl Source for KubeSource {
             Some(policy) => {
                 futures::join!(
                     destination,
-                    follow_policy(Api::<Namespace>::all(client.clone()), policy::Kind::Namespace, policy),
-                    follow_policy(Api::<crd::Server>::all(client.clone()), policy::Kind::Server, policy),
+                    follow_policy(watches.of::<Namespace>(), policy::Kind::Namespace, policy),
+                    follow_policy(watches.of::<crd::Server>(), policy::Kind::Server, policy),
+                    follow_policy(watches.of::<crd::AuthorizationPolicy>(), policy::Kind::AuthorizationPolicy, policy),
                     follow_policy(
-                        Api::<crd::AuthorizationPolicy>::all(client.clone()),
-                        policy::Kind::AuthorizationPolicy,
-                        policy
-                    ),
-                    follow_policy(
-                        Api::<crd::MeshTlsAuthentication>::all(client.clone()),
+                        watches.of::<crd::MeshTlsAuthentication>(),
                         policy::Kind::MeshTlsAuthentication,
                         policy
                     ),
                     follow_policy(
-                        Api::<crd::NetworkAuthentication>::all(client.clone()),
+                        watches.of::<crd::NetworkAuthentication>(),
                         policy::Kind::NetworkAuthentication,
                         policy
                     ),
                     follow_shared_routes(
-                        Api::<routes::HttpRoute>::all(client.clone()),
+                        watches.of::<routes::HttpRoute>(),
                         policy::Kind::HttpRoute,
                         policy,
                         egress.as_ref().map(|e| (e, egress::Kind::HttpRoute))
                     ),
                     follow_shared_routes(
-                        Api::<routes::GrpcRoute>::all(client.clone()),
+                        watches.of::<routes::GrpcRoute>(),
                         policy::Kind::GrpcRoute,
                         policy,
                         egress.as_ref().map(|e| (e, egress::Kind::GrpcRoute))
                     ),
-                    follow_routes(
-                        Api::<routes::ReferenceGrant>::all(client.clone()),
-                        policy::Kind::ReferenceGrant,
-                        policy
-                    ),
-                    follow_egress(&client, egress.as_ref()),
+                    follow_routes(watches.of::<routes::ReferenceGrant>(), policy::Kind::ReferenceGrant, policy),
+                    follow_egress(&watches, egress.as_ref()),
                     // Rate limiting. Optional like the routes: a cluster whose CRDs
                     // predate it has no limits, and policy must not wait for the kind.
                     follow_routes(
-                        Api::<crd::HttpLocalRateLimitPolicy>::all(client.clone()),
+                        watches.of::<crd::HttpLocalRateLimitPolicy>(),
                         policy::Kind::HttpLocalRateLimitPolicy,
                         policy
                     ),
@@ -141,7 +150,8 @@ impl Source for KubeSource {
 enum Update<K> {
     Reset(Vec<K>),
     Apply(K),
-    Delete(K),
+    /// Only the key: a deleted object's last version need not read as its kind.
+    Delete(NsName),
 }
 
 fn destination_change<K>(kind: Kind, update: Update<K>) -> Change
@@ -151,7 +161,7 @@ where
     match update {
         Update::Reset(objects) => Change::Reset(kind, objects.into_iter().map(Object::from).collect()),
         Update::Apply(object) => Change::Upsert(Object::from(object)),
-        Update::Delete(object) => Change::Delete(kind, Object::from(object).key()),
+        Update::Delete(key) => Change::Delete(kind, key),
     }
 }
 
@@ -162,24 +172,24 @@ where
     match update {
         Update::Reset(objects) => policy::Change::Reset(kind, objects.into_iter().map(policy::Object::from).collect()),
         Update::Apply(object) => policy::Change::Upsert(policy::Object::from(object)),
-        Update::Delete(object) => policy::Change::Delete(kind, policy::Object::from(object).key()),
+        Update::Delete(key) => policy::Change::Delete(kind, key),
     }
 }
 
-async fn follow_policy<K>(api: Api<K>, kind: policy::Kind, policy: &policy::Index)
+async fn follow_policy<K>(api: Typed<K>, kind: policy::Kind, policy: &policy::Index)
 where
     policy::Object: From<K>,
-    K: kube::Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+    K: kube::Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + 'static,
 {
     follow(api, kind_name(kind), Absent::Retry, |u| policy.apply([policy_change(kind, u)])).await
 }
 
 /// The Gateway API's kinds (and the rate limit policy) are optional: a cluster without its CRDs has no routes, and outbound
 /// policy (which waits for every kind to be listed) must not wait for them.
-async fn follow_routes<K>(api: Api<K>, kind: policy::Kind, policy: &policy::Index)
+async fn follow_routes<K>(api: Typed<K>, kind: policy::Kind, policy: &policy::Index)
 where
     policy::Object: From<K>,
-    K: kube::Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+    K: kube::Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + 'static,
 {
     follow(api, kind_name(kind), Absent::Empty, |u| policy.apply([policy_change(kind, u)])).await
 }
@@ -187,14 +197,14 @@ where
 /// [`follow_routes`] for HTTPRoutes and GRPCRoutes, which also go to the egress index when there
 /// is one.
 async fn follow_shared_routes<K>(
-    api: Api<K>,
+    api: Typed<K>,
     kind: policy::Kind,
     policy: &policy::Index,
     egress: Option<(&egress::Index, egress::Kind)>,
 ) where
     policy::Object: From<K>,
     egress::Object: From<K>,
-    K: kube::Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+    K: kube::Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + 'static,
 {
     follow(api, kind_name(kind), Absent::Empty, |u: Update<K>| {
         if let Some((egress, kind)) = egress {
@@ -207,14 +217,14 @@ async fn follow_shared_routes<K>(
 
 /// EgressNetworks, TLSRoutes and TCPRoutes. All optional (a cluster without the CRDs
 /// has none), so outbound answers never wait for them.
-async fn follow_egress(client: &kube::Client, egress: Option<&egress::Index>) {
+async fn follow_egress(watches: &Watches, egress: Option<&egress::Index>) {
     let Some(egress) = egress else { return };
     futures::join!(
-        follow(Api::<egress::crd::EgressNetwork>::all(client.clone()), "EgressNetwork", Absent::Empty, |u| egress
+        follow(watches.of::<egress::crd::EgressNetwork>(), "EgressNetwork", Absent::Empty, |u| egress
             .apply([egress_change(egress::Kind::EgressNetwork, u)])),
-        follow(Api::<routes::TlsRoute>::all(client.clone()), "TLSRoute", Absent::Empty, |u| egress
+        follow(watches.of::<routes::TlsRoute>(), "TLSRoute", Absent::Empty, |u| egress
             .apply([egress_change(egress::Kind::TlsRoute, u)])),
-        follow(Api::<routes::TcpRoute>::all(client.clone()), "TCPRoute", Absent::Empty, |u| egress
+        follow(watches.of::<routes::TcpRoute>(), "TCPRoute", Absent::Empty, |u| egress
             .apply([egress_change(egress::Kind::TcpRoute, u)])),
     );
 }
@@ -226,7 +236,7 @@ where
     match update {
         Update::Reset(objects) => egress::Change::Reset(kind, objects.into_iter().map(egress::Object::from).collect()),
         Update::Apply(object) => egress::Change::Upsert(egress::Object::from(object)),
-        Update::Delete(object) => egress::Change::Delete(kind, egress::Object::from(object).key()),
+        Update::Delete(key) => egress::Change::Delete(kind, key),
     }
 }
 
@@ -255,25 +265,72 @@ fn kind_name(kind: policy::Kind) -> &'static str {
     }
 }
 
-async fn follow<K>(api: Api<K>, kind: &'static str, absent: Absent, mut deliver: impl FnMut(Update<K>))
+/// Where the watches go, and what counts the objects they refuse.
+struct Watches {
+    client: kube::Client,
+    metrics: Option<Arc<Metrics>>,
+}
+
+impl Watches {
+    /// Every object of kind `K`, all namespaces, watched untyped and read one by one.
+    fn of<K: kube::Resource<DynamicType = ()>>(&self) -> Typed<K> {
+        let resource = ApiResource::erase::<K>(&());
+        Typed {
+            api: Api::all_with(self.client.clone(), &resource),
+            metrics: self.metrics.clone(),
+            kind: std::marker::PhantomData,
+        }
+    }
+}
+
+/// A watch of kind `K`'s objects as they come (untyped), for [`follow`] to read as `K`.
+struct Typed<K> {
+    api: Api<DynamicObject>,
+    metrics: Option<Arc<Metrics>>,
+    kind: std::marker::PhantomData<K>,
+}
+
+impl<K: DeserializeOwned> Typed<K> {
+    /// The object as `K`; refused (logged, counted) when it does not read as one.
+    fn read(&self, kind: &'static str, object: DynamicObject) -> Option<K> {
+        let key = key_of(&object);
+        match serde_json::to_value(object).and_then(serde_json::from_value) {
+            Ok(typed) => Some(typed),
+            Err(error) => {
+                tracing::warn!(kind, namespace = %key.namespace, name = %key.name, %error,
+                    "object refused: it does not read as its kind; the version known before stays");
+                if let Some(metrics) = &self.metrics {
+                    metrics.object_rejected(kind);
+                }
+                None
+            }
+        }
+    }
+}
+
+async fn follow<K>(api: Typed<K>, kind: &'static str, absent: Absent, mut deliver: impl FnMut(Update<K>))
 where
-    K: kube::Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+    K: kube::Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + 'static,
 {
-    let events = watcher::watcher(api, watcher::Config::default()).default_backoff();
+    let events = watcher::watcher(api.api.clone(), watcher::Config::default()).default_backoff();
     let mut events = std::pin::pin!(events);
     let mut listed = Vec::new();
     let mut absent_reported = false;
     while let Some(event) = events.next().await {
         match event {
             Ok(Event::Init) => listed.clear(),
-            Ok(Event::InitApply(object)) => listed.push(object),
+            Ok(Event::InitApply(object)) => listed.extend(api.read(kind, object)),
             Ok(Event::InitDone) => {
                 tracing::debug!(kind, objects = listed.len(), "listed");
                 absent_reported = false;
                 deliver(Update::Reset(std::mem::take(&mut listed)));
             }
-            Ok(Event::Apply(object)) => deliver(Update::Apply(object)),
-            Ok(Event::Delete(object)) => deliver(Update::Delete(object)),
+            Ok(Event::Apply(object)) => {
+                if let Some(object) = api.read(kind, object) {
+                    deliver(Update::Apply(object))
+                }
+            }
+            Ok(Event::Delete(object)) => deliver(Update::Delete(key_of(&object))),
             Err(error) if absent == Absent::Empty && not_served(&error) => {
                 if !std::mem::replace(&mut absent_reported, true) {
                     tracing::warn!(kind, %error, "kind not served (CRD not installed?): none of it, watching for it");
@@ -283,6 +340,13 @@ where
             Err(error) => tracing::warn!(kind, %error, "watch failed; retrying"),
         }
     }
+}
+
+/// The object's key as the indexes keep it: a cluster-scoped object (a Namespace) has an empty
+/// namespace.
+fn key_of(object: &DynamicObject) -> NsName {
+    let name = object.metadata.name.as_deref().unwrap_or_default();
+    NsName::new(object.metadata.namespace.as_deref().unwrap_or_default(), name)
 }
 
 fn not_served(error: &watcher::Error) -> bool {

@@ -14,9 +14,7 @@ use std::path::PathBuf;
 
 #[doc(hidden)]
 pub use files::parse_for_fuzzing as parse_files_for_fuzzing;
-pub use files::{
-    ClusterObjects, DEFAULT_DEBOUNCE, FileSource, ReadError, cluster_objects_in, namespace_in, pods_and_services_in,
-};
+pub use files::{ClusterObjects, DEFAULT_DEBOUNCE, FileSource, ReadError, cluster_objects_in, pods_and_services_in};
 pub use kube::KubeSource;
 
 use crate::destination::Index;

@@ -113,8 +113,7 @@ impl Relay {
         self.authorize(headers).await?;
         let query = TapQuery::parse(query).map_err(|e| (StatusCode::BAD_REQUEST, e))?;
         let index = self.index.as_ref().ok_or_else(|| {
-            let why =
-                "tap needs the cluster's pods: this control plane serves no Destination (--kube or --cluster-dir)";
+            let why = "tap needs the cluster's pods: this control plane serves no Destination";
             (StatusCode::SERVICE_UNAVAILABLE, why.to_string())
         })?;
         if !index.is_ready() {
