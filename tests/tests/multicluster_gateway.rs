@@ -438,7 +438,10 @@ fn through_the_gateway_west_policy_authorizes_the_remote_workload_by_its_own_nam
         request("/headers", &[]),
     );
     assert!(headers.contains(&format!("l5d-client-id: {client_id}")), "{headers}");
-    assert!(!headers.contains(GATEWAY_CLIENT_ID), "the forwarded identity stays between the proxies: {headers}");
+    assert!(
+        !headers.contains(GATEWAY_CLIENT_ID.as_str()),
+        "the forwarded identity stays between the proxies: {headers}"
+    );
     // Another east workload, not authorized, through the same gateway.
     let other = tls_to_gateway(
         &outsider,
@@ -456,7 +459,7 @@ fn through_the_gateway_west_policy_authorizes_the_remote_workload_by_its_own_nam
         mesh_tls(&c.east, &c.east.identity("shop", "other")),
         &gateway_id,
         web_header().encode().to_vec(),
-        request("/replica", &[(GATEWAY_CLIENT_ID, &client_id)]),
+        request("/replica", &[(GATEWAY_CLIENT_ID.as_str(), &client_id)]),
     );
     assert_eq!(status_of(&claimed), 403, "{claimed}");
 }
@@ -482,7 +485,7 @@ fn a_gateway_client_header_from_a_peer_that_is_not_the_gateway_is_ignored_and_st
             forging.clone(),
             &web_id,
             Vec::new(),
-            request(path, &[(GATEWAY_CLIENT_ID, &other_id)]),
+            request(path, &[(GATEWAY_CLIENT_ID.as_str(), &other_id)]),
         )
     };
     // Only `other` is authorized; east's client, straight to web (flat), claims to be it.
@@ -505,7 +508,7 @@ fn a_gateway_client_header_from_a_peer_that_is_not_the_gateway_is_ignored_and_st
     eventually("east's client is authorized", PATIENCE, || status_of(&forged("/replica")) == 200);
     let headers = forged("/headers");
     assert!(headers.contains(&format!("l5d-client-id: {client_id}")), "{headers}");
-    assert!(!headers.contains(GATEWAY_CLIENT_ID), "a forged gateway header reached the app: {headers}");
+    assert!(!headers.contains(GATEWAY_CLIENT_ID.as_str()), "a forged gateway header reached the app: {headers}");
 }
 
 #[test]
@@ -529,7 +532,7 @@ fn a_remote_workload_cannot_forge_the_gateway_client_header_through_an_opaque_se
     // An opaque session to web's HTTP port: once with a leading empty line (detection once
     // called that opaque while HTTP parsers skip it), once as a plain request.
     for lead in ["\r\n", "\n", ""] {
-        let forged = format!("{lead}{}", request("/replica", &[(GATEWAY_CLIENT_ID, &client_id)]));
+        let forged = format!("{lead}{}", request("/replica", &[(GATEWAY_CLIENT_ID.as_str(), &client_id)]));
         let answer = tls_exchange(
             &outsider,
             c.gateway_addr(),
@@ -565,11 +568,13 @@ fn a_request_from_the_gateway_identity_without_the_gateway_client_header_is_refu
         tls_exchange(&outsider, direct, as_gateway.clone(), &web_id, Vec::new(), request("/replica", headers))
     };
     // With the header, the request is the remote workload's (not authorized here): the policy applies.
-    eventually("the policy applies", PATIENCE, || status_of(&from_gateway(&[(GATEWAY_CLIENT_ID, &client_id)])) == 403);
+    eventually("the policy applies", PATIENCE, || {
+        status_of(&from_gateway(&[(GATEWAY_CLIENT_ID.as_str(), &client_id)])) == 403
+    });
     let bare = from_gateway(&[]);
     eprintln!("a request from the gateway's identity without {GATEWAY_CLIENT_ID}: {bare:?}");
     assert_ne!(status_of(&bare), 200, "authorized as the gateway itself: {bare}");
     assert!(matches!(status_of(&bare), 400 | 403), "{bare}");
-    let twice = from_gateway(&[(GATEWAY_CLIENT_ID, &client_id), (GATEWAY_CLIENT_ID, &client_id)]);
+    let twice = from_gateway(&[(GATEWAY_CLIENT_ID.as_str(), &client_id), (GATEWAY_CLIENT_ID.as_str(), &client_id)]);
     assert_eq!(status_of(&twice), 400, "{twice}");
 }
