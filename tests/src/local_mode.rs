@@ -82,6 +82,25 @@ impl LocalMode {
             .unwrap()
     }
 
+    /// `kubectl --kubeconfig DIR/kubeconfig ARGS` with `input` on stdin (local mode's cluster, as
+    /// its administrator); panics with kubectl's stderr when it fails, returns its stdout.
+    pub fn kubectl(&self, args: &[&str], input: &str) -> String {
+        use std::io::Write;
+        let mut child = Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(self.root.join("kubeconfig"))
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("kubectl must be installed (scripts/setup.sh)");
+        child.stdin.take().expect("piped").write_all(input.as_bytes()).unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "kubectl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    }
+
     /// The network namespace of the demo pod `pod`.
     pub fn netns(&self, pod: &str) -> PathBuf {
         Path::new("/run/netns").join(format!("{}-{pod}", self.prefix))

@@ -39,29 +39,11 @@ fn edge<'a>(summary: &'a Value, from: &str, to: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no edge {from} -> {to}"))
 }
 
-/// `kubectl --kubeconfig DIR/kubeconfig ARGS` (stdin: `input`), which must succeed.
-fn kubectl(local: &LocalMode, args: &[&str], input: &str) -> String {
-    use std::io::Write;
-    let mut child = Command::new("kubectl")
-        .arg("--kubeconfig")
-        .arg(local.root.join("kubeconfig"))
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("kubectl must be installed (scripts/setup.sh)");
-    child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "kubectl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8(out.stdout).unwrap()
-}
-
 /// Local mode's cluster is a Kubernetes API: `kubectl get pods -A` lists the demo's pods, and an
 /// object applied with kubectl (the allowed clients of `web`, now the intruder too) reaches web's
 /// proxies through the control plane (their `/policy.json`, read with `cnimesh diagnostics`).
 fn kubectl_reads_local_mode_and_an_applied_object_reaches_the_proxies(local: &LocalMode) {
-    let pods: Value = serde_json::from_str(&kubectl(local, &["get", "pods", "-A", "-o", "json"], "")).unwrap();
+    let pods: Value = serde_json::from_str(&local.kubectl(&["get", "pods", "-A", "-o", "json"], "")).unwrap();
     let mut names: Vec<String> = pods["items"]
         .as_array()
         .unwrap()
@@ -473,7 +455,7 @@ fn up_with_two_clusters_links_west_to_east_and_down_removes_both() {
     assert_eq!(std::fs::metadata(&link_file).unwrap().permissions().mode() & 0o777, 0o600);
     let text = std::fs::read_to_string(&link_file).unwrap();
     assert!(text.contains("targetTrustDomain: west.local"), "{text}");
-    let link = kubectl(&lm, &["get", "links.multicluster.cnimesh.io", "-n", "cnimesh", "west", "-o", "json"], "");
+    let link = lm.kubectl(&["get", "links.multicluster.cnimesh.io", "-n", "cnimesh", "west", "-o", "json"], "");
     let link: Value = serde_json::from_str(&link).unwrap();
     assert_eq!(link["spec"]["targetTrustDomain"], "west.local", "{link:#}");
     // West's issuer chains to east's anchor: one anchor.

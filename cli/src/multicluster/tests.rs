@@ -589,10 +589,7 @@ async fn check_against_a_cluster_names_refused_credentials_a_file_server_and_a_m
     let west = of("west", "remote API");
     assert!(west.status == Status::Fail && west.message.contains("credentials were refused (401"), "{table}");
     let files = of("files", "credentials");
-    assert!(
-        files.status == Status::Fail && files.message.contains("file:// server is local mode's files backend only"),
-        "{table}"
-    );
+    assert!(files.status == Status::Fail && files.message.contains("file:///etc: not an API server"), "{table}");
     let gone = of("gone", "credentials");
     assert!(gone.status == Status::Fail && gone.message.contains("cluster-credentials-gone does not exist"), "{table}");
     assert_eq!(of("gone", "remote API").status, Status::Skip);
