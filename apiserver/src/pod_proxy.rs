@@ -8,6 +8,7 @@
 use std::net::IpAddr;
 
 use futures::StreamExt;
+use http::header::{AUTHORIZATION, CONNECTION, CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, BodyStream, Full, StreamBody};
 use hyper::body::Bytes;
@@ -98,6 +99,7 @@ pub(crate) async fn forward(
     target: &ProxyTarget,
     method: Method,
     query: Option<&str>,
+    headers: &http::HeaderMap,
     body: Bytes,
 ) -> Response<Body> {
     let unreachable = |why: String| {
@@ -122,7 +124,15 @@ pub(crate) async fn forward(
         None => target.path.clone(),
     };
     let host = std::net::SocketAddr::new(ip, port).to_string();
-    let request = Request::builder().method(method).uri(uri).header(http::header::HOST, host).body(Full::new(body));
+    let mut request = Request::builder().method(method).uri(uri);
+    // The client's headers go on (a tap token, Accept), but never its credentials for this server,
+    // nor the connection's own.
+    for (name, value) in headers {
+        if ![AUTHORIZATION, HOST, CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING].contains(name) {
+            request = request.header(name, value);
+        }
+    }
+    let request = request.header(http::header::HOST, host).body(Full::new(body));
     let Ok(request) = request else { return unreachable("an invalid path".to_string()) };
     match sender.send_request(request).await {
         Ok(response) => {

@@ -65,7 +65,7 @@ impl ClusterApi {
                         Some(target) => {
                             // Recorded before the pod answers, which may take a while.
                             self.record(call.clone());
-                            return self.proxy(target, call, uri.query(), body).await;
+                            return self.proxy(target, call, uri.query(), headers, body).await;
                         }
                         None => self.route(&call),
                     },
@@ -117,6 +117,7 @@ impl ClusterApi {
         target: pod_proxy::ProxyTarget,
         call: Call,
         query: Option<&str>,
+        headers: &HeaderMap,
         body: Bytes,
     ) -> Response<Body> {
         let pods = crate::kinds::Resource { api_version: "v1".into(), plural: "pods".into() };
@@ -154,7 +155,7 @@ impl ClusterApi {
             Err(why) => return status(StatusCode::NOT_FOUND, "NotFound", why),
         };
         let query = query.filter(|q| !q.is_empty());
-        pod_proxy::forward(ip, port, &target, call.method, query, body).await
+        pod_proxy::forward(ip, port, &target, call.method, query, headers, body).await
     }
 
     fn review(&self, call: &Call, target: &Target) -> Response<Body> {

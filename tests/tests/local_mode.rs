@@ -74,9 +74,7 @@ fn kubectl_reads_local_mode_and_an_applied_object_reaches_the_proxies(local: &Lo
         ids.as_array().unwrap().iter().map(|i| i.as_str().unwrap().to_string()).collect()
     };
     assert!(!allowed(local).contains(&intruder.to_string()));
-    let applied = kubectl(
-        local,
-        &["apply", "-f", "-"],
+    let applied = local.kubectl(&["apply", "-f", "-"],
         "apiVersion: policy.cnimesh.io/v1alpha1\nkind: MeshTLSAuthentication\nmetadata: {name: web-clients, namespace: demo}\nspec:\n  identityRefs: [{kind: ServiceAccount, name: client}, {kind: ServiceAccount, name: intruder}]\n",
     );
     assert!(applied.contains("web-clients"), "{applied}");
