@@ -102,13 +102,16 @@ fn a_request_to_local_modes_api_server_without_its_token_is_refused(local: &Loca
             .args(["--server", &server, "--insecure-skip-tls-verify"])
             .args(extra)
             .args(["get", "secrets", "-A", "-o", "name"])
+            .stdin(Stdio::null())
             .output()
             .unwrap()
     };
-    for extra in [&[][..], &["--token", "not-the-token"][..]] {
+    // No bearer token (a user name and password instead, so kubectl does not prompt for them),
+    // then a made-up one: 401, which kubectl reports as "You must be logged in".
+    for extra in [&["--username", "admin", "--password", "admin"][..], &["--token", "not-the-token"][..]] {
         let out = in_pod(extra);
         let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success() && stderr.contains("Unauthorized"), "{extra:?}: {stderr}");
+        assert!(!out.status.success() && stderr.contains("must be logged in"), "{extra:?}: {stderr}");
         assert!(out.stdout.is_empty(), "nothing is read without the token");
     }
     let token = kubeconfig["users"][0]["user"]["token"].as_str().unwrap();
