@@ -64,7 +64,11 @@ pub(crate) fn service_backend(service: &Value, pods: &[Value], port: &str) -> Re
     let ports = service["spec"]["ports"].as_array().cloned().unwrap_or_default();
     let chosen = ports
         .iter()
-        .find(|p| port.is_empty() || p["name"].as_str() == Some(port) || p["port"].to_string() == port)
+        .find(|p| {
+            port.is_empty()
+                || p["name"].as_str() == Some(port)
+                || p["port"].as_u64().is_some_and(|n| n.to_string() == port)
+        })
         .ok_or_else(|| format!("the service has no port {port:?}"))?;
     let selector =
         service["spec"]["selector"].as_object().filter(|s| !s.is_empty()).ok_or("the service has no selector")?;
