@@ -12,7 +12,8 @@
 //!   `stringData` turned into base64 `data`, no event for a write that changes nothing (`store`);
 //! - discovery for kubectl (`discovery`) over a table of the kinds the mesh uses, plus the kinds
 //!   of every CustomResourceDefinition written to it (`kinds`);
-//! - service account tokens and TokenReview (`tokens`), the pod proxy subresource (`pod_proxy`);
+//! - service account tokens and TokenReview (`tokens`), the pod and service proxy subresources
+//!   (`pod_proxy`);
 //! - an optional bearer token (401 for any other), and fault injection (`faults`): refusing,
 //!   delays, conflicts, failures;
 //! - opt-in RBAC (`rbac`): a service account's token is allowed only what its Roles and

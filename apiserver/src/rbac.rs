@@ -64,10 +64,14 @@ impl Attributes {
             return Some(Self {
                 verb: verb_of_method(&call.method, true, false).to_string(),
                 group: String::new(),
-                resource: "pods".to_string(),
+                resource: match proxy.via {
+                    crate::pod_proxy::Via::Pod => "pods",
+                    crate::pod_proxy::Via::Service => "services",
+                }
+                .to_string(),
                 subresource: Some("proxy".to_string()),
                 namespace: Some(proxy.namespace),
-                name: Some(proxy.pod),
+                name: Some(proxy.name),
             });
         }
         let Target { resource, namespace, name, subresource } = parse_path(&call.path)?;

@@ -68,7 +68,7 @@ impl ClusterApi {
                         Some(target) => {
                             // Recorded before the pod answers, which may take a while.
                             self.record(call.clone());
-                            return self.proxy(target, call, uri.query(), body).await;
+                            return self.proxy(target, call, uri.query(), headers, body).await;
                         }
                         None => self.route(&call),
                     },
@@ -143,23 +143,45 @@ impl ClusterApi {
         target: pod_proxy::ProxyTarget,
         call: Call,
         query: Option<&str>,
+        headers: &HeaderMap,
         body: Bytes,
     ) -> Response<Body> {
         let pods = crate::kinds::Resource { api_version: "v1".into(), plural: "pods".into() };
-        let ip = {
+        let backend = {
             let store = self.store.lock();
-            let pod = store.get(&pods, &(target.namespace.clone(), target.pod.clone()));
-            pod.and_then(|p| p["status"]["podIP"].as_str()).and_then(|ip| ip.parse().ok())
+            match target.via {
+                pod_proxy::Via::Pod => {
+                    let pod = store.get(&pods, &(target.namespace.clone(), target.name.clone()));
+                    let ip = pod.and_then(|p| p["status"]["podIP"].as_str()).and_then(|ip| ip.parse().ok());
+                    let port = target.port.parse().ok();
+                    ip.zip(port).ok_or_else(|| format!("pods {:?} not found or without an IP", target.name))
+                }
+                pod_proxy::Via::Service => {
+                    let services = crate::kinds::Resource { api_version: "v1".into(), plural: "services".into() };
+                    match store.get(&services, &(target.namespace.clone(), target.name.clone())) {
+                        None => Err(format!("services {:?} not found", target.name)),
+                        Some(service) => {
+                            let in_namespace: Vec<Value> = store
+                                .objects
+                                .get(&pods)
+                                .into_iter()
+                                .flatten()
+                                .filter(|((namespace, _), _)| *namespace == target.namespace)
+                                .map(|(_, pod)| pod.clone())
+                                .collect();
+                            pod_proxy::service_backend(service, &in_namespace, &target.port)
+                                .map_err(|why| format!("services {:?}: {why}", target.name))
+                        }
+                    }
+                }
+            }
         };
-        let Some(ip) = ip else {
-            return status(
-                StatusCode::NOT_FOUND,
-                "NotFound",
-                format!("pods {:?} not found or without an IP", target.pod),
-            );
+        let (ip, port) = match backend {
+            Ok(backend) => backend,
+            Err(why) => return status(StatusCode::NOT_FOUND, "NotFound", why),
         };
         let query = query.filter(|q| !q.is_empty());
-        pod_proxy::forward(ip, &target, call.method, query, body).await
+        pod_proxy::forward(ip, port, &target, call.method, query, headers, body).await
     }
 
     fn review(&self, call: &Call, target: &Target) -> Response<Body> {

@@ -257,15 +257,23 @@ async fn a_watch_resumed_from_before_a_compaction_is_told_410_gone_and_one_from_
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn the_pod_proxy_subresource_reaches_the_pod_at_its_ip_with_the_path_and_query() {
-    // The "pod": an HTTP server on 127.0.0.1 that answers with the request line it saw.
+async fn the_pod_and_service_proxies_reach_the_pod_with_the_path_query_and_headers_but_not_the_credentials() {
+    // The "pod": an HTTP server on 127.0.0.1 that answers with the request line it saw, a header
+    // of the client's and whether the client's credentials for the API server reached it.
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     tokio::spawn(async move {
         loop {
             let (stream, _) = listener.accept().await.unwrap();
             let service = hyper::service::service_fn(|req: http::Request<hyper::body::Incoming>| async move {
-                let seen = format!("{} {}", req.method(), req.uri());
+                let header = |name: &str| req.headers().get(name).map(|v| v.to_str().unwrap().to_string());
+                let seen = format!(
+                    "{} {} token={:?} authorization={:?}",
+                    req.method(),
+                    req.uri(),
+                    header("x-tap-token"),
+                    header("authorization")
+                );
                 Ok::<_, std::convert::Infallible>(http::Response::new(http_body_util::Full::new(
                     hyper::body::Bytes::from(seen),
                 )))
@@ -277,12 +285,20 @@ async fn the_pod_proxy_subresource_reaches_the_pod_at_its_ip_with_the_path_and_q
         }
     });
     let (api, served, _dir) = cluster().await;
-    api.put(json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web", "namespace": "shop"},
-        "status": {"podIP": "127.0.0.1"}}));
+    api.put(json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web", "namespace": "shop", "labels": {"app": "web"}},
+        "spec": {"containers": [{"name": "app", "ports": [{"name": "admin", "containerPort": port}]}]},
+        "status": {"phase": "Running", "podIP": "127.0.0.1"}}));
+    api.put(json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web", "namespace": "shop"},
+        "spec": {"selector": {"app": "web"}, "ports": [{"name": "admin", "port": 9990, "targetPort": "admin"}]}}));
     let client = client(&served).await;
-    let path = format!("/api/v1/namespaces/shop/pods/web:{port}/proxy/metrics?format=text");
-    let answer = client.request_text(http::Request::get(path).body(Vec::new()).unwrap()).await.unwrap();
-    assert_eq!(answer, "GET /metrics?format=text");
+    for path in [
+        format!("/api/v1/namespaces/shop/pods/web:{port}/proxy/metrics?format=text"),
+        "/api/v1/namespaces/shop/services/web:admin/proxy/metrics?format=text".to_string(),
+    ] {
+        let request = http::Request::get(&path).header("x-tap-token", "t0k3n").body(Vec::new()).unwrap();
+        let answer = client.request_text(request).await.unwrap();
+        assert_eq!(answer, "GET /metrics?format=text token=Some(\"t0k3n\") authorization=None", "{path}");
+    }
     let missing =
         http::Request::get(format!("/api/v1/namespaces/shop/pods/ghost:{port}/proxy/")).body(Vec::new()).unwrap();
     match client.request_text(missing).await {

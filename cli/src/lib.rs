@@ -59,7 +59,20 @@ pub struct ClusterArgs {
     pub context: Option<String>,
 }
 
+/// The kubeconfig `cnimesh-local up --dir DIR` writes in DIR: its API server's administrator's.
+pub const LOCAL_KUBECONFIG: &str = "kubeconfig";
+
 impl ClusterArgs {
+    /// With `--local DIR`, local mode's cluster: `--kubeconfig DIR/kubeconfig` (its current
+    /// context); otherwise these arguments. Local mode runs a real API server, so every command
+    /// reads it as it reads a cluster's.
+    pub fn or_local(&self, local: Option<&std::path::Path>) -> Self {
+        match local {
+            Some(dir) => Self { kubeconfig: Some(dir.join(LOCAL_KUBECONFIG)), context: None },
+            None => self.clone(),
+        }
+    }
+
     /// A kube client from the kubeconfig (or the in-cluster service account).
     pub async fn client(&self) -> anyhow::Result<kube::Client> {
         kube::Client::try_from(self.config().await?).context("building the Kubernetes client")

@@ -21,17 +21,17 @@ pub const NETNS_DIR: &str = "/var/run/netns";
 pub const ROOT_ENV: &str = "CNIMESH_LOCAL_ROOT";
 
 /// Everything `up` creates directly in the root dir.
-pub const ROOT_ENTRIES: [&str; 16] = [
+pub const ROOT_ENTRIES: [&str; 15] = [
     "local.json",
     "logs",
     "run",
-    "pods",
-    "cluster",
+    // The administrator's kubeconfig of local mode's API server, and its components' own.
+    "kubeconfig",
+    "kubeconfigs",
     "net.d",
     "cni-bin",
     "state",
     "attachments",
-    "tokens",
     "ca",
     "ipam",
     "proxies",

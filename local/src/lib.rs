@@ -1,25 +1,30 @@
 //! `cnimesh-local`, local mode: the whole mesh on one Linux host, set up the way a cluster would
 //! set it up. Pods are network namespaces wired by the real CNI chain (Debian's `bridge` +
 //! `host-local`, then `cnimesh-cni`, which asks the node agent `cnimesh-node run`), the control
-//! plane runs in a pod of its own with the files backend, proxies run as the proxy UID, and the
-//! demo's traffic goes through all of it.
+//! plane runs in a pod of its own, proxies run as the proxy UID, and the demo's traffic goes
+//! through all of it. The cluster's API server is local mode's own (`cnimesh-local apiserver`, the
+//! in-process server of crate `cnimesh-apiserver` on the bridge's gateway, state in memory): the
+//! node agent, the control plane and the CLI use their Kubernetes code paths against it, and
+//! `kubectl --kubeconfig DIR/kubeconfig` works.
 //!
 //! Its own crate and binary because it is a developer harness, not part of a node: the node agent's
 //! DaemonSet image ships `cnimesh-node` without it. It builds on the node agent's library (never the
 //! reverse) and runs the other binaries (`cnimesh-node`, `cnimesh-cni`, `cnimesh-proxy`,
 //! `cnimesh-control`) from beside its own executable unless told otherwise.
 //!
-//! Layers: demo_trace → app | host | record | runtime | traffic | workloads → down → up → cli
+//! Layers: demo_trace → app | host | record | runtime | traffic | workloads → apiserver | objects → down → up → cli
 //!
 //! `up` leaves everything running, detached; `down` finds what `up` created by its records and by
 //! its naming (netns `<prefix>-*`, bridge `<prefix>0`, processes mentioning the root dir), so it
 //! also cleans up after an `up` that crashed.
 
+mod apiserver;
 mod app;
 pub mod cli;
 pub mod demo_trace;
 mod down;
 mod host;
+mod objects;
 mod record;
 mod runtime;
 pub mod traffic;
@@ -72,6 +77,10 @@ pub struct UpArgs {
     /// The cnimesh-control binary [default: `cnimesh-control` beside this executable].
     #[arg(long)]
     pub control: Option<PathBuf>,
+    /// The cnimesh-mirror binary, the multicluster mirror `--clusters 2` runs for the first
+    /// cluster [default: `cnimesh-mirror` beside this executable].
+    #[arg(long)]
+    pub mirror: Option<PathBuf>,
     /// The operator's `cnimesh` binary, for `ca init` [default: `cnimesh` beside this executable].
     #[arg(long)]
     pub cli: Option<PathBuf>,
@@ -106,6 +115,19 @@ pub enum LocalCmd {
         #[arg(long)]
         name: String,
     },
+    /// Local mode's API server (run on the bridge's gateway by `up`): serves until killed, with a
+    /// random administrator token in the kubeconfig it writes (0600); state in memory only.
+    #[command(hide = true)]
+    Apiserver {
+        #[arg(long)]
+        listen: SocketAddr,
+        /// Where the administrator's kubeconfig is written.
+        #[arg(long)]
+        kubeconfig: PathBuf,
+        /// The kubeconfig context's namespace.
+        #[arg(long, default_value = "default")]
+        namespace: String,
+    },
     /// The collector stand-in (run on the bridge's gateway by `up`): an OTLP/gRPC receiver that
     /// appends every span it gets to a file, one JSON object per line.
     #[command(hide = true)]
@@ -121,6 +143,10 @@ pub async fn main(cmd: &LocalCmd, format: Format) -> anyhow::Result<ExitCode> {
     match cmd {
         LocalCmd::App { listen, name } => {
             app::serve(*listen, name.clone()).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        LocalCmd::Apiserver { listen, kubeconfig, namespace } => {
+            apiserver::serve(*listen, kubeconfig, namespace).await?;
             Ok(ExitCode::SUCCESS)
         }
         LocalCmd::Collector { listen, out } => {

@@ -211,7 +211,7 @@ pub struct Multicluster {
     pub west_root: String,
     /// The gateway pod's `ip:port`.
     pub gateway: String,
-    /// The Link file written into east's cluster dir.
+    /// What `cnimesh multicluster link` printed (applied to east), kept root-only.
     pub link_file: String,
     /// East's client to each mirror: the mirror, what happened.
     pub edges: Vec<Edge>,

@@ -237,8 +237,8 @@ impl Workloads {
     }
 }
 
-/// The Pod object, as the API server would hold it at `phase`; `ip` once the CNI assigned one.
-pub fn pod_object(ns: &str, pod: &PodSpec, uid: &str, phase: &str, ip: Option<Ipv4Addr>) -> Value {
+/// The Pod object as `up` creates it on `node` (its status comes from [`pod_status`]).
+pub fn pod_object(ns: &str, pod: &PodSpec, node: &str) -> Value {
     let app = match &pod.role {
         Role::Server { service } => service.as_str(),
         Role::Client => pod.name.as_str(),
@@ -256,17 +256,23 @@ pub fn pod_object(ns: &str, pod: &PodSpec, uid: &str, phase: &str, ip: Option<Ip
         labels[format!("{OWNER_LABEL_PREFIX}deployment")] = json!(app);
         labels[WORKLOAD_NAMESPACE_LABEL] = json!(ns);
     }
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": pod.name, "namespace": ns, "labels": labels},
+        "spec": {"serviceAccountName": pod.service_account, "nodeName": node, "containers": containers},
+    })
+}
+
+/// A pod's status at `phase`, as its kubelet reports it; with `ip` once the CNI assigned one
+/// (and then Ready).
+pub fn pod_status(phase: &str, ip: Option<Ipv4Addr>) -> Value {
     let mut status = json!({"phase": phase});
     if let Some(ip) = ip {
         status["podIP"] = json!(ip.to_string());
         status["podIPs"] = json!([{"ip": ip.to_string()}]);
+        status["conditions"] = json!([{"type": "Ready", "status": "True"}]);
     }
-    json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": pod.name, "namespace": ns, "uid": uid, "labels": labels},
-        "spec": {"serviceAccountName": pod.service_account, "containers": containers},
-        "status": status,
-    })
+    status
 }
 
 /// The Service and its EndpointSlice, with every replica in `endpoints` (name, IP) ready.

@@ -160,8 +160,10 @@ pub async fn run(
 
     std::fs::create_dir_all(&cfg.cni_conf_dir)?;
     let (tx, mut changes) = tokio::sync::mpsc::unbounded_channel();
+    // Changes only: a reconcile opens and reads the files, and reacting to those accesses
+    // would re-run it forever (a busy loop of reads on an idle node).
     let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-        if event.is_ok() {
+        if event.is_ok_and(|e| !e.kind.is_access()) {
             let _ = tx.send(());
         }
     })?;

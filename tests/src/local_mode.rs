@@ -15,6 +15,8 @@ pub struct LocalBins {
     pub local: PathBuf,
     pub node: PathBuf,
     pub cli: PathBuf,
+    /// `cnimesh-mirror`, which `up --clusters 2` runs.
+    pub mirror: PathBuf,
     pub mesh: Bins,
 }
 
@@ -26,6 +28,7 @@ macro_rules! local_bins {
             local: env!("CARGO_BIN_EXE_cnimesh-local-e2e").into(),
             node: env!("CARGO_BIN_EXE_cnimesh-node-e2e").into(),
             cli: env!("CARGO_BIN_EXE_cnimesh-cli-e2e").into(),
+            mirror: env!("CARGO_BIN_EXE_cnimesh-mirror-e2e").into(),
             mesh: $crate::bins!(),
         }
     };
@@ -61,6 +64,8 @@ impl LocalMode {
             .arg(&b.mesh.proxy)
             .arg("--control")
             .arg(&b.mesh.control)
+            .arg("--mirror")
+            .arg(&b.mirror)
             .arg("--cli")
             .arg(&b.cli);
         cmd
@@ -80,6 +85,25 @@ impl LocalMode {
             .args(["--prefix", &self.prefix])
             .output()
             .unwrap()
+    }
+
+    /// `kubectl --kubeconfig DIR/kubeconfig ARGS` with `input` on stdin (local mode's cluster, as
+    /// its administrator); panics with kubectl's stderr when it fails, returns its stdout.
+    pub fn kubectl(&self, args: &[&str], input: &str) -> String {
+        use std::io::Write;
+        let mut child = Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(self.root.join("kubeconfig"))
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("kubectl must be installed (scripts/setup.sh)");
+        child.stdin.take().expect("piped").write_all(input.as_bytes()).unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "kubectl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
     }
 
     /// The network namespace of the demo pod `pod`.

@@ -39,6 +39,87 @@ fn edge<'a>(summary: &'a Value, from: &str, to: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no edge {from} -> {to}"))
 }
 
+/// Local mode's cluster is a Kubernetes API: `kubectl get pods -A` lists the demo's pods, and an
+/// object applied with kubectl (the allowed clients of `web`, now the intruder too) reaches web's
+/// proxies through the control plane (their `/policy.json`, read with `cnimesh diagnostics`).
+fn kubectl_reads_local_mode_and_an_applied_object_reaches_the_proxies(local: &LocalMode) {
+    let pods: Value = serde_json::from_str(&local.kubectl(&["get", "pods", "-A", "-o", "json"], "")).unwrap();
+    let mut names: Vec<String> = pods["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            format!("{}/{}", p["metadata"]["namespace"].as_str().unwrap(), p["metadata"]["name"].as_str().unwrap())
+        })
+        .collect();
+    names.sort();
+    for pod in
+        ["demo/client", "demo/intruder", "demo/legacy", "demo/web-0", "demo/web-canary", "cnimesh/cnimesh-control"]
+    {
+        assert!(names.contains(&pod.to_string()), "{pod} in {names:?}");
+    }
+    let web_0 = pods["items"].as_array().unwrap().iter().find(|p| p["metadata"]["name"] == "web-0").unwrap();
+    assert_eq!(web_0["status"]["phase"], "Running", "{web_0:#}");
+    let intruder = "intruder.demo.serviceaccount.identity.cnimesh.cluster.local";
+    let allowed = |local: &LocalMode| -> Vec<String> {
+        let out = Command::new(CLI)
+            .args(["diagnostics", "policy", "web-0", "-o", "json", "--local"])
+            .arg(&local.root)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let policy: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let http = policy["ports"].as_array().unwrap().iter().find(|p| p["port"] == 8080).cloned().unwrap();
+        let ids = &http["authorizations"][0]["authentication"]["mesh_tls"]["identities"];
+        ids.as_array().unwrap().iter().map(|i| i.as_str().unwrap().to_string()).collect()
+    };
+    assert!(!allowed(local).contains(&intruder.to_string()));
+    let applied = local.kubectl(&["apply", "-f", "-"],
+        "apiVersion: policy.cnimesh.io/v1alpha1\nkind: MeshTLSAuthentication\nmetadata: {name: web-clients, namespace: demo}\nspec:\n  identityRefs: [{kind: ServiceAccount, name: client}, {kind: ServiceAccount, name: intruder}]\n",
+    );
+    assert!(applied.contains("web-clients"), "{applied}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !allowed(local).contains(&intruder.to_string()) {
+        assert!(Instant::now() < deadline, "web-0's proxy never got the applied policy: {:?}", allowed(local));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Every pod reaches local mode's API server (the bridge's gateway): from the intruder's pod, a
+/// request without the administrator's token, or with a made-up one, is refused (401) and reads
+/// nothing; the same pod with the kubeconfig's token is answered, so only the token is missing.
+fn a_request_to_local_modes_api_server_without_its_token_is_refused(local: &LocalMode) {
+    let kubeconfig: Value = serde_json::from_slice(&std::fs::read(local.root.join("kubeconfig")).unwrap()).unwrap();
+    let server = kubeconfig["clusters"][0]["cluster"]["server"].as_str().unwrap().to_string();
+    let netns = format!("{}-intruder", local.prefix);
+    // A kubeconfig with no credentials, so kubectl adds none of the host's.
+    let empty = local.root.with_extension("empty-kubeconfig");
+    std::fs::write(&empty, "apiVersion: v1\nkind: Config\n").unwrap();
+    let in_pod = |extra: &[&str]| {
+        Command::new("ip")
+            .args(["netns", "exec", &netns, "kubectl", "--kubeconfig"])
+            .arg(&empty)
+            .args(["--server", &server, "--insecure-skip-tls-verify"])
+            .args(extra)
+            .args(["get", "secrets", "-A", "-o", "name"])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    // No bearer token (a user name and password instead, so kubectl does not prompt for them),
+    // then a made-up one: 401, which kubectl reports as "You must be logged in".
+    for extra in [&["--username", "admin", "--password", "admin"][..], &["--token", "not-the-token"][..]] {
+        let out = in_pod(extra);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && stderr.contains("must be logged in"), "{extra:?}: {stderr}");
+        assert!(out.stdout.is_empty(), "nothing is read without the token");
+    }
+    let token = kubeconfig["users"][0]["user"]["token"].as_str().unwrap();
+    let out = in_pod(&["--token", token]);
+    std::fs::remove_file(&empty).unwrap();
+    assert!(out.status.success(), "the pod reaches the server: {}", String::from_utf8_lossy(&out.stderr));
+}
+
 /// A pod's default route is its bridge's gateway, and what it sends out of the host's uplink is
 /// masqueraded (the table's counter moves for a connection to a TEST-NET-3 address, which goes
 /// out and is never answered); nothing is installed on a host without a default route.
@@ -245,9 +326,8 @@ fn up_runs_the_demo_mesh_and_down_removes_everything() {
     let row = top.lines().find(|l| l.contains(" GET ")).unwrap_or_else(|| panic!("{top}"));
     assert!(row.contains("100.00%"), "{top}");
 
-    // `cnimesh diagnostics`: one proxy's pages and what Destination serves, read in
-    // local mode at the pods' and the control plane's admin ports (local mode has no API server;
-    // the same command reads them through the pod and service proxies in a cluster).
+    // `cnimesh diagnostics`: one proxy's pages and what Destination serves, read through local
+    // mode's API server's pod and service proxies, as in a cluster.
     let diagnostics = |args: &[&str]| -> String {
         let out = Command::new(CLI).arg("diagnostics").args(args).arg("--local").arg(&local.root).output().unwrap();
         assert!(out.status.success(), "cnimesh diagnostics {args:?}: {}", String::from_utf8_lossy(&out.stderr));
@@ -289,6 +369,8 @@ fn up_runs_the_demo_mesh_and_down_removes_everything() {
     let metrics = diagnostics(&["proxy-metrics", "web-0"]);
     assert!(metrics.lines().any(|l| l.starts_with("inbound_http_authz_allow_total")), "{metrics}");
 
+    kubectl_reads_local_mode_and_an_applied_object_reaches_the_proxies(&local);
+    a_request_to_local_modes_api_server_without_its_token_is_refused(&local);
     egress_goes_out_through_the_bridge_and_is_masqueraded_out_of_the_uplink(&local);
 
     // Up twice: a clear error, nothing disturbed.
@@ -363,16 +445,20 @@ fn up_with_two_clusters_links_west_to_east_and_down_removes_both() {
     let mc = &summary["multicluster"];
     let west = lm.root.join("west");
     assert_eq!(mc["west_root"], west.display().to_string());
-    // West's records: its trust domain and gateway, which `link --local` read.
+    // West's records: its trust domain and gateway.
     let record: Value = serde_json::from_slice(&std::fs::read(west.join("local.json")).unwrap()).unwrap();
     assert_eq!(record["trust_domain"], "west.local");
     assert_eq!(record["gateway"], mc["gateway"]);
-    // The Link in east's cluster dir, root-only, pointing at west's cluster dir.
-    let link_file = lm.root.join("cluster/link-west.yaml");
+    // What `link --local <west>` printed (root-only: west's credentials), applied to east's API
+    // server: the Link, whose kubeconfig reaches west's own API server.
+    let link_file = lm.root.join("kubeconfigs/link-west.yaml");
     use std::os::unix::fs::PermissionsExt;
     assert_eq!(std::fs::metadata(&link_file).unwrap().permissions().mode() & 0o777, 0o600);
     let text = std::fs::read_to_string(&link_file).unwrap();
     assert!(text.contains("targetTrustDomain: west.local"), "{text}");
+    let link = lm.kubectl(&["get", "links.multicluster.cnimesh.io", "-n", "cnimesh", "west", "-o", "json"], "");
+    let link: Value = serde_json::from_str(&link).unwrap();
+    assert_eq!(link["spec"]["targetTrustDomain"], "west.local", "{link:#}");
     // West's issuer chains to east's anchor: one anchor.
     assert_eq!(std::fs::read(west.join("ca/ca.crt")).unwrap(), std::fs::read(lm.root.join("ca/ca.crt")).unwrap());
     // Routing: east's unmeshed `legacy` pod reaches west's gateway's admin port directly.

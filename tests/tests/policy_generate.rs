@@ -70,8 +70,8 @@ fn the_policy_generated_from_observed_traffic_keeps_the_client_and_denies_the_in
     let refs = docs[1]["spec"]["identityRefs"].to_string();
     assert!(refs.contains("\"client\"") && !refs.contains("intruder"), "exactly the observed client: {yaml}");
 
-    // Enforced: the control plane's files backend serves what `kubectl apply` would.
-    std::fs::write(local.root.join("cluster").join("policy-generated.yaml"), &yaml).unwrap();
+    // Enforced: applied to local mode's API server with kubectl.
+    local.kubectl(&["apply", "-f", "-"], &yaml);
     let deadline = Instant::now() + Duration::from_secs(30);
     let (status, body) = loop {
         let (status, body) = http_get_in(&intruder, web, "web", "/").unwrap();

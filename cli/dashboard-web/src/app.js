@@ -400,12 +400,10 @@ async function workload(ns, kind, name) {
   if (clients.size) authz.append(h("table", { "aria-label": "Requests by client identity" }, h("thead", {}, h("tr", {}, ...["Client identity", "Allowed", "Denied (403)", "Rate limited (429)"].map((t) => h("th", { scope: "col" }, t)))),
     h("tbody", {}, ...[...clients].map(([id, c]) => h("tr", { "data-client": id, "data-denied": c.denied }, h("td", {}, id), h("td", { class: "num" }, c.allowed), h("td", { class: c.denied ? "num bad" : "num" }, c.denied), h("td", { class: c.limited ? "num bad" : "num" }, c.limited))))));
   if (!decisions.size && !clients.size) authz.append(h("p", { class: "muted" }, "No inbound decisions recorded."));
-  if (meta.mode === "cluster") {
-    try {
-      const report = (await api("authz", { resource, namespace: ns })).value;
-      authz.append(h("details", {}, h("summary", {}, "Policies that apply (cnimesh authz)"), h("pre", {}, JSON.stringify(report, null, 2))));
-    } catch (e) { showError(e, authz); }
-  }
+  try {
+    const report = (await api("authz", { resource, namespace: ns })).value;
+    authz.append(h("details", {}, h("summary", {}, "Policies that apply (cnimesh authz)"), h("pre", {}, JSON.stringify(report, null, 2))));
+  } catch (e) { showError(e, authz); }
 
   // Pods: proxy health (its admin pages answer) and certificate expiry.
   const expiry = (id) => { const t = id?.certificate?.not_after_unix; if (!t) return "-"; const s = id.certificate.expires_in_seconds;

@@ -12,13 +12,12 @@
 //! `/metrics`, read through the API server's pod proxy, summed per Server and client ([`audit`]).
 //!
 //! Inside: [`list`] (reading the cluster) and [`evaluate`] (pure: objects to report), [`audit`]
-//! (pure: metrics to would-be denials), then [`render`] (pure: report to text); [`local`] answers
-//! the reads from local mode's directory instead (`--local DIR`).
+//! (pure: metrics to would-be denials), then [`render`] (pure: report to text). `--local DIR`
+//! reads local mode's cluster through its API server.
 
 pub mod audit;
 pub mod evaluate;
 pub mod list;
-pub mod local;
 pub mod render;
 
 use std::io::Write;
@@ -59,8 +58,8 @@ pub struct AuthzArgs {
     pub trust_domain: String,
     #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
     pub output: Output,
-    /// Local mode's directory (`cnimesh-local up --dir DIR`): its pods and policy objects, and
-    /// their proxies' metrics for audit mode.
+    /// Local mode's directory (`cnimesh-local up --dir DIR`): its cluster, a shorthand for
+    /// `--kubeconfig DIR/kubeconfig`.
     #[arg(long, value_name = "DIR")]
     pub local: Option<PathBuf>,
 }
@@ -68,10 +67,7 @@ pub struct AuthzArgs {
 /// Lists what the command needs from the cluster (or local mode), evaluates and writes the
 /// report.
 pub async fn main(cluster: &ClusterArgs, args: AuthzArgs, out: &mut impl Write) -> anyhow::Result<()> {
-    let client = match &args.local {
-        Some(dir) => local::client(dir)?,
-        None => cluster.client().await?,
-    };
+    let client = cluster.or_local(args.local.as_deref()).client().await?;
     let text = report(&client, &args).await?;
     out.write_all(text.as_bytes()).context("writing the report")?;
     Ok(())

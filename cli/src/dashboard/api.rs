@@ -54,9 +54,10 @@ pub type Body = UnsyncBoxBody<Bytes, Infallible>;
 /// What the handlers share: how to reach the mesh and what the sampler read.
 pub struct Shared {
     pub cluster: ClusterArgs,
+    /// Local mode's directory (`--local`), whose API server the client reaches.
     pub local: Option<PathBuf>,
-    /// The cluster's client (`None` in local mode).
-    pub client: Option<kube::Client>,
+    /// The cluster's client.
+    pub client: kube::Client,
     pub sources: Sources,
     /// `--namespace` (`None`: every namespace).
     pub namespace: Option<String>,
@@ -68,19 +69,13 @@ pub type State = Arc<Shared>;
 
 impl Shared {
     pub async fn new(cluster: &ClusterArgs, args: &DashboardArgs) -> anyhow::Result<State> {
-        let client = match &args.local {
-            Some(_) => None,
-            None => Some(cluster.client().await?),
-        };
-        Self::with_client(cluster.clone(), client, args)
+        let cluster = cluster.or_local(args.local.as_deref());
+        let client = cluster.client().await?;
+        Self::with_client(cluster, client, args)
     }
 
-    /// `client` for a cluster (the tests' mocked API server), `None` with `--local`.
-    pub fn with_client(
-        cluster: ClusterArgs,
-        client: Option<kube::Client>,
-        args: &DashboardArgs,
-    ) -> anyhow::Result<State> {
+    /// `client` for the cluster (the tests' mocked API server).
+    pub fn with_client(cluster: ClusterArgs, client: kube::Client, args: &DashboardArgs) -> anyhow::Result<State> {
         let scope = Scope {
             namespace: args.namespace.clone(),
             all_namespaces: args.namespace.is_none(),
@@ -105,36 +100,16 @@ impl Shared {
     /// chosen by the error's type ([`QueryError`]), never its text.
     pub fn upstream_error(&self, error: &anyhow::Error) -> ApiError {
         let text = format!("{error:#}");
-        let hint = if QueryError::is_forbidden(error) {
-            RBAC_HINT.to_string()
-        } else if self.client.is_some() {
-            UNREACHABLE_HINT.to_string()
-        } else {
-            format!(
-                "start local mode there: cnimesh-local up --dir {}",
-                self.local.as_deref().unwrap_or_else(|| std::path::Path::new("DIR")).display()
-            )
+        let hint = match (&self.local, QueryError::is_forbidden(error)) {
+            (_, true) => RBAC_HINT.to_string(),
+            (None, false) => UNREACHABLE_HINT.to_string(),
+            (Some(dir), false) => format!("is local mode up there? cnimesh-local up --dir {}", dir.display()),
         };
         ApiError::new(StatusCode::BAD_GATEWAY, text).hint(hint)
     }
 
     fn reach(&self) -> Reach {
-        match (&self.local, &self.client) {
-            (Some(dir), _) => Reach::Local(dir.clone()),
-            (None, Some(client)) => Reach::Cluster(client.clone()),
-            (None, None) => unreachable!("a dashboard has a cluster or local mode"),
-        }
-    }
-
-    /// The cluster's client, or why this page needs one.
-    fn cluster_client(&self, what: &str) -> Result<kube::Client, ApiError> {
-        self.client.clone().ok_or_else(|| {
-            ApiError::new(
-                StatusCode::NOT_IMPLEMENTED,
-                format!("{what} reads a cluster's API server, and local mode has none"),
-            )
-            .hint("run `cnimesh dashboard` against a cluster (kubeconfig) for this page; local mode's proxies are on the workload pages")
-        })
+        Reach::Cluster(self.client.clone())
     }
 
     /// The envelope around a value observed at `at`.
@@ -419,11 +394,9 @@ async fn diagnostics(state: &State, page: &str, params: &BTreeMap<String, String
     };
     let pod = params.get("pod").filter(|p| !p.is_empty()).ok_or_else(|| ApiError::bad_request("no pod= given"))?;
     let target = Target::parse(pod).map_err(|e| ApiError::bad_request(format!("{e:#}")))?;
-    let namespace = match (namespace_param(params, "namespace")?, &state.local) {
-        (Some(ns), _) => ns,
-        (None, Some(dir)) => crate::diagnostics::fetch::local_namespace(dir, &target)
-            .map_err(|e| ApiError::bad_request(format!("{e:#}")))?,
-        (None, None) => state.client.as_ref().map_or("default", kube::Client::default_namespace).to_string(),
+    let namespace = match namespace_param(params, "namespace")? {
+        Some(ns) => ns,
+        None => state.client.default_namespace().to_string(),
     };
     let at = SystemTime::now();
     let value = crate::diagnostics::query(&state.reach(), page, &target, &namespace, None).await.map_err(|e| {
@@ -440,7 +413,7 @@ async fn diagnostics(state: &State, page: &str, params: &BTreeMap<String, String
 }
 
 async fn authz(state: &State, params: &BTreeMap<String, String>) -> Result<Value, ApiError> {
-    let client = state.cluster_client("authz")?;
+    let client = state.client.clone();
     let resource =
         params.get("resource").filter(|r| !r.is_empty()).ok_or_else(|| ApiError::bad_request("no resource= given"))?;
     let args = crate::authz::AuthzArgs {
@@ -460,7 +433,7 @@ async fn authz(state: &State, params: &BTreeMap<String, String>) -> Result<Value
 }
 
 async fn check(state: &State) -> Result<Value, ApiError> {
-    let client = state.cluster_client("check")?;
+    let client = state.client.clone();
     let at = SystemTime::now();
     let checks = crate::check::run_checks(client, false, at).await;
     let value = serde_json::to_value(crate::check::Report::of(&checks)).expect("the report serialises");
@@ -514,23 +487,19 @@ async fn tap(state: &State, params: &BTreeMap<String, String>) -> Result<Respons
         authority: optional("authority"),
         scheme: optional("scheme"),
         max_rps,
-        local: state.local.clone(),
+        local: None,
     };
-    let opened = match &state.client {
-        None => crate::tap::open(&state.cluster, &filter, 0).await,
-        Some(client) => match filter.query(0, client.default_namespace()) {
-            Ok(query) => crate::tap::open_cluster(client, &query.to_query_string())
-                .await
-                .map(|reader| crate::tap::lines(Box::pin(reader))),
-            Err(e) => return Err(ApiError::bad_request(format!("{e:#}"))),
-        },
+    let opened = match filter.query(0, state.client.default_namespace()) {
+        Ok(query) => crate::tap::open_cluster(&state.client, &query.to_query_string())
+            .await
+            .map(|reader| crate::tap::lines(Box::pin(reader))),
+        Err(e) => return Err(ApiError::bad_request(format!("{e:#}"))),
     };
     let mut lines = opened.map_err(|e| match QueryError::find(&e) {
         Some(QueryError::BadQuery(text)) => ApiError::bad_request(text.clone()),
         Some(QueryError::Forbidden { .. }) => state.upstream_error(&e),
         // What `cnimesh tap` itself needs: the page taps with the same grants, no more.
-        _ if state.client.is_some() => ApiError::new(StatusCode::BAD_GATEWAY, format!("{e:#}")).hint(TAP_HINT),
-        _ => state.upstream_error(&e),
+        _ => ApiError::new(StatusCode::BAD_GATEWAY, format!("{e:#}")).hint(TAP_HINT),
     })?;
     let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(64);
     tokio::spawn(async move {

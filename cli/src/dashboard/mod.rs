@@ -45,8 +45,8 @@ pub enum Show {
 
 #[derive(Debug, Clone, Args)]
 pub struct DashboardArgs {
-    /// Local mode's directory (`cnimesh-local up --dir DIR`): its pods, proxies and control plane
-    /// instead of a cluster's.
+    /// Local mode's directory (`cnimesh-local up --dir DIR`): its cluster, a shorthand for
+    /// `--kubeconfig DIR/kubeconfig`.
     #[arg(long, value_name = "DIR")]
     pub local: Option<PathBuf>,
     /// The address to listen on. Anything but loopback needs --allow-remote: the page can do

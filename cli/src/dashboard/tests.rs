@@ -37,7 +37,7 @@ fn args(local: Option<&Path>) -> DashboardArgs {
 }
 
 fn state(api: &MockApi) -> State {
-    Shared::with_client(ClusterArgs::default(), Some(api.client()), &args(None)).unwrap()
+    Shared::with_client(ClusterArgs::default(), api.client(), &args(None)).unwrap()
 }
 
 /// stat's two readings 10 s apart (its tests' `scrapes()`), as the sampler records them.
@@ -242,7 +242,7 @@ async fn an_unreachable_cluster_and_rbac_refusals_carry_checks_hints() {
     state.snapshot.lock().record(t0, Ok((mesh(), before)));
     state.snapshot.lock().record(t0 + Duration::from_secs(10), Ok((mesh(), after)));
     let failed = super::api::round(
-        &super::api::Shared::with_client(ClusterArgs::default(), Some(unreachable.client()), &args(None)).unwrap(),
+        &super::api::Shared::with_client(ClusterArgs::default(), unreachable.client(), &args(None)).unwrap(),
         SystemTime::now(),
     )
     .await;
@@ -262,7 +262,7 @@ fn state_of(api: &MockApi) -> State {
 
 /// `/api/check` is `cnimesh check -o json`; local mode has no API server to check, and says so.
 #[tokio::test]
-async fn check_answers_checks_report_and_local_mode_says_it_has_none() {
+async fn check_answers_checks_report_and_local_mode_is_a_cluster_too() {
     let mut unreachable = MockApi::default();
     unreachable.unreachable = true;
     let (status, body) = get(&state(&unreachable), "/api/check").await;
@@ -275,10 +275,9 @@ async fn check_answers_checks_report_and_local_mode_says_it_has_none() {
     );
 
     let dir = tempfile::tempdir().unwrap();
-    let local = Shared::with_client(ClusterArgs::default(), None, &args(Some(dir.path()))).unwrap();
+    let local = Shared::with_client(ClusterArgs::default(), unreachable.client(), &args(Some(dir.path()))).unwrap();
     let (status, body) = get(&local, "/api/check").await;
-    assert_eq!(status, StatusCode::NOT_IMPLEMENTED, "{body}");
-    assert!(body["hint"].as_str().unwrap().contains("against a cluster"), "{body}");
+    assert_eq!(status, StatusCode::OK, "local mode's API server is checked as a cluster's: {body}");
     let (_, meta) = get(&local, "/api/meta").await;
     assert_eq!(meta["mode"], "local");
 }

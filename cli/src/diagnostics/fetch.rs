@@ -3,9 +3,8 @@
 //! the pod, service or port that was wrong.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
 
-use cnimesh_common::names::{CONTROL_ADMIN_PORT, CONTROL_NAME, CONTROL_NAMESPACE, PROXY_ADMIN_PORT, PROXY_CONTAINER};
+use cnimesh_common::names::{CONTROL_NAME, CONTROL_NAMESPACE, PROXY_ADMIN_PORT, PROXY_CONTAINER};
 use k8s_openapi::api::core::v1::{Pod, Service};
 
 use crate::pod_proxy::{POD_PROXY_TIMEOUT, pod_proxy_read};
@@ -18,93 +17,6 @@ pub enum Reach {
     /// An admin port read directly: a proxy's for the pod pages, the control plane's for a
     /// service's endpoints (port-forward).
     Direct(SocketAddr),
-    /// Local mode's directory: pods and services from its cluster files, admin ports at the
-    /// pods' addresses and the control plane's.
-    Local(PathBuf),
-}
-
-/// Local mode's pods and services (`DIR/cluster`); an error when there are none.
-fn local_objects(dir: &Path) -> Result<(Vec<Pod>, Vec<Service>), QueryError> {
-    let (pods, services) = cnimesh_control::sources::pods_and_services_in(&dir.join("cluster"));
-    if pods.is_empty() {
-        return Err(QueryError::unreachable(
-            format!("no pods under {}", dir.join("cluster").display()),
-            format_args!("is local mode up there (`cnimesh-local up --dir {}`)?", dir.display()),
-        ));
-    }
-    Ok((pods, services))
-}
-
-/// The namespace of local mode's pod or service named by `target` (names are unique in the demo).
-pub fn local_namespace(dir: &Path, target: &Target) -> Result<String, QueryError> {
-    let (pods, services) = local_objects(dir)?;
-    let (name, mut found): (&str, Vec<String>) = match target {
-        Target::Pod(name) => (
-            name,
-            pods.iter()
-                .filter(|p| p.metadata.name.as_deref() == Some(name))
-                .filter_map(|p| p.metadata.namespace.clone())
-                .collect(),
-        ),
-        Target::Service(name) => (
-            name,
-            services
-                .iter()
-                .filter(|s| s.metadata.name.as_deref() == Some(name))
-                .filter_map(|s| s.metadata.namespace.clone())
-                .collect(),
-        ),
-    };
-    found.sort();
-    found.dedup();
-    match found.as_slice() {
-        [only] => Ok(only.clone()),
-        [] => Err(QueryError::NotFound {
-            what: name.to_string(),
-            detail: format!("not in local mode's {}", dir.join("cluster").display()),
-        }),
-        several => {
-            Err(QueryError::bad_query(format!("{name} is in namespaces {}: say which with -n", several.join(", "))))
-        }
-    }
-}
-
-/// The proxy admin address of local mode's pod `namespace/name`.
-fn local_admin(dir: &Path, namespace: &str, name: &str) -> Result<SocketAddr, QueryError> {
-    let (pods, _) = local_objects(dir)?;
-    let pod = pods
-        .into_iter()
-        .find(|p| p.metadata.name.as_deref() == Some(name) && p.metadata.namespace.as_deref() == Some(namespace))
-        .ok_or_else(|| QueryError::NotFound {
-            what: format!("pod {namespace}/{name}"),
-            detail: format!("not in {}", dir.join("cluster").display()),
-        })?;
-    ensure_meshed(&pod, namespace, name)?;
-    let ip = pod
-        .status
-        .and_then(|s| s.pod_ip)
-        .ok_or_else(|| QueryError::unreachable(format!("pod {namespace}/{name}"), "it has no IP"))?;
-    let ip: std::net::IpAddr =
-        ip.parse().map_err(|e| QueryError::invalid(format!("pod {namespace}/{name}'s IP {ip:?}"), e))?;
-    Ok(SocketAddr::new(ip, PROXY_ADMIN_PORT))
-}
-
-/// Local mode's control plane admin address, from `DIR/local.json`.
-fn local_control(dir: &Path) -> Result<SocketAddr, QueryError> {
-    let state = dir.join("local.json");
-    let text = std::fs::read(&state).map_err(|e| {
-        QueryError::unreachable(
-            format!("reading {}", state.display()),
-            format_args!("{e}: is local mode up there (`cnimesh-local up --dir {}`)?", dir.display()),
-        )
-    })?;
-    let state_json: serde_json::Value =
-        serde_json::from_slice(&text).map_err(|e| QueryError::invalid(state.display().to_string(), e))?;
-    let control: SocketAddr = state_json["control"]
-        .as_str()
-        .and_then(|a| a.parse().ok())
-        .ok_or_else(|| QueryError::invalid(state.display().to_string(), "no control plane address"))?;
-    Ok(SocketAddr::new(control.ip(), CONTROL_ADMIN_PORT))
 }
 
 fn ensure_meshed(pod: &Pod, namespace: &str, name: &str) -> Result<(), QueryError> {
@@ -170,12 +82,6 @@ pub async fn proxy_page(reach: &Reach, namespace: &str, pod: &str, path: &str) -
         Reach::Direct(addr) => crate::stat::fetch::http_get(*addr, &format!("/{path}"), POD_PROXY_TIMEOUT)
             .await
             .map_err(|e| QueryError::unreachable(format!("reading /{path} from the admin port {addr}"), e)),
-        Reach::Local(dir) => {
-            let addr = local_admin(dir, namespace, pod)?;
-            crate::stat::fetch::http_get(addr, &format!("/{path}"), POD_PROXY_TIMEOUT).await.map_err(|e| {
-                QueryError::unreachable(format!("reading /{path} of {namespace}/{pod}'s proxy at {addr}"), e)
-            })
-        }
         Reach::Cluster(client) => {
             meshed_pod(client, namespace, pod).await?;
             pod_proxy_read(client, namespace, pod, PROXY_ADMIN_PORT, path)
@@ -207,19 +113,6 @@ pub async fn destination(
 ) -> Result<(String, String), QueryError> {
     let port = match (reach, port) {
         (Reach::Cluster(client), port) => service_port(client, namespace, service, port).await?,
-        (Reach::Local(dir), port) => {
-            let (_, services) = local_objects(dir)?;
-            let found = services
-                .iter()
-                .find(|s| {
-                    s.metadata.name.as_deref() == Some(service) && s.metadata.namespace.as_deref() == Some(namespace)
-                })
-                .ok_or_else(|| QueryError::NotFound {
-                    what: format!("service {namespace}/{service}"),
-                    detail: format!("not in {}", dir.join("cluster").display()),
-                })?;
-            pick_port(found, namespace, service, port)?
-        }
         (Reach::Direct(_), Some(port)) => port,
         (Reach::Direct(addr), None) => {
             return Err(QueryError::bad_query(format!(
@@ -232,7 +125,6 @@ pub async fn destination(
         format!("authority={}", percent_encoding::utf8_percent_encode(&authority, percent_encoding::NON_ALPHANUMERIC));
     let direct = match reach {
         Reach::Direct(addr) => Some(*addr),
-        Reach::Local(dir) => Some(local_control(dir)?),
         Reach::Cluster(_) => None,
     };
     let text = match (reach, direct) {

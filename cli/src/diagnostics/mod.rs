@@ -6,9 +6,8 @@
 //!   server's service proxy (`services/cnimesh-control:admin/proxy/…`), which answers from the
 //!   Destination index the gRPC service streams from, so the two cannot drift.
 //!
-//! `--local DIR` reads local mode's (`cnimesh-local up --dir DIR`): its pods from DIR's cluster
-//! files, their proxies' admin ports at the pods' addresses, its control plane's admin port at the
-//! address `DIR/local.json` names. `--admin-addr HOST:PORT` reads one admin port directly (a
+//! `--local DIR` reads local mode's cluster (`cnimesh-local up --dir DIR`) the same way, through its
+//! API server (`--kubeconfig DIR/kubeconfig`). `--admin-addr HOST:PORT` reads one admin port directly (a
 //! `kubectl port-forward`). Human output by default; `-o json` prints the page as the proxy or
 //! control plane served it.
 //!
@@ -61,8 +60,8 @@ pub enum DiagnosticsCommand {
 pub struct PodArgs {
     /// The meshed pod (`NAME` or `pod/NAME`).
     pub pod: String,
-    /// The pod's namespace [default: the kubeconfig context's; with --local, the namespace the
-    /// pod or service is found in].
+    /// The pod's namespace [default: the kubeconfig context's; with --local, local mode's
+    /// workloads' namespace].
     #[arg(short = 'n', long)]
     pub namespace: Option<String>,
     #[arg(short = 'o', long, value_enum, default_value_t = Output::Human)]
@@ -71,7 +70,8 @@ pub struct PodArgs {
     /// proxy's for a pod, the control plane's for a service.
     #[arg(long, value_name = "HOST:PORT", conflicts_with = "local")]
     pub admin_addr: Option<SocketAddr>,
-    /// Local mode's directory (`cnimesh-local up --dir DIR`): its pods, proxies and control plane.
+    /// Local mode's directory (`cnimesh-local up --dir DIR`): its cluster, a shorthand for
+    /// `--kubeconfig DIR/kubeconfig`.
     #[arg(long, value_name = "DIR")]
     pub local: Option<PathBuf>,
 }
@@ -100,17 +100,10 @@ pub async fn main(cluster: &ClusterArgs, args: DiagnosticsArgs, out: &mut impl W
     if port.is_some() && !matches!(target, Target::Service(_)) {
         anyhow::bail!("--port applies to a service (svc/NAME), not to the pod {}", pod_args.pod);
     }
-    let (reach, namespace) = match (pod_args.admin_addr, pod_args.local) {
-        (Some(addr), _) => (Reach::Direct(addr), pod_args.namespace.unwrap_or_else(|| "default".into())),
-        (None, Some(dir)) => {
-            let namespace = match pod_args.namespace {
-                Some(ns) => ns,
-                None => fetch::local_namespace(&dir, &target)?,
-            };
-            (Reach::Local(dir), namespace)
-        }
-        (None, None) => {
-            let client = cluster.client().await?;
+    let (reach, namespace) = match pod_args.admin_addr {
+        Some(addr) => (Reach::Direct(addr), pod_args.namespace.unwrap_or_else(|| "default".into())),
+        None => {
+            let client = cluster.or_local(pod_args.local.as_deref()).client().await?;
             let namespace = pod_args.namespace.unwrap_or_else(|| client.default_namespace().to_string());
             (Reach::Cluster(client), namespace)
         }

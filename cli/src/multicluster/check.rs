@@ -24,7 +24,8 @@ use cnimesh_mirror::crd::{HEARTBEAT_STALE_AFTER, Link, LinkState, LinkStatus};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct CheckArgs {
-    /// Local mode's directory of this cluster (`cnimesh-local up --dir DIR`) instead of a cluster.
+    /// Local mode's directory of this cluster (`cnimesh-local up --dir DIR`): its cluster, a
+    /// shorthand for `--kubeconfig DIR/kubeconfig`.
     #[arg(long, value_name = "DIR")]
     pub local: Option<PathBuf>,
     #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
@@ -32,17 +33,14 @@ pub struct CheckArgs {
 }
 
 pub async fn main(cluster: &ClusterArgs, args: &CheckArgs, out: &mut impl Write) -> anyhow::Result<ExitCode> {
-    let checks = match &args.local {
-        Some(dir) => run(&Source::Local(dir.clone()), SystemTime::now()).await,
-        None => match cluster.client().await {
-            Ok(client) => run(&Source::Cluster(client), SystemTime::now()).await,
-            Err(e) => vec![Check::fail(
-                &Category::Multicluster,
-                "kubernetes-api",
-                format!("{e:#}"),
-                "pass --kubeconfig / --context, or --local DIR",
-            )],
-        },
+    let checks = match cluster.or_local(args.local.as_deref()).client().await {
+        Ok(client) => run(&Source::Cluster(client), SystemTime::now()).await,
+        Err(e) => vec![Check::fail(
+            &Category::Multicluster,
+            "kubernetes-api",
+            format!("{e:#}"),
+            "pass --kubeconfig / --context, or --local DIR",
+        )],
     };
     out.write_all(render(args.output, &checks).as_bytes())?;
     Ok(ExitCode::from(if success(&checks) { 0 } else { 1 }))
@@ -164,7 +162,7 @@ async fn check_link(source: &Source, found: &Found, anchors: Option<&str>, now: 
             ));
             None
         }
-        Ok(kubeconfig) => match Remote::connect(&kubeconfig, source.is_local()).await {
+        Ok(kubeconfig) => match Remote::connect(&kubeconfig).await {
             Err(e) => {
                 checks.push(Check::fail(
                     cat,

@@ -13,7 +13,8 @@ use super::source::Source;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct GatewaysArgs {
-    /// Local mode's directory of this cluster (`cnimesh-local up --dir DIR`) instead of a cluster.
+    /// Local mode's directory of this cluster (`cnimesh-local up --dir DIR`): its cluster, a
+    /// shorthand for `--kubeconfig DIR/kubeconfig`.
     #[arg(long, value_name = "DIR")]
     pub local: Option<PathBuf>,
     #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
@@ -38,10 +39,7 @@ pub struct Row {
 }
 
 pub async fn main(cluster: &ClusterArgs, args: &GatewaysArgs, out: &mut impl Write) -> anyhow::Result<()> {
-    let source = match &args.local {
-        Some(dir) => Source::Local(dir.clone()),
-        None => Source::Cluster(cluster.client().await?),
-    };
+    let source = Source::Cluster(cluster.or_local(args.local.as_deref()).client().await?);
     let rows = rows(&source).await?;
     let text = match args.output {
         Output::Table => render_table(&rows),

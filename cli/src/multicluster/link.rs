@@ -2,26 +2,24 @@
 //! prints, for cluster A, the Link (how to reach B: trust domain, gateway, identity) and the
 //! Secret `cluster-credentials-<B>` holding a kubeconfig limited to the mirror reader's rights,
 //! and the Role that lets A's mirror (and nothing else of A's) read that Secret.
-//! With `--local DIR` B is local mode's cluster at DIR and the kubeconfig's server is
-//! `file://DIR/cluster`, which only a control plane on the files backend honours.
+//! With `--local DIR` B is local mode's cluster at DIR (its API server, as on a cluster).
 //!
 //! `unlink` prints the four objects for `kubectl delete -f -` (A's mirror controller removes the
-//! mirrors it made); with `--local DIR` (A's dir) it removes them, the mirrors of that cluster and
-//! the link's status from A's cluster directory itself.
+//! mirrors it made).
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::{Context, bail};
 use base64::Engine;
 use serde_json::{Value, json};
 
 use super::super::{ClusterArgs, yaml};
-use super::target::{self, LocalRecord};
+use super::target;
 use super::{check_cluster_name, credentials_secret_name, gateway_identity};
 use cnimesh_common::names::{
     CONTROL_NAMESPACE, LINK_CREDENTIALS_KEY, LINK_CREDENTIALS_SECRET_TYPE, MIRROR_CLUSTER_NAME_LABEL, MIRROR_NAME,
-    MIRROR_READER_SERVICE_ACCOUNT, MIRRORED_SERVICE_LABEL,
+    MIRROR_READER_SERVICE_ACCOUNT,
 };
 use cnimesh_mirror::crd::{API_VERSION, KIND, LinkSpec, ProbeSpec};
 use cnimesh_mirror::kubeconfig;
@@ -41,11 +39,11 @@ pub struct LinkArgs {
     /// The API server URL the other cluster reaches this one at [default: the kubeconfig's].
     #[arg(long, value_name = "URL")]
     pub api_server_address: Option<String>,
-    /// This cluster's DNS domain [default: cluster.local; with --local, local mode's].
+    /// This cluster's DNS domain [default: cluster.local].
     #[arg(long)]
     pub cluster_domain: Option<String>,
-    /// Local mode's directory of the cluster linked to (`cnimesh-local up --dir DIR`), instead
-    /// of a cluster: its records give the trust domain and the gateway.
+    /// Local mode's directory of the cluster linked to (`cnimesh-local up --dir DIR`): its
+    /// cluster, a shorthand for `--kubeconfig DIR/kubeconfig`.
     #[arg(long, value_name = "DIR")]
     pub local: Option<PathBuf>,
 }
@@ -55,10 +53,6 @@ pub struct UnlinkArgs {
     /// The linked cluster's name (the Link's).
     #[arg(long)]
     pub cluster_name: String,
-    /// Local mode's directory of the cluster that holds the Link (A): remove the Link, its
-    /// Secret, the mirrors and the status from its cluster dir instead of printing them.
-    #[arg(long, value_name = "DIR")]
-    pub local: Option<PathBuf>,
 }
 
 /// What a Link says about the target, gathered from the cluster or local mode's records.
@@ -77,15 +71,10 @@ pub struct Target {
 
 pub async fn link_main(cluster: &ClusterArgs, args: &LinkArgs) -> anyhow::Result<String> {
     check_cluster_name(&args.cluster_name).map_err(|e| anyhow::anyhow!("--cluster-name: {e}"))?;
-    let target = match &args.local {
-        Some(dir) => local_target(args, dir)?,
-        None => {
-            let config = cluster.config().await?;
-            let server = args.api_server_address.clone().unwrap_or_else(|| config.cluster_url.to_string());
-            let client = kube::Client::try_from(config).context("building the Kubernetes client")?;
-            kube_target(&client, args, server).await?
-        }
-    };
+    let config = cluster.or_local(args.local.as_deref()).config().await?;
+    let server = args.api_server_address.clone().unwrap_or_else(|| config.cluster_url.to_string());
+    let client = kube::Client::try_from(config).context("building the Kubernetes client")?;
+    let target = kube_target(&client, args, server).await?;
     Ok(yaml::render(&render(&target)?))
 }
 
@@ -111,41 +100,6 @@ pub async fn kube_target(client: &kube::Client, args: &LinkArgs, server: String)
         server,
         ca_pem,
         token: Some(token),
-    })
-}
-
-/// B as local mode's cluster at `dir`.
-pub fn local_target(args: &LinkArgs, dir: &Path) -> anyhow::Result<Target> {
-    anyhow::ensure!(
-        dir.is_absolute(),
-        "--local {}: give an absolute path (the kubeconfig's server is file://DIR/cluster)",
-        dir.display()
-    );
-    let record = LocalRecord::read(dir)?;
-    let cluster_dir = dir.join("cluster");
-    anyhow::ensure!(
-        cluster_dir.is_dir(),
-        "{} is not a directory: is local mode up in {}?",
-        cluster_dir.display(),
-        dir.display()
-    );
-    let gateway = match (&args.gateway_address, record.gateway) {
-        (Some(a), _) => Some((a.clone(), args.gateway_port.unwrap_or(cnimesh_common::names::PROXY_INBOUND_PORT))),
-        (None, Some(addr)) => Some((addr.ip().to_string(), args.gateway_port.unwrap_or(addr.port()))),
-        (None, None) => None,
-    };
-    Ok(Target {
-        cluster_name: args.cluster_name.clone(),
-        cluster_domain: args
-            .cluster_domain
-            .clone()
-            .or(record.cluster_domain.clone())
-            .unwrap_or_else(|| cnimesh_control::inject::DEFAULT_CLUSTER_DOMAIN.into()),
-        trust_domain: record.trust_domain(),
-        gateway,
-        server: format!("file://{}", cluster_dir.display()),
-        ca_pem: None,
-        token: None,
     })
 }
 
@@ -240,63 +194,12 @@ fn credentials_role(secret: &str, labels: &BTreeMap<String, String>) -> (Value, 
 
 pub fn unlink_main(args: &UnlinkArgs) -> anyhow::Result<String> {
     check_cluster_name(&args.cluster_name).map_err(|e| anyhow::anyhow!("--cluster-name: {e}"))?;
-    match &args.local {
-        None => {
-            let stub = |api_version: &str, kind: &str, name: &str| json!({"apiVersion": api_version, "kind": kind, "metadata": {"name": name, "namespace": CONTROL_NAMESPACE}});
-            Ok(yaml::render(&[
-                stub(API_VERSION, KIND, &args.cluster_name),
-                stub("v1", "Secret", &credentials_secret_name(&args.cluster_name)),
-                stub("rbac.authorization.k8s.io/v1", "Role", &credentials_secret_name(&args.cluster_name)),
-                stub("rbac.authorization.k8s.io/v1", "RoleBinding", &credentials_secret_name(&args.cluster_name)),
-            ]))
-        }
-        Some(dir) => {
-            let removed = unlink_local(&dir.join("cluster"), &args.cluster_name)?;
-            let mut report = format!("unlinked {} from {}:\n", args.cluster_name, dir.display());
-            for path in removed {
-                report.push_str(&format!("  removed {}\n", path.display()));
-            }
-            Ok(report)
-        }
-    }
-}
-
-/// Removes from a files-backend cluster dir every file holding the Link `cluster`, its Secret or
-/// a mirror of that cluster, and the link's status; fails when there is no such Link.
-pub fn unlink_local(cluster_dir: &Path, cluster: &str) -> anyhow::Result<Vec<PathBuf>> {
-    let secret = credentials_secret_name(cluster);
-    let mut files: Vec<PathBuf> = std::fs::read_dir(cluster_dir)
-        .with_context(|| format!("reading {}", cluster_dir.display()))?
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|e| e == "yaml" || e == "yml"))
-        .collect();
-    files.sort();
-    let (mut link_files, mut mirror_files) = (Vec::new(), Vec::new());
-    for path in files {
-        let Ok(text) = std::fs::read_to_string(&path) else { continue };
-        let Ok(docs) = yaml::documents(&text, &path.display().to_string()) else { continue };
-        let ours = |doc: &Value, kind: &str, name: &str| {
-            doc["kind"] == kind && doc["metadata"]["name"] == name && doc["metadata"]["namespace"] == CONTROL_NAMESPACE
-        };
-        if docs.iter().any(|d| ours(d, KIND, cluster) || ours(d, "Secret", &secret)) {
-            link_files.push(path);
-        } else if docs.iter().any(|d| {
-            d["metadata"]["labels"][MIRROR_CLUSTER_NAME_LABEL] == cluster
-                && d["metadata"]["labels"][MIRRORED_SERVICE_LABEL] == "true"
-        }) {
-            mirror_files.push(path);
-        }
-    }
-    if link_files.is_empty() {
-        bail!("no Link {cluster:?} in {}: nothing to unlink", cluster_dir.display());
-    }
-    let status = cluster_dir.join(".status").join(format!("link-{cluster}.json"));
-    let mut removed = Vec::new();
-    // The Link first, so a running controller stops syncing before its mirrors go.
-    for path in link_files.into_iter().chain(mirror_files).chain(status.exists().then_some(status)) {
-        std::fs::remove_file(&path).with_context(|| format!("removing {}", path.display()))?;
-        removed.push(path);
-    }
-    Ok(removed)
+    let stub = |api_version: &str, kind: &str, name: &str| json!({"apiVersion": api_version, "kind": kind, "metadata": {"name": name, "namespace": CONTROL_NAMESPACE}});
+    let secret = credentials_secret_name(&args.cluster_name);
+    Ok(yaml::render(&[
+        stub(API_VERSION, KIND, &args.cluster_name),
+        stub("v1", "Secret", &secret),
+        stub("rbac.authorization.k8s.io/v1", "Role", &secret),
+        stub("rbac.authorization.k8s.io/v1", "RoleBinding", &secret),
+    ]))
 }

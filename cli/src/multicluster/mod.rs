@@ -3,9 +3,8 @@
 //! `link` (run against the target cluster B) prints the Link and the credentials Secret to apply
 //! to cluster A; `unlink` undoes it; `check` and `gateways` read A's Links and their status.
 //!
-//! Every command works against a cluster (kubeconfig) or, with `--local DIR`, against local
-//! mode's cluster directory (the files backend): the same objects, the other implementation of
-//! the cluster. docs/tasks/multicluster.md is the operator's guide.
+//! Every command works against a cluster (kubeconfig); `--local DIR` is local mode's (its API
+//! server, `--kubeconfig DIR/kubeconfig`). docs/tasks/multicluster.md is the operator's guide.
 //!
 //! Modules: `install` (manifests), `target` (what `link` reads of cluster B), `link` (Link and
 //! Secret, unlink), `source` (A's Links, Secrets, status and anchors), `probe` (TCP + TLS to a
@@ -40,7 +39,7 @@ pub enum MulticlusterCommand {
     /// other cluster applies (`| kubectl --context OTHER apply -f -`).
     Link(link::LinkArgs),
     /// Print the Link and Secret of a linked cluster for `kubectl delete -f -` (the mirror
-    /// controller then removes its mirrors); with --local, remove them from the cluster dir.
+    /// controller then removes its mirrors).
     Unlink(link::UnlinkArgs),
     /// Check every Link: its credentials, the remote API, the gateway's reachability and
     /// certificate, the trust anchors, and the mirrors' freshness.

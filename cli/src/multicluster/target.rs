@@ -1,14 +1,10 @@
 //! What `cnimesh multicluster link` reads of the cluster being linked to (B): its trust domain
 //! (the control plane's `--trust-domain`), its gateway's address and port (the gateway Service's
-//! LoadBalancer ingress), the mirror reader's token and CA; or, with `--local DIR`, the same facts
-//! from local mode's records in DIR (`local.json`, written by `cnimesh-local up`).
-
-use std::path::Path;
+//! LoadBalancer ingress), the mirror reader's token and CA.
 
 use anyhow::{Context, bail};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Secret, Service};
-use serde::Deserialize;
 
 use cnimesh_common::names::{CONTROL_NAME, CONTROL_NAMESPACE, GATEWAY_NAME, MULTICLUSTER_NAMESPACE};
 use cnimesh_identity::DEFAULT_TRUST_DOMAIN;
@@ -97,30 +93,4 @@ pub async fn reader_token(client: &kube::Client) -> anyhow::Result<(String, Opti
         format!("Secret {MULTICLUSTER_NAMESPACE}/{READER_TOKEN_SECRET} has no token yet: the token controller fills it in, retry in a moment")
     })?;
     Ok((token, data.get("ca.crt").map(|c| c.0.clone())))
-}
-
-/// Local mode's record of a cluster (`<dir>/local.json`), the fields linking needs.
-#[derive(Debug, Clone, Deserialize)]
-pub struct LocalRecord {
-    #[serde(default)]
-    pub trust_domain: Option<String>,
-    /// The gateway pod's `ip:port` (its inbound port).
-    #[serde(default)]
-    pub gateway: Option<std::net::SocketAddr>,
-    #[serde(default)]
-    pub cluster_domain: Option<String>,
-}
-
-impl LocalRecord {
-    pub fn read(dir: &Path) -> anyhow::Result<Self> {
-        let file = dir.join("local.json");
-        let text = std::fs::read(&file).with_context(|| {
-            format!("reading {}: is local mode up there (`cnimesh-local up --dir {})`?", file.display(), dir.display())
-        })?;
-        serde_json::from_slice(&text).with_context(|| format!("{}: not local mode's record", file.display()))
-    }
-
-    pub fn trust_domain(&self) -> String {
-        self.trust_domain.clone().unwrap_or_else(|| DEFAULT_TRUST_DOMAIN.to_string())
-    }
 }

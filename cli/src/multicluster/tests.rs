@@ -3,7 +3,6 @@
 //! gateway (its certificate from the mesh's own CA code), and a real TLS listener answering as a
 //! remote API server that refuses the credentials.
 
-use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -19,8 +18,9 @@ use super::super::yaml;
 use super::check::run;
 use super::gateways::{render_table as gateways_table, rows};
 use super::install::{InstallArgs, render as render_install};
-use super::link::{LinkArgs, Target, kube_target, local_target, render, unlink_local};
+use super::link::{LinkArgs, Target, kube_target, render};
 use super::source::Source;
+use cnimesh_apiserver::{ClusterApi, Served};
 use cnimesh_mirror::crd::{GatewayStatus, LinkState, LinkStatus, MirrorCollision, MirrorStatus};
 
 const DAY: Duration = Duration::from_secs(86400);
@@ -222,73 +222,42 @@ fn a_bad_cluster_name_is_refused_by_name() {
     }
 }
 
-/// Local mode's records for a cluster at `dir`: local.json, cluster/, ca/ca.crt.
-fn local_cluster(dir: &Path, trust_domain: &str, gateway: Option<&str>, anchor: &CaPem) {
-    std::fs::create_dir_all(dir.join("cluster")).unwrap();
-    std::fs::create_dir_all(dir.join("ca")).unwrap();
-    std::fs::write(dir.join("ca/ca.crt"), &anchor.cert_pem).unwrap();
-    let record = json!({"prefix": "x", "subnet": "10.248.0.0/24", "bridge": "x0", "control": null,
-                        "trust_domain": trust_domain, "gateway": gateway});
-    std::fs::write(dir.join("local.json"), record.to_string()).unwrap();
+/// A cluster (the in-process API server, served on loopback so a Link's kubeconfig reaches it)
+/// with its trust anchors, and what `multicluster install` leaves for `link` to read: the control
+/// plane's Deployment (`trust_domain`), the gateway Service (`gateway`, `ip:port`, as its load
+/// balancer's address) and the mirror reader's token.
+async fn cluster(trust_domain: &str, gateway: Option<&str>, anchor: &CaPem) -> (Arc<ClusterApi>, Served) {
+    let api = ClusterApi::new();
+    let served = api.serve().await;
+    api.put(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cnimesh-identity-trust-anchors", "namespace": "cnimesh"},
+        "data": {"ca.crt": anchor.cert_pem}}));
+    api.put(json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "cnimesh-control", "namespace": "cnimesh"},
+        "spec": {"selector": {}, "template": {"spec": {"containers": [
+            {"name": "cnimesh-control", "args": ["serve", "--trust-domain", trust_domain]}]}}}}));
+    if let Some(gateway) = gateway {
+        let (ip, port) = gateway.rsplit_once(':').unwrap();
+        api.put(json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "cnimesh-gateway", "namespace": "cnimesh-multicluster"},
+            "spec": {"type": "LoadBalancer", "ports": [{"name": "mc-gateway", "port": port.parse::<u16>().unwrap()}]},
+            "status": {"loadBalancer": {"ingress": [{"ip": ip}]}}}));
+    }
+    api.put(json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "cnimesh-mirror-reader-token", "namespace": "cnimesh-multicluster"},
+        "type": "kubernetes.io/service-account-token",
+        "data": {"token": b64(b"reader-token"), "ca.crt": b64(served.ca_pem.as_bytes())}}));
+    (api, served)
 }
 
-/// `link --local B` written into A's cluster dir, as local mode does.
-fn linked(a: &Path, b: &Path, name: &str) -> Target {
+/// `link` run against B (its gateway from `--gateway-address` when it has no Service), its
+/// Secret and Link applied to A.
+async fn linked(a: &ClusterApi, b: &(Arc<ClusterApi>, Served), name: &str) -> Target {
     let mut args = link_args(name);
-    args.local = Some(b.to_path_buf());
-    let target = local_target(&args, b).unwrap();
-    std::fs::write(a.join("cluster").join(format!("link-{name}.yaml")), yaml::render(&render(&target).unwrap()))
-        .unwrap();
+    if b.0.get("v1", "Service", "cnimesh-multicluster", "cnimesh-gateway").is_none() {
+        (args.gateway_address, args.gateway_port) = (Some("127.0.0.1".into()), Some(9));
+    }
+    let target = kube_target(&b.0.client(), &args, b.1.server()).await.unwrap();
+    for doc in render(&target).unwrap() {
+        a.put(doc);
+    }
     target
-}
-
-#[test]
-fn link_of_a_local_cluster_points_the_kubeconfig_at_its_cluster_dir() {
-    let dir = tempfile::tempdir().unwrap();
-    let (a, b) = (dir.path().join("east"), dir.path().join("west"));
-    let anchor = new_trust_anchor("cluster.local", DAY).unwrap();
-    local_cluster(&a, "cluster.local", None, &anchor);
-    local_cluster(&b, "west.local", Some("10.248.0.5:4143"), &anchor);
-    let target = linked(&a, &b, "west");
-    assert_eq!(target.server, format!("file://{}", b.join("cluster").display()));
-    assert_eq!(target.gateway, Some(("10.248.0.5".into(), 4143)));
-    assert_eq!(target.trust_domain, "west.local");
-    let docs = yaml::documents(&std::fs::read_to_string(a.join("cluster/link-west.yaml")).unwrap(), "link").unwrap();
-    assert_eq!(decoded_kubeconfig(&docs[0])["clusters"][0]["cluster"]["server"], target.server);
-    let mut args = link_args("west");
-    args.local = Some(dir.path().join("nowhere"));
-    let e = local_target(&args, &dir.path().join("nowhere")).unwrap_err();
-    assert!(format!("{e:#}").contains("nowhere/local.json"), "{e:#}");
-}
-
-#[test]
-fn unlink_of_a_local_cluster_removes_the_link_its_mirrors_and_status_and_nothing_else() {
-    let dir = tempfile::tempdir().unwrap();
-    let (a, b) = (dir.path().join("east"), dir.path().join("west"));
-    let anchor = new_trust_anchor("cluster.local", DAY).unwrap();
-    local_cluster(&a, "cluster.local", None, &anchor);
-    local_cluster(&b, "west.local", Some("10.248.0.5:4143"), &anchor);
-    linked(&a, &b, "west");
-    let cluster = a.join("cluster");
-    let mirror = "apiVersion: v1\nkind: Service\nmetadata:\n  name: web-west\n  namespace: demo\n  labels: {mirror.cnimesh.io/mirrored-service: 'true', mirror.cnimesh.io/cluster-name: west}\n";
-    std::fs::write(cluster.join("mirror-demo-web-west.yaml"), mirror).unwrap();
-    std::fs::write(cluster.join("mirror-demo-web-north.yaml"), mirror.replace("west", "north")).unwrap();
-    std::fs::write(
-        cluster.join("service-web.yaml"),
-        "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: demo}\n",
-    )
-    .unwrap();
-    std::fs::create_dir_all(cluster.join(".status")).unwrap();
-    std::fs::write(cluster.join(".status/link-west.json"), "{}").unwrap();
-    let removed = unlink_local(&cluster, "west").unwrap();
-    assert_eq!(removed.len(), 3, "{removed:?}");
-    let left: Vec<String> =
-        std::fs::read_dir(&cluster).unwrap().flatten().map(|e| e.file_name().into_string().unwrap()).collect();
-    let mut left = left;
-    left.sort();
-    assert_eq!(left, [".status", "mirror-demo-web-north.yaml", "service-web.yaml"]);
-    let e = unlink_local(&cluster, "west").unwrap_err();
-    assert!(e.to_string().contains("no Link \"west\""), "{e}");
 }
 
 /// A gateway stand-in: TLS 1.3 on loopback with a certificate for `identity` from `issuer`
@@ -326,9 +295,11 @@ fn rfc3339(t: SystemTime) -> String {
     humantime::format_rfc3339_seconds(t).to_string()
 }
 
-fn write_status(a: &Path, name: &str, status: &LinkStatus) {
-    std::fs::create_dir_all(a.join("cluster/.status")).unwrap();
-    std::fs::write(a.join(format!("cluster/.status/link-{name}.json")), serde_json::to_vec(status).unwrap()).unwrap();
+/// The Link's status, as the mirror controller writes it.
+fn write_status(a: &ClusterApi, name: &str, status: &LinkStatus) {
+    let mut link = a.get("multicluster.cnimesh.io/v1alpha1", "Link", "cnimesh", name).unwrap();
+    link["status"] = serde_json::to_value(status).unwrap();
+    a.put(link);
 }
 
 fn up_status(now: SystemTime) -> LinkStatus {
@@ -360,19 +331,17 @@ fn find<'a>(checks: &'a [super::super::check::Check], name: &str) -> &'a super::
 }
 
 #[tokio::test]
-async fn check_of_a_healthy_local_link_passes_every_check_and_gateways_lists_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let (a, b) = (dir.path().join("east"), dir.path().join("west"));
+async fn check_of_a_healthy_link_passes_every_check_and_gateways_lists_it() {
     let anchor = new_trust_anchor("cluster.local", DAY).unwrap();
     let west_issuer = new_issuer(&anchor, "west.local", DAY).unwrap();
     let identity = super::gateway_identity("west.local");
     let port = gateway(&west_issuer, &identity).await;
-    local_cluster(&a, "cluster.local", None, &anchor);
-    local_cluster(&b, "west.local", Some(&format!("127.0.0.1:{port}")), &anchor);
-    linked(&a, &b, "west");
+    let (a, _a_served) = cluster("cluster.local", None, &anchor).await;
+    let b = cluster("west.local", Some(&format!("127.0.0.1:{port}")), &anchor).await;
+    linked(&a, &b, "west").await;
     let now = SystemTime::now();
     write_status(&a, "west", &up_status(now));
-    let source = Source::Local(a.clone());
+    let source = Source::Cluster(a.client());
     let checks = run(&source, now).await;
     let table = render_table(&checks);
     assert!(checks.iter().all(|c| c.status == Status::Ok), "{table}");
@@ -419,19 +388,17 @@ async fn check_of_a_healthy_local_link_passes_every_check_and_gateways_lists_it(
 
 #[tokio::test]
 async fn a_gateway_with_a_certificate_from_another_anchor_is_named_with_that_reason() {
-    let dir = tempfile::tempdir().unwrap();
-    let (a, b) = (dir.path().join("east"), dir.path().join("west"));
     let anchor = new_trust_anchor("cluster.local", DAY).unwrap();
     let other_anchor = new_trust_anchor("west.local", DAY).unwrap();
     let foreign_issuer = new_issuer(&other_anchor, "west.local", DAY).unwrap();
     let identity = super::gateway_identity("west.local");
     let port = gateway(&foreign_issuer, &identity).await;
-    local_cluster(&a, "cluster.local", None, &anchor);
-    local_cluster(&b, "west.local", Some(&format!("127.0.0.1:{port}")), &other_anchor);
-    linked(&a, &b, "west");
+    let (a, _a_served) = cluster("cluster.local", None, &anchor).await;
+    let b = cluster("west.local", Some(&format!("127.0.0.1:{port}")), &other_anchor).await;
+    linked(&a, &b, "west").await;
     let now = SystemTime::now();
     write_status(&a, "west", &up_status(now));
-    let checks = run(&Source::Local(a.clone()), now).await;
+    let checks = run(&Source::Cluster(a.client()), now).await;
     let cert = find(&checks, "gateway certificate");
     assert_eq!(cert.status, Status::Fail, "{}", render_table(&checks));
     assert!(cert.message.contains("does not chain to this cluster's trust anchors"), "{}", cert.message);
@@ -482,16 +449,14 @@ fn link_liveness_is_the_heartbeat_not_the_last_change() {
 
 #[tokio::test]
 async fn a_lost_stale_or_missing_status_and_an_unreachable_gateway_fail_with_their_reasons() {
-    let dir = tempfile::tempdir().unwrap();
-    let (a, b) = (dir.path().join("east"), dir.path().join("west"));
     let anchor = new_trust_anchor("cluster.local", DAY).unwrap();
     // Nothing listens on the gateway's port.
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    local_cluster(&a, "cluster.local", None, &anchor);
-    local_cluster(&b, "west.local", Some(&format!("127.0.0.1:{closed}")), &anchor);
-    linked(&a, &b, "west");
+    let (a, _a_served) = cluster("cluster.local", None, &anchor).await;
+    let b = cluster("west.local", Some(&format!("127.0.0.1:{closed}")), &anchor).await;
+    linked(&a, &b, "west").await;
     let now = SystemTime::now();
-    let source = Source::Local(a.clone());
+    let source = Source::Cluster(a.client());
     let checks = run(&source, now).await;
     assert_eq!(find(&checks, "gateway reachable").status, Status::Fail);
     assert_eq!(find(&checks, "gateway certificate").status, Status::Skip);
@@ -524,11 +489,11 @@ async fn a_lost_stale_or_missing_status_and_an_unreachable_gateway_fail_with_the
     let hint = status.hint.clone().unwrap_or_default();
     assert!(hint.contains("mirror controller") && hint.contains("cnimesh-control-mirror-write"), "{hint}");
 
-    // B's cluster dir gone: the remote API (the files backend) is named.
-    std::fs::remove_dir_all(b.join("cluster")).unwrap();
+    // B's API server gone: the remote API is named.
+    drop(b);
     let checks = run(&source, now).await;
     let remote = find(&checks, "remote API");
-    assert!(remote.status == Status::Fail && remote.message.contains("west/cluster"), "{}", remote.message);
+    assert!(remote.status == Status::Fail && remote.message.contains("unreachable"), "{}", remote.message);
 }
 
 const LINKS: &str = "/apis/multicluster.cnimesh.io/v1alpha1/namespaces/cnimesh/links";
@@ -626,10 +591,7 @@ async fn check_against_a_cluster_names_refused_credentials_a_file_server_and_a_m
     let west = of("west", "remote API");
     assert!(west.status == Status::Fail && west.message.contains("credentials were refused (401"), "{table}");
     let files = of("files", "credentials");
-    assert!(
-        files.status == Status::Fail && files.message.contains("file:// server is local mode's files backend only"),
-        "{table}"
-    );
+    assert!(files.status == Status::Fail && files.message.contains("file:///etc: not an API server"), "{table}");
     let gone = of("gone", "credentials");
     assert!(gone.status == Status::Fail && gone.message.contains("cluster-credentials-gone does not exist"), "{table}");
     assert_eq!(of("gone", "remote API").status, Status::Skip);
@@ -661,7 +623,7 @@ async fn check_with_no_links_warns_and_an_invalid_link_is_refused_by_name() {
 
 #[test]
 fn unlink_against_a_cluster_prints_the_link_its_secret_and_the_mirrors_role_for_it_for_kubectl_delete() {
-    let text = super::link::unlink_main(&super::link::UnlinkArgs { cluster_name: "west".into(), local: None }).unwrap();
+    let text = super::link::unlink_main(&super::link::UnlinkArgs { cluster_name: "west".into() }).unwrap();
     let docs = yaml::documents(&text, "unlink").unwrap();
     let described: Vec<String> = docs.iter().map(yaml::describe).collect();
     assert_eq!(
@@ -732,16 +694,14 @@ async fn check_refuses_credentials_that_run_a_command_or_read_a_file_by_the_fiel
 
 #[tokio::test]
 async fn check_fails_on_two_links_whose_cluster_names_overlap_naming_both() {
-    let dir = tempfile::tempdir().unwrap();
-    let (a, b) = (dir.path().join("east"), dir.path().join("west"));
     let anchor = new_trust_anchor("cluster.local", DAY).unwrap();
-    local_cluster(&a, "cluster.local", None, &anchor);
-    local_cluster(&b, "west.local", None, &anchor);
-    linked(&a, &b, "west");
-    let checks = run(&Source::Local(a.clone()), SystemTime::now()).await;
+    let (a, _a_served) = cluster("cluster.local", None, &anchor).await;
+    let b = cluster("west.local", None, &anchor).await;
+    linked(&a, &b, "west").await;
+    let checks = run(&Source::Cluster(a.client()), SystemTime::now()).await;
     assert_eq!(find(&checks, "cluster names").status, Status::Ok, "{}", render_table(&checks));
-    linked(&a, &b, "us-west");
-    let checks = run(&Source::Local(a.clone()), SystemTime::now()).await;
+    linked(&a, &b, "us-west").await;
+    let checks = run(&Source::Cluster(a.client()), SystemTime::now()).await;
     let text = render_table(&checks);
     assert_eq!(find(&checks, "cluster names").status, Status::Fail, "{text}");
     // Neither has a creationTimestamp here: by name, us-west is the earlier one.

@@ -50,7 +50,8 @@ pub struct GenerateArgs {
     /// count it as a would-be denial.
     #[arg(long, value_enum, default_value_t = Mode::Enforce)]
     pub mode: Mode,
-    /// Local mode's directory (`cnimesh-local up --dir DIR`) instead of a cluster.
+    /// Local mode's directory (`cnimesh-local up --dir DIR`): its cluster, a shorthand for
+    /// `--kubeconfig DIR/kubeconfig`.
     #[arg(long, value_name = "DIR")]
     pub local: Option<PathBuf>,
     /// Also grant the clients that only an audit-mode Server let in (its would-be denials);

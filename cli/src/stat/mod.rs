@@ -2,12 +2,11 @@
 //! the proxies' own `/metrics` (no Prometheus needed), like `linkerd viz stat` / `edges`.
 //!
 //! Where things are read from:
-//! - the pods and Services: the cluster (kubeconfig), or local mode's cluster directory
-//!   (`--local DIR`, the files `cnimesh-local up --dir DIR` writes for its control plane);
+//! - the pods and Services: the cluster (kubeconfig; `--local DIR` is local mode's, whose API
+//!   server `cnimesh-local up --dir DIR` runs);
 //! - the metrics: each meshed pod's proxy admin port, through the API server's pod proxy
-//!   subresource in a cluster, directly at the pod's IP in local mode (the host is the bridge's
-//!   gateway); or, with `--prometheus URL`, the same series from Prometheus (labelled `namespace`
-//!   and `pod` by the scrape config in `daemonset/observability/`).
+//!   subresource; or, with `--prometheus URL`, the same series from Prometheus (labelled
+//!   `namespace` and `pod` by the scrape config in `daemonset/observability/`).
 //!
 //! Rates come from two readings a window apart; `-w` keeps reading, each window starting where
 //! the last ended. [`mesh`] and [`compute`] are pure, [`render`] prints.
@@ -21,7 +20,6 @@ pub mod render;
 
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -43,14 +41,14 @@ use super::query_error::QueryError;
 #[derive(Debug, Clone, clap::Args)]
 pub struct Scope {
     /// The namespace [default: the kubeconfig context's namespace, else `default`; with --local,
-    /// every namespace].
+    /// local mode's workloads' namespace].
     #[arg(short = 'n', long)]
     pub namespace: Option<String>,
     /// Every namespace.
     #[arg(short = 'A', long, conflicts_with = "namespace")]
     pub all_namespaces: bool,
-    /// Local mode's directory (`cnimesh-local up --dir DIR`): its pods, and their proxies
-    /// read directly, instead of a cluster.
+    /// Local mode's directory (`cnimesh-local up --dir DIR`): its cluster, a shorthand for
+    /// `--kubeconfig DIR/kubeconfig`.
     #[arg(long, value_name = "DIR")]
     pub local: Option<PathBuf>,
     /// Read the proxies' series from this Prometheus (`http://host:9090`) instead of the proxies.
@@ -67,10 +65,10 @@ impl Scope {
     /// The namespace shown (`None`: all); `default` is the cluster client's namespace (kubectl's:
     /// the kubeconfig context's, else `default`).
     pub fn namespace(&self, default: &str) -> Option<String> {
-        match (&self.namespace, self.all_namespaces, &self.local) {
-            (Some(ns), _, _) => Some(ns.clone()),
-            (None, true, _) | (None, false, Some(_)) => None,
-            (None, false, None) => Some(default.to_string()),
+        match (&self.namespace, self.all_namespaces) {
+            (Some(ns), _) => Some(ns.clone()),
+            (None, true) => None,
+            (None, false) => Some(default.to_string()),
         }
     }
 }
@@ -117,31 +115,26 @@ pub type Readings = BTreeMap<String, Result<Vec<Sample>, String>>;
 /// Where the metrics are read from.
 enum Metrics {
     Cluster(kube::Client),
-    Local,
     Prometheus { base: fetch::BaseUrl, tls: Option<Arc<rustls::ClientConfig>> },
 }
 
 /// Where pods and metrics are read from: shared with the dashboard's sampler, so that the page
 /// reads exactly what `stat` reads.
 pub struct Sources {
-    client: Option<kube::Client>,
-    local: Option<PathBuf>,
+    client: kube::Client,
     metrics: Metrics,
 }
 
 impl Sources {
     pub async fn new(cluster: &ClusterArgs, scope: &Scope) -> anyhow::Result<Self> {
-        let client = match &scope.local {
-            Some(_) => None,
-            None => Some(cluster.client().await?),
-        };
+        let client = cluster.or_local(scope.local.as_deref()).client().await?;
         Ok(Self::with_client(client, scope)?)
     }
 
-    /// `client` for the cluster (`None` with `--local`).
-    pub fn with_client(client: Option<kube::Client>, scope: &Scope) -> Result<Self, QueryError> {
-        let metrics = match (&scope.prometheus, &client) {
-            (Some(url), _) => {
+    /// `client` for the cluster (local mode's with `--local`).
+    pub fn with_client(client: kube::Client, scope: &Scope) -> Result<Self, QueryError> {
+        let metrics = match &scope.prometheus {
+            Some(url) => {
                 let base =
                     fetch::BaseUrl::parse(url).map_err(|e| QueryError::bad_query(format!("--prometheus {e}")))?;
                 let tls = match base.https {
@@ -150,10 +143,9 @@ impl Sources {
                 };
                 Metrics::Prometheus { base, tls }
             }
-            (None, Some(client)) => Metrics::Cluster(client.clone()),
-            (None, None) => Metrics::Local,
+            None => Metrics::Cluster(client.clone()),
         };
-        Ok(Self { client, local: scope.local.clone(), metrics })
+        Ok(Self { client, metrics })
     }
 
     /// Metrics come from Prometheus (`--prometheus`), not the proxies.
@@ -163,34 +155,17 @@ impl Sources {
 
     /// The namespace `-n` defaults to: the cluster client's (the kubeconfig context's).
     pub fn default_namespace(&self) -> &str {
-        self.client.as_ref().map_or("default", kube::Client::default_namespace)
+        self.client.default_namespace()
     }
 
     /// The pods and Services of `namespaces` (`None`: all).
     pub async fn mesh(&self, namespaces: Option<&[String]>) -> Result<Mesh, QueryError> {
         let keep = |ns: Option<&String>| namespaces.is_none_or(|list| ns.is_some_and(|ns| list.contains(ns)));
-        let (pods, services) = match (&self.client, &self.local) {
-            (_, Some(dir)) => {
-                let (pods, services) = cnimesh_control::sources::pods_and_services_in(&dir.join("cluster"));
-                if pods.is_empty() {
-                    return Err(QueryError::unreachable(
-                        format!("no pods under {}", dir.join("cluster").display()),
-                        format_args!("is local mode up there (`cnimesh-local up --dir {}`)?", dir.display()),
-                    ));
-                }
-                (pods, services)
-            }
-            (Some(client), None) => {
-                let pods: kube::Api<Pod> = kube::Api::all(client.clone());
-                let services: kube::Api<Service> = kube::Api::all(client.clone());
-                let params = ListParams::default();
-                let pods = pods.list(&params).await.map_err(|e| QueryError::from_kube("listing pods", &e))?;
-                let services =
-                    services.list(&params).await.map_err(|e| QueryError::from_kube("listing services", &e))?;
-                (pods.items, services.items)
-            }
-            (None, None) => return Err(QueryError::bad_query("neither a cluster nor --local")),
-        };
+        let pods: kube::Api<Pod> = kube::Api::all(self.client.clone());
+        let services: kube::Api<Service> = kube::Api::all(self.client.clone());
+        let params = ListParams::default();
+        let pods = pods.list(&params).await.map_err(|e| QueryError::from_kube("listing pods", &e))?.items;
+        let services = services.list(&params).await.map_err(|e| QueryError::from_kube("listing services", &e))?.items;
         let pods: Vec<Pod> = pods.into_iter().filter(|p| keep(p.metadata.namespace.as_ref())).collect();
         let services: Vec<Service> = services.into_iter().filter(|s| keep(s.metadata.namespace.as_ref())).collect();
         Ok(Mesh::new(&pods, &services))
@@ -212,12 +187,7 @@ impl Sources {
                 Metrics::Cluster(client) => {
                     pod_proxy_get(client, &p.namespace, &p.name, PROXY_ADMIN_PORT, "metrics").await
                 }
-                _ => match p.ip {
-                    Some(ip) => {
-                        fetch::http_get(SocketAddr::new(ip, PROXY_ADMIN_PORT), "/metrics", POD_PROXY_TIMEOUT).await
-                    }
-                    None => Err("the pod has no IP yet".into()),
-                },
+                Metrics::Prometheus { .. } => unreachable!("Prometheus is read above"),
             };
             (pod_key(p), text.map(|t| samples(&t)))
         }))

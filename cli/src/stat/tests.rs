@@ -229,7 +229,7 @@ pub(crate) fn mock_cluster() -> MockApi {
 #[tokio::test]
 async fn through_the_api_servers_pod_proxy() {
     let api = mock_cluster();
-    let sources = Sources::with_client(Some(api.client()), &scope(Output::Table)).unwrap();
+    let sources = Sources::with_client(api.client(), &scope(Output::Table)).unwrap();
 
     let mut out = Vec::new();
     let args = EdgesArgs { resource: "deploy".parse::<Resource>().unwrap(), scope: scope(Output::Table) };

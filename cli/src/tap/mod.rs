@@ -5,8 +5,7 @@
 //!   token of the ServiceAccount `cnimesh/cnimesh-tap` for the audience `tap.cnimesh.io` from a
 //!   TokenRequest (the operator needs
 //!   the Role `cnimesh-tap`: `serviceaccounts/token` create and `services/proxy`);
-//! - in local mode (`--local DIR`) directly at the local control plane's admin port, with the
-//!   token `cnimesh-local up` keeps in `DIR/tokens/cnimesh/cnimesh-tap`.
+//! - in local mode (`--local DIR`) the same way, through local mode's API server.
 //!
 //! [`render`] prints the lines; `cnimesh top` ([`super::top`]) reads the same stream.
 //!
@@ -16,14 +15,12 @@ pub mod render;
 
 use std::io::Write;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::pin::Pin;
 use std::time::Duration;
 
 use anyhow::Context;
-use cnimesh_common::names::{
-    CONTROL_ADMIN_PORT, CONTROL_NAME, CONTROL_NAMESPACE, TAP_SERVICE_ACCOUNT, TAP_TOKEN_AUDIENCE,
-};
+use cnimesh_common::names::{CONTROL_NAME, CONTROL_NAMESPACE, TAP_SERVICE_ACCOUNT, TAP_TOKEN_AUDIENCE};
 use futures::io::{AsyncBufRead, AsyncBufReadExt};
 use futures::{Stream, StreamExt, TryStreamExt};
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
@@ -72,8 +69,8 @@ pub struct Filter {
     /// At most this many new requests a second are shown (0: all).
     #[arg(long, default_value_t = cnimesh_control::tap::query::DEFAULT_MAX_RPS)]
     pub max_rps: f64,
-    /// Local mode's directory (`cnimesh-local up --dir DIR`): tap its control plane
-    /// directly instead of a cluster's.
+    /// Local mode's directory (`cnimesh-local up --dir DIR`): its cluster, a shorthand for
+    /// `--kubeconfig DIR/kubeconfig`.
     #[arg(long, value_name = "DIR")]
     pub local: Option<PathBuf>,
 }
@@ -119,37 +116,15 @@ pub type Lines = Pin<Box<dyn Stream<Item = anyhow::Result<TapLine>> + Send>>;
 
 /// Starts a tap: the relay's answer as lines, or why it refused.
 pub async fn open(cluster: &ClusterArgs, filter: &Filter, limit: u32) -> anyhow::Result<Lines> {
-    let reader: Pin<Box<dyn AsyncBufRead + Send>> = match &filter.local {
-        Some(dir) => {
-            let query = filter.query(limit, &local_namespace(dir)).map_err(bad_query)?.to_query_string();
-            Box::pin(open_local(dir, &query).await?)
-        }
-        None => {
-            let client = cluster.client().await?;
-            let query = filter.query(limit, client.default_namespace()).map_err(bad_query)?.to_query_string();
-            Box::pin(open_cluster(&client, &query).await?)
-        }
-    };
+    let client = cluster.or_local(filter.local.as_deref()).client().await?;
+    let query = filter.query(limit, client.default_namespace()).map_err(bad_query)?.to_query_string();
+    let reader: Pin<Box<dyn AsyncBufRead + Send>> = Box::pin(open_cluster(&client, &query).await?);
     Ok(lines(reader))
 }
 
 /// A filter the relay cannot be asked (a bad flag or resource), typed so callers tell it apart.
 fn bad_query(error: anyhow::Error) -> QueryError {
     QueryError::BadQuery(format!("{error:#}"))
-}
-
-/// Local mode's workload namespace: the one its meshed pods share (`default` otherwise), so that
-/// `cnimesh tap deploy/web --local DIR` needs no `-n`.
-fn local_namespace(dir: &Path) -> String {
-    let (pods, _) = cnimesh_control::sources::pods_and_services_in(&dir.join("cluster"));
-    let mut namespaces: Vec<String> =
-        pods.iter().map(super::stat::mesh::PodView::new).filter(|p| p.meshed).map(|p| p.namespace).collect();
-    namespaces.sort();
-    namespaces.dedup();
-    match <[String; 1]>::try_from(namespaces) {
-        Ok([only]) => only,
-        Err(_) => "default".into(),
-    }
 }
 
 /// A reader of NDJSON as tap lines; a line that is not one is an error naming it.
@@ -193,22 +168,6 @@ pub async fn open_cluster(client: &kube::Client, query: &str) -> anyhow::Result<
     let uri = format!("/api/v1/namespaces/{CONTROL_NAMESPACE}/services/{CONTROL_NAME}:admin/proxy/tap?{query}");
     let request = http::Request::get(&uri).header(TOKEN_HEADER, token).body(Vec::new())?;
     Ok(client.request_stream(request).await.map_err(|e| QueryError::from_kube("tap", &e))?)
-}
-
-/// Local mode's control plane, at its pod's address (`DIR/local.json`), with local mode's token.
-pub async fn open_local(dir: &Path, query: &str) -> anyhow::Result<impl AsyncBufRead + Send + use<>> {
-    let state = dir.join("local.json");
-    let text = std::fs::read(&state).with_context(|| {
-        format!("reading {}: is local mode up there (`cnimesh-local up --dir {0}`)?", dir.display())
-    })?;
-    let state: serde_json::Value = serde_json::from_slice(&text).with_context(|| format!("{}", state.display()))?;
-    let control: SocketAddr = state["control"]
-        .as_str()
-        .and_then(|a| a.parse().ok())
-        .with_context(|| format!("{}: no control plane address", dir.join("local.json").display()))?;
-    let token_file = dir.join("tokens").join(CONTROL_NAMESPACE).join(TAP_SERVICE_ACCOUNT);
-    let token = std::fs::read_to_string(&token_file).with_context(|| format!("reading {}", token_file.display()))?;
-    open_at(SocketAddr::new(control.ip(), CONTROL_ADMIN_PORT), token.trim(), query).await
 }
 
 /// `GET /tap?query` at a relay's admin address over plain HTTP/1.

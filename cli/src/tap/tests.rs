@@ -199,29 +199,6 @@ fn api(proxy: (u16, String)) -> (kube::Client, Seen) {
     (kube::Client::new(service, "default"), seen)
 }
 
-#[test]
-fn local_mode_taps_the_namespace_its_meshed_pods_share() {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::create_dir_all(dir.path().join("cluster")).unwrap();
-    assert_eq!(super::local_namespace(dir.path()), "default", "no pods");
-    let pod = |name: &str, ns: &str, meshed: bool| {
-        let mut containers = vec![json!({"name": "app"})];
-        if meshed {
-            containers.push(json!({"name": "cnimesh-proxy"}));
-        }
-        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns},
-            "spec": {"containers": containers}})
-    };
-    let write = |name: &str, pod: Value| {
-        std::fs::write(dir.path().join("cluster").join(format!("pod-{name}.yaml")), pod.to_string()).unwrap()
-    };
-    write("web", pod("web", "demo", true));
-    write("legacy", pod("legacy", "other", false));
-    assert_eq!(super::local_namespace(dir.path()), "demo");
-    write("api", pod("api", "shop", true));
-    assert_eq!(super::local_namespace(dir.path()), "default", "meshed pods in two namespaces");
-}
-
 #[tokio::test]
 async fn the_cluster_path_mints_a_token_and_reads_the_relay_through_the_service_proxy() {
     let json: String = sample_lines().iter().map(|l| render::line(l, TapOutput::Json)).collect();

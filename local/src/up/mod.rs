@@ -1,5 +1,7 @@
-//! `cnimesh-local up`, in the order a cluster brings a node up: trust anchor and issuer, the
-//! node agent (which installs and chains the plugin), the control plane's pod (primary CNI only),
+//! `cnimesh-local up`, in the order a cluster brings a node up: trust anchor and issuer, the API
+//! server (on the bridge's gateway) with the cluster's Namespaces, Node, ServiceAccounts and policy
+//! objects, the node agent (which installs and chains the plugin), the control plane's pod
+//! (primary CNI only),
 //! then each workload pod through the full chain as the kubelet would, proxies as the proxy UID,
 //! the apps, and finally the demo's traffic. With `--clusters 2`, [`west`] brings the second
 //! cluster up beside the first and links them.
@@ -18,15 +20,18 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use cnimesh_common::fs::write_atomic;
 use cnimesh_common::names::{
-    CONTROL_ADMIN_PORT, CONTROL_NAMESPACE, CONTROL_PORT, PROXY_ADMIN_PORT, PROXY_UID, TAP_SERVICE_ACCOUNT,
+    AGENT_NAME, AGENT_NAMESPACE, CONTROL_ADMIN_PORT, CONTROL_NAME, CONTROL_NAMESPACE, CONTROL_PORT, MIRROR_NAME,
+    PROXY_ADMIN_PORT, PROXY_UID, TAP_SERVICE_ACCOUNT,
 };
 use serde_json::{Value, json};
 
 use self::preflight::{Binaries, preflight};
 use self::summary::{next_commands, send_traced_request, send_traffic};
+use super::apiserver::{self, API_PORT};
 use super::host::{self, REFERENCE_PLUGIN_DIR, netns_path, spawn_detached};
+use super::objects::Objects;
 use super::record::State;
-use super::runtime::{Runtime, random_id};
+use super::runtime::Runtime;
 use super::traffic::{Summary, http_get, http_get_in};
 use super::workloads::{self, APP_PORT, PodSpec, Role, SERVICE_RANGE, Workloads};
 use super::{Naming, UpArgs, down};
@@ -36,7 +41,14 @@ use cnimesh_node::chain;
 const NETWORK: &str = "cnimesh-local";
 /// East's (the first cluster's) trust domain: the mesh's default.
 const EAST_TRUST_DOMAIN: &str = "cluster.local";
+/// The mirror's admin server (`/ready`), in the control plane's pod beside the control plane's.
+const MIRROR_ADMIN_PORT: u16 = 9991;
 const STARTUP: Duration = Duration::from_secs(30);
+/// The ConfigMap of the trust anchors in the control plane's namespace (key `ca.crt`), as
+/// `cnimesh install` names it.
+const TRUST_ANCHORS_CONFIG_MAP: &str = "cnimesh-identity-trust-anchors";
+/// The Node local mode's pods run on (`spec.nodeName`), which the node agent watches pods of.
+pub const NODE_NAME: &str = "cnimesh-local";
 
 /// Waits (bounded) for `ready`; on timeout the error carries the tail of `log`.
 fn wait_for(root: &Path, what: &str, log: &str, mut ready: impl FnMut() -> bool) -> anyhow::Result<()> {
@@ -96,8 +108,6 @@ struct Inputs<'a> {
     subnet: ipnet::Ipv4Net,
     /// This cluster's trust domain (east: cluster.local; west: west.local).
     trust_domain: &'a str,
-    /// The control plane's `--mirror-service-cidr` (east of `--clusters 2`).
-    mirror_service_cidr: Option<&'a str>,
 }
 
 impl Inputs<'_> {
@@ -126,6 +136,11 @@ impl Inputs<'_> {
         cmd
     }
 
+    /// The administrator's kubeconfig of this cluster's API server.
+    fn kubeconfig(&self) -> PathBuf {
+        self.root.join("kubeconfig")
+    }
+
     /// The CNI runtime over local mode's plugin dir, recording attachments for `down`.
     fn runtime(&self) -> Runtime {
         Runtime { cni_path: self.root.join("cni-bin"), records: self.root.join("attachments") }
@@ -136,7 +151,6 @@ pub fn up(args: &UpArgs) -> anyhow::Result<Summary> {
     let started = Instant::now();
     let (workloads, bins) = preflight(args)?;
     let root = args.naming.dir.clone();
-    let mirror_service_cidr = (args.clusters == 2).then_some(SERVICE_RANGE);
     let inputs = Inputs {
         args,
         workloads: &workloads,
@@ -146,7 +160,6 @@ pub fn up(args: &UpArgs) -> anyhow::Result<Summary> {
         started,
         subnet: args.subnet,
         trust_domain: EAST_TRUST_DOMAIN,
-        mirror_service_cidr,
     };
     match bring_up(&inputs) {
         Ok(summary) => Ok(summary),
@@ -167,21 +180,25 @@ pub fn up(args: &UpArgs) -> anyhow::Result<Summary> {
 fn bring_up(i: &Inputs<'_>) -> anyhow::Result<Summary> {
     let mut state = root_layout(i)?;
     let ca = trust_anchor(i)?;
-    write_policies(i)?;
-    let conflist = start_agent(i)?;
+    let api = start_apiserver(i, &ca)?;
+    write_policies(i, &api)?;
+    let conflist = start_agent(i, &api)?;
     egress::masquerade(i, &mut state)?;
-    let control_addr = start_control(i, &conflist, &ca, &mut state)?;
+    let control_addr = start_control(i, &api, &conflist, &ca, &mut state)?;
     let collector = start_collector(i)?;
-    let pods = create_pods(i, &conflist)?;
-    write_services(i, &pods)?;
+    let pods = create_pods(i, &api, &conflist)?;
+    write_services(i, &api, &pods)?;
     start_apps(i, &pods)?;
-    start_proxies(i, &pods, &ca, control_addr, collector)?;
+    start_proxies(i, &api, &pods, &ca, control_addr, collector)?;
     wait_for_pods(i, &pods)?;
-    let west = if i.args.clusters == 2 { Some(west::bring_up(i, &ca, &mut state)?) } else { None };
+    if let Some(bin) = &i.bins.mirror {
+        start_mirror(i, &api, bin)?;
+    }
+    let west = if i.args.clusters == 2 { Some(west::bring_up(i, &api, &ca, &mut state)?) } else { None };
     let up_seconds = i.started.elapsed().as_secs_f64();
     let edges = send_traffic(i, &pods);
     let trace = send_traced_request(i, &pods)?;
-    let multicluster = west.map(|w| west::send_traffic(i, &w));
+    let multicluster = west.map(|w| west::send_traffic(i, &api, &w));
     Ok(Summary {
         root: i.root.display().to_string(),
         edges,
@@ -208,10 +225,74 @@ fn root_layout(i: &Inputs<'_>) -> anyhow::Result<State> {
     // The proxies (UID 2102) read their token and the trust anchors under the root.
     mkdir(i.root, 0o755)?;
     state.write(i.root)?;
-    for dir in ["logs", "run", "pods", "cluster", "net.d", "cni-bin", "state", "attachments", "tokens"] {
+    for dir in ["logs", "run", "net.d", "cni-bin", "state", "attachments"] {
         mkdir(&i.root.join(dir), 0o755)?;
     }
+    // Each component's kubeconfig holds its ServiceAccount's token: root's alone.
+    mkdir(&i.root.join("kubeconfigs"), 0o700)?;
     Ok(state)
+}
+
+/// The bridge's gateway address: the first host of the pod subnet (host-local never hands it out).
+fn gateway_of(subnet: ipnet::Ipv4Net) -> anyhow::Result<Ipv4Addr> {
+    subnet.hosts().next().with_context(|| format!("the subnet {subnet} has no gateway address"))
+}
+
+/// The API server (`cnimesh-local apiserver`) on the bridge's gateway, where the host and every
+/// pod reach it: the bridge and its address are made first (the bridge plugin finds both in
+/// place). Then what a cluster holds before its first pod: the Namespaces, this Node and the
+/// ServiceAccounts of the pods and of the mesh's own components.
+fn start_apiserver(i: &Inputs<'_>, ca: &Path) -> anyhow::Result<Objects> {
+    let gateway = gateway_of(i.subnet)?;
+    let listen = SocketAddr::from((gateway, API_PORT));
+    i.progress(&format!("starting the API server on {listen} (kubectl --kubeconfig {})", i.kubeconfig().display()));
+    let bridge = i.bridge();
+    if !host::link_exists(&bridge) {
+        host::run("ip", &["link", "add", &bridge, "type", "bridge"])?;
+    }
+    host::run("ip", &["addr", "replace", &format!("{gateway}/{}", i.subnet.prefix_len()), "dev", &bridge])?;
+    host::run("ip", &["link", "set", &bridge, "up"])?;
+    let mut server = Command::new(&i.bins.local);
+    server
+        .args(["apiserver", "--listen", &listen.to_string(), "--namespace", &i.workloads.namespace, "--kubeconfig"])
+        .arg(i.kubeconfig());
+    spawn_detached(i.root, "apiserver", server)?;
+    wait_for(i.root, "local mode's API server", "apiserver", || i.kubeconfig().exists())?;
+    let api = Objects::connect(&i.kubeconfig())?;
+    for ns in [i.workloads.namespace.as_str(), CONTROL_NAMESPACE, AGENT_NAMESPACE] {
+        api.apply(&json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}))?;
+    }
+    api.apply(&json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE_NAME}}))?;
+    // The trust anchors, where `cnimesh install` puts them (`multicluster check` compares them).
+    let anchors = std::fs::read_to_string(ca.join("ca.crt")).context("reading the trust anchors")?;
+    api.apply(&json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": TRUST_ANCHORS_CONFIG_MAP, "namespace": CONTROL_NAMESPACE},
+        "data": {"ca.crt": anchors}}))?;
+    let mut accounts: Vec<(&str, &str)> = vec![
+        (CONTROL_NAMESPACE, CONTROL_NAME),
+        (CONTROL_NAMESPACE, TAP_SERVICE_ACCOUNT),
+        (AGENT_NAMESPACE, AGENT_NAME),
+    ];
+    let pods = i.workloads.pods();
+    accounts.extend(pods.iter().map(|p| (i.workloads.namespace.as_str(), p.service_account.as_str())));
+    for (ns, name) in accounts {
+        service_account(&api, ns, name)?;
+    }
+    Ok(api)
+}
+
+pub(super) fn service_account(api: &Objects, ns: &str, name: &str) -> anyhow::Result<()> {
+    api.apply(&json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, "namespace": ns}}))?;
+    Ok(())
+}
+
+/// A kubeconfig for ServiceAccount `ns/name` (a token of the API's own audience), root's alone;
+/// returns its path.
+fn component_kubeconfig(i: &Inputs<'_>, api: &Objects, ns: &str, name: &str) -> anyhow::Result<PathBuf> {
+    let token = api.token(ns, name, &[])?;
+    let path = i.root.join("kubeconfigs").join(format!("{name}.json"));
+    write_secret(&path, &apiserver::with_token(&i.kubeconfig(), &format!("{ns}-{name}"), &token)?, None)?;
+    Ok(path)
 }
 
 /// The trust anchor and issuer, made by `cnimesh ca init`; returns their dir.
@@ -228,7 +309,7 @@ fn trust_anchor(i: &Inputs<'_>) -> anyhow::Result<PathBuf> {
 
 /// The primary conflist (bridge + host-local), then the node agent, which installs cnimesh-cni
 /// and chains it; returns the chained conflist once the agent is ready.
-fn start_agent(i: &Inputs<'_>) -> anyhow::Result<Value> {
+fn start_agent(i: &Inputs<'_>, api: &Objects) -> anyhow::Result<Value> {
     i.progress("starting the node agent (installs cnimesh-cni, chains it into the primary conflist)");
     let root = i.root;
     for entry in std::fs::read_dir(REFERENCE_PLUGIN_DIR)?.flatten() {
@@ -246,7 +327,9 @@ fn start_agent(i: &Inputs<'_>) -> anyhow::Result<Value> {
     });
     write_atomic(&root.join("net.d/10-cnimesh-local.conflist"), &serde_json::to_vec_pretty(&primary)?, None)?;
     let ready_addr = SocketAddr::from(([127, 0, 0, 1], free_loopback_port()?));
+    let kubeconfig = component_kubeconfig(i, api, AGENT_NAMESPACE, AGENT_NAME)?;
     let mut agent = Command::new(&i.bins.node);
+    agent.env("KUBECONFIG", kubeconfig);
     agent
         .arg("--cni-bin-dir")
         .arg(root.join("cni-bin"))
@@ -256,8 +339,7 @@ fn start_agent(i: &Inputs<'_>) -> anyhow::Result<Value> {
         .arg(root.join("node.sock"))
         .arg("--state-dir")
         .arg(root.join("state"))
-        .args(["run", "--pods-dir"])
-        .arg(root.join("pods"))
+        .args(["run", "--node-name", NODE_NAME])
         .arg("--plugin-binary")
         .arg(&i.bins.plugin)
         .args(["--ready-addr", &ready_addr.to_string()]);
@@ -285,30 +367,45 @@ fn attach(
     a.ipv4().with_context(|| format!("the CNI result for {name} has no IPv4 address: {:?}", a.result))
 }
 
-/// The control plane in a pod of its own (primary CNI only, never captured), its address recorded
-/// as soon as it is known; returns that gRPC address once the control plane is ready.
-fn start_control(i: &Inputs<'_>, conflist: &Value, ca: &Path, state: &mut State) -> anyhow::Result<SocketAddr> {
+/// The control plane in a pod of its own (primary CNI only, never captured), with its Pod and
+/// Service (the CLI's service proxy reaches its admin port through them) and a kubeconfig for its
+/// ServiceAccount; its address recorded as soon as it is known. Returns that gRPC address once the
+/// control plane is ready.
+fn start_control(
+    i: &Inputs<'_>,
+    api: &Objects,
+    conflist: &Value,
+    ca: &Path,
+    state: &mut State,
+) -> anyhow::Result<SocketAddr> {
     i.progress("starting the control plane in its own pod (primary CNI only, not captured)");
-    let control_ip = attach(i, conflist, "control", CONTROL_NAMESPACE, &random_id()?[..32], true)?;
+    let pod = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": CONTROL_NAME, "namespace": CONTROL_NAMESPACE, "labels": {"app": CONTROL_NAME}},
+        "spec": {"serviceAccountName": CONTROL_NAME, "nodeName": NODE_NAME, "containers": [{"name": CONTROL_NAME,
+            "ports": [{"name": "grpc", "containerPort": CONTROL_PORT}, {"name": "admin", "containerPort": CONTROL_ADMIN_PORT}]}]},
+    });
+    let pod = api.apply(&pod)?;
+    let control_ip = attach(i, conflist, "control", CONTROL_NAMESPACE, &created_uid(&pod)?, true)?;
+    api.set_status(&pod, &workloads::pod_status("Running", Some(control_ip)))?;
+    api.apply(&json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": CONTROL_NAME, "namespace": CONTROL_NAMESPACE},
+        "spec": {"clusterIP": "None", "selector": {"app": CONTROL_NAME}, "ports": [
+            {"name": "grpc", "port": CONTROL_PORT, "targetPort": "grpc"},
+            {"name": "admin", "port": CONTROL_ADMIN_PORT, "targetPort": "admin"}]},
+    }))?;
     let control_addr = SocketAddr::from((control_ip, CONTROL_PORT));
     state.control = Some(control_addr);
     state.write(i.root)?;
-    // The token `cnimesh tap --local` proves the tap ServiceAccount with (root's alone).
-    mkdir(&i.root.join("tokens").join(CONTROL_NAMESPACE), 0o700)?;
-    write_secret(&i.root.join("tokens").join(CONTROL_NAMESPACE).join(TAP_SERVICE_ACCOUNT), &random_id()?, None)?;
+    let kubeconfig = component_kubeconfig(i, api, CONTROL_NAMESPACE, CONTROL_NAME)?;
     let mut control = i.in_netns("control", &i.bins.control);
     control
-        .args(["serve", "--issuer-dir"])
+        .env("KUBECONFIG", kubeconfig)
+        .args(["serve", "--kube", "--issuer-dir"])
         .arg(ca)
-        .arg("--tokens-dir")
-        .arg(i.root.join("tokens"))
-        .arg("--cluster-dir")
-        .arg(i.root.join("cluster"))
         .args(["--addr", &format!("0.0.0.0:{CONTROL_PORT}"), "--admin-addr", &format!("0.0.0.0:{CONTROL_ADMIN_PORT}")])
         .args(["--trust-domain", i.trust_domain]);
-    if let Some(cidr) = i.mirror_service_cidr {
-        control.args(["--mirror-service-cidr", cidr]);
-    }
     spawn_detached(i.root, "control", control)?;
     let control_ns = i.netns("control");
     let control_admin = SocketAddr::from(([127, 0, 0, 1], CONTROL_ADMIN_PORT));
@@ -318,10 +415,37 @@ fn start_control(i: &Inputs<'_>, conflist: &Value, ca: &Path, state: &mut State)
     Ok(control_addr)
 }
 
+/// The multicluster mirror (`cnimesh-mirror serve`), as `cnimesh multicluster install` runs it:
+/// a process of its own beside the control plane (in the control plane's pod here, its admin on
+/// [`MIRROR_ADMIN_PORT`]), with a kubeconfig for its own ServiceAccount. It follows the Links in
+/// the control plane's namespace and writes the mirrors of their clusters' exports (ClusterIPs
+/// from the API server); the control plane holds no linked cluster's credentials.
+fn start_mirror(i: &Inputs<'_>, api: &Objects, bin: &Path) -> anyhow::Result<()> {
+    i.progress("starting the multicluster mirror (cnimesh-mirror, its own ServiceAccount)");
+    service_account(api, CONTROL_NAMESPACE, MIRROR_NAME)?;
+    let kubeconfig = component_kubeconfig(i, api, CONTROL_NAMESPACE, MIRROR_NAME)?;
+    let mut mirror = i.in_netns("control", bin);
+    mirror
+        .env("KUBECONFIG", kubeconfig)
+        .env("CNIMESH_MIRROR_TRUST_DOMAIN", i.trust_domain)
+        .env("CNIMESH_MIRROR_ADMIN_ADDR", format!("127.0.0.1:{MIRROR_ADMIN_PORT}"))
+        .arg("serve");
+    spawn_detached(i.root, "mirror", mirror)?;
+    let control_ns = i.netns("control");
+    wait_for(i.root, "cnimesh-mirror", "mirror", || {
+        matches!(http_get_in(&control_ns, loopback(MIRROR_ADMIN_PORT), "mirror", "/ready"), Ok((200, _)))
+    })
+}
+
+/// The uid the API server gave an object it created (the CNI's `K8S_POD_UID`).
+fn created_uid(object: &Value) -> anyhow::Result<String> {
+    object["metadata"]["uid"].as_str().map(String::from).context("the API server gave the object no uid")
+}
+
 /// The collector stand-in (`cnimesh-local collector`) on the bridge's gateway, which the control
 /// pod's attachment has just given an address; returns where the proxies export to.
 fn start_collector(i: &Inputs<'_>) -> anyhow::Result<SocketAddr> {
-    let gateway = i.subnet.hosts().next().context("the pod subnet has no gateway address")?;
+    let gateway = gateway_of(i.subnet)?;
     let addr = SocketAddr::from((gateway, crate::demo_trace::COLLECTOR_PORT));
     i.progress(&format!("starting the collector stand-in on {addr} (spans to traces.jsonl)"));
     let file = crate::demo_trace::traces_file(i.root);
@@ -333,29 +457,18 @@ fn start_collector(i: &Inputs<'_>) -> anyhow::Result<SocketAddr> {
     Ok(addr)
 }
 
-/// Each workload pod through the full chain: its Pod object is written Pending first (the agent
-/// decides capture from it), then Running with its IP for the agent and the control plane.
-fn create_pods(i: &Inputs<'_>, conflist: &Value) -> anyhow::Result<Vec<Running>> {
+/// Each workload pod through the full chain: its Pod is created Pending on local mode's Node
+/// first (the agent decides capture from it), then reported Running with its IP, as a kubelet
+/// would.
+fn create_pods(i: &Inputs<'_>, api: &Objects, conflist: &Value) -> anyhow::Result<Vec<Running>> {
     i.progress("creating the pods through the CNI chain (the agent decides capture from each Pod)");
     let ns = i.workloads.namespace.as_str();
     let mut pods = Vec::new();
     for spec in i.workloads.pods() {
-        let uid = random_id()?[..32].to_string();
-        let pod_file = i.root.join("pods").join(format!("{}.json", spec.name));
-        // Pending while the sandbox is set up, as the API server would have it.
-        write_atomic(
-            &pod_file,
-            &serde_json::to_vec_pretty(&workloads::pod_object(ns, &spec, &uid, "Pending", None))?,
-            None,
-        )?;
-        let ip = attach(i, conflist, &spec.name, ns, &uid, false)?;
-        let running = workloads::pod_object(ns, &spec, &uid, "Running", Some(ip));
-        write_atomic(&pod_file, &serde_json::to_vec_pretty(&running)?, None)?;
-        write_atomic(
-            &i.root.join("cluster").join(format!("pod-{}.yaml", spec.name)),
-            &serde_json::to_vec_pretty(&running)?,
-            None,
-        )?;
+        let pod = api.apply(&workloads::pod_object(ns, &spec, NODE_NAME))?;
+        api.set_status(&pod, &workloads::pod_status("Pending", None))?;
+        let ip = attach(i, conflist, &spec.name, ns, &created_uid(&pod)?, false)?;
+        api.set_status(&pod, &workloads::pod_status("Running", Some(ip)))?;
         pods.push(Running { spec, ip });
     }
     Ok(pods)
@@ -366,15 +479,14 @@ fn replicas<'p>(pods: &'p [Running], name: &str) -> Vec<&'p Running> {
     pods.iter().filter(|p| p.spec.role == Role::Server { service: name.to_string() }).collect()
 }
 
-/// Each service's Service and endpoints objects, for the control plane's files backend.
-fn write_services(i: &Inputs<'_>, pods: &[Running]) -> anyhow::Result<()> {
+/// Each service's Service and its EndpointSlice (local mode has no endpoint controller).
+fn write_services(i: &Inputs<'_>, api: &Objects, pods: &[Running]) -> anyhow::Result<()> {
     let ns = i.workloads.namespace.as_str();
     for s in &i.workloads.services {
         let endpoints: Vec<(String, Ipv4Addr)> =
             replicas(pods, &s.name).into_iter().map(|p| (p.spec.name.clone(), p.ip)).collect();
         for object in workloads::service_objects(ns, s, &endpoints) {
-            let file = format!("{}-{}.yaml", object["kind"].as_str().unwrap_or("object").to_lowercase(), s.name);
-            write_atomic(&i.root.join("cluster").join(file), &serde_json::to_vec_pretty(&object)?, None)?;
+            api.apply(&object)?;
         }
     }
     Ok(())
@@ -382,13 +494,11 @@ fn write_services(i: &Inputs<'_>, pods: &[Running]) -> anyhow::Result<()> {
 
 /// The policy objects of services with `allow` and the routes of those with `split`, written
 /// before the control plane starts so that the proxies' first answer already holds them.
-fn write_policies(i: &Inputs<'_>) -> anyhow::Result<()> {
+fn write_policies(i: &Inputs<'_>, api: &Objects) -> anyhow::Result<()> {
     let ns = i.workloads.namespace.as_str();
     for s in &i.workloads.services {
         for object in workloads::policy_objects(ns, s).into_iter().chain(workloads::route_objects(ns, s)) {
-            let kind = object["kind"].as_str().unwrap_or("object").to_lowercase();
-            let file = format!("policy-{kind}-{}.yaml", s.name);
-            write_atomic(&i.root.join("cluster").join(file), &serde_json::to_vec_pretty(&object)?, None)?;
+            api.apply(&object)?;
         }
     }
     Ok(())
@@ -411,23 +521,23 @@ fn start_apps(i: &Inputs<'_>, pods: &[Running]) -> anyhow::Result<()> {
 /// so only requests that carry a sampled context (the demo's traced request) are traced.
 fn start_proxies(
     i: &Inputs<'_>,
+    api: &Objects,
     pods: &[Running],
     ca: &Path,
     control_addr: SocketAddr,
     collector: SocketAddr,
 ) -> anyhow::Result<()> {
     let ns = i.workloads.namespace.as_str();
+    let mut tokens = std::collections::BTreeMap::new();
     for pod in pods.iter().filter(|p| p.spec.meshed) {
         let sa = &pod.spec.service_account;
-        let token_file = i.root.join("tokens").join(ns).join(sa);
-        if !token_file.exists() {
-            mkdir(&i.root.join("tokens").join(ns), 0o700)?;
-            write_secret(&token_file, &random_id()?, None)?;
+        if !tokens.contains_key(sa) {
+            tokens.insert(sa.clone(), api.token(ns, sa, &[cnimesh_identity::TOKEN_AUDIENCE])?);
         }
         let dir = i.root.join("proxies").join(&pod.spec.name);
         mkdir(&dir, 0o700)?;
         chown(&dir, Some(PROXY_UID), Some(PROXY_UID))?;
-        write_secret(&dir.join("token"), &std::fs::read_to_string(&token_file)?, Some(PROXY_UID))?;
+        write_secret(&dir.join("token"), &tokens[sa], Some(PROXY_UID))?;
         let mut proxy = Command::new("ip");
         proxy
             .args(["netns", "exec", &i.netns_name(&pod.spec.name)])

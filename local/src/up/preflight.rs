@@ -20,6 +20,8 @@ pub(super) struct Binaries {
     pub(super) plugin: PathBuf,
     pub(super) proxy: PathBuf,
     pub(super) control: PathBuf,
+    /// With `--clusters 2` only: the first cluster's mirror.
+    pub(super) mirror: Option<PathBuf>,
     pub(super) cli: PathBuf,
 }
 
@@ -87,6 +89,10 @@ pub(super) fn preflight(args: &UpArgs) -> anyhow::Result<(Workloads, Binaries)> 
         plugin: resolve_binary(&args.cni_plugin, "cnimesh-cni", "--cni-plugin")?,
         proxy: resolve_binary(&args.proxy, "cnimesh-proxy", "--proxy")?,
         control: resolve_binary(&args.control, "cnimesh-control", "--control")?,
+        mirror: match args.clusters {
+            2 => Some(resolve_binary(&args.mirror, "cnimesh-mirror", "--mirror")?),
+            _ => None,
+        },
         cli: resolve_binary(&args.cli, "cnimesh", "--cli")?,
     };
     let root = &args.naming.dir;

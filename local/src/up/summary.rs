@@ -120,6 +120,10 @@ pub(super) fn next_commands(i: &Inputs<'_>) -> BTreeMap<String, String> {
     );
     commands.insert("logs".into(), format!("ls {}", root.join("logs").display()));
     commands.insert(
+        "the cluster, as kubectl sees it (local mode's API server)".into(),
+        format!("kubectl --kubeconfig {} get pods -A", root.join("kubeconfig").display()),
+    );
+    commands.insert(
         "the spans the proxies exported (the collector stand-in's file)".into(),
         format!("cat {}", crate::demo_trace::traces_file(root).display()),
     );

@@ -3,11 +3,13 @@
 //! with trust domain `west.local` and an issuer signed by east's anchor through `cnimesh ca
 //! issuer`), plus what multicluster adds: a gateway pod (cnimesh-proxy in gateway mode, not
 //! captured, the only process of its pod), forwarding between the two pod networks (an nftables
-//! table that `down` deletes), and the Link that `cnimesh multicluster link --local` prints,
-//! written into east's cluster dir as `kubectl apply` would.
+//! table that `down` deletes), and the Link that `cnimesh multicluster link --local <west>` prints,
+//! applied to east's API server as `kubectl apply` would. West has its own API server on its own
+//! bridge; what `cnimesh multicluster install` would leave there for `link` to read (the control
+//! plane's Deployment, the gateway's Service and the mirror reader's token) is written by `up`.
 //!
-//! East's control plane runs the mirror controller with `--mirror-service-cidr` (the files
-//! backend has no ClusterIP allocator), and the demo calls both mirrors from east's client.
+//! East's control plane runs the mirror controller, which reaches west's API server with the
+//! Link's credentials; the demo calls both mirrors from east's client.
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -15,20 +17,20 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use cnimesh_common::fs::write_atomic;
 use cnimesh_common::names::{
-    CONTROL_NAME, CONTROL_NAMESPACE, GATEWAY_NAME, MULTICLUSTER_NAMESPACE, PROXY_ADMIN_PORT, PROXY_CONTAINER,
-    PROXY_INBOUND_PORT, PROXY_UID,
+    CONTROL_NAME, CONTROL_NAMESPACE, GATEWAY_NAME, INJECT_ANNOTATION, MIRROR_READER_SERVICE_ACCOUNT,
+    MULTICLUSTER_NAMESPACE, PROXY_ADMIN_PORT, PROXY_CONTAINER, PROXY_INBOUND_PORT, PROXY_UID,
 };
 use serde_json::json;
 
 use super::{
-    Inputs, Running, create_pods, identity, loopback, mkdir, start_agent, start_apps, start_collector, start_control,
-    start_proxies, wait_for, wait_for_pods, write_policies, write_secret, write_services,
+    Inputs, NODE_NAME, Running, create_pods, created_uid, gateway_of, identity, loopback, mkdir, service_account,
+    start_agent, start_apiserver, start_apps, start_collector, start_control, start_proxies, wait_for, wait_for_pods,
+    write_policies, write_secret, write_services,
 };
 use crate::host::{self, spawn_detached};
+use crate::objects::Objects;
 use crate::record::State;
-use crate::runtime::random_id;
 use crate::traffic::{self, Edge, Multicluster, http_get_in, samples};
 use crate::workloads::{Role, Workloads};
 
@@ -36,6 +38,10 @@ use crate::workloads::{Role, Workloads};
 pub const WEST: &str = include_str!("../west.yaml");
 pub const WEST_NAME: &str = "west";
 pub const WEST_TRUST_DOMAIN: &str = "west.local";
+/// The mirror reader's token Secret in west, as `cnimesh multicluster install` names it.
+const READER_TOKEN_SECRET: &str = "cnimesh-mirror-reader-token";
+/// The gateway Service's port, as `cnimesh multicluster install` names it.
+const GATEWAY_PORT_NAME: &str = "mc-gateway";
 /// How long east's mirror controller gets to make a mirror.
 const MIRROR_WAIT: Duration = Duration::from_secs(30);
 
@@ -49,7 +55,12 @@ pub(super) struct West {
     link_file: PathBuf,
 }
 
-pub(super) fn bring_up(east: &Inputs<'_>, east_ca: &Path, east_state: &mut State) -> anyhow::Result<West> {
+pub(super) fn bring_up(
+    east: &Inputs<'_>,
+    east_api: &Objects,
+    east_ca: &Path,
+    east_state: &mut State,
+) -> anyhow::Result<West> {
     let root = east.root.join(WEST_NAME);
     let prefix = format!("{}w", east.prefix);
     let workloads = Workloads::parse(WEST, "built-in west.yaml")?;
@@ -62,26 +73,27 @@ pub(super) fn bring_up(east: &Inputs<'_>, east_ca: &Path, east_state: &mut State
         started: east.started,
         subnet: east.args.west_subnet,
         trust_domain: WEST_TRUST_DOMAIN,
-        mirror_service_cidr: None,
     };
     east.progress(&format!("west: a second cluster in {} (prefix {prefix}, subnet {})", root.display(), w.subnet));
     let mut state = super::root_layout(&w)?;
     let ca = issuer(&w, east_ca)?;
-    write_policies(&w)?;
-    let conflist = start_agent(&w)?;
+    let api = start_apiserver(&w, &ca)?;
+    write_policies(&w, &api)?;
+    let conflist = start_agent(&w, &api)?;
     super::egress::masquerade(&w, &mut state)?;
-    let control = start_control(&w, &conflist, &ca, &mut state)?;
+    let control = start_control(&w, &api, &conflist, &ca, &mut state)?;
     let collector = start_collector(&w)?;
-    let pods = create_pods(&w, &conflist)?;
-    write_services(&w, &pods)?;
+    let pods = create_pods(&w, &api, &conflist)?;
+    write_services(&w, &api, &pods)?;
     start_apps(&w, &pods)?;
-    start_proxies(&w, &pods, &ca, control, collector)?;
+    start_proxies(&w, &api, &pods, &ca, control, collector)?;
     wait_for_pods(&w, &pods)?;
-    let gateway = start_gateway(&w, &conflist, &ca, control)?;
+    let gateway = start_gateway(&w, &api, &conflist, &ca, control)?;
     state.gateway = Some(gateway);
     state.write(&root)?;
+    installed(&w, &api, gateway)?;
     forward_between(east, east_state, w.subnet)?;
-    let link_file = link(east, &root)?;
+    let link_file = link(east, east_api, &root)?;
     Ok(West { root: root.clone(), prefix, workloads, pods, gateway, link_file })
 }
 
@@ -102,31 +114,30 @@ fn issuer(w: &Inputs<'_>, east_ca: &Path) -> anyhow::Result<PathBuf> {
     Ok(ca)
 }
 
-/// The gateway pod: primary CNI only (the gateway is the proxy; nothing to capture), its Pod in
-/// west's cluster dir, the proxy as the proxy UID in gateway mode with the gateway's identity.
+/// The gateway pod: primary CNI only (the gateway is the proxy; nothing to capture, so annotated
+/// not to be), its Pod in west's API server, the proxy as the proxy UID in gateway mode with the
+/// gateway's identity.
 fn start_gateway(
     w: &Inputs<'_>,
+    api: &Objects,
     conflist: &serde_json::Value,
     ca: &Path,
     control: SocketAddr,
 ) -> anyhow::Result<SocketAddr> {
     w.progress("west: the multicluster gateway pod (cnimesh-proxy, CNIMESH_PROXY_MODE=gateway)");
     let pod = "gateway";
-    let uid = random_id()?[..32].to_string();
-    let ip: Ipv4Addr = super::attach(w, conflist, pod, MULTICLUSTER_NAMESPACE, &uid, true)?;
-    let object = json!({
+    api.apply(&json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": MULTICLUSTER_NAMESPACE}}))?;
+    service_account(api, MULTICLUSTER_NAMESPACE, GATEWAY_NAME)?;
+    let object = api.apply(&json!({
         "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": pod, "namespace": MULTICLUSTER_NAMESPACE, "uid": uid, "labels": {"app.kubernetes.io/name": GATEWAY_NAME}},
-        "spec": {"serviceAccountName": GATEWAY_NAME, "containers": [{"name": PROXY_CONTAINER, "ports": [
+        "metadata": {"name": pod, "namespace": MULTICLUSTER_NAMESPACE, "labels": {"app.kubernetes.io/name": GATEWAY_NAME},
+            "annotations": {INJECT_ANNOTATION: "disabled"}},
+        "spec": {"serviceAccountName": GATEWAY_NAME, "nodeName": NODE_NAME, "containers": [{"name": PROXY_CONTAINER, "ports": [
             {"name": "mc-gateway", "containerPort": PROXY_INBOUND_PORT}, {"name": "mc-probe", "containerPort": PROXY_ADMIN_PORT}]}]},
-        "status": {"phase": "Running", "podIP": ip.to_string(), "podIPs": [{"ip": ip.to_string()}],
-                   "conditions": [{"type": "Ready", "status": "True"}]},
-    });
-    write_atomic(&w.root.join("cluster").join("pod-gateway.yaml"), &serde_json::to_vec_pretty(&object)?, None)?;
-    let tokens = w.root.join("tokens").join(MULTICLUSTER_NAMESPACE);
-    mkdir(&tokens, 0o700)?;
-    let token = random_id()?;
-    write_secret(&tokens.join(GATEWAY_NAME), &token, None)?;
+    }))?;
+    let ip: Ipv4Addr = super::attach(w, conflist, pod, MULTICLUSTER_NAMESPACE, &created_uid(&object)?, true)?;
+    api.set_status(&object, &crate::workloads::pod_status("Running", Some(ip)))?;
+    let token = api.token(MULTICLUSTER_NAMESPACE, GATEWAY_NAME, &[cnimesh_identity::TOKEN_AUDIENCE])?;
     let dir = w.root.join("proxies").join(pod);
     mkdir(&dir, 0o700)?;
     std::os::unix::fs::chown(&dir, Some(PROXY_UID), Some(PROXY_UID))?;
@@ -194,16 +205,50 @@ fn forward_between(east: &Inputs<'_>, state: &mut State, west: ipnet::Ipv4Net) -
     Ok(())
 }
 
-/// The bridge's address in a pod subnet (host-local gives it the first host).
-fn gateway_of(subnet: ipnet::Ipv4Net) -> anyhow::Result<Ipv4Addr> {
-    subnet.hosts().next().with_context(|| format!("the subnet {subnet} has no gateway address"))
+/// What `cnimesh multicluster install` leaves in west for `link` to read: the control plane's
+/// Deployment (its trust domain), the gateway's Service with the gateway pod's address as its
+/// load balancer's, and the mirror reader's ServiceAccount with its token (of west's API server)
+/// and the API server's CA in a Secret.
+fn installed(w: &Inputs<'_>, api: &Objects, gateway: SocketAddr) -> anyhow::Result<()> {
+    let labels = json!({"app": CONTROL_NAME});
+    api.apply(&json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": CONTROL_NAME, "namespace": CONTROL_NAMESPACE},
+        "spec": {"selector": {"matchLabels": labels}, "template": {"metadata": {"labels": labels}, "spec": {
+            "serviceAccountName": CONTROL_NAME,
+            "containers": [{"name": CONTROL_NAME, "args": ["serve", "--kube", "--trust-domain", w.trust_domain]}]}}},
+    }))?;
+    let service = api.apply(&json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": GATEWAY_NAME, "namespace": MULTICLUSTER_NAMESPACE},
+        "spec": {"type": "LoadBalancer", "selector": {"app.kubernetes.io/name": GATEWAY_NAME},
+            "ports": [{"name": GATEWAY_PORT_NAME, "port": gateway.port(), "targetPort": gateway.port()}]},
+    }))?;
+    api.set_status(&service, &json!({"loadBalancer": {"ingress": [{"ip": gateway.ip().to_string()}]}}))?;
+    service_account(api, MULTICLUSTER_NAMESPACE, MIRROR_READER_SERVICE_ACCOUNT)?;
+    let token = api.token(MULTICLUSTER_NAMESPACE, MIRROR_READER_SERVICE_ACCOUNT, &[])?;
+    let kubeconfig: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(w.kubeconfig())?)?;
+    let ca = kubeconfig["clusters"][0]["cluster"]["certificate-authority-data"].clone();
+    api.apply(&json!({
+        "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/service-account-token",
+        "metadata": {"name": READER_TOKEN_SECRET, "namespace": MULTICLUSTER_NAMESPACE,
+            "annotations": {"kubernetes.io/service-account.name": MIRROR_READER_SERVICE_ACCOUNT}},
+        "data": {"token": base64_of(&token), "ca.crt": ca},
+    }))?;
+    Ok(())
 }
 
-/// `cnimesh multicluster link --local <west> --cluster-name west`, applied to east: its output
-/// (the credentials Secret and the Link) written into east's cluster dir, readable by root only.
-fn link(east: &Inputs<'_>, west_root: &Path) -> anyhow::Result<PathBuf> {
+fn base64_of(text: &str) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(text)
+}
+
+/// `cnimesh multicluster link --local <west> --cluster-name west` (west's kubeconfig), applied to
+/// east's API server; its output is kept in east's `kubeconfigs/` (root's alone: it holds west's
+/// credentials).
+fn link(east: &Inputs<'_>, east_api: &Objects, west_root: &Path) -> anyhow::Result<PathBuf> {
     east.progress(
-        "linking east to west: `cnimesh multicluster link --local <west> --cluster-name west` into east's cluster dir",
+        "linking east to west: `cnimesh multicluster link --local <west> --cluster-name west`, applied to east",
     );
     let out = Command::new(&east.bins.cli)
         .args(["multicluster", "link", "--cluster-name", WEST_NAME, "--local"])
@@ -212,31 +257,29 @@ fn link(east: &Inputs<'_>, west_root: &Path) -> anyhow::Result<PathBuf> {
     if !out.status.success() {
         bail!("cnimesh multicluster link: {}", String::from_utf8_lossy(&out.stderr).trim());
     }
-    let file = east.root.join("cluster").join(format!("link-{WEST_NAME}.yaml"));
-    write_atomic(&file, &out.stdout, Some(0o600))?;
+    let file = east.root.join("kubeconfigs").join(format!("link-{WEST_NAME}.yaml"));
+    write_secret(&file, &String::from_utf8_lossy(&out.stdout), None)?;
+    let docs: Vec<serde_json::Value> = serde_saphyr::from_multiple(&String::from_utf8_lossy(&out.stdout))
+        .context("the output of `cnimesh multicluster link`")?;
+    for doc in docs.iter().filter(|d| d.is_object()) {
+        east_api.apply(doc)?;
+    }
     Ok(file)
 }
 
-/// The mirror `name` in east's cluster dir once the mirror controller wrote it: its ClusterIP
-/// and port (bounded wait).
-fn wait_for_mirror(east: &Inputs<'_>, ns: &str, mirror: &str) -> Result<(Ipv4Addr, u16), String> {
-    let file = east.root.join("cluster").join(format!("mirror-{ns}-{mirror}.yaml"));
+/// The mirror `name` in east once the mirror controller wrote it: its ClusterIP and port
+/// (bounded wait).
+fn wait_for_mirror(east_api: &Objects, ns: &str, mirror: &str) -> Result<(Ipv4Addr, u16), String> {
     let deadline = Instant::now() + MIRROR_WAIT;
     loop {
-        if let Ok(text) = std::fs::read_to_string(&file)
-            && let Ok(docs) = serde_saphyr::from_multiple::<serde_json::Value>(&text)
-            && let Some(service) = docs.iter().find(|d| d["kind"] == "Service")
+        if let Ok(Some(service)) = east_api.get("v1", "Service", ns, mirror)
             && let Some(ip) = service["spec"]["clusterIP"].as_str().and_then(|s| s.parse().ok())
             && let Some(port) = service["spec"]["ports"][0]["port"].as_u64()
         {
             return Ok((ip, port as u16));
         }
         if Instant::now() > deadline {
-            return Err(format!(
-                "the mirror {ns}/{mirror} did not appear in {} within {} s",
-                file.display(),
-                MIRROR_WAIT.as_secs()
-            ));
+            return Err(format!("the mirror Service {ns}/{mirror} did not appear within {} s", MIRROR_WAIT.as_secs()));
         }
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -250,7 +293,7 @@ fn metrics_in(netns: &Path) -> Vec<traffic::Sample> {
 
 /// East's first meshed client to each mirror of west's exports, and the client identities west's
 /// gateway and servers saw.
-pub(super) fn send_traffic(east: &Inputs<'_>, west: &West) -> Multicluster {
+pub(super) fn send_traffic(east: &Inputs<'_>, east_api: &Objects, west: &West) -> Multicluster {
     let mut mc = Multicluster {
         west_root: west.root.display().to_string(),
         gateway: west.gateway.to_string(),
@@ -268,7 +311,7 @@ pub(super) fn send_traffic(east: &Inputs<'_>, west: &West) -> Multicluster {
     let netns = east.netns(&client.name);
     for s in west.workloads.services.iter().filter(|s| s.export.is_some()) {
         let mirror = format!("{}-{WEST_NAME}", s.name);
-        let (ip, port) = match wait_for_mirror(east, ns, &mirror) {
+        let (ip, port) = match wait_for_mirror(east_api, ns, &mirror) {
             Ok(found) => found,
             Err(note) => {
                 mc.notes.push(note);
