@@ -198,13 +198,12 @@ impl HaArgs {
     /// The Secret source for `--webhook-certs secret|managed`; `None` for files.
     fn secret_source(
         &self,
-        client: Option<&kube::Client>,
+        client: &kube::Client,
         webhook: &WebhookArgs,
     ) -> anyhow::Result<Option<crate::webhook_certs::SecretSource>> {
         if self.webhook_certs == WebhookCerts::Files {
             return Ok(None);
         }
-        let client = client.context("--webhook-certs secret|managed reads the Secret: it needs --kube")?;
         let manage = if self.webhook_certs == WebhookCerts::Managed {
             let election = crate::leader::ElectionConfig {
                 namespace: webhook.namespace.clone(),
@@ -279,8 +278,7 @@ impl ServeArgs {
 
     /// [`ServeArgs::config`] with the API server's client made.
     fn config_with(self, client: kube::Client) -> anyhow::Result<(Config, Addrs)> {
-        let kube_client = Some(client.clone());
-        let (tokens, cluster) = (client.clone(), Some(ClusterSource::Kube(client)));
+        let (tokens, cluster) = (client.clone(), Some(ClusterSource::Kube(client.clone())));
         let destination = crate::destination::Config {
             cluster_domain: self.webhook.cluster_domain.clone(),
             trust_domain: self.trust_domain.clone(),
@@ -301,25 +299,20 @@ impl ServeArgs {
             )
             .with_context(|| format!("trust domain {:?}", self.trust_domain))?,
         };
-        let webhook_certs = self.ha.secret_source(kube_client.as_ref(), &self.webhook)?;
+        let webhook_certs = self.ha.secret_source(&client, &self.webhook)?;
         let webhook = match (&self.webhook.webhook_addr, &self.webhook.webhook_tls_dir) {
             (Some(_), dir) if dir.is_some() || webhook_certs.is_some() => {
                 let mode = self.webhook.native_sidecars;
-                let versions = match (&kube_client, mode) {
-                    (Some(client), SidecarMode::Auto) => watch_server_version(client.clone()),
-                    (None, SidecarMode::Auto) => {
-                        tracing::warn!("native sidecars `auto` without --kube: the proxy is a regular container");
-                        tokio::sync::watch::channel(None).1
-                    }
+                let versions = match mode {
+                    SidecarMode::Auto => watch_server_version(client.clone()),
                     _ => tokio::sync::watch::channel(None).1,
                 };
                 let config =
                     self.webhook.inject_config(&self.trust_domain)?.with_inbound_policy(proxy_policy.0, proxy_policy.1);
-                let mut webhook = Webhook::new(config)?.with_sidecar_mode(mode, versions);
                 // The namespace's default-inbound-policy annotation, read where the cluster is.
-                if let Some(client) = &kube_client {
-                    webhook = webhook.with_namespaces(Namespaces::Kube(client.clone()));
-                }
+                let webhook = Webhook::new(config)?
+                    .with_sidecar_mode(mode, versions)
+                    .with_namespaces(Namespaces::Kube(client.clone()));
                 let tls = match (&webhook_certs, dir) {
                     (Some(source), _) => webhook_tls_from(source.current.clone())?,
                     (None, Some(dir)) => webhook_tls_from(
