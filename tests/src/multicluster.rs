@@ -260,8 +260,15 @@ impl<'n> TwoClusters<'n> {
         let east = Control::start(&bins.control, &east_pod, &[]).unwrap();
         let west = Control::start_sharing_anchor(&bins.control, &west_pod, &[], &east, "west.local").unwrap();
         let anchors = std::fs::read_to_string(east.trust_anchors()).unwrap();
-        install(&east.cluster, &anchors, &east.trust_domain);
-        install(&west.cluster, &anchors, &west.trust_domain);
+        for control in [&east, &west] {
+            // The trust anchors ConfigMap the mesh's own install publishes (what `check` compares).
+            use cnimesh_cli::install::{TRUST_ANCHORS_CONFIG_MAP, TRUST_ANCHORS_KEY};
+            let anchors_map = serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": TRUST_ANCHORS_CONFIG_MAP, "namespace": CONTROL_NAMESPACE},
+                "data": {TRUST_ANCHORS_KEY: anchors}});
+            control.cluster.apply("trust-anchors.yaml", &anchors_map).unwrap();
+            install(&control.cluster, &anchors, &control.trust_domain);
+        }
         Self { east, west, east_pod, mirror_pod, _west_pod: west_pod }
     }
 
