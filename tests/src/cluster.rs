@@ -91,6 +91,12 @@ impl Cluster {
         format!("https://{}", self.addr)
     }
 
+    /// The CA (PEM) its serving certificate chains to, as a kubeconfig's
+    /// `certificate-authority-data` carries it.
+    pub fn ca_pem(&self) -> &str {
+        &self.ca_pem
+    }
+
     /// A kubeconfig for this cluster as `name`, authenticating with `token`.
     pub fn kubeconfig_text(&self, name: &str, token: &str) -> String {
         use base64::Engine;

@@ -5,53 +5,33 @@
 //! multicluster contract shapes them: `web-west` through the gateway, `web-flat` straight to
 //! web's pod (remote discovery).
 //!
-//! And, for the tests that drive the real mirror controller and the real `cnimesh multicluster`
-//! commands: clusters laid out as local mode lays them out ([`LocalRoot`]), linked by the real
-//! `link --local` ([`link_local`]), and what a Destination serves per endpoint
+//! And, for the tests that drive the real mirror and the real `cnimesh multicluster` commands:
+//! two control planes each on its own API server ([`TwoClusters`]), installed ([`install`]) and
+//! linked ([`link`]) with what those commands print, east's mirror in a pod of its own, what it
+//! wrote in east ([`mirror`], [`link_status`]), and what a Destination serves per endpoint
 //! ([`destination_endpoints`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{Ipv4Addr, SocketAddr};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
-use cnimesh_common::names::{GATEWAY_NAME, MULTICLUSTER_NAMESPACE};
+use cnimesh_common::names::{
+    CONTROL_NAMESPACE, GATEWAY_NAME, MIRROR_NAME, MIRROR_READER_SERVICE_ACCOUNT, MULTICLUSTER_NAMESPACE,
+};
 use cnimesh_identity::Name;
-use cnimesh_mirror::crd::LinkStatus;
+use cnimesh_mirror::crd::{self, LinkStatus};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
 use crate::apps::{self, Apps};
+use crate::cluster::Cluster;
 use crate::cni::{Bins, Network};
 use crate::control::{Control, env_refs, write_atomically};
+use crate::mirror_process::MirrorProcess;
 use crate::netns::block_on_in;
 use crate::pod::Pod;
 use crate::sidecar::Sidecar;
-
-/// The mirror `name` (Service and slices) of namespace `shop` in a files-backend cluster
-/// directory, if its file is there.
-pub fn mirror_in(dir: &Path, name: &str) -> Option<(Service, Vec<EndpointSlice>)> {
-    let objects = cnimesh_control::sources::cluster_objects_in(dir, &[]).ok()?;
-    let service = objects
-        .services
-        .into_iter()
-        .find(|s| s.metadata.name.as_deref() == Some(name) && s.metadata.namespace.as_deref() == Some("shop"))?;
-    let slices = objects
-        .slices
-        .into_iter()
-        .filter(|s| {
-            s.metadata.labels.as_ref().and_then(|l| l.get("kubernetes.io/service-name")).map(String::as_str)
-                == Some(name)
-        })
-        .collect();
-    Some((service, slices))
-}
-
-/// The endpoint addresses of mirror `name` in `dir` (none when it is not there).
-pub fn mirror_addresses_in(dir: &Path, name: &str) -> BTreeSet<String> {
-    let Some((_, slices)) = mirror_in(dir, name) else { return BTreeSet::new() };
-    slices.iter().flat_map(|s| &s.endpoints).flat_map(|e| e.addresses.clone()).collect()
-}
 
 pub const MIRROR_IP: &str = "10.96.0.50";
 pub const FLAT_IP: &str = "10.96.0.51";
@@ -192,78 +172,132 @@ pub fn start_gateway(bins: &Bins, west: &Control, pod: &Pod<'_>) -> Sidecar {
     Sidecar::start(&bins.proxy, &pod.netns, &env_refs(&env)).unwrap()
 }
 
-/// A cluster's directory laid out as local mode lays it out, so the real
-/// `cnimesh multicluster link --local` and `check --local` read it as they read local mode:
-/// `cluster/` (the control plane's `--cluster-dir`), `ca/ca.crt` (its trust anchors) and
-/// `local.json` (the record `link` reads: trust domain, gateway).
-pub struct LocalRoot {
-    dir: tempfile::TempDir,
+/// What `cnimesh multicluster install` applies on `cluster` (as `multicluster.yaml`), with
+/// `anchors_pem` the trust anchors it publishes and `trust_domain` its gateway's.
+pub fn install(cluster: &Cluster, anchors_pem: &str, trust_domain: &str) {
+    let args = cnimesh_cli::multicluster::install::InstallArgs {
+        identity_trust_anchors_file: None,
+        trust_domain: None,
+        cluster_domain: "cluster.local".into(),
+        proxy_image: "ghcr.io/cnimesh/cnimesh-proxy:0.1.0".into(),
+    };
+    let docs = cnimesh_cli::multicluster::install::render(&args, anchors_pem, trust_domain).unwrap();
+    cluster.apply_yaml("multicluster.yaml", &cnimesh_cli::yaml::render(&docs)).unwrap();
 }
 
-impl Default for LocalRoot {
-    fn default() -> Self {
-        Self::new()
-    }
+/// Links `cluster` to `target` as an operator does: what `cnimesh multicluster link
+/// --cluster-name <name>` prints when run against `target` (trust domain `trust_domain`, its
+/// gateway if any) — the Link, its credentials Secret (a kubeconfig for target's API server
+/// with a token target issued its mirror reader) and the Role that lets the mirror read that
+/// Secret — applied to `cluster` as `link-<name>.yaml`.
+pub fn link(cluster: &Cluster, name: &str, target: &Cluster, trust_domain: &str, gateway: Option<SocketAddr>) {
+    let token = target.api.issue_token(MULTICLUSTER_NAMESPACE, MIRROR_READER_SERVICE_ACCOUNT, &[]).unwrap();
+    let target = cnimesh_cli::multicluster::link::Target {
+        cluster_name: name.into(),
+        cluster_domain: "cluster.local".into(),
+        trust_domain: trust_domain.into(),
+        gateway: gateway.map(|g| (g.ip().to_string(), g.port())),
+        server: target.server(),
+        ca_pem: Some(target.ca_pem().as_bytes().to_vec()),
+        token: Some(token),
+    };
+    let linked = cnimesh_cli::multicluster::link::render(&target).unwrap();
+    cluster.apply_yaml(&format!("link-{name}.yaml"), &cnimesh_cli::yaml::render(&linked)).unwrap();
 }
 
-impl LocalRoot {
-    pub fn new() -> Self {
-        let dir = tempfile::Builder::new().prefix("cnimesh-mc-root").tempdir().unwrap();
-        std::fs::create_dir(dir.path().join("cluster")).unwrap();
-        std::fs::create_dir(dir.path().join("ca")).unwrap();
-        Self { dir }
+/// A Link to `cluster` as `link` prints it, without its credentials Secret.
+pub fn link_without_secret(cluster: &str) -> String {
+    format!(
+        "apiVersion: multicluster.cnimesh.io/v1alpha1\nkind: Link\nmetadata: {{name: {cluster}, namespace: cnimesh}}\nspec:\n  targetClusterName: {cluster}\n  targetTrustDomain: {cluster}.local\n  clusterCredentialsSecret: cluster-credentials-{cluster}\n"
+    )
+}
+
+/// The mirror `name` (Service and slices) of namespace `shop` in `cluster`, if it is there.
+pub fn mirror(cluster: &Cluster, name: &str) -> Option<(Service, Vec<EndpointSlice>)> {
+    let service = serde_json::from_value(cluster.api.get("v1", "Service", "shop", name)?).unwrap();
+    let slices = cluster
+        .api
+        .list("discovery.k8s.io/v1", "EndpointSlice")
+        .into_iter()
+        .filter(|s| {
+            s["metadata"]["namespace"] == "shop" && s["metadata"]["labels"]["kubernetes.io/service-name"] == name
+        })
+        .map(|s| serde_json::from_value(s).unwrap())
+        .collect();
+    Some((service, slices))
+}
+
+/// The endpoint addresses of mirror `name` in `cluster` (none when it is not there).
+pub fn mirror_addresses(cluster: &Cluster, name: &str) -> BTreeSet<String> {
+    let Some((_, slices)) = mirror(cluster, name) else { return BTreeSet::new() };
+    slices.iter().flat_map(|s| &s.endpoints).flat_map(|e| e.addresses.clone()).collect()
+}
+
+/// The status the mirror keeps on `cluster`'s Link `name`.
+pub fn link_status(cluster: &Cluster, name: &str) -> Option<LinkStatus> {
+    let link = cluster.api.get(crd::API_VERSION, crd::KIND, CONTROL_NAMESPACE, name)?;
+    serde_json::from_value(link.get("status")?.clone()).ok()
+}
+
+/// East (cluster.local) and west (west.local, its issuer signed by east's anchor), each a
+/// control plane on its own API server served in its pod, both as `cnimesh multicluster
+/// install` leaves them. The Link and east's mirror come when a test says
+/// ([`TwoClusters::link`], [`TwoClusters::start_mirror`]).
+pub struct TwoClusters<'n> {
+    pub east: Control,
+    pub west: Control,
+    /// East's control plane's pod, where east's API server is served.
+    pub east_pod: Pod<'n>,
+    mirror_pod: Pod<'n>,
+    _west_pod: Pod<'n>,
+}
+
+impl<'n> TwoClusters<'n> {
+    pub fn start(bins: &Bins, net: &'n Network) -> Self {
+        let east_pod = Pod::unmeshed(net, "cnimesh", "control-east").unwrap();
+        let west_pod = Pod::unmeshed(net, "cnimesh", "control-west").unwrap();
+        let mirror_pod = Pod::unmeshed(net, CONTROL_NAMESPACE, MIRROR_NAME).unwrap();
+        let east = Control::start(&bins.control, &east_pod, &[]).unwrap();
+        let west = Control::start_sharing_anchor(&bins.control, &west_pod, &[], &east, "west.local").unwrap();
+        let anchors = std::fs::read_to_string(east.trust_anchors()).unwrap();
+        for control in [&east, &west] {
+            // The trust anchors ConfigMap the mesh's own install publishes (what `check` compares).
+            use cnimesh_cli::install::{TRUST_ANCHORS_CONFIG_MAP, TRUST_ANCHORS_KEY};
+            let anchors_map = serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": TRUST_ANCHORS_CONFIG_MAP, "namespace": CONTROL_NAMESPACE},
+                "data": {TRUST_ANCHORS_KEY: anchors}});
+            control.cluster.apply("trust-anchors.yaml", &anchors_map).unwrap();
+            install(&control.cluster, &anchors, &control.trust_domain);
+        }
+        Self { east, west, east_pod, mirror_pod, _west_pod: west_pod }
     }
 
-    pub fn path(&self) -> &Path {
-        self.dir.path()
+    /// East linked to west as `west`, through west's `gateway` if any.
+    pub fn link(&self, gateway: Option<SocketAddr>) {
+        link(&self.east.cluster, "west", &self.west.cluster, &self.west.trust_domain, gateway);
     }
 
-    /// The files backend's directory (`--cluster-dir`).
-    pub fn cluster(&self) -> PathBuf {
-        self.dir.path().join("cluster")
+    /// East's mirror (`bin`: `CARGO_BIN_EXE_cnimesh-mirror-e2e`) in its own pod, as its own
+    /// ServiceAccount on east's API server.
+    pub fn start_mirror(&self, bin: &Path) -> MirrorProcess {
+        let kubeconfig = self.east.cluster.kubeconfig_for(CONTROL_NAMESPACE, MIRROR_NAME).unwrap();
+        MirrorProcess::start(bin, &self.mirror_pod, &kubeconfig, &self.east.trust_domain).unwrap()
     }
 
-    /// A file of the cluster directory.
-    pub fn file(&self, name: &str) -> PathBuf {
-        self.cluster().join(name)
-    }
-
-    /// What local mode records once `control` runs: its anchors, its trust domain and the
-    /// gateway's `ip:port` (none: the Link `link` prints has no gateway).
-    pub fn record(&self, control: &Control, gateway: Option<SocketAddr>) {
-        std::fs::copy(control.trust_anchors(), self.path().join("ca/ca.crt")).unwrap();
-        let record = serde_json::json!({"trust_domain": control.trust_domain, "gateway": gateway});
-        std::fs::write(self.path().join("local.json"), record.to_string()).unwrap();
-    }
-
-    /// The mirror `name` (Service and slices) in namespace `shop`, if its file is there.
+    /// East's mirror `name` of namespace `shop`.
     pub fn mirror(&self, name: &str) -> Option<(Service, Vec<EndpointSlice>)> {
-        mirror_in(&self.cluster(), name)
+        mirror(&self.east.cluster, name)
     }
 
-    /// The endpoint addresses of mirror `name` (none when it is not there).
+    /// The endpoint addresses of east's mirror `name`.
     pub fn mirror_addresses(&self, name: &str) -> BTreeSet<String> {
-        mirror_addresses_in(&self.cluster(), name)
+        mirror_addresses(&self.east.cluster, name)
     }
 
-    /// The status the mirror controller keeps for the Link to `cluster`.
-    pub fn link_status(&self, cluster: &str) -> Option<LinkStatus> {
-        let text = std::fs::read_to_string(self.file(&format!(".status/link-{cluster}.json"))).ok()?;
-        serde_json::from_str(&text).ok()
+    /// The status of east's Link `name`.
+    pub fn link_status(&self, name: &str) -> Option<LinkStatus> {
+        link_status(&self.east.cluster, name)
     }
-}
-
-/// Links `from` to `to` as a cluster operator does in local mode: the real `cnimesh` (`cli`)
-/// runs `multicluster link --local <to> --cluster-name <name>`, and its output (the Link and its
-/// credentials Secret) is written into `from`'s cluster directory as `link-<name>.yaml`.
-pub fn link_local(cli: &Path, from: &LocalRoot, to: &LocalRoot, name: &str) {
-    let out = std::process::Command::new(cli)
-        .args(["multicluster", "link", "--cluster-name", name, "--local"])
-        .arg(to.path())
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "multicluster link: {}", String::from_utf8_lossy(&out.stderr));
-    write_atomically(&from.file(&format!("link-{name}.yaml")), &String::from_utf8(out.stdout).unwrap());
 }
 
 /// A Service `name` of namespace `shop` (port 80 `http` → the apps' HTTP port) with `labels`

@@ -1,8 +1,8 @@
 //! The flat network (pods of both clusters routable to each other, here one bridge)
-//! with real pods, proxies and two control planes on the files backend: east (cluster.local)
-//! and west (west.local, its issuer signed by east's anchor).
-//! - A federated Service: `api` is a member in both clusters, the Link is made by the real
-//!   `cnimesh multicluster link --local`, and east's own mirror controller writes
+//! with real pods, proxies and two control planes, each on its own API server: east
+//! (cluster.local) and west (west.local, its issuer signed by east's anchor).
+//! - A federated Service: `api` is a member in both clusters, the Link is what `cnimesh
+//!   multicluster link` prints, and east's mirror (`cnimesh-mirror`, in its own pod) makes
 //!   `api-federated`; east's client balances real requests over both members with mTLS.
 //! - West's policy allows or denies east's client by its own identity (the flat counterpart of
 //!   the gateway test's policy step, where west sees the gateway's identity instead).
@@ -14,7 +14,7 @@ use cnimesh_common::names::TARGET_CLUSTER_METRIC_LABEL;
 use cnimesh_e2e::apps::Apps;
 use cnimesh_e2e::control::{Control, env_refs, write_atomically};
 use cnimesh_e2e::multicluster::{
-    Clusters, FLAT_IP, LocalRoot, destination_endpoints, link_local, service_yaml, west_policy_yaml,
+    Clusters, FLAT_IP, TwoClusters, destination_endpoints, service_yaml, west_policy_yaml,
 };
 use cnimesh_e2e::sidecar::{Reply, Sidecar, http_reply_in, metric_with};
 use cnimesh_e2e::wait::eventually;
@@ -23,7 +23,7 @@ use serde_json::json;
 
 /// Only guards against a hung test; nothing here measures time.
 const PATIENCE: Duration = Duration::from_secs(30);
-const CLI: &str = env!("CARGO_BIN_EXE_cnimesh-cli-e2e");
+const MIRROR: &str = env!("CARGO_BIN_EXE_cnimesh-mirror-e2e");
 const MEMBER: &str = "mirror.cnimesh.io/federated: member";
 
 fn get(pod: &Pod<'_>, to: &str) -> Reply {
@@ -49,49 +49,35 @@ fn a_federated_service_balances_real_requests_across_both_clusters_with_the_clie
     }
     let bins = bins!();
     let net = Network::bridge(&bins, json!({})).unwrap();
-    let (east_root, west_root) = (LocalRoot::new(), LocalRoot::new());
-    let east_pod = Pod::unmeshed(&net, "cnimesh", "control-east").unwrap();
-    let west_pod = Pod::unmeshed(&net, "cnimesh", "control-west").unwrap();
+    let clusters = TwoClusters::start(&bins, &net);
+    let (east, west) = (&clusters.east, &clusters.west);
     let client = Pod::named(&net, "shop", "client").unwrap();
     // ClusterIPs are routed out of the pod, where capture takes them (as kube-proxy's range).
     client.netns.exec("ip", &["route", "add", "10.96.0.0/12", "dev", "eth0"]).unwrap();
     let api_east = Pod::named(&net, "shop", "api-east").unwrap();
     let api_west = Pod::named(&net, "shop", "api-west").unwrap();
-    // `api` is a member in each cluster, one meshed replica each.
-    write_atomically(
-        &east_root.file("api.yaml"),
-        &service_yaml("api", MEMBER, "10.96.0.10", &[("api-east", api_east.ipv4())]),
-    );
-    write_atomically(
-        &west_root.file("api.yaml"),
-        &service_yaml("api", MEMBER, "10.97.0.10", &[("api-west", api_west.ipv4())]),
-    );
-    let (east_cluster, west_cluster) =
-        (east_root.cluster().display().to_string(), west_root.cluster().display().to_string());
-    let east = Control::start(
-        &bins.control,
-        &east_pod,
-        &["--cluster-dir", &east_cluster, "--mirror-service-cidr", "10.96.0.0/12"],
-    )
-    .unwrap();
-    let west =
-        Control::start_sharing_anchor(&bins.control, &west_pod, &["--cluster-dir", &west_cluster], &east, "west.local")
-            .unwrap();
-    east_root.record(&east, None);
-    west_root.record(&west, None);
-    let (_east_apps, east_proxy) = api_replica(&bins.proxy, &east, &api_east);
-    let (_west_apps, west_proxy) = api_replica(&bins.proxy, &west, &api_west);
+    // `api` is a member in each cluster, one meshed replica each (east's ClusterIP apart from
+    // the ones east's API server hands out).
+    east.cluster
+        .apply_yaml("api.yaml", &service_yaml("api", MEMBER, "10.100.0.10", &[("api-east", api_east.ipv4())]))
+        .unwrap();
+    west.cluster
+        .apply_yaml("api.yaml", &service_yaml("api", MEMBER, "10.97.0.10", &[("api-west", api_west.ipv4())]))
+        .unwrap();
+    let (_east_apps, east_proxy) = api_replica(&bins.proxy, east, &api_east);
+    let (_west_apps, west_proxy) = api_replica(&bins.proxy, west, &api_west);
     let mut client_env = east.proxy_env("shop", "client", &east.token("shop", "client").unwrap());
     client_env.push(("CNIMESH_PROXY_DESTINATION_ADDR".into(), east.addr.to_string()));
     let client_proxy = Sidecar::start(&bins.proxy, &client.netns, &env_refs(&client_env)).unwrap();
 
-    // The Link, made once both control planes run; east's mirror controller unites the members.
-    link_local(CLI.as_ref(), &east_root, &west_root, "west");
+    // The Link, made once both control planes run; east's mirror unites the members.
+    clusters.link(None);
+    let _mirror = clusters.start_mirror(MIRROR.as_ref());
     let both = BTreeSet::from([api_east.ipv4().to_string(), api_west.ipv4().to_string()]);
-    eventually("east's mirror controller writes api-federated with both members", PATIENCE, || {
-        east_root.mirror_addresses("api-federated") == both
+    eventually("east's mirror makes api-federated with both members", PATIENCE, || {
+        clusters.mirror_addresses("api-federated") == both
     });
-    let (service, _) = east_root.mirror("api-federated").unwrap();
+    let (service, _) = clusters.mirror("api-federated").unwrap();
     let ip = service.spec.and_then(|s| s.cluster_ip).unwrap();
     let federated = format!("{ip}:80");
 
@@ -100,7 +86,7 @@ fn a_federated_service_balances_real_requests_across_both_clusters_with_the_clie
     let http = apps::HTTP_PORT;
     let (east_addr, west_addr) = (format!("{}:{http}", api_east.ipv4()), format!("{}:{http}", api_west.ipv4()));
     let served =
-        destination_endpoints(&east, &client.netns.path(), "api-federated.shop.svc.cluster.local:80", PATIENCE, |s| {
+        destination_endpoints(east, &client.netns.path(), "api-federated.shop.svc.cluster.local:80", PATIENCE, |s| {
             s.len() == 2
         });
     let member = |addr: &str| {
@@ -157,11 +143,11 @@ fn a_federated_service_balances_real_requests_across_both_clusters_with_the_clie
     assert_eq!(counted, (answered["api-east"], answered["api-west"]), "(east, west):\n{client_metrics}");
     assert!(!client_metrics.contains("target_cluster_name=\"local\""), "{client_metrics}");
 
-    // West's member goes (its replica leaves west's directory): every reply comes from east's
+    // West's member goes (its replica leaves west's API server): every reply comes from east's
     // replica within a bounded wait, and none fails on the way or after.
-    write_atomically(&west_root.file("api.yaml"), &service_yaml("api", MEMBER, "10.97.0.10", &[]));
+    west.cluster.apply_yaml("api.yaml", &service_yaml("api", MEMBER, "10.97.0.10", &[])).unwrap();
     eventually("api-federated keeps east's member only", PATIENCE, || {
-        east_root.mirror_addresses("api-federated") == BTreeSet::from([api_east.ipv4().to_string()])
+        clusters.mirror_addresses("api-federated") == BTreeSet::from([api_east.ipv4().to_string()])
     });
     let mut in_a_row = 0;
     eventually("every reply comes from east's replica", PATIENCE, || {

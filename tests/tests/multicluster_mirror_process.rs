@@ -6,20 +6,14 @@
 
 use std::time::Duration;
 
-use base64::Engine;
 use cnimesh_e2e::cluster::Cluster;
 use cnimesh_e2e::mirror_process::MirrorProcess;
+use cnimesh_e2e::multicluster::{install, link};
 use cnimesh_e2e::{Network, Pod, bins, require_root};
 use cnimesh_mirror::crd::{self, LinkState, LinkStatus};
 use serde_json::json;
 
 const WEST_WEB: &str = "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: shop, labels: {mirror.cnimesh.io/exported: 'true'}}\nspec: {ports: [{name: http, port: 80, targetPort: 8080}], selector: {app: web}}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: web-abc, namespace: shop, labels: {kubernetes.io/service-name: web}}\naddressType: IPv4\nports: [{name: http, port: 8080, protocol: TCP}]\nendpoints: [{addresses: [10.2.0.4], conditions: {ready: true}}]\n";
-
-/// The CA (PEM) of a kubeconfig's cluster.
-fn ca_of(kubeconfig: &str) -> Vec<u8> {
-    let line = kubeconfig.lines().find_map(|l| l.trim().strip_prefix("certificate-authority-data: ")).unwrap();
-    base64::engine::general_purpose::STANDARD.decode(line).unwrap()
-}
 
 #[test]
 fn the_mirror_process_in_its_own_pod_mirrors_west_into_east_as_its_own_service_account() {
@@ -35,33 +29,12 @@ fn the_mirror_process_in_its_own_pod_mirrors_west_into_east_as_its_own_service_a
 
     // Both clusters as `cnimesh multicluster install` leaves them; west serves `web`.
     let anchor = cnimesh_identity::ca::new_trust_anchor("east.local", Duration::from_secs(86400)).unwrap();
-    let install = |trust_domain: &str| {
-        let args = cnimesh_cli::multicluster::install::InstallArgs {
-            identity_trust_anchors_file: None,
-            trust_domain: None,
-            cluster_domain: "cluster.local".into(),
-            proxy_image: "ghcr.io/cnimesh/cnimesh-proxy:0.1.0".into(),
-        };
-        let docs = cnimesh_cli::multicluster::install::render(&args, &anchor.cert_pem, trust_domain).unwrap();
-        cnimesh_cli::yaml::render(&docs)
-    };
-    west.apply_yaml("multicluster.yaml", &install("west.local")).unwrap();
+    install(&west, &anchor.cert_pem, "west.local");
     west.apply_yaml("web.yaml", WEST_WEB).unwrap();
     west.api.enforce_rbac(true);
-    east.apply_yaml("multicluster.yaml", &install("east.local")).unwrap();
+    install(&east, &anchor.cert_pem, "east.local");
     // What `cnimesh multicluster link`, run against west, prints for east.
-    let reader_token = west.api.issue_token("cnimesh-multicluster", "cnimesh-mirror-reader", &[]).unwrap();
-    let target = cnimesh_cli::multicluster::link::Target {
-        cluster_name: "west".into(),
-        cluster_domain: "cluster.local".into(),
-        trust_domain: "west.local".into(),
-        gateway: Some(("192.0.2.10".into(), 4143)),
-        server: west.server(),
-        ca_pem: Some(ca_of(&west.kubeconfig_text("west", "x"))),
-        token: Some(reader_token),
-    };
-    let linked = cnimesh_cli::multicluster::link::render(&target).unwrap();
-    east.apply_yaml("link-west.yaml", &cnimesh_cli::yaml::render(&linked)).unwrap();
+    link(&east, "west", &west, "west.local", Some("192.0.2.10:4143".parse().unwrap()));
     east.api.enforce_rbac(true);
 
     let kubeconfig = east.kubeconfig_for("cnimesh", "cnimesh-mirror").unwrap();
