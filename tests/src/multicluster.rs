@@ -1,7 +1,7 @@
 //! Two clusters on one host for the gateway path's tests and benchmark: control planes
 //! `east` (cluster.local) and `west` (west.local, its issuer signed by east's anchor), west's
 //! meshed `web` with the test apps and its multicluster gateway (a proxy in gateway mode), an
-//! east client, and the mirror objects in east's cluster directory written by hand as the
+//! east client, and the mirror objects applied to east's API server by hand as the
 //! multicluster contract shapes them: `web-west` through the gateway, `web-flat` straight to
 //! web's pod (remote discovery).
 //!
@@ -27,11 +27,12 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use crate::apps::{self, Apps};
 use crate::cluster::Cluster;
 use crate::cni::{Bins, Network};
-use crate::control::{Control, env_refs, write_atomically};
+use crate::control::{Control, env_refs};
 use crate::mirror_process::MirrorProcess;
 use crate::netns::block_on_in;
 use crate::pod::Pod;
 use crate::sidecar::Sidecar;
+use crate::wait::eventually;
 
 pub const MIRROR_IP: &str = "10.96.0.50";
 pub const FLAT_IP: &str = "10.96.0.51";
@@ -91,8 +92,6 @@ pub struct Clusters<'n> {
     pub client_proxy: Sidecar,
     pub web_proxy: Sidecar,
     pub gateway: Sidecar,
-    pub west_dir: tempfile::TempDir,
-    _east_dir: tempfile::TempDir,
     _apps: Apps,
     _control_pods: (Pod<'n>, Pod<'n>),
 }
@@ -100,7 +99,6 @@ pub struct Clusters<'n> {
 impl<'n> Clusters<'n> {
     /// Both clusters, the pods and their proxies, each ready.
     pub fn start(bins: &Bins, net: &'n Network) -> Self {
-        let (east_dir, west_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
         let east_pod = Pod::unmeshed(net, "cnimesh", "control-east").unwrap();
         let west_pod = Pod::unmeshed(net, "cnimesh", "control-west").unwrap();
         let client = Pod::named(net, "shop", "client").unwrap();
@@ -109,21 +107,19 @@ impl<'n> Clusters<'n> {
         let web = Pod::named(net, "shop", "web-0").unwrap();
         // Not captured: the gateway is reached at its own address, and dials B's pods itself.
         let gateway_pod = Pod::unmeshed(net, MULTICLUSTER_NAMESPACE, GATEWAY_NAME).unwrap();
-        write_atomically(&west_dir.path().join("web.yaml"), &west_web_yaml(web.ipv4()));
-        let west_cluster = west_dir.path().display().to_string();
-        let east_cluster = east_dir.path().display().to_string();
-        let east = Control::start(&bins.control, &east_pod, &["--cluster-dir", &east_cluster]).unwrap();
-        let west = Control::start_sharing_anchor(
-            &bins.control,
-            &west_pod,
-            &["--cluster-dir", &west_cluster],
-            &east,
-            "west.local",
-        )
-        .unwrap();
+        let east = Control::start(&bins.control, &east_pod, &[]).unwrap();
+        let west = Control::start_sharing_anchor(&bins.control, &west_pod, &[], &east, "west.local").unwrap();
+        west.cluster.apply_yaml("web.yaml", &west_web_yaml(web.ipv4())).unwrap();
         let gateway_identity = west.identity(MULTICLUSTER_NAMESPACE, GATEWAY_NAME);
-        write_atomically(&east_dir.path().join("mirror.yaml"), &mirror_yaml(gateway_pod.ipv4(), &gateway_identity));
-        write_atomically(&east_dir.path().join("flat.yaml"), &flat_yaml(web.ipv4(), &west.identity("shop", "web")));
+        east.cluster.apply_yaml("mirror.yaml", &mirror_yaml(gateway_pod.ipv4(), &gateway_identity)).unwrap();
+        east.cluster.apply_yaml("flat.yaml", &flat_yaml(web.ipv4(), &west.identity("shop", "web"))).unwrap();
+        for (control, service) in [(&west, "web"), (&east, "web-west"), (&east, "web-flat")] {
+            eventually(&format!("the Destination knows {service}"), Duration::from_secs(30), || {
+                control
+                    .admin(&format!("/destination.json?authority={service}.shop:80"))
+                    .is_ok_and(|(_, page)| page.contains("\"exists\": true"))
+            });
+        }
 
         let apps = Apps::start(&web.netns.path(), web.ipv4().into(), "web-0").unwrap();
         let mut web_env = west.proxy_env("shop", "web", &west.token("shop", "web").unwrap());
@@ -145,8 +141,6 @@ impl<'n> Clusters<'n> {
             client_proxy,
             web_proxy,
             gateway,
-            west_dir,
-            _east_dir: east_dir,
             _apps: apps,
             _control_pods: (east_pod, west_pod),
         }

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use cnimesh_common::names::TARGET_CLUSTER_METRIC_LABEL;
 use cnimesh_e2e::apps::Apps;
-use cnimesh_e2e::control::{Control, env_refs, write_atomically};
+use cnimesh_e2e::control::{Control, env_refs};
 use cnimesh_e2e::multicluster::{
     Clusters, FLAT_IP, TwoClusters, destination_endpoints, service_yaml, west_policy_yaml,
 };
@@ -177,15 +177,15 @@ fn in_flat_mode_west_policy_allows_or_denies_the_east_client_by_its_own_identity
     let direct = format!("{}:{}", c.web.ipv4(), apps::HTTP_PORT);
     let reply = get(&c.client, &flat);
     assert_eq!((reply.status, reply.body.as_str()), (200, "web-0"), "{reply:?}");
-    let policy = c.west_dir.path().join("policy.yaml");
+    let policy = "policy.yaml";
 
     // Another identity authorized: east's client is denied.
-    write_atomically(&policy, &west_policy_yaml(&c.west.identity("shop", "other")));
+    c.west.cluster.apply_yaml(policy, &west_policy_yaml(&c.west.identity("shop", "other"))).unwrap();
     eventually("east's client is denied by west's policy", PATIENCE, || get(&c.client, &flat).status == 403);
 
     // East's client's own identity authorized (not the gateway's: flat, no gateway between).
     let client_id = c.east.identity("shop", "client");
-    write_atomically(&policy, &west_policy_yaml(&client_id));
+    c.west.cluster.apply_yaml(policy, &west_policy_yaml(&client_id)).unwrap();
     eventually("east's client is allowed by its own identity", PATIENCE, || {
         let reply = get(&c.client, &flat);
         (reply.status, reply.body.as_str()) == (200, "web-0")
@@ -197,7 +197,7 @@ fn in_flat_mode_west_policy_allows_or_denies_the_east_client_by_its_own_identity
     assert!(seen >= 1.0, "web saw the east client's own identity:\n{web_metrics}");
 
     // The policy removed: the default again, east's client still served.
-    std::fs::remove_file(&policy).unwrap();
+    c.west.cluster.delete_file(policy);
     eventually("the default policy is back", PATIENCE, || get(&outsider, &direct).status == 200);
     let reply = get(&c.client, &flat);
     assert_eq!((reply.status, reply.body.as_str()), (200, "web-0"), "{reply:?}");

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use cnimesh_common::names::{GATEWAY_NAME, MULTICLUSTER_NAMESPACE};
 use cnimesh_e2e::apps;
-use cnimesh_e2e::control::{Control, write_atomically};
+use cnimesh_e2e::control::Control;
 use cnimesh_e2e::multicluster::{Clusters, FLAT_IP, MIRROR_IP, WEB_FQDN, start_gateway, west_policy_yaml};
 use cnimesh_e2e::sidecar::{Reply, Sidecar, http_reply_in, metric_with};
 use cnimesh_e2e::wait::eventually;
@@ -227,7 +227,7 @@ fn an_east_client_reaches_west_through_the_gateway_with_mtls_on_both_hops_and_no
     }
     // Attack: admitted for web, a request naming another Service of west in its Host (`secret`,
     // which has no endpoints: followed, it would answer 503) still goes to web alone.
-    write_atomically(&c.west_dir.path().join("secret.yaml"), SECRET_YAML);
+    c.west.cluster.apply_yaml("secret.yaml", SECRET_YAML).unwrap();
     eventually("west's Destination knows secret", PATIENCE, || {
         c.west
             .admin("/destination.json?authority=secret.shop:80")
@@ -248,12 +248,12 @@ fn an_east_client_reaches_west_through_the_gateway_with_mtls_on_both_hops_and_no
 
     // West's policy decides who reaches web through the gateway, by the calling workload's own
     // identity: allowed, then not.
-    write_atomically(&c.west_dir.path().join("policy.yaml"), &west_policy_yaml(&client_id));
+    c.west.cluster.apply_yaml("policy.yaml", &west_policy_yaml(&client_id)).unwrap();
     eventually("the east client is authorized by name", PATIENCE, || get(&c.client, &mirror).status == 200);
     let other = c.east.identity("shop", "other");
-    write_atomically(&c.west_dir.path().join("policy.yaml"), &west_policy_yaml(&other));
+    c.west.cluster.apply_yaml("policy.yaml", &west_policy_yaml(&other)).unwrap();
     eventually("the east client is denied by west's policy", PATIENCE, || get(&c.client, &mirror).status == 403);
-    std::fs::remove_file(c.west_dir.path().join("policy.yaml")).unwrap();
+    c.west.cluster.delete_file("policy.yaml");
     eventually("allowed again without the policy", PATIENCE, || get(&c.client, &mirror).status == 200);
 
     // The gateway killed: a clear error naming the gateway; back, the requests recover.
@@ -316,10 +316,9 @@ fn the_gateway_forwards_only_to_services_exported_through_it_and_an_unexported_s
     let gateway_id = c.west.identity(MULTICLUSTER_NAMESPACE, GATEWAY_NAME);
     // Two Services of west on web's pod: `hidden` not exported at all, `direct` exported for
     // remote discovery only (linked clusters reach its pods directly, never through the gateway).
-    let west = c.west_dir.path();
-    write_atomically(&west.join("hidden.yaml"), &west_service_on_web("hidden", "10.97.0.12", c.web.ipv4(), None));
+    c.west.cluster.apply_yaml("hidden.yaml", &west_service_on_web("hidden", "10.97.0.12", c.web.ipv4(), None)).unwrap();
     let direct = west_service_on_web("direct", "10.97.0.13", c.web.ipv4(), Some("remote-discovery"));
-    write_atomically(&west.join("direct.yaml"), &direct);
+    c.west.cluster.apply_yaml("direct.yaml", &direct).unwrap();
     for name in ["hidden", "direct"] {
         eventually(&format!("west's Destination serves {name} with web's pod"), PATIENCE, || {
             c.west
@@ -367,10 +366,10 @@ fn the_gateway_forwards_only_to_services_exported_through_it_and_an_unexported_s
 
     // Exported through the gateway: reachable. Unexported again: refused for new connections.
     let exported = west_service_on_web("hidden", "10.97.0.12", c.web.ipv4(), Some("true"));
-    write_atomically(&west.join("hidden.yaml"), &exported);
+    c.west.cluster.apply_yaml("hidden.yaml", &exported).unwrap();
     eventually("hidden, once exported, is served", PATIENCE, || to("hidden").contains("web-0"));
     let before = unknown();
-    write_atomically(&west.join("hidden.yaml"), &west_service_on_web("hidden", "10.97.0.12", c.web.ipv4(), None));
+    c.west.cluster.apply_yaml("hidden.yaml", &west_service_on_web("hidden", "10.97.0.12", c.web.ipv4(), None)).unwrap();
     eventually("hidden, unexported, is refused again", PATIENCE, || to("hidden").is_empty());
     assert!(unknown() > before, "counted: {}", c.gateway.metrics());
     assert!(to("web").contains("web-0"), "web stays served");
@@ -393,7 +392,7 @@ fn a_workload_its_own_clusters_policy_denies_is_refused_by_its_own_clusters_gate
     let web_id = c.west.identity("shop", "web");
     // West's policy on web admits the gateway (for what comes from linked clusters) and none of
     // west's own workloads.
-    write_atomically(&c.west_dir.path().join("policy.yaml"), &west_policy_yaml(&gateway_id));
+    c.west.cluster.apply_yaml("policy.yaml", &west_policy_yaml(&gateway_id)).unwrap();
     let intruder = Pod::unmeshed(&net, "shop", "intruder").unwrap();
     let tls = mesh_tls(&c.west, &c.west.identity("shop", "intruder"));
     let direct = SocketAddr::new(c.web.ipv4().into(), apps::HTTP_PORT);
@@ -419,7 +418,7 @@ fn through_the_gateway_west_policy_authorizes_the_remote_workload_by_its_own_nam
     let mirror = format!("{MIRROR_IP}:80");
     let gateway_id = c.west.identity(MULTICLUSTER_NAMESPACE, GATEWAY_NAME);
     let client_id = c.east.identity("shop", "client");
-    write_atomically(&c.west_dir.path().join("policy.yaml"), &west_policy_yaml(&client_id));
+    c.west.cluster.apply_yaml("policy.yaml", &west_policy_yaml(&client_id)).unwrap();
     // East's client, authorized by name, through the gateway.
     eventually("east's client is authorized by its own name through the gateway", PATIENCE, || {
         get(&c.client, &mirror).status == 200
@@ -489,7 +488,7 @@ fn a_gateway_client_header_from_a_peer_that_is_not_the_gateway_is_ignored_and_st
         )
     };
     // Only `other` is authorized; east's client, straight to web (flat), claims to be it.
-    write_atomically(&c.west_dir.path().join("policy.yaml"), &west_policy_yaml(&other_id));
+    c.west.cluster.apply_yaml("policy.yaml", &west_policy_yaml(&other_id)).unwrap();
     eventually("the policy applies", PATIENCE, || {
         status_of(&tls_exchange(
             &outsider,
@@ -504,7 +503,7 @@ fn a_gateway_client_header_from_a_peer_that_is_not_the_gateway_is_ignored_and_st
     eprintln!("a forged {GATEWAY_CLIENT_ID} from east's client, straight to web: {answer:?}");
     assert_eq!(status_of(&answer), 403, "authorized as itself, not as the header says: {answer}");
     // Authorized as itself, the header never reaches the app.
-    write_atomically(&c.west_dir.path().join("policy.yaml"), &west_policy_yaml(&client_id));
+    c.west.cluster.apply_yaml("policy.yaml", &west_policy_yaml(&client_id)).unwrap();
     eventually("east's client is authorized", PATIENCE, || status_of(&forged("/replica")) == 200);
     let headers = forged("/headers");
     assert!(headers.contains(&format!("l5d-client-id: {client_id}")), "{headers}");
@@ -523,7 +522,7 @@ fn a_remote_workload_cannot_forge_the_gateway_client_header_through_an_opaque_se
     let client_id = c.east.identity("shop", "client");
     let outsider = Pod::unmeshed(&net, "shop", "outsider").unwrap();
     // Only east's client is authorized; east's `other` claims to be it.
-    write_atomically(&c.west_dir.path().join("policy.yaml"), &west_policy_yaml(&client_id));
+    c.west.cluster.apply_yaml("policy.yaml", &west_policy_yaml(&client_id)).unwrap();
     eventually("east's client is authorized through the gateway", PATIENCE, || {
         get(&c.client, &format!("{MIRROR_IP}:80")).status == 200
     });
@@ -560,7 +559,7 @@ fn a_request_from_the_gateway_identity_without_the_gateway_client_header_is_refu
     let web_id = c.west.identity("shop", "web");
     let client_id = c.east.identity("shop", "client");
     // The gateway's identity is authorized (as operators once were told to, for opaque ports).
-    write_atomically(&c.west_dir.path().join("policy.yaml"), &west_policy_yaml(&gateway_id));
+    c.west.cluster.apply_yaml("policy.yaml", &west_policy_yaml(&gateway_id)).unwrap();
     let outsider = Pod::unmeshed(&net, "shop", "outsider").unwrap();
     let direct = SocketAddr::new(c.web.ipv4().into(), apps::HTTP_PORT);
     let as_gateway = mesh_tls(&c.west, &gateway_id);

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cnimesh_e2e::apps::{self, Apps};
-use cnimesh_e2e::control::{Control, Issuer, env_refs, write_atomically};
+use cnimesh_e2e::control::{Control, Issuer, env_refs};
 use cnimesh_e2e::multicluster::{west_policy_yaml, west_web_yaml};
 use cnimesh_e2e::sidecar::Sidecar;
 use cnimesh_e2e::wait::eventually;
@@ -26,36 +26,25 @@ struct Linked<'n> {
     web: Pod<'n>,
     _web_proxy: Sidecar,
     _apps: Apps,
-    _east_dir: tempfile::TempDir,
     _control_pods: (Pod<'n>, Pod<'n>),
 }
 
 fn linked<'n>(net: &'n Network, west_issuer: Issuer) -> Linked<'n> {
     let bins = bins!();
-    let east_dir = tempfile::tempdir().unwrap();
     let east_pod = Pod::unmeshed(net, "cnimesh", "control-east").unwrap();
     let west_pod = Pod::unmeshed(net, "cnimesh", "control-west").unwrap();
     let web = Pod::named(net, "shop", "web-0").unwrap();
-    write_atomically(&east_dir.path().join("web.yaml"), &west_web_yaml(web.ipv4()));
-    let east_cluster = east_dir.path().display().to_string();
-    let east = Control::start(&bins.control, &east_pod, &["--cluster-dir", &east_cluster]).unwrap();
+    let web_yaml = west_web_yaml(web.ipv4());
+    let east = Control::start_with_objects(&bins.control, &east_pod, &[], &[("web.yaml", &web_yaml)]).unwrap();
     let west = Control::start_with_ca(&bins.control, &west_pod, &[], Some((&east, "west.local", west_issuer))).unwrap();
     // Web's policy: east's `client`, and nobody else.
-    write_atomically(&east_dir.path().join("policy.yaml"), &west_policy_yaml(&east.identity("shop", "client")));
+    east.cluster.apply_yaml("policy.yaml", &west_policy_yaml(&east.identity("shop", "client"))).unwrap();
     let apps = Apps::start(&web.netns.path(), web.ipv4().into(), "web-0").unwrap();
     let mut env = east.proxy_env("shop", "web", &east.token("shop", "web").unwrap());
     env.push(("CNIMESH_PROXY_DESTINATION_ADDR".into(), east.addr.to_string()));
     env.push(("CNIMESH_PROXY_POLICY_WORKLOAD".into(), "shop:web-0".into()));
     let web_proxy = Sidecar::start(&bins.proxy, &web.netns, &env_refs(&env)).unwrap();
-    Linked {
-        east,
-        west,
-        web,
-        _web_proxy: web_proxy,
-        _apps: apps,
-        _east_dir: east_dir,
-        _control_pods: (east_pod, west_pod),
-    }
+    Linked { east, west, web, _web_proxy: web_proxy, _apps: apps, _control_pods: (east_pod, west_pod) }
 }
 
 /// mTLS from `pod` to web's proxy as `identity`, with a certificate signed by the issuer of
