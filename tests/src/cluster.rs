@@ -44,21 +44,20 @@ pub struct Cluster {
 }
 
 impl Cluster {
-    /// Served inside the network namespace at `netns` on `ip`:[`API_PORT`].
+    /// Served inside the network namespace at `netns` on `ip`:[`API_PORT`]. The server's threads
+    /// live in that netns too, so what it dials itself (the pod and service proxies) reaches the
+    /// pods as a cluster's API server reaches them.
     pub fn serve_in(netns: &Path, ip: IpAddr) -> anyhow::Result<Self> {
-        let addr = SocketAddr::new(ip, API_PORT);
-        let listener = cnimesh_cni::netns::run_in(netns, || std::net::TcpListener::bind(addr))
-            .context("entering the pod's netns")?
-            .with_context(|| format!("binding {addr} in the pod's netns"))?;
-        Self::serve(listener)
+        let netns = std::fs::File::open(netns).with_context(|| format!("opening {}", netns.display()))?;
+        Self::serve(Some(netns), SocketAddr::new(ip, API_PORT))
     }
 
     /// Served on the host's 127.0.0.1 (an ephemeral port): for processes of the host's netns.
     pub fn serve_on_host() -> anyhow::Result<Self> {
-        Self::serve(std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?)
+        Self::serve(None, SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))
     }
 
-    fn serve(listener: std::net::TcpListener) -> anyhow::Result<Self> {
+    fn serve(netns: Option<std::fs::File>, addr: SocketAddr) -> anyhow::Result<Self> {
         let api = ClusterApi::new();
         let admin_token = random_token()?;
         api.require_token(&admin_token);
@@ -66,12 +65,19 @@ impl Cluster {
         let (served_tx, served_rx) = std::sync::mpsc::channel::<anyhow::Result<(SocketAddr, String)>>();
         let serving = api.clone();
         std::thread::Builder::new().name("apiserver".into()).spawn(move || {
+            // Threads inherit the netns of the thread that makes them: the runtime's workers and
+            // its blocking pool, made below, all live in the pod's.
+            if let Some(netns) = netns
+                && let Err(e) = nix::sched::setns(netns, nix::sched::CloneFlags::CLONE_NEWNET)
+            {
+                return drop(served_tx.send(Err(anyhow::anyhow!("entering the pod's netns: {e}"))));
+            }
             let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build() {
                 Ok(r) => r,
                 Err(e) => return drop(served_tx.send(Err(e.into()))),
             };
             runtime.block_on(async move {
-                let served: Served = match serving.try_serve_listener(listener).await {
+                let served: Served = match serving.try_serve_at(addr).await {
                     Ok(s) => s,
                     Err(e) => return drop(served_tx.send(Err(e.into()))),
                 };

@@ -281,26 +281,33 @@ fn a_bad_egress_network_is_refused_and_the_previous_one_stays_in_force() {
     eventually("the Allow network applied", || get(&netns, HOST, "/replica").status == 200);
 }
 
-/// What operators see: local mode's layout around the world's control plane, so that
-/// `cnimesh stat`, `edges` and `tap --local DIR` read it as an operator does: the client's Pod in
-/// `DIR/cluster` (and in the cluster, where the control plane's tap relay finds it), the control
-/// plane's address in `DIR/local.json`, and a tap token the API server issued in
-/// `DIR/tokens/cnimesh/cnimesh-tap`.
+/// What operators see, as on a cluster: `cnimesh stat`, `edges` and `tap --local DIR` read the
+/// world's API server through `DIR/kubeconfig` (the administrator's): the client's Pod, and the
+/// control plane's Pod and Service, through which the API server's service proxy reaches its tap
+/// relay (`cnimesh tap` has the API server issue the tap ServiceAccount's token).
 fn local_dir(w: &World<'_>) -> tempfile::TempDir {
     let root = tempfile::tempdir().unwrap();
-    std::fs::create_dir(root.path().join("cluster")).unwrap();
     let pod = format!(
         "apiVersion: v1\nkind: Pod\nmetadata:\n  name: client\n  namespace: shop\n  labels: {{cnimesh.io/proxy-deployment: client}}\nspec:\n  serviceAccountName: client\n  containers: [{{name: app, image: app}}, {{name: cnimesh-proxy, image: proxy}}]\nstatus: {{phase: Running, podIP: {}}}\n",
         w.client.ipv4()
     );
     w.control.cluster.apply_yaml("pods.yaml", &pod).unwrap();
-    std::fs::write(root.path().join("cluster/pods.yaml"), &pod).unwrap();
-    let state = serde_json::json!({"control": w.control.addr.to_string()});
-    std::fs::write(root.path().join("local.json"), state.to_string()).unwrap();
-    let token = w.control.tap_token().unwrap();
-    let tokens = root.path().join("tokens/cnimesh");
-    std::fs::create_dir_all(&tokens).unwrap();
-    std::fs::write(tokens.join("cnimesh-tap"), token).unwrap();
+    let control = serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "cnimesh-control", "namespace": "cnimesh", "labels": {"app": "cnimesh-control"}},
+        "spec": {"serviceAccountName": "cnimesh-control", "containers": [{"name": "cnimesh-control",
+            "ports": [{"name": "admin", "containerPort": cnimesh_e2e::control::ADMIN_PORT}]}]},
+        "status": {"phase": "Running", "podIP": w.control.addr.ip().to_string()},
+    });
+    let service = serde_json::json!({
+        "apiVersion": "v1", "kind": "Service", "metadata": {"name": "cnimesh-control", "namespace": "cnimesh"},
+        "spec": {"clusterIP": "None", "selector": {"app": "cnimesh-control"},
+            "ports": [{"name": "admin", "port": cnimesh_e2e::control::ADMIN_PORT, "targetPort": "admin"}]},
+    });
+    w.control.cluster.apply("control-pod.yaml", &control).unwrap();
+    w.control.cluster.apply("control-service.yaml", &service).unwrap();
+    w.control.tap_token().unwrap();
+    std::fs::copy(w.control.cluster.kubeconfig(), root.path().join("kubeconfig")).unwrap();
     root
 }
 

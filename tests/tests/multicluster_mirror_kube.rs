@@ -222,13 +222,16 @@ async fn east_with_no_link_watches_only_links_until_a_link_appears_and_then_its_
     })
     .await;
     // The Secrets are watched for the Link's one Secret only: the mirror may read no other.
+    east.until("the Link's Secret is followed", |api| {
+        api.calls().iter().any(|c| c.is_watch() && c.path == secrets_path()).then_some(())
+    })
+    .await;
     let secret_watches: Vec<Option<String>> = east
         .calls()
         .iter()
         .filter(|c| c.is_watch() && c.path == secrets_path())
         .map(|c| c.param("fieldSelector").map(String::from))
         .collect();
-    assert!(!secret_watches.is_empty(), "the Link's Secret is followed");
     assert!(
         secret_watches.iter().all(|f| f.as_deref() == Some("metadata.name=cluster-credentials-west")),
         "{secret_watches:?}"
@@ -557,21 +560,24 @@ async fn multicluster_check_never_runs_an_exec_stanza_in_a_links_secret_and_name
     let (west, served) = west().await;
     let root = tempfile::tempdir().unwrap();
     let marker = root.path().join("exec-ran");
-    let cluster = root.path().join("cluster");
-    std::fs::create_dir(&cluster).unwrap();
-    // The Secret as the files backend holds it: base64 `data`, like the API server's.
+    // East's API server holds the Link and its Secret (base64 `data`, as the API server stores it);
+    // the operator's check reads them through east's kubeconfig.
     let kubeconfig = served.kubeconfig_with_user("west", &exec_user(&marker));
     let mut secret = credentials("west", String::new());
     secret.as_object_mut().unwrap().remove("stringData");
     secret["data"] = json!({LINK_CREDENTIALS_KEY: base64_of(&kubeconfig)});
-    std::fs::write(cluster.join("link-west.yaml"), format!("{}\n---\n{}\n", link("west", false), secret)).unwrap();
+    let east = ClusterApi::new();
+    east.put(link("west", false));
+    east.put(secret);
+    let east_served = east.serve().await;
+    let east_kubeconfig = root.path().join("east.kubeconfig");
+    east_served.write_kubeconfig(&east_kubeconfig, "east", "operator").unwrap();
 
     let cli = env!("CARGO_BIN_EXE_cnimesh-cli-e2e");
-    let dir = root.path().to_path_buf();
     let out = tokio::task::spawn_blocking(move || {
         std::process::Command::new(cli)
-            .args(["multicluster", "check", "-o", "json", "--local"])
-            .arg(dir)
+            .args(["multicluster", "check", "-o", "json", "--kubeconfig"])
+            .arg(east_kubeconfig)
             .output()
             .unwrap()
     })

@@ -198,43 +198,28 @@ pub fn start<B>(
     };
     span.set("cnimesh.direction", direction);
     span.set("cnimesh.tls", conn.tls.tls);
-    match conn.direction {
-        // The gateway's client is another cluster's proxy (its verified identity in `tls`), its
-        // server the gateway itself; the Service it forwards to is the target.
-        Direction::outbound if conn.gateway => {
-            span.set("network.peer.address", conn.peer.ip().to_string());
-            span.set("network.peer.port", i64::from(conn.peer.port()));
-            if let Some(id) = &conn.tls.client_id {
-                span.set("cnimesh.client.identity", id.clone());
-            }
-            if let Some(id) = &tracer.identity {
-                span.set("cnimesh.server.identity", id.clone());
-            }
-            if let Some(service) = conn.service {
-                span.set("cnimesh.target.service", service.to_string());
-            }
-        }
-        Direction::inbound => {
-            span.set("network.peer.address", conn.peer.ip().to_string());
-            span.set("network.peer.port", i64::from(conn.peer.port()));
-            if let Some(id) = &conn.tls.client_id {
-                span.set("cnimesh.client.identity", id.clone());
-            }
-            if let Some(id) = &tracer.identity {
-                span.set("cnimesh.server.identity", id.clone());
-            }
-        }
-        Direction::outbound => {
-            if let Some(id) = &tracer.identity {
-                span.set("cnimesh.client.identity", id.clone());
-            }
-            if let Some(id) = &conn.tls.server_id {
-                span.set("cnimesh.server.identity", id.clone());
-            }
-            if let Some(service) = conn.service {
-                span.set("cnimesh.target.service", service.to_string());
-            }
-        }
+    // The serving side (inbound, or a gateway, whose client is another cluster's proxy with its
+    // verified identity in `tls`) names its peer and itself as the server; the calling side
+    // names itself as the client and the target's identity as the server.
+    let serving = conn.direction == Direction::inbound || conn.gateway;
+    let (client, server) = if serving {
+        span.set("network.peer.address", conn.peer.ip().to_string());
+        span.set("network.peer.port", i64::from(conn.peer.port()));
+        (&conn.tls.client_id, &tracer.identity)
+    } else {
+        (&tracer.identity, &conn.tls.server_id)
+    };
+    if let Some(id) = client {
+        span.set("cnimesh.client.identity", id.clone());
+    }
+    if let Some(id) = server {
+        span.set("cnimesh.server.identity", id.clone());
+    }
+    // Outbound (a gateway too): the Service the request goes to.
+    if conn.direction == Direction::outbound
+        && let Some(service) = conn.service
+    {
+        span.set("cnimesh.target.service", service.to_string());
     }
     if let Some(pod) = &tracer.pod {
         span.set("k8s.pod.name", pod.clone());
