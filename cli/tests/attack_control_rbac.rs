@@ -23,6 +23,7 @@ fn installed() -> Arc<ClusterApi> {
         trust_domain: None,
         cluster_domain: "cluster.local".into(),
         proxy_image: "ghcr.io/cnimesh/cnimesh-proxy:0.1.0".into(),
+        trace_collector: None,
     };
     docs.extend(cnimesh_cli::multicluster::install::render(&multicluster, &certs.anchors, "cluster.local").unwrap());
     let west = cnimesh_cli::multicluster::link::Target {

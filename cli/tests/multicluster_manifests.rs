@@ -64,6 +64,7 @@ fn every_multicluster_document_round_trips_through_k8s_openapi_as_printed_and_as
         trust_domain: None,
         cluster_domain: "cluster.local".into(),
         proxy_image: "ghcr.io/cnimesh/cnimesh-proxy:0.1.0".into(),
+        trace_collector: None,
     };
     let printed = cnimesh_cli::multicluster::install::render(&args, &anchor.cert_pem, "west.local").unwrap();
     let printed = manifest_check::parse(&cnimesh_cli::yaml::render(&printed)).unwrap();

@@ -99,6 +99,15 @@ pub struct Clusters<'n> {
 impl<'n> Clusters<'n> {
     /// Both clusters, the pods and their proxies, each ready.
     pub fn start(bins: &Bins, net: &'n Network) -> Self {
+        Self::start_with(bins, net, &[])
+    }
+
+    /// [`Clusters::start`] with `settings` added to every proxy's (client, web, gateway).
+    pub fn start_with(bins: &Bins, net: &'n Network, settings: &[(&str, &str)]) -> Self {
+        let with = |mut env: Vec<(String, String)>| {
+            env.extend(settings.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+            env
+        };
         let east_pod = Pod::unmeshed(net, "cnimesh", "control-east").unwrap();
         let west_pod = Pod::unmeshed(net, "cnimesh", "control-west").unwrap();
         let client = Pod::named(net, "shop", "client").unwrap();
@@ -127,11 +136,11 @@ impl<'n> Clusters<'n> {
         web_env.push(("CNIMESH_PROXY_POLICY_WORKLOAD".into(), "shop:web-0".into()));
         // As the injector sets it from the pod's opaque-ports annotation.
         web_env.push(("CNIMESH_PROXY_OPAQUE_PORTS".into(), apps::HALF_CLOSE_PORT.to_string()));
-        let web_proxy = Sidecar::start(&bins.proxy, &web.netns, &env_refs(&web_env)).unwrap();
-        let gateway = start_gateway(bins, &west, &gateway_pod);
+        let web_proxy = Sidecar::start(&bins.proxy, &web.netns, &env_refs(&with(web_env))).unwrap();
+        let gateway = start_gateway_with(bins, &west, &gateway_pod, settings);
         let mut client_env = east.proxy_env("shop", "client", &east.token("shop", "client").unwrap());
         client_env.push(("CNIMESH_PROXY_DESTINATION_ADDR".into(), east.addr.to_string()));
-        let client_proxy = Sidecar::start(&bins.proxy, &client.netns, &env_refs(&client_env)).unwrap();
+        let client_proxy = Sidecar::start(&bins.proxy, &client.netns, &env_refs(&with(client_env))).unwrap();
         Self {
             east,
             west,
@@ -154,6 +163,11 @@ impl<'n> Clusters<'n> {
 
 /// West's gateway proxy in `pod`, in gateway mode with west's identity and Destination.
 pub fn start_gateway(bins: &Bins, west: &Control, pod: &Pod<'_>) -> Sidecar {
+    start_gateway_with(bins, west, pod, &[])
+}
+
+/// [`start_gateway`] with `settings` added.
+pub fn start_gateway_with(bins: &Bins, west: &Control, pod: &Pod<'_>, settings: &[(&str, &str)]) -> Sidecar {
     let mut env = west.proxy_env(
         MULTICLUSTER_NAMESPACE,
         GATEWAY_NAME,
@@ -163,6 +177,7 @@ pub fn start_gateway(bins: &Bins, west: &Control, pod: &Pod<'_>) -> Sidecar {
     env.push(("CNIMESH_PROXY_MODE".into(), "gateway".into()));
     // Refusals of silent clients come sooner (the default wait is the detection timeout).
     env.push(("CNIMESH_PROXY_DETECT_TIMEOUT_MS".into(), "2000".into()));
+    env.extend(settings.iter().map(|(k, v)| (k.to_string(), v.to_string())));
     Sidecar::start(&bins.proxy, &pod.netns, &env_refs(&env)).unwrap()
 }
 
@@ -174,6 +189,7 @@ pub fn install(cluster: &Cluster, anchors_pem: &str, trust_domain: &str) {
         trust_domain: None,
         cluster_domain: "cluster.local".into(),
         proxy_image: "ghcr.io/cnimesh/cnimesh-proxy:0.1.0".into(),
+        trace_collector: None,
     };
     let docs = cnimesh_cli::multicluster::install::render(&args, anchors_pem, trust_domain).unwrap();
     cluster.apply_yaml("multicluster.yaml", &cnimesh_cli::yaml::render(&docs)).unwrap();

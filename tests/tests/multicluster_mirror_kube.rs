@@ -746,6 +746,7 @@ async fn the_mirror_with_only_its_own_service_accounts_rbac_mirrors_west_and_hol
         trust_domain: None,
         cluster_domain: "cluster.local".into(),
         proxy_image: "ghcr.io/cnimesh/cnimesh-proxy:0.1.0".into(),
+        trace_collector: None,
     };
     let target = cnimesh_cli::multicluster::link::Target {
         cluster_name: "west".into(),

@@ -4,8 +4,10 @@
 //! app's parent → client proxy's CLIENT span → server proxy's SERVER span → the server app, over
 //! HTTP/1 upgraded between the proxies (`l5d-orig-proto`) and over gRPC; B3 in gives B3 and W3C
 //! out with the same ids; untraced, unsampled and malformed requests make no spans and their
-//! headers arrive as sent; a route's split and retries (each try a child span); and a collector
-//! that is down costs dropped spans, counted, never a failed request.
+//! headers arrive as sent; a route's split and retries (each try a child span); a collector
+//! that is down costs dropped spans, counted, never a failed request; and a request that crosses
+//! clusters through a multicluster gateway is one trace, the gateway's span between the caller's
+//! and the target's.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -14,6 +16,7 @@ use std::time::Duration;
 use cnimesh_e2e::apps::{self, Apps};
 use cnimesh_e2e::control::{Control, env_refs, identity};
 use cnimesh_e2e::mesh::proxies_with;
+use cnimesh_e2e::multicluster::{Clusters, MIRROR_IP};
 use cnimesh_e2e::objects::service_yaml;
 use cnimesh_e2e::sidecar::{self, Reply, Sidecar};
 use cnimesh_e2e::wait::eventually;
@@ -600,5 +603,54 @@ fn a_route_split_names_the_backend_a_timeout_is_an_event_and_a_retried_request_h
             .unwrap_or_else(|| panic!("a server span under each try: {spans:#?}"));
         assert_eq!(server.kind, "server");
         assert_eq!(server.attr("http.response.status_code"), attempt.attr("http.response.status_code"));
+    }
+}
+
+#[test]
+fn a_request_across_clusters_is_one_trace_with_the_gateways_span_between_the_callers_and_the_targets() {
+    if !require_root(
+        "a_request_across_clusters_is_one_trace_with_the_gateways_span_between_the_callers_and_the_targets",
+    ) {
+        return;
+    }
+    let bins = bins!();
+    let net = Network::bridge(&bins, json!({})).unwrap();
+    let collector = Collector::start(&net, true);
+    // Every proxy of both clusters, the gateway too, exports to the one collector, as
+    // `multicluster install` gives the gateway the collector the control plane gives proxies.
+    let c = Clusters::start_with(&bins, &net, &[("CNIMESH_PROXY_TRACE_COLLECTOR", &collector.endpoint)]);
+    let client_id = c.east.identity("shop", "client");
+    let gateway_id =
+        c.west.identity(cnimesh_common::names::MULTICLUSTER_NAMESPACE, cnimesh_common::names::GATEWAY_NAME);
+
+    let trace = trace_id(40);
+    let reply = get(
+        &c.client.netns.path(),
+        &format!("{MIRROR_IP}:80"),
+        "/headers",
+        &[("traceparent", &traceparent(&trace, APP_SPAN, true))],
+    );
+    let app = seen(&reply);
+    let spans = collector.trace(&trace, 3);
+    assert_eq!(spans.len(), 3, "client, gateway and target: {spans:#?}");
+    let client = one(&spans, "client");
+    let servers: Vec<&ReceivedSpan> = spans.iter().filter(|s| s.kind == "server").collect();
+    let by_direction = |direction: &str| {
+        *servers
+            .iter()
+            .find(|s| s.attr("cnimesh.direction") == Some(direction))
+            .unwrap_or_else(|| panic!("a {direction} server span: {spans:#?}"))
+    };
+    let (gateway, target) = (by_direction("gateway"), by_direction("inbound"));
+    assert_eq!(client.parent_span_id.as_deref(), Some(APP_SPAN), "the app's span is the client span's parent");
+    assert_eq!(gateway.parent_span_id.as_deref(), Some(client.span_id.as_str()), "caller's client span → gateway");
+    assert_eq!(target.parent_span_id.as_deref(), Some(gateway.span_id.as_str()), "gateway → target's server span");
+    assert_eq!(app["traceparent"], traceparent(&trace, &target.span_id, true), "the app's parent is the target span");
+    assert_eq!(gateway.attr("cnimesh.client.identity"), Some(client_id.as_str()), "{gateway:#?}");
+    assert_eq!(gateway.attr("cnimesh.server.identity"), Some(gateway_id.as_str()), "{gateway:#?}");
+    assert_eq!(gateway.attr("network.peer.address"), Some(c.client.ipv4().to_string().as_str()), "{gateway:#?}");
+    assert_eq!(target.attr("cnimesh.client.identity"), Some(gateway_id.as_str()), "{target:#?}");
+    for span in [client, gateway, target] {
+        assert_eq!(span.attr("http.response.status_code"), Some("200"), "{span:#?}");
     }
 }

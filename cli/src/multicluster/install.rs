@@ -5,7 +5,9 @@
 //! (`part-of: cnimesh-multicluster`, so `cnimesh prune` never takes them for the mesh's own).
 //!
 //! The anchors and trust domain come from the cluster (the ConfigMap `install` made, the control
-//! plane's `--trust-domain`) unless given: with both flags it renders offline.
+//! plane's `--trust-domain`) unless given: with both flags it renders offline. The gateway's span
+//! collector is the one the control plane gives injected proxies unless `--trace-collector` says
+//! otherwise, so a traced request that crosses clusters stays one trace through the gateway.
 
 use std::path::PathBuf;
 
@@ -17,7 +19,9 @@ use super::super::install::{TRUST_ANCHORS_CONFIG_MAP, TRUST_ANCHORS_KEY, labels}
 use super::super::{ClusterArgs, manifests, yaml};
 use super::{gateway_identity, target};
 use cnimesh_common::names::{CONTROL_NAMESPACE, GATEWAY_NAME, MIRROR_NAME};
-use cnimesh_control::inject::{DEFAULT_CLUSTER_DOMAIN, DEFAULT_PROXY_IMAGE};
+use cnimesh_control::inject::{
+    DEFAULT_CLUSTER_DOMAIN, DEFAULT_PROXY_IMAGE, TRACE_COLLECTOR_ENV, TRACE_OFF, check_trace_collector,
+};
 
 /// `part-of` of every object: an add-on, not the mesh (`cnimesh prune` leaves it alone).
 pub const PART_OF: &str = "cnimesh-multicluster";
@@ -37,6 +41,12 @@ pub struct InstallArgs {
     /// The gateway's image (a cnimesh-proxy image).
     #[arg(long, default_value = DEFAULT_PROXY_IMAGE)]
     pub proxy_image: String,
+    /// The OTLP/gRPC collector the gateway sends its spans to (`host:port`, `http://host:port`,
+    /// `https://host:port`), or `off`, so that a cross-cluster trace has the gateway's hop
+    /// [default: the collector the control plane gives injected proxies, its
+    /// --proxy-trace-collector, when the trust domain is read from the cluster].
+    #[arg(long, value_name = "ADDRESS")]
+    pub trace_collector: Option<String>,
 }
 
 pub async fn main(cluster: &ClusterArgs, args: &InstallArgs) -> anyhow::Result<String> {
@@ -54,11 +64,22 @@ pub async fn main(cluster: &ClusterArgs, args: &InstallArgs) -> anyhow::Result<S
             })?
         }
     };
+    let mut args = args.clone();
     let trust_domain = match &args.trust_domain {
         Some(domain) => domain.clone(),
-        None => target::trust_domain(&cluster.client().await?).await?,
+        None => {
+            let control = target::control_deployment(&cluster.client().await?).await?;
+            if args.trace_collector.is_none() {
+                args.trace_collector = target::proxy_trace_collector_of(&control);
+                if let Some(collector) = args.trace_collector.as_deref().filter(|c| c.trim() != TRACE_OFF) {
+                    check_trace_collector(collector)
+                        .map_err(|why| anyhow::anyhow!("the control plane's --proxy-trace-collector: {why}"))?;
+                }
+            }
+            target::trust_domain_of(&control)
+        }
     };
-    Ok(yaml::render(&render(args, &anchors, &trust_domain)?))
+    Ok(yaml::render(&render(&args, &anchors, &trust_domain)?))
 }
 
 /// The documents for these values; bad values are refused by name.
@@ -76,6 +97,12 @@ pub fn render(args: &InstallArgs, anchors_pem: &str, trust_domain: &str) -> anyh
         format!("cnimesh-control.{CONTROL_NAMESPACE}.svc.{domain}:{}", cnimesh_common::names::CONTROL_PORT);
     let control_identity =
         format!("cnimesh-control.{CONTROL_NAMESPACE}.serviceaccount.identity.cnimesh.{trust_domain}");
+    let tracing = match args.trace_collector.as_deref().map(str::trim) {
+        None | Some(TRACE_OFF) => None,
+        Some(collector) => {
+            Some(check_trace_collector(collector).map_err(|why| anyhow::anyhow!("--trace-collector: {why}"))?)
+        }
+    };
     let mut docs = Vec::new();
     for (name, text) in manifests::MULTICLUSTER_FILES {
         docs.extend(yaml::documents(text, name).with_context(|| format!("the shipped {name}"))?);
@@ -93,6 +120,10 @@ pub fn render(args: &InstallArgs, anchors_pem: &str, trust_domain: &str) -> anyh
                     _ => continue,
                 };
                 var["value"] = json!(value);
+            }
+            if let Some(collector) = &tracing {
+                let env = container["env"].as_array_mut().context("the gateway's environment")?;
+                env.push(json!({"name": TRACE_COLLECTOR_ENV, "value": collector}));
             }
         }
     }

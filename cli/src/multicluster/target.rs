@@ -14,32 +14,46 @@ pub const READER_TOKEN_SECRET: &str = "cnimesh-mirror-reader-token";
 /// The gateway Service's mTLS port name.
 pub const GATEWAY_PORT_NAME: &str = "mc-gateway";
 
+/// The control plane's Deployment, whose flags say the cluster's trust domain and the tracing it
+/// gives injected proxies.
+pub async fn control_deployment(client: &kube::Client) -> anyhow::Result<Deployment> {
+    let api: kube::Api<Deployment> = kube::Api::namespaced(client.clone(), CONTROL_NAMESPACE);
+    api.get(CONTROL_NAME)
+        .await
+        .with_context(|| format!("reading Deployment {CONTROL_NAMESPACE}/{CONTROL_NAME} for the trust domain"))
+}
+
 /// The trust domain the control plane's Deployment runs with: `CNIMESH_CONTROL_TRUST_DOMAIN` or
 /// `--trust-domain`, else the default.
 pub async fn trust_domain(client: &kube::Client) -> anyhow::Result<String> {
-    let api: kube::Api<Deployment> = kube::Api::namespaced(client.clone(), CONTROL_NAMESPACE);
-    let deployment = api
-        .get(CONTROL_NAME)
-        .await
-        .with_context(|| format!("reading Deployment {CONTROL_NAMESPACE}/{CONTROL_NAME} for the trust domain"))?;
-    Ok(trust_domain_of(&deployment))
+    Ok(trust_domain_of(&control_deployment(client).await?))
 }
 
 /// Pure: the trust domain a control plane Deployment sets.
 pub fn trust_domain_of(deployment: &Deployment) -> String {
+    control_setting(deployment, "--trust-domain", "CNIMESH_CONTROL_TRUST_DOMAIN")
+        .unwrap_or_else(|| DEFAULT_TRUST_DOMAIN.to_string())
+}
+
+/// Pure: the collector the control plane gives injected proxies (`--proxy-trace-collector` or
+/// `CNIMESH_CONTROL_PROXY_TRACE_COLLECTOR`), if any.
+pub fn proxy_trace_collector_of(deployment: &Deployment) -> Option<String> {
+    control_setting(deployment, "--proxy-trace-collector", "CNIMESH_CONTROL_PROXY_TRACE_COLLECTOR")
+}
+
+/// Pure: one setting of the control plane's container, its flag (`--flag=v` or `--flag v`)
+/// winning over its environment variable, as clap reads them; empty counts as unset.
+fn control_setting(deployment: &Deployment, flag: &str, env: &str) -> Option<String> {
     let containers = deployment.spec.as_ref().and_then(|s| s.template.spec.as_ref()).map(|s| s.containers.as_slice());
-    let Some(container) = containers.unwrap_or_default().iter().find(|c| c.name == CONTROL_NAME) else {
-        return DEFAULT_TRUST_DOMAIN.to_string();
-    };
-    let from_env =
-        container.env.iter().flatten().find(|e| e.name == "CNIMESH_CONTROL_TRUST_DOMAIN").and_then(|e| e.value.clone());
+    let container = containers.unwrap_or_default().iter().find(|c| c.name == CONTROL_NAME)?;
+    let from_env = container.env.iter().flatten().find(|e| e.name == env).and_then(|e| e.value.clone());
     let args: Vec<&String> = container.command.iter().flatten().chain(container.args.iter().flatten()).collect();
-    let from_args = args.iter().enumerate().find_map(|(i, a)| match a.strip_prefix("--trust-domain") {
+    let from_args = args.iter().enumerate().find_map(|(i, a)| match a.strip_prefix(flag) {
         Some(rest) if rest.starts_with('=') => Some(rest[1..].to_string()),
         Some("") => args.get(i + 1).map(|v| v.to_string()),
         _ => None,
     });
-    from_args.or(from_env).filter(|d| !d.is_empty()).unwrap_or_else(|| DEFAULT_TRUST_DOMAIN.to_string())
+    from_args.or(from_env).filter(|v| !v.is_empty())
 }
 
 /// The gateway's address and port from its Service: the first LoadBalancer ingress (IP, else

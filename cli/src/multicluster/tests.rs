@@ -46,6 +46,7 @@ fn install_args() -> InstallArgs {
         trust_domain: None,
         cluster_domain: "cluster.local".into(),
         proxy_image: "ghcr.io/cnimesh/cnimesh-proxy:test".into(),
+        trace_collector: None,
     }
 }
 
@@ -126,6 +127,44 @@ fn install_refuses_anchors_without_a_certificate_and_a_bad_trust_domain_by_name(
     let anchor = new_trust_anchor("west.local", DAY).unwrap();
     let e = render_install(&install_args(), &anchor.cert_pem, "bad domain!").unwrap_err();
     assert!(e.to_string().contains("bad domain!"), "{e}");
+}
+
+/// The gateway's `CNIMESH_PROXY_TRACE_COLLECTOR` in what `install` renders with `args`.
+fn gateway_collector(args: &InstallArgs) -> anyhow::Result<Option<String>> {
+    let anchor = new_trust_anchor("west.local", DAY).unwrap();
+    let docs = render_install(args, &anchor.cert_pem, "west.local")?;
+    let gateway =
+        docs.iter().find(|d| d["kind"] == "Deployment" && d["metadata"]["name"] == "cnimesh-gateway").unwrap();
+    let env = gateway["spec"]["template"]["spec"]["containers"][0]["env"].as_array().unwrap();
+    Ok(env.iter().find(|e| e["name"] == "CNIMESH_PROXY_TRACE_COLLECTOR").map(|e| e["value"].as_str().unwrap().into()))
+}
+
+#[test]
+fn install_gives_the_gateway_the_span_collector_of_the_control_plane_or_the_one_given_and_none_when_off() {
+    assert_eq!(gateway_collector(&install_args()).unwrap(), None, "no tracing by default");
+    let with = |collector: &str| InstallArgs { trace_collector: Some(collector.into()), ..install_args() };
+    assert_eq!(gateway_collector(&with("otel.tracing:4317")).unwrap().as_deref(), Some("otel.tracing:4317"));
+    assert_eq!(gateway_collector(&with("off")).unwrap(), None);
+    let e = gateway_collector(&with("http://bad host:4317")).unwrap_err();
+    assert!(e.to_string().contains("--trace-collector") && e.to_string().contains("bad host"), "{e}");
+
+    // Where `install` takes the default from: the control plane's Deployment, flag or environment.
+    let control = |container: Value| -> k8s_openapi::api::apps::v1::Deployment {
+        serde_json::from_value(json!({"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "cnimesh-control", "namespace": "cnimesh"},
+            "spec": {"selector": {}, "template": {"spec": {"containers": [container]}}}}))
+        .unwrap()
+    };
+    let collector_of = |container| super::target::proxy_trace_collector_of(&control(container));
+    let flag =
+        json!({"name": "cnimesh-control", "args": ["serve", "--proxy-trace-collector=http://otel.tracing:4317"]});
+    assert_eq!(collector_of(flag).as_deref(), Some("http://otel.tracing:4317"));
+    let env = json!({"name": "cnimesh-control", "env": [{"name": "CNIMESH_CONTROL_PROXY_TRACE_COLLECTOR", "value": "otel:4317"}]});
+    assert_eq!(collector_of(env).as_deref(), Some("otel:4317"));
+    assert_eq!(
+        collector_of(json!({"name": "cnimesh-control", "args": ["serve", "--trust-domain", "west.local"]})),
+        None
+    );
 }
 
 const DEPLOYMENT: &str = "/apis/apps/v1/namespaces/cnimesh/deployments/cnimesh-control";

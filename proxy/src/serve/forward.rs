@@ -144,13 +144,16 @@ impl HttpProxy {
 
     /// What a request's span reports of the connection.
     fn conn_info(&self) -> ConnInfo<'_> {
-        let gateway = matches!(&self.side, Side::Outbound(o) if o.gateway_client.is_some());
+        let gateway_client = match &self.side {
+            Side::Outbound(o) => o.gateway_client.as_ref().and_then(|client| client.to_str().ok()),
+            Side::Inbound(_) => None,
+        };
         ConnInfo {
             direction: self.direction,
             peer: self.peer,
             tls: &self.tls,
             service: service_of(&self.target),
-            gateway,
+            gateway_client,
         }
     }
 

@@ -134,14 +134,14 @@ pub struct ConnInfo<'a> {
     pub direction: Direction,
     /// The client (inbound: the peer; outbound: the app).
     pub peer: SocketAddr,
-    /// The connection's TLS (inbound: the client's; outbound: the target's).
+    /// The connection's TLS (inbound: the client's; outbound, a gateway's too: the target's).
     pub tls: &'a TlsLabel,
     /// Outbound: the Service the connection's target balances over.
     pub service: Option<&'a str>,
-    /// A gateway's connection (outbound to this cluster's Service, `tls` the calling proxy's):
-    /// its span is the hop's SERVER span, so a cross-cluster trace runs client → gateway →
-    /// target without a gap.
-    pub gateway: bool,
+    /// A gateway's connection (outbound to this cluster's Service): the calling proxy's verified
+    /// identity. Its span is the hop's SERVER span, so a cross-cluster trace runs client →
+    /// gateway → target without a gap.
+    pub gateway_client: Option<&'a str>,
 }
 
 /// The span of a request with `req`'s headers, or `None` when it is not sampled (an untrusted
@@ -168,7 +168,7 @@ pub fn start<B>(
     let authority = authority(req);
     let kind = match conn.direction {
         Direction::inbound => SpanKind::Server,
-        Direction::outbound if conn.gateway => SpanKind::Server,
+        Direction::outbound if conn.gateway_client.is_some() => SpanKind::Server,
         Direction::outbound => SpanKind::Client,
     };
     let method = req.method().as_str().to_string();
@@ -193,27 +193,27 @@ pub fn start<B>(
     }
     let direction = match conn.direction {
         Direction::inbound => "inbound",
-        Direction::outbound if conn.gateway => "gateway",
+        Direction::outbound if conn.gateway_client.is_some() => "gateway",
         Direction::outbound => "outbound",
     };
     span.set("cnimesh.direction", direction);
     span.set("cnimesh.tls", conn.tls.tls);
     // The serving side (inbound, or a gateway, whose client is another cluster's proxy with its
-    // verified identity in `tls`) names its peer and itself as the server; the calling side
-    // names itself as the client and the target's identity as the server.
-    let serving = conn.direction == Direction::inbound || conn.gateway;
-    let (client, server) = if serving {
-        span.set("network.peer.address", conn.peer.ip().to_string());
-        span.set("network.peer.port", i64::from(conn.peer.port()));
-        (&conn.tls.client_id, &tracer.identity)
-    } else {
-        (&tracer.identity, &conn.tls.server_id)
+    // verified identity) names its peer and itself as the server; the calling side names itself
+    // as the client and the target's identity as the server.
+    let (client, server) = match (conn.direction, conn.gateway_client) {
+        (Direction::inbound, _) | (Direction::outbound, Some(_)) => {
+            span.set("network.peer.address", conn.peer.ip().to_string());
+            span.set("network.peer.port", i64::from(conn.peer.port()));
+            (conn.gateway_client.or(conn.tls.client_id.as_deref()), tracer.identity.as_deref())
+        }
+        (Direction::outbound, None) => (tracer.identity.as_deref(), conn.tls.server_id.as_deref()),
     };
     if let Some(id) = client {
-        span.set("cnimesh.client.identity", id.clone());
+        span.set("cnimesh.client.identity", id.to_string());
     }
     if let Some(id) = server {
-        span.set("cnimesh.server.identity", id.clone());
+        span.set("cnimesh.server.identity", id.to_string());
     }
     // Outbound (a gateway too): the Service the request goes to.
     if conn.direction == Direction::outbound
@@ -283,13 +283,18 @@ mod tests {
             .header("traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
             .body(())
             .unwrap();
-        let tls = TlsLabel { tls: true, client_id: Some(CALLER.into()), server_id: None };
+        // As the gateway holds them: the TLS of its connection to the target, the caller apart.
+        let tls = TlsLabel {
+            tls: true,
+            client_id: None,
+            server_id: Some("api.shop.serviceaccount.identity.cnimesh.west.local".into()),
+        };
         let conn = ConnInfo {
             direction: Direction::outbound,
             peer: "10.2.0.9:40000".parse().unwrap(),
             tls: &tls,
             service: Some("api.shop.svc.west.local"),
-            gateway: true,
+            gateway_client: Some(CALLER),
         };
         let traced = start(&tracer, &mut req, |_| "api.shop.svc.west.local:80", &conn).expect("the caller sampled it");
         let span = &traced.span;

@@ -117,8 +117,9 @@ impl HttpProxy {
         // The request is made for this endpoint; another one it may go to takes the same form.
         let upstream = picked.upstream.clone();
         if let Some(span) = span.as_deref_mut() {
-            // A CLIENT span's peer is the endpoint; a SERVER span's stays the client.
-            if self.direction == Direction::outbound {
+            // A CLIENT span's peer is the endpoint; a SERVER span's (a gateway's too) stays the
+            // client.
+            if span.kind == cnimesh_trace::SpanKind::Client {
                 spans::peer(span, upstream.addr);
             }
             spans::propagate(req.headers_mut(), span, b3);
@@ -191,7 +192,7 @@ impl HttpProxy {
         let target = upstream.addr;
         if let Some(traced) = traced {
             let b3 = traced.b3();
-            if self.direction == Direction::outbound {
+            if traced.span.kind == cnimesh_trace::SpanKind::Client {
                 spans::peer(&mut traced.span, target);
             }
             spans::propagate(req.headers_mut(), &traced.span, b3);
