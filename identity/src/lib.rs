@@ -4,6 +4,7 @@
 pub mod anchors;
 pub mod ca;
 pub mod current;
+pub mod endorsement;
 pub mod grpc_channel;
 pub mod name;
 pub mod pem;

@@ -14,7 +14,7 @@ use cnimesh_identity::Name;
 pub use crate::outbound::static_identities::EndpointMatch;
 pub use crate::serve::spans::TraceConfig;
 pub use crate::transport::identity::config::{
-    IdentityConfig, TRUST_ANCHORS_FILE_VAR, TRUST_ANCHORS_PEM_VAR, TrustAnchors,
+    IdentityConfig, TRUST_ANCHORS_ENDORSED_BY_VAR, TRUST_ANCHORS_FILE_VAR, TRUST_ANCHORS_PEM_VAR, TrustAnchors,
 };
 
 #[derive(Debug, Clone)]
@@ -346,6 +346,10 @@ pub struct Args {
     /// The trust anchors' PEM text.
     #[arg(long, env = TRUST_ANCHORS_PEM_VAR, hide_env_values = true)]
     pub identity_trust_anchors_pem: Option<String>,
+    /// With both of the above: start from the PEM, then follow the file only when this identity
+    /// (the control plane's) endorses what it holds.
+    #[arg(long, env = TRUST_ANCHORS_ENDORSED_BY_VAR, value_parser = parsed::<Name>)]
+    pub identity_trust_anchors_endorsed_by: Option<Name>,
     /// Projected service-account token [default: /var/run/secrets/tokens/cnimesh-identity-token].
     #[arg(long, env = "CNIMESH_PROXY_IDENTITY_TOKEN_FILE")]
     pub identity_token_file: Option<PathBuf>,
@@ -611,20 +615,41 @@ fn identity(args: &Args) -> Result<Option<IdentityConfig>, ConfigError> {
         };
     };
     let n = "CNIMESH_PROXY_IDENTITY_NAME";
-    let trust_anchors = match (&args.identity_trust_anchors, &args.identity_trust_anchors_pem) {
-        (Some(_), Some(pem)) => {
+    let pem_of = |pem: &String| {
+        if pem.trim().is_empty() {
+            return Err(ConfigError::invalid(TRUST_ANCHORS_PEM_VAR, "", "empty: PEM certificates expected"));
+        }
+        Ok(pem.clone())
+    };
+    let trust_anchors = match (
+        &args.identity_trust_anchors,
+        &args.identity_trust_anchors_pem,
+        &args.identity_trust_anchors_endorsed_by,
+    ) {
+        (Some(file), Some(pem), Some(signer)) => {
+            TrustAnchors::Endorsed { pem: pem_of(pem)?, file: file.clone(), signer: signer.clone() }
+        }
+        (Some(_), Some(pem), None) => {
             return Err(ConfigError::invalid(
                 TRUST_ANCHORS_PEM_VAR,
                 redacted(pem),
-                format!("set together with {TRUST_ANCHORS_FILE_VAR}; set exactly one of the two"),
+                format!(
+                    "set together with {TRUST_ANCHORS_FILE_VAR}: set exactly one of the two, or both with {TRUST_ANCHORS_ENDORSED_BY_VAR}"
+                ),
             ));
         }
-        (Some(path), None) => TrustAnchors::File(path.clone()),
-        (None, Some(pem)) if pem.trim().is_empty() => {
-            return Err(ConfigError::invalid(TRUST_ANCHORS_PEM_VAR, "", "empty: PEM certificates expected"));
+        (_, _, Some(signer)) => {
+            return Err(ConfigError::invalid(
+                TRUST_ANCHORS_ENDORSED_BY_VAR,
+                signer.as_str(),
+                format!(
+                    "needs both {TRUST_ANCHORS_PEM_VAR} (the anchors at start) and {TRUST_ANCHORS_FILE_VAR} (the file it endorses)"
+                ),
+            ));
         }
-        (None, Some(pem)) => TrustAnchors::Pem(pem.clone()),
-        (None, None) => {
+        (Some(path), None, None) => TrustAnchors::File(path.clone()),
+        (None, Some(pem), None) => TrustAnchors::Pem(pem_of(pem)?),
+        (None, None, None) => {
             return Err(ConfigError::invalid(
                 TRUST_ANCHORS_FILE_VAR,
                 "",
@@ -780,7 +805,7 @@ mod tests {
     }
 
     #[test]
-    fn trust_anchors_come_from_exactly_one_of_a_file_or_pem_text() {
+    fn trust_anchors_come_from_a_file_or_pem_text_or_the_pem_then_a_file_its_signer_endorses() {
         const PEM: &str = "-----BEGIN CERTIFICATE-----\nTUlJQ2FuY2hvcg==\n-----END CERTIFICATE-----\n";
         let name = ("CNIMESH_PROXY_IDENTITY_NAME", "web.shop.serviceaccount.identity.cnimesh.cluster.local");
         let addr = ("CNIMESH_PROXY_IDENTITY_ADDR", "control:4190");
@@ -802,6 +827,22 @@ mod tests {
         assert!(empty.to_string().contains("empty"), "{empty}");
         let orphan = anchors(&[pem]).unwrap_err().to_string();
         assert!(orphan.contains("without CNIMESH_PROXY_IDENTITY_NAME"), "{orphan}");
+
+        let control = "cnimesh-control.cnimesh.serviceaccount.identity.cnimesh.cluster.local";
+        let by = ("CNIMESH_PROXY_IDENTITY_TRUST_ANCHORS_ENDORSED_BY", control);
+        let endorsed = anchors(&[name, addr, file, pem, by]).unwrap();
+        assert_eq!(
+            endorsed,
+            TrustAnchors::Endorsed { pem: PEM.into(), file: "/ca.crt".into(), signer: Name::parse(control).unwrap() }
+        );
+        assert!(!format!("{endorsed:?}").contains("TUlJQ2FuY2hvcg"), "{endorsed:?}");
+        // An endorsed file needs the anchors to verify its endorsement with at start.
+        for lacking in [&[name, addr, file, by][..], &[name, addr, pem, by]] {
+            let e = anchors(lacking).unwrap_err().to_string();
+            assert!(e.contains(TRUST_ANCHORS_ENDORSED_BY_VAR) && e.contains("needs both"), "{e}");
+        }
+        let bad = anchors(&[name, addr, file, pem, ("CNIMESH_PROXY_IDENTITY_TRUST_ANCHORS_ENDORSED_BY", "Not A Name")]);
+        assert!(bad.unwrap_err().to_string().contains(TRUST_ANCHORS_ENDORSED_BY_VAR));
         for e in [both, orphan] {
             assert!(!e.contains("TUlJQ2FuY2hvcg"), "the PEM itself stays out of errors: {e}");
         }

@@ -51,6 +51,11 @@ pub fn env_json(config: &Config, env: &[(String, String)]) -> Value {
             "trust_anchors": match &id.trust_anchors {
                 TrustAnchors::File(path) => json!({ "file": path }),
                 TrustAnchors::Pem(pem) => json!({ "pem": format!("<{} bytes, not shown>", pem.len()) }),
+                TrustAnchors::Endorsed { pem, file, signer } => json!({
+                    "pem": format!("<{} bytes, not shown>", pem.len()),
+                    "file": file,
+                    "endorsed_by": signer.as_str(),
+                }),
             },
             "token_file": id.token_file,
             "control_addr": id.control_addr,

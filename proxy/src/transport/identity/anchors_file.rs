@@ -8,27 +8,52 @@
 //! usable certificate, is logged and the anchors in force stay: an emptied bundle must not make
 //! the proxy trust nothing (or anything).
 //!
-//! Anchors given as PEM text (`CNIMESH_PROXY_IDENTITY_TRUST_ANCHORS_PEM`, what the injector
-//! sets) are fixed for the pod's life: a rotation restarts those workloads after the bundle step.
+//! On a cluster the injector gives both: the PEM text (`CNIMESH_PROXY_IDENTITY_TRUST_ANCHORS_PEM`)
+//! the proxy starts with, and the namespace's trust-bundle ConfigMap as the file, taken only with
+//! the control plane's endorsement (`CNIMESH_PROXY_IDENTITY_TRUST_ANCHORS_ENDORSED_BY`): whoever
+//! may write ConfigMaps in the namespace cannot add an anchor. Anchors given as PEM text alone are
+//! fixed for the pod's life.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use anyhow::Context;
+use cnimesh_identity::Name;
 use cnimesh_identity::tls::Anchors;
-
-use super::config::TrustAnchors;
 
 /// How often the file is looked at.
 pub const POLL: Duration = Duration::from_secs(1);
 
-/// Keeps `anchors` equal to what `path` holds, forever (the proxy's life).
-pub async fn follow(path: PathBuf, anchors: Arc<Anchors>) {
-    let mut last = std::fs::read(&path).ok();
+/// The endorsement of the bundle at `path`: beside it, `<file name>.endorsement` (another key
+/// of the same ConfigMap, so the kubelet swaps both at once).
+pub fn endorsement_path(path: &Path) -> PathBuf {
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(".endorsement");
+    path.with_file_name(name)
+}
+
+/// Keeps `anchors` equal to what `path` holds, forever (the proxy's life). With `signer`, a bundle
+/// is taken only when its endorsement ([`endorsement_path`]) is `signer`'s, verified under the
+/// anchors in force ([`cnimesh_identity::endorsement`]); anything else is logged and those stay.
+pub async fn follow(path: PathBuf, anchors: Arc<Anchors>, signer: Option<Name>) {
+    let endorsement = signer.as_ref().map(|_| endorsement_path(&path));
+    let read = |path: &Path| std::fs::read(path);
+    // Unendorsed, the file was loaded at start; endorsed, the anchors in force came from the
+    // pod's environment and the file is yet to be checked.
+    let mut last = match &endorsement {
+        None => read(&path).ok().map(|bundle| (bundle, None)),
+        Some(_) => None,
+    };
     loop {
         tokio::time::sleep(POLL).await;
-        let read = match tokio::fs::read(&path).await {
-            Ok(bytes) => bytes,
+        let seen = match (tokio::fs::read(&path).await, &endorsement) {
+            (Ok(bundle), None) => Ok((bundle, None)),
+            (Ok(bundle), Some(endorsement)) => tokio::fs::read(endorsement).await.map(|e| (bundle, Some(e))),
+            (Err(error), _) => Err(error),
+        };
+        let seen = match seen {
+            Ok(seen) => seen,
             Err(error) => {
                 if last.take().is_some() {
                     tracing::warn!(path = %path.display(), %error, "trust anchors unreadable; keeping those in force");
@@ -36,10 +61,10 @@ pub async fn follow(path: PathBuf, anchors: Arc<Anchors>) {
                 continue;
             }
         };
-        if last.as_ref() == Some(&read) {
+        if last.as_ref() == Some(&seen) {
             continue;
         }
-        match super::trust_anchors(&TrustAnchors::File(path.clone())).and_then(|roots| Ok(anchors.set(roots)?)) {
+        match take(&path, &seen, &anchors, signer.as_ref()) {
             Ok(()) => {
                 tracing::info!(path = %path.display(), anchors = anchors.len(), "trust anchors reloaded");
             }
@@ -47,13 +72,105 @@ pub async fn follow(path: PathBuf, anchors: Arc<Anchors>) {
                 tracing::warn!(path = %path.display(), error = format!("{error:#}"), "trust anchors not reloaded; keeping those in force")
             }
         }
-        last = Some(read);
+        last = Some(seen);
     }
+}
+
+/// Puts the bundle in `seen` in force, once endorsed by `signer` when one is required.
+fn take(
+    path: &Path,
+    seen: &(Vec<u8>, Option<Vec<u8>>),
+    anchors: &Arc<Anchors>,
+    signer: Option<&Name>,
+) -> anyhow::Result<()> {
+    if let (Some(signer), (bundle, Some(endorsement))) = (signer, seen) {
+        cnimesh_identity::endorsement::verify(bundle, endorsement, anchors.clone(), signer)
+            .with_context(|| format!("the endorsement of {}", path.display()))?;
+    }
+    let certs = cnimesh_identity::pem::certs(&seen.0, &format!("trust anchors {}", path.display()))?;
+    anchors.set(cnimesh_identity::tls::roots(&certs)?)?;
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
+    use std::time::SystemTime;
+
+    use cnimesh_identity::ca::{CaPem, Signer, new_issuer, new_trust_anchor};
+    use rustls_pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
+
+    use super::super::config::TrustAnchors;
     use super::*;
+
+    const HOUR: Duration = Duration::from_secs(3600);
+    const CONTROL: &str = "cnimesh-control.cnimesh.serviceaccount.identity.cnimesh.cluster.local";
+
+    /// Waits (bounded) until `anchors` holds `n`.
+    async fn wait_for(anchors: &Anchors, n: usize) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while anchors.len() != n {
+            assert!(tokio::time::Instant::now() < deadline, "never {n} anchors");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// A mesh certificate for `name` from `issuer`: its chain and key.
+    fn certified(issuer: &CaPem, name: &str) -> Arc<rustls::sign::CertifiedKey> {
+        let signer = Signer::new(issuer).unwrap();
+        let name = Name::parse(name).unwrap();
+        let (key, _) = cnimesh_identity::ca::new_csr(&name).unwrap();
+        let now = SystemTime::now();
+        let leaf = signer.sign(&name, &key, now - HOUR, now + HOUR).unwrap();
+        let chain = vec![leaf, signer.issuer_der.clone()];
+        let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
+        cnimesh_identity::tls::certified_key(chain, key).unwrap()
+    }
+
+    /// `bundle` and its endorsement by a mesh certificate for `name` from `issuer`.
+    fn write_endorsed(path: &Path, bundle: &str, issuer: &CaPem, name: &str) {
+        let certified = certified(issuer, name);
+        let endorsement = cnimesh_identity::endorsement::endorse(bundle.as_bytes(), &certified).unwrap();
+        // The endorsement first: the bundle's change is what the follower acts on.
+        std::fs::write(endorsement_path(path), endorsement).unwrap();
+        std::fs::write(path, bundle).unwrap();
+    }
+
+    #[tokio::test]
+    async fn an_endorsed_file_rotates_the_anchors_and_one_endorsed_by_anyone_else_is_never_taken() {
+        let old = new_trust_anchor("cluster.local", HOUR).unwrap();
+        let old_issuer = new_issuer(&old, "cluster.local", HOUR).unwrap();
+        let new = new_trust_anchor("cluster.local", HOUR).unwrap();
+        let attacker = new_trust_anchor("cluster.local", HOUR).unwrap();
+        let dir = std::env::temp_dir().join(format!("cnimesh-proxy-endorsed-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("ca.crt");
+        let anchors =
+            Anchors::new(super::super::trust_anchors(&TrustAnchors::Pem(old.cert_pem.clone())).unwrap()).unwrap();
+        tokio::spawn(follow(path.clone(), anchors.clone(), Some(Name::parse(CONTROL).unwrap())));
+
+        // A ConfigMap writer's bundle, endorsed by a workload's valid certificate, by the
+        // control plane's name from the attacker's own CA, or not endorsed at all.
+        let planted = format!("{}{}", old.cert_pem, attacker.cert_pem);
+        write_endorsed(&path, &planted, &old_issuer, "web.shop.serviceaccount.identity.cnimesh.cluster.local");
+        tokio::time::sleep(POLL * 3).await;
+        let attacker_issuer = new_issuer(&attacker, "cluster.local", HOUR).unwrap();
+        write_endorsed(&path, &format!("{planted}\n"), &attacker_issuer, CONTROL);
+        tokio::time::sleep(POLL * 3).await;
+        std::fs::remove_file(endorsement_path(&path)).unwrap();
+        std::fs::write(&path, format!("{planted}\n\n")).unwrap();
+        tokio::time::sleep(POLL * 3).await;
+        assert_eq!(anchors.len(), 1, "no planted anchor is taken");
+
+        // The rotation: old + new endorsed under old, then new alone.
+        write_endorsed(&path, &format!("{}{}", old.cert_pem, new.cert_pem), &old_issuer, CONTROL);
+        wait_for(&anchors, 2).await;
+        write_endorsed(&path, &new.cert_pem, &old_issuer, CONTROL);
+        wait_for(&anchors, 1).await;
+        let under_new = certified(&new_issuer(&new, "cluster.local", HOUR).unwrap(), CONTROL);
+        cnimesh_identity::tls::verify(anchors.clone(), &under_new.cert, &Name::parse(CONTROL).unwrap())
+            .expect("the one anchor in force is the new one");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[tokio::test]
     async fn a_rewritten_bundle_is_followed_and_a_broken_one_keeps_the_anchors_in_force() {
@@ -63,7 +180,7 @@ mod tests {
         let path = std::env::temp_dir().join(format!("cnimesh-proxy-anchors-follow-{}.crt", std::process::id()));
         std::fs::write(&path, &old).unwrap();
         let anchors = Anchors::new(super::super::trust_anchors(&TrustAnchors::File(path.clone())).unwrap()).unwrap();
-        tokio::spawn(follow(path.clone(), anchors.clone()));
+        tokio::spawn(follow(path.clone(), anchors.clone(), None));
         // Let it read the file as it is now (a current-thread runtime: it runs until it sleeps).
         tokio::task::yield_now().await;
         let wait_for = |n: usize| {

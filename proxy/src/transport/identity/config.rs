@@ -22,7 +22,8 @@ pub struct IdentityConfig {
     pub max_backoff: Duration,
 }
 
-/// Where the PEM trust anchors come from: exactly one of the two variables.
+/// Where the PEM trust anchors come from: one of the two variables, or both with an endorsing
+/// signer.
 #[derive(Clone, PartialEq, Eq)]
 pub enum TrustAnchors {
     /// A file (`CNIMESH_PROXY_IDENTITY_TRUST_ANCHORS`), e.g. a mounted ConfigMap.
@@ -31,10 +32,17 @@ pub enum TrustAnchors {
     /// it, so a proxy needs no volume (Linkerd's `LINKERD2_PROXY_IDENTITY_TRUST_ANCHORS` does the
     /// same).
     Pem(String),
+    /// The PEM text at start, then the file whenever `signer` endorses what it holds
+    /// (`CNIMESH_PROXY_IDENTITY_TRUST_ANCHORS_ENDORSED_BY`, [`cnimesh_identity::endorsement`]):
+    /// the injector's form on a cluster, the file a ConfigMap the control plane writes into the
+    /// pod's namespace, so a rotation reaches running proxies without restarts and a ConfigMap
+    /// writer cannot add an anchor.
+    Endorsed { pem: String, file: PathBuf, signer: Name },
 }
 
 pub const TRUST_ANCHORS_FILE_VAR: &str = "CNIMESH_PROXY_IDENTITY_TRUST_ANCHORS";
 pub const TRUST_ANCHORS_PEM_VAR: &str = "CNIMESH_PROXY_IDENTITY_TRUST_ANCHORS_PEM";
+pub const TRUST_ANCHORS_ENDORSED_BY_VAR: &str = "CNIMESH_PROXY_IDENTITY_TRUST_ANCHORS_ENDORSED_BY";
 
 impl TrustAnchors {
     /// Where the anchors came from, for messages: the file's path, or the variable's name
@@ -42,7 +50,7 @@ impl TrustAnchors {
     pub fn source(&self) -> String {
         match self {
             Self::File(path) => format!("{} ({TRUST_ANCHORS_FILE_VAR})", path.display()),
-            Self::Pem(_) => TRUST_ANCHORS_PEM_VAR.to_string(),
+            Self::Pem(_) | Self::Endorsed { .. } => TRUST_ANCHORS_PEM_VAR.to_string(),
         }
     }
 }
@@ -54,6 +62,14 @@ impl std::fmt::Debug for TrustAnchors {
         match self {
             Self::File(path) => f.debug_tuple("File").field(path).finish(),
             Self::Pem(pem) => write!(f, "Pem({TRUST_ANCHORS_PEM_VAR}, {} bytes)", pem.len()),
+            Self::Endorsed { pem, file, signer } => {
+                write!(
+                    f,
+                    "Endorsed({TRUST_ANCHORS_PEM_VAR}, {} bytes, then {} endorsed by {signer})",
+                    pem.len(),
+                    file.display()
+                )
+            }
         }
     }
 }

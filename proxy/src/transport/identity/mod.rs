@@ -77,7 +77,9 @@ pub(crate) fn trust_anchors(anchors: &TrustAnchors) -> anyhow::Result<Arc<RootCe
             let pem = std::fs::read(path).with_context(|| format!("reading trust anchors {source}"))?;
             cnimesh_identity::pem::certs(&pem, &format!("trust anchors {source}"))?
         }
-        TrustAnchors::Pem(pem) => cnimesh_identity::pem::certs(pem.as_bytes(), &format!("trust anchors {source}"))?,
+        TrustAnchors::Pem(pem) | TrustAnchors::Endorsed { pem, .. } => {
+            cnimesh_identity::pem::certs(pem.as_bytes(), &format!("trust anchors {source}"))?
+        }
     };
     tls::roots(&certs).with_context(|| format!("trust anchors {source}"))
 }

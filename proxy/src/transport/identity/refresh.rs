@@ -40,8 +40,14 @@ pub struct IdentityMetrics {
 
 /// Runs forever: obtains and renews the certificate.
 pub async fn run(identity: Arc<Identity>, config: IdentityConfig, metrics: IdentityMetrics) {
-    if let TrustAnchors::File(path) = &config.trust_anchors {
-        tokio::spawn(super::anchors_file::follow(path.clone(), identity.roots.clone()));
+    match &config.trust_anchors {
+        TrustAnchors::File(path) => {
+            tokio::spawn(super::anchors_file::follow(path.clone(), identity.roots.clone(), None));
+        }
+        TrustAnchors::Endorsed { file, signer, .. } => {
+            tokio::spawn(super::anchors_file::follow(file.clone(), identity.roots.clone(), Some(signer.clone())));
+        }
+        TrustAnchors::Pem(_) => {}
     }
     let (key, csr) = match cnimesh_identity::ca::new_csr(&identity.name) {
         Ok(k) => k,

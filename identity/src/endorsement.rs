@@ -1,0 +1,211 @@
+//! Endorsed trust-anchor bundles. On a cluster the control plane copies its trust anchors into a
+//! ConfigMap in every namespace, which injected proxies mount and re-read, so that rotating the
+//! mesh's root needs no workload restart. A ConfigMap in a namespace can be written by anyone
+//! granted ConfigMap write there; were proxies to trust what the file says, that grant would let
+//! its holder add an anchor of their own and then impersonate any identity to that namespace's
+//! proxies. So the bundle travels with an endorsement: the control plane's signature over it, by
+//! the key of its own mesh certificate, with that certificate's chain. A proxy takes a new bundle
+//! only when the chain verifies under the anchors it already trusts, names the control plane's
+//! identity, and the signature verifies the bundle's bytes. The first anchors come from the pod's
+//! environment, which only the injector writes.
+//!
+//! The endorsement is text: one line `signature ecdsa-p256-sha256 <hex>` (an ASN.1 ECDSA
+//! signature over [`CONTEXT`] followed by the bundle's bytes), then the signer's chain as PEM
+//! certificates, leaf first.
+
+use rustls::SignatureScheme;
+use rustls::sign::CertifiedKey;
+use rustls_pki_types::CertificateDer;
+
+use crate::Name;
+use crate::anchors::Trust;
+use crate::provider::provider;
+
+/// What is signed before the bundle's bytes: a signature made for anything else never reads as
+/// an endorsement.
+pub const CONTEXT: &[u8] = b"cnimesh trust-anchor bundle endorsement v1\n";
+/// The one scheme: mesh certificates are ECDSA P-256.
+const SCHEME: SignatureScheme = SignatureScheme::ECDSA_NISTP256_SHA256;
+const SIGNATURE_PREFIX: &str = "signature ecdsa-p256-sha256 ";
+
+/// Why an endorsement was not made or not accepted.
+#[derive(Debug, thiserror::Error)]
+pub enum EndorsementError {
+    #[error("no `{}<hex>` line", SIGNATURE_PREFIX)]
+    NoSignature,
+    #[error("the signature is not hex")]
+    SignatureNotHex,
+    #[error("the signer's certificates: {0}")]
+    Certificates(String),
+    #[error("no signer certificate")]
+    NoSigner,
+    #[error("the signer is not {expected} under the anchors in force: {why}")]
+    Signer { expected: String, why: String },
+    #[error("the signature does not verify the bundle")]
+    Signature,
+    #[error("the key cannot sign with ECDSA P-256 SHA-256")]
+    KeyScheme,
+    #[error("signing: {0}")]
+    Sign(String),
+}
+
+/// The endorsement of `bundle` by `key` (a mesh certificate's chain and key).
+pub fn endorse(bundle: &[u8], key: &CertifiedKey) -> Result<String, EndorsementError> {
+    let signer = key.key.choose_scheme(&[SCHEME]).ok_or(EndorsementError::KeyScheme)?;
+    let signature = signer.sign(&signed(bundle)).map_err(|e| EndorsementError::Sign(e.to_string()))?;
+    let mut text = format!("{SIGNATURE_PREFIX}{}\n", hex(&signature));
+    for cert in key.cert.iter() {
+        text.push_str(&pem("CERTIFICATE", cert));
+    }
+    Ok(text)
+}
+
+/// Accepts `bundle` when `endorsement` is `signer`'s signature over it, `signer`'s chain
+/// verifying under `trusted` (the anchors in force, not the bundle's).
+pub fn verify(
+    bundle: &[u8],
+    endorsement: &[u8],
+    trusted: impl Into<Trust>,
+    signer: &Name,
+) -> Result<(), EndorsementError> {
+    let text = std::str::from_utf8(endorsement).map_err(|_| EndorsementError::NoSignature)?;
+    let signature = text
+        .lines()
+        .find_map(|line| line.trim().strip_prefix(SIGNATURE_PREFIX))
+        .ok_or(EndorsementError::NoSignature)?;
+    let signature = unhex(signature.trim()).ok_or(EndorsementError::SignatureNotHex)?;
+    let chain =
+        crate::pem::certs(endorsement, "endorsement").map_err(|e| EndorsementError::Certificates(e.to_string()))?;
+    let leaf = chain.first().ok_or(EndorsementError::NoSigner)?;
+    crate::tls::verify(trusted, &chain, signer)
+        .map_err(|e| EndorsementError::Signer { expected: signer.to_string(), why: e.to_string() })?;
+    verify_signature(leaf, &signed(bundle), &signature)
+}
+
+fn signed(bundle: &[u8]) -> Vec<u8> {
+    [CONTEXT, bundle].concat()
+}
+
+/// `signature` over `message` by `leaf`'s public key, with the provider's verifier for the one
+/// scheme.
+fn verify_signature(leaf: &CertificateDer<'_>, message: &[u8], signature: &[u8]) -> Result<(), EndorsementError> {
+    let (_, cert) =
+        x509_parser::parse_x509_certificate(leaf).map_err(|e| EndorsementError::Certificates(e.to_string()))?;
+    let public_key = &cert.tbs_certificate.subject_pki.subject_public_key.data;
+    let algorithms = provider().signature_verification_algorithms;
+    let candidates = algorithms.mapping.iter().find(|(scheme, _)| *scheme == SCHEME).map(|(_, algs)| *algs);
+    let verified =
+        candidates.unwrap_or_default().iter().any(|alg| alg.verify_signature(public_key, message, signature).is_ok());
+    if verified { Ok(()) } else { Err(EndorsementError::Signature) }
+}
+
+fn pem(label: &str, der: &[u8]) -> String {
+    use base64::Engine;
+    let body = base64::engine::general_purpose::STANDARD.encode(der);
+    let mut text = format!("-----BEGIN {label}-----\n");
+    for line in body.as_bytes().chunks(64) {
+        text.push_str(std::str::from_utf8(line).unwrap_or_default());
+        text.push('\n');
+    }
+    text.push_str(&format!("-----END {label}-----\n"));
+    text
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(text: &str) -> Option<Vec<u8>> {
+    if text.len() % 2 != 0 {
+        return None;
+    }
+    (0..text.len()).step_by(2).map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::{Duration, SystemTime};
+
+    use rustls_pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
+
+    use super::*;
+    use crate::ca::{CaPem, Signer, new_issuer, new_trust_anchor};
+    use crate::tls;
+
+    const HOUR: Duration = Duration::from_secs(3600);
+    const CONTROL: &str = "cnimesh-control.cnimesh.serviceaccount.identity.cnimesh.cluster.local";
+
+    /// A mesh certificate for `name` from `issuer` (under `anchor`), as the control plane issues
+    /// its own.
+    fn certified(issuer: &CaPem, name: &str) -> CertifiedKey {
+        let signer = Signer::new(issuer).unwrap();
+        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let now = SystemTime::now();
+        let leaf = signer.sign(&Name::parse(name).unwrap(), &key, now - Duration::from_secs(60), now + HOUR).unwrap();
+        let mut chain = vec![leaf];
+        chain.extend(crate::pem::certs(issuer.cert_pem.as_bytes(), "issuer").unwrap());
+        let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
+        Arc::unwrap_or_clone(tls::certified_key(chain, key).unwrap())
+    }
+
+    fn trusted(anchor: &CaPem) -> Arc<rustls::RootCertStore> {
+        tls::roots(&crate::pem::certs(anchor.cert_pem.as_bytes(), "anchor").unwrap()).unwrap()
+    }
+
+    #[test]
+    fn the_control_planes_endorsement_of_a_bundle_verifies_under_the_anchors_in_force() {
+        let anchor = new_trust_anchor("cluster.local", HOUR).unwrap();
+        let issuer = new_issuer(&anchor, "cluster.local", HOUR).unwrap();
+        let control = certified(&issuer, CONTROL);
+        let next = new_trust_anchor("cluster.local", HOUR).unwrap();
+        let bundle = format!("{}{}", anchor.cert_pem, next.cert_pem);
+        let endorsement = endorse(bundle.as_bytes(), &control).unwrap();
+        verify(bundle.as_bytes(), endorsement.as_bytes(), trusted(&anchor), &Name::parse(CONTROL).unwrap()).unwrap();
+    }
+
+    #[test]
+    fn a_bundle_endorsed_by_anyone_but_the_control_plane_or_changed_after_signing_is_refused() {
+        let anchor = new_trust_anchor("cluster.local", HOUR).unwrap();
+        let issuer = new_issuer(&anchor, "cluster.local", HOUR).unwrap();
+        let control = Name::parse(CONTROL).unwrap();
+        let attacker = new_trust_anchor("cluster.local", HOUR).unwrap();
+        let bundle = format!("{}{}", anchor.cert_pem, attacker.cert_pem);
+
+        // A workload's own valid mesh certificate: the chain verifies, the name does not.
+        let workload = certified(&issuer, "web.shop.serviceaccount.identity.cnimesh.cluster.local");
+        let e = verify(
+            bundle.as_bytes(),
+            endorse(bundle.as_bytes(), &workload).unwrap().as_bytes(),
+            trusted(&anchor),
+            &control,
+        );
+        assert!(matches!(e, Err(EndorsementError::Signer { .. })), "{e:?}");
+
+        // The control plane's name, from the attacker's own CA (the anchor it wants trusted).
+        let attacker_issuer = new_issuer(&attacker, "cluster.local", HOUR).unwrap();
+        let forged = certified(&attacker_issuer, CONTROL);
+        let e = verify(
+            bundle.as_bytes(),
+            endorse(bundle.as_bytes(), &forged).unwrap().as_bytes(),
+            trusted(&anchor),
+            &control,
+        );
+        assert!(matches!(e, Err(EndorsementError::Signer { .. })), "{e:?}");
+
+        // The real control plane's endorsement of another bundle, put beside this one.
+        let real = certified(&issuer, CONTROL);
+        let endorsement = endorse(anchor.cert_pem.as_bytes(), &real).unwrap();
+        let e = verify(bundle.as_bytes(), endorsement.as_bytes(), trusted(&anchor), &control);
+        assert!(matches!(e, Err(EndorsementError::Signature)), "{e:?}");
+
+        // The real chain with the signature line taken out, or garbled.
+        let unsigned: String = endorsement.lines().skip(1).map(|l| format!("{l}\n")).collect();
+        let e = verify(anchor.cert_pem.as_bytes(), unsigned.as_bytes(), trusted(&anchor), &control);
+        assert!(matches!(e, Err(EndorsementError::NoSignature)), "{e:?}");
+        let garbled = endorsement.replacen(SIGNATURE_PREFIX, &format!("{SIGNATURE_PREFIX}zz"), 1);
+        let e = verify(anchor.cert_pem.as_bytes(), garbled.as_bytes(), trusted(&anchor), &control);
+        assert!(matches!(e, Err(EndorsementError::SignatureNotHex)), "{e:?}");
+        verify(anchor.cert_pem.as_bytes(), endorsement.as_bytes(), trusted(&anchor), &control).unwrap();
+    }
+}
