@@ -4,7 +4,9 @@
 //! What `cnimesh install`, `cnimesh multicluster install` and `cnimesh multicluster link` print
 //! is applied to the in-process API server with RBAC enforced, and requests are made with tokens
 //! for `cnimesh/cnimesh-control` and `cnimesh/cnimesh-mirror`: the control plane is refused
-//! (403), the mirror may do what mirroring needs and no more.
+//! (403), the mirror may do what mirroring needs and no more. The one write the control plane
+//! keeps outside its namespace, the endorsed trust bundle in every namespace, reaches no other
+//! ConfigMap.
 
 use std::sync::Arc;
 
@@ -136,4 +138,63 @@ async fn the_mirror_may_write_mirrors_follow_links_and_read_its_links_credential
     let body = json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
         "metadata": {"name": "cnimesh-control-mirror-write"}, "spec": {}});
     assert_eq!(code(&mirror, "POST", lease, body).await, 200, "its writer Lease");
+}
+
+const CONFIG_MAPS: &str = "/api/v1/namespaces/shop/configmaps";
+
+fn config_map(name: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": "shop"},
+        "data": {"ca.crt": "planted"}})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_control_plane_writes_the_trust_bundle_in_every_namespace_and_no_other_config_map() {
+    let api = installed();
+    api.put(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "shop"}}));
+    api.put(config_map("app-config"));
+    let served = api.serve().await;
+    let control = client(&served, &api.issue_token("cnimesh", "cnimesh-control", &[]).unwrap());
+
+    // The writer itself, with the control plane's token: it may watch namespaces and apply its
+    // one ConfigMap.
+    let dir = tempfile::tempdir().unwrap();
+    let day = std::time::Duration::from_secs(86400);
+    let anchor = cnimesh_identity::ca::new_trust_anchor("cluster.local", day).unwrap();
+    let issuer = cnimesh_identity::ca::new_issuer(&anchor, "cluster.local", day).unwrap();
+    for (file, pem) in [("ca.crt", &anchor.cert_pem), ("tls.crt", &issuer.cert_pem), ("tls.key", &issuer.key_pem)] {
+        std::fs::write(dir.path().join(file), pem).unwrap();
+    }
+    let loaded = cnimesh_control::identity::Issuer::load(dir.path()).unwrap();
+    let (_issuer_tx, issuer_rx) = tokio::sync::watch::channel(Some(Arc::new(loaded)));
+    let name = cnimesh_identity::Name::for_service_account("cnimesh-control", "cnimesh", "cluster.local").unwrap();
+    let own = cnimesh_control::identity::own_cert::issue_from_dir(dir.path(), &name, day).unwrap();
+    let (_stop, stopped) = tokio::sync::watch::channel(false);
+    let leadership = cnimesh_control::leader::Leadership::always(cnimesh_control::trust_bundle::TRUST_BUNDLE_WRITE);
+    tokio::spawn(cnimesh_control::trust_bundle::run(control.clone(), leadership, issuer_rx, own, stopped));
+    let written = tokio::time::timeout(std::time::Duration::from_secs(30), async {
+        loop {
+            if let Some(bundle) = api.get("v1", "ConfigMap", "shop", "cnimesh-trust-bundle") {
+                return bundle;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("the control plane's writer applied the bundle through RBAC");
+    assert_eq!(written["data"]["ca.crt"], anchor.cert_pem.as_str());
+
+    // Every other ConfigMap is out of its reach: no read, no write, no delete.
+    let app = format!("{CONFIG_MAPS}/app-config");
+    let refused = [
+        ("GET", app.clone(), Value::Null),
+        ("PATCH", app.clone(), json!({"data": {"ca.crt": "planted"}})),
+        ("PUT", app.clone(), config_map("app-config")),
+        ("DELETE", app.clone(), Value::Null),
+        ("GET", CONFIG_MAPS.to_string(), Value::Null),
+        ("DELETE", format!("{CONFIG_MAPS}/cnimesh-trust-bundle"), Value::Null),
+    ];
+    for (method, path, body) in refused {
+        assert_eq!(code(&control, method, &path, body).await, 403, "{method} {path} as cnimesh-control");
+    }
+    assert_eq!(api.get("v1", "ConfigMap", "shop", "app-config").unwrap()["data"]["ca.crt"], "planted");
 }

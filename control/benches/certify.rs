@@ -103,6 +103,7 @@ async fn main() {
         inbound_policy: Default::default(),
         webhook: None,
         webhook_certs: None,
+        trust_bundle: None,
         limits: Default::default(),
         reserved: Default::default(),
     };

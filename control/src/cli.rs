@@ -96,6 +96,11 @@ struct ServeArgs {
     #[arg(long = "identity-allow-service-account", env = "CNIMESH_CONTROL_IDENTITY_ALLOW_SERVICE_ACCOUNTS",
         value_delimiter = ',', value_parser = crate::identity::reserved::parse_account)]
     identity_allowed: Vec<(String, String)>,
+    /// Keep the trust bundle ConfigMap `cnimesh-trust-bundle` in every namespace: the anchors,
+    /// endorsed by this control plane, which injected proxies follow so that a rotation needs no
+    /// restart. One replica writes at a time (Lease `cnimesh-control-trust-bundle`).
+    #[arg(long, env = "CNIMESH_CONTROL_TRUST_BUNDLE", default_value_t = true, action = clap::ArgAction::Set)]
+    trust_bundle: bool,
 }
 
 /// Bounds on what one client may hold on the gRPC port (every pod can reach it). Over a bound a
@@ -326,6 +331,20 @@ impl ServeArgs {
             (Some(_), _) => anyhow::bail!("--webhook-addr needs --webhook-tls-dir or --webhook-certs secret|managed"),
             _ => None,
         };
+        // Injected proxies follow the endorsed bundle of their namespace, written by one replica
+        // at a time.
+        let trust_bundle = if self.trust_bundle {
+            let election = crate::leader::ElectionConfig {
+                namespace: self.webhook.namespace.clone(),
+                identity: crate::leader::ElectionConfig::unique_identity(&self.ha.pod_name),
+                lease_duration: self.ha.lease_duration,
+                renew_interval: self.ha.lease_renew_interval,
+            };
+            election.validate()?;
+            Some(election)
+        } else {
+            None
+        };
         anyhow::ensure!(!self.cert_lifetime.is_zero(), "--cert-lifetime must be positive");
         let limits = self.grpc_limits.limits()?;
         let mut reserved = crate::identity::Reserved::for_namespaces([
@@ -357,6 +376,7 @@ impl ServeArgs {
                 inbound_policy,
                 webhook,
                 webhook_certs,
+                trust_bundle,
                 limits,
                 reserved,
             },

@@ -15,14 +15,15 @@
 //!    webhook ([`inject`]), [`leader`] (Lease elections for the writers) and the tap relay
 //!    ([`tap`]), none importing another;
 //! 4. runtime: [`admin`], [`ca_init`], [`webhook_certs`] (the webhook's Secret and caBundle),
-//!    then [`serve`], which wires them, and [`cli`], its flags.
+//!    [`trust_bundle`] (the endorsed anchors in every namespace), then [`serve`], which wires
+//!    them, and [`cli`], its flags.
 //!
 //! The operator's command line (`cnimesh`) is a crate of its own, cnimesh-cli, built on this one.
 //! So is the multicluster mirror (cnimesh-mirror), its own process and ServiceAccount: the
 //! process that holds the issuer's key holds no linked cluster's credentials and cannot write
 //! Services or EndpointSlices; Destination reads the mirrors from the API server like any Service.
 //!
-//! Layers: metrics | resource | meta | workload → routes → destination | egress → policy | identity → sources | tls_accept → grpc | inject | leader | tap → admin | ca_init | webhook_certs → serve → cli
+//! Layers: metrics | resource | meta | workload → routes → destination | egress → policy | identity → sources | tls_accept → grpc | inject | leader | tap → admin | ca_init | webhook_certs | trust_bundle → serve → cli
 //!
 //! In-process use (tests, benchmarks): bind the listeners yourself and call [`serve::run`] with a
 //! [`serve::Config`]; it returns once the shutdown future resolves and calls have drained.
@@ -45,6 +46,7 @@ pub mod serve;
 pub mod sources;
 pub mod tap;
 pub mod tls_accept;
+pub mod trust_bundle;
 pub mod webhook_certs;
 pub mod workload;
 

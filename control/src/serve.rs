@@ -62,6 +62,9 @@ pub struct Config {
     pub limits: crate::grpc::limits::Limits,
     /// ServiceAccounts Identity refuses to certify: the control plane's and the node agent's.
     pub reserved: crate::identity::Reserved,
+    /// How replicas elect the writer of the endorsed trust bundle in every namespace
+    /// (`crate::trust_bundle`, through the API server of `tokens`); `None`: none is written.
+    pub trust_bundle: Option<crate::leader::ElectionConfig>,
 }
 
 pub struct Listeners {
@@ -111,6 +114,19 @@ pub async fn run_traced(
         own_cert.clone(),
         stopped.clone(),
     ));
+    let bundle_tasks = config.trust_bundle.map(|election| {
+        let role = crate::trust_bundle::TRUST_BUNDLE_WRITE;
+        let (leadership, elector) =
+            crate::leader::spawn(config.tokens.clone(), role, election, metrics.clone(), stopped.clone());
+        let writer = crate::trust_bundle::run(
+            config.tokens.clone(),
+            leadership,
+            issuer.clone(),
+            own_cert.clone(),
+            stopped.clone(),
+        );
+        [elector, tokio::spawn(writer)]
+    });
     // Client certificates are asked for but optional: a proxy asks for its first one here.
     // Those presented are checked against the issuer's anchors as they are now; every call but
     // Certify needs one (crate::grpc::peer).
@@ -207,10 +223,10 @@ pub async fn run_traced(
         webhook.await.context("webhook task")?;
     }
     own_cert_task.await.context("own certificate task")?;
-    for task in cert_tasks {
+    for task in cert_tasks.into_iter().chain(bundle_tasks.into_iter().flatten()) {
         // The elector releases its Lease (bounded by a renew interval); the others just stop.
         if tokio::time::timeout(std::time::Duration::from_secs(10), task).await.is_err() {
-            tracing::warn!("a webhook certificate task did not stop in time");
+            tracing::warn!("a writer task (webhook certificate, trust bundle) did not stop in time");
         }
     }
     if let Some(task) = source_task {
@@ -275,6 +291,7 @@ mod tests {
             inbound_policy: Default::default(),
             webhook: None,
             webhook_certs: None,
+            trust_bundle: None,
             limits: Default::default(),
             reserved: Default::default(),
         };
@@ -554,6 +571,7 @@ mod tests {
             inbound_policy: Default::default(),
             webhook: None,
             webhook_certs: None,
+            trust_bundle: None,
             limits: Default::default(),
             reserved: Default::default(),
         };

@@ -373,6 +373,7 @@ async fn serve_with_managed_certificates_serves_the_secret_and_reports_leadershi
             current,
             manage: Some((election, policy())),
         }),
+        trust_bundle: None,
         limits: Default::default(),
         reserved: Default::default(),
     };

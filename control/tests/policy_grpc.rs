@@ -127,6 +127,7 @@ async fn start() -> Running {
         inbound_policy: Default::default(),
         webhook: None,
         webhook_certs: None,
+        trust_bundle: None,
         limits: Default::default(),
         reserved: Default::default(),
     };

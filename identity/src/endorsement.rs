@@ -24,6 +24,9 @@ use crate::provider::provider;
 /// What is signed before the bundle's bytes: a signature made for anything else never reads as
 /// an endorsement.
 pub const CONTEXT: &[u8] = b"cnimesh trust-anchor bundle endorsement v1\n";
+/// The endorsement of a bundle file `F` is the file `F` + this, beside it (two keys of one
+/// ConfigMap, which the kubelet swaps together).
+pub const ENDORSEMENT_SUFFIX: &str = ".endorsement";
 /// The one scheme: mesh certificates are ECDSA P-256.
 const SCHEME: SignatureScheme = SignatureScheme::ECDSA_NISTP256_SHA256;
 const SIGNATURE_PREFIX: &str = "signature ecdsa-p256-sha256 ";

@@ -5,9 +5,12 @@
 //! fail, and the proxies must end up holding certificates from the new issuer and trusting only
 //! the new anchor.
 //!
-//! The control plane reads its issuer Secret as a directory (it reloads it); the proxies read
-//! the trust-anchors ConfigMap as a file (they follow it). Certificates live 10 s so that proxies
-//! renew theirs under the new issuer within the test.
+//! The control plane reads its issuer Secret as a directory (it reloads it). The proxies are
+//! configured as the injector configures them: the anchors of the moment as PEM, then their
+//! namespace's trust bundle, the ConfigMap the control plane writes and endorses, mounted as files
+//! (copied here as the kubelet would), taken only with the control plane's endorsement. A planted
+//! ConfigMap (an extra anchor beside the real endorsement) is never taken. No proxy restarts.
+//! Certificates live 10 s so that proxies renew theirs under the new issuer within the test.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -25,6 +28,30 @@ use cnimesh_identity::ca;
 use serde_json::{Value, json};
 
 const ANCHORS_VAR: &str = "CNIMESH_PROXY_IDENTITY_TRUST_ANCHORS";
+const BUNDLE: &str = "cnimesh-trust-bundle";
+
+/// The kubelet's part: the namespace's trust-bundle ConfigMap copied into `dir` whenever it
+/// changes (the endorsement first), until `stop`.
+fn mount_bundle(control: &Control, dir: &Path, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<()> {
+    let api = control.cluster.api.clone();
+    let dir = dir.to_path_buf();
+    std::thread::spawn(move || {
+        let mut last = Value::Null;
+        while !stop.load(Ordering::SeqCst) {
+            let data = api.get("v1", "ConfigMap", "shop", BUNDLE).map(|c| c["data"].clone()).unwrap_or_default();
+            if data != last {
+                for key in ["ca.crt.endorsement", "ca.crt"] {
+                    if let Some(text) = data[key].as_str() {
+                        write_atomically(&dir.join(key), text);
+                        std::fs::set_permissions(dir.join(key), std::fs::Permissions::from_mode(0o644)).unwrap();
+                    }
+                }
+                last = data;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    })
+}
 
 /// The issuer directory as the Secret's files.
 fn read_stored(issuer_dir: &Path) -> Stored {
@@ -36,15 +63,13 @@ fn read_stored(issuer_dir: &Path) -> Stored {
     }
 }
 
-/// `kubectl apply` of the step's Secret and ConfigMap, as the kubelet then updates the volumes:
-/// each file replaced whole. The key before the certificate: the control plane rejects the
-/// mismatched pair in between and keeps the last good issuer.
-fn apply(next: &Stored, issuer_dir: &Path, anchors_file: &Path) {
+/// `kubectl apply` of the step's issuer Secret, as the kubelet then updates the volume: each file
+/// replaced whole. The key before the certificate: the control plane rejects the mismatched pair
+/// in between and keeps the last good issuer. The proxies' bundle is the control plane's to write.
+fn apply(next: &Stored, issuer_dir: &Path) {
     write_atomically(&issuer_dir.join("tls.key"), &next.issuer_key);
     write_atomically(&issuer_dir.join("tls.crt"), &next.issuer_cert);
     write_atomically(&issuer_dir.join("ca.crt"), &next.anchors_pem());
-    write_atomically(anchors_file, &next.anchors_pem());
-    std::fs::set_permissions(anchors_file, std::fs::Permissions::from_mode(0o644)).unwrap();
 }
 
 fn identity_json(proxy: &Sidecar) -> Value {
@@ -73,19 +98,21 @@ fn rotating_the_trust_anchor_and_issuer_under_live_mtls_traffic_fails_no_request
     let server = Pod::named(&net, "shop", "server").unwrap();
     let _apps = Apps::start(&server.netns.path(), server.ipv4().into(), "server").unwrap();
 
-    // The trust-anchors ConfigMap, mounted into both proxies.
-    let config_map = tempfile::Builder::new().prefix("cnimesh-anchors").tempdir().unwrap();
+    // The namespace's trust bundle, mounted into both proxies as the injector mounts it.
+    control.cluster.apply_yaml("shop.yaml", "apiVersion: v1\nkind: Namespace\nmetadata: {name: shop}\n").unwrap();
+    let config_map = tempfile::Builder::new().prefix("cnimesh-trust-bundle").tempdir().unwrap();
     std::fs::set_permissions(config_map.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mounted = Arc::new(AtomicBool::new(false));
+    let kubelet = mount_bundle(&control, config_map.path(), mounted.clone());
     let anchors_file = config_map.path().join("ca.crt");
-    std::fs::copy(control.trust_anchors(), &anchors_file).unwrap();
-    std::fs::set_permissions(&anchors_file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let pem_at_start = std::fs::read_to_string(control.trust_anchors()).unwrap();
+    eventually("the control plane wrote shop's trust bundle", Duration::from_secs(20), || anchors_file.exists());
     let env_for = |pod: &Pod<'_>| {
         let mut env = control.proxy_env("shop", &pod.name, &control.token("shop", &pod.name).unwrap());
-        for (var, value) in &mut env {
-            if var == ANCHORS_VAR {
-                *value = anchors_file.display().to_string();
-            }
-        }
+        env.retain(|(var, _)| var != ANCHORS_VAR);
+        env.push((ANCHORS_VAR.into(), anchors_file.display().to_string()));
+        env.push(("CNIMESH_PROXY_IDENTITY_TRUST_ANCHORS_PEM".into(), pem_at_start.clone()));
+        env.push(("CNIMESH_PROXY_IDENTITY_TRUST_ANCHORS_ENDORSED_BY".into(), identity("cnimesh", "cnimesh-control")));
         env
     };
     let server_proxy = Sidecar::start(&bins.proxy, &server.netns, &env_refs(&env_for(&server))).unwrap();
@@ -137,7 +164,7 @@ fn rotating_the_trust_anchor_and_issuer_under_live_mtls_traffic_fails_no_request
 
     // 1. bundle: every proxy trusts old + new before anything is signed under the new anchor.
     let bundled = identity_rotate::bundle(&start, &new_anchor.cert_pem).unwrap();
-    apply(&bundled, &issuer_dir, &anchors_file);
+    apply(&bundled, &issuer_dir);
     for proxy in proxies {
         eventually("every proxy trusts both anchors", Duration::from_secs(20), || {
             identity_json(proxy)["trust_anchors"] == json!(2)
@@ -145,9 +172,26 @@ fn rotating_the_trust_anchor_and_issuer_under_live_mtls_traffic_fails_no_request
     }
     traffic_flows("with the bundle");
 
+    // Whoever may write ConfigMaps in the namespace plants a third anchor beside the control
+    // plane's endorsement: the proxies never take it.
+    let attacker = ca::new_trust_anchor("cluster.local", Duration::from_secs(3600)).unwrap();
+    let mut planted = control.cluster.api.get("v1", "ConfigMap", "shop", BUNDLE).unwrap();
+    let bundle = planted["data"]["ca.crt"].as_str().unwrap().to_string();
+    planted["data"]["ca.crt"] = json!(format!("{bundle}{}", attacker.cert_pem));
+    control.cluster.api.put(planted);
+    eventually("the planted bundle is mounted", Duration::from_secs(10), || {
+        std::fs::read_to_string(&anchors_file).is_ok_and(|b| b.contains(&attacker.cert_pem))
+    });
+    std::thread::sleep(Duration::from_secs(3)); // three of the proxies' re-reads
+    for proxy in proxies {
+        assert_eq!(identity_json(proxy)["trust_anchors"], json!(2), "the planted anchor is not trusted");
+        let refused = proxy.metric("identity_trust_anchors_refused_total");
+        assert!(refused >= 1.0, "the refusal is counted: {refused}");
+    }
+
     // 2. switch-issuer: proxies renew their certificates under the new issuer.
     let switched = identity_rotate::switch_issuer(&bundled, &new_issuer.cert_pem, &new_issuer.key_pem).unwrap();
-    apply(&switched, &issuer_dir, &anchors_file);
+    apply(&switched, &issuer_dir);
     for proxy in proxies {
         eventually("every proxy holds a certificate from the new issuer", Duration::from_secs(40), || {
             identity_json(proxy)["certificate"]["issuer"]["serial"] == json!(new_serial)
@@ -158,7 +202,7 @@ fn rotating_the_trust_anchor_and_issuer_under_live_mtls_traffic_fails_no_request
     // 3. drop-old: only the new anchor is trusted.
     let done = identity_rotate::drop_old(&switched).unwrap();
     assert_eq!(done.anchors, std::slice::from_ref(&new_anchor.cert_pem));
-    apply(&done, &issuer_dir, &anchors_file);
+    apply(&done, &issuer_dir);
     for proxy in proxies {
         eventually("every proxy trusts the new anchor only", Duration::from_secs(20), || {
             identity_json(proxy)["trust_anchors"] == json!(1)
@@ -173,6 +217,8 @@ fn rotating_the_trust_anchor_and_issuer_under_live_mtls_traffic_fails_no_request
 
     stop.store(true, Ordering::SeqCst);
     traffic.join().unwrap();
+    mounted.store(true, Ordering::SeqCst);
+    kubelet.join().unwrap();
     let (ok, failed) = (ok.load(Ordering::SeqCst), failed.load(Ordering::SeqCst));
     println!("rotation: {ok} requests succeeded, {failed} failed, through bundle, switch-issuer and drop-old");
     assert_eq!(failed, 0, "failed requests during the rotation: {:?}", failures.lock());

@@ -36,7 +36,8 @@ pub use config::{
 pub use mutate::{
     INJECT_ANNOTATION, INJECTED_ANNOTATION, Injection, LOG_LEVEL_ANNOTATION, NEVER_INJECTED, NamespaceInjection,
     OPAQUE_PORTS_ANNOTATION, PROXY_ADMIN_PORT, PROXY_CONTAINER, PodProxySettings, Skip, TOKEN_FILE, TOKEN_VOLUME,
-    TRUST_ANCHORS_ENV, mutate, plan, proxy_container, proxy_volumes,
+    TRUST_ANCHORS_ENDORSED_BY_ENV, TRUST_ANCHORS_ENV, TRUST_ANCHORS_FILE_ENV, TRUST_BUNDLE_CONFIG_MAP,
+    TRUST_BUNDLE_DIR, TRUST_BUNDLE_KEY, mutate, plan, proxy_container, proxy_volumes,
 };
 pub use namespaces::Namespaces;
 pub use policy_env::{

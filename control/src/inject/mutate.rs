@@ -14,9 +14,9 @@ use cnimesh_identity::{Name, TOKEN_AUDIENCE};
 use json_patch::jsonptr::PointerBuf;
 use json_patch::{AddOperation, MoveOperation, Patch, PatchOperation};
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction, ObjectFieldSelector, Pod, Probe,
-    ProjectedVolumeSource, ResourceRequirements, SeccompProfile, SecurityContext, ServiceAccountTokenProjection,
-    Volume, VolumeMount, VolumeProjection,
+    Capabilities, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction,
+    ObjectFieldSelector, Pod, Probe, ProjectedVolumeSource, ResourceRequirements, SeccompProfile, SecurityContext,
+    ServiceAccountTokenProjection, Volume, VolumeMount, VolumeProjection,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -50,6 +50,16 @@ pub const TOKEN_FILE: &str = "/var/run/secrets/tokens/cnimesh-identity-token";
 pub const TOKEN_EXPIRATION_SECONDS: i64 = 86400;
 /// The proxy reads its trust anchors (PEM) from this variable (`proxy/src/app/config.rs`).
 pub const TRUST_ANCHORS_ENV: &str = "CNIMESH_PROXY_IDENTITY_TRUST_ANCHORS_PEM";
+/// The ConfigMap the control plane keeps in every namespace (`crate::trust_bundle`), and the
+/// injected volume that mounts it (optional: a namespace it has not reached yet costs nothing but
+/// the re-read until it has).
+pub const TRUST_BUNDLE_CONFIG_MAP: &str = "cnimesh-trust-bundle";
+pub const TRUST_BUNDLE_DIR: &str = "/var/run/cnimesh/trust-bundle";
+/// The bundle's key; its endorsement is this plus `cnimesh_identity::endorsement::ENDORSEMENT_SUFFIX`.
+pub const TRUST_BUNDLE_KEY: &str = "ca.crt";
+/// The proxy follows this file, taking it only when the identity in the next variable endorses it.
+pub const TRUST_ANCHORS_FILE_ENV: &str = "CNIMESH_PROXY_IDENTITY_TRUST_ANCHORS";
+pub const TRUST_ANCHORS_ENDORSED_BY_ENV: &str = "CNIMESH_PROXY_IDENTITY_TRUST_ANCHORS_ENDORSED_BY";
 
 /// Namespaces whose pods are never injected, whatever they say: the control plane's own (see
 /// [`InjectConfig::control_namespace`]) is added to these.
@@ -228,8 +238,8 @@ pub fn plan(
     }
     check_uids(spec, config.proxy_uid).map_err(Skip::Refuse)?;
     let taken: Vec<&str> = spec.volumes.iter().flatten().map(|v| v.name.as_str()).collect();
-    if taken.contains(&TOKEN_VOLUME) {
-        return Err(Skip::Refuse(format!("the pod already has a volume named {TOKEN_VOLUME}")));
+    if let Some(ours) = [TOKEN_VOLUME, TRUST_BUNDLE_CONFIG_MAP].into_iter().find(|v| taken.contains(v)) {
+        return Err(Skip::Refuse(format!("the pod already has a volume named {ours}")));
     }
 
     if !config.trust_anchors_pem.contains("-----BEGIN CERTIFICATE-----") {
@@ -389,6 +399,10 @@ pub fn proxy_container(config: &InjectConfig, pod: &PodProxySettings) -> Result<
         ("CNIMESH_PROXY_LOG", pod.log_level.clone()),
         ("CNIMESH_PROXY_IDENTITY_NAME", pod.identity.to_string()),
         (TRUST_ANCHORS_ENV, config.trust_anchors_pem.clone()),
+        // Then the namespace's bundle, once the control plane endorses it: rotations reach the
+        // proxy without a restart.
+        (TRUST_ANCHORS_FILE_ENV, format!("{TRUST_BUNDLE_DIR}/{TRUST_BUNDLE_KEY}")),
+        (TRUST_ANCHORS_ENDORSED_BY_ENV, control.to_string()),
         ("CNIMESH_PROXY_IDENTITY_TOKEN_FILE", TOKEN_FILE.into()),
         ("CNIMESH_PROXY_IDENTITY_ADDR", config.control_addr()),
         ("CNIMESH_PROXY_IDENTITY_SVC_NAME", control.to_string()),
@@ -443,12 +457,20 @@ pub fn proxy_container(config: &InjectConfig, pod: &PodProxySettings) -> Result<
             seccomp_profile: Some(SeccompProfile { type_: "RuntimeDefault".into(), localhost_profile: None }),
             ..Default::default()
         }),
-        volume_mounts: Some(vec![VolumeMount {
-            name: TOKEN_VOLUME.into(),
-            mount_path: TOKEN_DIR.into(),
-            read_only: Some(true),
-            ..Default::default()
-        }]),
+        volume_mounts: Some(vec![
+            VolumeMount {
+                name: TOKEN_VOLUME.into(),
+                mount_path: TOKEN_DIR.into(),
+                read_only: Some(true),
+                ..Default::default()
+            },
+            VolumeMount {
+                name: TRUST_BUNDLE_CONFIG_MAP.into(),
+                mount_path: TRUST_BUNDLE_DIR.into(),
+                read_only: Some(true),
+                ..Default::default()
+            },
+        ]),
         ..Default::default()
     })
 }
@@ -468,22 +490,27 @@ fn resources(config: &InjectConfig) -> ResourceRequirements {
     }
 }
 
-/// The projected token (audience `identity.cnimesh.io`, which only Certify accepts). The trust
-/// anchors travel in the environment, so no other volume is needed.
+/// The projected token (audience `identity.cnimesh.io`, which only Certify accepts), and the
+/// namespace's trust bundle (the anchors the proxy starts with travel in the environment).
 pub fn proxy_volumes() -> Vec<Volume> {
     let token = ServiceAccountTokenProjection {
         audience: Some(TOKEN_AUDIENCE.into()),
         expiration_seconds: Some(TOKEN_EXPIRATION_SECONDS),
         path: TOKEN_VOLUME.into(),
     };
-    vec![Volume {
-        name: TOKEN_VOLUME.into(),
-        projected: Some(ProjectedVolumeSource {
-            sources: Some(vec![VolumeProjection { service_account_token: Some(token), ..Default::default() }]),
+    let bundle =
+        ConfigMapVolumeSource { name: TRUST_BUNDLE_CONFIG_MAP.into(), optional: Some(true), ..Default::default() };
+    vec![
+        Volume {
+            name: TOKEN_VOLUME.into(),
+            projected: Some(ProjectedVolumeSource {
+                sources: Some(vec![VolumeProjection { service_account_token: Some(token), ..Default::default() }]),
+                ..Default::default()
+            }),
             ..Default::default()
-        }),
-        ..Default::default()
-    }]
+        },
+        Volume { name: TRUST_BUNDLE_CONFIG_MAP.into(), config_map: Some(bundle), ..Default::default() },
+    ]
 }
 
 fn pointer(tokens: &[&str]) -> PointerBuf {

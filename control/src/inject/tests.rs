@@ -195,7 +195,19 @@ fn check_proxy(c: &Container, identity: &str, config: &InjectConfig) {
 
     let mounts: Vec<(&str, &str, Option<bool>)> =
         c.volume_mounts.iter().flatten().map(|m| (m.name.as_str(), m.mount_path.as_str(), m.read_only)).collect();
-    assert_eq!(mounts, [("cnimesh-identity-token", "/var/run/secrets/tokens", Some(true))]);
+    assert_eq!(
+        mounts,
+        [
+            ("cnimesh-identity-token", "/var/run/secrets/tokens", Some(true)),
+            ("cnimesh-trust-bundle", "/var/run/cnimesh/trust-bundle", Some(true))
+        ]
+    );
+    assert_eq!(env(c, TRUST_ANCHORS_FILE_ENV), Some("/var/run/cnimesh/trust-bundle/ca.crt"));
+    assert_eq!(
+        env(c, TRUST_ANCHORS_ENDORSED_BY_ENV),
+        Some("cnimesh-control.cnimesh.serviceaccount.identity.cnimesh.cluster.local"),
+        "the namespace's bundle is taken only with the control plane's endorsement"
+    );
     let resources = c.resources.as_ref().expect("resources");
     let requests = resources.requests.as_ref().expect("requests");
     assert_eq!(requests["cpu"].0, "20m");
@@ -215,10 +227,13 @@ fn check_pod(pod: &Pod, config: &InjectConfig) {
     assert_eq!(sat.audience.as_deref(), Some("identity.cnimesh.io"));
     assert_eq!(sat.expiration_seconds, Some(86400));
     assert_eq!(format!("/var/run/secrets/tokens/{}", sat.path), TOKEN_FILE);
-    assert!(
-        spec.volumes.iter().flatten().all(|v| v.config_map.is_none() || !v.name.starts_with("cnimesh")),
-        "no per-namespace ConfigMap for the anchors"
-    );
+    // The namespace's trust bundle, optional: a namespace it has not reached yet still starts
+    // pods, their proxies on the anchors from the environment.
+    let bundles: Vec<_> =
+        spec.volumes.iter().flatten().filter_map(|v| v.config_map.as_ref().map(|c| (&v.name, c))).collect();
+    assert_eq!(bundles.len(), 1, "{bundles:?}");
+    assert_eq!((bundles[0].0.as_str(), bundles[0].1.name.as_str()), ("cnimesh-trust-bundle", "cnimesh-trust-bundle"));
+    assert_eq!(bundles[0].1.optional, Some(true));
     let proxy = spec.containers.iter().chain(spec.init_containers.iter().flatten()).find(|c| c.name == PROXY_CONTAINER);
     assert!(env(proxy.unwrap(), TRUST_ANCHORS_ENV).is_some_and(|pem| pem == config.trust_anchors_pem));
     let annotations = pod.metadata.annotations.clone().unwrap_or_default();
@@ -262,7 +277,7 @@ fn a_deployment_template_pod_gets_a_native_sidecar_first() {
     assert_eq!(env(proxy, "CNIMESH_PROXY_OPAQUE_PORTS"), None, "the proxy's defaults");
     assert_eq!(spec.containers.len(), 1);
     assert_eq!(spec.containers[0], serde_json::from_value(pod["spec"]["containers"][0].clone()).unwrap());
-    assert_eq!(spec.volumes.as_ref().map(Vec::len), Some(1), "the token volume created");
+    assert_eq!(spec.volumes.as_ref().map(Vec::len), Some(2), "the token and trust bundle volumes created");
     check_pod(&typed, &config);
 }
 
@@ -290,7 +305,7 @@ fn existing_init_containers_volumes_and_annotations_are_kept_and_the_proxy_goes_
         &config,
     );
     let volumes: Vec<&str> = spec.volumes.iter().flatten().map(|v| v.name.as_str()).collect();
-    assert_eq!(volumes, ["data", "cnimesh-identity-token"]);
+    assert_eq!(volumes, ["data", "cnimesh-identity-token", "cnimesh-trust-bundle"]);
     let annotations = typed.metadata.annotations.clone().unwrap();
     assert_eq!(
         annotations["config.cnimesh.io/skip-inbound-ports"], "9000",
@@ -520,6 +535,11 @@ fn uid_clashes_volume_clashes_and_dotted_service_accounts_refuse_the_pod_with_th
     let cases = [
         (json!({"spec": {"securityContext": {"runAsUser": 2102}}}), "runs as the proxy's UID"),
         (json!({"spec": {"volumes": [{"name": "cnimesh-identity-token", "emptyDir": {}}]}}), "volume named"),
+        // The pod's own "bundle" where the proxy's would be mounted.
+        (
+            json!({"spec": {"volumes": [{"name": "cnimesh-trust-bundle", "configMap": {"name": "mine"}}]}}),
+            "volume named cnimesh-trust-bundle",
+        ),
         (json!({"spec": {"serviceAccountName": "a.b"}}), "contains a dot"),
     ];
     for (extra, expected) in cases {

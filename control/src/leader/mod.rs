@@ -120,6 +120,13 @@ impl Leadership {
         Self { role: role.into(), until }
     }
 
+    /// A handle that never leads: a follower whose elector never wins (tests of followers).
+    pub fn never(role: &str) -> Self {
+        let (tx, until) = watch::channel(None);
+        std::mem::drop(tx);
+        Self { role: role.into(), until }
+    }
+
     pub fn role(&self) -> &str {
         &self.role
     }

@@ -87,6 +87,8 @@ pub struct Metrics {
     pub balancer_accrual: AccrualMetrics,
     pub identity_cert_expiration_timestamp_seconds: Gauge,
     pub identity_cert_refresh_total: Family<RefreshLabels, Counter>,
+    /// Re-read trust-anchor bundles not taken (unparsable, or without a valid endorsement).
+    pub identity_trust_anchors_refused_total: Counter,
     /// The inbound authorization families ([`crate::inbound::policy::enforce`]), registered here.
     pub authz: AuthzMetrics,
     pub connection_protocol_total: Family<ProtocolLabels, Counter>,
@@ -170,6 +172,7 @@ impl Default for Metrics {
             control_streams: StreamMetrics::default(),
             balancer_accrual: AccrualMetrics::default(),
             identity_cert_expiration_timestamp_seconds: Gauge::default(),
+            identity_trust_anchors_refused_total: Counter::default(),
             identity_cert_refresh_total: Family::default(),
             authz: AuthzMetrics::default(),
             connection_protocol_total: Family::default(),
@@ -270,6 +273,11 @@ impl Default for Metrics {
             "identity_cert_refresh",
             "Certificate requests to the Identity service, by result",
             m.identity_cert_refresh_total.clone(),
+        );
+        registry.register(
+            "identity_trust_anchors_refused",
+            "Re-read trust-anchor bundles not taken: unparsable, or not endorsed by the control plane",
+            m.identity_trust_anchors_refused_total.clone(),
         );
         for (name, help, family) in [
             ("inbound_http_authz_allow", "HTTP requests authorized by policy", &m.authz.inbound_http_authz_allow_total),
@@ -421,6 +429,7 @@ impl Metrics {
         IdentityMetrics {
             expiration: self.identity_cert_expiration_timestamp_seconds.clone(),
             refresh: self.identity_cert_refresh_total.clone(),
+            anchors_refused: self.identity_trust_anchors_refused_total.clone(),
         }
     }
 

@@ -21,6 +21,7 @@ use std::time::Duration;
 use anyhow::Context;
 use cnimesh_identity::Name;
 use cnimesh_identity::tls::Anchors;
+use prometheus_client::metrics::counter::Counter;
 
 /// How often the file is looked at.
 pub const POLL: Duration = Duration::from_secs(1);
@@ -29,14 +30,14 @@ pub const POLL: Duration = Duration::from_secs(1);
 /// of the same ConfigMap, so the kubelet swaps both at once).
 pub fn endorsement_path(path: &Path) -> PathBuf {
     let mut name = path.file_name().unwrap_or_default().to_os_string();
-    name.push(".endorsement");
+    name.push(cnimesh_identity::endorsement::ENDORSEMENT_SUFFIX);
     path.with_file_name(name)
 }
 
 /// Keeps `anchors` equal to what `path` holds, forever (the proxy's life). With `signer`, a bundle
 /// is taken only when its endorsement ([`endorsement_path`]) is `signer`'s, verified under the
 /// anchors in force ([`cnimesh_identity::endorsement`]); anything else is logged and those stay.
-pub async fn follow(path: PathBuf, anchors: Arc<Anchors>, signer: Option<Name>) {
+pub async fn follow(path: PathBuf, anchors: Arc<Anchors>, signer: Option<Name>, refused: Counter) {
     let endorsement = signer.as_ref().map(|_| endorsement_path(&path));
     let read = |path: &Path| std::fs::read(path);
     // Unendorsed, the file was loaded at start; endorsed, the anchors in force came from the
@@ -49,7 +50,8 @@ pub async fn follow(path: PathBuf, anchors: Arc<Anchors>, signer: Option<Name>) 
         tokio::time::sleep(POLL).await;
         let seen = match (tokio::fs::read(&path).await, &endorsement) {
             (Ok(bundle), None) => Ok((bundle, None)),
-            (Ok(bundle), Some(endorsement)) => tokio::fs::read(endorsement).await.map(|e| (bundle, Some(e))),
+            // A bundle without its endorsement is refused below, not waited for.
+            (Ok(bundle), Some(endorsement)) => Ok((bundle, tokio::fs::read(endorsement).await.ok())),
             (Err(error), _) => Err(error),
         };
         let seen = match seen {
@@ -69,6 +71,7 @@ pub async fn follow(path: PathBuf, anchors: Arc<Anchors>, signer: Option<Name>) 
                 tracing::info!(path = %path.display(), anchors = anchors.len(), "trust anchors reloaded");
             }
             Err(error) => {
+                refused.inc();
                 tracing::warn!(path = %path.display(), error = format!("{error:#}"), "trust anchors not reloaded; keeping those in force")
             }
         }
@@ -83,7 +86,10 @@ fn take(
     anchors: &Arc<Anchors>,
     signer: Option<&Name>,
 ) -> anyhow::Result<()> {
-    if let (Some(signer), (bundle, Some(endorsement))) = (signer, seen) {
+    if let Some(signer) = signer {
+        let (bundle, endorsement) = seen;
+        let endorsement =
+            endorsement.as_ref().with_context(|| format!("{} has no endorsement beside it", path.display()))?;
         cnimesh_identity::endorsement::verify(bundle, endorsement, anchors.clone(), signer)
             .with_context(|| format!("the endorsement of {}", path.display()))?;
     }
@@ -146,7 +152,8 @@ mod tests {
         let path = dir.join("ca.crt");
         let anchors =
             Anchors::new(super::super::trust_anchors(&TrustAnchors::Pem(old.cert_pem.clone())).unwrap()).unwrap();
-        tokio::spawn(follow(path.clone(), anchors.clone(), Some(Name::parse(CONTROL).unwrap())));
+        let refused = Counter::default();
+        tokio::spawn(follow(path.clone(), anchors.clone(), Some(Name::parse(CONTROL).unwrap()), refused.clone()));
 
         // A ConfigMap writer's bundle, endorsed by a workload's valid certificate, by the
         // control plane's name from the attacker's own CA, or not endorsed at all.
@@ -160,6 +167,7 @@ mod tests {
         std::fs::write(&path, format!("{planted}\n\n")).unwrap();
         tokio::time::sleep(POLL * 3).await;
         assert_eq!(anchors.len(), 1, "no planted anchor is taken");
+        assert_eq!(refused.get(), 3, "each refusal counted");
 
         // The rotation: old + new endorsed under old, then new alone.
         write_endorsed(&path, &format!("{}{}", old.cert_pem, new.cert_pem), &old_issuer, CONTROL);
@@ -180,7 +188,7 @@ mod tests {
         let path = std::env::temp_dir().join(format!("cnimesh-proxy-anchors-follow-{}.crt", std::process::id()));
         std::fs::write(&path, &old).unwrap();
         let anchors = Anchors::new(super::super::trust_anchors(&TrustAnchors::File(path.clone())).unwrap()).unwrap();
-        tokio::spawn(follow(path.clone(), anchors.clone(), None));
+        tokio::spawn(follow(path.clone(), anchors.clone(), None, Counter::default()));
         // Let it read the file as it is now (a current-thread runtime: it runs until it sleeps).
         tokio::task::yield_now().await;
         let wait_for = |n: usize| {

@@ -36,16 +36,20 @@ pub struct RefreshLabels {
 pub struct IdentityMetrics {
     pub expiration: Gauge,
     pub refresh: Family<RefreshLabels, Counter>,
+    /// `identity_trust_anchors_refused_total`: followed bundles not taken.
+    pub anchors_refused: Counter,
 }
 
 /// Runs forever: obtains and renews the certificate.
 pub async fn run(identity: Arc<Identity>, config: IdentityConfig, metrics: IdentityMetrics) {
     match &config.trust_anchors {
         TrustAnchors::File(path) => {
-            tokio::spawn(super::anchors_file::follow(path.clone(), identity.roots.clone(), None));
+            let refused = metrics.anchors_refused.clone();
+            tokio::spawn(super::anchors_file::follow(path.clone(), identity.roots.clone(), None, refused));
         }
         TrustAnchors::Endorsed { file, signer, .. } => {
-            tokio::spawn(super::anchors_file::follow(file.clone(), identity.roots.clone(), Some(signer.clone())));
+            let (signer, refused) = (Some(signer.clone()), metrics.anchors_refused.clone());
+            tokio::spawn(super::anchors_file::follow(file.clone(), identity.roots.clone(), signer, refused));
         }
         TrustAnchors::Pem(_) => {}
     }
