@@ -366,6 +366,10 @@ fn expected_control_grants() -> BTreeSet<String> {
         "discovery.k8s.io/endpointslices:list",
         "discovery.k8s.io/endpointslices:watch",
         "authentication.k8s.io/tokenreviews:create",
+        // The endorsed trust bundle in every namespace: applied (patch) under its one name; a
+        // create cannot be limited to a name.
+        "/configmaps:create",
+        "/configmaps[cnimesh-trust-bundle]:patch",
         "/namespaces:get",
         "/namespaces:list",
         "/namespaces:watch",

@@ -378,7 +378,9 @@ async fn rotation(client: &kube::Client, in_use: &[u8], proxies: &[Proxy]) -> Ch
                 CATEGORY,
                 ROTATION,
                 format!("step 1 of 3 (bundle): {} still without the new anchor", plural(lacking.len(), "proxy")),
-                format!("restart these workloads (kubectl rollout restart) before switch-issuer; see {ROTATION_DOC}"),
+                format!(
+                    "proxies with the cnimesh-trust-bundle volume take the bundle within seconds of the control plane's reload; restart the others (injected before it) before switch-issuer; see {ROTATION_DOC}"
+                ),
             )
             .details(capped(lacking))
         };
