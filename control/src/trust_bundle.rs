@@ -51,7 +51,7 @@ pub fn data(
     anchors_pem: &str,
     own: &CertifiedKey,
 ) -> Result<BTreeMap<String, String>, cnimesh_identity::endorsement::EndorsementError> {
-    let endorsement = endorse(anchors_pem.as_bytes(), own)?;
+    let endorsement = endorse(anchors_pem.as_bytes(), own, std::time::SystemTime::now())?;
     Ok(BTreeMap::from([
         (TRUST_BUNDLE_KEY.to_string(), anchors_pem.to_string()),
         (format!("{TRUST_BUNDLE_KEY}{ENDORSEMENT_SUFFIX}"), endorsement),

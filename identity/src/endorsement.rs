@@ -9,9 +9,13 @@
 //! identity, and the signature verifies the bundle's bytes. The first anchors come from the pod's
 //! environment, which only the injector writes.
 //!
-//! The endorsement is text: one line `signature ecdsa-p256-sha256 <hex>` (an ASN.1 ECDSA
-//! signature over [`CONTEXT`] followed by the bundle's bytes), then the signer's chain as PEM
-//! certificates, leaf first.
+//! The endorsement is text: a line `signature ecdsa-p256-sha256 <hex>` (an ASN.1 ECDSA signature
+//! over [`CONTEXT`], the signed-at line and the bundle's bytes), a line `signed-at <unix seconds>`,
+//! then the signer's chain as PEM certificates, leaf first. The time lets a proxy refuse an older
+//! endorsement than the one it took (a replayed bundle that still holds an anchor a rotation
+//! dropped).
+
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use rustls::SignatureScheme;
 use rustls::sign::CertifiedKey;
@@ -30,12 +34,15 @@ pub const ENDORSEMENT_SUFFIX: &str = ".endorsement";
 /// The one scheme: mesh certificates are ECDSA P-256.
 const SCHEME: SignatureScheme = SignatureScheme::ECDSA_NISTP256_SHA256;
 const SIGNATURE_PREFIX: &str = "signature ecdsa-p256-sha256 ";
+const SIGNED_AT_PREFIX: &str = "signed-at ";
 
 /// Why an endorsement was not made or not accepted.
 #[derive(Debug, thiserror::Error)]
 pub enum EndorsementError {
     #[error("no `{}<hex>` line", SIGNATURE_PREFIX)]
     NoSignature,
+    #[error("no `{}<unix seconds>` line", SIGNED_AT_PREFIX)]
+    NoSignedAt,
     #[error("the signature is not hex")]
     SignatureNotHex,
     #[error("the signer's certificates: {0}")]
@@ -52,11 +59,12 @@ pub enum EndorsementError {
     Sign(String),
 }
 
-/// The endorsement of `bundle` by `key` (a mesh certificate's chain and key).
-pub fn endorse(bundle: &[u8], key: &CertifiedKey) -> Result<String, EndorsementError> {
+/// The endorsement of `bundle` by `key` (a mesh certificate's chain and key), made at `now`.
+pub fn endorse(bundle: &[u8], key: &CertifiedKey, now: SystemTime) -> Result<String, EndorsementError> {
+    let signed_at = now.duration_since(UNIX_EPOCH).unwrap_or_default().as_secs();
     let signer = key.key.choose_scheme(&[SCHEME]).ok_or(EndorsementError::KeyScheme)?;
-    let signature = signer.sign(&signed(bundle)).map_err(|e| EndorsementError::Sign(e.to_string()))?;
-    let mut text = format!("{SIGNATURE_PREFIX}{}\n", hex(&signature));
+    let signature = signer.sign(&signed(signed_at, bundle)).map_err(|e| EndorsementError::Sign(e.to_string()))?;
+    let mut text = format!("{SIGNATURE_PREFIX}{}\n{SIGNED_AT_PREFIX}{signed_at}\n", hex(&signature));
     for cert in key.cert.iter() {
         text.push_str(&pem("CERTIFICATE", cert));
     }
@@ -64,29 +72,30 @@ pub fn endorse(bundle: &[u8], key: &CertifiedKey) -> Result<String, EndorsementE
 }
 
 /// Accepts `bundle` when `endorsement` is `signer`'s signature over it, `signer`'s chain
-/// verifying under `trusted` (the anchors in force, not the bundle's).
+/// verifying under `trusted` (the anchors in force, not the bundle's); returns when it was signed
+/// (Unix seconds).
 pub fn verify(
     bundle: &[u8],
     endorsement: &[u8],
     trusted: impl Into<Trust>,
     signer: &Name,
-) -> Result<(), EndorsementError> {
+) -> Result<u64, EndorsementError> {
     let text = std::str::from_utf8(endorsement).map_err(|_| EndorsementError::NoSignature)?;
-    let signature = text
-        .lines()
-        .find_map(|line| line.trim().strip_prefix(SIGNATURE_PREFIX))
-        .ok_or(EndorsementError::NoSignature)?;
-    let signature = unhex(signature.trim()).ok_or(EndorsementError::SignatureNotHex)?;
+    let line = |prefix: &str| text.lines().find_map(|line| line.trim().strip_prefix(prefix).map(str::trim));
+    let signature = line(SIGNATURE_PREFIX).ok_or(EndorsementError::NoSignature)?;
+    let signature = unhex(signature).ok_or(EndorsementError::SignatureNotHex)?;
+    let signed_at: u64 = line(SIGNED_AT_PREFIX).and_then(|t| t.parse().ok()).ok_or(EndorsementError::NoSignedAt)?;
     let chain =
         crate::pem::certs(endorsement, "endorsement").map_err(|e| EndorsementError::Certificates(e.to_string()))?;
     let leaf = chain.first().ok_or(EndorsementError::NoSigner)?;
     crate::tls::verify(trusted, &chain, signer)
         .map_err(|e| EndorsementError::Signer { expected: signer.to_string(), why: e.to_string() })?;
-    verify_signature(leaf, &signed(bundle), &signature)
+    verify_signature(leaf, &signed(signed_at, bundle), &signature)?;
+    Ok(signed_at)
 }
 
-fn signed(bundle: &[u8]) -> Vec<u8> {
-    [CONTEXT, bundle].concat()
+fn signed(signed_at: u64, bundle: &[u8]) -> Vec<u8> {
+    [CONTEXT, format!("{SIGNED_AT_PREFIX}{signed_at}\n").as_bytes(), bundle].concat()
 }
 
 /// `signature` over `message` by `leaf`'s public key, with the provider's verifier for the one
@@ -163,8 +172,11 @@ mod tests {
         let control = certified(&issuer, CONTROL);
         let next = new_trust_anchor("cluster.local", HOUR).unwrap();
         let bundle = format!("{}{}", anchor.cert_pem, next.cert_pem);
-        let endorsement = endorse(bundle.as_bytes(), &control).unwrap();
-        verify(bundle.as_bytes(), endorsement.as_bytes(), trusted(&anchor), &Name::parse(CONTROL).unwrap()).unwrap();
+        let at = UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let endorsement = endorse(bundle.as_bytes(), &control, at).unwrap();
+        let signed_at =
+            verify(bundle.as_bytes(), endorsement.as_bytes(), trusted(&anchor), &Name::parse(CONTROL).unwrap());
+        assert_eq!(signed_at.unwrap(), 1_800_000_000, "when it was signed, for the proxy's no-rollback rule");
     }
 
     #[test]
@@ -179,7 +191,7 @@ mod tests {
         let workload = certified(&issuer, "web.shop.serviceaccount.identity.cnimesh.cluster.local");
         let e = verify(
             bundle.as_bytes(),
-            endorse(bundle.as_bytes(), &workload).unwrap().as_bytes(),
+            endorse(bundle.as_bytes(), &workload, SystemTime::now()).unwrap().as_bytes(),
             trusted(&anchor),
             &control,
         );
@@ -190,7 +202,7 @@ mod tests {
         let forged = certified(&attacker_issuer, CONTROL);
         let e = verify(
             bundle.as_bytes(),
-            endorse(bundle.as_bytes(), &forged).unwrap().as_bytes(),
+            endorse(bundle.as_bytes(), &forged, SystemTime::now()).unwrap().as_bytes(),
             trusted(&anchor),
             &control,
         );
@@ -198,12 +210,17 @@ mod tests {
 
         // The real control plane's endorsement of another bundle, put beside this one.
         let real = certified(&issuer, CONTROL);
-        let endorsement = endorse(anchor.cert_pem.as_bytes(), &real).unwrap();
+        let endorsement = endorse(anchor.cert_pem.as_bytes(), &real, SystemTime::now()).unwrap();
         let e = verify(bundle.as_bytes(), endorsement.as_bytes(), trusted(&anchor), &control);
         assert!(matches!(e, Err(EndorsementError::Signature)), "{e:?}");
 
         // The real chain with the signature line taken out, or garbled.
         let unsigned: String = endorsement.lines().skip(1).map(|l| format!("{l}\n")).collect();
+        // Its time moved: the signature covers it.
+        let signed_at = endorsement.lines().nth(1).unwrap().to_string();
+        let later = endorsement.replacen(&signed_at, "signed-at 99999999999", 1);
+        let e = verify(anchor.cert_pem.as_bytes(), later.as_bytes(), trusted(&anchor), &control);
+        assert!(matches!(e, Err(EndorsementError::Signature)), "{e:?}");
         let e = verify(anchor.cert_pem.as_bytes(), unsigned.as_bytes(), trusted(&anchor), &control);
         assert!(matches!(e, Err(EndorsementError::NoSignature)), "{e:?}");
         let garbled = endorsement.replacen(SIGNATURE_PREFIX, &format!("{SIGNATURE_PREFIX}zz"), 1);

@@ -42,6 +42,8 @@ pub async fn follow(path: PathBuf, anchors: Arc<Anchors>, signer: Option<Name>, 
     let read = |path: &Path| std::fs::read(path);
     // Unendorsed, the file was loaded at start; endorsed, the anchors in force came from the
     // pod's environment and the file is yet to be checked.
+    // The signing time of the endorsement in force: an older one is a replay.
+    let mut newest = None;
     let mut last = match &endorsement {
         None => read(&path).ok().map(|bundle| (bundle, None)),
         Some(_) => None,
@@ -66,7 +68,7 @@ pub async fn follow(path: PathBuf, anchors: Arc<Anchors>, signer: Option<Name>, 
         if last.as_ref() == Some(&seen) {
             continue;
         }
-        match take(&path, &seen, &anchors, signer.as_ref()) {
+        match take(&path, &seen, &anchors, signer.as_ref(), &mut newest) {
             Ok(()) => {
                 tracing::info!(path = %path.display(), anchors = anchors.len(), "trust anchors reloaded");
             }
@@ -79,22 +81,35 @@ pub async fn follow(path: PathBuf, anchors: Arc<Anchors>, signer: Option<Name>, 
     }
 }
 
-/// Puts the bundle in `seen` in force, once endorsed by `signer` when one is required.
+/// Puts the bundle in `seen` in force, once endorsed by `signer` when one is required, and no
+/// earlier than the endorsement in force (`newest`): a replayed older bundle may still hold an
+/// anchor a rotation has since dropped.
 fn take(
     path: &Path,
     seen: &(Vec<u8>, Option<Vec<u8>>),
     anchors: &Arc<Anchors>,
     signer: Option<&Name>,
+    newest: &mut Option<u64>,
 ) -> anyhow::Result<()> {
+    let mut signed_at = None;
     if let Some(signer) = signer {
         let (bundle, endorsement) = seen;
         let endorsement =
             endorsement.as_ref().with_context(|| format!("{} has no endorsement beside it", path.display()))?;
-        cnimesh_identity::endorsement::verify(bundle, endorsement, anchors.clone(), signer)
+        let at = cnimesh_identity::endorsement::verify(bundle, endorsement, anchors.clone(), signer)
             .with_context(|| format!("the endorsement of {}", path.display()))?;
+        if let Some(newest) = *newest {
+            anyhow::ensure!(
+                at >= newest,
+                "{} was endorsed at {at}, before the bundle in force (endorsed at {newest}): a replay",
+                path.display()
+            );
+        }
+        signed_at = Some(at);
     }
     let certs = cnimesh_identity::pem::certs(&seen.0, &format!("trust anchors {}", path.display()))?;
     anchors.set(cnimesh_identity::tls::roots(&certs)?)?;
+    *newest = signed_at.or(*newest);
     Ok(())
 }
 
@@ -132,13 +147,18 @@ mod tests {
         cnimesh_identity::tls::certified_key(chain, key).unwrap()
     }
 
-    /// `bundle` and its endorsement by a mesh certificate for `name` from `issuer`.
-    fn write_endorsed(path: &Path, bundle: &str, issuer: &CaPem, name: &str) {
+    /// `bundle` and its endorsement by a mesh certificate for `name` from `issuer`, signed `at`.
+    fn write_endorsed_at(path: &Path, bundle: &str, issuer: &CaPem, name: &str, at: SystemTime) {
         let certified = certified(issuer, name);
-        let endorsement = cnimesh_identity::endorsement::endorse(bundle.as_bytes(), &certified).unwrap();
+        let endorsement = cnimesh_identity::endorsement::endorse(bundle.as_bytes(), &certified, at).unwrap();
         // The endorsement first: the bundle's change is what the follower acts on.
         std::fs::write(endorsement_path(path), endorsement).unwrap();
         std::fs::write(path, bundle).unwrap();
+    }
+
+    /// [`write_endorsed_at`] now.
+    fn write_endorsed(path: &Path, bundle: &str, issuer: &CaPem, name: &str) {
+        write_endorsed_at(path, bundle, issuer, name, SystemTime::now());
     }
 
     #[tokio::test]
@@ -169,12 +189,25 @@ mod tests {
         assert_eq!(anchors.len(), 1, "no planted anchor is taken");
         assert_eq!(refused.get(), 3, "each refusal counted");
 
-        // The rotation: old + new endorsed under old, then new alone.
-        write_endorsed(&path, &format!("{}{}", old.cert_pem, new.cert_pem), &old_issuer, CONTROL);
+        // The rotation: old + new endorsed under old; the issuer switched (endorsed under new);
+        // then new alone.
+        let both = format!("{}{}", old.cert_pem, new.cert_pem);
+        let now = SystemTime::now();
+        write_endorsed_at(&path, &both, &old_issuer, CONTROL, now - Duration::from_secs(120));
         wait_for(&anchors, 2).await;
-        write_endorsed(&path, &new.cert_pem, &old_issuer, CONTROL);
+        let issuer_of_new = new_issuer(&new, "cluster.local", HOUR).unwrap();
+        let switched = format!("{both}\n");
+        write_endorsed_at(&path, &switched, &issuer_of_new, CONTROL, now - Duration::from_secs(60));
+        tokio::time::sleep(POLL * 3).await;
+        write_endorsed_at(&path, &new.cert_pem, &issuer_of_new, CONTROL, now);
         wait_for(&anchors, 1).await;
-        let under_new = certified(&new_issuer(&new, "cluster.local", HOUR).unwrap(), CONTROL);
+        // The switch's bundle replayed, endorsed as it was (its chain verifies under the new
+        // anchor): older than the one in force, refused; the dropped anchor stays out.
+        write_endorsed_at(&path, &switched, &issuer_of_new, CONTROL, now - Duration::from_secs(60));
+        tokio::time::sleep(POLL * 3).await;
+        assert_eq!(anchors.len(), 1, "a replayed older bundle is refused");
+        assert_eq!(refused.get(), 4);
+        let under_new = certified(&issuer_of_new, CONTROL);
         cnimesh_identity::tls::verify(anchors.clone(), &under_new.cert, &Name::parse(CONTROL).unwrap())
             .expect("the one anchor in force is the new one");
         let _ = std::fs::remove_dir_all(&dir);
