@@ -201,21 +201,48 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let admin_state =
         AdminState { metrics, issuer, index, tap, destination: Arc::new(config.destination), webhook_addr };
     let admin = tokio::spawn(admin::serve(admin_listener, admin_state, until(stopped)));
+    let tasks =
+        Tasks { grpc, admin, webhook, own_cert: own_cert_task, certs: cert_tasks, source: cluster.map(|c| c.source) };
 
     config.shutdown.await;
     tracing::info!("shutting down");
     stop.send_replace(true);
-    grpc.await.context("gRPC server task")?;
-    admin.await.context("admin server task")?;
-    if let Some(webhook) = webhook {
-        webhook.await.context("webhook task")?;
+    tasks.drain().await
+}
+
+/// What [`run`] started, for the shutdown to wait on.
+struct Tasks {
+    grpc: JoinHandle<()>,
+    admin: JoinHandle<()>,
+    webhook: Option<JoinHandle<()>>,
+    own_cert: JoinHandle<()>,
+    /// The webhook certificate's: the Secret watch, and in managed mode the elector and manager.
+    certs: Vec<JoinHandle<()>>,
+    /// The cluster's source: it has no shutdown of its own and is aborted last.
+    source: Option<JoinHandle<Result<(), crate::sources::SourceError>>>,
+}
+
+impl Tasks {
+    /// Once told to stop: waits for the servers to drain their calls, for the own certificate's
+    /// upkeep, and (bounded) for the webhook certificate tasks (the elector releases its Lease),
+    /// then stops watching the cluster.
+    async fn drain(self) -> anyhow::Result<()> {
+        self.grpc.await.context("gRPC server task")?;
+        self.admin.await.context("admin server task")?;
+        if let Some(webhook) = self.webhook {
+            webhook.await.context("webhook task")?;
+        }
+        self.own_cert.await.context("own certificate task")?;
+        for task in self.certs {
+            if tokio::time::timeout(CERT_TASK_STOP, task).await.is_err() {
+                tracing::warn!("a webhook certificate task did not stop in time");
+            }
+        }
+        if let Some(source) = self.source {
+            source.abort();
+        }
+        Ok(())
     }
-    own_cert_task.await.context("own certificate task")?;
-    stop_cert_tasks(cert_tasks).await;
-    if let Some(cluster) = cluster {
-        cluster.source.abort();
-    }
-    Ok(())
 }
 
 /// The exporter of the control plane's own spans, when a collector is configured.
@@ -301,15 +328,6 @@ fn spawn_webhook(
     tracing::info!(%addr, "serving the injection webhook");
     let webhook = Arc::new(webhook.with_issuer_anchors(issuer.clone()));
     Ok(tokio::spawn(crate::inject::serve_webhook(listener, tls, webhook, until(stopped))))
-}
-
-/// Waits for the webhook certificate tasks: the elector releases its Lease, the others just stop.
-async fn stop_cert_tasks(tasks: Vec<JoinHandle<()>>) {
-    for task in tasks {
-        if tokio::time::timeout(CERT_TASK_STOP, task).await.is_err() {
-            tracing::warn!("a webhook certificate task did not stop in time");
-        }
-    }
 }
 
 async fn until(mut stopped: watch::Receiver<bool>) {
