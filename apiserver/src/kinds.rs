@@ -163,6 +163,7 @@ const BUILT_IN: &[Row] = &[
     ("gateway.networking.k8s.io/v1", "GRPCRoute", "grpcroutes", NAMESPACED, &[], &["status"]),
     ("gateway.networking.k8s.io/v1beta1", "ReferenceGrant", "referencegrants", NAMESPACED, &["refgrant"], &[]),
     ("gateway.networking.k8s.io/v1alpha2", "TLSRoute", "tlsroutes", NAMESPACED, &[], &["status"]),
+    ("gateway.networking.k8s.io/v1alpha2", "TCPRoute", "tcproutes", NAMESPACED, &[], &["status"]),
 ];
 
 /// Reviews: answered on create, never stored.

@@ -5,7 +5,8 @@
 //!
 //! - list and watch of any resource, all namespaces or one, with label and field selectors; a
 //!   watch resumed from a resourceVersion is replayed what changed since (`watch`);
-//! - create (POST), get, replace (PUT, 409 on a stale resourceVersion), delete;
+//! - create (POST), get, replace (PUT, 409 on a stale resourceVersion), delete; for tests, a
+//!   YAML manifest applied by name as `kubectl apply -f` would ([`ClusterApi::apply_yaml`]);
 //! - server-side apply with field managers (`apply`); JSON merge patch and an approximation of
 //!   strategic merge patch (`patch`), of the object or of its `status` subresource;
 //! - what a real API server adds: resourceVersions, uids, a Service's ClusterIP, a Secret's
@@ -85,6 +86,20 @@ pub struct ClusterApi {
     texts: Mutex<BTreeMap<String, String>>,
     /// Whether service accounts' tokens are held to their roles ([`ClusterApi::enforce_rbac`]).
     rbac: std::sync::atomic::AtomicBool,
+    /// The objects each manifest put by [`ClusterApi::apply_yaml`] holds, by the manifest's name.
+    applied: Mutex<BTreeMap<String, Vec<ObjectKey>>>,
+}
+
+/// apiVersion, kind, namespace (empty: cluster-scoped) and name.
+type ObjectKey = (String, String, String, String);
+
+/// Why [`ClusterApi::apply_yaml`] refused a manifest; nothing of it was applied.
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    #[error("parsing {name}: {source}")]
+    Parse { name: String, source: Box<serde_saphyr::Error> },
+    #[error("an object of {name} without apiVersion, kind or metadata.name")]
+    Unnamed { name: String },
 }
 
 impl ClusterApi {
@@ -247,6 +262,35 @@ impl ClusterApi {
         written
     }
 
+    /// Every object of the YAML (or JSON) stream `yaml`, put as `kubectl apply -f <name>` would:
+    /// objects the manifest `name` held before and no longer does are deleted.
+    pub fn apply_yaml(&self, name: &str, yaml: &str) -> Result<(), ApplyError> {
+        let docs: Vec<Value> = serde_saphyr::from_str_multiple(yaml)
+            .map_err(|source| ApplyError::Parse { name: name.to_string(), source: Box::new(source) })?;
+        let docs: Vec<Value> = docs.into_iter().filter(|d| !d.is_null()).collect();
+        let keys = docs.iter().map(key_of).collect::<Option<Vec<_>>>();
+        let keys = keys.ok_or_else(|| ApplyError::Unnamed { name: name.to_string() })?;
+        docs.into_iter().for_each(|doc| drop(self.put(doc)));
+        let before = self.applied.lock().insert(name.to_string(), keys.clone()).unwrap_or_default();
+        for gone in before.into_iter().filter(|k| !keys.contains(k)) {
+            self.remove_if_present(&gone);
+        }
+        Ok(())
+    }
+
+    /// Deletes every object applied as `name` (`kubectl delete -f <name>`).
+    pub fn delete_applied(&self, name: &str) {
+        let applied = self.applied.lock().remove(name).unwrap_or_default();
+        applied.iter().for_each(|key| self.remove_if_present(key));
+    }
+
+    /// Deletes the object unless something else did already.
+    fn remove_if_present(&self, (api_version, kind, namespace, name): &ObjectKey) {
+        if self.get(api_version, kind, namespace, name).is_some() {
+            self.remove(api_version, kind, namespace, name);
+        }
+    }
+
     /// Deletes an object, as `kubectl delete` would: watches see DELETED.
     pub fn remove(&self, api_version: &str, kind: &str, namespace: &str, name: &str) {
         let key = (namespace.to_string(), name.to_string());
@@ -336,4 +380,9 @@ impl ClusterApi {
             .collect::<Vec<_>>()
             .join("\n")
     }
+}
+
+fn key_of(doc: &Value) -> Option<ObjectKey> {
+    let s = |p: &str| doc.pointer(p).and_then(Value::as_str).map(String::from);
+    Some((s("/apiVersion")?, s("/kind")?, s("/metadata/namespace").unwrap_or_default(), s("/metadata/name")?))
 }

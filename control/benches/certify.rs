@@ -93,24 +93,12 @@ async fn main() {
     let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = grpc.local_addr().unwrap();
-    let config = Config {
-        issuer_dir: pki.path().to_path_buf(),
-        identity_name: control.clone(),
-        policy: policy(),
-        tokens: api.client(),
-        cluster: None,
-        destination: Default::default(),
-        inbound_policy: Default::default(),
-        webhook: None,
-        webhook_certs: None,
-        trust_bundle: None,
-        limits: Default::default(),
-        reserved: Default::default(),
-    };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(cnimesh_control::run(config, Listeners { grpc, admin, webhook: None }, async {
+    let listeners = Listeners { grpc: grpc.into(), admin: admin.into() };
+    let config = Config::new(pki.path().to_path_buf(), control.clone(), policy(), api.client(), listeners, async {
         let _ = stopped.await;
-    }));
+    });
+    let server = tokio::spawn(cnimesh_control::run(config));
 
     let anchors = pem::certs(&std::fs::read(pki.path().join("ca.crt")).unwrap(), "anchors").unwrap();
     let roots = tls::roots(&anchors).unwrap();

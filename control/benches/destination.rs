@@ -1,7 +1,7 @@
-//! Destination at scale: 1,000 services with 10 endpoints each (10,000 meshed pods) loaded from
-//! YAML files, 1,000 `Get` streams over real gRPC on localhost, and the time an EndpointSlice
-//! change takes to reach the client, (a) applied to the index directly and (b) written as a file
-//! (notify → debounce → parse → index → stream). Each is measured first with one open stream (the
+//! Destination at scale: 1,000 services with 10 endpoints each (10,000 meshed pods) listed from
+//! the in-process API server, 1,000 `Get` streams over real gRPC on localhost, and the time an
+//! EndpointSlice change takes to reach the client, (a) applied to the index directly and (b)
+//! written to the API server (watch event → read → index → stream). Each is measured first with one open stream (the
 //! baseline) and then with all 1,000 open, in the same run. Then 1,000 streams on one service and
 //! the time until a change has reached all of them. Also the process RSS.
 //!
@@ -9,9 +9,10 @@
 
 use std::time::{Duration, Instant};
 
+use cnimesh_apiserver::ClusterApi;
 use cnimesh_control::destination::{Change, Config, Index, Object};
 use cnimesh_control::grpc::destination::DestinationService;
-use cnimesh_control::sources::{FileSource, Source};
+use cnimesh_control::sources::{KubeSource, Source};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use linkerd2_proxy_api::destination::destination_client::DestinationClient;
 use linkerd2_proxy_api::destination::{GetDestination, Update};
@@ -50,7 +51,8 @@ fn slice_yaml(service: usize, generation: usize) -> String {
     s
 }
 
-fn file_yaml(service: usize, generation: usize) -> String {
+/// The Service, its slice and its pods.
+fn objects_yaml(service: usize, generation: usize) -> String {
     let mut docs = vec![
         format!(
             "apiVersion: v1\nkind: Service\nmetadata: {{name: svc-{service}, namespace: bench}}\nspec:\n  clusterIP: 10.96.{}.{}\n  ports: [{{name: http, port: 80, targetPort: 8080}}]\n",
@@ -68,10 +70,8 @@ fn file_yaml(service: usize, generation: usize) -> String {
     docs.join("---\n")
 }
 
-fn write_file(dir: &std::path::Path, service: usize, generation: usize) {
-    let tmp = dir.join(format!(".svc-{service}.tmp"));
-    std::fs::write(&tmp, file_yaml(service, generation)).expect("write");
-    std::fs::rename(&tmp, dir.join(format!("svc-{service}.yaml"))).expect("rename");
+fn apply(api: &ClusterApi, service: usize, generation: usize) {
+    api.apply_yaml(&format!("svc-{service}.yaml"), &objects_yaml(service, generation)).expect("apply");
 }
 
 struct Stats {
@@ -90,7 +90,7 @@ fn ms(d: Duration) -> f64 {
 
 /// The per-service generation, so each change flips the current state of its service.
 struct Bench {
-    dir: std::path::PathBuf,
+    api: std::sync::Arc<ClusterApi>,
     index: Index,
     generation: Vec<usize>,
 }
@@ -98,7 +98,7 @@ struct Bench {
 #[derive(Clone, Copy)]
 enum Via {
     Index,
-    Files,
+    Api,
 }
 
 impl Bench {
@@ -112,7 +112,10 @@ impl Bench {
                 let slice: EndpointSlice = serde_saphyr::from_str(&slice_yaml(service, generation)).expect("slice");
                 self.index.apply([Change::Upsert(Object::from(slice))]);
             }
-            Via::Files => write_file(&self.dir, service, generation),
+            Via::Api => {
+                let slice: serde_json::Value = serde_saphyr::from_str(&slice_yaml(service, generation)).expect("slice");
+                self.api.put(slice);
+            }
         }
         stream.message().await.expect("stream ok").expect("stream open");
         start.elapsed()
@@ -141,17 +144,17 @@ async fn open(client: &mut DestinationClient<Channel>, service: usize) -> Stream
 
 #[tokio::main]
 async fn main() {
-    // `RUST_LOG=cnimesh_control=debug` shows what the files source does with each write.
+    // `RUST_LOG=cnimesh_control=debug` shows what the Kubernetes source does with each event.
     tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).init();
-    let dir = tempfile::tempdir().expect("tempdir");
+    let api = ClusterApi::new();
     for service in 0..SERVICES {
-        write_file(dir.path(), service, 0);
+        apply(&api, service, 0);
     }
     let rss_start = rss_mib(std::process::id());
     let index = Index::new();
     let loading = Instant::now();
-    let source = FileSource::new(dir.path()).run(index.clone());
-    tokio::spawn(async move { source.await.expect("file source") });
+    let source = KubeSource::new(api.client()).run(index.clone());
+    tokio::spawn(async move { source.await.expect("kube source") });
     while index.stats().pods < SERVICES * ENDPOINTS_PER_SERVICE {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -166,10 +169,10 @@ async fn main() {
         clients.push(DestinationClient::connect(format!("http://{addr}")).await.expect("connect"));
     }
 
-    let mut bench = Bench { dir: dir.path().to_path_buf(), index: index.clone(), generation: vec![0; SERVICES] };
+    let mut bench = Bench { api: api.clone(), index: index.clone(), generation: vec![0; SERVICES] };
     let mut streams = vec![open(&mut clients[0], 0).await];
     let index_one = bench.measure(&mut streams, Via::Index).await;
-    let files_one = bench.measure(&mut streams, Via::Files).await;
+    let api_one = bench.measure(&mut streams, Via::Api).await;
 
     let opening = Instant::now();
     for service in 1..SERVICES {
@@ -178,7 +181,7 @@ async fn main() {
     let open_time = opening.elapsed();
     let rss_streams = rss_mib(std::process::id());
     let index_all = bench.measure(&mut streams, Via::Index).await;
-    let files_all = bench.measure(&mut streams, Via::Files).await;
+    let api_all = bench.measure(&mut streams, Via::Api).await;
     let rss_end = rss_mib(std::process::id());
 
     // Fan-out: the same number of streams all on one service; one change must reach every one.
@@ -201,9 +204,11 @@ async fn main() {
     let fan_out = stats(fan_out);
     let rss_fan_out = rss_mib(std::process::id());
 
-    println!("destination bench: {SERVICES} services x {ENDPOINTS_PER_SERVICE} endpoints (meshed pods), files source");
     println!(
-        "  load {} files: {:.0} ms; opening {} more Get streams: {:.0} ms",
+        "destination bench: {SERVICES} services x {ENDPOINTS_PER_SERVICE} endpoints (meshed pods), Kubernetes source on the in-process API server"
+    );
+    println!(
+        "  list {} services' objects: {:.0} ms; opening {} more Get streams: {:.0} ms",
         SERVICES,
         ms(load_time),
         SERVICES - 1,
@@ -213,14 +218,13 @@ async fn main() {
     let row = |name: &str, s: &Stats| println!("  {name:<40} {:>7.2}   {:>7.2}", ms(s.p50), ms(s.p99));
     row("index -> stream, 1 stream open", &index_one);
     row(&format!("index -> stream, {SERVICES} streams open"), &index_all);
-    row("file write -> stream, 1 stream open", &files_one);
-    row(&format!("file write -> stream, {SERVICES} streams open"), &files_all);
+    row("API write -> stream, 1 stream open", &api_one);
+    row(&format!("API write -> stream, {SERVICES} streams open"), &api_all);
     row(&format!("index -> all {SERVICES} streams of one service"), &fan_out);
     println!(
-        "  ratio {SERVICES} streams / 1 stream (p50): index {:.2}x, files {:.2}x (file path includes the {} ms debounce)",
+        "  ratio {SERVICES} streams / 1 stream (p50): index {:.2}x, API {:.2}x",
         ms(index_all.p50) / ms(index_one.p50),
-        ms(files_all.p50) / ms(files_one.p50),
-        cnimesh_control::sources::DEFAULT_DEBOUNCE.as_millis()
+        ms(api_all.p50) / ms(api_one.p50),
     );
     println!(
         "  VmRSS (whole process: index, server, {CONNECTIONS} client connections and {SERVICES} client streams, runtime): start {rss_start:.1} MiB, loaded {rss_loaded:.1} MiB, {SERVICES} streams {rss_streams:.1} MiB, after the changes {rss_end:.1} MiB, with {SERVICES} more on one service {rss_fan_out:.1} MiB"

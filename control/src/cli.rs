@@ -12,7 +12,6 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use cnimesh_identity::{DEFAULT_TRUST_DOMAIN, Name};
-use tokio::net::TcpListener;
 
 use crate::grpc::limits::Limits;
 use crate::grpc::spans::TraceConfig;
@@ -22,7 +21,7 @@ use crate::inject::{
 };
 use crate::policy::DefaultPolicy;
 use crate::policy::index::DEFAULT_CLUSTER_NETWORKS;
-use crate::serve::{ClusterSource, Config, Listeners};
+use crate::serve::{ClusterConfig, Config, Listener, Listeners, WebhookConfig};
 
 #[derive(Debug, Parser)]
 #[command(name = "cnimesh-control", version, about = "cnimesh control plane: Identity (and Destination) over gRPC")]
@@ -249,30 +248,8 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{s:?}: {e} (e.g. 10s, 24h, 365d)"))
 }
 
-struct Addrs {
-    grpc: SocketAddr,
-    admin: SocketAddr,
-    webhook: Option<SocketAddr>,
-    /// Where the control plane's own spans go (`--trace-collector`), if anywhere.
-    trace: Option<TraceConfig>,
-}
-
-async fn bind(addr: SocketAddr, reuse_port: bool) -> anyhow::Result<TcpListener> {
-    if !reuse_port {
-        return TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"));
-    }
-    let socket = if addr.is_ipv4() { tokio::net::TcpSocket::new_v4() } else { tokio::net::TcpSocket::new_v6() };
-    let bound = socket.and_then(|socket| {
-        socket.set_reuseaddr(true)?;
-        socket.set_reuseport(true)?;
-        socket.bind(addr)?;
-        socket.listen(1024)
-    });
-    bound.with_context(|| format!("binding {addr} with SO_REUSEPORT"))
-}
-
 impl ServeArgs {
-    async fn config(self) -> anyhow::Result<(Config, Addrs)> {
+    async fn config(self) -> anyhow::Result<Config> {
         anyhow::ensure!(
             self.kube,
             "cnimesh-control serve needs --kube: its cluster and tokens are the Kubernetes API's"
@@ -281,9 +258,8 @@ impl ServeArgs {
         self.config_with(client)
     }
 
-    /// [`ServeArgs::config`] with the API server's client made.
-    fn config_with(self, client: kube::Client) -> anyhow::Result<(Config, Addrs)> {
-        let (tokens, cluster) = (client.clone(), Some(ClusterSource::Kube(client.clone())));
+    /// [`ServeArgs::config`] with the API server's client made; stops on SIGTERM or SIGINT.
+    fn config_with(self, client: kube::Client) -> anyhow::Result<Config> {
         let destination = crate::destination::Config {
             cluster_domain: self.webhook.cluster_domain.clone(),
             trust_domain: self.trust_domain.clone(),
@@ -305,8 +281,10 @@ impl ServeArgs {
             .with_context(|| format!("trust domain {:?}", self.trust_domain))?,
         };
         let webhook_certs = self.ha.secret_source(&client, &self.webhook)?;
+        let reuse_port = self.reuse_port;
+        let listener = |addr| Listener::Addr { addr, reuse_port };
         let webhook = match (&self.webhook.webhook_addr, &self.webhook.webhook_tls_dir) {
-            (Some(_), dir) if dir.is_some() || webhook_certs.is_some() => {
+            (Some(addr), dir) if dir.is_some() || webhook_certs.is_some() => {
                 let mode = self.webhook.native_sidecars;
                 let versions = match mode {
                     SidecarMode::Auto => watch_server_version(client.clone()),
@@ -326,7 +304,7 @@ impl ServeArgs {
                     )?,
                     (None, None) => anyhow::bail!("--webhook-addr needs --webhook-tls-dir or --webhook-certs"),
                 };
-                Some((webhook, tls))
+                Some(WebhookConfig { webhook, tls, listener: listener(*addr) })
             }
             (Some(_), _) => anyhow::bail!("--webhook-addr needs --webhook-tls-dir or --webhook-certs secret|managed"),
             _ => None,
@@ -364,24 +342,23 @@ impl ServeArgs {
             namespace: self.webhook.namespace.clone(),
             identity: identity_name.to_string(),
         });
-        let addrs = Addrs { grpc: self.addr, admin: self.admin_addr, webhook: self.webhook.webhook_addr, trace };
-        Ok((
-            Config {
-                issuer_dir: self.issuer_dir,
-                identity_name,
-                policy,
-                tokens,
-                cluster,
-                destination,
-                inbound_policy,
-                webhook,
-                webhook_certs,
-                trust_bundle,
-                limits,
-                reserved,
-            },
-            addrs,
-        ))
+        Ok(Config {
+            issuer_dir: self.issuer_dir,
+            identity_name,
+            policy,
+            tokens: client.clone(),
+            reserved,
+            limits,
+            listeners: Listeners { grpc: listener(self.addr), admin: listener(self.admin_addr) },
+            shutdown: Box::pin(shutdown_signal()),
+            destination,
+            cluster: Some(ClusterConfig { client, inbound_policy }),
+            webhook,
+            webhook_certs,
+            trust_bundle,
+            tap: true,
+            trace,
+        })
     }
 }
 
@@ -419,14 +396,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    let reuse = args.reuse_port;
-    let (config, addrs) = args.config().await?;
-    let webhook = match addrs.webhook {
-        Some(addr) => Some(bind(addr, reuse).await?),
-        None => None,
-    };
-    let listeners = Listeners { grpc: bind(addrs.grpc, reuse).await?, admin: bind(addrs.admin, reuse).await?, webhook };
-    crate::serve::run_traced(config, listeners, addrs.trace, shutdown_signal()).await
+    crate::serve::run(args.config().await?).await
 }
 
 /// SIGTERM (the kubelet) or SIGINT (a terminal); the mirror's process stops on them too.
@@ -468,15 +438,6 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn replicas_share_an_address_only_with_reuse_port() {
-        let first = bind("127.0.0.1:0".parse().unwrap(), true).await.unwrap();
-        let addr = first.local_addr().unwrap();
-        let _second = bind(addr, true).await.expect("a second replica on the same address");
-        let error = format!("{:#}", bind(addr, false).await.unwrap_err());
-        assert!(error.contains(&addr.to_string()), "{error}");
-    }
-
-    #[tokio::test]
     async fn the_cli_is_consistent_and_needs_the_kubernetes_api() {
         Cli::command().debug_assert();
         let cli = Cli::try_parse_from(["cnimesh-control", "serve", "--issuer-dir", "/x"]).unwrap();
@@ -497,13 +458,18 @@ mod tests {
         ])
         .unwrap();
         let Command::Serve(args) = cli.command;
-        let (config, addrs) = args.config_with(cnimesh_apiserver::ClusterApi::new().client()).unwrap();
+        let config = args.config_with(cnimesh_apiserver::ClusterApi::new().client()).unwrap();
         assert_eq!(config.policy.lifetime, Duration::from_secs(10));
         assert_eq!(
             config.identity_name.as_str(),
             "cnimesh-control.cnimesh.serviceaccount.identity.cnimesh.example.org"
         );
-        assert_eq!((addrs.grpc.port(), addrs.admin.port(), addrs.webhook), (4190, 9990, None));
+        let port = |listener: &Listener| match listener {
+            Listener::Addr { addr, reuse_port: false } => addr.port(),
+            _ => panic!("an address to bind, without SO_REUSEPORT"),
+        };
+        assert_eq!((port(&config.listeners.grpc), port(&config.listeners.admin)), (4190, 9990));
+        assert!(config.webhook.is_none() && config.cluster.is_some() && config.tap);
         for gone in ["--tokens-dir", "--cluster-dir"] {
             assert!(
                 Cli::try_parse_from(["cnimesh-control", "serve", "--issuer-dir", "/x", "--kube", gone, "/t"]).is_err()

@@ -9,7 +9,7 @@
 //!    (EgressNetworks and the routes attached to them), and [`policy`]
 //!    (CRDs, model, index; the index also holds the routes) beside [`identity`] (issuer, token
 //!    checks);
-//! 2. sources: [`sources`] (Kubernetes watchers, YAML files), and the TLS accept loop the servers
+//! 2. sources: [`sources`] (Kubernetes watchers), and the TLS accept loop the servers
 //!    share ([`tls_accept`]);
 //! 3. servers: [`grpc`] (Destination, Identity, inbound and outbound policy over TLS), the
 //!    webhook ([`inject`]), [`leader`] (Lease elections for the writers) and the tap relay
@@ -26,7 +26,8 @@
 //! Layers: metrics | resource | meta | workload → routes → destination | egress → policy | identity → sources | tls_accept → grpc | inject | leader | tap → admin | ca_init | webhook_certs | trust_bundle → serve → cli
 //!
 //! In-process use (tests, benchmarks): bind the listeners yourself and call [`serve::run`] with a
-//! [`serve::Config`]; it returns once the shutdown future resolves and calls have drained.
+//! [`serve::Config`]; it returns once the config's shutdown future resolves and calls have
+//! drained.
 
 pub mod admin;
 pub mod ca_init;
@@ -50,4 +51,4 @@ pub mod trust_bundle;
 pub mod webhook_certs;
 pub mod workload;
 
-pub use serve::{ClusterSource, Config, Listeners, run};
+pub use serve::{ClusterConfig, Config, Listener, Listeners, WebhookConfig, run};

@@ -332,7 +332,7 @@ async fn serve_with_managed_certificates_serves_the_secret_and_reports_leadershi
     use cnimesh_control::identity::Policy;
     use cnimesh_control::leader::ElectionConfig;
     use cnimesh_control::webhook_certs::SecretSource;
-    use cnimesh_control::{Config, Listeners};
+    use cnimesh_control::{Config, Listeners, WebhookConfig};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     let store = Store::new();
@@ -356,16 +356,23 @@ async fn serve_with_managed_certificates_serves_the_secret_and_reports_leadershi
         lease_duration: Duration::from_secs(3),
         renew_interval: Duration::from_millis(100),
     };
+    let bind = || tokio::net::TcpListener::bind("127.0.0.1:0");
+    let (grpc, admin, hook) = (bind().await.unwrap(), bind().await.unwrap(), bind().await.unwrap());
+    let (admin_addr, hook_addr) = (admin.local_addr().unwrap(), hook.local_addr().unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let control = cnimesh_identity::Name::for_service_account("cnimesh-control", "cnimesh", "cluster.local").unwrap();
+    let issuing = Policy { trust_domain: "cluster.local".into(), lifetime: DAY, clock_skew: Duration::ZERO };
+    let tokens = cnimesh_apiserver::ClusterApi::new().client();
+    let listeners = Listeners { grpc: grpc.into(), admin: admin.into() };
+    let shutdown = async {
+        let _ = stopped.await;
+    };
     let config = Config {
-        issuer_dir: pki.path().to_path_buf(),
-        identity_name: cnimesh_identity::Name::for_service_account("cnimesh-control", "cnimesh", "cluster.local")
-            .unwrap(),
-        policy: Policy { trust_domain: "cluster.local".into(), lifetime: DAY, clock_skew: Duration::ZERO },
-        tokens: cnimesh_apiserver::ClusterApi::new().client(),
-        cluster: None,
-        destination: Default::default(),
-        inbound_policy: Default::default(),
-        webhook: Some((webhook, webhook_tls_from(current.clone()).unwrap())),
+        webhook: Some(WebhookConfig {
+            webhook,
+            tls: webhook_tls_from(current.clone()).unwrap(),
+            listener: hook.into(),
+        }),
         webhook_certs: Some(SecretSource {
             client: store.client(Arc::new(Faults::default())),
             namespace: "cnimesh".into(),
@@ -373,17 +380,9 @@ async fn serve_with_managed_certificates_serves_the_secret_and_reports_leadershi
             current,
             manage: Some((election, policy())),
         }),
-        trust_bundle: None,
-        limits: Default::default(),
-        reserved: Default::default(),
+        ..Config::new(pki.path().to_path_buf(), control, issuing, tokens, listeners, shutdown)
     };
-    let bind = || tokio::net::TcpListener::bind("127.0.0.1:0");
-    let (grpc, admin, hook) = (bind().await.unwrap(), bind().await.unwrap(), bind().await.unwrap());
-    let (admin_addr, hook_addr) = (admin.local_addr().unwrap(), hook.local_addr().unwrap());
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(cnimesh_control::run(config, Listeners { grpc, admin, webhook: Some(hook) }, async {
-        let _ = stopped.await;
-    }));
+    let task = tokio::spawn(cnimesh_control::run(config));
 
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     loop {

@@ -1,19 +1,21 @@
 //! Stock-proxy compatibility of the policy services, at the protocol level: a generated tonic
 //! client (linkerd2-proxy-api 0.20) calls `InboundServerPolicies.GetPort`/`WatchPort` and
 //! `OutboundPolicies.Get`/`Watch` on the control plane's real TLS gRPC listener (the one Identity
-//! and Destination use), with cluster state from the files source, and checks each answer both
+//! and Destination use), with cluster state from the in-process API server (watched by the
+//! Kubernetes source, as in production), and checks each answer both
 //! for its content and against what linkerd2-proxy refuses (its `server-policy` and
 //! `client-policy` crates: a missing protocol, detect timeout, `name` label, network,
 //! authentication, rule, queue or discovery makes the proxy reject the whole update).
-//! Changes to the files (a Server, an AuthorizationPolicy, a Service's opaque ports) must reach
-//! open watches.
+//! Changes to the objects (a Server, an AuthorizationPolicy, a Service's opaque ports), applied
+//! as `kubectl apply -f` would, must reach open watches.
 
 use std::net::SocketAddr;
-use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
+use cnimesh_apiserver::ClusterApi;
 use cnimesh_control::identity::Policy;
-use cnimesh_control::{ClusterSource, Config, Listeners};
+use cnimesh_control::{ClusterConfig, Config, Listeners};
 use cnimesh_identity::{Name, ca};
 use futures::StreamExt;
 use linkerd2_proxy_api::inbound::inbound_server_policies_client::InboundServerPoliciesClient;
@@ -85,17 +87,22 @@ struct Running {
     grpc: SocketAddr,
     control: Name,
     roots: std::sync::Arc<rustls::RootCertStore>,
-    cluster: tempfile::TempDir,
+    api: Arc<ClusterApi>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<anyhow::Result<()>>,
     pki: tempfile::TempDir,
 }
 
-/// Writes `text` atomically (temporary name, then rename), as the files source asks of writers.
-fn write(dir: &Path, name: &str, text: &str) {
-    let tmp = dir.join(format!(".{name}.tmp"));
-    std::fs::write(&tmp, text).unwrap();
-    std::fs::rename(tmp, dir.join(name)).unwrap();
+impl Running {
+    /// `kubectl apply -f <name>`: what the manifest no longer holds is deleted.
+    fn apply(&self, name: &str, text: &str) {
+        self.api.apply_yaml(name, text).unwrap();
+    }
+
+    /// `kubectl delete -f <name>`.
+    fn delete(&self, name: &str) {
+        self.api.delete_applied(name);
+    }
 }
 
 async fn start() -> Running {
@@ -105,39 +112,32 @@ async fn start() -> Running {
     std::fs::write(pki.path().join("ca.crt"), &anchor.cert_pem).unwrap();
     std::fs::write(pki.path().join("tls.crt"), &issuer.cert_pem).unwrap();
     std::fs::write(pki.path().join("tls.key"), &issuer.key_pem).unwrap();
-    let cluster = tempfile::tempdir().unwrap();
-    write(cluster.path(), "cluster.yaml", CLUSTER);
-    write(cluster.path(), "service.yaml", &service("5432"));
+    let api = ClusterApi::new();
+    api.apply_yaml("cluster.yaml", CLUSTER).unwrap();
+    api.apply_yaml("service.yaml", &service("5432")).unwrap();
 
     let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let grpc_addr = grpc.local_addr().unwrap();
     let control = Name::for_service_account("cnimesh-control", "cnimesh", "cluster.local").unwrap();
-    let config = Config {
-        issuer_dir: pki.path().to_path_buf(),
-        identity_name: control.clone(),
-        policy: Policy {
-            trust_domain: "cluster.local".into(),
-            lifetime: Duration::from_secs(3600),
-            clock_skew: Duration::from_secs(20),
-        },
-        tokens: cnimesh_apiserver::ClusterApi::new().client(),
-        cluster: Some(ClusterSource::Files(cluster.path().to_path_buf())),
-        destination: Default::default(),
-        inbound_policy: Default::default(),
-        webhook: None,
-        webhook_certs: None,
-        trust_bundle: None,
-        limits: Default::default(),
-        reserved: Default::default(),
-    };
     let (stop, stopped) = tokio::sync::oneshot::channel();
-    let task = tokio::spawn(cnimesh_control::run(config, Listeners { grpc, admin, webhook: None }, async {
+    let policy = Policy {
+        trust_domain: "cluster.local".into(),
+        lifetime: Duration::from_secs(3600),
+        clock_skew: Duration::from_secs(20),
+    };
+    let (tokens, listeners) = (ClusterApi::new().client(), Listeners { grpc: grpc.into(), admin: admin.into() });
+    let shutdown = async {
         let _ = stopped.await;
-    }));
+    };
+    let config = Config {
+        cluster: Some(ClusterConfig { client: api.client(), inbound_policy: Default::default() }),
+        ..Config::new(pki.path().to_path_buf(), control.clone(), policy, tokens, listeners, shutdown)
+    };
+    let task = tokio::spawn(cnimesh_control::run(config));
     let anchors = cnimesh_identity::pem::certs(anchor.cert_pem.as_bytes(), "anchor").unwrap();
     let roots = cnimesh_identity::tls::roots(&anchors).unwrap();
-    Running { grpc: grpc_addr, control, roots, cluster, stop: Some(stop), task, pki }
+    Running { grpc: grpc_addr, control, roots, api, stop: Some(stop), task, pki }
 }
 
 /// The control plane's own certificate is issued right after start: retry briefly. The client
@@ -402,10 +402,10 @@ async fn inbound_answers_and_streams_policy_changes() {
     assert_eq!(client.get_port(spec("api-0", 8080)).await.unwrap_err().code(), tonic::Code::InvalidArgument);
     assert_eq!(client.get_port(spec("shop:api-0", 70000)).await.unwrap_err().code(), tonic::Code::InvalidArgument);
 
-    // An open WatchPort follows the files: a Server (no policy yet: nothing authorized) ...
+    // An open WatchPort follows the objects: a Server (no policy yet: nothing authorized) ...
     let mut watch = client.watch_port(spec("shop:api-0", 8080)).await.unwrap().into_inner();
     assert_eq!(next(&mut watch).await, server);
-    write(running.cluster.path(), "server.yaml", SERVER);
+    running.apply("server.yaml", SERVER);
     let server = next(&mut watch).await;
     stock_proxy_accepts_inbound(&server);
     assert_eq!((server.labels["group"].as_str(), server.labels["kind"].as_str()), ("policy.cnimesh.io", "server"));
@@ -414,7 +414,7 @@ async fn inbound_answers_and_streams_policy_changes() {
     assert!(server.authorizations.is_empty(), "a Server alone authorizes nobody");
 
     // ... then an AuthorizationPolicy with its authentications.
-    write(running.cluster.path(), "authz.yaml", AUTHORIZATION);
+    running.apply("authz.yaml", AUTHORIZATION);
     let server = next(&mut watch).await;
     stock_proxy_accepts_inbound(&server);
     assert_eq!(server.authorizations.len(), 1, "{server:?}");
@@ -433,8 +433,8 @@ async fn inbound_answers_and_streams_policy_changes() {
     assert_eq!(ids.identities[0].name, "web.shop.serviceaccount.identity.cnimesh.cluster.local");
 
     // A bad edit (a CIDR that is none) is ignored: nothing is sent, the last good policy stays.
-    write(running.cluster.path(), "authz.yaml", &AUTHORIZATION.replace("10.0.0.0/16", "10.0.0.0/99"));
-    write(running.cluster.path(), "server.yaml", &SERVER.replace("HTTP/1", "HTTP/2"));
+    running.apply("authz.yaml", &AUTHORIZATION.replace("10.0.0.0/16", "10.0.0.0/99"));
+    running.apply("server.yaml", &SERVER.replace("HTTP/1", "HTTP/2"));
     let server = next(&mut watch).await;
     assert!(matches!(server.protocol.as_ref().unwrap().kind, Some(in_proto::Kind::Http2(_))));
     let net: ipnet::IpNet = server.authorizations[0].networks[0].net.unwrap().try_into().unwrap();
@@ -493,7 +493,7 @@ async fn outbound_answers_and_streams_protocol_changes() {
     // An open Watch follows the Service's opaque-ports annotation.
     let mut watch = client.watch(addr("10.96.0.10", 80)).await.unwrap().into_inner();
     assert_eq!(next(&mut watch).await, policy);
-    write(running.cluster.path(), "service.yaml", &service("80,5432"));
+    running.apply("service.yaml", &service("80,5432"));
     let changed = next(&mut watch).await;
     stock_proxy_accepts_outbound(&changed);
     assert!(matches!(changed.protocol.as_ref().unwrap().kind, Some(out_proto::Kind::Opaque(_))));
@@ -597,10 +597,10 @@ fn from(workload: &str, ip: &str, port: u16) -> TrafficSpec {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn outbound_serves_routes_and_streams_route_changes() {
     let mut running = start().await;
-    write(running.cluster.path(), "route.yaml", HTTP_ROUTE);
+    running.apply("route.yaml", HTTP_ROUTE);
     let mut client = OutboundPoliciesClient::new(channel(&running).await);
     let mut watch = client.watch(addr("10.96.0.10", 80)).await.unwrap().into_inner();
-    // The route file may land after the first answer (the default route, whose metadata is
+    // The route may land after the first answer (the default route, whose metadata is
     // `Default`, not a resource): wait for the answer that has it.
     let mut policy = next(&mut watch).await;
     while !matches!(
@@ -643,14 +643,14 @@ async fn outbound_serves_routes_and_streams_route_changes() {
     assert!(matches!(other.protocol.unwrap().kind, Some(out_proto::Kind::Opaque(_))));
 
     // A weight change streams.
-    write(running.cluster.path(), "route.yaml", &HTTP_ROUTE.replace("weight: 90", "weight: 50"));
+    running.apply("route.yaml", &HTTP_ROUTE.replace("weight: 90", "weight: 50"));
     let routes = http_routes(&next(&mut watch).await);
     assert_eq!(weights(&routes[0].rules[0])[0].0, 50);
 
     // A bad edit is refused: nothing is sent, and the last good version stays (seen once the
     // GRPCRoute that took over the port is gone again).
-    write(running.cluster.path(), "route.yaml", &HTTP_ROUTE.replace("value: \"^a\"", "value: \"([\""));
-    write(running.cluster.path(), "grpc.yaml", GRPC_ROUTE);
+    running.apply("route.yaml", &HTTP_ROUTE.replace("value: \"^a\"", "value: \"([\""));
+    running.apply("grpc.yaml", GRPC_ROUTE);
     let grpc = next(&mut watch).await;
     stock_proxy_accepts_outbound(&grpc);
     let Some(out_proto::Kind::Grpc(g)) = grpc.protocol.as_ref().and_then(|p| p.kind.clone()) else {
@@ -660,12 +660,12 @@ async fn outbound_serves_routes_and_streams_route_changes() {
     let rpc = g.routes[0].rules[0].matches[0].rpc.clone().unwrap();
     assert_eq!((rpc.service.as_str(), rpc.method.as_str()), ("shop.Items", "Get"));
     assert!(g.routes[0].rules[0].retry.as_ref().unwrap().conditions.unwrap().unavailable);
-    std::fs::remove_file(running.cluster.path().join("grpc.yaml")).unwrap();
+    running.delete("grpc.yaml");
     let routes = http_routes(&next(&mut watch).await);
     assert_eq!(weights(&routes[0].rules[0])[0].0, 50, "the last good HTTPRoute");
 
     // A consumer route replaces the producer's for its own namespace's clients only.
-    write(running.cluster.path(), "consumer.yaml", CONSUMER_ROUTE);
+    running.apply("consumer.yaml", CONSUMER_ROUTE);
     let mut ops = client.watch(from(r#"{"ns":"ops","pod":"tool-0"}"#, "10.96.0.10", 80)).await.unwrap().into_inner();
     let mut policy = next(&mut ops).await;
     while resource(http_routes(&policy)[0].metadata.as_ref()).namespace != "ops" {
@@ -675,7 +675,7 @@ async fn outbound_serves_routes_and_streams_route_changes() {
     let shop = client.get(from("shop:web-0", "10.96.0.10", 80)).await.unwrap().into_inner();
     assert_eq!(resource(http_routes(&shop)[0].metadata.as_ref()).name, "api-canary");
     // Without the grant, the consumer route's backend in shop is not allowed: not served.
-    write(running.cluster.path(), "consumer.yaml", CONSUMER_ROUTE.split("---").next().unwrap());
+    running.apply("consumer.yaml", CONSUMER_ROUTE.split("---").next().unwrap());
     let policy = next(&mut ops).await;
     assert_eq!(resource(http_routes(&policy)[0].metadata.as_ref()).name, "api-canary");
 
@@ -714,7 +714,7 @@ async fn a_services_retry_and_timeout_annotations_apply_where_its_routes_set_non
     let mut client = OutboundPoliciesClient::new(channel(&running).await);
     let mut watch = client.watch(addr("10.96.0.10", 80)).await.unwrap().into_inner();
     let mut policy = next(&mut watch).await;
-    write(running.cluster.path(), "service.yaml", ANNOTATED_SERVICE);
+    running.apply("service.yaml", ANNOTATED_SERVICE);
     // The default route, with the Service's annotations.
     while http_routes(&policy)[0].rules[0].retry.is_none() {
         policy = next(&mut watch).await;
@@ -725,7 +725,7 @@ async fn a_services_retry_and_timeout_annotations_apply_where_its_routes_set_non
 
     // Routes: the annotated one keeps its own retry (whole) and timeout; what it leaves unset
     // (the redirect rule's timeout) and the plain route take the Service's.
-    write(running.cluster.path(), "route.yaml", &format!("{HTTP_ROUTE}---{PLAIN_ROUTE}"));
+    running.apply("route.yaml", &format!("{HTTP_ROUTE}---{PLAIN_ROUTE}"));
     while http_routes(&policy).len() < 2 {
         policy = next(&mut watch).await;
     }
@@ -737,8 +737,8 @@ async fn a_services_retry_and_timeout_annotations_apply_where_its_routes_set_non
     assert_eq!(retry_and_timeout(&named("api-plain").rules[0]), (Some((3, (502, 504))), Some(2)));
 
     // A bad annotation is ignored (the Service stays served): the default route has none.
-    std::fs::remove_file(running.cluster.path().join("route.yaml")).unwrap();
-    write(running.cluster.path(), "service.yaml", &ANNOTATED_SERVICE.replace("'3'", "many"));
+    running.delete("route.yaml");
+    running.apply("service.yaml", &ANNOTATED_SERVICE.replace("'3'", "many"));
     while http_routes(&policy).len() > 1 || http_routes(&policy)[0].rules[0].retry.is_some() {
         policy = next(&mut watch).await;
     }

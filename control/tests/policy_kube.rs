@@ -192,3 +192,43 @@ async fn an_object_that_does_not_read_as_its_kind_is_refused_alone_and_its_last_
     let text = metrics.encode();
     assert!(text.contains("cluster_objects_rejected_total{kind=\"Server\"} 2"), "{text}");
 }
+
+/// Egress over the Kubernetes source: EgressNetworks, TLSRoutes and TCPRoutes are egress's
+/// alone; an HTTPRoute with an EgressNetwork parent reaches the egress index too. An
+/// EgressNetwork without its required `trafficPolicy` does not read as its kind: refused alone,
+/// counted, and the rest still listed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn egress_kinds_and_routes_with_an_egress_network_parent_reach_the_egress_index() {
+    let world = json!([{"group": "policy.cnimesh.io", "kind": "EgressNetwork", "name": "world"}]);
+    let object = |api_version: &str, kind: &str, name: &str, spec: Value| json!({"apiVersion": api_version, "kind": kind, "metadata": {"namespace": "shop", "name": name}, "spec": spec});
+    let api = ClusterApi::new();
+    api.put(object("policy.cnimesh.io/v1alpha1", "EgressNetwork", "world", json!({"trafficPolicy": "Deny"})));
+    api.put(object("policy.cnimesh.io/v1alpha1", "EgressNetwork", "broken", json!({})));
+    api.put(object("gateway.networking.k8s.io/v1alpha2", "TLSRoute", "t", json!({"parentRefs": world})));
+    api.put(object("gateway.networking.k8s.io/v1alpha2", "TCPRoute", "c", json!({"parentRefs": world})));
+    api.put(object("gateway.networking.k8s.io/v1", "HTTPRoute", "h", json!({"parentRefs": world})));
+    let metrics = std::sync::Arc::new(cnimesh_control::metrics::Metrics::default());
+    let (index, policy) = (destination::Index::new(), policy::Index::new(policy::Config::default()));
+    let egress = cnimesh_control::egress::Index::new(cnimesh_control::egress::Config::new(Vec::new()));
+    let source = KubeSource::new(api.client())
+        .with_policy(policy.clone())
+        .with_egress(egress.clone())
+        .with_metrics(metrics.clone())
+        .run(index.clone());
+    tokio::spawn(async move { source.await.expect("kube source") });
+    tokio::time::timeout(PATIENCE, egress.ready()).await.expect("every egress kind listed");
+    let mut rx = egress.watch();
+    let keys = |keys: Vec<&NsName>| keys.into_iter().map(|k| k.name.clone()).collect::<Vec<_>>();
+    let snapshot = tokio::time::timeout(PATIENCE, rx.wait_for(|s| s.networks.len() == 1 && s.streams.len() == 2))
+        .await
+        .expect("the egress objects in time")
+        .unwrap()
+        .clone();
+    assert_eq!(keys(snapshot.networks.iter().map(|n| &n.key).collect()), ["world"]);
+    let mut streams = keys(snapshot.streams.iter().map(|s| &s.key).collect());
+    streams.sort();
+    assert_eq!(streams, ["c", "t"]);
+    assert_eq!(keys(snapshot.routes.iter().map(|r| &r.key).collect()), ["h"]);
+    let text = metrics.encode();
+    assert!(text.contains("cluster_objects_rejected_total{kind=\"EgressNetwork\"} 1"), "{text}");
+}

@@ -223,88 +223,81 @@ for i, p in enumerate(["web.shop.svc.cluster.local:80", "web.shop:8080", "Web.Sh
                        "[fd00::1]:443", "corp.example\nweb.shop.svc.corp.example:80", "web.shop.svc.cluster.local", "web:http"]):
     put("control_destination_path", f"path-{i}", p)
 
-put("control_files_yaml", "service-and-slice.yaml", """apiVersion: v1
-kind: Service
-metadata: {name: web, namespace: shop, annotations: {config.cnimesh.io/opaque-ports: "5432"}}
-spec:
-  clusterIP: 10.96.12.34
-  ports: [{name: http, port: 80, targetPort: 8080}, {name: db, port: 5432, targetPort: db}]
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata:
-  name: web-abc12
-  namespace: shop
-  labels: {kubernetes.io/service-name: web}
-addressType: IPv4
-ports: [{name: http, port: 8080, protocol: TCP}]
-endpoints:
-- addresses: ["10.244.1.5"]
-  conditions: {ready: true, serving: true, terminating: false}
-  targetRef: {kind: Pod, name: web-0, namespace: shop}
-  nodeName: node-1
-""")
-put("control_files_yaml", "pod-and-list.yaml", """apiVersion: v1
-kind: List
-items:
-- apiVersion: v1
-  kind: Pod
-  metadata: {name: web-0, namespace: shop, labels: {app: web}}
-  spec:
-    serviceAccountName: web
-    containers: [{name: web, image: nginx}, {name: cnimesh-proxy, image: ghcr.io/cnimesh/cnimesh-proxy:0.1.0}]
-  status: {podIP: 10.244.1.5, podIPs: [{ip: 10.244.1.5}, {ip: "fd00::5"}]}
-- apiVersion: v1
-  kind: ConfigMap
-  metadata: {name: ignored}
-  data: {a: "1"}
-""")
-put("control_files_yaml", "anchors.yaml", "a: &x [1, 2]\nb: *x\n---\napiVersion: v1\nkind: Service\nmetadata: {name: a}\n")
-# Gateway API routes (GAMMA) as the Gateway API's own examples write them: the files source reads them.
-put("control_files_yaml", "routes.yaml", """apiVersion: gateway.networking.k8s.io/v1
-kind: HTTPRoute
-metadata:
-  name: api-canary
-  namespace: shop
-  annotations: {retry.cnimesh.io/http: "5xx,gateway-error", retry.cnimesh.io/limit: "2", timeout.cnimesh.io/request: 10s}
-spec:
-  parentRefs: [{group: "", kind: Service, name: api, port: 80}]
-  hostnames: [api.shop, "*.example.com"]
-  rules:
-  - matches:
-    - path: {type: PathPrefix, value: /v1}
-      method: GET
-      headers: [{name: x-user, type: RegularExpression, value: "^a.*"}]
-      queryParams: [{name: page, value: "2"}]
-    filters:
-    - type: RequestHeaderModifier
-      requestHeaderModifier: {set: [{name: x-route, value: canary}], remove: [x-debug]}
-    - type: URLRewrite
-      urlRewrite: {hostname: api.internal}
-    backendRefs:
-    - {name: api, port: 80, weight: 90}
-    - {name: api-v2, namespace: canary, port: 8080, weight: 10}
-    timeouts: {request: 5s, backendRequest: 1s}
-    retry: {codes: [502, 503, 504], attempts: 3, backoff: 100ms}
-  - matches: [{path: {type: Exact, value: /old}}]
-    filters: [{type: RequestRedirect, requestRedirect: {scheme: https, path: {type: ReplaceFullPath, replaceFullPath: /new}, statusCode: 301}}]
----
-apiVersion: gateway.networking.k8s.io/v1
-kind: GRPCRoute
-metadata: {name: items, namespace: shop, annotations: {retry.cnimesh.io/grpc: "unavailable,internal"}}
-spec:
-  parentRefs: [{group: "", kind: Service, name: api}]
-  rules:
-  - matches: [{method: {service: shop.Items, method: Get}, headers: [{name: x-tenant, value: a}]}]
-    backendRefs: [{name: api-v2, port: 9090}]
----
-apiVersion: gateway.networking.k8s.io/v1beta1
-kind: ReferenceGrant
-metadata: {name: shop-routes, namespace: canary}
-spec:
-  from: [{group: gateway.networking.k8s.io, kind: HTTPRoute, namespace: shop}]
-  to: [{group: "", kind: Service, name: api-v2}]
-""")
+# Objects as the API server sends them to the control plane's Kubernetes source (one per input):
+# the kinds it watches, Gateway API routes (GAMMA) as the Gateway API's own examples write them.
+KUBE_OBJECTS = [('server-api-http.json', {'apiVersion': 'policy.cnimesh.io/v1alpha1', 'kind': 'Server', 'metadata': {'name': 'api-http', 'namespace': 'shop'},
+   'spec': {'podSelector': {'matchLabels': {'app': 'api'}}, 'port': 'http', 'proxyProtocol': 'HTTP/1'}}),
+ ('networkauthentication-pods.json', {'apiVersion': 'policy.cnimesh.io/v1alpha1', 'kind': 'NetworkAuthentication',
+   'metadata': {'name': 'pods', 'namespace': 'shop'}, 'spec': {'networks': [{'cidr': '10.0.0.0/16', 'except': ['10.0.9.0/24']}]}}),
+ ('service-a.json', {'apiVersion': 'v1', 'kind': 'Service', 'metadata': {'name': 'a'}}),
+ ('pod-web-0.json',
+  {'apiVersion': 'v1',
+   'kind': 'Pod',
+   'metadata': {'name': 'web-0', 'namespace': 'shop', 'labels': {'app': 'web'}},
+   'spec': {'serviceAccountName': 'web',
+            'containers': [{'name': 'web', 'image': 'nginx'},
+                           {'name': 'cnimesh-proxy', 'image': 'ghcr.io/cnimesh/cnimesh-proxy:0.1.0'}]},
+   'status': {'podIP': '10.244.1.5', 'podIPs': [{'ip': '10.244.1.5'}, {'ip': 'fd00::5'}]}}),
+ ('httproute-api-canary.json',
+  {'apiVersion': 'gateway.networking.k8s.io/v1',
+   'kind': 'HTTPRoute',
+   'metadata': {'name': 'api-canary',
+                'namespace': 'shop',
+                'annotations': {'retry.cnimesh.io/http': '5xx,gateway-error',
+                                'retry.cnimesh.io/limit': '2',
+                                'timeout.cnimesh.io/request': '10s'}},
+   'spec': {'parentRefs': [{'group': '', 'kind': 'Service', 'name': 'api', 'port': 80}],
+            'hostnames': ['api.shop', '*.example.com'],
+            'rules': [{'matches': [{'path': {'type': 'PathPrefix', 'value': '/v1'},
+                                    'method': 'GET',
+                                    'headers': [{'name': 'x-user', 'type': 'RegularExpression', 'value': '^a.*'}],
+                                    'queryParams': [{'name': 'page', 'value': '2'}]}],
+                       'filters': [{'type': 'RequestHeaderModifier',
+                                    'requestHeaderModifier': {'set': [{'name': 'x-route', 'value': 'canary'}],
+                                                              'remove': ['x-debug']}},
+                                   {'type': 'URLRewrite', 'urlRewrite': {'hostname': 'api.internal'}}],
+                       'backendRefs': [{'name': 'api', 'port': 80, 'weight': 90},
+                                       {'name': 'api-v2', 'namespace': 'canary', 'port': 8080, 'weight': 10}],
+                       'timeouts': {'request': '5s', 'backendRequest': '1s'},
+                       'retry': {'codes': [502, 503, 504], 'attempts': 3, 'backoff': '100ms'}},
+                      {'matches': [{'path': {'type': 'Exact', 'value': '/old'}}],
+                       'filters': [{'type': 'RequestRedirect',
+                                    'requestRedirect': {'scheme': 'https',
+                                                        'path': {'type': 'ReplaceFullPath', 'replaceFullPath': '/new'},
+                                                        'statusCode': 301}}]}]}}),
+ ('grpcroute-items.json',
+  {'apiVersion': 'gateway.networking.k8s.io/v1',
+   'kind': 'GRPCRoute',
+   'metadata': {'name': 'items', 'namespace': 'shop', 'annotations': {'retry.cnimesh.io/grpc': 'unavailable,internal'}},
+   'spec': {'parentRefs': [{'group': '', 'kind': 'Service', 'name': 'api'}],
+            'rules': [{'matches': [{'method': {'service': 'shop.Items', 'method': 'Get'},
+                                    'headers': [{'name': 'x-tenant', 'value': 'a'}]}],
+                       'backendRefs': [{'name': 'api-v2', 'port': 9090}]}]}}),
+ ('referencegrant-shop-routes.json',
+  {'apiVersion': 'gateway.networking.k8s.io/v1beta1',
+   'kind': 'ReferenceGrant',
+   'metadata': {'name': 'shop-routes', 'namespace': 'canary'},
+   'spec': {'from': [{'group': 'gateway.networking.k8s.io', 'kind': 'HTTPRoute', 'namespace': 'shop'}],
+            'to': [{'group': '', 'kind': 'Service', 'name': 'api-v2'}]}}),
+ ('service-web.json',
+  {'apiVersion': 'v1',
+   'kind': 'Service',
+   'metadata': {'name': 'web', 'namespace': 'shop', 'annotations': {'config.cnimesh.io/opaque-ports': '5432'}},
+   'spec': {'clusterIP': '10.96.12.34',
+            'ports': [{'name': 'http', 'port': 80, 'targetPort': 8080},
+                      {'name': 'db', 'port': 5432, 'targetPort': 'db'}]}}),
+ ('endpointslice-web-abc12.json',
+  {'apiVersion': 'discovery.k8s.io/v1',
+   'kind': 'EndpointSlice',
+   'metadata': {'name': 'web-abc12', 'namespace': 'shop', 'labels': {'kubernetes.io/service-name': 'web'}},
+   'addressType': 'IPv4',
+   'ports': [{'name': 'http', 'port': 8080, 'protocol': 'TCP'}],
+   'endpoints': [{'addresses': ['10.244.1.5'],
+                  'conditions': {'ready': True, 'serving': True, 'terminating': False},
+                  'targetRef': {'kind': 'Pod', 'name': 'web-0', 'namespace': 'shop'},
+                  'nodeName': 'node-1'}]})]
+for name, obj in KUBE_OBJECTS:
+    put("control_kube_objects", name, j(obj))
 
 # --- Inbound authorization paths: probes with queries, encodings, dot segments, ambiguous ones --
 for i, p in enumerate(["/ready", "/ready?verbose=1", "/%61dmin", "/public/../admin", "/public/%2e%2e/admin",

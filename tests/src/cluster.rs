@@ -4,18 +4,17 @@
 //! the host's loopback (the node agent) — with the admin token required and kubeconfig files
 //! (0600) for the processes that use it.
 //!
-//! Tests change the cluster as `kubectl apply -f FILE` would: [`Cluster::apply_yaml`] puts every
-//! object of a YAML stream and remembers which objects came from that name, so applying the name
+//! Tests change the cluster as `kubectl apply -f FILE` would: [`Cluster::apply_yaml`]
+//! ([`ClusterApi::apply_yaml`]) puts every object of a YAML stream and remembers which objects
+//! came from that name, so applying the name
 //! again deletes what it no longer holds and [`Cluster::delete_file`] deletes them all. The
 //! test itself reads and writes [`Cluster::api`] in memory.
 
-use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::Context;
-use parking_lot::Mutex;
 use serde_json::Value;
 use tempfile::TempDir;
 
@@ -26,9 +25,6 @@ pub const API_PORT: u16 = 6443;
 /// The token of the cluster's administrator (what `kubeconfig()` carries).
 const ADMIN_TOKEN_BYTES: usize = 24;
 
-/// Which object: apiVersion, kind, namespace, name.
-type Key = (String, String, String, String);
-
 pub struct Cluster {
     /// The cluster's state: what tests put, get and wait on.
     pub api: Arc<ClusterApi>,
@@ -37,8 +33,6 @@ pub struct Cluster {
     ca_pem: String,
     admin_token: String,
     dir: TempDir,
-    /// The objects each applied name holds, for re-applying and deleting by name.
-    files: Mutex<BTreeMap<String, Vec<Key>>>,
     /// Ends the serving thread (and its connections) when dropped.
     _stop: tokio::sync::oneshot::Sender<()>,
 }
@@ -88,7 +82,7 @@ impl Cluster {
         })?;
         let (addr, ca_pem) = served_rx.recv().context("the API server's thread ended")??;
         let dir = tempfile::Builder::new().prefix("cnimesh-cluster").tempdir()?;
-        let cluster = Self { api, addr, ca_pem, admin_token, dir, files: Mutex::new(BTreeMap::new()), _stop: stop };
+        let cluster = Self { api, addr, ca_pem, admin_token, dir, _stop: stop };
         Ok(cluster)
     }
 
@@ -146,17 +140,7 @@ impl Cluster {
     /// Every object of the YAML (or JSON) stream `yaml`, put as `kubectl apply -f <name>` would:
     /// objects `name` held before and no longer does are deleted.
     pub fn apply_yaml(&self, name: &str, yaml: &str) -> anyhow::Result<()> {
-        let docs: Vec<Value> = serde_saphyr::from_str_multiple(yaml).with_context(|| format!("parsing {name}"))?;
-        let mut keys = Vec::new();
-        for doc in docs.into_iter().filter(|d| !d.is_null()) {
-            keys.push(key_of(&doc).with_context(|| format!("an object of {name} without apiVersion/kind/name"))?);
-            self.api.put(doc);
-        }
-        let before = self.files.lock().insert(name.to_string(), keys.clone()).unwrap_or_default();
-        for gone in before.into_iter().filter(|k| !keys.contains(k)) {
-            self.remove(&gone);
-        }
-        Ok(())
+        Ok(self.api.apply_yaml(name, yaml)?)
     }
 
     /// [`Cluster::apply_yaml`] of one object.
@@ -166,22 +150,8 @@ impl Cluster {
 
     /// Deletes every object applied as `name` (`kubectl delete -f <name>`).
     pub fn delete_file(&self, name: &str) {
-        for k in self.files.lock().remove(name).unwrap_or_default() {
-            self.remove(&k);
-        }
+        self.api.delete_applied(name)
     }
-
-    /// Deletes the object unless something else did already.
-    fn remove(&self, (api_version, kind, namespace, name): &Key) {
-        if self.api.get(api_version, kind, namespace, name).is_some() {
-            self.api.remove(api_version, kind, namespace, name);
-        }
-    }
-}
-
-fn key_of(doc: &Value) -> Option<Key> {
-    let s = |p: &str| doc.pointer(p).and_then(Value::as_str).map(String::from);
-    Some((s("/apiVersion")?, s("/kind")?, s("/metadata/namespace").unwrap_or_default(), s("/metadata/name")?))
 }
 
 /// A fresh random token (hex), as a bearer token must be unguessable even in a test.

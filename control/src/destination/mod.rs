@@ -4,25 +4,23 @@
 //! Cluster state flows one way: a [`Source`](crate::sources::Source) turns Services,
 //! EndpointSlices (discovery.k8s.io/v1) and Pods into [`Change`]s on an [`Index`]; the
 //! [`DestinationService`](crate::grpc::destination::DestinationService) streams answers from that
-//! index. Two sources (in [`crate::sources`]) implement the one trait:
-//! - [`KubeSource`]: kube-rs watchers (list, then watch with resume; a 410 Gone re-lists), all
-//!   namespaces, never polling. Needs list/watch on services, pods and endpointslices.
-//! - [`FileSource`]: a directory of the same objects as YAML (several `---` documents per file,
-//!   `kind: List` too), watched with `notify` and debounced. Local mode and tests. A file that does
-//!   not parse is logged with its error and its last good content stays in force.
+//! index. The source is [`KubeSource`] (in [`crate::sources`]): kube-rs watchers (list, then
+//! watch with resume; a 410 Gone re-lists), all namespaces, never polling. Needs list/watch on
+//! services, pods and endpointslices. Tests and local mode run it against the in-process API
+//! server (cnimesh-apiserver); an object that does not read as its kind is logged and its last
+//! good version stays in force.
 //!
 //! [`KubeSource`]: crate::sources::KubeSource
-//! [`FileSource`]: crate::sources::FileSource
 //!
-//! Wiring (what `main.rs` does):
+//! Wiring (what [`crate::serve`] does):
 //! ```no_run
 //! use cnimesh_control::destination::{Config, Index};
 //! use cnimesh_control::grpc::destination::DestinationService;
-//! use cnimesh_control::sources::{FileSource, Source};
+//! use cnimesh_control::sources::{KubeSource, Source};
 //!
-//! async fn serve(dir: std::path::PathBuf, addr: std::net::SocketAddr) -> anyhow::Result<()> {
+//! async fn serve(client: kube::Client, addr: std::net::SocketAddr) -> anyhow::Result<()> {
 //!     let index = Index::new();
-//!     tokio::spawn(FileSource::new(dir).run(index.clone())); // or KubeSource::new(client)
+//!     tokio::spawn(KubeSource::new(client).run(index.clone()));
 //!     let destination = DestinationService::new(index, Config::default()).into_server();
 //!     tonic::transport::Server::builder().add_service(destination).serve(addr).await?;
 //!     Ok(())

@@ -1,5 +1,6 @@
-//! Destination end to end over the files source: YAML written to a temporary directory, a real
-//! tonic server on 127.0.0.1, and the generated client.
+//! Destination end to end over the Kubernetes source: objects (written as YAML manifests) applied
+//! to the in-process API server, watched by [`KubeSource`], a real tonic server on 127.0.0.1, and
+//! the generated client.
 
 use std::io::Write;
 use std::sync::{Arc, OnceLock};
@@ -16,43 +17,44 @@ use tonic::transport::Channel;
 
 use super::{Config, Index};
 use crate::grpc::destination::DestinationService;
-use crate::sources::{FileSource, Source};
+use crate::sources::{KubeSource, Source};
+use cnimesh_apiserver::ClusterApi;
 
 /// Only guards against a hung test; nothing here measures time.
 const PATIENCE: Duration = Duration::from_secs(20);
 
 struct Harness {
-    dir: tempfile::TempDir,
+    api: Arc<ClusterApi>,
     client: DestinationClient<Channel>,
 }
 
 impl Harness {
-    /// The files are in place before the source starts, so the first answers see them.
-    async fn start(files: &[(&str, &str)]) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        for (name, text) in files {
-            std::fs::write(dir.path().join(name), text).unwrap();
+    /// The manifests (name, YAML) are applied before the source starts, so the first answers see
+    /// them.
+    async fn start(manifests: &[(&str, &str)]) -> Self {
+        let api = ClusterApi::new();
+        for (name, text) in manifests {
+            api.apply_yaml(name, text).unwrap();
         }
         let index = Index::new();
-        let source = FileSource::new(dir.path()).run(index.clone());
-        tokio::spawn(async move { source.await.expect("file source") });
+        let source = KubeSource::new(api.client()).run(index.clone());
+        tokio::spawn(async move { source.await.expect("kube source") });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         DestinationService::new(index.clone(), Config::default()).spawn_plaintext(listener);
         let client = DestinationClient::connect(format!("http://{addr}")).await.unwrap();
-        tokio::time::timeout(PATIENCE, index.ready()).await.expect("files loaded");
-        Self { dir, client }
+        tokio::time::timeout(PATIENCE, index.ready()).await.expect("every kind listed");
+        Self { api, client }
     }
 
-    /// Replaces a file the way careful writers do: write aside, rename over.
+    /// `kubectl apply -f <name>`: what the manifest no longer holds is deleted.
     fn write(&self, name: &str, text: &str) {
-        let tmp = self.dir.path().join(format!(".{name}.tmp"));
-        std::fs::write(&tmp, text).unwrap();
-        std::fs::rename(tmp, self.dir.path().join(name)).unwrap();
+        self.api.apply_yaml(name, text).unwrap();
     }
 
+    /// `kubectl delete -f <name>`.
     fn remove(&self, name: &str) {
-        std::fs::remove_file(self.dir.path().join(name)).unwrap();
+        self.api.delete_applied(name);
     }
 
     async fn get(&self, path: &str) -> Streaming<Update> {
@@ -165,7 +167,7 @@ fn web_slice(ips: &[usize]) -> String {
 // ---- tests ---------------------------------------------------------------------------------------
 
 #[tokio::test]
-async fn get_follows_endpoints_as_files_change() {
+async fn get_follows_endpoints_as_objects_change() {
     let svc = service("shop", "web", "10.96.0.10", HTTP_PORT);
     let h =
         Harness::start(&[("svc.yaml", &svc), ("pods.yaml", &web_pods(4)), ("slice.yaml", &web_slice(&[1, 2]))]).await;
@@ -208,13 +210,13 @@ async fn named_target_ports_resolve_through_slice_or_pod() {
     let svc = service("shop", "web", "10.96.0.10", named);
     // A hand-written slice without ports: the pod's container port named "web" (9090) is used.
     let bare = slice("shop", "api-a", "api", "IPv4", "[]", &[("10.1.0.2", "web-2", true)]);
-    let files = [
+    let manifests = [
         ("svc.yaml", docs(&[svc, service("shop", "api", "10.96.0.11", named)])),
         ("pods.yaml", web_pods(2)),
         ("slices.yaml", docs(&[web_slice(&[1]), bare])),
     ];
-    let files: Vec<(&str, &str)> = files.iter().map(|(n, t)| (*n, t.as_str())).collect();
-    let h = Harness::start(&files).await;
+    let manifests: Vec<(&str, &str)> = manifests.iter().map(|(n, t)| (*n, t.as_str())).collect();
+    let h = Harness::start(&manifests).await;
     let mut web = h.get(WEB).await;
     assert_eq!(sorted_addrs(&added(next_update(&mut web).await)), ["10.1.0.1:8080"]);
     let mut api = h.get("api.shop.svc.cluster.local:80").await;
@@ -225,7 +227,7 @@ async fn named_target_ports_resolve_through_slice_or_pod() {
 }
 
 #[tokio::test]
-async fn malformed_file_is_reported_and_its_last_good_state_kept() {
+async fn an_object_that_does_not_read_as_its_kind_is_reported_and_its_last_good_version_kept() {
     let logs = capture_logs();
     let svc = service("shop", "web", "10.96.0.10", HTTP_PORT);
     let h =
@@ -233,24 +235,25 @@ async fn malformed_file_is_reported_and_its_last_good_state_kept() {
     let mut get = h.get(WEB).await;
     assert_eq!(added(next_update(&mut get).await).len(), 2);
 
-    h.write("slice.yaml", "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nendpoints: [unclosed\n");
+    // What a schema would refuse: `endpoints` is no list.
+    let bad = "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: web-a, namespace: shop, labels: {kubernetes.io/service-name: web}}\naddressType: IPv4\nendpoints: unclosed\n";
+    h.write("slice.yaml", bad);
     let line = tokio::time::timeout(PATIENCE, async {
         loop {
             let logged = String::from_utf8(logs.lock().clone()).unwrap();
-            if let Some(line) = logged.lines().find(|l| l.contains(&*h.dir.path().join("slice.yaml").to_string_lossy()))
-            {
+            if let Some(line) = logged.lines().find(|l| l.contains("EndpointSlice") && l.contains("name=web-a")) {
                 return line.to_string();
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     })
     .await
-    .expect("the bad file is logged");
-    assert!(line.contains("ERROR") && line.contains("cannot parse"), "{line}");
+    .expect("the bad object is logged");
+    assert!(line.contains("WARN") && line.contains("refused"), "{line}");
     let mut again = h.get(WEB).await;
     assert_eq!(sorted_addrs(&added(next_update(&mut again).await)), ["10.1.0.1:8080", "10.1.0.2:8080"]);
 
-    // Fixed, the file counts again.
+    // Fixed, the object counts again.
     h.write("slice.yaml", &web_slice(&[1, 2, 3]));
     assert_eq!(sorted_addrs(&added(next_update(&mut get).await)), ["10.1.0.3:8080"]);
 }
@@ -283,13 +286,13 @@ async fn opaque_ports_unmeshed_pods_and_ipv6() {
         pod("shop", "plain", "fd00::2", "default", false, ""),
     ]);
     let eps = [("fd00::1", "db", true), ("fd00::2", "plain", true)];
-    let files = [
+    let manifests = [
         ("svc.yaml", service("shop", "web", "fd00:96::10", HTTP_PORT)),
         ("pods.yaml", pods),
         ("slice.yaml", slice("shop", "web-v6", "web", "IPv6", SLICE_HTTP, &eps)),
     ];
-    let files: Vec<(&str, &str)> = files.iter().map(|(n, t)| (*n, t.as_str())).collect();
-    let h = Harness::start(&files).await;
+    let manifests: Vec<(&str, &str)> = manifests.iter().map(|(n, t)| (*n, t.as_str())).collect();
+    let h = Harness::start(&manifests).await;
     let mut get = h.get(WEB).await;
     let mut addrs = added(next_update(&mut get).await);
     addrs.sort_by_key(|a| addr_str(a.addr));
@@ -357,12 +360,12 @@ async fn a_gateway_mirror_is_served_as_the_gateway_with_the_remote_authority_and
         &["192.0.2.10"],
     );
     // A local pod at the gateway's address must not lend it its identity.
-    let files = [
+    let manifests = [
         ("m.yaml", docs(&[mirror_service("web-west"), slice])),
         ("p.yaml", pod("shop", "x", "192.0.2.10", "x", true, "")),
     ];
-    let files: Vec<(&str, &str)> = files.iter().map(|(n, t)| (*n, t.as_str())).collect();
-    let h = Harness::start(&files).await;
+    let manifests: Vec<(&str, &str)> = manifests.iter().map(|(n, t)| (*n, t.as_str())).collect();
+    let h = Harness::start(&manifests).await;
     let mut http = h.get("web-west.shop.svc.cluster.local:80").await;
     let http = added(next_update(&mut http).await);
     assert_eq!(sorted_addrs(&http), ["192.0.2.10:4143"]);
@@ -392,9 +395,9 @@ async fn a_remote_discovery_mirror_is_served_as_the_remote_pods_with_their_ident
     );
     let plain = mirror_slice("web-flat", "{}", "[{name: http, port: 8080}]", &["10.2.0.6"])
         .replace("web-flat-m\n", "web-flat-p\n");
-    let files = [("m.yaml", docs(&[mirror_service("web-flat"), meshed, plain]))];
-    let files: Vec<(&str, &str)> = files.iter().map(|(n, t)| (*n, t.as_str())).collect();
-    let h = Harness::start(&files).await;
+    let manifests = [("m.yaml", docs(&[mirror_service("web-flat"), meshed, plain]))];
+    let manifests: Vec<(&str, &str)> = manifests.iter().map(|(n, t)| (*n, t.as_str())).collect();
+    let h = Harness::start(&manifests).await;
     let mut get = h.get("web-flat.shop.svc.cluster.local:80").await;
     let mut addrs = added(next_update(&mut get).await);
     addrs.sort_by_key(|a| addr_str(a.addr));
@@ -421,9 +424,9 @@ async fn a_gateway_mirror_without_its_remote_name_offers_no_endpoint() {
         "[{name: http, port: 4143}]",
         &["192.0.2.10"],
     );
-    let files = [("m.yaml", docs(&[svc, slice]))];
-    let files: Vec<(&str, &str)> = files.iter().map(|(n, t)| (*n, t.as_str())).collect();
-    let h = Harness::start(&files).await;
+    let manifests = [("m.yaml", docs(&[svc, slice]))];
+    let manifests: Vec<(&str, &str)> = manifests.iter().map(|(n, t)| (*n, t.as_str())).collect();
+    let h = Harness::start(&manifests).await;
     let mut get = h.get("web-west.shop.svc.cluster.local:80").await;
     assert_eq!(next_update(&mut get).await, Up::NoEndpoints(NoEndpoints { exists: true }));
 }

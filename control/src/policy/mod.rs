@@ -4,7 +4,7 @@
 //! so a stock linkerd2-proxy can run against cnimesh-control.
 //!
 //! Cluster state flows one way, as for Destination: a [`Source`](crate::sources::Source) given
-//! the policy index (`FileSource::with_policy`, `KubeSource::with_policy`) turns Pods and
+//! the policy index (`KubeSource::with_policy`) turns Pods and
 //! Services (the same watches Destination uses; of a Service, only the `appProtocol` it declares
 //! for the pods it selects is kept), Namespaces and the `policy.cnimesh.io/v1alpha1`
 //! resources into
@@ -17,12 +17,12 @@
 //! ```no_run
 //! use cnimesh_control::grpc::inbound::InboundService;
 //! use cnimesh_control::grpc::outbound::OutboundService;
-//! use cnimesh_control::sources::{FileSource, Source};
+//! use cnimesh_control::sources::{KubeSource, Source};
 //! use cnimesh_control::{destination, policy};
 //!
-//! async fn serve(dir: std::path::PathBuf, addr: std::net::SocketAddr) -> anyhow::Result<()> {
+//! async fn serve(client: kube::Client, addr: std::net::SocketAddr) -> anyhow::Result<()> {
 //!     let (index, policy) = (destination::Index::new(), policy::Index::new(policy::Config::default()));
-//!     tokio::spawn(FileSource::new(dir).with_policy(policy.clone()).run(index.clone()));
+//!     tokio::spawn(KubeSource::new(client).with_policy(policy.clone()).run(index.clone()));
 //!     tonic::transport::Server::builder()
 //!         .add_service(InboundService::new(policy.clone()).into_server())
 //!         .add_service(OutboundService::new(index, destination::Config::default()).with_routes(policy).into_server())

@@ -1,8 +1,8 @@
 //! Routes (control side): Gateway API `HTTPRoute` and `GRPCRoute` attached to Services
 //! (the GAMMA mesh profile), served to proxies inside `OutboundPolicies` answers.
 //!
-//! Flow, as for policy: the sources read HTTPRoutes, GRPCRoutes and ReferenceGrants (kube
-//! watchers, or the files directory in local mode) into the policy [`Index`](crate::policy::Index),
+//! Flow, as for policy: the source reads HTTPRoutes, GRPCRoutes and ReferenceGrants (kube
+//! watchers) into the policy [`Index`](crate::policy::Index),
 //! which validates each ([`model`]) and keeps, per watched Service, the routes attached to it
 //! ([`routes_of`]) on a `tokio::sync::watch` channel; [`crate::grpc::outbound`] turns them into
 //! linkerd2-proxy-api routes.
@@ -98,5 +98,21 @@ mod tests {
         // No timestamp sorts before any (as Option does): a route not yet stored by the API.
         assert_eq!(names(&grants), ["foreign", "b", "c", "a"]);
         assert!(routes_of(&NsName::new("shop", "other"), &routes, &grants).is_empty());
+    }
+
+    /// The fuzz seeds of the Kubernetes source's object reading (fuzz/corpus/control_kube_objects):
+    /// each route reads as its kind and validates, as the Gateway API's own examples should.
+    #[test]
+    fn the_fuzz_seeds_routes_read_and_validate() {
+        let seed = |name: &str| {
+            let path = format!("{}/../fuzz/corpus/control_kube_objects/{name}", env!("CARGO_MANIFEST_DIR"));
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+        };
+        let http: crd::HttpRoute = serde_json::from_str(&seed("httproute-api-canary.json")).unwrap();
+        assert_eq!(Route::from_http(&http).unwrap().rules.len(), 2);
+        let grpc: crd::GrpcRoute = serde_json::from_str(&seed("grpcroute-items.json")).unwrap();
+        assert_eq!(Route::from_grpc(&grpc).unwrap().rules.len(), 1);
+        let grant: crd::ReferenceGrant = serde_json::from_str(&seed("referencegrant-shop-routes.json")).unwrap();
+        assert!(Grant::from_crd(&grant).permits(RouteKind::Http, "shop", "api-v2"));
     }
 }
