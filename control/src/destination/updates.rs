@@ -16,7 +16,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use bytes::Bytes;
 use linkerd2_proxy_api::destination::{AddrSet, NoEndpoints, Update, WeightedAddr, WeightedAddrSet, update};
@@ -44,9 +44,10 @@ pub(crate) struct PortEndpoints {
 
 /// The messages that take a stream from `from` to a port's endpoints.
 struct Step {
-    /// What the stream had sent; `None` for nothing. Held (not only its address) so the address
-    /// cannot be reused by another set while this step is kept.
-    from: Option<Endpoints>,
+    /// What the stream had sent; `None` for nothing. A weak reference: it keeps the allocation,
+    /// so its address cannot be reused by another set while this step is kept, but not the
+    /// endpoints in it.
+    from: Option<Weak<BTreeMap<SocketAddr, WeightedAddr>>>,
     no_endpoints: Option<bool>,
     messages: Encoded,
 }
@@ -64,7 +65,7 @@ impl PortEndpoints {
         let same = |step: &&Step| {
             step.no_endpoints == no_endpoints
                 && match (&step.from, from) {
-                    (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                    (Some(a), Some(b)) => std::ptr::eq(a.as_ptr(), Arc::as_ptr(b)),
                     (None, None) => true,
                     _ => false,
                 }
@@ -74,7 +75,7 @@ impl PortEndpoints {
         }
         let messages = encode(&updates(Some(key), sent, &self.endpoints, no_endpoints));
         if steps.len() < SHARED_STEPS {
-            steps.push(Step { from: from.cloned(), no_endpoints, messages: messages.clone() });
+            steps.push(Step { from: from.map(Arc::downgrade), no_endpoints, messages: messages.clone() });
         }
         messages
     }
