@@ -12,19 +12,22 @@
 //!   certified on it reconnects with its new certificate instead of being refused forever;
 //! - connections per peer, streams per peer, per identity and in all are bounded ([`limits`]),
 //!   over a bound `RESOURCE_EXHAUSTED` (or the connection is closed at accept);
-//! - HTTP/2 windows and send buffers are small, so a stream that is not read costs little.
+//! - HTTP/2 windows and send buffers are small, so a stream that is not read costs little;
+//! - the frames many streams send for one change leave in one write ([`batched_writes`]).
 //!
 //! With `serve --trace-collector`, every call also gets a SERVER span ([`spans`]).
 //!
 //! Layer: gRPC: serving and connecting over TLS; the services themselves are [`destination`],
 //! [`identity`], and policy's [`inbound`] and [`outbound`].
 
+pub mod batched_writes;
 pub mod destination;
 pub mod identity;
 pub mod inbound;
 pub mod limits;
 pub mod outbound;
 pub mod peer;
+pub mod preencoded;
 pub mod spans;
 
 use std::future::Future;
@@ -44,6 +47,7 @@ use cnimesh_common::log_limit::LogLimit;
 
 use crate::metrics::Metrics;
 use crate::tls_accept::accept_tls_with;
+use batched_writes::BatchedWrites;
 use limits::{Admission, Refusal};
 
 /// Pings on idle connections find proxies that vanished without a FIN (node died, conntrack
@@ -171,7 +175,7 @@ pub async fn serve_tls_traced(
                 .initial_connection_window_size(CONNECTION_WINDOW)
                 .max_send_buf_size(SEND_BUFFER)
                 .max_header_list_size(MAX_HEADER_LIST)
-                .serve_connection(TokioIo::new(tls), service);
+                .serve_connection(TokioIo::new(BatchedWrites::new(tls)), service);
             if let Err(error) = watcher.watch_or_close(conn, close.notified()).await {
                 tracing::debug!(%peer, %error, "gRPC connection ended with an error");
             }

@@ -10,15 +10,15 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::hash::Hash;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use linkerd2_proxy_api::destination::WeightedAddr;
 use tokio::sync::watch;
 
 use super::Config;
+use super::updates::PortEndpoints;
 
 use super::model::{KINDS, Kind, Object, PodRecord, ServiceRecord, SliceMirror, SliceRecord};
 use crate::meta::NsName;
@@ -56,12 +56,13 @@ pub(crate) struct ServiceSnapshot {
     pub service: Arc<ServiceRecord>,
     pub endpoints: Vec<Endpoint>,
     /// Answers already worked out from this snapshot, for the resolver: all streams of a service
-    /// port share one, so a change costs one resolution however many streams follow it.
+    /// port share one (the endpoints and the encoded updates into them), so a change costs one
+    /// resolution and one encoding however many streams follow it.
     pub resolved: Mutex<Vec<Resolved>>,
 }
 
 /// The endpoints of one port under one configuration.
-pub(crate) type Resolved = (u16, Arc<Config>, Arc<BTreeMap<SocketAddr, WeightedAddr>>);
+pub(crate) type Resolved = (u16, Arc<Config>, Arc<PortEndpoints>);
 
 /// Snapshots are compared to decide whether anyone needs waking; the cache is not state.
 impl PartialEq for ServiceSnapshot {

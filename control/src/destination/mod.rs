@@ -51,8 +51,9 @@
 //! directory), requests wait: answering earlier could tell a proxy that a service does not exist
 //! when it has merely not been listed yet. [`Index::is_ready`] is meant for the readiness probe.
 //!
-//! Streams share per-service (and per-IP) watch channels holding one snapshot, and each diffs
-//! snapshots against what it last sent; an idle stream has no task or timer of our own.
+//! Streams share per-service (and per-IP) watch channels holding one snapshot. The updates of a
+//! `Get` stream are worked out and encoded once per service port and change, and shared by every
+//! stream that stood at the same state ([`updates`]); an idle stream has no task or timer of our own.
 //!
 //! Layer: model/index (pure): this module and its children use neither the kube client nor tonic;
 //! the sources are [`crate::sources`], the gRPC service [`crate::grpc::destination`].
@@ -60,11 +61,15 @@
 pub mod accrual;
 pub mod app_protocol;
 pub mod caller;
+pub(crate) mod follower;
 pub(crate) mod index;
 mod model;
 pub(crate) mod path;
 pub mod read;
 pub(crate) mod resolve;
+#[cfg(test)]
+pub(crate) mod test_objects;
+pub(crate) mod updates;
 
 pub use caller::Caller;
 pub use index::{Change, Index, IndexStats};

@@ -90,17 +90,8 @@ pub fn served(index: &Index, authority: &str, config: &Arc<Config>) -> Result<Se
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::destination::{Change, Object};
-
-    fn object(value: serde_json::Value) -> Object {
-        match value["kind"].as_str() {
-            Some("Service") => {
-                Object::from(serde_json::from_value::<k8s_openapi::api::core::v1::Service>(value).unwrap())
-            }
-            Some("Pod") => Object::from(serde_json::from_value::<k8s_openapi::api::core::v1::Pod>(value).unwrap()),
-            _ => Object::from(serde_json::from_value::<k8s_openapi::api::discovery::v1::EndpointSlice>(value).unwrap()),
-        }
-    }
+    use crate::destination::Change;
+    use crate::destination::test_objects::object;
 
     /// `web` in `shop`: port 80 to 8080, one meshed pod and one plain pod behind it.
     fn index() -> Index {

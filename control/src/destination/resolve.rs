@@ -16,6 +16,7 @@ use super::Config;
 use super::app_protocol::AppProtocol;
 use super::index::{Endpoint, IpView, ServiceSnapshot};
 use super::model::{PodRecord, ServicePort, ServiceRecord, SliceMirror, TargetPort};
+use super::updates::{Endpoints, PortEndpoints};
 use crate::meta::NsName;
 
 /// The weight linkerd's own destination controller gives every endpoint; proxies only compare
@@ -27,18 +28,19 @@ pub(crate) fn fqdn(key: &NsName, config: &Config) -> String {
     format!("{}.{}.svc.{}", key.name, key.namespace, config.cluster_domain)
 }
 
-/// The ready endpoints of `port` on a service, keyed by address so streams can diff them; worked
-/// out once per snapshot and port, and shared.
-pub(crate) fn service_endpoints(
-    snapshot: &ServiceSnapshot,
-    port: u16,
-    config: &Arc<Config>,
-) -> Arc<BTreeMap<SocketAddr, WeightedAddr>> {
+/// The ready endpoints of `port` on a service, keyed by address so streams can diff them.
+pub(crate) fn service_endpoints(snapshot: &ServiceSnapshot, port: u16, config: &Arc<Config>) -> Endpoints {
+    port_endpoints(snapshot, port, config).endpoints.clone()
+}
+
+/// [`service_endpoints`] with the updates into them: worked out once per snapshot and port, and
+/// shared by every stream of that port.
+pub(crate) fn port_endpoints(snapshot: &ServiceSnapshot, port: u16, config: &Arc<Config>) -> Arc<PortEndpoints> {
     let mut resolved = snapshot.resolved.lock();
     if let Some((_, _, endpoints)) = resolved.iter().find(|(p, c, _)| *p == port && c == config) {
         return endpoints.clone();
     }
-    let endpoints = Arc::new(resolve_endpoints(snapshot, port, config));
+    let endpoints = Arc::new(PortEndpoints::new(resolve_endpoints(snapshot, port, config)));
     resolved.push((port, config.clone(), endpoints.clone()));
     endpoints
 }
