@@ -206,6 +206,45 @@ mod tests {
     }
 
     #[test]
+    fn rearranged_endorsement_text_never_makes_another_bundle_or_time_verify() {
+        let anchor = new_trust_anchor("cluster.local", HOUR).unwrap();
+        let issuer = new_issuer(&anchor, "cluster.local", HOUR).unwrap();
+        let control = Name::parse(CONTROL).unwrap();
+        let real = certified(&issuer, CONTROL);
+        let attacker = new_trust_anchor("cluster.local", HOUR).unwrap();
+        let planted = format!("{}{}", anchor.cert_pem, attacker.cert_pem);
+        let honest = endorse(anchor.cert_pem.as_bytes(), &real, SystemTime::now() - HOUR / 2).unwrap();
+        let (signature, rest) = honest.split_once('\n').unwrap();
+        let (signed_at, chain) = rest.split_once('\n').unwrap();
+        let later = endorse(anchor.cert_pem.as_bytes(), &real, SystemTime::now()).unwrap();
+        let later_signed_at = later.lines().nth(1).unwrap();
+        let refused = |endorsement: &str, bundle: &str| {
+            verify(bundle.as_bytes(), endorsement.as_bytes(), trusted(&anchor), &control).is_err()
+        };
+        // The honest signature beside a planted bundle, in any arrangement of the lines: before
+        // or after the chain, twice, with CRLF, inside a PEM block.
+        for text in [
+            format!("{chain}{signature}\n{signed_at}\n"),
+            format!("{signature}\n{signature}\n{signed_at}\n{chain}"),
+            honest.replace('\n', "\r\n"),
+            format!("{signature}\n{signed_at}\n{}", chain.replacen("\n", &format!("\n{signature}\n"), 1)),
+        ] {
+            assert!(refused(&text, &planted), "{text}");
+        }
+        // A newer time beside the honest signature, first or second.
+        assert!(refused(&format!("{signature}\n{later_signed_at}\n{signed_at}\n{chain}"), &anchor.cert_pem));
+        // A second signed-at after the honest one changes nothing; bytes that are not UTF-8 are
+        // refused, never skipped.
+        let twice = format!("{signature}\n{signed_at}\n{later_signed_at}\n{chain}");
+        let at = verify(anchor.cert_pem.as_bytes(), twice.as_bytes(), trusted(&anchor), &control).unwrap();
+        assert_eq!(format!("signed-at {at}"), signed_at);
+        let mut binary = honest.clone().into_bytes();
+        binary.extend([0xff, 0xfe]);
+        let e = verify(anchor.cert_pem.as_bytes(), &binary, trusted(&anchor), &control);
+        assert!(e.is_err(), "{e:?}");
+    }
+
+    #[test]
     fn a_bundle_endorsed_by_anyone_but_the_control_plane_or_changed_after_signing_is_refused() {
         let anchor = new_trust_anchor("cluster.local", HOUR).unwrap();
         let issuer = new_issuer(&anchor, "cluster.local", HOUR).unwrap();
