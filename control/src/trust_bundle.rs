@@ -102,6 +102,9 @@ pub async fn run(
     }
 }
 
+/// Anchors, the certificate that endorsed them, and the ConfigMap data made of both.
+type Signed = (String, Arc<CertifiedKey>, Arc<BTreeMap<String, String>>);
+
 struct State {
     client: kube::Client,
     /// Namespaces that exist and are not being deleted.
@@ -111,7 +114,7 @@ struct State {
     /// What each namespace was last given.
     written: HashMap<String, Arc<BTreeMap<String, String>>>,
     /// The data for the anchors and certificate it was made from.
-    signed: Option<(String, Arc<CertifiedKey>, Arc<BTreeMap<String, String>>)>,
+    signed: Option<Signed>,
 }
 
 impl State {

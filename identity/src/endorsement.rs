@@ -35,6 +35,10 @@ pub const ENDORSEMENT_SUFFIX: &str = ".endorsement";
 const SCHEME: SignatureScheme = SignatureScheme::ECDSA_NISTP256_SHA256;
 const SIGNATURE_PREFIX: &str = "signature ecdsa-p256-sha256 ";
 const SIGNED_AT_PREFIX: &str = "signed-at ";
+/// How far ahead of the verifier's clock a signing time may be (clocks of nodes differ a little).
+/// Beyond it the endorsement is refused: taken, its time would make every honest later
+/// endorsement look like a replay until that time passed.
+pub const MAX_SKEW: std::time::Duration = std::time::Duration::from_secs(300);
 
 /// Why an endorsement was not made or not accepted.
 #[derive(Debug, thiserror::Error)]
@@ -43,6 +47,8 @@ pub enum EndorsementError {
     NoSignature,
     #[error("no `{}<unix seconds>` line", SIGNED_AT_PREFIX)]
     NoSignedAt,
+    #[error("signed at {signed_at}, more than {}s ahead of this clock ({now})", MAX_SKEW.as_secs())]
+    SignedInFuture { signed_at: u64, now: u64 },
     #[error("the signature is not hex")]
     SignatureNotHex,
     #[error("the signer's certificates: {0}")]
@@ -73,7 +79,7 @@ pub fn endorse(bundle: &[u8], key: &CertifiedKey, now: SystemTime) -> Result<Str
 
 /// Accepts `bundle` when `endorsement` is `signer`'s signature over it, `signer`'s chain
 /// verifying under `trusted` (the anchors in force, not the bundle's); returns when it was signed
-/// (Unix seconds).
+/// (Unix seconds), refusing a time more than [`MAX_SKEW`] ahead of this clock.
 pub fn verify(
     bundle: &[u8],
     endorsement: &[u8],
@@ -91,6 +97,10 @@ pub fn verify(
     crate::tls::verify(trusted, &chain, signer)
         .map_err(|e| EndorsementError::Signer { expected: signer.to_string(), why: e.to_string() })?;
     verify_signature(leaf, &signed(signed_at, bundle), &signature)?;
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_secs();
+    if signed_at > now.saturating_add(MAX_SKEW.as_secs()) {
+        return Err(EndorsementError::SignedInFuture { signed_at, now });
+    }
     Ok(signed_at)
 }
 
@@ -128,7 +138,7 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 fn unhex(text: &str) -> Option<Vec<u8>> {
-    if text.len() % 2 != 0 {
+    if !text.len().is_multiple_of(2) {
         return None;
     }
     (0..text.len()).step_by(2).map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok()).collect()
@@ -172,11 +182,66 @@ mod tests {
         let control = certified(&issuer, CONTROL);
         let next = new_trust_anchor("cluster.local", HOUR).unwrap();
         let bundle = format!("{}{}", anchor.cert_pem, next.cert_pem);
-        let at = UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let at = UNIX_EPOCH + Duration::from_secs(1_700_000_000);
         let endorsement = endorse(bundle.as_bytes(), &control, at).unwrap();
         let signed_at =
             verify(bundle.as_bytes(), endorsement.as_bytes(), trusted(&anchor), &Name::parse(CONTROL).unwrap());
-        assert_eq!(signed_at.unwrap(), 1_800_000_000, "when it was signed, for the proxy's no-rollback rule");
+        assert_eq!(signed_at.unwrap(), 1_700_000_000, "when it was signed, for the proxy's no-rollback rule");
+    }
+
+    #[test]
+    fn an_endorsement_signed_in_the_future_is_refused_so_it_cannot_freeze_out_later_rotations() {
+        // The control plane's clock ran ahead once (or a bundle it signed then is replayed): a
+        // proxy taking it would refuse every honest endorsement until that time passes.
+        let anchor = new_trust_anchor("cluster.local", HOUR).unwrap();
+        let issuer = new_issuer(&anchor, "cluster.local", HOUR).unwrap();
+        let control = certified(&issuer, CONTROL);
+        let bundle = anchor.cert_pem.as_bytes();
+        let ahead = endorse(bundle, &control, SystemTime::now() + HOUR * 24 * 365).unwrap();
+        let e = verify(bundle, ahead.as_bytes(), trusted(&anchor), &Name::parse(CONTROL).unwrap());
+        assert!(matches!(e, Err(EndorsementError::SignedInFuture { .. })), "{e:?}");
+        // Within the allowed skew it is taken.
+        let skewed = endorse(bundle, &control, SystemTime::now() + MAX_SKEW / 2).unwrap();
+        verify(bundle, skewed.as_bytes(), trusted(&anchor), &Name::parse(CONTROL).unwrap()).unwrap();
+    }
+
+    #[test]
+    fn rearranged_endorsement_text_never_makes_another_bundle_or_time_verify() {
+        let anchor = new_trust_anchor("cluster.local", HOUR).unwrap();
+        let issuer = new_issuer(&anchor, "cluster.local", HOUR).unwrap();
+        let control = Name::parse(CONTROL).unwrap();
+        let real = certified(&issuer, CONTROL);
+        let attacker = new_trust_anchor("cluster.local", HOUR).unwrap();
+        let planted = format!("{}{}", anchor.cert_pem, attacker.cert_pem);
+        let honest = endorse(anchor.cert_pem.as_bytes(), &real, SystemTime::now() - HOUR / 2).unwrap();
+        let (signature, rest) = honest.split_once('\n').unwrap();
+        let (signed_at, chain) = rest.split_once('\n').unwrap();
+        let later = endorse(anchor.cert_pem.as_bytes(), &real, SystemTime::now()).unwrap();
+        let later_signed_at = later.lines().nth(1).unwrap();
+        let refused = |endorsement: &str, bundle: &str| {
+            verify(bundle.as_bytes(), endorsement.as_bytes(), trusted(&anchor), &control).is_err()
+        };
+        // The honest signature beside a planted bundle, in any arrangement of the lines: before
+        // or after the chain, twice, with CRLF, inside a PEM block.
+        for text in [
+            format!("{chain}{signature}\n{signed_at}\n"),
+            format!("{signature}\n{signature}\n{signed_at}\n{chain}"),
+            honest.replace('\n', "\r\n"),
+            format!("{signature}\n{signed_at}\n{}", chain.replacen("\n", &format!("\n{signature}\n"), 1)),
+        ] {
+            assert!(refused(&text, &planted), "{text}");
+        }
+        // A newer time beside the honest signature, first or second.
+        assert!(refused(&format!("{signature}\n{later_signed_at}\n{signed_at}\n{chain}"), &anchor.cert_pem));
+        // A second signed-at after the honest one changes nothing; bytes that are not UTF-8 are
+        // refused, never skipped.
+        let twice = format!("{signature}\n{signed_at}\n{later_signed_at}\n{chain}");
+        let at = verify(anchor.cert_pem.as_bytes(), twice.as_bytes(), trusted(&anchor), &control).unwrap();
+        assert_eq!(format!("signed-at {at}"), signed_at);
+        let mut binary = honest.clone().into_bytes();
+        binary.extend([0xff, 0xfe]);
+        let e = verify(anchor.cert_pem.as_bytes(), &binary, trusted(&anchor), &control);
+        assert!(e.is_err(), "{e:?}");
     }
 
     #[test]

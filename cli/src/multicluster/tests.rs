@@ -167,6 +167,32 @@ fn install_gives_the_gateway_the_span_collector_of_the_control_plane_or_the_one_
     );
 }
 
+#[test]
+fn a_collector_read_from_the_control_planes_deployment_cannot_smuggle_env_or_yaml_into_the_gateway() {
+    // What whoever edits the control plane's Deployment could put there: a second variable after
+    // a newline, YAML, a `$(VAR)` reference the kubelet would expand, a URL with a path or user.
+    for smuggled in [
+        "otel:4317\n- name: CNIMESH_PROXY_IDENTITY_NAME\n  value: admin",
+        "otel:4317\"}, {\"name\": \"X\", \"value\": \"y",
+        "$(CNIMESH_PROXY_IDENTITY_TRUST_ANCHORS_PEM):4317",
+        "http://user@otel:4317",
+        "http://otel:4317/v1/traces?x=1",
+    ] {
+        let control =
+            json!({"name": "cnimesh-control", "args": ["serve", format!("--proxy-trace-collector={smuggled}")]});
+        let deployment: k8s_openapi::api::apps::v1::Deployment = serde_json::from_value(json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "cnimesh-control", "namespace": "cnimesh"},
+            "spec": {"selector": {}, "template": {"spec": {"containers": [control]}}}}))
+        .unwrap();
+        let collector = super::target::proxy_trace_collector_of(&deployment);
+        assert_eq!(collector.as_deref(), Some(smuggled), "read as it stands");
+        let args = InstallArgs { trace_collector: collector, ..install_args() };
+        let e = gateway_collector(&args).expect_err(smuggled);
+        assert!(e.to_string().contains("--trace-collector"), "{e}");
+    }
+}
+
 const DEPLOYMENT: &str = "/apis/apps/v1/namespaces/cnimesh/deployments/cnimesh-control";
 const GATEWAY_SERVICE: &str = "/api/v1/namespaces/cnimesh-multicluster/services/cnimesh-gateway";
 const TOKEN_SECRET: &str = "/api/v1/namespaces/cnimesh-multicluster/secrets/cnimesh-mirror-reader-token";

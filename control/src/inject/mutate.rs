@@ -60,6 +60,10 @@ pub const TRUST_BUNDLE_KEY: &str = "ca.crt";
 /// The proxy follows this file, taking it only when the identity in the next variable endorses it.
 pub const TRUST_ANCHORS_FILE_ENV: &str = "CNIMESH_PROXY_IDENTITY_TRUST_ANCHORS";
 pub const TRUST_ANCHORS_ENDORSED_BY_ENV: &str = "CNIMESH_PROXY_IDENTITY_TRUST_ANCHORS_ENDORSED_BY";
+/// When the pod was given its anchors (Unix seconds, less the clock skew endorsements may have):
+/// the proxy passes over a bundle endorsed earlier, so a ConfigMap writer cannot replay a bundle
+/// holding an anchor a rotation dropped before the pod was admitted.
+pub const TRUST_ANCHORS_ENDORSED_SINCE_ENV: &str = "CNIMESH_PROXY_IDENTITY_TRUST_ANCHORS_ENDORSED_SINCE";
 
 /// Namespaces whose pods are never injected, whatever they say: the control plane's own (see
 /// [`InjectConfig::control_namespace`]) is added to these.
@@ -390,6 +394,12 @@ fn policy_workload_env() -> [EnvVar; 3] {
     ]
 }
 
+/// [`TRUST_ANCHORS_ENDORSED_SINCE_ENV`] for a pod admitted at `now`.
+fn endorsed_since(now: std::time::SystemTime) -> u64 {
+    let now = now.duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs();
+    now.saturating_sub(cnimesh_identity::endorsement::MAX_SKEW.as_secs())
+}
+
 /// The sidecar. As a native sidecar (`config.native_sidecars`) it carries `restartPolicy: Always`
 /// and a startup probe, so the kubelet starts the app containers only once the proxy is ready.
 pub fn proxy_container(config: &InjectConfig, pod: &PodProxySettings) -> Result<Container, String> {
@@ -403,6 +413,7 @@ pub fn proxy_container(config: &InjectConfig, pod: &PodProxySettings) -> Result<
         // proxy without a restart.
         (TRUST_ANCHORS_FILE_ENV, format!("{TRUST_BUNDLE_DIR}/{TRUST_BUNDLE_KEY}")),
         (TRUST_ANCHORS_ENDORSED_BY_ENV, control.to_string()),
+        (TRUST_ANCHORS_ENDORSED_SINCE_ENV, endorsed_since(std::time::SystemTime::now()).to_string()),
         ("CNIMESH_PROXY_IDENTITY_TOKEN_FILE", TOKEN_FILE.into()),
         ("CNIMESH_PROXY_IDENTITY_ADDR", config.control_addr()),
         ("CNIMESH_PROXY_IDENTITY_SVC_NAME", control.to_string()),

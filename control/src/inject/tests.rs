@@ -208,6 +208,9 @@ fn check_proxy(c: &Container, identity: &str, config: &InjectConfig) {
         Some("cnimesh-control.cnimesh.serviceaccount.identity.cnimesh.cluster.local"),
         "the namespace's bundle is taken only with the control plane's endorsement"
     );
+    let since: u64 = env(c, TRUST_ANCHORS_ENDORSED_SINCE_ENV).expect("since").parse().unwrap();
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    assert!(since < now, "bundles endorsed before admission are passed over: {since}");
     let resources = c.resources.as_ref().expect("resources");
     let requests = resources.requests.as_ref().expect("requests");
     assert_eq!(requests["cpu"].0, "20m");

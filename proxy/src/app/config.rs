@@ -14,7 +14,8 @@ use cnimesh_identity::Name;
 pub use crate::outbound::static_identities::EndpointMatch;
 pub use crate::serve::spans::TraceConfig;
 pub use crate::transport::identity::config::{
-    IdentityConfig, TRUST_ANCHORS_ENDORSED_BY_VAR, TRUST_ANCHORS_FILE_VAR, TRUST_ANCHORS_PEM_VAR, TrustAnchors,
+    IdentityConfig, TRUST_ANCHORS_ENDORSED_BY_VAR, TRUST_ANCHORS_ENDORSED_SINCE_VAR, TRUST_ANCHORS_FILE_VAR,
+    TRUST_ANCHORS_PEM_VAR, TrustAnchors,
 };
 
 #[derive(Debug, Clone)]
@@ -350,6 +351,10 @@ pub struct Args {
     /// (the control plane's) endorses what it holds.
     #[arg(long, env = TRUST_ANCHORS_ENDORSED_BY_VAR, value_parser = parsed::<Name>)]
     pub identity_trust_anchors_endorsed_by: Option<Name>,
+    /// With the above: when the injector gave this pod its anchors (Unix seconds); an endorsement
+    /// made earlier is passed over, so a replayed older bundle cannot bring back a dropped anchor.
+    #[arg(long, env = TRUST_ANCHORS_ENDORSED_SINCE_VAR)]
+    pub identity_trust_anchors_endorsed_since: Option<u64>,
     /// Projected service-account token [default: /var/run/secrets/tokens/cnimesh-identity-token].
     #[arg(long, env = "CNIMESH_PROXY_IDENTITY_TOKEN_FILE")]
     pub identity_token_file: Option<PathBuf>,
@@ -626,9 +631,12 @@ fn identity(args: &Args) -> Result<Option<IdentityConfig>, ConfigError> {
         &args.identity_trust_anchors_pem,
         &args.identity_trust_anchors_endorsed_by,
     ) {
-        (Some(file), Some(pem), Some(signer)) => {
-            TrustAnchors::Endorsed { pem: pem_of(pem)?, file: file.clone(), signer: signer.clone() }
-        }
+        (Some(file), Some(pem), Some(signer)) => TrustAnchors::Endorsed {
+            pem: pem_of(pem)?,
+            file: file.clone(),
+            signer: signer.clone(),
+            since: args.identity_trust_anchors_endorsed_since,
+        },
         (Some(_), Some(pem), None) => {
             return Err(ConfigError::invalid(
                 TRUST_ANCHORS_PEM_VAR,
@@ -833,8 +841,18 @@ mod tests {
         let endorsed = anchors(&[name, addr, file, pem, by]).unwrap();
         assert_eq!(
             endorsed,
-            TrustAnchors::Endorsed { pem: PEM.into(), file: "/ca.crt".into(), signer: Name::parse(control).unwrap() }
+            TrustAnchors::Endorsed {
+                pem: PEM.into(),
+                file: "/ca.crt".into(),
+                signer: Name::parse(control).unwrap(),
+                since: None
+            }
         );
+        let since = ("CNIMESH_PROXY_IDENTITY_TRUST_ANCHORS_ENDORSED_SINCE", "1700000000");
+        let TrustAnchors::Endorsed { since, .. } = anchors(&[name, addr, file, pem, by, since]).unwrap() else {
+            panic!("endorsed anchors expected")
+        };
+        assert_eq!(since, Some(1_700_000_000));
         assert!(!format!("{endorsed:?}").contains("TUlJQ2FuY2hvcg"), "{endorsed:?}");
         // An endorsed file needs the anchors to verify its endorsement with at start.
         for lacking in [&[name, addr, file, by][..], &[name, addr, pem, by]] {

@@ -51,10 +51,11 @@ pub fn env_json(config: &Config, env: &[(String, String)]) -> Value {
             "trust_anchors": match &id.trust_anchors {
                 TrustAnchors::File(path) => json!({ "file": path }),
                 TrustAnchors::Pem(pem) => json!({ "pem": format!("<{} bytes, not shown>", pem.len()) }),
-                TrustAnchors::Endorsed { pem, file, signer } => json!({
+                TrustAnchors::Endorsed { pem, file, signer, since } => json!({
                     "pem": format!("<{} bytes, not shown>", pem.len()),
                     "file": file,
                     "endorsed_by": signer.as_str(),
+                    "endorsed_since": since,
                 }),
             },
             "token_file": id.token_file,

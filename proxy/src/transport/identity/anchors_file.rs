@@ -37,7 +37,11 @@ pub fn endorsement_path(path: &Path) -> PathBuf {
 /// Keeps `anchors` equal to what `path` holds, forever (the proxy's life). With `signer`, a bundle
 /// is taken only when its endorsement ([`endorsement_path`]) is `signer`'s, verified under the
 /// anchors in force ([`cnimesh_identity::endorsement`]); anything else is logged and those stay.
-pub async fn follow(path: PathBuf, anchors: Arc<Anchors>, signer: Option<Name>, refused: Counter) {
+/// An endorsement made before `since` (Unix seconds: when the injector gave the pod its anchors)
+/// is passed over quietly: at best it says what the pod's anchors already say, at worst it is a
+/// replay of a bundle holding an anchor a rotation has dropped since, which a proxy that has taken
+/// no endorsement yet could not tell from a rotation otherwise.
+pub async fn follow(path: PathBuf, anchors: Arc<Anchors>, signer: Option<Name>, since: Option<u64>, refused: Counter) {
     let endorsement = signer.as_ref().map(|_| endorsement_path(&path));
     let read = |path: &Path| std::fs::read(path);
     // Unendorsed, the file was loaded at start; endorsed, the anchors in force came from the
@@ -68,9 +72,12 @@ pub async fn follow(path: PathBuf, anchors: Arc<Anchors>, signer: Option<Name>, 
         if last.as_ref() == Some(&seen) {
             continue;
         }
-        match take(&path, &seen, &anchors, signer.as_ref(), &mut newest) {
-            Ok(()) => {
+        match take(&path, &seen, &anchors, signer.as_ref(), since, &mut newest) {
+            Ok(true) => {
                 tracing::info!(path = %path.display(), anchors = anchors.len(), "trust anchors reloaded");
+            }
+            Ok(false) => {
+                tracing::debug!(path = %path.display(), "trust anchors endorsed before the pod's own; keeping those in force");
             }
             Err(error) => {
                 refused.inc();
@@ -83,14 +90,15 @@ pub async fn follow(path: PathBuf, anchors: Arc<Anchors>, signer: Option<Name>, 
 
 /// Puts the bundle in `seen` in force, once endorsed by `signer` when one is required, and no
 /// earlier than the endorsement in force (`newest`): a replayed older bundle may still hold an
-/// anchor a rotation has since dropped.
+/// anchor a rotation has since dropped. One endorsed before `since` is passed over (`Ok(false)`).
 fn take(
     path: &Path,
     seen: &(Vec<u8>, Option<Vec<u8>>),
     anchors: &Arc<Anchors>,
     signer: Option<&Name>,
+    since: Option<u64>,
     newest: &mut Option<u64>,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<bool> {
     let mut signed_at = None;
     if let Some(signer) = signer {
         let (bundle, endorsement) = seen;
@@ -105,12 +113,15 @@ fn take(
                 path.display()
             );
         }
+        if since.is_some_and(|since| at < since) {
+            return Ok(false);
+        }
         signed_at = Some(at);
     }
     let certs = cnimesh_identity::pem::certs(&seen.0, &format!("trust anchors {}", path.display()))?;
     anchors.set(cnimesh_identity::tls::roots(&certs)?)?;
     *newest = signed_at.or(*newest);
-    Ok(())
+    Ok(true)
 }
 
 #[cfg(test)]
@@ -173,7 +184,7 @@ mod tests {
         let anchors =
             Anchors::new(super::super::trust_anchors(&TrustAnchors::Pem(old.cert_pem.clone())).unwrap()).unwrap();
         let refused = Counter::default();
-        tokio::spawn(follow(path.clone(), anchors.clone(), Some(Name::parse(CONTROL).unwrap()), refused.clone()));
+        tokio::spawn(follow(path.clone(), anchors.clone(), Some(Name::parse(CONTROL).unwrap()), None, refused.clone()));
 
         // A ConfigMap writer's bundle, endorsed by a workload's valid certificate, by the
         // control plane's name from the attacker's own CA, or not endorsed at all.
@@ -214,6 +225,34 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_freshly_started_proxy_refuses_a_replayed_bundle_endorsed_before_its_pod_was_admitted() {
+        // The rotation is over: the old anchor was dropped and the pod admitted since holds the new
+        // one alone. A ConfigMap writer puts back the bundle of the switch ({old, new}, endorsed
+        // under the new issuer, before the pod was admitted): the proxy has taken no endorsement
+        // yet, so only the admission time can tell it the bundle is a replay.
+        let old = new_trust_anchor("cluster.local", HOUR).unwrap();
+        let new = new_trust_anchor("cluster.local", HOUR).unwrap();
+        let issuer_of_new = new_issuer(&new, "cluster.local", HOUR).unwrap();
+        let dir = std::env::temp_dir().join(format!("cnimesh-proxy-replay-fresh-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("ca.crt");
+        let admitted = SystemTime::now() - Duration::from_secs(30);
+        let switched = format!("{}{}", old.cert_pem, new.cert_pem);
+        write_endorsed_at(&path, &switched, &issuer_of_new, CONTROL, admitted - Duration::from_secs(600));
+        let anchors =
+            Anchors::new(super::super::trust_anchors(&TrustAnchors::Pem(new.cert_pem.clone())).unwrap()).unwrap();
+        let since = admitted.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+        let control = Some(Name::parse(CONTROL).unwrap());
+        tokio::spawn(follow(path.clone(), anchors.clone(), control, Some(since), Counter::default()));
+        tokio::time::sleep(POLL * 3).await;
+        assert_eq!(anchors.len(), 1, "the dropped anchor stays out");
+        // An endorsement made after admission is taken.
+        write_endorsed(&path, &switched, &issuer_of_new, CONTROL);
+        wait_for(&anchors, 2).await;
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
     async fn a_rewritten_bundle_is_followed_and_a_broken_one_keeps_the_anchors_in_force() {
         let pem =
             |_| cnimesh_identity::ca::new_trust_anchor("cluster.local", Duration::from_secs(3600)).unwrap().cert_pem;
@@ -221,7 +260,7 @@ mod tests {
         let path = std::env::temp_dir().join(format!("cnimesh-proxy-anchors-follow-{}.crt", std::process::id()));
         std::fs::write(&path, &old).unwrap();
         let anchors = Anchors::new(super::super::trust_anchors(&TrustAnchors::File(path.clone())).unwrap()).unwrap();
-        tokio::spawn(follow(path.clone(), anchors.clone(), None, Counter::default()));
+        tokio::spawn(follow(path.clone(), anchors.clone(), None, None, Counter::default()));
         // Let it read the file as it is now (a current-thread runtime: it runs until it sleeps).
         tokio::task::yield_now().await;
         let wait_for = |n: usize| {

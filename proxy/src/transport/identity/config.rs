@@ -37,12 +37,17 @@ pub enum TrustAnchors {
     /// the injector's form on a cluster, the file a ConfigMap the control plane writes into the
     /// pod's namespace, so a rotation reaches running proxies without restarts and a ConfigMap
     /// writer cannot add an anchor.
-    Endorsed { pem: String, file: PathBuf, signer: Name },
+    /// `since`: when the injector gave the pod its anchors
+    /// (`CNIMESH_PROXY_IDENTITY_TRUST_ANCHORS_ENDORSED_SINCE`, Unix seconds); an endorsement made
+    /// before it is passed over, so a replayed older bundle cannot add back an anchor a rotation
+    /// dropped before the pod was admitted.
+    Endorsed { pem: String, file: PathBuf, signer: Name, since: Option<u64> },
 }
 
 pub const TRUST_ANCHORS_FILE_VAR: &str = "CNIMESH_PROXY_IDENTITY_TRUST_ANCHORS";
 pub const TRUST_ANCHORS_PEM_VAR: &str = "CNIMESH_PROXY_IDENTITY_TRUST_ANCHORS_PEM";
 pub const TRUST_ANCHORS_ENDORSED_BY_VAR: &str = "CNIMESH_PROXY_IDENTITY_TRUST_ANCHORS_ENDORSED_BY";
+pub const TRUST_ANCHORS_ENDORSED_SINCE_VAR: &str = "CNIMESH_PROXY_IDENTITY_TRUST_ANCHORS_ENDORSED_SINCE";
 
 impl TrustAnchors {
     /// Where the anchors came from, for messages: the file's path, or the variable's name
@@ -62,7 +67,7 @@ impl std::fmt::Debug for TrustAnchors {
         match self {
             Self::File(path) => f.debug_tuple("File").field(path).finish(),
             Self::Pem(pem) => write!(f, "Pem({TRUST_ANCHORS_PEM_VAR}, {} bytes)", pem.len()),
-            Self::Endorsed { pem, file, signer } => {
+            Self::Endorsed { pem, file, signer, .. } => {
                 write!(
                     f,
                     "Endorsed({TRUST_ANCHORS_PEM_VAR}, {} bytes, then {} endorsed by {signer})",

@@ -45,11 +45,11 @@ pub async fn run(identity: Arc<Identity>, config: IdentityConfig, metrics: Ident
     match &config.trust_anchors {
         TrustAnchors::File(path) => {
             let refused = metrics.anchors_refused.clone();
-            tokio::spawn(super::anchors_file::follow(path.clone(), identity.roots.clone(), None, refused));
+            tokio::spawn(super::anchors_file::follow(path.clone(), identity.roots.clone(), None, None, refused));
         }
-        TrustAnchors::Endorsed { file, signer, .. } => {
+        TrustAnchors::Endorsed { file, signer, since, .. } => {
             let (signer, refused) = (Some(signer.clone()), metrics.anchors_refused.clone());
-            tokio::spawn(super::anchors_file::follow(file.clone(), identity.roots.clone(), signer, refused));
+            tokio::spawn(super::anchors_file::follow(file.clone(), identity.roots.clone(), signer, *since, refused));
         }
         TrustAnchors::Pem(_) => {}
     }
