@@ -26,7 +26,7 @@
 //! is recorded ([`Call`]) so a test can assert what was asked, with which credentials, and in
 //! which order.
 //!
-//! Layers: call | response | selector | patch | kinds | faults → pod_proxy | store → rbac → tokens | discovery | client → watch | apply → routing → tls
+//! Layers: call | response | selector | patch | kinds | faults → pod_proxy | store → rbac → tokens | discovery | client → watch | apply | list → routing → tls
 
 mod apply;
 mod call;
@@ -34,6 +34,7 @@ mod client;
 mod discovery;
 mod faults;
 mod kinds;
+mod list;
 mod patch;
 mod pod_proxy;
 mod rbac;

@@ -14,8 +14,7 @@ use crate::faults::Verdict;
 use crate::kinds::{Target, parse_path};
 use crate::rbac::{self, Attributes, User};
 use crate::response::{Body, json_response, status};
-use crate::selector::Selector;
-use crate::{apply, discovery, patch, pod_proxy, store, watch};
+use crate::{apply, discovery, list, patch, pod_proxy, store, watch};
 
 impl ClusterApi {
     pub(crate) async fn handle(
@@ -252,23 +251,10 @@ impl ClusterApi {
             return match call.method {
                 Method::GET if call.is_watch() => watch::open(&mut store, call, resource, namespace),
                 Method::GET => {
-                    let selector = Selector::parse(call.param("labelSelector"), call.param("fieldSelector"));
-                    let items: Vec<Value> = store
-                        .objects
-                        .get(&resource)
-                        .into_iter()
-                        .flat_map(|objects| objects.iter())
-                        .filter(|((ns, _), o)| namespace.as_ref().is_none_or(|n| n == ns) && selector.matches(o))
-                        .map(|(_, o)| o.clone())
-                        .collect();
                     let kinds = store.kinds();
                     let list_kind = crate::kinds::kind_of(&kinds, &resource)
                         .map_or_else(|| "List".to_string(), |k| format!("{}List", k.kind));
-                    json_response(
-                        StatusCode::OK,
-                        json!({"apiVersion": resource.api_version, "kind": list_kind,
-                            "metadata": {"resourceVersion": store.version.to_string()}, "items": items}),
-                    )
+                    list::answer(&store, call, &resource, namespace.as_deref(), list_kind)
                 }
                 Method::POST => {
                     let mut body = call.body.clone();

@@ -256,6 +256,49 @@ async fn a_watch_resumed_from_before_a_compaction_is_told_410_gone_and_one_from_
     }
 }
 
+#[tokio::test]
+async fn a_list_with_a_limit_comes_in_pages_of_one_version_that_together_hold_every_object() {
+    let api = ClusterApi::new();
+    let map = |ns: &str, name: &str| json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": ns}});
+    for name in ["a", "b", "c", "d", "e"] {
+        api.put(map("shop", name));
+    }
+    api.put(map("other", "z"));
+    let maps: Api<ConfigMap> = Api::all(api.client());
+    let first = maps.list(&ListParams::default().limit(2)).await.unwrap();
+    let version = first.metadata.resource_version.clone().unwrap();
+    let mut names: Vec<String> = first.items.iter().filter_map(|m| m.metadata.name.clone()).collect();
+    assert_eq!(names.len(), 2, "one page of 2");
+    // A write between pages moves the server's version on; every page still says the first one's,
+    // so the watch that follows the list replays the write.
+    api.put(map("shop", "f"));
+    let mut token = first.metadata.continue_;
+    while let Some(next) = token.filter(|t| !t.is_empty()) {
+        let page = maps.list(&ListParams::default().limit(2).continue_token(&next)).await.unwrap();
+        assert_eq!(page.metadata.resource_version.as_deref(), Some(version.as_str()));
+        assert!(page.items.len() <= 2);
+        names.extend(page.items.iter().filter_map(|m| m.metadata.name.clone()));
+        token = page.metadata.continue_;
+    }
+    names.sort();
+    assert_eq!(names, ["a", "b", "c", "d", "e", "f", "z"], "every object once, over the pages");
+    let whole = maps.list(&ListParams::default()).await.unwrap();
+    assert_eq!(
+        (whole.items.len(), whole.metadata.continue_.filter(|t| !t.is_empty())),
+        (7, None),
+        "no limit: one page"
+    );
+
+    // A token from before a compaction is gone, as on a real server: the client lists again.
+    let stale = maps.list(&ListParams::default().limit(2)).await.unwrap().metadata.continue_.unwrap();
+    api.put(map("shop", "g"));
+    api.compact();
+    match maps.list(&ListParams::default().limit(2).continue_token(&stale)).await {
+        Err(kube::Error::Api(status)) => assert_eq!(status.code, 410),
+        other => panic!("expected 410 Gone, got {other:?}"),
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn the_pod_and_service_proxies_reach_the_pod_with_the_path_query_and_headers_but_not_the_credentials() {
     // The "pod": an HTTP server on 127.0.0.1 that answers with the request line it saw, a header

@@ -4,7 +4,7 @@
 //! and S Destination streams held by real mTLS gRPC clients. It reports, per binary:
 //!
 //! - RSS with an empty cluster and with the N × K endpoints (→ KiB per endpoint), time to ready;
-//! - idle CPU (share of a core over 10 s, nothing changing);
+//! - idle CPU (share of a core over 10 s, nothing changing), and RSS after that idle time;
 //! - RSS per open stream, streams spread over distinct Services, and what stays after they close;
 //! - fan-out: S subscribers of one Service, one endpoint added or removed at a time, the time from
 //!   the API server's write to the update's arrival at each subscriber (p50/p99/max), and the
@@ -19,6 +19,7 @@
 //! `CNIMESH_SCALE_STREAMS` (subscriber counts, "1000,5000"), `CNIMESH_SCALE_CHANGES` (20 per
 //! fan-out), `CNIMESH_SCALE_CHURN_RATE` (100 per second), `CNIMESH_SCALE_CHURN_SECONDS` (30),
 //! `CNIMESH_SCALE_CONNECTIONS` (100 HTTP/2 connections, as that many proxies),
+//! `CNIMESH_SCALE_IDLE_SECONDS` (10, the idle CPU's window),
 //! `CNIMESH_BENCH_CONTROL` (the binary measured; default: this build's).
 //! Run: `scripts/bench-control-scale.sh` (release builds; the clients share the machine's cores,
 //! so the figures are for comparing binaries in one run, not absolute).
@@ -58,6 +59,7 @@ struct Settings {
     churn_rate: u64,
     churn_seconds: u64,
     connections: usize,
+    idle_seconds: u64,
 }
 
 impl Settings {
@@ -74,6 +76,7 @@ impl Settings {
             churn_rate: setting("CNIMESH_SCALE_CHURN_RATE", 100).max(1),
             churn_seconds: setting("CNIMESH_SCALE_CHURN_SECONDS", 30),
             connections: setting("CNIMESH_SCALE_CONNECTIONS", 100).max(1) as usize,
+            idle_seconds: setting("CNIMESH_SCALE_IDLE_SECONDS", 10).max(1),
         }
     }
 }
@@ -330,8 +333,18 @@ async fn measure(bin: &Path, settings: &Settings) -> Figures {
     out.push((format!("RSS, {endpoints} endpoints (MiB)"), loaded));
     out.push(("RSS per endpoint (KiB)".into(), (loaded - floor).max(0.0) * 1024.0 / endpoints as f64));
     let cpu = cpu_seconds(run.pid);
-    tokio::time::sleep(Duration::from_secs(10)).await;
-    out.push(("idle CPU (% of a core)".into(), (cpu_seconds(run.pid) - cpu) * 10.0));
+    let idle = settings.idle_seconds;
+    tokio::time::sleep(Duration::from_secs(idle)).await;
+    out.push(("idle CPU (% of a core)".into(), (cpu_seconds(run.pid) - cpu) * 100.0 / idle as f64));
+    // What the load costs once the allocator has given back what loading freed: what the
+    // process holds for as long as the cluster is there (the figure above still holds some of
+    // the list's transient memory).
+    let settled = rss_mib(run.pid);
+    out.push((format!("RSS, {endpoints} endpoints, after the idle time (MiB)"), settled));
+    out.push((
+        "RSS per endpoint, after the idle time (KiB)".into(),
+        (settled - floor).max(0.0) * 1024.0 / endpoints as f64,
+    ));
 
     for &count in &settings.streams {
         // Streams over distinct Services: memory per stream, and what closing them gives back.

@@ -73,7 +73,9 @@ pub(crate) mod updates;
 
 pub use caller::Caller;
 pub use index::{Change, Index, IndexStats};
-pub use model::{Conflict, Declaration, KINDS, Kind, Object, PodRecord, PortSet, ServiceRecord, declared_for_pod_port};
+pub use model::{
+    Conflict, Declaration, KINDS, Kind, Object, PodRecord, PortSet, ServiceRecord, SliceRecord, declared_for_pod_port,
+};
 #[doc(hidden)]
 pub use path::parse_for_fuzzing as parse_path_for_fuzzing;
 

@@ -48,6 +48,11 @@ pub enum Object {
     Service(Box<Service>),
     EndpointSlice(Box<EndpointSlice>),
     Pod(Box<Pod>),
+    /// A Pod already reduced to its record: the Kubernetes source projects each Pod as it reads
+    /// it, so a list of every Pod in the cluster is never held as full objects.
+    PodRecord(NsName, Arc<PodRecord>),
+    /// An EndpointSlice already reduced to its record, for the same reason.
+    SliceRecord(NsName, Arc<SliceRecord>),
 }
 
 impl From<Service> for Object {
@@ -73,7 +78,8 @@ impl Object {
         match self {
             Object::Service(_) => Kind::Service,
             Object::EndpointSlice(_) => Kind::EndpointSlice,
-            Object::Pod(_) => Kind::Pod,
+            Object::Pod(_) | Object::PodRecord(..) => Kind::Pod,
+            Object::SliceRecord(..) => Kind::EndpointSlice,
         }
     }
 
@@ -82,6 +88,7 @@ impl Object {
             Object::Service(o) => &o.metadata,
             Object::EndpointSlice(o) => &o.metadata,
             Object::Pod(o) => &o.metadata,
+            Object::PodRecord(key, _) | Object::SliceRecord(key, _) => return key.clone(),
         })
     }
 }

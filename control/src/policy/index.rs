@@ -114,6 +114,9 @@ pub const ROUTE_KINDS: [Kind; 3] = [Kind::HttpRoute, Kind::GrpcRoute, Kind::Refe
 #[derive(Debug, Clone)]
 pub enum Object {
     Pod(Box<Pod>),
+    /// A Pod already reduced to its record: the Kubernetes source projects each Pod as it reads
+    /// it (one read for both indexes), so a list of every Pod is never held as full objects.
+    PodRecord(NsName, Arc<PodRecord>),
     Namespace(Box<Namespace>),
     Server(Box<crd::Server>),
     AuthorizationPolicy(Box<crd::AuthorizationPolicy>),
@@ -129,7 +132,7 @@ pub enum Object {
 impl Object {
     pub fn kind(&self) -> Kind {
         match self {
-            Object::Pod(_) => Kind::Pod,
+            Object::Pod(_) | Object::PodRecord(..) => Kind::Pod,
             Object::Namespace(_) => Kind::Namespace,
             Object::Server(_) => Kind::Server,
             Object::AuthorizationPolicy(_) => Kind::AuthorizationPolicy,
@@ -147,6 +150,7 @@ impl Object {
     pub fn key(&self) -> NsName {
         match self {
             Object::Pod(o) => key_of(&o.metadata),
+            Object::PodRecord(key, _) => key.clone(),
             Object::Namespace(o) => NsName::new("", o.metadata.name.as_deref().unwrap_or_default()),
             Object::Server(o) => key_of(&o.metadata),
             Object::AuthorizationPolicy(o) => key_of(&o.metadata),
@@ -398,7 +402,10 @@ impl State {
         let (kind, key) = (object.kind(), object.key());
         let result = match object {
             Object::Pod(pod) => {
-                self.pods.insert(key.clone(), Arc::new(PodRecord::from_k8s(&pod)));
+                return self.upsert(Object::PodRecord(key, Arc::new(PodRecord::from_k8s(&pod))), config);
+            }
+            Object::PodRecord(_, record) => {
+                self.pods.insert(key.clone(), record);
                 self.dirty_pods.insert(key);
                 return;
             }

@@ -42,4 +42,4 @@ pub mod index;
 pub mod model;
 
 pub use index::{Change, Config, Index, Kind, Object};
-pub use model::DefaultPolicy;
+pub use model::{DefaultPolicy, PodRecord};

@@ -31,7 +31,7 @@ use kube::runtime::watcher::{self, Event};
 use serde::de::DeserializeOwned;
 
 use super::{Source, SourceError};
-use crate::destination::{Change, Index, Kind, Object};
+use crate::destination::{self, Change, Index, Kind, Object, SliceRecord};
 use crate::egress;
 use crate::meta::NsName;
 use crate::metrics::Metrics;
@@ -79,12 +79,19 @@ impl Source for KubeSource {
         let watches = Watches { client: self.client, metrics: self.metrics };
         let policy = self.policy;
         let egress = self.egress;
-        let pods = follow(watches.of::<Pod>(), "Pod", Absent::Retry, |update: Update<Pod>| {
-            if let Some(policy) = &policy {
-                policy.apply([policy_change(policy::Kind::Pod, update.clone())]);
-            }
-            index.apply([destination_change(Kind::Pod, update)]);
-        });
+        let with_policy = policy.is_some();
+        let pods = follow_as(
+            watches.of::<Pod>(),
+            "Pod",
+            Absent::Retry,
+            |pod: Pod| PodProjection::of(&pod, with_policy),
+            |update: Update<PodProjection>| {
+                if let Some(policy) = &policy {
+                    policy.apply(update.policy_change());
+                }
+                index.apply([update.destination_change()]);
+            },
+        );
         let destination = async {
             futures::join!(
                 follow(watches.of::<Service>(), "Service", Absent::Retry, |u: Update<Service>| {
@@ -94,8 +101,13 @@ impl Source for KubeSource {
                     }
                     index.apply([destination_change(Kind::Service, u)])
                 }),
-                follow(watches.of::<EndpointSlice>(), "EndpointSlice", Absent::Retry, |u| index
-                    .apply([destination_change(Kind::EndpointSlice, u)])),
+                follow_as(
+                    watches.of::<EndpointSlice>(),
+                    "EndpointSlice",
+                    Absent::Retry,
+                    |slice: EndpointSlice| (NsName::of(&slice.metadata), Arc::new(SliceRecord::from_k8s(&slice))),
+                    |u| index.apply([slice_change(u)])
+                ),
                 pods,
             )
         };
@@ -152,6 +164,57 @@ enum Update<K> {
     Apply(K),
     /// Only the key: a deleted object's last version need not read as its kind.
     Delete(NsName),
+}
+
+/// A Pod as both indexes keep it, projected as it is read: the typed Pod (over 2 KiB even when
+/// empty, far more with its containers) is dropped before the next one is read, so a list of
+/// every Pod in the cluster is held as records of a few hundred bytes, and never twice.
+struct PodProjection {
+    key: NsName,
+    destination: Arc<destination::PodRecord>,
+    /// Only with a policy index.
+    policy: Option<Arc<policy::PodRecord>>,
+}
+
+impl PodProjection {
+    fn of(pod: &Pod, with_policy: bool) -> Self {
+        Self {
+            key: NsName::of(&pod.metadata),
+            destination: Arc::new(destination::PodRecord::from_k8s(pod)),
+            policy: with_policy.then(|| Arc::new(policy::PodRecord::from_k8s(pod))),
+        }
+    }
+}
+
+impl Update<PodProjection> {
+    /// The policy index's share: the same records' other half (`None` for a pod projected
+    /// without one, which only happens when there is no policy index).
+    fn policy_change(&self) -> Option<policy::Change> {
+        let object = |p: &PodProjection| Some(policy::Object::PodRecord(p.key.clone(), p.policy.clone()?));
+        Some(match self {
+            Update::Reset(pods) => policy::Change::Reset(policy::Kind::Pod, pods.iter().filter_map(object).collect()),
+            Update::Apply(pod) => policy::Change::Upsert(object(pod)?),
+            Update::Delete(key) => policy::Change::Delete(policy::Kind::Pod, key.clone()),
+        })
+    }
+
+    fn destination_change(self) -> Change {
+        let object = |p: PodProjection| Object::PodRecord(p.key, p.destination);
+        match self {
+            Update::Reset(pods) => Change::Reset(Kind::Pod, pods.into_iter().map(object).collect()),
+            Update::Apply(pod) => Change::Upsert(object(pod)),
+            Update::Delete(key) => Change::Delete(Kind::Pod, key),
+        }
+    }
+}
+
+fn slice_change(update: Update<(NsName, Arc<SliceRecord>)>) -> Change {
+    let object = |(key, record)| Object::SliceRecord(key, record);
+    match update {
+        Update::Reset(slices) => Change::Reset(Kind::EndpointSlice, slices.into_iter().map(object).collect()),
+        Update::Apply(slice) => Change::Upsert(object(slice)),
+        Update::Delete(key) => Change::Delete(Kind::EndpointSlice, key),
+    }
 }
 
 fn destination_change<K>(kind: Kind, update: Update<K>) -> Change
@@ -308,8 +371,22 @@ impl<K: DeserializeOwned> Typed<K> {
     }
 }
 
-async fn follow<K>(api: Typed<K>, kind: &'static str, absent: Absent, mut deliver: impl FnMut(Update<K>))
+async fn follow<K>(api: Typed<K>, kind: &'static str, absent: Absent, deliver: impl FnMut(Update<K>))
 where
+    K: kube::Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + 'static,
+{
+    follow_as(api, kind, absent, |object| object, deliver).await
+}
+
+/// [`follow`], with each object projected (`project`) as soon as it is read: what a list
+/// gathers until it is complete is the projections, not the objects.
+async fn follow_as<K, P>(
+    api: Typed<K>,
+    kind: &'static str,
+    absent: Absent,
+    project: impl Fn(K) -> P,
+    mut deliver: impl FnMut(Update<P>),
+) where
     K: kube::Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + 'static,
 {
     let events = watcher::watcher(api.api.clone(), watcher::Config::default()).default_backoff();
@@ -319,7 +396,7 @@ where
     while let Some(event) = events.next().await {
         match event {
             Ok(Event::Init) => listed.clear(),
-            Ok(Event::InitApply(object)) => listed.extend(api.read(kind, object)),
+            Ok(Event::InitApply(object)) => listed.extend(api.read(kind, object).map(&project)),
             Ok(Event::InitDone) => {
                 tracing::debug!(kind, objects = listed.len(), "listed");
                 absent_reported = false;
@@ -327,7 +404,7 @@ where
             }
             Ok(Event::Apply(object)) => {
                 if let Some(object) = api.read(kind, object) {
-                    deliver(Update::Apply(object))
+                    deliver(Update::Apply(project(object)))
                 }
             }
             Ok(Event::Delete(object)) => deliver(Update::Delete(key_of(&object))),
@@ -356,4 +433,81 @@ fn not_served(error: &watcher::Error) -> bool {
         _ => return false,
     };
     api.code == 404
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    /// A pod with much that neither index reads (an image, env, volumes, conditions) beside
+    /// what they do (labels, the proxy container, named ports, a probe, annotations, its IP).
+    fn pod() -> Pod {
+        serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"namespace": "shop", "name": "api-0", "labels": {"app": "api"},
+                "annotations": {"config.cnimesh.io/opaque-ports": "5432", "kubectl.kubernetes.io/last-applied-configuration": "{\"huge\": true}"}},
+            "spec": {"serviceAccountName": "api", "volumes": [{"name": "data", "emptyDir": {}}], "containers": [
+                {"name": "app", "image": "registry.example/api:1", "env": [{"name": "SECRET_PATH", "value": "/etc/api"}],
+                 "ports": [{"name": "http", "containerPort": 8080}],
+                 "readinessProbe": {"httpGet": {"port": "http", "path": "/ready"}}},
+                {"name": "cnimesh-proxy", "image": "registry.example/proxy:1"}]},
+            "status": {"phase": "Running", "podIP": "10.0.0.7", "podIPs": [{"ip": "10.0.0.7"}],
+                "conditions": [{"type": "Ready", "status": "True"}]}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_pod_is_read_once_into_what_both_indexes_keep_and_nothing_else() {
+        let pod = pod();
+        let projected = PodProjection::of(&pod, true);
+        assert_eq!(projected.key, NsName::new("shop", "api-0"));
+        assert_eq!(*projected.destination, destination::PodRecord::from_k8s(&pod));
+        let policy = projected.policy.clone().expect("a policy record when there is a policy index");
+        assert_eq!(*policy, policy::PodRecord::from_k8s(&pod));
+        assert_eq!(policy.labels.get("app").map(String::as_str), Some("api"), "labels stay: policy selects on them");
+        assert_eq!(policy.probes.get(&8080).map(|p| p.len()), Some(1), "the probe's port and path stay");
+        assert!(projected.destination.meshed && projected.destination.opaque_ports.contains(5432));
+        let kept = format!("{:?} {:?}", projected.destination, policy);
+        for gone in ["registry.example", "SECRET_PATH", "emptyDir", "last-applied", "Ready"] {
+            assert!(!kept.contains(gone), "{gone} is not kept: {kept}");
+        }
+        assert!(PodProjection::of(&pod, false).policy.is_none(), "no policy index, no policy record");
+    }
+
+    #[test]
+    fn a_listed_pod_reaches_both_indexes_as_the_records_projected_once() {
+        let projected = PodProjection::of(&pod(), true);
+        let (destination_record, policy_record) = (projected.destination.clone(), projected.policy.clone().unwrap());
+        let listed = Update::Reset(vec![projected]);
+        match listed.policy_change() {
+            Some(policy::Change::Reset(policy::Kind::Pod, objects)) => match objects.as_slice() {
+                [policy::Object::PodRecord(key, record)] => {
+                    assert_eq!(key, &NsName::new("shop", "api-0"));
+                    assert!(Arc::ptr_eq(record, &policy_record), "the record projected on reading, not a copy");
+                }
+                other => panic!("one pod record, got {other:?}"),
+            },
+            _ => panic!("a reset of the pods"),
+        }
+        let index = Index::new();
+        index.apply([listed.destination_change()]);
+        let pods = index.pods(None, |_, _| true);
+        assert_eq!(pods.len(), 1);
+        assert!(Arc::ptr_eq(&pods[0].1, &destination_record), "the index keeps the projected record");
+
+        // The same as the index makes of the full Pod itself.
+        let from_pod = Index::new();
+        from_pod.apply([Change::Reset(Kind::Pod, vec![Object::from(pod())])]);
+        assert_eq!(from_pod.pods(None, |_, _| true), pods);
+    }
+
+    #[test]
+    fn without_a_policy_index_a_pod_change_is_for_destination_alone() {
+        let update = Update::Apply(PodProjection::of(&pod(), false));
+        assert!(update.policy_change().is_none());
+        assert!(matches!(update.destination_change(), Change::Upsert(Object::PodRecord(..))));
+    }
 }
