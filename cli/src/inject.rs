@@ -23,7 +23,8 @@ use super::install::{TRUST_ANCHORS_CONFIG_MAP, TRUST_ANCHORS_KEY};
 use super::{ClusterArgs, yaml};
 use cnimesh_control::inject::{
     DEFAULT_CONTROL_NAMESPACE, DEFAULT_PROXY_IMAGE, INJECT_ANNOTATION, INJECTED_ANNOTATION, InjectConfig,
-    NamespaceDefault, NamespaceInjection, PROXY_CONTAINER, ServerVersion, SidecarMode, Skip, TOKEN_VOLUME, plan,
+    NamespaceDefault, NamespaceInjection, PROXY_CONTAINER, ServerVersion, SidecarMode, Skip, TOKEN_VOLUME,
+    TRUST_BUNDLE_CONFIG_MAP, plan,
 };
 use cnimesh_control::policy::DefaultPolicy;
 use cnimesh_control::workload::Workload;
@@ -290,7 +291,7 @@ fn inject_template(template: &mut Value, namespace: &str, what: &str, config: &I
     }
 }
 
-/// Removes what injection adds: the proxy container (wherever it is), the token volume, the
+/// Removes what injection adds: the proxy container (wherever it is), the token and trust-bundle volumes, the
 /// `injected` annotation, an `inject: enabled` annotation and the owner labels.
 fn uninject_template(template: &mut Value, what: &str) -> anyhow::Result<bool> {
     let mut changed = false;
@@ -303,7 +304,8 @@ fn uninject_template(template: &mut Value, what: &str) -> anyhow::Result<bool> {
     }
     if let Some(Value::Array(volumes)) = template.pointer_mut("/spec/volumes") {
         let before = volumes.len();
-        volumes.retain(|v| v.get("name").and_then(Value::as_str) != Some(TOKEN_VOLUME));
+        let ours = [TOKEN_VOLUME, TRUST_BUNDLE_CONFIG_MAP];
+        volumes.retain(|v| !v.get("name").and_then(Value::as_str).is_some_and(|name| ours.contains(&name)));
         changed |= volumes.len() != before;
     }
     if let Some(Value::Object(annotations)) = template.pointer_mut("/metadata/annotations") {
@@ -423,7 +425,20 @@ mod tests {
             native_sidecars: true,
             ..Default::default()
         };
-        let out = inject(SAMPLE, &config);
+        // The endorsement floor is the injection time: the golden file holds a placeholder.
+        let mut after_since = false;
+        let out: String = inject(SAMPLE, &config)
+            .lines()
+            .map(|line| {
+                let line = if after_since {
+                    format!("{}value: <injection time - 300>", &line[..line.find("value:").unwrap_or(0)])
+                } else {
+                    line.to_string()
+                };
+                after_since = line.contains("CNIMESH_PROXY_IDENTITY_TRUST_ANCHORS_ENDORSED_SINCE");
+                line + "\n"
+            })
+            .collect();
         let golden = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/inject-output.yaml");
         if std::env::var_os("UPDATE_GOLDEN").is_some() {
             std::fs::write(&golden, &out).unwrap();
