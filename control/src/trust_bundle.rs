@@ -12,7 +12,7 @@
 //! to every namespace not being deleted, when a namespace appears, when the anchors change and
 //! when the control plane's certificate is renewed (an endorsement carries the certificate, and a
 //! proxy started later checks it then), and again everywhere every ten minutes, which restores a
-//! bundle someone else changed. The control plane may create ConfigMaps but update only
+//! bundle someone else changed. The control plane may create ConfigMaps but patch only
 //! this one name (daemonset/control-plane.yaml).
 //!
 //! Layer: runtime (kube writes, under a Lease).
