@@ -2,7 +2,7 @@
 //! makes before the control plane runs (a trust anchor and an issuer; another cluster's issuer
 //! signed by an existing anchor, so that linked clusters share one trust anchor; the
 //! webhook's serving certificate and its CA). They were `cnimesh-control ca …`; the files and their layout are the control plane's
-//! ([`cnimesh_control::ca_init`], [`cnimesh_control::inject::generate_webhook_cert`]), the
+//! ([`cnimesh_model::ca_init`], [`cnimesh_model::inject::generate_webhook_cert`]), the
 //! command is the operator's.
 //!
 //! Layer: commands (writes files).
@@ -13,12 +13,12 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
-use cnimesh_control::ca_init::{self, CaInit};
-use cnimesh_control::cli::parse_duration;
-use cnimesh_control::inject::{
+use cnimesh_identity::DEFAULT_TRUST_DOMAIN;
+use cnimesh_model::ca_init::{self, CaInit};
+use cnimesh_model::inject::{
     DEFAULT_CLUSTER_DOMAIN, DEFAULT_CONTROL_NAMESPACE, generate_webhook_cert, webhook_dns_names,
 };
-use cnimesh_identity::DEFAULT_TRUST_DOMAIN;
+use cnimesh_runtime::process::parse_duration;
 
 #[derive(Debug, Subcommand)]
 pub enum CaCommand {
@@ -115,8 +115,8 @@ pub fn main(command: CaCommand, out: &mut impl Write) -> anyhow::Result<()> {
 /// `ca issuer`: the anchor's key signs a new issuer; nothing is written when a file exists
 /// (without --force) or when the anchor's files are unreadable or do not make a CA.
 fn issuer(args: &CaIssuerArgs) -> anyhow::Result<Vec<PathBuf>> {
-    use cnimesh_control::ca_init::ANCHOR_KEY_FILE;
-    use cnimesh_control::identity::issuer::{ANCHORS_FILE, ISSUER_CERT_FILE, ISSUER_KEY_FILE};
+    use cnimesh_model::ca_init::ANCHOR_KEY_FILE;
+    use cnimesh_model::identity::issuer::{ANCHORS_FILE, ISSUER_CERT_FILE, ISSUER_KEY_FILE};
     if args.trust_domain.is_empty()
         || cnimesh_identity::Name::for_service_account("a", "b", &args.trust_domain).is_err()
     {

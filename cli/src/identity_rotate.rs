@@ -23,7 +23,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
-use cnimesh_control::identity::Issuer;
+use cnimesh_model::identity::Issuer;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::Api;
@@ -127,7 +127,7 @@ fn subject(pem: &str) -> String {
 fn anchor_blocks(pem: &str, what: &str) -> Result<Vec<String>, RotateError> {
     let invalid = |why: String| RotateError::Invalid { what: what.to_string(), why };
     cnimesh_identity::pem::certs(pem.as_bytes(), what).map_err(|e| invalid(e.to_string()))?;
-    let blocks: Vec<String> = cnimesh_control::webhook_certs::split_pem(pem)
+    let blocks: Vec<String> = cnimesh_identity::pem::split_pem(pem)
         .into_iter()
         .filter(|b| b.contains("-----BEGIN CERTIFICATE-----"))
         .collect();
@@ -161,7 +161,7 @@ pub fn switch_issuer(stored: &Stored, cert: &str, key: &str) -> Result<Stored, R
     let next = Stored { anchors: stored.anchors.clone(), issuer_cert: cert.into(), issuer_key: key.into() };
     match Issuer::from_pem(next.anchors_pem().as_bytes(), cert.as_bytes(), key.as_bytes()) {
         Ok(_) => Ok(next),
-        Err(cnimesh_control::identity::issuer::IssuerError::Chain(_)) => Err(RotateError::NotBundled(subject(cert))),
+        Err(cnimesh_model::identity::issuer::IssuerError::Chain(_)) => Err(RotateError::NotBundled(subject(cert))),
         Err(e) => Err(RotateError::Rejected(e.to_string())),
     }
 }

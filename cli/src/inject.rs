@@ -1,4 +1,4 @@
-//! `cnimesh inject` and `cnimesh uninject`: the webhook's pure mutation ([`cnimesh_control::inject::plan`])
+//! `cnimesh inject` and `cnimesh uninject`: the webhook's pure mutation ([`cnimesh_model::inject::plan`])
 //! applied to YAML offline, for CD pipelines that render manifests before they reach a cluster.
 //!
 //! Input is a stream of documents (files, directories, stdin); each workload's pod template
@@ -21,13 +21,13 @@ use serde_json::Value;
 
 use super::install::{TRUST_ANCHORS_CONFIG_MAP, TRUST_ANCHORS_KEY};
 use super::{ClusterArgs, yaml};
-use cnimesh_control::inject::{
+use cnimesh_model::inject::{
     DEFAULT_CONTROL_NAMESPACE, DEFAULT_PROXY_IMAGE, INJECT_ANNOTATION, INJECTED_ANNOTATION, InjectConfig,
     NamespaceDefault, NamespaceInjection, PROXY_CONTAINER, ServerVersion, SidecarMode, Skip, TOKEN_VOLUME,
     TRUST_BUNDLE_CONFIG_MAP, plan,
 };
-use cnimesh_control::policy::DefaultPolicy;
-use cnimesh_control::workload::Workload;
+use cnimesh_model::policy::DefaultPolicy;
+use cnimesh_model::workload::Workload;
 
 /// How long `auto` and the anchors lookup wait for a cluster before working without one.
 const CLUSTER_TIMEOUT: Duration = Duration::from_secs(5);

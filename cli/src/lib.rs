@@ -3,8 +3,9 @@
 //! `install` prints is those files plus generated certificates), applies the webhook's pure
 //! mutation to YAML offline, and reads the cluster with kube-rs, never with a shell on a node.
 //!
-//! Built on the control plane's library (the webhook's mutation, the manifests' names, the tap
-//! relay's query and lines), never the other way round.
+//! Built on the control plane's models (cnimesh-model: the webhook's mutation, the manifests'
+//! names, the policy index, the tap relay's query and lines), never on its servers
+//! (cnimesh-control), and never the other way round.
 //!
 //! Layers: yaml | query_error → pod_proxy → manifests → install → ca | check | inject | uninstall | upgrade | prune | stat | tracing_addon → tap | identity_rotate | diagnostics | policy | multicluster → authz | top → dashboard | diagnostics_role
 

@@ -47,7 +47,7 @@ pub struct TracingInstallArgs {
     #[arg(long, value_name = "IMAGE")]
     pub jaeger_image: Option<String>,
     /// The cluster's DNS domain, for the Services' names the mesh and the collector are given.
-    #[arg(long, default_value = cnimesh_control::inject::DEFAULT_CLUSTER_DOMAIN)]
+    #[arg(long, default_value = cnimesh_model::inject::DEFAULT_CLUSTER_DOMAIN)]
     pub cluster_domain: String,
 }
 
@@ -244,7 +244,7 @@ mod tests {
         );
         assert_eq!(rendered.collector_address, service);
         assert_eq!(config["receivers"]["otlp"]["protocols"]["grpc"]["endpoint"], format!("0.0.0.0:{}", grpc["port"]));
-        cnimesh_control::inject::check_trace_collector(&rendered.collector_address).unwrap();
+        cnimesh_model::inject::check_trace_collector(&rendered.collector_address).unwrap();
         let steps = rendered.next_steps();
         assert!(steps.contains(&format!("--set proxy.tracing.collector={service}")), "{steps}");
         assert!(steps.contains(&format!("config.cnimesh.io/trace-collector={service}")), "{steps}");

@@ -24,7 +24,7 @@ use super::{ClusterArgs, manifests, yaml};
 use cnimesh_common::names::{
     AGENT_NAME as AGENT_DAEMONSET, AGENT_NAMESPACE, CONTROL_NAMESPACE as DEFAULT_CONTROL_NAMESPACE, PROXY_CONTAINER,
 };
-use cnimesh_control::inject::ServerVersion;
+use cnimesh_model::inject::ServerVersion;
 
 const UNINSTALL_ON_EXIT: &str = "CNIMESH_UNINSTALL_ON_EXIT";
 /// How many meshed pods a refusal names.

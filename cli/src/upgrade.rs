@@ -139,7 +139,7 @@ mod tests {
         assert_eq!(bundle(&upgraded), bundle(&first), "same caBundle");
         let secret: Secret = serde_json::from_value(find(&upgraded, "Secret", ISSUER_SECRET).clone()).unwrap();
         let data = secret.data.unwrap();
-        cnimesh_control::identity::issuer::Issuer::from_pem(&data["ca.crt"].0, &data["tls.crt"].0, &data["tls.key"].0)
+        cnimesh_model::identity::issuer::Issuer::from_pem(&data["ca.crt"].0, &data["tls.crt"].0, &data["tls.key"].0)
             .expect("the kept issuer still works");
 
         // The options given at install survive an upgrade without --set.
@@ -208,8 +208,8 @@ mod tests {
 
     #[tokio::test]
     async fn leaving_ha_hands_the_webhook_certificate_back_re_issued_by_the_ca_the_control_plane_kept() {
-        use cnimesh_control::inject::{DEFAULT_CLUSTER_DOMAIN, DEFAULT_CONTROL_NAMESPACE, webhook_dns_names};
         use cnimesh_identity::ca::{Signer, new_private_ca};
+        use cnimesh_model::inject::{DEFAULT_CLUSTER_DOMAIN, DEFAULT_CONTROL_NAMESPACE, webhook_dns_names};
         use k8s_openapi::ByteString;
         const DAY: std::time::Duration = std::time::Duration::from_secs(86400);
 

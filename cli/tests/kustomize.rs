@@ -20,7 +20,7 @@ use clap::{Args, FromArgMatches};
 use serde_json::Value;
 
 use cnimesh_cli::{install, manifests, yaml};
-use cnimesh_control::inject::{
+use cnimesh_model::inject::{
     WEBHOOK_CA_FILE, WEBHOOK_CERT_FILE, WEBHOOK_KEY_FILE, WEBHOOK_SECRET, WebhookArgs, webhook_dns_names,
 };
 
@@ -215,7 +215,7 @@ fn the_before_1_30_component_leaves_out_exactly_what_install_leaves_out_on_such_
 fn an_images_override_changes_the_proxy_image_the_injector_writes() {
     let base = kustomize(&root().join("daemonset"));
     let before = webhook_args(control_plane(&base)).inject_config("cluster.local").unwrap().proxy_image;
-    assert_eq!(before, cnimesh_control::inject::DEFAULT_PROXY_IMAGE);
+    assert_eq!(before, cnimesh_model::inject::DEFAULT_PROXY_IMAGE);
 
     let overlay = tempfile::tempdir().unwrap();
     let kustomization = format!(
@@ -275,7 +275,7 @@ fn the_cert_manager_overlay_issues_the_secrets_the_control_plane_reads() {
     let anchor = certificate(anchor_secret);
     assert_eq!(anchor["spec"]["isCA"], true);
     assert!(issuer_of(anchor).pointer("/spec/selfSigned").is_some(), "the anchor is a self-signed root");
-    use cnimesh_control::identity::issuer::{ANCHORS_FILE, ISSUER_CERT_FILE, ISSUER_KEY_FILE};
+    use cnimesh_model::identity::issuer::{ANCHORS_FILE, ISSUER_CERT_FILE, ISSUER_KEY_FILE};
     assert_eq!((ANCHORS_FILE, ISSUER_CERT_FILE, ISSUER_KEY_FILE), ("ca.crt", "tls.crt", "tls.key"));
     let deployment = control_plane(&docs);
     let volumes = deployment.pointer("/spec/template/spec/volumes").and_then(Value::as_array).unwrap();

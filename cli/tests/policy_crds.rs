@@ -1,5 +1,5 @@
 //! The policy CRDs under `daemonset/control-policy-crds.yaml` are exactly what the Rust types in
-//! `cnimesh_control::policy::crd` derive (so the schema the API server enforces is the one the
+//! `cnimesh_model::policy::crd` derive (so the schema the API server enforces is the one the
 //! control plane parses with), and they pass the same strict k8s-openapi round trip as every
 //! other manifest. `UPDATE_GOLDEN=1 cargo nextest run -p cnimesh-cli --test policy_crds`
 //! rewrites the file after a change to the types.
@@ -14,7 +14,7 @@ const FILE: &str = "control-policy-crds.yaml";
 const HEADER: &str = "# The policy custom resources (group policy.cnimesh.io, version v1alpha1), generated from\n# control/src/policy/crd.rs: do not edit by hand. `UPDATE_GOLDEN=1 cargo nextest run -p\n# cnimesh-cli --test policy_crds` rewrites this file; cli/tests/policy_crds.rs checks it.\n";
 
 fn derived() -> Vec<Value> {
-    cnimesh_control::policy::crd::definitions().iter().map(|crd| serde_json::to_value(crd).unwrap()).collect()
+    cnimesh_model::policy::crd::definitions().iter().map(|crd| serde_json::to_value(crd).unwrap()).collect()
 }
 
 #[test]
@@ -36,7 +36,7 @@ fn checked_in_crds_equal_the_derived_ones() {
 
 #[test]
 fn crds_name_the_group_version_and_kinds_the_design_fixes() {
-    let kinds: Vec<(String, String, String)> = cnimesh_control::policy::crd::definitions()
+    let kinds: Vec<(String, String, String)> = cnimesh_model::policy::crd::definitions()
         .into_iter()
         .map(|crd| (crd.spec.group, crd.spec.versions[0].name.clone(), crd.spec.names.kind))
         .collect();

@@ -14,10 +14,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use cnimesh_control::grpc::identity::IdentityService;
-use cnimesh_control::identity::{Issuer, KubeTokens, Policy, csr};
-use cnimesh_control::metrics::Metrics;
 use cnimesh_control::{Config, Listeners};
 use cnimesh_identity::{Name, ca, pem, tls};
+use cnimesh_model::identity::{Issuer, KubeTokens, Policy, csr};
+use cnimesh_model::metrics::Metrics;
 use linkerd2_proxy_api::identity::CertifyRequest;
 use linkerd2_proxy_api::identity::identity_client::IdentityClient;
 use linkerd2_proxy_api::identity::identity_server::Identity;

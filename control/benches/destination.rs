@@ -10,9 +10,9 @@
 use std::time::{Duration, Instant};
 
 use cnimesh_apiserver::ClusterApi;
-use cnimesh_control::destination::{Change, Config, Index, Object};
 use cnimesh_control::grpc::destination::DestinationService;
 use cnimesh_control::sources::{KubeSource, Source};
+use cnimesh_model::destination::{Change, Config, Index, Object};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use linkerd2_proxy_api::destination::destination_client::DestinationClient;
 use linkerd2_proxy_api::destination::{GetDestination, Update};

@@ -80,7 +80,7 @@ async fn serve_cluster(dir: &Path) -> (Served, PathBuf, String) {
 fn start_control(dir: &Path, kubeconfig: &Path, grpc: u16, admin: u16) -> Child {
     let bin = env!("CARGO_BIN_EXE_cnimesh-control");
     let issuer = dir.join("issuer");
-    cnimesh_control::ca_init::run(&cnimesh_control::ca_init::CaInit::new(&issuer)).expect("ca init");
+    cnimesh_model::ca_init::run(&cnimesh_model::ca_init::CaInit::new(&issuer)).expect("ca init");
     Command::new(bin)
         .args(["serve", "--addr", &format!("127.0.0.1:{grpc}"), "--admin-addr", &format!("127.0.0.1:{admin}")])
         .arg("--issuer-dir")
@@ -171,7 +171,7 @@ async fn main() {
     let addr = format!("127.0.0.1:{grpc}");
     // A proxy's mesh certificate: Destination answers mesh identities only.
     let client_name = Name::for_service_account("web", "load", "cluster.local").expect("name");
-    let cert = cnimesh_control::identity::own_cert::issue_from_dir(
+    let cert = cnimesh_model::identity::own_cert::issue_from_dir(
         &dir.path().join("issuer"),
         &client_name,
         Duration::from_secs(86400),

@@ -158,7 +158,7 @@ async fn start(bin: &Path, dir: &Path, api: &Arc<ClusterApi>, connections: usize
     served.write_kubeconfig(&kubeconfig, "scale", TOKEN).expect("kubeconfig");
     let issuer = dir.join("issuer");
     if !issuer.exists() {
-        cnimesh_control::ca_init::run(&cnimesh_control::ca_init::CaInit::new(&issuer)).expect("ca init");
+        cnimesh_model::ca_init::run(&cnimesh_model::ca_init::CaInit::new(&issuer)).expect("ca init");
     }
     let (grpc, admin) = (free_port(), free_port());
     let child = Command::new(bin)
@@ -188,7 +188,7 @@ async fn start(bin: &Path, dir: &Path, api: &Arc<ClusterApi>, connections: usize
     let roots = tls::roots(&anchors).expect("roots");
     let control_name: Name = cnimesh_identity::name::DEFAULT_CONTROL_NAME.parse().expect("name");
     let client_name = Name::for_service_account("web", "scale", "cluster.local").expect("name");
-    let cert = cnimesh_control::identity::own_cert::issue_from_dir(&issuer, &client_name, Duration::from_secs(86400))
+    let cert = cnimesh_model::identity::own_cert::issue_from_dir(&issuer, &client_name, Duration::from_secs(86400))
         .expect("a client certificate");
     let addr = format!("127.0.0.1:{grpc}");
     let connect = || cnimesh_identity::grpc_channel::connect(&addr, &control_name, roots.clone(), Some(cert.clone()));

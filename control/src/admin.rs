@@ -1,6 +1,6 @@
 //! The admin listener: `/metrics` for Prometheus, `/ready` and `/live` for the kubelet, `/tap`
 //! (the tap relay, [`crate::tap`]), `/destination.json?authority=<svc>.<ns>:<port>` (what
-//! Destination's `Get` serves for it now, [`crate::destination::read`]; `cnimesh diagnostics
+//! Destination's `Get` serves for it now, [`cnimesh_model::destination::read`]; `cnimesh diagnostics
 //! endpoints` reads it through the API server's service proxy) and `/trust.json` (what this replica
 //! signs with and serves, for `cnimesh check`: certificates only, never a key). Plain HTTP/1:
 //! probes, scrapers and the API server's service proxy speak nothing else; nothing here is secret
@@ -8,22 +8,20 @@
 //!
 //! Layer: runtime: the admin HTTP listener `serve` starts beside gRPC.
 
-use std::convert::Infallible;
 use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use cnimesh_runtime::admin_http::serve_http;
 use http::{Response, StatusCode, header};
 use http_body_util::{BodyExt, Full};
-use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 
-use crate::identity::IssuerRx;
-use crate::metrics::Metrics;
 use crate::tap::Relay;
+use cnimesh_model::identity::IssuerRx;
+use cnimesh_model::metrics::Metrics;
 
 /// What the admin endpoints report on.
 #[derive(Clone)]
@@ -33,11 +31,11 @@ pub struct AdminState {
     pub issuer: IssuerRx,
     /// With Destination: ready once every kind of object has been loaded once (earlier answers
     /// could call an existing service unknown).
-    pub index: Option<crate::destination::Index>,
+    pub index: Option<cnimesh_model::destination::Index>,
     /// `/tap`; `None`: 404 like any unknown path.
     pub tap: Option<Relay>,
     /// What `/destination.json` resolves with: the configuration the Destination service has.
-    pub destination: Arc<crate::destination::Config>,
+    pub destination: Arc<cnimesh_model::destination::Config>,
     /// The webhook listener: `/trust.json` shakes hands with it to report the certificate it
     /// really serves (`cnimesh check` compares that with the caBundle).
     pub webhook_addr: Option<SocketAddr>,
@@ -55,7 +53,7 @@ fn destination_page(state: &AdminState, query: Option<&str>) -> (StatusCode, &'s
     let Some(authority) = authority else {
         return (StatusCode::BAD_REQUEST, "text/plain", "missing ?authority=<service>.<namespace>:<port>\n".into());
     };
-    match crate::destination::read::served(index, &authority, &state.destination) {
+    match cnimesh_model::destination::read::served(index, &authority, &state.destination) {
         Ok(served) => (
             StatusCode::OK,
             "application/json",
@@ -101,40 +99,6 @@ pub async fn serve(listener: TcpListener, state: AdminState, shutdown: impl Futu
         }
     })
     .await
-}
-
-/// Plain HTTP/1 on `listener`, each request answered by `handle`, until `shutdown` resolves: the
-/// accept loop of every admin listener (the control plane's, the mirror's).
-pub async fn serve_http<F, Fut, B>(listener: TcpListener, shutdown: impl Future<Output = ()>, handle: F)
-where
-    F: Fn(http::Request<hyper::body::Incoming>) -> Fut + Clone + Send + Sync + 'static,
-    Fut: Future<Output = Response<B>> + Send + 'static,
-    B: hyper::body::Body + Send + 'static,
-    B::Data: Send,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
-    tokio::pin!(shutdown);
-    loop {
-        let stream = tokio::select! {
-            _ = &mut shutdown => return,
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
-                Err(error) => {
-                    tracing::warn!(%error, "admin accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
-        };
-        let handle = handle.clone();
-        tokio::spawn(async move {
-            let service = service_fn(move |req| {
-                let response = handle(req);
-                async move { Ok::<_, Infallible>(response.await) }
-            });
-            let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
-        });
-    }
 }
 
 /// `/trust.json`: the issuer this replica signs with and the anchors it hands to proxies (as
@@ -235,7 +199,7 @@ impl rustls::client::danger::ServerCertVerifier for Recorder {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::destination::{Change, Index, Object};
+    use cnimesh_model::destination::{Change, Index, Object};
 
     fn state(index: Option<Index>) -> AdminState {
         AdminState {

@@ -13,15 +13,16 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use cnimesh_identity::{DEFAULT_TRUST_DOMAIN, Name};
 
+use cnimesh_runtime::process::{parse_duration, shutdown_signal};
+
 use crate::grpc::limits::Limits;
 use crate::grpc::spans::TraceConfig;
-use crate::identity::Policy;
-use crate::inject::{
-    Namespaces, SidecarMode, Webhook, WebhookArgs, watch_server_version, webhook_dns_names, webhook_tls_from,
-};
-use crate::policy::DefaultPolicy;
-use crate::policy::index::DEFAULT_CLUSTER_NETWORKS;
+use crate::inject::{Namespaces, Webhook, watch_server_version};
 use crate::serve::{ClusterConfig, Config, Listener, Listeners, WebhookConfig};
+use cnimesh_model::identity::Policy;
+use cnimesh_model::inject::{SidecarMode, WebhookArgs, webhook_dns_names, webhook_tls_from};
+use cnimesh_model::policy::DefaultPolicy;
+use cnimesh_model::policy::index::DEFAULT_CLUSTER_NETWORKS;
 
 #[derive(Debug, Parser)]
 #[command(name = "cnimesh-control", version, about = "cnimesh control plane: Identity (and Destination) over gRPC")]
@@ -93,7 +94,7 @@ struct ServeArgs {
     /// easy to mint (the tap Role can request cnimesh-tap's), so Certify refuses them with
     /// PERMISSION_DENIED unless they are named here.
     #[arg(long = "identity-allow-service-account", env = "CNIMESH_CONTROL_IDENTITY_ALLOW_SERVICE_ACCOUNTS",
-        value_delimiter = ',', value_parser = crate::identity::reserved::parse_account)]
+        value_delimiter = ',', value_parser = cnimesh_model::identity::reserved::parse_account)]
     identity_allowed: Vec<(String, String)>,
     /// Keep the trust bundle ConfigMap `cnimesh-trust-bundle` in every namespace: the anchors,
     /// endorsed by this control plane, which injected proxies follow so that a rotation needs no
@@ -179,7 +180,7 @@ enum WebhookCerts {
 struct HaArgs {
     #[arg(long, env = "CNIMESH_CONTROL_WEBHOOK_CERTS", value_enum, default_value = "files")]
     webhook_certs: WebhookCerts,
-    #[arg(long, env = "CNIMESH_CONTROL_WEBHOOK_SECRET", default_value = crate::inject::WEBHOOK_SECRET)]
+    #[arg(long, env = "CNIMESH_CONTROL_WEBHOOK_SECRET", default_value = cnimesh_model::inject::WEBHOOK_SECRET)]
     webhook_secret: String,
     /// Lifetime of the managed serving certificate (renewed at 2/3 of it).
     #[arg(long, env = "CNIMESH_CONTROL_WEBHOOK_CERT_LIFETIME", default_value = "30d", value_parser = parse_duration)]
@@ -209,9 +210,9 @@ impl HaArgs {
             return Ok(None);
         }
         let manage = if self.webhook_certs == WebhookCerts::Managed {
-            let election = crate::leader::ElectionConfig {
+            let election = cnimesh_runtime::leader::ElectionConfig {
                 namespace: webhook.namespace.clone(),
-                identity: crate::leader::ElectionConfig::unique_identity(&self.pod_name),
+                identity: cnimesh_runtime::leader::ElectionConfig::unique_identity(&self.pod_name),
                 lease_duration: self.lease_duration,
                 renew_interval: self.lease_renew_interval,
             };
@@ -237,17 +238,6 @@ impl HaArgs {
     }
 }
 
-/// humantime's durations (`10s`, `500ms`, `30m`, `24h`, `7d`, `1h30m`); a bare number is
-/// seconds, as it always was here (humantime itself insists on a unit). Mind that humantime's
-/// `y` is 365.25 days: the defaults say `365d` / `3650d` to stay whole days.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
-        return s.parse().map(Duration::from_secs).map_err(|_| format!("{s:?} is too long"));
-    }
-    humantime::parse_duration(s).map_err(|e| format!("{s:?}: {e} (e.g. 10s, 24h, 365d)"))
-}
-
 impl ServeArgs {
     async fn config(self) -> anyhow::Result<Config> {
         anyhow::ensure!(
@@ -260,13 +250,13 @@ impl ServeArgs {
 
     /// [`ServeArgs::config`] with the API server's client made; stops on SIGTERM or SIGINT.
     fn config_with(self, client: kube::Client) -> anyhow::Result<Config> {
-        let destination = crate::destination::Config {
+        let destination = cnimesh_model::destination::Config {
             cluster_domain: self.webhook.cluster_domain.clone(),
             trust_domain: self.trust_domain.clone(),
         };
         // Every injected proxy starts with these, before the control plane answers.
         let proxy_policy = (self.default_inbound_policy, self.cluster_networks.clone());
-        let inbound_policy = crate::policy::Config {
+        let inbound_policy = cnimesh_model::policy::Config {
             default_policy: self.default_inbound_policy,
             cluster_networks: self.cluster_networks,
             trust_domain: self.trust_domain.clone(),
@@ -312,9 +302,9 @@ impl ServeArgs {
         // Injected proxies follow the endorsed bundle of their namespace, written by one replica
         // at a time.
         let trust_bundle = if self.trust_bundle {
-            let election = crate::leader::ElectionConfig {
+            let election = cnimesh_runtime::leader::ElectionConfig {
                 namespace: self.webhook.namespace.clone(),
-                identity: crate::leader::ElectionConfig::unique_identity(&self.ha.pod_name),
+                identity: cnimesh_runtime::leader::ElectionConfig::unique_identity(&self.ha.pod_name),
                 lease_duration: self.ha.lease_duration,
                 renew_interval: self.ha.lease_renew_interval,
             };
@@ -325,7 +315,7 @@ impl ServeArgs {
         };
         anyhow::ensure!(!self.cert_lifetime.is_zero(), "--cert-lifetime must be positive");
         let limits = self.grpc_limits.limits()?;
-        let mut reserved = crate::identity::Reserved::for_namespaces([
+        let mut reserved = cnimesh_model::identity::Reserved::for_namespaces([
             self.webhook.namespace.as_str(),
             cnimesh_common::names::AGENT_NAMESPACE,
         ]);
@@ -399,43 +389,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     crate::serve::run(args.config().await?).await
 }
 
-/// SIGTERM (the kubelet) or SIGINT (a terminal); the mirror's process stops on them too.
-pub async fn shutdown_signal() {
-    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(term) => term,
-        Err(error) => {
-            tracing::warn!(%error, "cannot listen for SIGTERM; only SIGINT stops the process");
-            let _ = tokio::signal::ctrl_c().await;
-            return;
-        }
-    };
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM"),
-        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT"),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use clap::CommandFactory;
-
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("10s").unwrap(), Duration::from_secs(10));
-        assert_eq!(parse_duration("24h").unwrap(), Duration::from_secs(86400));
-        assert_eq!(parse_duration("3650d").unwrap(), Duration::from_secs(3650 * 86400));
-        // humantime's years are 365.25 days (the old parser's were 365).
-        assert_eq!(parse_duration("10y").unwrap(), Duration::from_secs(3652 * 86400 + 43200));
-        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
-        assert_eq!(parse_duration("90").unwrap(), Duration::from_secs(90));
-        // humantime accepts weeks, fractions and sums, which the old parser refused.
-        assert_eq!(parse_duration("10w").unwrap(), Duration::from_secs(70 * 86400));
-        assert_eq!(parse_duration("1h 30m").unwrap(), Duration::from_secs(5400));
-        for bad in ["", "s", "10x", "-1s", "99999999999999999999y", "99999999999999999999"] {
-            assert!(parse_duration(bad).is_err(), "{bad}");
-        }
-    }
 
     #[tokio::test]
     async fn the_cli_is_consistent_and_needs_the_kubernetes_api() {

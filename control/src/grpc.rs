@@ -45,9 +45,9 @@ use tower::ServiceExt;
 
 use cnimesh_common::log_limit::LogLimit;
 
-use crate::metrics::Metrics;
 use crate::tls_accept::accept_tls_with;
 use batched_writes::BatchedWrites;
+use cnimesh_model::metrics::Metrics;
 use limits::{Admission, Refusal};
 
 /// Pings on idle connections find proxies that vanished without a FIN (node died, conntrack

@@ -30,11 +30,11 @@ use rustls::sign::CertifiedKey;
 use serde_json::json;
 use tokio::sync::watch;
 
-use crate::identity::IssuerRx;
-use crate::inject::{TRUST_BUNDLE_CONFIG_MAP, TRUST_BUNDLE_KEY};
-use crate::leader::Leadership;
 use cnimesh_identity::endorsement::{ENDORSEMENT_SUFFIX, endorse};
 use cnimesh_identity::tls::CurrentCert;
+use cnimesh_model::identity::IssuerRx;
+use cnimesh_model::inject::{TRUST_BUNDLE_CONFIG_MAP, TRUST_BUNDLE_KEY};
+use cnimesh_runtime::leader::Leadership;
 
 /// The Lease role of the bundle's writer.
 pub const TRUST_BUNDLE_WRITE: &str = "trust-bundle";
@@ -200,8 +200,8 @@ mod tests {
     use serde_json::{Value, json};
 
     use super::*;
-    use crate::identity::issuer::tests::write_pki;
-    use crate::identity::{Issuer, own_cert};
+    use cnimesh_model::identity::issuer::tests::write_pki;
+    use cnimesh_model::identity::{Issuer, own_cert};
 
     /// Only guards against a hung test.
     const PATIENCE: Duration = Duration::from_secs(30);

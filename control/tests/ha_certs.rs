@@ -8,9 +8,12 @@ mod ha_mock;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use cnimesh_control::inject::{InjectConfig, Webhook, serve_webhook, webhook_dns_names, webhook_tls_from};
-use cnimesh_control::leader::{Leadership, WEBHOOK_WRITE};
-use cnimesh_control::webhook_certs::{CertPolicy, Manager, Step, WEBHOOK_CONFIGURATION, split_pem, watch_secret};
+use cnimesh_model::inject::{InjectConfig, webhook_dns_names, webhook_tls_from};
+
+use cnimesh_control::inject::{Webhook, serve_webhook};
+use cnimesh_control::webhook_certs::{CertPolicy, Manager, Step, WEBHOOK_CONFIGURATION, watch_secret};
+use cnimesh_identity::pem::split_pem;
+use cnimesh_runtime::leader::{Leadership, WEBHOOK_WRITE};
 use ha_mock::{Faults, Store};
 use kube::api::Api;
 use rustls_pki_types::{CertificateDer, ServerName};
@@ -186,7 +189,7 @@ async fn the_ca_rotates_in_the_order_that_keeps_the_api_server_verifying() {
 async fn a_bring_your_own_secret_is_only_read_unless_managed_and_then_adopted_by_rotation() {
     let (store, manager) = setup();
     let pem =
-        cnimesh_control::inject::new_webhook_cert(&webhook_dns_names("cnimesh", "cluster.local"), 365 * DAY).unwrap();
+        cnimesh_model::inject::new_webhook_cert(&webhook_dns_names("cnimesh", "cluster.local"), 365 * DAY).unwrap();
     let b = |s: &str| serde_json::to_value(k8s_openapi::ByteString(s.as_bytes().to_vec())).unwrap();
     store.insert(
         SECRET,
@@ -276,8 +279,8 @@ async fn a_replica_serves_the_renewed_certificate_without_a_restart() {
 /// patches the caBundle, the other only reads; both serve; no write comes from a non-holder.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_managed_replicas_one_writes_both_serve() {
-    use cnimesh_control::leader::ElectionConfig;
     use cnimesh_control::webhook_certs::{SecretSource, spawn};
+    use cnimesh_runtime::leader::ElectionConfig;
     let store = Store::new();
     store.insert(MWC, webhook_configuration());
     *store.guard.lock() =
@@ -304,7 +307,7 @@ async fn two_managed_replicas_one_writes_both_serve() {
             current,
             manage: Some((election, policy())),
         };
-        tasks.extend(spawn(source, Arc::new(cnimesh_control::metrics::Metrics::default()), stopped.clone()));
+        tasks.extend(spawn(source, Arc::new(cnimesh_model::metrics::Metrics::default()), stopped.clone()));
     }
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     while !(store.get(MWC).is_some_and(|m| !m["webhooks"][1]["clientConfig"]["caBundle"].is_null())
@@ -329,16 +332,16 @@ async fn two_managed_replicas_one_writes_both_serve() {
 /// elected replica wrote to the Secret, and `/metrics` shows the leadership.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_with_managed_certificates_serves_the_secret_and_reports_leadership() {
-    use cnimesh_control::identity::Policy;
-    use cnimesh_control::leader::ElectionConfig;
     use cnimesh_control::webhook_certs::SecretSource;
     use cnimesh_control::{Config, Listeners, WebhookConfig};
+    use cnimesh_model::identity::Policy;
+    use cnimesh_runtime::leader::ElectionConfig;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     let store = Store::new();
     store.insert(MWC, webhook_configuration());
     let pki = tempfile::tempdir().unwrap();
-    cnimesh_control::ca_init::run(&cnimesh_control::ca_init::CaInit {
+    cnimesh_model::ca_init::run(&cnimesh_model::ca_init::CaInit {
         dir: pki.path().to_path_buf(),
         trust_domain: "cluster.local".into(),
         anchor_lifetime: DAY,

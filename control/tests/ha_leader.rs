@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use cnimesh_control::leader::{self, ElectionConfig, Leadership, WEBHOOK_WRITE};
-use cnimesh_control::metrics::Metrics;
+use cnimesh_model::metrics::Metrics;
+use cnimesh_runtime::leader::{self, ElectionConfig, Leadership, WEBHOOK_WRITE};
 use ha_mock::{Faults, Store};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams};

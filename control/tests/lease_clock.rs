@@ -9,8 +9,8 @@ mod ha_mock;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cnimesh_control::leader::{self, DEFAULT_LEASE_DURATION, DEFAULT_RENEW_INTERVAL, ElectionConfig, Leadership};
-use cnimesh_control::metrics::Metrics;
+use cnimesh_model::metrics::Metrics;
+use cnimesh_runtime::leader::{self, DEFAULT_LEASE_DURATION, DEFAULT_RENEW_INTERVAL, ElectionConfig, Leadership};
 use ha_mock::{Faults, Store};
 use serde_json::json;
 use tokio::sync::watch;

@@ -14,9 +14,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cnimesh_apiserver::ClusterApi;
-use cnimesh_control::identity::Policy;
 use cnimesh_control::{ClusterConfig, Config, Listeners};
 use cnimesh_identity::{Name, ca};
+use cnimesh_model::identity::Policy;
 use futures::StreamExt;
 use linkerd2_proxy_api::inbound::inbound_server_policies_client::InboundServerPoliciesClient;
 use linkerd2_proxy_api::inbound::{self, PortSpec, authn, proxy_protocol as in_proto};
@@ -144,9 +144,8 @@ async fn start() -> Running {
 /// presents a mesh certificate (a proxy's, `shop/web`): policy is served to mesh identities only.
 async fn channel(running: &Running) -> Channel {
     let name = Name::for_service_account("web", "shop", "cluster.local").unwrap();
-    let cert =
-        cnimesh_control::identity::own_cert::issue_from_dir(running.pki.path(), &name, Duration::from_secs(3600))
-            .unwrap();
+    let cert = cnimesh_model::identity::own_cert::issue_from_dir(running.pki.path(), &name, Duration::from_secs(3600))
+        .unwrap();
     for _ in 0..100 {
         let addr = running.grpc.to_string();
         if let Ok(channel) =

@@ -7,12 +7,12 @@
 
 use std::time::Duration;
 
-use cnimesh_control::destination::{self};
-use cnimesh_control::meta::NsName;
-use cnimesh_control::policy::index::{InboundView, ServerMeta};
-use cnimesh_control::policy::model::Protocol;
-use cnimesh_control::policy::{self, DefaultPolicy};
 use cnimesh_control::sources::{KubeSource, Source};
+use cnimesh_model::destination::{self};
+use cnimesh_model::meta::NsName;
+use cnimesh_model::policy::index::{InboundView, ServerMeta};
+use cnimesh_model::policy::model::Protocol;
+use cnimesh_model::policy::{self, DefaultPolicy};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
@@ -103,16 +103,16 @@ fn http_route(path_regex: &str) -> Value {
                 "backendRefs": [{"name": "api", "port": 80, "weight": 9}, {"name": "api-v2", "port": 80, "weight": 1}]}]}})
 }
 
-async fn routes_changed(rx: &mut watch::Receiver<cnimesh_control::routes::ServiceRoutes>) -> Vec<String> {
+async fn routes_changed(rx: &mut watch::Receiver<cnimesh_model::routes::ServiceRoutes>) -> Vec<String> {
     tokio::time::timeout(PATIENCE, rx.changed()).await.expect("an update in time").unwrap();
     let routes = rx.borrow_and_update().clone();
     routes.iter().map(|r| format!("{}/{}", r.kind.as_str(), r.key)).collect()
 }
 
-fn path_regex(routes: &cnimesh_control::routes::ServiceRoutes) -> String {
-    let cnimesh_control::routes::model::Matches::Http(matches) = &routes[0].rules[0].matches else { panic!() };
+fn path_regex(routes: &cnimesh_model::routes::ServiceRoutes) -> String {
+    let cnimesh_model::routes::model::Matches::Http(matches) = &routes[0].rules[0].matches else { panic!() };
     match &matches[0].path {
-        Some(cnimesh_control::routes::model::PathMatch::Regex(r)) => r.clone(),
+        Some(cnimesh_model::routes::model::PathMatch::Regex(r)) => r.clone(),
         other => panic!("{other:?}"),
     }
 }
@@ -174,7 +174,7 @@ async fn an_object_that_does_not_read_as_its_kind_is_refused_alone_and_its_last_
     api.put(namespace("deny"));
     api.put(server(json!("http"), "opaque"));
     api.put(unreadable("broken"));
-    let metrics = std::sync::Arc::new(cnimesh_control::metrics::Metrics::default());
+    let metrics = std::sync::Arc::new(cnimesh_model::metrics::Metrics::default());
     let index = destination::Index::new();
     let policy = policy::Index::new(policy::Config::default());
     let source =
@@ -207,9 +207,9 @@ async fn egress_kinds_and_routes_with_an_egress_network_parent_reach_the_egress_
     api.put(object("gateway.networking.k8s.io/v1alpha2", "TLSRoute", "t", json!({"parentRefs": world})));
     api.put(object("gateway.networking.k8s.io/v1alpha2", "TCPRoute", "c", json!({"parentRefs": world})));
     api.put(object("gateway.networking.k8s.io/v1", "HTTPRoute", "h", json!({"parentRefs": world})));
-    let metrics = std::sync::Arc::new(cnimesh_control::metrics::Metrics::default());
+    let metrics = std::sync::Arc::new(cnimesh_model::metrics::Metrics::default());
     let (index, policy) = (destination::Index::new(), policy::Index::new(policy::Config::default()));
-    let egress = cnimesh_control::egress::Index::new(cnimesh_control::egress::Config::new(Vec::new()));
+    let egress = cnimesh_model::egress::Index::new(cnimesh_model::egress::Config::new(Vec::new()));
     let source = KubeSource::new(api.client())
         .with_policy(policy.clone())
         .with_egress(egress.clone())

@@ -5,7 +5,7 @@
 
 use std::sync::OnceLock;
 
-use cnimesh_control::identity::csr::{CsrError, validate};
+use cnimesh_model::identity::csr::{CsrError, validate};
 use cnimesh_identity::Name;
 use libfuzzer_sys::fuzz_target;
 use x509_parser::certification_request::X509CertificationRequest;

@@ -3,7 +3,7 @@
 //! text. Input: a path, or `domain\npath`.
 #![no_main]
 
-use cnimesh_control::destination::parse_path_for_fuzzing as parse;
+use cnimesh_model::destination::parse_path_for_fuzzing as parse;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

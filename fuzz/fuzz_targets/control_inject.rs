@@ -7,7 +7,9 @@
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use cnimesh_control::inject::{INJECT_PATH, InjectConfig, OPT_IN_PATH, Webhook};
+use cnimesh_model::inject::{InjectConfig};
+
+use cnimesh_control::inject::{INJECT_PATH, OPT_IN_PATH, Webhook};
 use http::StatusCode;
 use k8s_openapi::api::core::v1::Pod;
 use libfuzzer_sys::fuzz_target;

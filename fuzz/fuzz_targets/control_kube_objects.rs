@@ -5,7 +5,7 @@
 //! reads again as the same object; once deleted, the Destination index holds nothing.
 #![no_main]
 
-use cnimesh_control::{destination, policy};
+use cnimesh_model::{destination, policy};
 use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use libfuzzer_sys::fuzz_target;
@@ -14,7 +14,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-use cnimesh_control::routes::crd as routes;
+use cnimesh_model::routes::crd as routes;
 
 /// `value` read as `K`, or `None` where the source would refuse it (logged, counted); what it
 /// read written back reads as the same.

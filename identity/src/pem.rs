@@ -11,6 +11,21 @@ pub enum PemError {
     Parse { what: String, source: rustls_pki_types::pem::Error },
 }
 
+/// The PEM blocks of a bundle as text, each with its own END line: how a bundle's certificates
+/// are compared and rewritten one by one (the webhook's caBundle, an issuer rotation's anchors).
+pub fn split_pem(bundle: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut current = String::new();
+    for line in bundle.lines() {
+        current.push_str(line);
+        current.push('\n');
+        if line.starts_with("-----END ") {
+            out.push(std::mem::take(&mut current));
+        }
+    }
+    out
+}
+
 /// Every certificate in `pem`, in order; at least one. `what` names the source for errors.
 pub fn certs(pem: &[u8], what: &str) -> Result<Vec<CertificateDer<'static>>, PemError> {
     let certs = CertificateDer::pem_slice_iter(pem)

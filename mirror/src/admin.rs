@@ -30,7 +30,7 @@ fn respond(metrics: &Metrics, path: &str) -> Response<Full<Bytes>> {
 
 /// Serves the admin endpoints on `listener` until `shutdown` resolves.
 pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>, shutdown: impl Future<Output = ()>) {
-    cnimesh_control::admin::serve_http(listener, shutdown, move |req: http::Request<hyper::body::Incoming>| {
+    cnimesh_runtime::admin_http::serve_http(listener, shutdown, move |req: http::Request<hyper::body::Incoming>| {
         let response = respond(&metrics, req.uri().path());
         async move { response }
     })

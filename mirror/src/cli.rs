@@ -12,10 +12,10 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
-use cnimesh_control::cli::{parse_duration, shutdown_signal};
-use cnimesh_control::inject::DEFAULT_CLUSTER_DOMAIN;
-use cnimesh_control::leader::{self, ElectionConfig};
 use cnimesh_identity::DEFAULT_TRUST_DOMAIN;
+use cnimesh_model::inject::DEFAULT_CLUSTER_DOMAIN;
+use cnimesh_runtime::leader::{self, ElectionConfig};
+use cnimesh_runtime::process::{parse_duration, shutdown_signal};
 use tokio::sync::watch;
 
 use crate::controller::{MIRROR_WRITE, MirrorController};

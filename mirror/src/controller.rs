@@ -42,7 +42,7 @@ use super::plan::{self, LinkInput, Local, Snapshot, View};
 use super::remote::{ClusterState, Credentials, KubeCluster, RemoteEvent};
 use super::write::KubeWriter;
 use crate::metrics::Metrics;
-use cnimesh_control::leader::Leadership;
+use cnimesh_runtime::leader::Leadership;
 
 /// The mirror's writer role (Lease `cnimesh-control-mirror-write`, the name it had when the
 /// mirror ran in the control plane: replicas of either version never both write).

@@ -67,7 +67,7 @@ impl Default for Metrics {
     }
 }
 
-impl cnimesh_control::leader::LeaderGauge for Metrics {
+impl cnimesh_runtime::leader::LeaderGauge for Metrics {
     fn set_leader(&self, role: &str, leading: bool) {
         self.leader.get_or_create(&RoleLabel { role: role.to_string() }).set(i64::from(leading));
     }

@@ -39,8 +39,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::link::ValidLink;
-use cnimesh_control::destination::PodRecord;
-use cnimesh_control::meta::NsName;
+use cnimesh_model::destination::PodRecord;
+use cnimesh_model::meta::NsName;
 
 /// The cluster name federated slices of this cluster's own members carry (and the members
 /// annotation lists).

@@ -22,7 +22,7 @@ use tokio::time::Instant;
 
 use super::crd::Link;
 use super::plan::Snapshot;
-use cnimesh_control::meta::NsName;
+use cnimesh_model::meta::NsName;
 
 /// What one read of a cluster found. Links only when reading this cluster.
 #[derive(Debug, Clone, Default)]

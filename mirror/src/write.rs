@@ -17,7 +17,7 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 
 use super::crd::{API_VERSION, KIND, Link, LinkStatus};
 use super::plan::{Mirror, SERVICE_NAME_LABEL, is_mirror};
-use cnimesh_control::meta::NsName;
+use cnimesh_model::meta::NsName;
 
 /// The server-side apply field manager of every mirror write.
 pub const FIELD_MANAGER: &str = "cnimesh-mirror";

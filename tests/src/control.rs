@@ -110,14 +110,14 @@ impl Control {
         match shared {
             // What `cnimesh ca init --dir` writes (the control binary no longer has a `ca` command).
             None => {
-                cnimesh_control::ca_init::run(&cnimesh_control::ca_init::CaInit::new(&issuer))?;
+                cnimesh_model::ca_init::run(&cnimesh_model::ca_init::CaInit::new(&issuer))?;
             }
             Some((anchor, domain, kind)) => {
-                use cnimesh_control::identity::issuer::{ANCHORS_FILE, ISSUER_CERT_FILE, ISSUER_KEY_FILE};
+                use cnimesh_model::identity::issuer::{ANCHORS_FILE, ISSUER_CERT_FILE, ISSUER_KEY_FILE};
                 let from = anchor.issuer_dir();
                 let root = cnimesh_identity::ca::CaPem {
                     cert_pem: std::fs::read_to_string(from.join(ANCHORS_FILE))?,
-                    key_pem: std::fs::read_to_string(from.join(cnimesh_control::ca_init::ANCHOR_KEY_FILE))?,
+                    key_pem: std::fs::read_to_string(from.join(cnimesh_model::ca_init::ANCHOR_KEY_FILE))?,
                 };
                 let ours = match kind {
                     Issuer::Constrained => cnimesh_identity::ca::new_issuer(&root, domain, Duration::from_secs(86400))?,

@@ -372,8 +372,8 @@ pub fn destination_endpoints(
         other => Some(format!("{other:?}")),
     };
     block_on_in(netns, async move {
-        let cert = cnimesh_control::identity::own_cert::issue_from_dir(&issuer, &client_name, Duration::from_secs(600))
-            .unwrap();
+        let cert =
+            cnimesh_model::identity::own_cert::issue_from_dir(&issuer, &client_name, Duration::from_secs(600)).unwrap();
         let roots = cnimesh_identity::tls::roots(&cnimesh_identity::pem::certs(&anchors, "anchors").unwrap()).unwrap();
         let channel = cnimesh_identity::grpc_channel::connect(&addr, &control_name, roots, Some(cert)).await.unwrap();
         let request = GetDestination { path, ..Default::default() };

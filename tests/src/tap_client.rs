@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime};
 
 use anyhow::Context;
 use cnimesh_common::names::PROXY_ADMIN_PORT;
-use cnimesh_control::identity::issuer::{ISSUER_CERT_FILE, ISSUER_KEY_FILE};
+use cnimesh_model::identity::issuer::{ISSUER_CERT_FILE, ISSUER_KEY_FILE};
 use hyper_util::rt::TokioIo;
 use linkerd2_proxy_api::tap::observe_request::{self, r#match};
 use linkerd2_proxy_api::tap::tap_client::TapClient;

@@ -4,10 +4,10 @@
 
 use std::time::Duration;
 
-use cnimesh_control::destination::{Config, Index};
 use cnimesh_control::grpc::destination::DestinationService;
 use cnimesh_control::sources::{KubeSource, Source};
 use cnimesh_e2e::kube_api::ClusterApi;
+use cnimesh_model::destination::{Config, Index};
 use linkerd2_proxy_api::destination::destination_client::DestinationClient;
 use linkerd2_proxy_api::destination::update::Update as Up;
 use linkerd2_proxy_api::destination::{GetDestination, NoEndpoints, Update, WeightedAddr};

@@ -320,7 +320,7 @@ fn manifests_exec_only_what_the_images_hold() {
     assert!(checked >= 2, "expected the node agent's and the control plane's containers, checked {checked}");
 
     // The webhook injects the proxy image with no command: it must be ours, run by ENTRYPOINT.
-    our_image(cnimesh_control::inject::DEFAULT_PROXY_IMAGE).unwrap();
+    our_image(cnimesh_model::inject::DEFAULT_PROXY_IMAGE).unwrap();
     assert_eq!(Containerfile::read("cnimesh-proxy").entrypoint, ["/usr/local/bin/cnimesh-proxy"]);
     assert_eq!(
         Containerfile::read("cnimesh-proxy").user,

@@ -204,8 +204,8 @@ async fn serve_http1_only(listener: tokio::net::TcpListener) {
 /// A client certificate for `name`, signed by the control plane's issuer (as a Linkerd proxy
 /// sharing the mesh's trust anchor holds), and a TLS client that presents it.
 fn mesh_client_tls(control: &Control, name: &str) -> std::sync::Arc<tokio_rustls::rustls::ClientConfig> {
-    use cnimesh_control::identity::issuer::{ISSUER_CERT_FILE, ISSUER_KEY_FILE};
     use cnimesh_identity::{Name, ca, pem, tls};
+    use cnimesh_model::identity::issuer::{ISSUER_CERT_FILE, ISSUER_KEY_FILE};
     let issuer = ca::CaPem {
         cert_pem: std::fs::read_to_string(control.issuer_dir().join(ISSUER_CERT_FILE)).unwrap(),
         key_pem: std::fs::read_to_string(control.issuer_dir().join(ISSUER_KEY_FILE)).unwrap(),

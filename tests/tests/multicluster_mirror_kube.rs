@@ -20,13 +20,13 @@ use cnimesh_common::names::{
     MIRROR_GATEWAY_IDENTITY_ANNOTATION, MIRROR_LINK_STATE_ANNOTATION, MIRROR_REMOTE_IDENTITY_ANNOTATION,
     MIRROR_REMOTE_SERVICE_ANNOTATION, MIRRORED_SERVICE_LABEL, PROXY_CONTAINER,
 };
-use cnimesh_control::leader::{self, ElectionConfig, Leadership};
 use cnimesh_e2e::kube_api::{Call, ClusterApi, Served};
 use cnimesh_mirror::controller::{MIRROR_WRITE, MirrorController};
 use cnimesh_mirror::crd::{self, LinkState, LinkStatus};
 use cnimesh_mirror::metrics::Metrics;
 use cnimesh_mirror::plan::{LINK_STATE_LOST, SERVICE_NAME_LABEL};
 use cnimesh_mirror::write::FIELD_MANAGER;
+use cnimesh_runtime::leader::{self, ElectionConfig, Leadership};
 use http::Method;
 use serde_json::{Value, json};
 use tokio::sync::watch;

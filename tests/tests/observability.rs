@@ -9,8 +9,8 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use cnimesh_common::names::{OWNER_KINDS, OWNER_LABEL_PREFIX};
-use cnimesh_control::inject::{InjectConfig, PodProxySettings, proxy_container};
 use cnimesh_e2e::manifest_check::{daemonset_dir, documents};
+use cnimesh_model::inject::{InjectConfig, PodProxySettings, proxy_container};
 use promql_parser::parser::{self, Expr};
 use serde_json::Value;
 

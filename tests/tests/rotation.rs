@@ -57,7 +57,7 @@ fn mount_bundle(control: &Control, dir: &Path, stop: Arc<AtomicBool>) -> std::th
 fn read_stored(issuer_dir: &Path) -> Stored {
     let read = |f: &str| std::fs::read_to_string(issuer_dir.join(f)).unwrap();
     Stored {
-        anchors: cnimesh_control::webhook_certs::split_pem(&read("ca.crt")),
+        anchors: cnimesh_identity::pem::split_pem(&read("ca.crt")),
         issuer_cert: read("tls.crt"),
         issuer_key: read("tls.key"),
     }

@@ -8,9 +8,9 @@ use std::collections::BTreeSet;
 use std::net::IpAddr;
 
 use cnimesh_common::names::PROXY_CONTAINER;
-use cnimesh_control::meta::NsName;
-use cnimesh_control::policy::DefaultPolicy;
-use cnimesh_control::policy::index::{
+use cnimesh_model::meta::NsName;
+use cnimesh_model::policy::DefaultPolicy;
+use cnimesh_model::policy::index::{
     Authentication, Authorization, AuthzMeta, Change, Config, Index, Kind, Object, ServerMeta,
 };
 use cnimesh_policy_rules::{self as rules, Refusal};
@@ -346,8 +346,8 @@ fn routes(index: &Index, namespace: &str, pods: &[Pod], listed: &Objects) -> Vec
         let key = NsName::new(namespace, name_of(&service.metadata));
         for route in index.watch_routes(&key).borrow().iter() {
             let kind = match route.kind {
-                cnimesh_control::routes::RouteKind::Http => "httproute",
-                cnimesh_control::routes::RouteKind::Grpc => "grpcroute",
+                cnimesh_model::routes::RouteKind::Http => "httproute",
+                cnimesh_model::routes::RouteKind::Grpc => "grpcroute",
             };
             let name = format!("{kind}/{}", route.key.name);
             let parents = route.parents.iter().filter(|p| p.service == key).map(|p| match p.port {
@@ -365,9 +365,9 @@ fn routes(index: &Index, namespace: &str, pods: &[Pod], listed: &Objects) -> Vec
 
 #[cfg(test)]
 mod agreement_tests {
-    use cnimesh_control::meta::NsName;
-    use cnimesh_control::policy::index::{Authentication, Authorization, AuthzMeta};
-    use cnimesh_control::policy::model::Network;
+    use cnimesh_model::meta::NsName;
+    use cnimesh_model::policy::index::{Authentication, Authorization, AuthzMeta};
+    use cnimesh_model::policy::model::Network;
 
     use super::{Client, rules, rules_authz, verdict};
 

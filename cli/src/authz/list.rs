@@ -5,8 +5,8 @@
 
 use std::collections::BTreeMap;
 
-use cnimesh_control::policy::crd;
-use cnimesh_control::routes::crd as route_crd;
+use cnimesh_model::policy::crd;
+use cnimesh_model::routes::crd as route_crd;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
 use kube::api::ListParams;
@@ -170,10 +170,7 @@ pub async fn select(client: &kube::Client, workload: &Workload, pods: &[Pod]) ->
             let converted: crd::LabelSelector = serde_json::to_value(&selector)
                 .and_then(serde_json::from_value)
                 .map_err(|e| QueryError::invalid(what(), e))?;
-            Some(
-                cnimesh_control::policy::model::Selector::new(&converted)
-                    .map_err(|e| QueryError::invalid(what(), e))?,
-            )
+            Some(cnimesh_model::policy::model::Selector::new(&converted).map_err(|e| QueryError::invalid(what(), e))?)
         }
     };
     let empty = BTreeMap::new();

@@ -4,7 +4,7 @@
 //! whether it may reach each port and why.
 //!
 //! The answer is the control plane's own: the objects are listed from the API server and fed to
-//! cnimesh-control's policy index ([`cnimesh_control::policy::Index`]), the code that answers the
+//! the control plane's policy index ([`cnimesh_model::policy::Index`]), the code that answers the
 //! proxies' `InboundServerPolicies` (so the same defaults, selectors and precedence), and the
 //! decision is made on the authorizations that index returns, as the proxy checks them.
 //!
@@ -107,9 +107,9 @@ pub async fn query(client: &kube::Client, args: &AuthzArgs) -> Result<evaluate::
         }
         (None, None) => None,
     };
-    let config = cnimesh_control::policy::Config {
+    let config = cnimesh_model::policy::Config {
         trust_domain: args.trust_domain.clone(),
-        ..cnimesh_control::policy::Config::default()
+        ..cnimesh_model::policy::Config::default()
     };
     let mut report =
         evaluate::report(&workload.display(), &workload.namespace, &pods, &objects, config, client_spec.as_ref());

@@ -122,7 +122,7 @@ pub async fn api(client: &kube::Client, pre: bool, checks: &mut Vec<Check>) -> O
 /// same decision install makes ([`NodeGuard::choose`]), so the report says what will happen.
 fn node_guard(version: &ServerVersion) -> Check {
     let name = "the node agents' tokens are limited to their node";
-    let version = cnimesh_control::inject::ServerVersion { major: version.major, minor: version.minor };
+    let version = cnimesh_model::inject::ServerVersion { major: version.major, minor: version.minor };
     match NodeGuard::choose(None, Some(version)) {
         Ok(guard) if guard.policy() => Check::ok(
             PRE,

@@ -12,7 +12,7 @@ use kube::api::ListParams;
 
 use super::report::{Category, Check, plural};
 use super::{CONCURRENCY, kube_error, pod_proxy_get, read_hint};
-use cnimesh_control::inject::{PROXY_ADMIN_PORT, PROXY_CONTAINER};
+use cnimesh_model::inject::{PROXY_ADMIN_PORT, PROXY_CONTAINER};
 
 const CATEGORY: &Category = &Category::MeshedPods;
 /// The proxy's gauge of its current certificate's expiry, seconds since the epoch.

@@ -15,7 +15,7 @@ use kube::Api;
 use super::certs;
 use super::report::{Category, Check, Status, plural};
 use super::{CONTROL_NAMESPACE, kube_error, read_hint};
-use cnimesh_control::inject::{WEBHOOK_CA_FILE, WEBHOOK_CERT_FILE, WEBHOOK_SERVICE};
+use cnimesh_model::inject::{WEBHOOK_CA_FILE, WEBHOOK_CERT_FILE, WEBHOOK_SERVICE};
 
 const WEBHOOK: &Category = &Category::Webhook;
 const CERTS: &Category = &Category::Certificates;
@@ -269,7 +269,7 @@ async fn certificates(
             "whoever writes Secret {CONTROL_NAMESPACE}/{WEBHOOK_SECRET} renews it (cert-manager: kubectl -n {CONTROL_NAMESPACE} describe certificate); the control plane reloads it"
         ),
         WebhookCerts::Managed => {
-            let lease = cnimesh_control::leader::lease_name(cnimesh_control::leader::WEBHOOK_WRITE);
+            let lease = cnimesh_runtime::leader::lease_name(cnimesh_runtime::leader::WEBHOOK_WRITE);
             format!(
                 "the control plane renews it (--webhook-certs managed): is a replica holding the Lease {lease} (kubectl -n {CONTROL_NAMESPACE} get lease {lease})? Its logs say why a renewal failed"
             )

@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 
 use super::mock::MockApi;
 use super::*;
-use cnimesh_control::inject::{generate_webhook_cert, webhook_dns_names};
+use cnimesh_model::inject::{generate_webhook_cert, webhook_dns_names};
 
 const DAY: Duration = Duration::from_secs(86400);
 

@@ -33,7 +33,7 @@ use super::pki::{ISSUER_SECRET, WEBHOOK_CONFIGURATION};
 use super::report::{Category, Check, Status, plural};
 use super::{CONCURRENCY, CONTROL_NAME, CONTROL_NAMESPACE, kube_error, pod_proxy_get, pod_ready, terminating};
 use cnimesh_common::names::CONTROL_ADMIN_PORT;
-use cnimesh_control::inject::{PROXY_ADMIN_PORT, PROXY_CONTAINER, TRUST_ANCHORS_ENV};
+use cnimesh_model::inject::{PROXY_ADMIN_PORT, PROXY_CONTAINER, TRUST_ANCHORS_ENV};
 
 pub const SERVED: &str = "the webhook serves a certificate the caBundle verifies";
 pub const ISSUER_TRUSTED: &str = "the issuer in use chains to the anchors every proxy holds";
@@ -186,11 +186,11 @@ async fn served(client: &kube::Client, replicas: &Result<Vec<Replica>, String>, 
         _ => return checks.push(Check::skip(CATEGORY, SERVED, "skipped: the webhook registration could not be read")),
     };
     let stored = Api::<Secret>::namespaced(client.clone(), CONTROL_NAMESPACE)
-        .get_opt(cnimesh_control::inject::WEBHOOK_SECRET)
+        .get_opt(cnimesh_model::inject::WEBHOOK_SECRET)
         .await
         .ok()
         .flatten()
-        .and_then(|s| s.data?.get(cnimesh_control::inject::WEBHOOK_CERT_FILE).cloned())
+        .and_then(|s| s.data?.get(cnimesh_model::inject::WEBHOOK_CERT_FILE).cloned())
         .and_then(|pem| certs::parse_pem(&pem.0).ok()?.into_iter().next());
     // A certificate the caBundle does not verify is what the API server's calls fail on (x509); a
     // replica that did not answer is another problem and is named as such, never as x509.
@@ -260,7 +260,7 @@ async fn served(client: &kube::Client, replicas: &Result<Vec<Replica>, String>, 
             },
             format!(
                 "the control plane reloads its certificate from Secret {CONTROL_NAMESPACE}/{} within seconds of a change; if the Secret is right and this persists, kubectl -n {CONTROL_NAMESPACE} rollout restart deployment/{CONTROL_NAME}; if the Secret is wrong, make the caBundle and the Secret's ca.crt match",
-                cnimesh_control::inject::WEBHOOK_SECRET
+                cnimesh_model::inject::WEBHOOK_SECRET
             ),
         )
         .details(capped(failing))

@@ -475,7 +475,7 @@ async fn tap(state: &State, params: &BTreeMap<String, String>) -> Result<Respons
     };
     let max_rps = match optional("max_rps") {
         Some(v) => v.parse::<f64>().map_err(|_| ApiError::bad_request(format!("max_rps {v:?}: not a number")))?,
-        None => cnimesh_control::tap::query::DEFAULT_MAX_RPS,
+        None => cnimesh_model::tap::query::DEFAULT_MAX_RPS,
     };
     let filter = crate::tap::Filter {
         resource: resource(params, "deploy")?,

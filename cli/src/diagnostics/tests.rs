@@ -142,7 +142,7 @@ async fn a_missing_or_unmeshed_pod_and_a_failing_proxy_are_named_and_typed() {
 /// `web` in `shop` as the control plane's Destination index holds it: port 80 → 8080, one meshed
 /// pod; the page is what its admin server's `/destination.json` answers.
 fn destination_page(authority: &str) -> Value {
-    use cnimesh_control::destination::{Change, Config, Index, Kind, Object};
+    use cnimesh_model::destination::{Change, Config, Index, Kind, Object};
     let index = Index::new();
     let service: k8s_openapi::api::core::v1::Service = serde_json::from_value(json!({
         "metadata": {"name": "web", "namespace": "shop"},
@@ -162,7 +162,7 @@ fn destination_page(authority: &str) -> Value {
         Change::Reset(Kind::EndpointSlice, vec![Object::from(slice)]),
         Change::Reset(Kind::Pod, vec![Object::from(pod)]),
     ]);
-    let served = cnimesh_control::destination::read::served(&index, authority, &std::sync::Arc::new(Config::default()));
+    let served = cnimesh_model::destination::read::served(&index, authority, &std::sync::Arc::new(Config::default()));
     serde_json::to_value(served.unwrap()).unwrap()
 }
 

@@ -91,7 +91,7 @@ fn control_plane(doc: &mut Value, values: &Values) -> anyhow::Result<()> {
             Some(values.identity_trust_domain.as_str()),
             Some(cnimesh_identity::DEFAULT_TRUST_DOMAIN),
         ),
-        ("CNIMESH_CONTROL_PROXY_IMAGE", Some(proxy_image.as_str()), Some(cnimesh_control::inject::DEFAULT_PROXY_IMAGE)),
+        ("CNIMESH_CONTROL_PROXY_IMAGE", Some(proxy_image.as_str()), Some(cnimesh_model::inject::DEFAULT_PROXY_IMAGE)),
         (
             "CNIMESH_CONTROL_DEFAULT_INBOUND_POLICY",
             Some(proxy.default_inbound_policy.as_str()),

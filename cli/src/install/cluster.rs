@@ -5,8 +5,8 @@
 use anyhow::Context;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 
-use cnimesh_control::webhook_certs::{ISSUER_CERT, ISSUER_KEY};
 use cnimesh_identity::ca::CaPem;
+use cnimesh_model::inject::{WEBHOOK_ISSUER_CERT as ISSUER_CERT, WEBHOOK_ISSUER_KEY as ISSUER_KEY};
 
 use super::stored::{self, VALUES_CONFIG_MAP};
 use super::values::Overrides;

@@ -5,7 +5,7 @@
 //! `uninstall` and `check --pre` decide here, so they agree. An offline render has no server to
 //! ask: it takes the version as given (`--kubernetes-version`), never a guessed one.
 
-use cnimesh_control::inject::ServerVersion;
+use cnimesh_model::inject::ServerVersion;
 
 /// The first minor version whose API server serves `ValidatingAdmissionPolicy` in v1.
 pub const ADMISSION_POLICY: ServerVersion = ServerVersion { major: 1, minor: 30 };

@@ -39,18 +39,18 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::{Value, json};
 
 use super::{ClusterArgs, manifests, yaml};
-use cnimesh_control::identity::issuer::Issuer;
-use cnimesh_control::inject::ServerVersion;
+use cnimesh_model::identity::issuer::Issuer;
+use cnimesh_model::inject::ServerVersion;
 use guard::{GuardError, NodeGuard};
 use values::{Overrides, Values};
 
-use cnimesh_control::inject::{DEFAULT_CLUSTER_DOMAIN, DEFAULT_CONTROL_NAMESPACE, new_webhook_cert, webhook_dns_names};
+use cnimesh_model::inject::{DEFAULT_CLUSTER_DOMAIN, DEFAULT_CONTROL_NAMESPACE, new_webhook_cert, webhook_dns_names};
 
 /// The Secret the control plane signs with (`CNIMESH_CONTROL_ISSUER_DIR`).
 pub const ISSUER_SECRET: &str = "cnimesh-identity-issuer";
 /// The webhook's serving certificate (`CNIMESH_CONTROL_WEBHOOK_TLS_DIR`): defined beside the
 /// certificate's files, since the control plane's `--webhook-secret` defaults to it too.
-pub use cnimesh_control::inject::WEBHOOK_SECRET;
+pub use cnimesh_model::inject::WEBHOOK_SECRET;
 /// The trust anchors, public: what `cnimesh inject` hands to proxies and `check` compares.
 pub const TRUST_ANCHORS_CONFIG_MAP: &str = "cnimesh-identity-trust-anchors";
 pub const TRUST_ANCHORS_KEY: &str = "ca.crt";
@@ -418,7 +418,7 @@ fn generated(certs: &Certificates) -> Vec<Value> {
 mod tests {
     use super::*;
     use cnimesh_common::names::AGENT_NAME;
-    use cnimesh_control::inject::CONTROL_NAME;
+    use cnimesh_model::inject::CONTROL_NAME;
 
     fn certs() -> Certificates {
         Certificates::from_args(&InstallArgs::default()).unwrap()
@@ -688,17 +688,17 @@ mod tests {
         #[derive(clap::Parser)]
         struct Webhook {
             #[command(flatten)]
-            args: cnimesh_control::inject::WebhookArgs,
+            args: cnimesh_model::inject::WebhookArgs,
         }
         let parsed = <Webhook as clap::Parser>::try_parse_from(&argv).unwrap();
         let config = parsed.args.inject_config("cluster.local").unwrap();
         assert!(config.json_logs);
-        let pod = cnimesh_control::inject::PodProxySettings {
+        let pod = cnimesh_model::inject::PodProxySettings {
             identity: config.control_identity().unwrap(),
             opaque_ports: None,
             log_level: "info".into(),
         };
-        let proxy = cnimesh_control::inject::proxy_container(&config, &pod).unwrap();
+        let proxy = cnimesh_model::inject::proxy_container(&config, &pod).unwrap();
         let env = proxy.env.unwrap();
         assert!(env.iter().any(|e| e.name == "CNIMESH_LOG_FORMAT" && e.value.as_deref() == Some("json")));
     }
@@ -718,7 +718,7 @@ mod tests {
         #[derive(clap::Parser)]
         struct Webhook {
             #[command(flatten)]
-            args: cnimesh_control::inject::WebhookArgs,
+            args: cnimesh_model::inject::WebhookArgs,
         }
         let argv = [
             "webhook".to_string(),
@@ -730,8 +730,8 @@ mod tests {
         assert_eq!(
             config.tracing.env().unwrap(),
             [
-                (cnimesh_control::inject::TRACE_COLLECTOR_ENV, collector.to_string()),
-                (cnimesh_control::inject::TRACE_SAMPLING_ENV, "0.25".to_string())
+                (cnimesh_model::inject::TRACE_COLLECTOR_ENV, collector.to_string()),
+                (cnimesh_model::inject::TRACE_SAMPLING_ENV, "0.25".to_string())
             ]
         );
     }

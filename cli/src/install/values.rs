@@ -13,7 +13,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use cnimesh_control::policy::DefaultPolicy;
+use cnimesh_model::policy::DefaultPolicy;
 
 /// Where the shipped images live; `--registry` replaces it for every image.
 pub const DEFAULT_REGISTRY: &str = "ghcr.io/cnimesh";
@@ -210,7 +210,7 @@ type Check = fn(&str) -> Result<String, String>;
 /// Keys whose strings the control plane would refuse at start unless well-formed: their check and
 /// what they expect.
 fn checked_text(key: &str) -> Option<(Check, &'static str)> {
-    use cnimesh_control::inject::{check_trace_collector, check_trace_sampling};
+    use cnimesh_model::inject::{check_trace_collector, check_trace_sampling};
     match key {
         "proxy.tracing.collector" => Some((
             check_trace_collector,

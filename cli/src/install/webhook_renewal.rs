@@ -15,10 +15,10 @@
 use std::time::{Duration, SystemTime};
 
 use anyhow::Context;
-use cnimesh_control::inject::{DEFAULT_CLUSTER_DOMAIN, DEFAULT_CONTROL_NAMESPACE, new_webhook_cert, webhook_dns_names};
-use cnimesh_control::webhook_certs::split_pem;
 use cnimesh_identity::ca::{CaPem, Signer};
+use cnimesh_identity::pem::split_pem;
 use cnimesh_identity::tls::{first_validity, past_two_thirds};
+use cnimesh_model::inject::{DEFAULT_CLUSTER_DOMAIN, DEFAULT_CONTROL_NAMESPACE, new_webhook_cert, webhook_dns_names};
 
 use super::{Certificates, WEBHOOK_LIFETIME};
 

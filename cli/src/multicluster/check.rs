@@ -18,9 +18,9 @@ use super::super::check::{Category, Check, Output, render, success};
 use super::check_cluster_name;
 use super::source::{Found, Remote, Source};
 use super::{issuer_constraints, probe};
-use cnimesh_control::leader::lease_name;
 use cnimesh_mirror::controller::MIRROR_WRITE;
 use cnimesh_mirror::crd::{HEARTBEAT_STALE_AFTER, Link, LinkState, LinkStatus};
+use cnimesh_runtime::leader::lease_name;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct CheckArgs {

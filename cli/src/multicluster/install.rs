@@ -19,7 +19,7 @@ use super::super::install::{TRUST_ANCHORS_CONFIG_MAP, TRUST_ANCHORS_KEY, labels}
 use super::super::{ClusterArgs, manifests, yaml};
 use super::{gateway_identity, target};
 use cnimesh_common::names::{CONTROL_NAMESPACE, GATEWAY_NAME, MIRROR_NAME};
-use cnimesh_control::inject::{
+use cnimesh_model::inject::{
     DEFAULT_CLUSTER_DOMAIN, DEFAULT_PROXY_IMAGE, TRACE_COLLECTOR_ENV, TRACE_OFF, check_trace_collector,
 };
 

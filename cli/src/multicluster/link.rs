@@ -94,7 +94,7 @@ pub async fn kube_target(client: &kube::Client, args: &LinkArgs, server: String)
         cluster_domain: args
             .cluster_domain
             .clone()
-            .unwrap_or_else(|| cnimesh_control::inject::DEFAULT_CLUSTER_DOMAIN.into()),
+            .unwrap_or_else(|| cnimesh_model::inject::DEFAULT_CLUSTER_DOMAIN.into()),
         trust_domain,
         gateway: Some(gateway),
         server,

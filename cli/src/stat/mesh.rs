@@ -10,8 +10,8 @@ use std::net::IpAddr;
 use cnimesh_common::names::{OWNER_LABEL_PREFIX, PROXY_CONTAINER};
 use k8s_openapi::api::core::v1::{Pod, Service};
 
-pub use cnimesh_control::resource::{Kind, Resource};
-use cnimesh_control::workload::Workload;
+pub use cnimesh_model::resource::{Kind, Resource};
+use cnimesh_model::workload::Workload;
 
 /// One pod, reduced to what the metrics are attributed by.
 #[derive(Debug, Clone)]

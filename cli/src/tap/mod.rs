@@ -1,5 +1,6 @@
 //! `cnimesh tap`: live requests and responses from the proxies of a resource, like `linkerd viz
-//! tap`, read from the control plane's tap relay ([`cnimesh_control::tap`]):
+//! tap`, read from the control plane's tap relay (`cnimesh_control::tap`; its query and lines are
+//! [`cnimesh_model::tap`]'s):
 //! - in a cluster through the API server's service proxy
 //!   (`/api/v1/namespaces/cnimesh/services/cnimesh-control:admin/proxy/tap?…`), with a short-lived
 //!   token of the ServiceAccount `cnimesh/cnimesh-tap` for the audience `tap.cnimesh.io` from a
@@ -31,7 +32,7 @@ use self::render::TapOutput;
 use super::ClusterArgs;
 use super::query_error::QueryError;
 use super::stat::mesh::Resource;
-use cnimesh_control::tap::{TOKEN_HEADER, TapLine, TapQuery};
+use cnimesh_model::tap::{TOKEN_HEADER, TapLine, TapQuery};
 
 /// How long the token minted for one tap lives: the API server's minimum. The relay checks it
 /// once, when the tap starts.
@@ -67,7 +68,7 @@ pub struct Filter {
     #[arg(long)]
     pub scheme: Option<String>,
     /// At most this many new requests a second are shown (0: all).
-    #[arg(long, default_value_t = cnimesh_control::tap::query::DEFAULT_MAX_RPS)]
+    #[arg(long, default_value_t = cnimesh_model::tap::query::DEFAULT_MAX_RPS)]
     pub max_rps: f64,
     /// Local mode's directory (`cnimesh-local up --dir DIR`): its cluster, a shorthand for
     /// `--kubeconfig DIR/kubeconfig`.
@@ -77,7 +78,7 @@ pub struct Filter {
 
 impl Filter {
     fn resource_text(&self) -> String {
-        cnimesh_control::tap::query::resource_text(&self.resource)
+        cnimesh_model::tap::query::resource_text(&self.resource)
     }
 
     /// The relay's query for these flags and `limit`, in `default_namespace` unless `-n` says
@@ -201,7 +202,7 @@ pub async fn tap_main(cluster: &ClusterArgs, args: TapArgs, out: &mut impl Write
     while let Some(line) = lines.next().await {
         let line = line?;
         match line.body {
-            cnimesh_control::tap::Body::Error { .. } => errors += 1,
+            cnimesh_model::tap::Body::Error { .. } => errors += 1,
             _ => events += 1,
         }
         out.write_all(render::line(&line, args.output).as_bytes())?;

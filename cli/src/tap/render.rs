@@ -5,7 +5,7 @@
 
 use std::fmt::Write as _;
 
-use cnimesh_control::tap::{Body, Stream, TapLine};
+use cnimesh_model::tap::{Body, Stream, TapLine};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum TapOutput {

@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 
 use super::render::{self, TapOutput, duration};
 use super::{Filter, lines, open_cluster};
-use cnimesh_control::tap::{Body, Stream, TapLine};
+use cnimesh_model::tap::{Body, Stream, TapLine};
 
 fn stream(id: &str, direction: &str, src: &str, dst: &str, tls: &str) -> Stream {
     let mut at = Stream {

@@ -12,7 +12,7 @@ use std::net::SocketAddr;
 use cnimesh_common::table::table;
 
 use crate::tap::render::duration;
-use cnimesh_control::tap::{Body, TapLine};
+use cnimesh_model::tap::{Body, TapLine};
 
 /// What the table is grouped by.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]

@@ -56,7 +56,7 @@ fn named_pods_replace_addresses() {
 /// A policy's refusals are counted as such, never as successes: 403 denied, 429 rate-limited.
 #[test]
 fn denied_and_rate_limited_requests_are_not_successes() {
-    use cnimesh_control::tap::Body;
+    use cnimesh_model::tap::Body;
     let mut top = Top::default();
     for status in [200, 403, 429] {
         for line in sample_lines().iter().take(3) {

@@ -16,10 +16,10 @@ use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
 use super::preencoded::PreEncoded;
-use crate::destination::follower::{self, Follower};
-use crate::destination::index::Index;
-use crate::destination::path::{self, Target};
-use crate::destination::{Caller, Config, resolve};
+use cnimesh_model::destination::follower::{self, Follower};
+use cnimesh_model::destination::index::Index;
+use cnimesh_model::destination::path::{self, Target};
+use cnimesh_model::destination::{Caller, Config, resolve};
 
 /// The path of `Get`, which [`DestinationRoutes`] serves itself.
 const GET: &str = "/io.linkerd.proxy.destination.Destination/Get";
@@ -62,7 +62,7 @@ impl DestinationService {
     }
 
     /// `Get`: a stream of encoded `Update`s, each shared with every stream of the same service
-    /// port that stood at the same state ([`crate::destination::updates`]).
+    /// port that stood at the same state ([`cnimesh_model::destination::updates`]).
     ///
     /// Unknown services are answered with a live `no_endpoints{exists: false}` rather than
     /// NotFound: the stream then turns into adds if the service appears, and the client may use
@@ -223,9 +223,9 @@ mod tests {
     use tonic::transport::{Channel, Endpoint};
 
     use super::*;
-    use crate::destination::test_objects::object;
-    use crate::destination::{Change, Kind, Object};
-    use crate::meta::NsName;
+    use cnimesh_model::destination::test_objects::object;
+    use cnimesh_model::destination::{Change, Kind, Object};
+    use cnimesh_model::meta::NsName;
 
     /// Only guards against a hung test; nothing here measures time.
     const PATIENCE: Duration = Duration::from_secs(60);

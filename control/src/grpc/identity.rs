@@ -8,7 +8,7 @@
 //!   server).
 //! - `PermissionDenied`: the token is valid but for another identity, audience or user kind; or
 //!   the identity is one of the control plane's own ServiceAccounts, which Identity never serves
-//!   ([`crate::identity::reserved`]).
+//!   ([`cnimesh_model::identity::reserved`]).
 //! - `Unavailable`: our side (no issuer loaded yet, API server unreachable); retry later.
 //! - `Internal`: signing failed.
 //!
@@ -23,11 +23,11 @@ use linkerd2_proxy_api::identity::identity_server::{Identity, IdentityServer};
 use linkerd2_proxy_api::identity::{CertifyRequest, CertifyResponse};
 use tonic::{Code, Request, Response, Status};
 
-use crate::identity::csr;
-use crate::identity::issuer::IssuerRx;
-use crate::identity::tokens::{Authenticator, MAX_TOKEN_LEN, TokenError};
-use crate::identity::{Policy, Reserved};
-use crate::metrics::{CertifyResult, Metrics};
+use cnimesh_model::identity::csr;
+use cnimesh_model::identity::issuer::IssuerRx;
+use cnimesh_model::identity::tokens::{Authenticator, MAX_TOKEN_LEN, TokenError};
+use cnimesh_model::identity::{Policy, Reserved};
+use cnimesh_model::metrics::{CertifyResult, Metrics};
 
 /// Room for the largest token and CSR we accept, plus the identity and framing.
 const MAX_REQUEST_LEN: usize = MAX_TOKEN_LEN + csr::MAX_CSR_LEN + 1024;
@@ -101,7 +101,7 @@ impl IdentityService {
         tracing::info!(
             identity = %name,
             serial = %serial_of(&leaf),
-            expires_unix = crate::identity::issuer::epoch_secs(valid_until),
+            expires_unix = cnimesh_model::identity::issuer::epoch_secs(valid_until),
             "certificate issued"
         );
         Ok(CertifyResponse {
@@ -152,9 +152,9 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::identity::issuer::tests::write_pki;
-    use crate::identity::issuer::{Issuer, IssuerRx};
-    use crate::identity::tokens::tests::Known;
+    use cnimesh_model::identity::issuer::tests::write_pki;
+    use cnimesh_model::identity::issuer::{Issuer, IssuerRx};
+    use cnimesh_model::identity::tokens::tests::Known;
     use rustls_pki_types::CertificateDer;
     use tokio::sync::watch;
 
@@ -295,7 +295,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_kube_token_of_another_account_is_denied() {
-        use crate::identity::kube_tokens::tests::{mocked, status};
+        use cnimesh_model::identity::kube_tokens::tests::{mocked, status};
         let mut f = fixture(Duration::from_secs(3600), Duration::from_secs(7200));
         let (tokens, _) = mocked(status("system:serviceaccount:shop:web", &[cnimesh_identity::TOKEN_AUDIENCE]));
         f.service.authenticator = Arc::new(tokens);

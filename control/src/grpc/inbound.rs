@@ -54,13 +54,13 @@ use linkerd2_proxy_api::inbound::{self as api, authn, proxy_protocol};
 use linkerd2_proxy_api::meta::{Metadata, Resource, metadata};
 use tonic::{Request, Response, Status};
 
-use crate::meta::NsName;
-use crate::policy::crd::GROUP;
-use crate::policy::index::{
+use cnimesh_model::meta::NsName;
+use cnimesh_model::policy::crd::GROUP;
+use cnimesh_model::policy::index::{
     Authentication, Authorization, AuthzMeta, InboundServer, InboundView, RateLimit, ServerMeta,
 };
-use crate::policy::model::{Network, Protocol};
-use crate::policy::{DefaultPolicy, Index};
+use cnimesh_model::policy::model::{Network, Protocol};
+use cnimesh_model::policy::{DefaultPolicy, Index};
 
 /// Linkerd's detect timeout: how long the proxy waits for a client's first bytes before treating
 /// the connection as opaque.

@@ -10,17 +10,17 @@
 //!   otherwise". Opaque ports (the Service's opaque-ports annotation) get `opaque` with one route;
 //!   others get `detect` with `timeout` (10 s, required by the proxy), `opaque` (what undetected
 //!   traffic uses), and `http1` and `http2`, each with one default route. A port whose
-//!   `appProtocol` declares its protocol ([`crate::destination::app_protocol`]) gets `opaque`,
+//!   `appProtocol` declares its protocol ([`cnimesh_model::destination::app_protocol`]) gets `opaque`,
 //!   `http1` or `http2` instead of `detect`. `failure_accrual` ("If empty, circuit breaking is not
 //!   performed") carries the Service's `balancer.cnimesh.io/failure-accrual…` annotations
-//!   ([`crate::destination::accrual`]) in every HTTP protocol of the policy.
+//!   ([`cnimesh_model::destination::accrual`]) in every HTTP protocol of the policy.
 //! - Without routes, every route ("Must have at least one rule") has metadata (`default: http` /
 //!   `opaq`), no host matches ("If empty, the host value is ignored"), one rule matching every
 //!   request (HTTP: prefix `/`) whose `backends` is `first_available` with one backend; the
 //!   HTTP default route carries the Service's `retry.cnimesh.io/*` and
 //!   `timeout.cnimesh.io/request` annotations (Linkerd reads its `retry.linkerd.io/*` ones the
 //!   same way), which also fill what attached routes leave unset.
-//! - With Gateway API routes attached to the Service port (GAMMA; [`crate::routes`]), as
+//! - With Gateway API routes attached to the Service port (GAMMA; [`cnimesh_model::routes`]), as
 //!   Linkerd's policy controller answers: GRPCRoutes give protocol `grpc` with those routes;
 //!   HTTPRoutes give `detect` whose `http1` and `http2` carry those routes (and `opaque` the
 //!   default opaque route). Routes keep the controller's order (oldest first, then by
@@ -67,17 +67,17 @@ use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
 use super::inbound::DETECT_TIMEOUT;
-use crate::destination::accrual::FailureAccrual;
-use crate::destination::app_protocol::AppProtocol;
-use crate::destination::index::{Index, IpView, ServiceView};
-use crate::destination::path::{self, Target};
-use crate::destination::{Config, ServiceRecord};
-use crate::meta::NsName;
-use crate::policy;
-use crate::routes::model::{
+use cnimesh_model::destination::accrual::FailureAccrual;
+use cnimesh_model::destination::app_protocol::AppProtocol;
+use cnimesh_model::destination::index::{Index, IpView, ServiceView};
+use cnimesh_model::destination::path::{self, Target};
+use cnimesh_model::destination::{Config, ServiceRecord};
+use cnimesh_model::meta::NsName;
+use cnimesh_model::policy;
+use cnimesh_model::routes::model::{
     HttpMatch, Matches, PathMatch as RoutePath, RouteDefaults, Rule, ServiceDefaults, Timeouts,
 };
-use crate::routes::{Route, RouteKind, ServiceRoutes};
+use cnimesh_model::routes::{Route, RouteKind, ServiceRoutes};
 
 const QUEUE_CAPACITY: u32 = 100;
 const FAILFAST_TIMEOUT: Duration = Duration::from_secs(3);
@@ -92,7 +92,7 @@ pub struct OutboundService {
     /// Where routes come from; without it every Service gets the default routes.
     routes: Option<policy::Index>,
     /// EgressNetworks and their routes; without it egress addresses are NotFound.
-    egress: Option<crate::egress::Index>,
+    egress: Option<cnimesh_model::egress::Index>,
 }
 
 /// What a policy is computed from: the Service (if the target is one) and the port.
@@ -103,9 +103,9 @@ pub struct ServicePort {
     pub opaque: bool,
     /// The Service's retry and timeout annotations.
     pub defaults: ServiceDefaults,
-    /// The Service's failure accrual annotations ([`crate::destination::accrual`]).
+    /// The Service's failure accrual annotations ([`cnimesh_model::destination::accrual`]).
     pub failure_accrual: Option<FailureAccrual>,
-    /// What the port's `appProtocol` declares ([`crate::destination::app_protocol`]).
+    /// What the port's `appProtocol` declares ([`cnimesh_model::destination::app_protocol`]).
     pub app_protocol: Option<AppProtocol>,
 }
 
@@ -115,7 +115,7 @@ impl OutboundService {
     }
 
     /// Serves EgressNetworks and their routes for addresses outside the cluster networks.
-    pub fn with_egress(mut self, egress: crate::egress::Index) -> Self {
+    pub fn with_egress(mut self, egress: cnimesh_model::egress::Index) -> Self {
         self.egress = Some(egress);
         self
     }
@@ -123,7 +123,7 @@ impl OutboundService {
     /// The live stream of an egress address's policy; NotFound when no EgressNetwork holds it
     /// now (see [`egress`]).
     async fn follow_egress(
-        egress: &crate::egress::Index,
+        egress: &cnimesh_model::egress::Index,
         addr: SocketAddr,
         client_namespace: Option<String>,
     ) -> Result<BoxStream<'static, Result<OutboundPolicy, Status>>, Status> {

@@ -20,7 +20,7 @@ use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::{DigitallySignedStruct, DistinguishedName, RootCertStore, SignatureScheme};
 use rustls_pki_types::{CertificateDer, UnixTime};
 
-use crate::identity::IssuerRx;
+use cnimesh_model::identity::IssuerRx;
 
 /// The one call a client without a mesh certificate may make, as an exact path: anything
 /// else (another method, a path the router might read differently) needs an identity.

@@ -1,53 +1,18 @@
-//! The injection webhook: a mutating admission webhook that adds the `cnimesh-proxy` sidecar to
-//! pods that ask for the mesh (namespace label or pod annotation `cnimesh.io/inject=enabled`).
+//! The injection webhook's server: a mutating admission webhook that adds the `cnimesh-proxy`
+//! sidecar to pods that ask for the mesh (namespace label or pod annotation
+//! `cnimesh.io/inject=enabled`). The mutation itself is pure and lives in the model crate
+//! (`cnimesh_model::inject`), which `cnimesh inject` shares.
 //!
-//! It adds the proxy and what the proxy needs (identity token, trust anchors, environment) and
-//! nothing else: capture is the CNI plugin's job, so no iptables init container and no
-//! NET_ADMIN, ever. The node agent captures a pod because it carries `cnimesh-proxy`.
-//!
-//! Layers: [`mutate`] / [`plan`] are pure (review in, patch out); [`serve_webhook`] is the HTTPS
-//! endpoint; [`generate_webhook_cert`] / [`load_webhook_tls`] provide its certificate;
-//! [`WebhookArgs`] are the `serve` flags. Deployment and failure policy: `daemonset/README.md`.
-//!
-//! Layer: the webhook spans the layers: [`mutate`]/[`plan`] and its config are pure, the server
-//! version comes from kube, [`serve_webhook`] serves, the certificate files are runtime.
+//! [`serve_webhook`] is the HTTPS endpoint; [`Namespaces`] the namespaces' injection and policy
+//! defaults it reads; [`watch_server_version`] the API server's version it plans for.
+//! Deployment and failure policy: `daemonset/README.md`.
 
-mod cert;
-mod config;
-mod mutate;
 mod namespaces;
-mod policy_env;
 mod server;
-mod shutdown_env;
 #[cfg(test)]
 mod tests;
-mod trace_env;
-mod validate;
 mod version;
 
-pub use cert::{
-    WEBHOOK_CA_FILE, WEBHOOK_CERT_FILE, WEBHOOK_KEY_FILE, WEBHOOK_SECRET, WEBHOOK_SERVICE, WebhookCertError,
-    WebhookCertPem, generate_webhook_cert, load_webhook_tls, new_webhook_cert, webhook_dns_names, webhook_tls_from,
-};
-pub use config::{
-    CONTROL_NAME, CONTROL_PORT, DEFAULT_CLUSTER_DOMAIN, DEFAULT_CONTROL_NAMESPACE, DEFAULT_PROXY_IMAGE,
-    DEFAULT_PROXY_UID, InjectConfig, InjectConfigError, ProxyResources, ServerVersion, SidecarMode, WebhookArgs,
-};
-pub use mutate::{
-    INJECT_ANNOTATION, INJECTED_ANNOTATION, Injection, LOG_LEVEL_ANNOTATION, NEVER_INJECTED, NamespaceInjection,
-    OPAQUE_PORTS_ANNOTATION, PROXY_ADMIN_PORT, PROXY_CONTAINER, PodProxySettings, Skip, TOKEN_FILE, TOKEN_VOLUME,
-    TRUST_ANCHORS_ENDORSED_BY_ENV, TRUST_ANCHORS_ENDORSED_SINCE_ENV, TRUST_ANCHORS_ENV, TRUST_ANCHORS_FILE_ENV,
-    TRUST_BUNDLE_CONFIG_MAP, TRUST_BUNDLE_DIR, TRUST_BUNDLE_KEY, mutate, plan, proxy_container, proxy_volumes,
-};
 pub use namespaces::Namespaces;
-pub use policy_env::{
-    CLUSTER_NETWORKS_ENV, INBOUND_PORTS_ENV, NamespaceDefault, POLICY_DEFAULT_ENV, effective_default, inbound_ports,
-    skipped_port_warnings,
-};
 pub use server::{INJECT_PATH, MAX_BODY, OPT_IN_PATH, Webhook, serve_webhook};
-pub use trace_env::{
-    TRACE_COLLECTOR_ANNOTATION, TRACE_COLLECTOR_ENV, TRACE_OFF, TRACE_SAMPLING_ANNOTATION, TRACE_SAMPLING_ENV,
-    TraceSettings, TraceValue,
-};
-pub use validate::{check_log_level, check_ports, check_trace_collector, check_trace_sampling};
 pub use version::watch_server_version;

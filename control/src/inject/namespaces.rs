@@ -13,9 +13,8 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::Api;
 
-use super::policy_env::NamespaceDefault;
-use super::trace_env::TraceSettings;
-use crate::policy::model::NamespaceRecord;
+use cnimesh_model::inject::{NamespaceDefault, TraceSettings};
+use cnimesh_model::policy::model::NamespaceRecord;
 
 /// Well inside the API server's webhook timeout (10 s by default), so that a slow read still
 /// leaves time to answer (with `deny`) rather than fail the admission.

@@ -25,11 +25,12 @@ use tokio::net::TcpListener;
 
 use tokio::sync::watch;
 
-use super::config::{InjectConfig, InjectConfigError, ServerVersion, SidecarMode};
-use super::mutate::{NamespaceInjection, mutate};
+use cnimesh_model::inject::{
+    InjectConfig, InjectConfigError, NamespaceDefault, NamespaceInjection, ServerVersion, SidecarMode, mutate,
+};
+
 use super::namespaces::Namespaces;
-use super::policy_env::NamespaceDefault;
-use crate::identity::issuer::IssuerRx;
+use cnimesh_model::identity::issuer::IssuerRx;
 
 /// Pods in namespaces labelled `cnimesh.io/inject=enabled`.
 pub const INJECT_PATH: &str = "/inject";

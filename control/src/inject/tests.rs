@@ -16,6 +16,7 @@ use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview
 use serde_json::{Value, json};
 
 use super::*;
+use cnimesh_model::inject::*;
 
 const UID: &str = "705ab4f5-6393-11e8-b7cc-42010a800002";
 
@@ -780,7 +781,7 @@ fn injected(pod: &Value, ns_default: &NamespaceDefault, config: &InjectConfig) -
 
 #[test]
 fn the_proxy_starts_with_the_effective_default_pod_over_namespace_over_cluster() {
-    use crate::policy::DefaultPolicy::*;
+    use cnimesh_model::policy::DefaultPolicy::*;
     let cluster_deny = InjectConfig { default_inbound_policy: Deny, ..config() };
     let plain = deployment_pod();
     let annotated = pod_with(

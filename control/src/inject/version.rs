@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use super::config::ServerVersion;
+use cnimesh_model::inject::ServerVersion;
 
 /// How often a known version is read again.
 const REFRESH: Duration = Duration::from_secs(600);

@@ -24,7 +24,6 @@ use tokio::task::JoinHandle;
 use tonic::service::Routes;
 
 use crate::admin::{self, AdminState};
-use crate::destination::Index;
 use crate::grpc::destination::DestinationService;
 use crate::grpc::identity::IdentityService;
 use crate::grpc::inbound::InboundService;
@@ -32,11 +31,12 @@ use crate::grpc::limits::Admission;
 use crate::grpc::outbound::OutboundService;
 use crate::grpc::peer::{self, OptionalMeshClientVerifier};
 use crate::grpc::spans::{GrpcTracing, TraceConfig};
-use crate::identity::issuer::IssuerRx;
-use crate::identity::{Authenticator, KubeTokens, Policy, issuer, own_cert};
-use crate::metrics::Metrics;
 use crate::sources::{KubeSource, Source};
 use crate::tap::Relay;
+use cnimesh_model::destination::Index;
+use cnimesh_model::identity::issuer::IssuerRx;
+use cnimesh_model::identity::{Authenticator, KubeTokens, Policy, issuer, own_cert};
+use cnimesh_model::metrics::Metrics;
 
 pub use listen::Listener;
 
@@ -56,14 +56,14 @@ pub struct Config {
     /// Where workload tokens are checked: TokenReview against this API server.
     pub tokens: kube::Client,
     /// ServiceAccounts Identity refuses to certify: the control plane's and the node agent's.
-    pub reserved: crate::identity::Reserved,
+    pub reserved: cnimesh_model::identity::Reserved,
     /// What one client may hold open on the gRPC port (`crate::grpc::limits`).
     pub limits: crate::grpc::limits::Limits,
     pub listeners: Listeners,
     pub shutdown: Shutdown,
     /// Answers' cluster and trust domains (Destination's, and the admin port's
     /// `/destination.json`).
-    pub destination: crate::destination::Config,
+    pub destination: cnimesh_model::destination::Config,
     /// Destination, inbound and outbound policy, served from the cluster's objects; `None`:
     /// Identity alone.
     pub cluster: Option<ClusterConfig>,
@@ -74,7 +74,7 @@ pub struct Config {
     pub webhook_certs: Option<crate::webhook_certs::SecretSource>,
     /// How replicas elect the writer of the endorsed trust bundle in every namespace
     /// (`crate::trust_bundle`, through the API server of `tokens`); `None`: none is written.
-    pub trust_bundle: Option<crate::leader::ElectionConfig>,
+    pub trust_bundle: Option<cnimesh_runtime::leader::ElectionConfig>,
     /// The tap relay on the admin port (`/tap`); without it `/tap` is 404.
     pub tap: bool,
     /// A SERVER span per gRPC call, exported to this collector ([`crate::grpc::spans`]).
@@ -125,7 +125,7 @@ pub struct ClusterConfig {
     /// The API server watched for Services, EndpointSlices, Pods, policy and routes.
     pub client: kube::Client,
     /// Inbound policy's defaults; policy is served beside Destination, from the same source.
-    pub inbound_policy: crate::policy::Config,
+    pub inbound_policy: cnimesh_model::policy::Config,
 }
 
 /// The HTTPS admission webhook.
@@ -303,15 +303,15 @@ struct ClusterServed {
 fn serve_cluster(
     routes: Routes,
     cluster: ClusterConfig,
-    destination: &crate::destination::Config,
+    destination: &cnimesh_model::destination::Config,
     metrics: &Arc<Metrics>,
 ) -> (Routes, ClusterServed) {
     let index = Index::new();
-    let egress = crate::egress::Index::counting_refusals(
-        crate::egress::Config::new(cluster.inbound_policy.cluster_networks.clone()),
+    let egress = cnimesh_model::egress::Index::counting_refusals(
+        cnimesh_model::egress::Config::new(cluster.inbound_policy.cluster_networks.clone()),
         metrics.clone(),
     );
-    let policy = crate::policy::Index::new(cluster.inbound_policy);
+    let policy = cnimesh_model::policy::Index::new(cluster.inbound_policy);
     let routes = routes
         .add_service(DestinationService::new(index.clone(), destination.clone()).into_server())
         .add_service(InboundService::new(policy.clone()).into_server())
@@ -334,14 +334,15 @@ fn serve_cluster(
 /// The endorsed trust bundle in every namespace: the Lease elector for its writer, and the writer.
 fn spawn_trust_bundle(
     client: &kube::Client,
-    election: crate::leader::ElectionConfig,
+    election: cnimesh_runtime::leader::ElectionConfig,
     issuer: &IssuerRx,
     own_cert: &Arc<CurrentCert>,
     metrics: &Arc<Metrics>,
     stopped: &watch::Receiver<bool>,
 ) -> Vec<JoinHandle<()>> {
     let role = crate::trust_bundle::TRUST_BUNDLE_WRITE;
-    let (leadership, elector) = crate::leader::spawn(client.clone(), role, election, metrics.clone(), stopped.clone());
+    let (leadership, elector) =
+        cnimesh_runtime::leader::spawn(client.clone(), role, election, metrics.clone(), stopped.clone());
     let writer =
         crate::trust_bundle::run(client.clone(), leadership, issuer.clone(), own_cert.clone(), stopped.clone());
     vec![elector, tokio::spawn(writer)]

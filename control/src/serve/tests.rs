@@ -9,7 +9,7 @@ use rustls_pki_types::CertificateDer;
 use tokio::net::TcpListener;
 
 use super::*;
-use crate::identity::issuer::tests::write_pki;
+use cnimesh_model::identity::issuer::tests::write_pki;
 
 struct Running {
     grpc: SocketAddr,
@@ -236,8 +236,11 @@ async fn the_served_certificate_follows_the_issuer() {
     };
     assert_eq!(cnimesh_identity::tls::identity_of(&first[0]), Some(running.control.clone()));
 
-    let new =
-        crate::identity::issuer::tests::write_issuer(running.pki.path(), &running.anchor, Duration::from_secs(7200));
+    let new = cnimesh_model::identity::issuer::tests::write_issuer(
+        running.pki.path(),
+        &running.anchor,
+        Duration::from_secs(7200),
+    );
     let new_der = cnimesh_identity::pem::certs(new.cert_pem.as_bytes(), "new issuer").unwrap().remove(0);
     assert_ne!(first[1], new_der);
     loop {

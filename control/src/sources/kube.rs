@@ -31,12 +31,12 @@ use kube::runtime::watcher::{self, Event};
 use serde::de::DeserializeOwned;
 
 use super::{Source, SourceError};
-use crate::destination::{self, Change, Index, Kind, Object, SliceRecord};
-use crate::egress;
-use crate::meta::NsName;
-use crate::metrics::Metrics;
-use crate::policy::{self, crd};
-use crate::routes::crd as routes;
+use cnimesh_model::destination::{self, Change, Index, Kind, Object, SliceRecord};
+use cnimesh_model::egress;
+use cnimesh_model::meta::NsName;
+use cnimesh_model::metrics::Metrics;
+use cnimesh_model::policy::{self, crd};
+use cnimesh_model::routes::crd as routes;
 
 pub struct KubeSource {
     client: kube::Client,

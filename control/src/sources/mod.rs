@@ -1,10 +1,44 @@
 //! Sources layer: where cluster state comes from, above the pure model and index
-//! ([`crate::destination`]) and below the gRPC services and the runtime. A source keeps an
+//! (`cnimesh_model::destination`) and below the gRPC services and the runtime. A source keeps an
 //! [`Index`] in step with the Kubernetes API ([`KubeSource`]; tests and local mode run it against
 //! the in-process API server, cnimesh-apiserver). docs/architecture.md, "Design decisions":
 //! Kubernetes stays at the edge, behind this one trait. The source also feeds the policy index
-//! ([`crate::policy::Index`]) when given one (`with_policy`): Pods once for both indexes, plus
+//! (`cnimesh_model::policy::Index`) when given one (`with_policy`): Pods once for both indexes, plus
 //! Namespaces, the `policy.cnimesh.io` resources and the Gateway API routes and grants.
+//!
+//! Destination, wired (what [`crate::serve`] does):
+//! ```no_run
+//! use cnimesh_model::destination::{Config, Index};
+//! use cnimesh_control::grpc::destination::DestinationService;
+//! use cnimesh_control::sources::{KubeSource, Source};
+//!
+//! async fn serve(client: kube::Client, addr: std::net::SocketAddr) -> anyhow::Result<()> {
+//!     let index = Index::new();
+//!     tokio::spawn(KubeSource::new(client).run(index.clone()));
+//!     let destination = DestinationService::new(index, Config::default()).into_server();
+//!     tonic::transport::Server::builder().add_service(destination).serve(addr).await?;
+//!     Ok(())
+//! }
+//! ```
+//!
+//! Inbound and outbound policy beside it:
+//! ```no_run
+//! use cnimesh_control::grpc::inbound::InboundService;
+//! use cnimesh_control::grpc::outbound::OutboundService;
+//! use cnimesh_control::sources::{KubeSource, Source};
+//! use cnimesh_model::{destination, policy};
+//!
+//! async fn serve(client: kube::Client, addr: std::net::SocketAddr) -> anyhow::Result<()> {
+//!     let (index, policy) = (destination::Index::new(), policy::Index::new(policy::Config::default()));
+//!     tokio::spawn(KubeSource::new(client).with_policy(policy.clone()).run(index.clone()));
+//!     tonic::transport::Server::builder()
+//!         .add_service(InboundService::new(policy.clone()).into_server())
+//!         .add_service(OutboundService::new(index, destination::Config::default()).with_routes(policy).into_server())
+//!         .serve(addr)
+//!         .await?;
+//!     Ok(())
+//! }
+//! ```
 
 mod kube;
 
@@ -12,7 +46,7 @@ use std::future::Future;
 
 pub use kube::KubeSource;
 
-use crate::destination::Index;
+use cnimesh_model::destination::Index;
 
 /// Where cluster state comes from. `run` keeps the index in step with the source for as long as
 /// the program runs; it returns only when the source cannot go on.

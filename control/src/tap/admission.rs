@@ -7,7 +7,7 @@
 use std::collections::HashSet;
 use std::time::Instant;
 
-use super::event::{Body, TapLine};
+use cnimesh_model::tap::event::{Body, TapLine};
 
 /// A request: the proxy's pod and its stream id (ids are unique per proxy only).
 type Key = (String, String, String);
@@ -72,7 +72,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::tap::event::Stream;
+    use cnimesh_model::tap::event::Stream;
 
     fn line(pod: &str, id: u32, kind: &str) -> TapLine {
         let at = Stream { id: format!("1:{id}"), direction: "inbound".into(), ..Default::default() };

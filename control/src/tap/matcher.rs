@@ -13,8 +13,8 @@ use linkerd2_proxy_api::tap::ObserveRequest;
 use linkerd2_proxy_api::tap::observe_request::r#match::{self as m, http as mhttp, tcp};
 use linkerd2_proxy_api::tap::observe_request::{Extract, Match, extract};
 
-use super::query::TapQuery;
-use crate::resource::{Kind, Resource};
+use cnimesh_model::resource::{Kind, Resource};
+use cnimesh_model::tap::query::TapQuery;
 
 /// The request for `query`, with `to` the addresses of its `to` resource (ignored when the
 /// query has no `to`).

@@ -3,9 +3,9 @@
 //! over mTLS, merges their streams and writes one JSON object per event per line
 //! (`application/x-ndjson`, flushed per event), each with the pod whose proxy saw it.
 //!
-//! - [`query`]: the query string, shared with the `cnimesh tap` / `top` commands;
+//! - the query string and one line of the answer (`cnimesh_model::tap`), shared with the
+//!   `cnimesh tap` / `top` commands;
 //! - [`matcher`]: the `ObserveRequest` built from it;
-//! - [`event`]: one line of the answer;
 //! - [`admission`]: `limit` and `max-rps`;
 //! - [`client`]: the mTLS gRPC stream to one proxy;
 //! - [`relay`]: authentication, the pods, the merge.
@@ -15,11 +15,7 @@
 
 pub mod admission;
 pub mod client;
-pub mod event;
 pub mod matcher;
-pub mod query;
 pub mod relay;
 
-pub use event::{Body, Stream, TapLine};
-pub use query::TapQuery;
-pub use relay::{AdminBody, Relay, TOKEN_HEADER};
+pub use relay::{AdminBody, Relay};

@@ -32,18 +32,17 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
 use super::admission::Admission;
-use super::event::TapLine;
-use super::query::{TapQuery, resource_text};
 use super::{client, matcher};
-use crate::destination::{Index, PodRecord};
-use crate::identity::tokens::MAX_TOKEN_LEN;
-use crate::identity::{Authenticator, IssuerRx, ServiceAccount, TokenError};
-use crate::meta::NsName;
-use crate::metrics::{Metrics, TapSession};
-use crate::resource::{Kind, Resource};
+use cnimesh_model::destination::{Index, PodRecord};
+use cnimesh_model::identity::tokens::MAX_TOKEN_LEN;
+use cnimesh_model::identity::{Authenticator, IssuerRx, ServiceAccount, TokenError};
+use cnimesh_model::meta::NsName;
+use cnimesh_model::metrics::{Metrics, TapSession};
+use cnimesh_model::resource::{Kind, Resource};
+use cnimesh_model::tap::TOKEN_HEADER;
+use cnimesh_model::tap::event::TapLine;
+use cnimesh_model::tap::query::{TapQuery, resource_text};
 
-/// The header carrying the `cnimesh-tap` ServiceAccount's token.
-pub const TOKEN_HEADER: &str = "cnimesh-tap-token";
 /// Lines buffered towards a slow caller before the proxies' streams are paused (they then drop
 /// events on their side rather than slow requests).
 const BUFFERED_LINES: usize = 256;
@@ -303,7 +302,7 @@ async fn relay(
             Some(FromPod::Ended(pod)) => admission.pod_ended(&pod.namespace, &pod.name),
             Some(FromPod::Line(mut line)) => {
                 name_pods(&mut line, &session.names);
-                if matches!(line.body, super::event::Body::Error { .. }) {
+                if matches!(line.body, cnimesh_model::tap::Body::Error { .. }) {
                     session.metrics.tap_proxy_unreachable();
                 }
                 if admission.admit(&line, Instant::now()) {

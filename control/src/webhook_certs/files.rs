@@ -20,7 +20,7 @@ use cnimesh_identity::tls::CurrentCert;
 use notify::{EventKind, RecursiveMode, Watcher};
 use tokio::sync::mpsc;
 
-use crate::inject::{WEBHOOK_CERT_FILE, WEBHOOK_KEY_FILE, WebhookCertError};
+use cnimesh_model::inject::{WEBHOOK_CERT_FILE, WEBHOOK_KEY_FILE, WebhookCertError};
 
 /// Events come in bursts (the kubelet swaps a symlink, `cnimesh ca webhook` writes three files).
 const DEBOUNCE: Duration = Duration::from_millis(200);
@@ -118,7 +118,7 @@ fn reload(dir: &Path, current: &Weak<CurrentCert>, last: &mut Files) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::inject::{generate_webhook_cert, webhook_dns_names, webhook_tls_from};
+    use cnimesh_model::inject::{generate_webhook_cert, webhook_dns_names, webhook_tls_from};
     use rustls_pki_types::ServerName;
     use tokio::io::AsyncWriteExt;
 

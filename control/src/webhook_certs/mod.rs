@@ -25,14 +25,16 @@
 //! A bring-your-own Secret (no `issuer.key`) is only read; the manager, if asked to manage it,
 //! adopts it by rotating to a CA of its own.
 //!
-//! Layer: runtime: kube in and out, [`crate::leader`] decides who writes.
+//! Layer: runtime: kube in and out, [`cnimesh_runtime::leader`] decides who writes.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use cnimesh_identity::ca::{self, CaPem};
+use cnimesh_identity::pem::split_pem;
 use cnimesh_identity::tls::{CurrentCert, past_two_thirds};
+use cnimesh_model::inject::{WEBHOOK_ISSUER_CERT, WEBHOOK_ISSUER_KEY};
 use futures::StreamExt;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
@@ -42,16 +44,14 @@ use kube::runtime::watcher;
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
-use crate::leader::{self, ElectionConfig, Leadership};
+use cnimesh_runtime::leader::{self, ElectionConfig, Leadership};
 
 pub mod files;
-use crate::metrics::Metrics;
+use cnimesh_model::metrics::Metrics;
 
 pub const CA_FILE: &str = "ca.crt";
 pub const CERT_FILE: &str = "tls.crt";
 pub const KEY_FILE: &str = "tls.key";
-pub const ISSUER_CERT: &str = "issuer.crt";
-pub const ISSUER_KEY: &str = "issuer.key";
 pub const NEXT_CERT: &str = "next.crt";
 pub const NEXT_KEY: &str = "next.key";
 pub const SWITCHED_AT: &str = "cnimesh.io/ca-switched-at";
@@ -350,7 +350,7 @@ impl Manager {
         Ok(Pki {
             bundle,
             serving,
-            issuer: pair(ISSUER_CERT, ISSUER_KEY)?,
+            issuer: pair(WEBHOOK_ISSUER_CERT, WEBHOOK_ISSUER_KEY)?,
             next: pair(NEXT_CERT, NEXT_KEY)?,
             switched_at,
         })
@@ -407,28 +407,14 @@ fn encode(pki: &Pki) -> BTreeMap<String, ByteString> {
     put(CERT_FILE, &pki.serving.cert_pem);
     put(KEY_FILE, &pki.serving.key_pem);
     if let Some(issuer) = &pki.issuer {
-        put(ISSUER_CERT, &issuer.cert_pem);
-        put(ISSUER_KEY, &issuer.key_pem);
+        put(WEBHOOK_ISSUER_CERT, &issuer.cert_pem);
+        put(WEBHOOK_ISSUER_KEY, &issuer.key_pem);
     }
     if let Some(next) = &pki.next {
         put(NEXT_CERT, &next.cert_pem);
         put(NEXT_KEY, &next.key_pem);
     }
     data
-}
-
-/// The PEM blocks of a bundle, each with its own END line.
-pub fn split_pem(bundle: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut current = String::new();
-    for line in bundle.lines() {
-        current.push_str(line);
-        current.push('\n');
-        if line.starts_with("-----END ") {
-            out.push(std::mem::take(&mut current));
-        }
-    }
-    out
 }
 
 #[cfg(test)]

@@ -33,11 +33,11 @@ use linkerd2_proxy_api::outbound::{
 use linkerd2_proxy_api::{grpc_route as grpc_api, http_route as http_api, tls_route as tls_sni};
 
 use super::{DETECT_TIMEOUT, FAILFAST_TIMEOUT, QUEUE_CAPACITY, duration, routes};
-use crate::egress::Snapshot;
-use crate::egress::crd::TrafficPolicy;
-use crate::egress::model::{EgressNetwork, StreamKind, StreamRoute};
-use crate::routes::RouteKind;
-use crate::routes::model::{HostMatch, RouteDefaults};
+use cnimesh_model::egress::Snapshot;
+use cnimesh_model::egress::crd::TrafficPolicy;
+use cnimesh_model::egress::model::{EgressNetwork, StreamKind, StreamRoute};
+use cnimesh_model::routes::RouteKind;
+use cnimesh_model::routes::model::{HostMatch, RouteDefaults};
 
 /// The fallback routes' name.
 const FALLBACK: &str = "egress";
@@ -55,7 +55,7 @@ pub fn policy_of(
     snapshot: &Snapshot,
     addr: SocketAddr,
     client_namespace: Option<&str>,
-    config: &crate::egress::Config,
+    config: &cnimesh_model::egress::Config,
 ) -> Option<OutboundPolicy> {
     let network = snapshot.select(addr.ip(), client_namespace, config)?;
     let routes = snapshot.routes_of(&network.key, addr.port());
@@ -84,13 +84,13 @@ pub fn uncovered(addr: SocketAddr) -> OutboundPolicy {
 fn policy(
     network: &EgressNetwork,
     addr: SocketAddr,
-    routes: &[Arc<crate::routes::Route>],
+    routes: &[Arc<cnimesh_model::routes::Route>],
     streams: &[Arc<StreamRoute>],
 ) -> OutboundPolicy {
     let meta = network_meta(network, addr.port());
     let backend = forward(addr, meta.clone());
     let denied = (network.traffic_policy == TrafficPolicy::Deny).then_some(network);
-    let backend_of = |_: &crate::meta::NsName, _: u16| backend.clone();
+    let backend_of = |_: &cnimesh_model::meta::NsName, _: u16| backend.clone();
     let defaults = RouteDefaults::default();
     let tls: Vec<&StreamRoute> = streams.iter().filter(|r| r.kind == StreamKind::Tls).map(|r| &**r).collect();
     let tcp = streams.iter().any(|r| r.kind == StreamKind::Tcp);
@@ -126,8 +126,8 @@ fn policy(
 fn network_meta(network: &EgressNetwork, port: u16) -> Metadata {
     Metadata {
         kind: Some(metadata::Kind::Resource(Resource {
-            group: crate::egress::crd::GROUP.into(),
-            kind: crate::egress::crd::KIND.into(),
+            group: cnimesh_model::egress::crd::GROUP.into(),
+            kind: cnimesh_model::egress::crd::KIND.into(),
             name: network.key.name.clone(),
             namespace: network.key.namespace.clone(),
             section: String::new(),
@@ -272,7 +272,7 @@ fn tls_route(route: &StreamRoute, backend: &Backend) -> TlsRoute {
     TlsRoute {
         metadata: Some(Metadata {
             kind: Some(metadata::Kind::Resource(Resource {
-                group: crate::routes::crd::GROUP.into(),
+                group: cnimesh_model::routes::crd::GROUP.into(),
                 kind: route.kind.as_str().into(),
                 name: route.key.name.clone(),
                 namespace: route.key.namespace.clone(),
@@ -292,7 +292,7 @@ fn tls_fallback(backend: &Backend, denied: Option<&EgressNetwork>) -> TlsRoute {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::egress::{Change, Config, Index, Object};
+    use cnimesh_model::egress::{Change, Config, Index, Object};
 
     fn index(docs: &[&str]) -> Index {
         let index = Index::new(Config::new(vec!["10.0.0.0/8".parse().unwrap()]));
@@ -300,10 +300,12 @@ mod tests {
             let v: serde_json::Value = serde_saphyr::from_str(d).unwrap();
             match v["kind"].as_str().unwrap() {
                 "EgressNetwork" => {
-                    Object::from(serde_json::from_value::<crate::egress::crd::EgressNetwork>(v).unwrap())
+                    Object::from(serde_json::from_value::<cnimesh_model::egress::crd::EgressNetwork>(v).unwrap())
                 }
-                "HTTPRoute" => Object::from(serde_json::from_value::<crate::routes::crd::HttpRoute>(v).unwrap()),
-                "TLSRoute" => Object::from(serde_json::from_value::<crate::routes::crd::TlsRoute>(v).unwrap()),
+                "HTTPRoute" => {
+                    Object::from(serde_json::from_value::<cnimesh_model::routes::crd::HttpRoute>(v).unwrap())
+                }
+                "TLSRoute" => Object::from(serde_json::from_value::<cnimesh_model::routes::crd::TlsRoute>(v).unwrap()),
                 k => panic!("{k}"),
             }
         });

@@ -18,7 +18,7 @@
 //!   `timeouts.backendRequest`; `max_request_bytes` 64 KiB and backoff 25–250 ms with full
 //!   jitter (Linkerd's; a Gateway `retry.backoff` raises the minimum, and the maximum with it);
 //! - the parent Service's retry and timeout annotations fill the rules that set neither
-//!   ([`crate::routes::model::Rule::with_defaults`]).
+//!   ([`cnimesh_model::routes::model::Rule::with_defaults`]).
 //!
 //! Layer: gRPC (conversion only; what is served is decided in [`super`]).
 
@@ -34,9 +34,9 @@ use linkerd2_proxy_api::meta::{Metadata, Resource, metadata};
 use linkerd2_proxy_api::outbound::{self, Backend, ExponentialBackoff, grpc_route, http_route};
 
 use super::duration;
-use crate::routes::RouteKind;
-use crate::routes::model::Backend as RouteBackendRef;
-use crate::routes::model::{
+use cnimesh_model::routes::RouteKind;
+use cnimesh_model::routes::model::Backend as RouteBackendRef;
+use cnimesh_model::routes::model::{
     Filter, HeaderModifier, HostMatch, MatchValue, Matches, PathModifier, Redirect, Retry, RetryConditions, Route,
     RouteDefaults, Rule, ValueMatch,
 };
@@ -47,12 +47,12 @@ const RETRY_MIN_BACKOFF: Duration = Duration::from_millis(25);
 const RETRY_MAX_BACKOFF: Duration = Duration::from_millis(250);
 
 /// Builds the backend of one Service port (the same shape as the parent's default backend).
-pub(super) type BackendOf<'a> = &'a dyn Fn(&crate::meta::NsName, u16) -> Backend;
+pub(super) type BackendOf<'a> = &'a dyn Fn(&cnimesh_model::meta::NsName, u16) -> Backend;
 
 fn route_meta(route: &Route) -> Metadata {
     Metadata {
         kind: Some(metadata::Kind::Resource(Resource {
-            group: crate::routes::crd::GROUP.into(),
+            group: cnimesh_model::routes::crd::GROUP.into(),
             kind: route.kind.as_str().into(),
             name: route.key.name.clone(),
             namespace: route.key.namespace.clone(),
@@ -144,9 +144,9 @@ pub(super) fn http_rule(rule: &Rule, parent: &Backend, backend_of: BackendOf<'_>
             .map(|m| HttpRouteMatch {
                 path: m.path.as_ref().map(|p| PathMatch {
                     kind: Some(match p {
-                        crate::routes::model::PathMatch::Exact(v) => path_match::Kind::Exact(v.clone()),
-                        crate::routes::model::PathMatch::Prefix(v) => path_match::Kind::Prefix(v.clone()),
-                        crate::routes::model::PathMatch::Regex(v) => path_match::Kind::Regex(v.clone()),
+                        cnimesh_model::routes::model::PathMatch::Exact(v) => path_match::Kind::Exact(v.clone()),
+                        cnimesh_model::routes::model::PathMatch::Prefix(v) => path_match::Kind::Prefix(v.clone()),
+                        cnimesh_model::routes::model::PathMatch::Regex(v) => path_match::Kind::Regex(v.clone()),
                     }),
                 }),
                 headers: m.headers.iter().map(header_match).collect(),
