@@ -72,7 +72,9 @@ impl HttpProxy {
         match downgraded {
             Err(e) => Err(e),
             Ok(false) if req.version() != Version::HTTP_2 && wants_upgrade(&req) => {
-                self.upgrade(req, forwarded, traced).await.map(|r| (r, None))
+                // Boxed: an upgrade is rare, and its connection and splice would otherwise size
+                // every request's future.
+                Box::pin(self.upgrade(req, forwarded, traced)).await.map(|r| (r, None))
             }
             Ok(downgraded) => {
                 let tries = Tries { proxy: self, downgraded };
