@@ -15,7 +15,8 @@
 //! `strace -e trace=write…` (TLS records).
 //! Callgrind phase: each pair again with both proxies under valgrind, zeroed after a warm-up,
 //! `CNIMESH_COST_CALLGRIND_REQUESTS` (1000) requests at `CNIMESH_COST_CALLGRIND_RPS` (100; a
-//! proxy under valgrind runs ~50× slower), dumped and read with `callgrind_annotate`.
+//! proxy under valgrind runs ~50× slower), dumped and read with `callgrind_annotate`; with a
+//! baseline, twice per binary in the order this, baseline, baseline, this.
 //! Rates phase: the goals measured in one run, rounds interleaved
 //! (`CNIMESH_BENCH_ROUNDS`, 3): each binary's pair, haproxy's one plain hop and the path with no
 //! proxy, at a fixed 1000 rps (p50/p99 from h2load's log, CPU per request) and unlimited
@@ -192,15 +193,23 @@ fn main() {
         (vec![vec![Native::default(); 2]; binaries.len()], Native::default())
     };
 
-    // Callgrind phase, one binary at a time (valgrind is slow; two would share the cores).
+    // Callgrind phase, one binary at a time (valgrind is slow; two would share the cores). With
+    // a baseline, in the order this, baseline, baseline, this, each binary's two windows added:
+    // a binary measured second in a run counted a few per cent more than measured first, and
+    // the order cancels that (and any drift of the machine) out of the ratios.
+    let order: &[usize] = if binaries.len() > 1 { &[0, 1, 1, 0] } else { &[0] };
+    let mut windows = vec![(vec![Profile::default(); 2], 0.0); binaries.len()];
+    if phases.contains("callgrind") {
+        for (k, &i) in order.iter().enumerate() {
+            let (profiles, profiled) = callgrind(&control, &binaries[i].1, &net, &format!("cg{k}"), &dir);
+            let window = &mut windows[i];
+            window.0.iter_mut().zip(&profiles).for_each(|(sum, p)| sum.add(p));
+            window.1 += profiled;
+        }
+    }
     let mut measured = Vec::new();
-    for (i, ((name, bin), native)) in binaries.iter().zip(natives).enumerate() {
-        let (profiles, profiled) = if phases.contains("callgrind") {
-            callgrind(&control, bin, &net, &format!("cg{i}"), &dir)
-        } else {
-            (vec![Profile::default(); 2], 1.0)
-        };
-        measured.push(Measured { name: (*name).to_owned(), native, profiles, profiled });
+    for (((name, _), native), (profiles, profiled)) in binaries.iter().zip(natives).zip(windows) {
+        measured.push(Measured { name: (*name).to_owned(), native, profiles, profiled: profiled.max(1.0) });
     }
     report(&measured, &hap, requests);
     if phases.contains("rates") {
