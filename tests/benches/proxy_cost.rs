@@ -15,7 +15,14 @@
 //! `strace -e trace=write…` (TLS records).
 //! Callgrind phase: each pair again with both proxies under valgrind, zeroed after a warm-up,
 //! `CNIMESH_COST_CALLGRIND_REQUESTS` (1000) requests at `CNIMESH_COST_CALLGRIND_RPS` (100; a
-//! proxy under valgrind runs ~50× slower), dumped and read with `callgrind_annotate`.
+//! proxy under valgrind runs ~50× slower), dumped and read with `callgrind_annotate`; with a
+//! baseline, twice per binary in the order this, baseline, baseline, this.
+//! Rates phase: the goals measured in one run, rounds interleaved
+//! (`CNIMESH_BENCH_ROUNDS`, 3): each binary's pair, haproxy's one plain hop and the path with no
+//! proxy, at a fixed 1000 rps (p50/p99 from h2load's log, CPU per request) and unlimited
+//! (HTTP/1.1 over 32 connections: requests per second, CPU per request); the pair's ratios
+//! against haproxy and its added p50 per hop against the goals. `CNIMESH_COST_WORKERS=N` adds
+//! this build on a work-stealing runtime of N threads to the same rounds.
 //!
 //! Run as root: `cargo bench -p cnimesh-e2e --bench proxy_cost` (needs `apt-get install
 //! nghttp2-client haproxy valgrind strace`). `CNIMESH_BENCH_PROXY` sets the measured binary and
@@ -29,7 +36,9 @@ use std::process::Command;
 use std::time::Duration;
 
 use cnimesh_e2e::apps::{self, Apps};
-use cnimesh_e2e::bench::{cpu_seconds, env_or, h2load, total_requests};
+use cnimesh_e2e::bench::{
+    PairSample, Row, cpu_seconds, env_or, h2load, interleaved_rounds, median, rounds, total_requests,
+};
 use cnimesh_e2e::control::Control;
 use cnimesh_e2e::cost::{self, BUCKETS, Profile, Strace};
 use cnimesh_e2e::haproxy::haproxy_in;
@@ -175,26 +184,37 @@ fn main() {
         println!("baseline proxy binary: {}", b.display());
     }
 
-    // `CNIMESH_COST_PHASES` (default `native,callgrind`) picks the phases; a phase left out
-    // prints zeros.
-    let phases = std::env::var("CNIMESH_COST_PHASES").unwrap_or_else(|_| "native,callgrind".into());
+    // `CNIMESH_COST_PHASES` (default `native,callgrind,rates`) picks the phases; a phase left
+    // out prints zeros (rates: nothing).
+    let phases = std::env::var("CNIMESH_COST_PHASES").unwrap_or_else(|_| "native,callgrind,rates".into());
     let (natives, hap) = if phases.contains("native") {
         native_phase(&control, &binaries, &net, requests, &dir)
     } else {
         (vec![vec![Native::default(); 2]; binaries.len()], Native::default())
     };
 
-    // Callgrind phase, one binary at a time (valgrind is slow; two would share the cores).
+    // Callgrind phase, one binary at a time (valgrind is slow; two would share the cores). With
+    // a baseline, in the order this, baseline, baseline, this, each binary's two windows added:
+    // a binary measured second in a run counted a few per cent more than measured first, and
+    // the order cancels that (and any drift of the machine) out of the ratios.
+    let order: &[usize] = if binaries.len() > 1 { &[0, 1, 1, 0] } else { &[0] };
+    let mut windows = vec![(vec![Profile::default(); 2], 0.0); binaries.len()];
+    if phases.contains("callgrind") {
+        for (k, &i) in order.iter().enumerate() {
+            let (profiles, profiled) = callgrind(&control, &binaries[i].1, &net, &format!("cg{k}"), &dir);
+            let window = &mut windows[i];
+            window.0.iter_mut().zip(&profiles).for_each(|(sum, p)| sum.add(p));
+            window.1 += profiled;
+        }
+    }
     let mut measured = Vec::new();
-    for (i, ((name, bin), native)) in binaries.iter().zip(natives).enumerate() {
-        let (profiles, profiled) = if phases.contains("callgrind") {
-            callgrind(&control, bin, &net, &format!("cg{i}"), &dir)
-        } else {
-            (vec![Profile::default(); 2], 1.0)
-        };
-        measured.push(Measured { name: (*name).to_owned(), native, profiles, profiled });
+    for (((name, _), native), (profiles, profiled)) in binaries.iter().zip(natives).zip(windows) {
+        measured.push(Measured { name: (*name).to_owned(), native, profiles, profiled: profiled.max(1.0) });
     }
     report(&measured, &hap, requests);
+    if phases.contains("rates") {
+        rates_phase(&control, &binaries, &net);
+    }
 }
 
 /// The native phase: the pairs of `binaries` side by side, then haproxy; per pair its two
@@ -211,16 +231,142 @@ fn native_phase(
     std::thread::sleep(Duration::from_millis(300));
     let natives = pairs.iter().map(|p| native(&p.client.netns, &p.url, &p.pids(), requests, dir)).collect();
     drop(pairs);
-    let client = Pod::named(net, "kube-system", "cost-client").unwrap();
-    let server = Pod::named(net, "kube-system", "cost-server").unwrap();
-    let _apps = Apps::start(&server.netns.path(), server.ipv4().into(), "plain").unwrap();
-    let app = SocketAddr::new(server.ipv4().into(), apps::HTTP_PORT);
-    let hop = SocketAddr::new(server.ipv4().into(), 8090);
-    let mut haproxy = haproxy_in(&server.netns, hop, app);
-    let hap = native(&client.netns, &format!("http://{hop}/hello"), &[haproxy.id()], requests, dir);
-    let _ = haproxy.kill();
-    let _ = haproxy.wait();
+    let plain = Plain::start(net, "cost");
+    let hap = native(&plain.client.netns, &plain.hop_url(), &[plain.haproxy.id()], requests, dir);
     (natives, hap.into_iter().next().unwrap())
+}
+
+/// Two unmeshed pods (an excluded namespace): the app on the server, and haproxy in front of it.
+struct Plain<'n> {
+    client: Pod<'n>,
+    server: Pod<'n>,
+    haproxy: std::process::Child,
+    _apps: Apps,
+}
+
+impl<'n> Plain<'n> {
+    fn start(net: &'n Network, name: &str) -> Self {
+        let client = Pod::named(net, "kube-system", &format!("{name}-client")).unwrap();
+        let server = Pod::named(net, "kube-system", &format!("{name}-server")).unwrap();
+        let apps = Apps::start(&server.netns.path(), server.ipv4().into(), "plain").unwrap();
+        let haproxy = haproxy_in(&server.netns, hop_addr(&server), app_addr(&server));
+        Self { client, server, haproxy, _apps: apps }
+    }
+
+    fn app_url(&self) -> String {
+        format!("http://{}/hello", app_addr(&self.server))
+    }
+
+    fn hop_url(&self) -> String {
+        format!("http://{}/hello", hop_addr(&self.server))
+    }
+}
+
+impl Drop for Plain<'_> {
+    fn drop(&mut self) {
+        let _ = self.haproxy.kill();
+        let _ = self.haproxy.wait();
+    }
+}
+
+fn app_addr(server: &Pod<'_>) -> SocketAddr {
+    SocketAddr::new(server.ipv4().into(), apps::HTTP_PORT)
+}
+
+fn hop_addr(server: &Pod<'_>) -> SocketAddr {
+    SocketAddr::new(server.ipv4().into(), 8090)
+}
+
+/// The goals, as ratios against haproxy's one plain hop measured in the same run.
+const GOAL_CPU_AT_RATE: f64 = 2.5;
+const GOAL_CPU_AT_MAX: f64 = 2.0;
+/// Added p50 per hop at 1000 rps, ms (a pair is two hops).
+const GOAL_P50_PER_HOP_MS: f64 = 0.25;
+
+/// The rates phase: each binary's pair, haproxy and the direct path in interleaved rounds;
+/// printed with the pair's ratios against haproxy and the goals.
+fn rates_phase(control: &Control, binaries: &[(&str, PathBuf)], net: &Network) {
+    let mut pairs: Vec<Pair<'_>> =
+        binaries.iter().enumerate().map(|(i, (_, bin))| Pair::start(control, bin, net, &format!("rate{i}"))).collect();
+    let mut names: Vec<String> = binaries.iter().map(|(name, _)| format!("{name}: cnimesh mTLS pair")).collect();
+    // The other runtime shape, in the same rounds: this build on a work-stealing runtime of
+    // `CNIMESH_COST_WORKERS` threads (the default is one current-thread runtime).
+    if let Some(workers) = std::env::var("CNIMESH_COST_WORKERS").ok().filter(|w| w != "1") {
+        let settings = [("CNIMESH_PROXY_WORKERS", workers.as_str())];
+        pairs.push(Pair::start_with(control, &binaries[0].1, net, "ratew", &settings));
+        names.push(format!("{}: cnimesh mTLS pair, {workers} worker threads", binaries[0].0));
+    }
+    let plain = Plain::start(net, "rate");
+    std::thread::sleep(Duration::from_millis(300));
+    let mut rows = vec![
+        Row { name: "direct (no proxy)", netns: &plain.client.netns, url: plain.app_url(), pids: vec![] },
+        Row {
+            name: "haproxy, one plain HTTP hop",
+            netns: &plain.client.netns,
+            url: plain.hop_url(),
+            pids: vec![plain.haproxy.id()],
+        },
+    ];
+    rows.extend(pairs.iter().zip(&names).map(|(p, name)| p.row(name)));
+    let rounds = rounds();
+    let samples = interleaved_rounds(&rows, rounds);
+    print_rates(&rows, &samples, rounds, binaries.len() > 1);
+}
+
+fn print_rates(rows: &[Row<'_>], samples: &[Vec<PairSample>], rounds: usize, has_baseline: bool) {
+    let med = |i: usize, f: fn(&PairSample) -> f64| median(samples[i].iter().map(f).collect());
+    println!(
+        "\n## Rates: HTTP/1.1 at {RATE} rps ({} connections), then unlimited (32 connections); medians of {rounds} rounds\n",
+        cnimesh_e2e::bench::RATE_CLIENTS
+    );
+    println!("CPU is the row's processes' utime+stime, µs per request (both proxies of a pair).\n");
+    println!("| row | p50 ms | p99 ms | added p50 per hop ms | CPU µs at {RATE} rps | max req/s | CPU µs at max |");
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    let direct = med(0, |s| s.p50);
+    for (i, row) in rows.iter().enumerate() {
+        // haproxy is one hop, a pair two.
+        let hops = if i < 2 { 1.0 } else { 2.0 };
+        println!(
+            "| {} | {:.3} | {:.3} | {:+.3} | {:.1} | {:.0} | {:.1} |",
+            row.name,
+            med(i, |s| s.p50),
+            med(i, |s| s.p99),
+            (med(i, |s| s.p50) - direct) / hops,
+            med(i, |s| s.cpu_per_1000),
+            med(i, |s| s.h1_max),
+            med(i, |s| s.h1_cpu_per_1000),
+        );
+    }
+    println!(
+        "\n## Goals: the pair's CPU per request against haproxy's one hop (≤ {GOAL_CPU_AT_RATE} at {RATE} rps, ≤ {GOAL_CPU_AT_MAX} at max), added p50 per hop ≤ {GOAL_P50_PER_HOP_MS} ms\n"
+    );
+    println!(
+        "| pair | CPU ratio at {RATE} rps | goal met | CPU ratio at max | goal met | added p50 per hop ms | goal met |"
+    );
+    println!("|---|---:|---|---:|---|---:|---|");
+    let met = |ok: bool| if ok { "yes" } else { "no" };
+    for (i, row) in rows.iter().enumerate().skip(2) {
+        let at_rate = med(i, |s| s.cpu_per_1000) / med(1, |s| s.cpu_per_1000);
+        let at_max = med(i, |s| s.h1_cpu_per_1000) / med(1, |s| s.h1_cpu_per_1000);
+        let per_hop = (med(i, |s| s.p50) - direct) / 2.0;
+        println!(
+            "| {} | {at_rate:.2} | {} | {at_max:.2} | {} | {per_hop:+.3} | {} |",
+            row.name,
+            met(at_rate <= GOAL_CPU_AT_RATE),
+            met(at_max <= GOAL_CPU_AT_MAX),
+            met(per_hop <= GOAL_P50_PER_HOP_MS)
+        );
+    }
+    if has_baseline {
+        let ratio = |f: fn(&PairSample) -> f64| med(2, f) / med(3, f);
+        println!(
+            "\nthis build / baseline: CPU at {RATE} rps {:.3}, CPU at max {:.3}, max req/s {:.3}, p50 {:+.3} ms",
+            ratio(|s| s.cpu_per_1000),
+            ratio(|s| s.h1_cpu_per_1000),
+            ratio(|s| s.h1_max),
+            med(2, |s| s.p50) - med(3, |s| s.p50)
+        );
+    }
 }
 
 fn report(measured: &[Measured], hap: &Native, requests: u32) {

@@ -23,10 +23,11 @@ use crate::transport::tls::{self, UpstreamIo, UpstreamTls};
 /// can be sent again (a retry).
 pub type RequestBody = http_body_util::Either<Incoming, http_body_util::Full<bytes::Bytes>>;
 
-/// Idle HTTP/1 connections kept per endpoint; more concurrent requests open more connections,
-/// which close after their request once the pool is full.
+/// HTTP/1 connections kept per endpoint (idle, or finishing a response); more concurrent
+/// requests open more connections, which close after their request once the pool is full.
 const MAX_IDLE_H1: usize = 64;
-/// An idle HTTP/1 connection older than this is closed rather than reused.
+/// A kept HTTP/1 connection whose last response began longer ago than this is closed rather
+/// than reused.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 
 #[derive(Debug, thiserror::Error)]
@@ -71,7 +72,8 @@ pub fn establishment_failed(error: &io::Error) -> bool {
     )
 }
 
-struct Idle {
+/// A kept HTTP/1 connection and when it was kept.
+struct Kept {
     sender: http1::SendRequest<RequestBody>,
     since: Instant,
 }
@@ -83,7 +85,7 @@ pub struct Upstream {
     /// naming this target, and HTTP requests carry its authority.
     pub gateway: Option<Arc<GatewayTarget>>,
     connect_timeout: Duration,
-    h1: Mutex<Vec<Idle>>,
+    h1: Mutex<Vec<Kept>>,
     h2: Mutex<Option<http2::SendRequest<RequestBody>>>,
     /// Held while the HTTP/2 connection is made, so concurrent first requests share it.
     h2_connecting: tokio::sync::Mutex<()>,
@@ -140,7 +142,7 @@ impl Upstream {
         let req = match self.take_h1() {
             Some(mut sender) => match sender.try_send_request(req).await {
                 Ok(response) => {
-                    self.clone().reuse_when_ready(sender);
+                    self.keep(sender);
                     return Ok(response);
                 }
                 Err(mut e) => match e.take_message() {
@@ -160,32 +162,39 @@ impl Upstream {
         };
         let mut sender = Box::pin(self.handshake_h1(io)).await?;
         let response = sender.send_request(req).await?;
-        self.clone().reuse_when_ready(sender);
+        self.keep(sender);
         Ok(response)
     }
 
+    /// An HTTP/1 connection that can take a request now. The most recent first (warm); one
+    /// still carrying its last response's body stays for later; a closed or stale one is dropped.
     fn take_h1(&self) -> Option<http1::SendRequest<RequestBody>> {
-        let mut idle = self.h1.lock();
-        while let Some(i) = idle.pop() {
-            // The most recent first (warm); a closed or stale one is dropped.
-            if i.sender.is_ready() && i.since.elapsed() < IDLE_TIMEOUT {
-                return Some(i.sender);
+        let mut pool = self.h1.lock();
+        let mut i = pool.len();
+        while i > 0 {
+            i -= 1;
+            let conn = &pool[i];
+            if conn.sender.is_ready() {
+                let conn = pool.remove(i);
+                if conn.since.elapsed() < IDLE_TIMEOUT {
+                    return Some(conn.sender);
+                }
+            } else if conn.sender.is_closed() {
+                pool.remove(i);
             }
         }
         None
     }
 
-    /// Keeps `sender` for reuse once its response is over (hyper says when: `ready`), so the
-    /// pool only ever holds connections that can take a request at once.
-    fn reuse_when_ready(self: Arc<Self>, mut sender: http1::SendRequest<RequestBody>) {
-        tokio::spawn(async move {
-            if sender.ready().await.is_ok() {
-                let mut idle = self.h1.lock();
-                if idle.len() < MAX_IDLE_H1 {
-                    idle.push(Idle { sender, since: Instant::now() });
-                }
-            }
-        });
+    /// Keeps `sender` for the next request once its response head is in: it is taken again
+    /// once hyper says it is ready (its response over). Kept at once rather than by a task
+    /// waiting for it to be ready: a task spawned, polled and freed per request costs more
+    /// than the check [`Upstream::take_h1`] makes.
+    fn keep(&self, sender: http1::SendRequest<RequestBody>) {
+        let mut pool = self.h1.lock();
+        if pool.len() < MAX_IDLE_H1 {
+            pool.push(Kept { sender, since: Instant::now() });
+        }
     }
 
     async fn handshake_h1(&self, io: UpstreamIo) -> Result<http1::SendRequest<RequestBody>, hyper::Error> {
@@ -239,5 +248,82 @@ impl Upstream {
             }
         });
         Ok(sender)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use bytes::Bytes;
+    use http::header::HOST;
+    use http_body_util::{BodyExt, Either, Full};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+    use tokio::sync::Notify;
+
+    use super::*;
+
+    /// An HTTP/1 server counting its connections: `/hold` gets its head and a first chunk at
+    /// once and the end of its body only once `release` is notified; anything else is answered
+    /// whole at once.
+    async fn server(release: Arc<Notify>) -> (SocketAddr, Arc<AtomicUsize>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let connections = Arc::new(AtomicUsize::new(0));
+        let counted = connections.clone();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                counted.fetch_add(1, Ordering::SeqCst);
+                let release = release.clone();
+                tokio::spawn(async move {
+                    let (mut buf, mut pending) = (vec![0u8; 4096], Vec::new());
+                    loop {
+                        let n = match stream.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => n,
+                        };
+                        pending.extend_from_slice(&buf[..n]);
+                        while let Some(end) = pending.windows(4).position(|w| w == b"\r\n\r\n") {
+                            let head: Vec<u8> = pending.drain(..end + 4).collect();
+                            let answered = if head.starts_with(b"GET /hold ") {
+                                let first = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n";
+                                stream.write_all(first).await.is_ok() && {
+                                    release.notified().await;
+                                    stream.write_all(b"0\r\n\r\n").await.is_ok()
+                                }
+                            } else {
+                                stream.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok").await.is_ok()
+                            };
+                            if !answered {
+                                return;
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        (addr, connections)
+    }
+
+    fn get(path: &str) -> Request<RequestBody> {
+        Request::get(path).header(HOST, "app").body(Either::Right(Full::new(Bytes::new()))).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_connection_still_carrying_a_response_body_is_not_given_another_request() {
+        let release = Arc::new(Notify::new());
+        let (addr, connections) = server(release.clone()).await;
+        let upstream = Arc::new(Upstream::new(addr, None, Duration::from_secs(5)));
+        let held = upstream.send(get("/hold")).await.unwrap();
+        // The first connection is kept, but its response's body is not over: the next request
+        // gets a connection of its own rather than waiting behind it.
+        let next = upstream.send(get("/next")).await.unwrap();
+        assert_eq!(next.into_body().collect().await.unwrap().to_bytes(), "ok");
+        assert_eq!(connections.load(Ordering::SeqCst), 2);
+        release.notify_one();
+        assert_eq!(held.into_body().collect().await.unwrap().to_bytes(), "ok");
+        let again = upstream.send(get("/again")).await.unwrap();
+        assert_eq!(again.into_body().collect().await.unwrap().to_bytes(), "ok");
     }
 }

@@ -3,6 +3,8 @@
 //! be on either side). The sending proxy upgrades and downgrades the answer; the receiving one
 //! downgrades the request for its HTTP/1 app and marks the answer.
 
+use std::net::SocketAddr;
+
 use http::header::{HOST, HeaderName, TRANSFER_ENCODING};
 use http::uri::{Authority, Scheme};
 use http::{HeaderValue, Request, Response, Uri, Version};
@@ -66,8 +68,11 @@ pub fn mark_response<B>(res: &mut Response<B>) {
 }
 
 /// Our outbound's side: an HTTP/1 request to a meshed endpoint goes over HTTP/2, marked with its
-/// version; HTTP/2 needs the scheme and authority (from `Host`) in the target.
-pub fn upgrade_request<B>(req: &mut Request<B>, fallback_authority: &str) -> Result<(), ProxyError> {
+/// version; HTTP/2 needs the scheme and authority (from `Host`, else `fallback`, the
+/// connection's original destination) in the target. The fallback is written out only for a
+/// request without `Host`: nearly every request has one, and formatting an address per request
+/// is an allocation the hot path does not need.
+pub fn upgrade_request<B>(req: &mut Request<B>, fallback: SocketAddr) -> Result<(), ProxyError> {
     let marker = match (req.version(), req.uri().authority().is_some()) {
         (Version::HTTP_10, false) => "HTTP/1.0",
         (Version::HTTP_10, true) => "HTTP/1.0; absolute-form",
@@ -77,7 +82,7 @@ pub fn upgrade_request<B>(req: &mut Request<B>, fallback_authority: &str) -> Res
     if req.uri().authority().is_none() {
         let authority = match req.headers().get(HOST) {
             Some(host) => Authority::try_from(host.as_bytes()),
-            None => Authority::try_from(fallback_authority),
+            None => Authority::try_from(fallback.to_string()),
         }
         .map_err(|e| ProxyError::BadRequest(format!("invalid Host: {e}")))?;
         let mut parts = std::mem::take(req.uri_mut()).into_parts();
@@ -168,7 +173,7 @@ mod tests {
             .header("x-app", "kept")
             .body(())
             .unwrap();
-        upgrade_request(&mut req, "10.0.0.1:8080").unwrap();
+        upgrade_request(&mut req, "10.0.0.1:8080".parse().unwrap()).unwrap();
         assert_eq!(req.version(), Version::HTTP_2);
         assert_eq!(req.uri().to_string(), "http://web.shop:8080/path?q=1");
         assert_eq!(req.headers()[L5D_ORIG_PROTO], "HTTP/1.1");
@@ -180,7 +185,7 @@ mod tests {
         );
 
         let mut no_host = Request::builder().version(Version::HTTP_10).uri("/").body(()).unwrap();
-        upgrade_request(&mut no_host, "10.0.0.1:8080").unwrap();
+        upgrade_request(&mut no_host, "10.0.0.1:8080".parse().unwrap()).unwrap();
         assert_eq!(no_host.uri().authority().unwrap().as_str(), "10.0.0.1:8080");
         assert_eq!(no_host.headers()[L5D_ORIG_PROTO], "HTTP/1.0");
 

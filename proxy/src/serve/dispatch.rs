@@ -126,7 +126,11 @@ pub async fn serve<I: Io>(mut io: I, read: Bytes, conn: Connection, shared: &Arc
             .with_egress(conn.egress.map(|e| e.labels))
             .for_gateway(pinned, conn.gateway_client.as_ref()),
     );
-    let service = service_fn(move |req| proxy.clone().handle(req));
+    // Each request's future is boxed once, where it is made: it is several kilobytes (the whole
+    // request path, nested), and hyper moves it by value (into the HTTP/2 stream's task, into
+    // the task's cell, its stage rewritten at the end), copying all of it at each move; boxed,
+    // each move copies a pointer, for one allocation.
+    let service = service_fn(move |req| Box::pin(proxy.clone().handle(req)));
     crate::http::serve_conn::serve(
         io,
         protocol == Protocol::Http2,

@@ -78,8 +78,10 @@ impl OutboundHttp {
         let route_timeout = routed.and_then(|r| r.timeout.map(|t| (t, &r.route)));
         let exchange = async {
             match routed.and_then(|r| Some((r, r.retry()?))) {
+                // Boxed: retries hold a buffered body and their backoff, and unboxed their
+                // future would size every request's, retried or not.
                 Some((routed, retry)) if retry::bufferable(&req, retry) => {
-                    with_retries(target, req, (routed, retry), accrual, traced.as_deref_mut(), tries).await
+                    Box::pin(with_retries(target, req, (routed, retry), accrual, traced.as_deref_mut(), tries)).await
                 }
                 _ => {
                     let b3 = traced.as_deref().and_then(Traced::b3);

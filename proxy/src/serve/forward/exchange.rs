@@ -72,7 +72,9 @@ impl HttpProxy {
         match downgraded {
             Err(e) => Err(e),
             Ok(false) if req.version() != Version::HTTP_2 && wants_upgrade(&req) => {
-                self.upgrade(req, forwarded, traced).await.map(|r| (r, None))
+                // Boxed: an upgrade is rare, and its connection and splice would otherwise size
+                // every request's future.
+                Box::pin(self.upgrade(req, forwarded, traced)).await.map(|r| (r, None))
             }
             Ok(downgraded) => {
                 let tries = Tries { proxy: self, downgraded };
@@ -131,7 +133,7 @@ impl HttpProxy {
         }
         let upgraded = self.h2_upgrade && req.version() != Version::HTTP_2 && upstream.tls.is_some();
         if upgraded {
-            orig_proto::upgrade_request(&mut req, &self.addr.to_string())?;
+            orig_proto::upgrade_request(&mut req, self.addr)?;
         } else if req.version() != Version::HTTP_2 {
             // HTTP/1.0 stays HTTP/1.0 only when a downgrade named it; otherwise HTTP/1 goes as 1.1.
             if !(downgraded && req.version() == Version::HTTP_10) {
