@@ -184,13 +184,7 @@ pub fn start_gateway_with(bins: &Bins, west: &Control, pod: &Pod<'_>, settings: 
 /// What `cnimesh multicluster install` applies on `cluster` (as `multicluster.yaml`), with
 /// `anchors_pem` the trust anchors it publishes and `trust_domain` its gateway's.
 pub fn install(cluster: &Cluster, anchors_pem: &str, trust_domain: &str) {
-    let args = cnimesh_cli::multicluster::install::InstallArgs {
-        identity_trust_anchors_file: None,
-        trust_domain: None,
-        cluster_domain: "cluster.local".into(),
-        proxy_image: "ghcr.io/cnimesh/cnimesh-proxy:0.1.0".into(),
-        trace_collector: None,
-    };
+    let args = cnimesh_cli::multicluster::install::InstallArgs::default();
     let docs = cnimesh_cli::multicluster::install::render(&args, anchors_pem, trust_domain).unwrap();
     cluster.apply_yaml("multicluster.yaml", &cnimesh_cli::yaml::render(&docs)).unwrap();
 }
