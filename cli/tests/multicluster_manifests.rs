@@ -59,13 +59,7 @@ fn every_multicluster_document_round_trips_through_k8s_openapi_as_printed_and_as
         }
     }
     let anchor = cnimesh_identity::ca::new_trust_anchor("west.local", std::time::Duration::from_secs(86400)).unwrap();
-    let args = cnimesh_cli::multicluster::install::InstallArgs {
-        identity_trust_anchors_file: None,
-        trust_domain: None,
-        cluster_domain: "cluster.local".into(),
-        proxy_image: "ghcr.io/cnimesh/cnimesh-proxy:0.1.0".into(),
-        trace_collector: None,
-    };
+    let args = cnimesh_cli::multicluster::install::InstallArgs::default();
     let printed = cnimesh_cli::multicluster::install::render(&args, &anchor.cert_pem, "west.local").unwrap();
     let printed = manifest_check::parse(&cnimesh_cli::yaml::render(&printed)).unwrap();
     for doc in &printed {

@@ -28,6 +28,11 @@ use crate::{chain, install};
 pub const NOT_READY_TAINT: &str = "cnimesh.io/agent-not-ready";
 /// Where runtimes (containerd, CRI-O) put pod network namespaces; the DaemonSet mounts it.
 pub const DEFAULT_NETNS_DIR: &str = "/var/run/netns";
+/// How soon the loop looks again while anything is pending (not ready, the node taint still on,
+/// the repair window after a write). Otherwise it sleeps until the next repair pass is due: the
+/// config and bin dirs' changes wake it at once, so an idle node does no periodic work between
+/// repair passes (which also re-check the plugin binary and the config, in case an inotify
+/// event was missed).
 const TICK: Duration = Duration::from_secs(5);
 /// After our entry was (re)written, pods set up just before went through the primary CNI's
 /// configuration without us and run uncaptured (docs/architecture.md, lesson 1): for this long, repair passes
@@ -161,17 +166,20 @@ pub async fn run(
     std::fs::create_dir_all(&cfg.cni_conf_dir)?;
     let (tx, mut changes) = tokio::sync::mpsc::unbounded_channel();
     // Changes only: a reconcile opens and reads the files, and reacting to those accesses
-    // would re-run it forever (a busy loop of reads on an idle node).
+    // would re-run it forever (a busy loop of reads on an idle node). The bin dir too, so a
+    // plugin binary deleted or replaced on the host is put back at once, not at the next pass.
     let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
         if event.is_ok_and(|e| !e.kind.is_access()) {
             let _ = tx.send(());
         }
     })?;
     watcher.watch(&cfg.cni_conf_dir, notify::RecursiveMode::NonRecursive)?;
+    watcher.watch(&cfg.cni_bin_dir, notify::RecursiveMode::NonRecursive)?;
 
     let mut reconciler =
         Reconciler::new(&cfg.cni_conf_dir, cfg.plugin_entry()).counting_writes(metrics.cni_config_writes.clone());
-    let mut tick = tokio::time::interval(TICK);
+    // The first pass runs at once.
+    let mut wait = Duration::ZERO;
     let mut taint_removed = false;
     let mut last_repair: Option<Instant> = None;
     let mut last_write: Option<Instant> = None;
@@ -185,7 +193,7 @@ pub async fn run(
                 tokio::time::sleep(DEBOUNCE).await;
                 while changes.try_recv().is_ok() {}
             }
-            _ = tick.tick() => {}
+            _ = tokio::time::sleep(wait) => {}
         }
         let state = reconciler.reconcile(Instant::now());
         if reconciler.last_write() != last_write {
@@ -209,6 +217,7 @@ pub async fn run(
         }
         health.set_pending(pending);
         if !health.is_ready() {
+            wait = TICK;
             continue;
         }
         if !taint_removed {
@@ -233,6 +242,11 @@ pub async fn run(
                 tracing::warn!("repair pass timed out; will retry");
             }
         }
+        let now = Instant::now();
+        let busy = !taint_removed || repair_until.is_some_and(|until| now < until);
+        // With repair off, the interval still paces the safety re-check from now.
+        let last = if cfg.repair == RepairMode::Off { Some(now) } else { last_repair };
+        wait = next_look(busy, last, cfg.repair_interval, now);
     }
 
     tracing::info!(uninstall = cfg.uninstall_on_exit, "shutting down");
@@ -245,6 +259,17 @@ pub async fn run(
         tracing::info!(files = ?changed, "removed cnimesh-cni from the CNI configuration and bin dir");
     }
     Ok(())
+}
+
+/// How long a ready agent sleeps unless a change wakes it: [`TICK`] while `busy`, else until the
+/// next repair pass is due (`repair_interval` after the last, which also re-checks the binary
+/// and the config with repair off).
+fn next_look(busy: bool, last_repair: Option<Instant>, repair_interval: Duration, now: Instant) -> Duration {
+    if busy {
+        return TICK;
+    }
+    let due = last_repair.map_or(now, |t| t + repair_interval);
+    due.saturating_duration_since(now).max(TICK)
 }
 
 async fn repair_pass(cfg: &RunConfig, cluster: &SharedCluster, store: &StateStore, metrics: &AgentMetrics) {
@@ -261,5 +286,23 @@ async fn repair_pass(cfg: &RunConfig, cluster: &SharedCluster, store: &StateStor
         for (_, result) in repair::repair(cluster.as_ref(), cfg.repair, &targets).await {
             metrics.repaired(result.is_ok());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_ready_agent_sleeps_until_its_next_repair_pass_and_ticks_only_while_busy() {
+        let now = Instant::now();
+        let minute = Duration::from_secs(60);
+        assert_eq!(next_look(false, Some(now), minute, now), minute, "idle: until the next pass");
+        let earlier = now - Duration::from_secs(20);
+        assert_eq!(next_look(false, Some(earlier), minute, now), Duration::from_secs(40));
+        assert_eq!(next_look(true, Some(now), minute, now), TICK, "busy: every tick");
+        assert_eq!(next_look(false, None, minute, now), TICK, "a pass due now: at the next tick");
+        let overdue = now - Duration::from_secs(600);
+        assert_eq!(next_look(false, Some(overdue), minute, now), TICK, "never a busy loop when overdue");
     }
 }

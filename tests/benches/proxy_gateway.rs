@@ -9,7 +9,7 @@
 
 use cnimesh_e2e::bench::{Row, interleaved_rounds, print_comparison, rounds};
 use cnimesh_e2e::control::env_refs;
-use cnimesh_e2e::multicluster::{Clusters, MIRROR_IP};
+use cnimesh_e2e::multicluster::{MIRROR_IP, Meshed};
 use cnimesh_e2e::sidecar::{Sidecar, http_in};
 use cnimesh_e2e::{Network, Pod, bins, require_root};
 use serde_json::json;
@@ -24,7 +24,7 @@ fn main() {
     let rounds = rounds();
     let bins = bins!();
     let net = Network::bridge(&bins, json!({})).unwrap();
-    let c = Clusters::start(&bins, &net);
+    let c = Meshed::start(&bins, &net);
     let local = Pod::named(&net, "shop", "west-client").unwrap();
     local.netns.exec("ip", &["route", "add", "10.96.0.0/12", "dev", "eth0"]).unwrap();
     let mut env = c.west.proxy_env("shop", "west-client", &c.west.token("shop", "west-client").unwrap());

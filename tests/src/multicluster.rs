@@ -1,18 +1,18 @@
-//! Two clusters on one host for the gateway path's tests and benchmark: control planes
-//! `east` (cluster.local) and `west` (west.local, its issuer signed by east's anchor), west's
-//! meshed `web` with the test apps and its multicluster gateway (a proxy in gateway mode), an
-//! east client, and the mirror objects applied to east's API server by hand as the
-//! multicluster contract shapes them: `web-west` through the gateway, `web-flat` straight to
-//! web's pod (remote discovery).
-//!
-//! And, for the tests that drive the real mirror and the real `cnimesh multicluster` commands:
-//! two control planes each on its own API server ([`TwoClusters`]), installed ([`install`]) and
-//! linked ([`link`]) with what those commands print, east's mirror in a pod of its own, what it
-//! wrote in east ([`mirror`], [`link_status`]), and what a Destination serves per endpoint
+//! Two clusters on one host: [`Clusters`], control planes `east` (cluster.local) and `west`
+//! (west.local, its issuer signed by east's anchor), each on its own API server served in its
+//! pod and installed for multicluster ([`install`]), linked when a test says ([`link`], with what
+//! `cnimesh multicluster link` prints) and east's real mirror in a pod of its own; what the
+//! mirror wrote in east ([`mirror`], [`link_status`]) and what a Destination serves per endpoint
 //! ([`destination_endpoints`]).
+//!
+//! On them, for the gateway path's tests and benchmark, [`Meshed`]: west's meshed `web` with the
+//! test apps and its multicluster gateway (a proxy in gateway mode), an east client, and the
+//! mirror objects applied to east's API server by hand as the multicluster contract shapes them:
+//! `web-west` through the gateway, `web-flat` straight to web's pod (remote discovery).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{Ipv4Addr, SocketAddr};
+use std::ops::Deref;
 use std::path::Path;
 use std::time::Duration;
 
@@ -83,9 +83,12 @@ pub fn flat_yaml(web: Ipv4Addr, web_identity: &str) -> String {
     .join("---\n")
 }
 
-pub struct Clusters<'n> {
-    pub east: Control,
-    pub west: Control,
+/// [`Clusters`] with the gateway path: west's meshed `web` (the test apps, its proxy), west's
+/// gateway, east's meshed `client`, and east's hand-made mirrors `web-west` (through the gateway)
+/// and `web-flat` (to web's pod), each ready and known to its Destination. It derefs to its
+/// [`Clusters`].
+pub struct Meshed<'n> {
+    pub clusters: Clusters<'n>,
     pub client: Pod<'n>,
     pub web: Pod<'n>,
     pub gateway_pod: Pod<'n>,
@@ -93,36 +96,33 @@ pub struct Clusters<'n> {
     pub web_proxy: Sidecar,
     pub gateway: Sidecar,
     _apps: Apps,
-    _control_pods: (Pod<'n>, Pod<'n>),
 }
 
-impl<'n> Clusters<'n> {
+impl<'n> Meshed<'n> {
     /// Both clusters, the pods and their proxies, each ready.
     pub fn start(bins: &Bins, net: &'n Network) -> Self {
         Self::start_with(bins, net, &[])
     }
 
-    /// [`Clusters::start`] with `settings` added to every proxy's (client, web, gateway).
+    /// [`Meshed::start`] with `settings` added to every proxy's (client, web, gateway).
     pub fn start_with(bins: &Bins, net: &'n Network, settings: &[(&str, &str)]) -> Self {
         let with = |mut env: Vec<(String, String)>| {
             env.extend(settings.iter().map(|(k, v)| (k.to_string(), v.to_string())));
             env
         };
-        let east_pod = Pod::unmeshed(net, "cnimesh", "control-east").unwrap();
-        let west_pod = Pod::unmeshed(net, "cnimesh", "control-west").unwrap();
+        let clusters = Clusters::start(bins, net);
+        let (east, west) = (&clusters.east, &clusters.west);
         let client = Pod::named(net, "shop", "client").unwrap();
         // ClusterIPs are routed out of the pod, where capture takes them (as kube-proxy's range).
         client.netns.exec("ip", &["route", "add", "10.96.0.0/12", "dev", "eth0"]).unwrap();
         let web = Pod::named(net, "shop", "web-0").unwrap();
         // Not captured: the gateway is reached at its own address, and dials B's pods itself.
         let gateway_pod = Pod::unmeshed(net, MULTICLUSTER_NAMESPACE, GATEWAY_NAME).unwrap();
-        let east = Control::start(&bins.control, &east_pod, &[]).unwrap();
-        let west = Control::start_sharing_anchor(&bins.control, &west_pod, &[], &east, "west.local").unwrap();
         west.cluster.apply_yaml("web.yaml", &west_web_yaml(web.ipv4())).unwrap();
         let gateway_identity = west.identity(MULTICLUSTER_NAMESPACE, GATEWAY_NAME);
         east.cluster.apply_yaml("mirror.yaml", &mirror_yaml(gateway_pod.ipv4(), &gateway_identity)).unwrap();
         east.cluster.apply_yaml("flat.yaml", &flat_yaml(web.ipv4(), &west.identity("shop", "web"))).unwrap();
-        for (control, service) in [(&west, "web"), (&east, "web-west"), (&east, "web-flat")] {
+        for (control, service) in [(west, "web"), (east, "web-west"), (east, "web-flat")] {
             eventually(&format!("the Destination knows {service}"), Duration::from_secs(30), || {
                 control
                     .admin(&format!("/destination.json?authority={service}.shop:80"))
@@ -137,27 +137,24 @@ impl<'n> Clusters<'n> {
         // As the injector sets it from the pod's opaque-ports annotation.
         web_env.push(("CNIMESH_PROXY_OPAQUE_PORTS".into(), apps::HALF_CLOSE_PORT.to_string()));
         let web_proxy = Sidecar::start(&bins.proxy, &web.netns, &env_refs(&with(web_env))).unwrap();
-        let gateway = start_gateway_with(bins, &west, &gateway_pod, settings);
+        let gateway = start_gateway_with(bins, west, &gateway_pod, settings);
         let mut client_env = east.proxy_env("shop", "client", &east.token("shop", "client").unwrap());
         client_env.push(("CNIMESH_PROXY_DESTINATION_ADDR".into(), east.addr.to_string()));
         let client_proxy = Sidecar::start(&bins.proxy, &client.netns, &env_refs(&with(client_env))).unwrap();
-        Self {
-            east,
-            west,
-            client,
-            web,
-            gateway_pod,
-            client_proxy,
-            web_proxy,
-            gateway,
-            _apps: apps,
-            _control_pods: (east_pod, west_pod),
-        }
+        Self { clusters, client, web, gateway_pod, client_proxy, web_proxy, gateway, _apps: apps }
     }
 
     /// The gateway's listener.
     pub fn gateway_addr(&self) -> SocketAddr {
         SocketAddr::new(self.gateway_pod.ipv4().into(), cnimesh_common::names::PROXY_INBOUND_PORT)
+    }
+}
+
+impl<'n> Deref for Meshed<'n> {
+    type Target = Clusters<'n>;
+
+    fn deref(&self) -> &Clusters<'n> {
+        &self.clusters
     }
 }
 
@@ -184,13 +181,7 @@ pub fn start_gateway_with(bins: &Bins, west: &Control, pod: &Pod<'_>, settings: 
 /// What `cnimesh multicluster install` applies on `cluster` (as `multicluster.yaml`), with
 /// `anchors_pem` the trust anchors it publishes and `trust_domain` its gateway's.
 pub fn install(cluster: &Cluster, anchors_pem: &str, trust_domain: &str) {
-    let args = cnimesh_cli::multicluster::install::InstallArgs {
-        identity_trust_anchors_file: None,
-        trust_domain: None,
-        cluster_domain: "cluster.local".into(),
-        proxy_image: "ghcr.io/cnimesh/cnimesh-proxy:0.1.0".into(),
-        trace_collector: None,
-    };
+    let args = cnimesh_cli::multicluster::install::InstallArgs::default();
     let docs = cnimesh_cli::multicluster::install::render(&args, anchors_pem, trust_domain).unwrap();
     cluster.apply_yaml("multicluster.yaml", &cnimesh_cli::yaml::render(&docs)).unwrap();
 }
@@ -252,8 +243,9 @@ pub fn link_status(cluster: &Cluster, name: &str) -> Option<LinkStatus> {
 /// East (cluster.local) and west (west.local, its issuer signed by east's anchor), each a
 /// control plane on its own API server served in its pod, both as `cnimesh multicluster
 /// install` leaves them. The Link and east's mirror come when a test says
-/// ([`TwoClusters::link`], [`TwoClusters::start_mirror`]).
-pub struct TwoClusters<'n> {
+/// ([`Clusters::link`], [`Clusters::start_mirror`]); the gateway path's pods and proxies with
+/// [`Meshed`].
+pub struct Clusters<'n> {
     pub east: Control,
     pub west: Control,
     /// East's control plane's pod, where east's API server is served.
@@ -262,7 +254,8 @@ pub struct TwoClusters<'n> {
     _west_pod: Pod<'n>,
 }
 
-impl<'n> TwoClusters<'n> {
+impl<'n> Clusters<'n> {
+    /// Both control planes, ready, with their trust anchors ConfigMap and multicluster installed.
     pub fn start(bins: &Bins, net: &'n Network) -> Self {
         let east_pod = Pod::unmeshed(net, "cnimesh", "control-east").unwrap();
         let west_pod = Pod::unmeshed(net, "cnimesh", "control-west").unwrap();

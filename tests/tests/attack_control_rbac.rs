@@ -20,13 +20,7 @@ fn installed() -> Arc<ClusterApi> {
     let args = cnimesh_cli::install::InstallArgs::default();
     let certs = cnimesh_cli::install::Certificates::from_args(&args).unwrap();
     let mut docs = cnimesh_cli::install::documents(&certs, &args.options().unwrap()).unwrap();
-    let multicluster = cnimesh_cli::multicluster::install::InstallArgs {
-        identity_trust_anchors_file: None,
-        trust_domain: None,
-        cluster_domain: "cluster.local".into(),
-        proxy_image: "ghcr.io/cnimesh/cnimesh-proxy:0.1.0".into(),
-        trace_collector: None,
-    };
+    let multicluster = cnimesh_cli::multicluster::install::InstallArgs::default();
     docs.extend(cnimesh_cli::multicluster::install::render(&multicluster, &certs.anchors, "cluster.local").unwrap());
     let west = cnimesh_cli::multicluster::link::Target {
         cluster_name: "west".into(),

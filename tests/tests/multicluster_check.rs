@@ -11,7 +11,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use cnimesh_common::names::{GATEWAY_NAME, MULTICLUSTER_NAMESPACE, PROXY_INBOUND_PORT};
-use cnimesh_e2e::multicluster::{TwoClusters, link_without_secret, service_yaml, start_gateway};
+use cnimesh_e2e::multicluster::{Clusters, link_without_secret, service_yaml, start_gateway};
 use cnimesh_e2e::wait::eventually;
 use cnimesh_e2e::{Network, Pod, bins, require_root};
 use cnimesh_mirror::crd::LinkState;
@@ -24,7 +24,7 @@ const MIRROR: &str = env!("CARGO_BIN_EXE_cnimesh-mirror-e2e");
 
 /// One run of `cnimesh multicluster check --kubeconfig <east's> -o <output>` inside east's
 /// control plane pod: whether it passed (exit 0) and what it printed.
-fn check(c: &TwoClusters<'_>, output: &str) -> (bool, String) {
+fn check(c: &Clusters<'_>, output: &str) -> (bool, String) {
     let out = Command::new("ip")
         .args(["netns", "exec", c.east_pod.netns.name(), CLI, "multicluster", "check", "-o", output, "--kubeconfig"])
         .arg(c.east.cluster.kubeconfig())
@@ -54,7 +54,7 @@ fn checks_of(report: &Value, category: &str) -> Vec<(String, String, String)> {
         .collect()
 }
 
-fn json_check(c: &TwoClusters<'_>) -> (bool, Value) {
+fn json_check(c: &Clusters<'_>) -> (bool, Value) {
     let (passed, text) = check(c, "json");
     let report: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("check's JSON: {e}\n{text}"));
     assert_eq!(report["success"], passed, "the exit code agrees with the report: {report:#}");
@@ -70,7 +70,7 @@ fn multicluster_check_names_a_lost_link_with_its_reason_and_passes_again_once_it
     }
     let bins = bins!();
     let net = Network::bridge(&bins, json!({})).unwrap();
-    let c = TwoClusters::start(&bins, &net);
+    let c = Clusters::start(&bins, &net);
     let gateway_pod = Pod::unmeshed(&net, MULTICLUSTER_NAMESPACE, GATEWAY_NAME).unwrap();
     // West exports web through the gateway and db by remote discovery (no traffic here: the
     // pods are records only).
@@ -162,7 +162,7 @@ fn an_idle_healthy_link_stays_green_past_the_stale_bound_and_goes_red_once_its_m
     use cnimesh_mirror::crd::HEARTBEAT_STALE_AFTER;
     let bins = bins!();
     let net = Network::bridge(&bins, json!({})).unwrap();
-    let c = TwoClusters::start(&bins, &net);
+    let c = Clusters::start(&bins, &net);
     // No gateway: no probe writes the status; only the heartbeat can keep it fresh.
     let db = [("db-0", Ipv4Addr::new(10, 2, 0, 5))];
     c.west

@@ -13,9 +13,7 @@ use std::time::Duration;
 use cnimesh_common::names::TARGET_CLUSTER_METRIC_LABEL;
 use cnimesh_e2e::apps::Apps;
 use cnimesh_e2e::control::{Control, env_refs};
-use cnimesh_e2e::multicluster::{
-    Clusters, FLAT_IP, TwoClusters, destination_endpoints, service_yaml, west_policy_yaml,
-};
+use cnimesh_e2e::multicluster::{Clusters, FLAT_IP, Meshed, destination_endpoints, service_yaml, west_policy_yaml};
 use cnimesh_e2e::sidecar::{Reply, Sidecar, http_reply_in, metric_with};
 use cnimesh_e2e::wait::eventually;
 use cnimesh_e2e::{Network, Pod, apps, bins, require_root};
@@ -49,7 +47,7 @@ fn a_federated_service_balances_real_requests_across_both_clusters_with_the_clie
     }
     let bins = bins!();
     let net = Network::bridge(&bins, json!({})).unwrap();
-    let clusters = TwoClusters::start(&bins, &net);
+    let clusters = Clusters::start(&bins, &net);
     let (east, west) = (&clusters.east, &clusters.west);
     let client = Pod::named(&net, "shop", "client").unwrap();
     // ClusterIPs are routed out of the pod, where capture takes them (as kube-proxy's range).
@@ -169,7 +167,7 @@ fn in_flat_mode_west_policy_allows_or_denies_the_east_client_by_its_own_identity
     }
     let bins = bins!();
     let net = Network::bridge(&bins, json!({})).unwrap();
-    let c = Clusters::start(&bins, &net);
+    let c = Meshed::start(&bins, &net);
     let flat = format!("{FLAT_IP}:80");
     // An unmeshed pod calling web's pod directly: refused by a policy that names identities,
     // served by the default policy (all-unauthenticated): it tells the two apart.

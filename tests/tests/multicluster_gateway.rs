@@ -14,7 +14,7 @@ use std::time::Duration;
 use cnimesh_common::names::{GATEWAY_NAME, MULTICLUSTER_NAMESPACE};
 use cnimesh_e2e::apps;
 use cnimesh_e2e::control::Control;
-use cnimesh_e2e::multicluster::{Clusters, FLAT_IP, MIRROR_IP, WEB_FQDN, start_gateway, west_policy_yaml};
+use cnimesh_e2e::multicluster::{FLAT_IP, MIRROR_IP, Meshed, WEB_FQDN, start_gateway, west_policy_yaml};
 use cnimesh_e2e::sidecar::{Reply, Sidecar, http_reply_in, metric_with};
 use cnimesh_e2e::wait::eventually;
 use cnimesh_e2e::{Network, Pod, bins, require_root};
@@ -166,7 +166,7 @@ fn an_east_client_reaches_west_through_the_gateway_with_mtls_on_both_hops_and_no
     }
     let bins = bins!();
     let net = Network::bridge(&bins, json!({})).unwrap();
-    let mut c = Clusters::start(&bins, &net);
+    let mut c = Meshed::start(&bins, &net);
     let mirror = format!("{MIRROR_IP}:80");
     let client_id = c.east.identity("shop", "client");
     let gateway_id = c.west.identity(MULTICLUSTER_NAMESPACE, GATEWAY_NAME);
@@ -273,7 +273,7 @@ fn in_flat_mode_the_west_server_sees_the_east_clients_own_identity() {
     }
     let bins = bins!();
     let net = Network::bridge(&bins, json!({})).unwrap();
-    let c = Clusters::start(&bins, &net);
+    let c = Meshed::start(&bins, &net);
     let reply = get(&c.client, &format!("{FLAT_IP}:80"));
     assert_eq!((reply.status, reply.body.as_str()), (200, "web-0"), "{reply:?}");
     let client_id = c.east.identity("shop", "client");
@@ -312,7 +312,7 @@ fn the_gateway_forwards_only_to_services_exported_through_it_and_an_unexported_s
     }
     let bins = bins!();
     let net = Network::bridge(&bins, json!({})).unwrap();
-    let c = Clusters::start(&bins, &net);
+    let c = Meshed::start(&bins, &net);
     let gateway_id = c.west.identity(MULTICLUSTER_NAMESPACE, GATEWAY_NAME);
     // Two Services of west on web's pod: `hidden` not exported at all, `direct` exported for
     // remote discovery only (linked clusters reach its pods directly, never through the gateway).
@@ -387,7 +387,7 @@ fn a_workload_its_own_clusters_policy_denies_is_refused_by_its_own_clusters_gate
     }
     let bins = bins!();
     let net = Network::bridge(&bins, json!({})).unwrap();
-    let c = Clusters::start(&bins, &net);
+    let c = Meshed::start(&bins, &net);
     let gateway_id = c.west.identity(MULTICLUSTER_NAMESPACE, GATEWAY_NAME);
     let web_id = c.west.identity("shop", "web");
     // West's policy on web admits the gateway (for what comes from linked clusters) and none of
@@ -414,7 +414,7 @@ fn through_the_gateway_west_policy_authorizes_the_remote_workload_by_its_own_nam
     }
     let bins = bins!();
     let net = Network::bridge(&bins, json!({})).unwrap();
-    let c = Clusters::start(&bins, &net);
+    let c = Meshed::start(&bins, &net);
     let mirror = format!("{MIRROR_IP}:80");
     let gateway_id = c.west.identity(MULTICLUSTER_NAMESPACE, GATEWAY_NAME);
     let client_id = c.east.identity("shop", "client");
@@ -470,7 +470,7 @@ fn a_gateway_client_header_from_a_peer_that_is_not_the_gateway_is_ignored_and_st
     }
     let bins = bins!();
     let net = Network::bridge(&bins, json!({})).unwrap();
-    let c = Clusters::start(&bins, &net);
+    let c = Meshed::start(&bins, &net);
     let web_id = c.west.identity("shop", "web");
     let client_id = c.east.identity("shop", "client");
     let other_id = c.east.identity("shop", "other");
@@ -517,7 +517,7 @@ fn a_remote_workload_cannot_forge_the_gateway_client_header_through_an_opaque_se
     }
     let bins = bins!();
     let net = Network::bridge(&bins, json!({})).unwrap();
-    let c = Clusters::start(&bins, &net);
+    let c = Meshed::start(&bins, &net);
     let gateway_id = c.west.identity(MULTICLUSTER_NAMESPACE, GATEWAY_NAME);
     let client_id = c.east.identity("shop", "client");
     let outsider = Pod::unmeshed(&net, "shop", "outsider").unwrap();
@@ -554,7 +554,7 @@ fn a_request_from_the_gateway_identity_without_the_gateway_client_header_is_refu
     }
     let bins = bins!();
     let net = Network::bridge(&bins, json!({})).unwrap();
-    let c = Clusters::start(&bins, &net);
+    let c = Meshed::start(&bins, &net);
     let gateway_id = c.west.identity(MULTICLUSTER_NAMESPACE, GATEWAY_NAME);
     let web_id = c.west.identity("shop", "web");
     let client_id = c.east.identity("shop", "client");

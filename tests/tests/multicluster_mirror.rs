@@ -13,7 +13,7 @@ use cnimesh_common::names::{
     MIRROR_REMOTE_IDENTITY_ANNOTATION, MIRROR_REMOTE_SERVICE_ANNOTATION, MIRRORED_SERVICE_LABEL,
 };
 use cnimesh_e2e::mirror_process::MirrorProcess;
-use cnimesh_e2e::multicluster::{TwoClusters, destination_endpoints, link_without_secret};
+use cnimesh_e2e::multicluster::{Clusters, destination_endpoints, link_without_secret};
 use cnimesh_e2e::wait::eventually;
 use cnimesh_e2e::{Network, Pod, bins, require_root};
 use cnimesh_mirror::crd::LinkState;
@@ -51,13 +51,13 @@ fn service_yaml(name: &str, labels: &str, replicas: &[(&str, &str, bool)]) -> St
 
 /// East and west, linked (west's gateway at 192.0.2.10:4143, which no one answers), east's
 /// mirror running, and an unmeshed client pod to ask east's Destination from.
-struct Clusters<'n> {
-    c: TwoClusters<'n>,
+struct Linked<'n> {
+    c: Clusters<'n>,
     mirror: MirrorProcess,
     client: Pod<'n>,
 }
 
-impl Clusters<'_> {
+impl Linked<'_> {
     /// Waits until east's Destination answers `path` with exactly `want` (addresses).
     fn destination_answers(&self, path: &str, want: &[&str]) {
         let want: BTreeSet<String> = want.iter().map(|s| s.to_string()).collect();
@@ -79,8 +79,8 @@ fn annotation(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
 /// West with `web` (gateway export) and `db` (remote-discovery export); east with `east_objects`
 /// (name, YAML); both control planes running, then the Link (east starts with no mirror), then
 /// east's mirror.
-fn clusters<'n>(net: &'n Network, east_objects: &[(&str, String)], west_objects: &[(&str, String)]) -> Clusters<'n> {
-    let c = TwoClusters::start(&bins!(), net);
+fn clusters<'n>(net: &'n Network, east_objects: &[(&str, String)], west_objects: &[(&str, String)]) -> Linked<'n> {
+    let c = Clusters::start(&bins!(), net);
     let west = &c.west.cluster;
     west.apply_yaml(
         "web.yaml",
@@ -101,7 +101,7 @@ fn clusters<'n>(net: &'n Network, east_objects: &[(&str, String)], west_objects:
     c.link(Some("192.0.2.10:4143".parse().unwrap()));
     let mirror = c.start_mirror(MIRROR.as_ref());
     let client = Pod::unmeshed(net, "shop", "client").unwrap();
-    Clusters { c, mirror, client }
+    Linked { c, mirror, client }
 }
 
 /// Objects as the test put them: without what the API server added.

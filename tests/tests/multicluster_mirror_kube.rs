@@ -741,13 +741,7 @@ async fn the_mirror_with_only_its_own_service_accounts_rbac_mirrors_west_and_hol
     let (_west, served_west) = west().await;
     let east = ClusterApi::new();
     let anchor = cnimesh_identity::ca::new_trust_anchor("east.local", Duration::from_secs(86400)).unwrap();
-    let install = cnimesh_cli::multicluster::install::InstallArgs {
-        identity_trust_anchors_file: None,
-        trust_domain: None,
-        cluster_domain: "cluster.local".into(),
-        proxy_image: "ghcr.io/cnimesh/cnimesh-proxy:0.1.0".into(),
-        trace_collector: None,
-    };
+    let install = cnimesh_cli::multicluster::install::InstallArgs::default();
     let target = cnimesh_cli::multicluster::link::Target {
         cluster_name: "west".into(),
         cluster_domain: "cluster.local".into(),

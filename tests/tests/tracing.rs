@@ -16,7 +16,7 @@ use std::time::Duration;
 use cnimesh_e2e::apps::{self, Apps};
 use cnimesh_e2e::control::{Control, env_refs, identity};
 use cnimesh_e2e::mesh::proxies_with;
-use cnimesh_e2e::multicluster::{Clusters, MIRROR_IP};
+use cnimesh_e2e::multicluster::{MIRROR_IP, Meshed};
 use cnimesh_e2e::objects::service_yaml;
 use cnimesh_e2e::sidecar::{self, Reply, Sidecar};
 use cnimesh_e2e::wait::eventually;
@@ -618,7 +618,7 @@ fn a_request_across_clusters_is_one_trace_with_the_gateways_span_between_the_cal
     let collector = Collector::start(&net, true);
     // Every proxy of both clusters, the gateway too, exports to the one collector, as
     // `multicluster install` gives the gateway the collector the control plane gives proxies.
-    let c = Clusters::start_with(&bins, &net, &[("CNIMESH_PROXY_TRACE_COLLECTOR", &collector.endpoint)]);
+    let c = Meshed::start_with(&bins, &net, &[("CNIMESH_PROXY_TRACE_COLLECTOR", &collector.endpoint)]);
     let client_id = c.east.identity("shop", "client");
     let gateway_id =
         c.west.identity(cnimesh_common::names::MULTICLUSTER_NAMESPACE, cnimesh_common::names::GATEWAY_NAME);

@@ -26,7 +26,7 @@ use cnimesh_model::inject::{
 /// `part-of` of every object: an add-on, not the mesh (`cnimesh prune` leaves it alone).
 pub const PART_OF: &str = "cnimesh-multicluster";
 
-#[derive(Debug, Clone, Default, clap::Args)]
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
 pub struct InstallArgs {
     /// Trust anchors (PEM) the gateway verifies clients against [default: the cluster's
     /// ConfigMap cnimesh/cnimesh-identity-trust-anchors].
@@ -47,6 +47,20 @@ pub struct InstallArgs {
     /// --proxy-trace-collector, when the trust domain is read from the cluster].
     #[arg(long, value_name = "ADDRESS")]
     pub trace_collector: Option<String>,
+}
+
+/// What the command line gives without flags (clap's defaults), so code and tests that build the
+/// arguments get the real cluster domain and gateway image rather than empty strings.
+impl Default for InstallArgs {
+    fn default() -> Self {
+        Self {
+            identity_trust_anchors_file: None,
+            trust_domain: None,
+            cluster_domain: DEFAULT_CLUSTER_DOMAIN.into(),
+            proxy_image: DEFAULT_PROXY_IMAGE.into(),
+            trace_collector: None,
+        }
+    }
 }
 
 pub async fn main(cluster: &ClusterArgs, args: &InstallArgs) -> anyhow::Result<String> {

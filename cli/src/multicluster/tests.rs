@@ -41,13 +41,18 @@ fn link_args(name: &str) -> LinkArgs {
 }
 
 fn install_args() -> InstallArgs {
-    InstallArgs {
-        identity_trust_anchors_file: None,
-        trust_domain: None,
-        cluster_domain: "cluster.local".into(),
-        proxy_image: "ghcr.io/cnimesh/cnimesh-proxy:test".into(),
-        trace_collector: None,
+    InstallArgs { proxy_image: "ghcr.io/cnimesh/cnimesh-proxy:test".into(), ..Default::default() }
+}
+
+#[test]
+fn install_args_default_to_what_the_command_line_gives_without_flags() {
+    #[derive(clap::Parser)]
+    struct Command {
+        #[command(flatten)]
+        args: InstallArgs,
     }
+    let parsed = <Command as clap::Parser>::try_parse_from(["install"]).unwrap();
+    assert_eq!(parsed.args, InstallArgs::default());
 }
 
 #[test]

@@ -44,6 +44,9 @@ const EAST_TRUST_DOMAIN: &str = "cluster.local";
 /// The mirror's admin server (`/ready`), in the control plane's pod beside the control plane's.
 const MIRROR_ADMIN_PORT: u16 = 9991;
 const STARTUP: Duration = Duration::from_secs(30);
+/// How often local mode's single control plane renews its writer Lease (at most a third of the
+/// lease's 30 s, which the control plane checks).
+const LEASE_RENEW_INTERVAL: &str = "10s";
 /// The ConfigMap of the trust anchors in the control plane's namespace (key `ca.crt`), as
 /// `cnimesh install` names it.
 const TRUST_ANCHORS_CONFIG_MAP: &str = "cnimesh-identity-trust-anchors";
@@ -405,7 +408,11 @@ fn start_control(
         .args(["serve", "--kube", "--issuer-dir"])
         .arg(ca)
         .args(["--addr", &format!("0.0.0.0:{CONTROL_PORT}"), "--admin-addr", &format!("0.0.0.0:{CONTROL_ADMIN_PORT}")])
-        .args(["--trust-domain", i.trust_domain]);
+        .args(["--trust-domain", i.trust_domain])
+        // One replica: its writer Lease is renewed every 10 s rather than every 2 s (the default,
+        // for a quick hand-over between replicas), so idle local mode does not wake the API
+        // server and the control plane for a Lease no one else wants. The lease stays 30 s.
+        .env("CNIMESH_CONTROL_LEASE_RENEW_INTERVAL", LEASE_RENEW_INTERVAL);
     spawn_detached(i.root, "control", control)?;
     let control_ns = i.netns("control");
     let control_admin = SocketAddr::from(([127, 0, 0, 1], CONTROL_ADMIN_PORT));
