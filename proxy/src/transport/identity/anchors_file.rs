@@ -3,8 +3,11 @@
 //! to the bundle, and later drops the old one (docs/install/rotation.md), and a proxy must
 //! trust what the file holds without a restart that would cut its connections.
 //!
-//! The file is re-read every [`POLL`]: a few kilobytes, and it works whatever way the file is
-//! replaced (a symlink swap, a rename, a rewrite). A file that does not parse, or holds no
+//! The file's directory is watched (inotify), and the file re-read when something in it changes:
+//! watching the directory rather than the file sees every way the file is replaced (the
+//! kubelet's symlink swap, a rename, a rewrite), and an idle proxy does no work at all. It is
+//! also re-read every [`SAFETY_READ`] in case an event was missed, and every [`POLL`] if the
+//! directory cannot be watched. A file that does not parse, or holds no
 //! usable certificate, is logged and the anchors in force stay: an emptied bundle must not make
 //! the proxy trust nothing (or anything).
 //!
@@ -23,8 +26,47 @@ use cnimesh_identity::Name;
 use cnimesh_identity::tls::Anchors;
 use prometheus_client::metrics::counter::Counter;
 
-/// How often the file is looked at.
+/// How often the file is looked at when its directory cannot be watched.
 pub const POLL: Duration = Duration::from_secs(1);
+/// How often the file is re-read even without an event (an inotify queue overflow, the
+/// directory itself replaced).
+pub const SAFETY_READ: Duration = Duration::from_secs(60);
+/// Writers change the bundle and its endorsement one after the other (the kubelet in one swap,
+/// others file by file): the file is read once events have been quiet this long, so a half-done
+/// change is not read and refused.
+const SETTLE: Duration = Duration::from_millis(100);
+
+/// Wakes the follower when something in `dir` changes; `None` when it cannot be watched (the
+/// follower then polls). Access events (its own reads among them) are left out.
+fn watch(dir: &Path) -> Option<(notify::RecommendedWatcher, Arc<tokio::sync::Notify>)> {
+    use notify::Watcher;
+    let changed = Arc::new(tokio::sync::Notify::new());
+    let wake = changed.clone();
+    let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        if !matches!(&event, Ok(e) if matches!(e.kind, notify::EventKind::Access(_))) {
+            wake.notify_one();
+        }
+    });
+    let mut watcher = watcher.map_err(|error| tracing::warn!(%error, "cannot watch trust anchors; polling")).ok()?;
+    match watcher.watch(dir, notify::RecursiveMode::NonRecursive) {
+        Ok(()) => Some((watcher, changed)),
+        Err(error) => {
+            tracing::warn!(dir = %dir.display(), %error, "cannot watch the trust anchors' directory; polling");
+            None
+        }
+    }
+}
+
+/// Returns once the file may have changed: after an event and [`SETTLE`] of quiet, after
+/// [`SAFETY_READ`] without one, or after [`POLL`] when there is no watch.
+async fn changed(watch: Option<&tokio::sync::Notify>) {
+    let Some(changed) = watch else {
+        return tokio::time::sleep(POLL).await;
+    };
+    if tokio::time::timeout(SAFETY_READ, changed.notified()).await.is_ok() {
+        while tokio::time::timeout(SETTLE, changed.notified()).await.is_ok() {}
+    }
+}
 
 /// The endorsement of the bundle at `path`: beside it, `<file name>.endorsement` (another key
 /// of the same ConfigMap, so the kubelet swaps both at once).
@@ -52,8 +94,14 @@ pub async fn follow(path: PathBuf, anchors: Arc<Anchors>, signer: Option<Name>, 
         None => read(&path).ok().map(|bundle| (bundle, None)),
         Some(_) => None,
     };
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let watch = watch(dir);
+    // Read once at once (the watch is set: nothing is missed between), then on each change.
+    let mut first = true;
     loop {
-        tokio::time::sleep(POLL).await;
+        if !std::mem::take(&mut first) {
+            changed(watch.as_ref().map(|(_, changed)| &**changed)).await;
+        }
         let seen = match (tokio::fs::read(&path).await, &endorsement) {
             (Ok(bundle), None) => Ok((bundle, None)),
             // A bundle without its endorsement is refused below, not waited for.
@@ -281,5 +329,31 @@ mod tests {
         std::fs::write(&path, &new).unwrap();
         wait_for(1).await;
         let _ = std::fs::remove_file(&path);
+    }
+
+    #[tokio::test]
+    async fn a_bundle_swapped_in_as_the_kubelet_swaps_a_configmap_volume_is_followed() {
+        // The kubelet's atomic writer: the keys live in a timestamped directory that `..data`
+        // links to, each key links through `..data`, and an update renames a new `..data` link
+        // over the old one. Only that rename happens in the watched directory itself.
+        let dir = std::env::temp_dir().join(format!("cnimesh-proxy-anchors-swap-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("..1")).unwrap();
+        let pem =
+            |_| cnimesh_identity::ca::new_trust_anchor("cluster.local", Duration::from_secs(3600)).unwrap().cert_pem;
+        let (old, new) = (pem(0), pem(1));
+        std::fs::write(dir.join("..1/ca.crt"), &old).unwrap();
+        std::os::unix::fs::symlink("..1", dir.join("..data")).unwrap();
+        std::os::unix::fs::symlink("..data/ca.crt", dir.join("ca.crt")).unwrap();
+        let path = dir.join("ca.crt");
+        let anchors = Anchors::new(super::super::trust_anchors(&TrustAnchors::File(path.clone())).unwrap()).unwrap();
+        tokio::spawn(follow(path, anchors.clone(), None, None, Counter::default()));
+        tokio::task::yield_now().await;
+        std::fs::create_dir_all(dir.join("..2")).unwrap();
+        std::fs::write(dir.join("..2/ca.crt"), format!("{old}{new}")).unwrap();
+        std::os::unix::fs::symlink("..2", dir.join("..data_tmp")).unwrap();
+        std::fs::rename(dir.join("..data_tmp"), dir.join("..data")).unwrap();
+        wait_for(&anchors, 2).await;
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
