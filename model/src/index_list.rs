@@ -3,8 +3,8 @@
 //! a source watches each kind of the union once ([`IndexList::kinds`]) and hands every change to
 //! [`IndexList::apply`], which gives it to each index that declared its kind and to no other.
 //!
-//! So one watch feeds several indexes (Pods and Services: Destination and inbound policy;
-//! HTTPRoutes and GRPCRoutes: inbound policy and egress), a kind no index consumes is not
+//! So one watch feeds several indexes (Pods and Services: Destination and inbound policy),
+//! a kind no index consumes is not
 //! watched at all, and a new index is one more [`Consumer`] handed to the source, with no edit
 //! to its watches.
 //!
@@ -232,8 +232,7 @@ impl Consumer for destination::Index {
     }
 }
 
-/// Inbound policy: Pods, Namespaces, the policy resources, the Services' declared protocols, and
-/// the Gateway API routes and grants.
+/// Inbound policy: Pods, Namespaces, the policy resources and the Services' declared protocols.
 impl Consumer for policy::Index {
     fn kinds(&self) -> &'static [Kind] {
         &[
@@ -245,9 +244,6 @@ impl Consumer for policy::Index {
             Kind::MeshTlsAuthentication,
             Kind::NetworkAuthentication,
             Kind::HttpLocalRateLimitPolicy,
-            Kind::HttpRoute,
-            Kind::GrpcRoute,
-            Kind::ReferenceGrant,
         ]
     }
 
@@ -262,9 +258,6 @@ impl Consumer for policy::Index {
             Kind::MeshTlsAuthentication => P::MeshTlsAuthentication,
             Kind::NetworkAuthentication => P::NetworkAuthentication,
             Kind::HttpLocalRateLimitPolicy => P::HttpLocalRateLimitPolicy,
-            Kind::HttpRoute => P::HttpRoute,
-            Kind::GrpcRoute => P::GrpcRoute,
-            Kind::ReferenceGrant => P::ReferenceGrant,
             _ => return,
         };
         policy::Index::apply(
@@ -281,9 +274,6 @@ impl Consumer for policy::Index {
                     Object::HttpLocalRateLimitPolicy(r) => {
                         policy::Object::from(crd::HttpLocalRateLimitPolicy::clone(r))
                     }
-                    Object::HttpRoute(r) => policy::Object::from(routes::HttpRoute::clone(r)),
-                    Object::GrpcRoute(r) => policy::Object::from(routes::GrpcRoute::clone(r)),
-                    Object::ReferenceGrant(g) => policy::Object::from(routes::ReferenceGrant::clone(g)),
                     _ => return None,
                 })
             }),

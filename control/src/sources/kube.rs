@@ -1,10 +1,9 @@
 //! Cluster state from the Kubernetes API: one kube-rs watcher per kind, all namespaces, for the
 //! union of the kinds its indexes consume ([`IndexList`]): each change goes to every index that
 //! declared its kind. Destination always; with a policy index ([`KubeSource::with_policy`]) the
-//! same Pod and Service watches feed it too, and it adds Namespaces, the policy resources and the
-//! Gateway API's HTTPRoutes, GRPCRoutes and ReferenceGrants; with an egress index
-//! ([`KubeSource::with_egress`]) EgressNetworks, TLSRoutes and TCPRoutes, and the same HTTPRoute
-//! and GRPCRoute watches feed it. A kind no index consumes is not watched. The Gateway API's
+//! same Pod and Service watches feed it too, and it adds Namespaces and the policy resources;
+//! with the outbound index ([`KubeSource::with_index`]) the Gateway API's routes and grants and
+//! EgressNetworks. A kind no index consumes is not watched. The Gateway API's
 //! kinds, the rate limit policy and EgressNetworks are optional ([`Kind::optional`]): a cluster
 //! without their CRDs has none of them.
 //!
@@ -25,8 +24,8 @@ use std::collections::BTreeSet;
 use std::fmt::Debug;
 use std::sync::Arc;
 
-use futures::{FutureExt, StreamExt};
 use futures::future::BoxFuture;
+use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Api;
@@ -319,8 +318,28 @@ mod tests {
         indexes.push(policy::Index::new(Default::default()));
         indexes.push(destination::Index::new());
         let watched = KubeSource::watched(&indexes);
-        assert!(watched.contains(&Kind::Server) && watched.contains(&Kind::HttpRoute));
+        assert!(watched.contains(&Kind::Server) && watched.contains(&Kind::Namespace));
         assert_eq!(watched.iter().filter(|k| **k == Kind::Pod).count(), 1, "one Pod watch for both");
-        assert!(!watched.contains(&Kind::EgressNetwork) && !watched.contains(&Kind::TcpRoute), "no egress index");
+        assert!(!watched.contains(&Kind::HttpRoute) && !watched.contains(&Kind::EgressNetwork), "no outbound index");
+    }
+
+    #[test]
+    fn the_outbound_index_brings_the_routes_grants_and_egress_networks_it_declares() {
+        let mut indexes = IndexList::default();
+        indexes.push(destination::Index::new());
+        let before = KubeSource::watched(&indexes);
+        indexes.push(cnimesh_model::outbound::Index::new(egress::Index::new(egress::Config::new(Vec::new()))));
+        let added: Vec<Kind> = KubeSource::watched(&indexes).difference(&before).copied().collect();
+        assert_eq!(
+            added,
+            [
+                Kind::HttpRoute,
+                Kind::GrpcRoute,
+                Kind::TlsRoute,
+                Kind::TcpRoute,
+                Kind::ReferenceGrant,
+                Kind::EgressNetwork
+            ]
+        );
     }
 }
