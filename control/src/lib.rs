@@ -9,9 +9,11 @@
 //! and never link these servers.
 //!
 //! Layers, as in Linkerd's policy controller, each built on those before it (never after):
-//! 1. sources: [`sources`] (Kubernetes watchers feeding the model's indexes), and the TLS accept
-//!    loop the servers share ([`tls_accept`]);
-//! 2. servers: [`grpc`] (Destination, Identity, inbound and outbound policy over TLS), the
+//! 1. sources: [`sources`] (Kubernetes watchers feeding the model's indexes: one watch per kind
+//!    the indexes declare, each change fanned out to every index that declared its kind), and
+//!    the TLS accept loop the servers share ([`tls_accept`]);
+//! 2. servers: [`grpc`] (Destination, Identity, inbound policy from the policy index and outbound
+//!    policy from the Destination and outbound indexes, over TLS), the
 //!    webhook ([`inject`]) and the tap relay ([`tap`]), none importing another;
 //! 3. runtime: [`admin`], [`webhook_certs`] (the webhook's Secret and caBundle),
 //!    [`trust_bundle`] (the endorsed anchors in every namespace), then [`serve`], which wires

@@ -107,7 +107,11 @@ fn the_deployment_only_uses_flags_and_variables_that_exist() {
     let source = control_source();
     let (_, c) = control_deployment(&m);
     for e in c.env.iter().flatten() {
-        assert!(source.contains(&format!("\"{}\"", e.name)), "env {} is not read anywhere in control/src or model/src", e.name);
+        assert!(
+            source.contains(&format!("\"{}\"", e.name)),
+            "env {} is not read anywhere in control/src or model/src",
+            e.name
+        );
     }
     let args = c.args.as_deref().unwrap_or_default();
     assert_eq!(args.first().map(String::as_str), Some("serve"));

@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use cnimesh_control::sources::{KubeSource, Source};
 use cnimesh_model::destination::{self};
+use cnimesh_model::egress;
 use cnimesh_model::meta::NsName;
+use cnimesh_model::outbound::{self, Parent};
 use cnimesh_model::policy::index::{InboundView, ServerMeta};
 use cnimesh_model::policy::model::Protocol;
 use cnimesh_model::policy::{self, DefaultPolicy};
@@ -128,13 +130,17 @@ async fn routes_are_watched_and_a_missing_gateway_api_counts_as_no_routes() {
     api.put(http_route("^/v1/.*"));
     let index = destination::Index::new();
     let policy = policy::Index::new(policy::Config::default());
-    let source = KubeSource::new(api.client()).with_policy(policy.clone()).run(index.clone());
+    // The routes are the outbound index's (keyed by parent), fed by the same source.
+    let outbound = outbound::Index::new(egress::Index::new(egress::Config::new(Vec::new())));
+    let source =
+        KubeSource::new(api.client()).with_policy(policy.clone()).with_index(outbound.clone()).run(index.clone());
     tokio::spawn(async move { source.await.expect("kube source") });
-    tokio::time::timeout(PATIENCE, policy.ready()).await.expect("ready without the GRPCRoute CRD");
+    tokio::time::timeout(PATIENCE, policy.ready()).await.expect("policy ready");
+    tokio::time::timeout(PATIENCE, outbound.ready()).await.expect("ready without the GRPCRoute CRD");
     assert!(api.lists_of(GRPC_ROUTES) > 0, "GRPCRoutes were asked for (404)");
 
     let service = NsName::new("shop", "api");
-    let mut rx = policy.watch_routes(&service);
+    let mut rx = outbound.watch(&Parent::Service(service.clone()));
     assert_eq!(path_regex(&rx.borrow_and_update()), "^/v1/.*");
 
     // A regular expression that does not compile is refused; the next good edit applies.

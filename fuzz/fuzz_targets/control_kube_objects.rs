@@ -1,11 +1,15 @@
 //! One object as the API server sends it to the control plane's Kubernetes source: untyped JSON,
 //! written by anyone allowed to create an object of its kind. Read as its kind, as the source
-//! reads each object, it goes into the Destination and policy indexes as the source puts it
-//! there, and is deleted again. Never a panic or a hang; the object read, written back as JSON,
+//! reads each object, it goes into the Destination, policy and outbound indexes as the source
+//! puts it there, and is deleted again. Never a panic or a hang; the object read, written back as JSON,
 //! reads again as the same object; once deleted, the Destination index holds nothing.
 #![no_main]
 
-use cnimesh_model::{destination, policy};
+use std::sync::Arc;
+
+use cnimesh_model::index_list::{self, Consumer};
+use cnimesh_model::meta::NsName;
+use cnimesh_model::{destination, egress, outbound, policy};
 use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use libfuzzer_sys::fuzz_target;
@@ -21,7 +25,8 @@ use cnimesh_model::routes::crd as routes;
 fn read<K: DeserializeOwned + Serialize>(value: Value) -> Option<K> {
     let typed: K = serde_json::from_value(value).ok()?;
     let written = serde_json::to_value(&typed).expect("a read object serialises");
-    let again: K = serde_json::from_value(written.clone()).unwrap_or_else(|e| panic!("{written} does not read back: {e}"));
+    let again: K =
+        serde_json::from_value(written.clone()).unwrap_or_else(|e| panic!("{written} does not read back: {e}"));
     assert_eq!(serde_json::to_value(&again).expect("serialises"), written);
     Some(typed)
 }
@@ -64,6 +69,19 @@ where
     }
 }
 
+/// The Gateway API's routes and grants: the outbound index's kinds.
+fn outbound_kind<K: DeserializeOwned + Serialize>(value: Value, wrap: fn(Arc<K>) -> index_list::Object) {
+    let meta = |field: &str| value["metadata"][field].as_str().unwrap_or_default().to_string();
+    let key = NsName::new(meta("namespace"), meta("name"));
+    if let Some(object) = read::<K>(value) {
+        let index = outbound::Index::new(egress::Index::new(egress::Config::new(Vec::new())));
+        let object = wrap(Arc::new(object));
+        let kind = object.kind();
+        index.apply(&index_list::Change::Upsert(object));
+        index.apply(&index_list::Change::Delete(kind, key));
+    }
+}
+
 fuzz_target!(|data: &[u8]| {
     let Ok(value) = serde_json::from_slice::<Value>(data) else { return };
     let field = |name: &str| value.get(name).and_then(Value::as_str).unwrap_or_default().to_string();
@@ -81,9 +99,11 @@ fuzz_target!(|data: &[u8]| {
         (crd::API_VERSION, "MeshTLSAuthentication") => policy_kind::<crd::MeshTlsAuthentication>(value),
         (crd::API_VERSION, "NetworkAuthentication") => policy_kind::<crd::NetworkAuthentication>(value),
         (crd::API_VERSION, "HTTPLocalRateLimitPolicy") => policy_kind::<crd::HttpLocalRateLimitPolicy>(value),
-        (routes::API_VERSION, "HTTPRoute") => policy_kind::<routes::HttpRoute>(value),
-        (routes::API_VERSION, "GRPCRoute") => policy_kind::<routes::GrpcRoute>(value),
-        (routes::REFERENCE_GRANT_API_VERSION, "ReferenceGrant") => policy_kind::<routes::ReferenceGrant>(value),
+        (routes::API_VERSION, "HTTPRoute") => outbound_kind::<routes::HttpRoute>(value, index_list::Object::HttpRoute),
+        (routes::API_VERSION, "GRPCRoute") => outbound_kind::<routes::GrpcRoute>(value, index_list::Object::GrpcRoute),
+        (routes::REFERENCE_GRANT_API_VERSION, "ReferenceGrant") => {
+            outbound_kind::<routes::ReferenceGrant>(value, index_list::Object::ReferenceGrant)
+        }
         _ => {}
     }
 });

@@ -16,19 +16,24 @@
 //! 2. the Gateway API routes ([`routes`]), which [`destination`] (model, index, path, resolve)
 //!    reads for service defaults, beside [`egress`] (EgressNetworks and the routes attached to
 //!    them); then [`policy`] (CRDs, model, index) beside [`identity`] (issuer, token checks);
+//!    then [`index_list`], the fan-out that feeds each index the kinds it declares, and the
+//!    outbound index above it ([`outbound`]: per parent, Service or EgressNetwork, the routes
+//!    attached to it; it declares its own kinds);
 //! 3. what the servers and the CLI share on top: [`inject`] (the sidecar and the patch that adds
 //!    it), [`tap`] (the tap relay's query and lines), [`ca_init`] (a fresh trust anchor and
 //!    issuer on disk).
 //!
-//! Layers: metrics | resource | meta | workload → routes → destination | egress → policy | identity → inject | tap | ca_init
+//! Layers: metrics | resource | meta | workload → routes → destination | egress → policy | identity → index_list → outbound | inject | tap | ca_init
 
 pub mod ca_init;
 pub mod destination;
 pub mod egress;
 pub mod identity;
+pub mod index_list;
 pub mod inject;
 pub mod meta;
 pub mod metrics;
+pub mod outbound;
 pub mod policy;
 pub mod resource;
 pub mod routes;

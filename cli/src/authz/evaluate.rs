@@ -8,7 +8,11 @@ use std::collections::BTreeSet;
 use std::net::IpAddr;
 
 use cnimesh_common::names::PROXY_CONTAINER;
+use std::sync::Arc;
+
+use cnimesh_model::egress;
 use cnimesh_model::meta::NsName;
+use cnimesh_model::outbound::{self, Parent};
 use cnimesh_model::policy::DefaultPolicy;
 use cnimesh_model::policy::index::{
     Authentication, Authorization, AuthzMeta, Change, Config, Index, Kind, Object, ServerMeta,
@@ -133,9 +137,6 @@ fn objects(listed: &Objects) -> Vec<Change> {
         of(Kind::AuthorizationPolicy, listed.policies.iter().cloned().map(Object::from).collect()),
         of(Kind::MeshTlsAuthentication, listed.mesh_tls.iter().cloned().map(Object::from).collect()),
         of(Kind::NetworkAuthentication, listed.networks.iter().cloned().map(Object::from).collect()),
-        of(Kind::HttpRoute, listed.http_routes.iter().cloned().map(Object::from).collect()),
-        of(Kind::GrpcRoute, listed.grpc_routes.iter().cloned().map(Object::from).collect()),
-        of(Kind::ReferenceGrant, Vec::new()),
         of(Kind::HttpLocalRateLimitPolicy, Vec::new()),
     ]
 }
@@ -316,7 +317,7 @@ pub fn report(
             });
         }
     }
-    let routes = routes(&index, namespace, evaluated, listed);
+    let routes = routes(&outbound_index(listed), namespace, evaluated, listed);
     Report {
         resource: resource.into(),
         namespace: namespace.into(),
@@ -328,8 +329,21 @@ pub fn report(
     }
 }
 
-/// Routes attached to the Services selecting any of `pods`, as the index attaches them.
-fn routes(index: &Index, namespace: &str, pods: &[Pod], listed: &Objects) -> Vec<RouteReport> {
+/// The outbound index over the listed routes: the one that attaches routes to Services for the
+/// proxies' outbound policy.
+fn outbound_index(listed: &Objects) -> outbound::Index {
+    use cnimesh_model::index_list::{Change, Consumer, Kind, Object};
+    let index = outbound::Index::new(egress::Index::new(egress::Config::new(Vec::new())));
+    let http = listed.http_routes.iter().map(|r| Object::HttpRoute(Arc::new(r.clone())));
+    let grpc = listed.grpc_routes.iter().map(|r| Object::GrpcRoute(Arc::new(r.clone())));
+    index.apply(&Change::Reset(Kind::HttpRoute, http.collect()));
+    index.apply(&Change::Reset(Kind::GrpcRoute, grpc.collect()));
+    index.apply(&Change::Reset(Kind::ReferenceGrant, Vec::new()));
+    index
+}
+
+/// Routes attached to the Services selecting any of `pods`, as the outbound index attaches them.
+fn routes(index: &outbound::Index, namespace: &str, pods: &[Pod], listed: &Objects) -> Vec<RouteReport> {
     let empty = Default::default();
     let mut out: Vec<RouteReport> = Vec::new();
     for service in &listed.services {
@@ -344,7 +358,7 @@ fn routes(index: &Index, namespace: &str, pods: &[Pod], listed: &Objects) -> Vec
             continue;
         }
         let key = NsName::new(namespace, name_of(&service.metadata));
-        for route in index.watch_routes(&key).borrow().iter() {
+        for route in index.watch(&Parent::Service(key.clone())).borrow().iter() {
             let kind = match route.kind {
                 cnimesh_model::routes::RouteKind::Http => "httproute",
                 cnimesh_model::routes::RouteKind::Grpc => "grpcroute",

@@ -35,13 +35,17 @@
 //!   `<svc>.<ns>.svc.<cluster domain>:<port>`, which this control plane serves.
 //!
 //! Targets: `addr` (a ClusterIP and port) or `authority` (`<svc>.<ns>[.svc[.<domain>]]:<port>`).
-//! Route changes (the policy index's per-Service channel) reach open `Watch` streams like
+//! Route changes (the outbound index's channel of the Service parent) reach open `Watch` streams like
 //! Service changes do. The first answer waits until Services and routes are loaded, not for the
 //! policy resources.
 //! Anything that is not a Service port is NotFound, which a stock proxy takes as "no policy here"
 //! and forwards as before; IPs of pods are answered that way too for now.
 //!
-//! Egress ([`egress`]): with an egress index ([`OutboundService::with_egress`]), an
+//! Routes and egress come from one index, the outbound index
+//! ([`cnimesh_model::outbound`], [`OutboundService::with_outbound`]), keyed by parent: a
+//! Service's routes, and the EgressNetworks.
+//!
+//! Egress ([`egress`]): with an outbound index, an
 //! address outside the cluster networks that an EgressNetwork holds (for the asking client's
 //! namespace) is answered with the EgressNetwork's policy, and followed as EgressNetworks and
 //! their routes change; one no EgressNetwork holds is NotFound, as before.
@@ -73,7 +77,7 @@ use cnimesh_model::destination::index::{Index, IpView, ServiceView};
 use cnimesh_model::destination::path::{self, Target};
 use cnimesh_model::destination::{Config, ServiceRecord};
 use cnimesh_model::meta::NsName;
-use cnimesh_model::policy;
+use cnimesh_model::outbound::{self, Parent};
 use cnimesh_model::routes::model::{
     HttpMatch, Matches, PathMatch as RoutePath, RouteDefaults, Rule, ServiceDefaults, Timeouts,
 };
@@ -89,10 +93,9 @@ const EWMA_DECAY: Duration = Duration::from_secs(10);
 pub struct OutboundService {
     index: Index,
     config: Arc<Config>,
-    /// Where routes come from; without it every Service gets the default routes.
-    routes: Option<policy::Index>,
-    /// EgressNetworks and their routes; without it egress addresses are NotFound.
-    egress: Option<cnimesh_model::egress::Index>,
+    /// Where routes and EgressNetworks come from; without it every Service gets the default
+    /// routes and egress addresses are NotFound.
+    outbound: Option<outbound::Index>,
 }
 
 /// What a policy is computed from: the Service (if the target is one) and the port.
@@ -111,12 +114,13 @@ pub struct ServicePort {
 
 impl OutboundService {
     pub fn new(index: Index, config: Config) -> Self {
-        Self { index, config: Arc::new(config), routes: None, egress: None }
+        Self { index, config: Arc::new(config), outbound: None }
     }
 
-    /// Serves EgressNetworks and their routes for addresses outside the cluster networks.
-    pub fn with_egress(mut self, egress: cnimesh_model::egress::Index) -> Self {
-        self.egress = Some(egress);
+    /// Serves the routes attached to each Service, and EgressNetworks and their routes for
+    /// addresses outside the cluster networks, from the outbound index.
+    pub fn with_outbound(mut self, outbound: outbound::Index) -> Self {
+        self.outbound = Some(outbound);
         self
     }
 
@@ -155,12 +159,6 @@ impl OutboundService {
         Ok(stream::iter([Ok(first)]).chain(updates).boxed())
     }
 
-    /// Serves the Gateway API routes the policy index holds.
-    pub fn with_routes(mut self, policy: policy::Index) -> Self {
-        self.routes = Some(policy);
-        self
-    }
-
     pub fn into_server(self) -> OutboundPoliciesServer<Self> {
         OutboundPoliciesServer::new(self).max_decoding_message_size(crate::grpc::limits::MAX_REQUEST_LEN)
     }
@@ -180,14 +178,14 @@ impl OutboundService {
         // A workload we cannot read is a client of no namespace: producer routes only.
         let client_namespace =
             super::inbound::parse_workload(&spec.source_workload).ok().map(|w| w.namespace).filter(|n| !n.is_empty());
-        if let (Target::Addr(addr), Some(egress)) = (&target, &self.egress)
-            && !egress.config().cluster_networks.iter().any(|n| n.contains(&addr.ip()))
+        if let (Target::Addr(addr), Some(outbound)) = (&target, &self.outbound)
+            && !outbound.egress().config().cluster_networks.iter().any(|n| n.contains(&addr.ip()))
         {
-            return Self::follow_egress(egress, *addr, client_namespace).await;
+            return Self::follow_egress(outbound.egress(), *addr, client_namespace).await;
         }
         self.index.ready().await;
-        if let Some(routes) = &self.routes {
-            routes.routes_ready().await;
+        if let Some(outbound) = &self.outbound {
+            outbound.ready().await;
         }
         let target = match target {
             Target::Addr(addr) => Watched::Addr(self.index.watch_ip(addr.ip()), addr.port()),
@@ -195,7 +193,7 @@ impl OutboundService {
         };
         let mut follower = Follower {
             target,
-            routes_index: self.routes.clone(),
+            routes_index: self.outbound.clone(),
             routes: None,
             client_namespace,
             config: self.config.clone(),
@@ -228,7 +226,7 @@ enum Watched {
 /// sent last. No task of its own: polled by the server's stream task.
 struct Follower {
     target: Watched,
-    routes_index: Option<policy::Index>,
+    routes_index: Option<outbound::Index>,
     routes: Option<(NsName, watch::Receiver<ServiceRoutes>)>,
     client_namespace: Option<String>,
     config: Arc<Config>,
@@ -247,7 +245,7 @@ impl Follower {
             None => Arc::new(Vec::new()),
             Some(index) => {
                 if self.routes.as_ref().is_none_or(|(key, _)| *key != service.key) {
-                    self.routes = Some((service.key.clone(), index.watch_routes(&service.key)));
+                    self.routes = Some((service.key.clone(), index.watch(&Parent::Service(service.key.clone()))));
                 }
                 let (_, rx) = self.routes.as_mut().expect("just set");
                 rx.borrow_and_update().clone()

@@ -311,20 +311,18 @@ fn serve_cluster(
         cnimesh_model::egress::Config::new(cluster.inbound_policy.cluster_networks.clone()),
         metrics.clone(),
     );
+    let outbound = cnimesh_model::outbound::Index::new(egress);
     let policy = cnimesh_model::policy::Index::new(cluster.inbound_policy);
     let routes = routes
         .add_service(DestinationService::new(index.clone(), destination.clone()).into_server())
         .add_service(InboundService::new(policy.clone()).into_server())
         .add_service(
-            OutboundService::new(index.clone(), destination.clone())
-                .with_routes(policy.clone())
-                .with_egress(egress.clone())
-                .into_server(),
+            OutboundService::new(index.clone(), destination.clone()).with_outbound(outbound.clone()).into_server(),
         );
     let source = tokio::spawn(
         KubeSource::new(cluster.client)
             .with_policy(policy)
-            .with_egress(egress)
+            .with_index(outbound)
             .with_metrics(metrics.clone())
             .run(index.clone()),
     );

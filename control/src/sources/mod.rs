@@ -2,9 +2,9 @@
 //! (`cnimesh_model::destination`) and below the gRPC services and the runtime. A source keeps an
 //! [`Index`] in step with the Kubernetes API ([`KubeSource`]; tests and local mode run it against
 //! the in-process API server, cnimesh-apiserver). docs/architecture.md, "Design decisions":
-//! Kubernetes stays at the edge, behind this one trait. The source also feeds the policy index
-//! (`cnimesh_model::policy::Index`) when given one (`with_policy`): Pods once for both indexes, plus
-//! Namespaces, the `policy.cnimesh.io` resources and the Gateway API routes and grants.
+//! Kubernetes stays at the edge, behind this one trait. The source also feeds every other index
+//! it is given (`with_index`; `with_policy`, `with_egress`): each declares the kinds it consumes
+//! (`cnimesh_model::index_list`), and each kind is watched once for all of them.
 //!
 //! Destination, wired (what [`crate::serve`] does):
 //! ```no_run
@@ -26,14 +26,17 @@
 //! use cnimesh_control::grpc::inbound::InboundService;
 //! use cnimesh_control::grpc::outbound::OutboundService;
 //! use cnimesh_control::sources::{KubeSource, Source};
-//! use cnimesh_model::{destination, policy};
+//! use cnimesh_model::{destination, egress, outbound, policy};
 //!
 //! async fn serve(client: kube::Client, addr: std::net::SocketAddr) -> anyhow::Result<()> {
 //!     let (index, policy) = (destination::Index::new(), policy::Index::new(policy::Config::default()));
-//!     tokio::spawn(KubeSource::new(client).with_policy(policy.clone()).run(index.clone()));
+//!     let outbound = outbound::Index::new(egress::Index::new(egress::Config::new(Vec::new())));
+//!     let source = KubeSource::new(client).with_policy(policy.clone()).with_index(outbound.clone());
+//!     tokio::spawn(source.run(index.clone()));
+//!     let outbound = OutboundService::new(index, destination::Config::default()).with_outbound(outbound);
 //!     tonic::transport::Server::builder()
 //!         .add_service(InboundService::new(policy.clone()).into_server())
-//!         .add_service(OutboundService::new(index, destination::Config::default()).with_routes(policy).into_server())
+//!         .add_service(outbound.into_server())
 //!         .serve(addr)
 //!         .await?;
 //!     Ok(())

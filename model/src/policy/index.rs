@@ -24,9 +24,8 @@
 //!   two that disagree: detect, logged once naming both), else detect;
 //! - kubelet probe paths of the port stay reachable under any policy ([`InboundServer::probe_paths`]).
 //!
-//! It also holds the Gateway API routes and ReferenceGrants ([`crate::routes`]): per watched
-//! Service, a channel with the routes attached to it ([`Index::watch_routes`]), recomputed when a
-//! route or grant changes.
+//! It holds no routes: the Gateway API routes attached to Services (and to EgressNetworks) are
+//! the outbound index's.
 //!
 //! A resource that does not validate is logged with its kind, name and reason and its last good
 //! version stays in force.
@@ -49,7 +48,6 @@ use super::model::{
 };
 use crate::destination::{Conflict, Declaration, declared_for_pod_port};
 use crate::meta::{Invalid, NsName, key_of};
-use crate::routes::{self, Grant, Route, RouteKind, ServiceRoutes};
 
 /// What the answers depend on besides cluster state.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,31 +82,22 @@ pub enum Kind {
     AuthorizationPolicy,
     MeshTlsAuthentication,
     NetworkAuthentication,
-    HttpRoute,
-    GrpcRoute,
-    ReferenceGrant,
     // Rate limiting
     HttpLocalRateLimitPolicy,
     // Declared protocols (the Services' appProtocol, for the pods they select)
     Service,
 }
 
-pub const KINDS: [Kind; 11] = [
+pub const KINDS: [Kind; 8] = [
     Kind::Pod,
     Kind::Namespace,
     Kind::Server,
     Kind::AuthorizationPolicy,
     Kind::MeshTlsAuthentication,
     Kind::NetworkAuthentication,
-    Kind::HttpRoute,
-    Kind::GrpcRoute,
-    Kind::ReferenceGrant,
     Kind::HttpLocalRateLimitPolicy,
     Kind::Service,
 ];
-
-/// The kinds routes are computed from.
-pub const ROUTE_KINDS: [Kind; 3] = [Kind::HttpRoute, Kind::GrpcRoute, Kind::ReferenceGrant];
 
 /// An object as a source delivers it.
 #[derive(Debug, Clone)]
@@ -122,9 +111,6 @@ pub enum Object {
     AuthorizationPolicy(Box<crd::AuthorizationPolicy>),
     MeshTlsAuthentication(Box<crd::MeshTlsAuthentication>),
     NetworkAuthentication(Box<crd::NetworkAuthentication>),
-    HttpRoute(Box<routes::crd::HttpRoute>),
-    GrpcRoute(Box<routes::crd::GrpcRoute>),
-    ReferenceGrant(Box<routes::crd::ReferenceGrant>),
     HttpLocalRateLimitPolicy(Box<crd::HttpLocalRateLimitPolicy>),
     Service(Box<Service>),
 }
@@ -138,9 +124,6 @@ impl Object {
             Object::AuthorizationPolicy(_) => Kind::AuthorizationPolicy,
             Object::MeshTlsAuthentication(_) => Kind::MeshTlsAuthentication,
             Object::NetworkAuthentication(_) => Kind::NetworkAuthentication,
-            Object::HttpRoute(_) => Kind::HttpRoute,
-            Object::GrpcRoute(_) => Kind::GrpcRoute,
-            Object::ReferenceGrant(_) => Kind::ReferenceGrant,
             Object::HttpLocalRateLimitPolicy(_) => Kind::HttpLocalRateLimitPolicy,
             Object::Service(_) => Kind::Service,
         }
@@ -156,9 +139,6 @@ impl Object {
             Object::AuthorizationPolicy(o) => key_of(&o.metadata),
             Object::MeshTlsAuthentication(o) => key_of(&o.metadata),
             Object::NetworkAuthentication(o) => key_of(&o.metadata),
-            Object::HttpRoute(o) => key_of(&o.metadata),
-            Object::GrpcRoute(o) => key_of(&o.metadata),
-            Object::ReferenceGrant(o) => key_of(&o.metadata),
             Object::HttpLocalRateLimitPolicy(o) => key_of(&o.metadata),
             Object::Service(o) => key_of(&o.metadata),
         }
@@ -167,8 +147,7 @@ impl Object {
 
 crate::meta::boxed_from!(Object: Pod => Pod, Namespace => Namespace, crd::Server => Server,
     crd::AuthorizationPolicy => AuthorizationPolicy, crd::MeshTlsAuthentication => MeshTlsAuthentication,
-    crd::NetworkAuthentication => NetworkAuthentication, routes::crd::HttpRoute => HttpRoute,
-    routes::crd::GrpcRoute => GrpcRoute, routes::crd::ReferenceGrant => ReferenceGrant,
+    crd::NetworkAuthentication => NetworkAuthentication,
     crd::HttpLocalRateLimitPolicy => HttpLocalRateLimitPolicy, Service => Service);
 
 /// One update from a source, in the Destination index's shape; a batch is applied as one step.
@@ -238,8 +217,6 @@ struct Inner {
     config: Config,
     state: Mutex<State>,
     ready: watch::Sender<bool>,
-    /// Routes and grants listed: all outbound answers wait for.
-    routes_ready: watch::Sender<bool>,
 }
 
 #[derive(Default)]
@@ -256,12 +233,6 @@ struct State {
     /// Pairs of Services whose conflicting declarations were logged, so each is said once.
     conflicts_logged: Mutex<HashSet<(NsName, NsName)>>,
     channels: HashMap<(NsName, u16), watch::Sender<InboundView>>,
-    routes: BTreeMap<(RouteKind, NsName), Arc<Route>>,
-    grants: BTreeMap<NsName, Grant>,
-    /// Per Service: the routes attached to it.
-    route_channels: HashMap<NsName, watch::Sender<ServiceRoutes>>,
-    route_sweep_at: usize,
-    dirty_routes: bool,
     sweep_at: usize,
     dirty_pods: HashSet<NsName>,
     dirty_all: bool,
@@ -270,9 +241,8 @@ struct State {
 
 impl Index {
     pub fn new(config: Config) -> Self {
-        let state = State { sweep_at: 64, route_sweep_at: 64, ..State::default() };
-        let (ready, routes_ready) = (watch::channel(false).0, watch::channel(false).0);
-        Self { inner: Arc::new(Inner { config, state: Mutex::new(state), ready, routes_ready }) }
+        let state = State { sweep_at: 64, ..State::default() };
+        Self { inner: Arc::new(Inner { config, state: Mutex::new(state), ready: watch::channel(false).0 }) }
     }
 
     pub fn config(&self) -> &Config {
@@ -304,9 +274,6 @@ impl Index {
         if state.listed.len() == KINDS.len() {
             self.inner.ready.send_if_modified(|ready| !std::mem::replace(ready, true));
         }
-        if ROUTE_KINDS.iter().all(|k| state.listed.contains(k)) {
-            self.inner.routes_ready.send_if_modified(|ready| !std::mem::replace(ready, true));
-        }
     }
 
     /// Whether every kind has been loaded in full.
@@ -318,12 +285,6 @@ impl Index {
     /// port whose Server has not been listed yet.
     pub async fn ready(&self) {
         let _ = self.inner.ready.subscribe().wait_for(|ready| *ready).await;
-    }
-
-    /// Waits until routes and grants are loaded: outbound answers need nothing else from this
-    /// index, so they do not wait for the policy resources (whose CRDs may be missing).
-    pub async fn routes_ready(&self) {
-        let _ = self.inner.routes_ready.subscribe().wait_for(|ready| *ready).await;
     }
 
     /// The live answer for a pod's port.
@@ -341,23 +302,6 @@ impl Index {
         }
         let (tx, rx) = watch::channel(view);
         state.channels.insert(key, tx);
-        rx
-    }
-
-    /// The live list of routes attached to a Service (any port), in precedence order.
-    pub fn watch_routes(&self, service: &NsName) -> watch::Receiver<ServiceRoutes> {
-        let mut state = self.lock();
-        let view = Arc::new(routes::routes_of(service, &state.routes, &state.grants));
-        if let Some(tx) = state.route_channels.get(service) {
-            tx.send_if_modified(|current| replace_if_changed(current, view));
-            return tx.subscribe();
-        }
-        if state.route_channels.len() >= state.route_sweep_at {
-            state.route_channels.retain(|_, tx| tx.receiver_count() > 0);
-            state.route_sweep_at = (state.route_channels.len() * 2).max(64);
-        }
-        let (tx, rx) = watch::channel(view);
-        state.route_channels.insert(service.clone(), tx);
         rx
     }
 
@@ -388,11 +332,6 @@ impl State {
             Kind::AuthorizationPolicy => self.policies.keys().cloned().collect(),
             Kind::MeshTlsAuthentication => self.mesh_tls.keys().cloned().collect(),
             Kind::NetworkAuthentication => self.networks.keys().cloned().collect(),
-            Kind::HttpRoute | Kind::GrpcRoute => {
-                let route_kind = route_kind(kind);
-                self.routes.keys().filter(|(k, _)| *k == route_kind).map(|(_, key)| key.clone()).collect()
-            }
-            Kind::ReferenceGrant => self.grants.keys().cloned().collect(),
             Kind::HttpLocalRateLimitPolicy => self.rate_limits.keys().cloned().collect(),
             Kind::Service => self.services.keys().cloned().collect(),
         }
@@ -423,13 +362,6 @@ impl State {
             Object::NetworkAuthentication(o) => {
                 networks_from_crd(&o).map(|r| drop(self.networks.insert(key.clone(), r)))
             }
-            Object::HttpRoute(o) => return self.upsert_route(kind, key, Route::from_http(&o)),
-            Object::GrpcRoute(o) => return self.upsert_route(kind, key, Route::from_grpc(&o)),
-            Object::ReferenceGrant(o) => {
-                self.grants.insert(key, Grant::from_crd(&o));
-                self.dirty_routes = true;
-                return;
-            }
             Object::Service(svc) => {
                 // Only a change in what it declares touches the answers: most Services declare
                 // nothing and cost no recompute.
@@ -453,26 +385,8 @@ impl State {
         }
     }
 
-    fn upsert_route(&mut self, kind: Kind, key: NsName, route: Result<Route, Invalid>) {
-        match route {
-            Ok(route) => {
-                self.routes.insert((route.kind, key), Arc::new(route));
-                self.dirty_routes = true;
-            }
-            Err(error) => refused(kind, &key, &error),
-        }
-    }
-
     fn delete(&mut self, kind: Kind, key: &NsName) {
         let existed = match kind {
-            Kind::HttpRoute | Kind::GrpcRoute => {
-                self.dirty_routes |= self.routes.remove(&(route_kind(kind), key.clone())).is_some();
-                return;
-            }
-            Kind::ReferenceGrant => {
-                self.dirty_routes |= self.grants.remove(key).is_some();
-                return;
-            }
             Kind::Pod => {
                 self.dirty_pods.insert(key.clone());
                 return drop(self.pods.remove(key));
@@ -523,14 +437,6 @@ impl State {
     }
 
     fn publish(&mut self, config: &Config) {
-        if std::mem::take(&mut self.dirty_routes) {
-            for (service, tx) in &self.route_channels {
-                if tx.receiver_count() > 0 {
-                    let view = Arc::new(routes::routes_of(service, &self.routes, &self.grants));
-                    tx.send_if_modified(|current| replace_if_changed(current, view));
-                }
-            }
-        }
         let (all, pods) = (std::mem::take(&mut self.dirty_all), std::mem::take(&mut self.dirty_pods));
         if !all && pods.is_empty() {
             return;
@@ -655,10 +561,6 @@ impl State {
     }
 }
 
-fn route_kind(kind: Kind) -> RouteKind {
-    if kind == Kind::GrpcRoute { RouteKind::Grpc } else { RouteKind::Http }
-}
-
 fn default_authorizations(default: DefaultPolicy, config: &Config) -> Vec<Authorization> {
     let cluster = || config.cluster_networks.iter().map(|&net| Network { net, except: Vec::new() }).collect();
     let (networks, authentication) = match default {
@@ -687,8 +589,6 @@ mod tests {
             "MeshTLSAuthentication" => {
                 Object::from(serde_json::from_value::<crd::MeshTlsAuthentication>(value).unwrap())
             }
-            "HTTPRoute" => Object::from(serde_json::from_value::<routes::crd::HttpRoute>(value).unwrap()),
-            "ReferenceGrant" => Object::from(serde_json::from_value::<routes::crd::ReferenceGrant>(value).unwrap()),
             "HTTPLocalRateLimitPolicy" => {
                 Object::from(serde_json::from_value::<crd::HttpLocalRateLimitPolicy>(value).unwrap())
             }
@@ -816,47 +716,6 @@ mod tests {
         assert_eq!(a.authorizations[0].networks, Network::all());
         let Authentication::MeshTls(ids) = &a.authorizations[0].authentication else { panic!() };
         assert!(ids.names.contains("ops.tools.serviceaccount.identity.cnimesh.cluster.local"));
-    }
-
-    #[test]
-    fn routes_are_pushed_per_service_and_grants_decide_foreign_backends() {
-        let index = ready_index(Config::default());
-        let api = NsName::new("shop", "api");
-        let mut rx = index.watch_routes(&api);
-        assert!(rx.borrow_and_update().is_empty());
-        let route = |regex: &str| {
-            object(&format!(
-                "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{name: split, namespace: shop}}\nspec:\n  parentRefs: [{{group: '', kind: Service, name: api}}]\n  rules: [{{matches: [{{path: {{type: RegularExpression, value: '{regex}'}}}}], backendRefs: [{{name: api-v2, namespace: canary, port: 80}}]}}]\n"
-            ))
-        };
-        let grant = || {
-            object(
-                "apiVersion: gateway.networking.k8s.io/v1beta1\nkind: ReferenceGrant\nmetadata: {name: g, namespace: canary}\nspec:\n  from: [{group: gateway.networking.k8s.io, kind: HTTPRoute, namespace: shop}]\n  to: [{group: '', kind: Service, name: api-v2}]\n",
-            )
-        };
-        let regex = |rx: &mut watch::Receiver<ServiceRoutes>| {
-            let routes = rx.borrow_and_update().clone();
-            let crate::routes::model::Matches::Http(m) = &routes[0].rules[0].matches else { panic!() };
-            m[0].path.clone()
-        };
-        let other = index.watch_routes(&NsName::new("shop", "db"));
-
-        index.apply([Change::Upsert(route("^/a"))]);
-        assert!(!rx.has_changed().unwrap(), "a backend in canary without a grant there: not served");
-        index.apply([Change::Upsert(grant())]);
-        assert_eq!(regex(&mut rx), Some(crate::routes::model::PathMatch::Regex("^/a".into())));
-
-        // A bad edit is refused; the last good version stays, as it does through a grant's
-        // removal and return.
-        index.apply([Change::Upsert(route("(["))]);
-        assert!(!rx.has_changed().unwrap());
-        index.apply([Change::Delete(Kind::ReferenceGrant, NsName::new("canary", "g"))]);
-        assert!(rx.borrow_and_update().is_empty());
-        index.apply([Change::Upsert(grant())]);
-        assert_eq!(regex(&mut rx), Some(crate::routes::model::PathMatch::Regex("^/a".into())));
-        index.apply([Change::Reset(Kind::HttpRoute, Vec::new())]);
-        assert!(rx.borrow_and_update().is_empty());
-        assert!(!other.has_changed().unwrap(), "another Service's routes never changed");
     }
 
     fn rate_limit(name: &str, created: &str, spec: &str) -> Object {
@@ -1020,9 +879,5 @@ mod tests {
         assert!(!index.is_ready());
         index.apply([Change::Reset(Kind::Pod, vec![pod()])]);
         assert!(index.is_ready());
-        let routes_only = Index::new(Config::default());
-        routes_only.apply(ROUTE_KINDS.map(Change::Listed));
-        assert!(!routes_only.is_ready());
-        tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(routes_only.routes_ready());
     }
 }

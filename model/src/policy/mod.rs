@@ -10,9 +10,9 @@
 //! resources into
 //! [`Change`]s on an [`Index`]; `cnimesh_control::grpc::inbound::InboundService` streams
 //! its answers. Outbound policy needs Services and their opaque ports, which the Destination
-//! index already holds, and the Gateway API routes attached to them ([`crate::routes`]), which
-//! this index holds beside the policy resources (same sources, same rule for bad objects):
-//! `cnimesh_control::grpc::outbound::OutboundService` reads both.
+//! index already holds, and the Gateway API routes attached to them, which the outbound index
+//! (`crate::outbound`, keyed by parent) holds: `cnimesh_control::grpc::outbound::OutboundService`
+//! reads both. This index is the inbound one only.
 //!
 //! The wiring, with the servers, is in `cnimesh_control::sources`' documentation.
 //!

@@ -2,8 +2,8 @@
 //! (the GAMMA mesh profile), served to proxies inside `OutboundPolicies` answers.
 //!
 //! Flow, as for policy: the source reads HTTPRoutes, GRPCRoutes and ReferenceGrants (kube
-//! watchers) into the policy [`Index`](crate::policy::Index),
-//! which validates each ([`model`]) and keeps, per watched Service, the routes attached to it
+//! watchers) into the outbound index (`crate::outbound`),
+//! which validates each ([`model`]) and keeps, per watched parent, the routes attached to it
 //! ([`routes_of`]) on a `tokio::sync::watch` channel; `cnimesh_control::grpc::outbound` turns them into
 //! linkerd2-proxy-api routes.
 //!
