@@ -218,7 +218,7 @@ async fn egress_kinds_and_routes_with_an_egress_network_parent_reach_the_egress_
     let egress = cnimesh_model::egress::Index::new(cnimesh_model::egress::Config::new(Vec::new()));
     let source = KubeSource::new(api.client())
         .with_policy(policy.clone())
-        .with_egress(egress.clone())
+        .with_index(egress.clone())
         .with_metrics(metrics.clone())
         .run(index.clone());
     tokio::spawn(async move { source.await.expect("kube source") });

@@ -12,7 +12,7 @@
 //!
 //! Layer: model/index (pure).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -135,11 +135,15 @@ impl State {
         }
     }
 
+    /// A list replaces what the kind holds, except that only what the list no longer names
+    /// goes: a route the model refuses keeps its last good version across a re-list (a watch
+    /// resumed after a 410, an API server restart) as it does across an update.
     fn reset(&mut self, kind: Kind, objects: &[Object]) {
+        let listed: HashSet<NsName> = objects.iter().filter_map(key_of).collect();
         match kind {
-            Kind::HttpRoute => self.routes.retain(|(k, _), _| *k != RouteKind::Http),
-            Kind::GrpcRoute => self.routes.retain(|(k, _), _| *k != RouteKind::Grpc),
-            Kind::ReferenceGrant => self.grants.clear(),
+            Kind::HttpRoute => self.routes.retain(|(k, key), _| *k != RouteKind::Http || listed.contains(key)),
+            Kind::GrpcRoute => self.routes.retain(|(k, key), _| *k != RouteKind::Grpc || listed.contains(key)),
+            Kind::ReferenceGrant => self.grants.retain(|key, _| listed.contains(key)),
             _ => {}
         }
         objects.iter().for_each(|o| self.upsert(o));
@@ -155,13 +159,19 @@ impl State {
     }
 }
 
+/// The key of a route or grant this index keeps.
+fn key_of(object: &Object) -> Option<NsName> {
+    match object {
+        Object::HttpRoute(o) => Some(crate::meta::key_of(&o.metadata)),
+        Object::GrpcRoute(o) => Some(crate::meta::key_of(&o.metadata)),
+        Object::ReferenceGrant(o) => Some(crate::meta::key_of(&o.metadata)),
+        _ => None,
+    }
+}
+
 /// Logs a route the model refused; the last good version stays.
 fn refused(kind: Kind, object: &Object, error: &Invalid) {
-    let key = match object {
-        Object::HttpRoute(o) => crate::meta::key_of(&o.metadata),
-        Object::GrpcRoute(o) => crate::meta::key_of(&o.metadata),
-        _ => NsName::new("", ""),
-    };
+    let key = key_of(object).unwrap_or_else(|| NsName::new("", ""));
     tracing::error!(kind = kind.name(), object = %key, reason = %error, "invalid route ignored; its last good version stays");
 }
 
@@ -257,6 +267,29 @@ mod tests {
         index.apply(&Change::Reset(Kind::HttpRoute, Vec::new()));
         assert!(rx.borrow_and_update().is_empty());
         assert!(!other.has_changed().unwrap(), "another Service's routes never changed");
+    }
+
+    #[test]
+    fn a_route_whose_edit_was_refused_keeps_its_last_good_version_through_a_re_list() {
+        let index = index();
+        let mut rx = index.watch(&Parent::Service(NsName::new("shop", "api")));
+        let route = |path: &str| {
+            object(&format!(
+                "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{name: split, namespace: shop}}\nspec:\n  parentRefs: [{{group: '', kind: Service, name: api}}]\n  rules: [{{matches: [{{path: {{type: RegularExpression, value: '{path}'}}}}], backendRefs: [{{name: api, port: 80}}]}}]\n"
+            ))
+        };
+        index.apply(&Change::Reset(Kind::HttpRoute, vec![route("^/a")]));
+        assert_eq!(rx.borrow_and_update().len(), 1);
+        index.apply(&Change::Upsert(route("([")));
+        // The watch re-lists (its resourceVersion expired): the list holds the refused edit.
+        index.apply(&Change::Reset(Kind::HttpRoute, vec![route("([")]));
+        let routes = rx.borrow_and_update().clone();
+        assert_eq!(routes.len(), 1, "the last good version is still attached");
+        let crate::routes::model::Matches::Http(m) = &routes[0].rules[0].matches else { panic!() };
+        assert_eq!(m[0].path, Some(crate::routes::model::PathMatch::Regex("^/a".into())));
+        // A list that no longer names it removes it.
+        index.apply(&Change::Reset(Kind::HttpRoute, Vec::new()));
+        assert!(rx.borrow_and_update().is_empty());
     }
 
     #[test]

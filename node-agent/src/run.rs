@@ -34,6 +34,10 @@ pub const DEFAULT_NETNS_DIR: &str = "/var/run/netns";
 /// repair passes (which also re-check the plugin binary and the config, in case an inotify
 /// event was missed).
 const TICK: Duration = Duration::from_secs(5);
+/// The longest a ready, idle agent sleeps whatever the repair interval: the plugin binary and
+/// the config are re-checked at least this often even when an inotify event is missed (a
+/// conflist symlinked from elsewhere and rewritten there, a filesystem that sends no events).
+const SAFETY_LOOK: Duration = Duration::from_secs(30);
 /// After our entry was (re)written, pods set up just before went through the primary CNI's
 /// configuration without us and run uncaptured (docs/architecture.md, lesson 1): for this long, repair passes
 /// run at every tick instead of once per repair interval, so those pods are found in seconds.
@@ -168,13 +172,22 @@ pub async fn run(
     // Changes only: a reconcile opens and reads the files, and reacting to those accesses
     // would re-run it forever (a busy loop of reads on an idle node). The bin dir too, so a
     // plugin binary deleted or replaced on the host is put back at once, not at the next pass.
+    // An error from the watch (an overflowed queue) counts as a change: look again.
     let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-        if event.is_ok_and(|e| !e.kind.is_access()) {
+        if event.as_ref().map_or(true, |e| !e.kind.is_access()) {
             let _ = tx.send(());
         }
     })?;
     watcher.watch(&cfg.cni_conf_dir, notify::RecursiveMode::NonRecursive)?;
-    watcher.watch(&cfg.cni_bin_dir, notify::RecursiveMode::NonRecursive)?;
+    // The bin dir's watch is a speed-up, not a requirement (watches exhausted, a filesystem
+    // without inotify): without it the loop looks every tick, as it did before the watch.
+    let bin_watched = match watcher.watch(&cfg.cni_bin_dir, notify::RecursiveMode::NonRecursive) {
+        Ok(()) => true,
+        Err(error) => {
+            tracing::warn!(dir = %cfg.cni_bin_dir.display(), %error, "cannot watch the CNI bin dir; checking it every {TICK:?}");
+            false
+        }
+    };
 
     let mut reconciler =
         Reconciler::new(&cfg.cni_conf_dir, cfg.plugin_entry()).counting_writes(metrics.cni_config_writes.clone());
@@ -243,7 +256,7 @@ pub async fn run(
             }
         }
         let now = Instant::now();
-        let busy = !taint_removed || repair_until.is_some_and(|until| now < until);
+        let busy = !taint_removed || !bin_watched || repair_until.is_some_and(|until| now < until);
         // With repair off, the interval still paces the safety re-check from now.
         let last = if cfg.repair == RepairMode::Off { Some(now) } else { last_repair };
         wait = next_look(busy, last, cfg.repair_interval, now);
@@ -263,13 +276,13 @@ pub async fn run(
 
 /// How long a ready agent sleeps unless a change wakes it: [`TICK`] while `busy`, else until the
 /// next repair pass is due (`repair_interval` after the last, which also re-checks the binary
-/// and the config with repair off).
+/// and the config with repair off), and never longer than [`SAFETY_LOOK`].
 fn next_look(busy: bool, last_repair: Option<Instant>, repair_interval: Duration, now: Instant) -> Duration {
     if busy {
         return TICK;
     }
     let due = last_repair.map_or(now, |t| t + repair_interval);
-    due.saturating_duration_since(now).max(TICK)
+    due.saturating_duration_since(now).clamp(TICK, SAFETY_LOOK)
 }
 
 async fn repair_pass(cfg: &RunConfig, cluster: &SharedCluster, store: &StateStore, metrics: &AgentMetrics) {
@@ -297,9 +310,11 @@ mod tests {
     fn a_ready_agent_sleeps_until_its_next_repair_pass_and_ticks_only_while_busy() {
         let now = Instant::now();
         let minute = Duration::from_secs(60);
-        assert_eq!(next_look(false, Some(now), minute, now), minute, "idle: until the next pass");
-        let earlier = now - Duration::from_secs(20);
-        assert_eq!(next_look(false, Some(earlier), minute, now), Duration::from_secs(40));
+        let twenty = Duration::from_secs(20);
+        assert_eq!(next_look(false, Some(now), twenty, now), twenty, "idle: until the next pass");
+        let earlier = now - Duration::from_secs(10);
+        assert_eq!(next_look(false, Some(earlier), twenty, now), Duration::from_secs(10));
+        assert_eq!(next_look(false, Some(now), minute, now), SAFETY_LOOK, "idle: a safety look at most");
         assert_eq!(next_look(true, Some(now), minute, now), TICK, "busy: every tick");
         assert_eq!(next_look(false, None, minute, now), TICK, "a pass due now: at the next tick");
         let overdue = now - Duration::from_secs(600);

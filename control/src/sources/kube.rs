@@ -61,16 +61,12 @@ impl KubeSource {
     }
 
     /// Also keeps `index` in step: the kinds it declares are watched (once, whichever other
-    /// index consumes them too) and their changes reach it.
+    /// index consumes them too) and their changes reach it. An index another one already feeds
+    /// (the outbound index feeds its egress index) is not given again: it would take every
+    /// change twice.
     pub fn with_index(mut self, index: impl Consumer + 'static) -> Self {
         self.indexes.push(index);
         self
-    }
-
-    /// Also keeps an egress index in step: EgressNetworks, TLSRoutes and TCPRoutes,
-    /// and the HTTPRoutes and GRPCRoutes policy watches anyway.
-    pub fn with_egress(self, egress: egress::Index) -> Self {
-        self.with_index(egress)
     }
 
     /// Also keeps a policy index in step: Namespaces and the policy resources, and the same Pod

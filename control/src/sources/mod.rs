@@ -3,7 +3,7 @@
 //! [`Index`] in step with the Kubernetes API ([`KubeSource`]; tests and local mode run it against
 //! the in-process API server, cnimesh-apiserver). docs/architecture.md, "Design decisions":
 //! Kubernetes stays at the edge, behind this one trait. The source also feeds every other index
-//! it is given (`with_index`; `with_policy`, `with_egress`): each declares the kinds it consumes
+//! it is given (`with_index`; `with_policy`): each declares the kinds it consumes
 //! (`cnimesh_model::index_list`), and each kind is watched once for all of them.
 //!
 //! Destination, wired (what [`crate::serve`] does):

@@ -21,7 +21,7 @@
 pub mod crd;
 pub mod model;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -217,7 +217,8 @@ impl Index {
         for change in changes {
             match change {
                 Change::Reset(kind, objects) => {
-                    state.clear(kind);
+                    let listed: HashSet<NsName> = objects.iter().map(Object::key).collect();
+                    state.retain_listed(kind, &listed);
                     objects.into_iter().for_each(|o| self.refused(state.upsert(o)));
                     state.listed.insert(kind);
                 }
@@ -264,11 +265,14 @@ fn refused(kind: Kind, key: &NsName, error: &Invalid) {
 }
 
 impl State {
-    fn clear(&mut self, kind: Kind) {
+    /// Before a list of `kind` is applied: drops what the list no longer names, and only that,
+    /// so an object the model refuses keeps its last good version across a re-list as it does
+    /// across an update.
+    fn retain_listed(&mut self, kind: Kind, listed: &HashSet<NsName>) {
         match kind {
-            Kind::EgressNetwork => self.networks.clear(),
-            Kind::HttpRoute | Kind::GrpcRoute => self.routes.retain(|(k, _), _| *k != kind),
-            Kind::TlsRoute | Kind::TcpRoute => self.streams.retain(|(k, _), _| *k != kind),
+            Kind::EgressNetwork => self.networks.retain(|key, _| listed.contains(key)),
+            Kind::HttpRoute | Kind::GrpcRoute => self.routes.retain(|(k, key), _| *k != kind || listed.contains(key)),
+            Kind::TlsRoute | Kind::TcpRoute => self.streams.retain(|(k, key), _| *k != kind || listed.contains(key)),
         }
     }
 
@@ -379,5 +383,14 @@ mod tests {
         assert_eq!(snap.networks[0].traffic_policy, crd::TrafficPolicy::Deny);
         let text = metrics.encode();
         assert!(text.contains("cluster_objects_rejected_total{kind=\"EgressNetwork\"} 1"), "{text}");
+        // A re-list (the watch's resourceVersion expired) that holds the refused edit keeps it
+        // too; one that no longer names the network removes it.
+        let bad = network("shop", "n", "{trafficPolicy: Allow, networks: [{cidr: nope}]}");
+        index.apply([Change::Reset(Kind::EgressNetwork, vec![bad])]);
+        let snap = index.watch().borrow().clone();
+        assert_eq!(snap.networks.len(), 1, "the last good version stays through a re-list");
+        assert_eq!(snap.networks[0].traffic_policy, crd::TrafficPolicy::Deny);
+        index.apply([Change::Reset(Kind::EgressNetwork, Vec::new())]);
+        assert!(index.watch().borrow().networks.is_empty());
     }
 }

@@ -26,6 +26,9 @@ pub type RequestBody = http_body_util::Either<Incoming, http_body_util::Full<byt
 /// HTTP/1 connections kept per endpoint (idle, or finishing a response); more concurrent
 /// requests open more connections, which close after their request once the pool is full.
 const MAX_IDLE_H1: usize = 64;
+/// The hard bound on kept HTTP/1 connections per endpoint, idle ones and those still carrying a
+/// response together.
+const MAX_KEPT_H1: usize = 2 * MAX_IDLE_H1;
 /// A kept HTTP/1 connection whose last response began longer ago than this is closed rather
 /// than reused.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
@@ -190,9 +193,22 @@ impl Upstream {
     /// once hyper says it is ready (its response over). Kept at once rather than by a task
     /// waiting for it to be ready: a task spawned, polled and freed per request costs more
     /// than the check [`Upstream::take_h1`] makes.
+    ///
+    /// A full pool makes room: closed connections go, then the oldest idle one (dropping an idle
+    /// sender closes its connection cleanly). Connections still carrying a response are never
+    /// let go, so long responses (streams, downloads) cannot crowd reuse out: they may take the
+    /// pool past [`MAX_IDLE_H1`], up to [`MAX_KEPT_H1`].
     fn keep(&self, sender: http1::SendRequest<RequestBody>) {
         let mut pool = self.h1.lock();
-        if pool.len() < MAX_IDLE_H1 {
+        if pool.len() >= MAX_IDLE_H1 {
+            pool.retain(|c| !c.sender.is_closed());
+        }
+        if pool.len() >= MAX_IDLE_H1
+            && let Some(oldest_idle) = pool.iter().position(|c| c.sender.is_ready())
+        {
+            pool.remove(oldest_idle);
+        }
+        if pool.len() < MAX_KEPT_H1 {
             pool.push(Kept { sender, since: Instant::now() });
         }
     }

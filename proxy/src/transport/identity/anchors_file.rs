@@ -57,14 +57,17 @@ fn watch(dir: &Path) -> Option<(notify::RecommendedWatcher, Arc<tokio::sync::Not
     }
 }
 
-/// Returns once the file may have changed: after an event and [`SETTLE`] of quiet, after
+/// Returns once the file may have changed: after an event and [`SETTLE`] of quiet (at most ten
+/// times that), after
 /// [`SAFETY_READ`] without one, or after [`POLL`] when there is no watch.
 async fn changed(watch: Option<&tokio::sync::Notify>) {
     let Some(changed) = watch else {
         return tokio::time::sleep(POLL).await;
     };
     if tokio::time::timeout(SAFETY_READ, changed.notified()).await.is_ok() {
-        while tokio::time::timeout(SETTLE, changed.notified()).await.is_ok() {}
+        // Bounded: a directory that never goes quiet must not postpone the read for ever.
+        let read_by = tokio::time::Instant::now() + SETTLE * 10;
+        while tokio::time::Instant::now() < read_by && tokio::time::timeout(SETTLE, changed.notified()).await.is_ok() {}
     }
 }
 
