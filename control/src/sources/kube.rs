@@ -26,7 +26,7 @@ use std::sync::Arc;
 
 use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt};
-use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Api;
 use kube::api::{ApiResource, DynamicObject};
@@ -36,12 +36,10 @@ use serde::de::DeserializeOwned;
 
 use super::{Source, SourceError};
 use cnimesh_model::destination::{self, SliceRecord};
-use cnimesh_model::egress;
 use cnimesh_model::index_list::{Change, Consumer, IndexList, Kind, Object, PodProjection};
 use cnimesh_model::meta::NsName;
 use cnimesh_model::metrics::Metrics;
-use cnimesh_model::policy::{self, crd};
-use cnimesh_model::routes::crd as routes;
+use cnimesh_model::policy;
 
 pub struct KubeSource {
     client: kube::Client,
@@ -149,7 +147,7 @@ impl Watches {
             Kind::Pod => {
                 follow_as(self.of::<Pod>(), kind, |pod| Object::Pod(Arc::new(PodProjection::of(&pod))), deliver).boxed()
             }
-            Kind::Service => follow_as(self.of::<Service>(), kind, |o| Object::Service(Arc::new(o)), deliver).boxed(),
+            Kind::Service => self.shared(kind, Object::Service, deliver),
             Kind::EndpointSlice => follow_as(
                 self.of::<EndpointSlice>(),
                 kind,
@@ -159,62 +157,33 @@ impl Watches {
                 deliver,
             )
             .boxed(),
-            Kind::Namespace => {
-                follow_as(self.of::<Namespace>(), kind, |o| Object::Namespace(Arc::new(o)), deliver).boxed()
-            }
-            Kind::Server => follow_as(self.of::<crd::Server>(), kind, |o| Object::Server(Arc::new(o)), deliver).boxed(),
-            Kind::AuthorizationPolicy => follow_as(
-                self.of::<crd::AuthorizationPolicy>(),
-                kind,
-                |o| Object::AuthorizationPolicy(Arc::new(o)),
-                deliver,
-            )
-            .boxed(),
-            Kind::MeshTlsAuthentication => follow_as(
-                self.of::<crd::MeshTlsAuthentication>(),
-                kind,
-                |o| Object::MeshTlsAuthentication(Arc::new(o)),
-                deliver,
-            )
-            .boxed(),
-            Kind::NetworkAuthentication => follow_as(
-                self.of::<crd::NetworkAuthentication>(),
-                kind,
-                |o| Object::NetworkAuthentication(Arc::new(o)),
-                deliver,
-            )
-            .boxed(),
-            Kind::HttpLocalRateLimitPolicy => follow_as(
-                self.of::<crd::HttpLocalRateLimitPolicy>(),
-                kind,
-                |o| Object::HttpLocalRateLimitPolicy(Arc::new(o)),
-                deliver,
-            )
-            .boxed(),
-            Kind::HttpRoute => {
-                follow_as(self.of::<routes::HttpRoute>(), kind, |o| Object::HttpRoute(Arc::new(o)), deliver).boxed()
-            }
-            Kind::GrpcRoute => {
-                follow_as(self.of::<routes::GrpcRoute>(), kind, |o| Object::GrpcRoute(Arc::new(o)), deliver).boxed()
-            }
-            Kind::TlsRoute => {
-                follow_as(self.of::<routes::TlsRoute>(), kind, |o| Object::TlsRoute(Arc::new(o)), deliver).boxed()
-            }
-            Kind::TcpRoute => {
-                follow_as(self.of::<routes::TcpRoute>(), kind, |o| Object::TcpRoute(Arc::new(o)), deliver).boxed()
-            }
-            Kind::ReferenceGrant => {
-                follow_as(self.of::<routes::ReferenceGrant>(), kind, |o| Object::ReferenceGrant(Arc::new(o)), deliver)
-                    .boxed()
-            }
-            Kind::EgressNetwork => follow_as(
-                self.of::<egress::crd::EgressNetwork>(),
-                kind,
-                |o| Object::EgressNetwork(Arc::new(o)),
-                deliver,
-            )
-            .boxed(),
+            Kind::Namespace => self.shared(kind, Object::Namespace, deliver),
+            Kind::Server => self.shared(kind, Object::Server, deliver),
+            Kind::AuthorizationPolicy => self.shared(kind, Object::AuthorizationPolicy, deliver),
+            Kind::MeshTlsAuthentication => self.shared(kind, Object::MeshTlsAuthentication, deliver),
+            Kind::NetworkAuthentication => self.shared(kind, Object::NetworkAuthentication, deliver),
+            Kind::HttpLocalRateLimitPolicy => self.shared(kind, Object::HttpLocalRateLimitPolicy, deliver),
+            Kind::HttpRoute => self.shared(kind, Object::HttpRoute, deliver),
+            Kind::GrpcRoute => self.shared(kind, Object::GrpcRoute, deliver),
+            Kind::TlsRoute => self.shared(kind, Object::TlsRoute, deliver),
+            Kind::TcpRoute => self.shared(kind, Object::TcpRoute, deliver),
+            Kind::ReferenceGrant => self.shared(kind, Object::ReferenceGrant, deliver),
+            Kind::EgressNetwork => self.shared(kind, Object::EgressNetwork, deliver),
         }
+    }
+
+    /// The watch of a kind whose objects every index shares as read (`wrap`: the [`Object`]
+    /// variant holding it).
+    fn shared<'a, K>(
+        &'a self,
+        kind: Kind,
+        wrap: fn(Arc<K>) -> Object,
+        deliver: impl FnMut(Update) + Send + 'a,
+    ) -> BoxFuture<'a, ()>
+    where
+        K: kube::Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    {
+        follow_as(self.of::<K>(), kind, move |object| wrap(Arc::new(object)), deliver).boxed()
     }
 }
 
@@ -300,6 +269,7 @@ fn not_served(error: &watcher::Error) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cnimesh_model::egress;
 
     #[test]
     fn destination_alone_watches_its_three_kinds_and_nothing_else() {

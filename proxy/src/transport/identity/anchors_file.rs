@@ -58,8 +58,7 @@ fn watch(dir: &Path) -> Option<(notify::RecommendedWatcher, Arc<tokio::sync::Not
 }
 
 /// Returns once the file may have changed: after an event and [`SETTLE`] of quiet (at most ten
-/// times that), after
-/// [`SAFETY_READ`] without one, or after [`POLL`] when there is no watch.
+/// times that), after [`SAFETY_READ`] without one, or after [`POLL`] when there is no watch.
 async fn changed(watch: Option<&tokio::sync::Notify>) {
     let Some(changed) = watch else {
         return tokio::time::sleep(POLL).await;
