@@ -85,6 +85,17 @@ pub enum Mode {
     /// A multicluster gateway: mesh mTLS with a transport header on the inbound listeners,
     /// forwarded to Services of `cluster_domain`; no outbound listener.
     Gateway { cluster_domain: String },
+    /// An ingress controller's sidecar: outbound HTTP requests go to the Service of
+    /// `cluster_domain` their destination override or authority names
+    /// ([`crate::outbound::ingress`]); otherwise a sidecar.
+    Ingress { cluster_domain: String },
+}
+
+impl Mode {
+    /// A multicluster gateway (no captured outbound traffic, discovery of exported Services).
+    pub fn is_gateway(&self) -> bool {
+        matches!(self, Mode::Gateway { .. })
+    }
 }
 
 /// The cluster domain a gateway serves by default (Kubernetes' own default).
@@ -425,43 +436,61 @@ pub struct Args {
     /// This pod's namespace (span attribute `k8s.namespace.name`; set by the injector).
     #[arg(long, env = "CNIMESH_POD_NAMESPACE")]
     pub pod_namespace: Option<String>,
-    /// `sidecar` or `gateway` (a multicluster gateway: needs an identity and discovery) [default: sidecar].
+    /// `sidecar`, `ingress` (an ingress controller's: requests go to the Service they name;
+    /// needs discovery and outbound policy) or `gateway` (a multicluster gateway: needs an
+    /// identity and discovery) [default: sidecar].
     #[arg(long, env = "CNIMESH_PROXY_MODE")]
     pub mode: Option<String>,
     /// The cluster domain whose Services a gateway forwards to [default: cluster.local].
     #[arg(long, env = "CNIMESH_PROXY_GATEWAY_CLUSTER_DOMAIN")]
     pub gateway_cluster_domain: Option<String>,
+    /// The cluster domain of the Service names an ingress-mode proxy routes by [default: cluster.local].
+    #[arg(long, env = "CNIMESH_PROXY_CLUSTER_DOMAIN")]
+    pub cluster_domain: Option<String>,
+}
+
+/// `var`'s cluster domain, checked and lowercased; unset or empty = Kubernetes' default.
+fn cluster_domain(var: &str, value: Option<&String>) -> Result<String, ConfigError> {
+    let domain = value.map(|v| v.trim()).unwrap_or("");
+    let domain = if domain.is_empty() { DEFAULT_GATEWAY_CLUSTER_DOMAIN } else { domain };
+    if domain.split('.').any(|l| l.is_empty() || !l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')) {
+        return Err(ConfigError::invalid(var, domain, "expected a DNS domain such as cluster.local"));
+    }
+    Ok(domain.to_ascii_lowercase())
 }
 
 /// The mode, checked: a gateway without an identity could not require mTLS, and
 /// without discovery could not resolve a Service: both refused rather than run open.
-fn mode(args: &Args, identity: bool, destination: bool) -> Result<Mode, ConfigError> {
+fn mode(args: &Args, identity: bool, destination: Option<&DestinationConfig>) -> Result<Mode, ConfigError> {
     let value = args.mode.as_deref().map(str::trim).unwrap_or("");
     match value {
         "" | "sidecar" => Ok(Mode::Sidecar),
+        // Without both it could not tell a Service's routes, and would route nothing by name.
+        "ingress" if !destination.is_some_and(|d| d.outbound_policy) => Err(ConfigError::invalid(
+            "CNIMESH_PROXY_MODE",
+            value,
+            "ingress mode needs CNIMESH_PROXY_DESTINATION_ADDR with outbound policy on (it routes by the Services' routes)",
+        )),
+        "ingress" => Ok(Mode::Ingress {
+            cluster_domain: cluster_domain("CNIMESH_PROXY_CLUSTER_DOMAIN", args.cluster_domain.as_ref())?,
+        }),
         "gateway" if !identity => Err(ConfigError::invalid(
             "CNIMESH_PROXY_MODE",
             value,
             "a gateway needs CNIMESH_PROXY_IDENTITY_* (it accepts mesh mTLS only)",
         )),
-        "gateway" if !destination => Err(ConfigError::invalid(
+        "gateway" if destination.is_none() => Err(ConfigError::invalid(
             "CNIMESH_PROXY_MODE",
             value,
             "a gateway needs CNIMESH_PROXY_DESTINATION_ADDR (it resolves the Services it forwards to)",
         )),
-        "gateway" => {
-            let domain = args.gateway_cluster_domain.as_deref().map(str::trim).unwrap_or("");
-            let domain = if domain.is_empty() { DEFAULT_GATEWAY_CLUSTER_DOMAIN } else { domain };
-            if domain.split('.').any(|l| l.is_empty() || !l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')) {
-                return Err(ConfigError::invalid(
-                    "CNIMESH_PROXY_GATEWAY_CLUSTER_DOMAIN",
-                    domain,
-                    "expected a DNS domain such as cluster.local",
-                ));
-            }
-            Ok(Mode::Gateway { cluster_domain: domain.to_ascii_lowercase() })
-        }
-        other => Err(ConfigError::invalid("CNIMESH_PROXY_MODE", other, "expected sidecar or gateway")),
+        "gateway" => Ok(Mode::Gateway {
+            cluster_domain: cluster_domain(
+                "CNIMESH_PROXY_GATEWAY_CLUSTER_DOMAIN",
+                args.gateway_cluster_domain.as_ref(),
+            )?,
+        }),
+        other => Err(ConfigError::invalid("CNIMESH_PROXY_MODE", other, "expected sidecar, ingress or gateway")),
     }
 }
 
@@ -474,7 +503,7 @@ impl TryFrom<Args> for Config {
         let destination = destination(&args, identity.as_ref())?;
         let policy = policy(&args, destination.as_ref())?;
         let trace = trace(&args)?;
-        let mode = mode(&args, identity.is_some(), destination.is_some())?;
+        let mode = mode(&args, identity.is_some(), destination.as_ref())?;
         let outbound_identities = args.outbound_identities.map(|l| l.0).unwrap_or_default();
         if identity.is_none() && !outbound_identities.is_empty() {
             return Err(ConfigError::invalid(
@@ -496,7 +525,7 @@ impl TryFrom<Args> for Config {
             }
             (None, None) => Vec::new(),
         };
-        let gateway = mode != Mode::Sidecar;
+        let gateway = mode.is_gateway();
         Ok(Self {
             mode,
             trace,
@@ -791,6 +820,33 @@ mod tests {
         assert!(e.to_string().contains("would be sent plaintext"), "{e}");
         let e = from_vars(&[("CNIMESH_PROXY_DESTINATION_ADDR", "control:4190")]).unwrap_err();
         assert!(e.to_string().contains("needs CNIMESH_PROXY_IDENTITY"), "{e}");
+    }
+
+    #[test]
+    fn ingress_mode_needs_discovery_with_outbound_policy_and_takes_a_cluster_domain() {
+        let meshed = [
+            ("CNIMESH_PROXY_IDENTITY_NAME", "nginx.edge.serviceaccount.identity.cnimesh.cluster.local"),
+            ("CNIMESH_PROXY_IDENTITY_TRUST_ANCHORS", "/ca.crt"),
+            ("CNIMESH_PROXY_IDENTITY_ADDR", "control:4190"),
+            ("CNIMESH_PROXY_DESTINATION_ADDR", "control:4190"),
+        ];
+        let ingress = ("CNIMESH_PROXY_MODE", "ingress");
+        let c = from_vars(&[&meshed[..], &[ingress]].concat()).unwrap();
+        assert_eq!(c.mode, Mode::Ingress { cluster_domain: "cluster.local".into() });
+        assert!(!c.mode.is_gateway() && !c.outbound.is_empty(), "an ingress proxy keeps its outbound listeners");
+        let domain = ("CNIMESH_PROXY_CLUSTER_DOMAIN", "Corp.Example");
+        let c = from_vars(&[&meshed[..], &[ingress, domain]].concat()).unwrap();
+        assert_eq!(c.mode, Mode::Ingress { cluster_domain: "corp.example".into() });
+        let e = from_vars(&[ingress]).unwrap_err().to_string();
+        assert!(e.contains("CNIMESH_PROXY_MODE") && e.contains("DESTINATION_ADDR"), "{e}");
+        let no_policy = ("CNIMESH_PROXY_OUTBOUND_POLICY", "false");
+        let e = from_vars(&[&meshed[..], &[ingress, no_policy]].concat()).unwrap_err().to_string();
+        assert!(e.contains("outbound policy"), "{e}");
+        let bad = ("CNIMESH_PROXY_CLUSTER_DOMAIN", "corp..example");
+        let e = from_vars(&[&meshed[..], &[ingress, bad]].concat()).unwrap_err().to_string();
+        assert!(e.contains("CNIMESH_PROXY_CLUSTER_DOMAIN"), "{e}");
+        let e = from_vars(&[("CNIMESH_PROXY_MODE", "edge")]).unwrap_err().to_string();
+        assert!(e.contains("expected sidecar, ingress or gateway"), "{e}");
     }
 
     #[test]

@@ -45,7 +45,7 @@ pub async fn run(
             let max_backoff = config.identity.as_ref().map_or(Duration::from_secs(30), |i| i.max_backoff);
             let discovery = discovery::Discovery::new(channel, d.first_answer, max_backoff, metrics.discovery());
             // A gateway is answered as if only the Services exported through it existed.
-            let gateway = config.mode != crate::app::config::Mode::Sidecar;
+            let gateway = config.mode.is_gateway();
             Some(Arc::new(if gateway { discovery.for_gateway() } else { discovery }))
         }
         _ => None,
@@ -96,7 +96,7 @@ pub async fn run(
     tokio::spawn(evict_idle_targets(shared.clone()));
     let mut listeners = Vec::new();
     // A gateway has no captured outbound traffic: its inbound listeners are all.
-    let gateway = config.mode != crate::app::config::Mode::Sidecar;
+    let gateway = config.mode.is_gateway();
     anyhow::ensure!(!gateway || shared.gateway.is_some(), "gateway mode without an identity");
     let outbound_addrs = if gateway { &Vec::new() } else { &config.outbound };
     for (direction, addrs) in [(Direction::inbound, &config.inbound), (Direction::outbound, outbound_addrs)] {

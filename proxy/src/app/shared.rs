@@ -51,6 +51,12 @@ impl Shared {
             routes: metrics.routes.clone(),
             egress: metrics.egress.clone(),
             egress_names: Arc::default(),
+            ingress: match &config.mode {
+                Mode::Ingress { cluster_domain } => {
+                    Some(crate::outbound::ingress::Ingress { cluster_domain: cluster_domain.clone() })
+                }
+                _ => None,
+            },
         };
         let gateway = match (&config.mode, &identity) {
             (Mode::Gateway { cluster_domain }, Some(identity)) => Some(crate::gateway::Gateway {

@@ -93,6 +93,22 @@ pub const GATEWAY_CLIENT_ID: HeaderName = HeaderName::from_static("cnimesh-gatew
 pub const IDENTITY_HEADERS: [HeaderName; 3] =
     [HeaderName::from_static("l5d-client-id"), HeaderName::from_static("l5d-server-id"), GATEWAY_CLIENT_ID];
 
+/// Headers through which a pod's app names the Service a request is for, overriding its
+/// authority: ours, and Linkerd's (ingress controllers set up for Linkerd send it). Read only by
+/// an outbound proxy in ingress mode, from its own pod's app; every proxy removes them before a
+/// request goes on, so no upstream sees them and no network peer can steer with them.
+pub const DST_OVERRIDE_HEADERS: [HeaderName; 2] =
+    [HeaderName::from_static("cnimesh-dst-override"), HeaderName::from_static("l5d-dst-override")];
+
+/// Removes every [`DST_OVERRIDE_HEADERS`] value from `headers`; whether there was one.
+pub fn strip_dst_override(headers: &mut HeaderMap) -> bool {
+    let mut found = false;
+    for name in &DST_OVERRIDE_HEADERS {
+        found |= headers.remove(name).is_some();
+    }
+    found
+}
+
 /// The proxy's own reason on an answer it made itself (a refusal, an upstream error).
 pub const PROXY_ERROR: HeaderName = HeaderName::from_static("cnimesh-proxy-error");
 

@@ -6,6 +6,7 @@
 
 pub mod egress;
 pub mod http;
+pub mod ingress;
 pub mod policy;
 pub mod routes;
 pub mod static_identities;
@@ -46,6 +47,8 @@ pub struct Outbound {
     pub egress: Arc<egress::EgressMetrics>,
     /// Egress hostnames bound to the addresses the pod's resolver gives them.
     pub egress_names: Arc<egress::names::Names>,
+    /// Ingress mode: HTTP requests go to the Service they name ([`ingress`]).
+    pub ingress: Option<ingress::Ingress>,
 }
 
 /// A target carrying its outbound policy, read back with [`policy_of`].
@@ -117,18 +120,25 @@ pub async fn resolve(addr: SocketAddr, outbound: &Outbound) -> Result<Arc<Target
 }
 
 /// The target of a service a request names in its authority (`web.shop.svc.cluster.local`),
-/// or `None` when it is not a known service.
+/// or `None` when it is not a known service. In ingress mode it carries the Service port's
+/// outbound policy (asked for by name, together with its endpoints).
 pub async fn service(authority: &str, outbound: &Outbound) -> Option<Arc<Target>> {
-    let discovery = outbound.discovery.as_ref()?;
     if let Some(target) = outbound.by_service.get(&authority.to_string()) {
         return Some(target);
     }
-    let endpoints = discovery.endpoints(authority).await;
+    let discovery = outbound.discovery.as_ref()?;
+    let policy = async {
+        match (&outbound.ingress, &outbound.policies) {
+            (Some(_), Some(policies)) => Some(policies.service(authority).await),
+            _ => None,
+        }
+    };
+    let (endpoints, policy) = tokio::join!(discovery.endpoints(authority), policy);
     if !endpoints.borrow().routable() {
         return None;
     }
     let route = Route::balanced(authority.to_string(), endpoints, outbound.identity.clone(), outbound.connect_timeout);
-    let target = Target::new(route);
+    let target = with_policy(route, policy);
     outbound.by_service.insert(authority.to_string(), target.clone(), None);
     Some(target)
 }

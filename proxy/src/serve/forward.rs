@@ -183,32 +183,36 @@ impl HttpProxy {
         // Never switched to h2c: the requests after the switch would pass no check of ours.
         strip_h2c_upgrade(req.headers_mut());
         let decision = match &self.side {
-            Side::Inbound(inbound) => inbound.decide(&mut req).map(|a| (a.forwarded, None)),
-            Side::Outbound(outbound) => outbound.decide(&mut req, &self.shared.outbound).await.map(|r| (None, r)),
+            Side::Inbound(inbound) => inbound.decide(&mut req).map(|a| (a.forwarded, None, None)),
+            Side::Outbound(outbound) => {
+                outbound.decide(&mut req, &self.shared.outbound).await.map(|d| (None, d.routed, d.service))
+            }
         };
         let handles = self.measure.seen_as(&req, handles);
-        let (forwarded, routed) = match decision {
+        let (forwarded, routed, service) = match decision {
             Decision::Forward(forward) => forward,
             Decision::Answer(answer) => return Ok(self.answer(answer, &handles, span, &req, start)),
         };
         if let Some(routed) = &routed {
             span.routed(routed);
         }
-        // A route may send the request to another Service (a canary): its requests are labelled
-        // with that backend's TLS and server identity, not the connection's.
-        let handles = match &routed {
-            Some(r) => self.measure.relabelled(handles, &r.target.tls, &r.target.cluster),
+        // A route may send the request to another Service (a canary), and in ingress mode the
+        // request may name one: its requests are labelled with that target's TLS and server
+        // identity, not the connection's.
+        let sent_to = routed.as_ref().map(|r| &r.target).or(service.as_ref());
+        let handles = match sent_to {
+            Some(t) => self.measure.relabelled(handles, &t.tls, &t.cluster),
             None => handles,
         };
         // A federated Service's request is counted once its endpoint is known, under that
         // endpoint's cluster (Linkerd labels outbound requests per endpoint); every other
         // request is counted here, before it is sent.
-        let per_endpoint = routed.as_ref().map_or(&self.target, |r| &r.target).route.spans_clusters();
+        let per_endpoint = sent_to.unwrap_or(&self.target).route.spans_clusters();
         if !per_endpoint {
             handles.request();
         }
         let tapped = tapped::offer(&self.shared.taps, &self.tap_conn(), &req, routed.as_ref(), start);
-        let result = self.exchange(req, forwarded, routed.as_ref(), span.traced()).await;
+        let result = self.exchange(req, forwarded, (routed.as_ref(), service.as_ref()), span.traced()).await;
         // An answer from an endpoint outside its target's cluster label (a federated Service's)
         // is counted under that endpoint's cluster; any other answer names none.
         let handles = match result.as_ref().ok().and_then(|(response, _)| response.extensions().get::<WentTo>()) {

@@ -13,7 +13,7 @@ use http::{Request, Uri};
 
 use crate::http::decision::{Answer, AnswerKind, Decision};
 use crate::http::error::{ProxyError, error_response};
-use crate::http::headers::{IDENTITY_HEADERS, wants_upgrade};
+use crate::http::headers::{IDENTITY_HEADERS, strip_dst_override, wants_upgrade};
 use crate::inbound::policy::enforce::ConnPolicy;
 use crate::transport::labels::TlsLabel;
 use identity::FromGateway;
@@ -73,6 +73,9 @@ impl InboundHttp {
         for name in &IDENTITY_HEADERS {
             headers.remove(name);
         }
+        // A destination override steers only the outbound proxy of the app that set it; from the
+        // network it means nothing, and the app behind this proxy never sees it.
+        strip_dst_override(headers);
         if let Some(id) = forwarded.as_ref().map(|(id, _)| id).or(self.client_id.as_ref()) {
             headers.insert(IDENTITY_HEADERS[0].clone(), id.clone());
         }

@@ -190,3 +190,21 @@ fn each_inbound_request_is_forwarded_or_answered_as_the_table_says() {
         assert_eq!(outcome(&conn, req), expected, "{case}");
     }
 }
+
+/// A network peer (meshed or not) that sends a destination override inbound steers nothing: the
+/// inbound has no routing to change, and the app behind the proxy never sees the header.
+#[test]
+fn a_destination_override_from_the_network_never_reaches_the_app() {
+    let client = name("ingress", "edge", TRUST_DOMAIN);
+    for conn in [conn(Some(&client), None), conn(None, Some(DefaultPolicy::AllUnauthenticated))] {
+        let mut req = Request::get("/")
+            .header("l5d-dst-override", "admin.internal.svc.cluster.local:80")
+            .header("cnimesh-dst-override", "admin.internal.svc.cluster.local:80")
+            .body(())
+            .unwrap();
+        assert!(matches!(conn.decide(&mut req), Decision::Forward(_)));
+        for header in ["l5d-dst-override", "cnimesh-dst-override"] {
+            assert!(!req.headers().contains_key(header), "{header} stripped: {:?}", req.headers());
+        }
+    }
+}

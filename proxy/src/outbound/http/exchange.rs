@@ -50,30 +50,37 @@ pub trait Try {
 }
 
 impl OutboundHttp {
-    /// Sends a decided request: to its route's backend, a Service its authority names, or the
-    /// connection's target; under the route's timeout and retries; each try through `tries`.
+    /// Sends a decided request: to its route's backend, the Service it named in ingress mode, a
+    /// Service its authority names, or the connection's target; under the route's timeout and
+    /// retries; each try through `tries`.
     pub async fn forward(
         &self,
         req: Request<Incoming>,
-        routed: Option<&Routed>,
+        (routed, service): (Option<&Routed>, Option<&Arc<Target>>),
         mut traced: Option<&mut Traced>,
         outbound: &Outbound,
         tries: &impl Try,
     ) -> Exchanged {
-        let named = match routed {
-            Some(_) => None,
-            None => self.named_target(authority_of(&req), outbound).await,
+        let named = match (routed, service) {
+            (Some(_), _) => None,
+            (None, Some(service)) => Some(service.clone()),
+            // Ingress mode has looked at what the request names already: nothing known.
+            (None, None) if outbound.ingress.is_some() => None,
+            (None, None) => self.named_target(authority_of(&req), outbound).await,
         };
         if let (Some(traced), Some(Route::Balanced(b))) = (traced.as_deref_mut(), named.as_ref().map(|t| &t.route)) {
             traced.set_service(&b.service);
         }
         let target = routed.map(|r| &r.target).or(named.as_ref()).unwrap_or(&self.target);
-        // The connection's Service's failure accrual applies to its balancers (the backends of
-        // its routes too, as in Linkerd); a Service a request names has no policy of ours.
-        let policy = match named {
-            Some(_) => None,
-            None => crate::outbound::policy_of(&self.target).and_then(|p| p.current()),
+        // The deciding Service's failure accrual applies to its balancers (the backends of its
+        // routes too, as in Linkerd): the connection's, or in ingress mode the one the request
+        // named; a Service a request names outside ingress mode has no policy of ours.
+        let parent = match (service, &named) {
+            (Some(service), _) => Some(service),
+            (None, Some(_)) => None,
+            (None, None) => Some(&self.target),
         };
+        let policy = parent.and_then(|t| crate::outbound::policy_of(t)).and_then(|p| p.current());
         let accrual = policy.as_deref().and_then(|p| p.accrual(req.version())).copied();
         let route_timeout = routed.and_then(|r| r.timeout.map(|t| (t, &r.route)));
         let exchange = async {

@@ -1,8 +1,9 @@
-//! The outbound request path, up to the decision: the route that takes a request (its rule,
-//! filters, backend and the backend's target, an EgressNetwork's verdict on it) or the
-//! proxy's own answer ([`OutboundHttp::decide`]), and the Service a request names when it has
-//! no route ([`OutboundHttp::named_target`]); then the decided request's way to its target,
-//! under its route's timeout and retries ([`OutboundHttp::forward`]).
+//! The outbound request path, up to the decision: in ingress mode the Service port the request
+//! names ([`crate::outbound::ingress`]), whose routes then decide it; the route that takes a
+//! request (its rule, filters, backend and the backend's target, an EgressNetwork's verdict on
+//! it) or the proxy's own answer ([`OutboundHttp::decide`]), and the Service a request names
+//! when it has no route ([`OutboundHttp::named_target`]); then the decided request's way to its
+//! target, under its route's timeout and retries ([`OutboundHttp::forward`]).
 
 mod exchange;
 pub mod routed;
@@ -16,7 +17,9 @@ use parking_lot::Mutex;
 use crate::client::target::Route;
 use crate::client::targets::Target;
 use crate::http::decision::{Answer, AnswerKind, Decision};
+use crate::http::error::{ProxyError, error_response};
 use crate::outbound::Outbound;
+use crate::outbound::ingress::{NamedService, OverrideError};
 pub use exchange::{Exchanged, Try, TryTo};
 use routed::{ConnRoutes, Routed};
 
@@ -39,6 +42,15 @@ pub struct OutboundHttp {
 
 /// Services a connection remembers the target of; beyond, no memo.
 const MAX_NAMED: usize = 8;
+
+/// Where an outbound request goes, as decided before anything is sent.
+pub struct Decided {
+    /// The route that took it (`None`: its target's policy has no routes for it).
+    pub routed: Option<Routed>,
+    /// Ingress mode: the Service port the request named, whose policy decided it (`None`: the
+    /// connection's target's did).
+    pub service: Option<Arc<Target>>,
+}
 
 impl OutboundHttp {
     pub fn new(target: Arc<Target>, addr: SocketAddr) -> Self {
@@ -63,11 +75,41 @@ impl OutboundHttp {
     /// route matches, a fault the route injects, an EgressNetwork's refusal). Nothing is sent
     /// to the target; finding the backend's target may wait for discovery's first answer about
     /// it, and an egress hostname's binding for the pod's resolver.
-    pub async fn decide<B>(&self, req: &mut Request<B>, outbound: &Outbound) -> Decision<Option<Routed>> {
-        match routed::route(req, (&self.target, self.addr), &self.routes, outbound).await {
-            Ok(routed) => Decision::Forward(routed),
+    /// In ingress mode the Service port the request names decides instead of the connection's
+    /// target, when it is one the control plane knows (a destination override that cannot be
+    /// read is answered 400).
+    pub async fn decide<B>(&self, req: &mut Request<B>, outbound: &Outbound) -> Decision<Decided> {
+        let service = match self.ingress_service(req, outbound).await {
+            Ok(service) => service,
+            Err(e) => {
+                let answer = error_response(&ProxyError::BadRequest(e.to_string()));
+                return Decision::Answer(Answer::new(AnswerKind::Malformed, answer));
+            }
+        };
+        let target = service.as_ref().unwrap_or(&self.target);
+        match routed::route(req, (target, self.addr), &self.routes, outbound).await {
+            Ok(routed) => Decision::Forward(Decided { routed, service }),
             Err(answer) => Decision::Answer(Answer::new(AnswerKind::Route, answer)),
         }
+    }
+
+    /// Ingress mode: the target of the Service port `req` names (its override headers taken
+    /// off), when the control plane has a policy for it and it is not the connection's own;
+    /// `None` otherwise, and always outside ingress mode and on a gateway's connection.
+    async fn ingress_service<B>(
+        &self,
+        req: &mut Request<B>,
+        outbound: &Outbound,
+    ) -> Result<Option<Arc<Target>>, OverrideError> {
+        let Some(ingress) = outbound.ingress.as_ref().filter(|_| !self.pinned) else { return Ok(None) };
+        let Some(NamedService(key)) = ingress.named(req, self.addr.port())? else { return Ok(None) };
+        if matches!(&self.target.route, Route::Balanced(b) if b.service == key) {
+            return Ok(None);
+        }
+        let target = self.remembered(key, outbound).await;
+        // Known only as a Service port: a name without a policy (no such Service, or no such
+        // port) leaves the request to its original destination.
+        Ok(target.filter(|t| crate::outbound::policy_of(t).and_then(|p| p.current()).is_some()))
     }
 
     /// The target of a service the request names (`web.shop.svc.cluster.local`), when it
@@ -87,6 +129,11 @@ impl OutboundHttp {
         if matches!(&self.target.route, Route::Balanced(b) if b.service == key) {
             return None;
         }
+        self.remembered(key, outbound).await
+    }
+
+    /// The target of the service `key`, remembered by the connection (known or not).
+    async fn remembered(&self, key: String, outbound: &Outbound) -> Option<Arc<Target>> {
         if let Some((_, t)) = self.named.lock().iter().find(|(k, _)| *k == key) {
             return t.clone();
         }

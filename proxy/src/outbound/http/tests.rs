@@ -95,9 +95,13 @@ enum Outcome {
 }
 
 async fn outcome(conn: &OutboundHttp, mut req: Request<()>, outbound: &Outbound) -> Outcome {
-    match conn.decide(&mut req, outbound).await {
-        Decision::Forward(None) => Outcome::Forward(None),
-        Decision::Forward(Some(routed)) => {
+    outcome_of(conn.decide(&mut req, outbound).await)
+}
+
+fn outcome_of(decision: Decision<Decided>) -> Outcome {
+    match decision {
+        Decision::Forward(Decided { routed: None, .. }) => Outcome::Forward(None),
+        Decision::Forward(Decided { routed: Some(routed), .. }) => {
             let to = routed.target.route.pick(None).map(|p| p.upstream.addr.to_string()).unwrap_or_default();
             Outcome::Forward(Some((routed.route.to_string(), to)))
         }
@@ -147,5 +151,149 @@ async fn each_outbound_request_is_forwarded_or_answered_as_the_table_says() {
     for (case, policy, req, expected) in table {
         let conn = OutboundHttp::new(target(policy), ADDR.parse().unwrap());
         assert_eq!(outcome(&conn, req, &shared.outbound).await, expected, "{case}");
+    }
+}
+
+const WEB: &str = "web.shop.svc.cluster.local:80";
+
+/// A proxy in ingress mode (or not) that knows the Service port [`WEB`] by name, under an
+/// HTTP/1 route `web-route` to `BACKEND`; egress hostnames are never bound (no resolver).
+fn named_web(ingress: bool) -> Shared {
+    let mode = match ingress {
+        true => crate::app::config::Mode::Ingress { cluster_domain: "cluster.local".into() },
+        false => crate::app::config::Mode::Sidecar,
+    };
+    let mut shared =
+        Shared::new(Config { mode, ..Config::default() }, Arc::new(Metrics::default()), Drain::default(), None, None);
+    shared.outbound.egress_names =
+        Arc::new(crate::outbound::egress::names::Names::new("/nonexistent/resolv.conf".into()));
+    let mut extensions = http::Extensions::new();
+    let policy = OutboundPolicy::from_api(http_route(&[], vec![])).unwrap();
+    extensions.insert(PolicyWatch::fixed(Arc::new(policy)));
+    let web = Target::with_extensions(
+        Route::fixed("10.96.0.10:80".parse().unwrap(), None, Duration::from_secs(1)),
+        extensions,
+    );
+    shared.outbound.by_service.insert(WEB.into(), web, None);
+    shared
+}
+
+/// A request's headers, as (name, value).
+type Headers = Vec<(&'static str, &'static str)>;
+
+fn request(headers: &[(&str, &str)]) -> Request<()> {
+    let mut req = Request::get("/").body(()).unwrap();
+    for (k, v) in headers {
+        req.headers_mut().append(http::HeaderName::from_bytes(k.as_bytes()).unwrap(), v.parse().unwrap());
+    }
+    req
+}
+
+#[tokio::test]
+async fn in_ingress_mode_the_service_a_request_names_decides_and_anything_else_keeps_its_destination() {
+    let routed = Outcome::Forward(Some(("web-route".into(), BACKEND.into())));
+    let table: Vec<(&str, Headers, Outcome)> = vec![
+        (
+            "the Host names the Service: its route takes the request",
+            vec![("host", "web.shop.svc.cluster.local")],
+            routed,
+        ),
+        (
+            "Linkerd's override names it, whatever the Host",
+            vec![("host", "shop.example.com"), ("l5d-dst-override", "web.shop.svc.cluster.local:80")],
+            Outcome::Forward(Some(("web-route".into(), BACKEND.into()))),
+        ),
+        (
+            "ours, in a short form",
+            vec![("host", "shop.example.com"), ("cnimesh-dst-override", "web.shop:80")],
+            Outcome::Forward(Some(("web-route".into(), BACKEND.into()))),
+        ),
+        (
+            "a Service nobody defined: the original destination",
+            vec![("host", "nope.shop.svc.cluster.local")],
+            Outcome::Forward(None),
+        ),
+        (
+            "a port the Service does not have: the original destination",
+            vec![("host", "web.shop:8080")],
+            Outcome::Forward(None),
+        ),
+        ("an external host: the original destination", vec![("host", "shop.example.com")], Outcome::Forward(None)),
+        (
+            "overrides that disagree: 400, never a guess",
+            vec![("l5d-dst-override", "web.shop:80"), ("cnimesh-dst-override", "nope.shop:80")],
+            Outcome::Answer(AnswerKind::Malformed, StatusCode::BAD_REQUEST, None),
+        ),
+    ];
+    let shared = named_web(true);
+    for (case, headers, expected) in table {
+        let conn = OutboundHttp::new(target(None), ADDR.parse().unwrap());
+        let mut req = request(&headers);
+        let decision = conn.decide(&mut req, &shared.outbound).await;
+        for header in ["l5d-dst-override", "cnimesh-dst-override"] {
+            assert!(!req.headers().contains_key(header), "{case}: {header} goes no further");
+        }
+        if let Decision::Forward(decided) = &decision {
+            assert_eq!(decided.service.is_some(), decided.routed.is_some(), "{case}: routed by the named Service");
+        }
+        assert_eq!(outcome_of(decision), expected, "{case}");
+    }
+}
+
+/// A default (sidecar) proxy does not route by the Host or an override: the connection's target
+/// decides, as before ingress mode, and an override header is left to the upstream's proxy
+/// (whose inbound strips it).
+#[tokio::test]
+async fn outside_ingress_mode_neither_the_host_nor_an_override_changes_the_decision() {
+    let shared = named_web(false);
+    for headers in [vec![("host", "web.shop.svc.cluster.local")], vec![("l5d-dst-override", WEB)]] {
+        let conn = OutboundHttp::new(target(None), ADDR.parse().unwrap());
+        let mut req = request(&headers);
+        let Decision::Forward(decided) = conn.decide(&mut req, &shared.outbound).await else { panic!("{headers:?}") };
+        assert!(decided.routed.is_none() && decided.service.is_none(), "{headers:?}");
+        assert_eq!(req.headers().len(), headers.len(), "nothing taken off: {headers:?}");
+    }
+}
+
+/// The EgressNetwork `egress/internet` in front of `ADDR`: `api.allowed.example` may be called,
+/// anything else is refused (403).
+fn egress_allowing_one_host() -> api::OutboundPolicy {
+    let mut allowed = http_route(&["api.allowed.example"], vec![]);
+    let mut denied = http_route(&[], http_fault(403));
+    let Some(proxy_protocol::Kind::Http1(http1)) = denied.protocol.as_mut().and_then(|p| p.kind.as_mut()) else {
+        unreachable!()
+    };
+    let deny_rest = http1.routes.remove(0);
+    let Some(proxy_protocol::Kind::Http1(http1)) = allowed.protocol.as_mut().and_then(|p| p.kind.as_mut()) else {
+        unreachable!()
+    };
+    http1.routes.push(deny_rest);
+    let resource = meta::Resource {
+        group: "policy.linkerd.io".into(),
+        kind: crate::outbound::egress::EGRESS_NETWORK_KIND.into(),
+        name: "internet".into(),
+        namespace: "egress".into(),
+        port: 80,
+        ..Default::default()
+    };
+    allowed.metadata = Some(meta::Metadata { kind: Some(meta::metadata::Kind::Resource(resource)) });
+    allowed
+}
+
+/// The pod's app naming an allowed host, or a Service-like name nobody defined, in an override
+/// to a destination its EgressNetwork refuses: the override changes nothing, the refusal holds
+/// (only a Service port the control plane knows redirects, and then to that Service).
+#[tokio::test]
+async fn an_override_naming_an_allowed_host_does_not_walk_around_an_egress_refusal() {
+    let shared = named_web(true);
+    let attacks = [
+        vec![("host", "10.0.0.99"), ("l5d-dst-override", "api.allowed.example:80")],
+        vec![("host", "10.0.0.99"), ("cnimesh-dst-override", "api.allowed:80")],
+        vec![("host", "api.allowed:80")],
+    ];
+    for headers in attacks {
+        let conn = OutboundHttp::new(target(Some(egress_allowing_one_host())), ADDR.parse().unwrap());
+        let outcome = outcome(&conn, request(&headers), &shared.outbound).await;
+        assert_eq!(outcome, Outcome::Answer(AnswerKind::Route, StatusCode::FORBIDDEN, None), "{headers:?}");
     }
 }

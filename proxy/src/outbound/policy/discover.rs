@@ -61,7 +61,24 @@ pub struct OutboundPolicies {
     first_answer: Duration,
     max_backoff: Duration,
     counted: StreamCounters,
-    targets: Mutex<HashMap<SocketAddr, Rx>>,
+    targets: Mutex<HashMap<Key, Rx>>,
+}
+
+/// What a watch is about: an original destination, or a Service port by name (an ingress-mode
+/// proxy's request that names one).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Key {
+    Addr(SocketAddr),
+    Authority(String),
+}
+
+impl std::fmt::Display for Key {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Key::Addr(addr) => addr.fmt(f),
+            Key::Authority(authority) => f.write_str(authority),
+        }
+    }
 }
 
 impl OutboundPolicies {
@@ -85,13 +102,26 @@ impl OutboundPolicies {
     /// The policy of `addr`; the first caller starts the watch, and every caller waits up to the
     /// first-answer bound while none has come.
     pub async fn target(&self, addr: SocketAddr) -> PolicyWatch {
-        let mut rx = crate::client::discovery::shared(&self.targets, &addr, || {
+        self.watch(Key::Addr(addr)).await
+    }
+
+    /// The policy of the Service port `authority` (`name.ns.svc.<domain>:port`), as
+    /// [`Self::target`]: the control plane answers NotFound ([`Answer::NoPolicy`]) for a
+    /// name that is no Service port.
+    pub async fn service(&self, authority: &str) -> PolicyWatch {
+        self.watch(Key::Authority(authority.to_string())).await
+    }
+
+    async fn watch(&self, key: Key) -> PolicyWatch {
+        let mut rx = crate::client::discovery::shared(&self.targets, &key, || {
             let (tx, rx) = watch::channel(None);
-            let spec = api::TrafficSpec {
-                source_workload: self.workload.clone(),
-                target: Some(api::traffic_spec::Target::Addr(addr.into())),
+            let target = match &key {
+                Key::Addr(addr) => api::traffic_spec::Target::Addr((*addr).into()),
+                Key::Authority(authority) => api::traffic_spec::Target::Authority(authority.clone()),
             };
-            tokio::spawn(follow(self.client.clone(), spec, addr, tx, (self.max_backoff, self.counted.clone())));
+            let spec = api::TrafficSpec { source_workload: self.workload.clone(), target: Some(target) };
+            let counted = (self.max_backoff, self.counted.clone());
+            tokio::spawn(follow(self.client.clone(), spec, key.clone(), tx, counted));
             rx
         });
         if rx.borrow().is_none() {
@@ -106,7 +136,7 @@ impl OutboundPolicies {
 async fn follow(
     client: OutboundPoliciesClient<Channel>,
     spec: api::TrafficSpec,
-    addr: SocketAddr,
+    addr: Key,
     tx: watch::Sender<Option<Answer>>,
     (max_backoff, counted): (Duration, StreamCounters),
 ) {

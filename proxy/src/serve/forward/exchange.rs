@@ -61,7 +61,7 @@ impl HttpProxy {
         &self,
         mut req: Request<Incoming>,
         forwarded: Option<Arc<ConnPolicy>>,
-        routed: Option<&Routed>,
+        decided: (Option<&Routed>, Option<&Arc<Target>>),
         traced: Option<&mut Traced>,
     ) -> Exchanged {
         // Only the inbound speaks to apps, so only it undoes a peer proxy's upgrade.
@@ -80,7 +80,7 @@ impl HttpProxy {
                 let tries = Tries { proxy: self, downgraded };
                 let exchanged = match &self.side {
                     Side::Outbound(outbound) => {
-                        outbound.forward(req, routed, traced, &self.shared.outbound, &tries).await
+                        outbound.forward(req, decided, traced, &self.shared.outbound, &tries).await
                     }
                     Side::Inbound(_) => {
                         let b3 = traced.as_deref().and_then(Traced::b3);
