@@ -405,7 +405,7 @@ fn a_bad_opaque_ports_or_inject_annotation_refuses_the_pod_with_the_reason() {
         ("config.cnimesh.io/opaque-ports", "5432,http", "opaque-ports"),
         ("config.cnimesh.io/opaque-ports", "70000", "opaque-ports"),
         ("config.cnimesh.io/opaque-ports", " , ", "opaque-ports"),
-        ("cnimesh.io/inject", "true", "neither enabled nor disabled"),
+        ("cnimesh.io/inject", "true", "neither enabled, ingress nor disabled"),
     ];
     for (key, value, expected) in cases {
         let pod = pod_with(json!({"metadata": {"annotations": {key: value}}}));
@@ -1017,4 +1017,22 @@ async fn the_served_review_takes_tracing_from_the_namespace_over_the_cluster_and
             && warning.contains("the proxy does not trace"),
         "{warning}"
     );
+}
+
+/// `cnimesh.io/inject: ingress` (Linkerd's value for an ingress controller's pod) meshes the pod
+/// even where its namespace does not, with the proxy in ingress mode for the cluster's domain;
+/// `enabled` leaves the proxy a plain sidecar.
+#[test]
+fn an_ingress_controllers_pod_annotated_ingress_gets_its_proxy_in_ingress_mode() {
+    let config = config();
+    let ingress = pod_with(json!({"metadata": {"annotations": {"cnimesh.io/inject": "ingress"}}}));
+    let (_, patched) = run(&ingress, "shop", NamespaceInjection::NotEnabled, &config);
+    let patched = typed(&patched);
+    check_pod(&patched, &config);
+    let proxy = proxy_of(&patched);
+    assert_eq!(env(&proxy, "CNIMESH_PROXY_MODE"), Some("ingress"));
+    assert_eq!(env(&proxy, "CNIMESH_PROXY_CLUSTER_DOMAIN"), Some(config.cluster_domain.as_str()));
+    let enabled = pod_with(json!({"metadata": {"annotations": {"cnimesh.io/inject": "enabled"}}}));
+    let (_, proxy) = injected(&enabled, &NamespaceDefault::NotLooked, &config);
+    assert_eq!(env(&proxy, "CNIMESH_PROXY_MODE"), None);
 }

@@ -208,14 +208,17 @@ pub fn plan(
     let typed: Pod =
         serde_json::from_value(pod.clone()).map_err(|e| Skip::Warn(format!("cannot read the pod: {e}")))?;
     let annotation = |key: &str| typed.metadata.annotations.as_ref().and_then(|a| a.get(key)).map(String::as_str);
-    let wanted = match annotation(INJECT_ANNOTATION) {
-        Some("enabled") => true,
-        Some("disabled") => false,
-        None => namespace == NamespaceInjection::Enabled,
+    // `ingress`, as Linkerd's: an ingress controller's pod, whose proxy routes each request by
+    // the Service it names (the proxy's ingress mode).
+    let (wanted, ingress) = match annotation(INJECT_ANNOTATION) {
+        Some("enabled") => (true, false),
+        Some(INJECT_INGRESS) => (true, true),
+        Some("disabled") => (false, false),
+        None => (namespace == NamespaceInjection::Enabled, false),
         Some(other) => {
             // Someone meant to say something about the mesh: guessing "no" would start it unmeshed.
             return Err(Skip::Refuse(format!(
-                "annotation {INJECT_ANNOTATION}: {other:?} is neither enabled nor disabled"
+                "annotation {INJECT_ANNOTATION}: {other:?} is neither enabled, ingress nor disabled"
             )));
         }
     };
@@ -285,10 +288,22 @@ pub fn plan(
     add_policy_env(&mut container, config, default_policy.as_str(), inbound_ports(spec));
     append_env(&mut container, trace_env);
     append_env(&mut container, shutdown_env(spec.termination_grace_period_seconds));
+    if ingress {
+        append_env(&mut container, ingress_env(config));
+    }
     warnings.extend(fail_closed.map(|w| format!("cnimesh: {w}")));
     warnings.extend(skipped_port_warnings(&typed.metadata, spec));
     let owner = workload.cloned().or_else(|| Workload::of_pod(&typed.metadata));
     Ok(Injection { patch: injection_patch(pod, config, container, owner_labels(owner.as_ref(), ns)), warnings })
+}
+
+/// `cnimesh.io/inject: ingress`: the pod is an ingress controller's.
+pub const INJECT_INGRESS: &str = "ingress";
+
+/// The proxy of an ingress controller's pod: ingress mode, resolving Service names of the
+/// cluster's domain.
+fn ingress_env(config: &InjectConfig) -> Vec<(&'static str, String)> {
+    vec![("CNIMESH_PROXY_MODE", INJECT_INGRESS.into()), ("CNIMESH_PROXY_CLUSTER_DOMAIN", config.cluster_domain.clone())]
 }
 
 /// What the proxy needs to enforce inbound policy from its first connection, before the control
