@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what cnimesh needs on a Debian host, idempotently: kernel tooling for the tests and the
 # demo, Debian's CNI reference plugins (the stand-in primary CNI), the image tooling
-# (scripts/images.sh and tests/tests/images.rs), chromium for the dashboard's browser test, node
-# and npm for the dashboard's page (bundled at build time), and the Rust lint components.
+# (scripts/images.sh and tests/tests/images.rs), chromium for the dashboard's browser test, nginx
+# for the ingress-mode test, node and npm for the dashboard's page (bundled at build time), and the
+# Rust lint components.
 set -euo pipefail
 
 if [ "$(id -u)" -ne 0 ]; then
@@ -18,6 +19,8 @@ packages+=(buildah podman runc binutils file)
 # The dashboard's browser test (tests/tests/dashboard.rs) drives Debian's headless chromium
 # through chromedriver's WebDriver API.
 packages+=(chromium chromium-driver)
+# The ingress-mode test (tests/tests/ingress.rs) runs Debian's nginx as the ingress controller.
+packages+=(nginx-light)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

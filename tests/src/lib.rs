@@ -23,6 +23,7 @@ pub mod mesh;
 pub mod mirror_process;
 pub mod multicluster;
 pub mod netns;
+pub mod nginx;
 pub mod objects;
 pub mod outside;
 pub mod pod;
