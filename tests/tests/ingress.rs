@@ -118,7 +118,7 @@ fn an_ingress_controller_in_ingress_mode_gets_the_services_split_over_mtls_under
 
     // The targets: inbound policy from the control plane (their pods are `shop:<pod>`).
     let token = control.token("shop", "web").unwrap();
-    let _replicas: Vec<(Sidecar, Apps)> = [(&web, "web-0"), (&canary, "canary-0")]
+    let targets: Vec<(Sidecar, Apps)> = [(&web, "web-0"), (&canary, "canary-0")]
         .into_iter()
         .map(|(pod, name)| {
             let mut env = control.proxy_env("shop", "web", &token);
@@ -165,6 +165,15 @@ fn an_ingress_controller_in_ingress_mode_gets_the_services_split_over_mtls_under
         assert!(headers.contains(&format!("l5d-client-id: {ingress_id}")), "{headers}");
         assert!(!headers.contains("dst-override"), "the override reached the app: {headers}");
     }
+
+    // web's proxy counted them as mTLS requests of the ingress's identity.
+    let web_metrics = targets[0].0.metrics();
+    let seen = metric_with(
+        &web_metrics,
+        "request_total",
+        &["direction=\"inbound\"", "tls=\"true\"", &format!("client_id=\"{ingress_id}\"")],
+    );
+    assert!(seen >= 20.0, "{web_metrics}");
 
     // The Servers admit only the ingress: another meshed client of web is refused.
     let mut env = control.proxy_env("shop", "intruder", &control.token("shop", "intruder").unwrap());
