@@ -29,16 +29,35 @@ pub enum OverrideError {
     Invalid(String),
 }
 
-/// A Service port a request names: `name.ns.svc.<domain>:port`, as discovery and outbound
-/// policy are asked about it.
+/// The Service a request names: `name.ns.svc.<domain>`, and the port if it gave one.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NamedService(pub String);
+pub struct NamedService {
+    pub host: String,
+    pub port: Option<u16>,
+}
+
+/// HTTP's default port: what a name without a port means when the connection's port is no
+/// port of the Service (an ingress that connected to a pod's target port).
+const HTTP_PORT: u16 = 80;
+
+impl NamedService {
+    /// The Service ports to ask about, in order (`name.ns.svc.<domain>:port`, as discovery and
+    /// outbound policy are asked): the one named; without one, the connection's (`conn_port`),
+    /// then HTTP's default.
+    pub fn candidates(&self, conn_port: u16) -> Vec<String> {
+        let ports = match self.port {
+            Some(port) => vec![port],
+            None if conn_port == HTTP_PORT => vec![HTTP_PORT],
+            None => vec![conn_port, HTTP_PORT],
+        };
+        ports.into_iter().map(|port| format!("{}:{port}", self.host)).collect()
+    }
+}
 
 impl Ingress {
-    /// The Service port `req` names, if its override or authority has the form of one; the
-    /// override headers are taken off the request whatever they say. `conn_port` is the port of
-    /// the connection's original destination: a name without a port is for that port.
-    pub fn named<B>(&self, req: &mut Request<B>, conn_port: u16) -> Result<Option<NamedService>, OverrideError> {
+    /// The Service `req` names, if its override or authority has the form of one; the override
+    /// headers are taken off the request whatever they say.
+    pub fn named<B>(&self, req: &mut Request<B>) -> Result<Option<NamedService>, OverrideError> {
         let mut overrides: Vec<String> = Vec::new();
         for name in &DST_OVERRIDE_HEADERS {
             for value in req.headers().get_all(name) {
@@ -55,7 +74,7 @@ impl Ingress {
             _ => return Err(OverrideError::Ambiguous(overrides)),
         };
         let (host, port) = split_port(&authority).ok_or_else(|| OverrideError::Invalid(authority.clone()))?;
-        Ok(self.service_host(host).map(|host| NamedService(format!("{host}:{}", port.unwrap_or(conn_port)))))
+        Ok(self.service_host(host).map(|host| NamedService { host, port }))
     }
 
     /// `name.ns.svc.<domain>` for a host of one of the forms `name.ns`, `name.ns.svc` and
@@ -105,11 +124,11 @@ mod tests {
         for (k, v) in headers {
             req.headers_mut().append(http::HeaderName::from_bytes(k.as_bytes()).unwrap(), v.parse().unwrap());
         }
-        let named = ingress().named(&mut req, 8080);
+        let named = ingress().named(&mut req);
         for header in &DST_OVERRIDE_HEADERS {
             assert!(!req.headers().contains_key(header), "{header} taken off");
         }
-        named.map(|n| n.map(|n| n.0))
+        named.map(|n| n.map(|n| n.candidates(8080).join(" ")))
     }
 
     #[test]
@@ -123,12 +142,16 @@ mod tests {
                 svc("web.shop.svc.cluster.local:80"),
             ),
             (
-                "no port: the connection's",
+                "no port: the connection's, then HTTP's",
                 vec![("host", "web.shop.svc.cluster.local")],
-                svc("web.shop.svc.cluster.local:8080"),
+                svc("web.shop.svc.cluster.local:8080 web.shop.svc.cluster.local:80"),
             ),
             ("the short forms", vec![("host", "web.shop:80")], svc("web.shop.svc.cluster.local:80")),
-            ("name.ns.svc", vec![("host", "Web.Shop.svc.")], svc("web.shop.svc.cluster.local:8080")),
+            (
+                "name.ns.svc",
+                vec![("host", "Web.Shop.svc.")],
+                svc("web.shop.svc.cluster.local:8080 web.shop.svc.cluster.local:80"),
+            ),
             ("a host that is no Service name", vec![("host", "example")], Ok(None)),
             ("another cluster domain", vec![("host", "web.shop.svc.other.domain")], Ok(None)),
             ("an IP", vec![("host", "10.96.0.10:80")], Ok(None)),

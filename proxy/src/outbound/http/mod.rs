@@ -19,7 +19,7 @@ use crate::client::targets::Target;
 use crate::http::decision::{Answer, AnswerKind, Decision};
 use crate::http::error::{ProxyError, error_response};
 use crate::outbound::Outbound;
-use crate::outbound::ingress::{NamedService, OverrideError};
+use crate::outbound::ingress::OverrideError;
 pub use exchange::{Exchanged, Try, TryTo};
 use routed::{ConnRoutes, Routed};
 
@@ -102,14 +102,19 @@ impl OutboundHttp {
         outbound: &Outbound,
     ) -> Result<Option<Arc<Target>>, OverrideError> {
         let Some(ingress) = outbound.ingress.as_ref().filter(|_| !self.pinned) else { return Ok(None) };
-        let Some(NamedService(key)) = ingress.named(req, self.addr.port())? else { return Ok(None) };
-        if matches!(&self.target.route, Route::Balanced(b) if b.service == key) {
-            return Ok(None);
+        let Some(named) = ingress.named(req)? else { return Ok(None) };
+        for key in named.candidates(self.addr.port()) {
+            if matches!(&self.target.route, Route::Balanced(b) if b.service == key) {
+                return Ok(None);
+            }
+            // Known only as a Service port: a name without a policy (no such Service, or no
+            // such port) leaves the request to its original destination.
+            let target = self.remembered(key, outbound).await;
+            if let Some(target) = target.filter(|t| crate::outbound::policy_of(t).and_then(|p| p.current()).is_some()) {
+                return Ok(Some(target));
+            }
         }
-        let target = self.remembered(key, outbound).await;
-        // Known only as a Service port: a name without a policy (no such Service, or no such
-        // port) leaves the request to its original destination.
-        Ok(target.filter(|t| crate::outbound::policy_of(t).and_then(|p| p.current()).is_some()))
+        Ok(None)
     }
 
     /// The target of a service the request names (`web.shop.svc.cluster.local`), when it

@@ -238,6 +238,11 @@ async fn in_ingress_mode_the_service_a_request_names_decides_and_anything_else_k
         }
         assert_eq!(outcome_of(decision), expected, "{case}");
     }
+    // An ingress that connected to a pod's target port, naming the Service without a port:
+    // 8080 is no port of web, HTTP's default 80 is.
+    let conn = OutboundHttp::new(target(None), "10.0.0.3:8080".parse().unwrap());
+    let to_pod = outcome(&conn, request(&[("host", "web.shop")]), &shared.outbound).await;
+    assert_eq!(to_pod, Outcome::Forward(Some(("web-route".into(), BACKEND.into()))));
 }
 
 /// A default (sidecar) proxy does not route by the Host or an override: the connection's target
