@@ -1,7 +1,7 @@
 //! Ingress mode on a real kernel: Debian's nginx as an ingress controller in a meshed pod of its
 //! own (`edge/nginx`, its proxy in ingress mode as `cnimesh.io/inject: ingress` sets it),
 //! proxying to the `web` Service by name (the `Host` it sets, or Linkerd's `l5d-dst-override`)
-//! while it connects to another Service's ClusterIP. `web`'s HTTPRoute splits 90/10 between
+//! while it connects to another Service's ClusterIP or straight to another Service's pod. `web`'s HTTPRoute splits 90/10 between
 //! `web` and `web-canary`: the split holds for the ingress's requests, they travel over mTLS,
 //! and the targets' Servers, which admit only the ingress's identity, see that identity (a
 //! meshed client of another identity is refused). The override header never reaches the app,
@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 
-use cnimesh_e2e::apps::Apps;
+use cnimesh_e2e::apps::{self, Apps};
 use cnimesh_e2e::control::{Control, env_refs};
 use cnimesh_e2e::nginx::Nginx;
 use cnimesh_e2e::objects::service_yaml;
@@ -57,19 +57,23 @@ spec:
   requiredAuthenticationRefs: [{group: policy.cnimesh.io, kind: MeshTLSAuthentication, name: ingress}]
 "#;
 
-/// nginx's locations. Each connects to `web-canary`'s ClusterIP (so the Service it names, not
-/// the address, must decide): by `Host`, by Linkerd's override (with an unrelated `Host`), and
-/// naming no Service at all.
-fn nginx_server() -> String {
-    let location = |prefix: &str, header: &str| {
+/// nginx's locations. Each connects to `web-canary` (so the Service it names, not the address,
+/// must decide): its ClusterIP by `Host`, by Linkerd's override (with an unrelated `Host`), and
+/// naming no Service at all; and its pod's target port directly, as ingress-nginx does, with the
+/// override naming the Service without a port.
+fn nginx_server(canary_pod: std::net::Ipv4Addr) -> String {
+    let location = |prefix: &str, upstream: &str, header: &str| {
         format!(
-            "    location /{prefix}/ {{\n      proxy_pass http://{CANARY_IP}:80/;\n      proxy_http_version 1.1;\n      proxy_set_header {header};\n    }}\n"
+            "    location /{prefix}/ {{\n      proxy_pass http://{upstream}/;\n      proxy_http_version 1.1;\n      proxy_set_header {header};\n    }}\n"
         )
     };
+    let clusterip = format!("{CANARY_IP}:80");
+    let pod = format!("{canary_pod}:{}", apps::HTTP_PORT);
     [
-        location("host", "Host web.shop.svc.cluster.local"),
-        location("override", "l5d-dst-override web.shop.svc.cluster.local:80"),
-        location("unknown", "Host shop.example.com"),
+        location("host", &clusterip, "Host web.shop.svc.cluster.local"),
+        location("override", &clusterip, "l5d-dst-override web.shop.svc.cluster.local:80"),
+        location("unknown", &clusterip, "Host shop.example.com"),
+        location("pod", &pod, "l5d-dst-override web.shop"),
     ]
     .concat()
 }
@@ -138,18 +142,19 @@ fn an_ingress_controller_in_ingress_mode_gets_the_services_split_over_mtls_under
     env.push(("CNIMESH_PROXY_MODE".into(), "ingress".into()));
     let ingress_proxy = Sidecar::start(&bins.proxy, &nginx.netns, &env_refs(&env)).unwrap();
     let listen: SocketAddr = NGINX_ADDR.parse().unwrap();
-    let _nginx = Nginx::start(&nginx.netns, listen, &nginx_server()).unwrap();
+    let _nginx = Nginx::start(&nginx.netns, listen, &nginx_server(canary.ipv4())).unwrap();
 
     // By Host, then by Linkerd's override: web's split, not the canary nginx connected to.
     assert_split(&replicas(&nginx, "/host/replica", N), N, "by Host");
     assert_split(&replicas(&nginx, "/override/replica", N), N, "by l5d-dst-override");
+    assert_split(&replicas(&nginx, "/pod/replica", N), N, "to a pod, by l5d-dst-override without a port");
     // Counted on web's route, its parent the Service the requests named.
     let routed = metric_with(
         &ingress_proxy.metrics(),
         "outbound_http_route_backend_requests_total",
         &["parent_name=\"web\"", "route_name=\"web-split\""],
     );
-    assert_eq!(routed, (2 * N) as f64, "{}", ingress_proxy.metrics());
+    assert_eq!(routed, (3 * N) as f64, "{}", ingress_proxy.metrics());
 
     // A name no Service has: the original destination (the canary's ClusterIP), as without
     // ingress mode.
