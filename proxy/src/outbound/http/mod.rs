@@ -75,6 +75,7 @@ impl OutboundHttp {
     /// route matches, a fault the route injects, an EgressNetwork's refusal). Nothing is sent
     /// to the target; finding the backend's target may wait for discovery's first answer about
     /// it, and an egress hostname's binding for the pod's resolver.
+    ///
     /// In ingress mode the Service port the request names decides instead of the connection's
     /// target, when it is one the control plane knows (a destination override that cannot be
     /// read is answered 400).
