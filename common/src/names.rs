@@ -61,6 +61,9 @@ pub const SKIP_OUTBOUND_PORTS_ANNOTATION: &str = "config.cnimesh.io/skip-outboun
 pub const SKIP_SUBNETS_ANNOTATION: &str = "config.cnimesh.io/skip-subnets";
 pub const OPAQUE_PORTS_ANNOTATION: &str = "config.cnimesh.io/opaque-ports";
 pub const LOG_LEVEL_ANNOTATION: &str = "config.cnimesh.io/proxy-log-level";
+/// On an ingress controller's pod: the namespaces whose Services its proxy routes to by name
+/// (`*` or a comma-separated list).
+pub const INGRESS_NAMESPACES_ANNOTATION: &str = "config.cnimesh.io/ingress-namespaces";
 /// Labels the injector puts on meshed pods, for operators to aggregate by workload (Linkerd's
 /// `linkerd.io/proxy-<kind>`): `cnimesh.io/proxy-deployment: web`, and the workload's namespace.
 pub const OWNER_LABEL_PREFIX: &str = "cnimesh.io/proxy-";

@@ -1032,6 +1032,11 @@ fn an_ingress_controllers_pod_annotated_ingress_gets_its_proxy_in_ingress_mode()
     let proxy = proxy_of(&patched);
     assert_eq!(env(&proxy, "CNIMESH_PROXY_MODE"), Some("ingress"));
     assert_eq!(env(&proxy, "CNIMESH_PROXY_CLUSTER_DOMAIN"), Some(config.cluster_domain.as_str()));
+    assert_eq!(env(&proxy, "CNIMESH_PROXY_INGRESS_NAMESPACES"), None, "every namespace unless listed");
+    let listed = pod_with(json!({"metadata": {"annotations": {
+        "cnimesh.io/inject": "ingress", "config.cnimesh.io/ingress-namespaces": "shop,web"}}}));
+    let (_, patched) = run(&listed, "shop", NamespaceInjection::NotEnabled, &config);
+    assert_eq!(env(&proxy_of(&typed(&patched)), "CNIMESH_PROXY_INGRESS_NAMESPACES"), Some("shop,web"));
     let enabled = pod_with(json!({"metadata": {"annotations": {"cnimesh.io/inject": "enabled"}}}));
     let (_, proxy) = injected(&enabled, &NamespaceDefault::NotLooked, &config);
     assert_eq!(env(&proxy, "CNIMESH_PROXY_MODE"), None);

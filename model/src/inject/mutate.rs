@@ -37,7 +37,8 @@ use crate::workload::{Workload, owner_labels};
 /// docs/architecture.md, "Names and numbers", shared with the node agent (which captures pods by the proxy container's
 /// name) and the proxy: one declaration in `cnimesh_common::names`.
 pub use cnimesh_common::names::{
-    INJECT_ANNOTATION, LOG_LEVEL_ANNOTATION, OPAQUE_PORTS_ANNOTATION, PROXY_ADMIN_PORT, PROXY_CONTAINER,
+    INGRESS_NAMESPACES_ANNOTATION, INJECT_ANNOTATION, LOG_LEVEL_ANNOTATION, OPAQUE_PORTS_ANNOTATION, PROXY_ADMIN_PORT,
+    PROXY_CONTAINER,
 };
 /// Set on injected pods; the value is the webhook's version.
 pub const INJECTED_ANNOTATION: &str = "cnimesh.io/injected";
@@ -289,7 +290,7 @@ pub fn plan(
     append_env(&mut container, trace_env);
     append_env(&mut container, shutdown_env(spec.termination_grace_period_seconds));
     if ingress {
-        append_env(&mut container, ingress_env(config));
+        append_env(&mut container, ingress_env(config, annotation(INGRESS_NAMESPACES_ANNOTATION)));
     }
     warnings.extend(fail_closed.map(|w| format!("cnimesh: {w}")));
     warnings.extend(skipped_port_warnings(&typed.metadata, spec));
@@ -301,9 +302,17 @@ pub fn plan(
 pub const INJECT_INGRESS: &str = "ingress";
 
 /// The proxy of an ingress controller's pod: ingress mode, resolving Service names of the
-/// cluster's domain.
-fn ingress_env(config: &InjectConfig) -> Vec<(&'static str, String)> {
-    vec![("CNIMESH_PROXY_MODE", INJECT_INGRESS.into()), ("CNIMESH_PROXY_CLUSTER_DOMAIN", config.cluster_domain.clone())]
+/// cluster's domain, in the namespaces the pod's annotation lists (the proxy checks the list and
+/// refuses to start on a bad one, naming the variable).
+fn ingress_env(config: &InjectConfig, namespaces: Option<&str>) -> Vec<(&'static str, String)> {
+    let mut env = vec![
+        ("CNIMESH_PROXY_MODE", INJECT_INGRESS.into()),
+        ("CNIMESH_PROXY_CLUSTER_DOMAIN", config.cluster_domain.clone()),
+    ];
+    if let Some(namespaces) = namespaces {
+        env.push(("CNIMESH_PROXY_INGRESS_NAMESPACES", namespaces.to_string()));
+    }
+    env
 }
 
 /// What the proxy needs to enforce inbound policy from its first connection, before the control

@@ -87,8 +87,8 @@ pub enum Mode {
     Gateway { cluster_domain: String },
     /// An ingress controller's sidecar: outbound HTTP requests go to the Service of
     /// `cluster_domain` their destination override or authority names
-    /// ([`crate::outbound::ingress`]); otherwise a sidecar.
-    Ingress { cluster_domain: String },
+    /// ([`crate::outbound::ingress`]), in `namespaces`; otherwise a sidecar.
+    Ingress { cluster_domain: String, namespaces: crate::outbound::ingress::Namespaces },
 }
 
 impl Mode {
@@ -447,6 +447,10 @@ pub struct Args {
     /// The cluster domain of the Service names an ingress-mode proxy routes by [default: cluster.local].
     #[arg(long, env = "CNIMESH_PROXY_CLUSTER_DOMAIN")]
     pub cluster_domain: Option<String>,
+    /// The namespaces whose Services an ingress-mode proxy routes to by name: `*` or a
+    /// comma-separated list [default: *].
+    #[arg(long, env = "CNIMESH_PROXY_INGRESS_NAMESPACES")]
+    pub ingress_namespaces: Option<String>,
 }
 
 /// `var`'s cluster domain, checked and lowercased; unset or empty = Kubernetes' default.
@@ -473,6 +477,14 @@ fn mode(args: &Args, identity: bool, destination: Option<&DestinationConfig>) ->
         )),
         "ingress" => Ok(Mode::Ingress {
             cluster_domain: cluster_domain("CNIMESH_PROXY_CLUSTER_DOMAIN", args.cluster_domain.as_ref())?,
+            namespaces: crate::outbound::ingress::Namespaces::parse(args.ingress_namespaces.as_deref().unwrap_or(""))
+                .map_err(|e| {
+                ConfigError::invalid(
+                    "CNIMESH_PROXY_INGRESS_NAMESPACES",
+                    args.ingress_namespaces.as_deref().unwrap_or(""),
+                    e.to_string(),
+                )
+            })?,
         }),
         "gateway" if !identity => Err(ConfigError::invalid(
             "CNIMESH_PROXY_MODE",
@@ -733,6 +745,7 @@ fn destination(args: &Args, identity: Option<&IdentityConfig>) -> Result<Option<
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::outbound::ingress::Namespaces;
 
     /// Feeds each variable as the flag clap reads it into (a test must not change the process
     /// environment), so every variable's name is checked as well.
@@ -832,11 +845,11 @@ mod tests {
         ];
         let ingress = ("CNIMESH_PROXY_MODE", "ingress");
         let c = from_vars(&[&meshed[..], &[ingress]].concat()).unwrap();
-        assert_eq!(c.mode, Mode::Ingress { cluster_domain: "cluster.local".into() });
+        assert_eq!(c.mode, Mode::Ingress { cluster_domain: "cluster.local".into(), namespaces: Namespaces::All });
         assert!(!c.mode.is_gateway() && !c.outbound.is_empty(), "an ingress proxy keeps its outbound listeners");
         let domain = ("CNIMESH_PROXY_CLUSTER_DOMAIN", "Corp.Example");
         let c = from_vars(&[&meshed[..], &[ingress, domain]].concat()).unwrap();
-        assert_eq!(c.mode, Mode::Ingress { cluster_domain: "corp.example".into() });
+        assert_eq!(c.mode, Mode::Ingress { cluster_domain: "corp.example".into(), namespaces: Namespaces::All });
         let e = from_vars(&[ingress]).unwrap_err().to_string();
         assert!(e.contains("CNIMESH_PROXY_MODE") && e.contains("DESTINATION_ADDR"), "{e}");
         let no_policy = ("CNIMESH_PROXY_OUTBOUND_POLICY", "false");
@@ -845,6 +858,13 @@ mod tests {
         let bad = ("CNIMESH_PROXY_CLUSTER_DOMAIN", "corp..example");
         let e = from_vars(&[&meshed[..], &[ingress, bad]].concat()).unwrap_err().to_string();
         assert!(e.contains("CNIMESH_PROXY_CLUSTER_DOMAIN"), "{e}");
+        let only = ("CNIMESH_PROXY_INGRESS_NAMESPACES", "shop,web");
+        let c = from_vars(&[&meshed[..], &[ingress, only]].concat()).unwrap();
+        let shop_web = Namespaces::Only(vec!["shop".into(), "web".into()]);
+        assert_eq!(c.mode, Mode::Ingress { cluster_domain: "cluster.local".into(), namespaces: shop_web });
+        let bad = ("CNIMESH_PROXY_INGRESS_NAMESPACES", "shop;rm");
+        let e = from_vars(&[&meshed[..], &[ingress, bad]].concat()).unwrap_err().to_string();
+        assert!(e.contains("CNIMESH_PROXY_INGRESS_NAMESPACES"), "{e}");
         let e = from_vars(&[("CNIMESH_PROXY_MODE", "edge")]).unwrap_err().to_string();
         assert!(e.contains("expected sidecar, ingress or gateway"), "{e}");
     }

@@ -52,9 +52,10 @@ impl Shared {
             egress: metrics.egress.clone(),
             egress_names: Arc::default(),
             ingress: match &config.mode {
-                Mode::Ingress { cluster_domain } => {
-                    Some(crate::outbound::ingress::Ingress { cluster_domain: cluster_domain.clone() })
-                }
+                Mode::Ingress { cluster_domain, namespaces } => Some(crate::outbound::ingress::Ingress {
+                    cluster_domain: cluster_domain.clone(),
+                    namespaces: namespaces.clone(),
+                }),
                 _ => None,
             },
         };

@@ -9,15 +9,72 @@
 //! else (an external host, a Service that does not exist, a port it does not have) goes to its
 //! original destination as in the default mode, under that destination's policy (an
 //! EgressNetwork's verdict included). The pod's app can name only what it could reach anyway.
+//!
+//! An ingress controller that terminates TLS and passes a client's `Host` (a catch-all rule) or
+//! override header on lets that client name any Service the ingress's identity is admitted to.
+//! [`Namespaces`] bounds the names followed to the namespaces an operator lists
+//! (`config.cnimesh.io/ingress-namespaces`); a name in any other namespace keeps the original
+//! destination, as an unknown one does.
 
 use http::Request;
 
 use crate::http::headers::{DST_OVERRIDE_HEADERS, authority_of};
 
-/// The cluster domain whose Services an ingress-mode proxy resolves by name.
+/// The cluster domain whose Services an ingress-mode proxy resolves by name, and the
+/// namespaces it follows names into.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ingress {
     pub cluster_domain: String,
+    pub namespaces: Namespaces,
+}
+
+/// The namespaces whose Services an ingress-mode proxy routes to by name.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Namespaces {
+    /// Every namespace (`*`, and the default: as Linkerd's ingress mode).
+    #[default]
+    All,
+    /// Only these.
+    Only(Vec<String>),
+}
+
+/// Why a namespaces list cannot be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is not a namespace name (expected `*` or a comma-separated list of DNS labels)")]
+pub struct NamespacesError(pub String);
+
+impl Namespaces {
+    /// `*` (or nothing) for every namespace, else a comma-separated list of namespace names.
+    pub fn parse(value: &str) -> Result<Self, NamespacesError> {
+        let value = value.trim();
+        if value.is_empty() || value == "*" {
+            return Ok(Namespaces::All);
+        }
+        let names = value
+            .split(',')
+            .map(|n| {
+                let n = n.trim();
+                dns_label(n).then(|| n.to_string()).ok_or_else(|| NamespacesError(n.to_string()))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Namespaces::Only(names))
+    }
+
+    fn allows(&self, namespace: &str) -> bool {
+        match self {
+            Namespaces::All => true,
+            Namespaces::Only(names) => names.iter().any(|n| n == namespace),
+        }
+    }
+}
+
+/// A Kubernetes name label: lowercase letters, digits and `-`, at most 63, no `-` at either end.
+fn dns_label(l: &str) -> bool {
+    !l.is_empty()
+        && l.len() <= 63
+        && l.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !l.starts_with('-')
+        && !l.ends_with('-')
 }
 
 /// Why a request's override cannot be followed: answered 400, never guessed at.
@@ -78,20 +135,14 @@ impl Ingress {
     }
 
     /// `name.ns.svc.<domain>` for a host of one of the forms `name.ns`, `name.ns.svc` and
-    /// `name.ns.svc.<domain>` (any case, a trailing dot); `None` for any other host.
+    /// `name.ns.svc.<domain>` (any case, a trailing dot) in a namespace it may route to; `None`
+    /// for any other host.
     fn service_host(&self, host: &str) -> Option<String> {
         let host = host.trim_end_matches('.').to_ascii_lowercase();
         let domain = self.cluster_domain.trim_end_matches('.');
         let short = host.strip_suffix(&format!(".svc.{domain}")).or_else(|| host.strip_suffix(".svc")).unwrap_or(&host);
         let (name, ns) = short.split_once('.')?;
-        let label = |l: &str| {
-            !l.is_empty()
-                && l.len() <= 63
-                && l.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-                && !l.starts_with('-')
-                && !l.ends_with('-')
-        };
-        (label(name) && label(ns)).then(|| format!("{name}.{ns}.svc.{domain}"))
+        (dns_label(name) && dns_label(ns) && self.namespaces.allows(ns)).then(|| format!("{name}.{ns}.svc.{domain}"))
     }
 }
 
@@ -116,7 +167,7 @@ mod tests {
     use super::*;
 
     fn ingress() -> Ingress {
-        Ingress { cluster_domain: "cluster.local".into() }
+        Ingress { cluster_domain: "cluster.local".into(), namespaces: Namespaces::All }
     }
 
     fn named(headers: &[(&str, &str)]) -> Result<Option<String>, OverrideError> {
@@ -180,5 +231,31 @@ mod tests {
         for (case, headers, expected) in table {
             assert_eq!(named(&headers), expected, "{case}");
         }
+    }
+
+    /// A client of a TLS-terminating ingress controls the `Host` a catch-all rule passes on, and
+    /// any override header the controller does not overwrite: with a namespaces list, a name
+    /// outside it is no Service name, and the request keeps its original destination.
+    #[test]
+    fn a_name_outside_the_listed_namespaces_is_not_followed_whoever_wrote_it() {
+        let only_shop =
+            Ingress { cluster_domain: "cluster.local".into(), namespaces: Namespaces::parse("shop, web").unwrap() };
+        let name = |headers: &[(&str, &str)]| {
+            let mut req = Request::get("/").body(()).unwrap();
+            for (k, v) in headers {
+                req.headers_mut().append(http::HeaderName::from_bytes(k.as_bytes()).unwrap(), v.parse().unwrap());
+            }
+            let named = only_shop.named(&mut req).unwrap().map(|n| n.host);
+            assert!(DST_OVERRIDE_HEADERS.iter().all(|h| !req.headers().contains_key(h)), "overrides taken off");
+            named
+        };
+        assert_eq!(name(&[("host", "web.shop")]), Some("web.shop.svc.cluster.local".into()));
+        assert_eq!(name(&[("host", "admin.internal")]), None, "a Host into another namespace");
+        assert_eq!(name(&[("l5d-dst-override", "admin.internal.svc.cluster.local:80")]), None, "an override into one");
+        assert_eq!(name(&[("cnimesh-dst-override", "kube-dns.kube-system:53")]), None);
+        assert_eq!(Namespaces::parse("*").unwrap(), Namespaces::All);
+        assert_eq!(Namespaces::parse("").unwrap(), Namespaces::All);
+        assert_eq!(Namespaces::parse("shop,Bad_NS"), Err(NamespacesError("Bad_NS".into())));
+        assert_eq!(Namespaces::parse("shop,,web"), Err(NamespacesError(String::new())));
     }
 }

@@ -94,15 +94,21 @@ impl OutboundHttp {
         }
     }
 
-    /// Ingress mode: the target of the Service port `req` names (its override headers taken
-    /// off), when the control plane has a policy for it and it is not the connection's own;
-    /// `None` otherwise, and always outside ingress mode and on a gateway's connection.
+    /// Ingress mode: the target of the Service port `req` names, when the control plane has a
+    /// policy for it and it is not the connection's own; `None` otherwise, and always outside
+    /// ingress mode and on a gateway's connection. The override headers are taken off in every
+    /// mode.
     async fn ingress_service<B>(
         &self,
         req: &mut Request<B>,
         outbound: &Outbound,
     ) -> Result<Option<Arc<Target>>, OverrideError> {
-        let Some(ingress) = outbound.ingress.as_ref().filter(|_| !self.pinned) else { return Ok(None) };
+        let Some(ingress) = outbound.ingress.as_ref().filter(|_| !self.pinned) else {
+            // Not followed here, and no upstream should see it (an unmeshed one or a skipped
+            // port has no inbound proxy to take it off).
+            crate::http::headers::strip_dst_override(req.headers_mut());
+            return Ok(None);
+        };
         let Some(named) = ingress.named(req)? else { return Ok(None) };
         for key in named.candidates(self.addr.port()) {
             if matches!(&self.target.route, Route::Balanced(b) if b.service == key) {
