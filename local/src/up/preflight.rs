@@ -8,6 +8,7 @@ use anyhow::bail;
 use ipnet::Ipv4Net;
 
 use crate::host::{self, check_prerequisites, link_exists};
+use crate::nginx::NGINX;
 use crate::record;
 use crate::workloads::Workloads;
 use crate::{DEMO, UpArgs};
@@ -83,6 +84,9 @@ pub(super) fn preflight(args: &UpArgs) -> anyhow::Result<(Workloads, Binaries)> 
         bail!("--traffic-seconds must be in (0, 600] and --concurrency at least 1");
     }
     check_prerequisites()?;
+    if workloads.ingress.is_some() && !std::path::Path::new(NGINX).is_file() {
+        bail!("the workloads file's `ingress:` runs nginx, and {NGINX} is missing: apt install nginx-light");
+    }
     let bins = Binaries {
         local: std::fs::canonicalize(std::env::current_exe()?)?,
         node: resolve_binary(&args.node, "cnimesh-node", "--node")?,
