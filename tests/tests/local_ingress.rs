@@ -3,7 +3,8 @@
 //! `Host: web.shop` to the `web` Service, whose HTTPRoute splits 90/10 with `web-canary`. Requests
 //! sent from the host to the ingress pod's address get the split, reach the targets over mTLS
 //! under the ingress's identity, and are admitted by Servers that allow only the ingress (a meshed
-//! client of another identity gets 403s). `down` removes everything, nginx included.
+//! client of another identity gets 403s). `down` removes everything, nginx included. (A bad
+//! `ingress:` is refused before anything is created: local_mode.rs's bad workloads file test.)
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -39,11 +40,10 @@ ingress:
 "#;
 
 /// A local mode instance with names and a subnet of its own (10.248.100–199; other test files
-/// use 10.245–10.248.99); `slot` keeps this file's tests apart.
-fn local(slot: u32) -> LocalMode {
+/// use 10.245–10.248.99).
+fn local() -> LocalMode {
     let pid = std::process::id();
-    let subnet = format!("10.248.{}.0/24", 100 + slot * 50 + pid % 50);
-    LocalMode::new(format!("cnmi{:x}{slot}", pid & 0xffff), subnet, local_bins!())
+    LocalMode::new(format!("cnmi{:x}", pid & 0xffff), format!("10.248.{}.0/24", 100 + pid % 100), local_bins!())
 }
 
 /// Inbound mTLS requests `pod`'s proxy counted from `client_id`.
@@ -63,10 +63,8 @@ fn an_ingress_in_local_mode_gets_the_split_over_mtls_under_its_identity_and_down
     if !require_root("an_ingress_in_local_mode_gets_the_split_over_mtls_under_its_identity_and_down_removes_nginx") {
         return;
     }
-    let local = local(0);
-    let file = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(file.path(), WORKLOADS).unwrap();
-    let out = local.up_command().arg("--workloads").arg(file.path()).output().unwrap();
+    let local = local();
+    let out = local.up_with_workloads(WORKLOADS);
     assert!(out.status.success(), "up failed: {}", String::from_utf8_lossy(&out.stderr));
     let summary: Value = serde_json::from_slice(&out.stdout).unwrap();
 
@@ -105,22 +103,5 @@ fn an_ingress_in_local_mode_gets_the_split_over_mtls_under_its_identity_and_down
     let down = local.down();
     assert!(down.status.success(), "{}", String::from_utf8_lossy(&down.stderr));
     assert!(!std::path::Path::new(&format!("/proc/{nginx_pid}")).exists(), "nginx ({nginx_pid}) still runs");
-    assert_eq!(local.leftovers(), Vec::<String>::new());
-}
-
-/// A workloads file whose ingress routes to a Service it does not have is refused, naming the
-/// field, before anything is created.
-#[test]
-fn an_ingress_routing_to_a_missing_service_is_refused_before_anything_is_created() {
-    if !require_root("an_ingress_routing_to_a_missing_service_is_refused_before_anything_is_created") {
-        return;
-    }
-    let local = local(1);
-    let file = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(file.path(), WORKLOADS.replace("service: web}", "service: nope}")).unwrap();
-    let out = local.up_command().arg("--workloads").arg(file.path()).output().unwrap();
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("ingress.routes: host \"web.shop\" goes to \"nope\""), "{stderr}");
     assert_eq!(local.leftovers(), Vec::<String>::new());
 }
