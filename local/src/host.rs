@@ -21,7 +21,7 @@ pub const NETNS_DIR: &str = "/var/run/netns";
 pub const ROOT_ENV: &str = "CNIMESH_LOCAL_ROOT";
 
 /// Everything `up` creates directly in the root dir.
-pub const ROOT_ENTRIES: [&str; 15] = [
+pub const ROOT_ENTRIES: [&str; 16] = [
     "local.json",
     "logs",
     "run",
@@ -40,6 +40,8 @@ pub const ROOT_ENTRIES: [&str; 15] = [
     "traces.jsonl",
     // The second cluster's root (`up --clusters 2`).
     "west",
+    // The ingress controller's nginx.conf and temporary files (`up::ingress::DIR`).
+    "ingress",
 ];
 
 /// Refuses a root dir that `down` must not touch: `down` kills processes mentioning it and

@@ -12,7 +12,7 @@
 //! reverse) and runs the other binaries (`cnimesh-node`, `cnimesh-cni`, `cnimesh-proxy`,
 //! `cnimesh-control`) from beside its own executable unless told otherwise.
 //!
-//! Layers: demo_trace → app | host | record | runtime | traffic | workloads → apiserver | objects → down → up → cli
+//! Layers: demo_trace → app | host | nginx | record | runtime | traffic | workloads → apiserver | objects → down → up → cli
 //!
 //! `up` leaves everything running, detached; `down` finds what `up` created by its records and by
 //! its naming (netns `<prefix>-*`, bridge `<prefix>0`, processes mentioning the root dir), so it
@@ -24,6 +24,7 @@ pub mod cli;
 pub mod demo_trace;
 mod down;
 mod host;
+pub mod nginx;
 mod objects;
 mod record;
 mod runtime;

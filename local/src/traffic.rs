@@ -203,6 +203,20 @@ pub struct Summary {
     /// `--clusters 2`: the cross-cluster part.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub multicluster: Option<Multicluster>,
+    /// The workloads file's `ingress:`: where to send requests from the host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ingress: Option<IngressSummary>,
+}
+
+/// The ingress controller `up` started, as a user reaches it from the host.
+#[derive(Debug, Clone, Serialize)]
+pub struct IngressSummary {
+    /// nginx's `ip:port` on the bridge (the ingress pod's address).
+    pub address: String,
+    /// The `Host` each Service answers for, by host.
+    pub routes: BTreeMap<String, String>,
+    /// A request through it, from the host.
+    pub example: String,
 }
 
 /// What `up --clusters 2` did across the clusters and what each side saw.
@@ -359,6 +373,13 @@ pub fn render(summary: &Summary, format: Format) -> String {
     if let Some(mc) = &summary.multicluster {
         out.push_str(&render_multicluster(mc));
     }
+    if let Some(ingress) = &summary.ingress {
+        out.push_str(&format!("\ningress controller (nginx, its proxy in ingress mode) on {}:\n", ingress.address));
+        for (host, service) in &ingress.routes {
+            out.push_str(&format!("  Host {host} -> service {service}\n"));
+        }
+        out.push_str(&format!("  try: {}\n", ingress.example));
+    }
     out.push('\n');
     for (what, cmd) in &summary.commands {
         out.push_str(&format!("{what}:\n  {cmd}\n"));
@@ -421,9 +442,15 @@ mod tests {
             up_seconds: 1.0,
             trace: None,
             multicluster: None,
+            ingress: Some(IngressSummary {
+                address: "10.247.0.9:8080".into(),
+                routes: [("web.demo".to_string(), "web".to_string())].into(),
+                example: "curl -H 'Host: web.demo' http://10.247.0.9:8080/".into(),
+            }),
         };
         let text = render(&summary, Format::Human);
         assert!(text.contains("client -> web split over backends: web=9 (90.0%) web-canary=1 (10.0%)"), "{text}");
+        assert!(text.contains("ingress mode) on 10.247.0.9:8080:\n  Host web.demo -> service web\n"), "{text}");
     }
 
     #[test]

@@ -5,7 +5,9 @@ use std::collections::HashSet;
 use std::net::Ipv4Addr;
 use std::path::Path;
 
-use cnimesh_common::names::{OWNER_LABEL_PREFIX, PROXY_CONTAINER, WORKLOAD_NAMESPACE_LABEL};
+use cnimesh_common::names::{
+    CONTROL_PORT, INJECT_ANNOTATION, OWNER_LABEL_PREFIX, PROXY_ADMIN_PORT, PROXY_CONTAINER, WORKLOAD_NAMESPACE_LABEL,
+};
 use ipnet::Ipv4Net;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -35,6 +37,33 @@ pub struct Workloads {
     pub services: Vec<ServiceSpec>,
     #[serde(default)]
     pub clients: Vec<ClientSpec>,
+    /// An ingress controller in front of the services; unset = none (and nginx not needed).
+    #[serde(default)]
+    pub ingress: Option<IngressSpec>,
+}
+
+/// An ingress controller: Debian's nginx in a meshed pod of its own, annotated
+/// `cnimesh.io/inject: ingress` (its proxy in ingress mode, routing each request by the Service
+/// its `Host` names), under a ServiceAccount of its own, reachable from the host on `port`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IngressSpec {
+    /// Its pod's and ServiceAccount's name (the identity `allow` lists).
+    #[serde(default = "default_ingress_name")]
+    pub name: String,
+    /// Where nginx listens on the pod's address.
+    #[serde(default = "default_ingress_port")]
+    pub port: u16,
+    /// Which Service answers which `Host`.
+    pub routes: Vec<IngressRoute>,
+}
+
+/// A request whose `Host` is `host` goes to Service `service`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IngressRoute {
+    pub host: String,
+    pub service: String,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -87,6 +116,14 @@ fn one() -> u32 {
     1
 }
 
+fn default_ingress_name() -> String {
+    "ingress".into()
+}
+
+fn default_ingress_port() -> u16 {
+    APP_PORT
+}
+
 /// What a pod runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Role {
@@ -94,6 +131,8 @@ pub enum Role {
     Server { service: String },
     /// Sends the traffic.
     Client,
+    /// The ingress controller (nginx), its proxy in ingress mode.
+    Ingress,
 }
 
 /// One pod to create.
@@ -162,8 +201,8 @@ impl Workloads {
                 ));
             }
         }
-        if self.clients.is_empty() {
-            return Err("no clients: nothing would send traffic".into());
+        if self.clients.is_empty() && self.ingress.is_none() {
+            return Err("no clients and no ingress: nothing would send traffic".into());
         }
         for c in &self.clients {
             if !dns_label(&c.name) {
@@ -178,9 +217,13 @@ impl Workloads {
             if !s.meshed {
                 return Err(format!("service {}: `allow` needs a meshed service (its proxies enforce it)", s.name));
             }
-            if let Some(unknown) = allow.iter().find(|c| !self.clients.iter().any(|k| &k.name == *c && k.meshed)) {
+            let ingress = self.ingress.as_ref().map(|g| g.name.as_str());
+            if let Some(unknown) = allow
+                .iter()
+                .find(|c| ingress != Some(c.as_str()) && !self.clients.iter().any(|k| &k.name == *c && k.meshed))
+            {
                 return Err(format!(
-                    "service {}: allows {unknown:?}, which is not a meshed client of this file",
+                    "service {}: allows {unknown:?}, which is neither a meshed client nor the ingress of this file",
                     s.name
                 ));
             }
@@ -203,10 +246,47 @@ impl Workloads {
                 ));
             }
         }
+        if let Some(ingress) = &self.ingress {
+            self.validate_ingress(ingress)?;
+        }
         let mut names = HashSet::new();
         for pod in self.pods() {
             if !names.insert(pod.name.clone()) {
                 return Err(format!("two pods would be named {:?}", pod.name));
+            }
+        }
+        Ok(())
+    }
+
+    fn validate_ingress(&self, ingress: &IngressSpec) -> Result<(), String> {
+        use cnimesh_common::names::{PROXY_INBOUND_PORT, PROXY_OUTBOUND_PORT};
+        if !dns_label(&ingress.name) {
+            return Err(format!("ingress.name {:?} is not a DNS label (a-z, 0-9, -; at most 40)", ingress.name));
+        }
+        let proxy_ports = [PROXY_INBOUND_PORT, PROXY_OUTBOUND_PORT, PROXY_ADMIN_PORT, CONTROL_PORT];
+        if ingress.port == 0 || proxy_ports.contains(&ingress.port) {
+            return Err(format!("ingress.port {}: 0 or one of the proxy's ports {proxy_ports:?}", ingress.port));
+        }
+        if ingress.routes.is_empty() {
+            return Err("ingress.routes is empty: the ingress would route nothing".into());
+        }
+        let mut hosts = HashSet::new();
+        for route in &ingress.routes {
+            let valid = route.host.split('.').all(dns_label) && route.host.len() <= 253;
+            if !valid {
+                return Err(format!(
+                    "ingress.routes: host {:?} is not a host name (DNS labels joined by dots)",
+                    route.host
+                ));
+            }
+            if !hosts.insert(route.host.as_str()) {
+                return Err(format!("ingress.routes: host {:?} is routed twice", route.host));
+            }
+            if self.service(&route.service).is_none() {
+                return Err(format!(
+                    "ingress.routes: host {:?} goes to {:?}, which is not a service of this file",
+                    route.host, route.service
+                ));
             }
         }
         Ok(())
@@ -217,7 +297,7 @@ impl Workloads {
     }
 
     /// Every pod: each service's replicas (`<service>` when there is one, else `<service>-<i>`),
-    /// then the clients. A pod's service account is named after its service or client.
+    /// then the clients, then the ingress. A pod's service account is named after its service or client.
     pub fn pods(&self) -> Vec<PodSpec> {
         let servers = self.services.iter().flat_map(|s| {
             (0..s.replicas).map(move |i| PodSpec {
@@ -233,19 +313,30 @@ impl Workloads {
             meshed: c.meshed,
             role: Role::Client,
         });
-        servers.chain(clients).collect()
+        let ingress = self.ingress.iter().map(|g| PodSpec {
+            name: g.name.clone(),
+            service_account: g.name.clone(),
+            meshed: true,
+            role: Role::Ingress,
+        });
+        servers.chain(clients).chain(ingress).collect()
     }
 }
 
-/// The Pod object as `up` creates it on `node` (its status comes from [`pod_status`]).
-pub fn pod_object(ns: &str, pod: &PodSpec, node: &str) -> Value {
+/// The Pod object as `up` creates it on `node` (its status comes from [`pod_status`]); the
+/// ingress's pod is annotated for ingress mode, as its Deployment would be.
+pub fn pod_object(ns: &str, pod: &PodSpec, node: &str, ingress: Option<&IngressSpec>) -> Value {
     let app = match &pod.role {
         Role::Server { service } => service.as_str(),
-        Role::Client => pod.name.as_str(),
+        Role::Client | Role::Ingress => pod.name.as_str(),
+    };
+    let (container, port) = match (&pod.role, ingress) {
+        (Role::Ingress, Some(ingress)) => (("nginx", "nginx"), ingress.port),
+        _ => (("app", "cnimesh/local-app"), APP_PORT),
     };
     let mut containers = vec![json!({
-        "name": "app", "image": "cnimesh/local-app",
-        "ports": [{"name": "http", "containerPort": APP_PORT}],
+        "name": container.0, "image": container.1,
+        "ports": [{"name": "http", "containerPort": port}],
     })];
     if pod.meshed {
         containers.push(json!({"name": PROXY_CONTAINER, "image": "cnimesh/proxy"}));
@@ -256,9 +347,13 @@ pub fn pod_object(ns: &str, pod: &PodSpec, node: &str) -> Value {
         labels[format!("{OWNER_LABEL_PREFIX}deployment")] = json!(app);
         labels[WORKLOAD_NAMESPACE_LABEL] = json!(ns);
     }
+    let annotations = match pod.role {
+        Role::Ingress => json!({ INJECT_ANNOTATION: "ingress" }),
+        _ => json!({}),
+    };
     json!({
         "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": pod.name, "namespace": ns, "labels": labels},
+        "metadata": {"name": pod.name, "namespace": ns, "labels": labels, "annotations": annotations},
         "spec": {"serviceAccountName": pod.service_account, "nodeName": node, "containers": containers},
     })
 }
@@ -392,7 +487,7 @@ mod tests {
     fn mistakes_are_named() {
         let base = "namespace: demo\nclients: [{name: client, meshed: true, calls: [web]}]\n";
         let cases = [
-            ("namespace: demo\n", "no clients"),
+            ("namespace: demo\n", "no clients and no ingress"),
             (base, "not a service"),
             ("namespace: Demo\nclients: [{name: c, meshed: true}]\n", "DNS label"),
             ("namespace: demo\nclients: [{name: c, meshed: true, extra: 1}]\n", "unknown field"),
@@ -406,7 +501,7 @@ mod tests {
             ),
             (
                 "namespace: demo\nservices: [{name: web, clusterIP: 10.96.0.1, meshed: true, allow: [nobody]}]\nclients: [{name: c, meshed: true}]\n",
-                "not a meshed client",
+                "neither a meshed client nor the ingress",
             ),
             (
                 "namespace: demo\nservices: [{name: web, clusterIP: 10.96.0.1, meshed: true, split: [{service: nope, weight: 1}]}]\nclients: [{name: c, meshed: true, calls: [web]}]\n",
@@ -421,9 +516,43 @@ mod tests {
                 "not meshed",
             ),
         ];
+        let web = "namespace: demo\nservices: [{name: web, clusterIP: 10.96.0.1, meshed: true}]\n";
+        let ingress_cases = [
+            (
+                "ingress: {routes: [{host: web.demo, service: nope}]}",
+                "ingress.routes: host \"web.demo\" goes to \"nope\"",
+            ),
+            ("ingress: {routes: []}", "ingress.routes is empty"),
+            ("ingress: {routes: [{host: Web.demo, service: web}]}", "host \"Web.demo\" is not a host name"),
+            ("ingress: {routes: [{host: a, service: web}, {host: a, service: web}]}", "routed twice"),
+            ("ingress: {port: 4143, routes: [{host: a, service: web}]}", "ingress.port 4143"),
+            ("ingress: {name: web, routes: [{host: a, service: web}]}", "two pods would be named \"web\""),
+            ("ingress: {name: In, routes: [{host: a, service: web}]}", "ingress.name \"In\""),
+            ("ingress: {routes: [{host: a, service: web}], tls: true}", "unknown field"),
+        ];
+        let ingress_cases: Vec<(String, &str)> =
+            ingress_cases.into_iter().map(|(i, expected)| (format!("{web}{i}\n"), expected)).collect();
+        let cases = cases.into_iter().map(|(b, e)| (b.to_string(), e)).chain(ingress_cases);
         for (body, expected) in cases {
-            let e = parse(body).unwrap_err().to_string();
+            let e = parse(&body).unwrap_err().to_string();
             assert!(e.contains(expected), "{body:?}: {e}");
         }
+    }
+
+    #[test]
+    fn an_ingress_is_a_meshed_pod_annotated_for_ingress_mode_that_allow_may_name() {
+        let body = "namespace: shop\nservices:\n- {name: web, clusterIP: 10.96.0.1, meshed: true, allow: [edge]}\n\
+                    ingress: {name: edge, routes: [{host: web.shop, service: web}]}\n";
+        let w = parse(body).unwrap();
+        let ingress = w.ingress.as_ref().unwrap();
+        assert_eq!(ingress.port, APP_PORT);
+        let pod = w.pods().into_iter().find(|p| p.role == Role::Ingress).unwrap();
+        assert_eq!((pod.name.as_str(), pod.service_account.as_str(), pod.meshed), ("edge", "edge", true));
+        let object = pod_object("shop", &pod, "node", Some(ingress));
+        assert_eq!(object["metadata"]["annotations"][INJECT_ANNOTATION], "ingress");
+        assert_eq!(object["spec"]["containers"][0]["name"], "nginx");
+        assert_eq!(object["spec"]["containers"][1]["name"], PROXY_CONTAINER);
+        let web = w.pods().into_iter().find(|p| p.name == "web").unwrap();
+        assert_eq!(pod_object("shop", &web, "node", Some(ingress))["metadata"]["annotations"], json!({}));
     }
 }

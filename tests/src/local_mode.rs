@@ -71,6 +71,14 @@ impl LocalMode {
         cmd
     }
 
+    /// Runs `up` with `workloads` as its workloads file (`--workloads`); returns its output,
+    /// whether it succeeded or not.
+    pub fn up_with_workloads(&self, workloads: &str) -> Output {
+        let file = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(file.path(), workloads).unwrap();
+        self.up_command().arg("--workloads").arg(file.path()).output().unwrap()
+    }
+
     /// Runs `up` and panics with its stderr when it fails.
     pub fn up(&self) -> Output {
         let out = self.up_command().output().unwrap();

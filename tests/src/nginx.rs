@@ -7,8 +7,7 @@ use std::time::{Duration, Instant};
 
 use crate::netns::Netns;
 
-/// The nginx binary Debian installs.
-pub const NGINX: &str = "/usr/sbin/nginx";
+pub use cnimesh_local::nginx::{NGINX, location};
 
 /// nginx in the foreground in a pod, with its own prefix directory; stopped when dropped.
 pub struct Nginx {
@@ -17,20 +16,13 @@ pub struct Nginx {
 }
 
 impl Nginx {
-    /// nginx in `netns`, serving `server` (the body of one `server { }` block: its `listen`
-    /// and `location`s) on `listen`, which it must accept on within ten seconds. Panics when
+    /// nginx in `netns`, serving `server` (the body of one `server { }` block: its
+    /// [`location`]s) on `listen`, which it must accept on within ten seconds. Panics when
     /// nginx is not installed, so a test host without it fails rather than skips.
     pub fn start(netns: &Netns, listen: std::net::SocketAddr, server: &str) -> anyhow::Result<Self> {
         assert!(Path::new(NGINX).exists(), "{NGINX} is missing: apt-get install nginx-light (scripts/setup.sh)");
         let dir = tempfile::tempdir()?;
-        let d = dir.path().display();
-        let conf = format!(
-            "daemon off;\nmaster_process off;\nworker_processes 1;\npid {d}/nginx.pid;\nerror_log stderr warn;\n\
-             events {{ worker_connections 512; }}\n\
-             http {{\n  access_log off;\n  client_body_temp_path {d}/body;\n  proxy_temp_path {d}/proxy;\n  \
-             fastcgi_temp_path {d}/fastcgi;\n  uwsgi_temp_path {d}/uwsgi;\n  scgi_temp_path {d}/scgi;\n  \
-             server {{\n    listen {listen};\n{server}\n  }}\n}}\n"
-        );
+        let conf = cnimesh_local::nginx::config(dir.path(), &cnimesh_local::nginx::server(listen, None, server));
         let path = dir.path().join("nginx.conf");
         std::fs::write(&path, conf)?;
         let child = Command::new("ip")

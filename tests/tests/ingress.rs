@@ -12,7 +12,7 @@ use std::net::SocketAddr;
 
 use cnimesh_e2e::apps::{self, Apps};
 use cnimesh_e2e::control::{Control, env_refs};
-use cnimesh_e2e::nginx::Nginx;
+use cnimesh_e2e::nginx::{Nginx, location};
 use cnimesh_e2e::objects::service_yaml;
 use cnimesh_e2e::sidecar::{Sidecar, http_in, metric_with};
 use cnimesh_e2e::{Network, Pod, bins, require_root};
@@ -62,11 +62,6 @@ spec:
 /// naming no Service at all; and its pod's target port directly, as ingress-nginx does, with the
 /// override naming the Service without a port.
 fn nginx_server(canary_pod: std::net::Ipv4Addr) -> String {
-    let location = |prefix: &str, upstream: &str, header: &str| {
-        format!(
-            "    location /{prefix}/ {{\n      proxy_pass http://{upstream}/;\n      proxy_http_version 1.1;\n      proxy_set_header {header};\n    }}\n"
-        )
-    };
     let clusterip = format!("{CANARY_IP}:80");
     let pod = format!("{canary_pod}:{}", apps::HTTP_PORT);
     [

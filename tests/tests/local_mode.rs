@@ -418,13 +418,24 @@ fn a_bad_workloads_file_is_refused_before_anything_is_created() {
         return;
     }
     let local = local(2);
-    let file = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(file.path(), "namespace: demo\nclients: [{name: client, meshed: true, calls: [nope]}]\n").unwrap();
-    let out = local.up_command().arg("--workloads").arg(file.path()).output().unwrap();
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("\"nope\", which is not a service"), "{stderr}");
-    assert_eq!(local.leftovers(), Vec::<String>::new());
+    let cases = [
+        (
+            "namespace: demo\nclients: [{name: client, meshed: true, calls: [nope]}]\n",
+            "\"nope\", which is not a service",
+        ),
+        (
+            "namespace: demo\nservices: [{name: web, clusterIP: 10.96.0.10, meshed: true}]\n\
+             ingress: {routes: [{host: web.demo, service: nope}]}\n",
+            "ingress.routes: host \"web.demo\" goes to \"nope\", which is not a service",
+        ),
+    ];
+    for (workloads, expected) in cases {
+        let out = local.up_with_workloads(workloads);
+        assert!(!out.status.success());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(expected), "{stderr}");
+        assert_eq!(local.leftovers(), Vec::<String>::new());
+    }
 }
 
 // Two clusters in local mode

@@ -29,9 +29,7 @@ fn the_policy_generated_from_observed_traffic_keeps_the_client_and_denies_the_in
     }
     let pid = std::process::id();
     let local = LocalMode::new(format!("cnmp{:x}", pid & 0xffff), format!("10.246.{}.0/24", pid % 100), local_bins!());
-    let file = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(file.path(), WORKLOADS).unwrap();
-    let out = local.up_command().arg("--workloads").arg(file.path()).output().unwrap();
+    let out = local.up_with_workloads(WORKLOADS);
     assert!(out.status.success(), "up failed: {}", String::from_utf8_lossy(&out.stderr));
     let web = "10.96.0.10:80".parse().unwrap();
     let (intruder, client) = (local.netns("intruder"), local.netns("client"));

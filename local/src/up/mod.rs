@@ -1,12 +1,13 @@
 //! `cnimesh-local up`, in the order a cluster brings a node up: trust anchor and issuer, the API
 //! server (on the bridge's gateway) with the cluster's Namespaces, Node, ServiceAccounts and policy
 //! objects, the node agent (which installs and chains the plugin), the control plane's pod
-//! (primary CNI only),
-//! then each workload pod through the full chain as the kubelet would, proxies as the proxy UID,
-//! the apps, and finally the demo's traffic. With `--clusters 2`, [`west`] brings the second
-//! cluster up beside the first and links them.
+//! (primary CNI only), then each workload pod through the full chain as the kubelet would,
+//! proxies as the proxy UID, the apps, the ingress controller if the workloads have one, and
+//! finally the demo's traffic. With `--clusters 2`, [`west`] brings the second cluster up beside
+//! the first and links them.
 
 mod egress;
+mod ingress;
 mod preflight;
 mod summary;
 mod west;
@@ -194,6 +195,7 @@ fn bring_up(i: &Inputs<'_>) -> anyhow::Result<Summary> {
     start_apps(i, &pods)?;
     start_proxies(i, &api, &pods, &ca, control_addr, collector)?;
     wait_for_pods(i, &pods)?;
+    let ingress = ingress::start(i, &pods)?;
     if let Some(bin) = &i.bins.mirror {
         start_mirror(i, &api, bin)?;
     }
@@ -209,6 +211,7 @@ fn bring_up(i: &Inputs<'_>) -> anyhow::Result<Summary> {
         up_seconds,
         trace,
         multicluster,
+        ingress,
     })
 }
 
@@ -472,7 +475,7 @@ fn create_pods(i: &Inputs<'_>, api: &Objects, conflist: &Value) -> anyhow::Resul
     let ns = i.workloads.namespace.as_str();
     let mut pods = Vec::new();
     for spec in i.workloads.pods() {
-        let pod = api.apply(&workloads::pod_object(ns, &spec, NODE_NAME))?;
+        let pod = api.apply(&workloads::pod_object(ns, &spec, NODE_NAME, i.workloads.ingress.as_ref()))?;
         api.set_status(&pod, &workloads::pod_status("Pending", None))?;
         let ip = attach(i, conflist, &spec.name, ns, &created_uid(&pod)?, false)?;
         api.set_status(&pod, &workloads::pod_status("Running", Some(ip)))?;
@@ -565,6 +568,10 @@ fn start_proxies(
             .env("CNIMESH_POD_NAME", &pod.spec.name)
             .env("CNIMESH_POD_NAMESPACE", ns)
             .env("CNIMESH_PROXY_TRACE_COLLECTOR", format!("http://{collector}"));
+        if pod.spec.role == Role::Ingress {
+            // What the injector sets for `cnimesh.io/inject: ingress`.
+            proxy.env("CNIMESH_PROXY_MODE", "ingress");
+        }
         spawn_detached(i.root, &format!("proxy-{}", pod.spec.name), proxy)?;
     }
     Ok(())

@@ -2,12 +2,13 @@
 //! prerequisites, the binaries, and that nothing of an earlier run (root dir, namespaces, bridge)
 //! or of the host (routes overlapping the subnet) stands in the way.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::bail;
 use ipnet::Ipv4Net;
 
 use crate::host::{self, check_prerequisites, link_exists};
+use crate::nginx::NGINX;
 use crate::record;
 use crate::workloads::Workloads;
 use crate::{DEMO, UpArgs};
@@ -37,6 +38,17 @@ fn resolve_binary(flag: &Option<PathBuf>, name: &str, option: &str) -> anyhow::R
         );
     }
     Ok(std::fs::canonicalize(&path)?)
+}
+
+/// nginx at `nginx` when the workloads have an ingress (and nothing otherwise).
+fn check_nginx(workloads: &Workloads, nginx: &Path) -> anyhow::Result<()> {
+    if workloads.ingress.is_some() && !nginx.is_file() {
+        bail!(
+            "the workloads file's `ingress:` runs nginx, and {} is missing: apt install nginx-light",
+            nginx.display()
+        );
+    }
+    Ok(())
 }
 
 /// Everything checked before anything is created.
@@ -83,6 +95,7 @@ pub(super) fn preflight(args: &UpArgs) -> anyhow::Result<(Workloads, Binaries)> 
         bail!("--traffic-seconds must be in (0, 600] and --concurrency at least 1");
     }
     check_prerequisites()?;
+    check_nginx(&workloads, Path::new(NGINX))?;
     let bins = Binaries {
         local: std::fs::canonicalize(std::env::current_exe()?)?,
         node: resolve_binary(&args.node, "cnimesh-node", "--node")?,
@@ -117,4 +130,24 @@ pub(super) fn preflight(args: &UpArgs) -> anyhow::Result<(Workloads, Binaries)> 
         bail!("--subnet {} overlaps a route of this host ({clash}); pick another", args.subnet);
     }
     Ok((workloads, bins))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nginx_is_needed_only_by_an_ingress() {
+        let missing = Path::new("/nonexistent/nginx");
+        let plain = Workloads::parse(crate::DEMO, "demo.yaml").unwrap();
+        check_nginx(&plain, missing).unwrap();
+        let with_ingress = Workloads::parse(
+            "namespace: shop\nservices: [{name: web, clusterIP: 10.96.0.10, meshed: true}]\n\
+             ingress: {routes: [{host: web.shop, service: web}]}\n",
+            "test.yaml",
+        )
+        .unwrap();
+        let e = check_nginx(&with_ingress, missing).unwrap_err().to_string();
+        assert!(e.contains("`ingress:` runs nginx, and /nonexistent/nginx is missing"), "{e}");
+    }
 }

@@ -46,7 +46,7 @@ pub(super) fn send_traffic(i: &Inputs<'_>, pods: &[Running]) -> Vec<Edge> {
                 .iter()
                 .filter_map(|p| match &p.spec.role {
                     Role::Server { service } => Some((p.spec.name.as_str(), service.as_str())),
-                    Role::Client => None,
+                    Role::Client | Role::Ingress => None,
                 })
                 .collect();
             edge.count_backends(&service_of);
