@@ -406,6 +406,10 @@ fn expected_control_grants() -> BTreeSet<String> {
         "gateway.networking.k8s.io/tcproutes:get",
         "gateway.networking.k8s.io/tcproutes:list",
         "gateway.networking.k8s.io/tcproutes:watch",
+        // ExternalWorkloads
+        "workload.cnimesh.io/externalworkloads:get",
+        "workload.cnimesh.io/externalworkloads:list",
+        "workload.cnimesh.io/externalworkloads:watch",
         "gateway.networking.k8s.io/httproutes:get",
         "gateway.networking.k8s.io/httproutes:list",
         "gateway.networking.k8s.io/httproutes:watch",
