@@ -6,9 +6,13 @@
 //! `{"ns": "<namespace>", "kind": "external_workload", "name": "<name>"}`; the policy index keeps
 //! it under [`policy_key`], which no pod can have.
 //!
-//! Layer: model (pure): above `identity` (the reserved namespaces), below the indexes.
+//! [`join_store`]: the pending join tokens of ExternalWorkloads and their use (kube).
+//!
+//! Layer: model (pure, but [`join_store`]: kube): above `identity` (the reserved namespaces, the
+//! join tokens), below the indexes.
 
 pub mod crd;
+pub mod join_store;
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
