@@ -264,6 +264,24 @@ async fn a_guessed_join_token_with_the_right_prefix_is_unauthenticated() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guessed_token_tells_nothing_of_whether_its_workload_has_a_pending_one() {
+    let control = start().await;
+    control.external_workload("db-vm", "db", false);
+    control.external_workload("cache-vm", "db", false);
+    let _pending = control.join("db-vm", Duration::from_secs(600)).await;
+    let anonymous = control.channel(None).await;
+    let mut refusals = Vec::new();
+    // A workload with a pending token, one without, one that does not exist.
+    for name in ["db-vm", "cache-vm", "ghost-vm"] {
+        let guessed = JoinToken::generate("shop", name).unwrap();
+        let (code_, message) = code(certify(&anonymous, &shop("db"), guessed.reveal().as_bytes()).await);
+        refusals.push((code_, message.replace(name, "NAME")));
+    }
+    assert!(refusals.iter().all(|r| *r == refusals[0]), "the refusals differ: {refusals:#?}");
+    assert_eq!(refusals[0].0, Code::Unauthenticated, "{refusals:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn renewing_with_the_certificate_of_a_deleted_or_revoked_external_workload_is_refused() {
     let control = start().await;
     control.external_workload("db-vm", "db", false);
@@ -347,6 +365,58 @@ async fn a_certificate_of_a_deleted_and_recreated_external_workload_does_not_ren
     control.external_workload("db-vm", "db", false);
     let (code_, message) = code(certify_with(&with_cert, &shop("db"), b"", &key).await);
     assert_eq!(code_, Code::PermissionDenied, "the old certificate renewed the new workload: {message}");
+}
+
+/// Requests the Identity service made of the API server for join tokens and renewals (reads and
+/// writes of Secrets and ExternalWorkloads; watches are the control plane's own, not per call).
+fn join_calls(api: &cnimesh_apiserver::ClusterApi) -> Vec<String> {
+    api.calls()
+        .iter()
+        .filter(|c| !c.is_watch() && (c.path.contains("/secrets") || c.path.contains("externalworkloads")))
+        .map(|c| format!("{} {}", c.method, c.path))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_guessed_join_tokens_makes_no_api_server_calls() {
+    let control = start().await;
+    control.external_workload("db-vm", "db", false);
+    let anonymous = control.channel(None).await;
+    // A host joins and renews: the control plane is warm.
+    let token = control.join("db-vm", Duration::from_secs(600)).await;
+    let (key, issued) = certify(&anonymous, &shop("db"), token.reveal().as_bytes()).await.unwrap();
+    let with_cert = control.channel(Some(presented(&key, &issued))).await;
+    certify_with(&with_cert, &shop("db"), b"", &key).await.expect("it renews");
+    let _pending = control.join("db-vm", Duration::from_secs(600)).await;
+    let pod_token = control.api.issue_token("shop", "web", &[cnimesh_identity::TOKEN_AUDIENCE]).unwrap();
+    let (pod_key, pod_cert) = certify(&anonymous, &shop("web"), pod_token.as_bytes()).await.unwrap();
+    let with_pod_cert = control.channel(Some(presented(&pod_key, &pod_cert))).await;
+    let before = join_calls(&control.api);
+
+    // Guessed tokens (for a workload with a pending token, for ones without), and renewals with
+    // a certificate bound to no workload, in batches.
+    for round in 0..4 {
+        let guesses = (0..8).map(|i| {
+            let name = if i % 2 == 0 { "db-vm".to_string() } else { format!("ghost-{round}-{i}") };
+            let guess = JoinToken::generate("shop", &name).unwrap();
+            let anonymous = anonymous.clone();
+            async move { code(certify(&anonymous, &shop("db"), guess.reveal().as_bytes()).await).0 }
+        });
+        let pod_key = &pod_key;
+        let renewals = (0..4).map(|_| {
+            let with_pod_cert = with_pod_cert.clone();
+            async move { code(certify_with(&with_pod_cert, &shop("web"), b"", pod_key).await).0 }
+        });
+        let (guessed, renewed) = tokio::join!(futures::future::join_all(guesses), futures::future::join_all(renewals));
+        assert!(guessed.iter().all(|c| *c == Code::Unauthenticated), "{guessed:?}");
+        assert!(renewed.iter().all(|c| *c == Code::PermissionDenied), "{renewed:?}");
+    }
+    let after = join_calls(&control.api);
+    assert_eq!(
+        after[before.len()..],
+        [] as [String; 0],
+        "unauthenticated callers made the control plane call the API server"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

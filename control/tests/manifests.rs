@@ -431,8 +431,10 @@ fn expected_control_grants() -> BTreeSet<String> {
         "cnimesh:/secrets[cnimesh-webhook-tls]:list",
         "cnimesh:/secrets[cnimesh-webhook-tls]:watch",
         "cnimesh:/secrets[cnimesh-webhook-tls]:update",
-        // The join tokens' Secret, by name: read and used up by Identity.
+        // The join tokens' Secret, by name: watched, read and used up by Identity.
         "cnimesh:/secrets[cnimesh-join-tokens]:get",
+        "cnimesh:/secrets[cnimesh-join-tokens]:list",
+        "cnimesh:/secrets[cnimesh-join-tokens]:watch",
         "cnimesh:/secrets[cnimesh-join-tokens]:update",
     ]
     .into_iter()

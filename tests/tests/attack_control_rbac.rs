@@ -222,6 +222,10 @@ async fn only_the_control_plane_reads_and_uses_up_join_tokens_and_a_meshed_workl
     }
 
     let control = client(&served, &api.issue_token("cnimesh", "cnimesh-control", &[]).unwrap());
-    JoinStore::new(control.clone(), "cnimesh").consume(&token, "shop", "db").await.expect("its Role suffices");
-    assert_eq!(code(&control, "DELETE", JOIN_SECRET, Value::Null).await, 403, "read and update only");
+    // Watched by name (as the control plane does), then used up: its Role suffices.
+    let (_stop, stopped) = tokio::sync::watch::channel(false);
+    let watching = JoinStore::watching(control.clone(), "cnimesh", stopped);
+    watching.consume(&token, "shop", "db", &"0".repeat(64)).await.expect("its Role suffices");
+    assert_eq!(code(&control, "DELETE", JOIN_SECRET, Value::Null).await, 403, "watch, read and update only");
+    assert_eq!(code(&control, "GET", "/api/v1/namespaces/cnimesh/secrets", Value::Null).await, 403, "no other Secret");
 }

@@ -175,7 +175,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
 
     let trust_domain = config.policy.trust_domain.clone();
     let tap_authenticator = config.tap.then(|| tap_authenticator(&config.tokens));
-    let join = JoinStore::new(config.tokens.clone(), &config.join_namespace);
+    let join = JoinStore::watching(config.tokens.clone(), &config.join_namespace, stopped.clone());
     let identity =
         IdentityService::new(issuer.clone(), token_authenticator(config.tokens), config.policy, metrics.clone())
             .with_reserved(config.reserved)

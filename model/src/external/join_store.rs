@@ -16,6 +16,7 @@
 //! Layer: sources (kube): Secrets and ExternalWorkloads through the API server.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use k8s_openapi::ByteString;
@@ -23,6 +24,7 @@ use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, PostParams};
 
+use super::join_secret::JoinSecret;
 use super::{ExternalRecord, ExternalWorkload};
 use crate::identity::join::{self, Binding, Entry, JoinError, JoinToken, Pending};
 
@@ -35,11 +37,23 @@ const ATTEMPTS: usize = 8;
 pub struct JoinStore {
     client: kube::Client,
     namespace: String,
+    /// The control plane's: the watched Secret, so that checks ask the API server nothing;
+    /// `None` (the CLI): read when needed.
+    seen: Option<JoinSecret>,
 }
 
 impl JoinStore {
+    /// Reads the Secret when needed: for `cnimesh external-workload join`.
     pub fn new(client: kube::Client, namespace: &str) -> Self {
-        Self { client, namespace: namespace.into() }
+        Self { client, namespace: namespace.into(), seen: None }
+    }
+
+    /// Checks tokens and keys against the Secret as watched ([`JoinSecret`]) until `stopped`:
+    /// the control plane's Identity service, which anyone may call. The API server is asked only
+    /// once a token matched (the ExternalWorkload, the compare-and-swap) or a key is bound.
+    pub fn watching(client: kube::Client, namespace: &str, stopped: tokio::sync::watch::Receiver<bool>) -> Self {
+        let seen = JoinSecret::watch(client.clone(), namespace, stopped);
+        Self { seen: Some(seen), ..Self::new(client, namespace) }
     }
 
     fn secrets(&self) -> Api<Secret> {
@@ -120,20 +134,20 @@ impl JoinStore {
                 token.namespace, token.name
             )));
         }
+        let mut secret = self.snapshot().await?;
+        // Read from the API server: nothing newer to wait for.
+        let mut waited = self.seen.is_none();
         for _ in 0..ATTEMPTS {
-            let mut secret = self.read().await?.ok_or_else(|| unknown(token))?;
-            let data = secret.data.get_or_insert_default();
-            let pending = match data.get(&token.key()).map(|v| serde_json::from_slice::<Entry>(&v.0)) {
-                Some(Ok(Entry::Pending(pending))) => pending,
-                Some(Ok(Entry::Bound(_))) | None => return Err(unknown(token)),
-                Some(Err(e)) => {
-                    return Err(JoinError::Unauthenticated(format!(
-                        "the pending join token for {}/{} is unreadable ({e}): run `cnimesh external-workload join` again",
-                        token.namespace, token.name
-                    )));
+            let pending = match pending_for(secret.as_deref(), token, service_account) {
+                Ok(pending) => pending,
+                // Maybe a token made an instant ago, not yet seen: wait for the next version once.
+                Err(JoinError::Unauthenticated(_)) if !waited => {
+                    waited = true;
+                    secret = self.newer_than(&secret).await?;
+                    continue;
                 }
+                Err(e) => return Err(e),
             };
-            pending.check(token, service_account, SystemTime::now())?;
             let (workload, record) = self.workload(&token.namespace, &token.name).await?;
             if workload.metadata.uid.as_deref() != Some(pending.uid.as_str()) {
                 return Err(JoinError::Denied(format!(
@@ -147,6 +161,8 @@ impl JoinStore {
                     token.namespace, token.name, record.service_account
                 )));
             }
+            let mut secret_now = Secret::clone(secret.as_deref().expect("the pending token came from it"));
+            let data = secret_now.data.get_or_insert_default();
             data.retain(|_, v| {
                 !matches!(serde_json::from_slice::<Entry>(&v.0), Ok(Entry::Bound(b)) if b.key_sha256 == key_sha256)
             });
@@ -156,10 +172,15 @@ impl JoinStore {
                 key_sha256: key_sha256.into(),
             });
             data.insert(token.key(), ByteString(serde_json::to_vec(&binding).expect("plain data serialises")));
-            match self.secrets().replace(join::SECRET_NAME, &PostParams::default(), &secret).await {
+            match self.secrets().replace(join::SECRET_NAME, &PostParams::default(), &secret_now).await {
                 Ok(_) => return Ok(()),
-                // Someone wrote the Secret since we read it: maybe a use of this very token.
-                Err(e) if conflict(&e) => continue,
+                // Someone wrote the Secret since we read (or saw) it: maybe a use of this very
+                // token. Read it again from the API server: this caller holds a matching token.
+                Err(e) if conflict(&e) => {
+                    secret = self.read().await?.map(Arc::new);
+                    waited = true;
+                    continue;
+                }
                 Err(e) => return Err(JoinError::Unavailable(format!("using up the join token: {e}"))),
             }
         }
@@ -183,17 +204,13 @@ impl JoinStore {
                  `cnimesh external-workload join` again)"
             ))
         };
-        let secret = self.read().await?;
-        let bound = secret
-            .iter()
-            .flat_map(|s| s.data.iter().flatten())
-            .filter_map(|(key, v)| match serde_json::from_slice::<Entry>(&v.0) {
-                Ok(Entry::Bound(binding)) if binding.key_sha256 == key_sha256 => Some((key, binding)),
-                _ => None,
-            })
-            .find_map(|(key, binding)| {
-                join::workload_of(key).map(|(ns, name)| (ns.to_string(), name.to_string(), binding))
-            });
+        let mut secret = self.snapshot().await?;
+        let mut bound = bound_to(secret.as_deref(), key_sha256)?;
+        if bound.is_none() && self.seen.is_some() {
+            // Maybe it joined an instant ago, not yet seen: wait for the next version once.
+            secret = self.newer_than(&secret).await?;
+            bound = bound_to(secret.as_deref(), key_sha256)?;
+        }
         let Some((ns, name, binding)) = bound else {
             return Err(refused("no ExternalWorkload joined with its key".into()));
         };
@@ -219,23 +236,37 @@ impl JoinStore {
         Ok(name)
     }
 
+    /// The Secret to check a token or a key against: as watched, or (the CLI) read. Its type is
+    /// checked where it is used ([`ours`]).
+    async fn snapshot(&self) -> Result<Option<Arc<Secret>>, JoinError> {
+        match &self.seen {
+            Some(seen) => seen.current().await,
+            None => Ok(self.get().await?.map(Arc::new)),
+        }
+    }
+
+    /// The next version of the watched Secret than `checked` (bounded wait); `checked` itself
+    /// when it is not watched.
+    async fn newer_than(&self, checked: &Option<Arc<Secret>>) -> Result<Option<Arc<Secret>>, JoinError> {
+        match &self.seen {
+            Some(seen) => seen.newer_than(checked).await,
+            None => Ok(checked.clone()),
+        }
+    }
+
     /// The Secret, when it exists and is ours (its type); a Secret of that name with another
     /// type is refused rather than read.
     async fn read(&self) -> Result<Option<Secret>, JoinError> {
-        let secret = self
-            .secrets()
+        let secret = self.get().await?;
+        ours(secret.as_ref())?;
+        Ok(secret)
+    }
+
+    async fn get(&self) -> Result<Option<Secret>, JoinError> {
+        self.secrets()
             .get_opt(join::SECRET_NAME)
             .await
-            .map_err(|e| JoinError::Unavailable(format!("reading Secret {}: {e}", self.where_())))?;
-        match secret {
-            Some(s) if s.type_.as_deref() != Some(join::SECRET_TYPE) => Err(JoinError::Unauthenticated(format!(
-                "Secret {} has type {:?}, not {}: not read",
-                self.where_(),
-                s.type_,
-                join::SECRET_TYPE
-            ))),
-            other => Ok(other),
-        }
+            .map_err(|e| JoinError::Unavailable(format!("reading Secret {}: {e}", self.where_())))
     }
 
     fn where_(&self) -> String {
@@ -243,11 +274,49 @@ impl JoinStore {
     }
 }
 
-fn unknown(token: &JoinToken) -> JoinError {
-    JoinError::Unauthenticated(format!(
-        "no join token is pending for ExternalWorkload {}/{}: already used, or never made; run `cnimesh external-workload join` again",
-        token.namespace, token.name
-    ))
+/// `secret` when it is the join tokens' (its type); a Secret of that name with another type is
+/// refused rather than read.
+fn ours(secret: Option<&Secret>) -> Result<Option<&Secret>, JoinError> {
+    match secret {
+        Some(s) if s.type_.as_deref() != Some(join::SECRET_TYPE) => Err(JoinError::Unauthenticated(format!(
+            "Secret {} has type {:?}, not {}: not read",
+            join::SECRET_NAME,
+            s.type_,
+            join::SECRET_TYPE
+        ))),
+        other => Ok(other),
+    }
+}
+
+/// The pending token of `token`'s workload in `secret`, checked against `token` (hash, expiry,
+/// service account).
+fn pending_for(secret: Option<&Secret>, token: &JoinToken, service_account: &str) -> Result<Pending, JoinError> {
+    let data = ours(secret)?.and_then(|s| s.data.as_ref()).ok_or_else(|| join::not_pending(token))?;
+    let pending = match data.get(&token.key()).map(|v| serde_json::from_slice::<Entry>(&v.0)) {
+        Some(Ok(Entry::Pending(pending))) => pending,
+        Some(Ok(Entry::Bound(_))) | None => return Err(join::not_pending(token)),
+        Some(Err(error)) => {
+            // Told to the operator's log, not to the caller: it would say an entry exists.
+            tracing::warn!(workload = %token.key(), %error, "an unreadable entry in the join tokens' Secret");
+            return Err(join::not_pending(token));
+        }
+    };
+    pending.check(token, service_account, SystemTime::now())?;
+    Ok(pending)
+}
+
+/// The workload (namespace, name) and binding that key `key_sha256` joined as, if any.
+fn bound_to(secret: Option<&Secret>, key_sha256: &str) -> Result<Option<(String, String, Binding)>, JoinError> {
+    Ok(ours(secret)?
+        .iter()
+        .flat_map(|s| s.data.iter().flatten())
+        .filter_map(|(key, v)| match serde_json::from_slice::<Entry>(&v.0) {
+            Ok(Entry::Bound(binding)) if binding.key_sha256 == key_sha256 => Some((key, binding)),
+            _ => None,
+        })
+        .find_map(|(key, binding)| {
+            join::workload_of(key).map(|(ns, name)| (ns.to_string(), name.to_string(), binding))
+        }))
 }
 
 fn conflict(e: &kube::Error) -> bool {

@@ -6,12 +6,14 @@
 //! `{"ns": "<namespace>", "kind": "external_workload", "name": "<name>"}`; the policy index keeps
 //! it under [`policy_key`], which no pod can have.
 //!
-//! [`join_store`]: the pending join tokens of ExternalWorkloads and their use (kube).
+//! [`join_store`]: the pending join tokens of ExternalWorkloads and their use (kube), checked
+//! against [`join_secret`], the watched Secret.
 //!
-//! Layer: model (pure, but [`join_store`]: kube): above `identity` (the reserved namespaces, the
+//! Layer: model (pure, but [`join_store`] and [`join_secret`]: kube): above `identity` (the reserved namespaces, the
 //! join tokens), below the indexes.
 
 pub mod crd;
+pub mod join_secret;
 pub mod join_store;
 
 use std::collections::BTreeMap;

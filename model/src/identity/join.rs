@@ -219,10 +219,7 @@ impl Pending {
         let matches =
             aws_lc_rs::constant_time::verify_slices_are_equal(token.hash().as_bytes(), self.sha256.as_bytes());
         if matches.is_err() {
-            return Err(JoinError::Unauthenticated(format!(
-                "the join token for {}/{} is not the one pending (guessed, or replaced by a newer join)",
-                token.namespace, token.name
-            )));
+            return Err(not_pending(token));
         }
         if epoch(now) >= self.expires {
             return Err(JoinError::Unauthenticated(format!(
@@ -238,6 +235,16 @@ impl Pending {
         }
         Ok(())
     }
+}
+
+/// The one refusal of a token that matches no pending one, whether its workload has another
+/// pending, none, or does not exist: the answer must not tell a guesser which names have one.
+pub fn not_pending(token: &JoinToken) -> JoinError {
+    JoinError::Unauthenticated(format!(
+        "the join token for {}/{} is not pending (never made, already used, replaced by a newer join, or guessed): \
+         run `cnimesh external-workload join` again",
+        token.namespace, token.name
+    ))
 }
 
 fn epoch(t: SystemTime) -> u64 {
