@@ -179,7 +179,9 @@ struct State {
     /// ExternalWorkloads (as endpoint records) and their addresses; the Services of their
     /// namespace whose selector picks them list them as endpoints.
     externals: HashMap<NsName, (Arc<ExternalRecord>, Arc<PodRecord>)>,
-    external_ips: HashMap<IpAddr, NsName>,
+    /// Every ExternalWorkload claiming an address: lookups answer the oldest (creation time,
+    /// then name), so a workload made later cannot take another's address.
+    external_ips: HashMap<IpAddr, Vec<NsName>>,
     /// Endpoint address → slices listing it: which services a pod change touches. Nearly every
     /// address is in one slice, so a list without duplicates, sized for one, rather than a set
     /// (whose smallest table holds four keys: about 170 bytes more per endpoint).
@@ -367,7 +369,11 @@ impl State {
                 self.delete(Kind::ExternalWorkload, &key);
                 let endpoint = Arc::new(PodRecord::of_external(&key, &record));
                 for ip in &record.ips {
-                    self.external_ips.insert(*ip, key.clone());
+                    let claims = self.external_ips.entry(*ip).or_default();
+                    if let Some(other) = claims.first() {
+                        tracing::warn!(workload = %key, %ip, other = %other, "two ExternalWorkloads claim one address: the older keeps it");
+                    }
+                    claims.push(key.clone());
                 }
                 self.touch_external(&key, &record);
                 self.externals.insert(key, (record, endpoint));
@@ -428,8 +434,11 @@ impl State {
             Kind::ExternalWorkload => {
                 let Some((old, _)) = self.externals.remove(key) else { return };
                 for ip in &old.ips {
-                    if self.external_ips.get(ip) == Some(key) {
-                        self.external_ips.remove(ip);
+                    if let Some(claims) = self.external_ips.get_mut(ip) {
+                        claims.retain(|k| k != key);
+                        if claims.is_empty() {
+                            self.external_ips.remove(ip);
+                        }
                     }
                 }
                 self.touch_external(key, &old);
@@ -533,7 +542,11 @@ impl State {
             return IpView::Pod(key.clone(), pod.clone());
         }
         // An ExternalWorkload's address is answered as its one endpoint, with its identity.
-        match self.external_ips.get(&ip).and_then(|k| Some((k, self.externals.get(k)?))) {
+        let claims = self.external_ips.get(&ip).into_iter().flatten();
+        let oldest = claims
+            .filter_map(|k| Some((k, self.externals.get(k)?)))
+            .min_by(|(ka, (a, _)), (kb, (b, _))| a.created.cmp(&b.created).then_with(|| ka.cmp(kb)));
+        match oldest {
             Some((key, (record, endpoint))) if !record.revoked => IpView::Pod(key.clone(), endpoint.clone()),
             _ => IpView::Unknown,
         }
@@ -692,6 +705,53 @@ mod tests {
         index.apply([Change::Upsert(external("db-vm", "{app: db}", "[192.0.2.10]", true))]);
         assert!(resolved(&index, 5432).is_empty(), "a revoked workload gets no traffic");
         assert_eq!(*index.watch_ip("192.0.2.10".parse().unwrap()).borrow(), IpView::Unknown);
+    }
+
+    fn external_created(name: &str, ips: &str, created: &str) -> Object {
+        let workload: crate::external::ExternalWorkload = serde_saphyr::from_str(&format!(
+            "apiVersion: workload.cnimesh.io/v1alpha1\nkind: ExternalWorkload\nmetadata: {{name: {name}, namespace: ns, creationTimestamp: '{created}', labels: {{app: {name}}}}}\nspec: {{workloadIPs: {ips}, serviceAccountName: {name}}}\n"
+        ))
+        .unwrap();
+        let record = crate::external::ExternalRecord::from_crd(&workload).ok().map(Arc::new);
+        Object::External(NsName::new("ns", name), record)
+    }
+
+    #[test]
+    fn an_external_workload_claiming_a_link_local_or_another_workloads_ip_is_refused() {
+        for ip in ["169.254.169.254", "169.254.1.1", "fe80::1", "febf::1"] {
+            let spec: crate::external::ExternalWorkloadSpec =
+                serde_json::from_value(serde_json::json!({"workloadIPs": [ip], "serviceAccountName": "db"})).unwrap();
+            let meta = k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                name: Some("metadata".into()),
+                namespace: Some("ns".into()),
+                ..Default::default()
+            };
+            let refused = crate::external::ExternalRecord::from_parts(&meta, &spec);
+            assert!(
+                matches!(&refused, Err(e) if e.0.contains("workloadIPs") && e.0.contains("link-local")),
+                "{ip}: {refused:?}"
+            );
+        }
+
+        // Two workloads claim one address: the older keeps it for lookups, whichever came last.
+        let owner = |index: &Index| match &*index.watch_ip("192.0.2.10".parse().unwrap()).borrow() {
+            IpView::Pod(key, _) => key.name.clone(),
+            other => format!("{other:?}"),
+        };
+        let db = || external_created("db-vm", "[192.0.2.10]", "2026-01-01T00:00:00Z");
+        let thief = || external_created("thief", "[192.0.2.10, 192.0.2.99]", "2026-02-01T00:00:00Z");
+        let index = Index::new();
+        index.apply([Change::Upsert(db()), Change::Upsert(thief())]);
+        assert_eq!(owner(&index), "db-vm", "the later claim took the address");
+        let index = Index::new();
+        index.apply([Change::Upsert(thief()), Change::Upsert(db())]);
+        assert_eq!(owner(&index), "db-vm", "the older claim, arriving last, did not take it back");
+        // Its other address is its own; once the older is gone, the address is the next one's.
+        assert!(
+            matches!(&*index.watch_ip("192.0.2.99".parse().unwrap()).borrow(), IpView::Pod(k, _) if k.name == "thief")
+        );
+        index.apply([Change::Delete(Kind::ExternalWorkload, NsName::new("ns", "db-vm"))]);
+        assert_eq!(owner(&index), "thief");
     }
 
     #[test]

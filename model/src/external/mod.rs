@@ -52,6 +52,8 @@ pub struct ExternalRecord {
     pub named_ports: BTreeMap<String, u16>,
     pub service_account: String,
     pub revoked: bool,
+    /// When it was created: of two claiming one address, the older keeps it.
+    pub created: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
 }
 
 impl ExternalRecord {
@@ -72,6 +74,18 @@ impl ExternalRecord {
             if addr.is_unspecified() || addr.is_loopback() || addr.is_multicast() {
                 return Err(Invalid(format!(
                     "workloadIPs: {ip} is an unspecified, loopback or multicast address, never a workload's"
+                )));
+            }
+            // Link-local addresses are every host's own (the cloud metadata service,
+            // 169.254.169.254, among them): as a workload's they would send mesh traffic there.
+            let link_local = match addr {
+                IpAddr::V4(v4) => v4.is_link_local(),
+                IpAddr::V6(v6) => v6.is_unicast_link_local(),
+            };
+            if link_local {
+                return Err(Invalid(format!(
+                    "workloadIPs: {ip} is a link-local address (169.254.0.0/16, fe80::/10: every host's own, the \
+                     cloud metadata service among them), never a workload's"
                 )));
             }
             ips.push(addr);
@@ -108,6 +122,7 @@ impl ExternalRecord {
             named_ports,
             service_account: sa.to_string(),
             revoked: spec.revoked,
+            created: meta.creation_timestamp.clone(),
         })
     }
 
