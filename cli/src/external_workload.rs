@@ -118,8 +118,13 @@ async fn list(client: kube::Client, args: ListArgs, out: &mut impl Write) -> any
                     .data
                     .as_ref()
                     .and_then(|d| d.get(&join::key(&ns, &name)))
-                    .and_then(|v| serde_json::from_slice::<Pending>(&v.0).ok())
-                    .map(|p| if p.expires > now { "yes".into() } else { "expired".into() })
+                    .and_then(|v| serde_json::from_slice::<join::Entry>(&v.0).ok())
+                    .map(|entry| match entry {
+                        join::Entry::Pending(p) if p.expires > now => "yes".into(),
+                        join::Entry::Pending(_) => "expired".into(),
+                        // Its token was used: its key is bound, the host renews with it.
+                        join::Entry::Bound(_) => "no (joined)".into(),
+                    })
                     .unwrap_or_else(|| "no".into()),
             };
             let (ips, state) = match ExternalRecord::from_crd(w) {
@@ -180,6 +185,14 @@ mod tests {
         list(api.client(), ListArgs { namespace: None }, &mut listed).await.unwrap();
         let listed = String::from_utf8(listed).unwrap();
         assert!(listed.contains("db-vm") && listed.contains("active") && listed.contains("yes"), "{listed}");
+
+        // Once its token is used, the entry is the workload's binding: listed as joined.
+        let store = JoinStore::new(api.client(), CONTROL_NAMESPACE);
+        store.consume(&second, "shop", "db", &"ab".repeat(32)).await.unwrap();
+        let mut listed = Vec::new();
+        list(api.client(), ListArgs { namespace: None }, &mut listed).await.unwrap();
+        let listed = String::from_utf8(listed).unwrap();
+        assert!(listed.contains("no (joined)"), "{listed}");
     }
 
     #[tokio::test]
