@@ -1,0 +1,118 @@
+//! The files host mode trusts, checked before anything is installed: the proxy binary (whoever
+//! can replace it runs code as the one UID capture lets out), the proxy's environment file (its
+//! control plane addresses and where its join token is), and the proxy's state directory (its
+//! key and certificate).
+
+use std::ffi::OsString;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, thiserror::Error)]
+pub enum HostFileError {
+    #[error("{what} {path}: {source}")]
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{what} {path} is owned by uid {owner}, not root: another user could change it")]
+    NotRootOwned { what: &'static str, path: PathBuf, owner: u32 },
+    #[error("{what} {path} has mode {mode:04o}: {why}")]
+    Mode { what: &'static str, path: PathBuf, mode: u32, why: &'static str },
+    #[error("{path} line {line}: {why}")]
+    EnvLine { path: PathBuf, line: usize, why: String },
+}
+
+fn metadata(what: &'static str, path: &Path) -> Result<std::fs::Metadata, HostFileError> {
+    std::fs::metadata(path).map_err(|source| HostFileError::Io { what, path: path.into(), source })
+}
+
+/// `path` must be root's and have none of the `forbidden` mode bits.
+fn check_owner_and_mode(
+    what: &'static str,
+    path: &Path,
+    forbidden: u32,
+    why: &'static str,
+) -> Result<(), HostFileError> {
+    let meta = metadata(what, path)?;
+    if meta.uid() != 0 {
+        return Err(HostFileError::NotRootOwned { what, path: path.into(), owner: meta.uid() });
+    }
+    let mode = meta.permissions().mode() & 0o7777;
+    if mode & forbidden != 0 {
+        return Err(HostFileError::Mode { what, path: path.into(), mode, why });
+    }
+    Ok(())
+}
+
+/// The proxy binary and its directory: root's, writable by root only.
+pub fn check_proxy_binary(path: &Path) -> Result<(), HostFileError> {
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let why = "writable by other users, who could run their code as the proxy's UID, whose traffic is not captured";
+    check_owner_and_mode("proxy binary", path, 0o022, why)?;
+    check_owner_and_mode("proxy binary's directory", dir, 0o022, why)
+}
+
+/// A secret-bearing file (the proxy's environment): root's, readable by root only (0600/0400).
+pub fn check_private(what: &'static str, path: &Path) -> Result<(), HostFileError> {
+    check_owner_and_mode(what, path, 0o077, "readable or writable by other users; make it 0600 (chmod 600)")
+}
+
+/// Reads `KEY=VALUE` lines (blank lines and `#` comments skipped; no quoting: the value is the
+/// rest of the line) after [`check_private`]. A bad line is named and nothing is used.
+pub fn read_env_file(path: &Path) -> Result<Vec<(OsString, OsString)>, HostFileError> {
+    check_private("proxy environment file", path)?;
+    let text = std::fs::read_to_string(path).map_err(|source| HostFileError::Io {
+        what: "proxy environment file",
+        path: path.into(),
+        source,
+    })?;
+    parse_env(&text).map_err(|(line, why)| HostFileError::EnvLine { path: path.into(), line, why })
+}
+
+/// `KEY=VALUE` lines; on error, the 1-based line number and why.
+pub fn parse_env(text: &str) -> Result<Vec<(OsString, OsString)>, (usize, String)> {
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let Some((key, value)) = line.split_once('=') else {
+            return Err((i + 1, format!("expected KEY=VALUE, found {line:?}")));
+        };
+        let key = key.trim();
+        if key.is_empty() || !key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+            return Err((i + 1, format!("{key:?} is not an environment variable name")));
+        }
+        out.push((key.into(), value.trim().into()));
+    }
+    Ok(out)
+}
+
+/// The proxy's state directory (its key and certificate, a join token): created if missing,
+/// then owned by the proxy's UID and GID and 0700, whatever it was before, at every start.
+pub fn prepare_state_dir(dir: &Path, uid: u32, gid: u32) -> Result<(), HostFileError> {
+    let io = |source| HostFileError::Io { what: "proxy state directory", path: dir.into(), source };
+    std::fs::create_dir_all(dir).map_err(io)?;
+    std::os::unix::fs::chown(dir, Some(uid), Some(gid)).map_err(io)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(io)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn environment_lines_are_parsed_and_a_bad_one_is_named() {
+        let env = parse_env("# control plane\nCNIMESH_PROXY_DESTINATION_ADDR=10.0.0.1:4190\n\n A_B = c=d \n").unwrap();
+        assert_eq!(
+            env,
+            vec![("CNIMESH_PROXY_DESTINATION_ADDR".into(), "10.0.0.1:4190".into()), ("A_B".into(), "c=d".into())]
+        );
+        assert_eq!(parse_env("OK=1\nnot a pair\n").unwrap_err().0, 2);
+        assert!(parse_env("BAD-NAME=1").unwrap_err().1.contains("BAD-NAME"));
+    }
+}
