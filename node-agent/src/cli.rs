@@ -121,6 +121,10 @@ struct HostArgs {
     /// workload settings). Must be root's and 0600: it may name secrets.
     #[arg(long, env = "CNIMESH_PROXY_ENV_FILE")]
     proxy_env_file: Option<PathBuf>,
+    /// The ExternalWorkload's one-time join token (`cnimesh external-workload join`), root's and
+    /// 0600; handed to the proxy as a copy in its state directory. Absent once the host joined.
+    #[arg(long, env = "CNIMESH_JOIN_TOKEN_FILE")]
+    join_token_file: Option<PathBuf>,
     /// One `KEY=VALUE` for the proxy's environment (repeatable); overrides the env file.
     #[arg(long = "proxy-env", value_parser = host::parse_env_pair)]
     proxy_env: Vec<(OsString, OsString)>,
@@ -163,6 +167,7 @@ impl HostArgs {
             },
             proxy_env_file: self.proxy_env_file.clone(),
             proxy_state_dir: Some(proxy_state_dir),
+            join_token_file: self.join_token_file.clone(),
             ready_addr: self.ready_addr,
             keep_rules_on_exit: self.keep_rules_on_exit,
         }
@@ -395,6 +400,7 @@ mod tests {
         let Cmd::Host(args) = &cli.command else { panic!("the unit runs `host`") };
         assert_eq!(args.proxy_uid, PROXY_UID);
         assert_eq!(args.proxy_env_file.as_deref(), Some(std::path::Path::new("/etc/cnimesh/proxy.env")));
+        assert_eq!(args.join_token_file.as_deref(), Some(std::path::Path::new("/etc/cnimesh/join-token")));
         let caps: Vec<String> = value("CapabilityBoundingSet").split_whitespace().map(String::from).collect();
         assert_eq!(caps, ["CAP_NET_ADMIN", "CAP_SETUID", "CAP_SETGID", "CAP_CHOWN", "CAP_FOWNER", "CAP_KILL"]);
         assert_eq!(value("NoNewPrivileges"), "yes");

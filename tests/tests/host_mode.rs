@@ -246,9 +246,14 @@ fn a_bad_host_configuration_is_refused_by_name_and_leaves_no_rules_or_proxy() {
     let writable_bin = open_dir.join("cnimesh-proxy");
     std::fs::copy(PROBE, &writable_bin).unwrap();
     let writable_bin = writable_bin.to_str().unwrap().to_string();
+    let open_token = dir.path().join("join-token");
+    std::fs::write(&open_token, "cnimesh-join.v1.shop.db.secret").unwrap();
+    std::fs::set_permissions(&open_token, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let open_token = open_token.to_str().unwrap().to_string();
     let (env_file, bad_env) = (env_file.to_str().unwrap().to_string(), bad_env.to_str().unwrap().to_string());
 
-    let cases: [(&[&str], &str); 6] = [
+    let cases: [(&[&str], &str); 7] = [
+        (&["--join-token-file", &open_token], "join token file"),
         (&["--skip-inbound-ports", "4000-5000"], "contains the inbound proxy port"),
         (&["--skip-outbound-ports", "80,70000"], "70000"),
         (&["--proxy-uid", "0"], "--proxy-uid 0"),
@@ -275,10 +280,11 @@ fn a_bad_host_configuration_is_refused_by_name_and_leaves_no_rules_or_proxy() {
 }
 
 /// Attack: a proxy state directory left open (another user could plant or read the proxy's key
-/// and join token) is taken back at start: the proxy's UID's, 0700.
+/// and join token) is taken back at start: the proxy's UID's, 0700, in a parent others may pass
+/// through but not list; the operator's join token reaches the proxy as its own 0600 copy there.
 #[test]
-fn the_proxy_state_directory_is_made_private_to_the_proxy_uid() {
-    if !require_root("the_proxy_state_directory_is_made_private_to_the_proxy_uid") {
+fn the_proxy_state_directory_and_join_token_are_private_to_the_proxy_uid() {
+    if !require_root("the_proxy_state_directory_and_join_token_are_private_to_the_proxy_uid") {
         return;
     }
     let net = HostNet::new().expect("namespaces");
@@ -287,11 +293,26 @@ fn the_proxy_state_directory_is_made_private_to_the_proxy_uid() {
     let open = state.path().join("proxy");
     std::fs::create_dir(&open).unwrap();
     std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
-    let mut args = vec!["--proxy-bin", PROBE, "--"];
+    let etc = tempfile::tempdir().unwrap();
+    let token = etc.path().join("join-token");
+    std::fs::write(&token, "cnimesh-join.v1.shop.db.secret\n").unwrap();
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let mut args = vec!["--proxy-bin", PROBE, "--join-token-file", token.to_str().unwrap(), "--"];
     let stand_in = stand_in(&proxy);
     args.extend(stand_in.iter().map(String::as_str));
     let agent = HostAgent::start_in(Path::new(AGENT), &net.host, state, &args).unwrap();
     agent.wait_ready();
     let meta = std::fs::metadata(&open).unwrap();
     assert_eq!((meta.uid(), meta.gid(), meta.permissions().mode() & 0o777), (PROXY_UID, PROXY_UID, 0o700));
+    let parent = std::fs::metadata(agent.state_dir.path()).unwrap();
+    assert_eq!((parent.uid(), parent.permissions().mode() & 0o777), (0, 0o711));
+    let copy = std::fs::metadata(open.join("join-token")).unwrap();
+    assert_eq!((copy.uid(), copy.permissions().mode() & 0o777), (PROXY_UID, 0o600));
+    assert_eq!(std::fs::read_to_string(open.join("join-token")).unwrap(), "cnimesh-join.v1.shop.db.secret\n");
+    // The proxy is told where its state and token are.
+    let pid = stand_in_pids(&proxy)[0];
+    let environ = String::from_utf8_lossy(&std::fs::read(format!("/proc/{pid}/environ")).unwrap()).replace('\0', "\n");
+    let dir = open.to_str().unwrap();
+    assert!(environ.contains(&format!("CNIMESH_PROXY_IDENTITY_STATE_DIR={dir}\n")), "{environ}");
+    assert!(environ.contains(&format!("CNIMESH_PROXY_IDENTITY_JOIN_TOKEN_FILE={dir}/join-token\n")), "{environ}");
 }

@@ -91,14 +91,44 @@ pub fn parse_env(text: &str) -> Result<Vec<(OsString, OsString)>, (usize, String
     Ok(out)
 }
 
-/// The proxy's state directory (its key and certificate, a join token): created if missing,
-/// then owned by the proxy's UID and GID and 0700, whatever it was before, at every start.
+/// The proxy's state directory (its key and certificate, its join token): created if missing,
+/// then owned by the proxy's UID and GID and 0700, whatever it was before, at every start. Its
+/// parent (the agent's state directory) is made 0711: the proxy may pass through it to its own
+/// directory, but list or read nothing else there.
 pub fn prepare_state_dir(dir: &Path, uid: u32, gid: u32) -> Result<(), HostFileError> {
-    let io = |source| HostFileError::Io { what: "proxy state directory", path: dir.into(), source };
-    std::fs::create_dir_all(dir).map_err(io)?;
-    std::os::unix::fs::chown(dir, Some(uid), Some(gid)).map_err(io)?;
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(io)?;
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| HostFileError::Io { what: "proxy state directory", path, source }
+    };
+    std::fs::create_dir_all(dir).map_err(io(dir))?;
+    if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::set_permissions(parent, std::fs::Permissions::from_mode(0o711)).map_err(io(parent))?;
+    }
+    std::os::unix::fs::chown(dir, Some(uid), Some(gid)).map_err(io(dir))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(io(dir))?;
     Ok(())
+}
+
+/// The join token's name in the proxy's state directory.
+pub const JOIN_TOKEN: &str = "join-token";
+
+/// Hands the operator's join token (root's, 0600, checked) to the proxy: a copy in its state
+/// directory, the proxy's own, 0600. Nothing to do when the operator's file is absent (the
+/// host joined already: the proxy renews with its certificate). Returns the copy's path.
+pub fn install_join_token(source: &Path, proxy_dir: &Path, uid: u32, gid: u32) -> Result<PathBuf, HostFileError> {
+    let copy = proxy_dir.join(JOIN_TOKEN);
+    if !source.exists() {
+        return Ok(copy);
+    }
+    check_private("join token file", source)?;
+    let io = |what, path: &Path| {
+        let path = path.to_path_buf();
+        move |source| HostFileError::Io { what, path, source }
+    };
+    let token = std::fs::read(source).map_err(io("join token file", source))?;
+    cnimesh_common::fs::write_atomic(&copy, &token, Some(0o600)).map_err(io("proxy's join token", &copy))?;
+    std::os::unix::fs::chown(&copy, Some(uid), Some(gid)).map_err(io("proxy's join token", &copy))?;
+    Ok(copy)
 }
 
 #[cfg(test)]

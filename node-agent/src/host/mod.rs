@@ -39,6 +39,9 @@ use proxy::{ProxyCommand, ProxyState, Supervisor};
 /// The longest an idle agent sleeps: the rules are re-checked at least this often even if an
 /// nf_tables notification was lost. The DaemonSet agent's safety look, for the same reason.
 const SAFETY_LOOK: Duration = Duration::from_secs(30);
+/// The proxy's settings the agent provides (an environment file or `--proxy-env` overrides them).
+const IDENTITY_STATE_DIR_ENV: &str = "CNIMESH_PROXY_IDENTITY_STATE_DIR";
+const JOIN_TOKEN_FILE_ENV: &str = "CNIMESH_PROXY_IDENTITY_JOIN_TOKEN_FILE";
 /// Without change notifications (the subscription failed), the rules are checked this often.
 const FALLBACK_LOOK: Duration = Duration::from_secs(5);
 
@@ -49,8 +52,12 @@ pub struct HostConfig {
     pub proxy: ProxyCommand,
     /// `KEY=VALUE` lines for the proxy's environment (0600, root's); `proxy.env` overrides them.
     pub proxy_env_file: Option<PathBuf>,
-    /// Created 0700 and owned by the proxy's UID at every start; the proxy's working directory.
+    /// Created 0700 and owned by the proxy's UID at every start; the proxy's working directory
+    /// and its identity state directory (`CNIMESH_PROXY_IDENTITY_STATE_DIR`).
     pub proxy_state_dir: Option<PathBuf>,
+    /// The operator's join token (root's, 0600), handed to the proxy as a copy in its state
+    /// directory (`CNIMESH_PROXY_IDENTITY_JOIN_TOKEN_FILE`).
+    pub join_token_file: Option<PathBuf>,
     pub ready_addr: SocketAddr,
     pub keep_rules_on_exit: bool,
 }
@@ -161,15 +168,22 @@ fn prepare(cfg: &HostConfig) -> anyhow::Result<ProxyCommand> {
     }
     files::check_proxy_binary(&cfg.proxy.binary)?;
     let mut command = cfg.proxy.clone();
+    // Lowest first: what the agent sets, then the env file, then `--proxy-env`.
+    let mut env: Vec<(OsString, OsString)> = Vec::new();
     if let Some(file) = &cfg.proxy_env_file {
-        let mut env = files::read_env_file(file)?;
-        env.extend(command.env);
-        command.env = env;
+        env.extend(files::read_env_file(file)?);
     }
     if let Some(dir) = &cfg.proxy_state_dir {
         files::prepare_state_dir(dir, command.uid, command.gid)?;
         command.dir = dir.clone();
+        env.insert(0, (IDENTITY_STATE_DIR_ENV.into(), dir.into()));
+        if let Some(token) = &cfg.join_token_file {
+            let copy = files::install_join_token(token, dir, command.uid, command.gid)?;
+            env.insert(1, (JOIN_TOKEN_FILE_ENV.into(), copy.into()));
+        }
     }
+    env.extend(command.env);
+    command.env = env;
     Ok(command)
 }
 
