@@ -158,6 +158,7 @@ const BUILT_IN: &[Row] = &[
         &[],
     ),
     ("policy.cnimesh.io/v1alpha1", "EgressNetwork", "egressnetworks", NAMESPACED, &["egressnet"], &[]),
+    ("workload.cnimesh.io/v1alpha1", "ExternalWorkload", "externalworkloads", NAMESPACED, &["ew"], &[]),
     ("multicluster.cnimesh.io/v1alpha1", "Link", "links", NAMESPACED, &[], &["status"]),
     ("gateway.networking.k8s.io/v1", "HTTPRoute", "httproutes", NAMESPACED, &[], &["status"]),
     ("gateway.networking.k8s.io/v1", "GRPCRoute", "grpcroutes", NAMESPACED, &[], &["status"]),

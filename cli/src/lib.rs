@@ -1,5 +1,6 @@
 //! `cnimesh`, the operator's command line: install, check, inject/uninject, uninstall, stat,
-//! edges, tap, top, diagnostics, authz, dashboard, ca, tracing, multicluster, version, completion. It renders the manifests under `daemonset/` (the single source of truth: what
+//! edges, tap, top, diagnostics, authz, dashboard, ca, tracing, multicluster, external-workload,
+//! version, completion. It renders the manifests under `daemonset/` (the single source of truth: what
 //! `install` prints is those files plus generated certificates), applies the webhook's pure
 //! mutation to YAML offline, and reads the cluster with kube-rs, never with a shell on a node.
 //!
@@ -7,7 +8,7 @@
 //! names, the policy index, the tap relay's query and lines), never on its servers
 //! (cnimesh-control), and never the other way round.
 //!
-//! Layers: yaml | query_error → pod_proxy → manifests → install → ca | check | inject | uninstall | upgrade | prune | stat | tracing_addon → tap | identity_rotate | diagnostics | policy | multicluster → authz | top → dashboard | diagnostics_role
+//! Layers: yaml | query_error → pod_proxy → manifests → install → ca | check | inject | uninstall | upgrade | prune | stat | tracing_addon → tap | identity_rotate | external_workload | diagnostics | policy | multicluster → authz | top → dashboard | diagnostics_role
 
 pub mod authz;
 pub mod ca;
@@ -16,6 +17,7 @@ pub mod dashboard;
 pub mod diagnostics;
 #[cfg(test)]
 mod diagnostics_role;
+pub mod external_workload;
 pub mod identity_rotate;
 pub mod inject;
 pub mod install;
@@ -158,6 +160,12 @@ pub enum Command {
         #[command(subcommand)]
         command: multicluster::MulticlusterCommand,
     },
+    /// Workloads outside Kubernetes: a one-time join token for an ExternalWorkload's host, and
+    /// the list of ExternalWorkloads.
+    ExternalWorkload {
+        #[command(subcommand)]
+        command: external_workload::ExternalWorkloadCommand,
+    },
     /// Print the client's version and, when reachable, the control plane's.
     Version(VersionArgs),
     /// Print a shell completion script.
@@ -242,6 +250,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             out.flush()?;
             return Ok(code);
         }
+        Command::ExternalWorkload { command } => {
+            runtime()?.block_on(external_workload::main(&cli.cluster, command, &mut out))?
+        }
         Command::Version(args) => {
             writeln!(out, "client: {}", env!("CARGO_PKG_VERSION"))?;
             if !args.client {
@@ -316,6 +327,7 @@ mod tests {
                 "identity",
                 "tracing",
                 "multicluster",
+                "external-workload",
                 "version",
                 "completion",
             ] {

@@ -11,7 +11,7 @@ use serde_json::Value;
 mod manifest_check;
 
 const FILE: &str = "control-policy-crds.yaml";
-const HEADER: &str = "# The policy custom resources (group policy.cnimesh.io, version v1alpha1), generated from\n# control/src/policy/crd.rs: do not edit by hand. `UPDATE_GOLDEN=1 cargo nextest run -p\n# cnimesh-cli --test policy_crds` rewrites this file; cli/tests/policy_crds.rs checks it.\n";
+const HEADER: &str = "# The control plane's custom resources (the policy kinds, group policy.cnimesh.io, and ExternalWorkload,\n# group workload.cnimesh.io; version v1alpha1), generated from model/src/policy/crd.rs and\n# model/src/external/crd.rs: do not edit by hand. `UPDATE_GOLDEN=1 cargo nextest run -p\n# cnimesh-cli --test policy_crds` rewrites this file; cli/tests/policy_crds.rs checks it.\n";
 
 fn derived() -> Vec<Value> {
     cnimesh_model::policy::crd::definitions().iter().map(|crd| serde_json::to_value(crd).unwrap()).collect()
@@ -50,7 +50,8 @@ fn crds_name_the_group_version_and_kinds_the_design_fixes() {
         "EgressNetwork",
     ]
     .map(|k| ("policy.cnimesh.io".to_string(), "v1alpha1".to_string(), k.to_string()));
-    assert_eq!(kinds, want);
+    let external = ("workload.cnimesh.io".to_string(), "v1alpha1".to_string(), "ExternalWorkload".to_string());
+    assert_eq!(kinds, [want.as_slice(), &[external]].concat());
 }
 
 #[test]

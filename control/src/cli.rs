@@ -338,6 +338,8 @@ impl ServeArgs {
             policy,
             tokens: client.clone(),
             reserved,
+            // The control plane's namespace (the webhook's): the join tokens' Secret is there.
+            join_namespace: self.webhook.namespace.clone(),
             limits,
             listeners: Listeners { grpc: listener(self.addr), admin: listener(self.admin_addr) },
             shutdown: Box::pin(shutdown_signal()),

@@ -552,3 +552,37 @@ async fn exporting_and_unexporting_a_service_reaches_an_open_gateway_stream_and_
     assert_eq!(removed(next_update(&mut proxy).await), ["10.1.0.2:8080"]);
     assert_eq!(sorted_addrs(&added(next_update(&mut proxy).await)), ["10.1.0.1:8080"]);
 }
+
+// ---- ExternalWorkloads ---------------------------------------------------------------------------
+
+fn external_workload(ips: &str, labels: &str) -> String {
+    format!(
+        "apiVersion: workload.cnimesh.io/v1alpha1\nkind: ExternalWorkload\nmetadata: {{name: db-vm, namespace: shop, labels: {labels}}}\nspec:\n  workloadIPs: {ips}\n  ports: [{{name: pg, port: 15432}}]\n  serviceAccountName: db\n"
+    )
+}
+
+#[tokio::test]
+async fn a_service_selecting_an_external_workload_serves_its_addresses_with_its_identity() {
+    let db = "apiVersion: v1\nkind: Service\nmetadata: {name: db, namespace: shop}\nspec:\n  clusterIP: 10.96.0.20\n  selector: {app: db}\n  ports: [{name: pg, port: 5432, targetPort: pg}]\n";
+    let h = Harness::start(&[("db.yaml", db), ("ew.yaml", &external_workload("['192.0.2.10']", "{app: db}"))]).await;
+    let mut get = h.get("db.shop.svc.cluster.local:5432").await;
+    let addrs = added(next_update(&mut get).await);
+    assert_eq!(sorted_addrs(&addrs), ["192.0.2.10:15432"], "its address on its named port");
+    assert_eq!(identity(&addrs[0]).as_deref(), Some("db.shop.serviceaccount.identity.cnimesh.cluster.local"));
+    assert_eq!(hint(&addrs[0]), Some(Protocol::H2(Default::default())), "a proxy is there: mTLS and H2");
+    assert_eq!(addrs[0].metric_labels.get("external_workload").map(String::as_str), Some("db-vm"));
+
+    let mut profile = h.profile("192.0.2.10:15432").await;
+    let endpoint = next(&mut profile).await.endpoint.expect("its address is its one endpoint");
+    assert_eq!(identity(&endpoint).as_deref(), Some("db.shop.serviceaccount.identity.cnimesh.cluster.local"));
+
+    // A version that does not check (an address that is none) is refused; the last good stays.
+    h.write("ew.yaml", &external_workload("['192.0.2.300']", "{app: db}"));
+    h.write("db2.yaml", &db.replace("name: db,", "name: db2,").replace("10.96.0.20", "10.96.0.21"));
+    let mut get2 = h.get("db2.shop.svc.cluster.local:5432").await;
+    assert_eq!(sorted_addrs(&added(next_update(&mut get2).await)), ["192.0.2.10:15432"]);
+
+    // Deleted, it is no endpoint any more.
+    h.remove("ew.yaml");
+    assert_eq!(removed(next_update(&mut get).await), ["192.0.2.10:15432"]);
+}

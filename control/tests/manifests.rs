@@ -406,6 +406,10 @@ fn expected_control_grants() -> BTreeSet<String> {
         "gateway.networking.k8s.io/tcproutes:get",
         "gateway.networking.k8s.io/tcproutes:list",
         "gateway.networking.k8s.io/tcproutes:watch",
+        // ExternalWorkloads
+        "workload.cnimesh.io/externalworkloads:get",
+        "workload.cnimesh.io/externalworkloads:list",
+        "workload.cnimesh.io/externalworkloads:watch",
         "gateway.networking.k8s.io/httproutes:get",
         "gateway.networking.k8s.io/httproutes:list",
         "gateway.networking.k8s.io/httproutes:watch",
@@ -427,6 +431,9 @@ fn expected_control_grants() -> BTreeSet<String> {
         "cnimesh:/secrets[cnimesh-webhook-tls]:list",
         "cnimesh:/secrets[cnimesh-webhook-tls]:watch",
         "cnimesh:/secrets[cnimesh-webhook-tls]:update",
+        // The join tokens' Secret, by name: read and used up by Identity.
+        "cnimesh:/secrets[cnimesh-join-tokens]:get",
+        "cnimesh:/secrets[cnimesh-join-tokens]:update",
     ]
     .into_iter()
     .map(String::from)

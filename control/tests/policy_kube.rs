@@ -238,3 +238,67 @@ async fn egress_kinds_and_routes_with_an_egress_network_parent_reach_the_egress_
     let text = metrics.encode();
     assert!(text.contains("cluster_objects_rejected_total{kind=\"EgressNetwork\"} 1"), "{text}");
 }
+
+/// A proxy running as an ExternalWorkload names itself as Linkerd's do, and gets the Servers
+/// that select the ExternalWorkload's labels, with the identities their policies allow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_selecting_an_external_workload_applies_to_its_proxy_and_allows_only_its_identities() {
+    use cnimesh_control::grpc::inbound::InboundService;
+    use linkerd2_proxy_api::inbound::PortSpec;
+    use linkerd2_proxy_api::inbound::inbound_server_policies_server::InboundServerPolicies;
+
+    let api = ClusterApi::new();
+    api.put(json!({"apiVersion": "workload.cnimesh.io/v1alpha1", "kind": "ExternalWorkload",
+        "metadata": {"namespace": "shop", "name": "db-vm", "labels": {"app": "api"}},
+        "spec": {"workloadIPs": ["192.0.2.10"], "ports": [{"name": "http", "port": 8080}], "serviceAccountName": "db"}}));
+    api.put(server(json!("http"), "HTTP/1"));
+    api.put(json!({"apiVersion": "policy.cnimesh.io/v1alpha1", "kind": "MeshTLSAuthentication",
+        "metadata": {"namespace": "shop", "name": "web"},
+        "spec": {"identityRefs": [{"kind": "ServiceAccount", "name": "web"}]}}));
+    api.put(json!({"apiVersion": "policy.cnimesh.io/v1alpha1", "kind": "AuthorizationPolicy",
+        "metadata": {"namespace": "shop", "name": "web-to-db"},
+        "spec": {"targetRef": {"group": "policy.cnimesh.io", "kind": "Server", "name": "api"},
+            "requiredAuthenticationRefs": [{"group": "policy.cnimesh.io", "kind": "MeshTLSAuthentication", "name": "web"}]}}));
+    let index = destination::Index::new();
+    let policy = policy::Index::new(policy::Config::default());
+    let source = KubeSource::new(api.client()).with_policy(policy.clone()).run(index.clone());
+    tokio::spawn(async move { source.await.expect("kube source") });
+    api.nth_watch("/apis/workload.cnimesh.io/v1alpha1/externalworkloads", 1).await;
+    tokio::time::timeout(PATIENCE, policy.ready()).await.expect("ready");
+
+    let service = InboundService::new(policy.clone());
+    let ask = |workload: &str| PortSpec { workload: workload.to_string(), port: 8080 };
+    let answer = service
+        .get_port(tonic::Request::new(ask(r#"{"ns":"shop","kind":"external_workload","name":"db-vm"}"#)))
+        .await
+        .expect("the ExternalWorkload's port")
+        .into_inner();
+    assert_eq!(answer.labels.get("name").map(String::as_str), Some("api"), "the Server selecting its labels");
+    let identities: Vec<String> = answer
+        .authorizations
+        .iter()
+        .flat_map(|a| match a.authentication.as_ref().and_then(|x| x.permit.as_ref()) {
+            Some(linkerd2_proxy_api::inbound::authn::Permit::MeshTls(m)) => match &m.clients {
+                Some(linkerd2_proxy_api::inbound::authn::permit_mesh_tls::Clients::Identities(ids)) => {
+                    ids.identities.iter().map(|i| i.name.clone()).collect()
+                }
+                _ => Vec::new(),
+            },
+            _ => vec!["<unauthenticated>".to_string()],
+        })
+        .collect();
+    assert_eq!(
+        identities,
+        ["web.shop.serviceaccount.identity.cnimesh.cluster.local"],
+        "every other identity is denied"
+    );
+
+    // No pod of that name: the pod form does not reach it, and an unknown one is NotFound.
+    let err = service
+        .get_port(tonic::Request::new(ask(r#"{"ns":"shop","kind":"external_workload","name":"other"}"#)))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::NotFound, "{err}");
+    let err = service.get_port(tonic::Request::new(ask("shop:db-vm"))).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::NotFound, "{err}");
+}

@@ -11,9 +11,13 @@ use std::time::{Duration, SystemTime};
 
 use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, GeneralSubtree, IsCa,
-    Issuer, KeyPair, KeyUsagePurpose, NameConstraints, PublicKeyData, SanType, SerialNumber,
+    Issuer, KeyUsagePurpose, NameConstraints, PublicKeyData, SanType, SerialNumber,
 };
 use rustls_pki_types::CertificateDer;
+
+/// The key type of [`new_csr`] and [`csr_for`], for holders that keep it (`KeyPair::from_pem`,
+/// `serialize_pem`).
+pub use rcgen::KeyPair;
 
 use crate::{Name, trust_domain};
 
@@ -57,7 +61,8 @@ fn ca_params(common_name: &str, path_len: u8, lifetime: Duration) -> Certificate
     params
 }
 
-fn new_key() -> Result<KeyPair, CaError> {
+/// A fresh ECDSA P-256 key, the mesh's one kind.
+pub fn new_key() -> Result<KeyPair, CaError> {
     Ok(KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?)
 }
 
@@ -181,12 +186,19 @@ impl Signer {
 /// A fresh key and a CSR for `name`: what a proxy sends to Certify. The key never leaves memory.
 pub fn new_csr(name: &Name) -> Result<(KeyPair, Vec<u8>), CaError> {
     let key = new_key()?;
+    let csr = csr_for(&key, name)?;
+    Ok((key, csr))
+}
+
+/// A CSR for `name` with a key already held (an ExternalWorkload's proxy keeps its key across
+/// restarts, in its state directory).
+pub fn csr_for(key: &KeyPair, name: &Name) -> Result<Vec<u8>, CaError> {
     let mut params = CertificateParams::new(vec![name.to_string()])?;
     let mut dn = DistinguishedName::new();
     dn.push(DnType::CommonName, name.as_str());
     params.distinguished_name = dn;
-    let csr = params.serialize_request(&key)?;
-    Ok((key, csr.der().to_vec()))
+    let csr = params.serialize_request(key)?;
+    Ok(csr.der().to_vec())
 }
 
 #[cfg(test)]

@@ -1,4 +1,5 @@
-//! PEM input: certificates and keys as Kubernetes Secrets and ConfigMaps hold them.
+//! PEM input: certificates and keys as Kubernetes Secrets and ConfigMaps hold them; and a chain
+//! written back as PEM ([`encode_certs`]).
 
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
@@ -35,6 +36,22 @@ pub fn certs(pem: &[u8], what: &str) -> Result<Vec<CertificateDer<'static>>, Pem
         return Err(PemError::Empty { what: what.into(), kind: "CERTIFICATE" });
     }
     Ok(certs)
+}
+
+/// `chain` as PEM, one CERTIFICATE block each, in order (64-character lines, as OpenSSL writes).
+pub fn encode_certs(chain: &[CertificateDer<'_>]) -> String {
+    use base64::Engine;
+    let mut out = String::new();
+    for cert in chain {
+        let text = base64::engine::general_purpose::STANDARD.encode(cert.as_ref());
+        out.push_str("-----BEGIN CERTIFICATE-----\n");
+        for line in text.as_bytes().chunks(64) {
+            out.push_str(std::str::from_utf8(line).expect("base64 is ASCII"));
+            out.push('\n');
+        }
+        out.push_str("-----END CERTIFICATE-----\n");
+    }
+    out
 }
 
 /// The first private key in `pem` (PKCS#8, SEC1 or PKCS#1).

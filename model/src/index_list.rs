@@ -21,6 +21,7 @@ use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
 
 use crate::destination::{self, SliceRecord};
 use crate::egress;
+use crate::external::{ExternalRecord, ExternalWorkload};
 use crate::meta::NsName;
 use crate::policy::{self, crd};
 use crate::routes::crd as routes;
@@ -43,6 +44,7 @@ pub enum Kind {
     TcpRoute,
     ReferenceGrant,
     EgressNetwork,
+    ExternalWorkload,
 }
 
 impl Kind {
@@ -64,6 +66,7 @@ impl Kind {
             Kind::TcpRoute => "TCPRoute",
             Kind::ReferenceGrant => "ReferenceGrant",
             Kind::EgressNetwork => "EgressNetwork",
+            Kind::ExternalWorkload => "ExternalWorkload",
         }
     }
 
@@ -82,6 +85,7 @@ impl Kind {
                 | Kind::TcpRoute
                 | Kind::ReferenceGrant
                 | Kind::EgressNetwork
+                | Kind::ExternalWorkload
         )
     }
 }
@@ -105,6 +109,30 @@ impl PodProjection {
     }
 }
 
+/// An ExternalWorkload as the indexes keep it: checked once as it is read, and refused (logged
+/// with its name and why) when it does not check, in which case each index keeps the version it
+/// knew before.
+#[derive(Debug)]
+pub struct ExternalProjection {
+    pub key: NsName,
+    pub record: Option<Arc<ExternalRecord>>,
+}
+
+impl ExternalProjection {
+    pub fn of(workload: &ExternalWorkload) -> Self {
+        let key = NsName::of(&workload.metadata);
+        let record = match ExternalRecord::from_crd(workload) {
+            Ok(record) => Some(Arc::new(record)),
+            Err(error) => {
+                tracing::error!(kind = "ExternalWorkload", object = %key, reason = %error,
+                    "invalid ExternalWorkload ignored; its last good version stays");
+                None
+            }
+        };
+        Self { key, record }
+    }
+}
+
 /// An object as a source read it, shared by every index that consumes its kind.
 #[derive(Debug, Clone)]
 pub enum Object {
@@ -123,6 +151,7 @@ pub enum Object {
     TcpRoute(Arc<routes::TcpRoute>),
     ReferenceGrant(Arc<routes::ReferenceGrant>),
     EgressNetwork(Arc<egress::crd::EgressNetwork>),
+    ExternalWorkload(Arc<ExternalProjection>),
 }
 
 impl Object {
@@ -143,6 +172,7 @@ impl Object {
             Object::TcpRoute(_) => Kind::TcpRoute,
             Object::ReferenceGrant(_) => Kind::ReferenceGrant,
             Object::EgressNetwork(_) => Kind::EgressNetwork,
+            Object::ExternalWorkload(_) => Kind::ExternalWorkload,
         }
     }
 }
@@ -207,10 +237,10 @@ fn convert<K: Copy, O>(
     })
 }
 
-/// Destination: Services, EndpointSlices and Pods.
+/// Destination: Services, EndpointSlices, Pods and ExternalWorkloads.
 impl Consumer for destination::Index {
     fn kinds(&self) -> &'static [Kind] {
-        &[Kind::Pod, Kind::Service, Kind::EndpointSlice]
+        &[Kind::Pod, Kind::Service, Kind::EndpointSlice, Kind::ExternalWorkload]
     }
 
     fn apply(&self, change: &Change) {
@@ -218,6 +248,7 @@ impl Consumer for destination::Index {
             Kind::Pod => destination::Kind::Pod,
             Kind::Service => destination::Kind::Service,
             Kind::EndpointSlice => destination::Kind::EndpointSlice,
+            Kind::ExternalWorkload => destination::Kind::ExternalWorkload,
             _ => return,
         };
         destination::Index::apply(
@@ -226,6 +257,7 @@ impl Consumer for destination::Index {
                 Object::Pod(p) => Some(destination::Object::PodRecord(p.key.clone(), p.destination.clone())),
                 Object::Service(s) => Some(destination::Object::from(Service::clone(s))),
                 Object::EndpointSlice(key, slice) => Some(destination::Object::SliceRecord(key.clone(), slice.clone())),
+                Object::ExternalWorkload(e) => Some(destination::Object::External(e.key.clone(), e.record.clone())),
                 _ => None,
             }),
         );
@@ -244,6 +276,7 @@ impl Consumer for policy::Index {
             Kind::MeshTlsAuthentication,
             Kind::NetworkAuthentication,
             Kind::HttpLocalRateLimitPolicy,
+            Kind::ExternalWorkload,
         ]
     }
 
@@ -258,6 +291,7 @@ impl Consumer for policy::Index {
             Kind::MeshTlsAuthentication => P::MeshTlsAuthentication,
             Kind::NetworkAuthentication => P::NetworkAuthentication,
             Kind::HttpLocalRateLimitPolicy => P::HttpLocalRateLimitPolicy,
+            Kind::ExternalWorkload => P::ExternalWorkload,
             _ => return,
         };
         policy::Index::apply(
@@ -274,6 +308,7 @@ impl Consumer for policy::Index {
                     Object::HttpLocalRateLimitPolicy(r) => {
                         policy::Object::from(crd::HttpLocalRateLimitPolicy::clone(r))
                     }
+                    Object::ExternalWorkload(e) => policy::Object::External(e.key.clone(), e.record.clone()),
                     _ => return None,
                 })
             }),
@@ -367,7 +402,10 @@ mod tests {
         let mut list = IndexList::default();
         assert!(list.kinds().is_empty(), "no index, nothing to watch");
         list.push(destination::Index::new());
-        assert_eq!(list.kinds(), BTreeSet::from([Kind::Pod, Kind::Service, Kind::EndpointSlice]));
+        assert_eq!(
+            list.kinds(),
+            BTreeSet::from([Kind::Pod, Kind::Service, Kind::EndpointSlice, Kind::ExternalWorkload])
+        );
         list.push(egress::Index::new(egress::Config::new(Vec::new())));
         let kinds = list.kinds();
         assert!(kinds.contains(&Kind::EgressNetwork) && kinds.contains(&Kind::TcpRoute));

@@ -15,7 +15,9 @@
 //!    owner), [`metrics`] (the control plane's registry, which every layer reports to);
 //! 2. the Gateway API routes ([`routes`]), which [`destination`] (model, index, path, resolve)
 //!    reads for service defaults, beside [`egress`] (EgressNetworks and the routes attached to
-//!    them); then [`policy`] (CRDs, model, index) beside [`identity`] (issuer, token checks);
+//!    them); then [`policy`] (CRDs, model, index). [`identity`] (issuer, token checks, join
+//!    tokens) and [`external`] (ExternalWorkloads, read by Destination and policy) come before
+//!    the routes;
 //!    then [`index_list`], the fan-out that feeds each index the kinds it declares, and the
 //!    outbound index above it ([`outbound`]: per parent, Service or EgressNetwork, the routes
 //!    attached to it; it declares its own kinds);
@@ -23,11 +25,12 @@
 //!    it), [`tap`] (the tap relay's query and lines), [`ca_init`] (a fresh trust anchor and
 //!    issuer on disk).
 //!
-//! Layers: metrics | resource | meta | workload → routes → destination | egress → policy | identity → index_list → outbound | inject | tap | ca_init
+//! Layers: metrics | resource | meta | workload → identity → external → routes → destination | egress → policy → index_list → outbound | inject | tap | ca_init
 
 pub mod ca_init;
 pub mod destination;
 pub mod egress;
+pub mod external;
 pub mod identity;
 pub mod index_list;
 pub mod inject;

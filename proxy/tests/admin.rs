@@ -36,6 +36,7 @@ fn identity(anchor_pem: &str, issuer: &cnimesh_identity::ca::CaPem) -> (Identity
         control_addr: "cnimesh-control.cnimesh.svc.cluster.local:4190".into(),
         control_name: "cnimesh-control.cnimesh.serviceaccount.identity.cnimesh.cluster.local".parse().unwrap(),
         max_backoff: Duration::from_secs(30),
+        external: None,
     };
     let identity = Arc::new(Identity::new(&config).unwrap());
     let signer = cnimesh_identity::ca::Signer::new(issuer).unwrap();

@@ -90,6 +90,7 @@ async fn proxy(ca: &Ca, tap: bool) -> Proxy {
         control_addr: "control:4190".into(),
         control_name: CONTROL.parse().unwrap(),
         max_backoff: Duration::from_secs(30),
+        external: None,
     };
     let identity = Arc::new(Identity::new(&identity_config).unwrap());
     identity.cert.set(ca.leaf(PROXY).get().unwrap());

@@ -12,6 +12,18 @@
 //! - `Unavailable`: our side (no issuer loaded yet, API server unreachable); retry later.
 //! - `Internal`: signing failed.
 //!
+//! Three ways to prove who is asking ([`Proof`]):
+//! - a service-account token (pods): TokenReview, as always;
+//! - a join token (`cnimesh-join.v1.…`, an ExternalWorkload's first certificate): checked and used
+//!   up in the control plane's namespace ([`JoinStore::consume`]): a token used before, expired or
+//!   guessed is `Unauthenticated`, one for another workload or identity (or whose workload is
+//!   gone, made again or revoked) `PermissionDenied`, a malformed one `InvalidArgument`;
+//! - no token, and the connection's verified client certificate ([`PeerIdentity`]) naming the
+//!   very identity asked for, which an ExternalWorkload that exists and is not revoked holds
+//!   ([`JoinStore::renewable`]): an ExternalWorkload's proxy renewing. Any other certificate
+//!   (a pod's) proves nothing here: `PermissionDenied`, so a pod's certificate never renews
+//!   itself or mints another.
+//!
 //! Layer: gRPC: maps the identity model (issuer, tokens, CSR checks) to linkerd2-proxy-api's
 //! Certify.
 
@@ -23,11 +35,15 @@ use linkerd2_proxy_api::identity::identity_server::{Identity, IdentityServer};
 use linkerd2_proxy_api::identity::{CertifyRequest, CertifyResponse};
 use tonic::{Code, Request, Response, Status};
 
+use cnimesh_model::external::join_store::JoinStore;
 use cnimesh_model::identity::csr;
 use cnimesh_model::identity::issuer::IssuerRx;
+use cnimesh_model::identity::join::{self, JoinError, JoinToken};
 use cnimesh_model::identity::tokens::{Authenticator, MAX_TOKEN_LEN, TokenError};
 use cnimesh_model::identity::{Policy, Reserved};
 use cnimesh_model::metrics::{CertifyResult, Metrics};
+
+use super::peer::PeerIdentity;
 
 /// Room for the largest token and CSR we accept, plus the identity and framing.
 const MAX_REQUEST_LEN: usize = MAX_TOKEN_LEN + csr::MAX_CSR_LEN + 1024;
@@ -38,11 +54,30 @@ pub struct IdentityService {
     policy: Policy,
     reserved: Reserved,
     metrics: Arc<Metrics>,
+    /// Join tokens and renewals of ExternalWorkloads; `None`: both refused.
+    join: Option<JoinStore>,
+}
+
+/// What a Certify request proves its identity with.
+enum Proof<'a> {
+    /// A pod's projected service-account token.
+    ServiceAccountToken(&'a [u8]),
+    /// An ExternalWorkload's one-time join token.
+    Join(JoinToken),
+    /// No token: the verified client certificate of the connection, naming this identity.
+    Certificate(Name),
 }
 
 impl IdentityService {
     pub fn new(issuer: IssuerRx, authenticator: Arc<dyn Authenticator>, policy: Policy, metrics: Arc<Metrics>) -> Self {
-        Self { issuer, authenticator, policy, reserved: Reserved::default(), metrics }
+        Self { issuer, authenticator, policy, reserved: Reserved::default(), metrics, join: None }
+    }
+
+    /// Serves ExternalWorkloads: join tokens and renewals with their certificates, checked
+    /// against `store` (the control plane's namespace).
+    pub fn with_join(mut self, store: JoinStore) -> Self {
+        self.join = Some(store);
+        self
     }
 
     /// Which ServiceAccounts are refused whatever their token ([`Reserved`]; by default the
@@ -58,7 +93,7 @@ impl IdentityService {
         IdentityServer::new(self).max_decoding_message_size(MAX_REQUEST_LEN)
     }
 
-    async fn handle(&self, req: CertifyRequest) -> Result<CertifyResponse, Status> {
+    async fn handle(&self, req: CertifyRequest, peer: Option<Name>) -> Result<CertifyResponse, Status> {
         let name = Name::parse(&req.identity).map_err(|e| Status::invalid_argument(format!("identity: {e}")))?;
         let (sa, ns) = name
             .service_account(&self.policy.trust_domain)
@@ -71,22 +106,44 @@ impl IdentityService {
                 req.token.len()
             )));
         }
-        if req.token.trim_ascii().is_empty() {
+        let proof = if join::is_join_token(&req.token) {
+            Proof::Join(JoinToken::parse(&req.token).map_err(|e| Status::invalid_argument(e.to_string()))?)
+        } else if !req.token.trim_ascii().is_empty() {
+            Proof::ServiceAccountToken(&req.token)
+        } else if let Some(peer) = peer {
+            Proof::Certificate(peer)
+        } else {
             return Err(Status::unauthenticated("no token"));
-        }
+        };
         // The CSR first: it is local work, while the token may cost an API server round trip.
         let csr = csr::validate(&req.certificate_signing_request, &name)
             .map_err(|e| Status::invalid_argument(e.to_string()))?;
-        let account = self.authenticator.authenticate(&req.token).await.map_err(|e| match e {
-            TokenError::Unauthenticated(m) => Status::unauthenticated(m),
-            TokenError::Denied(m) => Status::permission_denied(m),
-            TokenError::Unavailable(m) => Status::unavailable(m),
-        })?;
-        if (account.namespace.as_str(), account.name.as_str()) != (ns, sa) {
-            return Err(Status::permission_denied(format!(
-                "the token is service account {}/{}'s, not {ns}/{sa}'s",
-                account.namespace, account.name
-            )));
+        match proof {
+            Proof::ServiceAccountToken(token) => {
+                let account = self.authenticator.authenticate(token).await.map_err(|e| match e {
+                    TokenError::Unauthenticated(m) => Status::unauthenticated(m),
+                    TokenError::Denied(m) => Status::permission_denied(m),
+                    TokenError::Unavailable(m) => Status::unavailable(m),
+                })?;
+                if (account.namespace.as_str(), account.name.as_str()) != (ns, sa) {
+                    return Err(Status::permission_denied(format!(
+                        "the token is service account {}/{}'s, not {ns}/{sa}'s",
+                        account.namespace, account.name
+                    )));
+                }
+            }
+            Proof::Join(token) => {
+                self.join_store()?.consume(&token, ns, sa).await.map_err(join_status)?;
+                tracing::info!(identity = %name, workload = %format!("{}/{}", token.namespace, token.name), "join token used");
+            }
+            Proof::Certificate(peer) => {
+                if peer != name {
+                    return Err(Status::permission_denied(format!(
+                        "the client certificate is {peer}'s: a certificate renews only its own identity, not {name}"
+                    )));
+                }
+                self.join_store()?.renewable(ns, sa).await.map_err(join_status)?;
+            }
         }
 
         let issuer = self.issuer.borrow().clone().ok_or_else(|| Status::unavailable("no issuer loaded yet"))?;
@@ -112,6 +169,23 @@ impl IdentityService {
     }
 }
 
+impl IdentityService {
+    fn join_store(&self) -> Result<&JoinStore, Status> {
+        self.join.as_ref().ok_or_else(|| {
+            Status::permission_denied("this control plane serves no ExternalWorkloads (join tokens and renewals)")
+        })
+    }
+}
+
+fn join_status(error: JoinError) -> Status {
+    match error {
+        JoinError::Malformed(m) => Status::invalid_argument(m),
+        JoinError::Unauthenticated(m) => Status::unauthenticated(m),
+        JoinError::Denied(m) => Status::permission_denied(m),
+        JoinError::Unavailable(m) => Status::unavailable(m),
+    }
+}
+
 fn serial_of(cert: &[u8]) -> String {
     x509_parser::parse_x509_certificate(cert).map(|(_, c)| c.raw_serial_as_string()).unwrap_or_default()
 }
@@ -132,7 +206,8 @@ impl Identity for IdentityService {
     async fn certify(&self, request: Request<CertifyRequest>) -> Result<Response<CertifyResponse>, Status> {
         let start = Instant::now();
         let identity = request.get_ref().identity.clone();
-        let result = self.handle(request.into_inner()).await;
+        let peer = request.extensions().get::<PeerIdentity>().map(|p| p.0.clone());
+        let result = self.handle(request.into_inner(), peer).await;
         let outcome = classify(&result);
         self.metrics.certified(outcome, start.elapsed());
         if let Err(status) = &result {

@@ -38,8 +38,9 @@
 //!   (`policy.cnimesh.io`/`server`/its name) or the default (`""`/`default`/policy name). The same
 //!   keys in every answer, as the proto asks; a proxy refuses a Server whose labels lack `name`.
 //!
-//! `PortSpec.workload` is `<namespace>:<pod>` or Linkerd's JSON `{"ns": …, "pod": …}`. An unknown
-//! pod is NotFound; a stream whose pod goes away ends.
+//! `PortSpec.workload` is `<namespace>:<pod>` or Linkerd's JSON `{"ns": …, "pod": …}`, or for a
+//! proxy running as an ExternalWorkload `{"ns": …, "kind": "external_workload", "name": …}`. An
+//! unknown workload is NotFound; a stream whose workload goes away ends.
 //!
 //! Layer: gRPC.
 
@@ -54,6 +55,7 @@ use linkerd2_proxy_api::inbound::{self as api, authn, proxy_protocol};
 use linkerd2_proxy_api::meta::{Metadata, Resource, metadata};
 use tonic::{Request, Response, Status};
 
+use cnimesh_model::external;
 use cnimesh_model::meta::NsName;
 use cnimesh_model::policy::crd::GROUP;
 use cnimesh_model::policy::index::{
@@ -96,21 +98,35 @@ impl InboundService {
     }
 }
 
-/// `ns:pod` (older Linkerd injectors) or `{"ns":"…","pod":"…"}` (newer ones).
+/// `ns:pod` (older Linkerd injectors), `{"ns":"…","pod":"…"}` (newer ones), or
+/// `{"ns":"…","kind":"external_workload","name":"…"}` for a proxy running as an ExternalWorkload
+/// (Linkerd's form too), which the policy index keeps under [`external::policy_key`].
 pub(crate) fn parse_workload(workload: &str) -> Result<NsName, Status> {
     #[derive(serde::Deserialize)]
     struct Workload {
         ns: String,
-        pod: String,
+        #[serde(default)]
+        pod: Option<String>,
+        #[serde(default)]
+        kind: Option<String>,
+        #[serde(default)]
+        name: Option<String>,
     }
     let parsed = if workload.trim_start().starts_with('{') {
-        serde_json::from_str::<Workload>(workload).ok().map(|w| NsName::new(w.ns, w.pod))
+        serde_json::from_str::<Workload>(workload).ok().and_then(|w| match (w.pod, w.kind.as_deref(), w.name) {
+            (Some(pod), None, None) => Some(NsName::new(w.ns, pod)),
+            (None, Some(external::WORKLOAD_KIND), Some(name)) if !name.is_empty() && !w.ns.is_empty() => {
+                Some(external::policy_key(&w.ns, &name))
+            }
+            _ => None,
+        })
     } else {
         workload.split_once(':').map(|(ns, pod)| NsName::new(ns, pod))
     };
     parsed.filter(|k| !k.namespace.is_empty() && !k.name.is_empty()).ok_or_else(|| {
         Status::invalid_argument(format!(
-            "workload {workload:?}: expected <namespace>:<pod> or {{\"ns\":\"<namespace>\",\"pod\":\"<pod>\"}}"
+            "workload {workload:?}: expected <namespace>:<pod>, {{\"ns\":\"<namespace>\",\"pod\":\"<pod>\"}} or {{\"ns\":\"<namespace>\",\"kind\":\"{}\",\"name\":\"<name>\"}}",
+            external::WORKLOAD_KIND
         ))
     })
 }
@@ -306,7 +322,18 @@ mod tests {
     fn workloads_in_both_forms() {
         assert_eq!(parse_workload("shop:api-0").unwrap(), NsName::new("shop", "api-0"));
         assert_eq!(parse_workload(r#"{"ns":"shop","pod":"api-0"}"#).unwrap(), NsName::new("shop", "api-0"));
-        for bad in ["api-0", ":x", r#"{"pod":"x"}"#] {
+        assert_eq!(
+            parse_workload(r#"{"ns":"shop","kind":"external_workload","name":"db-vm"}"#).unwrap(),
+            external::policy_key("shop", "db-vm")
+        );
+        for bad in [
+            "api-0",
+            ":x",
+            r#"{"pod":"x"}"#,
+            r#"{"ns":"shop","kind":"deployment","name":"db"}"#,
+            r#"{"ns":"shop","kind":"external_workload"}"#,
+            r#"{"ns":"shop","pod":"a","kind":"external_workload","name":"b"}"#,
+        ] {
             assert_eq!(parse_workload(bad).unwrap_err().code(), tonic::Code::InvalidArgument, "{bad}");
         }
     }

@@ -156,8 +156,8 @@ pub fn server_config(
 }
 
 /// The caller's verified mesh identity, in every request's extensions when it presented a
-/// certificate (`tonic::Request::extensions().get::<PeerIdentity>()`). Not used by the services
-/// yet: e.g. answering a pod's `WatchPort` only to that pod's ServiceAccount would build on it.
+/// certificate (`tonic::Request::extensions().get::<PeerIdentity>()`). Identity reads it: an
+/// ExternalWorkload's proxy renews by presenting its certificate (`super::identity`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PeerIdentity(pub Name);
 

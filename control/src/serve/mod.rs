@@ -34,6 +34,7 @@ use crate::grpc::spans::{GrpcTracing, TraceConfig};
 use crate::sources::{KubeSource, Source};
 use crate::tap::Relay;
 use cnimesh_model::destination::Index;
+use cnimesh_model::external::join_store::JoinStore;
 use cnimesh_model::identity::issuer::IssuerRx;
 use cnimesh_model::identity::{Authenticator, KubeTokens, Policy, issuer, own_cert};
 use cnimesh_model::metrics::Metrics;
@@ -57,6 +58,9 @@ pub struct Config {
     pub tokens: kube::Client,
     /// ServiceAccounts Identity refuses to certify: the control plane's and the node agent's.
     pub reserved: cnimesh_model::identity::Reserved,
+    /// The namespace whose join-token Secret Identity reads (through the API server of
+    /// `tokens`): the control plane's own, never another.
+    pub join_namespace: String,
     /// What one client may hold open on the gRPC port (`crate::grpc::limits`).
     pub limits: crate::grpc::limits::Limits,
     pub listeners: Listeners,
@@ -99,6 +103,7 @@ impl Config {
             policy,
             tokens,
             reserved: Default::default(),
+            join_namespace: cnimesh_common::names::CONTROL_NAMESPACE.to_string(),
             limits: Default::default(),
             listeners,
             shutdown: Box::pin(shutdown),
@@ -170,9 +175,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
 
     let trust_domain = config.policy.trust_domain.clone();
     let tap_authenticator = config.tap.then(|| tap_authenticator(&config.tokens));
+    let join = JoinStore::new(config.tokens.clone(), &config.join_namespace);
     let identity =
         IdentityService::new(issuer.clone(), token_authenticator(config.tokens), config.policy, metrics.clone())
-            .with_reserved(config.reserved);
+            .with_reserved(config.reserved)
+            .with_join(join);
     let routes = Routes::new(identity.into_server());
     let (routes, cluster) = match config.cluster {
         Some(cluster) => {

@@ -36,7 +36,8 @@ use serde::de::DeserializeOwned;
 
 use super::{Source, SourceError};
 use cnimesh_model::destination::{self, SliceRecord};
-use cnimesh_model::index_list::{Change, Consumer, IndexList, Kind, Object, PodProjection};
+use cnimesh_model::external::ExternalWorkload;
+use cnimesh_model::index_list::{Change, Consumer, ExternalProjection, IndexList, Kind, Object, PodProjection};
 use cnimesh_model::meta::NsName;
 use cnimesh_model::metrics::Metrics;
 use cnimesh_model::policy;
@@ -169,6 +170,13 @@ impl Watches {
             Kind::TcpRoute => self.shared(kind, Object::TcpRoute, deliver),
             Kind::ReferenceGrant => self.shared(kind, Object::ReferenceGrant, deliver),
             Kind::EgressNetwork => self.shared(kind, Object::EgressNetwork, deliver),
+            Kind::ExternalWorkload => follow_as(
+                self.of::<ExternalWorkload>(),
+                kind,
+                |workload: ExternalWorkload| Object::ExternalWorkload(Arc::new(ExternalProjection::of(&workload))),
+                deliver,
+            )
+            .boxed(),
         }
     }
 
@@ -272,10 +280,13 @@ mod tests {
     use cnimesh_model::egress;
 
     #[test]
-    fn destination_alone_watches_its_three_kinds_and_nothing_else() {
+    fn destination_alone_watches_its_four_kinds_and_nothing_else() {
         let mut indexes = IndexList::default();
         indexes.push(destination::Index::new());
-        assert_eq!(KubeSource::watched(&indexes), BTreeSet::from([Kind::Pod, Kind::Service, Kind::EndpointSlice]));
+        assert_eq!(
+            KubeSource::watched(&indexes),
+            BTreeSet::from([Kind::Pod, Kind::Service, Kind::EndpointSlice, Kind::ExternalWorkload])
+        );
     }
 
     #[test]

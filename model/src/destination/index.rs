@@ -21,6 +21,7 @@ use super::Config;
 use super::updates::PortEndpoints;
 
 use super::model::{KINDS, Kind, Object, PodRecord, ServiceRecord, SliceMirror, SliceRecord};
+use crate::external::ExternalRecord;
 use crate::meta::NsName;
 
 /// One update from a source. Sources batch them so that readers never see half of a change (a
@@ -175,6 +176,10 @@ struct State {
     slices_of: HashMap<NsName, BTreeSet<String>>,
     cluster_ips: HashMap<IpAddr, NsName>,
     pod_ips: HashMap<IpAddr, NsName>,
+    /// ExternalWorkloads (as endpoint records) and their addresses; the Services of their
+    /// namespace whose selector picks them list them as endpoints.
+    externals: HashMap<NsName, (Arc<ExternalRecord>, Arc<PodRecord>)>,
+    external_ips: HashMap<IpAddr, NsName>,
     /// Endpoint address → slices listing it: which services a pod change touches. Nearly every
     /// address is in one slice, so a list without duplicates, sized for one, rather than a set
     /// (whose smallest table holds four keys: about 170 bytes more per endpoint).
@@ -212,7 +217,7 @@ impl Index {
             }
         }
         state.publish();
-        if state.listed.len() == KINDS.len() {
+        if KINDS.iter().all(|kind| state.listed.contains(kind)) {
             self.ready.send_if_modified(|ready| !std::mem::replace(ready, true));
         }
     }
@@ -300,6 +305,7 @@ impl State {
             Kind::Service => self.services.keys().cloned().collect(),
             Kind::EndpointSlice => self.slices.keys().cloned().collect(),
             Kind::Pod => self.pods.keys().cloned().collect(),
+            Kind::ExternalWorkload => self.externals.keys().cloned().collect(),
         }
     }
 
@@ -353,7 +359,28 @@ impl State {
                 self.touch_pod(&record);
                 self.pods.insert(key, record);
             }
+            Object::External(_, None) => {}
+            Object::External(_, Some(record)) => {
+                if self.externals.get(&key).is_some_and(|(old, _)| *old == record) {
+                    return;
+                }
+                self.delete(Kind::ExternalWorkload, &key);
+                let endpoint = Arc::new(PodRecord::of_external(&key, &record));
+                for ip in &record.ips {
+                    self.external_ips.insert(*ip, key.clone());
+                }
+                self.touch_external(&key, &record);
+                self.externals.insert(key, (record, endpoint));
+            }
         }
+    }
+
+    /// Marks what an ExternalWorkload feeds: profiles of its addresses and every Service of its
+    /// namespace (any may select it, before or after the change).
+    fn touch_external(&mut self, key: &NsName, record: &ExternalRecord) {
+        self.dirty_ips.extend(record.ips.iter().copied());
+        let services = self.services.keys().filter(|s| s.namespace == key.namespace).cloned();
+        self.dirty_services.extend(services.collect::<Vec<_>>());
     }
 
     fn delete(&mut self, kind: Kind, key: &NsName) {
@@ -397,6 +424,15 @@ impl State {
                     }
                 }
                 self.touch_pod(&old);
+            }
+            Kind::ExternalWorkload => {
+                let Some((old, _)) = self.externals.remove(key) else { return };
+                for ip in &old.ips {
+                    if self.external_ips.get(ip) == Some(key) {
+                        self.external_ips.remove(ip);
+                    }
+                }
+                self.touch_external(key, &old);
             }
         }
     }
@@ -447,7 +483,44 @@ impl State {
                 });
             }
         }
+        self.external_endpoints(key, &service, &mut seen, &mut endpoints);
         Some(Arc::new(ServiceSnapshot { key: key.clone(), service, endpoints, resolved: Mutex::default() }))
+    }
+
+    /// The addresses of the ExternalWorkloads of the Service's namespace that its selector picks
+    /// (not revoked ones: their certificates are on their way out), sorted by name so snapshots
+    /// are stable. No slice lists them: the port is the Service's target, by number or by the
+    /// workload's port name.
+    fn external_endpoints(
+        &self,
+        key: &NsName,
+        service: &ServiceRecord,
+        seen: &mut HashSet<IpAddr>,
+        endpoints: &mut Vec<Endpoint>,
+    ) {
+        if service.selector.is_empty() || service.mirror.is_some() {
+            return;
+        }
+        let mut picked: Vec<(&NsName, &Arc<PodRecord>)> = self
+            .externals
+            .iter()
+            .filter(|(k, (record, _))| {
+                k.namespace == key.namespace && !record.revoked && record.selected_by(&service.selector)
+            })
+            .map(|(k, (_, endpoint))| (k, endpoint))
+            .collect();
+        picked.sort_by(|a, b| a.0.cmp(b.0));
+        let (ports, mirror) = (Arc::new(BTreeMap::new()), Arc::new(SliceMirror::Local));
+        for (workload, endpoint) in picked {
+            for ip in endpoint.ips.iter().filter(|ip| seen.insert(**ip)) {
+                endpoints.push(Endpoint {
+                    addr: *ip,
+                    ports: ports.clone(),
+                    pod: Some((workload.name.clone(), endpoint.clone())),
+                    mirror: mirror.clone(),
+                });
+            }
+        }
     }
 
     /// A ClusterIP wins over a pod IP: the two ranges never overlap in a sane cluster, and a
@@ -456,9 +529,13 @@ impl State {
         if let Some((key, svc)) = self.cluster_ips.get(&ip).and_then(|k| Some((k, self.services.get(k)?))) {
             return IpView::Service(key.clone(), svc.clone());
         }
-        match self.pod_ips.get(&ip).and_then(|k| Some((k, self.pods.get(k)?))) {
-            Some((key, pod)) => IpView::Pod(key.clone(), pod.clone()),
-            None => IpView::Unknown,
+        if let Some((key, pod)) = self.pod_ips.get(&ip).and_then(|k| Some((k, self.pods.get(k)?))) {
+            return IpView::Pod(key.clone(), pod.clone());
+        }
+        // An ExternalWorkload's address is answered as its one endpoint, with its identity.
+        match self.external_ips.get(&ip).and_then(|k| Some((k, self.externals.get(k)?))) {
+            Some((key, (record, endpoint))) if !record.revoked => IpView::Pod(key.clone(), endpoint.clone()),
+            _ => IpView::Unknown,
         }
     }
 }
@@ -538,6 +615,90 @@ mod tests {
         drop(index.watch_service(&key()));
         index.apply([Change::Upsert(slice())]);
         assert_eq!(index.watch_service(&key()).borrow().as_ref().unwrap().endpoints.len(), 1);
+    }
+
+    fn db_service() -> Object {
+        object(
+            "apiVersion: v1\nkind: Service\nmetadata: {name: db, namespace: ns}\nspec: {clusterIP: 10.96.0.9, selector: {app: db}, ports: [{name: pg, port: 5432, targetPort: pg}, {name: admin, port: 80, targetPort: 9000}]}\n",
+        )
+    }
+
+    fn external(name: &str, labels: &str, ips: &str, revoked: bool) -> Object {
+        let workload: crate::external::ExternalWorkload = serde_saphyr::from_str(&format!(
+            "apiVersion: workload.cnimesh.io/v1alpha1\nkind: ExternalWorkload\nmetadata: {{name: {name}, namespace: ns, labels: {labels}}}\nspec: {{workloadIPs: {ips}, ports: [{{name: pg, port: 15432}}], serviceAccountName: db, revoked: {revoked}}}\n"
+        ))
+        .unwrap();
+        let record = crate::external::ExternalRecord::from_crd(&workload).ok().map(Arc::new);
+        Object::External(NsName::new("ns", name), record)
+    }
+
+    fn resolved(index: &Index, port: u16) -> Vec<(String, Option<String>)> {
+        let rx = index.watch_service(&NsName::new("ns", "db"));
+        let snapshot = rx.borrow().clone().expect("the service exists");
+        let config = Arc::new(Config::default());
+        super::super::resolve::service_endpoints(&snapshot, port, &config)
+            .iter()
+            .map(|(addr, weighted)| {
+                let identity = weighted.tls_identity.as_ref().and_then(|t| match &t.strategy {
+                    Some(linkerd2_proxy_api::destination::tls_identity::Strategy::DnsLikeIdentity(d)) => {
+                        Some(d.name.clone())
+                    }
+                    _ => None,
+                });
+                (addr.to_string(), identity)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_service_selecting_an_external_workload_serves_its_addresses_with_its_identity() {
+        let index = Index::new();
+        index.apply([
+            Change::Upsert(db_service()),
+            Change::Upsert(external("db-vm", "{app: db}", "[192.0.2.10]", false)),
+        ]);
+        let identity = Some("db.ns.serviceaccount.identity.cnimesh.cluster.local".to_string());
+        assert_eq!(resolved(&index, 5432), [("192.0.2.10:15432".to_string(), identity.clone())], "named target port");
+        assert_eq!(resolved(&index, 80), [("192.0.2.10:9000".to_string(), identity.clone())], "numbered target port");
+        // Its address is answered as that one endpoint, with its identity.
+        assert!(
+            matches!(&*index.watch_ip("192.0.2.10".parse().unwrap()).borrow(), IpView::Pod(k, p) if k.name == "db-vm" && p.meshed)
+        );
+
+        // Labels that no longer match, and the workload going away, take it out.
+        let mut rx = index.watch_service(&NsName::new("ns", "db"));
+        rx.borrow_and_update();
+        index.apply([Change::Upsert(external("db-vm", "{app: other}", "[192.0.2.10]", false))]);
+        assert!(rx.has_changed().unwrap(), "the selecting Service is told");
+        assert!(resolved(&index, 5432).is_empty());
+        index.apply([Change::Upsert(external("db-vm", "{app: db}", "[192.0.2.10]", false))]);
+        assert_eq!(resolved(&index, 5432).len(), 1);
+        index.apply([Change::Delete(Kind::ExternalWorkload, NsName::new("ns", "db-vm"))]);
+        assert!(resolved(&index, 5432).is_empty());
+        assert_eq!(*index.watch_ip("192.0.2.10".parse().unwrap()).borrow(), IpView::Unknown);
+    }
+
+    #[test]
+    fn an_invalid_or_revoked_external_workload_is_no_endpoint_and_the_last_good_version_stays() {
+        let index = Index::new();
+        index.apply([
+            Change::Upsert(db_service()),
+            Change::Upsert(external("db-vm", "{app: db}", "[192.0.2.10]", false)),
+        ]);
+        let bad = external("db-vm", "{app: db}", "['not-an-ip']", false);
+        assert!(matches!(&bad, Object::External(_, None)), "refused");
+        index.apply([Change::Reset(Kind::ExternalWorkload, vec![bad])]);
+        assert_eq!(resolved(&index, 5432).len(), 1, "the last good version stays through a re-list");
+        index.apply([Change::Upsert(external("db-vm", "{app: db}", "[192.0.2.10]", true))]);
+        assert!(resolved(&index, 5432).is_empty(), "a revoked workload gets no traffic");
+        assert_eq!(*index.watch_ip("192.0.2.10".parse().unwrap()).borrow(), IpView::Unknown);
+    }
+
+    #[test]
+    fn readiness_does_not_wait_for_external_workloads() {
+        let index = Index::new();
+        index.apply(KINDS.map(|k| Change::Reset(k, vec![])));
+        assert!(index.is_ready());
     }
 
     #[test]

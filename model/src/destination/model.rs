@@ -27,6 +27,8 @@ use cnimesh_common::names::{
 /// ports on which traffic is not HTTP (server-speaks-first protocols and the like).
 pub use cnimesh_common::names::{OPAQUE_PORTS_ANNOTATION, PROXY_CONTAINER};
 
+use crate::external::ExternalRecord;
+use crate::external::crd::RESOURCE_KIND as EXTERNAL_KIND;
 use crate::meta::NsName;
 use crate::workload::Workload;
 /// The label tying an EndpointSlice to its Service.
@@ -38,8 +40,12 @@ pub enum Kind {
     Service,
     EndpointSlice,
     Pod,
+    /// Optional: a cluster without the CRD (and a source that reads no ExternalWorkloads) has
+    /// none, so readiness does not wait for it.
+    ExternalWorkload,
 }
 
+/// The kinds the index waits for before it answers ([`super::Index::is_ready`]).
 pub const KINDS: [Kind; 3] = [Kind::Service, Kind::EndpointSlice, Kind::Pod];
 
 /// A Kubernetes object as a source delivers it (boxed: a Pod is over 2 KiB even when empty).
@@ -53,6 +59,10 @@ pub enum Object {
     PodRecord(NsName, Arc<PodRecord>),
     /// An EndpointSlice already reduced to its record, for the same reason.
     SliceRecord(NsName, Arc<SliceRecord>),
+    /// An ExternalWorkload, checked; the Services selecting it get its addresses as endpoints.
+    /// `None`: it was refused (logged where it was read); the version known before stays, also
+    /// through a re-list.
+    External(NsName, Option<Arc<ExternalRecord>>),
 }
 
 impl From<Service> for Object {
@@ -80,6 +90,7 @@ impl Object {
             Object::EndpointSlice(_) => Kind::EndpointSlice,
             Object::Pod(_) | Object::PodRecord(..) => Kind::Pod,
             Object::SliceRecord(..) => Kind::EndpointSlice,
+            Object::External(..) => Kind::ExternalWorkload,
         }
     }
 
@@ -88,7 +99,7 @@ impl Object {
             Object::Service(o) => &o.metadata,
             Object::EndpointSlice(o) => &o.metadata,
             Object::Pod(o) => &o.metadata,
-            Object::PodRecord(key, _) | Object::SliceRecord(key, _) => return key.clone(),
+            Object::PodRecord(key, _) | Object::SliceRecord(key, _) | Object::External(key, _) => return key.clone(),
         })
     }
 }
@@ -162,6 +173,9 @@ pub struct ServiceRecord {
     pub failure_accrual: Option<FailureAccrual>,
     /// A mirror of a linked cluster's Service (`None` for the cluster's own).
     pub mirror: Option<ServiceMirror>,
+    /// Its selector: the ExternalWorkloads it picks are endpoints beside its slices' (the
+    /// endpoints controller writes no slice for them). Empty: it selects none.
+    pub selector: BTreeMap<String, String>,
     /// Labelled `mirror.cnimesh.io/exported=true`: the one kind of Service this
     /// cluster's multicluster gateway forwards to ([`super::caller`]). A `remote-discovery`
     /// export is not: linked clusters reach its pods directly.
@@ -240,6 +254,7 @@ impl ServiceRecord {
             route_defaults,
             failure_accrual,
             mirror,
+            selector: spec.and_then(|s| s.selector.clone()).unwrap_or_default(),
             gateway_exported,
         }
     }
@@ -501,6 +516,28 @@ impl PodRecord {
             named_ports,
             workloads: workloads_of(&pod.metadata),
         }
+    }
+}
+
+impl PodRecord {
+    /// An ExternalWorkload as an endpoint: meshed (it runs a proxy), with its identity, its named
+    /// ports and its opaque-ports annotation, and the one workload it is (`externalworkload`).
+    pub fn of_external(key: &NsName, workload: &ExternalRecord) -> Self {
+        let opaque_ports =
+            workload.annotations.get(OPAQUE_PORTS_ANNOTATION).map(|v| PortSet::parse(key, v)).unwrap_or_default();
+        Self {
+            ips: workload.ips.clone(),
+            meshed: true,
+            service_account: workload.service_account.clone(),
+            opaque_ports,
+            named_ports: workload.named_ports.clone(),
+            workloads: BTreeMap::from([(EXTERNAL_KIND.to_string(), key.name.clone())]),
+        }
+    }
+
+    /// Whether it stands for an ExternalWorkload rather than a pod.
+    pub fn is_external(&self) -> bool {
+        self.workloads.contains_key(EXTERNAL_KIND)
     }
 }
 

@@ -93,7 +93,9 @@ pub fn weighted_addr(
     let mut metric_labels = HashMap::new();
     let (mut tls_identity, mut protocol_hint) = (None, None);
     if let Some((name, pod)) = pod {
-        metric_labels.insert("pod".to_string(), name.to_string());
+        // Linkerd's label for an ExternalWorkload endpoint, so metrics never call it a pod.
+        let kind = if pod.is_external() { "external_workload" } else { "pod" };
+        metric_labels.insert(kind.to_string(), name.to_string());
         metric_labels.insert("serviceaccount".to_string(), pod.service_account.clone());
         if pod.meshed {
             match cnimesh_identity::Name::for_service_account(&pod.service_account, namespace, &config.trust_domain) {

@@ -1,12 +1,14 @@
 //! Identity, the model and sources layers: the issuer (loaded and reloaded from files), CSR
 //! validation, token authentication (files, or the API server's TokenReview in
-//! [`kube_tokens`]), the control plane's own certificate, and the issuing [`Policy`]. The gRPC
+//! [`kube_tokens`]), join tokens for ExternalWorkloads ([`join`]), the control plane's own
+//! certificate, and the issuing [`Policy`]. The gRPC
 //! service that answers proxies with these is `cnimesh_control::grpc::identity`.
 
 use std::time::Duration;
 
 pub mod csr;
 pub mod issuer;
+pub mod join;
 pub mod kube_tokens;
 pub mod own_cert;
 pub mod reserved;

@@ -400,7 +400,8 @@ pub struct ClientRef {
     pub namespace: Option<String>,
 }
 
-/// Every policy CRD, in the order the manifest holds them.
+/// Every CRD of the control plane's manifest (the policy kinds, then ExternalWorkload), in the
+/// order it holds them.
 pub fn definitions() -> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>
 {
     use kube::CustomResourceExt;
@@ -411,5 +412,6 @@ pub fn definitions() -> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::api
         NetworkAuthentication::crd(),
         HttpLocalRateLimitPolicy::crd(),
         crate::egress::crd::EgressNetwork::crd(),
+        crate::external::ExternalWorkload::crd(),
     ]
 }

@@ -24,6 +24,10 @@
 //!   two that disagree: detect, logged once naming both), else detect;
 //! - kubelet probe paths of the port stay reachable under any policy ([`InboundServer::probe_paths`]).
 //!
+//! ExternalWorkloads are workloads like pods here: kept beside them under
+//! [`crate::external::policy_key`], selected by Servers through their labels, watched by the
+//! proxy running as one under that key.
+//!
 //! It holds no routes: the Gateway API routes attached to Services (and to EgressNetworks) are
 //! the outbound index's.
 //!
@@ -47,6 +51,7 @@ use super::model::{
     RateLimitRecord, ServerRecord, Target, networks_from_crd,
 };
 use crate::destination::{Conflict, Declaration, declared_for_pod_port};
+use crate::external::{self, ExternalRecord};
 use crate::meta::{Invalid, NsName, key_of};
 
 /// What the answers depend on besides cluster state.
@@ -86,6 +91,9 @@ pub enum Kind {
     HttpLocalRateLimitPolicy,
     // Declared protocols (the Services' appProtocol, for the pods they select)
     Service,
+    /// Optional (readiness does not wait for it): kept beside the pods under
+    /// [`crate::external::policy_key`].
+    ExternalWorkload,
 }
 
 pub const KINDS: [Kind; 8] = [
@@ -113,6 +121,9 @@ pub enum Object {
     NetworkAuthentication(Box<crd::NetworkAuthentication>),
     HttpLocalRateLimitPolicy(Box<crd::HttpLocalRateLimitPolicy>),
     Service(Box<Service>),
+    /// An ExternalWorkload by its own key; `None`: refused where it was read, the version known
+    /// before stays.
+    External(NsName, Option<Arc<ExternalRecord>>),
 }
 
 impl Object {
@@ -126,6 +137,7 @@ impl Object {
             Object::NetworkAuthentication(_) => Kind::NetworkAuthentication,
             Object::HttpLocalRateLimitPolicy(_) => Kind::HttpLocalRateLimitPolicy,
             Object::Service(_) => Kind::Service,
+            Object::External(..) => Kind::ExternalWorkload,
         }
     }
 
@@ -141,6 +153,7 @@ impl Object {
             Object::NetworkAuthentication(o) => key_of(&o.metadata),
             Object::HttpLocalRateLimitPolicy(o) => key_of(&o.metadata),
             Object::Service(o) => key_of(&o.metadata),
+            Object::External(key, _) => key.clone(),
         }
     }
 }
@@ -271,7 +284,7 @@ impl Index {
             }
         }
         state.publish(config);
-        if state.listed.len() == KINDS.len() {
+        if KINDS.iter().all(|kind| state.listed.contains(kind)) {
             self.inner.ready.send_if_modified(|ready| !std::mem::replace(ready, true));
         }
     }
@@ -326,7 +339,8 @@ fn refused(kind: Kind, key: &NsName, error: &Invalid) {
 impl State {
     fn keys(&self, kind: Kind) -> Vec<NsName> {
         match kind {
-            Kind::Pod => self.pods.keys().cloned().collect(),
+            Kind::Pod => self.pods.keys().filter(|k| external::of_policy_key(k).is_none()).cloned().collect(),
+            Kind::ExternalWorkload => self.pods.keys().filter_map(external::of_policy_key).collect(),
             Kind::Namespace => self.namespaces.keys().map(|n| NsName::new("", n)).collect(),
             Kind::Server => self.servers.keys().cloned().collect(),
             Kind::AuthorizationPolicy => self.policies.keys().cloned().collect(),
@@ -345,6 +359,13 @@ impl State {
             }
             Object::PodRecord(_, record) => {
                 self.pods.insert(key.clone(), record);
+                self.dirty_pods.insert(key);
+                return;
+            }
+            Object::External(_, None) => return,
+            Object::External(_, Some(record)) => {
+                let key = external::policy_key(&key.namespace, &key.name);
+                self.pods.insert(key.clone(), Arc::new(PodRecord::of_external(&key, &record)));
                 self.dirty_pods.insert(key);
                 return;
             }
@@ -390,6 +411,12 @@ impl State {
             Kind::Pod => {
                 self.dirty_pods.insert(key.clone());
                 return drop(self.pods.remove(key));
+            }
+            Kind::ExternalWorkload => {
+                let key = external::policy_key(&key.namespace, &key.name);
+                self.pods.remove(&key);
+                self.dirty_pods.insert(key);
+                return;
             }
             Kind::Namespace => self.namespaces.remove(&key.name).is_some(),
             Kind::Server => self.servers.remove(key).is_some(),
@@ -665,6 +692,46 @@ mod tests {
         assert_eq!(a.meta, ServerMeta::Default(DefaultPolicy::ClusterAuthenticated));
         assert_eq!(a.authorizations[0].authentication, Authentication::MeshTls(Identities::any()));
         assert_eq!(a.authorizations[0].networks.len(), 5);
+    }
+
+    fn external_workload(labels: &str, ips: &str) -> Object {
+        let workload: crate::external::ExternalWorkload = serde_saphyr::from_str(&format!(
+            "apiVersion: workload.cnimesh.io/v1alpha1\nkind: ExternalWorkload\nmetadata: {{name: db-vm, namespace: shop, labels: {labels}}}\nspec: {{workloadIPs: {ips}, ports: [{{name: http, port: 8080}}], serviceAccountName: db}}\n"
+        ))
+        .unwrap();
+        let record = ExternalRecord::from_crd(&workload).ok().map(Arc::new);
+        Object::External(NsName::new("shop", "db-vm"), record)
+    }
+
+    #[test]
+    fn a_server_selecting_an_external_workloads_labels_applies_to_its_proxy() {
+        let index = ready_index(Config::default());
+        let ew = external::policy_key("shop", "db-vm");
+        assert!(index.watch_inbound(&ew, 8080).borrow().is_none(), "unknown until it exists");
+        index.apply([
+            Change::Upsert(external_workload("{app: api}", "[192.0.2.10]")),
+            Change::Upsert(server("http")),
+            Change::Upsert(policy()),
+            Change::Upsert(mesh_tls()),
+            Change::Upsert(networks("0.0.0.0/0")),
+        ]);
+        let mut rx = index.watch_inbound(&ew, 8080);
+        let a = answer(&mut rx);
+        assert_eq!(a.meta, ServerMeta::Server("api-http".into()), "the Server's named port resolves on it");
+        let names = match &a.authorizations[0].authentication {
+            Authentication::MeshTls(ids) => ids.names.clone(),
+            other => panic!("{other:?}"),
+        };
+        let want = BTreeSet::from(["web.shop.serviceaccount.identity.cnimesh.cluster.local".to_string()]);
+        assert_eq!(names, want, "only web may call it");
+
+        // A pod re-list leaves it alone; an invalid version keeps the last good one; a delete ends it.
+        index.apply([Change::Reset(Kind::Pod, Vec::new())]);
+        assert!(!rx.has_changed().unwrap() || rx.borrow_and_update().is_some());
+        index.apply([Change::Reset(Kind::ExternalWorkload, vec![external_workload("{app: api}", "[nope]")])]);
+        assert!(index.watch_inbound(&ew, 8080).borrow().is_some(), "the last good version stays");
+        index.apply([Change::Delete(Kind::ExternalWorkload, NsName::new("shop", "db-vm"))]);
+        assert!(rx.borrow_and_update().is_none(), "gone with the ExternalWorkload");
     }
 
     #[test]

@@ -19,6 +19,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use super::crd::{self, AuthenticationKind, IdentityRefKind, LabelSelector, Port, SelectorOperator, TargetKind};
 use crate::destination::PortSet;
 use crate::destination::app_protocol::AppProtocol;
+use crate::external::ExternalRecord;
 use crate::meta::key_of;
 use crate::meta::{Invalid, NsName};
 
@@ -147,6 +148,21 @@ impl PodRecord {
             opaque_ports: PortSet::of(&key, &pod.metadata),
             default_policy: default_policy_of(&key.to_string(), &pod.metadata),
             meshed: containers.iter().any(|c| c.name == PROXY_CONTAINER),
+        }
+    }
+
+    /// An ExternalWorkload's proxy, as policy sees it: its labels (Servers select it by them), its
+    /// named ports, its opaque-ports and default-policy annotations; no probes (no kubelet).
+    pub fn of_external(key: &NsName, workload: &ExternalRecord) -> Self {
+        let meta = ObjectMeta { annotations: Some(workload.annotations.clone()), ..ObjectMeta::default() };
+        Self {
+            labels: workload.labels.clone(),
+            service_account: workload.service_account.clone(),
+            named_ports: workload.named_ports.clone(),
+            probes: BTreeMap::new(),
+            opaque_ports: PortSet::of(key, &meta),
+            default_policy: default_policy_of(&key.to_string(), &meta),
+            meshed: true,
         }
     }
 

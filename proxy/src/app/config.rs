@@ -17,6 +17,7 @@ pub use crate::transport::identity::config::{
     IdentityConfig, TRUST_ANCHORS_ENDORSED_BY_VAR, TRUST_ANCHORS_ENDORSED_SINCE_VAR, TRUST_ANCHORS_FILE_VAR,
     TRUST_ANCHORS_PEM_VAR, TrustAnchors,
 };
+pub use crate::transport::identity::external::ExternalIdentity;
 
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -358,6 +359,19 @@ pub struct Args {
     /// Projected service-account token [default: /var/run/secrets/tokens/cnimesh-identity-token].
     #[arg(long, env = "CNIMESH_PROXY_IDENTITY_TOKEN_FILE")]
     pub identity_token_file: Option<PathBuf>,
+    /// Run as this ExternalWorkload, `NAMESPACE/NAME` (a host outside Kubernetes): the first
+    /// certificate with a join token, renewals with the certificate itself; inbound policy asks
+    /// for the ExternalWorkload's Servers.
+    #[arg(long, env = "CNIMESH_EXTERNAL_WORKLOAD")]
+    pub external_workload: Option<String>,
+    /// With --external-workload: the file holding the join token of `cnimesh external-workload
+    /// join` (read when there is no certificate to renew).
+    #[arg(long, env = "CNIMESH_PROXY_IDENTITY_JOIN_TOKEN_FILE")]
+    pub identity_join_token_file: Option<PathBuf>,
+    /// With --external-workload: where the key and certificate are kept across restarts
+    /// (0700/0600) [default: /var/lib/cnimesh/identity].
+    #[arg(long, env = "CNIMESH_PROXY_IDENTITY_STATE_DIR")]
+    pub identity_state_dir: Option<PathBuf>,
     /// Identity service `host:port` (required with a name).
     #[arg(long, env = "CNIMESH_PROXY_IDENTITY_ADDR")]
     pub identity_addr: Option<String>,
@@ -573,8 +587,16 @@ const DEFAULT_CLUSTER_NETWORKS: &[&str] =
 
 fn policy(args: &Args, destination: Option<&DestinationConfig>) -> Result<Option<PolicyConfig>, ConfigError> {
     let var = "CNIMESH_PROXY_POLICY_WORKLOAD";
-    let Some(workload) = &args.policy_workload else { return Ok(None) };
-    let workload = workload.trim();
+    // An ExternalWorkload names itself in Linkerd's JSON form; a pod as `namespace:pod`.
+    let external = args.external_workload.as_deref().and_then(|w| external_workload(w).ok());
+    let (workload, external) = match (&args.policy_workload, external) {
+        (Some(workload), _) => (workload.trim().to_string(), false),
+        (None, Some((ns, name))) if destination.is_some() => {
+            (serde_json::json!({"ns": ns, "kind": "external_workload", "name": name}).to_string(), true)
+        }
+        (None, _) => return Ok(None),
+    };
+    let workload = workload.as_str();
     if destination.is_none() {
         return Err(ConfigError::invalid(
             var,
@@ -583,6 +605,7 @@ fn policy(args: &Args, destination: Option<&DestinationConfig>) -> Result<Option
         ));
     }
     match workload.split_once(':') {
+        _ if external => {}
         Some((ns, pod)) if !ns.is_empty() && !pod.is_empty() && !pod.contains(':') => {}
         _ => return Err(ConfigError::invalid(var, workload, "expected NAMESPACE:POD")),
     }
@@ -671,6 +694,7 @@ fn identity(args: &Args) -> Result<Option<IdentityConfig>, ConfigError> {
         .identity_addr
         .clone()
         .ok_or_else(|| ConfigError::invalid("CNIMESH_PROXY_IDENTITY_ADDR", "", format!("required when {n} is set")))?;
+    let external = external_identity(args, &name)?;
     Ok(Some(IdentityConfig {
         name,
         trust_anchors,
@@ -681,6 +705,56 @@ fn identity(args: &Args) -> Result<Option<IdentityConfig>, ConfigError> {
             .clone()
             .unwrap_or_else(|| DEFAULT_CONTROL_NAME.parse().expect("valid default")),
         max_backoff: args.identity_max_backoff_ms.unwrap_or(DEFAULT_MAX_BACKOFF),
+        external,
+    }))
+}
+
+/// Where an ExternalWorkload's state lives unless `--identity-state-dir` says otherwise.
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/cnimesh/identity";
+const EXTERNAL_VAR: &str = "CNIMESH_EXTERNAL_WORKLOAD";
+
+/// `NAMESPACE/NAME`, both DNS names.
+fn external_workload(value: &str) -> Result<(String, String), ConfigError> {
+    let dns = |s: &str| {
+        !s.is_empty() && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+    };
+    match value.trim().split_once('/') {
+        Some((ns, name)) if dns(ns) && !ns.contains('.') && dns(name) => Ok((ns.into(), name.into())),
+        _ => Err(ConfigError::invalid(EXTERNAL_VAR, value, "expected NAMESPACE/NAME of an ExternalWorkload")),
+    }
+}
+
+/// The ExternalWorkload settings, checked against the identity name: it must be an identity of
+/// the ExternalWorkload's namespace (Identity would refuse any other).
+fn external_identity(args: &Args, name: &Name) -> Result<Option<ExternalIdentity>, ConfigError> {
+    let Some(value) = &args.external_workload else {
+        let orphan = match (&args.identity_join_token_file, &args.identity_state_dir) {
+            (Some(path), _) => Some(("CNIMESH_PROXY_IDENTITY_JOIN_TOKEN_FILE", path)),
+            (None, Some(path)) => Some(("CNIMESH_PROXY_IDENTITY_STATE_DIR", path)),
+            (None, None) => None,
+        };
+        return match orphan {
+            Some((var, path)) => {
+                Err(ConfigError::invalid(var, path.display().to_string(), format!("set without {EXTERNAL_VAR}")))
+            }
+            None => Ok(None),
+        };
+    };
+    let (namespace, workload) = external_workload(value)?;
+    let same_namespace =
+        name.trust_domain().and_then(|td| name.service_account(td).ok()).is_some_and(|(_, ns)| ns == namespace);
+    if !same_namespace {
+        return Err(ConfigError::invalid(
+            EXTERNAL_VAR,
+            value,
+            format!("CNIMESH_PROXY_IDENTITY_NAME {name} is not a service-account identity of namespace {namespace}"),
+        ));
+    }
+    Ok(Some(ExternalIdentity {
+        namespace,
+        name: workload,
+        join_token_file: args.identity_join_token_file.clone(),
+        state_dir: args.identity_state_dir.clone().unwrap_or_else(|| DEFAULT_STATE_DIR.into()),
     }))
 }
 
@@ -810,6 +884,38 @@ mod tests {
         assert!(e.to_string().contains("tap needs CNIMESH_PROXY_IDENTITY"), "{e}");
         let e = from_vars(&[&identity[..], &[("CNIMESH_PROXY_TAP_IDENTITIES", "Bad_Name")]].concat()).unwrap_err();
         assert!(e.to_string().contains("CNIMESH_PROXY_TAP_IDENTITIES"), "{e}");
+    }
+
+    #[test]
+    fn an_external_workload_joins_with_a_token_file_keeps_state_and_names_itself_to_policy() {
+        let identity = [
+            ("CNIMESH_PROXY_IDENTITY_NAME", "db.shop.serviceaccount.identity.cnimesh.cluster.local"),
+            ("CNIMESH_PROXY_IDENTITY_TRUST_ANCHORS", "/etc/cnimesh/ca.crt"),
+            ("CNIMESH_PROXY_IDENTITY_ADDR", "control.example:4190"),
+            ("CNIMESH_PROXY_DESTINATION_ADDR", "control.example:4190"),
+        ];
+        let external = [
+            ("CNIMESH_EXTERNAL_WORKLOAD", "shop/db-vm"),
+            ("CNIMESH_PROXY_IDENTITY_JOIN_TOKEN_FILE", "/etc/cnimesh/join-token"),
+            ("CNIMESH_PROXY_IDENTITY_STATE_DIR", "/var/lib/cnimesh/db"),
+        ];
+        let config = from_vars(&[&identity[..], &external[..]].concat()).unwrap();
+        let ew = config.identity.unwrap().external.expect("running as an ExternalWorkload");
+        assert_eq!((ew.namespace.as_str(), ew.name.as_str()), ("shop", "db-vm"));
+        assert_eq!(ew.join_token_file.as_deref(), Some(std::path::Path::new("/etc/cnimesh/join-token")));
+        assert_eq!(ew.state_dir, PathBuf::from("/var/lib/cnimesh/db"));
+        let workload: serde_json::Value = serde_json::from_str(&config.policy.unwrap().workload).unwrap();
+        assert_eq!(workload, serde_json::json!({"ns": "shop", "kind": "external_workload", "name": "db-vm"}));
+
+        let default_state = from_vars(&[&identity[..], &external[..1]].concat()).unwrap();
+        assert_eq!(default_state.identity.unwrap().external.unwrap().state_dir, PathBuf::from(DEFAULT_STATE_DIR));
+
+        let e = from_vars(&[&identity[..], &[("CNIMESH_EXTERNAL_WORKLOAD", "db-vm")]].concat()).unwrap_err();
+        assert!(e.to_string().contains("NAMESPACE/NAME"), "{e}");
+        let e = from_vars(&[&identity[..], &[("CNIMESH_EXTERNAL_WORKLOAD", "bank/db-vm")]].concat()).unwrap_err();
+        assert!(e.to_string().contains("not a service-account identity of namespace bank"), "{e}");
+        let e = from_vars(&[&identity[..], &external[1..2]].concat()).unwrap_err();
+        assert!(e.to_string().contains("set without CNIMESH_EXTERNAL_WORKLOAD"), "{e}");
     }
 
     #[test]

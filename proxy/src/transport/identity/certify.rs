@@ -25,6 +25,23 @@ pub fn channel(config: &IdentityConfig, roots: impl Into<Trust>) -> anyhow::Resu
     )
 }
 
+/// A channel to the Identity service presenting `cert` as client certificate while one is held:
+/// an ExternalWorkload's renewal ([`super::external`]). One per attempt, so the handshake
+/// presents the certificate held at that moment.
+pub fn channel_presenting(
+    config: &IdentityConfig,
+    roots: impl Into<Trust>,
+    cert: std::sync::Arc<cnimesh_identity::tls::CurrentCert>,
+) -> anyhow::Result<Channel> {
+    cnimesh_identity::grpc_channel::channel(
+        &config.control_addr,
+        &config.control_name,
+        roots,
+        Some(cert),
+        Some(Duration::from_secs(10)),
+    )
+}
+
 /// A certificate the control plane issued, checked.
 pub struct Issued {
     pub chain: Vec<CertificateDer<'static>>,
@@ -42,11 +59,20 @@ pub async fn certify(
     let token = tokio::fs::read(&config.token_file)
         .await
         .with_context(|| format!("reading the service-account token {}", config.token_file.display()))?;
-    let request = CertifyRequest {
-        identity: config.name.to_string(),
-        token: token.trim_ascii().to_vec(),
-        certificate_signing_request: csr.to_vec(),
-    };
+    certify_with(channel, config, roots, csr, token.trim_ascii().to_vec()).await
+}
+
+/// One Certify call proving who we are with `token` (a service-account token, a join token, or
+/// nothing when the channel presents our certificate).
+pub async fn certify_with(
+    channel: Channel,
+    config: &IdentityConfig,
+    roots: impl Into<Trust>,
+    csr: &[u8],
+    token: Vec<u8>,
+) -> anyhow::Result<Issued> {
+    let request =
+        CertifyRequest { identity: config.name.to_string(), token, certificate_signing_request: csr.to_vec() };
     let response = IdentityClient::new(channel)
         .certify(request)
         .await
@@ -83,6 +109,7 @@ mod tests {
             control_addr: control_addr.into(),
             control_name: crate::app::config::DEFAULT_CONTROL_NAME.parse().unwrap(),
             max_backoff: Duration::from_secs(1),
+            external: None,
         };
         let roots = std::sync::Arc::new(rustls::RootCertStore::empty());
         let result = certify(channel(&config, roots.clone()).unwrap(), &config, roots, b"csr").await;

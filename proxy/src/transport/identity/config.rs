@@ -20,6 +20,9 @@ pub struct IdentityConfig {
     pub control_name: Name,
     /// Longest wait between failed refreshes (jittered exponential backoff up to this).
     pub max_backoff: Duration,
+    /// Running as an ExternalWorkload: a join token instead of `token_file`, renewals with the
+    /// certificate, state kept on disk ([`super::external`]).
+    pub external: Option<super::external::ExternalIdentity>,
 }
 
 /// Where the PEM trust anchors come from: one of the two variables, or both with an endorsing

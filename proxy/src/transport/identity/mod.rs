@@ -1,10 +1,13 @@
 //! The proxy's workload identity: a private key generated in memory (never written anywhere), a
 //! certificate obtained from the control plane's Identity service with the pod's projected
-//! service-account token, refreshed before it expires, and the TLS configs that present it.
+//! service-account token, refreshed before it expires, and the TLS configs that present it. A
+//! proxy running as an ExternalWorkload ([`external`]) joins with a one-time token instead,
+//! renews with its certificate, and keeps key and certificate in its state directory.
 
 pub mod anchors_file;
 pub mod certify;
 pub mod config;
+pub mod external;
 pub mod refresh;
 
 use std::sync::Arc;
@@ -58,6 +61,7 @@ impl Identity {
             control_addr: "control:4190".into(),
             control_name: cnimesh_identity::name::DEFAULT_CONTROL_NAME.parse().unwrap(),
             max_backoff: std::time::Duration::from_secs(1),
+            external: None,
         })
         .unwrap()
     }
