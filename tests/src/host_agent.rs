@@ -65,6 +65,14 @@ impl HostAgent {
         Ok(Self { child: Some(child), netns: netns.path(), state_dir })
     }
 
+    /// Like [`HostAgent::start`], its log and its proxy's (stderr) written to `log`.
+    pub fn start_logged(agent: &Path, netns: &Netns, args: &[&str], log: &Path) -> anyhow::Result<Self> {
+        let state_dir = tempfile::Builder::new().prefix("cnimesh-host").tempdir()?;
+        let file = std::fs::File::create(log)?;
+        let child = Self::command(agent, netns, state_dir.path(), args).stderr(file).spawn()?;
+        Ok(Self { child: Some(child), netns: netns.path(), state_dir })
+    }
+
     /// Runs the agent to completion (for configurations it must refuse): its output. An agent
     /// still running after 20 s accepted the configuration: it is stopped and that is an error.
     pub fn run_to_exit(agent: &Path, netns: &Netns, state_dir: &Path, args: &[&str]) -> anyhow::Result<Output> {
