@@ -192,3 +192,36 @@ async fn the_control_plane_writes_the_trust_bundle_in_every_namespace_and_no_oth
     }
     assert_eq!(api.get("v1", "ConfigMap", "shop", "app-config").unwrap()["data"]["ca.crt"], "planted");
 }
+
+const JOIN_SECRET: &str = "/api/v1/namespaces/cnimesh/secrets/cnimesh-join-tokens";
+
+/// The join tokens' Secret: the operator writes it (`cnimesh external-workload join`), the
+/// control plane reads and uses it up through its Role (by name), and a meshed workload's
+/// ServiceAccount can neither read it nor list the namespace's Secrets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_control_plane_reads_and_uses_up_join_tokens_and_a_meshed_workload_cannot_read_them() {
+    use cnimesh_model::external::join_store::JoinStore;
+    use cnimesh_model::identity::join::{JoinToken, Pending};
+
+    let api = installed();
+    api.put(json!({"apiVersion": "workload.cnimesh.io/v1alpha1", "kind": "ExternalWorkload",
+        "metadata": {"namespace": "shop", "name": "db-vm"},
+        "spec": {"workloadIPs": ["192.0.2.10"], "serviceAccountName": "db"}}));
+    let served = api.serve().await;
+    let operator = JoinStore::new(client(&served, ADMIN), "cnimesh");
+    let (workload, record) = operator.workload("shop", "db-vm").await.unwrap();
+    let token = JoinToken::generate("shop", "db-vm").unwrap();
+    let uid = workload.metadata.uid.unwrap();
+    let ttl = std::time::Duration::from_secs(600);
+    operator.put(&token, &Pending::new(&token, &uid, &record.service_account, ttl)).await.unwrap();
+
+    let web = client(&served, &api.issue_token("shop", "web", &[]).unwrap());
+    for (method, path) in [("GET", JOIN_SECRET), ("GET", "/api/v1/namespaces/cnimesh/secrets"), ("DELETE", JOIN_SECRET)]
+    {
+        assert_eq!(code(&web, method, path, Value::Null).await, 403, "{method} {path} as shop/web");
+    }
+
+    let control = client(&served, &api.issue_token("cnimesh", "cnimesh-control", &[]).unwrap());
+    JoinStore::new(control.clone(), "cnimesh").consume(&token, "shop", "db").await.expect("its Role suffices");
+    assert_eq!(code(&control, "DELETE", JOIN_SECRET, Value::Null).await, 403, "read and update only");
+}
