@@ -108,7 +108,8 @@ pub async fn serve_tls_traced(
     accept_tls_with(listener, tls, shutdown, "gRPC", accept, move |tls, peer, watcher| {
         let (routes, admission, refusals, tracer) =
             (routes.clone(), admission.clone(), refusals.clone(), tracer.clone());
-        let identity = peer::identity_of(tls.get_ref().1);
+        let caller = peer::identity_of(tls.get_ref().1);
+        let identity = caller.as_ref().map(|c| c.name.clone());
         // Set when a call is refused for want of a client certificate: the connection is then
         // ended gracefully, so that a client which has certified since (a proxy's first
         // connection is made before it holds a certificate, and kept) reconnects with it.
@@ -117,8 +118,8 @@ pub async fn serve_tls_traced(
         async move {
             let service = service_fn(move |mut req: http::Request<hyper::body::Incoming>| {
                 // Services may read who is calling (tonic keeps the extensions in its `Request`).
-                if let Some(identity) = &identity {
-                    req.extensions_mut().insert(peer::PeerIdentity(identity.clone()));
+                if let Some(caller) = &caller {
+                    req.extensions_mut().insert(caller.clone());
                 }
                 let mut span = tracer.as_ref().and_then(|t| t.start(&req, peer, identity.as_ref()));
                 let path = req.uri().path();

@@ -114,6 +114,19 @@ async fn certify(
     IdentityClient::new(channel.clone()).certify(request).await.map(|r| (key, r.into_inner()))
 }
 
+/// Certify for `key`, kept: what a proxy does when it renews (it keeps its key).
+async fn certify_with(
+    channel: &Channel,
+    name: &Name,
+    token: &[u8],
+    key: &rcgen::KeyPair,
+) -> Result<CertifyResponse, tonic::Status> {
+    let csr = cnimesh_identity::ca::csr_for(key, name).unwrap();
+    let request =
+        CertifyRequest { identity: name.to_string(), token: token.to_vec(), certificate_signing_request: csr };
+    IdentityClient::new(channel.clone()).certify(request).await.map(|r| r.into_inner())
+}
+
 /// The issued certificate and its key, as a proxy would present it.
 fn presented(key: &rcgen::KeyPair, rsp: &CertifyResponse) -> Arc<CurrentCert> {
     let chain: Vec<CertificateDer<'static>> = std::iter::once(rsp.leaf_certificate.clone())
@@ -145,7 +158,9 @@ async fn a_join_token_certifies_its_external_workload_once_and_the_certificate_t
     let leaf = CertificateDer::from(first.leaf_certificate.clone());
     assert_eq!(cnimesh_identity::tls::identity_of(&leaf), Some(shop("db")));
     let secret = control.api.get("v1", "Secret", CONTROL_NS, join::SECRET_NAME).expect("the Secret");
-    assert!(secret["data"].get("shop_db-vm").is_none(), "the token is used up: {secret}");
+    let entry = base64_decoded(secret["data"]["shop_db-vm"].as_str().expect("the workload's entry"));
+    let entry: join::Entry = serde_json::from_slice(&entry).unwrap();
+    assert!(matches!(entry, join::Entry::Bound(_)), "the token is used up, the key bound: {entry:?}");
 
     // Used twice: refused.
     let (code_, message) = code(certify(&anonymous, &shop("db"), token.reveal().as_bytes()).await);
@@ -156,9 +171,13 @@ async fn a_join_token_certifies_its_external_workload_once_and_the_certificate_t
     let mut current = presented(&key, &first);
     for _ in 0..2 {
         let with_cert = control.channel(Some(current.clone())).await;
-        let (key, renewed) = certify(&with_cert, &shop("db"), b"").await.expect("renewed with its certificate");
+        let renewed = certify_with(&with_cert, &shop("db"), b"", &key).await.expect("renewed with its certificate");
         current = presented(&key, &renewed);
     }
+    // A renewal for another key than the certificate's is refused: the binding is to the key.
+    let with_cert = control.channel(Some(current)).await;
+    let (code_, message) = code(certify(&with_cert, &shop("db"), b"").await);
+    assert_eq!(code_, Code::PermissionDenied, "{message}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -253,13 +272,13 @@ async fn renewing_with_the_certificate_of_a_deleted_or_revoked_external_workload
     let with_cert = control.channel(Some(presented(&key, &issued))).await;
 
     control.external_workload("db-vm", "db", true);
-    let (code_, message) = code(certify(&with_cert, &shop("db"), b"").await);
+    let (code_, message) = code(certify_with(&with_cert, &shop("db"), b"", &key).await);
     assert_eq!(code_, Code::PermissionDenied, "revoked: {message}");
     control.external_workload("db-vm", "db", false);
-    certify(&with_cert, &shop("db"), b"").await.expect("un-revoked, it renews again");
+    certify_with(&with_cert, &shop("db"), b"", &key).await.expect("un-revoked, it renews again");
 
     control.api.remove("workload.cnimesh.io/v1alpha1", "ExternalWorkload", "shop", "db-vm");
-    let (code_, message) = code(certify(&with_cert, &shop("db"), b"").await);
+    let (code_, message) = code(certify_with(&with_cert, &shop("db"), b"", &key).await);
     assert_eq!(code_, Code::PermissionDenied, "deleted: {message}");
     assert!(message.contains("deleted or revoked"), "{message}");
 }
@@ -277,6 +296,57 @@ async fn a_meshed_pods_certificate_cannot_renew_itself_or_mint_another_through_t
     }
     // The pod keeps renewing as it always did: with its service-account token.
     certify(&with_pod_cert, &shop("web"), pod_token.as_bytes()).await.expect("a pod renews with its token");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pods_certificate_cannot_renew_when_an_external_workload_shares_its_service_account() {
+    let control = start().await;
+    control.external_workload("db-vm", "db", false);
+    // A pod running as shop/db: the same identity as the ExternalWorkload, but no join.
+    let pod_token = control.api.issue_token("shop", "db", &[cnimesh_identity::TOKEN_AUDIENCE]).unwrap();
+    let (key, issued) = certify(&control.channel(None).await, &shop("db"), pod_token.as_bytes()).await.unwrap();
+    let with_pod_cert = control.channel(Some(presented(&key, &issued))).await;
+    let (code_, message) = code(certify_with(&with_pod_cert, &shop("db"), b"", &key).await);
+    assert_eq!(
+        code_,
+        Code::PermissionDenied,
+        "a pod's certificate renewed through the ExternalWorkload path: {message}"
+    );
+    // Even after the ExternalWorkload joined: its binding is its own key, not the pod's.
+    let token = control.join("db-vm", Duration::from_secs(600)).await;
+    certify(&control.channel(None).await, &shop("db"), token.reveal().as_bytes()).await.expect("the host joins");
+    let (code_, message) = code(certify_with(&with_pod_cert, &shop("db"), b"", &key).await);
+    assert_eq!(code_, Code::PermissionDenied, "{message}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revoking_one_external_workload_stops_its_renewal_even_when_another_shares_its_service_account() {
+    let control = start().await;
+    control.external_workload("db-a", "db", false);
+    control.external_workload("db-b", "db", false);
+    let token = control.join("db-a", Duration::from_secs(600)).await;
+    let (key, issued) = certify(&control.channel(None).await, &shop("db"), token.reveal().as_bytes()).await.unwrap();
+    let with_cert = control.channel(Some(presented(&key, &issued))).await;
+    certify_with(&with_cert, &shop("db"), b"", &key).await.expect("db-a renews");
+
+    control.external_workload("db-a", "db", true);
+    let (code_, message) = code(certify_with(&with_cert, &shop("db"), b"", &key).await);
+    assert_eq!(code_, Code::PermissionDenied, "db-a is revoked but renewed through db-b: {message}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_certificate_of_a_deleted_and_recreated_external_workload_does_not_renew() {
+    let control = start().await;
+    control.external_workload("db-vm", "db", false);
+    let token = control.join("db-vm", Duration::from_secs(600)).await;
+    let (key, issued) = certify(&control.channel(None).await, &shop("db"), token.reveal().as_bytes()).await.unwrap();
+    let with_cert = control.channel(Some(presented(&key, &issued))).await;
+    certify_with(&with_cert, &shop("db"), b"", &key).await.expect("it renews");
+
+    control.api.remove("workload.cnimesh.io/v1alpha1", "ExternalWorkload", "shop", "db-vm");
+    control.external_workload("db-vm", "db", false);
+    let (code_, message) = code(certify_with(&with_cert, &shop("db"), b"", &key).await);
+    assert_eq!(code_, Code::PermissionDenied, "the old certificate renewed the new workload: {message}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -320,6 +390,11 @@ async fn oversized_or_malformed_join_tokens_are_invalid_arguments() {
     // The control plane is still serving.
     let token = control.join("db-vm", Duration::from_secs(600)).await;
     certify(&anonymous, &shop("db"), token.reveal().as_bytes()).await.expect("still serving");
+}
+
+fn base64_decoded(text: &str) -> Vec<u8> {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.decode(text).unwrap()
 }
 
 fn base64_of(bytes: &[u8]) -> String {

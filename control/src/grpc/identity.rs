@@ -19,9 +19,11 @@
 //!   guessed is `Unauthenticated`, one for another workload or identity (or whose workload is
 //!   gone, made again or revoked) `PermissionDenied`, a malformed one `InvalidArgument`;
 //! - no token, and the connection's verified client certificate ([`PeerIdentity`]) naming the
-//!   very identity asked for, which an ExternalWorkload that exists and is not revoked holds
-//!   ([`JoinStore::renewable`]): an ExternalWorkload's proxy renewing. Any other certificate
-//!   (a pod's) proves nothing here: `PermissionDenied`, so a pod's certificate never renews
+//!   very identity asked for, for the very key of the CSR, that key bound by a join token's use
+//!   to one ExternalWorkload which still exists with the same uid, is not revoked and holds that
+//!   service account ([`JoinStore::renewable`]): an ExternalWorkload's proxy renewing. Any
+//!   other certificate (a pod's, even of the same ServiceAccount; one of a workload revoked or
+//!   made again) proves nothing here: `PermissionDenied`, so a pod's certificate never renews
 //!   itself or mints another.
 //!
 //! Layer: gRPC: maps the identity model (issuer, tokens, CSR checks) to linkerd2-proxy-api's
@@ -33,6 +35,7 @@ use std::time::{Instant, SystemTime};
 use cnimesh_identity::{Name, tls};
 use linkerd2_proxy_api::identity::identity_server::{Identity, IdentityServer};
 use linkerd2_proxy_api::identity::{CertifyRequest, CertifyResponse};
+use rcgen::PublicKeyData;
 use tonic::{Code, Request, Response, Status};
 
 use cnimesh_model::external::join_store::JoinStore;
@@ -65,7 +68,7 @@ enum Proof<'a> {
     /// An ExternalWorkload's one-time join token.
     Join(JoinToken),
     /// No token: the verified client certificate of the connection, naming this identity.
-    Certificate(Name),
+    Certificate(PeerIdentity),
 }
 
 impl IdentityService {
@@ -93,7 +96,7 @@ impl IdentityService {
         IdentityServer::new(self).max_decoding_message_size(MAX_REQUEST_LEN)
     }
 
-    async fn handle(&self, req: CertifyRequest, peer: Option<Name>) -> Result<CertifyResponse, Status> {
+    async fn handle(&self, req: CertifyRequest, peer: Option<PeerIdentity>) -> Result<CertifyResponse, Status> {
         let name = Name::parse(&req.identity).map_err(|e| Status::invalid_argument(format!("identity: {e}")))?;
         let (sa, ns) = name
             .service_account(&self.policy.trust_domain)
@@ -133,16 +136,26 @@ impl IdentityService {
                 }
             }
             Proof::Join(token) => {
-                self.join_store()?.consume(&token, ns, sa).await.map_err(join_status)?;
+                let key = join::key_sha256(csr.public_key.der_bytes());
+                self.join_store()?.consume(&token, ns, sa, &key).await.map_err(join_status)?;
                 tracing::info!(identity = %name, workload = %format!("{}/{}", token.namespace, token.name), "join token used");
             }
             Proof::Certificate(peer) => {
-                if peer != name {
+                if peer.name != name {
                     return Err(Status::permission_denied(format!(
-                        "the client certificate is {peer}'s: a certificate renews only its own identity, not {name}"
+                        "the client certificate is {}'s: a certificate renews only its own identity, not {name}",
+                        peer.name
                     )));
                 }
-                self.join_store()?.renewable(ns, sa).await.map_err(join_status)?;
+                // The renewed certificate is for the key the workload joined with, so that it
+                // renews in turn; a new key needs a new join.
+                if join::key_sha256(csr.public_key.der_bytes()) != peer.key_sha256 {
+                    return Err(Status::permission_denied(
+                        "the CSR's key is not the client certificate's: a renewal keeps the key; a new key needs a new `cnimesh external-workload join`",
+                    ));
+                }
+                let workload = self.join_store()?.renewable(ns, sa, &peer.key_sha256).await.map_err(join_status)?;
+                tracing::info!(identity = %name, workload = %format!("{ns}/{workload}"), "renewal with the workload's certificate");
             }
         }
 
@@ -206,7 +219,7 @@ impl Identity for IdentityService {
     async fn certify(&self, request: Request<CertifyRequest>) -> Result<Response<CertifyResponse>, Status> {
         let start = Instant::now();
         let identity = request.get_ref().identity.clone();
-        let peer = request.extensions().get::<PeerIdentity>().map(|p| p.0.clone());
+        let peer = request.extensions().get::<PeerIdentity>().cloned();
         let result = self.handle(request.into_inner(), peer).await;
         let outcome = classify(&result);
         self.metrics.certified(outcome, start.elapsed());

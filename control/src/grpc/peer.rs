@@ -157,13 +157,22 @@ pub fn server_config(
 
 /// The caller's verified mesh identity, in every request's extensions when it presented a
 /// certificate (`tonic::Request::extensions().get::<PeerIdentity>()`). Identity reads it: an
-/// ExternalWorkload's proxy renews by presenting its certificate (`super::identity`).
+/// ExternalWorkload's proxy renews by presenting its certificate (`super::identity`), which
+/// must be for the key the workload joined with.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PeerIdentity(pub Name);
+pub struct PeerIdentity {
+    pub name: Name,
+    /// SHA-256 of the certificate's public key ([`cnimesh_model::identity::join::key_sha256`]).
+    pub key_sha256: String,
+}
 
-/// The identity a connection's verified client certificate names, if it presented one.
-pub fn identity_of(conn: &rustls::ServerConnection) -> Option<Name> {
-    conn.peer_certificates()?.first().and_then(mesh_tls::identity_of)
+/// Who a connection's verified client certificate names, and its key, if it presented one.
+pub fn identity_of(conn: &rustls::ServerConnection) -> Option<PeerIdentity> {
+    let leaf = conn.peer_certificates()?.first()?;
+    Some(PeerIdentity {
+        name: mesh_tls::identity_of(leaf)?,
+        key_sha256: cnimesh_model::identity::join::certificate_key_sha256(leaf)?,
+    })
 }
 
 /// Whether a call to `path` needs a mesh identity: everything but Certify does.

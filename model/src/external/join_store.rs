@@ -1,8 +1,10 @@
 //! Where pending join tokens live and how they are used up: the one Secret
 //! [`join::SECRET_NAME`] in the control plane's namespace ([`crate::identity::join`] has the why), read and
 //! written with kube-rs. The CLI stores a token's hash there ([`JoinStore::put`]); the Identity
-//! service checks and consumes it ([`JoinStore::consume`]) and asks whether an identity still
-//! belongs to an ExternalWorkload before renewing with a certificate ([`JoinStore::renewable`]).
+//! service checks and consumes it ([`JoinStore::consume`]), which leaves in its place the
+//! binding of that workload (uid) to the key it was certified for; a renewal with a certificate
+//! finds the workload by its key's binding and checks it still exists as it joined
+//! ([`JoinStore::renewable`]).
 //!
 //! Both writes are compare-and-swaps on the Secret's resourceVersion: two uses of one token at
 //! the same time cannot both remove it, so exactly one is certified; a conflict caused by
@@ -22,7 +24,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, PostParams};
 
 use super::{ExternalRecord, ExternalWorkload};
-use crate::identity::join::{self, JoinError, JoinToken, Pending};
+use crate::identity::join::{self, Binding, Entry, JoinError, JoinToken, Pending};
 
 /// Compare-and-swap attempts before giving up (as Unavailable): each conflict is another write
 /// to the Secret, a join or a use of another token, so a handful is plenty.
@@ -102,8 +104,16 @@ impl JoinStore {
     }
 
     /// Checks `token` for the identity of service account `service_account` in `namespace`, and
-    /// uses it up: after `Ok` (the ExternalWorkload's name) no one can use it again.
-    pub async fn consume(&self, token: &JoinToken, namespace: &str, service_account: &str) -> Result<(), JoinError> {
+    /// uses it up: after `Ok` no one can use it again, and the workload's entry binds renewals to
+    /// the key certified now (`key_sha256`, [`join::key_sha256`]) and to the workload's uid. A
+    /// binding of the same key to another workload is dropped: a key renews one workload.
+    pub async fn consume(
+        &self,
+        token: &JoinToken,
+        namespace: &str,
+        service_account: &str,
+        key_sha256: &str,
+    ) -> Result<(), JoinError> {
         if token.namespace != namespace {
             return Err(JoinError::Denied(format!(
                 "the join token is for ExternalWorkload {}/{}, not for an identity of namespace {namespace}",
@@ -113,17 +123,16 @@ impl JoinStore {
         for _ in 0..ATTEMPTS {
             let mut secret = self.read().await?.ok_or_else(|| unknown(token))?;
             let data = secret.data.get_or_insert_default();
-            let pending: Pending = data
-                .get(&token.key())
-                .ok_or_else(|| unknown(token))
-                .and_then(|v| {
-                    serde_json::from_slice(&v.0).map_err(|e| {
-                        JoinError::Unauthenticated(format!(
-                            "the pending join token for {}/{} is unreadable ({e}): run `cnimesh external-workload join` again",
-                            token.namespace, token.name
-                        ))
-                    })
-                })?;
+            let pending = match data.get(&token.key()).map(|v| serde_json::from_slice::<Entry>(&v.0)) {
+                Some(Ok(Entry::Pending(pending))) => pending,
+                Some(Ok(Entry::Bound(_))) | None => return Err(unknown(token)),
+                Some(Err(e)) => {
+                    return Err(JoinError::Unauthenticated(format!(
+                        "the pending join token for {}/{} is unreadable ({e}): run `cnimesh external-workload join` again",
+                        token.namespace, token.name
+                    )));
+                }
+            };
             pending.check(token, service_account, SystemTime::now())?;
             let (workload, record) = self.workload(&token.namespace, &token.name).await?;
             if workload.metadata.uid.as_deref() != Some(pending.uid.as_str()) {
@@ -138,7 +147,15 @@ impl JoinStore {
                     token.namespace, token.name, record.service_account
                 )));
             }
-            data.remove(&token.key());
+            data.retain(|_, v| {
+                !matches!(serde_json::from_slice::<Entry>(&v.0), Ok(Entry::Bound(b)) if b.key_sha256 == key_sha256)
+            });
+            let binding = Entry::Bound(Binding {
+                uid: pending.uid,
+                service_account: service_account.into(),
+                key_sha256: key_sha256.into(),
+            });
+            data.insert(token.key(), ByteString(serde_json::to_vec(&binding).expect("plain data serialises")));
             match self.secrets().replace(join::SECRET_NAME, &PostParams::default(), &secret).await {
                 Ok(_) => return Ok(()),
                 // Someone wrote the Secret since we read it: maybe a use of this very token.
@@ -149,25 +166,57 @@ impl JoinStore {
         Err(JoinError::Unavailable(format!("Secret {} kept changing; try again", self.where_())))
     }
 
-    /// The ExternalWorkload of `namespace` that holds service account `service_account` and is
-    /// not revoked: only then may a certificate of that identity renew itself.
-    pub async fn renewable(&self, namespace: &str, service_account: &str) -> Result<String, JoinError> {
-        let list = self
-            .workloads(namespace)
-            .list(&Default::default())
-            .await
-            .map_err(|e| JoinError::Unavailable(format!("listing the ExternalWorkloads of {namespace}: {e}")))?;
-        list.items
+    /// The ExternalWorkload whose join certified the key `key_sha256` for service account
+    /// `service_account` of `namespace`, when it still exists with the uid it joined with, is not
+    /// revoked and still holds that service account: only then may a certificate for that key
+    /// renew itself. Returns the workload's name.
+    pub async fn renewable(
+        &self,
+        namespace: &str,
+        service_account: &str,
+        key_sha256: &str,
+    ) -> Result<String, JoinError> {
+        let refused = |why: String| {
+            JoinError::Denied(format!(
+                "renewing with this certificate is refused: {why}; renewing with a certificate is for the key an \
+                 ExternalWorkload joined with, while it exists and is not revoked (deleted or revoked: run \
+                 `cnimesh external-workload join` again)"
+            ))
+        };
+        let secret = self.read().await?;
+        let bound = secret
             .iter()
-            .filter_map(|w| Some((w, ExternalRecord::from_crd(w).ok()?)))
-            .find(|(_, record)| !record.revoked && record.service_account == service_account)
-            .map(|(w, _)| w.metadata.name.clone().unwrap_or_default())
-            .ok_or_else(|| {
-                JoinError::Denied(format!(
-                    "no ExternalWorkload of namespace {namespace} holds service account {service_account:?} (deleted or revoked): \
-                     renewing with a certificate is for ExternalWorkloads; a revoked host needs a new `cnimesh external-workload join`"
-                ))
+            .flat_map(|s| s.data.iter().flatten())
+            .filter_map(|(key, v)| match serde_json::from_slice::<Entry>(&v.0) {
+                Ok(Entry::Bound(binding)) if binding.key_sha256 == key_sha256 => Some((key, binding)),
+                _ => None,
             })
+            .find_map(|(key, binding)| {
+                join::workload_of(key).map(|(ns, name)| (ns.to_string(), name.to_string(), binding))
+            });
+        let Some((ns, name, binding)) = bound else {
+            return Err(refused("no ExternalWorkload joined with its key".into()));
+        };
+        if ns != namespace || binding.service_account != service_account {
+            return Err(refused(format!(
+                "its key joined as ExternalWorkload {ns}/{name} with service account {:?}, not {namespace}/{service_account:?}",
+                binding.service_account
+            )));
+        }
+        let (workload, record) = self.workload(&ns, &name).await.map_err(|e| match e {
+            JoinError::Denied(m) => refused(m),
+            other => other,
+        })?;
+        if workload.metadata.uid.as_deref() != Some(binding.uid.as_str()) {
+            return Err(refused(format!("ExternalWorkload {ns}/{name} was deleted and made again since it joined")));
+        }
+        if record.service_account != service_account {
+            return Err(refused(format!(
+                "ExternalWorkload {ns}/{name} now holds service account {:?}",
+                record.service_account
+            )));
+        }
+        Ok(name)
     }
 
     /// The Secret, when it exists and is ours (its type); a Secret of that name with another

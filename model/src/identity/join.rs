@@ -10,8 +10,10 @@
 //!
 //! Certify with a join token ([`Pending::check`], then [`super::join_store`]): the hash is
 //! compared in constant time, then the expiry, the workload and identity it is bound to; the
-//! token is consumed (its key removed with a resourceVersion precondition, so of two uses at the
-//! same time exactly one wins) before anything is signed.
+//! token is consumed (replaced by a [`Binding`] with a resourceVersion precondition, so of two
+//! uses at the same time exactly one wins) before anything is signed. The binding (the
+//! workload's uid and the certified key's SHA-256) is what later renewals with the certificate
+//! are checked against: the key, not the ServiceAccount, says which ExternalWorkload renews.
 //!
 //! Layer: model (pure: the token, its hash, the pending record and its checks).
 
@@ -124,8 +126,7 @@ impl JoinToken {
 
     /// SHA-256 of the whole token, hex: what is stored.
     pub fn hash(&self) -> String {
-        let digest = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, self.text.as_bytes());
-        digest.as_ref().iter().map(|b| format!("{b:02x}")).collect()
+        sha256_hex(self.text.as_bytes())
     }
 
     /// The Secret's key for this token's workload.
@@ -140,9 +141,56 @@ pub fn key(namespace: &str, name: &str) -> String {
     format!("{namespace}_{name}")
 }
 
+/// The workload a Secret key names: `(namespace, name)`; `None` for a key `join` never writes.
+pub fn workload_of(key: &str) -> Option<(&str, &str)> {
+    key.split_once('_').filter(|(ns, name)| !ns.is_empty() && !name.is_empty())
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    let digest = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, bytes);
+    digest.as_ref().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// SHA-256 (hex) of a public key (the bits of its SubjectPublicKeyInfo, as a CSR and the
+/// certificate issued for it carry them): what binds an ExternalWorkload's renewals to the key
+/// it joined with.
+pub fn key_sha256(public_key: &[u8]) -> String {
+    sha256_hex(public_key)
+}
+
+/// [`key_sha256`] of the key a certificate (DER) certifies; `None` when it does not parse.
+pub fn certificate_key_sha256(certificate: &[u8]) -> Option<String> {
+    let (_, cert) = x509_parser::parse_x509_certificate(certificate).ok()?;
+    Some(key_sha256(&cert.tbs_certificate.subject_pki.subject_public_key.data))
+}
+
+/// What the Secret holds under a workload's [`key`] (JSON): the token `join` made, until it is
+/// used; then the binding that lets that host renew.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Entry {
+    Pending(Pending),
+    Bound(Binding),
+}
+
+/// A join token was used: the ExternalWorkload (by uid) and the key it was certified for. Only a
+/// client certificate for this very key renews, and only while that workload (same uid, not
+/// revoked, same service account) exists: a pod or another workload holding the same identity
+/// has another key; a workload deleted and made again has another uid. A new `join` replaces it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Binding {
+    /// The ExternalWorkload's uid when its token was used.
+    pub uid: String,
+    /// The service account it was certified for.
+    pub service_account: String,
+    /// [`key_sha256`] of the certified key.
+    pub key_sha256: String,
+}
+
 /// What the Secret holds for one pending token (JSON under [`key`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Pending {
     /// SHA-256 of the token, hex.
     pub sha256: String,
@@ -225,6 +273,21 @@ mod tests {
         let expired = pending.check(&token, "db", later).unwrap_err();
         assert!(matches!(&expired, JoinError::Unauthenticated(m) if m.contains("expired")), "{expired}");
         assert!(matches!(pending.check(&token, "web", SystemTime::now()), Err(JoinError::Denied(_))));
+    }
+
+    #[test]
+    fn a_pending_token_and_a_binding_read_back_as_what_they_are() {
+        let token = JoinToken::generate("shop", "db-vm").unwrap();
+        let pending = Entry::Pending(Pending::new(&token, "uid-1", "db", DEFAULT_TTL));
+        let bound =
+            Entry::Bound(Binding { uid: "uid-1".into(), service_account: "db".into(), key_sha256: "ab".into() });
+        for entry in [pending, bound] {
+            let json = serde_json::to_vec(&entry).unwrap();
+            assert_eq!(serde_json::from_slice::<Entry>(&json).unwrap(), entry);
+        }
+        assert_eq!(workload_of("shop_db-vm.east"), Some(("shop", "db-vm.east")));
+        assert_eq!(workload_of("shop"), None);
+        assert_eq!(workload_of("_db"), None);
     }
 
     #[test]
