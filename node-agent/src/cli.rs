@@ -131,10 +131,13 @@ struct HostArgs {
     /// The admin listener: /ready, /live, /status and /metrics.
     #[arg(long, env = "CNIMESH_READY_ADDR", default_value_t = default_ready_addr(), value_parser = parse_listen_addr)]
     ready_addr: SocketAddr,
-    /// Leave the rules in place on SIGTERM: captured traffic then fails until the agent is back,
-    /// instead of flowing uncaptured.
-    #[arg(long, env = "CNIMESH_KEEP_RULES_ON_EXIT")]
-    keep_rules_on_exit: bool,
+    /// Remove the rules on SIGTERM: only to take the host out of the mesh. By default they stay,
+    /// so during a restart or an upgrade captured traffic fails instead of bypassing the proxy
+    /// (`cnimesh-node host uninstall` removes them once the agent is stopped).
+    #[arg(long, env = "CNIMESH_REMOVE_RULES_ON_EXIT")]
+    remove_rules_on_exit: bool,
+    #[command(subcommand)]
+    action: Option<HostAction>,
     /// The proxy's own arguments, after `--`.
     #[arg(last = true)]
     proxy_args: Vec<OsString>,
@@ -169,9 +172,16 @@ impl HostArgs {
             proxy_state_dir: Some(proxy_state_dir),
             join_token_file: self.join_token_file.clone(),
             ready_addr: self.ready_addr,
-            keep_rules_on_exit: self.keep_rules_on_exit,
+            remove_rules_on_exit: self.remove_rules_on_exit,
         }
     }
+}
+
+#[derive(Subcommand, Clone)]
+enum HostAction {
+    /// Remove the capture rules from this host and exit: how a host leaves the mesh, after
+    /// stopping the agent (`systemctl disable --now cnimesh-node`), which would put them back.
+    Uninstall,
 }
 
 #[derive(Subcommand)]
@@ -200,7 +210,8 @@ enum Cmd {
         uninstall_on_exit: bool,
     },
     /// Host mode, on a Linux host outside Kubernetes (a VM): capture the host's own traffic,
-    /// run and supervise the proxy, repair the rules; on SIGTERM stop the proxy and remove them.
+    /// run and supervise the proxy, repair the rules; on SIGTERM stop the proxy and leave the
+    /// rules (`host uninstall` removes them).
     Host(Box<HostArgs>),
     /// Install the binary and chain the plugin once, then exit.
     Install {
@@ -290,6 +301,10 @@ async fn main_async(cli: Cli) -> anyhow::Result<ExitCode> {
             let cluster: SharedCluster = cluster;
             run::run(cfg, cluster, shutdown_signal()).await?;
             Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Host(args) if matches!(args.action, Some(HostAction::Uninstall)) => {
+            host::uninstall()?;
+            out("capture rules removed (table inet cnimesh); this host is out of the mesh\n".into())
         }
         Cmd::Host(args) => {
             host::run(args.config(&cli.state_dir), shutdown_signal()).await?;
@@ -404,7 +419,7 @@ mod tests {
         let caps: Vec<String> = value("CapabilityBoundingSet").split_whitespace().map(String::from).collect();
         assert_eq!(caps, ["CAP_NET_ADMIN", "CAP_SETUID", "CAP_SETGID", "CAP_CHOWN", "CAP_FOWNER", "CAP_KILL"]);
         assert_eq!(value("NoNewPrivileges"), "yes");
-        assert_eq!(value("KillMode"), "mixed", "SIGTERM to the agent, which stops the proxy and removes the rules");
+        assert_eq!(value("KillMode"), "mixed", "SIGTERM to the agent, which stops the proxy");
         assert!(!unit.contains("PrivateNetwork=yes"), "the rules belong in the host's network namespace");
     }
 

@@ -194,33 +194,70 @@ fn host_mode_restarts_a_proxy_that_exits_and_refuses_captured_traffic_meanwhile(
 }
 
 #[test]
-fn sigterm_stops_the_proxy_and_removes_the_rules_unless_told_to_keep_them() {
-    if !require_root("sigterm_stops_the_proxy_and_removes_the_rules_unless_told_to_keep_them") {
+fn sigterm_stops_the_proxy_and_leaves_the_rules_unless_told_to_remove_them() {
+    if !require_root("sigterm_stops_the_proxy_and_leaves_the_rules_unless_told_to_remove_them") {
         return;
     }
     let net = HostNet::new().expect("namespaces");
+    // By default the rules stay: traffic fails until the agent is back, never bypasses the proxy.
     let proxy = unique_name("proxy");
     let mut agent = start_agent(&net, &proxy, &[]);
     assert_eq!(stand_in_pids(&proxy).len(), 1);
     assert!(agent.terminate().success());
-    assert!(no_table(&net), "rules removed: {:?}", net.host.nft_table());
+    assert!(net.host.nft_table().is_some(), "rules kept on SIGTERM");
     eventually("the proxy stopped", Duration::from_secs(5), || stand_in_pids(&proxy).is_empty());
 
-    // Kept rules: traffic fails until the agent is back, never bypasses the proxy.
+    // Leaving the mesh: `host uninstall` removes them (idempotently).
+    for _ in 0..2 {
+        net.host.exec(AGENT, &["host", "uninstall"]).expect("host uninstall succeeds");
+        assert!(no_table(&net), "rules removed: {:?}", net.host.nft_table());
+    }
+
+    // …or `--remove-rules-on-exit`, for the operator taking the host out of the mesh.
     let proxy = unique_name("proxy");
-    let mut agent = start_agent(&net, &proxy, &["--keep-rules-on-exit"]);
+    let mut agent = start_agent(&net, &proxy, &["--remove-rules-on-exit"]);
     assert!(agent.terminate().success());
-    assert!(net.host.nft_table().is_some(), "rules kept");
+    assert!(no_table(&net), "rules removed: {:?}", net.host.nft_table());
     eventually("the proxy stopped", Duration::from_secs(5), || stand_in_pids(&proxy).is_empty());
 
     // A crash (SIGKILL) leaves the rules too; the next agent takes them over.
     let proxy = unique_name("proxy");
-    let mut agent = start_agent(&net, &proxy, &[]);
+    let mut agent = start_agent(&net, &proxy, &["--remove-rules-on-exit"]);
     agent.kill();
     assert!(net.host.nft_table().is_some(), "rules stay when the agent dies");
     for pid in stand_in_pids(&proxy) {
         let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGKILL);
     }
+}
+
+/// Attack: during `systemctl restart` (an upgrade), between the old agent's exit and the new
+/// one's start, a host app dials out and another machine dials the host's app, hoping to pass
+/// while no proxy runs. Both are refused; once the agent is back they go through the proxy.
+#[test]
+fn restarting_the_host_agent_lets_no_connection_around_the_proxy() {
+    if !require_root("restarting_the_host_agent_lets_no_connection_around_the_proxy") {
+        return;
+    }
+    let net = HostNet::new().expect("namespaces");
+    let _remote = Listener::start(Path::new(PROBE), "remote", &net.remote.path(), &[at(REMOTE_IP, 9090)]).unwrap();
+    let _app =
+        Listener::start(Path::new(PROBE), "host-app", &net.host.path(), &[at(Ipv4Addr::UNSPECIFIED, 8080)]).unwrap();
+    let proxy = unique_name("proxy");
+    let mut agent = start_agent(&net, &proxy, &[]);
+    assert!(agent.terminate().success());
+    eventually("the proxy stopped", Duration::from_secs(5), || stand_in_pids(&proxy).is_empty());
+    match connect(Path::new(PROBE), &net.host.path(), at(REMOTE_IP, 9090), None) {
+        Ok(got) => panic!("outbound went around the proxy while the agent was down: {got:?}"),
+        Err(e) => assert!(e.to_string().contains("refused"), "{e}"),
+    }
+    match connect(Path::new(PROBE), &net.remote.path(), at(HOST_IP, 8080), None) {
+        Ok(got) => panic!("inbound reached the host's app around the proxy while the agent was down: {got:?}"),
+        Err(e) => assert!(e.to_string().contains("refused"), "{e}"),
+    }
+    let proxy = unique_name("proxy");
+    let _agent = start_agent(&net, &proxy, &[]);
+    assert_eq!(reached(&net.host.path(), at(REMOTE_IP, 9090), None).name, proxy);
+    assert_eq!(reached(&net.remote.path(), at(HOST_IP, 8080), None).name, proxy);
 }
 
 /// Attack: settings or files that would weaken capture or leak the proxy's secrets are refused

@@ -39,7 +39,7 @@ impl HostCapture {
 
     /// Removes the table; succeeds when there is none.
     pub fn remove(&self) -> Result<(), BackendError> {
-        Backend::Nftables.remove_here()
+        remove_here()
     }
 
     /// Puts the rules back if they drifted; returns the drift that was repaired (empty when
@@ -51,6 +51,11 @@ impl HostCapture {
         }
         Ok(drift)
     }
+}
+
+/// Removes `table inet cnimesh` from the calling thread's netns; succeeds when there is none.
+pub fn remove_here() -> Result<(), BackendError> {
+    Backend::Nftables.remove_here()
 }
 
 /// Sends `()` on every nf_tables change of this network namespace (ours included: re-checking

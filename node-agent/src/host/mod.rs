@@ -10,10 +10,10 @@
 //! Fail closed while running: the rules go in *before* the proxy starts and stay in while it is
 //! down (crashed, restarting, not started yet), so captured connections are refused rather than
 //! sent around the proxy; and if the agent itself dies (SIGKILL, crash) the rules stay too.
-//! Only an orderly stop (SIGTERM/SIGINT: `systemctl stop`) stops the proxy and then removes the
-//! rules, because stopping the agent is how an operator takes the host out of the mesh;
-//! `--keep-rules-on-exit` keeps them (traffic then fails until the agent is back: for restarts
-//! where no connection may bypass the proxy even for a moment).
+//! An orderly stop (SIGTERM/SIGINT: `systemctl stop`, `restart`, an upgrade) stops the proxy and
+//! leaves the rules too, so no connection passes uncaptured while the agent is away; the rules
+//! are removed only on purpose: `cnimesh-node host uninstall` (the host leaves the mesh) or
+//! `--remove-rules-on-exit`.
 
 pub mod capture;
 pub mod files;
@@ -59,7 +59,8 @@ pub struct HostConfig {
     /// directory (`CNIMESH_PROXY_IDENTITY_JOIN_TOKEN_FILE`).
     pub join_token_file: Option<PathBuf>,
     pub ready_addr: SocketAddr,
-    pub keep_rules_on_exit: bool,
+    /// Remove the rules on an orderly stop (taking the host out of the mesh); off by default.
+    pub remove_rules_on_exit: bool,
 }
 
 /// The rules' side of `/status`.
@@ -187,8 +188,8 @@ fn prepare(cfg: &HostConfig) -> anyhow::Result<ProxyCommand> {
     Ok(command)
 }
 
-/// Runs until `shutdown` resolves, then stops the proxy and (unless `keep_rules_on_exit`)
-/// removes the rules.
+/// Runs until `shutdown` resolves, then stops the proxy; the rules stay unless
+/// `remove_rules_on_exit`.
 pub async fn run(cfg: HostConfig, shutdown: impl std::future::Future<Output = ()>) -> anyhow::Result<()> {
     let command = prepare(&cfg)?;
     let http =
@@ -263,16 +264,25 @@ pub async fn run(cfg: HostConfig, shutdown: impl std::future::Future<Output = ()
         }
     }
 
-    tracing::info!(keep_rules = cfg.keep_rules_on_exit, "shutting down: stopping the proxy");
+    tracing::info!(remove_rules = cfg.remove_rules_on_exit, "shutting down: stopping the proxy");
     supervisor.stop().await;
     admin.abort();
-    if cfg.keep_rules_on_exit {
-        tracing::info!("capture rules left in place: captured traffic fails until the agent is back");
-    } else {
+    if cfg.remove_rules_on_exit {
         capture.remove().context("removing the capture rules")?;
         tracing::info!("capture rules removed");
+    } else {
+        tracing::info!(
+            "capture rules left in place: captured traffic fails until the agent is back \
+             (`cnimesh-node host uninstall` removes them)"
+        );
     }
     Ok(())
+}
+
+/// `cnimesh-node host uninstall`: removes the capture rules from this network namespace; succeeds
+/// when there are none.
+pub fn uninstall() -> anyhow::Result<()> {
+    capture::remove_here().context("removing the capture rules (table inet cnimesh)")
 }
 
 /// The proxy's command line from the flags: trailing arguments and `KEY=VALUE` environment.
