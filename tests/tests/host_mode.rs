@@ -158,8 +158,8 @@ fn host_mode_puts_flushed_changed_or_deleted_rules_back() {
 }
 
 #[test]
-fn host_mode_restarts_a_proxy_that_exits_and_refuses_captured_traffic_meanwhile() {
-    if !require_root("host_mode_restarts_a_proxy_that_exits_and_refuses_captured_traffic_meanwhile") {
+fn host_mode_restarts_a_proxy_that_exits_and_fails_captured_traffic_meanwhile() {
+    if !require_root("host_mode_restarts_a_proxy_that_exits_and_fails_captured_traffic_meanwhile") {
         return;
     }
     let net = HostNet::new().expect("namespaces");
@@ -177,8 +177,8 @@ fn host_mode_restarts_a_proxy_that_exits_and_refuses_captured_traffic_meanwhile(
     assert!(agent.status()["proxy"]["last_exit"].as_str().unwrap().contains("SIGKILL"));
     agent.wait_ready();
 
-    // Fail closed: a proxy that cannot run leaves the rules in, so the host's outbound traffic is
-    // refused instead of reaching the remote machine uncaptured.
+    // Fail closed: a proxy that cannot run leaves the rules in, so the host's outbound traffic
+    // fails instead of reaching the remote machine uncaptured.
     let net2 = HostNet::new().expect("namespaces");
     let _remote2 = Listener::start(Path::new(PROBE), "remote", &net2.remote.path(), &[at(REMOTE_IP, 9090)]).unwrap();
     let broken = HostAgent::start(Path::new(AGENT), &net2.host, &["--proxy-bin", "/bin/false"]).expect("agent starts");
@@ -189,8 +189,10 @@ fn host_mode_restarts_a_proxy_that_exits_and_refuses_captured_traffic_meanwhile(
     assert_eq!(code, 503, "{body}");
     assert!(body.contains("proxy not running"), "{body}");
     assert!(net2.host.nft_table().is_some(), "rules stay while the proxy is down");
-    let err = connect(Path::new(PROBE), &net2.host.path(), at(REMOTE_IP, 9090), None).unwrap_err();
-    assert!(err.to_string().contains("refused"), "{err}");
+    // The connection waits on the agent's listener for a proxy (no local user can hold the
+    // port meanwhile): it never reaches the remote machine.
+    let got = connect(Path::new(PROBE), &net2.host.path(), at(REMOTE_IP, 9090), None);
+    assert!(got.is_err(), "captured traffic with no proxy went around it: {got:?}");
 }
 
 #[test]
@@ -352,4 +354,81 @@ fn the_proxy_state_directory_and_join_token_are_private_to_the_proxy_uid() {
     let dir = open.to_str().unwrap();
     assert!(environ.contains(&format!("CNIMESH_PROXY_IDENTITY_STATE_DIR={dir}\n")), "{environ}");
     assert!(environ.contains(&format!("CNIMESH_PROXY_IDENTITY_JOIN_TOKEN_FILE={dir}/join-token\n")), "{environ}");
+}
+
+/// A squatter: `cnimesh-probe serve squatter ADDR` as `uid` (no capability, no group) inside
+/// `net`. `Some(child)` when it bound ADDR (it serves until killed), `None` when the bind failed.
+fn squat(net: &HostNet, uid: u32, addr: &str) -> Option<std::process::Child> {
+    use std::io::BufRead;
+    let uid = uid.to_string();
+    let mut child = std::process::Command::new("ip")
+        .args(["netns", "exec", net.host.name(), "setpriv", "--reuid", &uid, "--regid", &uid, "--clear-groups"])
+        .args([PROBE, "serve", "squatter", addr])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn the squatter");
+    let mut line = String::new();
+    let _ = std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line);
+    if line.trim() == "ready" {
+        return Some(child);
+    }
+    let out = child.wait_with_output().expect("squatter exits");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("EADDRINUSE") || stderr.contains("in use"), "squatter on {addr}: {stderr}");
+    None
+}
+
+/// Attack: an unprivileged local user loops on bind() of the proxy's ports (127.0.0.1:4140 and
+/// 0.0.0.0:4143, both above 1024) while the proxy is down, to receive other users' redirected
+/// connections in plaintext with their original destinations. The agent holds both listeners for
+/// its whole life and hands them to every proxy it starts: the bind is refused (EADDRINUSE),
+/// before the first start, between restarts and while a proxy keeps failing, and captured
+/// traffic never reaches the squatter.
+#[test]
+fn an_unprivileged_user_cannot_take_the_proxy_ports_while_the_proxy_restarts() {
+    if !require_root("an_unprivileged_user_cannot_take_the_proxy_ports_while_the_proxy_restarts") {
+        return;
+    }
+    let addrs = ["127.0.0.1:4140", "0.0.0.0:4143"];
+    // A proxy that keeps failing: it is down nearly all the time.
+    let net = HostNet::new().expect("namespaces");
+    let _remote = Listener::start(Path::new(PROBE), "remote", &net.remote.path(), &[at(REMOTE_IP, 9090)]).unwrap();
+    let broken = HostAgent::start(Path::new(AGENT), &net.host, &["--proxy-bin", "/bin/false"]).expect("agent starts");
+    eventually("the failing proxy was restarted", Duration::from_secs(30), || {
+        broken.get("/status").is_some_and(|_| broken.status()["proxy"]["restarts"].as_u64() >= Some(1))
+    });
+    for addr in addrs {
+        if let Some(mut squatter) = squat(&net, 65534, addr) {
+            let got = connect(Path::new(PROBE), &net.host.path(), at(REMOTE_IP, 9090), None);
+            let _ = squatter.kill();
+            let _ = squatter.wait();
+            panic!("uid 65534 bound {addr} while the proxy was down; a captured connection got: {got:?}");
+        }
+    }
+    let got = connect(Path::new(PROBE), &net.host.path(), at(REMOTE_IP, 9090), None);
+    assert!(got.is_err(), "captured traffic with no proxy went somewhere: {got:?}");
+
+    // A working proxy killed: while it restarts, the ports are still taken.
+    let net = HostNet::new().expect("namespaces");
+    let proxy = unique_name("proxy");
+    let agent = start_agent(&net, &proxy, &[]);
+    for round in 1..=3u64 {
+        let pids = stand_in_pids(&proxy);
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pids[0] as i32), nix::sys::signal::Signal::SIGKILL);
+        for addr in addrs {
+            if let Some(mut squatter) = squat(&net, PROXY_UID + 1, addr) {
+                let _ = squatter.kill();
+                panic!("uid {} bound {addr} while the proxy restarted", PROXY_UID + 1);
+            }
+        }
+        eventually("the proxy restarted", Duration::from_secs(30), || {
+            agent.status()["proxy"]["restarts"].as_u64() == Some(round) && stand_in_pids(&proxy).len() == 1
+        });
+    }
+    // The restarted proxy serves both ports (the listeners it was handed).
+    agent.wait_ready();
+    assert_eq!(reached(&net.host.path(), at(REMOTE_IP, 9090), None).name, proxy);
+    assert_eq!(reached(&net.remote.path(), at(HOST_IP, 8080), None).name, proxy);
 }

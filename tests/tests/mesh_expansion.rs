@@ -211,7 +211,9 @@ spec:
     assert_ne!(ready, Some(200), "a proxy refused its certificate is not ready");
     drop(stolen);
     drop(agent);
-    assert!(vm.nft_table().is_none(), "the agent removed its rules on SIGTERM");
+    assert!(vm.nft_table().is_some(), "the agent leaves its rules on SIGTERM");
+    vm.exec(AGENT, &["host", "uninstall"]).expect("the VM leaves the mesh");
+    assert!(vm.nft_table().is_none(), "`host uninstall` removed the rules");
     let down = local.down();
     assert!(down.status.success(), "{}", String::from_utf8_lossy(&down.stderr));
 }

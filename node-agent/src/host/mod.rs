@@ -17,6 +17,7 @@
 
 pub mod capture;
 pub mod files;
+pub mod listeners;
 pub mod proxy;
 
 use std::ffi::OsString;
@@ -194,6 +195,10 @@ pub async fn run(cfg: HostConfig, shutdown: impl std::future::Future<Output = ()
     let command = prepare(&cfg)?;
     let http =
         health::bind(cfg.ready_addr).await.with_context(|| format!("binding the admin endpoint {}", cfg.ready_addr))?;
+    // The proxy's ports are taken before any traffic is redirected to them, and kept while the
+    // proxy is down, so no local user can bind them and receive what is redirected.
+    let listeners = listeners::ProxyListeners::bind(cfg.spec.inbound_proxy_port, cfg.spec.outbound_proxy_port)?;
+    tracing::info!(addrs = ?listeners.addrs(), "the proxy's listeners bound; every proxy started inherits them");
     let capture = HostCapture::new(&cfg.spec);
     capture.install().context("installing the capture rules (table inet cnimesh)")?;
     tracing::info!(
@@ -222,7 +227,7 @@ pub async fn run(cfg: HostConfig, shutdown: impl std::future::Future<Output = ()
             None
         }
     };
-    let mut supervisor = Supervisor::new(command);
+    let mut supervisor = Supervisor::new(command, listeners);
     let mut last_look = Instant::now();
     tokio::pin!(shutdown);
     loop {

@@ -7,9 +7,12 @@ use std::path::PathBuf;
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+use command_fds::CommandFdExt;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use tokio::sync::oneshot;
+
+use super::listeners::ProxyListeners;
 
 /// First restart delay; doubled after each quick exit up to [`MAX_BACKOFF`].
 pub const MIN_BACKOFF: Duration = Duration::from_millis(200);
@@ -40,10 +43,16 @@ struct Running {
 }
 
 impl ProxyCommand {
-    fn spawn(&self, now: Instant) -> std::io::Result<Running> {
-        let mut child = Command::new(&self.binary)
+    /// Starts the proxy with the agent's listeners as its fds 3.. (it adopts them, never binds).
+    fn spawn(&self, now: Instant, listeners: &ProxyListeners) -> std::io::Result<Running> {
+        let mut command = Command::new(&self.binary);
+        command
+            .fd_mappings(listeners.mappings()?)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+        let mut child = command
             .args(&self.args)
             .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .envs(listeners.env())
             .current_dir(&self.dir)
             // std drops the supplementary groups too when a root parent sets the UID.
             .uid(self.uid)
@@ -80,6 +89,7 @@ pub struct ProxyState {
 /// The running child (if any) and the restart schedule.
 pub struct Supervisor {
     command: ProxyCommand,
+    listeners: ProxyListeners,
     child: Option<Running>,
     backoff: Duration,
     next_start: Option<Instant>,
@@ -88,9 +98,10 @@ pub struct Supervisor {
 }
 
 impl Supervisor {
-    pub fn new(command: ProxyCommand) -> Self {
+    pub fn new(command: ProxyCommand, listeners: ProxyListeners) -> Self {
         Self {
             command,
+            listeners,
             child: None,
             backoff: Duration::ZERO,
             next_start: Some(Instant::now()),
@@ -114,7 +125,7 @@ impl Supervisor {
             self.state.restarts += 1;
         }
         self.started_once = true;
-        match self.command.spawn(now) {
+        match self.command.spawn(now, &self.listeners) {
             Ok(child) => {
                 self.state.pid = Some(child.pid);
                 self.state.running = true;

@@ -69,9 +69,22 @@ fn serve(name: String, bound: SocketAddr, listener: TcpListener) {
 }
 
 fn bind_all(name: &str, addrs: &[String]) -> anyhow::Result<()> {
+    // Like the proxy: listeners handed down (`cnimesh-node host`, LISTEN_FDS) are adopted by
+    // address; the others are bound.
+    let mut inherited = listenfd::ListenFd::from_env();
+    let mut handed: Vec<TcpListener> = Vec::new();
+    for index in 0..inherited.len() {
+        if let Some(l) = inherited.take_tcp_listener(index)? {
+            l.set_nonblocking(false)?;
+            handed.push(l);
+        }
+    }
     for addr in addrs {
         let addr: SocketAddr = addr.parse().with_context(|| format!("address {addr}"))?;
-        let listener = bind(addr)?;
+        let listener = match handed.iter().position(|l| l.local_addr().is_ok_and(|a| a == addr)) {
+            Some(i) => handed.remove(i),
+            None => bind(addr)?,
+        };
         let name = name.to_string();
         std::thread::spawn(move || serve(name, addr, listener));
     }
