@@ -432,3 +432,34 @@ fn an_unprivileged_user_cannot_take_the_proxy_ports_while_the_proxy_restarts() {
     assert_eq!(reached(&net.host.path(), at(REMOTE_IP, 9090), None).name, proxy);
     assert_eq!(reached(&net.remote.path(), at(HOST_IP, 8080), None).name, proxy);
 }
+
+/// Attack: the proxy's UID is a human's (a login user): that user's traffic would bypass capture
+/// and they would own the mesh key. Refused by name before anything changes.
+#[test]
+fn a_proxy_uid_that_belongs_to_a_login_user_is_refused_by_name() {
+    if !require_root("a_proxy_uid_that_belongs_to_a_login_user_is_refused_by_name") {
+        return;
+    }
+    let (user, uid) = ("cnimesh-hostfix-human", "2190");
+    let _ = std::process::Command::new("userdel").arg(user).output();
+    let added = std::process::Command::new("useradd")
+        .args(["--uid", uid, "--no-create-home", "--shell", "/bin/bash", user])
+        .output()
+        .expect("useradd");
+    assert!(added.status.success(), "{}", String::from_utf8_lossy(&added.stderr));
+    let net = HostNet::new().expect("namespaces");
+    let name = unique_name("proxy");
+    let mut args = vec!["--proxy-bin", PROBE, "--proxy-uid", uid, "--"];
+    let proxy = stand_in(&name);
+    args.extend(proxy.iter().map(String::as_str));
+    let state = tempfile::tempdir().unwrap();
+    let out = HostAgent::run_to_exit(Path::new(AGENT), &net.host, state.path(), &args);
+    let _ = std::process::Command::new("userdel").arg(user).output();
+    let out = out.unwrap_or_else(|e| panic!("{e:#}"));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a login user's UID accepted");
+    for why in ["--proxy-uid 2190", user, "login shell /bin/bash"] {
+        assert!(stderr.contains(why), "{why:?} not in {stderr}");
+    }
+    assert!(no_table(&net), "left rules: {:?}", net.host.nft_table());
+}

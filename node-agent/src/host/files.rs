@@ -22,6 +22,39 @@ pub enum HostFileError {
     Mode { what: &'static str, path: PathBuf, mode: u32, why: &'static str },
     #[error("{path} line {line}: {why}")]
     EnvLine { path: PathBuf, line: usize, why: String },
+    #[error(
+        "--proxy-uid {uid}: user {user} has a login shell {shell}; the proxy's UID is never captured \
+         and owns the mesh key, so it must be a system account nobody logs in as \
+         (useradd --system --shell /usr/sbin/nologin cnimesh-proxy)"
+    )]
+    LoginUser { uid: u32, user: String, shell: String },
+}
+
+/// Shells that let nobody log in.
+const NO_LOGIN_SHELLS: &[&str] = &["nologin", "false"];
+
+/// Refuses a proxy UID that belongs to a login user in `passwd` (`/etc/passwd`): a person with
+/// that UID would bypass capture and could read the proxy's key. A UID with no entry, or whose
+/// shell is `nologin`/`false`, is accepted.
+pub fn check_proxy_uid(uid: u32, passwd: &Path) -> Result<(), HostFileError> {
+    let text = std::fs::read_to_string(passwd).map_err(|source| HostFileError::Io {
+        what: "user database",
+        path: passwd.into(),
+        source,
+    })?;
+    for line in text.lines() {
+        let fields: Vec<&str> = line.split(':').collect();
+        let [user, _, entry_uid, _, _, _, shell] = fields.as_slice() else { continue };
+        if entry_uid.parse() != Ok(uid) {
+            continue;
+        }
+        let shell = if shell.is_empty() { "/bin/sh" } else { shell };
+        let program = shell.rsplit('/').next().unwrap_or(shell);
+        if !NO_LOGIN_SHELLS.contains(&program) {
+            return Err(HostFileError::LoginUser { uid, user: (*user).into(), shell: shell.into() });
+        }
+    }
+    Ok(())
 }
 
 fn metadata(what: &'static str, path: &Path) -> Result<std::fs::Metadata, HostFileError> {
@@ -144,5 +177,22 @@ mod tests {
         );
         assert_eq!(parse_env("OK=1\nnot a pair\n").unwrap_err().0, 2);
         assert!(parse_env("BAD-NAME=1").unwrap_err().1.contains("BAD-NAME"));
+    }
+
+    #[test]
+    fn a_login_users_uid_is_refused_and_a_system_accounts_or_unknown_one_accepted() {
+        let dir = tempfile::tempdir().unwrap();
+        let passwd = dir.path().join("passwd");
+        std::fs::write(
+            &passwd,
+            "root:x:0:0:root:/root:/bin/bash\nalice:x:2102:2102::/home/alice:\n\
+             cnimesh-proxy:x:998:998::/:/usr/sbin/nologin\nd:x:997:997::/:/bin/false\n",
+        )
+        .unwrap();
+        let err = check_proxy_uid(2102, &passwd).unwrap_err().to_string();
+        assert!(err.contains("--proxy-uid 2102: user alice has a login shell /bin/sh"), "{err}");
+        assert!(check_proxy_uid(998, &passwd).is_ok());
+        assert!(check_proxy_uid(997, &passwd).is_ok());
+        assert!(check_proxy_uid(4242, &passwd).is_ok(), "no entry: no login user");
     }
 }

@@ -43,6 +43,8 @@ const SAFETY_LOOK: Duration = Duration::from_secs(30);
 /// The proxy's settings the agent provides (an environment file or `--proxy-env` overrides them).
 const IDENTITY_STATE_DIR_ENV: &str = "CNIMESH_PROXY_IDENTITY_STATE_DIR";
 const JOIN_TOKEN_FILE_ENV: &str = "CNIMESH_PROXY_IDENTITY_JOIN_TOKEN_FILE";
+/// The user database the proxy's UID is looked up in.
+const PASSWD: &str = "/etc/passwd";
 /// Without change notifications (the subscription failed), the rules are checked this often.
 const FALLBACK_LOOK: Duration = Duration::from_secs(5);
 
@@ -168,6 +170,7 @@ fn prepare(cfg: &HostConfig) -> anyhow::Result<ProxyCommand> {
     if cfg.spec.proxy_uid == 0 {
         anyhow::bail!("--proxy-uid 0: the proxy's UID is never captured, and root's traffic must be");
     }
+    files::check_proxy_uid(cfg.spec.proxy_uid, std::path::Path::new(PASSWD))?;
     files::check_proxy_binary(&cfg.proxy.binary)?;
     let mut command = cfg.proxy.clone();
     // Lowest first: what the agent sets, then the env file, then `--proxy-env`.
