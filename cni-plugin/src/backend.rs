@@ -70,22 +70,25 @@ impl Backend {
         }
     }
 
-    /// Must be called inside the target netns.
-    fn apply_here(self, ruleset: &Ruleset) -> Result<(), BackendError> {
+    /// Applies `ruleset` in the calling thread's own netns (host mode: the host's; the plugin
+    /// enters a pod's with [`Backend::apply`]). Needs CAP_NET_ADMIN only, no `setns`.
+    pub fn apply_here(self, ruleset: &Ruleset) -> Result<(), BackendError> {
         match self.variant() {
             None => Ok(NftSocket::open()?.replace(ruleset)?),
             Some(v) => Ok(v.apply(ruleset)?),
         }
     }
 
-    fn remove_here(self) -> Result<(), BackendError> {
+    /// Removes the rules from the calling thread's own netns; succeeds when there are none.
+    pub fn remove_here(self) -> Result<(), BackendError> {
         match self.variant() {
             None => Ok(NftSocket::open()?.delete()?),
             Some(v) => Ok(v.remove()?),
         }
     }
 
-    fn drift_here(self, ruleset: &Ruleset) -> Result<Vec<String>, BackendError> {
+    /// Drift of the calling thread's own netns against `ruleset`; empty when they agree.
+    pub fn drift_here(self, ruleset: &Ruleset) -> Result<Vec<String>, BackendError> {
         match self.variant() {
             None => Ok(nft_drift(ruleset, NftSocket::open()?.read()?.as_ref())),
             Some(v) => {

@@ -1,6 +1,7 @@
 //! `cnimesh-node`'s command line: the node agent DaemonSet and the node-level debug CLI. Lives in
 //! the library so test packages can build the same binary from current sources.
 
+use std::ffi::OsString;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -8,12 +9,17 @@ use std::time::Duration;
 
 use crate::cluster::SharedCluster;
 use crate::debug::{self, Format};
+use crate::host::{self, HostConfig, proxy::ProxyCommand};
 use crate::kube_cluster::KubeCluster;
 use crate::repair::RepairMode;
 use crate::run::{self, RunConfig};
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use cnimesh_cni::spec::RedirectSpec;
+use cnimesh_cni::spec::{PortRange, RedirectSpec};
+use cnimesh_common::names::{
+    DEFAULT_SKIP_INBOUND_PORTS, DEFAULT_SKIP_OUTBOUND_PORTS, PROXY_INBOUND_PORT, PROXY_OUTBOUND_PORT, PROXY_UID,
+};
+use ipnet::IpNet;
 
 /// Loopback only, the agent's health port (docs/architecture.md, "Names and numbers"): the agent runs on the host network, where
 /// every address would include the pod network's gateway, so every pod could read the agent's
@@ -69,6 +75,115 @@ struct AgentArgs {
     exclude_namespaces: Vec<String>,
 }
 
+/// SSH first, then the ports a pod never captures (the control plane's and the proxy's admin
+/// ports): an operator keeps a way in whatever the proxy does.
+fn host_skip_inbound_ports() -> Vec<PortRange> {
+    std::iter::once(22).chain(DEFAULT_SKIP_INBOUND_PORTS.iter().copied()).map(PortRange::single).collect()
+}
+
+fn default_skip_outbound_ports() -> Vec<PortRange> {
+    DEFAULT_SKIP_OUTBOUND_PORTS.iter().copied().map(PortRange::single).collect()
+}
+
+#[derive(clap::Args, Clone)]
+struct HostArgs {
+    /// The proxy binary the agent starts and supervises. It must be root's and writable by root
+    /// only (whoever can replace it runs code as the proxy's UID, whose traffic is not captured).
+    #[arg(long, env = "CNIMESH_PROXY_BIN", default_value = "/usr/local/bin/cnimesh-proxy")]
+    proxy_bin: PathBuf,
+    /// The UID the proxy runs as: the one UID whose outbound traffic is not captured. Use a
+    /// dedicated system user; 0 is refused.
+    #[arg(long, env = "CNIMESH_PROXY_UID", default_value_t = PROXY_UID)]
+    proxy_uid: u32,
+    /// The proxy's GID (default: the number of its UID). Not a capture exception.
+    #[arg(long, env = "CNIMESH_PROXY_GID")]
+    proxy_gid: Option<u32>,
+    /// The proxy's inbound port: inbound TCP is redirected there.
+    #[arg(long, env = "CNIMESH_INBOUND_PORT", default_value_t = PROXY_INBOUND_PORT)]
+    inbound_port: u16,
+    /// The proxy's outbound port: outbound TCP is redirected there.
+    #[arg(long, env = "CNIMESH_OUTBOUND_PORT", default_value_t = PROXY_OUTBOUND_PORT)]
+    outbound_port: u16,
+    /// Inbound ports (and `A-B` ranges) never captured. A list replaces the default, which keeps
+    /// SSH (22) and the control plane's and proxy's own ports out of capture.
+    #[arg(long, env = "CNIMESH_SKIP_INBOUND_PORTS", value_delimiter = ',', default_values_t = host_skip_inbound_ports())]
+    skip_inbound_ports: Vec<PortRange>,
+    /// Outbound destination ports never captured. A list replaces the default.
+    #[arg(long, env = "CNIMESH_SKIP_OUTBOUND_PORTS", value_delimiter = ',', default_values_t = default_skip_outbound_ports())]
+    skip_outbound_ports: Vec<PortRange>,
+    /// Source subnets whose inbound connections are never captured (e.g. a management network).
+    #[arg(long, env = "CNIMESH_SKIP_INBOUND_SUBNETS", value_delimiter = ',')]
+    skip_inbound_subnets: Vec<IpNet>,
+    /// Destination subnets never captured outbound (e.g. the cloud's metadata service).
+    #[arg(long, env = "CNIMESH_SKIP_OUTBOUND_SUBNETS", value_delimiter = ',')]
+    skip_outbound_subnets: Vec<IpNet>,
+    /// `KEY=VALUE` lines added to the proxy's environment (its control plane, identity and
+    /// workload settings). Must be root's and 0600: it may name secrets.
+    #[arg(long, env = "CNIMESH_PROXY_ENV_FILE")]
+    proxy_env_file: Option<PathBuf>,
+    /// The ExternalWorkload's one-time join token (`cnimesh external-workload join`), root's and
+    /// 0600; handed to the proxy as a copy in its state directory. Absent once the host joined.
+    #[arg(long, env = "CNIMESH_JOIN_TOKEN_FILE")]
+    join_token_file: Option<PathBuf>,
+    /// One `KEY=VALUE` for the proxy's environment (repeatable); overrides the env file.
+    #[arg(long = "proxy-env", value_parser = host::parse_env_pair)]
+    proxy_env: Vec<(OsString, OsString)>,
+    /// The admin listener: /ready, /live, /status and /metrics.
+    #[arg(long, env = "CNIMESH_READY_ADDR", default_value_t = default_ready_addr(), value_parser = parse_listen_addr)]
+    ready_addr: SocketAddr,
+    /// Remove the rules on SIGTERM: only to take the host out of the mesh. By default they stay,
+    /// so during a restart or an upgrade captured traffic fails instead of bypassing the proxy
+    /// (`cnimesh-node host uninstall` removes them once the agent is stopped).
+    #[arg(long, env = "CNIMESH_REMOVE_RULES_ON_EXIT")]
+    remove_rules_on_exit: bool,
+    #[command(subcommand)]
+    action: Option<HostAction>,
+    /// The proxy's own arguments, after `--`.
+    #[arg(last = true)]
+    proxy_args: Vec<OsString>,
+}
+
+impl HostArgs {
+    /// The proxy's state directory is `<state-dir>/proxy`.
+    fn config(&self, state_dir: &std::path::Path) -> HostConfig {
+        let spec = RedirectSpec {
+            inbound_proxy_port: self.inbound_port,
+            outbound_proxy_port: self.outbound_port,
+            proxy_uid: self.proxy_uid,
+            proxy_gid: None,
+            skip_inbound_ports: self.skip_inbound_ports.clone(),
+            skip_outbound_ports: self.skip_outbound_ports.clone(),
+            skip_inbound_subnets: self.skip_inbound_subnets.clone(),
+            skip_outbound_subnets: self.skip_outbound_subnets.clone(),
+        }
+        .normalized();
+        let proxy_state_dir = state_dir.join("proxy");
+        HostConfig {
+            spec,
+            proxy: ProxyCommand {
+                binary: self.proxy_bin.clone(),
+                args: self.proxy_args.clone(),
+                env: self.proxy_env.clone(),
+                uid: self.proxy_uid,
+                gid: self.proxy_gid.unwrap_or(self.proxy_uid),
+                dir: proxy_state_dir.clone(),
+            },
+            proxy_env_file: self.proxy_env_file.clone(),
+            proxy_state_dir: Some(proxy_state_dir),
+            join_token_file: self.join_token_file.clone(),
+            ready_addr: self.ready_addr,
+            remove_rules_on_exit: self.remove_rules_on_exit,
+        }
+    }
+}
+
+#[derive(Subcommand, Clone)]
+enum HostAction {
+    /// Remove the capture rules from this host and exit: how a host leaves the mesh, after
+    /// stopping the agent (`systemctl disable --now cnimesh-node`), which would put them back.
+    Uninstall,
+}
+
 #[derive(Subcommand)]
 enum Cmd {
     /// Run the agent (the DaemonSet's main process).
@@ -94,6 +209,10 @@ enum Cmd {
         #[arg(long, env = "CNIMESH_UNINSTALL_ON_EXIT")]
         uninstall_on_exit: bool,
     },
+    /// Host mode, on a Linux host outside Kubernetes (a VM): capture the host's own traffic,
+    /// run and supervise the proxy, repair the rules; on SIGTERM stop the proxy and leave the
+    /// rules (`host uninstall` removes them).
+    Host(Box<HostArgs>),
     /// Install the binary and chain the plugin once, then exit.
     Install {
         #[command(flatten)]
@@ -183,6 +302,14 @@ async fn main_async(cli: Cli) -> anyhow::Result<ExitCode> {
             run::run(cfg, cluster, shutdown_signal()).await?;
             Ok(ExitCode::SUCCESS)
         }
+        Cmd::Host(args) if matches!(args.action, Some(HostAction::Uninstall)) => {
+            host::uninstall()?;
+            out("capture rules removed (table inet cnimesh); this host is out of the mesh\n".into())
+        }
+        Cmd::Host(args) => {
+            host::run(args.config(&cli.state_dir), shutdown_signal()).await?;
+            Ok(ExitCode::SUCCESS)
+        }
         Cmd::Install { agent } => {
             let file = run::install_once(&config(&cli, agent))?;
             out(format!("cnimesh-cni installed in {} and chained in {}\n", cli.cni_bin_dir.display(), file.display()))
@@ -242,6 +369,58 @@ mod tests {
         assert_eq!(parse_listen_addr("[fd00::5]:4192").unwrap().to_string(), "[fd00::5]:4192");
         assert!(parse_listen_addr(":4192").is_err(), "an unexpanded $(HOST_IP) is an error, not every address");
         assert!(parse_listen_addr("10.0.0.5").is_err());
+    }
+
+    #[test]
+    fn host_mode_skips_ssh_by_default_and_passes_the_proxys_arguments_through() {
+        let cli = Cli::try_parse_from([
+            "cnimesh-node",
+            "--state-dir",
+            "/var/lib/x",
+            "host",
+            "--proxy-env",
+            "CNIMESH_PROXY_LOG=debug",
+            "--",
+            "--some-proxy-flag",
+        ])
+        .unwrap();
+        let Cmd::Host(args) = &cli.command else { panic!("parsed as host") };
+        let cfg = args.config(&cli.state_dir);
+        assert!(cfg.spec.skip_inbound_ports.contains(&PortRange::single(22)));
+        assert!(cfg.spec.skip_inbound_ports.contains(&PortRange::single(4191)));
+        assert_eq!(cfg.spec.proxy_uid, PROXY_UID);
+        assert_eq!(cfg.proxy.gid, PROXY_UID);
+        assert_eq!(cfg.proxy.args, vec![OsString::from("--some-proxy-flag")]);
+        assert_eq!(cfg.proxy.env, vec![("CNIMESH_PROXY_LOG".into(), "debug".into())]);
+        assert_eq!(cfg.proxy_state_dir.as_deref(), Some(std::path::Path::new("/var/lib/x/proxy")));
+        assert!(cfg.spec.validate().is_ok());
+    }
+
+    /// deploy/host/cnimesh-node.service: its command line parses, and its capabilities are the
+    /// ones host mode needs and no more (no CAP_SYS_ADMIN: the agent never enters a namespace).
+    #[test]
+    fn the_systemd_unit_runs_host_mode_with_only_the_capabilities_it_needs() {
+        let unit = include_str!("../../deploy/host/cnimesh-node.service").replace("\\\n", " ");
+        let value = |key: &str| {
+            unit.lines()
+                .find_map(|l| l.strip_prefix(&format!("{key}=")))
+                .unwrap_or_else(|| panic!("{key}= missing from the unit"))
+                .to_string()
+        };
+        let exec = value("ExecStart");
+        let mut words: Vec<&str> = exec.split_whitespace().collect();
+        assert_eq!(words[0], "/usr/local/bin/cnimesh-node");
+        words[0] = "cnimesh-node";
+        let cli = Cli::try_parse_from(&words).unwrap_or_else(|e| panic!("{exec}: {e}"));
+        let Cmd::Host(args) = &cli.command else { panic!("the unit runs `host`") };
+        assert_eq!(args.proxy_uid, PROXY_UID);
+        assert_eq!(args.proxy_env_file.as_deref(), Some(std::path::Path::new("/etc/cnimesh/proxy.env")));
+        assert_eq!(args.join_token_file.as_deref(), Some(std::path::Path::new("/etc/cnimesh/join-token")));
+        let caps: Vec<String> = value("CapabilityBoundingSet").split_whitespace().map(String::from).collect();
+        assert_eq!(caps, ["CAP_NET_ADMIN", "CAP_SETUID", "CAP_SETGID", "CAP_CHOWN", "CAP_FOWNER", "CAP_KILL"]);
+        assert_eq!(value("NoNewPrivileges"), "yes");
+        assert_eq!(value("KillMode"), "mixed", "SIGTERM to the agent, which stops the proxy");
+        assert!(!unit.contains("PrivateNetwork=yes"), "the rules belong in the host's network namespace");
     }
 
     #[test]

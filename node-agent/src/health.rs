@@ -105,7 +105,7 @@ pub fn agent_status(health: &Health, source: &StatusSource) -> AgentStatus {
     }
 }
 
-fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
+pub fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
     Response::builder()
         .status(status)
         .header(header::CONTENT_TYPE, "text/plain; charset=utf-8")
@@ -120,21 +120,45 @@ fn with_warnings(mut body: String, warnings: &[String]) -> String {
     body
 }
 
-async fn respond(health: Arc<Health>, source: Arc<StatusSource>, path: &str) -> Response<Full<Bytes>> {
-    match path {
-        "/live" => text(StatusCode::OK, "live\n".into()),
-        "/metrics" => Response::builder()
-            .status(StatusCode::OK)
-            .header(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")
-            .body(Full::new(Bytes::from(source.metrics.encode())))
-            .expect("valid response"),
-        "/ready" => match health.pending() {
-            p if p.is_empty() => text(StatusCode::OK, with_warnings("ready\n".into(), &health.warnings())),
-            p => text(
-                StatusCode::SERVICE_UNAVAILABLE,
-                with_warnings(format!("not ready: {}\n", p.join("; ")), &health.warnings()),
-            ),
-        },
+/// `/live`: the process answers.
+pub fn live() -> Response<Full<Bytes>> {
+    text(StatusCode::OK, "live\n".into())
+}
+
+/// `/metrics` in the OpenMetrics text format.
+pub fn metrics(body: String) -> Response<Full<Bytes>> {
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")
+        .body(Full::new(Bytes::from(body)))
+        .expect("valid response")
+}
+
+/// `/ready`: 200 `ready` or 503 `not ready: <what is pending>`, with the warnings.
+pub fn ready(health: &Health) -> Response<Full<Bytes>> {
+    match health.pending() {
+        p if p.is_empty() => text(StatusCode::OK, with_warnings("ready\n".into(), &health.warnings())),
+        p => text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            with_warnings(format!("not ready: {}\n", p.join("; ")), &health.warnings()),
+        ),
+    }
+}
+
+/// A JSON body.
+pub fn json<T: Serialize>(value: &T) -> Response<Full<Bytes>> {
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from(serde_json::to_vec(value).expect("serialisable"))))
+        .expect("valid response")
+}
+
+async fn respond(health: Arc<Health>, source: Arc<StatusSource>, path: String) -> Response<Full<Bytes>> {
+    match path.as_str() {
+        "/live" => live(),
+        "/metrics" => metrics(source.metrics.encode()),
+        "/ready" => ready(&health),
         "/status" => {
             let gate = health.status_gate.lock().await;
             // Off the reactor: netns threads and a child process per request.
@@ -145,11 +169,7 @@ async fn respond(health: Arc<Health>, source: Arc<StatusSource>, path: &str) -> 
             .await;
             drop(gate);
             match computed {
-                Ok(status) => Response::builder()
-                    .status(StatusCode::OK)
-                    .header(header::CONTENT_TYPE, "application/json")
-                    .body(Full::new(Bytes::from(serde_json::to_vec(&status).expect("serialisable"))))
-                    .expect("valid response"),
+                Ok(status) => json(&status),
                 Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, format!("status failed: {e}\n")),
             }
         }
@@ -159,17 +179,27 @@ async fn respond(health: Arc<Health>, source: Arc<StatusSource>, path: &str) -> 
 
 /// Serves `/ready`, `/live`, `/status` and `/metrics` on `listener` until dropped.
 pub async fn serve(listener: TcpListener, health: Arc<Health>, source: Arc<StatusSource>) {
+    serve_with(listener, move |path| respond(health.clone(), source.clone(), path)).await
+}
+
+/// The admin listener's accept loop (HTTP/1, GET by path), answering with `respond(path)`: the
+/// DaemonSet agent's endpoints and host mode's.
+pub async fn serve_with<F, Fut>(listener: TcpListener, respond: F)
+where
+    F: Fn(String) -> Fut + Clone + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Response<Full<Bytes>>> + Send + 'static,
+{
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             // e.g. EMFILE: back off instead of spinning.
             tokio::time::sleep(std::time::Duration::from_millis(100)).await;
             continue;
         };
-        let (health, source) = (health.clone(), source.clone());
+        let respond = respond.clone();
         tokio::spawn(async move {
             let service = service_fn(move |req: http::Request<hyper::body::Incoming>| {
-                let (health, source) = (health.clone(), source.clone());
-                async move { Ok::<_, std::convert::Infallible>(respond(health, source, req.uri().path()).await) }
+                let answer = respond(req.uri().path().to_string());
+                async move { Ok::<_, std::convert::Infallible>(answer.await) }
             });
             let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
         });

@@ -1,4 +1,5 @@
-//! `cnimesh-node`: the node agent (installer, pod decisions, repair) and the node-level debug CLI.
+//! `cnimesh-node`: the node agent (installer, pod decisions, repair), its host mode for machines
+//! outside Kubernetes, and the node-level debug CLI.
 
 pub mod chain;
 pub mod cli;
@@ -6,6 +7,7 @@ pub mod cluster;
 pub mod debug;
 pub mod decide;
 pub mod health;
+pub mod host;
 pub mod install;
 pub mod kube_cluster;
 pub mod metrics;

@@ -9,6 +9,7 @@ use cnimesh_cni::agent::Decision;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
@@ -109,9 +110,62 @@ impl AgentMetrics {
     }
 
     pub fn encode(&self) -> String {
-        let mut out = String::new();
-        prometheus_client::encoding::text::encode(&mut out, &self.registry).expect("writing to a String cannot fail");
-        out
+        encode(&self.registry)
+    }
+}
+
+/// A registry in the OpenMetrics text format.
+fn encode(registry: &Registry) -> String {
+    let mut out = String::new();
+    prometheus_client::encoding::text::encode(&mut out, registry).expect("writing to a String cannot fail");
+    out
+}
+
+/// Host mode's `/metrics` (`cnimesh-node host`): the proxy it supervises and the rules it keeps.
+pub struct HostMetrics {
+    registry: Registry,
+    proxy_exits: Counter,
+    /// 1 while the proxy runs.
+    pub proxy_up: Gauge,
+    rule_repairs: Family<ResultLabel, Counter>,
+}
+
+impl Default for HostMetrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("cnimesh_node_host");
+        let m = Self {
+            registry: Registry::default(),
+            proxy_exits: Counter::default(),
+            proxy_up: Gauge::default(),
+            rule_repairs: Family::default(),
+        };
+        registry.register(
+            "proxy_exits",
+            "Exits of the supervised proxy (each is followed by a restart)",
+            m.proxy_exits.clone(),
+        );
+        registry.register("proxy_up", "1 while the supervised proxy runs", m.proxy_up.clone());
+        registry.register(
+            "rule_repairs",
+            "Reinstalls of the host's capture rules after they were changed or flushed, by result",
+            m.rule_repairs.clone(),
+        );
+        Self { registry, ..m }
+    }
+}
+
+impl HostMetrics {
+    pub fn proxy_exited(&self) {
+        self.proxy_exits.inc();
+    }
+
+    pub fn rule_repaired(&self, ok: bool) {
+        let result = if ok { "repaired" } else { "failed" };
+        self.rule_repairs.get_or_create(&ResultLabel { result }).inc();
+    }
+
+    pub fn encode(&self) -> String {
+        encode(&self.registry)
     }
 }
 
@@ -127,6 +181,18 @@ mod tests {
         m.repaired(true);
         m.cni_config_writes.inc();
         m.socket_error(SocketError::Malformed);
+        let host = HostMetrics::default();
+        host.proxy_exited();
+        host.proxy_up.set(1);
+        host.rule_repaired(true);
+        let host_text = host.encode();
+        for line in [
+            "cnimesh_node_host_proxy_exits_total 1",
+            "cnimesh_node_host_proxy_up 1",
+            "cnimesh_node_host_rule_repairs_total{result=\"repaired\"} 1",
+        ] {
+            assert!(host_text.contains(line), "{line} missing from\n{host_text}");
+        }
         let text = m.encode();
         for line in [
             "cnimesh_node_decisions_total{result=\"skip\"} 1",

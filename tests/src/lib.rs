@@ -16,6 +16,7 @@ pub mod dns;
 pub mod flood;
 pub mod haproxy;
 pub mod host;
+pub mod host_agent;
 pub mod kube_api;
 pub mod local_mode;
 pub mod manifest_check;

@@ -8,6 +8,7 @@
 
 mod decode;
 mod encode;
+mod events;
 
 use std::io;
 use std::time::Duration;
@@ -25,6 +26,7 @@ use netlink_packet_netfilter::{NetfilterHeader, NetfilterMessage, NetfilterMessa
 use netlink_sys::{Socket, constants::NETLINK_NETFILTER};
 
 pub use decode::LiveRule;
+pub use events::NftEvents;
 
 use crate::rules::{self, BaseHook, Ruleset};
 

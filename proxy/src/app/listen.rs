@@ -15,6 +15,63 @@ use crate::serve::shared::Shared;
 use crate::transport::orig_dst::original_dst;
 use cnimesh_common::log_limit::LogLimit;
 
+/// Listeners bound by the process that started the proxy and handed down systemd-style
+/// (`LISTEN_FDS` descriptors from fd 3, or `LISTEN_FDS_FIRST_FD`): `cnimesh-node host` holds the
+/// proxy's ports for its whole life, so no local user can bind them while the proxy restarts.
+/// Each must be a listening TCP socket; each is used for the configured address it is bound to.
+pub struct Inherited(Vec<std::net::TcpListener>);
+
+#[derive(Debug, thiserror::Error)]
+pub enum InheritedError {
+    #[error("inherited fd {index} (LISTEN_FDS): {source}")]
+    Invalid { index: usize, source: std::io::Error },
+    #[error("inherited fd {index} (LISTEN_FDS) is not a listening socket")]
+    NotListening { index: usize },
+    #[error("inherited listener {addr} is not one of the configured inbound or outbound addresses")]
+    Unused { addr: String },
+}
+
+impl Inherited {
+    /// Takes the inherited listeners and removes `LISTEN_*` from the environment (so no child
+    /// inherits them); none when `LISTEN_FDS` is unset. Call before other threads read the
+    /// environment.
+    pub fn from_env() -> Result<Self, InheritedError> {
+        let mut fds = listenfd::ListenFd::from_env();
+        let mut listeners = Vec::new();
+        for index in 0..fds.len() {
+            let invalid = |source| InheritedError::Invalid { index, source };
+            let listener = fds
+                .take_tcp_listener(index)
+                .map_err(invalid)?
+                .ok_or_else(|| invalid(std::io::Error::other("already taken")))?;
+            let listening = nix::sys::socket::getsockopt(&listener, nix::sys::socket::sockopt::AcceptConn)
+                .map_err(|e| invalid(e.into()))?;
+            if !listening {
+                return Err(InheritedError::NotListening { index });
+            }
+            listener.set_nonblocking(true).map_err(invalid)?;
+            listeners.push(listener);
+        }
+        Ok(Self(listeners))
+    }
+
+    /// The inherited listener bound to exactly `addr`, if there is one.
+    pub fn take(&mut self, addr: SocketAddr) -> std::io::Result<Option<TcpListener>> {
+        let Some(i) = self.0.iter().position(|l| l.local_addr().is_ok_and(|a| a == addr)) else { return Ok(None) };
+        TcpListener::from_std(self.0.remove(i)).map(Some)
+    }
+
+    /// Refuses leftovers: a listener nobody serves would take connections and never answer.
+    pub fn finish(self) -> Result<(), InheritedError> {
+        match self.0.first() {
+            None => Ok(()),
+            Some(l) => {
+                Err(InheritedError::Unused { addr: l.local_addr().map_or_else(|e| e.to_string(), |a| a.to_string()) })
+            }
+        }
+    }
+}
+
 /// At most one log line per this period about shed connections or failing accepts, per listener.
 const LOG_PERIOD: Duration = Duration::from_secs(10);
 /// After accept() failed for want of descriptors or memory: wait this long before the next try

@@ -95,6 +95,7 @@ pub async fn run(
     let shared = Arc::new(shared);
     tokio::spawn(evict_idle_targets(shared.clone()));
     let mut listeners = Vec::new();
+    let mut inherited = listen::Inherited::from_env()?;
     // A gateway has no captured outbound traffic: its inbound listeners are all.
     let gateway = config.mode.is_gateway();
     anyhow::ensure!(!gateway || shared.gateway.is_some(), "gateway mode without an identity");
@@ -104,6 +105,11 @@ pub async fn run(
             continue;
         }
         for addr in addrs {
+            if let Some(listener) = inherited.take(*addr).with_context(|| format!("adopting the listener {addr}"))? {
+                tracing::info!(%addr, ?direction, "listening on an inherited socket");
+                listeners.push((direction, listener));
+                continue;
+            }
             match bind(*addr).await {
                 Ok(listener) => listeners.push((direction, listener)),
                 // A node or pod without IPv6 still gets a working IPv4 proxy.
@@ -120,6 +126,7 @@ pub async fn run(
             "no {direction:?} listener could be bound from {addrs:?}"
         );
     }
+    inherited.finish()?;
     let tap = match &identity {
         Some(id) => {
             Some(tap::TapListener::start(id, config.tap_identities.clone(), shared.taps.clone(), metrics.clone())?)

@@ -4,6 +4,9 @@
 //! answers each connection with a JSON [`Report`] line (which listener took it, and its
 //! SO_ORIGINAL_DST); it exits when its stdin closes, so it never outlives its test.
 //!
+//! `cnimesh-probe serve NAME ADDR...` does the same in its own netns and lives until killed: a
+//! stand-in proxy that a supervisor (host mode's agent) starts, restarts and stops.
+//!
 //! `cnimesh-probe connect NETNS ADDR [UID]` connects from inside NETNS, as UID if given (the proxy
 //! UID bypass), and prints the report it got back.
 
@@ -65,19 +68,46 @@ fn serve(name: String, bound: SocketAddr, listener: TcpListener) {
     }
 }
 
-fn listen(name: &str, netns: &str, addrs: &[String]) -> anyhow::Result<()> {
-    enter(netns)?;
+fn bind_all(name: &str, addrs: &[String]) -> anyhow::Result<()> {
+    // Like the proxy: listeners handed down (`cnimesh-node host`, LISTEN_FDS) are adopted by
+    // address; the others are bound.
+    let mut inherited = listenfd::ListenFd::from_env();
+    let mut handed: Vec<TcpListener> = Vec::new();
+    for index in 0..inherited.len() {
+        if let Some(l) = inherited.take_tcp_listener(index)? {
+            l.set_nonblocking(false)?;
+            handed.push(l);
+        }
+    }
     for addr in addrs {
         let addr: SocketAddr = addr.parse().with_context(|| format!("address {addr}"))?;
-        let listener = bind(addr)?;
+        let listener = match handed.iter().position(|l| l.local_addr().is_ok_and(|a| a == addr)) {
+            Some(i) => handed.remove(i),
+            None => bind(addr)?,
+        };
         let name = name.to_string();
         std::thread::spawn(move || serve(name, addr, listener));
     }
+    Ok(())
+}
+
+fn listen(name: &str, netns: &str, addrs: &[String]) -> anyhow::Result<()> {
+    enter(netns)?;
+    bind_all(name, addrs)?;
     println!("ready");
     std::io::stdout().flush()?;
     // Lives until the parent closes stdin (or dies).
     let _ = std::io::stdin().read_to_end(&mut Vec::new());
     Ok(())
+}
+
+fn serve_until_killed(name: &str, addrs: &[String]) -> anyhow::Result<()> {
+    bind_all(name, addrs)?;
+    println!("ready");
+    std::io::stdout().flush()?;
+    loop {
+        std::thread::park();
+    }
 }
 
 fn connect(netns: &str, to: &str, uid: Option<&String>) -> anyhow::Result<()> {
@@ -101,7 +131,8 @@ fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.as_slice() {
         [cmd, name, netns, addrs @ ..] if cmd == "listen" && !addrs.is_empty() => listen(name, netns, addrs),
+        [cmd, name, addrs @ ..] if cmd == "serve" && !addrs.is_empty() => serve_until_killed(name, addrs),
         [cmd, netns, to, rest @ ..] if cmd == "connect" && rest.len() <= 1 => connect(netns, to, rest.first()),
-        _ => bail!("usage: cnimesh-probe listen NAME NETNS ADDR... | connect NETNS ADDR [UID]"),
+        _ => bail!("usage: cnimesh-probe listen NAME NETNS ADDR... | serve NAME ADDR... | connect NETNS ADDR [UID]"),
     }
 }
