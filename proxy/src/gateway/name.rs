@@ -32,15 +32,7 @@ pub fn check(name: &str, domain: &str) -> Result<(), NameError> {
     let suffix = format!(".svc.{}", domain.trim_end_matches('.').to_ascii_lowercase());
     let head = name_lower.strip_suffix(&suffix).ok_or_else(foreign)?;
     let (service, namespace) = head.split_once('.').ok_or_else(foreign)?;
-    if [service, namespace].iter().all(|l| is_label(l)) { Ok(()) } else { Err(foreign()) }
-}
-
-fn is_label(label: &str) -> bool {
-    !label.is_empty()
-        && label.len() <= 63
-        && label.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !label.starts_with('-')
-        && !label.ends_with('-')
+    if [service, namespace].iter().all(|l| crate::outbound::ingress::dns_label(l)) { Ok(()) } else { Err(foreign()) }
 }
 
 #[cfg(test)]

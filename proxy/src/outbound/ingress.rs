@@ -68,8 +68,9 @@ impl Namespaces {
     }
 }
 
-/// A Kubernetes name label: lowercase letters, digits and `-`, at most 63, no `-` at either end.
-fn dns_label(l: &str) -> bool {
+/// A Kubernetes name label: lowercase letters, digits and `-`, at most 63, no `-` at either end
+/// (a Service's or a namespace's name; the gateway checks the names it forwards to with it too).
+pub(crate) fn dns_label(l: &str) -> bool {
     !l.is_empty()
         && l.len() <= 63
         && l.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
